@@ -1,0 +1,3 @@
+"""rooftrace: capacity-plan LLM inference from real traffic."""
+
+__version__ = "0.1.0"

@@ -1,0 +1,20 @@
+"""The thin Click layer: one command per stage; each parses options and calls one library function."""
+
+from __future__ import annotations
+
+import click
+
+from pipeline import __version__
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(__version__, prog_name="rooftrace")
+def main() -> None:
+    """rooftrace: capacity-plan LLM inference from real traffic.
+
+    Ingest request logs into a Parquet store, split input tokens into fresh and cache-hit,
+    replay the workload through a roofline model of a continuous-batching fleet, and report.
+    """
+
+
+# Commands from the stage modules. Each module owns its commands; this file only registers them.

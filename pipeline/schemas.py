@@ -1,0 +1,233 @@
+"""Parquet table schemas declared as data (``schemas/*.toml``), loaded into pyarrow.
+
+Every Parquet file rooftrace writes carries ``rooftrace.schema`` and ``rooftrace.schema_version``
+in its key-value metadata, is validated against the declared schema before it is written, and is
+checked again when it is read. Writes are atomic: a temporary file beside the target, then rename.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+import tomllib
+from collections.abc import Mapping
+from dataclasses import dataclass
+from functools import cache
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from pipeline.errors import SchemaError
+
+META_NAME = b"rooftrace.schema"
+META_VERSION = b"rooftrace.schema_version"
+
+_SCALARS: dict[str, pa.DataType] = {
+    "string": pa.string(),
+    "bool": pa.bool_(),
+    "int8": pa.int8(),
+    "int16": pa.int16(),
+    "int32": pa.int32(),
+    "int64": pa.int64(),
+    "uint32": pa.uint32(),
+    "uint64": pa.uint64(),
+    "float32": pa.float32(),
+    "float64": pa.float64(),
+    "date32": pa.date32(),
+    "timestamp[us, UTC]": pa.timestamp("us", tz="UTC"),
+    "timestamp[us]": pa.timestamp("us"),
+}
+
+
+def parse_type(text: str) -> pa.DataType:
+    """Turn a schema type string (``int64``, ``list<uint64>``, ``timestamp[us, UTC]``) into Arrow."""
+    text = text.strip()
+    if text.startswith("list<") and text.endswith(">"):
+        return pa.list_(parse_type(text[5:-1]))
+    try:
+        return _SCALARS[text]
+    except KeyError:
+        raise SchemaError(f"unknown column type {text!r}; known: {sorted(_SCALARS)} or list<T>") from None
+
+
+@dataclass(frozen=True)
+class Column:
+    name: str
+    type: str
+    nullable: bool
+    unit: str
+    doc: str
+
+
+@dataclass(frozen=True)
+class TableSchema:
+    name: str
+    version: int
+    doc: str
+    columns: tuple[Column, ...]
+
+    @property
+    def arrow(self) -> pa.Schema:
+        fields = [pa.field(c.name, parse_type(c.type), nullable=c.nullable) for c in self.columns]
+        return pa.schema(
+            fields,
+            metadata={META_NAME: self.name.encode(), META_VERSION: str(self.version).encode()},
+        )
+
+    @property
+    def names(self) -> list[str]:
+        return [c.name for c in self.columns]
+
+
+def schema_dir() -> Path:
+    """``schemas/`` at the repository root in a checkout, ``pipeline/_schemas`` in a wheel."""
+    here = Path(__file__).resolve().parent
+    for candidate in (here.parent / "schemas", here / "_schemas"):
+        if candidate.is_dir():
+            return candidate
+    raise SchemaError(f"schema directory not found beside {here}")
+
+
+_COLUMN_KEYS = {"name", "type", "nullable", "unit", "doc"}
+_TABLE_KEYS = {"name", "version", "doc", "columns"}
+
+
+def _parse_schema(data: Mapping[str, Any], origin: str) -> TableSchema:
+    unknown = set(data) - _TABLE_KEYS
+    missing = _TABLE_KEYS - set(data)
+    if unknown or missing:
+        raise SchemaError(f"{origin}: unknown keys {sorted(unknown)}, missing keys {sorted(missing)}")
+    cols = []
+    for i, raw in enumerate(data["columns"]):
+        if set(raw) != _COLUMN_KEYS:
+            raise SchemaError(
+                f"{origin}: column {i} must have exactly the keys {sorted(_COLUMN_KEYS)}, got {sorted(raw)}"
+            )
+        parse_type(raw["type"])
+        cols.append(Column(raw["name"], raw["type"], bool(raw["nullable"]), raw["unit"], raw["doc"]))
+    names = [c.name for c in cols]
+    if len(set(names)) != len(names):
+        raise SchemaError(f"{origin}: duplicate column names")
+    return TableSchema(data["name"], int(data["version"]), data["doc"], tuple(cols))
+
+
+@cache
+def load_schema(name: str) -> TableSchema:
+    """Load ``schemas/<name>.toml``."""
+    path = schema_dir() / f"{name}.toml"
+    if not path.exists():
+        raise SchemaError(f"no schema named {name!r} in {path.parent}")
+    with path.open("rb") as fh:
+        schema = _parse_schema(tomllib.load(fh), str(path))
+    if schema.name != name:
+        raise SchemaError(f"{path}: declares name {schema.name!r}, expected {name!r}")
+    return schema
+
+
+def list_schemas() -> list[str]:
+    return sorted(p.stem for p in schema_dir().glob("*.toml"))
+
+
+def conform(table: pa.Table, name: str) -> pa.Table:
+    """Select, order and cast ``table`` to schema ``name``; raise if a column is missing or a
+    non-nullable column holds nulls."""
+    schema = load_schema(name)
+    arrow = schema.arrow
+    missing = [c for c in schema.names if c not in table.column_names]
+    if missing:
+        raise SchemaError(f"table for schema {name!r} lacks columns {missing}")
+    extra = [c for c in table.column_names if c not in schema.names]
+    if extra:
+        raise SchemaError(f"table for schema {name!r} has undeclared columns {extra}")
+    arrays = []
+    for field in arrow:
+        col = table.column(field.name)
+        if not col.type.equals(field.type):
+            try:
+                col = col.cast(field.type)
+            except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as exc:
+                raise SchemaError(
+                    f"schema {name!r}: column {field.name!r} of type {col.type} "
+                    f"cannot be cast to {field.type}: {exc}"
+                ) from None
+        if not field.nullable and col.null_count:
+            raise SchemaError(
+                f"schema {name!r}: column {field.name!r} is not nullable but has {col.null_count} nulls"
+            )
+        arrays.append(col)
+    return pa.Table.from_arrays(arrays, schema=arrow)
+
+
+def validate(table: pa.Table, name: str) -> None:
+    """Raise unless ``table`` already has exactly schema ``name`` (types, order, nullability)."""
+    arrow = load_schema(name).arrow
+    if not table.schema.remove_metadata().equals(arrow.remove_metadata()):
+        raise SchemaError(f"table does not match schema {name!r}: got {table.schema.remove_metadata()}")
+    for field in arrow:
+        if not field.nullable and table.column(field.name).null_count:
+            raise SchemaError(f"schema {name!r}: non-nullable column {field.name!r} has nulls")
+
+
+def atomic_write_bytes(path: Path, data: bytes) -> None:
+    """Write ``data`` to ``path`` atomically (temp file in the same folder, fsync, rename)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(data)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def write_parquet(table: pa.Table, path: Path, name: str) -> Path:
+    """Conform ``table`` to schema ``name`` and write it to ``path`` atomically.
+
+    Output is deterministic for the same rows (no timestamps in the file, fixed writer options),
+    so re-running a stage gives byte-identical files.
+    """
+    table = conform(table, name)
+    validate(table, name)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    os.close(fd)
+    try:
+        pq.write_table(
+            table,
+            tmp,
+            compression="zstd",
+            row_group_size=1 << 20,
+            write_statistics=True,
+            store_schema=True,
+        )
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return path
+
+
+def read_parquet(path: Path | str, name: str, columns: list[str] | None = None) -> pa.Table:
+    """Read a Parquet file written by rooftrace and check it carries schema ``name``."""
+    path = Path(path)
+    meta = pq.read_schema(path).metadata or {}
+    found = meta.get(META_NAME)
+    if found != name.encode():
+        raise SchemaError(
+            f"{path}: expected a {name!r} table, file says {found.decode() if found else 'nothing'}"
+        )
+    expected = load_schema(name)
+    version = int(meta.get(META_VERSION, b"0"))
+    if version != expected.version:
+        raise SchemaError(
+            f"{path}: schema {name!r} version {version}, this rooftrace reads {expected.version}"
+        )
+    table = pq.read_table(path, columns=columns)
+    if columns is None:
+        validate(table, name)
+    return table
