@@ -18,3 +18,6 @@ def main() -> None:
 
 
 # Commands from the stage modules. Each module owns its commands; this file only registers them.
+from pipeline.cli_ingest import ingest  # noqa: E402
+
+main.add_command(ingest)

@@ -1,0 +1,380 @@
+"""Readers: a source file -> batches of raw frames (text leaves) with their line numbers.
+
+JSON Lines has two paths that give the same frames. The fast path lets DuckDB parse the whole
+file with the format's explicit layout (multi-threaded, streamed as Arrow batches); it is taken when
+the file parses cleanly and has no blank lines, so row *i* is line *i + 1*. Otherwise the robust
+path parses batches of lines with polars and bisects a failing batch down to the bad lines, which
+are reported with the parser's reason. Either way every non-blank line ends up as exactly one row
+or one parse failure.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import duckdb
+import polars as pl
+import pyarrow.parquet as pq
+
+from pipeline.ingest.formats import Layout, duckdb_columns, polars_schema
+from pipeline.ingest.source import (
+    BATCH_LINES,
+    SourceError,
+    iter_line_batches,
+    logical_name,
+    open_binary,
+)
+
+#: Raw text kept for a quarantined record.
+RAW_LIMIT = 65536
+
+
+@dataclass
+class RawBatch:
+    frame: pl.DataFrame  # raw columns (text leaves) + "source_line"
+    failures: list[tuple[int, str, str]] = field(default_factory=list)  # (line, reason, raw)
+
+
+class FastPathFailed(Exception):
+    """DuckDB could not take the file in one go; the caller re-reads it with the robust path."""
+
+
+# --- JSON Lines ----------------------------------------------------------------------------------
+
+
+def _count_lines(path: Path) -> tuple[int, bool]:
+    """Physical line count and whether any line is blank (whitespace only)."""
+    n = 0
+    blank = False
+    tail = b"\n"
+    with open_binary(path) as fh:
+        for chunk in iter(lambda: fh.read(1 << 24), b""):
+            n += chunk.count(b"\n")
+            if not blank and (
+                b"\n\n" in chunk or b"\n\r\n" in chunk or (tail == b"\n" and chunk[:1] == b"\n")
+            ):
+                blank = True
+            tail = chunk[-1:]
+    if tail != b"\n":
+        n += 1
+    return n, blank
+
+
+def _duck_compression(path: Path) -> str:
+    if path.name.endswith(".gz"):
+        return "gzip"
+    if path.name.endswith(".zst"):
+        return "zstd"
+    return "none"
+
+
+def jsonl_fast(path: Path, layout: Layout, batch_rows: int = BATCH_LINES) -> Iterator[RawBatch]:
+    """DuckDB parses the file; raises FastPathFailed if it cannot, or if lines and rows differ."""
+    try:
+        lines, blank = _count_lines(path)
+    except (OSError, EOFError) as exc:
+        raise SourceError(f"{path}: cannot read ({type(exc).__name__}: {exc})") from None
+    if blank:
+        raise FastPathFailed("blank lines")
+    con = duckdb.connect()
+    try:
+        rel = con.sql(
+            "SELECT * FROM read_json(?, format='newline_delimited', records=true, "
+            f"compression='{_duck_compression(path)}', maximum_object_size=67108864, "
+            f"columns={duckdb_columns(layout)})",
+            params=[str(path)],
+        )
+        reader = rel.to_arrow_reader(batch_rows)
+        schema = polars_schema(layout)
+        row = 0
+        for rb in reader:
+            frame = pl.from_arrow(rb)
+            assert isinstance(frame, pl.DataFrame)
+            frame = frame.cast(schema, strict=False)  # type: ignore[arg-type]
+            n = frame.height
+            frame = frame.with_columns(source_line=pl.int_range(row + 1, row + n + 1, dtype=pl.Int64))
+            row += n
+            yield RawBatch(frame)
+    except duckdb.Error as exc:
+        raise FastPathFailed(str(exc).splitlines()[0]) from None
+    finally:
+        con.close()
+    if row != lines:
+        raise FastPathFailed(f"{row} rows for {lines} lines")
+
+
+def _parse_lines(lines: list[bytes], schema: dict[str, pl.DataType]) -> pl.DataFrame:
+    return pl.read_ndjson(io.BytesIO(b"\n".join(lines)), schema=schema)
+
+
+def _line_reason(line: bytes, fmt: str, err: str) -> str:
+    try:
+        obj = json.loads(line)
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        return f"invalid JSON: {exc}"
+    if not isinstance(obj, dict):
+        return f"record is a JSON {type(obj).__name__}, not an object"
+    first = err.splitlines()[0] if err else "unexpected layout"
+    return f"record does not match the {fmt} layout: {first}"
+
+
+def _bisect(
+    lines: list[bytes], numbers: list[int], schema: dict[str, pl.DataType], fmt: str
+) -> tuple[list[pl.DataFrame], list[tuple[int, str, str]]]:
+    try:
+        frame = _parse_lines(lines, schema)
+        if frame.height != len(lines):
+            raise pl.exceptions.ComputeError(f"{frame.height} rows for {len(lines)} lines")
+        return [frame.with_columns(source_line=pl.Series(numbers, dtype=pl.Int64))], []
+    except (pl.exceptions.PolarsError, ValueError) as exc:
+        if len(lines) == 1:
+            text = lines[0][:RAW_LIMIT].decode("utf-8", errors="replace")
+            return [], [(numbers[0], _line_reason(lines[0], fmt, str(exc)), text)]
+    mid = len(lines) // 2
+    f1, e1 = _bisect(lines[:mid], numbers[:mid], schema, fmt)
+    f2, e2 = _bisect(lines[mid:], numbers[mid:], schema, fmt)
+    return f1 + f2, e1 + e2
+
+
+def _json_array_lines(path: Path) -> Iterator[tuple[list[bytes], list[int]]]:
+    """A file holding one JSON array: each element becomes a record numbered by its index."""
+    try:
+        with open_binary(path) as fh:
+            doc = json.load(fh)
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise SourceError(f"{path}: invalid JSON document ({exc})") from None
+    except (OSError, EOFError) as exc:
+        raise SourceError(f"{path}: cannot read ({type(exc).__name__}: {exc})") from None
+    if not isinstance(doc, list):
+        raise SourceError(f"{path}: expected a JSON array of records")
+    for start in range(0, len(doc), BATCH_LINES):
+        chunk = doc[start : start + BATCH_LINES]
+        yield (
+            [json.dumps(rec).encode() for rec in chunk],
+            list(range(start + 1, start + len(chunk) + 1)),
+        )
+
+
+def _first_char(path: Path) -> bytes:
+    with open_binary(path) as fh:
+        head = fh.read(4096)
+    return head.lstrip()[:1]
+
+
+def jsonl_robust(path: Path, layout: Layout, fmt: str) -> Iterator[RawBatch]:
+    schema = polars_schema(layout)
+    if _first_char(path) == b"[":
+        batches: Iterator[tuple[list[bytes], list[int]]] = _json_array_lines(path)
+    else:
+        batches = ((b.lines, b.numbers) for b in iter_line_batches(path))
+    for lines, numbers in batches:
+        frames, failures = _bisect(lines, numbers, schema, fmt)
+        frame = pl.concat(frames) if frames else _empty(layout)
+        yield RawBatch(frame, failures)
+
+
+def _empty(layout: Layout) -> pl.DataFrame:
+    return pl.DataFrame(schema={**polars_schema(layout), "source_line": pl.Int64()})
+
+
+# --- CSV -----------------------------------------------------------------------------------------
+
+
+def csv_batches(path: Path, layout: Layout, required: tuple[str, ...], fmt: str) -> Iterator[RawBatch]:
+    """Stream a CSV file; columns matched to the layout by case-insensitive header name."""
+    try:
+        with open_binary(path) as fb:
+            text = io.TextIOWrapper(fb, encoding="utf-8", newline="")
+            reader = csv.reader(text)
+            header = next(reader, None)
+            if header is None:
+                raise SourceError(f"{path}: empty CSV file")
+            lower = [h.strip().lower() for h in header]
+            missing = [c for c in required if c not in lower]
+            if missing:
+                raise SourceError(f"{path}: not a {fmt} CSV: header lacks {missing} (has {header[:8]})")
+            wanted = [name for name in layout if name.lower() in lower]
+            index = [lower.index(name.lower()) for name in wanted]
+            width = len(header)
+            cols: list[list[str | None]] = [[] for _ in wanted]
+            lines: list[int] = []
+            failures: list[tuple[int, str, str]] = []
+            for row in reader:
+                n = reader.line_num
+                if not row or all(not c.strip() for c in row):
+                    continue
+                if len(row) != width:
+                    raw = ",".join(row)[:RAW_LIMIT]
+                    failures.append((n, f"expected {width} fields, found {len(row)}", raw))
+                    continue
+                for j, i in enumerate(index):
+                    v = row[i]
+                    cols[j].append(v if v != "" else None)
+                lines.append(n)
+                if len(lines) >= BATCH_LINES:
+                    yield RawBatch(_csv_frame(layout, wanted, cols, lines), failures)
+                    cols, lines, failures = [[] for _ in wanted], [], []
+            if lines or failures:
+                yield RawBatch(_csv_frame(layout, wanted, cols, lines), failures)
+    except (UnicodeDecodeError, csv.Error) as exc:
+        raise SourceError(f"{path}: cannot parse as CSV ({exc})") from None
+    except (OSError, EOFError) as exc:
+        raise SourceError(f"{path}: cannot read ({type(exc).__name__}: {exc})") from None
+
+
+def _csv_frame(
+    layout: Layout, wanted: list[str], cols: list[list[str | None]], lines: list[int]
+) -> pl.DataFrame:
+    data: dict[str, Any] = {name: pl.Series(name, [None] * len(lines), dtype=pl.String) for name in layout}
+    for name, values in zip(wanted, cols, strict=True):
+        data[name] = pl.Series(name, values, dtype=pl.String)
+    data["source_line"] = pl.Series("source_line", lines, dtype=pl.Int64)
+    return pl.DataFrame(data)
+
+
+# --- OpenTelemetry OTLP JSON ---------------------------------------------------------------------
+
+
+def _attr_value(v: dict[str, Any]) -> str | None:
+    for key in ("stringValue", "intValue", "doubleValue", "boolValue"):
+        if key in v and v[key] is not None:
+            return str(v[key])
+    return None
+
+
+def _attrs(items: Any) -> dict[str, str | None]:
+    out: dict[str, str | None] = {}
+    if isinstance(items, list):
+        for item in items:
+            if isinstance(item, dict) and "key" in item and isinstance(item.get("value"), dict):
+                out[str(item["key"])] = _attr_value(item["value"])
+    return out
+
+
+#: Attributes read as the tenant, in order (resource first, then span).
+_OTEL_TENANT = ("tenant.id", "gen_ai.user.id", "enduser.id", "user.id")
+_OTEL_TTFT = ("gen_ai.server.time_to_first_token", "gen_ai.response.time_to_first_chunk")
+
+
+def _otel_rows(doc: Any, line: int) -> tuple[list[dict[str, Any]], str | None]:
+    if not isinstance(doc, dict) or not isinstance(doc.get("resourceSpans"), list):
+        return [], "record has no resourceSpans list (not an OTLP trace export)"
+    rows = []
+    for rs in doc["resourceSpans"]:
+        res = _attrs((rs.get("resource") or {}).get("attributes")) if isinstance(rs, dict) else {}
+        for ss in (rs.get("scopeSpans") or []) if isinstance(rs, dict) else []:
+            for span in (ss.get("spans") or []) if isinstance(ss, dict) else []:
+                if not isinstance(span, dict):
+                    continue
+                attrs = _attrs(span.get("attributes"))
+                if not any(k.startswith("gen_ai.") for k in attrs):
+                    continue  # not a GenAI span (HTTP, DB, ...): not a request record
+                row: dict[str, Any] = {k: attrs.get(k) for k in attrs if k.startswith("gen_ai.")}
+                row["span_id"] = span.get("spanId")
+                row["trace_id"] = span.get("traceId")
+                row["start"] = span.get("startTimeUnixNano")
+                row["end"] = span.get("endTimeUnixNano")
+                merged = {**res, **attrs}
+                row["tenant"] = next((merged[k] for k in _OTEL_TENANT if merged.get(k)), None)
+                row["ttft_s"] = next((attrs[k] for k in _OTEL_TTFT if attrs.get(k)), None)
+                code = (
+                    (span.get("status") or {}).get("code") if isinstance(span.get("status"), dict) else None
+                )
+                row["status"] = {1: "ok", 2: "error", "STATUS_CODE_ERROR": "error"}.get(code)
+                row["source_line"] = line
+                rows.append(row)
+    return rows, None
+
+
+def otel_batches(path: Path, layout: Layout) -> Iterator[RawBatch]:
+    """OTLP JSON: one ExportTraceServiceRequest per line (file exporter) or one whole document."""
+    first = _first_char(path)
+    if first != b"{":
+        raise SourceError(f"{path}: not OTLP JSON (expected an object with resourceSpans)")
+    whole: Any = None
+    try:
+        first_batch = next(iter_line_batches(path, batch_lines=1), None)
+        json.loads(first_batch.lines[0]) if first_batch else None
+    except json.JSONDecodeError:
+        try:
+            with open_binary(path) as fh:
+                whole = json.load(fh)
+        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+            raise SourceError(f"{path}: invalid OTLP JSON document ({exc})") from None
+    if whole is not None:
+        rows: list[dict[str, Any]]
+        rows, err = _otel_rows(whole, 1)
+        if err:
+            raise SourceError(f"{path}: {err}")
+        yield RawBatch(_otel_frame(layout, rows))
+        return
+    for batch in iter_line_batches(path, batch_lines=10_000):
+        rows = []
+        failures: list[tuple[int, str, str]] = []
+        for line, n in zip(batch.lines, batch.numbers, strict=True):
+            text = line[:RAW_LIMIT].decode("utf-8", errors="replace")
+            try:
+                doc = json.loads(line)
+            except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+                failures.append((n, f"invalid JSON: {exc}", text))
+                continue
+            got, err = _otel_rows(doc, n)
+            if err:
+                failures.append((n, err, text))
+            rows.extend(got)
+        yield RawBatch(_otel_frame(layout, rows), failures)
+
+
+def _otel_frame(layout: Layout, rows: list[dict[str, Any]]) -> pl.DataFrame:
+    data: dict[str, Any] = {
+        name: pl.Series(name, [r.get(name) for r in rows], dtype=pl.String) for name in layout
+    }
+    data["source_line"] = pl.Series("source_line", [r["source_line"] for r in rows], dtype=pl.Int64)
+    return pl.DataFrame(data)
+
+
+# --- Parquet (generic, through a mapping) ---------------------------------------------------------
+
+
+def parquet_batches(path: Path, layout: Layout) -> Iterator[RawBatch]:
+    if logical_name(path) != path.name:
+        raise SourceError(f"{path}: compressed Parquet is not supported (Parquet compresses itself)")
+    try:
+        pf = pq.ParquetFile(path)
+    except Exception as exc:  # pyarrow raises several types for a non-Parquet file
+        raise SourceError(f"{path}: not a readable Parquet file ({exc})") from None
+    row = 0
+    for rb in pf.iter_batches(batch_size=BATCH_LINES):
+        frame = pl.from_arrow(rb)
+        assert isinstance(frame, pl.DataFrame)
+        cols = []
+        for name, sub in layout.items():
+            if name not in frame.columns:
+                cols.append(pl.lit(None, dtype=polars_schema({name: sub})[name]).alias(name))
+            elif sub is None:
+                cols.append(_as_text(frame, name))
+            else:
+                cols.append(pl.col(name).cast(polars_schema({name: sub})[name], strict=False))
+        n = frame.height
+        out = frame.select(*cols).with_columns(source_line=pl.int_range(row + 1, row + n + 1, dtype=pl.Int64))
+        row += n
+        yield RawBatch(out)
+
+
+def _as_text(frame: pl.DataFrame, name: str) -> pl.Expr:
+    dtype = frame.schema[name]
+    if dtype == pl.String:
+        return pl.col(name)
+    if isinstance(dtype, pl.Datetime):
+        return (
+            pl.col(name).dt.convert_time_zone("UTC").dt.to_string("%Y-%m-%dT%H:%M:%S%.f").alias(name)
+            if dtype.time_zone
+            else pl.col(name).dt.to_string("%Y-%m-%dT%H:%M:%S%.f").alias(name)
+        )
+    return pl.col(name).cast(pl.String, strict=False)

@@ -1,0 +1,186 @@
+"""Opening source files: decompression, content hashing, binary detection, format sniffing,
+and streaming line batches with their 1-based line numbers."""
+
+from __future__ import annotations
+
+import gzip
+import hashlib
+import io
+import json
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import IO
+
+import zstandard
+
+from pipeline.errors import RooftraceError
+
+#: Lines per batch in streaming readers: bounds memory (a batch of OpenAI JSON lines is ~30 MB).
+BATCH_LINES = 100_000
+
+COMPRESSED_SUFFIXES = (".gz", ".zst")
+
+
+class SourceError(RooftraceError):
+    """A whole file cannot be read (truncated, binary, wrong format). Other files still ingest."""
+
+
+@dataclass(frozen=True)
+class LineBatch:
+    lines: list[bytes]  # raw lines without the newline, blank lines removed
+    numbers: list[int]  # 1-based physical line numbers, aligned with ``lines``
+
+
+#: File names taken from a directory (a named file is always tried, whatever its name).
+LOG_SUFFIXES = (".jsonl", ".ndjson", ".json", ".csv", ".log", ".parquet")
+
+
+def iter_files(sources: list[Path]) -> Iterator[Path]:
+    """Files named directly, and the log files (by suffix) under named directories, sorted."""
+    for src in sources:
+        if src.is_dir():
+            for p in sorted(src.rglob("*")):
+                hidden = any(part.startswith(".") for part in p.relative_to(src).parts)
+                if p.is_file() and not hidden and logical_name(p).lower().endswith(LOG_SUFFIXES):
+                    yield p
+        elif src.exists():
+            yield src
+        else:
+            raise SourceError(f"{src}: no such file or directory")
+
+
+def sha256_file(path: Path) -> str:
+    h = hashlib.sha256()
+    with path.open("rb") as fh:
+        for chunk in iter(lambda: fh.read(1 << 22), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def logical_name(path: Path) -> str:
+    """The file name without a compression suffix (``a.jsonl.gz`` -> ``a.jsonl``)."""
+    name = path.name
+    for suf in COMPRESSED_SUFFIXES:
+        if name.endswith(suf):
+            return name[: -len(suf)]
+    return name
+
+
+def open_binary(path: Path) -> IO[bytes]:
+    """Open ``path`` for reading, transparently decompressing ``.gz`` and ``.zst``."""
+    if path.name.endswith(".gz"):
+        return gzip.GzipFile(path, "rb")  # type: ignore[return-value]
+    if path.name.endswith(".zst"):
+        raw = path.open("rb")
+        return io.BufferedReader(zstandard.ZstdDecompressor().stream_reader(raw, closefd=True))
+    return path.open("rb")
+
+
+def read_head(path: Path, size: int = 1 << 16) -> bytes:
+    """The first ``size`` decompressed bytes; errors become a one-line SourceError."""
+    try:
+        with open_binary(path) as fh:
+            return fh.read(size)
+    except (OSError, EOFError, zstandard.ZstdError) as exc:
+        raise SourceError(f"{path}: cannot read ({type(exc).__name__}: {exc})") from None
+
+
+def check_text(path: Path, head: bytes) -> None:
+    if b"\x00" in head[:8192]:
+        raise SourceError(f"{path}: binary file (NUL bytes), not a text log")
+    try:
+        head[:8192].decode("utf-8")
+    except UnicodeDecodeError as exc:
+        # A multi-byte character may be cut at the boundary; only fail well inside the sample.
+        if exc.start < 8188:
+            raise SourceError(f"{path}: not UTF-8 text (byte {exc.start})") from None
+
+
+def iter_line_batches(path: Path, batch_lines: int = BATCH_LINES) -> Iterator[LineBatch]:
+    """Stream the decompressed file as batches of non-blank lines with their line numbers."""
+    try:
+        with open_binary(path) as fh:
+            lines: list[bytes] = []
+            numbers: list[int] = []
+            for n, raw in enumerate(fh, start=1):
+                line = raw.rstrip(b"\r\n")
+                if not line.strip():
+                    continue
+                lines.append(line)
+                numbers.append(n)
+                if len(lines) >= batch_lines:
+                    yield LineBatch(lines, numbers)
+                    lines, numbers = [], []
+            if lines:
+                yield LineBatch(lines, numbers)
+    except (OSError, EOFError, zstandard.ZstdError) as exc:
+        raise SourceError(f"{path}: cannot read ({type(exc).__name__}: {exc})") from None
+
+
+def fetch_lines(path: Path, wanted: set[int], limit: int = 65536) -> dict[int, str]:
+    """Raw text of the given 1-based lines (for quarantine records)."""
+    out: dict[int, str] = {}
+    if not wanted:
+        return out
+    last = max(wanted)
+    try:
+        with open_binary(path) as fh:
+            for n, raw in enumerate(fh, start=1):
+                if n in wanted:
+                    out[n] = raw.rstrip(b"\r\n")[:limit].decode("utf-8", errors="replace")
+                if n >= last:
+                    break
+    except (OSError, EOFError, zstandard.ZstdError):
+        pass  # the raw text is best effort; the reason and line are already recorded
+    return out
+
+
+def sniff_format(path: Path, head: bytes) -> str:
+    """Guess the log format from the file name and its first record."""
+    name = logical_name(path).lower()
+    if name.endswith(".parquet"):
+        raise SourceError(f"{path}: Parquet input needs --format parquet and a --mapping")
+    text = head.decode("utf-8", errors="replace")
+    first = next((ln.strip() for ln in text.splitlines() if ln.strip()), "")
+    if not first:
+        raise SourceError(f"{path}: empty file")
+    if first.startswith("{") or first.startswith("["):
+        return _sniff_json(path, first, text)
+    header = first.lower().replace('"', "")
+    cols = {c.strip() for c in header.split(",")}
+    if {"timestamp", "contexttokens", "generatedtokens"} <= cols:
+        return "azure"
+    if {"arrived_at", "num_prefill_tokens", "num_decode_tokens"} <= cols:
+        return "vidur"
+    if {"request_id", "starttime"} <= cols:
+        return "litellm"
+    raise SourceError(f"{path}: cannot detect the log format from its header; pass --format")
+
+
+def _sniff_json(path: Path, first: str, text: str) -> str:
+    try:
+        obj = json.loads(first)
+    except json.JSONDecodeError:
+        # A JSON array export or a pretty-printed document: parse what we have of it.
+        try:
+            obj = json.loads(text)
+        except json.JSONDecodeError:
+            obj = None
+    if isinstance(obj, list):
+        obj = obj[0] if obj else None
+    if not isinstance(obj, dict):
+        raise SourceError(f"{path}: first record is not a JSON object; pass --format")
+    keys = set(obj)
+    if "resourceSpans" in keys:
+        return "otel"
+    if {"input_length", "output_length"} <= keys:
+        return "mooncake"
+    if "startTime" in keys and "request_id" in keys:
+        return "litellm"
+    blob = json.dumps(obj)
+    if "cache_read_input_tokens" in blob or obj.get("type") == "message" or "result" in keys:
+        return "anthropic"
+    if "prompt_tokens" in blob or "input_tokens" in blob or "custom_id" in keys:
+        return "openai"
+    raise SourceError(f"{path}: cannot detect the JSON log format; pass --format")
