@@ -1,0 +1,420 @@
+"""Roofline step-cost model: per-operator FLOPs and bytes, vectorised over N engine steps.
+
+For each operator of a step (DESIGN.md §3)::
+
+    time = max(flops / (peak · compute_eff), bytes / (bandwidth · memory_eff))
+
+summed over operators and layers, plus tensor-parallel communication (ring all-reduce:
+``2(tp−1)/tp · bytes / (link_bw · link_eff) + latency`` per call), plus a fixed per-step
+overhead (scheduler, input preparation, sampling: host time the GPU waits for).
+
+All quantities are per GPU of one replica. Tensor parallelism (vLLM/Megatron layout) shards
+heads and the MLP intermediate dimension across ``tp`` ranks; pipeline parallelism splits
+layers over ``pp`` stages and is costed as the latency of one step through all stages (no
+micro-batch overlap) plus one hidden-state transfer per stage boundary. Expert parallelism
+(``ep`` = tp, vLLM's ``enable_expert_parallel`` on a TP group) places whole experts per rank;
+under the uniform-routing expectation used here the per-rank expert bytes and FLOPs equal the
+TP-sharded case, and vLLM reduces the MoE output with the same all-reduce, so ep changes no
+cost — it is validated and recorded. Load imbalance between experts is not modelled.
+
+Formulas, with units and their sources, are in docs/catalog.md.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import cached_property
+
+import numpy as np
+
+from pipeline.catalog import HardwareSpec, ModelSpec, kv_format, weight_format
+from pipeline.errors import ConfigError
+from pipeline.steps import FloatArray, StepBatch, StepCost
+
+#: Activations travel in 16-bit (bf16/fp16) between kernels, as in vLLM's default dtype.
+ACT_BYTES = 2.0
+#: Logits are materialised in fp32 (vLLM LogitsProcessor upcasts before sampling).
+LOGIT_BYTES = 4.0
+
+
+@dataclass(frozen=True)
+class Deployment:
+    """A model served on ``tp × pp`` GPUs of one hardware type, with storage formats.
+
+    ``step_overhead_s`` overrides the hardware's per-step overhead (None: use the catalog's).
+    Callable: ``dep(batch)`` is ``step_cost(dep, batch)``, so a Deployment is a StepCostFn.
+    """
+
+    model: ModelSpec
+    hardware: HardwareSpec
+    tp: int = 1
+    pp: int = 1
+    ep: int = 1
+    weight_dtype: str = "bf16"
+    kv_dtype: str = "bf16"
+    step_overhead_s: float | None = None
+
+    def __post_init__(self) -> None:
+        m, where = self.model, f"deployment of {self.model.name} on {self.hardware.name}"
+        for key in ("tp", "pp", "ep"):
+            value = getattr(self, key)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ConfigError(f"{where}: {key} must be a positive integer, got {value!r}")
+        if m.num_attention_heads % self.tp:
+            raise ConfigError(
+                f"{where}: tp={self.tp} does not divide num_attention_heads={m.num_attention_heads}"
+            )
+        kv = m.num_kv_heads
+        if not m.is_mla and kv % self.tp and self.tp % kv:
+            raise ConfigError(f"{where}: tp={self.tp} and num_key_value_heads={kv} must divide one another")
+        if self.tp > self.hardware.gpus_per_node:
+            raise ConfigError(
+                f"{where}: tp={self.tp} exceeds the {self.hardware.gpus_per_node} GPUs of one "
+                f"{self.hardware.link_kind} domain; use pp across nodes"
+            )
+        if self.pp > m.num_layers:
+            raise ConfigError(f"{where}: pp={self.pp} exceeds num_layers={m.num_layers}")
+        if self.ep > 1:
+            if not m.is_moe:
+                raise ConfigError(f"{where}: ep={self.ep} given for a dense model")
+            if self.ep != self.tp:
+                raise ConfigError(f"{where}: ep must be 1 or equal to tp (experts spread over the TP group)")
+            if m.num_experts % self.ep:
+                raise ConfigError(f"{where}: ep={self.ep} does not divide num_experts={m.num_experts}")
+        weight_format(self.weight_dtype)
+        kv_format(self.kv_dtype)
+        if self.step_overhead_s is not None and self.step_overhead_s < 0:
+            raise ConfigError(f"{where}: step_overhead_s must be >= 0")
+
+    @property
+    def gpus(self) -> int:
+        return self.tp * self.pp
+
+    @property
+    def overhead_s(self) -> float:
+        return self.hardware.step_overhead_s if self.step_overhead_s is None else self.step_overhead_s
+
+    @cached_property
+    def compute_dtype(self) -> str:
+        """Peak-FLOP/s key the linear layers run at (bf16 when the GPU lacks the weight format)."""
+        return self.hardware.compute_dtype_for(weight_format(self.weight_dtype).compute)
+
+    def cost(self, batch: StepBatch) -> StepCost:
+        return step_cost(self, batch)
+
+    def __call__(self, batch: StepBatch) -> StepCost:
+        return step_cost(self, batch)
+
+
+@dataclass(frozen=True)
+class Op:
+    """One operator instance per GPU; ``count`` instances per step (e.g. one per layer).
+
+    kind: "gemm" / "attention" / "elementwise" run at max(compute, memory) time; "comm" ops
+    move ``bytes`` over the GPU link (already scaled by the ring factor) in ``calls`` collective
+    calls per instance (0 or 1 per step), each paying the link latency.
+    """
+
+    name: str
+    kind: str
+    count: int
+    flops: FloatArray
+    bytes: FloatArray
+    peak_flops_per_s: float = 0.0
+    calls: FloatArray | None = None
+
+
+def _mask(x: FloatArray) -> FloatArray:
+    return (x > 0).astype(np.float64)
+
+
+def operators(dep: Deployment, batch: StepBatch) -> list[Op]:
+    """Every operator of one step, per GPU, with FLOPs and bytes arrays of shape (N,)."""
+    m, hw = dep.model, dep.hardware
+    tp = dep.tp
+    a = ACT_BYTES
+    w = weight_format(dep.weight_dtype).bytes_per_param
+    kvb = kv_format(dep.kv_dtype).bytes
+    peak_lin = hw.peak_for(dep.compute_dtype)
+    peak16 = hw.peak_for("bf16")
+
+    pt = np.asarray(batch.prefill_tokens, dtype=np.float64)
+    ps = np.asarray(batch.prefill_seqs, dtype=np.float64)
+    pairs = np.asarray(batch.prefill_attn_pairs, dtype=np.float64)
+    pkv = np.asarray(batch.prefill_kv_tokens, dtype=np.float64)
+    ds = np.asarray(batch.decode_seqs, dtype=np.float64)
+    dctx = np.asarray(batch.decode_ctx_tokens, dtype=np.float64)
+    T = pt + ds  # tokens through every linear layer
+    busy = _mask(T)
+    n_logits = ps + ds  # one sampled position per prefill chunk and per decode (upper bound)
+
+    h = m.hidden_size
+    nq = m.num_attention_heads // tp
+    ops: list[Op] = []
+
+    def gemm(
+        name: str,
+        count: int,
+        params: float,
+        tokens: FloatArray,
+        in_w: float,
+        out_w: float,
+        bytes_per_param: float = w,
+        peak: float = peak_lin,
+    ) -> None:
+        """A weight GEMM: reads its weights once per step (if any token passes) plus activations."""
+        if count <= 0 or params <= 0:
+            return
+        flops = 2.0 * tokens * params
+        nbytes = params * bytes_per_param * _mask(tokens) + tokens * a * (in_w + out_w)
+        ops.append(Op(name, "gemm", count, flops, nbytes, peak))
+
+    def elementwise(name: str, count: int, tokens: FloatArray, width_rw: float) -> None:
+        """A memory-bound kernel moving width_rw 16-bit values per token (reads + writes)."""
+        if count <= 0:
+            return
+        ops.append(Op(name, "elementwise", count, np.zeros_like(tokens), tokens * a * width_rw))
+
+    L = m.num_layers
+    # ---- embedding (vocab-parallel lookup) and final norm
+    elementwise("embedding", 1, T, 2 * h)
+    elementwise("input_layernorm", L, T, 2 * h)
+    elementwise("post_attention_layernorm", L, T, 2 * h)
+    elementwise("add", 2 * L, T, 3 * h)  # two residual adds per layer
+    elementwise("final_norm", 1, T, 2 * h)
+
+    # ---- attention projections
+    if m.is_mla:
+        qk, vd, rope, lora = m.q_head_dim, m.v_head_dim, m.qk_rope_head_dim, m.kv_lora_rank
+        latent = lora + rope
+        # fused q_a / kv_a projection is replicated on every TP rank in vLLM's DeepSeek-V2/V3 model
+        qa_out = m.q_lora_rank + latent
+        gemm("attn_pre_proj", L, h * qa_out, T, h, qa_out)
+        if m.q_lora_rank:
+            gemm("attn_q_b_proj", L, m.q_lora_rank * nq * qk, T, m.q_lora_rank, nq * qk)
+        else:  # no query compression (DeepSeek-V2-Lite): a column-parallel q_proj
+            gemm("attn_q_proj", L, h * nq * qk, T, h, nq * qk)
+        # kv_b_proj: prefill up-projects every context latent (non-absorbed MLA); decode applies
+        # the absorbed W_UK / W_UV to each query instead — the same weights either way.
+        gemm(
+            "attn_kv_b_proj",
+            L,
+            lora * nq * (m.qk_nope_head_dim + vd),
+            pkv + ds,
+            lora,
+            nq * (m.qk_nope_head_dim + vd),
+        )
+        elementwise("attn_rope", L, T, 2 * (nq + 1) * rope)
+        # Prefill attention over expanded heads; decode attention in latent space (MQA-like,
+        # one latent "head" of width lora+rope shared by all nq query heads).
+        p_flops = 2.0 * pairs * nq * (qk + vd)
+        p_bytes = (
+            pkv * latent * kvb
+            + pt * latent * kvb
+            + pkv * nq * (m.qk_nope_head_dim + vd) * a * 2
+            + pt * nq * (qk + vd) * a
+        )
+        ops.append(Op("attn_prefill", "attention", L, p_flops, p_bytes, peak16))
+        d_flops = 2.0 * dctx * nq * (latent + lora)
+        d_bytes = dctx * latent * kvb + ds * latent * kvb + ds * nq * (latent + lora) * a
+        ops.append(Op("attn_decode", "attention", L, d_flops, d_bytes, peak16))
+        gemm("attn_post_proj", L, nq * vd * h, T, nq * vd, h)
+    else:
+        d = m.head_dim
+        nkv = max(1, m.num_kv_heads // tp)  # vLLM replicates KV heads when tp > num_kv_heads
+        qkv_w = (nq + 2 * nkv) * d
+        bias = qkv_w if m.attention_bias else 0
+        gemm("attn_pre_proj", L, h * qkv_w + bias, T, h, qkv_w)
+        elementwise("attn_rope", L, T, 2 * (nq + nkv) * d)
+        kv_tok = 2 * nkv * d * kvb  # K and V bytes per token per layer on this rank
+        full, win = m.num_full_attention_layers, m.num_sliding_layers
+
+        def attention(suffix: str, count: int, prs: FloatArray, pk: FloatArray, dc: FloatArray) -> None:
+            if count <= 0:
+                return
+            p_flops = 4.0 * prs * nq * d  # QK^T and PV: 2 FLOPs per multiply-add, d wide each
+            p_bytes = pk * kv_tok + pt * kv_tok + pt * nq * d * a * 2
+            ops.append(Op("attn_prefill" + suffix, "attention", count, p_flops, p_bytes, peak16))
+            d_flops = 4.0 * dc * nq * d
+            d_bytes = dc * kv_tok + ds * kv_tok + ds * nq * d * a * 2
+            ops.append(Op("attn_decode" + suffix, "attention", count, d_flops, d_bytes, peak16))
+
+        attention("", full, pairs, pkv, dctx)
+        if win:
+
+            def pick(x: FloatArray | None, default: FloatArray) -> FloatArray:
+                return default if x is None else np.asarray(x, dtype=np.float64)
+
+            attention(
+                "_window",
+                win,
+                pick(batch.prefill_attn_pairs_window, pairs),
+                pick(batch.prefill_kv_tokens_window, pkv),
+                pick(batch.decode_ctx_tokens_window, dctx),
+            )
+        attn_o = nq * d * h + (h if m.attention_bias else 0)
+        gemm("attn_post_proj", L, attn_o, T, nq * d, h)
+
+    # ---- MLP: dense layers and MoE layers
+    if m.num_dense_layers:
+        inter = m.intermediate_size / tp
+        gemm("mlp_up_proj", m.num_dense_layers, 2 * h * inter, T, h, 2 * inter)
+        elementwise("mlp_act", m.num_dense_layers, T, 3 * inter)
+        gemm("mlp_down_proj", m.num_dense_layers, inter * h, T, inter, h)
+    if m.num_moe_layers:
+        n_moe, E, k = m.num_moe_layers, m.num_experts, m.experts_per_token
+        # The router stays unquantised in vLLM (ReplicatedLinear in 16-bit on every rank).
+        gemm("moe_router", n_moe, h * E, T, h, E, bytes_per_param=a, peak=peak16)
+        # Expected distinct experts touched by T tokens, top-k of E, uniform routing:
+        # E·(1 − (1 − k/E)^T). Each touched expert's weights are read once per step.
+        touched = E * (1.0 - np.power(1.0 - k / E, T))
+        inter = m.moe_intermediate_size / tp
+        ex_params = 3 * h * inter
+        ex_flops = 2.0 * T * k * ex_params
+        ex_bytes = touched * ex_params * w + T * k * a * (h + 2 * inter + 3 * inter + inter + h)
+        ops.append(Op("moe_experts", "gemm", n_moe, ex_flops, ex_bytes, peak_lin))
+        if m.num_shared_experts:
+            sh = m.num_shared_experts * m.moe_intermediate_size / tp
+            gemm("moe_shared_up_proj", n_moe, 2 * h * sh, T, h, 2 * sh)
+            elementwise("moe_shared_act", n_moe, T, 3 * sh)
+            gemm("moe_shared_down_proj", n_moe, sh * h, T, sh, h)
+
+    # ---- LM head (vocab-parallel, kept in 16-bit by vLLM's quantisation configs)
+    vocab = m.vocab_size / tp
+    lm_flops = 2.0 * n_logits * h * vocab
+    lm_bytes = h * vocab * a * _mask(n_logits) + n_logits * (h * a + vocab * LOGIT_BYTES)
+    ops.append(Op("lm_head", "gemm", 1, lm_flops, lm_bytes, peak16))
+
+    # ---- communication
+    zeros = np.zeros_like(T)
+    if tp > 1:
+        # Ring all-reduce moves 2(tp−1)/tp of the message through each GPU's link.
+        ring = 2.0 * (tp - 1) / tp
+        # after o_proj and after the MLP/MoE of every layer, and after the vocab-parallel embedding
+        ops.append(Op("all_reduce", "comm", 2 * L + 1, zeros, ring * T * h * a, calls=busy))
+        gather_bytes = n_logits * m.vocab_size * LOGIT_BYTES * (tp - 1) / tp
+        ops.append(Op("logits_gather", "comm", 1, zeros, gather_bytes, calls=_mask(n_logits)))
+    if dep.pp > 1:
+        # hidden states and residual cross each stage boundary (vLLM's PP sends both)
+        ops.append(Op("pp_send", "comm", dep.pp - 1, zeros, T * h * a * 2, calls=busy))
+    return ops
+
+
+def comm_time(hw: HardwareSpec, op: Op) -> FloatArray:
+    """Seconds of ONE instance of a comm op: bytes over the link plus latency per call."""
+    calls = op.calls if op.calls is not None else _mask(op.bytes)
+    return op.bytes / (hw.link_bandwidth_bytes_per_s * hw.link_efficiency) + calls * hw.link_latency_s
+
+
+def op_times(hw: HardwareSpec, op: Op) -> tuple[FloatArray, FloatArray]:
+    """(compute-bound seconds, memory-bound seconds) of ONE instance of a non-comm ``op``."""
+    t_c = (
+        op.flops / (op.peak_flops_per_s * hw.compute_efficiency)
+        if op.peak_flops_per_s
+        else np.zeros_like(op.flops)
+    )
+    t_m = op.bytes / (hw.memory_bandwidth_bytes_per_s * hw.memory_efficiency)
+    compute_bound = t_c > t_m
+    return np.where(compute_bound, t_c, 0.0), np.where(compute_bound, 0.0, t_m)
+
+
+def step_cost(dep: Deployment, batch: StepBatch) -> StepCost:
+    """Cost N steps at once. Pure and deterministic; a step with no tokens costs nothing."""
+    return cost_from_ops(dep, operators(dep, batch), batch)
+
+
+def cost_from_ops(
+    dep: Deployment,
+    ops: list[Op],
+    batch: StepBatch,
+    hardware: HardwareSpec | None = None,
+    overhead_s: float | None = None,
+) -> StepCost:
+    """Assemble a StepCost from precomputed operators; ``hardware``/``overhead_s`` may swap in
+    other efficiency factors (calibration re-evaluates the same operators many times)."""
+    hw = dep.hardware if hardware is None else hardware
+    step_overhead = dep.overhead_s if overhead_s is None else overhead_s
+    n = batch.n
+    compute = np.zeros(n)
+    memory = np.zeros(n)
+    comm = np.zeros(n)
+    flops = np.zeros(n)
+    nbytes = np.zeros(n)
+    for op in ops:
+        if op.kind == "comm":
+            comm += op.count * comm_time(hw, op)
+            continue
+        t_c, t_m = op_times(hw, op)
+        compute += op.count * t_c
+        memory += op.count * t_m
+        flops += op.count * op.flops
+        nbytes += op.count * op.bytes
+    tokens = np.asarray(batch.prefill_tokens, dtype=np.float64) + np.asarray(
+        batch.decode_seqs, dtype=np.float64
+    )
+    overhead = np.where(tokens > 0, step_overhead, 0.0)
+    # Pipeline stages run one after another for a step, so each op above (counted over all
+    # layers) is already the latency sum; per-GPU work is the replica's work spread over tp×pp
+    # GPUs, while the op FLOPs/bytes above are per TP rank over all stages.
+    flops_gpu = flops / dep.pp
+    bytes_gpu = nbytes / dep.pp
+    time = compute + memory + comm + overhead
+    stacked = np.stack([compute, memory, comm, overhead])
+    binding = np.argmax(stacked, axis=0).astype(np.int8)
+    safe = np.where(time > 0, time, 1.0)
+    mfu = np.where(time > 0, flops_gpu / safe / hw.peak_for(dep.compute_dtype), 0.0)
+    mbu = np.where(time > 0, bytes_gpu / safe / hw.memory_bandwidth_bytes_per_s, 0.0)
+    return StepCost(
+        time_s=time,
+        flops=flops_gpu,
+        bytes=bytes_gpu,
+        compute_s=compute,
+        memory_s=memory,
+        comm_s=comm,
+        overhead_s=overhead,
+        binding=binding,
+        mfu=mfu,
+        mbu=mbu,
+    )
+
+
+# --------------------------------------------------------------------------------------------
+# helpers to build StepBatch arrays for common shapes (used by validation, tests and `fit`)
+
+
+def prefill_batch(
+    prompt_tokens: FloatArray | list[float],
+    batch_size: FloatArray | list[float] | float = 1.0,
+    offset: FloatArray | list[float] | float = 0.0,
+) -> StepBatch:
+    """Steps that each prefill ``batch_size`` whole prompts of ``prompt_tokens`` at context ``offset``."""
+    c = np.asarray(prompt_tokens, dtype=np.float64)
+    b = np.broadcast_to(np.asarray(batch_size, dtype=np.float64), c.shape).astype(np.float64)
+    o = np.broadcast_to(np.asarray(offset, dtype=np.float64), c.shape).astype(np.float64)
+    zero = np.zeros_like(c)
+    return StepBatch(
+        prefill_tokens=b * c,
+        prefill_seqs=b.copy(),
+        prefill_attn_pairs=b * (c * o + c * (c + 1) / 2),
+        prefill_kv_tokens=b * (o + c),
+        decode_seqs=zero,
+        decode_ctx_tokens=zero.copy(),
+    )
+
+
+def decode_batch(
+    batch_size: FloatArray | list[float] | float, context: FloatArray | list[float] | float
+) -> StepBatch:
+    """Steps that each decode one token for ``batch_size`` sequences of ``context`` tokens."""
+    b = np.atleast_1d(np.asarray(batch_size, dtype=np.float64))
+    c = np.atleast_1d(np.asarray(context, dtype=np.float64))
+    b, c = np.broadcast_arrays(b, c)
+    zero = np.zeros_like(b, dtype=np.float64)
+    return StepBatch(
+        prefill_tokens=zero,
+        prefill_seqs=zero.copy(),
+        prefill_attn_pairs=zero.copy(),
+        prefill_kv_tokens=zero.copy(),
+        decode_seqs=b.astype(np.float64),
+        decode_ctx_tokens=(b * c).astype(np.float64),
+    )
