@@ -18,6 +18,10 @@ def main() -> None:
 
 
 # Commands from the stage modules. Each module owns its commands; this file only registers them.
-from pipeline.cli_ingest import ingest  # noqa: E402
+from pipeline.cli_ingest import ingest, synth  # noqa: E402
 
 main.add_command(ingest)
+main.add_command(synth)
+from pipeline.cli_classify import classify  # noqa: E402
+
+main.add_command(classify)

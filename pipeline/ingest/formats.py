@@ -177,7 +177,8 @@ def _openai(raw: pl.DataFrame, ctx: Context) -> pl.DataFrame:
     created = _obj("created")
     created_at = _obj("created_at")
     ts = first("timestamp")
-    arrival = pl.coalesce(parse_time(created, "s"), parse_time(created_at, "s"), parse_time(ts, "auto"))
+    # A logger's own timestamp (sub-second) beats `created` (whole seconds in the API object).
+    arrival = pl.coalesce(parse_time(ts, "auto"), parse_time(created, "s"), parse_time(created_at, "s"))
     status = pl.when(path("error.message").is_not_null()).then(pl.lit("error"))
     exprs = {
         "request_id": first("response.body.id", "response.id", "id", "custom_id"),
@@ -203,7 +204,7 @@ def _openai(raw: pl.DataFrame, ctx: Context) -> pl.DataFrame:
         "ttft_raw": first("ttft_s"),
         "e2e_raw": first("e2e_s"),
     }
-    return candidate(raw, exprs, arrival, pl.coalesce(created, created_at, ts))
+    return candidate(raw, exprs, arrival, pl.coalesce(ts, created, created_at))
 
 
 # --- Anthropic ----------------------------------------------------------------------------------
@@ -393,7 +394,7 @@ FORMATS: dict[str, FormatSpec] = {
         OPENAI_LAYOUT,
         _openai,
         {
-            "arrival": "created",
+            "arrival": "timestamp/created",
             "input_raw": "usage.prompt_tokens",
             "cache_read_raw": "usage.prompt_tokens_details.cached_tokens",
             "output_raw": "usage.completion_tokens",

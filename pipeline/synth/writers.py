@@ -1,0 +1,296 @@
+"""Write a generated workload (``generate.generate``) as logs in each ingest format, following
+each provider's documented field semantics (inclusive vs exclusive input counts, cache fields)."""
+
+from __future__ import annotations
+
+import csv
+import gzip
+import io
+import json
+from collections.abc import Callable, Iterable
+from pathlib import Path
+
+import numpy as np
+import polars as pl
+import zstandard
+
+from pipeline.errors import RooftraceError
+from pipeline.schemas import atomic_write_bytes
+
+#: Mooncake blocks are 512 tokens (FAST'25 trace README).
+MOONCAKE_BLOCK = 512
+
+
+def _iso(col: str) -> pl.Expr:
+    return pl.col(col).dt.strftime("%Y-%m-%dT%H:%M:%S%.6fZ")
+
+
+def _openai(df: pl.DataFrame) -> Iterable[str]:
+    # A gateway's logged request/response pair: the request carries `user` and `metadata`, the
+    # response is a Chat Completions object whose usage.prompt_tokens INCLUDES cached tokens.
+    rows = df.select(
+        "request_id",
+        "model",
+        "tenant",
+        "session_id",
+        "prompt_tokens",
+        "output_tokens",
+        "reasoning_tokens",
+        "cached_tokens",
+        "ttft_s",
+        "e2e_s",
+        ts=_iso("arrival"),
+        created=pl.col("arrival").dt.epoch("s"),
+    ).iter_rows()
+    for rid, model, tenant, sess, p, o, r, c, ttft, e2e, ts, created in rows:
+        yield (
+            f'{{"timestamp":"{ts}","request":{{"model":"{model}","user":"{tenant}",'
+            f'"metadata":{{"session_id":"{sess}"}}}},"response":{{"id":"chatcmpl-{rid}",'
+            f'"object":"chat.completion","created":{created},"model":"{model}","usage":{{'
+            f'"prompt_tokens":{p},"completion_tokens":{o},"total_tokens":{p + o},'
+            f'"prompt_tokens_details":{{"cached_tokens":{c}}},'
+            f'"completion_tokens_details":{{"reasoning_tokens":{r}}}}}}},'
+            f'"ttft_s":{ttft:.6f},"e2e_s":{e2e:.6f}}}'
+        )
+
+
+def _anthropic(df: pl.DataFrame) -> Iterable[str]:
+    # Anthropic usage.input_tokens EXCLUDES cache reads and cache writes.
+    rows = df.select(
+        "request_id",
+        "model",
+        "tenant",
+        "session_id",
+        "prompt_tokens",
+        "output_tokens",
+        "cached_tokens",
+        "cache_write_tokens",
+        ts=_iso("arrival"),
+    ).iter_rows()
+    for rid, model, tenant, sess, p, o, c, w, ts in rows:
+        usage = {
+            "input_tokens": p - c - w,
+            "output_tokens": o,
+            "cache_read_input_tokens": c,
+            "cache_creation_input_tokens": w,
+        }
+        yield json.dumps(
+            {
+                "timestamp": ts,
+                "session_id": sess,
+                "request": {"model": model, "metadata": {"user_id": tenant}},
+                "response": {
+                    "id": f"msg_{rid}",
+                    "type": "message",
+                    "model": model,
+                    "stop_reason": "end_turn",
+                    "usage": usage,
+                },
+            }
+        )
+
+
+def _otel(df: pl.DataFrame) -> Iterable[str]:
+    # OTLP JSON, one ExportTraceServiceRequest per line with up to 100 GenAI spans; per the GenAI
+    # semantic conventions gen_ai.usage.input_tokens INCLUDES cache reads and writes.
+    def attr(k: str, v: object) -> dict[str, object]:
+        key = "intValue" if isinstance(v, int) else "stringValue"
+        return {"key": k, "value": {key: str(v) if key == "intValue" else v}}
+
+    start = df["arrival"].dt.epoch("ns").to_numpy()
+    end = start + (df["e2e_s"].to_numpy() * 1e9).astype(np.int64)
+    spans = []
+    for i, row in enumerate(df.iter_rows(named=True)):
+        attrs = [
+            attr("gen_ai.operation.name", "chat"),
+            attr("gen_ai.request.model", row["model"]),
+            attr("gen_ai.response.id", f"chatcmpl-{row['request_id']}"),
+            attr("gen_ai.usage.input_tokens", int(row["prompt_tokens"])),
+            attr("gen_ai.usage.output_tokens", int(row["output_tokens"])),
+            attr("gen_ai.usage.cache_read.input_tokens", int(row["cached_tokens"])),
+            attr("gen_ai.conversation.id", row["session_id"]),
+            attr("tenant.id", row["tenant"]),
+        ]
+        spans.append(
+            {
+                "traceId": f"{i:032x}",
+                "spanId": f"{i:016x}",
+                "name": f"chat {row['model']}",
+                "kind": 3,
+                "startTimeUnixNano": str(int(start[i])),
+                "endTimeUnixNano": str(int(end[i])),
+                "attributes": attrs,
+                "status": {"code": 1},
+            }
+        )
+        if len(spans) == 100:
+            yield _otlp(spans)
+            spans = []
+    if spans:
+        yield _otlp(spans)
+
+
+def _otlp(spans: list[dict[str, object]]) -> str:
+    res = {"attributes": [{"key": "service.name", "value": {"stringValue": "llm-gateway"}}]}
+    return json.dumps(
+        {"resourceSpans": [{"resource": res, "scopeSpans": [{"scope": {"name": "synth"}, "spans": spans}]}]}
+    )
+
+
+def _mooncake(df: pl.DataFrame) -> Iterable[str]:
+    # Block j of a prompt is the tenant system prompt's block j when it lies wholly inside the
+    # system prompt, else the session's block j when full; a partial last block is unique.
+    t0 = df["arrival"].dt.epoch("ms").min()
+    rows = df.select(
+        "prompt_tokens",
+        "output_tokens",
+        "system_tokens",
+        "session",
+        tenant=pl.col("tenant").str.extract(r"(\d+)$").cast(pl.Int64),
+        ts=pl.col("arrival").dt.epoch("ms") - t0,
+    ).iter_rows()
+    for i, (p, o, sys_len, sess, tenant, ts) in enumerate(rows):
+        ids = []
+        for j in range(-(-p // MOONCAKE_BLOCK)):
+            end = (j + 1) * MOONCAKE_BLOCK
+            if end <= sys_len:
+                ids.append((1 << 58) | (tenant << 20) | j)
+            elif end <= p:
+                ids.append((2 << 58) | (sess << 20) | j)
+            else:
+                ids.append((3 << 58) | (i << 20) | j)
+        yield f'{{"timestamp": {ts}, "input_length": {p}, "output_length": {o}, "hash_ids": {ids}}}'
+
+
+def _csv_rows(header: list[str], rows: Iterable[tuple[object, ...]]) -> Iterable[str]:
+    buf = io.StringIO()
+    w = csv.writer(buf, lineterminator="")
+    w.writerow(header)
+    yield buf.getvalue()
+    for row in rows:
+        buf.seek(0)
+        buf.truncate()
+        w.writerow(row)
+        yield buf.getvalue()
+
+
+def _azure(df: pl.DataFrame) -> Iterable[str]:
+    ts = pl.col("arrival").dt.strftime("%Y-%m-%d %H:%M:%S%.6f")
+    rows = df.select(ts, "prompt_tokens", "output_tokens").iter_rows()
+    return _csv_rows(["TIMESTAMP", "ContextTokens", "GeneratedTokens"], rows)
+
+
+def _vidur(df: pl.DataFrame) -> Iterable[str]:
+    t0 = df["arrival"].min()
+    rel = ((pl.col("arrival") - t0).dt.total_microseconds() / 1e6).round(6)
+    rows = df.select(rel, "prompt_tokens", "output_tokens").iter_rows()
+    return _csv_rows(["arrived_at", "num_prefill_tokens", "num_decode_tokens"], rows)
+
+
+def _litellm(df: pl.DataFrame) -> Iterable[str]:
+    fmt = "%Y-%m-%d %H:%M:%S%.6f"
+    us = pl.duration(microseconds=1)
+    rows = df.select(
+        "request_id",
+        start=pl.col("arrival").dt.strftime(fmt),
+        end=(pl.col("arrival") + us * (pl.col("e2e_s") * 1e6).round(0).cast(pl.Int64)).dt.strftime(fmt),
+        first=(pl.col("arrival") + us * (pl.col("ttft_s") * 1e6).round(0).cast(pl.Int64)).dt.strftime(fmt),
+        model="model",
+        user="tenant",
+        team_id="tenant",
+        session_id="session_id",
+        prompt_tokens="prompt_tokens",
+        completion_tokens="output_tokens",
+        total=pl.col("prompt_tokens") + pl.col("output_tokens"),
+        status=pl.lit("success"),
+        metadata=pl.format(
+            '{{"usage_object": {{"prompt_tokens_details": {{"cached_tokens": {}}}}}}}',
+            pl.col("cached_tokens"),
+        ),
+    ).iter_rows()
+    header = [
+        "request_id",
+        "startTime",
+        "endTime",
+        "completionStartTime",
+        "model",
+        "user",
+        "team_id",
+        "session_id",
+        "prompt_tokens",
+        "completion_tokens",
+        "total_tokens",
+        "status",
+        "metadata",
+    ]
+    return _csv_rows(header, rows)
+
+
+_GENERIC_COLUMNS = {
+    "request_id": "request_id",
+    "arrival": "arrival",
+    "model": "model",
+    "tenant": "tenant",
+    "session_id": "session_id",
+    "recorded_input_tokens": "prompt_tokens",
+    "output_tokens": "output_tokens",
+    "cache_hit_tokens": "cached_tokens",
+    "reasoning_tokens": "reasoning_tokens",
+}
+
+
+def _generic_frame(df: pl.DataFrame) -> pl.DataFrame:
+    return df.select(
+        pl.col(src).alias(dst) if dst != "arrival" else _iso(src).alias(dst)
+        for dst, src in _GENERIC_COLUMNS.items()
+    )
+
+
+def _generic_mapping(fmt: str) -> str:
+    lines = [f'format = "{fmt}"', 'source_format = "synth"', 'time_unit = "iso"', "", "[fields]"]
+    lines += [f'{k} = "{k}"' for k in _GENERIC_COLUMNS]
+    return "\n".join(lines) + "\n"
+
+
+LINE_WRITERS: dict[str, Callable[[pl.DataFrame], Iterable[str]]] = {
+    "openai": _openai,
+    "anthropic": _anthropic,
+    "otel": _otel,
+    "litellm": _litellm,
+    "azure": _azure,
+    "mooncake": _mooncake,
+    "vidur": _vidur,
+}
+SYNTH_FORMATS = (*LINE_WRITERS, "jsonl", "csv", "parquet")
+
+
+def _compress(out: Path, data: bytes) -> bytes:
+    if out.name.endswith(".gz"):
+        return gzip.compress(data, compresslevel=1, mtime=0)
+    if out.name.endswith(".zst"):
+        return zstandard.ZstdCompressor(level=3).compress(data)
+    return data
+
+
+def write_logs(df: pl.DataFrame, fmt: str, out: Path) -> list[Path]:
+    """Write ``df`` as ``fmt`` to ``out`` (``.gz``/``.zst`` compress). Generic formats also write
+    ``<out>.mapping.toml`` for ``rooftrace ingest --mapping``. Returns the files written."""
+    if fmt in LINE_WRITERS:
+        text = "\n".join(LINE_WRITERS[fmt](df)) + "\n"
+        atomic_write_bytes(out, _compress(out, text.encode()))
+        return [out]
+    if fmt not in ("jsonl", "csv", "parquet"):
+        raise RooftraceError(f"synth: unknown format {fmt!r}; known: {', '.join(SYNTH_FORMATS)}")
+    frame = _generic_frame(df)
+    buf = io.BytesIO()
+    if fmt == "jsonl":
+        frame.write_ndjson(buf)
+    elif fmt == "csv":
+        frame.write_csv(buf)
+    else:
+        frame.write_parquet(buf)
+    data = buf.getvalue()
+    atomic_write_bytes(out, _compress(out, data) if fmt != "parquet" else data)
+    mapping = out.with_name(out.name + ".mapping.toml")
+    atomic_write_bytes(mapping, _generic_mapping(fmt).encode())
+    return [out, mapping]
