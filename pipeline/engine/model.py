@@ -1,0 +1,216 @@
+"""Types shared by the fast engine and the reference engine: scheduler settings, the workload,
+arrival modes, rejection rules, routing and the per-request result.
+
+Both engines take the same :class:`SchedulerConfig`, :class:`Workload` and cost function and
+must produce the same :class:`EngineResult`; they share nothing that steps the batch. The
+semantics they implement are documented once, in ``docs/engine.md``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+import numpy.typing as npt
+
+from pipeline.errors import ConfigError
+from pipeline.steps import FloatArray, IntArray
+
+U64Array = npt.NDArray[np.uint64]
+
+#: Routing policies (DESIGN.md §3 "Fleet"). Dispatch is by plain string comparison.
+ROUTERS: tuple[str, ...] = ("round_robin", "least_outstanding", "session_affinity", "prefix_affinity")
+
+#: How requests are sent: the trace's arrival times, C closed-loop clients, or all at t=0.
+MODES: tuple[str, ...] = ("open", "closed", "offline")
+
+#: Reject reason codes (index into this tuple; 0 = not rejected).
+REJECT_REASONS: tuple[str, ...] = ("", "exceeds_max_model_len", "exceeds_kv_capacity")
+REJECT_MAX_MODEL_LEN = 1
+REJECT_KV_CAPACITY = 2
+
+
+@dataclass(frozen=True)
+class SchedulerConfig:
+    """One replica's continuous-batching engine, with vLLM's names.
+
+    ``num_gpu_blocks`` is the KV-cache capacity in blocks of ``block_size`` tokens (what vLLM
+    computes from ``gpu_memory_utilization`` at start-up, or ``num_gpu_blocks_override``).
+    """
+
+    num_gpu_blocks: int
+    max_model_len: int
+    max_num_seqs: int = 256
+    max_num_batched_tokens: int = 8192
+    block_size: int = 16
+    enable_chunked_prefill: bool = True
+    enable_prefix_caching: bool = True
+
+    def __post_init__(self) -> None:
+        for name in (
+            "num_gpu_blocks",
+            "max_model_len",
+            "max_num_seqs",
+            "max_num_batched_tokens",
+            "block_size",
+        ):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise ConfigError(f"engine.{name} must be a positive integer, got {value!r}")
+        # vLLM's SchedulerConfig rejects these combinations at start-up too (vllm/config/scheduler.py):
+        # a step must be able to hold one token of every running sequence, and without chunked
+        # prefill a whole prompt must fit in one step's token budget.
+        if self.max_num_batched_tokens < self.max_num_seqs:
+            raise ConfigError(
+                f"engine.max_num_batched_tokens ({self.max_num_batched_tokens}) must be >= "
+                f"engine.max_num_seqs ({self.max_num_seqs})"
+            )
+        if not self.enable_chunked_prefill and self.max_num_batched_tokens < self.max_model_len:
+            raise ConfigError(
+                f"engine.max_num_batched_tokens ({self.max_num_batched_tokens}) must be >= "
+                f"max_model_len ({self.max_model_len}) when enable_chunked_prefill is false"
+            )
+
+
+@dataclass(frozen=True)
+class Workload:
+    """Requests as parallel arrays, in trace order (sorted by ``arrival_s`` for open loop).
+
+    ``chain_hashes[chain_offsets[i]:chain_offsets[i+1]]`` is request i's prefix chain: one hash
+    per *full* block of ``block_size`` tokens, in token order (CSR layout, as pipeline.prefix
+    builds it). Blocks past the prompt may be included (they then describe output tokens).
+    ``affinity`` is the routing key of the session/prefix affinity routers (−1 = none).
+    """
+
+    arrival_s: FloatArray
+    prompt_tokens: IntArray
+    output_tokens: IntArray
+    chain_hashes: U64Array = field(default_factory=lambda: np.zeros(0, np.uint64))
+    chain_offsets: IntArray | None = None
+    affinity: IntArray | None = None
+
+    def __post_init__(self) -> None:
+        n = self.n
+        if self.prompt_tokens.shape != (n,) or self.output_tokens.shape != (n,):
+            raise ValueError("arrival_s, prompt_tokens and output_tokens must have the same length")
+        if n and (self.prompt_tokens.min() < 1 or self.output_tokens.min() < 1):
+            raise ValueError("every request needs at least one prompt token and one output token")
+        if self.chain_offsets is not None and self.chain_offsets.shape != (n + 1,):
+            raise ValueError("chain_offsets must have length n + 1")
+        if self.affinity is not None and self.affinity.shape != (n,):
+            raise ValueError("affinity must have length n")
+
+    @property
+    def n(self) -> int:
+        return int(self.arrival_s.shape[0])
+
+    def offsets(self) -> IntArray:
+        if self.chain_offsets is None:
+            return np.zeros(self.n + 1, np.int64)
+        return self.chain_offsets
+
+
+@dataclass(frozen=True)
+class FleetSpec:
+    """What the engines simulate: N identical replicas behind a router, and how requests arrive."""
+
+    replicas: int
+    scheduler: SchedulerConfig
+    router: str = "round_robin"
+    mode: str = "open"
+    concurrency: int = 0
+
+    def __post_init__(self) -> None:
+        if self.replicas < 1:
+            raise ConfigError(f"replicas must be >= 1, got {self.replicas}")
+        if self.router not in ROUTERS:
+            raise ConfigError(f"router {self.router!r} unknown; choose one of {list(ROUTERS)}")
+        if self.mode not in MODES:
+            raise ConfigError(f"mode {self.mode!r} unknown; choose one of {list(MODES)}")
+        if self.mode == "closed" and self.concurrency < 1:
+            raise ConfigError("closed-loop mode needs concurrency >= 1")
+
+
+@dataclass
+class EngineResult:
+    """Per-request outcome (arrays of length n; NaN / −1 where it does not apply).
+
+    Times are seconds from the start of the replay. ``arrival_s`` is the arrival as replayed
+    (closed-loop and offline modes change it). ``cache_hit_tokens`` are the prefix-cache hits at
+    the request's first scheduling; ``prefill_tokens`` counts every prompt token actually
+    computed, recomputation after preemption included.
+    """
+
+    arrival_s: FloatArray
+    replica: npt.NDArray[np.int32]
+    scheduled_s: FloatArray
+    first_token_s: FloatArray
+    finish_s: FloatArray
+    max_itl_s: FloatArray
+    preemptions: npt.NDArray[np.int32]
+    cache_hit_tokens: IntArray
+    prefill_tokens: IntArray
+    reject_reason: npt.NDArray[np.int8]
+
+    @classmethod
+    def empty(cls, n: int) -> EngineResult:
+        nan = np.full(n, np.nan)
+        return cls(
+            arrival_s=nan.copy(),
+            replica=np.full(n, -1, np.int32),
+            scheduled_s=nan.copy(),
+            first_token_s=nan.copy(),
+            finish_s=nan.copy(),
+            max_itl_s=nan.copy(),
+            preemptions=np.zeros(n, np.int32),
+            cache_hit_tokens=np.zeros(n, np.int64),
+            prefill_tokens=np.zeros(n, np.int64),
+            reject_reason=np.zeros(n, np.int8),
+        )
+
+
+def reject_reasons(work: Workload, cfg: SchedulerConfig) -> npt.NDArray[np.int8]:
+    """Requests that can never run on a replica, with the reason code.
+
+    vLLM refuses a request whose prompt plus requested output exceeds ``max_model_len``; and a
+    request whose KV (prompt + output − 1 tokens: the last sampled token is never fed back)
+    needs more blocks than the whole cache could never finish, so it is rejected rather than
+    left to preempt itself forever.
+    """
+    total = work.prompt_tokens + work.output_tokens
+    out = np.zeros(work.n, np.int8)
+    kv_blocks = -(-(total - 1) // cfg.block_size)
+    out[kv_blocks > cfg.num_gpu_blocks] = REJECT_KV_CAPACITY
+    out[total > cfg.max_model_len] = REJECT_MAX_MODEL_LEN
+    return out
+
+
+def affinity_replica(key: int, replicas: int) -> int:
+    """Replica of an affinity key: a fixed 64-bit mix (splitmix64 finaliser, Steele et al. 2014)
+    so that consecutive keys spread evenly, then modulo the replica count."""
+    z = (key + 0x9E3779B97F4A7C15) & 0xFFFFFFFFFFFFFFFF
+    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & 0xFFFFFFFFFFFFFFFF
+    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & 0xFFFFFFFFFFFFFFFF
+    z ^= z >> 31
+    return int(z % replicas)
+
+
+def is_stateful_router(router: str) -> bool:
+    """Routers that read replica state (outstanding requests) at arrival time. The affinity
+    routers fall back to least-outstanding for requests without a key."""
+    return router != "round_robin"
+
+
+def choose_replica(router: str, key: int, outstanding: list[int], rr_next: int) -> int:
+    """The replica for one arrival. ``outstanding[r]`` = requests routed to r and not finished
+    at the arrival time; ties go to the lowest index. ``rr_next`` is the round-robin cursor."""
+    n = len(outstanding)
+    if router == "round_robin":
+        return rr_next % n
+    if router in ("session_affinity", "prefix_affinity") and key >= 0:
+        return affinity_replica(key, n)
+    best = 0
+    for r in range(1, n):
+        if outstanding[r] < outstanding[best]:
+            best = r
+    return best

@@ -1,0 +1,100 @@
+"""Growable columnar log of engine spans (one row per span of identical-composition steps).
+
+Rows are kept in numpy buffers that double when full, so a million-request replay with a few
+million spans costs ~100 bytes per span instead of a Python tuple per field.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import numpy.typing as npt
+
+from pipeline.steps import StepCost
+
+#: Columns and dtypes of the span log (the replay ``steps`` table adds derived columns).
+SPAN_COLUMNS: dict[str, type] = {
+    "replica": np.int32,
+    "start_s": np.float64,
+    "end_s": np.float64,
+    "steps": np.int64,
+    "prefill_tokens": np.int64,
+    "prefill_seqs": np.int64,
+    "decode_seqs": np.int64,
+    "decode_tokens": np.int64,
+    "running": np.int32,
+    "waiting": np.int32,
+    "kv_blocks_used": np.int64,
+    "flops": np.float64,
+    "bytes": np.float64,
+    "compute_s": np.float64,
+    "memory_s": np.float64,
+    "comm_s": np.float64,
+    "overhead_s": np.float64,
+}
+
+
+class StepLog:
+    def __init__(self, capacity: int = 1024) -> None:
+        self.n = 0
+        self._cols: dict[str, npt.NDArray[np.generic]] = {
+            name: np.zeros(capacity, dtype) for name, dtype in SPAN_COLUMNS.items()
+        }
+
+    def _grow(self) -> None:
+        for name, col in self._cols.items():
+            bigger = np.zeros(col.shape[0] * 2, col.dtype)
+            bigger[: self.n] = col[: self.n]
+            self._cols[name] = bigger
+
+    def add(
+        self,
+        replica: int,
+        start: float,
+        end: float,
+        steps: int,
+        prefill_tokens: int,
+        prefill_seqs: int,
+        decode_seqs: int,
+        running: int,
+        waiting: int,
+        kv_blocks_used: int,
+        cost: StepCost,
+        upto: int,
+    ) -> None:
+        """Append one span covering ``cost`` rows ``[0, upto)``."""
+        if self.n == self._cols["replica"].shape[0]:
+            self._grow()
+        i = self.n
+        c = self._cols
+        c["replica"][i] = replica
+        c["start_s"][i] = start
+        c["end_s"][i] = end
+        c["steps"][i] = steps
+        c["prefill_tokens"][i] = prefill_tokens
+        c["prefill_seqs"][i] = prefill_seqs
+        c["decode_seqs"][i] = decode_seqs
+        c["decode_tokens"][i] = decode_seqs * steps
+        c["running"][i] = running
+        c["waiting"][i] = waiting
+        c["kv_blocks_used"][i] = kv_blocks_used
+        if upto == 1:
+            c["flops"][i] = cost.flops[0]
+            c["bytes"][i] = cost.bytes[0]
+            c["compute_s"][i] = cost.compute_s[0]
+            c["memory_s"][i] = cost.memory_s[0]
+            c["comm_s"][i] = cost.comm_s[0]
+            c["overhead_s"][i] = cost.overhead_s[0]
+        else:
+            c["flops"][i] = cost.flops[:upto].sum()
+            c["bytes"][i] = cost.bytes[:upto].sum()
+            c["compute_s"][i] = cost.compute_s[:upto].sum()
+            c["memory_s"][i] = cost.memory_s[:upto].sum()
+            c["comm_s"][i] = cost.comm_s[:upto].sum()
+            c["overhead_s"][i] = cost.overhead_s[:upto].sum()
+        self.n += 1
+
+    def columns(self) -> dict[str, npt.NDArray[np.generic]]:
+        """The logged rows, ordered by replica then start time."""
+        cols = {name: col[: self.n] for name, col in self._cols.items()}
+        order = np.lexsort((cols["start_s"], cols["replica"]))
+        return {name: col[order] for name, col in cols.items()}

@@ -1,0 +1,286 @@
+"""The replay engine: hand-computed schedules, fast == reference on generated traces and fleets,
+and the scheduler invariants."""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from test_engine_support import LinearCost, workload
+
+from pipeline.engine.fast import simulate
+from pipeline.engine.model import (
+    REJECT_KV_CAPACITY,
+    REJECT_MAX_MODEL_LEN,
+    EngineResult,
+    FleetSpec,
+    SchedulerConfig,
+    Workload,
+)
+from pipeline.engine.reference import simulate_reference
+from pipeline.engine.steplog import StepLog
+from pipeline.errors import ConfigError
+
+
+def _cfg(**kw: int | bool) -> SchedulerConfig:
+    base: dict[str, int | bool] = {
+        "num_gpu_blocks": 1000,
+        "max_model_len": 4096,
+        "max_num_seqs": 8,
+        "max_num_batched_tokens": 256,
+        "block_size": 4,
+    }
+    base.update(kw)
+    return SchedulerConfig(**base)  # type: ignore[arg-type]
+
+
+def _assert_same(fast: EngineResult, ref: EngineResult) -> None:
+    for name in ("first_token_s", "finish_s"):
+        np.testing.assert_allclose(getattr(fast, name), getattr(ref, name), rtol=1e-9, atol=0)
+    for name in ("arrival_s", "scheduled_s", "max_itl_s"):
+        np.testing.assert_allclose(getattr(fast, name), getattr(ref, name), rtol=1e-9, atol=1e-12)
+    for name in ("replica", "preemptions", "cache_hit_tokens", "prefill_tokens", "reject_reason"):
+        np.testing.assert_array_equal(getattr(fast, name), getattr(ref, name), err_msg=name)
+
+
+# -- hand-computed ------------------------------------------------------------------------------
+
+
+def test_single_request_matches_hand_calculation() -> None:
+    # One request, prompt 10, output 3, budget 256: one prefill step then two decode steps.
+    cost = LinearCost(a=0.01, b=0.001, c=0.0, d=0.002, e=0.0001)
+    w = workload([1.0], [10], [3])
+    spec = FleetSpec(replicas=1, scheduler=_cfg())
+    res = simulate(w, spec, cost)
+    prefill = 0.01 + 0.001 * 10
+    dec1 = 0.01 + 0.002 + 0.0001 * 11  # context 10 cached + the new token
+    dec2 = 0.01 + 0.002 + 0.0001 * 12
+    assert res.scheduled_s[0] == 1.0
+    assert res.first_token_s[0] == pytest.approx(1.0 + prefill, rel=1e-12)
+    assert res.finish_s[0] == pytest.approx(1.0 + prefill + dec1 + dec2, rel=1e-12)
+    assert res.max_itl_s[0] == pytest.approx(dec2, rel=1e-9)
+    assert res.prefill_tokens[0] == 10
+    _assert_same(res, simulate_reference(w, spec, cost))
+
+
+def test_chunked_prefill_rides_along_decodes_in_v1_order() -> None:
+    # Budget 8: request A (prompt 4) is decoding when B (prompt 20) arrives; each step A takes
+    # one token first (running requests first), B the 7 left: chunks 7, 7, 6.
+    cost = LinearCost(a=1.0, b=0.0, c=0.0, d=0.0, e=0.0)  # every step lasts exactly 1 s
+    w = workload([0.0, 0.5], [4, 20], [10, 2])
+    spec = FleetSpec(replicas=1, scheduler=_cfg(max_num_batched_tokens=8, max_num_seqs=8))
+    log = StepLog()
+    res = simulate(w, spec, cost, log)
+    # Step 0 [0,1): A's prefill → A's first token at 1. B arrives at 0.5, scheduled at 1.
+    assert res.first_token_s[0] == 1.0
+    assert res.scheduled_s[1] == 1.0
+    # B's chunks run in steps [1,2), [2,3), [3,4) → first token at 4, second at 5.
+    assert res.first_token_s[1] == 4.0
+    assert res.finish_s[1] == 5.0
+    # A decodes every step from 1 on: 9 more tokens → finishes at 10.
+    assert res.finish_s[0] == 10.0
+    cols = log.columns()
+    assert cols["prefill_tokens"].sum() == 4 + 20
+    assert cols["steps"].sum() == 10
+    _assert_same(res, simulate_reference(w, spec, cost))
+
+
+def test_max_num_seqs_queues_fcfs() -> None:
+    cost = LinearCost(a=1.0, b=0.0, c=0.0, d=0.0, e=0.0)
+    w = workload([0.0, 0.0, 0.0], [2, 2, 2], [3, 3, 3])
+    spec = FleetSpec(replicas=1, scheduler=_cfg(max_num_seqs=2, max_num_batched_tokens=64))
+    res = simulate(w, spec, cost)
+    np.testing.assert_array_equal(res.scheduled_s, [0.0, 0.0, 3.0])
+    np.testing.assert_array_equal(res.finish_s, [3.0, 3.0, 6.0])
+    np.testing.assert_array_equal(res.first_token_s - res.arrival_s, [1.0, 1.0, 4.0])
+
+
+def test_kv_exhaustion_preempts_the_newest_and_recomputes() -> None:
+    # 4 blocks of 4 tokens = 16 tokens. A (prompt 4, out 8) and B (prompt 4, out 8) each need up
+    # to 3 blocks (11 tokens). Both start; when a 5th block is needed, B (newest) is preempted.
+    cost = LinearCost(a=1.0, b=0.0, c=0.0, d=0.0, e=0.0)
+    w = workload([0.0, 0.0], [4, 4], [8, 8])
+    spec = FleetSpec(replicas=1, scheduler=_cfg(num_gpu_blocks=4, max_num_batched_tokens=64))
+    res = simulate(w, spec, cost)
+    ref = simulate_reference(w, spec, cost)
+    _assert_same(res, ref)
+    assert res.preemptions[1] >= 1 and res.preemptions[0] == 0
+    # A never waits: 1 prefill step + 7 decode steps.
+    assert res.finish_s[0] == 8.0
+    # B recomputed its prompt and the outputs it had: more than its 4 prompt tokens prefilled.
+    assert res.prefill_tokens[1] > 4
+
+
+def test_prefix_cache_hits_skip_prefill_but_never_the_last_token() -> None:
+    cost = LinearCost(a=1.0, b=0.0, c=0.0, d=0.0, e=0.0)
+    chain = [11, 12, 13]  # 3 full blocks of 4 = 12 tokens
+    w = workload([0.0, 10.0, 20.0], [12, 12, 14], [2, 2, 2], chains=[chain, chain, chain])
+    spec = FleetSpec(replicas=1, scheduler=_cfg())
+    res = simulate(w, spec, cost)
+    # Second request: prompt 12 fully cached, but the last token must be computed, so only the
+    # first 2 blocks (8 tokens) hit. Third: prompt 14 → all 3 blocks hit.
+    np.testing.assert_array_equal(res.cache_hit_tokens, [0, 8, 12])
+    np.testing.assert_array_equal(res.prefill_tokens, [12, 4, 2])
+    _assert_same(res, simulate_reference(w, spec, cost))
+    off = FleetSpec(replicas=1, scheduler=_cfg(enable_prefix_caching=False))
+    np.testing.assert_array_equal(simulate(w, off, cost).cache_hit_tokens, [0, 0, 0])
+
+
+def test_lru_eviction_of_finished_blocks() -> None:
+    # 6 blocks of 4. Request 0 leaves blocks h1, h2 cached (freed tail first, so the free queue is
+    # [4 never-used, h2, h1]); request 1 (other prefix, 6 blocks) takes all of them, evicting both.
+    cost = LinearCost(a=1.0, b=0.0, c=0.0, d=0.0, e=0.0)
+    w = workload([0.0, 10.0, 20.0], [8, 24, 8], [1, 1, 1], chains=[[1, 2], [7, 8, 9, 10, 11, 12], [1, 2]])
+    spec = FleetSpec(replicas=1, scheduler=_cfg(num_gpu_blocks=6))
+    res = simulate(w, spec, cost)
+    _assert_same(res, simulate_reference(w, spec, cost))
+    assert res.cache_hit_tokens[2] == 0  # evicted
+    roomy = FleetSpec(replicas=1, scheduler=_cfg(num_gpu_blocks=8))
+    assert simulate(w, roomy, cost).cache_hit_tokens[2] == 4  # kept: 1 block (last token rule)
+
+
+def test_rejections_are_reported_with_a_reason() -> None:
+    # KV needed: prompt + output − 1 tokens → 28, 1253 and 30 blocks of 4.
+    w = workload([0.0, 0.0, 0.0], [100, 5000, 30], [10, 10, 90])
+    spec = FleetSpec(replicas=1, scheduler=_cfg(num_gpu_blocks=30, max_model_len=4096))
+    res = simulate(w, spec, LinearCost())
+    assert res.reject_reason.tolist() == [0, REJECT_MAX_MODEL_LEN, 0]
+    assert np.isnan(res.finish_s[1]) and res.replica[1] == -1
+    tight = FleetSpec(replicas=1, scheduler=_cfg(num_gpu_blocks=29, max_model_len=4096))
+    res = simulate(w, tight, LinearCost())
+    assert res.reject_reason.tolist() == [0, REJECT_MAX_MODEL_LEN, REJECT_KV_CAPACITY]
+    assert np.isfinite(res.finish_s[0])
+
+
+def test_config_validation_names_the_field() -> None:
+    with pytest.raises(ConfigError, match="max_num_batched_tokens"):
+        SchedulerConfig(num_gpu_blocks=10, max_model_len=100, max_num_seqs=64, max_num_batched_tokens=32)
+    with pytest.raises(ConfigError, match="enable_chunked_prefill"):
+        SchedulerConfig(
+            num_gpu_blocks=10,
+            max_model_len=100,
+            max_num_seqs=8,
+            max_num_batched_tokens=64,
+            enable_chunked_prefill=False,
+        )
+    with pytest.raises(ConfigError, match="block_size"):
+        SchedulerConfig(num_gpu_blocks=10, max_model_len=100, block_size=0)
+    with pytest.raises(ConfigError, match="router"):
+        FleetSpec(replicas=1, scheduler=_cfg(), router="random")
+
+
+def test_closed_loop_keeps_concurrency_clients_busy() -> None:
+    cost = LinearCost(a=1.0, b=0.0, c=0.0, d=0.0, e=0.0)
+    w = workload([0.0] * 6, [4] * 6, [2] * 6)
+    spec = FleetSpec(replicas=1, scheduler=_cfg(), mode="closed", concurrency=2)
+    res = simulate(w, spec, cost)
+    # Two at a time, each taking 2 steps: issued at 0, 0, 2, 2, 4, 4.
+    np.testing.assert_array_equal(res.arrival_s, [0, 0, 2, 2, 4, 4])
+    np.testing.assert_array_equal(res.finish_s, [2, 2, 4, 4, 6, 6])
+    _assert_same(res, simulate_reference(w, spec, cost))
+
+
+# -- fast == reference on generated traces and fleets -----------------------------------------
+
+
+@st.composite
+def _cases(draw: st.DrawFn) -> tuple[Workload, FleetSpec, LinearCost]:
+    n = draw(st.integers(1, 40))
+    bs = draw(st.sampled_from([1, 2, 4, 16]))
+    seqs = draw(st.integers(1, 8))
+    budget = draw(st.integers(seqs, 96))
+    chunked = draw(st.booleans())
+    max_len = draw(st.integers(8, 400))
+    if not chunked:
+        budget = max(budget, max_len)
+    blocks = draw(st.integers(2, 80))
+    cfg = SchedulerConfig(
+        num_gpu_blocks=blocks,
+        max_model_len=max_len,
+        max_num_seqs=seqs,
+        max_num_batched_tokens=budget,
+        block_size=bs,
+        enable_chunked_prefill=chunked,
+        enable_prefix_caching=draw(st.booleans()),
+    )
+    gaps = draw(st.lists(st.floats(0.0, 0.5, allow_nan=False), min_size=n, max_size=n))
+    arrival = np.cumsum(gaps)
+    prompt = draw(st.lists(st.integers(1, 120), min_size=n, max_size=n))
+    output = draw(st.lists(st.integers(1, 60), min_size=n, max_size=n))
+    # Chains from a few shared prefixes so that hits, duplicates and evictions happen.
+    roots = draw(st.lists(st.integers(0, 3), min_size=n, max_size=n))
+    chains = []
+    for i in range(n):
+        full = (prompt[i] + draw(st.integers(0, output[i]))) // bs
+        shared = draw(st.integers(0, full))
+        common = [1000 * roots[i] + j for j in range(shared)]
+        chains.append(common + [10**6 + 1000 * i + j for j in range(shared, full)])
+    affinity = [r if r % 2 else -1 for r in roots]
+    w = workload(arrival, prompt, output, chains=chains, affinity=affinity)
+    router = draw(st.sampled_from(["round_robin", "least_outstanding", "session_affinity"]))
+    mode = draw(st.sampled_from(["open", "open", "closed", "offline"]))
+    spec = FleetSpec(
+        replicas=draw(st.integers(1, 3)),
+        scheduler=cfg,
+        router=router,
+        mode=mode,
+        concurrency=draw(st.integers(1, 6)),
+    )
+    cost = LinearCost(
+        a=draw(st.floats(1e-3, 0.05)),
+        b=draw(st.floats(0.0, 1e-3)),
+        c=draw(st.floats(0.0, 1e-6)),
+        d=draw(st.floats(0.0, 1e-2)),
+        e=draw(st.floats(0.0, 1e-4)),
+    )
+    return w, spec, cost
+
+
+# ROOFTRACE_HYPOTHESIS_EXAMPLES raises the example count for a deeper search (e.g. 2000).
+_EXAMPLES = int(os.environ.get("ROOFTRACE_HYPOTHESIS_EXAMPLES", "150"))
+
+
+@settings(max_examples=_EXAMPLES, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(_cases())
+def test_fast_equals_reference(case: tuple[Workload, FleetSpec, LinearCost]) -> None:
+    w, spec, cost = case
+    log = StepLog()
+    fast = simulate(w, spec, cost, log)
+    _assert_same(fast, simulate_reference(w, spec, cost))
+    check_invariants(w, spec, fast, log)
+
+
+def check_invariants(w: Workload, spec: FleetSpec, res: EngineResult, log: StepLog) -> None:
+    """The invariants every replay must satisfy (also used on the real-trace slices)."""
+    cfg = spec.scheduler
+    ok = res.reject_reason == 0
+    # Every request either finished or was rejected with a reason.
+    assert np.all(np.isfinite(res.finish_s[ok]))
+    assert np.all(np.isnan(res.finish_s[~ok])) and np.all(res.replica[~ok] == -1)
+    assert np.all(res.replica[ok] >= 0) and np.all(res.replica[ok] < spec.replicas)
+    # arrival <= scheduled <= first token <= finish.
+    assert np.all(res.arrival_s[ok] <= res.scheduled_s[ok])
+    assert np.all(res.scheduled_s[ok] < res.first_token_s[ok])
+    assert np.all(res.first_token_s[ok] <= res.finish_s[ok])
+    one = ok & (w.output_tokens == 1)
+    assert np.all(res.first_token_s[one] == res.finish_s[one])
+    # Prefill work: prompt minus first-admission hits, plus recomputation (>= 0).
+    fresh = w.prompt_tokens[ok] - res.cache_hit_tokens[ok]
+    assert np.all(res.prefill_tokens[ok] >= fresh)
+    assert np.all(res.prefill_tokens[ok][res.preemptions[ok] == 0] == fresh[res.preemptions[ok] == 0])
+    cols = log.columns()
+    # Output tokens conserved: every decode-step token plus one sampled per prefill completion.
+    assert cols["steps"].min(initial=1) >= 1
+    assert np.all(cols["kv_blocks_used"] <= cfg.num_gpu_blocks)
+    assert np.all(cols["prefill_tokens"] + cols["decode_seqs"] <= cfg.max_num_batched_tokens * cols["steps"])
+    assert np.all(cols["running"] <= cfg.max_num_seqs)
+    assert np.all(cols["decode_seqs"] <= cfg.max_num_seqs)
+    fed = int(cols["prefill_tokens"].sum() + cols["decode_tokens"].sum())
+    assert fed == int(res.prefill_tokens[ok].sum() + (w.output_tokens[ok] - 1).sum())
+    # Steps of one replica never overlap.
+    for r in range(spec.replicas):
+        mine = cols["replica"] == r
+        assert np.all(cols["start_s"][mine][1:] >= cols["end_s"][mine][:-1])
