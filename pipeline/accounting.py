@@ -1,0 +1,582 @@
+"""Token accounting: split every recorded input token into cache-hit and fresh (``rooftrace classify``).
+
+:func:`account` is the pure computation over a requests frame; :func:`classify_tokens` reads one
+date of the store, runs it, and writes::
+
+    STORE/accounting/requests/date=D/part-0.parquet     schema accounting_requests (per request)
+    STORE/accounting/minutes/date=D/part-0.parquet      schema accounting_minutes  (per minute)
+    STORE/accounting/cache_curve/date=D/part-0.parquet  schema cache_curve (capacity -> hits)
+    STORE/accounting/summary/date=D/summary.json        the options used and the totals printed
+
+Each model has its own simulated prefix cache (replicas of different models do not share KV
+memory); tenants and adapters of one model share its capacity but, being salted apart, never hit
+each other's blocks. Requests are replayed through the cache in arrival order and touch it at
+arrival: the replay engine later does the same with real admission times.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+import polars as pl
+
+from pipeline import prefix
+from pipeline.errors import RooftraceError
+from pipeline.schemas import atomic_write_bytes, write_parquet
+from pipeline.store import Store
+
+#: Points of the capacity grid per doubling of the cache size.
+CURVE_POINTS_PER_DOUBLING = 4
+
+_UNITS_TOKENS = {"": 1, "K": 10**3, "M": 10**6, "G": 10**9, "T": 10**12}
+_UNITS_BYTES = {
+    "B": 1,
+    "KB": 10**3,
+    "MB": 10**6,
+    "GB": 10**9,
+    "TB": 10**12,
+    "KIB": 2**10,
+    "MIB": 2**20,
+    "GIB": 2**30,
+    "TIB": 2**40,
+}
+_CAPACITY_RE = re.compile(r"^\s*([0-9]+(?:\.[0-9]+)?(?:[eE][0-9]+)?)\s*([A-Za-z]*)\s*$")
+
+
+@dataclass(frozen=True)
+class Capacity:
+    """A prefix-cache size per model: in tokens, in bytes, or unbounded (both None)."""
+
+    tokens: int | None = None
+    bytes: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.tokens is not None and self.bytes is not None:
+            raise RooftraceError("a cache capacity is given in tokens or in bytes, not both")
+        for name, value in (("tokens", self.tokens), ("bytes", self.bytes)):
+            if value is not None and value < 0:
+                raise RooftraceError(f"cache capacity {name} must be >= 0, got {value}")
+
+    @property
+    def unbounded(self) -> bool:
+        return self.tokens is None and self.bytes is None
+
+    def describe(self) -> str:
+        if self.tokens is not None:
+            return f"{self.tokens} tokens"
+        if self.bytes is not None:
+            return f"{self.bytes} bytes"
+        return "unbounded"
+
+
+def parse_capacity(text: str | None) -> Capacity:
+    """``2M`` / ``2000000`` tokens (K, M, G, T = 10^3..10^12); ``40GB``, ``40GiB``, ``512MB``
+    bytes (SI and binary prefixes); ``unbounded``, ``inf`` or None: no limit."""
+    if text is None or text.strip().lower() in {"unbounded", "inf", "none"}:
+        return Capacity()
+    m = _CAPACITY_RE.match(text)
+    if not m:
+        raise RooftraceError(f"capacity {text!r}: expected a number with an optional unit, e.g. 2M or 40GB")
+    value, unit = float(m.group(1)), m.group(2).upper()
+    if unit in _UNITS_TOKENS:
+        return Capacity(tokens=int(value * _UNITS_TOKENS[unit]))
+    if unit in _UNITS_BYTES:
+        return Capacity(bytes=int(value * _UNITS_BYTES[unit]))
+    raise RooftraceError(
+        f"capacity {text!r}: unknown unit {m.group(2)!r}; tokens take K/M/G/T, bytes take B, KB..TB, KiB..TiB"
+    )
+
+
+def catalog_kv_bytes_per_token(model: str, kv_dtype: str = "bf16", *, required: bool = False) -> float | None:
+    """KV-cache bytes per token of catalog model ``model`` (all full-attention layers, no tensor
+    parallel split: the whole replica's bytes), or None when the catalog has no such model."""
+    # Imported here: the catalog and memory model are another stage's, loaded only when needed.
+    from pipeline.catalog import load_model
+    from pipeline.errors import ConfigError
+    from pipeline.memory import kv_bytes_per_token
+
+    try:
+        spec = load_model(model)
+    except ConfigError:
+        if required:
+            raise
+        return None
+    return float(kv_bytes_per_token(spec, kv_dtype))
+
+
+@dataclass(frozen=True)
+class ClassifyOptions:
+    """Options of one classify run (echoed in the summary)."""
+
+    block_size: int = 512
+    capacity: Capacity = field(default_factory=Capacity)
+    isolation: tuple[str, ...] = prefix.DEFAULT_ISOLATION
+    ttl_s: float | None = None
+    kv_bytes_per_token: float | None = None
+    kv_model: str | None = None
+    kv_dtype: str = "bf16"
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.capacity, Capacity):
+            raise RooftraceError(f"capacity must be a Capacity, got {type(self.capacity).__name__}")
+        if self.kv_bytes_per_token is not None and self.kv_model is not None:
+            raise RooftraceError("give --kv-bytes-per-token or --kv-model, not both")
+        if self.block_size <= 0:
+            raise RooftraceError(f"--block-size must be positive, got {self.block_size}")
+        if self.ttl_s is not None and not self.ttl_s >= 0:
+            raise RooftraceError(f"--ttl must be >= 0 seconds, got {self.ttl_s}")
+        if self.kv_bytes_per_token is not None and not self.kv_bytes_per_token > 0:
+            raise RooftraceError(f"--kv-bytes-per-token must be positive, got {self.kv_bytes_per_token}")
+
+
+@dataclass(frozen=True)
+class Accounting:
+    """What :func:`account` computes: the three tables and the summary numbers."""
+
+    requests: pl.DataFrame
+    minutes: pl.DataFrame
+    curve: pl.DataFrame
+    summary: dict[str, Any]
+
+
+def _kv_per_token(model: str, opts: ClassifyOptions) -> float | None:
+    """KV bytes per token for ``model``'s cache: the option, else ``--kv-model``'s, else the
+    catalog entry named like the model, else unknown."""
+    if opts.kv_bytes_per_token is not None:
+        return opts.kv_bytes_per_token
+    if opts.kv_model is not None:
+        return catalog_kv_bytes_per_token(opts.kv_model, opts.kv_dtype, required=True)
+    return catalog_kv_bytes_per_token(model, opts.kv_dtype)
+
+
+def _capacity_blocks(model: str, bs: int, opts: ClassifyOptions) -> int | None:
+    cap = opts.capacity
+    if cap.tokens is not None:
+        return cap.tokens // bs
+    if cap.bytes is not None:
+        per_token = _kv_per_token(model, opts)
+        if per_token is None:
+            raise RooftraceError(
+                f"capacity {cap.describe()}: KV bytes per token of model {model!r} unknown "
+                "(no catalog model of that name); pass --kv-model or --kv-bytes-per-token, "
+                "or give the capacity in tokens"
+            )
+        return int(cap.bytes // (per_token * bs))
+    return None
+
+
+def _capacity_grid(max_distance: int, chosen: Sequence[int]) -> npt.NDArray[np.int64]:
+    """0, then ~4 points per doubling up to the largest finite stack distance, plus ``chosen``."""
+    pts = [0, *chosen]
+    if max_distance >= 1:
+        n = math.ceil(math.log2(max_distance) * CURVE_POINTS_PER_DOUBLING) + 1
+        pts.extend(np.unique(np.round(np.geomspace(1, max_distance, max(n, 2)))).astype(np.int64).tolist())
+    return np.unique(np.asarray(pts, dtype=np.int64))
+
+
+def account(requests: pl.DataFrame, options: ClassifyOptions | None = None) -> Accounting:
+    """Classify every input token of ``requests`` (a canonical requests frame) as cache-hit or fresh."""
+    opts = options if options is not None else ClassifyOptions()
+    df = requests.sort(["arrival", "request_id"])
+    n = df.height
+    chains = prefix.build_chains(df, opts.block_size, opts.isolation)
+    bs = chains.block_size
+
+    arrival_us = df.get_column("arrival").dt.epoch("us").to_numpy().astype(np.int64)
+    t0 = int(arrival_us.min()) if n else 0
+    times_s = (arrival_us - t0).astype(np.float64) / 1e6
+    minute_us = (arrival_us // 60_000_000) * 60_000_000
+    minutes, minute_idx = np.unique(minute_us, return_inverse=True)
+    recorded = df.get_column("recorded_input_tokens").to_numpy().astype(np.int64)
+    models = df.get_column("model").to_numpy()
+    prompt_blocks = chains.prompt_blocks()
+
+    hit_blocks = np.zeros(n, dtype=np.int64)
+    domain_data: list[tuple[str, npt.NDArray[np.int64], prefix.Distances, int | None]] = []
+    chosen_blocks: dict[str, int | None] = {}
+    for model in sorted(set(models.tolist())):
+        rows = np.flatnonzero(models == model).astype(np.int64)
+        plan = prefix.access_plan(chains, rows)
+        dist = prefix.request_distances(*plan, times_s=times_s[rows], ttl_s=opts.ttl_s)
+        cap = _capacity_blocks(model, bs, opts)
+        chosen_blocks[model] = cap
+        hit_blocks[rows] = dist.hit_blocks(cap)
+        domain_data.append((model, rows, dist, cap))
+
+    finite = [int(d.distance[d.distance < prefix.INF_DISTANCE].max(initial=0)) for _, _, d, _ in domain_data]
+    grid = _capacity_grid(max(finite, default=0), [c for c in chosen_blocks.values() if c is not None])
+    hits_grid = np.zeros((len(domain_data), minutes.shape[0], grid.shape[0] + 1), dtype=np.int64)
+    for k, (_, rows, dist, _) in enumerate(domain_data):
+        owner = np.repeat(rows, np.diff(dist.offsets))
+        bucket = np.searchsorted(grid, dist.distance, side="left")  # first capacity that holds it
+        bucket[dist.distance == prefix.INF_DISTANCE] = grid.shape[0] + 1  # never (the unbounded slot too)
+        width = grid.shape[0] + 2
+        flat = np.bincount(minute_idx[owner] * width + bucket, minlength=minutes.shape[0] * width)
+        per = flat.reshape(minutes.shape[0], width)
+        # columns 0..K-1: capacity grid[g]; column K: unbounded; finite distances above the grid
+        # (none by construction) would land in column K.
+        hits_grid[k] = np.cumsum(per[:, : grid.shape[0] + 1], axis=1)
+
+    sim_tokens = hit_blocks * bs
+    has_chain = chains.source != prefix.SOURCE_NONE
+    simulated = pl.Series("simulated_cache_hit_tokens", np.where(has_chain, sim_tokens, 0)).set(
+        pl.Series(~has_chain), None
+    )
+    sim_blocks = pl.Series("simulated_hit_blocks", hit_blocks).set(pl.Series(~has_chain), None)
+    acc = df.select(
+        "request_id",
+        "arrival",
+        "model",
+        "tenant",
+        "adapter",
+        "session_id",
+        "recorded_input_tokens",
+        "output_tokens",
+        "reported_cache_hit_tokens",
+    ).with_columns(
+        simulated,
+        sim_blocks,
+        pl.Series("prefix_source", np.asarray(prefix.SOURCE_NAMES)[chains.source]),
+        pl.Series("prefix_blocks", prompt_blocks),
+    )
+    acc = acc.with_columns(
+        pl.coalesce("reported_cache_hit_tokens", "simulated_cache_hit_tokens", pl.lit(0, pl.Int64))
+        .cast(pl.Int64)
+        .alias("cache_hit_tokens"),
+        pl.when(pl.col("reported_cache_hit_tokens").is_not_null())
+        .then(pl.lit("reported"))
+        .when(pl.col("simulated_cache_hit_tokens").is_not_null())
+        .then(pl.lit("simulated"))
+        .otherwise(pl.lit("none"))
+        .alias("cache_hit_source"),
+    ).with_columns((pl.col("recorded_input_tokens") - pl.col("cache_hit_tokens")).alias("fresh_input_tokens"))
+    bad = acc.filter(
+        (pl.col("reported_cache_hit_tokens") < 0)
+        | (pl.col("reported_cache_hit_tokens") > pl.col("recorded_input_tokens"))
+    )
+    if bad.height:
+        row = bad.row(0, named=True)
+        raise RooftraceError(
+            f"requests: request {row['request_id']!r} reports reported_cache_hit_tokens="
+            f"{row['reported_cache_hit_tokens']} outside [0, recorded_input_tokens="
+            f"{row['recorded_input_tokens']}] ({bad.height} such rows)"
+        )
+    acc = acc.select(
+        "request_id",
+        "arrival",
+        "model",
+        "tenant",
+        "adapter",
+        "session_id",
+        "recorded_input_tokens",
+        "cache_hit_tokens",
+        "cache_hit_source",
+        "reported_cache_hit_tokens",
+        "simulated_cache_hit_tokens",
+        "fresh_input_tokens",
+        "output_tokens",
+        "prefix_source",
+        "prefix_blocks",
+        "simulated_hit_blocks",
+    )
+
+    minutes_df = minute_table(acc)
+    curve = _curve_table(domain_data, grid, hits_grid, minutes, minute_idx, recorded, prompt_blocks, bs, opts)
+    summary = _summary(acc, minutes_df, chains, chosen_blocks, opts)
+    return Accounting(acc, minutes_df, curve, summary)
+
+
+def minute_table(acc: pl.DataFrame) -> pl.DataFrame:
+    """Per-minute sums and rates of the token family, overall and per model / tenant / both."""
+    base = acc.with_columns(pl.col("arrival").dt.truncate("1m").alias("minute"))
+    sums = [
+        pl.len().cast(pl.Int64).alias("requests"),
+        *(
+            pl.col(c).sum().cast(pl.Int64).alias(c)
+            for c in ("recorded_input_tokens", "cache_hit_tokens", "fresh_input_tokens", "output_tokens")
+        ),
+    ]
+    parts = []
+    for scope, keys in (
+        ("all", []),
+        ("model", ["model"]),
+        ("tenant", ["tenant"]),
+        ("model_tenant", ["model", "tenant"]),
+    ):
+        g = base.group_by(["minute", *keys]).agg(sums)
+        for col in ("model", "tenant"):
+            if col not in keys:
+                g = g.with_columns(pl.lit(None, pl.String).alias(col))
+        parts.append(g.with_columns(pl.lit(scope).alias("scope")))
+    out = pl.concat([p.select(sorted(p.columns)) for p in parts], how="vertical")
+    rates = [
+        (pl.col(c) / 60.0).alias(f"{c}_per_s")
+        for c in ("recorded_input_tokens", "cache_hit_tokens", "fresh_input_tokens", "output_tokens")
+    ]
+    inflation = (
+        pl.when(pl.col("fresh_input_tokens") > 0)
+        .then(pl.col("recorded_input_tokens") / pl.col("fresh_input_tokens"))
+        .otherwise(None)
+        .alias("inflation_ratio")
+    )
+    scope_order = pl.col("scope").replace_strict(
+        {"all": 0, "model": 1, "tenant": 2, "model_tenant": 3}, return_dtype=pl.Int8
+    )
+    return (
+        out.with_columns(*rates, inflation)
+        .sort([scope_order, "model", "tenant", "minute"], nulls_last=False)
+        .select(
+            "minute",
+            "scope",
+            "model",
+            "tenant",
+            "requests",
+            "recorded_input_tokens",
+            "cache_hit_tokens",
+            "fresh_input_tokens",
+            "output_tokens",
+            "recorded_input_tokens_per_s",
+            "cache_hit_tokens_per_s",
+            "fresh_input_tokens_per_s",
+            "output_tokens_per_s",
+            "inflation_ratio",
+        )
+    )
+
+
+def _curve_table(
+    domain_data: list[tuple[str, npt.NDArray[np.int64], prefix.Distances, int | None]],
+    grid: npt.NDArray[np.int64],
+    hits_grid: npt.NDArray[np.int64],
+    minutes: npt.NDArray[np.int64],
+    minute_idx: npt.NDArray[np.int64],
+    recorded: npt.NDArray[np.int64],
+    prompt_blocks: npt.NDArray[np.int64],
+    bs: int,
+    opts: ClassifyOptions,
+) -> pl.DataFrame:
+    n_min = minutes.shape[0]
+    caps: list[int | None] = [*grid.tolist(), None]
+    rows: list[dict[str, Any]] = []
+
+    def add_rows(
+        model: str | None,
+        n_req: int,
+        blocks: int,
+        rec_min: npt.NDArray[np.int64],
+        hits: npt.NDArray[np.int64],
+        per_token: float | None,
+    ) -> None:
+        rec_total = int(rec_min.sum())
+        for g, cap in enumerate(caps):
+            hit_min = hits[:, g] * bs
+            fresh_min = rec_min - hit_min
+            hit_b = int(hits[:, g].sum())
+            peak = int(np.argmax(fresh_min)) if n_min else -1
+            rows.append(
+                {
+                    "model": model,
+                    "capacity_blocks": cap,
+                    "capacity_tokens": None if cap is None else cap * bs,
+                    "capacity_bytes": None
+                    if cap is None or per_token is None
+                    else round(cap * bs * per_token),
+                    "block_size_tokens": bs,
+                    "ttl_s": opts.ttl_s,
+                    "requests": n_req,
+                    "prompt_blocks": blocks,
+                    "hit_blocks": hit_b,
+                    "block_hit_fraction": hit_b / blocks if blocks else None,
+                    "recorded_input_tokens": rec_total,
+                    "cache_hit_tokens": hit_b * bs,
+                    "token_hit_fraction": hit_b * bs / rec_total if rec_total else None,
+                    "fresh_input_tokens": rec_total - hit_b * bs,
+                    "peak_minute": int(minutes[peak]) if peak >= 0 else None,
+                    "peak_fresh_input_tokens_per_s": float(fresh_min[peak]) / 60.0 if peak >= 0 else 0.0,
+                }
+            )
+
+    total_rec = np.zeros(n_min, dtype=np.int64)
+    for k, (model, rows_idx, _, _) in enumerate(domain_data):
+        rec_min = np.bincount(minute_idx[rows_idx], weights=recorded[rows_idx], minlength=n_min).astype(
+            np.int64
+        )
+        total_rec += rec_min
+        add_rows(
+            model,
+            rows_idx.shape[0],
+            int(prompt_blocks[rows_idx].sum()),
+            rec_min,
+            hits_grid[k],
+            _kv_per_token(model, opts),
+        )
+    if len(domain_data) > 1:
+        add_rows(
+            None,
+            int(recorded.shape[0]),
+            int(prompt_blocks.sum()),
+            total_rec,
+            hits_grid.sum(axis=0),
+            None,
+        )
+    frame = (
+        pl.DataFrame(rows, schema=_CURVE_SCHEMA, orient="row") if rows else pl.DataFrame(schema=_CURVE_SCHEMA)
+    )
+    return frame.with_columns(pl.col("peak_minute").cast(pl.Datetime("us", "UTC")))
+
+
+_CURVE_SCHEMA: dict[str, Any] = {
+    "model": pl.String,
+    "capacity_blocks": pl.Int64,
+    "capacity_tokens": pl.Int64,
+    "capacity_bytes": pl.Int64,
+    "block_size_tokens": pl.Int64,
+    "ttl_s": pl.Float64,
+    "requests": pl.Int64,
+    "prompt_blocks": pl.Int64,
+    "hit_blocks": pl.Int64,
+    "block_hit_fraction": pl.Float64,
+    "recorded_input_tokens": pl.Int64,
+    "cache_hit_tokens": pl.Int64,
+    "token_hit_fraction": pl.Float64,
+    "fresh_input_tokens": pl.Int64,
+    "peak_minute": pl.Int64,
+    "peak_fresh_input_tokens_per_s": pl.Float64,
+}
+
+
+def _ratio(num: float, den: float) -> float | None:
+    return num / den if den else None
+
+
+def _summary(
+    acc: pl.DataFrame,
+    minutes: pl.DataFrame,
+    chains: prefix.Chains,
+    chosen_blocks: dict[str, int | None],
+    opts: ClassifyOptions,
+) -> dict[str, Any]:
+    tot = acc.select(
+        pl.len().alias("requests"),
+        *(
+            pl.col(c).sum().cast(pl.Int64).alias(c)
+            for c in ("recorded_input_tokens", "cache_hit_tokens", "fresh_input_tokens", "output_tokens")
+        ),
+    ).row(0, named=True)
+    by_source = {
+        str(r["cache_hit_source"]): {"requests": int(r["requests"]), "cache_hit_tokens": int(r["tokens"])}
+        for r in acc.group_by("cache_hit_source")
+        .agg(pl.len().alias("requests"), pl.col("cache_hit_tokens").sum().alias("tokens"))
+        .iter_rows(named=True)
+    }
+    prefix_sources = {
+        str(r["prefix_source"]): int(r["n"])
+        for r in acc.group_by("prefix_source").agg(pl.len().alias("n")).iter_rows(named=True)
+    }
+    sim = acc.filter(pl.col("simulated_cache_hit_tokens").is_not_null())
+    sim_rec = int(sim.get_column("recorded_input_tokens").sum())
+    sim_hit = int(sim.get_column("simulated_cache_hit_tokens").sum())
+    sim_blocks = int(sim.get_column("prefix_blocks").sum())
+    sim_hit_blocks = int(sim.get_column("simulated_hit_blocks").sum())
+    both = acc.filter(
+        pl.col("reported_cache_hit_tokens").is_not_null() & pl.col("simulated_cache_hit_tokens").is_not_null()
+    )
+    overall = minutes.filter(pl.col("scope") == "all")
+    peak: dict[str, Any] = {}
+    if overall.height:
+        top = overall.sort(["fresh_input_tokens", "minute"], descending=[True, False]).row(0, named=True)
+        peak = {
+            "minute": top["minute"].isoformat(),
+            "fresh_input_tokens_per_s": top["fresh_input_tokens_per_s"],
+            "recorded_input_tokens_per_s": top["recorded_input_tokens_per_s"],
+            "output_tokens_per_s": top["output_tokens_per_s"],
+        }
+    return {
+        "requests": int(tot["requests"]),
+        "block_size_tokens": chains.block_size,
+        "isolation": list(opts.isolation),
+        "capacity": opts.capacity.describe(),
+        "capacity_blocks": chosen_blocks,
+        "ttl_s": opts.ttl_s,
+        "recorded_input_tokens": int(tot["recorded_input_tokens"] or 0),
+        "cache_hit_tokens": int(tot["cache_hit_tokens"] or 0),
+        "fresh_input_tokens": int(tot["fresh_input_tokens"] or 0),
+        "output_tokens": int(tot["output_tokens"] or 0),
+        "inflation_ratio": _ratio(tot["recorded_input_tokens"] or 0, tot["fresh_input_tokens"] or 0),
+        "cache_hit_source": by_source,
+        "prefix_source": prefix_sources,
+        "simulated": {
+            "requests": sim.height,
+            "token_hit_fraction": _ratio(sim_hit, sim_rec),
+            "block_hit_fraction": _ratio(sim_hit_blocks, sim_blocks),
+        },
+        "reported_vs_simulated": {
+            "requests": both.height,
+            "reported_cache_hit_tokens": int(both.get_column("reported_cache_hit_tokens").sum()),
+            "simulated_cache_hit_tokens": int(both.get_column("simulated_cache_hit_tokens").sum()),
+        },
+        "peak_minute": peak,
+    }
+
+
+@dataclass(frozen=True)
+class ClassifySummary:
+    """What ``rooftrace classify`` prints: the date, the files written and :func:`account`'s summary."""
+
+    date: str
+    paths: dict[str, str]
+    totals: dict[str, Any]
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def accounting_paths(store: Store, date: str) -> dict[str, Path]:
+    base = store.accounting_dir
+    return {
+        "requests": store.partition(base / "requests", date) / "part-0.parquet",
+        "minutes": store.partition(base / "minutes", date) / "part-0.parquet",
+        "cache_curve": store.partition(base / "cache_curve", date) / "part-0.parquet",
+        "summary": store.partition(base / "summary", date) / "summary.json",
+    }
+
+
+def classify_tokens(
+    store: Store,
+    date: str | None = None,
+    *,
+    block_size: int = 512,
+    capacity: Capacity | str | None = None,
+    isolation: Sequence[str] = prefix.DEFAULT_ISOLATION,
+    ttl_s: float | None = None,
+    kv_bytes_per_token: float | None = None,
+    kv_model: str | None = None,
+    kv_dtype: str = "bf16",
+) -> ClassifySummary:
+    """Classify one date of ``store`` (the latest when ``date`` is None) and write its tables."""
+    cap = capacity if isinstance(capacity, Capacity) else parse_capacity(capacity)
+    opts = ClassifyOptions(block_size, cap, tuple(isolation), ttl_s, kv_bytes_per_token, kv_model, kv_dtype)
+    day = store.resolve_date(date)
+    result = account(store.read_requests(day), opts)
+    paths = accounting_paths(store, day)
+    with store.lock():
+        write_parquet(result.requests.to_arrow(), paths["requests"], "accounting_requests")
+        write_parquet(result.minutes.to_arrow(), paths["minutes"], "accounting_minutes")
+        write_parquet(result.curve.to_arrow(), paths["cache_curve"], "cache_curve")
+        doc = {"date": day, "options": _options_json(opts), "totals": result.summary}
+        atomic_write_bytes(paths["summary"], (json.dumps(doc, indent=2, sort_keys=True) + "\n").encode())
+    return ClassifySummary(day, {k: str(v) for k, v in paths.items()}, result.summary)
+
+
+def _options_json(opts: ClassifyOptions) -> dict[str, Any]:
+    out = asdict(opts)
+    out["capacity"] = opts.capacity.describe()
+    return out

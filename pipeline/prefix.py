@@ -1,0 +1,706 @@
+"""Prefix identity (block hash chains) and prefix-cache simulation.
+
+A request's cacheable prefix is a chain of block hashes (DESIGN.md §3). This module builds the
+chains (:func:`build_chains`), simulates a block-granular LRU prefix cache explicitly
+(:class:`LRUPrefixCache`, one per replica in the replay engine) and in one pass for every
+capacity at once (:func:`request_distances`, :func:`lru_stack_distances`: Mattson stack distances
+with a Fenwick tree, O(n log n)).
+
+Semantics (the tests pin each of them down; ``docs/accounting.md`` explains them for users):
+
+* **Chained, salted hashes.** ``h_0 = mix(salt ^ mix(c_0))``, ``h_j = mix(h_{j-1} ^ mix(c_j))``
+  where ``c_j`` is the block's content id (the log's own id, or one reconstructed from sessions)
+  and ``salt`` hashes the request's isolation key (default model, adapter, tenant). A hash thus
+  names the whole prefix up to its block, as vLLM's block hash does (each block hash includes
+  its parent's), and two tenants with identical prompts never share a hash.
+* **Only full blocks are cached** (vLLM caches full blocks only). The last block of a prompt may
+  be partial: it gets a hash of its own (tagged, so it can never equal a full block's) and is
+  never looked up nor inserted.
+* **A prompt never hits on its own last token.** vLLM v1 ``KVCacheManager.get_computed_blocks``
+  caps the hit at ``num_tokens - 1`` tokens (the last token must be recomputed for logits) and
+  hits whole blocks, so at most ``(n - 1) // block_size`` blocks of an ``n``-token prompt can hit.
+* **LRU with tail-first recency.** A request touches all its full blocks at its arrival; the
+  first block becomes the most recent. vLLM frees a request's blocks in reverse order into the
+  eviction queue for the same reason: a prefix must outlive its suffix. With this order the
+  prefix property holds by itself: whenever block ``j`` is touched, block ``j-1`` is touched
+  right after it, so ``j-1`` is always more recent than ``j`` and is evicted later. The one-pass
+  distances still take a running maximum along each chain, which makes the rule explicit (and
+  is a no-op, as a test shows).
+* **TTL** (provider caches expire prefixes minutes after their last use): a block whose last
+  touch is more than ``ttl_s`` before now is gone. Expired blocks are the least recent ones, so
+  with capacity C a block hits iff its stack distance is <= C *and* its age is <= ttl_s.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import types
+from collections import OrderedDict
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+from functools import cache
+from typing import Any, NamedTuple, cast
+
+import numpy as np
+import numpy.typing as npt
+import polars as pl
+
+from pipeline.errors import RooftraceError
+
+U64Array = npt.NDArray[np.uint64]
+I64Array = npt.NDArray[np.int64]
+I8Array = npt.NDArray[np.int8]
+F64Array = npt.NDArray[np.float64]
+
+#: Codes of :attr:`Chains.source` (index into this tuple).
+SOURCE_NAMES: tuple[str, ...] = ("none", "log", "session")
+SOURCE_NONE, SOURCE_LOG, SOURCE_SESSION = 0, 1, 2
+
+DEFAULT_ISOLATION: tuple[str, ...] = ("model", "adapter", "tenant")
+ISOLATION_COLUMNS: frozenset[str] = frozenset({"model", "adapter", "tenant", "session_id"})
+
+#: Stack distance of a block never seen before (or expired): a miss at every capacity.
+INF_DISTANCE = int(np.iinfo(np.int64).max)
+
+# splitmix64 (Steele, Lea & Flood, "Fast splittable pseudorandom number generators", OOPSLA 2014;
+# constants as in Vigna's public-domain splitmix64.c): a fixed, well-mixing 64-bit bijection, so
+# hashes are identical across runs, processes and machines (Python's hash() of str is not).
+_GOLDEN = 0x9E3779B97F4A7C15
+_M1 = 0xBF58476D1CE4E5B9
+_M2 = 0x94D049BB133111EB
+#: Mixed into the content id of a partial last block so its hash can never equal a full block's.
+_PARTIAL_TAG = 0x5041525449414C21  # ASCII "PARTIAL!"
+
+
+def mix64(x: npt.ArrayLike) -> U64Array:
+    """splitmix64 finaliser over a uint64 array (vectorised; wraps modulo 2**64 as intended)."""
+    z = np.asarray(x, dtype=np.uint64) + np.uint64(_GOLDEN)
+    z = (z ^ (z >> np.uint64(30))) * np.uint64(_M1)
+    z = (z ^ (z >> np.uint64(27))) * np.uint64(_M2)
+    return cast(U64Array, z ^ (z >> np.uint64(31)))
+
+
+def key64(text: str) -> int:
+    """A stable 64-bit key of a string (BLAKE2b, 8-byte digest)."""
+    return int.from_bytes(hashlib.blake2b(text.encode(), digest_size=8).digest(), "little")
+
+
+# --------------------------------------------------------------------------------------------
+# hot loops: plain Python functions, compiled with numba when it is installed
+
+
+def _mix(x: np.uint64) -> np.uint64:
+    z = x + np.uint64(_GOLDEN)
+    z = (z ^ (z >> np.uint64(30))) * np.uint64(_M1)
+    z = (z ^ (z >> np.uint64(27))) * np.uint64(_M2)
+    return z ^ (z >> np.uint64(31))
+
+
+def _session_content_kernel(
+    order: I64Array,
+    first: npt.NDArray[np.bool_],
+    in_tok: I64Array,
+    out_tok: I64Array,
+    key: U64Array,
+    bs: int,
+    p_off: I64Array,
+    o_off: I64Array,
+    p_content: U64Array,
+    o_content: U64Array,
+    max_ext: int,
+) -> None:
+    """Content ids of the blocks of session turns, walking each session's turns in order.
+
+    Turn k's extended sequence (input + output) shares its first min(in_{k-1} + out_{k-1}, in_k)
+    tokens with turn k-1's; the full blocks inside that shared span inherit turn k-1's content
+    ids, every other block gets an id unique to the turn (from its request key and position).
+    """
+    prev = np.zeros(max_ext + 1, dtype=np.uint64)
+    cur = np.zeros(max_ext + 1, dtype=np.uint64)
+    prev_total = 0
+    for t in range(order.shape[0]):
+        r = order[t]
+        n_in = in_tok[r]
+        total = n_in + out_tok[r]
+        inherit = 0 if first[t] else min(prev_total, n_in) // bs
+        ext_full = total // bs
+        k = key[r]
+        for j in range(ext_full):
+            if j < inherit:
+                cur[j] = prev[j]
+            else:
+                cur[j] = _mix(k ^ _mix(np.uint64(j)))
+        n_prompt = p_off[r + 1] - p_off[r]
+        full = n_in // bs
+        for j in range(n_prompt):
+            if j < full:
+                p_content[p_off[r] + j] = cur[j]
+            else:  # the partial last block: content unique to this turn
+                p_content[p_off[r] + j] = _mix(k ^ _mix(np.uint64(j)))
+        for j in range(o_off[r + 1] - o_off[r]):
+            o_content[o_off[r] + j] = cur[full + j]
+        prev, cur = cur, prev
+        prev_total = total
+
+
+def _chain_kernel(
+    salt: U64Array,
+    p_off: I64Array,
+    p_content: U64Array,
+    p_tokens: I64Array,
+    bs: int,
+    o_off: I64Array,
+    o_content: U64Array,
+    p_hash: U64Array,
+    o_hash: U64Array,
+) -> None:
+    """Chain content ids into salted prefix hashes (prompt blocks, then output blocks)."""
+    tag = _mix(np.uint64(_PARTIAL_TAG))
+    for r in range(salt.shape[0]):
+        h = salt[r]
+        for j in range(p_off[r], p_off[r + 1]):
+            if p_tokens[j] < bs:
+                p_hash[j] = _mix(h ^ _mix(p_content[j] ^ tag))
+            else:
+                h = _mix(h ^ _mix(p_content[j]))
+                p_hash[j] = h
+        for j in range(o_off[r], o_off[r + 1]):
+            h = _mix(h ^ _mix(o_content[j]))
+            o_hash[j] = h
+
+
+def _distance_kernel(
+    t_off: I64Array,
+    prev: I64Array,
+    owner: I64Array,
+    qcount: I64Array,
+    q_off: I64Array,
+    t_req: F64Array,
+    ttl: float,
+    running_max: bool,
+    out: I64Array,
+) -> None:
+    """Mattson LRU stack distances per request, with a Fenwick tree over touch positions.
+
+    The tree holds a 1 at the position of each block's latest touch. Before request r's touches
+    (positions [s, e)), a block last touched at p has stack distance 1 + (number of 1s in
+    (p, s)): the distinct blocks touched since. Its queried blocks (chain order j, touch
+    position e-1-j because touches run tail-first) are looked up first, then all its touches are
+    applied. A running maximum along the chain enforces the prefix property.
+    """
+    n = prev.shape[0]
+    tree = np.zeros(n + 1, dtype=np.int32)
+    for r in range(t_off.shape[0] - 1):
+        s = t_off[r]
+        e = t_off[r + 1]
+        # prefix sum of positions [0, s)
+        before = 0
+        i = s
+        while i > 0:
+            before += tree[i]
+            i -= i & (-i)
+        running = 0
+        for j in range(qcount[r]):
+            pos = e - 1 - j
+            p = prev[pos]
+            while p >= s:  # a repeated hash inside one request (a 64-bit collision)
+                p = prev[p]
+            if p < 0 or t_req[r] - t_req[owner[p]] > ttl:
+                d = INF_DISTANCE
+            else:
+                upto = 0  # prefix sum of positions [0, p]
+                i = p + 1
+                while i > 0:
+                    upto += tree[i]
+                    i -= i & (-i)
+                d = 1 + before - upto
+            if not running_max or d > running:
+                running = d
+            out[q_off[r] + j] = running
+        for pos in range(s, e):
+            p = prev[pos]
+            if p >= 0:
+                i = p + 1
+                while i <= n:
+                    tree[i] -= 1
+                    i += i & (-i)
+            i = pos + 1
+            while i <= n:
+                tree[i] += 1
+                i += i & (-i)
+
+
+class _Kernels(NamedTuple):
+    session_content: Callable[..., None]
+    chain: Callable[..., None]
+    distance: Callable[..., None]
+
+
+def _python_fallback(fn: Callable[..., None]) -> Callable[..., None]:
+    def run(*args: Any) -> None:
+        # numpy scalars warn on the uint64 wrap-around that the hash mix relies on.
+        with np.errstate(over="ignore"):
+            fn(*args)
+
+    return run
+
+
+@cache
+def _kernels() -> _Kernels:
+    """The hot loops, compiled by numba on first use (cached on disk); plain Python without it."""
+    fns = (_session_content_kernel, _chain_kernel, _distance_kernel)
+    try:
+        import numba
+    except ImportError:  # pragma: no cover - numba is a runtime dependency; this keeps it optional
+        return _Kernels(*(_python_fallback(f) for f in fns))
+    mix = numba.njit(cache=True, inline="always")(_mix)
+    compiled = []
+    for fn in fns:
+        # The kernels call _mix through their globals; give each a compiled copy of it.
+        glb = dict(fn.__globals__)
+        glb["_mix"] = mix
+        clone = types.FunctionType(fn.__code__, glb, fn.__name__, fn.__defaults__, fn.__closure__)
+        compiled.append(numba.njit(cache=True)(clone))
+    return _Kernels(*compiled)
+
+
+def _python_kernels() -> _Kernels:
+    """Uncompiled kernels (tests compare them with the compiled ones)."""
+    return _Kernels(
+        _python_fallback(_session_content_kernel),
+        _python_fallback(_chain_kernel),
+        _python_fallback(_distance_kernel),
+    )
+
+
+# --------------------------------------------------------------------------------------------
+# chains
+
+
+@dataclass(frozen=True, eq=False)
+class Chains:
+    """Block hash chains of N requests in CSR layout, in the requests frame's row order.
+
+    hashes        salted block hashes of every prompt, concatenated (uint64)
+    offsets       request i's prompt blocks are hashes[offsets[i]:offsets[i+1]] (int64, N+1)
+    block_tokens  tokens per prompt block (int64, aligned with hashes); only a prompt's last block
+                  may hold fewer than block_size tokens, and such a partial block is never cached
+    block_size    tokens per full block
+    source        per request, an index into SOURCE_NAMES ("none", "log", "session") (int8)
+    out_hashes    hashes of the full blocks the request's *output* completes (the block holding the
+                  prompt's partial tail and the first output tokens, then further output blocks);
+                  filled for session chains only, where the next turn can reuse them; empty for
+                  "log" (the log's next chain names those blocks itself) and "none"
+    out_offsets   CSR offsets into out_hashes (int64, N+1)
+    """
+
+    hashes: U64Array
+    offsets: I64Array
+    block_tokens: I64Array
+    block_size: int
+    source: I8Array
+    out_hashes: U64Array
+    out_offsets: I64Array
+
+    @property
+    def n_requests(self) -> int:
+        return int(self.offsets.shape[0] - 1)
+
+    def prompt_blocks(self) -> I64Array:
+        """Prompt blocks per request (full and partial)."""
+        return cast(I64Array, np.diff(self.offsets))
+
+    def input_tokens(self) -> I64Array:
+        """Prompt tokens per request covered by the chain (= recorded_input_tokens)."""
+        csum = np.concatenate([[0], np.cumsum(self.block_tokens, dtype=np.int64)])
+        return cast(I64Array, csum[self.offsets[1:]] - csum[self.offsets[:-1]])
+
+    def full_blocks(self) -> I64Array:
+        """Full (cacheable) prompt blocks per request."""
+        return self.input_tokens() // self.block_size
+
+    def lookup_blocks(self) -> I64Array:
+        """Prompt blocks that may hit per request: ``(n - 1) // block_size`` (see module doc)."""
+        return max_hit_blocks(self.input_tokens(), self.block_size)
+
+    def prompt(self, i: int) -> U64Array:
+        """Prompt block hashes of request ``i`` (the last one may be partial)."""
+        return self.hashes[self.offsets[i] : self.offsets[i + 1]]
+
+    def cacheable(self, i: int) -> U64Array:
+        """Full prompt block hashes of request ``i``, then the full blocks its output completes:
+        what a cache holds once the request is done, first block first."""
+        start = int(self.offsets[i])
+        full = int(np.count_nonzero(self.block_tokens[start : self.offsets[i + 1]] == self.block_size))
+        outs = self.out_hashes[self.out_offsets[i] : self.out_offsets[i + 1]]
+        return np.concatenate([self.hashes[start : start + full], outs])
+
+
+def max_hit_blocks(input_tokens: npt.ArrayLike, block_size: int) -> I64Array:
+    """Most prompt blocks that can hit: vLLM v1 ``get_computed_blocks`` caps the hit length at
+    ``num_tokens - 1`` and counts whole blocks, so ``(n - 1) // block_size`` (0 for n = 0)."""
+    n = np.asarray(input_tokens, dtype=np.int64)
+    return cast(I64Array, np.maximum(n - 1, 0) // block_size)
+
+
+def _row_keys(values: Sequence[str]) -> U64Array:
+    return np.fromiter((key64(v) for v in values), dtype=np.uint64, count=len(values))
+
+
+def isolation_salts(requests: pl.DataFrame, isolation: Sequence[str]) -> U64Array:
+    """Per row, a 64-bit salt naming its isolation domain (null and "" are different values)."""
+    cols = list(isolation)
+    unknown = [c for c in cols if c not in ISOLATION_COLUMNS]
+    if unknown:
+        raise RooftraceError(
+            f"isolation keys {unknown} are not request columns that can isolate a cache; "
+            f"choose from {sorted(ISOLATION_COLUMNS)}"
+        )
+    if not cols:
+        return np.full(requests.height, key64("[]"), dtype=np.uint64)
+    combos = requests.select(cols).unique(maintain_order=True)
+    salts = [key64(json.dumps(list(zip(cols, row, strict=True)))) for row in combos.iter_rows()]
+    combos = combos.with_columns(pl.Series("_salt", salts, dtype=pl.UInt64))
+    joined = (
+        requests.select(cols)
+        .with_row_index("_row")
+        .join(combos, on=cols, how="left", nulls_equal=True)
+        .sort("_row")
+    )
+    return cast(U64Array, joined.get_column("_salt").to_numpy())
+
+
+def _log_chains(requests: pl.DataFrame) -> tuple[npt.NDArray[np.bool_], int | None]:
+    """Which rows carry a usable log hash chain, and the chain block size."""
+    if "prefix_block_hashes" not in requests.columns:
+        return np.zeros(requests.height, dtype=bool), None
+    has = requests.select(
+        pl.col("prefix_block_hashes").is_not_null() & (pl.col("prefix_block_hashes").list.len() > 0)
+    ).to_series()
+    mask = has.to_numpy().astype(bool)
+    if not mask.any():
+        return mask, None
+    sizes = requests.filter(has).get_column("prefix_block_size").unique().to_list()
+    if None in sizes:
+        raise RooftraceError("requests: prefix_block_hashes present but prefix_block_size is null")
+    if len(sizes) != 1:
+        raise RooftraceError(
+            f"requests: prefix_block_size differs between rows ({sorted(sizes)}); "
+            "classify one block size at a time"
+        )
+    size = int(sizes[0])
+    if size <= 0:
+        raise RooftraceError(f"requests: prefix_block_size must be positive, got {size}")
+    return mask, size
+
+
+def _csr(counts: I64Array) -> I64Array:
+    out = np.zeros(counts.shape[0] + 1, dtype=np.int64)
+    np.cumsum(counts, out=out[1:])
+    return out
+
+
+def _segment_positions(counts: I64Array) -> I64Array:
+    """0, 1, ..., counts[0]-1, 0, 1, ..., counts[1]-1, ... (position inside each segment)."""
+    total = int(counts.sum())
+    starts = _csr(counts)[:-1]
+    return np.arange(total, dtype=np.int64) - np.repeat(starts, counts)
+
+
+def build_chains(
+    requests: pl.DataFrame,
+    block_size: int = 512,
+    isolation: Sequence[str] = DEFAULT_ISOLATION,
+    *,
+    kernels: _Kernels | None = None,
+) -> Chains:
+    """Prefix block chains for every request, from the best source available.
+
+    1. ``log``: the log's own chain (``prefix_block_hashes``, e.g. Mooncake ``hash_ids``) with its
+       own block size (``prefix_block_size``), which then applies to every request of the frame.
+       A chain shorter than the prompt is extended with blocks unique to the request; a longer
+       one is cut to ``ceil(recorded_input_tokens / block_size)`` blocks.
+    2. ``session``: turn k of a session (same ``session_id`` and isolation key, turns by arrival)
+       shares ``min(in_{k-1} + out_{k-1}, in_k)`` leading tokens with turn k-1.
+    3. ``none``: blocks unique to the request (they take cache space but never hit).
+    """
+    if block_size <= 0:
+        raise RooftraceError(f"block size must be positive, got {block_size}")
+    kern = kernels if kernels is not None else _kernels()
+    n = requests.height
+    log_mask, log_size = _log_chains(requests)
+    bs = log_size if log_size is not None else block_size
+    in_tok = requests.get_column("recorded_input_tokens").cast(pl.Int64).to_numpy().astype(np.int64)
+    out_tok = requests.get_column("output_tokens").cast(pl.Int64).to_numpy().astype(np.int64)
+    if n and (in_tok.min() < 0 or out_tok.min() < 0):
+        raise RooftraceError("requests: recorded_input_tokens and output_tokens must be >= 0")
+
+    salt = isolation_salts(requests, isolation)
+    key = _row_keys(requests.get_column("request_id").cast(pl.String).to_list())
+
+    if "session_id" in requests.columns:
+        sess_mask = requests.get_column("session_id").is_not_null().to_numpy().astype(bool) & ~log_mask
+    else:
+        sess_mask = np.zeros(n, dtype=bool)
+    source = np.full(n, SOURCE_NONE, dtype=np.int8)
+    source[log_mask] = SOURCE_LOG
+    source[sess_mask] = SOURCE_SESSION
+
+    n_prompt = (in_tok + bs - 1) // bs
+    p_off = _csr(n_prompt)
+    n_out = np.where(sess_mask, (in_tok + out_tok) // bs - in_tok // bs, 0).astype(np.int64)
+    o_off = _csr(n_out)
+    pos = _segment_positions(n_prompt)
+    owner = np.repeat(np.arange(n, dtype=np.int64), n_prompt)
+    p_tokens = np.minimum(in_tok[owner] - pos * bs, bs).astype(np.int64)
+
+    # Default content: unique to the request and position.
+    p_content = mix64(key[owner] ^ mix64(pos.astype(np.uint64)))
+    o_content = np.zeros(int(o_off[-1]), dtype=np.uint64)
+
+    if log_mask.any():
+        lists = requests.get_column("prefix_block_hashes")
+        lengths = lists.list.len().fill_null(0).to_numpy().astype(np.int64)
+        flat = lists.explode().drop_nulls().cast(pl.UInt64).to_numpy().astype(np.uint64)
+        l_off = _csr(lengths)
+        use = np.where(log_mask, np.minimum(lengths, n_prompt), 0)
+        # prompt block j of row r takes log id l_off[r] + j when j < use[r]
+        take = pos < use[owner]
+        p_content[take] = flat[l_off[owner[take]] + pos[take]]
+
+    if sess_mask.any():
+        session_key = _session_keys(requests, salt, sess_mask)
+        rows = np.flatnonzero(sess_mask)
+        arrival = requests.get_column("arrival").to_physical().to_numpy()[rows]
+        order = rows[np.lexsort((rows, arrival, session_key[rows]))]
+        sk = session_key[order]
+        first = np.ones(order.shape[0], dtype=bool)
+        first[1:] = sk[1:] != sk[:-1]
+        max_ext = int(((in_tok + out_tok) // bs)[rows].max())
+        kern.session_content(
+            order, first, in_tok, out_tok, key, bs, p_off, o_off, p_content, o_content, max_ext
+        )
+
+    p_hash = np.empty(int(p_off[-1]), dtype=np.uint64)
+    o_hash = np.empty(int(o_off[-1]), dtype=np.uint64)
+    kern.chain(salt, p_off, p_content, p_tokens, bs, o_off, o_content, p_hash, o_hash)
+    return Chains(p_hash, p_off, p_tokens, bs, source, o_hash, o_off)
+
+
+def _session_keys(requests: pl.DataFrame, salt: U64Array, mask: npt.NDArray[np.bool_]) -> U64Array:
+    """A 64-bit key per row naming (isolation domain, session_id); 0 where mask is false."""
+    sessions = requests.get_column("session_id").cast(pl.String).to_list()
+    out = np.zeros(requests.height, dtype=np.uint64)
+    for r in np.flatnonzero(mask):
+        out[r] = key64(f"{int(salt[r])}\x00{sessions[r]}")
+    return out
+
+
+# --------------------------------------------------------------------------------------------
+# explicit LRU (the replay engine uses one per replica; the tests use it as the reference)
+
+
+class LRUPrefixCache:
+    """A block-granular LRU prefix cache with an optional TTL.
+
+    ``capacity_blocks=None`` is unbounded. Blocks are identified by their (salted, chained) hash.
+    :meth:`lookup` is read-only; :meth:`touch` records use; :meth:`access` does both the way the
+    accounting stage models one request. Expired blocks are dropped lazily: they are always the
+    least recently used, so capacity eviction removes them first and the set of live blocks is
+    exactly that of an eager implementation.
+    """
+
+    def __init__(self, capacity_blocks: int | None, ttl_s: float | None = None) -> None:
+        if capacity_blocks is not None and capacity_blocks < 0:
+            raise RooftraceError(f"cache capacity must be >= 0 blocks, got {capacity_blocks}")
+        if ttl_s is not None and ttl_s < 0:
+            raise RooftraceError(f"cache TTL must be >= 0 s, got {ttl_s}")
+        self.capacity_blocks = capacity_blocks
+        self.ttl_s = ttl_s
+        self.evictions = 0
+        self._last: OrderedDict[int, float] = OrderedDict()
+
+    def __len__(self) -> int:
+        return len(self._last)
+
+    def _live(self, block: int, now: float) -> bool:
+        last = self._last.get(block)
+        return last is not None and (self.ttl_s is None or now - last <= self.ttl_s)
+
+    def __contains__(self, block: object) -> bool:
+        return isinstance(block, int) and block in self._last
+
+    def lookup(self, hashes: Iterable[int], now: float) -> int:
+        """Number of leading blocks present and unexpired (the prefix property: stop at a miss)."""
+        hits = 0
+        for h in hashes:
+            if not self._live(int(h), now):
+                break
+            hits += 1
+        return hits
+
+    def touch(self, hashes: Sequence[int] | U64Array, now: float) -> None:
+        """Insert or refresh blocks used at ``now``, tail first, so the first block is the most
+        recent and a prefix outlives its suffix; evict least recently used beyond capacity."""
+        last = self._last
+        for h in reversed([int(x) for x in hashes]):
+            last[h] = now
+            last.move_to_end(h)
+        cap = self.capacity_blocks
+        if cap is not None:
+            while len(last) > cap:
+                last.popitem(last=False)
+                self.evictions += 1
+
+    def access(
+        self,
+        hashes: Sequence[int] | U64Array,
+        now: float,
+        max_hits: int | None = None,
+        extra: Sequence[int] | U64Array = (),
+    ) -> int:
+        """Look up ``hashes[:max_hits]``, then touch ``hashes`` and ``extra`` (blocks the request
+        completes later, e.g. its output); return the number of leading hits."""
+        limit = len(hashes) if max_hits is None else min(max_hits, len(hashes))
+        hits = self.lookup([int(x) for x in hashes[:limit]], now)
+        self.touch([*(int(x) for x in hashes), *(int(x) for x in extra)], now)
+        return hits
+
+
+# --------------------------------------------------------------------------------------------
+# one pass: stack distances
+
+
+def _prev_occurrence(keys: U64Array) -> I64Array:
+    """For each position, the previous position holding the same key (-1 if none)."""
+    order = np.argsort(keys, kind="stable")
+    sk = keys[order]
+    same = sk[1:] == sk[:-1]
+    prev = np.full(keys.shape[0], -1, dtype=np.int64)
+    prev[order[1:][same]] = order[:-1][same]
+    return prev
+
+
+@dataclass(frozen=True, eq=False)
+class Distances:
+    """Per looked-up block (chain order), its effective LRU stack distance before its request.
+
+    distance   int64; INF_DISTANCE for a first (or expired) touch. Block j of request i hits in a
+               cache of C blocks iff distance <= C; distances are non-decreasing along a chain,
+               so the hits are always a leading run (the prefix property).
+    offsets    request i's looked-up blocks are distance[offsets[i]:offsets[i+1]] (int64, N+1)
+    """
+
+    distance: I64Array
+    offsets: I64Array
+
+    def hit_blocks(self, capacity_blocks: int | None) -> I64Array:
+        """Leading hit blocks per request in a cache of ``capacity_blocks`` (None: unbounded)."""
+        cap = INF_DISTANCE - 1 if capacity_blocks is None else capacity_blocks
+        hit = (self.distance <= cap).astype(np.int64)
+        csum = np.concatenate([[0], np.cumsum(hit)])
+        return cast(I64Array, csum[self.offsets[1:]] - csum[self.offsets[:-1]])
+
+
+def request_distances(
+    touches: U64Array,
+    touch_offsets: I64Array,
+    lookups: I64Array,
+    times_s: F64Array | None = None,
+    ttl_s: float | None = None,
+    *,
+    running_max: bool = True,
+    kernels: _Kernels | None = None,
+) -> Distances:
+    """One-pass LRU stack distances for requests that each look up a prefix, then touch blocks.
+
+    Request i (in time order) touches ``touches[touch_offsets[i]:touch_offsets[i+1]]`` given in
+    chain order (first block first; they are applied tail-first, see the module doc) and looks up
+    its first ``lookups[i]`` blocks against the cache as it stood before the request.
+    O(T log T) for T touches. ``times_s`` (per request) is needed only with ``ttl_s``.
+    ``running_max=False`` returns the raw distances (tests use it to show that tail-first touching
+    already makes them non-decreasing along each chain).
+    """
+    n_req = touch_offsets.shape[0] - 1
+    counts = np.diff(touch_offsets)
+    lookups = np.asarray(lookups, dtype=np.int64)
+    if lookups.shape[0] != n_req or (lookups > counts).any() or (lookups < 0).any():
+        raise RooftraceError("lookups must be between 0 and each request's number of touches")
+    if ttl_s is not None and times_s is None:
+        raise RooftraceError("a TTL needs the request times")
+    kern = kernels if kernels is not None else _kernels()
+    # Reverse each request's touches (tail first) so the kernel can apply them in array order.
+    pos = _segment_positions(counts)
+    owner = np.repeat(np.arange(n_req, dtype=np.int64), counts)
+    rev = touch_offsets[owner] + (counts[owner] - 1 - pos)
+    seq = np.ascontiguousarray(touches[rev], dtype=np.uint64)
+    prev = _prev_occurrence(seq)
+    q_off = _csr(lookups)
+    out = np.empty(int(q_off[-1]), dtype=np.int64)
+    t_req = np.zeros(n_req, dtype=np.float64) if times_s is None else np.asarray(times_s, dtype=np.float64)
+    ttl = np.inf if ttl_s is None else float(ttl_s)
+    kern.distance(
+        np.ascontiguousarray(touch_offsets, dtype=np.int64),
+        prev,
+        owner,
+        lookups,
+        q_off,
+        t_req,
+        ttl,
+        running_max,
+        out,
+    )
+    return Distances(out, q_off)
+
+
+def lru_stack_distances(accesses: npt.ArrayLike, *, kernels: _Kernels | None = None) -> I64Array:
+    """Classic per-access LRU stack distances (Mattson et al. 1970) of an access sequence.
+
+    Distance 1 means the block was the most recently used one; INF_DISTANCE marks a first access.
+    An access hits in an LRU cache of C blocks iff its distance <= C, for every C at once.
+    """
+    seq = np.asarray(accesses, dtype=np.uint64)
+    n = seq.shape[0]
+    return request_distances(
+        seq, np.arange(n + 1, dtype=np.int64), np.ones(n, dtype=np.int64), kernels=kernels
+    ).distance
+
+
+def hits_by_capacity(distance: I64Array, weights: npt.ArrayLike, capacities: npt.ArrayLike) -> F64Array:
+    """Sum of ``weights`` of the lookups that hit, for every capacity (in blocks) at once."""
+    order = np.argsort(distance, kind="stable")
+    d = distance[order]
+    w = np.asarray(weights, dtype=np.float64)
+    if w.shape == ():
+        w = np.full(distance.shape[0], float(w))
+    csum = np.concatenate([[0.0], np.cumsum(w[order])])
+    idx = np.searchsorted(d, np.asarray(capacities, dtype=np.int64), side="right")
+    return cast(F64Array, csum[idx])
+
+
+class AccessPlan(NamedTuple):
+    """How the cache sees each request of a Chains: what it touches and what it looks up."""
+
+    touches: U64Array
+    touch_offsets: I64Array
+    lookups: I64Array
+
+
+def access_plan(chains: Chains, rows: I64Array | None = None) -> AccessPlan:
+    """Touches per request (full prompt blocks, then the full blocks its output completes) and
+    lookups (``(n - 1) // block_size`` leading blocks), for ``rows`` in the order given."""
+    rows = np.arange(chains.n_requests, dtype=np.int64) if rows is None else rows
+    full = chains.full_blocks()[rows]
+    n_out = np.diff(chains.out_offsets)[rows]
+    counts = full + n_out
+    t_off = _csr(counts)
+    pos = _segment_positions(counts)
+    owner = np.repeat(np.arange(rows.shape[0], dtype=np.int64), counts)
+    r = rows[owner]
+    is_prompt = pos < full[owner]
+    touches = np.empty(int(t_off[-1]), dtype=np.uint64)
+    touches[is_prompt] = chains.hashes[chains.offsets[r[is_prompt]] + pos[is_prompt]]
+    o = ~is_prompt
+    touches[o] = chains.out_hashes[chains.out_offsets[r[o]] + pos[o] - full[owner[o]]]
+    return AccessPlan(touches, t_off, chains.lookup_blocks()[rows])

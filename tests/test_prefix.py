@@ -1,0 +1,472 @@
+"""Prefix identity and prefix-cache simulation (pipeline.prefix).
+
+The one-pass stack distances are checked against two explicit simulations: the library's
+LRUPrefixCache and an independent list-based LRU written here, on random chains, capacities and
+TTLs. Session reconstruction is checked against a token-level ground truth.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import polars as pl
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from pipeline import prefix as P
+from pipeline.errors import RooftraceError
+
+# --------------------------------------------------------------------------------------------
+# an independent LRU: a plain list, most recent last, with eager TTL expiry
+
+
+class ListLRU:
+    def __init__(self, capacity: int | None, ttl: float | None = None) -> None:
+        self.capacity = capacity
+        self.ttl = ttl
+        self.items: list[int] = []  # least recent first
+        self.last: dict[int, float] = {}
+
+    def expire(self, now: float) -> None:
+        if self.ttl is None:
+            return
+        ttl = self.ttl
+        dead = [h for h in self.items if now - self.last[h] > ttl]
+        for h in dead:
+            self.items.remove(h)
+            del self.last[h]
+
+    def request(self, touches: Sequence[int], lookups: int, now: float, head_first: bool = False) -> int:
+        """Look up the first ``lookups`` blocks (stop at the first miss), then touch all blocks."""
+        self.expire(now)
+        hits = 0
+        for h in touches[:lookups]:
+            if h not in self.last:
+                break
+            hits += 1
+        order = list(touches) if head_first else list(reversed(touches))
+        for h in order:
+            if h in self.last:
+                self.items.remove(h)
+            self.items.append(h)
+            self.last[h] = now
+            if self.capacity is not None and len(self.items) > self.capacity:
+                old = self.items.pop(0)
+                del self.last[old]
+        return hits
+
+
+# --------------------------------------------------------------------------------------------
+# hashing
+
+
+def test_mix64_is_splitmix64() -> None:
+    # Vigna's splitmix64 seeded with 0 outputs 0xE220A8397B1DCDAF, 0x6E789E6AA1B965F4, ...;
+    # output k is the finaliser of k * golden, and mix64(x) is the finaliser of x + golden.
+    assert int(P.mix64(np.array([0], dtype=np.uint64))[0]) == 0xE220A8397B1DCDAF
+    assert int(P.mix64(np.array([0x9E3779B97F4A7C15], dtype=np.uint64))[0]) == 0x6E789E6AA1B965F4
+
+
+def test_key64_is_blake2b() -> None:
+    expected = int.from_bytes(hashlib.blake2b(b"tenant-a", digest_size=8).digest(), "little")
+    assert P.key64("tenant-a") == expected
+
+
+# --------------------------------------------------------------------------------------------
+# classic stack distances
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.lists(st.integers(0, 12), max_size=80), st.lists(st.integers(0, 15), min_size=1, max_size=5))
+def test_stack_distances_equal_explicit_lru_at_every_capacity(seq: list[int], caps: list[int]) -> None:
+    dist = P.lru_stack_distances(np.array(seq, dtype=np.uint64))
+    for cap in caps:
+        lru = ListLRU(cap)
+        explicit = [lru.request([h], 1, 0.0) == 1 for h in seq]
+        assert list(dist <= cap) == explicit
+
+
+def test_stack_distances_hand_case() -> None:
+    inf = P.INF_DISTANCE
+    # a b c a b d a: a's reuse sees {a, b, c}; b's sees {b, c, a}; a's last sees {a, b, d}
+    d = P.lru_stack_distances(np.array([1, 2, 3, 1, 2, 4, 1], dtype=np.uint64))
+    assert d.tolist() == [inf, inf, inf, 3, 3, inf, 3]
+    assert P.lru_stack_distances(np.array([5, 5], dtype=np.uint64)).tolist() == [inf, 1]
+
+
+# --------------------------------------------------------------------------------------------
+# random chains: requests walk a random prefix tree, in several isolation domains
+
+
+@dataclass
+class Workload:
+    touches: list[list[int]]
+    lookups: list[int]
+    times: list[float]
+
+
+@st.composite
+def workloads(draw: st.DrawFn) -> Workload:
+    n_req = draw(st.integers(1, 25))
+    touches: list[list[int]] = []
+    lookups: list[int] = []
+    times: list[float] = []
+    t = 0.0
+    for _ in range(n_req):
+        domain = draw(st.integers(0, 1))
+        length = draw(st.integers(0, 7))
+        # block j's identity is its prefix of branch choices: (domain, c_0, ..., c_j)
+        path = [draw(st.integers(0, 2)) for _ in range(length)]
+        chain = [hash_path((domain, *path[: j + 1])) for j in range(length)]
+        touches.append(chain)
+        lookups.append(draw(st.integers(0, length)))
+        t += draw(st.sampled_from([0.0, 1.0, 5.0, 10.0]))
+        times.append(t)
+    return Workload(touches, lookups, times)
+
+
+def hash_path(path: tuple[int, ...]) -> int:
+    return P.key64(repr(path))
+
+
+def _distances(w: Workload, ttl: float | None, running_max: bool = True) -> P.Distances:
+    counts = np.array([len(c) for c in w.touches], dtype=np.int64)
+    off = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
+    flat = np.array([h for c in w.touches for h in c], dtype=np.uint64)
+    return P.request_distances(
+        flat,
+        off,
+        np.array(w.lookups, dtype=np.int64),
+        times_s=np.array(w.times),
+        ttl_s=ttl,
+        running_max=running_max,
+    )
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    workloads(),
+    st.lists(st.integers(0, 30), min_size=1, max_size=4),
+    st.sampled_from([None, 0.0, 4.0, 12.0]),
+)
+def test_one_pass_equals_explicit_lru(w: Workload, caps: list[int], ttl: float | None) -> None:
+    dist = _distances(w, ttl)
+    for cap in [*caps, None]:
+        one_pass = dist.hit_blocks(cap).tolist()
+        lib = P.LRUPrefixCache(cap, ttl)
+        ref = ListLRU(cap, ttl)
+        lib_hits = [
+            lib.access(c, t, max_hits=k) for c, k, t in zip(w.touches, w.lookups, w.times, strict=True)
+        ]
+        ref_hits = [ref.request(c, k, t) for c, k, t in zip(w.touches, w.lookups, w.times, strict=True)]
+        assert one_pass == lib_hits == ref_hits
+
+
+@settings(max_examples=150, deadline=None)
+@given(workloads(), st.sampled_from([None, 4.0]))
+def test_tail_first_touch_makes_prefix_property_automatic(w: Workload, ttl: float | None) -> None:
+    raw = _distances(w, ttl, running_max=False)
+    for i in range(len(w.touches)):
+        seg = raw.distance[raw.offsets[i] : raw.offsets[i + 1]]
+        assert (np.diff(seg) >= 0).all(), "distances must not decrease along a chain"
+    assert np.array_equal(raw.distance, _distances(w, ttl).distance)
+
+
+def test_head_first_touch_would_break_the_prefix_property() -> None:
+    # Touching a chain head-first leaves its head least recent: a tight cache evicts the head and
+    # keeps the useless tail. Tail-first touching (vLLM frees blocks in reverse) keeps the head.
+    chain, other = [1, 2], [3]
+    head_first = ListLRU(2)
+    head_first.request(chain, 0, 0.0, head_first=True)
+    head_first.request(other, 0, 1.0, head_first=True)
+    assert 2 in head_first.last and 1 not in head_first.last
+    tail_first = ListLRU(2)
+    tail_first.request(chain, 0, 0.0)
+    tail_first.request(other, 0, 1.0)
+    assert 1 in tail_first.last and 2 not in tail_first.last
+    assert tail_first.request(chain, 2, 2.0) == 1
+
+
+@settings(max_examples=50, deadline=None)
+@given(workloads(), st.lists(st.integers(0, 40), min_size=2, max_size=6))
+def test_hits_are_monotone_in_capacity(w: Workload, caps: list[int]) -> None:
+    dist = _distances(w, None)
+    caps = sorted(caps)
+    totals = [int(dist.hit_blocks(c).sum()) for c in caps]
+    assert totals == sorted(totals)
+    assert (dist.hit_blocks(None) <= np.array(w.lookups)).all()
+    curve = P.hits_by_capacity(dist.distance, 1.0, caps)
+    assert curve.tolist() == totals
+
+
+def test_ttl_expiry_by_age_since_last_use() -> None:
+    lru = P.LRUPrefixCache(None, ttl_s=300.0)
+    chain = [11, 12, 13]
+    assert lru.access(chain, 0.0, max_hits=2) == 0
+    assert lru.access(chain, 300.0, max_hits=2) == 2  # age == ttl: still cached
+    assert lru.access(chain, 600.5, max_hits=2) == 0  # age 300.5 > ttl: expired
+    assert lru.access(chain, 700.0, max_hits=2) == 2  # refreshed at 600.5
+    w = Workload([chain] * 4, [2] * 4, [0.0, 300.0, 600.5, 700.0])
+    assert _distances(w, 300.0).hit_blocks(None).tolist() == [0, 2, 0, 2]
+
+
+def test_lru_cache_rejects_bad_settings() -> None:
+    with pytest.raises(RooftraceError, match="capacity"):
+        P.LRUPrefixCache(-1)
+    with pytest.raises(RooftraceError, match="TTL"):
+        P.LRUPrefixCache(None, ttl_s=-5)
+
+
+def test_python_kernels_agree_with_compiled() -> None:
+    rng = np.random.default_rng(7)
+    seq = rng.integers(0, 40, 500).astype(np.uint64)
+    assert np.array_equal(P.lru_stack_distances(seq), P.lru_stack_distances(seq, kernels=P._python_kernels()))
+    df = _session_frame(rng, n_sessions=6, turns=5, bs=16)
+    a = P.build_chains(df, 16)
+    b = P.build_chains(df, 16, kernels=P._python_kernels())
+    assert np.array_equal(a.hashes, b.hashes) and np.array_equal(a.out_hashes, b.out_hashes)
+
+
+# --------------------------------------------------------------------------------------------
+# build_chains
+
+
+def _frame(rows: list[dict[str, object]]) -> pl.DataFrame:
+    base: dict[str, object] = {
+        "tenant": None,
+        "adapter": None,
+        "session_id": None,
+        "prefix_block_hashes": None,
+        "prefix_block_size": None,
+        "output_tokens": 10,
+        "model": "m",
+    }
+    full = [{**base, **r, "request_id": r.get("request_id", f"r{i}")} for i, r in enumerate(rows)]
+    return pl.DataFrame(
+        full,
+        schema={
+            "request_id": pl.String,
+            "arrival": pl.Datetime("us", "UTC"),
+            "model": pl.String,
+            "tenant": pl.String,
+            "adapter": pl.String,
+            "session_id": pl.String,
+            "recorded_input_tokens": pl.Int64,
+            "output_tokens": pl.Int64,
+            "prefix_block_hashes": pl.List(pl.UInt64),
+            "prefix_block_size": pl.Int32,
+        },
+    )
+
+
+def _t(seconds: float) -> int:
+    return int(1_700_000_000_000_000 + seconds * 1e6)
+
+
+def test_log_chains_partial_blocks_and_lengths() -> None:
+    df = _frame(
+        [
+            {
+                "arrival": _t(0),
+                "recorded_input_tokens": 1100,
+                "prefix_block_hashes": [7, 8, 9],
+                "prefix_block_size": 512,
+            },
+            {
+                "arrival": _t(1),
+                "recorded_input_tokens": 1536,
+                "prefix_block_hashes": [7, 8, 10],
+                "prefix_block_size": 512,
+            },
+            {
+                "arrival": _t(2),
+                "recorded_input_tokens": 1300,
+                "prefix_block_hashes": [7],
+                "prefix_block_size": 512,
+            },
+            {"arrival": _t(3), "recorded_input_tokens": 100},
+        ]
+    )
+    ch = P.build_chains(df, block_size=16)
+    assert ch.block_size == 512  # the log's block size wins
+    assert ch.prompt_blocks().tolist() == [3, 3, 3, 1]
+    assert ch.block_tokens.tolist() == [512, 512, 76, 512, 512, 512, 512, 512, 276, 100]
+    assert [P.SOURCE_NAMES[s] for s in ch.source] == ["log", "log", "log", "none"]
+    assert ch.input_tokens().tolist() == [1100, 1536, 1300, 100]
+    assert ch.lookup_blocks().tolist() == [2, 2, 2, 0]  # (n - 1) // 512
+    r0, r1, r2 = ch.prompt(0), ch.prompt(1), ch.prompt(2)
+    assert r0[0] == r1[0] == r2[0] and r0[1] == r1[1]  # shared log prefix [7, 8]
+    assert r2[1] != r0[1]  # a short log chain is extended with blocks of its own
+    assert r0[2] != r1[2]  # a partial block never equals a full one, even with the same log id
+    assert len(set(ch.hashes.tolist())) == len(ch.hashes) - 3
+    assert ch.out_hashes.size == 0
+
+
+def test_log_block_sizes_must_agree() -> None:
+    df = _frame(
+        [
+            {
+                "arrival": _t(0),
+                "recorded_input_tokens": 10,
+                "prefix_block_hashes": [1],
+                "prefix_block_size": 512,
+            },
+            {
+                "arrival": _t(1),
+                "recorded_input_tokens": 10,
+                "prefix_block_hashes": [1],
+                "prefix_block_size": 256,
+            },
+        ]
+    )
+    with pytest.raises(RooftraceError, match="prefix_block_size differs"):
+        P.build_chains(df)
+
+
+def test_isolation_keeps_identical_prompts_apart() -> None:
+    rows = [
+        {
+            "arrival": _t(i),
+            "recorded_input_tokens": 2048,
+            "prefix_block_hashes": [1, 2, 3, 4],
+            "prefix_block_size": 512,
+            "tenant": tenant,
+        }
+        for i, tenant in enumerate(["a", "b", "a", None])
+    ]
+    df = _frame(rows)
+    ch = P.build_chains(df)
+    a0, b, a1, none = (set(ch.prompt(i).tolist()) for i in range(4))
+    assert a0 == a1
+    assert not (a0 & b) and not (a0 & none) and not (b & none)
+    shared = P.build_chains(df, isolation=("model",))
+    assert all(set(shared.prompt(i).tolist()) == set(shared.prompt(0).tolist()) for i in range(4))
+    with pytest.raises(RooftraceError, match="isolation keys"):
+        P.build_chains(df, isolation=("colour",))
+
+
+def test_hashes_are_deterministic_across_processes() -> None:
+    import subprocess
+    import sys
+
+    code = (
+        "import polars as pl, numpy as np; from pipeline import prefix as P;"
+        "df = pl.DataFrame({'request_id': ['x', 'y'], 'arrival': [0, 1], 'model': ['m', 'm'],"
+        "'tenant': ['t', None], 'adapter': [None, None], 'session_id': ['s', 's'],"
+        "'recorded_input_tokens': [40, 70], 'output_tokens': [5, 5]},"
+        "schema_overrides={'adapter': pl.String, 'arrival': pl.Datetime('us', 'UTC')});"
+        "print(','.join(str(int(h)) for h in P.build_chains(df, 16).hashes))"
+    )
+    outs = {
+        subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+        for _ in range(2)
+    }
+    assert len(outs) == 1 and outs.pop().strip()
+
+
+# --------------------------------------------------------------------------------------------
+# session reconstruction against a token-level ground truth
+
+
+def _session_frame(rng: np.random.Generator, n_sessions: int, turns: int, bs: int) -> pl.DataFrame:
+    frame, _ = _agent_sessions(rng, n_sessions, turns, bs)
+    return frame
+
+
+def _agent_sessions(
+    rng: np.random.Generator, n_sessions: int, turns: int, bs: int
+) -> tuple[pl.DataFrame, list[np.ndarray]]:
+    """Agent loops: each turn re-sends the previous prompt and output, plus new tool output.
+
+    Returns the canonical frame (no token contents: what a log holds) and each request's true
+    token sequence (prompt + output) for the ground truth. Sessions interleave in time; two
+    tenants reuse the same session ids.
+    """
+    rows: list[dict[str, object]] = []
+    seqs: list[np.ndarray] = []
+    events: list[tuple[float, int, int]] = []
+    for s in range(n_sessions):
+        t = float(rng.uniform(0, 50))
+        for k in range(turns):
+            events.append((t, s, k))
+            t += float(rng.uniform(1, 30))
+    events.sort()
+    history: dict[int, np.ndarray] = {}
+    for t, s, k in events:
+        new = rng.integers(0, 2**31, int(rng.integers(1, 3 * bs)))
+        prompt = new if k == 0 else np.concatenate([history[s], new])
+        output = rng.integers(0, 2**31, int(rng.integers(1, 2 * bs)))
+        history[s] = np.concatenate([prompt, output])
+        seqs.append(history[s])
+        rows.append(
+            {
+                "request_id": f"s{s}-t{k}",
+                "arrival": _t(t),
+                "recorded_input_tokens": len(prompt),
+                "output_tokens": len(output),
+                "session_id": f"sess{s // 2}",  # two tenants share each session id
+                "tenant": f"tenant{s % 2}",
+            }
+        )
+    return _frame(rows), seqs
+
+
+def _true_blocks(tokens: np.ndarray, n_tokens: int, bs: int, tenant: str) -> list[int]:
+    """vLLM-style chained hashes of the full blocks of tokens[:n_tokens]."""
+    out, parent = [], tenant.encode()
+    for j in range(n_tokens // bs):
+        parent = hashlib.blake2b(parent + tokens[j * bs : (j + 1) * bs].tobytes(), digest_size=8).digest()
+        out.append(int.from_bytes(parent, "little"))
+    return out
+
+
+@pytest.mark.parametrize("capacity", [None, 3, 10, 40])
+def test_session_reconstruction_matches_token_level_truth(capacity: int | None) -> None:
+    bs = 16
+    rng = np.random.default_rng(11)
+    df, seqs = _agent_sessions(rng, n_sessions=8, turns=6, bs=bs)
+    ch = P.build_chains(df, block_size=bs)
+    assert (ch.source == P.SOURCE_SESSION).all()
+    plan = P.access_plan(ch)
+    times = (df["arrival"].dt.epoch("us").to_numpy() / 1e6).astype(float)
+    one_pass = P.request_distances(*plan, times_s=times).hit_blocks(capacity)
+
+    truth = P.LRUPrefixCache(capacity)
+    truth_hits = []
+    for i, row in enumerate(df.iter_rows(named=True)):
+        n_in, n_out = row["recorded_input_tokens"], row["output_tokens"]
+        blocks = _true_blocks(seqs[i], n_in + n_out, bs, row["tenant"])
+        prompt_full = n_in // bs
+        truth_hits.append(
+            truth.access(
+                blocks[:prompt_full], times[i], max_hits=(n_in - 1) // bs, extra=blocks[prompt_full:]
+            )
+        )
+    assert one_pass.tolist() == truth_hits
+    if capacity is None:
+        assert sum(truth_hits) > 0
+
+
+def test_session_shared_prefix_follows_min_rule() -> None:
+    bs = 16
+    # turn 2 truncates its context below turn 1's input + output: only min(...) is shared
+    rows = [
+        {"arrival": _t(0), "recorded_input_tokens": 100, "output_tokens": 40, "session_id": "s"},
+        {"arrival": _t(9), "recorded_input_tokens": 300, "output_tokens": 40, "session_id": "s"},
+        {"arrival": _t(20), "recorded_input_tokens": 90, "output_tokens": 40, "session_id": "s"},
+        {"arrival": _t(30), "recorded_input_tokens": 300, "output_tokens": 40, "session_id": "other"},
+    ]
+    ch = P.build_chains(_frame(rows), block_size=bs)
+    c0, c1, c2, c3 = (ch.cacheable(i).tolist() for i in range(4))
+    # turn 1 shares min(100 + 40, 300) = 140 tokens: 8 full blocks, and those come from turn 0's
+    # prompt (6 full blocks) and from the 2 blocks turn 0's output completed
+    assert len(c0) == 140 // bs == 8 and c1[:8] == c0 and c1[8] != c0[-1]
+    # turn 2 shares min(300 + 40, 90) = 90 tokens: 5 full blocks
+    assert c2[:5] == c1[:5] and len(ch.prompt(2)) == 6
+    assert not set(c3) & set(c0 + c1 + c2)  # another session shares nothing
+    # output blocks: (in + out) // 16 - in // 16 = 8-6, 21-18, 8-5, 21-18
+    assert np.diff(ch.out_offsets).tolist() == [2, 3, 3, 3]
