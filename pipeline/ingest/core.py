@@ -132,7 +132,7 @@ def _raw_batches(path: Path, spec: FormatSpec) -> Iterator[RawBatch]:
         kind = "jsonl" if head[:1] in (b"{", b"[") else "csv"
     if kind == "csv":
         check_text(path, read_head(path))
-        yield from csv_batches(path, spec.layout, spec.required_columns, spec.name)
+        yield from csv_batches(path, spec.layout, spec.required_columns, spec.name, spec.absent_defaults)
     elif kind == "otel":
         check_text(path, read_head(path))
         yield from otel_batches(path, spec.layout)
@@ -151,6 +151,10 @@ def _stage_file(
     file_index: int,
 ) -> tuple[int, pl.DataFrame]:
     """Read, normalise and stage one file. Returns (rows read, quarantine frame)."""
+    if spec.relative_time and ctx.anchor_date is None:
+        raise SourceError(
+            f"{path}: {spec.name} timestamps are relative to the trace start; pass --date YYYY-MM-DD"
+        )
     stage_dir.mkdir(parents=True, exist_ok=True)
     file_id = sha[:12]
 
@@ -167,8 +171,6 @@ def _stage_file(
                 file_id=file_id,
                 labels=spec.labels,
                 input_excludes_cache=spec.input_excludes_cache,
-                relative_time=spec.relative_time,
-                anchor_date=ctx.anchor_date,
             )
             if norm.good.height:
                 norm.good.with_columns(_file=pl.lit(file_index, pl.Int32)).write_parquet(

@@ -63,6 +63,8 @@ class FormatSpec:
     relative_time: bool = False
     #: Required CSV header columns (lower-cased), to fail fast on a wrongly forced format.
     required_columns: tuple[str, ...] = field(default_factory=tuple)
+    #: Values for layout columns that a CSV header lacks altogether (not for empty cells).
+    absent_defaults: Mapping[str, str] = field(default_factory=dict)
 
 
 def polars_schema(layout: Layout) -> dict[str, pl.DataType]:
@@ -460,7 +462,10 @@ FORMATS: dict[str, FormatSpec] = {
         _vidur,
         {"arrival": "arrived_at", "input_raw": "num_prefill_tokens", "output_raw": "num_decode_tokens"},
         relative_time=True,
-        required_columns=("arrived_at", "num_prefill_tokens", "num_decode_tokens"),
+        required_columns=("num_prefill_tokens", "num_decode_tokens"),
+        # Length-only files (Vidur's arxiv_summarization stats) have no arrival column: they are an
+        # offline batch, every request arriving at the anchor (t = 0).
+        absent_defaults={"arrived_at": "0"},
     ),
     "otel": FormatSpec(
         "otel",

@@ -33,8 +33,6 @@ def finalize(
     file_id: str,
     labels: Mapping[str, str],
     input_excludes_cache: bool,
-    relative_time: bool,
-    anchor_date: str | None,
 ) -> Normalised:
     """Validate and type a candidate frame (must carry ``source_line``)."""
 
@@ -43,14 +41,6 @@ def finalize(
 
     # (condition, field label, reason expression), in priority order.
     checks: list[tuple[pl.Expr, str, pl.Expr]] = []
-    if relative_time and anchor_date is None:
-        checks.append(
-            (
-                pl.lit(True),
-                label("arrival"),
-                pl.lit("timestamps are relative to the trace start; pass --date YYYY-MM-DD to anchor them"),
-            )
-        )
     checks.append((pl.col("arrival_raw").is_null(), label("arrival"), pl.lit("missing timestamp")))
     checks.append(
         (

@@ -13,7 +13,7 @@ from __future__ import annotations
 import csv
 import io
 import json
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -186,7 +186,13 @@ def _empty(layout: Layout) -> pl.DataFrame:
 # --- CSV -----------------------------------------------------------------------------------------
 
 
-def csv_batches(path: Path, layout: Layout, required: tuple[str, ...], fmt: str) -> Iterator[RawBatch]:
+def csv_batches(
+    path: Path,
+    layout: Layout,
+    required: tuple[str, ...],
+    fmt: str,
+    absent_defaults: Mapping[str, str] | None = None,
+) -> Iterator[RawBatch]:
     """Stream a CSV file; columns matched to the layout by case-insensitive header name."""
     try:
         with open_binary(path) as fb:
@@ -200,6 +206,7 @@ def csv_batches(path: Path, layout: Layout, required: tuple[str, ...], fmt: str)
             if missing:
                 raise SourceError(f"{path}: not a {fmt} CSV: header lacks {missing} (has {header[:8]})")
             wanted = [name for name in layout if name.lower() in lower]
+            defaults = {k: v for k, v in (absent_defaults or {}).items() if k not in wanted}
             index = [lower.index(name.lower()) for name in wanted]
             width = len(header)
             cols: list[list[str | None]] = [[] for _ in wanted]
@@ -218,10 +225,10 @@ def csv_batches(path: Path, layout: Layout, required: tuple[str, ...], fmt: str)
                     cols[j].append(v if v != "" else None)
                 lines.append(n)
                 if len(lines) >= BATCH_LINES:
-                    yield RawBatch(_csv_frame(layout, wanted, cols, lines), failures)
+                    yield RawBatch(_csv_frame(layout, wanted, cols, lines, defaults), failures)
                     cols, lines, failures = [[] for _ in wanted], [], []
             if lines or failures:
-                yield RawBatch(_csv_frame(layout, wanted, cols, lines), failures)
+                yield RawBatch(_csv_frame(layout, wanted, cols, lines, defaults), failures)
     except (UnicodeDecodeError, csv.Error) as exc:
         raise SourceError(f"{path}: cannot parse as CSV ({exc})") from None
     except (OSError, EOFError) as exc:
@@ -229,9 +236,15 @@ def csv_batches(path: Path, layout: Layout, required: tuple[str, ...], fmt: str)
 
 
 def _csv_frame(
-    layout: Layout, wanted: list[str], cols: list[list[str | None]], lines: list[int]
+    layout: Layout,
+    wanted: list[str],
+    cols: list[list[str | None]],
+    lines: list[int],
+    defaults: Mapping[str, str],
 ) -> pl.DataFrame:
-    data: dict[str, Any] = {name: pl.Series(name, [None] * len(lines), dtype=pl.String) for name in layout}
+    data: dict[str, Any] = {
+        name: pl.Series(name, [defaults.get(name)] * len(lines), dtype=pl.String) for name in layout
+    }
     for name, values in zip(wanted, cols, strict=True):
         data[name] = pl.Series(name, values, dtype=pl.String)
     data["source_line"] = pl.Series("source_line", lines, dtype=pl.Int64)

@@ -151,7 +151,7 @@ def sniff_format(path: Path, head: bytes) -> str:
     cols = {c.strip() for c in header.split(",")}
     if {"timestamp", "contexttokens", "generatedtokens"} <= cols:
         return "azure"
-    if {"arrived_at", "num_prefill_tokens", "num_decode_tokens"} <= cols:
+    if {"num_prefill_tokens", "num_decode_tokens"} <= cols:
         return "vidur"
     if {"request_id", "starttime"} <= cols:
         return "litellm"

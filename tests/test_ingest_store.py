@@ -1,0 +1,228 @@
+"""Real traces with exact counts, idempotence, atomic partition swaps, and a hypothesis round trip."""
+
+from __future__ import annotations
+
+import csv
+import hashlib
+import json
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+import polars as pl
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import pipeline.ingest.core as core
+from pipeline.ingest import ingest_logs
+from pipeline.store import Store
+from pipeline.synth import SynthConfig, generate, write_logs
+from tests.conftest import shared_path
+
+
+def _csv_sums(path: Path, cols: tuple[str, str]) -> tuple[int, int, int]:
+    with path.open() as fh:
+        rows = list(csv.DictReader(fh))
+    return len(rows), sum(int(r[cols[0]]) for r in rows), sum(int(r[cols[1]]) for r in rows)
+
+
+@pytest.mark.parametrize(
+    ("folder", "name", "rows"),
+    [
+        ("azure-llm-inference-2023", "AzureLLMInferenceTrace_code.csv", 8819),
+        ("azure-llm-inference-2023", "AzureLLMInferenceTrace_conv.csv", 19366),
+        ("vidur-processed-traces", "splitwise_code.csv", 8819),
+        ("vidur-processed-traces", "splitwise_conv.csv", 19366),
+        ("vidur-processed-traces", "arxiv_summarization_stats_llama2_tokenizer_filtered_v2.csv", 28257),
+    ],
+)
+def test_real_csv_traces_exact(tmp_path: Path, folder: str, name: str, rows: int) -> None:
+    path = shared_path("traces", folder, name)
+    store = Store(tmp_path / "s")
+    s = ingest_logs([path], store, date="2024-05-01")
+    assert s.ok and s.total("rows_read") == rows and s.total("rows_stored") == rows
+    got = pl.concat([store.read_requests(d) for d in store.dates()])
+    cols = (
+        ("ContextTokens", "GeneratedTokens")
+        if folder.startswith("azure")
+        else ("num_prefill_tokens", "num_decode_tokens")
+    )
+    n, inp, out = _csv_sums(path, cols)
+    assert (got.height, got["recorded_input_tokens"].sum(), got["output_tokens"].sum()) == (n, inp, out)
+
+
+def test_azure_conv_first_row_and_span(tmp_path: Path) -> None:
+    store = Store(tmp_path / "s")
+    ingest_logs([shared_path("traces", "azure-llm-inference-2023", "AzureLLMInferenceTrace_conv.csv")], store)
+    df = store.read_requests("2023-11-16")
+    first = df.row(0, named=True)
+    # First data row: 2023-11-16 18:15:46.6805900,374,44 (7 fractional digits truncated to µs).
+    assert first["arrival"] == datetime(2023, 11, 16, 18, 15, 46, 680590, tzinfo=UTC)
+    assert (first["recorded_input_tokens"], first["output_tokens"], first["source_line"]) == (374, 44, 2)
+    # Last row: 2023-11-16 19:14:08.4025270,197,183
+    last = df.row(df.height - 1, named=True)
+    assert last["arrival"] == datetime(2023, 11, 16, 19, 14, 8, 402527, tzinfo=UTC)
+    assert (last["recorded_input_tokens"], last["output_tokens"]) == (197, 183)
+
+
+@pytest.mark.parametrize(
+    ("name", "rows"), [("conversation_trace.jsonl", 12031), ("synthetic_trace.jsonl", 3993)]
+)
+def test_real_mooncake_exact(tmp_path: Path, name: str, rows: int) -> None:
+    path = shared_path("traces", "mooncake-fast25", name)
+    store = Store(tmp_path / "s")
+    s = ingest_logs([path], store, date="2024-05-01")
+    assert s.ok and s.total("rows_stored") == rows
+    got = store.read_requests("2024-05-01").sort("source_line")
+    with path.open() as fh:
+        recs = [json.loads(line) for line in fh]
+    assert got["recorded_input_tokens"].to_list() == [r["input_length"] for r in recs]
+    assert got["prefix_block_hashes"].to_list() == [r["hash_ids"] for r in recs]
+    assert set(got["prefix_block_size"].to_list()) == {512}
+    base = datetime(2024, 5, 1, tzinfo=UTC)
+    assert got["arrival"].to_list() == [base + timedelta(milliseconds=r["timestamp"]) for r in recs]
+
+
+def _digest(store: Store) -> dict[str, str]:
+    out = {}
+    for p in sorted(store.requests_dir.rglob("*.parquet")):
+        out[str(p.relative_to(store.root))] = hashlib.sha256(p.read_bytes()).hexdigest()
+    return out
+
+
+def test_ingest_twice_is_identical_and_independent_of_store(tmp_path: Path) -> None:
+    logs = tmp_path / "logs"
+    write_logs(generate(SynthConfig(requests=3000, seed=5, duration_s=7200)), "openai", logs / "day.jsonl")
+    write_logs(generate(SynthConfig(requests=500, seed=6, duration_s=7200)), "azure", logs / "az.csv")
+    a = Store(tmp_path / "a")
+    s1 = ingest_logs([logs], a)
+    before = _digest(a)
+    s2 = ingest_logs([logs], a)
+    assert _digest(a) == before
+    assert s1.total("rows_stored") == 3500 and s2.total("rows_read") == 0
+    assert all(f.skipped for f in s2.files)
+    b = Store(tmp_path / "b")
+    ingest_logs([logs], b)
+    assert _digest(b) == before, "same input, same Parquet bytes"
+
+
+def test_failed_write_leaves_previous_store_intact(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    logs = tmp_path / "logs"
+    write_logs(generate(SynthConfig(requests=400, seed=1, duration_s=3600)), "openai", logs / "a.jsonl")
+    store = Store(tmp_path / "s")
+    ingest_logs([logs / "a.jsonl"], store)
+    before = _digest(store)
+    write_logs(generate(SynthConfig(requests=400, seed=2, duration_s=3600)), "openai", logs / "b.jsonl")
+
+    def boom(*args: object, **kw: object) -> None:
+        raise OSError("disk full")
+
+    monkeypatch.setattr(core, "_swap_partition", boom)
+    with pytest.raises(OSError):
+        ingest_logs([logs / "b.jsonl"], store)
+    assert _digest(store) == before
+    monkeypatch.undo()
+    s = ingest_logs([logs / "b.jsonl"], store)
+    assert s.total("rows_stored") == 400 and store.read_requests().height == 800
+
+
+def test_interrupted_swap_is_repaired(tmp_path: Path) -> None:
+    logs = tmp_path / "logs"
+    write_logs(generate(SynthConfig(requests=300, seed=3, duration_s=3600)), "openai", logs / "a.jsonl")
+    store = Store(tmp_path / "s")
+    ingest_logs([logs / "a.jsonl"], store)
+    (d,) = store.dates()
+    final = store.requests_dir / f"date={d}"
+    # A run killed between "rename old away" and "rename new in".
+    final.rename(store.requests_dir / f".date={d}.old-killed")
+    (store.requests_dir / f".date={d}.new-killed").mkdir()
+    ingest_logs([], store)
+    assert store.dates() == [d] and store.read_requests().height == 300
+    assert [p.name for p in store.requests_dir.iterdir()] == [f"date={d}"]
+
+
+_ids = st.text(alphabet="abcdefghijklmnopqrstuvwxyz0123456789-_", min_size=1, max_size=12)
+_record = st.fixed_dictionaries(
+    {
+        "prompt": st.integers(0, 2_000_000),
+        "output": st.integers(0, 100_000),
+        "cached_frac": st.floats(0, 1),
+        "offset_us": st.integers(0, 86_400_000_000 - 1),
+        "tenant": st.one_of(st.none(), st.text(min_size=1, max_size=10)),
+        "shape": st.sampled_from(["chat", "responses", "batch", "pair"]),
+    }
+)
+
+
+@settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(records=st.lists(st.tuples(_ids, _record), min_size=1, max_size=40, unique_by=lambda r: r[0]))
+def test_hypothesis_round_trip(
+    tmp_path_factory: pytest.TempPathFactory, records: list[tuple[str, dict[str, object]]]
+) -> None:
+    tmp = tmp_path_factory.mktemp("rt")
+    base = datetime(2024, 12, 1, tzinfo=UTC)
+    lines = []
+    expect = {}
+    for rid, r in records:
+        prompt, output = int(r["prompt"]), int(r["output"])  # type: ignore[call-overload]
+        cached = int(prompt * float(r["cached_frac"]))  # type: ignore[arg-type]
+        when = base + timedelta(microseconds=int(r["offset_us"]))  # type: ignore[call-overload]
+        ts = when.strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+        usage = {
+            "prompt_tokens": prompt,
+            "completion_tokens": output,
+            "prompt_tokens_details": {"cached_tokens": cached},
+        }
+        body = {
+            "id": rid,
+            "object": "chat.completion",
+            "created": int(when.timestamp()),
+            "model": "m",
+            "usage": usage,
+        }
+        shape = r["shape"]
+        if shape == "chat":
+            rec: dict[str, object] = {**body, "timestamp": ts}
+        elif shape == "responses":
+            rec = {
+                "id": rid,
+                "object": "response",
+                "created_at": int(when.timestamp()),
+                "model": "m",
+                "timestamp": ts,
+                "usage": {
+                    "input_tokens": prompt,
+                    "output_tokens": output,
+                    "input_tokens_details": {"cached_tokens": cached},
+                },
+            }
+        elif shape == "batch":
+            rec = {
+                "id": f"batch_{rid}",
+                "custom_id": rid,
+                "timestamp": ts,
+                "response": {"status_code": 200, "body": body},
+            }
+        else:
+            rec = {"timestamp": ts, "request": {"model": "m", "user": r["tenant"]}, "response": body}
+        lines.append(json.dumps(rec))
+        expect[rid] = (when, prompt, cached, output, r["tenant"] if shape == "pair" else None)
+    src = tmp / "in.jsonl"
+    src.write_text("\n".join(lines) + "\n")
+    store = Store(tmp / "store")
+    s = ingest_logs([src], store)
+    assert s.ok and s.total("rows_read") == len(records)
+    assert s.total("rows_stored") + s.total("rows_quarantined") + s.total("rows_duplicate") == len(records)
+    assert s.total("rows_stored") == len(records)
+    got = pl.concat([store.read_requests(d) for d in store.dates()])
+    seen = {
+        row["request_id"]: (
+            row["arrival"],
+            row["recorded_input_tokens"],
+            row["reported_cache_hit_tokens"],
+            row["output_tokens"],
+            row["tenant"],
+        )
+        for row in got.iter_rows(named=True)
+    }
+    assert seen == expect
