@@ -21,7 +21,7 @@ KV bytes per token (per GPU, per token of context):
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
 from pipeline.catalog import ModelSpec, kv_format, list_hardware, load_hardware, weight_format
@@ -199,8 +199,8 @@ class MemoryFit:
         return int(self.kv_pool_bytes_per_gpu // self.sequence_kv_bytes(context))
 
     def to_dict(self) -> dict[str, Any]:
-        doc = asdict(self)
-        doc.pop("_model_spec", None)
+        doc = {f.name: getattr(self, f.name) for f in fields(self) if f.name != "_model_spec"}
+        doc["suggestions"] = list(self.suggestions)
         doc["max_concurrent_seqs_at_context"] = self.max_concurrent_seqs(self.context)
         return doc
 

@@ -306,16 +306,28 @@ def comm_time(hw: HardwareSpec, op: Op) -> FloatArray:
     return op.bytes / (hw.link_bandwidth_bytes_per_s * hw.link_efficiency) + calls * hw.link_latency_s
 
 
-def op_times(hw: HardwareSpec, op: Op) -> tuple[FloatArray, FloatArray]:
-    """(compute-bound seconds, memory-bound seconds) of ONE instance of a non-comm ``op``."""
-    t_c = (
-        op.flops / (op.peak_flops_per_s * hw.compute_efficiency)
-        if op.peak_flops_per_s
-        else np.zeros_like(op.flops)
+def op_times(hw: HardwareSpec, op: Op) -> tuple[FloatArray, FloatArray, FloatArray]:
+    """(compute-bound, memory-bound, kernel-floor-bound) seconds of ONE instance of a non-comm op.
+
+    Exactly one of the three is non-zero per step: the largest of flops / (peak · compute_eff),
+    bytes / (bandwidth · eff) and, when the op has any work, the hardware's min_kernel_s.
+    """
+    if op.peak_flops_per_s:
+        t_c = op.flops / (op.peak_flops_per_s * hw.compute_efficiency)
+    else:
+        t_c = np.zeros_like(op.flops)
+    eff = hw.elementwise_efficiency if op.kind == "elementwise" else hw.memory_efficiency
+    t_m = op.bytes / (hw.memory_bandwidth_bytes_per_s * eff)
+    floor = np.where((op.flops > 0) | (op.bytes > 0), hw.min_kernel_s, 0.0)
+    roof = np.maximum(t_c, t_m)
+    floor_bound = floor > roof
+    compute_bound = (t_c > t_m) & ~floor_bound
+    memory_bound = ~compute_bound & ~floor_bound
+    return (
+        np.where(compute_bound, t_c, 0.0),
+        np.where(memory_bound, t_m, 0.0),
+        np.where(floor_bound, floor, 0.0),
     )
-    t_m = op.bytes / (hw.memory_bandwidth_bytes_per_s * hw.memory_efficiency)
-    compute_bound = t_c > t_m
-    return np.where(compute_bound, t_c, 0.0), np.where(compute_bound, 0.0, t_m)
 
 
 def step_cost(dep: Deployment, batch: StepBatch) -> StepCost:
@@ -340,19 +352,22 @@ def cost_from_ops(
     comm = np.zeros(n)
     flops = np.zeros(n)
     nbytes = np.zeros(n)
+    floor = np.zeros(n)
     for op in ops:
         if op.kind == "comm":
             comm += op.count * comm_time(hw, op)
             continue
-        t_c, t_m = op_times(hw, op)
+        t_c, t_m, t_f = op_times(hw, op)
         compute += op.count * t_c
         memory += op.count * t_m
+        floor += op.count * t_f
         flops += op.count * op.flops
         nbytes += op.count * op.bytes
     tokens = np.asarray(batch.prefill_tokens, dtype=np.float64) + np.asarray(
         batch.decode_seqs, dtype=np.float64
     )
-    overhead = np.where(tokens > 0, step_overhead, 0.0)
+    # Kernels too small to reach either roof are launch/latency bound: counted as overhead.
+    overhead = np.where(tokens > 0, step_overhead, 0.0) + floor
     # Pipeline stages run one after another for a step, so each op above (counted over all
     # layers) is already the latency sum; per-GPU work is the replica's work spread over tp×pp
     # GPUs, while the op FLOPs/bytes above are per TP rank over all stages.

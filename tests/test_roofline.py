@@ -35,33 +35,35 @@ def reference_step_time(
         hw.memory_bandwidth_bytes_per_s * hw.memory_efficiency,
     )
 
+    ew = hw.memory_bandwidth_bytes_per_s * hw.elementwise_efficiency
+
     def op(flops: float, nbytes: float) -> float:
-        return max(flops / peak, nbytes / bw)
+        floor = hw.min_kernel_s if (flops or nbytes) else 0.0
+        return max(flops / peak, nbytes / bw, floor)
+
+    def elt(nbytes: float) -> float:
+        return max(nbytes / ew, hw.min_kernel_s if nbytes else 0.0)
 
     def gemm(params: float, tokens: float, io: float) -> float:
-        return (
-            op(2 * tokens * params, (params * 2 if tokens else 0) + tokens * 2 * io)
-            if tokens or params == 0
-            else 0
-        )
+        return op(2 * tokens * params, (params * 2 if tokens else 0) + tokens * 2 * io)
 
     kv_tok = 2 * nkv * d * 2
     layer = (
-        2 * op(0, T * 2 * 2 * h)  # two RMSNorms
-        + 2 * op(0, T * 2 * 3 * h)  # two residual adds
+        2 * elt(T * 2 * 2 * h)  # two RMSNorms
+        + 2 * elt(T * 2 * 3 * h)  # two residual adds
         + gemm(h * (nq + 2 * nkv) * d, T, h + (nq + 2 * nkv) * d)
-        + op(0, T * 2 * 2 * (nq + nkv) * d)  # rope
+        + elt(T * 2 * 2 * (nq + nkv) * d)  # rope
         + op(4 * pairs * nq * d, pkv * kv_tok + pt * kv_tok + pt * nq * d * 4)
         + op(4 * dctx * nq * d, dctx * kv_tok + ds * kv_tok + ds * nq * d * 4)
         + gemm(nq * d * h, T, nq * d + h)
         + gemm(2 * h * inter, T, h + 2 * inter)
-        + op(0, T * 2 * 3 * inter)
+        + elt(T * 2 * 3 * inter)
         + gemm(inter * h, T, inter + h)
     )
     n_logits = ps + ds
     vocab = m.vocab_size / tp
     head = op(2 * n_logits * h * vocab, (h * vocab * 2 if n_logits else 0) + n_logits * (2 * h + 4 * vocab))
-    ends = 2 * op(0, T * 2 * 2 * h)  # embedding lookup and final norm
+    ends = 2 * elt(T * 2 * 2 * h)  # embedding lookup and final norm
     comm = 0.0
     if tp > 1:
         link = hw.link_bandwidth_bytes_per_s * hw.link_efficiency

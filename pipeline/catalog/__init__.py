@@ -169,7 +169,11 @@ class HardwareSpec:
 
     peak_flops_per_s holds *dense* tensor-core peaks by dtype (not the 2:4-sparse datasheet
     figure). link_* describe the intra-node GPU-GPU link per direction per GPU. The efficiency
-    factors scale the peaks to what kernels reach; calibrated_on says which data set them.
+    factors scale the peaks to what kernels reach: compute for matmuls and attention, memory for
+    weight/KV streaming, elementwise for the norm/activation/rotary/residual kernels (which reach
+    a lower share of HBM bandwidth), link for collectives. min_kernel_s is the shortest time any
+    kernel takes (launch and ramp-up: a tiny GEMM or norm never finishes faster); calibrated_on
+    says which data set them.
     """
 
     name: str
@@ -184,7 +188,9 @@ class HardwareSpec:
     gpus_per_node: int
     compute_efficiency: float
     memory_efficiency: float
+    elementwise_efficiency: float
     link_efficiency: float
+    min_kernel_s: float
     step_overhead_s: float
     calibrated_on: str
     price_usd_per_gpu_hour: float
@@ -205,7 +211,7 @@ class HardwareSpec:
 _HW_TOP = {"name", "display_name", "vendor", "memory_bytes", "memory_bandwidth_bytes_per_s"}
 _HW_TABLES = {"peak_flops_per_s", "link", "efficiency", "price", "sources"}
 _HW_LINK = {"kind", "bandwidth_bytes_per_s", "latency_s", "gpus_per_node"}
-_HW_EFF = {"compute", "memory", "link", "step_overhead_s", "calibrated_on"}
+_HW_EFF = {"compute", "memory", "elementwise", "link", "min_kernel_s", "step_overhead_s", "calibrated_on"}
 _HW_PRICE = {"usd_per_gpu_hour", "date"}
 #: Every numeric field (or table of them) must have an entry in [sources].
 _HW_SOURCED = {
@@ -243,7 +249,7 @@ def parse_hardware(data: Mapping[str, Any], origin: str) -> HardwareSpec:
     _check_keys(sources, _HW_SOURCED, set(), f"{origin} [sources]")
     for key in _HW_SOURCED:
         _str(sources, key, f"{origin} [sources]")
-    for key in ("compute", "memory", "link"):
+    for key in ("compute", "memory", "elementwise", "link"):
         value = _num(eff, key, f"{origin} [efficiency]")
         if value > 1.0:
             raise ConfigError(f"{origin} [efficiency]: {key} must be in (0, 1], got {value}")
@@ -263,7 +269,9 @@ def parse_hardware(data: Mapping[str, Any], origin: str) -> HardwareSpec:
         gpus_per_node=_int(link, "gpus_per_node", f"{origin} [link]"),
         compute_efficiency=float(eff["compute"]),
         memory_efficiency=float(eff["memory"]),
+        elementwise_efficiency=float(eff["elementwise"]),
         link_efficiency=float(eff["link"]),
+        min_kernel_s=_num(eff, "min_kernel_s", f"{origin} [efficiency]", positive=False),
         step_overhead_s=_num(eff, "step_overhead_s", f"{origin} [efficiency]", positive=False),
         calibrated_on=_str(eff, "calibrated_on", f"{origin} [efficiency]"),
         price_usd_per_gpu_hour=_num(price, "usd_per_gpu_hour", f"{origin} [price]"),
@@ -304,7 +312,9 @@ def hardware_to_toml(hw: HardwareSpec) -> str:
         "[efficiency]",
         f"compute = {num(hw.compute_efficiency)}",
         f"memory = {num(hw.memory_efficiency)}",
+        f"elementwise = {num(hw.elementwise_efficiency)}",
         f"link = {num(hw.link_efficiency)}",
+        f"min_kernel_s = {num(hw.min_kernel_s)}",
         f"step_overhead_s = {num(hw.step_overhead_s)}",
         f"calibrated_on = {q(hw.calibrated_on)}",
         "",

@@ -1,0 +1,202 @@
+"""Validation against measured GPUs (../shared/measurements) and calibration.
+
+The error targets of issue 4 are asserted here on the HOLD-OUT split (alternate distinct shapes
+never used by the fit); docs/validation.md records the full table.
+"""
+
+from __future__ import annotations
+
+import json
+import tomllib
+from pathlib import Path
+
+import numpy as np
+import polars as pl
+import pytest
+from click.testing import CliRunner
+
+from pipeline.catalog import load_hardware, load_hardware_file, parse_hardware
+from pipeline.cli import main
+from pipeline.errors import RooftraceError
+from pipeline.schemas import read_parquet
+from pipeline.validate import (
+    TARGET_MEDIAN_ABS_ERROR,
+    calibrate,
+    discover,
+    load_groups,
+    run_validation,
+    weight_streaming_efficiency,
+)
+
+SHARED = Path(__file__).resolve().parents[2] / "shared" / "measurements"
+needs_shared = pytest.mark.skipif(not SHARED.is_dir(), reason=f"{SHARED} (public measurements) not present")
+
+
+@pytest.fixture(scope="module")
+def report():  # type: ignore[no-untyped-def]
+    if not SHARED.is_dir():
+        pytest.skip(f"{SHARED} (public measurements) not present")
+    return run_validation(SHARED)
+
+
+def _stat(summary: pl.DataFrame, **where: str) -> float:
+    rows = summary
+    for key, value in where.items():
+        rows = rows.filter(pl.col(key) == value)
+    assert rows.height == 1, where
+    return float(rows["median_abs_error"][0])
+
+
+@needs_shared
+@pytest.mark.parametrize("hw", ["a100-80gb-sxm", "h100-sxm"])
+def test_vidur_gemm_target_on_holdout(report, hw: str) -> None:  # type: ignore[no-untyped-def]
+    s = report.summary
+    for params in ("calibrated", "catalog"):
+        err = _stat(
+            s, set="vidur_mlp", hardware=hw, parameters=params, split="holdout", subset="gemm, tokens>=128"
+        )
+        assert err <= TARGET_MEDIAN_ABS_ERROR, (hw, params, err)
+
+
+@needs_shared
+def test_vidur_all_ops_a100_target_and_h100_recorded(report) -> None:  # type: ignore[no-untyped-def]
+    s = report.summary
+    a100 = _stat(s, set="vidur_mlp", hardware="a100-80gb-sxm", parameters="calibrated", split="holdout",
+                 subset="all ops, tokens>=128")  # fmt: skip
+    assert a100 <= TARGET_MEDIAN_ABS_ERROR
+    # H100 misses the all-operator target because its unfused elementwise kernels run at 30-96 %
+    # of HBM bandwidth depending on the kernel (docs/validation.md); pin the recorded value.
+    h100 = _stat(s, set="vidur_mlp", hardware="h100-sxm", parameters="calibrated", split="holdout",
+                 subset="all ops, tokens>=128")  # fmt: skip
+    assert 0.10 < h100 < 0.20
+
+
+@needs_shared
+@pytest.mark.parametrize("hw", ["a100-80gb-sxm", "h100-sxm"])
+@pytest.mark.parametrize("phase", ["prefill", "decode"])
+def test_splitwise_target_on_holdout(report, hw: str, phase: str) -> None:  # type: ignore[no-untyped-def]
+    for split in ("holdout", "all"):  # the train split alone is recorded in docs/validation.md
+        err = _stat(
+            report.summary, set="splitwise", hardware=hw, parameters="calibrated", split=split, subset=phase
+        )
+        assert err <= TARGET_MEDIAN_ABS_ERROR, (hw, phase, split, err)
+
+
+@needs_shared
+def test_all_reduce_fit_and_catalog(report) -> None:  # type: ignore[no-untyped-def]
+    for hw in ("a100-80gb-sxm", "h100-sxm"):
+        for params in ("calibrated", "catalog"):
+            sel = {"set": "vidur_all_reduce", "hardware": hw, "parameters": params, "split": "holdout"}
+            err = _stat(report.summary, subset="all", **sel)
+            assert err <= 0.10, (hw, params, err)
+
+
+@needs_shared
+def test_catalog_factors_are_reproducible() -> None:
+    """The shipped memory factor is the weight-streaming median of the Vidur train rows."""
+    for sku, name in (("a100", "a100-80gb-sxm"), ("h100", "h100-sxm")):
+        groups, _ = load_groups(discover(SHARED / "vidur-profiling" / "compute" / sku))
+        eff, n = weight_streaming_efficiency(groups)
+        assert n > 50
+        assert load_hardware(name).memory_efficiency == pytest.approx(eff, abs=0.002)
+
+
+@needs_shared
+def test_fitted_rows_and_holdout_are_disjoint(report) -> None:  # type: ignore[no-untyped-def]
+    for cal in report.calibrations:
+        assert cal.n_train > 0 and cal.n_holdout > 0
+    e = report.errors
+    keys = (
+        e.filter(pl.col("set") == "vidur_mlp")
+        .group_by(["source_file", "tp", "tokens"])
+        .agg(pl.col("split").n_unique())
+    )
+    assert (keys["split"] == 1).all()  # a token count is either fitted or held out, never both
+
+
+@needs_shared
+def test_calibrate_writes_a_loadable_toml(tmp_path: Path) -> None:
+    result = calibrate(SHARED / "splitwise-perf-model" / "perf_model.csv", "h100-sxm", name="h100-splitwise")
+    assert result.holdout_median_abs_error <= TARGET_MEDIAN_ABS_ERROR
+    assert result.holdout_median_abs_error < result.before_median_abs_error
+    doc = tomllib.loads(result.toml)
+    hw = parse_hardware(doc, "calibrated")
+    assert hw.name == "h100-splitwise" and "splitwise" in hw.calibrated_on
+    assert set(result.calibration.params) == {"compute", "memory", "link", "overhead"}
+    out = tmp_path / "h100-splitwise.toml"
+    cli = CliRunner().invoke(
+        main,
+        ["calibrate", "--measurements", str(SHARED / "vidur-profiling/network/h100_dgx/all_reduce.csv"),
+         "--hardware", "h100-sxm", "--out", str(out), "--json"],
+    )  # fmt: skip
+    assert cli.exit_code == 0, cli.output
+    doc = json.loads(cli.stdout)
+    assert set(doc["fitted"]) == {"link", "latency"}
+    assert load_hardware_file(out).link_efficiency == pytest.approx(doc["fitted"]["link"])
+
+
+def test_user_table_in_splitwise_format(tmp_path: Path) -> None:
+    """A user's own perf table: predictions match a hand-made 'measurement' made by the model itself."""
+    from pipeline.catalog import load_model
+    from pipeline.roofline import Deployment, decode_batch, prefill_batch
+
+    dep = Deployment(load_model("llama-3.1-8b"), load_hardware("l40s"), weight_dtype="fp16", kv_dtype="fp16")
+    prompts = np.array([128, 256, 512, 1024, 2048, 4096], dtype=float)
+    pre = dep.cost(prefill_batch(prompts)).time_s * 1e3 * 1.3  # a stack 30% slower than the roofline
+    dec = dep.cost(decode_batch(1.0, prompts + 64)).time_s * 1e3 * 1.3
+    lines = ["model,hardware,prompt_size,batch_size,token_size,prompt_time,token_time,tensor_parallel"]
+    lines += [
+        f"llama-3.1-8b,my-l40s,{int(p)},1,128,{a},{b},1" for p, a, b in zip(prompts, pre, dec, strict=True)
+    ]
+    path = tmp_path / "perf_model.csv"
+    path.write_text("\n".join(lines) + "\n")
+    rep = run_validation(path, hardware="l40s")
+    cat = rep.errors.filter(pl.col("parameters") == "catalog")
+    np.testing.assert_allclose(cat["error"].to_numpy(), 1 / 1.3 - 1, rtol=1e-9)
+    fitted = rep.errors.filter(pl.col("parameters") == "calibrated")
+    assert fitted["error"].abs().median() < 0.02  # the fit recovers the slowdown
+
+
+def test_bad_measurements_are_clear_errors(tmp_path: Path) -> None:
+    bad = tmp_path / "perf_model.csv"
+    bad.write_text("a,b\n1,2\n")
+    with pytest.raises(RooftraceError, match=r"not a Vidur mlp\.csv"):
+        run_validation(bad)
+    with pytest.raises(RooftraceError, match="no such file or folder"):
+        run_validation(tmp_path / "missing")
+
+
+@needs_shared
+def test_validate_cli_stores_tables(tmp_path: Path) -> None:
+    store = tmp_path / "store"
+    r = CliRunner().invoke(
+        main,
+        ["validate", "--measurements", str(SHARED / "splitwise-perf-model"), "--store", str(store), "--json"],
+    )
+    assert r.exit_code == 0, r.output
+    doc = json.loads(r.stdout)
+    assert any(row["set"] == "splitwise" for row in doc["summary"])
+    errors = read_parquet(store / "validation" / "errors.parquet", "validation_errors")
+    assert errors.num_rows > 0
+    read_parquet(store / "validation" / "summary.parquet", "validation_summary")
+
+
+def test_catalog_and_fit_cli(tmp_path: Path) -> None:
+    runner = CliRunner()
+    r = runner.invoke(main, ["catalog", "list", "--json"])
+    assert r.exit_code == 0 and "h100-sxm" in {h["name"] for h in json.loads(r.stdout)["hardware"]}
+    r = runner.invoke(main, ["catalog", "show", "h200", "--json"])
+    assert json.loads(r.stdout)["memory_bytes"] == 141 * 2**30
+    r = runner.invoke(main, ["catalog", "show", "nope"])
+    assert r.exit_code == 1 and "no hardware or model named 'nope'" in r.output
+    r = runner.invoke(
+        main, ["fit", "--model", "llama-3.1-8b", "--hardware", "h100-sxm", "--context", "8192", "--json"]
+    )
+    assert r.exit_code == 0 and json.loads(r.stdout)["fits"] is True
+    r = runner.invoke(main, ["fit", "--model", "llama-3.1-405b", "--hardware", "h100-sxm", "--tp", "8"])
+    assert r.exit_code == 1 and "DOES NOT FIT" in r.output and "--weights" in r.output
+    cfg = tmp_path / "config.json"
+    cfg.write_text(json.dumps({"hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4,
+                               "vocab_size": 100, "intermediate_size": 128}))  # fmt: skip
+    r = runner.invoke(main, ["catalog", "import-hf", str(cfg), "--name", "tiny"])
+    assert r.exit_code == 0 and 'name = "tiny"' in r.output
