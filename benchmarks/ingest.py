@@ -1,0 +1,60 @@
+"""Ingest throughput: a 1,000,000-line OpenAI-style JSONL (made by synth) into a fresh store.
+
+Prints rows/s and peak RSS of the ingest process, and, in the same run, DuckDB's plain
+``read_json`` -> Parquet copy of the same file as the baseline. Targets (issue 2): at least
+500,000 rows/s, and no slower than 2x the DuckDB copy.
+
+    python benchmarks/ingest.py [--requests 1000000] [--workdir /tmp/rooftrace-bench]
+"""
+
+from __future__ import annotations
+
+import argparse
+import shutil
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _util import run_child  # noqa: E402
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--requests", type=int, default=1_000_000)
+    ap.add_argument("--workdir", default="/tmp/rooftrace-bench-ingest")
+    args = ap.parse_args()
+    work = Path(args.workdir)
+    shutil.rmtree(work, ignore_errors=True)
+    work.mkdir(parents=True)
+    src = work / "openai.jsonl"
+
+    wall, _, _ = run_child(
+        "from pathlib import Path; from pipeline.synth import SynthConfig, generate, write_logs;"
+        f"write_logs(generate(SynthConfig(requests={args.requests}, seed=1)), 'openai', Path({str(src)!r}))"
+    )
+    size_mb = src.stat().st_size / 1e6
+    print(f"synth: {args.requests:,} OpenAI-style lines, {size_mb:,.0f} MB, written in {wall:.1f} s")
+
+    duck_wall, duck_rss, _ = run_child(
+        "import duckdb; duckdb.sql(\"COPY (SELECT * FROM read_json("
+        f"'{src}', format='newline_delimited')) TO '{work / 'duck.parquet'}' (FORMAT parquet)\")"
+    )
+    ing_wall, ing_rss, doc = run_child(
+        "import json; from pipeline.ingest import ingest_logs; from pipeline.store import Store; from pathlib import Path;"
+        f"s = ingest_logs([Path({str(src)!r})], Store(Path({str(work / 'store')!r})));"
+        "print(json.dumps({'stored': s.total('rows_stored'), 'read': s.total('rows_read'), 'seconds': s.seconds}))"
+    )
+    assert doc is not None and doc["stored"] == args.requests, doc
+    rate = args.requests / doc["seconds"]
+    print(f"duckdb read_json -> parquet: {duck_wall:.2f} s wall, peak RSS {duck_rss:,.0f} MiB")
+    print(
+        f"rooftrace ingest: {doc['seconds']:.2f} s in ingest_logs ({ing_wall:.2f} s with interpreter start), "
+        f"{rate:,.0f} rows/s, peak RSS <= {ing_rss:,.0f} MiB"
+    )
+    print(f"ratio ingest / duckdb copy: {doc['seconds'] / duck_wall:.2f}x (target <= 2x); "
+          f"rows/s target >= 500,000: {'met' if rate >= 500_000 else 'NOT met'}")
+    shutil.rmtree(work, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()
