@@ -198,9 +198,7 @@ def test_compressed_inputs_and_directories(tmp_path: Path) -> None:
     logs.mkdir()
     data = (DIR / "openai.jsonl").read_bytes()
     (logs / "a.jsonl.gz").write_bytes(gzip.compress(data))
-    (logs / "b.jsonl.zst").write_bytes(
-        zstandard.ZstdCompressor().compress((DIR / "anthropic.jsonl").read_bytes())
-    )
+    (logs / "b.jsonl.zst").write_bytes(zstandard.ZstdCompressor().compress((DIR / "anthropic.jsonl").read_bytes()))
     (logs / "README.md").write_text("not a log: skipped inside a directory\n")
     shutil.copy(DIR / "litellm.csv", logs / "c.csv")
     store = Store(tmp_path / "store")

@@ -65,9 +65,7 @@ def test_azure_conv_first_row_and_span(tmp_path: Path) -> None:
     assert (last["recorded_input_tokens"], last["output_tokens"]) == (197, 183)
 
 
-@pytest.mark.parametrize(
-    ("name", "rows"), [("conversation_trace.jsonl", 12031), ("synthetic_trace.jsonl", 3993)]
-)
+@pytest.mark.parametrize(("name", "rows"), [("conversation_trace.jsonl", 12031), ("synthetic_trace.jsonl", 3993)])
 def test_real_mooncake_exact(tmp_path: Path, name: str, rows: int) -> None:
     path = shared_path("traces", "mooncake-fast25", name)
     store = Store(tmp_path / "s")
@@ -90,7 +88,7 @@ def _digest(store: Store) -> dict[str, str]:
     return out
 
 
-def test_ingest_twice_is_identical_and_independent_of_store(tmp_path: Path) -> None:
+def test_ingest_twice_is_identical_and_independent_of_store(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     logs = tmp_path / "logs"
     write_logs(generate(SynthConfig(requests=3000, seed=5, duration_s=7200)), "openai", logs / "day.jsonl")
     write_logs(generate(SynthConfig(requests=500, seed=6, duration_s=7200)), "azure", logs / "az.csv")
@@ -102,6 +100,7 @@ def test_ingest_twice_is_identical_and_independent_of_store(tmp_path: Path) -> N
     assert s1.total("rows_stored") == 3500 and s2.total("rows_read") == 0
     assert all(f.skipped for f in s2.files)
     b = Store(tmp_path / "b")
+    monkeypatch.setattr(core, "SPILL_ROWS", 700)  # exercise the spill-to-disk staging path
     ingest_logs([logs], b)
     assert _digest(b) == before, "same input, same Parquet bytes"
 

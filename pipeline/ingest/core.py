@@ -104,6 +104,44 @@ class IngestSummary:
         }
 
 
+#: Normalised rows kept in memory before spilling to the staging folder (about 150 MB at
+#: ~150 bytes per canonical row), so a huge input never needs memory in proportion to its size.
+SPILL_ROWS = 1_000_000
+
+
+class Stager:
+    """Holds normalised batches per source file: in memory up to SPILL_ROWS, then on disk."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        self.memory: dict[int, list[pl.DataFrame]] = {}
+        self.rows_in_memory = 0
+        self.spilled = 0
+
+    def add(self, file_index: int, frame: pl.DataFrame) -> None:
+        frame = frame.with_columns(_file=pl.lit(file_index, pl.Int32))
+        if self.rows_in_memory + frame.height <= SPILL_ROWS:
+            self.memory.setdefault(file_index, []).append(frame)
+            self.rows_in_memory += frame.height
+            return
+        folder = self.root / f"f{file_index:05d}"
+        folder.mkdir(parents=True, exist_ok=True)
+        frame.write_parquet(folder / f"batch-{self.spilled:06d}.parquet")
+        self.spilled += 1
+
+    def drop(self, file_index: int) -> None:
+        """Forget a file's rows (its read failed, or the fast path is being retried)."""
+        self.rows_in_memory -= sum(f.height for f in self.memory.pop(file_index, []))
+        shutil.rmtree(self.root / f"f{file_index:05d}", ignore_errors=True)
+
+    def lazy(self) -> pl.LazyFrame | None:
+        parts = [f.lazy() for frames in self.memory.values() for f in frames]
+        files = sorted(self.root.glob("f*/batch-*.parquet"))
+        if files:
+            parts.append(pl.scan_parquet(files))
+        return pl.concat(parts, how="vertical") if parts else None
+
+
 def _resolve_spec(path: Path, fmt: str | None, mapping: Path | None) -> FormatSpec:
     if mapping is not None:
         return load_mapping(mapping, fmt if fmt in ("csv", "jsonl", "parquet") else None)
@@ -132,14 +170,14 @@ def _raw_batches(path: Path, spec: FormatSpec) -> Iterator[RawBatch]:
         kind = "jsonl" if head[:1] in (b"{", b"[") else "csv"
     if kind == "csv":
         check_text(path, read_head(path))
-        yield from csv_batches(path, spec.layout, spec.required_columns, spec.name, spec.absent_defaults)
+        yield from csv_batches(path, spec)
     elif kind == "otel":
         check_text(path, read_head(path))
-        yield from otel_batches(path, spec.layout)
+        yield from otel_batches(path, spec)
     elif kind == "parquet":
-        yield from parquet_batches(path, spec.layout)
+        yield from parquet_batches(path, spec)
     else:
-        yield from jsonl_robust(path, spec.layout, spec.name)
+        yield from jsonl_robust(path, spec)
 
 
 def _stage_file(
@@ -147,23 +185,20 @@ def _stage_file(
     spec: FormatSpec,
     ctx: Context,
     sha: str,
-    stage_dir: Path,
+    stager: Stager,
     file_index: int,
 ) -> tuple[int, pl.DataFrame]:
     """Read, normalise and stage one file. Returns (rows read, quarantine frame)."""
     if spec.relative_time and ctx.anchor_date is None:
-        raise SourceError(
-            f"{path}: {spec.name} timestamps are relative to the trace start; pass --date YYYY-MM-DD"
-        )
-    stage_dir.mkdir(parents=True, exist_ok=True)
+        raise SourceError(f"{path}: {spec.name} timestamps are relative to the trace start; pass --date YYYY-MM-DD")
     file_id = sha[:12]
 
     def run(batches: Iterator[RawBatch]) -> tuple[int, list[pl.DataFrame]]:
         read = 0
         bad_frames: list[pl.DataFrame] = []
-        for k, batch in enumerate(batches):
+        for batch in batches:
             read += batch.frame.height + len(batch.failures)
-            cand = spec.normalize(batch.frame, ctx).with_columns(batch.frame["source_line"])
+            cand = spec.post(batch.frame, ctx).with_columns(batch.frame["source_line"])
             norm = finalize(
                 cand,
                 source_format=spec.name,
@@ -173,9 +208,7 @@ def _stage_file(
                 input_excludes_cache=spec.input_excludes_cache,
             )
             if norm.good.height:
-                norm.good.with_columns(_file=pl.lit(file_index, pl.Int32)).write_parquet(
-                    stage_dir / f"batch-{k:06d}.parquet"
-                )
+                stager.add(file_index, norm.good)
             bad = norm.bad.with_columns(raw=pl.lit(None, dtype=pl.String))
             if spec.kind == "parquet" and bad.height:
                 raw_json = batch.frame.select(
@@ -204,10 +237,9 @@ def _stage_file(
 
     if spec.kind == "jsonl":
         try:
-            read, bad_frames = run(jsonl_fast(path, spec.layout))
+            read, bad_frames = run(jsonl_fast(path, spec))
         except FastPathFailed:
-            shutil.rmtree(stage_dir)
-            stage_dir.mkdir(parents=True)
+            stager.drop(file_index)
             read, bad_frames = run(_raw_batches(path, spec))
     else:
         read, bad_frames = run(_raw_batches(path, spec))
@@ -287,7 +319,7 @@ def ingest_logs(
     results: list[FileResult] = []
     with store.lock():
         _recover(store)
-        staging = store.root / ".staging" / run_id
+        stager = Stager(store.root / ".staging" / run_id)
         manifest = _read_manifest(store)
         known = set(manifest["content_sha256"].to_list())
         quarantines: dict[int, pl.DataFrame] = {}
@@ -311,7 +343,7 @@ def ingest_logs(
                     continue
                 spec = _resolve_spec(path, fmt, mapping)
                 res.source_format = spec.name
-                read, bad = _stage_file(path, spec, ctx, sha, staging / f"f{idx:05d}", idx)
+                read, bad = _stage_file(path, spec, ctx, sha, stager, idx)
                 res.rows_read = read
                 res.rows_quarantined = bad.height
                 quarantines[idx] = bad
@@ -320,23 +352,23 @@ def ingest_logs(
             except (SourceError, OSError) as exc:
                 msg = str(exc) if isinstance(exc, SourceError) else f"{path}: {exc}"
                 res.error = msg
-                shutil.rmtree(staging / f"f{idx:05d}", ignore_errors=True)
+                stager.drop(idx)
                 say(f"error: {msg}")
 
-        _merge(store, staging, results, run_id, say)
+        _merge(store, stager, results, run_id, say)
         _write_quarantine(store, results, quarantines, now)
         _write_manifest(store, manifest, results, now)
         shutil.rmtree(store.root / ".staging", ignore_errors=True)
     return IngestSummary(results, time.perf_counter() - t0)
 
 
-def _merge(store: Store, staging: Path, results: list[FileResult], run_id: str, say: Progress) -> None:
-    staged = sorted(staging.glob("f*/batch-*.parquet"))
-    if not staged:
+def _merge(store: Store, stager: Stager, results: list[FileResult], run_id: str, say: Progress) -> None:
+    staged = stager.lazy()
+    if staged is None:
         return
-    new = pl.scan_parquet(staged).with_columns(_date=pl.col("arrival").dt.date().cast(pl.String))
+    new = staged.with_columns(_date=pl.col("arrival").dt.date().cast(pl.String))
     dates = new.select(pl.col("_date").unique()).collect()["_date"].sort().to_list()
-    key = ["source_format", "request_id"]
+    key = ("source_format", "request_id")
     for d in dates:
         fresh = new.filter(pl.col("_date") == d).drop("_date").collect()
         existing_files = store.request_files(d) if (store.requests_dir / f"date={d}").exists() else []
@@ -346,8 +378,9 @@ def _merge(store: Store, staging: Path, results: list[FileResult], run_id: str, 
             assert isinstance(got, pl.DataFrame)
             parts.append(got.with_columns(_file=pl.lit(-1, pl.Int32)))
         combined = pl.concat([*parts, fresh], how="vertical") if parts else fresh
-        first = combined.select(pl.struct(key).is_first_distinct().alias("_first"))["_first"]
-        combined = combined.with_columns(_first=first)
+        # One string key is much cheaper to hash than a struct of two columns.
+        dedup_key = pl.concat_str([pl.col(k) for k in key], separator="\x1f")
+        combined = combined.with_columns(_first=dedup_key.is_first_distinct())
         counts = (
             combined.filter(pl.col("_file") >= 0)
             .group_by("_file")
@@ -358,11 +391,7 @@ def _merge(store: Store, staging: Path, results: list[FileResult], run_id: str, 
             res.rows_stored += int(row["stored"])
             res.rows_duplicate += int(row["dup"])
             res.dates.append(d)
-        kept = (
-            combined.filter(pl.col("_first"))
-            .drop("_first", "_file")
-            .sort(["arrival", "source_file", "source_line"])
-        )
+        kept = combined.filter(pl.col("_first")).drop("_first", "_file").sort(["arrival", "source_file", "source_line"])
         _swap_partition(store.requests_dir, d, kept, run_id)
         say(f"requests/date={d}: {kept.height} rows")
 

@@ -1,13 +1,16 @@
-"""Per-format knowledge: the raw layout to parse and how it maps onto the canonical request.
+"""Per-format knowledge, declared as data: which raw fields feed which column, and a small
+post-step that parses times and derives columns.
 
-A format is data: a raw layout (nested field names; every leaf is read as text so a wrong type
-becomes a per-record reason, not a failed batch) and a function from the raw polars frame to the
-*candidate* frame below. Validation, typing and quarantine are shared (``normalize.py``).
+A format maps each *flat* column to a list of raw paths (dotted, into the JSON object) in
+priority order: the first non-null wins. Every leaf is read as text, so a wrong type becomes a
+per-record reason rather than a failed batch. The projection runs inside DuckDB's scan on the
+fast path (``project_sql``) and in polars on the robust path (``project_polars``): one
+declaration, two engines, the same flat frame. ``post`` then turns the flat frame into the
+*candidate* frame that ``normalize.finalize`` validates:
 
-Candidate columns (all String unless noted; null = absent in the log):
 ``request_id, arrival (Datetime us UTC), arrival_raw, model, tenant, session_id, adapter, status,
 input_raw, cache_read_raw, cache_write_raw, output_raw, reasoning_raw, ttft_raw, e2e_raw,
-hashes (List[String]), block_size (Int32)``.
+hashes (List[String]), block_size (Int32)`` (text unless noted; null = absent in the log).
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ from pipeline.ingest.timeparse import parse_time
 
 #: A raw layout: field name -> None (text leaf), "list" (list of text) or a nested layout.
 Layout = Mapping[str, Any]
+Fields = Mapping[str, tuple[str, ...]]
 
 CANDIDATE_TEXT = (
     "request_id",
@@ -39,32 +43,52 @@ CANDIDATE_TEXT = (
     "ttft_raw",
     "e2e_raw",
 )
+_US = pl.Datetime("us", "UTC")
 
 
 @dataclass(frozen=True)
 class Context:
-    """What a normaliser may need beyond the raw rows."""
+    """What a post-step may need beyond the rows."""
 
     anchor_date: str | None  # --date, for relative timestamps
-    time_kind: str = "auto"
 
 
 @dataclass(frozen=True)
 class FormatSpec:
     name: str
-    kind: str  # "jsonl", "csv", "otel", "parquet"
-    layout: Layout
-    normalize: Callable[[pl.DataFrame, Context], pl.DataFrame]
+    kind: str  # "jsonl", "csv", "csv_or_json", "otel", "parquet"
+    fields: Fields
+    post: Callable[[pl.DataFrame, Context], pl.DataFrame]
     #: Source field names for messages, keyed by candidate column.
     labels: Mapping[str, str]
+    #: Flat columns whose raw value is a list (prefix hash ids).
+    list_fields: frozenset[str] = frozenset()
     #: True when the log's input count excludes cache reads and writes (Anthropic).
     input_excludes_cache: bool = False
     #: True when timestamps are relative to an unknown start, so --date is required.
     relative_time: bool = False
     #: Required CSV header columns (lower-cased), to fail fast on a wrongly forced format.
-    required_columns: tuple[str, ...] = field(default_factory=tuple)
-    #: Values for layout columns that a CSV header lacks altogether (not for empty cells).
+    required_columns: tuple[str, ...] = ()
+    #: Values for raw columns that a CSV header lacks altogether (not for empty cells).
     absent_defaults: Mapping[str, str] = field(default_factory=dict)
+
+    @property
+    def flat_input(self) -> bool:
+        """CSV and OTel readers produce flat frames: names are not paths."""
+        return self.kind in ("csv", "otel")
+
+    @property
+    def layout(self) -> Layout:
+        """The raw layout implied by every path in ``fields`` (nested unless flat_input)."""
+        root: dict[str, Any] = {}
+        for name, paths in self.fields.items():
+            for dotted in paths:
+                parts = [dotted] if self.flat_input else dotted.split(".")
+                node = root
+                for part in parts[:-1]:
+                    node = node.setdefault(part, {})
+                node.setdefault(parts[-1], "list" if name in self.list_fields else None)
+        return root
 
 
 def polars_schema(layout: Layout) -> dict[str, pl.DataType]:
@@ -79,18 +103,18 @@ def polars_schema(layout: Layout) -> dict[str, pl.DataType]:
     return out
 
 
-def duckdb_type(sub: Any) -> str:
+def _duckdb_type(sub: Any) -> str:
     if sub is None:
         return "VARCHAR"
     if sub == "list":
         return "VARCHAR[]"
-    inner = ", ".join(f'"{k}" {duckdb_type(v)}' for k, v in sub.items())
+    inner = ", ".join(f'"{k}" {_duckdb_type(v)}' for k, v in sub.items())
     return f"STRUCT({inner})"
 
 
 def duckdb_columns(layout: Layout) -> str:
     """The ``columns=`` argument of DuckDB's read_json for a layout."""
-    items = ", ".join(f"'{k}': '{duckdb_type(v)}'" for k, v in layout.items())
+    items = ", ".join(f"'{k}': '{_duckdb_type(v)}'" for k, v in layout.items())
     return "{" + items + "}"
 
 
@@ -103,297 +127,280 @@ def path(dotted: str) -> pl.Expr:
     return expr
 
 
-def first(*dotted: str) -> pl.Expr:
-    """The first non-null, non-empty of several raw paths."""
-    exprs = [pl.when(path(d).str.len_bytes() > 0).then(path(d)) for d in dotted]
-    return pl.coalesce(exprs) if len(exprs) > 1 else exprs[0]
+def project_polars(fields: Fields, flat: bool = False) -> list[pl.Expr]:
+    """Nested raw frame -> flat frame (first non-null path per column). With ``flat`` the raw
+    frame is already flat (CSV, OTel) and a dotted name is a column name, not a path."""
+    exprs = []
+    for name, paths in fields.items():
+        parts = [pl.col(p) if flat else path(p) for p in paths]
+        exprs.append((pl.coalesce(parts) if len(parts) > 1 else parts[0]).alias(name))
+    return exprs
 
 
-def _none() -> pl.Expr:
-    return pl.lit(None, dtype=pl.String)
+def project_sql(fields: Fields) -> str:
+    """The same projection as a DuckDB select list."""
+
+    def sql_path(dotted: str) -> str:
+        return ".".join(f'"{p}"' for p in dotted.split("."))
+
+    items = []
+    for name, paths in fields.items():
+        parts = [sql_path(p) for p in paths]
+        expr = f"coalesce({', '.join(parts)})" if len(parts) > 1 else parts[0]
+        items.append(f'{expr} AS "{name}"')
+    return ", ".join(items)
 
 
-def candidate(
-    raw: pl.DataFrame, exprs: Mapping[str, pl.Expr], arrival: pl.Expr, arrival_raw: pl.Expr
-) -> pl.DataFrame:
-    """Build the candidate frame; missing text columns become null."""
-    cols = [exprs.get(name, _none()).cast(pl.String).alias(name) for name in CANDIDATE_TEXT]
-    cols = [c for c in cols if c.meta.output_name() != "arrival_raw"]
-    hashes = exprs.get("hashes", pl.lit(None, dtype=pl.List(pl.String)))
-    block = exprs.get("block_size", pl.lit(None, dtype=pl.Int32))
-    return raw.select(
-        *cols,
-        arrival_raw.cast(pl.String).alias("arrival_raw"),
-        arrival.alias("arrival"),
-        hashes.alias("hashes"),
-        block.cast(pl.Int32).alias("block_size"),
+def to_candidate(flat: pl.DataFrame) -> pl.DataFrame:
+    """Select the candidate columns; those a format does not have become null."""
+    cols: list[pl.Expr] = []
+    for name in CANDIDATE_TEXT:
+        if name in flat.columns:
+            cols.append(pl.col(name).cast(pl.String))
+        else:
+            cols.append(pl.lit(None, dtype=pl.String).alias(name))
+    cols.append(pl.col("arrival").cast(_US) if "arrival" in flat.columns else pl.lit(None, dtype=_US).alias("arrival"))
+    cols.append(
+        pl.col("hashes") if "hashes" in flat.columns else pl.lit(None, dtype=pl.List(pl.String)).alias("hashes")
     )
+    cols.append(
+        pl.col("block_size").cast(pl.Int32)
+        if "block_size" in flat.columns
+        else pl.lit(None, dtype=pl.Int32).alias("block_size")
+    )
+    return flat.select(cols)
 
 
 # --- OpenAI -------------------------------------------------------------------------------------
 # Chat Completions object, Responses object, Batch API output line
 # ({"custom_id", "response": {"status_code", "request_id", "body": <object>}, "error"}), or a
-# logged pair ({"request": {...}, "response": <object>, "timestamp"?}).
+# logged pair ({"timestamp", "request": {...}, "response": <object>}). usage.prompt_tokens (Chat)
+# and usage.input_tokens (Responses) INCLUDE cached tokens (OpenAI prompt-caching guide).
 
-_OPENAI_USAGE = {
-    "prompt_tokens": None,
-    "completion_tokens": None,
-    "input_tokens": None,
-    "output_tokens": None,
-    "prompt_tokens_details": {"cached_tokens": None},
-    "input_tokens_details": {"cached_tokens": None},
-    "completion_tokens_details": {"reasoning_tokens": None},
-    "output_tokens_details": {"reasoning_tokens": None},
+_OBJ = ("response.body.", "response.", "")
+
+
+def _obj(*suffixes: str) -> tuple[str, ...]:
+    return tuple(p + s for s in suffixes for p in _OBJ)
+
+
+OPENAI_FIELDS: Fields = {
+    "request_id": ("response.body.id", "response.id", "id", "custom_id"),
+    "model": ("response.body.model", "response.model", "model", "request.model"),
+    "tenant": ("request.user", "user", "metadata.tenant", "request.metadata.tenant"),
+    "session_id": (
+        "metadata.session_id",
+        "request.metadata.session_id",
+        "metadata.conversation_id",
+        "request.metadata.conversation_id",
+    ),
+    "status_raw": ("response.status_code", "response.body.status", "response.status", "status"),
+    "error_raw": ("error.message",),
+    "ts_raw": ("timestamp",),
+    "created_raw": _obj("created"),
+    "created_at_raw": _obj("created_at"),
+    "input_raw": _obj("usage.prompt_tokens", "usage.input_tokens"),
+    "cache_read_raw": _obj("usage.prompt_tokens_details.cached_tokens", "usage.input_tokens_details.cached_tokens"),
+    "output_raw": _obj("usage.completion_tokens", "usage.output_tokens"),
+    "reasoning_raw": _obj(
+        "usage.completion_tokens_details.reasoning_tokens", "usage.output_tokens_details.reasoning_tokens"
+    ),
+    "ttft_raw": ("ttft_s",),
+    "e2e_raw": ("e2e_s",),
 }
-_OPENAI_OBJECT = {
-    "id": None,
-    "object": None,
-    "created": None,
-    "created_at": None,
-    "model": None,
-    "status": None,
-    "usage": _OPENAI_USAGE,
-}
-_META = {"session_id": None, "conversation_id": None, "tenant": None, "user": None}
-OPENAI_LAYOUT: Layout = {
-    **_OPENAI_OBJECT,
-    "user": None,
-    "custom_id": None,
-    "timestamp": None,
-    "ttft_s": None,
-    "e2e_s": None,
-    "metadata": _META,
-    "error": {"message": None, "code": None},
-    "request": {"model": None, "user": None, "metadata": _META},
-    "response": {**_OPENAI_OBJECT, "status_code": None, "request_id": None, "body": _OPENAI_OBJECT},
-}
-
-_OBJ_PREFIXES = ("response.body.", "response.", "")
 
 
-def _obj(suffix: str) -> pl.Expr:
-    return first(*(p + suffix for p in _OBJ_PREFIXES))
-
-
-def _openai(raw: pl.DataFrame, ctx: Context) -> pl.DataFrame:
-    created = _obj("created")
-    created_at = _obj("created_at")
-    ts = first("timestamp")
-    # A logger's own timestamp (sub-second) beats `created` (whole seconds in the API object).
-    arrival = pl.coalesce(parse_time(ts, "auto"), parse_time(created, "s"), parse_time(created_at, "s"))
-    status = pl.when(path("error.message").is_not_null()).then(pl.lit("error"))
-    exprs = {
-        "request_id": first("response.body.id", "response.id", "id", "custom_id"),
-        "model": first("response.body.model", "response.model", "model", "request.model"),
-        "tenant": first("request.user", "user", "metadata.tenant", "request.metadata.tenant"),
-        "session_id": first(
-            "metadata.session_id",
-            "request.metadata.session_id",
-            "metadata.conversation_id",
-            "request.metadata.conversation_id",
-        ),
-        "status": pl.coalesce(status, first("response.status_code", "response.body.status", "status")),
-        "input_raw": pl.coalesce(_obj("usage.prompt_tokens"), _obj("usage.input_tokens")),
-        "cache_read_raw": pl.coalesce(
-            _obj("usage.prompt_tokens_details.cached_tokens"),
-            _obj("usage.input_tokens_details.cached_tokens"),
-        ),
-        "output_raw": pl.coalesce(_obj("usage.completion_tokens"), _obj("usage.output_tokens")),
-        "reasoning_raw": pl.coalesce(
-            _obj("usage.completion_tokens_details.reasoning_tokens"),
-            _obj("usage.output_tokens_details.reasoning_tokens"),
-        ),
-        "ttft_raw": first("ttft_s"),
-        "e2e_raw": first("e2e_s"),
-    }
-    return candidate(raw, exprs, arrival, pl.coalesce(ts, created, created_at))
+def _openai(flat: pl.DataFrame, ctx: Context) -> pl.DataFrame:
+    ts, created, created_at = pl.col("ts_raw"), pl.col("created_raw"), pl.col("created_at_raw")
+    return to_candidate(
+        flat.with_columns(
+            # A logger's own timestamp (sub-second) beats `created` (whole seconds in the object).
+            arrival=pl.coalesce(parse_time(ts, "auto"), parse_time(created, "s"), parse_time(created_at, "s")),
+            arrival_raw=pl.coalesce(ts, created, created_at),
+            status=pl.when(pl.col("error_raw").is_not_null()).then(pl.lit("error")).otherwise(pl.col("status_raw")),
+        )
+    )
 
 
 # --- Anthropic ----------------------------------------------------------------------------------
-# Messages response (a log line may add "timestamp"/"created_at"), a logged pair
-# ({"timestamp", "request": {...}, "response": <message>}), or a Message Batches result line
-# ({"custom_id", "result": {"type", "message": <message>}}). input_tokens EXCLUDES cache reads and
-# cache writes (Anthropic prompt-caching docs), so recorded = input + read + creation.
+# Messages response (a log line adds "timestamp"/"created_at"), a logged pair ({"timestamp",
+# "request", "response": <message>}), or a Message Batches result line ({"custom_id", "result":
+# {"type", "message"}}). usage.input_tokens EXCLUDES cache reads and writes (Anthropic
+# prompt-caching docs): recorded = input + cache_read + cache_creation.
 
-_ANTH_USAGE = {
-    "input_tokens": None,
-    "output_tokens": None,
-    "cache_creation_input_tokens": None,
-    "cache_read_input_tokens": None,
+_MSG = ("response.", "result.message.", "")
+
+
+def _msg(*suffixes: str) -> tuple[str, ...]:
+    return tuple(p + s for s in suffixes for p in _MSG)
+
+
+ANTHROPIC_FIELDS: Fields = {
+    "request_id": (*_msg("id"), "custom_id"),
+    "model": (*_msg("model"), "request.model"),
+    "tenant": ("tenant", "request.metadata.user_id", "metadata.user_id"),
+    "session_id": ("session_id", "request.metadata.session_id", "metadata.session_id"),
+    "status": ("result.type", *_msg("stop_reason")),
+    "arrival_raw": ("timestamp", "created_at"),
+    "input_raw": _msg("usage.input_tokens"),
+    "cache_read_raw": _msg("usage.cache_read_input_tokens"),
+    "cache_write_raw": _msg("usage.cache_creation_input_tokens"),
+    "output_raw": _msg("usage.output_tokens"),
+    "ttft_raw": ("ttft_s",),
+    "e2e_raw": ("e2e_s",),
 }
-_ANTH_MESSAGE = {"id": None, "type": None, "model": None, "stop_reason": None, "usage": _ANTH_USAGE}
-ANTHROPIC_LAYOUT: Layout = {
-    **_ANTH_MESSAGE,
-    "timestamp": None,
-    "created_at": None,
-    "custom_id": None,
-    "session_id": None,
-    "tenant": None,
-    "ttft_s": None,
-    "e2e_s": None,
-    "metadata": {"user_id": None, "session_id": None},
-    "request": {"model": None, "metadata": {"user_id": None, "session_id": None}},
-    "response": _ANTH_MESSAGE,
-    "result": {"type": None, "message": _ANTH_MESSAGE},
-}
-_ANTH_PREFIXES = ("response.", "result.message.", "")
 
 
-def _anth(suffix: str) -> pl.Expr:
-    return first(*(p + suffix for p in _ANTH_PREFIXES))
-
-
-def _anthropic(raw: pl.DataFrame, ctx: Context) -> pl.DataFrame:
-    ts = first("timestamp", "created_at")
-    exprs = {
-        "request_id": first("response.id", "result.message.id", "id", "custom_id"),
-        "model": first("response.model", "result.message.model", "model", "request.model"),
-        "tenant": first("tenant", "request.metadata.user_id", "metadata.user_id"),
-        "session_id": first("session_id", "request.metadata.session_id", "metadata.session_id"),
-        "status": first("result.type", "response.stop_reason", "stop_reason"),
-        "input_raw": _anth("usage.input_tokens"),
-        "cache_read_raw": _anth("usage.cache_read_input_tokens"),
-        "cache_write_raw": _anth("usage.cache_creation_input_tokens"),
-        "output_raw": _anth("usage.output_tokens"),
-        "ttft_raw": first("ttft_s"),
-        "e2e_raw": first("e2e_s"),
-    }
-    return candidate(raw, exprs, parse_time(ts, "auto"), ts)
+def _anthropic(flat: pl.DataFrame, ctx: Context) -> pl.DataFrame:
+    return to_candidate(flat.with_columns(arrival=parse_time(pl.col("arrival_raw"), "auto")))
 
 
 # --- LiteLLM SpendLogs --------------------------------------------------------------------------
-LITELLM_LAYOUT: Layout = {
-    "request_id": None,
-    "startTime": None,
-    "endTime": None,
-    "completionStartTime": None,
-    "model": None,
-    "model_group": None,
-    "user": None,
-    "team_id": None,
-    "end_user": None,
-    "session_id": None,
-    "prompt_tokens": None,
-    "completion_tokens": None,
-    "status": None,
-    "metadata": None,  # JSON text (CSV) or object read as text
+# prompt_tokens follows the OpenAI (inclusive) convention; cached tokens, when logged, sit in the
+# metadata's usage object. completionStartTime is the first token: TTFT = it − startTime.
+
+LITELLM_FIELDS: Fields = {
+    "request_id": ("request_id",),
+    "model": ("model", "model_group"),
+    "tenant": ("team_id", "user", "end_user"),
+    "session_id": ("session_id",),
+    "status": ("status",),
+    "arrival_raw": ("startTime",),
+    "end_raw": ("endTime",),
+    "first_raw": ("completionStartTime",),
+    "input_raw": ("prompt_tokens",),
+    "output_raw": ("completion_tokens",),
+    "metadata": ("metadata",),
 }
 
 
-def _litellm(raw: pl.DataFrame, ctx: Context) -> pl.DataFrame:
-    start = parse_time(first("startTime"), "auto")
-    end = parse_time(first("endTime"), "auto")
-    first_tok = parse_time(first("completionStartTime"), "auto")
+def _seconds(a: pl.Expr, b: pl.Expr) -> pl.Expr:
+    return ((b - a).dt.total_microseconds() / 1e6).cast(pl.String)
+
+
+def _litellm(flat: pl.DataFrame, ctx: Context) -> pl.DataFrame:
+    start = parse_time(pl.col("arrival_raw"), "auto")
     meta = pl.col("metadata")
     cached = pl.coalesce(
         meta.str.json_path_match("$.usage_object.prompt_tokens_details.cached_tokens"),
         meta.str.json_path_match("$.additional_usage_values.prompt_tokens_details.cached_tokens"),
         meta.str.json_path_match("$.usage_object.cache_read_input_tokens"),
     )
-    exprs = {
-        "request_id": first("request_id"),
-        "model": first("model", "model_group"),
-        "tenant": first("team_id", "user", "end_user"),
-        "session_id": first("session_id"),
-        "status": first("status"),
-        "input_raw": first("prompt_tokens"),
-        "cache_read_raw": cached,
-        "output_raw": first("completion_tokens"),
-        "ttft_raw": ((first_tok - start).dt.total_microseconds() / 1e6).cast(pl.String),
-        "e2e_raw": ((end - start).dt.total_microseconds() / 1e6).cast(pl.String),
-    }
-    return candidate(raw, exprs, start, first("startTime"))
+    return to_candidate(
+        flat.with_columns(
+            arrival=start,
+            cache_read_raw=cached,
+            ttft_raw=_seconds(start, parse_time(pl.col("first_raw"), "auto")),
+            e2e_raw=_seconds(start, parse_time(pl.col("end_raw"), "auto")),
+        )
+    )
 
 
 # --- Public traces ------------------------------------------------------------------------------
-AZURE_LAYOUT: Layout = {"TIMESTAMP": None, "ContextTokens": None, "GeneratedTokens": None}
-
-
-def _azure(raw: pl.DataFrame, ctx: Context) -> pl.DataFrame:
-    # No time zone in the trace (SOURCE.md): read as UTC.
-    ts = first("TIMESTAMP")
-    exprs = {"input_raw": first("ContextTokens"), "output_raw": first("GeneratedTokens")}
-    return candidate(raw, exprs, parse_time(ts, "iso"), ts)
-
-
-MOONCAKE_LAYOUT: Layout = {
-    "timestamp": None,
-    "input_length": None,
-    "output_length": None,
-    "hash_ids": "list",
+AZURE_FIELDS: Fields = {
+    "arrival_raw": ("TIMESTAMP",),
+    "input_raw": ("ContextTokens",),
+    "output_raw": ("GeneratedTokens",),
 }
+
+
+def _azure(flat: pl.DataFrame, ctx: Context) -> pl.DataFrame:
+    # No time zone in the trace (its SOURCE.md): read as UTC.
+    return to_candidate(flat.with_columns(arrival=parse_time(pl.col("arrival_raw"), "iso")))
+
+
 #: Mooncake hash_ids cover 512-token blocks (FAST'25 release README).
 MOONCAKE_BLOCK_TOKENS = 512
-
-
-def _mooncake(raw: pl.DataFrame, ctx: Context) -> pl.DataFrame:
-    ts = first("timestamp")
-    exprs = {
-        "input_raw": first("input_length"),
-        "output_raw": first("output_length"),
-        "hashes": pl.col("hash_ids"),
-        "block_size": pl.when(pl.col("hash_ids").is_not_null()).then(pl.lit(MOONCAKE_BLOCK_TOKENS)),
-    }
-    return candidate(raw, exprs, parse_time(ts, "relative_ms", ctx.anchor_date), ts)
-
-
-VIDUR_LAYOUT: Layout = {"arrived_at": None, "num_prefill_tokens": None, "num_decode_tokens": None}
-
-
-def _vidur(raw: pl.DataFrame, ctx: Context) -> pl.DataFrame:
-    ts = first("arrived_at")
-    exprs = {"input_raw": first("num_prefill_tokens"), "output_raw": first("num_decode_tokens")}
-    return candidate(raw, exprs, parse_time(ts, "relative_s", ctx.anchor_date), ts)
-
-
-# --- OpenTelemetry GenAI spans (flattened by otel.py into these text columns) ---------------------
-OTEL_LAYOUT: Layout = {
-    "span_id": None,
-    "trace_id": None,
-    "start": None,
-    "end": None,
-    "gen_ai.response.id": None,
-    "gen_ai.request.model": None,
-    "gen_ai.response.model": None,
-    "gen_ai.usage.input_tokens": None,
-    "gen_ai.usage.output_tokens": None,
-    "gen_ai.usage.cache_read.input_tokens": None,
-    "gen_ai.usage.cache_creation.input_tokens": None,
-    "gen_ai.usage.reasoning.output_tokens": None,
-    "gen_ai.conversation.id": None,
-    "tenant": None,
-    "status": None,
-    "ttft_s": None,
+MOONCAKE_FIELDS: Fields = {
+    "arrival_raw": ("timestamp",),
+    "input_raw": ("input_length",),
+    "output_raw": ("output_length",),
+    "hashes": ("hash_ids",),
 }
 
 
-def _otel(raw: pl.DataFrame, ctx: Context) -> pl.DataFrame:
+def _mooncake(flat: pl.DataFrame, ctx: Context) -> pl.DataFrame:
+    return to_candidate(
+        flat.with_columns(
+            arrival=parse_time(pl.col("arrival_raw"), "relative_ms", ctx.anchor_date),
+            block_size=pl.when(pl.col("hashes").is_not_null()).then(pl.lit(MOONCAKE_BLOCK_TOKENS)),
+        )
+    )
+
+
+VIDUR_FIELDS: Fields = {
+    "arrival_raw": ("arrived_at",),
+    "input_raw": ("num_prefill_tokens",),
+    "output_raw": ("num_decode_tokens",),
+}
+
+
+def _vidur(flat: pl.DataFrame, ctx: Context) -> pl.DataFrame:
+    return to_candidate(flat.with_columns(arrival=parse_time(pl.col("arrival_raw"), "relative_s", ctx.anchor_date)))
+
+
+# --- OpenTelemetry GenAI spans -------------------------------------------------------------------
+# otel.py flattens each GenAI span into text columns named by the attribute with "." -> "/"
+# (so they are not read as nested paths). Per the GenAI semantic conventions, cache_read and
+# cache_creation input tokens SHOULD be included in gen_ai.usage.input_tokens.
+
+
+def otel_column(attribute: str) -> str:
+    return attribute.replace(".", "/")
+
+
+OTEL_ATTRIBUTES = (
+    "gen_ai.response.id",
+    "gen_ai.request.model",
+    "gen_ai.response.model",
+    "gen_ai.usage.input_tokens",
+    "gen_ai.usage.output_tokens",
+    "gen_ai.usage.cache_read.input_tokens",
+    "gen_ai.usage.cache_creation.input_tokens",
+    "gen_ai.usage.reasoning.output_tokens",
+    "gen_ai.conversation.id",
+)
+OTEL_FIELDS: Fields = {
+    "span_id": ("span_id",),
+    "trace_id": ("trace_id",),
+    "start": ("start",),
+    "end": ("end",),
+    "tenant": ("tenant",),
+    "status": ("status",),
+    "ttft_raw": ("ttft_s",),
+    **{otel_column(a): (otel_column(a),) for a in OTEL_ATTRIBUTES},
+}
+
+
+def _otel(flat: pl.DataFrame, ctx: Context) -> pl.DataFrame:
+    def a(name: str) -> pl.Expr:
+        return pl.col(otel_column(name))
+
     start = parse_time(pl.col("start"), "ns")
-    end = parse_time(pl.col("end"), "ns")
-    exprs = {
-        "request_id": pl.coalesce(pl.col("gen_ai.response.id"), pl.col("trace_id") + ":" + pl.col("span_id")),
-        "model": pl.coalesce(pl.col("gen_ai.response.model"), pl.col("gen_ai.request.model")),
-        "tenant": pl.col("tenant"),
-        "session_id": pl.col("gen_ai.conversation.id"),
-        "status": pl.col("status"),
-        "input_raw": pl.col("gen_ai.usage.input_tokens"),
-        "cache_read_raw": pl.col("gen_ai.usage.cache_read.input_tokens"),
-        "cache_write_raw": pl.col("gen_ai.usage.cache_creation.input_tokens"),
-        "output_raw": pl.col("gen_ai.usage.output_tokens"),
-        "reasoning_raw": pl.col("gen_ai.usage.reasoning.output_tokens"),
-        "ttft_raw": pl.col("ttft_s"),
-        "e2e_raw": ((end - start).dt.total_microseconds() / 1e6).cast(pl.String),
-    }
-    return candidate(raw, exprs, start, pl.col("start"))
+    return to_candidate(
+        flat.with_columns(
+            request_id=pl.coalesce(a("gen_ai.response.id"), pl.col("trace_id") + ":" + pl.col("span_id")),
+            model=pl.coalesce(a("gen_ai.response.model"), a("gen_ai.request.model")),
+            session_id=a("gen_ai.conversation.id"),
+            input_raw=a("gen_ai.usage.input_tokens"),
+            cache_read_raw=a("gen_ai.usage.cache_read.input_tokens"),
+            cache_write_raw=a("gen_ai.usage.cache_creation.input_tokens"),
+            output_raw=a("gen_ai.usage.output_tokens"),
+            reasoning_raw=a("gen_ai.usage.reasoning.output_tokens"),
+            arrival=start,
+            arrival_raw=pl.col("start"),
+            e2e_raw=_seconds(start, parse_time(pl.col("end"), "ns")),
+        )
+    )
 
 
-_COMMON_LABELS = {"ttft_raw": "ttft_s", "e2e_raw": "e2e_s"}
+_LATENCY_LABELS = {"ttft_raw": "ttft_s", "e2e_raw": "e2e_s"}
 
 FORMATS: dict[str, FormatSpec] = {
     "openai": FormatSpec(
         "openai",
         "jsonl",
-        OPENAI_LAYOUT,
+        OPENAI_FIELDS,
         _openai,
         {
             "arrival": "timestamp/created",
@@ -401,13 +408,13 @@ FORMATS: dict[str, FormatSpec] = {
             "cache_read_raw": "usage.prompt_tokens_details.cached_tokens",
             "output_raw": "usage.completion_tokens",
             "reasoning_raw": "usage.completion_tokens_details.reasoning_tokens",
-            **_COMMON_LABELS,
+            **_LATENCY_LABELS,
         },
     ),
     "anthropic": FormatSpec(
         "anthropic",
         "jsonl",
-        ANTHROPIC_LAYOUT,
+        ANTHROPIC_FIELDS,
         _anthropic,
         {
             "arrival": "timestamp",
@@ -415,14 +422,14 @@ FORMATS: dict[str, FormatSpec] = {
             "cache_read_raw": "usage.cache_read_input_tokens",
             "cache_write_raw": "usage.cache_creation_input_tokens",
             "output_raw": "usage.output_tokens",
-            **_COMMON_LABELS,
+            **_LATENCY_LABELS,
         },
         input_excludes_cache=True,
     ),
     "litellm": FormatSpec(
         "litellm",
         "csv_or_json",
-        LITELLM_LAYOUT,
+        LITELLM_FIELDS,
         _litellm,
         {
             "arrival": "startTime",
@@ -437,7 +444,7 @@ FORMATS: dict[str, FormatSpec] = {
     "azure": FormatSpec(
         "azure",
         "csv",
-        AZURE_LAYOUT,
+        AZURE_FIELDS,
         _azure,
         {"arrival": "TIMESTAMP", "input_raw": "ContextTokens", "output_raw": "GeneratedTokens"},
         required_columns=("timestamp", "contexttokens", "generatedtokens"),
@@ -445,7 +452,7 @@ FORMATS: dict[str, FormatSpec] = {
     "mooncake": FormatSpec(
         "mooncake",
         "jsonl",
-        MOONCAKE_LAYOUT,
+        MOONCAKE_FIELDS,
         _mooncake,
         {
             "arrival": "timestamp",
@@ -453,12 +460,13 @@ FORMATS: dict[str, FormatSpec] = {
             "output_raw": "output_length",
             "hashes": "hash_ids",
         },
+        list_fields=frozenset({"hashes"}),
         relative_time=True,
     ),
     "vidur": FormatSpec(
         "vidur",
         "csv",
-        VIDUR_LAYOUT,
+        VIDUR_FIELDS,
         _vidur,
         {"arrival": "arrived_at", "input_raw": "num_prefill_tokens", "output_raw": "num_decode_tokens"},
         relative_time=True,
@@ -470,7 +478,7 @@ FORMATS: dict[str, FormatSpec] = {
     "otel": FormatSpec(
         "otel",
         "otel",
-        OTEL_LAYOUT,
+        OTEL_FIELDS,
         _otel,
         {
             "arrival": "startTimeUnixNano",

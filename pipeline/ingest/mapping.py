@@ -21,12 +21,11 @@ from __future__ import annotations
 
 import tomllib
 from pathlib import Path
-from typing import Any
 
 import polars as pl
 
 from pipeline.errors import ConfigError
-from pipeline.ingest.formats import Context, FormatSpec, Layout, candidate, path
+from pipeline.ingest.formats import Context, FormatSpec, to_candidate
 from pipeline.ingest.timeparse import TIME_KINDS, parse_time
 
 #: canonical field -> candidate column
@@ -49,22 +48,6 @@ FIELD_TO_CANDIDATE = {
 }
 _REQUIRED = ("arrival", "recorded_input_tokens", "output_tokens")
 _TOP_KEYS = {"format", "source_format", "time_unit", "input_excludes_cache", "block_size", "fields"}
-
-
-def _layout(paths: dict[str, str]) -> Layout:
-    root: dict[str, Any] = {}
-    for canonical, dotted in paths.items():
-        parts = dotted.split(".")
-        node = root
-        for part in parts[:-1]:
-            sub = node.setdefault(part, {})
-            if not isinstance(sub, dict):
-                raise ConfigError(f"mapping: {dotted!r} nests under a column also mapped as a value")
-            node = sub
-        if isinstance(node.get(parts[-1]), dict):
-            raise ConfigError(f"mapping: {dotted!r} is also used as a parent path")
-        node[parts[-1]] = "list" if canonical == "prefix_block_hashes" else None
-    return root
 
 
 def load_mapping(file: Path, forced_format: str | None) -> FormatSpec:
@@ -101,36 +84,29 @@ def load_mapping(file: Path, forced_format: str | None) -> FormatSpec:
     if not isinstance(excludes, bool):
         raise ConfigError(f"{file}: input_excludes_cache must be true or false")
     label = str(data.get("source_format", fmt))
-    paths = {k: str(v) for k, v in fields.items()}
-    if fmt == "csv":
-        # CSV columns are flat: a dotted name is a column name, not a path.
-        layout: Layout = {v: ("list" if k == "prefix_block_hashes" else None) for k, v in paths.items()}
-    else:
-        layout = _layout(paths)
+    fields_map = {FIELD_TO_CANDIDATE[k]: (str(v),) for k, v in fields.items()}
+    # The arrival column is read raw and parsed in post().
+    fields_map["arrival_raw"] = fields_map.pop("arrival_raw")
 
-    def expr_for(canonical: str) -> pl.Expr:
-        p = paths[canonical]
-        return pl.col(p) if fmt == "csv" else path(p)
+    def post(flat: pl.DataFrame, ctx: Context) -> pl.DataFrame:
+        out = flat.with_columns(arrival=parse_time(pl.col("arrival_raw"), kind, ctx.anchor_date))
+        if "hashes" in flat.columns:
+            if fmt == "csv":
+                # CSV: the hash chain is one column of space-separated integers.
+                out = out.with_columns(pl.col("hashes").str.strip_chars().str.split(" "))
+            out = out.with_columns(block_size=pl.when(pl.col("hashes").is_not_null()).then(pl.lit(block or 16)))
+        return to_candidate(out)
 
-    def normalize(raw: pl.DataFrame, ctx: Context) -> pl.DataFrame:
-        exprs = {FIELD_TO_CANDIDATE[k]: expr_for(k) for k in paths if k != "arrival"}
-        if "hashes" in exprs and fmt == "csv":
-            # CSV: hashes as a space/semicolon separated list in one column.
-            exprs["hashes"] = exprs["hashes"].str.strip_chars().str.split(" ")
-        if "hashes" in exprs:
-            exprs["block_size"] = pl.when(exprs["hashes"].is_not_null()).then(pl.lit(block or 16))
-        ts = expr_for("arrival")
-        return candidate(raw, exprs, parse_time(ts, kind, ctx.anchor_date), ts)
-
-    labels = {FIELD_TO_CANDIDATE[k]: v for k, v in paths.items()}
-    labels["arrival"] = paths["arrival"]
+    labels = {FIELD_TO_CANDIDATE[k]: str(v) for k, v in fields.items()}
+    labels["arrival"] = str(fields["arrival"])
     return FormatSpec(
         name=label,
         kind=fmt,
-        layout=layout,
-        normalize=normalize,
+        fields=fields_map,
+        post=post,
         labels=labels,
+        list_fields=frozenset({"hashes"}) if ("prefix_block_hashes" in fields and fmt != "csv") else frozenset(),
         input_excludes_cache=excludes,
         relative_time=kind.startswith("relative"),
-        required_columns=tuple(v.lower() for v in paths.values()) if fmt == "csv" else (),
+        required_columns=tuple(str(v).lower() for v in fields.values()) if fmt == "csv" else (),
     )

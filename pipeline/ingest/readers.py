@@ -22,7 +22,15 @@ import duckdb
 import polars as pl
 import pyarrow.parquet as pq
 
-from pipeline.ingest.formats import Layout, duckdb_columns, polars_schema
+from pipeline.ingest.formats import (
+    FormatSpec,
+    Layout,
+    duckdb_columns,
+    otel_column,
+    polars_schema,
+    project_polars,
+    project_sql,
+)
 from pipeline.ingest.source import (
     BATCH_LINES,
     SourceError,
@@ -56,9 +64,7 @@ def _count_lines(path: Path) -> tuple[int, bool]:
     with open_binary(path) as fh:
         for chunk in iter(lambda: fh.read(1 << 24), b""):
             n += chunk.count(b"\n")
-            if not blank and (
-                b"\n\n" in chunk or b"\n\r\n" in chunk or (tail == b"\n" and chunk[:1] == b"\n")
-            ):
+            if not blank and (b"\n\n" in chunk or b"\n\r\n" in chunk or (tail == b"\n" and chunk[:1] == b"\n")):
                 blank = True
             tail = chunk[-1:]
     if tail != b"\n":
@@ -74,8 +80,13 @@ def _duck_compression(path: Path) -> str:
     return "none"
 
 
-def jsonl_fast(path: Path, layout: Layout, batch_rows: int = BATCH_LINES) -> Iterator[RawBatch]:
-    """DuckDB parses the file; raises FastPathFailed if it cannot, or if lines and rows differ."""
+def _flat_types(spec: FormatSpec) -> dict[str, pl.DataType]:
+    return {n: (pl.List(pl.String()) if n in spec.list_fields else pl.String()) for n in spec.fields}
+
+
+def jsonl_fast(path: Path, spec: FormatSpec, batch_rows: int = BATCH_LINES) -> Iterator[RawBatch]:
+    """DuckDB parses and projects the file; raises FastPathFailed if it cannot, or if lines and
+    rows differ."""
     try:
         lines, blank = _count_lines(path)
     except (OSError, EOFError) as exc:
@@ -83,22 +94,22 @@ def jsonl_fast(path: Path, layout: Layout, batch_rows: int = BATCH_LINES) -> Ite
     if blank:
         raise FastPathFailed("blank lines")
     con = duckdb.connect()
+    types = _flat_types(spec)
+    row = 0
     try:
         rel = con.sql(
-            "SELECT * FROM read_json(?, format='newline_delimited', records=true, "
-            f"compression='{_duck_compression(path)}', maximum_object_size=67108864, "
-            f"columns={duckdb_columns(layout)})",
+            f"SELECT {project_sql(spec.fields)} FROM read_json(?, format='newline_delimited', "
+            f"records=true, compression='{_duck_compression(path)}', maximum_object_size=67108864, "
+            f"columns={duckdb_columns(spec.layout)})",
             params=[str(path)],
         )
-        reader = rel.to_arrow_reader(batch_rows)
-        schema = polars_schema(layout)
-        row = 0
-        for rb in reader:
+        for rb in rel.to_arrow_reader(batch_rows):
             frame = pl.from_arrow(rb)
             assert isinstance(frame, pl.DataFrame)
-            frame = frame.cast(schema, strict=False)  # type: ignore[arg-type]
             n = frame.height
-            frame = frame.with_columns(source_line=pl.int_range(row + 1, row + n + 1, dtype=pl.Int64))
+            frame = frame.cast(types, strict=False).with_columns(  # type: ignore[arg-type]
+                source_line=pl.int_range(row + 1, row + n + 1, dtype=pl.Int64)
+            )
             row += n
             yield RawBatch(frame)
     except duckdb.Error as exc:
@@ -167,33 +178,29 @@ def _first_char(path: Path) -> bytes:
     return head.lstrip()[:1]
 
 
-def jsonl_robust(path: Path, layout: Layout, fmt: str) -> Iterator[RawBatch]:
-    schema = polars_schema(layout)
+def jsonl_robust(path: Path, spec: FormatSpec) -> Iterator[RawBatch]:
+    schema = polars_schema(spec.layout)
+    project = [*project_polars(spec.fields), pl.col("source_line")]
     if _first_char(path) == b"[":
         batches: Iterator[tuple[list[bytes], list[int]]] = _json_array_lines(path)
     else:
         batches = ((b.lines, b.numbers) for b in iter_line_batches(path))
     for lines, numbers in batches:
-        frames, failures = _bisect(lines, numbers, schema, fmt)
-        frame = pl.concat(frames) if frames else _empty(layout)
+        frames, failures = _bisect(lines, numbers, schema, spec.name)
+        if frames:
+            frame = pl.concat(frames).select(project)
+        else:
+            frame = pl.DataFrame(schema={**_flat_types(spec), "source_line": pl.Int64()})
         yield RawBatch(frame, failures)
-
-
-def _empty(layout: Layout) -> pl.DataFrame:
-    return pl.DataFrame(schema={**polars_schema(layout), "source_line": pl.Int64()})
 
 
 # --- CSV -----------------------------------------------------------------------------------------
 
 
-def csv_batches(
-    path: Path,
-    layout: Layout,
-    required: tuple[str, ...],
-    fmt: str,
-    absent_defaults: Mapping[str, str] | None = None,
-) -> Iterator[RawBatch]:
+def csv_batches(path: Path, spec: FormatSpec) -> Iterator[RawBatch]:
     """Stream a CSV file; columns matched to the layout by case-insensitive header name."""
+    layout, required, fmt = spec.layout, spec.required_columns, spec.name
+    project = [*project_polars(spec.fields, flat=True), pl.col("source_line")]
     try:
         with open_binary(path) as fb:
             text = io.TextIOWrapper(fb, encoding="utf-8", newline="")
@@ -206,7 +213,7 @@ def csv_batches(
             if missing:
                 raise SourceError(f"{path}: not a {fmt} CSV: header lacks {missing} (has {header[:8]})")
             wanted = [name for name in layout if name.lower() in lower]
-            defaults = {k: v for k, v in (absent_defaults or {}).items() if k not in wanted}
+            defaults = {k: v for k, v in spec.absent_defaults.items() if k not in wanted}
             index = [lower.index(name.lower()) for name in wanted]
             width = len(header)
             cols: list[list[str | None]] = [[] for _ in wanted]
@@ -225,10 +232,10 @@ def csv_batches(
                     cols[j].append(v if v != "" else None)
                 lines.append(n)
                 if len(lines) >= BATCH_LINES:
-                    yield RawBatch(_csv_frame(layout, wanted, cols, lines, defaults), failures)
+                    yield RawBatch(_csv_frame(layout, wanted, cols, lines, defaults).select(project), failures)
                     cols, lines, failures = [[] for _ in wanted], [], []
             if lines or failures:
-                yield RawBatch(_csv_frame(layout, wanted, cols, lines, defaults), failures)
+                yield RawBatch(_csv_frame(layout, wanted, cols, lines, defaults).select(project), failures)
     except (UnicodeDecodeError, csv.Error) as exc:
         raise SourceError(f"{path}: cannot parse as CSV ({exc})") from None
     except (OSError, EOFError) as exc:
@@ -288,7 +295,7 @@ def _otel_rows(doc: Any, line: int) -> tuple[list[dict[str, Any]], str | None]:
                 attrs = _attrs(span.get("attributes"))
                 if not any(k.startswith("gen_ai.") for k in attrs):
                     continue  # not a GenAI span (HTTP, DB, ...): not a request record
-                row: dict[str, Any] = {k: attrs.get(k) for k in attrs if k.startswith("gen_ai.")}
+                row: dict[str, Any] = {otel_column(k): v for k, v in attrs.items() if k.startswith("gen_ai.")}
                 row["span_id"] = span.get("spanId")
                 row["trace_id"] = span.get("traceId")
                 row["start"] = span.get("startTimeUnixNano")
@@ -296,16 +303,14 @@ def _otel_rows(doc: Any, line: int) -> tuple[list[dict[str, Any]], str | None]:
                 merged = {**res, **attrs}
                 row["tenant"] = next((merged[k] for k in _OTEL_TENANT if merged.get(k)), None)
                 row["ttft_s"] = next((attrs[k] for k in _OTEL_TTFT if attrs.get(k)), None)
-                code = (
-                    (span.get("status") or {}).get("code") if isinstance(span.get("status"), dict) else None
-                )
+                code = (span.get("status") or {}).get("code") if isinstance(span.get("status"), dict) else None
                 row["status"] = {1: "ok", 2: "error", "STATUS_CODE_ERROR": "error"}.get(code)
                 row["source_line"] = line
                 rows.append(row)
     return rows, None
 
 
-def otel_batches(path: Path, layout: Layout) -> Iterator[RawBatch]:
+def otel_batches(path: Path, spec: FormatSpec) -> Iterator[RawBatch]:
     """OTLP JSON: one ExportTraceServiceRequest per line (file exporter) or one whole document."""
     first = _first_char(path)
     if first != b"{":
@@ -325,7 +330,7 @@ def otel_batches(path: Path, layout: Layout) -> Iterator[RawBatch]:
         rows, err = _otel_rows(whole, 1)
         if err:
             raise SourceError(f"{path}: {err}")
-        yield RawBatch(_otel_frame(layout, rows))
+        yield RawBatch(_otel_frame(spec, rows))
         return
     for batch in iter_line_batches(path, batch_lines=10_000):
         rows = []
@@ -341,13 +346,11 @@ def otel_batches(path: Path, layout: Layout) -> Iterator[RawBatch]:
             if err:
                 failures.append((n, err, text))
             rows.extend(got)
-        yield RawBatch(_otel_frame(layout, rows), failures)
+        yield RawBatch(_otel_frame(spec, rows), failures)
 
 
-def _otel_frame(layout: Layout, rows: list[dict[str, Any]]) -> pl.DataFrame:
-    data: dict[str, Any] = {
-        name: pl.Series(name, [r.get(name) for r in rows], dtype=pl.String) for name in layout
-    }
+def _otel_frame(spec: FormatSpec, rows: list[dict[str, Any]]) -> pl.DataFrame:
+    data: dict[str, Any] = {name: pl.Series(name, [r.get(name) for r in rows], dtype=pl.String) for name in spec.fields}
     data["source_line"] = pl.Series("source_line", [r["source_line"] for r in rows], dtype=pl.Int64)
     return pl.DataFrame(data)
 
@@ -355,39 +358,38 @@ def _otel_frame(layout: Layout, rows: list[dict[str, Any]]) -> pl.DataFrame:
 # --- Parquet (generic, through a mapping) ---------------------------------------------------------
 
 
-def parquet_batches(path: Path, layout: Layout) -> Iterator[RawBatch]:
+def parquet_batches(path: Path, spec: FormatSpec) -> Iterator[RawBatch]:
     if logical_name(path) != path.name:
         raise SourceError(f"{path}: compressed Parquet is not supported (Parquet compresses itself)")
     try:
         pf = pq.ParquetFile(path)
     except Exception as exc:  # pyarrow raises several types for a non-Parquet file
         raise SourceError(f"{path}: not a readable Parquet file ({exc})") from None
+    top = set(pf.schema_arrow.names)
+    missing = sorted({p.split(".")[0] for paths in spec.fields.values() for p in paths} - top)
+    if missing:
+        raise SourceError(f"{path}: Parquet file lacks mapped columns {missing}")
+    types = _flat_types(spec)
     row = 0
     for rb in pf.iter_batches(batch_size=BATCH_LINES):
         frame = pl.from_arrow(rb)
         assert isinstance(frame, pl.DataFrame)
-        cols = []
-        for name, sub in layout.items():
-            if name not in frame.columns:
-                cols.append(pl.lit(None, dtype=polars_schema({name: sub})[name]).alias(name))
-            elif sub is None:
-                cols.append(_as_text(frame, name))
-            else:
-                cols.append(pl.col(name).cast(polars_schema({name: sub})[name], strict=False))
-        n = frame.height
-        out = frame.select(*cols).with_columns(source_line=pl.int_range(row + 1, row + n + 1, dtype=pl.Int64))
+        flat = frame.select(project_polars(spec.fields))
+        cols = [
+            _as_text(flat, name) if types[name] == pl.String else pl.col(name).cast(types[name], strict=False)
+            for name in types
+        ]
+        n = flat.height
+        out = flat.select(cols).with_columns(source_line=pl.int_range(row + 1, row + n + 1, dtype=pl.Int64))
         row += n
         yield RawBatch(out)
 
 
 def _as_text(frame: pl.DataFrame, name: str) -> pl.Expr:
     dtype = frame.schema[name]
-    if dtype == pl.String:
-        return pl.col(name)
+    col = pl.col(name)
     if isinstance(dtype, pl.Datetime):
-        return (
-            pl.col(name).dt.convert_time_zone("UTC").dt.to_string("%Y-%m-%dT%H:%M:%S%.f").alias(name)
-            if dtype.time_zone
-            else pl.col(name).dt.to_string("%Y-%m-%dT%H:%M:%S%.f").alias(name)
-        )
-    return pl.col(name).cast(pl.String, strict=False)
+        if dtype.time_zone:
+            col = col.dt.convert_time_zone("UTC")
+        return col.dt.to_string("%Y-%m-%dT%H:%M:%S%.f").alias(name)
+    return col.cast(pl.String, strict=False)
