@@ -15,9 +15,7 @@ from pipeline.synth import SYNTH_FORMATS, SynthConfig, generate, write_logs
 
 @click.command()
 @click.argument("sources", nargs=-1, required=True, type=click.Path(path_type=Path))
-@click.option(
-    "--format", "fmt", type=click.Choice(ALL_FORMATS), default=None, help="Log format (default: detect)."
-)
+@click.option("--format", "fmt", type=click.Choice(ALL_FORMATS), default=None, help="Log format (default: detect).")
 @click.option("--date", default=None, help="YYYY-MM-DD anchor for traces with relative timestamps.")
 @click.option(
     "--mapping",
@@ -64,9 +62,7 @@ def ingest(
     help="Span of session starts.",
 )
 @click.option("--tenants", type=click.IntRange(min=1), default=4, show_default=True)
-@click.option(
-    "--models", default="llama-3.1-70b,llama-3.1-8b", show_default=True, help="Comma-separated model names."
-)
+@click.option("--models", default="llama-3.1-70b,llama-3.1-8b", show_default=True, help="Comma-separated model names.")
 @click.option(
     "--cv",
     type=click.FloatRange(min=0.05),

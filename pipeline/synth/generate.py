@@ -196,9 +196,7 @@ def generate(cfg: SynthConfig) -> pl.DataFrame:
         .with_columns(
             request_id=pl.format("req-{}-{}-{}", pl.lit(cfg.seed), pl.col("session"), pl.col("turn")),
             session_id=pl.format("sess-{}-{}", pl.lit(cfg.seed), pl.col("session")),
-            arrival=(pl.lit(base) + (pl.col("arrival_s") * 1e6).round(0).cast(pl.Int64)).cast(
-                pl.Datetime("us", "UTC")
-            ),
+            arrival=(pl.lit(base) + (pl.col("arrival_s") * 1e6).round(0).cast(pl.Int64)).cast(pl.Datetime("us", "UTC")),
         )
         .drop("truncated")
     )
@@ -217,9 +215,7 @@ def _reported_cache(frame: pl.DataFrame, ttl_s: float) -> pl.DataFrame:
     """Provider-style cached tokens: the longer of (prefix shared with the previous turn, if it
     arrived within the TTL) and (the tenant system prompt, if the tenant sent any request within
     the TTL), in 128-token increments, for prompts of at least 1,024 tokens."""
-    by_tenant = frame.sort(["tenant", "arrival_s"]).with_columns(
-        tenant_gap=pl.col("arrival_s").diff().over("tenant")
-    )
+    by_tenant = frame.sort(["tenant", "arrival_s"]).with_columns(tenant_gap=pl.col("arrival_s").diff().over("tenant"))
     by_session = by_tenant.sort(["session", "turn"]).with_columns(
         session_gap=pl.col("arrival_s").diff().over("session")
     )
@@ -227,13 +223,7 @@ def _reported_cache(frame: pl.DataFrame, ttl_s: float) -> pl.DataFrame:
     system_hit = pl.when(pl.col("tenant_gap") <= ttl_s).then(pl.col("system_tokens")).otherwise(0)
     hit = pl.max_horizontal(session_hit.fill_null(0), system_hit.fill_null(0))
     hit = pl.min_horizontal(hit, pl.col("prompt_tokens"))
-    cached = pl.when(pl.col("prompt_tokens") >= CACHE_MIN_TOKENS).then(
-        (hit // CACHE_INCREMENT) * CACHE_INCREMENT
-    )
+    cached = pl.when(pl.col("prompt_tokens") >= CACHE_MIN_TOKENS).then((hit // CACHE_INCREMENT) * CACHE_INCREMENT)
     out = by_session.with_columns(cached_tokens=cached.otherwise(0).cast(pl.Int64))
-    write = pl.when(pl.col("prompt_tokens") >= CACHE_MIN_TOKENS).then(
-        pl.col("prompt_tokens") - pl.col("cached_tokens")
-    )
-    return out.with_columns(cache_write_tokens=write.otherwise(0).cast(pl.Int64)).drop(
-        "tenant_gap", "session_gap"
-    )
+    write = pl.when(pl.col("prompt_tokens") >= CACHE_MIN_TOKENS).then(pl.col("prompt_tokens") - pl.col("cached_tokens"))
+    return out.with_columns(cache_write_tokens=write.otherwise(0).cast(pl.Int64)).drop("tenant_gap", "session_gap")

@@ -241,8 +241,7 @@ _GENERIC_COLUMNS = {
 
 def _generic_frame(df: pl.DataFrame) -> pl.DataFrame:
     return df.select(
-        pl.col(src).alias(dst) if dst != "arrival" else _iso(src).alias(dst)
-        for dst, src in _GENERIC_COLUMNS.items()
+        pl.col(src).alias(dst) if dst != "arrival" else _iso(src).alias(dst) for dst, src in _GENERIC_COLUMNS.items()
     )
 
 
