@@ -25,6 +25,9 @@ main.add_command(synth)
 from pipeline.cli_classify import classify  # noqa: E402
 
 main.add_command(classify)
+from pipeline.cli_replay import replay_cmd  # noqa: E402
+
+main.add_command(replay_cmd)
 from pipeline.cli_catalog import calibrate_cmd, catalog, fit_cmd, validate_cmd  # noqa: E402
 
 main.add_command(catalog)

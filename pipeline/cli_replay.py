@@ -1,0 +1,84 @@
+"""``rooftrace replay``: replay a day of requests through a continuous-batching fleet."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import click
+
+from pipeline.cli_common import emit_json, get_store, json_option, progress, run, store_option
+from pipeline.replay import ReplayOptions, replay
+
+
+def _ms(x: float | None) -> str:
+    return "n/a" if x is None else f"{x * 1e3:,.1f} ms"
+
+
+@click.command("replay")
+@click.option(
+    "--fleet",
+    "fleet_path",
+    type=click.Path(dir_okay=False),
+    default=None,
+    help="FLEET.toml: hardware, model, parallelism, replicas, router, engine (default: fleets/default.toml).",
+)
+@click.option("--date", default=None, help="Arrival date YYYY-MM-DD (default: the latest in the store).")
+@click.option(
+    "--rate-scale",
+    type=click.FloatRange(min=0, min_open=True),
+    default=1.0,
+    show_default=True,
+    help="Multiply the trace's arrival rate (2 = twice the traffic, same requests).",
+)
+@click.option("--replicas", type=click.IntRange(min=1), default=None, help="Override the fleet's replicas.")
+@click.option(
+    "--concurrency",
+    type=click.IntRange(min=1),
+    default=None,
+    help="Closed loop: C clients, each sends its next request when the previous one finishes.",
+)
+@click.option("--offline", is_flag=True, help="Send every request at t=0 (offline throughput).")
+@store_option
+@json_option
+def replay_cmd(
+    fleet_path: str | None,
+    date: str | None,
+    rate_scale: float,
+    replicas: int | None,
+    concurrency: int | None,
+    offline: bool,
+    store_path: str | None,
+    as_json: bool,
+) -> None:
+    """Replay requests through a roofline model of a continuous-batching fleet.
+
+    Writes STORE/runs/<run_id>/ with config.json and requests, steps and series Parquet.
+
+    Example: rooftrace replay --fleet fleets/default.toml --rate-scale 2
+    """
+
+    def body() -> Any:
+        options = ReplayOptions(
+            date=date, rate_scale=rate_scale, replicas=replicas, concurrency=concurrency, offline=offline
+        )
+        return replay(get_store(store_path), fleet_path, options, progress=progress)
+
+    result = run(body)
+    s = result.summary
+    if as_json:
+        emit_json({"run_id": result.run_id, "run_dir": str(result.run_dir), **s})
+        return
+    click.echo(f"run {result.run_id} -> {result.run_dir}")
+    click.echo(
+        f"requests {s['requests']:,}: finished {s['finished']:,}, rejected {s['rejected']:,} "
+        f"{s['rejected_by_reason'] if s['rejected'] else ''}".rstrip()
+    )
+    tput = s["output_tokens_per_s"]
+    click.echo(
+        f"makespan {s['makespan_s']:,.1f} s; decode {tput or 0:,.0f} output tokens/s; "
+        f"preemptions {s['preemptions']:,}"
+    )
+    for name in ("ttft_s", "tpot_s", "e2e_s"):
+        st = s[name]
+        click.echo(f"{name[:-2]:>5}: mean {_ms(st['mean'])}  p50 {_ms(st['p50'])}  p99 {_ms(st['p99'])}")
+    click.echo(f"engine: {s['engine_wall_s']:.2f} s wall, {s['spans']:,} spans", err=True)

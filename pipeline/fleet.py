@@ -1,0 +1,255 @@
+"""FLEET.toml: the serving configuration a replay runs (DESIGN.md §3, docs/engine.md).
+
+A fleet is N identical replicas of one model on one hardware type, each tensor/pipeline/expert
+parallel over ``tp × pp`` GPUs, behind a router, each running a continuous-batching engine whose
+settings carry vLLM's names and defaults::
+
+    name = "default"
+    model = "llama-3.1-8b"          # catalog name (pipeline/catalog/models)
+    hardware = "h100-sxm"           # catalog name (pipeline/catalog/hardware)
+    weight_dtype = "bf16"
+    kv_dtype = "bf16"
+    tp = 1
+    replicas = 2
+    router = "round_robin"          # least_outstanding | session_affinity | prefix_affinity
+
+    [engine]
+    max_num_seqs = 256
+    max_num_batched_tokens = 8192
+    enable_chunked_prefill = true
+    block_size = 16
+    gpu_memory_utilization = 0.9
+    enable_prefix_caching = true
+
+Unknown or mistyped keys are errors that name the file and key. The config objects are frozen;
+:func:`resolve` turns one into the engine's SchedulerConfig and the cost model.
+"""
+
+from __future__ import annotations
+
+import tomllib
+from dataclasses import asdict, dataclass, field, fields, replace
+from pathlib import Path
+from typing import Any
+
+from pipeline.catalog import HardwareSpec, load_hardware, load_model
+from pipeline.engine.model import ROUTERS, SchedulerConfig
+from pipeline.errors import ConfigError
+from pipeline.memory import MemoryFit, fit
+from pipeline.roofline import Deployment
+
+GIB = 1 << 30
+
+# vLLM's defaults (vllm/engine/arg_utils.py, EngineArgs and get_batch_defaults, OpenAI API server
+# context): block_size 16 on CUDA, gpu_memory_utilization 0.9, prefix caching and chunked prefill
+# on in the V1 engine; max_num_batched_tokens / max_num_seqs depend on the GPU: 8192 / 1024 on a
+# device with >= 70 GiB that is not an A100 ("For GPUs like H100 and MI300x"), else 2048 / 256.
+VLLM_BLOCK_SIZE = 16
+VLLM_GPU_MEMORY_UTILIZATION = 0.9
+VLLM_BIG_GPU_BYTES = 70 * GIB
+
+
+def vllm_batch_defaults(hw: HardwareSpec) -> tuple[int, int]:
+    """(max_num_batched_tokens, max_num_seqs) vLLM's API server picks on this hardware."""
+    if hw.memory_bytes >= VLLM_BIG_GPU_BYTES and "a100" not in hw.name.lower():
+        return 8192, 1024
+    return 2048, 256
+
+
+@dataclass(frozen=True)
+class EngineSettings:
+    """``[engine]``: vLLM engine arguments (None = vLLM's default for the hardware)."""
+
+    max_num_seqs: int | None = None
+    max_num_batched_tokens: int | None = None
+    enable_chunked_prefill: bool = True
+    block_size: int = VLLM_BLOCK_SIZE
+    gpu_memory_utilization: float = VLLM_GPU_MEMORY_UTILIZATION
+    enable_prefix_caching: bool = True
+    max_model_len: int | None = None
+    num_gpu_blocks_override: int | None = None
+    step_overhead_s: float | None = None
+
+
+@dataclass(frozen=True)
+class FleetConfig:
+    name: str
+    model: str
+    hardware: str
+    replicas: int = 1
+    tp: int = 1
+    pp: int = 1
+    ep: int = 1
+    weight_dtype: str = "bf16"
+    kv_dtype: str = "bf16"
+    router: str = "round_robin"
+    description: str = ""
+    engine: EngineSettings = field(default_factory=EngineSettings)
+
+    def with_replicas(self, replicas: int | None) -> FleetConfig:
+        if replicas is None:
+            return self
+        if replicas < 1:
+            raise ConfigError(f"--replicas must be >= 1, got {replicas}")
+        return replace(self, replicas=replicas)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+_TOP_TYPES: dict[str, tuple[type, ...]] = {
+    "name": (str,),
+    "model": (str,),
+    "hardware": (str,),
+    "replicas": (int,),
+    "tp": (int,),
+    "pp": (int,),
+    "ep": (int,),
+    "weight_dtype": (str,),
+    "kv_dtype": (str,),
+    "router": (str,),
+    "description": (str,),
+    "engine": (dict,),
+}
+_TOP_REQUIRED = {"name", "model", "hardware"}
+_ENGINE_TYPES: dict[str, tuple[type, ...]] = {
+    "max_num_seqs": (int,),
+    "max_num_batched_tokens": (int,),
+    "enable_chunked_prefill": (bool,),
+    "block_size": (int,),
+    "gpu_memory_utilization": (float, int),
+    "enable_prefix_caching": (bool,),
+    "max_model_len": (int,),
+    "num_gpu_blocks_override": (int,),
+    "step_overhead_s": (float, int),
+}
+
+
+def _check(table: dict[str, Any], types: dict[str, tuple[type, ...]], where: str) -> None:
+    unknown = sorted(set(table) - set(types))
+    if unknown:
+        raise ConfigError(f"{where}: unknown key(s) {unknown}; allowed: {sorted(types)}")
+    for key, value in table.items():
+        allowed = types[key]
+        # bool is an int in Python: only accept it where a bool is asked for.
+        if isinstance(value, bool) and bool not in allowed:
+            raise ConfigError(f"{where}: {key} must be {allowed[0].__name__}, got {value!r}")
+        if not isinstance(value, allowed):
+            raise ConfigError(f"{where}: {key} must be {allowed[0].__name__}, got {value!r}")
+
+
+def parse_fleet(data: dict[str, Any], origin: str) -> FleetConfig:
+    """Validate a parsed FLEET.toml; errors name ``origin`` and the key."""
+    _check(data, _TOP_TYPES, origin)
+    missing = sorted(_TOP_REQUIRED - set(data))
+    if missing:
+        raise ConfigError(f"{origin}: missing key(s) {missing}")
+    engine_raw = dict(data.get("engine", {}))
+    _check(engine_raw, _ENGINE_TYPES, f"{origin} [engine]")
+    for key in ("gpu_memory_utilization", "step_overhead_s"):
+        if key in engine_raw:
+            engine_raw[key] = float(engine_raw[key])
+    engine = EngineSettings(**engine_raw)
+    if not 0.0 < engine.gpu_memory_utilization <= 1.0:
+        raise ConfigError(f"{origin} [engine]: gpu_memory_utilization must be in (0, 1]")
+    if engine.step_overhead_s is not None and engine.step_overhead_s < 0:
+        raise ConfigError(f"{origin} [engine]: step_overhead_s must be >= 0")
+    top = {k: v for k, v in data.items() if k != "engine"}
+    cfg = FleetConfig(engine=engine, **top)
+    if cfg.router not in ROUTERS:
+        raise ConfigError(f"{origin}: router {cfg.router!r} unknown; choose one of {list(ROUTERS)}")
+    for key in ("replicas", "tp", "pp", "ep"):
+        if getattr(cfg, key) < 1:
+            raise ConfigError(f"{origin}: {key} must be >= 1")
+    return cfg
+
+
+def load_fleet(path: Path | str) -> FleetConfig:
+    path = Path(path)
+    try:
+        with path.open("rb") as fh:
+            data = tomllib.load(fh)
+    except FileNotFoundError:
+        raise ConfigError(f"{path}: fleet file not found") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"{path}: not valid TOML: {exc}") from None
+    return parse_fleet(data, str(path))
+
+
+@dataclass(frozen=True)
+class ResolvedFleet:
+    """A fleet with its catalog entries looked up: what the engine runs."""
+
+    config: FleetConfig
+    deployment: Deployment
+    memory: MemoryFit
+    scheduler: SchedulerConfig
+
+    def to_dict(self) -> dict[str, Any]:
+        # Field by field: MemoryFit keeps a private model spec that does not serialise.
+        mem = {
+            f.name: getattr(self.memory, f.name)
+            for f in fields(self.memory)
+            if not f.name.startswith("_") and f.name != "suggestions"
+        }
+        return {
+            "fleet": self.config.to_dict(),
+            "scheduler": asdict(self.scheduler),
+            "memory": mem,
+            "step_overhead_s": self.deployment.overhead_s,
+            "gpus_per_replica": self.deployment.gpus,
+        }
+
+
+def resolve(cfg: FleetConfig, origin: str = "fleet") -> ResolvedFleet:
+    """Look up model and hardware, apply vLLM's defaults, size the KV cache (memory.fit)."""
+    model = load_model(cfg.model)
+    hw = load_hardware(cfg.hardware)
+    eng = cfg.engine
+    dep = Deployment(
+        model=model,
+        hardware=hw,
+        tp=cfg.tp,
+        pp=cfg.pp,
+        ep=cfg.ep,
+        weight_dtype=cfg.weight_dtype,
+        kv_dtype=cfg.kv_dtype,
+        step_overhead_s=eng.step_overhead_s,
+    )
+    default_tokens, default_seqs = vllm_batch_defaults(hw)
+    max_len = eng.max_model_len if eng.max_model_len is not None else model.max_position_embeddings
+    chunked = eng.enable_chunked_prefill
+    if eng.max_num_batched_tokens is not None:
+        tokens = eng.max_num_batched_tokens
+    else:
+        # vLLM: without chunked prefill the budget defaults to max_model_len (arg_utils.py).
+        tokens = default_tokens if chunked else max(max_len, default_tokens)
+    # vLLM caps the default max_num_seqs at max_num_batched_tokens (arg_utils.py).
+    seqs = eng.max_num_seqs if eng.max_num_seqs is not None else min(default_seqs, tokens)
+    mem = fit(
+        dep,
+        gpu_memory_utilization=eng.gpu_memory_utilization,
+        context=max_len,
+        block_size=eng.block_size,
+        max_num_seqs=seqs,
+        max_num_batched_tokens=tokens,
+    )
+    blocks = (
+        eng.num_gpu_blocks_override if eng.num_gpu_blocks_override is not None else mem.kv_capacity_blocks
+    )
+    if blocks < 1:
+        tips = "; ".join(mem.suggestions) or "use more GPUs per replica or a smaller model"
+        raise ConfigError(
+            f"{origin}: {cfg.model} on {cfg.tp * cfg.pp}x {cfg.hardware} leaves no memory for the KV "
+            f"cache ({tips})"
+        )
+    sched = SchedulerConfig(
+        num_gpu_blocks=blocks,
+        max_model_len=max_len,
+        max_num_seqs=seqs,
+        max_num_batched_tokens=tokens,
+        block_size=eng.block_size,
+        enable_chunked_prefill=chunked,
+        enable_prefix_caching=eng.enable_prefix_caching,
+    )
+    return ResolvedFleet(cfg, dep, mem, sched)

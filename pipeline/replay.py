@@ -1,0 +1,390 @@
+"""The replay stage: run a day of requests through a fleet and write the run to the store.
+
+``replay(store, fleet_path, options)`` reads the canonical requests of one date, builds their
+prefix chains (pipeline.prefix, the classify stage's model) with the fleet's block size, runs
+the fast engine (pipeline.engine.fast) with the roofline cost model, and writes::
+
+    STORE/runs/<run_id>/config.json       resolved fleet, engine settings, options, summary
+    STORE/runs/<run_id>/requests.parquet  schema replay_requests
+    STORE/runs/<run_id>/steps.parquet     schema replay_steps (spans of identical steps)
+    STORE/runs/<run_id>/series.parquet    schema replay_series (per replica per second)
+
+The run id is a digest of the inputs (requests, resolved fleet, options), so re-running the same
+replay rewrites the same files with the same bytes.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+import polars as pl
+import pyarrow as pa
+
+from pipeline.engine.fast import simulate
+from pipeline.engine.model import REJECT_REASONS, EngineResult, FleetSpec, Workload
+from pipeline.engine.steplog import StepLog
+from pipeline.errors import ConfigError, RooftraceError
+from pipeline.fleet import ResolvedFleet, load_fleet, resolve
+from pipeline.prefix import DEFAULT_ISOLATION, build_chains, key64, mix64
+from pipeline.schemas import atomic_write_bytes, write_parquet
+from pipeline.steps import BINDING_NAMES
+from pipeline.store import Store, repo_root
+
+_INT63 = np.uint64(0x7FFFFFFFFFFFFFFF)
+
+
+@dataclass(frozen=True)
+class ReplayOptions:
+    """How requests are sent: open loop at ``rate_scale`` × the trace's rate (default), closed
+    loop with ``concurrency`` clients, or ``offline`` (everything at t = 0)."""
+
+    date: str | None = None
+    rate_scale: float = 1.0
+    replicas: int | None = None
+    concurrency: int | None = None
+    offline: bool = False
+
+    def __post_init__(self) -> None:
+        if not self.rate_scale > 0:
+            raise ConfigError(f"--rate-scale must be > 0, got {self.rate_scale}")
+        if self.concurrency is not None and self.concurrency < 1:
+            raise ConfigError(f"--concurrency must be >= 1, got {self.concurrency}")
+        if self.concurrency is not None and self.offline:
+            raise ConfigError("--concurrency (closed loop) and --offline exclude each other")
+
+    @property
+    def mode(self) -> str:
+        if self.offline:
+            return "offline"
+        return "closed" if self.concurrency is not None else "open"
+
+
+@dataclass(frozen=True)
+class ReplayRun:
+    """Everything a replay produced, in memory (the stage writes it; tests read it directly)."""
+
+    fleet: ResolvedFleet
+    spec: FleetSpec
+    work: Workload
+    result: EngineResult
+    log: StepLog
+    wall_s: float
+
+
+def _engine_chains(
+    requests: pl.DataFrame, block_size: int
+) -> tuple[npt.NDArray[np.uint64], npt.NDArray[np.int64]]:
+    """Prefix chains as the engine takes them: per request, the hashes of its full prompt blocks
+    then the output blocks (pipeline.prefix ``Chains.cacheable``), at the engine's block size.
+
+    A log's own chain may use bigger blocks (Mooncake: 512 tokens); each is split into
+    ``log_size / block_size`` engine blocks whose hashes mix the log hash with the position, so
+    they still name their whole prefix. Block sizes that do not divide are an error."""
+    chains = build_chains(requests, block_size, DEFAULT_ISOLATION)
+    n = chains.n_requests
+    full = chains.full_blocks()
+    outs = np.diff(chains.out_offsets)
+    counts = full + outs
+    owner = np.repeat(np.arange(n, dtype=np.int64), counts)
+    start = np.concatenate([[0], np.cumsum(counts)])[:-1]
+    pos = np.arange(int(counts.sum()), dtype=np.int64) - start[owner]
+    in_prompt = pos < full[owner]
+    hashes = np.empty(pos.shape[0], np.uint64)
+    hashes[in_prompt] = chains.hashes[chains.offsets[owner[in_prompt]] + pos[in_prompt]]
+    op = ~in_prompt
+    hashes[op] = chains.out_hashes[chains.out_offsets[owner[op]] + pos[op] - full[owner[op]]]
+    ratio, rem = divmod(chains.block_size, block_size)
+    if rem:
+        raise ConfigError(
+            f"the log's prefix blocks have {chains.block_size} tokens, which engine.block_size "
+            f"{block_size} does not divide; set engine.block_size to a divisor"
+        )
+    if ratio > 1:
+        sub = np.tile(np.arange(1, ratio + 1, dtype=np.uint64), hashes.shape[0])
+        hashes = mix64(np.repeat(hashes, ratio) ^ mix64(sub))
+        counts = counts * ratio
+    offsets = np.zeros(n + 1, np.int64)
+    np.cumsum(counts, out=offsets[1:])
+    return hashes, offsets
+
+
+def build_workload(requests: pl.DataFrame, fleet: ResolvedFleet, options: ReplayOptions) -> Workload:
+    """Engine arrays from canonical requests (sorted by arrival)."""
+    if requests.height == 0:
+        raise RooftraceError("no requests to replay")
+    arrival_us = requests.get_column("arrival").dt.epoch("us").to_numpy().astype(np.int64)
+    arrival_s = (arrival_us - arrival_us.min()).astype(np.float64) / 1e6 / options.rate_scale
+    prompt = np.maximum(requests.get_column("recorded_input_tokens").to_numpy().astype(np.int64), 1)
+    # vLLM samples at least one token (max_tokens >= 1): a logged 0 is replayed as 1.
+    output = np.maximum(requests.get_column("output_tokens").to_numpy().astype(np.int64), 1)
+    sched = fleet.scheduler
+    hashes = np.zeros(0, np.uint64)
+    offsets = None
+    if sched.enable_prefix_caching or fleet.config.router == "prefix_affinity":
+        hashes, offsets = _engine_chains(requests, sched.block_size)
+    affinity = None
+    if fleet.config.router == "session_affinity" and "session_id" in requests.columns:
+        sessions = requests.get_column("session_id").to_list()
+        affinity = np.array(
+            [-1 if s is None else key64(str(s)) & int(_INT63) for s in sessions], dtype=np.int64
+        )
+    elif fleet.config.router == "prefix_affinity" and offsets is not None:
+        has = np.diff(offsets) > 0
+        first = np.zeros(requests.height, np.uint64)
+        first[has] = hashes[offsets[:-1][has]]
+        affinity = np.where(has, (first & _INT63).astype(np.int64), -1)
+    return Workload(
+        arrival_s=arrival_s,
+        prompt_tokens=prompt,
+        output_tokens=output,
+        chain_hashes=hashes,
+        chain_offsets=offsets,
+        affinity=affinity,
+    )
+
+
+def run_replay(
+    requests: pl.DataFrame,
+    fleet: ResolvedFleet,
+    options: ReplayOptions,
+    progress: Callable[[int], None] | None = None,
+) -> ReplayRun:
+    """Replay a frame of canonical requests on a resolved fleet (no store involved)."""
+    spec = FleetSpec(
+        replicas=fleet.config.replicas,
+        scheduler=fleet.scheduler,
+        router=fleet.config.router,
+        mode=options.mode,
+        concurrency=options.concurrency or 0,
+    )
+    work = build_workload(requests, fleet, options)
+    log = StepLog(capacity=max(1024, 2 * work.n))
+    t0 = time.perf_counter()
+    result = simulate(work, spec, fleet.deployment, log, progress)
+    return ReplayRun(fleet, spec, work, result, log, time.perf_counter() - t0)
+
+
+# -- tables ----------------------------------------------------------------------------------
+
+
+def _nullable(values: npt.NDArray[np.float64]) -> pa.Array:
+    return pa.array(values, mask=~np.isfinite(values))
+
+
+def requests_table(requests: pl.DataFrame, run: ReplayRun, t0_us: int) -> pa.Table:
+    res, work = run.result, run.work
+    ok = res.reject_reason == 0
+    ttft = res.first_token_s - res.arrival_s
+    e2e = res.finish_s - res.arrival_s
+    out = work.output_tokens
+    with np.errstate(invalid="ignore", divide="ignore"):
+        tpot = np.where(out > 1, (e2e - ttft) / (out - 1), np.nan)
+    fresh = work.prompt_tokens - res.cache_hit_tokens
+    recomputed = np.where(ok, res.prefill_tokens - fresh, 0)
+    reasons = np.array(REJECT_REASONS, dtype=object)[res.reject_reason]
+    arrival_us = t0_us + np.round(res.arrival_s * 1e6).astype(np.int64)
+    return pa.table(
+        {
+            "request_id": requests.get_column("request_id").to_arrow(),
+            "replica": pa.array(res.replica, mask=~ok),
+            "arrival": pa.array(arrival_us, pa.timestamp("us", tz="UTC")),
+            "arrival_s": res.arrival_s,
+            "scheduled_s": _nullable(res.scheduled_s),
+            "first_token_s": _nullable(res.first_token_s),
+            "finish_s": _nullable(res.finish_s),
+            "queue_s": _nullable(res.scheduled_s - res.arrival_s),
+            "ttft_s": _nullable(ttft),
+            "tpot_s": _nullable(tpot),
+            "e2e_s": _nullable(e2e),
+            "max_itl_s": _nullable(res.max_itl_s),
+            "preemptions": res.preemptions,
+            "recorded_input_tokens": work.prompt_tokens,
+            "output_tokens": out,
+            "cache_hit_tokens": res.cache_hit_tokens,
+            "fresh_input_tokens": fresh,
+            "recomputed_tokens": recomputed,
+            "status": np.where(ok, "finished", "rejected").astype(object),
+            "reject_reason": pa.array(reasons, mask=ok),
+        }
+    )
+
+
+def steps_table(run: ReplayRun) -> pa.Table:
+    cols = run.log.columns()
+    fit = run.fleet.memory
+    per_token_gpu = fit.kv_pool_bytes_per_gpu / fit.kv_capacity_tokens if fit.kv_capacity_tokens else 0.0
+    block_bytes = run.fleet.scheduler.block_size * per_token_gpu * run.fleet.deployment.gpus
+    parts = np.stack([cols["compute_s"], cols["memory_s"], cols["comm_s"], cols["overhead_s"]])
+    names = np.array(BINDING_NAMES, dtype=object)
+    binding = names[np.argmax(parts, axis=0)] if cols["steps"].size else names[:0]
+    table: dict[str, Any] = {name: cols[name] for name in cols}
+    table["kv_bytes_used"] = cols["kv_blocks_used"].astype(np.float64) * block_bytes
+    table["binding"] = binding
+    return pa.table(table)
+
+
+def series_frames(cols: dict[str, npt.NDArray[Any]], capacity_blocks: int) -> dict[str, npt.NDArray[Any]]:
+    """Per replica per second, each span's quantities spread evenly over its wall time.
+
+    A span covers [start, end]; the cumulative amount of a quantity is piecewise linear over the
+    replica's spans and flat in idle gaps, so the amount in second k is F(k+1) − F(k)."""
+    out: dict[str, list[npt.NDArray[Any]]] = {
+        k: []
+        for k in (
+            "replica",
+            "second",
+            "fresh_prefill_tokens_per_s",
+            "decode_tokens_per_s",
+            "busy_fraction",
+            "running",
+            "waiting",
+            "kv_blocks_used",
+        )
+    }
+    for r in np.unique(cols["replica"]):
+        m = cols["replica"] == r
+        start, end = cols["start_s"][m], cols["end_s"][m]
+        dur = end - start
+        xs = np.empty(2 * start.shape[0])
+        xs[0::2], xs[1::2] = start, end
+        seconds = np.arange(0, int(np.ceil(end.max())) + 1, dtype=np.int64)
+        edges = np.append(seconds, seconds[-1] + 1).astype(np.float64)
+        quantities = {
+            "fresh_prefill_tokens_per_s": cols["prefill_tokens"][m].astype(np.float64),
+            "decode_tokens_per_s": cols["decode_tokens"][m].astype(np.float64),
+            "busy_fraction": dur,
+            "running": cols["running"][m] * dur,
+            "waiting": cols["waiting"][m] * dur,
+            "kv_blocks_used": cols["kv_blocks_used"][m] * dur,
+        }
+        out["replica"].append(np.full(seconds.shape[0], r, np.int32))
+        out["second"].append(seconds)
+        for name, q in quantities.items():
+            cum = np.concatenate([[0.0], np.cumsum(q)])
+            ys = np.empty(xs.shape[0])
+            ys[0::2], ys[1::2] = cum[:-1], cum[1:]
+            f = np.interp(edges, xs, ys)
+            out[name].append(np.diff(f))
+    frames = {k: np.concatenate(v) if v else np.zeros(0) for k, v in out.items()}
+    frames["kv_use_fraction"] = frames["kv_blocks_used"] / capacity_blocks
+    return frames
+
+
+def series_table(run: ReplayRun, t0_us: int) -> pa.Table:
+    frames = series_frames(run.log.columns(), run.fleet.scheduler.num_gpu_blocks)
+    frames["time"] = pa.array(t0_us + frames["second"] * 1_000_000, pa.timestamp("us", tz="UTC"))
+    return pa.table(frames)
+
+
+# -- summary ---------------------------------------------------------------------------------
+
+PERCENTILES = (50.0, 90.0, 95.0, 99.0, 99.9)
+
+
+def _stats(values: npt.NDArray[np.float64]) -> dict[str, float | None]:
+    v = values[np.isfinite(values)]
+    if v.size == 0:
+        return {"mean": None, **{f"p{p:g}": None for p in PERCENTILES}}
+    q = np.percentile(v, PERCENTILES)
+    return {"mean": float(v.mean()), **{f"p{p:g}": float(x) for p, x in zip(PERCENTILES, q, strict=True)}}
+
+
+def summarize(run: ReplayRun) -> dict[str, Any]:
+    res, work = run.result, run.work
+    ok = res.reject_reason == 0
+    span = float(np.nanmax(res.finish_s) - np.min(res.arrival_s)) if ok.any() else 0.0
+    out_tok = int(work.output_tokens[ok].sum())
+    ttft = res.first_token_s - res.arrival_s
+    e2e = res.finish_s - res.arrival_s
+    o = work.output_tokens
+    with np.errstate(invalid="ignore", divide="ignore"):
+        tpot = np.where(o > 1, (e2e - ttft) / (o - 1), np.nan)
+    reasons = {REJECT_REASONS[c]: int((res.reject_reason == c).sum()) for c in range(1, len(REJECT_REASONS))}
+    return {
+        "requests": int(work.n),
+        "finished": int(ok.sum()),
+        "rejected": int((~ok).sum()),
+        "rejected_by_reason": reasons,
+        "makespan_s": span,
+        "output_tokens": out_tok,
+        "output_tokens_per_s": out_tok / span if span > 0 else None,
+        "requests_per_s": float(ok.sum()) / span if span > 0 else None,
+        "preemptions": int(res.preemptions.sum()),
+        "cache_hit_tokens": int(res.cache_hit_tokens[ok].sum()),
+        "ttft_s": _stats(ttft[ok]),
+        "tpot_s": _stats(tpot[ok]),
+        "e2e_s": _stats(e2e[ok]),
+        "queue_s": _stats((res.scheduled_s - res.arrival_s)[ok]),
+        "engine_wall_s": run.wall_s,
+        "engine_requests_per_wall_s": work.n / run.wall_s if run.wall_s > 0 else None,
+        "spans": int(run.log.n),
+    }
+
+
+# -- the stage -------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ReplayResult:
+    run_id: str
+    run_dir: Path
+    summary: dict[str, Any]
+
+
+def default_fleet_path() -> Path:
+    root = repo_root()
+    return (root if root is not None else Path.cwd()) / "fleets" / "default.toml"
+
+
+def _run_id(date: str, fleet: ResolvedFleet, options: ReplayOptions, requests: pl.DataFrame) -> str:
+    h = hashlib.sha256()
+    h.update(json.dumps(fleet.to_dict(), sort_keys=True, default=str).encode())
+    h.update(json.dumps(asdict(options), sort_keys=True).encode())
+    h.update(requests.hash_rows().to_numpy().tobytes())
+    return f"{date}-{fleet.config.name}-{h.hexdigest()[:10]}"
+
+
+def replay(
+    store: Store,
+    fleet_path: Path | str | None = None,
+    options: ReplayOptions | None = None,
+    progress: Callable[[str], None] | None = None,
+) -> ReplayResult:
+    """Replay one date of the store on the fleet in ``fleet_path`` and write the run."""
+    options = options or ReplayOptions()
+    path = Path(fleet_path) if fleet_path is not None else default_fleet_path()
+    cfg = load_fleet(path).with_replicas(options.replicas)
+    fleet = resolve(cfg, str(path))
+    date = store.resolve_date(options.date)
+    requests = store.read_requests(date)
+    if progress:
+        progress(f"replaying {requests.height:,} requests of {date} on {cfg.replicas}x {cfg.name}")
+    run = run_replay(requests, fleet, options)
+    t0_us = int(requests.get_column("arrival").dt.epoch("us").to_numpy().min())
+    summary = summarize(run)
+    run_id = _run_id(date, fleet, options, requests)
+    run_dir = store.runs_dir / run_id
+    with store.lock():
+        write_parquet(requests_table(requests, run, t0_us), run_dir / "requests.parquet", "replay_requests")
+        write_parquet(steps_table(run), run_dir / "steps.parquet", "replay_steps")
+        write_parquet(series_table(run, t0_us), run_dir / "series.parquet", "replay_series")
+        # The wall time varies from run to run: keep it out of the file so re-runs are identical.
+        stable = {k: v for k, v in summary.items() if not k.startswith("engine_")}
+        doc = {
+            "run_id": run_id,
+            "date": date,
+            "fleet_file": str(path),
+            "options": asdict(options) | {"mode": options.mode},
+            "resolved": fleet.to_dict(),
+            "summary": stable,
+        }
+        atomic_write_bytes(run_dir / "config.json", json.dumps(doc, indent=2, sort_keys=True).encode())
+    return ReplayResult(run_id, run_dir, summary)
