@@ -1,0 +1,254 @@
+"""``STORE/warehouse.duckdb``: DuckDB views over the Parquet store, and named queries.
+
+The warehouse holds no data of its own, only views (absolute paths into the store), so it is
+cheap to rebuild and any DuckDB client can open it. It is rebuilt beside the old file and renamed
+into place. A table with no files yet gets an empty view with its declared columns, so every
+named query runs on any store.
+
+Named queries are ``pipeline/queries/<name>.sql``. Their first comment lines describe them
+(``-- description``) and name their parameters (``-- params: run_id, date``); parameters are read
+with DuckDB's ``getvariable('name')`` and set with ``SET VARIABLE`` before the query runs.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import tempfile
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import duckdb
+import pyarrow as pa
+
+from pipeline.errors import RooftraceError
+from pipeline.schemas import load_schema
+from pipeline.store import Store
+
+QUERY_DIR = Path(__file__).with_name("queries")
+
+_DUCK_TYPES = {
+    "string": "VARCHAR",
+    "bool": "BOOLEAN",
+    "int8": "TINYINT",
+    "int16": "SMALLINT",
+    "int32": "INTEGER",
+    "int64": "BIGINT",
+    "uint32": "UINTEGER",
+    "uint64": "UBIGINT",
+    "float32": "FLOAT",
+    "float64": "DOUBLE",
+    "date32": "DATE",
+    "timestamp[us, UTC]": "TIMESTAMPTZ",
+    "timestamp[us]": "TIMESTAMP",
+}
+
+
+def _duck_type(t: str) -> str:
+    if t.startswith("list<"):
+        return _duck_type(t[5:-1]) + "[]"
+    return _DUCK_TYPES[t]
+
+
+def _empty_view(schema_name: str, extra: Mapping[str, str] | None = None) -> str:
+    cols = [f'CAST(NULL AS {_duck_type(c.type)}) AS "{c.name}"' for c in load_schema(schema_name).columns]
+    cols += [f'CAST(NULL AS {t}) AS "{n}"' for n, t in (extra or {}).items()]
+    return f"SELECT {', '.join(cols)} LIMIT 0"
+
+
+def _lit(path: Path) -> str:
+    return "'" + str(path).replace("'", "''") + "'"
+
+
+@dataclass(frozen=True)
+class ViewSpec:
+    name: str
+    schema: str | None  # declared schema of the files (for the empty view)
+    glob: str  # relative to the store root
+    kind: str  # "hive" (date=... folders), "run" (runs/<id>/...), "plain", "json"
+    doc: str
+
+
+VIEWS: tuple[ViewSpec, ...] = (
+    ViewSpec("requests", "requests", "requests/*/*.parquet", "hive", "canonical requests, one row per request"),
+    ViewSpec("quarantine", "quarantine", "quarantine/*.parquet", "plain", "rejected records with reasons"),
+    ViewSpec("manifest", "manifest", "manifest.parquet", "plain", "ingested files and their row accounting"),
+    ViewSpec(
+        "accounting_requests",
+        "accounting_requests",
+        "accounting/requests/*/*.parquet",
+        "hive",
+        "fresh vs cache-hit tokens per request",
+    ),
+    ViewSpec(
+        "accounting_minutes",
+        "accounting_minutes",
+        "accounting/minutes/*/*.parquet",
+        "hive",
+        "token family rates per minute (overall, per tenant, per model)",
+    ),
+    ViewSpec("cache_curve", "cache_curve", "accounting/cache_curve/*/*.parquet", "hive", "prefix-cache capacity curve"),
+    ViewSpec("runs", None, "runs/*/config.json", "json", "replay runs: resolved fleet, options and summary"),
+    ViewSpec(
+        "replay_requests", "replay_requests", "runs/*/requests.parquet", "run", "replayed requests with latencies"
+    ),
+    ViewSpec("replay_steps", "replay_steps", "runs/*/steps.parquet", "run", "engine step spans"),
+    ViewSpec("replay_series", "replay_series", "runs/*/series.parquet", "run", "per replica per second series"),
+)
+
+_RUN_ID = r"regexp_extract(filename, '/runs/([^/]+)/[^/]+$', 1)"
+
+
+def _view_sql(store: Store, spec: ViewSpec) -> str:
+    root = store.root.resolve()
+    pattern = root / spec.glob
+    has_files = any(root.glob(spec.glob))
+    if spec.kind == "json":
+        if not has_files:
+            return "SELECT CAST(NULL AS VARCHAR) AS run_id, CAST(NULL AS VARCHAR) AS date LIMIT 0"
+        return (
+            f"SELECT {_RUN_ID} AS run_id, * EXCLUDE (filename) "
+            f"FROM read_json({_lit(pattern)}, filename=true, union_by_name=true, maximum_object_size=67108864)"
+        )
+    assert spec.schema is not None
+    if not has_files:
+        extra = {"date": "DATE"} if spec.kind == "hive" else {"run_id": "VARCHAR"} if spec.kind == "run" else None
+        return _empty_view(spec.schema, extra)
+    if spec.kind == "hive":
+        return f"SELECT * FROM read_parquet({_lit(pattern)}, hive_partitioning=true, union_by_name=true)"
+    if spec.kind == "run":
+        return (
+            f"SELECT {_RUN_ID} AS run_id, * EXCLUDE (filename) "
+            f"FROM read_parquet({_lit(pattern)}, filename=true, union_by_name=true)"
+        )
+    return f"SELECT * FROM read_parquet({_lit(pattern)}, union_by_name=true)"
+
+
+def warehouse_path(store: Store) -> Path:
+    return store.root / "warehouse.duckdb"
+
+
+def build_warehouse(store: Store) -> Path:
+    """(Re)build STORE/warehouse.duckdb atomically; returns its path."""
+    store.root.mkdir(parents=True, exist_ok=True)
+    target = warehouse_path(store)
+    fd, tmp_name = tempfile.mkstemp(prefix=".warehouse.", suffix=".duckdb", dir=store.root)
+    os.close(fd)
+    tmp = Path(tmp_name)
+    tmp.unlink()  # DuckDB wants to create the file itself
+    try:
+        con = duckdb.connect(str(tmp))
+        try:
+            for spec in VIEWS:
+                con.execute(f'CREATE VIEW "{spec.name}" AS {_view_sql(store, spec)}')
+                con.execute(f"COMMENT ON VIEW \"{spec.name}\" IS '{spec.doc}'")
+        finally:
+            con.close()
+        os.replace(tmp, target)
+        Path(str(tmp) + ".wal").unlink(missing_ok=True)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        Path(str(tmp) + ".wal").unlink(missing_ok=True)
+        raise
+    return target
+
+
+def connect(store: Store, read_only: bool = True) -> duckdb.DuckDBPyConnection:
+    """Open the warehouse (building it first if it does not exist)."""
+    path = warehouse_path(store)
+    if not path.exists():
+        build_warehouse(store)
+    return duckdb.connect(str(path), read_only=read_only)
+
+
+# --- named queries ------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class NamedQuery:
+    name: str
+    description: str
+    params: tuple[str, ...]
+    sql: str
+
+
+def _parse_query(path: Path) -> NamedQuery:
+    text = path.read_text()
+    desc: list[str] = []
+    params: tuple[str, ...] = ()
+    for line in text.splitlines():
+        if not line.startswith("--"):
+            break
+        body = line[2:].strip()
+        if body.startswith("params:"):
+            params = tuple(p.strip() for p in body[7:].split(",") if p.strip())
+        elif body:
+            desc.append(body)
+    used = tuple(sorted(set(re.findall(r"getvariable\('([a-z0-9_]+)'\)", text))))
+    if set(used) != {p.rstrip("?") for p in params}:
+        raise RooftraceError(f"{path}: declares params {params} but uses {used}")
+    return NamedQuery(path.stem, " ".join(desc), params, text)
+
+
+def list_queries() -> list[NamedQuery]:
+    return [_parse_query(p) for p in sorted(QUERY_DIR.glob("*.sql"))]
+
+
+def get_query(name: str) -> NamedQuery:
+    path = QUERY_DIR / f"{name}.sql"
+    if not path.exists():
+        known = ", ".join(q.name for q in list_queries())
+        raise RooftraceError(f"no named query {name!r}; known: {known}")
+    return _parse_query(path)
+
+
+def latest_run(store: Store, date: str | None = None) -> str | None:
+    """The most recently written run (of ``date`` when given), by its config file's mtime."""
+    configs = list(store.runs_dir.glob("*/config.json")) if store.runs_dir.is_dir() else []
+    if date is not None:
+        configs = [c for c in configs if c.parent.name.startswith(f"{date}-")]
+    if not configs:
+        return None
+    return max(configs, key=lambda c: (c.stat().st_mtime_ns, c.parent.name)).parent.name
+
+
+def run_query(store: Store, name: str, params: Mapping[str, Any] | None = None) -> pa.Table:
+    """Run a named query; missing ``run_id``/``date`` default to the latest run and date."""
+    query = get_query(name)
+    values = dict(params or {})
+    con = connect(store)
+    try:
+        names = {p.rstrip("?") for p in query.params}
+        if "date" in names and values.get("date") is None:
+            values["date"] = store.resolve_date(None) if store.dates() else None
+        if "run_id" in names and values.get("run_id") is None:
+            values["run_id"] = latest_run(store, values.get("date"))
+            if values["run_id"] is None:
+                raise RooftraceError(
+                    f"query {name!r} needs a replay run and {store.root} has none (run `rooftrace replay`)"
+                )
+        for p in query.params:
+            optional = p.endswith("?")
+            key = p.rstrip("?")
+            if key not in values and not optional:
+                raise RooftraceError(f"query {name!r} needs --param {key}=VALUE")
+            con.execute(f"SET VARIABLE {key} = ?", [values.get(key)])
+        try:
+            return con.sql(query.sql).to_arrow_table()
+        except duckdb.Error as exc:
+            raise RooftraceError(f"query {name!r} failed: {str(exc).splitlines()[0]}") from None
+    finally:
+        con.close()
+
+
+def run_sql(store: Store, sql: str) -> pa.Table:
+    """Run ad-hoc SQL on the read-only warehouse."""
+    con = connect(store)
+    try:
+        return con.sql(sql).to_arrow_table()
+    except duckdb.Error as exc:
+        raise RooftraceError(f"SQL failed: {str(exc).splitlines()[0]}") from None
+    finally:
+        con.close()
