@@ -34,3 +34,7 @@ main.add_command(catalog)
 main.add_command(fit_cmd)
 main.add_command(validate_cmd)
 main.add_command(calibrate_cmd)
+from pipeline.cli_warehouse import query, sql  # noqa: E402
+
+main.add_command(sql)
+main.add_command(query)
