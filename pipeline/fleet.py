@@ -234,14 +234,14 @@ def resolve(cfg: FleetConfig, origin: str = "fleet") -> ResolvedFleet:
         max_num_seqs=seqs,
         max_num_batched_tokens=tokens,
     )
-    blocks = (
-        eng.num_gpu_blocks_override if eng.num_gpu_blocks_override is not None else mem.kv_capacity_blocks
-    )
-    if blocks < 1:
+    override = eng.num_gpu_blocks_override
+    blocks = override if override is not None else mem.kv_capacity_blocks
+    if blocks < 1 or (override is None and not mem.fits):
+        # vLLM refuses to start when one max_model_len sequence does not fit the KV cache.
         tips = "; ".join(mem.suggestions) or "use more GPUs per replica or a smaller model"
         raise ConfigError(
-            f"{origin}: {cfg.model} on {cfg.tp * cfg.pp}x {cfg.hardware} leaves no memory for the KV "
-            f"cache ({tips})"
+            f"{origin}: {cfg.model} on {cfg.tp * cfg.pp}x {cfg.hardware} cannot hold one "
+            f"{max_len}-token sequence in its KV cache ({tips})"
         )
     sched = SchedulerConfig(
         num_gpu_blocks=blocks,

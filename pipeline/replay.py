@@ -79,9 +79,7 @@ class ReplayRun:
     wall_s: float
 
 
-def _engine_chains(
-    requests: pl.DataFrame, block_size: int
-) -> tuple[npt.NDArray[np.uint64], npt.NDArray[np.int64]]:
+def _engine_chains(requests: pl.DataFrame, block_size: int) -> tuple[npt.NDArray[np.uint64], npt.NDArray[np.int64]]:
     """Prefix chains as the engine takes them: per request, the hashes of its full prompt blocks
     then the output blocks (pipeline.prefix ``Chains.cacheable``), at the engine's block size.
 
@@ -133,9 +131,7 @@ def build_workload(requests: pl.DataFrame, fleet: ResolvedFleet, options: Replay
     affinity = None
     if fleet.config.router == "session_affinity" and "session_id" in requests.columns:
         sessions = requests.get_column("session_id").to_list()
-        affinity = np.array(
-            [-1 if s is None else key64(str(s)) & int(_INT63) for s in sessions], dtype=np.int64
-        )
+        affinity = np.array([-1 if s is None else key64(str(s)) & int(_INT63) for s in sessions], dtype=np.int64)
     elif fleet.config.router == "prefix_affinity" and offsets is not None:
         has = np.diff(offsets) > 0
         first = np.zeros(requests.height, np.uint64)
@@ -188,7 +184,6 @@ def requests_table(requests: pl.DataFrame, run: ReplayRun, t0_us: int) -> pa.Tab
     with np.errstate(invalid="ignore", divide="ignore"):
         tpot = np.where(out > 1, (e2e - ttft) / (out - 1), np.nan)
     fresh = work.prompt_tokens - res.cache_hit_tokens
-    recomputed = np.where(ok, res.prefill_tokens - fresh, 0)
     reasons = np.array(REJECT_REASONS, dtype=object)[res.reject_reason]
     arrival_us = t0_us + np.round(res.arrival_s * 1e6).astype(np.int64)
     return pa.table(
@@ -210,7 +205,7 @@ def requests_table(requests: pl.DataFrame, run: ReplayRun, t0_us: int) -> pa.Tab
             "output_tokens": out,
             "cache_hit_tokens": res.cache_hit_tokens,
             "fresh_input_tokens": fresh,
-            "recomputed_tokens": recomputed,
+            "prefill_tokens": np.where(ok, res.prefill_tokens, 0),
             "status": np.where(ok, "finished", "rejected").astype(object),
             "reject_reason": pa.array(reasons, mask=ok),
         }

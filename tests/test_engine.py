@@ -267,10 +267,12 @@ def check_invariants(w: Workload, spec: FleetSpec, res: EngineResult, log: StepL
     assert np.all(res.first_token_s[ok] <= res.finish_s[ok])
     one = ok & (w.output_tokens == 1)
     assert np.all(res.first_token_s[one] == res.finish_s[one])
-    # Prefill work: prompt minus first-admission hits, plus recomputation (>= 0).
+    # Prefill work: exactly prompt minus prefix hits when never preempted. After a preemption the
+    # request may re-hit blocks it registered itself, so only "at least one token" holds then.
     fresh = w.prompt_tokens[ok] - res.cache_hit_tokens[ok]
-    assert np.all(res.prefill_tokens[ok] >= fresh)
-    assert np.all(res.prefill_tokens[ok][res.preemptions[ok] == 0] == fresh[res.preemptions[ok] == 0])
+    calm = res.preemptions[ok] == 0
+    assert np.all(res.prefill_tokens[ok][calm] == fresh[calm])
+    assert np.all(res.prefill_tokens[ok] >= 1)
     cols = log.columns()
     # Output tokens conserved: every decode-step token plus one sampled per prefill completion.
     assert cols["steps"].min(initial=1) >= 1
