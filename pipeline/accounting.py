@@ -185,8 +185,11 @@ def _capacity_grid(max_distance: int, chosen: Sequence[int]) -> npt.NDArray[np.i
 def account(requests: pl.DataFrame, options: ClassifyOptions | None = None) -> Accounting:
     """Classify every input token of ``requests`` (a canonical requests frame) as cache-hit or fresh."""
     opts = options if options is not None else ClassifyOptions()
-    df = requests.sort(["arrival", "request_id"])
-    n = df.height
+    n = requests.height
+    # Replay order is arrival, then request id (as Store.read_requests returns it already: skip
+    # the copy of the hash-chain column then).
+    order = requests.select(pl.arg_sort_by(["arrival", "request_id"])).to_series().to_numpy()
+    df = requests if np.array_equal(order, np.arange(n)) else requests[order]
     chains = prefix.build_chains(df, opts.block_size, opts.isolation)
     bs = chains.block_size
 

@@ -45,6 +45,7 @@ from typing import Any, NamedTuple, cast
 import numpy as np
 import numpy.typing as npt
 import polars as pl
+import pyarrow as pa
 
 from pipeline.errors import RooftraceError
 
@@ -95,6 +96,42 @@ def _mix(x: np.uint64) -> np.uint64:
     z = (z ^ (z >> np.uint64(30))) * np.uint64(_M1)
     z = (z ^ (z >> np.uint64(27))) * np.uint64(_M2)
     return z ^ (z >> np.uint64(31))
+
+
+def _fnv1a_kernel(offsets: I64Array, data: npt.NDArray[np.uint8], out: U64Array) -> None:
+    """FNV-1a 64 of each string (Fowler, Noll & Vo; offset basis 0xCBF29CE484222325, prime
+    0x100000001B3, from the FNV reference), given Arrow-style offsets into UTF-8 bytes."""
+    for i in range(out.shape[0]):
+        h = np.uint64(0xCBF29CE484222325)
+        for k in range(offsets[i], offsets[i + 1]):
+            h = (h ^ np.uint64(data[k])) * np.uint64(0x100000001B3)
+        out[i] = h
+
+
+def _content_kernel(
+    source: I8Array,
+    key: U64Array,
+    in_tok: I64Array,
+    bs: int,
+    p_off: I64Array,
+    log_ids: U64Array,
+    log_off: I64Array,
+    p_content: U64Array,
+    p_tokens: I64Array,
+) -> None:
+    """Tokens and content id of every prompt block: the log's id where the log chain covers
+    the block, else an id unique to the request and position (session rows are overwritten by
+    the session kernel)."""
+    for r in range(key.shape[0]):
+        base = p_off[r]
+        n_blocks = p_off[r + 1] - base
+        n_log = log_off[r + 1] - log_off[r] if source[r] == 1 else 0
+        for j in range(n_blocks):
+            p_tokens[base + j] = min(in_tok[r] - j * bs, bs)
+            if j < n_log:
+                p_content[base + j] = log_ids[log_off[r] + j]
+            else:
+                p_content[base + j] = _mix(key[r] ^ _mix(np.uint64(j)))
 
 
 def _session_content_kernel(
@@ -170,71 +207,160 @@ def _chain_kernel(
             o_hash[j] = h
 
 
-def _distance_kernel(
+def _plan_kernel(
+    rows: I64Array,
+    p_off: I64Array,
+    full: I64Array,
+    o_off: I64Array,
+    p_hash: U64Array,
+    o_hash: U64Array,
     t_off: I64Array,
-    prev: I64Array,
-    owner: I64Array,
-    qcount: I64Array,
+    touches: U64Array,
+) -> None:
+    """Gather, per request in ``rows`` order, its full prompt blocks then its output blocks."""
+    for k in range(rows.shape[0]):
+        r = rows[k]
+        dst = t_off[k]
+        for j in range(full[k]):
+            touches[dst + j] = p_hash[p_off[r] + j]
+        dst += full[k]
+        for j in range(o_off[r + 1] - o_off[r]):
+            touches[dst + j] = o_hash[o_off[r] + j]
+
+
+def _popcount(x: np.uint64) -> np.uint64:
+    """Set bits of a 64-bit word (the SWAR method, Hacker's Delight §5-1)."""
+    x = x - ((x >> np.uint64(1)) & np.uint64(0x5555555555555555))
+    x = (x & np.uint64(0x3333333333333333)) + ((x >> np.uint64(2)) & np.uint64(0x3333333333333333))
+    x = (x + (x >> np.uint64(4))) & np.uint64(0x0F0F0F0F0F0F0F0F)
+    return (x * np.uint64(0x0101010101010101)) >> np.uint64(56)
+
+
+def _distance_kernel(
+    touches: U64Array,
+    t_off: I64Array,
+    lookups: I64Array,
     q_off: I64Array,
     t_req: F64Array,
     ttl: float,
     running_max: bool,
+    table: U64Array,
+    max_lookups: int,
     out: I64Array,
 ) -> None:
     """Mattson LRU stack distances per request, with a Fenwick tree over touch positions.
 
-    The tree holds a 1 at the position of each block's latest touch. Before request r's touches
-    (positions [s, e)), a block last touched at p has stack distance 1 + (number of 1s in
-    (p, s)): the distinct blocks touched since. Its queried blocks (chain order j, touch
-    position e-1-j because touches run tail-first) are looked up first, then all its touches are
-    applied. A running maximum along the chain enforces the prefix property.
+    Touches get positions in time order; a request's blocks are touched tail first, so block j
+    of a request with touches [s, e) gets position e-1-j. A set of positions holds each block's
+    latest one (found through ``table``, open addressing keyed by block hash: [key, pos + 1]
+    pairs, 0 = empty). Before request r's touches, a block last touched at p has stack distance
+    1 + |{positions in the set within (p, s)}|: the distinct blocks touched since. Request r's
+    first lookups[r] blocks are looked up first, then all its touches are applied. A running
+    maximum along the chain enforces the prefix property.
+
+    The set is a bitmap (one bit per position) plus a Fenwick tree over its 64-bit words, so a
+    rank query is one popcount and a walk over a tree 64 times smaller than the positions:
+    1.3 MB of bitmap and 0.6 MB of tree for 10 M touches, which stay in cache.
     """
-    n = prev.shape[0]
-    tree = np.zeros(n + 1, dtype=np.int32)
+    n = touches.shape[0]
+    n_words = (n >> 6) + 1
+    bits = np.zeros(n_words, dtype=np.uint64)
+    tree = np.zeros(n_words + 1, dtype=np.int32)
+    mask = np.uint64((table.shape[0] >> 1) - 1)
+    # Table slot of each looked-up block that was present (-1 otherwise): a present block's slot
+    # never moves (nothing is deleted), so the touch phase reuses it instead of probing again.
+    saved = np.empty(max_lookups + 1, dtype=np.int64)
+    last = np.empty(max_lookups + 1, dtype=np.int64)
     for r in range(t_off.shape[0] - 1):
         s = t_off[r]
         e = t_off[r + 1]
-        # prefix sum of positions [0, s)
-        before = 0
-        i = s
+        # |set ∩ [0, s)|
+        w = s >> 6
+        before = np.int64(0)
+        i = w
         while i > 0:
             before += tree[i]
             i -= i & (-i)
-        running = 0
-        for j in range(qcount[r]):
-            pos = e - 1 - j
-            p = prev[pos]
-            while p >= s:  # a repeated hash inside one request (a 64-bit collision)
-                p = prev[p]
-            if p < 0 or t_req[r] - t_req[owner[p]] > ttl:
-                d = INF_DISTANCE
+        before += np.int64(_popcount(bits[w] & ((np.uint64(1) << np.uint64(s & 63)) - np.uint64(1))))
+        # Pass 1: find each looked-up block's last position (independent probes, so the CPU can
+        # overlap their cache misses); stop at the first absent block when the prefix rule holds.
+        probed = lookups[r]
+        for j in range(lookups[r]):
+            key = touches[s + j]
+            slot = _mix(key) & mask
+            while table[2 * slot + 1] != 0 and table[2 * slot] != key:
+                slot = (slot + np.uint64(1)) & mask
+            p = np.int64(table[2 * slot + 1]) - 1
+            last[j] = p
+            saved[j] = slot if p >= 0 else -1
+            if p < 0 and running_max:
+                probed = j + 1
+                break
+        # Pass 2: distances.
+        running = np.int64(0)
+        for j in range(lookups[r]):
+            p = last[j] if j < probed else np.int64(-1)
+            # never seen, or expired: the age is since the request that last touched it
+            if p < 0 or (ttl < np.inf and t_req[r] - t_req[np.searchsorted(t_off, p, side="right") - 1] > ttl):
+                d = np.int64(INF_DISTANCE)
             else:
-                upto = 0  # prefix sum of positions [0, p]
-                i = p + 1
+                # |set ∩ [0, p]|
+                w = (p + 1) >> 6
+                upto = np.int64(0)
+                i = w
                 while i > 0:
                     upto += tree[i]
                     i -= i & (-i)
+                upto += np.int64(_popcount(bits[w] & ((np.uint64(1) << np.uint64((p + 1) & 63)) - np.uint64(1))))
                 d = 1 + before - upto
             if not running_max or d > running:
                 running = d
             out[q_off[r] + j] = running
-        for pos in range(s, e):
-            p = prev[pos]
+        for m in range(e - s):
+            c = e - 1 - m - s  # chain index of the block touched at position s + m
+            key = touches[s + c]
+            pos = s + m
+            if c < probed and saved[c] >= 0:
+                slot = np.uint64(saved[c])
+            else:
+                slot = _mix(key) & mask
+                while table[2 * slot + 1] != 0 and table[2 * slot] != key:
+                    slot = (slot + np.uint64(1)) & mask
+            p = np.int64(table[2 * slot + 1]) - 1
             if p >= 0:
-                i = p + 1
-                while i <= n:
+                w = p >> 6
+                bits[w] &= ~(np.uint64(1) << np.uint64(p & 63))
+                i = w + 1
+                while i <= n_words:
                     tree[i] -= 1
                     i += i & (-i)
-            i = pos + 1
-            while i <= n:
+            w = pos >> 6
+            bits[w] |= np.uint64(1) << np.uint64(pos & 63)
+            i = w + 1
+            while i <= n_words:
                 tree[i] += 1
                 i += i & (-i)
+            table[2 * slot] = key
+            table[2 * slot + 1] = np.uint64(pos + 1)
 
 
 class _Kernels(NamedTuple):
+    fnv1a: Callable[..., None]
+    content: Callable[..., None]
     session_content: Callable[..., None]
     chain: Callable[..., None]
+    plan: Callable[..., None]
     distance: Callable[..., None]
+
+
+_KERNEL_FUNCTIONS = (
+    _fnv1a_kernel,
+    _content_kernel,
+    _session_content_kernel,
+    _chain_kernel,
+    _plan_kernel,
+    _distance_kernel,
+)
 
 
 def _python_fallback(fn: Callable[..., None]) -> Callable[..., None]:
@@ -249,29 +375,26 @@ def _python_fallback(fn: Callable[..., None]) -> Callable[..., None]:
 @cache
 def _kernels() -> _Kernels:
     """The hot loops, compiled by numba on first use (cached on disk); plain Python without it."""
-    fns = (_session_content_kernel, _chain_kernel, _distance_kernel)
     try:
         import numba
     except ImportError:  # pragma: no cover - numba is a runtime dependency; this keeps it optional
-        return _Kernels(*(_python_fallback(f) for f in fns))
+        return _python_kernels()
     mix = numba.njit(cache=True, inline="always")(_mix)
     compiled = []
-    for fn in fns:
-        # The kernels call _mix through their globals; give each a compiled copy of it.
+    popcount = numba.njit(cache=True, inline="always")(_popcount)
+    for fn in _KERNEL_FUNCTIONS:
+        # The kernels call _mix and _popcount through their globals; give each compiled copies.
         glb = dict(fn.__globals__)
         glb["_mix"] = mix
+        glb["_popcount"] = popcount
         clone = types.FunctionType(fn.__code__, glb, fn.__name__, fn.__defaults__, fn.__closure__)
         compiled.append(numba.njit(cache=True)(clone))
     return _Kernels(*compiled)
 
 
 def _python_kernels() -> _Kernels:
-    """Uncompiled kernels (tests compare them with the compiled ones)."""
-    return _Kernels(
-        _python_fallback(_session_content_kernel),
-        _python_fallback(_chain_kernel),
-        _python_fallback(_distance_kernel),
-    )
+    """Uncompiled kernels: the fallback without numba, and the tests' check of the compiled ones."""
+    return _Kernels(*(_python_fallback(f) for f in _KERNEL_FUNCTIONS))
 
 
 # --------------------------------------------------------------------------------------------
@@ -313,8 +436,10 @@ class Chains:
 
     def input_tokens(self) -> I64Array:
         """Prompt tokens per request covered by the chain (= recorded_input_tokens)."""
-        csum = np.concatenate([[0], np.cumsum(self.block_tokens, dtype=np.int64)])
-        return cast(I64Array, csum[self.offsets[1:]] - csum[self.offsets[:-1]])
+        # every block but the last is full
+        n_blocks = np.diff(self.offsets)
+        last = self.block_tokens[np.maximum(self.offsets[1:] - 1, 0)] if self.block_tokens.size else n_blocks
+        return cast(I64Array, np.where(n_blocks > 0, (n_blocks - 1) * self.block_size + last, 0))
 
     def full_blocks(self) -> I64Array:
         """Full (cacheable) prompt blocks per request."""
@@ -344,8 +469,19 @@ def max_hit_blocks(input_tokens: npt.ArrayLike, block_size: int) -> I64Array:
     return cast(I64Array, np.maximum(n - 1, 0) // block_size)
 
 
-def _row_keys(values: Sequence[str]) -> U64Array:
-    return np.fromiter((key64(v) for v in values), dtype=np.uint64, count=len(values))
+def string_keys(values: pl.Series, *, kernels: _Kernels | None = None) -> U64Array:
+    """A stable 64-bit key per string (FNV-1a 64, then splitmix64 to spread it); null -> key of ""."""
+    kern = kernels if kernels is not None else _kernels()
+    arr = values.cast(pl.String).fill_null("").to_arrow()
+    if isinstance(arr, pa.ChunkedArray):
+        arr = arr.combine_chunks()
+    arr = arr.cast(pa.large_string())
+    _, off_buf, data_buf = arr.buffers()
+    offsets = np.frombuffer(off_buf, dtype=np.int64)[arr.offset : arr.offset + len(arr) + 1]
+    data = np.frombuffer(data_buf, dtype=np.uint8) if data_buf is not None else np.zeros(0, np.uint8)
+    out = np.empty(len(arr), dtype=np.uint64)
+    kern.fnv1a(np.ascontiguousarray(offsets), data, out)
+    return mix64(out)
 
 
 def isolation_salts(requests: pl.DataFrame, isolation: Sequence[str]) -> U64Array:
@@ -363,10 +499,7 @@ def isolation_salts(requests: pl.DataFrame, isolation: Sequence[str]) -> U64Arra
     salts = [key64(json.dumps(list(zip(cols, row, strict=True)))) for row in combos.iter_rows()]
     combos = combos.with_columns(pl.Series("_salt", salts, dtype=pl.UInt64))
     joined = (
-        requests.select(cols)
-        .with_row_index("_row")
-        .join(combos, on=cols, how="left", nulls_equal=True)
-        .sort("_row")
+        requests.select(cols).with_row_index("_row").join(combos, on=cols, how="left", nulls_equal=True).sort("_row")
     )
     return cast(U64Array, joined.get_column("_salt").to_numpy())
 
@@ -386,8 +519,7 @@ def _log_chains(requests: pl.DataFrame) -> tuple[npt.NDArray[np.bool_], int | No
         raise RooftraceError("requests: prefix_block_hashes present but prefix_block_size is null")
     if len(sizes) != 1:
         raise RooftraceError(
-            f"requests: prefix_block_size differs between rows ({sorted(sizes)}); "
-            "classify one block size at a time"
+            f"requests: prefix_block_size differs between rows ({sorted(sizes)}); classify one block size at a time"
         )
     size = int(sizes[0])
     if size <= 0:
@@ -399,13 +531,6 @@ def _csr(counts: I64Array) -> I64Array:
     out = np.zeros(counts.shape[0] + 1, dtype=np.int64)
     np.cumsum(counts, out=out[1:])
     return out
-
-
-def _segment_positions(counts: I64Array) -> I64Array:
-    """0, 1, ..., counts[0]-1, 0, 1, ..., counts[1]-1, ... (position inside each segment)."""
-    total = int(counts.sum())
-    starts = _csr(counts)[:-1]
-    return np.arange(total, dtype=np.int64) - np.repeat(starts, counts)
 
 
 def build_chains(
@@ -437,7 +562,7 @@ def build_chains(
         raise RooftraceError("requests: recorded_input_tokens and output_tokens must be >= 0")
 
     salt = isolation_salts(requests, isolation)
-    key = _row_keys(requests.get_column("request_id").cast(pl.String).to_list())
+    key = string_keys(requests.get_column("request_id"), kernels=kern)
 
     if "session_id" in requests.columns:
         sess_mask = requests.get_column("session_id").is_not_null().to_numpy().astype(bool) & ~log_mask
@@ -451,36 +576,27 @@ def build_chains(
     p_off = _csr(n_prompt)
     n_out = np.where(sess_mask, (in_tok + out_tok) // bs - in_tok // bs, 0).astype(np.int64)
     o_off = _csr(n_out)
-    pos = _segment_positions(n_prompt)
-    owner = np.repeat(np.arange(n, dtype=np.int64), n_prompt)
-    p_tokens = np.minimum(in_tok[owner] - pos * bs, bs).astype(np.int64)
-
-    # Default content: unique to the request and position.
-    p_content = mix64(key[owner] ^ mix64(pos.astype(np.uint64)))
+    log_ids, log_off = _log_lists(requests, log_mask)
+    p_content = np.empty(int(p_off[-1]), dtype=np.uint64)
+    p_tokens = np.empty(int(p_off[-1]), dtype=np.int64)
+    kern.content(source, key, in_tok, bs, p_off, log_ids, log_off, p_content, p_tokens)
     o_content = np.zeros(int(o_off[-1]), dtype=np.uint64)
 
-    if log_mask.any():
-        lists = requests.get_column("prefix_block_hashes")
-        lengths = lists.list.len().fill_null(0).to_numpy().astype(np.int64)
-        flat = lists.explode().drop_nulls().cast(pl.UInt64).to_numpy().astype(np.uint64)
-        l_off = _csr(lengths)
-        use = np.where(log_mask, np.minimum(lengths, n_prompt), 0)
-        # prompt block j of row r takes log id l_off[r] + j when j < use[r]
-        take = pos < use[owner]
-        p_content[take] = flat[l_off[owner[take]] + pos[take]]
-
     if sess_mask.any():
-        session_key = _session_keys(requests, salt, sess_mask)
         rows = np.flatnonzero(sess_mask)
+        sessions = (
+            pl.DataFrame({"salt": pl.Series(salt).cast(pl.String), "sid": requests.get_column("session_id")})
+            .select(pl.concat_str(["salt", "sid"], separator="\x00"))
+            .to_series()
+        )
+        session_key = string_keys(sessions, kernels=kern)
         arrival = requests.get_column("arrival").to_physical().to_numpy()[rows]
         order = rows[np.lexsort((rows, arrival, session_key[rows]))]
         sk = session_key[order]
         first = np.ones(order.shape[0], dtype=bool)
         first[1:] = sk[1:] != sk[:-1]
         max_ext = int(((in_tok + out_tok) // bs)[rows].max())
-        kern.session_content(
-            order, first, in_tok, out_tok, key, bs, p_off, o_off, p_content, o_content, max_ext
-        )
+        kern.session_content(order, first, in_tok, out_tok, key, bs, p_off, o_off, p_content, o_content, max_ext)
 
     p_hash = np.empty(int(p_off[-1]), dtype=np.uint64)
     o_hash = np.empty(int(o_off[-1]), dtype=np.uint64)
@@ -488,13 +604,18 @@ def build_chains(
     return Chains(p_hash, p_off, p_tokens, bs, source, o_hash, o_off)
 
 
-def _session_keys(requests: pl.DataFrame, salt: U64Array, mask: npt.NDArray[np.bool_]) -> U64Array:
-    """A 64-bit key per row naming (isolation domain, session_id); 0 where mask is false."""
-    sessions = requests.get_column("session_id").cast(pl.String).to_list()
-    out = np.zeros(requests.height, dtype=np.uint64)
-    for r in np.flatnonzero(mask):
-        out[r] = key64(f"{int(salt[r])}\x00{sessions[r]}")
-    return out
+def _log_lists(requests: pl.DataFrame, mask: npt.NDArray[np.bool_]) -> tuple[U64Array, I64Array]:
+    """The log hash chains as flat ids and per-row offsets (rows outside ``mask`` get none)."""
+    n = requests.height
+    if not mask.any():
+        return np.zeros(0, dtype=np.uint64), np.zeros(n + 1, dtype=np.int64)
+    arr = requests.get_column("prefix_block_hashes").cast(pl.List(pl.UInt64)).to_arrow()
+    if isinstance(arr, pa.ChunkedArray):
+        arr = arr.combine_chunks()
+    # Offsets index into the child array, sliced or not; only rows in mask are read.
+    offsets = np.asarray(arr.offsets, dtype=np.int64)
+    ids = np.asarray(arr.values.fill_null(0), dtype=np.uint64)
+    return ids, offsets
 
 
 # --------------------------------------------------------------------------------------------
@@ -572,14 +693,8 @@ class LRUPrefixCache:
 # one pass: stack distances
 
 
-def _prev_occurrence(keys: U64Array) -> I64Array:
-    """For each position, the previous position holding the same key (-1 if none)."""
-    order = np.argsort(keys, kind="stable")
-    sk = keys[order]
-    same = sk[1:] == sk[:-1]
-    prev = np.full(keys.shape[0], -1, dtype=np.int64)
-    prev[order[1:][same]] = order[:-1][same]
-    return prev
+#: Largest load factor of the block -> last position table of the distance kernel.
+_TABLE_LOAD = 0.7
 
 
 @dataclass(frozen=True, eq=False)
@@ -630,25 +745,24 @@ def request_distances(
     if ttl_s is not None and times_s is None:
         raise RooftraceError("a TTL needs the request times")
     kern = kernels if kernels is not None else _kernels()
-    # Reverse each request's touches (tail first) so the kernel can apply them in array order.
-    pos = _segment_positions(counts)
-    owner = np.repeat(np.arange(n_req, dtype=np.int64), counts)
-    rev = touch_offsets[owner] + (counts[owner] - 1 - pos)
-    seq = np.ascontiguousarray(touches[rev], dtype=np.uint64)
-    prev = _prev_occurrence(seq)
+    n = int(touches.shape[0])
+    # Open-addressing table: one slot per distinct block at most, kept below _TABLE_LOAD full.
+    slots = 1 << max(4, int(np.ceil(np.log2(max(n, 1) / _TABLE_LOAD))))
+    table = np.zeros(2 * slots, dtype=np.uint64)
     q_off = _csr(lookups)
     out = np.empty(int(q_off[-1]), dtype=np.int64)
     t_req = np.zeros(n_req, dtype=np.float64) if times_s is None else np.asarray(times_s, dtype=np.float64)
     ttl = np.inf if ttl_s is None else float(ttl_s)
     kern.distance(
+        np.ascontiguousarray(touches, dtype=np.uint64),
         np.ascontiguousarray(touch_offsets, dtype=np.int64),
-        prev,
-        owner,
         lookups,
         q_off,
         t_req,
         ttl,
         running_max,
+        table,
+        int(lookups.max(initial=0)),
         out,
     )
     return Distances(out, q_off)
@@ -687,20 +801,16 @@ class AccessPlan(NamedTuple):
     lookups: I64Array
 
 
-def access_plan(chains: Chains, rows: I64Array | None = None) -> AccessPlan:
+def access_plan(chains: Chains, rows: I64Array | None = None, *, kernels: _Kernels | None = None) -> AccessPlan:
     """Touches per request (full prompt blocks, then the full blocks its output completes) and
     lookups (``(n - 1) // block_size`` leading blocks), for ``rows`` in the order given."""
-    rows = np.arange(chains.n_requests, dtype=np.int64) if rows is None else rows
+    rows = np.arange(chains.n_requests, dtype=np.int64) if rows is None else np.asarray(rows, np.int64)
     full = chains.full_blocks()[rows]
     n_out = np.diff(chains.out_offsets)[rows]
     counts = full + n_out
     t_off = _csr(counts)
-    pos = _segment_positions(counts)
-    owner = np.repeat(np.arange(rows.shape[0], dtype=np.int64), counts)
-    r = rows[owner]
-    is_prompt = pos < full[owner]
     touches = np.empty(int(t_off[-1]), dtype=np.uint64)
-    touches[is_prompt] = chains.hashes[chains.offsets[r[is_prompt]] + pos[is_prompt]]
-    o = ~is_prompt
-    touches[o] = chains.out_hashes[chains.out_offsets[r[o]] + pos[o] - full[owner[o]]]
+    (kernels if kernels is not None else _kernels()).plan(
+        rows, chains.offsets, full, chains.out_offsets, chains.hashes, chains.out_hashes, t_off, touches
+    )
     return AccessPlan(touches, t_off, chains.lookup_blocks()[rows])
