@@ -38,3 +38,8 @@ from pipeline.cli_warehouse import query, sql  # noqa: E402
 
 main.add_command(sql)
 main.add_command(query)
+from pipeline.cli_nightly import demo_cmd, nightly_cmd, report  # noqa: E402
+
+main.add_command(report)
+main.add_command(nightly_cmd)
+main.add_command(demo_cmd)

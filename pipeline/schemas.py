@@ -170,6 +170,10 @@ def validate(table: pa.Table, name: str) -> None:
             raise SchemaError(f"schema {name!r}: non-nullable column {field.name!r} has nulls")
 
 
+#: mkstemp creates 0600 files; outputs are ordinary shareable files (umask still applies on create).
+_FILE_MODE = 0o644
+
+
 def atomic_write_bytes(path: Path, data: bytes) -> None:
     """Write ``data`` to ``path`` atomically (temp file in the same folder, fsync, rename)."""
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -179,6 +183,7 @@ def atomic_write_bytes(path: Path, data: bytes) -> None:
             fh.write(data)
             fh.flush()
             os.fsync(fh.fileno())
+        os.chmod(tmp, _FILE_MODE)
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
@@ -205,6 +210,7 @@ def write_parquet(table: pa.Table, path: Path, name: str) -> Path:
             write_statistics=True,
             store_schema=True,
         )
+        os.chmod(tmp, _FILE_MODE)
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)

@@ -126,6 +126,28 @@ def _view_sql(store: Store, spec: ViewSpec) -> str:
     return f"SELECT * FROM read_parquet({_lit(pattern)}, union_by_name=true)"
 
 
+def hardware_catalog() -> pa.Table:
+    """The hardware catalog as a table, so cost queries can join it (prices are dated data)."""
+    from pipeline.catalog import list_hardware, load_hardware
+
+    rows = []
+    for name in list_hardware():
+        hw = load_hardware(name)
+        rows.append(
+            {
+                "name": hw.name,
+                "display_name": hw.display_name,
+                "memory_bytes": hw.memory_bytes,
+                "memory_bandwidth_bytes_per_s": hw.memory_bandwidth_bytes_per_s,
+                "peak_bf16_flops_per_s": hw.peak_for("bf16"),
+                "peak_fp8_flops_per_s": hw.peak_for("fp8"),
+                "price_usd_per_gpu_hour": hw.price_usd_per_gpu_hour,
+                "price_date": hw.price_date,
+            }
+        )
+    return pa.Table.from_pylist(rows)
+
+
 def warehouse_path(store: Store) -> Path:
     return store.root / "warehouse.duckdb"
 
@@ -144,6 +166,9 @@ def build_warehouse(store: Store) -> Path:
             for spec in VIEWS:
                 con.execute(f'CREATE VIEW "{spec.name}" AS {_view_sql(store, spec)}')
                 con.execute(f"COMMENT ON VIEW \"{spec.name}\" IS '{spec.doc}'")
+            catalog = hardware_catalog()  # noqa: F841  (read by the next statement)
+            con.execute("CREATE TABLE hardware_catalog AS SELECT * FROM catalog")
+            con.execute("COMMENT ON TABLE hardware_catalog IS 'GPU catalog: memory, bandwidth, peaks, price'")
         finally:
             con.close()
         os.replace(tmp, target)

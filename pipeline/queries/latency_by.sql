@@ -4,7 +4,7 @@
 -- hardware pool and hour of arrival.
 -- params: run_id
 WITH run AS (
-    SELECT resolved.hardware.name AS hardware, resolved.tp AS tp FROM runs WHERE run_id = getvariable('run_id')
+    SELECT resolved.fleet.hardware AS hardware, resolved.fleet.tp AS tp FROM runs WHERE run_id = getvariable('run_id')
 ), occ AS (
     SELECT replica, second, running FROM replay_series WHERE run_id = getvariable('run_id')
 ), r AS (

@@ -1,0 +1,191 @@
+"""The nightly job: ingest -> classify -> replay -> warehouse -> report, and the reports index.
+
+Safe to re-run (every stage is idempotent), one run at a time per store (the store lock), and a
+failing stage leaves what earlier stages wrote intact and is named in the error.
+"""
+
+from __future__ import annotations
+
+import html
+import json
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, TypeVar
+
+import altair as alt
+
+from pipeline.accounting import classify_tokens
+from pipeline.errors import RooftraceError
+from pipeline.ingest import ingest_logs
+from pipeline.replay import ReplayOptions, replay
+from pipeline.report import _data, _script_json, build_report, vega_bundle
+from pipeline.schemas import atomic_write_bytes
+from pipeline.store import Store, repo_root
+from pipeline.warehouse import build_warehouse
+
+T = TypeVar("T")
+Progress = Callable[[str], None]
+
+
+class StageError(RooftraceError):
+    """A nightly stage failed; what earlier stages wrote is kept."""
+
+
+def default_reports_dir() -> Path:
+    root = repo_root()
+    return (root if root is not None else Path.cwd()) / "reports"
+
+
+def sample_dir() -> Path:
+    root = repo_root()
+    if root is None or not (root / "traces" / "sample").is_dir():
+        raise RooftraceError("the bundled sample (traces/sample) is only in a source checkout")
+    return root / "traces" / "sample"
+
+
+@dataclass
+class NightlyResult:
+    date: str
+    run_id: str
+    report: Path
+    index: Path
+    headline: dict[str, Any]
+    stages: dict[str, float] = field(default_factory=dict)
+    ingest: dict[str, Any] = field(default_factory=dict)
+
+    def line(self) -> str:
+        h = self.headline
+        ttft = h.get("ttft_p99_s")
+        return (
+            f"nightly {self.date}: run {self.run_id}, p99 TTFT {ttft if ttft is None else f'{ttft:.3f} s'}, "
+            f"{h.get('gpus')} GPUs, ${h.get('usd_per_day') or 0:,.0f}/day; report {self.report} "
+            f"({sum(self.stages.values()):.1f} s)"
+        )
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "date": self.date,
+            "run_id": self.run_id,
+            "report": str(self.report),
+            "index": str(self.index),
+            "headline": self.headline,
+            "stage_seconds": self.stages,
+            "ingest": self.ingest,
+        }
+
+
+def _stage(name: str, timings: dict[str, float], say: Progress, fn: Callable[[], T]) -> T:
+    say(f"[{name}] ...")
+    t0 = time.perf_counter()
+    try:
+        out = fn()
+    except RooftraceError as exc:
+        raise StageError(f"stage {name} failed (earlier stages' outputs are intact): {exc}") from None
+    timings[name] = time.perf_counter() - t0
+    say(f"[{name}] done in {timings[name]:.1f} s")
+    return out
+
+
+def nightly(
+    logs: Sequence[str | Path],
+    fleet: Path | str | None,
+    store: Store,
+    date: str | None = None,
+    reports_dir: Path | None = None,
+    fmt: str | None = None,
+    progress: Progress | None = None,
+) -> NightlyResult:
+    """Run the whole pipeline on ``logs`` for one date (``date``, else the newest date they hold)."""
+    say = progress or (lambda _m: None)
+    reports_dir = reports_dir or default_reports_dir()
+    timings: dict[str, float] = {}
+    with store.lock():
+        summary = _stage("ingest", timings, say, lambda: ingest_logs(logs, store, fmt=fmt, date=date, progress=say))
+        if summary.errors:
+            raise StageError(f"stage ingest failed (nothing after it ran): {'; '.join(summary.errors)}")
+        touched = sorted({d for f in summary.files for d in f.dates})
+        day = date or (touched[-1] if touched else store.resolve_date(None))
+        _stage("classify", timings, say, lambda: classify_tokens(store, day))
+        result = _stage("replay", timings, say, lambda: replay(store, fleet, ReplayOptions(date=day), progress=say))
+        _stage("warehouse", timings, say, lambda: build_warehouse(store))
+        report = _stage(
+            "report",
+            timings,
+            say,
+            lambda: build_report(store, result.run_id, day, reports_dir / day / "index.html"),
+        )
+        index = _stage("index", timings, say, lambda: build_index(reports_dir, store.root / ".cache"))
+    return NightlyResult(day, result.run_id, report.path, index, report.headline, timings, summary.to_json())
+
+
+def demo(store: Store, reports_dir: Path | None = None, progress: Progress | None = None) -> list[NightlyResult]:
+    """The nightly job on the bundled sample with the default fleet: the Azure 2023 conversation
+    hour (its own date, 2023-11-16)."""
+    sample = sample_dir()
+    return [nightly([sample / "azure_conv_2023.csv.gz"], None, store, None, reports_dir, progress=progress)]
+
+
+# --- the reports index --------------------------------------------------------------------------
+
+_TREND = (
+    ("ttft_p99_s", "p99 TTFT (s)"),
+    ("tpot_p99_s", "p99 TPOT (s)"),
+    ("peak_fresh_prefill_tokens_per_s_1s", "peak fresh prefill (tokens/s, 1 s)"),
+    ("peak_decode_tokens_per_s_1s", "peak decode (tokens/s, 1 s)"),
+    ("usd_per_day", "fleet $/day"),
+)
+
+
+def build_index(reports_dir: Path, cache_dir: Path) -> Path:
+    """Write ``reports/index.html``: every night's headline numbers and their trend."""
+    nights = []
+    for path in sorted(reports_dir.glob("*/headline.json")):
+        try:
+            nights.append(json.loads(path.read_text()))
+        except (OSError, json.JSONDecodeError):
+            continue  # a half-written night is skipped, not fatal
+    rows = "".join(
+        "<tr>"
+        + f'<td><a href="{html.escape(str(n.get("date")))}/index.html">{html.escape(str(n.get("date")))}</a></td>'
+        + "".join(
+            f"<td>{html.escape(f'{n.get(k):,.4g}' if isinstance(n.get(k), int | float) else str(n.get(k)))}</td>"
+            for k, _ in _TREND
+        )
+        + f"<td>{html.escape(str(n.get('gpus')))} × {html.escape(str(n.get('hardware')))}</td></tr>"
+        for n in nights
+    )
+    head = "<tr><th>date</th>" + "".join(f"<th>{html.escape(t)}</th>" for _, t in _TREND) + "<th>fleet</th></tr>"
+    long = [
+        {"date": n.get("date"), "metric": title, "value": n.get(key)}
+        for n in nights
+        for key, title in _TREND
+        if isinstance(n.get(key), int | float)
+    ]
+    spec = (
+        alt.Chart(_data(long))
+        .mark_line(point=True)
+        .encode(
+            x=alt.X("date:T", title="night"),
+            y=alt.Y("value:Q", title=None),
+            row=alt.Row("metric:N", title=None),
+        )
+        .properties(width=700, height=110)
+        .resolve_scale(y="independent")
+        .to_dict()
+    )
+    bundle = vega_bundle(cache_dir).replace("</script", "<\\/script")
+    page = (
+        "<!doctype html><html lang=en><head><meta charset=utf-8><title>rooftrace nightly reports</title>"
+        "<style>body{font-family:system-ui,sans-serif;max-width:1000px;margin:24px auto}"
+        "table{border-collapse:collapse}td,th{border:1px solid #ddd;padding:3px 8px}</style>"
+        f"<script>{bundle}</script></head><body><h1>rooftrace nightly reports</h1>"
+        f"<table>{head}{rows}</table><h2>Trend of the headline numbers</h2><div id=trend></div>"
+        f"<script>vegaEmbed('#trend', {_script_json(spec)}, {{actions: false, renderer: 'svg'}})"
+        ".catch((e) => { document.getElementById('trend').textContent = 'chart failed: ' + e; console.error(e); });"
+        "</script></body></html>\n"
+    )
+    out = reports_dir / "index.html"
+    atomic_write_bytes(out, page.encode())
+    return out

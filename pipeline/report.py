@@ -1,0 +1,494 @@
+"""The offline HTML capacity report: headline numbers, then charts, then the run's config.
+
+Every number and chart comes from a named warehouse query (``pipeline/queries``), so it can be
+reproduced with ``rooftrace query NAME --run RUN``. Charts are aggregated in SQL before plotting
+(a day of a million requests still makes a small file). The page is one standalone file: the
+Vega, Vega-Lite and vega-embed JavaScript from vl-convert is inlined once and nothing is
+fetched. Every string from a log or a config is HTML-escaped, and chart data is embedded as JSON
+with ``<`` escaped, so no log line can inject markup or script.
+"""
+
+from __future__ import annotations
+
+import html
+import json
+import math
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import altair as alt
+import pyarrow as pa
+import vl_convert as vlc
+
+from pipeline.errors import RooftraceError
+from pipeline.schemas import atomic_write_bytes
+from pipeline.store import Store
+from pipeline.tables import table_to_json
+from pipeline.warehouse import build_warehouse, latest_run, run_query
+
+Rows = list[dict[str, Any]]
+
+
+def _data(values: Rows) -> Any:
+    """Inline chart data (already aggregated in SQL)."""
+    return alt.Data(values=values)  # type: ignore[no-untyped-call]
+
+
+def _rows(table: pa.Table) -> Rows:
+    return table_to_json(table)
+
+
+def vega_bundle(cache_dir: Path) -> str:
+    """vl-convert's JavaScript bundle (Vega, Vega-Lite, vega-embed), cached per version: building
+    it takes seconds, reading it milliseconds."""
+    key = f"vega-{vlc.get_vega_version()}-vl-{vlc.get_vegalite_versions()[-1]}-embed-{vlc.get_vega_embed_version()}"
+    path = cache_dir / f"{key}.js"
+    if path.exists():
+        return path.read_text()
+    bundle: str = vlc.javascript_bundle()  # type: ignore[call-arg]
+    atomic_write_bytes(path, bundle.encode())
+    return bundle
+
+
+def _script_json(doc: Any) -> str:
+    """JSON safe inside a <script> element (no '</script>' or HTML comment can form)."""
+    text = json.dumps(doc, separators=(",", ":"), allow_nan=False, default=str)
+    return (
+        text.replace("<", "\\u003c")
+        .replace(">", "\\u003e")
+        .replace("&", "\\u0026")
+        .replace("\u2028", "\\u2028")
+        .replace("\u2029", "\\u2029")
+    )
+
+
+def _fmt(v: Any, unit: str = "", digits: int = 3) -> str:
+    if v is None or (isinstance(v, float) and not math.isfinite(v)):
+        return "n/a"
+    if isinstance(v, int | float):
+        x = float(v)
+        if unit == "s":
+            if abs(x) < 1:
+                return f"{x * 1000:.{max(digits - 1, 0)}g} ms"
+            return f"{x:.{digits}g} s"
+        if unit == "%":
+            return f"{x * 100:.1f}%"
+        if unit == "$":
+            return f"${x:,.2f}"
+        if abs(x) >= 1e4:
+            return f"{x:,.0f}{(' ' + unit) if unit else ''}"
+        return f"{x:.{digits}g}{(' ' + unit) if unit else ''}"
+    return str(v)
+
+
+@dataclass
+class Chart:
+    key: str
+    title: str
+    definition: str
+    spec: dict[str, Any]
+
+
+@dataclass
+class ReportResult:
+    path: Path
+    run_id: str
+    date: str
+    headline: dict[str, Any]
+    charts: list[str] = field(default_factory=list)
+    pngs: list[Path] = field(default_factory=list)
+    seconds: float = 0.0
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "path": str(self.path),
+            "run_id": self.run_id,
+            "date": self.date,
+            "headline": self.headline,
+            "charts": self.charts,
+            "pngs": [str(p) for p in self.pngs],
+            "seconds": round(self.seconds, 3),
+        }
+
+
+def _first(rows: Rows, **match: Any) -> dict[str, Any]:
+    for r in rows:
+        if all(r.get(k) == v for k, v in match.items()):
+            return r
+    return {}
+
+
+def headline_numbers(q: Callable[[str], Rows]) -> dict[str, Any]:
+    peaks = q("peak_throughput")
+    lat = q("latency")
+    kv = _first(q("kv_memory"), replica="fleet")
+    cost = (q("cost") or [{}])[0]
+    tokens = (q("token_totals") or [{}])[0]
+    return {
+        "peak_fresh_prefill_tokens_per_s_1s": _first(peaks, metric="fresh_prefill", window="1s").get("tokens_per_s"),
+        "peak_fresh_prefill_tokens_per_s_1min": _first(peaks, metric="fresh_prefill", window="1min").get(
+            "tokens_per_s"
+        ),
+        "peak_fresh_prefill_at": _first(peaks, metric="fresh_prefill", window="1s").get("at"),
+        "peak_decode_tokens_per_s_1s": _first(peaks, metric="decode", window="1s").get("tokens_per_s"),
+        "peak_decode_tokens_per_s_1min": _first(peaks, metric="decode", window="1min").get("tokens_per_s"),
+        "peak_decode_at": _first(peaks, metric="decode", window="1s").get("at"),
+        "peak_kv_bytes": kv.get("peak_bytes"),
+        "kv_capacity_bytes": kv.get("capacity_bytes"),
+        "kv_headroom": kv.get("headroom"),
+        "ttft_p99_s": _first(lat, metric="ttft_s").get("p99"),
+        "tpot_p99_s": _first(lat, metric="tpot_s").get("p99"),
+        "ttft_p50_s": _first(lat, metric="ttft_s").get("p50"),
+        "tpot_p50_s": _first(lat, metric="tpot_s").get("p50"),
+        "gpus": cost.get("gpus"),
+        "hardware": cost.get("hardware"),
+        "usd_per_day": cost.get("usd_per_day"),
+        "usd_per_million_tokens": cost.get("usd_per_million_tokens"),
+        "price_date": cost.get("price_date"),
+        "requests": tokens.get("requests"),
+        "recorded_input_tokens": tokens.get("recorded_input_tokens"),
+        "cache_hit_tokens": tokens.get("cache_hit_tokens"),
+        "fresh_input_tokens": tokens.get("fresh_input_tokens"),
+        "output_tokens": tokens.get("output_tokens"),
+    }
+
+
+def _charts(q: Callable[[str], Rows], headline: dict[str, Any]) -> list[Chart]:
+    charts: list[Chart] = []
+    width = 760
+
+    def add(key: str, title: str, definition: str, chart: alt.TopLevelMixin, faceted: bool = False) -> None:
+        spec = (chart if faceted else chart.properties(width=width)).to_dict()
+        charts.append(Chart(key, title, definition, spec))
+
+    def utc(field: str, title: str) -> alt.X:
+        # Vega formats times in the viewer's zone and 12-hour clock by default: force UTC, 24 h.
+        return alt.X(field, title=title, scale=alt.Scale(type="utc"), axis=alt.Axis(format="%H:%M"))
+
+    minutes = q("token_rates")
+    if minutes:
+        long = [
+            {"minute": r["minute"], "series": name, "tokens_per_s": r[col]}
+            for r in minutes
+            for name, col in (
+                ("recorded input", "recorded_input_tokens_per_s"),
+                ("cache-hit input", "cache_hit_tokens_per_s"),
+                ("fresh input (prefill work)", "fresh_input_tokens_per_s"),
+                ("output", "output_tokens_per_s"),
+            )
+        ]
+        add(
+            "token_accounting",
+            "Token accounting per minute (tokens/s of wall time)",
+            "recorded = input tokens as logged (cached included); cache-hit = served from a prefix "
+            "cache; fresh = recorded − cache-hit (prefill work); output = generated tokens.",
+            alt.Chart(_data(long))
+            .mark_line()
+            .encode(
+                x=utc("minute:T", "minute (UTC)"),
+                y=alt.Y("tokens_per_s:Q", title="tokens/s"),
+                color=alt.Color("series:N", title=None),
+                tooltip=["minute:T", "series:N", alt.Tooltip("tokens_per_s:Q", format=",.0f")],
+            ),
+        )
+    timeline = q("fleet_timeline")
+    if timeline:
+        bin_s = timeline[0].get("bin_s", 1)
+        for key, col, peak_col, label, head_key in (
+            (
+                "prefill",
+                "fresh_prefill_tokens_per_s",
+                "peak_fresh_prefill_tokens_per_s",
+                "Fresh prefill throughput",
+                "peak_fresh_prefill_tokens_per_s_1s",
+            ),
+            (
+                "decode",
+                "decode_tokens_per_s",
+                "peak_decode_tokens_per_s",
+                "Aggregate decode throughput",
+                "peak_decode_tokens_per_s_1s",
+            ),
+        ):
+            base = alt.Chart(_data(timeline)).encode(x=utc("time:T", "time (UTC)"))
+            mean = base.mark_line().encode(y=alt.Y(f"{col}:Q", title="tokens/s"))
+            peak = base.mark_line(opacity=0.35, strokeDash=[3, 3]).encode(y=f"{peak_col}:Q")
+            mark = headline.get(head_key)
+            layers = [mean, peak]
+            if mark is not None:
+                rule = alt.Chart(_data([{"peak": mark}])).mark_rule(color="firebrick").encode(y="peak:Q")
+                text = (
+                    alt.Chart(_data([{"peak": mark, "label": f"peak {mark:,.0f} tok/s (1 s)"}]))
+                    .mark_text(align="left", dy=-6, color="firebrick")
+                    .encode(y="peak:Q", text="label:N", x=alt.value(4))
+                )
+                layers += [rule, text]
+            add(
+                key,
+                f"{label} (tokens/s, fleet total)",
+                f"Solid: mean over {bin_s} s bins; dashed: the highest 1 s value in each bin; red: the "
+                "day's 1 s peak. Tokens actually processed by the replayed fleet (fresh prefill "
+                "excludes cache hits).",
+                alt.layer(*layers),
+            )
+        add(
+            "kv",
+            "KV-cache memory in use vs capacity (fraction of KV capacity, fullest replica)",
+            "Blocks in use / blocks the memory fit left for KV, max over replicas and over each bin; 1.0 = full "
+            "(new requests wait, running ones may be preempted).",
+            alt.layer(
+                alt.Chart(_data(timeline))
+                .mark_area(opacity=0.6)
+                .encode(
+                    x=utc("time:T", "time (UTC)"),
+                    y=alt.Y("kv_use_fraction:Q", title="fraction of KV capacity", scale=alt.Scale(domain=[0, 1.05])),
+                ),
+                alt.Chart(_data([{"cap": 1.0}])).mark_rule(color="firebrick").encode(y="cap:Q"),
+            ),
+        )
+        queue = [
+            {"time": r["time"], "series": name, "requests": r[col]}
+            for r in timeline
+            for name, col in (("running (batch occupancy)", "running"), ("waiting (queue depth)", "waiting"))
+        ]
+        add(
+            "queue",
+            "Queue depth and batch occupancy (requests, fleet total)",
+            f"Mean over {bin_s} s bins of the requests running in a batch and waiting to be scheduled.",
+            alt.Chart(_data(queue))
+            .mark_line()
+            .encode(
+                x=utc("time:T", "time (UTC)"),
+                y=alt.Y("requests:Q", title="requests"),
+                color=alt.Color("series:N", title=None),
+            ),
+        )
+    cdf = q("latency_cdf")
+    if cdf:
+        add(
+            "latency_cdf",
+            "Latency CDFs (seconds, log scale)",
+            "ttft_s = first token − arrival (queueing included); tpot_s = (e2e − ttft) / (output − 1); "
+            "e2e_s = last token − arrival (vLLM definitions), finished requests.",
+            alt.Chart(_data([r for r in cdf if r["seconds"] and r["seconds"] > 0]))
+            .mark_line()
+            .encode(
+                x=alt.X("seconds:Q", title="seconds", scale=alt.Scale(type="log")),
+                y=alt.Y("fraction:Q", title="fraction of requests ≤ x"),
+                color=alt.Color("metric:N", title=None),
+            ),
+        )
+    by = [r for r in q("latency_by") if r["dimension"] == "prompt_tokens"]
+    if by:
+        long = [
+            {"bucket": r["bucket"], "metric": r["metric"], "percentile": p, "seconds": r[p]}
+            for r in by
+            for p in ("p50", "p90", "p99")
+        ]
+        add(
+            "latency_by_prompt",
+            "Latency percentiles by prompt length (seconds)",
+            "p50 / p90 / p99 of TTFT, TPOT and E2E per bucket of recorded input tokens (linear interpolation).",
+            alt.Chart(_data(long))
+            .mark_bar()
+            .encode(
+                x=alt.X(
+                    "bucket:N",
+                    title="recorded input tokens",
+                    sort=["0-511", "512-2047", "2048-8191", "8192-32767", "32768+"],
+                ),
+                xOffset="percentile:N",
+                y=alt.Y("seconds:Q", title="seconds"),
+                color=alt.Color("percentile:N"),
+            )
+            .properties(width=220, height=200)
+            .facet(column=alt.Column("metric:N", title=None))
+            .resolve_scale(y="independent"),
+            faceted=True,
+        )
+    binding = q("binding_timeline")
+    if binding:
+        add(
+            "binding",
+            "Binding resource over time (engine busy seconds per minute, all replicas)",
+            "Each step span is attributed to the resource whose time dominates its roofline cost: compute "
+            "(FLOPs), memory (bytes moved), communication (tensor-parallel all-reduce) or fixed overhead.",
+            alt.Chart(_data(binding))
+            .mark_area()
+            .encode(
+                x=utc("minute:T", "minute (UTC)"),
+                y=alt.Y("busy_s:Q", title="busy seconds per minute", stack=True),
+                color=alt.Color("binding:N", title=None),
+            ),
+        )
+    curve = q("cache_curve_points")
+    if curve:
+        add(
+            "cache_curve",
+            "Prefix-cache capacity curve: hit fraction of input tokens vs cache size (tokens)",
+            "How much KV memory buys how much prefill: LRU prefix cache of the given capacity, one pass "
+            "over the day's requests (Mattson stack distances); per model.",
+            alt.Chart(_data(curve))
+            .mark_line(point=True)
+            .encode(
+                x=alt.X("capacity_tokens:Q", title="cache capacity (tokens)", scale=alt.Scale(type="log")),
+                y=alt.Y("token_hit_fraction:Q", title="cache-hit fraction of input tokens"),
+                color=alt.Color("model:N", title=None),
+            ),
+        )
+    return charts
+
+
+_CSS = """
+body{font-family:system-ui,-apple-system,Segoe UI,Roboto,sans-serif;margin:24px auto;max-width:1000px;color:#222}
+h1{font-size:1.5em;margin-bottom:0}.sub{color:#666;margin-top:4px}
+.cards{display:grid;grid-template-columns:repeat(auto-fill,minmax(220px,1fr));gap:10px;margin:16px 0}
+.card{border:1px solid #ddd;border-radius:6px;padding:10px}.card b{display:block;font-size:1.3em}
+.card span{color:#666;font-size:.85em}section{margin:28px 0}.def{color:#555;font-size:.9em}
+table{border-collapse:collapse;font-size:.85em}td,th{border:1px solid #ddd;padding:3px 8px;text-align:left}
+pre{background:#f6f6f6;padding:8px;overflow-x:auto;font-size:.8em}
+"""
+
+
+def _cards(h: dict[str, Any]) -> list[tuple[str, str, str]]:
+    kv_frac = None
+    if h.get("peak_kv_bytes") is not None and h.get("kv_capacity_bytes"):
+        kv_frac = h["peak_kv_bytes"] / h["kv_capacity_bytes"]
+    return [
+        (
+            "Peak fresh prefill",
+            _fmt(h.get("peak_fresh_prefill_tokens_per_s_1s"), "tok/s"),
+            f"1 s window; 1 min: {_fmt(h.get('peak_fresh_prefill_tokens_per_s_1min'), 'tok/s')}",
+        ),
+        (
+            "Peak decode",
+            _fmt(h.get("peak_decode_tokens_per_s_1s"), "tok/s"),
+            f"1 s window; 1 min: {_fmt(h.get('peak_decode_tokens_per_s_1min'), 'tok/s')}",
+        ),
+        (
+            "Peak KV vs capacity",
+            _fmt(kv_frac, "%"),
+            f"{_fmt((h.get('peak_kv_bytes') or 0) / 2**30, 'GiB')} of "
+            f"{_fmt((h.get('kv_capacity_bytes') or 0) / 2**30, 'GiB')} (fullest replica)",
+        ),
+        ("p99 TTFT", _fmt(h.get("ttft_p99_s"), "s"), f"p50 {_fmt(h.get('ttft_p50_s'), 's')} (first token − arrival)"),
+        ("p99 TPOT", _fmt(h.get("tpot_p99_s"), "s"), f"p50 {_fmt(h.get('tpot_p50_s'), 's')} ((e2e − ttft)/(out − 1))"),
+        ("GPUs", _fmt(h.get("gpus")), str(h.get("hardware") or "")),
+        ("Fleet cost", _fmt(h.get("usd_per_day"), "$") + "/day", f"on-demand price of {h.get('price_date') or 'n/a'}"),
+        ("$ per million tokens", _fmt(h.get("usd_per_million_tokens"), "$"), "input + output, over the replay span"),
+        (
+            "Requests",
+            _fmt(h.get("requests")),
+            f"fresh {_fmt(h.get('fresh_input_tokens'))} of {_fmt(h.get('recorded_input_tokens'))} input tokens",
+        ),
+    ]
+
+
+def _html_table(rows: Rows, limit: int = 200) -> str:
+    if not rows:
+        return "<p>(none)</p>"
+    cols = list(rows[0])
+    head = "".join(f"<th>{html.escape(str(c))}</th>" for c in cols)
+    body = "".join(
+        "<tr>"
+        + "".join(f"<td>{html.escape(_fmt(r[c]) if isinstance(r[c], float) else str(r[c]))}</td>" for c in cols)
+        + "</tr>"
+        for r in rows[:limit]
+    )
+    return f"<table><tr>{head}</tr>{body}</table>"
+
+
+def render_html(
+    title: str,
+    subtitle: str,
+    headline: dict[str, Any],
+    charts: list[Chart],
+    extra_sections: list[tuple[str, str]],
+    bundle: str,
+) -> str:
+    cards = "".join(
+        f'<div class="card"><span>{html.escape(name)}</span><b>{html.escape(value)}</b>'
+        f"<span>{html.escape(note)}</span></div>"
+        for name, value, note in _cards(headline)
+    )
+    sections = "".join(
+        f'<section><h2>{html.escape(c.title)}</h2><p class="def">{html.escape(c.definition)}</p>'
+        f'<div class="chart" id="chart-{html.escape(c.key)}"></div></section>'
+        for c in charts
+    )
+    extra = "".join(f"<section><h2>{html.escape(t)}</h2>{body}</section>" for t, body in extra_sections)
+    specs = {f"chart-{c.key}": c.spec for c in charts}
+    safe_bundle = bundle.replace("</script", "<\\/script")
+    return (
+        "<!doctype html><html lang=en><head><meta charset=utf-8>"
+        f"<title>{html.escape(title)}</title><style>{_CSS}</style>"
+        f"<script>{safe_bundle}</script></head><body>"
+        f"<h1>{html.escape(title)}</h1><p class=sub>{html.escape(subtitle)}</p>"
+        f'<div class="cards">{cards}</div>{sections}{extra}'
+        f"<script>const SPECS = {_script_json(specs)};\n"
+        "for (const [id, spec] of Object.entries(SPECS)) {\n"
+        "  vegaEmbed('#' + id, spec, {actions: false, renderer: 'svg'}).catch((e) => {\n"
+        "    document.getElementById(id).textContent = 'chart failed: ' + e; console.error(e); });\n"
+        "}\n</script></body></html>\n"
+    )
+
+
+def build_report(
+    store: Store,
+    run_id: str | None = None,
+    date: str | None = None,
+    out: Path | None = None,
+    png_dir: Path | None = None,
+) -> ReportResult:
+    """Write the HTML report of one replay run (the latest by default)."""
+    t0 = time.perf_counter()
+    build_warehouse(store)
+    if run_id is None:
+        run_id = latest_run(store, date)
+        if run_id is None:
+            raise RooftraceError(f"{store.runs_dir}: no replay run to report (run `rooftrace replay`)")
+    config_path = store.runs_dir / run_id / "config.json"
+    if not config_path.exists():
+        raise RooftraceError(f"{config_path}: no such run")
+    config = json.loads(config_path.read_text())
+    day = str(config.get("date") or date or store.resolve_date(None))
+
+    def q(name: str) -> Rows:
+        return _rows(run_query(store, name, {"run_id": run_id, "date": day}))
+
+    headline = headline_numbers(q)
+    charts = _charts(q, headline)
+    out = out or Path("reports") / day / "index.html"
+    extra = [
+        ("Latency percentiles (seconds)", _html_table(q("latency"))),
+        ("Peak throughput", _html_table(q("peak_throughput"))),
+        ("KV memory", _html_table(q("kv_memory"))),
+        ("Binding resource shares", _html_table(q("binding_shares"))),
+        ("Cost", _html_table(q("cost"))),
+        ("Ingest accounting", _html_table(q("ingest_accounting"))),
+        ("Run config", f"<pre>{html.escape(json.dumps(config, indent=2, sort_keys=True, default=str))}</pre>"),
+    ]
+    resolved = config.get("resolved", {}).get("fleet", {})
+    subtitle = (
+        f"{day} · run {run_id} · {resolved.get('replicas', '?')}× {resolved.get('model', '?')} on "
+        f"{resolved.get('tp', '?')}× {resolved.get('hardware', '?')} · numbers reproducible with "
+        f"`rooftrace query NAME --run {run_id}`"
+    )
+    page = render_html(
+        f"rooftrace capacity report — {day}", subtitle, headline, charts, extra, vega_bundle(store.root / ".cache")
+    )
+    atomic_write_bytes(out, page.encode())
+    atomic_write_bytes(
+        out.with_name("headline.json"),
+        (json.dumps({"date": day, "run_id": run_id, **headline}, indent=2, default=str) + "\n").encode(),
+    )
+    pngs: list[Path] = []
+    if png_dir is not None:
+        for c in charts:
+            target = png_dir / f"{c.key}.png"
+            atomic_write_bytes(target, vlc.vegalite_to_png(c.spec, scale=1.5))
+            pngs.append(target)
+    return ReportResult(out, run_id, day, headline, [c.key for c in charts], pngs, time.perf_counter() - t0)
