@@ -61,9 +61,7 @@ class _State:
 
 
 class _Replica:
-    def __init__(
-        self, index: int, spec: FleetSpec, cost: StepCostFn, st: _State, log: StepLog | None
-    ) -> None:
+    def __init__(self, index: int, spec: FleetSpec, cost: StepCostFn, st: _State, log: StepLog | None) -> None:
         cfg = spec.scheduler
         self.index = index
         self.cost = cost
@@ -217,7 +215,7 @@ class _Replica:
             return False  # admissible: not a span
         if evictable:
             return False  # an eviction could change the head's hits: step singly
-        return not any(self._has_pending_chain(r) for r in self.running)
+        return not self.caching or not any(self._has_pending_chain(r) for r in self.running)
 
     # -- stepping ----------------------------------------------------------------------------
     def advance(self, lt: float = _INF, le: float = _INF, stop_on_finish: bool = False) -> None:
@@ -313,9 +311,7 @@ class _Replica:
         self._commit_span(ids, comp, k, ends, cost, n)
         return True
 
-    def _commit_span(
-        self, ids: IntArray, comp: IntArray, k: int, ends: FloatArray, cost: StepCost, n: int
-    ) -> None:
+    def _commit_span(self, ids: IntArray, comp: IntArray, k: int, ends: FloatArray, cost: StepCost, n: int) -> None:
         st = self.st
         res = st.res
         bs = self.bs

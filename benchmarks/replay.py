@@ -1,0 +1,113 @@
+"""Replay engine speed: requests per wall-second, peak RSS, and the speed-up over the reference.
+
+Workload: Azure-conversation-like lengths (prompt and output tokens resampled from the bundled
+Azure 2023 conversation trace when it is present, else lognormals with its mean and median),
+Poisson arrivals, a 16-replica fleet of Llama-3.1-8B on H100 (KV capacity from memory.fit).
+
+    python benchmarks/replay.py --requests 1000000 --cost linear     # engine cost only
+    python benchmarks/replay.py --requests 20000 --cost roofline     # with the roofline model
+    python benchmarks/replay.py --reference 2000                     # fast vs reference
+
+``linear`` is the affine stand-in cost of the tests (µs per call), so the figure measures the
+engine; ``roofline`` adds the catalog's cost model (about 1 ms per call on this machine).
+"""
+
+from __future__ import annotations
+
+import argparse
+import resource
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import polars as pl
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "tests"))
+
+from test_engine_support import LinearCost  # noqa: E402
+
+from pipeline.engine.fast import simulate  # noqa: E402
+from pipeline.engine.model import FleetSpec, Workload  # noqa: E402
+from pipeline.engine.reference import simulate_reference  # noqa: E402
+from pipeline.engine.steplog import StepLog  # noqa: E402
+from pipeline.fleet import parse_fleet, resolve  # noqa: E402
+
+SAMPLE = ROOT / "traces" / "sample" / "azure_conv_2023.csv.gz"
+
+
+def lengths(n: int, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
+    if SAMPLE.exists():
+        df = pl.read_csv(SAMPLE)
+        idx = rng.integers(0, df.height, n)
+        return (
+            np.maximum(df["ContextTokens"].to_numpy()[idx], 1).astype(np.int64),
+            np.maximum(df["GeneratedTokens"].to_numpy()[idx], 1).astype(np.int64),
+        )
+    # Azure conv 2023 (SOURCE.md): input mean 1155 / median 1020, output mean 211 / median 129.
+    p = rng.lognormal(np.log(1020), np.sqrt(2 * np.log(1155 / 1020)), n)
+    o = rng.lognormal(np.log(129), np.sqrt(2 * np.log(211 / 129)), n)
+    return np.clip(p, 1, 14050).astype(np.int64), np.clip(o, 1, 1000).astype(np.int64)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--requests", type=int, default=1_000_000)
+    ap.add_argument("--replicas", type=int, default=16)
+    ap.add_argument("--rate", type=float, default=None, help="req/s for the fleet (default: ~70%% load)")
+    ap.add_argument("--cost", choices=["linear", "roofline"], default="linear")
+    ap.add_argument("--router", default="round_robin")
+    ap.add_argument("--reference", type=int, default=0, help="also time the reference on N requests")
+    args = ap.parse_args()
+
+    fleet = resolve(
+        parse_fleet(
+            {
+                "name": "bench",
+                "model": "llama-3.1-8b",
+                "hardware": "h100-sxm",
+                "replicas": args.replicas,
+                "router": args.router,
+                "engine": {"max_model_len": 16384},
+            },
+            "bench",
+        )
+    )
+    cost = fleet.deployment if args.cost == "roofline" else LinearCost(a=2.3e-3, b=7e-5, c=2e-10, d=2e-5, e=1.5e-8)
+    rng = np.random.default_rng(0)
+    n = args.requests
+    prompt, output = lengths(n, rng)
+    rate = args.rate if args.rate is not None else 6.0 * args.replicas
+    arrival = np.cumsum(rng.exponential(1.0 / rate, n))
+    work = Workload(arrival_s=arrival, prompt_tokens=prompt, output_tokens=output)
+    spec = FleetSpec(replicas=args.replicas, scheduler=fleet.scheduler, router=args.router)
+    log = StepLog(capacity=4 * n)
+    t0 = time.perf_counter()
+    res = simulate(work, spec, cost, log)
+    wall = time.perf_counter() - t0
+    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024**2
+    ok = res.reject_reason == 0
+    print(f"requests            {n:,} ({ok.sum():,} finished) on {args.replicas} replicas, {args.router}")
+    print(f"cost model          {args.cost}")
+    print(f"simulated span      {np.nanmax(res.finish_s):,.0f} s at {rate:.1f} req/s offered")
+    print(f"spans               {log.n:,} ({log.n / n:.2f} per request)")
+    print(f"wall                {wall:,.2f} s")
+    print(f"requests per wall-s {n / wall:,.0f}")
+    print(f"peak RSS            {rss:,.2f} GiB")
+    if args.reference:
+        m = args.reference
+        sub = Workload(arrival_s=arrival[:m], prompt_tokens=prompt[:m], output_tokens=output[:m])
+        t0 = time.perf_counter()
+        fast = simulate(sub, spec, cost)
+        t_fast = time.perf_counter() - t0
+        t0 = time.perf_counter()
+        ref = simulate_reference(sub, spec, cost)
+        t_ref = time.perf_counter() - t0
+        diff = np.nanmax(np.abs(fast.finish_s - ref.finish_s) / np.abs(ref.finish_s))
+        print(f"reference on {m:,}  fast {t_fast:.2f} s, reference {t_ref:.2f} s, speed-up {t_ref / t_fast:.1f}x")
+        print(f"max rel. diff finish {diff:.2e}")
+
+
+if __name__ == "__main__":
+    main()
