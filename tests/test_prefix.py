@@ -76,6 +76,15 @@ def test_key64_is_blake2b() -> None:
     assert P.key64("tenant-a") == expected
 
 
+def test_string_keys_are_fnv1a_then_splitmix() -> None:
+    # FNV-1a 64 reference vectors (Fowler/Noll/Vo test suite): "" is the offset basis.
+    fnv = {"": 0xCBF29CE484222325, "a": 0xAF63DC4C8601EC8C, "foobar": 0x85944171F73967E8}
+    series = pl.Series(["x", *fnv, "y"]).slice(1, 3)  # a sliced Arrow buffer must still work
+    got = P.string_keys(series)
+    assert got.tolist() == P.mix64(np.array(list(fnv.values()), dtype=np.uint64)).tolist()
+    assert P.string_keys(pl.Series(["a", None])).tolist() == P.string_keys(pl.Series(["a", ""])).tolist()
+
+
 # --------------------------------------------------------------------------------------------
 # classic stack distances
 
@@ -159,9 +168,7 @@ def test_one_pass_equals_explicit_lru(w: Workload, caps: list[int], ttl: float |
         one_pass = dist.hit_blocks(cap).tolist()
         lib = P.LRUPrefixCache(cap, ttl)
         ref = ListLRU(cap, ttl)
-        lib_hits = [
-            lib.access(c, t, max_hits=k) for c, k, t in zip(w.touches, w.lookups, w.times, strict=True)
-        ]
+        lib_hits = [lib.access(c, t, max_hits=k) for c, k, t in zip(w.touches, w.lookups, w.times, strict=True)]
         ref_hits = [ref.request(c, k, t) for c, k, t in zip(w.touches, w.lookups, w.times, strict=True)]
         assert one_pass == lib_hits == ref_hits
 
@@ -226,9 +233,16 @@ def test_python_kernels_agree_with_compiled() -> None:
     seq = rng.integers(0, 40, 500).astype(np.uint64)
     assert np.array_equal(P.lru_stack_distances(seq), P.lru_stack_distances(seq, kernels=P._python_kernels()))
     df = _session_frame(rng, n_sessions=6, turns=5, bs=16)
+    slow = P._python_kernels()
     a = P.build_chains(df, 16)
-    b = P.build_chains(df, 16, kernels=P._python_kernels())
+    b = P.build_chains(df, 16, kernels=slow)
     assert np.array_equal(a.hashes, b.hashes) and np.array_equal(a.out_hashes, b.out_hashes)
+    plan = P.access_plan(a)
+    assert all(np.array_equal(x, y) for x, y in zip(plan, P.access_plan(a, kernels=slow), strict=True))
+    times = np.sort(rng.uniform(0, 100, a.n_requests))
+    fast_d = P.request_distances(*plan, times_s=times, ttl_s=20.0)
+    slow_d = P.request_distances(*plan, times_s=times, ttl_s=20.0, kernels=slow)
+    assert np.array_equal(fast_d.distance, slow_d.distance)
 
 
 # --------------------------------------------------------------------------------------------
@@ -442,9 +456,7 @@ def test_session_reconstruction_matches_token_level_truth(capacity: int | None) 
         blocks = _true_blocks(seqs[i], n_in + n_out, bs, row["tenant"])
         prompt_full = n_in // bs
         truth_hits.append(
-            truth.access(
-                blocks[:prompt_full], times[i], max_hits=(n_in - 1) // bs, extra=blocks[prompt_full:]
-            )
+            truth.access(blocks[:prompt_full], times[i], max_hits=(n_in - 1) // bs, extra=blocks[prompt_full:])
         )
     assert one_pass.tolist() == truth_hits
     if capacity is None:
