@@ -2,7 +2,11 @@
 
     python benchmarks/derive_catalog_factors.py
 
-compute / elementwise / min_kernel_s: least-squares fit on the train split of Vidur mlp.csv;
+elementwise kernel scales (pipeline.roofline.ELEMENTWISE_KERNEL_SCALE): one HBM share per
+elementwise kernel class fitted per GPU on the train split of Vidur mlp.csv, divided by the gated
+activation's share, geometric mean of A100 and H100;
+compute / elementwise / min_kernel_s: least-squares fit on the train split of Vidur mlp.csv, with
+those kernel scales fixed;
 memory: median achieved HBM bandwidth of weight-streaming Vidur GEMMs (train split);
 link / latency: fit on the train split of Vidur all_reduce.csv (DGX, one node);
 step_overhead_s: what the vLLM CI latency run (H200, Llama-3.1-8B, TP1, batch 8, 32 in / 128 out,
@@ -20,6 +24,7 @@ from pipeline.catalog import load_hardware, load_model
 from pipeline.roofline import Deployment
 from pipeline.validate import (
     discover,
+    fit_elementwise_kernels,
     fit_factors,
     load_groups,
     overhead_from_latency_run,
@@ -27,6 +32,7 @@ from pipeline.validate import (
 )
 
 SHARED = Path(__file__).resolve().parents[2] / "shared" / "measurements"
+SKUS = {"a100": "a100-80gb-sxm", "h100": "h100-sxm"}
 VLLM_CI_E2E_S = 0.83353  # vllm_buildkite_perf_9515_h200.csv, latency_llama8B_tp1 median_e2e_latency
 
 
@@ -35,14 +41,21 @@ def main() -> int:
         print(f"{SHARED} not found: the measurements are needed", file=sys.stderr)
         return 1
     out: dict[str, dict[str, float]] = {}
-    for sku, name in (("a100", "a100-80gb-sxm"), ("h100", "h100-sxm")):
+    compute = {sku: load_groups(discover(SHARED / "vidur-profiling" / "compute" / sku))[0] for sku in SKUS}
+    kernels = fit_elementwise_kernels([g for groups in compute.values() for g in groups])
+    out["elementwise_kernel_scale"] = {k: round(v, 3) for k, v in kernels.scales.items()}
+    for name, fit in kernels.per_hardware.items():
+        out[f"elementwise_kernel_fit/{name}"] = {
+            **{k: round(v, 3) for k, v in fit.items() if k != "min_kernel"},
+            "min_kernel_s": round(fit["min_kernel"], 7),
+            "rows": kernels.n_train[name],
+        }
+    for sku, name in SKUS.items():
         base = load_hardware(name)
-        mlp, _ = load_groups(discover(SHARED / "vidur-profiling" / "compute" / sku))
+        mlp = compute[sku]
         fitted, cal = fit_factors(mlp, "vidur_mlp", base)
         streaming, n_stream = weight_streaming_efficiency(mlp)
-        net, _ = load_groups(
-            discover(SHARED / "vidur-profiling" / "network" / f"{sku}_dgx" / "all_reduce.csv")
-        )
+        net, _ = load_groups(discover(SHARED / "vidur-profiling" / "network" / f"{sku}_dgx" / "all_reduce.csv"))
         linked, lcal = fit_factors(net, "vidur_all_reduce", base)
         out[name] = {
             "compute": round(fitted.compute_efficiency, 3),

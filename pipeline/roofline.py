@@ -22,6 +22,7 @@ Formulas, with units and their sources, are in docs/catalog.md.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from functools import cached_property
 
@@ -35,6 +36,35 @@ from pipeline.steps import FloatArray, StepBatch, StepCost
 ACT_BYTES = 2.0
 #: Logits are materialised in fp32 (vLLM LogitsProcessor upcasts before sampling).
 LOGIT_BYTES = 4.0
+
+#: Share of HBM bandwidth each class of memory-bound elementwise kernel reaches, relative to the
+#: hardware's ``elementwise`` efficiency (which is that of the gated-activation kernel, "act").
+#: The kernels stream the same kind of tensors but are written differently, and the Vidur
+#: profiles (sarathi-serve, i.e. vLLM's early-2024 CUDA kernels) show the spread on both GPUs:
+#:
+#: - "norm": vLLM's rms_norm_kernel (csrc/layernorm_kernels.cu before its vec8 rewrite) runs one
+#:   thread block per token with scalar 2-byte loads and two passes over the row around a
+#:   block-wide reduction, so the block idles at the barrier: the lowest share (~35 % of HBM).
+#: - "rotary": vLLM's rotary_embedding_kernel, one block per token, in place on q and k with the
+#:   rotated pairs half a head apart (GPT-NeoX layout) plus cos/sin cache reads: strided loads.
+#: - "act": act_and_mul_kernel (SiLU(x)·y), one block per token, scalar but contiguous loads.
+#: - "add": the residual add is PyTorch's own vectorised elementwise kernel (16-byte accesses,
+#:   grid-stride): close to the HBM roof, and its inputs were just written by the previous
+#:   kernels so part of them are still in L2.
+#:
+#: Values: per-class efficiencies fitted by least squares on the TRAIN split of Vidur mlp.csv
+#: (A100 and H100 separately), divided by the "act" efficiency of the same GPU, geometric mean of
+#: the two GPUs (they agree within 10 %: the ratio is a property of the kernel's access pattern,
+#: not of the chip). Re-derive: python benchmarks/derive_catalog_factors.py. vLLM today fuses the
+#: residual add into the norm and vectorises both; these kernels are a few % of a step.
+ELEMENTWISE_KERNEL_SCALE: dict[str, float] = {
+    "norm": 0.705,
+    "rotary": 0.854,
+    "act": 1.0,
+    "add": 1.905,
+    # the vocab-parallel embedding lookup is a row gather, contiguous per token like "act"
+    "gather": 1.0,
+}
 
 
 @dataclass(frozen=True)
@@ -61,9 +91,7 @@ class Deployment:
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ConfigError(f"{where}: {key} must be a positive integer, got {value!r}")
         if m.num_attention_heads % self.tp:
-            raise ConfigError(
-                f"{where}: tp={self.tp} does not divide num_attention_heads={m.num_attention_heads}"
-            )
+            raise ConfigError(f"{where}: tp={self.tp} does not divide num_attention_heads={m.num_attention_heads}")
         kv = m.num_kv_heads
         if not m.is_mla and kv % self.tp and self.tp % kv:
             raise ConfigError(f"{where}: tp={self.tp} and num_key_value_heads={kv} must divide one another")
@@ -112,7 +140,8 @@ class Op:
 
     kind: "gemm" / "attention" / "elementwise" run at max(compute, memory) time; "comm" ops
     move ``bytes`` over the GPU link (already scaled by the ring factor) in ``calls`` collective
-    calls per instance (0 or 1 per step), each paying the link latency.
+    calls per instance (0 or 1 per step), each paying the link latency. ``kernel`` is the
+    elementwise kernel class (a key of ELEMENTWISE_KERNEL_SCALE), "" for other kinds.
     """
 
     name: str
@@ -122,6 +151,7 @@ class Op:
     bytes: FloatArray
     peak_flops_per_s: float = 0.0
     calls: FloatArray | None = None
+    kernel: str = ""
 
 
 def _mask(x: FloatArray) -> FloatArray:
@@ -169,19 +199,21 @@ def operators(dep: Deployment, batch: StepBatch) -> list[Op]:
         nbytes = params * bytes_per_param * _mask(tokens) + tokens * a * (in_w + out_w)
         ops.append(Op(name, "gemm", count, flops, nbytes, peak))
 
-    def elementwise(name: str, count: int, tokens: FloatArray, width_rw: float) -> None:
-        """A memory-bound kernel moving width_rw 16-bit values per token (reads + writes)."""
+    def elementwise(name: str, kernel: str, count: int, tokens: FloatArray, width_rw: float) -> None:
+        """A memory-bound kernel of class ``kernel`` moving width_rw 16-bit values per token
+        (reads + writes)."""
         if count <= 0:
             return
-        ops.append(Op(name, "elementwise", count, np.zeros_like(tokens), tokens * a * width_rw))
+        nbytes = tokens * a * width_rw
+        ops.append(Op(name, "elementwise", count, np.zeros_like(tokens), nbytes, kernel=kernel))
 
     L = m.num_layers
     # ---- embedding (vocab-parallel lookup) and final norm
-    elementwise("embedding", 1, T, 2 * h)
-    elementwise("input_layernorm", L, T, 2 * h)
-    elementwise("post_attention_layernorm", L, T, 2 * h)
-    elementwise("add", 2 * L, T, 3 * h)  # two residual adds per layer
-    elementwise("final_norm", 1, T, 2 * h)
+    elementwise("embedding", "gather", 1, T, 2 * h)
+    elementwise("input_layernorm", "norm", L, T, 2 * h)
+    elementwise("post_attention_layernorm", "norm", L, T, 2 * h)
+    elementwise("add", "add", 2 * L, T, 3 * h)  # two residual adds per layer
+    elementwise("final_norm", "norm", 1, T, 2 * h)
 
     # ---- attention projections
     if m.is_mla:
@@ -204,7 +236,7 @@ def operators(dep: Deployment, batch: StepBatch) -> list[Op]:
             lora,
             nq * (m.qk_nope_head_dim + vd),
         )
-        elementwise("attn_rope", L, T, 2 * (nq + 1) * rope)
+        elementwise("attn_rope", "rotary", L, T, 2 * (nq + 1) * rope)
         # Prefill attention over expanded heads; decode attention in latent space (MQA-like,
         # one latent "head" of width lora+rope shared by all nq query heads).
         p_flops = 2.0 * pairs * nq * (qk + vd)
@@ -225,7 +257,7 @@ def operators(dep: Deployment, batch: StepBatch) -> list[Op]:
         qkv_w = (nq + 2 * nkv) * d
         bias = qkv_w if m.attention_bias else 0
         gemm("attn_pre_proj", L, h * qkv_w + bias, T, h, qkv_w)
-        elementwise("attn_rope", L, T, 2 * (nq + nkv) * d)
+        elementwise("attn_rope", "rotary", L, T, 2 * (nq + nkv) * d)
         kv_tok = 2 * nkv * d * kvb  # K and V bytes per token per layer on this rank
         full, win = m.num_full_attention_layers, m.num_sliding_layers
 
@@ -259,7 +291,7 @@ def operators(dep: Deployment, batch: StepBatch) -> list[Op]:
     if m.num_dense_layers:
         inter = m.intermediate_size / tp
         gemm("mlp_up_proj", m.num_dense_layers, 2 * h * inter, T, h, 2 * inter)
-        elementwise("mlp_act", m.num_dense_layers, T, 3 * inter)
+        elementwise("mlp_act", "act", m.num_dense_layers, T, 3 * inter)
         gemm("mlp_down_proj", m.num_dense_layers, inter * h, T, inter, h)
     if m.num_moe_layers:
         n_moe, E, k = m.num_moe_layers, m.num_experts, m.experts_per_token
@@ -276,7 +308,7 @@ def operators(dep: Deployment, batch: StepBatch) -> list[Op]:
         if m.num_shared_experts:
             sh = m.num_shared_experts * m.moe_intermediate_size / tp
             gemm("moe_shared_up_proj", n_moe, 2 * h * sh, T, h, 2 * sh)
-            elementwise("moe_shared_act", n_moe, T, 3 * sh)
+            elementwise("moe_shared_act", "act", n_moe, T, 3 * sh)
             gemm("moe_shared_down_proj", n_moe, sh * h, T, sh, h)
 
     # ---- LM head (vocab-parallel, kept in 16-bit by vLLM's quantisation configs)
@@ -306,17 +338,27 @@ def comm_time(hw: HardwareSpec, op: Op) -> FloatArray:
     return op.bytes / (hw.link_bandwidth_bytes_per_s * hw.link_efficiency) + calls * hw.link_latency_s
 
 
-def op_times(hw: HardwareSpec, op: Op) -> tuple[FloatArray, FloatArray, FloatArray]:
+def elementwise_efficiency(
+    hw: HardwareSpec, kernel: str, scales: Mapping[str, float] = ELEMENTWISE_KERNEL_SCALE
+) -> float:
+    """Share of HBM bandwidth an elementwise kernel of class ``kernel`` reaches on ``hw``: the
+    hardware's ``elementwise`` factor times the class's relative scale, capped at the HBM roof
+    (L2 hits that beat it on small tensors are not modelled)."""
+    return min(1.0, hw.elementwise_efficiency * scales[kernel])
+
+
+def op_times(
+    hw: HardwareSpec, op: Op, scales: Mapping[str, float] = ELEMENTWISE_KERNEL_SCALE
+) -> tuple[FloatArray, FloatArray, FloatArray]:
     """(compute-bound, memory-bound, kernel-floor-bound) seconds of ONE instance of a non-comm op.
 
     Exactly one of the three is non-zero per step: the largest of flops / (peak · compute_eff),
     bytes / (bandwidth · eff) and, when the op has any work, the hardware's min_kernel_s.
+    ``scales`` swaps in other elementwise kernel scales (used when they are fitted).
     """
-    if op.peak_flops_per_s:
-        t_c = op.flops / (op.peak_flops_per_s * hw.compute_efficiency)
-    else:
-        t_c = np.zeros_like(op.flops)
-    eff = hw.elementwise_efficiency if op.kind == "elementwise" else hw.memory_efficiency
+    peak = op.peak_flops_per_s * hw.compute_efficiency
+    t_c = op.flops / peak if peak else np.zeros_like(op.flops)
+    eff = elementwise_efficiency(hw, op.kernel, scales) if op.kind == "elementwise" else hw.memory_efficiency
     t_m = op.bytes / (hw.memory_bandwidth_bytes_per_s * eff)
     floor = np.where((op.flops > 0) | (op.bytes > 0), hw.min_kernel_s, 0.0)
     roof = np.maximum(t_c, t_m)
@@ -363,9 +405,7 @@ def cost_from_ops(
         floor += op.count * t_f
         flops += op.count * op.flops
         nbytes += op.count * op.bytes
-    tokens = np.asarray(batch.prefill_tokens, dtype=np.float64) + np.asarray(
-        batch.decode_seqs, dtype=np.float64
-    )
+    tokens = np.asarray(batch.prefill_tokens, dtype=np.float64) + np.asarray(batch.decode_seqs, dtype=np.float64)
     # Kernels too small to reach either roof are launch/latency bound: counted as overhead.
     overhead = np.where(tokens > 0, step_overhead, 0.0) + floor
     # Pipeline stages run one after another for a step, so each op above (counted over all
@@ -417,9 +457,7 @@ def prefill_batch(
     )
 
 
-def decode_batch(
-    batch_size: FloatArray | list[float] | float, context: FloatArray | list[float] | float
-) -> StepBatch:
+def decode_batch(batch_size: FloatArray | list[float] | float, context: FloatArray | list[float] | float) -> StepBatch:
     """Steps that each decode one token for ``batch_size`` sequences of ``context`` tokens."""
     b = np.atleast_1d(np.asarray(batch_size, dtype=np.float64))
     c = np.atleast_1d(np.asarray(context, dtype=np.float64))

@@ -31,7 +31,15 @@ import pyarrow as pa
 
 from pipeline.catalog import HardwareSpec, ModelSpec, load_hardware, load_model, model_from_hf_config
 from pipeline.errors import ConfigError, RooftraceError
-from pipeline.roofline import Deployment, Op, cost_from_ops, decode_batch, op_times, operators, prefill_batch
+from pipeline.roofline import (
+    Deployment,
+    Op,
+    cost_from_ops,
+    decode_batch,
+    op_times,
+    operators,
+    prefill_batch,
+)
 from pipeline.schemas import atomic_write_bytes, write_parquet
 from pipeline.steps import FloatArray, StepBatch
 
@@ -102,6 +110,8 @@ class Group:
     measured_s: FloatArray
     holdout: np.ndarray
     predict: Callable[[HardwareSpec], FloatArray]
+    #: Vidur operator sets only: the operator behind each block of rows, in row order.
+    ops: tuple[Op, ...] = ()
 
 
 def _alternate(keys: np.ndarray) -> np.ndarray:
@@ -112,15 +122,11 @@ def _alternate(keys: np.ndarray) -> np.ndarray:
     return held
 
 
-def _step_predictor(
-    dep: Deployment, parts: list[tuple[list[Op], StepBatch]]
-) -> Callable[[HardwareSpec], FloatArray]:
+def _step_predictor(dep: Deployment, parts: list[tuple[list[Op], StepBatch]]) -> Callable[[HardwareSpec], FloatArray]:
     """Step times of precomputed operator sets under any hardware factors (overhead included)."""
 
     def predict(h: HardwareSpec) -> FloatArray:
-        times = [
-            cost_from_ops(dep, ops, b, hardware=h, overhead_s=h.step_overhead_s).time_s for ops, b in parts
-        ]
+        times = [cost_from_ops(dep, ops, b, hardware=h, overhead_s=h.step_overhead_s).time_s for ops, b in parts]
         return np.concatenate(times)
 
     return predict
@@ -164,8 +170,7 @@ def detect_kind(path: Path) -> str:
     if "prompt_time" in header and "token_time" in header:
         return "splitwise"
     raise RooftraceError(
-        f"{path}: not a Vidur mlp.csv / all_reduce.csv or Splitwise perf_model.csv "
-        f"(columns: {header[:120]!r})"
+        f"{path}: not a Vidur mlp.csv / all_reduce.csv or Splitwise perf_model.csv (columns: {header[:120]!r})"
     )
 
 
@@ -189,9 +194,7 @@ def load_vidur_mlp(path: Path, hardware: str | None = None, skipped: list[str] |
     shape_cols = ["n_head", "n_kv_head", "n_embd", "n_expanded_embd", "vocab_size", "use_gated_mlp"]
     op_cols = [f"time_stats.{op}.median" for op in VIDUR_OPS]
     df = _read_csv(path, [*shape_cols, "num_tokens", "num_tensor_parallel_workers", *op_cols])
-    sku = (
-        path.parent.parent.parent.name if path.parent.parent.name == "meta-llama" else path.parent.parent.name
-    )
+    sku = path.parent.parent.parent.name if path.parent.parent.name == "meta-llama" else path.parent.parent.name
     hw = _hardware_for(sku, hardware, str(path))
     if hw is None:
         if skipped is not None:
@@ -203,9 +206,7 @@ def load_vidur_mlp(path: Path, hardware: str | None = None, skipped: list[str] |
         [pl.col(c).median() for c in op_cols]
     )
     groups: list[Group] = []
-    for key, part in agg.sort("num_tokens").group_by(
-        [*shape_cols, "num_tensor_parallel_workers"], maintain_order=True
-    ):
+    for key, part in agg.sort("num_tokens").group_by([*shape_cols, "num_tensor_parallel_workers"], maintain_order=True):
         row = dict(zip([*shape_cols, "num_tensor_parallel_workers"], key, strict=True))
         tp = int(str(row["num_tensor_parallel_workers"]))
         spec = _vidur_model(row, model_label)
@@ -238,14 +239,13 @@ def load_vidur_mlp(path: Path, hardware: str | None = None, skipped: list[str] |
                 measured_s=np.concatenate(meas),
                 holdout=_alternate(tok),
                 predict=predict,
+                ops=tuple(chosen),
             )
         )
     return groups
 
 
-def load_vidur_all_reduce(
-    path: Path, hardware: str | None = None, skipped: list[str] | None = None
-) -> list[Group]:
+def load_vidur_all_reduce(path: Path, hardware: str | None = None, skipped: list[str] | None = None) -> list[Group]:
     cols = ["time_stats.all_reduce.median", "num_workers", "size", "devices_per_node"]
     df = _read_csv(path, cols)
     device = path.parent.name
@@ -343,9 +343,9 @@ def load_splitwise(path: Path, hardware: str | None = None, skipped: list[str] |
                 tokens=np.concatenate([prompt, out_len]),
                 batch_size=np.concatenate([batch, batch]),
                 context=np.concatenate([np.zeros(n), ctx]),
-                measured_s=np.concatenate(
-                    [part["prompt_time"].to_numpy(), part["token_time"].to_numpy()]
-                ).astype(np.float64)
+                measured_s=np.concatenate([part["prompt_time"].to_numpy(), part["token_time"].to_numpy()]).astype(
+                    np.float64
+                )
                 / 1e3,
                 holdout=np.concatenate([hold, hold]),
                 predict=predict,
@@ -510,9 +510,7 @@ def _subset(errors: pl.DataFrame) -> pl.DataFrame:
         pl.when(pl.col("set") == "vidur_mlp")
         .then(
             pl.when(big)
-            .then(
-                pl.when(gemm).then(pl.lit("gemm, tokens>=128")).otherwise(pl.lit("elementwise, tokens>=128"))
-            )
+            .then(pl.when(gemm).then(pl.lit("gemm, tokens>=128")).otherwise(pl.lit("elementwise, tokens>=128")))
             .otherwise(pl.lit("all ops, tokens<128"))
         )
         .when(pl.col("set") == "splitwise")
@@ -525,9 +523,9 @@ def _subset(errors: pl.DataFrame) -> pl.DataFrame:
 def summarise(errors: pl.DataFrame) -> pl.DataFrame:
     """N, median / p90 / max absolute relative error per set, hardware, parameters, split, subset."""
     e = _subset(errors).with_columns(pl.col("error").abs().alias("abs_error"))
-    vidur_all = e.filter(
-        (pl.col("set") == "vidur_mlp") & (pl.col("tokens") >= MIN_TARGET_TOKENS)
-    ).with_columns(pl.lit("all ops, tokens>=128").alias("subset"))
+    vidur_all = e.filter((pl.col("set") == "vidur_mlp") & (pl.col("tokens") >= MIN_TARGET_TOKENS)).with_columns(
+        pl.lit("all ops, tokens>=128").alias("subset")
+    )
     e = pl.concat([e, vidur_all])
     both = e.with_columns(pl.lit("all").alias("split"))
     full = pl.concat([e, both])
@@ -587,9 +585,7 @@ def store_report(report: ValidationReport, out_dir: Path) -> list[Path]:
             "description": pl.Utf8,
         },
     )
-    paths.append(
-        write_parquet(pa.table(cal.to_arrow()), out_dir / "calibrations.parquet", "validation_calibrations")
-    )
+    paths.append(write_parquet(pa.table(cal.to_arrow()), out_dir / "calibrations.parquet", "validation_calibrations"))
     return paths
 
 
@@ -710,9 +706,73 @@ def weight_streaming_efficiency(groups: list[Group]) -> tuple[float, int]:
     return float(np.median(ratios)), len(ratios)
 
 
-def overhead_from_latency_run(
-    dep: Deployment, batch_size: int, input_len: int, output_len: int, e2e_s: float
-) -> float:
+@dataclass(frozen=True)
+class KernelScales:
+    """Elementwise kernel classes fitted per GPU, and their hardware-independent relative scales."""
+
+    #: per hardware name: class -> fitted share of HBM bandwidth, plus "min_kernel" (seconds)
+    per_hardware: dict[str, dict[str, float]]
+    #: class -> geometric mean over GPUs of (class efficiency / reference class efficiency)
+    scales: dict[str, float]
+    n_train: dict[str, int]
+
+
+#: Reference class of the ``elementwise`` factor: the gated activation, the largest elementwise
+#: kernel of a layer by bytes (3 × intermediate values per token).
+REFERENCE_KERNEL = "act"
+
+
+def _fit_kernel_classes(base: HardwareSpec, rows: list[tuple[Op, np.ndarray, FloatArray]]) -> dict[str, float]:
+    """Least-squares HBM share per elementwise kernel class plus the kernel floor, on the rows'
+    masks (soft-L1 on log(predicted / measured), as fit_factors)."""
+    from scipy.optimize import least_squares
+
+    classes = sorted({op.kernel for op, _, _ in rows})
+    names = [*classes, "min_kernel"]
+
+    def residuals(x: FloatArray) -> FloatArray:
+        hw = replace(base, elementwise_efficiency=1.0, min_kernel_s=float(x[-1]))
+        scales = {c: float(v) for c, v in zip(classes, x[:-1], strict=True)}
+        parts = []
+        for op, m, meas in rows:
+            t_c, t_m, t_f = op_times(hw, op, scales)
+            parts.append(np.log((t_c + t_m + t_f)[m] / meas[m]))
+        return np.concatenate(parts)
+
+    lo = np.array([_BOUNDS["elementwise"][0]] * len(classes) + [_BOUNDS["min_kernel"][0]])
+    hi = np.array([_BOUNDS["elementwise"][1]] * len(classes) + [_BOUNDS["min_kernel"][1]])
+    x0 = np.clip(np.array([0.5] * len(classes) + [base.min_kernel_s]), lo + 1e-9, hi - 1e-9)
+    scale = np.array([0.1] * len(classes) + [1e-5])
+    result = least_squares(residuals, x0, bounds=(lo, hi), loss="soft_l1", f_scale=0.1, x_scale=scale)
+    return {n: float(v) for n, v in zip(names, result.x, strict=True)}
+
+
+def fit_elementwise_kernels(groups: list[Group]) -> KernelScales:
+    """Per GPU, fit one HBM-bandwidth share per elementwise kernel class (and the kernel floor)
+    on the TRAIN split of the Vidur operator rows; the relative scales are each class's share
+    divided by the reference class's share, geometric mean over GPUs."""
+    per_hw: dict[str, dict[str, float]] = {}
+    n_train: dict[str, int] = {}
+    vidur = [g for g in groups if g.kind == "vidur_mlp"]
+    for hw_name in sorted({g.hardware.name for g in vidur}):
+        mine = [g for g in vidur if g.hardware.name == hw_name]
+        rows: list[tuple[Op, np.ndarray, FloatArray]] = []  # (op, train mask, measured)
+        for g in mine:
+            n = len(g.tokens) // len(g.ops)
+            for k, op in enumerate(g.ops):
+                block = slice(k * n, (k + 1) * n)
+                if op.kind == "elementwise":
+                    rows.append((op, ~g.holdout[block], g.measured_s[block]))
+        per_hw[hw_name] = _fit_kernel_classes(mine[0].hardware, rows)
+        n_train[hw_name] = int(sum(int(m.sum()) for _, m, _ in rows))
+    if not per_hw:
+        raise RooftraceError("no Vidur operator rows to fit elementwise kernels on")
+    classes = sorted(set.intersection(*(set(v) - {"min_kernel"} for v in per_hw.values())))
+    scales = {c: float(np.exp(np.mean([np.log(v[c] / v[REFERENCE_KERNEL]) for v in per_hw.values()]))) for c in classes}
+    return KernelScales(per_hw, scales, n_train)
+
+
+def overhead_from_latency_run(dep: Deployment, batch_size: int, input_len: int, output_len: int, e2e_s: float) -> float:
     """Per-step host overhead that makes a fixed-batch latency run (1 prefill step, then
     output_len − 1 decode steps) take ``e2e_s``, with the deployment's other factors fixed."""
     no_overhead = replace(dep, step_overhead_s=0.0)

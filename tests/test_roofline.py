@@ -10,7 +10,15 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from pipeline.catalog import load_hardware, load_model
-from pipeline.roofline import Deployment, decode_batch, operators, prefill_batch, step_cost
+from pipeline.roofline import (
+    ELEMENTWISE_KERNEL_SCALE,
+    Deployment,
+    decode_batch,
+    op_times,
+    operators,
+    prefill_batch,
+    step_cost,
+)
 from pipeline.steps import BINDING_NAMES, StepBatch
 
 
@@ -35,35 +43,35 @@ def reference_step_time(
         hw.memory_bandwidth_bytes_per_s * hw.memory_efficiency,
     )
 
-    ew = hw.memory_bandwidth_bytes_per_s * hw.elementwise_efficiency
-
     def op(flops: float, nbytes: float) -> float:
         floor = hw.min_kernel_s if (flops or nbytes) else 0.0
         return max(flops / peak, nbytes / bw, floor)
 
-    def elt(nbytes: float) -> float:
-        return max(nbytes / ew, hw.min_kernel_s if nbytes else 0.0)
+    def elt(nbytes: float, kernel: str) -> float:
+        # the class's share of HBM bandwidth: elementwise factor x its scale, at most the roof
+        share = min(1.0, hw.elementwise_efficiency * ELEMENTWISE_KERNEL_SCALE[kernel])
+        return max(nbytes / (hw.memory_bandwidth_bytes_per_s * share), hw.min_kernel_s if nbytes else 0.0)
 
     def gemm(params: float, tokens: float, io: float) -> float:
         return op(2 * tokens * params, (params * 2 if tokens else 0) + tokens * 2 * io)
 
     kv_tok = 2 * nkv * d * 2
     layer = (
-        2 * elt(T * 2 * 2 * h)  # two RMSNorms
-        + 2 * elt(T * 2 * 3 * h)  # two residual adds
+        2 * elt(T * 2 * 2 * h, "norm")  # two RMSNorms
+        + 2 * elt(T * 2 * 3 * h, "add")  # two residual adds
         + gemm(h * (nq + 2 * nkv) * d, T, h + (nq + 2 * nkv) * d)
-        + elt(T * 2 * 2 * (nq + nkv) * d)  # rope
+        + elt(T * 2 * 2 * (nq + nkv) * d, "rotary")  # rope
         + op(4 * pairs * nq * d, pkv * kv_tok + pt * kv_tok + pt * nq * d * 4)
         + op(4 * dctx * nq * d, dctx * kv_tok + ds * kv_tok + ds * nq * d * 4)
         + gemm(nq * d * h, T, nq * d + h)
         + gemm(2 * h * inter, T, h + 2 * inter)
-        + elt(T * 2 * 3 * inter)
+        + elt(T * 2 * 3 * inter, "act")  # SiLU(gate) x up
         + gemm(inter * h, T, inter + h)
     )
     n_logits = ps + ds
     vocab = m.vocab_size / tp
     head = op(2 * n_logits * h * vocab, (h * vocab * 2 if n_logits else 0) + n_logits * (2 * h + 4 * vocab))
-    ends = 2 * elt(T * 2 * 2 * h)  # embedding lookup and final norm
+    ends = elt(T * 2 * 2 * h, "gather") + elt(T * 2 * 2 * h, "norm")  # embedding lookup, final norm
     comm = 0.0
     if tp > 1:
         link = hw.link_bandwidth_bytes_per_s * hw.link_efficiency
@@ -102,6 +110,33 @@ def test_hand_computed_operator() -> None:
     assert up.flops[0] == pytest.approx(2 * 4096 * 2 * 4096 * 11008)
     assert up.bytes[0] == pytest.approx(2 * 4096 * 11008 * 2 + 4096 * 2 * (4096 + 2 * 11008))
     assert up.count == 32
+
+
+def test_elementwise_kernel_classes() -> None:
+    """Hand-computed: Llama-2-70B at 4,096 tokens on H100, one layer's unfused kernels. The norm
+    moves 4096 x 8192 x (read + write) x 2 B = 134.2 MB at elementwise x 0.705 of 3.35 TB/s; the
+    residual add's 3 x 67.1 MB at elementwise x 1.905 (capped at the HBM roof)."""
+    hw = load_hardware("h100-sxm")
+    dep = Deployment(load_model("llama-2-70b"), hw, weight_dtype="fp16")
+    ops = {o.name: o for o in operators(dep, prefill_batch([4096.0]))}
+    assert {ops[n].kernel for n in ("input_layernorm", "attn_rope", "mlp_act", "add", "embedding")} == {
+        "norm", "rotary", "act", "add", "gather"}  # fmt: skip
+    norm_bytes = 4096 * 8192 * 2 * 2
+    assert ops["input_layernorm"].bytes[0] == pytest.approx(norm_bytes)
+    expected = norm_bytes / (3.35e12 * hw.elementwise_efficiency * ELEMENTWISE_KERNEL_SCALE["norm"])
+    assert sum(op_times(hw, ops["input_layernorm"]))[0] == pytest.approx(expected, rel=1e-12)
+    add_s = 3 * norm_bytes / 2 / (3.35e12 * hw.elementwise_efficiency * ELEMENTWISE_KERNEL_SCALE["add"])
+    assert sum(op_times(hw, ops["add"]))[0] == pytest.approx(add_s, rel=1e-12)
+    # A faster elementwise factor cannot push the add past the HBM roof.
+    fast = dataclasses.replace(hw, elementwise_efficiency=0.8)
+    assert sum(op_times(fast, ops["add"]))[0] == pytest.approx(3 * norm_bytes / 2 / 3.35e12, rel=1e-12)
+    # Vidur measured (h100 mlp.csv, TP1, 4096 tokens, median): norm 0.124 ms, add 0.062 ms.
+    assert sum(op_times(hw, ops["input_layernorm"]))[0] == pytest.approx(0.124e-3, rel=0.15)
+    assert sum(op_times(hw, ops["add"]))[0] == pytest.approx(0.062e-3, rel=0.15)
+    # An all-ones scale table turns every class back into the plain elementwise factor.
+    flat = dict.fromkeys(ELEMENTWISE_KERNEL_SCALE, 1.0)
+    plain = norm_bytes / (3.35e12 * hw.elementwise_efficiency)
+    assert sum(op_times(hw, ops["input_layernorm"], flat))[0] == pytest.approx(plain, rel=1e-12)
 
 
 def test_decomposition_and_binding() -> None:
