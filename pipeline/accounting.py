@@ -389,9 +389,7 @@ def _curve_table(
                     "model": model,
                     "capacity_blocks": cap,
                     "capacity_tokens": None if cap is None else cap * bs,
-                    "capacity_bytes": None
-                    if cap is None or per_token is None
-                    else round(cap * bs * per_token),
+                    "capacity_bytes": None if cap is None or per_token is None else round(cap * bs * per_token),
                     "block_size_tokens": bs,
                     "ttl_s": opts.ttl_s,
                     "requests": n_req,
@@ -409,9 +407,7 @@ def _curve_table(
 
     total_rec = np.zeros(n_min, dtype=np.int64)
     for k, (model, rows_idx, _, _) in enumerate(domain_data):
-        rec_min = np.bincount(minute_idx[rows_idx], weights=recorded[rows_idx], minlength=n_min).astype(
-            np.int64
-        )
+        rec_min = np.bincount(minute_idx[rows_idx], weights=recorded[rows_idx], minlength=n_min).astype(np.int64)
         total_rec += rec_min
         add_rows(
             model,
@@ -430,9 +426,7 @@ def _curve_table(
             hits_grid.sum(axis=0),
             None,
         )
-    frame = (
-        pl.DataFrame(rows, schema=_CURVE_SCHEMA, orient="row") if rows else pl.DataFrame(schema=_CURVE_SCHEMA)
-    )
+    frame = pl.DataFrame(rows, schema=_CURVE_SCHEMA, orient="row") if rows else pl.DataFrame(schema=_CURVE_SCHEMA)
     return frame.with_columns(pl.col("peak_minute").cast(pl.Datetime("us", "UTC")))
 
 

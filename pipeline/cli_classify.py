@@ -97,8 +97,7 @@ def classify(
         emit_json(summary.to_json())
         return
     click.echo(
-        f"{summary.date}: {t['requests']} requests, block size {t['block_size_tokens']} tokens, "
-        f"cache {t['capacity']}"
+        f"{summary.date}: {t['requests']} requests, block size {t['block_size_tokens']} tokens, cache {t['capacity']}"
     )
     click.echo(
         f"  recorded input {t['recorded_input_tokens']:,} = cache hit {t['cache_hit_tokens']:,} "

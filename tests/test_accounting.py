@@ -152,9 +152,7 @@ def test_hand_computed_capacity_curve() -> None:
     curve = account(requests_frame(hand_rows())).curve
     # Before r1 the cache holds r0's two full blocks, block 1 most recent (touched tail first):
     # r1's block 0 is at stack distance 1, block 1 at distance 2.
-    got = curve.select(
-        "capacity_blocks", "hit_blocks", "cache_hit_tokens", "peak_fresh_input_tokens_per_s"
-    ).rows()
+    got = curve.select("capacity_blocks", "hit_blocks", "cache_hit_tokens", "peak_fresh_input_tokens_per_s").rows()
     assert got == [(0, 0, 0, 50 / 60), (1, 1, 4, 46 / 60), (2, 2, 8, 42 / 60), (None, 2, 8, 42 / 60)]
     unbounded = curve.row(-1, named=True)
     assert unbounded["prompt_blocks"] == 19
@@ -323,9 +321,9 @@ def test_mooncake_peak_fresh_rate_is_reproducible_in_sql(mooncake_store: Store) 
     assert peak is not None
     assert out.totals["peak_minute"]["fresh_input_tokens_per_s"] == pytest.approx(peak[1], rel=1e-12)
     curve = pl.read_parquet(paths["cache_curve"])
-    assert curve.filter(pl.col("capacity_blocks").is_null())["peak_fresh_input_tokens_per_s"][
-        0
-    ] == pytest.approx(peak[1], rel=1e-12)
+    assert curve.filter(pl.col("capacity_blocks").is_null())["peak_fresh_input_tokens_per_s"][0] == pytest.approx(
+        peak[1], rel=1e-12
+    )
 
 
 # --------------------------------------------------------------------------------------------
@@ -360,9 +358,7 @@ def random_days(draw: st.DrawFn) -> list[dict[str, Any]]:
 @settings(max_examples=40, deadline=None)
 @given(random_days(), st.sampled_from([None, "0", "1K", "6K"]), st.sampled_from([None, 60.0]))
 def test_accounting_invariants(rows: list[dict[str, Any]], cap: str | None, ttl: float | None) -> None:
-    acc = account(
-        requests_frame(rows), ClassifyOptions(block_size=256, capacity=parse_capacity(cap), ttl_s=ttl)
-    )
+    acc = account(requests_frame(rows), ClassifyOptions(block_size=256, capacity=parse_capacity(cap), ttl_s=ttl))
     r = acc.requests
     assert (r["fresh_input_tokens"] == r["recorded_input_tokens"] - r["cache_hit_tokens"]).all()
     assert (r["fresh_input_tokens"] >= 0).all()
