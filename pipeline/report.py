@@ -462,8 +462,14 @@ def build_report(
     headline = headline_numbers(q)
     charts = _charts(q, headline)
     out = out or Path("reports") / day / "index.html"
+    by_tenant = [
+        {k: r[k] for k in ("bucket", "metric", "samples", "p50", "p90", "p99", "mean")}
+        for r in q("latency_by")
+        if r["dimension"] == "tenant"
+    ]
     extra = [
         ("Latency percentiles (seconds)", _html_table(q("latency"))),
+        ("Latency by tenant (seconds; bucket = tenant)", _html_table(by_tenant)),
         ("Peak throughput", _html_table(q("peak_throughput"))),
         ("KV memory", _html_table(q("kv_memory"))),
         ("Binding resource shares", _html_table(q("binding_shares"))),

@@ -14,3 +14,31 @@ def shared_path(*parts: str) -> Path:
     if not path.exists():
         pytest.skip(f"shared data not available: {path}")
     return path
+
+
+@pytest.fixture(scope="session")
+def replayed_store(tmp_path_factory: pytest.TempPathFactory) -> tuple[object, str]:
+    """A small synthetic day taken through ingest, classify and replay on the default fleet.
+    One tenant is named like a script tag, to check escaping end to end."""
+    import polars as pl
+
+    from pipeline.accounting import classify_tokens
+    from pipeline.ingest import ingest_logs
+    from pipeline.replay import replay
+    from pipeline.store import Store
+    from pipeline.synth import SynthConfig, generate, write_logs
+
+    root = tmp_path_factory.mktemp("replayed")
+    frame = generate(SynthConfig(requests=400, seed=11, duration_s=900, tenants=3))
+    frame = frame.with_columns(
+        tenant=pl.when(pl.col("tenant") == "tenant-2").then(pl.lit(EVIL_TENANT)).otherwise(pl.col("tenant"))
+    )
+    write_logs(frame, "openai", root / "logs" / "day.jsonl")
+    store = Store(root / "store")
+    ingest_logs([root / "logs" / "day.jsonl"], store)
+    classify_tokens(store)
+    result = replay(store)
+    return store, result.run_id
+
+
+EVIL_TENANT = "<script>alert(1)</script>"

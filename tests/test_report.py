@@ -1,0 +1,96 @@
+"""The HTML report: self-contained, escaped, small; rendered in headless Chromium with no network."""
+
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from pipeline.report import build_report
+from pipeline.store import Store
+from tests.conftest import EVIL_TENANT
+
+ARTIFACTS = Path(__file__).resolve().parents[1] / "test-artifacts"
+
+
+@pytest.fixture(scope="module")
+def report(replayed_store: tuple[Store, str], tmp_path_factory: pytest.TempPathFactory) -> Path:
+    store, run_id = replayed_store
+    out = tmp_path_factory.mktemp("report") / "index.html"
+    png = out.parent / "png"
+    res = build_report(store, run_id, out=out, png_dir=png)
+    assert res.path == out and len(res.charts) >= 8
+    assert all(p.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" for p in res.pngs)
+    return out
+
+
+def test_self_contained_small_and_escaped(report: Path) -> None:
+    page = report.read_text()
+    assert report.stat().st_size < 5 * 2**20
+    # Nothing is fetched: no external scripts, styles or images outside the inlined scripts.
+    markup = re.sub(r"<script>.*?</script>", "", page, flags=re.S)
+    assert not re.search(r"<(script|link|img|iframe)[^>]+(src|href)=", markup, re.I)
+    assert page.count("<script>") == 2, "the Vega bundle inlined once, plus the chart specs"
+    # The hostile tenant name appears only escaped: as HTML text, and as \\u003c-escaped JSON.
+    assert EVIL_TENANT not in page
+    assert "&lt;script&gt;alert(1)&lt;/script&gt;" in page
+    for key in ("Peak fresh prefill", "Peak decode", "Peak KV vs capacity", "p99 TTFT", "p99 TPOT", "GPUs", "/day"):
+        assert key in page, key
+
+
+def _chromium() -> str:
+    for name in ("chromium", "chromium-browser", "google-chrome"):
+        path = shutil.which(name)
+        if path:
+            return path
+    pytest.skip("headless Chromium not installed (CI installs Debian's chromium package)")
+
+
+@pytest.mark.browser
+def test_renders_in_headless_chromium_offline(report: Path, tmp_path: Path) -> None:
+    browser = _chromium()
+    flags = [
+        "--headless",
+        "--no-sandbox",
+        "--disable-gpu",
+        "--disable-quic",
+        "--no-first-run",
+        "--disable-background-networking",
+        "--disable-component-update",
+        "--disable-sync",
+        f"--user-data-dir={tmp_path / 'profile'}",
+        # Networking off: every host resolves to nothing and every connection goes to a dead proxy.
+        "--host-resolver-rules=MAP * ~NOTFOUND",
+        "--proxy-server=127.0.0.1:9",
+        "--enable-logging=stderr",
+        "--v=0",
+        "--virtual-time-budget=20000",
+    ]
+    url = report.resolve().as_uri()
+    dom = subprocess.run([browser, *flags, "--dump-dom", url], capture_output=True, text=True, timeout=120, check=False)
+    assert dom.returncode == 0, dom.stderr[-2000:]
+    console = [line for line in dom.stderr.splitlines() if ":CONSOLE" in line]
+    assert console == [], console
+    html = dom.stdout
+    ids = re.findall(r'<div class="chart[^"]*" id="(chart-[a-z_]+)"', html)
+    assert len(ids) >= 8, html[:3000]
+    parts = re.split(r'<div class="chart[^"]*" id="chart-[a-z_]+"', html)[1:]
+    for chart_id, part in zip(ids, parts, strict=True):
+        body = part.split("</section>")[0]
+        assert "<svg" in body, f"{chart_id} did not render"
+        assert re.search(r'class="mark-(line|area|rect|symbol)', body), f"{chart_id} has no marks"
+        assert "chart failed" not in body
+    # The hostile tenant is text, not a script element.
+    assert EVIL_TENANT not in html and "&lt;script&gt;alert(1)&lt;/script&gt;" in html
+    ARTIFACTS.mkdir(exist_ok=True)
+    shot = ARTIFACTS / "report.png"
+    subprocess.run(
+        [browser, *flags, "--window-size=1100,5200", f"--screenshot={shot}", url],
+        capture_output=True,
+        timeout=120,
+        check=False,
+    )
+    assert shot.exists() and shot.read_bytes()[:4] == b"\x89PNG"

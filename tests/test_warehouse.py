@@ -1,0 +1,186 @@
+"""Named queries checked against independent computations (polars/numpy) over the same Parquet."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import polars as pl
+import pytest
+from click.testing import CliRunner
+
+from pipeline.cli import main
+from pipeline.errors import RooftraceError
+from pipeline.store import Store
+from pipeline.tables import table_to_json
+from pipeline.warehouse import build_warehouse, list_queries, run_query, run_sql
+
+PCTS = {"p50": 50, "p90": 90, "p95": 95, "p99": 99, "p99_9": 99.9}
+
+
+@pytest.fixture(scope="module")
+def run(replayed_store: tuple[Store, str]) -> tuple[Store, str, Path]:
+    store, run_id = replayed_store
+    build_warehouse(store)
+    return store, run_id, store.runs_dir / run_id
+
+
+def q(store: Store, name: str, **params: Any) -> list[dict[str, Any]]:
+    return table_to_json(run_query(store, name, params))
+
+
+def test_latency_percentiles_match_numpy(run: tuple[Store, str, Path]) -> None:
+    store, run_id, d = run
+    req = pl.read_parquet(d / "requests.parquet").filter(pl.col("status") == "finished")
+    rows = {r["metric"]: r for r in q(store, "latency", run_id=run_id)}
+    for metric in ("queue_s", "ttft_s", "tpot_s", "e2e_s"):
+        v = req[metric].drop_nulls().to_numpy()
+        v = v[np.isfinite(v)]
+        assert rows[metric]["samples"] == len(v) > 100
+        for col, p in PCTS.items():
+            assert rows[metric][col] == pytest.approx(np.percentile(v, p), rel=1e-9, abs=1e-12), (metric, col)
+        assert rows[metric]["mean"] == pytest.approx(v.mean(), rel=1e-9)
+
+
+def test_itl_is_the_token_weighted_step_time(run: tuple[Store, str, Path]) -> None:
+    store, run_id, d = run
+    steps = pl.read_parquet(d / "steps.parquet").filter((pl.col("decode_seqs") > 0) & (pl.col("steps") > 0))
+    v = ((steps["end_s"] - steps["start_s"]) / steps["steps"]).to_numpy()
+    w = (steps["decode_seqs"] * steps["steps"]).to_numpy().astype(float)
+    order = np.argsort(v, kind="stable")
+    v, w = v[order], w[order]
+    cw = np.cumsum(w)
+    row = next(r for r in q(store, "latency", run_id=run_id) if r["metric"] == "itl_s")
+    for col, p in PCTS.items():
+        expect = v[np.searchsorted(cw, p / 100 * cw[-1] - 1e-9 * cw[-1])]
+        assert row[col] == pytest.approx(expect, rel=1e-9), col
+    assert row["mean"] == pytest.approx(float((v * w).sum() / w.sum()), rel=1e-9)
+    # Output tokens minus first tokens = decode tokens: the ITL samples cover them all.
+    req = pl.read_parquet(d / "requests.parquet").filter(pl.col("status") == "finished")
+    assert row["samples"] >= int((req["output_tokens"] - 1).clip(lower_bound=0).sum())
+
+
+def test_peak_throughput_matches_polars(run: tuple[Store, str, Path]) -> None:
+    store, run_id, d = run
+    s = pl.read_parquet(d / "series.parquet")
+    per_s = s.group_by("second").agg(
+        pl.col("fresh_prefill_tokens_per_s").sum(), pl.col("decode_tokens_per_s").sum(), pl.col("time").min()
+    )
+    per_min = per_s.group_by(pl.col("second") // 60).agg(
+        (pl.col("fresh_prefill_tokens_per_s").sum() / 60), (pl.col("decode_tokens_per_s").sum() / 60)
+    )
+    rows = {(r["metric"], r["window"]): r for r in q(store, "peak_throughput", run_id=run_id)}
+    assert rows[("fresh_prefill", "1s")]["tokens_per_s"] == pytest.approx(per_s["fresh_prefill_tokens_per_s"].max())
+    assert rows[("decode", "1s")]["tokens_per_s"] == pytest.approx(per_s["decode_tokens_per_s"].max())
+    assert rows[("fresh_prefill", "1min")]["tokens_per_s"] == pytest.approx(per_min["fresh_prefill_tokens_per_s"].max())
+    assert rows[("decode", "1min")]["tokens_per_s"] == pytest.approx(per_min["decode_tokens_per_s"].max())
+    best = per_s.filter(pl.col("decode_tokens_per_s") == per_s["decode_tokens_per_s"].max())
+    assert rows[("decode", "1s")]["at"] in {t.isoformat() for t in best["time"]}  # ties: any of them
+    # The series' prefill work adds up to the tokens the requests actually prefilled.
+    req = pl.read_parquet(d / "requests.parquet")
+    total_prefill = float(s["fresh_prefill_tokens_per_s"].sum())
+    assert total_prefill == pytest.approx(float(req["prefill_tokens"].sum()), rel=1e-6)
+
+
+def test_token_totals_and_rates_match_accounting(run: tuple[Store, str, Path]) -> None:
+    store, _, _ = run
+    date = store.dates()[0]
+    acc = pl.read_parquet(next(store.accounting_dir.glob(f"requests/date={date}/*.parquet")))
+    (row,) = q(store, "token_totals", date=date)
+    for col in ("recorded_input_tokens", "cache_hit_tokens", "fresh_input_tokens", "output_tokens"):
+        assert row[col] == int(acc[col].sum())
+    assert row["requests"] == acc.height
+    assert row["inflation_ratio"] == pytest.approx(acc["recorded_input_tokens"].sum() / acc["fresh_input_tokens"].sum())
+    minutes = q(store, "token_rates", date=date)
+    assert sum(r["requests"] for r in minutes) == acc.height
+
+
+def test_kv_memory_and_cost_from_config(run: tuple[Store, str, Path]) -> None:
+    store, run_id, d = run
+    cfg = json.loads((d / "config.json").read_text())["resolved"]
+    steps = pl.read_parquet(d / "steps.parquet")
+    kv = {r["replica"]: r for r in q(store, "kv_memory", run_id=run_id)}
+    cap = cfg["memory"]["kv_capacity_blocks"]
+    assert kv["fleet"]["capacity_blocks"] == cap
+    assert kv["fleet"]["peak_blocks"] == steps["kv_blocks_used"].max()
+    assert kv["fleet"]["headroom"] == pytest.approx(1 - steps["kv_blocks_used"].max() / cap)
+    assert kv["fleet"]["peak_blocks"] <= cap
+    (cost,) = q(store, "cost", run_id=run_id)
+    from pipeline.catalog import load_hardware
+
+    hw = load_hardware(cfg["fleet"]["hardware"])
+    gpus = cfg["fleet"]["replicas"] * cfg["gpus_per_replica"]
+    assert cost["gpus"] == gpus
+    assert cost["usd_per_day"] == pytest.approx(gpus * hw.price_usd_per_gpu_hour * 24)
+    req = pl.read_parquet(d / "requests.parquet").filter(pl.col("status") == "finished")
+    span = float(req["finish_s"].max() - req["arrival_s"].min())
+    usd = gpus * hw.price_usd_per_gpu_hour * span / 3600
+    assert cost["usd_per_million_output_tokens"] == pytest.approx(usd / (req["output_tokens"].sum() / 1e6))
+
+
+def test_goodput_and_binding(run: tuple[Store, str, Path]) -> None:
+    store, run_id, d = run
+    req = pl.read_parquet(d / "requests.parquet")
+    fin = req.filter(pl.col("status") == "finished")
+    slo = float(np.percentile(fin["ttft_s"].to_numpy(), 80))
+    (g,) = q(store, "goodput", run_id=run_id, ttft_slo_s=slo)
+    assert g["meeting_slo"] == fin.filter(pl.col("ttft_s") <= slo).height
+    span = float(fin["finish_s"].max() - fin["arrival_s"].min())
+    assert g["goodput_requests_per_s"] == pytest.approx(g["meeting_slo"] / span)
+    (no_slo,) = q(store, "goodput", run_id=run_id)
+    assert no_slo["meeting_slo"] == fin.height
+    shares = q(store, "binding_shares", run_id=run_id)
+    fleet = [r for r in shares if r["replica"] == "fleet"]
+    assert sum(r["share"] for r in fleet) == pytest.approx(1.0)
+    steps = pl.read_parquet(d / "steps.parquet")
+    assert sum(r["busy_s"] for r in fleet) == pytest.approx(float((steps["end_s"] - steps["start_s"]).sum()))
+
+
+def test_latency_by_tenant_matches_numpy(run: tuple[Store, str, Path]) -> None:
+    store, run_id, d = run
+    req = pl.read_parquet(d / "requests.parquet").filter(pl.col("status") == "finished")
+    canon = store.read_requests().select("request_id", "tenant")
+    joined = req.join(canon, on="request_id")
+    rows = [r for r in q(store, "latency_by", run_id=run_id) if r["dimension"] == "tenant" and r["metric"] == "ttft_s"]
+    assert len(rows) == joined["tenant"].n_unique()
+    for r in rows:
+        v = joined.filter(pl.col("tenant") == r["bucket"])["ttft_s"].to_numpy()
+        assert r["samples"] == len(v)
+        assert r["p99"] == pytest.approx(np.percentile(v, 99), rel=1e-9)
+    dims = {r["dimension"] for r in q(store, "latency_by", run_id=run_id)}
+    assert dims == {"prompt_tokens", "output_tokens", "batch_occupancy", "tenant", "model", "hardware", "hour"}
+
+
+def test_every_named_query_runs_on_an_empty_store(tmp_path: Path) -> None:
+    store = Store(tmp_path / "empty")
+    build_warehouse(store)
+    for query in list_queries():
+        names = {p.rstrip("?") for p in query.params}
+        if "run_id" in names:
+            with pytest.raises(RooftraceError, match="needs a replay run"):
+                run_query(store, query.name, {"date": "2024-01-01"})
+        else:
+            rows = table_to_json(run_query(store, query.name, {"date": "2024-01-01"}))
+            # Row queries return nothing; aggregates return one row that counts nothing.
+            assert all(r.get("requests") in (0, None) for r in rows) and len(rows) <= 1, query.name
+    assert all(q.description for q in list_queries())
+
+
+def test_sql_is_read_only_and_cli_formats(run: tuple[Store, str, Path]) -> None:
+    store, run_id, _ = run
+    with pytest.raises(RooftraceError, match="read-only"):
+        run_sql(store, "CREATE TABLE x AS SELECT 1")
+    runner = CliRunner()
+    res = runner.invoke(
+        main, ["sql", "SELECT count(*) AS n FROM requests", "--store", str(store.root), "--format", "csv"]
+    )
+    assert res.exit_code == 0 and res.stdout.splitlines() == ['"n"', "400"]
+    res = runner.invoke(main, ["query", "latency", "--store", str(store.root), "--format", "json"])
+    assert res.exit_code == 0
+    assert {r["metric"] for r in json.loads(res.stdout)} >= {"ttft_s", "tpot_s", "e2e_s", "itl_s"}
+    res = runner.invoke(main, ["query", "nope", "--store", str(store.root)])
+    assert res.exit_code == 1 and "no named query" in res.stderr
+    res = runner.invoke(main, ["query", "--list", "--format", "json"])
+    assert {d["name"] for d in json.loads(res.stdout)} >= {"latency", "peak_throughput", "kv_memory", "cost"}
