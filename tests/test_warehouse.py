@@ -169,7 +169,7 @@ def test_every_named_query_runs_on_an_empty_store(tmp_path: Path) -> None:
 
 
 def test_sql_is_read_only_and_cli_formats(run: tuple[Store, str, Path]) -> None:
-    store, run_id, _ = run
+    store, _, _ = run
     with pytest.raises(RooftraceError, match="read-only"):
         run_sql(store, "CREATE TABLE x AS SELECT 1")
     runner = CliRunner()
