@@ -15,7 +15,7 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _util import run_child  # noqa: E402
+from _util import run_child
 
 
 def main() -> None:
@@ -36,7 +36,7 @@ def main() -> None:
     print(f"synth: {args.requests:,} OpenAI-style lines, {size_mb:,.0f} MB, written in {wall:.1f} s")
 
     duck_wall, duck_rss, _ = run_child(
-        "import duckdb; duckdb.sql(\"COPY (SELECT * FROM read_json("
+        'import duckdb; duckdb.sql("COPY (SELECT * FROM read_json('
         f"'{src}', format='newline_delimited')) TO '{work / 'duck.parquet'}' (FORMAT parquet)\")"
     )
     ing_wall, ing_rss, doc = run_child(
@@ -51,8 +51,10 @@ def main() -> None:
         f"rooftrace ingest: {doc['seconds']:.2f} s in ingest_logs ({ing_wall:.2f} s with interpreter start), "
         f"{rate:,.0f} rows/s, peak RSS <= {ing_rss:,.0f} MiB"
     )
-    print(f"ratio ingest / duckdb copy: {doc['seconds'] / duck_wall:.2f}x (target <= 2x); "
-          f"rows/s target >= 500,000: {'met' if rate >= 500_000 else 'NOT met'}")
+    print(
+        f"ratio ingest / duckdb copy: {doc['seconds'] / duck_wall:.2f}x (target <= 2x); "
+        f"rows/s target >= 500,000: {'met' if rate >= 500_000 else 'NOT met'}"
+    )
     shutil.rmtree(work, ignore_errors=True)
 
 

@@ -82,9 +82,7 @@ def catalog_list(as_json: bool) -> None:
         click.echo("models:")
         for m in models:
             active = f" ({m.active_params() / 1e9:.1f}B active)" if m.is_moe else ""
-            click.echo(
-                f"  {m.name:16s} {m.total_params() / 1e9:8.1f}B{active:18s} {m.attention:4s} {m.hf_id}"
-            )
+            click.echo(f"  {m.name:16s} {m.total_params() / 1e9:8.1f}B{active:18s} {m.attention:4s} {m.hf_id}")
 
     run(body)
 
@@ -135,9 +133,7 @@ def catalog_show(name: str, as_json: bool) -> None:
                 emit_json(doc)
                 return
             click.echo(f"{h.display_name} [{h.name}]")
-            click.echo(
-                f"  memory            {_gib(h.memory_bytes)}  at {_si(h.memory_bandwidth_bytes_per_s, 'B/s')}"
-            )
+            click.echo(f"  memory            {_gib(h.memory_bytes)}  at {_si(h.memory_bandwidth_bytes_per_s, 'B/s')}")
             for dtype, peak in h.peak_flops_per_s.items():
                 click.echo(f"  peak {dtype:5s}        {_si(peak, 'FLOP/s')} (dense)")
             click.echo(
@@ -149,8 +145,7 @@ def catalog_show(name: str, as_json: bool) -> None:
                 f"elementwise {h.elementwise_efficiency:.3f}, link {h.link_efficiency:.3f}"
             )
             click.echo(
-                f"  overheads         min kernel {h.min_kernel_s * 1e6:.1f} µs, "
-                f"step {h.step_overhead_s * 1e3:.3f} ms"
+                f"  overheads         min kernel {h.min_kernel_s * 1e6:.1f} µs, step {h.step_overhead_s * 1e3:.3f} ms"
             )
             click.echo(f"  price             ${h.price_usd_per_gpu_hour:.2f} per GPU-hour ({h.price_date})")
             click.echo("  sources:")
@@ -177,8 +172,7 @@ def catalog_show(name: str, as_json: bool) -> None:
                 return
             click.echo(f"{m.name} ({m.hf_id}) — {m.source}")
             click.echo(
-                f"  parameters        {m.total_params() / 1e9:.2f}B total, "
-                f"{m.active_params() / 1e9:.2f}B active"
+                f"  parameters        {m.total_params() / 1e9:.2f}B total, {m.active_params() / 1e9:.2f}B active"
             )
             click.echo(
                 f"  shape             {m.num_layers} layers, hidden {m.hidden_size}, "
@@ -191,9 +185,7 @@ def catalog_show(name: str, as_json: bool) -> None:
                 )
             if m.sliding_window:
                 click.echo(f"  sliding window    {m.sliding_window} tokens on {m.num_sliding_layers} layers")
-            click.echo(
-                f"  KV cache (bf16)   {kv_bytes_per_token(m):,.0f} bytes per token (full-attention layers)"
-            )
+            click.echo(f"  KV cache (bf16)   {kv_bytes_per_token(m):,.0f} bytes per token (full-attention layers)")
             click.echo(f"  native weights    {m.native_dtype}")
             return
         raise ConfigError(f"no hardware or model named {name!r}; see `rooftrace catalog list`")
@@ -243,16 +235,20 @@ def catalog_import_hf(config_json: str, name: str | None, hf_id: str, out: str |
 @click.option("--hardware", "hardware_name", required=True, help="Catalog hardware name (or a .toml path).")
 @click.option("--tp", default=1, show_default=True, type=int, help="Tensor-parallel GPUs.")
 @click.option("--pp", default=1, show_default=True, type=int, help="Pipeline-parallel stages.")
-@click.option(
-    "--weights", "weight_dtype", default="bf16", show_default=True, help="Weight format (dtypes.toml)."
-)
+@click.option("--weights", "weight_dtype", default="bf16", show_default=True, help="Weight format (dtypes.toml).")
 @click.option("--kv-dtype", default="bf16", show_default=True, help="KV-cache dtype: bf16, fp16 or fp8.")
+@click.option("--context", type=int, default=None, help="Context length to fit (default: the model's maximum).")
 @click.option(
-    "--context", type=int, default=None, help="Context length to fit (default: the model's maximum)."
+    "--gpu-memory-utilization",
+    default=0.9,
+    show_default=True,
+    type=float,
+    help="Share of GPU memory vLLM may use (weights, activations, KV).",
 )
-@click.option("--gpu-memory-utilization", default=0.9, show_default=True, type=float)
-@click.option("--block-size", default=16, show_default=True, type=int)
-@click.option("--max-num-seqs", default=256, show_default=True, type=int)
+@click.option("--block-size", default=16, show_default=True, type=int, help="KV-cache block size (tokens).")
+@click.option(
+    "--max-num-seqs", default=256, show_default=True, type=int, help="Sequences per batch (sizes activations)."
+)
 @json_option
 def fit_cmd(
     model_name: str,
@@ -305,13 +301,10 @@ def fit_cmd(
                    " "
                    f"of {block_size}")  # fmt: skip
         if f.fits:
-            click.echo(
-                f"  fits: {f.max_concurrent_seqs(f.context):,} concurrent sequences of {f.context:,} tokens"
-            )
+            click.echo(f"  fits: {f.max_concurrent_seqs(f.context):,} concurrent sequences of {f.context:,} tokens")
         else:
             click.echo(
-                f"  DOES NOT FIT: short by {_gib(f.shortfall_bytes)} per GPU for one "
-                f"{f.context:,}-token sequence"
+                f"  DOES NOT FIT: short by {_gib(f.shortfall_bytes)} per GPU for one {f.context:,}-token sequence"
             )
             for tip in f.suggestions:
                 click.echo(f"    - {tip}")
@@ -343,9 +336,7 @@ def _pct(x: float) -> str:
 @click.option("--hardware", default=None, help="Catalog hardware for every row (for your own tables).")
 @store_option
 @json_option
-def validate_cmd(
-    measurements: str | None, hardware: str | None, store_path: str | None, as_json: bool
-) -> None:
+def validate_cmd(measurements: str | None, hardware: str | None, store_path: str | None, as_json: bool) -> None:
     """Replay measured kernel, all-reduce and step times through the cost model; print and store
     the error tables under STORE/validation/.
 
@@ -388,9 +379,7 @@ def validate_cmd(
         click.echo("fitted (calibrated rows):")
         for c in report.calibrations:
             values = ", ".join(f"{k}={v:.4g}" for k, v in c.params.items())
-            click.echo(
-                f"  {c.kind} / {c.hardware}: {values} — {c.n_train} train rows, {c.n_holdout} held out"
-            )
+            click.echo(f"  {c.kind} / {c.hardware}: {values} — {c.n_train} train rows, {c.n_holdout} held out")
         for note in dict.fromkeys(report.skipped):
             progress(f"skipped: {note}")
 
@@ -398,9 +387,7 @@ def validate_cmd(
 
 
 @click.command("calibrate")
-@click.option(
-    "--measurements", required=True, type=click.Path(), help="A Vidur or Splitwise CSV (or folder)."
-)
+@click.option("--measurements", required=True, type=click.Path(), help="A Vidur or Splitwise CSV (or folder).")
 @click.option("--hardware", required=True, help="Catalog hardware whose factors to fit.")
 @click.option("--out", type=click.Path(dir_okay=False), default=None,
               help="Hardware TOML to write (default: <hardware>-calibrated.toml here).")  # fmt: skip

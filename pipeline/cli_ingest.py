@@ -50,9 +50,16 @@ def ingest(
 
 
 @click.command()
-@click.option("--format", "fmt", type=click.Choice(SYNTH_FORMATS), default="openai", show_default=True)
-@click.option("--requests", "n", type=click.IntRange(min=1), default=10_000, show_default=True)
-@click.option("--seed", type=int, default=0, show_default=True)
+@click.option(
+    "--format",
+    "fmt",
+    type=click.Choice(SYNTH_FORMATS),
+    default="openai",
+    show_default=True,
+    help="Log format to write.",
+)
+@click.option("--requests", "n", type=click.IntRange(min=1), default=10_000, show_default=True, help="Requests.")
+@click.option("--seed", type=int, default=0, show_default=True, help="Random seed (same seed, same log).")
 @click.option("--date", default="2025-01-15", show_default=True, help="Day the arrivals start (UTC).")
 @click.option(
     "--hours",
@@ -61,7 +68,7 @@ def ingest(
     show_default=True,
     help="Span of session starts.",
 )
-@click.option("--tenants", type=click.IntRange(min=1), default=4, show_default=True)
+@click.option("--tenants", type=click.IntRange(min=1), default=4, show_default=True, help="Number of tenants.")
 @click.option("--models", default="llama-3.1-70b,llama-3.1-8b", show_default=True, help="Comma-separated model names.")
 @click.option(
     "--cv",

@@ -10,7 +10,9 @@ from pipeline.cli_common import emit_json, get_store, progress, run, store_optio
 from pipeline.tables import FORMATS, render, table_to_json
 from pipeline.warehouse import build_warehouse, list_queries, run_query, run_sql
 
-_format = click.option("--format", "fmt", type=click.Choice(FORMATS), default="table", show_default=True)
+_format = click.option(
+    "--format", "fmt", type=click.Choice(FORMATS), default="table", show_default=True, help="Output format."
+)
 _out = click.option("--out", type=click.Path(dir_okay=False, path_type=Path), default=None, help="Write to FILE.")
 
 
