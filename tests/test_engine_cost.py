@@ -1,0 +1,126 @@
+"""The roofline fast path the replay engine uses (roofline.AffineStepCost) against step_cost.
+
+The fast path must return what step_cost returns — to a relative 1e-12, in practice bit for bit —
+on every step shape the engine produces, for every catalog model it accepts; models where it
+cannot (MoE: the expected number of touched experts is non-linear in the tokens) must fall
+back to step_cost itself.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from pipeline.catalog import list_models, load_hardware, load_model
+from pipeline.roofline import (
+    AFFINE_RTOL,
+    AffineStepCost,
+    Deployment,
+    affine_check_batch,
+    fast_step_cost,
+    step_cost,
+)
+from pipeline.steps import StepBatch, StepCost
+
+_FLOAT_FIELDS = ("time_s", "flops", "bytes", "compute_s", "memory_s", "comm_s", "overhead_s", "mfu", "mbu")
+
+
+def _assert_close(want: StepCost, got: StepCost) -> None:
+    for name in _FLOAT_FIELDS:
+        np.testing.assert_allclose(getattr(got, name), getattr(want, name), rtol=AFFINE_RTOL, atol=0, err_msg=name)
+    np.testing.assert_array_equal(got.binding, want.binding)
+
+
+def _deployments() -> list[Deployment]:
+    out = []
+    for name in list_models():
+        model = load_model(name)
+        for hw, tp in (("h100-sxm", 1), ("h100-sxm", 8), ("mi300x", 2), ("a100-80gb-sxm", 4)):
+            try:
+                out.append(Deployment(model, load_hardware(hw), tp=tp))
+            except Exception:  # tp that does not divide the heads: not a deployment
+                continue
+    return out
+
+
+@pytest.mark.parametrize("dep", _deployments(), ids=lambda d: f"{d.model.name}-{d.hardware.name}-tp{d.tp}")
+def test_fast_path_is_step_cost_or_falls_back(dep: Deployment) -> None:
+    fast = fast_step_cost(dep)
+    batch = affine_check_batch(n=512, seed=7)  # other points than the self-check's
+    if dep.model.is_moe:
+        assert fast is dep, "MoE step cost is not affine in the tokens: must fall back"
+        return
+    assert isinstance(fast, AffineStepCost)
+    _assert_close(step_cost(dep, batch), fast(batch))
+
+
+def _dense() -> Deployment:
+    return Deployment(load_model("llama-3.1-8b"), load_hardware("h100-sxm"))
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    st.lists(
+        st.tuples(
+            st.integers(0, 8),
+            st.integers(2, 8192),
+            st.integers(0, 200_000),
+            st.integers(0, 1024),
+            st.integers(1, 200_000),
+        ),
+        min_size=1,
+        max_size=6,
+    ),
+    st.sampled_from([("llama-3.1-8b", "h100-sxm", 1), ("llama-3.1-70b", "h200", 4), ("qwen3-8b", "l40s", 1)]),
+)
+def test_fast_path_equals_step_cost_on_engine_steps(
+    rows: list[tuple[int, int, int, int, int]], where: tuple[str, str, int]
+) -> None:
+    # Engine-shaped steps: `chunks` prefill chunks of c tokens at offset o, ds decodes of mean
+    # context ctx; includes one-token steps, pure prefill, pure decode and empty steps.
+    model, hw, tp = where
+    dep = Deployment(load_model(model), load_hardware(hw), tp=tp)
+    fast = fast_step_cost(dep)
+    arr = np.array(rows, dtype=np.float64)
+    chunks, c, o, ds, ctx = arr.T
+    batch = StepBatch(
+        prefill_tokens=chunks * c,
+        prefill_seqs=chunks,
+        prefill_attn_pairs=chunks * (c * o + c * (c + 1) / 2),
+        prefill_kv_tokens=chunks * (o + c),
+        decode_seqs=ds,
+        decode_ctx_tokens=ds * ctx,
+    )
+    _assert_close(step_cost(dep, batch), fast(batch))
+
+
+def test_empty_steps_cost_nothing_and_odd_rows_fall_back() -> None:
+    dep = _dense()
+    fast = fast_step_cost(dep)
+    zero = StepBatch(*(np.zeros(3) for _ in range(6)))
+    got = fast(zero)
+    assert np.all(got.time_s == 0) and np.all(got.flops == 0)
+    _assert_close(step_cost(dep, zero), got)
+    # Prefill seqs without tokens: outside the affine domain, answered by step_cost.
+    odd = StepBatch(*(np.array([v]) for v in (0.0, 1.0, 0.0, 0.0, 0.0, 0.0)))
+    _assert_close(step_cost(dep, odd), fast(odd))
+    # Sliding-window sums given explicitly: answered by step_cost too.
+    win = StepBatch(
+        *(np.array([v]) for v in (64.0, 1.0, 2080.0, 64.0, 4.0, 400.0)), decode_ctx_tokens_window=np.array([100.0])
+    )
+    _assert_close(step_cost(dep, win), fast(win))
+
+
+def test_efficiency_factors_flow_through() -> None:
+    # The fast path reads the same HardwareSpec: a slower memory roof changes both alike.
+    import dataclasses
+
+    dep = _dense()
+    slow = dataclasses.replace(dep, hardware=dataclasses.replace(dep.hardware, memory_efficiency=0.3))
+    batch = affine_check_batch(n=64, seed=3)
+    fast = fast_step_cost(slow)
+    assert isinstance(fast, AffineStepCost)
+    _assert_close(step_cost(slow, batch), fast(batch))
+    assert np.all(fast(batch).time_s >= fast_step_cost(dep)(batch).time_s)
