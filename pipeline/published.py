@@ -1,0 +1,380 @@
+"""Published serving benchmarks as data, and the workloads and metrics to replay them.
+
+Used by ``tests/test_published_benchmarks.py`` and ``docs/replay_validation.md`` so the tests and
+the doc read the same parsed numbers. Sources (``../shared/measurements``, see their SOURCE.md):
+
+- MLPerf Inference v4.1, closed, NVIDIA, Llama-2-70B: LoadGen ``mlperf_log_summary.txt`` files
+  ("key : value" lines; latencies in ns).
+- NVIDIA NIM 1.8.0, Llama-3.3-70B-Instruct FP8 on 2x H100 (TP2), 5000 in / 500 out, fixed
+  concurrency: TTFT, inter-token latency and throughput per concurrency.
+- TensorRT-LLM ``perf-overview.md`` (v1.0 era): offline max-throughput output tokens/s per
+  (model, GPU, TP, ISL, OSL), FP8 checkpoints.
+
+The replay side: synthetic request frames shaped like each benchmark (fixed lengths, or the
+MLPerf OpenOrca length distribution below) and the throughput a benchmark reports, computed from
+a :class:`pipeline.replay.ReplayRun`.
+"""
+
+from __future__ import annotations
+
+import csv
+from dataclasses import dataclass, replace
+from datetime import UTC, datetime
+from pathlib import Path
+
+import numpy as np
+import numpy.typing as npt
+import polars as pl
+
+from pipeline.errors import RooftraceError
+from pipeline.fleet import ResolvedFleet, resolve
+from pipeline.replay import ReplayOptions, ReplayRun, run_replay
+
+NS = 1e-9
+
+# -- MLPerf LoadGen summaries ------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class MLPerfSummary:
+    """One ``mlperf_log_summary.txt``: throughput and (Server only) latency statistics in s."""
+
+    path: str
+    scenario: str
+    result_valid: bool
+    samples_per_s: float
+    tokens_per_s: float
+    target_qps: float
+    ttft_mean_s: float | None = None
+    ttft_p99_s: float | None = None
+    tpot_mean_s: float | None = None
+    tpot_p99_s: float | None = None
+
+    @property
+    def output_tokens_per_sample(self) -> float:
+        """Mean generated tokens per sample: LoadGen counts the tokens the SUT returned."""
+        return self.tokens_per_s / self.samples_per_s
+
+
+def _kv_lines(text: str) -> dict[str, str]:
+    out: dict[str, str] = {}
+    for line in text.splitlines():
+        key, sep, value = line.partition(":")
+        if sep and key.strip() and value.strip():
+            out.setdefault(key.strip(), value.strip())
+    return out
+
+
+def read_mlperf_summary(path: Path | str) -> MLPerfSummary:
+    """Parse a LoadGen summary; a missing or non-numeric key is an error naming the file."""
+    path = Path(path)
+    try:
+        kv = _kv_lines(path.read_text())
+    except OSError as exc:
+        raise RooftraceError(f"{path}: cannot read MLPerf summary ({exc.strerror})") from None
+
+    def num(*keys: str) -> float:
+        for key in keys:
+            if key in kv:
+                try:
+                    return float(kv[key])
+                except ValueError:
+                    raise RooftraceError(f"{path}: {key!r} is not a number: {kv[key]!r}") from None
+        raise RooftraceError(f"{path}: missing {keys[0]!r}")
+
+    def opt_ns(key: str) -> float | None:
+        return num(key) * NS if key in kv else None
+
+    scenario = kv.get("Scenario")
+    if scenario is None:
+        raise RooftraceError(f"{path}: missing 'Scenario'")
+    # Offline reports "Samples per second" / "Tokens per second"; Server the "Completed" ones.
+    return MLPerfSummary(
+        path=str(path),
+        scenario=scenario,
+        result_valid=kv.get("Result is") == "VALID",
+        samples_per_s=num("Samples per second", "Completed samples per second"),
+        tokens_per_s=num("Tokens per second", "Completed tokens per second"),
+        target_qps=num("target_qps"),
+        ttft_mean_s=opt_ns("Mean First Token latency (ns)"),
+        ttft_p99_s=opt_ns("99.00 percentile first token latency (ns)"),
+        tpot_mean_s=opt_ns("Mean Time to Output Token (ns)"),
+        tpot_p99_s=opt_ns("99.00 percentile time to output token (ns)"),
+    )
+
+
+# -- CSV transcriptions ------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class NimPoint:
+    """One row of the NIM fixed-concurrency table (times in s, throughput in output tokens/s)."""
+
+    model: str
+    gpu: str
+    num_gpus: int
+    precision: str
+    tp: int
+    isl: int
+    osl: int
+    concurrency: int
+    ttft_s: float
+    itl_s: float
+    output_tokens_per_s: float
+
+
+@dataclass(frozen=True)
+class TrtllmPoint:
+    """One row of the TensorRT-LLM offline throughput table (whole TP group)."""
+
+    model: str
+    checkpoint: str
+    gpu: str
+    tp: int
+    precision: str
+    isl: int
+    osl: int
+    output_tokens_per_s: float
+
+
+def _rows(path: Path, required: set[str]) -> list[dict[str, str]]:
+    try:
+        with path.open(newline="") as fh:
+            reader = csv.DictReader(fh)
+            missing = sorted(required - set(reader.fieldnames or ()))
+            if missing:
+                raise RooftraceError(f"{path}: missing column(s) {missing}")
+            return list(reader)
+    except OSError as exc:
+        raise RooftraceError(f"{path}: cannot read ({exc.strerror})") from None
+
+
+def _field(path: Path, line: int, row: dict[str, str], key: str, kind: type[int] | type[float]) -> float:
+    try:
+        return kind(row[key])
+    except ValueError:
+        raise RooftraceError(f"{path}:{line}: {key} is not a number: {row[key]!r}") from None
+
+
+def read_nim_table(path: Path | str) -> list[NimPoint]:
+    path = Path(path)
+    keys = {"model", "gpu", "num_gpus", "precision", "tp", "isl", "osl", "concurrency", "ttft_ms", "itl_ms"}
+    keys |= {"throughput_tokens_per_s"}
+    out = []
+    for i, r in enumerate(_rows(path, keys), start=2):
+        out.append(
+            NimPoint(
+                model=r["model"],
+                gpu=r["gpu"],
+                num_gpus=int(_field(path, i, r, "num_gpus", int)),
+                precision=r["precision"],
+                tp=int(_field(path, i, r, "tp", int)),
+                isl=int(_field(path, i, r, "isl", int)),
+                osl=int(_field(path, i, r, "osl", int)),
+                concurrency=int(_field(path, i, r, "concurrency", int)),
+                ttft_s=_field(path, i, r, "ttft_ms", float) / 1e3,
+                itl_s=_field(path, i, r, "itl_ms", float) / 1e3,
+                output_tokens_per_s=_field(path, i, r, "throughput_tokens_per_s", float),
+            )
+        )
+    return out
+
+
+def read_trtllm_table(path: Path | str) -> list[TrtllmPoint]:
+    path = Path(path)
+    keys = {"model", "quantized_checkpoint", "gpu", "num_gpus_tp", "precision", "isl", "osl"}
+    keys |= {"total_output_tokens_per_s"}
+    out = []
+    for i, r in enumerate(_rows(path, keys), start=2):
+        out.append(
+            TrtllmPoint(
+                model=r["model"],
+                checkpoint=r["quantized_checkpoint"],
+                gpu=r["gpu"],
+                tp=int(_field(path, i, r, "num_gpus_tp", int)),
+                precision=r["precision"],
+                isl=int(_field(path, i, r, "isl", int)),
+                osl=int(_field(path, i, r, "osl", int)),
+                output_tokens_per_s=_field(path, i, r, "total_output_tokens_per_s", float),
+            )
+        )
+    return out
+
+
+# -- MLPerf Llama-2-70B request lengths --------------------------------------------------------
+
+#: Percentiles (%) of the tables below.
+OPENORCA_PERCENTILES: tuple[float, ...] = (0, 1, 2.5, 5, 10, 15, 20, 25, 30, 35, 40, 45, 50, 55, 60, 65, 70, 75, 80, 85)
+OPENORCA_PERCENTILES += (90, 95, 97.5, 99, 100)
+#: Llama-2 tokens per prompt (``tok_input_length``, chat template and system prompt included) of
+#: the MLPerf llama2-70b dataset (``open_orca_gpt4_tokenized_llama.sampled_24576.pkl``), at
+#: OPENORCA_PERCENTILES. Computed from the first 2,162 rows of the per-sample length table
+#: ``mlperf-data/summaries/llama2-70b-99.csv`` of the openshift-psap/performance-dashboard
+#: repository (lengths extracted from that official pickle). Mean 119.1, median 115.
+OPENORCA_INPUT_TOKENS: tuple[int, ...] = (48, 54, 62, 72, 80, 87, 92, 96, 101, 105, 108, 112, 115, 118, 122, 125, 129)
+OPENORCA_INPUT_TOKENS += (133, 138, 143, 153, 174, 220, 275, 953)
+#: The same rows' reference (GPT-4) response lengths in Llama-2 tokens (mean 184.5). Only the
+#: *shape* is used: Llama-2-70B-chat writes longer answers, and the mean generated length is taken
+#: from each MLPerf summary (tokens/s ÷ samples/s ≈ 290), the quantity the benchmark counts.
+OPENORCA_REFERENCE_OUTPUT_TOKENS: tuple[int, ...] = (3, 7, 8, 23, 49, 65, 77, 88, 99, 113, 129, 146, 164, 183, 202)
+OPENORCA_REFERENCE_OUTPUT_TOKENS += (218, 237, 259, 284, 313, 351, 403, 466, 544, 707)
+#: MLPerf llama2-70b caps generation at 1,024 new tokens (max_new_tokens of the reference SUT).
+MLPERF_MAX_OUTPUT_TOKENS = 1024
+
+IntArray = npt.NDArray[np.int64]
+
+
+def _from_quantiles(u: npt.NDArray[np.float64], table: tuple[int, ...]) -> npt.NDArray[np.float64]:
+    return np.interp(u * 100.0, np.asarray(OPENORCA_PERCENTILES), np.asarray(table, dtype=np.float64))
+
+
+def openorca_lengths(n: int, output_mean: float, seed: int = 0) -> tuple[IntArray, IntArray]:
+    """``n`` (input, output) token counts shaped like the MLPerf llama2-70b dataset.
+
+    Inputs follow OPENORCA_INPUT_TOKENS; outputs follow the reference response shape rescaled so
+    their mean is ``output_mean`` (clipped to [1, 1024]). Inverse-CDF sampling, piecewise linear
+    between the tabulated percentiles, seeded: the same call returns the same lengths."""
+    if n < 1 or not output_mean > 0:
+        raise RooftraceError(f"openorca_lengths: need n >= 1 and output_mean > 0, got {n}, {output_mean}")
+    rng = np.random.default_rng(seed)
+    inp = np.rint(_from_quantiles(rng.random(n), OPENORCA_INPUT_TOKENS)).astype(np.int64)
+    shape = _from_quantiles(rng.random(n), OPENORCA_REFERENCE_OUTPUT_TOKENS)
+    out = np.clip(np.rint(shape * (output_mean / shape.mean())), 1, MLPERF_MAX_OUTPUT_TOKENS).astype(np.int64)
+    return inp, out
+
+
+def benchmark_requests(input_tokens: IntArray, output_tokens: IntArray) -> pl.DataFrame:
+    """A canonical-requests frame for replay: the columns ``run_replay`` reads, one arrival time
+    (closed-loop and offline replays ignore arrival times)."""
+    n = int(input_tokens.shape[0])
+    if output_tokens.shape[0] != n:
+        raise RooftraceError("benchmark_requests: input and output lengths differ in count")
+    t0 = datetime(2024, 1, 1, tzinfo=UTC)
+    return pl.DataFrame(
+        {
+            "request_id": [f"bench-{i}" for i in range(n)],
+            "arrival": pl.Series([t0] * n, dtype=pl.Datetime("us", "UTC")),
+            "recorded_input_tokens": input_tokens.astype(np.int64),
+            "output_tokens": output_tokens.astype(np.int64),
+        }
+    )
+
+
+# -- metrics -----------------------------------------------------------------------------------
+
+
+def makespan_output_tokens_per_s(run: ReplayRun) -> float:
+    """Output tokens of finished requests ÷ (last finish − first arrival): what trtllm-bench and
+    GenAI-Perf report as output throughput for a whole run."""
+    res = run.result
+    ok = res.reject_reason == 0
+    if not ok.any():
+        raise RooftraceError("no request finished")
+    span = float(np.max(res.finish_s[ok]) - np.min(res.arrival_s))
+    return float(run.work.output_tokens[ok].sum()) / span
+
+
+def saturated_output_tokens_per_s(run: ReplayRun) -> float:
+    """Tokens sampled per second while every replica still has requests waiting.
+
+    MLPerf Offline runs ~200,000 samples, so its reported rate is the saturated rate (the drain
+    at the end is ~1 % of the run). A replay of a few thousand requests has a long drain, so this
+    measures the same thing on the saturated window only: from the time the fleet has finished
+    as many requests as it runs at once (the first batch has turned over: the mix of ages is
+    settled) to the first time any replica's waiting queue empties. Tokens sampled = decode
+    tokens of the step spans in the window (spans cut at the edges in proportion to their time)
+    plus the first tokens sampled in it. Raises when the workload is too small to saturate."""
+    res, cols = run.result, run.log.columns()
+    ok = res.reject_reason == 0
+    start = np.asarray(cols["start_s"], dtype=np.float64)
+    end = np.asarray(cols["end_s"], dtype=np.float64)
+    replica = np.asarray(cols["replica"], dtype=np.int64)
+    decode_tokens = np.asarray(cols["decode_tokens"], dtype=np.float64)
+    waiting = np.asarray(cols["waiting"], dtype=np.int64) > 0
+    if not waiting.any():
+        raise RooftraceError("the replay never queued a request: the fleet was not saturated")
+    ends = [float(end[(replica == r) & waiting].max(initial=0.0)) for r in np.unique(replica)]
+    t_hi = min(ends)
+    turnover = run.spec.scheduler.max_num_seqs * run.spec.replicas
+    finish = np.sort(res.finish_s[ok])
+    if finish.shape[0] <= turnover:
+        raise RooftraceError(f"only {finish.shape[0]} requests finished; need more than {turnover}")
+    t_lo = float(finish[turnover - 1])
+    if not t_hi > t_lo:
+        raise RooftraceError(
+            f"no saturated window: the queue empties at {t_hi:.1f} s, before the first batch turned "
+            f"over at {t_lo:.1f} s; replay more requests"
+        )
+    dur = np.maximum(end - start, 1e-300)
+    share = np.clip((np.minimum(end, t_hi) - np.maximum(start, t_lo)) / dur, 0.0, 1.0)
+    decode = float((decode_tokens * share).sum())
+    first = res.first_token_s[ok]
+    firsts = float(((first >= t_lo) & (first < t_hi)).sum())
+    return (decode + firsts) / (t_hi - t_lo)
+
+
+# -- replaying a benchmark -----------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Comparison:
+    """A replayed figure against the published one: error = replayed / measured − 1."""
+
+    name: str
+    measured: float
+    replayed: float
+    requests: int
+    wall_s: float
+
+    @property
+    def error(self) -> float:
+        return self.replayed / self.measured - 1.0
+
+
+def replay_mlperf_offline(fleet: ResolvedFleet, summary: MLPerfSummary, waves: int = 4, seed: int = 0) -> Comparison:
+    """Replay MLPerf Offline on ONE replica of ``fleet`` and scale by its replica count.
+
+    Offline sends every sample at t = 0 and the round-robin router deals them evenly to
+    identical, independent replicas, so the fleet's saturated rate is replicas × one replica's.
+    ``waves`` × max_num_seqs requests (OpenOrca-shaped, mean output from the summary) keep the
+    replica saturated long enough to measure (saturated_output_tokens_per_s)."""
+    one = resolve(fleet.config.with_replicas(1), fleet.config.name)
+    n = waves * one.scheduler.max_num_seqs
+    inp, out = openorca_lengths(n, summary.output_tokens_per_sample, seed)
+    run = run_replay(benchmark_requests(inp, out), one, ReplayOptions(offline=True))
+    rate = saturated_output_tokens_per_s(run) * fleet.config.replicas
+    return Comparison(f"{fleet.config.name} offline", summary.tokens_per_s, rate, n, run.wall_s)
+
+
+def replay_closed_loop(fleet: ResolvedFleet, isl: int, osl: int, concurrency: int, rounds: int = 4) -> ReplayRun:
+    """``rounds`` × ``concurrency`` fixed-length requests from ``concurrency`` closed-loop clients
+    (GenAI-Perf / AIPerf at fixed concurrency)."""
+    n = max(rounds * concurrency, 8)
+    frame = benchmark_requests(np.full(n, isl, np.int64), np.full(n, osl, np.int64))
+    return run_replay(frame, fleet, ReplayOptions(concurrency=concurrency))
+
+
+def replay_offline_fixed(fleet: ResolvedFleet, isl: int, osl: int, waves: int = 4) -> ReplayRun:
+    """trtllm-bench throughput: fixed ISL/OSL, all requests at t = 0. ``waves`` × the number of
+    sequences a replica can run at once (max_num_seqs, or fewer when the KV cache binds)."""
+    per_seq_blocks = -(-(isl + osl) // fleet.scheduler.block_size)
+    fits = max(1, fleet.scheduler.num_gpu_blocks // per_seq_blocks)
+    n = waves * fleet.config.replicas * min(fleet.scheduler.max_num_seqs, fits)
+    frame = benchmark_requests(np.full(n, isl, np.int64), np.full(n, osl, np.int64))
+    return run_replay(frame, fleet, ReplayOptions(offline=True))
+
+
+def no_evict_fleet(fleet: ResolvedFleet, isl: int, osl: int) -> ResolvedFleet:
+    """``fleet`` with max_num_seqs capped at the sequences whose *whole* KV (isl + osl tokens)
+    fits the cache at once: TensorRT-LLM's default capacity scheduler (GUARANTEED_NO_EVICT)
+    admits a request only when its blocks up to max_tokens are reserved, so it never preempts;
+    for fixed-length benchmarks this cap is the same admission rule. vLLM admits optimistically
+    and preempts by recomputation, which on long outputs replays as thrashing."""
+    sched = fleet.scheduler
+    per_seq_blocks = -(-(isl + osl) // sched.block_size)
+    fits = max(1, sched.num_gpu_blocks // per_seq_blocks)
+    if fits >= sched.max_num_seqs:
+        return fleet
+    cfg = fleet.config
+    capped = replace(cfg, engine=replace(cfg.engine, max_num_seqs=fits))
+    return resolve(capped, cfg.name)

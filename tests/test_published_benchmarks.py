@@ -1,0 +1,232 @@
+"""The replay against published serving measurements (issue 5, "Against measurements").
+
+Each benchmark is replayed as a synthetic workload of its shape (lengths, concurrency, offline)
+through a fleet in fleets/ that records the assumed settings, and compared with the published
+figure. Errors are replayed / measured − 1; the bounds asserted are the ones the catalog as
+shipped meets (measured values and the reasons for the misses: docs/replay_validation.md).
+Sources: ../shared/measurements/{mlperf-inference-v4.1,published-benchmarks}/SOURCE.md.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+import numpy as np
+import pytest
+from conftest import shared_path
+
+from pipeline.fleet import ResolvedFleet, load_fleet, resolve
+from pipeline.published import (
+    Comparison,
+    NimPoint,
+    TrtllmPoint,
+    benchmark_requests,
+    makespan_output_tokens_per_s,
+    no_evict_fleet,
+    openorca_lengths,
+    read_mlperf_summary,
+    read_nim_table,
+    read_trtllm_table,
+    replay_closed_loop,
+    replay_mlperf_offline,
+    replay_offline_fixed,
+    saturated_output_tokens_per_s,
+)
+from pipeline.replay import ReplayOptions, run_replay
+
+FLEETS = Path(__file__).resolve().parents[1] / "fleets"
+MLPERF_RESULTS = ("measurements", "mlperf-inference-v4.1", "closed", "NVIDIA", "results")
+MLPERF_SYSTEMS = {
+    "h100": "DGX-H100_H100-SXM-80GBx8_TRT/llama2-70b-99.9",
+    "h200": "H200-SXM-141GBx8_TRT/llama2-70b-99",
+}
+PUBLISHED = ("measurements", "published-benchmarks")
+NIM_CSV = "nim_llama33_70b_h100x2_fp8_tp2_isl5000_osl500.csv"
+TRTLLM_CSV = "tensorrt_llm_perf_overview_h100_h200.csv"
+TRTLLM_FLEETS = {
+    ("Llama-3.1-8B", "H100 SXM 80GB"): "trtllm-llama31-8b-h100",
+    ("Llama-3.1-8B", "H200 SXM 141GB"): "trtllm-llama31-8b-h200",
+    ("Llama-3.3-70B", "H100 SXM 80GB"): "trtllm-llama33-70b-h100-tp2",
+    ("Llama-3.3-70B", "H200 SXM 141GB"): "trtllm-llama33-70b-h200",
+    ("Llama-3.1-405B", "H100 SXM 80GB"): "trtllm-llama31-405b-h100-tp8",
+    ("Llama-3.1-405B", "H200 SXM 141GB"): "trtllm-llama31-405b-h200-tp8",
+}
+
+#: Bounds met by the catalog as shipped (docs/replay_validation.md has every error).
+MLPERF_OFFLINE_BOUND = 0.40  # measured +33 % (H100) and +38 % (H200): the replay is optimistic
+MLPERF_ISSUE_TARGET = 0.20  # issue 5's target, not met (xfail below)
+NIM_TTFT_BOUND = 0.40  # measured −5 % … +34 % (largest at concurrency 100, the KV-capacity knee)
+NIM_ITL_BOUND = 0.20  # measured +5 % … +16 %
+TRTLLM_MEDIAN_BOUND = 0.08  # |error| over the 60 rows: measured median 6.9 %
+TRTLLM_MAX_BOUND = 0.20  # measured max 18.7 % (Llama-3.1-405B, H200, 128 in / 4096 out)
+
+
+def _summary(system: str, scenario: str = "Offline") -> object:
+    path = shared_path(*MLPERF_RESULTS, *MLPERF_SYSTEMS[system].split("/"), scenario, "performance", "run_1")
+    return read_mlperf_summary(path / "mlperf_log_summary.txt")
+
+
+def _fleet(name: str) -> ResolvedFleet:
+    return resolve(load_fleet(FLEETS / f"{name}.toml"))
+
+
+# -- parsing: the numbers the tests compare against -----------------------------------------
+
+
+def test_mlperf_summaries_parse_to_the_published_figures() -> None:
+    # Hand-copied from the SOURCE.md key-numbers table (an independent transcription).
+    h100, h200 = _summary("h100"), _summary("h200")
+    assert (h100.samples_per_s, h100.tokens_per_s) == (84.4792, 24524.9)
+    assert (h200.samples_per_s, h200.tokens_per_s) == (107.477, 31302.7)
+    assert h100.scenario == h200.scenario == "Offline" and h100.result_valid and h200.result_valid
+    assert h100.output_tokens_per_sample == pytest.approx(290.3, abs=0.05)
+    server = _summary("h100", "Server")
+    assert server.tokens_per_s == 21605.79
+    assert server.ttft_mean_s == pytest.approx(0.2759, abs=1e-4)
+    assert server.tpot_p99_s == pytest.approx(0.1754, abs=1e-4)
+
+
+def test_published_tables_parse() -> None:
+    nim = read_nim_table(shared_path(*PUBLISHED, NIM_CSV))
+    assert [p.concurrency for p in nim] == [1, 5, 25, 50, 100, 150, 200, 250]
+    assert nim[0].ttft_s == pytest.approx(0.40677) and nim[-1].itl_s == pytest.approx(0.0932)
+    trt = read_trtllm_table(shared_path(*PUBLISHED, TRTLLM_CSV))
+    assert len(trt) == 60 and {(p.model, p.gpu) for p in trt} == set(TRTLLM_FLEETS)
+    assert all(p.precision == "FP8" for p in trt)
+
+
+def test_openorca_lengths_have_the_dataset_shape() -> None:
+    inp, out = openorca_lengths(20_000, 290.3, seed=3)
+    assert inp.mean() == pytest.approx(119.1, rel=0.03)  # the tabulated sample's mean
+    assert inp.min() >= 48 and inp.max() <= 953
+    assert out.mean() == pytest.approx(290.3, rel=0.01) and out.min() >= 1 and out.max() <= 1024
+    again = openorca_lengths(20_000, 290.3, seed=3)
+    assert np.array_equal(inp, again[0]) and np.array_equal(out, again[1])
+
+
+# -- MLPerf v4.1 Llama-2-70B Offline ----------------------------------------------------------
+
+_MLPERF: dict[str, Comparison] = {}
+
+
+def _mlperf(system: str) -> Comparison:
+    if system not in _MLPERF:
+        _MLPERF[system] = replay_mlperf_offline(_fleet(f"mlperf-llama2-70b-{system}"), _summary(system))
+    return _MLPERF[system]
+
+
+@pytest.mark.parametrize("system", sorted(MLPERF_SYSTEMS))
+def test_mlperf_offline_tokens_per_s(system: str) -> None:
+    c = _mlperf(system)
+    # One replica, 4 x max_num_seqs OpenOrca-shaped requests, saturated window, x replicas.
+    assert abs(c.error) <= MLPERF_OFFLINE_BOUND, f"{c.name}: {c.replayed:.0f} vs {c.measured:.0f} ({c.error:+.1%})"
+    # The direction is known (TensorRT-LLM's FP8 GEMMs reach a lower share of the FP8 peak than
+    # the BF16-fitted compute efficiency assumes): a sign flip would mean something else changed.
+    assert c.error > 0
+
+
+@pytest.mark.xfail(
+    strict=True, reason="issue 5 target: within 20 %; measured +33 % / +38 % (docs/replay_validation.md)"
+)
+@pytest.mark.parametrize("system", sorted(MLPERF_SYSTEMS))
+def test_mlperf_offline_issue_target(system: str) -> None:
+    assert abs(_mlperf(system).error) <= MLPERF_ISSUE_TARGET
+
+
+@pytest.mark.slow
+def test_mlperf_offline_whole_fleet_matches_one_replica_scaled() -> None:
+    # The fast test replays one replica and multiplies by the replica count; the whole 8-replica
+    # H200 fleet with the same requests per replica must give the same saturated rate.
+    fleet = _fleet("mlperf-llama2-70b-h200")
+    summary = _summary("h200")
+    n = 4 * fleet.scheduler.max_num_seqs * fleet.config.replicas
+    inp, out = openorca_lengths(n, summary.output_tokens_per_sample, seed=0)
+    run = run_replay(benchmark_requests(inp, out), fleet, ReplayOptions(offline=True))
+    assert saturated_output_tokens_per_s(run) == pytest.approx(_mlperf("h200").replayed, rel=0.03)
+
+
+@pytest.mark.slow
+def test_mlperf_gap_is_one_fp8_compute_factor() -> None:
+    """Fit the compute efficiency on the H100 result alone, then predict the H200 one (a
+    different GPU, TP1 instead of TP2, another batch size): the held-out error is small, so the
+    gap is the FP8 matmul rate, not the scheduling or the memory model."""
+
+    def rate(system: str, eff: float) -> float:
+        fleet = _fleet(f"mlperf-llama2-70b-{system}")
+        hw = dataclasses.replace(fleet.deployment.hardware, compute_efficiency=eff)
+        fleet = dataclasses.replace(fleet, deployment=dataclasses.replace(fleet.deployment, hardware=hw))
+        return replay_mlperf_offline(fleet, _summary(system)).replayed
+
+    measured = _summary("h100").tokens_per_s
+    lo, hi = 0.3, _fleet("mlperf-llama2-70b-h100").deployment.hardware.compute_efficiency
+    for _ in range(6):  # bisection: the replayed rate grows with the efficiency
+        mid = 0.5 * (lo + hi)
+        lo, hi = (mid, hi) if rate("h100", mid) < measured else (lo, mid)
+    fitted = 0.5 * (lo + hi)
+    held_out = rate("h200", fitted) / _summary("h200").tokens_per_s - 1.0
+    assert 0.35 < fitted < 0.55
+    assert abs(held_out) <= 0.10, f"fitted {fitted:.3f} on H100; H200 error {held_out:+.1%}"
+
+
+# -- NIM fixed-concurrency table --------------------------------------------------------------
+
+
+def _nim_points() -> list[NimPoint]:
+    return read_nim_table(shared_path(*PUBLISHED, NIM_CSV))
+
+
+@pytest.fixture(scope="module")
+def nim_replays() -> dict[int, tuple[NimPoint, float, float]]:
+    fleet = _fleet("nim-llama33-70b-h100-tp2")
+    out = {}
+    for p in _nim_points():
+        run = replay_closed_loop(fleet, p.isl, p.osl, p.concurrency, rounds=6)
+        res = run.result
+        # GenAI-Perf sends warm-up requests first: drop the first round (all C clients start at
+        # t = 0 together, a burst the steady closed loop never sees again).
+        ttft = (res.first_token_s - res.arrival_s)[p.concurrency :]
+        itl = ((res.finish_s - res.first_token_s) / (p.osl - 1))[p.concurrency :]
+        assert (res.reject_reason == 0).all()
+        out[p.concurrency] = (p, float(ttft.mean()), float(itl.mean()))
+    return out
+
+
+@pytest.mark.parametrize("concurrency", [1, 5, 25, 50, 100, 150, 200, 250])
+def test_nim_closed_loop_ttft_and_itl(nim_replays: dict[int, tuple[NimPoint, float, float]], concurrency: int) -> None:
+    p, ttft, itl = nim_replays[concurrency]
+    assert abs(ttft / p.ttft_s - 1) <= NIM_TTFT_BOUND, f"TTFT {ttft:.3f} s vs {p.ttft_s:.3f} s"
+    assert abs(itl / p.itl_s - 1) <= NIM_ITL_BOUND, f"ITL {itl * 1e3:.1f} ms vs {p.itl_s * 1e3:.1f} ms"
+
+
+def test_nim_saturation_is_where_the_kv_cache_fills(nim_replays: dict[int, tuple[NimPoint, float, float]]) -> None:
+    # Measured: ITL flattens at ~93 ms from concurrency 100 and TTFT grows by queueing. The replay
+    # must show the same knee: ITL at 150..250 within 5 % of each other, TTFT growing linearly.
+    itls = [nim_replays[c][2] for c in (150, 200, 250)]
+    assert max(itls) / min(itls) - 1 < 0.05
+    ttfts = [nim_replays[c][1] for c in (150, 200, 250)]
+    assert ttfts[0] < ttfts[1] < ttfts[2]
+    assert (ttfts[2] - ttfts[1]) == pytest.approx(ttfts[1] - ttfts[0], rel=0.15)
+
+
+# -- TensorRT-LLM throughput table ------------------------------------------------------------
+
+
+def _trtllm_rate(p: TrtllmPoint) -> float:
+    fleet = no_evict_fleet(_fleet(TRTLLM_FLEETS[(p.model, p.gpu)]), p.isl, p.osl)
+    run = replay_offline_fixed(fleet, p.isl, p.osl, waves=3)
+    assert run.result.preemptions.sum() == 0
+    return makespan_output_tokens_per_s(run)
+
+
+def _trtllm_points() -> list[TrtllmPoint]:
+    return read_trtllm_table(shared_path(*PUBLISHED, TRTLLM_CSV))
+
+
+def test_trtllm_table_all_rows() -> None:
+    # 60 replays, ~10 s on the 2-core VM: fixed lengths with no preemption make long spans.
+    points = _trtllm_points()
+    errors = np.array([_trtllm_rate(p) / p.output_tokens_per_s - 1 for p in points])
+    worst = points[int(np.argmax(np.abs(errors)))]
+    assert np.median(np.abs(errors)) <= TRTLLM_MEDIAN_BOUND
+    assert np.abs(errors).max() <= TRTLLM_MAX_BOUND, f"worst: {worst} ({errors.max():+.1%})"
