@@ -34,6 +34,7 @@ from pipeline.engine.steplog import StepLog
 from pipeline.errors import ConfigError, RooftraceError
 from pipeline.fleet import ResolvedFleet, load_fleet, resolve
 from pipeline.prefix import DEFAULT_ISOLATION, build_chains, key64, mix64
+from pipeline.roofline import fast_step_cost
 from pipeline.schemas import atomic_write_bytes, write_parquet
 from pipeline.steps import BINDING_NAMES
 from pipeline.store import Store, repo_root
@@ -164,7 +165,7 @@ def run_replay(
     work = build_workload(requests, fleet, options)
     log = StepLog(capacity=max(1024, 2 * work.n))
     t0 = time.perf_counter()
-    result = simulate(work, spec, fleet.deployment, log, progress)
+    result = simulate(work, spec, fast_step_cost(fleet.deployment), log, progress)
     return ReplayRun(fleet, spec, work, result, log, time.perf_counter() - t0)
 
 

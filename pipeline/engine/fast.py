@@ -57,6 +57,7 @@ class _State:
         self.fed = np.zeros(n, np.int64)
         self.last_tok = np.full(n, np.nan)
         self.started = np.zeros(n, bool)
+        self.nhashed = np.zeros(n, np.int64)  # len(_Replica.hashed[rid]): for vectorised checks
         self.res = res
 
 
@@ -85,7 +86,8 @@ class _Replica:
         self._next_bid = 0
         self.ref: dict[int, int] = {}  # hashed block id -> ref count
         self.bhash: dict[int, int] = {}  # hashed block id -> hash
-        self.cached: dict[int, OrderedDict[int, None]] = {}  # hash -> holders, oldest first
+        # hash -> holders, oldest first (a dict keeps insertion order; holders are few)
+        self.cached: dict[int, dict[int, None]] = {}
         self.hashed: dict[int, list[int]] = {}  # request -> its hashed blocks (a prefix of its blocks)
         self.routed = 0
         self.finish_times: list[float] = []
@@ -108,39 +110,40 @@ class _Replica:
         """Take ``n`` blocks from the head of the free queue, evicting their hashes."""
         self.free_count -= n
         free = self.free
+        bhash, ref, cached = self.bhash, self.ref, self.cached
         while n > 0:
-            key = next(iter(free))
+            key, run = free.popitem(last=False)
             if key < 0:
-                run = free[key]
-                if run <= n:
-                    del free[key]
-                    n -= run
-                else:
+                if run > n:
                     free[key] = run - n
-                    n = 0
+                    free.move_to_end(key, last=False)
+                    return
+                n -= run
             else:
-                del free[key]
-                h = self.bhash.pop(key)
-                del self.ref[key]
-                holders = self.cached[h]
+                h = bhash.pop(key)
+                del ref[key]
+                holders = cached[h]
                 del holders[key]
                 if not holders:
-                    del self.cached[h]
+                    del cached[h]
                 n -= 1
 
     def _release(self, rid: int) -> None:
         """Free a request's blocks in reverse order (tail blocks become the first evicted)."""
         st = self.st
         hashed = self.hashed.pop(rid, [])
+        st.nhashed[rid] = 0
         unhashed = int(st.nblocks[rid]) - len(hashed)
         if unhashed:
             self.free[self._next_run_key] = unhashed
             self._next_run_key -= 1
             self.free_count += unhashed
+        ref, free = self.ref, self.free
         for bid in reversed(hashed):
-            self.ref[bid] -= 1
-            if self.ref[bid] == 0:
-                self.free[bid] = 1
+            left = ref[bid] - 1
+            ref[bid] = left
+            if left == 0:
+                free[bid] = 1
                 self.free_count += 1
         st.nblocks[rid] = 0
 
@@ -165,23 +168,28 @@ class _Replica:
         st = self.st
         target = min(int(st.chain_len[rid]), tokens_after // self.bs)
         mine = self.hashed.setdefault(rid, [])
-        if len(mine) >= target:
+        have = len(mine)
+        if have >= target:
             return
         lo = int(st.offsets[rid])
-        for j in range(len(mine), target):
-            h = int(st.hashes[lo + j])
-            bid = self._next_bid
-            self._next_bid += 1
-            self.ref[bid] = 1
-            self.bhash[bid] = h
-            holders = self.cached.get(h)
+        hs = st.hashes[lo + have : lo + target].tolist()
+        b0 = self._next_bid
+        bids = range(b0, b0 + len(hs))
+        self._next_bid = b0 + len(hs)
+        self.ref.update(dict.fromkeys(bids, 1))
+        self.bhash.update(zip(bids, hs, strict=True))
+        cached = self.cached
+        for bid, h in zip(bids, hs, strict=True):
+            holders = cached.get(h)
             if holders is None:
-                holders = self.cached[h] = OrderedDict()
-            holders[bid] = None
-            mine.append(bid)
+                cached[h] = {bid: None}
+            else:
+                holders[bid] = None
+        mine.extend(bids)
+        st.nhashed[rid] = target
 
     def _has_pending_chain(self, rid: int) -> bool:
-        return self.caching and int(self.st.chain_len[rid]) > len(self.hashed.get(rid, ()))
+        return self.caching and int(self.st.chain_len[rid]) > int(self.st.nhashed[rid])
 
     def _preempt(self, rid: int) -> None:
         self._release(rid)
@@ -362,17 +370,20 @@ class _Replica:
     def _register_span(self, ids: IntArray, comp: IntArray, k: int) -> None:
         """Register the prefix blocks filled during a span in the order vLLM would: by step,
         then by position in the running batch (matters only for duplicate hashes)."""
+        st = self.st
+        have = st.nhashed[ids]
+        target = np.minimum(st.chain_len[ids], (comp + k) // self.bs)
+        sel = np.flatnonzero(target > have)
+        if sel.shape[0] == 0:
+            return
         events: list[tuple[int, int, int]] = []
-        for pos, rid in enumerate(ids.tolist()):
-            if not self._has_pending_chain(rid):
-                continue
-            c = int(comp[pos])
-            have = len(self.hashed.get(rid, ()))
-            target = min(int(self.st.chain_len[rid]), (c + k) // self.bs)
-            for jb in range(have, target):
-                step = max(1, (jb + 1) * self.bs - c)
-                events.append((step, pos, rid))
-        events.sort()
+        for pos, rid, c, h0, t in zip(
+            sel.tolist(), ids[sel].tolist(), comp[sel].tolist(), have[sel].tolist(), target[sel].tolist(), strict=True
+        ):
+            for jb in range(h0, t):
+                events.append((max(1, (jb + 1) * self.bs - c), pos, rid))
+        if len(sel) > 1:
+            events.sort()
         for step, pos, rid in events:
             self._register(rid, int(comp[pos]) + step)
 
@@ -475,6 +486,7 @@ class _Replica:
                             self.free_count -= 1
                         self.ref[b] += 1
                     self.hashed[rid] = list(hits)
+                    st.nhashed[rid] = len(hits)
                 self._pop_free(need_b)
                 st.nblocks[rid] += len(hits) + need_b
                 st.computed[rid] = c
