@@ -36,6 +36,7 @@ from pipeline.ingest.readers import (
     parquet_batches,
 )
 from pipeline.ingest.source import (
+    LineStats,
     SourceError,
     check_text,
     fetch_lines,
@@ -187,6 +188,7 @@ def _stage_file(
     sha: str,
     stager: Stager,
     file_index: int,
+    stats: LineStats | None = None,
 ) -> tuple[int, pl.DataFrame]:
     """Read, normalise and stage one file. Returns (rows read, quarantine frame)."""
     if spec.relative_time and ctx.anchor_date is None:
@@ -237,7 +239,7 @@ def _stage_file(
 
     if spec.kind == "jsonl":
         try:
-            read, bad_frames = run(jsonl_fast(path, spec))
+            read, bad_frames = run(jsonl_fast(path, spec, stats))
         except FastPathFailed:
             stager.drop(file_index)
             read, bad_frames = run(_raw_batches(path, spec))
@@ -335,7 +337,7 @@ def ingest_logs(
             results.append(res)
             idx = len(results) - 1
             try:
-                sha = sha256_file(path)
+                sha, stats = sha256_file(path)
                 res.content_sha256 = sha
                 if sha in known:
                     res.skipped = True
@@ -343,7 +345,7 @@ def ingest_logs(
                     continue
                 spec = _resolve_spec(path, fmt, mapping)
                 res.source_format = spec.name
-                read, bad = _stage_file(path, spec, ctx, sha, stager, idx)
+                read, bad = _stage_file(path, spec, ctx, sha, stager, idx, stats)
                 res.rows_read = read
                 res.rows_quarantined = bad.height
                 quarantines[idx] = bad

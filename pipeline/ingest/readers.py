@@ -33,7 +33,9 @@ from pipeline.ingest.formats import (
 )
 from pipeline.ingest.source import (
     BATCH_LINES,
+    LineStats,
     SourceError,
+    count_lines,
     iter_line_batches,
     logical_name,
     open_binary,
@@ -56,20 +58,9 @@ class FastPathFailed(Exception):
 # --- JSON Lines ----------------------------------------------------------------------------------
 
 
-def _count_lines(path: Path) -> tuple[int, bool]:
-    """Physical line count and whether any line is blank (whitespace only)."""
-    n = 0
-    blank = False
-    tail = b"\n"
+def _count_lines(path: Path) -> LineStats:
     with open_binary(path) as fh:
-        for chunk in iter(lambda: fh.read(1 << 24), b""):
-            n += chunk.count(b"\n")
-            if not blank and (b"\n\n" in chunk or b"\n\r\n" in chunk or (tail == b"\n" and chunk[:1] == b"\n")):
-                blank = True
-            tail = chunk[-1:]
-    if tail != b"\n":
-        n += 1
-    return n, blank
+        return count_lines(iter(lambda: fh.read(1 << 24), b""))
 
 
 def _duck_compression(path: Path) -> str:
@@ -84,11 +75,15 @@ def _flat_types(spec: FormatSpec) -> dict[str, pl.DataType]:
     return {n: (pl.List(pl.String()) if n in spec.list_fields else pl.String()) for n in spec.fields}
 
 
-def jsonl_fast(path: Path, spec: FormatSpec, batch_rows: int = BATCH_LINES) -> Iterator[RawBatch]:
+def jsonl_fast(
+    path: Path, spec: FormatSpec, stats: LineStats | None = None, batch_rows: int = BATCH_LINES
+) -> Iterator[RawBatch]:
     """DuckDB parses and projects the file; raises FastPathFailed if it cannot, or if lines and
     rows differ."""
     try:
-        lines, blank = _count_lines(path)
+        if stats is None:
+            stats = _count_lines(path)
+        lines, blank = stats.lines, stats.blank
     except (OSError, EOFError) as exc:
         raise SourceError(f"{path}: cannot read ({type(exc).__name__}: {exc})") from None
     if blank:

@@ -50,12 +50,45 @@ def iter_files(sources: list[Path]) -> Iterator[Path]:
             raise SourceError(f"{src}: no such file or directory")
 
 
-def sha256_file(path: Path) -> str:
+@dataclass(frozen=True)
+class LineStats:
+    lines: int  # physical lines (a last line without a newline counts)
+    blank: bool  # any line empty or whitespace-only (checked for \n\n and \n\r\n)
+
+
+def count_lines(chunks: Iterator[bytes]) -> LineStats:
+    n = 0
+    blank = False
+    tail = b"\n"
+    for chunk in chunks:
+        n += chunk.count(b"\n")
+        if not blank and (b"\n\n" in chunk or b"\n\r\n" in chunk or (tail == b"\n" and chunk[:1] == b"\n")):
+            blank = True
+        tail = chunk[-1:]
+    if tail != b"\n":
+        n += 1
+    return LineStats(n, blank)
+
+
+def sha256_file(path: Path) -> tuple[str, LineStats | None]:
+    """SHA-256 of the file's bytes and, for an uncompressed file, its line statistics from the same
+    read (the JSON fast path needs them; a compressed file is counted when decompressed)."""
     h = hashlib.sha256()
-    with path.open("rb") as fh:
-        for chunk in iter(lambda: fh.read(1 << 22), b""):
-            h.update(chunk)
-    return h.hexdigest()
+    plain = logical_name(path) == path.name
+
+    def read() -> Iterator[bytes]:
+        with path.open("rb") as fh:
+            for chunk in iter(lambda: fh.read(1 << 22), b""):
+                h.update(chunk)
+                yield chunk
+
+    if plain:
+        stats: LineStats | None = count_lines(read())
+    else:
+        for _ in read():
+            pass
+        stats = None
+    return h.hexdigest(), stats
 
 
 def logical_name(path: Path) -> str:

@@ -18,19 +18,22 @@ _EPOCH_MIN_S = 946_684_800
 _EPOCH_MAX_S = 4_102_444_800
 
 
+_TZ = r"(Z|[+-]\d{2}:?\d{2})$"
+
+
 def _iso(expr: pl.Expr) -> pl.Expr:
+    """ISO-8601 / RFC 3339 (``T`` or space, optional fraction up to ns, optional ``Z`` or ±hh:mm)
+    in one parse: the zone suffix is split off and applied as an offset, naive times are UTC."""
     s = expr.str.strip_chars()
-    with_offset = s.str.to_datetime("%Y-%m-%dT%H:%M:%S%.f%z", strict=False, time_unit="ns")
-    with_offset_sp = s.str.to_datetime("%Y-%m-%d %H:%M:%S%.f%z", strict=False, time_unit="ns")
-    zulu = s.str.replace(r"Z$", "").str.replace(" ", "T")
-    naive = zulu.str.to_datetime("%Y-%m-%dT%H:%M:%S%.f", strict=False, time_unit="ns")
-    naive_s = zulu.str.to_datetime("%Y-%m-%dT%H:%M:%S", strict=False, time_unit="ns")
-    return pl.coalesce(
-        with_offset.dt.convert_time_zone("UTC").dt.cast_time_unit("us"),
-        with_offset_sp.dt.convert_time_zone("UTC").dt.cast_time_unit("us"),
-        naive.dt.replace_time_zone("UTC").dt.cast_time_unit("us"),
-        naive_s.dt.replace_time_zone("UTC").dt.cast_time_unit("us"),
+    tz = s.str.extract(_TZ, 1)
+    base = s.str.replace(_TZ, "").str.replace("T", " ", literal=True)
+    naive = base.str.to_datetime("%Y-%m-%d %H:%M:%S%.f", strict=False, time_unit="ns")
+    digits = tz.str.replace_all(r"[^0-9]", "")
+    minutes = digits.str.slice(0, 2).cast(pl.Int64, strict=False) * 60 + digits.str.slice(2, 2).cast(
+        pl.Int64, strict=False
     )
+    offset = pl.when(tz.is_null() | (tz == "Z")).then(0).when(tz.str.starts_with("-")).then(-minutes).otherwise(minutes)
+    return (naive - pl.duration(minutes=offset)).dt.cast_time_unit("us").dt.replace_time_zone("UTC")
 
 
 def _epoch(num: pl.Expr, scale_to_us: float) -> pl.Expr:

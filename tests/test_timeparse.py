@@ -1,0 +1,48 @@
+"""Vectorised timestamp parsing against Python's datetime on random instants and zones."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta, timezone
+
+import polars as pl
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from pipeline.ingest.timeparse import parse_time
+
+_instants = st.datetimes(min_value=datetime(2000, 1, 1), max_value=datetime(2099, 12, 31)).map(
+    lambda d: d.replace(tzinfo=UTC)
+)
+_offsets = st.integers(-14 * 60, 14 * 60).map(lambda m: timezone(timedelta(minutes=m)))
+
+
+@settings(max_examples=200, deadline=None)
+@given(when=_instants, zone=_offsets, sep=st.sampled_from(["T", " "]), zulu=st.booleans())
+def test_iso_matches_datetime(when: datetime, zone: timezone, sep: str, zulu: bool) -> None:
+    local = when.astimezone(zone)
+    text = local.isoformat(sep=sep)
+    if zulu and zone.utcoffset(None) == timedelta(0):
+        text = text.replace("+00:00", "Z")
+    got = pl.DataFrame({"t": [text]}).select(parse_time(pl.col("t"), "iso").alias("t"))["t"][0]
+    assert got == when, text
+    auto = pl.DataFrame({"t": [text]}).select(parse_time(pl.col("t"), "auto").alias("t"))["t"][0]
+    assert auto == when
+
+
+@settings(max_examples=100, deadline=None)
+@given(when=_instants)
+def test_epoch_units_and_auto_magnitude(when: datetime) -> None:
+    us = int(when.timestamp() * 1_000_000)
+    for kind, value in (("s", us / 1e6), ("ms", us / 1e3), ("us", us), ("ns", us * 1000)):
+        got = pl.DataFrame({"t": [str(value)]}).select(parse_time(pl.col("t"), kind).alias("t"))["t"][0]
+        assert abs((got - when).total_seconds()) < 1e-3, kind
+        auto = pl.DataFrame({"t": [str(value)]}).select(parse_time(pl.col("t"), "auto").alias("t"))["t"][0]
+        assert abs((auto - when).total_seconds()) < 1e-3, ("auto", kind)
+
+
+def test_relative_needs_an_anchor_and_garbage_is_null() -> None:
+    df = pl.DataFrame({"t": ["1500", "abc", None]})
+    rel = df.select(parse_time(pl.col("t"), "relative_ms", "2024-05-01").alias("t"))["t"].to_list()
+    assert rel[0] == datetime(2024, 5, 1, 0, 0, 1, 500000, tzinfo=UTC) and rel[1:] == [None, None]
+    assert df.with_columns(parse_time(pl.col("t"), "relative_ms").alias("t"))["t"].null_count() == 3
+    assert df.select(parse_time(pl.col("t"), "auto").alias("t"))["t"].to_list()[1:] == [None, None]
