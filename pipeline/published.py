@@ -338,7 +338,8 @@ def replay_mlperf_offline(fleet: ResolvedFleet, summary: MLPerfSummary, waves: i
     identical, independent replicas, so the fleet's saturated rate is replicas × one replica's.
     ``waves`` × max_num_seqs requests (OpenOrca-shaped, mean output from the summary) keep the
     replica saturated long enough to measure (saturated_output_tokens_per_s)."""
-    one = resolve(fleet.config.with_replicas(1), fleet.config.name)
+    # The resolved deployment, memory plan and scheduler are per replica: only the count changes.
+    one = replace(fleet, config=fleet.config.with_replicas(1))
     n = waves * one.scheduler.max_num_seqs
     inp, out = openorca_lengths(n, summary.output_tokens_per_sample, seed)
     run = run_replay(benchmark_requests(inp, out), one, ReplayOptions(offline=True))
