@@ -65,22 +65,25 @@ def _script_json(doc: Any) -> str:
     )
 
 
+def _num(x: float, digits: int = 3) -> str:
+    """Thousands separators from 100 up, significant digits below: never scientific notation."""
+    if abs(x) >= 100:
+        return f"{x:,.0f}"
+    return f"{x:.{digits}g}"
+
+
 def _fmt(v: Any, unit: str = "", digits: int = 3) -> str:
     if v is None or (isinstance(v, float) and not math.isfinite(v)):
         return "n/a"
     if isinstance(v, int | float):
         x = float(v)
         if unit == "s":
-            if abs(x) < 1:
-                return f"{x * 1000:.{max(digits - 1, 0)}g} ms"
-            return f"{x:.{digits}g} s"
+            return f"{_num(x * 1000, digits)} ms" if abs(x) < 1 else f"{_num(x, digits)} s"
         if unit == "%":
             return f"{x * 100:.1f}%"
         if unit == "$":
             return f"${x:,.2f}"
-        if abs(x) >= 1e4:
-            return f"{x:,.0f}{(' ' + unit) if unit else ''}"
-        return f"{x:.{digits}g}{(' ' + unit) if unit else ''}"
+        return _num(x, digits) + (f" {unit}" if unit else "")
     return str(v)
 
 
