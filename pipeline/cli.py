@@ -43,3 +43,7 @@ from pipeline.cli_nightly import demo_cmd, nightly_cmd, report  # noqa: E402
 main.add_command(report)
 main.add_command(nightly_cmd)
 main.add_command(demo_cmd)
+from pipeline.cli_plan import cost_cmd, plan_cmd  # noqa: E402
+
+main.add_command(plan_cmd)
+main.add_command(cost_cmd)

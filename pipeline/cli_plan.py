@@ -1,0 +1,219 @@
+"""``rooftrace plan`` (cheapest fleet meeting the SLOs) and ``rooftrace cost`` (economics of a run)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import click
+
+from pipeline.cli_common import emit_json, get_store, json_option, progress, run, store_option
+from pipeline.economics import run_cost
+from pipeline.errors import ConfigError
+from pipeline.plan import DEFAULT_MAX_REPLICAS, DEFAULT_WARMUP_S, DEFAULT_WINDOW_S, PlanOptions, load_slo_presets, plan
+
+
+def _csv(text: str) -> tuple[str, ...]:
+    return tuple(p.strip() for p in text.split(",") if p.strip())
+
+
+def _ints(text: str, option: str) -> tuple[int, ...]:
+    try:
+        return tuple(int(p) for p in _csv(text))
+    except ValueError:
+        raise ConfigError(f"{option}: expected comma-separated integers, got {text!r}") from None
+
+
+def _gpu_prices(items: tuple[str, ...]) -> tuple[tuple[str, float], ...]:
+    out = []
+    for item in items:
+        name, _, value = item.partition("=")
+        try:
+            price = float(value)
+        except ValueError:
+            raise ConfigError(f"--gpu-price {item!r}: expected HARDWARE=USD_PER_GPU_HOUR") from None
+        if not price >= 0:
+            raise ConfigError(f"--gpu-price {item!r}: price must be >= 0")
+        out.append((name.strip(), price))
+    return tuple(out)
+
+
+def _fmt_s(x: float | None) -> str:
+    if x is None:
+        return "-"
+    return f"{x * 1e3:.0f}ms" if x < 1 else f"{x:.2f}s"
+
+
+def _fmt(x: float | None, spec: str) -> str:
+    return "-" if x is None else format(x, spec)
+
+
+@click.command("plan")
+@click.option("--model", default=None, help="Catalog model to serve (pipeline/catalog/models); required.")
+@click.option(
+    "--slo",
+    default="chat",
+    show_default=True,
+    help="Preset (interactive, chat, batch, mlperf-server, mlperf-interactive) and/or targets such as "
+    "ttft_p99=2s,tpot_p99=100ms; `--list-slos` shows the presets.",
+)
+@click.option("--fleet", "fleet_path", type=click.Path(dir_okay=False), default=None, help="Base FLEET.toml.")
+@click.option("--hardware", default="h100-sxm,h200,a100-80gb-sxm,mi300x", show_default=True, help="Hardware to try.")
+@click.option("--tp", default="1,2,4,8", show_default=True, help="Tensor-parallel sizes to try.")
+@click.option("--precision", default="", help="Weight dtypes to try (default: the base fleet's), e.g. bf16,fp8.")
+@click.option("--date", default=None, help="Traffic date YYYY-MM-DD (default: the latest in the store).")
+@click.option("--window", type=click.Choice(["peak", "day"]), default="peak", show_default=True)
+@click.option("--window-s", type=click.FloatRange(min=1), default=DEFAULT_WINDOW_S, show_default=True)
+@click.option("--warmup-s", type=click.FloatRange(min=0), default=DEFAULT_WARMUP_S, show_default=True)
+@click.option("--traffic-model", default=None, help="The requests' model value (default: --model; '*' = all).")
+@click.option("--executor", type=click.Choice(["local", "ray"]), default="local", show_default=True)
+@click.option("--jobs", type=click.IntRange(min=1), default=None, help="Local processes (default: CPU count).")
+@click.option("--ray-address", default=None, help="Ray cluster address for --executor ray (default: auto).")
+@click.option("--max-replicas", type=click.IntRange(min=1), default=DEFAULT_MAX_REPLICAS, show_default=True)
+@click.option("--gpu-price", multiple=True, help="Override a GPU price: HARDWARE=USD_PER_GPU_HOUR (repeatable).")
+@click.option("--prices", "price_files", multiple=True, type=click.Path(dir_okay=False), help="API price TOML.")
+@click.option("--list-slos", is_flag=True, help="Print the SLO presets with their numbers and sources, then exit.")
+@store_option
+@json_option
+def plan_cmd(
+    model: str | None,
+    slo: str,
+    fleet_path: str | None,
+    hardware: str,
+    tp: str,
+    precision: str,
+    date: str | None,
+    window: str,
+    window_s: float,
+    warmup_s: float,
+    traffic_model: str | None,
+    executor: str,
+    jobs: int | None,
+    ray_address: str | None,
+    max_replicas: int,
+    gpu_price: tuple[str, ...],
+    price_files: tuple[str, ...],
+    list_slos: bool,
+    store_path: str | None,
+    as_json: bool,
+) -> None:
+    """Find the cheapest fleet whose replay of the traffic meets the latency SLOs.
+
+    For every hardware x TP (x precision) that fits the model, searches the minimum replicas whose
+    replay of the peak window (or the day) meets every SLO target, then ranks by $/day and marks the
+    Pareto front of cost vs p99 TTFT. Writes STORE/plans/<plan_id>/ and STORE/costs/<plan_id>/.
+
+    Example: rooftrace plan --model llama-3.1-70b --slo ttft_p99=2s,tpot_p99=100ms --tp 2,4,8
+    """
+    if list_slos:
+        presets = run(load_slo_presets)
+        if as_json:
+            emit_json({k: v.to_dict() for k, v in presets.items()})
+            return
+        for p in presets.values():
+            targets = ", ".join(f"{t.name} <= {_fmt_s(t.limit_s)}" for t in p.targets)
+            click.echo(f"{p.name:<20} {targets:<40} {p.description}")
+            click.echo(f"{'':<20} source: {p.source}")
+        return
+
+    if model is None:
+        raise click.UsageError("Missing option '--model'.")
+
+    def body() -> Any:
+        opts = PlanOptions(
+            model=model,
+            slo=slo,
+            fleet_path=fleet_path,
+            hardware=_csv(hardware),
+            tp=_ints(tp, "--tp"),
+            precision=_csv(precision),
+            date=date,
+            window=window,
+            window_s=window_s,
+            warmup_s=warmup_s,
+            traffic_model=traffic_model,
+            executor=executor,
+            jobs=jobs,
+            ray_address=ray_address,
+            max_replicas=max_replicas,
+            gpu_prices=_gpu_prices(gpu_price),
+            price_files=price_files,
+        )
+        return plan(get_store(store_path), opts, progress=progress)
+
+    result = run(body)
+    doc = result.doc
+    if as_json:
+        emit_json({"plan_dir": str(result.plan_dir), **doc})
+        return
+    click.echo(f"plan {result.plan_id} -> {result.plan_dir}")
+    click.echo(f"SLO {doc['slo']['name']}: {doc['slo']['targets']}")
+    header = (
+        f"{'#':>3} {'config':<24} {'GPUs':>5} {'repl':>4} {'TTFT99':>8} {'TPOT99':>8} {'util':>5} "
+        f"{'headroom':>8} {'binds':<12} {'$/day':>10} {'$/Mtok':>7} pareto"
+    )
+    click.echo(header)
+    for r in doc["configurations"]:
+        if not r["meets_slo"]:
+            click.echo(f"{'-':>3} {r['config']:<24} {r['note']}")
+            continue
+        click.echo(
+            f"{r['rank']:>3} {r['config']:<24} {r['gpus']:>5} {r['replicas']:>4} {_fmt_s(r['ttft_p99_s']):>8} "
+            f"{_fmt_s(r['tpot_p99_s']):>8} {_fmt(r['utilization'], '.0%'):>5} {_fmt(r['slo_headroom'], '.0%'):>8} "
+            f"{r['binding'] or '-':<12} {_fmt(r['usd_per_day'], ',.0f'):>10} "
+            f"{_fmt(r['usd_per_million_tokens'], '.3f'):>7} {'*' if r['pareto'] else ''}"
+        )
+    chosen = doc["chosen"]
+    if chosen is None:
+        click.echo("no configuration meets the SLO; widen --hardware/--tp or raise --max-replicas")
+        return
+    click.echo(
+        f"cheapest: {chosen['replicas']}x {chosen['config']} ({chosen['gpus']} GPUs, "
+        f"${chosen['usd_per_day']:,.0f}/day); binds on {chosen['sizing']['binding']}"
+    )
+    for a in doc["api_equivalent"]:
+        click.echo(
+            f"  vs {a['provider']}/{a['api_model']} ({a['price_date']}): API ${a['api_usd']:,.0f}/day, "
+            f"self-host/API {_fmt(a['self_host_to_api_ratio'], '.2f')}"
+        )
+    progress(f"{doc['replays']} replays in {doc['search_wall_s']:.1f} s")
+
+
+@click.command("cost")
+@click.option("--run", "run_id", default=None, help="Replay run id (default: the latest run).")
+@click.option("--prices", "price_files", multiple=True, type=click.Path(dir_okay=False), help="API price TOML.")
+@click.option("--gpu-price", type=click.FloatRange(min=0), default=None, help="Override $/GPU-hour.")
+@store_option
+@json_option
+def cost_cmd(
+    run_id: str | None, price_files: tuple[str, ...], gpu_price: float | None, store_path: str | None, as_json: bool
+) -> None:
+    """GPU cost of a replay split into $ per million fresh-input, cache-hit and output tokens, and
+    the API-equivalent cost of the same traffic on dated price tables.
+
+    Writes STORE/costs/<run_id>/ (gpu_cost.parquet, api_cost.parquet, cost.json).
+
+    Example: rooftrace cost --prices my_prices.toml
+    """
+    result = run(lambda: run_cost(get_store(store_path), run_id, price_files, gpu_price))
+    doc = result.to_dict()
+    if as_json:
+        emit_json(doc)
+        return
+    click.echo(f"cost of run {result.subject} -> {result.out_dir}")
+    click.echo(
+        f"{doc['gpus']}x {doc['hardware']} at ${doc['usd_per_gpu_hour']:.2f}/GPU-h ({doc['price_date']}): "
+        f"${doc['total_usd']:,.2f} over {doc['period_s']:,.0f} s, utilization {doc['utilization']:.0%}, "
+        f"idle ${doc['idle_usd']:,.2f}"
+    )
+    for r in doc["token_classes"]:
+        if r["token_class"] == "idle":
+            continue
+        click.echo(
+            f"  {r['token_class']:<12} {r['tokens']:>16,.0f} tokens  busy {r['busy_share']:>5.1%}  "
+            f"${_fmt(r['all_in_usd_per_million_tokens'], '.4f')}/M all-in"
+        )
+    for a in doc["api_equivalent"]:
+        click.echo(
+            f"  vs {a['provider']}/{a['api_model']} ({a['price_date']}): API ${a['api_usd']:,.2f}, "
+            f"self-host/API {_fmt(a['self_host_to_api_ratio'], '.2f')}"
+        )

@@ -1,0 +1,541 @@
+"""Economics: what a fleet costs, which tokens that money buys, and what an API would charge.
+
+Two halves (docs/planning.md has the formulas and a worked example):
+
+* **Self-hosted cost.** A fleet costs ``GPUs × $/GPU-hour`` whether busy or idle (the catalog's dated
+  on-demand price, overridable). The busy part is split over the three token classes by the time the
+  engine's steps spend on them (:func:`attribute_busy_time`): each step's *linear* time (weights and
+  GEMM rows, re-costed by the roofline without attention) is shared by its rows (prefill tokens vs
+  decoding sequences); the rest of the step (attention over the KV cache) is shared by the KV entries
+  it reads, of which cache-hit tokens are a known part. Idle time is reported on its own and spread
+  pro rata for the all-in $ per million tokens.
+* **API-equivalent cost.** The same traffic priced on a dated provider table
+  (``pipeline/catalog/prices/*.toml``): fresh input at the input price, cache-hit input at the
+  cached-input price, cache writes at the cache-write price, output at the output price.
+
+Token classes follow DESIGN.md §2: ``fresh_input_tokens`` (prefill work), ``cache_hit_tokens``
+(served from a prefix cache) and ``output_tokens``.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import json
+import math
+import re
+import tomllib
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+import pyarrow as pa
+
+from pipeline.errors import ConfigError, RooftraceError
+from pipeline.fleet import ResolvedFleet, parse_fleet, resolve
+from pipeline.schemas import atomic_write_bytes, read_parquet, write_parquet
+from pipeline.steps import StepBatch
+from pipeline.store import Store
+from pipeline.warehouse import latest_run
+
+PRICES_DIR = Path(__file__).resolve().parent / "catalog" / "prices"
+
+#: The only unit a price table may declare: USD per million tokens (how every provider publishes).
+PRICE_UNIT = "usd_per_million_tokens"
+TOKEN_CLASSES: tuple[str, ...] = ("fresh_input", "cache_hit", "output")
+_DATE_RE = re.compile(r"^\d{4}-\d{2}-\d{2}$")
+#: A price checked more than this long ago is flagged ``stale`` in outputs (list prices of the
+#: providers above changed several times a year in 2024-2026).
+STALE_AFTER_DAYS = 365
+
+FloatArray = npt.NDArray[np.float64]
+
+
+# --------------------------------------------------------------------------------------------
+# price tables
+
+
+@dataclass(frozen=True)
+class ApiPrice:
+    """One model's list price, USD per million tokens."""
+
+    provider: str
+    model: str
+    input: float
+    cached_input: float
+    cache_write: float
+    output: float
+    date: str
+    source: str
+    path: str
+
+    @property
+    def key(self) -> str:
+        return f"{self.provider}/{self.model}"
+
+    def stale(self, today: _dt.date | None = None) -> bool:
+        today = today or _dt.date.today()
+        return (today - _dt.date.fromisoformat(self.date)).days > STALE_AFTER_DAYS
+
+
+_TABLE_KEYS = {"provider", "unit", "source", "models"}
+_MODEL_KEYS = {"input", "cached_input", "cache_write", "output", "date", "source"}
+_PRICE_KEYS = ("input", "cached_input", "cache_write", "output")
+
+
+def _check_date(value: Any, where: str, today: _dt.date) -> str:
+    if not isinstance(value, str) or not _DATE_RE.match(value):
+        raise ConfigError(f"{where}: date must be a YYYY-MM-DD string, got {value!r}")
+    try:
+        day = _dt.date.fromisoformat(value)
+    except ValueError:
+        raise ConfigError(f"{where}: date {value!r} is not a calendar date") from None
+    if day > today:
+        raise ConfigError(f"{where}: date {value} is in the future")
+    return value
+
+
+def parse_price_table(data: Mapping[str, Any], origin: str, today: _dt.date | None = None) -> list[ApiPrice]:
+    """Validate one price TOML: known keys only, the declared unit, dates, non-negative prices,
+    a cached-input price no higher than the input price."""
+    today = today or _dt.date.today()
+    unknown = sorted(set(data) - _TABLE_KEYS)
+    missing = sorted(_TABLE_KEYS - set(data))
+    if unknown or missing:
+        raise ConfigError(f"{origin}: unknown key(s) {unknown}, missing key(s) {missing}")
+    provider = data["provider"]
+    if not isinstance(provider, str) or not provider.strip():
+        raise ConfigError(f"{origin}: provider must be a non-empty string")
+    if data["unit"] != PRICE_UNIT:
+        raise ConfigError(f"{origin}: unit must be {PRICE_UNIT!r}, got {data['unit']!r}")
+    if not isinstance(data["source"], str) or not data["source"].strip():
+        raise ConfigError(f"{origin}: source must be a non-empty string")
+    models = data["models"]
+    if not isinstance(models, dict) or not models:
+        raise ConfigError(f"{origin}: [models.<name>] tables are required")
+    out = []
+    for name, raw in models.items():
+        where = f"{origin} [models.{name}]"
+        if not isinstance(raw, dict):
+            raise ConfigError(f"{where}: must be a table")
+        unknown = sorted(set(raw) - _MODEL_KEYS)
+        missing = sorted(_MODEL_KEYS - set(raw))
+        if unknown or missing:
+            raise ConfigError(f"{where}: unknown key(s) {unknown}, missing key(s) {missing}")
+        values: dict[str, float] = {}
+        for key in _PRICE_KEYS:
+            v = raw[key]
+            if isinstance(v, bool) or not isinstance(v, int | float) or not math.isfinite(v):
+                raise ConfigError(f"{where}: {key} must be a number, got {v!r}")
+            if v < 0:
+                raise ConfigError(f"{where}: {key} must be >= 0, got {v}")
+            values[key] = float(v)
+        if values["cached_input"] > values["input"]:
+            raise ConfigError(f"{where}: cached_input ({values['cached_input']}) exceeds input ({values['input']})")
+        if not isinstance(raw["source"], str) or not raw["source"].strip():
+            raise ConfigError(f"{where}: source must be a non-empty string")
+        out.append(
+            ApiPrice(
+                provider=provider,
+                model=name,
+                date=_check_date(raw["date"], where, today),
+                source=raw["source"],
+                path=origin,
+                **values,
+            )
+        )
+    return out
+
+
+def load_price_file(path: Path | str, today: _dt.date | None = None) -> list[ApiPrice]:
+    path = Path(path)
+    try:
+        with path.open("rb") as fh:
+            data = tomllib.load(fh)
+    except FileNotFoundError:
+        raise ConfigError(f"{path}: price file not found") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"{path}: not valid TOML: {exc}") from None
+    return parse_price_table(data, str(path), today)
+
+
+def load_prices(paths: Sequence[Path | str] | None = None, today: _dt.date | None = None) -> list[ApiPrice]:
+    """Prices from ``paths`` (files), or every bundled table; duplicate provider/model is an error."""
+    files = [Path(p) for p in paths] if paths else sorted(PRICES_DIR.glob("*.toml"))
+    prices: list[ApiPrice] = []
+    seen: dict[str, str] = {}
+    for f in files:
+        for p in load_price_file(f, today):
+            if p.key in seen:
+                raise ConfigError(f"{f}: {p.key} is also priced in {seen[p.key]}")
+            seen[p.key] = str(f)
+            prices.append(p)
+    return prices
+
+
+# --------------------------------------------------------------------------------------------
+# API-equivalent cost
+
+
+@dataclass(frozen=True)
+class TokenTotals:
+    """Token counts of a body of traffic. ``cache_write`` tokens are part of ``fresh_input``
+    (the inclusive convention), as providers that charge for writes count them."""
+
+    fresh_input: float
+    cache_hit: float
+    output: float
+    cache_write: float = 0.0
+
+    def __post_init__(self) -> None:
+        for name in ("fresh_input", "cache_hit", "output", "cache_write"):
+            if getattr(self, name) < 0:
+                raise ConfigError(f"token totals: {name} must be >= 0")
+        if self.cache_write > self.fresh_input:
+            raise ConfigError("token totals: cache_write tokens cannot exceed fresh_input tokens")
+
+    @property
+    def recorded_input(self) -> float:
+        return self.fresh_input + self.cache_hit
+
+    def scaled(self, factor: float) -> TokenTotals:
+        return TokenTotals(
+            self.fresh_input * factor, self.cache_hit * factor, self.output * factor, self.cache_write * factor
+        )
+
+
+@dataclass(frozen=True)
+class ApiCost:
+    price: ApiPrice
+    fresh_input_usd: float
+    cache_write_usd: float
+    cache_hit_usd: float
+    output_usd: float
+
+    @property
+    def total_usd(self) -> float:
+        return self.fresh_input_usd + self.cache_write_usd + self.cache_hit_usd + self.output_usd
+
+
+def api_cost(tokens: TokenTotals, price: ApiPrice) -> ApiCost:
+    """What ``price``'s provider would bill for ``tokens``: uncached fresh input at ``input``,
+    cache writes at ``cache_write``, cache hits at ``cached_input`` (the discount), output at ``output``."""
+    m = 1e-6
+    return ApiCost(
+        price=price,
+        fresh_input_usd=(tokens.fresh_input - tokens.cache_write) * price.input * m,
+        cache_write_usd=tokens.cache_write * price.cache_write * m,
+        cache_hit_usd=tokens.cache_hit * price.cached_input * m,
+        output_usd=tokens.output * price.output * m,
+    )
+
+
+# --------------------------------------------------------------------------------------------
+# self-hosted cost split
+
+
+def kv_read_shares(
+    prompt_tokens: npt.ArrayLike, cache_hit_tokens: npt.ArrayLike, output_tokens: npt.ArrayLike
+) -> dict[str, float]:
+    """Share of attention KV reads over a request's life that land on each token class.
+
+    The prefill of request i reads its whole prompt once (``H`` cached + ``F`` fresh entries); each
+    of its ``O − 1`` decode steps reads the prompt again plus the ``k`` tokens generated so far. So
+    cache-hit entries are read ``H·O`` times, fresh ones ``F·O`` and generated ones ``O(O−1)/2``.
+    """
+    p = np.asarray(prompt_tokens, dtype=np.float64)
+    h = np.asarray(cache_hit_tokens, dtype=np.float64)
+    o = np.asarray(output_tokens, dtype=np.float64)
+    reads = {
+        "cache_hit": float((h * o).sum()),
+        "fresh_input": float(((p - h) * o).sum()),
+        "output": float((o * (o - 1) / 2).sum()),
+    }
+    total = sum(reads.values())
+    if total <= 0:
+        return dict.fromkeys(TOKEN_CLASSES, 0.0)
+    return {k: v / total for k, v in reads.items()}
+
+
+def linear_only_batch(prefill_tokens: FloatArray, prefill_seqs: FloatArray, decode_seqs: FloatArray) -> StepBatch:
+    """A step with the given rows and no attention work: what the GEMMs, norms and weight reads cost."""
+    zero = np.zeros_like(prefill_tokens)
+    return StepBatch(
+        prefill_tokens=prefill_tokens,
+        prefill_seqs=prefill_seqs,
+        prefill_attn_pairs=zero,
+        prefill_kv_tokens=zero.copy(),
+        decode_seqs=decode_seqs,
+        decode_ctx_tokens=zero.copy(),
+    )
+
+
+def attribute_busy_time(
+    spans: Mapping[str, npt.NDArray[Any]],
+    linear_step_time: Callable[[StepBatch], FloatArray],
+    read_shares: Mapping[str, float],
+) -> dict[str, float]:
+    """Busy seconds (per replica, summed) attributed to each token class.
+
+    ``spans`` holds the engine's span columns (start_s, end_s, steps, prefill_tokens, prefill_seqs,
+    decode_seqs). For each span the linear time of one step (``linear_step_time``, e.g. the roofline
+    on :func:`linear_only_batch`) times its steps, capped at the span's duration, is shared between
+    prefill rows (→ fresh input; recomputation after preemption included) and decode rows
+    (→ output) by row count; the remainder (attention) is shared by ``read_shares``.
+    """
+    dur = np.asarray(spans["end_s"], np.float64) - np.asarray(spans["start_s"], np.float64)
+    steps = np.maximum(np.asarray(spans["steps"], np.float64), 1.0)
+    p = np.asarray(spans["prefill_tokens"], np.float64) / steps
+    ps = np.asarray(spans["prefill_seqs"], np.float64)
+    d = np.asarray(spans["decode_seqs"], np.float64)
+    if dur.size == 0:
+        return dict.fromkeys(TOKEN_CLASSES, 0.0)
+    lin = np.minimum(linear_step_time(linear_only_batch(p, ps, d)) * steps, dur)
+    rows = p + d
+    pf = np.divide(p, rows, out=np.zeros_like(p), where=rows > 0)
+    attn = float((dur - lin).sum())
+    out = {
+        "fresh_input": float((lin * pf).sum()),
+        "output": float((lin * (1.0 - pf)).sum()),
+        "cache_hit": 0.0,
+    }
+    for k in TOKEN_CLASSES:
+        out[k] += attn * float(read_shares.get(k, 0.0))
+    return out
+
+
+@dataclass(frozen=True)
+class GpuCost:
+    """A fleet's cost over ``window_s`` seconds and how it splits over token classes."""
+
+    hardware: str
+    gpus: int
+    usd_per_gpu_hour: float
+    price_date: str
+    window_s: float
+    busy_gpu_s: float
+    class_busy_s: Mapping[str, float]
+    tokens: TokenTotals
+
+    @property
+    def total_usd(self) -> float:
+        return self.gpus * self.usd_per_gpu_hour * self.window_s / 3600.0
+
+    @property
+    def usd_per_day(self) -> float:
+        return self.gpus * self.usd_per_gpu_hour * 24.0
+
+    @property
+    def busy_usd(self) -> float:
+        return min(self.busy_gpu_s, self.gpus * self.window_s) * self.usd_per_gpu_hour / 3600.0
+
+    @property
+    def idle_usd(self) -> float:
+        return self.total_usd - self.busy_usd
+
+    @property
+    def utilization(self) -> float:
+        return self.busy_usd / self.total_usd if self.total_usd > 0 else 0.0
+
+    def class_usd(self) -> dict[str, float]:
+        """Busy dollars per token class (sums to ``busy_usd``)."""
+        total = sum(self.class_busy_s.values())
+        if total <= 0:
+            return dict.fromkeys(TOKEN_CLASSES, 0.0)
+        return {k: self.busy_usd * self.class_busy_s.get(k, 0.0) / total for k in TOKEN_CLASSES}
+
+    def rows(self) -> list[dict[str, Any]]:
+        """One row per token class plus ``idle``: tokens, busy $, all-in $ (idle spread pro rata by
+        busy share), and both per million tokens."""
+        usd = self.class_usd()
+        counts = {
+            "fresh_input": self.tokens.fresh_input,
+            "cache_hit": self.tokens.cache_hit,
+            "output": self.tokens.output,
+        }
+        busy = self.busy_usd
+        out = []
+        for k in TOKEN_CLASSES:
+            share = usd[k] / busy if busy > 0 else 0.0
+            all_in = usd[k] + self.idle_usd * share
+            n = counts[k]
+            out.append(
+                {
+                    "token_class": k,
+                    "tokens": n,
+                    "busy_share": share,
+                    "busy_usd": usd[k],
+                    "all_in_usd": all_in,
+                    "busy_usd_per_million_tokens": usd[k] / n * 1e6 if n > 0 else None,
+                    "all_in_usd_per_million_tokens": all_in / n * 1e6 if n > 0 else None,
+                }
+            )
+        out.append(
+            {
+                "token_class": "idle",
+                "tokens": 0.0,
+                "busy_share": 0.0,
+                "busy_usd": 0.0,
+                "all_in_usd": self.idle_usd,
+                "busy_usd_per_million_tokens": None,
+                "all_in_usd_per_million_tokens": None,
+            }
+        )
+        return out
+
+
+def api_cost_rows(
+    subject: str, tokens: TokenTotals, prices: Sequence[Any], self_host_usd: float, period_s: float
+) -> list[dict[str, Any]]:
+    """One row per priced API model: the same traffic's API bill and the self-host / API ratio."""
+    rows = []
+    for p in prices:
+        c = api_cost(tokens, p)
+        rows.append(
+            {
+                "subject": subject,
+                "provider": p.provider,
+                "api_model": p.model,
+                "price_date": p.date,
+                "price_stale": p.stale(),
+                "price_source": p.source,
+                "period_s": period_s,
+                "fresh_input_tokens": tokens.fresh_input,
+                "cache_write_tokens": tokens.cache_write,
+                "cache_hit_tokens": tokens.cache_hit,
+                "output_tokens": tokens.output,
+                "fresh_input_usd": c.fresh_input_usd,
+                "cache_write_usd": c.cache_write_usd,
+                "cache_hit_usd": c.cache_hit_usd,
+                "output_usd": c.output_usd,
+                "api_usd": c.total_usd,
+                "self_host_usd": self_host_usd,
+                "self_host_to_api_ratio": self_host_usd / c.total_usd if c.total_usd > 0 else None,
+            }
+        )
+    return rows
+
+
+# --------------------------------------------------------------------------------------------
+# the `cost` stage: a stored replay run
+
+
+@dataclass(frozen=True)
+class CostResult:
+    subject: str
+    gpu: GpuCost
+    api_rows: list[dict[str, Any]]
+    out_dir: Path
+
+    def to_dict(self) -> dict[str, Any]:
+        g = self.gpu
+        return {
+            "subject": self.subject,
+            "out_dir": str(self.out_dir),
+            "hardware": g.hardware,
+            "gpus": g.gpus,
+            "usd_per_gpu_hour": g.usd_per_gpu_hour,
+            "price_date": g.price_date,
+            "period_s": g.window_s,
+            "total_usd": g.total_usd,
+            "busy_usd": g.busy_usd,
+            "idle_usd": g.idle_usd,
+            "utilization": g.utilization,
+            "usd_per_day": g.usd_per_day,
+            "token_classes": g.rows(),
+            "api_equivalent": self.api_rows,
+        }
+
+
+def _run_fleet(config: Mapping[str, Any], origin: str) -> ResolvedFleet:
+    raw = dict(config["resolved"]["fleet"])
+    raw["engine"] = {k: v for k, v in raw.get("engine", {}).items() if v is not None}
+    return resolve(parse_fleet(raw, origin), origin)
+
+
+def run_cost(
+    store: Store,
+    run_id: str | None = None,
+    price_files: Sequence[str] = (),
+    usd_per_gpu_hour: float | None = None,
+) -> CostResult:
+    """GPU cost split and API-equivalent cost of a stored replay run (the latest when ``run_id`` is
+    None); writes ``STORE/costs/<run_id>/{gpu_cost,api_cost}.parquet`` and ``cost.json``."""
+    run_id = run_id or latest_run(store)
+    if run_id is None:
+        raise RooftraceError(f"{store.root}: no replay runs yet (run `rooftrace replay` first)")
+    run_dir = store.runs_dir / run_id
+    cfg_path = run_dir / "config.json"
+    if not cfg_path.exists():
+        raise RooftraceError(f"{run_dir}: no such replay run")
+    config = json.loads(cfg_path.read_text())
+    fleet = _run_fleet(config, str(cfg_path))
+    prices = load_prices(list(price_files) or None)
+    steps = read_parquet(run_dir / "steps.parquet", "replay_steps")
+    spans = {
+        k: steps.column(k).to_numpy().astype(np.float64)
+        for k in ("start_s", "end_s", "steps", "prefill_tokens", "prefill_seqs", "decode_seqs")
+    }
+    req = read_parquet(run_dir / "requests.parquet", "replay_requests")
+    ok = np.asarray(req.column("status").to_pylist()) == "finished"
+    prompt = req.column("recorded_input_tokens").to_numpy().astype(np.float64)[ok]
+    hits = req.column("cache_hit_tokens").to_numpy().astype(np.float64)[ok]
+    out = req.column("output_tokens").to_numpy().astype(np.float64)[ok]
+    arrival = req.column("arrival_s").to_numpy()
+    finish = req.column("finish_s").to_numpy(zero_copy_only=False).astype(np.float64)
+    span = float(np.nanmax(finish) - arrival.min()) if ok.any() else 0.0
+    writes = 0.0
+    date = config.get("date")
+    if date and date in store.dates():
+        canon = store.read_requests(date)
+        if "cache_write_tokens" in canon.columns:
+            done = set(np.asarray(req.column("request_id").to_pylist(), dtype=object)[ok].tolist())
+            mask = canon.get_column("request_id").is_in(list(done))
+            writes = float(canon.filter(mask).get_column("cache_write_tokens").fill_null(0).sum())
+    dep = fleet.deployment
+
+    def linear(batch: StepBatch) -> FloatArray:
+        return np.asarray(dep(batch).time_s, dtype=np.float64)
+
+    busy = attribute_busy_time(spans, linear, kv_read_shares(prompt, hits, out))
+    tokens = TokenTotals(
+        float(prompt.sum() - hits.sum()),
+        float(hits.sum()),
+        float(out.sum()),
+        min(writes, float(prompt.sum() - hits.sum())),
+    )
+    hw = dep.hardware
+    gpus = int(config["resolved"]["fleet"]["replicas"]) * dep.gpus
+    gpu = GpuCost(
+        hardware=hw.name,
+        gpus=gpus,
+        usd_per_gpu_hour=usd_per_gpu_hour if usd_per_gpu_hour is not None else hw.price_usd_per_gpu_hour,
+        price_date="override" if usd_per_gpu_hour is not None else hw.price_date,
+        window_s=span,
+        busy_gpu_s=float((spans["end_s"] - spans["start_s"]).sum()) * dep.gpus,
+        class_busy_s=busy,
+        tokens=tokens,
+    )
+    api_rows = api_cost_rows(run_id, tokens, prices, gpu.total_usd, span)
+    out_dir = store.root / "costs" / run_id
+    gpu_rows = [
+        {
+            "subject": run_id,
+            "hardware": gpu.hardware,
+            "gpus": gpu.gpus,
+            "usd_per_gpu_hour": gpu.usd_per_gpu_hour,
+            "price_date": gpu.price_date,
+            "period_s": span,
+            **row,
+        }
+        for row in gpu.rows()
+    ]
+    result = CostResult(run_id, gpu, api_rows, out_dir)
+    with store.lock():
+        write_parquet(pa.Table.from_pylist(gpu_rows), out_dir / "gpu_cost.parquet", "plan_gpu_cost")
+        write_parquet(pa.Table.from_pylist(api_rows), out_dir / "api_cost.parquet", "plan_api_cost")
+        doc = json.dumps(result.to_dict(), indent=2, sort_keys=True, default=str)
+        atomic_write_bytes(out_dir / "cost.json", doc.encode())
+    return result

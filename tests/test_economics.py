@@ -1,0 +1,230 @@
+"""Economics: hand-computed API bills and GPU cost splits, price-table validation, invariants."""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+from click.testing import CliRunner
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from pipeline.cli import main
+from pipeline.economics import (
+    ApiPrice,
+    GpuCost,
+    TokenTotals,
+    api_cost,
+    attribute_busy_time,
+    kv_read_shares,
+    load_prices,
+    parse_price_table,
+)
+from pipeline.errors import ConfigError
+from pipeline.ingest import ingest_logs
+from pipeline.replay import ReplayOptions, replay
+from pipeline.steps import StepBatch
+from pipeline.store import Store
+from pipeline.synth import SynthConfig, generate, write_logs
+
+ROOT = Path(__file__).resolve().parents[1]
+TODAY = dt.date(2026, 11, 30)
+SONNET = ApiPrice("anthropic", "sonnet", 3.0, 0.3, 3.75, 15.0, "2026-11-30", "test", "test")
+
+
+def test_api_cost_hand_computed() -> None:
+    # 1M fresh input of which 200k are cache writes, 4M cache hits, 100k output on Sonnet's table:
+    # 800k x $3 + 200k x $3.75 + 4M x $0.30 + 100k x $15 = 2.40 + 0.75 + 1.20 + 1.50 = $5.85
+    c = api_cost(TokenTotals(1_000_000, 4_000_000, 100_000, 200_000), SONNET)
+    assert c.fresh_input_usd == pytest.approx(2.40)
+    assert c.cache_write_usd == pytest.approx(0.75)
+    assert c.cache_hit_usd == pytest.approx(1.20)
+    assert c.output_usd == pytest.approx(1.50)
+    assert c.total_usd == pytest.approx(5.85)
+
+
+def test_token_totals_reject_impossible_counts() -> None:
+    with pytest.raises(ConfigError, match="cache_write"):
+        TokenTotals(100, 0, 0, 200)
+    with pytest.raises(ConfigError, match="output"):
+        TokenTotals(100, 0, -1)
+
+
+def _table(**model: object) -> dict[str, object]:
+    entry: dict[str, object] = {
+        "input": 1.0,
+        "cached_input": 0.1,
+        "cache_write": 1.25,
+        "output": 5.0,
+        "date": "2026-01-01",
+        "source": "x",
+    }
+    entry.update(model)
+    return {"provider": "p", "unit": "usd_per_million_tokens", "source": "s", "models": {"m": entry}}
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        ({"input": -1.0}, "input must be >= 0"),
+        ({"output": "5"}, "output must be a number"),
+        ({"cached_input": 2.0}, "cached_input .* exceeds input"),
+        ({"date": "2026-13-01"}, "not a calendar date"),
+        ({"date": "01/02/2026"}, "YYYY-MM-DD"),
+        ({"date": "2027-01-01"}, "in the future"),
+        ({"colour": 1}, r"unknown key\(s\) \['colour'\]"),
+        ({"source": ""}, "source must be a non-empty string"),
+    ],
+)
+def test_price_table_validation(change: dict[str, object], message: str) -> None:
+    with pytest.raises(ConfigError, match=message):
+        parse_price_table(_table(**change), "t.toml", TODAY)
+
+
+def test_price_table_unit_and_missing_keys() -> None:
+    bad = _table()
+    bad["unit"] = "usd_per_thousand_tokens"
+    with pytest.raises(ConfigError, match="unit must be 'usd_per_million_tokens'"):
+        parse_price_table(bad, "t.toml", TODAY)
+    entry = _table()
+    del entry["models"]["m"]["output"]  # type: ignore[index, attr-defined]
+    with pytest.raises(ConfigError, match=r"missing key\(s\) \['output'\]"):
+        parse_price_table(entry, "t.toml", TODAY)
+
+
+def test_bundled_prices_load_dated_and_sourced() -> None:
+    prices = load_prices()
+    assert {p.provider for p in prices} >= {"openai", "anthropic", "google"}
+    for p in prices:
+        assert p.source and dt.date.fromisoformat(p.date) <= dt.date.today()
+        assert 0 <= p.cached_input <= p.input <= p.cache_write
+    # spot-check one published figure: Anthropic's 5-minute cache write is 1.25x the input price
+    for p in prices:
+        if p.provider == "anthropic":
+            assert p.cache_write == pytest.approx(1.25 * p.input)
+            assert p.cached_input == pytest.approx(0.1 * p.input)
+
+
+def test_duplicate_price_is_an_error(tmp_path: Path) -> None:
+    src = next((ROOT / "pipeline" / "catalog" / "prices").glob("*.toml"))
+    copy = tmp_path / "copy.toml"
+    copy.write_text(src.read_text())
+    with pytest.raises(ConfigError, match="also priced"):
+        load_prices([src, copy])
+
+
+def test_kv_read_shares_hand_computed() -> None:
+    # P=10 (H=6 cached, F=4 fresh), O=3: hits read 6x3=18, fresh 4x3=12, output 3x2/2=3 (of 33)
+    s = kv_read_shares([10], [6], [3])
+    assert s["cache_hit"] == pytest.approx(18 / 33)
+    assert s["fresh_input"] == pytest.approx(12 / 33)
+    assert s["output"] == pytest.approx(3 / 33)
+
+
+def _affine(a: float, b: float):  # type: ignore[no-untyped-def]
+    def cost(batch: StepBatch) -> np.ndarray:
+        return a + b * (batch.prefill_tokens + batch.decode_seqs)
+
+    return cost
+
+
+def test_attribute_busy_time_hand_computed() -> None:
+    # Span A: one mixed step of 10 ms, 300 prefill tokens + 100 decodes; linear time
+    # 2 ms + 400 x 10 us = 6 ms -> 4.5 ms fresh, 1.5 ms output; 4 ms attention split by shares.
+    # Span B: 10 decode steps of 50 sequences over 50 ms; linear 10 x 2.5 ms = 25 ms -> output;
+    # 25 ms attention split by shares.
+    spans = {
+        "start_s": np.array([0.0, 0.010]),
+        "end_s": np.array([0.010, 0.060]),
+        "steps": np.array([1.0, 10.0]),
+        "prefill_tokens": np.array([300.0, 0.0]),
+        "prefill_seqs": np.array([1.0, 0.0]),
+        "decode_seqs": np.array([100.0, 50.0]),
+    }
+    shares = {"cache_hit": 0.5, "fresh_input": 0.25, "output": 0.25}
+    t = attribute_busy_time(spans, _affine(2e-3, 1e-5), shares)
+    attn = 0.004 + 0.025
+    assert t["fresh_input"] == pytest.approx(0.0045 + 0.25 * attn)
+    assert t["output"] == pytest.approx(0.0015 + 0.025 + 0.25 * attn)
+    assert t["cache_hit"] == pytest.approx(0.5 * attn)
+    assert sum(t.values()) == pytest.approx(0.060)
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    st.lists(
+        st.tuples(
+            st.floats(1e-4, 1.0), st.integers(1, 50), st.integers(0, 5000), st.integers(0, 8), st.integers(0, 256)
+        ),
+        min_size=1,
+        max_size=30,
+    ),
+    st.floats(0, 1e-2),
+    st.floats(0, 1e-4),
+)
+def test_attribution_conserves_busy_time(rows: list[tuple[float, int, int, int, int]], a: float, b: float) -> None:
+    dur = np.array([r[0] for r in rows])
+    start = np.concatenate([[0.0], np.cumsum(dur)[:-1]])
+    spans = {
+        "start_s": start,
+        "end_s": start + dur,
+        "steps": np.array([r[1] for r in rows], float),
+        "prefill_tokens": np.array([r[2] for r in rows], float),
+        "prefill_seqs": np.array([r[3] for r in rows], float),
+        "decode_seqs": np.array([r[4] for r in rows], float),
+    }
+    t = attribute_busy_time(spans, _affine(a, b), {"cache_hit": 0.2, "fresh_input": 0.3, "output": 0.5})
+    assert all(v >= -1e-12 for v in t.values())
+    assert sum(t.values()) == pytest.approx(float(dur.sum()), rel=1e-9)
+
+
+def test_gpu_cost_hand_computed() -> None:
+    # 2 GPUs at $3/GPU-h for 30 min = $3.00; busy 1,800 GPU-s of 3,600 -> $1.50 busy, $1.50 idle.
+    g = GpuCost(
+        hardware="h100-sxm",
+        gpus=2,
+        usd_per_gpu_hour=3.0,
+        price_date="2026-03",
+        window_s=1800.0,
+        busy_gpu_s=1800.0,
+        class_busy_s={"fresh_input": 1.0, "cache_hit": 1.0, "output": 2.0},
+        tokens=TokenTotals(1e6, 2e6, 5e5),
+    )
+    assert g.total_usd == pytest.approx(3.0)
+    assert g.busy_usd == pytest.approx(1.5) and g.idle_usd == pytest.approx(1.5)
+    assert g.utilization == pytest.approx(0.5)
+    assert g.usd_per_day == pytest.approx(144.0)
+    rows = {r["token_class"]: r for r in g.rows()}
+    # output: half the busy time -> $0.75 busy, + half the idle $1.50 -> $1.50 all-in over 0.5M tokens
+    assert rows["output"]["busy_usd"] == pytest.approx(0.75)
+    assert rows["output"]["all_in_usd_per_million_tokens"] == pytest.approx(3.0)
+    assert rows["cache_hit"]["all_in_usd_per_million_tokens"] == pytest.approx(0.375)
+    assert sum(r["all_in_usd"] for r in rows.values() if r["token_class"] != "idle") == pytest.approx(3.0)
+
+
+@pytest.fixture(scope="module")
+def replayed(tmp_path_factory: pytest.TempPathFactory) -> Store:
+    base = tmp_path_factory.mktemp("cost")
+    store = Store(base / "store")
+    frame = generate(SynthConfig(requests=300, seed=1, models=("llama-3.1-8b",), duration_s=300, diurnal=False))
+    ingest_logs(write_logs(frame, "anthropic", base / "day.jsonl"), store)
+    replay(store, ROOT / "fleets" / "default.toml", ReplayOptions())
+    return store
+
+
+def test_cost_command_on_a_replay(replayed: Store) -> None:
+    res = CliRunner().invoke(main, ["cost", "--store", str(replayed.root), "--json"])
+    assert res.exit_code == 0, res.output
+    doc = json.loads(res.stdout)
+    assert doc["total_usd"] == pytest.approx(doc["gpus"] * doc["usd_per_gpu_hour"] * doc["period_s"] / 3600)
+    classes = {r["token_class"]: r for r in doc["token_classes"]}
+    # idle dollars are spread over the classes' all-in figures (and shown once on the idle row)
+    assert sum(r["all_in_usd"] for k, r in classes.items() if k != "idle") == pytest.approx(doc["total_usd"])
+    assert classes["idle"]["all_in_usd"] == pytest.approx(doc["idle_usd"])
+    assert 0 < doc["utilization"] <= 1
+    for a in doc["api_equivalent"]:
+        assert a["self_host_to_api_ratio"] == pytest.approx(doc["total_usd"] / a["api_usd"])
+    assert (Path(doc["out_dir"]) / "api_cost.parquet").exists()
