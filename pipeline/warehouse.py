@@ -96,6 +96,10 @@ VIEWS: tuple[ViewSpec, ...] = (
     ),
     ViewSpec("replay_steps", "replay_steps", "runs/*/steps.parquet", "run", "engine step spans"),
     ViewSpec("replay_series", "replay_series", "runs/*/series.parquet", "run", "per replica per second series"),
+    ViewSpec("plans", "plan", "plans/*/plan.parquet", "plain", "capacity plans: one row per configuration"),
+    ViewSpec("plan_search", "plan_search", "plans/*/search.parquet", "plain", "replays of each capacity plan replica search"),
+    ViewSpec("gpu_cost", "plan_gpu_cost", "costs/*/gpu_cost.parquet", "plain", "GPU cost split by token class"),
+    ViewSpec("api_cost", "plan_api_cost", "costs/*/api_cost.parquet", "plain", "API-equivalent cost vs self-hosted"),
 )
 
 _RUN_ID = r"regexp_extract(filename, '/runs/([^/]+)/[^/]+$', 1)"

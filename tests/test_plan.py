@@ -33,6 +33,7 @@ from pipeline.plan import (
 from pipeline.replay import ReplayOptions, run_replay
 from pipeline.schemas import read_parquet
 from pipeline.store import Store
+from pipeline.warehouse import build_warehouse, run_query
 
 ROOT = Path(__file__).resolve().parents[1]
 AZURE = ROOT / "traces" / "sample" / "azure_conv_2023.csv.gz"
@@ -269,6 +270,12 @@ def test_plan_outputs_idempotent_and_cli(azure_store: Store) -> None:
     assert sum(r["replays"] for r in rows) == len(search)
     api = read_parquet(azure_store.root / "costs" / doc["plan_id"] / "api_cost.parquet", "plan_api_cost")
     assert api.num_rows == len(doc["api_equivalent"]) > 0
+    # every number is reproducible by SQL over the store
+    build_warehouse(azure_store)
+    sql = run_query(azure_store, "plan", {"plan_id": doc["plan_id"]}).to_pylist()
+    assert [r["usd_per_day"] for r in sql] == [r["usd_per_day"] for r in rows]
+    assert run_query(azure_store, "plan_search", {"plan_id": doc["plan_id"]}).num_rows == len(search)
+    assert run_query(azure_store, "api_cost", {"subject": doc["plan_id"]}).num_rows == api.num_rows
     before = (plan_dir / "plan.parquet").read_bytes()
     again = runner.invoke(main, args)
     assert again.exit_code == 0
