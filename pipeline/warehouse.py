@@ -97,7 +97,7 @@ VIEWS: tuple[ViewSpec, ...] = (
     ViewSpec("replay_steps", "replay_steps", "runs/*/steps.parquet", "run", "engine step spans"),
     ViewSpec("replay_series", "replay_series", "runs/*/series.parquet", "run", "per replica per second series"),
     ViewSpec("plans", "plan", "plans/*/plan.parquet", "plain", "capacity plans: one row per configuration"),
-    ViewSpec("plan_search", "plan_search", "plans/*/search.parquet", "plain", "replays of each capacity plan replica search"),
+    ViewSpec("plan_search", "plan_search", "plans/*/search.parquet", "plain", "replica-search replays of each plan"),
     ViewSpec("gpu_cost", "plan_gpu_cost", "costs/*/gpu_cost.parquet", "plain", "GPU cost split by token class"),
     ViewSpec("api_cost", "plan_api_cost", "costs/*/api_cost.parquet", "plain", "API-equivalent cost vs self-hosted"),
 )
@@ -189,7 +189,10 @@ def connect(store: Store, read_only: bool = True) -> duckdb.DuckDBPyConnection:
     path = warehouse_path(store)
     if not path.exists():
         build_warehouse(store)
-    return duckdb.connect(str(path), read_only=read_only)
+    # No progress bar: stdout carries --json documents and tables.
+    con = duckdb.connect(str(path), read_only=read_only)
+    con.execute("SET enable_progress_bar = false")
+    return con
 
 
 # --- named queries ------------------------------------------------------------------------------
