@@ -20,7 +20,7 @@ from pipeline.accounting import classify_tokens
 from pipeline.errors import RooftraceError
 from pipeline.ingest import ingest_logs
 from pipeline.replay import ReplayOptions, replay
-from pipeline.report import _data, _script_json, build_report, vega_bundle
+from pipeline.report import Datasets, _script_json, build_report, vega_bundle
 from pipeline.schemas import atomic_write_bytes
 from pipeline.store import Store, repo_root
 from pipeline.warehouse import build_warehouse
@@ -163,8 +163,9 @@ def build_index(reports_dir: Path, cache_dir: Path) -> Path:
         for key, title in _TREND
         if isinstance(n.get(key), int | float)
     ]
-    spec = (
-        alt.Chart(_data(long))
+    data = Datasets()
+    spec = data.spec(
+        alt.Chart(data(long))
         .mark_line(point=True)
         .encode(
             x=alt.X("date:T", title="night"),
@@ -173,7 +174,6 @@ def build_index(reports_dir: Path, cache_dir: Path) -> Path:
         )
         .properties(width=700, height=110)
         .resolve_scale(y="independent")
-        .to_dict()
     )
     bundle = vega_bundle(cache_dir).replace("</script", "<\\/script")
     page = (

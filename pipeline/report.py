@@ -27,14 +27,31 @@ from pipeline.errors import RooftraceError
 from pipeline.schemas import atomic_write_bytes
 from pipeline.store import Store
 from pipeline.tables import table_to_json
-from pipeline.warehouse import build_warehouse, latest_run, run_query
+from pipeline.warehouse import Session, build_warehouse, latest_run
 
 Rows = list[dict[str, Any]]
 
 
-def _data(values: Rows) -> Any:
-    """Inline chart data (already aggregated in SQL)."""
-    return alt.Data(values=values)  # type: ignore[no-untyped-call]
+class Datasets:
+    """Chart data kept out of Altair's objects: Altair validates inline values against the
+    Vega-Lite JSON schema value by value, which costs seconds for a few thousand points. Charts
+    reference a named dataset instead and the values go into the spec's top-level ``datasets``."""
+
+    def __init__(self) -> None:
+        self.pending: dict[str, Rows] = {}
+        self.count = 0
+
+    def __call__(self, values: Rows) -> Any:
+        self.count += 1
+        name = f"d{self.count}"
+        self.pending[name] = values
+        return alt.NamedData(name=name)
+
+    def spec(self, chart: alt.TopLevelMixin) -> dict[str, Any]:
+        out: dict[str, Any] = chart.to_dict()
+        out["datasets"] = {**out.get("datasets", {}), **self.pending}
+        self.pending = {}
+        return out
 
 
 def _rows(table: pa.Table) -> Rows:
@@ -163,8 +180,10 @@ def _charts(q: Callable[[str], Rows], headline: dict[str, Any]) -> list[Chart]:
     charts: list[Chart] = []
     width = 760
 
+    _data = Datasets()
+
     def add(key: str, title: str, definition: str, chart: alt.TopLevelMixin, faceted: bool = False) -> None:
-        spec = (chart if faceted else chart.properties(width=width)).to_dict()
+        spec = _data.spec(chart if faceted else chart.properties(width=width))
         charts.append(Chart(key, title, definition, spec))
 
     def utc(field: str, title: str) -> alt.X:
@@ -459,8 +478,14 @@ def build_report(
     config = json.loads(config_path.read_text())
     day = str(config.get("date") or date or store.resolve_date(None))
 
+    results: dict[str, Rows] = {}
+    session = Session(store)
+
     def q(name: str) -> Rows:
-        return _rows(run_query(store, name, {"run_id": run_id, "date": day}))
+        # Each named query runs once per report, however many charts and tables use it.
+        if name not in results:
+            results[name] = _rows(session.query(name, {"run_id": run_id, "date": day}))
+        return results[name]
 
     headline = headline_numbers(q)
     charts = _charts(q, headline)
@@ -486,6 +511,7 @@ def build_report(
         f"{resolved.get('tp', '?')}× {resolved.get('hardware', '?')} · numbers reproducible with "
         f"`rooftrace query NAME --run {run_id}`"
     )
+    session.con.close()
     page = render_html(
         f"rooftrace capacity report — {day}", subtitle, headline, charts, extra, vega_bundle(store.root / ".cache")
     )

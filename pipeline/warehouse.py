@@ -123,10 +123,15 @@ def _view_sql(store: Store, spec: ViewSpec) -> str:
     if spec.kind == "hive":
         return f"SELECT * FROM read_parquet({_lit(pattern)}, hive_partitioning=true, union_by_name=true)"
     if spec.kind == "run":
-        return (
-            f"SELECT {_RUN_ID} AS run_id, * EXCLUDE (filename) "
-            f"FROM read_parquet({_lit(pattern)}, filename=true, union_by_name=true)"
-        )
+        # One branch per run with a constant run_id: a filter on run_id then prunes every other
+        # run's files instead of scanning them all (the warehouse is rebuilt after each replay).
+        files = sorted(root.glob(spec.glob))
+        branches = [
+            f"SELECT '{f.parent.name}' AS run_id, * FROM read_parquet({_lit(f)})"
+            for f in files
+            if "'" not in f.parent.name
+        ]
+        return " UNION ALL BY NAME ".join(branches)
     return f"SELECT * FROM read_parquet({_lit(pattern)}, union_by_name=true)"
 
 
@@ -246,12 +251,24 @@ def latest_run(store: Store, date: str | None = None) -> str | None:
     return max(configs, key=lambda c: (c.stat().st_mtime_ns, c.parent.name)).parent.name
 
 
-def run_query(store: Store, name: str, params: Mapping[str, Any] | None = None) -> pa.Table:
-    """Run a named query; missing ``run_id``/``date`` default to the latest run and date."""
-    query = get_query(name)
-    values = dict(params or {})
-    con = connect(store)
-    try:
+class Session:
+    """One read-only warehouse connection for several named queries (the report runs a dozen)."""
+
+    def __init__(self, store: Store) -> None:
+        self.store = store
+        self.con = connect(store)
+
+    def __enter__(self) -> Session:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.con.close()
+
+    def query(self, name: str, params: Mapping[str, Any] | None = None) -> pa.Table:
+        """Run a named query; missing ``run_id``/``date`` default to the latest run and date."""
+        store, con = self.store, self.con
+        query = get_query(name)
+        values = dict(params or {})
         names = {p.rstrip("?") for p in query.params}
         if "date" in names and values.get("date") is None:
             values["date"] = store.resolve_date(None) if store.dates() else None
@@ -271,8 +288,12 @@ def run_query(store: Store, name: str, params: Mapping[str, Any] | None = None) 
             return con.sql(query.sql).to_arrow_table()
         except duckdb.Error as exc:
             raise RooftraceError(f"query {name!r} failed: {str(exc).splitlines()[0]}") from None
-    finally:
-        con.close()
+
+
+def run_query(store: Store, name: str, params: Mapping[str, Any] | None = None) -> pa.Table:
+    """Run one named query (see :meth:`Session.query`)."""
+    with Session(store) as session:
+        return session.query(name, params)
 
 
 def run_sql(store: Store, sql: str) -> pa.Table:

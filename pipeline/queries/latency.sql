@@ -7,17 +7,31 @@
 -- params: run_id
 WITH r AS (
     SELECT * FROM replay_requests WHERE run_id = getvariable('run_id') AND status = 'finished'
-), m AS (
-    UNPIVOT (SELECT queue_s, ttft_s, tpot_s, e2e_s FROM r)
-    ON queue_s, ttft_s, tpot_s, e2e_s INTO NAME metric VALUE v
 ), per_metric AS (
-    SELECT metric, count(v) AS samples,
-           quantile_cont(v, 0.5) AS p50, quantile_cont(v, 0.9) AS p90, quantile_cont(v, 0.95) AS p95,
-           quantile_cont(v, 0.99) AS p99, quantile_cont(v, 0.999) AS p99_9, avg(v) AS mean
-    FROM m WHERE v IS NOT NULL AND isfinite(v) GROUP BY metric
+    SELECT metric, samples, q[1] AS p50, q[2] AS p90, q[3] AS p95, q[4] AS p99, q[5] AS p99_9, mean
+    FROM (
+        SELECT 'queue_s' AS metric, count(queue_s) FILTER (WHERE isfinite(queue_s)) AS samples,
+               quantile_cont(queue_s, [0.5, 0.9, 0.95, 0.99, 0.999]) FILTER (WHERE isfinite(queue_s)) AS q,
+               avg(queue_s) FILTER (WHERE isfinite(queue_s)) AS mean FROM r
+        UNION ALL
+        SELECT 'ttft_s', count(ttft_s) FILTER (WHERE isfinite(ttft_s)),
+               quantile_cont(ttft_s, [0.5, 0.9, 0.95, 0.99, 0.999]) FILTER (WHERE isfinite(ttft_s)),
+               avg(ttft_s) FILTER (WHERE isfinite(ttft_s)) FROM r
+        UNION ALL
+        SELECT 'tpot_s', count(tpot_s) FILTER (WHERE isfinite(tpot_s)),
+               quantile_cont(tpot_s, [0.5, 0.9, 0.95, 0.99, 0.999]) FILTER (WHERE isfinite(tpot_s)),
+               avg(tpot_s) FILTER (WHERE isfinite(tpot_s)) FROM r
+        UNION ALL
+        SELECT 'e2e_s', count(e2e_s) FILTER (WHERE isfinite(e2e_s)),
+               quantile_cont(e2e_s, [0.5, 0.9, 0.95, 0.99, 0.999]) FILTER (WHERE isfinite(e2e_s)),
+               avg(e2e_s) FILTER (WHERE isfinite(e2e_s)) FROM r
+    )
+    WHERE samples > 0
 ), itl AS (
-    SELECT (end_s - start_s) / steps AS v, CAST(decode_seqs AS DOUBLE) * steps AS w
+    -- Equal step times are merged first: the weighted quantiles only need the distinct values.
+    SELECT (end_s - start_s) / steps AS v, sum(CAST(decode_seqs AS DOUBLE) * steps) AS w
     FROM replay_steps WHERE run_id = getvariable('run_id') AND decode_seqs > 0 AND steps > 0
+    GROUP BY 1
 ), itl_cum AS (
     SELECT v, w, sum(w) OVER (ORDER BY v ROWS UNBOUNDED PRECEDING) AS cw, sum(w) OVER () AS tw FROM itl
 ), itl_stats AS (

@@ -4,43 +4,63 @@
 -- hardware pool and hour of arrival.
 -- params: run_id
 WITH run AS (
-    SELECT resolved.fleet.hardware AS hardware, resolved.fleet.tp AS tp FROM runs WHERE run_id = getvariable('run_id')
+    SELECT resolved.fleet.hardware || ' tp' || resolved.fleet.tp AS hardware
+    FROM runs WHERE run_id = getvariable('run_id')
 ), occ AS (
     SELECT replica, second, running FROM replay_series WHERE run_id = getvariable('run_id')
 ), r AS (
-    SELECT rr.*, q.tenant, q.model,
+    SELECT rr.ttft_s, rr.tpot_s, rr.e2e_s,
+           coalesce(q.tenant, '(none)') AS tenant, coalesce(q.model, '(none)') AS model,
            CASE WHEN rr.recorded_input_tokens < 512 THEN '0-511'
                 WHEN rr.recorded_input_tokens < 2048 THEN '512-2047'
                 WHEN rr.recorded_input_tokens < 8192 THEN '2048-8191'
                 WHEN rr.recorded_input_tokens < 32768 THEN '8192-32767'
-                ELSE '32768+' END AS prompt_bucket,
+                ELSE '32768+' END AS prompt_tokens,
            CASE WHEN rr.output_tokens < 64 THEN '0-63'
                 WHEN rr.output_tokens < 256 THEN '64-255'
                 WHEN rr.output_tokens < 1024 THEN '256-1023'
-                ELSE '1024+' END AS output_bucket,
+                ELSE '1024+' END AS output_tokens,
            CASE WHEN occ.running IS NULL THEN 'unknown'
                 WHEN occ.running < 8 THEN '0-7' WHEN occ.running < 32 THEN '8-31'
-                WHEN occ.running < 128 THEN '32-127' ELSE '128+' END AS occupancy_bucket,
+                WHEN occ.running < 128 THEN '32-127' ELSE '128+' END AS batch_occupancy,
+           (SELECT hardware FROM run) AS hardware,
            strftime(rr.arrival, '%H') AS hour
     FROM replay_requests rr
     LEFT JOIN requests q ON q.request_id = rr.request_id AND q.arrival = rr.arrival
     LEFT JOIN occ ON occ.replica = rr.replica AND occ.second = CAST(floor(rr.scheduled_s) AS BIGINT)
     WHERE rr.run_id = getvariable('run_id') AND rr.status = 'finished'
-), dims AS (
-    SELECT 'prompt_tokens' AS dimension, prompt_bucket AS bucket, * FROM r
-    UNION ALL SELECT 'output_tokens', output_bucket, * FROM r
-    UNION ALL SELECT 'batch_occupancy', occupancy_bucket, * FROM r
-    UNION ALL SELECT 'tenant', coalesce(tenant, '(none)'), * FROM r
-    UNION ALL SELECT 'model', coalesce(model, '(none)'), * FROM r
-    UNION ALL SELECT 'hardware', (SELECT hardware || ' tp' || tp FROM run), * FROM r
-    UNION ALL SELECT 'hour', hour, * FROM r
+), g AS (
+    -- One pass per dimension (grouping sets), one sort per metric and group (list quantiles).
+    SELECT prompt_tokens, output_tokens, batch_occupancy, tenant, model, hardware, hour,
+           GROUPING(prompt_tokens) = 0 AS by_prompt, GROUPING(output_tokens) = 0 AS by_output,
+           GROUPING(batch_occupancy) = 0 AS by_occ, GROUPING(tenant) = 0 AS by_tenant,
+           GROUPING(model) = 0 AS by_model, GROUPING(hardware) = 0 AS by_hw,
+           count(ttft_s) FILTER (WHERE isfinite(ttft_s)) AS n_ttft,
+           quantile_cont(ttft_s, [0.5, 0.9, 0.95, 0.99, 0.999]) FILTER (WHERE isfinite(ttft_s)) AS q_ttft,
+           avg(ttft_s) FILTER (WHERE isfinite(ttft_s)) AS m_ttft,
+           count(tpot_s) FILTER (WHERE isfinite(tpot_s)) AS n_tpot,
+           quantile_cont(tpot_s, [0.5, 0.9, 0.95, 0.99, 0.999]) FILTER (WHERE isfinite(tpot_s)) AS q_tpot,
+           avg(tpot_s) FILTER (WHERE isfinite(tpot_s)) AS m_tpot,
+           count(e2e_s) FILTER (WHERE isfinite(e2e_s)) AS n_e2e,
+           quantile_cont(e2e_s, [0.5, 0.9, 0.95, 0.99, 0.999]) FILTER (WHERE isfinite(e2e_s)) AS q_e2e,
+           avg(e2e_s) FILTER (WHERE isfinite(e2e_s)) AS m_e2e
+    FROM r
+    GROUP BY GROUPING SETS ((prompt_tokens), (output_tokens), (batch_occupancy), (tenant), (model), (hardware), (hour))
+), labelled AS (
+    SELECT CASE WHEN by_prompt THEN 'prompt_tokens' WHEN by_output THEN 'output_tokens'
+                WHEN by_occ THEN 'batch_occupancy' WHEN by_tenant THEN 'tenant' WHEN by_model THEN 'model'
+                WHEN by_hw THEN 'hardware' ELSE 'hour' END AS dimension,
+           CASE WHEN by_prompt THEN prompt_tokens WHEN by_output THEN output_tokens
+                WHEN by_occ THEN batch_occupancy WHEN by_tenant THEN tenant WHEN by_model THEN model
+                WHEN by_hw THEN hardware ELSE hour END AS bucket,
+           *
+    FROM g
 ), m AS (
-    UNPIVOT (SELECT dimension, bucket, ttft_s, tpot_s, e2e_s FROM dims)
-    ON ttft_s, tpot_s, e2e_s INTO NAME metric VALUE v
+    SELECT dimension, bucket, 'ttft_s' AS metric, n_ttft AS samples, q_ttft AS q, m_ttft AS mean FROM labelled
+    UNION ALL SELECT dimension, bucket, 'tpot_s', n_tpot, q_tpot, m_tpot FROM labelled
+    UNION ALL SELECT dimension, bucket, 'e2e_s', n_e2e, q_e2e, m_e2e FROM labelled
 )
-SELECT dimension, bucket, metric, count(v) AS samples,
-       quantile_cont(v, 0.5) AS p50, quantile_cont(v, 0.9) AS p90, quantile_cont(v, 0.95) AS p95,
-       quantile_cont(v, 0.99) AS p99, quantile_cont(v, 0.999) AS p99_9, avg(v) AS mean
-FROM m WHERE v IS NOT NULL AND isfinite(v)
-GROUP BY dimension, bucket, metric
+SELECT dimension, bucket, metric, samples,
+       q[1] AS p50, q[2] AS p90, q[3] AS p95, q[4] AS p99, q[5] AS p99_9, mean
+FROM m WHERE samples > 0
 ORDER BY dimension, bucket, metric;

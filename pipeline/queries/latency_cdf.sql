@@ -1,18 +1,21 @@
--- Latency CDFs of a replay for plotting: the empirical CDF of TTFT, TPOT and E2E over finished
--- requests, thinned to about 200 points per metric (every sample where the 0.5% grid steps, plus
--- the minimum and maximum); fraction = (rank - 1) / (n - 1).
+-- Latency CDFs of a replay for plotting: TTFT, TPOT and E2E at 201 evenly spaced quantiles
+-- (fraction 0, 0.005, ..., 1; linear interpolation) over finished requests.
 -- params: run_id
 WITH r AS (
     SELECT ttft_s, tpot_s, e2e_s FROM replay_requests
     WHERE run_id = getvariable('run_id') AND status = 'finished'
-), m AS (
-    UNPIVOT r ON ttft_s, tpot_s, e2e_s INTO NAME metric VALUE v
-), ranked AS (
-    SELECT metric, v, row_number() OVER (PARTITION BY metric ORDER BY v) AS rn,
-           count(*) OVER (PARTITION BY metric) AS n
-    FROM m WHERE v IS NOT NULL AND isfinite(v)
+), q AS (
+    SELECT 'ttft_s' AS metric,
+           quantile_cont(ttft_s, list_transform(range(0, 201), lambda x: x / 200.0)) FILTER (WHERE isfinite(ttft_s)) AS v
+    FROM r
+    UNION ALL
+    SELECT 'tpot_s', quantile_cont(tpot_s, list_transform(range(0, 201), lambda x: x / 200.0)) FILTER (WHERE isfinite(tpot_s))
+    FROM r
+    UNION ALL
+    SELECT 'e2e_s', quantile_cont(e2e_s, list_transform(range(0, 201), lambda x: x / 200.0)) FILTER (WHERE isfinite(e2e_s))
+    FROM r
 )
-SELECT metric, CASE WHEN n = 1 THEN 1.0 ELSE (rn - 1) / (n - 1) END AS fraction, v AS seconds
-FROM ranked
-WHERE rn = 1 OR rn = n OR (rn * 200) // n <> ((rn - 1) * 200) // n
+SELECT metric, (i - 1) / 200.0 AS fraction, v[i] AS seconds
+FROM q, range(1, 202) t(i)
+WHERE v IS NOT NULL
 ORDER BY metric, fraction;
