@@ -72,6 +72,18 @@ class EngineSettings:
 
 
 @dataclass(frozen=True)
+class Calibration:
+    """``[calibration]``: efficiency factors of *this serving stack* that override the hardware
+    catalog's (which were fitted on vLLM/PyTorch kernels). ``source`` must say what they were
+    fitted on, so a calibrated fleet is never mistaken for a prediction on that same data."""
+
+    source: str
+    compute_efficiency: float | None = None
+    memory_efficiency: float | None = None
+    link_efficiency: float | None = None
+
+
+@dataclass(frozen=True)
 class FleetConfig:
     name: str
     model: str
@@ -85,6 +97,7 @@ class FleetConfig:
     router: str = "round_robin"
     description: str = ""
     engine: EngineSettings = field(default_factory=EngineSettings)
+    calibration: Calibration | None = None
 
     def with_replicas(self, replicas: int | None) -> FleetConfig:
         if replicas is None:
@@ -110,6 +123,13 @@ _TOP_TYPES: dict[str, tuple[type, ...]] = {
     "router": (str,),
     "description": (str,),
     "engine": (dict,),
+    "calibration": (dict,),
+}
+_CALIBRATION_TYPES: dict[str, tuple[type, ...]] = {
+    "source": (str,),
+    "compute_efficiency": (float, int),
+    "memory_efficiency": (float, int),
+    "link_efficiency": (float, int),
 }
 _TOP_REQUIRED = {"name", "model", "hardware"}
 _ENGINE_TYPES: dict[str, tuple[type, ...]] = {
@@ -154,8 +174,21 @@ def parse_fleet(data: dict[str, Any], origin: str) -> FleetConfig:
         raise ConfigError(f"{origin} [engine]: gpu_memory_utilization must be in (0, 1]")
     if engine.step_overhead_s is not None and engine.step_overhead_s < 0:
         raise ConfigError(f"{origin} [engine]: step_overhead_s must be >= 0")
-    top = {k: v for k, v in data.items() if k != "engine"}
-    cfg = FleetConfig(engine=engine, **top)
+    calibration = None
+    if "calibration" in data:
+        raw = dict(data["calibration"])
+        where = f"{origin} [calibration]"
+        _check(raw, _CALIBRATION_TYPES, where)
+        if not str(raw.get("source", "")).strip():
+            raise ConfigError(f"{where}: source is required (what the factors were fitted on)")
+        for key in ("compute_efficiency", "memory_efficiency", "link_efficiency"):
+            if key in raw:
+                raw[key] = float(raw[key])
+                if not 0.0 < raw[key] <= 1.0:
+                    raise ConfigError(f"{where}: {key} must be in (0, 1]")
+        calibration = Calibration(**raw)
+    top = {k: v for k, v in data.items() if k not in ("engine", "calibration")}
+    cfg = FleetConfig(engine=engine, calibration=calibration, **top)
     if cfg.router not in ROUTERS:
         raise ConfigError(f"{origin}: router {cfg.router!r} unknown; choose one of {list(ROUTERS)}")
     for key in ("replicas", "tp", "pp", "ep"):
@@ -205,6 +238,9 @@ def resolve(cfg: FleetConfig, origin: str = "fleet") -> ResolvedFleet:
     """Look up model and hardware, apply vLLM's defaults, size the KV cache (memory.fit)."""
     model = load_model(cfg.model)
     hw = load_hardware(cfg.hardware)
+    if cfg.calibration is not None:
+        factors = {k: v for k, v in asdict(cfg.calibration).items() if k != "source" and v is not None}
+        hw = replace(hw, **factors)
     eng = cfg.engine
     dep = Deployment(
         model=model,

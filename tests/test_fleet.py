@@ -77,3 +77,21 @@ def test_overrides_and_frozen() -> None:
         cfg.with_replicas(0)
     with pytest.raises(AttributeError):
         cfg.replicas = 3  # type: ignore[misc]
+
+
+def test_calibration_table_overrides_the_catalog_factors(tmp_path: Path) -> None:
+    base = 'name = "c"\nmodel = "llama-3.1-8b"\nhardware = "h100-sxm"\n'
+    good = tmp_path / "good.toml"
+    good.write_text(base + '[calibration]\nsource = "fitted on X"\ncompute_efficiency = 0.5\n')
+    fleet = resolve(load_fleet(good))
+    assert fleet.deployment.hardware.compute_efficiency == 0.5
+    assert fleet.deployment.hardware.memory_efficiency == load_hardware("h100-sxm").memory_efficiency
+    for body, message in (
+        ("[calibration]\ncompute_efficiency = 0.5\n", "source is required"),
+        ('[calibration]\nsource = "x"\ncompute_efficiency = 1.5\n', "must be in"),
+        ('[calibration]\nsource = "x"\nturbo = 1\n', "unknown key"),
+    ):
+        bad = tmp_path / "bad.toml"
+        bad.write_text(base + body)
+        with pytest.raises(ConfigError, match=message):
+            load_fleet(bad)
