@@ -450,7 +450,8 @@ class CostResult:
 
 
 def _run_fleet(config: Mapping[str, Any], origin: str) -> ResolvedFleet:
-    raw = dict(config["resolved"]["fleet"])
+    # to_dict() writes unset optional keys as null; the loader wants them absent
+    raw = {k: v for k, v in config["resolved"]["fleet"].items() if v is not None}
     raw["engine"] = {k: v for k, v in raw.get("engine", {}).items() if v is not None}
     return resolve(parse_fleet(raw, origin), origin)
 
