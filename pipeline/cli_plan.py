@@ -61,14 +61,40 @@ def _fmt(x: float | None, spec: str) -> str:
 @click.option("--tp", default="1,2,4,8", show_default=True, help="Tensor-parallel sizes to try.")
 @click.option("--precision", default="", help="Weight dtypes to try (default: the base fleet's), e.g. bf16,fp8.")
 @click.option("--date", default=None, help="Traffic date YYYY-MM-DD (default: the latest in the store).")
-@click.option("--window", type=click.Choice(["peak", "day"]), default="peak", show_default=True)
-@click.option("--window-s", type=click.FloatRange(min=1), default=DEFAULT_WINDOW_S, show_default=True)
-@click.option("--warmup-s", type=click.FloatRange(min=0), default=DEFAULT_WARMUP_S, show_default=True)
+@click.option(
+    "--window",
+    type=click.Choice(["peak", "day"]),
+    default="peak",
+    show_default=True,
+    help="Replay the busiest --window-s seconds of the day, or the whole day.",
+)
+@click.option(
+    "--window-s", type=click.FloatRange(min=1), default=DEFAULT_WINDOW_S, show_default=True, help="Peak window length."
+)
+@click.option(
+    "--warmup-s",
+    type=click.FloatRange(min=0),
+    default=DEFAULT_WARMUP_S,
+    show_default=True,
+    help="Seconds replayed before the window but not measured (fills the batch and cache).",
+)
 @click.option("--traffic-model", default=None, help="The requests' model value (default: --model; '*' = all).")
-@click.option("--executor", type=click.Choice(["local", "ray"]), default="local", show_default=True)
+@click.option(
+    "--executor",
+    type=click.Choice(["local", "ray"]),
+    default="local",
+    show_default=True,
+    help="Run configurations in local processes or on a Ray cluster (optional extra).",
+)
 @click.option("--jobs", type=click.IntRange(min=1), default=None, help="Local processes (default: CPU count).")
 @click.option("--ray-address", default=None, help="Ray cluster address for --executor ray (default: auto).")
-@click.option("--max-replicas", type=click.IntRange(min=1), default=DEFAULT_MAX_REPLICAS, show_default=True)
+@click.option(
+    "--max-replicas",
+    type=click.IntRange(min=1),
+    default=DEFAULT_MAX_REPLICAS,
+    show_default=True,
+    help="Give up on a configuration above this many replicas.",
+)
 @click.option("--gpu-price", multiple=True, help="Override a GPU price: HARDWARE=USD_PER_GPU_HOUR (repeatable).")
 @click.option("--prices", "price_files", multiple=True, type=click.Path(dir_okay=False), help="API price TOML.")
 @click.option("--list-slos", is_flag=True, help="Print the SLO presets with their numbers and sources, then exit.")
