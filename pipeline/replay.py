@@ -2,7 +2,8 @@
 
 ``replay(store, fleet_path, options)`` reads the canonical requests of one date, builds their
 prefix chains (pipeline.prefix, the classify stage's model) with the fleet's block size, runs
-the fast engine (pipeline.engine.fast) with the roofline cost model, and writes::
+the jit engine (pipeline.engine.jit) with the roofline cost model — or the fast engine
+(pipeline.engine.fast) where the jit engine does not apply (MoE models) — and writes::
 
     STORE/runs/<run_id>/config.json       resolved fleet, engine settings, options, summary
     STORE/runs/<run_id>/requests.parquet  schema replay_requests
@@ -29,6 +30,7 @@ import polars as pl
 import pyarrow as pa
 
 from pipeline.engine.fast import simulate
+from pipeline.engine.jit import simulate_jit, unsupported_reason
 from pipeline.engine.model import REJECT_REASONS, EngineResult, FleetSpec, Workload
 from pipeline.engine.steplog import StepLog
 from pipeline.errors import ConfigError, RooftraceError
@@ -163,9 +165,13 @@ def run_replay(
         concurrency=options.concurrency or 0,
     )
     work = build_workload(requests, fleet, options)
+    cost = fast_step_cost(fleet.deployment)
     log = StepLog(capacity=max(1024, 2 * work.n))
     t0 = time.perf_counter()
-    result = simulate(work, spec, fast_step_cost(fleet.deployment), log, progress)
+    if unsupported_reason(spec, cost) is None:
+        result = simulate_jit(work, spec, cost, log, progress)
+    else:  # same semantics and results, Python speed (docs/engine.md, "The jit engine")
+        result = simulate(work, spec, cost, log, progress)
     return ReplayRun(fleet, spec, work, result, log, time.perf_counter() - t0)
 
 

@@ -25,6 +25,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from functools import cached_property
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
@@ -569,6 +570,13 @@ class AffineStepCost:
             hw.peak_for(dep.compute_dtype),
             hw.memory_bandwidth_bytes_per_s,
         )
+
+    @property
+    def kernel_args(self) -> tuple[Any, ...] | None:
+        """The fixed arguments of :func:`_affine_rows` (after the rows), for engines that call the
+        kernel from their own compiled loop (pipeline/engine/jit.py); None when this deployment's
+        collective call counts are not constant, i.e. when ``__call__`` goes to step_cost."""
+        return self._kernel_args if self._affine_calls else None
 
     def __call__(self, batch: StepBatch) -> StepCost:
         dep = self.dep

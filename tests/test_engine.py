@@ -4,6 +4,7 @@ and the scheduler invariants."""
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 
 import numpy as np
 import pytest
@@ -12,6 +13,7 @@ from hypothesis import strategies as st
 from test_engine_support import LinearCost, workload
 
 from pipeline.engine.fast import simulate
+from pipeline.engine.jit import simulate_jit
 from pipeline.engine.model import (
     REJECT_KV_CAPACITY,
     REJECT_MAX_MODEL_LEN,
@@ -23,6 +25,10 @@ from pipeline.engine.model import (
 from pipeline.engine.reference import simulate_reference
 from pipeline.engine.steplog import StepLog
 from pipeline.errors import ConfigError
+
+Engine = Callable[..., EngineResult]
+#: The engines under test: both must equal the reference (and hence each other).
+ENGINES: dict[str, Engine] = {"fast": simulate, "jit": simulate_jit}
 
 
 def _cfg(**kw: int | bool) -> SchedulerConfig:
@@ -49,12 +55,13 @@ def _assert_same(fast: EngineResult, ref: EngineResult) -> None:
 # -- hand-computed ------------------------------------------------------------------------------
 
 
-def test_single_request_matches_hand_calculation() -> None:
+@pytest.mark.parametrize("sim", ENGINES.values(), ids=ENGINES.keys())
+def test_single_request_matches_hand_calculation(sim: Engine) -> None:
     # One request, prompt 10, output 3, budget 256: one prefill step then two decode steps.
     cost = LinearCost(a=0.01, b=0.001, c=0.0, d=0.002, e=0.0001)
     w = workload([1.0], [10], [3])
     spec = FleetSpec(replicas=1, scheduler=_cfg())
-    res = simulate(w, spec, cost)
+    res = sim(w, spec, cost)
     prefill = 0.01 + 0.001 * 10
     dec1 = 0.01 + 0.002 + 0.0001 * 11  # context 10 cached + the new token
     dec2 = 0.01 + 0.002 + 0.0001 * 12
@@ -66,14 +73,15 @@ def test_single_request_matches_hand_calculation() -> None:
     _assert_same(res, simulate_reference(w, spec, cost))
 
 
-def test_chunked_prefill_rides_along_decodes_in_v1_order() -> None:
+@pytest.mark.parametrize("sim", ENGINES.values(), ids=ENGINES.keys())
+def test_chunked_prefill_rides_along_decodes_in_v1_order(sim: Engine) -> None:
     # Budget 8: request A (prompt 4) is decoding when B (prompt 20) arrives; each step A takes
     # one token first (running requests first), B the 7 left: chunks 7, 7, 6.
     cost = LinearCost(a=1.0, b=0.0, c=0.0, d=0.0, e=0.0)  # every step lasts exactly 1 s
     w = workload([0.0, 0.5], [4, 20], [10, 2])
     spec = FleetSpec(replicas=1, scheduler=_cfg(max_num_batched_tokens=8, max_num_seqs=8))
     log = StepLog()
-    res = simulate(w, spec, cost, log)
+    res = sim(w, spec, cost, log)
     # Step 0 [0,1): A's prefill → A's first token at 1. B arrives at 0.5, scheduled at 1.
     assert res.first_token_s[0] == 1.0
     assert res.scheduled_s[1] == 1.0
@@ -88,23 +96,25 @@ def test_chunked_prefill_rides_along_decodes_in_v1_order() -> None:
     _assert_same(res, simulate_reference(w, spec, cost))
 
 
-def test_max_num_seqs_queues_fcfs() -> None:
+@pytest.mark.parametrize("sim", ENGINES.values(), ids=ENGINES.keys())
+def test_max_num_seqs_queues_fcfs(sim: Engine) -> None:
     cost = LinearCost(a=1.0, b=0.0, c=0.0, d=0.0, e=0.0)
     w = workload([0.0, 0.0, 0.0], [2, 2, 2], [3, 3, 3])
     spec = FleetSpec(replicas=1, scheduler=_cfg(max_num_seqs=2, max_num_batched_tokens=64))
-    res = simulate(w, spec, cost)
+    res = sim(w, spec, cost)
     np.testing.assert_array_equal(res.scheduled_s, [0.0, 0.0, 3.0])
     np.testing.assert_array_equal(res.finish_s, [3.0, 3.0, 6.0])
     np.testing.assert_array_equal(res.first_token_s - res.arrival_s, [1.0, 1.0, 4.0])
 
 
-def test_kv_exhaustion_preempts_the_newest_and_recomputes() -> None:
+@pytest.mark.parametrize("sim", ENGINES.values(), ids=ENGINES.keys())
+def test_kv_exhaustion_preempts_the_newest_and_recomputes(sim: Engine) -> None:
     # 4 blocks of 4 tokens = 16 tokens. A (prompt 4, out 8) and B (prompt 4, out 8) each need up
     # to 3 blocks (11 tokens). Both start; when a 5th block is needed, B (newest) is preempted.
     cost = LinearCost(a=1.0, b=0.0, c=0.0, d=0.0, e=0.0)
     w = workload([0.0, 0.0], [4, 4], [8, 8])
     spec = FleetSpec(replicas=1, scheduler=_cfg(num_gpu_blocks=4, max_num_batched_tokens=64))
-    res = simulate(w, spec, cost)
+    res = sim(w, spec, cost)
     ref = simulate_reference(w, spec, cost)
     _assert_same(res, ref)
     assert res.preemptions[1] >= 1 and res.preemptions[0] == 0
@@ -114,43 +124,46 @@ def test_kv_exhaustion_preempts_the_newest_and_recomputes() -> None:
     assert res.prefill_tokens[1] > 4
 
 
-def test_prefix_cache_hits_skip_prefill_but_never_the_last_token() -> None:
+@pytest.mark.parametrize("sim", ENGINES.values(), ids=ENGINES.keys())
+def test_prefix_cache_hits_skip_prefill_but_never_the_last_token(sim: Engine) -> None:
     cost = LinearCost(a=1.0, b=0.0, c=0.0, d=0.0, e=0.0)
     chain = [11, 12, 13]  # 3 full blocks of 4 = 12 tokens
     w = workload([0.0, 10.0, 20.0], [12, 12, 14], [2, 2, 2], chains=[chain, chain, chain])
     spec = FleetSpec(replicas=1, scheduler=_cfg())
-    res = simulate(w, spec, cost)
+    res = sim(w, spec, cost)
     # Second request: prompt 12 fully cached, but the last token must be computed, so only the
     # first 2 blocks (8 tokens) hit. Third: prompt 14 → all 3 blocks hit.
     np.testing.assert_array_equal(res.cache_hit_tokens, [0, 8, 12])
     np.testing.assert_array_equal(res.prefill_tokens, [12, 4, 2])
     _assert_same(res, simulate_reference(w, spec, cost))
     off = FleetSpec(replicas=1, scheduler=_cfg(enable_prefix_caching=False))
-    np.testing.assert_array_equal(simulate(w, off, cost).cache_hit_tokens, [0, 0, 0])
+    np.testing.assert_array_equal(sim(w, off, cost).cache_hit_tokens, [0, 0, 0])
 
 
-def test_lru_eviction_of_finished_blocks() -> None:
+@pytest.mark.parametrize("sim", ENGINES.values(), ids=ENGINES.keys())
+def test_lru_eviction_of_finished_blocks(sim: Engine) -> None:
     # 6 blocks of 4. Request 0 leaves blocks h1, h2 cached (freed tail first, so the free queue is
     # [4 never-used, h2, h1]); request 1 (other prefix, 6 blocks) takes all of them, evicting both.
     cost = LinearCost(a=1.0, b=0.0, c=0.0, d=0.0, e=0.0)
     w = workload([0.0, 10.0, 20.0], [8, 24, 8], [1, 1, 1], chains=[[1, 2], [7, 8, 9, 10, 11, 12], [1, 2]])
     spec = FleetSpec(replicas=1, scheduler=_cfg(num_gpu_blocks=6))
-    res = simulate(w, spec, cost)
+    res = sim(w, spec, cost)
     _assert_same(res, simulate_reference(w, spec, cost))
     assert res.cache_hit_tokens[2] == 0  # evicted
     roomy = FleetSpec(replicas=1, scheduler=_cfg(num_gpu_blocks=8))
-    assert simulate(w, roomy, cost).cache_hit_tokens[2] == 4  # kept: 1 block (last token rule)
+    assert sim(w, roomy, cost).cache_hit_tokens[2] == 4  # kept: 1 block (last token rule)
 
 
-def test_rejections_are_reported_with_a_reason() -> None:
+@pytest.mark.parametrize("sim", ENGINES.values(), ids=ENGINES.keys())
+def test_rejections_are_reported_with_a_reason(sim: Engine) -> None:
     # KV needed: prompt + output − 1 tokens → 28, 1253 and 30 blocks of 4.
     w = workload([0.0, 0.0, 0.0], [100, 5000, 30], [10, 10, 90])
     spec = FleetSpec(replicas=1, scheduler=_cfg(num_gpu_blocks=30, max_model_len=4096))
-    res = simulate(w, spec, LinearCost())
+    res = sim(w, spec, LinearCost())
     assert res.reject_reason.tolist() == [0, REJECT_MAX_MODEL_LEN, 0]
     assert np.isnan(res.finish_s[1]) and res.replica[1] == -1
     tight = FleetSpec(replicas=1, scheduler=_cfg(num_gpu_blocks=29, max_model_len=4096))
-    res = simulate(w, tight, LinearCost())
+    res = sim(w, tight, LinearCost())
     assert res.reject_reason.tolist() == [0, REJECT_MAX_MODEL_LEN, REJECT_KV_CAPACITY]
     assert np.isfinite(res.finish_s[0])
 
@@ -172,11 +185,12 @@ def test_config_validation_names_the_field() -> None:
         FleetSpec(replicas=1, scheduler=_cfg(), router="random")
 
 
-def test_closed_loop_keeps_concurrency_clients_busy() -> None:
+@pytest.mark.parametrize("sim", ENGINES.values(), ids=ENGINES.keys())
+def test_closed_loop_keeps_concurrency_clients_busy(sim: Engine) -> None:
     cost = LinearCost(a=1.0, b=0.0, c=0.0, d=0.0, e=0.0)
     w = workload([0.0] * 6, [4] * 6, [2] * 6)
     spec = FleetSpec(replicas=1, scheduler=_cfg(), mode="closed", concurrency=2)
-    res = simulate(w, spec, cost)
+    res = sim(w, spec, cost)
     # Two at a time, each taking 2 steps: issued at 0, 0, 2, 2, 4, 4.
     np.testing.assert_array_equal(res.arrival_s, [0, 0, 2, 2, 4, 4])
     np.testing.assert_array_equal(res.finish_s, [2, 2, 4, 4, 6, 6])
@@ -245,12 +259,14 @@ _EXAMPLES = int(os.environ.get("ROOFTRACE_HYPOTHESIS_EXAMPLES", "150"))
 
 @settings(max_examples=_EXAMPLES, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(_cases())
-def test_fast_equals_reference(case: tuple[Workload, FleetSpec, LinearCost]) -> None:
+def test_fast_and_jit_equal_reference(case: tuple[Workload, FleetSpec, LinearCost]) -> None:
     w, spec, cost = case
-    log = StepLog()
-    fast = simulate(w, spec, cost, log)
-    _assert_same(fast, simulate_reference(w, spec, cost))
-    check_invariants(w, spec, fast, log)
+    ref = simulate_reference(w, spec, cost)
+    for sim in ENGINES.values():
+        log = StepLog()
+        res = sim(w, spec, cost, log)
+        _assert_same(res, ref)
+        check_invariants(w, spec, res, log)
 
 
 def check_invariants(w: Workload, spec: FleetSpec, res: EngineResult, log: StepLog) -> None:

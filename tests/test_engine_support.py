@@ -8,6 +8,7 @@ easy: time = a + b·prefill_tokens + c·prefill_attn_pairs + d·decode_seqs + e�
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -23,12 +24,41 @@ class LinearCost:
     d: float = 1e-4
     e: float = 1e-7
 
+    @property
+    def kernel_args(self) -> tuple[Any, ...]:
+        """This cost as roofline._affine_rows' fixed arguments (what the jit engine evaluates): a
+        compute-only operator b·prefill_tokens + c·prefill_attn_pairs and a memory-only one
+        d·decode_seqs + e·decode_ctx_tokens at unit rates, no kernel floor, overhead a."""
+        fc = np.zeros((2, 7))
+        bc = np.zeros((2, 7))
+        fc[0, 1], fc[0, 3] = self.b, self.c  # columns: intercept, then the six StepBatch fields
+        bc[1, 5], bc[1, 6] = self.d, self.e
+        one = np.ones(2)
+        return (
+            fc,
+            bc,
+            np.zeros(2, np.bool_),  # no collectives
+            one,  # count
+            one,  # peak FLOP/s
+            np.array([True, False]),  # only operator 0 is compute-timed
+            one,  # bandwidth
+            np.zeros(2),  # collective calls
+            1.0,  # link bandwidth
+            0.0,  # link latency
+            0.0,  # kernel floor
+            self.a,  # per-step overhead
+            1.0,  # pipeline stages
+            1.0,  # peak FLOP/s per GPU (mfu)
+            1.0,  # bandwidth per GPU (mbu)
+        )
+
     def __call__(self, batch: StepBatch) -> StepCost:
         compute = self.b * batch.prefill_tokens + self.c * batch.prefill_attn_pairs
         memory = self.d * batch.decode_seqs + self.e * batch.decode_ctx_tokens
         overhead = np.full(batch.n, self.a)
-        time = overhead + compute + memory
         comm = np.zeros(batch.n)
+        # Summed in roofline._affine_rows' order so the jit engine (kernel_args) is bit-identical.
+        time = compute + memory + comm + overhead
         parts = np.stack([compute, memory, comm, overhead])
         return StepCost(
             time_s=time,

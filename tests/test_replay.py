@@ -11,17 +11,19 @@ import pyarrow.parquet as pq
 import pytest
 from click.testing import CliRunner
 from conftest import shared_path
-from test_engine import _assert_same, check_invariants
+from test_engine import ENGINES, _assert_same, check_invariants
 from test_engine_support import LinearCost
 
 from pipeline.cli import main
 from pipeline.engine.fast import simulate
+from pipeline.engine.jit import simulate_jit, unsupported_reason
 from pipeline.engine.model import FleetSpec
 from pipeline.engine.reference import simulate_reference
 from pipeline.engine.steplog import StepLog
 from pipeline.fleet import parse_fleet, resolve
 from pipeline.ingest import ingest_logs
-from pipeline.replay import ReplayOptions, build_workload, series_frames
+from pipeline.replay import ReplayOptions, build_workload, run_replay, series_frames
+from pipeline.roofline import fast_step_cost
 from pipeline.schemas import read_parquet, write_parquet
 from pipeline.store import Store
 
@@ -72,11 +74,13 @@ def test_azure_slice_fast_equals_reference(azure_conv: pl.DataFrame, router: str
     )
     work = build_workload(azure_conv.head(800), fleet, ReplayOptions(rate_scale=20.0))
     spec = FleetSpec(replicas=2, scheduler=fleet.scheduler, router=router)
-    log = StepLog()
-    fast = simulate(work, spec, REAL_COST, log)
-    _assert_same(fast, simulate_reference(work, spec, REAL_COST))
-    check_invariants(work, spec, fast, log)
-    assert fast.preemptions.sum() > 0, "the slice should exercise preemption"
+    ref = simulate_reference(work, spec, REAL_COST)
+    for sim in ENGINES.values():
+        log = StepLog()
+        res = sim(work, spec, REAL_COST, log)
+        _assert_same(res, ref)
+        check_invariants(work, spec, res, log)
+    assert ref.preemptions.sum() > 0, "the slice should exercise preemption"
 
 
 def test_mooncake_slice_with_prefix_chains(mooncake: pl.DataFrame) -> None:
@@ -97,13 +101,57 @@ def test_mooncake_slice_with_prefix_chains(mooncake: pl.DataFrame) -> None:
     work = build_workload(mooncake.head(120), fleet, ReplayOptions())
     assert work.chain_hashes.shape[0] > 0
     spec = FleetSpec(replicas=1, scheduler=fleet.scheduler)
-    log = StepLog()
-    fast = simulate(work, spec, REAL_COST, log)
-    _assert_same(fast, simulate_reference(work, spec, REAL_COST))
-    check_invariants(work, spec, fast, log)
-    ok = fast.reject_reason == 0
-    assert fast.cache_hit_tokens[ok].sum() > 0
-    assert (fast.reject_reason == 2).any()  # prompts beyond 64k tokens of KV
+    ref = simulate_reference(work, spec, REAL_COST)
+    for sim in ENGINES.values():
+        log = StepLog()
+        res = sim(work, spec, REAL_COST, log)
+        _assert_same(res, ref)
+        check_invariants(work, spec, res, log)
+    ok = ref.reject_reason == 0
+    assert ref.cache_hit_tokens[ok].sum() > 0
+    assert (ref.reject_reason == 2).any()  # prompts beyond 64k tokens of KV
+
+
+@pytest.mark.parametrize("router", ["least_outstanding", "prefix_affinity"])
+def test_jit_with_the_roofline_cost_is_the_fast_engine(mooncake: pl.DataFrame, router: str) -> None:
+    # The stage's configuration: roofline cost through its affine kernel, Mooncake's prefix
+    # chains (hits, evictions), 2 replicas. The jit engine evaluates the same kernel in its
+    # loop: every request's times must be the Python fast engine's, bit for bit, and run_replay
+    # must use it.
+    fleet = resolve(
+        parse_fleet(
+            {
+                "name": "t",
+                "model": "llama-3.1-8b",
+                "hardware": "h100-sxm",
+                "replicas": 2,
+                "router": router,
+                "engine": {"num_gpu_blocks_override": 3000, "max_model_len": 131072},
+            },
+            "t",
+        )
+    )
+    frame = mooncake.head(400)
+    options = ReplayOptions(rate_scale=4.0)
+    work = build_workload(frame, fleet, options)
+    spec = FleetSpec(replicas=2, scheduler=fleet.scheduler, router=router)
+    cost = fast_step_cost(fleet.deployment)
+    assert unsupported_reason(spec, cost) is None
+    fast_log = StepLog()
+    fast = simulate(work, spec, cost, fast_log)
+    run = run_replay(frame, fleet, options)
+    for name in ("first_token_s", "finish_s", "scheduled_s", "max_itl_s", "arrival_s"):
+        np.testing.assert_array_equal(getattr(run.result, name), getattr(fast, name), err_msg=name)
+    for name in ("replica", "preemptions", "cache_hit_tokens", "prefill_tokens", "reject_reason"):
+        np.testing.assert_array_equal(getattr(run.result, name), getattr(fast, name), err_msg=name)
+    check_invariants(work, spec, run.result, run.log)
+    # Same steps, grouped differently into spans: totals agree.
+    a, b = run.log.columns(), fast_log.columns()
+    for col in ("steps", "prefill_tokens", "decode_tokens"):
+        assert a[col].sum() == b[col].sum(), col
+    for col in ("flops", "bytes", "compute_s", "memory_s"):
+        assert a[col].sum() == pytest.approx(b[col].sum(), rel=1e-9), col
+    assert run.result.cache_hit_tokens.sum() > 0
 
 
 @pytest.mark.slow
@@ -117,8 +165,9 @@ def test_invariants_on_the_full_azure_trace(azure_conv: pl.DataFrame) -> None:
     work = build_workload(azure_conv, fleet, ReplayOptions(rate_scale=4.0))
     spec = FleetSpec(replicas=2, scheduler=fleet.scheduler, router="least_outstanding")
     log = StepLog()
-    res = simulate(work, spec, REAL_COST, log)
+    res = simulate_jit(work, spec, REAL_COST, log)
     check_invariants(work, spec, res, log)
+    _assert_same(res, simulate(work, spec, REAL_COST))
     assert np.all(res.reject_reason == 0)
     series = series_frames(log.columns(), fleet.scheduler.num_gpu_blocks)
     # Spreading spans over seconds conserves every token.

@@ -40,9 +40,9 @@ class StepLog:
             name: np.zeros(capacity, dtype) for name, dtype in SPAN_COLUMNS.items()
         }
 
-    def _grow(self) -> None:
+    def _grow(self, at_least: int = 0) -> None:
         for name, col in self._cols.items():
-            bigger = np.zeros(col.shape[0] * 2, col.dtype)
+            bigger = np.zeros(max(col.shape[0] * 2, at_least), col.dtype)
             bigger[: self.n] = col[: self.n]
             self._cols[name] = bigger
 
@@ -92,6 +92,16 @@ class StepLog:
             c["comm_s"][i] = cost.comm_s[:upto].sum()
             c["overhead_s"][i] = cost.overhead_s[:upto].sum()
         self.n += 1
+
+    def extend_rows(self, rows: npt.NDArray[np.float64]) -> None:
+        """Append rows given as a float64 matrix with one column per SPAN_COLUMNS entry, in that
+        order (what the jit engine writes; every integer it holds is exact in float64)."""
+        m = int(rows.shape[0])
+        if self.n + m > self._cols["replica"].shape[0]:
+            self._grow(self.n + m)
+        for j, col in enumerate(self._cols.values()):
+            col[self.n : self.n + m] = rows[:, j]
+        self.n += m
 
     def columns(self) -> dict[str, npt.NDArray[np.generic]]:
         """The logged rows, ordered by replica then start time."""

@@ -1,0 +1,696 @@
+"""numba kernels of the jit engine (pipeline/engine/jit.py). Imported only when that engine runs:
+importing this module imports numba and defines (lazily compiled, disk-cached) functions.
+
+The whole fleet runs in one compiled loop, step by step as the reference engine does (same order
+of operations, so the same floating-point results), with the scheduler state in arrays:
+
+- per request: computed / sampled tokens, blocks held, prefix blocks registered, slot;
+- per replica: the running list (admission order), the waiting queue (a ring buffer: preempted
+  requests go to its front), a block table per running slot, the KV block pool as vLLM's
+  (free queue = doubly linked list over block ids, in eviction order; reference counts), and the
+  prefix cache: an open-addressing table (linear probing, backward-shift deletion) from a block
+  hash to the list of blocks holding it, oldest first.
+
+Every step is priced by roofline._affine_rows (the AffineStepCost kernel) on one row.
+Semantics: docs/engine.md.
+"""
+
+from __future__ import annotations
+
+import numba
+import numpy as np
+
+from pipeline.roofline import _affine_rows
+
+_cost_rows = numba.njit(cache=True)(_affine_rows)
+
+_GOLDEN = np.uint64(0x9E3779B97F4A7C15)  # Fibonacci hashing multiplier (Knuth, TAOCP vol. 3 §6.4)
+_SHIFT = np.uint64(32)
+_INF = np.inf
+
+# Step-log columns (float64 matrix), in steplog.SPAN_COLUMNS order.
+LOG_COLS = 17
+
+
+@numba.njit(cache=True)
+def _home(h: np.uint64, mask: int) -> int:
+    return int((h * _GOLDEN) >> _SHIFT) & mask
+
+
+@numba.njit(cache=True)
+def _find(keys, used, mask, h):  # type: ignore[no-untyped-def]
+    i = _home(h, mask)
+    while used[i]:
+        if keys[i] == h:
+            return i
+        i = (i + 1) & mask
+    return -1
+
+
+@numba.njit(cache=True)
+def _delete(keys, used, hhead, htail, mask, i):  # type: ignore[no-untyped-def]
+    """Remove slot i of a linear-probing table by shifting later entries of its cluster back."""
+    used[i] = False
+    j = i
+    while True:
+        j = (j + 1) & mask
+        if not used[j]:
+            return
+        k = _home(keys[j], mask)
+        # Entry j may move to i unless its home lies cyclically in (i, j].
+        stays = i < k <= j if i <= j else k > i or k <= j
+        if stays:
+            continue
+        keys[i] = keys[j]
+        hhead[i] = hhead[j]
+        htail[i] = htail[j]
+        used[i] = True
+        used[j] = False
+        i = j
+
+
+@numba.njit(cache=True)
+def _uncache(r, b, bhash, hashed, hprev, hnext, keys, used, hhead, htail, mask):  # type: ignore[no-untyped-def]
+    """Drop block b's hash (b is being reused): unlink it from its hash's holders."""
+    e = _find(keys[r], used[r], mask, bhash[r, b])
+    p = hprev[r, b]
+    q = hnext[r, b]
+    if p >= 0:
+        hnext[r, p] = q
+    else:
+        hhead[r, e] = q
+    if q >= 0:
+        hprev[r, q] = p
+    else:
+        htail[r, e] = p
+    if hhead[r, e] < 0:
+        _delete(keys[r], used[r], hhead[r], htail[r], mask, e)
+    hashed[r, b] = False
+
+
+@numba.njit(cache=True)
+def _cache(r, b, h, bhash, hashed, hprev, hnext, keys, used, hhead, htail, mask):  # type: ignore[no-untyped-def]
+    """Give block b the hash h: append it to h's holders (a lookup takes the oldest)."""
+    i = _home(h, mask)
+    while used[r, i] and keys[r, i] != h:
+        i = (i + 1) & mask
+    if not used[r, i]:
+        used[r, i] = True
+        keys[r, i] = h
+        hhead[r, i] = -1
+        htail[r, i] = -1
+    t = htail[r, i]
+    hprev[r, b] = t
+    hnext[r, b] = -1
+    if t >= 0:
+        hnext[r, t] = b
+    else:
+        hhead[r, i] = b
+    htail[r, i] = b
+    bhash[r, b] = h
+    hashed[r, b] = True
+
+
+@numba.njit(cache=True)
+def run_fleet(  # type: ignore[no-untyped-def]
+    # workload
+    times,
+    prompt,
+    output,
+    chain_off,
+    chain,
+    aff_rep,
+    rejected,
+    # fleet
+    n_rep,
+    router,
+    closed,
+    concurrency,
+    capacity,
+    max_seqs,
+    budget_max,
+    bs,
+    chunked,
+    caching,
+    max_blocks,
+    table_size,
+    want_log,
+    # cost (roofline._affine_rows' fixed arguments)
+    fc,
+    bc,
+    comm_op,
+    count,
+    peak,
+    has_peak,
+    bw,
+    calls,
+    link,
+    latency,
+    min_kernel,
+    step_overhead,
+    pp,
+    peak_gpu,
+    bw_gpu,
+    # results (filled in)
+    res_arrival,
+    res_replica,
+    res_sched,
+    res_first,
+    res_finish,
+    res_itl,
+    res_preempt,
+    res_hit,
+    res_prefill,
+):
+    """Replay the whole fleet; returns the step log (rows × LOG_COLS) and its row count.
+
+    ``router``: 0 round robin, 1 least outstanding, 2 affinity (``aff_rep`` ≥ 0 names the
+    replica, −1 falls back to least outstanding). ``times`` are the arrival times (open loop;
+    zeros offline); with ``closed`` the first ``concurrency`` requests arrive at 0 and each
+    finish or rejection issues the next one.
+    """
+    n = prompt.shape[0]
+    R = n_rep
+    C = capacity
+    S = max_seqs
+    # -- per request
+    computed = np.zeros(n, np.int64)
+    gen = np.zeros(n, np.int64)
+    nblk = np.zeros(n, np.int64)
+    nreg = np.zeros(n, np.int64)
+    slot_of = np.full(n, -1, np.int64)
+    started = np.zeros(n, np.bool_)
+    last_tok = np.full(n, np.nan)
+    # -- per replica
+    clock = np.zeros(R)
+    ready = np.zeros(R)
+    nrun = np.zeros(R, np.int64)
+    running = np.zeros((R, S), np.int64)
+    slots_free = np.zeros((R, S), np.int64)
+    nslots = np.full(R, S, np.int64)
+    for r in range(R):
+        for s in range(S):
+            slots_free[r, s] = S - 1 - s
+    table = np.zeros((R, S, max_blocks), np.int32)
+    wcap = 64
+    wq = np.zeros((R, wcap), np.int64)
+    whead = np.zeros(R, np.int64)
+    wlen = np.zeros(R, np.int64)
+    routed = np.zeros(R, np.int64)
+    nfin = np.zeros(R, np.int64)
+    last_end = np.full(R, -_INF)
+    last_nfin = np.zeros(R, np.int64)
+    # KV pool: free queue as a doubly linked list in eviction order (head evicted first).
+    ref = np.zeros((R, C), np.int32)
+    fprev = np.zeros((R, C), np.int32)
+    fnext = np.zeros((R, C), np.int32)
+    fhead = np.zeros(R, np.int64)
+    ftail = np.full(R, C - 1, np.int64)
+    nfree = np.full(R, C, np.int64)
+    for r in range(R):
+        for b in range(C):
+            fprev[r, b] = b - 1
+            fnext[r, b] = b + 1 if b + 1 < C else -1
+    bhash = np.zeros((R, C), np.uint64)
+    hashed = np.zeros((R, C), np.bool_)
+    hprev = np.zeros((R, C), np.int32)
+    hnext = np.zeros((R, C), np.int32)
+    T = table_size
+    mask = T - 1
+    keys = np.zeros((R, T), np.uint64)
+    used = np.zeros((R, T), np.bool_)
+    hhead = np.zeros((R, T), np.int32)
+    htail = np.zeros((R, T), np.int32)
+    # -- step scratch
+    sched_rid = np.zeros(S, np.int64)
+    sched_n = np.zeros(S, np.int64)
+    fin = np.zeros(S, np.int64)
+    hits = np.zeros(max_blocks, np.int64)
+    x = np.zeros((1, 6))
+    out = np.zeros((9, 1))
+    binding = np.zeros(1, np.int8)
+    # -- step log
+    log_cap = 1024 if want_log else 1
+    log = np.zeros((log_cap, LOG_COLS))
+    nlog = 0
+    last_row = np.full(R, -1, np.int64)
+    # -- arrival events: open/offline in (time, index) order; closed loop as a binary heap
+    order = np.argsort(times, kind="mergesort")
+    ev_pos = 0
+    heap_t = np.zeros(max(concurrency, 1) + 1)
+    heap_s = np.zeros(max(concurrency, 1) + 1, np.int64)
+    heap_i = np.zeros(max(concurrency, 1) + 1, np.int64)
+    heap_n = 0
+    seq = 0
+    next_issue = 0
+    if closed:
+        while next_issue < min(concurrency, n):
+            heap_t[heap_n] = 0.0
+            heap_s[heap_n] = seq
+            heap_i[heap_n] = next_issue
+            heap_n += 1  # equal keys in seq order: already a heap
+            seq += 1
+            next_issue += 1
+    rr = 0
+
+    while True:
+        # The replica whose next step starts first (ties: lowest index).
+        first = -1
+        first_t = _INF
+        for r in range(R):
+            if nrun[r] > 0 or wlen[r] > 0:
+                s_r = max(clock[r], ready[r])
+                if s_r < first_t:
+                    first_t = s_r
+                    first = r
+        if closed:
+            has_ev = heap_n > 0
+            ev_t = heap_t[0] if has_ev else _INF
+        else:
+            has_ev = ev_pos < n
+            ev_t = times[order[ev_pos]] if has_ev else _INF
+        if has_ev and (first < 0 or ev_t <= first_t):
+            # -- an arrival
+            if closed:
+                i = heap_i[0]
+                heap_n -= 1
+                if heap_n > 0:  # sift the last entry down from the root
+                    lt, ls, li = heap_t[heap_n], heap_s[heap_n], heap_i[heap_n]
+                    p = 0
+                    while True:
+                        c = 2 * p + 1
+                        if c >= heap_n:
+                            break
+                        if c + 1 < heap_n and (
+                            heap_t[c + 1] < heap_t[c] or (heap_t[c + 1] == heap_t[c] and heap_s[c + 1] < heap_s[c])
+                        ):
+                            c += 1
+                        if heap_t[c] < lt or (heap_t[c] == lt and heap_s[c] < ls):
+                            heap_t[p], heap_s[p], heap_i[p] = heap_t[c], heap_s[c], heap_i[c]
+                            p = c
+                        else:
+                            break
+                    heap_t[p], heap_s[p], heap_i[p] = lt, ls, li
+            else:
+                i = order[ev_pos]
+                ev_pos += 1
+            t = ev_t
+            res_arrival[i] = t
+            if rejected[i]:
+                if closed and next_issue < n:
+                    # push (t, seq, next_issue)
+                    p = heap_n
+                    heap_n += 1
+                    while p > 0:
+                        q = (p - 1) // 2
+                        if heap_t[q] > t or (heap_t[q] == t and heap_s[q] > seq):
+                            heap_t[p], heap_s[p], heap_i[p] = heap_t[q], heap_s[q], heap_i[q]
+                            p = q
+                        else:
+                            break
+                    heap_t[p], heap_s[p], heap_i[p] = t, seq, next_issue
+                    seq += 1
+                    next_issue += 1
+                continue
+            if router == 0:
+                dest = rr % R
+            elif router == 2 and aff_rep[i] >= 0:
+                dest = aff_rep[i]
+            else:
+                dest = 0
+                best = -1
+                for r in range(R):
+                    # Finishes at or before t count as done; only a replica's latest step can
+                    # end after t (steps run in start order, every start so far is <= t).
+                    o = routed[r] - nfin[r]
+                    if last_end[r] > t:
+                        o += last_nfin[r]
+                    if best < 0 or o < best:
+                        best = o
+                        dest = r
+            rr += 1
+            res_replica[i] = dest
+            routed[dest] += 1
+            if t > ready[dest]:
+                ready[dest] = t
+            if wlen[dest] == wcap:
+                bigger = np.zeros((R, 2 * wcap), np.int64)
+                for r in range(R):
+                    for k in range(wlen[r]):
+                        bigger[r, k] = wq[r, (whead[r] + k) % wcap]
+                    whead[r] = 0
+                wq = bigger
+                wcap *= 2
+            wq[dest, (whead[dest] + wlen[dest]) % wcap] = i
+            wlen[dest] += 1
+            continue
+        if first < 0:
+            break
+
+        # -- one step of replica `first` (vLLM v1 schedule(), as reference.step)
+        r = first
+        now = first_t
+        clock[r] = now
+        budget = budget_max
+        nsched = 0
+        preempted = False
+        idx = 0
+        while idx < nrun[r] and budget > 0:
+            rid = running[r, idx]
+            ntok = prompt[rid] + gen[rid]
+            n_new = min(ntok - computed[rid], budget)
+            self_pre = False
+            while True:
+                tokens_after = computed[rid] + n_new
+                need = max(0, -(-tokens_after // bs) - nblk[rid])
+                if need <= nfree[r]:
+                    break
+                # Preempt the most recently admitted request (vLLM: self.running.pop()).
+                victim = running[r, nrun[r] - 1]
+                nrun[r] -= 1
+                vs = slot_of[victim]
+                for j in range(nblk[victim] - 1, -1, -1):
+                    b = table[r, vs, j]
+                    ref[r, b] -= 1
+                    if ref[r, b] == 0:
+                        t_ = ftail[r]
+                        fprev[r, b] = t_
+                        fnext[r, b] = -1
+                        if t_ >= 0:
+                            fnext[r, t_] = b
+                        else:
+                            fhead[r] = b
+                        ftail[r] = b
+                        nfree[r] += 1
+                nblk[victim] = 0
+                nreg[victim] = 0
+                slots_free[r, nslots[r]] = vs
+                nslots[r] += 1
+                slot_of[victim] = -1
+                computed[victim] = 0
+                res_preempt[victim] += 1
+                if wlen[r] == wcap:
+                    bigger = np.zeros((R, 2 * wcap), np.int64)
+                    for q in range(R):
+                        for k in range(wlen[q]):
+                            bigger[q, k] = wq[q, (whead[q] + k) % wcap]
+                        whead[q] = 0
+                    wq = bigger
+                    wcap *= 2
+                whead[r] = (whead[r] - 1) % wcap
+                wq[r, whead[r]] = victim
+                wlen[r] += 1
+                preempted = True
+                if victim == rid:
+                    self_pre = True
+                    break
+            if self_pre:
+                break
+            # allocate `need` blocks from the head of the free queue
+            s = slot_of[rid]
+            for _ in range(need):
+                b = fhead[r]
+                nx = fnext[r, b]
+                fhead[r] = nx
+                if nx >= 0:
+                    fprev[r, nx] = -1
+                else:
+                    ftail[r] = -1
+                nfree[r] -= 1
+                if hashed[r, b]:
+                    _uncache(r, b, bhash, hashed, hprev, hnext, keys, used, hhead, htail, mask)
+                ref[r, b] = 1
+                table[r, s, nblk[rid]] = b
+                nblk[rid] += 1
+            if caching:
+                target = min(min(tokens_after, ntok) // bs, chain_off[rid + 1] - chain_off[rid])
+                for j in range(nreg[rid], target):
+                    b = table[r, s, j]
+                    if not hashed[r, b]:
+                        _cache(
+                            r, b, chain[chain_off[rid] + j], bhash, hashed, hprev, hnext, keys, used, hhead, htail, mask
+                        )
+                if target > nreg[rid]:
+                    nreg[rid] = target
+            sched_rid[nsched] = rid
+            sched_n[nsched] = n_new
+            nsched += 1
+            budget -= n_new
+            idx += 1
+        if not preempted:
+            while wlen[r] > 0 and budget > 0 and nrun[r] < S:
+                rid = wq[r, whead[r]]
+                ntok = prompt[rid] + gen[rid]
+                nh = 0
+                if caching and computed[rid] == 0:
+                    lo = chain_off[rid]
+                    lim = min((ntok - 1) // bs, chain_off[rid + 1] - lo)
+                    for j in range(lim):
+                        e = _find(keys[r], used[r], mask, chain[lo + j])
+                        if e < 0:
+                            break
+                        hits[nh] = hhead[r, e]
+                        nh += 1
+                c0 = computed[rid] + nh * bs
+                n_new = ntok - c0
+                if not chunked and n_new > budget:
+                    break
+                n_new = min(n_new, budget)
+                tokens_after = c0 + n_new
+                need = max(0, -(-tokens_after // bs) - nblk[rid] - nh)
+                evictable = 0
+                for j in range(nh):
+                    if ref[r, hits[j]] == 0:
+                        evictable += 1
+                if need + evictable > nfree[r]:
+                    break
+                whead[r] = (whead[r] + 1) % wcap
+                wlen[r] -= 1
+                running[r, nrun[r]] = rid
+                nrun[r] += 1
+                nslots[r] -= 1
+                s = slots_free[r, nslots[r]]
+                slot_of[rid] = s
+                for j in range(nh):
+                    b = hits[j]
+                    if ref[r, b] == 0:  # unlink from the free queue
+                        p = fprev[r, b]
+                        q = fnext[r, b]
+                        if p >= 0:
+                            fnext[r, p] = q
+                        else:
+                            fhead[r] = q
+                        if q >= 0:
+                            fprev[r, q] = p
+                        else:
+                            ftail[r] = p
+                        nfree[r] -= 1
+                    ref[r, b] += 1
+                    table[r, s, nblk[rid]] = b
+                    nblk[rid] += 1
+                for _ in range(need):
+                    b = fhead[r]
+                    nx = fnext[r, b]
+                    fhead[r] = nx
+                    if nx >= 0:
+                        fprev[r, nx] = -1
+                    else:
+                        ftail[r] = -1
+                    nfree[r] -= 1
+                    if hashed[r, b]:
+                        _uncache(r, b, bhash, hashed, hprev, hnext, keys, used, hhead, htail, mask)
+                    ref[r, b] = 1
+                    table[r, s, nblk[rid]] = b
+                    nblk[rid] += 1
+                if caching:
+                    target = min(min(tokens_after, ntok) // bs, chain_off[rid + 1] - chain_off[rid])
+                    for j in range(nreg[rid], target):
+                        b = table[r, s, j]
+                        if not hashed[r, b]:
+                            _cache(
+                                r,
+                                b,
+                                chain[chain_off[rid] + j],
+                                bhash,
+                                hashed,
+                                hprev,
+                                hnext,
+                                keys,
+                                used,
+                                hhead,
+                                htail,
+                                mask,
+                            )
+                    if target > nreg[rid]:
+                        nreg[rid] = target
+                computed[rid] = c0
+                if not started[rid]:
+                    started[rid] = True
+                    res_sched[rid] = now
+                    res_hit[rid] = nh * bs
+                sched_rid[nsched] = rid
+                sched_n[nsched] = n_new
+                nsched += 1
+                budget -= n_new
+
+        # -- the step's shape and cost
+        p_tok = 0.0
+        p_seq = 0.0
+        p_pairs = 0.0
+        p_kv = 0.0
+        d_seq = 0.0
+        d_ctx = 0.0
+        for q in range(nsched):
+            rid = sched_rid[q]
+            nn = sched_n[q]
+            if nn == 1:
+                d_seq += 1
+                d_ctx += computed[rid] + 1
+            else:
+                p_tok += nn
+                p_seq += 1
+                p_pairs += nn * computed[rid] + nn * (nn + 1) / 2
+                p_kv += computed[rid] + nn
+        x[0, 0] = p_tok
+        x[0, 1] = p_seq
+        x[0, 2] = p_pairs
+        x[0, 3] = p_kv
+        x[0, 4] = d_seq
+        x[0, 5] = d_ctx
+        _cost_rows(
+            x,
+            fc,
+            bc,
+            comm_op,
+            count,
+            peak,
+            has_peak,
+            bw,
+            calls,
+            link,
+            latency,
+            min_kernel,
+            step_overhead,
+            pp,
+            peak_gpu,
+            bw_gpu,
+            out,
+            binding,
+        )
+        end = now + out[0, 0]
+        clock[r] = end
+        if want_log:
+            lr = last_row[r]
+            if (
+                p_tok == 0.0
+                and lr >= 0
+                and log[lr, 4] == 0.0
+                and log[lr, 6] == d_seq
+                and log[lr, 8] == nrun[r]
+                and log[lr, 9] == wlen[r]
+                and log[lr, 2] == now
+            ):
+                log[lr, 2] = end
+                log[lr, 3] += 1
+                log[lr, 7] += d_seq
+                log[lr, 10] = C - nfree[r]
+                log[lr, 11] += out[5, 0]
+                log[lr, 12] += out[6, 0]
+                log[lr, 13] += out[1, 0]
+                log[lr, 14] += out[2, 0]
+                log[lr, 15] += out[3, 0]
+                log[lr, 16] += out[4, 0]
+            else:
+                if nlog == log.shape[0]:
+                    bigger_log = np.zeros((2 * nlog, LOG_COLS))
+                    bigger_log[:nlog] = log
+                    log = bigger_log
+                row = log[nlog]
+                row[0] = r
+                row[1] = now
+                row[2] = end
+                row[3] = 1
+                row[4] = p_tok
+                row[5] = p_seq
+                row[6] = d_seq
+                row[7] = d_seq
+                row[8] = nrun[r]
+                row[9] = wlen[r]
+                row[10] = C - nfree[r]
+                row[11] = out[5, 0]
+                row[12] = out[6, 0]
+                row[13] = out[1, 0]
+                row[14] = out[2, 0]
+                row[15] = out[3, 0]
+                row[16] = out[4, 0]
+                last_row[r] = nlog
+                nlog += 1
+
+        # -- tokens in, tokens sampled, finishes
+        nf = 0
+        for q in range(nsched):
+            rid = sched_rid[q]
+            nn = sched_n[q]
+            res_prefill[rid] += nn
+            computed[rid] += nn
+            if computed[rid] == prompt[rid] + gen[rid]:
+                gen[rid] += 1
+                if gen[rid] == 1:
+                    res_first[rid] = end
+                else:
+                    gap = end - last_tok[rid]
+                    prev = res_itl[rid]
+                    res_itl[rid] = gap if np.isnan(prev) else max(prev, gap)
+                last_tok[rid] = end
+                if gen[rid] == output[rid]:
+                    res_finish[rid] = end
+                    res_prefill[rid] -= output[rid] - 1
+                    fin[nf] = rid
+                    nf += 1
+        if nf:
+            keep = 0
+            for q in range(nrun[r]):
+                rid = running[r, q]
+                if gen[rid] != output[rid]:
+                    running[r, keep] = rid
+                    keep += 1
+            nrun[r] = keep
+            for q in range(nf):
+                rid = fin[q]
+                vs = slot_of[rid]
+                for j in range(nblk[rid] - 1, -1, -1):
+                    b = table[r, vs, j]
+                    ref[r, b] -= 1
+                    if ref[r, b] == 0:
+                        t_ = ftail[r]
+                        fprev[r, b] = t_
+                        fnext[r, b] = -1
+                        if t_ >= 0:
+                            fnext[r, t_] = b
+                        else:
+                            fhead[r] = b
+                        ftail[r] = b
+                        nfree[r] += 1
+                nblk[rid] = 0
+                nreg[rid] = 0
+                slots_free[r, nslots[r]] = vs
+                nslots[r] += 1
+                slot_of[rid] = -1
+                if closed and next_issue < n:
+                    ft = end
+                    p = heap_n
+                    heap_n += 1
+                    while p > 0:
+                        q2 = (p - 1) // 2
+                        if heap_t[q2] > ft or (heap_t[q2] == ft and heap_s[q2] > seq):
+                            heap_t[p], heap_s[p], heap_i[p] = heap_t[q2], heap_s[q2], heap_i[q2]
+                            p = q2
+                        else:
+                            break
+                    heap_t[p], heap_s[p], heap_i[p] = ft, seq, next_issue
+                    seq += 1
+                    next_issue += 1
+            nfin[r] += nf
+        last_end[r] = end
+        last_nfin[r] = nf
+    return log, nlog
