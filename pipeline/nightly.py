@@ -1,4 +1,4 @@
-"""The nightly job: ingest -> classify -> replay -> warehouse -> report, and the reports index.
+"""The nightly job: ingest -> classify -> replay -> cost -> warehouse -> report, and the reports index.
 
 Safe to re-run (every stage is idempotent), one run at a time per store (the store lock), and a
 failing stage leaves what earlier stages wrote intact and is named in the error.
@@ -17,6 +17,7 @@ from typing import Any, TypeVar
 import altair as alt
 
 from pipeline.accounting import classify_tokens
+from pipeline.economics import run_cost
 from pipeline.errors import RooftraceError
 from pipeline.ingest import ingest_logs
 from pipeline.replay import ReplayOptions, replay
@@ -109,6 +110,7 @@ def nightly(
         day = date or (touched[-1] if touched else store.resolve_date(None))
         _stage("classify", timings, say, lambda: classify_tokens(store, day))
         result = _stage("replay", timings, say, lambda: replay(store, fleet, ReplayOptions(date=day), progress=say))
+        _stage("cost", timings, say, lambda: run_cost(store, result.run_id))
         _stage("warehouse", timings, say, lambda: build_warehouse(store))
         report = _stage(
             "report",

@@ -423,6 +423,86 @@ def _html_table(rows: Rows, limit: int = 200) -> str:
     return f"<table><tr>{head}</tr>{body}</table>"
 
 
+def _economics_sections(session: Session, run_id: str, charts: list[Chart]) -> list[tuple[str, str]]:
+    """API-equivalent cost and the GPU cost split of this run (written by `rooftrace cost`, which
+    the nightly job runs), and the latest capacity plan (`rooftrace plan`) when there is one."""
+    data = Datasets()
+    out: list[tuple[str, str]] = []
+    api = _rows(session.query("api_cost", {"subject": run_id}))
+    if api:
+        bars = [
+            {"what": f"{r['provider']} {r['api_model']}", "usd": r["api_usd"], "kind": "API list price"} for r in api
+        ] + [{"what": "self-hosted fleet", "usd": api[0]["self_host_usd"], "kind": "self-hosted"}]
+        spec = data.spec(
+            alt.Chart(data(bars))
+            .mark_bar()
+            .encode(
+                y=alt.Y("what:N", title=None, sort="x"),
+                x=alt.X("usd:Q", title="US$ over the replayed period"),
+                color=alt.Color("kind:N", title=None),
+            )
+            .properties(width=640)
+        )
+        charts.append(
+            Chart(
+                "api_cost",
+                "API-equivalent cost vs the self-hosted fleet (US$, same traffic and period)",
+                "API: fresh input at the input price, cache hits at the cached-input price, cache writes "
+                "and output at theirs (dated price tables); self-hosted: GPU-hours x $/GPU-hour.",
+                spec,
+            )
+        )
+        keep: tuple[str, ...] = (
+            "provider",
+            "api_model",
+            "price_date",
+            "api_usd",
+            "self_host_usd",
+            "self_host_to_api_ratio",
+        )
+        out.append(("API-equivalent cost (US$)", _html_table([{k: r[k] for k in keep} for r in api])))
+    split = _rows(session.query("api_cost_gpu_split", {"subject": run_id}))
+    if split:
+        keep = ("token_class", "tokens", "busy_share", "busy_usd", "all_in_usd", "all_in_usd_per_million_tokens")
+        out.append(("GPU cost by token class (US$)", _html_table([{k: r[k] for k in keep} for r in split])))
+    plan = _rows(session.query("plan", {}))
+    if plan:
+        points = [
+            {
+                "config": r["config"],
+                "usd_per_day": r["usd_per_day"],
+                "ttft_p99_s": r["ttft_p99_s"],
+                "pareto": r["pareto"],
+            }
+            for r in plan
+            if r["usd_per_day"] is not None and r["ttft_p99_s"] is not None
+        ]
+        if points:
+            spec = data.spec(
+                alt.Chart(data(points))
+                .mark_point(filled=True, size=90)
+                .encode(
+                    x=alt.X("usd_per_day:Q", title="fleet $/day"),
+                    y=alt.Y("ttft_p99_s:Q", title="p99 TTFT (s)"),
+                    color=alt.Color("pareto:N", title="Pareto front"),
+                    tooltip=["config:N", "usd_per_day:Q", "ttft_p99_s:Q"],
+                )
+                .properties(width=640)
+            )
+            charts.append(
+                Chart(
+                    "plan_pareto",
+                    f"Capacity plan {plan[0]['plan_id']}: cost vs p99 TTFT of each configuration",
+                    "Each point is the minimum replica count of one hardware x TP x precision that meets the "
+                    f"SLO ({plan[0]['slo']}) on the replayed window; Pareto points are not beaten on both axes.",
+                    spec,
+                )
+            )
+        keep = ("rank", "config", "gpus", "replicas", "ttft_p99_s", "tpot_p99_s", "binding", "usd_per_day", "note")
+        out.append(("Capacity plan (cheapest first)", _html_table([{k: r[k] for k in keep} for r in plan])))
+    return out
+
+
 def render_html(
     title: str,
     subtitle: str,
@@ -502,6 +582,7 @@ def build_report(
         ("KV memory", _html_table(q("kv_memory"))),
         ("Binding resource shares", _html_table(q("binding_shares"))),
         ("Cost", _html_table(q("cost"))),
+        *_economics_sections(session, run_id, charts),
         ("Ingest accounting", _html_table(q("ingest_accounting"))),
         ("Run config", f"<pre>{html.escape(json.dumps(config, indent=2, sort_keys=True, default=str))}</pre>"),
     ]

@@ -37,8 +37,10 @@ def test_nightly_end_to_end_and_rerun_is_identical(logs: Path, tmp_path: Path) -
     assert first.date == "2025-02-01"
     assert first.report == reports / "2025-02-01" / "index.html" and first.report.exists()
     assert (reports / "index.html").exists()
-    assert set(first.stages) == {"ingest", "classify", "replay", "warehouse", "report", "index"}
+    assert set(first.stages) == {"ingest", "classify", "replay", "cost", "warehouse", "report", "index"}
     assert first.headline["requests"] == 250
+    page = first.report.read_text()
+    assert "API-equivalent cost" in page and "GPU cost by token class" in page  # the cost stage's tables
     parquet = _digest(store.root, "**/*.parquet")
     second = nightly([logs], FLEET, store, reports_dir=reports)
     assert second.run_id == first.run_id
