@@ -124,3 +124,25 @@ def test_efficiency_factors_flow_through() -> None:
     assert isinstance(fast, AffineStepCost)
     _assert_close(step_cost(slow, batch), fast(batch))
     assert np.all(fast(batch).time_s >= fast_step_cost(dep)(batch).time_s)
+
+
+@pytest.mark.parametrize(
+    "dep",
+    [d for d in _deployments() if not d.model.is_moe][::3],
+    ids=lambda d: f"{d.model.name}-{d.hardware.name}-tp{d.tp}",
+)
+def test_jit_engine_row_cost_is_the_affine_kernel(dep: Deployment) -> None:
+    # The jit engine prices each step with its own one-row copy of the affine kernel (zero
+    # fields skipped): it must return the kernel's numbers exactly, on every engine step shape.
+    from pipeline.engine import _jit_kernels
+
+    fast = fast_step_cost(dep)
+    assert isinstance(fast, AffineStepCost) and fast.kernel_args is not None
+    batch = affine_check_batch(n=256, seed=11)
+    want = fast(batch)
+    out = np.zeros(7)
+    for r in range(batch.n):
+        x = np.array([getattr(batch, f)[r] for f in list(StepBatch.__dataclass_fields__)[:6]])
+        _jit_kernels._row_cost(x, *fast.kernel_args, out)
+        got = (want.time_s, want.compute_s, want.memory_s, want.comm_s, want.overhead_s, want.flops, want.bytes)
+        assert out.tolist() == [float(g[r]) for g in got]

@@ -11,7 +11,7 @@ of operations, so the same floating-point results), with the scheduler state in 
   prefix cache: an open-addressing table (linear probing, backward-shift deletion) from a block
   hash to the list of blocks holding it, oldest first.
 
-Every step is priced by roofline._affine_rows (the AffineStepCost kernel) on one row.
+Every step is priced by _row_cost: roofline._affine_rows (the AffineStepCost kernel) on one row.
 Semantics: docs/engine.md.
 """
 
@@ -20,16 +20,73 @@ from __future__ import annotations
 import numba
 import numpy as np
 
-from pipeline.roofline import _affine_rows
-
-_cost_rows = numba.njit(cache=True)(_affine_rows)
-
 _GOLDEN = np.uint64(0x9E3779B97F4A7C15)  # Fibonacci hashing multiplier (Knuth, TAOCP vol. 3 §6.4)
 _SHIFT = np.uint64(32)
 _INF = np.inf
 
 # Step-log columns (float64 matrix), in steplog.SPAN_COLUMNS order.
 LOG_COLS = 17
+
+
+@numba.njit(cache=True, inline="always")
+def _row_cost(  # type: ignore[no-untyped-def]
+    x,
+    fc,
+    bc,
+    comm_op,
+    count,
+    peak,
+    has_peak,
+    bw,
+    calls,
+    link,
+    latency,
+    min_kernel,
+    step_overhead,
+    pp,
+    peak_gpu,
+    bw_gpu,
+    out,
+):
+    """roofline._affine_rows on the single row ``x`` (6 fields) into out[0:7] = time, compute,
+    memory, comm, overhead, flops, bytes — the same operations in the same order, except that
+    terms with a zero field are skipped: adding the +0.0 they contribute changes no finite sum,
+    so the results are the same numbers while a decode step does 2 products per operator, not 6."""
+    compute = 0.0
+    memory = 0.0
+    comm = 0.0
+    floors = 0.0
+    flops_sum = 0.0
+    bytes_sum = 0.0
+    for i in range(fc.shape[0]):
+        f = fc[i, 0]
+        b = bc[i, 0]
+        for j in range(6):
+            if x[j] != 0.0:
+                f += fc[i, j + 1] * x[j]
+                b += bc[i, j + 1] * x[j]
+        if comm_op[i]:
+            comm += count[i] * (b / link + calls[i] * latency)
+            continue
+        t_c = f / peak[i] if has_peak[i] else 0.0
+        t_m = b / bw[i]
+        floor = min_kernel if (f > 0 or b > 0) else 0.0
+        if floor > max(t_c, t_m):
+            floors += count[i] * floor
+        elif t_c > t_m:
+            compute += count[i] * t_c
+        else:
+            memory += count[i] * t_m
+        flops_sum += count[i] * f
+        bytes_sum += count[i] * b
+    overhead = step_overhead + floors
+    out[0] = compute + memory + comm + overhead
+    out[1] = compute
+    out[2] = memory
+    out[3] = comm
+    out[4] = overhead
+    out[5] = flops_sum / pp
+    out[6] = bytes_sum / pp
 
 
 @numba.njit(cache=True)
@@ -112,6 +169,83 @@ def _cache(r, b, h, bhash, hashed, hprev, hnext, keys, used, hhead, htail, mask)
 
 
 @numba.njit(cache=True)
+def _grow(log):  # type: ignore[no-untyped-def]
+    bigger = np.zeros((2 * log.shape[0], LOG_COLS))
+    bigger[: log.shape[0]] = log
+    return bigger
+
+
+@numba.njit(cache=True)
+def _log_span(  # type: ignore[no-untyped-def]
+    log,
+    nlog,
+    last_row,
+    r,
+    start,
+    end,
+    steps,
+    p_tok,
+    p_seq,
+    d_seq,
+    running,
+    waiting,
+    kv_used,
+    flops,
+    nbytes,
+    compute,
+    memory,
+    comm,
+    overhead,
+):
+    """Append a span of ``steps`` identical-batch steps to the log, or extend the replica's
+    latest row when this continues it (decode only, same batch and queue, no gap). The caller
+    makes room for one more row."""
+    lr = last_row[r]
+    if (
+        p_tok == 0.0
+        and lr >= 0
+        and log[lr, 4] == 0.0
+        and log[lr, 6] == d_seq
+        and log[lr, 8] == running
+        and log[lr, 9] == waiting
+        and log[lr, 2] == start
+    ):
+        row = log[lr]
+        row[2] = end
+        row[3] += steps
+        row[7] += d_seq * steps
+        row[10] = kv_used
+    else:
+        row = log[nlog]
+        row[0] = r
+        row[1] = start
+        row[2] = end
+        row[3] = steps
+        row[4] = p_tok
+        row[5] = p_seq
+        row[6] = d_seq
+        row[7] = d_seq * steps
+        row[8] = running
+        row[9] = waiting
+        row[10] = kv_used
+        row[11] = 0.0
+        row[12] = 0.0
+        row[13] = 0.0
+        row[14] = 0.0
+        row[15] = 0.0
+        row[16] = 0.0
+        last_row[r] = nlog
+        nlog += 1
+    row[11] += flops
+    row[12] += nbytes
+    row[13] += compute
+    row[14] += memory
+    row[15] += comm
+    row[16] += overhead
+    return nlog
+
+
+@numba.njit(cache=True)
 def run_fleet(  # type: ignore[no-untyped-def]
     # workload
     times,
@@ -191,7 +325,10 @@ def run_fleet(  # type: ignore[no-untyped-def]
     for r in range(R):
         for s in range(S):
             slots_free[r, s] = S - 1 - s
-    table = np.zeros((R, S, max_blocks), np.int32)
+    # Block ids are tracked only with prefix caching: without hashes blocks are interchangeable
+    # and counts say everything (no block table, no free queue).
+    Cp = C if caching else 1
+    table = np.zeros((R, S, max_blocks if caching else 1), np.int32)
     wcap = 64
     wq = np.zeros((R, wcap), np.int64)
     whead = np.zeros(R, np.int64)
@@ -201,20 +338,20 @@ def run_fleet(  # type: ignore[no-untyped-def]
     last_end = np.full(R, -_INF)
     last_nfin = np.zeros(R, np.int64)
     # KV pool: free queue as a doubly linked list in eviction order (head evicted first).
-    ref = np.zeros((R, C), np.int32)
-    fprev = np.zeros((R, C), np.int32)
-    fnext = np.zeros((R, C), np.int32)
+    ref = np.zeros((R, Cp), np.int32)
+    fprev = np.zeros((R, Cp), np.int32)
+    fnext = np.zeros((R, Cp), np.int32)
     fhead = np.zeros(R, np.int64)
     ftail = np.full(R, C - 1, np.int64)
     nfree = np.full(R, C, np.int64)
     for r in range(R):
-        for b in range(C):
+        for b in range(Cp):
             fprev[r, b] = b - 1
             fnext[r, b] = b + 1 if b + 1 < C else -1
-    bhash = np.zeros((R, C), np.uint64)
-    hashed = np.zeros((R, C), np.bool_)
-    hprev = np.zeros((R, C), np.int32)
-    hnext = np.zeros((R, C), np.int32)
+    bhash = np.zeros((R, Cp), np.uint64)
+    hashed = np.zeros((R, Cp), np.bool_)
+    hprev = np.zeros((R, Cp), np.int32)
+    hnext = np.zeros((R, Cp), np.int32)
     T = table_size
     mask = T - 1
     keys = np.zeros((R, T), np.uint64)
@@ -226,9 +363,13 @@ def run_fleet(  # type: ignore[no-untyped-def]
     sched_n = np.zeros(S, np.int64)
     fin = np.zeros(S, np.int64)
     hits = np.zeros(max_blocks, np.int64)
-    x = np.zeros((1, 6))
-    out = np.zeros((9, 1))
-    binding = np.zeros(1, np.int8)
+    x = np.zeros(6)
+    out = np.zeros(7)
+    bstart = np.zeros(bs + 1, np.int64)
+    bfill = np.zeros(bs, np.int64)
+    bphase = np.zeros(S, np.int64)
+    bitems = np.zeros(S, np.int64)
+    sums = np.zeros(6)
     # -- step log
     log_cap = 1024 if want_log else 1
     log = np.zeros((log_cap, LOG_COLS))
@@ -252,17 +393,53 @@ def run_fleet(  # type: ignore[no-untyped-def]
             seq += 1
             next_issue += 1
     rr = 0
+    # Static routing (round robin, or affinity with a key for every request, open or offline):
+    # each replica's own arrival times, in event order.
+    static = False
+    if not closed:
+        static = router == 0
+        if router == 2:
+            static = True
+            for i in range(n):
+                if not rejected[i] and aff_rep[i] < 0:
+                    static = False
+    own_start = np.zeros(R + 1, np.int64)
+    own_ptr = np.zeros(R, np.int64)
+    own_t = np.zeros(n if static else 1)
+    if static:
+        k_acc = 0
+        for q in range(n):
+            i = order[q]
+            if not rejected[i]:
+                d = k_acc % R if router == 0 else aff_rep[i]
+                own_start[d + 1] += 1
+                k_acc += 1
+        for d in range(R):
+            own_start[d + 1] += own_start[d]
+        fill = own_start[:R].copy()
+        k_acc = 0
+        for q in range(n):
+            i = order[q]
+            if not rejected[i]:
+                d = k_acc % R if router == 0 else aff_rep[i]
+                own_t[fill[d]] = times[i]
+                fill[d] += 1
+                k_acc += 1
 
     while True:
         # The replica whose next step starts first (ties: lowest index).
         first = -1
         first_t = _INF
+        second_t = _INF  # the next start of any other busy replica
         for r in range(R):
             if nrun[r] > 0 or wlen[r] > 0:
                 s_r = max(clock[r], ready[r])
                 if s_r < first_t:
+                    second_t = first_t
                     first_t = s_r
                     first = r
+                elif s_r < second_t:
+                    second_t = s_r
         if closed:
             has_ev = heap_n > 0
             ev_t = heap_t[0] if has_ev else _INF
@@ -330,6 +507,8 @@ def run_fleet(  # type: ignore[no-untyped-def]
                         dest = r
             rr += 1
             res_replica[i] = dest
+            if static:
+                own_ptr[dest] += 1
             routed[dest] += 1
             if t > ready[dest]:
                 ready[dest] = t
@@ -347,8 +526,207 @@ def run_fleet(  # type: ignore[no-untyped-def]
         if first < 0:
             break
 
-        # -- one step of replica `first` (vLLM v1 schedule(), as reference.step)
+        # -- a span of decode steps of replica `first`, when the next steps are ones where every
+        # running request decodes one token, nobody is admitted, finishes or is preempted.
+        # Steps start before the next arrival (and, in closed loop, before any other replica's
+        # next step, whose finishes issue arrivals), so no event is passed.
         r = first
+        if closed:
+            limit = min(ev_t, second_t)
+        elif static:
+            # Routing ignores replica state: only this replica's own next arrival matters.
+            limit = own_t[own_start[r] + own_ptr[r]] if own_ptr[r] < own_start[r + 1] - own_start[r] else _INF
+        else:
+            limit = ev_t
+        nr = nrun[r]
+        if nr > 0 and first_t < limit:
+            k_max = -1
+            c_sum = 0.0
+            for q in range(nr):
+                rid = running[r, q]
+                left = output[rid] - gen[rid]
+                if prompt[rid] + gen[rid] - computed[rid] != 1:
+                    k_max = 0
+                    break
+                c_sum += computed[rid]
+                if k_max < 0 or left - 1 < k_max:
+                    k_max = left - 1  # the step that finishes a request is a general one
+            if k_max > 0:
+                # Buckets of running positions by the step phase at which they open a block.
+                for p in range(bs + 1):
+                    bstart[p] = 0
+                for q in range(nr):
+                    ph = (bs - computed[running[r, q]] % bs) % bs
+                    bphase[q] = ph
+                    bstart[ph + 1] += 1
+                for p in range(bs):
+                    bstart[p + 1] += bstart[p]
+                for p in range(bs):
+                    bfill[p] = bstart[p]
+                for q in range(nr):
+                    ph = bphase[q]
+                    bitems[bfill[ph]] = q
+                    bfill[ph] += 1
+                # The waiting head must stay blocked for the whole span.
+                stable = wlen[r] == 0 or nr >= S or budget_max - nr <= 0
+                if not stable and not caching:
+                    hd = wq[r, whead[r]]
+                    h_new = prompt[hd] + gen[hd] - computed[hd]
+                    if not chunked and h_new > budget_max - nr:
+                        stable = True
+                    else:
+                        h_new = min(h_new, budget_max - nr)
+                        h_need = max(0, -(-(computed[hd] + h_new) // bs) - nblk[hd])
+                        # nfree only falls during a span: blocked after step 0, blocked after all
+                        stable = h_need > nfree[r] - (bstart[1] - bstart[0])
+                if not stable:
+                    k_max = 0
+            if k_max > 0:
+                now = first_t
+                m = 0
+                ph_alloc = 0
+                sums[:] = 0.0
+                max_gap = -_INF
+                end0 = now
+                while m < k_max and now < limit:
+                    a0 = bstart[ph_alloc]
+                    a1 = bstart[ph_alloc + 1]
+                    if a1 - a0 > nfree[r]:
+                        break  # an allocation fails: the general step preempts
+                    if not caching:
+                        nfree[r] -= a1 - a0
+                        for u in range(a0, a1):
+                            nblk[running[r, bitems[u]]] += 1
+                    else:
+                        for u in range(a0, a1):
+                            rid = running[r, bitems[u]]
+                            s_ = slot_of[rid]
+                            b = fhead[r]
+                            nx = fnext[r, b]
+                            fhead[r] = nx
+                            if nx >= 0:
+                                fprev[r, nx] = -1
+                            else:
+                                ftail[r] = -1
+                            nfree[r] -= 1
+                            if hashed[r, b]:
+                                _uncache(r, b, bhash, hashed, hprev, hnext, keys, used, hhead, htail, mask)
+                            ref[r, b] = 1
+                            table[r, s_, nblk[rid]] = b
+                            nblk[rid] += 1
+                    ph_fill = ph_alloc + 1 if ph_alloc + 1 < bs else 0
+                    if caching:
+                        # Blocks that are full once this step has run get their hashes.
+                        for u in range(bstart[ph_fill], bstart[ph_fill + 1]):
+                            rid = running[r, bitems[u]]
+                            s_ = slot_of[rid]
+                            target = min((computed[rid] + m + 1) // bs, chain_off[rid + 1] - chain_off[rid])
+                            for j in range(nreg[rid], target):
+                                b = table[r, s_, j]
+                                if not hashed[r, b]:
+                                    _cache(
+                                        r,
+                                        b,
+                                        chain[chain_off[rid] + j],
+                                        bhash,
+                                        hashed,
+                                        hprev,
+                                        hnext,
+                                        keys,
+                                        used,
+                                        hhead,
+                                        htail,
+                                        mask,
+                                    )
+                            if target > nreg[rid]:
+                                nreg[rid] = target
+                    x[0] = 0.0
+                    x[1] = 0.0
+                    x[2] = 0.0
+                    x[3] = 0.0
+                    x[4] = float(nr)
+                    x[5] = c_sum + nr * (m + 1)
+                    _row_cost(
+                        x,
+                        fc,
+                        bc,
+                        comm_op,
+                        count,
+                        peak,
+                        has_peak,
+                        bw,
+                        calls,
+                        link,
+                        latency,
+                        min_kernel,
+                        step_overhead,
+                        pp,
+                        peak_gpu,
+                        bw_gpu,
+                        out,
+                    )
+                    end = now + out[0]
+                    if m == 0:
+                        end0 = end
+                    else:
+                        gap = end - now
+                        if gap > max_gap:
+                            max_gap = gap
+                    sums[0] += out[5]
+                    sums[1] += out[6]
+                    sums[2] += out[1]
+                    sums[3] += out[2]
+                    sums[4] += out[3]
+                    sums[5] += out[4]
+                    now = end
+                    m += 1
+                    ph_alloc = ph_fill
+                if m > 0:
+                    span_start = first_t
+                    for q in range(nr):
+                        rid = running[r, q]
+                        res_prefill[rid] += m
+                        computed[rid] += m
+                        if gen[rid] == 0:
+                            res_first[rid] = end0
+                            g = max_gap
+                        else:
+                            g = max(end0 - last_tok[rid], max_gap)
+                        gen[rid] += m
+                        if g > -_INF:
+                            prev = res_itl[rid]
+                            res_itl[rid] = g if np.isnan(prev) else max(prev, g)
+                        last_tok[rid] = now
+                    clock[r] = now
+                    last_end[r] = now
+                    last_nfin[r] = 0
+                    if want_log:
+                        if nlog == log.shape[0]:
+                            log = _grow(log)
+                        nlog = _log_span(
+                            log,
+                            nlog,
+                            last_row,
+                            r,
+                            span_start,
+                            now,
+                            m,
+                            0.0,
+                            0.0,
+                            float(nr),
+                            nr,
+                            wlen[r],
+                            C - nfree[r],
+                            sums[0],
+                            sums[1],
+                            sums[2],
+                            sums[3],
+                            sums[4],
+                            sums[5],
+                        )
+                    continue
+
+        # -- one step of replica `first` (vLLM v1 schedule(), as reference.step)
         now = first_t
         clock[r] = now
         budget = budget_max
@@ -369,19 +747,22 @@ def run_fleet(  # type: ignore[no-untyped-def]
                 victim = running[r, nrun[r] - 1]
                 nrun[r] -= 1
                 vs = slot_of[victim]
-                for j in range(nblk[victim] - 1, -1, -1):
-                    b = table[r, vs, j]
-                    ref[r, b] -= 1
-                    if ref[r, b] == 0:
-                        t_ = ftail[r]
-                        fprev[r, b] = t_
-                        fnext[r, b] = -1
-                        if t_ >= 0:
-                            fnext[r, t_] = b
-                        else:
-                            fhead[r] = b
-                        ftail[r] = b
-                        nfree[r] += 1
+                if not caching:
+                    nfree[r] += nblk[victim]
+                else:
+                    for j in range(nblk[victim] - 1, -1, -1):
+                        b = table[r, vs, j]
+                        ref[r, b] -= 1
+                        if ref[r, b] == 0:
+                            t_ = ftail[r]
+                            fprev[r, b] = t_
+                            fnext[r, b] = -1
+                            if t_ >= 0:
+                                fnext[r, t_] = b
+                            else:
+                                fhead[r] = b
+                            ftail[r] = b
+                            nfree[r] += 1
                 nblk[victim] = 0
                 nreg[victim] = 0
                 slots_free[r, nslots[r]] = vs
@@ -408,20 +789,24 @@ def run_fleet(  # type: ignore[no-untyped-def]
                 break
             # allocate `need` blocks from the head of the free queue
             s = slot_of[rid]
-            for _ in range(need):
-                b = fhead[r]
-                nx = fnext[r, b]
-                fhead[r] = nx
-                if nx >= 0:
-                    fprev[r, nx] = -1
-                else:
-                    ftail[r] = -1
-                nfree[r] -= 1
-                if hashed[r, b]:
-                    _uncache(r, b, bhash, hashed, hprev, hnext, keys, used, hhead, htail, mask)
-                ref[r, b] = 1
-                table[r, s, nblk[rid]] = b
-                nblk[rid] += 1
+            if not caching:  # unhashed blocks are interchangeable: count them
+                nfree[r] -= need
+                nblk[rid] += need
+            else:
+                for _ in range(need):
+                    b = fhead[r]
+                    nx = fnext[r, b]
+                    fhead[r] = nx
+                    if nx >= 0:
+                        fprev[r, nx] = -1
+                    else:
+                        ftail[r] = -1
+                    nfree[r] -= 1
+                    if hashed[r, b]:
+                        _uncache(r, b, bhash, hashed, hprev, hnext, keys, used, hhead, htail, mask)
+                    ref[r, b] = 1
+                    table[r, s, nblk[rid]] = b
+                    nblk[rid] += 1
             if caching:
                 target = min(min(tokens_after, ntok) // bs, chain_off[rid + 1] - chain_off[rid])
                 for j in range(nreg[rid], target):
@@ -488,20 +873,24 @@ def run_fleet(  # type: ignore[no-untyped-def]
                     ref[r, b] += 1
                     table[r, s, nblk[rid]] = b
                     nblk[rid] += 1
-                for _ in range(need):
-                    b = fhead[r]
-                    nx = fnext[r, b]
-                    fhead[r] = nx
-                    if nx >= 0:
-                        fprev[r, nx] = -1
-                    else:
-                        ftail[r] = -1
-                    nfree[r] -= 1
-                    if hashed[r, b]:
-                        _uncache(r, b, bhash, hashed, hprev, hnext, keys, used, hhead, htail, mask)
-                    ref[r, b] = 1
-                    table[r, s, nblk[rid]] = b
-                    nblk[rid] += 1
+                if not caching:  # unhashed blocks are interchangeable: count them
+                    nfree[r] -= need
+                    nblk[rid] += need
+                else:
+                    for _ in range(need):
+                        b = fhead[r]
+                        nx = fnext[r, b]
+                        fhead[r] = nx
+                        if nx >= 0:
+                            fprev[r, nx] = -1
+                        else:
+                            ftail[r] = -1
+                        nfree[r] -= 1
+                        if hashed[r, b]:
+                            _uncache(r, b, bhash, hashed, hprev, hnext, keys, used, hhead, htail, mask)
+                        ref[r, b] = 1
+                        table[r, s, nblk[rid]] = b
+                        nblk[rid] += 1
                 if caching:
                     target = min(min(tokens_after, ntok) // bs, chain_off[rid + 1] - chain_off[rid])
                     for j in range(nreg[rid], target):
@@ -551,13 +940,13 @@ def run_fleet(  # type: ignore[no-untyped-def]
                 p_seq += 1
                 p_pairs += nn * computed[rid] + nn * (nn + 1) / 2
                 p_kv += computed[rid] + nn
-        x[0, 0] = p_tok
-        x[0, 1] = p_seq
-        x[0, 2] = p_pairs
-        x[0, 3] = p_kv
-        x[0, 4] = d_seq
-        x[0, 5] = d_ctx
-        _cost_rows(
+        x[0] = p_tok
+        x[1] = p_seq
+        x[2] = p_pairs
+        x[3] = p_kv
+        x[4] = d_seq
+        x[5] = d_ctx
+        _row_cost(
             x,
             fc,
             bc,
@@ -575,56 +964,33 @@ def run_fleet(  # type: ignore[no-untyped-def]
             peak_gpu,
             bw_gpu,
             out,
-            binding,
         )
-        end = now + out[0, 0]
+        end = now + out[0]
         clock[r] = end
         if want_log:
-            lr = last_row[r]
-            if (
-                p_tok == 0.0
-                and lr >= 0
-                and log[lr, 4] == 0.0
-                and log[lr, 6] == d_seq
-                and log[lr, 8] == nrun[r]
-                and log[lr, 9] == wlen[r]
-                and log[lr, 2] == now
-            ):
-                log[lr, 2] = end
-                log[lr, 3] += 1
-                log[lr, 7] += d_seq
-                log[lr, 10] = C - nfree[r]
-                log[lr, 11] += out[5, 0]
-                log[lr, 12] += out[6, 0]
-                log[lr, 13] += out[1, 0]
-                log[lr, 14] += out[2, 0]
-                log[lr, 15] += out[3, 0]
-                log[lr, 16] += out[4, 0]
-            else:
-                if nlog == log.shape[0]:
-                    bigger_log = np.zeros((2 * nlog, LOG_COLS))
-                    bigger_log[:nlog] = log
-                    log = bigger_log
-                row = log[nlog]
-                row[0] = r
-                row[1] = now
-                row[2] = end
-                row[3] = 1
-                row[4] = p_tok
-                row[5] = p_seq
-                row[6] = d_seq
-                row[7] = d_seq
-                row[8] = nrun[r]
-                row[9] = wlen[r]
-                row[10] = C - nfree[r]
-                row[11] = out[5, 0]
-                row[12] = out[6, 0]
-                row[13] = out[1, 0]
-                row[14] = out[2, 0]
-                row[15] = out[3, 0]
-                row[16] = out[4, 0]
-                last_row[r] = nlog
-                nlog += 1
+            if nlog == log.shape[0]:
+                log = _grow(log)
+            nlog = _log_span(
+                log,
+                nlog,
+                last_row,
+                r,
+                now,
+                end,
+                1,
+                p_tok,
+                p_seq,
+                d_seq,
+                nrun[r],
+                wlen[r],
+                C - nfree[r],
+                out[5],
+                out[6],
+                out[1],
+                out[2],
+                out[3],
+                out[4],
+            )
 
         # -- tokens in, tokens sampled, finishes
         nf = 0
@@ -658,19 +1024,22 @@ def run_fleet(  # type: ignore[no-untyped-def]
             for q in range(nf):
                 rid = fin[q]
                 vs = slot_of[rid]
-                for j in range(nblk[rid] - 1, -1, -1):
-                    b = table[r, vs, j]
-                    ref[r, b] -= 1
-                    if ref[r, b] == 0:
-                        t_ = ftail[r]
-                        fprev[r, b] = t_
-                        fnext[r, b] = -1
-                        if t_ >= 0:
-                            fnext[r, t_] = b
-                        else:
-                            fhead[r] = b
-                        ftail[r] = b
-                        nfree[r] += 1
+                if not caching:
+                    nfree[r] += nblk[rid]
+                else:
+                    for j in range(nblk[rid] - 1, -1, -1):
+                        b = table[r, vs, j]
+                        ref[r, b] -= 1
+                        if ref[r, b] == 0:
+                            t_ = ftail[r]
+                            fprev[r, b] = t_
+                            fnext[r, b] = -1
+                            if t_ >= 0:
+                                fnext[r, t_] = b
+                            else:
+                                fhead[r] = b
+                            ftail[r] = b
+                            nfree[r] += 1
                 nblk[rid] = 0
                 nreg[rid] = 0
                 slots_free[r, nslots[r]] = vs
