@@ -205,7 +205,9 @@ def write_parquet(table: pa.Table, path: Path, name: str) -> Path:
         pq.write_table(
             table,
             tmp,
+            # zstd level 1: most of level 3's ratio on these columns at about half the write time.
             compression="zstd",
+            compression_level=1,
             row_group_size=1 << 20,
             write_statistics=True,
             store_schema=True,

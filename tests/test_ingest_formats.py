@@ -206,3 +206,15 @@ def test_compressed_inputs_and_directories(tmp_path: Path) -> None:
     assert summary.ok, summary.errors
     assert summary.total("rows_stored") == 4 + 4 + 2
     assert {f.source_format for f in summary.files} == {"openai", "anthropic", "litellm"}
+
+
+def test_blank_lines_keep_line_numbers_exact(tmp_path: Path) -> None:
+    lines = (DIR / "openai.jsonl").read_text().splitlines()
+    src = tmp_path / "gaps.jsonl"
+    # Blank and whitespace-only lines are not records, but the next records keep their numbers.
+    src.write_text("\n".join([lines[0], "", lines[1], "   ", "\t", lines[2], lines[3]]) + "\n\n")
+    store = Store(tmp_path / "store")
+    summary = ingest_logs([src], store)
+    assert summary.ok and summary.total("rows_read") == 4
+    got = dict(store.read_requests().select("request_id", "source_line").iter_rows())
+    assert got == {"chatcmpl-A1": 1, "resp_B2": 3, "chatcmpl-C3": 6, "chatcmpl-D4": 7}

@@ -2,7 +2,8 @@
 
 JSON Lines has two paths that give the same frames. The fast path lets DuckDB parse the whole
 file with the format's explicit layout (multi-threaded, streamed as Arrow batches); it is taken when
-the file parses cleanly and has no blank lines, so row *i* is line *i + 1*. Otherwise the robust
+the file parses cleanly and yields one row per physical line (no blank lines), so row *i* is
+line *i + 1*. Otherwise the robust
 path parses batches of lines with polars and bisects a failing batch down to the bad lines, which
 are reported with the parser's reason. Either way every non-blank line ends up as exactly one row
 or one parse failure.
@@ -83,11 +84,9 @@ def jsonl_fast(
     try:
         if stats is None:
             stats = _count_lines(path)
-        lines, blank = stats.lines, stats.blank
+        lines = stats.lines
     except (OSError, EOFError) as exc:
         raise SourceError(f"{path}: cannot read ({type(exc).__name__}: {exc})") from None
-    if blank:
-        raise FastPathFailed("blank lines")
     con = duckdb.connect()
     types = _flat_types(spec)
     row = 0
