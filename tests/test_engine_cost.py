@@ -146,3 +146,17 @@ def test_jit_engine_row_cost_is_the_affine_kernel(dep: Deployment) -> None:
         _jit_kernels._row_cost(x, *fast.kernel_args, out)
         got = (want.time_s, want.compute_s, want.memory_s, want.comm_s, want.overhead_s, want.flops, want.bytes)
         assert out.tolist() == [float(g[r]) for g in got]
+    # Decode spans: per-span precomputation of the context-independent operators, then one call
+    # per step; the same numbers again.
+    args = fast.kernel_args
+    n_ops = args[0].shape[0]
+    scratch = (np.zeros(n_ops, np.bool_), np.zeros(n_ops), np.zeros(n_ops), np.zeros(n_ops, np.int8))
+    scratch += (np.zeros(n_ops), np.zeros(n_ops), np.zeros(n_ops))
+    span = np.zeros(7)
+    rng = np.random.default_rng(5)
+    for nr in (1, 7, 64, 1024):
+        _jit_kernels._span_prep(float(nr), *args[:11], *scratch)
+        for ctx in rng.integers(nr, nr * 20_000, 20).tolist():
+            _jit_kernels._row_cost(np.array([0.0, 0.0, 0.0, 0.0, nr, ctx]), *args, out)
+            _jit_kernels._span_cost(float(ctx), *args[:13], *scratch, span)
+            assert span.tolist() == out.tolist()

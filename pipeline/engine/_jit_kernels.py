@@ -90,6 +90,136 @@ def _row_cost(  # type: ignore[no-untyped-def]
 
 
 @numba.njit(cache=True)
+def _span_prep(  # type: ignore[no-untyped-def]
+    nr,
+    fc,
+    bc,
+    comm_op,
+    count,
+    peak,
+    has_peak,
+    bw,
+    calls,
+    link,
+    latency,
+    min_kernel,
+    dep,
+    a,
+    b_,
+    kind,
+    val,
+    fl,
+    by,
+):
+    """Per operator, for the decode rows of a span (fields 0-3 zero, ``nr`` decodes): the part of
+    _row_cost's sums that does not depend on the context, computed once. Operators whose FLOPs
+    and bytes do not grow with the context contribute the same term to every step: it is stored
+    with the accumulator it goes to (0 compute, 1 memory, 2 kernel floor, 3 collective)."""
+    for i in range(fc.shape[0]):
+        f = fc[i, 0] + fc[i, 5] * nr
+        b = bc[i, 0] + bc[i, 5] * nr
+        a[i] = f
+        b_[i] = b
+        dep[i] = fc[i, 6] != 0.0 or bc[i, 6] != 0.0
+        if dep[i]:
+            continue
+        # f + 0.0·ctx == f: the step's value is this one.
+        if comm_op[i]:
+            kind[i] = 3
+            val[i] = count[i] * (b / link + calls[i] * latency)
+            continue
+        t_c = f / peak[i] if has_peak[i] else 0.0
+        t_m = b / bw[i]
+        floor = min_kernel if (f > 0 or b > 0) else 0.0
+        if floor > max(t_c, t_m):
+            kind[i] = 2
+            val[i] = count[i] * floor
+        elif t_c > t_m:
+            kind[i] = 0
+            val[i] = count[i] * t_c
+        else:
+            kind[i] = 1
+            val[i] = count[i] * t_m
+        fl[i] = count[i] * f
+        by[i] = count[i] * b
+
+
+@numba.njit(cache=True, inline="always")
+def _span_cost(  # type: ignore[no-untyped-def]
+    ctx,
+    fc,
+    bc,
+    comm_op,
+    count,
+    peak,
+    has_peak,
+    bw,
+    calls,
+    link,
+    latency,
+    min_kernel,
+    step_overhead,
+    pp,
+    dep,
+    a,
+    b_,
+    kind,
+    val,
+    fl,
+    by,
+    out,
+):
+    """_row_cost of the decode row with context ``ctx`` after _span_prep: the same operations in
+    the same order (precomputed terms are the values _row_cost would compute), so the same
+    numbers; only context-dependent operators are evaluated."""
+    compute = 0.0
+    memory = 0.0
+    comm = 0.0
+    floors = 0.0
+    flops_sum = 0.0
+    bytes_sum = 0.0
+    for i in range(fc.shape[0]):
+        if not dep[i]:
+            k = kind[i]
+            if k == 3:
+                comm += val[i]
+                continue
+            if k == 0:
+                compute += val[i]
+            elif k == 1:
+                memory += val[i]
+            else:
+                floors += val[i]
+            flops_sum += fl[i]
+            bytes_sum += by[i]
+            continue
+        f = a[i] + fc[i, 6] * ctx
+        b = b_[i] + bc[i, 6] * ctx
+        if comm_op[i]:
+            comm += count[i] * (b / link + calls[i] * latency)
+            continue
+        t_c = f / peak[i] if has_peak[i] else 0.0
+        t_m = b / bw[i]
+        floor = min_kernel if (f > 0 or b > 0) else 0.0
+        if floor > max(t_c, t_m):
+            floors += count[i] * floor
+        elif t_c > t_m:
+            compute += count[i] * t_c
+        else:
+            memory += count[i] * t_m
+        flops_sum += count[i] * f
+        bytes_sum += count[i] * b
+    overhead = step_overhead + floors
+    out[0] = compute + memory + comm + overhead
+    out[1] = compute
+    out[2] = memory
+    out[3] = comm
+    out[4] = overhead
+    out[5] = flops_sum / pp
+    out[6] = bytes_sum / pp
+
+
+@numba.njit(cache=True)
 def _home(h: np.uint64, mask: int) -> int:
     return int((h * _GOLDEN) >> _SHIFT) & mask
 
@@ -370,6 +500,14 @@ def run_fleet(  # type: ignore[no-untyped-def]
     bphase = np.zeros(S, np.int64)
     bitems = np.zeros(S, np.int64)
     sums = np.zeros(6)
+    n_ops = fc.shape[0]
+    sp_dep = np.zeros(n_ops, np.bool_)
+    sp_a = np.zeros(n_ops)
+    sp_b = np.zeros(n_ops)
+    sp_kind = np.zeros(n_ops, np.int8)
+    sp_val = np.zeros(n_ops)
+    sp_fl = np.zeros(n_ops)
+    sp_by = np.zeros(n_ops)
     # -- step log
     log_cap = 1024 if want_log else 1
     log = np.zeros((log_cap, LOG_COLS))
@@ -586,6 +724,27 @@ def run_fleet(  # type: ignore[no-untyped-def]
                 m = 0
                 ph_alloc = 0
                 sums[:] = 0.0
+                _span_prep(
+                    float(nr),
+                    fc,
+                    bc,
+                    comm_op,
+                    count,
+                    peak,
+                    has_peak,
+                    bw,
+                    calls,
+                    link,
+                    latency,
+                    min_kernel,
+                    sp_dep,
+                    sp_a,
+                    sp_b,
+                    sp_kind,
+                    sp_val,
+                    sp_fl,
+                    sp_by,
+                )
                 max_gap = -_INF
                 end0 = now
                 while m < k_max and now < limit:
@@ -640,14 +799,8 @@ def run_fleet(  # type: ignore[no-untyped-def]
                                     )
                             if target > nreg[rid]:
                                 nreg[rid] = target
-                    x[0] = 0.0
-                    x[1] = 0.0
-                    x[2] = 0.0
-                    x[3] = 0.0
-                    x[4] = float(nr)
-                    x[5] = c_sum + nr * (m + 1)
-                    _row_cost(
-                        x,
+                    _span_cost(
+                        c_sum + nr * (m + 1),
                         fc,
                         bc,
                         comm_op,
@@ -661,8 +814,13 @@ def run_fleet(  # type: ignore[no-untyped-def]
                         min_kernel,
                         step_overhead,
                         pp,
-                        peak_gpu,
-                        bw_gpu,
+                        sp_dep,
+                        sp_a,
+                        sp_b,
+                        sp_kind,
+                        sp_val,
+                        sp_fl,
+                        sp_by,
                         out,
                     )
                     end = now + out[0]
