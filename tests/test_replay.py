@@ -221,3 +221,24 @@ def test_replay_command_writes_an_idempotent_run(tmp_path: Path) -> None:
     # Errors are one line and exit 1.
     bad = runner.invoke(main, ["replay", "--store", str(small.root), "--fleet", str(tmp_path / "no.toml")])
     assert bad.exit_code == 1 and "fleet file not found" in bad.stderr
+
+
+def test_run_replay_falls_back_to_the_fast_engine_without_an_affine_kernel(azure_conv: pl.DataFrame) -> None:
+    # MoE step cost is not affine in the tokens: fast_step_cost returns step_cost itself, which
+    # the jit loop cannot evaluate; run_replay must then run the Python engine, same semantics.
+    fleet = resolve(parse_fleet({"name": "t", "model": "qwen3-30b-a3b", "hardware": "h100-sxm", "replicas": 2}, "t"))
+    frame = azure_conv.head(40)
+    options = ReplayOptions(rate_scale=20.0)
+    work = build_workload(frame, fleet, options)
+    spec = FleetSpec(replicas=2, scheduler=fleet.scheduler, router=fleet.config.router)
+    cost = fast_step_cost(fleet.deployment)
+    assert "affine kernel" in (unsupported_reason(spec, cost) or "")
+    with pytest.raises(ValueError, match="does not apply"):
+        simulate_jit(work, spec, cost)
+    run = run_replay(frame, fleet, options)
+    _assert_same(run.result, simulate_reference(work, spec, cost))
+    # A plain callable has no kernel either; a state beyond MAX_STATE_BYTES is refused too.
+    assert unsupported_reason(spec, REAL_COST) is None
+    assert unsupported_reason(spec, lambda batch: REAL_COST(batch)) is not None
+    huge = FleetSpec(replicas=4096, scheduler=fleet.scheduler)
+    assert "GiB" in (unsupported_reason(huge, REAL_COST) or "")

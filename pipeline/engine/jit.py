@@ -50,8 +50,12 @@ def _shape(spec: FleetSpec) -> tuple[int, int]:
 def state_bytes(spec: FleetSpec) -> int:
     """Bytes of scheduler state the jit engine allocates for ``spec`` (per-request arrays aside)."""
     cfg = spec.scheduler
+    if not cfg.enable_prefix_caching:
+        return spec.replicas * 64 * cfg.max_num_seqs  # counts only: no block ids are kept
     max_blocks, table = _shape(spec)
-    per_replica = 4 * cfg.max_num_seqs * max_blocks + 22 * cfg.num_gpu_blocks + 17 * table
+    # int32 block table; per block: 6 int32/bool fields and a uint64 hash; per table slot:
+    # a uint64 key, a flag and two int32 list ends.
+    per_replica = 4 * cfg.max_num_seqs * max_blocks + 29 * cfg.num_gpu_blocks + 17 * table
     return spec.replicas * per_replica
 
 
