@@ -149,25 +149,49 @@ def conform(table: pa.Table, name: str) -> pa.Table:
                 col = col.cast(field.type)
             except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as exc:
                 raise SchemaError(
-                    f"schema {name!r}: column {field.name!r} of type {col.type} "
-                    f"cannot be cast to {field.type}: {exc}"
+                    f"schema {name!r}: column {field.name!r} of type {col.type} cannot be cast to {field.type}: {exc}"
                 ) from None
         if not field.nullable and col.null_count:
-            raise SchemaError(
-                f"schema {name!r}: column {field.name!r} is not nullable but has {col.null_count} nulls"
-            )
+            raise SchemaError(f"schema {name!r}: column {field.name!r} is not nullable but has {col.null_count} nulls")
         arrays.append(col)
     return pa.Table.from_arrays(arrays, schema=arrow)
 
 
+def _types_match(got: pa.Schema, want: pa.Schema) -> bool:
+    """Same column names, order and types. Nullability is not compared (writers such as DuckDB
+    mark every Parquet column optional); required columns are checked for nulls instead."""
+    if got.names != want.names:
+        return False
+    for g, w in zip(got, want, strict=True):
+        gt, wt = g.type, w.type
+        if pa.types.is_list(gt) and pa.types.is_list(wt):
+            gt, wt = gt.value_type, wt.value_type  # the list's item field name may differ
+        if not gt.equals(wt):
+            return False
+    return True
+
+
 def validate(table: pa.Table, name: str) -> None:
-    """Raise unless ``table`` already has exactly schema ``name`` (types, order, nullability)."""
+    """Raise unless ``table`` has schema ``name``'s columns and types, and no nulls in a required
+    column."""
     arrow = load_schema(name).arrow
-    if not table.schema.remove_metadata().equals(arrow.remove_metadata()):
+    if not _types_match(table.schema, arrow):
         raise SchemaError(f"table does not match schema {name!r}: got {table.schema.remove_metadata()}")
     for field in arrow:
         if not field.nullable and table.column(field.name).null_count:
             raise SchemaError(f"schema {name!r}: non-nullable column {field.name!r} has nulls")
+
+
+def check_file_schema(path: Path, name: str) -> None:
+    """Check a Parquet file's metadata (schema name and version) and column types, reading only
+    its footer."""
+    got = pq.read_schema(path)
+    meta = got.metadata or {}
+    expected = load_schema(name)
+    if meta.get(META_NAME) != name.encode() or int(meta.get(META_VERSION, b"0")) != expected.version:
+        raise SchemaError(f"{path}: expected a {name!r} v{expected.version} table, metadata says {meta!r}")
+    if not _types_match(got, expected.arrow):
+        raise SchemaError(f"{path}: columns do not match schema {name!r}: {got.remove_metadata()}")
 
 
 #: mkstemp creates 0600 files; outputs are ordinary shareable files (umask still applies on create).
@@ -226,15 +250,11 @@ def read_parquet(path: Path | str, name: str, columns: list[str] | None = None) 
     meta = pq.read_schema(path).metadata or {}
     found = meta.get(META_NAME)
     if found != name.encode():
-        raise SchemaError(
-            f"{path}: expected a {name!r} table, file says {found.decode() if found else 'nothing'}"
-        )
+        raise SchemaError(f"{path}: expected a {name!r} table, file says {found.decode() if found else 'nothing'}")
     expected = load_schema(name)
     version = int(meta.get(META_VERSION, b"0"))
     if version != expected.version:
-        raise SchemaError(
-            f"{path}: schema {name!r} version {version}, this rooftrace reads {expected.version}"
-        )
+        raise SchemaError(f"{path}: schema {name!r} version {version}, this rooftrace reads {expected.version}")
     table = pq.read_table(path, columns=columns)
     if columns is None:
         validate(table, name)

@@ -116,7 +116,7 @@ def test_failed_write_leaves_previous_store_intact(tmp_path: Path, monkeypatch: 
     def boom(*args: object, **kw: object) -> None:
         raise OSError("disk full")
 
-    monkeypatch.setattr(core, "_swap_partition", boom)
+    monkeypatch.setattr(core, "_swap_partition_sql", boom)
     with pytest.raises(OSError):
         ingest_logs([logs / "b.jsonl"], store)
     assert _digest(store) == before

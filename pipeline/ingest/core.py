@@ -18,6 +18,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+import duckdb
 import polars as pl
 import pyarrow as pa
 
@@ -46,7 +47,7 @@ from pipeline.ingest.source import (
     sha256_file,
     sniff_format,
 )
-from pipeline.schemas import load_schema, read_parquet, write_parquet
+from pipeline.schemas import check_file_schema, load_schema, read_parquet, write_parquet
 from pipeline.store import Store, check_date
 
 Progress = Callable[[str], None]
@@ -105,9 +106,9 @@ class IngestSummary:
         }
 
 
-#: Normalised rows kept in memory before spilling to the staging folder (about 150 MB at
-#: ~150 bytes per canonical row), so a huge input never needs memory in proportion to its size.
-SPILL_ROWS = 1_000_000
+#: Normalised rows kept in memory before spilling to the staging folder (tens of MB), so a huge
+#: input never needs memory in proportion to its size.
+SPILL_ROWS = 250_000
 
 
 class Stager:
@@ -118,9 +119,15 @@ class Stager:
         self.memory: dict[int, list[pl.DataFrame]] = {}
         self.rows_in_memory = 0
         self.spilled = 0
+        self.seq = 0
 
     def add(self, file_index: int, frame: pl.DataFrame) -> None:
-        frame = frame.with_columns(_file=pl.lit(file_index, pl.Int32))
+        # _seq orders rows as they were read, so "keep the first duplicate" is well defined.
+        frame = frame.with_columns(
+            _file=pl.lit(file_index, pl.Int32),
+            _seq=pl.int_range(self.seq, self.seq + frame.height, dtype=pl.Int64),
+        )
+        self.seq += frame.height
         if self.rows_in_memory + frame.height <= SPILL_ROWS:
             self.memory.setdefault(file_index, []).append(frame)
             self.rows_in_memory += frame.height
@@ -279,17 +286,6 @@ def _recover(store: Store) -> None:
     shutil.rmtree(store.root / ".staging", ignore_errors=True)
 
 
-def _swap_partition(table_dir: Path, date: str, frame: pl.DataFrame, run_id: str) -> None:
-    final = table_dir / f"date={date}"
-    new = table_dir / f".date={date}.new-{run_id}"
-    old = table_dir / f".date={date}.old-{run_id}"
-    write_parquet(frame.to_arrow(), new / "part-00000.parquet", "requests")
-    if final.exists():
-        final.rename(old)
-    new.rename(final)
-    shutil.rmtree(old, ignore_errors=True)
-
-
 def _read_manifest(store: Store) -> pl.DataFrame:
     if store.manifest_path.exists():
         got = pl.from_arrow(read_parquet(store.manifest_path, "manifest"))
@@ -364,38 +360,91 @@ def ingest_logs(
     return IngestSummary(results, time.perf_counter() - t0)
 
 
+#: Memory DuckDB may use to deduplicate, sort and write a date partition; beyond it DuckDB spills
+#: to the staging folder, so a day of any size is merged in bounded memory.
+MERGE_MEMORY = "512MB"
+
+
 def _merge(store: Store, stager: Stager, results: list[FileResult], run_id: str, say: Progress) -> None:
-    staged = stager.lazy()
-    if staged is None:
+    """Deduplicate the staged rows against the store and each other (first seen wins) and rewrite
+    each touched date partition sorted by (arrival, source_file, source_line). DuckDB does the
+    work out of core (memory_limit, spilling), so memory does not grow with the input."""
+    frames = [f for fs in stager.memory.values() for f in fs]
+    spilled = sorted(stager.root.glob("f*/batch-*.parquet"))
+    if not frames and not spilled:
         return
-    new = staged.with_columns(_date=pl.col("arrival").dt.date().cast(pl.String))
-    dates = new.select(pl.col("_date").unique()).collect()["_date"].sort().to_list()
-    key = ("source_format", "request_id")
-    for d in dates:
-        fresh = new.filter(pl.col("_date") == d).drop("_date").collect()
-        existing_files = store.request_files(d) if (store.requests_dir / f"date={d}").exists() else []
+    schema = load_schema("requests")
+    cols = ", ".join(f'"{c}"' for c in schema.names)
+    tmp = stager.root / "duckdb"
+    tmp.mkdir(parents=True, exist_ok=True)
+    con = duckdb.connect()
+    try:
+        con.execute("SET TimeZone = 'UTC'")
+        con.execute(f"SET memory_limit = '{MERGE_MEMORY}'")
+        con.execute(f"SET temp_directory = '{tmp}'")
+        con.execute("SET enable_progress_bar = false")
         parts = []
-        for p in existing_files:
-            got = pl.from_arrow(read_parquet(p, "requests"))
-            assert isinstance(got, pl.DataFrame)
-            parts.append(got.with_columns(_file=pl.lit(-1, pl.Int32)))
-        combined = pl.concat([*parts, fresh], how="vertical") if parts else fresh
-        # One string key is much cheaper to hash than a struct of two columns.
-        dedup_key = pl.concat_str([pl.col(k) for k in key], separator="\x1f")
-        combined = combined.with_columns(_first=dedup_key.is_first_distinct())
-        counts = (
-            combined.filter(pl.col("_file") >= 0)
-            .group_by("_file")
-            .agg(stored=pl.col("_first").sum(), dup=(~pl.col("_first")).sum())
+        if frames:
+            mem = pl.concat(frames, how="vertical").to_arrow()  # noqa: F841  (read by DuckDB below)
+            parts.append("SELECT * FROM mem")
+        if spilled:
+            files = ", ".join("'" + str(f).replace("'", "''") + "'" for f in spilled)
+            parts.append(f"SELECT * FROM read_parquet([{files}])")
+        con.execute(
+            "CREATE TEMP TABLE staged AS SELECT *, strftime(arrival, '%Y-%m-%d') AS _date FROM ("
+            + " UNION ALL BY NAME ".join(parts)
+            + ")"
         )
-        for row in counts.iter_rows(named=True):
-            res = results[row["_file"]]
-            res.rows_stored += int(row["stored"])
-            res.rows_duplicate += int(row["dup"])
-            res.dates.append(d)
-        kept = combined.filter(pl.col("_first")).drop("_first", "_file").sort(["arrival", "source_file", "source_line"])
-        _swap_partition(store.requests_dir, d, kept, run_id)
-        say(f"requests/date={d}: {kept.height} rows")
+        frames.clear()
+        dates = [r[0] for r in con.execute("SELECT DISTINCT _date FROM staged ORDER BY 1").fetchall()]
+        for d in dates:
+            existing = store.request_files(d) if (store.requests_dir / f"date={d}").exists() else []
+            for p in existing:
+                check_file_schema(p, "requests")  # schema check before merging
+            old = ""
+            if existing:
+                files = ", ".join("'" + str(f).replace("'", "''") + "'" for f in existing)
+                old = f"SELECT {cols}, -1 AS _file, -1 AS _seq, 0 AS _ord FROM read_parquet([{files}]) UNION ALL "
+            con.execute(
+                "CREATE OR REPLACE TEMP TABLE flagged AS SELECT *, row_number() OVER "
+                "(PARTITION BY source_format, request_id ORDER BY _ord, _seq) = 1 AS _first FROM ("
+                f"{old}SELECT {cols}, _file, _seq, 1 AS _ord FROM staged WHERE _date = ?)",
+                [d],
+            )
+            counts = con.execute(
+                "SELECT _file, count(*) FILTER (WHERE _first), count(*) FILTER (WHERE NOT _first) "
+                "FROM flagged WHERE _ord = 1 GROUP BY _file"
+            ).fetchall()
+            for file_index, stored, dup in counts:
+                res = results[int(file_index)]
+                res.rows_stored += int(stored)
+                res.rows_duplicate += int(dup)
+                res.dates.append(d)
+            kept = con.execute("SELECT count(*) FROM flagged WHERE _first").fetchall()[0][0]
+            _swap_partition_sql(con, store.requests_dir, d, cols, run_id)
+            say(f"requests/date={d}: {kept} rows")
+    finally:
+        con.close()
+
+
+def _swap_partition_sql(con: duckdb.DuckDBPyConnection, table_dir: Path, date: str, cols: str, run_id: str) -> None:
+    final = table_dir / f"date={date}"
+    new = table_dir / f".date={date}.new-{run_id}"
+    old = table_dir / f".date={date}.old-{run_id}"
+    new.mkdir(parents=True, exist_ok=True)
+    target = new / "part-00000.parquet"
+    schema = load_schema("requests")
+    meta = f"{{'rooftrace.schema': '{schema.name}', 'rooftrace.schema_version': '{schema.version}'}}"
+    con.execute(
+        f"COPY (SELECT {cols} FROM flagged WHERE _first ORDER BY arrival, source_file, source_line, request_id) "
+        f"TO '{str(target).replace(chr(39), chr(39) * 2)}' "
+        f"(FORMAT parquet, COMPRESSION zstd, COMPRESSION_LEVEL 1, ROW_GROUP_SIZE 1048576, KV_METADATA {meta})"
+    )
+    check_file_schema(target, "requests")  # the written file carries its schema and types
+    if final.exists():
+        final.rename(old)
+    new.rename(final)
+    shutil.rmtree(old, ignore_errors=True)
 
 
 def _write_quarantine(
