@@ -385,17 +385,18 @@ def _merge(store: Store, stager: Stager, results: list[FileResult], run_id: str,
         con.execute("SET enable_progress_bar = false")
         parts = []
         if frames:
-            mem = pl.concat(frames, how="vertical").to_arrow()  # noqa: F841  (read by DuckDB below)
+            con.register("mem", pl.concat(frames, how="vertical").to_arrow())
             parts.append("SELECT * FROM mem")
         if spilled:
             files = ", ".join("'" + str(f).replace("'", "''") + "'" for f in spilled)
             parts.append(f"SELECT * FROM read_parquet([{files}])")
+        # A view, not a table: the staged rows are read once per date, straight from memory and
+        # the spilled files, and materialised only once deduplicated ("flagged").
         con.execute(
-            "CREATE TEMP TABLE staged AS SELECT *, strftime(arrival, '%Y-%m-%d') AS _date FROM ("
+            "CREATE TEMP VIEW staged AS SELECT *, strftime(arrival, '%Y-%m-%d') AS _date FROM ("
             + " UNION ALL BY NAME ".join(parts)
             + ")"
         )
-        frames.clear()
         dates = [r[0] for r in con.execute("SELECT DISTINCT _date FROM staged ORDER BY 1").fetchall()]
         for d in dates:
             existing = store.request_files(d) if (store.requests_dir / f"date={d}").exists() else []
