@@ -38,7 +38,8 @@ def main() -> None:
     args = ap.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         t0 = time.perf_counter()
-        frame = generate(SynthConfig(requests=args.requests, models=(args.model,), seed=7))
+        cfg = SynthConfig(requests=args.requests, models=(args.model,), seed=7)
+        frame = generate(cfg)
         files = write_logs(frame, "openai", Path(tmp) / "day.jsonl")
         t1 = time.perf_counter()
         store = Store(Path(tmp) / "store")
@@ -53,6 +54,9 @@ def main() -> None:
             window_s=args.window_s,
             warmup_s=args.warmup_s,
             jobs=args.jobs,
+            # The synthetic day starts at midnight of cfg.date; its last sessions spill into the
+            # next date, whose partition is only that tail: plan the day itself.
+            date=cfg.date,
         )
         result = plan(store, opts, progress=print)
         t3 = time.perf_counter()
