@@ -170,8 +170,9 @@ class HardwareSpec:
     peak_flops_per_s holds *dense* tensor-core peaks by dtype (not the 2:4-sparse datasheet
     figure). link_* describe the intra-node GPU-GPU link per direction per GPU. The efficiency
     factors scale the peaks to what kernels reach: compute for matmuls and attention, memory for
-    weight/KV streaming, elementwise for the norm/activation/rotary/residual kernels (which reach
-    a lower share of HBM bandwidth), link for collectives. min_kernel_s is the shortest time any
+    weight/KV streaming, elementwise for the SiLU×mul activation kernel's share of HBM bandwidth
+    (norm, rotary and residual-add kernels scale it by ``roofline.ELEMENTWISE_KERNEL_SCALE``),
+    link for collectives. min_kernel_s is the shortest time any
     kernel takes (launch and ramp-up: a tiny GEMM or norm never finishes faster); calibrated_on
     says which data set them.
     """
