@@ -302,3 +302,33 @@ def check_invariants(w: Workload, spec: FleetSpec, res: EngineResult, log: StepL
     for r in range(spec.replicas):
         mine = cols["replica"] == r
         assert np.all(cols["start_s"][mine][1:] >= cols["end_s"][mine][:-1])
+
+
+def test_closed_loop_ties_go_to_the_lower_replica_like_the_reference() -> None:
+    # Found by hypothesis on a fresh run: two replicas whose steps overlap, closed loop. The next
+    # request index goes to whichever replica the reference steps first, (next start, index).
+    n = 33
+    prompt = np.array([1] * 8 + [47, 1, 1, 48] + [1] * 21)
+    out = np.array([1, 1, 4, 1, 1, 1, 1, 3, 2] + [1] * 24)
+    hashes = np.array([1008000 + i for i in range(11)] + [1011000 + i for i in range(12)], dtype=np.uint64)
+    offsets = np.array([0] * 9 + [11] * 3 + [23] * 22)
+    w = Workload(
+        arrival_s=np.zeros(n),
+        prompt_tokens=prompt,
+        output_tokens=out,
+        chain_hashes=hashes,
+        chain_offsets=offsets,
+        affinity=np.full(n, -1),
+    )
+    cfg = _cfg(num_gpu_blocks=12, max_model_len=49, max_num_seqs=1, max_num_batched_tokens=2)
+    spec = FleetSpec(
+        replicas=2,
+        scheduler=SchedulerConfig(**{**cfg.__dict__, "enable_prefix_caching": False}),
+        router="least_outstanding",
+        mode="closed",
+        concurrency=4,
+    )
+    cost = LinearCost(a=0.03125, b=0.0001, c=0.0, d=0.0, e=0.0)
+    ref = simulate_reference(w, spec, cost)
+    for sim in ENGINES.values():
+        _assert_same(sim(w, spec, cost), ref)

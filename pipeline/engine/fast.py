@@ -640,8 +640,15 @@ def simulate(
         if closed:
             # Another replica's next finish is after its next step start; stepping no further
             # than the earliest of those keeps every closed-loop arrival in time order.
-            others = [s for q, s in enumerate(starts) if q != j]
-            first.advance(lt=t_a, le=min(others, default=_INF), stop_on_finish=True)
+            # Ties go to the lower replica index, as in the reference (it picks the replica with the
+            # smallest (next start, index)): a step starting exactly when a lower-index replica's
+            # does must wait for it, so the bound becomes the float just below that start.
+            others = [(s, busy[q].index) for q, s in enumerate(starts) if q != j]
+            le = _INF
+            if others:
+                s_min, idx_min = min(others)
+                le = s_min if first.index < idx_min else float(np.nextafter(s_min, -np.inf))
+            first.advance(lt=t_a, le=le, stop_on_finish=True)
             for rid in first.finished_now:
                 if next_issue < n:
                     heapq.heappush(events, (float(res.finish_s[rid]), seq, next_issue))
