@@ -30,6 +30,7 @@ from pipeline.engine.model import (
     FleetSpec,
     Workload,
     choose_replica,
+    initial_arrivals,
     is_stateful_router,
     reject_reasons,
 )
@@ -594,19 +595,7 @@ def simulate(
 
     # Lockstep: arrivals in time order; before routing one at time t, every replica has run all
     # steps that start before t. Closed loop adds an arrival at each finish.
-    events: list[tuple[float, int, int]] = []
-    seq = 0
-    next_issue = 0
-    if spec.mode == "closed":
-        for _ in range(min(spec.concurrency, n)):
-            events.append((0.0, seq, next_issue))
-            seq += 1
-            next_issue += 1
-    else:
-        times = np.zeros(n) if spec.mode == "offline" else work.arrival_s
-        events = [(float(t), i, i) for i, t in enumerate(times.tolist())]
-        seq = n
-    heapq.heapify(events)
+    events, seq, next_issue = initial_arrivals(work, spec)
     closed = spec.mode == "closed"
     rr = 0
     routed_total = 0

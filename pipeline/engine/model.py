@@ -8,6 +8,7 @@ semantics they implement are documented once, in ``docs/engine.md``.
 
 from __future__ import annotations
 
+import heapq
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -214,3 +215,18 @@ def choose_replica(router: str, key: int, outstanding: list[int], rr_next: int) 
         if outstanding[r] < outstanding[best]:
             best = r
     return best
+
+
+def initial_arrivals(work: Workload, spec: FleetSpec) -> tuple[list[tuple[float, int, int]], int, int]:
+    """The arrival events both Python engines start from, as a heap of (time, sequence, request):
+    a closed loop starts ``concurrency`` clients at t = 0 (each finish issues the next request of
+    the trace), offline sends every request at t = 0, open loop uses the trace's arrival times.
+    Returns the heap, the next sequence number and the next request a closed loop will issue."""
+    n = work.n
+    if spec.mode == "closed":
+        k = min(spec.concurrency or 0, n)
+        return [(0.0, i, i) for i in range(k)], k, k
+    times = np.zeros(n) if spec.mode == "offline" else work.arrival_s
+    events = [(float(t), i, i) for i, t in enumerate(times.tolist())]
+    heapq.heapify(events)
+    return events, n, n

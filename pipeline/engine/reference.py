@@ -21,6 +21,7 @@ from pipeline.engine.model import (
     FleetSpec,
     Workload,
     choose_replica,
+    initial_arrivals,
     reject_reasons,
 )
 from pipeline.steps import StepBatch, StepCostFn
@@ -252,20 +253,7 @@ def simulate_reference(work: Workload, spec: FleetSpec, cost: StepCostFn) -> Eng
 
     # Arrival events (time, sequence, request index). Closed loop issues the next request of the
     # trace when one finishes (or is rejected); offline sends everything at t = 0.
-    events: list[tuple[float, int, int]] = []
-    seq = 0
-    next_issue = 0
-    if spec.mode == "closed":
-        for _ in range(min(spec.concurrency, n)):
-            events.append((0.0, seq, next_issue))
-            seq += 1
-            next_issue += 1
-    else:
-        for i in range(n):
-            t = 0.0 if spec.mode == "offline" else float(work.arrival_s[i])
-            events.append((t, seq, i))
-            seq += 1
-    heapq.heapify(events)
+    events, seq, next_issue = initial_arrivals(work, spec)
     rr = 0
 
     while True:
