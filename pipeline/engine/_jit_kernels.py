@@ -29,6 +29,23 @@ LOG_COLS = 17
 
 
 @numba.njit(cache=True, inline="always")
+def _op_term(f, b, is_comm, n, has_pk, pk, bw_i, n_calls, link, latency, min_kernel):  # type: ignore[no-untyped-def]
+    """One operator's roofline term as roofline.op_times / comm_time compute it: (accumulator,
+    seconds) with accumulator 0 compute-bound, 1 memory-bound, 2 kernel floor, 3 collective.
+    The one place the jit kernels classify an operator (row, span preparation, span step)."""
+    if is_comm:
+        return 3, n * (b / link + n_calls * latency)
+    t_c = f / pk if has_pk else 0.0
+    t_m = b / bw_i
+    floor = min_kernel if (f > 0 or b > 0) else 0.0
+    if floor > max(t_c, t_m):
+        return 2, n * floor
+    if t_c > t_m:
+        return 0, n * t_c
+    return 1, n * t_m
+
+
+@numba.njit(cache=True, inline="always")
 def _row_cost(  # type: ignore[no-untyped-def]
     x,
     fc,
@@ -65,18 +82,16 @@ def _row_cost(  # type: ignore[no-untyped-def]
             if x[j] != 0.0:
                 f += fc[i, j + 1] * x[j]
                 b += bc[i, j + 1] * x[j]
-        if comm_op[i]:
-            comm += count[i] * (b / link + calls[i] * latency)
+        k, v = _op_term(f, b, comm_op[i], count[i], has_peak[i], peak[i], bw[i], calls[i], link, latency, min_kernel)
+        if k == 3:
+            comm += v
             continue
-        t_c = f / peak[i] if has_peak[i] else 0.0
-        t_m = b / bw[i]
-        floor = min_kernel if (f > 0 or b > 0) else 0.0
-        if floor > max(t_c, t_m):
-            floors += count[i] * floor
-        elif t_c > t_m:
-            compute += count[i] * t_c
+        if k == 0:
+            compute += v
+        elif k == 1:
+            memory += v
         else:
-            memory += count[i] * t_m
+            floors += v
         flops_sum += count[i] * f
         bytes_sum += count[i] * b
     overhead = step_overhead + floors
@@ -124,22 +139,11 @@ def _span_prep(  # type: ignore[no-untyped-def]
         if dep[i]:
             continue
         # f + 0.0·ctx == f: the step's value is this one.
-        if comm_op[i]:
-            kind[i] = 3
-            val[i] = count[i] * (b / link + calls[i] * latency)
+        k, v = _op_term(f, b, comm_op[i], count[i], has_peak[i], peak[i], bw[i], calls[i], link, latency, min_kernel)
+        kind[i] = k
+        val[i] = v
+        if k == 3:
             continue
-        t_c = f / peak[i] if has_peak[i] else 0.0
-        t_m = b / bw[i]
-        floor = min_kernel if (f > 0 or b > 0) else 0.0
-        if floor > max(t_c, t_m):
-            kind[i] = 2
-            val[i] = count[i] * floor
-        elif t_c > t_m:
-            kind[i] = 0
-            val[i] = count[i] * t_c
-        else:
-            kind[i] = 1
-            val[i] = count[i] * t_m
         fl[i] = count[i] * f
         by[i] = count[i] * b
 
@@ -195,18 +199,16 @@ def _span_cost(  # type: ignore[no-untyped-def]
             continue
         f = a[i] + fc[i, 6] * ctx
         b = b_[i] + bc[i, 6] * ctx
-        if comm_op[i]:
-            comm += count[i] * (b / link + calls[i] * latency)
+        k, v = _op_term(f, b, comm_op[i], count[i], has_peak[i], peak[i], bw[i], calls[i], link, latency, min_kernel)
+        if k == 3:
+            comm += v
             continue
-        t_c = f / peak[i] if has_peak[i] else 0.0
-        t_m = b / bw[i]
-        floor = min_kernel if (f > 0 or b > 0) else 0.0
-        if floor > max(t_c, t_m):
-            floors += count[i] * floor
-        elif t_c > t_m:
-            compute += count[i] * t_c
+        if k == 0:
+            compute += v
+        elif k == 1:
+            memory += v
         else:
-            memory += count[i] * t_m
+            floors += v
         flops_sum += count[i] * f
         bytes_sum += count[i] * b
     overhead = step_overhead + floors
