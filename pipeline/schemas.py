@@ -157,18 +157,28 @@ def conform(table: pa.Table, name: str) -> pa.Table:
     return pa.Table.from_arrays(arrays, schema=arrow)
 
 
+def _logical(t: pa.DataType) -> pa.DataType:
+    """The Parquet-level type: Arrow's large and view variants of strings and lists are the same
+    column in a Parquet file (polars writes large_string, pyarrow and DuckDB string)."""
+    if pa.types.is_large_string(t) or pa.types.is_string_view(t):
+        return pa.string()
+    if pa.types.is_list(t) or pa.types.is_large_list(t) or pa.types.is_list_view(t):
+        return pa.list_(_logical(t.value_type))  # the list's item field name may differ too
+    return t
+
+
 def _types_match(got: pa.Schema, want: pa.Schema) -> bool:
-    """Same column names, order and types. Nullability is not compared (writers such as DuckDB
-    mark every Parquet column optional); required columns are checked for nulls instead."""
+    """Same column names, order and (Parquet-level) types. Nullability is not compared (writers
+    such as DuckDB mark every Parquet column optional); required columns are checked for nulls
+    instead."""
     if got.names != want.names:
         return False
-    for g, w in zip(got, want, strict=True):
-        gt, wt = g.type, w.type
-        if pa.types.is_list(gt) and pa.types.is_list(wt):
-            gt, wt = gt.value_type, wt.value_type  # the list's item field name may differ
-        if not gt.equals(wt):
-            return False
-    return True
+    return all(_logical(g.type).equals(_logical(w.type)) for g, w in zip(got, want, strict=True))
+
+
+def file_metadata(path: Path) -> dict[bytes, bytes]:
+    """A Parquet file's key-value metadata, read from its footer (whatever wrote it)."""
+    return dict(pq.read_metadata(path).metadata or {})
 
 
 def validate(table: pa.Table, name: str) -> None:
@@ -186,7 +196,7 @@ def check_file_schema(path: Path, name: str) -> None:
     """Check a Parquet file's metadata (schema name and version) and column types, reading only
     its footer."""
     got = pq.read_schema(path)
-    meta = got.metadata or {}
+    meta = file_metadata(path)
     expected = load_schema(name)
     if meta.get(META_NAME) != name.encode() or int(meta.get(META_VERSION, b"0")) != expected.version:
         raise SchemaError(f"{path}: expected a {name!r} v{expected.version} table, metadata says {meta!r}")
@@ -247,7 +257,7 @@ def write_parquet(table: pa.Table, path: Path, name: str) -> Path:
 def read_parquet(path: Path | str, name: str, columns: list[str] | None = None) -> pa.Table:
     """Read a Parquet file written by rooftrace and check it carries schema ``name``."""
     path = Path(path)
-    meta = pq.read_schema(path).metadata or {}
+    meta = file_metadata(path)
     found = meta.get(META_NAME)
     if found != name.encode():
         raise SchemaError(f"{path}: expected a {name!r} table, file says {found.decode() if found else 'nothing'}")
@@ -258,4 +268,5 @@ def read_parquet(path: Path | str, name: str, columns: list[str] | None = None) 
     table = pq.read_table(path, columns=columns)
     if columns is None:
         validate(table, name)
+        table = conform(table, name)  # the declared Arrow types, whichever writer made the file
     return table

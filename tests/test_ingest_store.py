@@ -100,7 +100,7 @@ def test_ingest_twice_is_identical_and_independent_of_store(tmp_path: Path, monk
     assert s1.total("rows_stored") == 3500 and s2.total("rows_read") == 0
     assert all(f.skipped for f in s2.files)
     b = Store(tmp_path / "b")
-    monkeypatch.setattr(core, "SPILL_ROWS", 700)  # exercise the spill-to-disk staging path
+    monkeypatch.setattr(core, "STAGE_MEMORY_BYTES", 100_000)  # exercise the spill-to-disk staging path
     ingest_logs([logs], b)
     assert _digest(b) == before, "same input, same Parquet bytes"
 
@@ -116,7 +116,7 @@ def test_failed_write_leaves_previous_store_intact(tmp_path: Path, monkeypatch: 
     def boom(*args: object, **kw: object) -> None:
         raise OSError("disk full")
 
-    monkeypatch.setattr(core, "_swap_partition_sql", boom)
+    monkeypatch.setattr(core, "_swap_partition", boom)
     with pytest.raises(OSError):
         ingest_logs([logs / "b.jsonl"], store)
     assert _digest(store) == before

@@ -21,6 +21,7 @@ from typing import Any
 import duckdb
 import polars as pl
 import pyarrow as pa
+import pyarrow.parquet as pq
 
 from pipeline.errors import RooftraceError
 from pipeline.ingest.formats import ALL_FORMATS, FORMATS, Context, FormatSpec
@@ -47,7 +48,7 @@ from pipeline.ingest.source import (
     sha256_file,
     sniff_format,
 )
-from pipeline.schemas import check_file_schema, load_schema, read_parquet, write_parquet
+from pipeline.schemas import META_NAME, META_VERSION, check_file_schema, load_schema, read_parquet, write_parquet
 from pipeline.store import Store, check_date
 
 Progress = Callable[[str], None]
@@ -106,18 +107,19 @@ class IngestSummary:
         }
 
 
-#: Normalised rows kept in memory before spilling to the staging folder (tens of MB), so a huge
-#: input never needs memory in proportion to its size.
-SPILL_ROWS = 250_000
+#: Normalised rows are held in memory up to this size (polars' estimate; about 1.3 M rows of the
+#: OpenAI shape), then spilled to the staging folder, so a huge input never needs memory in
+#: proportion to its size.
+STAGE_MEMORY_BYTES = 256 << 20
 
 
 class Stager:
-    """Holds normalised batches per source file: in memory up to SPILL_ROWS, then on disk."""
+    """Holds normalised batches per source file: in memory up to STAGE_MEMORY_BYTES, then on disk."""
 
     def __init__(self, root: Path) -> None:
         self.root = root
         self.memory: dict[int, list[pl.DataFrame]] = {}
-        self.rows_in_memory = 0
+        self.bytes_in_memory = 0.0
         self.spilled = 0
         self.seq = 0
 
@@ -128,26 +130,23 @@ class Stager:
             _seq=pl.int_range(self.seq, self.seq + frame.height, dtype=pl.Int64),
         )
         self.seq += frame.height
-        if self.rows_in_memory + frame.height <= SPILL_ROWS:
+        size = frame.estimated_size()
+        if self.bytes_in_memory + size <= STAGE_MEMORY_BYTES:
             self.memory.setdefault(file_index, []).append(frame)
-            self.rows_in_memory += frame.height
+            self.bytes_in_memory += size
             return
         folder = self.root / f"f{file_index:05d}"
         folder.mkdir(parents=True, exist_ok=True)
-        frame.write_parquet(folder / f"batch-{self.spilled:06d}.parquet")
+        frame.write_parquet(folder / f"batch-{self.spilled:06d}.parquet", compression="lz4")
         self.spilled += 1
 
     def drop(self, file_index: int) -> None:
         """Forget a file's rows (its read failed, or the fast path is being retried)."""
-        self.rows_in_memory -= sum(f.height for f in self.memory.pop(file_index, []))
+        self.bytes_in_memory -= sum(f.estimated_size() for f in self.memory.pop(file_index, []))
         shutil.rmtree(self.root / f"f{file_index:05d}", ignore_errors=True)
 
-    def lazy(self) -> pl.LazyFrame | None:
-        parts = [f.lazy() for frames in self.memory.values() for f in frames]
-        files = sorted(self.root.glob("f*/batch-*.parquet"))
-        if files:
-            parts.append(pl.scan_parquet(files))
-        return pl.concat(parts, how="vertical") if parts else None
+    def spilled_files(self) -> list[Path]:
+        return sorted(self.root.glob("f*/batch-*.parquet"))
 
 
 def _resolve_spec(path: Path, fmt: str | None, mapping: Path | None) -> FormatSpec:
@@ -360,19 +359,92 @@ def ingest_logs(
     return IngestSummary(results, time.perf_counter() - t0)
 
 
-#: Memory DuckDB may use to deduplicate, sort and write a date partition; beyond it DuckDB spills
-#: to the staging folder, so a day of any size is merged in bounded memory.
+#: A date partition (its stored rows plus the staged ones) up to this estimated size is merged in
+#: memory with polars; anything larger, or any run that spilled while staging, is merged by
+#: DuckDB out of core within MERGE_MEMORY (spilling to the staging folder).
+MEMORY_MERGE_BYTES = 768 << 20
 MERGE_MEMORY = "512MB"
+
+#: The partition order: arrival, then where the row came from (unique per row).
+SORT_KEYS = ("arrival", "source_file", "source_line", "request_id")
 
 
 def _merge(store: Store, stager: Stager, results: list[FileResult], run_id: str, say: Progress) -> None:
-    """Deduplicate the staged rows against the store and each other (first seen wins) and rewrite
-    each touched date partition sorted by (arrival, source_file, source_line). DuckDB does the
-    work out of core (memory_limit, spilling), so memory does not grow with the input."""
+    """Deduplicate the staged rows against the store and each other (first seen wins: stored rows,
+    then staged rows in reading order) and rewrite each touched date partition sorted by
+    SORT_KEYS. Both ways of merging give the same rows and the same Parquet bytes."""
     frames = [f for fs in stager.memory.values() for f in fs]
-    spilled = sorted(stager.root.glob("f*/batch-*.parquet"))
+    spilled = stager.spilled_files()
     if not frames and not spilled:
         return
+    if not spilled:
+        staged = pl.concat(frames, how="vertical").with_columns(_date=pl.col("arrival").dt.strftime("%Y-%m-%d"))
+        per_row = staged.estimated_size() / max(staged.height, 1)
+        by_date = staged.partition_by("_date", as_dict=True, maintain_order=True)
+        parts = {str(k[0]): v for k, v in by_date.items()}
+        fits = all((_stored_rows(store, d) + part.height) * per_row <= MEMORY_MERGE_BYTES for d, part in parts.items())
+        if fits:
+            for d in sorted(parts):
+                _merge_date_memory(store, d, parts[d], results, run_id, say)
+            return
+    _merge_duckdb(store, stager, frames, spilled, results, run_id, say)
+
+
+def _stored_rows(store: Store, date: str) -> int:
+    if not (store.requests_dir / f"date={date}").exists():
+        return 0
+    return sum(pq.read_metadata(p).num_rows for p in store.request_files(date))
+
+
+def _stored_files(store: Store, date: str) -> list[Path]:
+    existing = store.request_files(date) if (store.requests_dir / f"date={date}").exists() else []
+    for p in existing:
+        check_file_schema(p, "requests")  # schema check before merging
+    return existing
+
+
+def _count(results: list[FileResult], date: str, counts: Sequence[tuple[Any, Any, Any]]) -> None:
+    """Credit (file index, rows stored, duplicates) of one date to the files' results."""
+    for file_index, stored, dup in counts:
+        res = results[int(file_index)]
+        res.rows_stored += int(stored)
+        res.rows_duplicate += int(dup)
+        res.dates.append(date)
+
+
+def _merge_date_memory(
+    store: Store, date: str, part: pl.DataFrame, results: list[FileResult], run_id: str, say: Progress
+) -> None:
+    names = load_schema("requests").names
+    existing = _stored_files(store, date)
+    old = [pl.read_parquet(p).select(names) for p in existing]
+    rows = pl.concat([*old, part.select(names)], how="vertical") if old else part.select(names)
+    n_old = rows.height - part.height
+    first = rows.select(pl.struct("source_format", "request_id").is_first_distinct()).to_series()
+    new_first = first.slice(n_old)
+    counts = (
+        part.select("_file", _first=new_first)
+        .group_by("_file")
+        .agg(pl.col("_first").sum().alias("stored"), (~pl.col("_first")).sum().alias("dup"))
+        .rows()
+    )
+    _count(results, date, counts)
+    kept = rows.filter(first).sort(SORT_KEYS)
+    _swap_partition(store.requests_dir, date, run_id, lambda target: _write_requests(kept.lazy(), target))
+    say(f"requests/date={date}: {kept.height} rows")
+
+
+def _merge_duckdb(
+    store: Store,
+    stager: Stager,
+    frames: list[pl.DataFrame],
+    spilled: list[Path],
+    results: list[FileResult],
+    run_id: str,
+    say: Progress,
+) -> None:
+    """The out-of-core merge: DuckDB deduplicates and sorts within MERGE_MEMORY into a sorted
+    staging file, which polars then streams into the partition file."""
     schema = load_schema("requests")
     cols = ", ".join(f'"{c}"' for c in schema.names)
     tmp = stager.root / "duckdb"
@@ -381,15 +453,14 @@ def _merge(store: Store, stager: Stager, results: list[FileResult], run_id: str,
     try:
         con.execute("SET TimeZone = 'UTC'")
         con.execute(f"SET memory_limit = '{MERGE_MEMORY}'")
-        con.execute(f"SET temp_directory = '{tmp}'")
+        con.execute(f"SET temp_directory = '{_sql_str(tmp)}'")
         con.execute("SET enable_progress_bar = false")
         parts = []
         if frames:
             con.register("mem", pl.concat(frames, how="vertical").to_arrow())
             parts.append("SELECT * FROM mem")
         if spilled:
-            files = ", ".join("'" + str(f).replace("'", "''") + "'" for f in spilled)
-            parts.append(f"SELECT * FROM read_parquet([{files}])")
+            parts.append(f"SELECT * FROM read_parquet([{_sql_list(spilled)}])")
         # A view, not a table: the staged rows are read once per date, straight from memory and
         # the spilled files, and materialised only once deduplicated ("flagged").
         con.execute(
@@ -399,13 +470,11 @@ def _merge(store: Store, stager: Stager, results: list[FileResult], run_id: str,
         )
         dates = [r[0] for r in con.execute("SELECT DISTINCT _date FROM staged ORDER BY 1").fetchall()]
         for d in dates:
-            existing = store.request_files(d) if (store.requests_dir / f"date={d}").exists() else []
-            for p in existing:
-                check_file_schema(p, "requests")  # schema check before merging
+            existing = _stored_files(store, d)
             old = ""
             if existing:
-                files = ", ".join("'" + str(f).replace("'", "''") + "'" for f in existing)
-                old = f"SELECT {cols}, -1 AS _file, -1 AS _seq, 0 AS _ord FROM read_parquet([{files}]) UNION ALL "
+                stored = f"read_parquet([{_sql_list(existing)}])"
+                old = f"SELECT {cols}, -1 AS _file, -1 AS _seq, 0 AS _ord FROM {stored} UNION ALL "
             con.execute(
                 "CREATE OR REPLACE TEMP TABLE flagged AS SELECT *, row_number() OVER "
                 "(PARTITION BY source_format, request_id ORDER BY _ord, _seq) = 1 AS _first FROM ("
@@ -416,32 +485,54 @@ def _merge(store: Store, stager: Stager, results: list[FileResult], run_id: str,
                 "SELECT _file, count(*) FILTER (WHERE _first), count(*) FILTER (WHERE NOT _first) "
                 "FROM flagged WHERE _ord = 1 GROUP BY _file"
             ).fetchall()
-            for file_index, stored, dup in counts:
-                res = results[int(file_index)]
-                res.rows_stored += int(stored)
-                res.rows_duplicate += int(dup)
-                res.dates.append(d)
+            _count(results, d, counts)
             kept = con.execute("SELECT count(*) FROM flagged WHERE _first").fetchall()[0][0]
-            _swap_partition_sql(con, store.requests_dir, d, cols, run_id)
+            order = ", ".join(SORT_KEYS)
+            sorted_file = tmp / f"sorted-{d}.parquet"
+            con.execute(
+                f"COPY (SELECT {cols} FROM flagged WHERE _first ORDER BY {order}) "
+                f"TO '{_sql_str(sorted_file)}' (FORMAT parquet, COMPRESSION lz4)"
+            )
+
+            def write(target: Path, src: Path = sorted_file) -> None:
+                _write_requests(pl.scan_parquet(src), target)
+
+            _swap_partition(store.requests_dir, d, run_id, write)
+            sorted_file.unlink()
             say(f"requests/date={d}: {kept} rows")
     finally:
         con.close()
 
 
-def _swap_partition_sql(con: duckdb.DuckDBPyConnection, table_dir: Path, date: str, cols: str, run_id: str) -> None:
+def _sql_str(path: Path) -> str:
+    return str(path).replace("'", "''")
+
+
+def _sql_list(paths: Sequence[Path]) -> str:
+    return ", ".join(f"'{_sql_str(p)}'" for p in paths)
+
+
+def _write_requests(rows: pl.LazyFrame, target: Path) -> None:
+    """Stream sorted canonical requests into one Parquet file with the store's writer settings
+    (zstd level 1, 1 Mi-row groups) and the schema's metadata, then check what was written."""
+    schema = load_schema("requests")
+    rows.select(schema.names).sink_parquet(
+        target,
+        compression="zstd",
+        compression_level=1,
+        row_group_size=1 << 20,
+        metadata={META_NAME.decode(): schema.name, META_VERSION.decode(): str(schema.version)},
+    )
+    check_file_schema(target, "requests")  # the written file carries its schema and types
+
+
+def _swap_partition(table_dir: Path, date: str, run_id: str, write: Callable[[Path], None]) -> None:
+    """Write a date partition beside the old one, then swap it in by rename."""
     final = table_dir / f"date={date}"
     new = table_dir / f".date={date}.new-{run_id}"
     old = table_dir / f".date={date}.old-{run_id}"
     new.mkdir(parents=True, exist_ok=True)
-    target = new / "part-00000.parquet"
-    schema = load_schema("requests")
-    meta = f"{{'rooftrace.schema': '{schema.name}', 'rooftrace.schema_version': '{schema.version}'}}"
-    con.execute(
-        f"COPY (SELECT {cols} FROM flagged WHERE _first ORDER BY arrival, source_file, source_line, request_id) "
-        f"TO '{str(target).replace(chr(39), chr(39) * 2)}' "
-        f"(FORMAT parquet, COMPRESSION zstd, COMPRESSION_LEVEL 1, ROW_GROUP_SIZE 1048576, KV_METADATA {meta})"
-    )
-    check_file_schema(target, "requests")  # the written file carries its schema and types
+    write(new / "part-00000.parquet")
     if final.exists():
         final.rename(old)
     new.rename(final)
