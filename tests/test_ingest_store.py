@@ -5,6 +5,7 @@ from __future__ import annotations
 import csv
 import hashlib
 import json
+from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
@@ -225,3 +226,36 @@ def test_hypothesis_round_trip(
         for row in got.iter_rows(named=True)
     }
     assert seen == expect
+
+
+def test_prefetch_keeps_order_passes_errors_and_stops_the_producer() -> None:
+    from pipeline.ingest.readers import prefetch
+
+    assert list(prefetch(iter(range(1000)), depth=3)) == list(range(1000))
+
+    def failing() -> Iterator[int]:
+        yield 1
+        yield 2
+        raise ValueError("bad batch")
+
+    got: list[int] = []
+    with pytest.raises(ValueError, match="bad batch"):
+        for x in prefetch(failing()):
+            got.append(x)
+    assert got == [1, 2]
+
+    closed: list[bool] = []
+
+    def endless() -> Iterator[int]:
+        try:
+            n = 0
+            while True:
+                yield n
+                n += 1
+        finally:
+            closed.append(True)
+
+    it = prefetch(endless(), depth=2)
+    assert [next(it) for _ in range(5)] == [0, 1, 2, 3, 4]
+    it.close()  # the consumer stops early: the worker stops and closes the producer
+    assert closed == [True]

@@ -8,7 +8,7 @@ import polars as pl
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from pipeline.ingest.timeparse import parse_time
+from pipeline.ingest.timeparse import _iso, _iso_series, parse_time
 
 _instants = st.datetimes(min_value=datetime(2000, 1, 1), max_value=datetime(2099, 12, 31)).map(
     lambda d: d.replace(tzinfo=UTC)
@@ -46,3 +46,47 @@ def test_relative_needs_an_anchor_and_garbage_is_null() -> None:
     assert rel[0] == datetime(2024, 5, 1, 0, 0, 1, 500000, tzinfo=UTC) and rel[1:] == [None, None]
     assert df.with_columns(parse_time(pl.col("t"), "relative_ms").alias("t"))["t"].null_count() == 3
     assert df.select(parse_time(pl.col("t"), "auto").alias("t"))["t"].to_list()[1:] == [None, None]
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    when=_instants,
+    digits=st.integers(0, 9),
+    sep=st.sampled_from(["T", " "]),
+)
+def test_zulu_fast_path_agrees_with_general_iso_parser(when: datetime, digits: int, sep: str) -> None:
+    """The direct "...Z" parse and the general ISO parser give the same instant on every row the
+    fast one takes (fractions of 0-9 digits truncate to microseconds alike)."""
+    frac = f"{when.microsecond:06d}123"[:digits]
+    text = when.strftime(f"%Y-%m-%d{sep}%H:%M:%S") + (f".{frac}" if digits else "") + "Z"
+    fast = _iso_series(pl.Series([text]))[0]
+    general = pl.select(_iso(pl.lit(text))).item()
+    assert fast == general and general is not None, text
+
+
+def test_mixed_batch_parses_each_row_as_alone() -> None:
+    """'auto' on a batch mixing shapes (epoch units, Z, offsets, naive, garbage, null) gives every
+    row what it gets on its own: the fast path and the patching of the rest line up."""
+    rows = [
+        "2025-01-15T00:00:00.327677Z",
+        "1736899200",
+        "2025-01-15T05:30:00+05:30",
+        None,
+        "2025-01-15 00:00:01",
+        "not a time",
+        "1736899200123",
+        "2025-01-15T00:00:02Z",
+        " 2025-01-15T00:00:03Z ",
+        "2025-01-15T00:00:04.5-0100",
+    ]
+    batch = pl.DataFrame({"t": rows}).select(parse_time(pl.col("t"), "auto").alias("t"))["t"].to_list()
+    alone = [
+        pl.DataFrame({"t": [r]}, schema={"t": pl.String}).select(parse_time(pl.col("t"), "auto"))["t"][0] for r in rows
+    ]
+    assert batch == alone
+    assert batch[0] == datetime(2025, 1, 15, 0, 0, 0, 327677, tzinfo=UTC)
+    assert batch[1] == batch[2] == datetime(2025, 1, 15, tzinfo=UTC)
+    assert batch[3] is None and batch[5] is None
+    assert batch[6] == datetime(2025, 1, 15, 0, 0, 0, 123000, tzinfo=UTC)
+    assert batch[8] == datetime(2025, 1, 15, 0, 0, 3, tzinfo=UTC)
+    assert batch[9] == datetime(2025, 1, 15, 1, 0, 4, 500000, tzinfo=UTC)

@@ -14,10 +14,12 @@ from __future__ import annotations
 import csv
 import io
 import json
+import queue
+import threading
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import duckdb
 import polars as pl
@@ -76,11 +78,63 @@ def _flat_types(spec: FormatSpec) -> dict[str, pl.DataType]:
     return {n: (pl.List(pl.String()) if n in spec.list_fields else pl.String()) for n in spec.fields}
 
 
+_T = TypeVar("_T")
+
+
+def prefetch(items: Iterator[_T], depth: int = 2) -> Iterator[_T]:
+    """Iterate ``items`` on a worker thread, up to ``depth`` ahead, so a producer that releases the
+    GIL (DuckDB's scan) overlaps with the consumer's work. Exceptions reach the consumer in order;
+    a consumer that stops early stops the worker (which then closes ``items``)."""
+    q: queue.Queue[tuple[str, Any]] = queue.Queue(maxsize=depth)
+    stop = threading.Event()
+
+    def put(item: tuple[str, Any]) -> bool:
+        while not stop.is_set():
+            try:
+                q.put(item, timeout=0.05)
+                return True
+            except queue.Full:
+                continue
+        return False
+
+    def work() -> None:
+        try:
+            for x in items:
+                if not put(("item", x)):
+                    break
+            else:
+                put(("end", None))
+        except BaseException as exc:  # handed to the consumer, which re-raises it
+            put(("error", exc))
+        finally:
+            close = getattr(items, "close", None)
+            if close is not None:
+                close()
+
+    worker = threading.Thread(target=work, name="rooftrace-prefetch", daemon=True)
+    worker.start()
+    try:
+        while True:
+            kind, value = q.get()
+            if kind == "end":
+                return
+            if kind == "error":
+                raise value
+            yield value
+    finally:
+        stop.set()
+        worker.join()
+
+
 def jsonl_fast(
     path: Path, spec: FormatSpec, stats: LineStats | None = None, batch_rows: int = BATCH_LINES
 ) -> Iterator[RawBatch]:
-    """DuckDB parses and projects the file; raises FastPathFailed if it cannot, or if lines and
-    rows differ."""
+    """DuckDB parses and projects the file (on a worker thread, a batch or two ahead of the
+    caller); raises FastPathFailed if it cannot, or if lines and rows differ."""
+    return prefetch(_jsonl_fast(path, spec, stats, batch_rows))
+
+
+def _jsonl_fast(path: Path, spec: FormatSpec, stats: LineStats | None, batch_rows: int) -> Iterator[RawBatch]:
     try:
         if stats is None:
             stats = _count_lines(path)
@@ -88,6 +142,7 @@ def jsonl_fast(
     except (OSError, EOFError) as exc:
         raise SourceError(f"{path}: cannot read ({type(exc).__name__}: {exc})") from None
     con = duckdb.connect()
+    con.execute("SET enable_progress_bar = false")
     types = _flat_types(spec)
     row = 0
     try:

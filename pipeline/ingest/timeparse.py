@@ -27,13 +27,58 @@ def _iso(expr: pl.Expr) -> pl.Expr:
     s = expr.str.strip_chars()
     tz = s.str.extract(_TZ, 1)
     base = s.str.replace(_TZ, "").str.replace("T", " ", literal=True)
-    naive = base.str.to_datetime("%Y-%m-%d %H:%M:%S%.f", strict=False, time_unit="ns")
+    naive = base.str.to_datetime("%Y-%m-%d %H:%M:%S%.f", strict=False, time_unit="ns", cache=False)
     digits = tz.str.replace_all(r"[^0-9]", "")
     minutes = digits.str.slice(0, 2).cast(pl.Int64, strict=False) * 60 + digits.str.slice(2, 2).cast(
         pl.Int64, strict=False
     )
     offset = pl.when(tz.is_null() | (tz == "Z")).then(0).when(tz.str.starts_with("-")).then(-minutes).otherwise(minutes)
     return (naive - pl.duration(minutes=offset)).dt.cast_time_unit("us").dt.replace_time_zone("UTC")
+
+
+#: The shape most logs write (RFC 3339 in UTC with a "Z"). It is parsed directly, and the general
+#: ISO parser (``_iso``, several string passes) runs only on the rows this one does not take; on a
+#: row both take they agree (same fields, fraction to ns then truncated to us, UTC).
+_ZULU = "%Y-%m-%dT%H:%M:%S%.fZ"
+
+
+def _patch(base: pl.Series, rows: pl.Series, values: pl.Series) -> pl.Series:
+    """``base`` with the ``rows`` (a mask) replaced by ``values`` (one per true row)."""
+    return base.scatter(rows.arg_true(), values)
+
+
+def _iso_series(s: pl.Series) -> pl.Series:
+    s = s.cast(pl.String)
+    fast = s.str.to_datetime(_ZULU, strict=False, time_unit="ns", cache=False)
+    fast = fast.dt.cast_time_unit("us").dt.replace_time_zone("UTC")
+    rest = fast.is_null() & s.is_not_null()
+    if not rest.any():
+        return fast
+    slow = pl.select(_iso(pl.lit(s.filter(rest)))).to_series()
+    return _patch(fast, rest, slow)
+
+
+def _auto_series(s: pl.Series) -> pl.Series:
+    s = s.cast(pl.String)
+    num = s.cast(pl.Float64, strict=False)
+    secs = (
+        pl.when(pl.col("n").abs() < _EPOCH_MAX_S)
+        .then(pl.col("n"))
+        .when(pl.col("n").abs() < _EPOCH_MAX_S * 1e3)
+        .then(pl.col("n") / 1e3)
+        .when(pl.col("n").abs() < _EPOCH_MAX_S * 1e6)
+        .then(pl.col("n") / 1e6)
+        .otherwise(pl.col("n") / 1e9)
+    )
+    epoch = (
+        pl.DataFrame({"n": num})
+        .select(pl.when((secs >= _EPOCH_MIN_S) & (secs < _EPOCH_MAX_S)).then(_epoch(secs, 1e6)))
+        .to_series()
+    )
+    text = num.is_null() & s.is_not_null()
+    if not text.any():
+        return epoch
+    return _patch(epoch, text, _iso_series(s.filter(text)))
 
 
 def _epoch(num: pl.Expr, scale_to_us: float) -> pl.Expr:
@@ -54,7 +99,7 @@ def parse_time(expr: pl.Expr, kind: str, anchor: str | None = None) -> pl.Expr:
     """
     num = expr.cast(pl.Float64, strict=False)
     if kind == "iso":
-        return _iso(expr)
+        return expr.map_batches(_iso_series, return_dtype=_US, is_elementwise=True)
     scales = {"s": 1e6, "ms": 1e3, "us": 1.0, "ns": 1e-3}
     if kind in scales:
         return _epoch(num, scales[kind])
@@ -65,15 +110,6 @@ def parse_time(expr: pl.Expr, kind: str, anchor: str | None = None) -> pl.Expr:
         scale = 1e6 if kind == "relative_s" else 1e3
         return (pl.lit(base, pl.Int64) + (num * scale).round(0).cast(pl.Int64, strict=False)).cast(_US)
     if kind == "auto":
-        secs = (
-            pl.when(num.abs() < _EPOCH_MAX_S)
-            .then(num)
-            .when(num.abs() < _EPOCH_MAX_S * 1e3)
-            .then(num / 1e3)
-            .when(num.abs() < _EPOCH_MAX_S * 1e6)
-            .then(num / 1e6)
-            .otherwise(num / 1e9)
-        )
-        epoch = pl.when((secs >= _EPOCH_MIN_S) & (secs < _EPOCH_MAX_S)).then(_epoch(secs, 1e6))
-        return pl.when(num.is_not_null()).then(epoch).otherwise(_iso(expr))
+        # A number is an epoch time whose unit is picked by magnitude; anything else is ISO-8601.
+        return expr.map_batches(_auto_series, return_dtype=_US, is_elementwise=True)
     raise ValueError(f"unknown time kind {kind!r}")
