@@ -259,3 +259,10 @@ def test_prefetch_keeps_order_passes_errors_and_stops_the_producer() -> None:
     assert [next(it) for _ in range(5)] == [0, 1, 2, 3, 4]
     it.close()  # the consumer stops early: the worker stops and closes the producer
     assert closed == [True]
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, 3), st.sampled_from(["a", "b"]), st.integers(0, 3)), max_size=12))
+def test_is_sorted_matches_python_sorting(rows: list[tuple[int, str, int]]) -> None:
+    frame = pl.DataFrame(rows, schema={"t": pl.Int64, "f": pl.String, "n": pl.Int64}, orient="row")
+    assert core._is_sorted(frame, ("t", "f", "n")) == (rows == sorted(rows))

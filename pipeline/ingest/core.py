@@ -378,14 +378,15 @@ def _merge(store: Store, stager: Stager, results: list[FileResult], run_id: str,
     if not frames and not spilled:
         return
     if not spilled:
-        staged = pl.concat(frames, how="vertical").with_columns(_date=pl.col("arrival").dt.strftime("%Y-%m-%d"))
+        staged = pl.concat(frames, how="vertical") if len(frames) > 1 else frames[0]
+        day = pl.col("arrival").dt.date()
+        dates = sorted(staged.select(day.unique())["arrival"].to_list())
         per_row = staged.estimated_size() / max(staged.height, 1)
-        by_date = staged.partition_by("_date", as_dict=True, maintain_order=True)
-        parts = {str(k[0]): v for k, v in by_date.items()}
+        parts = {d.isoformat(): (staged if len(dates) == 1 else staged.filter(day == d)) for d in dates}
         fits = all((_stored_rows(store, d) + part.height) * per_row <= MEMORY_MERGE_BYTES for d, part in parts.items())
         if fits:
-            for d in sorted(parts):
-                _merge_date_memory(store, d, parts[d], results, run_id, say)
+            for d, part in parts.items():
+                _merge_date_memory(store, d, part, results, run_id, say)
             return
     _merge_duckdb(store, stager, frames, spilled, results, run_id, say)
 
@@ -429,9 +430,22 @@ def _merge_date_memory(
         .rows()
     )
     _count(results, date, counts)
-    kept = rows.filter(first).sort(SORT_KEYS)
+    kept = rows if first.all() else rows.filter(first)
+    if not _is_sorted(kept, SORT_KEYS):  # a log written in arrival order needs no sort
+        kept = kept.sort(SORT_KEYS)
     _swap_partition(store.requests_dir, date, run_id, lambda target: _write_requests(kept.lazy(), target))
     say(f"requests/date={date}: {kept.height} rows")
+
+
+def _is_sorted(frame: pl.DataFrame, keys: Sequence[str]) -> bool:
+    """Whether ``frame`` is in ascending lexicographic order of ``keys`` (no nulls in them)."""
+    if frame.height < 2:
+        return True
+    in_order: pl.Expr = pl.lit(True)
+    for key in reversed(keys):  # row i <= row i+1 on keys[j:], built from the last key
+        a, b = pl.col(key), pl.col(key).shift(-1)
+        in_order = (a < b) | ((a == b) & in_order)
+    return bool(frame.select(in_order.slice(0, frame.height - 1).all()).item())
 
 
 def _merge_duckdb(
