@@ -8,7 +8,7 @@ import polars as pl
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from pipeline.ingest.timeparse import _iso, _iso_series, parse_time
+from pipeline.ingest.timeparse import _iso, _iso_series, _zulu_fixed, parse_time
 
 _instants = st.datetimes(min_value=datetime(2000, 1, 1), max_value=datetime(2099, 12, 31)).map(
     lambda d: d.replace(tzinfo=UTC)
@@ -90,3 +90,37 @@ def test_mixed_batch_parses_each_row_as_alone() -> None:
     assert batch[6] == datetime(2025, 1, 15, 0, 0, 0, 123000, tzinfo=UTC)
     assert batch[8] == datetime(2025, 1, 15, 0, 0, 3, tzinfo=UTC)
     assert batch[9] == datetime(2025, 1, 15, 1, 0, 4, 500000, tzinfo=UTC)
+
+
+_field = st.tuples(
+    st.integers(1600, 2300),
+    st.integers(0, 19),
+    st.integers(0, 39),
+    st.integers(0, 29),
+    st.integers(0, 69),
+    st.integers(0, 69),
+)
+
+
+@settings(max_examples=150, deadline=None)
+@given(rows=st.lists(_field, min_size=1, max_size=40), digits=st.integers(0, 9), nulls=st.booleans())
+def test_fixed_width_zulu_parser_agrees_with_general_parser(
+    rows: list[tuple[int, int, int, int, int, int]], digits: int, nulls: bool
+) -> None:
+    """The byte-level parser of equal-width "...Z" batches, on dates and times both valid and not
+    (month 13, 30 Feb, 24:00, second 60, years the general parser cannot hold): each row it takes
+    equals the general parser's result, each row it rejects is left null, and the whole 'iso'
+    parse equals the general parser row by row."""
+    frac = ("." + "123456789"[:digits]) if digits else ""
+    texts: list[str | None] = [
+        f"{y:04d}-{mo:02d}-{d:02d}T{h:02d}:{mi:02d}:{s:02d}{frac}Z" for y, mo, d, h, mi, s in rows
+    ]
+    if nulls and len(texts) > 1:
+        texts[0] = None
+    series = pl.Series(texts, dtype=pl.String)
+    general = pl.select(_iso(pl.lit(series))).to_series().to_list()
+    fixed = _zulu_fixed(series)
+    assert fixed is not None
+    for got, want in zip(fixed.to_list(), general, strict=True):
+        assert got is None or got == want
+    assert _iso_series(series).to_list() == general

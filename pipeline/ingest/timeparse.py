@@ -4,7 +4,9 @@ from __future__ import annotations
 
 from datetime import UTC, date, datetime
 
+import numpy as np
 import polars as pl
+import pyarrow as pa
 
 #: Kinds a timestamp field can have. "auto" picks epoch units by magnitude and ISO-8601 otherwise.
 TIME_KINDS = ("auto", "s", "ms", "us", "ns", "iso", "relative_s", "relative_ms")
@@ -41,6 +43,67 @@ def _iso(expr: pl.Expr) -> pl.Expr:
 #: row both take they agree (same fields, fraction to ns then truncated to us, UTC).
 _ZULU = "%Y-%m-%dT%H:%M:%S%.fZ"
 
+# Byte layout of "YYYY-MM-DDTHH:MM:SS[.f{1,9}]Z": separators by position, digits elsewhere.
+_SEPARATORS = {4: ord("-"), 7: ord("-"), 10: ord("T"), 13: ord(":"), 16: ord(":")}
+#: Years the general parser represents (it parses at ns precision: 1677-09-21 .. 2262-04-11).
+_YEARS = (1678, 2261)
+
+
+def _days_from_civil(y: np.ndarray, m: np.ndarray, d: np.ndarray) -> np.ndarray:
+    """Days since 1970-01-01 of a proleptic Gregorian date (H. Hinnant's days_from_civil)."""
+    y = y - (m <= 2)
+    era = y // 400
+    yoe = y - era * 400
+    doy = (153 * (m + np.where(m > 2, -3, 9)) + 2) // 5 + d - 1
+    doe = yoe * 365 + yoe // 4 - yoe // 100 + doy
+    days: np.ndarray = era * 146097 + doe - 719468
+    return days
+
+
+def _zulu_fixed(s: pl.Series) -> pl.Series | None:
+    """Parse a batch whose values all have one length in the "...Z" layout straight from the bytes
+    (numpy over an (n, length) view): Datetime(us, UTC), null on a row that is not a valid time in
+    that layout. None when the batch does not have that shape (the caller uses chrono instead)."""
+    n = len(s)
+    if n == 0:
+        return None
+    lengths = s.str.len_bytes().drop_nulls()
+    if lengths.len() == 0:
+        return None
+    width = int(lengths[0])
+    if not (20 <= width <= 30 and width != 21) or lengths.n_unique() != 1:
+        return None
+    filled = s.fill_null("0" * width) if s.null_count() else s
+    arr = pa.chunked_array(filled.to_arrow()).cast(pa.large_string()).combine_chunks()
+    offsets = np.frombuffer(arr.buffers()[1], np.int64)[arr.offset : arr.offset + n + 1]
+    data = np.frombuffer(arr.buffers()[2], np.uint8)[offsets[0] : offsets[0] + n * width]
+    dig = data.reshape(n, width) - np.uint8(ord("0"))  # a non-digit wraps to a value above 9
+    layout = {**_SEPARATORS, 19: ord("."), width - 1: ord("Z")} if width > 20 else {**_SEPARATORS, 19: ord("Z")}
+    sep_pos = np.array(sorted(layout))
+    sep_want = np.array([layout[p] for p in sorted(layout)], dtype=np.uint8) - np.uint8(ord("0"))
+    digit_pos = np.array([p for p in range(width) if p not in layout])
+    ok = (dig[:, sep_pos] == sep_want).all(axis=1) & (dig[:, digit_pos] <= 9).all(axis=1)
+
+    def num(at: int, k: int) -> np.ndarray:
+        value: np.ndarray = dig[:, at : at + k].astype(np.int64) @ (10 ** np.arange(k - 1, -1, -1, dtype=np.int64))
+        return value
+
+    year, month, day = num(0, 4), num(5, 2), num(8, 2)
+    hour, minute, sec = num(11, 2), num(14, 2), num(17, 2)
+    leap = ((year % 4 == 0) & (year % 100 != 0)) | (year % 400 == 0)
+    month_days = np.array([0, 31, 28, 31, 30, 31, 30, 31, 31, 30, 31, 30, 31])[np.clip(month, 0, 12)] + (
+        leap & (month == 2)
+    )
+    ok &= (year >= _YEARS[0]) & (year <= _YEARS[1]) & (month >= 1) & (month <= 12) & (day >= 1)
+    ok &= (day <= month_days) & (hour < 24) & (minute < 60) & (sec < 60)
+    frac_digits = width - 21 if width > 20 else 0
+    kept = min(frac_digits, 6)  # digits past microseconds are truncated, as the general parser does
+    frac_us = num(20, kept) * 10 ** (6 - kept) if kept else 0
+    secs = _days_from_civil(year, month, day) * 86400 + hour * 3600 + minute * 60 + sec
+    ok &= s.is_not_null().to_numpy()
+    us = pl.Series(secs * 1_000_000 + frac_us, dtype=pl.Int64)
+    return us.scatter(np.flatnonzero(~ok), None).cast(_US)
+
 
 def _patch(base: pl.Series, rows: pl.Series, values: pl.Series) -> pl.Series:
     """``base`` with the ``rows`` (a mask) replaced by ``values`` (one per true row)."""
@@ -49,8 +112,10 @@ def _patch(base: pl.Series, rows: pl.Series, values: pl.Series) -> pl.Series:
 
 def _iso_series(s: pl.Series) -> pl.Series:
     s = s.cast(pl.String)
-    fast = s.str.to_datetime(_ZULU, strict=False, time_unit="ns", cache=False)
-    fast = fast.dt.cast_time_unit("us").dt.replace_time_zone("UTC")
+    fast = _zulu_fixed(s)
+    if fast is None:
+        fast = s.str.to_datetime(_ZULU, strict=False, time_unit="ns", cache=False)
+        fast = fast.dt.cast_time_unit("us").dt.replace_time_zone("UTC")
     rest = fast.is_null() & s.is_not_null()
     if not rest.any():
         return fast
@@ -61,6 +126,8 @@ def _iso_series(s: pl.Series) -> pl.Series:
 def _auto_series(s: pl.Series) -> pl.Series:
     s = s.cast(pl.String)
     num = s.cast(pl.Float64, strict=False)
+    if num.null_count() == len(num):
+        return _iso_series(s)  # no epoch numbers at all: the usual case for ISO-stamped logs
     secs = (
         pl.when(pl.col("n").abs() < _EPOCH_MAX_S)
         .then(pl.col("n"))
