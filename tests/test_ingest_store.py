@@ -266,3 +266,43 @@ def test_prefetch_keeps_order_passes_errors_and_stops_the_producer() -> None:
 def test_is_sorted_matches_python_sorting(rows: list[tuple[int, str, int]]) -> None:
     frame = pl.DataFrame(rows, schema={"t": pl.Int64, "f": pl.String, "n": pl.Int64}, orient="row")
     assert core._is_sorted(frame, ("t", "f", "n")) == (rows == sorted(rows))
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    st.lists(
+        st.tuples(st.sampled_from(["openai", "azure"]), st.sampled_from(["a", "b", "c", "d"]), st.integers(0, 4)),
+        max_size=30,
+    )
+)
+def test_first_seen_and_date_split(rows: list[tuple[str, str, int]]) -> None:
+    """First-seen flags equal a dict walk over (source_format, request_id); the date split keeps
+    every row once, in reading order, whether the rows are in date order or not."""
+    base = datetime(2025, 1, 1, tzinfo=UTC)
+    frame = pl.DataFrame(
+        {
+            "source_format": [r[0] for r in rows],
+            "request_id": [r[1] for r in rows],
+            "arrival": [base + timedelta(days=r[2], hours=5) for r in rows],
+            "_seq": list(range(len(rows))),
+        },
+        schema={
+            "source_format": pl.String,
+            "request_id": pl.String,
+            "arrival": pl.Datetime("us", "UTC"),
+            "_seq": pl.Int64,
+        },
+    )
+    seen: set[tuple[str, str]] = set()
+    want = []
+    for fmt, rid, _ in rows:
+        want.append((fmt, rid) not in seen)
+        seen.add((fmt, rid))
+    assert core._first_seen(frame).to_list() == want
+    for frame_in in (frame, frame.sort("arrival", maintain_order=True)):
+        parts = core._split_by_date(frame_in)
+        assert sorted(parts) == sorted({(base + timedelta(days=r[2])).date().isoformat() for r in rows})
+        for d, part in parts.items():
+            expect = frame_in.filter(pl.col("arrival").dt.date().cast(pl.String) == d)["_seq"].to_list()
+            assert part["_seq"].to_list() == expect
+        assert sum(p.height for p in parts.values()) == frame.height
