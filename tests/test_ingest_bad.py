@@ -10,6 +10,8 @@ from pathlib import Path
 import polars as pl
 import pytest
 from click.testing import CliRunner
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from pipeline.cli import main
 from pipeline.ingest import ingest_logs
@@ -321,3 +323,27 @@ def test_cli_reports_one_line_and_exit_code(tmp_path: Path) -> None:
     # A bad --date is the user's to fix: exit 1 with one line.
     res = runner.invoke(main, ["ingest", str(good), "--date", "2024-13", "--store", str(tmp_path / "s2")])
     assert res.exit_code == 1 and "not YYYY-MM-DD" in res.stderr
+
+
+_number_text = st.one_of(
+    st.none(),
+    st.integers(-(10**12), 10**12).map(str),
+    st.floats(allow_nan=True, allow_infinity=True).map(repr),
+    st.text(alphabet=" \t0123456789.eE+-xna", max_size=8),
+)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.tuples(_number_text, st.sampled_from(["", " ", "\t", "  "]), st.sampled_from(["", " ", "\n"]))))
+def test_number_parse_equals_strip_then_cast(values: list[tuple[str | None, str, str]]) -> None:
+    """The token/latency number parse (cast first, strip and retry only what failed) gives what
+    stripping every value and casting gives, on numbers, padding and garbage alike."""
+    from pipeline.ingest.normalize import _number
+
+    texts = [None if v is None else f"{a}{v}{b}" for v, a, b in values]
+    series = pl.Series(texts, dtype=pl.String)
+    want = series.str.strip_chars().cast(pl.Float64, strict=False)
+    got = _number(series)
+    assert got.to_list() == want.to_list() or all(
+        (g == w) or (g != g and w != w) for g, w in zip(got.to_list(), want.to_list(), strict=True)
+    )

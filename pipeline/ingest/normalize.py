@@ -12,6 +12,8 @@ from dataclasses import dataclass
 
 import polars as pl
 
+from pipeline.ingest.timeparse import patch
+
 TOKEN_FIELDS = ("input_raw", "cache_read_raw", "cache_write_raw", "output_raw", "reasoning_raw")
 LATENCY_FIELDS = ("ttft_raw", "e2e_raw")
 
@@ -25,6 +27,17 @@ class Normalised:
 def _n(col: str) -> pl.Expr:
     """The numeric value of a text column (precomputed as ``_n_<col>``)."""
     return pl.col(f"_n_{col}")
+
+
+def _number(s: pl.Series) -> pl.Series:
+    """Text -> Float64 (null where not a number), surrounding whitespace allowed. Only the values
+    that do not parse as they are get stripped and tried again."""
+    s = s.cast(pl.String)
+    num = s.cast(pl.Float64, strict=False)
+    retry = num.is_null() & s.is_not_null()
+    if not retry.any():
+        return num
+    return patch(num, retry, s.filter(retry).str.strip_chars().cast(pl.Float64, strict=False))
 
 
 def _checks(
@@ -130,7 +143,7 @@ def finalize(
 ) -> Normalised:
     """Validate and type a candidate frame (must carry ``source_line``)."""
     nums = [
-        pl.col(c).str.strip_chars().cast(pl.Float64, strict=False).alias(f"_n_{c}")
+        pl.col(c).map_batches(_number, return_dtype=pl.Float64, is_elementwise=True).alias(f"_n_{c}")
         for c in (*TOKEN_FIELDS, *LATENCY_FIELDS)
     ]
     checks = _checks(labels, input_excludes_cache, "hashes" in cand.columns)

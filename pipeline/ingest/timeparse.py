@@ -105,7 +105,7 @@ def _zulu_fixed(s: pl.Series) -> pl.Series | None:
     return us.scatter(np.flatnonzero(~ok), None).cast(_US)
 
 
-def _patch(base: pl.Series, rows: pl.Series, values: pl.Series) -> pl.Series:
+def patch(base: pl.Series, rows: pl.Series, values: pl.Series) -> pl.Series:
     """``base`` with the ``rows`` (a mask) replaced by ``values`` (one per true row)."""
     return base.scatter(rows.arg_true(), values)
 
@@ -120,7 +120,7 @@ def _iso_series(s: pl.Series) -> pl.Series:
     if not rest.any():
         return fast
     slow = pl.select(_iso(pl.lit(s.filter(rest)))).to_series()
-    return _patch(fast, rest, slow)
+    return patch(fast, rest, slow)
 
 
 def _auto_series(s: pl.Series) -> pl.Series:
@@ -145,7 +145,7 @@ def _auto_series(s: pl.Series) -> pl.Series:
     text = num.is_null() & s.is_not_null()
     if not text.any():
         return epoch
-    return _patch(epoch, text, _iso_series(s.filter(text)))
+    return patch(epoch, text, _iso_series(s.filter(text)))
 
 
 def _epoch(num: pl.Expr, scale_to_us: float) -> pl.Expr:
