@@ -306,3 +306,28 @@ def test_first_seen_and_date_split(rows: list[tuple[str, str, int]]) -> None:
             expect = frame_in.filter(pl.col("arrival").dt.date().cast(pl.String) == d)["_seq"].to_list()
             assert part["_seq"].to_list() == expect
         assert sum(p.height for p in parts.values()) == frame.height
+
+
+def test_known_content_under_a_new_name_is_skipped_after_parsing(tmp_path: Path) -> None:
+    """A new path is hashed while it is parsed; when its content was ingested before (a renamed
+    copy), its rows are dropped and it counts as skipped: the store does not change."""
+    logs = tmp_path / "logs"
+    write_logs(generate(SynthConfig(requests=500, seed=9, duration_s=3600)), "openai", logs / "a.jsonl")
+    write_logs(generate(SynthConfig(requests=300, seed=9, duration_s=3600)), "azure", logs / "b.csv")
+    store = Store(tmp_path / "s")
+    first = ingest_logs([logs], store)
+    before = _digest(store)
+    ids = set(store.read_requests()["request_id"].to_list())
+    # Azure has no request ids: its derived ids carry the file's hash prefix.
+    sha_b = next(f.content_sha256 for f in first.files if f.source_file.endswith("b.csv"))
+    assert sha_b and any(i.startswith(f"azure:{sha_b[:12]}:") for i in ids)
+    copies = tmp_path / "copies"
+    copies.mkdir()
+    (copies / "renamed.jsonl").write_bytes((logs / "a.jsonl").read_bytes())
+    (copies / "renamed.csv").write_bytes((logs / "b.csv").read_bytes())
+    again = ingest_logs([copies], store)
+    assert [f.skipped for f in again.files] == [True, True]
+    assert again.total("rows_read") == 0 and again.total("rows_stored") == 0
+    assert _digest(store) == before
+    manifest = pl.read_parquet(store.manifest_path)
+    assert manifest.height == 2

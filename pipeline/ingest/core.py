@@ -38,14 +38,13 @@ from pipeline.ingest.readers import (
     parquet_batches,
 )
 from pipeline.ingest.source import (
-    LineStats,
+    FileDigest,
     SourceError,
     check_text,
     fetch_lines,
     iter_files,
     logical_name,
     read_head,
-    sha256_file,
     sniff_format,
 )
 from pipeline.schemas import META_NAME, META_VERSION, check_file_schema, load_schema, read_parquet, write_parquet
@@ -191,15 +190,16 @@ def _stage_file(
     path: Path,
     spec: FormatSpec,
     ctx: Context,
-    sha: str,
+    digest: FileDigest,
     stager: Stager,
     file_index: int,
-    stats: LineStats | None = None,
 ) -> tuple[int, pl.DataFrame]:
-    """Read, normalise and stage one file. Returns (rows read, quarantine frame)."""
+    """Read, normalise and stage one file. Returns (rows read, quarantine frame). The digest may
+    still be computing: it is waited for only if a record needs a derived id, and by the JSON
+    fast path's final line check."""
     if spec.relative_time and ctx.anchor_date is None:
         raise SourceError(f"{path}: {spec.name} timestamps are relative to the trace start; pass --date YYYY-MM-DD")
-    file_id = sha[:12]
+    file_id = digest.file_id
 
     def run(batches: Iterator[RawBatch]) -> tuple[int, list[pl.DataFrame]]:
         read = 0
@@ -245,7 +245,7 @@ def _stage_file(
 
     if spec.kind == "jsonl":
         try:
-            read, bad_frames = run(jsonl_fast(path, spec, stats))
+            read, bad_frames = run(jsonl_fast(path, spec, digest.stats))
         except FastPathFailed:
             stager.drop(file_index)
             read, bad_frames = run(_raw_batches(path, spec))
@@ -319,6 +319,7 @@ def ingest_logs(
         stager = Stager(store.root / ".staging" / run_id)
         manifest = _read_manifest(store)
         known = set(manifest["content_sha256"].to_list())
+        seen_paths = set(manifest["source_file"].to_list())
         quarantines: dict[int, pl.DataFrame] = {}
         paths: list[Path] = []
         for src in sources:
@@ -332,15 +333,26 @@ def ingest_logs(
             results.append(res)
             idx = len(results) - 1
             try:
-                sha, stats = sha256_file(path)
-                res.content_sha256 = sha
-                if sha in known:
+                # A path seen before is most likely the same content again (a re-run): hash it
+                # first, so skipping it costs one read. A new path is hashed on a worker thread
+                # while it is parsed; if its content turns out to be known after all, its rows
+                # are dropped and it is skipped just the same.
+                digest = FileDigest(path, background=str(path) not in seen_paths)
+                seen_paths.add(str(path))
+                if not digest.background and digest.sha() in known:
+                    res.content_sha256 = digest.sha()
                     res.skipped = True
                     say(f"{path}: already ingested (same content), skipped")
                     continue
                 spec = _resolve_spec(path, fmt, mapping)
                 res.source_format = spec.name
-                read, bad = _stage_file(path, spec, ctx, sha, stager, idx, stats)
+                read, bad = _stage_file(path, spec, ctx, digest, stager, idx)
+                sha = res.content_sha256 = digest.sha()
+                if sha in known:
+                    stager.drop(idx)
+                    res.skipped = True
+                    say(f"{path}: already ingested (same content), skipped")
+                    continue
                 res.rows_read = read
                 res.rows_quarantined = bad.height
                 quarantines[idx] = bad

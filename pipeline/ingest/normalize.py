@@ -7,7 +7,7 @@ Conditions are evaluated on every row; the reason text only on the (few) failing
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 import polars as pl
@@ -137,7 +137,7 @@ def finalize(
     *,
     source_format: str,
     source_file: str,
-    file_id: str,
+    file_id: str | Callable[[], str],
     labels: Mapping[str, str],
     input_excludes_cache: bool,
 ) -> Normalised:
@@ -168,12 +168,16 @@ def finalize(
     recorded = as_int["input_raw"]
     if input_excludes_cache:
         recorded = recorded + as_int["cache_read_raw"].fill_null(0) + as_int["cache_write_raw"].fill_null(0)
-    derived_id = pl.format(f"{source_format}:{file_id}:{{}}", pl.col("source_line"))
+    has_id = (pl.col("request_id").str.len_bytes() > 0).fill_null(False)
+    if ok.select(has_id.all()).item():
+        request_id = pl.col("request_id")  # every record has its own id: no derived ids needed
+    else:
+        derived = pl.format(
+            f"{source_format}:{file_id() if callable(file_id) else file_id}:{{}}", pl.col("source_line")
+        )
+        request_id = pl.when(has_id).then(pl.col("request_id")).otherwise(derived)
     good = ok.select(
-        pl.when(pl.col("request_id").str.len_bytes() > 0)
-        .then(pl.col("request_id"))
-        .otherwise(derived_id)
-        .alias("request_id"),
+        request_id.alias("request_id"),
         pl.col("arrival").cast(pl.Datetime("us", "UTC")),
         pl.when(pl.col("model").str.len_bytes() > 0).then(pl.col("model")).otherwise(pl.lit("unknown")).alias("model"),
         recorded.alias("recorded_input_tokens"),

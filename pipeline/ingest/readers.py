@@ -16,7 +16,7 @@ import io
 import json
 import queue
 import threading
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
@@ -126,21 +126,20 @@ def prefetch(items: Iterator[_T], depth: int = 2) -> Iterator[_T]:
         worker.join()
 
 
+LineCount = Callable[[], LineStats | None]
+
+
 def jsonl_fast(
-    path: Path, spec: FormatSpec, stats: LineStats | None = None, batch_rows: int = BATCH_LINES
+    path: Path, spec: FormatSpec, stats: LineCount | None = None, batch_rows: int = BATCH_LINES
 ) -> Iterator[RawBatch]:
     """DuckDB parses and projects the file (on a worker thread, a batch or two ahead of the
-    caller); raises FastPathFailed if it cannot, or if lines and rows differ."""
+    caller); raises FastPathFailed if it cannot, or if lines and rows differ. ``stats`` gives the
+    file's line count once the rows are read (it may still be counting meanwhile); without it, or
+    when it has none (a compressed file), the file is counted here."""
     return prefetch(_jsonl_fast(path, spec, stats, batch_rows))
 
 
-def _jsonl_fast(path: Path, spec: FormatSpec, stats: LineStats | None, batch_rows: int) -> Iterator[RawBatch]:
-    try:
-        if stats is None:
-            stats = _count_lines(path)
-        lines = stats.lines
-    except (OSError, EOFError) as exc:
-        raise SourceError(f"{path}: cannot read ({type(exc).__name__}: {exc})") from None
+def _jsonl_fast(path: Path, spec: FormatSpec, stats: LineCount | None, batch_rows: int) -> Iterator[RawBatch]:
     con = duckdb.connect()
     con.execute("SET enable_progress_bar = false")
     types = _flat_types(spec)
@@ -165,6 +164,11 @@ def _jsonl_fast(path: Path, spec: FormatSpec, stats: LineStats | None, batch_row
         raise FastPathFailed(str(exc).splitlines()[0]) from None
     finally:
         con.close()
+    try:
+        counted = stats() if stats is not None else None
+        lines = (counted or _count_lines(path)).lines
+    except (OSError, EOFError) as exc:
+        raise SourceError(f"{path}: cannot read ({type(exc).__name__}: {exc})") from None
     if row != lines:
         raise FastPathFailed(f"{row} rows for {lines} lines")
 

@@ -100,6 +100,35 @@ def sha256_file(path: Path) -> tuple[str, LineStats | None]:
     return h.hexdigest(), stats
 
 
+class FileDigest:
+    """A file's SHA-256 and line statistics (``sha256_file``), computed at once or, with
+    ``background``, on a worker thread while the caller already parses the file. ``sha()`` and
+    ``stats()`` wait for the result and raise what the hashing raised."""
+
+    def __init__(self, path: Path, background: bool = False) -> None:
+        self._pool = ThreadPoolExecutor(1, thread_name_prefix="rooftrace-hash") if background else None
+        if self._pool is not None:
+            self._future: Future[tuple[str, LineStats | None]] = self._pool.submit(sha256_file, path)
+            self._pool.shutdown(wait=False)
+        else:
+            self._future = Future()
+            self._future.set_result(sha256_file(path))
+
+    @property
+    def background(self) -> bool:
+        return self._pool is not None
+
+    def sha(self) -> str:
+        return self._future.result()[0]
+
+    def stats(self) -> LineStats | None:
+        return self._future.result()[1]
+
+    def file_id(self) -> str:
+        """The short id in derived request ids (``format:file_id:line``)."""
+        return self.sha()[:12]
+
+
 def logical_name(path: Path) -> str:
     """The file name without a compression suffix (``a.jsonl.gz`` -> ``a.jsonl``)."""
     name = path.name
