@@ -266,6 +266,8 @@ def test_prefetch_keeps_order_passes_errors_and_stops_the_producer() -> None:
 def test_is_sorted_matches_python_sorting(rows: list[tuple[int, str, int]]) -> None:
     frame = pl.DataFrame(rows, schema={"t": pl.Int64, "f": pl.String, "n": pl.Int64}, orient="row")
     assert core._is_sorted(frame, ("t", "f", "n")) == (rows == sorted(rows))
+    by_text = [(f, t, n) for t, f, n in rows]  # a text first key, ties broken by the others
+    assert core._is_sorted(frame, ("f", "t", "n")) == (by_text == sorted(by_text))
 
 
 @settings(max_examples=150, deadline=None)
