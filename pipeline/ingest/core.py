@@ -112,15 +112,24 @@ class IngestSummary:
 STAGE_MEMORY_BYTES = 256 << 20
 
 
+SortKey = tuple[Any, ...]
+
+
 class Stager:
-    """Holds normalised batches per source file: in memory up to STAGE_MEMORY_BYTES, then on disk."""
+    """Holds normalised batches in reading order: in memory up to STAGE_MEMORY_BYTES, then on disk
+    (one Parquet file per batch, named by its first ``_seq`` so a sorted listing is reading order).
+
+    It also tracks whether the rows, in reading order, are already in partition order (SORT_KEYS):
+    then a large merge can stream them to the partition without sorting."""
 
     def __init__(self, root: Path) -> None:
         self.root = root
         self.memory: dict[int, list[pl.DataFrame]] = {}
         self.bytes_in_memory = 0.0
-        self.spilled = 0
         self.seq = 0
+        self.in_order = True
+        self._last: SortKey | None = None
+        self._file_start: dict[int, tuple[bool, SortKey | None]] = {}
 
     def add(self, file_index: int, frame: pl.DataFrame) -> None:
         # _seq orders rows as they were read, so "keep the first duplicate" is well defined.
@@ -129,20 +138,38 @@ class Stager:
             _seq=pl.int_range(self.seq, self.seq + frame.height, dtype=pl.Int64),
         )
         self.seq += frame.height
+        self._file_start.setdefault(file_index, (self.in_order, self._last))
+        if self.in_order and frame.height:
+            keys = frame.select(SORT_KEYS)
+            head, tail = keys.row(0), keys.row(frame.height - 1)
+            self.in_order = (self._last is None or self._last <= head) and _is_sorted(keys, SORT_KEYS)
+            self._last = tail
         size = frame.estimated_size()
         if self.bytes_in_memory + size <= STAGE_MEMORY_BYTES:
             self.memory.setdefault(file_index, []).append(frame)
             self.bytes_in_memory += size
             return
+        self._spill(file_index, frame)
+
+    def _spill(self, file_index: int, frame: pl.DataFrame) -> None:
         folder = self.root / f"f{file_index:05d}"
         folder.mkdir(parents=True, exist_ok=True)
-        frame.write_parquet(folder / f"batch-{self.spilled:06d}.parquet", compression="lz4")
-        self.spilled += 1
+        frame.write_parquet(folder / f"batch-{int(frame['_seq'][0]):012d}.parquet", compression="lz4")
+
+    def flush(self) -> None:
+        """Move the batches held in memory to disk, so that all staged rows are files."""
+        for file_index, frames in self.memory.items():
+            for frame in frames:
+                self._spill(file_index, frame)
+        self.memory.clear()
+        self.bytes_in_memory = 0.0
 
     def drop(self, file_index: int) -> None:
         """Forget a file's rows (its read failed, or the fast path is being retried)."""
         self.bytes_in_memory -= sum(f.estimated_size() for f in self.memory.pop(file_index, []))
         shutil.rmtree(self.root / f"f{file_index:05d}", ignore_errors=True)
+        if file_index in self._file_start:
+            self.in_order, self._last = self._file_start.pop(file_index)
 
     def spilled_files(self) -> list[Path]:
         return sorted(self.root.glob("f*/batch-*.parquet"))
@@ -384,12 +411,11 @@ SORT_KEYS = ("arrival", "source_file", "source_line", "request_id")
 def _merge(store: Store, stager: Stager, results: list[FileResult], run_id: str, say: Progress) -> None:
     """Deduplicate the staged rows against the store and each other (first seen wins: stored rows,
     then staged rows in reading order) and rewrite each touched date partition sorted by
-    SORT_KEYS. Both ways of merging give the same rows and the same Parquet bytes."""
+    SORT_KEYS. Every way of merging gives the same rows and the same Parquet bytes."""
     frames = [f for fs in stager.memory.values() for f in fs]
-    spilled = stager.spilled_files()
-    if not frames and not spilled:
+    if not frames and not stager.spilled_files():
         return
-    if not spilled:
+    if not stager.spilled_files():
         staged = pl.concat(frames, how="vertical", rechunk=False)
         parts = _split_by_date(staged)
         per_row = staged.estimated_size() / max(staged.height, 1)
@@ -398,7 +424,10 @@ def _merge(store: Store, stager: Stager, results: list[FileResult], run_id: str,
             for d, part in parts.items():
                 _merge_date_memory(store, d, part, results, run_id, say)
             return
-    _merge_duckdb(store, stager, frames, spilled, results, run_id, say)
+        del staged, parts
+    del frames
+    stager.flush()
+    _merge_out_of_core(store, stager, results, run_id, say)
 
 
 def _split_by_date(staged: pl.DataFrame) -> dict[str, pl.DataFrame]:
@@ -492,19 +521,16 @@ def _is_sorted(frame: pl.DataFrame, keys: Sequence[str]) -> bool:
     return bool(in_order.all())
 
 
-def _merge_duckdb(
-    store: Store,
-    stager: Stager,
-    frames: list[pl.DataFrame],
-    spilled: list[Path],
-    results: list[FileResult],
-    run_id: str,
-    say: Progress,
-) -> None:
-    """The out-of-core merge: DuckDB deduplicates and sorts within MERGE_MEMORY into a sorted
-    staging file, which polars then streams into the partition file."""
+def _merge_out_of_core(store: Store, stager: Stager, results: list[FileResult], run_id: str, say: Progress) -> None:
+    """The merge for staged rows that do not fit in memory, all of them in staging files. DuckDB
+    finds duplicates from the key columns alone (within MERGE_MEMORY, spilling beyond it). A date
+    with no duplicates, no stored rows and rows read in partition order is streamed by polars from
+    the staging files into its partition; otherwise DuckDB drops the duplicates and sorts into a
+    staging file that polars then streams into the partition."""
     schema = load_schema("requests")
-    cols = ", ".join(f'"{c}"' for c in schema.names)
+    names = schema.names
+    cols = ", ".join(f'"{c}"' for c in names)
+    files = stager.spilled_files()
     tmp = stager.root / "duckdb"
     tmp.mkdir(parents=True, exist_ok=True)
     con = duckdb.connect()
@@ -513,53 +539,68 @@ def _merge_duckdb(
         con.execute(f"SET memory_limit = '{MERGE_MEMORY}'")
         con.execute(f"SET temp_directory = '{_sql_str(tmp)}'")
         con.execute("SET enable_progress_bar = false")
-        parts = []
-        if frames:
-            con.register("mem", pl.concat(frames, how="vertical").to_arrow())
-            parts.append("SELECT * FROM mem")
-        if spilled:
-            parts.append(f"SELECT * FROM read_parquet([{_sql_list(spilled)}])")
-        # A view, not a table: the staged rows are read once per date, straight from memory and
-        # the spilled files, and materialised only once deduplicated ("flagged").
         con.execute(
-            "CREATE TEMP VIEW staged AS SELECT *, strftime(arrival, '%Y-%m-%d') AS _date FROM ("
-            + " UNION ALL BY NAME ".join(parts)
-            + ")"
+            "CREATE TEMP VIEW staged AS SELECT *, strftime(arrival, '%Y-%m-%d') AS _date "
+            f"FROM read_parquet([{_sql_list(files)}])"
         )
         dates = [r[0] for r in con.execute("SELECT DISTINCT _date FROM staged ORDER BY 1").fetchall()]
         for d in dates:
             existing = _stored_files(store, d)
-            old = ""
-            if existing:
-                stored = f"read_parquet([{_sql_list(existing)}])"
-                old = f"SELECT {cols}, -1 AS _file, -1 AS _seq, 0 AS _ord FROM {stored} UNION ALL "
+            stored = f"read_parquet([{_sql_list(existing)}])" if existing else None
+            keys = "SELECT source_format, request_id, _file, _seq, 1 AS _ord FROM staged WHERE _date = $d"
+            if stored:
+                old_keys = f"SELECT source_format, request_id, -1 AS _file, -1 AS _seq, 0 AS _ord FROM {stored}"
+                keys = f"{old_keys} UNION ALL {keys}"
+            # Rows after the first of their key (stored rows come first; they are unique already).
             con.execute(
-                "CREATE OR REPLACE TEMP TABLE flagged AS SELECT *, row_number() OVER "
-                "(PARTITION BY source_format, request_id ORDER BY _ord, _seq) = 1 AS _first FROM ("
-                f"{old}SELECT {cols}, _file, _seq, 1 AS _ord FROM staged WHERE _date = ?)",
-                [d],
+                "CREATE OR REPLACE TEMP TABLE dup AS SELECT _file, _seq FROM ("
+                "SELECT _file, _seq, row_number() OVER (PARTITION BY source_format, request_id "
+                f"ORDER BY _ord, _seq) AS _n FROM ({keys}) SEMI JOIN ("
+                f"SELECT source_format, request_id FROM ({keys}) GROUP BY ALL HAVING count(*) > 1"
+                ") USING (source_format, request_id)) WHERE _n > 1",
+                {"d": d},
             )
             counts = con.execute(
-                "SELECT _file, count(*) FILTER (WHERE _first), count(*) FILTER (WHERE NOT _first) "
-                "FROM flagged WHERE _ord = 1 GROUP BY _file"
+                "SELECT _file, count(*) - count(dup._seq), count(dup._seq) FROM staged "
+                "LEFT JOIN dup USING (_file, _seq) WHERE _date = $d GROUP BY _file",
+                {"d": d},
             ).fetchall()
             _count(results, d, counts)
-            kept = con.execute("SELECT count(*) FROM flagged WHERE _first").fetchall()[0][0]
-            order = ", ".join(SORT_KEYS)
-            sorted_file = tmp / f"sorted-{d}.parquet"
-            con.execute(
-                f"COPY (SELECT {cols} FROM flagged WHERE _first ORDER BY {order}) "
-                f"TO '{_sql_str(sorted_file)}' (FORMAT parquet, COMPRESSION lz4)"
-            )
+            kept = sum(int(c[1]) for c in counts)
+            n_dup = sum(int(c[2]) for c in counts)
+            if _can_stream(stager, existing, n_dup):
+                day = datetime.fromisoformat(d).date()
+                in_day = pl.scan_parquet(files).filter(pl.col("arrival").dt.date() == day)
 
-            def write(target: Path, src: Path = sorted_file) -> None:
-                _write_requests(pl.scan_parquet(src), target)
+                def stream(target: Path, rows: pl.LazyFrame = in_day) -> None:
+                    _write_requests(rows, target)
 
-            _swap_partition(store.requests_dir, d, run_id, write)
-            sorted_file.unlink()
+                _swap_partition(store.requests_dir, d, run_id, stream)
+            else:
+                old = f"SELECT {cols} FROM {stored} UNION ALL " if stored else ""
+                kept += sum(pq.read_metadata(p).num_rows for p in existing)
+                sorted_file = tmp / f"sorted-{d}.parquet"
+                con.execute(
+                    f"COPY (SELECT * FROM ({old}SELECT {cols} FROM staged ANTI JOIN dup USING (_file, _seq) "
+                    f"WHERE _date = $d) ORDER BY {', '.join(SORT_KEYS)}) "
+                    f"TO '{_sql_str(sorted_file)}' (FORMAT parquet, COMPRESSION lz4)",
+                    {"d": d},
+                )
+
+                def write(target: Path, src: Path = sorted_file) -> None:
+                    _write_requests(pl.scan_parquet(src), target)
+
+                _swap_partition(store.requests_dir, d, run_id, write)
+                sorted_file.unlink()
             say(f"requests/date={d}: {kept} rows")
     finally:
         con.close()
+
+
+def _can_stream(stager: Stager, existing: list[Path], n_dup: int) -> bool:
+    """A date's staged rows are its partition as they are: read in partition order, nothing
+    stored for the date yet, no duplicates."""
+    return stager.in_order and not existing and not n_dup
 
 
 def _sql_str(path: Path) -> str:
