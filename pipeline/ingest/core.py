@@ -14,7 +14,7 @@ import shutil
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict, dataclass, field
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -523,12 +523,11 @@ def _is_sorted(frame: pl.DataFrame, keys: Sequence[str]) -> bool:
 
 def _merge_out_of_core(store: Store, stager: Stager, results: list[FileResult], run_id: str, say: Progress) -> None:
     """The merge for staged rows that do not fit in memory, all of them in staging files. DuckDB
-    finds duplicates from the key columns alone (within MERGE_MEMORY, spilling beyond it). A date
-    with no duplicates, no stored rows and rows read in partition order is streamed by polars from
-    the staging files into its partition; otherwise DuckDB drops the duplicates and sorts into a
-    staging file that polars then streams into the partition."""
-    schema = load_schema("requests")
-    names = schema.names
+    counts rows and finds duplicate keys in one pass over the key columns (within MERGE_MEMORY,
+    spilling beyond it). A date with no duplicates, no stored rows and rows read in partition
+    order is streamed by polars from the staging files into its partition; otherwise DuckDB drops
+    the duplicates and sorts into a staging file that polars then streams into the partition."""
+    names = load_schema("requests").names
     cols = ", ".join(f'"{c}"' for c in names)
     files = stager.spilled_files()
     tmp = stager.root / "duckdb"
@@ -540,48 +539,61 @@ def _merge_out_of_core(store: Store, stager: Stager, results: list[FileResult], 
         con.execute(f"SET temp_directory = '{_sql_str(tmp)}'")
         con.execute("SET enable_progress_bar = false")
         con.execute(
-            "CREATE TEMP VIEW staged AS SELECT *, strftime(arrival, '%Y-%m-%d') AS _date "
+            "CREATE TEMP VIEW staged AS SELECT *, strftime(arrival, '%Y-%m-%d') AS _date, 1 AS _ord "
             f"FROM read_parquet([{_sql_list(files)}])"
         )
-        dates = [r[0] for r in con.execute("SELECT DISTINCT _date FROM staged ORDER BY 1").fetchall()]
-        for d in dates:
-            existing = _stored_files(store, d)
-            stored = f"read_parquet([{_sql_list(existing)}])" if existing else None
-            keys = "SELECT source_format, request_id, _file, _seq, 1 AS _ord FROM staged WHERE _date = $d"
-            if stored:
-                old_keys = f"SELECT source_format, request_id, -1 AS _file, -1 AS _seq, 0 AS _ord FROM {stored}"
-                keys = f"{old_keys} UNION ALL {keys}"
-            # Rows after the first of their key (stored rows come first; they are unique already).
-            con.execute(
-                "CREATE OR REPLACE TEMP TABLE dup AS SELECT _file, _seq FROM ("
-                "SELECT _file, _seq, row_number() OVER (PARTITION BY source_format, request_id "
-                f"ORDER BY _ord, _seq) AS _n FROM ({keys}) SEMI JOIN ("
-                f"SELECT source_format, request_id FROM ({keys}) GROUP BY ALL HAVING count(*) > 1"
-                ") USING (source_format, request_id)) WHERE _n > 1",
-                {"d": d},
-            )
-            counts = con.execute(
-                "SELECT _file, count(*) - count(dup._seq), count(dup._seq) FROM staged "
-                "LEFT JOIN dup USING (_file, _seq) WHERE _date = $d GROUP BY _file",
-                {"d": d},
-            ).fetchall()
+        per_file: dict[str, list[tuple[int, int]]] = {}
+        for d, f, n in con.execute("SELECT _date, _file, count(*) FROM staged GROUP BY ALL ORDER BY ALL").fetchall():
+            per_file.setdefault(d, []).append((int(f), int(n)))
+        stored = {d: _stored_files(store, d) for d in per_file}
+        # Keys of every row that takes part: the stored rows of touched dates (first, _ord 0) and
+        # the staged rows (in reading order, _ord 1).
+        keys = ["SELECT _date, source_format, request_id, _file, _seq, _ord FROM staged"]
+        for d, existing in stored.items():
+            if existing:
+                keys.append(
+                    f"SELECT '{d}' AS _date, source_format, request_id, -1 AS _file, -1 AS _seq, 0 AS _ord "
+                    f"FROM read_parquet([{_sql_list(existing)}])"
+                )
+        con.execute(f"CREATE TEMP VIEW keys AS {' UNION ALL '.join(keys)}")
+        con.execute(
+            "CREATE TEMP TABLE dupkeys AS SELECT _date, source_format, request_id FROM keys "
+            "GROUP BY ALL HAVING count(*) > 1"
+        )
+        # Rows after the first of their key in their date (stored rows are unique already).
+        select_dup = (
+            "SELECT _date, _file, _seq FROM (SELECT _date, _file, _seq, row_number() "
+            "OVER (PARTITION BY _date, source_format, request_id ORDER BY _ord, _seq) AS _n "
+            "FROM keys SEMI JOIN dupkeys USING (_date, source_format, request_id)) WHERE _n > 1"
+        )
+        if not con.execute("SELECT count(*) FROM dupkeys").fetchall()[0][0]:
+            select_dup += " LIMIT 0"  # no key is repeated: nothing to rank
+        con.execute(f"CREATE TEMP TABLE dup AS {select_dup}")
+        dups: dict[tuple[str, int], int] = {
+            (d, int(f)): int(n)
+            for d, f, n in con.execute("SELECT _date, _file, count(*) FROM dup GROUP BY ALL").fetchall()
+        }
+        for d in sorted(per_file):
+            counts = [(f, n - dups.get((d, f), 0), dups.get((d, f), 0)) for f, n in per_file[d]]
             _count(results, d, counts)
-            kept = sum(int(c[1]) for c in counts)
-            n_dup = sum(int(c[2]) for c in counts)
-            if _can_stream(stager, existing, n_dup):
-                day = datetime.fromisoformat(d).date()
-                in_day = pl.scan_parquet(files).filter(pl.col("arrival").dt.date() == day)
+            existing = stored[d]
+            kept = sum(c[1] for c in counts) + sum(pq.read_metadata(p).num_rows for p in existing)
+            if _can_stream(stager, existing, sum(c[2] for c in counts)):
+                start = datetime.fromisoformat(d).replace(tzinfo=UTC)
+                arrival = pl.col("arrival")
+                # A range on the column itself, so row groups of other days are skipped by their
+                # statistics.
+                in_day = pl.scan_parquet(files).filter((arrival >= start) & (arrival < start + timedelta(days=1)))
 
                 def stream(target: Path, rows: pl.LazyFrame = in_day) -> None:
                     _write_requests(rows, target)
 
                 _swap_partition(store.requests_dir, d, run_id, stream)
             else:
-                old = f"SELECT {cols} FROM {stored} UNION ALL " if stored else ""
-                kept += sum(pq.read_metadata(p).num_rows for p in existing)
+                old = f"SELECT {cols} FROM read_parquet([{_sql_list(existing)}]) UNION ALL " if existing else ""
                 sorted_file = tmp / f"sorted-{d}.parquet"
                 con.execute(
-                    f"COPY (SELECT * FROM ({old}SELECT {cols} FROM staged ANTI JOIN dup USING (_file, _seq) "
+                    f"COPY (SELECT * FROM ({old}SELECT {cols} FROM staged ANTI JOIN dup USING (_date, _file, _seq) "
                     f"WHERE _date = $d) ORDER BY {', '.join(SORT_KEYS)}) "
                     f"TO '{_sql_str(sorted_file)}' (FORMAT parquet, COMPRESSION lz4)",
                     {"d": d},
