@@ -85,7 +85,9 @@ def _zulu_fixed(s: pl.Series) -> pl.Series | None:
     ok = (dig[:, sep_pos] == sep_want).all(axis=1) & (dig[:, digit_pos] <= 9).all(axis=1)
 
     def num(at: int, k: int) -> np.ndarray:
-        value: np.ndarray = dig[:, at : at + k].astype(np.int64) @ (10 ** np.arange(k - 1, -1, -1, dtype=np.int64))
+        value: np.ndarray = dig[:, at].astype(np.int64)
+        for pos in range(at + 1, at + k):
+            value = value * 10 + dig[:, pos]
         return value
 
     year, month, day = num(0, 4), num(5, 2), num(8, 2)
