@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from functools import lru_cache
 
 import polars as pl
 
@@ -132,6 +133,32 @@ def _checks(
     return checks
 
 
+@dataclass(frozen=True)
+class _Plan:
+    """The validation expressions for one kind of candidate frame, built once."""
+
+    nums: list[pl.Expr]
+    first_fail: pl.Expr
+    field_of: dict[int, str]
+    reason: pl.Expr
+
+
+@lru_cache(maxsize=64)
+def _plan(labels: tuple[tuple[str, str], ...], input_excludes_cache: bool, has_hashes: bool) -> _Plan:
+    nums = [
+        pl.col(c).map_batches(_number, return_dtype=pl.Float64, is_elementwise=True).alias(f"_n_{c}")
+        for c in (*TOKEN_FIELDS, *LATENCY_FIELDS)
+    ]
+    checks = _checks(dict(labels), input_excludes_cache, has_hashes)
+    first_fail = pl.coalesce(
+        [pl.when(cond.fill_null(False)).then(pl.lit(i, pl.Int32)) for i, (cond, _, _) in enumerate(checks)]
+    )
+    reason: pl.Expr = pl.lit(None, dtype=pl.String)
+    for i, (_, _, text) in reversed(list(enumerate(checks))):
+        reason = pl.when(pl.col("_fail") == i).then(text).otherwise(reason)
+    return _Plan(nums, first_fail, {i: f for i, (_, f, _) in enumerate(checks)}, reason)
+
+
 def finalize(
     cand: pl.DataFrame,
     *,
@@ -142,28 +169,19 @@ def finalize(
     input_excludes_cache: bool,
 ) -> Normalised:
     """Validate and type a candidate frame (must carry ``source_line``)."""
-    nums = [
-        pl.col(c).map_batches(_number, return_dtype=pl.Float64, is_elementwise=True).alias(f"_n_{c}")
-        for c in (*TOKEN_FIELDS, *LATENCY_FIELDS)
-    ]
-    checks = _checks(labels, input_excludes_cache, "hashes" in cand.columns)
-    first_fail = pl.coalesce(
-        [pl.when(cond.fill_null(False)).then(pl.lit(i, pl.Int32)) for i, (cond, _, _) in enumerate(checks)]
-    )
-    checked = cand.with_columns(nums).with_columns(_fail=first_fail)
+    plan = _plan(tuple(sorted(labels.items())), input_excludes_cache, "hashes" in cand.columns)
+    checked = cand.with_columns(plan.nums).with_columns(_fail=plan.first_fail)
+    n_bad = checked["_fail"].len() - checked["_fail"].null_count()
+    if n_bad:
+        bad = checked.filter(pl.col("_fail").is_not_null()).select(
+            pl.col("source_line").cast(pl.Int64),
+            pl.col("_fail").replace_strict(plan.field_of, return_dtype=pl.String).alias("field"),
+            plan.reason.alias("reason"),
+        )
+    else:
+        bad = pl.DataFrame(schema={"source_line": pl.Int64, "field": pl.String, "reason": pl.String})
 
-    bad_rows = checked.filter(pl.col("_fail").is_not_null())
-    field_of = {i: f for i, (_, f, _) in enumerate(checks)}
-    reason: pl.Expr = pl.lit(None, dtype=pl.String)
-    for i, (_, _, text) in reversed(list(enumerate(checks))):
-        reason = pl.when(pl.col("_fail") == i).then(text).otherwise(reason)
-    bad = bad_rows.select(
-        pl.col("source_line").cast(pl.Int64),
-        pl.col("_fail").replace_strict(field_of, return_dtype=pl.String).alias("field"),
-        reason.alias("reason"),
-    )
-
-    ok = checked.filter(pl.col("_fail").is_null())
+    ok = checked.filter(pl.col("_fail").is_null()) if n_bad else checked
     as_int = {c: _n(c).cast(pl.Int64) for c in TOKEN_FIELDS}
     recorded = as_int["input_raw"]
     if input_excludes_cache:
