@@ -130,7 +130,7 @@ LineCount = Callable[[], LineStats | None]
 
 
 def jsonl_fast(
-    path: Path, spec: FormatSpec, stats: LineCount | None = None, batch_rows: int = BATCH_LINES
+    path: Path, spec: FormatSpec, stats: LineCount | None = None, batch_rows: int = 2 * BATCH_LINES
 ) -> Iterator[RawBatch]:
     """DuckDB parses and projects the file (on a worker thread, a batch or two ahead of the
     caller); raises FastPathFailed if it cannot, or if lines and rows differ. ``stats`` gives the
