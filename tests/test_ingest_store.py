@@ -389,3 +389,52 @@ def test_out_of_core_merge_equals_in_memory_merge(
         assert not any(streamed)
     if scenario == "duplicates":
         assert counts_a == [(2800, 2500, 300)]
+
+
+def test_out_of_core_after_a_fast_path_retry_and_for_a_large_stored_partition(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A file whose DuckDB fast path fails after its batches were staged (a blank line deep in it:
+    rows and lines stop matching) is re-read by the robust path: its staged rows and its in-order
+    state are rolled back, so the out-of-core merge still streams it and matches the in-memory merge byte for byte. A
+    partition too large to merge in memory (MEMORY_MERGE_BYTES) goes out of core without spilling
+    first, with the same result."""
+    from functools import partial
+
+    from pipeline.ingest import readers
+
+    logs = tmp_path / "logs"
+    write_logs(generate(SynthConfig(requests=2000, seed=21, duration_s=3 * 3600)), "openai", logs / "a.jsonl")
+    lines = (logs / "a.jsonl").read_text().splitlines(keepends=True)
+    lines.insert(1500, "\n")  # a blank line: DuckDB skips it, so its rows stop matching lines at the end
+    (logs / "a.jsonl").write_text("".join(lines))
+    monkeypatch.setattr(core, "jsonl_fast", partial(readers.jsonl_fast, batch_rows=400))
+
+    dropped: list[int] = []
+    real_drop = core.Stager.drop
+
+    def drop(self: core.Stager, file_index: int) -> None:
+        dropped.append(sum(f.height for f in self.memory.get(file_index, [])) + len(self.spilled_files()))
+        real_drop(self, file_index)
+
+    monkeypatch.setattr(core.Stager, "drop", drop)
+    mem = Store(tmp_path / "mem")
+    s_mem = ingest_logs([logs / "a.jsonl"], mem)
+    assert dropped and dropped[0] > 0, "the fast path had staged rows before it failed"
+    assert (s_mem.total("rows_read"), s_mem.total("rows_stored"), s_mem.total("rows_quarantined")) == (2000, 2000, 0)
+
+    streamed: list[bool] = []
+    real = core._can_stream
+    monkeypatch.setattr(core, "_can_stream", lambda *args: streamed.append(real(*args)) or streamed[-1])
+    with monkeypatch.context() as m:
+        m.setattr(core, "STAGE_MEMORY_BYTES", 50_000)
+        ooc = Store(tmp_path / "ooc")
+        s_ooc = ingest_logs([logs / "a.jsonl"], ooc)
+    assert s_ooc.total("rows_stored") == 2000 and _digest(ooc) == _digest(mem)
+    assert streamed and all(streamed)
+
+    streamed.clear()
+    monkeypatch.setattr(core, "MEMORY_MERGE_BYTES", 1)
+    big = Store(tmp_path / "big")
+    ingest_logs([logs / "a.jsonl"], big)
+    assert streamed and _digest(big) == _digest(mem)
