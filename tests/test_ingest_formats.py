@@ -4,6 +4,7 @@ providers' documented field semantics (fixtures in tests/fixtures/ingest)."""
 from __future__ import annotations
 
 import shutil
+from collections.abc import Iterator
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -13,6 +14,7 @@ import pytest
 
 from pipeline.ingest import ingest_logs
 from pipeline.store import Store
+from pipeline.synth import SynthConfig, generate, write_logs
 from tests.conftest import FIXTURES
 
 DIR = FIXTURES / "ingest"
@@ -218,3 +220,71 @@ def test_blank_lines_keep_line_numbers_exact(tmp_path: Path) -> None:
     assert summary.ok and summary.total("rows_read") == 4
     got = dict(store.read_requests().select("request_id", "source_line").iter_rows())
     assert got == {"chatcmpl-A1": 1, "resp_B2": 3, "chatcmpl-C3": 6, "chatcmpl-D4": 7}
+
+
+def _frames(batches: Iterator[Any]) -> pl.DataFrame:
+    return pl.concat([b.frame for b in batches], how="vertical")
+
+
+@pytest.mark.parametrize(
+    "source",
+    ["fixture:openai.jsonl", "fixture:anthropic.jsonl", "synth:openai", "synth:anthropic", "synth:mooncake"],
+)
+def test_duckdb_and_polars_projections_give_the_same_flat_frame(tmp_path: Path, source: str) -> None:
+    """The three JSON Lines readers (DuckDB over the file, DuckDB over chunks with polars around
+    bad lines, polars alone) give the same flat frame, row for row and line for line, on every
+    provider shape in the fixtures and on synth logs."""
+    from pipeline.ingest import readers
+    from pipeline.ingest.formats import FORMATS, polars_schema, project_polars
+    from pipeline.ingest.source import iter_line_batches
+
+    kind, name = source.split(":")
+    if kind == "fixture":
+        path = DIR / name
+        fmt = name.split(".")[0]
+    else:
+        fmt = name
+        path = tmp_path / f"{name}.jsonl"
+        write_logs(generate(SynthConfig(requests=300, seed=4, duration_s=3600)), name, path)
+    spec = FORMATS[fmt]
+    fast = _frames(readers.jsonl_fast(path, spec))
+    robust = _frames(readers.jsonl_robust(path, spec))
+    polars_only = pl.concat(
+        [
+            f.select([*project_polars(spec.fields), pl.col("source_line")])
+            for b in iter_line_batches(path)
+            for f in readers._bisect(b.lines, b.numbers, polars_schema(spec.layout), fmt)[0]
+        ]
+    )
+    assert fast.height > 0
+    assert fast.equals(robust) and fast.equals(polars_only)
+
+
+def test_bad_lines_deep_in_a_file_are_quarantined_not_fatal(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A malformed line that DuckDB meets after it has streamed some batches (its error then
+    arrives as an OSError through the Arrow stream) sends the file to the robust path: the bad
+    lines are quarantined with their reasons, every other line is stored. Splitting rejected
+    chunks into tenths before bisecting gives the same result as bisecting whole batches."""
+    from functools import partial
+
+    from pipeline.ingest import core, readers
+
+    path = tmp_path / "day.jsonl"
+    write_logs(generate(SynthConfig(requests=3000, seed=8, duration_s=3600)), "openai", path)
+    lines = path.read_text().splitlines(keepends=True)
+    lines.insert(2500, '{"timestamp": "2025-01-15T00:00:00Z", "response": {"usage": \n')
+    lines.insert(1200, "[1, 2]\n")
+    path.write_text("".join(lines))
+    monkeypatch.setattr(core, "jsonl_fast", partial(readers.jsonl_fast, batch_rows=200))
+
+    results = []
+    for bisect_lines in (10**6, 40):
+        monkeypatch.setattr(readers, "BISECT_LINES", bisect_lines)
+        store = Store(tmp_path / f"s{bisect_lines}")
+        s = ingest_logs([path], store)
+        assert s.ok and (s.total("rows_read"), s.total("rows_stored"), s.total("rows_quarantined")) == (3002, 3000, 2)
+        q = pl.read_parquet(store.quarantine_dir / "*.parquet").sort("source_line")
+        assert q["source_line"].to_list() == [1201, 2502]
+        assert q["reason"][0].startswith("record is a JSON list") and q["reason"][1].startswith("invalid JSON")
+        results.append(store.read_requests().drop("source_file"))
+    assert results[0].equals(results[1])

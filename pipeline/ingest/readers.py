@@ -15,6 +15,7 @@ import csv
 import io
 import json
 import queue
+import tempfile
 import threading
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
@@ -23,6 +24,7 @@ from typing import Any, TypeVar
 
 import duckdb
 import polars as pl
+import pyarrow as pa
 import pyarrow.parquet as pq
 
 from pipeline.ingest.formats import (
@@ -139,28 +141,37 @@ def jsonl_fast(
     return prefetch(_jsonl_fast(path, spec, stats, batch_rows))
 
 
+def _duck_query(spec: FormatSpec, compression: str) -> str:
+    """DuckDB's scan of a JSON Lines file (the one parameter) projected to the flat columns."""
+    return (
+        f"SELECT {project_sql(spec.fields)} FROM read_json(?, format='newline_delimited', "
+        f"records=true, compression='{compression}', maximum_object_size=67108864, "
+        f"columns={duckdb_columns(spec.layout)})"
+    )
+
+
+def _duck_frame(batch: pa.RecordBatch | pa.Table, spec: FormatSpec) -> pl.DataFrame:
+    frame = pl.from_arrow(batch)
+    assert isinstance(frame, pl.DataFrame)
+    return frame.cast(_flat_types(spec), strict=False)  # type: ignore[arg-type]
+
+
 def _jsonl_fast(path: Path, spec: FormatSpec, stats: LineCount | None, batch_rows: int) -> Iterator[RawBatch]:
     con = duckdb.connect()
     con.execute("SET enable_progress_bar = false")
-    types = _flat_types(spec)
     row = 0
     try:
-        rel = con.sql(
-            f"SELECT {project_sql(spec.fields)} FROM read_json(?, format='newline_delimited', "
-            f"records=true, compression='{_duck_compression(path)}', maximum_object_size=67108864, "
-            f"columns={duckdb_columns(spec.layout)})",
-            params=[str(path)],
-        )
+        rel = con.sql(_duck_query(spec, _duck_compression(path)), params=[str(path)])
         for rb in rel.to_arrow_reader(batch_rows):
-            frame = pl.from_arrow(rb)
-            assert isinstance(frame, pl.DataFrame)
+            frame = _duck_frame(rb, spec)
             n = frame.height
-            frame = frame.cast(types, strict=False).with_columns(  # type: ignore[arg-type]
-                source_line=pl.int_range(row + 1, row + n + 1, dtype=pl.Int64)
-            )
+            frame = frame.with_columns(source_line=pl.int_range(row + 1, row + n + 1, dtype=pl.Int64))
             row += n
             yield RawBatch(frame)
-    except duckdb.Error as exc:
+    except (duckdb.Error, OSError) as exc:
+        # A parse error in a later batch reaches us through the Arrow stream as a plain OSError,
+        # indistinguishable by type from a failed read: either way the robust path re-reads the
+        # file, quarantining bad lines or reporting a file it cannot read.
         raise FastPathFailed(str(exc).splitlines()[0]) from None
     finally:
         con.close()
@@ -231,20 +242,78 @@ def _first_char(path: Path) -> bytes:
     return head.lstrip()[:1]
 
 
+#: Below this many lines a chunk DuckDB rejects is bisected with polars down to its bad lines.
+BISECT_LINES = 1000
+
+
+class _ChunkParser:
+    """DuckDB's projection applied to a chunk of lines (through a scratch file), so that the lines
+    around a bad one still parse at DuckDB's speed."""
+
+    def __init__(self, spec: FormatSpec) -> None:
+        self.spec = spec
+        self.dir = tempfile.TemporaryDirectory(prefix="rooftrace-chunks-")
+        self.file = Path(self.dir.name) / "chunk.jsonl"
+        self.con = duckdb.connect()
+        self.con.execute("SET enable_progress_bar = false")
+        self.query = _duck_query(spec, "none")
+
+    def parse(self, lines: list[bytes]) -> pl.DataFrame | None:
+        """The flat frame of ``lines`` (no blank ones), or None when DuckDB rejects any of them
+        or does not give one row per line."""
+        self.file.write_bytes(b"\n".join(lines) + b"\n")
+        try:
+            table = self.con.sql(self.query, params=[str(self.file)]).to_arrow_table()
+        except (duckdb.Error, OSError):
+            return None
+        return _duck_frame(table, self.spec) if table.num_rows == len(lines) else None
+
+    def close(self) -> None:
+        self.con.close()
+        self.dir.cleanup()
+
+
+def _parse_chunk(
+    duck: _ChunkParser, lines: list[bytes], numbers: list[int], spec: FormatSpec
+) -> tuple[list[pl.DataFrame], list[tuple[int, str, str]]]:
+    """Flat frames and parse failures for a chunk: DuckDB on the whole chunk, then on tenths of a
+    chunk it rejects, and polars bisection below BISECT_LINES (the failing lines get the parser's
+    reason)."""
+    flat = duck.parse(lines)
+    if flat is not None:
+        return [flat.with_columns(source_line=pl.Series(numbers, dtype=pl.Int64))], []
+    if len(lines) <= BISECT_LINES:
+        frames, failures = _bisect(lines, numbers, polars_schema(spec.layout), spec.name)
+        project = [*project_polars(spec.fields), pl.col("source_line")]
+        return [f.select(project) for f in frames], failures
+    out: list[pl.DataFrame] = []
+    bad: list[tuple[int, str, str]] = []
+    step = -(-len(lines) // 10)
+    for at in range(0, len(lines), step):
+        f, e = _parse_chunk(duck, lines[at : at + step], numbers[at : at + step], spec)
+        out += f
+        bad += e
+    return out, bad
+
+
 def jsonl_robust(path: Path, spec: FormatSpec) -> Iterator[RawBatch]:
-    schema = polars_schema(spec.layout)
-    project = [*project_polars(spec.fields), pl.col("source_line")]
+    """Batches of non-blank lines (or the elements of a JSON array), each parsed by DuckDB where
+    it can and bisected with polars around the lines it cannot."""
     if _first_char(path) == b"[":
         batches: Iterator[tuple[list[bytes], list[int]]] = _json_array_lines(path)
     else:
         batches = ((b.lines, b.numbers) for b in iter_line_batches(path))
-    for lines, numbers in batches:
-        frames, failures = _bisect(lines, numbers, schema, spec.name)
-        if frames:
-            frame = pl.concat(frames).select(project)
-        else:
-            frame = pl.DataFrame(schema={**_flat_types(spec), "source_line": pl.Int64()})
-        yield RawBatch(frame, failures)
+    duck = _ChunkParser(spec)
+    try:
+        for lines, numbers in batches:
+            frames, failures = _parse_chunk(duck, lines, numbers, spec)
+            if frames:
+                frame = pl.concat(frames, how="vertical")
+            else:
+                frame = pl.DataFrame(schema={**_flat_types(spec), "source_line": pl.Int64()})
+            yield RawBatch(frame, failures)
+    finally:
+        duck.close()
 
 
 # --- CSV -----------------------------------------------------------------------------------------
