@@ -3,6 +3,7 @@ providers' documented field semantics (fixtures in tests/fixtures/ingest)."""
 
 from __future__ import annotations
 
+import json
 import shutil
 from collections.abc import Iterator
 from datetime import UTC, datetime
@@ -230,13 +231,14 @@ def _frames(batches: Iterator[Any]) -> pl.DataFrame:
     "source",
     ["fixture:openai.jsonl", "fixture:anthropic.jsonl", "synth:openai", "synth:anthropic", "synth:mooncake"],
 )
-def test_duckdb_and_polars_projections_give_the_same_flat_frame(tmp_path: Path, source: str) -> None:
-    """The three JSON Lines readers (DuckDB over the file, DuckDB over chunks with polars around
-    bad lines, polars alone) give the same flat frame, row for row and line for line, on every
+def test_fast_and_chunked_readers_give_the_same_flat_frame(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, source: str
+) -> None:
+    """DuckDB over the whole file and DuckDB over chunks of lines (the robust path, here forced
+    down to single lines) give the same flat frame, row for row and line for line, on every
     provider shape in the fixtures and on synth logs."""
     from pipeline.ingest import readers
-    from pipeline.ingest.formats import FORMATS, polars_schema, project_polars
-    from pipeline.ingest.source import iter_line_batches
+    from pipeline.ingest.formats import FORMATS
 
     kind, name = source.split(":")
     if kind == "fixture":
@@ -249,15 +251,37 @@ def test_duckdb_and_polars_projections_give_the_same_flat_frame(tmp_path: Path, 
     spec = FORMATS[fmt]
     fast = _frames(readers.jsonl_fast(path, spec))
     robust = _frames(readers.jsonl_robust(path, spec))
-    polars_only = pl.concat(
-        [
-            f.select([*project_polars(spec.fields), pl.col("source_line")])
-            for b in iter_line_batches(path)
-            for f in readers._bisect(b.lines, b.numbers, polars_schema(spec.layout), fmt)[0]
-        ]
-    )
-    assert fast.height > 0
-    assert fast.equals(robust) and fast.equals(polars_only)
+    assert fast.height > 0 and fast.equals(robust)
+
+    real_parse = readers._ChunkParser.parse
+
+    def one_line_at_a_time(self: Any, lines: list[bytes]) -> Any:
+        return real_parse(self, lines) if len(lines) == 1 else None  # reject every chunk: split to lines
+
+    monkeypatch.setattr(readers._ChunkParser, "parse", one_line_at_a_time)
+    assert fast.equals(_frames(readers.jsonl_robust(path, spec)))
+
+
+def test_a_record_has_one_text_whichever_path_reads_it(tmp_path: Path) -> None:
+    """Values that are JSON numbers keep DuckDB's text (``1500.0``, ``1e-07``) on the fast path
+    and next to a bad line alike, so a record logged in a clean file and again in a file with a
+    malformed neighbour is one record: the second copy is a duplicate."""
+    rec = {
+        "timestamp": "2025-01-15T00:00:00Z",
+        "response": {"id": 1500.0, "model": 1e-07, "usage": {"prompt_tokens": 10, "completion_tokens": 2}},
+    }
+    clean = tmp_path / "clean.jsonl"
+    clean.write_text(json.dumps(rec) + "\n")
+    noisy = tmp_path / "noisy.jsonl"
+    noisy.write_text(json.dumps(rec) + '\n{"timestamp": \n')
+    store = Store(tmp_path / "s")
+    s = ingest_logs([clean, noisy], store)
+    assert [(f.rows_read, f.rows_stored, f.rows_quarantined, f.rows_duplicate) for f in s.files] == [
+        (1, 1, 0, 0),
+        (2, 0, 1, 1),
+    ]
+    got = store.read_requests()
+    assert got["request_id"].to_list() == ["1500.0"] and got["model"].to_list() == ["1e-07"]
 
 
 def test_bad_lines_deep_in_a_file_are_quarantined_not_fatal(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -91,18 +91,6 @@ class FormatSpec:
         return root
 
 
-def polars_schema(layout: Layout) -> dict[str, pl.DataType]:
-    out: dict[str, pl.DataType] = {}
-    for name, sub in layout.items():
-        if sub is None:
-            out[name] = pl.String()
-        elif sub == "list":
-            out[name] = pl.List(pl.String())
-        else:
-            out[name] = pl.Struct(polars_schema(sub))
-    return out
-
-
 def _duckdb_type(sub: Any) -> str:
     if sub is None:
         return "VARCHAR"

@@ -1,12 +1,12 @@
 """Readers: a source file -> batches of raw frames (text leaves) with their line numbers.
 
-JSON Lines has two paths that give the same frames. The fast path lets DuckDB parse the whole
-file with the format's explicit layout (multi-threaded, streamed as Arrow batches); it is taken when
-the file parses cleanly and yields one row per physical line (no blank lines), so row *i* is
-line *i + 1*. Otherwise the robust
-path parses batches of lines with polars and bisects a failing batch down to the bad lines, which
-are reported with the parser's reason. Either way every non-blank line ends up as exactly one row
-or one parse failure.
+JSON Lines are parsed by DuckDB with the format's explicit layout, in one of two ways that give
+the same frames. The fast path lets DuckDB scan the whole file (multi-threaded, streamed as Arrow
+batches); it is taken when the file parses cleanly and yields one row per physical line (no blank
+lines), so row *i* is line *i + 1*. Otherwise the robust path reads batches of non-blank lines
+with their numbers and has DuckDB parse each through a scratch file, splitting a batch it rejects
+down to the bad lines, which are reported with a reason. Either way every non-blank line ends up
+as exactly one row or one parse failure, and every value has DuckDB's text for it.
 """
 
 from __future__ import annotations
@@ -32,7 +32,6 @@ from pipeline.ingest.formats import (
     Layout,
     duckdb_columns,
     otel_column,
-    polars_schema,
     project_polars,
     project_sql,
 )
@@ -184,10 +183,6 @@ def _jsonl_fast(path: Path, spec: FormatSpec, stats: LineCount | None, batch_row
         raise FastPathFailed(f"{row} rows for {lines} lines")
 
 
-def _parse_lines(lines: list[bytes], schema: dict[str, pl.DataType]) -> pl.DataFrame:
-    return pl.read_ndjson(io.BytesIO(b"\n".join(lines)), schema=schema)
-
-
 def _line_reason(line: bytes, fmt: str, err: str) -> str:
     try:
         obj = json.loads(line)
@@ -197,24 +192,6 @@ def _line_reason(line: bytes, fmt: str, err: str) -> str:
         return f"record is a JSON {type(obj).__name__}, not an object"
     first = err.splitlines()[0] if err else "unexpected layout"
     return f"record does not match the {fmt} layout: {first}"
-
-
-def _bisect(
-    lines: list[bytes], numbers: list[int], schema: dict[str, pl.DataType], fmt: str
-) -> tuple[list[pl.DataFrame], list[tuple[int, str, str]]]:
-    try:
-        frame = _parse_lines(lines, schema)
-        if frame.height != len(lines):
-            raise pl.exceptions.ComputeError(f"{frame.height} rows for {len(lines)} lines")
-        return [frame.with_columns(source_line=pl.Series(numbers, dtype=pl.Int64))], []
-    except (pl.exceptions.PolarsError, ValueError) as exc:
-        if len(lines) == 1:
-            text = lines[0][:RAW_LIMIT].decode("utf-8", errors="replace")
-            return [], [(numbers[0], _line_reason(lines[0], fmt, str(exc)), text)]
-    mid = len(lines) // 2
-    f1, e1 = _bisect(lines[:mid], numbers[:mid], schema, fmt)
-    f2, e2 = _bisect(lines[mid:], numbers[mid:], schema, fmt)
-    return f1 + f2, e1 + e2
 
 
 def _json_array_lines(path: Path) -> Iterator[tuple[list[bytes], list[int]]]:
@@ -242,13 +219,14 @@ def _first_char(path: Path) -> bytes:
     return head.lstrip()[:1]
 
 
-#: Below this many lines a chunk DuckDB rejects is bisected with polars down to its bad lines.
+#: A rejected chunk above this many lines is split into tenths, below it into halves.
 BISECT_LINES = 1000
 
 
 class _ChunkParser:
     """DuckDB's projection applied to a chunk of lines (through a scratch file), so that the lines
-    around a bad one still parse at DuckDB's speed."""
+    around a bad one still parse exactly as the fast path parses them: one parser, one text for
+    every value (DuckDB keeps a number's JSON text, e.g. ``1500.0``)."""
 
     def __init__(self, spec: FormatSpec) -> None:
         self.spec = spec
@@ -257,16 +235,21 @@ class _ChunkParser:
         self.con = duckdb.connect()
         self.con.execute("SET enable_progress_bar = false")
         self.query = _duck_query(spec, "none")
+        self.error = ""
 
     def parse(self, lines: list[bytes]) -> pl.DataFrame | None:
         """The flat frame of ``lines`` (no blank ones), or None when DuckDB rejects any of them
-        or does not give one row per line."""
+        or does not give one row per line (the reason is left in ``error``)."""
         self.file.write_bytes(b"\n".join(lines) + b"\n")
         try:
             table = self.con.sql(self.query, params=[str(self.file)]).to_arrow_table()
-        except (duckdb.Error, OSError):
+        except (duckdb.Error, OSError) as exc:
+            self.error = str(exc).splitlines()[0]
             return None
-        return _duck_frame(table, self.spec) if table.num_rows == len(lines) else None
+        if table.num_rows != len(lines):
+            self.error = f"{table.num_rows} rows for {len(lines)} lines"
+            return None
+        return _duck_frame(table, self.spec)
 
     def close(self) -> None:
         self.con.close()
@@ -276,19 +259,17 @@ class _ChunkParser:
 def _parse_chunk(
     duck: _ChunkParser, lines: list[bytes], numbers: list[int], spec: FormatSpec
 ) -> tuple[list[pl.DataFrame], list[tuple[int, str, str]]]:
-    """Flat frames and parse failures for a chunk: DuckDB on the whole chunk, then on tenths of a
-    chunk it rejects, and polars bisection below BISECT_LINES (the failing lines get the parser's
-    reason)."""
+    """Flat frames and parse failures for a chunk: DuckDB on the whole chunk; a chunk it rejects is
+    split (tenths while large, then halves) down to the single bad lines, which get a reason."""
     flat = duck.parse(lines)
     if flat is not None:
         return [flat.with_columns(source_line=pl.Series(numbers, dtype=pl.Int64))], []
-    if len(lines) <= BISECT_LINES:
-        frames, failures = _bisect(lines, numbers, polars_schema(spec.layout), spec.name)
-        project = [*project_polars(spec.fields), pl.col("source_line")]
-        return [f.select(project) for f in frames], failures
+    if len(lines) == 1:
+        text = lines[0][:RAW_LIMIT].decode("utf-8", errors="replace")
+        return [], [(numbers[0], _line_reason(lines[0], spec.name, duck.error), text)]
     out: list[pl.DataFrame] = []
     bad: list[tuple[int, str, str]] = []
-    step = -(-len(lines) // 10)
+    step = -(-len(lines) // (10 if len(lines) > BISECT_LINES else 2))
     for at in range(0, len(lines), step):
         f, e = _parse_chunk(duck, lines[at : at + step], numbers[at : at + step], spec)
         out += f
@@ -297,8 +278,8 @@ def _parse_chunk(
 
 
 def jsonl_robust(path: Path, spec: FormatSpec) -> Iterator[RawBatch]:
-    """Batches of non-blank lines (or the elements of a JSON array), each parsed by DuckDB where
-    it can and bisected with polars around the lines it cannot."""
+    """Batches of non-blank lines (or the elements of a JSON array), each parsed by DuckDB and
+    split around the lines it rejects."""
     if _first_char(path) == b"[":
         batches: Iterator[tuple[list[bytes], list[int]]] = _json_array_lines(path)
     else:
