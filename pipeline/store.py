@@ -50,9 +50,21 @@ def check_date(text: str) -> str:
     return text
 
 
+#: Characters DuckDB and polars read as a glob pattern in a path.
+GLOB_CHARS = frozenset("*?[]{}")
+
+
 @dataclass(frozen=True)
 class Store:
     root: Path
+
+    def __post_init__(self) -> None:
+        # The store is read through glob patterns (requests/*/*.parquet, runs/*/...): a root that
+        # is itself a pattern would match other folders or nothing.
+        bad = sorted(GLOB_CHARS & set(str(self.root)))
+        if bad:
+            chars = "".join(sorted(GLOB_CHARS))
+            raise RooftraceError(f"store path {self.root} contains {''.join(bad)!r}: use a folder name without {chars}")
 
     @property
     def requests_dir(self) -> Path:

@@ -15,6 +15,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import pipeline.ingest.core as core
+from pipeline.errors import RooftraceError
 from pipeline.ingest import ingest_logs
 from pipeline.store import Store
 from pipeline.synth import SynthConfig, generate, write_logs
@@ -438,3 +439,20 @@ def test_out_of_core_after_a_fast_path_retry_and_for_a_large_stored_partition(
     big = Store(tmp_path / "big")
     ingest_logs([logs / "a.jsonl"], big)
     assert streamed and _digest(big) == _digest(mem)
+
+
+def test_file_names_with_glob_characters_are_read_as_themselves(tmp_path: Path) -> None:
+    """DuckDB reads a path as a glob pattern: ``x[1].jsonl`` would match ``x1.jsonl``. Ingest reads
+    the named file itself (plain and gzip), and a store path that is a pattern is refused."""
+    logs = tmp_path / "logs"
+    write_logs(generate(SynthConfig(requests=30, seed=31, duration_s=600)), "openai", logs / "x[1].jsonl")
+    write_logs(generate(SynthConfig(requests=30, seed=32, duration_s=600)), "openai", logs / "x1.jsonl")
+    write_logs(generate(SynthConfig(requests=20, seed=33, duration_s=600)), "openai", logs / "y{a}.jsonl.gz")
+    want = {json.loads(line)["response"]["id"] for line in (logs / "x[1].jsonl").read_text().splitlines()}
+    store = Store(tmp_path / "s")
+    s = ingest_logs([logs / "x[1].jsonl", logs / "y{a}.jsonl.gz"], store)
+    assert s.ok and s.total("rows_stored") == 50
+    got = set(store.read_requests()["request_id"].to_list())
+    assert want <= got and len(got) == 50
+    with pytest.raises(RooftraceError, match="store path"):
+        Store(tmp_path / "store[2]")

@@ -478,7 +478,7 @@ def _merge_date_memory(
 ) -> None:
     names = load_schema("requests").names
     existing = _stored_files(store, date)
-    old = [pl.read_parquet(p).select(names) for p in existing]
+    old = [pl.read_parquet(p, glob=False).select(names) for p in existing]
     rows = pl.concat([*old, part.select(names)], how="vertical") if old else part.select(names)
     n_old = rows.height - part.height
     first = _first_seen(rows)
@@ -583,7 +583,9 @@ def _merge_out_of_core(store: Store, stager: Stager, results: list[FileResult], 
                 arrival = pl.col("arrival")
                 # A range on the column itself, so row groups of other days are skipped by their
                 # statistics.
-                in_day = pl.scan_parquet(files).filter((arrival >= start) & (arrival < start + timedelta(days=1)))
+                in_day = pl.scan_parquet(files, glob=False).filter(
+                    (arrival >= start) & (arrival < start + timedelta(days=1))
+                )
 
                 def stream(target: Path, rows: pl.LazyFrame = in_day) -> None:
                     _write_requests(rows, target)
@@ -600,7 +602,7 @@ def _merge_out_of_core(store: Store, stager: Stager, results: list[FileResult], 
                 )
 
                 def write(target: Path, src: Path = sorted_file) -> None:
-                    _write_requests(pl.scan_parquet(src), target)
+                    _write_requests(pl.scan_parquet(src, glob=False), target)
 
                 _swap_partition(store.requests_dir, d, run_id, write)
                 sorted_file.unlink()

@@ -18,6 +18,7 @@ import queue
 import tempfile
 import threading
 from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
@@ -44,6 +45,7 @@ from pipeline.ingest.source import (
     logical_name,
     open_binary,
 )
+from pipeline.store import GLOB_CHARS
 
 #: Raw text kept for a quarantined record.
 RAW_LIMIT = 65536
@@ -155,12 +157,32 @@ def _duck_frame(batch: pa.RecordBatch | pa.Table, spec: FormatSpec) -> pl.DataFr
     return frame.cast(_flat_types(spec), strict=False)  # type: ignore[arg-type]
 
 
+@contextmanager
+def _literal_path(path: Path) -> Iterator[str]:
+    """A name for ``path`` that DuckDB reads as itself: a file whose name holds glob characters
+    (``x[1].jsonl``) is read through a link with a plain name, not as a pattern."""
+    if not GLOB_CHARS & set(str(path)):
+        yield str(path)
+        return
+    with tempfile.TemporaryDirectory(prefix="rooftrace-link-") as tmp:
+        link = Path(tmp) / ("input" + "".join(path.suffixes[-2:]))
+        link.symlink_to(path.resolve())
+        yield str(link)
+
+
 def _jsonl_fast(path: Path, spec: FormatSpec, stats: LineCount | None, batch_rows: int) -> Iterator[RawBatch]:
+    with _literal_path(path) as name:
+        yield from _jsonl_fast_named(path, name, spec, stats, batch_rows)
+
+
+def _jsonl_fast_named(
+    path: Path, name: str, spec: FormatSpec, stats: LineCount | None, batch_rows: int
+) -> Iterator[RawBatch]:
     con = duckdb.connect()
     con.execute("SET enable_progress_bar = false")
     row = 0
     try:
-        rel = con.sql(_duck_query(spec, _duck_compression(path)), params=[str(path)])
+        rel = con.sql(_duck_query(spec, _duck_compression(path)), params=[name])
         for rb in rel.to_arrow_reader(batch_rows):
             frame = _duck_frame(rb, spec)
             n = frame.height
