@@ -456,3 +456,22 @@ def test_file_names_with_glob_characters_are_read_as_themselves(tmp_path: Path) 
     assert want <= got and len(got) == 50
     with pytest.raises(RooftraceError, match="store path"):
         Store(tmp_path / "store[2]")
+
+
+def test_a_failed_file_leaves_no_hashing_thread_behind(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A new file is hashed on a worker thread while it is read; when reading it fails (here a
+    wrong forced format), that hash is stopped and its thread is gone before ingest returns."""
+    import threading
+
+    from pipeline.ingest import source
+
+    def slow_hash(path: Path, stop: threading.Event | None = None) -> tuple[str, None]:
+        assert stop is not None and stop.wait(10), "the hash of a failed file was not stopped"
+        raise source.HashCancelled(str(path))
+
+    monkeypatch.setattr(source, "sha256_file", slow_hash)
+    path = tmp_path / "wrong.csv"
+    path.write_text("a,b,c\n1,2,3\n")
+    s = ingest_logs([path], Store(tmp_path / "s"), fmt="litellm")
+    assert not s.ok and "header lacks" in s.errors[0]
+    assert not [t.name for t in threading.enumerate() if t.name.startswith("rooftrace-hash")]

@@ -172,7 +172,9 @@ class Stager:
             self.in_order, self._last = self._file_start.pop(file_index)
 
     def spilled_files(self) -> list[Path]:
-        return sorted(self.root.glob("f*/batch-*.parquet"))
+        """Staging files in reading order (by the first ``_seq`` in their name, which grows across
+        files and runs of any length)."""
+        return sorted(self.root.glob("f*/batch-*.parquet"), key=lambda p: int(p.stem.removeprefix("batch-")))
 
 
 def _resolve_spec(path: Path, fmt: str | None, mapping: Path | None) -> FormatSpec:
@@ -359,6 +361,7 @@ def ingest_logs(
             res = FileResult(source_file=str(path))
             results.append(res)
             idx = len(results) - 1
+            digest: FileDigest | None = None
             try:
                 # A path seen before is most likely the same content again (a re-run): hash it
                 # first, so skipping it costs one read. A new path is hashed on a worker thread
@@ -390,6 +393,9 @@ def ingest_logs(
                 res.error = msg
                 stager.drop(idx)
                 say(f"error: {msg}")
+            finally:
+                if digest is not None:
+                    digest.close()  # a hash still running for a failed file stops here
 
         _merge(store, stager, results, run_id, say)
         _write_quarantine(store, results, quarantines, now)

@@ -7,6 +7,7 @@ import gzip
 import hashlib
 import io
 import json
+import threading
 from collections.abc import Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
@@ -72,9 +73,14 @@ def count_lines(chunks: Iterator[bytes]) -> LineStats:
     return LineStats(n)
 
 
-def sha256_file(path: Path) -> tuple[str, LineStats | None]:
+class HashCancelled(Exception):
+    """A background hash was stopped because its file is no longer wanted."""
+
+
+def sha256_file(path: Path, stop: threading.Event | None = None) -> tuple[str, LineStats | None]:
     """SHA-256 of the file's bytes and, for an uncompressed file, its line statistics from the same
-    read (the JSON fast path needs them; a compressed file is counted when decompressed)."""
+    read (the JSON fast path needs them; a compressed file is counted when decompressed). Setting
+    ``stop`` ends the read at the next chunk with HashCancelled."""
     h = hashlib.sha256()
     plain = logical_name(path) == path.name
 
@@ -84,6 +90,8 @@ def sha256_file(path: Path) -> tuple[str, LineStats | None]:
         with path.open("rb") as fh, ThreadPoolExecutor(1) as pool:
             pending: Future[None] | None = None
             for chunk in iter(lambda: fh.read(1 << 22), b""):
+                if stop is not None and stop.is_set():
+                    raise HashCancelled(str(path))
                 if pending is not None:
                     pending.result()
                 pending = pool.submit(h.update, chunk)
@@ -107,8 +115,9 @@ class FileDigest:
 
     def __init__(self, path: Path, background: bool = False) -> None:
         self._pool = ThreadPoolExecutor(1, thread_name_prefix="rooftrace-hash") if background else None
+        self._stop = threading.Event()
         if self._pool is not None:
-            self._future: Future[tuple[str, LineStats | None]] = self._pool.submit(sha256_file, path)
+            self._future: Future[tuple[str, LineStats | None]] = self._pool.submit(sha256_file, path, self._stop)
             self._pool.shutdown(wait=False)
         else:
             self._future = Future()
@@ -127,6 +136,13 @@ class FileDigest:
     def file_id(self) -> str:
         """The short id in derived request ids (``format:file_id:line``)."""
         return self.sha()[:12]
+
+    def close(self) -> None:
+        """Stop a hash still running (its file failed or is being skipped) and wait for the
+        worker, so no read of the file outlives the caller's use of it."""
+        self._stop.set()
+        if self._pool is not None:
+            self._pool.shutdown(wait=True)
 
 
 def logical_name(path: Path) -> str:
