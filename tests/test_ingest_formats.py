@@ -312,3 +312,33 @@ def test_bad_lines_deep_in_a_file_are_quarantined_not_fatal(tmp_path: Path, monk
         assert q["reason"][0].startswith("record is a JSON list") and q["reason"][1].startswith("invalid JSON")
         results.append(store.read_requests().drop("source_file"))
     assert results[0].equals(results[1])
+
+
+def test_many_bad_lines_are_screened_not_bisected_one_by_one(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Truncated lines scattered through a file are found by Python's JSON parser in one pass over
+    a rejected batch, so DuckDB is called a handful of times, not ~20 times per bad line; every bad
+    line is quarantined with its reason and every good one stored."""
+    from pipeline.ingest import readers
+
+    path = tmp_path / "day.jsonl"
+    write_logs(generate(SynthConfig(requests=2000, seed=12, duration_s=3600)), "openai", path)
+    lines = path.read_text().splitlines(keepends=True)
+    bad_at = list(range(7, 2000, 40))  # 50 truncated lines
+    for i in bad_at:
+        lines[i] = lines[i][:60] + "\n"
+    path.write_text("".join(lines))
+    calls: list[int] = []
+    real_parse = readers._ChunkParser.parse
+
+    def counted(self: Any, chunk: list[bytes]) -> Any:
+        calls.append(len(chunk))
+        return real_parse(self, chunk)
+
+    monkeypatch.setattr(readers._ChunkParser, "parse", counted)
+    store = Store(tmp_path / "s")
+    s = ingest_logs([path], store)
+    assert (s.total("rows_read"), s.total("rows_stored"), s.total("rows_quarantined")) == (2000, 1950, 50)
+    q = pl.read_parquet(store.quarantine_dir / "*.parquet").sort("source_line")
+    assert q["source_line"].to_list() == [i + 1 for i in bad_at]
+    assert all(r.startswith("invalid JSON") for r in q["reason"].to_list())
+    assert len(calls) <= 3, calls
