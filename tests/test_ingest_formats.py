@@ -309,7 +309,7 @@ def test_bad_lines_deep_in_a_file_are_quarantined_not_fatal(tmp_path: Path, monk
         assert s.ok and (s.total("rows_read"), s.total("rows_stored"), s.total("rows_quarantined")) == (3002, 3000, 2)
         q = pl.read_parquet(store.quarantine_dir / "*.parquet").sort("source_line")
         assert q["source_line"].to_list() == [1201, 2502]
-        assert q["reason"][0].startswith("record is a JSON list") and q["reason"][1].startswith("invalid JSON")
+        assert q["reason"][0].startswith("record is an array") and q["reason"][1].startswith("invalid JSON")
         results.append(store.read_requests().drop("source_file"))
     assert results[0].equals(results[1])
 

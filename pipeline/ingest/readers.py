@@ -211,7 +211,8 @@ def _line_reason(line: bytes, fmt: str, err: str) -> str:
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
         return f"invalid JSON: {exc}"
     if not isinstance(obj, dict):
-        return f"record is a JSON {type(obj).__name__}, not an object"
+        kind = {list: "an array", str: "a string", bool: "a boolean", type(None): "null"}.get(type(obj), "a number")
+        return f"record is {kind}, not an object"
     first = err.splitlines()[0] if err else "unexpected layout"
     return f"record does not match the {fmt} layout: {first}"
 
