@@ -342,3 +342,35 @@ def test_many_bad_lines_are_screened_not_bisected_one_by_one(tmp_path: Path, mon
     assert q["source_line"].to_list() == [i + 1 for i in bad_at]
     assert all(r.startswith("invalid JSON") for r in q["reason"].to_list())
     assert len(calls) <= 3, calls
+
+
+def test_large_json_documents_are_detected_past_the_sniffed_head(tmp_path: Path) -> None:
+    """A pretty-printed OTLP export or LiteLLM JSON array larger than the 64 KiB head that format
+    detection reads is still recognised (by its first key, or its first whole element) and read
+    in full without --format."""
+    import copy
+
+    doc = json.loads((DIR / "otel.json").read_text())
+    scope = doc["resourceSpans"][0]["scopeSpans"][0]
+    genai = [sp for sp in scope["spans"] if any(a["key"].startswith("gen_ai.") for a in sp["attributes"])]
+    spans = []
+    for i in range(400):
+        sp = copy.deepcopy(genai[i % len(genai)])
+        sp["spanId"] = f"{i:016x}"
+        for a in sp["attributes"]:
+            if a["key"] == "gen_ai.response.id":
+                a["value"] = {"stringValue": f"otel-{i}"}
+        spans.append(sp)
+    scope["spans"] = spans
+    otel = tmp_path / "big_otel.json"
+    otel.write_text(json.dumps(doc, indent=2))
+    rows = json.loads((DIR / "litellm.json").read_text())
+    array = [dict(rows[i % len(rows)], request_id=f"ll-{i}") for i in range(600)]
+    litellm = tmp_path / "big_litellm.json"
+    litellm.write_text(json.dumps(array, indent=2))
+    assert otel.stat().st_size > 1 << 16 and litellm.stat().st_size > 1 << 16
+    store = Store(tmp_path / "s")
+    s = ingest_logs([otel, litellm], store)
+    assert s.ok, s.errors
+    assert [(f.source_format, f.rows_read) for f in s.files] == [("otel", 400), ("litellm", 600)]
+    assert s.total("rows_stored") == 1000

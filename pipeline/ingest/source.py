@@ -7,12 +7,13 @@ import gzip
 import hashlib
 import io
 import json
+import re
 import threading
 from collections.abc import Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO
+from typing import IO, Any
 
 import numpy as np
 import zstandard
@@ -245,6 +246,17 @@ def sniff_format(path: Path, head: bytes) -> str:
     raise SourceError(f"{path}: cannot detect the log format from its header; pass --format")
 
 
+def _first_array_element(text: str) -> Any:
+    """The first element of a JSON array whose text is cut short, if that element is whole."""
+    start = re.match(r"\s*\[\s*", text)
+    if start is None:
+        return None
+    try:
+        return json.JSONDecoder().raw_decode(text, start.end())[0]
+    except json.JSONDecodeError:
+        return None
+
+
 def _sniff_json(path: Path, first: str, text: str) -> str:
     try:
         obj = json.loads(first)
@@ -253,7 +265,11 @@ def _sniff_json(path: Path, first: str, text: str) -> str:
         try:
             obj = json.loads(text)
         except json.JSONDecodeError:
-            obj = None
+            # Larger than the head: an array's first element may still be whole in it, and an
+            # OTLP document says what it is in its first key.
+            obj = _first_array_element(text)
+            if obj is None and re.match(r'\s*\{\s*"resourceSpans"\s*:', text):
+                return "otel"
     if isinstance(obj, list):
         obj = obj[0] if obj else None
     if not isinstance(obj, dict):
