@@ -347,3 +347,71 @@ def test_number_parse_equals_strip_then_cast(values: list[tuple[str | None, str,
     assert got.to_list() == want.to_list() or all(
         (g == w) or (g != g and w != w) for g, w in zip(got.to_list(), want.to_list(), strict=True)
     )
+
+
+def _good_line(i: int) -> str:
+    return json.dumps(
+        {
+            "timestamp": f"2025-01-15T00:00:{i:02d}Z",
+            "response": {"id": f"r-{i}", "usage": {"prompt_tokens": 10 + i, "completion_tokens": 2}},
+        }
+    )
+
+
+@pytest.mark.parametrize(
+    ("odd", "stored"),
+    [
+        (
+            '{"timestamp": "2025-01-15T00:01:00Z", "response": {"id": "tc", "usage": {"prompt_tokens": 5, '
+            '"completion_tokens": 1,}}}',
+            True,
+        ),  # a trailing comma: DuckDB's parser takes it
+        (
+            '{"timestamp": "2025-01-15T00:01:00Z", "ttft_s": inf, "response": {"id": "inf", "usage": '
+            '{"prompt_tokens": 5, "completion_tokens": 1}}}',
+            False,
+        ),  # read, then quarantined for its ttft
+        ("[" * 5000 + "]" * 5000, False),  # nested deeper than Python's parser goes
+        ('{"timestamp": "2025-01-15T00:01:00Z", "response": 5}', False),  # a layout DuckDB cannot take
+    ],
+)
+def test_a_line_is_judged_the_same_with_or_without_a_bad_neighbour(tmp_path: Path, odd: str, stored: bool) -> None:
+    """An unusual line gets the same fate (stored, or quarantined with the same reason) whether
+    the fast path reads its file or a malformed neighbour sends the file to the robust path; no
+    reason names the robust path's scratch file."""
+    outcomes = []
+    for neighbour in ("", "{garbage\n"):
+        path = tmp_path / f"f{len(neighbour)}.jsonl"
+        path.write_text("\n".join(_good_line(i) for i in range(3)) + "\n" + odd + "\n" + neighbour)
+        store = Store(tmp_path / f"s{len(neighbour)}")
+        s = ingest_logs([path], store, fmt="openai")
+        assert s.ok and s.total("rows_read") == 4 + bool(neighbour)
+        q = pl.read_parquet(store.quarantine_dir / "*.parquet") if store.quarantine_dir.exists() else None
+        odd_q = [] if q is None else q.filter(pl.col("source_line") == 4)["reason"].to_list()
+        outcomes.append((s.total("rows_stored"), odd_q))
+        assert all("chunk" not in r and "rooftrace-" not in r for r in ([] if q is None else q["reason"].to_list()))
+    assert outcomes[0] == outcomes[1]
+    assert (outcomes[0][0] == 4) == stored
+
+
+def test_byte_order_mark_and_truncated_zstd(tmp_path: Path) -> None:
+    """A UTF-8 byte-order mark does not hide the format nor spoil line 1; a .zst file cut short
+    is reported as unreadable (like gzip), not half ingested; several zstd frames read whole."""
+    import zstandard
+
+    lines = [_good_line(i) for i in range(40)]
+    bom = tmp_path / "bom.jsonl"
+    bom.write_bytes(b"\xef\xbb\xbf" + ("\n".join(lines[:5]) + "\n{garbage\n").encode())
+    s = ingest_logs([bom], Store(tmp_path / "s1"))
+    assert s.ok and (s.total("rows_stored"), s.total("rows_quarantined")) == (5, 1)
+    text = ("\n".join(lines) + "\n").encode()
+    cut = tmp_path / "cut.jsonl.zst"
+    cut.write_bytes(zstandard.ZstdCompressor().compress(text)[:-20])
+    s = ingest_logs([cut], Store(tmp_path / "s2"))
+    assert not s.ok and "truncated" in s.errors[0] and s.total("rows_stored") == 0
+    frames = tmp_path / "frames.jsonl.zst"
+    half = text.index(b"\n", len(text) // 2) + 1
+    zc = zstandard.ZstdCompressor()
+    frames.write_bytes(zc.compress(text[:half]) + zc.compress(text[half:]))
+    s = ingest_logs([frames], Store(tmp_path / "s3"))
+    assert s.ok and s.total("rows_stored") == 40

@@ -10,6 +10,7 @@ store intact. A whole file that cannot be read is reported and skipped; the othe
 
 from __future__ import annotations
 
+import codecs
 import shutil
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -201,7 +202,7 @@ def _raw_batches(path: Path, spec: FormatSpec) -> Iterator[RawBatch]:
         head = read_head(path)
         check_text(path, head)
     if kind == "csv_or_json":
-        head = read_head(path, 4096).lstrip()
+        head = read_head(path, 4096).removeprefix(codecs.BOM_UTF8).lstrip()
         kind = "jsonl" if head[:1] in (b"{", b"[") else "csv"
     if kind == "csv":
         check_text(path, read_head(path))

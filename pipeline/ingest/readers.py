@@ -11,10 +11,12 @@ as exactly one row or one parse failure, and every value has DuckDB's text for i
 
 from __future__ import annotations
 
+import codecs
 import csv
 import io
 import json
 import queue
+import re
 import tempfile
 import threading
 from collections.abc import Callable, Iterator, Mapping
@@ -210,6 +212,10 @@ def _line_reason(line: bytes, fmt: str, err: str) -> str:
         obj = json.loads(line)
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
         return f"invalid JSON: {exc}"
+    except RecursionError:
+        return "invalid JSON: nested too deeply to read"
+    except ValueError as exc:  # e.g. a number too long for int()
+        return f"invalid JSON: {exc}"
     if not isinstance(obj, dict):
         kind = {list: "an array", str: "a string", bool: "a boolean", type(None): "null"}.get(type(obj), "a number")
         return f"record is {kind}, not an object"
@@ -239,17 +245,19 @@ def _json_array_lines(path: Path) -> Iterator[tuple[list[bytes], list[int]]]:
 def _first_char(path: Path) -> bytes:
     with open_binary(path) as fh:
         head = fh.read(4096)
-    return head.lstrip()[:1]
+    return head.removeprefix(codecs.BOM_UTF8).lstrip()[:1]
 
 
 #: A rejected chunk above this many lines is split into tenths, below it into halves.
 BISECT_LINES = 1000
+#: Where DuckDB's messages name the scratch file and its line.
+_SCRATCH_PLACE = re.compile(r' in file "[^"]*", in line \d+:')
 
 
 class _ChunkParser:
     """DuckDB's projection applied to a chunk of lines (through a scratch file), so that the lines
     around a bad one still parse exactly as the fast path parses them: one parser, one text for
-    every value (DuckDB keeps a number's JSON text, e.g. ``1500.0``)."""
+    every value (DuckDB's rendering of a number, e.g. ``1500.0``)."""
 
     def __init__(self, spec: FormatSpec) -> None:
         self.spec = spec
@@ -267,33 +275,56 @@ class _ChunkParser:
         try:
             table = self.con.sql(self.query, params=[str(self.file)]).to_arrow_table()
         except (duckdb.Error, OSError) as exc:
-            self.error = str(exc).splitlines()[0]
+            # The scratch file's name and line number mean nothing to the user: drop them.
+            self.error = _SCRATCH_PLACE.sub(":", str(exc).splitlines()[0])
             return None
         if table.num_rows != len(lines):
             self.error = f"{table.num_rows} rows for {len(lines)} lines"
             return None
         return _duck_frame(table, self.spec)
 
+    def screen(self, lines: list[bytes]) -> list[str | None]:
+        """For each line, None when DuckDB's JSON reader takes it as a record (an object, or
+        null) and otherwise why not, decided by DuckDB's own parser in one query (it accepts
+        what Python's does not: trailing commas, inf and nan)."""
+        texts: list[str | None] = []
+        reasons: list[str | None] = []
+        for line in lines:
+            try:
+                texts.append(line.decode("utf-8"))
+                reasons.append(None)
+            except UnicodeDecodeError as exc:
+                texts.append(None)
+                reasons.append(f"invalid JSON: not UTF-8 text ({exc.reason} at byte {exc.start})")
+        (kinds,) = self.con.execute(
+            "SELECT list_transform(?::VARCHAR[], lambda s: CASE WHEN s IS NULL THEN NULL "
+            "WHEN json_valid(s) THEN json_type(s) ELSE 'INVALID' END)",
+            [texts],
+        ).fetchall()[0]
+        for i, kind in enumerate(kinds):
+            if reasons[i] is not None or kind in ("OBJECT", "NULL"):
+                continue
+            if kind == "INVALID":
+                why = _line_reason(lines[i], self.spec.name, "")
+                reasons[i] = why if why.startswith("invalid JSON") else "invalid JSON"  # Python read it
+            else:
+                name = {"ARRAY": "an array", "VARCHAR": "a string", "BOOLEAN": "a boolean"}.get(kind, "a number")
+                reasons[i] = f"record is {name}, not an object"
+        return reasons
+
     def close(self) -> None:
         self.con.close()
         self.dir.cleanup()
-
-
-def _json_object(line: bytes) -> bool:
-    try:
-        return isinstance(json.loads(line), dict)
-    except (ValueError, UnicodeDecodeError):
-        return False
 
 
 def _parse_chunk(
     duck: _ChunkParser, lines: list[bytes], numbers: list[int], spec: FormatSpec, screened: bool = False
 ) -> tuple[list[pl.DataFrame], list[tuple[int, str, str]]]:
     """Flat frames and parse failures for a chunk: DuckDB on the whole chunk. In a chunk it
-    rejects, lines that are not JSON objects are found at once with Python's parser (each DuckDB
-    call costs tens of ms, so bisecting to every truncated line would be slow) and DuckDB parses
-    the rest; a chunk it still rejects (a layout it cannot take) is split, in tenths while large,
-    then halves, down to the single bad lines, which get a reason."""
+    rejects, the lines that are not JSON records are found at once by DuckDB's JSON parser (each
+    read_json call costs tens of ms, so bisecting to every truncated line would be slow) and
+    DuckDB reads the rest; a chunk it still rejects (a layout it cannot take) is split, in tenths
+    while large, then halves, down to the single bad lines, which get a reason."""
     flat = duck.parse(lines)
     if flat is not None:
         return [flat.with_columns(source_line=pl.Series(numbers, dtype=pl.Int64))], []
@@ -301,14 +332,14 @@ def _parse_chunk(
         text = lines[0][:RAW_LIMIT].decode("utf-8", errors="replace")
         return [], [(numbers[0], _line_reason(lines[0], spec.name, duck.error), text)]
     if not screened:
-        objects = [_json_object(line) for line in lines]
-        if not all(objects):
+        reasons = duck.screen(lines)
+        if any(r is not None for r in reasons):
             bad = [
-                (n, _line_reason(line, spec.name, ""), line[:RAW_LIMIT].decode("utf-8", errors="replace"))
-                for line, n, ok in zip(lines, numbers, objects, strict=True)
-                if not ok
+                (n, reason, line[:RAW_LIMIT].decode("utf-8", errors="replace"))
+                for line, n, reason in zip(lines, numbers, reasons, strict=True)
+                if reason is not None
             ]
-            keep = [i for i, ok in enumerate(objects) if ok]
+            keep = [i for i, r in enumerate(reasons) if r is None]
             if not keep:
                 return [], bad
             frames, more = _parse_chunk(duck, [lines[i] for i in keep], [numbers[i] for i in keep], spec, True)
@@ -352,7 +383,7 @@ def csv_batches(path: Path, spec: FormatSpec) -> Iterator[RawBatch]:
     project = [*project_polars(spec.fields, flat=True), pl.col("source_line")]
     try:
         with open_binary(path) as fb:
-            text = io.TextIOWrapper(fb, encoding="utf-8", newline="")
+            text = io.TextIOWrapper(fb, encoding="utf-8-sig", newline="")  # a BOM is not the header
             reader = csv.reader(text)
             header = next(reader, None)
             if header is None:

@@ -3,6 +3,7 @@ and streaming line batches with their 1-based line numbers."""
 
 from __future__ import annotations
 
+import codecs
 import gzip
 import hashlib
 import io
@@ -155,13 +156,60 @@ def logical_name(path: Path) -> str:
     return name
 
 
+class _ZstdReader(io.RawIOBase):
+    """A ``.zst`` file decompressed frame after frame, that raises EOFError when the file ends
+    inside a frame (a truncated file), as gzip does; a plain stream reader just stops there."""
+
+    def __init__(self, path: Path) -> None:
+        self._fh = path.open("rb")
+        self._dctx = zstandard.ZstdDecompressor()
+        self._obj = self._dctx.decompressobj()
+        self._fed = False  # whether the current frame has had any input
+        self._buf = b""
+        self._pos = 0
+
+    def readable(self) -> bool:
+        return True
+
+    def _fill(self) -> bool:
+        while True:
+            chunk = self._fh.read(1 << 20)
+            if not chunk:
+                if self._fed and not self._obj.eof:
+                    raise EOFError("zstd data ends inside a frame (truncated file)")
+                return False
+            data = b""
+            while chunk:
+                data += self._obj.decompress(chunk)
+                self._fed = True
+                chunk = b""
+                if self._obj.eof:  # a frame ended: what follows starts the next one
+                    chunk = self._obj.unused_data
+                    self._obj = self._dctx.decompressobj()
+                    self._fed = False
+            if data:
+                self._buf, self._pos = data, 0
+                return True
+
+    def readinto(self, b: Any) -> int:
+        if self._pos >= len(self._buf) and not self._fill():
+            return 0
+        n = min(len(b), len(self._buf) - self._pos)
+        b[:n] = self._buf[self._pos : self._pos + n]
+        self._pos += n
+        return n
+
+    def close(self) -> None:
+        self._fh.close()
+        super().close()
+
+
 def open_binary(path: Path) -> IO[bytes]:
     """Open ``path`` for reading, transparently decompressing ``.gz`` and ``.zst``."""
     if path.name.endswith(".gz"):
         return gzip.GzipFile(path, "rb")  # type: ignore[return-value]
     if path.name.endswith(".zst"):
-        raw = path.open("rb")
-        return io.BufferedReader(zstandard.ZstdDecompressor().stream_reader(raw, closefd=True))
+        return io.BufferedReader(_ZstdReader(path), buffer_size=1 << 20)
     return path.open("rb")
 
 
@@ -193,6 +241,8 @@ def iter_line_batches(path: Path, batch_lines: int = BATCH_LINES) -> Iterator[Li
             numbers: list[int] = []
             for n, raw in enumerate(fh, start=1):
                 line = raw.rstrip(b"\r\n")
+                if n == 1:
+                    line = line.removeprefix(codecs.BOM_UTF8)  # a byte-order mark is not data
                 if not line.strip():
                     continue
                 lines.append(line)
@@ -229,7 +279,7 @@ def sniff_format(path: Path, head: bytes) -> str:
     name = logical_name(path).lower()
     if name.endswith(".parquet"):
         raise SourceError(f"{path}: Parquet input needs --format parquet and a --mapping")
-    text = head.decode("utf-8", errors="replace")
+    text = head.removeprefix(codecs.BOM_UTF8).decode("utf-8", errors="replace")
     first = next((ln.strip() for ln in text.splitlines() if ln.strip()), "")
     if not first:
         raise SourceError(f"{path}: empty file")
@@ -258,6 +308,13 @@ def _first_array_element(text: str) -> Any:
 
 
 def _sniff_json(path: Path, first: str, text: str) -> str:
+    try:
+        return _sniff_json_record(path, first, text)
+    except RecursionError:
+        raise SourceError(f"{path}: first record is nested too deeply to read; pass --format") from None
+
+
+def _sniff_json_record(path: Path, first: str, text: str) -> str:
     try:
         obj = json.loads(first)
     except json.JSONDecodeError:
