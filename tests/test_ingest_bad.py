@@ -415,3 +415,34 @@ def test_byte_order_mark_and_truncated_zstd(tmp_path: Path) -> None:
     frames.write_bytes(zc.compress(text[:half]) + zc.compress(text[half:]))
     s = ingest_logs([frames], Store(tmp_path / "s3"))
     assert s.ok and s.total("rows_stored") == 40
+
+
+def test_one_bad_byte_is_a_bad_record_but_a_non_utf8_file_is_refused(tmp_path: Path) -> None:
+    """A stray invalid UTF-8 byte near the top quarantines only its record; a file that is mostly
+    not UTF-8 (Latin-1 text) is refused as a whole with a one-line reason."""
+    lines = [_good_line(i).encode() for i in range(6)]
+    lines[1] = lines[1].replace(b'"r-1"', b'"r-\xff1"')
+    one = tmp_path / "one.jsonl"
+    one.write_bytes(b"\n".join(lines) + b"\n")
+    s = ingest_logs([one], Store(tmp_path / "s1"), fmt="openai")
+    assert s.ok and (s.total("rows_stored"), s.total("rows_quarantined")) == (5, 1)
+    latin = tmp_path / "latin.jsonl"
+    latin.write_bytes("\n".join(f'{{"note": "{"é" * 40}"}}' for _ in range(50)).encode("latin-1"))
+    s = ingest_logs([latin], Store(tmp_path / "s2"), fmt="openai")
+    assert not s.ok and "not UTF-8 text" in s.errors[0]
+
+
+def test_json_lines_whose_first_line_is_an_array(tmp_path: Path) -> None:
+    """A JSON Lines file whose first line is a whole JSON array is JSON Lines with a bad record
+    (quarantined), not a JSON array document; a real array document is still read by element."""
+    path = tmp_path / "x.jsonl"
+    path.write_text("[1, 2]\n" + "\n".join(_good_line(i) for i in range(6)) + "\n")
+    store = Store(tmp_path / "s")
+    s = ingest_logs([path], store, fmt="openai")
+    assert s.ok and (s.total("rows_read"), s.total("rows_stored"), s.total("rows_quarantined")) == (7, 6, 1)
+    q = pl.read_parquet(store.quarantine_dir / "*.parquet")
+    assert q["source_line"].to_list() == [1] and q["reason"][0] == "record is an array, not an object"
+    doc = tmp_path / "doc.json"
+    doc.write_text(json.dumps([json.loads(_good_line(i)) for i in range(6)], indent=1))
+    s = ingest_logs([doc], Store(tmp_path / "s2"), fmt="openai")
+    assert s.ok and s.total("rows_stored") == 6

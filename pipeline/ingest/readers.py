@@ -223,17 +223,29 @@ def _line_reason(line: bytes, fmt: str, err: str) -> str:
     return f"record does not match the {fmt} layout: {first}"
 
 
-def _json_array_lines(path: Path) -> Iterator[tuple[list[bytes], list[int]]]:
-    """A file holding one JSON array: each element becomes a record numbered by its index."""
+def _load_array(path: Path) -> list[Any] | None:
+    """The records of a file holding one JSON array, or None when the file is JSON Lines whose
+    first line happens to start with ``[`` (that line is whole by itself: a bad record, not the
+    start of a document)."""
     try:
         with open_binary(path) as fh:
             doc = json.load(fh)
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise SourceError(f"{path}: invalid JSON document ({exc})") from None
+    except (json.JSONDecodeError, UnicodeDecodeError, RecursionError) as exc:
+        first = next((b.lines[0] for b in iter_line_batches(path, batch_lines=1)), b"")
+        try:
+            json.loads(first)
+            return None
+        except (ValueError, UnicodeDecodeError, RecursionError):
+            raise SourceError(f"{path}: invalid JSON document ({exc})") from None
     except (OSError, EOFError) as exc:
         raise SourceError(f"{path}: cannot read ({type(exc).__name__}: {exc})") from None
     if not isinstance(doc, list):
         raise SourceError(f"{path}: expected a JSON array of records")
+    return doc
+
+
+def _json_array_lines(doc: list[Any]) -> Iterator[tuple[list[bytes], list[int]]]:
+    """The elements of a JSON array as records numbered by their index."""
     for start in range(0, len(doc), BATCH_LINES):
         chunk = doc[start : start + BATCH_LINES]
         yield (
@@ -357,8 +369,9 @@ def _parse_chunk(
 def jsonl_robust(path: Path, spec: FormatSpec) -> Iterator[RawBatch]:
     """Batches of non-blank lines (or the elements of a JSON array), each parsed by DuckDB and
     split around the lines it rejects."""
-    if _first_char(path) == b"[":
-        batches: Iterator[tuple[list[bytes], list[int]]] = _json_array_lines(path)
+    doc = _load_array(path) if _first_char(path) == b"[" else None
+    if doc is not None:
+        batches: Iterator[tuple[list[bytes], list[int]]] = _json_array_lines(doc)
     else:
         batches = ((b.lines, b.numbers) for b in iter_line_batches(path))
     duck = _ChunkParser(spec)

@@ -225,11 +225,15 @@ def read_head(path: Path, size: int = 1 << 16) -> bytes:
 def check_text(path: Path, head: bytes) -> None:
     if b"\x00" in head[:8192]:
         raise SourceError(f"{path}: binary file (NUL bytes), not a text log")
+    sample = head[:8192]
     try:
-        head[:8192].decode("utf-8")
+        sample.decode("utf-8")
     except UnicodeDecodeError as exc:
-        # A multi-byte character may be cut at the boundary; only fail well inside the sample.
-        if exc.start < 8188:
+        # A multi-byte character may be cut at the boundary; only judge well inside the sample.
+        # A stray bad byte in one record is that record's problem (it is quarantined); a file
+        # with many is not UTF-8 text at all.
+        invalid = sum(1 for ch in sample[:8188].decode("utf-8", "surrogateescape") if "\udc80" <= ch <= "\udcff")
+        if exc.start < 8188 and invalid > len(sample) // 100:
             raise SourceError(f"{path}: not UTF-8 text (byte {exc.start})") from None
 
 
