@@ -374,3 +374,21 @@ def test_large_json_documents_are_detected_past_the_sniffed_head(tmp_path: Path)
     assert s.ok, s.errors
     assert [(f.source_format, f.rows_read) for f in s.files] == [("otel", 400), ("litellm", 600)]
     assert s.total("rows_stored") == 1000
+
+
+def test_format_detected_when_the_first_record_is_longer_than_the_head(tmp_path: Path) -> None:
+    """Detection reads 64 KiB; a JSON Lines file whose first record is longer (a large logged
+    request) is still detected by reading on to the end of that record."""
+    big = {
+        "timestamp": "2025-01-15T00:00:00Z",
+        "request": {"model": "m", "metadata": {"session_id": "s", "note": "x" * 70_000}},
+        "response": {"id": "big", "usage": {"prompt_tokens": 7, "completion_tokens": 1}},
+    }
+    small = dict(
+        big, request={"model": "m"}, response={"id": "small", "usage": {"prompt_tokens": 3, "completion_tokens": 1}}
+    )
+    path = tmp_path / "big_first.jsonl"
+    path.write_text(json.dumps(big) + "\n" + json.dumps(small) + "\n")
+    s = ingest_logs([path], Store(tmp_path / "s"))
+    assert s.ok, s.errors
+    assert [(f.source_format, f.rows_stored) for f in s.files] == [("openai", 2)]

@@ -178,6 +178,11 @@ class Stager:
         return sorted(self.root.glob("f*/batch-*.parquet"), key=lambda p: int(p.stem.removeprefix("batch-")))
 
 
+#: Bytes read to detect a format, and how far detection may read when the first record is longer.
+SNIFF_HEAD = 1 << 16
+SNIFF_MAX = 1 << 24
+
+
 def _resolve_spec(path: Path, fmt: str | None, mapping: Path | None) -> FormatSpec:
     if mapping is not None:
         return load_mapping(mapping, fmt if fmt in ("csv", "jsonl", "parquet") else None)
@@ -191,7 +196,13 @@ def _resolve_spec(path: Path, fmt: str | None, mapping: Path | None) -> FormatSp
         raise SourceError(f"{path}: Parquet input needs --format parquet and a --mapping")
     head = read_head(path)
     check_text(path, head)
-    return FORMATS[sniff_format(path, head)]
+    try:
+        return FORMATS[sniff_format(path, head)]
+    except SourceError:
+        if len(head) < SNIFF_HEAD:
+            raise
+        # The head may end inside the first record (a record over 64 KiB): look further.
+        return FORMATS[sniff_format(path, read_head(path, SNIFF_MAX))]
 
 
 def _raw_batches(path: Path, spec: FormatSpec) -> Iterator[RawBatch]:
