@@ -12,6 +12,7 @@ settings carry vLLM's names and defaults::
     tp = 1
     replicas = 2
     router = "round_robin"          # least_outstanding | session_affinity | prefix_affinity
+    cost_model = "auto"             # measured profile when the GPU has one | measured | roofline
 
     [engine]
     max_num_seqs = 256
@@ -96,6 +97,9 @@ class FleetConfig:
     kv_dtype: str = "bf16"
     router: str = "round_robin"
     description: str = ""
+    #: "auto": the GPU's measured profile when the catalog has one, else the roofline;
+    #: "measured" (error without a profile) or "roofline" (the catalog's factors only).
+    cost_model: str = "auto"
     engine: EngineSettings = field(default_factory=EngineSettings)
     calibration: Calibration | None = None
 
@@ -122,6 +126,7 @@ _TOP_TYPES: dict[str, tuple[type, ...]] = {
     "kv_dtype": (str,),
     "router": (str,),
     "description": (str,),
+    "cost_model": (str,),
     "engine": (dict,),
     "calibration": (dict,),
 }
@@ -189,6 +194,8 @@ def parse_fleet(data: dict[str, Any], origin: str) -> FleetConfig:
         calibration = Calibration(**raw)
     top = {k: v for k, v in data.items() if k not in ("engine", "calibration")}
     cfg = FleetConfig(engine=engine, calibration=calibration, **top)
+    if cfg.cost_model not in ("auto", "measured", "roofline"):
+        raise ConfigError(f"{origin}: cost_model {cfg.cost_model!r} unknown; choose auto, measured or roofline")
     if cfg.router not in ROUTERS:
         raise ConfigError(f"{origin}: router {cfg.router!r} unknown; choose one of {list(ROUTERS)}")
     for key in ("replicas", "tp", "pp", "ep"):

@@ -36,7 +36,7 @@ from pipeline.engine.steplog import StepLog
 from pipeline.errors import ConfigError, RooftraceError
 from pipeline.fleet import ResolvedFleet, load_fleet, resolve
 from pipeline.prefix import DEFAULT_ISOLATION, build_chains, key64, mix64
-from pipeline.roofline import fast_step_cost
+from pipeline.profile.cost import fleet_step_cost
 from pipeline.schemas import atomic_write_bytes, write_parquet
 from pipeline.steps import BINDING_NAMES
 from pipeline.store import Store, repo_root
@@ -80,6 +80,9 @@ class ReplayRun:
     result: EngineResult
     log: StepLog
     wall_s: float
+    #: The cost model's tier ("measured" profile or "roofline") and what it says of itself.
+    cost_source: str = "roofline"
+    cost_describe: dict[str, Any] | None = None
 
 
 def _engine_chains(requests: pl.DataFrame, block_size: int) -> tuple[npt.NDArray[np.uint64], npt.NDArray[np.int64]]:
@@ -165,14 +168,15 @@ def run_replay(
         concurrency=options.concurrency or 0,
     )
     work = build_workload(requests, fleet, options)
-    cost = fast_step_cost(fleet.deployment)
+    cost = fleet_step_cost(fleet)
     log = StepLog(capacity=max(1024, 2 * work.n))
     t0 = time.perf_counter()
     if unsupported_reason(spec, cost) is None:
         result = simulate_jit(work, spec, cost, log, progress)
     else:  # same semantics and results, Python speed (docs/engine.md, "The jit engine")
         result = simulate(work, spec, cost, log, progress)
-    return ReplayRun(fleet, spec, work, result, log, time.perf_counter() - t0)
+    wall = time.perf_counter() - t0
+    return ReplayRun(fleet, spec, work, result, log, wall, cost.source, dict(cost.describe))
 
 
 # -- tables ----------------------------------------------------------------------------------
@@ -230,6 +234,9 @@ def steps_table(run: ReplayRun) -> pa.Table:
     table: dict[str, Any] = {name: cols[name] for name in cols}
     table["kv_bytes_used"] = cols["kv_blocks_used"].astype(np.float64) * block_bytes
     table["binding"] = binding
+    duration = np.asarray(cols["end_s"], np.float64) - np.asarray(cols["start_s"], np.float64)
+    measured = np.asarray(cols["measured_s"], np.float64)
+    table["cost_source"] = np.where(measured > 0.5 * duration, "measured", run.cost_source).astype(object)
     return pa.table(table)
 
 
@@ -328,6 +335,21 @@ def summarize(run: ReplayRun) -> dict[str, Any]:
         "engine_wall_s": run.wall_s,
         "engine_requests_per_wall_s": work.n / run.wall_s if run.wall_s > 0 else None,
         "spans": int(run.log.n),
+        "cost_model": _cost_summary(run),
+    }
+
+
+def _cost_summary(run: ReplayRun) -> dict[str, Any]:
+    """Which tier costed the run: the cost model's own description and the share of busy time
+    that came from measured tables."""
+    cols = run.log.columns()
+    start = np.asarray(cols["start_s"], np.float64)
+    busy = float((np.asarray(cols["end_s"], np.float64) - start).sum()) if run.log.n else 0.0
+    measured = float(cols["measured_s"].sum()) if run.log.n else 0.0
+    return {
+        "source": run.cost_source,
+        "measured_share_of_busy_time": measured / busy if busy > 0 else 0.0,
+        **(run.cost_describe or {}),
     }
 
 

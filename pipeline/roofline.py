@@ -22,13 +22,12 @@ Formulas, with units and their sources, are in docs/catalog.md.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 from functools import cached_property
 from typing import Any
 
 import numpy as np
-import numpy.typing as npt
 
 from pipeline.catalog import HardwareSpec, ModelSpec, kv_format, weight_format
 from pipeline.errors import ConfigError
@@ -476,233 +475,122 @@ def decode_batch(batch_size: FloatArray | list[float] | float, context: FloatArr
 
 
 # --------------------------------------------------------------------------------------------
-# fast path: the same model as an affine map, for the replay engine's many small calls
+# fast path: the same model as tables, for the replay engines' many small calls
 
-#: Size of the probe steps that read off the affine coefficients: a power of two small enough
-#: that the probed FLOPs and bytes (integer-valued for every catalog model at tp ≤ 8) stay exact
-#: in float64, so the differences below are exact and structural zeros stay exactly zero.
+#: Size of the probe steps that read off the attention operators' affine coefficients: a power
+#: of two small enough that the probed FLOPs and bytes (integer-valued for every catalog model at
+#: tp ≤ 8) stay exact in float64, so the differences are exact and structural zeros stay zero.
 _PROBE_SCALE = float(2**20)
-#: Relative agreement with step_cost the fast path must show on its self-check to be used.
-AFFINE_RTOL = 1e-12
-_FIELDS = (
-    "prefill_tokens",
-    "prefill_seqs",
-    "prefill_attn_pairs",
-    "prefill_kv_tokens",
-    "decode_seqs",
-    "decode_ctx_tokens",
-)
+#: Relative agreement with step_cost the tables must show on their self-check.
+TABLE_RTOL = 1e-12
+#: Operators driven by the sampled positions (prefill_seqs + decode_seqs), not the tokens.
+LOGIT_OPS = frozenset({"lm_head", "logits_gather"})
 
 
-class AffineStepCost:
-    """``step_cost(dep, ·)`` evaluated as one small matrix product instead of ~30 operator objects.
-
-    Every operator's FLOPs and bytes are affine in the six StepBatch fields on steps that run
-    tokens (the only non-linear pieces are the "any token" masks on weight reads, the LM head
-    and collective calls, which are constant there). The coefficients are read off
-    :func:`operators` itself with 7 probe steps — so the formulas exist once, and a change to
-    them (or to the catalog's efficiency factors, read here from the same HardwareSpec) flows
-    through. Each operator's time is then max(flops/peak, bytes/bw, kernel floor) exactly as
-    :func:`op_times`. Build with :func:`fast_step_cost`, which verifies the fit against
-    :func:`step_cost` (relative AFFINE_RTOL) and falls back to step_cost when it does not hold
-    (MoE models: expected touched experts are non-linear in the token count). Rows with no
-    tokens cost zero, as in step_cost; window fields or rows outside the domain go to step_cost.
-    """
-
-    def __init__(self, dep: Deployment) -> None:
-        hw = dep.hardware
-        s = _PROBE_SCALE
-        # Row 0: one decode token (every mask 1, every other field 0); row j+1 adds s to field j.
-        rows = np.zeros((7, 6))
-        rows[:, 4] = 1.0
-        for j in range(6):
-            rows[j + 1, j] += s
-        probe = StepBatch(*(rows[:, j].copy() for j in range(6)))
-        ops = operators(dep, probe)
-        base = rows[0]
-        fc = np.zeros((len(ops), 7))  # [intercept, 6 field coefficients]
-        bc = np.zeros((len(ops), 7))
-        for i, op in enumerate(ops):
-            for coef, v in ((fc, op.flops), (bc, op.bytes)):
-                coef[i, 1:] = (v[1:] - v[0]) / s
-                intercept = v[0] - float(coef[i, 1:] @ base)
-                # Mask terms (weights read once per step) are huge next to one token's share;
-                # anything this small is rounding of a structurally absent intercept.
-                coef[i, 0] = intercept if abs(intercept) > 1e-9 * abs(v[0]) else 0.0
-        self.dep = dep
-        self.flops_coef = fc
-        self.bytes_coef = bc
-        comm = np.array([op.kind == "comm" for op in ops])
-        self._comm = comm
-        self._count = np.array([float(op.count) for op in ops])
-        peak = np.array([op.peak_flops_per_s * hw.compute_efficiency for op in ops])
-        self._peak = np.where(peak > 0, peak, 1.0)
-        self._has_peak = peak > 0
-        self._bw = np.array(
-            [
-                hw.memory_bandwidth_bytes_per_s
-                * (elementwise_efficiency(hw, op.kernel) if op.kind == "elementwise" else hw.memory_efficiency)
-                for op in ops
-            ]
-        )
-        calls = np.array([float((op.calls if op.calls is not None else _mask(op.bytes))[0]) for op in ops])
-        self._calls = np.where(comm, calls, 0.0)
-        self._link = hw.link_bandwidth_bytes_per_s * hw.link_efficiency
-        self._affine_calls = all(
-            op.kind != "comm" or np.all((op.calls if op.calls is not None else _mask(op.bytes)) == calls[i])
-            for i, op in enumerate(ops)
-        )
-        # The kernel's fixed arguments, in _affine_rows' order.
-        self._kernel_args = (
-            fc,
-            bc,
-            comm,
-            self._count,
-            self._peak,
-            self._has_peak,
-            self._bw,
-            self._calls,
-            self._link,
-            hw.link_latency_s,
-            hw.min_kernel_s,
-            dep.overhead_s,
-            float(dep.pp),
-            hw.peak_for(dep.compute_dtype),
-            hw.memory_bandwidth_bytes_per_s,
-        )
-
-    @property
-    def kernel_args(self) -> tuple[Any, ...] | None:
-        """The fixed arguments of :func:`_affine_rows` (after the rows), for engines that call the
-        kernel from their own compiled loop (pipeline/engine/jit.py); None when this deployment's
-        collective call counts are not constant, i.e. when ``__call__`` goes to step_cost."""
-        return self._kernel_args if self._affine_calls else None
-
-    def __call__(self, batch: StepBatch) -> StepCost:
-        dep = self.dep
-        if (
-            not self._affine_calls
-            or batch.prefill_attn_pairs_window is not None
-            or batch.prefill_kv_tokens_window is not None
-            or batch.decode_ctx_tokens_window is not None
-        ):
-            return step_cost(dep, batch)
-        x = np.empty((batch.n, 6))
-        for j, f in enumerate(_FIELDS):
-            x[:, j] = getattr(batch, f)
-        out = np.empty((9, batch.n))
-        binding = np.empty(batch.n, np.int8)
-        ok = _affine_kernel()(x, *self._kernel_args, out, binding)
-        if not ok:  # a row outside the affine domain (tokens without logits or vice versa)
-            return step_cost(dep, batch)
-        time, compute, memory, comm, overhead, flops, nbytes, mfu, mbu = out
-        return StepCost(
-            time_s=time,
-            flops=flops,
-            bytes=nbytes,
-            compute_s=compute,
-            memory_s=memory,
-            comm_s=comm,
-            overhead_s=overhead,
-            binding=binding,
-            mfu=mfu,
-            mbu=mbu,
-        )
+def _is_affine_op(op: Op) -> bool:
+    """Attention operators (and MLA's kv_b projection, driven by the context): the ones whose
+    FLOPs and bytes depend on other step fields than the token count."""
+    return op.name.startswith(("attn_prefill", "attn_decode", "attn_kv_b_proj"))
 
 
-def _affine_rows(
-    x: FloatArray,
-    fc: FloatArray,
-    bc: FloatArray,
-    comm_op: npt.NDArray[np.bool_],
-    count: FloatArray,
-    peak: FloatArray,
-    has_peak: npt.NDArray[np.bool_],
-    bw: FloatArray,
-    calls: FloatArray,
-    link: float,
-    latency: float,
-    min_kernel: float,
-    step_overhead: float,
-    pp: float,
-    peak_gpu: float,
-    bw_gpu: float,
-    out: FloatArray,
-    binding: npt.NDArray[np.int8],
-) -> bool:
-    """Rows of AffineStepCost: out = [time, compute, memory, comm, overhead, flops, bytes, mfu,
-    mbu] with flops and bytes per GPU (over pp stages) as in cost_from_ops.
-    Per operator the same comparisons as op_times/comm_time; False if a row is outside the
-    domain (tokens > 0 and sampled positions > 0, or an all-zero row)."""
-    n, n_ops = x.shape[0], fc.shape[0]
-    for r in range(n):
-        tokens = x[r, 0] + x[r, 4]
-        logits = x[r, 1] + x[r, 4]
-        if not (tokens > 0 and logits > 0):
-            for j in range(6):
-                if x[r, j] != 0.0:
-                    return False
-            for q in range(9):
-                out[q, r] = 0.0
-            binding[r] = 0
+def _tabulate(dep: Deployment, ops: list[Op], hw: HardwareSpec) -> FloatArray:
+    """Sum the operators' roofline terms per row into TAB_COLUMNS (rows are the probe steps)."""
+    from pipeline.stepcost import N_TAB
+
+    n = ops[0].flops.shape[0] if ops else 0
+    tab = np.zeros((n, N_TAB))
+    for op in ops:
+        if op.kind == "comm":
+            tab[:, 2] += op.count * comm_time(hw, op)
             continue
-        compute = memory = comm = floors = flops_sum = bytes_sum = 0.0
-        for i in range(n_ops):
-            f = fc[i, 0]
-            b = bc[i, 0]
-            for j in range(6):
-                f += fc[i, j + 1] * x[r, j]
-                b += bc[i, j + 1] * x[r, j]
-            if comm_op[i]:
-                comm += count[i] * (b / link + calls[i] * latency)
-                continue
-            t_c = f / peak[i] if has_peak[i] else 0.0
-            t_m = b / bw[i]
-            floor = min_kernel if (f > 0 or b > 0) else 0.0
-            if floor > max(t_c, t_m):
-                floors += count[i] * floor
-            elif t_c > t_m:
-                compute += count[i] * t_c
-            else:
-                memory += count[i] * t_m
-            flops_sum += count[i] * f
-            bytes_sum += count[i] * b
-        overhead = step_overhead + floors
-        time = compute + memory + comm + overhead
-        out[0, r] = time
-        out[1, r] = compute
-        out[2, r] = memory
-        out[3, r] = comm
-        out[4, r] = overhead
-        out[5, r] = flops_sum / pp
-        out[6, r] = bytes_sum / pp
-        out[7, r] = flops_sum / pp / time / peak_gpu if time > 0 else 0.0
-        out[8, r] = bytes_sum / pp / time / bw_gpu if time > 0 else 0.0
-        # argmax over (compute, memory, comm, overhead), first maximum wins as in np.argmax
-        best, arg = compute, 0
-        if memory > best:
-            best, arg = memory, 1
-        if comm > best:
-            best, arg = comm, 2
-        if overhead > best:
-            arg = 3
-        binding[r] = arg
-    return True
+        t_c, t_m, t_f = op_times(hw, op)
+        tab[:, 0] += op.count * t_c
+        tab[:, 1] += op.count * t_m
+        tab[:, 3] += op.count * t_f
+        tab[:, 4] += op.count * op.flops
+        tab[:, 5] += op.count * op.bytes
+    return tab
 
 
-_AFFINE_KERNEL: list[Callable[..., bool]] = []
+def roofline_tables(dep: Deployment, max_tokens: int) -> tuple[FloatArray, FloatArray]:
+    """(token table, logits table) of ``dep`` for T and n in 0..max_tokens (stepcost module doc)."""
+    t = np.arange(max_tokens + 1, dtype=np.float64)
+    zero = np.zeros_like(t)
+    # T tokens as decodes: every token-driven operator sees T tokens (attention is excluded).
+    probe = StepBatch(zero, zero.copy(), zero.copy(), zero.copy(), t, t.copy())
+    ops = operators(dep, probe)
+    tok = _tabulate(dep, [o for o in ops if o.name not in LOGIT_OPS and not _is_affine_op(o)], dep.hardware)
+    logit = _tabulate(dep, [o for o in ops if o.name in LOGIT_OPS], dep.hardware)
+    return tok, logit
 
 
-def _affine_kernel() -> Callable[..., bool]:
-    """_affine_rows compiled by numba on first use (cached on disk); plain Python without it."""
-    if not _AFFINE_KERNEL:
-        try:
-            import numba
-        except ImportError:  # pragma: no cover - numba is a runtime dependency
-            _AFFINE_KERNEL.append(_affine_rows)
-        else:
-            _AFFINE_KERNEL.append(numba.njit(cache=True)(_affine_rows))
-    return _AFFINE_KERNEL[0]
+def roofline_affine(dep: Deployment) -> dict[str, Any]:
+    """The attention operators as affine maps of the six step fields (stepcost.affine_cost's
+    arguments): coefficients read off :func:`operators` itself with 7 probe steps, so the
+    formulas exist once."""
+    hw = dep.hardware
+    s = _PROBE_SCALE
+    rows = np.zeros((7, 6))
+    rows[:, 4] = 1.0  # row 0: one decode token (every mask 1, every other field 0)
+    for j in range(6):
+        rows[j + 1, j] += s
+    probe = StepBatch(*(rows[:, j].copy() for j in range(6)))
+    ops = [op for op in operators(dep, probe) if _is_affine_op(op)]
+    base = rows[0]
+    fc = np.zeros((len(ops), 7))
+    bc = np.zeros((len(ops), 7))
+    for i, op in enumerate(ops):
+        for coef, v in ((fc, op.flops), (bc, op.bytes)):
+            coef[i, 1:] = (v[1:] - v[0]) / s
+            intercept = v[0] - float(coef[i, 1:] @ base)
+            # Mask terms (weights read once per step) are huge next to one token's share;
+            # anything this small is rounding of a structurally absent intercept.
+            coef[i, 0] = intercept if abs(intercept) > 1e-9 * abs(v[0]) else 0.0
+    peak = np.array([op.peak_flops_per_s * hw.compute_efficiency for op in ops])
+    return {
+        "flops": fc,
+        "nbytes": bc,
+        "count": np.array([float(op.count) for op in ops]),
+        "peak": np.where(peak > 0, peak, 1.0),
+        "has_peak": peak > 0,
+        "bw": np.array([hw.memory_bandwidth_bytes_per_s * hw.memory_efficiency for op in ops]),
+    }
+
+
+def roofline_cost(dep: Deployment, max_tokens: int = 32768) -> Any:
+    """``step_cost(dep, ·)`` as a :class:`pipeline.stepcost.TabulatedCost` (tier 2: the roofline
+    with the catalog's efficiency factors), for steps of up to ``max_tokens`` tokens; larger
+    steps extend the tables on demand."""
+    from pipeline.stepcost import TabulatedCost, affine_cost, scalars
+
+    tok, logit = roofline_tables(dep, max_tokens)
+    aff = roofline_affine(dep)
+    hw = dep.hardware
+    sc = scalars(
+        min_kernel_s=hw.min_kernel_s,
+        base_s=dep.overhead_s,
+        pp=float(dep.pp),
+        peak_gpu=hw.peak_for(dep.compute_dtype),
+        bw_gpu=hw.memory_bandwidth_bytes_per_s,
+    )
+    shell = affine_cost(aff["flops"], aff["nbytes"], aff["count"], aff["peak"], aff["has_peak"], aff["bw"], sc)
+    return TabulatedCost(
+        tok=np.ascontiguousarray(tok),
+        logit=np.ascontiguousarray(logit),
+        affine_flops=shell.affine_flops,
+        affine_bytes=shell.affine_bytes,
+        affine_count=shell.affine_count,
+        affine_peak=shell.affine_peak,
+        affine_has_peak=shell.affine_has_peak,
+        affine_bw=shell.affine_bw,
+        decode_grid=shell.decode_grid,
+        prefill_grid=shell.prefill_grid,
+        scalars=sc,
+        source="roofline",
+        describe={"tier": "roofline", "hardware": hw.name, "calibrated_on": hw.calibrated_on},
+        extend=lambda t: roofline_cost(dep, max(t, 2 * max_tokens)),
+        exact=dep,
+    )
 
 
 def affine_check_batch(n: int = 256, seed: int = 0) -> StepBatch:
@@ -727,16 +615,17 @@ def affine_check_batch(n: int = 256, seed: int = 0) -> StepBatch:
     )
 
 
-def fast_step_cost(dep: Deployment) -> AffineStepCost | Deployment:
-    """The cheapest exact StepCostFn for ``dep``: the affine fast path when it reproduces
-    step_cost to AFFINE_RTOL on :func:`affine_check_batch`, else ``dep`` itself (step_cost)."""
-    fast = AffineStepCost(dep)
+def fast_step_cost(dep: Deployment, max_tokens: int = 32768) -> Any:
+    """``step_cost(dep, ·)`` as tables (:func:`roofline_cost`), checked against step_cost on
+    :func:`affine_check_batch` (relative TABLE_RTOL): a failure is a bug, raised."""
+    from pipeline.stepcost import TabulatedCost
+
+    fast: TabulatedCost = roofline_cost(dep, max_tokens)
     check = affine_check_batch()
     want, got = step_cost(dep, check), fast(check)
-    for name in ("time_s", "flops", "bytes", "compute_s", "memory_s", "comm_s", "overhead_s", "mfu", "mbu"):
+    for name in ("time_s", "flops", "bytes", "compute_s", "memory_s", "comm_s", "overhead_s"):
         a, b = getattr(want, name), getattr(got, name)
-        if not np.all(np.abs(a - b) <= AFFINE_RTOL * np.abs(a)):
-            return dep
-    if not np.array_equal(want.binding, got.binding):
-        return dep
+        bad = ~(np.abs(a - b) <= TABLE_RTOL * np.abs(a))
+        if np.any(bad):
+            raise AssertionError(f"cost tables of {dep.model.name} disagree with step_cost on {name}")
     return fast

@@ -74,6 +74,8 @@ class StepCost:
     binding: npt.NDArray[np.int8]
     mfu: FloatArray
     mbu: FloatArray
+    #: Seconds of each step that came from measured tables (None: a cost model without them).
+    measured_s: FloatArray | None = None
 
 
 class StepCostFn(Protocol):

@@ -22,8 +22,8 @@ from pipeline.engine.reference import simulate_reference
 from pipeline.engine.steplog import StepLog
 from pipeline.fleet import parse_fleet, resolve
 from pipeline.ingest import ingest_logs
+from pipeline.profile.cost import fleet_step_cost
 from pipeline.replay import ReplayOptions, build_workload, run_replay, series_frames
-from pipeline.roofline import fast_step_cost
 from pipeline.schemas import read_parquet, write_parquet
 from pipeline.store import Store
 
@@ -135,7 +135,8 @@ def test_jit_with_the_roofline_cost_is_the_fast_engine(mooncake: pl.DataFrame, r
     options = ReplayOptions(rate_scale=4.0)
     work = build_workload(frame, fleet, options)
     spec = FleetSpec(replicas=2, scheduler=fleet.scheduler, router=router)
-    cost = fast_step_cost(fleet.deployment)
+    cost = fleet_step_cost(fleet)  # what run_replay uses: the h100-sxm measured profile
+    assert cost.source == "measured"
     assert unsupported_reason(spec, cost) is None
     fast_log = StepLog()
     fast = simulate(work, spec, cost, fast_log)
@@ -223,22 +224,24 @@ def test_replay_command_writes_an_idempotent_run(tmp_path: Path) -> None:
     assert bad.exit_code == 1 and "fleet file not found" in bad.stderr
 
 
-def test_run_replay_falls_back_to_the_fast_engine_without_an_affine_kernel(azure_conv: pl.DataFrame) -> None:
-    # MoE step cost is not affine in the tokens: fast_step_cost returns step_cost itself, which
-    # the jit loop cannot evaluate; run_replay must then run the Python engine, same semantics.
+def test_moe_replays_on_the_jit_engine_and_plain_callables_fall_back(azure_conv: pl.DataFrame) -> None:
+    # MoE step cost is non-linear in the tokens (fused-MoE tables, touched experts): the token
+    # table carries it, so the jit engine runs MoE fleets, equal to the per-step reference.
     fleet = resolve(parse_fleet({"name": "t", "model": "qwen3-30b-a3b", "hardware": "h100-sxm", "replicas": 2}, "t"))
     frame = azure_conv.head(40)
     options = ReplayOptions(rate_scale=20.0)
     work = build_workload(frame, fleet, options)
     spec = FleetSpec(replicas=2, scheduler=fleet.scheduler, router=fleet.config.router)
-    cost = fast_step_cost(fleet.deployment)
-    assert "affine kernel" in (unsupported_reason(spec, cost) or "")
-    with pytest.raises(ValueError, match="does not apply"):
-        simulate_jit(work, spec, cost)
+    cost = fleet_step_cost(fleet)
+    assert unsupported_reason(spec, cost) is None
+    assert "fused MoE" in cost.describe["moe"]
     run = run_replay(frame, fleet, options)
     _assert_same(run.result, simulate_reference(work, spec, cost))
-    # A plain callable has no kernel either; a state beyond MAX_STATE_BYTES is refused too.
+    # A plain callable has no tables: the Python engine runs it; the jit engine refuses it.
     assert unsupported_reason(spec, REAL_COST) is None
-    assert unsupported_reason(spec, lambda batch: REAL_COST(batch)) is not None
+    plain = lambda batch: REAL_COST(batch)  # noqa: E731
+    assert unsupported_reason(spec, plain) is not None
+    with pytest.raises(ValueError, match="does not apply"):
+        simulate_jit(work, spec, plain)
     huge = FleetSpec(replicas=4096, scheduler=fleet.scheduler)
     assert "GiB" in (unsupported_reason(huge, REAL_COST) or "")

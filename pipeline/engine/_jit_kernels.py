@@ -11,7 +11,7 @@ of operations, so the same floating-point results), with the scheduler state in 
   prefix cache: an open-addressing table (linear probing, backward-shift deletion) from a block
   hash to the list of blocks holding it, oldest first.
 
-Every step is priced by _row_cost: roofline._affine_rows (the AffineStepCost kernel) on one row.
+Every step is priced by pipeline.stepcost.tab_row (the tabulated step cost) on one row.
 Semantics: docs/engine.md.
 """
 
@@ -20,205 +20,19 @@ from __future__ import annotations
 import numba
 import numpy as np
 
+from pipeline.stepcost import row_kernel
+
 _GOLDEN = np.uint64(0x9E3779B97F4A7C15)  # Fibonacci hashing multiplier (Knuth, TAOCP vol. 3 §6.4)
 _SHIFT = np.uint64(32)
 _INF = np.inf
 
 # Step-log columns (float64 matrix), in steplog.SPAN_COLUMNS order.
-LOG_COLS = 17
+LOG_COLS = 18
 
 
-@numba.njit(cache=True, inline="always")
-def _op_term(f, b, is_comm, n, has_pk, pk, bw_i, n_calls, link, latency, min_kernel):  # type: ignore[no-untyped-def]
-    """One operator's roofline term as roofline.op_times / comm_time compute it: (accumulator,
-    seconds) with accumulator 0 compute-bound, 1 memory-bound, 2 kernel floor, 3 collective.
-    The one place the jit kernels classify an operator (row, span preparation, span step)."""
-    if is_comm:
-        return 3, n * (b / link + n_calls * latency)
-    t_c = f / pk if has_pk else 0.0
-    t_m = b / bw_i
-    floor = min_kernel if (f > 0 or b > 0) else 0.0
-    if floor > max(t_c, t_m):
-        return 2, n * floor
-    if t_c > t_m:
-        return 0, n * t_c
-    return 1, n * t_m
-
-
-@numba.njit(cache=True, inline="always")
-def _row_cost(  # type: ignore[no-untyped-def]
-    x,
-    fc,
-    bc,
-    comm_op,
-    count,
-    peak,
-    has_peak,
-    bw,
-    calls,
-    link,
-    latency,
-    min_kernel,
-    step_overhead,
-    pp,
-    peak_gpu,
-    bw_gpu,
-    out,
-):
-    """roofline._affine_rows on the single row ``x`` (6 fields) into out[0:7] = time, compute,
-    memory, comm, overhead, flops, bytes — the same operations in the same order, except that
-    terms with a zero field are skipped: adding the +0.0 they contribute changes no finite sum,
-    so the results are the same numbers while a decode step does 2 products per operator, not 6."""
-    compute = 0.0
-    memory = 0.0
-    comm = 0.0
-    floors = 0.0
-    flops_sum = 0.0
-    bytes_sum = 0.0
-    for i in range(fc.shape[0]):
-        f = fc[i, 0]
-        b = bc[i, 0]
-        for j in range(6):
-            if x[j] != 0.0:
-                f += fc[i, j + 1] * x[j]
-                b += bc[i, j + 1] * x[j]
-        k, v = _op_term(f, b, comm_op[i], count[i], has_peak[i], peak[i], bw[i], calls[i], link, latency, min_kernel)
-        if k == 3:
-            comm += v
-            continue
-        if k == 0:
-            compute += v
-        elif k == 1:
-            memory += v
-        else:
-            floors += v
-        flops_sum += count[i] * f
-        bytes_sum += count[i] * b
-    overhead = step_overhead + floors
-    out[0] = compute + memory + comm + overhead
-    out[1] = compute
-    out[2] = memory
-    out[3] = comm
-    out[4] = overhead
-    out[5] = flops_sum / pp
-    out[6] = bytes_sum / pp
-
-
-@numba.njit(cache=True)
-def _span_prep(  # type: ignore[no-untyped-def]
-    nr,
-    fc,
-    bc,
-    comm_op,
-    count,
-    peak,
-    has_peak,
-    bw,
-    calls,
-    link,
-    latency,
-    min_kernel,
-    dep,
-    a,
-    b_,
-    kind,
-    val,
-    fl,
-    by,
-):
-    """Per operator, for the decode rows of a span (fields 0-3 zero, ``nr`` decodes): the part of
-    _row_cost's sums that does not depend on the context, computed once. Operators whose FLOPs
-    and bytes do not grow with the context contribute the same term to every step: it is stored
-    with the accumulator it goes to (0 compute, 1 memory, 2 kernel floor, 3 collective)."""
-    for i in range(fc.shape[0]):
-        f = fc[i, 0] + fc[i, 5] * nr
-        b = bc[i, 0] + bc[i, 5] * nr
-        a[i] = f
-        b_[i] = b
-        dep[i] = fc[i, 6] != 0.0 or bc[i, 6] != 0.0
-        if dep[i]:
-            continue
-        # f + 0.0·ctx == f: the step's value is this one.
-        k, v = _op_term(f, b, comm_op[i], count[i], has_peak[i], peak[i], bw[i], calls[i], link, latency, min_kernel)
-        kind[i] = k
-        val[i] = v
-        if k == 3:
-            continue
-        fl[i] = count[i] * f
-        by[i] = count[i] * b
-
-
-@numba.njit(cache=True, inline="always")
-def _span_cost(  # type: ignore[no-untyped-def]
-    ctx,
-    fc,
-    bc,
-    comm_op,
-    count,
-    peak,
-    has_peak,
-    bw,
-    calls,
-    link,
-    latency,
-    min_kernel,
-    step_overhead,
-    pp,
-    dep,
-    a,
-    b_,
-    kind,
-    val,
-    fl,
-    by,
-    out,
-):
-    """_row_cost of the decode row with context ``ctx`` after _span_prep: the same operations in
-    the same order (precomputed terms are the values _row_cost would compute), so the same
-    numbers; only context-dependent operators are evaluated."""
-    compute = 0.0
-    memory = 0.0
-    comm = 0.0
-    floors = 0.0
-    flops_sum = 0.0
-    bytes_sum = 0.0
-    for i in range(fc.shape[0]):
-        if not dep[i]:
-            k = kind[i]
-            if k == 3:
-                comm += val[i]
-                continue
-            if k == 0:
-                compute += val[i]
-            elif k == 1:
-                memory += val[i]
-            else:
-                floors += val[i]
-            flops_sum += fl[i]
-            bytes_sum += by[i]
-            continue
-        f = a[i] + fc[i, 6] * ctx
-        b = b_[i] + bc[i, 6] * ctx
-        k, v = _op_term(f, b, comm_op[i], count[i], has_peak[i], peak[i], bw[i], calls[i], link, latency, min_kernel)
-        if k == 3:
-            comm += v
-            continue
-        if k == 0:
-            compute += v
-        elif k == 1:
-            memory += v
-        else:
-            floors += v
-        flops_sum += count[i] * f
-        bytes_sum += count[i] * b
-    overhead = step_overhead + floors
-    out[0] = compute + memory + comm + overhead
-    out[1] = compute
-    out[2] = memory
-    out[3] = comm
-    out[4] = overhead
-    out[5] = flops_sum / pp
-    out[6] = bytes_sum / pp
+# One step's cost: pipeline.stepcost.tab_row, compiled (the same function every engine and
+# TabulatedCost call uses, so all give the same numbers).
+_tab_row = row_kernel()
 
 
 @numba.njit(cache=True)
@@ -328,6 +142,7 @@ def _log_span(  # type: ignore[no-untyped-def]
     memory,
     comm,
     overhead,
+    measured,
 ):
     """Append a span of ``steps`` identical-batch steps to the log, or extend the replica's
     latest row when this continues it (decode only, same batch and queue, no gap). The caller
@@ -366,6 +181,7 @@ def _log_span(  # type: ignore[no-untyped-def]
         row[14] = 0.0
         row[15] = 0.0
         row[16] = 0.0
+        row[17] = 0.0
         last_row[r] = nlog
         nlog += 1
     row[11] += flops
@@ -374,6 +190,7 @@ def _log_span(  # type: ignore[no-untyped-def]
     row[14] += memory
     row[15] += comm
     row[16] += overhead
+    row[17] += measured
     return nlog
 
 
@@ -401,22 +218,22 @@ def run_fleet(  # type: ignore[no-untyped-def]
     max_blocks,
     table_size,
     want_log,
-    # cost (roofline._affine_rows' fixed arguments)
-    fc,
-    bc,
-    comm_op,
-    count,
-    peak,
-    has_peak,
-    bw,
-    calls,
-    link,
-    latency,
-    min_kernel,
-    step_overhead,
-    pp,
-    peak_gpu,
-    bw_gpu,
+    # cost (pipeline.stepcost.TabulatedCost.kernel_args)
+    tok,
+    logit,
+    af,
+    ab,
+    acount,
+    apeak,
+    ahas,
+    abw,
+    dla,
+    dlb,
+    dlt,
+    pla,
+    plb,
+    plt,
+    sc,
     # results (filled in)
     res_arrival,
     res_replica,
@@ -496,20 +313,13 @@ def run_fleet(  # type: ignore[no-untyped-def]
     fin = np.zeros(S, np.int64)
     hits = np.zeros(max_blocks, np.int64)
     x = np.zeros(6)
-    out = np.zeros(7)
+    out = np.zeros(8)
+    xs = np.zeros(6)
     bstart = np.zeros(bs + 1, np.int64)
     bfill = np.zeros(bs, np.int64)
     bphase = np.zeros(S, np.int64)
     bitems = np.zeros(S, np.int64)
-    sums = np.zeros(6)
-    n_ops = fc.shape[0]
-    sp_dep = np.zeros(n_ops, np.bool_)
-    sp_a = np.zeros(n_ops)
-    sp_b = np.zeros(n_ops)
-    sp_kind = np.zeros(n_ops, np.int8)
-    sp_val = np.zeros(n_ops)
-    sp_fl = np.zeros(n_ops)
-    sp_by = np.zeros(n_ops)
+    sums = np.zeros(7)
     # -- step log
     log_cap = 1024 if want_log else 1
     log = np.zeros((log_cap, LOG_COLS))
@@ -726,27 +536,11 @@ def run_fleet(  # type: ignore[no-untyped-def]
                 m = 0
                 ph_alloc = 0
                 sums[:] = 0.0
-                _span_prep(
-                    float(nr),
-                    fc,
-                    bc,
-                    comm_op,
-                    count,
-                    peak,
-                    has_peak,
-                    bw,
-                    calls,
-                    link,
-                    latency,
-                    min_kernel,
-                    sp_dep,
-                    sp_a,
-                    sp_b,
-                    sp_kind,
-                    sp_val,
-                    sp_fl,
-                    sp_by,
-                )
+                xs[0] = 0.0
+                xs[1] = 0.0
+                xs[2] = 0.0
+                xs[3] = 0.0
+                xs[4] = float(nr)
                 max_gap = -_INF
                 end0 = now
                 while m < k_max and now < limit:
@@ -801,30 +595,8 @@ def run_fleet(  # type: ignore[no-untyped-def]
                                     )
                             if target > nreg[rid]:
                                 nreg[rid] = target
-                    _span_cost(
-                        c_sum + nr * (m + 1),
-                        fc,
-                        bc,
-                        comm_op,
-                        count,
-                        peak,
-                        has_peak,
-                        bw,
-                        calls,
-                        link,
-                        latency,
-                        min_kernel,
-                        step_overhead,
-                        pp,
-                        sp_dep,
-                        sp_a,
-                        sp_b,
-                        sp_kind,
-                        sp_val,
-                        sp_fl,
-                        sp_by,
-                        out,
-                    )
+                    xs[5] = c_sum + nr * (m + 1)
+                    _tab_row(xs, tok, logit, af, ab, acount, apeak, ahas, abw, dla, dlb, dlt, pla, plb, plt, sc, out)
                     end = now + out[0]
                     if m == 0:
                         end0 = end
@@ -838,6 +610,7 @@ def run_fleet(  # type: ignore[no-untyped-def]
                     sums[3] += out[2]
                     sums[4] += out[3]
                     sums[5] += out[4]
+                    sums[6] += out[7]
                     now = end
                     m += 1
                     ph_alloc = ph_fill
@@ -883,6 +656,7 @@ def run_fleet(  # type: ignore[no-untyped-def]
                             sums[3],
                             sums[4],
                             sums[5],
+                            sums[6],
                         )
                     continue
 
@@ -1106,25 +880,7 @@ def run_fleet(  # type: ignore[no-untyped-def]
         x[3] = p_kv
         x[4] = d_seq
         x[5] = d_ctx
-        _row_cost(
-            x,
-            fc,
-            bc,
-            comm_op,
-            count,
-            peak,
-            has_peak,
-            bw,
-            calls,
-            link,
-            latency,
-            min_kernel,
-            step_overhead,
-            pp,
-            peak_gpu,
-            bw_gpu,
-            out,
-        )
+        _tab_row(x, tok, logit, af, ab, acount, apeak, ahas, abw, dla, dlb, dlt, pla, plb, plt, sc, out)
         end = now + out[0]
         clock[r] = end
         if want_log:
@@ -1150,6 +906,7 @@ def run_fleet(  # type: ignore[no-untyped-def]
                 out[2],
                 out[3],
                 out[4],
+                out[7],
             )
 
         # -- tokens in, tokens sampled, finishes

@@ -6,10 +6,10 @@ hundred nanoseconds plus one row of the roofline kernel, so the replay runs at ~
 wall-second or more. Every router and arrival mode is supported; replicas run interleaved in time
 order (least-outstanding routing reads their state at each arrival).
 
-It needs a cost function the compiled loop can evaluate: one exposing ``kernel_args``, the fixed
-arguments of ``roofline._affine_rows`` (:class:`pipeline.roofline.AffineStepCost`, i.e.
-``fast_step_cost`` on a dense model). :func:`unsupported_reason` says why it does not apply
-otherwise (MoE models, arbitrary callables, a block table too large for memory); callers then use
+It needs a cost function the compiled loop can evaluate: a :class:`pipeline.stepcost.TabulatedCost`
+(the roofline's or a measured profile's tables, dense or MoE), whose ``kernel_args`` it passes to
+``stepcost.tab_row``. :func:`unsupported_reason` says why it does not apply otherwise (arbitrary
+callables, a block table too large for memory); callers then use
 :func:`pipeline.engine.fast.simulate`.
 """
 
@@ -22,6 +22,7 @@ import numpy as np
 
 from pipeline.engine.model import EngineResult, FleetSpec, Workload, reject_reasons
 from pipeline.engine.steplog import StepLog
+from pipeline.stepcost import TabulatedCost
 from pipeline.steps import StepCostFn
 
 #: Largest scheduler state (block tables, block pool, prefix-cache table) the jit engine
@@ -31,9 +32,17 @@ MAX_STATE_BYTES = 2 * 1024**3
 _ROUTER_CODES = {"round_robin": 0, "least_outstanding": 1, "session_affinity": 2, "prefix_affinity": 2}
 
 
-def _kernel_args(cost: StepCostFn) -> tuple[Any, ...] | None:
-    args = getattr(cost, "kernel_args", None)
-    return args if isinstance(args, tuple) else None
+def _tables(cost: StepCostFn, spec: FleetSpec) -> TabulatedCost | None:
+    """``cost`` with tables covering every step ``spec`` can run (None: not tabulated)."""
+    if not isinstance(cost, TabulatedCost):
+        return None
+    cfg = spec.scheduler
+    need = max(cfg.max_num_batched_tokens, cfg.max_num_seqs) + 1
+    if cost.max_tokens < need:
+        if cost.extend is None:
+            return None
+        cost = cost.extend(need)
+    return cost
 
 
 def _shape(spec: FleetSpec) -> tuple[int, int]:
@@ -61,8 +70,8 @@ def state_bytes(spec: FleetSpec) -> int:
 
 def unsupported_reason(spec: FleetSpec, cost: StepCostFn) -> str | None:
     """Why the jit engine cannot run ``spec`` with ``cost`` (None when it can)."""
-    if _kernel_args(cost) is None:
-        return "the cost function has no affine kernel (MoE model or a custom cost function)"
+    if _tables(cost, spec) is None:
+        return "the cost function is not a tabulated step cost (pipeline.stepcost.TabulatedCost)"
     if state_bytes(spec) > MAX_STATE_BYTES:
         return f"its block tables would take {state_bytes(spec) / 1024**3:.1f} GiB"
     return None
@@ -93,8 +102,9 @@ def simulate_jit(
         raise ValueError(f"the jit engine does not apply: {reason}")
     from pipeline.engine import _jit_kernels as k  # imports numba: only when the engine runs
 
-    raw = _kernel_args(cost)
-    assert raw is not None
+    tables = _tables(cost, spec)
+    assert tables is not None
+    raw = tables.kernel_args
     # Fixed dtypes, so that every call reuses one compiled (and disk-cached) specialisation.
     args = tuple(np.ascontiguousarray(a) if isinstance(a, np.ndarray) else float(a) for a in raw)
     n = work.n

@@ -30,6 +30,7 @@ SPAN_COLUMNS: dict[str, type] = {
     "memory_s": np.float64,
     "comm_s": np.float64,
     "overhead_s": np.float64,
+    "measured_s": np.float64,
 }
 
 
@@ -84,6 +85,7 @@ class StepLog:
             c["memory_s"][i] = cost.memory_s[0]
             c["comm_s"][i] = cost.comm_s[0]
             c["overhead_s"][i] = cost.overhead_s[0]
+            c["measured_s"][i] = cost.measured_s[0] if cost.measured_s is not None else 0.0
         else:
             c["flops"][i] = cost.flops[:upto].sum()
             c["bytes"][i] = cost.bytes[:upto].sum()
@@ -91,6 +93,7 @@ class StepLog:
             c["memory_s"][i] = cost.memory_s[:upto].sum()
             c["comm_s"][i] = cost.comm_s[:upto].sum()
             c["overhead_s"][i] = cost.overhead_s[:upto].sum()
+            c["measured_s"][i] = cost.measured_s[:upto].sum() if cost.measured_s is not None else 0.0
         self.n += 1
 
     def extend_rows(self, rows: npt.NDArray[np.float64]) -> None:

@@ -1,0 +1,237 @@
+"""Build GPU profiles from operator measurements (``rooftrace calibrate --measurements DIR``).
+
+For each GPU found in the measurements, the rows a replay needs are selected — per dtype the
+kernel vLLM runs by default (the one with the most rows in the set, which is the one the
+collector swept), window-less attention, the bf16 collectives — and written to
+``pipeline/catalog/profiles/<gpu>/`` with a ``profile.toml`` that states the files, the row
+counts, the selection, how the kernels were measured and the held-out errors
+(pipeline/profile/heldout.py). AIConfigurator's tables are preferred where a GPU has them;
+LLMServingSim's per-model operators are kept as model-specific tables (and are the only GEMM
+and attention source for the RTX 4090).
+
+Writes are atomic per file and the profile.toml goes last, so a killed build leaves either the
+previous profile or a folder whose row counts do not match (refused on load, rebuilt next run).
+"""
+
+from __future__ import annotations
+
+import io
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import polars as pl
+
+from pipeline.profile.sources import Measurements, read_measurements
+from pipeline.profile.tables import FAMILY_FILES, PROFILES_DIR
+from pipeline.schemas import atomic_write_bytes
+
+#: Weight formats with a catalog entry whose GEMMs a profile keeps.
+GEMM_DTYPES = ("bf16", "fp8", "fp8-block", "nvfp4")
+#: MoE weight formats kept.
+MOE_DTYPES = ("bf16", "fp8", "fp8-block", "nvfp4", "mxfp4")
+#: Largest GEMM m kept: beyond any engine step (vLLM's token budget is at most a few ×10⁴).
+MAX_GEMM_M = 32768
+
+#: How each set's kernels were timed (their SOURCE.md files and meta.yaml).
+STACKS: dict[str, dict[str, Any]] = {
+    "aiconfigurator": {
+        "engine": "vLLM 0.24 (A100: 0.14) operators, timed one call at a time by AIConfigurator",
+        "cuda_graphs": "custom all-reduce timed both under CUDA graphs and eager; other kernels are kernel times",
+    },
+    "llmservingsim": {
+        "engine": "vLLM 0.19, enforce_eager (no CUDA graphs), one decoder layer per TP shard",
+        "cuda_graphs": "off: kernel times only",
+    },
+}
+
+
+@dataclass(frozen=True)
+class BuiltProfile:
+    gpu: str
+    folder: Path
+    rows: dict[str, int]
+    heldout: dict[str, Any]
+
+
+def _most_rows(frame: pl.DataFrame, by: list[str], kernel: str = "kernel") -> pl.DataFrame:
+    """Keep, within each group of ``by``, the rows of the kernel with the most rows."""
+    if frame.height == 0:
+        return frame
+    counts = (
+        frame.group_by([*by, kernel]).len().sort([*by, "len", kernel], descending=[False] * len(by) + [True, False])
+    )
+    best = counts.group_by(by, maintain_order=True).first().select([*by, kernel])
+    return frame.join(best, on=[*by, kernel], how="semi")
+
+
+def _prefer_set(frame: pl.DataFrame, by: list[str]) -> pl.DataFrame:
+    """Rows of AIConfigurator where a group has them, else LLMServingSim's."""
+    if frame.height == 0:
+        return frame
+    has_aic = frame.filter(pl.col("set") == "aiconfigurator").select(by).unique()
+    aic = frame.filter(pl.col("set") == "aiconfigurator")
+    other = frame.filter(pl.col("set") != "aiconfigurator").join(has_aic, on=by, how="anti")
+    return pl.concat([aic, other], how="vertical_relaxed")
+
+
+def select_rows(meas: Measurements, gpu: str) -> tuple[dict[str, pl.DataFrame], dict[str, str]]:
+    """The rows of ``gpu``'s profile per family, and a description of the selection."""
+    m = meas.for_gpu(gpu)
+    out: dict[str, pl.DataFrame] = {}
+    sel: dict[str, str] = {}
+    g = m.get("gemm")
+    if g.height:
+        g = g.filter(pl.col("dtype").is_in(GEMM_DTYPES) & (pl.col("m") <= MAX_GEMM_M))
+        g = _prefer_set(g, ["dtype"])
+        g = pl.concat(
+            [
+                _most_rows(g.filter(pl.col("set") == "aiconfigurator"), ["dtype"]),
+                g.filter(pl.col("set") != "aiconfigurator"),
+            ],
+            how="vertical_relaxed",
+        )
+        out["gemm"] = g.sort(["dtype", "n", "k", "m"])
+        sel["gemm"] = "; ".join(
+            f"{d}: {', '.join(sorted(set(k)))}"
+            for d, k in g.group_by("dtype").agg(pl.col("kernel").unique()).sort("dtype").iter_rows()
+        )
+    for fam, size in (("attn_decode", "ctx"), ("attn_prefill", "isl")):
+        a = m.get(fam)
+        if a.height:
+            a = _prefer_set(a, ["kv_dtype"])
+            a = pl.concat(
+                [
+                    _most_rows(a.filter(pl.col("set") == "aiconfigurator"), ["kv_dtype"]),
+                    a.filter(pl.col("set") != "aiconfigurator"),
+                ],
+                how="vertical_relaxed",
+            )
+            out[fam] = a.sort(["kv_dtype", "nkv", "d", "nq", "batch", size])
+            sel[fam] = "; ".join(
+                f"{d}: {', '.join(sorted(set(k)))}"
+                for d, k in a.group_by("kv_dtype").agg(pl.col("kernel").unique()).sort("kv_dtype").iter_rows()
+            )
+    ar = m.get("allreduce")
+    if ar.height:
+        out["allreduce"] = ar.sort(["backend", "gpus", "bytes"])
+        sel["allreduce"] = "vLLM custom all-reduce (graph and eager) and NCCL all_reduce in 16-bit"
+    moe = m.get("moe")
+    if moe.height:
+        moe = _most_rows(moe.filter(pl.col("dtype").is_in(MOE_DTYPES)), ["dtype"])
+        out["moe"] = moe.sort(["dtype", "distribution", "moe_tp", "moe_ep", "h", "inter", "topk", "experts", "tokens"])
+        sel["moe"] = "; ".join(
+            f"{d}: {', '.join(sorted(set(k)))}"
+            for d, k in moe.group_by("dtype").agg(pl.col("kernel").unique()).sort("dtype").iter_rows()
+        )
+    ops = m.get("model_ops")
+    if ops.height:
+        out["model_ops"] = ops.sort(["model", "tp", "op", "size"])
+        sel["model_ops"] = "LLMServingSim per-model operators (dense by tokens, lm_head/sampler by sequences)"
+    return out, sel
+
+
+def _toml_value(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, int):
+        return str(value)
+    if isinstance(value, float):
+        return repr(value) if value == value else '"nan"'
+    if isinstance(value, str):
+        return '"' + value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n") + '"'
+    if isinstance(value, list | tuple):
+        return "[" + ", ".join(_toml_value(v) for v in value) + "]"
+    raise TypeError(f"cannot write {type(value).__name__} to TOML")
+
+
+def meta_toml(
+    gpu: str,
+    stack: dict[str, Any],
+    files: list[str],
+    rows: dict[str, int],
+    selection: dict[str, str],
+    fitted: dict[str, Any],
+    heldout: dict[str, Any],
+) -> str:
+    lines = [
+        "# Measured operator profile of one GPU, written by `rooftrace calibrate --measurements`.",
+        "# The Parquet files beside this one hold the measured rows (times in seconds); see docs/validation.md.",
+        f"gpu = {_toml_value(gpu)}",
+        'licence = "rows derived from AIConfigurator (Apache-2.0, ai-dynamo/aiconfigurator) and '
+        "LLMServingSim (MIT, casys-kaist/LLMServingSim) measurements; see each row's source\"",
+        f"built_from = {_toml_value(sorted(files))}",
+        "",
+        "[stack]",
+        *(f"{k} = {_toml_value(v)}" for k, v in stack.items()),
+        "",
+        "[rows]",
+        *(f"{k} = {v}" for k, v in sorted(rows.items())),
+        "",
+        "[selection]",
+        *(f"{k} = {_toml_value(v)}" for k, v in sorted(selection.items())),
+        "",
+        "[fitted]",
+        *(f"{k} = {_toml_value(v)}" for k, v in sorted(fitted.items())),
+        "",
+    ]
+    for name, entry in sorted(heldout.items()):
+        lines.append(f'[heldout."{name}"]')
+        lines.extend(f"{k} = {_toml_value(v)}" for k, v in entry.items())
+        lines.append("")
+    return "\n".join(lines)
+
+
+def write_profile(
+    folder: Path,
+    gpu: str,
+    frames: dict[str, pl.DataFrame],
+    selection: dict[str, str],
+    fitted: dict[str, Any],
+    heldout: dict[str, Any],
+) -> BuiltProfile:
+    folder.mkdir(parents=True, exist_ok=True)
+    rows: dict[str, int] = {}
+    files: set[str] = set()
+    sets: set[str] = set()
+    for fam, frame in frames.items():
+        # float32 would halve the files but change the numbers a profile was judged on
+        buf = io.BytesIO()
+        frame.write_parquet(buf, compression="zstd", compression_level=19, statistics=False)
+        atomic_write_bytes(folder / FAMILY_FILES[fam], buf.getvalue())
+        rows[fam] = frame.height
+        files.update(frame["source"].unique().to_list())
+        sets.update(frame["set"].unique().to_list())
+    for fam, fname in FAMILY_FILES.items():
+        if fam not in frames and (folder / fname).exists():
+            (folder / fname).unlink()
+    stack = {f"{s}_{k}": v for s in sorted(sets) for k, v in STACKS[s].items()}
+    text = meta_toml(gpu, stack, sorted(files), rows, selection, fitted, heldout)
+    atomic_write_bytes(folder / "profile.toml", text.encode())
+    return BuiltProfile(gpu, folder, rows, heldout)
+
+
+def build_profiles(
+    measurements: Path,
+    out_dir: Path = PROFILES_DIR,
+    gpus: list[str] | None = None,
+    progress: Callable[[str], None] | None = None,
+) -> list[BuiltProfile]:
+    """Read ``measurements``, judge the tables on held-out shapes, write one profile per GPU."""
+    from pipeline.profile.heldout import attention_tile, fit_fallbacks, fit_sampler, heldout_summary, judge
+
+    meas = read_measurements(measurements)
+    names = meas.gpus if gpus is None else [g for g in meas.gpus if g in gpus]
+    built: list[BuiltProfile] = []
+    sampler = fit_sampler(meas)
+    for gpu in names:
+        if progress:
+            progress(f"profile {gpu}: selecting rows")
+        frames, selection = select_rows(meas, gpu)
+        if progress:
+            progress(f"profile {gpu}: judging held-out shapes")
+        errors = judge(meas, gpu)
+        fitted = fit_fallbacks(frames) | sampler | attention_tile(meas, gpu, frames)
+        built.append(write_profile(out_dir / gpu, gpu, frames, selection, fitted, heldout_summary(errors)))
+    return built

@@ -1,0 +1,433 @@
+"""The measured cost model (tier 1): a deployment's step-cost tables from its GPU's profile.
+
+For every operator of a step the roofline model knows (pipeline/roofline.operators: the same
+operator list, FLOPs and bytes), the time comes from the GPU's measured tables where they cover
+it, and from the roofline otherwise:
+
+========================  ====================================================================
+operator                  measured source (pipeline/profile/tables.py)
+========================  ====================================================================
+QKV, O, MLP, router,      GEMM table of the weight dtype at (n, k) of the layer on one TP
+shared-expert GEMMs       shard, m = the step's tokens (padded to the CUDA-graph size, below)
+fused MoE experts         fused-MoE table of the exact expert shape, dtype and TP sharding
+                          (skewed routing — ``power_law_1.01`` — where measured)
+norms, activation,        the model's own operator curves where the GPU was profiled with it
+rotary, embedding         (LLMServingSim); the residual add is fused into the norm as in vLLM
+attention                 decode and prefill (batch × length) grids of the head shape and KV
+                          dtype, composed per pipeline/profile/attention.py
+all-reduce                vLLM's custom all-reduce under CUDA graphs (or eager) where vLLM
+                          uses it — NVLink, or 2 GPUs with PCIe peer access, ≤ 8 MiB — NCCL
+                          otherwise (measured curves by bytes and GPU count)
+LM head, sampler          GEMM table (vocab shard × hidden) / the model's own curves; the
+                          sampler otherwise by the fitted bytes-per-logit rule
+========================  ====================================================================
+
+**vLLM as run** (V1 engine defaults): steps of up to the largest CUDA-graph capture size run
+captured, padded up to the next capture size (``[1, 2, 4] + 8, 16, … 248 + 256, 272, … ≤
+min(2·max_num_seqs, 512)``); larger steps run eagerly, where each kernel launch costs host time
+(the fitted ``eager_call_overhead_s`` per operator call) and collectives take their eager
+times. With asynchronous scheduling the host's per-step work (``HOST_STEP_S``) overlaps the
+GPU's: only what exceeds the GPU time of the step shows (pipeline/stepcost.py).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from pipeline.errors import ConfigError
+from pipeline.profile.tables import Profile, load_profile
+from pipeline.roofline import LOGIT_OPS, Deployment, _is_affine_op, comm_time, op_times, operators, roofline_affine
+from pipeline.stepcost import N_TAB, TabulatedCost, grid_arrays, scalars
+from pipeline.steps import FloatArray, StepBatch
+
+#: Host time of one engine step that asynchronous scheduling hides behind the GPU's work (the
+#: scheduler, input preparation and output processing of vLLM V1). A prior, not fitted: vLLM
+#: issue #10634 estimates the remaining per-step gap at "about 200-300us" once scheduling
+#: overlaps the forward pass (PR #23569, "Fully overlap model execution"). It only shows in
+#: steps whose GPU time is shorter; calibrate it from a fleet's logs where that matters.
+HOST_STEP_S = 250e-6
+#: vLLM's custom all-reduce buffer (CustomAllreduce max_size, 8 MiB): larger messages use NCCL.
+CUSTOM_AR_MAX_BYTES = 8 * 1024 * 1024
+#: GPUs without PCIe peer-to-peer access (GeForce RTX 40-series: NVIDIA disabled P2P on these
+#: boards), on which vLLM cannot use its custom all-reduce and falls back to NCCL.
+NO_P2P = frozenset({"rtx-4090"})
+#: Routing distributions of the fused-MoE tables, preferred first: real routing is skewed.
+MOE_DISTRIBUTIONS = ("power_law_1.01", "balanced", "power_law_1.2")
+#: vLLM's CUDA-graph capture sizes are capped here (CompilationConfig, max_cudagraph_capture_size).
+MAX_CAPTURE = 512
+
+
+def capture_sizes(max_num_seqs: int) -> np.ndarray:
+    """vLLM V1's default CUDA-graph capture sizes for ``max_num_seqs``."""
+    cap = min(2 * max_num_seqs, MAX_CAPTURE)
+    sizes = [1, 2, 4, *range(8, 256, 8), *range(256, cap + 1, 16)]
+    return np.array(sorted({s for s in sizes if s <= cap}), dtype=np.int64)
+
+
+def padded_tokens(tokens: np.ndarray, sizes: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(tokens the step's kernels run on, whether the step runs under a CUDA graph)."""
+    t = np.asarray(tokens, dtype=np.int64)
+    graph = (t > 0) & (t <= sizes[-1])
+    idx = np.clip(np.searchsorted(sizes, t, side="left"), 0, sizes.size - 1)
+    return np.where(graph, sizes[idx], t), graph
+
+
+@dataclass(frozen=True)
+class Coverage:
+    """Which operators the measured tables priced (for the run's metadata and docs)."""
+
+    gemm: str
+    moe: str
+    attention: str
+    allreduce: str
+    model_ops: str
+    lm_head: str
+
+    def as_dict(self) -> dict[str, str]:
+        return {k: getattr(self, k) for k in ("gemm", "moe", "attention", "allreduce", "model_ops", "lm_head")}
+
+
+def _gemm_shape(dep: Deployment, name: str) -> tuple[int, int, str] | None:
+    """(n, k, dtype) of a roofline GEMM operator on one TP shard (None: not a plain GEMM here)."""
+    m, tp = dep.model, dep.tp
+    if m.is_mla:
+        return None
+    h, d = m.hidden_size, m.head_dim
+    nq = m.num_attention_heads // tp
+    nkv = max(1, m.num_kv_heads // tp)
+    wd = dep.weight_dtype
+    if name == "attn_pre_proj":
+        return (nq + 2 * nkv) * d, h, wd
+    if name == "attn_post_proj":
+        return h, nq * d, wd
+    if name == "mlp_up_proj":
+        return 2 * (m.intermediate_size // tp), h, wd
+    if name == "mlp_down_proj":
+        return h, m.intermediate_size // tp, wd
+    if name == "moe_router":
+        return m.num_experts, h, "bf16"
+    if name == "moe_shared_up_proj":
+        return 2 * (m.num_shared_experts * m.moe_intermediate_size // tp), h, wd
+    if name == "moe_shared_down_proj":
+        return h, m.num_shared_experts * m.moe_intermediate_size // tp, wd
+    return None
+
+
+#: roofline elementwise operator -> LLMServingSim operator name
+_MODEL_OPS = {
+    "input_layernorm": "layernorm",
+    "post_attention_layernorm": "layernorm",
+    "mlp_act": "act_fn",
+    "attn_rope": "rotary_emb",
+    "embedding": "embedding",
+    "final_norm": "final_layernorm",
+}
+
+
+def _allreduce_backend(dep: Deployment) -> str:
+    """The all-reduce vLLM uses for this TP group (before the message-size limit)."""
+    hw = dep.hardware
+    nvlink = hw.link_kind.lower().startswith(("nvlink", "nvswitch", "xgmi", "infinity"))
+    if dep.tp in (2, 4, 6, 8) and (nvlink or (dep.tp == 2 and hw.name not in NO_P2P)):
+        return "custom"
+    return "nccl"
+
+
+def measured_tables(
+    dep: Deployment, prof: Profile, max_tokens: int, max_num_seqs: int
+) -> tuple[FloatArray, FloatArray, Coverage]:
+    """(token table, logits table, coverage) of ``dep`` priced from ``prof``."""
+    m, hw = dep.model, dep.hardware
+    sizes = capture_sizes(max_num_seqs)
+    t = np.arange(max_tokens + 1, dtype=np.int64)
+    tp_pad, graph = padded_tokens(t, sizes)
+    tf = tp_pad.astype(np.float64)
+    zero = np.zeros_like(tf)
+    probe = StepBatch(zero, zero.copy(), zero.copy(), zero.copy(), tf, tf.copy())
+    ops = operators(dep, probe)
+    tok = np.zeros((t.size, N_TAB))
+    eager = ~graph & (t > 0)
+    busy = t > 0
+    eager_call = prof.fitted("eager_call_overhead_s", 0.0)
+    model_ops_used = False
+    gemm_used: set[str] = set()
+    gemm_missing: set[str] = set()
+    moe_used = "roofline (no MoE layers)" if not m.is_moe else "roofline"
+    ar_used = "none (tp = 1)"
+    kernels = np.zeros(t.size)  # kernel launches per step, for the eager host time
+
+    def add_roofline(op: Any) -> None:
+        if op.kind == "comm":
+            tok[:, 2] += op.count * comm_time(hw, op)
+            return
+        t_c, t_m, t_f = op_times(hw, op)
+        tok[:, 0] += op.count * t_c
+        tok[:, 1] += op.count * t_m
+        tok[:, 3] += op.count * t_f
+
+    def add_measured(op: Any, seconds: np.ndarray, column: int | None = None) -> None:
+        s = np.where(busy, seconds, 0.0)
+        if column is None:
+            t_c, t_m, _ = op_times(hw, op)
+            compute = t_c > t_m
+            tok[:, 0] += op.count * np.where(compute, s, 0.0)
+            tok[:, 1] += op.count * np.where(compute, 0.0, s)
+        else:
+            tok[:, column] += op.count * s
+        tok[:, 6] += op.count * s
+
+    for op in ops:
+        if op.name in LOGIT_OPS or _is_affine_op(op):
+            continue
+        kernels += op.count * busy
+        tok[:, 4] += op.count * op.flops
+        tok[:, 5] += op.count * op.bytes
+        if op.name == "add":
+            # vLLM fuses the residual add into the next norm (RMSNorm with a residual runs
+            # fused_add_rms_norm): no kernel of its own; its bytes stay in the accounting.
+            kernels -= op.count * busy
+            continue
+        shape = _gemm_shape(dep, op.name)
+        if shape is not None:
+            n, k, dtype = shape
+            if prof.has_gemm(dtype) and n > 0 and k > 0:
+                add_measured(op, prof.gemm_time(dtype, n, k, np.maximum(tf, 1.0)))
+                gemm_used.add(dtype)
+            else:
+                add_roofline(op)
+                gemm_missing.add(dtype)
+            continue
+        if op.name == "moe_experts":
+            got = None
+            for dist in MOE_DISTRIBUTIONS:
+                got = prof.moe_time(
+                    dep.weight_dtype,
+                    dist,
+                    dep.tp,
+                    1,
+                    (m.hidden_size, m.moe_intermediate_size, m.experts_per_token, m.num_experts),
+                    np.maximum(tf, 1.0),
+                )
+                if got is not None:
+                    moe_used = f"measured fused MoE ({dep.weight_dtype}, {dist} routing, moe_tp={dep.tp})"
+                    break
+            if got is None:
+                add_roofline(op)
+            else:
+                add_measured(op, got)
+            continue
+        if op.name in _MODEL_OPS:
+            curve = prof.model_op(m.name, dep.tp, _MODEL_OPS[op.name])
+            if curve is not None:
+                add_measured(op, curve(np.maximum(tf, 1.0)), column=1)
+                model_ops_used = True
+            else:
+                add_roofline(op)
+            continue
+        if op.name == "all_reduce":
+            backend = _allreduce_backend(dep)
+            nbytes = tf * m.hidden_size * 2.0
+            if backend == "custom":
+                graph_c = prof.allreduce_curve("custom_graph", dep.tp)
+                eager_c = prof.allreduce_curve("custom_eager", dep.tp)
+                nccl_c = prof.allreduce_curve("nccl", dep.tp)
+                if graph_c is not None and eager_c is not None:
+                    secs = np.where(graph, graph_c(np.maximum(nbytes, 1.0)), eager_c(np.maximum(nbytes, 1.0)))
+                    big = nbytes > CUSTOM_AR_MAX_BYTES
+                    if nccl_c is not None:
+                        secs = np.where(big, nccl_c(np.maximum(nbytes, 1.0)), secs)
+                        ar_used = "vLLM custom all-reduce (CUDA graph / eager), NCCL above 8 MiB"
+                    else:
+                        secs = np.where(big, comm_time(hw, op), secs)
+                        ar_used = "vLLM custom all-reduce (CUDA graph / eager), roofline above 8 MiB"
+                    add_measured(op, secs, column=2)
+                    continue
+            nccl_c = prof.allreduce_curve("nccl", dep.tp)
+            if nccl_c is not None:
+                add_measured(op, nccl_c(np.maximum(nbytes, 1.0)), column=2)
+                ar_used = "NCCL (measured)"
+            else:
+                add_roofline(op)
+                ar_used = f"{'NCCL' if backend == 'nccl' else 'custom all-reduce'} not measured here: roofline link"
+            continue
+        add_roofline(op)
+    # Qwen3's per-head q/k norms: a kernel the roofline list does not carry; measured or nothing.
+    qk = prof.model_op(m.name, dep.tp, "qk_norm")
+    if qk is not None:
+        s = np.where(busy, qk(np.maximum(tf, 1.0)), 0.0) * m.num_layers
+        tok[:, 1] += s
+        tok[:, 6] += s
+        kernels += m.num_layers * busy
+    # attention kernels count as launches too (one per layer)
+    kernels += m.num_layers * busy
+    tok[:, 7] = np.where(eager, kernels * eager_call, 0.0)
+
+    # ---- logits table: LM head and sampler on n sampled positions (eager, unpadded)
+    nseq = np.arange(max_tokens + 1, dtype=np.float64)
+    nz = np.zeros_like(nseq)
+    nprobe = StepBatch(nz, nz.copy(), nz.copy(), nz.copy(), nseq, nseq.copy())
+    logit = np.zeros((nseq.size, N_TAB))
+    lm_used = "roofline"
+    for op in operators(dep, nprobe):
+        if op.name not in LOGIT_OPS:
+            continue
+        logit[:, 4] += op.count * op.flops
+        logit[:, 5] += op.count * op.bytes
+        if op.kind == "comm":
+            logit[:, 2] += op.count * comm_time(hw, op)
+            continue
+        own = prof.model_op(m.name, dep.tp, "lm_head")
+        nn = np.maximum(nseq, 1.0)
+        if own is not None:
+            secs = own(nn)
+            lm_used = "measured (the model's own lm_head)"
+        elif prof.has_gemm("bf16"):
+            secs = prof.gemm_time("bf16", m.vocab_size // dep.tp, m.hidden_size, nn)
+            lm_used = "measured (bf16 GEMM table)"
+        else:
+            t_c, t_m, t_f = op_times(hw, op)
+            logit[:, 0] += op.count * t_c
+            logit[:, 1] += op.count * t_m
+            logit[:, 3] += op.count * t_f
+            continue
+        s = np.where(nseq > 0, secs, 0.0)
+        t_c, t_m, _ = op_times(hw, op)
+        logit[:, 0] += np.where(t_c > t_m, s, 0.0)
+        logit[:, 1] += np.where(t_c > t_m, 0.0, s)
+        logit[:, 6] += s
+    sampler = prof.model_op(m.name, dep.tp, "sampler")
+    if sampler is not None:
+        s = np.where(nseq > 0, sampler(np.maximum(nseq, 1.0)), 0.0)
+        logit[:, 6] += s
+    else:
+        fixed = prof.fitted("sampler_fixed_s", 0.0)
+        per_byte = prof.fitted("sampler_s_per_logit_byte_per_bw", 0.0)
+        s = np.where(nseq > 0, fixed + per_byte * nseq * m.vocab_size * 4.0 / hw.memory_bandwidth_bytes_per_s, 0.0)
+    logit[:, 1] += s
+    logit[:, 5] += nseq * m.vocab_size * 4.0
+
+    gemm_desc = ", ".join(f"{d} measured" for d in sorted(gemm_used))
+    if gemm_missing:
+        gemm_desc += ("; " if gemm_desc else "") + ", ".join(
+            f"{d} roofline (not measured)" for d in sorted(gemm_missing)
+        )
+    cov = Coverage(
+        gemm=gemm_desc or "none",
+        moe=moe_used,
+        attention="",
+        allreduce=ar_used if dep.tp > 1 else "none (tp = 1)",
+        model_ops="measured (the model's own operators)" if model_ops_used else "roofline elementwise kernels",
+        lm_head=lm_used,
+    )
+    return tok, logit, cov
+
+
+def measured_cost(
+    dep: Deployment,
+    prof: Profile,
+    max_tokens: int = 16384,
+    max_num_seqs: int = 256,
+    overhead_s: float | None = None,
+) -> TabulatedCost:
+    """The deployment's step cost from its GPU's profile (module doc)."""
+    m, hw = dep.model, dep.hardware
+    tok, logit, cov = measured_tables(dep, prof, max_tokens, max_num_seqs)
+    aff = roofline_affine(dep)
+    grids_ok = not m.is_mla and m.num_sliding_layers == 0
+    nq = m.num_attention_heads // dep.tp
+    nkv = max(1, m.num_kv_heads // dep.tp)
+    dgrid = prof.attention_grid("attn_decode", dep.kv_dtype, nq, nkv, m.head_dim) if grids_ok else None
+    pgrid = prof.attention_grid("attn_prefill", dep.kv_dtype, nq, nkv, m.head_dim) if grids_ok else None
+    measured_attn = dgrid is not None and pgrid is not None
+    attention = (
+        f"measured grids ({dep.kv_dtype} KV, nq={nq} nkv={nkv} d={m.head_dim}; query tile "
+        f"{prof.fitted('attention_tile_tokens', 0.0):g})"
+        if measured_attn
+        else "roofline (no measured grid for this head shape / KV dtype, or MLA / sliding window)"
+    )
+    sc = scalars(
+        min_kernel_s=hw.min_kernel_s,
+        tile=prof.fitted("attention_tile_tokens", 0.0),
+        layers=float(m.num_layers),
+        base_s=float(overhead_s) if overhead_s is not None else 0.0,
+        host_s=HOST_STEP_S,
+        pp=float(dep.pp),
+        measured_attention=1.0 if measured_attn else 0.0,
+        peak_gpu=hw.peak_for(dep.compute_dtype),
+        bw_gpu=hw.memory_bandwidth_bytes_per_s,
+    )
+    describe: dict[str, Any] = {
+        "tier": "measured",
+        "profile": prof.gpu,
+        "stack": dict(prof.meta.stack),
+        **cov.as_dict(),
+        "attention": attention,
+        "host_step_s": HOST_STEP_S,
+        "cuda_graph_max_tokens": int(capture_sizes(max_num_seqs)[-1]),
+    }
+    return TabulatedCost(
+        tok=np.ascontiguousarray(tok),
+        logit=np.ascontiguousarray(logit),
+        affine_flops=aff["flops"],
+        affine_bytes=aff["nbytes"],
+        affine_count=aff["count"],
+        affine_peak=aff["peak"],
+        affine_has_peak=aff["has_peak"],
+        affine_bw=aff["bw"],
+        decode_grid=grid_arrays(dgrid if measured_attn else None),
+        prefill_grid=grid_arrays(pgrid if measured_attn else None),
+        scalars=sc,
+        source="measured",
+        describe=describe,
+        extend=lambda t: measured_cost(dep, prof, max(t, 2 * max_tokens), max_num_seqs, overhead_s),
+    )
+
+
+COST_MODELS = ("auto", "measured", "roofline")
+
+
+def step_cost_for(
+    dep: Deployment,
+    cost_model: str = "auto",
+    max_tokens: int = 16384,
+    max_num_seqs: int = 256,
+    overhead_s: float | None = None,
+) -> TabulatedCost:
+    """The step cost of ``dep``: its GPU's measured profile when the catalog has one (``auto``
+    or ``measured``), else the roofline with the catalog's factors."""
+    from pipeline.roofline import fast_step_cost
+
+    if cost_model not in COST_MODELS:
+        raise ConfigError(f"cost_model must be one of {list(COST_MODELS)}, got {cost_model!r}")
+    prof = load_profile(dep.hardware.name) if cost_model != "roofline" else None
+    if prof is None:
+        if cost_model == "measured":
+            from pipeline.profile.tables import list_profiles
+
+            raise ConfigError(
+                f"cost_model = 'measured' but {dep.hardware.name} has no measured profile "
+                f"(profiles: {', '.join(list_profiles()) or 'none'}); use 'auto' or 'roofline'"
+            )
+        return fast_step_cost(dep, max(max_tokens, 1024))  # type: ignore[no-any-return]
+    return measured_cost(dep, prof, max_tokens, max_num_seqs, overhead_s)
+
+
+def fleet_step_cost(fleet: Any) -> TabulatedCost:
+    """The step cost a resolved fleet (pipeline.fleet.ResolvedFleet) replays with."""
+    sched = fleet.scheduler
+    need = max(sched.max_num_batched_tokens, sched.max_num_seqs) + 1
+    model = getattr(fleet.config, "cost_model", "auto")
+    if model == "auto" and fleet.config.calibration is not None:
+        # A [calibration] holds roofline efficiency factors of another serving stack: it applies
+        # to the roofline tier (a measured profile describes vLLM's own kernels).
+        model = "roofline"
+    return step_cost_for(
+        fleet.deployment,
+        model,
+        need,
+        sched.max_num_seqs,
+        fleet.config.engine.step_overhead_s,
+    )

@@ -1,0 +1,497 @@
+"""Judge a profile's interpolation on rows it was not built from — held out by *shape*.
+
+Every check builds the tables from a training subset and predicts rows whose shape the training
+never saw (never random neighbours of fitted points):
+
+===========================  ================================================================
+check                        training rows → judged rows
+===========================  ================================================================
+gemm                         GEMMs whose n and k are both at even positions of the measured
+                             n and k lists → GEMMs whose n and k are both at odd positions
+                             (interior only), every m: whole n × k shapes never seen
+gemm (model shapes)          every AIConfigurator GEMM of the GPU → the GEMMs of whole models
+                             measured by LLMServingSim (another set, other shapes)
+decode / prefill attention   head shapes with the query-head count at even positions (per KV
+                             heads × head size) → the odd ones: whole head shapes never seen
+attention (model shapes)     AIConfigurator's tables → LLMServingSim's pure decode and pure
+                             prefill batches of whole models
+mixed attention              pure-prefill and pure-decode rows → LLMServingSim's mixed batches
+                             (one prefill chunk over a cached prefix plus decodes): the
+                             composition rules of pipeline/profile/attention.py, never fitted
+collectives                  every other message size → the sizes in between (4× spacing)
+moe                          every other token count of each expert shape → the counts in
+                             between
+===========================  ================================================================
+
+Errors are ``predicted / measured − 1``; the summary gives the median and p90 of their absolute
+values per check and token range (1–127 and 128+ tokens, the decode and prefill regimes).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import polars as pl
+
+from pipeline.profile.attention import decode_time, prefill_time, step_attention
+from pipeline.profile.sources import Measurements
+from pipeline.profile.tables import Profile, ProfileMeta
+
+#: The accuracy targets of the measured tier (median and p90 absolute error per held-out table).
+TARGET_MEDIAN = 0.05
+TARGET_P90 = 0.15
+
+
+def _profile(gpu: str, frames: dict[str, pl.DataFrame]) -> Profile:
+    meta = ProfileMeta(gpu, {}, (), {k: v.height for k, v in frames.items()}, {}, {}, {}, "")
+    return Profile(meta, frames)
+
+
+def _rows(
+    check: str,
+    gpu: str,
+    frame: pl.DataFrame,
+    tokens: np.ndarray,
+    predicted: np.ndarray,
+    shape: list[str],
+    trained_on: str,
+) -> pl.DataFrame:
+    meas = frame["time_s"].to_numpy()
+    tok = np.asarray(tokens, dtype=np.float64)
+    return pl.DataFrame(
+        {
+            "check": [check] * frame.height,
+            "gpu": [gpu] * frame.height,
+            "source": frame["source"].to_list(),
+            "shape": shape,
+            "tokens": tok,
+            "token_range": np.where(tok < 128, "1-127", "128+"),
+            "measured_s": meas,
+            "predicted_s": predicted,
+            "error": predicted / meas - 1.0,
+            "trained_on": [trained_on] * frame.height,
+        }
+    )
+
+
+def _alternate(values: list[float]) -> tuple[set[float], set[float]]:
+    """(even positions, interior odd positions) of the sorted distinct values."""
+    v = sorted(set(values))
+    even = set(v[0::2])
+    odd = {x for i, x in enumerate(v) if i % 2 == 1 and i < len(v) - 1}
+    return even, odd
+
+
+def _judge_gemm(meas: Measurements, gpu: str) -> list[pl.DataFrame]:
+    out: list[pl.DataFrame] = []
+    g = meas.get("gemm")
+    aic = g.filter(pl.col("set") == "aiconfigurator")
+    from pipeline.profile.build import _most_rows
+
+    aic = _most_rows(aic, ["dtype"])
+    for (dtype,), sub in aic.group_by(["dtype"]):
+        n_even, n_odd = _alternate(sub["n"].to_list())
+        k_even, k_odd = _alternate(sub["k"].to_list())
+        train = sub.filter(pl.col("n").is_in(n_even) & pl.col("k").is_in(k_even))
+        judged = sub.filter(pl.col("n").is_in(n_odd) & pl.col("k").is_in(k_odd))
+        if train.height == 0 or judged.height == 0:
+            continue
+        prof = _profile(gpu, {"gemm": train})
+        preds = np.empty(judged.height)
+        shapes: list[str] = []
+        idx = 0
+        for (n, k), part in judged.group_by(["n", "k"], maintain_order=True):
+            m = part["m"].to_numpy().astype(np.float64)
+            preds[idx : idx + part.height] = prof.gemm_time(str(dtype), n, k, m)
+            shapes.extend([f"{dtype} n={n} k={k}"] * part.height)
+            idx += part.height
+        ordered = pl.concat([p for _, p in judged.group_by(["n", "k"], maintain_order=True)])
+        out.append(
+            _rows(
+                "gemm",
+                gpu,
+                ordered,
+                ordered["m"].to_numpy(),
+                preds,
+                shapes,
+                f"AIConfigurator {dtype} GEMMs with n, k at even grid positions ({train.height} rows)",
+            )
+        )
+        # whole models from the other set
+        if dtype == "bf16":
+            other = g.filter((pl.col("set") == "llmservingsim") & (pl.col("dtype") == "bf16"))
+            if other.height:
+                full = _profile(gpu, {"gemm": sub})
+                preds2 = np.concatenate(
+                    [
+                        full.gemm_time("bf16", n, k, part["m"].to_numpy().astype(np.float64))
+                        for (n, k), part in other.group_by(["n", "k"], maintain_order=True)
+                    ]
+                )
+                ordered2 = pl.concat([p for _, p in other.group_by(["n", "k"], maintain_order=True)])
+                out.append(
+                    _rows(
+                        "gemm (model shapes, other set)",
+                        gpu,
+                        ordered2,
+                        ordered2["m"].to_numpy(),
+                        preds2,
+                        [f"{k}" for k in ordered2["kernel"].to_list()],
+                        f"every AIConfigurator bf16 GEMM of the GPU ({sub.height} rows)",
+                    )
+                )
+    return out
+
+
+def _attn_predict(prof: Profile, fam: str, part: pl.DataFrame, kv: str, nq: int, nkv: int, d: int) -> np.ndarray | None:
+    grid = prof.attention_grid(fam, kv, nq, nkv, d)
+    if grid is None:
+        return None
+    size = "ctx" if fam == "attn_decode" else "isl"
+    b = part["batch"].to_numpy().astype(np.float64)
+    s = part[size].to_numpy().astype(np.float64)
+    if fam == "attn_decode":
+        return decode_time(grid, b, b * s)
+    return prefill_time(grid, b, b * s, b * s * (s + 1) / 2)
+
+
+def _judge_attention(meas: Measurements, gpu: str) -> list[pl.DataFrame]:
+    from pipeline.profile.build import _most_rows
+
+    out: list[pl.DataFrame] = []
+    for fam, label, size in (("attn_decode", "decode attention", "ctx"), ("attn_prefill", "prefill attention", "isl")):
+        a = meas.get(fam)
+        aic = _most_rows(a.filter(pl.col("set") == "aiconfigurator"), ["kv_dtype"]) if a.height else a
+        for (kv, nkv, d), sub in aic.group_by(["kv_dtype", "nkv", "d"]) if aic.height else []:
+            q_even, q_odd = _alternate(sub["nq"].to_list())
+            train = sub.filter(pl.col("nq").is_in(q_even))
+            judged = sub.filter(pl.col("nq").is_in(q_odd))
+            if judged.height == 0:
+                continue
+            prof = _profile(gpu, {fam: train})
+            parts, preds = [], []
+            for (nq,), part in judged.group_by(["nq"], maintain_order=True):
+                p = _attn_predict(prof, fam, part, str(kv), int(nq), int(nkv), int(d))
+                if p is not None:
+                    parts.append(part)
+                    preds.append(p)
+            if not parts:
+                continue
+            ordered = pl.concat(parts)
+            tokens = ordered["batch"].to_numpy() * (1 if fam == "attn_decode" else ordered[size].to_numpy())
+            out.append(
+                _rows(
+                    label,
+                    gpu,
+                    ordered,
+                    tokens,
+                    np.concatenate(preds),
+                    [f"{kv} nkv={nkv} d={d} nq={q}" for q in ordered["nq"].to_list()],
+                    f"AIConfigurator {kv} head shapes with nq at even positions ({train.height} rows)",
+                )
+            )
+        other = a.filter(pl.col("set") == "llmservingsim") if a.height else a
+        if other.height and aic.height:
+            prof = _profile(gpu, {fam: aic})
+            parts, preds = [], []
+            for (kv, nq, nkv, d), part in other.group_by(["kv_dtype", "nq", "nkv", "d"], maintain_order=True):
+                p = _attn_predict(prof, fam, part, str(kv), int(nq), int(nkv), int(d))
+                if p is not None:
+                    parts.append(part)
+                    preds.append(p)
+            if parts:
+                ordered = pl.concat(parts)
+                tokens = ordered["batch"].to_numpy() * (1 if fam == "attn_decode" else ordered[size].to_numpy())
+                out.append(
+                    _rows(
+                        f"{label} (model shapes, other set)",
+                        gpu,
+                        ordered,
+                        tokens,
+                        np.concatenate(preds),
+                        [f"nq={q}" for q in ordered["nq"].to_list()],
+                        f"every AIConfigurator {fam} row of the GPU ({aic.height} rows)",
+                    )
+                )
+    # steps with a prefill chunk (over a cached prefix and/or beside decodes): the composition
+    # rules of pipeline/profile/attention.py on the pure rows (AIConfigurator's where the GPU has
+    # them). The query tile is fitted on one model's rows (MIXED_TRAIN_MODEL, TP 1) and judged on
+    # the other models and TP shards.
+    mixed = meas.get("attn_mixed")
+    if mixed.height:
+        prof, src = _pure_attention_profile(meas, gpu)
+        judged = mixed.filter((pl.col("chunk") > 0) & ((pl.col("kv_prefill") > 0) | (pl.col("n_decode") > 0)))
+        train = judged.filter((pl.col("model") == MIXED_TRAIN_MODEL) & (pl.col("tp") == 1))
+        tile = fit_tile(prof, train) if train.height else DEFAULT_TILE
+        held = judged.filter(~((pl.col("model") == MIXED_TRAIN_MODEL) & (pl.col("tp") == 1)))
+        in_sample = held.height == 0
+        if in_sample:
+            held = judged  # only the training model was measured on this GPU: said in the check's name
+        mixed_preds, mixed_parts = _mixed_predict(prof, held, tile)
+        if mixed_parts is not None:
+            parts_df = mixed_parts
+            out.append(
+                _rows(
+                    "mixed attention (composition, in-sample)"
+                    if in_sample
+                    else "mixed attention (composition, other set)",
+                    gpu,
+                    parts_df,
+                    (parts_df["chunk"] + parts_df["n_decode"]).to_numpy(),
+                    mixed_preds,
+                    [f"{m} tp{t}" for m, t in zip(parts_df["model"].to_list(), parts_df["tp"].to_list(), strict=True)],
+                    f"{src} pure prefill and pure decode rows; query tile {tile:g} fitted on "
+                    f"{MIXED_TRAIN_MODEL} TP1's mixed rows",
+                )
+            )
+    return out
+
+
+#: The model whose mixed-batch rows fit the query tile (the others are judged).
+MIXED_TRAIN_MODEL = "llama-3.1-8b"
+#: Query tile of FlashAttention-2-class kernels when a GPU has no mixed measurements: the value
+#: fitted on the RTX PRO 6000's Llama-3.1-8B TP1 rows (profile.toml of rtx-pro-6000).
+DEFAULT_TILE = 32.0
+TILE_CANDIDATES = (0.0, 8.0, 16.0, 24.0, 32.0, 48.0, 64.0, 96.0, 128.0)
+
+
+def _pure_attention_profile(meas: Measurements, gpu: str) -> tuple[Profile, str]:
+    from pipeline.profile.build import _most_rows
+
+    dec, pre = meas.get("attn_decode"), meas.get("attn_prefill")
+    use_aic = dec.height > 0 and dec.filter(pl.col("set") == "aiconfigurator").height > 0
+    src = "aiconfigurator" if use_aic else "llmservingsim"
+    dec = dec.filter(pl.col("set") == src) if dec.height else dec
+    pre = pre.filter(pl.col("set") == src) if pre.height else pre
+    if use_aic:
+        dec = _most_rows(dec, ["kv_dtype"])
+        pre = _most_rows(pre, ["kv_dtype"])
+    return _profile(gpu, {"attn_decode": dec, "attn_prefill": pre}), src
+
+
+def _mixed_predict(prof: Profile, rows: pl.DataFrame, tile: float) -> tuple[np.ndarray, pl.DataFrame | None]:
+    parts, preds = [], []
+    for (nq, nkv, d), part in rows.group_by(["nq", "nkv", "d"], maintain_order=True):
+        gd = prof.attention_grid("attn_decode", "bf16", int(nq), int(nkv), int(d))
+        gp = prof.attention_grid("attn_prefill", "bf16", int(nq), int(nkv), int(d))
+        if gd is None or gp is None:
+            continue
+        c = part["chunk"].to_numpy().astype(np.float64)
+        o = part["kv_prefill"].to_numpy().astype(np.float64)
+        nd = part["n_decode"].to_numpy().astype(np.float64)
+        kd = part["kv_decode"].to_numpy().astype(np.float64)
+        ps = (c > 0).astype(np.float64)
+        preds.append(step_attention(gd, gp, ps, c, c * o + c * (c + 1) / 2, nd, nd * kd, tile))
+        parts.append(part)
+    if not parts:
+        return np.zeros(0), None
+    return np.concatenate(preds), pl.concat(parts)
+
+
+def fit_tile(prof: Profile, rows: pl.DataFrame) -> float:
+    """The query tile (of TILE_CANDIDATES) with the least median absolute error on ``rows``."""
+    best, best_err = DEFAULT_TILE, np.inf
+    for tile in TILE_CANDIDATES:
+        pred, parts = _mixed_predict(prof, rows, tile)
+        if parts is None:
+            return DEFAULT_TILE
+        err = float(np.median(np.abs(pred / parts["time_s"].to_numpy() - 1.0)))
+        if err < best_err:
+            best, best_err = tile, err
+    return best
+
+
+def _judge_1d(meas: Measurements, gpu: str) -> list[pl.DataFrame]:
+    from pipeline.profile.interp import Curve
+
+    out: list[pl.DataFrame] = []
+    ar = meas.get("allreduce")
+    if ar.height:
+        parts, preds, shapes = [], [], []
+        for (backend, gpus), sub in ar.group_by(["backend", "gpus"], maintain_order=True):
+            even, odd = _alternate(sub["bytes"].to_list())
+            train = sub.filter(pl.col("bytes").is_in(even))
+            judged = sub.filter(pl.col("bytes").is_in(odd))
+            if judged.height == 0:
+                continue
+            c = Curve.of(train["bytes"].to_numpy(), train["time_s"].to_numpy())
+            parts.append(judged)
+            preds.append(c(judged["bytes"].to_numpy().astype(np.float64)))
+            shapes.extend([f"{backend} x{gpus}"] * judged.height)
+        if parts:
+            ordered = pl.concat(parts)
+            # tokens of a 4096-wide bf16 hidden state, for the token-range split
+            out.append(
+                _rows(
+                    "collectives",
+                    gpu,
+                    ordered,
+                    ordered["bytes"].to_numpy() / 8192.0,
+                    np.concatenate(preds),
+                    shapes,
+                    "every other message size per backend and GPU count",
+                )
+            )
+    moe = meas.get("moe")
+    if moe.height:
+        from pipeline.profile.build import _most_rows
+
+        moe = _most_rows(moe, ["dtype"])
+        parts, preds, shapes = [], [], []
+        keys = ["dtype", "distribution", "moe_tp", "moe_ep", "h", "inter", "topk", "experts"]
+        for key, sub in moe.group_by(keys, maintain_order=True):
+            even, odd = _alternate(sub["tokens"].to_list())
+            train = sub.filter(pl.col("tokens").is_in(even))
+            judged = sub.filter(pl.col("tokens").is_in(odd))
+            if judged.height == 0 or train.height < 2:
+                continue
+            c = Curve.of(train["tokens"].to_numpy(), train["time_s"].to_numpy())
+            parts.append(judged)
+            preds.append(c(judged["tokens"].to_numpy().astype(np.float64)))
+            shapes.extend(["/".join(str(v) for v in key)] * judged.height)
+        if parts:
+            ordered = pl.concat(parts)
+            out.append(
+                _rows(
+                    "moe",
+                    gpu,
+                    ordered,
+                    ordered["tokens"].to_numpy(),
+                    np.concatenate(preds),
+                    shapes,
+                    "every other token count per expert shape, dtype, routing and sharding",
+                )
+            )
+    return out
+
+
+def judge(meas: Measurements, gpu: str) -> pl.DataFrame:
+    """Every held-out error row of ``gpu`` (columns as :func:`_rows`)."""
+    m = meas.for_gpu(gpu)
+    frames = [*_judge_gemm(m, gpu), *_judge_attention(m, gpu), *_judge_1d(m, gpu)]
+    frames = [f for f in frames if f.height]
+    if not frames:
+        return pl.DataFrame()
+    return pl.concat(frames)
+
+
+def summarise(errors: pl.DataFrame) -> pl.DataFrame:
+    """Median and p90 absolute error per GPU, check and token range, with the targets' verdict."""
+    if errors.height == 0:
+        return pl.DataFrame()
+    out = (
+        errors.with_columns(abs=pl.col("error").abs())
+        .group_by(["gpu", "check", "token_range"])
+        .agg(
+            rows=pl.len(),
+            median_abs=pl.col("abs").quantile(0.5, interpolation="linear"),
+            p90_abs=pl.col("abs").quantile(0.9, interpolation="linear"),
+            median_signed=pl.col("error").median(),
+            trained_on=pl.col("trained_on").first(),
+        )
+        .sort(["gpu", "check", "token_range"])
+    )
+    return out.with_columns(meets=(pl.col("median_abs") <= TARGET_MEDIAN) & (pl.col("p90_abs") <= TARGET_P90))
+
+
+def heldout_summary(errors: pl.DataFrame) -> dict[str, Any]:
+    """The summary as profile.toml tables (``"check, token range"`` → figures)."""
+    out: dict[str, Any] = {}
+    s = summarise(errors)
+    for row in s.iter_rows(named=True):
+        out[f"{row['check']}, {row['token_range']}"] = {
+            "rows": int(row["rows"]),
+            "median_abs_error": round(float(row["median_abs"]), 4),
+            "p90_abs_error": round(float(row["p90_abs"]), 4),
+            "trained_on": str(row["trained_on"]),
+        }
+    return out
+
+
+def fit_fallbacks(frames: dict[str, pl.DataFrame]) -> dict[str, Any]:
+    """Numbers the measured tier needs beyond the tables, read off the tables themselves.
+
+    - ``eager_call_overhead_s``: what one collective call costs when it runs eagerly rather than
+      inside a CUDA graph — the median, over small messages (≤ 64 KiB, where the transfer is
+      negligible), of vLLM's custom all-reduce eager time minus its CUDA-graph time.
+    - ``graph_kernel_floor_s``: the shortest kernel under a CUDA graph (median custom all-reduce
+      time for ≤ 4 KiB messages): the launch-and-sync floor of any kernel in a captured step.
+    """
+    fitted: dict[str, Any] = {}
+    ar = frames.get("allreduce")
+    if ar is not None and ar.height:
+        small = ar.filter(pl.col("bytes") <= 65536)
+        g = small.filter(pl.col("backend") == "custom_graph").select("gpus", "bytes", pl.col("time_s").alias("g"))
+        e = small.filter(pl.col("backend") == "custom_eager").select("gpus", "bytes", pl.col("time_s").alias("e"))
+        both = g.join(e, on=["gpus", "bytes"])
+        if both.height:
+            fitted["eager_call_overhead_s"] = float(np.median((both["e"] - both["g"]).to_numpy()))
+        tiny = ar.filter((pl.col("backend") == "custom_graph") & (pl.col("bytes") <= 4096))
+        if tiny.height:
+            fitted["graph_kernel_floor_s"] = float(np.median(tiny["time_s"].to_numpy()))
+    return fitted
+
+
+def fit_sampler(meas: Measurements) -> dict[str, Any]:
+    """The sampler's cost where a GPU has no measured sampler of the model: ``fixed + k ·
+    logits bytes / HBM bandwidth``, least squares over every LLMServingSim sampler row (all
+    GPUs and models; logits are fp32, n × vocab). ``k`` is the number of passes over the logits
+    the sampling kernels make. Empty when no set has sampler rows."""
+    from pipeline.catalog import load_hardware, load_model
+
+    ops = meas.get("model_ops")
+    if ops.height == 0:
+        return {}
+    rows = ops.filter(pl.col("op") == "sampler")
+    if rows.height == 0:
+        return {}
+    xs, ys = [], []
+    for (gpu, model, _tp), sub in rows.group_by(["gpu", "model", "tp"]):
+        vocab = load_model(str(model)).vocab_size
+        bw = load_hardware(str(gpu)).memory_bandwidth_bytes_per_s
+        xs.append(sub["size"].to_numpy() * vocab * 4.0 / bw)
+        ys.append(sub["time_s"].to_numpy())
+    x = np.concatenate(xs)
+    y = np.concatenate(ys)
+    a = np.vstack([np.ones_like(x), x]).T
+    # relative least squares: each row weighted by 1 / measured
+    coef, *_ = np.linalg.lstsq(a / y[:, None], np.ones_like(y), rcond=None)
+    return {
+        "sampler_fixed_s": float(max(coef[0], 0.0)),
+        "sampler_s_per_logit_byte_per_bw": float(max(coef[1], 0.0)),
+        "sampler_fitted_on": f"{rows.height} LLMServingSim sampler rows (all GPUs and models)",
+    }
+
+
+#: Attention kernels of the FlashAttention-2 class (no split-KV for decodes in a mixed varlen
+#: launch): the mixed-step composition with a query tile applies to them.
+FA2_KERNELS = ("vllm_flash_attn", "vllm_flash_attn_fa2", "vllm eager (attention.csv)")
+
+
+def attention_tile(meas: Measurements, gpu: str, frames: dict[str, pl.DataFrame]) -> dict[str, Any]:
+    """``attention_tile_tokens``: fitted on the GPU's own mixed batches where it has them (on
+    MIXED_TRAIN_MODEL TP 1 only), DEFAULT_TILE for other FlashAttention-2-class kernels, 0 (parts
+    summed) for FA3 / FlashInfer kernels, whose mixed batches no set measured."""
+    m = meas.for_gpu(gpu)
+    mixed = m.get("attn_mixed")
+    if mixed.height:
+        prof, _ = _pure_attention_profile(m, gpu)
+        train = mixed.filter(
+            (pl.col("chunk") > 0)
+            & ((pl.col("kv_prefill") > 0) | (pl.col("n_decode") > 0))
+            & (pl.col("model") == MIXED_TRAIN_MODEL)
+            & (pl.col("tp") == 1)
+        )
+        if train.height:
+            return {
+                "attention_tile_tokens": fit_tile(prof, train),
+                "attention_tile_fitted_on": (
+                    f"{train.height} mixed-batch rows of {MIXED_TRAIN_MODEL} TP1 (LLMServingSim)"
+                ),
+            }
+    dec = frames.get("attn_decode")
+    kernels = set(dec["kernel"].unique().to_list()) if dec is not None and dec.height else set()
+    if kernels & set(FA2_KERNELS):
+        return {"attention_tile_tokens": DEFAULT_TILE, "attention_tile_fitted_on": "prior: the RTX PRO 6000 fit"}
+    return {"attention_tile_tokens": 0.0, "attention_tile_fitted_on": "none: FA3 / FlashInfer kernels, parts summed"}

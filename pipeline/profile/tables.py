@@ -1,0 +1,283 @@
+"""A GPU's measured profile: the operator tables a deployment's step costs are interpolated from.
+
+A profile is data in the catalog (``pipeline/catalog/profiles/<gpu>/``): one Parquet file per
+operator family holding the measured rows it was built from (columns as in
+pipeline/profile/sources.py, times in seconds) and ``profile.toml`` saying where they came from,
+how they were measured and how well the tables predict rows they were not built on
+(``rooftrace calibrate --measurements`` writes both; docs/validation.md explains the tiers).
+
+:class:`Profile` turns the rows into interpolating functions:
+
+- ``gemm_time(dtype, n, k, m)``: GEMM ``[m, k] × [k, n]`` — curves over m per measured (n, k),
+  interpolated across shapes (:func:`pipeline.profile.interp.curve_family`);
+- ``decode_attention(kv_dtype, nq, nkv, d)`` / ``prefill_attention(...)``: a
+  :class:`~pipeline.profile.interp.Grid2` over (batch, context) for one head shape per GPU,
+  interpolated in the number of query heads when that exact shape was not measured;
+- ``allreduce_time(backend, gpus, bytes)``: vLLM's custom all-reduce (CUDA graph / eager) or NCCL;
+- ``moe_time(...)``: the fused-MoE layer over tokens for one expert shape;
+- ``model_op_time(model, tp, op, size)``: one model's own operator, where the GPU was profiled
+  with that model (LLMServingSim bundles).
+"""
+
+from __future__ import annotations
+
+import math
+import tomllib
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from functools import cache, cached_property
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import polars as pl
+
+from pipeline.catalog import CATALOG_DIR
+from pipeline.errors import ConfigError
+from pipeline.profile.interp import Curve, FloatArray, Grid2, curve_family, grid2_from
+
+PROFILES_DIR = CATALOG_DIR / "profiles"
+#: File per family in a profile folder.
+FAMILY_FILES = {
+    "gemm": "gemm.parquet",
+    "attn_decode": "attn_decode.parquet",
+    "attn_prefill": "attn_prefill.parquet",
+    "allreduce": "allreduce.parquet",
+    "moe": "moe.parquet",
+    "model_ops": "model_ops.parquet",
+}
+#: Keys of profile.toml.
+_META_KEYS = {"gpu", "stack", "built_from", "rows", "selection", "fitted", "heldout", "licence"}
+
+
+@dataclass(frozen=True)
+class ProfileMeta:
+    gpu: str
+    stack: Mapping[str, Any]
+    built_from: tuple[str, ...]
+    rows: Mapping[str, int]
+    selection: Mapping[str, str]
+    fitted: Mapping[str, Any]
+    heldout: Mapping[str, Any]
+    licence: str
+
+
+def _group_curves(frame: pl.DataFrame, keys: list[str], x: str) -> dict[tuple[float, ...], Curve]:
+    out: dict[tuple[float, ...], Curve] = {}
+    if frame.height == 0:
+        return out
+    for key, sub in frame.group_by(keys, maintain_order=True):
+        c = Curve.of(sub[x].to_numpy(), sub["time_s"].to_numpy())
+        if c.x.size:
+            out[tuple(float(v) for v in key)] = c
+    return out
+
+
+@dataclass(frozen=True)
+class Profile:
+    """Measured operator tables of one GPU (rows as stored; functions built lazily)."""
+
+    meta: ProfileMeta
+    frames: Mapping[str, pl.DataFrame] = field(hash=False, compare=False)
+
+    @property
+    def gpu(self) -> str:
+        return self.meta.gpu
+
+    def frame(self, family: str) -> pl.DataFrame:
+        return self.frames.get(family, pl.DataFrame())
+
+    # ---------------------------------------------------------------- GEMM
+    @cached_property
+    def _gemm(self) -> dict[str, dict[tuple[float, ...], Curve]]:
+        f = self.frame("gemm")
+        out: dict[str, dict[tuple[float, ...], Curve]] = {}
+        if f.height == 0:
+            return out
+        for (dtype,), sub in f.group_by(["dtype"]):
+            out[str(dtype)] = _group_curves(sub, ["n", "k"], "m")
+        return out
+
+    def gemm_dtypes(self) -> list[str]:
+        return sorted(self._gemm)
+
+    def has_gemm(self, dtype: str) -> bool:
+        return bool(self._gemm.get(dtype))
+
+    def gemm_time(self, dtype: str, n: float, k: float, m: FloatArray) -> FloatArray:
+        return curve_family(self._gemm[dtype], (float(n), float(k)), m)
+
+    # ---------------------------------------------------------------- attention
+    @cached_property
+    def _attn(self) -> dict[tuple[str, str], dict[tuple[float, ...], Grid2]]:
+        out: dict[tuple[str, str], dict[tuple[float, ...], Grid2]] = {}
+        for fam, size in (("attn_decode", "ctx"), ("attn_prefill", "isl")):
+            f = self.frame(fam)
+            if f.height == 0:
+                continue
+            for (kv,), sub in f.group_by(["kv_dtype"]):
+                grids: dict[tuple[float, ...], Grid2] = {}
+                for key, g in sub.group_by(["nkv", "d", "nq"]):
+                    grid = grid2_from(g["batch"].to_numpy(), g[size].to_numpy(), g["time_s"].to_numpy())
+                    if grid is not None:
+                        grids[tuple(float(v) for v in key)] = grid
+                if grids:
+                    out[(fam, str(kv))] = grids
+        return out
+
+    def attention_grid(self, family: str, kv_dtype: str, nq: int, nkv: int, d: int) -> Grid2 | None:
+        """The (batch, length) grid for this head shape: measured, or interpolated in log nq
+        between measured shapes with the same KV heads and head size (proportional above the
+        largest measured nq); None when no shape with this (nkv, d) was measured."""
+        grids = self._attn.get((family, kv_dtype))
+        if not grids:
+            return None
+        same = {k: v for k, v in grids.items() if k[0] == nkv and k[1] == d}
+        if not same:
+            return None
+        key = (float(nkv), float(d), float(nq))
+        if key in same:
+            return same[key]
+        qs = np.array(sorted(k[2] for k in same))
+        from pipeline.profile.interp import bracket
+
+        i0, i1, w, lf = bracket(qs, np.array([float(nq)]))
+        lo, hi = same[(float(nkv), float(d), float(qs[i0[0]]))], same[(float(nkv), float(d), float(qs[i1[0]]))]
+        # evaluate both on the union of their axes, then mix in log space
+        a = np.union1d(lo.a, hi.a)
+        b = np.union1d(lo.b, hi.b)
+        aa, bb = np.meshgrid(a, b, indexing="ij")
+        t_lo = np.log(lo(aa.ravel(), bb.ravel())).reshape(aa.shape)
+        t_hi = np.log(hi(aa.ravel(), bb.ravel())).reshape(aa.shape)
+        wt = float(w[0])
+        return Grid2(a, b, np.exp((1 - wt) * t_lo + wt * t_hi + float(lf[0])))
+
+    def attention_kv_dtypes(self, family: str) -> list[str]:
+        return sorted(kv for fam, kv in self._attn if fam == family)
+
+    # ---------------------------------------------------------------- collectives
+    @cached_property
+    def _allreduce(self) -> dict[tuple[str, int], Curve]:
+        f = self.frame("allreduce")
+        out: dict[tuple[str, int], Curve] = {}
+        if f.height == 0:
+            return out
+        for (backend, gpus), sub in f.group_by(["backend", "gpus"]):
+            out[(str(backend), int(gpus))] = Curve.of(sub["bytes"].to_numpy(), sub["time_s"].to_numpy())
+        return out
+
+    def allreduce_curve(self, backend: str, gpus: int) -> Curve | None:
+        return self._allreduce.get((backend, gpus))
+
+    # ---------------------------------------------------------------- MoE
+    @cached_property
+    def _moe(self) -> dict[tuple[str, str, int, int], dict[tuple[float, ...], Curve]]:
+        f = self.frame("moe")
+        out: dict[tuple[str, str, int, int], dict[tuple[float, ...], Curve]] = {}
+        if f.height == 0:
+            return out
+        for (dtype, dist, mtp, mep), sub in f.group_by(["dtype", "distribution", "moe_tp", "moe_ep"]):
+            out[(str(dtype), str(dist), int(mtp), int(mep))] = _group_curves(
+                sub, ["h", "inter", "topk", "experts"], "tokens"
+            )
+        return out
+
+    def moe_curves(
+        self, dtype: str, distribution: str, moe_tp: int, moe_ep: int
+    ) -> dict[tuple[float, ...], Curve] | None:
+        return self._moe.get((dtype, distribution, moe_tp, moe_ep)) or None
+
+    def moe_time(
+        self,
+        dtype: str,
+        distribution: str,
+        moe_tp: int,
+        moe_ep: int,
+        shape: tuple[int, int, int, int],
+        tokens: FloatArray,
+    ) -> FloatArray | None:
+        """Fused MoE layer time for ``tokens`` tokens; ``shape`` = (hidden, intermediate, top-k,
+        experts). Exact expert shape only (MoE kernels' tile choices do not interpolate across
+        shapes well enough): None when that shape was not measured."""
+        curves = self.moe_curves(dtype, distribution, moe_tp, moe_ep)
+        key = tuple(float(v) for v in shape)
+        if curves is None or key not in curves:
+            return None
+        return curves[key](tokens)
+
+    # ---------------------------------------------------------------- model-specific operators
+    @cached_property
+    def _model_ops(self) -> dict[tuple[str, int, str], Curve]:
+        f = self.frame("model_ops")
+        out: dict[tuple[str, int, str], Curve] = {}
+        if f.height == 0:
+            return out
+        for (model, tp, op), sub in f.group_by(["model", "tp", "op"]):
+            out[(str(model), int(tp), str(op))] = Curve.of(sub["size"].to_numpy(), sub["time_s"].to_numpy())
+        return out
+
+    def model_op(self, model: str, tp: int, op: str) -> Curve | None:
+        return self._model_ops.get((model, tp, op))
+
+    # ---------------------------------------------------------------- fitted fallbacks
+    def fitted(self, key: str, default: float) -> float:
+        value = self.meta.fitted.get(key, default)
+        return float(value) if isinstance(value, int | float) and math.isfinite(value) else default
+
+
+def profile_dir(gpu: str) -> Path:
+    return PROFILES_DIR / gpu
+
+
+def list_profiles() -> list[str]:
+    if not PROFILES_DIR.is_dir():
+        return []
+    return sorted(p.name for p in PROFILES_DIR.iterdir() if (p / "profile.toml").exists())
+
+
+def read_meta(path: Path) -> ProfileMeta:
+    try:
+        with path.open("rb") as fh:
+            data = tomllib.load(fh)
+    except (OSError, tomllib.TOMLDecodeError) as exc:
+        raise ConfigError(f"{path}: cannot read profile: {exc}") from None
+    unknown = sorted(set(data) - _META_KEYS)
+    missing = sorted({"gpu", "stack", "built_from", "rows"} - set(data))
+    if unknown or missing:
+        raise ConfigError(f"{path}: unknown key(s) {unknown} / missing key(s) {missing}")
+    return ProfileMeta(
+        gpu=str(data["gpu"]),
+        stack=dict(data["stack"]),
+        built_from=tuple(str(s) for s in data["built_from"]),
+        rows={str(k): int(v) for k, v in data["rows"].items()},
+        selection={str(k): str(v) for k, v in data.get("selection", {}).items()},
+        fitted=dict(data.get("fitted", {})),
+        heldout=dict(data.get("heldout", {})),
+        licence=str(data.get("licence", "")),
+    )
+
+
+def load_profile_dir(folder: Path) -> Profile:
+    meta = read_meta(folder / "profile.toml")
+    frames: dict[str, pl.DataFrame] = {}
+    for fam, fname in FAMILY_FILES.items():
+        path = folder / fname
+        if path.exists():
+            try:
+                frames[fam] = pl.read_parquet(path)
+            except Exception as exc:
+                raise ConfigError(f"{path}: cannot read profile table: {exc}") from None
+    for fam, n in meta.rows.items():
+        got = frames[fam].height if fam in frames else 0
+        if got != n:
+            raise ConfigError(f"{folder / FAMILY_FILES.get(fam, fam)}: {got} rows, profile.toml says {n}")
+    return Profile(meta, frames)
+
+
+@cache
+def load_profile(gpu: str) -> Profile | None:
+    """The catalog's profile of ``gpu`` (a hardware name), or None when it has none."""
+    folder = profile_dir(gpu)
+    if not (folder / "profile.toml").exists():
+        return None
+    return load_profile_dir(folder)

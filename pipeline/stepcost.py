@@ -1,0 +1,474 @@
+"""Tabulated step cost: the form in which every cost model reaches the replay engines.
+
+A step's cost splits by what drives it (pipeline/steps.py has the six step fields):
+
+- operators driven by the tokens through the linear layers, ``T = prefill_tokens + decode_seqs``
+  (GEMMs, fused MoE, norms and activations, all-reduces, embedding): a **token table** indexed
+  by the integer T;
+- operators driven by the sampled positions, ``n = prefill_seqs + decode_seqs`` (LM head,
+  sampler, logits gather): a **logits table** indexed by n;
+- attention, driven by the other fields: affine operators (FLOPs and bytes affine in the six
+  fields, timed by the roofline) and, for a measured profile, (batch × length) grids;
+- per-step overhead: a fixed GPU-side part, plus host time (scheduling, input preparation,
+  launching kernels of eager steps) where it exceeds the GPU time — with asynchronous
+  scheduling the host prepares step k+1 while the GPU runs step k, so only the excess shows.
+
+The tables are filled once per deployment by vectorised code — the roofline
+(:func:`roofline_tables`, tier 2) or a GPU's measured profile (pipeline/profile/cost.py, tier 1)
+— so anything a token count determines (CUDA-graph padding, the fused-MoE kernel's non-linear
+cost, the collective backend at that message size) costs one lookup in the engine. The same
+kernel (:func:`tab_row`) prices a step in the compiled engine loop, in the Python engines and in
+:class:`TabulatedCost` calls, so every engine gets the same numbers to the bit.
+
+Table columns (``TAB_COLUMNS``): compute-bound, memory-bound, collective and kernel-floor
+seconds; FLOPs and bytes per TP rank over all stages; seconds that came from measured tables;
+host seconds the step adds (eager kernel launches).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+from pipeline.steps import FloatArray, StepBatch, StepCost
+
+TAB_COLUMNS = ("compute_s", "memory_s", "comm_s", "floor_s", "flops", "bytes", "measured_s", "host_s")
+N_TAB = len(TAB_COLUMNS)
+#: Scalar parameters, in the order of the ``scalars`` array.
+SCALARS = (
+    "min_kernel_s",  # floor of one affine operator (roofline kernels)
+    "tile",  # attention query tile (pipeline/profile/attention.py); 0: parts summed as measured
+    "layers",  # attention layers the grids' per-layer times are multiplied by
+    "base_s",  # per-step GPU-side overhead of a step with tokens
+    "host_s",  # per-step host time (scheduler, input preparation, output processing)
+    "host_per_seq_s",  # host time per scheduled sequence
+    "pp",  # pipeline stages (FLOPs/bytes per GPU)
+    "measured_attention",  # 1: attention time from the grids (affine operators only account)
+    "peak_gpu",  # FLOP/s per GPU for MFU
+    "bw_gpu",  # bytes/s per GPU for MBU
+)
+N_SCALARS = len(SCALARS)
+#: Output slots of tab_row.
+OUT = ("time_s", "compute_s", "memory_s", "comm_s", "overhead_s", "flops", "bytes", "measured_s")
+#: cost_source codes of the steps table.
+COST_SOURCES = ("roofline", "measured")
+
+
+def _empty_grid() -> tuple[FloatArray, FloatArray, FloatArray]:
+    one = np.zeros(1)
+    return one, one.copy(), np.zeros((1, 1))
+
+
+@dataclass(frozen=True)
+class TabulatedCost:
+    """A StepCostFn from tables (see module doc). ``kernel_args`` are :func:`tab_row`'s fixed
+    arguments, which the jit engine passes to the same kernel inside its loop.
+
+    ``extend(t_max)`` must return tables covering T ≤ t_max (and n ≤ t_max) for steps larger than
+    the tables built; ``describe`` says which tier costed what (for the run's metadata); ``exact``
+    answers steps given with sliding-window sums, which the six-field tables do not carry (the
+    engines never produce them).
+    """
+
+    tok: FloatArray
+    logit: FloatArray
+    affine_flops: FloatArray
+    affine_bytes: FloatArray
+    affine_count: FloatArray
+    affine_peak: FloatArray
+    affine_has_peak: npt.NDArray[np.bool_]
+    affine_bw: FloatArray
+    decode_grid: tuple[FloatArray, FloatArray, FloatArray]
+    prefill_grid: tuple[FloatArray, FloatArray, FloatArray]
+    scalars: FloatArray
+    source: str = "roofline"
+    describe: dict[str, Any] = field(default_factory=dict, compare=False)
+    extend: Callable[[int], TabulatedCost] | None = field(default=None, compare=False, repr=False)
+    #: The exact cost model, for steps the tables do not describe (sliding-window sums given).
+    exact: Callable[[StepBatch], StepCost] | None = field(default=None, compare=False, repr=False)
+
+    @property
+    def kernel_args(self) -> tuple[Any, ...]:
+        return (
+            self.tok,
+            self.logit,
+            self.affine_flops,
+            self.affine_bytes,
+            self.affine_count,
+            self.affine_peak,
+            self.affine_has_peak,
+            self.affine_bw,
+            *self.decode_grid,
+            *self.prefill_grid,
+            self.scalars,
+        )
+
+    @property
+    def max_tokens(self) -> int:
+        return int(min(self.tok.shape[0], self.logit.shape[0])) - 1
+
+    def __call__(self, batch: StepBatch) -> StepCost:
+        windows = (batch.prefill_attn_pairs_window, batch.prefill_kv_tokens_window, batch.decode_ctx_tokens_window)
+        if self.exact is not None and any(w is not None for w in windows):
+            return self.exact(batch)
+        x = np.empty((batch.n, 6))
+        for j, name in enumerate(
+            (
+                "prefill_tokens",
+                "prefill_seqs",
+                "prefill_attn_pairs",
+                "prefill_kv_tokens",
+                "decode_seqs",
+                "decode_ctx_tokens",
+            )
+        ):
+            x[:, j] = getattr(batch, name)
+        need = int(max(np.max(x[:, 0] + x[:, 4], initial=0.0), np.max(x[:, 1] + x[:, 4], initial=0.0)))
+        cost = self
+        if need > self.max_tokens:
+            if self.extend is None:
+                raise ValueError(f"step of {need} tokens beyond the cost tables ({self.max_tokens})")
+            cost = self.extend(need)
+        out = np.empty((len(OUT), batch.n))
+        binding = np.empty(batch.n, np.int8)
+        _rows_kernel()(x, *cost.kernel_args, out, binding)
+        time, compute, memory, comm, overhead, flops, nbytes, measured = out
+        sc = cost.scalars
+        safe = np.where(time > 0, time, 1.0)
+        return StepCost(
+            time_s=time,
+            flops=flops,
+            bytes=nbytes,
+            compute_s=compute,
+            memory_s=memory,
+            comm_s=comm,
+            overhead_s=overhead,
+            binding=binding,
+            mfu=np.where(time > 0, flops / safe / sc[8], 0.0),
+            mbu=np.where(time > 0, nbytes / safe / sc[9], 0.0),
+            measured_s=measured,
+        )
+
+    def measured_share(self, batch: StepBatch) -> FloatArray:
+        """Share of each step's time that came from measured tables."""
+        x = np.stack(
+            [
+                batch.prefill_tokens,
+                batch.prefill_seqs,
+                batch.prefill_attn_pairs,
+                batch.prefill_kv_tokens,
+                batch.decode_seqs,
+                batch.decode_ctx_tokens,
+            ],
+            axis=1,
+        ).astype(np.float64)
+        out = np.empty((len(OUT), batch.n))
+        binding = np.empty(batch.n, np.int8)
+        _rows_kernel()(x, *self.kernel_args, out, binding)
+        return np.where(out[0] > 0, out[7] / np.where(out[0] > 0, out[0], 1.0), 0.0)
+
+
+# --------------------------------------------------------------------------------------------
+# the kernel (plain Python; compiled by numba on first use)
+
+
+def _g2(la: FloatArray, lb: FloatArray, lt: FloatArray, qa: float, qb: float) -> float:
+    """Grid2 (pipeline/profile/interp.py) at one point: bilinear in log space, clamped below,
+    proportional above. ``la``/``lb`` are the logs of the axes, ``lt`` of the times."""
+    xa = np.log(qa)
+    xb = np.log(qb)
+    na = la.shape[0]
+    nb = lb.shape[0]
+    extra = 0.0
+    if xa > la[na - 1]:
+        extra += xa - la[na - 1]
+    if xb > lb[nb - 1]:
+        extra += xb - lb[nb - 1]
+    xa = min(max(xa, la[0]), la[na - 1])
+    xb = min(max(xb, lb[0]), lb[nb - 1])
+    i1 = 1
+    while i1 < na - 1 and la[i1] < xa:
+        i1 += 1
+    j1 = 1
+    while j1 < nb - 1 and lb[j1] < xb:
+        j1 += 1
+    if na == 1:
+        i0 = i1 = 0
+        w = 0.0
+    else:
+        i0 = i1 - 1
+        w = (xa - la[i0]) / (la[i1] - la[i0])
+    if nb == 1:
+        j0 = j1 = 0
+        v = 0.0
+    else:
+        j0 = j1 - 1
+        v = (xb - lb[j0]) / (lb[j1] - lb[j0])
+    out = (
+        (1.0 - w) * (1.0 - v) * lt[i0, j0]
+        + (1.0 - w) * v * lt[i0, j1]
+        + w * (1.0 - v) * lt[i1, j0]
+        + w * v * lt[i1, j1]
+    )
+    return float(np.exp(out + extra))
+
+
+def _ceq(pairs: float) -> float:
+    return float((np.sqrt(8.0 * pairs + 1.0) - 1.0) / 2.0)
+
+
+def _attention(
+    x: FloatArray,
+    dla: FloatArray,
+    dlb: FloatArray,
+    dlt: FloatArray,
+    pla: FloatArray,
+    plb: FloatArray,
+    plt: FloatArray,
+    tile: float,
+) -> float:
+    """pipeline/profile/attention.step_attention for one step (one layer)."""
+    ps = x[1]
+    ds = x[4]
+    t = 0.0
+    if ps > 0:
+        c = max(x[0] / ps, 1.0)
+        p = max(x[2] / ps, 1.0)
+        if tile > 0:
+            o = max((p - c * (c + 1.0) / 2.0) / c, 0.0)
+            cp = max(c, tile)
+            p = cp * o + cp * (cp + 1.0) / 2.0
+        t += _g2(pla, plb, plt, ps, _ceq(p))
+    if ds > 0:
+        k = max(x[5] / ds, 1.0)
+        d = _g2(dla, dlb, dlt, ds, k)
+        if ps > 0 and tile > 0:
+            d = max(d, _g2(pla, plb, plt, ds, _ceq(tile * k + tile * (tile + 1.0) / 2.0)))
+        t += d
+    return t
+
+
+def tab_row(
+    x: FloatArray,
+    tok: FloatArray,
+    logit: FloatArray,
+    af: FloatArray,
+    ab: FloatArray,
+    acount: FloatArray,
+    apeak: FloatArray,
+    ahas: npt.NDArray[np.bool_],
+    abw: FloatArray,
+    dla: FloatArray,
+    dlb: FloatArray,
+    dlt: FloatArray,
+    pla: FloatArray,
+    plb: FloatArray,
+    plt: FloatArray,
+    sc: FloatArray,
+    out: FloatArray,
+) -> int:
+    """Price one step ``x`` (the six fields) into ``out`` (OUT order); returns the binding index
+    (0 compute, 1 memory, 2 communication, 3 overhead). A step with no tokens and no sampled
+    position costs nothing. Requires T and n within the tables."""
+    T = x[0] + x[4]
+    n = x[1] + x[4]
+    if T <= 0.0 and n <= 0.0:
+        for q in range(8):
+            out[q] = 0.0
+        return 0
+    ti = int(T)
+    ni = int(n)
+    compute = tok[ti, 0] + logit[ni, 0]
+    memory = tok[ti, 1] + logit[ni, 1]
+    comm = tok[ti, 2] + logit[ni, 2]
+    floors = tok[ti, 3] + logit[ni, 3]
+    flops = tok[ti, 4] + logit[ni, 4]
+    nbytes = tok[ti, 5] + logit[ni, 5]
+    measured = tok[ti, 6] + logit[ni, 6]
+    host_extra = tok[ti, 7] + logit[ni, 7]
+    a_comp = 0.0
+    a_mem = 0.0
+    a_floor = 0.0
+    min_kernel = sc[0]
+    for i in range(af.shape[0]):
+        f = af[i, 0]
+        b = ab[i, 0]
+        for j in range(6):
+            if x[j] != 0.0:
+                f += af[i, j + 1] * x[j]
+                b += ab[i, j + 1] * x[j]
+        t_c = f / apeak[i] if ahas[i] else 0.0
+        t_m = b / abw[i]
+        fl = min_kernel if (f > 0 or b > 0) else 0.0
+        if fl > max(t_c, t_m):
+            a_floor += acount[i] * fl
+        elif t_c > t_m:
+            a_comp += acount[i] * t_c
+        else:
+            a_mem += acount[i] * t_m
+        flops += acount[i] * f
+        nbytes += acount[i] * b
+    if sc[7] > 0.0:
+        t_att = sc[2] * _attention(x, dla, dlb, dlt, pla, plb, plt, sc[1])
+        if a_comp > a_mem:
+            compute += t_att
+        else:
+            memory += t_att
+        measured += t_att
+    else:
+        compute += a_comp
+        memory += a_mem
+        floors += a_floor
+    base = sc[3] if T > 0 else 0.0
+    gpu = compute + memory + comm + floors + base
+    host = sc[4] + sc[5] * n + host_extra
+    overhead = base + floors + max(0.0, host - gpu)
+    time = compute + memory + comm + overhead
+    out[0] = time
+    out[1] = compute
+    out[2] = memory
+    out[3] = comm
+    out[4] = overhead
+    out[5] = flops / sc[6]
+    out[6] = nbytes / sc[6]
+    out[7] = measured
+    best = compute
+    arg = 0
+    if memory > best:
+        best = memory
+        arg = 1
+    if comm > best:
+        best = comm
+        arg = 2
+    if overhead > best:
+        arg = 3
+    return arg
+
+
+def tab_rows(
+    x: FloatArray,
+    tok: FloatArray,
+    logit: FloatArray,
+    af: FloatArray,
+    ab: FloatArray,
+    acount: FloatArray,
+    apeak: FloatArray,
+    ahas: npt.NDArray[np.bool_],
+    abw: FloatArray,
+    dla: FloatArray,
+    dlb: FloatArray,
+    dlt: FloatArray,
+    pla: FloatArray,
+    plb: FloatArray,
+    plt: FloatArray,
+    sc: FloatArray,
+    out: FloatArray,
+    binding: npt.NDArray[np.int8],
+) -> None:
+    row = np.empty(8)
+    for r in range(x.shape[0]):
+        binding[r] = tab_row(x[r], tok, logit, af, ab, acount, apeak, ahas, abw, dla, dlb, dlt, pla, plb, plt, sc, row)
+        for q in range(8):
+            out[q, r] = row[q]
+
+
+_KERNELS: dict[str, Callable[..., Any]] = {}
+
+
+def _compiled() -> dict[str, Callable[..., Any]]:
+    """tab_row and tab_rows compiled by numba (disk-cached), or plain Python without numba."""
+    if not _KERNELS:
+        try:
+            import numba
+        except ImportError:  # pragma: no cover - numba is a runtime dependency
+            _KERNELS.update(row=tab_row, rows=tab_rows)
+        else:
+            g2 = numba.njit(cache=True, inline="always")(_g2)
+            ceq = numba.njit(cache=True, inline="always")(_ceq)
+            att_src = _attention
+            att = numba.njit(cache=True)(_rebind(att_src, {"_g2": g2, "_ceq": ceq}))
+            row = numba.njit(cache=True)(_rebind(tab_row, {"_attention": att}))
+            rows = numba.njit(cache=True)(_rebind(tab_rows, {"tab_row": row}))
+            _KERNELS.update(row=row, rows=rows, attention=att)
+    return _KERNELS
+
+
+def _rebind(fn: Callable[..., Any], names: dict[str, Any]) -> Callable[..., Any]:
+    """``fn`` with the globals in ``names`` replaced (so compiled callees are called compiled)."""
+    import types
+
+    glb = dict(fn.__globals__)
+    glb.update(names)
+    new = types.FunctionType(fn.__code__, glb, fn.__name__, fn.__defaults__, fn.__closure__)
+    new.__qualname__ = fn.__qualname__
+    new.__module__ = fn.__module__
+    return new
+
+
+def _rows_kernel() -> Callable[..., Any]:
+    return _compiled()["rows"]
+
+
+def row_kernel() -> Callable[..., Any]:
+    """The compiled :func:`tab_row` (for engines that call it from their own compiled loops)."""
+    return _compiled()["row"]
+
+
+# --------------------------------------------------------------------------------------------
+# building tables
+
+
+def grid_arrays(grid: Any | None) -> tuple[FloatArray, FloatArray, FloatArray]:
+    """A pipeline.profile.interp.Grid2 as the kernel's (log a, log b, log t) arrays."""
+    if grid is None:
+        return _empty_grid()
+    return (
+        np.ascontiguousarray(np.log(grid.a)),
+        np.ascontiguousarray(np.log(grid.b)),
+        np.ascontiguousarray(np.log(grid.t)),
+    )
+
+
+def scalars(**values: float) -> FloatArray:
+    unknown = sorted(set(values) - set(SCALARS))
+    if unknown:
+        raise ValueError(f"unknown scalar(s) {unknown}")
+    defaults = {"pp": 1.0, "peak_gpu": 1.0, "bw_gpu": 1.0}
+    return np.array([float(values.get(k, defaults.get(k, 0.0))) for k in SCALARS])
+
+
+def affine_cost(
+    flops: FloatArray,
+    nbytes: FloatArray,
+    count: FloatArray,
+    peak: FloatArray,
+    has_peak: npt.NDArray[np.bool_],
+    bw: FloatArray,
+    sc: FloatArray,
+    max_tokens: int = 1,
+) -> TabulatedCost:
+    """A cost made only of affine operators (zero token and logits tables), e.g. a stand-in."""
+    zeros = np.zeros((max_tokens + 1, N_TAB))
+
+    def extend(t: int) -> TabulatedCost:
+        return affine_cost(flops, nbytes, count, peak, has_peak, bw, sc, max(t, 2 * max_tokens))
+
+    return TabulatedCost(
+        tok=zeros,
+        logit=zeros.copy(),
+        affine_flops=np.ascontiguousarray(flops, np.float64),
+        affine_bytes=np.ascontiguousarray(nbytes, np.float64),
+        affine_count=np.ascontiguousarray(count, np.float64),
+        affine_peak=np.ascontiguousarray(peak, np.float64),
+        affine_has_peak=np.ascontiguousarray(has_peak, np.bool_),
+        affine_bw=np.ascontiguousarray(bw, np.float64),
+        decode_grid=_empty_grid(),
+        prefill_grid=_empty_grid(),
+        scalars=sc,
+        source="stand-in",
+        extend=extend,
+    )
