@@ -5,14 +5,17 @@ Azure 2023 conversation trace when it is present, else lognormals with its mean 
 Poisson arrivals, a 16-replica fleet of Llama-3.1-8B on H100 (KV capacity from memory.fit).
 
     python benchmarks/replay.py                                      # 1,000,000 requests, jit
+    python benchmarks/replay.py --cost measured                      # H100's measured profile
+    python benchmarks/replay.py --cost measured --model qwen3-30b-a3b  # a MoE fleet, measured
     python benchmarks/replay.py --requests 20000 --cost roofline     # with the roofline model
     python benchmarks/replay.py --requests 20000 --engine fast       # the Python span engine
     python benchmarks/replay.py --reference 2000                     # engine vs reference
 
 ``--engine jit`` (default) is pipeline/engine/jit.py, the engine the replay stage uses;
 ``fast`` is the Python span engine it falls back to. ``linear`` is the affine stand-in cost of
-the tests, so the figure measures the engine; ``roofline`` adds the catalog's cost model
-(``roofline.fast_step_cost``, whose affine kernel the jit engine evaluates inside its loop).
+the tests, so the figure measures the engine; ``roofline`` adds the catalog's roofline and
+``measured`` the GPU's measured profile (pipeline/profile/cost.py) — both tabulated step costs
+(pipeline/stepcost.py) the jit engine evaluates inside its loop, dense or MoE alike.
 The jit engine's numba compilation is cached on disk; a warm-up call on 10 requests loads it
 before timing (its wall time is printed too).
 """
@@ -39,7 +42,7 @@ from pipeline.engine.model import FleetSpec, Workload  # noqa: E402
 from pipeline.engine.reference import simulate_reference  # noqa: E402
 from pipeline.engine.steplog import StepLog  # noqa: E402
 from pipeline.fleet import parse_fleet, resolve  # noqa: E402
-from pipeline.roofline import fast_step_cost  # noqa: E402
+from pipeline.profile.cost import step_cost_for  # noqa: E402
 
 SAMPLE = ROOT / "traces" / "sample" / "azure_conv_2023.csv.gz"
 
@@ -63,7 +66,9 @@ def main() -> None:
     ap.add_argument("--requests", type=int, default=1_000_000)
     ap.add_argument("--replicas", type=int, default=16)
     ap.add_argument("--rate", type=float, default=None, help="req/s for the fleet (default: ~70%% load)")
-    ap.add_argument("--cost", choices=["linear", "roofline"], default="linear")
+    ap.add_argument("--cost", choices=["linear", "roofline", "measured"], default="linear")
+    ap.add_argument("--model", default="llama-3.1-8b", help="catalog model (qwen3-30b-a3b: a MoE fleet)")
+    ap.add_argument("--hardware", default="h100-sxm")
     ap.add_argument("--router", default="round_robin")
     ap.add_argument("--engine", choices=["jit", "fast"], default="jit")
     ap.add_argument("--reference", type=int, default=0, help="also time the reference on N requests")
@@ -74,8 +79,8 @@ def main() -> None:
         parse_fleet(
             {
                 "name": "bench",
-                "model": "llama-3.1-8b",
-                "hardware": "h100-sxm",
+                "model": args.model,
+                "hardware": args.hardware,
                 "replicas": args.replicas,
                 "router": args.router,
                 "engine": {"max_model_len": 16384},
@@ -83,11 +88,19 @@ def main() -> None:
             "bench",
         )
     )
+    sched = fleet.scheduler
+    t_build = time.perf_counter()
     cost = (
-        fast_step_cost(fleet.deployment)
-        if args.cost == "roofline"
+        step_cost_for(
+            fleet.deployment,
+            args.cost,
+            max(sched.max_num_batched_tokens, sched.max_num_seqs) + 1,
+            sched.max_num_seqs,
+        )
+        if args.cost != "linear"
         else LinearCost(a=2.3e-3, b=7e-5, c=2e-10, d=2e-5, e=1.5e-8)
     )
+    t_build = time.perf_counter() - t_build
     rng = np.random.default_rng(0)
     n = args.requests
     prompt, output = lengths(n, rng)
@@ -106,7 +119,8 @@ def main() -> None:
     ok = res.reject_reason == 0
     print(f"requests            {n:,} ({ok.sum():,} finished) on {args.replicas} replicas, {args.router}")
     print(f"engine              {args.engine} (warm-up on 10 requests {warm:.2f} s)")
-    print(f"cost model          {args.cost}")
+    print(f"model               {args.model} on {args.hardware}")
+    print(f"cost model          {args.cost} (tables built in {t_build:.2f} s)")
     print(f"simulated span      {np.nanmax(res.finish_s):,.0f} s at {rate:.1f} req/s offered")
     print(f"spans               {log.n:,} ({log.n / n:.2f} per request)")
     print(f"wall                {wall:,.2f} s")

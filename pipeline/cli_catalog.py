@@ -13,6 +13,7 @@ from typing import Any
 import click
 
 from pipeline.cli_common import emit_json, get_store, json_option, progress, run, store_option
+from pipeline.errors import RooftraceError
 
 
 def _gib(x: float) -> str:
@@ -330,79 +331,150 @@ def _pct(x: float) -> str:
     "--measurements",
     type=click.Path(),
     default=None,
-    help="Folder (or file) of Vidur mlp.csv / all_reduce.csv and Splitwise perf_model.csv "
+    help="Folder (or file) of operator measurements: AIConfigurator / LLMServingSim sets (the measured "
+    "profiles' held-out check) and Vidur mlp.csv / all_reduce.csv / Splitwise perf_model.csv (the roofline's) "
     "(default: $ROOFTRACE_MEASUREMENTS or ../shared/measurements).",
 )
-@click.option("--hardware", default=None, help="Catalog hardware for every row (for your own tables).")
+@click.option(
+    "--hardware",
+    default=None,
+    help="Only this catalog GPU (profiles); for your own Vidur/Splitwise tables, the GPU of every row.",
+)
 @store_option
 @json_option
 def validate_cmd(measurements: str | None, hardware: str | None, store_path: str | None, as_json: bool) -> None:
-    """Replay measured kernel, all-reduce and step times through the cost model; print and store
-    the error tables under STORE/validation/.
+    """Judge the cost model on measurements it was not built from; print and store the error tables
+    under STORE/validation/.
+
+    Two tiers: the measured profiles' interpolation, held out by shape (whole GEMM n x k shapes,
+    whole head shapes, whole models of another set, mixed batches never fitted), split by operator
+    class and token range (1-127, 128+); and the roofline with catalog and calibrated factors
+    (Vidur, Splitwise). docs/validation.md explains both.
 
     Example: rooftrace validate --measurements ../shared/measurements --json
     """
 
-    def body() -> None:
-        from pipeline.validate import run_validation, store_report
+    def body() -> bool:
+        from pipeline.profile.heldout import TARGET_MEDIAN, TARGET_P90, has_profile_sets, judge_all
+        from pipeline.schemas import write_parquet
+        from pipeline.validate import discover, run_validation, store_report
 
         source = Path(measurements) if measurements else _default_measurements()
+        if not source.exists():
+            raise RooftraceError(f"{source}: no such file or folder of measurements")
         progress(f"validating against {source}")
-        report = run_validation(source, hardware)
         store = get_store(store_path)
-        with store.lock():
-            paths = store_report(report, store.root / "validation")
-        progress(f"wrote {', '.join(str(p) for p in paths)}")
-        summary = report.summary.filter(report.summary["split"] != "train")
+        doc: dict[str, Any] = {"files": [], "skipped": []}
+        ok = True
+        profile = None
+        if has_profile_sets(source):
+            profile, skipped = judge_all(source, [hardware] if hardware else None, progress)
+            doc["skipped"] += skipped
+            if profile.height:
+                with store.lock():
+                    path = write_parquet(profile.to_arrow(), store.root / "validation" / "profile_heldout.parquet",
+                                         "profile_heldout")  # fmt: skip
+                doc["files"].append(str(path))
+                doc["profile_heldout"] = profile.to_dicts()
+        try:
+            legacy_files = discover(source)
+        except RooftraceError:
+            legacy_files = []
+        report = None
+        if legacy_files:
+            report = run_validation(source, hardware if profile is None else None)
+            with store.lock():
+                doc["files"] += [str(p) for p in store_report(report, store.root / "validation")]
+            summary = report.summary.filter(report.summary["split"] != "train")
+            doc["summary"] = summary.to_dicts()
+            doc["calibrations"] = [
+                {"kind": c.kind, "hardware": c.hardware, "params": c.params, "n_train": c.n_train,
+                 "n_holdout": c.n_holdout, "description": c.description}
+                for c in report.calibrations
+            ]  # fmt: skip
+            doc["skipped"] += report.skipped
+        if profile is None and report is None:
+            raise RooftraceError(f"{source}: no operator measurements rooftrace reads (see --help)")
+        progress(f"wrote {', '.join(doc['files'])}")
         if as_json:
-            emit_json(
-                {
-                    "summary": summary.to_dicts(),
-                    "calibrations": [
-                        {"kind": c.kind, "hardware": c.hardware, "params": c.params, "n_train": c.n_train,
-                         "n_holdout": c.n_holdout, "description": c.description}
-                        for c in report.calibrations
-                    ],
-                    "skipped": report.skipped,
-                    "files": [str(p) for p in paths],
-                }
-            )  # fmt: skip
-            return
-        click.echo(f"{'set':17s} {'subset':25s} {'hardware':14s} {'params':10s} {'split':7s} "
-                   f"{'N':>6s} {'median':>7s} {'p90':>7s} {'max':>7s}")  # fmt: skip
-        for r in summary.iter_rows(named=True):
+            emit_json(doc)
+            return ok
+        if profile is not None and profile.height:
             click.echo(
-                f"{r['set']:17s} {r['subset']:25s} {r['hardware']:14s} {r['parameters']:10s} {r['split']:7s} "
-                f"{r['n']:6d} {_pct(r['median_abs_error'])} {_pct(r['p90_abs_error'])} "
-                f"{_pct(r['max_abs_error'])}"
+                f"measured profiles, held out by shape (target: median <= {TARGET_MEDIAN:.0%}, p90 <= {TARGET_P90:.0%})"
             )
-        click.echo("fitted (calibrated rows):")
-        for c in report.calibrations:
-            values = ", ".join(f"{k}={v:.4g}" for k, v in c.params.items())
-            click.echo(f"  {c.kind} / {c.hardware}: {values} — {c.n_train} train rows, {c.n_holdout} held out")
-        for note in dict.fromkeys(report.skipped):
+            click.echo(
+                f"{'gpu':14s} {'check':45s} {'tokens':7s} {'N':>7s} {'median':>7s} {'p90':>7s} {'bias':>7s}  target"
+            )
+            for r in profile.iter_rows(named=True):
+                click.echo(
+                    f"{r['gpu']:14s} {r['check']:45s} {r['token_range']:7s} {r['rows']:7d} {_pct(r['median_abs'])} "
+                    f"{_pct(r['p90_abs'])} {r['median_signed']:+7.1%}  {'met' if r['meets'] else 'MISSED'}"
+                )
+        if report is not None:
+            click.echo("roofline tier (Vidur, Splitwise):")
+            click.echo(f"{'set':17s} {'subset':25s} {'hardware':14s} {'params':10s} {'split':7s} "
+                       f"{'N':>6s} {'median':>7s} {'p90':>7s} {'max':>7s}")  # fmt: skip
+            for r in doc["summary"]:
+                click.echo(
+                    f"{r['set']:17s} {r['subset']:25s} {r['hardware']:14s} {r['parameters']:10s} {r['split']:7s} "
+                    f"{r['n']:6d} {_pct(r['median_abs_error'])} {_pct(r['p90_abs_error'])} "
+                    f"{_pct(r['max_abs_error'])}"
+                )
+            click.echo("fitted (calibrated rows):")
+            for c in report.calibrations:
+                values = ", ".join(f"{k}={v:.4g}" for k, v in c.params.items())
+                click.echo(f"  {c.kind} / {c.hardware}: {values} — {c.n_train} train rows, {c.n_holdout} held out")
+        for note in dict.fromkeys(doc["skipped"]):
             progress(f"skipped: {note}")
+        return ok
 
     run(body)
 
 
 @click.command("calibrate")
-@click.option("--measurements", required=True, type=click.Path(), help="A Vidur or Splitwise CSV (or folder).")
-@click.option("--hardware", required=True, help="Catalog hardware whose factors to fit.")
-@click.option("--out", type=click.Path(dir_okay=False), default=None,
-              help="Hardware TOML to write (default: <hardware>-calibrated.toml here).")  # fmt: skip
+@click.option(
+    "--measurements",
+    required=True,
+    type=click.Path(),
+    help="Operator measurements: a folder with AIConfigurator / LLMServingSim sets (builds GPU profiles), "
+    "or a Vidur / Splitwise CSV (fits one GPU's roofline factors; needs --hardware).",
+)
+@click.option(
+    "--hardware", default=None, help="Catalog GPU: the only profile to build, or the GPU whose factors to fit."
+)
+@click.option("--out", type=click.Path(), default=None,
+              help="Profiles: folder to write <gpu>/ into (default: the catalog's profiles). "
+                   "Factors: hardware TOML to write (default: <hardware>-calibrated.toml here).")  # fmt: skip
 @json_option
-def calibrate_cmd(measurements: str, hardware: str, out: str | None, as_json: bool) -> None:
-    """Fit efficiency factors and overheads to measurements; write a new hardware TOML.
+def calibrate_cmd(measurements: str, hardware: str | None, out: str | None, as_json: bool) -> None:
+    """Build measured GPU profiles from operator tables, or fit one GPU's roofline factors.
 
+    With AIConfigurator / LLMServingSim sets: writes pipeline/catalog/profiles/<gpu>/ (the rows,
+    and profile.toml with their sources, selection, fitted values and held-out errors); replays
+    then price steps from the GPU's profile by default (FLEET.toml cost_model).
+
+    Example: rooftrace calibrate --measurements ../shared/measurements --hardware h100-sxm
     Example: rooftrace calibrate --measurements perf_model.csv --hardware h100-sxm --out h100-splitwise.toml
     """
 
     def body() -> None:
+        from pipeline.profile.heldout import has_profile_sets
+
+        source = Path(measurements)
+        if not source.exists():
+            raise RooftraceError(f"{source}: no such file or folder of measurements")
+        if has_profile_sets(source):
+            _calibrate_profiles(source, hardware, out, as_json)
+            return
+        if hardware is None:
+            raise RooftraceError(
+                f"{source}: a Vidur or Splitwise table needs --hardware (the GPU whose factors to fit)"
+            )
         from pipeline.validate import calibrate, write_calibrated
 
         target = Path(out) if out else Path(f"{hardware}-calibrated.toml")
-        result = calibrate(Path(measurements), hardware, name=target.stem)
+        result = calibrate(source, hardware, name=target.stem)
         write_calibrated(result, target)
         progress(f"wrote {target}")
         doc = {
@@ -427,3 +499,27 @@ def calibrate_cmd(measurements: str, hardware: str, out: str | None, as_json: bo
         )
 
     run(body)
+
+
+def _calibrate_profiles(source: Path, hardware: str | None, out: str | None, as_json: bool) -> None:
+    from pipeline.profile.build import build_profiles
+    from pipeline.profile.tables import PROFILES_DIR
+
+    target = Path(out) if out else PROFILES_DIR
+    if hardware is not None:
+        from pipeline.catalog import load_hardware
+
+        load_hardware(hardware)  # a one-line error for an unknown name
+    built = build_profiles(source, target, [hardware] if hardware else None, progress)
+    if not built:
+        raise RooftraceError(f"{source}: no GPU{' ' + hardware if hardware else ''} found in the measurements")
+    doc = [{"gpu": b.gpu, "folder": str(b.folder), "rows": b.rows, "heldout": b.heldout} for b in built]
+    progress(f"wrote {len(built)} profile(s) under {target}")
+    if as_json:
+        emit_json({"profiles": doc})
+        return
+    for b in built:
+        rows = ", ".join(f"{k} {v:,}" for k, v in sorted(b.rows.items()))
+        click.echo(f"{b.gpu}: {rows} -> {b.folder}")
+        for name, e in sorted(b.heldout.items()):
+            click.echo(f"    held out {name:52s} median {e['median_abs_error']:6.1%}  p90 {e['p90_abs_error']:6.1%}")

@@ -348,7 +348,7 @@ def _cost_summary(run: ReplayRun) -> dict[str, Any]:
     measured = float(cols["measured_s"].sum()) if run.log.n else 0.0
     return {
         "source": run.cost_source,
-        "measured_share_of_busy_time": measured / busy if busy > 0 else 0.0,
+        "measured_share_of_busy_time": min(1.0, measured / busy) if busy > 0 else 0.0,
         **(run.cost_describe or {}),
     }
 

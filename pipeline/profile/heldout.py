@@ -29,6 +29,8 @@ values per check and token range (1–127 and 128+ tokens, the decode and prefil
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -384,7 +386,7 @@ def summarise(errors: pl.DataFrame) -> pl.DataFrame:
         errors.with_columns(abs=pl.col("error").abs())
         .group_by(["gpu", "check", "token_range"])
         .agg(
-            rows=pl.len(),
+            rows=pl.len().cast(pl.Int64),
             median_abs=pl.col("abs").quantile(0.5, interpolation="linear"),
             p90_abs=pl.col("abs").quantile(0.9, interpolation="linear"),
             median_signed=pl.col("error").median(),
@@ -443,11 +445,11 @@ def fit_sampler(meas: Measurements) -> dict[str, Any]:
     ops = meas.get("model_ops")
     if ops.height == 0:
         return {}
-    rows = ops.filter(pl.col("op") == "sampler")
+    rows = ops.filter(pl.col("op") == "sampler").sort(["gpu", "model", "tp", "size", "time_s"])
     if rows.height == 0:
         return {}
     xs, ys = [], []
-    for (gpu, model, _tp), sub in rows.group_by(["gpu", "model", "tp"]):
+    for (gpu, model, _tp), sub in rows.group_by(["gpu", "model", "tp"], maintain_order=True):
         vocab = load_model(str(model)).vocab_size
         bw = load_hardware(str(gpu)).memory_bandwidth_bytes_per_s
         xs.append(sub["size"].to_numpy() * vocab * 4.0 / bw)
@@ -495,3 +497,30 @@ def attention_tile(meas: Measurements, gpu: str, frames: dict[str, pl.DataFrame]
     if kernels & set(FA2_KERNELS):
         return {"attention_tile_tokens": DEFAULT_TILE, "attention_tile_fitted_on": "prior: the RTX PRO 6000 fit"}
     return {"attention_tile_tokens": 0.0, "attention_tile_fitted_on": "none: FA3 / FlashInfer kernels, parts summed"}
+
+
+def has_profile_sets(path: Path) -> bool:
+    """Whether ``path`` holds (or is) an AIConfigurator or LLMServingSim measurement set."""
+    names = ("aiconfigurator-vllm-ops", "llmservingsim-profiles")
+    return path.is_dir() and (path.name in names or any((path / n).is_dir() for n in names))
+
+
+def judge_all(
+    measurements: Path, gpus: list[str] | None = None, progress: Callable[[str], None] | None = None
+) -> tuple[pl.DataFrame, list[str]]:
+    """Held-out summary (schema profile_heldout) of every GPU in ``measurements``, and what was
+    skipped."""
+    from pipeline.profile.sources import read_measurements
+
+    meas = read_measurements(measurements)
+    frames = []
+    for gpu in meas.gpus:
+        if gpus is not None and gpu not in gpus:
+            continue
+        if progress:
+            progress(f"judging the {gpu} tables on held-out shapes")
+        errors = judge(meas, gpu)
+        if errors.height:
+            frames.append(summarise(errors))
+    summary = pl.concat(frames) if frames else pl.DataFrame()
+    return summary, list(meas.skipped)
