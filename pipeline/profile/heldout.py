@@ -520,7 +520,85 @@ def judge_all(
         if progress:
             progress(f"judging the {gpu} tables on held-out shapes")
         errors = judge(meas, gpu)
+        vidur = measurements / "vidur-profiling"
+        if vidur.is_dir():
+            from pipeline.profile.build import select_rows
+
+            rows, _ = select_rows(meas, gpu)
+            extra = judge_vidur(vidur, _profile(gpu, rows))
+            if extra.height:
+                errors = pl.concat([errors, extra]) if errors.height else extra
         if errors.height:
             frames.append(summarise(errors))
     summary = pl.concat(frames) if frames else pl.DataFrame()
     return summary, list(meas.skipped)
+
+
+#: Vidur profiling folders -> catalog hardware (80 GB SXM parts, as pipeline/validate.py maps them).
+VIDUR_SKUS = {"a100": "a100-80gb-sxm", "h100": "h100-sxm"}
+_VIDUR_GEMMS = ("attn_pre_proj", "attn_post_proj", "mlp_up_proj", "mlp_down_proj")
+
+
+def judge_vidur(root: Path, prof: Profile) -> pl.DataFrame:
+    """Vidur's GEMMs of whole Llama models (``compute/<sku>/<org>/<model>/mlp.csv``, fp16, an
+    early-2024 PyTorch stack) predicted from the profile's bf16 GEMM table: a set the profile
+    never saw. Empty when the folder has no file for the profile's GPU."""
+    sku = next((k for k, v in VIDUR_SKUS.items() if v == prof.gpu), None)
+    if sku is None or not prof.has_gemm("bf16"):
+        return pl.DataFrame()
+    files = sorted((root / "compute" / sku).glob("*/*/mlp.csv"))
+    parts: list[pl.DataFrame] = []
+    for path in files:
+        try:
+            df = pl.read_csv(path, infer_schema_length=10000)
+        except Exception:
+            continue
+        need = {"n_head", "n_kv_head", "n_embd", "n_expanded_embd", "num_tokens", "num_tensor_parallel_workers"}
+        if not need <= set(df.columns):
+            continue
+        cols = [f"time_stats.{op}.median" for op in _VIDUR_GEMMS]
+        if not set(cols) <= set(df.columns):
+            continue
+        keys = ["n_head", "n_kv_head", "n_embd", "n_expanded_embd", "num_tensor_parallel_workers", "num_tokens"]
+        agg = df.group_by(keys).agg([pl.col(c).median() for c in cols]).sort(keys)
+        for row in agg.iter_rows(named=True):
+            tp = int(row["num_tensor_parallel_workers"])
+            h, nh, nkv = int(row["n_embd"]), int(row["n_head"]), int(row["n_kv_head"])
+            d = h // nh
+            nq, nk = nh // tp, max(1, nkv // tp)
+            inter = int(row["n_expanded_embd"]) // tp
+            shapes = {
+                "attn_pre_proj": ((nq + 2 * nk) * d, h),
+                "attn_post_proj": (h, nq * d),
+                "mlp_up_proj": (2 * inter, h),
+                "mlp_down_proj": (h, inter),
+            }
+            m = float(row["num_tokens"])
+            for op in _VIDUR_GEMMS:
+                n, k = shapes[op]
+                meas = float(row[f"time_stats.{op}.median"]) * 1e-3
+                pred = float(prof.gemm_time("bf16", n, k, np.array([m]))[0])
+                parts.append(
+                    pl.DataFrame(
+                        {
+                            "source": [str(path.relative_to(root.parent))],
+                            "model": [path.parent.name],
+                            "op": [op],
+                            "m": [m],
+                            "time_s": [meas],
+                            "predicted": [pred],
+                        }
+                    )
+                )
+    if not parts:
+        return pl.DataFrame()
+    frame = pl.concat(parts)
+    return _rows(
+        "gemm (Vidur models, other set)",
+        prof.gpu,
+        frame,
+        frame["m"].to_numpy(),
+        frame["predicted"].to_numpy(),
+        [f"{a} {b}" for a, b in zip(frame["model"].to_list(), frame["op"].to_list(), strict=True)],
+        f"every AIConfigurator bf16 GEMM of the GPU ({prof.frame('gemm').filter(pl.col('dtype') == 'bf16').height} rows)",
+    )
