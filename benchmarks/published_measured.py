@@ -57,7 +57,9 @@ def main() -> None:
         path = MEAS / "mlperf-inference-v4.1" / "closed" / "NVIDIA" / "results" / folder
         summary = read_mlperf_summary(path / "Offline" / "performance" / "run_1" / "mlperf_log_summary.txt")
         c = replay_mlperf_offline(measured_fleet(f"mlperf-llama2-70b-{system}"), summary)
-        print(f"MLPerf Offline {system}: measured {c.measured:,.0f} tokens/s, replayed {c.replayed:,.0f} ({c.error:+.1%})")
+        print(
+            f"MLPerf Offline {system}: measured {c.measured:,.0f} tokens/s, replayed {c.replayed:,.0f} ({c.error:+.1%})"
+        )
     pub = MEAS / "published-benchmarks"
     fleet = measured_fleet("nim-llama33-70b-h100-tp2")
     for p in read_nim_table(pub / "nim_llama33_70b_h100x2_fp8_tp2_isl5000_osl500.csv"):

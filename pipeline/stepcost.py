@@ -155,21 +155,9 @@ class TabulatedCost:
 
     def measured_share(self, batch: StepBatch) -> FloatArray:
         """Share of each step's time that came from measured tables."""
-        x = np.stack(
-            [
-                batch.prefill_tokens,
-                batch.prefill_seqs,
-                batch.prefill_attn_pairs,
-                batch.prefill_kv_tokens,
-                batch.decode_seqs,
-                batch.decode_ctx_tokens,
-            ],
-            axis=1,
-        ).astype(np.float64)
-        out = np.empty((len(OUT), batch.n))
-        binding = np.empty(batch.n, np.int8)
-        _rows_kernel()(x, *self.kernel_args, out, binding)
-        return np.where(out[0] > 0, out[7] / np.where(out[0] > 0, out[0], 1.0), 0.0)
+        cost = self(batch)
+        measured = cost.measured_s if cost.measured_s is not None else np.zeros(batch.n)
+        return np.where(cost.time_s > 0, measured / np.where(cost.time_s > 0, cost.time_s, 1.0), 0.0)
 
 
 # --------------------------------------------------------------------------------------------

@@ -32,7 +32,7 @@ GPU's: only what exceeds the GPU time of the step shows (pipeline/stepcost.py).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
@@ -202,17 +202,21 @@ def measured_tables(
             continue
         if op.name == "moe_experts":
             got = None
+            # experts sharded whole over the ranks (ep = tp) or each expert split over tp
+            moe_tp, moe_ep = (1, dep.ep) if dep.ep > 1 else (dep.tp, 1)
             for dist in MOE_DISTRIBUTIONS:
                 got = prof.moe_time(
                     dep.weight_dtype,
                     dist,
-                    dep.tp,
-                    1,
+                    moe_tp,
+                    moe_ep,
                     (m.hidden_size, m.moe_intermediate_size, m.experts_per_token, m.num_experts),
                     np.maximum(tf, 1.0),
                 )
                 if got is not None:
-                    moe_used = f"measured fused MoE ({dep.weight_dtype}, {dist} routing, moe_tp={dep.tp})"
+                    moe_used = (
+                        f"measured fused MoE ({dep.weight_dtype}, {dist} routing, moe_tp={moe_tp}, moe_ep={moe_ep})"
+                    )
                     break
             if got is None:
                 add_roofline(op)
@@ -229,6 +233,8 @@ def measured_tables(
             continue
         if op.name == "all_reduce":
             backend = _allreduce_backend(dep)
+            custom = "vLLM custom all-reduce (CUDA graph / eager)"
+            curves = f"{prof.gpu} x{dep.tp} curves"
             nbytes = tf * m.hidden_size * 2.0
             if backend == "custom":
                 graph_c = prof.allreduce_curve("custom_graph", dep.tp)
@@ -239,16 +245,16 @@ def measured_tables(
                     big = nbytes > CUSTOM_AR_MAX_BYTES
                     if nccl_c is not None:
                         secs = np.where(big, nccl_c(np.maximum(nbytes, 1.0)), secs)
-                        ar_used = "vLLM custom all-reduce (CUDA graph / eager), NCCL above 8 MiB"
+                        ar_used = f"{custom}, NCCL above 8 MiB: {curves}"
                     else:
                         secs = np.where(big, comm_time(hw, op), secs)
-                        ar_used = "vLLM custom all-reduce (CUDA graph / eager), roofline above 8 MiB"
+                        ar_used = f"{custom}, roofline above 8 MiB: {curves}"
                     add_measured(op, secs, column=2)
                     continue
             nccl_c = prof.allreduce_curve("nccl", dep.tp)
             if nccl_c is not None:
                 add_measured(op, nccl_c(np.maximum(nbytes, 1.0)), column=2)
-                ar_used = "NCCL (measured)"
+                ar_used = f"NCCL (measured: {prof.gpu} x{dep.tp} curve)"
             else:
                 add_roofline(op)
                 ar_used = f"{'NCCL' if backend == 'nccl' else 'custom all-reduce'} not measured here: roofline link"
@@ -411,6 +417,8 @@ def step_cost_for(
                 f"cost_model = 'measured' but {dep.hardware.name} has no measured profile "
                 f"(profiles: {', '.join(list_profiles()) or 'none'}); use 'auto' or 'roofline'"
             )
+        if overhead_s is not None:
+            dep = replace(dep, step_overhead_s=overhead_s)
         return fast_step_cost(dep, max(max_tokens, 1024))  # type: ignore[no-any-return]
     return measured_cost(dep, prof, max_tokens, max_num_seqs, overhead_s)
 

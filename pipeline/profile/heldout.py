@@ -92,7 +92,10 @@ def _judge_gemm(meas: Measurements, gpu: str) -> list[pl.DataFrame]:
     from pipeline.profile.build import _most_rows
 
     aic = _most_rows(aic, ["dtype"])
-    for (dtype,), sub in aic.group_by(["dtype"]):
+    by_dtype: list[tuple[tuple[Any, ...], pl.DataFrame]] = (
+        list(aic.sort(["dtype", "n", "k", "m"]).group_by(["dtype"], maintain_order=True)) if aic.height else []
+    )
+    for (dtype,), sub in by_dtype:
         n_even, n_odd = _alternate(sub["n"].to_list())
         k_even, k_odd = _alternate(sub["k"].to_list())
         train = sub.filter(pl.col("n").is_in(n_even) & pl.col("k").is_in(k_even))
@@ -165,7 +168,12 @@ def _judge_attention(meas: Measurements, gpu: str) -> list[pl.DataFrame]:
     for fam, label, size in (("attn_decode", "decode attention", "ctx"), ("attn_prefill", "prefill attention", "isl")):
         a = meas.get(fam)
         aic = _most_rows(a.filter(pl.col("set") == "aiconfigurator"), ["kv_dtype"]) if a.height else a
-        for (kv, nkv, d), sub in aic.group_by(["kv_dtype", "nkv", "d"]) if aic.height else []:
+        groups: list[tuple[tuple[Any, ...], pl.DataFrame]] = (
+            list(aic.sort(["kv_dtype", "nkv", "d", "nq"]).group_by(["kv_dtype", "nkv", "d"], maintain_order=True))
+            if aic.height
+            else []
+        )
+        for (kv, nkv, d), sub in groups:
             q_even, q_odd = _alternate(sub["nq"].to_list())
             train = sub.filter(pl.col("nq").is_in(q_even))
             judged = sub.filter(pl.col("nq").is_in(q_odd))
@@ -390,7 +398,7 @@ def summarise(errors: pl.DataFrame) -> pl.DataFrame:
             median_abs=pl.col("abs").quantile(0.5, interpolation="linear"),
             p90_abs=pl.col("abs").quantile(0.9, interpolation="linear"),
             median_signed=pl.col("error").median(),
-            trained_on=pl.col("trained_on").first(),
+            trained_on=pl.col("trained_on").unique().sort().str.join("; "),
         )
         .sort(["gpu", "check", "token_range"])
     )
@@ -593,6 +601,7 @@ def judge_vidur(root: Path, prof: Profile) -> pl.DataFrame:
     if not parts:
         return pl.DataFrame()
     frame = pl.concat(parts)
+    n_bf16 = prof.frame("gemm").filter(pl.col("dtype") == "bf16").height
     return _rows(
         "gemm (Vidur models, other set)",
         prof.gpu,
@@ -600,5 +609,5 @@ def judge_vidur(root: Path, prof: Profile) -> pl.DataFrame:
         frame["m"].to_numpy(),
         frame["predicted"].to_numpy(),
         [f"{a} {b}" for a, b in zip(frame["model"].to_list(), frame["op"].to_list(), strict=True)],
-        f"every AIConfigurator bf16 GEMM of the GPU ({prof.frame('gemm').filter(pl.col('dtype') == 'bf16').height} rows)",
+        f"every AIConfigurator bf16 GEMM of the GPU ({n_bf16:,} rows)",
     )

@@ -77,7 +77,7 @@ class Curve:
     def of(x: npt.ArrayLike, t: npt.ArrayLike) -> Curve:
         xa = np.asarray(x, dtype=np.float64)
         ta = np.asarray(t, dtype=np.float64)
-        keep = (xa > 0) & (ta > 0) & np.isfinite(ta)
+        keep = (xa > 0) & np.isfinite(xa) & (ta > 0) & np.isfinite(ta)
         xa, ta = xa[keep], ta[keep]
         order = np.argsort(xa, kind="stable")
         xa, ta = xa[order], ta[order]

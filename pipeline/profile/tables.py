@@ -245,16 +245,40 @@ def read_meta(path: Path) -> ProfileMeta:
     missing = sorted({"gpu", "stack", "built_from", "rows"} - set(data))
     if unknown or missing:
         raise ConfigError(f"{path}: unknown key(s) {unknown} / missing key(s) {missing}")
+    tables = {"stack": data["stack"], "rows": data["rows"]}
+    for key in ("selection", "fitted", "heldout"):
+        tables[key] = data.get(key, {})
+    for key, value in tables.items():
+        if not isinstance(value, dict):
+            raise ConfigError(f"{path}: [{key}] must be a table")
+    if not isinstance(data["built_from"], list) or not all(isinstance(s, str) for s in data["built_from"]):
+        raise ConfigError(f"{path}: built_from must be a list of file names")
+    for fam, n in data["rows"].items():
+        if fam not in FAMILY_FILES:
+            raise ConfigError(f"{path}: [rows] unknown family {fam!r}; known: {sorted(FAMILY_FILES)}")
+        if isinstance(n, bool) or not isinstance(n, int) or n < 0:
+            raise ConfigError(f"{path}: [rows] {fam} must be a row count, got {n!r}")
     return ProfileMeta(
         gpu=str(data["gpu"]),
         stack=dict(data["stack"]),
-        built_from=tuple(str(s) for s in data["built_from"]),
+        built_from=tuple(data["built_from"]),
         rows={str(k): int(v) for k, v in data["rows"].items()},
         selection={str(k): str(v) for k, v in data.get("selection", {}).items()},
         fitted=dict(data.get("fitted", {})),
         heldout=dict(data.get("heldout", {})),
         licence=str(data.get("licence", "")),
     )
+
+
+#: Columns each family's table must have (pipeline/profile/sources.py describes them).
+REQUIRED_COLUMNS: dict[str, tuple[str, ...]] = {
+    "gemm": ("dtype", "m", "n", "k", "time_s"),
+    "attn_decode": ("kv_dtype", "nq", "nkv", "d", "batch", "ctx", "time_s"),
+    "attn_prefill": ("kv_dtype", "nq", "nkv", "d", "batch", "isl", "time_s"),
+    "allreduce": ("backend", "gpus", "bytes", "time_s"),
+    "moe": ("dtype", "distribution", "moe_tp", "moe_ep", "h", "inter", "topk", "experts", "tokens", "time_s"),
+    "model_ops": ("model", "tp", "op", "size", "time_s"),
+}
 
 
 def load_profile_dir(folder: Path) -> Profile:
@@ -267,6 +291,9 @@ def load_profile_dir(folder: Path) -> Profile:
                 frames[fam] = pl.read_parquet(path)
             except Exception as exc:
                 raise ConfigError(f"{path}: cannot read profile table: {exc}") from None
+            missing = sorted(set(REQUIRED_COLUMNS[fam]) - set(frames[fam].columns))
+            if missing:
+                raise ConfigError(f"{path}: missing column(s) {missing}")
     for fam, n in meta.rows.items():
         got = frames[fam].height if fam in frames else 0
         if got != n:
