@@ -164,45 +164,46 @@ class TabulatedCost:
 # the kernel (plain Python; compiled by numba on first use)
 
 
+def _axis(lg: FloatArray, x: float) -> tuple[int, int, float, float]:
+    """Where log-size ``x`` falls on a log axis: (i0, i1, weight, log factor above the axis)."""
+    n = lg.shape[0]
+    extra = 0.0
+    if x > lg[n - 1]:
+        extra = x - lg[n - 1]
+    x = min(max(x, lg[0]), lg[n - 1])
+    if n == 1:
+        return 0, 0, 0.0, extra
+    i1 = 1
+    while i1 < n - 1 and lg[i1] < x:
+        i1 += 1
+    i0 = i1 - 1
+    return i0, i1, (x - lg[i0]) / (lg[i1] - lg[i0]), extra
+
+
 def _g2(la: FloatArray, lb: FloatArray, lt: FloatArray, qa: float, qb: float) -> float:
     """Grid2 (pipeline/profile/interp.py) at one point: bilinear in log space, clamped below,
-    proportional above. ``la``/``lb`` are the logs of the axes, ``lt`` of the times."""
-    xa = np.log(qa)
-    xb = np.log(qb)
-    na = la.shape[0]
-    nb = lb.shape[0]
-    extra = 0.0
-    if xa > la[na - 1]:
-        extra += xa - la[na - 1]
-    if xb > lb[nb - 1]:
-        extra += xb - lb[nb - 1]
-    xa = min(max(xa, la[0]), la[na - 1])
-    xb = min(max(xb, lb[0]), lb[nb - 1])
-    i1 = 1
-    while i1 < na - 1 and la[i1] < xa:
-        i1 += 1
-    j1 = 1
-    while j1 < nb - 1 and lb[j1] < xb:
-        j1 += 1
-    if na == 1:
-        i0 = i1 = 0
-        w = 0.0
-    else:
-        i0 = i1 - 1
-        w = (xa - la[i0]) / (la[i1] - la[i0])
-    if nb == 1:
-        j0 = j1 = 0
-        v = 0.0
-    else:
-        j0 = j1 - 1
-        v = (xb - lb[j0]) / (lb[j1] - lb[j0])
-    out = (
-        (1.0 - w) * (1.0 - v) * lt[i0, j0]
-        + (1.0 - w) * v * lt[i0, j1]
-        + w * (1.0 - v) * lt[i1, j0]
-        + w * v * lt[i1, j1]
-    )
-    return float(np.exp(out + extra))
+    proportional above. ``la``/``lb`` are the logs of the axes, ``lt`` of the times. Interpolates
+    along ``a`` first, so a decode span (fixed batch) can do that part once (:func:`_g2_row`,
+    :func:`_g1`) and get the same numbers."""
+    i0, i1, w, ea = _axis(la, np.log(qa))
+    j0, j1, v, eb = _axis(lb, np.log(qb))
+    r0 = (1.0 - w) * lt[i0, j0] + w * lt[i1, j0]
+    r1 = (1.0 - w) * lt[i0, j1] + w * lt[i1, j1]
+    return float(np.exp((1.0 - v) * r0 + v * r1 + (ea + eb)))
+
+
+def _g2_row(la: FloatArray, lt: FloatArray, qa: float, row: FloatArray) -> float:
+    """The grid interpolated along ``a`` at ``qa`` into ``row``; returns the ``a`` log factor."""
+    i0, i1, w, ea = _axis(la, np.log(qa))
+    for j in range(lt.shape[1]):
+        row[j] = (1.0 - w) * lt[i0, j] + w * lt[i1, j]
+    return ea
+
+
+def _g1(lb: FloatArray, row: FloatArray, ea: float, qb: float) -> float:
+    """:func:`_g2` from a row of :func:`_g2_row` (the same operations on the same values)."""
+    j0, j1, v, eb = _axis(lb, np.log(qb))
+    return float(np.exp((1.0 - v) * row[j0] + v * row[j1] + (ea + eb)))
 
 
 def _ceq(pairs: float) -> float:
@@ -300,8 +301,32 @@ def tab_row(
             a_mem += acount[i] * t_m
         flops += acount[i] * f
         nbytes += acount[i] * b
+    t_att = sc[2] * _attention(x, dla, dlb, dlt, pla, plb, plt, sc[1]) if sc[7] > 0.0 else 0.0
+    return _finish(
+        compute, memory, comm, floors, flops, nbytes, measured, host_extra, a_comp, a_mem, a_floor, t_att, T, n, sc, out
+    )
+
+
+def _finish(
+    compute: float,
+    memory: float,
+    comm: float,
+    floors: float,
+    flops: float,
+    nbytes: float,
+    measured: float,
+    host_extra: float,
+    a_comp: float,
+    a_mem: float,
+    a_floor: float,
+    t_att: float,
+    T: float,
+    n: float,
+    sc: FloatArray,
+    out: FloatArray,
+) -> int:
+    """The end of :func:`tab_row`: attention into its bucket, overhead rule, outputs, binding."""
     if sc[7] > 0.0:
-        t_att = sc[2] * _attention(x, dla, dlb, dlt, pla, plb, plt, sc[1])
         if a_comp > a_mem:
             compute += t_att
         else:
@@ -335,6 +360,112 @@ def tab_row(
     if overhead > best:
         arg = 3
     return arg
+
+
+def tab_span_prep(
+    nr: float,
+    tok: FloatArray,
+    logit: FloatArray,
+    af: FloatArray,
+    ab: FloatArray,
+    dla: FloatArray,
+    dlt: FloatArray,
+    sc: FloatArray,
+    pre: FloatArray,
+    pf: FloatArray,
+    pb: FloatArray,
+    row: FloatArray,
+) -> None:
+    """For a span of pure-decode steps of ``nr`` sequences (only the context grows): the parts of
+    :func:`tab_row` that do not depend on the context, computed once (``pre``: the table sums and
+    the grid's batch factor; ``pf``/``pb``: each affine operator's FLOPs and bytes before the
+    context term; ``row``: the decode grid at this batch)."""
+    ti = int(nr)
+    pre[0] = tok[ti, 0] + logit[ti, 0]
+    pre[1] = tok[ti, 1] + logit[ti, 1]
+    pre[2] = tok[ti, 2] + logit[ti, 2]
+    pre[3] = tok[ti, 3] + logit[ti, 3]
+    pre[4] = tok[ti, 4] + logit[ti, 4]
+    pre[5] = tok[ti, 5] + logit[ti, 5]
+    pre[6] = tok[ti, 6] + logit[ti, 6]
+    pre[7] = tok[ti, 7] + logit[ti, 7]
+    for i in range(af.shape[0]):
+        pf[i] = af[i, 0] + af[i, 5] * nr
+        pb[i] = ab[i, 0] + ab[i, 5] * nr
+    pre[8] = _g2_row(dla, dlt, nr, row) if sc[7] > 0.0 else 0.0
+
+
+def tab_span_row(
+    nr: float,
+    ctx: float,
+    af: FloatArray,
+    ab: FloatArray,
+    acount: FloatArray,
+    apeak: FloatArray,
+    ahas: npt.NDArray[np.bool_],
+    abw: FloatArray,
+    dlb: FloatArray,
+    sc: FloatArray,
+    pre: FloatArray,
+    pf: FloatArray,
+    pb: FloatArray,
+    row: FloatArray,
+    out: FloatArray,
+) -> int:
+    """:func:`tab_row` of the pure-decode step (``nr`` sequences, ``ctx`` context tokens) after
+    :func:`tab_span_prep`: the same operations on the same values, so the same numbers."""
+    compute = pre[0]
+    memory = pre[1]
+    comm = pre[2]
+    floors = pre[3]
+    flops = pre[4]
+    nbytes = pre[5]
+    measured = pre[6]
+    host_extra = pre[7]
+    a_comp = 0.0
+    a_mem = 0.0
+    a_floor = 0.0
+    min_kernel = sc[0]
+    for i in range(af.shape[0]):
+        f = pf[i]
+        b = pb[i]
+        if ctx != 0.0:
+            f += af[i, 6] * ctx
+            b += ab[i, 6] * ctx
+        t_c = f / apeak[i] if ahas[i] else 0.0
+        t_m = b / abw[i]
+        fl = min_kernel if (f > 0 or b > 0) else 0.0
+        if fl > max(t_c, t_m):
+            a_floor += acount[i] * fl
+        elif t_c > t_m:
+            a_comp += acount[i] * t_c
+        else:
+            a_mem += acount[i] * t_m
+        flops += acount[i] * f
+        nbytes += acount[i] * b
+    t_att = 0.0
+    if sc[7] > 0.0:
+        t = 0.0
+        t += _g1(dlb, row, pre[8], max(ctx / nr, 1.0))
+        t_att = sc[2] * t
+    return _finish(
+        compute,
+        memory,
+        comm,
+        floors,
+        flops,
+        nbytes,
+        measured,
+        host_extra,
+        a_comp,
+        a_mem,
+        a_floor,
+        t_att,
+        nr,
+        nr,
+        sc,
+        out,
+    )
 
 
 def tab_rows(
@@ -373,15 +504,25 @@ def _compiled() -> dict[str, Callable[..., Any]]:
         try:
             import numba
         except ImportError:  # pragma: no cover - numba is a runtime dependency
-            _KERNELS.update(row=tab_row, rows=tab_rows)
+            _KERNELS.update(
+                row=tab_row, rows=tab_rows, attention=_attention, g2=_g2, span_prep=tab_span_prep, span_row=tab_span_row
+            )
         else:
-            g2 = numba.njit(cache=True, inline="always")(_g2)
+            axis = numba.njit(cache=True, inline="always")(_axis)
+            g2 = numba.njit(cache=True, inline="always")(_rebind(_g2, {"_axis": axis}))
+            g2_row = numba.njit(cache=True, inline="always")(_rebind(_g2_row, {"_axis": axis}))
+            g1 = numba.njit(cache=True, inline="always")(_rebind(_g1, {"_axis": axis}))
             ceq = numba.njit(cache=True, inline="always")(_ceq)
+            finish = numba.njit(cache=True, inline="always")(_finish)
             att_src = _attention
-            att = numba.njit(cache=True)(_rebind(att_src, {"_g2": g2, "_ceq": ceq}))
-            row = numba.njit(cache=True)(_rebind(tab_row, {"_attention": att}))
+            # inlined into their callers (numba IR inlining): a step's cost is a few table loads
+            # and one small loop, so a call with 17 array arguments would cost as much again
+            att = numba.njit(cache=True, inline="always")(_rebind(att_src, {"_g2": g2, "_ceq": ceq}))
+            row = numba.njit(cache=True, inline="always")(_rebind(tab_row, {"_attention": att, "_finish": finish}))
+            span_prep = numba.njit(cache=True, inline="always")(_rebind(tab_span_prep, {"_g2_row": g2_row}))
+            span_row = numba.njit(cache=True, inline="always")(_rebind(tab_span_row, {"_g1": g1, "_finish": finish}))
             rows = numba.njit(cache=True)(_rebind(tab_rows, {"tab_row": row}))
-            _KERNELS.update(row=row, rows=rows, attention=att)
+            _KERNELS.update(row=row, rows=rows, attention=att, g2=g2, span_prep=span_prep, span_row=span_row)
     return _KERNELS
 
 
@@ -404,6 +545,12 @@ def _rows_kernel() -> Callable[..., Any]:
 def row_kernel() -> Callable[..., Any]:
     """The compiled :func:`tab_row` (for engines that call it from their own compiled loops)."""
     return _compiled()["row"]
+
+
+def span_kernels() -> tuple[Callable[..., Any], Callable[..., Any]]:
+    """The compiled :func:`tab_span_prep` and :func:`tab_span_row`."""
+    k = _compiled()
+    return k["span_prep"], k["span_row"]
 
 
 # --------------------------------------------------------------------------------------------

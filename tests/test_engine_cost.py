@@ -143,3 +143,28 @@ def test_jit_engine_row_cost_is_the_table_kernel(dep: Deployment) -> None:
         _jit_kernels._tab_row(x, *fast.kernel_args, out)
         got = (want.time_s, want.compute_s, want.memory_s, want.comm_s, want.overhead_s, want.flops, want.bytes)
         assert out[:7].tolist() == [float(g[r]) for g in got]
+
+
+@pytest.mark.parametrize("tier", ["roofline", "measured"])
+@pytest.mark.parametrize(("model", "hw"), [("llama-3.1-8b", "h100-sxm"), ("qwen3-30b-a3b", "rtx-pro-6000")])
+def test_decode_span_kernels_are_the_row_kernel(tier: str, model: str, hw: str) -> None:
+    # Inside a decode span the jit engine prices each step with tab_span_prep (once per span) and
+    # tab_span_row (per step): the same operations on the same values as tab_row, bit for bit.
+    from pipeline.profile.cost import step_cost_for
+    from pipeline.stepcost import row_kernel, span_kernels
+
+    dep = Deployment(load_model(model), load_hardware(hw))
+    cost = step_cost_for(dep, tier, 4096, 256)
+    assert cost.source == tier
+    tok, logit, af, ab, acount, apeak, ahas, abw, dla, dlb, dlt, _pla, _plb, _plt, sc = cost.kernel_args
+    prep, span_row = span_kernels()
+    row = row_kernel()
+    pre, pf, pb, grid_row = np.zeros(9), np.zeros(af.shape[0]), np.zeros(af.shape[0]), np.zeros(dlt.shape[1])
+    a, b = np.zeros(8), np.zeros(8)
+    rng = np.random.default_rng(3)
+    for nr in (1, 3, 17, 64, 255, 1024):
+        prep(float(nr), tok, logit, af, ab, dla, dlt, sc, pre, pf, pb, grid_row)
+        for ctx in rng.integers(nr, nr * 300_000, 40).tolist():
+            span_row(float(nr), float(ctx), af, ab, acount, apeak, ahas, abw, dlb, sc, pre, pf, pb, grid_row, a)
+            row(np.array([0.0, 0.0, 0.0, 0.0, float(nr), float(ctx)]), *cost.kernel_args, b)
+            assert a.tolist() == b.tolist()

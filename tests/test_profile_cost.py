@@ -98,9 +98,7 @@ def h100() -> Profile:
 
 @pytest.fixture(scope="module")
 def g2_jit():  # type: ignore[no-untyped-def]
-    import numba
-
-    return numba.njit(stepcost._g2)
+    return stepcost._compiled()["g2"]
 
 
 def _random_grid(rng: np.random.Generator, na: int, nb: int) -> Grid2:

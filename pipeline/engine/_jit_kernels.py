@@ -17,10 +17,40 @@ Semantics: docs/engine.md.
 
 from __future__ import annotations
 
+import hashlib
+from pathlib import Path
+
 import numba
 import numpy as np
 
-from pipeline.stepcost import row_kernel
+from pipeline import stepcost
+from pipeline.stepcost import row_kernel, span_kernels
+
+
+def _drop_stale_cache() -> None:
+    """numba's disk cache of this module is keyed on this file alone, but run_fleet inlines the
+    step-cost kernels of pipeline/stepcost.py: when that file changes, the cached machine code
+    would keep the old cost. A stamp of stepcost.py's source beside the cache detects it; the
+    stale entries are removed so numba compiles afresh (silently skipped where the package is
+    installed read-only: an installed package's files do not change)."""
+    cache = Path(__file__).resolve().parent / "__pycache__"
+    digest = hashlib.sha256(Path(stepcost.__file__).read_bytes()).hexdigest()[:16]
+    stamp = cache / f"_jit_kernels.stepcost-{digest}.stamp"
+    try:
+        if stamp.exists() or not cache.is_dir():
+            return
+        for old in [
+            *cache.glob("_jit_kernels.*.nbi"),
+            *cache.glob("_jit_kernels.*.nbc"),
+            *cache.glob("_jit_kernels.stepcost-*.stamp"),
+        ]:
+            old.unlink(missing_ok=True)
+        stamp.touch()
+    except OSError:
+        pass
+
+
+_drop_stale_cache()
 
 _GOLDEN = np.uint64(0x9E3779B97F4A7C15)  # Fibonacci hashing multiplier (Knuth, TAOCP vol. 3 §6.4)
 _SHIFT = np.uint64(32)
@@ -31,8 +61,10 @@ LOG_COLS = 18
 
 
 # One step's cost: pipeline.stepcost.tab_row, compiled (the same function every engine and
-# TabulatedCost call uses, so all give the same numbers).
+# TabulatedCost call uses, so all give the same numbers); in decode spans its split form
+# (tab_span_prep once per span, tab_span_row per step: the same operations on the same values).
 _tab_row = row_kernel()
+_span_prep, _span_row = span_kernels()
 
 
 @numba.njit(cache=True)
@@ -314,7 +346,10 @@ def run_fleet(  # type: ignore[no-untyped-def]
     hits = np.zeros(max_blocks, np.int64)
     x = np.zeros(6)
     out = np.zeros(8)
-    xs = np.zeros(6)
+    sp_pre = np.zeros(9)
+    sp_f = np.zeros(af.shape[0])
+    sp_b = np.zeros(af.shape[0])
+    sp_row = np.zeros(dlt.shape[1])
     bstart = np.zeros(bs + 1, np.int64)
     bfill = np.zeros(bs, np.int64)
     bphase = np.zeros(S, np.int64)
@@ -536,11 +571,7 @@ def run_fleet(  # type: ignore[no-untyped-def]
                 m = 0
                 ph_alloc = 0
                 sums[:] = 0.0
-                xs[0] = 0.0
-                xs[1] = 0.0
-                xs[2] = 0.0
-                xs[3] = 0.0
-                xs[4] = float(nr)
+                _span_prep(float(nr), tok, logit, af, ab, dla, dlt, sc, sp_pre, sp_f, sp_b, sp_row)
                 max_gap = -_INF
                 end0 = now
                 while m < k_max and now < limit:
@@ -595,8 +626,23 @@ def run_fleet(  # type: ignore[no-untyped-def]
                                     )
                             if target > nreg[rid]:
                                 nreg[rid] = target
-                    xs[5] = c_sum + nr * (m + 1)
-                    _tab_row(xs, tok, logit, af, ab, acount, apeak, ahas, abw, dla, dlb, dlt, pla, plb, plt, sc, out)
+                    _span_row(
+                        float(nr),
+                        c_sum + nr * (m + 1),
+                        af,
+                        ab,
+                        acount,
+                        apeak,
+                        ahas,
+                        abw,
+                        dlb,
+                        sc,
+                        sp_pre,
+                        sp_f,
+                        sp_b,
+                        sp_row,
+                        out,
+                    )
                     end = now + out[0]
                     if m == 0:
                         end0 = end
