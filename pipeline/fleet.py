@@ -36,7 +36,7 @@ from typing import Any
 from pipeline.catalog import HardwareSpec, load_hardware, load_model
 from pipeline.engine.model import ROUTERS, SchedulerConfig
 from pipeline.errors import ConfigError
-from pipeline.memory import MemoryFit, fit
+from pipeline.memory import DEFAULT_VLLM_VERSION, MemoryFit, fit, parse_vllm_version
 from pipeline.roofline import Deployment
 
 GIB = 1 << 30
@@ -70,6 +70,9 @@ class EngineSettings:
     max_model_len: int | None = None
     num_gpu_blocks_override: int | None = None
     step_overhead_s: float | None = None
+    #: The vLLM release whose memory accounting sizes the KV cache (pipeline.memory; None: its
+    #: DEFAULT_VLLM_VERSION).
+    vllm_version: str | None = None
 
 
 @dataclass(frozen=True)
@@ -147,6 +150,7 @@ _ENGINE_TYPES: dict[str, tuple[type, ...]] = {
     "max_model_len": (int,),
     "num_gpu_blocks_override": (int,),
     "step_overhead_s": (float, int),
+    "vllm_version": (str,),
 }
 
 
@@ -179,6 +183,11 @@ def parse_fleet(data: dict[str, Any], origin: str) -> FleetConfig:
         raise ConfigError(f"{origin} [engine]: gpu_memory_utilization must be in (0, 1]")
     if engine.step_overhead_s is not None and engine.step_overhead_s < 0:
         raise ConfigError(f"{origin} [engine]: step_overhead_s must be >= 0")
+    if engine.vllm_version is not None:
+        try:
+            parse_vllm_version(engine.vllm_version)
+        except ConfigError as exc:
+            raise ConfigError(f"{origin} [engine]: {exc}") from None
     calibration = None
     if "calibration" in data:
         raw = dict(data["calibration"])
@@ -276,6 +285,7 @@ def resolve(cfg: FleetConfig, origin: str = "fleet") -> ResolvedFleet:
         block_size=eng.block_size,
         max_num_seqs=seqs,
         max_num_batched_tokens=tokens,
+        vllm_version=eng.vllm_version or DEFAULT_VLLM_VERSION,
     )
     override = eng.num_gpu_blocks_override
     blocks = override if override is not None else mem.kv_capacity_blocks
