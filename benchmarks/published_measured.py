@@ -21,6 +21,8 @@ MEAS = ROOT.parent / "shared" / "measurements"
 
 from pipeline.fleet import ResolvedFleet, load_fleet, resolve  # noqa: E402
 from pipeline.published import (  # noqa: E402
+    MLPERF_SYSTEMS,
+    TRTLLM_FLEETS,
     makespan_output_tokens_per_s,
     no_evict_fleet,
     read_mlperf_summary,
@@ -31,19 +33,6 @@ from pipeline.published import (  # noqa: E402
     replay_offline_fixed,
 )
 
-MLPERF = {
-    "h100": "DGX-H100_H100-SXM-80GBx8_TRT/llama2-70b-99.9",
-    "h200": "H200-SXM-141GBx8_TRT/llama2-70b-99",
-}
-TRTLLM_FLEETS = {
-    ("Llama-3.1-8B", "H100 SXM 80GB"): "trtllm-llama31-8b-h100",
-    ("Llama-3.1-8B", "H200 SXM 141GB"): "trtllm-llama31-8b-h200",
-    ("Llama-3.3-70B", "H100 SXM 80GB"): "trtllm-llama33-70b-h100-tp2",
-    ("Llama-3.3-70B", "H200 SXM 141GB"): "trtllm-llama33-70b-h200",
-    ("Llama-3.1-405B", "H100 SXM 80GB"): "trtllm-llama31-405b-h100-tp8",
-    ("Llama-3.1-405B", "H200 SXM 141GB"): "trtllm-llama31-405b-h200-tp8",
-}
-
 
 def measured_fleet(name: str) -> ResolvedFleet:
     cfg = load_fleet(ROOT / "fleets" / f"{name}.toml")
@@ -53,7 +42,7 @@ def measured_fleet(name: str) -> ResolvedFleet:
 def main() -> None:
     if not MEAS.is_dir():
         sys.exit(f"{MEAS}: the shared measurements are not laid out beside the project")
-    for system, folder in MLPERF.items():
+    for system, folder in MLPERF_SYSTEMS.items():
         path = MEAS / "mlperf-inference-v4.1" / "closed" / "NVIDIA" / "results" / folder
         summary = read_mlperf_summary(path / "Offline" / "performance" / "run_1" / "mlperf_log_summary.txt")
         c = replay_mlperf_offline(measured_fleet(f"mlperf-llama2-70b-{system}"), summary)

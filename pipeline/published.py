@@ -30,6 +30,21 @@ from pipeline.errors import RooftraceError
 from pipeline.fleet import ResolvedFleet, resolve
 from pipeline.replay import ReplayOptions, ReplayRun, run_replay
 
+#: MLPerf v4.1 NVIDIA result folders (closed/NVIDIA/results/<system>/<benchmark>) per GPU.
+MLPERF_SYSTEMS: dict[str, str] = {
+    "h100": "DGX-H100_H100-SXM-80GBx8_TRT/llama2-70b-99.9",
+    "h200": "H200-SXM-141GBx8_TRT/llama2-70b-99",
+}
+#: The fleets in fleets/ that replay each (model, GPU) block of the TensorRT-LLM table.
+TRTLLM_FLEETS: dict[tuple[str, str], str] = {
+    ("Llama-3.1-8B", "H100 SXM 80GB"): "trtllm-llama31-8b-h100",
+    ("Llama-3.1-8B", "H200 SXM 141GB"): "trtllm-llama31-8b-h200",
+    ("Llama-3.3-70B", "H100 SXM 80GB"): "trtllm-llama33-70b-h100-tp2",
+    ("Llama-3.3-70B", "H200 SXM 141GB"): "trtllm-llama33-70b-h200",
+    ("Llama-3.1-405B", "H100 SXM 80GB"): "trtllm-llama31-405b-h100-tp8",
+    ("Llama-3.1-405B", "H200 SXM 141GB"): "trtllm-llama31-405b-h200-tp8",
+}
+
 NS = 1e-9
 
 # -- MLPerf LoadGen summaries ------------------------------------------------------------------

@@ -493,6 +493,18 @@ def _is_affine_op(op: Op) -> bool:
     return op.name.startswith(("attn_prefill", "attn_decode", "attn_kv_b_proj"))
 
 
+def add_roofline_terms(tab: FloatArray, op: Op, hw: HardwareSpec) -> None:
+    """Add one operator's roofline seconds (all its instances) to a step-cost table's compute,
+    memory, collective and kernel-floor columns (pipeline/stepcost.py TAB_COLUMNS)."""
+    if op.kind == "comm":
+        tab[:, 2] += op.count * comm_time(hw, op)
+        return
+    t_c, t_m, t_f = op_times(hw, op)
+    tab[:, 0] += op.count * t_c
+    tab[:, 1] += op.count * t_m
+    tab[:, 3] += op.count * t_f
+
+
 def _tabulate(dep: Deployment, ops: list[Op], hw: HardwareSpec) -> FloatArray:
     """Sum the operators' roofline terms per row into TAB_COLUMNS (rows are the probe steps)."""
     from pipeline.stepcost import N_TAB
@@ -500,13 +512,9 @@ def _tabulate(dep: Deployment, ops: list[Op], hw: HardwareSpec) -> FloatArray:
     n = ops[0].flops.shape[0] if ops else 0
     tab = np.zeros((n, N_TAB))
     for op in ops:
+        add_roofline_terms(tab, op, hw)
         if op.kind == "comm":
-            tab[:, 2] += op.count * comm_time(hw, op)
             continue
-        t_c, t_m, t_f = op_times(hw, op)
-        tab[:, 0] += op.count * t_c
-        tab[:, 1] += op.count * t_m
-        tab[:, 3] += op.count * t_f
         tab[:, 4] += op.count * op.flops
         tab[:, 5] += op.count * op.bytes
     return tab

@@ -34,7 +34,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from pipeline.steps import FloatArray, StepBatch, StepCost
+from pipeline.steps import STEP_FIELDS, FloatArray, StepBatch, StepCost
 
 TAB_COLUMNS = ("compute_s", "memory_s", "comm_s", "floor_s", "flops", "bytes", "measured_s", "host_s")
 N_TAB = len(TAB_COLUMNS)
@@ -116,16 +116,7 @@ class TabulatedCost:
         if self.exact is not None and any(w is not None for w in windows):
             return self.exact(batch)
         x = np.empty((batch.n, 6))
-        for j, name in enumerate(
-            (
-                "prefill_tokens",
-                "prefill_seqs",
-                "prefill_attn_pairs",
-                "prefill_kv_tokens",
-                "decode_seqs",
-                "decode_ctx_tokens",
-            )
-        ):
+        for j, name in enumerate(STEP_FIELDS):
             x[:, j] = getattr(batch, name)
         need = int(max(np.max(x[:, 0] + x[:, 4], initial=0.0), np.max(x[:, 1] + x[:, 4], initial=0.0)))
         cost = self
@@ -204,6 +195,21 @@ def _g1(lb: FloatArray, row: FloatArray, ea: float, qb: float) -> float:
     """:func:`_g2` from a row of :func:`_g2_row` (the same operations on the same values)."""
     j0, j1, v, eb = _axis(lb, np.log(qb))
     return float(np.exp((1.0 - v) * row[j0] + v * row[j1] + (ea + eb)))
+
+
+def _affine_op(
+    f: float, b: float, count: float, peak: float, has_peak: bool, bw: float, min_kernel: float
+) -> tuple[int, float]:
+    """One affine operator's roofline term (roofline.op_times): (0 compute-bound, 1 memory-bound,
+    2 kernel floor; seconds over its ``count`` instances)."""
+    t_c = f / peak if has_peak else 0.0
+    t_m = b / bw
+    fl = min_kernel if (f > 0 or b > 0) else 0.0
+    if fl > max(t_c, t_m):
+        return 2, count * fl
+    if t_c > t_m:
+        return 0, count * t_c
+    return 1, count * t_m
 
 
 def _ceq(pairs: float) -> float:
@@ -290,15 +296,13 @@ def tab_row(
             if x[j] != 0.0:
                 f += af[i, j + 1] * x[j]
                 b += ab[i, j + 1] * x[j]
-        t_c = f / apeak[i] if ahas[i] else 0.0
-        t_m = b / abw[i]
-        fl = min_kernel if (f > 0 or b > 0) else 0.0
-        if fl > max(t_c, t_m):
-            a_floor += acount[i] * fl
-        elif t_c > t_m:
-            a_comp += acount[i] * t_c
+        kind, seconds = _affine_op(f, b, acount[i], apeak[i], ahas[i], abw[i], min_kernel)
+        if kind == 0:
+            a_comp += seconds
+        elif kind == 1:
+            a_mem += seconds
         else:
-            a_mem += acount[i] * t_m
+            a_floor += seconds
         flops += acount[i] * f
         nbytes += acount[i] * b
     t_att = sc[2] * _attention(x, dla, dlb, dlt, pla, plb, plt, sc[1]) if sc[7] > 0.0 else 0.0
@@ -432,15 +436,13 @@ def tab_span_row(
         if ctx != 0.0:
             f += af[i, 6] * ctx
             b += ab[i, 6] * ctx
-        t_c = f / apeak[i] if ahas[i] else 0.0
-        t_m = b / abw[i]
-        fl = min_kernel if (f > 0 or b > 0) else 0.0
-        if fl > max(t_c, t_m):
-            a_floor += acount[i] * fl
-        elif t_c > t_m:
-            a_comp += acount[i] * t_c
+        kind, seconds = _affine_op(f, b, acount[i], apeak[i], ahas[i], abw[i], min_kernel)
+        if kind == 0:
+            a_comp += seconds
+        elif kind == 1:
+            a_mem += seconds
         else:
-            a_mem += acount[i] * t_m
+            a_floor += seconds
         flops += acount[i] * f
         nbytes += acount[i] * b
     t_att = 0.0
@@ -514,13 +516,18 @@ def _compiled() -> dict[str, Callable[..., Any]]:
             g1 = numba.njit(cache=True, inline="always")(_rebind(_g1, {"_axis": axis}))
             ceq = numba.njit(cache=True, inline="always")(_ceq)
             finish = numba.njit(cache=True, inline="always")(_finish)
+            aop = numba.njit(cache=True, inline="always")(_affine_op)
             att_src = _attention
             # inlined into their callers (numba IR inlining): a step's cost is a few table loads
             # and one small loop, so a call with 17 array arguments would cost as much again
             att = numba.njit(cache=True, inline="always")(_rebind(att_src, {"_g2": g2, "_ceq": ceq}))
-            row = numba.njit(cache=True, inline="always")(_rebind(tab_row, {"_attention": att, "_finish": finish}))
+            row = numba.njit(cache=True, inline="always")(
+                _rebind(tab_row, {"_attention": att, "_finish": finish, "_affine_op": aop})
+            )
             span_prep = numba.njit(cache=True, inline="always")(_rebind(tab_span_prep, {"_g2_row": g2_row}))
-            span_row = numba.njit(cache=True, inline="always")(_rebind(tab_span_row, {"_g1": g1, "_finish": finish}))
+            span_row = numba.njit(cache=True, inline="always")(
+                _rebind(tab_span_row, {"_g1": g1, "_finish": finish, "_affine_op": aop})
+            )
             rows = numba.njit(cache=True)(_rebind(tab_rows, {"tab_row": row}))
             _KERNELS.update(row=row, rows=rows, attention=att, g2=g2, span_prep=span_prep, span_row=span_row)
     return _KERNELS

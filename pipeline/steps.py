@@ -17,6 +17,17 @@ import numpy.typing as npt
 FloatArray = npt.NDArray[np.float64]
 IntArray = npt.NDArray[np.int64]
 
+#: The six fields of a StepBatch that describe a step (the ``*_window`` sums aside), in the order
+#: the tabulated step cost (pipeline/stepcost.py) takes them.
+STEP_FIELDS: tuple[str, ...] = (
+    "prefill_tokens",
+    "prefill_seqs",
+    "prefill_attn_pairs",
+    "prefill_kv_tokens",
+    "decode_seqs",
+    "decode_ctx_tokens",
+)
+
 #: Codes used in StepCost.binding and in the replay ``steps`` table.
 BINDING_NAMES: tuple[str, ...] = ("compute", "memory", "communication", "overhead")
 

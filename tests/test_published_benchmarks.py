@@ -18,6 +18,8 @@ from conftest import shared_path
 
 from pipeline.fleet import ResolvedFleet, load_fleet, resolve
 from pipeline.published import (
+    MLPERF_SYSTEMS,
+    TRTLLM_FLEETS,
     Comparison,
     NimPoint,
     TrtllmPoint,
@@ -37,21 +39,9 @@ from pipeline.replay import ReplayOptions, run_replay
 
 FLEETS = Path(__file__).resolve().parents[1] / "fleets"
 MLPERF_RESULTS = ("measurements", "mlperf-inference-v4.1", "closed", "NVIDIA", "results")
-MLPERF_SYSTEMS = {
-    "h100": "DGX-H100_H100-SXM-80GBx8_TRT/llama2-70b-99.9",
-    "h200": "H200-SXM-141GBx8_TRT/llama2-70b-99",
-}
 PUBLISHED = ("measurements", "published-benchmarks")
 NIM_CSV = "nim_llama33_70b_h100x2_fp8_tp2_isl5000_osl500.csv"
 TRTLLM_CSV = "tensorrt_llm_perf_overview_h100_h200.csv"
-TRTLLM_FLEETS = {
-    ("Llama-3.1-8B", "H100 SXM 80GB"): "trtllm-llama31-8b-h100",
-    ("Llama-3.1-8B", "H200 SXM 141GB"): "trtllm-llama31-8b-h200",
-    ("Llama-3.3-70B", "H100 SXM 80GB"): "trtllm-llama33-70b-h100-tp2",
-    ("Llama-3.3-70B", "H200 SXM 141GB"): "trtllm-llama33-70b-h200",
-    ("Llama-3.1-405B", "H100 SXM 80GB"): "trtllm-llama31-405b-h100-tp8",
-    ("Llama-3.1-405B", "H200 SXM 141GB"): "trtllm-llama31-405b-h200-tp8",
-}
 
 #: Bounds met by the catalog as shipped (docs/replay_validation.md has every error).
 MLPERF_OFFLINE_BOUND = 0.40  # measured +33 % (H100) and +38 % (H200): the replay is optimistic

@@ -24,7 +24,7 @@ from pipeline.engine.model import (
     initial_arrivals,
     reject_reasons,
 )
-from pipeline.steps import StepBatch, StepCostFn
+from pipeline.steps import STEP_FIELDS, StepBatch, StepCostFn
 
 
 @dataclass
@@ -190,17 +190,7 @@ class _RefReplica:
                 budget -= n_new
         assert scheduled, "a replica with work always schedules something"
 
-        row: dict[str, float] = dict.fromkeys(
-            (
-                "prefill_tokens",
-                "prefill_seqs",
-                "prefill_attn_pairs",
-                "prefill_kv_tokens",
-                "decode_seqs",
-                "decode_ctx_tokens",
-            ),
-            0.0,
-        )
+        row: dict[str, float] = dict.fromkeys(STEP_FIELDS, 0.0)
         for req, n in scheduled:
             if n == 1:
                 row["decode_seqs"] += 1

@@ -39,7 +39,16 @@ import numpy as np
 
 from pipeline.errors import ConfigError
 from pipeline.profile.tables import Profile, load_profile
-from pipeline.roofline import LOGIT_OPS, Deployment, _is_affine_op, comm_time, op_times, operators, roofline_affine
+from pipeline.roofline import (
+    LOGIT_OPS,
+    Deployment,
+    _is_affine_op,
+    add_roofline_terms,
+    comm_time,
+    op_times,
+    operators,
+    roofline_affine,
+)
 from pipeline.stepcost import N_TAB, TabulatedCost, grid_arrays, scalars
 from pipeline.steps import FloatArray, StepBatch
 
@@ -160,13 +169,7 @@ def measured_tables(
     kernels = np.zeros(t.size)  # kernel launches per step, for the eager host time
 
     def add_roofline(op: Any) -> None:
-        if op.kind == "comm":
-            tok[:, 2] += op.count * comm_time(hw, op)
-            return
-        t_c, t_m, t_f = op_times(hw, op)
-        tok[:, 0] += op.count * t_c
-        tok[:, 1] += op.count * t_m
-        tok[:, 3] += op.count * t_f
+        add_roofline_terms(tok, op, hw)
 
     def add_measured(op: Any, seconds: np.ndarray, column: int | None = None) -> None:
         s = np.where(busy, seconds, 0.0)
