@@ -248,7 +248,21 @@ def catalog_import_hf(config_json: str, name: str | None, hf_id: str, out: str |
 )
 @click.option("--block-size", default=16, show_default=True, type=int, help="KV-cache block size (tokens).")
 @click.option(
-    "--max-num-seqs", default=256, show_default=True, type=int, help="Sequences per batch (sizes activations)."
+    "--max-num-seqs",
+    default=None,
+    type=int,
+    help="Sequences per batch (default: vLLM's for the GPU; sizes the sampler).",
+)
+@click.option(
+    "--max-num-batched-tokens",
+    default=None,
+    type=int,
+    help="Token budget per step (default: vLLM's for the GPU; sizes the profile run's activation).",
+)
+@click.option(
+    "--vllm-version",
+    default=None,
+    help="vLLM release whose memory accounting to follow (default: pipeline.memory.DEFAULT_VLLM_VERSION).",
 )
 @json_option
 def fit_cmd(
@@ -261,10 +275,13 @@ def fit_cmd(
     context: int | None,
     gpu_memory_utilization: float,
     block_size: int,
-    max_num_seqs: int,
+    max_num_seqs: int | None,
+    max_num_batched_tokens: int | None,
+    vllm_version: str | None,
     as_json: bool,
 ) -> None:
     """Does a model fit a GPU setup, and how much KV cache is left? Exit 1 when it does not fit.
+    The KV cache is what vLLM's own accounting leaves (docs/catalog.md, "Memory fit").
 
     Example: rooftrace fit --model llama-3.1-70b --hardware h100-sxm --tp 4 --kv-dtype fp8 --context 32768
     """
@@ -278,7 +295,16 @@ def fit_cmd(
             load_model(model_name), load_hardware(hardware_name), tp=tp, pp=pp, weight_dtype=weight_dtype,
             kv_dtype=kv_dtype,
         )  # fmt: skip
-        f = fit(dep, gpu_memory_utilization, context, block_size, max_num_seqs)
+        from pipeline.fleet import vllm_batch_defaults
+        from pipeline.memory import DEFAULT_VLLM_VERSION
+
+        default_tokens, default_seqs = vllm_batch_defaults(dep.hardware)
+        tokens = max_num_batched_tokens if max_num_batched_tokens is not None else default_tokens
+        seqs = max_num_seqs if max_num_seqs is not None else min(default_seqs, tokens)
+        for name, value in (("--max-num-seqs", seqs), ("--max-num-batched-tokens", tokens)):
+            if value < 1:
+                raise RooftraceError(f"{name} must be >= 1, got {value}")
+        f = fit(dep, gpu_memory_utilization, context, block_size, seqs, tokens, vllm_version or DEFAULT_VLLM_VERSION)
         if as_json:
             emit_json(f.to_dict())
             return f.fits

@@ -314,3 +314,25 @@ def test_blocks_floor_like_vllm() -> None:
         per_layer = 2 * 8 * 128 * 2
         assert f.kv_capacity_blocks == math.floor(f.kv_pool_bytes_per_gpu / (block * per_layer) / 28)
         assert f.kv_capacity_tokens == f.kv_capacity_blocks * block
+
+
+def test_fit_command_uses_vllms_defaults_and_version() -> None:
+    # rooftrace fit sizes the profile run with vLLM's per-GPU defaults (2,048 tokens / 256 seqs
+    # on an RTX 4090) and the default accounting: the 4090 report's 2,590 blocks (row 24).
+    import json
+
+    from click.testing import CliRunner
+
+    from pipeline.cli import main
+
+    runner = CliRunner()
+    args = ["fit", "--model", "llama-3.1-8b", "--hardware", "rtx-4090", "--context", "16384", "--json"]
+    res = runner.invoke(main, args)
+    assert res.exit_code == 0, res.output
+    doc = json.loads(res.stdout)
+    assert (doc["max_num_batched_tokens"], doc["max_num_seqs"]) == (2048, 256)
+    assert doc["kv_capacity_blocks"] == pytest.approx(2588, rel=0.01)
+    older = json.loads(runner.invoke(main, [*args, "--vllm-version", "0.11.1"]).stdout)
+    assert older["kv_capacity_blocks"] < doc["kv_capacity_blocks"]  # the sort sampler's bigger peak
+    bad = runner.invoke(main, [*args, "--vllm-version", "banana"])
+    assert bad.exit_code == 1 and "vllm_version must look like" in bad.stderr
