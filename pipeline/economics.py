@@ -13,7 +13,7 @@ Two halves (docs/planning.md has the formulas and a worked example):
   (``pipeline/catalog/prices/*.toml``): fresh input at the input price, cache-hit input at the
   cached-input price, cache writes at the cache-write price, output at the output price.
 
-Token classes follow DESIGN.md §2: ``fresh_input_tokens`` (prefill work), ``cache_hit_tokens``
+Token classes follow docs/architecture.md (Vocabulary): ``fresh_input_tokens`` (prefill work), ``cache_hit_tokens``
 (served from a prefix cache) and ``output_tokens``.
 """
 

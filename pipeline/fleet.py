@@ -1,4 +1,4 @@
-"""FLEET.toml: the serving configuration a replay runs (DESIGN.md §3, docs/engine.md).
+"""FLEET.toml: the serving configuration a replay runs (docs/architecture.md, docs/engine.md).
 
 A fleet is N identical replicas of one model on one hardware type, each tensor/pipeline/expert
 parallel over ``tp × pp`` GPUs, behind a router, each running a continuous-batching engine whose

@@ -1,6 +1,6 @@
 """Prefix identity (block hash chains) and prefix-cache simulation.
 
-A request's cacheable prefix is a chain of block hashes (DESIGN.md §3). This module builds the
+A request's cacheable prefix is a chain of block hashes (docs/architecture.md, Prefix identity). This module builds the
 chains (:func:`build_chains`), simulates a block-granular LRU prefix cache explicitly
 (:class:`LRUPrefixCache`, one per replica in the replay engine) and in one pass for every
 capacity at once (:func:`request_distances`, :func:`lru_stack_distances`: Mattson stack distances

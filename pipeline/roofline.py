@@ -1,6 +1,6 @@
 """Roofline step-cost model: per-operator FLOPs and bytes, vectorised over N engine steps.
 
-For each operator of a step (DESIGN.md §3)::
+For each operator of a step (docs/catalog.md)::
 
     time = max(flops / (peak · compute_eff), bytes / (bandwidth · memory_eff))
 

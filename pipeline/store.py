@@ -1,6 +1,6 @@
 """The on-disk store: where each stage's Parquet lives, and a lock for writers.
 
-Layout (DESIGN.md §3)::
+Layout (docs/architecture.md, Data flow)::
 
     STORE/requests/date=YYYY-MM-DD/part-*.parquet   canonical requests (schema ``requests``)
     STORE/quarantine/date=YYYY-MM-DD/*.parquet       rejected records (schema ``quarantine``)

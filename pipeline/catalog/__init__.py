@@ -1,6 +1,6 @@
 """Hardware and model catalog: TOML data files, loaded into frozen, validated dataclasses.
 
-Layout (DESIGN.md §4, §5)::
+Layout (docs/architecture.md, Layout and House rules)::
 
     pipeline/catalog/hardware/<name>.toml   one accelerator (per GPU), every value with a source
     pipeline/catalog/models/<name>.toml     one model: a subset of its Hugging Face config.json

@@ -19,7 +19,7 @@ from pipeline.steps import FloatArray, IntArray
 
 U64Array = npt.NDArray[np.uint64]
 
-#: Routing policies (DESIGN.md §3 "Fleet"). Dispatch is by plain string comparison.
+#: Routing policies (docs/engine.md, "Arrivals and routing"). Dispatch is by plain string comparison.
 ROUTERS: tuple[str, ...] = ("round_robin", "least_outstanding", "session_affinity", "prefix_affinity")
 
 #: How requests are sent: the trace's arrival times, C closed-loop clients, or all at t=0.

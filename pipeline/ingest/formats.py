@@ -293,7 +293,7 @@ AZURE_FIELDS: Fields = {
 
 
 def _azure(flat: pl.DataFrame, ctx: Context) -> pl.DataFrame:
-    # No time zone in the trace (its SOURCE.md): read as UTC.
+    # No time zone in the trace (Azure's release states none): read as UTC.
     return to_candidate(flat.with_columns(arrival=parse_time(pl.col("arrival_raw"), "iso")))
 
 

@@ -34,7 +34,7 @@ MOE_DTYPES = ("bf16", "fp8", "fp8-block", "nvfp4", "mxfp4")
 #: Largest GEMM m kept: beyond any engine step (vLLM's token budget is at most a few ×10⁴).
 MAX_GEMM_M = 32768
 
-#: How each set's kernels were timed (their SOURCE.md files and meta.yaml).
+#: How each set's kernels were timed (AIConfigurator's collection_meta.yaml, LLMServingSim's meta.yaml).
 STACKS: dict[str, dict[str, Any]] = {
     "aiconfigurator": {
         "engine": "vLLM 0.24 (A100: 0.14) operators, timed one call at a time by AIConfigurator",

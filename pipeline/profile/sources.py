@@ -1,6 +1,6 @@
 """Readers of the public operator-measurement sets, into one normalised frame per operator family.
 
-Two layouts are read (each folder's SOURCE.md describes it; times are converted to seconds):
+Two layouts are read (times are converted to seconds):
 
 - **AIConfigurator** (``<gpu>/<family>/vllm/<version>/*.parquet`` and ``<gpu>/comm/nccl/<v>/``):
   vLLM's GEMMs by m × n × k and dtype, prefill ("context") and decode ("generation") attention by
@@ -198,7 +198,8 @@ def read_aiconfigurator(root: Path, out: Measurements) -> None:
                     f = f.filter(pl.col("window_size") == 0)
                 if "step" not in f.columns:
                     f = f.with_columns(step=pl.lit(0))
-                # decode rows: context is isl + step tokens (SOURCE.md); prefill rows: isl tokens
+                # decode rows: one step at context isl + step tokens (AIConfigurator's generation
+                # collector); prefill rows: isl tokens
                 size = (pl.col("isl") + pl.col("step")) if fam == "attn_decode" else pl.col("isl")
                 out.add(
                     fam,
