@@ -55,7 +55,8 @@ def lengths(n: int, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
             np.maximum(df["ContextTokens"].to_numpy()[idx], 1).astype(np.int64),
             np.maximum(df["GeneratedTokens"].to_numpy()[idx], 1).astype(np.int64),
         )
-    # Azure conv 2023 (Azure/AzurePublicDataset, AzureLLMInferenceTrace_conv): input mean 1155 / median 1020, output mean 211 / median 129.
+    # Azure conv 2023 (Azure/AzurePublicDataset, AzureLLMInferenceTrace_conv):
+    # input mean 1155 / median 1020, output mean 211 / median 129.
     p = rng.lognormal(np.log(1020), np.sqrt(2 * np.log(1155 / 1020)), n)
     o = rng.lognormal(np.log(129), np.sqrt(2 * np.log(211 / 129)), n)
     return np.clip(p, 1, 14050).astype(np.int64), np.clip(o, 1, 1000).astype(np.int64)

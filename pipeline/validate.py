@@ -1,6 +1,7 @@
 """Validate the roofline model against measured GPUs, and calibrate its efficiency factors.
 
-Measurement formats read (public sets: Vidur's profiling data, microsoft/vidur; Splitwise's perf model, Patel et al. ISCA 2024):
+Measurement formats read (public sets: Vidur's profiling data, microsoft/vidur; Splitwise's
+perf model, Patel et al. ISCA 2024):
 
 - Vidur ``mlp.csv``: per-operator kernel times (ms) of one transformer layer on one TP shard,
   by ``num_tokens``; the model shape comes from the row's own columns (n_head, n_kv_head, n_embd,

@@ -43,7 +43,8 @@ CACHE_TTL_S = 300.0
 #: median gap between a turn's answer and the next turn in seconds, median output tokens).
 #: Chosen, not measured: chat turns wait for a human (tens of seconds); agent turns wait for a
 #: tool call (seconds) and resend a tool result. First-turn lengths resemble the Azure 2023
-#: conversation trace (input median 1,020, output median 129 tokens; Azure/AzurePublicDataset, AzureLLMInferenceTrace_conv).
+#: conversation trace (input median 1,020, output median 129 tokens;
+#: Azure/AzurePublicDataset, AzureLLMInferenceTrace_conv).
 KINDS: dict[str, tuple[float, float, float, float, float]] = {
     "single": (0.35, 1.0, 0.0, 0.0, 150.0),
     "chat": (0.45, 4.0, 120.0, 25.0, 180.0),
