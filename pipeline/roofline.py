@@ -569,8 +569,9 @@ def roofline_cost(dep: Deployment, max_tokens: int = 32768) -> Any:
     """``step_cost(dep, ·)`` as a :class:`pipeline.stepcost.TabulatedCost` (tier 2: the roofline
     with the catalog's efficiency factors), for steps of up to ``max_tokens`` tokens; larger
     steps extend the tables on demand."""
-    from pipeline.stepcost import TabulatedCost, affine_cost, scalars
+    from pipeline.stepcost import TabulatedCost, affine_cost, scalars, table_size
 
+    max_tokens = table_size(max_tokens)
     tok, logit = roofline_tables(dep, max_tokens)
     aff = roofline_affine(dep)
     hw = dep.hardware

@@ -119,6 +119,7 @@ class TabulatedCost:
         for j, name in enumerate(STEP_FIELDS):
             x[:, j] = getattr(batch, name)
         need = int(max(np.max(x[:, 0] + x[:, 4], initial=0.0), np.max(x[:, 1] + x[:, 4], initial=0.0)))
+        need = min(need, MAX_TABLE_TOKENS)
         cost = self
         if need > self.max_tokens:
             if self.extend is None:
@@ -197,6 +198,22 @@ def _g1(lb: FloatArray, row: FloatArray, ea: float, qb: float) -> float:
     return float(np.exp((1.0 - v) * row[j0] + v * row[j1] + (ea + eb)))
 
 
+#: Tables are built for at most this many tokens (and sampled positions); steps beyond them are
+#: extrapolated linearly from the last two rows (:func:`_tab`). Every operator is linear in the
+#: tokens there — GEMMs compute-bound, elementwise kernels and collectives proportional to the
+#: bytes, every MoE expert touched, measured curves proportional above their largest size — and a
+#: token budget of 10⁹ then costs two 65,537-row tables, not 10⁹-row ones.
+MAX_TABLE_TOKENS = 65536
+
+
+def _tab(tab: FloatArray, i: int, c: int) -> float:
+    """Column ``c`` of a token or logits table at ``i``, extrapolated linearly past its end."""
+    last = tab.shape[0] - 1
+    if i <= last:
+        return float(tab[i, c])
+    return float(tab[last, c] + (i - last) * (tab[last, c] - tab[last - 1, c]))
+
+
 def _affine_op(
     f: float, b: float, count: float, peak: float, has_peak: bool, bw: float, min_kernel: float
 ) -> tuple[int, float]:
@@ -214,6 +231,16 @@ def _affine_op(
 
 def _ceq(pairs: float) -> float:
     return float((np.sqrt(8.0 * pairs + 1.0) - 1.0) / 2.0)
+
+
+def _prefill(pla: FloatArray, plb: FloatArray, plt: FloatArray, seqs: float, chunk: float) -> float:
+    """The prefill grid at ``seqs`` prompts of ``chunk`` tokens. Past the longest measured prompt
+    the time grows with the causal pairs, chunk·(chunk+1)/2 — quadratic, not the grid's
+    proportional extrapolation (pipeline/profile/attention.py, ``prefill_grid_time``)."""
+    top = float(np.exp(plb[plb.shape[0] - 1]))
+    if chunk <= top:
+        return _g2(pla, plb, plt, seqs, chunk)
+    return _g2(pla, plb, plt, seqs, top) * (chunk * (chunk + 1.0)) / (top * (top + 1.0))
 
 
 def _attention(
@@ -237,12 +264,12 @@ def _attention(
             o = max((p - c * (c + 1.0) / 2.0) / c, 0.0)
             cp = max(c, tile)
             p = cp * o + cp * (cp + 1.0) / 2.0
-        t += _g2(pla, plb, plt, ps, _ceq(p))
+        t += _prefill(pla, plb, plt, ps, _ceq(p))
     if ds > 0:
         k = max(x[5] / ds, 1.0)
         d = _g2(dla, dlb, dlt, ds, k)
         if ps > 0 and tile > 0:
-            d = max(d, _g2(pla, plb, plt, ds, _ceq(tile * k + tile * (tile + 1.0) / 2.0)))
+            d = max(d, _prefill(pla, plb, plt, ds, _ceq(tile * k + tile * (tile + 1.0) / 2.0)))
         t += d
     return t
 
@@ -277,14 +304,14 @@ def tab_row(
         return 0
     ti = int(T)
     ni = int(n)
-    compute = tok[ti, 0] + logit[ni, 0]
-    memory = tok[ti, 1] + logit[ni, 1]
-    comm = tok[ti, 2] + logit[ni, 2]
-    floors = tok[ti, 3] + logit[ni, 3]
-    flops = tok[ti, 4] + logit[ni, 4]
-    nbytes = tok[ti, 5] + logit[ni, 5]
-    measured = tok[ti, 6] + logit[ni, 6]
-    host_extra = tok[ti, 7] + logit[ni, 7]
+    compute = _tab(tok, ti, 0) + _tab(logit, ni, 0)
+    memory = _tab(tok, ti, 1) + _tab(logit, ni, 1)
+    comm = _tab(tok, ti, 2) + _tab(logit, ni, 2)
+    floors = _tab(tok, ti, 3) + _tab(logit, ni, 3)
+    flops = _tab(tok, ti, 4) + _tab(logit, ni, 4)
+    nbytes = _tab(tok, ti, 5) + _tab(logit, ni, 5)
+    measured = _tab(tok, ti, 6) + _tab(logit, ni, 6)
+    host_extra = _tab(tok, ti, 7) + _tab(logit, ni, 7)
     a_comp = 0.0
     a_mem = 0.0
     a_floor = 0.0
@@ -385,14 +412,8 @@ def tab_span_prep(
     the grid's batch factor; ``pf``/``pb``: each affine operator's FLOPs and bytes before the
     context term; ``row``: the decode grid at this batch)."""
     ti = int(nr)
-    pre[0] = tok[ti, 0] + logit[ti, 0]
-    pre[1] = tok[ti, 1] + logit[ti, 1]
-    pre[2] = tok[ti, 2] + logit[ti, 2]
-    pre[3] = tok[ti, 3] + logit[ti, 3]
-    pre[4] = tok[ti, 4] + logit[ti, 4]
-    pre[5] = tok[ti, 5] + logit[ti, 5]
-    pre[6] = tok[ti, 6] + logit[ti, 6]
-    pre[7] = tok[ti, 7] + logit[ti, 7]
+    for c in range(8):
+        pre[c] = _tab(tok, ti, c) + _tab(logit, ti, c)
     for i in range(af.shape[0]):
         pf[i] = af[i, 0] + af[i, 5] * nr
         pb[i] = ab[i, 0] + ab[i, 5] * nr
@@ -507,10 +528,16 @@ def _compiled() -> dict[str, Callable[..., Any]]:
             import numba
         except ImportError:  # pragma: no cover - numba is a runtime dependency
             _KERNELS.update(
-                row=tab_row, rows=tab_rows, attention=_attention, g2=_g2, span_prep=tab_span_prep, span_row=tab_span_row
+                row=tab_row,
+                rows=tab_rows,
+                attention=_attention,
+                g2=_g2,
+                span_prep=tab_span_prep,
+                span_row=tab_span_row,
             )
         else:
             axis = numba.njit(cache=True, inline="always")(_axis)
+            tab = numba.njit(cache=True, inline="always")(_tab)
             g2 = numba.njit(cache=True, inline="always")(_rebind(_g2, {"_axis": axis}))
             g2_row = numba.njit(cache=True, inline="always")(_rebind(_g2_row, {"_axis": axis}))
             g1 = numba.njit(cache=True, inline="always")(_rebind(_g1, {"_axis": axis}))
@@ -520,11 +547,16 @@ def _compiled() -> dict[str, Callable[..., Any]]:
             att_src = _attention
             # inlined into their callers (numba IR inlining): a step's cost is a few table loads
             # and one small loop, so a call with 17 array arguments would cost as much again
-            att = numba.njit(cache=True, inline="always")(_rebind(att_src, {"_g2": g2, "_ceq": ceq}))
-            row = numba.njit(cache=True, inline="always")(
-                _rebind(tab_row, {"_attention": att, "_finish": finish, "_affine_op": aop})
+            pre_fill = numba.njit(cache=True, inline="always")(_rebind(_prefill, {"_g2": g2}))
+            att = numba.njit(cache=True, inline="always")(
+                _rebind(att_src, {"_g2": g2, "_ceq": ceq, "_prefill": pre_fill})
             )
-            span_prep = numba.njit(cache=True, inline="always")(_rebind(tab_span_prep, {"_g2_row": g2_row}))
+            row = numba.njit(cache=True, inline="always")(
+                _rebind(tab_row, {"_attention": att, "_finish": finish, "_affine_op": aop, "_tab": tab})
+            )
+            span_prep = numba.njit(cache=True, inline="always")(
+                _rebind(tab_span_prep, {"_g2_row": g2_row, "_tab": tab})
+            )
             span_row = numba.njit(cache=True, inline="always")(
                 _rebind(tab_span_row, {"_g1": g1, "_finish": finish, "_affine_op": aop})
             )
@@ -564,6 +596,11 @@ def span_kernels() -> tuple[Callable[..., Any], Callable[..., Any]]:
 # building tables
 
 
+def table_size(tokens: int) -> int:
+    """Rows (less one) to tabulate for steps of up to ``tokens``: capped at MAX_TABLE_TOKENS."""
+    return max(1, min(int(tokens), MAX_TABLE_TOKENS))
+
+
 def grid_arrays(grid: Any | None) -> tuple[FloatArray, FloatArray, FloatArray]:
     """A pipeline.profile.interp.Grid2 as the kernel's (log a, log b, log t) arrays."""
     if grid is None:
@@ -597,7 +634,7 @@ def affine_cost(
     zeros = np.zeros((max_tokens + 1, N_TAB))
 
     def extend(t: int) -> TabulatedCost:
-        return affine_cost(flops, nbytes, count, peak, has_peak, bw, sc, max(t, 2 * max_tokens))
+        return affine_cost(flops, nbytes, count, peak, has_peak, bw, sc, table_size(max(t, 2 * max_tokens)))
 
     return TabulatedCost(
         tok=zeros,

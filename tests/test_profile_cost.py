@@ -670,3 +670,38 @@ def test_measured_share_of_a_step_beyond_the_tables() -> None:
     share, want = (float(v) for v in run.stdout.split())
     assert 0.0 < want <= 1.0
     assert share == pytest.approx(want, rel=1e-9)
+
+
+def test_steps_beyond_the_tables_are_extrapolated_exactly_for_the_roofline() -> None:
+    # A token budget of 10^6 must not build 10^6-row tables: they stop at MAX_TABLE_TOKENS and
+    # the kernel extrapolates linearly, which for the roofline (linear in T out there) is exact.
+    from pipeline.roofline import prefill_batch, roofline_cost, step_cost
+    from pipeline.stepcost import MAX_TABLE_TOKENS
+
+    dep = _dep("llama-3.1-8b", "h100-sxm")
+    cost = roofline_cost(dep, max_tokens=1_000_000)
+    assert cost.max_tokens == MAX_TABLE_TOKENS
+    batch = prefill_batch([70_000.0, 200_000.0, 1_000_000.0])
+    np.testing.assert_allclose(cost(batch).time_s, step_cost(dep, batch).time_s, rtol=1e-9)
+
+
+def test_prefill_attention_past_the_longest_measured_prompt_grows_with_the_pairs() -> None:
+    # Beyond the grid's longest prompt the prefill part scales with c(c+1)/2, not with c.
+    from pipeline.profile.attention import prefill_grid_time
+
+    prof = load_profile("h100-sxm")
+    assert prof is not None
+    grid = prof.attention_grid("attn_prefill", "bf16", 32, 8, 128)
+    assert grid is not None
+    top = float(grid.b[-1])
+    t_top = float(prefill_grid_time(grid, np.array([1.0]), np.array([top]))[0])
+    t_4x = float(prefill_grid_time(grid, np.array([1.0]), np.array([4 * top]))[0])
+    assert t_4x / t_top == pytest.approx(4 * top * (4 * top + 1) / (top * (top + 1)), rel=1e-12)
+    # the compiled kernel agrees: a 2x-longest prompt alone
+    cost = measured_cost(_dep("llama-3.1-8b", "h100-sxm"), prof, max_tokens=40_000)
+    args = cost.kernel_args
+    att = stepcost._compiled()["attention"]
+    c = 2 * top
+    x = np.array([c, 1.0, c * (c + 1) / 2, c, 0.0, 0.0])
+    want = float(prefill_grid_time(grid, np.array([1.0]), np.array([c]))[0])
+    assert att(x, *args[8:14], 0.0) == pytest.approx(want, rel=1e-9)

@@ -22,7 +22,7 @@ import numpy as np
 
 from pipeline.engine.model import EngineResult, FleetSpec, Workload, reject_reasons
 from pipeline.engine.steplog import StepLog
-from pipeline.stepcost import TabulatedCost
+from pipeline.stepcost import MAX_TABLE_TOKENS, TabulatedCost
 from pipeline.steps import StepCostFn
 
 #: Largest scheduler state (block tables, block pool, prefix-cache table) the jit engine
@@ -37,7 +37,8 @@ def _tables(cost: StepCostFn, spec: FleetSpec) -> TabulatedCost | None:
     if not isinstance(cost, TabulatedCost):
         return None
     cfg = spec.scheduler
-    need = max(cfg.max_num_batched_tokens, cfg.max_num_seqs) + 1
+    # beyond MAX_TABLE_TOKENS the kernel extrapolates (stepcost._tab)
+    need = min(max(cfg.max_num_batched_tokens, cfg.max_num_seqs) + 1, MAX_TABLE_TOKENS)
     if cost.max_tokens < need:
         if cost.extend is None:
             return None

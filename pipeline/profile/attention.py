@@ -12,9 +12,10 @@ one onto the other (each judged against measured batches in docs/validation.md):
 - **prefill over a cached prefix**: a chunk of ``c`` queries at offset ``o`` does the work of
   ``pairs = c·o + c(c+1)/2`` query-key pairs; it costs what the prefill table says for the
   prompt length with the same number of causal pairs, ``c_eq = (√(8·pairs+1) − 1)/2``, at the
-  same batch (LLMServingSim: within a few % for chunks ≥ 256 tokens). Chunks shorter than the
-  kernel's query tile are padded to it (``tile``: below it a chunk costs what a tile-long chunk
-  costs — measured flat on both RTX cards).
+  same batch (LLMServingSim: within a few % for chunks ≥ 256 tokens); past the longest
+  measured prompt it grows with the pairs (quadratic), not in proportion to the length.
+  Chunks shorter than the kernel's query tile are padded to it (``tile``: below it a chunk costs
+  what a tile-long chunk costs — measured flat on both RTX cards).
 - **mixed steps**: prefill part + decode part. vLLM runs them in one varlen kernel; with
   FlashAttention-2 kernels (``tile > 0``) the decodes then lose the split-KV decode path and each
   costs at least what a tile-long chunk at its context costs: ``max(D(n, k), P(n, c_eq(tile, k)))``.
@@ -32,6 +33,15 @@ from pipeline.profile.interp import FloatArray, Grid2
 def equivalent_chunk(pairs: FloatArray) -> FloatArray:
     """Prompt length whose causal attention has ``pairs`` query-key pairs."""
     return np.asarray((np.sqrt(8.0 * np.asarray(pairs, dtype=np.float64) + 1.0) - 1.0) / 2.0)
+
+
+def prefill_grid_time(grid: Grid2, seqs: FloatArray, chunk: FloatArray) -> FloatArray:
+    """``grid`` at ``seqs`` prompts of ``chunk`` tokens; past the longest measured prompt the
+    time grows with the causal pairs (quadratic), not in proportion to the length."""
+    c = np.asarray(chunk, dtype=np.float64)
+    top = float(grid.b[-1])
+    inside = grid(seqs, np.minimum(c, top))
+    return np.asarray(np.where(c > top, inside * (c * (c + 1.0)) / (top * (top + 1.0)), inside))
 
 
 def decode_time(grid: Grid2, seqs: FloatArray, ctx_tokens: FloatArray) -> FloatArray:
@@ -59,7 +69,7 @@ def prefill_time(
         o = np.maximum((p - c * (c + 1.0) / 2.0) / c, 0.0)
         cp = np.maximum(c, tile)
         p = cp * o + cp * (cp + 1.0) / 2.0
-    t = grid(safe, equivalent_chunk(p))
+    t = prefill_grid_time(grid, safe, equivalent_chunk(p))
     return np.where(s > 0, t, 0.0)
 
 
@@ -73,7 +83,7 @@ def mixed_decode_time(
     s = np.asarray(seqs, dtype=np.float64)
     safe = np.where(s > 0, s, 1.0)
     k = np.maximum(np.asarray(ctx_tokens, dtype=np.float64) / safe, 1.0)
-    as_chunk = prefill(safe, equivalent_chunk(tile * k + tile * (tile + 1.0) / 2.0))
+    as_chunk = prefill_grid_time(prefill, safe, equivalent_chunk(tile * k + tile * (tile + 1.0) / 2.0))
     return np.where(s > 0, np.maximum(d, as_chunk), 0.0)
 
 

@@ -49,7 +49,7 @@ from pipeline.roofline import (
     operators,
     roofline_affine,
 )
-from pipeline.stepcost import N_TAB, TabulatedCost, grid_arrays, scalars
+from pipeline.stepcost import N_TAB, TabulatedCost, grid_arrays, scalars, table_size
 from pipeline.steps import FloatArray, StepBatch
 
 #: Host time of one engine step that asynchronous scheduling hides behind the GPU's work (the
@@ -343,6 +343,7 @@ def measured_cost(
 ) -> TabulatedCost:
     """The deployment's step cost from its GPU's profile (module doc)."""
     m, hw = dep.model, dep.hardware
+    max_tokens = table_size(max_tokens)
     tok, logit, cov = measured_tables(dep, prof, max_tokens, max_num_seqs)
     aff = roofline_affine(dep)
     grids_ok = not m.is_mla and m.num_sliding_layers == 0
