@@ -494,8 +494,9 @@ def calibrate_cmd(measurements: str, hardware: str | None, out: str | None, as_j
             _calibrate_profiles(source, hardware, out, as_json)
             return
         if hardware is None:
+            what = "holds no AIConfigurator or LLMServingSim set; a" if source.is_dir() else "a"
             raise RooftraceError(
-                f"{source}: a Vidur or Splitwise table needs --hardware (the GPU whose factors to fit)"
+                f"{source}: {what} Vidur or Splitwise table needs --hardware (the GPU whose factors to fit)"
             )
         from pipeline.validate import calibrate, write_calibrated
 

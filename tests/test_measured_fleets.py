@@ -170,13 +170,17 @@ def test_calibrate_and_validate_commands_on_profile_sets(tmp_path: Path) -> None
         (["validate", "--measurements", "/no/such/folder"], "no such file or folder"),
         (["calibrate", "--measurements", "{csv}"], "needs --hardware"),
         (["calibrate", "--measurements", "{meas}", "--hardware", "no-such-gpu"], "no hardware named"),
+        (["calibrate", "--measurements", "{meas}", "--out", "{csv}"], "cannot write the profile"),
+        (["calibrate", "--measurements", "{empty}"], "holds no AIConfigurator or LLMServingSim set"),
     ],
 )
 def test_calibrate_and_validate_errors_are_one_line(tmp_path: Path, args: list[str], message: str) -> None:
     csv = tmp_path / "perf_model.csv"
     csv.write_text("a,b\n1,2\n")
     meas = _tiny_aiconfigurator(tmp_path / "meas")
-    argv = [a.format(csv=csv, meas=meas) for a in args]
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    argv = [a.format(csv=csv, meas=meas, empty=empty) for a in args]
     res = CliRunner().invoke(main, argv)
     assert res.exit_code == 1
     assert message in res.stderr and len(res.stderr.strip().splitlines()) == 1

@@ -23,6 +23,7 @@ from typing import Any
 
 import polars as pl
 
+from pipeline.errors import ConfigError
 from pipeline.profile.sources import Measurements, read_measurements
 from pipeline.profile.tables import FAMILY_FILES, PROFILES_DIR
 from pipeline.schemas import atomic_write_bytes
@@ -184,6 +185,20 @@ def meta_toml(
 
 
 def write_profile(
+    folder: Path,
+    gpu: str,
+    frames: dict[str, pl.DataFrame],
+    selection: dict[str, str],
+    fitted: dict[str, Any],
+    heldout: dict[str, Any],
+) -> BuiltProfile:
+    try:
+        return _write_profile(folder, gpu, frames, selection, fitted, heldout)
+    except OSError as exc:
+        raise ConfigError(f"{folder}: cannot write the profile: {exc.strerror or exc}") from None
+
+
+def _write_profile(
     folder: Path,
     gpu: str,
     frames: dict[str, pl.DataFrame],
