@@ -183,4 +183,5 @@ def test_calibrate_and_validate_errors_are_one_line(tmp_path: Path, args: list[s
     argv = [a.format(csv=csv, meas=meas, empty=empty) for a in args]
     res = CliRunner().invoke(main, argv)
     assert res.exit_code == 1
-    assert message in res.stderr and len(res.stderr.strip().splitlines()) == 1
+    errors = [line for line in res.stderr.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1 and message in errors[0] and "Traceback" not in res.stderr
