@@ -192,39 +192,29 @@ def write_profile(
     fitted: dict[str, Any],
     heldout: dict[str, Any],
 ) -> BuiltProfile:
+    """Write one profile folder (tables first, profile.toml last); OSError becomes a one-line error."""
     try:
-        return _write_profile(folder, gpu, frames, selection, fitted, heldout)
+        folder.mkdir(parents=True, exist_ok=True)
+        rows: dict[str, int] = {}
+        files: set[str] = set()
+        sets: set[str] = set()
+        for fam, frame in frames.items():
+            # float32 would halve the files but change the numbers a profile was judged on
+            buf = io.BytesIO()
+            frame.write_parquet(buf, compression="zstd", compression_level=19, statistics=False)
+            atomic_write_bytes(folder / FAMILY_FILES[fam], buf.getvalue())
+            rows[fam] = frame.height
+            files.update(frame["source"].unique().to_list())
+            sets.update(frame["set"].unique().to_list())
+        for fam, fname in FAMILY_FILES.items():
+            if fam not in frames and (folder / fname).exists():
+                (folder / fname).unlink()
+        stack = {f"{s}_{k}": v for s in sorted(sets) for k, v in STACKS[s].items()}
+        text = meta_toml(gpu, stack, sorted(files), rows, selection, fitted, heldout)
+        atomic_write_bytes(folder / "profile.toml", text.encode())
+        return BuiltProfile(gpu, folder, rows, heldout)
     except OSError as exc:
         raise ConfigError(f"{folder}: cannot write the profile: {exc.strerror or exc}") from None
-
-
-def _write_profile(
-    folder: Path,
-    gpu: str,
-    frames: dict[str, pl.DataFrame],
-    selection: dict[str, str],
-    fitted: dict[str, Any],
-    heldout: dict[str, Any],
-) -> BuiltProfile:
-    folder.mkdir(parents=True, exist_ok=True)
-    rows: dict[str, int] = {}
-    files: set[str] = set()
-    sets: set[str] = set()
-    for fam, frame in frames.items():
-        # float32 would halve the files but change the numbers a profile was judged on
-        buf = io.BytesIO()
-        frame.write_parquet(buf, compression="zstd", compression_level=19, statistics=False)
-        atomic_write_bytes(folder / FAMILY_FILES[fam], buf.getvalue())
-        rows[fam] = frame.height
-        files.update(frame["source"].unique().to_list())
-        sets.update(frame["set"].unique().to_list())
-    for fam, fname in FAMILY_FILES.items():
-        if fam not in frames and (folder / fname).exists():
-            (folder / fname).unlink()
-    stack = {f"{s}_{k}": v for s in sorted(sets) for k, v in STACKS[s].items()}
-    text = meta_toml(gpu, stack, sorted(files), rows, selection, fitted, heldout)
-    atomic_write_bytes(folder / "profile.toml", text.encode())
-    return BuiltProfile(gpu, folder, rows, heldout)
 
 
 def build_profiles(

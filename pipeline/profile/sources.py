@@ -329,19 +329,21 @@ def read_llmservingsim(root: Path, out: Measurements) -> None:
         def src(path: Path, base: Path = base) -> str:
             return str(path.relative_to(base))
 
-        common: list[pl.Expr] = [
-            pl.lit(gpu).alias("gpu"),
-            pl.lit("llmservingsim").alias("set"),
-        ]
+        def ident(path: Path, gpu: str = gpu, model_name: str = model_name, tp: int = tp) -> list[pl.Expr]:
+            """The columns naming a row's GPU, set, source file, model and TP shard."""
+            return [
+                pl.lit(gpu).alias("gpu"),
+                pl.lit("llmservingsim").alias("set"),
+                pl.lit(src(path)).alias("source"),
+                pl.lit(model_name).alias("model"),
+                pl.lit(tp).cast(pl.Int64).alias("tp"),
+            ]
         dense = tp_dir / "dense.csv"
         if dense.exists():
             f = _read_csv(dense, ["layer", "tokens", "time_us"])
             out.files.append(src(dense))
             ops = f.select(
-                *common,
-                pl.lit(src(dense)).alias("source"),
-                pl.lit(model_name).alias("model"),
-                pl.lit(tp).cast(pl.Int64).alias("tp"),
+                *ident(dense),
                 pl.col("layer").alias("op"),
                 pl.col("tokens").cast(pl.Int64).alias("size"),
                 (pl.col("time_us") * 1e-6).alias("time_s"),
@@ -370,10 +372,7 @@ def read_llmservingsim(root: Path, out: Measurements) -> None:
             out.add(
                 "model_ops",
                 f.select(
-                    *common,
-                    pl.lit(src(per_seq)).alias("source"),
-                    pl.lit(model_name).alias("model"),
-                    pl.lit(tp).cast(pl.Int64).alias("tp"),
+                    *ident(per_seq),
                     pl.col("layer").alias("op"),
                     pl.col("sequences").cast(pl.Int64).alias("size"),
                     (pl.col("time_us") * 1e-6).alias("time_s"),
@@ -386,10 +385,7 @@ def read_llmservingsim(root: Path, out: Measurements) -> None:
             nq = model.num_attention_heads // tp
             nkv = max(1, model.num_kv_heads // tp)
             mixed = f.select(
-                *common,
-                pl.lit(src(attn)).alias("source"),
-                pl.lit(model_name).alias("model"),
-                pl.lit(tp).cast(pl.Int64).alias("tp"),
+                *ident(attn),
                 pl.lit(nq).cast(pl.Int64).alias("nq"),
                 pl.lit(nkv).cast(pl.Int64).alias("nkv"),
                 pl.lit(model.head_dim).cast(pl.Int64).alias("d"),
@@ -435,10 +431,7 @@ def read_llmservingsim(root: Path, out: Measurements) -> None:
             out.add(
                 "moe_touched",
                 f.select(
-                    *common,
-                    pl.lit(src(moe)).alias("source"),
-                    pl.lit(model_name).alias("model"),
-                    pl.lit(tp).cast(pl.Int64).alias("tp"),
+                    *ident(moe),
                     pl.col("tokens").cast(pl.Int64),
                     pl.col("activated_experts").cast(pl.Int64).alias("experts_touched"),
                     (pl.col("time_us") * 1e-6).alias("time_s"),
