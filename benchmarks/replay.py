@@ -7,6 +7,8 @@ Poisson arrivals, a 16-replica fleet of Llama-3.1-8B on H100 (KV capacity from m
     python benchmarks/replay.py                                      # 1,000,000 requests, jit
     python benchmarks/replay.py --cost measured                      # H100's measured profile
     python benchmarks/replay.py --cost measured --model qwen3-30b-a3b  # a MoE fleet, measured
+    python benchmarks/replay.py --cost measured --model qwen3-30b-a3b --replicas 8 --dp 2 --ep 2
+                                                        # dp 2 x ep 2 ranks in lockstep
     python benchmarks/replay.py --requests 20000 --cost roofline     # with the roofline model
     python benchmarks/replay.py --requests 20000 --engine fast       # the Python span engine
     python benchmarks/replay.py --reference 2000                     # engine vs reference
@@ -70,6 +72,8 @@ def main() -> None:
     ap.add_argument("--cost", choices=["linear", "roofline", "measured"], default="linear")
     ap.add_argument("--model", default="llama-3.1-8b", help="catalog model (qwen3-30b-a3b: a MoE fleet)")
     ap.add_argument("--hardware", default="h100-sxm")
+    ap.add_argument("--dp", type=int, default=1, help="data-parallel ranks per replica (MoE: lockstep)")
+    ap.add_argument("--ep", type=int, default=1, help="expert parallel size (1 or tp x dp)")
     ap.add_argument("--router", default="round_robin")
     ap.add_argument("--engine", choices=["jit", "fast"], default="jit")
     ap.add_argument("--reference", type=int, default=0, help="also time the reference on N requests")
@@ -83,6 +87,8 @@ def main() -> None:
                 "model": args.model,
                 "hardware": args.hardware,
                 "replicas": args.replicas,
+                "dp": args.dp,
+                "ep": args.ep,
                 "router": args.router,
                 "engine": {"max_model_len": 16384},
             },
@@ -105,10 +111,10 @@ def main() -> None:
     rng = np.random.default_rng(0)
     n = args.requests
     prompt, output = lengths(n, rng)
-    rate = args.rate if args.rate is not None else 6.0 * args.replicas
+    rate = args.rate if args.rate is not None else 6.0 * fleet.ranks
     arrival = np.cumsum(rng.exponential(1.0 / rate, n))
     work = Workload(arrival_s=arrival, prompt_tokens=prompt, output_tokens=output)
-    spec = FleetSpec(replicas=args.replicas, scheduler=fleet.scheduler, router=args.router)
+    spec = FleetSpec(replicas=fleet.ranks, scheduler=fleet.scheduler, router=args.router, lockstep=fleet.lockstep)
     t0 = time.perf_counter()
     engine(Workload(arrival_s=arrival[:10], prompt_tokens=prompt[:10], output_tokens=output[:10]), spec, cost)
     warm = time.perf_counter() - t0
@@ -118,7 +124,10 @@ def main() -> None:
     wall = time.perf_counter() - t0
     rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024**2
     ok = res.reject_reason == 0
-    print(f"requests            {n:,} ({ok.sum():,} finished) on {args.replicas} replicas, {args.router}")
+    print(
+        f"requests            {n:,} ({ok.sum():,} finished) on {args.replicas} replicas x dp {args.dp} "
+        f"(lockstep groups of {fleet.lockstep}), {args.router}"
+    )
     print(f"engine              {args.engine} (warm-up on 10 requests {warm:.2f} s)")
     print(f"model               {args.model} on {args.hardware}")
     print(f"cost model          {args.cost} (tables built in {t_build:.2f} s)")

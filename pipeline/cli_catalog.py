@@ -236,6 +236,10 @@ def catalog_import_hf(config_json: str, name: str | None, hf_id: str, out: str |
 @click.option("--hardware", "hardware_name", required=True, help="Catalog hardware name (or a .toml path).")
 @click.option("--tp", default=1, show_default=True, type=int, help="Tensor-parallel GPUs.")
 @click.option("--pp", default=1, show_default=True, type=int, help="Pipeline-parallel stages.")
+@click.option(
+    "--dp", default=1, show_default=True, type=int, help="Data-parallel ranks (MoE: experts over tp x dp GPUs)."
+)
+@click.option("--ep", default=1, show_default=True, type=int, help="Expert-parallel size: 1 or tp x dp.")
 @click.option("--weights", "weight_dtype", default="bf16", show_default=True, help="Weight format (dtypes.toml).")
 @click.option("--kv-dtype", default="bf16", show_default=True, help="KV-cache dtype: bf16, fp16 or fp8.")
 @click.option("--context", type=int, default=None, help="Context length to fit (default: the model's maximum).")
@@ -270,6 +274,8 @@ def fit_cmd(
     hardware_name: str,
     tp: int,
     pp: int,
+    dp: int,
+    ep: int,
     weight_dtype: str,
     kv_dtype: str,
     context: int | None,
@@ -292,8 +298,8 @@ def fit_cmd(
         from pipeline.roofline import Deployment
 
         dep = Deployment(
-            load_model(model_name), load_hardware(hardware_name), tp=tp, pp=pp, weight_dtype=weight_dtype,
-            kv_dtype=kv_dtype,
+            load_model(model_name), load_hardware(hardware_name), tp=tp, pp=pp, ep=ep, dp=dp,
+            weight_dtype=weight_dtype, kv_dtype=kv_dtype,
         )  # fmt: skip
         from pipeline.fleet import vllm_batch_defaults
         from pipeline.memory import DEFAULT_VLLM_VERSION
@@ -308,8 +314,9 @@ def fit_cmd(
         if as_json:
             emit_json(f.to_dict())
             return f.fits
+        ranks = f" per rank, dp {dp} ranks, ep {ep}" if dp > 1 else ""
         click.echo(
-            f"{f.model} on {tp * pp}x {f.hardware} (tp {tp}, pp {pp}), weights {weight_dtype}, "
+            f"{f.model} on {tp * pp}x {f.hardware} (tp {tp}, pp {pp}{ranks}), weights {weight_dtype}, "
             f"KV {kv_dtype}, "
             f"context {f.context:,}"
         )

@@ -75,8 +75,7 @@ def replay_cmd(
     )
     tput = s["output_tokens_per_s"]
     click.echo(
-        f"makespan {s['makespan_s']:,.1f} s; decode {tput or 0:,.0f} output tokens/s; "
-        f"preemptions {s['preemptions']:,}"
+        f"makespan {s['makespan_s']:,.1f} s; decode {tput or 0:,.0f} output tokens/s; preemptions {s['preemptions']:,}"
     )
     for name in ("ttft_s", "tpot_s", "e2e_s"):
         st = s[name]

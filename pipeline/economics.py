@@ -508,7 +508,8 @@ def run_cost(
         min(writes, float(prompt.sum() - hits.sum())),
     )
     hw = dep.hardware
-    gpus = int(config["resolved"]["fleet"]["replicas"]) * dep.gpus
+    fleet_cfg = config["resolved"]["fleet"]
+    gpus = int(fleet_cfg["replicas"]) * int(fleet_cfg.get("dp", 1)) * dep.gpus
     gpu = GpuCost(
         hardware=hw.name,
         gpus=gpus,

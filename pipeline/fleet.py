@@ -1,8 +1,9 @@
 """FLEET.toml: the serving configuration a replay runs (docs/architecture.md, docs/engine.md).
 
 A fleet is N identical replicas of one model on one hardware type, each tensor/pipeline/expert
-parallel over ``tp × pp`` GPUs, behind a router, each running a continuous-batching engine whose
-settings carry vLLM's names and defaults::
+parallel over ``tp × pp`` GPUs (times ``dp`` attention data-parallel ranks, each with its own
+scheduler; an MoE model's ranks step in lockstep), behind a router, each running a
+continuous-batching engine whose settings carry vLLM's names and defaults::
 
     name = "default"
     model = "llama-3.1-8b"          # catalog name (pipeline/catalog/models)
@@ -40,6 +41,8 @@ from pipeline.memory import DEFAULT_VLLM_VERSION, MemoryFit, fit, parse_vllm_ver
 from pipeline.roofline import Deployment
 
 GIB = 1 << 30
+#: Largest ``dp`` accepted: a bound against absurd values (each rank is an engine with its own state).
+MAX_DP = 1024
 
 # vLLM's defaults (vllm/engine/arg_utils.py, EngineArgs and get_batch_defaults, OpenAI API server
 # context): block_size 16 on CUDA, gpu_memory_utilization 0.9, prefix caching and chunked prefill
@@ -96,6 +99,9 @@ class FleetConfig:
     tp: int = 1
     pp: int = 1
     ep: int = 1
+    #: Attention data-parallel ranks per replica (vLLM's data_parallel_size); each rank is
+    #: tp × pp GPUs with its own scheduler, KV cache and max_num_seqs.
+    dp: int = 1
     weight_dtype: str = "bf16"
     kv_dtype: str = "bf16"
     router: str = "round_robin"
@@ -125,6 +131,7 @@ _TOP_TYPES: dict[str, tuple[type, ...]] = {
     "tp": (int,),
     "pp": (int,),
     "ep": (int,),
+    "dp": (int,),
     "weight_dtype": (str,),
     "kv_dtype": (str,),
     "router": (str,),
@@ -207,9 +214,11 @@ def parse_fleet(data: dict[str, Any], origin: str) -> FleetConfig:
         raise ConfigError(f"{origin}: cost_model {cfg.cost_model!r} unknown; choose auto, measured or roofline")
     if cfg.router not in ROUTERS:
         raise ConfigError(f"{origin}: router {cfg.router!r} unknown; choose one of {list(ROUTERS)}")
-    for key in ("replicas", "tp", "pp", "ep"):
+    for key in ("replicas", "tp", "pp", "ep", "dp"):
         if getattr(cfg, key) < 1:
             raise ConfigError(f"{origin}: {key} must be >= 1")
+    if cfg.dp > MAX_DP:
+        raise ConfigError(f"{origin}: dp = {cfg.dp} is more than {MAX_DP} data-parallel ranks in one replica")
     return cfg
 
 
@@ -246,8 +255,19 @@ class ResolvedFleet:
             "scheduler": asdict(self.scheduler),
             "memory": mem,
             "step_overhead_s": self.deployment.overhead_s,
-            "gpus_per_replica": self.deployment.gpus,
+            "gpus_per_replica": self.deployment.gpus * self.config.dp,
         }
+
+    @property
+    def ranks(self) -> int:
+        """Engines the replay runs: replicas × dp (each a scheduler with its own KV cache)."""
+        return self.config.replicas * self.config.dp
+
+    @property
+    def lockstep(self) -> int:
+        """Ranks that step together: an MoE model's dp ranks (vLLM synchronises them at every
+        MoE layer and idle ranks run dummy batches); dense models' ranks are independent."""
+        return self.config.dp if self.deployment.model.is_moe else 1
 
 
 def resolve(cfg: FleetConfig, origin: str = "fleet") -> ResolvedFleet:
@@ -264,6 +284,7 @@ def resolve(cfg: FleetConfig, origin: str = "fleet") -> ResolvedFleet:
         tp=cfg.tp,
         pp=cfg.pp,
         ep=cfg.ep,
+        dp=cfg.dp,
         weight_dtype=cfg.weight_dtype,
         kv_dtype=cfg.kv_dtype,
         step_overhead_s=eng.step_overhead_s,

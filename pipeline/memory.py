@@ -263,7 +263,8 @@ def weights_bytes_per_gpu(dep: Deployment) -> float:
         sharded_attn / tp
         + replicated
         + dense_frac * m.dense_mlp_params() / tp
-        + moe_frac * (m.num_experts + m.num_shared_experts) * m.expert_params() / tp
+        + moe_frac * m.num_experts * m.expert_params() / dep.moe_shards
+        + moe_frac * m.num_shared_experts * m.expert_params() / tp
     )
     per_layer_16bit = 2 * h + moe_frac * m.router_params()
     layers = _stage_layers(dep)
@@ -286,8 +287,9 @@ def forward_activation_bytes_per_gpu(dep: Deployment, max_num_batched_tokens: in
     m, tp = dep.model, dep.tp
     widths = [3.0 * m.intermediate_size / tp if m.num_dense_layers else 0.0]
     if m.is_moe:
-        i_moe = m.moe_intermediate_size / tp
-        widths.append(m.experts_per_token * (max(2.0 * i_moe, m.hidden_size) + i_moe))
+        # with dp ranks the MoE layer holds the gathered tokens of all of them
+        i_moe = m.moe_intermediate_size / dep.moe_shards
+        widths.append(dep.dp * m.experts_per_token * (max(2.0 * i_moe, m.hidden_size) + i_moe))
     if m.is_mla:
         widths.append(2.0 * m.num_attention_heads / tp * (m.qk_nope_head_dim + m.v_head_dim))
     else:
@@ -501,8 +503,7 @@ def _suggest(
         got = attempt(weight_dtype=dtype)
         if got is not None and got.fits:
             out.append(
-                f"lower weight precision: --weights {dtype} fits "
-                f"({_gib(got.weights_bytes_per_gpu)} weights per GPU)"
+                f"lower weight precision: --weights {dtype} fits ({_gib(got.weights_bytes_per_gpu)} weights per GPU)"
             )
             break
     if kv_format(dep.kv_dtype).bytes > kv_format("fp8").bytes:

@@ -505,7 +505,7 @@ def search_candidate(task: Task) -> CandidateResult:
         out.note = str(exc)
         return out
     out.fits = True
-    out.gpus_per_replica = fleet.deployment.gpus
+    out.gpus_per_replica = fleet.deployment.gpus * fleet.config.dp
     hw = load_hardware(c.hardware)
     out.usd_per_gpu_hour = task.usd_per_gpu_hour if task.usd_per_gpu_hour is not None else hw.price_usd_per_gpu_hour
     out.price_date = hw.price_date if task.usd_per_gpu_hour is None else "override"

@@ -161,18 +161,24 @@ def run_replay(
 ) -> ReplayRun:
     """Replay a frame of canonical requests on a resolved fleet (no store involved)."""
     spec = FleetSpec(
-        replicas=fleet.config.replicas,
+        replicas=fleet.ranks,
         scheduler=fleet.scheduler,
         router=fleet.config.router,
         mode=options.mode,
         concurrency=options.concurrency or 0,
+        lockstep=fleet.lockstep,
     )
     work = build_workload(requests, fleet, options)
     cost = fleet_step_cost(fleet)
     log = StepLog(capacity=max(1024, 2 * work.n))
     t0 = time.perf_counter()
-    if unsupported_reason(spec, cost) is None:
+    reason = unsupported_reason(spec, cost)
+    if reason is None:
         result = simulate_jit(work, spec, cost, log, progress)
+    elif spec.lockstep > 1:
+        raise ConfigError(
+            f"fleet {fleet.config.name}: dp = {spec.lockstep} lockstep ranks need the jit engine, but {reason}"
+        )
     else:  # same semantics and results, Python speed (docs/engine.md, "The jit engine")
         result = simulate(work, spec, cost, log, progress)
     wall = time.perf_counter() - t0

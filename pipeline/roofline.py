@@ -12,10 +12,17 @@ All quantities are per GPU of one replica. Tensor parallelism (vLLM/Megatron lay
 heads and the MLP intermediate dimension across ``tp`` ranks; pipeline parallelism splits
 layers over ``pp`` stages and is costed as the latency of one step through all stages (no
 micro-batch overlap) plus one hidden-state transfer per stage boundary. Expert parallelism
-(``ep`` = tp, vLLM's ``enable_expert_parallel`` on a TP group) places whole experts per rank;
-under the uniform-routing expectation used here the per-rank expert bytes and FLOPs equal the
-TP-sharded case, and vLLM reduces the MoE output with the same all-reduce, so ep changes no
-cost — it is validated and recorded. Load imbalance between experts is not modelled.
+(``ep`` = tp·dp, vLLM's ``enable_expert_parallel``) places whole experts per GPU; under the
+uniform-routing expectation used here the per-GPU expert bytes and FLOPs equal the TP-sharded
+case, so ep alone changes no cost — it is validated and recorded. Load imbalance between experts
+is not modelled.
+
+Attention data parallelism (``dp`` ranks of ``tp`` GPUs each, vLLM's ``data_parallel_size``)
+costs one rank's step: attention and dense layers see the rank's own tokens; the MoE layers of an
+MoE model run on the tokens of all dp ranks (each rank padded to the same count, as vLLM pads
+DP batches) with the experts spread over all tp·dp GPUs, and every MoE layer pays a dispatch
+(all-gather) and a combine (reduce-scatter) over the dp ranks — vLLM's default
+``allgather_reducescatter`` all2all backend. Dense models' DP ranks share nothing.
 
 Formulas, with units and their sources, are in docs/catalog.md.
 """
@@ -84,10 +91,12 @@ class Deployment:
     weight_dtype: str = "bf16"
     kv_dtype: str = "bf16"
     step_overhead_s: float | None = None
+    #: Attention data-parallel ranks of one replica (each rank: tp × pp GPUs).
+    dp: int = 1
 
     def __post_init__(self) -> None:
         m, where = self.model, f"deployment of {self.model.name} on {self.hardware.name}"
-        for key in ("tp", "pp", "ep"):
+        for key in ("tp", "pp", "ep", "dp"):
             value = getattr(self, key)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ConfigError(f"{where}: {key} must be a positive integer, got {value!r}")
@@ -106,8 +115,11 @@ class Deployment:
         if self.ep > 1:
             if not m.is_moe:
                 raise ConfigError(f"{where}: ep={self.ep} given for a dense model")
-            if self.ep != self.tp:
-                raise ConfigError(f"{where}: ep must be 1 or equal to tp (experts spread over the TP group)")
+            if self.ep != self.tp * self.dp:
+                raise ConfigError(
+                    f"{where}: ep must be 1 or tp x dp = {self.tp * self.dp} (vLLM's enable_expert_parallel "
+                    "spreads the experts over every GPU of the replica)"
+                )
             if m.num_experts % self.ep:
                 raise ConfigError(f"{where}: ep={self.ep} does not divide num_experts={m.num_experts}")
         weight_format(self.weight_dtype)
@@ -117,7 +129,14 @@ class Deployment:
 
     @property
     def gpus(self) -> int:
+        """GPUs of one data-parallel rank (tp × pp); a replica has ``dp`` of them."""
         return self.tp * self.pp
+
+    @property
+    def moe_shards(self) -> int:
+        """GPUs the experts of one MoE layer are spread over: tp × dp (vLLM flattens the DP
+        and TP groups for the MoE layers, as whole experts with ep or as slices without)."""
+        return self.tp * self.dp if self.model.is_moe else self.tp
 
     @property
     def overhead_s(self) -> float:
@@ -300,12 +319,22 @@ def operators(dep: Deployment, batch: StepBatch) -> list[Op]:
         gemm("moe_router", n_moe, h * E, T, h, E, bytes_per_param=a, peak=peak16)
         # Expected distinct experts touched by T tokens, top-k of E, uniform routing:
         # E·(1 − (1 − k/E)^T). Each touched expert's weights are read once per step.
-        touched = E * (1.0 - np.power(1.0 - k / E, T))
-        inter = m.moe_intermediate_size / tp
+        # With dp ranks the layer runs on the tokens of all of them (each padded to T) and the
+        # experts are spread over tp·dp GPUs: FLOPs per GPU stay those of T tokens over tp.
+        dp = dep.dp
+        t_moe = dp * T
+        touched = E * (1.0 - np.power(1.0 - k / E, t_moe))
+        inter = m.moe_intermediate_size / dep.moe_shards
         ex_params = 3 * h * inter
-        ex_flops = 2.0 * T * k * ex_params
-        ex_bytes = touched * ex_params * w + T * k * a * (h + 2 * inter + 3 * inter + inter + h)
+        ex_flops = 2.0 * t_moe * k * ex_params
+        ex_bytes = touched * ex_params * w + t_moe * k * a * (h + 2 * inter + 3 * inter + inter + h)
         ops.append(Op("moe_experts", "gemm", n_moe, ex_flops, ex_bytes, peak_lin))
+        if dp > 1:
+            # allgather_reducescatter: all-gather the dp ranks' hidden states before the experts,
+            # reduce-scatter the outputs after; each moves (dp−1)/dp of the gathered dp·T·h
+            # tensor through every GPU's link, one call each.
+            moved = 2.0 * (dp - 1) / dp * t_moe * h * a
+            ops.append(Op("moe_dispatch_combine", "comm", n_moe, np.zeros_like(T), moved, calls=2.0 * busy))
         if m.num_shared_experts:
             sh = m.num_shared_experts * m.moe_intermediate_size / tp
             gemm("moe_shared_up_proj", n_moe, 2 * h * sh, T, h, 2 * sh)

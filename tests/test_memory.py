@@ -100,9 +100,7 @@ def test_fit_reports_shortfall_and_working_suggestions() -> None:
     assert shorter
     ctx = int(shorter[0].split("--context ")[1].split(" ")[0].replace(",", ""))
     assert fit(Deployment(load_model("llama-3.1-70b"), load_hardware("h100-sxm"), tp=2), context=ctx).fits
-    assert not fit(
-        Deployment(load_model("llama-3.1-70b"), load_hardware("h100-sxm"), tp=2), context=ctx + 64
-    ).fits
+    assert not fit(Deployment(load_model("llama-3.1-70b"), load_hardware("h100-sxm"), tp=2), context=ctx + 64).fits
 
 
 def test_fit_rejects_bad_arguments() -> None:

@@ -234,9 +234,7 @@ def parse_hardware(data: Mapping[str, Any], origin: str) -> HardwareSpec:
     peaks = data["peak_flops_per_s"]
     unknown = sorted(set(peaks) - _PEAK_DTYPES)
     if unknown:
-        raise ConfigError(
-            f"{origin}: [peak_flops_per_s] unknown dtype(s) {unknown}; allowed {sorted(_PEAK_DTYPES)}"
-        )
+        raise ConfigError(f"{origin}: [peak_flops_per_s] unknown dtype(s) {unknown}; allowed {sorted(_PEAK_DTYPES)}")
     if "bf16" not in peaks:
         raise ConfigError(f"{origin}: [peak_flops_per_s] missing key ['bf16']")
     peak = {k: _num(peaks, k, f"{origin} [peak_flops_per_s]") for k in sorted(peaks)}
@@ -583,9 +581,7 @@ def model_from_hf_config(cfg: Mapping[str, Any], name: str, hf_id: str = "", sou
         raise ConfigError(f"{where}: hidden_size, num_hidden_layers, num_attention_heads must be > 0")
     kv_heads = get_int("num_key_value_heads", heads) or heads
     if heads % kv_heads:
-        raise ConfigError(
-            f"{where}: num_attention_heads {heads} not divisible by num_key_value_heads {kv_heads}"
-        )
+        raise ConfigError(f"{where}: num_attention_heads {heads} not divisible by num_key_value_heads {kv_heads}")
     head_dim = get_int("head_dim", hidden // heads) or hidden // heads
 
     # MoE: each family spells the expert count differently.
@@ -665,9 +661,7 @@ def parse_model(data: Mapping[str, Any], origin: str) -> ModelSpec:
         raise ConfigError(f"{origin}: [config] must be a table")
     unknown = sorted(set(cfg) - _HF_KEYS)
     if unknown:
-        raise ConfigError(
-            f"{origin} [config]: unknown key(s) {unknown} (not a config.json key rooftrace reads)"
-        )
+        raise ConfigError(f"{origin} [config]: unknown key(s) {unknown} (not a config.json key rooftrace reads)")
     name = _str(data, "name", origin)
     try:
         return model_from_hf_config(cfg, name, _str(data, "hf_id", origin), _str(data, "source", origin))
@@ -728,9 +722,7 @@ def load_model(name: str) -> ModelSpec:
     return spec
 
 
-def import_hf_config(
-    config_path: Path | str, name: str | None = None, hf_id: str = ""
-) -> tuple[ModelSpec, str]:
+def import_hf_config(config_path: Path | str, name: str | None = None, hf_id: str = "") -> tuple[ModelSpec, str]:
     """Read a Hugging Face config.json; return the normalised spec and the catalog TOML text."""
     import json
 

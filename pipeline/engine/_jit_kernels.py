@@ -250,6 +250,8 @@ def run_fleet(  # type: ignore[no-untyped-def]
     max_blocks,
     table_size,
     want_log,
+    G,
+    dummy_s,
     # cost (pipeline.stepcost.TabulatedCost.kernel_args)
     tok,
     logit,
@@ -282,7 +284,8 @@ def run_fleet(  # type: ignore[no-untyped-def]
     ``router``: 0 round robin, 1 least outstanding, 2 affinity (``aff_rep`` ≥ 0 names the
     replica, −1 falls back to least outstanding). ``times`` are the arrival times (open loop;
     zeros offline); with ``closed`` the first ``concurrency`` requests arrive at 0 and each
-    finish or rejection issues the next one.
+    finish or rejection issues the next one. Replicas ``[g·G, (g+1)·G)`` step in lockstep
+    (``G`` = FleetSpec.lockstep; an idle one costs ``dummy_s`` per step); spans need ``G == 1``.
     """
     n = prompt.shape[0]
     R = n_rep
@@ -340,8 +343,21 @@ def run_fleet(  # type: ignore[no-untyped-def]
     hhead = np.zeros((R, T), np.int32)
     htail = np.zeros((R, T), np.int32)
     # -- step scratch
-    sched_rid = np.zeros(S, np.int64)
-    sched_n = np.zeros(S, np.int64)
+    sched_rid = np.zeros((G, S), np.int64)
+    sched_n = np.zeros((G, S), np.int64)
+    part = np.zeros(G, np.bool_)
+    gn = np.zeros(G, np.int64)
+    gout = np.zeros((G, 8))
+    gx = np.zeros((G, 3))
+    gbusy = np.zeros(G, np.bool_)
+    gcsum = np.zeros(G)
+    gbstart = np.zeros((G, bs + 1), np.int64)
+    gbitems = np.zeros((G, S), np.int64)
+    gsp_pre = np.zeros((G, 9))
+    gsp_f = np.zeros((G, af.shape[0]))
+    gsp_b = np.zeros((G, af.shape[0]))
+    gsp_row = np.zeros((G, dlt.shape[1]))
+    gsums = np.zeros((G, 7))
     fin = np.zeros(S, np.int64)
     hits = np.zeros(max_blocks, np.int64)
     x = np.zeros(6)
@@ -524,7 +540,7 @@ def run_fleet(  # type: ignore[no-untyped-def]
         else:
             limit = ev_t
         nr = nrun[r]
-        if nr > 0 and first_t < limit:
+        if G == 1 and nr > 0 and first_t < limit:
             k_max = -1
             c_sum = 0.0
             for q in range(nr):
@@ -706,153 +722,328 @@ def run_fleet(  # type: ignore[no-untyped-def]
                         )
                     continue
 
-        # -- one step of replica `first` (vLLM v1 schedule(), as reference.step)
-        now = first_t
-        clock[r] = now
-        budget = budget_max
-        nsched = 0
-        preempted = False
-        idx = 0
-        while idx < nrun[r] and budget > 0:
-            rid = running[r, idx]
-            ntok = prompt[rid] + gen[rid]
-            n_new = min(ntok - computed[rid], budget)
-            self_pre = False
-            while True:
-                tokens_after = computed[rid] + n_new
-                need = max(0, -(-tokens_after // bs) - nblk[rid])
-                if need <= nfree[r]:
-                    break
-                # Preempt the most recently admitted request (vLLM: self.running.pop()).
-                victim = running[r, nrun[r] - 1]
-                nrun[r] -= 1
-                vs = slot_of[victim]
-                if not caching:
-                    nfree[r] += nblk[victim]
-                else:
-                    for j in range(nblk[victim] - 1, -1, -1):
-                        b = table[r, vs, j]
-                        ref[r, b] -= 1
-                        if ref[r, b] == 0:
-                            t_ = ftail[r]
-                            fprev[r, b] = t_
-                            fnext[r, b] = -1
-                            if t_ >= 0:
-                                fnext[r, t_] = b
-                            else:
-                                fhead[r] = b
-                            ftail[r] = b
-                            nfree[r] += 1
-                nblk[victim] = 0
-                nreg[victim] = 0
-                slots_free[r, nslots[r]] = vs
-                nslots[r] += 1
-                slot_of[victim] = -1
-                computed[victim] = 0
-                res_preempt[victim] += 1
-                if wlen[r] == wcap:
-                    bigger = np.zeros((R, 2 * wcap), np.int64)
-                    for q in range(R):
-                        for k in range(wlen[q]):
-                            bigger[q, k] = wq[q, (whead[q] + k) % wcap]
-                        whead[q] = 0
-                    wq = bigger
-                    wcap *= 2
-                whead[r] = (whead[r] - 1) % wcap
-                wq[r, whead[r]] = victim
-                wlen[r] += 1
-                preempted = True
-                if victim == rid:
-                    self_pre = True
-                    break
-            if self_pre:
-                break
-            # allocate `need` blocks from the head of the free queue
-            s = slot_of[rid]
-            if not caching:  # unhashed blocks are interchangeable: count them
-                nfree[r] -= need
-                nblk[rid] += need
+        # -- a span of decode steps of a lockstep group (G > 1): every rank with work is in a
+        # span-able state (decode only, waiting head blocked); idle ranks run dummy steps; each
+        # step lasts as long as the slowest rank's. Same rules and arithmetic as the general
+        # group step below, so results are identical to stepping one at a time.
+        if G > 1:
+            g0 = r - r % G
+            if closed:
+                glimit = ev_t
+                for q in range(R):
+                    if (q < g0 or q >= g0 + G) and (nrun[q] > 0 or wlen[q] > 0):
+                        s_q = max(clock[q], ready[q])
+                        if s_q < glimit:
+                            glimit = s_q
+            elif static:
+                glimit = _INF
+                for q in range(g0, g0 + G):
+                    if own_ptr[q] < own_start[q + 1] - own_start[q]:
+                        t_q = own_t[own_start[q] + own_ptr[q]]
+                        if t_q < glimit:
+                            glimit = t_q
             else:
-                for _ in range(need):
-                    b = fhead[r]
-                    nx = fnext[r, b]
-                    fhead[r] = nx
-                    if nx >= 0:
-                        fprev[r, nx] = -1
+                glimit = ev_t
+            k_max = -1 if first_t < glimit else 0
+            nbusy = 0
+            for gi in range(G):
+                if k_max == 0:
+                    break
+                rq = g0 + gi
+                nr = nrun[rq]
+                gbusy[gi] = nr > 0 or wlen[rq] > 0
+                if not gbusy[gi]:
+                    continue
+                nbusy += 1
+                if nr == 0 or ready[rq] > first_t:
+                    k_max = 0
+                    break
+                c_sum = 0.0
+                for q in range(nr):
+                    rid = running[rq, q]
+                    left = output[rid] - gen[rid]
+                    if prompt[rid] + gen[rid] - computed[rid] != 1:
+                        k_max = 0
+                        break
+                    c_sum += computed[rid]
+                    if k_max < 0 or left - 1 < k_max:
+                        k_max = left - 1
+                if k_max <= 0:
+                    k_max = 0
+                    break
+                gcsum[gi] = c_sum
+                for p in range(bs + 1):
+                    gbstart[gi, p] = 0
+                for q in range(nr):
+                    ph = (bs - computed[running[rq, q]] % bs) % bs
+                    bphase[q] = ph
+                    gbstart[gi, ph + 1] += 1
+                for p in range(bs):
+                    gbstart[gi, p + 1] += gbstart[gi, p]
+                for p in range(bs):
+                    bfill[p] = gbstart[gi, p]
+                for q in range(nr):
+                    ph = bphase[q]
+                    gbitems[gi, bfill[ph]] = q
+                    bfill[ph] += 1
+                stable = wlen[rq] == 0 or nr >= S or budget_max - nr <= 0
+                if not stable and not caching:
+                    hd = wq[rq, whead[rq]]
+                    h_new = prompt[hd] + gen[hd] - computed[hd]
+                    if not chunked and h_new > budget_max - nr:
+                        stable = True
                     else:
-                        ftail[r] = -1
-                    nfree[r] -= 1
-                    if hashed[r, b]:
-                        _uncache(r, b, bhash, hashed, hprev, hnext, keys, used, hhead, htail, mask)
-                    ref[r, b] = 1
-                    table[r, s, nblk[rid]] = b
-                    nblk[rid] += 1
-            if caching:
-                target = min(min(tokens_after, ntok) // bs, chain_off[rid + 1] - chain_off[rid])
-                for j in range(nreg[rid], target):
-                    b = table[r, s, j]
-                    if not hashed[r, b]:
-                        _cache(
-                            r, b, chain[chain_off[rid] + j], bhash, hashed, hprev, hnext, keys, used, hhead, htail, mask
+                        h_new = min(h_new, budget_max - nr)
+                        h_need = max(0, -(-(computed[hd] + h_new) // bs) - nblk[hd])
+                        stable = h_need > nfree[rq] - (gbstart[gi, 1] - gbstart[gi, 0])
+                if not stable:
+                    k_max = 0
+                    break
+            if k_max > 0 and nbusy > 0:
+                for gi in range(G):
+                    if gbusy[gi]:
+                        _span_prep(
+                            float(nrun[g0 + gi]),
+                            tok,
+                            logit,
+                            af,
+                            ab,
+                            dla,
+                            dlt,
+                            sc,
+                            gsp_pre[gi],
+                            gsp_f[gi],
+                            gsp_b[gi],
+                            gsp_row[gi],
                         )
-                if target > nreg[rid]:
-                    nreg[rid] = target
-            sched_rid[nsched] = rid
-            sched_n[nsched] = n_new
-            nsched += 1
-            budget -= n_new
-            idx += 1
-        if not preempted:
-            while wlen[r] > 0 and budget > 0 and nrun[r] < S:
-                rid = wq[r, whead[r]]
+                now = first_t
+                m = 0
+                ph_alloc = 0
+                gsums[:, :] = 0.0
+                max_gap = -_INF
+                end0 = now
+                while m < k_max and now < glimit:
+                    fails = False
+                    for gi in range(G):
+                        if gbusy[gi] and gbstart[gi, ph_alloc + 1] - gbstart[gi, ph_alloc] > nfree[g0 + gi]:
+                            fails = True
+                    if fails:
+                        break  # an allocation fails: the general step preempts
+                    ph_fill = ph_alloc + 1 if ph_alloc + 1 < bs else 0
+                    dt = dummy_s if nbusy < G else 0.0
+                    for gi in range(G):
+                        if not gbusy[gi]:
+                            continue
+                        rq = g0 + gi
+                        nr = nrun[rq]
+                        a0 = gbstart[gi, ph_alloc]
+                        a1 = gbstart[gi, ph_alloc + 1]
+                        if not caching:
+                            nfree[rq] -= a1 - a0
+                            for u in range(a0, a1):
+                                nblk[running[rq, gbitems[gi, u]]] += 1
+                        else:
+                            for u in range(a0, a1):
+                                rid = running[rq, gbitems[gi, u]]
+                                s_ = slot_of[rid]
+                                b = fhead[rq]
+                                nx = fnext[rq, b]
+                                fhead[rq] = nx
+                                if nx >= 0:
+                                    fprev[rq, nx] = -1
+                                else:
+                                    ftail[rq] = -1
+                                nfree[rq] -= 1
+                                if hashed[rq, b]:
+                                    _uncache(rq, b, bhash, hashed, hprev, hnext, keys, used, hhead, htail, mask)
+                                ref[rq, b] = 1
+                                table[rq, s_, nblk[rid]] = b
+                                nblk[rid] += 1
+                            for u in range(gbstart[gi, ph_fill], gbstart[gi, ph_fill + 1]):
+                                rid = running[rq, gbitems[gi, u]]
+                                s_ = slot_of[rid]
+                                target = min((computed[rid] + m + 1) // bs, chain_off[rid + 1] - chain_off[rid])
+                                for j in range(nreg[rid], target):
+                                    b = table[rq, s_, j]
+                                    if not hashed[rq, b]:
+                                        _cache(
+                                            rq,
+                                            b,
+                                            chain[chain_off[rid] + j],
+                                            bhash,
+                                            hashed,
+                                            hprev,
+                                            hnext,
+                                            keys,
+                                            used,
+                                            hhead,
+                                            htail,
+                                            mask,
+                                        )
+                                if target > nreg[rid]:
+                                    nreg[rid] = target
+                        _span_row(
+                            float(nr),
+                            gcsum[gi] + nr * (m + 1),
+                            af,
+                            ab,
+                            acount,
+                            apeak,
+                            ahas,
+                            abw,
+                            dlb,
+                            sc,
+                            gsp_pre[gi],
+                            gsp_f[gi],
+                            gsp_b[gi],
+                            gsp_row[gi],
+                            out,
+                        )
+                        gsums[gi, 0] += out[5]
+                        gsums[gi, 1] += out[6]
+                        gsums[gi, 2] += out[1]
+                        gsums[gi, 3] += out[2]
+                        gsums[gi, 4] += out[3]
+                        gsums[gi, 5] += out[4]
+                        gsums[gi, 6] += out[7]
+                        if out[0] > dt:
+                            dt = out[0]
+                    end = now + dt
+                    if m == 0:
+                        end0 = end
+                    else:
+                        gap = end - now
+                        if gap > max_gap:
+                            max_gap = gap
+                    now = end
+                    m += 1
+                    ph_alloc = ph_fill
+                if m > 0:
+                    span_start = first_t
+                    for gi in range(G):
+                        rq = g0 + gi
+                        clock[rq] = now
+                        last_end[rq] = now
+                        last_nfin[rq] = 0
+                        if not gbusy[gi]:
+                            continue
+                        nr = nrun[rq]
+                        for q in range(nr):
+                            rid = running[rq, q]
+                            res_prefill[rid] += m
+                            computed[rid] += m
+                            if gen[rid] == 0:
+                                res_first[rid] = end0
+                                g = max_gap
+                            else:
+                                g = max(end0 - last_tok[rid], max_gap)
+                            gen[rid] += m
+                            if g > -_INF:
+                                prev = res_itl[rid]
+                                res_itl[rid] = g if np.isnan(prev) else max(prev, g)
+                            last_tok[rid] = now
+                        if want_log:
+                            if nlog == log.shape[0]:
+                                log = _grow(log)
+                            nlog = _log_span(
+                                log,
+                                nlog,
+                                last_row,
+                                rq,
+                                span_start,
+                                now,
+                                m,
+                                0.0,
+                                0.0,
+                                float(nr),
+                                nr,
+                                wlen[rq],
+                                C - nfree[rq],
+                                gsums[gi, 0],
+                                gsums[gi, 1],
+                                gsums[gi, 2],
+                                gsums[gi, 3],
+                                gsums[gi, 4],
+                                gsums[gi, 5],
+                                gsums[gi, 6],
+                            )
+                    continue
+
+        # -- one step of replica `first` (vLLM v1 schedule(), as reference.step) — or of its
+        # lockstep group: every rank with work schedules its own batch, idle ranks run a dummy
+        # batch, the step lasts as long as the slowest rank's (docs/engine.md).
+        now = first_t
+        g0 = r - r % G
+        dt = 0.0
+        for gi in range(G):
+            r = g0 + gi
+            clock[r] = now
+            part[gi] = G == 1 or ((nrun[r] > 0 or wlen[r] > 0) and ready[r] <= now)
+            gn[gi] = 0
+            if not part[gi]:
+                if dummy_s > dt:
+                    dt = dummy_s
+                continue
+            budget = budget_max
+            nsched = 0
+            preempted = False
+            idx = 0
+            while idx < nrun[r] and budget > 0:
+                rid = running[r, idx]
                 ntok = prompt[rid] + gen[rid]
-                nh = 0
-                if caching and computed[rid] == 0:
-                    lo = chain_off[rid]
-                    lim = min((ntok - 1) // bs, chain_off[rid + 1] - lo)
-                    for j in range(lim):
-                        e = _find(keys[r], used[r], mask, chain[lo + j])
-                        if e < 0:
-                            break
-                        hits[nh] = hhead[r, e]
-                        nh += 1
-                c0 = computed[rid] + nh * bs
-                n_new = ntok - c0
-                if not chunked and n_new > budget:
+                n_new = min(ntok - computed[rid], budget)
+                self_pre = False
+                while True:
+                    tokens_after = computed[rid] + n_new
+                    need = max(0, -(-tokens_after // bs) - nblk[rid])
+                    if need <= nfree[r]:
+                        break
+                    # Preempt the most recently admitted request (vLLM: self.running.pop()).
+                    victim = running[r, nrun[r] - 1]
+                    nrun[r] -= 1
+                    vs = slot_of[victim]
+                    if not caching:
+                        nfree[r] += nblk[victim]
+                    else:
+                        for j in range(nblk[victim] - 1, -1, -1):
+                            b = table[r, vs, j]
+                            ref[r, b] -= 1
+                            if ref[r, b] == 0:
+                                t_ = ftail[r]
+                                fprev[r, b] = t_
+                                fnext[r, b] = -1
+                                if t_ >= 0:
+                                    fnext[r, t_] = b
+                                else:
+                                    fhead[r] = b
+                                ftail[r] = b
+                                nfree[r] += 1
+                    nblk[victim] = 0
+                    nreg[victim] = 0
+                    slots_free[r, nslots[r]] = vs
+                    nslots[r] += 1
+                    slot_of[victim] = -1
+                    computed[victim] = 0
+                    res_preempt[victim] += 1
+                    if wlen[r] == wcap:
+                        bigger = np.zeros((R, 2 * wcap), np.int64)
+                        for q in range(R):
+                            for k in range(wlen[q]):
+                                bigger[q, k] = wq[q, (whead[q] + k) % wcap]
+                            whead[q] = 0
+                        wq = bigger
+                        wcap *= 2
+                    whead[r] = (whead[r] - 1) % wcap
+                    wq[r, whead[r]] = victim
+                    wlen[r] += 1
+                    preempted = True
+                    if victim == rid:
+                        self_pre = True
+                        break
+                if self_pre:
                     break
-                n_new = min(n_new, budget)
-                tokens_after = c0 + n_new
-                need = max(0, -(-tokens_after // bs) - nblk[rid] - nh)
-                evictable = 0
-                for j in range(nh):
-                    if ref[r, hits[j]] == 0:
-                        evictable += 1
-                if need + evictable > nfree[r]:
-                    break
-                whead[r] = (whead[r] + 1) % wcap
-                wlen[r] -= 1
-                running[r, nrun[r]] = rid
-                nrun[r] += 1
-                nslots[r] -= 1
-                s = slots_free[r, nslots[r]]
-                slot_of[rid] = s
-                for j in range(nh):
-                    b = hits[j]
-                    if ref[r, b] == 0:  # unlink from the free queue
-                        p = fprev[r, b]
-                        q = fnext[r, b]
-                        if p >= 0:
-                            fnext[r, p] = q
-                        else:
-                            fhead[r] = q
-                        if q >= 0:
-                            fprev[r, q] = p
-                        else:
-                            ftail[r] = p
-                        nfree[r] -= 1
-                    ref[r, b] += 1
-                    table[r, s, nblk[rid]] = b
-                    nblk[rid] += 1
+                # allocate `need` blocks from the head of the free queue
+                s = slot_of[rid]
                 if not caching:  # unhashed blocks are interchangeable: count them
                     nfree[r] -= need
                     nblk[rid] += need
@@ -892,137 +1083,252 @@ def run_fleet(  # type: ignore[no-untyped-def]
                             )
                     if target > nreg[rid]:
                         nreg[rid] = target
-                computed[rid] = c0
-                if not started[rid]:
-                    started[rid] = True
-                    res_sched[rid] = now
-                    res_hit[rid] = nh * bs
-                sched_rid[nsched] = rid
-                sched_n[nsched] = n_new
+                sched_rid[gi, nsched] = rid
+                sched_n[gi, nsched] = n_new
                 nsched += 1
                 budget -= n_new
-
-        # -- the step's shape and cost
-        p_tok = 0.0
-        p_seq = 0.0
-        p_pairs = 0.0
-        p_kv = 0.0
-        d_seq = 0.0
-        d_ctx = 0.0
-        for q in range(nsched):
-            rid = sched_rid[q]
-            nn = sched_n[q]
-            if nn == 1:
-                d_seq += 1
-                d_ctx += computed[rid] + 1
-            else:
-                p_tok += nn
-                p_seq += 1
-                p_pairs += nn * computed[rid] + nn * (nn + 1) / 2
-                p_kv += computed[rid] + nn
-        x[0] = p_tok
-        x[1] = p_seq
-        x[2] = p_pairs
-        x[3] = p_kv
-        x[4] = d_seq
-        x[5] = d_ctx
-        _tab_row(x, tok, logit, af, ab, acount, apeak, ahas, abw, dla, dlb, dlt, pla, plb, plt, sc, out)
-        end = now + out[0]
-        clock[r] = end
-        if want_log:
-            if nlog == log.shape[0]:
-                log = _grow(log)
-            nlog = _log_span(
-                log,
-                nlog,
-                last_row,
-                r,
-                now,
-                end,
-                1,
-                p_tok,
-                p_seq,
-                d_seq,
-                nrun[r],
-                wlen[r],
-                C - nfree[r],
-                out[5],
-                out[6],
-                out[1],
-                out[2],
-                out[3],
-                out[4],
-                out[7],
-            )
-
-        # -- tokens in, tokens sampled, finishes
-        nf = 0
-        for q in range(nsched):
-            rid = sched_rid[q]
-            nn = sched_n[q]
-            res_prefill[rid] += nn
-            computed[rid] += nn
-            if computed[rid] == prompt[rid] + gen[rid]:
-                gen[rid] += 1
-                if gen[rid] == 1:
-                    res_first[rid] = end
-                else:
-                    gap = end - last_tok[rid]
-                    prev = res_itl[rid]
-                    res_itl[rid] = gap if np.isnan(prev) else max(prev, gap)
-                last_tok[rid] = end
-                if gen[rid] == output[rid]:
-                    res_finish[rid] = end
-                    res_prefill[rid] -= output[rid] - 1
-                    fin[nf] = rid
-                    nf += 1
-        if nf:
-            keep = 0
-            for q in range(nrun[r]):
-                rid = running[r, q]
-                if gen[rid] != output[rid]:
-                    running[r, keep] = rid
-                    keep += 1
-            nrun[r] = keep
-            for q in range(nf):
-                rid = fin[q]
-                vs = slot_of[rid]
-                if not caching:
-                    nfree[r] += nblk[rid]
-                else:
-                    for j in range(nblk[rid] - 1, -1, -1):
-                        b = table[r, vs, j]
-                        ref[r, b] -= 1
-                        if ref[r, b] == 0:
-                            t_ = ftail[r]
-                            fprev[r, b] = t_
-                            fnext[r, b] = -1
-                            if t_ >= 0:
-                                fnext[r, t_] = b
+                idx += 1
+            if not preempted:
+                while wlen[r] > 0 and budget > 0 and nrun[r] < S:
+                    rid = wq[r, whead[r]]
+                    ntok = prompt[rid] + gen[rid]
+                    nh = 0
+                    if caching and computed[rid] == 0:
+                        lo = chain_off[rid]
+                        lim = min((ntok - 1) // bs, chain_off[rid + 1] - lo)
+                        for j in range(lim):
+                            e = _find(keys[r], used[r], mask, chain[lo + j])
+                            if e < 0:
+                                break
+                            hits[nh] = hhead[r, e]
+                            nh += 1
+                    c0 = computed[rid] + nh * bs
+                    n_new = ntok - c0
+                    if not chunked and n_new > budget:
+                        break
+                    n_new = min(n_new, budget)
+                    tokens_after = c0 + n_new
+                    need = max(0, -(-tokens_after // bs) - nblk[rid] - nh)
+                    evictable = 0
+                    for j in range(nh):
+                        if ref[r, hits[j]] == 0:
+                            evictable += 1
+                    if need + evictable > nfree[r]:
+                        break
+                    whead[r] = (whead[r] + 1) % wcap
+                    wlen[r] -= 1
+                    running[r, nrun[r]] = rid
+                    nrun[r] += 1
+                    nslots[r] -= 1
+                    s = slots_free[r, nslots[r]]
+                    slot_of[rid] = s
+                    for j in range(nh):
+                        b = hits[j]
+                        if ref[r, b] == 0:  # unlink from the free queue
+                            p = fprev[r, b]
+                            q = fnext[r, b]
+                            if p >= 0:
+                                fnext[r, p] = q
                             else:
-                                fhead[r] = b
-                            ftail[r] = b
-                            nfree[r] += 1
-                nblk[rid] = 0
-                nreg[rid] = 0
-                slots_free[r, nslots[r]] = vs
-                nslots[r] += 1
-                slot_of[rid] = -1
-                if closed and next_issue < n:
-                    ft = end
-                    p = heap_n
-                    heap_n += 1
-                    while p > 0:
-                        q2 = (p - 1) // 2
-                        if heap_t[q2] > ft or (heap_t[q2] == ft and heap_s[q2] > seq):
-                            heap_t[p], heap_s[p], heap_i[p] = heap_t[q2], heap_s[q2], heap_i[q2]
-                            p = q2
-                        else:
-                            break
-                    heap_t[p], heap_s[p], heap_i[p] = ft, seq, next_issue
-                    seq += 1
-                    next_issue += 1
-            nfin[r] += nf
-        last_end[r] = end
-        last_nfin[r] = nf
+                                fhead[r] = q
+                            if q >= 0:
+                                fprev[r, q] = p
+                            else:
+                                ftail[r] = p
+                            nfree[r] -= 1
+                        ref[r, b] += 1
+                        table[r, s, nblk[rid]] = b
+                        nblk[rid] += 1
+                    if not caching:  # unhashed blocks are interchangeable: count them
+                        nfree[r] -= need
+                        nblk[rid] += need
+                    else:
+                        for _ in range(need):
+                            b = fhead[r]
+                            nx = fnext[r, b]
+                            fhead[r] = nx
+                            if nx >= 0:
+                                fprev[r, nx] = -1
+                            else:
+                                ftail[r] = -1
+                            nfree[r] -= 1
+                            if hashed[r, b]:
+                                _uncache(r, b, bhash, hashed, hprev, hnext, keys, used, hhead, htail, mask)
+                            ref[r, b] = 1
+                            table[r, s, nblk[rid]] = b
+                            nblk[rid] += 1
+                    if caching:
+                        target = min(min(tokens_after, ntok) // bs, chain_off[rid + 1] - chain_off[rid])
+                        for j in range(nreg[rid], target):
+                            b = table[r, s, j]
+                            if not hashed[r, b]:
+                                _cache(
+                                    r,
+                                    b,
+                                    chain[chain_off[rid] + j],
+                                    bhash,
+                                    hashed,
+                                    hprev,
+                                    hnext,
+                                    keys,
+                                    used,
+                                    hhead,
+                                    htail,
+                                    mask,
+                                )
+                        if target > nreg[rid]:
+                            nreg[rid] = target
+                    computed[rid] = c0
+                    if not started[rid]:
+                        started[rid] = True
+                        res_sched[rid] = now
+                        res_hit[rid] = nh * bs
+                    sched_rid[gi, nsched] = rid
+                    sched_n[gi, nsched] = n_new
+                    nsched += 1
+                    budget -= n_new
+
+            # -- the step's shape and cost
+            p_tok = 0.0
+            p_seq = 0.0
+            p_pairs = 0.0
+            p_kv = 0.0
+            d_seq = 0.0
+            d_ctx = 0.0
+            for q in range(nsched):
+                rid = sched_rid[gi, q]
+                nn = sched_n[gi, q]
+                if nn == 1:
+                    d_seq += 1
+                    d_ctx += computed[rid] + 1
+                else:
+                    p_tok += nn
+                    p_seq += 1
+                    p_pairs += nn * computed[rid] + nn * (nn + 1) / 2
+                    p_kv += computed[rid] + nn
+            x[0] = p_tok
+            x[1] = p_seq
+            x[2] = p_pairs
+            x[3] = p_kv
+            x[4] = d_seq
+            x[5] = d_ctx
+            _tab_row(x, tok, logit, af, ab, acount, apeak, ahas, abw, dla, dlb, dlt, pla, plb, plt, sc, out)
+            gn[gi] = nsched
+            for c in range(8):
+                gout[gi, c] = out[c]
+            gx[gi, 0] = p_tok
+            gx[gi, 1] = p_seq
+            gx[gi, 2] = d_seq
+            if out[0] > dt:
+                dt = out[0]
+        end = now + dt
+        for gi in range(G):
+            r = g0 + gi
+            clock[r] = end
+            if not part[gi]:
+                last_end[r] = end
+                last_nfin[r] = 0
+                continue
+            nsched = gn[gi]
+            p_tok = gx[gi, 0]
+            p_seq = gx[gi, 1]
+            d_seq = gx[gi, 2]
+            for c in range(8):
+                out[c] = gout[gi, c]
+            if want_log:
+                if nlog == log.shape[0]:
+                    log = _grow(log)
+                nlog = _log_span(
+                    log,
+                    nlog,
+                    last_row,
+                    r,
+                    now,
+                    end,
+                    1,
+                    p_tok,
+                    p_seq,
+                    d_seq,
+                    nrun[r],
+                    wlen[r],
+                    C - nfree[r],
+                    out[5],
+                    out[6],
+                    out[1],
+                    out[2],
+                    out[3],
+                    out[4],
+                    out[7],
+                )
+
+            # -- tokens in, tokens sampled, finishes
+            nf = 0
+            for q in range(nsched):
+                rid = sched_rid[gi, q]
+                nn = sched_n[gi, q]
+                res_prefill[rid] += nn
+                computed[rid] += nn
+                if computed[rid] == prompt[rid] + gen[rid]:
+                    gen[rid] += 1
+                    if gen[rid] == 1:
+                        res_first[rid] = end
+                    else:
+                        gap = end - last_tok[rid]
+                        prev = res_itl[rid]
+                        res_itl[rid] = gap if np.isnan(prev) else max(prev, gap)
+                    last_tok[rid] = end
+                    if gen[rid] == output[rid]:
+                        res_finish[rid] = end
+                        res_prefill[rid] -= output[rid] - 1
+                        fin[nf] = rid
+                        nf += 1
+            if nf:
+                keep = 0
+                for q in range(nrun[r]):
+                    rid = running[r, q]
+                    if gen[rid] != output[rid]:
+                        running[r, keep] = rid
+                        keep += 1
+                nrun[r] = keep
+                for q in range(nf):
+                    rid = fin[q]
+                    vs = slot_of[rid]
+                    if not caching:
+                        nfree[r] += nblk[rid]
+                    else:
+                        for j in range(nblk[rid] - 1, -1, -1):
+                            b = table[r, vs, j]
+                            ref[r, b] -= 1
+                            if ref[r, b] == 0:
+                                t_ = ftail[r]
+                                fprev[r, b] = t_
+                                fnext[r, b] = -1
+                                if t_ >= 0:
+                                    fnext[r, t_] = b
+                                else:
+                                    fhead[r] = b
+                                ftail[r] = b
+                                nfree[r] += 1
+                    nblk[rid] = 0
+                    nreg[rid] = 0
+                    slots_free[r, nslots[r]] = vs
+                    nslots[r] += 1
+                    slot_of[rid] = -1
+                    if closed and next_issue < n:
+                        ft = end
+                        p = heap_n
+                        heap_n += 1
+                        while p > 0:
+                            q2 = (p - 1) // 2
+                            if heap_t[q2] > ft or (heap_t[q2] == ft and heap_s[q2] > seq):
+                                heap_t[p], heap_s[p], heap_i[p] = heap_t[q2], heap_s[q2], heap_i[q2]
+                                p = q2
+                            else:
+                                break
+                        heap_t[p], heap_s[p], heap_i[p] = ft, seq, next_issue
+                        seq += 1
+                        next_issue += 1
+                nfin[r] += nf
+            last_end[r] = end
+            last_nfin[r] = nf
     return log, nlog

@@ -35,6 +35,7 @@ from pipeline.engine.model import (
     reject_reasons,
 )
 from pipeline.engine.steplog import StepLog
+from pipeline.errors import ConfigError
 from pipeline.steps import FloatArray, IntArray, StepBatch, StepCost, StepCostFn
 
 _INF = float("inf")
@@ -570,6 +571,8 @@ def simulate(
     progress: Callable[[int], None] | None = None,
 ) -> EngineResult:
     """Replay ``work`` on the fleet ``spec``; per-request results, spans appended to ``log``."""
+    if spec.lockstep > 1:
+        raise ConfigError("lockstep data-parallel ranks run on the jit engine only (pipeline.engine.jit)")
     n = work.n
     res = EngineResult.empty(n)
     res.reject_reason[:] = reject_reasons(work, spec.scheduler)

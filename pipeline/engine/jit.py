@@ -20,7 +20,7 @@ from typing import Any
 
 import numpy as np
 
-from pipeline.engine.model import EngineResult, FleetSpec, Workload, reject_reasons
+from pipeline.engine.model import EngineResult, FleetSpec, Workload, dummy_step_s, reject_reasons
 from pipeline.engine.steplog import StepLog
 from pipeline.stepcost import MAX_TABLE_TOKENS, TabulatedCost
 from pipeline.steps import StepCostFn
@@ -137,6 +137,8 @@ def simulate_jit(
         max_blocks,
         table,
         log is not None,
+        int(spec.lockstep),
+        dummy_step_s(tables),
         *args,
         res.arrival_s,
         res.replica,

@@ -15,7 +15,7 @@ import numpy as np
 import numpy.typing as npt
 
 from pipeline.errors import ConfigError
-from pipeline.steps import FloatArray, IntArray
+from pipeline.steps import FloatArray, IntArray, StepBatch, StepCostFn
 
 U64Array = npt.NDArray[np.uint64]
 
@@ -120,10 +120,16 @@ class FleetSpec:
     router: str = "round_robin"
     mode: str = "open"
     concurrency: int = 0
+    #: Consecutive replicas that step together (data-parallel ranks of an MoE model): a step of
+    #: the group starts when any of them has work, every rank with work schedules its own batch,
+    #: idle ranks run a dummy batch, and the step lasts as long as the slowest rank's.
+    lockstep: int = 1
 
     def __post_init__(self) -> None:
         if self.replicas < 1:
             raise ConfigError(f"replicas must be >= 1, got {self.replicas}")
+        if self.lockstep < 1 or self.replicas % self.lockstep:
+            raise ConfigError(f"lockstep groups of {self.lockstep} do not divide {self.replicas} replicas")
         if self.router not in ROUTERS:
             raise ConfigError(f"router {self.router!r} unknown; choose one of {list(ROUTERS)}")
         if self.mode not in MODES:
@@ -230,3 +236,12 @@ def initial_arrivals(work: Workload, spec: FleetSpec) -> tuple[list[tuple[float,
     events = [(float(t), i, i) for i, t in enumerate(times.tolist())]
     heapq.heapify(events)
     return events, n, n
+
+
+def dummy_step_s(cost: StepCostFn) -> float:
+    """Seconds of the dummy batch an idle data-parallel rank runs while its lockstep group steps
+    (vLLM ``execute_dummy_batch``: a forward pass of one token, one sequence, one cached token)."""
+    one = np.ones(1)
+    zero = np.zeros(1)
+    batch = StepBatch(zero, zero.copy(), zero.copy(), zero.copy(), one, one.copy())
+    return float(cost(batch).time_s[0])

@@ -21,6 +21,7 @@ from pipeline.engine.model import (
     FleetSpec,
     Workload,
     choose_replica,
+    dummy_step_s,
     initial_arrivals,
     reject_reasons,
 )
@@ -141,8 +142,14 @@ class _RefReplica:
     # -- one engine step ---------------------------------------------------------------------
     def step(self) -> list[_Req]:
         """Run one step; return the requests that finished in it."""
-        cfg = self.cfg
         now = self.next_start()
+        scheduled, dt = self.schedule(now)
+        return self.commit(scheduled, now + dt)
+
+    def schedule(self, now: float) -> tuple[list[tuple[_Req, int]], float]:
+        """Schedule the step starting at ``now`` (vLLM v1 schedule()); return the batch and the
+        step's duration on this replica."""
+        cfg = self.cfg
         self.clock = now
         while self.pending and self.pending[0].arrival <= now:
             self.waiting.append(self.pending.popleft())
@@ -201,10 +208,11 @@ class _RefReplica:
                 row["prefill_attn_pairs"] += n * req.computed + n * (n + 1) / 2
                 row["prefill_kv_tokens"] += req.computed + n
         batch = StepBatch(**{k: np.array([v]) for k, v in row.items()})
-        dt = float(self.cost(batch).time_s[0])
-        end = now + dt
-        self.clock = end
+        return scheduled, float(self.cost(batch).time_s[0])
 
+    def commit(self, scheduled: list[tuple[_Req, int]], end: float) -> list[_Req]:
+        """Feed the scheduled tokens, sample at ``end``; return the requests that finished."""
+        self.clock = end
         finished: list[_Req] = []
         for req, n in scheduled:
             for _ in range(n):  # one token at a time; prefill_tokens counts every token fed
@@ -240,6 +248,7 @@ def simulate_reference(work: Workload, spec: FleetSpec, cost: StepCostFn) -> Eng
     offsets = work.offsets()
     affinity = work.affinity if work.affinity is not None else np.full(n, -1, np.int64)
     replicas = [_RefReplica(r, spec, cost, res) for r in range(spec.replicas)]
+    dummy = dummy_step_s(cost)
 
     # Arrival events (time, sequence, request index). Closed loop issues the next request of the
     # trace when one finishes (or is rejected); offline sends everything at t = 0.
@@ -268,7 +277,28 @@ def simulate_reference(work: Workload, spec: FleetSpec, cost: StepCostFn) -> Eng
             continue
         if first is None:
             break
-        for req in first.step():
+        if spec.lockstep == 1:
+            done = first.step()
+        else:
+            # The lockstep group: every rank with work schedules its own batch, idle ranks run
+            # a dummy batch, and the step ends when the slowest rank's does (docs/engine.md).
+            g0 = first.index - first.index % spec.lockstep
+            now = first.next_start()
+            plans: list[tuple[_RefReplica, list[tuple[_Req, int]]]] = []
+            dt = 0.0
+            for rep in replicas[g0 : g0 + spec.lockstep]:
+                if rep.has_work() and rep.next_start() <= now:
+                    scheduled, dt_r = rep.schedule(now)
+                    plans.append((rep, scheduled))
+                else:
+                    rep.clock = now
+                    plans.append((rep, []))
+                    dt_r = dummy
+                dt = max(dt, dt_r)
+            done = []
+            for rep, scheduled in plans:
+                done += rep.commit(scheduled, now + dt)
+        for req in done:
             if spec.mode == "closed" and next_issue < n:
                 heapq.heappush(events, (float(res.finish_s[req.idx]), seq, next_issue))
                 seq += 1

@@ -94,9 +94,11 @@ class Coverage:
     allreduce: str
     model_ops: str
     lm_head: str
+    moe_dispatch: str = "none (dp = 1)"
 
     def as_dict(self) -> dict[str, str]:
-        return {k: getattr(self, k) for k in ("gemm", "moe", "attention", "allreduce", "model_ops", "lm_head")}
+        keys = ("gemm", "moe", "moe_dispatch", "attention", "allreduce", "model_ops", "lm_head")
+        return {k: getattr(self, k) for k in keys}
 
 
 def _gemm_shape(dep: Deployment, name: str) -> tuple[int, int, str] | None:
@@ -166,6 +168,7 @@ def measured_tables(
     gemm_missing: set[str] = set()
     moe_used = "roofline (no MoE layers)" if not m.is_moe else "roofline"
     ar_used = "none (tp = 1)"
+    a2a_used = "none (dp = 1)" if m.is_moe else "none (dense model)"
     kernels = np.zeros(t.size)  # kernel launches per step, for the eager host time
 
     def add_roofline(op: Any) -> None:
@@ -205,8 +208,9 @@ def measured_tables(
             continue
         if op.name == "moe_experts":
             got = None
-            # experts sharded whole over the ranks (ep = tp) or each expert split over tp
-            moe_tp, moe_ep = (1, dep.ep) if dep.ep > 1 else (dep.tp, 1)
+            # experts sharded whole over the GPUs (ep = tp·dp) or each expert split over them;
+            # with dp ranks the layer runs on the tokens of all of them (each padded to t)
+            moe_tp, moe_ep = (1, dep.ep) if dep.ep > 1 else (dep.moe_shards, 1)
             for dist in MOE_DISTRIBUTIONS:
                 got = prof.moe_time(
                     dep.weight_dtype,
@@ -214,7 +218,7 @@ def measured_tables(
                     moe_tp,
                     moe_ep,
                     (m.hidden_size, m.moe_intermediate_size, m.experts_per_token, m.num_experts),
-                    np.maximum(tf, 1.0),
+                    np.maximum(tf * dep.dp, 1.0),
                 )
                 if got is not None:
                     moe_used = (
@@ -233,6 +237,17 @@ def measured_tables(
                 model_ops_used = True
             else:
                 add_roofline(op)
+            continue
+        if op.name == "moe_dispatch_combine":
+            # All-gather then reduce-scatter of the dp ranks' dp·t·h tensor: the two halves of
+            # a ring all-reduce of that tensor, so NCCL's measured all-reduce over dp GPUs.
+            nccl_c = prof.allreduce_curve("nccl", dep.dp)
+            if nccl_c is not None:
+                add_measured(op, nccl_c(np.maximum(tf * dep.dp * m.hidden_size * 2.0, 1.0)), column=2)
+                a2a_used = f"allgather_reducescatter as NCCL all-reduce (measured: {prof.gpu} x{dep.dp} curve)"
+            else:
+                add_roofline(op)
+                a2a_used = f"allgather_reducescatter, NCCL over {dep.dp} GPUs not measured here: roofline link"
             continue
         if op.name == "all_reduce":
             backend = _allreduce_backend(dep)
@@ -330,6 +345,7 @@ def measured_tables(
         allreduce=ar_used if dep.tp > 1 else "none (tp = 1)",
         model_ops="measured (the model's own operators)" if model_ops_used else "roofline elementwise kernels",
         lm_head=lm_used,
+        moe_dispatch=a2a_used,
     )
     return tok, logit, cov
 

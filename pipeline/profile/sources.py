@@ -338,6 +338,7 @@ def read_llmservingsim(root: Path, out: Measurements) -> None:
                 pl.lit(model_name).alias("model"),
                 pl.lit(tp).cast(pl.Int64).alias("tp"),
             ]
+
         dense = tp_dir / "dense.csv"
         if dense.exists():
             f = _read_csv(dense, ["layer", "tokens", "time_us"])
