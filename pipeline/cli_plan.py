@@ -9,7 +9,8 @@ import click
 from pipeline.cli_common import emit_json, get_store, json_option, progress, run, store_option
 from pipeline.economics import run_cost
 from pipeline.errors import ConfigError
-from pipeline.plan import DEFAULT_MAX_REPLICAS, DEFAULT_WARMUP_S, DEFAULT_WINDOW_S, PlanOptions, load_slo_presets, plan
+from pipeline.plan import DEFAULT_MAX_REPLICAS, DEFAULT_WARMUP_S, DEFAULT_WINDOW_S, PlanOptions, plan
+from pipeline.slo import load_slo_presets
 
 
 def _csv(text: str) -> tuple[str, ...]:

@@ -8,6 +8,7 @@ import click
 
 from pipeline.cli_common import emit_json, get_store, json_option, progress, run, store_option
 from pipeline.replay import ReplayOptions, replay
+from pipeline.slo import failures_line, overload_text, verdict_text
 
 
 def _ms(x: float | None) -> str:
@@ -38,6 +39,12 @@ def _ms(x: float | None) -> str:
     help="Closed loop: C clients, each sends its next request when the previous one finishes.",
 )
 @click.option("--offline", is_flag=True, help="Send every request at t=0 (offline throughput).")
+@click.option(
+    "--slo",
+    default=None,
+    help="Judge the run against an SLO: a preset (chat, interactive, ...) or ttft_p99=2s,tpot_p99=100ms "
+    "(default: the fleet's [slo]).",
+)
 @store_option
 @json_option
 def replay_cmd(
@@ -47,6 +54,7 @@ def replay_cmd(
     replicas: int | None,
     concurrency: int | None,
     offline: bool,
+    slo: str | None,
     store_path: str | None,
     as_json: bool,
 ) -> None:
@@ -59,24 +67,29 @@ def replay_cmd(
 
     def body() -> Any:
         options = ReplayOptions(
-            date=date, rate_scale=rate_scale, replicas=replicas, concurrency=concurrency, offline=offline
+            date=date, rate_scale=rate_scale, replicas=replicas, concurrency=concurrency, offline=offline, slo=slo
         )
         return replay(get_store(store_path), fleet_path, options, progress=progress)
 
     result = run(body)
     s = result.summary
+    h = s["health"]
+    for line in h["warnings"]:
+        click.echo(f"warning: {line}", err=True)
     if as_json:
         emit_json({"run_id": result.run_id, "run_dir": str(result.run_dir), **s})
         return
     click.echo(f"run {result.run_id} -> {result.run_dir}")
-    click.echo(
-        f"requests {s['requests']:,}: finished {s['finished']:,}, rejected {s['rejected']:,} "
-        f"{s['rejected_by_reason'] if s['rejected'] else ''}".rstrip()
-    )
+    # failures first: what did not get served, then whether the fleet kept up, then the SLO
+    click.echo(failures_line(h))
+    click.echo(overload_text(h["overload"]))
+    v = h["verdict"]
+    click.echo(verdict_text(v) if v else "SLO: none set (FLEET.toml [slo] or --slo chat)")
     tput = s["output_tokens_per_s"]
     click.echo(
         f"makespan {s['makespan_s']:,.1f} s; decode {tput or 0:,.0f} output tokens/s; preemptions {s['preemptions']:,}"
     )
+    click.echo(f"latency over {h['latency_covers']}:")
     for name in ("ttft_s", "tpot_s", "e2e_s"):
         st = s[name]
         click.echo(f"{name[:-2]:>5}: mean {_ms(st['mean'])}  p50 {_ms(st['p50'])}  p99 {_ms(st['p99'])}")

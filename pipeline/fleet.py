@@ -111,6 +111,9 @@ class FleetConfig:
     cost_model: str = "auto"
     engine: EngineSettings = field(default_factory=EngineSettings)
     calibration: Calibration | None = None
+    #: ``[slo]``: the latency targets the run is judged against, in ``--slo`` syntax
+    #: (pipeline.slo.parse_slo), e.g. "chat" or "ttft_p99=2s,tpot_p99=0.1s".
+    slo: str | None = None
 
     def with_replicas(self, replicas: int | None) -> FleetConfig:
         if replicas is None:
@@ -139,6 +142,7 @@ _TOP_TYPES: dict[str, tuple[type, ...]] = {
     "cost_model": (str,),
     "engine": (dict,),
     "calibration": (dict,),
+    "slo": (dict,),
 }
 _CALIBRATION_TYPES: dict[str, tuple[type, ...]] = {
     "source": (str,),
@@ -172,6 +176,31 @@ def _check(table: dict[str, Any], types: dict[str, tuple[type, ...]], where: str
             raise ConfigError(f"{where}: {key} must be {allowed[0].__name__}, got {value!r}")
         if not isinstance(value, allowed):
             raise ConfigError(f"{where}: {key} must be {allowed[0].__name__}, got {value!r}")
+
+
+def _parse_slo_table(raw: dict[str, Any], where: str) -> str:
+    """``[slo]``: ``preset = "chat"`` and/or targets ``ttft_p99 = 2.0`` (seconds), as the text
+    ``--slo`` takes; checked by parsing it."""
+    from pipeline.slo import parse_slo
+
+    parts: list[str] = []
+    for key, value in raw.items():
+        if key == "preset":
+            if not isinstance(value, str):
+                raise ConfigError(f"{where}: preset must be a string, got {value!r}")
+            parts.insert(0, value)
+        elif isinstance(value, bool) or not isinstance(value, int | float):
+            raise ConfigError(f"{where}: {key} must be a number of seconds, got {value!r}")
+        else:
+            parts.append(f"{key}={float(value)!r}s")
+    if not parts:
+        raise ConfigError(f"{where}: give a preset or targets such as ttft_p99 = 2.0")
+    text = ",".join(parts)
+    try:
+        parse_slo(text)
+    except ConfigError as exc:
+        raise ConfigError(f"{where}: {exc}") from None
+    return text
 
 
 def parse_fleet(data: dict[str, Any], origin: str) -> FleetConfig:
@@ -208,8 +237,9 @@ def parse_fleet(data: dict[str, Any], origin: str) -> FleetConfig:
                 if not 0.0 < raw[key] <= 1.0:
                     raise ConfigError(f"{where}: {key} must be in (0, 1]")
         calibration = Calibration(**raw)
-    top = {k: v for k, v in data.items() if k not in ("engine", "calibration")}
-    cfg = FleetConfig(engine=engine, calibration=calibration, **top)
+    slo = _parse_slo_table(data["slo"], f"{origin} [slo]") if "slo" in data else None
+    top = {k: v for k, v in data.items() if k not in ("engine", "calibration", "slo")}
+    cfg = FleetConfig(engine=engine, calibration=calibration, slo=slo, **top)
     if cfg.cost_model not in ("auto", "measured", "roofline"):
         raise ConfigError(f"{origin}: cost_model {cfg.cost_model!r} unknown; choose auto, measured or roofline")
     if cfg.router not in ROUTERS:

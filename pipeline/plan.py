@@ -30,9 +30,7 @@ import json
 import math
 import multiprocessing
 import os
-import re
 import time
-import tomllib
 from collections.abc import Callable, Sequence
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import asdict, dataclass, field, replace
@@ -44,7 +42,7 @@ import numpy.typing as npt
 import polars as pl
 import pyarrow as pa
 
-from pipeline.catalog import CATALOG_DIR, load_hardware, load_model
+from pipeline.catalog import load_hardware, load_model
 from pipeline.economics import (
     GpuCost,
     TokenTotals,
@@ -59,10 +57,17 @@ from pipeline.fleet import FleetConfig, ResolvedFleet, load_fleet, parse_fleet, 
 from pipeline.replay import ReplayOptions, ReplayRun, build_workload, default_fleet_path, run_replay
 from pipeline.roofline import decode_batch, prefill_batch
 from pipeline.schemas import atomic_write_bytes, write_parquet
+from pipeline.slo import (  # noqa: F401  (re-exported: the planning API)
+    METRICS,
+    Slo,
+    SloTarget,
+    latency_arrays,
+    load_slo_presets,
+    parse_slo,
+    percentile,
+)
 from pipeline.steps import BINDING_NAMES
 from pipeline.store import Store
-
-SLO_PATH = CATALOG_DIR / "slo.toml"
 
 #: MLPerf LoadGen runs a Server scenario for at least 600 s (MLPerf Inference rules, "min_duration"),
 #: long enough for a p99 over thousands of requests; the default peak window follows it.
@@ -83,133 +88,6 @@ FLOOR_IMPROVEMENT = 0.02
 #: 4x the service time, so tails, not averages, decide); otherwise bursts and queueing bind.
 KV_BINDS_AT = 0.95
 SATURATION = 0.80
-
-_TARGET_RE = re.compile(r"^(ttft|tpot|e2e|queue)_p(\d+(?:\.\d+)?)$")
-_VALUE_RE = re.compile(r"^\s*([0-9]*\.?[0-9]+(?:e[-+]?\d+)?)\s*(ms|s)?\s*$")
-METRICS: tuple[str, ...] = ("ttft", "tpot", "e2e", "queue")
-
-
-# --------------------------------------------------------------------------------------------
-# SLOs
-
-
-@dataclass(frozen=True)
-class SloTarget:
-    metric: str  # ttft | tpot | e2e | queue
-    percentile: float
-    limit_s: float
-
-    @property
-    def name(self) -> str:
-        return f"{self.metric}_p{self.percentile:g}"
-
-
-@dataclass(frozen=True)
-class Slo:
-    name: str
-    targets: tuple[SloTarget, ...]
-    description: str = ""
-    source: str = ""
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "name": self.name,
-            "description": self.description,
-            "source": self.source,
-            "targets": {t.name: t.limit_s for t in self.targets},
-        }
-
-
-def _target(key: str, value: float, where: str) -> SloTarget:
-    m = _TARGET_RE.match(key)
-    if not m:
-        raise ConfigError(f"{where}: unknown SLO target {key!r}; use METRIC_pNN with METRIC in {list(METRICS)}")
-    pct = float(m.group(2))
-    if not 0 < pct < 100:
-        raise ConfigError(f"{where}: percentile of {key!r} must be in (0, 100)")
-    if not (math.isfinite(value) and value > 0):
-        raise ConfigError(f"{where}: {key} must be a positive number of seconds, got {value!r}")
-    return SloTarget(m.group(1), pct, float(value))
-
-
-def load_slo_presets(path: Path = SLO_PATH) -> dict[str, Slo]:
-    """The presets in ``pipeline/catalog/slo.toml`` (every one with its source)."""
-    try:
-        with path.open("rb") as fh:
-            data = tomllib.load(fh)
-    except tomllib.TOMLDecodeError as exc:
-        raise ConfigError(f"{path}: not valid TOML: {exc}") from None
-    presets = {}
-    for name, raw in data.items():
-        where = f"{path} [{name}]"
-        if not isinstance(raw, dict):
-            raise ConfigError(f"{where}: must be a table")
-        for key in ("description", "source"):
-            if not isinstance(raw.get(key), str) or not raw[key].strip():
-                raise ConfigError(f"{where}: missing key {key!r}")
-        targets = []
-        for key, value in raw.items():
-            if key in ("description", "source"):
-                continue
-            if isinstance(value, bool) or not isinstance(value, int | float):
-                raise ConfigError(f"{where}: {key} must be a number of seconds, got {value!r}")
-            targets.append(_target(key, float(value), where))
-        if not targets:
-            raise ConfigError(f"{where}: no SLO targets")
-        presets[name] = Slo(name, tuple(targets), raw["description"], raw["source"])
-    return presets
-
-
-def parse_slo(text: str, presets: dict[str, Slo] | None = None) -> Slo:
-    """``chat``, ``ttft_p99=2s,tpot_p99=100ms`` or ``chat,ttft_p99=1s`` (a preset, then overrides).
-    Values take ``s`` or ``ms``; a bare number is seconds."""
-    presets = presets if presets is not None else load_slo_presets()
-    targets: dict[str, SloTarget] = {}
-    names, description, source = [], "", ""
-    items = [p.strip() for p in text.split(",") if p.strip()]
-    if not items:
-        raise ConfigError("--slo: empty; give a preset or targets such as ttft_p99=2s,tpot_p99=100ms")
-    for item in items:
-        if "=" not in item:
-            if item not in presets:
-                raise ConfigError(f"--slo: unknown preset {item!r}; presets: {sorted(presets)}")
-            preset = presets[item]
-            names.append(item)
-            description, source = preset.description, preset.source
-            targets.update({t.name: t for t in preset.targets})
-            continue
-        key, _, raw = item.partition("=")
-        m = _VALUE_RE.match(raw.lower())
-        if not m:
-            raise ConfigError(f"--slo: {key.strip()}={raw!r} is not a duration like 2s or 100ms")
-        value = float(m.group(1)) * (1e-3 if m.group(2) == "ms" else 1.0)
-        t = _target(key.strip(), value, "--slo")
-        targets[t.name] = t
-        names.append(f"{t.name}={value:g}s")
-    ordered = tuple(sorted(targets.values(), key=lambda t: (METRICS.index(t.metric), t.percentile)))
-    return Slo("+".join(names), ordered, description, source)
-
-
-def latency_arrays(run: ReplayRun) -> dict[str, npt.NDArray[np.float64]]:
-    """Per-request ttft, tpot, e2e and queue seconds (NaN where not defined: tpot of 1-token outputs)."""
-    res, work = run.result, run.work
-    ttft = res.first_token_s - res.arrival_s
-    e2e = res.finish_s - res.arrival_s
-    o = work.output_tokens
-    with np.errstate(invalid="ignore", divide="ignore"):
-        tpot = np.where(o > 1, (e2e - ttft) / (o - 1), np.nan)
-    return {"ttft": ttft, "tpot": tpot, "e2e": e2e, "queue": res.scheduled_s - res.arrival_s}
-
-
-def percentile(values: npt.NDArray[np.float64], pct: float) -> float:
-    """The smallest value with at least ``pct`` % of values at or below it (inverse CDF), so
-    ``percentile(x, p) <= L`` exactly when at least p % of requests meet L. +inf counts (a
-    request that never finished misses every target)."""
-    v = values[~np.isnan(values)]
-    if v.size == 0:
-        return 0.0
-    return float(np.percentile(v, pct, method="inverted_cdf"))
-
 
 # --------------------------------------------------------------------------------------------
 # the window

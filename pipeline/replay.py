@@ -38,6 +38,16 @@ from pipeline.fleet import ResolvedFleet, load_fleet, resolve
 from pipeline.prefix import DEFAULT_ISOLATION, build_chains, key64, mix64
 from pipeline.profile.cost import fleet_step_cost
 from pipeline.schemas import atomic_write_bytes, write_parquet
+from pipeline.slo import (
+    Slo,
+    detect_overload,
+    failure_counts,
+    failures_line,
+    overload_text,
+    parse_slo,
+    request_latencies,
+    slo_verdict,
+)
 from pipeline.steps import BINDING_NAMES
 from pipeline.store import Store, repo_root
 
@@ -54,6 +64,9 @@ class ReplayOptions:
     replicas: int | None = None
     concurrency: int | None = None
     offline: bool = False
+    #: SLO to judge the run against (``--slo`` syntax; None: the fleet's ``[slo]``, if any).
+    #: Not part of the run id: the verdict is computed from the run, not an input to it.
+    slo: str | None = None
 
     def __post_init__(self) -> None:
         if not self.rate_scale > 0:
@@ -312,7 +325,37 @@ def _stats(values: npt.NDArray[np.float64]) -> dict[str, float | None]:
     return {"mean": float(v.mean()), **{f"p{p:g}": float(x) for p, x in zip(PERCENTILES, q, strict=True)}}
 
 
-def summarize(run: ReplayRun) -> dict[str, Any]:
+def run_slo(run: ReplayRun, options: ReplayOptions | None = None) -> Slo | None:
+    """The SLO a run is judged against: ``--slo`` if given, else the fleet's ``[slo]``."""
+    text = options.slo if options is not None and options.slo else run.fleet.config.slo
+    return parse_slo(text) if text else None
+
+
+def health(run: ReplayRun, slo: Slo | None) -> dict[str, Any]:
+    """What failed: request counts (finished, rejected by reason, preempted), overload, and the
+    SLO verdict with goodput; ``warnings`` lists each failure in one line (empty: healthy)."""
+    res, work = run.result, run.work
+    counts = failure_counts(res)
+    over = detect_overload(res.arrival_s, res.scheduled_s, res.finish_s, res.reject_reason == 0)
+    verdict = slo_verdict(request_latencies(res, work), res.reject_reason != 0, slo) if slo else None
+    warnings = []
+    if counts["rejected"]:
+        warnings.append(failures_line(counts))
+    if over.detected:
+        warnings.append(over.line())
+    if verdict is not None and not verdict.passed:
+        warnings.append(verdict.line())
+    return {
+        **counts,
+        "latency_covers": f"finished requests ({counts['finished']:,} of {counts['requests']:,})",
+        "overload": over.to_dict(),
+        "verdict": verdict.to_dict() if verdict else None,
+        "healthy": not warnings,
+        "warnings": warnings,
+    }
+
+
+def summarize(run: ReplayRun, slo: Slo | None = None) -> dict[str, Any]:
     res, work = run.result, run.work
     ok = res.reject_reason == 0
     span = float(np.nanmax(res.finish_s) - np.min(res.arrival_s)) if ok.any() else 0.0
@@ -328,6 +371,7 @@ def summarize(run: ReplayRun) -> dict[str, Any]:
         "finished": int(ok.sum()),
         "rejected": int((~ok).sum()),
         "rejected_by_reason": reasons,
+        "health": health(run, slo),
         "makespan_s": span,
         "output_tokens": out_tok,
         "output_tokens_per_s": out_tok / span if span > 0 else None,
@@ -377,7 +421,7 @@ def default_fleet_path() -> Path:
 def _run_id(date: str, fleet: ResolvedFleet, options: ReplayOptions, requests: pl.DataFrame) -> str:
     h = hashlib.sha256()
     h.update(json.dumps(fleet.to_dict(), sort_keys=True, default=str).encode())
-    h.update(json.dumps(asdict(options), sort_keys=True).encode())
+    h.update(json.dumps(asdict(options) | {"slo": None}, sort_keys=True).encode())
     h.update(requests.hash_rows().to_numpy().tobytes())
     return f"{date}-{fleet.config.name}-{h.hexdigest()[:10]}"
 
@@ -399,7 +443,14 @@ def replay(
         progress(f"replaying {requests.height:,} requests of {date} on {cfg.replicas}x {cfg.name}")
     run = run_replay(requests, fleet, options)
     t0_us = int(requests.get_column("arrival").dt.epoch("us").to_numpy().min())
-    summary = summarize(run)
+    summary = summarize(run, run_slo(run, options))
+    over = summary["health"]["overload"]
+    if over["detected"]:
+        start = np.datetime64(t0_us, "us") + np.timedelta64(round(over["from_s"] * 1e6), "us")
+        over["from_utc"] = f"{np.datetime_as_string(start, unit='s')}Z"
+        summary["health"]["warnings"] = [
+            overload_text(over) if w.startswith("OVERLOADED") else w for w in summary["health"]["warnings"]
+        ]
     run_id = _run_id(date, fleet, options, requests)
     run_dir = store.runs_dir / run_id
     with store.lock():

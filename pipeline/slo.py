@@ -1,0 +1,386 @@
+"""Latency SLOs and the verdict on a replay: targets, goodput, failures, overload.
+
+An SLO is a set of targets ``METRIC_pNN <= seconds`` (METRIC: ttft, tpot, e2e, queue); presets
+with their sources are in ``pipeline/catalog/slo.toml``. A target is met when at least NN % of
+*all* requests have the metric within the limit: a rejected request misses every target, so
+rejections can never make a run look healthier (docs/planning.md, "SLO semantics"). Goodput is
+the share of all requests that meet every target at once.
+
+Overload: requests are waiting (arrived, not yet scheduled) without a pause until the last
+arrival and the backlog is large: the fleet serves fewer requests per second than arrive, so
+the queue grows without bound. :func:`detect_overload` says from when and by how much.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+import tomllib
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+from pipeline.catalog import CATALOG_DIR
+from pipeline.engine.model import REJECT_REASONS, EngineResult, Workload
+from pipeline.errors import ConfigError
+
+SLO_PATH = CATALOG_DIR / "slo.toml"
+
+_TARGET_RE = re.compile(r"^(ttft|tpot|e2e|queue)_p(\d+(?:\.\d+)?)$")
+_VALUE_RE = re.compile(r"^\s*([0-9]*\.?[0-9]+(?:e[-+]?\d+)?)\s*(ms|s)?\s*$")
+METRICS: tuple[str, ...] = ("ttft", "tpot", "e2e", "queue")
+
+
+# --------------------------------------------------------------------------------------------
+# SLOs
+
+
+@dataclass(frozen=True)
+class SloTarget:
+    metric: str  # ttft | tpot | e2e | queue
+    percentile: float
+    limit_s: float
+
+    @property
+    def name(self) -> str:
+        return f"{self.metric}_p{self.percentile:g}"
+
+
+@dataclass(frozen=True)
+class Slo:
+    name: str
+    targets: tuple[SloTarget, ...]
+    description: str = ""
+    source: str = ""
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "description": self.description,
+            "source": self.source,
+            "targets": {t.name: t.limit_s for t in self.targets},
+        }
+
+
+def _target(key: str, value: float, where: str) -> SloTarget:
+    m = _TARGET_RE.match(key)
+    if not m:
+        raise ConfigError(f"{where}: unknown SLO target {key!r}; use METRIC_pNN with METRIC in {list(METRICS)}")
+    pct = float(m.group(2))
+    if not 0 < pct < 100:
+        raise ConfigError(f"{where}: percentile of {key!r} must be in (0, 100)")
+    if not (math.isfinite(value) and value > 0):
+        raise ConfigError(f"{where}: {key} must be a positive number of seconds, got {value!r}")
+    return SloTarget(m.group(1), pct, float(value))
+
+
+def load_slo_presets(path: Path = SLO_PATH) -> dict[str, Slo]:
+    """The presets in ``pipeline/catalog/slo.toml`` (every one with its source)."""
+    try:
+        with path.open("rb") as fh:
+            data = tomllib.load(fh)
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"{path}: not valid TOML: {exc}") from None
+    presets = {}
+    for name, raw in data.items():
+        where = f"{path} [{name}]"
+        if not isinstance(raw, dict):
+            raise ConfigError(f"{where}: must be a table")
+        for key in ("description", "source"):
+            if not isinstance(raw.get(key), str) or not raw[key].strip():
+                raise ConfigError(f"{where}: missing key {key!r}")
+        targets = []
+        for key, value in raw.items():
+            if key in ("description", "source"):
+                continue
+            if isinstance(value, bool) or not isinstance(value, int | float):
+                raise ConfigError(f"{where}: {key} must be a number of seconds, got {value!r}")
+            targets.append(_target(key, float(value), where))
+        if not targets:
+            raise ConfigError(f"{where}: no SLO targets")
+        presets[name] = Slo(name, tuple(targets), raw["description"], raw["source"])
+    return presets
+
+
+def parse_slo(text: str, presets: dict[str, Slo] | None = None) -> Slo:
+    """``chat``, ``ttft_p99=2s,tpot_p99=100ms`` or ``chat,ttft_p99=1s`` (a preset, then overrides).
+    Values take ``s`` or ``ms``; a bare number is seconds."""
+    presets = presets if presets is not None else load_slo_presets()
+    targets: dict[str, SloTarget] = {}
+    names, description, source = [], "", ""
+    items = [p.strip() for p in text.split(",") if p.strip()]
+    if not items:
+        raise ConfigError("--slo: empty; give a preset or targets such as ttft_p99=2s,tpot_p99=100ms")
+    for item in items:
+        if "=" not in item:
+            if item not in presets:
+                raise ConfigError(f"--slo: unknown preset {item!r}; presets: {sorted(presets)}")
+            preset = presets[item]
+            names.append(item)
+            description, source = preset.description, preset.source
+            targets.update({t.name: t for t in preset.targets})
+            continue
+        key, _, raw = item.partition("=")
+        m = _VALUE_RE.match(raw.lower())
+        if not m:
+            raise ConfigError(f"--slo: {key.strip()}={raw!r} is not a duration like 2s or 100ms")
+        value = float(m.group(1)) * (1e-3 if m.group(2) == "ms" else 1.0)
+        t = _target(key.strip(), value, "--slo")
+        targets[t.name] = t
+        names.append(f"{t.name}={value:g}s")
+    ordered = tuple(sorted(targets.values(), key=lambda t: (METRICS.index(t.metric), t.percentile)))
+    return Slo("+".join(names), ordered, description, source)
+
+
+def latency_arrays(run: Any) -> dict[str, npt.NDArray[np.float64]]:
+    """Per-request ttft, tpot, e2e and queue seconds of a replay run (``run.result``,
+    ``run.work``; NaN where not defined: tpot of 1-token outputs, every metric of a rejected
+    request)."""
+    return request_latencies(run.result, run.work)
+
+
+def request_latencies(res: EngineResult, work: Workload) -> dict[str, npt.NDArray[np.float64]]:
+    """:func:`latency_arrays` from an engine result and its workload."""
+    ttft = res.first_token_s - res.arrival_s
+    e2e = res.finish_s - res.arrival_s
+    o = work.output_tokens
+    with np.errstate(invalid="ignore", divide="ignore"):
+        tpot = np.where(o > 1, (e2e - ttft) / (o - 1), np.nan)
+    return {"ttft": ttft, "tpot": tpot, "e2e": e2e, "queue": res.scheduled_s - res.arrival_s}
+
+
+def percentile(values: npt.NDArray[np.float64], pct: float) -> float:
+    """The smallest value with at least ``pct`` % of values at or below it (inverse CDF), so
+    ``percentile(x, p) <= L`` exactly when at least p % of requests meet L. +inf counts (a
+    request that never finished misses every target)."""
+    v = values[~np.isnan(values)]
+    if v.size == 0:
+        return 0.0
+    return float(np.percentile(v, pct, method="inverted_cdf"))
+
+
+# --------------------------------------------------------------------------------------------
+# the verdict on a replay
+
+
+@dataclass(frozen=True)
+class TargetResult:
+    name: str
+    limit_s: float
+    value_s: float  # the percentile over all requests (rejected ones count as +inf)
+    met: bool
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """Pass/fail of each SLO target and goodput, over every request of the run."""
+
+    slo: str
+    targets: tuple[TargetResult, ...]
+    requests: int
+    goodput: float  # share of all requests meeting every target (rejected: none)
+
+    @property
+    def passed(self) -> bool:
+        return all(t.met for t in self.targets)
+
+    def failing(self) -> list[TargetResult]:
+        return [t for t in self.targets if not t.met]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "slo": self.slo,
+            "passed": self.passed,
+            "goodput": self.goodput,
+            "requests": self.requests,
+            "targets": [
+                {"target": t.name, "limit_s": t.limit_s, "value_s": _finite(t.value_s), "met": t.met}
+                for t in self.targets
+            ],
+        }
+
+    def line(self) -> str:
+        parts = [
+            f"{t.name} {format_seconds(t.value_s)} {'<=' if t.met else '>'} {format_seconds(t.limit_s)}"
+            for t in self.targets
+        ]
+        return f"SLO {self.slo}: {'PASS' if self.passed else 'FAIL'} ({'; '.join(parts)}); goodput {self.goodput:.1%}"
+
+
+def _finite(x: float) -> float | None:
+    return x if math.isfinite(x) else None
+
+
+def format_seconds(x: float | None) -> str:
+    """Seconds for people: ms below 1 s, never scientific notation; inf as 'never'."""
+    if x is None or (isinstance(x, float) and math.isnan(x)):
+        return "n/a"
+    if math.isinf(x):
+        return "never"
+    if abs(x) < 1.0:
+        return f"{x * 1000:.3g} ms" if x * 1000 >= 1 else f"{x * 1000:.2f} ms"
+    return f"{x:,.2f} s" if x < 100 else f"{x:,.0f} s"
+
+
+def slo_verdict(
+    lat: dict[str, npt.NDArray[np.float64]],
+    rejected: npt.NDArray[np.bool_],
+    slo: Slo,
+    measured: npt.NDArray[np.bool_] | None = None,
+) -> Verdict:
+    """Each target's percentile over the ``measured`` requests (all by default), rejected ones
+    counting as never served, and goodput: the share meeting every target at once (a metric
+    undefined for a request — TPOT of a one-token answer — does not count against it)."""
+    n = rejected.shape[0]
+    m = np.ones(n, bool) if measured is None else measured
+    good = ~rejected[m]
+    results = []
+    for t in slo.targets:
+        v = np.where(rejected, np.inf, lat[t.metric])[m]
+        value = percentile(v, t.percentile)
+        results.append(TargetResult(t.name, t.limit_s, value, value <= t.limit_s))
+        good &= ~(v > t.limit_s)  # NaN (undefined) passes
+    count = int(m.sum())
+    return Verdict(slo.name, tuple(results), count, float(good.sum()) / count if count else 0.0)
+
+
+@dataclass(frozen=True)
+class Overload:
+    """Whether the fleet fell behind its arrivals for good (see the module doc)."""
+
+    detected: bool
+    from_s: float | None = None  # seconds after the first arrival when the backlog last was empty
+    backlog: int = 0  # requests waiting to be scheduled at the last arrival
+    arrival_rate: float = 0.0  # requests/s arriving from ``from_s`` to the last arrival
+    service_rate: float = 0.0  # requests/s admitted over the same time
+    drain_s: float = 0.0  # last finish − last arrival
+    from_utc: str | None = None  # ``from_s`` as a UTC time, where the caller knows the clock
+
+    @property
+    def excess(self) -> float:
+        """How much arrivals exceed service (0.25: 25 % more arrive than are served)."""
+        return self.arrival_rate / self.service_rate - 1.0 if self.service_rate > 0 else math.inf
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "detected": self.detected,
+            "from_s": self.from_s,
+            "backlog_requests": self.backlog,
+            "arrival_rate_per_s": self.arrival_rate,
+            "service_rate_per_s": self.service_rate,
+            "excess": _finite(self.excess) if self.detected else None,
+            "drain_s": self.drain_s,
+        }
+
+    def line(self) -> str:
+        if not self.detected:
+            return "no overload"
+        when = (
+            f"{self.from_utc} (+{format_seconds(self.from_s)})" if self.from_utc else f"+{format_seconds(self.from_s)}"
+        )
+        return (
+            f"OVERLOADED from {when}: {self.arrival_rate:,.2f} req/s arrive, "
+            f"{self.service_rate:,.2f} req/s served ({self.excess:+.0%}); {self.backlog:,} waiting at the last "
+            f"arrival, {format_seconds(self.drain_s)} to drain"
+        )
+
+
+#: Overload needs a backlog of at least this many requests (and this share of the accepted
+#: requests) at the last arrival, built up without a pause for at least MIN_OVERLOAD_SHARE of the
+#: trace's span: a burst that the fleet would absorb is not overload.
+MIN_BACKLOG = 10
+MIN_BACKLOG_SHARE = 0.01
+MIN_OVERLOAD_SHARE = 0.1
+
+
+def detect_overload(
+    arrival_s: npt.NDArray[np.float64],
+    scheduled_s: npt.NDArray[np.float64],
+    finish_s: npt.NDArray[np.float64],
+    accepted: npt.NDArray[np.bool_],
+) -> Overload:
+    """Waiting requests W(t) = arrived − scheduled (accepted requests). Overloaded when W at the
+    last arrival is at least max(MIN_BACKLOG, MIN_BACKLOG_SHARE · accepted) and W has not been
+    zero since a time at least MIN_OVERLOAD_SHARE of the span before the last arrival."""
+    a = np.sort(arrival_s[accepted])
+    if a.size < 2:
+        return Overload(False)
+    s = np.sort(np.where(np.isnan(scheduled_s[accepted]), np.inf, scheduled_s[accepted]))
+    t_first, t_last = float(a[0]), float(a[-1])
+    # W just after every event time up to the last arrival (arrivals before admissions at ties)
+    times = np.unique(np.concatenate([a, s[s <= t_last]]))
+    waiting = np.searchsorted(a, times, side="right") - np.searchsorted(s, times, side="right")
+    empty = times[waiting <= 0]
+    onset = float(empty[-1]) if empty.size else t_first
+    backlog = int(waiting[-1])
+    finished = finish_s[accepted]
+    last_finish = float(np.nanmax(finished)) if np.isfinite(finished).any() else t_last
+    span = t_last - t_first
+    long_enough = span > 0 and (t_last - onset) >= MIN_OVERLOAD_SHARE * span
+    big = backlog >= max(MIN_BACKLOG, MIN_BACKLOG_SHARE * a.size)
+    if not (long_enough and big):
+        return Overload(False, drain_s=max(0.0, last_finish - t_last))
+    dur = t_last - onset
+    arrived = int(np.searchsorted(a, t_last, side="right") - np.searchsorted(a, onset, side="right"))
+    served = int(np.searchsorted(s, t_last, side="right") - np.searchsorted(s, onset, side="right"))
+    return Overload(
+        True,
+        from_s=onset - t_first,
+        backlog=backlog,
+        arrival_rate=arrived / dur,
+        service_rate=served / dur,
+        drain_s=max(0.0, last_finish - t_last),
+    )
+
+
+def failure_counts(res: EngineResult) -> dict[str, Any]:
+    """Finished / rejected (by reason) / preempted request counts of an engine result."""
+    ok = res.reject_reason == 0
+    by_reason = {
+        REJECT_REASONS[c]: int((res.reject_reason == c).sum())
+        for c in range(1, len(REJECT_REASONS))
+        if (res.reject_reason == c).any()
+    }
+    return {
+        "requests": int(res.reject_reason.shape[0]),
+        "finished": int((ok & np.isfinite(res.finish_s)).sum()),
+        "rejected": int((~ok).sum()),
+        "rejected_by_reason": by_reason,
+        "preempted_requests": int((res.preemptions > 0).sum()),
+        "preemptions": int(res.preemptions.sum()),
+    }
+
+
+def failures_line(c: dict[str, Any]) -> str:
+    """'12,031 requests: 9,206 finished, 2,825 rejected (exceeds_max_model_len 2,825), 3 preempted'."""
+    rej = f"{c['rejected']:,} rejected"
+    if c["rejected"]:
+        rej += " (" + ", ".join(f"{k} {v:,}" for k, v in c["rejected_by_reason"].items()) + ")"
+    return f"{c['requests']:,} requests: {c['finished']:,} finished, {rej}, {c['preempted_requests']:,} preempted"
+
+
+def overload_text(d: dict[str, Any]) -> str:
+    """:meth:`Overload.line` from its ``to_dict()`` (as stored in a run's summary)."""
+    return Overload(
+        bool(d.get("detected")),
+        d.get("from_s"),
+        int(d.get("backlog_requests") or 0),
+        float(d.get("arrival_rate_per_s") or 0.0),
+        float(d.get("service_rate_per_s") or 0.0),
+        float(d.get("drain_s") or 0.0),
+        d.get("from_utc"),
+    ).line()
+
+
+def verdict_text(d: dict[str, Any]) -> str:
+    """:meth:`Verdict.line` from its ``to_dict()``."""
+    targets = tuple(
+        TargetResult(
+            t["target"], float(t["limit_s"]), math.inf if t["value_s"] is None else float(t["value_s"]), bool(t["met"])
+        )
+        for t in d["targets"]
+    )
+    return Verdict(str(d["slo"]), targets, int(d["requests"]), float(d["goodput"])).line()
