@@ -72,6 +72,9 @@ def report(
 )
 @click.option("--date", default=None, help="Date to process (anchor for relative traces); default: newest in LOGS.")
 @click.option("--format", "fmt", type=click.Choice(ALL_FORMATS), default=None, help="Log format (default: detect).")
+@click.option(
+    "--slo", default=None, help="SLO to judge the night against: a preset or targets (default: the fleet's [slo])."
+)
 @_reports
 @store_option
 @json_option
@@ -80,6 +83,7 @@ def nightly_cmd(
     fleet: Path,
     date: str | None,
     fmt: str | None,
+    slo: str | None,
     reports_dir: Path | None,
     store_path: str | None,
     as_json: bool,
@@ -93,7 +97,9 @@ def nightly_cmd(
     Example: rooftrace nightly logs/2025-01-15/ --fleet fleets/default.toml
     """
     store = get_store(store_path)
-    res = run(lambda: nightly(list(logs), fleet, store, date, reports_dir, fmt, progress))
+    res = run(lambda: nightly(list(logs), fleet, store, date, reports_dir, fmt, progress, slo))
+    for w in res.headline.get("warnings") or []:
+        progress(f"warning: {w}")
     progress(res.line())
     if as_json:
         emit_json(res.to_json())
@@ -112,6 +118,8 @@ def demo_cmd(reports_dir: Path | None, store_path: str | None, as_json: bool) ->
     store = get_store(store_path)
     results = run(lambda: demo(store, reports_dir, progress))
     for res in results:
+        for w in res.headline.get("warnings") or []:
+            progress(f"warning: {w}")
         progress(res.line())
         click.echo(f"report: {res.report}")
     if as_json:

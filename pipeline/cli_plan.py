@@ -48,6 +48,18 @@ def _fmt(x: float | None, spec: str) -> str:
     return "-" if x is None else format(x, spec)
 
 
+def _share(text: str, option: str) -> float:
+    """``0.1%`` or ``0.001`` as a fraction."""
+    raw = text.strip()
+    try:
+        value = float(raw[:-1]) / 100.0 if raw.endswith("%") else float(raw)
+    except ValueError:
+        raise click.BadParameter(f"{text!r} is not a share like 0.1% or 0.001", param_hint=option) from None
+    if not 0.0 <= value <= 1.0:
+        raise click.BadParameter(f"{text!r} must be between 0% and 100%", param_hint=option)
+    return value
+
+
 @click.command("plan")
 @click.option("--model", default=None, help="Catalog model to serve (pipeline/catalog/models); required.")
 @click.option(
@@ -98,6 +110,12 @@ def _fmt(x: float | None, spec: str) -> str:
 )
 @click.option("--gpu-price", multiple=True, help="Override a GPU price: HARDWARE=USD_PER_GPU_HOUR (repeatable).")
 @click.option("--prices", "price_files", multiple=True, type=click.Path(dir_okay=False), help="API price TOML.")
+@click.option(
+    "--max-rejected",
+    default="0",
+    show_default=True,
+    help="Share of the measured requests a configuration may reject and still meet the SLO (0.1% or 0.001).",
+)
 @click.option("--list-slos", is_flag=True, help="Print the SLO presets with their numbers and sources, then exit.")
 @store_option
 @json_option
@@ -119,6 +137,7 @@ def plan_cmd(
     max_replicas: int,
     gpu_price: tuple[str, ...],
     price_files: tuple[str, ...],
+    max_rejected: str,
     list_slos: bool,
     store_path: str | None,
     as_json: bool,
@@ -164,6 +183,7 @@ def plan_cmd(
             max_replicas=max_replicas,
             gpu_prices=_gpu_prices(gpu_price),
             price_files=price_files,
+            max_rejected=_share(max_rejected, "--max-rejected"),
         )
         return plan(get_store(store_path), opts, progress=progress)
 
@@ -191,15 +211,20 @@ def plan_cmd(
         )
     chosen = doc["chosen"]
     if chosen is None:
-        click.echo("no configuration meets the SLO; widen --hardware/--tp or raise --max-replicas")
-        return
+        click.echo(
+            "no configuration meets the SLO (reasons above); widen --hardware/--tp, raise --max-replicas, "
+            "or accept rejections with --max-rejected",
+            err=True,
+        )
+        raise SystemExit(1)
     click.echo(
         f"cheapest: {chosen['replicas']}x {chosen['config']} ({chosen['gpus']} GPUs, "
         f"${chosen['usd_per_day']:,.0f}/day); binds on {chosen['sizing']['binding']}"
     )
+    click.echo(f"over the period of record ({doc['day_projection']}): self-hosted ${chosen['usd_per_period']:,.2f}")
     for a in doc["api_equivalent"]:
         click.echo(
-            f"  vs {a['provider']}/{a['api_model']} ({a['price_date']}): API ${a['api_usd']:,.0f}/day, "
+            f"  vs {a['provider']}/{a['api_model']} ({a['price_date']}): API ${a['api_usd']:,.2f}, "
             f"self-host/API {_fmt(a['self_host_to_api_ratio'], '.2f')}"
         )
     progress(f"{doc['replays']} replays in {doc['search_wall_s']:.1f} s")
@@ -229,7 +254,8 @@ def cost_cmd(
     click.echo(f"cost of run {result.subject} -> {result.out_dir}")
     click.echo(
         f"{doc['gpus']}x {doc['hardware']} at ${doc['usd_per_gpu_hour']:.2f}/GPU-h ({doc['price_date']}): "
-        f"${doc['total_usd']:,.2f} over {doc['period_s']:,.0f} s, utilization {doc['utilization']:.0%}, "
+        f"${doc['total_usd']:,.2f} over the period of record ({doc['day_projection']}), "
+        f"utilization {doc['utilization']:.0%}, "
         f"idle ${doc['idle_usd']:,.2f}"
     )
     for r in doc["token_classes"]:

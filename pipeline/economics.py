@@ -386,6 +386,31 @@ class GpuCost:
         return out
 
 
+DAY_S = 86_400.0
+
+
+def traffic_period_s(arrival_s: Any) -> float:
+    """The period of record of some traffic: first to last arrival (at least one second). Every
+    $ figure is stated for it; a per-day figure is a named projection (:func:`period_label`)."""
+    a = np.asarray(arrival_s, dtype=np.float64)
+    a = a[np.isfinite(a)]
+    return max(float(a.max() - a.min()), 1.0) if a.size else 1.0
+
+
+def period_label(period_s: float) -> str:
+    """'58 min of traffic' / '2.5 h of traffic' / '3 days of traffic'."""
+    if period_s < 3600:
+        return f"{period_s / 60:.0f} min of traffic" if period_s >= 60 else f"{period_s:.0f} s of traffic"
+    if period_s < 2 * DAY_S:
+        return f"{period_s / 3600:.3g} h of traffic"
+    return f"{period_s / DAY_S:.3g} days of traffic"
+
+
+def day_projection(period_s: float) -> str:
+    """How a per-period figure becomes a per-day one, said: '58 min of traffic -> x24.8 per day'."""
+    return f"{period_label(period_s)} -> x{DAY_S / period_s:.3g} per day"
+
+
 def api_cost_rows(
     subject: str, tokens: TokenTotals, prices: Sequence[Any], self_host_usd: float, period_s: float
 ) -> list[dict[str, Any]]:
@@ -439,6 +464,8 @@ class CostResult:
             "usd_per_gpu_hour": g.usd_per_gpu_hour,
             "price_date": g.price_date,
             "period_s": g.window_s,
+            "period": period_label(g.window_s),
+            "day_projection": day_projection(g.window_s),
             "total_usd": g.total_usd,
             "busy_usd": g.busy_usd,
             "idle_usd": g.idle_usd,
@@ -485,8 +512,7 @@ def run_cost(
     hits = req.column("cache_hit_tokens").to_numpy().astype(np.float64)[ok]
     out = req.column("output_tokens").to_numpy().astype(np.float64)[ok]
     arrival = req.column("arrival_s").to_numpy()
-    finish = req.column("finish_s").to_numpy(zero_copy_only=False).astype(np.float64)
-    span = float(np.nanmax(finish) - arrival.min()) if ok.any() else 0.0
+    span = traffic_period_s(arrival)  # the period of record: the traffic's own span
     writes = 0.0
     date = config.get("date")
     if date and date in store.dates():

@@ -142,7 +142,7 @@ _TOP_TYPES: dict[str, tuple[type, ...]] = {
     "cost_model": (str,),
     "engine": (dict,),
     "calibration": (dict,),
-    "slo": (dict,),
+    "slo": (dict, str),
 }
 _CALIBRATION_TYPES: dict[str, tuple[type, ...]] = {
     "source": (str,),
@@ -178,11 +178,17 @@ def _check(table: dict[str, Any], types: dict[str, tuple[type, ...]], where: str
             raise ConfigError(f"{where}: {key} must be {allowed[0].__name__}, got {value!r}")
 
 
-def _parse_slo_table(raw: dict[str, Any], where: str) -> str:
-    """``[slo]``: ``preset = "chat"`` and/or targets ``ttft_p99 = 2.0`` (seconds), as the text
-    ``--slo`` takes; checked by parsing it."""
+def _parse_slo_table(raw: dict[str, Any] | str, where: str) -> str:
+    """``[slo]``: ``preset = "chat"`` and/or targets ``ttft_p99 = 2.0`` (seconds), or ``slo =
+    "chat,ttft_p99=1s"``, as the text ``--slo`` takes; checked by parsing it."""
     from pipeline.slo import parse_slo
 
+    if isinstance(raw, str):
+        try:
+            parse_slo(raw)
+        except ConfigError as exc:
+            raise ConfigError(f"{where}: {exc}") from None
+        return raw
     parts: list[str] = []
     for key, value in raw.items():
         if key == "preset":

@@ -23,6 +23,7 @@ from pipeline.ingest import ingest_logs
 from pipeline.replay import ReplayOptions, replay
 from pipeline.report import Datasets, _script_json, build_report, vega_bundle
 from pipeline.schemas import atomic_write_bytes
+from pipeline.slo import failures_line, format_seconds, overload_text, verdict_text
 from pipeline.store import Store, repo_root
 from pipeline.warehouse import build_warehouse
 
@@ -57,13 +58,22 @@ class NightlyResult:
     ingest: dict[str, Any] = field(default_factory=dict)
 
     def line(self) -> str:
+        """One line, failures first: what was not served, overload, the SLO verdict, then the
+        latency of the finished requests, size and cost."""
         h = self.headline
+        parts = [f"nightly {self.date}: run {self.run_id}"]
+        if h.get("replayed_requests") is not None:
+            parts.append(failures_line({**h, "requests": h["replayed_requests"]}))
+        if h.get("overloaded"):
+            parts.append(overload_text(h.get("overload") or {}))
+        if h.get("verdict"):
+            parts.append(verdict_text(h["verdict"]))
         ttft = h.get("ttft_p99_s")
-        return (
-            f"nightly {self.date}: run {self.run_id}, p99 TTFT {ttft if ttft is None else f'{ttft:.3f} s'}, "
-            f"{h.get('gpus')} GPUs, ${h.get('usd_per_day') or 0:,.0f}/day; report {self.report} "
-            f"({sum(self.stages.values()):.1f} s)"
+        parts.append(
+            f"p99 TTFT of finished {format_seconds(ttft) if ttft is not None else 'n/a'}, {h.get('gpus')} GPUs, "
+            f"${h.get('usd_per_day') or 0:,.0f}/day; report {self.report} ({sum(self.stages.values()):.1f} s)"
         )
+        return "; ".join(parts)
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -97,6 +107,7 @@ def nightly(
     reports_dir: Path | None = None,
     fmt: str | None = None,
     progress: Progress | None = None,
+    slo: str | None = None,
 ) -> NightlyResult:
     """Run the whole pipeline on ``logs`` for one date (``date``, else the newest date they hold)."""
     say = progress or (lambda _m: None)
@@ -109,7 +120,9 @@ def nightly(
         touched = sorted({d for f in summary.files for d in f.dates})
         day = date or (touched[-1] if touched else store.resolve_date(None))
         _stage("classify", timings, say, lambda: classify_tokens(store, day))
-        result = _stage("replay", timings, say, lambda: replay(store, fleet, ReplayOptions(date=day), progress=say))
+        result = _stage(
+            "replay", timings, say, lambda: replay(store, fleet, ReplayOptions(date=day, slo=slo), progress=say)
+        )
         _stage("cost", timings, say, lambda: run_cost(store, result.run_id))
         _stage("warehouse", timings, say, lambda: build_warehouse(store))
         report = _stage(

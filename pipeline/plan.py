@@ -18,9 +18,11 @@ chosen configuration's cost split and API-equivalent cost go to ``STORE/costs/<p
 (pipeline.economics).
 
 SLO semantics: a target ``ttft_p99 <= L`` is met when at least 99 % of the measured requests have
-TTFT <= L. Requests rejected for exceeding KV capacity count as missing every target; requests
-longer than ``max_model_len`` are rejected by every configuration alike (vLLM answers them with an
-error), so they are reported and left out.
+TTFT <= L. A rejected request (longer than ``max_model_len``, or needing more KV than a replica
+has) counts as missing every target, and a configuration that rejects any measured request does
+not meet the SLO unless ``max_rejected`` (``--max-rejected 0.1%``) allows that share: rejections
+do not depend on the replica count, so such a configuration fails at once with the count by
+reason.
 """
 
 from __future__ import annotations
@@ -48,10 +50,13 @@ from pipeline.economics import (
     TokenTotals,
     api_cost_rows,
     attribute_busy_time,
+    day_projection,
     kv_read_shares,
     load_prices,
+    period_label,
+    traffic_period_s,
 )
-from pipeline.engine.model import REJECT_KV_CAPACITY, REJECT_MAX_MODEL_LEN
+from pipeline.engine.model import REJECT_KV_CAPACITY, REJECT_REASONS
 from pipeline.errors import ConfigError, RooftraceError
 from pipeline.fleet import FleetConfig, ResolvedFleet, load_fleet, parse_fleet, resolve
 from pipeline.replay import ReplayOptions, ReplayRun, build_workload, default_fleet_path, run_replay
@@ -183,6 +188,10 @@ class Evaluation:
     kv_peak_fraction: float
     cache_hit_fraction: float
     wall_s: float
+    rejected: int = 0  # measured requests rejected, every reason
+    rejected_by_reason: dict[str, int] = field(default_factory=dict)
+    rejected_share: float = 0.0
+    failing_target: str | None = None  # the worst SLO target when ``failing`` is "rejected"
 
 
 @dataclass
@@ -200,6 +209,7 @@ class CandidateResult:
     price_date: str = ""
     day_busy_fraction: float = 0.0
     day_tokens: dict[str, float] = field(default_factory=dict)
+    period_s: float = 86_400.0
 
     @property
     def chosen(self) -> Evaluation | None:
@@ -227,6 +237,8 @@ class Task:
     max_replicas: int
     day_tokens: dict[str, float]  # recorded_input, output, cache_write of the whole day
     usd_per_gpu_hour: float | None
+    max_rejected: float = 0.0  # share of measured requests that may be rejected
+    period_s: float = 86_400.0  # the day's traffic span: the period every $ figure is for
 
 
 def candidate_fleet(base: FleetConfig, c: Candidate) -> FleetConfig:
@@ -235,40 +247,68 @@ def candidate_fleet(base: FleetConfig, c: Candidate) -> FleetConfig:
     return replace(base, hardware=c.hardware, tp=c.tp, weight_dtype=c.weight_dtype, name=f"plan-{c.hardware}-tp{c.tp}")
 
 
-def evaluate(window: Window, fleet: ResolvedFleet, replicas: int, slo: Slo) -> tuple[Evaluation, ReplayRun]:
-    """Replay the window on ``replicas`` replicas and check the SLO on the measured requests."""
+def evaluate(
+    window: Window, fleet: ResolvedFleet, replicas: int, slo: Slo, max_rejected: float = 0.0
+) -> tuple[Evaluation, ReplayRun]:
+    """Replay the window on ``replicas`` replicas and check the SLO on the measured requests
+    (rejected ones miss every target; more than ``max_rejected`` of them fails the SLO)."""
     cfg = fleet.config.with_replicas(replicas)
     fl = ResolvedFleet(cfg, fleet.deployment, fleet.memory, fleet.scheduler)
     run = run_replay(window.requests, fl, ReplayOptions())
     res = run.result
-    m = window.measured & (res.reject_reason != REJECT_MAX_MODEL_LEN)
+    m = window.measured
+    rejected = res.reject_reason != 0
     lat = latency_arrays(run)
     for v in lat.values():
-        v[res.reject_reason == REJECT_KV_CAPACITY] = np.inf
+        v[rejected] = np.inf
     achieved = {t.name: percentile(lat[t.metric][m], t.percentile) for t in slo.targets}
     ratios = {t.name: achieved[t.name] / t.limit_s for t in slo.targets}
     worst = max(ratios, key=lambda k: ratios[k])
+    n_rej = int((rejected & m).sum())
+    share = n_rej / max(int(m.sum()), 1)
+    by_reason = {
+        REJECT_REASONS[c]: int(((res.reject_reason == c) & m).sum())
+        for c in range(1, len(REJECT_REASONS))
+        if ((res.reject_reason == c) & m).any()
+    }
+    failing = worst if ratios[worst] > 1.0 else None
+    # rejections do not depend on the replica count: too many fail the SLO at any count
+    if share > max_rejected or any(share > 1.0 - t.percentile / 100.0 for t in slo.targets):
+        failing = "rejected"
     cols = _span_columns(run)
     busy = float((cols["end_s"] - cols["start_s"]).sum())
-    ok = res.reject_reason == 0
+    ok = ~rejected
     span = float(np.nanmax(res.finish_s[ok]) - res.arrival_s.min()) if ok.any() else 0.0
     kv_peak = float(cols["kv_blocks_used"].max() / fl.scheduler.num_gpu_blocks) if cols["steps"].size else 0.0
     rec = float(run.work.prompt_tokens[m & ok].sum())
     ev = Evaluation(
         replicas=replicas,
-        meets=ratios[worst] <= 1.0,
+        meets=failing is None,
         achieved=achieved,
         p99={k: percentile(lat[k][m], 99.0) for k in METRICS},
         worst_ratio=ratios[worst],
-        failing=worst if ratios[worst] > 1.0 else None,
-        rejected_kv=int((res.reject_reason[window.measured] == REJECT_KV_CAPACITY).sum()),
-        preemptions=int(res.preemptions[m].sum()),
-        utilization=busy / (replicas * span) if span > 0 else 0.0,
+        failing=failing,
+        rejected_kv=int((res.reject_reason[m] == REJECT_KV_CAPACITY).sum()),
+        rejected=n_rej,
+        rejected_by_reason=by_reason,
+        rejected_share=share,
+        failing_target=worst if ratios[worst] > 1.0 else None,
+        preemptions=int(res.preemptions[m & ok].sum()),
+        utilization=busy / (fl.ranks * span) if span > 0 else 0.0,
         kv_peak_fraction=kv_peak,
         cache_hit_fraction=float(res.cache_hit_tokens[m & ok].sum()) / rec if rec > 0 else 0.0,
         wall_s=run.wall_s,
     )
     return ev, run
+
+
+def rejection_note(ev: Evaluation, max_rejected: float) -> str:
+    """Why a configuration that rejects requests fails, with the count by reason."""
+    reasons = ", ".join(f"{k} {v:,}" for k, v in ev.rejected_by_reason.items())
+    head = f"rejects {ev.rejected:,} measured requests ({ev.rejected_share:.2%}: {reasons}) at any replica count"
+    if ev.rejected_share > max_rejected:
+        return f"{head}; allowed {max_rejected:.2%} (--max-rejected)"
+    return f"{head}: rejected requests miss every target, so {ev.failing_target or 'a target'} cannot be met"
 
 
 def capacity_per_replica(fleet: ResolvedFleet, mean_context: float) -> dict[str, Any]:
@@ -333,6 +373,8 @@ def min_replicas(check: Callable[[int], Evaluation], seed: int, max_replicas: in
         return cache[n].meets
 
     n = min(max(seed, 1), max_replicas)
+    if not ok(n) and cache[n].failing == "rejected":
+        return None, "rejected"
     if ok(n):
         hi, lo, step = n, 0, 1
         while hi - step >= 1:
@@ -376,7 +418,7 @@ def min_replicas(check: Callable[[int], Evaluation], seed: int, max_replicas: in
 def search_candidate(task: Task) -> CandidateResult:
     """Minimum replicas for one configuration, its sizing and cost. Runs in a worker process."""
     c = task.candidate
-    out = CandidateResult(candidate=c, fits=False)
+    out = CandidateResult(candidate=c, fits=False, period_s=task.period_s)
     try:
         fleet = resolve(candidate_fleet(task.base, c), c.label)
     except ConfigError as exc:
@@ -397,7 +439,7 @@ def search_candidate(task: Task) -> CandidateResult:
     runs: dict[int, ReplayRun] = {}
 
     def check(n: int) -> Evaluation:
-        ev, run = evaluate(task.window, fleet, n, task.slo)
+        ev, run = evaluate(task.window, fleet, n, task.slo, task.max_rejected)
         out.evaluations.append(ev)
         runs[n] = run
         return ev
@@ -405,7 +447,7 @@ def search_candidate(task: Task) -> CandidateResult:
     n, why = min_replicas(check, out.seed, task.max_replicas)
     out.evaluations.sort(key=lambda e: e.replicas)
     if n is None:
-        out.note = why
+        out.note = rejection_note(out.evaluations[0], task.max_rejected) if why == "rejected" else why
         return out
     out.replicas = n
     run = runs[n]
@@ -429,8 +471,8 @@ def search_candidate(task: Task) -> CandidateResult:
         gpus=cost.gpus,
         usd_per_gpu_hour=cost.usd_per_gpu_hour,
         price_date=cost.price_date,
-        window_s=86_400.0,
-        busy_gpu_s=min(cost.busy_gpu_s * scale, cost.gpus * 86_400.0),
+        window_s=task.period_s,
+        busy_gpu_s=min(cost.busy_gpu_s * scale, cost.gpus * task.period_s),
         class_busy_s=cost.class_busy_s,
         tokens=day_tokens,
     )
@@ -600,6 +642,8 @@ class PlanOptions:
     max_replicas: int = DEFAULT_MAX_REPLICAS
     gpu_prices: tuple[tuple[str, float], ...] = ()  # (hardware, usd_per_gpu_hour) overrides
     price_files: tuple[str, ...] = ()
+    #: Share of the measured requests a configuration may reject and still meet the SLO.
+    max_rejected: float = 0.0
 
     def __post_init__(self) -> None:
         if self.executor not in ("local", "ray"):
@@ -608,6 +652,8 @@ class PlanOptions:
             raise ConfigError("--max-replicas must be >= 1")
         if not self.hardware or not self.tp:
             raise ConfigError("give at least one --hardware and one --tp")
+        if not 0.0 <= self.max_rejected <= 1.0:
+            raise ConfigError(f"--max-rejected must be between 0% and 100%, got {self.max_rejected:.4g}")
 
 
 @dataclass(frozen=True)
@@ -669,9 +715,14 @@ def plan(store: Store, opts: PlanOptions, progress: Callable[[str], None] | None
         raise RooftraceError(f"no requests for model {want!r} on {date}; models there: {have} (use --traffic-model)")
     window = select_window(req, opts.window, opts.window_s, opts.warmup_s)
     day = _day_totals(req)
+    arrivals = req.get_column("arrival").dt.epoch("us").to_numpy().astype(np.float64) / 1e6
+    period = traffic_period_s(arrivals)
     overrides = dict(opts.gpu_prices)
     prices = load_prices(list(opts.price_files) or None)
-    tasks = [Task(c, base, window, slo, opts.max_replicas, day, overrides.get(c.hardware)) for c in cands]
+    tasks = [
+        Task(c, base, window, slo, opts.max_replicas, day, overrides.get(c.hardware), opts.max_rejected, period)
+        for c in cands
+    ]
     if progress:
         w = window.info()
         progress(
@@ -702,6 +753,9 @@ def plan(store: Store, opts: PlanOptions, progress: Callable[[str], None] | None
         "base_fleet": {"origin": base_origin, **base.to_dict()},
         "options": {k: v for k, v in asdict(opts).items() if k not in ("jobs", "ray_address")},
         "day_tokens": day,
+        "period_s": period,
+        "period": period_label(period),
+        "day_projection": day_projection(period),
         "configurations": table.to_pylist(),
         "chosen": _chosen_doc(chosen) if chosen is not None else None,
         "api_equivalent": api_rows,
@@ -739,7 +793,14 @@ def _chosen(results: Sequence[CandidateResult]) -> CandidateResult | None:
 
 
 def _usd_per_day(r: CandidateResult) -> float:
+    """The provisioned fleet for 24 hours (what ranks configurations)."""
     return (r.replicas or 0) * r.gpus_per_replica * r.usd_per_gpu_hour * 24.0
+
+
+def _usd_per_period(r: CandidateResult) -> float:
+    """The provisioned fleet over the period of record (the traffic's span), as `rooftrace cost`
+    states a run's cost: self-hosted and API figures of one traffic over one period."""
+    return (r.replicas or 0) * r.gpus_per_replica * r.usd_per_gpu_hour * r.period_s / 3600.0
 
 
 def _class_per_million(r: CandidateResult) -> dict[str, float | None]:
@@ -798,7 +859,7 @@ def _tables(
                 "usd_per_gpu_hour": r.usd_per_gpu_hour if r.fits else None,
                 "price_date": r.price_date or None,
                 "usd_per_day": usd_day,
-                "usd_per_million_tokens": (usd_day / day_tokens * 1e6) if usd_day and day_tokens else None,
+                "usd_per_million_tokens": (_usd_per_period(r) / day_tokens * 1e6) if usd_day and day_tokens else None,
                 "usd_per_million_fresh_input_tokens": per_m.get("fresh_input"),
                 "usd_per_million_cache_hit_tokens": per_m.get("cache_hit"),
                 "usd_per_million_output_tokens": per_m.get("output"),
@@ -824,6 +885,7 @@ def _tables(
                     "e2e_p99_s": e.p99["e2e"],
                     "queue_p99_s": e.p99["queue"],
                     "rejected_kv": e.rejected_kv,
+                    "rejected": e.rejected,
                     "preemptions": e.preemptions,
                     "utilization": e.utilization,
                     "kv_peak_fraction": e.kv_peak_fraction,
@@ -844,6 +906,7 @@ def _chosen_doc(r: CandidateResult) -> dict[str, Any]:
         "replicas": r.replicas,
         "gpus": (r.replicas or 0) * r.gpus_per_replica,
         "usd_per_day": _usd_per_day(r),
+        "usd_per_period": _usd_per_period(r),
         "achieved": ev.achieved if ev else None,
         "one_fewer": asdict(fewer) if fewer else None,
         "sizing": r.sizing,
@@ -860,7 +923,7 @@ def _gpu_cost_table(subject: str, r: CandidateResult) -> pa.Table:
             "gpus": (r.replicas or 0) * r.gpus_per_replica,
             "usd_per_gpu_hour": r.usd_per_gpu_hour,
             "price_date": r.price_date,
-            "period_s": 86_400.0,
+            "period_s": r.period_s,
             **row,
         }
         for row in r.cost_rows
@@ -871,5 +934,4 @@ def _gpu_cost_table(subject: str, r: CandidateResult) -> pa.Table:
 def _api_rows(subject: str, r: CandidateResult, prices: Sequence[Any]) -> list[dict[str, Any]]:
     t = r.day_tokens
     tokens = TokenTotals(t["fresh_input"], t["cache_hit"], t["output"], t["cache_write"])
-    self_usd = _usd_per_day(r)
-    return api_cost_rows(subject, tokens, prices, self_usd, 86_400.0)
+    return api_cost_rows(subject, tokens, prices, _usd_per_period(r), r.period_s)

@@ -301,7 +301,8 @@ def series_frames(cols: dict[str, npt.NDArray[Any]], capacity_blocks: int) -> di
             ys[0::2], ys[1::2] = cum[:-1], cum[1:]
             f = np.interp(edges, xs, ys)
             out[name].append(np.diff(f))
-    frames = {k: np.concatenate(v) if v else np.zeros(0) for k, v in out.items()}
+    empty = {"replica": np.int32, "second": np.int64}  # no spans at all (every request rejected)
+    frames = {k: np.concatenate(v) if v else np.zeros(0, empty.get(k, np.float64)) for k, v in out.items()}
     frames["kv_use_fraction"] = frames["kv_blocks_used"] / capacity_blocks
     return frames
 

@@ -372,7 +372,87 @@ h1{font-size:1.5em;margin-bottom:0}.sub{color:#666;margin-top:4px}
 .card span{color:#666;font-size:.85em}section{margin:28px 0}.def{color:#555;font-size:.9em}
 table{border-collapse:collapse;font-size:.85em}td,th{border:1px solid #ddd;padding:3px 8px;text-align:left}
 pre{background:#f6f6f6;padding:8px;overflow-x:auto;font-size:.8em}
+.alert{border:2px solid #c0392b;background:#fdecea;border-radius:6px;padding:8px 12px;margin:16px 0}
+.alert li{margin:2px 0}.ok{border:1px solid #2e7d32;background:#edf7ed;border-radius:6px;padding:8px 12px}
+.card.bad{border:2px solid #c0392b}.card.good{border:2px solid #2e7d32}
+table{display:block;overflow-x:auto;max-width:100%}
 """
+
+
+def health_headline(summary: dict[str, Any]) -> dict[str, Any]:
+    """The headline's failure fields from a run's summary (config.json): counts, verdict,
+    overload and the warnings, flat so the index and the nightly line can show them."""
+    h = summary.get("health") or {}
+    v = h.get("verdict") or {}
+    over = h.get("overload") or {}
+    return {
+        "replayed_requests": h.get("requests"),
+        "finished": h.get("finished"),
+        "rejected": h.get("rejected"),
+        "rejected_by_reason": h.get("rejected_by_reason") or {},
+        "preempted_requests": h.get("preempted_requests"),
+        "latency_covers": h.get("latency_covers"),
+        "overloaded": bool(over.get("detected")),
+        "overload": over,
+        "slo": v.get("slo"),
+        "slo_passed": v.get("passed") if v else None,
+        "goodput": v.get("goodput") if v else None,
+        "verdict": v or None,
+        "warnings": list(h.get("warnings") or []),
+    }
+
+
+def _health_cards(h: dict[str, Any]) -> list[tuple[str, str, str, str]]:
+    """(name, value, note, css class) of the cards a capacity planner reads first."""
+    out = []
+    total = h.get("replayed_requests")
+    rej = h.get("rejected") or 0
+    reasons = ", ".join(f"{k} {v:,}" for k, v in (h.get("rejected_by_reason") or {}).items())
+    out.append(
+        (
+            "Served",
+            f"{_fmt(h.get('finished'))} of {_fmt(total)}",
+            f"rejected {rej:,}"
+            + (f" ({reasons})" if reasons else "")
+            + f"; preempted {h.get('preempted_requests') or 0:,}",
+            "bad" if rej else "good",
+        )
+    )
+    if h.get("slo"):
+        failing = [t for t in (h.get("verdict") or {}).get("targets", []) if not t["met"]]
+        note = (
+            "; ".join(
+                f"{t['target']} {_fmt(t['value_s'], 's') if t['value_s'] is not None else 'never'} "
+                f"> {_fmt(t['limit_s'], 's')}"
+                for t in failing
+            )
+            or "every target met (rejected requests count as misses)"
+        )
+        out.append(
+            (
+                f"SLO {h['slo']}",
+                ("PASS" if h.get("slo_passed") else "FAIL") + f" · goodput {_fmt(h.get('goodput'), '%')}",
+                note,
+                "good" if h.get("slo_passed") else "bad",
+            )
+        )
+    else:
+        out.append(("SLO", "not set", "FLEET.toml [slo] or --slo chat gives a pass/fail verdict", ""))
+    over = h.get("overload") or {}
+    if over.get("detected"):
+        excess = over.get("excess")
+        out.append(
+            (
+                "Overload",
+                "OVERLOADED",
+                f"from {over.get('from_utc') or _fmt(over.get('from_s'), 's')}: arrivals exceed service by "
+                f"{_fmt(excess, '%') if excess is not None else 'n/a'}; {over.get('backlog_requests', 0):,} waiting",
+                "bad",
+            )
+        )
+    else:
+        out.append(("Overload", "none", "the waiting queue drains before the last arrival", "good"))
+    return out
 
 
 def _cards(h: dict[str, Any]) -> list[tuple[str, str, str]]:
@@ -396,8 +476,16 @@ def _cards(h: dict[str, Any]) -> list[tuple[str, str, str]]:
             f"{_fmt((h.get('peak_kv_bytes') or 0) / 2**30, 'GiB')} of "
             f"{_fmt((h.get('kv_capacity_bytes') or 0) / 2**30, 'GiB')} (fullest replica)",
         ),
-        ("p99 TTFT", _fmt(h.get("ttft_p99_s"), "s"), f"p50 {_fmt(h.get('ttft_p50_s'), 's')} (first token − arrival)"),
-        ("p99 TPOT", _fmt(h.get("tpot_p99_s"), "s"), f"p50 {_fmt(h.get('tpot_p50_s'), 's')} ((e2e − ttft)/(out − 1))"),
+        (
+            "p99 TTFT (finished requests)",
+            _fmt(h.get("ttft_p99_s"), "s"),
+            f"p50 {_fmt(h.get('ttft_p50_s'), 's')} (first token − arrival); rejected requests have none",
+        ),
+        (
+            "p99 TPOT (finished requests)",
+            _fmt(h.get("tpot_p99_s"), "s"),
+            f"p50 {_fmt(h.get('tpot_p50_s'), 's')} ((e2e − ttft)/(out − 1))",
+        ),
         ("GPUs", _fmt(h.get("gpus")), str(h.get("hardware") or "")),
         ("Fleet cost", _fmt(h.get("usd_per_day"), "$") + "/day", f"on-demand price of {h.get('price_date') or 'n/a'}"),
         ("$ per million tokens", _fmt(h.get("usd_per_million_tokens"), "$"), "input + output, over the replay span"),
@@ -512,9 +600,19 @@ def render_html(
     bundle: str,
 ) -> str:
     cards = "".join(
-        f'<div class="card"><span>{html.escape(name)}</span><b>{html.escape(value)}</b>'
+        f'<div class="card {cls}"><span>{html.escape(name)}</span><b>{html.escape(value)}</b>'
         f"<span>{html.escape(note)}</span></div>"
-        for name, value, note in _cards(headline)
+        for name, value, note, cls in [*_health_cards(headline), *((*c, "") for c in _cards(headline))]
+    )
+    warnings = headline.get("warnings") or []
+    banner = (
+        '<div class="alert"><b>This run has failures</b><ul>'
+        + "".join(f"<li>{html.escape(w)}</li>" for w in warnings)
+        + "</ul></div>"
+        if warnings
+        else '<div class="ok">Every request finished, no overload'
+        + (", every SLO target met" if headline.get("slo_passed") else "")
+        + ".</div>"
     )
     sections = "".join(
         f'<section><h2>{html.escape(c.title)}</h2><p class="def">{html.escape(c.definition)}</p>'
@@ -529,7 +627,7 @@ def render_html(
         f"<title>{html.escape(title)}</title><style>{_CSS}</style>"
         f"<script>{safe_bundle}</script></head><body>"
         f"<h1>{html.escape(title)}</h1><p class=sub>{html.escape(subtitle)}</p>"
-        f'<div class="cards">{cards}</div>{sections}{extra}'
+        f'{banner}<div class="cards">{cards}</div>{sections}{extra}'
         f"<script>const SPECS = {_script_json(specs)};\n"
         "for (const [id, spec] of Object.entries(SPECS)) {\n"
         "  vegaEmbed('#' + id, spec, {actions: false, renderer: 'svg'}).catch((e) => {\n"
@@ -567,7 +665,7 @@ def build_report(
             results[name] = _rows(session.query(name, {"run_id": run_id, "date": day}))
         return results[name]
 
-    headline = headline_numbers(q)
+    headline = headline_numbers(q) | health_headline(config.get("summary") or {})
     charts = _charts(q, headline)
     out = out or Path("reports") / day / "index.html"
     by_tenant = [
