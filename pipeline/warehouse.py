@@ -12,9 +12,12 @@ with DuckDB's ``getvariable('name')`` and set with ``SET VARIABLE`` before the q
 
 from __future__ import annotations
 
+import difflib
 import os
 import re
+import shutil
 import tempfile
+import weakref
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -189,14 +192,70 @@ def build_warehouse(store: Store) -> Path:
     return target
 
 
-def connect(store: Store, read_only: bool = True) -> duckdb.DuckDBPyConnection:
-    """Open the warehouse (building it first if it does not exist)."""
+def require_store(store: Store) -> None:
+    """Refuse a store folder that does not exist (reading must never create one)."""
+    if not store.root.is_dir():
+        raise RooftraceError(f"store {store.root} does not exist (check --store or $ROOFTRACE_STORE)")
+
+
+def connect(store: Store) -> duckdb.DuckDBPyConnection:
+    """Open the warehouse read-only in a sandbox (building it first if it does not exist).
+
+    The connection is a fresh in-memory DuckDB with the warehouse file attached READ_ONLY (a
+    fresh instance per call: settings are per instance, and a second plain connection to the
+    same file in this process would share the first one's locked settings). Then:
+
+    * ``temp_directory`` is a private folder outside the store (the default for an attached file
+      is ``<file>.tmp``, inside the store, used when a large sort spills);
+    * ``allowed_directories = [<store root>/]`` and ``enable_external_access = false``: files
+      are read only under the store root (the views' Parquet and JSON), nothing else is opened;
+      extensions cannot be installed or loaded, secrets cannot be stored;
+    * ``autoinstall/autoload_known_extensions = false``, no community or unsigned extensions;
+    * ``lock_configuration = true``: no later SET, RESET or PRAGMA can change any of it.
+
+    DuckDB does not tell reads from writes under an allowed directory, so :func:`run_sql` also
+    refuses every statement that is not a query (COPY, EXPORT, ATTACH, SET, ...) before it runs.
+    """
+    require_store(store)
     path = warehouse_path(store)
     if not path.exists():
-        build_warehouse(store)
-    # No progress bar: stdout carries --json documents and tables.
-    con = duckdb.connect(str(path), read_only=read_only)
-    con.execute("SET enable_progress_bar = false")
+        try:
+            build_warehouse(store)
+        except OSError as exc:
+            raise RooftraceError(f"cannot build the warehouse {path}: {exc.strerror or exc}") from None
+    root = str(store.root.resolve())
+    tmp = tempfile.mkdtemp(prefix="rooftrace-duckdb-")
+    con = duckdb.connect(":memory:")
+    weakref.finalize(con, shutil.rmtree, tmp, ignore_errors=True)
+    try:
+        con.execute(f"ATTACH {_lit(path.resolve())} AS warehouse (READ_ONLY)")
+        con.execute("USE warehouse")
+        # Applied in this order: temp_directory and allowed_directories can only be set while
+        # external access is still on, and lock_configuration comes last (it also refuses the
+        # table functions that change settings, such as enable_profiling or enable_logging).
+        sandbox: dict[str, object] = {
+            "temp_directory": tmp,
+            "allowed_directories": [root.rstrip(os.sep) + os.sep],
+            "enable_external_access": False,
+            "autoinstall_known_extensions": False,
+            "autoload_known_extensions": False,
+            "allow_community_extensions": False,
+            "allow_unsigned_extensions": False,
+            "allow_persistent_secrets": False,
+            # No progress bar: stdout carries --json documents and tables.
+            "enable_progress_bar": False,
+            "lock_configuration": True,
+        }
+        for name, value in sandbox.items():
+            con.execute(f"SET {name} = ?", [value])
+    except duckdb.Error as exc:
+        con.close()
+        raise RooftraceError(
+            f"cannot open the warehouse {path}: {str(exc).splitlines()[0]} (rebuild it: rooftrace query NAME --rebuild)"
+        ) from None
+    except BaseException:
+        con.close()
+        raise
     return con
 
 
@@ -235,7 +294,8 @@ def list_queries() -> list[NamedQuery]:
 
 def get_query(name: str) -> NamedQuery:
     path = QUERY_DIR / f"{name}.sql"
-    if not path.exists():
+    # A name is a file stem in QUERY_DIR, never a path ("../x" would run another .sql file).
+    if not re.fullmatch(r"[a-z0-9_]+", name) or not path.is_file():
         known = ", ".join(q.name for q in list_queries())
         raise RooftraceError(f"no named query {name!r}; known: {known}")
     return _parse_query(path)
@@ -251,8 +311,26 @@ def latest_run(store: Store, date: str | None = None) -> str | None:
     return max(configs, key=lambda c: (c.stat().st_mtime_ns, c.parent.name)).parent.name
 
 
+def run_ids(store: Store) -> list[str]:
+    """The replay runs in the store (folders ``runs/<id>/`` with a ``config.json``), sorted."""
+    if not store.runs_dir.is_dir():
+        return []
+    return sorted(c.parent.name for c in store.runs_dir.glob("*/config.json"))
+
+
+def check_run_id(store: Store, run_id: str) -> None:
+    """Refuse a run id the store does not hold, naming the nearest known ids."""
+    known = run_ids(store)
+    if run_id in known:
+        return
+    if not known:
+        raise RooftraceError(f"no replay run {run_id!r}: {store.runs_dir} holds none (run `rooftrace replay`)")
+    nearest = difflib.get_close_matches(run_id, known, n=3, cutoff=0.0)
+    raise RooftraceError(f"no replay run {run_id!r} in {store.runs_dir}; nearest: {', '.join(nearest)}")
+
+
 class Session:
-    """One read-only warehouse connection for several named queries (the report runs a dozen)."""
+    """One sandboxed read-only warehouse connection for several named queries (the report runs a dozen)."""
 
     def __init__(self, store: Store) -> None:
         self.store = store
@@ -278,6 +356,8 @@ class Session:
                 raise RooftraceError(
                     f"query {name!r} needs a replay run and {store.root} has none (run `rooftrace replay`)"
                 )
+        elif "run_id" in names:
+            check_run_id(store, str(values["run_id"]))
         for p in query.params:
             optional = p.endswith("?")
             key = p.rstrip("?")
@@ -296,11 +376,40 @@ def run_query(store: Store, name: str, params: Mapping[str, Any] | None = None) 
         return session.query(name, params)
 
 
+# Statements a user's SQL may hold: queries only (SELECT, FROM ..., WITH, VALUES, DESCRIBE, SHOW and
+# SUMMARIZE all parse as SELECT). Everything else (COPY, EXPORT, ATTACH, DETACH, INSTALL, LOAD, SET,
+# RESET, PRAGMA, CALL, CHECKPOINT, CREATE, EXPLAIN ANALYZE, PIVOT's hidden CREATE TYPE, ...) is refused
+# before it runs.
+_QUERY_STATEMENTS = frozenset({duckdb.StatementType.SELECT})
+
+
+def check_read_only_sql(con: duckdb.DuckDBPyConnection, sql: str) -> None:
+    """Refuse ``sql`` unless every statement in it is a query."""
+    try:
+        statements = con.extract_statements(sql)
+    except duckdb.Error as exc:
+        raise RooftraceError(f"SQL failed: {str(exc).splitlines()[0]}") from None
+    if not statements:
+        raise RooftraceError("SQL failed: no statement to run")
+    for statement in statements:
+        if statement.type not in _QUERY_STATEMENTS:
+            kind = statement.type.name.replace("_", " ")
+            raise RooftraceError(
+                f"SQL refused: the warehouse is read-only and runs queries only (SELECT, WITH, FROM, "
+                f"DESCRIBE, SHOW, SUMMARIZE); this is a {kind} statement"
+            )
+
+
 def run_sql(store: Store, sql: str) -> pa.Table:
-    """Run ad-hoc SQL on the read-only warehouse."""
+    """Run ad-hoc SQL on the read-only, sandboxed warehouse (see :func:`connect`)."""
     con = connect(store)
     try:
+        check_read_only_sql(con, sql)
         return con.sql(sql).to_arrow_table()
+    except duckdb.PermissionException as exc:
+        raise RooftraceError(
+            f"SQL refused: {str(exc).splitlines()[0]} (the warehouse reads only the store {store.root})"
+        ) from None
     except duckdb.Error as exc:
         raise RooftraceError(f"SQL failed: {str(exc).splitlines()[0]}") from None
     finally:
