@@ -8,6 +8,7 @@ import click
 
 from pipeline.cli_common import emit_json, get_store, json_option, progress, run, store_option
 from pipeline.ingest import ALL_FORMATS
+from pipeline.loadcurve import DEFAULT_BUDGET_S
 from pipeline.nightly import build_index, default_reports_dir, demo, nightly
 from pipeline.report import ReportResult, build_report
 
@@ -75,6 +76,13 @@ def report(
 @click.option(
     "--slo", default=None, help="SLO to judge the night against: a preset or targets (default: the fleet's [slo])."
 )
+@click.option(
+    "--headroom-budget",
+    type=click.FloatRange(min=0),
+    default=DEFAULT_BUDGET_S,
+    show_default=True,
+    help="Seconds the load curve (traffic x0.5 .. x4 and beyond) may take; points left are marked skipped.",
+)
 @_reports
 @store_option
 @json_option
@@ -84,6 +92,7 @@ def nightly_cmd(
     date: str | None,
     fmt: str | None,
     slo: str | None,
+    headroom_budget: float,
     reports_dir: Path | None,
     store_path: str | None,
     as_json: bool,
@@ -97,7 +106,7 @@ def nightly_cmd(
     Example: rooftrace nightly logs/2025-01-15/ --fleet fleets/default.toml
     """
     store = get_store(store_path)
-    res = run(lambda: nightly(list(logs), fleet, store, date, reports_dir, fmt, progress, slo))
+    res = run(lambda: nightly(list(logs), fleet, store, date, reports_dir, fmt, progress, slo, headroom_budget))
     for w in res.headline.get("warnings") or []:
         progress(f"warning: {w}")
     progress(res.line())

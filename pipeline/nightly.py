@@ -1,4 +1,4 @@
-"""The nightly job: ingest -> classify -> replay -> cost -> warehouse -> report, and the reports index.
+"""The nightly job: ingest -> classify -> replay -> headroom -> cost -> warehouse -> report, and the index.
 
 Safe to re-run (every stage is idempotent), one run at a time per store (the store lock), and a
 failing stage leaves what earlier stages wrote intact and is named in the error.
@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import html
 import json
+import os
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -19,10 +20,12 @@ import altair as alt
 from pipeline.accounting import classify_tokens
 from pipeline.economics import run_cost
 from pipeline.errors import RooftraceError
+from pipeline.fleet import load_fleet
 from pipeline.ingest import ingest_logs
-from pipeline.replay import ReplayOptions, replay
+from pipeline.loadcurve import DEFAULT_BUDGET_S, DEFAULT_MULTIPLIERS, curve_table, headroom_sentence, load_curve
+from pipeline.replay import ReplayOptions, ReplayResult, default_fleet_path, replay
 from pipeline.report import Datasets, _script_json, build_report, vega_bundle
-from pipeline.schemas import atomic_write_bytes
+from pipeline.schemas import atomic_write_bytes, write_parquet
 from pipeline.slo import failures_line, format_seconds, overload_text, verdict_text
 from pipeline.store import Store, repo_root
 from pipeline.warehouse import build_warehouse
@@ -108,6 +111,7 @@ def nightly(
     fmt: str | None = None,
     progress: Progress | None = None,
     slo: str | None = None,
+    headroom_budget_s: float = DEFAULT_BUDGET_S,
 ) -> NightlyResult:
     """Run the whole pipeline on ``logs`` for one date (``date``, else the newest date they hold)."""
     say = progress or (lambda _m: None)
@@ -123,6 +127,12 @@ def nightly(
         result = _stage(
             "replay", timings, say, lambda: replay(store, fleet, ReplayOptions(date=day, slo=slo), progress=say)
         )
+        _stage(
+            "headroom",
+            timings,
+            say,
+            lambda: write_load_curve(store, result, fleet, day, slo, headroom_budget_s, say),
+        )
         _stage("cost", timings, say, lambda: run_cost(store, result.run_id))
         _stage("warehouse", timings, say, lambda: build_warehouse(store))
         report = _stage(
@@ -133,6 +143,25 @@ def nightly(
         )
         index = _stage("index", timings, say, lambda: build_index(reports_dir, store.root / ".cache"))
     return NightlyResult(day, result.run_id, report.path, index, report.headline, timings, summary.to_json())
+
+
+def write_load_curve(
+    store: Store,
+    result: ReplayResult,
+    fleet: Path | str | None,
+    day: str,
+    slo: str | None,
+    budget_s: float,
+    say: Progress,
+) -> Path:
+    """The headroom stage: the run's traffic at DEFAULT_MULTIPLIERS, in parallel processes when
+    one replay takes long enough to pay for starting them, within ``budget_s`` seconds."""
+    cfg = load_fleet(Path(fleet) if fleet is not None else default_fleet_path())
+    wall = float(result.summary.get("engine_wall_s") or 0.0)
+    jobs = min(os.cpu_count() or 1, len(DEFAULT_MULTIPLIERS)) if wall > 5.0 else 1
+    rows = load_curve(store.read_requests(day), cfg, slo or cfg.slo, DEFAULT_MULTIPLIERS, budget_s, jobs, say)
+    say(headroom_sentence(rows))
+    return write_parquet(curve_table(result.run_id, rows), result.run_dir / "load_curve.parquet", "load_curve")
 
 
 def demo(store: Store, reports_dir: Path | None = None, progress: Progress | None = None) -> list[NightlyResult]:

@@ -24,6 +24,7 @@ import pyarrow as pa
 import vl_convert as vlc
 
 from pipeline.errors import RooftraceError
+from pipeline.loadcurve import headroom_sentence, knee
 from pipeline.schemas import atomic_write_bytes
 from pipeline.store import Store
 from pipeline.tables import table_to_json
@@ -189,6 +190,55 @@ def _charts(q: Callable[[str], Rows], headline: dict[str, Any]) -> list[Chart]:
     def utc(field: str, title: str) -> alt.X:
         # Vega formats times in the viewer's zone and 12-hour clock by default: force UTC, 24 h.
         return alt.X(field, title=title, scale=alt.Scale(type="utc"), axis=alt.Axis(format="%H:%M"))
+
+    curve = [r for r in q("load_curve") if r["status"] == "ok"]
+    if curve:
+        long = [
+            {"multiplier": r["multiplier"], "series": f"{pct} {metric.upper()}", "seconds": r[f"{metric}_{pct}_s"]}
+            for r in curve
+            for metric in ("ttft", "tpot")
+            for pct in ("p50", "p99")
+            if r[f"{metric}_{pct}_s"] is not None and r[f"{metric}_{pct}_s"] > 0
+        ]
+        limits = [
+            {"series": f"p99 {t['target'][:4].upper()}", "limit": t["limit_s"], "label": f"SLO {t['target']}"}
+            for t in (headline.get("verdict") or {}).get("targets", [])
+            if t["target"] in ("ttft_p99", "tpot_p99")
+        ]
+        x = alt.X("multiplier:Q", title="traffic multiplier (x today's arrival rate)", scale=alt.Scale(zero=False))
+        y = alt.Y("seconds:Q", title="seconds (log)", scale=alt.Scale(type="log"))
+        color = alt.Color("series:N", title=None)
+        layers: list[Any] = [
+            alt.Chart(_data(long))
+            .mark_line(point=True)
+            .encode(x=x, y=y, color=color, tooltip=["series:N", "multiplier:Q", "seconds:Q"])
+        ]
+        if limits:
+            layers.append(
+                alt.Chart(_data(limits))
+                .mark_rule(strokeDash=[6, 4])
+                .encode(
+                    y=alt.Y("limit:Q", scale=alt.Scale(type="log")),
+                    color=alt.Color("series:N"),
+                    tooltip=["label:N", "limit:Q"],
+                )
+            )
+        k = knee(q("load_curve"))
+        if k is not None:
+            layers.append(
+                alt.Chart(_data([{"knee": k, "label": f"knee {k:g}x"}]))
+                .mark_rule(color="#c0392b")
+                .encode(x="knee:Q", tooltip=["label:N"])
+            )
+        add(
+            "load_curve",
+            "Headroom: latency against traffic — " + headroom_sentence(q("load_curve")),
+            "The day's requests replayed at several multipliers of their arrival rate (same requests, closer "
+            "in time); p50 and p99 over finished requests; dashed lines: the SLO limits; red rule: the knee, "
+            "the largest multiplier up to which every point meets the SLO (without an SLO: no overload or "
+            "rejections). Query: load_curve.",
+            alt.layer(*layers),
+        )
 
     minutes = q("token_rates")
     if minutes:
@@ -438,6 +488,18 @@ def _health_cards(h: dict[str, Any]) -> list[tuple[str, str, str, str]]:
         )
     else:
         out.append(("SLO", "not set", "FLEET.toml [slo] or --slo chat gives a pass/fail verdict", ""))
+    if h.get("headroom"):
+        k = h.get("knee")
+        out.append(
+            (
+                "Headroom",
+                ("not computed" if str(h["headroom"]).startswith("load curve: no point") else "fails today")
+                if k is None
+                else f"{k:g}x today's traffic",
+                str(h["headroom"]),
+                "bad" if k is None or k < 1.0 else "good",
+            )
+        )
     over = h.get("overload") or {}
     if over.get("detected"):
         excess = over.get("excess")
@@ -666,6 +728,10 @@ def build_report(
         return results[name]
 
     headline = headline_numbers(q) | health_headline(config.get("summary") or {})
+    curve = q("load_curve")
+    if curve:
+        headline["headroom"] = headroom_sentence(curve)
+        headline["knee"] = knee(curve)
     charts = _charts(q, headline)
     out = out or Path("reports") / day / "index.html"
     by_tenant = [

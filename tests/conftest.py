@@ -47,6 +47,10 @@ def replayed_store(tmp_path_factory: pytest.TempPathFactory) -> tuple[object, st
     ingest_logs([root / "logs" / "day.jsonl"], store)
     classify_tokens(store)
     result = replay(store)
+    # the nightly's headroom stage, so that reports built from this store carry a load curve
+    from pipeline.nightly import write_load_curve
+
+    write_load_curve(store, result, None, store.resolve_date(None), "chat", 120.0, lambda _m: None)
     return store, result.run_id
 
 

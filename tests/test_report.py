@@ -77,6 +77,7 @@ def test_renders_in_headless_chromium_offline(report: Path, tmp_path: Path) -> N
     html = dom.stdout
     ids = re.findall(r'<div class="chart[^"]*" id="(chart-[a-z_]+)"', html)
     assert len(ids) >= 8, html[:3000]
+    assert "chart-load_curve" in ids  # the headroom chart of every nightly report
     parts = re.split(r'<div class="chart[^"]*" id="chart-[a-z_]+"', html)[1:]
     for chart_id, part in zip(ids, parts, strict=True):
         body = part.split("</section>")[0]
