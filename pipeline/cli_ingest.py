@@ -23,6 +23,11 @@ from pipeline.synth import SYNTH_FORMATS, SynthConfig, generate, write_logs
     default=None,
     help="TOML column mapping for --format csv|jsonl|parquet.",
 )
+@click.option(
+    "--force",
+    is_flag=True,
+    help="Ingest files already ingested again, REPLACING the rows stored from them (not adding).",
+)
 @store_option
 @json_option
 def ingest(
@@ -30,18 +35,20 @@ def ingest(
     fmt: str | None,
     date: str | None,
     mapping: Path | None,
+    force: bool,
     store_path: str | None,
     as_json: bool,
 ) -> None:
     """Ingest request logs (files or directories; plain, .gz or .zst) into the store.
 
-    Writes STORE/requests/date=YYYY-MM-DD/, quarantines malformed records with a reason in
-    STORE/quarantine/ and records every file in STORE/manifest.parquet. Exits 1 if any file
-    could not be read (the others are still ingested).
+    Writes STORE/requests/date=YYYY-MM-DD/, quarantines malformed or implausible records with a
+    reason in STORE/quarantine/ and records every file in STORE/manifest.parquet. Exits 1 if any
+    file could not be read or had every row quarantined (the others are still ingested; a failed
+    file is not recorded, so a corrected re-run takes it). Limits: docs/limits.md.
 
     Example: rooftrace ingest traces/azure_conv.csv.gz
     """
-    summary = run(lambda: ingest_logs(list(sources), get_store(store_path), fmt, date, mapping, progress))
+    summary = run(lambda: ingest_logs(list(sources), get_store(store_path), fmt, date, mapping, progress, force=force))
     progress(summary.line())
     if as_json:
         emit_json(summary.to_json())

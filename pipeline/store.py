@@ -1,22 +1,34 @@
-"""The on-disk store: where each stage's Parquet lives, and a lock for writers.
+"""The on-disk store: where each stage's Parquet lives, a lock for writers, and the commit that
+moves a writer's new files into place.
 
 Layout (docs/architecture.md, Data flow)::
 
-    STORE/requests/date=YYYY-MM-DD/part-*.parquet   canonical requests (schema ``requests``)
-    STORE/quarantine/date=YYYY-MM-DD/*.parquet       rejected records (schema ``quarantine``)
-    STORE/manifest.parquet                           one row per ingested file (schema ``manifest``)
-    STORE/accounting/...                             classify outputs
-    STORE/runs/<run_id>/...                          replay outputs
+    STORE/requests/date=YYYY-MM-DD/part-00000.parquet   canonical requests (schema ``requests``)
+    STORE/quarantine/file=<sha256 prefix>.parquet        rejected records (schema ``quarantine``)
+    STORE/manifest.parquet                               one row per ingested file (schema ``manifest``)
+    STORE/accounting/...                                 classify outputs
+    STORE/runs/<run_id>/...                              replay outputs
+    STORE/.staging/<run_id>/                             a writer's work in progress (never read)
+
+Readers never see a partial write (docs/limits.md): ingest writes every new file under
+``STORE/.staging/<run_id>/commit/`` (outside every glob readers use), then writes a journal (the
+commit point) and moves the files into place, each by one rename. A run killed before the commit
+point leaves only its staging folder: the store is as it was. A run killed after it is finished
+from the journal by the next process that takes the lock or opens the store (``open_store``).
 """
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
+import json
 import os
 import re
+import shutil
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from datetime import date as _date
 from pathlib import Path
 
 import polars as pl
@@ -24,7 +36,7 @@ import polars as pl
 from pipeline.errors import RooftraceError
 from pipeline.schemas import read_parquet
 
-_DATE_RE = re.compile(r"^\d{4}-\d{2}-\d{2}$")
+_DATE_RE = re.compile(r"^[0-9]{4}-[0-9]{2}-[0-9]{2}$")
 
 
 def repo_root() -> Path | None:
@@ -45,8 +57,13 @@ def default_store_path() -> Path:
 
 
 def check_date(text: str) -> str:
+    """``text`` if it is a real calendar date written YYYY-MM-DD; else a one-line error."""
     if not _DATE_RE.match(text):
         raise RooftraceError(f"date {text!r} is not YYYY-MM-DD")
+    try:
+        _date.fromisoformat(text)
+    except ValueError as exc:
+        raise RooftraceError(f"date {text!r} is not YYYY-MM-DD: {exc}") from None
     return text
 
 
@@ -86,6 +103,11 @@ class Store:
     def runs_dir(self) -> Path:
         return self.root / "runs"
 
+    @property
+    def staging_dir(self) -> Path:
+        """Writers' work in progress (hidden: no reader's glob matches it)."""
+        return self.root / STAGING
+
     def partition(self, table_dir: Path, date: str) -> Path:
         return table_dir / f"date={check_date(date)}"
 
@@ -112,7 +134,9 @@ class Store:
         return date
 
     def request_files(self, date: str) -> list[Path]:
-        return sorted(self.partition(self.requests_dir, date).glob("*.parquet"))
+        """The Parquet files of a date partition (a hidden name is never a table file)."""
+        folder = self.partition(self.requests_dir, date)
+        return sorted(p for p in folder.glob("*.parquet") if not p.name.startswith("."))
 
     def read_requests(self, date: str | None = None) -> pl.DataFrame:
         """All canonical requests of one arrival date (the latest when ``date`` is None)."""
@@ -129,7 +153,9 @@ class Store:
         """Exclusive writer lock on the store, so two runs at once cannot corrupt it.
 
         Re-entrant within one process (the nightly job holds it while its stages take it again);
-        another process gets a one-line error instead of waiting.
+        another process gets a one-line error instead of waiting. Whoever takes it first finishes
+        or undoes what a killed writer left (:meth:`recover`). A store that cannot be written
+        (read-only, no space for the lock file) is a one-line error naming the path.
         """
         key = str(self.root.resolve())
         if _HELD.get(key, 0):
@@ -139,9 +165,13 @@ class Store:
             finally:
                 _HELD[key] -= 1
             return
-        self.root.mkdir(parents=True, exist_ok=True)
         path = self.root / ".lock"
-        with path.open("a") as fh:
+        try:
+            self.root.mkdir(parents=True, exist_ok=True)
+            fh = path.open("a")
+        except OSError as exc:
+            raise RooftraceError(f"{_os_path(exc, path)}: cannot lock the store: {_os_reason(exc)}") from None
+        with fh:
             try:
                 fcntl.flock(fh.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
             except BlockingIOError:
@@ -150,10 +180,155 @@ class Store:
                 ) from None
             _HELD[key] = 1
             try:
+                try:
+                    self.recover()
+                except OSError as exc:
+                    raise store_write_error(self, exc) from None
                 yield
             finally:
                 _HELD[key] = 0
                 fcntl.flock(fh.fileno(), fcntl.LOCK_UN)
+
+    def leftovers(self) -> list[Path]:
+        """What killed writers left behind: staging folders, half-swapped partitions of older
+        versions (``requests/.date=…``) and the temporary files of atomic writes."""
+        found: list[Path] = []
+        if self.staging_dir.is_dir():
+            found.append(self.staging_dir)
+        if self.requests_dir.is_dir():
+            found += sorted(p for p in self.requests_dir.iterdir() if p.name.startswith(".date="))
+        for folder in (self.root, self.quarantine_dir):
+            if folder.is_dir():
+                found += sorted(p for p in folder.glob(".*.tmp") if p.is_file())
+        return found
+
+    def recover(self) -> list[Path]:
+        """Finish or undo what killed writers left (call it holding the lock; ``lock`` does).
+
+        A staging folder with a commit journal is rolled forward (its remaining moves are made);
+        one without is removed. A partition swap of the older layout (``.date=D.old-…`` /
+        ``.date=D.new-…``) is undone: the old partition is put back, the new one dropped. Returns
+        what was repaired."""
+        found = self.leftovers()
+        for p in found:
+            if p == self.staging_dir:
+                for run_dir in sorted(p.iterdir()) if p.is_dir() else []:
+                    if (run_dir / JOURNAL).is_file():
+                        with contextlib.suppress(ValueError, KeyError, TypeError):  # not a journal it wrote
+                            Commit.roll_forward(self, run_dir)
+                    shutil.rmtree(run_dir, ignore_errors=True)
+                shutil.rmtree(p, ignore_errors=True)
+            elif p.parent == self.requests_dir and p.is_dir():
+                final = self.requests_dir / p.name[1:].split(".old-")[0].split(".new-")[0]
+                if ".old-" in p.name and not final.exists():
+                    p.rename(final)
+                else:
+                    shutil.rmtree(p)
+            else:
+                p.unlink(missing_ok=True)
+        return found
+
+    def commit(self, run_id: str) -> Commit:
+        """A new commit whose files are staged under STORE/.staging/<run_id>/commit/."""
+        return Commit(self, self.staging_dir / run_id)
+
+
+#: The hidden folder of writers' work in progress, and the journal that marks a commit point.
+STAGING = ".staging"
+JOURNAL = "COMMIT.json"
+
+
+def _os_reason(exc: OSError) -> str:
+    return exc.strerror or str(exc) or type(exc).__name__
+
+
+def _os_path(exc: OSError, default: Path) -> str:
+    return str(exc.filename) if exc.filename else str(default)
+
+
+def store_write_error(store: Store, exc: OSError) -> RooftraceError:
+    """A one-line error for a failed write into the store, naming the path at fault."""
+    return RooftraceError(f"{_os_path(exc, store.root)}: cannot write to the store: {_os_reason(exc)}")
+
+
+@dataclass
+class Commit:
+    """New versions of store files, staged and then moved into place together.
+
+    ``stage(target)`` gives the path to write ``target``'s new version to; ``remove(target)``
+    drops a file or folder. ``apply()`` flushes the staged files to disk, writes the journal (the
+    commit point, itself written atomically) and makes the moves in order: a file replaces its
+    target by one rename; a staged folder whose target folder does not exist yet (a new date
+    partition) is renamed in whole, so the partition appears with its file; a removed folder is
+    first renamed out of sight. Each move is idempotent, so a roll-forward after a kill finishes
+    the list whatever was done already."""
+
+    store: Store
+    root: Path
+    ops: list[tuple[str, str]] = field(default_factory=list)
+
+    @property
+    def files_dir(self) -> Path:
+        return self.root / "commit"
+
+    def stage(self, target: Path) -> Path:
+        rel = target.relative_to(self.store.root)
+        staged = self.files_dir / rel
+        staged.parent.mkdir(parents=True, exist_ok=True)
+        self.ops.append(("replace", rel.as_posix()))
+        return staged
+
+    def remove(self, target: Path) -> None:
+        self.ops.append(("remove", target.relative_to(self.store.root).as_posix()))
+
+    def apply(self) -> None:
+        if not self.ops:
+            return
+        for _, rel in self.ops:
+            staged = self.files_dir / rel
+            if staged.is_file():
+                _fsync(staged)
+        journal = self.root / JOURNAL
+        tmp = self.root / f".{JOURNAL}.tmp"
+        tmp.write_text(json.dumps({"version": 1, "ops": self.ops}))
+        _fsync(tmp)
+        os.replace(tmp, journal)  # the commit point
+        self.roll_forward(self.store, self.root)
+
+    @staticmethod
+    def roll_forward(store: Store, root: Path) -> None:
+        """Make the moves listed in ``root``'s journal that are not made yet."""
+        ops = json.loads((root / JOURNAL).read_text())["ops"]
+        files, trash = root / "commit", root / "trash"
+        for op, rel in ops:
+            target = store.root / rel
+            if op == "remove":
+                if target.is_dir():
+                    trash.mkdir(parents=True, exist_ok=True)
+                    gone = trash / f"{len(list(trash.iterdir())):05d}"
+                    target.rename(gone)  # out of readers' sight in one step, then deleted
+                    shutil.rmtree(gone, ignore_errors=True)
+                else:
+                    target.unlink(missing_ok=True)
+                continue
+            staged = files / rel
+            if not staged.exists():
+                continue  # moved already (or its folder was)
+            if target.parent.is_dir():
+                os.replace(staged, target)
+            else:
+                # A new folder (a new date partition): it appears whole, with its files.
+                target.parent.parent.mkdir(parents=True, exist_ok=True)
+                os.rename(staged.parent, target.parent)
+        (root / JOURNAL).unlink()
+
+
+def _fsync(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
 
 
 #: Stores this process holds the lock of, with the nesting depth.
@@ -161,4 +336,14 @@ _HELD: dict[str, int] = {}
 
 
 def open_store(path: str | Path | None = None) -> Store:
-    return Store(Path(path) if path is not None else default_store_path())
+    """The store at ``path`` (default: :func:`default_store_path`), repaired first when a killed
+    writer left something behind and no other run holds the lock (a store that cannot be written
+    is left as it is: readers ignore the leftovers)."""
+    store = Store(Path(path) if path is not None else default_store_path())
+    try:
+        if store.leftovers():
+            with store.lock():
+                pass  # taking the lock recovers
+    except (RooftraceError, OSError):
+        pass  # another run is writing (its leftovers are its work) or the store is read-only
+    return store

@@ -162,6 +162,17 @@ LITELLM_BAD = [
 ]
 
 GOOD_OPENAI = [oa(id=f"g{i}") for i in range(3)]
+# One good record per format: a file whose every row is quarantined fails as a whole
+# (tests/test_ingest_hostile.py), so each bad corpus file also holds a record that is stored.
+GOOD_ANTHROPIC = (
+    '{"id":"ag","type":"message","timestamp":"2024-12-01T00:00:00Z","usage":{"input_tokens":3,"output_tokens":3}}'
+)
+GOOD_MOONCAKE = '{"timestamp": 5, "input_length": 600, "output_length": 4, "hash_ids": [1, 2]}'
+GOOD_OTEL_SPAN = json.loads(json.dumps(OTEL_BAD_SPAN))
+GOOD_OTEL_SPAN["resourceSpans"][0]["scopeSpans"][0]["spans"][0]["attributes"].append(
+    {"key": "gen_ai.usage.output_tokens", "value": {"intValue": "2"}}
+)
+GOOD_LITELLM = "lg,2024-12-01 00:00:00,2024-12-01 00:00:01,2024-12-01 00:00:00.5,m,10,1"
 
 
 def _write(path: Path, lines: list[str], header: str | None = None) -> Path:
@@ -181,7 +192,13 @@ def _cases(tmp_path: Path) -> list[tuple[Path, str, str | None, list[tuple[str, 
             OPENAI_BAD,
             3,
         ),
-        (_write(tmp_path / "anth.jsonl", [c[0] for c in ANTHROPIC_BAD]), "anthropic", None, ANTHROPIC_BAD, 0),
+        (
+            _write(tmp_path / "anth.jsonl", [GOOD_ANTHROPIC] + [c[0] for c in ANTHROPIC_BAD]),
+            "anthropic",
+            None,
+            ANTHROPIC_BAD,
+            1,
+        ),
         (
             _write(
                 tmp_path / "azure.csv",
@@ -194,19 +211,25 @@ def _cases(tmp_path: Path) -> list[tuple[Path, str, str | None, list[tuple[str, 
             1,
         ),
         (
-            _write(tmp_path / "moon.jsonl", [c[0] for c in MOONCAKE_BAD]),
+            _write(tmp_path / "moon.jsonl", [GOOD_MOONCAKE] + [c[0] for c in MOONCAKE_BAD]),
             "mooncake",
             "2024-01-01",
             MOONCAKE_BAD,
-            0,
+            1,
         ),
-        (_write(tmp_path / "otel.jsonl", [c[0] for c in OTEL_BAD]), "otel", None, OTEL_BAD, 0),
         (
-            _write(tmp_path / "lite.csv", [c[0] for c in LITELLM_BAD], LITELLM_HEADER),
+            _write(tmp_path / "otel.jsonl", [json.dumps(GOOD_OTEL_SPAN)] + [c[0] for c in OTEL_BAD]),
+            "otel",
+            None,
+            OTEL_BAD,
+            1,
+        ),
+        (
+            _write(tmp_path / "lite.csv", [GOOD_LITELLM] + [c[0] for c in LITELLM_BAD], LITELLM_HEADER),
             "litellm",
             None,
             LITELLM_BAD,
-            0,
+            1,
         ),
     ]
 

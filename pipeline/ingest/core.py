@@ -1,18 +1,34 @@
 """``ingest_logs``: source files -> STORE/requests (by arrival date), quarantine and manifest.
 
-Accounting is exact per file: rows read = rows stored + rows quarantined + duplicates dropped.
-A file already ingested (same SHA-256) is skipped. Rows are deduplicated on
-(source_format, request_id) against the store and within the run, keeping the first seen.
-Each touched date partition is rewritten beside the old one and swapped in by rename; an
-interrupted swap is repaired at the start of the next run, so a killed run leaves the previous
-store intact. A whole file that cannot be read is reported and skipped; the others still ingest.
+Guarantees (docs/limits.md):
+
+- Accounting is exact per file: rows read = rows stored + rows quarantined + duplicates dropped.
+- A file already ingested (same SHA-256) is skipped, unless ``force``: then it is read again and
+  its earlier rows (every row stored from that path, or from another path with that content) are
+  REPLACED by the new ones, with its manifest entries and quarantine records.
+- Rows are deduplicated on (source_format, request_id) against the store and within the run,
+  keeping the first seen. A record without an id gets one derived from its content and its
+  occurrence in the file (``normalize.DerivedIds``), never from the whole file, so re-ingesting
+  a log that has grown stores only its new records.
+- A file that cannot be read, or whose every row is quarantined (a wrong ``--format``, a wrong
+  ``--date``), fails: one line naming it (and the commonest quarantine reason), exit 1, and it is
+  not recorded in the manifest, so a corrected re-run ingests it. The quarantine records of an
+  all-quarantined file are kept (to see why), and replaced when the file is ingested again.
+  Anything else that goes wrong reading one file fails that file only: the other files of the
+  command still ingest.
+- Writes are all or nothing and readers never see a partial file (``Store.commit``): new
+  partitions, quarantine files and the manifest are written under STORE/.staging/<run>/ and
+  moved into place after a journal marks the commit point. A run killed before it leaves the
+  store as it was; killed after it, the next run (or command opening the store) completes it.
 """
 
 from __future__ import annotations
 
 import codecs
+import contextlib
 import shutil
 import time
+from collections import Counter
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime, timedelta
@@ -27,7 +43,7 @@ import pyarrow.parquet as pq
 from pipeline.errors import RooftraceError
 from pipeline.ingest.formats import ALL_FORMATS, FORMATS, Context, FormatSpec
 from pipeline.ingest.mapping import load_mapping
-from pipeline.ingest.normalize import finalize
+from pipeline.ingest.normalize import DerivedIds, finalize, reason_kind
 from pipeline.ingest.readers import (
     RAW_LIMIT,
     FastPathFailed,
@@ -39,6 +55,7 @@ from pipeline.ingest.readers import (
     parquet_batches,
 )
 from pipeline.ingest.source import (
+    MAX_RECORD_BYTES,
     FileDigest,
     SourceError,
     check_text,
@@ -49,7 +66,7 @@ from pipeline.ingest.source import (
     sniff_format,
 )
 from pipeline.schemas import META_NAME, META_VERSION, check_file_schema, load_schema, read_parquet, write_parquet
-from pipeline.store import Store, check_date
+from pipeline.store import JOURNAL, Commit, Store, check_date, store_write_error
 
 Progress = Callable[[str], None]
 
@@ -66,6 +83,8 @@ class FileResult:
     dates: list[str] = field(default_factory=list)
     skipped: bool = False  # already ingested (same content hash)
     error: str | None = None
+    #: Stored rows of earlier ingests this file replaced (``force``).
+    rows_replaced: int = 0
 
 
 @dataclass
@@ -87,11 +106,13 @@ class IngestSummary:
     def line(self) -> str:
         n_files = sum(1 for f in self.files if not f.skipped and not f.error)
         skipped = sum(1 for f in self.files if f.skipped)
+        replaced = self.total("rows_replaced")
         return (
             f"ingested {n_files} file(s) ({skipped} already ingested, {len(self.errors)} failed): "
             f"{self.total('rows_read')} rows read = {self.total('rows_stored')} stored + "
-            f"{self.total('rows_quarantined')} quarantined + {self.total('rows_duplicate')} duplicates "
-            f"in {self.seconds:.1f} s"
+            f"{self.total('rows_quarantined')} quarantined + {self.total('rows_duplicate')} duplicates"
+            + (f", replacing {replaced} rows stored before" if replaced else "")
+            + f" in {self.seconds:.1f} s"
         )
 
     def to_json(self) -> dict[str, Any]:
@@ -100,6 +121,7 @@ class IngestSummary:
             "rows_stored": self.total("rows_stored"),
             "rows_quarantined": self.total("rows_quarantined"),
             "rows_duplicate": self.total("rows_duplicate"),
+            "rows_replaced": self.total("rows_replaced"),
             "seconds": round(self.seconds, 3),
             "ok": self.ok,
             "errors": self.errors,
@@ -178,9 +200,10 @@ class Stager:
         return sorted(self.root.glob("f*/batch-*.parquet"), key=lambda p: int(p.stem.removeprefix("batch-")))
 
 
-#: Bytes read to detect a format, and how far detection may read when the first record is longer.
+#: Bytes read to detect a format, and how far detection may read when the first record is longer
+#: (as far as the longest record ingest reads at all).
 SNIFF_HEAD = 1 << 16
-SNIFF_MAX = 1 << 24
+SNIFF_MAX = MAX_RECORD_BYTES
 
 
 def _resolve_spec(path: Path, fmt: str | None, mapping: Path | None) -> FormatSpec:
@@ -194,15 +217,16 @@ def _resolve_spec(path: Path, fmt: str | None, mapping: Path | None) -> FormatSp
         return FORMATS[fmt]
     if logical_name(path).lower().endswith(".parquet"):
         raise SourceError(f"{path}: Parquet input needs --format parquet and a --mapping")
-    head = read_head(path)
+    head = read_head(path, SNIFF_HEAD)
     check_text(path, head)
     try:
-        return FORMATS[sniff_format(path, head)]
+        return FORMATS[sniff_format(path, head, whole=len(head) < SNIFF_HEAD)]
     except SourceError:
         if len(head) < SNIFF_HEAD:
             raise
         # The head may end inside the first record (a record over 64 KiB): look further.
-        return FORMATS[sniff_format(path, read_head(path, SNIFF_MAX))]
+        head = read_head(path, SNIFF_MAX)
+        return FORMATS[sniff_format(path, head, whole=len(head) < SNIFF_MAX)]
 
 
 def _raw_batches(path: Path, spec: FormatSpec) -> Iterator[RawBatch]:
@@ -236,53 +260,59 @@ def _stage_file(
     file_index: int,
 ) -> tuple[int, pl.DataFrame]:
     """Read, normalise and stage one file. Returns (rows read, quarantine frame). The digest may
-    still be computing: it is waited for only if a record needs a derived id, and by the JSON
-    fast path's final line check."""
+    still be computing: the JSON fast path's final line check waits for its line count."""
     if spec.relative_time and ctx.anchor_date is None:
         raise SourceError(f"{path}: {spec.name} timestamps are relative to the trace start; pass --date YYYY-MM-DD")
-    file_id = digest.file_id
 
     def run(batches: Iterator[RawBatch]) -> tuple[int, list[pl.DataFrame]]:
         read = 0
         bad_frames: list[pl.DataFrame] = []
-        for batch in batches:
-            read += batch.frame.height + len(batch.failures)
-            cand = spec.post(batch.frame, ctx).with_columns(batch.frame["source_line"])
-            norm = finalize(
-                cand,
-                source_format=spec.name,
-                source_file=str(path),
-                file_id=file_id,
-                labels=spec.labels,
-                input_excludes_cache=spec.input_excludes_cache,
-            )
-            if norm.good.height:
-                stager.add(file_index, norm.good)
-            bad = norm.bad.with_columns(raw=pl.lit(None, dtype=pl.String))
-            if spec.kind == "parquet" and bad.height:
-                raw_json = batch.frame.select(
-                    "source_line", raw=pl.struct(pl.all().exclude("source_line")).struct.json_encode()
-                )
-                bad = bad.drop("raw").join(raw_json, on="source_line", how="left")
-            if batch.failures:
-                fail = pl.DataFrame(
-                    {
-                        "source_line": [f[0] for f in batch.failures],
-                        "field": [None] * len(batch.failures),
-                        "reason": [f[1] for f in batch.failures],
-                        "raw": [f[2] for f in batch.failures],
-                    },
-                    schema={
-                        "source_line": pl.Int64,
-                        "field": pl.String,
-                        "reason": pl.String,
-                        "raw": pl.String,
-                    },
-                )
-                bad = pl.concat([fail, bad])
-            if bad.height:
-                bad_frames.append(bad)
+        derived = DerivedIds()  # occurrences count from the file's first record, on each read
+        try:
+            for batch in batches:
+                read += batch.frame.height + len(batch.failures)
+                bad = _stage_batch(batch, derived)
+                if bad.height:
+                    bad_frames.append(bad)
+        finally:
+            derived.close()
         return read, bad_frames
+
+    def _stage_batch(batch: RawBatch, derived: DerivedIds) -> pl.DataFrame:
+        cand = spec.post(batch.frame, ctx).with_columns(batch.frame["source_line"])
+        norm = finalize(
+            cand,
+            source_format=spec.name,
+            source_file=str(path),
+            derived_ids=derived,
+            labels=spec.labels,
+            input_excludes_cache=spec.input_excludes_cache,
+        )
+        if norm.good.height:
+            stager.add(file_index, norm.good)
+        bad = norm.bad.with_columns(raw=pl.lit(None, dtype=pl.String))
+        if spec.kind == "parquet" and bad.height:
+            raw_json = batch.frame.select(
+                "source_line", raw=pl.struct(pl.all().exclude("source_line")).struct.json_encode()
+            )
+            bad = bad.drop("raw").join(raw_json, on="source_line", how="left")
+        if batch.failures:
+            fail = pl.DataFrame(
+                {
+                    "source_line": [f[0] for f in batch.failures],
+                    "field": [None] * len(batch.failures),
+                    "reason": [f[1] for f in batch.failures],
+                    "raw": [f[2] for f in batch.failures],
+                },
+                schema={
+                    "source_line": pl.Int64,
+                    "field": pl.String,
+                    "reason": pl.String,
+                    "raw": pl.String,
+                },
+            )
+            bad = pl.concat([fail, bad])
+        return bad
 
     if spec.kind == "jsonl":
         try:
@@ -308,30 +338,72 @@ def _stage_file(
     return read, bad
 
 
-def _recover(store: Store) -> None:
-    """Finish or undo a partition swap that a killed run left half-done; drop stale staging."""
-    for table_dir in (store.requests_dir,):
-        if not table_dir.is_dir():
-            continue
-        for p in sorted(table_dir.iterdir()):
-            name = p.name
-            if name.startswith(".") and ".old-" in name:
-                final = table_dir / name[1:].split(".old-")[0]
-                if final.exists():
-                    shutil.rmtree(p)
-                else:
-                    p.rename(final)
-            elif name.startswith(".") and ".new-" in name:
-                shutil.rmtree(p)
-    shutil.rmtree(store.root / ".staging", ignore_errors=True)
-
-
 def _read_manifest(store: Store) -> pl.DataFrame:
     if store.manifest_path.exists():
         got = pl.from_arrow(read_parquet(store.manifest_path, "manifest"))
         assert isinstance(got, pl.DataFrame)
         return got
     return pl.from_arrow(load_schema("manifest").arrow.empty_table())  # type: ignore[return-value]
+
+
+@dataclass
+class _Replace:
+    """What ``force`` replaces: the stored rows from these source files (on these dates), their
+    manifest entries and the quarantine files of these contents."""
+
+    files: set[str] = field(default_factory=set)
+    dates: set[str] = field(default_factory=set)
+    shas: set[str] = field(default_factory=set)
+    owner: dict[str, int] = field(default_factory=dict)  # source file -> result it is replaced by
+
+    def credit(self, results: list[FileResult], removed: Sequence[tuple[Any, Any]]) -> None:
+        """Count (source file, rows) removed from the store to the files that replace them."""
+        for source_file, n in removed:
+            results[self.owner[str(source_file)]].rows_replaced += int(n)
+
+
+def _replaced(manifest: pl.DataFrame, results: list[FileResult], force: bool) -> _Replace:
+    """With ``force``: the earlier ingests each re-read file replaces (its path, or its content
+    under another path), from the manifest."""
+    rep = _Replace()
+    if not force:
+        return rep
+    for idx, res in enumerate(results):
+        if res.skipped or res.error or res.content_sha256 is None:
+            continue
+        same = manifest.filter(
+            (pl.col("source_file") == res.source_file) | (pl.col("content_sha256") == res.content_sha256)
+        )
+        for source_file in same["source_file"].to_list():
+            rep.files.add(source_file)
+            rep.owner.setdefault(source_file, idx)
+        rep.dates.update(d for ds in same["dates"].to_list() for d in ds)
+        rep.shas.update(same["content_sha256"].to_list())
+    return rep
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
+
+
+def _all_quarantined(path: Path, bad: pl.DataFrame) -> str:
+    """The one-line error for a file whose every row was quarantined: the commonest kind of
+    reason, how many rows have it and the first of them."""
+    reasons = bad["reason"].to_list()
+    lines = bad["source_line"].to_list()
+    kinds = Counter(reason_kind(r) for r in reasons)
+    kind, k = kinds.most_common(1)[0]
+    at = next(i for i, r in enumerate(reasons) if reason_kind(r) == kind)
+    example = " ".join(reasons[at].split())
+    if len(example) > 200:
+        example = example[:199] + "…"
+    n = len(reasons)
+    return (
+        f"{path}: all {n:,} rows quarantined, none stored (commonest reason, {k:,} of {n:,} rows, "
+        f"first at line {lines[at]}: {example}); not recorded as ingested: check --format, --date "
+        "or --mapping and run again"
+    )
 
 
 def ingest_logs(
@@ -341,8 +413,10 @@ def ingest_logs(
     date: str | None = None,
     mapping: Path | None = None,
     progress: Progress | None = None,
+    force: bool = False,
 ) -> IngestSummary:
-    """Ingest log files or directories into ``store``. See the module docstring for guarantees."""
+    """Ingest log files or directories into ``store``. See the module docstring for guarantees;
+    ``force`` re-reads files already ingested and replaces their rows."""
     t0 = time.perf_counter()
     say = progress or (lambda _msg: None)
     if date is not None:
@@ -354,66 +428,106 @@ def ingest_logs(
     ctx = Context(anchor_date=date)
     now = datetime.now(UTC)
     run_id = f"{now.strftime('%Y%m%dT%H%M%S')}-{time.perf_counter_ns() % 1_000_000:06d}"
-    results: list[FileResult] = []
-    with store.lock():
-        _recover(store)
-        stager = Stager(store.root / ".staging" / run_id)
-        manifest = _read_manifest(store)
-        known = set(manifest["content_sha256"].to_list())
-        seen_paths = set(manifest["source_file"].to_list())
-        quarantines: dict[int, pl.DataFrame] = {}
-        paths: list[Path] = []
-        for src in sources:
-            try:
-                paths.extend(iter_files([Path(src)]))
-            except SourceError as exc:
-                results.append(FileResult(source_file=str(src), error=str(exc)))
-                say(f"error: {exc}")
-        for path in paths:
-            res = FileResult(source_file=str(path))
-            results.append(res)
-            idx = len(results) - 1
-            digest: FileDigest | None = None
-            try:
-                # A path seen before is most likely the same content again (a re-run): hash it
-                # first, so skipping it costs one read. A new path is hashed on a worker thread
-                # while it is parsed; if its content turns out to be known after all, its rows
-                # are dropped and it is skipped just the same.
-                digest = FileDigest(path, background=str(path) not in seen_paths)
-                seen_paths.add(str(path))
-                if not digest.background and digest.sha() in known:
-                    res.content_sha256 = digest.sha()
-                    res.skipped = True
-                    say(f"{path}: already ingested (same content), skipped")
-                    continue
-                spec = _resolve_spec(path, fmt, mapping)
-                res.source_format = spec.name
-                read, bad = _stage_file(path, spec, ctx, digest, stager, idx)
-                sha = res.content_sha256 = digest.sha()
-                if sha in known:
-                    stager.drop(idx)
-                    res.skipped = True
-                    say(f"{path}: already ingested (same content), skipped")
-                    continue
-                res.rows_read = read
-                res.rows_quarantined = bad.height
-                quarantines[idx] = bad
-                known.add(sha)
-                say(f"{path}: {spec.name}, {read} rows read, {bad.height} quarantined")
-            except (SourceError, OSError) as exc:
-                msg = str(exc) if isinstance(exc, SourceError) else f"{path}: {exc}"
-                res.error = msg
-                stager.drop(idx)
-                say(f"error: {msg}")
-            finally:
-                if digest is not None:
-                    digest.close()  # a hash still running for a failed file stops here
-
-        _merge(store, stager, results, run_id, say)
-        _write_quarantine(store, results, quarantines, now)
-        _write_manifest(store, manifest, results, now)
-        shutil.rmtree(store.root / ".staging", ignore_errors=True)
+    with store.lock():  # taking it finishes or undoes what a killed run left
+        commit = store.commit(run_id)
+        try:
+            commit.root.mkdir(parents=True)
+        except OSError as exc:
+            raise store_write_error(store, exc) from None
+        try:
+            results = _ingest_locked(sources, store, commit, fmt, mapping, ctx, now, force, say)
+        finally:
+            if not (commit.root / JOURNAL).exists():  # else a failed commit is rolled forward later
+                shutil.rmtree(commit.root, ignore_errors=True)
+                with contextlib.suppress(OSError):
+                    store.staging_dir.rmdir()
     return IngestSummary(results, time.perf_counter() - t0)
+
+
+def _ingest_locked(
+    sources: Sequence[str | Path],
+    store: Store,
+    commit: Commit,
+    fmt: str | None,
+    mapping: Path | None,
+    ctx: Context,
+    now: datetime,
+    force: bool,
+    say: Progress,
+) -> list[FileResult]:
+    results: list[FileResult] = []
+    stager = Stager(commit.root)
+    manifest = _read_manifest(store)
+    known = set() if force else set(manifest["content_sha256"].to_list())
+    seen_paths = set(manifest["source_file"].to_list())
+    quarantines: dict[int, pl.DataFrame] = {}
+    paths: list[Path] = []
+    for src in sources:
+        try:
+            paths.extend(iter_files([Path(src)], skipped=say))
+        except SourceError as exc:
+            results.append(FileResult(source_file=str(src), error=str(exc)))
+            say(f"error: {exc}")
+    for path in paths:
+        res = FileResult(source_file=str(path))
+        results.append(res)
+        idx = len(results) - 1
+        digest: FileDigest | None = None
+        try:
+            # A path seen before is most likely the same content again (a re-run): hash it
+            # first, so skipping it costs one read. A new path is hashed on a worker thread
+            # while it is parsed; if its content turns out to be known after all, its rows
+            # are dropped and it is skipped just the same.
+            digest = FileDigest(path, background=str(path) not in seen_paths)
+            seen_paths.add(str(path))
+            if not digest.background and digest.sha() in known:
+                res.content_sha256 = digest.sha()
+                res.skipped = True
+                say(f"{path}: already ingested (same content), skipped; --force ingests it again")
+                continue
+            spec = _resolve_spec(path, fmt, mapping)
+            res.source_format = spec.name
+            read, bad = _stage_file(path, spec, ctx, digest, stager, idx)
+            sha = res.content_sha256 = digest.sha()
+            if sha in known:
+                stager.drop(idx)
+                res.skipped = True
+                say(f"{path}: already ingested (same content), skipped; --force ingests it again")
+                continue
+            res.rows_read = read
+            res.rows_quarantined = bad.height
+            quarantines[idx] = bad  # kept even when the file fails below, to see why
+            if read and bad.height == read:
+                stager.drop(idx)
+                res.error = _all_quarantined(path, bad)
+                say(f"error: {res.error}")
+                continue
+            known.add(sha)
+            say(f"{path}: {spec.name}, {read} rows read, {bad.height} quarantined")
+        except (SourceError, OSError) as exc:
+            msg = str(exc) if isinstance(exc, SourceError) else f"{path}: {exc}"
+            res.error = msg
+            stager.drop(idx)
+            say(f"error: {msg}")
+        except Exception as exc:  # one file's failure, whatever it is, must not lose the others
+            res.error = f"{path}: cannot ingest ({type(exc).__name__}: {_first_line(exc)})"
+            stager.drop(idx)
+            say(f"error: {res.error}")
+        finally:
+            if digest is not None:
+                digest.close()  # a hash still running for a failed file stops here
+
+    replace = _replaced(manifest, results, force)
+    try:
+        _merge(store, stager, commit, results, say, replace)
+        _write_quarantine(store, commit, manifest, results, quarantines, now, replace)
+        _write_manifest(store, commit, manifest, results, now, replace)
+        commit.apply()
+    except OSError as exc:
+        raise store_write_error(store, exc) from None
+    except (duckdb.Error, pl.exceptions.PolarsError) as exc:
+        raise RooftraceError(f"{store.root}: cannot merge into the store ({_first_line(exc)})") from None
+    return results
 
 
 #: A date partition (its stored rows plus the staged ones) up to this estimated size is merged in
@@ -426,13 +540,25 @@ MERGE_MEMORY = "512MB"
 SORT_KEYS = ("arrival", "source_file", "source_line", "request_id")
 
 
-def _merge(store: Store, stager: Stager, results: list[FileResult], run_id: str, say: Progress) -> None:
+def _merge(
+    store: Store, stager: Stager, commit: Commit, results: list[FileResult], say: Progress, replace: _Replace
+) -> None:
     """Deduplicate the staged rows against the store and each other (first seen wins: stored rows,
-    then staged rows in reading order) and rewrite each touched date partition sorted by
-    SORT_KEYS. Every way of merging gives the same rows and the same Parquet bytes."""
+    then staged rows in reading order) and stage each touched date partition, sorted by
+    SORT_KEYS, in ``commit``. Stored rows that ``replace`` names are dropped first (and the
+    partitions they were in rewritten without them). Every way of merging gives the same rows
+    and the same Parquet bytes."""
+    touched = _merge_staged(store, stager, commit, results, say, replace)
+    for d in sorted(replace.dates - touched):
+        _drop_replaced(store, commit, d, results, say, replace)
+
+
+def _merge_staged(
+    store: Store, stager: Stager, commit: Commit, results: list[FileResult], say: Progress, replace: _Replace
+) -> set[str]:
     frames = [f for fs in stager.memory.values() for f in fs]
     if not frames and not stager.spilled_files():
-        return
+        return set()
     if not stager.spilled_files():
         staged = pl.concat(frames, how="vertical", rechunk=False)
         parts = _split_by_date(staged)
@@ -440,12 +566,49 @@ def _merge(store: Store, stager: Stager, results: list[FileResult], run_id: str,
         fits = all((_stored_rows(store, d) + part.height) * per_row <= MEMORY_MERGE_BYTES for d, part in parts.items())
         if fits:
             for d, part in parts.items():
-                _merge_date_memory(store, d, part, results, run_id, say)
-            return
+                _merge_date_memory(store, commit, d, part, results, say, replace)
+            return set(parts)
         del staged, parts
     del frames
     stager.flush()
-    _merge_out_of_core(store, stager, results, run_id, say)
+    return _merge_out_of_core(store, stager, commit, results, say, replace)
+
+
+def _drop_replaced(
+    store: Store, commit: Commit, date: str, results: list[FileResult], say: Progress, replace: _Replace
+) -> None:
+    """Rewrite a partition without the rows ``replace`` names (streamed: the rows stay sorted),
+    or remove it when nothing is left."""
+    existing = _stored_files(store, date)
+    if not existing:
+        return
+    rows = pl.scan_parquet(existing, glob=False)
+    gone = pl.col("source_file").is_in(sorted(replace.files))
+    removed = rows.filter(gone).group_by("source_file").len().collect().rows()
+    if not removed:
+        return
+    replace.credit(results, removed)
+    left = rows.filter(~gone).select(pl.len()).collect().item()
+    if left == 0:
+        commit.remove(store.partition(store.requests_dir, date))
+        say(f"requests/date={date}: removed (its rows were replaced)")
+        return
+    _stage_partition(store, commit, date, existing, lambda target: _write_requests(rows.filter(~gone), target))
+    say(f"requests/date={date}: {left} rows")
+
+
+def _stage_partition(
+    store: Store, commit: Commit, date: str, existing: list[Path], write: Callable[[Path], None]
+) -> None:
+    """Write a date partition's new file into the commit: at commit time it replaces the old file
+    by one rename (or, for a new date, the partition folder appears with it), so a reader sees the
+    old partition or the new one, never a part of either. Other files of the partition (only an
+    older layout had them: their rows are in the new file) are removed."""
+    target = store.partition(store.requests_dir, date) / "part-00000.parquet"
+    write(commit.stage(target))
+    for p in existing:
+        if p != target:
+            commit.remove(p)
 
 
 def _split_by_date(staged: pl.DataFrame) -> dict[str, pl.DataFrame]:
@@ -492,11 +655,23 @@ def _count(results: list[FileResult], date: str, counts: Sequence[tuple[Any, Any
 
 
 def _merge_date_memory(
-    store: Store, date: str, part: pl.DataFrame, results: list[FileResult], run_id: str, say: Progress
+    store: Store,
+    commit: Commit,
+    date: str,
+    part: pl.DataFrame,
+    results: list[FileResult],
+    say: Progress,
+    replace: _Replace,
 ) -> None:
     names = load_schema("requests").names
     existing = _stored_files(store, date)
     old = [pl.read_parquet(p, glob=False).select(names) for p in existing]
+    if old and replace.files:
+        stored = pl.concat(old, how="vertical")
+        gone = stored["source_file"].is_in(sorted(replace.files))
+        if gone.any():
+            replace.credit(results, stored.filter(gone).group_by("source_file").len().rows())
+            old = [stored.filter(~gone)]
     rows = pl.concat([*old, part.select(names)], how="vertical") if old else part.select(names)
     n_old = rows.height - part.height
     first = _first_seen(rows)
@@ -512,7 +687,7 @@ def _merge_date_memory(
     if not _is_sorted(kept, SORT_KEYS):  # a log written in arrival order needs no sort
         kept = kept.sort(SORT_KEYS)
     kept = kept.rechunk()  # one chunk per column: the writer encodes contiguous row groups faster
-    _swap_partition(store.requests_dir, date, run_id, lambda target: _write_requests(kept.lazy(), target))
+    _stage_partition(store, commit, date, existing, lambda target: _write_requests(kept.lazy(), target))
     say(f"requests/date={date}: {kept.height} rows")
 
 
@@ -539,12 +714,15 @@ def _is_sorted(frame: pl.DataFrame, keys: Sequence[str]) -> bool:
     return bool(in_order.all())
 
 
-def _merge_out_of_core(store: Store, stager: Stager, results: list[FileResult], run_id: str, say: Progress) -> None:
+def _merge_out_of_core(
+    store: Store, stager: Stager, commit: Commit, results: list[FileResult], say: Progress, replace: _Replace
+) -> set[str]:
     """The merge for staged rows that do not fit in memory, all of them in staging files. DuckDB
     counts rows and finds duplicate keys in one pass over the key columns (within MERGE_MEMORY,
     spilling beyond it). A date with no duplicates, no stored rows and rows read in partition
     order is streamed by polars from the staging files into its partition; otherwise DuckDB drops
-    the duplicates and sorts into a staging file that polars then streams into the partition."""
+    the duplicates (and the stored rows ``replace`` names) and sorts into a staging file that
+    polars then streams into the partition. Returns the dates merged."""
     names = load_schema("requests").names
     cols = ", ".join(f'"{c}"' for c in names)
     files = stager.spilled_files()
@@ -564,6 +742,20 @@ def _merge_out_of_core(store: Store, stager: Stager, results: list[FileResult], 
         for d, f, n in con.execute("SELECT _date, _file, count(*) FROM staged GROUP BY ALL ORDER BY ALL").fetchall():
             per_file.setdefault(d, []).append((int(f), int(n)))
         stored = {d: _stored_files(store, d) for d in per_file}
+        # Stored rows a forced re-ingest replaces take no part (filtered wherever stored rows are read).
+        con.execute("CREATE TEMP TABLE replaced (source_file VARCHAR)")
+        if replace.files:
+            con.executemany("INSERT INTO replaced VALUES (?)", [[f] for f in sorted(replace.files)])
+        keep_stored = "WHERE source_file NOT IN (SELECT source_file FROM replaced)"
+        removed: dict[str, int] = {}
+        for d, existing in stored.items():
+            if existing and replace.files:
+                got = con.execute(
+                    f"SELECT source_file, count(*) FROM read_parquet([{_sql_list(existing)}]) "
+                    "WHERE source_file IN (SELECT source_file FROM replaced) GROUP BY ALL"
+                ).fetchall()
+                replace.credit(results, got)
+                removed[d] = sum(int(n) for _, n in got)
         # Keys of every row that takes part: the stored rows of touched dates (first, _ord 0) and
         # the staged rows (in reading order, _ord 1).
         keys = ["SELECT _date, source_format, request_id, _file, _seq, _ord FROM staged"]
@@ -571,7 +763,7 @@ def _merge_out_of_core(store: Store, stager: Stager, results: list[FileResult], 
             if existing:
                 keys.append(
                     f"SELECT '{d}' AS _date, source_format, request_id, -1 AS _file, -1 AS _seq, 0 AS _ord "
-                    f"FROM read_parquet([{_sql_list(existing)}])"
+                    f"FROM read_parquet([{_sql_list(existing)}]) {keep_stored}"
                 )
         con.execute(f"CREATE TEMP VIEW keys AS {' UNION ALL '.join(keys)}")
         con.execute(
@@ -595,7 +787,7 @@ def _merge_out_of_core(store: Store, stager: Stager, results: list[FileResult], 
             counts = [(f, n - dups.get((d, f), 0), dups.get((d, f), 0)) for f, n in per_file[d]]
             _count(results, d, counts)
             existing = stored[d]
-            kept = sum(c[1] for c in counts) + sum(pq.read_metadata(p).num_rows for p in existing)
+            kept = sum(c[1] for c in counts) + sum(pq.read_metadata(p).num_rows for p in existing) - removed.get(d, 0)
             if _can_stream(stager, existing, sum(c[2] for c in counts)):
                 start = datetime.fromisoformat(d).replace(tzinfo=UTC)
                 arrival = pl.col("arrival")
@@ -608,9 +800,13 @@ def _merge_out_of_core(store: Store, stager: Stager, results: list[FileResult], 
                 def stream(target: Path, rows: pl.LazyFrame = in_day) -> None:
                     _write_requests(rows, target)
 
-                _swap_partition(store.requests_dir, d, run_id, stream)
+                _stage_partition(store, commit, d, existing, stream)
             else:
-                old = f"SELECT {cols} FROM read_parquet([{_sql_list(existing)}]) UNION ALL " if existing else ""
+                old = (
+                    f"SELECT {cols} FROM read_parquet([{_sql_list(existing)}]) {keep_stored} UNION ALL "
+                    if existing
+                    else ""
+                )
                 sorted_file = tmp / f"sorted-{d}.parquet"
                 con.execute(
                     f"COPY (SELECT * FROM ({old}SELECT {cols} FROM staged ANTI JOIN dup USING (_date, _file, _seq) "
@@ -622,11 +818,12 @@ def _merge_out_of_core(store: Store, stager: Stager, results: list[FileResult], 
                 def write(target: Path, src: Path = sorted_file) -> None:
                     _write_requests(pl.scan_parquet(src, glob=False), target)
 
-                _swap_partition(store.requests_dir, d, run_id, write)
+                _stage_partition(store, commit, d, existing, write)
                 sorted_file.unlink()
             say(f"requests/date={d}: {kept} rows")
     finally:
         con.close()
+    return set(per_file)
 
 
 def _can_stream(stager: Stager, existing: list[Path], n_dup: int) -> bool:
@@ -659,25 +856,28 @@ def _write_requests(rows: pl.LazyFrame, target: Path) -> None:
     check_file_schema(target, "requests")  # the written file carries its schema and types
 
 
-def _swap_partition(table_dir: Path, date: str, run_id: str, write: Callable[[Path], None]) -> None:
-    """Write a date partition beside the old one, then swap it in by rename."""
-    final = table_dir / f"date={date}"
-    new = table_dir / f".date={date}.new-{run_id}"
-    old = table_dir / f".date={date}.old-{run_id}"
-    new.mkdir(parents=True, exist_ok=True)
-    write(new / "part-00000.parquet")
-    if final.exists():
-        final.rename(old)
-    new.rename(final)
-    shutil.rmtree(old, ignore_errors=True)
-
-
 def _write_quarantine(
-    store: Store, results: list[FileResult], quarantines: dict[int, pl.DataFrame], now: datetime
+    store: Store,
+    commit: Commit,
+    manifest: pl.DataFrame,
+    results: list[FileResult],
+    quarantines: dict[int, pl.DataFrame],
+    now: datetime,
+    replace: _Replace,
 ) -> None:
+    """Stage each read file's quarantine records (``file=<sha prefix>.parquet``), replacing those
+    of an earlier read of the same content; a clean read removes them. With ``force``, the
+    quarantine files of replaced contents no file in the manifest still has are removed too."""
+    written: set[str] = set()
     for idx, bad in quarantines.items():
         res = results[idx]
-        if not bad.height or res.content_sha256 is None:
+        if res.content_sha256 is None:
+            continue
+        target = store.quarantine_dir / f"file={res.content_sha256[:16]}.parquet"
+        written.add(res.content_sha256)
+        if not bad.height:
+            if target.exists():
+                commit.remove(target)
             continue
         table = bad.select(
             pl.lit(res.source_format).alias("source_format"),
@@ -688,10 +888,25 @@ def _write_quarantine(
             pl.col("raw"),
             pl.lit(now).cast(pl.Datetime("us", "UTC")).alias("ingested_at"),
         ).to_arrow()
-        write_parquet(table, store.quarantine_dir / f"file={res.content_sha256[:16]}.parquet", "quarantine")
+        write_parquet(table, commit.stage(target), "quarantine")
+    if replace.shas:
+        still = set(manifest.filter(~pl.col("source_file").is_in(sorted(replace.files)))["content_sha256"].to_list())
+        for sha in sorted(replace.shas - written - still):
+            target = store.quarantine_dir / f"file={sha[:16]}.parquet"
+            if target.exists():
+                commit.remove(target)
 
 
-def _write_manifest(store: Store, manifest: pl.DataFrame, results: list[FileResult], now: datetime) -> None:
+def _write_manifest(
+    store: Store,
+    commit: Commit,
+    manifest: pl.DataFrame,
+    results: list[FileResult],
+    now: datetime,
+    replace: _Replace,
+) -> None:
+    """Stage the manifest with a row for each file ingested now, less the rows of the earlier
+    ingests that ``force`` replaced."""
     rows = [
         {
             "source_file": r.source_file,
@@ -707,9 +922,10 @@ def _write_manifest(store: Store, manifest: pl.DataFrame, results: list[FileResu
         for r in results
         if not r.skipped and not r.error and r.content_sha256 is not None
     ]
-    if not rows:
+    kept = manifest.filter(~pl.col("source_file").is_in(sorted(replace.files))) if replace.files else manifest
+    if not rows and kept.height == manifest.height:
         return
     add = pl.DataFrame(rows, schema=manifest.schema)
-    out = pl.concat([manifest, add], how="vertical")
+    out = pl.concat([kept, add], how="vertical")
     table: pa.Table = out.to_arrow()
-    write_parquet(table, store.manifest_path, "manifest")
+    write_parquet(table, commit.stage(store.manifest_path), "manifest")

@@ -2,21 +2,51 @@
 
 Every check is vectorised; a record gets the *first* failing check as its reason, and names the
 source field (the provider's own name, e.g. ``usage.prompt_tokens``) so a user can find it.
-Conditions are evaluated on every row; the reason text only on the (few) failing rows.
+Conditions are evaluated on every row; the reason text only on the (few) failing rows. A reason
+that quotes the record's value puts it after a colon, so the text before the first colon names
+the kind of fault (``reason_kind``).
+
+Plausibility bounds (docs/limits.md): an arrival outside ``PLAUSIBLE_ARRIVAL`` (2000-01-01 ..
+2100-01-01 UTC), a token count above ``MAX_TOKENS_PER_REQUEST`` (10^8) and a latency above
+``MAX_LATENCY_S`` (7 days) are quarantined: such values are corruption or unit mix-ups, and
+letting them through would make later stages plan for petabytes (or overflow Int64).
+
+Derived request ids. A record without a request id gets ``FORMAT:CONTENT:N`` (``DerivedIds``):
+CONTENT is the first 24 hex digits of the MD5 of the record's canonical values (arrival in us,
+model, token counts, tenant, session, adapter, prefix hashes and block size, latencies, status:
+every stored column but the id and where the row came from), and N counts the earlier records
+of the same file with the same content (0 for the first). The id depends on the record and on
+the records before it in its file, never on the whole file: the same record keeps its id when
+lines are appended to its file, so re-ingesting a grown log stores only the new records (the
+others are duplicates). Within a file identical records are distinct requests (N differs);
+across files the same record at the same occurrence is the same request (a file and its grown,
+copied or overlapping export are deduplicated).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+import re
+from collections.abc import Mapping
 from dataclasses import dataclass
 from functools import lru_cache
 
+import duckdb
+import numpy as np
 import polars as pl
 
-from pipeline.ingest.timeparse import patch
+from pipeline.ingest.timeparse import PLAUSIBLE_ARRIVAL, patch
 
 TOKEN_FIELDS = ("input_raw", "cache_read_raw", "cache_write_raw", "output_raw", "reasoning_raw")
 LATENCY_FIELDS = ("ttft_raw", "e2e_raw")
+
+#: The most tokens one request may count in any token field (input, cache read/write, output,
+#: reasoning). The longest context windows offered are about 10^7 tokens; 10^8 is ten times that,
+#: so a larger count is corruption or a unit mix-up (a byte count, a sum over requests). It also
+#: keeps a day's token sums far inside Int64 (10^8 x 10^10 requests = 10^18 < 9.2 x 10^18).
+MAX_TOKENS_PER_REQUEST = 100_000_000
+#: The longest plausible time to first token or end-to-end latency, in seconds: 7 days (a batch
+#: API job completes within 24 h; anything longer is a unit mix-up, e.g. ms read as s).
+MAX_LATENCY_S = 7 * 86400.0
 
 
 @dataclass(frozen=True)
@@ -55,7 +85,17 @@ def _checks(
         (
             pl.col("arrival").is_null(),
             arrival,
-            pl.format("unparseable timestamp {}", pl.col("arrival_raw").str.slice(0, 60)),
+            pl.format("unparseable timestamp: {}", pl.col("arrival_raw").str.slice(0, 60)),
+        ),
+        (
+            (pl.col("arrival") < PLAUSIBLE_ARRIVAL[0]) | (pl.col("arrival") >= PLAUSIBLE_ARRIVAL[1]),
+            arrival,
+            pl.format(
+                f"timestamp outside the plausible range {PLAUSIBLE_ARRIVAL[0]:%Y-%m-%d} .. "
+                f"{PLAUSIBLE_ARRIVAL[1]:%Y-%m-%d} UTC: {{}} (read as {{}})",
+                pl.col("arrival_raw").str.slice(0, 60),
+                pl.col("arrival").dt.to_string("%Y-%m-%dT%H:%M:%S%.fZ"),
+            ),
         ),
     ]
     for col in ("input_raw", "output_raw"):
@@ -67,6 +107,14 @@ def _checks(
             (present & num.is_null(), name, pl.format(f"{name} is not a number: {{}}", raw.str.slice(0, 40))),
             (num.is_nan(), name, pl.lit(f"{name} is NaN")),
             (num < 0, name, pl.format(f"{name} is negative: {{}}", raw)),
+            (
+                num > MAX_TOKENS_PER_REQUEST,
+                name,
+                pl.format(
+                    f"{name} is implausibly large (over {MAX_TOKENS_PER_REQUEST:,} tokens per request): {{}}",
+                    raw.str.slice(0, 40),
+                ),
+            ),
             (
                 (num != num.floor()) | num.is_infinite(),
                 name,
@@ -112,6 +160,11 @@ def _checks(
                 pl.format(f"{name} is not a number: {{}}", raw.str.slice(0, 40)),
             ),
             (num < 0, name, pl.format(f"{name} is negative: {{}}", raw)),
+            (
+                num > MAX_LATENCY_S,
+                name,
+                pl.format(f"{name} is implausibly large (over {MAX_LATENCY_S:,.0f} s): {{}}", raw.str.slice(0, 40)),
+            ),
         ]
     checks.append(
         (
@@ -164,11 +217,12 @@ def finalize(
     *,
     source_format: str,
     source_file: str,
-    file_id: str | Callable[[], str],
+    derived_ids: DerivedIds,
     labels: Mapping[str, str],
     input_excludes_cache: bool,
 ) -> Normalised:
-    """Validate and type a candidate frame (must carry ``source_line``)."""
+    """Validate and type a candidate frame (must carry ``source_line``). Records without a request
+    id get one from ``derived_ids`` (one per file, fed the file's batches in reading order)."""
     plan = _plan(tuple(sorted(labels.items())), input_excludes_cache, "hashes" in cand.columns)
     checked = cand.with_columns(plan.nums).with_columns(_fail=plan.first_fail)
     n_bad = checked["_fail"].len() - checked["_fail"].null_count()
@@ -187,13 +241,8 @@ def finalize(
     if input_excludes_cache:
         recorded = recorded + as_int["cache_read_raw"].fill_null(0) + as_int["cache_write_raw"].fill_null(0)
     has_id = (pl.col("request_id").str.len_bytes() > 0).fill_null(False)
-    if ok.select(has_id.all()).item():
-        request_id = pl.col("request_id")  # every record has its own id: no derived ids needed
-    else:
-        derived = pl.format(
-            f"{source_format}:{file_id() if callable(file_id) else file_id}:{{}}", pl.col("source_line")
-        )
-        request_id = pl.when(has_id).then(pl.col("request_id")).otherwise(derived)
+    # A record without an id gets null here and a derived id below.
+    request_id = pl.col("request_id") if ok.select(has_id.all()).item() else pl.when(has_id).then(pl.col("request_id"))
     good = ok.select(
         request_id.alias("request_id"),
         pl.col("arrival").cast(pl.Datetime("us", "UTC")),
@@ -215,4 +264,123 @@ def finalize(
         _n("e2e_raw").alias("e2e_s"),
         pl.col("status"),
     )
+    if good["request_id"].null_count():
+        good = derived_ids.assign(good, source_format)
     return Normalised(good=good, bad=bad)
+
+
+#: The canonical columns a derived id is computed from (all but the id and the row's origin).
+CONTENT_COLUMNS = (
+    "arrival",
+    "model",
+    "recorded_input_tokens",
+    "output_tokens",
+    "tenant",
+    "session_id",
+    "adapter",
+    "reported_cache_hit_tokens",
+    "cache_write_tokens",
+    "reasoning_tokens",
+    "prefix_block_hashes",
+    "prefix_block_size",
+    "ttft_s",
+    "e2e_s",
+    "status",
+)
+
+
+#: Content columns that hold free text (any character): written with their length first.
+_TEXT_COLUMNS = frozenset({"model", "tenant", "session_id", "adapter", "status"})
+
+
+def _content_text(frame: pl.DataFrame) -> pl.Series:
+    """One text per row holding its CONTENT_COLUMNS values unambiguously: ``|`` between values, a
+    null as ``-``, numbers as they are (never holding ``|`` or a lone ``-``), arrival as epoch us,
+    prefix hashes comma-joined, and free text as its length, a colon and the text."""
+    parts = []
+    for col in CONTENT_COLUMNS:
+        c = pl.col(col)
+        if col == "arrival":
+            text = c.dt.epoch("us").cast(pl.String).fill_null("-")
+        elif col == "prefix_block_hashes":
+            text = c.list.eval(pl.element().cast(pl.String)).list.join(",").fill_null("-")
+        elif col in _TEXT_COLUMNS:
+            text = pl.when(c.is_null()).then(pl.lit("-")).otherwise(pl.format("{}:{}", c.str.len_chars(), c))
+        else:
+            text = c.cast(pl.String).fill_null("-")
+        parts.append(text)
+    return frame.select(pl.concat_str(parts, separator="|").alias("content")).to_series()
+
+
+class DerivedIds:
+    """Request ids for the records of one file that have none (module docstring): content hash
+    plus occurrence number. Call ``assign`` on the file's batches in reading order; the counts of
+    contents seen so far are kept as a sorted array (16 bytes per distinct record)."""
+
+    def __init__(self) -> None:
+        self._keys = np.empty(0, np.uint64)  # sorted distinct content keys seen in the file
+        self._counts = np.empty(0, np.int64)  # how often each was seen
+        self._con: duckdb.DuckDBPyConnection | None = None
+
+    def _digests(self, text: pl.Series) -> tuple[pl.Series, np.ndarray]:
+        """MD5 of each text (DuckDB's, vectorised; the same digest in every version): 24 hex
+        digits for the id and the first 64 bits as the occurrence key."""
+        if self._con is None:
+            self._con = duckdb.connect()
+            self._con.execute("SET enable_progress_bar = false")
+        self._con.register("contents", pl.DataFrame({"content": text}).to_arrow())
+        try:
+            table = self._con.sql("SELECT substr(md5(content), 1, 24) AS h FROM contents").to_arrow_table()
+        finally:
+            self._con.unregister("contents")
+        got = pl.Series("h", table.column("h"), dtype=pl.String)
+        keys = got.str.slice(0, 16).str.to_integer(base=16, dtype=pl.UInt64).to_numpy()
+        return got, keys
+
+    def occurrences(self, keys: np.ndarray) -> np.ndarray:
+        """For each key (in reading order), how many times it was seen before in the file. One
+        stable sort of the batch (numpy, single-threaded: no thread pool to contend for)."""
+        n = len(keys)
+        order = np.argsort(keys, kind="stable")
+        ranked = keys[order]
+        first = np.ones(n, bool)
+        first[1:] = ranked[1:] != ranked[:-1]
+        at = np.arange(n)
+        starts = np.flatnonzero(first)
+        local = np.empty(n, np.int64)
+        local[order] = at - np.maximum.accumulate(np.where(first, at, 0))  # rank within equal keys
+        group = np.empty(n, np.int64)
+        group[order] = np.cumsum(first) - 1
+        uniq, counts = ranked[starts], np.diff(np.append(starts, n))
+        pos = np.searchsorted(self._keys, uniq)
+        hit = pos < len(self._keys)
+        hit[hit] = self._keys[pos[hit]] == uniq[hit]
+        before = np.zeros(len(uniq), np.int64)
+        before[hit] = self._counts[pos[hit]]
+        self._counts[pos[hit]] += counts[hit]
+        self._keys = np.insert(self._keys, pos[~hit], uniq[~hit])
+        self._counts = np.insert(self._counts, pos[~hit], counts[~hit])
+        out: np.ndarray = before[group] + local
+        return out
+
+    def assign(self, good: pl.DataFrame, source_format: str) -> pl.DataFrame:
+        need = good["request_id"].is_null()
+        rows = good.filter(need)
+        digests, keys = self._digests(_content_text(rows))
+        occ = pl.Series(self.occurrences(keys), dtype=pl.Int64)
+        ids = pl.select(pl.format(f"{source_format}:{{}}:{{}}", pl.lit(digests), pl.lit(occ))).to_series()
+        return good.with_columns(request_id=patch(good["request_id"], need, ids))
+
+    def close(self) -> None:
+        if self._con is not None:
+            self._con.close()
+            self._con = None
+
+
+_DIGITS = re.compile(r"[0-9]+")
+
+
+def reason_kind(reason: str) -> str:
+    """The kind of fault a quarantine reason names: the text before its first colon, numbers
+    masked (``expected 3 fields, found 4`` and ``… found 5`` are one kind)."""
+    return _DIGITS.sub("#", reason.split(":", 1)[0]).strip()

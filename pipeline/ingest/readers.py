@@ -40,6 +40,7 @@ from pipeline.ingest.formats import (
 )
 from pipeline.ingest.source import (
     BATCH_LINES,
+    MAX_RECORD_BYTES,
     LineStats,
     SourceError,
     count_lines,
@@ -148,7 +149,7 @@ def _duck_query(spec: FormatSpec, compression: str) -> str:
     """DuckDB's scan of a JSON Lines file (the one parameter) projected to the flat columns."""
     return (
         f"SELECT {project_sql(spec.fields)} FROM read_json(?, format='newline_delimited', "
-        f"records=true, compression='{compression}', maximum_object_size=67108864, "
+        f"records=true, compression='{compression}', maximum_object_size={MAX_RECORD_BYTES}, "
         f"columns={duckdb_columns(spec.layout)})"
     )
 
@@ -342,6 +343,9 @@ def _parse_chunk(
         return [flat.with_columns(source_line=pl.Series(numbers, dtype=pl.Int64))], []
     if len(lines) == 1:
         text = lines[0][:RAW_LIMIT].decode("utf-8", errors="replace")
+        if len(lines[0]) > MAX_RECORD_BYTES:
+            why = f"record is longer than {MAX_RECORD_BYTES:,} bytes, the most ingest reads"
+            return [], [(numbers[0], why, text)]
         return [], [(numbers[0], _line_reason(lines[0], spec.name, duck.error), text)]
     if not screened:
         reasons = duck.screen(lines)

@@ -8,9 +8,11 @@ import gzip
 import hashlib
 import io
 import json
+import os
 import re
+import stat
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -41,16 +43,49 @@ class LineBatch:
 #: File names taken from a directory (a named file is always tried, whatever its name).
 LOG_SUFFIXES = (".jsonl", ".ndjson", ".json", ".csv", ".log", ".parquet")
 
+#: The longest record ingest reads (DuckDB's maximum_object_size) and format detection sniffs.
+MAX_RECORD_BYTES = 1 << 26
 
-def iter_files(sources: list[Path]) -> Iterator[Path]:
-    """Files named directly, and the log files (by suffix) under named directories, sorted."""
+
+def not_regular(path: Path) -> str | None:
+    """Why ``path`` (links followed) is not a regular file ingest can read, or None when it is.
+    A FIFO, socket or device could block a read forever or never end."""
+    try:
+        mode = os.stat(path).st_mode
+    except OSError as exc:
+        return f"cannot be opened ({exc.strerror or exc})"
+    if stat.S_ISREG(mode):
+        return None
+    if stat.S_ISFIFO(mode):
+        return "a named pipe (FIFO)"
+    if stat.S_ISSOCK(mode):
+        return "a socket"
+    if stat.S_ISCHR(mode) or stat.S_ISBLK(mode):
+        return "a device"
+    return "not a file"
+
+
+def iter_files(sources: list[Path], skipped: Callable[[str], None] | None = None) -> Iterator[Path]:
+    """Files named directly, and the log files (by suffix) under named directories, sorted.
+
+    Only regular files are read: a named one that is not (a FIFO, socket, device) is a
+    SourceError; one found in a directory is skipped, with a message to ``skipped``."""
     for src in sources:
         if src.is_dir():
             for p in sorted(src.rglob("*")):
                 hidden = any(part.startswith(".") for part in p.relative_to(src).parts)
-                if p.is_file() and not hidden and logical_name(p).lower().endswith(LOG_SUFFIXES):
-                    yield p
+                if hidden or p.is_dir() or not logical_name(p).lower().endswith(LOG_SUFFIXES):
+                    continue
+                why = not_regular(p)
+                if why is not None:
+                    if skipped is not None:
+                        skipped(f"{p}: skipped: {why}, not a regular file")
+                    continue
+                yield p
         elif src.exists():
+            why = not_regular(src)
+            if why is not None:
+                raise SourceError(f"{src}: {why}, not a regular file; ingest reads regular files only")
             yield src
         else:
             raise SourceError(f"{src}: no such file or directory")
@@ -134,10 +169,6 @@ class FileDigest:
 
     def stats(self) -> LineStats | None:
         return self._future.result()[1]
-
-    def file_id(self) -> str:
-        """The short id in derived request ids (``format:file_id:line``)."""
-        return self.sha()[:12]
 
     def close(self) -> None:
         """Stop a hash still running (its file failed or is being skipped) and wait for the
@@ -278,8 +309,16 @@ def fetch_lines(path: Path, wanted: set[int], limit: int = 65536) -> dict[int, s
     return out
 
 
-def sniff_format(path: Path, head: bytes) -> str:
-    """Guess the log format from the file name and its first record."""
+def first_line_complete(head: bytes) -> bool:
+    """Whether the first non-blank line of ``head`` ends inside it (a newline follows it)."""
+    body = head.removeprefix(codecs.BOM_UTF8).lstrip()
+    return b"\n" in body
+
+
+def sniff_format(path: Path, head: bytes, whole: bool = True) -> str:
+    """Guess the log format from the file name and its first record. ``whole`` says ``head`` is
+    the whole file; when it is not and the first record does not end inside it, a JSON record
+    that fails to parse is reported as cut short, not as a bad record."""
     name = logical_name(path).lower()
     if name.endswith(".parquet"):
         raise SourceError(f"{path}: Parquet input needs --format parquet and a --mapping")
@@ -288,7 +327,15 @@ def sniff_format(path: Path, head: bytes) -> str:
     if not first:
         raise SourceError(f"{path}: empty file")
     if first.startswith("{") or first.startswith("["):
-        return _sniff_json(path, first, text)
+        try:
+            return _sniff_json(path, first, text)
+        except SourceError:
+            if not whole and not first_line_complete(head):
+                raise SourceError(
+                    f"{path}: the first record is longer than the {len(head):,} bytes format detection "
+                    "reads; pass --format"
+                ) from None
+            raise
     header = first.lower().replace('"', "")
     cols = {c.strip() for c in header.split(",")}
     if {"timestamp", "contexttokens", "generatedtokens"} <= cols:

@@ -14,10 +14,18 @@ TIME_KINDS = ("auto", "s", "ms", "us", "ns", "iso", "relative_s", "relative_ms")
 _US = pl.Datetime("us", "UTC")
 _NS_NAIVE = pl.Datetime("ns")
 
-# Plausible epoch range for "auto" (2000-01-01 .. 2100-01-01, in seconds): outside it a number is
-# more likely a relative offset or a unit mix-up than a real wall-clock time.
-_EPOCH_MIN_S = 946_684_800
-_EPOCH_MAX_S = 4_102_444_800
+#: The plausible arrival range, [2000-01-01, 2100-01-01) UTC. A request log of an LLM service
+#: cannot predate 2000 (nor, in practice, 2017) and a time past 2100 is a unit mix-up, a relative
+#: offset read as absolute, or corruption. Ingest quarantines arrivals outside it
+#: (``normalize.py``), and "auto" reads a number as epoch time only when it lands inside it. It
+#: also keeps every stored time far from the ends of what tools with ns timestamps represent
+#: (1677-09-21 .. 2262-04-11), where values used to wrap around silently.
+PLAUSIBLE_ARRIVAL = (datetime(2000, 1, 1, tzinfo=UTC), datetime(2100, 1, 1, tzinfo=UTC))
+_EPOCH_MIN_S = int(PLAUSIBLE_ARRIVAL[0].timestamp())  # 946_684_800
+_EPOCH_MAX_S = int(PLAUSIBLE_ARRIVAL[1].timestamp())  # 4_102_444_800
+#: Microseconds from the epoch beyond which a number is not converted at all (about 146,000
+#: years): far outside the plausible range, and far from Int64's ends, so nothing wraps.
+_MAX_ABS_US = float(1 << 62)
 
 
 _TZ = r"(Z|[+-]\d{2}:?\d{2})$"
@@ -29,7 +37,9 @@ def _iso(expr: pl.Expr) -> pl.Expr:
     s = expr.str.strip_chars()
     tz = s.str.extract(_TZ, 1)
     base = s.str.replace(_TZ, "").str.replace("T", " ", literal=True)
-    naive = base.str.to_datetime("%Y-%m-%d %H:%M:%S%.f", strict=False, time_unit="ns", cache=False)
+    # Parsed at us precision: every year 0001..9999 is representable (at ns precision a year past
+    # 2262 wrapped around to some other year without an error). Digits past us are truncated.
+    naive = base.str.to_datetime("%Y-%m-%d %H:%M:%S%.f", strict=False, time_unit="us", cache=False)
     digits = tz.str.replace_all(r"[^0-9]", "")
     minutes = digits.str.slice(0, 2).cast(pl.Int64, strict=False) * 60 + digits.str.slice(2, 2).cast(
         pl.Int64, strict=False
@@ -45,8 +55,8 @@ _ZULU = "%Y-%m-%dT%H:%M:%S%.fZ"
 
 # Byte layout of "YYYY-MM-DDTHH:MM:SS[.f{1,9}]Z": separators by position, digits elsewhere.
 _SEPARATORS = {4: ord("-"), 7: ord("-"), 10: ord("T"), 13: ord(":"), 16: ord(":")}
-#: Years the general parser represents (it parses at ns precision: 1677-09-21 .. 2262-04-11).
-_YEARS = (1678, 2261)
+#: Years the byte parser takes (all four-digit years, as the general parser, at us precision).
+_YEARS = (1, 9999)
 
 
 def _days_from_civil(y: np.ndarray, m: np.ndarray, d: np.ndarray) -> np.ndarray:
@@ -116,8 +126,8 @@ def _iso_series(s: pl.Series) -> pl.Series:
     s = s.cast(pl.String)
     fast = _zulu_fixed(s)
     if fast is None:
-        fast = s.str.to_datetime(_ZULU, strict=False, time_unit="ns", cache=False)
-        fast = fast.dt.cast_time_unit("us").dt.replace_time_zone("UTC")
+        fast = s.str.to_datetime(_ZULU, strict=False, time_unit="us", cache=False)
+        fast = fast.dt.replace_time_zone("UTC")
     rest = fast.is_null() & s.is_not_null()
     if not rest.any():
         return fast
@@ -151,7 +161,8 @@ def _auto_series(s: pl.Series) -> pl.Series:
 
 
 def _epoch(num: pl.Expr, scale_to_us: float) -> pl.Expr:
-    return (num * scale_to_us).round(0).cast(pl.Int64, strict=False).cast(_US)
+    us = num * scale_to_us
+    return pl.when(us.abs() <= _MAX_ABS_US).then(us.round(0).cast(pl.Int64, strict=False)).cast(_US)
 
 
 def anchor_us(anchor: str | None) -> int | None:
@@ -177,7 +188,12 @@ def parse_time(expr: pl.Expr, kind: str, anchor: str | None = None) -> pl.Expr:
         if base is None:
             return pl.lit(None, dtype=_US)
         scale = 1e6 if kind == "relative_s" else 1e3
-        return (pl.lit(base, pl.Int64) + (num * scale).round(0).cast(pl.Int64, strict=False)).cast(_US)
+        offset = num * scale
+        return (
+            pl.when(offset.abs() <= _MAX_ABS_US)
+            .then(pl.lit(base, pl.Int64) + offset.round(0).cast(pl.Int64, strict=False))
+            .cast(_US)
+        )
     if kind == "auto":
         # A number is an epoch time whose unit is picked by magnitude; anything else is ISO-8601.
         return expr.map_batches(_auto_series, return_dtype=_US, is_elementwise=True)
