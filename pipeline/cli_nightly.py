@@ -52,11 +52,8 @@ def report(
     rdir = reports_dir or default_reports_dir()
 
     def work() -> ReportResult:
-        res = build_report(store, run_id, date, out or None, png_dir)
+        res = build_report(store, run_id, date, out, png_dir, None if out is not None else rdir)
         if out is None:
-            target = rdir / res.date / "index.html"
-            if res.path != target:
-                res = build_report(store, res.run_id, res.date, target, png_dir)
             build_index(rdir, store.root / ".cache")
         return res
 

@@ -233,4 +233,5 @@ def headroom_sentence(rows: Sequence[dict[str, Any]]) -> str:
 
 
 def curve_table(run_id: str, rows: Sequence[dict[str, Any]]) -> pa.Table:
-    return pa.Table.from_pylist([{"run_id": run_id, **r} for r in rows])
+    """The stored curve (the engine's wall time is left out, so that a re-run writes the same bytes)."""
+    return pa.Table.from_pylist([{"run_id": run_id, **{k: v for k, v in r.items() if k != "wall_s"}} for r in rows])

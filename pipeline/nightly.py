@@ -24,7 +24,7 @@ from pipeline.fleet import load_fleet
 from pipeline.ingest import ingest_logs
 from pipeline.loadcurve import DEFAULT_BUDGET_S, DEFAULT_MULTIPLIERS, curve_table, headroom_sentence, load_curve
 from pipeline.replay import ReplayOptions, ReplayResult, default_fleet_path, replay
-from pipeline.report import Datasets, _script_json, build_report, vega_bundle
+from pipeline.report import Datasets, _fmt, _script_json, build_report, vega_bundle
 from pipeline.schemas import atomic_write_bytes, write_parquet
 from pipeline.slo import failures_line, format_seconds, overload_text, verdict_text
 from pipeline.store import Store, repo_root
@@ -139,7 +139,7 @@ def nightly(
             "report",
             timings,
             say,
-            lambda: build_report(store, result.run_id, day, reports_dir / day / "index.html"),
+            lambda: build_report(store, result.run_id, day, reports_dir=reports_dir),
         )
         index = _stage("index", timings, say, lambda: build_index(reports_dir, store.root / ".cache"))
     return NightlyResult(day, result.run_id, report.path, index, report.headline, timings, summary.to_json())
@@ -174,37 +174,66 @@ def demo(store: Store, reports_dir: Path | None = None, progress: Progress | Non
 # --- the reports index --------------------------------------------------------------------------
 
 _TREND = (
-    ("ttft_p99_s", "p99 TTFT (s)"),
-    ("tpot_p99_s", "p99 TPOT (s)"),
-    ("peak_fresh_prefill_tokens_per_s_1s", "peak fresh prefill (tokens/s, 1 s)"),
-    ("peak_decode_tokens_per_s_1s", "peak decode (tokens/s, 1 s)"),
-    ("usd_per_day", "fleet $/day"),
+    ("goodput", "goodput", "%"),
+    ("knee", "headroom (x traffic)", ""),
+    ("ttft_p99_s", "p99 TTFT of finished (s)", "s"),
+    ("tpot_p99_s", "p99 TPOT of finished (s)", "s"),
+    ("peak_fresh_prefill_tokens_per_s_1s", "peak fresh prefill (tokens/s, 1 s)", ""),
+    ("peak_decode_tokens_per_s_1s", "peak decode (tokens/s, 1 s)", ""),
+    ("usd_per_day", "fleet $/day", "$"),
 )
 
 
 def build_index(reports_dir: Path, cache_dir: Path) -> Path:
-    """Write ``reports/index.html``: every night's headline numbers and their trend."""
+    """Write ``reports/index.html``: every report's headline numbers, failures first, and their
+    trend — one line per fleet and traffic source (the store it was made from), never one trend
+    across different fleets or traffic."""
     nights = []
-    for path in sorted(reports_dir.glob("*/headline.json")):
+    for path in sorted([*reports_dir.glob("*/*/headline.json"), *reports_dir.glob("*/headline.json")]):
         try:
-            nights.append(json.loads(path.read_text()))
+            night = json.loads(path.read_text())
         except (OSError, json.JSONDecodeError):
             continue  # a half-written night is skipped, not fatal
+        if not isinstance(night, dict):
+            continue
+        night["_href"] = path.parent.relative_to(reports_dir).as_posix() + "/index.html"
+        store = str(night.get("store") or "")
+        night["_group"] = f"{night.get('fleet') or '?'} · {Path(store).name or '?'}"
+        nights.append(night)
+    nights.sort(key=lambda n: (n["_group"], str(n.get("date"))))
+
+    def cell(v: Any, unit: str = "") -> str:
+        return f"<td>{html.escape(_fmt(v, unit))}</td>"
+
+    def status(n: dict[str, Any]) -> str:
+        bits = []
+        if n.get("rejected"):
+            bits.append(f"{n['rejected']:,} rejected")
+        if n.get("overloaded"):
+            bits.append("OVERLOADED")
+        if n.get("slo_passed") is not None:
+            bits.append(f"SLO {n.get('slo')} {'pass' if n['slo_passed'] else 'FAIL'}")
+        bad = bool(n.get("rejected") or n.get("overloaded") or n.get("slo_passed") is False)
+        return f'<td class="{"bad" if bad else "good"}">{html.escape("; ".join(bits) or "ok")}</td>'
+
     rows = "".join(
         "<tr>"
-        + f'<td><a href="{html.escape(str(n.get("date")))}/index.html">{html.escape(str(n.get("date")))}</a></td>'
-        + "".join(
-            f"<td>{html.escape(f'{n.get(k):,.4g}' if isinstance(n.get(k), int | float) else str(n.get(k)))}</td>"
-            for k, _ in _TREND
-        )
-        + f"<td>{html.escape(str(n.get('gpus')))} × {html.escape(str(n.get('hardware')))}</td></tr>"
+        + f'<td><a href="{html.escape(n["_href"])}">{html.escape(str(n.get("date")))}</a></td>'
+        + f"<td>{html.escape(n['_group'])}</td>"
+        + status(n)
+        + "".join(cell(n.get(k), unit) for k, _, unit in _TREND)
+        + f"<td>{html.escape(_fmt(n.get('gpus')))} × {html.escape(str(n.get('hardware')))}</td></tr>"
         for n in nights
     )
-    head = "<tr><th>date</th>" + "".join(f"<th>{html.escape(t)}</th>" for _, t in _TREND) + "<th>fleet</th></tr>"
+    head = (
+        "<tr><th>date</th><th>fleet · traffic (store)</th><th>failures</th>"
+        + "".join(f"<th>{html.escape(t)}</th>" for _, t, _ in _TREND)
+        + "<th>GPUs</th></tr>"
+    )
     long = [
-        {"date": n.get("date"), "metric": title, "value": n.get(key)}
+        {"date": n.get("date"), "metric": title, "value": n.get(key), "fleet · traffic": n["_group"]}
         for n in nights
-        for key, title in _TREND
+        for key, title, _ in _TREND
         if isinstance(n.get(key), int | float)
     ]
     data = Datasets()
@@ -214,6 +243,7 @@ def build_index(reports_dir: Path, cache_dir: Path) -> Path:
         .encode(
             x=alt.X("date:T", title="night"),
             y=alt.Y("value:Q", title=None),
+            color=alt.Color("fleet · traffic:N"),
             row=alt.Row("metric:N", title=None),
         )
         .properties(width=700, height=110)
@@ -223,7 +253,8 @@ def build_index(reports_dir: Path, cache_dir: Path) -> Path:
     page = (
         "<!doctype html><html lang=en><head><meta charset=utf-8><title>rooftrace nightly reports</title>"
         "<style>body{font-family:system-ui,sans-serif;max-width:1000px;margin:24px auto}"
-        "table{border-collapse:collapse}td,th{border:1px solid #ddd;padding:3px 8px}</style>"
+        "table{border-collapse:collapse;display:block;overflow-x:auto}td,th{border:1px solid #ddd;padding:3px 8px}"
+        ".bad{color:#c0392b;font-weight:bold}.good{color:#2e7d32}</style>"
         f"<script>{bundle}</script></head><body><h1>rooftrace nightly reports</h1>"
         f"<table>{head}{rows}</table><h2>Trend of the headline numbers</h2><div id=trend></div>"
         f"<script>vegaEmbed('#trend', {_script_json(spec)}, {{actions: false, renderer: 'svg'}})"

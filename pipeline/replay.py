@@ -379,6 +379,9 @@ def summarize(run: ReplayRun, slo: Slo | None = None) -> dict[str, Any]:
         "requests_per_s": float(ok.sum()) / span if span > 0 else None,
         "preemptions": int(res.preemptions.sum()),
         "cache_hit_tokens": int(res.cache_hit_tokens[ok].sum()),
+        # the replay's own prefix caches (each replica's engine KV cache, LRU), over finished requests
+        "recorded_input_tokens": int(work.prompt_tokens[ok].sum()),
+        "fresh_input_tokens": int((work.prompt_tokens[ok] - res.cache_hit_tokens[ok]).sum()),
         "ttft_s": _stats(ttft[ok]),
         "tpot_s": _stats(tpot[ok]),
         "e2e_s": _stats(e2e[ok]),

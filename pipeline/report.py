@@ -255,14 +255,19 @@ def _charts(q: Callable[[str], Rows], headline: dict[str, Any]) -> list[Chart]:
         add(
             "token_accounting",
             "Token accounting per minute (tokens/s of wall time)",
-            "recorded = input tokens as logged (cached included); cache-hit = served from a prefix "
-            "cache; fresh = recorded − cache-hit (prefill work); output = generated tokens.",
+            "recorded = input tokens as logged (cached included); cache-hit = served from classify's "
+            "prefix cache (whole day, arrival order); fresh = recorded − cache-hit (prefill work); output = "
+            "generated tokens. Recorded input is dashed: where nothing hits it coincides with fresh input.",
             alt.Chart(_data(long))
             .mark_line()
             .encode(
                 x=utc("minute:T", "minute (UTC)"),
                 y=alt.Y("tokens_per_s:Q", title="tokens/s"),
                 color=alt.Color("series:N", title=None),
+                # recorded input is drawn dashed and wider: with no cache hits it equals fresh input
+                # and would otherwise hide under it
+                strokeDash=alt.StrokeDash("series:N", title=None),
+                strokeWidth=alt.condition(alt.datum.series == "recorded input", alt.value(4), alt.value(1.5)),
                 tooltip=["minute:T", "series:N", alt.Tooltip("tokens_per_s:Q", format=",.0f")],
             ),
         )
@@ -436,6 +441,9 @@ def health_headline(summary: dict[str, Any]) -> dict[str, Any]:
     v = h.get("verdict") or {}
     over = h.get("overload") or {}
     return {
+        "replay_recorded_input_tokens": summary.get("recorded_input_tokens"),
+        "replay_cache_hit_tokens": summary.get("cache_hit_tokens"),
+        "replay_fresh_input_tokens": summary.get("fresh_input_tokens"),
         "replayed_requests": h.get("requests"),
         "finished": h.get("finished"),
         "rejected": h.get("rejected"),
@@ -552,9 +560,11 @@ def _cards(h: dict[str, Any]) -> list[tuple[str, str, str]]:
         ("Fleet cost", _fmt(h.get("usd_per_day"), "$") + "/day", f"on-demand price of {h.get('price_date') or 'n/a'}"),
         ("$ per million tokens", _fmt(h.get("usd_per_million_tokens"), "$"), "input + output, over the replay span"),
         (
-            "Requests",
-            _fmt(h.get("requests")),
-            f"fresh {_fmt(h.get('fresh_input_tokens'))} of {_fmt(h.get('recorded_input_tokens'))} input tokens",
+            "Input tokens",
+            _fmt(h.get("recorded_input_tokens")) + " recorded",
+            f"fresh (prefill): {_fmt(h.get('fresh_input_tokens'))} by classify's whole-day cache, "
+            f"{_fmt(h.get('replay_fresh_input_tokens'))} by this fleet's engine caches (finished requests; "
+            "see 'Two cache models')",
         ),
     ]
 
@@ -573,7 +583,9 @@ def _html_table(rows: Rows, limit: int = 200) -> str:
     return f"<table><tr>{head}</tr>{body}</table>"
 
 
-def _economics_sections(session: Session, run_id: str, charts: list[Chart]) -> list[tuple[str, str]]:
+def _economics_sections(
+    session: Session, run_id: str, charts: list[Chart], date: str, model: str | None
+) -> list[tuple[str, str]]:
     """API-equivalent cost and the GPU cost split of this run (written by `rooftrace cost`, which
     the nightly job runs), and the latest capacity plan (`rooftrace plan`) when there is one."""
     data = Datasets()
@@ -615,7 +627,8 @@ def _economics_sections(session: Session, run_id: str, charts: list[Chart]) -> l
     if split:
         keep = ("token_class", "tokens", "busy_share", "busy_usd", "all_in_usd", "all_in_usd_per_million_tokens")
         out.append(("GPU cost by token class (US$)", _html_table([{k: r[k] for k in keep} for r in split])))
-    plan = _rows(session.query("plan", {}))
+    # only a plan made for this report's own traffic (its date and model)
+    plan = _rows(session.query("plan", {"date": date, "model": model}))
     if plan:
         points = [
             {
@@ -698,12 +711,71 @@ def render_html(
     )
 
 
+def _two_caches(h: dict[str, Any], config: dict[str, Any]) -> str:
+    """Why the report has two fresh-token figures, side by side."""
+    sched = config.get("resolved", {}).get("scheduler", {})
+    rows = [
+        {
+            "figure": "classify (rooftrace classify)",
+            "cache": "one prefix cache per model over the whole day, touched at arrival, in arrival order",
+            "requests": h.get("requests"),
+            "recorded input": h.get("recorded_input_tokens"),
+            "cache-hit": h.get("cache_hit_tokens"),
+            "fresh": h.get("fresh_input_tokens"),
+        },
+        {
+            "figure": "replay (this fleet)",
+            "cache": f"each replica's engine KV cache: {sched.get('num_gpu_blocks', '?')} blocks of "
+            f"{sched.get('block_size', '?')} tokens, LRU, hit at admission, only on the replica the router chose",
+            "requests": h.get("finished"),
+            "recorded input": h.get("replay_recorded_input_tokens"),
+            "cache-hit": h.get("replay_cache_hit_tokens"),
+            "fresh": h.get("replay_fresh_input_tokens"),
+        },
+    ]
+    note = (
+        "<p class=def>Classify measures what the traffic could reuse (its cache sees every request of the "
+        "day on one model); the replay measures what this fleet reuses (a request hits only blocks still "
+        "cached on the replica it was routed to, and rejected requests are not counted). The token-accounting "
+        "chart uses classify's; cost and prefill load use the replay's.</p>"
+    )
+    return note + _html_table([{k: (_fmt(v) if isinstance(v, int | float) else v) for k, v in r.items()} for r in rows])
+
+
+#: A report folder names the store it was made from, so that another store's report for the same
+#: date and fleet is refused instead of silently overwritten.
+STORE_MARKER = ".rooftrace-store"
+
+
+def report_path(reports_dir: Path, date: str, fleet: str) -> Path:
+    """``reports/<date>/<fleet>/index.html``: two fleets replayed on one date keep both reports."""
+    return reports_dir / date / fleet / "index.html"
+
+
+def claim_report_dir(folder: Path, store: Store) -> None:
+    """Refuse to write into a report folder made from another store; mark it as this store's."""
+    mine = str(store.root.resolve())
+    marker = folder / STORE_MARKER
+    try:
+        theirs = marker.read_text().strip() if marker.is_file() else None
+    except OSError:
+        theirs = None
+    if theirs is not None and theirs != mine:
+        raise RooftraceError(
+            f"{folder} holds the report made from store {theirs}; refusing to overwrite it with one from "
+            f"{mine} (use another --reports folder or --out)"
+        )
+    if theirs is None:
+        atomic_write_bytes(marker, (mine + "\n").encode())
+
+
 def build_report(
     store: Store,
     run_id: str | None = None,
     date: str | None = None,
     out: Path | None = None,
     png_dir: Path | None = None,
+    reports_dir: Path | None = None,
 ) -> ReportResult:
     """Write the HTML report of one replay run (the latest by default)."""
     t0 = time.perf_counter()
@@ -733,7 +805,10 @@ def build_report(
         headline["headroom"] = headroom_sentence(curve)
         headline["knee"] = knee(curve)
     charts = _charts(q, headline)
-    out = out or Path("reports") / day / "index.html"
+    fleet_name = str(config.get("resolved", {}).get("fleet", {}).get("name") or "fleet")
+    if out is None:  # the reports tree: one folder per date and fleet, claimed by this store
+        out = report_path(reports_dir or Path("reports"), day, fleet_name)
+        claim_report_dir(out.parent, store)
     by_tenant = [
         {k: r[k] for k in ("bucket", "metric", "samples", "p50", "p90", "p99", "mean")}
         for r in q("latency_by")
@@ -746,8 +821,9 @@ def build_report(
         ("KV memory", _html_table(q("kv_memory"))),
         ("Binding resource shares", _html_table(q("binding_shares"))),
         ("Cost", _html_table(q("cost"))),
-        *_economics_sections(session, run_id, charts),
-        ("Ingest accounting", _html_table(q("ingest_accounting"))),
+        *_economics_sections(session, run_id, charts, day, config.get("resolved", {}).get("fleet", {}).get("model")),
+        ("Two cache models", _two_caches(headline, config)),
+        (f"Ingest accounting (files with requests on {day})", _html_table(q("ingest_accounting"))),
         ("Run config", f"<pre>{html.escape(json.dumps(config, indent=2, sort_keys=True, default=str))}</pre>"),
     ]
     resolved = config.get("resolved", {}).get("fleet", {})
@@ -763,7 +839,14 @@ def build_report(
     atomic_write_bytes(out, page.encode())
     atomic_write_bytes(
         out.with_name("headline.json"),
-        (json.dumps({"date": day, "run_id": run_id, **headline}, indent=2, default=str) + "\n").encode(),
+        (
+            json.dumps(
+                {"date": day, "run_id": run_id, "fleet": fleet_name, "store": str(store.root.resolve()), **headline},
+                indent=2,
+                default=str,
+            )
+            + "\n"
+        ).encode(),
     )
     pngs: list[Path] = []
     if png_dir is not None:

@@ -100,7 +100,11 @@ VIEWS: tuple[ViewSpec, ...] = (
     ViewSpec("replay_steps", "replay_steps", "runs/*/steps.parquet", "run", "engine step spans"),
     ViewSpec("replay_series", "replay_series", "runs/*/series.parquet", "run", "per replica per second series"),
     ViewSpec(
-        "load_curve", "load_curve", "runs/*/load_curve.parquet", "plain", "headroom: the traffic of each run at several multipliers"
+        "load_curve",
+        "load_curve",
+        "runs/*/load_curve.parquet",
+        "plain",
+        "headroom: the traffic of each run at several multipliers",
     ),
     ViewSpec("plans", "plan", "plans/*/plan.parquet", "plain", "capacity plans: one row per configuration"),
     ViewSpec("plan_search", "plan_search", "plans/*/search.parquet", "plain", "replica-search replays of each plan"),

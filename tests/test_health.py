@@ -111,7 +111,7 @@ def test_length_rejections_reach_the_nightly_line_headline_report_and_plan(logs:
     line = res.line()
     assert f"{h['rejected']:,} rejected (exceeds_max_model_len {h['rejected']:,})" in line
     assert "SLO chat: FAIL" in line  # rejections miss every target: p99 over all requests fails
-    head = json.loads((tmp_path / "reports" / "2025-03-01" / "headline.json").read_text())
+    head = json.loads((tmp_path / "reports" / "2025-03-01" / "default" / "headline.json").read_text())
     assert head["rejected"] == h["rejected"] and head["slo_passed"] is False
     assert head["warnings"] and head["warnings"][0].startswith("200 requests:")
     page = res.report.read_text()

@@ -35,9 +35,9 @@ def test_nightly_end_to_end_and_rerun_is_identical(logs: Path, tmp_path: Path) -
     reports = tmp_path / "reports"
     first = nightly([logs], FLEET, store, reports_dir=reports)
     assert first.date == "2025-02-01"
-    assert first.report == reports / "2025-02-01" / "index.html" and first.report.exists()
+    assert first.report == reports / "2025-02-01" / "default" / "index.html" and first.report.exists()
     assert (reports / "index.html").exists()
-    assert set(first.stages) == {"ingest", "classify", "replay", "cost", "warehouse", "report", "index"}
+    assert set(first.stages) == {"ingest", "classify", "replay", "headroom", "cost", "warehouse", "report", "index"}
     assert first.headline["requests"] == 250
     page = first.report.read_text()
     assert "API-equivalent cost" in page and "GPU cost by token class" in page  # the cost stage's tables
@@ -46,8 +46,8 @@ def test_nightly_end_to_end_and_rerun_is_identical(logs: Path, tmp_path: Path) -
     assert second.run_id == first.run_id
     assert _digest(store.root, "**/*.parquet") == parquet, "a re-run rewrites the same bytes"
     index = (reports / "index.html").read_text()
-    assert index.count('href="2025-02-01/index.html"') == 1
-    head = json.loads((reports / "2025-02-01" / "headline.json").read_text())
+    assert index.count('href="2025-02-01/default/index.html"') == 1
+    head = json.loads((reports / "2025-02-01" / "default" / "headline.json").read_text())
     assert head["run_id"] == first.run_id
 
 
@@ -66,3 +66,60 @@ def test_failed_stage_is_named_and_earlier_outputs_kept(logs: Path, tmp_path: Pa
     res = runner.invoke(main, ["nightly", str(logs), "--fleet", str(bad), "--store", str(store.root)])
     assert res.exit_code == 1
     assert "stage replay failed" in res.stderr and "Traceback" not in res.output
+
+
+def test_reports_are_scoped_to_their_run_fleet_and_store(logs: Path, tmp_path: Path) -> None:
+    """A second date's report shows neither the first date's plan nor its files; two fleets on
+    one date both keep their reports; another store's report is never overwritten; the index
+    keeps one trend per fleet and store."""
+    from pipeline.plan import PlanOptions, plan
+    from pipeline.synth import SynthConfig, generate, write_logs
+
+    reports = tmp_path / "reports"
+    store = Store(tmp_path / "store")
+    day2 = tmp_path / "day2"
+    write_logs(
+        generate(SynthConfig(requests=120, seed=9, duration_s=600, date="2025-02-02")), "anthropic", day2 / "b.jsonl"
+    )
+    first = nightly([logs], FLEET, store, reports_dir=reports, headroom_budget_s=0)
+    long = tmp_path / "long.toml"
+    long.write_text(FLEET.read_text().replace("max_model_len = 16384", "max_model_len = 131072"))
+    plan(
+        store,
+        PlanOptions(
+            model="llama-3.1-8b",
+            slo="batch",
+            fleet_path=str(long),
+            hardware=("h100-sxm",),
+            tp=(1,),
+            traffic_model="*",
+            window="day",
+            jobs=1,
+            max_rejected=1.0,
+        ),
+    )
+    second = nightly([day2], FLEET, store, reports_dir=reports, headroom_budget_s=0)
+    assert first.date == "2025-02-01" and second.date == "2025-02-02"
+    page2 = second.report.read_text()
+    assert "Capacity plan" not in page2  # the plan was made for 2025-02-01's traffic
+    assert "a.jsonl" not in page2 and "b.jsonl" in page2  # only its own day's files
+    # rebuilding the first date's report shows the plan made for it
+    from pipeline.report import build_report
+
+    again = build_report(store, first.run_id, reports_dir=reports)
+    assert again.path == first.report and "Capacity plan" in again.path.read_text()
+    # a second fleet on the same date keeps its own report
+    other = tmp_path / "other.toml"
+    other.write_text(FLEET.read_text().replace('name = "default"', 'name = "other"'))
+    third = nightly([logs], other, store, date="2025-02-01", reports_dir=reports, headroom_budget_s=0)
+    assert third.report == reports / "2025-02-01" / "other" / "index.html"
+    assert first.report.exists() and third.report.exists()
+    # another store may not overwrite those reports
+    store_b = Store(tmp_path / "store-b")
+    with pytest.raises(StageError, match="holds the report made from store"):
+        nightly([logs], FLEET, store_b, reports_dir=reports, headroom_budget_s=0)
+    assert json.loads((first.report.parent / "headline.json").read_text())["store"] == str(store.root.resolve())
+    # the index: one group per fleet and store, never one trend across them
+    index = (reports / "index.html").read_text()
+    assert "default · store" in index and "other · store" in index
+    assert 'href="2025-02-01/other/index.html"' in index
