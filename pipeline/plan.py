@@ -61,7 +61,7 @@ from pipeline.errors import ConfigError, RooftraceError
 from pipeline.fleet import FleetConfig, ResolvedFleet, load_fleet, parse_fleet, resolve
 from pipeline.replay import ReplayOptions, ReplayRun, build_workload, default_fleet_path, run_replay
 from pipeline.roofline import decode_batch, prefill_batch
-from pipeline.schemas import atomic_write_bytes, write_parquet
+from pipeline.schemas import atomic_write_bytes, load_schema, write_parquet
 from pipeline.slo import (  # noqa: F401  (re-exported: the planning API)
     METRICS,
     Slo,
@@ -892,7 +892,9 @@ def _tables(
                     "cache_hit_fraction": e.cache_hit_fraction,
                 }
             )
-    return pa.Table.from_pylist(rows), pa.Table.from_pylist(search)
+    # a plan where nothing fits ran no replay: an empty search table of the declared schema
+    search_table = pa.Table.from_pylist(search) if search else load_schema("plan_search").arrow.empty_table()
+    return pa.Table.from_pylist(rows), search_table
 
 
 def _chosen_doc(r: CandidateResult) -> dict[str, Any]:

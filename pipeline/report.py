@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 import altair as alt
+import numpy as np
 import pyarrow as pa
 import vl_convert as vlc
 
@@ -87,7 +88,8 @@ def _num(x: float, digits: int = 3) -> str:
     """Thousands separators from 100 up, significant digits below: never scientific notation."""
     if abs(x) >= 100:
         return f"{x:,.0f}"
-    return f"{x:.{digits}g}"
+    # positional with `digits` significant digits (f"{x:.3g}" turns 1e-7 into "1e-07")
+    return np.format_float_positional(x, precision=digits, unique=False, fractional=False, trim="-")
 
 
 def _fmt(v: Any, unit: str = "", digits: int = 3) -> str:
@@ -575,12 +577,23 @@ def _html_table(rows: Rows, limit: int = 200) -> str:
     cols = list(rows[0])
     head = "".join(f"<th>{html.escape(str(c))}</th>" for c in cols)
     body = "".join(
-        "<tr>"
-        + "".join(f"<td>{html.escape(_fmt(r[c]) if isinstance(r[c], float) else str(r[c]))}</td>" for c in cols)
-        + "</tr>"
-        for r in rows[:limit]
+        "<tr>" + "".join(f"<td>{html.escape(_cell(r[c]))}</td>" for c in cols) + "</tr>" for r in rows[:limit]
     )
-    return f"<table><tr>{head}</tr>{body}</table>"
+    more = f"<p class=def>{len(rows) - limit:,} more rows: see the named query.</p>" if len(rows) > limit else ""
+    return f"<table><tr>{head}</tr>{body}</table>{more}"
+
+
+def _cell(v: Any) -> str:
+    """A table cell for people: '' for missing, thousands separators, no scientific notation."""
+    if v is None:
+        return ""
+    if isinstance(v, bool):
+        return "yes" if v else "no"
+    if isinstance(v, int):
+        return f"{v:,}"
+    if isinstance(v, float):
+        return _fmt(v)
+    return str(v)
 
 
 def _economics_sections(

@@ -228,3 +228,24 @@ def test_plan_and_cost_state_the_same_figures_for_the_same_traffic_and_fleet(log
         assert a["self_host_to_api_ratio"] == pytest.approx(p["self_host_to_api_ratio"], rel=1e-9)
     # a per-day figure is a named projection of the period's
     assert cost["day_projection"] == f"{cost['period']} -> x{86400 / cost['period_s']:.3g} per day"
+
+
+def test_plan_says_why_nothing_fits_or_meets_and_exits_1(logs: Path, tmp_path: Path) -> None:
+    store = Store(tmp_path / "store")
+    runner = CliRunner()
+    assert runner.invoke(main, ["ingest", str(logs), "--store", str(store.root)]).exit_code == 0
+    base = ["plan", "--traffic-model", "*", "--tp", "1", "--jobs", "1", "--store", str(store.root)]
+    # nothing fits: the reason per configuration, no schema error
+    nofit = runner.invoke(main, [*base, "--model", "llama-3.1-405b", "--hardware", "l40s"])
+    assert nofit.exit_code == 1, nofit.output
+    assert "cannot hold one" in nofit.output and "no configuration meets the SLO" in nofit.output
+    assert "Traceback" not in nofit.output and "schema" not in nofit.output
+    # an impossible SLO: exit 1, the failing target named
+    fleet = _long_fleet(tmp_path)
+    hard = runner.invoke(
+        main,
+        [*base, "--model", "llama-3.1-8b", "--hardware", "h100-sxm", "--fleet", str(fleet), "--slo", "ttft_p99=1ms",
+         "--max-replicas", "4", "--window", "day"],
+    )  # fmt: skip
+    assert hard.exit_code == 1, hard.output
+    assert "ttft_p99" in hard.output and "no configuration meets the SLO" in hard.output
