@@ -24,6 +24,7 @@ import numpy as np
 import pyarrow as pa
 import vl_convert as vlc
 
+from pipeline.economics import day_projection, period_label
 from pipeline.errors import RooftraceError
 from pipeline.loadcurve import headroom_sentence, knee
 from pipeline.schemas import atomic_write_bytes
@@ -613,7 +614,7 @@ def _economics_sections(
             .mark_bar()
             .encode(
                 y=alt.Y("what:N", title=None, sort="x"),
-                x=alt.X("usd:Q", title="US$ over the replayed period"),
+                x=alt.X("usd:Q", title=f"US$ over {period_label(float(api[0]['period_s']))}"),
                 color=alt.Color("kind:N", title=None),
             )
             .properties(width=640)
@@ -621,7 +622,7 @@ def _economics_sections(
         charts.append(
             Chart(
                 "api_cost",
-                "API-equivalent cost vs the self-hosted fleet (US$, same traffic and period)",
+                f"API-equivalent cost vs the self-hosted fleet (US$ over {day_projection(float(api[0]['period_s']))})",
                 "API: fresh input at the input price, cache hits at the cached-input price, cache writes "
                 "and output at theirs (dated price tables); self-hosted: GPU-hours x $/GPU-hour.",
                 spec,
@@ -635,7 +636,12 @@ def _economics_sections(
             "self_host_usd",
             "self_host_to_api_ratio",
         )
-        out.append(("API-equivalent cost (US$)", _html_table([{k: r[k] for k in keep} for r in api])))
+        out.append(
+            (
+                f"API-equivalent cost (US$ over {period_label(float(api[0]['period_s']))})",
+                _html_table([{k: r[k] for k in keep} for r in api]),
+            )
+        )
     split = _rows(session.query("api_cost_gpu_split", {"subject": run_id}))
     if split:
         keep = ("token_class", "tokens", "busy_share", "busy_usd", "all_in_usd", "all_in_usd_per_million_tokens")
