@@ -86,6 +86,8 @@ class TabulatedCost:
     prefill_grid: tuple[FloatArray, FloatArray, FloatArray]
     scalars: FloatArray
     source: str = "roofline"
+    #: The mixed-batch attention ratio grid, flattened (:func:`flat_ratio_grid`; ``[0.0]``: none).
+    mixed_ratio: FloatArray = field(default_factory=lambda: np.zeros(1))
     describe: dict[str, Any] = field(default_factory=dict, compare=False)
     extend: Callable[[int], TabulatedCost] | None = field(default=None, compare=False, repr=False)
     #: The exact cost model, for steps the tables do not describe (sliding-window sums given).
@@ -104,6 +106,7 @@ class TabulatedCost:
             self.affine_bw,
             *self.decode_grid,
             *self.prefill_grid,
+            self.mixed_ratio,
             self.scalars,
         )
 
@@ -243,6 +246,63 @@ def _prefill(pla: FloatArray, plb: FloatArray, plt: FloatArray, seqs: float, chu
     return _g2(pla, plb, plt, seqs, top) * (chunk * (chunk + 1.0)) / (top * (top + 1.0))
 
 
+def _flat_bracket(mx: FloatArray, start: int, n: int, x: float) -> tuple[int, int, float]:
+    """Clamped position of ``x`` on the axis ``mx[start:start+n]`` (pipeline/profile/mixed._bracket)."""
+    if n == 1:
+        return 0, 0, 0.0
+    x = min(max(x, mx[start]), mx[start + n - 1])
+    i1 = 1
+    while i1 < n - 1 and mx[start + i1] < x:
+        i1 += 1
+    i0 = i1 - 1
+    return i0, i1, (x - mx[start + i0]) / (mx[start + i1] - mx[start + i0])
+
+
+def _mixed_ratio(mx: FloatArray, chunk: float, offset: float, decodes: float, ctx: float) -> float:
+    """pipeline/profile/mixed.RatioGrid at one point, from its flat form (:func:`flat_ratio_grid`):
+    the same axes, clamping and quadrilinear sum in the same order."""
+    na = int(mx[0])
+    nb = int(mx[1])
+    nc = int(mx[2])
+    nd = int(mx[3])
+    pa = 4
+    pb = pa + na
+    pc = pb + nb
+    pd = pc + nc
+    pt = pd + nd
+    a0, a1, wa = _flat_bracket(mx, pa, na, np.log(max(chunk, 1.0)))
+    b0, b1, wb = _flat_bracket(mx, pb, nb, np.log(max(offset, 0.0) + 16.0))
+    c0, c1, wc = _flat_bracket(mx, pc, nc, np.log(max(decodes, 0.0) + 1.0))
+    d0, d1, wd = _flat_bracket(mx, pd, nd, np.log(max(ctx, 16.0)))
+    acc = 0.0
+    for ia in range(2):
+        fa = wa if ia else 1.0 - wa
+        xa = a1 if ia else a0
+        for ib in range(2):
+            fb = wb if ib else 1.0 - wb
+            xb = b1 if ib else b0
+            for ic in range(2):
+                fc = wc if ic else 1.0 - wc
+                xc = c1 if ic else c0
+                for idd in range(2):
+                    fd = wd if idd else 1.0 - wd
+                    xd = d1 if idd else d0
+                    w = fa * fb * fc * fd
+                    if w != 0.0:
+                        acc += w * mx[pt + ((xa * nb + xb) * nc + xc) * nd + xd]
+    return float(np.exp(acc))
+
+
+def flat_ratio_grid(grid: Any | None) -> FloatArray:
+    """A :class:`pipeline.profile.mixed.RatioGrid` as one array: the four axis lengths, the axes,
+    then the table in C order (``[0.0]`` when there is none)."""
+    if grid is None:
+        return np.zeros(1)
+    la, lb, lc, ld, lt = grid.arrays()
+    head = np.array([la.size, lb.size, lc.size, ld.size], dtype=np.float64)
+    return np.ascontiguousarray(np.concatenate([head, la, lb, lc, ld, np.ravel(lt)]), dtype=np.float64)
+
+
 def _attention(
     x: FloatArray,
     dla: FloatArray,
@@ -252,10 +312,24 @@ def _attention(
     plb: FloatArray,
     plt: FloatArray,
     tile: float,
+    mx: FloatArray,
 ) -> float:
-    """pipeline/profile/attention.step_attention for one step (one layer)."""
+    """pipeline/profile/attention.step_attention for one step (one layer). With a mixed-batch
+    ratio grid (``mx`` longer than one value), a step with a prefill chunk costs the parts summed
+    (no query tile) times the grid's ratio at its mean chunk, mean cached offset, decode count
+    and mean decode context (pipeline/profile/mixed.py)."""
     ps = x[1]
     ds = x[4]
+    if ps > 0 and mx.shape[0] > 1:
+        c = max(x[0] / ps, 1.0)
+        p = max(x[2] / ps, 1.0)
+        t = _prefill(pla, plb, plt, ps, _ceq(p))
+        k = 0.0
+        if ds > 0:
+            k = max(x[5] / ds, 1.0)
+            t += _g2(dla, dlb, dlt, ds, k)
+        offset = max(x[3] / ps - c, 0.0)
+        return t * _mixed_ratio(mx, c, offset, ds, k)
     t = 0.0
     if ps > 0:
         c = max(x[0] / ps, 1.0)
@@ -290,6 +364,7 @@ def tab_row(
     pla: FloatArray,
     plb: FloatArray,
     plt: FloatArray,
+    mx: FloatArray,
     sc: FloatArray,
     out: FloatArray,
 ) -> int:
@@ -332,7 +407,7 @@ def tab_row(
             a_floor += seconds
         flops += acount[i] * f
         nbytes += acount[i] * b
-    t_att = sc[2] * _attention(x, dla, dlb, dlt, pla, plb, plt, sc[1]) if sc[7] > 0.0 else 0.0
+    t_att = sc[2] * _attention(x, dla, dlb, dlt, pla, plb, plt, sc[1], mx) if sc[7] > 0.0 else 0.0
     return _finish(
         compute, memory, comm, floors, flops, nbytes, measured, host_extra, a_comp, a_mem, a_floor, t_att, T, n, sc, out
     )
@@ -507,13 +582,16 @@ def tab_rows(
     pla: FloatArray,
     plb: FloatArray,
     plt: FloatArray,
+    mx: FloatArray,
     sc: FloatArray,
     out: FloatArray,
     binding: npt.NDArray[np.int8],
 ) -> None:
     row = np.empty(8)
     for r in range(x.shape[0]):
-        binding[r] = tab_row(x[r], tok, logit, af, ab, acount, apeak, ahas, abw, dla, dlb, dlt, pla, plb, plt, sc, row)
+        binding[r] = tab_row(
+            x[r], tok, logit, af, ab, acount, apeak, ahas, abw, dla, dlb, dlt, pla, plb, plt, mx, sc, row
+        )
         for q in range(8):
             out[q, r] = row[q]
 
@@ -545,11 +623,13 @@ def _compiled() -> dict[str, Callable[..., Any]]:
             finish = numba.njit(cache=True, inline="always")(_finish)
             aop = numba.njit(cache=True, inline="always")(_affine_op)
             att_src = _attention
+            fbr = numba.njit(cache=True, inline="always")(_flat_bracket)
+            mratio = numba.njit(cache=True, inline="always")(_rebind(_mixed_ratio, {"_flat_bracket": fbr}))
             # inlined into their callers (numba IR inlining): a step's cost is a few table loads
             # and one small loop, so a call with 17 array arguments would cost as much again
             pre_fill = numba.njit(cache=True, inline="always")(_rebind(_prefill, {"_g2": g2}))
             att = numba.njit(cache=True, inline="always")(
-                _rebind(att_src, {"_g2": g2, "_ceq": ceq, "_prefill": pre_fill})
+                _rebind(att_src, {"_g2": g2, "_ceq": ceq, "_prefill": pre_fill, "_mixed_ratio": mratio})
             )
             row = numba.njit(cache=True, inline="always")(
                 _rebind(tab_row, {"_attention": att, "_finish": finish, "_affine_op": aop, "_tab": tab})

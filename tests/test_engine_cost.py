@@ -156,7 +156,7 @@ def test_decode_span_kernels_are_the_row_kernel(tier: str, model: str, hw: str) 
     dep = Deployment(load_model(model), load_hardware(hw))
     cost = step_cost_for(dep, tier, 4096, 256)
     assert cost.source == tier
-    tok, logit, af, ab, acount, apeak, ahas, abw, dla, dlb, dlt, _pla, _plb, _plt, sc = cost.kernel_args
+    tok, logit, af, ab, acount, apeak, ahas, abw, dla, dlb, dlt, _pla, _plb, _plt, _mx, sc = cost.kernel_args
     prep, span_row = span_kernels()
     row = row_kernel()
     pre, pf, pb, grid_row = np.zeros(9), np.zeros(af.shape[0]), np.zeros(af.shape[0]), np.zeros(dlt.shape[1])

@@ -39,7 +39,7 @@ from tests.conftest import shared_path
 
 @pytest.fixture
 def small_profile(tmp_path: Path) -> Path:
-    """A copy of the smallest shipped profile (rtx-4090: four small tables)."""
+    """A copy of the smallest shipped profile (rtx-4090: five small tables)."""
     folder = tmp_path / "rtx-4090"
     shutil.copytree(PROFILES_DIR / "rtx-4090", folder)
     return folder
@@ -58,7 +58,7 @@ def test_shipped_profiles_load_with_their_row_counts() -> None:
 
 def test_copy_of_a_profile_loads(small_profile: Path) -> None:
     prof = load_profile_dir(small_profile)
-    assert prof.meta.rows == {"attn_decode": 99, "attn_prefill": 8, "gemm": 608, "model_ops": 1448}
+    assert prof.meta.rows == {"attn_decode": 99, "attn_prefill": 8, "gemm": 608, "model_ops": 1448, "attn_mixed": 8544}
     assert prof.gemm_dtypes() == ["bf16"]
     assert prof.fitted("attention_tile_tokens", -1.0) == 32.0
     assert prof.fitted("no_such_number", 7.0) == 7.0

@@ -164,8 +164,9 @@ def test_attention_kernel_matches_step_attention(gpu: str, tile: float) -> None:
     want = attn.step_attention(dg, pg, x[:, 1], x[:, 0], x[:, 2], x[:, 4], x[:, 5], tile)
     args = (*grid_arrays(dg), *grid_arrays(pg))
     att_jit = stepcost._compiled()["attention"]
-    got_jit = np.array([att_jit(np.ascontiguousarray(r), *args, tile) for r in x])
-    got_py = np.array([stepcost._attention(r, *args, tile) for r in x])
+    none = np.zeros(1)  # no mixed-batch ratio grid: the composition rules
+    got_jit = np.array([att_jit(np.ascontiguousarray(r), *args, tile, none) for r in x])
+    got_py = np.array([stepcost._attention(r, *args, tile, none) for r in x])
     np.testing.assert_allclose(got_jit, want, rtol=1e-12, atol=0)
     np.testing.assert_allclose(got_py, want, rtol=1e-12, atol=0)
     # mixed steps with a tile are never cheaper than the parts summed without it
@@ -186,22 +187,22 @@ def test_attention_kernel_hand_computed_composition() -> None:
     args = (*grid_arrays(dg), *grid_arrays(pg))
     # pure decode: 4 sequences of 1024 tokens → D(4, 1024) = 1e-6·4·32
     x = np.array([0.0, 0.0, 0.0, 0.0, 4.0, 4096.0])
-    assert stepcost._attention(x, *args, 48.0) == pytest.approx(1.28e-4, rel=1e-12)
+    assert stepcost._attention(x, *args, 48.0, np.zeros(1)) == pytest.approx(1.28e-4, rel=1e-12)
     # one 16-token chunk at offset 0, tile 48: padded to a 48-token chunk → P(1, 48)
     x = np.array([16.0, 1.0, 136.0, 16.0, 0.0, 0.0])
-    assert stepcost._attention(x, *args, 48.0) == pytest.approx(1e-7 * 48**2, rel=1e-12)
-    assert stepcost._attention(x, *args, 0.0) == pytest.approx(1e-7 * 16**2, rel=1e-12)
+    assert stepcost._attention(x, *args, 48.0, np.zeros(1)) == pytest.approx(1e-7 * 48**2, rel=1e-12)
+    assert stepcost._attention(x, *args, 0.0, np.zeros(1)) == pytest.approx(1e-7 * 16**2, rel=1e-12)
     # chunk of 64 at offset 1000: pairs = 64·1000 + 64·65/2; c_eq = (√(8p+1) − 1)/2
     p = 64 * 1000 + 64 * 65 / 2
     ceq = (np.sqrt(8 * p + 1) - 1) / 2
     x = np.array([64.0, 1.0, p, 1064.0, 0.0, 0.0])
-    assert stepcost._attention(x, *args, 48.0) == pytest.approx(1e-7 * ceq**2, rel=1e-12)
+    assert stepcost._attention(x, *args, 48.0, np.zeros(1)) == pytest.approx(1e-7 * ceq**2, rel=1e-12)
     # mixed: the chunk above plus 2 decodes at 256: max(D(2, 256), P(2, c_eq(48·256 + 48·49/2)))
     x = np.array([64.0, 1.0, p, 1064.0, 2.0, 512.0])
     ceq_d = (np.sqrt(8 * (48 * 256 + 48 * 49 / 2) + 1) - 1) / 2
     d_mixed = max(1e-6 * 2 * 16, 1e-7 * 2 * ceq_d**2)
-    assert stepcost._attention(x, *args, 48.0) == pytest.approx(1e-7 * ceq**2 + d_mixed, rel=1e-12)
-    assert stepcost._attention(x, *args, 0.0) == pytest.approx(1e-7 * ceq**2 + 1e-6 * 2 * 16, rel=1e-12)
+    assert stepcost._attention(x, *args, 48.0, np.zeros(1)) == pytest.approx(1e-7 * ceq**2 + d_mixed, rel=1e-12)
+    assert stepcost._attention(x, *args, 0.0, np.zeros(1)) == pytest.approx(1e-7 * ceq**2 + 1e-6 * 2 * 16, rel=1e-12)
 
 
 def test_compiled_row_applies_attention_times_layers() -> None:
@@ -704,4 +705,46 @@ def test_prefill_attention_past_the_longest_measured_prompt_grows_with_the_pairs
     c = 2 * top
     x = np.array([c, 1.0, c * (c + 1) / 2, c, 0.0, 0.0])
     want = float(prefill_grid_time(grid, np.array([1.0]), np.array([c]))[0])
-    assert att(x, *args[8:14], 0.0) == pytest.approx(want, rel=1e-9)
+    assert att(x, *args[8:14], 0.0, args[14]) == pytest.approx(want, rel=1e-9)
+
+
+def test_mixed_ratio_grid_kernel_equals_python_and_prices_mixed_steps() -> None:
+    """The flat, compiled ratio grid gives the RatioGrid's numbers; a step with a prefill chunk
+    costs the parts summed times that ratio; pure decode steps are untouched."""
+    from pipeline.profile.mixed import ratio4
+
+    prof = load_profile("rtx-pro-6000")
+    assert prof is not None
+    got = prof.mixed_ratio(32, 8, 128)  # Llama-3.1-8B TP1's own head shape
+    assert got is not None and "this head shape" in got[1]
+    grid = got[0]
+    mx = stepcost.flat_ratio_grid(grid)
+    rng = np.random.default_rng(5)
+    pts = np.column_stack(
+        [rng.uniform(1, 4096, 200), rng.uniform(0, 40000, 200), rng.integers(0, 600, 200), rng.uniform(1, 40000, 200)]
+    )
+    want = grid(pts[:, 0], pts[:, 1], pts[:, 2], pts[:, 3])
+    flat = np.array([stepcost._mixed_ratio(mx, *p) for p in pts])
+    np.testing.assert_array_equal(flat, want)
+    # at a measured grid point the ratio is the measured cell's (mean log over its rows)
+    rows = prof.frame("attn_mixed").filter(
+        (pl.col("nq") == 32) & (pl.col("nkv") == 8) & (pl.col("d") == 128)
+        & (pl.col("chunk") == 256) & (pl.col("kv_prefill") == 1024) & (pl.col("n_decode") == 8)
+        & (pl.col("kv_decode") == 2048)
+    )  # fmt: skip
+    assert rows.height >= 1
+    cell = float(np.exp(np.log(rows["ratio"].to_numpy()).mean()))
+    assert ratio4(*grid.arrays(), *map(float, (np.log(256), np.log(1024 + 16), np.log(9), np.log(2048)))) == (
+        pytest.approx(cell, rel=1e-12)
+    )
+    # the kernel: pure decode ignores the grid; with a chunk, (parts summed) x ratio
+    dg, pg = _attention_grids(prof, 32, 8, 128)
+    args = (*grid_arrays(dg), *grid_arrays(pg))
+    att = stepcost._compiled()["attention"]
+    dec = np.array([0.0, 0.0, 0.0, 0.0, 8.0, 8.0 * 2048])
+    assert att(dec, *args, 48.0, mx) == att(dec, *args, 48.0, np.zeros(1))
+    c, o = 256.0, 1024.0
+    step = np.array([c, 1.0, c * o + c * (c + 1) / 2, o + c, 8.0, 8.0 * 2048])
+    parts = attn.step_attention(dg, pg, np.ones(1), np.array([c]), step[2:3], step[4:5], step[5:6], 0.0)[0]
+    assert att(step, *args, 48.0, mx) == pytest.approx(parts * cell, rel=1e-12)
+    assert stepcost._attention(step, *args, 48.0, mx) == pytest.approx(parts * cell, rel=1e-12)

@@ -267,6 +267,7 @@ def run_fleet(  # type: ignore[no-untyped-def]
     pla,
     plb,
     plt,
+    mx,
     sc,
     # results (filled in)
     res_arrival,
@@ -1212,7 +1213,7 @@ def run_fleet(  # type: ignore[no-untyped-def]
             x[3] = p_kv
             x[4] = d_seq
             x[5] = d_ctx
-            _tab_row(x, tok, logit, af, ab, acount, apeak, ahas, abw, dla, dlb, dlt, pla, plb, plt, sc, out)
+            _tab_row(x, tok, logit, af, ab, acount, apeak, ahas, abw, dla, dlb, dlt, pla, plb, plt, mx, sc, out)
             gn[gi] = nsched
             for c in range(8):
                 gout[gi, c] = out[c]

@@ -126,6 +126,20 @@ def select_rows(meas: Measurements, gpu: str) -> tuple[dict[str, pl.DataFrame], 
             f"{d}: {', '.join(sorted(set(k)))}"
             for d, k in moe.group_by("dtype").agg(pl.col("kernel").unique()).sort("dtype").iter_rows()
         )
+    mixed = m.get("attn_mixed")
+    if mixed.height:
+        from pipeline.profile.mixed import mixed_ratio_rows
+
+        rows = mixed_ratio_rows(mixed, m.get("attn_decode"), m.get("attn_prefill"))
+        if rows.height:
+            keep = ["gpu", "set", "source", "model", "tp", "nq", "nkv", "d", "chunk", "kv_prefill", "n_decode"]
+            out["attn_mixed"] = rows.select(*keep, "kv_decode", "time_s", "base_s", "ratio").sort(
+                ["nq", "nkv", "d", "model", "tp", "chunk", "kv_prefill", "n_decode", "kv_decode"]
+            )
+            sel["attn_mixed"] = (
+                "LLMServingSim mixed batches (one prefill chunk over a cached prefix beside decodes) with their "
+                "ratio to the same bundle's pure prefill + pure decode"
+            )
     ops = m.get("model_ops")
     if ops.height:
         out["model_ops"] = ops.sort(["model", "tp", "op", "size"])

@@ -49,7 +49,7 @@ from pipeline.roofline import (
     operators,
     roofline_affine,
 )
-from pipeline.stepcost import N_TAB, TabulatedCost, grid_arrays, scalars, table_size
+from pipeline.stepcost import N_TAB, TabulatedCost, flat_ratio_grid, grid_arrays, scalars, table_size
 from pipeline.steps import FloatArray, StepBatch
 
 #: Host time of one engine step that asynchronous scheduling hides behind the GPU's work (the
@@ -368,9 +368,14 @@ def measured_cost(
     dgrid = prof.attention_grid("attn_decode", dep.kv_dtype, nq, nkv, m.head_dim) if grids_ok else None
     pgrid = prof.attention_grid("attn_prefill", dep.kv_dtype, nq, nkv, m.head_dim) if grids_ok else None
     measured_attn = dgrid is not None and pgrid is not None
+    mixed = prof.mixed_ratio(nq, nkv, m.head_dim) if measured_attn else None
     attention = (
-        f"measured grids ({dep.kv_dtype} KV, nq={nq} nkv={nkv} d={m.head_dim}; query tile "
-        f"{prof.fitted('attention_tile_tokens', 0.0):g})"
+        f"measured grids ({dep.kv_dtype} KV, nq={nq} nkv={nkv} d={m.head_dim}; "
+        + (
+            f"steps with a prefill chunk: parts summed x the mixed-batch ratio from {mixed[1]})"
+            if mixed is not None
+            else f"query tile {prof.fitted('attention_tile_tokens', 0.0):g})"
+        )
         if measured_attn
         else "roofline (no measured grid for this head shape / KV dtype, or MLA / sliding window)"
     )
@@ -405,6 +410,7 @@ def measured_cost(
         affine_bw=aff["bw"],
         decode_grid=grid_arrays(dgrid if measured_attn else None),
         prefill_grid=grid_arrays(pgrid if measured_attn else None),
+        mixed_ratio=flat_ratio_grid(mixed[0] if mixed is not None else None),
         scalars=sc,
         source="measured",
         describe=describe,

@@ -255,6 +255,77 @@ def _judge_attention(meas: Measurements, gpu: str) -> list[pl.DataFrame]:
                     f"{MIXED_TRAIN_MODEL} TP1's mixed rows",
                 )
             )
+        out.extend(_judge_mixed_ratio(meas, gpu, prof, src))
+    return out
+
+
+def _judge_mixed_ratio(meas: Measurements, gpu: str, main: Profile, main_src: str) -> list[pl.DataFrame]:
+    """The mixed-batch ratio grids (pipeline/profile/mixed.py), held out three ways: whole decode
+    contexts (every other kv_decode value of a model's grid built from the rest), whole models
+    (a model's rows from the other models' grid), and as deployed (the GPU's main pure tables,
+    parts summed, times the model's own grid, against the measured mixed batches)."""
+    from pipeline.profile.mixed import mixed_ratio_rows, ratio_grid
+
+    rows = mixed_ratio_rows(meas.get("attn_mixed"), meas.get("attn_decode"), meas.get("attn_prefill"))
+    if rows.height == 0:
+        return []
+    out = []
+
+    def judged(check: str, test: pl.DataFrame, grid: object, trained_on: str, base: np.ndarray | None = None) -> None:
+        g = grid  # RatioGrid
+        ratio = g(
+            test["chunk"].to_numpy(),
+            test["kv_prefill"].to_numpy(),
+            test["n_decode"].to_numpy(),
+            test["kv_decode"].to_numpy(),
+        )  # type: ignore[operator]
+        b = test["base_s"].to_numpy() if base is None else base
+        labels = [f"{m} tp{t}" for m, t in zip(test["model"].to_list(), test["tp"].to_list(), strict=True)]
+        out.append(
+            _rows(check, gpu, test, (test["chunk"] + test["n_decode"]).to_numpy(), b * ratio, labels, trained_on)
+        )
+
+    for (model, tp), part in rows.group_by(["model", "tp"], maintain_order=True):
+        ks = sorted(v for v in part["kv_decode"].unique().to_list() if v > 0)
+        held = ks[1::2]
+        test = part.filter(pl.col("kv_decode").is_in(held) & (pl.col("n_decode") > 0))
+        grid = ratio_grid(part.filter(~pl.col("kv_decode").is_in(held) | (pl.col("n_decode") == 0)))
+        if test.height and grid is not None:
+            judged(
+                "mixed attention (ratio grid, held-out contexts)",
+                test,
+                grid,
+                f"{model} tp{tp}'s mixed rows at the other decode contexts ({', '.join(str(k) for k in ks[0::2])})",
+            )
+        others = rows.filter(~((pl.col("model") == model) & (pl.col("tp") == tp)))
+        other_grid = ratio_grid(others) if others.height else None
+        if other_grid is not None:
+            judged(
+                "mixed attention (ratio grid, other models)",
+                part,
+                other_grid,
+                "the other models' and TP shards' mixed rows on this GPU",
+            )
+        own = ratio_grid(part)
+        r0 = part.row(0, named=True)
+        gd = main.attention_grid("attn_decode", "bf16", int(r0["nq"]), int(r0["nkv"]), int(r0["d"]))
+        gp = main.attention_grid("attn_prefill", "bf16", int(r0["nq"]), int(r0["nkv"]), int(r0["d"]))
+        # as deployed: only where the main tables come from another set (else it is in-sample by
+        # construction: the set's own pure parts times its own ratio give its own mixed times back)
+        if own is not None and gd is not None and gp is not None and main_src != "llmservingsim":
+            c = part["chunk"].to_numpy().astype(np.float64)
+            o = part["kv_prefill"].to_numpy().astype(np.float64)
+            nd = part["n_decode"].to_numpy().astype(np.float64)
+            kd = part["kv_decode"].to_numpy().astype(np.float64)
+            base = step_attention(gd, gp, np.ones_like(c), c, c * o + c * (c + 1) / 2, nd, nd * kd, 0.0)
+            judged(
+                "mixed attention (as deployed: main tables x own ratio)",
+                part,
+                own,
+                f"{main_src} pure rows summed, x {model} tp{tp}'s own ratio grid (in-sample ratio; the error "
+                "is the two sets' pure-kernel difference)",
+                base,
+            )
     return out
 
 

@@ -45,6 +45,7 @@ FAMILY_FILES = {
     "allreduce": "allreduce.parquet",
     "moe": "moe.parquet",
     "model_ops": "model_ops.parquet",
+    "attn_mixed": "attn_mixed.parquet",
 }
 #: Keys of profile.toml.
 _META_KEYS = {"gpu", "stack", "built_from", "rows", "selection", "fitted", "heldout", "licence"}
@@ -151,6 +152,36 @@ class Profile:
         t_hi = np.log(hi(aa.ravel(), bb.ravel())).reshape(aa.shape)
         wt = float(w[0])
         return Grid2(a, b, np.exp((1 - wt) * t_lo + wt * t_hi + float(lf[0])))
+
+    @cached_property
+    def _mixed(self) -> dict[tuple[float, ...], Any]:
+        from pipeline.profile.mixed import ratio_grid
+
+        f = self.frame("attn_mixed")
+        out: dict[tuple[float, ...], Any] = {}
+        if f.height == 0:
+            return out
+        for key, sub in f.group_by(["nq", "nkv", "d"]):
+            grid = ratio_grid(sub)
+            if grid is not None:
+                out[tuple(float(v) for v in key)] = grid
+        every = ratio_grid(f)
+        if every is not None:
+            out[()] = every
+        return out
+
+    def mixed_ratio(self, nq: int, nkv: int, d: int) -> tuple[Any, str] | None:
+        """The mixed-batch attention ratio grid (pipeline/profile/mixed.py) for this head shape
+        and what it is: the shape's own grid where measured, else the mean over every measured
+        shape of this GPU (held out by model: 9-23 % median, docs/validation.md); None when the
+        GPU has no mixed-batch measurements."""
+        own = self._mixed.get((float(nq), float(nkv), float(d)))
+        if own is not None:
+            return own, f"measured mixed batches of this head shape (nq={nq} nkv={nkv} d={d})"
+        every = self._mixed.get(())
+        if every is not None:
+            return every, "measured mixed batches of other head shapes on this GPU (mean ratio)"
+        return None
 
     def attention_kv_dtypes(self, family: str) -> list[str]:
         return sorted(kv for fam, kv in self._attn if fam == family)
@@ -278,6 +309,7 @@ REQUIRED_COLUMNS: dict[str, tuple[str, ...]] = {
     "allreduce": ("backend", "gpus", "bytes", "time_s"),
     "moe": ("dtype", "distribution", "moe_tp", "moe_ep", "h", "inter", "topk", "experts", "tokens", "time_s"),
     "model_ops": ("model", "tp", "op", "size", "time_s"),
+    "attn_mixed": ("nq", "nkv", "d", "chunk", "kv_prefill", "n_decode", "kv_decode", "time_s", "base_s", "ratio"),
 }
 
 

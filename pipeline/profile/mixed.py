@@ -1,0 +1,207 @@
+"""Mixed-batch attention: how much a step with a prefill chunk costs relative to its parts.
+
+The composition rules of pipeline/profile/attention.py price a step's attention from pure
+prefill and pure decode tables. LLMServingSim measured the real thing on RTX PRO 6000 and RTX
+4090 (vLLM 0.19): one prefill chunk of ``chunk`` tokens over ``kv_prefill`` cached tokens beside
+``n_decode`` decodes of ``kv_decode`` context each, on a full 4-D grid (×2 steps). Against the sum
+of its parts measured on the same stack, a mixed batch costs 15–55 % more or less (median, by
+model) — FlashAttention-2's varlen launch handles the two kinds together differently from either
+alone — which no one-number rule captures.
+
+So the measured grid is kept as a **ratio**: measured mixed time / (pure prefill at the same
+causal pairs + pure decode at the same batch and context), both pure parts from the *same* set
+(same vLLM, same eager timing). At run time the step's attention is the composition from the
+GPU's main tables (summed, no query tile) times the ratio interpolated at the step's mean chunk,
+mean cached offset, decode count and mean decode context: the mixed structure from the set that
+measured it, the absolute level from the profile's pure tables, so a step never jumps between
+two sets' levels when a small chunk joins a decode batch.
+
+Axes (log space): chunk (16…2048), offset log(o + 16) (0…16384), decodes log(n + 1) (0…256),
+decode context (16…16384; all equal when n = 0). Outside the grid the ratio is held at its edge
+(a ratio, unlike a time, has no reason to grow). Grid cells the set did not measure (the largest
+batches on the 24 GB card) are filled from the nearest measured cell along context, then
+decodes, then offset.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import polars as pl
+
+from pipeline.profile.attention import step_attention
+from pipeline.profile.interp import FloatArray
+
+OFFSET_SHIFT = 16.0
+MIN_CTX = 16.0
+
+
+def _la(c: Any) -> Any:
+    return np.log(np.maximum(np.asarray(c, dtype=np.float64), 1.0))
+
+
+def _lo(o: Any) -> Any:
+    return np.log(np.maximum(np.asarray(o, dtype=np.float64), 0.0) + OFFSET_SHIFT)
+
+
+def _ln(n: Any) -> Any:
+    return np.log(np.maximum(np.asarray(n, dtype=np.float64), 0.0) + 1.0)
+
+
+def _lk(k: Any) -> Any:
+    return np.log(np.maximum(np.asarray(k, dtype=np.float64), MIN_CTX))
+
+
+@dataclass(frozen=True)
+class RatioGrid:
+    """log(mixed / composed) on log axes (chunk, offset, decodes, context)."""
+
+    la: FloatArray
+    lb: FloatArray
+    lc: FloatArray
+    ld: FloatArray
+    lt: FloatArray  # shape (len(la), len(lb), len(lc), len(ld))
+
+    def __call__(self, chunk: Any, offset: Any, decodes: Any, ctx: Any) -> FloatArray:
+        """The ratio at the given points (vectorised; the same arithmetic as stepcost._ratio4)."""
+        c, o, n, k = np.broadcast_arrays(_la(chunk), _lo(offset), _ln(decodes), _lk(ctx))
+        out = np.empty(c.shape)
+        for idx in np.ndindex(c.shape):
+            out[idx] = ratio4(
+                self.la, self.lb, self.lc, self.ld, self.lt, float(c[idx]), float(o[idx]), float(n[idx]), float(k[idx])
+            )
+        return out
+
+    def arrays(self) -> tuple[FloatArray, FloatArray, FloatArray, FloatArray, FloatArray]:
+        return self.la, self.lb, self.lc, self.ld, self.lt
+
+
+def _bracket(lg: FloatArray, x: float) -> tuple[int, int, float]:
+    """Clamped linear position of ``x`` on the increasing axis ``lg``."""
+    n = lg.shape[0]
+    if n == 1:
+        return 0, 0, 0.0
+    x = min(max(x, lg[0]), lg[n - 1])
+    i1 = 1
+    while i1 < n - 1 and lg[i1] < x:
+        i1 += 1
+    i0 = i1 - 1
+    return i0, i1, (x - lg[i0]) / (lg[i1] - lg[i0])
+
+
+def ratio4(
+    la: FloatArray,
+    lb: FloatArray,
+    lc: FloatArray,
+    ld: FloatArray,
+    lt: FloatArray,
+    qa: float,
+    qb: float,
+    qc: float,
+    qd: float,
+) -> float:
+    """Quadrilinear interpolation of ``lt`` at log-axis coordinates (qa, qb, qc, qd), clamped at
+    the edges; returns exp of it (the ratio). Plain Python: pipeline.stepcost compiles it."""
+    a0, a1, wa = _bracket(la, qa)
+    b0, b1, wb = _bracket(lb, qb)
+    c0, c1, wc = _bracket(lc, qc)
+    d0, d1, wd = _bracket(ld, qd)
+    acc = 0.0
+    for ia in range(2):
+        fa = wa if ia else 1.0 - wa
+        xa = a1 if ia else a0
+        for ib in range(2):
+            fb = wb if ib else 1.0 - wb
+            xb = b1 if ib else b0
+            for ic in range(2):
+                fc = wc if ic else 1.0 - wc
+                xc = c1 if ic else c0
+                for idd in range(2):
+                    fd = wd if idd else 1.0 - wd
+                    xd = d1 if idd else d0
+                    w = fa * fb * fc * fd
+                    if w != 0.0:
+                        acc += w * lt[xa, xb, xc, xd]
+    return float(np.exp(acc))
+
+
+def mixed_ratio_rows(mixed: pl.DataFrame, decode: pl.DataFrame, prefill: pl.DataFrame) -> pl.DataFrame:
+    """Mixed rows (chunk > 0) with ``base_s`` — the sum of the same source's pure prefill (at the
+    step's causal pairs) and pure decode (batch, context) — and ``ratio`` = time / base. The pure
+    rows must be the same set's (``source`` joins them: one LLMServingSim bundle)."""
+    from pipeline.profile.heldout import _profile
+
+    parts = []
+    for (gpu, source), part in mixed.filter(pl.col("chunk") > 0).group_by(["gpu", "source"], maintain_order=True):
+        d = decode.filter((pl.col("gpu") == gpu) & (pl.col("source") == source))
+        p = prefill.filter((pl.col("gpu") == gpu) & (pl.col("source") == source))
+        if d.height == 0 or p.height == 0:
+            continue
+        prof = _profile(str(gpu), {"attn_decode": d, "attn_prefill": p})
+        row = part.row(0, named=True)
+        gd = prof.attention_grid("attn_decode", "bf16", int(row["nq"]), int(row["nkv"]), int(row["d"]))
+        gp = prof.attention_grid("attn_prefill", "bf16", int(row["nq"]), int(row["nkv"]), int(row["d"]))
+        if gd is None or gp is None:
+            continue
+        c = part["chunk"].to_numpy().astype(np.float64)
+        o = part["kv_prefill"].to_numpy().astype(np.float64)
+        nd = part["n_decode"].to_numpy().astype(np.float64)
+        kd = part["kv_decode"].to_numpy().astype(np.float64)
+        base = step_attention(gd, gp, np.ones_like(c), c, c * o + c * (c + 1) / 2, nd, nd * kd, 0.0)
+        parts.append(part.with_columns(base_s=pl.Series(base), ratio=pl.col("time_s") / pl.Series(base)))
+    if not parts:
+        return pl.DataFrame()
+    return pl.concat(parts)
+
+
+def ratio_grid(rows: pl.DataFrame) -> RatioGrid | None:
+    """The grid of mean log ratios over ``rows`` (mixed_ratio_rows output; several models or TP
+    shards average in log space), holes filled from the nearest measured cell."""
+    if rows.height == 0:
+        return None
+    f = rows.with_columns(pl.when(pl.col("n_decode") == 0).then(0).otherwise(pl.col("kv_decode")).alias("kv_decode"))
+    chunks = np.array(sorted(f["chunk"].unique().to_list()), dtype=np.float64)
+    offs = np.array(sorted(f["kv_prefill"].unique().to_list()), dtype=np.float64)
+    decs = np.array(sorted(f["n_decode"].unique().to_list()), dtype=np.float64)
+    ctxs = np.array(sorted(v for v in f["kv_decode"].unique().to_list() if v > 0), dtype=np.float64)
+    if ctxs.size == 0:
+        ctxs = np.array([MIN_CTX])
+    g = (
+        f.with_columns(lr=pl.col("ratio").log())
+        .group_by(["chunk", "kv_prefill", "n_decode", "kv_decode"])
+        .agg(pl.col("lr").mean())
+    )
+    t = np.full((chunks.size, offs.size, decs.size, ctxs.size), np.nan)
+    ia = {v: i for i, v in enumerate(chunks)}
+    ib = {v: i for i, v in enumerate(offs)}
+    ic = {v: i for i, v in enumerate(decs)}
+    idd = {v: i for i, v in enumerate(ctxs)}
+    for c, o, n, k, lr in g.iter_rows():
+        if not np.isfinite(lr):
+            continue
+        if n == 0:  # no decodes: the context axis does not apply
+            t[ia[float(c)], ib[float(o)], ic[0.0], :] = lr
+        elif float(k) in idd:
+            t[ia[float(c)], ib[float(o)], ic[float(n)], idd[float(k)]] = lr
+    for axis in (3, 2, 1, 0):
+        t = _fill_nearest(t, axis)
+    if np.isnan(t).any():
+        t = np.where(np.isnan(t), 0.0, t)  # nothing measured in a whole slab: ratio 1
+    return RatioGrid(_la(chunks), _lo(offs), _ln(decs), _lk(ctxs), t)
+
+
+def _fill_nearest(t: FloatArray, axis: int) -> FloatArray:
+    """NaN cells take the value of the nearest non-NaN cell along ``axis`` (ties: the lower)."""
+    moved = np.moveaxis(t, axis, -1).copy()
+    flat = moved.reshape(-1, moved.shape[-1])
+    idx = np.arange(flat.shape[1])
+    for row in flat:
+        ok = ~np.isnan(row)
+        if ok.all() or not ok.any():
+            continue
+        good = idx[ok]
+        nearest = good[np.abs(idx[:, None] - good[None, :]).argmin(axis=1)]
+        row[:] = row[nearest]
+    return np.moveaxis(flat.reshape(moved.shape), -1, axis)
