@@ -6,7 +6,16 @@ from typing import Any
 
 import click
 
-from pipeline.cli_common import emit_json, get_store, json_option, progress, run, store_option
+from pipeline.cli_common import (
+    emit_json,
+    get_store,
+    json_option,
+    limit_options,
+    limits_from,
+    progress,
+    run,
+    store_option,
+)
 from pipeline.replay import ReplayOptions, replay
 from pipeline.slo import failures_line, overload_text, verdict_text
 
@@ -45,6 +54,7 @@ def _ms(x: float | None) -> str:
     help="Judge the run against an SLO: a preset (chat, interactive, ...) or ttft_p99=2s,tpot_p99=100ms "
     "(default: the fleet's [slo]).",
 )
+@limit_options
 @store_option
 @json_option
 def replay_cmd(
@@ -55,12 +65,17 @@ def replay_cmd(
     concurrency: int | None,
     offline: bool,
     slo: str | None,
+    max_memory: str | None,
+    max_sim_days: str | None,
     store_path: str | None,
     as_json: bool,
 ) -> None:
     """Replay requests through a roofline model of a continuous-batching fleet.
 
     Writes STORE/runs/<run_id>/ with config.json and requests, steps and series Parquet.
+    Refuses, before it starts, a replay estimated to need more memory than --max-memory or whose
+    arrivals span more than --max-sim-days simulated days; long runs report progress on stderr and
+    stop on Ctrl-C (exit code 130).
 
     Example: rooftrace replay --fleet fleets/default.toml --rate-scale 2
     """
@@ -69,7 +84,8 @@ def replay_cmd(
         options = ReplayOptions(
             date=date, rate_scale=rate_scale, replicas=replicas, concurrency=concurrency, offline=offline, slo=slo
         )
-        return replay(get_store(store_path), fleet_path, options, progress=progress)
+        with limits_from(max_memory, max_sim_days):
+            return replay(get_store(store_path), fleet_path, options, progress=progress)
 
     result = run(body)
     s = result.summary

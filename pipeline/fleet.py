@@ -29,6 +29,7 @@ Unknown or mistyped keys are errors that name the file and key. The config objec
 
 from __future__ import annotations
 
+import re
 import tomllib
 from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
@@ -209,12 +210,22 @@ def _parse_slo_table(raw: dict[str, Any] | str, where: str) -> str:
     return text
 
 
+#: A fleet's ``name`` names its runs' folders (STORE/runs/<date>-<name>-<digest>/) and reports:
+#: letters, digits, '.', '_' and '-', not starting with '.', at most 64 characters.
+FLEET_NAME_RE = re.compile(r"[A-Za-z0-9_-][A-Za-z0-9._-]{0,63}")
+
+
 def parse_fleet(data: dict[str, Any], origin: str) -> FleetConfig:
     """Validate a parsed FLEET.toml; errors name ``origin`` and the key."""
     _check(data, _TOP_TYPES, origin)
     missing = sorted(_TOP_REQUIRED - set(data))
     if missing:
         raise ConfigError(f"{origin}: missing key(s) {missing}")
+    if not FLEET_NAME_RE.fullmatch(data["name"]):
+        raise ConfigError(
+            f"{origin}: name {data['name']!r} must be 1-64 letters, digits, '.', '_' or '-', not starting with "
+            "'.' (it names the run's folder in the store)"
+        )
     engine_raw = dict(data.get("engine", {}))
     _check(engine_raw, _ENGINE_TYPES, f"{origin} [engine]")
     for key in ("gpu_memory_utilization", "step_overhead_s"):

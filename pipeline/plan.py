@@ -72,7 +72,7 @@ from pipeline.slo import (  # noqa: F401  (re-exported: the planning API)
     percentile,
 )
 from pipeline.steps import BINDING_NAMES
-from pipeline.store import Store
+from pipeline.store import SAFE_ID_RE, Store, confined
 
 #: MLPerf LoadGen runs a Server scenario for at least 600 s (MLPerf Inference rules, "min_duration"),
 #: long enough for a p99 over thousands of requests; the default peak window follows it.
@@ -740,7 +740,7 @@ def plan(store: Store, opts: PlanOptions, progress: Callable[[str], None] | None
     plan_id = _plan_id(date, opts, slo, base, req)
     table, search = _tables(plan_id, date, opts, slo, window, results)
     chosen = _chosen(results)
-    plan_dir = store.root / "plans" / plan_id
+    plan_dir = confined(store.root / "plans", plan_id, "plan id")
     api_rows = _api_rows(plan_id, chosen, prices) if chosen is not None else []
     doc = {
         "plan_id": plan_id,
@@ -763,7 +763,7 @@ def plan(store: Store, opts: PlanOptions, progress: Callable[[str], None] | None
     with store.lock():
         write_parquet(table, plan_dir / "plan.parquet", "plan")
         write_parquet(search, plan_dir / "search.parquet", "plan_search")
-        costs = store.root / "costs" / plan_id
+        costs = confined(store.root / "costs", plan_id, "plan id")
         if chosen is not None:
             write_parquet(_gpu_cost_table(plan_id, chosen), costs / "gpu_cost.parquet", "plan_gpu_cost")
             write_parquet(pa.Table.from_pylist(api_rows), costs / "api_cost.parquet", "plan_api_cost")
@@ -782,7 +782,11 @@ def _plan_id(date: str, opts: PlanOptions, slo: Slo, base: FleetConfig, req: pl.
     h.update(
         req.select("request_id", "arrival", "recorded_input_tokens", "output_tokens").hash_rows().to_numpy().tobytes()
     )
-    return f"{date}-{opts.model}-{h.hexdigest()[:10]}"
+    # the id names the plan's folders (store.confined): other characters of a model name become '_'
+    model = opts.model
+    if not (SAFE_ID_RE.fullmatch(model) and len(model) <= 64):
+        model = "".join(c if c.isascii() and (c.isalnum() or c in "._-") else "_" for c in model)[:64]
+    return f"{date}-{model}-{h.hexdigest()[:10]}"
 
 
 def _chosen(results: Sequence[CandidateResult]) -> CandidateResult | None:

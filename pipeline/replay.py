@@ -49,7 +49,7 @@ from pipeline.slo import (
     slo_verdict,
 )
 from pipeline.steps import BINDING_NAMES
-from pipeline.store import Store, repo_root
+from pipeline.store import Store, confined, repo_root
 
 _INT63 = np.uint64(0x7FFFFFFFFFFFFFFF)
 
@@ -166,6 +166,23 @@ def build_workload(requests: pl.DataFrame, fleet: ResolvedFleet, options: Replay
     )
 
 
+def check_replay_limits(
+    requests: pl.DataFrame,
+    fleet: ResolvedFleet,
+    options: ReplayOptions,
+    progress: Callable[[int], None] | None = None,
+) -> Callable[[int], None] | None:
+    """Estimate the replay's memory and time before it starts, and refuse one past the limits
+    with a one-line error (pipeline/limits.py; docs/limits.md, "Resource limits"). Returns the
+    engine's progress callback: ``progress`` if given, else a stderr reporter for long runs when
+    a command installed one (``limits.progress_to``)."""
+    from pipeline.limits import enforce, engine_progress, estimate_replay
+
+    est = estimate_replay(requests, fleet, options.mode, options.rate_scale, options.concurrency)
+    enforce(est)
+    return progress if progress is not None else engine_progress(est)
+
+
 def run_replay(
     requests: pl.DataFrame,
     fleet: ResolvedFleet,
@@ -173,6 +190,7 @@ def run_replay(
     progress: Callable[[int], None] | None = None,
 ) -> ReplayRun:
     """Replay a frame of canonical requests on a resolved fleet (no store involved)."""
+    progress = check_replay_limits(requests, fleet, options, progress)
     spec = FleetSpec(
         replicas=fleet.ranks,
         scheduler=fleet.scheduler,
@@ -456,7 +474,7 @@ def replay(
             overload_text(over) if w.startswith("OVERLOADED") else w for w in summary["health"]["warnings"]
         ]
     run_id = _run_id(date, fleet, options, requests)
-    run_dir = store.runs_dir / run_id
+    run_dir = confined(store.runs_dir, run_id, "run id")
     with store.lock():
         write_parquet(requests_table(requests, run, t0_us), run_dir / "requests.parquet", "replay_requests")
         write_parquet(steps_table(run), run_dir / "steps.parquet", "replay_steps")

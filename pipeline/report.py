@@ -28,7 +28,7 @@ from pipeline.economics import day_projection, period_label
 from pipeline.errors import RooftraceError
 from pipeline.loadcurve import headroom_sentence, knee
 from pipeline.schemas import atomic_write_bytes
-from pipeline.store import Store
+from pipeline.store import Store, check_date, confined
 from pipeline.tables import table_to_json
 from pipeline.warehouse import Session, build_warehouse, latest_run
 
@@ -767,8 +767,9 @@ STORE_MARKER = ".rooftrace-store"
 
 
 def report_path(reports_dir: Path, date: str, fleet: str) -> Path:
-    """``reports/<date>/<fleet>/index.html``: two fleets replayed on one date keep both reports."""
-    return reports_dir / date / fleet / "index.html"
+    """``reports/<date>/<fleet>/index.html``: two fleets replayed on one date keep both reports.
+    Both parts come from a run's config.json: checked, and confined to ``reports_dir``."""
+    return confined(confined(reports_dir, check_date(date), "report date"), fleet, "fleet name") / "index.html"
 
 
 def claim_report_dir(folder: Path, store: Store) -> None:
@@ -803,7 +804,7 @@ def build_report(
         run_id = latest_run(store, date)
         if run_id is None:
             raise RooftraceError(f"{store.runs_dir}: no replay run to report (run `rooftrace replay`)")
-    config_path = store.runs_dir / run_id / "config.json"
+    config_path = confined(store.runs_dir, run_id, "run id") / "config.json"
     if not config_path.exists():
         raise RooftraceError(f"{config_path}: no such run")
     config = json.loads(config_path.read_text())

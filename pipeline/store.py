@@ -70,6 +70,29 @@ def check_date(text: str) -> str:
 #: Characters DuckDB and polars read as a glob pattern in a path.
 GLOB_CHARS = frozenset("*?[]{}")
 
+#: What an id built from data (a run, plan or cost id: date, fleet or model name, digest) may be
+#: when it names a file or folder: letters, digits, '.', '_' and '-', not starting with '.', at
+#: most 200 characters (docs/limits.md, "Paths").
+SAFE_ID_RE = re.compile(r"[A-Za-z0-9_-][A-Za-z0-9._-]{0,199}")
+
+
+def confined(root: Path, name: str, what: str = "id") -> Path:
+    """``root / name``, for a ``name`` built from data or read from the command line: refused
+    (one-line RooftraceError) unless it is one safe path component (:data:`SAFE_ID_RE`, so no
+    ``/``, ``..``, glob or markup characters) and the path resolves inside ``root`` (not through
+    a symbolic link to elsewhere)."""
+    if not isinstance(name, str) or not SAFE_ID_RE.fullmatch(name):
+        raise RooftraceError(
+            f"{what} {name!r} is not a safe name (1-200 letters, digits, '.', '_' or '-', not starting "
+            f"with '.'): refusing to use it as a path under {root}"
+        )
+    path = root / name
+    try:
+        path.resolve().relative_to(root.resolve())
+    except ValueError:
+        raise RooftraceError(f"{what} {name!r}: {path} resolves outside {root}; refusing to use it") from None
+    return path
+
 
 @dataclass(frozen=True)
 class Store:

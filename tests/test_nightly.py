@@ -123,3 +123,20 @@ def test_reports_are_scoped_to_their_run_fleet_and_store(logs: Path, tmp_path: P
     index = (reports / "index.html").read_text()
     assert "default · store" in index and "other · store" in index
     assert 'href="2025-02-01/other/index.html"' in index
+
+
+def test_report_paths_from_data_are_confined(tmp_path: Path) -> None:
+    """A run id from the command line, and the date and fleet name read from a run's config.json,
+    never lead outside the store or the reports folder."""
+    from pipeline.errors import RooftraceError
+    from pipeline.report import build_report, report_path
+
+    store = Store(tmp_path / "store")
+    with pytest.raises(RooftraceError, match="not a safe name"):
+        build_report(store, "../../x")
+    reports = tmp_path / "reports"
+    assert report_path(reports, "2025-01-02", "fleet-a") == reports / "2025-01-02" / "fleet-a" / "index.html"
+    for date, fleet in (("../../etc", "a"), ("2025-01-02", "../../x"), ("2025-01-02", "<script>")):
+        with pytest.raises(RooftraceError):
+            report_path(reports, date, fleet)
+    assert not (tmp_path / "x").exists() and not (tmp_path / "etc").exists()

@@ -226,7 +226,7 @@ def _log_span(  # type: ignore[no-untyped-def]
     return nlog
 
 
-@numba.njit(cache=True)
+@numba.njit(cache=True, nogil=True)  # runs in a worker thread (jit.py): Ctrl-C stays responsive
 def run_fleet(  # type: ignore[no-untyped-def]
     # workload
     times,
@@ -279,6 +279,8 @@ def run_fleet(  # type: ignore[no-untyped-def]
     res_preempt,
     res_hit,
     res_prefill,
+    # control, shared with the calling thread (jit.py): [cancel flag, requests done]
+    ctl,
 ):
     """Replay the whole fleet; returns the step log (rows × LOG_COLS) and its row count.
 
@@ -287,6 +289,11 @@ def run_fleet(  # type: ignore[no-untyped-def]
     zeros offline); with ``closed`` the first ``concurrency`` requests arrive at 0 and each
     finish or rejection issues the next one. Replicas ``[g·G, (g+1)·G)`` step in lockstep
     (``G`` = FleetSpec.lockstep; an idle one costs ``dummy_s`` per step); spans need ``G == 1``.
+
+    ``ctl`` (float64[2]) is shared with the calling thread while this runs without the GIL: a
+    nonzero ``ctl[0]`` stops the loop at its next event (the results are then incomplete); the
+    loop counts the requests done (finished or rejected) in ``ctl[1]``. Neither changes what the
+    loop computes.
     """
     n = prompt.shape[0]
     R = n_rep
@@ -429,6 +436,8 @@ def run_fleet(  # type: ignore[no-untyped-def]
                 k_acc += 1
 
     while True:
+        if ctl[0] != 0.0:  # cancelled by the calling thread (Ctrl-C): stop, results incomplete
+            break
         # The replica whose next step starts first (ties: lowest index).
         first = -1
         first_t = _INF
@@ -476,6 +485,7 @@ def run_fleet(  # type: ignore[no-untyped-def]
             t = ev_t
             res_arrival[i] = t
             if rejected[i]:
+                ctl[1] += 1.0  # progress: requests done
                 if closed and next_issue < n:
                     # push (t, seq, next_issue)
                     p = heap_n
@@ -1330,6 +1340,7 @@ def run_fleet(  # type: ignore[no-untyped-def]
                         seq += 1
                         next_issue += 1
                 nfin[r] += nf
+                ctl[1] += nf  # progress: requests done
             last_end[r] = end
             last_nfin[r] = nf
     return log, nlog

@@ -11,10 +11,16 @@ It needs a cost function the compiled loop can evaluate: a :class:`pipeline.step
 ``stepcost.tab_row``. :func:`unsupported_reason` says why it does not apply otherwise (arbitrary
 callables, a block table too large for memory); callers then use
 :func:`pipeline.engine.fast.simulate`.
+
+The compiled loop runs without the GIL in a worker thread while the calling thread waits in
+short timeouts: it reports progress (requests done) to the ``progress`` callback as it goes, and
+a KeyboardInterrupt (Ctrl-C) in the calling thread stops the loop within one event and is
+re-raised (docs/limits.md, "Resource limits").
 """
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable
 from typing import Any
 
@@ -28,6 +34,11 @@ from pipeline.steps import StepCostFn
 #: Largest scheduler state (block tables, block pool, prefix-cache table) the jit engine
 #: allocates before deferring to the Python engine, whose state grows with use instead.
 MAX_STATE_BYTES = 2 * 1024**3
+
+#: How often the calling thread wakes to report progress (and to take a KeyboardInterrupt).
+POLL_S = 0.1
+#: How long a cancelled loop is waited for before the interrupt is re-raised regardless.
+CANCEL_WAIT_S = 2.0
 
 _ROUTER_CODES = {"round_robin": 0, "least_outstanding": 1, "session_affinity": 2, "prefix_affinity": 2}
 
@@ -97,7 +108,9 @@ def simulate_jit(
 ) -> EngineResult:
     """Replay ``work`` on ``spec`` in the compiled loop: per-request results, spans appended to
     ``log`` (a run of consecutive decode steps of one batch is one row). Raises ValueError when
-    :func:`unsupported_reason` says the engine does not apply."""
+    :func:`unsupported_reason` says the engine does not apply. ``progress`` gets the arrivals
+    taken so far about every ``POLL_S`` seconds while the loop runs, then ``work.n``; a
+    KeyboardInterrupt stops the loop (within one event) and propagates."""
     reason = unsupported_reason(spec, cost)
     if reason is not None:
         raise ValueError(f"the jit engine does not apply: {reason}")
@@ -116,7 +129,8 @@ def simulate_jit(
     times = np.zeros(n) if spec.mode == "offline" else np.ascontiguousarray(work.arrival_s, np.float64)
     aff = work.affinity if work.affinity is not None else np.full(n, -1, np.int64)
     caching = cfg.enable_prefix_caching and work.chain_hashes.shape[0] > 0
-    rows, nrows = k.run_fleet(  # type: ignore[call-arg]
+    ctl = np.zeros(2)  # [cancel flag, requests done]: see run_fleet
+    kernel_args = (
         times,
         np.ascontiguousarray(work.prompt_tokens, np.int64),
         np.ascontiguousarray(work.output_tokens, np.int64),
@@ -149,9 +163,51 @@ def simulate_jit(
         res.preemptions,
         res.cache_hit_tokens,
         res.prefill_tokens,
+        ctl,
     )
+    rows, nrows = _run_in_thread(k.run_fleet, kernel_args, ctl, progress)
     if progress is not None:
         progress(n)
     if log is not None:
         log.extend_rows(rows[:nrows])
     return res
+
+
+def _run_in_thread(
+    kernel: Callable[..., Any],
+    args: tuple[Any, ...],
+    ctl: np.ndarray[Any, np.dtype[np.float64]],
+    progress: Callable[[int], None] | None,
+) -> Any:
+    """``kernel(*args)`` in a worker thread (the kernel is compiled ``nogil``), the calling thread
+    waiting in ``POLL_S`` timeouts: it passes ``ctl[1]`` (requests done) to ``progress`` when it
+    changes, and on KeyboardInterrupt sets ``ctl[0]`` so the loop stops at its next event, waits
+    up to ``CANCEL_WAIT_S`` for it and re-raises (the thread is a daemon: it never holds up the
+    process's exit). It waits on an Event, not ``Thread.join``: in Python 3.11 a join interrupted
+    by KeyboardInterrupt marks a running thread as stopped."""
+    box: dict[str, Any] = {}
+    done = threading.Event()
+
+    def work() -> None:
+        try:
+            box["out"] = kernel(*args)
+        except BaseException as exc:  # re-raised in the calling thread
+            box["error"] = exc
+        finally:
+            done.set()
+
+    worker = threading.Thread(target=work, name="rooftrace-jit-engine", daemon=True)
+    worker.start()
+    reported = -1
+    try:
+        while not done.wait(POLL_S):
+            if progress is not None and int(ctl[1]) != reported:
+                reported = int(ctl[1])
+                progress(reported)
+    except KeyboardInterrupt:
+        ctl[0] = 1.0
+        done.wait(CANCEL_WAIT_S)
+        raise
+    if "error" in box:
+        raise box["error"]
+    return box["out"]

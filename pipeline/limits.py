@@ -1,0 +1,540 @@
+"""Resource limits of a replay: what it will need, estimated before it starts, and the limits it
+must stay within (docs/limits.md, "Resource limits").
+
+A replay's memory is driven by a few things known before it runs: the engine's per-replica state
+(``pipeline.engine.jit.state_bytes``, or the Python engine's objects), the prefix chains (one
+hash per KV block of every request), the step log (a few rows per request), and the per-replica
+per-second series (replicas × simulated seconds: a tiny ``--rate-scale`` stretches one day into
+months). :func:`estimate_replay` adds them up, with the process's current size, and
+:func:`enforce` refuses a run whose estimate is past the memory limit, or whose arrivals span more
+simulated days than allowed, with one line naming the estimate and what drives it.
+
+Limits: ``--max-memory`` / ``$ROOFTRACE_MAX_MEMORY`` (default half the physical memory, or of
+the cgroup's limit when lower) and ``--max-sim-days`` / ``$ROOFTRACE_MAX_SIM_DAYS`` (default 30);
+``none`` lifts either. :func:`engine_progress` builds the progress callback that reports long
+runs on stderr (installed by the CLI with :func:`progress_to`).
+"""
+
+from __future__ import annotations
+
+import contextvars
+import hashlib
+import math
+import os
+import re
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from pipeline.errors import RooftraceError
+
+if TYPE_CHECKING:
+    import polars as pl
+
+    from pipeline.fleet import ResolvedFleet
+
+MAX_MEMORY_ENV = "ROOFTRACE_MAX_MEMORY"
+MAX_SIM_DAYS_ENV = "ROOFTRACE_MAX_SIM_DAYS"
+PROGRESS_EVERY_ENV = "ROOFTRACE_PROGRESS_EVERY_S"
+#: Default memory limit: this share of the physical memory (or of the cgroup limit, if lower).
+DEFAULT_MEMORY_SHARE = 0.5
+#: Default limit on the simulated span of an open-loop replay's arrivals.
+DEFAULT_MAX_SIM_DAYS = 30.0
+#: Seconds between progress lines of a long replay (the first comes after as many seconds).
+DEFAULT_PROGRESS_EVERY_S = 5.0
+
+GIB = 1024**3
+_UNITS = {"": 1, "k": 1024, "m": 1024**2, "g": 1024**3, "t": 1024**4, "p": 1024**5}
+_SIZE_RE = re.compile(r"^\s*([0-9]+(?:\.[0-9]*)?|\.[0-9]+)\s*([kmgtp]?)(?:i?b)?\s*$", re.IGNORECASE)
+_NONE = ("none", "off", "unlimited")
+
+# -- the estimate's constants (bytes, seconds), measured on replays of 2k-300k requests ----------
+#: Imports, compiled code and table-building buffers beyond the process's size before the replay.
+OVERHEAD_BYTES = 256 * 1024**2
+#: Compiling the jit engine when its disk cache is missing or stale (LLVM; measured ~1.2 GB).
+COMPILE_BYTES = 3 * GIB // 2
+COMPILE_S = 120.0
+#: Per request: workload, engine and result arrays, the output tables (measured ~1.3 KiB).
+REQUEST_BYTES = 2048
+#: Per KV block of the prefix chains while they are built (measured ~47 B; 8 B are kept).
+CHAIN_BUILD_BYTES = 56
+CHAIN_KEPT_BYTES = 8
+#: Per step-log row: the engine's growing buffer, the StepLog, sorted copies and the table.
+LOG_ROW_BYTES = 600
+#: Step-log rows per request (measured 2-3 for the jit engine, up to 9 for the Python engine).
+ROWS_PER_REQUEST = {"jit": 4, "python": 10}
+#: Per replica-second of the series table and its intermediates (measured 130-165 B).
+SERIES_ROW_BYTES = 200
+#: Per replica beyond jit.state_bytes (jit: queues and counters; Python: its objects, ~2.7 KiB).
+REPLICA_BYTES = {"jit": 1024, "python": 4096}
+#: Per cached prefix block held in the Python engine's dictionaries.
+PY_BLOCK_BYTES = 256
+
+
+class ResourceLimitError(RooftraceError):
+    """A replay would need more memory, or simulate a longer span, than its limits allow."""
+
+
+# -- sizes and limits ------------------------------------------------------------------------------
+
+
+def parse_size(text: str) -> int | None:
+    """Bytes in ``64GiB``, ``64G``, ``512 MB``, ``1.5T``, ``1000000`` (K, M, G, T, P are powers of
+    1024, with or without ``iB``/``B``), ``80%`` of the physical memory; ``none`` / ``off`` /
+    ``unlimited``: no limit (None). ValueError on anything else."""
+    t = text.strip().lower()
+    if t in _NONE:
+        return None
+    if t.endswith("%"):
+        share = float(t[:-1])
+        if not 0 < share <= 100:
+            raise ValueError(f"{text!r}: a share of the physical memory must be in (0, 100]%")
+        return int(physical_memory() * share / 100)
+    m = _SIZE_RE.match(t)
+    if m is None:
+        raise ValueError(f"{text!r} is not a size such as 64GiB, 512MiB or 80%")
+    value = int(float(m.group(1)) * _UNITS[m.group(2).lower()])
+    if value <= 0:
+        raise ValueError(f"{text!r}: the limit must be more than 0 bytes")
+    return value
+
+
+def parse_days(text: str) -> float | None:
+    """Days as a positive number; ``none`` / ``off`` / ``unlimited``: no limit (None)."""
+    t = text.strip().lower()
+    if t in _NONE:
+        return None
+    value = float(t)
+    if not value > 0 or not math.isfinite(value):
+        raise ValueError(f"{text!r}: the number of days must be a positive number")
+    return value
+
+
+def format_bytes(n: float) -> str:
+    for unit, size in (("TiB", 1024**4), ("GiB", GIB), ("MiB", 1024**2)):
+        if n >= size:
+            return f"{n / size:,.1f} {unit}"
+    return f"{n / 1024:,.0f} KiB"
+
+
+def format_duration(s: float) -> str:
+    if s < 90:
+        return f"{s:,.0f} s"
+    if s < 5400:
+        return f"{s / 60:,.0f} min"
+    if s < 2 * 86400:
+        return f"{s / 3600:,.1f} h"
+    return f"{s / 86400:,.1f} days"
+
+
+def physical_memory() -> int:
+    """This machine's memory, or the cgroup (container) limit when it is lower; 8 GiB when
+    neither can be read."""
+    total: int | None = None
+    try:
+        total = int(os.sysconf("SC_PHYS_PAGES")) * int(os.sysconf("SC_PAGE_SIZE"))
+    except (ValueError, OSError, AttributeError):
+        total = None
+    for path in ("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory/memory.limit_in_bytes"):
+        try:
+            text = Path(path).read_text().strip()
+        except OSError:
+            continue
+        if text.isdigit() and 0 < int(text) < (total or 1 << 62):
+            total = int(text)
+    return total if total else 8 * GIB
+
+
+def process_rss() -> int:
+    """This process's resident memory now (0 where /proc is not available)."""
+    try:
+        pages = int(Path("/proc/self/statm").read_text().split()[1])
+    except (OSError, ValueError, IndexError):
+        return 0
+    return pages * int(os.sysconf("SC_PAGE_SIZE"))
+
+
+@dataclass(frozen=True)
+class Limits:
+    max_memory: int | None
+    memory_origin: str
+    max_sim_days: float | None
+    days_origin: str
+
+
+_OVERRIDE: contextvars.ContextVar[dict[str, Any] | None] = contextvars.ContextVar("rooftrace_limits", default=None)
+
+
+def current_limits() -> Limits:
+    """The limits in force: an :func:`override` (the command's options), else the environment
+    (``$ROOFTRACE_MAX_MEMORY``, ``$ROOFTRACE_MAX_SIM_DAYS``), else the defaults."""
+    over = _OVERRIDE.get() or {}
+    if "max_memory" in over:
+        memory, m_origin = over["max_memory"], "--max-memory"
+    elif os.environ.get(MAX_MEMORY_ENV):
+        try:
+            memory = parse_size(os.environ[MAX_MEMORY_ENV])
+        except ValueError as exc:
+            raise ResourceLimitError(f"${MAX_MEMORY_ENV}: {exc}") from None
+        m_origin = f"${MAX_MEMORY_ENV}"
+    else:
+        phys = physical_memory()
+        memory = int(phys * DEFAULT_MEMORY_SHARE)
+        m_origin = f"default: {DEFAULT_MEMORY_SHARE:.0%} of {format_bytes(phys)} physical memory"
+    if "max_sim_days" in over:
+        days, d_origin = over["max_sim_days"], "--max-sim-days"
+    elif os.environ.get(MAX_SIM_DAYS_ENV):
+        try:
+            days = parse_days(os.environ[MAX_SIM_DAYS_ENV])
+        except ValueError as exc:
+            raise ResourceLimitError(f"${MAX_SIM_DAYS_ENV}: {exc}") from None
+        d_origin = f"${MAX_SIM_DAYS_ENV}"
+    else:
+        days, d_origin = DEFAULT_MAX_SIM_DAYS, "default"
+    return Limits(memory, m_origin, days, d_origin)
+
+
+_UNSET: Any = object()
+
+
+@contextmanager
+def override(max_memory: int | None = _UNSET, max_sim_days: float | None = _UNSET) -> Iterator[None]:
+    """Limits set by a command's options for the duration (None: no limit; unset: as before)."""
+    values = dict(_OVERRIDE.get() or {})
+    if max_memory is not _UNSET:
+        values["max_memory"] = max_memory
+    if max_sim_days is not _UNSET:
+        values["max_sim_days"] = max_sim_days
+    token = _OVERRIDE.set(values)
+    try:
+        yield
+    finally:
+        _OVERRIDE.reset(token)
+
+
+# -- the estimate ----------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ReplayEstimate:
+    """What a replay will need, estimated before it runs (memory in bytes by part)."""
+
+    requests: int
+    replicas: int
+    engine: str  # "jit" or "python"
+    mode: str
+    rate_scale: float
+    #: Simulated seconds from the first to the last arrival (open loop; 0 otherwise).
+    arrival_span_s: float
+    #: Simulated seconds the run covers, arrivals and drain (an estimate).
+    span_s: float
+    #: Replicas expected to run steps (each has a series row per simulated second).
+    busy_replicas: int
+    kv_blocks: int
+    log_rows: int
+    #: Memory by part: process (now), overhead, compile, chains (while built), engine state,
+    #: requests, step log, series.
+    parts: dict[str, int]
+    seconds: float
+    progress_units: str
+    progress_total: int
+
+    @property
+    def bytes(self) -> int:
+        p = self.parts
+        kept = p["engine state"] + p["requests"] + p["step log"] + p["series"] + self.kv_blocks * CHAIN_KEPT_BYTES
+        return p["process"] + p["overhead"] + p["compile"] + max(p["chains"], kept)
+
+    def drivers(self) -> str:
+        """The parts, largest first, each with what drives it."""
+        why = {
+            "engine state": f"engine state of {self.replicas:,} replicas ({self.engine} engine)",
+            "series": f"series of {self.busy_replicas:,} busy replicas × {self.span_s:,.0f} simulated s",
+            "chains": f"prefix chains of {self.kv_blocks:,} KV blocks",
+            "step log": f"step log of ~{self.log_rows:,} rows",
+            "requests": f"arrays of {self.requests:,} requests",
+            "compile": "compiling the jit engine",
+            "process": "this process so far",
+        }
+        parts = sorted(((v, k) for k, v in self.parts.items() if k in why and v > 0), reverse=True)
+        return ", ".join(f"{format_bytes(v)} {why[k]}" for v, k in parts)
+
+    def biggest(self) -> str:
+        keys = ("engine state", "series", "chains", "step log", "requests")
+        return max(keys, key=lambda k: self.parts[k])
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "bytes": self.bytes,
+            "seconds": self.seconds,
+            "engine": self.engine,
+            "replicas": self.replicas,
+            "span_s": self.span_s,
+            "busy_replicas": self.busy_replicas,
+            "parts": dict(self.parts),
+        }
+
+
+def _step_s(cost: Callable[[Any], Any], decode_seqs: float, ctx: float, prefill: float = 0.0) -> float:
+    """Seconds of one step of ``decode_seqs`` decodes at context ``ctx`` plus a ``prefill``-token
+    chunk (0.02 s where the cost model cannot say)."""
+    from pipeline.steps import StepBatch
+
+    def one(x: float) -> np.ndarray[Any, np.dtype[np.float64]]:
+        return np.array([float(x)])
+
+    batch = StepBatch(
+        one(prefill),
+        one(1.0 if prefill else 0.0),
+        one(prefill * (prefill + 1) / 2),
+        one(prefill),
+        one(decode_seqs),
+        one(decode_seqs * ctx),
+    )
+    try:
+        s = float(cost(batch).time_s[0])
+    except Exception:  # an estimate: a cost model that cannot price this step must not stop the run
+        return 0.02
+    return s if math.isfinite(s) and s > 0 else 0.02
+
+
+def jit_compile_needed() -> bool:
+    """Whether the jit engine's disk cache is missing or stale (its first run then compiles)."""
+    import pipeline.stepcost as stepcost
+
+    here = Path(__file__).resolve().parent / "engine"
+    cache = here / "__pycache__"
+    src = here / "_jit_kernels.py"
+    try:
+        digest = hashlib.sha256(Path(stepcost.__file__).read_bytes()).hexdigest()[:16]
+        if not (cache / f"_jit_kernels.stepcost-{digest}.stamp").exists():
+            return True
+        mtime = src.stat().st_mtime
+        return not any(p.stat().st_mtime >= mtime for p in cache.glob("_jit_kernels.run_fleet-*.nbi"))
+    except OSError:
+        return True
+
+
+def estimate_replay(
+    requests: pl.DataFrame,
+    fleet: ResolvedFleet,
+    mode: str,
+    rate_scale: float,
+    concurrency: int | None,
+) -> ReplayEstimate:
+    """Estimate the memory and wall time of replaying ``requests`` on ``fleet`` (see the module
+    doc), without running it."""
+    from pipeline.engine.jit import MAX_STATE_BYTES, state_bytes
+    from pipeline.engine.model import FleetSpec, is_stateful_router
+
+    n = int(requests.height)
+    sched = fleet.scheduler
+    R = int(fleet.ranks)
+    router = fleet.config.router
+    spec = FleetSpec(
+        replicas=R,
+        scheduler=sched,
+        router=router,
+        mode=mode,
+        concurrency=concurrency or 0,
+        lockstep=fleet.lockstep,
+    )
+    # The replay's cost model is always tabulated (profile.cost.fleet_step_cost), so the engine is
+    # the jit one unless its state is too large (jit.unsupported_reason); step times come from the
+    # roofline deployment, cheaper to price than building the tables twice.
+    jit = state_bytes(spec) <= MAX_STATE_BYTES
+    engine = "jit" if jit else "python"
+    cost: Any = fleet.deployment
+
+    n_eff = max(n, 1)
+    prompt = np.maximum(requests.get_column("recorded_input_tokens").to_numpy().astype(np.float64), 1.0)
+    output = np.maximum(requests.get_column("output_tokens").to_numpy().astype(np.float64), 1.0)
+    bs = max(int(sched.block_size), 1)
+    chains = sched.enable_prefix_caching or router == "prefix_affinity"
+    blocks = int(np.floor(prompt / bs).sum() + np.ceil(output / bs).sum()) if chains and n else 0
+    mean_p = float(prompt.mean()) if n else 1.0
+    mean_o = float(output.mean()) if n else 1.0
+    ctx = mean_p + mean_o / 2
+
+    def step(d: float, c: float, p: float = 0.0) -> float:
+        return _step_s(cost, d, c, p)
+
+    budget = float(max(sched.max_num_batched_tokens, 1))
+    t1 = step(1, ctx)
+    e2e = step(0, 0, min(mean_p, budget)) * math.ceil(mean_p / budget) + mean_o * t1
+    kv_seqs = max(1.0, sched.num_gpu_blocks * bs / (mean_p + mean_o))
+    full = max(1.0, min(float(sched.max_num_seqs), kv_seqs))
+
+    def work_s(used: int, batch: float) -> float:
+        """Seconds ``used`` replicas take for all the work at ``batch`` sequences per step."""
+        decode = output.sum() / used / batch * step(batch, ctx)
+        prefill = prompt.sum() / used / budget * step(0, 0, budget)
+        return float(decode + prefill)
+
+    static = router == "round_robin" or router in ("session_affinity", "prefix_affinity")
+    arrival_span = 0.0
+    if mode == "open" and n:
+        us = requests.get_column("arrival").dt.epoch("us").to_numpy().astype(np.float64)
+        t = (us - us.min()) / 1e6 / rate_scale
+        arrival_span = float(t.max())
+        if static:
+            busy = min(R, n)
+        else:  # least outstanding: about as many replicas as requests in flight at the peak
+            t = np.sort(t)
+            inflight = int((np.searchsorted(t, t + 2 * e2e, side="left") - np.arange(n)).max())
+            busy = max(1, min(R, n, inflight))
+        span = max(arrival_span, work_s(min(R, n), full)) + e2e
+    else:
+        clients = min(concurrency or n, n_eff)
+        busy = max(1, min(R, n_eff) if static or mode == "offline" else min(R, clients))
+        batch = max(1.0, min(full, math.ceil(clients / busy)))
+        span = work_s(busy, batch) + e2e
+
+    rows = ROWS_PER_REQUEST[engine] * n
+    series_rows = busy * (span + 2)
+    if jit:
+        state = state_bytes(spec) + R * REPLICA_BYTES["jit"] + 16 * n
+    else:
+        cached = min(blocks, R * sched.num_gpu_blocks) if sched.enable_prefix_caching else 0
+        state = R * REPLICA_BYTES["python"] + cached * PY_BLOCK_BYTES + 256 * n
+    compile_needed = jit and jit_compile_needed()
+    parts = {
+        "process": process_rss(),
+        "overhead": OVERHEAD_BYTES,
+        "compile": COMPILE_BYTES if compile_needed else 0,
+        "chains": blocks * CHAIN_BUILD_BYTES,
+        "engine state": int(state),
+        "requests": n * REQUEST_BYTES,
+        "step log": rows * LOG_ROW_BYTES,
+        "series": int(series_rows * SERIES_ROW_BYTES),
+    }
+
+    # wall time, roughly: per event the jit loop scans every replica; the Python engine does so in
+    # Python when routing depends on replica state, and builds an object per replica
+    post = n * 10e-6 + rows * 1e-6 + series_rows * 0.2e-6 + blocks * 0.1e-6
+    if jit:
+        seconds = (COMPILE_S if compile_needed else 1.0) + blocks * 0.3e-6 + (rows + n) * (R * 4e-9 + 2e-6)
+        units, total = "requests done", n
+    else:
+        seconds = R * 60e-6 + rows * 300e-6
+        stateful = mode == "closed" or is_stateful_router(router)
+        if stateful:
+            seconds += (rows + n) * R * 1e-6
+            units, total = "requests routed", n
+        else:
+            units, total = "replicas done", R
+    return ReplayEstimate(
+        requests=n,
+        replicas=R,
+        engine=engine,
+        mode=mode,
+        rate_scale=rate_scale,
+        arrival_span_s=arrival_span,
+        span_s=float(span),
+        busy_replicas=int(busy),
+        kv_blocks=blocks,
+        log_rows=rows,
+        parts=parts,
+        seconds=float(seconds + post),
+        progress_units=units,
+        progress_total=total,
+    )
+
+
+_ADVICE = {
+    "engine state": "use fewer replicas",
+    "series": "use fewer replicas or a larger --rate-scale",
+    "chains": "replay fewer requests (another date) or a fleet without prefix caching",
+    "step log": "replay fewer requests (another date)",
+    "requests": "replay fewer requests (another date)",
+}
+
+
+def enforce(est: ReplayEstimate, limits: Limits | None = None) -> None:
+    """Refuse (ResourceLimitError, one line) a replay past the limits: an open-loop span of more
+    simulated days than allowed, or more estimated memory than allowed."""
+    limits = limits or current_limits()
+    days = est.arrival_span_s / 86400
+    if est.mode == "open" and limits.max_sim_days is not None and days > limits.max_sim_days:
+        raise ResourceLimitError(
+            f"--rate-scale {est.rate_scale:g} spreads the arrivals over {days:,.1f} simulated days, more than "
+            f"the limit of {limits.max_sim_days:g} days ({limits.days_origin}); the series alone would need "
+            f"{format_bytes(est.parts['series'])}: use a larger --rate-scale, or raise the limit with "
+            f"--max-sim-days DAYS (${MAX_SIM_DAYS_ENV})"
+        )
+    if limits.max_memory is not None and est.bytes > limits.max_memory:
+        raise ResourceLimitError(
+            f"this replay would need about {format_bytes(est.bytes)} of memory, more than the limit of "
+            f"{format_bytes(limits.max_memory)} ({limits.memory_origin}): {est.drivers()}; "
+            f"{_ADVICE[est.biggest()]}, or raise the limit with --max-memory SIZE (${MAX_MEMORY_ENV})"
+        )
+
+
+# -- progress --------------------------------------------------------------------------------------
+
+_SINK: contextvars.ContextVar[tuple[int, Callable[[str], None]] | None] = contextvars.ContextVar(
+    "rooftrace_progress_sink", default=None
+)
+
+
+@contextmanager
+def progress_to(sink: Callable[[str], None]) -> Iterator[None]:
+    """Report long replays run in this process (not in worker processes) through ``sink``."""
+    token = _SINK.set((os.getpid(), sink))
+    try:
+        yield
+    finally:
+        _SINK.reset(token)
+
+
+def _every_s() -> float:
+    try:
+        value = float(os.environ.get(PROGRESS_EVERY_ENV, DEFAULT_PROGRESS_EVERY_S))
+    except ValueError:
+        return DEFAULT_PROGRESS_EVERY_S
+    return value if value > 0 else DEFAULT_PROGRESS_EVERY_S
+
+
+class _Reporter:
+    """Engine progress callback: a line on the sink every few seconds (none for short runs)."""
+
+    def __init__(self, est: ReplayEstimate, sink: Callable[[str], None]) -> None:
+        self.est = est
+        self.sink = sink
+        self.every = _every_s()
+        self.t0 = time.monotonic()
+        self.next = self.t0 + self.every
+
+    def __call__(self, done: int) -> None:
+        now = time.monotonic()
+        if now < self.next:
+            return
+        self.next = now + self.every
+        total = max(self.est.progress_total, 1)
+        share = min(done / total, 1.0)
+        elapsed = now - self.t0
+        left = f", ~{format_duration(elapsed * (1 - share) / share)} left" if 0.02 < share < 1 else ""
+        self.sink(
+            f"replay: {done:,} of {total:,} {self.est.progress_units} ({share:.0%}), "
+            f"{format_duration(elapsed)} elapsed{left}"
+        )
+
+
+def engine_progress(est: ReplayEstimate) -> Callable[[int], None] | None:
+    """The engine progress callback for a replay run from a command (:func:`progress_to`), after
+    a line with the estimate when the run looks long; None outside a command."""
+    installed = _SINK.get()
+    if installed is None or installed[0] != os.getpid():
+        return None
+    sink = installed[1]
+    if est.seconds >= 3 * _every_s():
+        sink(
+            f"replay: estimated ~{format_duration(est.seconds)} and {format_bytes(est.bytes)} of memory "
+            f"({est.requests:,} requests on {est.replicas:,} replicas, {est.engine} engine); Ctrl-C stops it"
+        )
+    return _Reporter(est, sink)

@@ -1,0 +1,344 @@
+"""Hardening: paths built from data stay inside the store, and a replay's resources are bounded
+(docs/limits.md, "Paths" and "Resource limits")."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import select
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+from click.testing import CliRunner
+
+from pipeline.cli import main
+from pipeline.errors import ConfigError, RooftraceError
+from pipeline.fleet import parse_fleet
+from pipeline.limits import (
+    MAX_MEMORY_ENV,
+    ResourceLimitError,
+    current_limits,
+    estimate_replay,
+    override,
+    parse_days,
+    parse_size,
+)
+from pipeline.store import Store, confined
+
+REPO = Path(__file__).resolve().parents[1]
+DEFAULT_FLEET = REPO / "fleets" / "default.toml"
+HOSTILE = "../../../../x<script>alert(1)</script>"
+DATE = "2025-01-15"
+
+
+def _tree(root: Path) -> set[Path]:
+    return {p for p in root.rglob("*")}
+
+
+def _fleet(path: Path, name: str = "default") -> Path:
+    """The default fleet under another name (any string: json.dumps is a valid TOML string)."""
+    path.write_text(DEFAULT_FLEET.read_text().replace('name = "default"', f"name = {json.dumps(name)}"))
+    return path
+
+
+@pytest.fixture(scope="module")
+def small(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    """A store holding 2,000 synthetic requests of one date (ten minutes of traffic)."""
+    from pipeline.ingest import ingest_logs
+    from pipeline.synth import SynthConfig, generate, write_logs
+
+    root = tmp_path_factory.mktemp("limits")
+    log = root / "logs" / "day.jsonl"
+    write_logs(generate(SynthConfig(requests=2000, seed=5, duration_s=600, tenants=2)), "openai", log)
+    store = Store(root / "work" / "deep" / "store")
+    ingest_logs([log], store)
+    return {"root": root, "store": store, "log": log}
+
+
+def _invoke(args: list[str]) -> Any:
+    return CliRunner().invoke(main, args, catch_exceptions=False)
+
+
+def _one_error_line(stderr: str) -> str:
+    lines = [ln for ln in stderr.splitlines() if ln.strip()]
+    errors = [ln for ln in lines if ln.startswith("error:")]
+    assert len(errors) == 1, stderr
+    assert "Traceback" not in stderr
+    return errors[0]
+
+
+# -- A. paths built from data are confined --------------------------------------------------------
+
+
+def test_hostile_fleet_name_is_refused_and_nothing_is_written_outside_the_store(
+    small: dict[str, Any], tmp_path: Path
+) -> None:
+    store: Store = small["store"]
+    fleet = _fleet(tmp_path / "evil.toml", HOSTILE)
+    top = small["root"]
+    before = _tree(top)
+    res = _invoke(["replay", "--fleet", str(fleet), "--store", str(store.root)])
+    assert res.exit_code == 1
+    line = _one_error_line(res.stderr)
+    assert str(fleet) in line and "name" in line and "must be" in line
+    new = _tree(top) - before
+    assert all(store.root in p.parents for p in new), new
+    assert not list(top.glob("x*")) and not list(Path("/tmp").glob("x<script>*"))
+
+
+def test_nightly_with_a_hostile_fleet_name_writes_nothing_outside_store_and_reports(
+    small: dict[str, Any], tmp_path: Path
+) -> None:
+    store = Store(tmp_path / "a" / "b" / "store")
+    reports = tmp_path / "a" / "b" / "reports"
+    fleet = _fleet(tmp_path / "evil.toml", HOSTILE)
+    before = _tree(tmp_path)
+    res = _invoke(
+        ["nightly", str(small["log"]), "--fleet", str(fleet), "--store", str(store.root), "--reports", str(reports)]
+    )
+    assert res.exit_code == 1
+    line = _one_error_line(res.stderr)
+    assert "stage replay failed" in line and "must be" in line
+    new = _tree(tmp_path) - before
+    inside = {store.root, reports, *store.root.parents}
+    assert all(p in inside or store.root in p.parents or reports in p.parents for p in new), new
+    assert not (store.root / "runs").exists() and not (store.root / "costs").exists()
+
+
+def test_fleet_name_rule() -> None:
+    base = {"model": "llama-3.1-8b", "hardware": "h100-sxm"}
+    for ok in ("default", "a", "fleet-1.2_x", "9" * 64):
+        assert parse_fleet({"name": ok, **base}, "f.toml").name == ok
+    for bad in ("", ".hidden", "..", "a/b", "a\\b", "<script>", "x y", "é", "a\nb", "9" * 65):
+        with pytest.raises(ConfigError) as exc:
+            parse_fleet({"name": bad, **base}, "f.toml")
+        message = str(exc.value)
+        assert message.startswith("f.toml: name ") and "\n" not in message
+
+
+def test_cost_refuses_run_ids_that_are_paths(small: dict[str, Any], tmp_path: Path) -> None:
+    store: Store = small["store"]
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (outside / "config.json").write_text("{}")
+    store.runs_dir.mkdir(parents=True, exist_ok=True)
+    (store.runs_dir / "linked").symlink_to(outside, target_is_directory=True)
+    before = _tree(small["root"]) | _tree(tmp_path)
+    for run_id in ("../../etc", "..", "/etc", "../runs/x", "a/b", ".hidden", "linked"):
+        res = _invoke(["cost", "--run", run_id, "--store", str(store.root)])
+        assert res.exit_code == 1, run_id
+        line = _one_error_line(res.stderr)
+        assert repr(run_id) in line and ("not a safe name" in line or "resolves outside" in line), line
+    assert _tree(small["root"]) | _tree(tmp_path) == before
+    (store.runs_dir / "linked").unlink()
+
+
+def test_confined() -> None:
+    root = Path("/srv/store/runs")
+    assert confined(root, "2025-01-15-default-0123456789") == root / "2025-01-15-default-0123456789"
+    for bad in ("", ".", "..", "../x", "x/..", "/abs", "a b", "x\x00", "<b>", "x" * 201, ".x"):
+        with pytest.raises(RooftraceError, match="not a safe name"):
+            confined(root, bad, "run id")
+
+
+def test_markup_in_fleet_fields_stays_escaped_in_the_report(small: dict[str, Any], tmp_path: Path) -> None:
+    from pipeline.replay import ReplayOptions, replay
+    from pipeline.report import build_report
+
+    fleet = _fleet(tmp_path / "f.toml", "escape-test")
+    evil = 'description = "<script>alert(1)</script><img src=x onerror=alert(2)>"'
+    fleet.write_text(re.sub(r"^description = .*$", evil, fleet.read_text(), count=1, flags=re.M))
+    result = replay(small["store"], fleet, ReplayOptions(date=DATE))
+    assert result.run_id.startswith(f"{DATE}-escape-test-")
+    out = tmp_path / "report.html"
+    build_report(small["store"], result.run_id, DATE, out)
+    page = out.read_text()
+    assert "escape-test" in page
+    assert "<script>alert(1)" not in page and "<img src=x" not in page
+
+
+# -- B. bounded resources -------------------------------------------------------------------------
+
+
+def test_parse_size_and_days() -> None:
+    assert parse_size("64GiB") == parse_size("64G") == parse_size("64 gb") == 64 * 1024**3
+    assert parse_size("512MiB") == 512 * 1024**2
+    assert parse_size("1.5T") == int(1.5 * 1024**4)
+    assert parse_size("1000") == 1000
+    assert parse_size("none") is None and parse_days("off") is None
+    assert 0 < (parse_size("50%") or 0) < (parse_size("100%") or 0)
+    assert parse_days("30") == 30.0
+    for bad in ("", "x", "-1G", "0", "12x", "0%", "101%"):
+        with pytest.raises(ValueError):
+            parse_size(bad)
+    for bad in ("0", "-3", "inf", "nan", "x"):
+        with pytest.raises(ValueError):
+            parse_days(bad)
+
+
+def test_limits_come_from_options_then_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv(MAX_MEMORY_ENV, raising=False)
+    assert "physical memory" in current_limits().memory_origin
+    monkeypatch.setenv(MAX_MEMORY_ENV, "2GiB")
+    assert current_limits().max_memory == 2 * 1024**3
+    with override(max_memory=None, max_sim_days=2.0):
+        limits = current_limits()
+        assert limits.max_memory is None and limits.max_sim_days == 2.0
+    monkeypatch.setenv(MAX_MEMORY_ENV, "lots")
+    with pytest.raises(ResourceLimitError, match=MAX_MEMORY_ENV):
+        current_limits()
+
+
+def test_absurd_rate_scale_is_refused_up_front(small: dict[str, Any]) -> None:
+    root = str(small["store"].root)
+    t0 = time.monotonic()
+    res = _invoke(["replay", "--rate-scale", "0.00001", "--store", root])
+    assert res.exit_code == 1
+    line = _one_error_line(res.stderr)
+    arrival = small["store"].read_requests(DATE).get_column("arrival").dt.epoch("us")
+    days = (arrival.max() - arrival.min()) / 1e6 / 1e-5 / 86400
+    assert f"over {days:,.1f} simulated days, more than the limit of 30 days" in line, line
+    assert "--max-sim-days" in line
+    assert time.monotonic() - t0 < 60
+    # lifting the span limit leaves the memory limit, which names the estimate and its drivers
+    res = _invoke(
+        ["replay", "--rate-scale", "0.00001", "--max-sim-days", "none", "--max-memory", "1GiB", "--store", root]
+    )
+    assert res.exit_code == 1
+    line = _one_error_line(res.stderr)
+    assert "more than the limit of 1.0 GiB (--max-memory)" in line and "simulated s" in line, line
+
+
+def test_huge_fleet_is_refused_up_front(small: dict[str, Any]) -> None:
+    before = _tree(small["root"])
+    t0 = time.monotonic()
+    res = _invoke(["replay", "--replicas", "10000000", "--max-memory", "16GiB", "--store", str(small["store"].root)])
+    assert res.exit_code == 1
+    line = _one_error_line(res.stderr)
+    assert "engine state of 10,000,000 replicas" in line and "use fewer replicas" in line, line
+    assert re.search(r"about [0-9.,]+ GiB of memory", line)
+    assert time.monotonic() - t0 < 60
+    assert _tree(small["root"]) == before
+
+
+def test_environment_limit_applies_to_library_replays(small: dict[str, Any], monkeypatch: pytest.MonkeyPatch) -> None:
+    from pipeline.replay import ReplayOptions, replay
+
+    monkeypatch.setenv(MAX_MEMORY_ENV, "1MiB")
+    with pytest.raises(ResourceLimitError, match=r"\(\$ROOFTRACE_MAX_MEMORY\)"):
+        replay(small["store"], DEFAULT_FLEET, ReplayOptions(date=DATE))
+
+
+_MEASURE = """
+import json, sys
+from pathlib import Path
+from pipeline.fleet import load_fleet, resolve
+from pipeline.limits import estimate_replay
+from pipeline.replay import ReplayOptions, replay
+from pipeline.store import Store
+store, fleet = Store(Path(sys.argv[1])), sys.argv[2]
+opts = ReplayOptions(date=sys.argv[3], replicas=int(sys.argv[4]))
+est = estimate_replay(store.read_requests(opts.date), resolve(load_fleet(fleet).with_replicas(opts.replicas), fleet),
+                      opts.mode, opts.rate_scale, opts.concurrency)
+replay(store, fleet, opts)
+hwm = [int(l.split()[1]) * 1024 for l in open("/proc/self/status") if l.startswith("VmHWM")][0]
+print(json.dumps({"estimate": est.bytes, "peak": hwm}))
+"""
+
+
+@pytest.mark.skipif(not Path("/proc/self/status").exists(), reason="needs /proc")
+def test_estimate_bounds_the_peak_memory_of_a_real_replay(small: dict[str, Any]) -> None:
+    out = subprocess.run(
+        [sys.executable, "-c", _MEASURE, str(small["store"].root), str(DEFAULT_FLEET), DATE, "40"],
+        capture_output=True,
+        text=True,
+        check=True,
+        cwd=REPO,
+        timeout=900,
+    )
+    doc = json.loads(out.stdout.strip().splitlines()[-1])
+    assert doc["peak"] <= doc["estimate"] <= 6 * doc["peak"], doc
+
+
+def _interrupt(args: list[str], tmp_path: Path, pattern: str) -> tuple[int, str, float]:
+    """Run ``rooftrace ARGS``, wait for a stderr line matching ``pattern`` (the engine is running
+    and reporting), send SIGINT, and return (exit code, stderr, seconds from SIGINT to exit)."""
+    env = dict(os.environ, ROOFTRACE_PROGRESS_EVERY_S="0.3", PYTHONUNBUFFERED="1")
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "pipeline", *args],
+        cwd=REPO,
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    assert proc.stderr is not None
+    seen: list[str] = []
+    deadline = time.monotonic() + 600  # a first run after an edit of the kernels compiles them
+    try:
+        while time.monotonic() < deadline:
+            ready, _, _ = select.select([proc.stderr], [], [], 1.0)
+            if not ready:
+                assert proc.poll() is None, "".join(seen)
+                continue
+            line = proc.stderr.readline()
+            assert line, "".join(seen)
+            seen.append(line)
+            if re.search(pattern, line):
+                break
+        else:
+            pytest.fail("no progress line: " + "".join(seen))
+        time.sleep(0.5)
+        t0 = time.monotonic()
+        proc.send_signal(signal.SIGINT)
+        rest = proc.communicate(timeout=30)[1]
+        return proc.returncode, "".join(seen) + rest, time.monotonic() - t0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+
+def test_jit_replay_reports_progress_and_stops_promptly_on_ctrl_c(small: dict[str, Any], tmp_path: Path) -> None:
+    # 200,000 replicas without prefix caching: the compiled loop scans every replica per event
+    fleet = _fleet(tmp_path / "wide.toml", "wide")
+    text = fleet.read_text().replace("enable_prefix_caching = true", "enable_prefix_caching = false")
+    fleet.write_text(text.replace("[engine]", "[engine]\nmax_num_seqs = 64"))
+    args = ["replay", "--fleet", str(fleet), "--replicas", "200000", "--max-memory", "none"]
+    code, err, waited = _interrupt([*args, "--store", str(small["store"].root)], tmp_path, r"replay: [1-9][0-9,]* of ")
+    assert code == 130, err
+    assert "Traceback" not in err and err.rstrip().splitlines()[-1].startswith("interrupted (Ctrl-C)"), err
+    assert waited < 5, waited
+    assert "requests done" in err
+
+
+def test_python_engine_replay_stops_promptly_on_ctrl_c(small: dict[str, Any], tmp_path: Path) -> None:
+    # prefix caching on 3,000 replicas: block tables too large for the jit engine
+    fleet = _fleet(tmp_path / "rr.toml", "rr")
+    fleet.write_text(fleet.read_text().replace('router = "least_outstanding"', 'router = "round_robin"'))
+    args = ["replay", "--fleet", str(fleet), "--replicas", "3000", "--max-memory", "none"]
+    args += ["--store", str(small["store"].root)]
+    code, err, waited = _interrupt(args, tmp_path, r"replay: [1-9][0-9,]* of 3,000 replicas done")
+    assert code == 130, err
+    assert "Traceback" not in err and err.rstrip().splitlines()[-1].startswith("interrupted (Ctrl-C)"), err
+    assert waited < 5, waited
+
+
+def test_progress_reaches_the_jit_engine(small: dict[str, Any]) -> None:
+    from pipeline.fleet import load_fleet, resolve
+    from pipeline.replay import ReplayOptions, run_replay
+
+    frame = small["store"].read_requests(DATE)
+    fleet = resolve(load_fleet(DEFAULT_FLEET), str(DEFAULT_FLEET))
+    seen: list[int] = []
+    run = run_replay(frame, fleet, ReplayOptions(), progress=seen.append)
+    assert seen and seen[-1] == frame.height == run.work.n
+    assert seen == sorted(seen)
+    est = estimate_replay(frame, fleet, "open", 1.0, None)
+    assert est.engine == "jit" and est.progress_total == frame.height
