@@ -48,6 +48,12 @@ _UNITS_BYTES = {
     "GIB": 2**30,
     "TIB": 2**40,
 }
+#: Bounds far beyond any real cache, block or model, that keep every count of the accounting
+#: (capacity tokens x KV bytes per token included) within 64-bit integers.
+MAX_CAPACITY_TOKENS = 2**38
+MAX_CAPACITY_BYTES = 2**50
+MAX_BLOCK_SIZE = 2**24
+MAX_KV_BYTES_PER_TOKEN = 2**24
 _CAPACITY_RE = re.compile(r"^\s*([0-9]+(?:\.[0-9]+)?(?:[eE][0-9]+)?)\s*([A-Za-z]*)\s*$")
 
 
@@ -61,9 +67,16 @@ class Capacity:
     def __post_init__(self) -> None:
         if self.tokens is not None and self.bytes is not None:
             raise RooftraceError("a cache capacity is given in tokens or in bytes, not both")
-        for name, value in (("tokens", self.tokens), ("bytes", self.bytes)):
+        for name, value, top in (
+            ("tokens", self.tokens, MAX_CAPACITY_TOKENS),
+            ("bytes", self.bytes, MAX_CAPACITY_BYTES),
+        ):
             if value is not None and value < 0:
                 raise RooftraceError(f"cache capacity {name} must be >= 0, got {value}")
+            if value is not None and value > top:
+                raise RooftraceError(
+                    f"cache capacity {name} must be <= {top:,}, got {value:.3g}; for no limit give no capacity"
+                )
 
     @property
     def unbounded(self) -> bool:
@@ -86,6 +99,8 @@ def parse_capacity(text: str | None) -> Capacity:
     if not m:
         raise RooftraceError(f"capacity {text!r}: expected a number with an optional unit, e.g. 2M or 40GB")
     value, unit = float(m.group(1)), m.group(2).upper()
+    if not math.isfinite(value * _UNITS_TOKENS.get(unit, _UNITS_BYTES.get(unit, 1))):
+        raise RooftraceError(f"capacity {text!r}: too large; for no limit leave --capacity out or say unbounded")
     if unit in _UNITS_TOKENS:
         return Capacity(tokens=int(value * _UNITS_TOKENS[unit]))
     if unit in _UNITS_BYTES:
@@ -129,12 +144,14 @@ class ClassifyOptions:
             raise RooftraceError(f"capacity must be a Capacity, got {type(self.capacity).__name__}")
         if self.kv_bytes_per_token is not None and self.kv_model is not None:
             raise RooftraceError("give --kv-bytes-per-token or --kv-model, not both")
-        if self.block_size <= 0:
-            raise RooftraceError(f"--block-size must be positive, got {self.block_size}")
+        if not 0 < self.block_size <= MAX_BLOCK_SIZE:
+            raise RooftraceError(f"--block-size must be in 1..{MAX_BLOCK_SIZE:,}, got {self.block_size}")
         if self.ttl_s is not None and not self.ttl_s >= 0:
             raise RooftraceError(f"--ttl must be >= 0 seconds, got {self.ttl_s}")
-        if self.kv_bytes_per_token is not None and not self.kv_bytes_per_token > 0:
-            raise RooftraceError(f"--kv-bytes-per-token must be positive, got {self.kv_bytes_per_token}")
+        if self.kv_bytes_per_token is not None and not 0 < self.kv_bytes_per_token <= MAX_KV_BYTES_PER_TOKEN:
+            raise RooftraceError(
+                f"--kv-bytes-per-token must be in (0, {MAX_KV_BYTES_PER_TOKEN:,}], got {self.kv_bytes_per_token}"
+            )
 
 
 @dataclass(frozen=True)
@@ -168,6 +185,11 @@ def _capacity_blocks(model: str, bs: int, opts: ClassifyOptions) -> int | None:
                 f"capacity {cap.describe()}: KV bytes per token of model {model!r} unknown "
                 "(no catalog model of that name); pass --kv-model or --kv-bytes-per-token, "
                 "or give the capacity in tokens"
+            )
+        if cap.bytes / per_token > MAX_CAPACITY_TOKENS:
+            raise RooftraceError(
+                f"capacity {cap.describe()} at {per_token:g} KV bytes per token is {cap.bytes / per_token:.3g} "
+                f"tokens, more than {MAX_CAPACITY_TOKENS:,}; for no limit give no capacity"
             )
         return int(cap.bytes // (per_token * bs))
     return None

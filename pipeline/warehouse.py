@@ -393,6 +393,10 @@ _QUERY_STATEMENTS = frozenset({duckdb.StatementType.SELECT})
 def check_read_only_sql(con: duckdb.DuckDBPyConnection, sql: str) -> None:
     """Refuse ``sql`` unless every statement in it is a query."""
     try:
+        sql.encode("utf-8")
+    except UnicodeEncodeError as exc:  # bytes that are not UTF-8 on the command line
+        raise RooftraceError(f"SQL failed: not UTF-8 text (character {exc.start})") from None
+    try:
         statements = con.extract_statements(sql)
     except duckdb.Error as exc:
         raise RooftraceError(f"SQL failed: {str(exc).splitlines()[0]}") from None

@@ -49,6 +49,10 @@ def _read_toml(path: Path) -> dict[str, Any]:
             return tomllib.load(fh)
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(f"{path}: invalid TOML: {exc}") from None
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"{path}: invalid TOML: not UTF-8 text (byte {exc.start})") from None
+    except RecursionError:
+        raise ConfigError(f"{path}: invalid TOML: nested too deeply to read") from None
     except OSError as exc:
         raise ConfigError(f"{path}: cannot read: {exc.strerror}") from None
 
@@ -332,6 +336,14 @@ def list_hardware() -> list[str]:
     return sorted(p.stem for p in hardware_dir().glob("*.toml"))
 
 
+def _exists(path: Path) -> bool:
+    """``path.exists()``, False for a name no file can have (too long, or holding NUL)."""
+    try:
+        return path.exists()
+    except (OSError, ValueError):
+        return False
+
+
 def load_hardware_file(path: Path | str) -> HardwareSpec:
     path = Path(path)
     return parse_hardware(_read_toml(path), str(path))
@@ -341,10 +353,10 @@ def load_hardware_file(path: Path | str) -> HardwareSpec:
 def load_hardware(name: str) -> HardwareSpec:
     """Load ``hardware/<name>.toml``; ``name`` may also be a path to a TOML file."""
     candidate = Path(name)
-    if candidate.suffix == ".toml" and candidate.exists():
+    if candidate.suffix == ".toml" and _exists(candidate):
         return load_hardware_file(candidate)
     path = hardware_dir() / f"{name}.toml"
-    if not path.exists():
+    if not _exists(path):
         raise ConfigError(f"no hardware named {name!r} in {hardware_dir()}; known: {list_hardware()}")
     spec = load_hardware_file(path)
     if spec.name != name:
@@ -711,10 +723,10 @@ def load_model_file(path: Path | str) -> ModelSpec:
 def load_model(name: str) -> ModelSpec:
     """Load ``models/<name>.toml``; ``name`` may also be a path to a TOML file."""
     candidate = Path(name)
-    if candidate.suffix == ".toml" and candidate.exists():
+    if candidate.suffix == ".toml" and _exists(candidate):
         return load_model_file(candidate)
     path = models_dir() / f"{name}.toml"
-    if not path.exists():
+    if not _exists(path):
         raise ConfigError(f"no model named {name!r} in {models_dir()}; known: {list_models()}")
     spec = load_model_file(path)
     if spec.name != name:
@@ -733,6 +745,10 @@ def import_hf_config(config_path: Path | str, name: str | None = None, hf_id: st
         raise ConfigError(f"{path}: cannot read: {exc.strerror}") from None
     except json.JSONDecodeError as exc:
         raise ConfigError(f"{path}: invalid JSON at line {exc.lineno}: {exc.msg}") from None
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"{path}: invalid JSON: not UTF-8 text (byte {exc.start})") from None
+    except RecursionError:
+        raise ConfigError(f"{path}: invalid JSON: nested too deeply to read") from None
     if not isinstance(cfg, dict):
         raise ConfigError(f"{path}: expected a JSON object")
     # Multimodal wrappers (e.g. Llama 4, Qwen-VL) nest the language model under text_config.
@@ -744,4 +760,10 @@ def import_hf_config(config_path: Path | str, name: str | None = None, hf_id: st
         spec = model_from_hf_config(cfg, stem, hf_id, source)
     except ConfigError as exc:
         raise ConfigError(f"{path}: {exc}") from None
-    return spec, model_to_toml(stem, hf_id, source, cfg)
+    text = model_to_toml(stem, hf_id, source, cfg)
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as exc:  # non-UTF-8 bytes in --name, --hf-id or the folder's name
+        bad = text[max(0, exc.start - 30) : exc.end + 10]
+        raise ConfigError(f"{path}: the entry would hold text that is not UTF-8 (near {bad!r})") from None
+    return spec, text

@@ -425,6 +425,8 @@ def ingest_logs(
         raise RooftraceError(f"unknown --format {fmt!r}; known: {', '.join(ALL_FORMATS)}")
     if mapping is not None:
         load_mapping(mapping, fmt if fmt in ("csv", "jsonl", "parquet") else None)  # fail fast
+    elif fmt in ("csv", "jsonl", "parquet"):  # a usage error, not one per file
+        raise RooftraceError(f"--format {fmt} needs --mapping FILE (a TOML column mapping)")
     ctx = Context(anchor_date=date)
     now = datetime.now(UTC)
     run_id = f"{now.strftime('%Y%m%dT%H%M%S')}-{time.perf_counter_ns() % 1_000_000:06d}"

@@ -47,6 +47,8 @@ FIELD_TO_CANDIDATE = {
     "prefix_block_hashes": "hashes",
 }
 _REQUIRED = ("arrival", "recorded_input_tokens", "output_tokens")
+#: Tokens per prefix hash block at most (a 32-bit column; real logs use 16 to 512).
+MAX_BLOCK_SIZE = 1 << 24
 _TOP_KEYS = {"format", "source_format", "time_unit", "input_excludes_cache", "block_size", "fields"}
 
 
@@ -56,6 +58,10 @@ def load_mapping(file: Path, forced_format: str | None) -> FormatSpec:
             data = tomllib.load(fh)
     except (OSError, tomllib.TOMLDecodeError) as exc:
         raise ConfigError(f"{file}: cannot read mapping ({exc})") from None
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"{file}: cannot read mapping (not UTF-8 text, byte {exc.start})") from None
+    except RecursionError:
+        raise ConfigError(f"{file}: cannot read mapping (nested too deeply)") from None
     unknown = set(data) - _TOP_KEYS
     if unknown:
         raise ConfigError(f"{file}: unknown keys {sorted(unknown)}; allowed {sorted(_TOP_KEYS)}")
@@ -78,8 +84,8 @@ def load_mapping(file: Path, forced_format: str | None) -> FormatSpec:
     if kind not in TIME_KINDS:
         raise ConfigError(f"{file}: time_unit must be one of {TIME_KINDS} (got {kind!r})")
     block = data.get("block_size")
-    if block is not None and (not isinstance(block, int) or block <= 0):
-        raise ConfigError(f"{file}: block_size must be a positive integer")
+    if block is not None and (not isinstance(block, int) or isinstance(block, bool) or not 0 < block <= MAX_BLOCK_SIZE):
+        raise ConfigError(f"{file}: block_size must be an integer in 1..{MAX_BLOCK_SIZE:,} (tokens per hash block)")
     excludes = data.get("input_excludes_cache", False)
     if not isinstance(excludes, bool):
         raise ConfigError(f"{file}: input_excludes_cache must be true or false")

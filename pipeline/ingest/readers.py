@@ -197,6 +197,10 @@ def _jsonl_fast_named(
         # indistinguishable by type from a failed read: either way the robust path re-reads the
         # file, quarantining bad lines or reporting a file it cannot read.
         raise FastPathFailed(str(exc).splitlines()[0]) from None
+    except UnicodeDecodeError:
+        # DuckDB's message for some malformed records quotes them cut mid-character, and the
+        # binding cannot decode the message: the record is just as malformed.
+        raise FastPathFailed("DuckDB could not parse a record") from None
     finally:
         con.close()
     try:
@@ -231,7 +235,7 @@ def _load_array(path: Path) -> list[Any] | None:
     try:
         with open_binary(path) as fh:
             doc = json.load(fh)
-    except (json.JSONDecodeError, UnicodeDecodeError, RecursionError) as exc:
+    except (ValueError, RecursionError) as exc:  # ValueError: not JSON, not UTF-8, or a number too long
         first = next((b.lines[0] for b in iter_line_batches(path, batch_lines=1)), b"")
         try:
             json.loads(first)
@@ -290,6 +294,9 @@ class _ChunkParser:
         except (duckdb.Error, OSError) as exc:
             # The scratch file's name and line number mean nothing to the user: drop them.
             self.error = _SCRATCH_PLACE.sub(":", str(exc).splitlines()[0])
+            return None
+        except UnicodeDecodeError:  # DuckDB's message quotes the record cut mid-character
+            self.error = "DuckDB could not parse the record"
             return None
         if table.num_rows != len(lines):
             self.error = f"{table.num_rows} rows for {len(lines)} lines"
@@ -458,10 +465,16 @@ def _csv_frame(
 # --- OpenTelemetry OTLP JSON ---------------------------------------------------------------------
 
 
+def _clean(text: str) -> str:
+    """``text`` with any lone surrogate (a "\\ud800" escape in the JSON) as U+FFFD: a column
+    cannot hold it, and the value is as unreadable either way."""
+    return text.encode("utf-8", "surrogatepass").decode("utf-8", "replace")
+
+
 def _attr_value(v: dict[str, Any]) -> str | None:
     for key in ("stringValue", "intValue", "doubleValue", "boolValue"):
         if key in v and v[key] is not None:
-            return str(v[key])
+            return _clean(str(v[key]))
     return None
 
 
@@ -476,7 +489,29 @@ def _attrs(items: Any) -> dict[str, str | None]:
 
 #: Attributes read as the tenant, in order (resource first, then span).
 _OTEL_TENANT = ("tenant.id", "gen_ai.user.id", "enduser.id", "user.id")
+_OTEL_STATUS: dict[int | str, str] = {1: "ok", 2: "error", "STATUS_CODE_ERROR": "error"}
 _OTEL_TTFT = ("gen_ai.server.time_to_first_token", "gen_ai.response.time_to_first_chunk")
+
+
+def _get(obj: Any, key: str) -> Any:
+    """``obj[key]`` when obj is an object, else None (a hostile document has any type anywhere)."""
+    return obj.get(key) if isinstance(obj, dict) else None
+
+
+def _items(obj: Any) -> list[Any]:
+    return obj if isinstance(obj, list) else []
+
+
+def _text(value: Any) -> str | None:
+    """A span field as text: OTLP JSON writes 64-bit integers as strings, some exporters as
+    numbers; anything else (an object, a list) is kept as JSON text for a per-record reason."""
+    if value is None:
+        return None
+    if isinstance(value, str):
+        return _clean(value)
+    if isinstance(value, dict | list):
+        return json.dumps(value)  # ASCII: lone surrogates stay escapes
+    return str(value)
 
 
 def _otel_rows(doc: Any, line: int) -> tuple[list[dict[str, Any]], str | None]:
@@ -484,24 +519,24 @@ def _otel_rows(doc: Any, line: int) -> tuple[list[dict[str, Any]], str | None]:
         return [], "record has no resourceSpans list (not an OTLP trace export)"
     rows = []
     for rs in doc["resourceSpans"]:
-        res = _attrs((rs.get("resource") or {}).get("attributes")) if isinstance(rs, dict) else {}
-        for ss in (rs.get("scopeSpans") or []) if isinstance(rs, dict) else []:
-            for span in (ss.get("spans") or []) if isinstance(ss, dict) else []:
+        res = _attrs(_get(_get(rs, "resource"), "attributes"))
+        for ss in _items(_get(rs, "scopeSpans")):
+            for span in _items(_get(ss, "spans")):
                 if not isinstance(span, dict):
                     continue
                 attrs = _attrs(span.get("attributes"))
                 if not any(k.startswith("gen_ai.") for k in attrs):
                     continue  # not a GenAI span (HTTP, DB, ...): not a request record
                 row: dict[str, Any] = {otel_column(k): v for k, v in attrs.items() if k.startswith("gen_ai.")}
-                row["span_id"] = span.get("spanId")
-                row["trace_id"] = span.get("traceId")
-                row["start"] = span.get("startTimeUnixNano")
-                row["end"] = span.get("endTimeUnixNano")
+                row["span_id"] = _text(span.get("spanId"))
+                row["trace_id"] = _text(span.get("traceId"))
+                row["start"] = _text(span.get("startTimeUnixNano"))
+                row["end"] = _text(span.get("endTimeUnixNano"))
                 merged = {**res, **attrs}
                 row["tenant"] = next((merged[k] for k in _OTEL_TENANT if merged.get(k)), None)
                 row["ttft_s"] = next((attrs[k] for k in _OTEL_TTFT if attrs.get(k)), None)
-                code = (span.get("status") or {}).get("code") if isinstance(span.get("status"), dict) else None
-                row["status"] = {1: "ok", 2: "error", "STATUS_CODE_ERROR": "error"}.get(code)
+                code = _get(span.get("status"), "code")
+                row["status"] = _OTEL_STATUS.get(code) if isinstance(code, int | str) else None
                 row["source_line"] = line
                 rows.append(row)
     return rows, None
@@ -520,8 +555,12 @@ def otel_batches(path: Path, spec: FormatSpec) -> Iterator[RawBatch]:
         try:
             with open_binary(path) as fh:
                 whole = json.load(fh)
-        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        except ValueError as exc:  # not JSON, not UTF-8, or a number too long for int()
             raise SourceError(f"{path}: invalid OTLP JSON document ({exc})") from None
+        except RecursionError:
+            raise SourceError(f"{path}: invalid OTLP JSON document (nested too deeply to read)") from None
+    except (ValueError, RecursionError):
+        pass  # a first line not UTF-8, nested too deeply or with a huge number: one bad record, below
     if whole is not None:
         rows: list[dict[str, Any]]
         rows, err = _otel_rows(whole, 1)
@@ -536,8 +575,11 @@ def otel_batches(path: Path, spec: FormatSpec) -> Iterator[RawBatch]:
             text = line[:RAW_LIMIT].decode("utf-8", errors="replace")
             try:
                 doc = json.loads(line)
-            except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+            except ValueError as exc:  # not JSON, not UTF-8, or a number too long for int()
                 failures.append((n, f"invalid JSON: {exc}", text))
+                continue
+            except RecursionError:
+                failures.append((n, "invalid JSON: nested too deeply to read", text))
                 continue
             got, err = _otel_rows(doc, n)
             if err:
@@ -572,12 +614,25 @@ def parquet_batches(path: Path, spec: FormatSpec) -> Iterator[RawBatch]:
         frame = pl.from_arrow(rb)
         assert isinstance(frame, pl.DataFrame)
         flat = frame.select(project_polars(spec.fields))
-        cols = [
-            _as_text(flat, name) if types[name] == pl.String else pl.col(name).cast(types[name], strict=False)
+        cols = {
+            name: _as_text(flat, name) if types[name] == pl.String else pl.col(name).cast(types[name], strict=False)
             for name in types
-        ]
+        }
+        try:
+            out = flat.select(list(cols.values()))
+        except pl.exceptions.PolarsError:
+            # a column's type says how every row holds it: one that cannot be read as text (or as
+            # a list of hashes) is a file-level mismatch, named here
+            for name, expr in cols.items():
+                try:
+                    flat.select(expr)
+                except pl.exceptions.PolarsError:
+                    want = "a list of block hashes" if name in spec.list_fields else "text or a number"
+                    column = spec.labels.get(name, name)
+                    raise SourceError(f"{path}: Parquet column {column!r} is {flat.schema[name]}, not {want}") from None
+            raise
         n = flat.height
-        out = flat.select(cols).with_columns(source_line=pl.int_range(row + 1, row + n + 1, dtype=pl.Int64))
+        out = out.with_columns(source_line=pl.int_range(row + 1, row + n + 1, dtype=pl.Int64))
         row += n
         yield RawBatch(out)
 

@@ -12,6 +12,7 @@ import os
 import re
 import stat
 import threading
+import zlib
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
@@ -71,7 +72,11 @@ def iter_files(sources: list[Path], skipped: Callable[[str], None] | None = None
     Only regular files are read: a named one that is not (a FIFO, socket, device) is a
     SourceError; one found in a directory is skipped, with a message to ``skipped``."""
     for src in sources:
-        if src.is_dir():
+        try:
+            is_dir, exists = src.is_dir(), src.exists()
+        except OSError as exc:  # a name too long for the file system, a loop of links, ...
+            raise SourceError(f"{src}: cannot be read ({exc.strerror or exc})") from None
+        if is_dir:
             for p in sorted(src.rglob("*")):
                 hidden = any(part.startswith(".") for part in p.relative_to(src).parts)
                 if hidden or p.is_dir() or not logical_name(p).lower().endswith(LOG_SUFFIXES):
@@ -82,7 +87,7 @@ def iter_files(sources: list[Path], skipped: Callable[[str], None] | None = None
                         skipped(f"{p}: skipped: {why}, not a regular file")
                     continue
                 yield p
-        elif src.exists():
+        elif exists:
             why = not_regular(src)
             if why is not None:
                 raise SourceError(f"{src}: {why}, not a regular file; ingest reads regular files only")
@@ -235,10 +240,33 @@ class _ZstdReader(io.RawIOBase):
         super().close()
 
 
+class _GzipReader(io.RawIOBase):
+    """A ``.gz`` file decompressed, whose corrupt data is an OSError (gzip.BadGzipFile) like its
+    other read errors: gzip lets zlib.error out of a damaged stream."""
+
+    def __init__(self, path: Path) -> None:
+        self._gz = gzip.GzipFile(path, "rb")
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, b: Any) -> int:
+        try:
+            data = self._gz.read1(len(b))
+        except zlib.error as exc:
+            raise gzip.BadGzipFile(f"corrupt gzip data ({exc})") from None
+        b[: len(data)] = data
+        return len(data)
+
+    def close(self) -> None:
+        self._gz.close()
+        super().close()
+
+
 def open_binary(path: Path) -> IO[bytes]:
     """Open ``path`` for reading, transparently decompressing ``.gz`` and ``.zst``."""
     if path.name.endswith(".gz"):
-        return gzip.GzipFile(path, "rb")  # type: ignore[return-value]
+        return io.BufferedReader(_GzipReader(path), buffer_size=1 << 20)
     if path.name.endswith(".zst"):
         return io.BufferedReader(_ZstdReader(path), buffer_size=1 << 20)
     return path.open("rb")
@@ -354,7 +382,7 @@ def _first_array_element(text: str) -> Any:
         return None
     try:
         return json.JSONDecoder().raw_decode(text, start.end())[0]
-    except json.JSONDecodeError:
+    except ValueError:  # not JSON, or a number too long for int()
         return None
 
 
@@ -368,11 +396,11 @@ def _sniff_json(path: Path, first: str, text: str) -> str:
 def _sniff_json_record(path: Path, first: str, text: str) -> str:
     try:
         obj = json.loads(first)
-    except json.JSONDecodeError:
+    except ValueError:  # not JSON (or a number too long for int())
         # A JSON array export or a pretty-printed document: parse what we have of it.
         try:
             obj = json.loads(text)
-        except json.JSONDecodeError:
+        except ValueError:
             # Larger than the head: an array's first element may still be whole in it, and an
             # OTLP document says what it is in its first key.
             obj = _first_array_element(text)
