@@ -384,7 +384,7 @@ def validate_cmd(measurements: str | None, hardware: str | None, store_path: str
     class and token range (1-127, 128+); and the roofline with catalog and calibrated factors
     (Vidur, Splitwise). docs/validation.md explains both.
 
-    Example: rooftrace validate --measurements ../shared/measurements --json
+    Example: rooftrace validate --measurements path/to/measurements --json
     """
 
     def body() -> bool:
@@ -487,7 +487,7 @@ def calibrate_cmd(measurements: str, hardware: str | None, out: str | None, as_j
     and profile.toml with their sources, selection, fitted values and held-out errors); replays
     then price steps from the GPU's profile by default (FLEET.toml cost_model).
 
-    Example: rooftrace calibrate --measurements ../shared/measurements --hardware h100-sxm
+    Example: rooftrace calibrate --measurements path/to/measurements --hardware h100-sxm
     Example: rooftrace calibrate --measurements perf_model.csv --hardware h100-sxm --out h100-splitwise.toml
     """
 

@@ -1,7 +1,7 @@
 """Published serving benchmarks as data, and the workloads and metrics to replay them.
 
 Used by ``tests/test_published_benchmarks.py`` and ``docs/replay_validation.md`` so the tests and
-the doc read the same parsed numbers. Sources (public, copied under ``../shared/measurements`` in development):
+the doc read the same parsed numbers. Sources (public; read from a measurements folder given on the command line):
 
 - MLPerf Inference v4.1, closed, NVIDIA, Llama-2-70B: LoadGen ``mlperf_log_summary.txt`` files
   ("key : value" lines; latencies in ns).

@@ -711,8 +711,6 @@ def test_prefill_attention_past_the_longest_measured_prompt_grows_with_the_pairs
 def test_mixed_ratio_grid_kernel_equals_python_and_prices_mixed_steps() -> None:
     """The flat, compiled ratio grid gives the RatioGrid's numbers; a step with a prefill chunk
     costs the parts summed times that ratio; pure decode steps are untouched."""
-    from pipeline.profile.mixed import ratio4
-
     prof = load_profile("rtx-pro-6000")
     assert prof is not None
     got = prof.mixed_ratio(32, 8, 128)  # Llama-3.1-8B TP1's own head shape
@@ -734,9 +732,7 @@ def test_mixed_ratio_grid_kernel_equals_python_and_prices_mixed_steps() -> None:
     )  # fmt: skip
     assert rows.height >= 1
     cell = float(np.exp(np.log(rows["ratio"].to_numpy()).mean()))
-    assert ratio4(*grid.arrays(), *map(float, (np.log(256), np.log(1024 + 16), np.log(9), np.log(2048)))) == (
-        pytest.approx(cell, rel=1e-12)
-    )
+    assert stepcost._mixed_ratio(mx, 256.0, 1024.0, 8.0, 2048.0) == pytest.approx(cell, rel=1e-12)
     # the kernel: pure decode ignores the grid; with a chunk, (parts summed) x ratio
     dg, pg = _attention_grids(prof, 32, 8, 128)
     args = (*grid_arrays(dg), *grid_arrays(pg))

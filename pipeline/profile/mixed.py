@@ -65,66 +65,19 @@ class RatioGrid:
     lt: FloatArray  # shape (len(la), len(lb), len(lc), len(ld))
 
     def __call__(self, chunk: Any, offset: Any, decodes: Any, ctx: Any) -> FloatArray:
-        """The ratio at the given points (vectorised; the same arithmetic as stepcost._ratio4)."""
-        c, o, n, k = np.broadcast_arrays(_la(chunk), _lo(offset), _ln(decodes), _lk(ctx))
+        """The ratio at the given points (vectorised): pipeline.stepcost._mixed_ratio, the
+        kernel's own interpolation, on this grid's flat form."""
+        from pipeline.stepcost import _mixed_ratio, flat_ratio_grid
+
+        mx = flat_ratio_grid(self)
+        c, o, n, k = np.broadcast_arrays(*(np.asarray(v, dtype=np.float64) for v in (chunk, offset, decodes, ctx)))
         out = np.empty(c.shape)
         for idx in np.ndindex(c.shape):
-            out[idx] = ratio4(
-                self.la, self.lb, self.lc, self.ld, self.lt, float(c[idx]), float(o[idx]), float(n[idx]), float(k[idx])
-            )
+            out[idx] = _mixed_ratio(mx, float(c[idx]), float(o[idx]), float(n[idx]), float(k[idx]))
         return out
 
     def arrays(self) -> tuple[FloatArray, FloatArray, FloatArray, FloatArray, FloatArray]:
         return self.la, self.lb, self.lc, self.ld, self.lt
-
-
-def _bracket(lg: FloatArray, x: float) -> tuple[int, int, float]:
-    """Clamped linear position of ``x`` on the increasing axis ``lg``."""
-    n = lg.shape[0]
-    if n == 1:
-        return 0, 0, 0.0
-    x = min(max(x, lg[0]), lg[n - 1])
-    i1 = 1
-    while i1 < n - 1 and lg[i1] < x:
-        i1 += 1
-    i0 = i1 - 1
-    return i0, i1, (x - lg[i0]) / (lg[i1] - lg[i0])
-
-
-def ratio4(
-    la: FloatArray,
-    lb: FloatArray,
-    lc: FloatArray,
-    ld: FloatArray,
-    lt: FloatArray,
-    qa: float,
-    qb: float,
-    qc: float,
-    qd: float,
-) -> float:
-    """Quadrilinear interpolation of ``lt`` at log-axis coordinates (qa, qb, qc, qd), clamped at
-    the edges; returns exp of it (the ratio). Plain Python: pipeline.stepcost compiles it."""
-    a0, a1, wa = _bracket(la, qa)
-    b0, b1, wb = _bracket(lb, qb)
-    c0, c1, wc = _bracket(lc, qc)
-    d0, d1, wd = _bracket(ld, qd)
-    acc = 0.0
-    for ia in range(2):
-        fa = wa if ia else 1.0 - wa
-        xa = a1 if ia else a0
-        for ib in range(2):
-            fb = wb if ib else 1.0 - wb
-            xb = b1 if ib else b0
-            for ic in range(2):
-                fc = wc if ic else 1.0 - wc
-                xc = c1 if ic else c0
-                for idd in range(2):
-                    fd = wd if idd else 1.0 - wd
-                    xd = d1 if idd else d0
-                    w = fa * fb * fc * fd
-                    if w != 0.0:
-                        acc += w * lt[xa, xb, xc, xd]
-    return float(np.exp(acc))
 
 
 def mixed_ratio_rows(mixed: pl.DataFrame, decode: pl.DataFrame, prefill: pl.DataFrame) -> pl.DataFrame:

@@ -441,7 +441,8 @@ def read_llmservingsim(root: Path, out: Measurements) -> None:
 
 
 def read_measurements(root: Path) -> Measurements:
-    """Read every known set under ``root`` (e.g. ``../shared/measurements``) or one set's folder."""
+    """Read every known set under ``root`` (a folder holding ``aiconfigurator-vllm-ops/`` and/or
+    ``llmservingsim-profiles/``) or one set's folder."""
     root = Path(root)
     if not root.is_dir():
         raise ConfigError(f"{root}: not a folder of measurements")

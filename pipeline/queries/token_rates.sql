@@ -1,4 +1,4 @@
--- The token family per minute of a date (DESIGN.md §2), over all traffic: recorded input,
+-- The token family per minute of a date (docs/architecture.md, vocabulary), over all traffic: recorded input,
 -- cache-hit input and fresh input rates (tokens/s of wall time), output rate, and the
 -- recorded/fresh inflation ratio. Cache hits are as classified (reported when the log has them,
 -- else simulated).
