@@ -47,7 +47,9 @@ from pipeline.ingest import ALL_FORMATS
 REPO = Path(__file__).resolve().parents[1]
 _FUZZ = int(os.environ.get("ROOFTRACE_FUZZ_EXAMPLES", "0") or 0)
 #: Seconds an absurd value may take to be refused (interpreter start and imports included).
-ABSURD_TIMEOUT_S = float(os.environ.get("ROOFTRACE_FUZZ_TIMEOUT_S", "25"))
+# Generous: on a fresh checkout the first replay in a child process compiles the engine (numba,
+# 1-2 min on a 2-core machine) before it can answer; a hang or a runaway allocation still fails.
+ABSURD_TIMEOUT_S = float(os.environ.get("ROOFTRACE_FUZZ_TIMEOUT_S", "300"))
 #: Address-space limit of an absurd-value subprocess: a replay of the tiny store needs ~0.5 GiB
 #: resident, numba/LLVM and the thread pools reserve a few GiB more.
 ABSURD_MEMORY = 6 << 30
