@@ -23,7 +23,6 @@ import datetime as _dt
 import json
 import math
 import re
-import tomllib
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -39,6 +38,8 @@ from pipeline.schemas import atomic_write_bytes, read_parquet, write_parquet
 from pipeline.steps import StepBatch
 from pipeline.store import Store, confined
 from pipeline.warehouse import latest_run
+
+from .tomlfile import read_toml
 
 PRICES_DIR = Path(__file__).resolve().parent / "catalog" / "prices"
 
@@ -150,15 +151,7 @@ def parse_price_table(data: Mapping[str, Any], origin: str, today: _dt.date | No
 
 
 def load_price_file(path: Path | str, today: _dt.date | None = None) -> list[ApiPrice]:
-    path = Path(path)
-    try:
-        with path.open("rb") as fh:
-            data = tomllib.load(fh)
-    except FileNotFoundError:
-        raise ConfigError(f"{path}: price file not found") from None
-    except tomllib.TOMLDecodeError as exc:
-        raise ConfigError(f"{path}: not valid TOML: {exc}") from None
-    return parse_price_table(data, str(path), today)
+    return parse_price_table(read_toml(path, "price file"), str(path), today)
 
 
 def load_prices(paths: Sequence[Path | str] | None = None, today: _dt.date | None = None) -> list[ApiPrice]:

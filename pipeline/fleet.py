@@ -30,7 +30,6 @@ Unknown or mistyped keys are errors that name the file and key. The config objec
 from __future__ import annotations
 
 import re
-import tomllib
 from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
@@ -40,6 +39,8 @@ from pipeline.engine.model import ROUTERS, SchedulerConfig
 from pipeline.errors import ConfigError
 from pipeline.memory import DEFAULT_VLLM_VERSION, MemoryFit, fit, parse_vllm_version
 from pipeline.roofline import Deployment
+
+from .tomlfile import read_toml
 
 GIB = 1 << 30
 #: Largest ``dp`` accepted: a bound against absurd values (each rank is an engine with its own state).
@@ -210,6 +211,10 @@ def _parse_slo_table(raw: dict[str, Any] | str, where: str) -> str:
     return text
 
 
+#: A per-step host overhead beyond this is not a serving engine (vLLM's is milliseconds); the bound
+#: also keeps a replay's clock finite (``nan``/``inf`` are refused by the same check).
+MAX_STEP_OVERHEAD_S = 10.0
+
 #: A fleet's ``name`` names its runs' folders (STORE/runs/<date>-<name>-<digest>/) and reports:
 #: letters, digits, '.', '_' and '-', not starting with '.', at most 64 characters.
 FLEET_NAME_RE = re.compile(r"[A-Za-z0-9_-][A-Za-z0-9._-]{0,63}")
@@ -234,8 +239,11 @@ def parse_fleet(data: dict[str, Any], origin: str) -> FleetConfig:
     engine = EngineSettings(**engine_raw)
     if not 0.0 < engine.gpu_memory_utilization <= 1.0:
         raise ConfigError(f"{origin} [engine]: gpu_memory_utilization must be in (0, 1]")
-    if engine.step_overhead_s is not None and engine.step_overhead_s < 0:
-        raise ConfigError(f"{origin} [engine]: step_overhead_s must be >= 0")
+    if engine.step_overhead_s is not None and not 0.0 <= engine.step_overhead_s <= MAX_STEP_OVERHEAD_S:
+        raise ConfigError(
+            f"{origin} [engine]: step_overhead_s must be a number of seconds in [0, {MAX_STEP_OVERHEAD_S:g}], "
+            f"got {engine.step_overhead_s!r}"
+        )
     if engine.vllm_version is not None:
         try:
             parse_vllm_version(engine.vllm_version)
@@ -270,15 +278,7 @@ def parse_fleet(data: dict[str, Any], origin: str) -> FleetConfig:
 
 
 def load_fleet(path: Path | str) -> FleetConfig:
-    path = Path(path)
-    try:
-        with path.open("rb") as fh:
-            data = tomllib.load(fh)
-    except FileNotFoundError:
-        raise ConfigError(f"{path}: fleet file not found") from None
-    except tomllib.TOMLDecodeError as exc:
-        raise ConfigError(f"{path}: not valid TOML: {exc}") from None
-    return parse_fleet(data, str(path))
+    return parse_fleet(read_toml(path, "fleet file"), str(path))
 
 
 @dataclass(frozen=True)

@@ -98,7 +98,10 @@ def parse_size(text: str) -> int | None:
     m = _SIZE_RE.match(t)
     if m is None:
         raise ValueError(f"{text!r} is not a size such as 64GiB, 512MiB or 80%")
-    value = int(float(m.group(1)) * _UNITS[m.group(2).lower()])
+    raw = float(m.group(1)) * _UNITS[m.group(2).lower()]
+    if not math.isfinite(raw) or raw >= 2**63:
+        raise ValueError(f"{text!r}: the limit must be less than 8 EiB (2**63 bytes); 'none' means no limit")
+    value = int(raw)
     if value <= 0:
         raise ValueError(f"{text!r}: the limit must be more than 0 bytes")
     return value

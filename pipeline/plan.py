@@ -44,7 +44,7 @@ import numpy.typing as npt
 import polars as pl
 import pyarrow as pa
 
-from pipeline.catalog import load_hardware, load_model
+from pipeline.catalog import load_hardware, load_model, weight_format
 from pipeline.economics import (
     GpuCost,
     TokenTotals,
@@ -679,6 +679,8 @@ def candidates(opts: PlanOptions, base: FleetConfig) -> list[Candidate]:
     for hw in opts.hardware:
         load_hardware(hw)  # unknown names fail here, with the catalog's message
     dtypes = opts.precision or (base.weight_dtype,)
+    for dt in dtypes:
+        weight_format(dt)  # unknown dtypes fail here, before a name is built from them
     return [Candidate(hw, tp, dt) for hw in opts.hardware for tp in sorted(set(opts.tp)) for dt in dtypes]
 
 

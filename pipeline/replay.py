@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
@@ -69,8 +70,10 @@ class ReplayOptions:
     slo: str | None = None
 
     def __post_init__(self) -> None:
-        if not self.rate_scale > 0:
-            raise ConfigError(f"--rate-scale must be > 0, got {self.rate_scale}")
+        if not (self.rate_scale > 0 and math.isfinite(self.rate_scale)):
+            raise ConfigError(
+                f"--rate-scale must be a finite number > 0 (--offline sends everything at t=0), got {self.rate_scale}"
+            )
         if self.concurrency is not None and self.concurrency < 1:
             raise ConfigError(f"--concurrency must be >= 1, got {self.concurrency}")
         if self.concurrency is not None and self.offline:

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import os
 import tempfile
-import tomllib
 from collections.abc import Mapping
 from dataclasses import dataclass
 from functools import cache
@@ -20,6 +19,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from pipeline.errors import SchemaError
+
+from .tomlfile import read_toml
 
 META_NAME = b"rooftrace.schema"
 META_VERSION = b"rooftrace.schema_version"
@@ -119,8 +120,7 @@ def load_schema(name: str) -> TableSchema:
     path = schema_dir() / f"{name}.toml"
     if not path.exists():
         raise SchemaError(f"no schema named {name!r} in {path.parent}")
-    with path.open("rb") as fh:
-        schema = _parse_schema(tomllib.load(fh), str(path))
+    schema = _parse_schema(read_toml(path, "schema"), str(path))
     if schema.name != name:
         raise SchemaError(f"{path}: declares name {schema.name!r}, expected {name!r}")
     return schema

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import math
 import re
-import tomllib
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -26,6 +25,8 @@ import numpy.typing as npt
 from pipeline.catalog import CATALOG_DIR
 from pipeline.engine.model import REJECT_REASONS, EngineResult, Workload
 from pipeline.errors import ConfigError
+
+from .tomlfile import read_toml
 
 SLO_PATH = CATALOG_DIR / "slo.toml"
 
@@ -79,11 +80,7 @@ def _target(key: str, value: float, where: str) -> SloTarget:
 
 def load_slo_presets(path: Path = SLO_PATH) -> dict[str, Slo]:
     """The presets in ``pipeline/catalog/slo.toml`` (every one with its source)."""
-    try:
-        with path.open("rb") as fh:
-            data = tomllib.load(fh)
-    except tomllib.TOMLDecodeError as exc:
-        raise ConfigError(f"{path}: not valid TOML: {exc}") from None
+    data = read_toml(path, "SLO presets")
     presets = {}
     for name, raw in data.items():
         where = f"{path} [{name}]"

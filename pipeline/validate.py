@@ -149,21 +149,69 @@ def _hardware_for(label: str, override: str | None, where: str) -> HardwareSpec 
     return load_hardware(name) if name else None
 
 
-def _read_csv(path: Path, required: Iterable[str]) -> pl.DataFrame:
+#: Shape and count columns of a measurement table are whole numbers in [1, MAX_INT_CELL].
+MAX_INT_CELL = 2**31 - 1
+
+
+def _read_csv(
+    path: Path,
+    required: Iterable[str],
+    skipped: list[str] | None,
+    ints: Iterable[str] = (),
+    times: Iterable[str] = (),
+) -> pl.DataFrame:
+    """The table at ``path`` with ``ints`` as Int64 (whole numbers in [1, MAX_INT_CELL]) and ``times``
+    as Float64 (positive, finite). A row with any other value in those columns is left out, and
+    ``skipped`` says how many rows and the first one's line, field and value."""
     try:
-        df = pl.read_csv(path, infer_schema_length=10000)
-    except (pl.exceptions.ComputeError, OSError) as exc:
-        raise RooftraceError(f"{path}: cannot read CSV: {exc}") from None
+        df = pl.read_csv(path, infer_schema_length=0)
+    except (pl.exceptions.PolarsError, OSError) as exc:
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise RooftraceError(f"{path}: cannot read CSV: {first}") from None
     missing = sorted(set(required) - set(df.columns))
     if missing:
         raise RooftraceError(f"{path}: missing column(s) {missing}")
+    bad = np.zeros(df.height, dtype=bool)
+    first_bad: tuple[int, str, object] | None = None
+    typed: dict[str, pl.Series] = {}
+    for col, whole in [(c, True) for c in ints] + [(c, False) for c in times]:
+        raw = df.get_column(col)
+        v = raw.cast(pl.Float64, strict=False).to_numpy().astype(np.float64)
+        with np.errstate(invalid="ignore"):
+            ok = np.isfinite(v) & (v > 0)
+            if whole:
+                ok &= (v == np.floor(v)) & (v <= MAX_INT_CELL)
+        rows = np.flatnonzero(~ok & ~bad)
+        if rows.size and (first_bad is None or rows[0] < first_bad[0]):
+            first_bad = (int(rows[0]), col, raw[int(rows[0])])
+        bad |= ~ok
+        clean = np.where(ok, v, 1.0)
+        typed[col] = pl.Series(col, clean.astype(np.int64) if whole else clean)
+    if typed:
+        df = df.with_columns(list(typed.values()))
+    if first_bad is not None:
+        line, col, value = first_bad
+        what = f"a whole number in [1, {MAX_INT_CELL}]" if col in set(ints) else "a positive number"
+        if skipped is not None:
+            skipped.append(
+                f"{path}: {int(bad.sum())} row(s) left out, the first at line {line + 2}: {col} = {value!r} "
+                f"is not {what}"
+            )
+        df = df.filter(pl.Series(~bad))
     return df
 
 
 def detect_kind(path: Path) -> str:
     """Which measurement format a CSV is, from its columns."""
-    with path.open() as fh:
-        header = fh.readline()
+    try:
+        with path.open("rb") as fh:
+            raw = fh.readline(1 << 20)
+    except OSError as exc:
+        raise RooftraceError(f"{path}: cannot read: {exc.strerror or exc}") from None
+    try:
+        header = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise RooftraceError(f"{path}: not UTF-8 text (byte {exc.start} of the header line)") from None
     if "time_stats.mlp_up_proj" in header:
         return "vidur_mlp"
     if "time_stats.all_reduce" in header:
@@ -194,7 +242,8 @@ def _vidur_model(row: dict[str, object], label: str) -> ModelSpec:
 def load_vidur_mlp(path: Path, hardware: str | None = None, skipped: list[str] | None = None) -> list[Group]:
     shape_cols = ["n_head", "n_kv_head", "n_embd", "n_expanded_embd", "vocab_size", "use_gated_mlp"]
     op_cols = [f"time_stats.{op}.median" for op in VIDUR_OPS]
-    df = _read_csv(path, [*shape_cols, "num_tokens", "num_tensor_parallel_workers", *op_cols])
+    int_cols = [*shape_cols[:-1], "num_tokens", "num_tensor_parallel_workers"]
+    df = _read_csv(path, [*int_cols, "use_gated_mlp", *op_cols], skipped, ints=int_cols, times=op_cols)
     sku = path.parent.parent.parent.name if path.parent.parent.name == "meta-llama" else path.parent.parent.name
     hw = _hardware_for(sku, hardware, str(path))
     if hw is None:
@@ -210,8 +259,13 @@ def load_vidur_mlp(path: Path, hardware: str | None = None, skipped: list[str] |
     for key, part in agg.sort("num_tokens").group_by([*shape_cols, "num_tensor_parallel_workers"], maintain_order=True):
         row = dict(zip([*shape_cols, "num_tensor_parallel_workers"], key, strict=True))
         tp = int(str(row["num_tensor_parallel_workers"]))
-        spec = _vidur_model(row, model_label)
-        dep = Deployment(spec, hw, tp=tp, weight_dtype="fp16", kv_dtype="fp16")
+        try:
+            spec = _vidur_model(row, model_label)
+            dep = Deployment(spec, hw, tp=tp, weight_dtype="fp16", kv_dtype="fp16")
+        except RooftraceError as exc:
+            if skipped is not None:
+                skipped.append(f"{path}: rows with TP {tp} and shape {row} are skipped: {exc}")
+            continue
         tokens = part["num_tokens"].to_numpy().astype(np.float64)
         ops = {o.name: o for o in operators(dep, prefill_batch(tokens))}
         items, toks, meas = [], [], []
@@ -248,7 +302,7 @@ def load_vidur_mlp(path: Path, hardware: str | None = None, skipped: list[str] |
 
 def load_vidur_all_reduce(path: Path, hardware: str | None = None, skipped: list[str] | None = None) -> list[Group]:
     cols = ["time_stats.all_reduce.median", "num_workers", "size", "devices_per_node"]
-    df = _read_csv(path, cols)
+    df = _read_csv(path, cols, skipped, ints=cols[1:], times=cols[:1])
     device = path.parent.name
     hw = _hardware_for(device, hardware, str(path))
     if hw is None:
@@ -295,7 +349,8 @@ def load_vidur_all_reduce(path: Path, hardware: str | None = None, skipped: list
 def load_splitwise(path: Path, hardware: str | None = None, skipped: list[str] | None = None) -> list[Group]:
     cols = ["model", "hardware", "prompt_size", "batch_size", "token_size", "prompt_time", "token_time",
             "tensor_parallel"]  # fmt: skip
-    df = _read_csv(path, cols)
+    int_cols = ["prompt_size", "batch_size", "token_size", "tensor_parallel"]
+    df = _read_csv(path, cols, skipped, ints=int_cols, times=["prompt_time", "token_time"])
     keys = ["model", "hardware", "tensor_parallel", "prompt_size", "batch_size", "token_size"]
     agg = df.group_by(keys).agg(pl.col("prompt_time").median(), pl.col("token_time").median()).sort(keys)
     groups = []
@@ -315,7 +370,12 @@ def load_splitwise(path: Path, hardware: str | None = None, skipped: list[str] |
                 skipped.append(f"{path}: no catalog hardware for {hw_label!r}; pass --hardware")
             continue
         tp = int(str(tp_raw))
-        dep = Deployment(spec, hw, tp=tp, weight_dtype="fp16", kv_dtype="fp16")
+        try:
+            dep = Deployment(spec, hw, tp=tp, weight_dtype="fp16", kv_dtype="fp16")
+        except RooftraceError as exc:
+            if skipped is not None:
+                skipped.append(f"{path}: {model_label} rows with TP {tp} are skipped: {exc}")
+            continue
         prompt = part["prompt_size"].to_numpy().astype(np.float64)
         batch = part["batch_size"].to_numpy().astype(np.float64)
         out_len = part["token_size"].to_numpy().astype(np.float64)

@@ -18,7 +18,6 @@ into one :class:`ModelSpec`. ``rooftrace catalog import-hf`` uses the same funct
 from __future__ import annotations
 
 import math
-import tomllib
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from functools import cache
@@ -27,6 +26,8 @@ from types import MappingProxyType
 from typing import Any
 
 from pipeline.errors import ConfigError
+
+from ..tomlfile import read_toml
 
 CATALOG_DIR = Path(__file__).resolve().parent
 
@@ -44,17 +45,7 @@ def models_dir() -> Path:
 
 
 def _read_toml(path: Path) -> dict[str, Any]:
-    try:
-        with path.open("rb") as fh:
-            return tomllib.load(fh)
-    except tomllib.TOMLDecodeError as exc:
-        raise ConfigError(f"{path}: invalid TOML: {exc}") from None
-    except UnicodeDecodeError as exc:
-        raise ConfigError(f"{path}: invalid TOML: not UTF-8 text (byte {exc.start})") from None
-    except RecursionError:
-        raise ConfigError(f"{path}: invalid TOML: nested too deeply to read") from None
-    except OSError as exc:
-        raise ConfigError(f"{path}: cannot read: {exc.strerror}") from None
+    return read_toml(path, "catalog entry")
 
 
 def _check_keys(table: Mapping[str, Any], required: set[str], optional: set[str], where: str) -> None:

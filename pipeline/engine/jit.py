@@ -141,7 +141,7 @@ def simulate_jit(
         int(spec.replicas),
         _ROUTER_CODES[spec.router],
         spec.mode == "closed",
-        int(spec.concurrency) if spec.mode == "closed" else 0,
+        min(int(spec.concurrency), n) if spec.mode == "closed" else 0,  # clients beyond n never issue
         int(cfg.num_gpu_blocks),
         int(cfg.max_num_seqs),
         int(cfg.max_num_batched_tokens),

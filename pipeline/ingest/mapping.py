@@ -19,7 +19,6 @@ Example ``mapping.toml``::
 
 from __future__ import annotations
 
-import tomllib
 from pathlib import Path
 
 import polars as pl
@@ -27,6 +26,8 @@ import polars as pl
 from pipeline.errors import ConfigError
 from pipeline.ingest.formats import Context, FormatSpec, to_candidate
 from pipeline.ingest.timeparse import TIME_KINDS, parse_time
+
+from ..tomlfile import read_toml
 
 #: canonical field -> candidate column
 FIELD_TO_CANDIDATE = {
@@ -53,15 +54,7 @@ _TOP_KEYS = {"format", "source_format", "time_unit", "input_excludes_cache", "bl
 
 
 def load_mapping(file: Path, forced_format: str | None) -> FormatSpec:
-    try:
-        with file.open("rb") as fh:
-            data = tomllib.load(fh)
-    except (OSError, tomllib.TOMLDecodeError) as exc:
-        raise ConfigError(f"{file}: cannot read mapping ({exc})") from None
-    except UnicodeDecodeError as exc:
-        raise ConfigError(f"{file}: cannot read mapping (not UTF-8 text, byte {exc.start})") from None
-    except RecursionError:
-        raise ConfigError(f"{file}: cannot read mapping (nested too deeply)") from None
+    data = read_toml(file, "mapping")
     unknown = set(data) - _TOP_KEYS
     if unknown:
         raise ConfigError(f"{file}: unknown keys {sorted(unknown)}; allowed {sorted(_TOP_KEYS)}")

@@ -22,7 +22,6 @@ how they were measured and how well the tables predict rows they were not built 
 from __future__ import annotations
 
 import math
-import tomllib
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from functools import cache, cached_property
@@ -35,6 +34,8 @@ import polars as pl
 from pipeline.catalog import CATALOG_DIR
 from pipeline.errors import ConfigError
 from pipeline.profile.interp import Curve, FloatArray, Grid2, curve_family, grid2_from
+
+from ..tomlfile import read_toml
 
 PROFILES_DIR = CATALOG_DIR / "profiles"
 #: File per family in a profile folder.
@@ -267,11 +268,7 @@ def list_profiles() -> list[str]:
 
 
 def read_meta(path: Path) -> ProfileMeta:
-    try:
-        with path.open("rb") as fh:
-            data = tomllib.load(fh)
-    except (OSError, tomllib.TOMLDecodeError) as exc:
-        raise ConfigError(f"{path}: cannot read profile: {exc}") from None
+    data = read_toml(path, "profile metadata")
     unknown = sorted(set(data) - _META_KEYS)
     missing = sorted({"gpu", "stack", "built_from", "rows"} - set(data))
     if unknown or missing:

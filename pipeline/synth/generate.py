@@ -19,7 +19,6 @@ logged fields, so tests can check prefix reconstruction against it.
 
 from __future__ import annotations
 
-import tomllib
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -29,6 +28,8 @@ import polars as pl
 
 from pipeline.errors import ConfigError
 from pipeline.ingest.timeparse import anchor_us
+
+from ..tomlfile import read_toml
 
 _PROFILE = Path(__file__).with_name("profile.toml")
 
@@ -78,8 +79,7 @@ class SynthConfig:
 
 
 def load_profile() -> tuple[float, npt.NDArray[np.float64]]:
-    with _PROFILE.open("rb") as fh:
-        data = tomllib.load(fh)
+    data = read_toml(_PROFILE, "synth profile")
     prof = np.asarray(data["hourly_profile"], dtype=np.float64)
     return float(data["cv"]), prof / prof.mean()
 
