@@ -122,8 +122,8 @@ def main() -> None:
 
         import polars as pl
 
-        from pipeline import prefix
-        from pipeline.accounting import classify_tokens
+        from pipeline.classify import prefix
+        from pipeline.classify.accounting import classify_tokens
         from pipeline.store import Store
 
         t = time.perf_counter()

@@ -18,9 +18,9 @@ import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
 MEAS = ROOT.parent / "shared" / "measurements"
+sys.path.insert(0, str(ROOT / "tests"))  # the published tables are test data (tests/published.py)
 
-from pipeline.fleet import ResolvedFleet, load_fleet, resolve  # noqa: E402
-from pipeline.published import (  # noqa: E402
+from published import (  # noqa: E402
     MLPERF_SYSTEMS,
     TRTLLM_FLEETS,
     makespan_output_tokens_per_s,
@@ -32,6 +32,8 @@ from pipeline.published import (  # noqa: E402
     replay_mlperf_offline,
     replay_offline_fixed,
 )
+
+from pipeline.fleet import ResolvedFleet, load_fleet, resolve  # noqa: E402
 
 
 def measured_fleet(name: str) -> ResolvedFleet:

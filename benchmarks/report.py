@@ -65,7 +65,7 @@ def main() -> None:
         "from pathlib import Path\n"
         "from pipeline.synth import SynthConfig, generate, write_logs\n"
         "from pipeline.ingest import ingest_logs\n"
-        "from pipeline.accounting import classify_tokens\n"
+        "from pipeline.classify.accounting import classify_tokens\n"
         "from pipeline.replay import replay\n"
         "from pipeline.store import Store\n"
         f"work = Path({str(work)!r})\n"

@@ -37,10 +37,9 @@ from typing import Any
 from pipeline.catalog import HardwareSpec, load_hardware, load_model
 from pipeline.engine.model import ROUTERS, SchedulerConfig
 from pipeline.errors import ConfigError
-from pipeline.memory import DEFAULT_VLLM_VERSION, MemoryFit, fit, parse_vllm_version
+from pipeline.fit import DEFAULT_VLLM_VERSION, MemoryFit, fit, parse_vllm_version
 from pipeline.roofline import Deployment
-
-from .tomlfile import read_toml
+from pipeline.tomlfile import read_toml
 
 GIB = 1 << 30
 #: Largest ``dp`` accepted: a bound against absurd values (each rank is an engine with its own state).
@@ -75,7 +74,7 @@ class EngineSettings:
     max_model_len: int | None = None
     num_gpu_blocks_override: int | None = None
     step_overhead_s: float | None = None
-    #: The vLLM release whose memory accounting sizes the KV cache (pipeline.memory; None: its
+    #: The vLLM release whose memory accounting sizes the KV cache (pipeline.fit; None: its
     #: DEFAULT_VLLM_VERSION).
     vllm_version: str | None = None
 

@@ -31,6 +31,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from pipeline.defaults import MAX_MEMORY_ENV, MAX_SIM_DAYS_ENV, PROGRESS_EVERY_ENV
 from pipeline.errors import RooftraceError
 
 if TYPE_CHECKING:
@@ -38,9 +39,6 @@ if TYPE_CHECKING:
 
     from pipeline.fleet import ResolvedFleet
 
-MAX_MEMORY_ENV = "ROOFTRACE_MAX_MEMORY"
-MAX_SIM_DAYS_ENV = "ROOFTRACE_MAX_SIM_DAYS"
-PROGRESS_EVERY_ENV = "ROOFTRACE_PROGRESS_EVERY_S"
 #: Default memory limit: this share of the physical memory (or of the cgroup limit, if lower).
 DEFAULT_MEMORY_SHARE = 0.5
 #: Default limit on the simulated span of an open-loop replay's arrivals.

@@ -26,15 +26,15 @@ import numpy as np
 import polars as pl
 import pyarrow as pa
 
+from pipeline.defaults import DEFAULT_HEADROOM_BUDGET_S
 from pipeline.fleet import FleetConfig, resolve
 from pipeline.replay import ReplayOptions, run_replay
 from pipeline.slo import detect_overload, parse_slo, percentile, request_latencies, slo_verdict
 
 #: Multipliers of today's traffic tried by default: half of it up to four times it.
 DEFAULT_MULTIPLIERS: tuple[float, ...] = (0.5, 1.0, 1.5, 2.0, 3.0, 4.0)
-#: Wall-time budget of the whole curve (seconds): the nightly stays bounded however slow a
-#: point is; unfinished points are recorded as skipped.
-DEFAULT_BUDGET_S = 300.0
+#: Wall-time budget of the whole curve (seconds): see pipeline/defaults.py.
+DEFAULT_BUDGET_S = DEFAULT_HEADROOM_BUDGET_S
 #: When every default point is healthy, the multiplier keeps doubling up to this (while the
 #: budget lasts) so that the knee is found rather than reported as "at least 4x".
 MAX_MULTIPLIER = 64.0

@@ -17,17 +17,18 @@ from typing import Any, TypeVar
 
 import altair as alt
 
-from pipeline.accounting import classify_tokens
-from pipeline.economics import run_cost
+from pipeline.classify.accounting import classify_tokens
+from pipeline.cost import run_cost
 from pipeline.errors import RooftraceError
 from pipeline.fleet import load_fleet
 from pipeline.ingest import ingest_logs
 from pipeline.loadcurve import DEFAULT_BUDGET_S, DEFAULT_MULTIPLIERS, curve_table, headroom_sentence, load_curve
-from pipeline.replay import ReplayOptions, ReplayResult, default_fleet_path, replay
+from pipeline.project import default_fleet_path, default_reports_dir, sample_dir
+from pipeline.replay import ReplayOptions, ReplayResult, replay
 from pipeline.report import Datasets, _fmt, _script_json, build_report, vega_bundle
 from pipeline.schemas import atomic_write_bytes, write_parquet
 from pipeline.slo import failures_line, format_seconds, overload_text, verdict_text
-from pipeline.store import Store, repo_root
+from pipeline.store import Store
 from pipeline.warehouse import build_warehouse
 
 T = TypeVar("T")
@@ -36,18 +37,6 @@ Progress = Callable[[str], None]
 
 class StageError(RooftraceError):
     """A nightly stage failed; what earlier stages wrote is kept."""
-
-
-def default_reports_dir() -> Path:
-    root = repo_root()
-    return (root if root is not None else Path.cwd()) / "reports"
-
-
-def sample_dir() -> Path:
-    root = repo_root()
-    if root is None or not (root / "traces" / "sample").is_dir():
-        raise RooftraceError("the bundled sample (traces/sample) is only in a source checkout")
-    return root / "traces" / "sample"
 
 
 @dataclass

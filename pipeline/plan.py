@@ -15,7 +15,7 @@ bytes): ``plan.parquet`` (schema ``plan``: one row per configuration, ranked by 
 Pareto front of cost vs p99 TTFT), ``search.parquet`` (``plan_search``: every replay the search
 ran) and ``plan.json`` (options, SLO, window, the chosen configuration and its sizing). The
 chosen configuration's cost split and API-equivalent cost go to ``STORE/costs/<plan_id>/``
-(pipeline.economics).
+(pipeline.cost).
 
 SLO semantics: a target ``ttft_p99 <= L`` is met when at least 99 % of the measured requests have
 TTFT <= L. A rejected request (longer than ``max_model_len``, or needing more KV than a replica
@@ -45,7 +45,7 @@ import polars as pl
 import pyarrow as pa
 
 from pipeline.catalog import load_hardware, load_model, weight_format
-from pipeline.economics import (
+from pipeline.cost import (
     GpuCost,
     TokenTotals,
     api_cost_rows,
@@ -56,10 +56,12 @@ from pipeline.economics import (
     period_label,
     traffic_period_s,
 )
+from pipeline.defaults import DEFAULT_MAX_REPLICAS, DEFAULT_WARMUP_S, DEFAULT_WINDOW_S
 from pipeline.engine.model import REJECT_KV_CAPACITY, REJECT_REASONS
 from pipeline.errors import ConfigError, RooftraceError
 from pipeline.fleet import FleetConfig, ResolvedFleet, load_fleet, parse_fleet, resolve
-from pipeline.replay import ReplayOptions, ReplayRun, build_workload, default_fleet_path, run_replay
+from pipeline.project import default_fleet_path
+from pipeline.replay import ReplayOptions, ReplayRun, build_workload, run_replay
 from pipeline.roofline import decode_batch, prefill_batch
 from pipeline.schemas import atomic_write_bytes, load_schema, write_parquet
 from pipeline.slo import (  # noqa: F401  (re-exported: the planning API)
@@ -74,16 +76,6 @@ from pipeline.slo import (  # noqa: F401  (re-exported: the planning API)
 from pipeline.steps import BINDING_NAMES
 from pipeline.store import SAFE_ID_RE, Store, confined
 
-#: MLPerf LoadGen runs a Server scenario for at least 600 s (MLPerf Inference rules, "min_duration"),
-#: long enough for a p99 over thousands of requests; the default peak window follows it.
-DEFAULT_WINDOW_S = 600.0
-#: Requests arriving in the warm-up before the window are replayed (so the window starts with
-#: a loaded batch, a warm prefix cache and any queue) but not measured. Two minutes cover the
-#: residence time of all but the longest requests at the SLOs we plan for (TTFT <= 2 s plus a few
-#: hundred tokens at <= 200 ms each).
-DEFAULT_WARMUP_S = 120.0
-#: Replica ceiling of the search: beyond it a configuration is reported as not meeting the SLO.
-DEFAULT_MAX_REPLICAS = 512
 #: A failing target whose value improves by less than this when replicas double has hit a
 #: latency floor (e.g. one decode step is slower than the TPOT limit): more replicas cannot help.
 FLOOR_IMPROVEMENT = 0.02

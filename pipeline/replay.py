@@ -1,7 +1,7 @@
 """The replay stage: run a day of requests through a fleet and write the run to the store.
 
 ``replay(store, fleet_path, options)`` reads the canonical requests of one date, builds their
-prefix chains (pipeline.prefix, the classify stage's model) with the fleet's block size, runs
+prefix chains (pipeline.classify.prefix, the classify stage's model) with the fleet's block size, runs
 the jit engine (pipeline.engine.jit) with the roofline cost model — or the fast engine
 (pipeline.engine.fast) where the jit engine does not apply (MoE models) — and writes::
 
@@ -30,16 +30,18 @@ import numpy.typing as npt
 import polars as pl
 import pyarrow as pa
 
+from pipeline.classify.prefix import DEFAULT_ISOLATION, build_chains, key64, mix64
 from pipeline.engine.fast import simulate
 from pipeline.engine.jit import simulate_jit, unsupported_reason
 from pipeline.engine.model import REJECT_REASONS, EngineResult, FleetSpec, Workload
 from pipeline.engine.steplog import StepLog
 from pipeline.errors import ConfigError, RooftraceError
 from pipeline.fleet import ResolvedFleet, load_fleet, resolve
-from pipeline.prefix import DEFAULT_ISOLATION, build_chains, key64, mix64
 from pipeline.profile.cost import fleet_step_cost
+from pipeline.project import default_fleet_path
 from pipeline.schemas import atomic_write_bytes, write_parquet
 from pipeline.slo import (
+    PERCENTILE_METHOD,
     Slo,
     detect_overload,
     failure_counts,
@@ -50,7 +52,7 @@ from pipeline.slo import (
     slo_verdict,
 )
 from pipeline.steps import BINDING_NAMES
-from pipeline.store import Store, confined, repo_root
+from pipeline.store import Store, confined
 
 _INT63 = np.uint64(0x7FFFFFFFFFFFFFFF)
 
@@ -103,7 +105,7 @@ class ReplayRun:
 
 def _engine_chains(requests: pl.DataFrame, block_size: int) -> tuple[npt.NDArray[np.uint64], npt.NDArray[np.int64]]:
     """Prefix chains as the engine takes them: per request, the hashes of its full prompt blocks
-    then the output blocks (pipeline.prefix ``Chains.cacheable``), at the engine's block size.
+    then the output blocks (pipeline.classify.prefix ``Chains.cacheable``), at the engine's block size.
 
     A log's own chain may use bigger blocks (Mooncake: 512 tokens); each is split into
     ``log_size / block_size`` engine blocks whose hashes mix the log hash with the position, so
@@ -229,11 +231,8 @@ def _nullable(values: npt.NDArray[np.float64]) -> pa.Array:
 def requests_table(requests: pl.DataFrame, run: ReplayRun, t0_us: int) -> pa.Table:
     res, work = run.result, run.work
     ok = res.reject_reason == 0
-    ttft = res.first_token_s - res.arrival_s
-    e2e = res.finish_s - res.arrival_s
+    lat = request_latencies(res, work)
     out = work.output_tokens
-    with np.errstate(invalid="ignore", divide="ignore"):
-        tpot = np.where(out > 1, (e2e - ttft) / (out - 1), np.nan)
     fresh = work.prompt_tokens - res.cache_hit_tokens
     reasons = np.array(REJECT_REASONS, dtype=object)[res.reject_reason]
     arrival_us = t0_us + np.round(res.arrival_s * 1e6).astype(np.int64)
@@ -246,10 +245,10 @@ def requests_table(requests: pl.DataFrame, run: ReplayRun, t0_us: int) -> pa.Tab
             "scheduled_s": _nullable(res.scheduled_s),
             "first_token_s": _nullable(res.first_token_s),
             "finish_s": _nullable(res.finish_s),
-            "queue_s": _nullable(res.scheduled_s - res.arrival_s),
-            "ttft_s": _nullable(ttft),
-            "tpot_s": _nullable(tpot),
-            "e2e_s": _nullable(e2e),
+            "queue_s": _nullable(lat["queue"]),
+            "ttft_s": _nullable(lat["ttft"]),
+            "tpot_s": _nullable(lat["tpot"]),
+            "e2e_s": _nullable(lat["e2e"]),
             "max_itl_s": _nullable(res.max_itl_s),
             "preemptions": res.preemptions,
             "recorded_input_tokens": work.prompt_tokens,
@@ -343,7 +342,7 @@ def _stats(values: npt.NDArray[np.float64]) -> dict[str, float | None]:
     v = values[np.isfinite(values)]
     if v.size == 0:
         return {"mean": None, **{f"p{p:g}": None for p in PERCENTILES}}
-    q = np.percentile(v, PERCENTILES)
+    q = np.percentile(v, PERCENTILES, method=PERCENTILE_METHOD)
     return {"mean": float(v.mean()), **{f"p{p:g}": float(x) for p, x in zip(PERCENTILES, q, strict=True)}}
 
 
@@ -382,11 +381,7 @@ def summarize(run: ReplayRun, slo: Slo | None = None) -> dict[str, Any]:
     ok = res.reject_reason == 0
     span = float(np.nanmax(res.finish_s) - np.min(res.arrival_s)) if ok.any() else 0.0
     out_tok = int(work.output_tokens[ok].sum())
-    ttft = res.first_token_s - res.arrival_s
-    e2e = res.finish_s - res.arrival_s
-    o = work.output_tokens
-    with np.errstate(invalid="ignore", divide="ignore"):
-        tpot = np.where(o > 1, (e2e - ttft) / (o - 1), np.nan)
+    lat = request_latencies(res, work)
     reasons = {REJECT_REASONS[c]: int((res.reject_reason == c).sum()) for c in range(1, len(REJECT_REASONS))}
     return {
         "requests": int(work.n),
@@ -403,10 +398,10 @@ def summarize(run: ReplayRun, slo: Slo | None = None) -> dict[str, Any]:
         # the replay's own prefix caches (each replica's engine KV cache, LRU), over finished requests
         "recorded_input_tokens": int(work.prompt_tokens[ok].sum()),
         "fresh_input_tokens": int((work.prompt_tokens[ok] - res.cache_hit_tokens[ok]).sum()),
-        "ttft_s": _stats(ttft[ok]),
-        "tpot_s": _stats(tpot[ok]),
-        "e2e_s": _stats(e2e[ok]),
-        "queue_s": _stats((res.scheduled_s - res.arrival_s)[ok]),
+        "ttft_s": _stats(lat["ttft"][ok]),
+        "tpot_s": _stats(lat["tpot"][ok]),
+        "e2e_s": _stats(lat["e2e"][ok]),
+        "queue_s": _stats(lat["queue"][ok]),
         "engine_wall_s": run.wall_s,
         "engine_requests_per_wall_s": work.n / run.wall_s if run.wall_s > 0 else None,
         "spans": int(run.log.n),
@@ -436,11 +431,6 @@ class ReplayResult:
     run_id: str
     run_dir: Path
     summary: dict[str, Any]
-
-
-def default_fleet_path() -> Path:
-    root = repo_root()
-    return (root if root is not None else Path.cwd()) / "fleets" / "default.toml"
 
 
 def _run_id(date: str, fleet: ResolvedFleet, options: ReplayOptions, requests: pl.DataFrame) -> str:

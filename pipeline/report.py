@@ -24,7 +24,7 @@ import numpy as np
 import pyarrow as pa
 import vl_convert as vlc
 
-from pipeline.economics import day_projection, period_label
+from pipeline.cost import day_projection, period_label
 from pipeline.errors import RooftraceError
 from pipeline.loadcurve import headroom_sentence, knee
 from pipeline.schemas import atomic_write_bytes

@@ -19,8 +19,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from pipeline.errors import SchemaError
-
-from .tomlfile import read_toml
+from pipeline.tomlfile import read_toml
 
 META_NAME = b"rooftrace.schema"
 META_VERSION = b"rooftrace.schema_version"

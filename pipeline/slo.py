@@ -17,7 +17,7 @@ import math
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Final
 
 import numpy as np
 import numpy.typing as npt
@@ -25,8 +25,7 @@ import numpy.typing as npt
 from pipeline.catalog import CATALOG_DIR
 from pipeline.engine.model import REJECT_REASONS, EngineResult, Workload
 from pipeline.errors import ConfigError
-
-from .tomlfile import read_toml
+from pipeline.tomlfile import read_toml
 
 SLO_PATH = CATALOG_DIR / "slo.toml"
 
@@ -140,7 +139,10 @@ def latency_arrays(run: Any) -> dict[str, npt.NDArray[np.float64]]:
 
 
 def request_latencies(res: EngineResult, work: Workload) -> dict[str, npt.NDArray[np.float64]]:
-    """:func:`latency_arrays` from an engine result and its workload."""
+    """:func:`latency_arrays` from an engine result and its workload: the one definition of the
+    per-request latencies (vLLM's): ``ttft`` = first token − arrival (queueing included), ``e2e`` =
+    last token − arrival, ``tpot`` = (e2e − ttft) / (output tokens − 1) (NaN for one-token
+    outputs), ``queue`` = scheduled − arrival."""
     ttft = res.first_token_s - res.arrival_s
     e2e = res.finish_s - res.arrival_s
     o = work.output_tokens
@@ -149,14 +151,21 @@ def request_latencies(res: EngineResult, work: Workload) -> dict[str, npt.NDArra
     return {"ttft": ttft, "tpot": tpot, "e2e": e2e, "queue": res.scheduled_s - res.arrival_s}
 
 
+#: The one percentile definition of the project: the inverse CDF, the smallest value with at least
+#: p % of the values at or below it, so ``percentile(x, p) <= L`` exactly when at least p % of the
+#: requests meet L. numpy calls it ``inverted_cdf``; DuckDB's ``quantile_disc`` is the same (every
+#: named query uses it; tests/test_warehouse.py checks the two agree), so a p99 in ``plan``, the
+#: replay summary and the report is one number.
+PERCENTILE_METHOD: Final = "inverted_cdf"
+
+
 def percentile(values: npt.NDArray[np.float64], pct: float) -> float:
-    """The smallest value with at least ``pct`` % of values at or below it (inverse CDF), so
-    ``percentile(x, p) <= L`` exactly when at least p % of requests meet L. +inf counts (a
-    request that never finished misses every target)."""
+    """The inverse-CDF percentile (:data:`PERCENTILE_METHOD`) of the values that are not NaN;
+    +inf counts (a request that never finished misses every target); 0.0 when none."""
     v = values[~np.isnan(values)]
     if v.size == 0:
         return 0.0
-    return float(np.percentile(v, pct, method="inverted_cdf"))
+    return float(np.percentile(v, pct, method=PERCENTILE_METHOD))
 
 
 # --------------------------------------------------------------------------------------------

@@ -34,26 +34,10 @@ from pathlib import Path
 import polars as pl
 
 from pipeline.errors import RooftraceError
+from pipeline.project import default_store_path
 from pipeline.schemas import read_parquet
 
 _DATE_RE = re.compile(r"^[0-9]{4}-[0-9]{2}-[0-9]{2}$")
-
-
-def repo_root() -> Path | None:
-    """The source checkout this package runs from, if any (has pyproject.toml and traces/)."""
-    root = Path(__file__).resolve().parent.parent
-    if (root / "pyproject.toml").exists() and (root / "traces").is_dir():
-        return root
-    return None
-
-
-def default_store_path() -> Path:
-    """``$ROOFTRACE_STORE``, else ``traces/store`` in the checkout, else ``./traces/store``."""
-    env = os.environ.get("ROOFTRACE_STORE")
-    if env:
-        return Path(env)
-    root = repo_root()
-    return (root if root is not None else Path.cwd()) / "traces" / "store"
 
 
 def check_date(text: str) -> str:

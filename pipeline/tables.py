@@ -5,7 +5,7 @@ from __future__ import annotations
 import io
 import json
 import math
-from datetime import date, datetime
+from datetime import date, datetime, time, timedelta
 from decimal import Decimal
 from pathlib import Path
 from typing import Any
@@ -16,10 +16,11 @@ import pyarrow.parquet as pq
 from rich.console import Console
 from rich.table import Table
 
+from pipeline.defaults import OUTPUT_FORMATS
 from pipeline.errors import RooftraceError
 from pipeline.schemas import atomic_write_bytes
 
-FORMATS = ("table", "csv", "json", "parquet")
+FORMATS = OUTPUT_FORMATS
 
 
 def _cell(v: Any) -> str:
@@ -37,17 +38,64 @@ def _cell(v: Any) -> str:
 
 
 def _jsonable(v: Any) -> Any:
-    if isinstance(v, datetime | date):
-        return v.isoformat()
+    """A JSON-ready copy of one Arrow value, nested values included (non-finite floats: null)."""
+    if v is None or isinstance(v, bool | int | str):
+        return v
+    if isinstance(v, float):
+        return v if math.isfinite(v) else None
     if isinstance(v, Decimal):
         return int(v) if v == v.to_integral_value() else float(v)
-    if isinstance(v, float) and not math.isfinite(v):
-        return None
-    if isinstance(v, list):
-        return [_jsonable(x) for x in v]
+    if isinstance(v, datetime | date | time):
+        return v.isoformat()
+    if isinstance(v, timedelta):
+        return v.total_seconds()
+    if isinstance(v, bytes):
+        return v.hex()
     if isinstance(v, dict):
-        return {k: _jsonable(x) for k, x in v.items()}
-    return v
+        return {str(k): _jsonable(x) for k, x in v.items()}
+    if isinstance(v, list | tuple):
+        return [_jsonable(x) for x in v]
+    return str(v)
+
+
+def _csv_ready(t: pa.DataType) -> bool:
+    """Whether pyarrow's CSV writer takes this column type as it is."""
+    if pa.types.is_dictionary(t):
+        return _csv_ready(t.value_type)
+    return (
+        pa.types.is_null(t)
+        or pa.types.is_boolean(t)
+        or pa.types.is_integer(t)
+        or pa.types.is_floating(t)
+        or pa.types.is_decimal(t)
+        or pa.types.is_string(t)
+        or pa.types.is_large_string(t)
+        or (pa.types.is_temporal(t) and not pa.types.is_interval(t))
+    )
+
+
+def _csv_text(v: Any, nested: bool) -> str | None:
+    if v is None:
+        return None
+    return json.dumps(_jsonable(v), ensure_ascii=False, default=str) if nested else str(_jsonable(v))
+
+
+def _for_csv(table: pa.Table) -> pa.Table:
+    """Nested cells (struct, list, map, union) become JSON text; other exotic cells become text."""
+    for i, field in enumerate(table.schema):
+        if _csv_ready(field.type):
+            continue
+        nested = pa.types.is_nested(field.type)
+        cells = [
+            None
+            if v is None
+            else json.dumps(_jsonable(v), ensure_ascii=False, default=str)
+            if nested
+            else str(_jsonable(v))
+            for v in table.column(i).to_pylist()
+        ]
+        table = table.set_column(i, pa.field(field.name, pa.string()), pa.array(cells, pa.string()))
+    return table
 
 
 def table_to_json(table: pa.Table) -> list[dict[str, Any]]:
@@ -55,7 +103,19 @@ def table_to_json(table: pa.Table) -> list[dict[str, Any]]:
 
 
 def render(table: pa.Table, fmt: str, out: Path | None = None, title: str | None = None) -> str | None:
-    """Render ``table``; returns text for stdout, or None when written to ``out``."""
+    """Render ``table`` (any column type DuckDB returns); returns text for stdout, or None when
+    written to ``out``. A file that cannot be written or a value the format cannot hold is one
+    RooftraceError line."""
+    try:
+        return _render(table, fmt, out, title)
+    except OSError as exc:
+        raise RooftraceError(f"cannot write {out}: {exc.strerror or exc}") from None
+    except (pa.ArrowException, TypeError, ValueError) as exc:
+        first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        raise RooftraceError(f"cannot write the result as {fmt}: {first}") from None
+
+
+def _render(table: pa.Table, fmt: str, out: Path | None, title: str | None) -> str | None:
     if fmt not in FORMATS:
         raise RooftraceError(f"unknown format {fmt!r}; use one of {FORMATS}")
     if fmt == "parquet":
@@ -67,10 +127,10 @@ def render(table: pa.Table, fmt: str, out: Path | None = None, title: str | None
         return None
     if fmt == "csv":
         buf = io.BytesIO()
-        pacsv.write_csv(table, buf)
+        pacsv.write_csv(_for_csv(table), buf)
         text = buf.getvalue().decode()
     elif fmt == "json":
-        text = json.dumps(table_to_json(table), indent=2) + "\n"
+        text = json.dumps(table_to_json(table), indent=2, default=str) + "\n"
     else:
         rich_table = Table(title=title, show_lines=False)
         for name in table.column_names:

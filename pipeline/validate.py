@@ -20,7 +20,6 @@ log(predicted / measured) with scipy's least_squares.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -41,7 +40,7 @@ from pipeline.roofline import (
     operators,
     prefill_batch,
 )
-from pipeline.schemas import atomic_write_bytes, write_parquet
+from pipeline.schemas import write_parquet
 from pipeline.steps import FloatArray, StepBatch
 
 #: Folder / column labels of the public measurement sets -> catalog hardware. Vidur's "a100" and
@@ -473,7 +472,7 @@ def _current(hw: HardwareSpec, name: str) -> float:
     }[name]
 
 
-def _fit_rows(group: Group) -> np.ndarray:
+def fit_rows(group: Group) -> np.ndarray:
     """Rows a fit may use: the train split (every token count; the kernel floor explains the
     small ones)."""
     return ~group.holdout
@@ -503,7 +502,7 @@ def fit_factors(groups: list[Group], kind: str, base: HardwareSpec) -> tuple[Har
     x0 = np.clip(np.array([_current(base, n) for n in names]), lo + 1e-9, hi - 1e-9)
     tiny = ("latency", "overhead", "min_kernel")
     scale = np.maximum(np.abs(x0), np.array([1e-5 if n in tiny else 0.1 for n in names]))
-    masks = [_fit_rows(g) for g in chosen]
+    masks = [fit_rows(g) for g in chosen]
 
     def residuals(x: FloatArray) -> FloatArray:
         hw = with_params(base, names, x)
@@ -648,81 +647,6 @@ def store_report(report: ValidationReport, out_dir: Path) -> list[Path]:
     )
     paths.append(write_parquet(pa.table(cal.to_arrow()), out_dir / "calibrations.parquet", "validation_calibrations"))
     return paths
-
-
-# --------------------------------------------------------------------------------------------
-# calibrate: one file, one GPU -> a new hardware TOML
-
-
-@dataclass(frozen=True)
-class CalibrateResult:
-    hardware: HardwareSpec
-    calibration: Calibration
-    train_median_abs_error: float
-    holdout_median_abs_error: float
-    before_median_abs_error: float
-    toml: str
-
-
-def calibrate(measurements: Path, hardware: str, name: str | None = None) -> CalibrateResult:
-    """Fit the factors a measurement file identifies for one GPU; return the new catalog entry."""
-    from pipeline.catalog import hardware_to_toml
-
-    base = load_hardware(hardware)
-    paths = discover(measurements)
-    groups, skipped = load_groups(paths)
-    mine = [g for g in groups if g.hardware.name == base.name]
-    if not mine:
-        # A user's own table with a label the map does not know: treat all its rows as `hardware`.
-        groups, skipped = load_groups(paths, hardware)
-        mine = groups
-    if not mine:
-        raise RooftraceError(f"{measurements}: no rows for hardware {hardware!r} ({'; '.join(skipped)})")
-    mine = [replace(g, hardware=base) for g in mine]
-    kinds = sorted({g.kind for g in mine})
-    fitted = base
-    cals = []
-    for kind in kinds:
-        fitted, cal = fit_factors([g for g in mine if g.kind == kind], kind, fitted)
-        cals.append(cal)
-    cal = cals[0] if len(cals) == 1 else Calibration(
-        "+".join(c.kind for c in cals), base.name, {k: v for c in cals for k, v in c.params.items()},
-        sum(c.n_train for c in cals), sum(c.n_holdout for c in cals),
-        tuple(f for c in cals for f in c.files), " | ".join(c.description for c in cals),
-    )  # fmt: skip
-
-    def med(hw: HardwareSpec, which: str) -> float:
-        errs = []
-        for g in mine:
-            rows = _fit_rows(g) if which == "train" else g.holdout
-            if g.kind == "vidur_mlp" and which != "train":
-                rows = rows & (g.tokens >= MIN_TARGET_TOKENS)
-            errs.append(np.abs(g.predict(hw)[rows] / g.measured_s[rows] - 1.0))
-        allerr = np.concatenate(errs)
-        return float(np.median(allerr)) if allerr.size else math.nan
-
-    stem = name or f"{base.name}-calibrated"
-    note = f"{cal.description}; hold-out median abs error {med(fitted, 'holdout'):.1%}"
-    new = replace(
-        fitted,
-        name=stem,
-        display_name=f"{base.display_name} (calibrated)",
-        calibrated_on=note,
-        sources={**dict(base.sources), "efficiency": f"rooftrace calibrate: {note}"},
-    )
-    return CalibrateResult(
-        hardware=new,
-        calibration=cal,
-        train_median_abs_error=med(fitted, "train"),
-        holdout_median_abs_error=med(fitted, "holdout"),
-        before_median_abs_error=med(base, "holdout"),
-        toml=f"# {new.display_name}: written by `rooftrace calibrate`.\n" + hardware_to_toml(new),
-    )
-
-
-def write_calibrated(result: CalibrateResult, out: Path) -> Path:
-    atomic_write_bytes(out, result.toml.encode())
-    return out
 
 
 # --------------------------------------------------------------------------------------------

@@ -425,3 +425,31 @@ def run_sql(store: Store, sql: str) -> pa.Table:
         raise RooftraceError(f"SQL failed: {str(exc).splitlines()[0]}") from None
     finally:
         con.close()
+
+
+# --------------------------------------------------------------------------------------------
+# what sql and query check before they read
+
+
+def check_out_path(store: Store, out: Path | None) -> None:
+    """``--out`` may not point inside the store: reading the warehouse never changes the store."""
+    if out is None:
+        return
+    root = store.root.resolve()
+    target = out.resolve()
+    if target == root or root in target.parents:
+        raise RooftraceError(f"--out {out} is inside the store {store.root}; write query output elsewhere")
+
+
+def check_run_option(name: str, params: tuple[str, ...], run_id: str | None) -> None:
+    """``--run`` given to a query that takes no run id is a mistake, not something to ignore."""
+    if run_id is not None and "run_id" not in {p.rstrip("?") for p in params}:
+        takes = ", ".join(params) or "none"
+        raise RooftraceError(f"query {name!r} takes no --run (its parameters: {takes})")
+
+
+def rebuild(store: Store) -> None:
+    try:
+        build_warehouse(store)
+    except OSError as exc:
+        raise RooftraceError(f"cannot rebuild the warehouse in {store.root}: {exc.strerror or exc}") from None

@@ -13,7 +13,11 @@ settings.register_profile("ci", derandomize=True, print_blob=True)
 if os.environ.get("CI"):
     settings.load_profile("ci")
 
-SHARED = Path(__file__).resolve().parents[2] / "shared"
+#: The public traces and measurements some tests check against (not part of the repository):
+#: $ROOFTRACE_SHARED_DATA, else a ``shared`` folder beside the checkout. Tests that need it skip
+#: with the path they looked for, and the run ends with the skips and their reasons (-rs).
+SHARED_ENV = "ROOFTRACE_SHARED_DATA"
+SHARED = Path(os.environ.get(SHARED_ENV) or Path(__file__).resolve().parents[2] / "shared")
 FIXTURES = Path(__file__).resolve().parent / "fixtures"
 
 
@@ -31,7 +35,7 @@ def replayed_store(tmp_path_factory: pytest.TempPathFactory) -> tuple[object, st
     One tenant is named like a script tag, to check escaping end to end."""
     import polars as pl
 
-    from pipeline.accounting import classify_tokens
+    from pipeline.classify.accounting import classify_tokens
     from pipeline.ingest import ingest_logs
     from pipeline.replay import replay
     from pipeline.store import Store
@@ -55,3 +59,8 @@ def replayed_store(tmp_path_factory: pytest.TempPathFactory) -> tuple[object, st
 
 
 EVIL_TENANT = "<script>alert(1)</script>"
+
+
+def pytest_report_header(config: pytest.Config) -> str:
+    found = "found" if SHARED.is_dir() else "not found: the tests that need it skip"
+    return f"public data (${SHARED_ENV}): {SHARED} ({found})"

@@ -1,4 +1,4 @@
-"""Token accounting (pipeline.accounting) and the ``rooftrace classify`` command."""
+"""Token accounting (pipeline.classify.accounting) and the ``rooftrace classify`` command."""
 
 from __future__ import annotations
 
@@ -10,11 +10,12 @@ import duckdb
 import polars as pl
 import pytest
 from click.testing import CliRunner
+from conftest import SHARED
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from pipeline import prefix as P
-from pipeline.accounting import (
+from pipeline.classify import prefix as P
+from pipeline.classify.accounting import (
     Capacity,
     ClassifyOptions,
     account,
@@ -27,7 +28,6 @@ from pipeline.errors import RooftraceError
 from pipeline.schemas import read_parquet, write_parquet
 from pipeline.store import Store
 
-SHARED = Path(__file__).parents[2] / "shared"
 MOONCAKE_CONV = SHARED / "traces" / "mooncake-fast25" / "conversation_trace.jsonl"
 DAY = "2024-05-01"
 T0 = 1_714_521_600_000_000  # 2024-05-01T00:00:00Z in µs

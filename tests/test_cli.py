@@ -10,7 +10,10 @@ from pipeline.cli import main
 
 def _commands(group: click.Group, prefix: str = "") -> list[tuple[str, click.Command]]:
     out: list[tuple[str, click.Command]] = []
-    for name, cmd in sorted(group.commands.items()):
+    ctx = click.Context(group)
+    for name in group.list_commands(ctx):
+        cmd = group.get_command(ctx, name)
+        assert cmd is not None, name
         full = f"{prefix}{name}"
         out.append((full, cmd))
         if isinstance(cmd, click.Group):
@@ -38,3 +41,43 @@ def test_help_and_version_run() -> None:
     for name, _ in _commands(main):
         res = runner.invoke(main, [*name.split(), "--help"])
         assert res.exit_code == 0, name
+
+
+HEAVY = ("numpy", "polars", "pyarrow", "duckdb", "numba", "altair", "scipy", "rich", "vl_convert")
+
+
+def test_help_imports_no_stage() -> None:
+    """``rooftrace --help`` and every command's ``--help`` import none of the heavy libraries:
+    each command module imports its stage only when the command runs (pipeline/cli/__init__.py)."""
+    import subprocess
+    import sys
+
+    names = [n for n, _ in _commands(main)]
+    script = (
+        "import sys\n"
+        "from click.testing import CliRunner\n"
+        "from pipeline.cli import main\n"
+        "r = CliRunner()\n"
+        f"for args in [[]] + [n.split() for n in {names!r}]:\n"
+        "    assert r.invoke(main, [*args, '--help']).exit_code == 0, args\n"
+        f"print(sorted(m for m in {HEAVY!r} if m in sys.modules))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]", out.stdout + out.stderr
+
+
+def test_a_command_imports_its_stage_when_it_runs() -> None:
+    """The lazy registry names real commands: running one imports what it needs (here: fit)."""
+    import subprocess
+    import sys
+
+    script = (
+        "import sys\n"
+        "from click.testing import CliRunner\n"
+        "from pipeline.cli import main\n"
+        "r = CliRunner().invoke(main, ['fit', '--model', 'llama-3.1-8b', '--hardware', 'h100-sxm', '--json'])\n"
+        "assert r.exit_code == 0, r.output\n"
+        "print('numpy' in sys.modules)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "True", out.stdout + out.stderr

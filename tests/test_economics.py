@@ -13,7 +13,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from pipeline.cli import main
-from pipeline.economics import (
+from pipeline.cost import (
     ApiPrice,
     GpuCost,
     TokenTotals,

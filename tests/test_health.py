@@ -193,7 +193,7 @@ def test_overloaded_replay_fails_its_verdict_and_warns(logs: Path, tmp_path: Pat
 
 
 def test_plan_and_cost_state_the_same_figures_for_the_same_traffic_and_fleet(logs: Path, tmp_path: Path) -> None:
-    from pipeline.economics import run_cost
+    from pipeline.cost import run_cost
     from pipeline.replay import ReplayOptions, replay
 
     store = Store(tmp_path / "store")

@@ -125,8 +125,8 @@ def test_dp_ep_fleet_replays_on_the_jit_engine_equal_to_the_reference() -> None:
 
 
 def test_dp_fleet_keys_memory_per_rank_and_validation() -> None:
+    from pipeline.fit import weights_bytes_per_gpu
     from pipeline.fleet import parse_fleet, resolve
-    from pipeline.memory import weights_bytes_per_gpu
 
     base = {"name": "t", "model": "qwen3-30b-a3b", "hardware": "h100-sxm", "engine": {"max_model_len": 8192}}
     one = resolve(parse_fleet(base, "t"))

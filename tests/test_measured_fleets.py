@@ -31,7 +31,7 @@ FLEETS = Path(__file__).resolve().parents[1] / "fleets"
 
 def _requests(n: int, seed: int = 0) -> pl.DataFrame:
     """Canonical requests: Poisson arrivals, 4 sessions whose turns share growing prefixes."""
-    from pipeline.published import benchmark_requests
+    from published import benchmark_requests
 
     rng = np.random.default_rng(seed)
     frame = benchmark_requests(rng.integers(50, 3000, n), rng.integers(2, 300, n))

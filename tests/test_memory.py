@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 
 from pipeline.catalog import load_hardware, load_model, parse_model
 from pipeline.errors import ConfigError
-from pipeline.memory import (
+from pipeline.fit import (
     GiB,
     fit,
     kv_bytes_per_token,

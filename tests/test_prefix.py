@@ -1,4 +1,4 @@
-"""Prefix identity and prefix-cache simulation (pipeline.prefix).
+"""Prefix identity and prefix-cache simulation (pipeline.classify.prefix).
 
 The one-pass stack distances are checked against two explicit simulations: the library's
 LRUPrefixCache and an independent list-based LRU written here, on random chains, capacities and
@@ -17,7 +17,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from pipeline import prefix as P
+from pipeline.classify import prefix as P
 from pipeline.errors import RooftraceError
 
 # --------------------------------------------------------------------------------------------
@@ -368,7 +368,7 @@ def test_hashes_are_deterministic_across_processes() -> None:
     import sys
 
     code = (
-        "import polars as pl, numpy as np; from pipeline import prefix as P;"
+        "import polars as pl, numpy as np; from pipeline.classify import prefix as P;"
         "df = pl.DataFrame({'request_id': ['x', 'y'], 'arrival': [0, 1], 'model': ['m', 'm'],"
         "'tenant': ['t', None], 'adapter': [None, None], 'session_id': ['s', 's'],"
         "'recorded_input_tokens': [40, 70], 'output_tokens': [5, 5]},"

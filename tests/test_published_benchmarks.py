@@ -15,9 +15,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from conftest import shared_path
-
-from pipeline.fleet import ResolvedFleet, load_fleet, resolve
-from pipeline.published import (
+from published import (
     MLPERF_SYSTEMS,
     TRTLLM_FLEETS,
     Comparison,
@@ -35,6 +33,8 @@ from pipeline.published import (
     replay_offline_fixed,
     saturated_output_tokens_per_s,
 )
+
+from pipeline.fleet import ResolvedFleet, load_fleet, resolve
 from pipeline.replay import ReplayOptions, run_replay
 
 FLEETS = Path(__file__).resolve().parents[1] / "fleets"
@@ -48,12 +48,12 @@ MLPERF_OFFLINE_BOUND = 0.40  # measured +33 % (H100) and +38 % (H200): the repla
 MLPERF_ISSUE_TARGET = 0.20  # issue 5's target: met with the fleet's stack calibration (H100-fitted)
 NIM_TTFT_BOUND = 0.40  # measured −5 % … +27 % away from the knee
 #: At concurrency 100, the KV-capacity knee, TTFT moves with the KV capacity: +34 % with the old
-#: memory fit, +55 % since pipeline.memory follows vLLM's own accounting (2.4 % fewer blocks:
+#: memory fit, +55 % since pipeline.fit follows vLLM's own accounting (2.4 % fewer blocks:
 #: 27,442 instead of 28,114; NIM's TensorRT-LLM engine sizes its cache differently).
 NIM_TTFT_KNEE_BOUND = 0.60
 NIM_ITL_BOUND = 0.20  # measured +5 % … +16 %
 TRTLLM_MEDIAN_BOUND = 0.08  # |error| over the 60 rows: measured median 6.9 %
-#: measured max 20.4 % (Llama-3.3-70B, H100 TP2, 128 in / 4096 out; 18.7 % before pipeline.memory
+#: measured max 20.4 % (Llama-3.3-70B, H100 TP2, 128 in / 4096 out; 18.7 % before pipeline.fit
 #: followed vLLM's accounting, which charges this 2048-seq fleet a 3.4 GiB sampler peak)
 TRTLLM_MAX_BOUND = 0.21
 

@@ -14,7 +14,9 @@ import numpy as np
 import polars as pl
 import pytest
 from click.testing import CliRunner
+from conftest import SHARED as SHARED_DATA
 
+from pipeline.calibrate import calibrate
 from pipeline.catalog import load_hardware, load_hardware_file, parse_hardware
 from pipeline.cli import main
 from pipeline.errors import RooftraceError
@@ -25,7 +27,6 @@ from pipeline.validate import (
     TARGET_MEDIAN_ABS_ERROR,
     VIDUR_OPS,
     Group,
-    calibrate,
     discover,
     fit_elementwise_kernels,
     load_groups,
@@ -33,7 +34,7 @@ from pipeline.validate import (
     weight_streaming_efficiency,
 )
 
-SHARED = Path(__file__).resolve().parents[2] / "shared" / "measurements"
+SHARED = SHARED_DATA / "measurements"
 ELEMENTWISE_OPS = frozenset(VIDUR_OPS) - GEMM_OPS
 needs_shared = pytest.mark.skipif(not SHARED.is_dir(), reason=f"{SHARED} (public measurements) not present")
 

@@ -1,4 +1,4 @@
-"""KV-cache capacity as vLLM computes it (pipeline.memory.fit), checked against public reports.
+"""KV-cache capacity as vLLM computes it (pipeline.fit.fit), checked against public reports.
 
 The reports (vLLM start-up logs: GPU, model, TP, gpu_memory_utilization, settings, version, URL,
 quoted log lines) are rows of tests/data/vllm_kv_reports.toml; every row has one case below, by
@@ -7,7 +7,7 @@ its position in that file, and the case id carries the row's URL. A case is
 - ``judged``: ``fit`` must land within ±5 % of the logged KV tokens (or the logged "Available KV
   cache memory" in GiB where no token count is logged). No constant of the model was read off
   these rows.
-- ``fitted``: the row set a constant of pipeline.memory (named in the case), so it is not
+- ``fitted``: the row set a constant of pipeline.fit (named in the case), so it is not
   judged; it is asserted separately, as a consistency check only.
 - ``assumed``: a setting the page does not show is assumed (named in the case); asserted
   separately, not counted as judged.
@@ -31,8 +31,7 @@ import pytest
 
 from pipeline.catalog import load_hardware, load_model
 from pipeline.errors import ConfigError
-from pipeline.fleet import vllm_batch_defaults
-from pipeline.memory import (
+from pipeline.fit import (
     CUDA_GRAPH_ESTIMATE_BYTES,
     NON_TORCH_BYTES,
     NON_TORCH_MULTI_GPU_BYTES,
@@ -45,13 +44,14 @@ from pipeline.memory import (
     sampler_bytes_per_logit,
     weights_bytes_per_gpu,
 )
+from pipeline.fleet import vllm_batch_defaults
 from pipeline.roofline import Deployment
 
 REPORTS_PATH = Path(__file__).resolve().parent / "data" / "vllm_kv_reports.toml"
 TOLERANCE = 0.05
 #: Stand-in version for the llm-d-benchmark runs, which log none ("vllm/vllm-openai:latest").
 #: Their gpt-oss-20b/120b runs in the same document (not rows here) show the sort-based sampler
-#: (7.38 GiB peak = 38 B per logit element, pipeline.memory.SAMPLER_SORT_BYTES_PER_LOGIT), which
+#: (7.38 GiB peak = 38 B per logit element, pipeline.fit.SAMPLER_SORT_BYTES_PER_LOGIT), which
 #: vLLM used from 0.11.1 until the Triton sampler (0.18); any version in that span gives the same fit.
 LLMD_VERSION = "0.11.1"
 

@@ -13,6 +13,7 @@ from click.testing import CliRunner
 
 from pipeline.cli import main
 from pipeline.errors import RooftraceError
+from pipeline.slo import percentile
 from pipeline.store import Store
 from pipeline.tables import table_to_json
 from pipeline.warehouse import build_warehouse, list_queries, run_query, run_sql
@@ -40,7 +41,8 @@ def test_latency_percentiles_match_numpy(run: tuple[Store, str, Path]) -> None:
         v = v[np.isfinite(v)]
         assert rows[metric]["samples"] == len(v) > 100
         for col, p in PCTS.items():
-            assert rows[metric][col] == pytest.approx(np.percentile(v, p), rel=1e-9, abs=1e-12), (metric, col)
+            # one percentile definition: the SQL (quantile_disc) and pipeline.slo.percentile agree exactly
+            assert rows[metric][col] == percentile(v, p) == np.percentile(v, p, method="inverted_cdf"), (metric, col)
         assert rows[metric]["mean"] == pytest.approx(v.mean(), rel=1e-9)
 
 
@@ -148,7 +150,7 @@ def test_latency_by_tenant_matches_numpy(run: tuple[Store, str, Path]) -> None:
     for r in rows:
         v = joined.filter(pl.col("tenant") == r["bucket"])["ttft_s"].to_numpy()
         assert r["samples"] == len(v)
-        assert r["p99"] == pytest.approx(np.percentile(v, 99), rel=1e-9)
+        assert r["p99"] == percentile(v, 99)
     dims = {r["dimension"] for r in q(store, "latency_by", run_id=run_id)}
     assert dims == {"prompt_tokens", "output_tokens", "batch_occupancy", "tenant", "model", "hardware", "hour"}
 
@@ -180,6 +182,10 @@ def test_sql_is_read_only_and_cli_formats(run: tuple[Store, str, Path]) -> None:
     res = runner.invoke(main, ["query", "latency", "--store", str(store.root), "--format", "json"])
     assert res.exit_code == 0
     assert {r["metric"] for r in json.loads(res.stdout)} >= {"ttft_s", "tpot_s", "e2e_s", "itl_s"}
+    res = runner.invoke(main, ["sql", "SELECT count(*) AS n FROM requests", "--store", str(store.root), "--json"])
+    assert res.exit_code == 0 and json.loads(res.stdout) == [{"n": 400}]
+    res = runner.invoke(main, ["query", "latency", "--store", str(store.root), "--json"])
+    assert res.exit_code == 0 and {r["metric"] for r in json.loads(res.stdout)} >= {"ttft_s", "e2e_s"}
     res = runner.invoke(main, ["query", "nope", "--store", str(store.root)])
     assert res.exit_code == 1 and "no named query" in res.stderr
     res = runner.invoke(main, ["query", "--list", "--format", "json"])

@@ -91,11 +91,9 @@ def unsupported_reason(spec: FleetSpec, cost: StepCostFn) -> str | None:
 
 def affinity_replicas(affinity: np.ndarray[Any, np.dtype[np.int64]], replicas: int) -> np.ndarray[Any, Any]:
     """model.affinity_replica over an array of keys (−1 stays −1), in wrapping uint64 numpy."""
-    z = affinity.astype(np.uint64) + np.uint64(0x9E3779B97F4A7C15)
-    z = (z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
-    z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
-    z ^= z >> np.uint64(31)
-    out = (z % np.uint64(replicas)).astype(np.int64)
+    from pipeline.classify.prefix import mix64
+
+    out = (mix64(affinity.astype(np.uint64)) % np.uint64(replicas)).astype(np.int64)
     return np.where(affinity >= 0, out, -1)
 
 

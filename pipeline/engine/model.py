@@ -78,7 +78,7 @@ class Workload:
     """Requests as parallel arrays, in trace order (sorted by ``arrival_s`` for open loop).
 
     ``chain_hashes[chain_offsets[i]:chain_offsets[i+1]]`` is request i's prefix chain: one hash
-    per *full* block of ``block_size`` tokens, in token order (CSR layout, as pipeline.prefix
+    per *full* block of ``block_size`` tokens, in token order (CSR layout, as pipeline.classify.prefix
     builds it). Blocks past the prompt may be included (they then describe output tokens).
     ``affinity`` is the routing key of the session/prefix affinity routers (−1 = none).
     """
@@ -193,13 +193,11 @@ def reject_reasons(work: Workload, cfg: SchedulerConfig) -> npt.NDArray[np.int8]
 
 
 def affinity_replica(key: int, replicas: int) -> int:
-    """Replica of an affinity key: a fixed 64-bit mix (splitmix64 finaliser, Steele et al. 2014)
-    so that consecutive keys spread evenly, then modulo the replica count."""
-    z = (key + 0x9E3779B97F4A7C15) & 0xFFFFFFFFFFFFFFFF
-    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & 0xFFFFFFFFFFFFFFFF
-    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & 0xFFFFFFFFFFFFFFFF
-    z ^= z >> 31
-    return int(z % replicas)
+    """Replica of an affinity key: the prefix hashes' 64-bit mix (pipeline.classify.prefix.mix64,
+    splitmix64's finaliser) so that consecutive keys spread evenly, then modulo the replica count."""
+    from pipeline.classify.prefix import mix64
+
+    return int(mix64(np.array([key], np.uint64))[0] % np.uint64(replicas))
 
 
 def is_stateful_router(router: str) -> bool:

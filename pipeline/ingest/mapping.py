@@ -26,8 +26,7 @@ import polars as pl
 from pipeline.errors import ConfigError
 from pipeline.ingest.formats import Context, FormatSpec, to_candidate
 from pipeline.ingest.timeparse import TIME_KINDS, parse_time
-
-from ..tomlfile import read_toml
+from pipeline.tomlfile import read_toml
 
 #: canonical field -> candidate column
 FIELD_TO_CANDIDATE = {

@@ -34,8 +34,7 @@ import polars as pl
 from pipeline.catalog import CATALOG_DIR
 from pipeline.errors import ConfigError
 from pipeline.profile.interp import Curve, FloatArray, Grid2, curve_family, grid2_from
-
-from ..tomlfile import read_toml
+from pipeline.tomlfile import read_toml
 
 PROFILES_DIR = CATALOG_DIR / "profiles"
 #: File per family in a profile folder.

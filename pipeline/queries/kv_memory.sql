@@ -10,7 +10,7 @@ WITH cfg AS (
     SELECT replica, max(kv_blocks_used) AS peak_blocks
     FROM replay_steps WHERE run_id = getvariable('run_id') GROUP BY replica
 ), p99 AS (
-    SELECT replica, quantile_cont(kv_blocks_used, 0.99) AS p99_blocks
+    SELECT replica, quantile_disc(kv_blocks_used, 0.99) AS p99_blocks
     FROM replay_series WHERE run_id = getvariable('run_id') GROUP BY replica
 ), per AS (
     SELECT CAST(peak.replica AS VARCHAR) AS replica, peak_blocks, p99_blocks

@@ -11,19 +11,19 @@ WITH r AS (
     SELECT metric, samples, q[1] AS p50, q[2] AS p90, q[3] AS p95, q[4] AS p99, q[5] AS p99_9, mean
     FROM (
         SELECT 'queue_s' AS metric, count(queue_s) FILTER (WHERE isfinite(queue_s)) AS samples,
-               quantile_cont(queue_s, [0.5, 0.9, 0.95, 0.99, 0.999]) FILTER (WHERE isfinite(queue_s)) AS q,
+               quantile_disc(queue_s, [0.5, 0.9, 0.95, 0.99, 0.999]) FILTER (WHERE isfinite(queue_s)) AS q,
                avg(queue_s) FILTER (WHERE isfinite(queue_s)) AS mean FROM r
         UNION ALL
         SELECT 'ttft_s', count(ttft_s) FILTER (WHERE isfinite(ttft_s)),
-               quantile_cont(ttft_s, [0.5, 0.9, 0.95, 0.99, 0.999]) FILTER (WHERE isfinite(ttft_s)),
+               quantile_disc(ttft_s, [0.5, 0.9, 0.95, 0.99, 0.999]) FILTER (WHERE isfinite(ttft_s)),
                avg(ttft_s) FILTER (WHERE isfinite(ttft_s)) FROM r
         UNION ALL
         SELECT 'tpot_s', count(tpot_s) FILTER (WHERE isfinite(tpot_s)),
-               quantile_cont(tpot_s, [0.5, 0.9, 0.95, 0.99, 0.999]) FILTER (WHERE isfinite(tpot_s)),
+               quantile_disc(tpot_s, [0.5, 0.9, 0.95, 0.99, 0.999]) FILTER (WHERE isfinite(tpot_s)),
                avg(tpot_s) FILTER (WHERE isfinite(tpot_s)) FROM r
         UNION ALL
         SELECT 'e2e_s', count(e2e_s) FILTER (WHERE isfinite(e2e_s)),
-               quantile_cont(e2e_s, [0.5, 0.9, 0.95, 0.99, 0.999]) FILTER (WHERE isfinite(e2e_s)),
+               quantile_disc(e2e_s, [0.5, 0.9, 0.95, 0.99, 0.999]) FILTER (WHERE isfinite(e2e_s)),
                avg(e2e_s) FILTER (WHERE isfinite(e2e_s)) FROM r
     )
     WHERE samples > 0

@@ -36,13 +36,13 @@ WITH run AS (
            GROUPING(batch_occupancy) = 0 AS by_occ, GROUPING(tenant) = 0 AS by_tenant,
            GROUPING(model) = 0 AS by_model, GROUPING(hardware) = 0 AS by_hw,
            count(ttft_s) FILTER (WHERE isfinite(ttft_s)) AS n_ttft,
-           quantile_cont(ttft_s, [0.5, 0.9, 0.95, 0.99, 0.999]) FILTER (WHERE isfinite(ttft_s)) AS q_ttft,
+           quantile_disc(ttft_s, [0.5, 0.9, 0.95, 0.99, 0.999]) FILTER (WHERE isfinite(ttft_s)) AS q_ttft,
            avg(ttft_s) FILTER (WHERE isfinite(ttft_s)) AS m_ttft,
            count(tpot_s) FILTER (WHERE isfinite(tpot_s)) AS n_tpot,
-           quantile_cont(tpot_s, [0.5, 0.9, 0.95, 0.99, 0.999]) FILTER (WHERE isfinite(tpot_s)) AS q_tpot,
+           quantile_disc(tpot_s, [0.5, 0.9, 0.95, 0.99, 0.999]) FILTER (WHERE isfinite(tpot_s)) AS q_tpot,
            avg(tpot_s) FILTER (WHERE isfinite(tpot_s)) AS m_tpot,
            count(e2e_s) FILTER (WHERE isfinite(e2e_s)) AS n_e2e,
-           quantile_cont(e2e_s, [0.5, 0.9, 0.95, 0.99, 0.999]) FILTER (WHERE isfinite(e2e_s)) AS q_e2e,
+           quantile_disc(e2e_s, [0.5, 0.9, 0.95, 0.99, 0.999]) FILTER (WHERE isfinite(e2e_s)) AS q_e2e,
            avg(e2e_s) FILTER (WHERE isfinite(e2e_s)) AS m_e2e
     FROM r
     GROUP BY GROUPING SETS ((prompt_tokens), (output_tokens), (batch_occupancy), (tenant), (model), (hardware), (hour))

@@ -6,13 +6,13 @@ WITH r AS (
     WHERE run_id = getvariable('run_id') AND status = 'finished'
 ), q AS (
     SELECT 'ttft_s' AS metric,
-           quantile_cont(ttft_s, list_transform(range(0, 201), lambda x: x / 200.0)) FILTER (WHERE isfinite(ttft_s)) AS v
+           quantile_disc(ttft_s, list_transform(range(0, 201), lambda x: x / 200.0)) FILTER (WHERE isfinite(ttft_s)) AS v
     FROM r
     UNION ALL
-    SELECT 'tpot_s', quantile_cont(tpot_s, list_transform(range(0, 201), lambda x: x / 200.0)) FILTER (WHERE isfinite(tpot_s))
+    SELECT 'tpot_s', quantile_disc(tpot_s, list_transform(range(0, 201), lambda x: x / 200.0)) FILTER (WHERE isfinite(tpot_s))
     FROM r
     UNION ALL
-    SELECT 'e2e_s', quantile_cont(e2e_s, list_transform(range(0, 201), lambda x: x / 200.0)) FILTER (WHERE isfinite(e2e_s))
+    SELECT 'e2e_s', quantile_disc(e2e_s, list_transform(range(0, 201), lambda x: x / 200.0)) FILTER (WHERE isfinite(e2e_s))
     FROM r
 )
 SELECT metric, (i - 1) / 200.0 AS fraction, v[i] AS seconds

@@ -28,8 +28,7 @@ import polars as pl
 
 from pipeline.errors import ConfigError
 from pipeline.ingest.timeparse import anchor_us
-
-from ..tomlfile import read_toml
+from pipeline.tomlfile import read_toml
 
 _PROFILE = Path(__file__).with_name("profile.toml")
 

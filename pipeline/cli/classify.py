@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import click
 
-from pipeline.cli_common import emit_json, get_store, json_option, progress, run, store_option
+from pipeline.cli.common import emit_json, get_store, json_option, progress, run, store_option
 
 
 def _fmt_frac(x: float | None) -> str:
@@ -75,7 +75,7 @@ def classify(
 
     Example: rooftrace classify --capacity 40GB --kv-model llama-3.1-70b --ttl 300
     """
-    from pipeline.accounting import classify_tokens
+    from pipeline.classify.accounting import classify_tokens
 
     keys = tuple(k.strip() for k in isolation.split(",") if k.strip())
     summary = run(

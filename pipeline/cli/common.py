@@ -12,13 +12,19 @@ import json
 import sys
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from typing import Any, TypeVar
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import click
 
+from pipeline.defaults import MAX_MEMORY_ENV, MAX_SIM_DAYS_ENV, OUTPUT_FORMATS
 from pipeline.errors import RooftraceError
-from pipeline.limits import MAX_MEMORY_ENV, MAX_SIM_DAYS_ENV, override, parse_days, parse_size, progress_to
-from pipeline.store import Store, open_store
+
+if TYPE_CHECKING:
+    from pipeline.store import Store
+
+# Only the standard library, click and pipeline.defaults/errors at module level: every command's
+# --help is answered from here without importing a stage (tests/test_cli.py, test_help_imports_no_stage).
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -29,7 +35,8 @@ def store_option(fn: F) -> F:
         "store_path",
         type=click.Path(file_okay=False),
         default=None,
-        help="Store directory (default: $ROOFTRACE_STORE or traces/store).",
+        help="Store directory (default: $ROOFTRACE_STORE, else the store of the rooftrace.toml found from the "
+        "current directory, else ./traces/store).",
     )(fn)
 
 
@@ -38,7 +45,17 @@ def json_option(fn: F) -> F:
 
 
 def get_store(store_path: str | None) -> Store:
+    from pipeline.store import open_store
+
     return open_store(store_path)
+
+
+def output_options(fn: F) -> F:
+    """``--format`` (table, csv, json, parquet) and ``--out FILE`` of ``sql`` and ``query``."""
+    fn = click.option("--out", type=click.Path(dir_okay=False, path_type=Path), default=None, help="Write to FILE.")(fn)
+    return click.option(
+        "--format", "fmt", type=click.Choice(OUTPUT_FORMATS), default="table", show_default=True, help="Output format."
+    )(fn)
 
 
 def emit_json(doc: Any) -> None:
@@ -58,6 +75,8 @@ def run(fn: Callable[[], Any]) -> Any:
     """Call ``fn``; turn rooftrace errors into a one-line message and exit code 1, Ctrl-C into
     one line and exit code 130. Long replays inside report progress on stderr."""
     try:
+        from pipeline.limits import progress_to
+
         with progress_to(progress):
             return fn()
     except RooftraceError as exc:
@@ -68,11 +87,15 @@ def run(fn: Callable[[], Any]) -> Any:
         sys.exit(EXIT_INTERRUPTED)
 
 
-def _validated(parse: Callable[[str], Any]) -> Callable[[click.Context, click.Parameter, str | None], str | None]:
+def _validated(parser: str) -> Callable[[click.Context, click.Parameter, str | None], str | None]:
+    """A callback that checks the option with ``pipeline.limits.<parser>`` (imported when used)."""
+
     def check(ctx: click.Context, param: click.Parameter, value: str | None) -> str | None:
         if value is not None:
+            from pipeline import limits
+
             try:
-                parse(value)
+                getattr(limits, parser)(value)
             except ValueError as exc:
                 raise click.BadParameter(str(exc)) from None
         return value
@@ -83,6 +106,8 @@ def _validated(parse: Callable[[str], Any]) -> Callable[[click.Context, click.Pa
 @contextmanager
 def limits_from(max_memory: str | None, max_sim_days: str | None) -> Iterator[None]:
     """The limits of ``limit_options`` in force for the duration (options not given: unchanged)."""
+    from pipeline.limits import override, parse_days, parse_size
+
     given: dict[str, Any] = {}
     if max_memory is not None:
         given["max_memory"] = parse_size(max_memory)
@@ -97,7 +122,7 @@ def limit_options(fn: F) -> F:
     :func:`limits_from`)."""
     fn = click.option(
         "--max-memory",
-        callback=_validated(parse_size),
+        callback=_validated("parse_size"),
         default=None,
         metavar="SIZE",
         help="Refuse a replay estimated to need more memory: 64GiB, 512MiB, 80% (of physical memory) or none "
@@ -105,9 +130,30 @@ def limit_options(fn: F) -> F:
     )(fn)
     return click.option(
         "--max-sim-days",
-        callback=_validated(parse_days),
+        callback=_validated("parse_days"),
         default=None,
         metavar="DAYS",
         help="Refuse an open-loop replay whose arrivals span more simulated days (--rate-scale stretches them) "
         f"or none (default: ${MAX_SIM_DAYS_ENV}, else 30).",
     )(fn)
+
+
+# --------------------------------------------------------------------------------------------
+# shared by several commands
+
+
+def gib(x: float) -> str:
+    return f"{x / 2**30:,.2f} GiB"
+
+
+def fmt_num(x: float | None, spec: str) -> str:
+    return "-" if x is None else format(x, spec)
+
+
+reports_option = click.option(
+    "--reports",
+    "reports_dir",
+    type=click.Path(file_okay=False, path_type=Path),
+    default=None,
+    help="Reports folder (default: the rooftrace.toml project's reports, else ./reports).",
+)

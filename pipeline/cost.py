@@ -37,9 +37,8 @@ from pipeline.fleet import ResolvedFleet, parse_fleet, resolve
 from pipeline.schemas import atomic_write_bytes, read_parquet, write_parquet
 from pipeline.steps import StepBatch
 from pipeline.store import Store, confined
+from pipeline.tomlfile import read_toml
 from pipeline.warehouse import latest_run
-
-from .tomlfile import read_toml
 
 PRICES_DIR = Path(__file__).resolve().parent / "catalog" / "prices"
 

@@ -6,7 +6,7 @@ from typing import Any
 
 import click
 
-from pipeline.cli_common import (
+from pipeline.cli.common import (
     emit_json,
     get_store,
     json_option,
@@ -16,8 +16,6 @@ from pipeline.cli_common import (
     run,
     store_option,
 )
-from pipeline.replay import ReplayOptions, replay
-from pipeline.slo import failures_line, overload_text, verdict_text
 
 
 def _ms(x: float | None) -> str:
@@ -30,7 +28,8 @@ def _ms(x: float | None) -> str:
     "fleet_path",
     type=click.Path(dir_okay=False),
     default=None,
-    help="FLEET.toml: hardware, model, parallelism, replicas, router, engine (default: fleets/default.toml).",
+    help="FLEET.toml: hardware, model, parallelism, replicas, router, engine "
+    "(default: the project's fleet, fleets/default.toml).",
 )
 @click.option("--date", default=None, help="Arrival date YYYY-MM-DD (default: the latest in the store).")
 @click.option(
@@ -70,7 +69,8 @@ def replay_cmd(
     store_path: str | None,
     as_json: bool,
 ) -> None:
-    """Replay requests through a roofline model of a continuous-batching fleet.
+    """Replay requests through vLLM-v1 scheduling on a fleet of replicas, each step priced from the GPU's
+    measured profile where the catalog has one, else the roofline; failures first, then latencies.
 
     Writes STORE/runs/<run_id>/ with config.json and requests, steps and series Parquet.
     Refuses, before it starts, a replay estimated to need more memory than --max-memory or whose
@@ -79,6 +79,9 @@ def replay_cmd(
 
     Example: rooftrace replay --fleet fleets/default.toml --rate-scale 2
     """
+
+    from pipeline.replay import ReplayOptions, replay
+    from pipeline.slo import failures_line, overload_text, verdict_text
 
     def body() -> Any:
         options = ReplayOptions(

@@ -28,7 +28,7 @@ import numpy as np
 import numpy.typing as npt
 import polars as pl
 
-from pipeline import prefix
+from pipeline.classify import prefix
 from pipeline.errors import RooftraceError
 from pipeline.schemas import atomic_write_bytes, write_parquet
 from pipeline.store import Store
@@ -116,7 +116,7 @@ def catalog_kv_bytes_per_token(model: str, kv_dtype: str = "bf16", *, required: 
     # Imported here: the catalog and memory model are another stage's, loaded only when needed.
     from pipeline.catalog import load_model
     from pipeline.errors import ConfigError
-    from pipeline.memory import kv_bytes_per_token
+    from pipeline.fit import kv_bytes_per_token
 
     try:
         spec = load_model(model)

@@ -1,59 +1,13 @@
-"""``rooftrace ingest`` and ``rooftrace synth``."""
+"""``rooftrace synth``: a realistic synthetic request log (pipeline/synth/)."""
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
 import click
 
-from pipeline.cli_common import emit_json, get_store, json_option, progress, run, store_option
-from pipeline.ingest import ALL_FORMATS, ingest_logs
-from pipeline.store import check_date
-from pipeline.synth import SYNTH_FORMATS, SynthConfig, generate, write_logs
-
-
-@click.command()
-@click.argument("sources", nargs=-1, required=True, type=click.Path(path_type=Path))
-@click.option("--format", "fmt", type=click.Choice(ALL_FORMATS), default=None, help="Log format (default: detect).")
-@click.option("--date", default=None, help="YYYY-MM-DD anchor for traces with relative timestamps.")
-@click.option(
-    "--mapping",
-    type=click.Path(exists=True, dir_okay=False, path_type=Path),
-    default=None,
-    help="TOML column mapping for --format csv|jsonl|parquet.",
-)
-@click.option(
-    "--force",
-    is_flag=True,
-    help="Ingest files already ingested again, REPLACING the rows stored from them (not adding).",
-)
-@store_option
-@json_option
-def ingest(
-    sources: tuple[Path, ...],
-    fmt: str | None,
-    date: str | None,
-    mapping: Path | None,
-    force: bool,
-    store_path: str | None,
-    as_json: bool,
-) -> None:
-    """Ingest request logs (files or directories; plain, .gz or .zst) into the store.
-
-    Writes STORE/requests/date=YYYY-MM-DD/, quarantines malformed or implausible records with a
-    reason in STORE/quarantine/ and records every file in STORE/manifest.parquet. Exits 1 if any
-    file could not be read or had every row quarantined (the others are still ingested; a failed
-    file is not recorded, so a corrected re-run takes it). Limits: docs/limits.md.
-
-    Example: rooftrace ingest traces/azure_conv.csv.gz
-    """
-    summary = run(lambda: ingest_logs(list(sources), get_store(store_path), fmt, date, mapping, progress, force=force))
-    progress(summary.line())
-    if as_json:
-        emit_json(summary.to_json())
-    if not summary.ok:
-        sys.exit(1)
+from pipeline.cli.common import emit_json, json_option, progress, run
+from pipeline.defaults import SYNTH_FORMATS
 
 
 @click.command()
@@ -112,6 +66,9 @@ def synth(
 
     Example: rooftrace synth --format anthropic --requests 50000 --out logs/day.jsonl.gz
     """
+
+    from pipeline.store import check_date
+    from pipeline.synth import SynthConfig, generate, write_logs
 
     def work() -> tuple[list[Path], int]:
         check_date(date)

@@ -1,4 +1,4 @@
-"""``rooftrace plan`` (cheapest fleet meeting the SLOs) and ``rooftrace cost`` (economics of a run)."""
+"""``rooftrace plan``: the cheapest fleet whose replay meets the SLO (pipeline/plan.py)."""
 
 from __future__ import annotations
 
@@ -6,11 +6,9 @@ from typing import Any
 
 import click
 
-from pipeline.cli_common import emit_json, get_store, json_option, progress, run, store_option
-from pipeline.economics import run_cost
+from pipeline.cli.common import emit_json, fmt_num, get_store, json_option, progress, run, store_option
+from pipeline.defaults import DEFAULT_MAX_REPLICAS, DEFAULT_WARMUP_S, DEFAULT_WINDOW_S
 from pipeline.errors import ConfigError
-from pipeline.plan import DEFAULT_MAX_REPLICAS, DEFAULT_WARMUP_S, DEFAULT_WINDOW_S, PlanOptions, plan
-from pipeline.slo import load_slo_presets
 
 
 def _csv(text: str) -> tuple[str, ...]:
@@ -38,14 +36,10 @@ def _gpu_prices(items: tuple[str, ...]) -> tuple[tuple[str, float], ...]:
     return tuple(out)
 
 
-def _fmt_s(x: float | None) -> str:
+def fmt_s(x: float | None) -> str:
     if x is None:
         return "-"
     return f"{x * 1e3:.0f}ms" if x < 1 else f"{x:.2f}s"
-
-
-def _fmt(x: float | None, spec: str) -> str:
-    return "-" if x is None else format(x, spec)
 
 
 def _share(text: str, option: str) -> float:
@@ -150,13 +144,16 @@ def plan_cmd(
 
     Example: rooftrace plan --model llama-3.1-70b --slo ttft_p99=2s,tpot_p99=100ms --tp 2,4,8
     """
+    from pipeline.plan import PlanOptions, plan
+    from pipeline.slo import load_slo_presets
+
     if list_slos:
         presets = run(load_slo_presets)
         if as_json:
             emit_json({k: v.to_dict() for k, v in presets.items()})
             return
         for p in presets.values():
-            targets = ", ".join(f"{t.name} <= {_fmt_s(t.limit_s)}" for t in p.targets)
+            targets = ", ".join(f"{t.name} <= {fmt_s(t.limit_s)}" for t in p.targets)
             click.echo(f"{p.name:<20} {targets:<40} {p.description}")
             click.echo(f"{'':<20} source: {p.source}")
         return
@@ -204,10 +201,10 @@ def plan_cmd(
             click.echo(f"{'-':>3} {r['config']:<24} {r['note']}")
             continue
         click.echo(
-            f"{r['rank']:>3} {r['config']:<24} {r['gpus']:>5} {r['replicas']:>4} {_fmt_s(r['ttft_p99_s']):>8} "
-            f"{_fmt_s(r['tpot_p99_s']):>8} {_fmt(r['utilization'], '.0%'):>5} {_fmt(r['slo_headroom'], '.0%'):>8} "
-            f"{r['binding'] or '-':<12} {_fmt(r['usd_per_day'], ',.0f'):>10} "
-            f"{_fmt(r['usd_per_million_tokens'], '.3f'):>7} {'*' if r['pareto'] else ''}"
+            f"{r['rank']:>3} {r['config']:<24} {r['gpus']:>5} {r['replicas']:>4} {fmt_s(r['ttft_p99_s']):>8} "
+            f"{fmt_s(r['tpot_p99_s']):>8} {fmt_num(r['utilization'], '.0%'):>5} {fmt_num(r['slo_headroom'], '.0%'):>8} "
+            f"{r['binding'] or '-':<12} {fmt_num(r['usd_per_day'], ',.0f'):>10} "
+            f"{fmt_num(r['usd_per_million_tokens'], '.3f'):>7} {'*' if r['pareto'] else ''}"
         )
     chosen = doc["chosen"]
     if chosen is None:
@@ -225,48 +222,6 @@ def plan_cmd(
     for a in doc["api_equivalent"]:
         click.echo(
             f"  vs {a['provider']}/{a['api_model']} ({a['price_date']}): API ${a['api_usd']:,.2f}, "
-            f"self-host/API {_fmt(a['self_host_to_api_ratio'], '.2f')}"
+            f"self-host/API {fmt_num(a['self_host_to_api_ratio'], '.2f')}"
         )
     progress(f"{doc['replays']} replays in {doc['search_wall_s']:.1f} s")
-
-
-@click.command("cost")
-@click.option("--run", "run_id", default=None, help="Replay run id (default: the latest run).")
-@click.option("--prices", "price_files", multiple=True, type=click.Path(dir_okay=False), help="API price TOML.")
-@click.option("--gpu-price", type=click.FloatRange(min=0), default=None, help="Override $/GPU-hour.")
-@store_option
-@json_option
-def cost_cmd(
-    run_id: str | None, price_files: tuple[str, ...], gpu_price: float | None, store_path: str | None, as_json: bool
-) -> None:
-    """GPU cost of a replay split into $ per million fresh-input, cache-hit and output tokens, and
-    the API-equivalent cost of the same traffic on dated price tables.
-
-    Writes STORE/costs/<run_id>/ (gpu_cost.parquet, api_cost.parquet, cost.json).
-
-    Example: rooftrace cost --prices my_prices.toml
-    """
-    result = run(lambda: run_cost(get_store(store_path), run_id, price_files, gpu_price))
-    doc = result.to_dict()
-    if as_json:
-        emit_json(doc)
-        return
-    click.echo(f"cost of run {result.subject} -> {result.out_dir}")
-    click.echo(
-        f"{doc['gpus']}x {doc['hardware']} at ${doc['usd_per_gpu_hour']:.2f}/GPU-h ({doc['price_date']}): "
-        f"${doc['total_usd']:,.2f} over the period of record ({doc['day_projection']}), "
-        f"utilization {doc['utilization']:.0%}, "
-        f"idle ${doc['idle_usd']:,.2f}"
-    )
-    for r in doc["token_classes"]:
-        if r["token_class"] == "idle":
-            continue
-        click.echo(
-            f"  {r['token_class']:<12} {r['tokens']:>16,.0f} tokens  busy {r['busy_share']:>5.1%}  "
-            f"${_fmt(r['all_in_usd_per_million_tokens'], '.4f')}/M all-in"
-        )
-    for a in doc["api_equivalent"]:
-        click.echo(
-            f"  vs {a['provider']}/{a['api_model']} ({a['price_date']}): API ${a['api_usd']:,.2f}, "
-            f"self-host/API {_fmt(a['self_host_to_api_ratio'], '.2f')}"
-        )

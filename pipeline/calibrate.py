@@ -1,0 +1,92 @@
+"""``rooftrace calibrate``: fit a GPU's roofline factors on its operator measurements.
+
+``calibrate --measurements FILE --hardware GPU`` loads the Vidur / Splitwise tables the way
+``validate`` does (pipeline/validate.py), fits the factors those tables identify on the training
+split, and writes a new hardware entry stating what it was fitted on and its held-out error.
+``calibrate --measurements DIR`` of operator profiles builds measured GPU profiles instead
+(pipeline/profile/build.py).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+import numpy as np
+
+from pipeline.catalog import HardwareSpec, load_hardware
+from pipeline.errors import RooftraceError
+from pipeline.schemas import atomic_write_bytes
+from pipeline.validate import MIN_TARGET_TOKENS, Calibration, discover, fit_factors, fit_rows, load_groups
+
+
+@dataclass(frozen=True)
+class CalibrateResult:
+    hardware: HardwareSpec
+    calibration: Calibration
+    train_median_abs_error: float
+    holdout_median_abs_error: float
+    before_median_abs_error: float
+    toml: str
+
+
+def calibrate(measurements: Path, hardware: str, name: str | None = None) -> CalibrateResult:
+    """Fit the factors a measurement file identifies for one GPU; return the new catalog entry."""
+    from pipeline.catalog import hardware_to_toml
+
+    base = load_hardware(hardware)
+    paths = discover(measurements)
+    groups, skipped = load_groups(paths)
+    mine = [g for g in groups if g.hardware.name == base.name]
+    if not mine:
+        # A user's own table with a label the map does not know: treat all its rows as `hardware`.
+        groups, skipped = load_groups(paths, hardware)
+        mine = groups
+    if not mine:
+        raise RooftraceError(f"{measurements}: no rows for hardware {hardware!r} ({'; '.join(skipped)})")
+    mine = [replace(g, hardware=base) for g in mine]
+    kinds = sorted({g.kind for g in mine})
+    fitted = base
+    cals = []
+    for kind in kinds:
+        fitted, cal = fit_factors([g for g in mine if g.kind == kind], kind, fitted)
+        cals.append(cal)
+    cal = cals[0] if len(cals) == 1 else Calibration(
+        "+".join(c.kind for c in cals), base.name, {k: v for c in cals for k, v in c.params.items()},
+        sum(c.n_train for c in cals), sum(c.n_holdout for c in cals),
+        tuple(f for c in cals for f in c.files), " | ".join(c.description for c in cals),
+    )  # fmt: skip
+
+    def med(hw: HardwareSpec, which: str) -> float:
+        errs = []
+        for g in mine:
+            rows = fit_rows(g) if which == "train" else g.holdout
+            if g.kind == "vidur_mlp" and which != "train":
+                rows = rows & (g.tokens >= MIN_TARGET_TOKENS)
+            errs.append(np.abs(g.predict(hw)[rows] / g.measured_s[rows] - 1.0))
+        allerr = np.concatenate(errs)
+        return float(np.median(allerr)) if allerr.size else math.nan
+
+    stem = name or f"{base.name}-calibrated"
+    note = f"{cal.description}; hold-out median abs error {med(fitted, 'holdout'):.1%}"
+    new = replace(
+        fitted,
+        name=stem,
+        display_name=f"{base.display_name} (calibrated)",
+        calibrated_on=note,
+        sources={**dict(base.sources), "efficiency": f"rooftrace calibrate: {note}"},
+    )
+    return CalibrateResult(
+        hardware=new,
+        calibration=cal,
+        train_median_abs_error=med(fitted, "train"),
+        holdout_median_abs_error=med(fitted, "holdout"),
+        before_median_abs_error=med(base, "holdout"),
+        toml=f"# {new.display_name}: written by `rooftrace calibrate`.\n" + hardware_to_toml(new),
+    )
+
+
+def write_calibrated(result: CalibrateResult, out: Path) -> Path:
+    atomic_write_bytes(out, result.toml.encode())
+    return out

@@ -1,0 +1,755 @@
+"""Hardware and model catalog: TOML data files, loaded into frozen, validated dataclasses.
+
+Layout (docs/architecture.md, Layout and House rules)::
+
+    pipeline/catalog/hardware/<name>.toml   one accelerator (per GPU), every value with a source
+    pipeline/catalog/models/<name>.toml     one model: a subset of its Hugging Face config.json
+    pipeline/catalog/dtypes.toml            weight / KV-cache storage formats (bytes, scales)
+
+Names are file stems, lower-case (``h100-sxm``, ``llama-3.1-8b``). Unknown and missing keys are
+errors that name the file and key. Nothing is read at import time.
+
+A model file keeps the Hugging Face ``config.json`` keys verbatim under ``[config]`` so that an
+entry can be checked against its published config line by line; :func:`model_from_hf_config`
+normalises those keys (which differ between Llama, Mixtral, Qwen3-MoE, DeepSeek-V3 and gpt-oss)
+into one :class:`ModelSpec`. ``rooftrace catalog import-hf`` uses the same function.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from functools import cache
+from pathlib import Path
+from types import MappingProxyType
+from typing import Any
+
+from pipeline.errors import ConfigError
+from pipeline.tomlfile import read_toml
+
+CATALOG_DIR = Path(__file__).resolve().parent
+
+
+def hardware_dir() -> Path:
+    return CATALOG_DIR / "hardware"
+
+
+def models_dir() -> Path:
+    return CATALOG_DIR / "models"
+
+
+# --------------------------------------------------------------------------------------------
+# small validation helpers
+
+
+def _check_keys(table: Mapping[str, Any], required: set[str], optional: set[str], where: str) -> None:
+    unknown = sorted(set(table) - required - optional)
+    missing = sorted(required - set(table))
+    if unknown:
+        raise ConfigError(f"{where}: unknown key(s) {unknown}; allowed: {sorted(required | optional)}")
+    if missing:
+        raise ConfigError(f"{where}: missing key(s) {missing}")
+
+
+def _num(table: Mapping[str, Any], key: str, where: str, *, positive: bool = True) -> float:
+    value = table[key]
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise ConfigError(f"{where}: {key} must be a number, got {value!r}")
+    if not math.isfinite(value) or value < 0 or (positive and value == 0):
+        raise ConfigError(f"{where}: {key} must be {'> 0' if positive else '>= 0'}, got {value!r}")
+    return float(value)
+
+
+def _int(table: Mapping[str, Any], key: str, where: str, *, minimum: int = 1) -> int:
+    value = table[key]
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ConfigError(f"{where}: {key} must be an integer, got {value!r}")
+    if value < minimum:
+        raise ConfigError(f"{where}: {key} must be >= {minimum}, got {value}")
+    return value
+
+
+def _str(table: Mapping[str, Any], key: str, where: str) -> str:
+    value = table[key]
+    if not isinstance(value, str) or not value.strip():
+        raise ConfigError(f"{where}: {key} must be a non-empty string, got {value!r}")
+    return value
+
+
+# --------------------------------------------------------------------------------------------
+# storage formats
+
+
+@dataclass(frozen=True)
+class WeightFormat:
+    name: str
+    bits: int
+    group_size: int
+    scale_bytes: float
+    compute: str
+    source: str
+
+    @property
+    def bytes_per_param(self) -> float:
+        """Storage bytes per weight, including per-group scales."""
+        extra = self.scale_bytes / self.group_size if self.group_size else 0.0
+        return self.bits / 8.0 + extra
+
+
+@dataclass(frozen=True)
+class KVFormat:
+    name: str
+    bytes: float
+    source: str
+
+
+@dataclass(frozen=True)
+class Formats:
+    weight: Mapping[str, WeightFormat]
+    kv: Mapping[str, KVFormat]
+
+
+@cache
+def load_formats() -> Formats:
+    path = CATALOG_DIR / "dtypes.toml"
+    data = read_toml(path, "catalog entry")
+    _check_keys(data, {"weight", "kv"}, set(), str(path))
+    weights: dict[str, WeightFormat] = {}
+    for name, raw in data["weight"].items():
+        where = f"{path} [weight.{name}]"
+        _check_keys(raw, {"bits", "group_size", "scale_bytes", "compute", "source"}, set(), where)
+        weights[name] = WeightFormat(
+            name=name,
+            bits=_int(raw, "bits", where),
+            group_size=_int(raw, "group_size", where, minimum=0),
+            scale_bytes=_num(raw, "scale_bytes", where, positive=False),
+            compute=_str(raw, "compute", where),
+            source=_str(raw, "source", where),
+        )
+    kvs: dict[str, KVFormat] = {}
+    for name, raw in data["kv"].items():
+        where = f"{path} [kv.{name}]"
+        _check_keys(raw, {"bytes", "source"}, set(), where)
+        kvs[name] = KVFormat(name=name, bytes=_num(raw, "bytes", where), source=_str(raw, "source", where))
+    return Formats(weight=MappingProxyType(weights), kv=MappingProxyType(kvs))
+
+
+def weight_format(name: str) -> WeightFormat:
+    formats = load_formats().weight
+    if name not in formats:
+        raise ConfigError(f"unknown weight dtype {name!r}; known: {sorted(formats)}")
+    return formats[name]
+
+
+def kv_format(name: str) -> KVFormat:
+    formats = load_formats().kv
+    if name not in formats:
+        raise ConfigError(f"unknown KV-cache dtype {name!r}; known: {sorted(formats)}")
+    return formats[name]
+
+
+# --------------------------------------------------------------------------------------------
+# hardware
+
+
+@dataclass(frozen=True)
+class HardwareSpec:
+    """One accelerator, per GPU. SI units: bytes, bytes/s, FLOP/s, seconds, USD.
+
+    peak_flops_per_s holds *dense* tensor-core peaks by dtype (not the 2:4-sparse datasheet
+    figure). link_* describe the intra-node GPU-GPU link per direction per GPU. The efficiency
+    factors scale the peaks to what kernels reach: compute for matmuls and attention, memory for
+    weight/KV streaming, elementwise for the SiLU×mul activation kernel's share of HBM bandwidth
+    (norm, rotary and residual-add kernels scale it by ``roofline.ELEMENTWISE_KERNEL_SCALE``),
+    link for collectives. min_kernel_s is the shortest time any
+    kernel takes (launch and ramp-up: a tiny GEMM or norm never finishes faster); calibrated_on
+    says which data set them.
+    """
+
+    name: str
+    display_name: str
+    vendor: str
+    memory_bytes: float
+    memory_bandwidth_bytes_per_s: float
+    peak_flops_per_s: Mapping[str, float] = field(hash=False)
+    link_kind: str
+    link_bandwidth_bytes_per_s: float
+    link_latency_s: float
+    gpus_per_node: int
+    compute_efficiency: float
+    memory_efficiency: float
+    elementwise_efficiency: float
+    link_efficiency: float
+    min_kernel_s: float
+    step_overhead_s: float
+    calibrated_on: str
+    price_usd_per_gpu_hour: float
+    price_date: str
+    sources: Mapping[str, str] = field(hash=False)
+    path: str = field(default="", compare=False)
+
+    def peak_for(self, dtype: str) -> float:
+        """Dense peak FLOP/s for matmuls in ``dtype``; bf16 when the GPU lacks that format."""
+        if dtype in self.peak_flops_per_s:
+            return self.peak_flops_per_s[dtype]
+        return self.peak_flops_per_s["bf16"]
+
+    def compute_dtype_for(self, dtype: str) -> str:
+        return dtype if dtype in self.peak_flops_per_s else "bf16"
+
+
+_HW_TOP = {"name", "display_name", "vendor", "memory_bytes", "memory_bandwidth_bytes_per_s"}
+_HW_TABLES = {"peak_flops_per_s", "link", "efficiency", "price", "sources"}
+_HW_LINK = {"kind", "bandwidth_bytes_per_s", "latency_s", "gpus_per_node"}
+_HW_EFF = {"compute", "memory", "elementwise", "link", "min_kernel_s", "step_overhead_s", "calibrated_on"}
+_HW_PRICE = {"usd_per_gpu_hour", "date"}
+#: Every numeric field (or table of them) must have an entry in [sources].
+_HW_SOURCED = {
+    "memory_bytes",
+    "memory_bandwidth_bytes_per_s",
+    "peak_flops_per_s",
+    "link",
+    "efficiency",
+    "price",
+}
+_PEAK_DTYPES = {"bf16", "fp16", "fp8", "int8", "fp4", "int4"}
+
+
+def parse_hardware(data: Mapping[str, Any], origin: str) -> HardwareSpec:
+    _check_keys(data, _HW_TOP | _HW_TABLES, set(), origin)
+    for table in _HW_TABLES:
+        if not isinstance(data[table], dict):
+            raise ConfigError(f"{origin}: [{table}] must be a table")
+    peaks = data["peak_flops_per_s"]
+    unknown = sorted(set(peaks) - _PEAK_DTYPES)
+    if unknown:
+        raise ConfigError(f"{origin}: [peak_flops_per_s] unknown dtype(s) {unknown}; allowed {sorted(_PEAK_DTYPES)}")
+    if "bf16" not in peaks:
+        raise ConfigError(f"{origin}: [peak_flops_per_s] missing key ['bf16']")
+    peak = {k: _num(peaks, k, f"{origin} [peak_flops_per_s]") for k in sorted(peaks)}
+    link = data["link"]
+    _check_keys(link, _HW_LINK, set(), f"{origin} [link]")
+    eff = data["efficiency"]
+    _check_keys(eff, _HW_EFF, set(), f"{origin} [efficiency]")
+    price = data["price"]
+    _check_keys(price, _HW_PRICE, set(), f"{origin} [price]")
+    sources = data["sources"]
+    _check_keys(sources, _HW_SOURCED, set(), f"{origin} [sources]")
+    for key in _HW_SOURCED:
+        _str(sources, key, f"{origin} [sources]")
+    for key in ("compute", "memory", "elementwise", "link"):
+        value = _num(eff, key, f"{origin} [efficiency]")
+        if value > 1.0:
+            raise ConfigError(f"{origin} [efficiency]: {key} must be in (0, 1], got {value}")
+    date = _str(price, "date", f"{origin} [price]")
+    if len(date) < 7 or date[4] != "-" or not date[:4].isdigit() or not date[5:7].isdigit():
+        raise ConfigError(f"{origin} [price]: date must be YYYY-MM or YYYY-MM-DD, got {date!r}")
+    return HardwareSpec(
+        name=_str(data, "name", origin),
+        display_name=_str(data, "display_name", origin),
+        vendor=_str(data, "vendor", origin),
+        memory_bytes=_num(data, "memory_bytes", origin),
+        memory_bandwidth_bytes_per_s=_num(data, "memory_bandwidth_bytes_per_s", origin),
+        peak_flops_per_s=MappingProxyType(peak),
+        link_kind=_str(link, "kind", f"{origin} [link]"),
+        link_bandwidth_bytes_per_s=_num(link, "bandwidth_bytes_per_s", f"{origin} [link]"),
+        link_latency_s=_num(link, "latency_s", f"{origin} [link]", positive=False),
+        gpus_per_node=_int(link, "gpus_per_node", f"{origin} [link]"),
+        compute_efficiency=float(eff["compute"]),
+        memory_efficiency=float(eff["memory"]),
+        elementwise_efficiency=float(eff["elementwise"]),
+        link_efficiency=float(eff["link"]),
+        min_kernel_s=_num(eff, "min_kernel_s", f"{origin} [efficiency]", positive=False),
+        step_overhead_s=_num(eff, "step_overhead_s", f"{origin} [efficiency]", positive=False),
+        calibrated_on=_str(eff, "calibrated_on", f"{origin} [efficiency]"),
+        price_usd_per_gpu_hour=_num(price, "usd_per_gpu_hour", f"{origin} [price]"),
+        price_date=date,
+        sources=MappingProxyType({k: str(sources[k]) for k in sorted(sources)}),
+        path=origin,
+    )
+
+
+def hardware_to_toml(hw: HardwareSpec) -> str:
+    """Serialise a HardwareSpec back to catalog TOML (used by ``calibrate`` to write a new entry)."""
+
+    def q(text: str) -> str:
+        return '"' + text.replace("\\", "\\\\").replace('"', '\\"') + '"'
+
+    def num(value: float) -> str:
+        # Exact integers (byte counts) stay integers; large rates read better as 3.35e+12.
+        if float(value).is_integer() and abs(value) < 1e12:
+            return str(int(value))
+        return f"{value:.10g}" if "e" in f"{value:.10g}" or "." in f"{value:.10g}" else f"{value:.10g}.0"
+
+    lines = [
+        f"name = {q(hw.name)}",
+        f"display_name = {q(hw.display_name)}",
+        f"vendor = {q(hw.vendor)}",
+        f"memory_bytes = {num(hw.memory_bytes)}",
+        f"memory_bandwidth_bytes_per_s = {num(hw.memory_bandwidth_bytes_per_s)}",
+        "",
+        "[peak_flops_per_s]",
+        *(f"{k} = {num(v)}" for k, v in hw.peak_flops_per_s.items()),
+        "",
+        "[link]",
+        f"kind = {q(hw.link_kind)}",
+        f"bandwidth_bytes_per_s = {num(hw.link_bandwidth_bytes_per_s)}",
+        f"latency_s = {num(hw.link_latency_s)}",
+        f"gpus_per_node = {hw.gpus_per_node}",
+        "",
+        "[efficiency]",
+        f"compute = {num(hw.compute_efficiency)}",
+        f"memory = {num(hw.memory_efficiency)}",
+        f"elementwise = {num(hw.elementwise_efficiency)}",
+        f"link = {num(hw.link_efficiency)}",
+        f"min_kernel_s = {num(hw.min_kernel_s)}",
+        f"step_overhead_s = {num(hw.step_overhead_s)}",
+        f"calibrated_on = {q(hw.calibrated_on)}",
+        "",
+        "[price]",
+        f"usd_per_gpu_hour = {num(hw.price_usd_per_gpu_hour)}",
+        f"date = {q(hw.price_date)}",
+        "",
+        "[sources]",
+        *(f"{k} = {q(v)}" for k, v in hw.sources.items()),
+        "",
+    ]
+    return "\n".join(lines)
+
+
+def list_hardware() -> list[str]:
+    return sorted(p.stem for p in hardware_dir().glob("*.toml"))
+
+
+def _exists(path: Path) -> bool:
+    """``path.exists()``, False for a name no file can have (too long, or holding NUL)."""
+    try:
+        return path.exists()
+    except (OSError, ValueError):
+        return False
+
+
+def load_hardware_file(path: Path | str) -> HardwareSpec:
+    path = Path(path)
+    return parse_hardware(read_toml(path, "catalog entry"), str(path))
+
+
+@cache
+def load_hardware(name: str) -> HardwareSpec:
+    """Load ``hardware/<name>.toml``; ``name`` may also be a path to a TOML file."""
+    candidate = Path(name)
+    if candidate.suffix == ".toml" and _exists(candidate):
+        return load_hardware_file(candidate)
+    path = hardware_dir() / f"{name}.toml"
+    if not _exists(path):
+        raise ConfigError(f"no hardware named {name!r} in {hardware_dir()}; known: {list_hardware()}")
+    spec = load_hardware_file(path)
+    if spec.name != name:
+        raise ConfigError(f"{path}: declares name {spec.name!r}, expected {name!r} (the file stem)")
+    return spec
+
+
+# --------------------------------------------------------------------------------------------
+# models
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """A decoder-only transformer, normalised from its Hugging Face config.json.
+
+    attention: "mha" (kv heads == heads), "gqa" (1 < kv heads < heads), "mqa" (1 kv head) or
+    "mla" (DeepSeek multi-head latent attention: the KV cache holds a compressed latent of
+    kv_lora_rank + qk_rope_head_dim values per token and layer, shared by all heads).
+    MoE layers: num_experts routed experts of moe_intermediate_size, experts_per_token active per
+    token, plus num_shared_experts always-active experts; the first first_dense_layers layers
+    use a dense MLP of intermediate_size instead. Sliding-window layers (window sliding_window
+    tokens) are num_sliding_layers of the num_layers layers.
+    """
+
+    name: str
+    hf_id: str
+    model_type: str
+    native_dtype: str
+    hidden_size: int
+    num_layers: int
+    num_attention_heads: int
+    num_kv_heads: int
+    head_dim: int
+    intermediate_size: int
+    vocab_size: int
+    max_position_embeddings: int
+    tie_word_embeddings: bool
+    attention_bias: bool = False
+    # MLA (0 when absent)
+    kv_lora_rank: int = 0
+    q_lora_rank: int = 0
+    qk_nope_head_dim: int = 0
+    qk_rope_head_dim: int = 0
+    v_head_dim: int = 0
+    # MoE (0 when dense)
+    num_experts: int = 0
+    experts_per_token: int = 0
+    moe_intermediate_size: int = 0
+    num_shared_experts: int = 0
+    first_dense_layers: int = 0
+    # sliding window (0 when absent)
+    sliding_window: int = 0
+    num_sliding_layers: int = 0
+    source: str = ""
+    config: Mapping[str, Any] = field(default_factory=lambda: MappingProxyType({}), compare=False, repr=False)
+
+    # ---- derived shape facts ----
+    @property
+    def is_mla(self) -> bool:
+        return self.kv_lora_rank > 0
+
+    @property
+    def is_moe(self) -> bool:
+        return self.num_experts > 0
+
+    @property
+    def attention(self) -> str:
+        if self.is_mla:
+            return "mla"
+        if self.num_kv_heads == self.num_attention_heads:
+            return "mha"
+        return "mqa" if self.num_kv_heads == 1 else "gqa"
+
+    @property
+    def num_moe_layers(self) -> int:
+        return self.num_layers - self.first_dense_layers if self.is_moe else 0
+
+    @property
+    def num_dense_layers(self) -> int:
+        return self.num_layers - self.num_moe_layers
+
+    @property
+    def num_full_attention_layers(self) -> int:
+        return self.num_layers - self.num_sliding_layers
+
+    @property
+    def q_head_dim(self) -> int:
+        """Query/key head width used in the attention scores."""
+        return self.qk_nope_head_dim + self.qk_rope_head_dim if self.is_mla else self.head_dim
+
+    @property
+    def o_head_dim(self) -> int:
+        """Value/output head width."""
+        return self.v_head_dim if self.is_mla else self.head_dim
+
+    # ---- parameter counts (per layer unless noted) ----
+    def attention_params(self) -> int:
+        """Weights of one attention block (projections; norms excluded)."""
+        h, nq = self.hidden_size, self.num_attention_heads
+        if self.is_mla:
+            q = (
+                (h * self.q_lora_rank + self.q_lora_rank * nq * self.q_head_dim)
+                if self.q_lora_rank
+                else (h * nq * self.q_head_dim)
+            )
+            kv_a = h * (self.kv_lora_rank + self.qk_rope_head_dim)
+            kv_b = self.kv_lora_rank * nq * (self.qk_nope_head_dim + self.v_head_dim)
+            o = nq * self.v_head_dim * h
+            return q + kv_a + kv_b + o
+        qkv = h * (nq + 2 * self.num_kv_heads) * self.head_dim
+        o = nq * self.head_dim * h
+        bias = (nq + 2 * self.num_kv_heads) * self.head_dim + h if self.attention_bias else 0
+        return qkv + o + bias
+
+    def dense_mlp_params(self) -> int:
+        return 3 * self.hidden_size * self.intermediate_size  # gate, up, down (SwiGLU)
+
+    def expert_params(self) -> int:
+        return 3 * self.hidden_size * self.moe_intermediate_size
+
+    def router_params(self) -> int:
+        return self.hidden_size * self.num_experts
+
+    def embedding_params(self) -> int:
+        return self.vocab_size * self.hidden_size
+
+    def lm_head_params(self) -> int:
+        return 0 if self.tie_word_embeddings else self.vocab_size * self.hidden_size
+
+    def total_params(self) -> int:
+        """All weights (routed experts counted once each)."""
+        per_layer_norms = 2 * self.hidden_size
+        mlp = self.num_dense_layers * self.dense_mlp_params() + self.num_moe_layers * (
+            (self.num_experts + self.num_shared_experts) * self.expert_params() + self.router_params()
+        )
+        return (
+            self.num_layers * (self.attention_params() + per_layer_norms)
+            + mlp
+            + self.embedding_params()
+            + self.lm_head_params()
+            + self.hidden_size
+        )
+
+    def active_params(self) -> int:
+        """Weights touched per token (top-k routed experts plus shared ones)."""
+        if not self.is_moe:
+            return self.total_params()
+        inactive = (self.num_experts - self.experts_per_token) * self.expert_params() * self.num_moe_layers
+        return self.total_params() - inactive
+
+
+#: HF config.json keys a catalog model entry may carry under [config].
+_HF_KEYS: set[str] = {
+    "architectures",
+    "model_type",
+    "hidden_size",
+    "intermediate_size",
+    "num_hidden_layers",
+    "num_attention_heads",
+    "num_key_value_heads",
+    "head_dim",
+    "vocab_size",
+    "max_position_embeddings",
+    "tie_word_embeddings",
+    "attention_bias",
+    "torch_dtype",
+    "sliding_window",
+    "use_sliding_window",
+    "max_window_layers",
+    "layer_types",
+    "kv_lora_rank",
+    "q_lora_rank",
+    "qk_nope_head_dim",
+    "qk_rope_head_dim",
+    "v_head_dim",
+    "num_local_experts",
+    "num_experts",
+    "n_routed_experts",
+    "num_experts_per_tok",
+    "experts_per_token",
+    "moe_intermediate_size",
+    "n_shared_experts",
+    "first_k_dense_replace",
+    "moe_layer_freq",
+    "decoder_sparse_step",
+    "mlp_only_layers",
+    "quantization_config",
+    "num_nextn_predict_layers",
+    "rope_theta",
+}
+_HF_REQUIRED = {"hidden_size", "num_hidden_layers", "num_attention_heads", "vocab_size"}
+_MODEL_TOP = {"name", "hf_id", "source", "config"}
+
+
+def _native_dtype(cfg: Mapping[str, Any]) -> str:
+    quant = cfg.get("quantization_config")
+    if isinstance(quant, Mapping):
+        method = str(quant.get("quant_method", "")).lower()
+        if method == "mxfp4":
+            return "mxfp4"
+        if method == "fp8":
+            return "fp8-block" if quant.get("weight_block_size") else "fp8"
+        if method in ("awq", "gptq"):
+            return "int4"
+    dtype = str(cfg.get("torch_dtype", "bfloat16"))
+    return {"bfloat16": "bf16", "float16": "fp16"}.get(dtype, "bf16")
+
+
+def model_from_hf_config(cfg: Mapping[str, Any], name: str, hf_id: str = "", source: str = "") -> ModelSpec:
+    """Normalise a Hugging Face ``config.json`` mapping into a :class:`ModelSpec`.
+
+    Handles the key spellings of Llama/Mistral/Qwen3 (dense), Mixtral (num_local_experts),
+    Qwen3-MoE (num_experts, decoder_sparse_step, mlp_only_layers), DeepSeek-V3 (n_routed_experts,
+    n_shared_experts, first_k_dense_replace, MLA ranks) and gpt-oss (layer_types with
+    sliding_attention). Raises ConfigError naming the missing key.
+    """
+    where = f"model {name!r} config"
+    missing = sorted(k for k in _HF_REQUIRED if k not in cfg)
+    if missing:
+        raise ConfigError(f"{where}: missing key(s) {missing}")
+
+    def get_int(key: str, default: int = 0) -> int:
+        value = cfg.get(key, default)
+        if value is None:
+            return default
+        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+            raise ConfigError(f"{where}: {key} must be a non-negative integer, got {value!r}")
+        return value
+
+    hidden = get_int("hidden_size")
+    layers = get_int("num_hidden_layers")
+    heads = get_int("num_attention_heads")
+    if min(hidden, layers, heads) <= 0:
+        raise ConfigError(f"{where}: hidden_size, num_hidden_layers, num_attention_heads must be > 0")
+    kv_heads = get_int("num_key_value_heads", heads) or heads
+    if heads % kv_heads:
+        raise ConfigError(f"{where}: num_attention_heads {heads} not divisible by num_key_value_heads {kv_heads}")
+    head_dim = get_int("head_dim", hidden // heads) or hidden // heads
+
+    # MoE: each family spells the expert count differently.
+    num_experts = get_int("n_routed_experts") or get_int("num_local_experts") or get_int("num_experts")
+    top_k = get_int("num_experts_per_tok") or get_int("experts_per_token")
+    moe_inter = get_int("moe_intermediate_size") or (get_int("intermediate_size") if num_experts else 0)
+    first_dense = get_int("first_k_dense_replace")
+    if num_experts:
+        if not top_k or top_k > num_experts:
+            raise ConfigError(f"{where}: num_experts_per_tok must be in 1..{num_experts}, got {top_k}")
+        if get_int("moe_layer_freq", 1) not in (0, 1) or get_int("decoder_sparse_step", 1) not in (0, 1):
+            raise ConfigError(f"{where}: MoE on every k-th layer (k > 1) is not supported")
+        if cfg.get("mlp_only_layers"):
+            raise ConfigError(f"{where}: mlp_only_layers (dense layers inside a Qwen MoE) is not supported")
+
+    # Sliding window: gpt-oss lists per-layer types; Mistral v0.1 applies one window to all layers;
+    # Qwen2/3 carry sliding_window but disable it unless use_sliding_window is true.
+    window = get_int("sliding_window")
+    layer_types = cfg.get("layer_types")
+    if window and layer_types is not None:
+        if not isinstance(layer_types, list) or len(layer_types) != layers:
+            raise ConfigError(f"{where}: layer_types must list {layers} entries")
+        n_sliding = sum(1 for t in layer_types if t == "sliding_attention")
+    elif window and cfg.get("use_sliding_window", True) is False:
+        window, n_sliding = 0, 0
+    elif window and cfg.get("model_type") in ("qwen2", "qwen3", "qwen3_moe", "qwen2_moe"):
+        n_sliding = max(0, layers - get_int("max_window_layers", layers))
+    else:
+        n_sliding = layers if window else 0
+    if window and window >= get_int("max_position_embeddings", 0) > 0:
+        window, n_sliding = 0, 0  # a window as long as the context is no window
+    if not n_sliding:
+        window = 0
+
+    kv_lora = get_int("kv_lora_rank")
+    spec = ModelSpec(
+        name=name,
+        hf_id=hf_id,
+        model_type=str(cfg.get("model_type", "")),
+        native_dtype=_native_dtype(cfg),
+        hidden_size=hidden,
+        num_layers=layers,
+        num_attention_heads=heads,
+        num_kv_heads=heads if kv_lora else kv_heads,
+        head_dim=head_dim,
+        intermediate_size=get_int("intermediate_size"),
+        vocab_size=get_int("vocab_size"),
+        max_position_embeddings=get_int("max_position_embeddings"),
+        tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
+        attention_bias=bool(cfg.get("attention_bias", False)),
+        kv_lora_rank=kv_lora,
+        q_lora_rank=get_int("q_lora_rank"),
+        qk_nope_head_dim=get_int("qk_nope_head_dim"),
+        qk_rope_head_dim=get_int("qk_rope_head_dim"),
+        v_head_dim=get_int("v_head_dim"),
+        num_experts=num_experts,
+        experts_per_token=top_k if num_experts else 0,
+        moe_intermediate_size=moe_inter if num_experts else 0,
+        num_shared_experts=get_int("n_shared_experts") if num_experts else 0,
+        first_dense_layers=min(first_dense, layers) if num_experts else 0,
+        sliding_window=window,
+        num_sliding_layers=n_sliding,
+        source=source,
+        config=MappingProxyType(dict(cfg)),
+    )
+    if spec.is_mla and not (spec.qk_rope_head_dim and spec.qk_nope_head_dim and spec.v_head_dim):
+        raise ConfigError(f"{where}: MLA needs qk_nope_head_dim, qk_rope_head_dim and v_head_dim")
+    if spec.num_dense_layers and not spec.intermediate_size:
+        raise ConfigError(f"{where}: missing key ['intermediate_size'] for dense MLP layers")
+    return spec
+
+
+def parse_model(data: Mapping[str, Any], origin: str) -> ModelSpec:
+    _check_keys(data, _MODEL_TOP, set(), origin)
+    cfg = data["config"]
+    if not isinstance(cfg, dict):
+        raise ConfigError(f"{origin}: [config] must be a table")
+    unknown = sorted(set(cfg) - _HF_KEYS)
+    if unknown:
+        raise ConfigError(f"{origin} [config]: unknown key(s) {unknown} (not a config.json key rooftrace reads)")
+    name = _str(data, "name", origin)
+    try:
+        return model_from_hf_config(cfg, name, _str(data, "hf_id", origin), _str(data, "source", origin))
+    except ConfigError as exc:
+        raise ConfigError(f"{origin}: {exc}") from None
+
+
+def model_to_toml(name: str, hf_id: str, source: str, cfg: Mapping[str, Any]) -> str:
+    """Write a catalog model entry: the config.json keys rooftrace reads, verbatim."""
+
+    def value(v: Any) -> str:
+        if isinstance(v, bool):
+            return "true" if v else "false"
+        if isinstance(v, int | float):
+            return repr(v)
+        if isinstance(v, str):
+            return '"' + v.replace("\\", "\\\\").replace('"', '\\"') + '"'
+        if isinstance(v, list):
+            return "[" + ", ".join(value(x) for x in v) + "]"
+        if isinstance(v, Mapping):
+            return "{ " + ", ".join(f"{k} = {value(x)}" for k, x in v.items() if x is not None) + " }"
+        raise ConfigError(f"config value {v!r} cannot be written to TOML")
+
+    lines = [
+        f"name = {value(name)}",
+        f"hf_id = {value(hf_id)}",
+        f"source = {value(source)}",
+        "",
+        "[config]",
+    ]
+    for key in sorted(cfg):
+        if key in _HF_KEYS and cfg[key] is not None:
+            lines.append(f"{key} = {value(cfg[key])}")
+    return "\n".join(lines) + "\n"
+
+
+def list_models() -> list[str]:
+    return sorted(p.stem for p in models_dir().glob("*.toml"))
+
+
+def load_model_file(path: Path | str) -> ModelSpec:
+    path = Path(path)
+    return parse_model(read_toml(path, "catalog entry"), str(path))
+
+
+@cache
+def load_model(name: str) -> ModelSpec:
+    """Load ``models/<name>.toml``; ``name`` may also be a path to a TOML file."""
+    candidate = Path(name)
+    if candidate.suffix == ".toml" and _exists(candidate):
+        return load_model_file(candidate)
+    path = models_dir() / f"{name}.toml"
+    if not _exists(path):
+        raise ConfigError(f"no model named {name!r} in {models_dir()}; known: {list_models()}")
+    spec = load_model_file(path)
+    if spec.name != name:
+        raise ConfigError(f"{path}: declares name {spec.name!r}, expected {name!r} (the file stem)")
+    return spec
+
+
+def import_hf_config(config_path: Path | str, name: str | None = None, hf_id: str = "") -> tuple[ModelSpec, str]:
+    """Read a Hugging Face config.json; return the normalised spec and the catalog TOML text."""
+    import json
+
+    path = Path(config_path)
+    try:
+        cfg = json.loads(path.read_text())
+    except OSError as exc:
+        raise ConfigError(f"{path}: cannot read: {exc.strerror}") from None
+    except json.JSONDecodeError as exc:
+        raise ConfigError(f"{path}: invalid JSON at line {exc.lineno}: {exc.msg}") from None
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"{path}: invalid JSON: not UTF-8 text (byte {exc.start})") from None
+    except RecursionError:
+        raise ConfigError(f"{path}: invalid JSON: nested too deeply to read") from None
+    if not isinstance(cfg, dict):
+        raise ConfigError(f"{path}: expected a JSON object")
+    # Multimodal wrappers (e.g. Llama 4, Qwen-VL) nest the language model under text_config.
+    if "hidden_size" not in cfg and isinstance(cfg.get("text_config"), dict):
+        cfg = {**cfg["text_config"], "architectures": cfg.get("architectures")}
+    stem = name or (hf_id.split("/")[-1] if hf_id else path.parent.name or "model").lower()
+    source = f"config.json of {hf_id}" if hf_id else f"imported from {path.name}"
+    try:
+        spec = model_from_hf_config(cfg, stem, hf_id, source)
+    except ConfigError as exc:
+        raise ConfigError(f"{path}: {exc}") from None
+    text = model_to_toml(stem, hf_id, source, cfg)
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as exc:  # non-UTF-8 bytes in --name, --hf-id or the folder's name
+        bad = text[max(0, exc.start - 30) : exc.end + 10]
+        raise ConfigError(f"{path}: the entry would hold text that is not UTF-8 (near {bad!r})") from None
+    return spec, text

@@ -1,0 +1,104 @@
+"""``rooftrace calibrate``: measured GPU profiles from operator tables, or fitted factors (pipeline/calibrate.py)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+
+from pipeline.cli.common import emit_json, json_option, progress, run
+from pipeline.errors import RooftraceError
+
+
+@click.command("calibrate")
+@click.option(
+    "--measurements",
+    required=True,
+    type=click.Path(),
+    help="Operator measurements: a folder with AIConfigurator / LLMServingSim sets (builds GPU profiles), "
+    "or a Vidur / Splitwise CSV (fits one GPU's roofline factors; needs --hardware).",
+)
+@click.option(
+    "--hardware", default=None, help="Catalog GPU: the only profile to build, or the GPU whose factors to fit."
+)
+@click.option("--out", type=click.Path(), default=None,
+              help="Profiles: folder to write <gpu>/ into (default: the catalog's profiles). "
+                   "Factors: hardware TOML to write (default: <hardware>-calibrated.toml here).")  # fmt: skip
+@json_option
+def calibrate_cmd(measurements: str, hardware: str | None, out: str | None, as_json: bool) -> None:
+    """Build measured GPU profiles from operator tables, or fit one GPU's roofline factors.
+
+    With AIConfigurator / LLMServingSim sets: writes pipeline/catalog/profiles/<gpu>/ (the rows,
+    and profile.toml with their sources, selection, fitted values and held-out errors); replays
+    then price steps from the GPU's profile by default (FLEET.toml cost_model).
+
+    Example: rooftrace calibrate --measurements path/to/measurements --hardware h100-sxm
+    Example: rooftrace calibrate --measurements perf_model.csv --hardware h100-sxm --out h100-splitwise.toml
+    """
+
+    def body() -> None:
+        from pipeline.profile.heldout import has_profile_sets
+
+        source = Path(measurements)
+        if not source.exists():
+            raise RooftraceError(f"{source}: no such file or folder of measurements")
+        if has_profile_sets(source):
+            _calibrate_profiles(source, hardware, out, as_json)
+            return
+        if hardware is None:
+            what = "holds no AIConfigurator or LLMServingSim set; a" if source.is_dir() else "a"
+            raise RooftraceError(
+                f"{source}: {what} Vidur or Splitwise table needs --hardware (the GPU whose factors to fit)"
+            )
+        from pipeline.calibrate import calibrate, write_calibrated
+
+        target = Path(out) if out else Path(f"{hardware}-calibrated.toml")
+        result = calibrate(source, hardware, name=target.stem)
+        write_calibrated(result, target)
+        progress(f"wrote {target}")
+        doc = {
+            "hardware": result.hardware.name,
+            "written_to": str(target),
+            "fitted": result.calibration.params,
+            "fitted_on": result.calibration.description,
+            "n_train": result.calibration.n_train,
+            "n_holdout": result.calibration.n_holdout,
+            "train_median_abs_error": result.train_median_abs_error,
+            "holdout_median_abs_error": result.holdout_median_abs_error,
+            "holdout_median_abs_error_before": result.before_median_abs_error,
+        }
+        if as_json:
+            emit_json(doc)
+            return
+        click.echo(f"fitted {', '.join(f'{k}={v:.4g}' for k, v in result.calibration.params.items())}")
+        click.echo(f"  on: {result.calibration.description}")
+        click.echo(
+            f"  median abs error: train {result.train_median_abs_error:.1%}, hold-out "
+            f"{result.holdout_median_abs_error:.1%} (catalog factors: {result.before_median_abs_error:.1%})"
+        )
+
+    run(body)
+
+
+def _calibrate_profiles(source: Path, hardware: str | None, out: str | None, as_json: bool) -> None:
+    from pipeline.profile.build import build_profiles
+    from pipeline.profile.tables import PROFILES_DIR
+
+    target = Path(out) if out else PROFILES_DIR
+    if hardware is not None:
+        from pipeline.catalog import load_hardware
+
+        load_hardware(hardware)  # a one-line error for an unknown name
+    built = build_profiles(source, target, [hardware] if hardware else None, progress)
+    if not built:
+        raise RooftraceError(f"{source}: no GPU{' ' + hardware if hardware else ''} found in the measurements")
+    doc = [{"gpu": b.gpu, "folder": str(b.folder), "rows": b.rows, "heldout": b.heldout} for b in built]
+    progress(f"wrote {len(built)} profile(s) under {target}")
+    if as_json:
+        emit_json({"profiles": doc})
+        return
+    for b in built:
+        rows = ", ".join(f"{k} {v:,}" for k, v in sorted(b.rows.items()))
+        click.echo(f"{b.gpu}: {rows} -> {b.folder}")
+        for name, e in sorted(b.heldout.items()):
+            click.echo(f"    held out {name:52s} median {e['median_abs_error']:6.1%}  p90 {e['p90_abs_error']:6.1%}")

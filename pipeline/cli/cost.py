@@ -1,0 +1,51 @@
+"""``rooftrace cost``: GPU cost of a replay against API prices (pipeline/cost.py)."""
+
+from __future__ import annotations
+
+import click
+
+from pipeline.cli.common import emit_json, fmt_num, get_store, json_option, run, store_option
+
+
+@click.command("cost")
+@click.option("--run", "run_id", default=None, help="Replay run id (default: the latest run).")
+@click.option("--prices", "price_files", multiple=True, type=click.Path(dir_okay=False), help="API price TOML.")
+@click.option("--gpu-price", type=click.FloatRange(min=0), default=None, help="Override $/GPU-hour.")
+@store_option
+@json_option
+def cost_cmd(
+    run_id: str | None, price_files: tuple[str, ...], gpu_price: float | None, store_path: str | None, as_json: bool
+) -> None:
+    """GPU cost of a replay split into $ per million fresh-input, cache-hit and output tokens, and
+    the API-equivalent cost of the same traffic on dated price tables.
+
+    Writes STORE/costs/<run_id>/ (gpu_cost.parquet, api_cost.parquet, cost.json).
+
+    Example: rooftrace cost --prices my_prices.toml
+    """
+    from pipeline.cost import run_cost
+
+    result = run(lambda: run_cost(get_store(store_path), run_id, price_files, gpu_price))
+    doc = result.to_dict()
+    if as_json:
+        emit_json(doc)
+        return
+    click.echo(f"cost of run {result.subject} -> {result.out_dir}")
+    click.echo(
+        f"{doc['gpus']}x {doc['hardware']} at ${doc['usd_per_gpu_hour']:.2f}/GPU-h ({doc['price_date']}): "
+        f"${doc['total_usd']:,.2f} over the period of record ({doc['day_projection']}), "
+        f"utilization {doc['utilization']:.0%}, "
+        f"idle ${doc['idle_usd']:,.2f}"
+    )
+    for r in doc["token_classes"]:
+        if r["token_class"] == "idle":
+            continue
+        click.echo(
+            f"  {r['token_class']:<12} {r['tokens']:>16,.0f} tokens  busy {r['busy_share']:>5.1%}  "
+            f"${fmt_num(r['all_in_usd_per_million_tokens'], '.4f')}/M all-in"
+        )
+    for a in doc["api_equivalent"]:
+        click.echo(
+            f"  vs {a['provider']}/{a['api_model']} ({a['price_date']}): API ${a['api_usd']:,.2f}, "
+            f"self-host/API {fmt_num(a['self_host_to_api_ratio'], '.2f')}"
+        )

@@ -1,0 +1,32 @@
+"""``rooftrace demo``: the nightly job on the bundled sample (pipeline/nightly.py)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+
+from pipeline.cli.common import emit_json, get_store, json_option, progress, reports_option, run, store_option
+
+
+@click.command("demo")
+@reports_option
+@store_option
+@json_option
+def demo_cmd(reports_dir: Path | None, store_path: str | None, as_json: bool) -> None:
+    """Run the nightly job on the bundled sample (Azure 2023 conversation trace) with the default
+    fleet, and print where the report is.
+
+    Example: rooftrace demo
+    """
+    from pipeline.nightly import demo
+
+    store = get_store(store_path)
+    results = run(lambda: demo(store, reports_dir, progress))
+    for res in results:
+        for w in res.headline.get("warnings") or []:
+            progress(f"warning: {w}")
+        progress(res.line())
+        click.echo(f"report: {res.report}")
+    if as_json:
+        emit_json([r.to_json() for r in results])

@@ -1,0 +1,60 @@
+"""``rooftrace nightly``: ingest, classify, replay, headroom, warehouse and report for one day (pipeline/nightly.py)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+
+from pipeline.cli.common import emit_json, get_store, json_option, progress, reports_option, run, store_option
+from pipeline.defaults import DEFAULT_HEADROOM_BUDGET_S, INGEST_FORMATS
+
+
+@click.command("nightly")
+@click.argument("logs", nargs=-1, required=True, type=click.Path(path_type=Path))
+@click.option(
+    "--fleet", type=click.Path(exists=True, dir_okay=False, path_type=Path), required=True, help="FLEET.toml."
+)
+@click.option("--date", default=None, help="Date to process (anchor for relative traces); default: newest in LOGS.")
+@click.option("--format", "fmt", type=click.Choice(INGEST_FORMATS), default=None, help="Log format (default: detect).")
+@click.option(
+    "--slo", default=None, help="SLO to judge the night against: a preset or targets (default: the fleet's [slo])."
+)
+@click.option(
+    "--headroom-budget",
+    type=click.FloatRange(min=0),
+    default=DEFAULT_HEADROOM_BUDGET_S,
+    show_default=True,
+    help="Seconds the load curve (traffic x0.5 .. x4 and beyond) may take; points left are marked skipped.",
+)
+@reports_option
+@store_option
+@json_option
+def nightly_cmd(
+    logs: tuple[Path, ...],
+    fleet: Path,
+    date: str | None,
+    fmt: str | None,
+    slo: str | None,
+    headroom_budget: float,
+    reports_dir: Path | None,
+    store_path: str | None,
+    as_json: bool,
+) -> None:
+    """Run ingest, classify, replay, headroom, cost, warehouse and report for one night.
+
+    Writes reports/<date>/index.html and updates reports/index.html. Safe to re-run; a second run
+    on the same store at the same time is refused; a failed stage is named and earlier outputs
+    are kept.
+
+    Example: rooftrace nightly logs/2025-01-15/ --fleet fleets/default.toml
+    """
+    from pipeline.nightly import nightly
+
+    store = get_store(store_path)
+    res = run(lambda: nightly(list(logs), fleet, store, date, reports_dir, fmt, progress, slo, headroom_budget))
+    for w in res.headline.get("warnings") or []:
+        progress(f"warning: {w}")
+    progress(res.line())
+    if as_json:
+        emit_json(res.to_json())

@@ -1,0 +1,87 @@
+"""``rooftrace query``: a named query (pipeline/queries/NAME.sql) on the read-only warehouse."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+
+from pipeline.cli.common import emit_json, get_store, json_option, output_options, progress, run, store_option
+
+
+@click.command()
+@click.argument("name", required=False)
+@click.option("--list", "list_", is_flag=True, help="List the named queries with their descriptions.")
+@click.option("--run", "run_id", default=None, help="Replay run id (default: the latest run).")
+@click.option("--date", default=None, help="Date YYYY-MM-DD (default: the latest in the store).")
+@click.option("--param", "params", multiple=True, help="Extra parameter NAME=VALUE (e.g. ttft_slo_s=2).")
+@click.option("--rebuild", is_flag=True, help="Rebuild the warehouse views first.")
+@output_options
+@json_option
+@store_option
+def query(
+    name: str | None,
+    list_: bool,
+    run_id: str | None,
+    date: str | None,
+    params: tuple[str, ...],
+    rebuild: bool,
+    fmt: str,
+    out: Path | None,
+    as_json: bool,
+    store_path: str | None,
+) -> None:
+    """Run a named query (pipeline/queries/NAME.sql) on the warehouse.
+
+    An unknown --run id is an error that names the nearest known runs.
+
+    Example: rooftrace query latency --format json
+    """
+    fmt = "json" if as_json else fmt  # --json is --format json, as on every command
+    from pipeline.tables import render, table_to_json
+    from pipeline.warehouse import (
+        check_out_path,
+        check_run_option,
+        get_query,
+        list_queries,
+        require_store,
+        run_query,
+    )
+    from pipeline.warehouse import (
+        rebuild as rebuild_warehouse,
+    )
+
+    if list_ or name is None:
+        queries = list_queries()
+        if fmt == "json":
+            emit_json([{"name": q.name, "params": list(q.params), "description": q.description} for q in queries])
+            return
+        for q in queries:
+            args = f" [{', '.join(q.params)}]" if q.params else ""
+            click.echo(f"{q.name}{args}\n    {q.description}\n")
+        return
+    store = run(lambda: get_store(store_path))
+    named = run(lambda: get_query(name))
+    run(lambda: check_run_option(name, named.params, run_id))
+    values: dict[str, object] = {"run_id": run_id, "date": date}
+    for item in params:
+        key, sep, value = item.partition("=")
+        if not sep:
+            raise click.BadParameter(f"{item!r} is not NAME=VALUE", param_hint="--param")
+        try:
+            values[key] = value if key in ("run_id", "date") else float(value)
+        except ValueError:
+            values[key] = value
+    run(lambda: require_store(store))
+    run(lambda: check_out_path(store, out))
+    if rebuild:
+        run(lambda: rebuild_warehouse(store))
+    table = run(lambda: run_query(store, name, values))
+    if fmt == "json" and out is None:
+        emit_json(table_to_json(table))
+        return
+    text = run(lambda: render(table, fmt, out, title=name))
+    if text is not None:
+        click.echo(text, nl=False)
+    else:
+        progress(f"wrote {table.num_rows} rows to {out}")

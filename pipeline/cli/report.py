@@ -1,0 +1,55 @@
+"""``rooftrace report``: the offline HTML capacity report of a run (pipeline/report.py)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+
+from pipeline.cli.common import emit_json, get_store, json_option, progress, reports_option, run, store_option
+
+
+@click.command()
+@click.option("--run", "run_id", default=None, help="Replay run id (default: the latest run).")
+@click.option("--date", default=None, help="Date of the run (default: the run's own date).")
+@click.option("--out", type=click.Path(dir_okay=False, path_type=Path), default=None, help="HTML file to write.")
+@click.option(
+    "--png",
+    "png_dir",
+    type=click.Path(file_okay=False, path_type=Path),
+    default=None,
+    help="Also write each chart as PNG here.",
+)
+@reports_option
+@store_option
+@json_option
+def report(
+    run_id: str | None,
+    date: str | None,
+    out: Path | None,
+    png_dir: Path | None,
+    reports_dir: Path | None,
+    store_path: str | None,
+    as_json: bool,
+) -> None:
+    """Write the offline HTML capacity report of a replay run and refresh reports/index.html.
+
+    Example: rooftrace report --png reports/png
+    """
+    from pipeline.nightly import build_index
+    from pipeline.project import default_reports_dir
+    from pipeline.report import ReportResult, build_report
+
+    store = get_store(store_path)
+    rdir = reports_dir or default_reports_dir()
+
+    def work() -> ReportResult:
+        res = build_report(store, run_id, date, out, png_dir, None if out is not None else rdir)
+        if out is None:
+            build_index(rdir, store.root / ".cache")
+        return res
+
+    res = run(work)
+    progress(f"report: {res.path} ({len(res.charts)} charts, {res.seconds:.1f} s)")
+    if as_json:
+        emit_json(res.to_json())

@@ -1,0 +1,129 @@
+"""``rooftrace validate``: judge the cost model on measurements it was not built from (pipeline/validate.py)."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+import click
+
+from pipeline.cli.common import emit_json, get_store, json_option, progress, run, store_option
+from pipeline.errors import RooftraceError
+
+
+def _default_measurements() -> Path:
+    env = os.environ.get("ROOFTRACE_MEASUREMENTS")
+    if env:
+        return Path(env)
+    return Path(__file__).resolve().parents[2] / "shared" / "measurements"
+
+
+def _pct(x: float) -> str:
+    return f"{x:6.1%}"
+
+
+@click.command("validate")
+@click.option(
+    "--measurements",
+    type=click.Path(),
+    default=None,
+    help="Folder (or file) of operator measurements: AIConfigurator / LLMServingSim sets (the measured "
+    "profiles' held-out check) and Vidur mlp.csv / all_reduce.csv / Splitwise perf_model.csv (the roofline's) "
+    "(default: $ROOFTRACE_MEASUREMENTS or ../shared/measurements).",
+)
+@click.option(
+    "--hardware",
+    default=None,
+    help="Only this catalog GPU (profiles); for your own Vidur/Splitwise tables, the GPU of every row.",
+)
+@store_option
+@json_option
+def validate_cmd(measurements: str | None, hardware: str | None, store_path: str | None, as_json: bool) -> None:
+    """Judge the cost model on measurements it was not built from; print and store the error tables
+    under STORE/validation/.
+
+    Two tiers: the measured profiles' interpolation, held out by shape (whole GEMM n x k shapes,
+    whole head shapes, whole models of another set, mixed batches never fitted), split by operator
+    class and token range (1-127, 128+); and the roofline with catalog and calibrated factors
+    (Vidur, Splitwise). docs/validation.md explains both.
+
+    Example: rooftrace validate --measurements path/to/measurements --json
+    """
+
+    def body() -> bool:
+        from pipeline.profile.heldout import TARGET_MEDIAN, TARGET_P90, has_profile_sets, judge_all
+        from pipeline.schemas import write_parquet
+        from pipeline.validate import discover, run_validation, store_report
+
+        source = Path(measurements) if measurements else _default_measurements()
+        if not source.exists():
+            raise RooftraceError(f"{source}: no such file or folder of measurements")
+        progress(f"validating against {source}")
+        store = get_store(store_path)
+        doc: dict[str, Any] = {"files": [], "skipped": []}
+        ok = True
+        profile = None
+        if has_profile_sets(source):
+            profile, skipped = judge_all(source, [hardware] if hardware else None, progress)
+            doc["skipped"] += skipped
+            if profile.height:
+                with store.lock():
+                    path = write_parquet(profile.to_arrow(), store.root / "validation" / "profile_heldout.parquet",
+                                         "profile_heldout")  # fmt: skip
+                doc["files"].append(str(path))
+                doc["profile_heldout"] = profile.to_dicts()
+        try:
+            legacy_files = discover(source)
+        except RooftraceError:
+            legacy_files = []
+        report = None
+        if legacy_files:
+            report = run_validation(source, hardware if profile is None else None)
+            with store.lock():
+                doc["files"] += [str(p) for p in store_report(report, store.root / "validation")]
+            summary = report.summary.filter(report.summary["split"] != "train")
+            doc["summary"] = summary.to_dicts()
+            doc["calibrations"] = [
+                {"kind": c.kind, "hardware": c.hardware, "params": c.params, "n_train": c.n_train,
+                 "n_holdout": c.n_holdout, "description": c.description}
+                for c in report.calibrations
+            ]  # fmt: skip
+            doc["skipped"] += report.skipped
+        if profile is None and report is None:
+            raise RooftraceError(f"{source}: no operator measurements rooftrace reads (see --help)")
+        progress(f"wrote {', '.join(doc['files'])}")
+        if as_json:
+            emit_json(doc)
+            return ok
+        if profile is not None and profile.height:
+            click.echo(
+                f"measured profiles, held out by shape (target: median <= {TARGET_MEDIAN:.0%}, p90 <= {TARGET_P90:.0%})"
+            )
+            click.echo(
+                f"{'gpu':14s} {'check':45s} {'tokens':7s} {'N':>7s} {'median':>7s} {'p90':>7s} {'bias':>7s}  target"
+            )
+            for r in profile.iter_rows(named=True):
+                click.echo(
+                    f"{r['gpu']:14s} {r['check']:45s} {r['token_range']:7s} {r['rows']:7d} {_pct(r['median_abs'])} "
+                    f"{_pct(r['p90_abs'])} {r['median_signed']:+7.1%}  {'met' if r['meets'] else 'MISSED'}"
+                )
+        if report is not None:
+            click.echo("roofline tier (Vidur, Splitwise):")
+            click.echo(f"{'set':17s} {'subset':25s} {'hardware':14s} {'params':10s} {'split':7s} "
+                       f"{'N':>6s} {'median':>7s} {'p90':>7s} {'max':>7s}")  # fmt: skip
+            for r in doc["summary"]:
+                click.echo(
+                    f"{r['set']:17s} {r['subset']:25s} {r['hardware']:14s} {r['parameters']:10s} {r['split']:7s} "
+                    f"{r['n']:6d} {_pct(r['median_abs_error'])} {_pct(r['p90_abs_error'])} "
+                    f"{_pct(r['max_abs_error'])}"
+                )
+            click.echo("fitted (calibrated rows):")
+            for c in report.calibrations:
+                values = ", ".join(f"{k}={v:.4g}" for k, v in c.params.items())
+                click.echo(f"  {c.kind} / {c.hardware}: {values} — {c.n_train} train rows, {c.n_holdout} held out")
+        for note in dict.fromkeys(doc["skipped"]):
+            progress(f"skipped: {note}")
+        return ok
+
+    run(body)

@@ -1,0 +1,35 @@
+"""Names and defaults the command line shows before any stage is imported.
+
+``rooftrace --help`` (and every command's ``--help``) must answer without loading numpy, polars,
+duckdb, numba or altair, so the option choices and defaults it prints live here, with the standard
+library only. The stages import them from here: each value is defined once.
+"""
+
+from __future__ import annotations
+
+#: Log formats ``ingest`` and ``nightly`` read (pipeline/ingest/formats.py builds its readers for
+#: exactly these; a test checks the two agree).
+INGEST_FORMATS = ("openai", "anthropic", "litellm", "azure", "mooncake", "vidur", "otel", "csv", "jsonl", "parquet")
+#: Log formats ``synth`` writes (pipeline/synth/writers.py; checked by the same test).
+SYNTH_FORMATS = ("openai", "anthropic", "otel", "litellm", "azure", "mooncake", "vidur", "jsonl", "csv", "parquet")
+#: Output formats of ``sql`` and ``query`` (pipeline/tables.py).
+OUTPUT_FORMATS = ("table", "csv", "json", "parquet")
+
+#: MLPerf LoadGen runs a Server scenario for at least 600 s (MLPerf Inference rules, "min_duration"),
+#: long enough for a p99 over thousands of requests; ``plan``'s default peak window follows it.
+DEFAULT_WINDOW_S = 600.0
+#: Requests arriving in the warm-up before the window are replayed (so the window starts with
+#: a loaded batch, a warm prefix cache and any queue) but not measured. Two minutes cover the
+#: residence time of all but the longest requests at the SLOs we plan for (TTFT <= 2 s plus a few
+#: hundred tokens at <= 200 ms each).
+DEFAULT_WARMUP_S = 120.0
+#: Replica ceiling of ``plan``'s search: beyond it a configuration is reported as not meeting the SLO.
+DEFAULT_MAX_REPLICAS = 512
+#: Wall-time budget of the nightly's headroom curve (seconds): the nightly stays bounded however
+#: slow a point is; unfinished points are recorded as skipped.
+DEFAULT_HEADROOM_BUDGET_S = 300.0
+
+#: Environment variables of the resource limits (pipeline/limits.py).
+MAX_MEMORY_ENV = "ROOFTRACE_MAX_MEMORY"
+MAX_SIM_DAYS_ENV = "ROOFTRACE_MAX_SIM_DAYS"
+PROGRESS_EVERY_ENV = "ROOFTRACE_PROGRESS_EVERY_S"
