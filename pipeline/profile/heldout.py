@@ -384,8 +384,7 @@ def fit_tile(prof: Profile, rows: pl.DataFrame) -> float:
 
 
 def _judge_1d(meas: Measurements, gpu: str) -> list[pl.DataFrame]:
-    from pipeline.profile.interp import Curve
-
+    """Collectives and MoE, predicted through the profile's own lookups (the replay's)."""
     out: list[pl.DataFrame] = []
     ar = meas.get("allreduce")
     if ar.height:
@@ -396,7 +395,9 @@ def _judge_1d(meas: Measurements, gpu: str) -> list[pl.DataFrame]:
             judged = sub.filter(pl.col("bytes").is_in(odd))
             if judged.height == 0:
                 continue
-            c = Curve.of(train["bytes"].to_numpy(), train["time_s"].to_numpy())
+            c = _profile(gpu, {"allreduce": train}).allreduce_curve(str(backend), int(gpus))
+            if c is None:
+                continue
             parts.append(judged)
             preds.append(c(judged["bytes"].to_numpy().astype(np.float64)))
             shapes.extend([f"{backend} x{gpus}"] * judged.height)
@@ -427,9 +428,19 @@ def _judge_1d(meas: Measurements, gpu: str) -> list[pl.DataFrame]:
             judged = sub.filter(pl.col("tokens").is_in(odd))
             if judged.height == 0 or train.height < 2:
                 continue
-            c = Curve.of(train["tokens"].to_numpy(), train["time_s"].to_numpy())
+            dtype, dist, mtp, mep, h, inter, topk, experts = key
+            got = _profile(gpu, {"moe": train}).moe_time(
+                str(dtype),
+                str(dist),
+                int(mtp),
+                int(mep),
+                (int(h), int(inter), int(topk), int(experts)),
+                judged["tokens"].to_numpy().astype(np.float64),
+            )
+            if got is None:
+                continue
             parts.append(judged)
-            preds.append(c(judged["tokens"].to_numpy().astype(np.float64)))
+            preds.append(got)
             shapes.extend(["/".join(str(v) for v in key)] * judged.height)
         if parts:
             ordered = pl.concat(parts)

@@ -66,6 +66,29 @@ def loglog(xs: FloatArray, ys: FloatArray, q: FloatArray | float, proportional: 
     return np.asarray(np.exp((1.0 - w) * ly[i0] + w * ly[i1] + lf))
 
 
+def upward_spikes(t: npt.ArrayLike, rel: float, half: int = 2) -> npt.NDArray[np.bool_]:
+    """Which points of a curve (times sorted by size) are isolated upward spikes.
+
+    A point is a spike when it exceeds the *second*-highest of its ``2·half`` nearest neighbours
+    (``half`` on each side; interior points only) by more than ``rel``: a single point, or two
+    adjacent points, standing above an otherwise level or rising stretch. A monotone step (a
+    tile or wave boundary: higher from here on) is never one, nor is a regular zig-zag (sizes
+    measured in pairs m, m+1 with the odd one slower): both have a neighbour as high. Measured
+    GEMM sweeps have such spikes at random sizes (B200 fp8: one row in 25 at 2× its neighbours,
+    docs/validation.md); interpolating through one would carry it into every shape nearby.
+    """
+    ta = np.asarray(t, dtype=np.float64)
+    n = ta.size
+    bad = np.zeros(n, dtype=bool)
+    if n < 2 * half + 1:
+        return bad
+    win = np.lib.stride_tricks.sliding_window_view(ta, 2 * half + 1)
+    others = np.delete(win, half, axis=1)
+    second = np.sort(others, axis=1)[:, -2]
+    bad[half : n - half] = win[:, half] > (1.0 + rel) * second
+    return bad
+
+
 @dataclass(frozen=True)
 class Curve:
     """One measured curve: time (s) against one size, sorted by size, sizes unique and > 0."""
@@ -74,7 +97,9 @@ class Curve:
     t: FloatArray
 
     @staticmethod
-    def of(x: npt.ArrayLike, t: npt.ArrayLike) -> Curve:
+    def of(x: npt.ArrayLike, t: npt.ArrayLike, despike: float = 0.0) -> Curve:
+        """The curve of rows (x, t); with ``despike`` > 0, isolated upward spikes (see
+        :func:`upward_spikes`) are dropped first."""
         xa = np.asarray(x, dtype=np.float64)
         ta = np.asarray(t, dtype=np.float64)
         keep = (xa > 0) & np.isfinite(xa) & (ta > 0) & np.isfinite(ta)
@@ -86,6 +111,9 @@ class Curve:
         tm = ta[start].copy()
         for i in np.flatnonzero(counts > 1):
             tm[i] = np.median(ta[start[i] : start[i] + counts[i]])
+        if despike > 0.0:
+            keep_pts = ~upward_spikes(tm, despike)
+            ux, tm = ux[keep_pts], tm[keep_pts]
         return Curve(ux, tm)
 
     def __call__(self, q: FloatArray | float) -> FloatArray:

@@ -9,10 +9,12 @@ how they were measured and how well the tables predict rows they were not built 
 :class:`Profile` turns the rows into interpolating functions:
 
 - ``gemm_time(dtype, n, k, m)``: GEMM ``[m, k] × [k, n]`` — curves over m per measured (n, k),
-  interpolated across shapes (:func:`pipeline.profile.interp.curve_family`);
-- ``decode_attention(kv_dtype, nq, nkv, d)`` / ``prefill_attention(...)``: a
-  :class:`~pipeline.profile.interp.Grid2` over (batch, context) for one head shape per GPU,
-  interpolated in the number of query heads when that exact shape was not measured;
+  isolated upward spikes dropped (``GEMM_SPIKE_REL``), interpolated across shapes
+  (:func:`pipeline.profile.interp.curve_family`);
+- ``attention_grid(family, kv_dtype, nq, nkv, d)``: a :class:`~pipeline.profile.interp.Grid2`
+  over (batch, context) for one head shape per GPU, interpolated in the number of query heads
+  when that exact shape was not measured (a grouped-query decode among grouped shapes only,
+  ``GQA_SEPARATE``);
 - ``allreduce_time(backend, gpus, bytes)``: vLLM's custom all-reduce (CUDA graph / eager) or NCCL;
 - ``moe_time(...)``: the fused-MoE layer over tokens for one expert shape;
 - ``model_op_time(model, tp, op, size)``: one model's own operator, where the GPU was profiled
@@ -37,6 +39,12 @@ from pipeline.profile.interp import Curve, FloatArray, Grid2, curve_family, grid
 from pipeline.tomlfile import read_toml
 
 PROFILES_DIR = CATALOG_DIR / "profiles"
+#: Attention families whose grouped-query shapes (nq > nkv) never borrow from the
+#: one-query-per-KV-head shape (nq = nkv): FlashAttention-2's decode packs the query heads of a
+#: KV head into one row block only when there are several (``seqlenq_ngroups_swapped``), so
+#: nq = nkv takes another path — up to 6.5× slower at batch 1 and long contexts on A100 and L40S
+#: (docs/validation.md) — and interpolating across the two paths misprices every GQA shape between.
+GQA_SEPARATE = frozenset({"attn_decode"})
 #: File per family in a profile folder.
 FAMILY_FILES = {
     "gemm": "gemm.parquet",
@@ -63,12 +71,19 @@ class ProfileMeta:
     licence: str
 
 
-def _group_curves(frame: pl.DataFrame, keys: list[str], x: str) -> dict[tuple[float, ...], Curve]:
+#: GEMM rows more than this much above the second-highest of their four nearest m neighbours
+#: are dropped as isolated spikes before interpolating (pipeline/profile/interp.py
+#: ``upward_spikes``; docs/validation.md "Held-out errors"). Other families keep every row
+#: (it did not help them on held-out shapes).
+GEMM_SPIKE_REL = 0.2
+
+
+def _group_curves(frame: pl.DataFrame, keys: list[str], x: str, despike: float = 0.0) -> dict[tuple[float, ...], Curve]:
     out: dict[tuple[float, ...], Curve] = {}
     if frame.height == 0:
         return out
     for key, sub in frame.group_by(keys, maintain_order=True):
-        c = Curve.of(sub[x].to_numpy(), sub["time_s"].to_numpy())
+        c = Curve.of(sub[x].to_numpy(), sub["time_s"].to_numpy(), despike)
         if c.x.size:
             out[tuple(float(v) for v in key)] = c
     return out
@@ -96,7 +111,7 @@ class Profile:
         if f.height == 0:
             return out
         for (dtype,), sub in f.group_by(["dtype"]):
-            out[str(dtype)] = _group_curves(sub, ["n", "k"], "m")
+            out[str(dtype)] = _group_curves(sub, ["n", "k"], "m", GEMM_SPIKE_REL)
         return out
 
     def gemm_dtypes(self) -> list[str]:
@@ -129,13 +144,20 @@ class Profile:
     def attention_grid(self, family: str, kv_dtype: str, nq: int, nkv: int, d: int) -> Grid2 | None:
         """The (batch, length) grid for this head shape: measured, or interpolated in log nq
         between measured shapes with the same KV heads and head size (proportional above the
-        largest measured nq); None when no shape with this (nkv, d) was measured."""
+        largest measured nq, the smallest one's grid below the smallest); None when no shape
+        with this (nkv, d) was measured. A decode with grouped queries (nq > nkv) is
+        interpolated among grouped shapes only where any was measured: the one-query-per-KV-head
+        shape (nq = nkv) runs another kernel path (GQA_SEPARATE)."""
         grids = self._attn.get((family, kv_dtype))
         if not grids:
             return None
         same = {k: v for k, v in grids.items() if k[0] == nkv and k[1] == d}
         if not same:
             return None
+        if family in GQA_SEPARATE and nq > nkv:
+            grouped = {k: v for k, v in same.items() if k[2] > k[0]}
+            if grouped:
+                same = grouped
         key = (float(nkv), float(d), float(nq))
         if key in same:
             return same[key]
