@@ -533,6 +533,11 @@ def engine_progress(est: ReplayEstimate) -> Callable[[int], None] | None:
     if installed is None or installed[0] != os.getpid():
         return None
     sink = installed[1]
+    if est.parts.get("compile"):
+        sink(
+            "replay: compiling the replay engine (first run after an install or upgrade, about 1-2 minutes "
+            "once; cached for later runs)"
+        )
     if est.seconds >= 3 * _every_s():
         sink(
             f"replay: estimated ~{format_duration(est.seconds)} and {format_bytes(est.bytes)} of memory "

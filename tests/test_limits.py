@@ -342,3 +342,17 @@ def test_progress_reaches_the_jit_engine(small: dict[str, Any]) -> None:
     assert seen == sorted(seen)
     est = estimate_replay(frame, fleet, "open", 1.0, None)
     assert est.engine == "jit" and est.progress_total == frame.height
+
+
+def test_the_first_compile_is_announced(small: dict[str, Any], monkeypatch: pytest.MonkeyPatch) -> None:
+    """A replay whose engine must be compiled first (no valid disk cache) says so on stderr
+    before it sits busy; one that needs no compile does not."""
+    import pipeline.limits as limits
+
+    args = ["replay", "--store", str(small["store"].root), "--json"]
+    monkeypatch.setattr(limits, "jit_compile_needed", lambda: False)
+    quiet = _invoke(args)
+    assert quiet.exit_code == 0 and "compiling the replay engine" not in quiet.stderr
+    monkeypatch.setattr(limits, "jit_compile_needed", lambda: True)
+    told = _invoke(args)
+    assert told.exit_code == 0 and "replay: compiling the replay engine" in told.stderr
