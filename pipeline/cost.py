@@ -445,6 +445,8 @@ class CostResult:
     gpu: GpuCost
     api_rows: list[dict[str, Any]]
     out_dir: Path
+    #: Where the hardware and model entries that priced the run came from.
+    catalog_source: str = ""
 
     def to_dict(self) -> dict[str, Any]:
         g = self.gpu
@@ -465,14 +467,20 @@ class CostResult:
             "usd_per_day": g.usd_per_day,
             "token_classes": g.rows(),
             "api_equivalent": self.api_rows,
+            "catalog_source": self.catalog_source,
         }
 
 
-def _run_fleet(config: Mapping[str, Any], origin: str) -> ResolvedFleet:
+def _run_fleet(config: Mapping[str, Any], origin: str) -> tuple[ResolvedFleet, str]:
+    """The fleet a run ran, resolved with the catalog entries it recorded (a run made before runs
+    recorded them: today's catalog), and which of the two it was."""
     # to_dict() writes unset optional keys as null; the loader wants them absent
     raw = {k: v for k, v in config["resolved"]["fleet"].items() if v is not None}
     raw["engine"] = {k: v for k, v in raw.get("engine", {}).items() if v is not None}
-    return resolve(parse_fleet(raw, origin), origin)
+    entries = config["resolved"].get("catalog") or {}
+    if isinstance(entries, dict) and all(isinstance(entries.get(k), str) and entries[k] for k in ("hardware", "model")):
+        return resolve(parse_fleet(raw, origin), origin, entries), "the run's recorded catalog entries"
+    return resolve(parse_fleet(raw, origin), origin), "today's catalog (the run did not record its entries)"
 
 
 def run_cost(
@@ -491,7 +499,7 @@ def run_cost(
     if not cfg_path.exists():
         raise RooftraceError(f"{run_dir}: no such replay run")
     config = json.loads(cfg_path.read_text())
-    fleet = _run_fleet(config, str(cfg_path))
+    fleet, catalog_source = _run_fleet(config, str(cfg_path))
     prices = load_prices(list(price_files) or None)
     steps = read_parquet(run_dir / "steps.parquet", "replay_steps")
     spans = {
@@ -552,7 +560,7 @@ def run_cost(
         }
         for row in gpu.rows()
     ]
-    result = CostResult(run_id, gpu, api_rows, out_dir)
+    result = CostResult(run_id, gpu, api_rows, out_dir, catalog_source)
     with store.lock():
         write_parquet(pa.Table.from_pylist(gpu_rows), out_dir / "gpu_cost.parquet", "plan_gpu_cost")
         write_parquet(pa.Table.from_pylist(api_rows), out_dir / "api_cost.parquet", "plan_api_cost")

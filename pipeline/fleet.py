@@ -30,11 +30,13 @@ Unknown or mistyped keys are errors that name the file and key. The config objec
 from __future__ import annotations
 
 import re
+import tomllib
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
-from pipeline.catalog import HardwareSpec, load_hardware, load_model
+from pipeline.catalog import HardwareSpec, entry_path, load_hardware, load_model, parse_hardware, parse_model
 from pipeline.engine.model import ROUTERS, SchedulerConfig
 from pipeline.errors import ConfigError
 from pipeline.fit import DEFAULT_VLLM_VERSION, MemoryFit, fit, parse_vllm_version
@@ -288,6 +290,9 @@ class ResolvedFleet:
     deployment: Deployment
     memory: MemoryFit
     scheduler: SchedulerConfig
+    #: The catalog entries resolved ("hardware", "model" -> their TOML text): a run records them,
+    #: so that ``cost`` prices it with the entries it ran on, not with today's catalog.
+    entries: tuple[tuple[str, str], ...] = ()
 
     def to_dict(self) -> dict[str, Any]:
         # Field by field: MemoryFit keeps a private model spec that does not serialise.
@@ -302,6 +307,7 @@ class ResolvedFleet:
             "memory": mem,
             "step_overhead_s": self.deployment.overhead_s,
             "gpus_per_replica": self.deployment.gpus * self.config.dp,
+            "catalog": dict(self.entries),
         }
 
     @property
@@ -316,10 +322,22 @@ class ResolvedFleet:
         return self.config.dp if self.deployment.model.is_moe else 1
 
 
-def resolve(cfg: FleetConfig, origin: str = "fleet") -> ResolvedFleet:
-    """Look up model and hardware, apply vLLM's defaults, size the KV cache (memory.fit)."""
-    model = load_model(cfg.model)
-    hw = load_hardware(cfg.hardware)
+def resolve(cfg: FleetConfig, origin: str = "fleet", entries: Mapping[str, str] | None = None) -> ResolvedFleet:
+    """Look up model and hardware, apply vLLM's defaults, size the KV cache (memory.fit).
+
+    ``entries`` ("hardware", "model" -> TOML text, as a run's ``config.json`` records them) are
+    used instead of the catalog's files when given."""
+    if entries:
+        try:
+            hw = parse_hardware(tomllib.loads(entries["hardware"]), f"{origin} [catalog.hardware]")
+            model = parse_model(tomllib.loads(entries["model"]), f"{origin} [catalog.model]")
+        except (KeyError, TypeError, tomllib.TOMLDecodeError) as exc:
+            raise ConfigError(f"{origin}: the recorded catalog entries cannot be read ({exc})") from None
+        recorded = dict(entries)
+    else:
+        model = load_model(cfg.model)
+        hw = load_hardware(cfg.hardware)
+        recorded = {k: _entry_text(k, n) for k, n in (("hardware", cfg.hardware), ("model", cfg.model))}
     if cfg.calibration is not None:
         factors = {k: v for k, v in asdict(cfg.calibration).items() if k != "source" and v is not None}
         hw = replace(hw, **factors)
@@ -372,4 +390,11 @@ def resolve(cfg: FleetConfig, origin: str = "fleet") -> ResolvedFleet:
         enable_chunked_prefill=chunked,
         enable_prefix_caching=eng.enable_prefix_caching,
     )
-    return ResolvedFleet(cfg, dep, mem, sched)
+    return ResolvedFleet(cfg, dep, mem, sched, tuple(sorted(recorded.items())))
+
+
+def _entry_text(kind: str, name: str) -> str:
+    try:
+        return entry_path(kind, name).read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError):  # it was just parsed; a race or a vanished file
+        return ""

@@ -128,7 +128,7 @@ def nightly(
             "report",
             timings,
             say,
-            lambda: build_report(store, result.run_id, day, reports_dir=reports_dir),
+            lambda: build_report(store, result.run_id, day, reports_dir=reports_dir, warehouse_built=True),
         )
         index = _stage("index", timings, say, lambda: build_index(reports_dir, store.root / ".cache"))
     return NightlyResult(day, result.run_id, report.path, index, report.headline, timings, summary.to_json())

@@ -796,10 +796,13 @@ def build_report(
     out: Path | None = None,
     png_dir: Path | None = None,
     reports_dir: Path | None = None,
+    warehouse_built: bool = False,
 ) -> ReportResult:
-    """Write the HTML report of one replay run (the latest by default)."""
+    """Write the HTML report of one replay run (the latest by default). The warehouse's views are
+    rebuilt first unless the caller has just built them (``warehouse_built``: the nightly)."""
     t0 = time.perf_counter()
-    build_warehouse(store)
+    if not warehouse_built:
+        build_warehouse(store)
     if run_id is None:
         run_id = latest_run(store, date)
         if run_id is None:

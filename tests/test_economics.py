@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
 import json
 from pathlib import Path
@@ -228,3 +229,43 @@ def test_cost_command_on_a_replay(replayed: Store) -> None:
     for a in doc["api_equivalent"]:
         assert a["self_host_to_api_ratio"] == pytest.approx(doc["total_usd"] / a["api_usd"])
     assert (Path(doc["out_dir"]) / "api_cost.parquet").exists()
+
+
+def test_cost_prices_a_run_with_the_catalog_it_ran_on(replayed: Store, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A catalog edit after the replay (here: the GPU's hourly price doubled) does not change the
+    cost of the stored run: cost resolves the fleet from the entries the run recorded. A run
+    without recorded entries falls back to today's catalog and says so."""
+    import pipeline.catalog.entries as entries
+    from pipeline.cost import run_cost
+    from pipeline.warehouse import latest_run
+
+    before = run_cost(replayed)
+    assert before.catalog_source == "the run's recorded catalog entries"
+    run_id = latest_run(replayed)
+    assert run_id is not None
+    config_path = replayed.runs_dir / run_id / "config.json"
+    original = config_path.read_text()
+    config = json.loads(original)
+    recorded = config["resolved"]["catalog"]
+    assert 'name = "h100-sxm"' in recorded["hardware"] and "llama" in recorded["model"].lower()
+
+    real = entries.load_hardware_file
+
+    def doubled(path: Path | str) -> entries.HardwareSpec:
+        hw = real(path)
+        return dataclasses.replace(hw, price_usd_per_gpu_hour=2 * hw.price_usd_per_gpu_hour)
+
+    entries.load_hardware.cache_clear()
+    monkeypatch.setattr(entries, "load_hardware_file", doubled)
+    try:
+        after = run_cost(replayed)
+        assert after.gpu.usd_per_gpu_hour == before.gpu.usd_per_gpu_hour
+        assert after.gpu.total_usd == pytest.approx(before.gpu.total_usd)
+        del config["resolved"]["catalog"]
+        config_path.write_text(json.dumps(config))
+        old = run_cost(replayed)
+        assert old.catalog_source.startswith("today's catalog")
+        assert old.gpu.usd_per_gpu_hour == pytest.approx(2 * before.gpu.usd_per_gpu_hour)
+    finally:
+        config_path.write_text(original)
+        entries.load_hardware.cache_clear()

@@ -330,6 +330,15 @@ def _exists(path: Path) -> bool:
         return False
 
 
+def entry_path(kind: str, name: str) -> Path:
+    """The file :func:`load_hardware` (``kind`` "hardware") or :func:`load_model` ("model") reads
+    for ``name``: a path to a TOML file as given, else the catalog's entry."""
+    candidate = Path(name)
+    if candidate.suffix == ".toml" and _exists(candidate):
+        return candidate
+    return (hardware_dir() if kind == "hardware" else models_dir()) / f"{name}.toml"
+
+
 def load_hardware_file(path: Path | str) -> HardwareSpec:
     path = Path(path)
     return parse_hardware(read_toml(path, "catalog entry"), str(path))
