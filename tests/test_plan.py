@@ -22,16 +22,14 @@ from pipeline.plan import (
     PlanOptions,
     candidate_fleet,
     candidates,
-    load_slo_presets,
     min_replicas,
     pareto_front,
-    parse_slo,
-    percentile,
     plan,
     select_window,
 )
 from pipeline.replay import ReplayOptions, run_replay
 from pipeline.schemas import read_parquet
+from pipeline.slo import load_slo_presets, parse_slo, percentile
 from pipeline.store import Store
 from pipeline.warehouse import build_warehouse, run_query
 

@@ -1,4 +1,4 @@
-"""``rooftrace plan``: the cheapest fleet whose replay meets the SLO (pipeline/plan.py)."""
+"""``rooftrace plan``: the cheapest fleet whose replay meets the SLO (pipeline/plan/)."""
 
 from __future__ import annotations
 

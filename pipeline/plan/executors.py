@@ -1,0 +1,60 @@
+"""Where the configurations' searches run: local processes or a Ray cluster (optional extra)."""
+
+from __future__ import annotations
+
+import multiprocessing
+from collections.abc import Callable, Sequence
+from concurrent.futures import ProcessPoolExecutor, as_completed
+
+from pipeline.errors import RooftraceError
+from pipeline.plan.search import CandidateResult, Task, search_candidate
+
+
+def run_local(tasks: Sequence[Task], jobs: int, progress: Callable[[str], None] | None) -> list[CandidateResult]:
+    """Configurations in parallel processes (each replay is single-threaded Python + numpy)."""
+    if jobs <= 1 or len(tasks) <= 1:
+        out = []
+        for t in tasks:
+            out.append(search_candidate(t))
+            if progress:
+                progress(_progress_line(out[-1]))
+        return out
+    results: list[CandidateResult | None] = [None] * len(tasks)
+    # spawn, not fork: the parent has started polars' and numba's thread pools, and a forked child
+    # can inherit one of their locks held (polars documents fork as unsafe for that reason).
+    ctx = multiprocessing.get_context("spawn")
+    with ProcessPoolExecutor(max_workers=min(jobs, len(tasks)), mp_context=ctx) as pool:
+        futures = {pool.submit(search_candidate, t): i for i, t in enumerate(tasks)}
+        for fut in as_completed(futures):
+            results[futures[fut]] = r = fut.result()
+            if progress:
+                progress(_progress_line(r))
+    return [r for r in results if r is not None]
+
+
+def run_ray(
+    tasks: Sequence[Task], address: str | None, progress: Callable[[str], None] | None
+) -> list[CandidateResult]:
+    """Configurations as Ray tasks on an existing cluster (``ray.init(address=...)``); ``ray`` is
+    the optional extra ``rooftrace[ray]`` and is imported only here."""
+    try:
+        import ray
+    except ImportError:
+        raise RooftraceError("--executor ray needs the optional extra: pip install 'rooftrace[ray]'") from None
+    if not ray.is_initialized():
+        ray.init(address=address, ignore_reinit_error=True, log_to_driver=False)
+    remote = ray.remote(search_candidate)
+    refs = [remote.remote(t) for t in tasks]
+    results: list[CandidateResult] = ray.get(refs)
+    if progress:
+        for r in results:
+            progress(_progress_line(r))
+    return results
+
+
+def _progress_line(r: CandidateResult) -> str:
+    if not r.fits:
+        return f"  {r.candidate.label}: does not fit ({r.note})"
+    if r.replicas is None:
+        return f"  {r.candidate.label}: SLO not met ({r.note}); {len(r.evaluations)} replays"
+    return f"  {r.candidate.label}: {r.replicas} replicas after {len(r.evaluations)} replays"

@@ -1,0 +1,452 @@
+"""One configuration: the minimum replica count whose replay of the window meets every SLO
+target (analytic lower bound, galloping, bisection), with its sizing and cost."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+from pipeline.catalog import load_hardware
+from pipeline.cost import (
+    GpuCost,
+    TokenTotals,
+    attribute_busy_time,
+    kv_read_shares,
+)
+from pipeline.engine.model import REJECT_KV_CAPACITY, REJECT_REASONS
+from pipeline.errors import ConfigError
+from pipeline.fleet import FleetConfig, ResolvedFleet, resolve
+from pipeline.plan.window import Window
+from pipeline.replay import ReplayOptions, ReplayRun, build_workload, run_replay
+from pipeline.roofline import decode_batch, prefill_batch
+from pipeline.slo import (
+    METRICS,
+    Slo,
+    latency_arrays,
+    percentile,
+)
+from pipeline.steps import BINDING_NAMES
+
+#: A failing target whose value improves by less than this when replicas double has hit a
+#: latency floor (e.g. one decode step is slower than the TPOT limit): more replicas cannot help.
+FLOOR_IMPROVEMENT = 0.02
+#: Sizing labels: KV capacity binds when the fullest replica holds this share of its blocks (vLLM
+#: starts preempting at 100 %); compute/bandwidth binds when that phase's peak-minute demand is
+#: this share of the fleet's roofline capacity (beyond ~80 % utilization an M/M/1-like queue waits
+#: 4x the service time, so tails, not averages, decide); otherwise bursts and queueing bind.
+KV_BINDS_AT = 0.95
+SATURATION = 0.80
+
+
+def _span_columns(run: ReplayRun) -> dict[str, npt.NDArray[np.float64]]:
+    """The engine's span log as float arrays (counts are exact in float64 far beyond any day)."""
+    return {k: np.asarray(v, dtype=np.float64) for k, v in run.log.columns().items()}
+
+
+@dataclass(frozen=True)
+class Candidate:
+    hardware: str
+    tp: int
+    weight_dtype: str
+
+    @property
+    def label(self) -> str:
+        return f"{self.hardware} tp{self.tp} {self.weight_dtype}"
+
+
+@dataclass(frozen=True)
+class Evaluation:
+    """One replay of a configuration at ``replicas``."""
+
+    replicas: int
+    meets: bool
+    achieved: dict[str, float]  # SLO target name -> achieved value (s)
+    p99: dict[str, float]  # ttft/tpot/e2e/queue p99 (s)
+    worst_ratio: float  # max over targets of achieved / limit
+    failing: str | None
+    rejected_kv: int
+    preemptions: int
+    utilization: float  # busy replica-seconds / (replicas × replay span)
+    kv_peak_fraction: float
+    cache_hit_fraction: float
+    wall_s: float
+    rejected: int = 0  # measured requests rejected, every reason
+    rejected_by_reason: dict[str, int] = field(default_factory=dict)
+    rejected_share: float = 0.0
+    failing_target: str | None = None  # the worst SLO target when ``failing`` is "rejected"
+
+
+@dataclass
+class CandidateResult:
+    candidate: Candidate
+    fits: bool
+    note: str = ""
+    replicas: int | None = None
+    gpus_per_replica: int = 0
+    evaluations: list[Evaluation] = field(default_factory=list)
+    seed: int = 0
+    sizing: dict[str, Any] = field(default_factory=dict)
+    cost_rows: list[dict[str, Any]] = field(default_factory=list)
+    usd_per_gpu_hour: float = 0.0
+    price_date: str = ""
+    day_busy_fraction: float = 0.0
+    day_tokens: dict[str, float] = field(default_factory=dict)
+    period_s: float = 86_400.0
+
+    @property
+    def chosen(self) -> Evaluation | None:
+        for e in self.evaluations:
+            if e.replicas == self.replicas:
+                return e
+        return None
+
+    @property
+    def one_fewer(self) -> Evaluation | None:
+        for e in self.evaluations:
+            if self.replicas is not None and e.replicas == self.replicas - 1:
+                return e
+        return None
+
+
+@dataclass(frozen=True)
+class Task:
+    """Everything a worker needs to search one configuration (picklable)."""
+
+    candidate: Candidate
+    base: FleetConfig
+    window: Window
+    slo: Slo
+    max_replicas: int
+    day_tokens: dict[str, float]  # recorded_input, output, cache_write of the whole day
+    usd_per_gpu_hour: float | None
+    max_rejected: float = 0.0  # share of measured requests that may be rejected
+    period_s: float = 86_400.0  # the day's traffic span: the period every $ figure is for
+
+
+def candidate_fleet(base: FleetConfig, c: Candidate) -> FleetConfig:
+    # The engine's batch defaults depend on the GPU (fleet.vllm_batch_defaults): unset keys stay
+    # unset so each hardware gets vLLM's own defaults.
+    return replace(base, hardware=c.hardware, tp=c.tp, weight_dtype=c.weight_dtype, name=f"plan-{c.hardware}-tp{c.tp}")
+
+
+def evaluate(
+    window: Window, fleet: ResolvedFleet, replicas: int, slo: Slo, max_rejected: float = 0.0
+) -> tuple[Evaluation, ReplayRun]:
+    """Replay the window on ``replicas`` replicas and check the SLO on the measured requests
+    (rejected ones miss every target; more than ``max_rejected`` of them fails the SLO)."""
+    cfg = fleet.config.with_replicas(replicas)
+    fl = ResolvedFleet(cfg, fleet.deployment, fleet.memory, fleet.scheduler)
+    run = run_replay(window.requests, fl, ReplayOptions())
+    res = run.result
+    m = window.measured
+    rejected = res.reject_reason != 0
+    lat = latency_arrays(run)
+    for v in lat.values():
+        v[rejected] = np.inf
+    achieved = {t.name: percentile(lat[t.metric][m], t.percentile) for t in slo.targets}
+    ratios = {t.name: achieved[t.name] / t.limit_s for t in slo.targets}
+    worst = max(ratios, key=lambda k: ratios[k])
+    n_rej = int((rejected & m).sum())
+    share = n_rej / max(int(m.sum()), 1)
+    by_reason = {
+        REJECT_REASONS[c]: int(((res.reject_reason == c) & m).sum())
+        for c in range(1, len(REJECT_REASONS))
+        if ((res.reject_reason == c) & m).any()
+    }
+    failing = worst if ratios[worst] > 1.0 else None
+    # rejections do not depend on the replica count: too many fail the SLO at any count
+    if share > max_rejected or any(share > 1.0 - t.percentile / 100.0 for t in slo.targets):
+        failing = "rejected"
+    cols = _span_columns(run)
+    busy = float((cols["end_s"] - cols["start_s"]).sum())
+    ok = ~rejected
+    span = float(np.nanmax(res.finish_s[ok]) - res.arrival_s.min()) if ok.any() else 0.0
+    kv_peak = float(cols["kv_blocks_used"].max() / fl.scheduler.num_gpu_blocks) if cols["steps"].size else 0.0
+    rec = float(run.work.prompt_tokens[m & ok].sum())
+    ev = Evaluation(
+        replicas=replicas,
+        meets=failing is None,
+        achieved=achieved,
+        p99={k: percentile(lat[k][m], 99.0) for k in METRICS},
+        worst_ratio=ratios[worst],
+        failing=failing,
+        rejected_kv=int((res.reject_reason[m] == REJECT_KV_CAPACITY).sum()),
+        rejected=n_rej,
+        rejected_by_reason=by_reason,
+        rejected_share=share,
+        failing_target=worst if ratios[worst] > 1.0 else None,
+        preemptions=int(res.preemptions[m & ok].sum()),
+        utilization=busy / (fl.ranks * span) if span > 0 else 0.0,
+        kv_peak_fraction=kv_peak,
+        cache_hit_fraction=float(res.cache_hit_tokens[m & ok].sum()) / rec if rec > 0 else 0.0,
+        wall_s=run.wall_s,
+    )
+    return ev, run
+
+
+def rejection_note(ev: Evaluation, max_rejected: float) -> str:
+    """Why a configuration that rejects requests fails, with the count by reason."""
+    reasons = ", ".join(f"{k} {v:,}" for k, v in ev.rejected_by_reason.items())
+    head = f"rejects {ev.rejected:,} measured requests ({ev.rejected_share:.2%}: {reasons}) at any replica count"
+    if ev.rejected_share > max_rejected:
+        return f"{head}; allowed {max_rejected:.2%} (--max-rejected)"
+    return f"{head}: rejected requests miss every target, so {ev.failing_target or 'a target'} cannot be met"
+
+
+def capacity_per_replica(fleet: ResolvedFleet, mean_context: float) -> dict[str, Any]:
+    """One replica's roofline ceilings: fresh prefill tokens/s with full token-budget steps, and
+    decode tokens/s at the largest batch its KV cache and max_num_seqs allow at ``mean_context``."""
+    dep, sched = fleet.deployment, fleet.scheduler
+    budget = float(sched.max_num_batched_tokens)
+    pre = dep(prefill_batch([budget]))
+    kv_tokens = sched.num_gpu_blocks * sched.block_size
+    batch = float(max(1, min(sched.max_num_seqs, int(kv_tokens // max(mean_context, 1.0)))))
+    dec = dep(decode_batch([batch], [mean_context]))
+
+    def label(code: int) -> str:
+        name = BINDING_NAMES[code]
+        return "bandwidth" if name == "memory" else name
+
+    return {
+        "prefill_tokens_per_s": budget / float(pre.time_s[0]),
+        "prefill_binding": label(int(pre.binding[0])),
+        "decode_tokens_per_s": batch / float(dec.time_s[0]),
+        "decode_batch": batch,
+        "decode_binding": label(int(dec.binding[0])),
+        "kv_capacity_tokens": kv_tokens,
+    }
+
+
+def _demand(window: Window, fleet: ResolvedFleet) -> dict[str, float]:
+    """Measured-window demand: output tokens/s, and fresh prefill tokens/s if every block seen
+    before were still cached (an infinite prefix cache: a lower bound on prefill work)."""
+    work = build_workload(window.requests, fleet, ReplayOptions())
+    bs = fleet.scheduler.block_size
+    offs = work.offsets()
+    h = work.chain_hashes
+    hit_tokens = np.zeros(work.n)
+    if h.size:
+        # every chain's blocks (prompt and output) enter the cache; a prompt block hits when its
+        # hash (which names its whole prefix) appeared in an earlier request's chain
+        owner = np.repeat(np.arange(work.n), np.diff(offs))
+        pos = np.arange(h.shape[0]) - offs[owner]
+        _, first_idx, inverse = np.unique(h, return_index=True, return_inverse=True)
+        earlier = owner[first_idx][inverse] < owner
+        in_prompt = pos < (work.prompt_tokens // bs)[owner]
+        hit_tokens = np.bincount(owner[earlier & in_prompt], minlength=work.n).astype(np.float64) * bs
+    # vLLM always recomputes at least the last prompt token
+    fresh = np.maximum(work.prompt_tokens - hit_tokens, 1.0)
+    m = window.measured
+    return {
+        "fresh_min_tokens_per_s": float(fresh[m].sum()) / window.duration_s,
+        "output_tokens_per_s": float(work.output_tokens[m].sum()) / window.duration_s,
+        "mean_context": float((work.prompt_tokens[m] + work.output_tokens[m] / 2.0).mean()),
+    }
+
+
+def min_replicas(check: Callable[[int], Evaluation], seed: int, max_replicas: int) -> tuple[int | None, str]:
+    """Smallest n in [1, max_replicas] with ``check(n).meets``, assuming monotonicity; every
+    answer n > 1 has been checked at n − 1 too. Returns (None, why) when no n qualifies."""
+    cache: dict[int, Evaluation] = {}
+
+    def ok(n: int) -> bool:
+        if n not in cache:
+            cache[n] = check(n)
+        return cache[n].meets
+
+    n = min(max(seed, 1), max_replicas)
+    if not ok(n) and cache[n].failing == "rejected":
+        return None, "rejected"
+    if ok(n):
+        hi, lo, step = n, 0, 1
+        while hi - step >= 1:
+            m = hi - step
+            if ok(m):
+                hi, step = m, step * 2
+            else:
+                lo = m
+                break
+    else:
+        # gallop up from the seed (a lower bound, usually close): +1, +2, +4, ... then bisect
+        lo, step = n, 1
+        while True:
+            m = min(lo + step, max_replicas)
+            if ok(m):
+                hi = m
+                break
+            cur = cache[m]
+            # a target that barely moves when replicas double has hit a latency floor
+            half = [k for k in cache if k <= m // 2 and cache[k].failing == cur.failing]
+            if cur.failing is not None and half:
+                prev = cache[max(half)]
+                gain = 1.0 - cur.worst_ratio / prev.worst_ratio if math.isfinite(prev.worst_ratio) else 1.0
+                if gain < FLOOR_IMPROVEMENT:
+                    return None, (
+                        f"{cur.failing} stays {cur.achieved[cur.failing]:.4g} s at {max(half)} and {m} replicas "
+                        f"(limit x{cur.worst_ratio:.2f}): a latency floor more replicas cannot lower"
+                    )
+            if m >= max_replicas:
+                return None, f"{cur.failing} misses its limit (x{cur.worst_ratio:.2f}) even at {max_replicas} replicas"
+            lo, step = m, step * 2
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if ok(mid):
+            hi = mid
+        else:
+            lo = mid
+    return hi, ""
+
+
+def search_candidate(task: Task) -> CandidateResult:
+    """Minimum replicas for one configuration, its sizing and cost. Runs in a worker process."""
+    c = task.candidate
+    out = CandidateResult(candidate=c, fits=False, period_s=task.period_s)
+    try:
+        fleet = resolve(candidate_fleet(task.base, c), c.label)
+    except ConfigError as exc:
+        out.note = str(exc)
+        return out
+    out.fits = True
+    out.gpus_per_replica = fleet.deployment.gpus * fleet.config.dp
+    hw = load_hardware(c.hardware)
+    out.usd_per_gpu_hour = task.usd_per_gpu_hour if task.usd_per_gpu_hour is not None else hw.price_usd_per_gpu_hour
+    out.price_date = hw.price_date if task.usd_per_gpu_hour is None else "override"
+    demand = _demand(task.window, fleet)
+    cap = capacity_per_replica(fleet, demand["mean_context"])
+    out.seed = max(
+        1,
+        math.ceil(demand["fresh_min_tokens_per_s"] / cap["prefill_tokens_per_s"]),
+        math.ceil(demand["output_tokens_per_s"] / cap["decode_tokens_per_s"]),
+    )
+    runs: dict[int, ReplayRun] = {}
+
+    def check(n: int) -> Evaluation:
+        ev, run = evaluate(task.window, fleet, n, task.slo, task.max_rejected)
+        out.evaluations.append(ev)
+        runs[n] = run
+        return ev
+
+    n, why = min_replicas(check, out.seed, task.max_replicas)
+    out.evaluations.sort(key=lambda e: e.replicas)
+    if n is None:
+        out.note = rejection_note(out.evaluations[0], task.max_rejected) if why == "rejected" else why
+        return out
+    out.replicas = n
+    run = runs[n]
+    ev = out.chosen
+    assert ev is not None
+    out.sizing = sizing(task.window, run, n, cap, ev)
+    cost = window_cost(task.window, run, fleet, n, out.usd_per_gpu_hour, hw.price_date)
+    # Scale the window to the day: busy time in proportion to tokens, the provisioned fleet 24 h.
+    day = task.day_tokens
+    win_tokens = cost.tokens.recorded_input + cost.tokens.output
+    scale = (day["recorded_input"] + day["output"]) / win_tokens if win_tokens > 0 else 0.0
+    hit_frac = cost.tokens.cache_hit / cost.tokens.recorded_input if cost.tokens.recorded_input > 0 else 0.0
+    day_tokens = TokenTotals(
+        fresh_input=day["recorded_input"] * (1 - hit_frac),
+        cache_hit=day["recorded_input"] * hit_frac,
+        output=day["output"],
+        cache_write=min(day["cache_write"], day["recorded_input"] * (1 - hit_frac)),
+    )
+    day_cost = GpuCost(
+        hardware=c.hardware,
+        gpus=cost.gpus,
+        usd_per_gpu_hour=cost.usd_per_gpu_hour,
+        price_date=cost.price_date,
+        window_s=task.period_s,
+        busy_gpu_s=min(cost.busy_gpu_s * scale, cost.gpus * task.period_s),
+        class_busy_s=cost.class_busy_s,
+        tokens=day_tokens,
+    )
+    out.cost_rows = day_cost.rows()
+    out.day_busy_fraction = day_cost.utilization
+    out.day_tokens = {
+        "fresh_input": day_tokens.fresh_input,
+        "cache_hit": day_tokens.cache_hit,
+        "output": day_tokens.output,
+        "cache_write": day_tokens.cache_write,
+    }
+    return out
+
+
+def window_cost(
+    window: Window, run: ReplayRun, fleet: ResolvedFleet, replicas: int, usd_per_gpu_hour: float, price_date: str
+) -> GpuCost:
+    """The fleet's cost over the replayed span and its split over the measured traffic's tokens."""
+    res, work = run.result, run.work
+    ok = res.reject_reason == 0
+    cols = _span_columns(run)
+    span = float(np.nanmax(res.finish_s[ok]) - res.arrival_s.min()) if ok.any() else 0.0
+    dep = fleet.deployment
+
+    def linear(batch: Any) -> npt.NDArray[np.float64]:
+        return np.asarray(dep(batch).time_s, dtype=np.float64)
+
+    shares = kv_read_shares(work.prompt_tokens[ok], res.cache_hit_tokens[ok], work.output_tokens[ok])
+    busy = attribute_busy_time(cols, linear, shares)
+    hits = float(res.cache_hit_tokens[ok].sum())
+    tokens = TokenTotals(
+        fresh_input=float(work.prompt_tokens[ok].sum()) - hits,
+        cache_hit=hits,
+        output=float(work.output_tokens[ok].sum()),
+    )
+    gpus = replicas * dep.gpus
+    return GpuCost(
+        hardware=fleet.config.hardware,
+        gpus=gpus,
+        usd_per_gpu_hour=usd_per_gpu_hour,
+        price_date=price_date,
+        window_s=span,
+        busy_gpu_s=float((cols["end_s"] - cols["start_s"]).sum()) * dep.gpus,
+        class_busy_s=busy,
+        tokens=tokens,
+    )
+
+
+def sizing(window: Window, run: ReplayRun, replicas: int, cap: dict[str, Any], ev: Evaluation) -> dict[str, Any]:
+    """Each resource against its own peak: the busiest minute's fresh prefill and decode tokens/s
+    over the fleet's roofline ceilings, the fullest replica's KV share, the SLO headroom; and which
+    binds."""
+    cols = _span_columns(run)
+    minute = np.floor(cols["start_s"] / 60.0).astype(np.int64)
+    if minute.size:
+        minute -= minute.min()
+        pre = np.bincount(minute, weights=cols["prefill_tokens"].astype(np.float64)) / 60.0
+        dec = np.bincount(minute, weights=cols["decode_tokens"].astype(np.float64)) / 60.0
+        peak_pre, peak_dec = float(pre.max()), float(dec.max())
+    else:
+        peak_pre = peak_dec = 0.0
+    util_pre = peak_pre / (replicas * cap["prefill_tokens_per_s"])
+    util_dec = peak_dec / (replicas * cap["decode_tokens_per_s"])
+    # time-weighted resource of the busy steps (the engine's per-step attribution)
+    parts = [float(cols[k].sum()) for k in ("compute_s", "memory_s", "comm_s", "overhead_s")] if minute.size else [0.0]
+    step_binding = BINDING_NAMES[int(np.argmax(parts))]
+    if ev.kv_peak_fraction >= KV_BINDS_AT or ev.preemptions > 0:
+        binds = "kv_capacity"
+    elif max(util_pre, util_dec) >= SATURATION:
+        binds = cap["prefill_binding"] if util_pre >= util_dec else cap["decode_binding"]
+    elif ev.utilization >= SATURATION:
+        # always stepping but with batches far below the ceiling: the resource each step waits on
+        binds = "bandwidth" if step_binding == "memory" else step_binding
+    else:
+        binds = "queueing"
+    return {
+        "peak_fresh_prefill_tokens_per_s": peak_pre,
+        "peak_decode_tokens_per_s": peak_dec,
+        "prefill_capacity_tokens_per_s": replicas * cap["prefill_tokens_per_s"],
+        "decode_capacity_tokens_per_s": replicas * cap["decode_tokens_per_s"],
+        "prefill_utilization": util_pre,
+        "decode_utilization": util_dec,
+        "kv_peak_fraction": ev.kv_peak_fraction,
+        "slo_headroom": 1.0 - ev.worst_ratio,
+        "prefill_binding": cap["prefill_binding"],
+        "decode_binding": cap["decode_binding"],
+        "decode_batch_ceiling": cap["decode_batch"],
+        "step_binding": step_binding,
+        "binding": binds,
+    }

@@ -1,0 +1,363 @@
+"""The ``plan`` stage: every configuration searched, ranked by $/day, written under
+``STORE/plans/<plan_id>/``."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, replace
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import polars as pl
+import pyarrow as pa
+
+from pipeline.catalog import load_hardware, load_model, weight_format
+from pipeline.cost import (
+    TokenTotals,
+    api_cost_rows,
+    day_projection,
+    load_prices,
+    period_label,
+    traffic_period_s,
+)
+from pipeline.defaults import DEFAULT_MAX_REPLICAS, DEFAULT_WARMUP_S, DEFAULT_WINDOW_S
+from pipeline.errors import ConfigError, RooftraceError
+from pipeline.fleet import FleetConfig, load_fleet, parse_fleet
+from pipeline.plan.executors import run_local, run_ray
+from pipeline.plan.search import Candidate, CandidateResult, Task
+from pipeline.plan.window import Window, select_window
+from pipeline.project import default_fleet_path
+from pipeline.schemas import atomic_write_bytes, load_schema, write_parquet
+from pipeline.slo import (
+    Slo,
+    load_slo_presets,
+    parse_slo,
+)
+from pipeline.store import SAFE_ID_RE, Store, confined
+
+
+@dataclass(frozen=True)
+class PlanOptions:
+    model: str
+    slo: str = "chat"
+    fleet_path: str | None = None
+    hardware: tuple[str, ...] = ("h100-sxm", "h200", "a100-80gb-sxm", "mi300x")
+    tp: tuple[int, ...] = (1, 2, 4, 8)
+    precision: tuple[str, ...] = ()  # weight dtypes; empty: the base fleet's
+    date: str | None = None
+    window: str = "peak"
+    window_s: float = DEFAULT_WINDOW_S
+    warmup_s: float = DEFAULT_WARMUP_S
+    traffic_model: str | None = None  # the requests' `model` value (default: --model; "*" = all)
+    executor: str = "local"
+    jobs: int | None = None
+    ray_address: str | None = None
+    max_replicas: int = DEFAULT_MAX_REPLICAS
+    gpu_prices: tuple[tuple[str, float], ...] = ()  # (hardware, usd_per_gpu_hour) overrides
+    price_files: tuple[str, ...] = ()
+    #: Share of the measured requests a configuration may reject and still meet the SLO.
+    max_rejected: float = 0.0
+
+    def __post_init__(self) -> None:
+        if self.executor not in ("local", "ray"):
+            raise ConfigError(f"--executor must be local or ray, got {self.executor!r}")
+        if self.max_replicas < 1:
+            raise ConfigError("--max-replicas must be >= 1")
+        if not self.hardware or not self.tp:
+            raise ConfigError("give at least one --hardware and one --tp")
+        if not 0.0 <= self.max_rejected <= 1.0:
+            raise ConfigError(f"--max-rejected must be between 0% and 100%, got {self.max_rejected:.4g}")
+
+
+@dataclass(frozen=True)
+class PlanResult:
+    plan_id: str
+    plan_dir: Path
+    doc: dict[str, Any]
+    table: pa.Table
+
+
+def _base_fleet(opts: PlanOptions) -> tuple[FleetConfig, str]:
+    if opts.fleet_path is not None:
+        base = load_fleet(opts.fleet_path)
+        return replace(base, model=opts.model), opts.fleet_path
+    path = default_fleet_path()
+    if path.exists():
+        base = load_fleet(path)
+        return replace(base, model=opts.model), str(path)
+    return parse_fleet({"name": "plan", "model": opts.model, "hardware": opts.hardware[0]}, "defaults"), "defaults"
+
+
+def candidates(opts: PlanOptions, base: FleetConfig) -> list[Candidate]:
+    for hw in opts.hardware:
+        load_hardware(hw)  # unknown names fail here, with the catalog's message
+    dtypes = opts.precision or (base.weight_dtype,)
+    for dt in dtypes:
+        weight_format(dt)  # unknown dtypes fail here, before a name is built from them
+    return [Candidate(hw, tp, dt) for hw in opts.hardware for tp in sorted(set(opts.tp)) for dt in dtypes]
+
+
+def _day_totals(req: pl.DataFrame) -> dict[str, float]:
+    writes = req.get_column("cache_write_tokens") if "cache_write_tokens" in req.columns else None
+    return {
+        "recorded_input": float(req.get_column("recorded_input_tokens").sum()),
+        "output": float(req.get_column("output_tokens").sum()),
+        "cache_write": float(writes.fill_null(0).sum()) if writes is not None else 0.0,
+    }
+
+
+def pareto_front(points: Sequence[tuple[float, float]]) -> list[bool]:
+    """Points (cost, latency) that no other point beats on both (lower is better; ties keep both)."""
+    flags = []
+    for i, (c, t) in enumerate(points):
+        dominated = any((c2 <= c and t2 <= t) and (c2 < c or t2 < t) for j, (c2, t2) in enumerate(points) if j != i)
+        flags.append(not dominated)
+    return flags
+
+
+def plan(store: Store, opts: PlanOptions, progress: Callable[[str], None] | None = None) -> PlanResult:
+    """Search every configuration, rank by $/day, write ``STORE/plans/<plan_id>/``."""
+    load_model(opts.model)
+    slo = parse_slo(opts.slo)
+    base, base_origin = _base_fleet(opts)
+    cands = candidates(opts, base)
+    date = store.resolve_date(opts.date)
+    every = store.read_requests(date)
+    want = opts.traffic_model or opts.model
+    req = every if want == "*" else every.filter(pl.col("model") == want)
+    if req.height == 0:
+        have = sorted(every.get_column("model").unique().to_list())
+        raise RooftraceError(f"no requests for model {want!r} on {date}; models there: {have} (use --traffic-model)")
+    window = select_window(req, opts.window, opts.window_s, opts.warmup_s)
+    day = _day_totals(req)
+    arrivals = req.get_column("arrival").dt.epoch("us").to_numpy().astype(np.float64) / 1e6
+    period = traffic_period_s(arrivals)
+    overrides = dict(opts.gpu_prices)
+    prices = load_prices(list(opts.price_files) or None)
+    tasks = [
+        Task(c, base, window, slo, opts.max_replicas, day, overrides.get(c.hardware), opts.max_rejected, period)
+        for c in cands
+    ]
+    if progress:
+        w = window.info()
+        progress(
+            f"plan {opts.model}: {len(tasks)} configurations, window {w['kind']} of {w['measured_requests']:,} "
+            f"requests (+{w['replayed_requests'] - w['measured_requests']:,} warm-up), SLO {slo.name}"
+        )
+    t0 = time.perf_counter()
+    if opts.executor == "ray":
+        results = run_ray(tasks, opts.ray_address, progress)
+    else:
+        jobs = opts.jobs or min(len(tasks), os.cpu_count() or 1)
+        results = run_local(tasks, jobs, progress)
+    wall = time.perf_counter() - t0
+
+    plan_id = _plan_id(date, opts, slo, base, req)
+    table, search = _tables(plan_id, date, opts, slo, window, results)
+    chosen = _chosen(results)
+    plan_dir = confined(store.root / "plans", plan_id, "plan id")
+    api_rows = _api_rows(plan_id, chosen, prices) if chosen is not None else []
+    doc = {
+        "plan_id": plan_id,
+        "date": date,
+        "model": opts.model,
+        "traffic_model": want,
+        "slo": slo.to_dict(),
+        "slo_presets": {k: v.to_dict() for k, v in load_slo_presets().items()},
+        "window": window.info(),
+        "base_fleet": {"origin": base_origin, **base.to_dict()},
+        "options": {k: v for k, v in asdict(opts).items() if k not in ("jobs", "ray_address")},
+        "day_tokens": day,
+        "period_s": period,
+        "period": period_label(period),
+        "day_projection": day_projection(period),
+        "configurations": table.to_pylist(),
+        "chosen": _chosen_doc(chosen) if chosen is not None else None,
+        "api_equivalent": api_rows,
+    }
+    with store.lock():
+        write_parquet(table, plan_dir / "plan.parquet", "plan")
+        write_parquet(search, plan_dir / "search.parquet", "plan_search")
+        costs = confined(store.root / "costs", plan_id, "plan id")
+        if chosen is not None:
+            write_parquet(_gpu_cost_table(plan_id, chosen), costs / "gpu_cost.parquet", "plan_gpu_cost")
+            write_parquet(pa.Table.from_pylist(api_rows), costs / "api_cost.parquet", "plan_api_cost")
+        atomic_write_bytes(plan_dir / "plan.json", json.dumps(doc, indent=2, sort_keys=True, default=str).encode())
+    doc["search_wall_s"] = wall
+    doc["replays"] = sum(len(r.evaluations) for r in results)
+    return PlanResult(plan_id, plan_dir, doc, table)
+
+
+def _plan_id(date: str, opts: PlanOptions, slo: Slo, base: FleetConfig, req: pl.DataFrame) -> str:
+    h = hashlib.sha256()
+    keep = {k: v for k, v in asdict(opts).items() if k not in ("jobs", "executor", "ray_address")}
+    h.update(json.dumps(keep, sort_keys=True, default=str).encode())
+    h.update(json.dumps(slo.to_dict(), sort_keys=True).encode())
+    h.update(json.dumps(base.to_dict(), sort_keys=True, default=str).encode())
+    h.update(
+        req.select("request_id", "arrival", "recorded_input_tokens", "output_tokens").hash_rows().to_numpy().tobytes()
+    )
+    # the id names the plan's folders (store.confined): other characters of a model name become '_'
+    model = opts.model
+    if not (SAFE_ID_RE.fullmatch(model) and len(model) <= 64):
+        model = "".join(c if c.isascii() and (c.isalnum() or c in "._-") else "_" for c in model)[:64]
+    return f"{date}-{model}-{h.hexdigest()[:10]}"
+
+
+def _chosen(results: Sequence[CandidateResult]) -> CandidateResult | None:
+    ok = [r for r in results if r.replicas is not None]
+    if not ok:
+        return None
+    return min(ok, key=lambda r: (_usd_per_day(r), r.chosen.p99["ttft"] if r.chosen else 0.0, r.candidate.label))
+
+
+def _usd_per_day(r: CandidateResult) -> float:
+    """The provisioned fleet for 24 hours (what ranks configurations)."""
+    return (r.replicas or 0) * r.gpus_per_replica * r.usd_per_gpu_hour * 24.0
+
+
+def _usd_per_period(r: CandidateResult) -> float:
+    """The provisioned fleet over the period of record (the traffic's span), as `rooftrace cost`
+    states a run's cost: self-hosted and API figures of one traffic over one period."""
+    return (r.replicas or 0) * r.gpus_per_replica * r.usd_per_gpu_hour * r.period_s / 3600.0
+
+
+def _class_per_million(r: CandidateResult) -> dict[str, float | None]:
+    return {row["token_class"]: row["all_in_usd_per_million_tokens"] for row in r.cost_rows}
+
+
+def _tables(
+    plan_id: str, date: str, opts: PlanOptions, slo: Slo, window: Window, results: Sequence[CandidateResult]
+) -> tuple[pa.Table, pa.Table]:
+    feasible = [r for r in results if r.replicas is not None]
+    ranked = sorted(
+        feasible, key=lambda r: (_usd_per_day(r), r.chosen.p99["ttft"] if r.chosen else 0.0, r.candidate.label)
+    )
+    rank = {id(r): i + 1 for i, r in enumerate(ranked)}
+    front = pareto_front([(_usd_per_day(r), r.chosen.p99["ttft"] if r.chosen else 0.0) for r in ranked])
+    on_front = {id(r) for r, f in zip(ranked, front, strict=True) if f}
+    order = ranked + sorted((r for r in results if r.replicas is None), key=lambda r: r.candidate.label)
+    rows, search = [], []
+    for r in order:
+        ev, fewer = r.chosen, r.one_fewer
+        per_m = _class_per_million(r)
+        day_tokens = sum(r.day_tokens.get(k, 0.0) for k in ("fresh_input", "cache_hit", "output"))
+        usd_day = _usd_per_day(r) if r.replicas is not None else None
+        rows.append(
+            {
+                "plan_id": plan_id,
+                "date": date,
+                "model": opts.model,
+                "slo": slo.name,
+                "window": window.kind,
+                "rank": rank.get(id(r)),
+                "config": r.candidate.label,
+                "hardware": r.candidate.hardware,
+                "tp": r.candidate.tp,
+                "weight_dtype": r.candidate.weight_dtype,
+                "fits": r.fits,
+                "meets_slo": r.replicas is not None,
+                "note": r.note,
+                "gpus_per_replica": r.gpus_per_replica or None,
+                "replicas": r.replicas,
+                "gpus": (r.replicas * r.gpus_per_replica) if r.replicas is not None else None,
+                "ttft_p99_s": ev.p99["ttft"] if ev else None,
+                "tpot_p99_s": ev.p99["tpot"] if ev else None,
+                "e2e_p99_s": ev.p99["e2e"] if ev else None,
+                "queue_p99_s": ev.p99["queue"] if ev else None,
+                "slo_worst_ratio": ev.worst_ratio if ev else None,
+                "slo_headroom": (1.0 - ev.worst_ratio) if ev else None,
+                "one_fewer_meets_slo": (fewer.meets if fewer else None),
+                "one_fewer_failing": (fewer.failing if fewer else None),
+                "utilization": ev.utilization if ev else None,
+                "day_utilization": r.day_busy_fraction if ev else None,
+                "prefill_utilization": r.sizing.get("prefill_utilization"),
+                "decode_utilization": r.sizing.get("decode_utilization"),
+                "kv_peak_fraction": ev.kv_peak_fraction if ev else None,
+                "binding": r.sizing.get("binding"),
+                "usd_per_gpu_hour": r.usd_per_gpu_hour if r.fits else None,
+                "price_date": r.price_date or None,
+                "usd_per_day": usd_day,
+                "usd_per_million_tokens": (_usd_per_period(r) / day_tokens * 1e6) if usd_day and day_tokens else None,
+                "usd_per_million_fresh_input_tokens": per_m.get("fresh_input"),
+                "usd_per_million_cache_hit_tokens": per_m.get("cache_hit"),
+                "usd_per_million_output_tokens": per_m.get("output"),
+                "idle_usd_per_day": next((x["all_in_usd"] for x in r.cost_rows if x["token_class"] == "idle"), None),
+                "pareto": id(r) in on_front,
+                "replays": len(r.evaluations),
+            }
+        )
+        for e in r.evaluations:
+            search.append(
+                {
+                    "plan_id": plan_id,
+                    "config": r.candidate.label,
+                    "hardware": r.candidate.hardware,
+                    "tp": r.candidate.tp,
+                    "weight_dtype": r.candidate.weight_dtype,
+                    "replicas": e.replicas,
+                    "meets_slo": e.meets,
+                    "failing": e.failing,
+                    "slo_worst_ratio": e.worst_ratio,
+                    "ttft_p99_s": e.p99["ttft"],
+                    "tpot_p99_s": e.p99["tpot"],
+                    "e2e_p99_s": e.p99["e2e"],
+                    "queue_p99_s": e.p99["queue"],
+                    "rejected_kv": e.rejected_kv,
+                    "rejected": e.rejected,
+                    "preemptions": e.preemptions,
+                    "utilization": e.utilization,
+                    "kv_peak_fraction": e.kv_peak_fraction,
+                    "cache_hit_fraction": e.cache_hit_fraction,
+                }
+            )
+    # a plan where nothing fits ran no replay: an empty search table of the declared schema
+    search_table = pa.Table.from_pylist(search) if search else load_schema("plan_search").arrow.empty_table()
+    return pa.Table.from_pylist(rows), search_table
+
+
+def _chosen_doc(r: CandidateResult) -> dict[str, Any]:
+    ev = r.chosen
+    fewer = r.one_fewer
+    return {
+        "config": r.candidate.label,
+        "hardware": r.candidate.hardware,
+        "tp": r.candidate.tp,
+        "weight_dtype": r.candidate.weight_dtype,
+        "replicas": r.replicas,
+        "gpus": (r.replicas or 0) * r.gpus_per_replica,
+        "usd_per_day": _usd_per_day(r),
+        "usd_per_period": _usd_per_period(r),
+        "achieved": ev.achieved if ev else None,
+        "one_fewer": asdict(fewer) if fewer else None,
+        "sizing": r.sizing,
+        "cost_per_day": r.cost_rows,
+        "day_tokens": r.day_tokens,
+    }
+
+
+def _gpu_cost_table(subject: str, r: CandidateResult) -> pa.Table:
+    rows = [
+        {
+            "subject": subject,
+            "hardware": r.candidate.hardware,
+            "gpus": (r.replicas or 0) * r.gpus_per_replica,
+            "usd_per_gpu_hour": r.usd_per_gpu_hour,
+            "price_date": r.price_date,
+            "period_s": r.period_s,
+            **row,
+        }
+        for row in r.cost_rows
+    ]
+    return pa.Table.from_pylist(rows)
+
+
+def _api_rows(subject: str, r: CandidateResult, prices: Sequence[Any]) -> list[dict[str, Any]]:
+    t = r.day_tokens
+    tokens = TokenTotals(t["fresh_input"], t["cache_hit"], t["output"], t["cache_write"])
+    return api_cost_rows(subject, tokens, prices, _usd_per_period(r), r.period_s)
