@@ -18,12 +18,12 @@ into one :class:`ModelSpec`. ``rooftrace catalog import-hf`` uses the same funct
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from functools import cache
 from pathlib import Path
 from types import MappingProxyType
-from typing import Any
+from typing import Any, TypeVar
 
 from pipeline.errors import ConfigError
 from pipeline.tomlfile import read_toml
@@ -339,6 +339,23 @@ def entry_path(kind: str, name: str) -> Path:
     return (hardware_dir() if kind == "hardware" else models_dir()) / f"{name}.toml"
 
 
+_Spec = TypeVar("_Spec", "HardwareSpec", "ModelSpec")
+
+
+def _load_entry(kind: str, name: str, load_file: Callable[[Path], _Spec], known: Callable[[], list[str]]) -> _Spec:
+    """The entry ``name`` of ``kind`` ("hardware" or "model"): a TOML file given by path, else the
+    catalog's ``<name>.toml``, whose declared name must be its file stem."""
+    path = entry_path(kind, name)
+    if path != (hardware_dir() if kind == "hardware" else models_dir()) / f"{name}.toml":
+        return load_file(path)  # a path given as the name
+    if not _exists(path):
+        raise ConfigError(f"no {kind} named {name!r} in {path.parent}; known: {known()}")
+    spec = load_file(path)
+    if spec.name != name:
+        raise ConfigError(f"{path}: declares name {spec.name!r}, expected {name!r} (the file stem)")
+    return spec
+
+
 def load_hardware_file(path: Path | str) -> HardwareSpec:
     path = Path(path)
     return parse_hardware(read_toml(path, "catalog entry"), str(path))
@@ -347,16 +364,7 @@ def load_hardware_file(path: Path | str) -> HardwareSpec:
 @cache
 def load_hardware(name: str) -> HardwareSpec:
     """Load ``hardware/<name>.toml``; ``name`` may also be a path to a TOML file."""
-    candidate = Path(name)
-    if candidate.suffix == ".toml" and _exists(candidate):
-        return load_hardware_file(candidate)
-    path = hardware_dir() / f"{name}.toml"
-    if not _exists(path):
-        raise ConfigError(f"no hardware named {name!r} in {hardware_dir()}; known: {list_hardware()}")
-    spec = load_hardware_file(path)
-    if spec.name != name:
-        raise ConfigError(f"{path}: declares name {spec.name!r}, expected {name!r} (the file stem)")
-    return spec
+    return _load_entry("hardware", name, load_hardware_file, list_hardware)
 
 
 # --------------------------------------------------------------------------------------------
@@ -717,16 +725,7 @@ def load_model_file(path: Path | str) -> ModelSpec:
 @cache
 def load_model(name: str) -> ModelSpec:
     """Load ``models/<name>.toml``; ``name`` may also be a path to a TOML file."""
-    candidate = Path(name)
-    if candidate.suffix == ".toml" and _exists(candidate):
-        return load_model_file(candidate)
-    path = models_dir() / f"{name}.toml"
-    if not _exists(path):
-        raise ConfigError(f"no model named {name!r} in {models_dir()}; known: {list_models()}")
-    spec = load_model_file(path)
-    if spec.name != name:
-        raise ConfigError(f"{path}: declares name {spec.name!r}, expected {name!r} (the file stem)")
-    return spec
+    return _load_entry("model", name, load_model_file, list_models)
 
 
 def import_hf_config(config_path: Path | str, name: str | None = None, hf_id: str = "") -> tuple[ModelSpec, str]:
