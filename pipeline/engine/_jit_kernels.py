@@ -147,6 +147,94 @@ def _cache(r, b, h, bhash, hashed, hprev, hnext, keys, used, hhead, htail, mask)
 
 
 @numba.njit(cache=True)
+def _take_block(  # type: ignore[no-untyped-def]
+    r,
+    s,
+    rid,
+    nfree,
+    fhead,
+    fnext,
+    fprev,
+    ftail,
+    ref,
+    table,
+    nblk,
+    bhash,
+    hashed,
+    hprev,
+    hnext,
+    keys,
+    used,
+    hhead,
+    htail,
+    mask,
+):
+    """Give request ``rid`` (slot ``s`` of replica ``r``) the free queue's head block, the one vLLM
+    evicts first, dropping the hash it held as a cached block."""
+    b = fhead[r]
+    nx = fnext[r, b]
+    fhead[r] = nx
+    if nx >= 0:
+        fprev[r, nx] = -1
+    else:
+        ftail[r] = -1
+    nfree[r] -= 1
+    if hashed[r, b]:
+        _uncache(r, b, bhash, hashed, hprev, hnext, keys, used, hhead, htail, mask)
+    ref[r, b] = 1
+    table[r, s, nblk[rid]] = b
+    nblk[rid] += 1
+
+
+@numba.njit(cache=True)
+def _unlink_free(r, b, nfree, fhead, fnext, fprev, ftail):  # type: ignore[no-untyped-def]
+    """Take block ``b`` (a cache hit with no other user) out of replica ``r``'s free queue."""
+    p = fprev[r, b]
+    q = fnext[r, b]
+    if p >= 0:
+        fnext[r, p] = q
+    else:
+        fhead[r] = q
+    if q >= 0:
+        fprev[r, q] = p
+    else:
+        ftail[r] = p
+    nfree[r] -= 1
+
+
+@numba.njit(cache=True)
+def _register(  # type: ignore[no-untyped-def]
+    r, s, rid, target, nreg, table, chain, chain_off, bhash, hashed, hprev, hnext, keys, used, hhead, htail, mask
+):
+    """Give request ``rid``'s blocks ``nreg[rid]`` .. ``target - 1`` (full now) their prefix hashes."""
+    for j in range(nreg[rid], target):
+        b = table[r, s, j]
+        if not hashed[r, b]:
+            _cache(r, b, chain[chain_off[rid] + j], bhash, hashed, hprev, hnext, keys, used, hhead, htail, mask)
+    if target > nreg[rid]:
+        nreg[rid] = target
+
+
+@numba.njit(cache=True)
+def _release(r, s, rid, nfree, fhead, fnext, fprev, ftail, ref, table, nblk):  # type: ignore[no-untyped-def]
+    """Return request ``rid``'s blocks (slot ``s``) to the free queue's tail, its last block first
+    (vLLM frees in reverse order, so a prefix's tail is evicted before its head)."""
+    for j in range(nblk[rid] - 1, -1, -1):
+        b = table[r, s, j]
+        ref[r, b] -= 1
+        if ref[r, b] == 0:
+            t_ = ftail[r]
+            fprev[r, b] = t_
+            fnext[r, b] = -1
+            if t_ >= 0:
+                fnext[r, t_] = b
+            else:
+                fhead[r] = b
+            ftail[r] = b
+            nfree[r] += 1
+
+
+@numba.njit(cache=True)
 def _grow(log):  # type: ignore[no-untyped-def]
     bigger = np.zeros((2 * log.shape[0], LOG_COLS))
     bigger[: log.shape[0]] = log
@@ -614,19 +702,10 @@ def run_fleet(  # type: ignore[no-untyped-def]
                         for u in range(a0, a1):
                             rid = running[r, bitems[u]]
                             s_ = slot_of[rid]
-                            b = fhead[r]
-                            nx = fnext[r, b]
-                            fhead[r] = nx
-                            if nx >= 0:
-                                fprev[r, nx] = -1
-                            else:
-                                ftail[r] = -1
-                            nfree[r] -= 1
-                            if hashed[r, b]:
-                                _uncache(r, b, bhash, hashed, hprev, hnext, keys, used, hhead, htail, mask)
-                            ref[r, b] = 1
-                            table[r, s_, nblk[rid]] = b
-                            nblk[rid] += 1
+                            _take_block(
+                                r, s_, rid, nfree, fhead, fnext, fprev, ftail, ref, table, nblk,
+                                bhash, hashed, hprev, hnext, keys, used, hhead, htail, mask,
+                            )  # fmt: skip
                     ph_fill = ph_alloc + 1 if ph_alloc + 1 < bs else 0
                     if caching:
                         # Blocks that are full once this step has run get their hashes.
@@ -634,25 +713,10 @@ def run_fleet(  # type: ignore[no-untyped-def]
                             rid = running[r, bitems[u]]
                             s_ = slot_of[rid]
                             target = min((computed[rid] + m + 1) // bs, chain_off[rid + 1] - chain_off[rid])
-                            for j in range(nreg[rid], target):
-                                b = table[r, s_, j]
-                                if not hashed[r, b]:
-                                    _cache(
-                                        r,
-                                        b,
-                                        chain[chain_off[rid] + j],
-                                        bhash,
-                                        hashed,
-                                        hprev,
-                                        hnext,
-                                        keys,
-                                        used,
-                                        hhead,
-                                        htail,
-                                        mask,
-                                    )
-                            if target > nreg[rid]:
-                                nreg[rid] = target
+                            _register(
+                                r, s_, rid, target, nreg, table, chain, chain_off,
+                                bhash, hashed, hprev, hnext, keys, used, hhead, htail, mask,
+                            )  # fmt: skip
                     _span_row(
                         float(nr),
                         c_sum + nr * (m + 1),
@@ -857,42 +921,18 @@ def run_fleet(  # type: ignore[no-untyped-def]
                             for u in range(a0, a1):
                                 rid = running[rq, gbitems[gi, u]]
                                 s_ = slot_of[rid]
-                                b = fhead[rq]
-                                nx = fnext[rq, b]
-                                fhead[rq] = nx
-                                if nx >= 0:
-                                    fprev[rq, nx] = -1
-                                else:
-                                    ftail[rq] = -1
-                                nfree[rq] -= 1
-                                if hashed[rq, b]:
-                                    _uncache(rq, b, bhash, hashed, hprev, hnext, keys, used, hhead, htail, mask)
-                                ref[rq, b] = 1
-                                table[rq, s_, nblk[rid]] = b
-                                nblk[rid] += 1
+                                _take_block(
+                                    rq, s_, rid, nfree, fhead, fnext, fprev, ftail, ref, table, nblk,
+                                    bhash, hashed, hprev, hnext, keys, used, hhead, htail, mask,
+                                )  # fmt: skip
                             for u in range(gbstart[gi, ph_fill], gbstart[gi, ph_fill + 1]):
                                 rid = running[rq, gbitems[gi, u]]
                                 s_ = slot_of[rid]
                                 target = min((computed[rid] + m + 1) // bs, chain_off[rid + 1] - chain_off[rid])
-                                for j in range(nreg[rid], target):
-                                    b = table[rq, s_, j]
-                                    if not hashed[rq, b]:
-                                        _cache(
-                                            rq,
-                                            b,
-                                            chain[chain_off[rid] + j],
-                                            bhash,
-                                            hashed,
-                                            hprev,
-                                            hnext,
-                                            keys,
-                                            used,
-                                            hhead,
-                                            htail,
-                                            mask,
-                                        )
-                                if target > nreg[rid]:
-                                    nreg[rid] = target
+                                _register(
+                                    rq, s_, rid, target, nreg, table, chain, chain_off,
+                                    bhash, hashed, hprev, hnext, keys, used, hhead, htail, mask,
+                                )  # fmt: skip
                         _span_row(
                             float(nr),
                             gcsum[gi] + nr * (m + 1),
@@ -1016,19 +1056,7 @@ def run_fleet(  # type: ignore[no-untyped-def]
                     if not caching:
                         nfree[r] += nblk[victim]
                     else:
-                        for j in range(nblk[victim] - 1, -1, -1):
-                            b = table[r, vs, j]
-                            ref[r, b] -= 1
-                            if ref[r, b] == 0:
-                                t_ = ftail[r]
-                                fprev[r, b] = t_
-                                fnext[r, b] = -1
-                                if t_ >= 0:
-                                    fnext[r, t_] = b
-                                else:
-                                    fhead[r] = b
-                                ftail[r] = b
-                                nfree[r] += 1
+                        _release(r, vs, victim, nfree, fhead, fnext, fprev, ftail, ref, table, nblk)
                     nblk[victim] = 0
                     nreg[victim] = 0
                     slots_free[r, nslots[r]] = vs
@@ -1060,40 +1088,16 @@ def run_fleet(  # type: ignore[no-untyped-def]
                     nblk[rid] += need
                 else:
                     for _ in range(need):
-                        b = fhead[r]
-                        nx = fnext[r, b]
-                        fhead[r] = nx
-                        if nx >= 0:
-                            fprev[r, nx] = -1
-                        else:
-                            ftail[r] = -1
-                        nfree[r] -= 1
-                        if hashed[r, b]:
-                            _uncache(r, b, bhash, hashed, hprev, hnext, keys, used, hhead, htail, mask)
-                        ref[r, b] = 1
-                        table[r, s, nblk[rid]] = b
-                        nblk[rid] += 1
+                        _take_block(
+                            r, s, rid, nfree, fhead, fnext, fprev, ftail, ref, table, nblk,
+                            bhash, hashed, hprev, hnext, keys, used, hhead, htail, mask,
+                        )  # fmt: skip
                 if caching:
                     target = min(min(tokens_after, ntok) // bs, chain_off[rid + 1] - chain_off[rid])
-                    for j in range(nreg[rid], target):
-                        b = table[r, s, j]
-                        if not hashed[r, b]:
-                            _cache(
-                                r,
-                                b,
-                                chain[chain_off[rid] + j],
-                                bhash,
-                                hashed,
-                                hprev,
-                                hnext,
-                                keys,
-                                used,
-                                hhead,
-                                htail,
-                                mask,
-                            )
-                    if target > nreg[rid]:
-                        nreg[rid] = target
+                    _register(
+                        r, s, rid, target, nreg, table, chain, chain_off,
+                        bhash, hashed, hprev, hnext, keys, used, hhead, htail, mask,
+                    )  # fmt: skip
                 sched_rid[gi, nsched] = rid
                 sched_n[gi, nsched] = n_new
                 nsched += 1
@@ -1135,18 +1139,8 @@ def run_fleet(  # type: ignore[no-untyped-def]
                     slot_of[rid] = s
                     for j in range(nh):
                         b = hits[j]
-                        if ref[r, b] == 0:  # unlink from the free queue
-                            p = fprev[r, b]
-                            q = fnext[r, b]
-                            if p >= 0:
-                                fnext[r, p] = q
-                            else:
-                                fhead[r] = q
-                            if q >= 0:
-                                fprev[r, q] = p
-                            else:
-                                ftail[r] = p
-                            nfree[r] -= 1
+                        if ref[r, b] == 0:  # a hit no one else holds: out of the free queue
+                            _unlink_free(r, b, nfree, fhead, fnext, fprev, ftail)
                         ref[r, b] += 1
                         table[r, s, nblk[rid]] = b
                         nblk[rid] += 1
@@ -1155,40 +1149,16 @@ def run_fleet(  # type: ignore[no-untyped-def]
                         nblk[rid] += need
                     else:
                         for _ in range(need):
-                            b = fhead[r]
-                            nx = fnext[r, b]
-                            fhead[r] = nx
-                            if nx >= 0:
-                                fprev[r, nx] = -1
-                            else:
-                                ftail[r] = -1
-                            nfree[r] -= 1
-                            if hashed[r, b]:
-                                _uncache(r, b, bhash, hashed, hprev, hnext, keys, used, hhead, htail, mask)
-                            ref[r, b] = 1
-                            table[r, s, nblk[rid]] = b
-                            nblk[rid] += 1
+                            _take_block(
+                                r, s, rid, nfree, fhead, fnext, fprev, ftail, ref, table, nblk,
+                                bhash, hashed, hprev, hnext, keys, used, hhead, htail, mask,
+                            )  # fmt: skip
                     if caching:
                         target = min(min(tokens_after, ntok) // bs, chain_off[rid + 1] - chain_off[rid])
-                        for j in range(nreg[rid], target):
-                            b = table[r, s, j]
-                            if not hashed[r, b]:
-                                _cache(
-                                    r,
-                                    b,
-                                    chain[chain_off[rid] + j],
-                                    bhash,
-                                    hashed,
-                                    hprev,
-                                    hnext,
-                                    keys,
-                                    used,
-                                    hhead,
-                                    htail,
-                                    mask,
-                                )
-                        if target > nreg[rid]:
-                            nreg[rid] = target
+                        _register(
+                            r, s, rid, target, nreg, table, chain, chain_off,
+                            bhash, hashed, hprev, hnext, keys, used, hhead, htail, mask,
+                        )  # fmt: skip
                     computed[rid] = c0
                     if not started[rid]:
                         started[rid] = True
@@ -1307,19 +1277,7 @@ def run_fleet(  # type: ignore[no-untyped-def]
                     if not caching:
                         nfree[r] += nblk[rid]
                     else:
-                        for j in range(nblk[rid] - 1, -1, -1):
-                            b = table[r, vs, j]
-                            ref[r, b] -= 1
-                            if ref[r, b] == 0:
-                                t_ = ftail[r]
-                                fprev[r, b] = t_
-                                fnext[r, b] = -1
-                                if t_ >= 0:
-                                    fnext[r, t_] = b
-                                else:
-                                    fhead[r] = b
-                                ftail[r] = b
-                                nfree[r] += 1
+                        _release(r, vs, rid, nfree, fhead, fnext, fprev, ftail, ref, table, nblk)
                     nblk[rid] = 0
                     nreg[rid] = 0
                     slots_free[r, nslots[r]] = vs
