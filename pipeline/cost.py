@@ -36,7 +36,7 @@ from pipeline.errors import ConfigError, RooftraceError
 from pipeline.fleet import ResolvedFleet, parse_fleet, resolve
 from pipeline.schemas import atomic_write_bytes, read_parquet, write_parquet
 from pipeline.steps import StepBatch
-from pipeline.store import Store, confined
+from pipeline.store import Store
 from pipeline.tomlfile import read_toml
 from pipeline.warehouse import latest_run
 
@@ -494,7 +494,7 @@ def run_cost(
     run_id = run_id or latest_run(store)
     if run_id is None:
         raise RooftraceError(f"{store.root}: no replay runs yet (run `rooftrace replay` first)")
-    run_dir = confined(store.runs_dir, run_id, "run id")
+    run_dir = store.run_dir(run_id)
     cfg_path = run_dir / "config.json"
     if not cfg_path.exists():
         raise RooftraceError(f"{run_dir}: no such replay run")
@@ -547,7 +547,7 @@ def run_cost(
         tokens=tokens,
     )
     api_rows = api_cost_rows(run_id, tokens, prices, gpu.total_usd, span)
-    out_dir = confined(store.root / "costs", run_id, "run id")
+    out_dir = store.cost_dir(run_id)
     gpu_rows = [
         {
             "subject": run_id,

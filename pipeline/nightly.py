@@ -130,7 +130,7 @@ def nightly(
             say,
             lambda: build_report(store, result.run_id, day, reports_dir=reports_dir, warehouse_built=True),
         )
-        index = _stage("index", timings, say, lambda: build_index(reports_dir, store.root / ".cache"))
+        index = _stage("index", timings, say, lambda: build_index(reports_dir, store.cache_dir))
     return NightlyResult(day, result.run_id, report.path, index, report.headline, timings, summary.to_json())
 
 

@@ -52,7 +52,7 @@ from pipeline.slo import (
     slo_verdict,
 )
 from pipeline.steps import BINDING_NAMES
-from pipeline.store import Store, confined
+from pipeline.store import Store
 
 _INT63 = np.uint64(0x7FFFFFFFFFFFFFFF)
 
@@ -467,7 +467,7 @@ def replay(
             overload_text(over) if w.startswith("OVERLOADED") else w for w in summary["health"]["warnings"]
         ]
     run_id = _run_id(date, fleet, options, requests)
-    run_dir = confined(store.runs_dir, run_id, "run id")
+    run_dir = store.run_dir(run_id)
     with store.lock():
         write_parquet(requests_table(requests, run, t0_us), run_dir / "requests.parquet", "replay_requests")
         write_parquet(steps_table(run), run_dir / "steps.parquet", "replay_steps")

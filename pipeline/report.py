@@ -807,7 +807,7 @@ def build_report(
         run_id = latest_run(store, date)
         if run_id is None:
             raise RooftraceError(f"{store.runs_dir}: no replay run to report (run `rooftrace replay`)")
-    config_path = confined(store.runs_dir, run_id, "run id") / "config.json"
+    config_path = store.run_dir(run_id) / "config.json"
     if not config_path.exists():
         raise RooftraceError(f"{config_path}: no such run")
     config = json.loads(config_path.read_text())
@@ -857,7 +857,7 @@ def build_report(
     )
     session.con.close()
     page = render_html(
-        f"rooftrace capacity report — {day}", subtitle, headline, charts, extra, vega_bundle(store.root / ".cache")
+        f"rooftrace capacity report — {day}", subtitle, headline, charts, extra, vega_bundle(store.cache_dir)
     )
     atomic_write_bytes(out, page.encode())
     atomic_write_bytes(

@@ -111,6 +111,31 @@ class Store:
         return self.root / "runs"
 
     @property
+    def warehouse_path(self) -> Path:
+        """The DuckDB file of views over the store (rebuilt from the Parquet; never the record)."""
+        return self.root / "warehouse.duckdb"
+
+    @property
+    def cache_dir(self) -> Path:
+        """Derived files kept between runs (the unpacked Vega bundle of the reports)."""
+        return self.root / ".cache"
+
+    @property
+    def validation_dir(self) -> Path:
+        return self.root / "validation"
+
+    def run_dir(self, run_id: str) -> Path:
+        """``runs/<run id>/``, the id checked to be one safe path component."""
+        return confined(self.runs_dir, run_id, "run id")
+
+    def plan_dir(self, plan_id: str) -> Path:
+        return confined(self.root / "plans", plan_id, "plan id")
+
+    def cost_dir(self, subject: str) -> Path:
+        """``costs/<run or plan id>/``."""
+        return confined(self.root / "costs", subject, "run or plan id")
+
+    @property
     def staging_dir(self) -> Path:
         """Writers' work in progress (hidden: no reader's glob matches it)."""
         return self.root / STAGING

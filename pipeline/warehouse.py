@@ -168,7 +168,7 @@ def hardware_catalog() -> pa.Table:
 
 
 def warehouse_path(store: Store) -> Path:
-    return store.root / "warehouse.duckdb"
+    return store.warehouse_path
 
 
 def build_warehouse(store: Store) -> Path:

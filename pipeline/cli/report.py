@@ -46,7 +46,7 @@ def report(
     def work() -> ReportResult:
         res = build_report(store, run_id, date, out, png_dir, None if out is not None else rdir)
         if out is None:
-            build_index(rdir, store.root / ".cache")
+            build_index(rdir, store.cache_dir)
         return res
 
     res = run(work)

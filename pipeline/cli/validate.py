@@ -69,7 +69,7 @@ def validate_cmd(measurements: str | None, hardware: str | None, store_path: str
             doc["skipped"] += skipped
             if profile.height:
                 with store.lock():
-                    path = write_parquet(profile.to_arrow(), store.root / "validation" / "profile_heldout.parquet",
+                    path = write_parquet(profile.to_arrow(), store.validation_dir / "profile_heldout.parquet",
                                          "profile_heldout")  # fmt: skip
                 doc["files"].append(str(path))
                 doc["profile_heldout"] = profile.to_dicts()
@@ -81,7 +81,7 @@ def validate_cmd(measurements: str | None, hardware: str | None, store_path: str
         if legacy_files:
             report = run_validation(source, hardware if profile is None else None)
             with store.lock():
-                doc["files"] += [str(p) for p in store_report(report, store.root / "validation")]
+                doc["files"] += [str(p) for p in store_report(report, store.validation_dir)]
             summary = report.summary.filter(report.summary["split"] != "train")
             doc["summary"] = summary.to_dicts()
             doc["calibrations"] = [

@@ -38,7 +38,7 @@ from pipeline.slo import (
     load_slo_presets,
     parse_slo,
 )
-from pipeline.store import SAFE_ID_RE, Store, confined
+from pipeline.store import SAFE_ID_RE, Store
 
 
 @dataclass(frozen=True)
@@ -160,7 +160,7 @@ def plan(store: Store, opts: PlanOptions, progress: Callable[[str], None] | None
     plan_id = _plan_id(date, opts, slo, base, req)
     table, search = _tables(plan_id, date, opts, slo, window, results)
     chosen = _chosen(results)
-    plan_dir = confined(store.root / "plans", plan_id, "plan id")
+    plan_dir = store.plan_dir(plan_id)
     api_rows = _api_rows(plan_id, chosen, prices) if chosen is not None else []
     doc = {
         "plan_id": plan_id,
@@ -183,7 +183,7 @@ def plan(store: Store, opts: PlanOptions, progress: Callable[[str], None] | None
     with store.lock():
         write_parquet(table, plan_dir / "plan.parquet", "plan")
         write_parquet(search, plan_dir / "search.parquet", "plan_search")
-        costs = confined(store.root / "costs", plan_id, "plan id")
+        costs = store.cost_dir(plan_id)
         if chosen is not None:
             write_parquet(_gpu_cost_table(plan_id, chosen), costs / "gpu_cost.parquet", "plan_gpu_cost")
             write_parquet(pa.Table.from_pylist(api_rows), costs / "api_cost.parquet", "plan_api_cost")
