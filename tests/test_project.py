@@ -100,3 +100,31 @@ def test_commands_run_outside_the_checkout_write_under_the_current_directory(tmp
     assert (work / "traces" / "store" / "requests").is_dir()
     assert any((work / "traces" / "store" / "runs").iterdir())
     assert (_listing(CHECKOUT / "traces" / "store"), _listing(CHECKOUT / "reports")) == before
+
+
+@pytest.mark.parametrize(
+    ("content", "message"),
+    [
+        (b"store = [\n", "project file is not valid TOML"),
+        (b"\x80", "not UTF-8 text"),
+        (b'store = "\\u0000"\n', "store must be a path"),
+        (b"a = " + b"[" * 100_000, "nested too deeply"),
+    ],
+)
+@pytest.mark.parametrize("command", [["report"], ["sql", "SELECT 1"], ["demo"], ["query", "latency"], ["classify"]])
+def test_a_hostile_project_file_is_one_error_line_for_every_command(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, content: bytes, message: str, command: list[str]
+) -> None:
+    """Commands that look the project up, inside or outside their library call, answer a broken
+    rooftrace.toml with one ``error:`` line and exit 1 (the CLI's one error handler)."""
+    from click.testing import CliRunner
+
+    from pipeline.cli import main
+
+    (tmp_path / PROJECT_FILE).write_bytes(content)
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("ROOFTRACE_STORE", raising=False)
+    result = CliRunner().invoke(main, command)
+    assert result.exit_code == 1, (result.output, result.exception)
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: ") and message in lines[0], result.stderr

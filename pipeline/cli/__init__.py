@@ -9,6 +9,7 @@ command's module only when that command is named (or listed by ``--help``).
 from __future__ import annotations
 
 import importlib
+from typing import Any
 
 import click
 
@@ -39,6 +40,12 @@ class LazyGroup(click.Group):
 
     def list_commands(self, ctx: click.Context) -> list[str]:
         return sorted(COMMANDS)
+
+    def invoke(self, ctx: click.Context) -> Any:
+        from pipeline.cli.common import error_boundary
+
+        with error_boundary():
+            return super().invoke(ctx)
 
     def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
         if cmd_name not in COMMANDS:

@@ -71,20 +71,27 @@ def progress(message: str) -> None:
 EXIT_INTERRUPTED = 130
 
 
-def run(fn: Callable[[], Any]) -> Any:
-    """Call ``fn``; turn rooftrace errors into a one-line message and exit code 1, Ctrl-C into
-    one line and exit code 130. Long replays inside report progress on stderr."""
+@contextmanager
+def error_boundary() -> Iterator[None]:
+    """The CLI's one error handler: a rooftrace error becomes one ``error:`` line on stderr and
+    exit code 1 (the user must act), Ctrl-C one line and exit code 130, never a traceback. Every
+    command runs inside it (pipeline/cli/__init__.py, ``LazyGroup.invoke``)."""
     try:
-        from pipeline.limits import progress_to
-
-        with progress_to(progress):
-            return fn()
+        yield
     except RooftraceError as exc:
         click.echo(f"error: {exc}", err=True)
         sys.exit(1)
     except KeyboardInterrupt:
         click.echo("interrupted (Ctrl-C)", err=True)
         sys.exit(EXIT_INTERRUPTED)
+
+
+def run(fn: Callable[[], Any]) -> Any:
+    """Call ``fn`` inside :func:`error_boundary`, with long replays reporting progress on stderr."""
+    from pipeline.limits import progress_to
+
+    with error_boundary(), progress_to(progress):
+        return fn()
 
 
 def _validated(parser: str) -> Callable[[click.Context, click.Parameter, str | None], str | None]:
