@@ -21,7 +21,7 @@ import json
 import math
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -30,6 +30,7 @@ import numpy.typing as npt
 import polars as pl
 import pyarrow as pa
 
+from pipeline.classify.accounting import recorded_isolation
 from pipeline.classify.prefix import DEFAULT_ISOLATION, build_chains, key64, mix64
 from pipeline.engine.fast import simulate
 from pipeline.engine.jit import simulate_jit, unsupported_reason
@@ -67,6 +68,10 @@ class ReplayOptions:
     replicas: int | None = None
     concurrency: int | None = None
     offline: bool = False
+    #: Columns whose values keep prefix caches apart (model, adapter, tenant, session_id): the
+    #: store-level replay takes the one ``classify`` used for the date, so both stages share one
+    #: prefix identity (docs/accounting.md).
+    isolation: tuple[str, ...] = DEFAULT_ISOLATION
     #: SLO to judge the run against (``--slo`` syntax; None: the fleet's ``[slo]``, if any).
     #: Not part of the run id: the verdict is computed from the run, not an input to it.
     slo: str | None = None
@@ -103,14 +108,16 @@ class ReplayRun:
     cost_describe: dict[str, Any] | None = None
 
 
-def _engine_chains(requests: pl.DataFrame, block_size: int) -> tuple[npt.NDArray[np.uint64], npt.NDArray[np.int64]]:
+def _engine_chains(
+    requests: pl.DataFrame, block_size: int, isolation: tuple[str, ...] = DEFAULT_ISOLATION
+) -> tuple[npt.NDArray[np.uint64], npt.NDArray[np.int64]]:
     """Prefix chains as the engine takes them: per request, the hashes of its full prompt blocks
     then the output blocks (pipeline.classify.prefix ``Chains.cacheable``), at the engine's block size.
 
     A log's own chain may use bigger blocks (Mooncake: 512 tokens); each is split into
     ``log_size / block_size`` engine blocks whose hashes mix the log hash with the position, so
     they still name their whole prefix. Block sizes that do not divide are an error."""
-    chains = build_chains(requests, block_size, DEFAULT_ISOLATION)
+    chains = build_chains(requests, block_size, isolation)
     n = chains.n_requests
     full = chains.full_blocks()
     outs = np.diff(chains.out_offsets)
@@ -151,7 +158,7 @@ def build_workload(requests: pl.DataFrame, fleet: ResolvedFleet, options: Replay
     hashes = np.zeros(0, np.uint64)
     offsets = None
     if sched.enable_prefix_caching or fleet.config.router == "prefix_affinity":
-        hashes, offsets = _engine_chains(requests, sched.block_size)
+        hashes, offsets = _engine_chains(requests, sched.block_size, options.isolation)
     affinity = None
     if fleet.config.router == "session_affinity" and "session_id" in requests.columns:
         sessions = requests.get_column("session_id").to_list()
@@ -454,6 +461,9 @@ def replay(
     fleet = resolve(cfg, str(path))
     date = store.resolve_date(options.date)
     requests = store.read_requests(date)
+    isolation = recorded_isolation(store, date)
+    if isolation is not None and isolation != options.isolation:
+        options = replace(options, isolation=isolation)
     if progress:
         progress(f"replaying {requests.height:,} requests of {date} on {cfg.replicas}x {cfg.name}")
     run = run_replay(requests, fleet, options)

@@ -8,8 +8,10 @@ TTLs. Session reconstruction is checked against a token-level ground truth.
 from __future__ import annotations
 
 import hashlib
+import json
 from collections.abc import Sequence
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 import polars as pl
@@ -482,3 +484,39 @@ def test_session_shared_prefix_follows_min_rule() -> None:
     assert not set(c3) & set(c0 + c1 + c2)  # another session shares nothing
     # output blocks: (in + out) // 16 - in // 16 = 8-6, 21-18, 8-5, 21-18
     assert np.diff(ch.out_offsets).tolist() == [2, 3, 3, 3]
+
+
+def test_replay_chains_use_the_isolation_classify_used(tmp_path: Path) -> None:
+    """One prefix identity for both stages: the store-level replay takes the isolation key that
+    ``classify`` recorded for the date (here: model only), so two tenants sending the same log
+    prefix share engine blocks exactly when the day's accounting lets them."""
+    from pipeline.classify.accounting import classify_tokens, recorded_isolation
+    from pipeline.replay import ReplayOptions, _engine_chains, replay
+    from pipeline.store import Store
+
+    rows = [
+        {"arrival": _t(0), "recorded_input_tokens": 1024, "prefix_block_hashes": [7, 8], "tenant": "a"},
+        {"arrival": _t(1), "recorded_input_tokens": 1024, "prefix_block_hashes": [7, 8], "tenant": "b"},
+    ]
+    df = _frame([{**r, "prefix_block_size": 512} for r in rows])
+    apart, offs = _engine_chains(df, 16)  # default isolation: model, adapter, tenant
+    shared, _ = _engine_chains(df, 16, ("model",))
+    n0 = int(offs[1])
+    assert n0 == 1024 // 16  # 64 prompt blocks (10 output tokens fill no block)
+    assert not set(apart[:64].tolist()) & set(apart[n0 : n0 + 64].tolist())
+    assert shared[:64].tolist() == shared[n0 : n0 + 64].tolist()
+
+    from pipeline.ingest import ingest_logs
+    from pipeline.synth import SynthConfig, generate, write_logs
+
+    store = Store(tmp_path / "store")
+    log = write_logs(generate(SynthConfig(requests=60, seed=2, duration_s=120)), "openai", tmp_path / "day.jsonl")
+    ingest_logs(log, store)
+    date = store.resolve_date(None)
+    assert recorded_isolation(store, date) is None  # before classify
+    classify_tokens(store, date, isolation=("model",))
+    assert recorded_isolation(store, date) == ("model",)
+    fleet = Path(__file__).resolve().parents[1] / "fleets" / "default.toml"
+    run = replay(store, fleet, ReplayOptions())
+    config = json.loads((run.run_dir / "config.json").read_text())
+    assert config["options"]["isolation"] == ["model"]

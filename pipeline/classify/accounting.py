@@ -568,6 +568,19 @@ def accounting_paths(store: Store, date: str) -> dict[str, Path]:
     }
 
 
+def recorded_isolation(store: Store, date: str) -> tuple[str, ...] | None:
+    """The isolation key ``classify`` used for ``date`` (its summary.json), so that the replay's
+    engine caches separate requests exactly as the day's accounting did; None before classify."""
+    path = accounting_paths(store, date)["summary"]
+    try:
+        keys = json.loads(path.read_text()).get("options", {}).get("isolation")
+    except (OSError, ValueError, AttributeError):
+        return None
+    if not isinstance(keys, list) or not all(isinstance(k, str) and k in prefix.ISOLATION_COLUMNS for k in keys):
+        return None
+    return tuple(keys)
+
+
 def classify_tokens(
     store: Store,
     date: str | None = None,

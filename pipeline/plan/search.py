@@ -140,8 +140,8 @@ def evaluate(
     """Replay the window on ``replicas`` replicas and check the SLO on the measured requests
     (rejected ones miss every target; more than ``max_rejected`` of them fails the SLO)."""
     cfg = fleet.config.with_replicas(replicas)
-    fl = ResolvedFleet(cfg, fleet.deployment, fleet.memory, fleet.scheduler)
-    run = run_replay(window.requests, fl, ReplayOptions())
+    fl = replace(fleet, config=cfg)
+    run = run_replay(window.requests, fl, ReplayOptions(isolation=window.isolation))
     res = run.result
     m = window.measured
     rejected = res.reject_reason != 0
@@ -225,7 +225,7 @@ def capacity_per_replica(fleet: ResolvedFleet, mean_context: float) -> dict[str,
 def _demand(window: Window, fleet: ResolvedFleet) -> dict[str, float]:
     """Measured-window demand: output tokens/s, and fresh prefill tokens/s if every block seen
     before were still cached (an infinite prefix cache: a lower bound on prefill work)."""
-    work = build_workload(window.requests, fleet, ReplayOptions())
+    work = build_workload(window.requests, fleet, ReplayOptions(isolation=window.isolation))
     bs = fleet.scheduler.block_size
     offs = work.offsets()
     h = work.chain_hashes

@@ -10,6 +10,7 @@ import numpy as np
 import numpy.typing as npt
 import polars as pl
 
+from pipeline.classify.prefix import DEFAULT_ISOLATION
 from pipeline.defaults import DEFAULT_WARMUP_S, DEFAULT_WINDOW_S
 from pipeline.errors import ConfigError, RooftraceError
 
@@ -24,6 +25,9 @@ class Window:
     start_s: float  # seconds since the day's first arrival
     duration_s: float
     warmup_s: float
+    #: How the day's prefix caches are kept apart (classify's isolation key for the date): every
+    #: replay of the window uses it, as the day's replay does.
+    isolation: tuple[str, ...] = DEFAULT_ISOLATION
 
     def info(self) -> dict[str, Any]:
         return {
