@@ -171,32 +171,39 @@ class Limits:
 _OVERRIDE: contextvars.ContextVar[dict[str, Any] | None] = contextvars.ContextVar("rooftrace_limits", default=None)
 
 
+def _limit(
+    over: dict[str, Any], key: str, option: str, env: str, parse: Callable[[str], Any], default: tuple[Any, str]
+) -> tuple[Any, str]:
+    """One limit and where it came from: the command's option, else ``$env``, else the default."""
+    if key in over:
+        return over[key], option
+    if os.environ.get(env):
+        try:
+            return parse(os.environ[env]), f"${env}"
+        except ValueError as exc:
+            raise ResourceLimitError(f"${env}: {exc}") from None
+    return default
+
+
 def current_limits() -> Limits:
     """The limits in force: an :func:`override` (the command's options), else the environment
     (``$ROOFTRACE_MAX_MEMORY``, ``$ROOFTRACE_MAX_SIM_DAYS``), else the defaults."""
     over = _OVERRIDE.get() or {}
-    if "max_memory" in over:
-        memory, m_origin = over["max_memory"], "--max-memory"
-    elif os.environ.get(MAX_MEMORY_ENV):
-        try:
-            memory = parse_size(os.environ[MAX_MEMORY_ENV])
-        except ValueError as exc:
-            raise ResourceLimitError(f"${MAX_MEMORY_ENV}: {exc}") from None
-        m_origin = f"${MAX_MEMORY_ENV}"
-    else:
-        phys = physical_memory()
-        memory = int(phys * DEFAULT_MEMORY_SHARE)
-        m_origin = f"default: {DEFAULT_MEMORY_SHARE:.0%} of {format_bytes(phys)} physical memory"
-    if "max_sim_days" in over:
-        days, d_origin = over["max_sim_days"], "--max-sim-days"
-    elif os.environ.get(MAX_SIM_DAYS_ENV):
-        try:
-            days = parse_days(os.environ[MAX_SIM_DAYS_ENV])
-        except ValueError as exc:
-            raise ResourceLimitError(f"${MAX_SIM_DAYS_ENV}: {exc}") from None
-        d_origin = f"${MAX_SIM_DAYS_ENV}"
-    else:
-        days, d_origin = DEFAULT_MAX_SIM_DAYS, "default"
+    phys = physical_memory()
+    memory, m_origin = _limit(
+        over,
+        "max_memory",
+        "--max-memory",
+        MAX_MEMORY_ENV,
+        parse_size,
+        (
+            int(phys * DEFAULT_MEMORY_SHARE),
+            f"default: {DEFAULT_MEMORY_SHARE:.0%} of {format_bytes(phys)} physical memory",
+        ),
+    )
+    days, d_origin = _limit(
+        over, "max_sim_days", "--max-sim-days", MAX_SIM_DAYS_ENV, parse_days, (DEFAULT_MAX_SIM_DAYS, "default")
+    )
     return Limits(memory, m_origin, days, d_origin)
 
 
