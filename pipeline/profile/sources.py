@@ -155,6 +155,10 @@ def read_aiconfigurator(root: Path, out: Measurements) -> None:
         def src(path: Path, base: Path = root) -> str:
             return str(path.relative_to(base.parent))
 
+        def ident(path: Path, gpu: str = gpu) -> list[pl.Expr]:
+            """The columns naming a row's GPU, set and source file."""
+            return [pl.lit(gpu).alias("gpu"), pl.lit("aiconfigurator").alias("set"), pl.lit(src(path)).alias("source")]
+
         v = _newest(gpu_dir / "gemm" / "vllm")
         if v is not None and (v / "gemm_perf.parquet").exists():
             path = v / "gemm_perf.parquet"
@@ -163,9 +167,7 @@ def read_aiconfigurator(root: Path, out: Measurements) -> None:
             out.add(
                 "gemm",
                 f.select(
-                    pl.lit(gpu).alias("gpu"),
-                    pl.lit("aiconfigurator").alias("set"),
-                    pl.lit(src(path)).alias("source"),
+                    *ident(path),
                     _dtype("gemm_dtype").alias("dtype"),
                     pl.col("kernel_source").alias("kernel"),
                     pl.col("m").cast(pl.Int64),
@@ -204,9 +206,7 @@ def read_aiconfigurator(root: Path, out: Measurements) -> None:
                 out.add(
                     fam,
                     f.select(
-                        pl.lit(gpu).alias("gpu"),
-                        pl.lit("aiconfigurator").alias("set"),
-                        pl.lit(src(path)).alias("source"),
+                        *ident(path),
                         _dtype("kv_cache_dtype").alias("kv_dtype"),
                         pl.col("kernel_source").alias("kernel"),
                         pl.col("num_heads").cast(pl.Int64).alias("nq"),
@@ -232,9 +232,7 @@ def read_aiconfigurator(root: Path, out: Measurements) -> None:
                 out.add(
                     "allreduce",
                     f.select(
-                        pl.lit(gpu).alias("gpu"),
-                        pl.lit("aiconfigurator").alias("set"),
-                        pl.lit(src(path)).alias("source"),
+                        *ident(path),
                         pl.col("backend").replace_strict(
                             {"vllm_graph": "custom_graph", "vllm_eager": "custom_eager"}, default=pl.col("backend")
                         ),
@@ -253,9 +251,7 @@ def read_aiconfigurator(root: Path, out: Measurements) -> None:
             out.add(
                 "allreduce",
                 f.filter(pl.col("op_name") == "all_reduce").select(
-                    pl.lit(gpu).alias("gpu"),
-                    pl.lit("aiconfigurator").alias("set"),
-                    pl.lit(src(path)).alias("source"),
+                    *ident(path),
                     pl.lit("nccl").alias("backend"),
                     pl.col("num_gpus").cast(pl.Int64).alias("gpus"),
                     pl.col("message_size").cast(pl.Int64).alias("bytes"),
@@ -271,9 +267,7 @@ def read_aiconfigurator(root: Path, out: Measurements) -> None:
             out.add(
                 "moe",
                 f.select(
-                    pl.lit(gpu).alias("gpu"),
-                    pl.lit("aiconfigurator").alias("set"),
-                    pl.lit(src(path)).alias("source"),
+                    *ident(path),
                     _dtype("moe_dtype").alias("dtype"),
                     pl.col("kernel_source").alias("kernel"),
                     pl.col("distribution"),
