@@ -37,6 +37,7 @@ import numpy as np
 import polars as pl
 
 from pipeline.profile.attention import decode_time, prefill_time, step_attention
+from pipeline.profile.mixed import composed_attention
 from pipeline.profile.sources import Measurements
 from pipeline.profile.tables import Profile, ProfileMeta
 
@@ -353,17 +354,11 @@ def _pure_attention_profile(meas: Measurements, gpu: str) -> tuple[Profile, str]
 
 def _mixed_predict(prof: Profile, rows: pl.DataFrame, tile: float) -> tuple[np.ndarray, pl.DataFrame | None]:
     parts, preds = [], []
-    for (nq, nkv, d), part in rows.group_by(["nq", "nkv", "d"], maintain_order=True):
-        gd = prof.attention_grid("attn_decode", "bf16", int(nq), int(nkv), int(d))
-        gp = prof.attention_grid("attn_prefill", "bf16", int(nq), int(nkv), int(d))
-        if gd is None or gp is None:
+    for _, part in rows.group_by(["nq", "nkv", "d"], maintain_order=True):
+        pred = composed_attention(prof, part, tile)
+        if pred is None:
             continue
-        c = part["chunk"].to_numpy().astype(np.float64)
-        o = part["kv_prefill"].to_numpy().astype(np.float64)
-        nd = part["n_decode"].to_numpy().astype(np.float64)
-        kd = part["kv_decode"].to_numpy().astype(np.float64)
-        ps = (c > 0).astype(np.float64)
-        preds.append(step_attention(gd, gp, ps, c, c * o + c * (c + 1) / 2, nd, nd * kd, tile))
+        preds.append(pred)
         parts.append(part)
     if not parts:
         return np.zeros(0), None

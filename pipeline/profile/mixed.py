@@ -80,6 +80,27 @@ class RatioGrid:
         return self.la, self.lb, self.lc, self.ld, self.lt
 
 
+def composed_attention(
+    prof: Any, rows: pl.DataFrame, tile: float = 0.0, every_row_prefills: bool = False
+) -> FloatArray | None:
+    """The composition rule's time for mixed-batch rows of one head shape (``nq``, ``nkv``, ``d``
+    of the first row): the pure decode and prefill grids of ``prof`` summed per step
+    (pipeline/profile/attention.py ``step_attention``); None when ``prof`` lacks either grid.
+    A row prefills when its chunk is > 0, or always with ``every_row_prefills``."""
+    row = rows.row(0, named=True)
+    shape = (int(row["nq"]), int(row["nkv"]), int(row["d"]))
+    gd = prof.attention_grid("attn_decode", "bf16", *shape)
+    gp = prof.attention_grid("attn_prefill", "bf16", *shape)
+    if gd is None or gp is None:
+        return None
+    c = rows["chunk"].to_numpy().astype(np.float64)
+    o = rows["kv_prefill"].to_numpy().astype(np.float64)
+    nd = rows["n_decode"].to_numpy().astype(np.float64)
+    kd = rows["kv_decode"].to_numpy().astype(np.float64)
+    ps = np.ones_like(c) if every_row_prefills else (c > 0).astype(np.float64)
+    return step_attention(gd, gp, ps, c, c * o + c * (c + 1) / 2, nd, nd * kd, tile)
+
+
 def mixed_ratio_rows(mixed: pl.DataFrame, decode: pl.DataFrame, prefill: pl.DataFrame) -> pl.DataFrame:
     """Mixed rows (chunk > 0) with ``base_s`` — the sum of the same source's pure prefill (at the
     step's causal pairs) and pure decode (batch, context) — and ``ratio`` = time / base. The pure
@@ -93,16 +114,9 @@ def mixed_ratio_rows(mixed: pl.DataFrame, decode: pl.DataFrame, prefill: pl.Data
         if d.height == 0 or p.height == 0:
             continue
         prof = _profile(str(gpu), {"attn_decode": d, "attn_prefill": p})
-        row = part.row(0, named=True)
-        gd = prof.attention_grid("attn_decode", "bf16", int(row["nq"]), int(row["nkv"]), int(row["d"]))
-        gp = prof.attention_grid("attn_prefill", "bf16", int(row["nq"]), int(row["nkv"]), int(row["d"]))
-        if gd is None or gp is None:
+        base = composed_attention(prof, part, every_row_prefills=True)
+        if base is None:
             continue
-        c = part["chunk"].to_numpy().astype(np.float64)
-        o = part["kv_prefill"].to_numpy().astype(np.float64)
-        nd = part["n_decode"].to_numpy().astype(np.float64)
-        kd = part["kv_decode"].to_numpy().astype(np.float64)
-        base = step_attention(gd, gp, np.ones_like(c), c, c * o + c * (c + 1) / 2, nd, nd * kd, 0.0)
         parts.append(part.with_columns(base_s=pl.Series(base), ratio=pl.col("time_s") / pl.Series(base)))
     if not parts:
         return pl.DataFrame()
