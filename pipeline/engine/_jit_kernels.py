@@ -314,6 +314,260 @@ def _log_span(  # type: ignore[no-untyped-def]
     return nlog
 
 
+@numba.njit(cache=True)
+def _heap_push(heap_t, heap_s, heap_i, heap_n, t, sq, item):  # type: ignore[no-untyped-def]
+    """Push ``(t, sq, item)`` on the closed loop's arrival heap (ordered by time, then ``sq``);
+    returns the heap's new size."""
+    p = heap_n
+    while p > 0:
+        q = (p - 1) // 2
+        if heap_t[q] > t or (heap_t[q] == t and heap_s[q] > sq):
+            heap_t[p], heap_s[p], heap_i[p] = heap_t[q], heap_s[q], heap_i[q]
+            p = q
+        else:
+            break
+    heap_t[p], heap_s[p], heap_i[p] = t, sq, item
+    return heap_n + 1
+
+
+@numba.njit(cache=True)
+def _heap_pop(heap_t, heap_s, heap_i, heap_n):  # type: ignore[no-untyped-def]
+    """Remove the heap's root (the caller has read it); returns the heap's new size."""
+    heap_n -= 1
+    if heap_n > 0:  # sift the last entry down from the root
+        lt, ls, li = heap_t[heap_n], heap_s[heap_n], heap_i[heap_n]
+        p = 0
+        while True:
+            c = 2 * p + 1
+            if c >= heap_n:
+                break
+            if c + 1 < heap_n and (
+                heap_t[c + 1] < heap_t[c] or (heap_t[c + 1] == heap_t[c] and heap_s[c + 1] < heap_s[c])
+            ):
+                c += 1
+            if heap_t[c] < lt or (heap_t[c] == lt and heap_s[c] < ls):
+                heap_t[p], heap_s[p], heap_i[p] = heap_t[c], heap_s[c], heap_i[c]
+                p = c
+            else:
+                break
+        heap_t[p], heap_s[p], heap_i[p] = lt, ls, li
+    return heap_n
+
+
+@numba.njit(cache=True)
+def _grow_wq(wq, wcap, whead, wlen):  # type: ignore[no-untyped-def]
+    """The waiting queues (ring buffers) at twice the capacity, each unrolled to start at 0."""
+    R = wq.shape[0]
+    bigger = np.zeros((R, 2 * wcap), np.int64)
+    for r in range(R):
+        for k in range(wlen[r]):
+            bigger[r, k] = wq[r, (whead[r] + k) % wcap]
+        whead[r] = 0
+    return bigger, 2 * wcap
+
+
+@numba.njit(cache=True)
+def _route(i, t, router, rr, aff_rep, routed, nfin, last_end, last_nfin):  # type: ignore[no-untyped-def]
+    """The replica that request ``i``, arriving at ``t``, is routed to (see run_fleet)."""
+    R = routed.shape[0]
+    if router == 0:
+        return rr % R
+    if router == 2 and aff_rep[i] >= 0:
+        return aff_rep[i]
+    dest = 0
+    best = -1
+    for r in range(R):
+        # Finishes at or before t count as done; only a replica's latest step can
+        # end after t (steps run in start order, every start so far is <= t).
+        o = routed[r] - nfin[r]
+        if last_end[r] > t:
+            o += last_nfin[r]
+        if best < 0 or o < best:
+            best = o
+            dest = r
+    return dest
+
+
+@numba.njit(cache=True)
+def _next_step(nrun, wlen, clock, ready):  # type: ignore[no-untyped-def]
+    """The replica whose next step starts first (ties: lowest index; -1 if none has work), its
+    start, and the next start of any other busy replica."""
+    first = -1
+    first_t = _INF
+    second_t = _INF
+    for r in range(nrun.shape[0]):
+        if nrun[r] > 0 or wlen[r] > 0:
+            s_r = max(clock[r], ready[r])
+            if s_r < first_t:
+                second_t = first_t
+                first_t = s_r
+                first = r
+            elif s_r < second_t:
+                second_t = s_r
+    return first, first_t, second_t
+
+
+@numba.njit(cache=True)
+def _alloc_requests(n):  # type: ignore[no-untyped-def]
+    """Per request: computed, generated, blocks held, blocks registered, slot, started, last token."""
+    return (
+        np.zeros(n, np.int64),
+        np.zeros(n, np.int64),
+        np.zeros(n, np.int64),
+        np.zeros(n, np.int64),
+        np.full(n, -1, np.int64),
+        np.zeros(n, np.bool_),
+        np.full(n, np.nan),
+    )
+
+
+@numba.njit(cache=True)
+def _alloc_replicas(R, S):  # type: ignore[no-untyped-def]
+    """Per replica: clock, ready, nrun, running, slots_free, nslots, whead, wlen, routed, nfin,
+    last_end, last_nfin."""
+    slots_free = np.zeros((R, S), np.int64)
+    for r in range(R):
+        for s in range(S):
+            slots_free[r, s] = S - 1 - s
+    return (
+        np.zeros(R),
+        np.zeros(R),
+        np.zeros(R, np.int64),
+        np.zeros((R, S), np.int64),
+        slots_free,
+        np.full(R, S, np.int64),
+        np.zeros(R, np.int64),
+        np.zeros(R, np.int64),
+        np.zeros(R, np.int64),
+        np.zeros(R, np.int64),
+        np.full(R, -_INF),
+        np.zeros(R, np.int64),
+    )
+
+
+@numba.njit(cache=True)
+def _alloc_pool(R, S, C, caching, max_blocks, T):  # type: ignore[no-untyped-def]
+    """The KV pools: (nfree, fhead, fnext, fprev, ftail, ref, table, bhash, hashed, hprev, hnext,
+    keys, used, hhead, htail, mask)."""
+    # Block ids are tracked only with prefix caching: without hashes blocks are interchangeable
+    # and counts say everything (no block table, no free queue).
+    Cp = C if caching else 1
+    table = np.zeros((R, S, max_blocks if caching else 1), np.int32)
+    # KV pool: free queue as a doubly linked list in eviction order (head evicted first).
+    ref = np.zeros((R, Cp), np.int32)
+    fprev = np.zeros((R, Cp), np.int32)
+    fnext = np.zeros((R, Cp), np.int32)
+    fhead = np.zeros(R, np.int64)
+    ftail = np.full(R, C - 1, np.int64)
+    nfree = np.full(R, C, np.int64)
+    for r in range(R):
+        for b in range(Cp):
+            fprev[r, b] = b - 1
+            fnext[r, b] = b + 1 if b + 1 < C else -1
+    bhash = np.zeros((R, Cp), np.uint64)
+    hashed = np.zeros((R, Cp), np.bool_)
+    hprev = np.zeros((R, Cp), np.int32)
+    hnext = np.zeros((R, Cp), np.int32)
+    keys = np.zeros((R, T), np.uint64)
+    used = np.zeros((R, T), np.bool_)
+    hhead = np.zeros((R, T), np.int32)
+    htail = np.zeros((R, T), np.int32)
+    mask = T - 1
+    return nfree, fhead, fnext, fprev, ftail, ref, table, bhash, hashed, hprev, hnext, keys, used, hhead, htail, mask
+
+
+@numba.njit(cache=True)
+def _init_heap(closed, concurrency, n):  # type: ignore[no-untyped-def]
+    """The closed loop's arrival heap (time, seq, request), with the first ``concurrency``
+    requests at 0: (heap_t, heap_s, heap_i, heap_n, seq, next_issue)."""
+    heap_t = np.zeros(max(concurrency, 1) + 1)
+    heap_s = np.zeros(max(concurrency, 1) + 1, np.int64)
+    heap_i = np.zeros(max(concurrency, 1) + 1, np.int64)
+    heap_n = 0
+    seq = 0
+    next_issue = 0
+    if closed:
+        while next_issue < min(concurrency, n):
+            heap_t[heap_n] = 0.0
+            heap_s[heap_n] = seq
+            heap_i[heap_n] = next_issue
+            heap_n += 1  # equal keys in seq order: already a heap
+            seq += 1
+            next_issue += 1
+    return heap_t, heap_s, heap_i, heap_n, seq, next_issue
+
+
+@numba.njit(cache=True)
+def _static_routes(times, order, rejected, aff_rep, router, closed, R, n):  # type: ignore[no-untyped-def]
+    """Static routing (round robin, or affinity with a key for every request, open or offline):
+    each replica's own arrival times, in event order. Returns (static, own_start, own_t)."""
+    static = False
+    if not closed:
+        static = router == 0
+        if router == 2:
+            static = True
+            for i in range(n):
+                if not rejected[i] and aff_rep[i] < 0:
+                    static = False
+    own_start = np.zeros(R + 1, np.int64)
+    own_t = np.zeros(n if static else 1)
+    if static:
+        k_acc = 0
+        for q in range(n):
+            i = order[q]
+            if not rejected[i]:
+                d = k_acc % R if router == 0 else aff_rep[i]
+                own_start[d + 1] += 1
+                k_acc += 1
+        for d in range(R):
+            own_start[d + 1] += own_start[d]
+        fill = own_start[:R].copy()
+        k_acc = 0
+        for q in range(n):
+            i = order[q]
+            if not rejected[i]:
+                d = k_acc % R if router == 0 else aff_rep[i]
+                own_t[fill[d]] = times[i]
+                fill[d] += 1
+                k_acc += 1
+    return static, own_start, own_t
+
+
+@numba.njit(cache=True)
+def _alloc_scratch(G, S, bs, na, nd, max_blocks):  # type: ignore[no-untyped-def]
+    """A step's scratch arrays, per lockstep rank (the first 15) and for one replica."""
+    return (
+        np.zeros((G, S), np.int64),  # sched_rid
+        np.zeros((G, S), np.int64),  # sched_n
+        np.zeros(G, np.bool_),  # part
+        np.zeros(G, np.int64),  # gn
+        np.zeros((G, 8)),  # gout
+        np.zeros((G, 3)),  # gx
+        np.zeros(G, np.bool_),  # gbusy
+        np.zeros(G),  # gcsum
+        np.zeros((G, bs + 1), np.int64),  # gbstart
+        np.zeros((G, S), np.int64),  # gbitems
+        np.zeros((G, 9)),  # gsp_pre
+        np.zeros((G, na)),  # gsp_f
+        np.zeros((G, na)),  # gsp_b
+        np.zeros((G, nd)),  # gsp_row
+        np.zeros((G, 7)),  # gsums
+        np.zeros(S, np.int64),  # fin
+        np.zeros(max_blocks, np.int64),  # hits
+        np.zeros(6),  # x
+        np.zeros(8),  # out
+        np.zeros(9),  # sp_pre
+        np.zeros(na),  # sp_f
+        np.zeros(na),  # sp_b
+        np.zeros(nd),  # sp_row
+        np.zeros(bs + 1, np.int64),  # bstart
+        np.zeros(bs, np.int64),  # bfill
+        np.zeros(S, np.int64),  # bphase
+        np.zeros(S, np.int64),  # bitems
+        np.zeros(7),  # sums
+    )
+
+
 @numba.njit(cache=True, nogil=True)  # runs in a worker thread (jit.py): Ctrl-C stays responsive
 def run_fleet(  # type: ignore[no-untyped-def]
     # workload
@@ -387,158 +641,34 @@ def run_fleet(  # type: ignore[no-untyped-def]
     R = n_rep
     C = capacity
     S = max_seqs
-    # -- per request
-    computed = np.zeros(n, np.int64)
-    gen = np.zeros(n, np.int64)
-    nblk = np.zeros(n, np.int64)
-    nreg = np.zeros(n, np.int64)
-    slot_of = np.full(n, -1, np.int64)
-    started = np.zeros(n, np.bool_)
-    last_tok = np.full(n, np.nan)
-    # -- per replica
-    clock = np.zeros(R)
-    ready = np.zeros(R)
-    nrun = np.zeros(R, np.int64)
-    running = np.zeros((R, S), np.int64)
-    slots_free = np.zeros((R, S), np.int64)
-    nslots = np.full(R, S, np.int64)
-    for r in range(R):
-        for s in range(S):
-            slots_free[r, s] = S - 1 - s
-    # Block ids are tracked only with prefix caching: without hashes blocks are interchangeable
-    # and counts say everything (no block table, no free queue).
-    Cp = C if caching else 1
-    table = np.zeros((R, S, max_blocks if caching else 1), np.int32)
+    computed, gen, nblk, nreg, slot_of, started, last_tok = _alloc_requests(n)
+    rep = _alloc_replicas(R, S)
+    clock, ready, nrun, running, slots_free, nslots, whead, wlen, routed, nfin, last_end, last_nfin = rep
     wcap = 64
-    wq = np.zeros((R, wcap), np.int64)
-    whead = np.zeros(R, np.int64)
-    wlen = np.zeros(R, np.int64)
-    routed = np.zeros(R, np.int64)
-    nfin = np.zeros(R, np.int64)
-    last_end = np.full(R, -_INF)
-    last_nfin = np.zeros(R, np.int64)
-    # KV pool: free queue as a doubly linked list in eviction order (head evicted first).
-    ref = np.zeros((R, Cp), np.int32)
-    fprev = np.zeros((R, Cp), np.int32)
-    fnext = np.zeros((R, Cp), np.int32)
-    fhead = np.zeros(R, np.int64)
-    ftail = np.full(R, C - 1, np.int64)
-    nfree = np.full(R, C, np.int64)
-    for r in range(R):
-        for b in range(Cp):
-            fprev[r, b] = b - 1
-            fnext[r, b] = b + 1 if b + 1 < C else -1
-    bhash = np.zeros((R, Cp), np.uint64)
-    hashed = np.zeros((R, Cp), np.bool_)
-    hprev = np.zeros((R, Cp), np.int32)
-    hnext = np.zeros((R, Cp), np.int32)
-    T = table_size
-    mask = T - 1
-    keys = np.zeros((R, T), np.uint64)
-    used = np.zeros((R, T), np.bool_)
-    hhead = np.zeros((R, T), np.int32)
-    htail = np.zeros((R, T), np.int32)
-    # -- step scratch
-    sched_rid = np.zeros((G, S), np.int64)
-    sched_n = np.zeros((G, S), np.int64)
-    part = np.zeros(G, np.bool_)
-    gn = np.zeros(G, np.int64)
-    gout = np.zeros((G, 8))
-    gx = np.zeros((G, 3))
-    gbusy = np.zeros(G, np.bool_)
-    gcsum = np.zeros(G)
-    gbstart = np.zeros((G, bs + 1), np.int64)
-    gbitems = np.zeros((G, S), np.int64)
-    gsp_pre = np.zeros((G, 9))
-    gsp_f = np.zeros((G, af.shape[0]))
-    gsp_b = np.zeros((G, af.shape[0]))
-    gsp_row = np.zeros((G, dlt.shape[1]))
-    gsums = np.zeros((G, 7))
-    fin = np.zeros(S, np.int64)
-    hits = np.zeros(max_blocks, np.int64)
-    x = np.zeros(6)
-    out = np.zeros(8)
-    sp_pre = np.zeros(9)
-    sp_f = np.zeros(af.shape[0])
-    sp_b = np.zeros(af.shape[0])
-    sp_row = np.zeros(dlt.shape[1])
-    bstart = np.zeros(bs + 1, np.int64)
-    bfill = np.zeros(bs, np.int64)
-    bphase = np.zeros(S, np.int64)
-    bitems = np.zeros(S, np.int64)
-    sums = np.zeros(7)
+    wq = np.zeros((R, wcap), np.int64)  # waiting queues (ring buffers; grown by _grow_wq)
+    pool = _alloc_pool(R, S, C, caching, max_blocks, table_size)
+    nfree, fhead, fnext, fprev, ftail, ref, table, bhash, hashed, hprev, hnext, keys, used, hhead, htail, mask = pool
+    scratch = _alloc_scratch(G, S, bs, af.shape[0], dlt.shape[1], max_blocks)
+    (
+        sched_rid, sched_n, part, gn, gout, gx, gbusy, gcsum, gbstart, gbitems, gsp_pre, gsp_f, gsp_b, gsp_row,
+        gsums, fin, hits, x, out, sp_pre, sp_f, sp_b, sp_row, bstart, bfill, bphase, bitems, sums,
+    ) = scratch  # fmt: skip
     # -- step log
-    log_cap = 1024 if want_log else 1
-    log = np.zeros((log_cap, LOG_COLS))
+    log = np.zeros((1024 if want_log else 1, LOG_COLS))
     nlog = 0
     last_row = np.full(R, -1, np.int64)
     # -- arrival events: open/offline in (time, index) order; closed loop as a binary heap
     order = np.argsort(times, kind="mergesort")
     ev_pos = 0
-    heap_t = np.zeros(max(concurrency, 1) + 1)
-    heap_s = np.zeros(max(concurrency, 1) + 1, np.int64)
-    heap_i = np.zeros(max(concurrency, 1) + 1, np.int64)
-    heap_n = 0
-    seq = 0
-    next_issue = 0
-    if closed:
-        while next_issue < min(concurrency, n):
-            heap_t[heap_n] = 0.0
-            heap_s[heap_n] = seq
-            heap_i[heap_n] = next_issue
-            heap_n += 1  # equal keys in seq order: already a heap
-            seq += 1
-            next_issue += 1
+    heap_t, heap_s, heap_i, heap_n, seq, next_issue = _init_heap(closed, concurrency, n)
     rr = 0
-    # Static routing (round robin, or affinity with a key for every request, open or offline):
-    # each replica's own arrival times, in event order.
-    static = False
-    if not closed:
-        static = router == 0
-        if router == 2:
-            static = True
-            for i in range(n):
-                if not rejected[i] and aff_rep[i] < 0:
-                    static = False
-    own_start = np.zeros(R + 1, np.int64)
+    static, own_start, own_t = _static_routes(times, order, rejected, aff_rep, router, closed, R, n)
     own_ptr = np.zeros(R, np.int64)
-    own_t = np.zeros(n if static else 1)
-    if static:
-        k_acc = 0
-        for q in range(n):
-            i = order[q]
-            if not rejected[i]:
-                d = k_acc % R if router == 0 else aff_rep[i]
-                own_start[d + 1] += 1
-                k_acc += 1
-        for d in range(R):
-            own_start[d + 1] += own_start[d]
-        fill = own_start[:R].copy()
-        k_acc = 0
-        for q in range(n):
-            i = order[q]
-            if not rejected[i]:
-                d = k_acc % R if router == 0 else aff_rep[i]
-                own_t[fill[d]] = times[i]
-                fill[d] += 1
-                k_acc += 1
 
     while True:
         if ctl[0] != 0.0:  # cancelled by the calling thread (Ctrl-C): stop, results incomplete
             break
-        # The replica whose next step starts first (ties: lowest index).
-        first = -1
-        first_t = _INF
-        second_t = _INF  # the next start of any other busy replica
-        for r in range(R):
-            if nrun[r] > 0 or wlen[r] > 0:
-                s_r = max(clock[r], ready[r])
-                if s_r < first_t:
-                    second_t = first_t
-                    first_t = s_r
-                    first = r
-                elif s_r < second_t:
-                    second_t = s_r
+        first, first_t, second_t = _next_step(nrun, wlen, clock, ready)
         if closed:
             has_ev = heap_n > 0
             ev_t = heap_t[0] if has_ev else _INF
@@ -549,77 +679,28 @@ def run_fleet(  # type: ignore[no-untyped-def]
             # -- an arrival
             if closed:
                 i = heap_i[0]
-                heap_n -= 1
-                if heap_n > 0:  # sift the last entry down from the root
-                    lt, ls, li = heap_t[heap_n], heap_s[heap_n], heap_i[heap_n]
-                    p = 0
-                    while True:
-                        c = 2 * p + 1
-                        if c >= heap_n:
-                            break
-                        if c + 1 < heap_n and (
-                            heap_t[c + 1] < heap_t[c] or (heap_t[c + 1] == heap_t[c] and heap_s[c + 1] < heap_s[c])
-                        ):
-                            c += 1
-                        if heap_t[c] < lt or (heap_t[c] == lt and heap_s[c] < ls):
-                            heap_t[p], heap_s[p], heap_i[p] = heap_t[c], heap_s[c], heap_i[c]
-                            p = c
-                        else:
-                            break
-                    heap_t[p], heap_s[p], heap_i[p] = lt, ls, li
+                heap_n = _heap_pop(heap_t, heap_s, heap_i, heap_n)
             else:
                 i = order[ev_pos]
                 ev_pos += 1
-            t = ev_t
-            res_arrival[i] = t
+            res_arrival[i] = ev_t
             if rejected[i]:
                 ctl[1] += 1.0  # progress: requests done
                 if closed and next_issue < n:
-                    # push (t, seq, next_issue)
-                    p = heap_n
-                    heap_n += 1
-                    while p > 0:
-                        q = (p - 1) // 2
-                        if heap_t[q] > t or (heap_t[q] == t and heap_s[q] > seq):
-                            heap_t[p], heap_s[p], heap_i[p] = heap_t[q], heap_s[q], heap_i[q]
-                            p = q
-                        else:
-                            break
-                    heap_t[p], heap_s[p], heap_i[p] = t, seq, next_issue
+                    heap_n = _heap_push(heap_t, heap_s, heap_i, heap_n, ev_t, seq, next_issue)
                     seq += 1
                     next_issue += 1
                 continue
-            if router == 0:
-                dest = rr % R
-            elif router == 2 and aff_rep[i] >= 0:
-                dest = aff_rep[i]
-            else:
-                dest = 0
-                best = -1
-                for r in range(R):
-                    # Finishes at or before t count as done; only a replica's latest step can
-                    # end after t (steps run in start order, every start so far is <= t).
-                    o = routed[r] - nfin[r]
-                    if last_end[r] > t:
-                        o += last_nfin[r]
-                    if best < 0 or o < best:
-                        best = o
-                        dest = r
+            dest = _route(i, ev_t, router, rr, aff_rep, routed, nfin, last_end, last_nfin)
             rr += 1
             res_replica[i] = dest
             if static:
                 own_ptr[dest] += 1
             routed[dest] += 1
-            if t > ready[dest]:
-                ready[dest] = t
+            if ev_t > ready[dest]:
+                ready[dest] = ev_t
             if wlen[dest] == wcap:
-                bigger = np.zeros((R, 2 * wcap), np.int64)
-                for r in range(R):
-                    for k in range(wlen[r]):
-                        bigger[r, k] = wq[r, (whead[r] + k) % wcap]
-                    whead[r] = 0
-                wq = bigger
-                wcap *= 2
+                wq, wcap = _grow_wq(wq, wcap, whead, wlen)
             wq[dest, (whead[dest] + wlen[dest]) % wcap] = i
             wlen[dest] += 1
             continue
@@ -1065,13 +1146,7 @@ def run_fleet(  # type: ignore[no-untyped-def]
                     computed[victim] = 0
                     res_preempt[victim] += 1
                     if wlen[r] == wcap:
-                        bigger = np.zeros((R, 2 * wcap), np.int64)
-                        for q in range(R):
-                            for k in range(wlen[q]):
-                                bigger[q, k] = wq[q, (whead[q] + k) % wcap]
-                            whead[q] = 0
-                        wq = bigger
-                        wcap *= 2
+                        wq, wcap = _grow_wq(wq, wcap, whead, wlen)
                     whead[r] = (whead[r] - 1) % wcap
                     wq[r, whead[r]] = victim
                     wlen[r] += 1
@@ -1284,17 +1359,7 @@ def run_fleet(  # type: ignore[no-untyped-def]
                     nslots[r] += 1
                     slot_of[rid] = -1
                     if closed and next_issue < n:
-                        ft = end
-                        p = heap_n
-                        heap_n += 1
-                        while p > 0:
-                            q2 = (p - 1) // 2
-                            if heap_t[q2] > ft or (heap_t[q2] == ft and heap_s[q2] > seq):
-                                heap_t[p], heap_s[p], heap_i[p] = heap_t[q2], heap_s[q2], heap_i[q2]
-                                p = q2
-                            else:
-                                break
-                        heap_t[p], heap_s[p], heap_i[p] = ft, seq, next_issue
+                        heap_n = _heap_push(heap_t, heap_s, heap_i, heap_n, end, seq, next_issue)
                         seq += 1
                         next_issue += 1
                 nfin[r] += nf
