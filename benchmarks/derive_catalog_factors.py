@@ -1,4 +1,4 @@
-"""Print the efficiency factors the hardware catalog ships, re-derived from ../shared/measurements.
+"""Print the catalog's efficiency factors, re-derived from the operator measurements in $ROOFTRACE_MEASUREMENTS.
 
     python benchmarks/derive_catalog_factors.py
 
@@ -16,6 +16,7 @@ median e2e 833.53 ms) leaves after the roofline time of its 128 steps.
 from __future__ import annotations
 
 import json
+import os
 import sys
 from dataclasses import replace
 from pathlib import Path
@@ -31,7 +32,7 @@ from pipeline.validate import (
     weight_streaming_efficiency,
 )
 
-SHARED = Path(__file__).resolve().parents[2] / "shared" / "measurements"
+SHARED = Path(os.environ.get("ROOFTRACE_MEASUREMENTS", "measurements"))
 SKUS = {"a100": "a100-80gb-sxm", "h100": "h100-sxm"}
 VLLM_CI_E2E_S = 0.83353  # vllm_buildkite_perf_9515_h200.csv, latency_llama8B_tp1 median_e2e_latency
 

@@ -3,7 +3,7 @@
 The benchmark fleets in fleets/ model TensorRT-LLM stacks and pin ``cost_model = "roofline"``;
 this script replays the same workloads with each fleet's GPU profile instead (``cost_model =
 "auto"``, no ``[calibration]``) and prints the error against every published figure, as
-docs/replay_validation.md reports them. Needs ../shared/measurements.
+docs/replay_validation.md reports them. Needs the public measurements ($ROOFTRACE_MEASUREMENTS).
 
     python benchmarks/published_measured.py
 """
@@ -11,13 +11,14 @@ docs/replay_validation.md reports them. Needs ../shared/measurements.
 from __future__ import annotations
 
 import dataclasses
+import os
 import sys
 from pathlib import Path
 
 import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
-MEAS = ROOT.parent / "shared" / "measurements"
+MEAS = Path(os.environ.get("ROOFTRACE_MEASUREMENTS", "measurements"))
 sys.path.insert(0, str(ROOT / "tests"))  # the published tables are test data (tests/published.py)
 
 from published import (  # noqa: E402

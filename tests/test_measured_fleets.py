@@ -185,3 +185,12 @@ def test_calibrate_and_validate_errors_are_one_line(tmp_path: Path, args: list[s
     assert res.exit_code == 1
     errors = [line for line in res.stderr.splitlines() if line.startswith("error:")]
     assert len(errors) == 1 and message in errors[0] and "Traceback" not in res.stderr
+
+
+def test_validate_without_measurements_names_the_setting(monkeypatch: pytest.MonkeyPatch) -> None:
+    """No folder outside the repository is assumed: without --measurements or its environment
+    variable, validate says what to pass."""
+    monkeypatch.delenv("ROOFTRACE_MEASUREMENTS", raising=False)
+    res = CliRunner().invoke(main, ["validate"])
+    assert res.exit_code == 1
+    assert res.stderr.strip() == "error: no measurements given: pass --measurements DIR or set $ROOFTRACE_MEASUREMENTS"

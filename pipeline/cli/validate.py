@@ -11,12 +11,15 @@ import click
 from pipeline.cli.common import emit_json, get_store, json_option, progress, run, store_option
 from pipeline.errors import RooftraceError
 
+#: Where ``validate`` finds the operator measurements when --measurements is not given.
+MEASUREMENTS_ENV = "ROOFTRACE_MEASUREMENTS"
+
 
 def _default_measurements() -> Path:
-    env = os.environ.get("ROOFTRACE_MEASUREMENTS")
-    if env:
-        return Path(env)
-    return Path(__file__).resolve().parents[2] / "shared" / "measurements"
+    env = os.environ.get(MEASUREMENTS_ENV)
+    if not env:
+        raise RooftraceError(f"no measurements given: pass --measurements DIR or set ${MEASUREMENTS_ENV}")
+    return Path(env)
 
 
 def _pct(x: float) -> str:
@@ -30,7 +33,7 @@ def _pct(x: float) -> str:
     default=None,
     help="Folder (or file) of operator measurements: AIConfigurator / LLMServingSim sets (the measured "
     "profiles' held-out check) and Vidur mlp.csv / all_reduce.csv / Splitwise perf_model.csv (the roofline's) "
-    "(default: $ROOFTRACE_MEASUREMENTS or ../shared/measurements).",
+    "(default: $ROOFTRACE_MEASUREMENTS).",
 )
 @click.option(
     "--hardware",
