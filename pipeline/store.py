@@ -89,6 +89,8 @@ class Store:
         if bad:
             chars = "".join(sorted(GLOB_CHARS))
             raise RooftraceError(f"store path {self.root} contains {''.join(bad)!r}: use a folder name without {chars}")
+        if self.root.exists() and not self.root.is_dir():
+            raise RooftraceError(f"store path {self.root} is a file, not a folder (check --store or $ROOFTRACE_STORE)")
 
     @property
     def requests_dir(self) -> Path:

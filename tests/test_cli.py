@@ -81,3 +81,16 @@ def test_a_command_imports_its_stage_when_it_runs() -> None:
     )
     out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "True", out.stdout + out.stderr
+
+
+def test_help_choices_are_the_stages_own() -> None:
+    """The option choices --help shows without importing a stage (pipeline/defaults.py) are
+    exactly what the stages read and write."""
+    from pipeline import defaults
+    from pipeline.ingest import ALL_FORMATS
+    from pipeline.synth import SYNTH_FORMATS
+    from pipeline.tables import FORMATS
+
+    assert defaults.INGEST_FORMATS == ALL_FORMATS
+    assert defaults.SYNTH_FORMATS == SYNTH_FORMATS
+    assert defaults.OUTPUT_FORMATS == FORMATS

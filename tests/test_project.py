@@ -128,3 +128,24 @@ def test_a_hostile_project_file_is_one_error_line_for_every_command(
     assert result.exit_code == 1, (result.output, result.exception)
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("error: ") and message in lines[0], result.stderr
+
+
+@pytest.mark.parametrize("command", [["report"], ["sql", "SELECT 1"], ["classify"], ["replay"], ["ingest", "x.jsonl"]])
+def test_a_store_path_that_is_a_file_is_one_error_line(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, command: list[str]
+) -> None:
+    from click.testing import CliRunner
+
+    from pipeline.cli import main
+
+    (tmp_path / "afile").write_text("not a store")
+    (tmp_path / "x.jsonl").write_text("{}\n")
+    (tmp_path / PROJECT_FILE).write_text('store = "afile"\n')
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("ROOFTRACE_STORE", raising=False)
+    result = CliRunner().invoke(main, command)
+    assert result.exit_code == 1, (result.output, result.exception)
+    assert (
+        result.stderr.strip()
+        == f"error: store path {tmp_path / 'afile'} is a file, not a folder (check --store or $ROOFTRACE_STORE)"
+    )
