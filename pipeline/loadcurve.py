@@ -20,13 +20,14 @@ import multiprocessing
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
 import polars as pl
 import pyarrow as pa
 
-from pipeline.classify.prefix import DEFAULT_ISOLATION
+from pipeline.classify.prefix import PrefixIdentity
 from pipeline.defaults import DEFAULT_HEADROOM_BUDGET_S
 from pipeline.fleet import FleetConfig, resolve
 from pipeline.replay import ReplayOptions, run_replay
@@ -46,11 +47,14 @@ def curve_point(
     cfg: FleetConfig,
     multiplier: float,
     slo: str | None,
-    isolation: tuple[str, ...] = DEFAULT_ISOLATION,
+    identity: PrefixIdentity | None = None,
 ) -> dict[str, Any]:
     """One point: replay ``requests`` on ``cfg`` at ``multiplier`` times their arrival rate."""
     fleet = resolve(cfg, cfg.name)
-    run = run_replay(requests, fleet, ReplayOptions(rate_scale=multiplier, isolation=isolation))
+    options = ReplayOptions(rate_scale=multiplier)
+    if identity is not None:
+        options = replace(options, isolation=identity.isolation)
+    run = run_replay(requests, fleet, options, identity=identity)
     res, work = run.result, run.work
     ok = res.reject_reason == 0
     lat = request_latencies(res, work)
@@ -117,10 +121,10 @@ def load_curve(
     budget_s: float = DEFAULT_BUDGET_S,
     jobs: int = 1,
     progress: Callable[[str], None] | None = None,
-    isolation: tuple[str, ...] = DEFAULT_ISOLATION,
+    identity: PrefixIdentity | None = None,
 ) -> list[dict[str, Any]]:
-    """Every point of the curve, in multiplier order (skipped ones marked); ``isolation`` as the
-    day's replay used (``ReplayOptions.isolation``)."""
+    """Every point of the curve, in multiplier order (skipped ones marked); ``identity`` is the
+    day's prefix identity, as the day's replay used it."""
     ms = sorted({float(m) for m in multipliers})
     if not ms or any(not (math.isfinite(m) and m > 0) for m in ms):
         raise ValueError(f"multipliers must be positive numbers, got {list(multipliers)}")
@@ -133,7 +137,7 @@ def load_curve(
             if time.perf_counter() - t0 > budget_s:
                 rows[m] = _skipped(m, n, slo)
                 continue
-            rows[m] = curve_point(requests, cfg, m, slo, isolation)
+            rows[m] = curve_point(requests, cfg, m, slo, identity)
             say(f"load curve {m:g}x: {_point_line(rows[m])}")
     else:
         # spawn, not fork: polars' and numba's thread pools make fork unsafe (see plan.run_local)
@@ -141,7 +145,7 @@ def load_curve(
         pool = ProcessPoolExecutor(max_workers=min(jobs, len(ms)), mp_context=ctx)
         try:
             pending: dict[Future[dict[str, Any]], float] = {
-                pool.submit(curve_point, requests, cfg, m, slo, isolation): m for m in ms
+                pool.submit(curve_point, requests, cfg, m, slo, identity): m for m in ms
             }
             while pending:
                 left = budget_s - (time.perf_counter() - t0)
@@ -165,7 +169,7 @@ def load_curve(
         if time.perf_counter() - t0 > budget_s:
             break
         m *= 2
-        rows[m] = curve_point(requests, cfg, m, slo, isolation)
+        rows[m] = curve_point(requests, cfg, m, slo, identity)
         say(f"load curve {m:g}x: {_point_line(rows[m])}")
     # narrow the knee: up to two midpoints (in half steps) between it and the first failure
     for _ in range(2):
@@ -177,7 +181,7 @@ def load_curve(
         mid = round(math.sqrt(k * bad) * 2) / 2
         if mid <= k or mid >= bad or mid in rows:
             break
-        rows[mid] = curve_point(requests, cfg, mid, slo, isolation)
+        rows[mid] = curve_point(requests, cfg, mid, slo, identity)
         say(f"load curve {mid:g}x: {_point_line(rows[mid])}")
     return [rows[x] for x in sorted(rows)]
 

@@ -17,8 +17,7 @@ from typing import Any, TypeVar
 
 import altair as alt
 
-from pipeline.classify.accounting import classify_tokens, recorded_isolation
-from pipeline.classify.prefix import DEFAULT_ISOLATION
+from pipeline.classify.accounting import classify_tokens, day_identity
 from pipeline.cost import run_cost
 from pipeline.errors import RooftraceError
 from pipeline.fleet import load_fleet
@@ -149,10 +148,9 @@ def write_load_curve(
     cfg = load_fleet(Path(fleet) if fleet is not None else default_fleet_path())
     wall = float(result.summary.get("engine_wall_s") or 0.0)
     jobs = min(os.cpu_count() or 1, len(DEFAULT_MULTIPLIERS)) if wall > 5.0 else 1
-    isolation = recorded_isolation(store, day) or DEFAULT_ISOLATION
-    rows = load_curve(
-        store.read_requests(day), cfg, slo or cfg.slo, DEFAULT_MULTIPLIERS, budget_s, jobs, say, isolation
-    )
+    requests = store.read_requests(day)
+    identity = day_identity(store, day, requests, say)
+    rows = load_curve(requests, cfg, slo or cfg.slo, DEFAULT_MULTIPLIERS, budget_s, jobs, say, identity)
     say(headroom_sentence(rows))
     return write_parquet(curve_table(result.run_id, rows), result.run_dir / "load_curve.parquet", "load_curve")
 

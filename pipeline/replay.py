@@ -30,8 +30,8 @@ import numpy.typing as npt
 import polars as pl
 import pyarrow as pa
 
-from pipeline.classify.accounting import recorded_isolation
-from pipeline.classify.prefix import DEFAULT_ISOLATION, build_chains, key64, mix64
+from pipeline.classify.accounting import day_identity
+from pipeline.classify.prefix import DEFAULT_ISOLATION, PrefixIdentity, build_identity, key64
 from pipeline.engine.fast import simulate
 from pipeline.engine.jit import simulate_jit, unsupported_reason
 from pipeline.engine.model import REJECT_REASONS, EngineResult, FleetSpec, Workload
@@ -109,44 +109,29 @@ class ReplayRun:
 
 
 def _engine_chains(
-    requests: pl.DataFrame, block_size: int, isolation: tuple[str, ...] = DEFAULT_ISOLATION
+    requests: pl.DataFrame,
+    block_size: int,
+    isolation: tuple[str, ...] = DEFAULT_ISOLATION,
+    identity: PrefixIdentity | None = None,
 ) -> tuple[npt.NDArray[np.uint64], npt.NDArray[np.int64]]:
-    """Prefix chains as the engine takes them: per request, the hashes of its full prompt blocks
-    then the output blocks (pipeline.classify.prefix ``Chains.cacheable``), at the engine's block size.
+    """Prefix chains as the engine takes them: per request, the hashes of the full blocks it
+    leaves in the KV cache (prompt, then a session turn's output), at the engine's block size.
 
-    A log's own chain may use bigger blocks (Mooncake: 512 tokens); each is split into
-    ``log_size / block_size`` engine blocks whose hashes mix the log hash with the position, so
-    they still name their whole prefix. Block sizes that do not divide are an error."""
-    chains = build_chains(requests, block_size, isolation)
-    n = chains.n_requests
-    full = chains.full_blocks()
-    outs = np.diff(chains.out_offsets)
-    counts = full + outs
-    owner = np.repeat(np.arange(n, dtype=np.int64), counts)
-    start = np.concatenate([[0], np.cumsum(counts)])[:-1]
-    pos = np.arange(int(counts.sum()), dtype=np.int64) - start[owner]
-    in_prompt = pos < full[owner]
-    hashes = np.empty(pos.shape[0], np.uint64)
-    hashes[in_prompt] = chains.hashes[chains.offsets[owner[in_prompt]] + pos[in_prompt]]
-    op = ~in_prompt
-    hashes[op] = chains.out_hashes[chains.out_offsets[owner[op]] + pos[op] - full[owner[op]]]
-    ratio, rem = divmod(chains.block_size, block_size)
-    if rem:
-        raise ConfigError(
-            f"the log's prefix blocks have {chains.block_size} tokens, which engine.block_size "
-            f"{block_size} does not divide; set engine.block_size to a divisor"
-        )
-    if ratio > 1:
-        sub = np.tile(np.arange(1, ratio + 1, dtype=np.uint64), hashes.shape[0])
-        hashes = mix64(np.repeat(hashes, ratio) ^ mix64(sub))
-        counts = counts * ratio
-    offsets = np.zeros(n + 1, np.int64)
-    np.cumsum(counts, out=offsets[1:])
-    return hashes, offsets
+    They are cut from ``identity`` (the day's, stored by classify: nothing is rebuilt) when it
+    covers ``requests``; otherwise from an identity built here with ``isolation``. The identity
+    is block-size free, so any engine block size works with any log block size."""
+    rows = identity.rows_of(requests) if identity is not None else None
+    if identity is None or rows is None:
+        identity = build_identity(requests, identity.isolation if identity is not None else isolation)
+        rows = None
+    return identity.block_hashes(block_size, rows)
 
 
-def build_workload(requests: pl.DataFrame, fleet: ResolvedFleet, options: ReplayOptions) -> Workload:
-    """Engine arrays from canonical requests (sorted by arrival)."""
+def build_workload(
+    requests: pl.DataFrame, fleet: ResolvedFleet, options: ReplayOptions, identity: PrefixIdentity | None = None
+) -> Workload:
+    """Engine arrays from canonical requests (sorted by arrival); prefix chains from ``identity``
+    (the day's prefix identity, :func:`pipeline.classify.accounting.day_identity`) when given."""
     if requests.height == 0:
         raise RooftraceError("no requests to replay")
     arrival_us = requests.get_column("arrival").dt.epoch("us").to_numpy().astype(np.int64)
@@ -158,7 +143,7 @@ def build_workload(requests: pl.DataFrame, fleet: ResolvedFleet, options: Replay
     hashes = np.zeros(0, np.uint64)
     offsets = None
     if sched.enable_prefix_caching or fleet.config.router == "prefix_affinity":
-        hashes, offsets = _engine_chains(requests, sched.block_size, options.isolation)
+        hashes, offsets = _engine_chains(requests, sched.block_size, options.isolation, identity)
     affinity = None
     if fleet.config.router == "session_affinity" and "session_id" in requests.columns:
         sessions = requests.get_column("session_id").to_list()
@@ -200,8 +185,10 @@ def run_replay(
     fleet: ResolvedFleet,
     options: ReplayOptions,
     progress: Callable[[int], None] | None = None,
+    identity: PrefixIdentity | None = None,
 ) -> ReplayRun:
-    """Replay a frame of canonical requests on a resolved fleet (no store involved)."""
+    """Replay a frame of canonical requests on a resolved fleet (no store involved); ``identity``
+    is the day's prefix identity when the caller has it (else built from ``requests``)."""
     progress = check_replay_limits(requests, fleet, options, progress)
     spec = FleetSpec(
         replicas=fleet.ranks,
@@ -211,7 +198,7 @@ def run_replay(
         concurrency=options.concurrency or 0,
         lockstep=fleet.lockstep,
     )
-    work = build_workload(requests, fleet, options)
+    work = build_workload(requests, fleet, options, identity)
     cost = fleet_step_cost(fleet)
     log = StepLog(capacity=max(1024, 2 * work.n))
     t0 = time.perf_counter()
@@ -461,12 +448,11 @@ def replay(
     fleet = resolve(cfg, str(path))
     date = store.resolve_date(options.date)
     requests = store.read_requests(date)
-    isolation = recorded_isolation(store, date)
-    if isolation is not None and isolation != options.isolation:
-        options = replace(options, isolation=isolation)
+    identity = day_identity(store, date, requests, progress)
+    options = replace(options, isolation=identity.isolation)
     if progress:
         progress(f"replaying {requests.height:,} requests of {date} on {cfg.replicas}x {cfg.name}")
-    run = run_replay(requests, fleet, options)
+    run = run_replay(requests, fleet, options, identity=identity)
     t0_us = int(requests.get_column("arrival").dt.epoch("us").to_numpy().min())
     summary = summarize(run, run_slo(run, options))
     over = summary["health"]["overload"]

@@ -24,6 +24,7 @@ import numpy as np
 import pyarrow as pa
 import vl_convert as vlc
 
+from pipeline.classify.accounting import accounting_paths
 from pipeline.cost import day_projection, period_label
 from pipeline.errors import RooftraceError
 from pipeline.loadcurve import headroom_sentence, knee
@@ -173,9 +174,10 @@ def headline_numbers(q: Callable[[str], Rows]) -> dict[str, Any]:
         "usd_per_million_tokens": cost.get("usd_per_million_tokens"),
         "price_date": cost.get("price_date"),
         "requests": tokens.get("requests"),
-        "recorded_input_tokens": tokens.get("recorded_input_tokens"),
-        "cache_hit_tokens": tokens.get("cache_hit_tokens"),
-        "fresh_input_tokens": tokens.get("fresh_input_tokens"),
+        # classify's whole-day cache; the replay's engine caches give replay_* (health_headline)
+        "classify_recorded_input_tokens": tokens.get("recorded_input_tokens"),
+        "classify_cache_hit_tokens": tokens.get("cache_hit_tokens"),
+        "classify_fresh_input_tokens": tokens.get("fresh_input_tokens"),
         "output_tokens": tokens.get("output_tokens"),
     }
 
@@ -250,8 +252,8 @@ def _charts(q: Callable[[str], Rows], headline: dict[str, Any]) -> list[Chart]:
             for r in minutes
             for name, col in (
                 ("recorded input", "recorded_input_tokens_per_s"),
-                ("cache-hit input", "cache_hit_tokens_per_s"),
-                ("fresh input (prefill work)", "fresh_input_tokens_per_s"),
+                ("cache-hit input (classify's cache)", "cache_hit_tokens_per_s"),
+                ("fresh input (classify's cache)", "fresh_input_tokens_per_s"),
                 ("output", "output_tokens_per_s"),
             )
         ]
@@ -564,8 +566,8 @@ def _cards(h: dict[str, Any]) -> list[tuple[str, str, str]]:
         ("$ per million tokens", _fmt(h.get("usd_per_million_tokens"), "$"), "input + output, over the replay span"),
         (
             "Input tokens",
-            _fmt(h.get("recorded_input_tokens")) + " recorded",
-            f"fresh (prefill): {_fmt(h.get('fresh_input_tokens'))} by classify's whole-day cache, "
+            _fmt(h.get("classify_recorded_input_tokens")) + " recorded",
+            f"fresh (prefill): {_fmt(h.get('classify_fresh_input_tokens'))} by classify's whole-day cache, "
             f"{_fmt(h.get('replay_fresh_input_tokens'))} by this fleet's engine caches (finished requests; "
             "see 'Two cache models')",
         ),
@@ -730,22 +732,37 @@ def render_html(
     )
 
 
-def _two_caches(h: dict[str, Any], config: dict[str, Any]) -> str:
-    """Why the report has two fresh-token figures, side by side."""
+def _classified(store: Store, day: str) -> dict[str, Any]:
+    """What classify recorded for ``day`` (block size, capacity); empty before classify."""
+    try:
+        doc = json.loads(accounting_paths(store, day)["summary"].read_text())
+        totals = doc.get("totals") or {}
+        return {"block_size_tokens": totals.get("block_size_tokens"), "capacity": totals.get("capacity")}
+    except (OSError, ValueError, AttributeError):
+        return {}
+
+
+def _two_caches(h: dict[str, Any], config: dict[str, Any], classified: dict[str, Any]) -> str:
+    """Why the report has two fresh-token figures, side by side: which cache produced each
+    column, its block size and the prefix identity both cut their blocks from."""
     sched = config.get("resolved", {}).get("scheduler", {})
+    iso = ", ".join((config.get("options") or {}).get("isolation") or []) or "none"
+    cap = classified.get("capacity") or "unbounded"
     rows = [
         {
             "figure": "classify (rooftrace classify)",
-            "cache": "one prefix cache per model over the whole day, touched at arrival, in arrival order",
+            "cache": f"one prefix cache per model over the whole day ({cap}), touched at arrival, in arrival order",
+            "block size": classified.get("block_size_tokens"),
             "requests": h.get("requests"),
-            "recorded input": h.get("recorded_input_tokens"),
-            "cache-hit": h.get("cache_hit_tokens"),
-            "fresh": h.get("fresh_input_tokens"),
+            "recorded input": h.get("classify_recorded_input_tokens"),
+            "cache-hit": h.get("classify_cache_hit_tokens"),
+            "fresh": h.get("classify_fresh_input_tokens"),
         },
         {
             "figure": "replay (this fleet)",
-            "cache": f"each replica's engine KV cache: {sched.get('num_gpu_blocks', '?')} blocks of "
-            f"{sched.get('block_size', '?')} tokens, LRU, hit at admission, only on the replica the router chose",
+            "cache": f"each replica's engine KV cache: {sched.get('num_gpu_blocks', '?')} blocks, LRU, "
+            "hit at admission, only on the replica the router chose",
+            "block size": sched.get("block_size"),
             "requests": h.get("finished"),
             "recorded input": h.get("replay_recorded_input_tokens"),
             "cache-hit": h.get("replay_cache_hit_tokens"),
@@ -755,8 +772,9 @@ def _two_caches(h: dict[str, Any], config: dict[str, Any]) -> str:
     note = (
         "<p class=def>Classify measures what the traffic could reuse (its cache sees every request of the "
         "day on one model); the replay measures what this fleet reuses (a request hits only blocks still "
-        "cached on the replica it was routed to, and rejected requests are not counted). The token-accounting "
-        "chart uses classify's; cost and prefill load use the replay's.</p>"
+        "cached on the replica it was routed to, and rejected requests are not counted). Both cut their blocks "
+        f"from one prefix identity (isolation key: {html.escape(iso)}), so they agree on what is shared. The "
+        "token-accounting chart uses classify's; cost and prefill load use the replay's.</p>"
     )
     return note + _html_table([{k: (_fmt(v) if isinstance(v, int | float) else v) for k, v in r.items()} for r in rows])
 
@@ -845,7 +863,7 @@ def build_report(
         ("Binding resource shares", _html_table(q("binding_shares"))),
         ("Cost", _html_table(q("cost"))),
         *_economics_sections(session, run_id, charts, day, config.get("resolved", {}).get("fleet", {}).get("model")),
-        ("Two cache models", _two_caches(headline, config)),
+        ("Two cache models", _two_caches(headline, config, _classified(store, day))),
         (f"Ingest accounting (files with requests on {day})", _html_table(q("ingest_accounting"))),
         ("Run config", f"<pre>{html.escape(json.dumps(config, indent=2, sort_keys=True, default=str))}</pre>"),
     ]

@@ -486,37 +486,160 @@ def test_session_shared_prefix_follows_min_rule() -> None:
     assert np.diff(ch.out_offsets).tolist() == [2, 3, 3, 3]
 
 
-def test_replay_chains_use_the_isolation_classify_used(tmp_path: Path) -> None:
-    """One prefix identity for both stages: the store-level replay takes the isolation key that
-    ``classify`` recorded for the date (here: model only), so two tenants sending the same log
-    prefix share engine blocks exactly when the day's accounting lets them."""
-    from pipeline.classify.accounting import classify_tokens, recorded_isolation
-    from pipeline.replay import ReplayOptions, _engine_chains, replay
-    from pipeline.store import Store
+def _true_prefix_equal(a: np.ndarray, b: np.ndarray, n_tokens: int) -> bool:
+    return len(a) >= n_tokens and len(b) >= n_tokens and bool(np.array_equal(a[:n_tokens], b[:n_tokens]))
 
-    rows = [
-        {"arrival": _t(0), "recorded_input_tokens": 1024, "prefix_block_hashes": [7, 8], "tenant": "a"},
-        {"arrival": _t(1), "recorded_input_tokens": 1024, "prefix_block_hashes": [7, 8], "tenant": "b"},
-    ]
-    df = _frame([{**r, "prefix_block_size": 512} for r in rows])
-    apart, offs = _engine_chains(df, 16)  # default isolation: model, adapter, tenant
-    shared, _ = _engine_chains(df, 16, ("model",))
-    n0 = int(offs[1])
-    assert n0 == 1024 // 16  # 64 prompt blocks (10 output tokens fill no block)
-    assert not set(apart[:64].tolist()) & set(apart[n0 : n0 + 64].tolist())
-    assert shared[:64].tolist() == shared[n0 : n0 + 64].tolist()
 
+@pytest.mark.parametrize("bs", [1, 7, 16, 48, 512])
+def test_identity_is_exact_at_every_block_size(bs: int) -> None:
+    """One identity, cut at any block size, names two blocks alike exactly when the true token
+    sequences (agent sessions with a token-level ground truth) agree up to the end of the block
+    in the same tenant: the identity itself carries no block size."""
+    rng = np.random.default_rng(5)
+    df, seqs = _agent_sessions(rng, n_sessions=6, turns=5, bs=16)
+    ident = P.build_identity(df)
+    hashes, offs = ident.block_hashes(bs)
+    tenants = df.get_column("tenant").to_list()
+    cached = ident.cached
+    n = df.height
+    assert cached.tolist() == [len(s) for s in seqs]  # prompt + output for every session turn
+    for i in range(n):
+        for j in range(n):
+            hi, hj = hashes[offs[i] : offs[i + 1]], hashes[offs[j] : offs[j + 1]]
+            for m in range(min(hi.size, hj.size)):
+                same = tenants[i] == tenants[j] and _true_prefix_equal(seqs[i], seqs[j], (m + 1) * bs)
+                assert (hi[m] == hj[m]) == same, (i, j, m)
+
+
+def test_log_identity_takes_the_longest_common_prefix() -> None:
+    """Log chains: the parent is the earlier request with the longest run of equal full blocks,
+    and any engine block size works (48 does not divide 512: a block straddling the end of the
+    shared run is the request's own)."""
+    df = _frame(
+        [
+            {"arrival": _t(0), "recorded_input_tokens": 2048, "prefix_block_hashes": [1, 2, 3, 4]},
+            {"arrival": _t(1), "recorded_input_tokens": 2048, "prefix_block_hashes": [1, 2, 9, 9]},
+            {"arrival": _t(2), "recorded_input_tokens": 1600, "prefix_block_hashes": [1, 2, 3]},
+            {"arrival": _t(3), "recorded_input_tokens": 700, "prefix_block_hashes": [5]},
+        ]
+    ).with_columns(pl.lit(512, pl.Int32).alias("prefix_block_size"))
+    ident = P.build_identity(df)
+    assert ident.log_block_size == 512
+    assert ident.parent.tolist() == [-1, 0, 0, -1]  # row 2 shares 3 blocks with row 0, 2 with row 1
+    assert ident.shared.tolist() == [0, 1024, 1536, 0]
+    hashes, offs = ident.block_hashes(48)
+    rows = [hashes[offs[i] : offs[i + 1]].tolist() for i in range(4)]
+    assert [len(r) for r in rows] == [2048 // 48, 2048 // 48, 1600 // 48, 700 // 48]
+    assert rows[1][: 1024 // 48] == rows[0][: 1024 // 48] and rows[1][1024 // 48] != rows[0][1024 // 48]
+    assert rows[2][: 1536 // 48] == rows[0][: 1536 // 48] and rows[2][1536 // 48] != rows[0][1536 // 48]
+    assert not set(rows[3]) & set(rows[0] + rows[1] + rows[2])
+    ident.check()
+
+
+def test_identity_check_refuses_damage() -> None:
+    df = _frame([{"arrival": _t(i), "recorded_input_tokens": 100, "session_id": "s"} for i in range(3)])
+    ident = P.build_identity(df)
+    ident.check()
+    assert ident.parent.tolist() == [-1, 0, 1]
+    for field, value in [("parent", [-1, 2, 1]), ("shared", [0, 500, 100]), ("parent", [0, 0, 1])]:
+        bad = P.PrefixIdentity(**{**ident.__dict__, field: np.asarray(value, np.int64)})
+        with pytest.raises(RooftraceError, match="prefix identity: row"):
+            bad.check()
+
+
+def _day_store(tmp_path: Path, requests: int = 60) -> tuple[object, str]:
     from pipeline.ingest import ingest_logs
+    from pipeline.store import Store
     from pipeline.synth import SynthConfig, generate, write_logs
 
     store = Store(tmp_path / "store")
-    log = write_logs(generate(SynthConfig(requests=60, seed=2, duration_s=120)), "openai", tmp_path / "day.jsonl")
+    log = write_logs(
+        generate(SynthConfig(requests=requests, seed=2, duration_s=120)), "openai", tmp_path / "day.jsonl"
+    )
     ingest_logs(log, store)
-    date = store.resolve_date(None)
-    assert recorded_isolation(store, date) is None  # before classify
-    classify_tokens(store, date, isolation=("model",))
-    assert recorded_isolation(store, date) == ("model",)
+    return store, store.resolve_date(None)
+
+
+def test_replay_reads_the_identity_classify_stored(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """One prefix identity for both stages: classify builds and stores it; the store-level
+    replay cuts its engine chains from it (with classify's isolation key) and builds none."""
+    from pipeline.classify import accounting
+    from pipeline.classify.accounting import classify_tokens, identity_path, load_identity
+    from pipeline.replay import ReplayOptions, replay
+
+    store, date = _day_store(tmp_path)
+    assert load_identity(store, date) is None  # before classify
+    summary = classify_tokens(store, date, isolation=("model",), block_size=64)
+    assert summary.paths["prefix_identity"] == str(identity_path(store, date))
+    stored = load_identity(store, date)
+    assert stored is not None and stored.isolation == ("model",)
+    requests = store.read_requests(date)
+    fresh = P.build_identity(requests, ("model",))
+    for name in ("request_key", "key", "parent", "shared", "prompt", "cached", "source"):
+        assert np.array_equal(getattr(stored, name), getattr(fresh, name)), name
+    # classify's chains (64-token blocks) are the stored identity cut at 64
+    acc = accounting.account(requests, accounting.ClassifyOptions(block_size=64, isolation=("model",)))
+    assert np.array_equal(P.chains_at(stored, 64).hashes, P.build_chains(requests, 64, ("model",)).hashes)
+    assert np.array_equal(acc.identity.parent, stored.parent)
+
+    def no_rebuild(*_a: object, **_k: object) -> None:
+        raise AssertionError("the replay rebuilt the prefix identity")
+
+    monkeypatch.setattr(P, "build_identity", no_rebuild)
+    monkeypatch.setattr("pipeline.replay.build_identity", no_rebuild)
+    monkeypatch.setattr("pipeline.classify.accounting.prefix.build_identity", no_rebuild)
     fleet = Path(__file__).resolve().parents[1] / "fleets" / "default.toml"
     run = replay(store, fleet, ReplayOptions())
     config = json.loads((run.run_dir / "config.json").read_text())
     assert config["options"]["isolation"] == ["model"]
+    assert int(run.summary["cache_hit_tokens"]) > 0  # the synthetic day shares prefixes
+
+
+def test_replay_engine_chains_are_the_identity_at_the_engine_block_size(tmp_path: Path) -> None:
+    from pipeline.classify.accounting import classify_tokens, load_identity
+    from pipeline.fleet import load_fleet, resolve
+    from pipeline.replay import ReplayOptions, build_workload
+
+    store, date = _day_store(tmp_path)
+    classify_tokens(store, date)
+    stored = load_identity(store, date)
+    assert stored is not None
+    fleet_path = Path(__file__).resolve().parents[1] / "fleets" / "default.toml"
+    fleet = resolve(load_fleet(fleet_path), str(fleet_path))
+    requests = store.read_requests(date)
+    work = build_workload(requests, fleet, ReplayOptions(), stored)
+    bs = fleet.scheduler.block_size
+    hashes, offs = stored.block_hashes(bs)
+    assert np.array_equal(work.chain_hashes, hashes) and np.array_equal(work.offsets(), offs)
+    # a subset (a plan window) maps onto the day's rows: the same blocks, parents outside it kept
+    sub = requests[20:40]
+    work_sub = build_workload(sub, fleet, ReplayOptions(), stored)
+    want, want_off = stored.block_hashes(bs, np.arange(20, 40))
+    assert np.array_equal(work_sub.chain_hashes, want) and np.array_equal(work_sub.offsets(), want_off)
+
+
+def test_stale_or_damaged_identity(tmp_path: Path) -> None:
+    from click.testing import CliRunner
+
+    from pipeline.classify.accounting import classify_tokens, day_identity, identity_path, load_identity
+    from pipeline.cli import main
+
+    store, date = _day_store(tmp_path)
+    classify_tokens(store, date, isolation=("model", "tenant"))
+    requests = store.read_requests(date)
+    said: list[str] = []
+    changed = requests.with_columns(pl.col("recorded_input_tokens") + 1)
+    ident = day_identity(store, date, changed, said.append)
+    assert len(said) == 1 and "does not match its requests" in said[0] and date in said[0]
+    assert ident.isolation == ("model", "tenant") and np.array_equal(ident.prompt, changed["recorded_input_tokens"])
+    said.clear()
+    current = day_identity(store, date, requests, said.append)
+    assert not said and np.array_equal(current.prompt, requests["recorded_input_tokens"])
+
+    path = identity_path(store, date)
+    path.write_bytes(b"PAR1 not parquet")
+    with pytest.raises(RooftraceError, match="not a usable prefix identity"):
+        load_identity(store, date)
+    res = CliRunner().invoke(main, ["replay", "--store", str(store.root)])
+    assert res.exit_code == 1 and "not a usable prefix identity" in res.output and str(path) in res.output
+    assert "Traceback" not in res.output

@@ -95,3 +95,26 @@ def test_renders_in_headless_chromium_offline(report: Path, tmp_path: Path) -> N
         check=False,
     )
     assert shot.exists() and shot.read_bytes()[:4] == b"\x89PNG"
+
+
+def test_two_cache_models_say_which_cache_and_block_size(replayed_store: tuple[Store, str], tmp_path: Path) -> None:
+    """Every token figure names the cache that produced it: classify's (512-token blocks here)
+    or this fleet's engine caches (the fleet's 16-token blocks), cut from one prefix identity."""
+    import html as html_lib
+    import json
+
+    store, run_id = replayed_store
+    res = build_report(store, run_id, out=tmp_path / "index.html")
+    page = html_lib.unescape(res.path.read_text())
+    section = page[page.index("Two cache models") :]
+    row = re.compile(r"<tr><td>(classify \(rooftrace classify\)|replay \(this fleet\))</td>(.*?)</tr>", re.S)
+    cells = {m.group(1): re.findall(r"<td>(.*?)</td>", m.group(2)) for m in row.finditer(section)}
+    assert cells["classify (rooftrace classify)"][1] == "512"
+    assert cells["replay (this fleet)"][1] == "16"
+    assert "isolation key: model, adapter, tenant" in section
+    h = res.headline
+    assert h["classify_recorded_input_tokens"] == h["classify_cache_hit_tokens"] + h["classify_fresh_input_tokens"]
+    assert h["classify_recorded_input_tokens"] > 0 and "recorded_input_tokens" not in h
+    assert h["replay_cache_hit_tokens"] is not None
+    config = json.loads((store.run_dir(run_id) / "config.json").read_text())
+    assert config["options"]["isolation"] == ["model", "adapter", "tenant"]

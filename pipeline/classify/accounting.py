@@ -19,7 +19,7 @@ from __future__ import annotations
 import json
 import math
 import re
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -27,10 +27,11 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 import polars as pl
+import pyarrow as pa
 
 from pipeline.classify import prefix
 from pipeline.errors import RooftraceError
-from pipeline.schemas import atomic_write_bytes, write_parquet
+from pipeline.schemas import atomic_write_bytes, read_parquet, write_parquet
 from pipeline.store import Store
 
 #: Points of the capacity grid per doubling of the cache size.
@@ -162,6 +163,8 @@ class Accounting:
     minutes: pl.DataFrame
     curve: pl.DataFrame
     summary: dict[str, Any]
+    #: The day's prefix identity (rows in arrival order), stored for the replay to reuse.
+    identity: prefix.PrefixIdentity
 
 
 def _kv_per_token(model: str, opts: ClassifyOptions) -> float | None:
@@ -212,7 +215,8 @@ def account(requests: pl.DataFrame, options: ClassifyOptions | None = None) -> A
     # the copy of the hash-chain column then).
     order = requests.select(pl.arg_sort_by(["arrival", "request_id"])).to_series().to_numpy()
     df = requests if np.array_equal(order, np.arange(n)) else requests[order]
-    chains = prefix.build_chains(df, opts.block_size, opts.isolation)
+    identity = prefix.build_identity(df, opts.isolation)
+    chains = prefix.chains_at(identity, identity.log_block_size or opts.block_size)
     bs = chains.block_size
 
     arrival_us = df.get_column("arrival").dt.epoch("us").to_numpy().astype(np.int64)
@@ -316,7 +320,7 @@ def account(requests: pl.DataFrame, options: ClassifyOptions | None = None) -> A
     minutes_df = minute_table(acc)
     curve = _curve_table(domain_data, grid, hits_grid, minutes, minute_idx, recorded, prompt_blocks, bs, opts)
     summary = _summary(acc, minutes_df, chains, chosen_blocks, opts)
-    return Accounting(acc, minutes_df, curve, summary)
+    return Accounting(acc, minutes_df, curve, summary, identity)
 
 
 def minute_table(acc: pl.DataFrame) -> pl.DataFrame:
@@ -564,21 +568,93 @@ def accounting_paths(store: Store, date: str) -> dict[str, Path]:
         "requests": store.partition(base / "requests", date) / "part-0.parquet",
         "minutes": store.partition(base / "minutes", date) / "part-0.parquet",
         "cache_curve": store.partition(base / "cache_curve", date) / "part-0.parquet",
+        "prefix_identity": identity_path(store, date),
         "summary": store.partition(base / "summary", date) / "summary.json",
     }
 
 
-def recorded_isolation(store: Store, date: str) -> tuple[str, ...] | None:
-    """The isolation key ``classify`` used for ``date`` (its summary.json), so that the replay's
-    engine caches separate requests exactly as the day's accounting did; None before classify."""
-    path = accounting_paths(store, date)["summary"]
+def identity_path(store: Store, date: str) -> Path:
+    """Where ``classify`` keeps the date's prefix identity (schema ``prefix_identity``)."""
+    return store.partition(store.accounting_dir / "prefix_identity", date) / "part-0.parquet"
+
+
+def identity_table(identity: prefix.PrefixIdentity) -> pa.Table:
+    n = identity.n_requests
+    return pa.table(
+        {
+            "request_key": identity.request_key,
+            "block_key": identity.key,
+            "parent": identity.parent,
+            "shared_tokens": identity.shared,
+            "prompt_tokens": identity.prompt,
+            "cached_tokens": identity.cached,
+            "prefix_source": np.asarray(prefix.SOURCE_NAMES)[identity.source],
+            "isolation": pa.array([json.dumps(list(identity.isolation))] * n, pa.string()),
+            "log_block_size": pa.array([identity.log_block_size] * n, pa.int32()),
+        }
+    )
+
+
+def load_identity(store: Store, date: str) -> prefix.PrefixIdentity | None:
+    """The prefix identity ``classify`` stored for ``date`` (None before classify), so that the
+    replay's engine caches share exactly what the day's accounting shares and nothing is
+    rebuilt. A damaged file is a one-line error naming it."""
+    path = identity_path(store, date)
+    if not path.is_file():
+        return None
     try:
-        keys = json.loads(path.read_text()).get("options", {}).get("isolation")
-    except (OSError, ValueError, AttributeError):
-        return None
-    if not isinstance(keys, list) or not all(isinstance(k, str) and k in prefix.ISOLATION_COLUMNS for k in keys):
-        return None
-    return tuple(keys)
+        t = read_parquet(path, "prefix_identity")
+        iso = t.column("isolation")
+        log_bs = t.column("log_block_size")
+        keys: Any = json.loads(iso[0].as_py()) if len(iso) else list(prefix.DEFAULT_ISOLATION)
+        if not isinstance(keys, list) or not all(k in prefix.ISOLATION_COLUMNS for k in keys):
+            raise RooftraceError(f"isolation {keys!r} is not a list of isolation columns")
+        names = np.asarray(t.column("prefix_source").to_numpy(zero_copy_only=False), dtype=object)
+        codes = {name: i for i, name in enumerate(prefix.SOURCE_NAMES)}
+        if not set(names.tolist()) <= set(codes):
+            raise RooftraceError(f"unknown prefix_source in {sorted(set(names.tolist()) - set(codes))}")
+        identity = prefix.PrefixIdentity(
+            request_key=_u64(t, "request_key"),
+            key=_u64(t, "block_key"),
+            parent=_i64(t, "parent"),
+            shared=_i64(t, "shared_tokens"),
+            prompt=_i64(t, "prompt_tokens"),
+            cached=_i64(t, "cached_tokens"),
+            source=np.array([codes[x] for x in names], dtype=np.int8),
+            log_block_size=log_bs[0].as_py() if len(log_bs) else None,
+            isolation=tuple(keys),
+        )
+        identity.check()
+    except (RooftraceError, OSError, ValueError, pa.ArrowException) as exc:
+        raise RooftraceError(
+            f"{path}: not a usable prefix identity ({exc}); run `rooftrace classify --date {date}` again"
+        ) from None
+    return identity
+
+
+def day_identity(
+    store: Store, date: str, requests: pl.DataFrame, say: Callable[[str], None] | None = None
+) -> prefix.PrefixIdentity:
+    """The prefix identity to replay ``requests`` (the date's, as the store returns them) with:
+    the one classify stored when it covers them, else one built now with classify's isolation
+    key (or the default before classify), saying why when a stored one is out of date."""
+    stored = load_identity(store, date)
+    if stored is not None and stored.rows_of(requests) is not None:
+        return stored
+    if stored is not None and say is not None:
+        say(
+            f"the prefix identity classify stored for {date} does not match its requests (ingested again "
+            f"since?): rebuilt for this run; `rooftrace classify --date {date}` stores a current one"
+        )
+    return prefix.build_identity(requests, stored.isolation if stored is not None else prefix.DEFAULT_ISOLATION)
+
+
+def _u64(t: pa.Table, name: str) -> prefix.U64Array:
+    return np.ascontiguousarray(t.column(name).to_numpy(), dtype=np.uint64)
+
+
+def _i64(t: pa.Table, name: str) -> prefix.I64Array:
+    return np.ascontiguousarray(t.column(name).to_numpy(), dtype=np.int64)
 
 
 def classify_tokens(
@@ -603,6 +679,7 @@ def classify_tokens(
         write_parquet(result.requests.to_arrow(), paths["requests"], "accounting_requests")
         write_parquet(result.minutes.to_arrow(), paths["minutes"], "accounting_minutes")
         write_parquet(result.curve.to_arrow(), paths["cache_curve"], "cache_curve")
+        write_parquet(identity_table(result.identity), paths["prefix_identity"], "prefix_identity")
         doc = {"date": day, "options": _options_json(opts), "totals": result.summary}
         atomic_write_bytes(paths["summary"], (json.dumps(doc, indent=2, sort_keys=True) + "\n").encode())
     return ClassifySummary(day, {k: str(v) for k, v in paths.items()}, result.summary)

@@ -108,103 +108,39 @@ def _fnv1a_kernel(offsets: I64Array, data: npt.NDArray[np.uint8], out: U64Array)
         out[i] = h
 
 
-def _content_kernel(
-    source: I8Array,
-    key: U64Array,
-    in_tok: I64Array,
-    bs: int,
-    p_off: I64Array,
-    log_ids: U64Array,
-    log_off: I64Array,
-    p_content: U64Array,
-    p_tokens: I64Array,
+def _log_chain_kernel(
+    salt: U64Array, ids: U64Array, id_start: I64Array, n_full: I64Array, off: I64Array, out: U64Array
 ) -> None:
-    """Tokens and content id of every prompt block: the log's id where the log chain covers
-    the block, else an id unique to the request and position (session rows are overwritten by
-    the session kernel)."""
-    for r in range(key.shape[0]):
-        base = p_off[r]
-        n_blocks = p_off[r + 1] - base
-        n_log = log_off[r + 1] - log_off[r] if source[r] == 1 else 0
-        for j in range(n_blocks):
-            p_tokens[base + j] = min(in_tok[r] - j * bs, bs)
-            if j < n_log:
-                p_content[base + j] = log_ids[log_off[r] + j]
-            else:
-                p_content[base + j] = _mix(key[r] ^ _mix(np.uint64(j)))
-
-
-def _session_content_kernel(
-    order: I64Array,
-    first: npt.NDArray[np.bool_],
-    in_tok: I64Array,
-    out_tok: I64Array,
-    key: U64Array,
-    bs: int,
-    p_off: I64Array,
-    o_off: I64Array,
-    p_content: U64Array,
-    o_content: U64Array,
-    max_ext: int,
-) -> None:
-    """Content ids of the blocks of session turns, walking each session's turns in order.
-
-    Turn k's extended sequence (input + output) shares its first min(in_{k-1} + out_{k-1}, in_k)
-    tokens with turn k-1's; the full blocks inside that shared span inherit turn k-1's content
-    ids, every other block gets an id unique to the turn (from its request key and position).
-    """
-    prev = np.zeros(max_ext + 1, dtype=np.uint64)
-    cur = np.zeros(max_ext + 1, dtype=np.uint64)
-    prev_total = 0
-    for t in range(order.shape[0]):
-        r = order[t]
-        n_in = in_tok[r]
-        total = n_in + out_tok[r]
-        inherit = 0 if first[t] else min(prev_total, n_in) // bs
-        ext_full = total // bs
-        k = key[r]
-        for j in range(ext_full):
-            if j < inherit:
-                cur[j] = prev[j]
-            else:
-                cur[j] = _mix(k ^ _mix(np.uint64(j)))
-        n_prompt = p_off[r + 1] - p_off[r]
-        full = n_in // bs
-        for j in range(n_prompt):
-            if j < full:
-                p_content[p_off[r] + j] = cur[j]
-            else:  # the partial last block: content unique to this turn
-                p_content[p_off[r] + j] = _mix(k ^ _mix(np.uint64(j)))
-        for j in range(o_off[r + 1] - o_off[r]):
-            o_content[o_off[r] + j] = cur[full + j]
-        prev, cur = cur, prev
-        prev_total = total
-
-
-def _chain_kernel(
-    salt: U64Array,
-    p_off: I64Array,
-    p_content: U64Array,
-    p_tokens: I64Array,
-    bs: int,
-    o_off: I64Array,
-    o_content: U64Array,
-    p_hash: U64Array,
-    o_hash: U64Array,
-) -> None:
-    """Chain content ids into salted prefix hashes (prompt blocks, then output blocks)."""
-    tag = _mix(np.uint64(_PARTIAL_TAG))
+    """Salted chained hashes of the leading full blocks a log's own chain names:
+    ``h_0 = mix(salt ^ mix(id_0))``, ``h_j = mix(h_{j-1} ^ mix(id_j))``, so two equal hashes mean
+    two equal prefixes in one isolation domain (each hash names its whole prefix, as vLLM's does)."""
     for r in range(salt.shape[0]):
         h = salt[r]
-        for j in range(p_off[r], p_off[r + 1]):
-            if p_tokens[j] < bs:
-                p_hash[j] = _mix(h ^ _mix(p_content[j] ^ tag))
-            else:
-                h = _mix(h ^ _mix(p_content[j]))
-                p_hash[j] = h
-        for j in range(o_off[r], o_off[r + 1]):
-            h = _mix(h ^ _mix(o_content[j]))
-            o_hash[j] = h
+        for j in range(n_full[r]):
+            h = _mix(h ^ _mix(ids[id_start[r] + j]))
+            out[off[r] + j] = h
+
+
+def _origin_kernel(
+    rows: I64Array,
+    n_blocks: I64Array,
+    key: U64Array,
+    parent: I64Array,
+    shared: I64Array,
+    bs: int,
+    off: I64Array,
+    out: U64Array,
+) -> None:
+    """Hash of full block m of each request in ``rows``: ``mix(key[a] ^ mix(m))``, where ``a``, the
+    block's origin, is the first request up the parent path whose shared prefix ends before the
+    block does. Blocks are walked last to first, so the walk only ever moves up: O(blocks + depth)."""
+    for k in range(rows.shape[0]):
+        a = rows[k]
+        for m in range(n_blocks[k] - 1, -1, -1):
+            end = (m + 1) * bs
+            while shared[a] >= end:
+                a = parent[a]
+            out[off[k] + m] = _mix(key[a] ^ _mix(np.uint64(m)))
 
 
 def _plan_kernel(
@@ -346,18 +282,16 @@ def _distance_kernel(
 
 class _Kernels(NamedTuple):
     fnv1a: Callable[..., None]
-    content: Callable[..., None]
-    session_content: Callable[..., None]
-    chain: Callable[..., None]
+    log_chain: Callable[..., None]
+    origin: Callable[..., None]
     plan: Callable[..., None]
     distance: Callable[..., None]
 
 
 _KERNEL_FUNCTIONS = (
     _fnv1a_kernel,
-    _content_kernel,
-    _session_content_kernel,
-    _chain_kernel,
+    _log_chain_kernel,
+    _origin_kernel,
     _plan_kernel,
     _distance_kernel,
 )
@@ -533,36 +467,146 @@ def _csr(counts: I64Array) -> I64Array:
     return out
 
 
-def build_chains(
-    requests: pl.DataFrame,
-    block_size: int = 512,
-    isolation: Sequence[str] = DEFAULT_ISOLATION,
-    *,
-    kernels: _Kernels | None = None,
-) -> Chains:
-    """Prefix block chains for every request, from the best source available.
+@dataclass(frozen=True, eq=False)
+class PrefixIdentity:
+    """Which tokens of which requests are the same, independent of any block size.
+
+    Request ``i`` repeats the first ``shared[i]`` tokens of request ``parent[i]`` (−1: of none)
+    and its other tokens are its own. ``classify`` builds it once per date and stores it
+    (:func:`pipeline.classify.accounting.identity_path`); ``classify`` (512-token blocks by
+    default) and the replay engine (the model's KV block size) both cut it into block hash
+    chains with :func:`chains_at`, so the two stages can never disagree on what is shared.
+
+    request_key  string_keys(request_id): maps a requests frame onto these rows
+    key          names the blocks this request introduces (isolation salt, request and position)
+    parent       row whose prefix this request repeats (always an earlier row), −1 for none
+    shared       tokens shared with ``parent`` (0 without one)
+    prompt       recorded_input_tokens
+    cached       tokens whose full blocks the request leaves in a cache: the prompt, plus the
+                 output for session turns (the next turn re-sends them)
+    source       per request, an index into SOURCE_NAMES
+    log_block_size  the log's own chain block size (``prefix_block_size``), None without one
+    isolation    the columns that keep caches apart
+    """
+
+    request_key: U64Array
+    key: U64Array
+    parent: I64Array
+    shared: I64Array
+    prompt: I64Array
+    cached: I64Array
+    source: I8Array
+    log_block_size: int | None
+    isolation: tuple[str, ...]
+
+    @property
+    def n_requests(self) -> int:
+        return int(self.key.shape[0])
+
+    def check(self) -> None:
+        """Raise RooftraceError unless the invariants hold (a stored identity may be damaged)."""
+        n = self.n_requests
+        cols = (self.request_key, self.parent, self.shared, self.prompt, self.cached, self.source)
+        if any(c.shape != (n,) for c in cols):
+            raise RooftraceError("prefix identity: columns differ in length")
+        if self.log_block_size is not None and not 0 < self.log_block_size <= 1 << 20:
+            raise RooftraceError(f"prefix identity: log block size {self.log_block_size} out of range")
+        idx = np.arange(n, dtype=np.int64)
+        has = self.parent >= 0
+        bad = (
+            (self.parent < -1)
+            | (self.parent >= idx)
+            | (self.shared < 0)
+            | (~has & (self.shared != 0))
+            | (self.prompt < 0)
+            | (self.cached < self.prompt)
+            | (self.shared > self.prompt)
+            | ((self.source < 0) | (self.source >= len(SOURCE_NAMES)))
+        )
+        if n and not bad.any():
+            par = self.parent[has]
+            bad[has] = self.shared[has] > self.cached[par]
+        if bad.any():
+            row = int(np.flatnonzero(bad)[0])
+            raise RooftraceError(
+                f"prefix identity: row {row} is inconsistent (parent {int(self.parent[row])}, "
+                f"shared {int(self.shared[row])} tokens)"
+            )
+
+    def rows_of(self, requests: pl.DataFrame) -> I64Array | None:
+        """The identity's row of every request of ``requests`` (the whole date or any subset of
+        it), or None when some request is not in it or differs from it (the date was ingested
+        again after classify) or its request ids are ambiguous."""
+        keys = string_keys(requests.get_column("request_id"))
+        prompt = requests.get_column("recorded_input_tokens").cast(pl.Int64).to_numpy()
+        if keys.shape == self.request_key.shape and np.array_equal(keys, self.request_key):
+            rows = np.arange(self.n_requests, dtype=np.int64)
+        else:
+            order = np.argsort(self.request_key, kind="stable")
+            sorted_keys = self.request_key[order]
+            if sorted_keys.size > 1 and bool((sorted_keys[1:] == sorted_keys[:-1]).any()):
+                return None
+            pos = np.searchsorted(sorted_keys, keys)
+            pos = np.minimum(pos, max(sorted_keys.size - 1, 0))
+            if sorted_keys.size == 0 or not np.array_equal(sorted_keys[pos], keys):
+                return None
+            rows = order[pos].astype(np.int64)
+        if not np.array_equal(self.prompt[rows], prompt):
+            return None
+        return cast(I64Array, rows)
+
+    def block_hashes(
+        self, block_size: int, rows: I64Array | None = None, *, kernels: _Kernels | None = None
+    ) -> tuple[U64Array, I64Array]:
+        """The hashes of the full blocks each request leaves in a cache (``cached // block_size``
+        per request, first block first; what vLLM's block pool holds once it finishes), for
+        ``rows`` (default all) in the order given, as (hashes, CSR offsets)."""
+        if block_size <= 0:
+            raise RooftraceError(f"block size must be positive, got {block_size}")
+        rows = np.arange(self.n_requests, dtype=np.int64) if rows is None else np.asarray(rows, np.int64)
+        counts = self.cached[rows] // block_size
+        off = _csr(counts)
+        out = np.empty(int(off[-1]), dtype=np.uint64)
+        (kernels if kernels is not None else _kernels()).origin(
+            rows, counts, self.key, self.parent, self.shared, block_size, off, out
+        )
+        return out, off
+
+
+def build_identity(
+    requests: pl.DataFrame, isolation: Sequence[str] = DEFAULT_ISOLATION, *, kernels: _Kernels | None = None
+) -> PrefixIdentity:
+    """The prefix identity of every request, from the best source available, rows in the frame's
+    order (``parent`` must precede its child: pass the frame sorted by arrival, as the store
+    returns it).
 
     1. ``log``: the log's own chain (``prefix_block_hashes``, e.g. Mooncake ``hash_ids``) with its
-       own block size (``prefix_block_size``), which then applies to every request of the frame.
-       A chain shorter than the prompt is extended with blocks unique to the request; a longer
-       one is cut to ``ceil(recorded_input_tokens / block_size)`` blocks.
+       own block size (``prefix_block_size``). The parent is the earlier request with the longest
+       common run of full blocks; a chain shorter than the prompt continues with tokens of the
+       request's own, one longer than the prompt is cut to it.
     2. ``session``: turn k of a session (same ``session_id`` and isolation key, turns by arrival)
-       shares ``min(in_{k-1} + out_{k-1}, in_k)`` leading tokens with turn k-1.
-    3. ``none``: blocks unique to the request (they take cache space but never hit).
+       repeats ``min(in_{k-1} + out_{k-1}, in_k)`` leading tokens of turn k-1.
+    3. ``none``: every token is the request's own (it takes cache space but never hits).
+
+    Taking the longest common prefix with one earlier request loses nothing: prefix lengths form
+    an ultrametric (``lcp(a, c) >= min(lcp(a, b), lcp(b, c))``), so for the earlier request ``q``
+    with the longest one, ``lcp(i, r) = min(lcp(i, q), lcp(q, r))`` for every other earlier ``r``.
     """
-    if block_size <= 0:
-        raise RooftraceError(f"block size must be positive, got {block_size}")
     kern = kernels if kernels is not None else _kernels()
     n = requests.height
     log_mask, log_size = _log_chains(requests)
-    bs = log_size if log_size is not None else block_size
     in_tok = requests.get_column("recorded_input_tokens").cast(pl.Int64).to_numpy().astype(np.int64)
     out_tok = requests.get_column("output_tokens").cast(pl.Int64).to_numpy().astype(np.int64)
     if n and (in_tok.min() < 0 or out_tok.min() < 0):
         raise RooftraceError("requests: recorded_input_tokens and output_tokens must be >= 0")
+    if n and int(in_tok.max()) + int(out_tok.max()) > 1 << 60:
+        raise RooftraceError("requests: token counts too large to index blocks")
 
     salt = isolation_salts(requests, isolation)
-    key = string_keys(requests.get_column("request_id"), kernels=kern)
+    request_key = string_keys(requests.get_column("request_id"), kernels=kern)
+    key = mix64(salt ^ mix64(request_key ^ mix64(np.arange(n, dtype=np.uint64))))
+    parent = np.full(n, -1, dtype=np.int64)
+    shared = np.zeros(n, dtype=np.int64)
 
     if "session_id" in requests.columns:
         sess_mask = requests.get_column("session_id").is_not_null().to_numpy().astype(bool) & ~log_mask
@@ -572,36 +616,117 @@ def build_chains(
     source[log_mask] = SOURCE_LOG
     source[sess_mask] = SOURCE_SESSION
 
+    if log_size is not None:
+        _log_parents(requests, log_mask, log_size, in_tok, salt, kern, parent, shared)
+    if sess_mask.any():
+        _session_parents(requests, sess_mask, in_tok, out_tok, salt, kern, parent, shared)
+    cached = np.where(sess_mask, in_tok + out_tok, in_tok).astype(np.int64)
+    return PrefixIdentity(request_key, key, parent, shared, in_tok, cached, source, log_size, tuple(isolation))
+
+
+def _log_parents(
+    requests: pl.DataFrame,
+    mask: npt.NDArray[np.bool_],
+    bs: int,
+    in_tok: I64Array,
+    salt: U64Array,
+    kern: _Kernels,
+    parent: I64Array,
+    shared: I64Array,
+) -> None:
+    """Fill ``parent``/``shared`` of log-chain rows: the earliest earlier row holding the
+    request's longest prefix of full, log-named blocks (one pass over the block hashes)."""
+    n = requests.height
+    ids, id_off = _log_lists(requests, mask)
+    n_full = np.where(mask, np.minimum(id_off[1:] - id_off[:-1], in_tok // bs), 0).astype(np.int64)
+    off = _csr(n_full)
+    hashes = np.empty(int(off[-1]), dtype=np.uint64)
+    kern.log_chain(salt, ids, np.ascontiguousarray(id_off[:-1]), n_full, off, hashes)
+    if hashes.size == 0:
+        return
+    owner = np.repeat(np.arange(n, dtype=np.int64), n_full)
+    _, inv = np.unique(hashes, return_inverse=True)
+    first = np.full(int(inv.max()) + 1, n, dtype=np.int64)
+    np.minimum.at(first, inv, owner)
+    seen = first[inv] < owner  # an earlier row has this whole prefix
+    pos = np.arange(hashes.shape[0], dtype=np.int64) - off[owner]
+    cut = np.where(seen, n_full[owner], pos)
+    rows = np.flatnonzero(n_full > 0)
+    lcp = np.minimum.reduceat(cut, off[rows])  # first block no earlier row has, per row
+    has = lcp > 0
+    rows, lcp = rows[has], lcp[has]
+    parent[rows] = first[inv[off[rows] + lcp - 1]]
+    shared[rows] = lcp * bs
+
+
+def _session_parents(
+    requests: pl.DataFrame,
+    mask: npt.NDArray[np.bool_],
+    in_tok: I64Array,
+    out_tok: I64Array,
+    salt: U64Array,
+    kern: _Kernels,
+    parent: I64Array,
+    shared: I64Array,
+) -> None:
+    """Fill ``parent``/``shared`` of session turns: the previous turn, ``min(in + out, in_k)``."""
+    rows = np.flatnonzero(mask)
+    sessions = (
+        pl.DataFrame({"salt": pl.Series(salt).cast(pl.String), "sid": requests.get_column("session_id")})
+        .select(pl.concat_str(["salt", "sid"], separator="\x00"))
+        .to_series()
+    )
+    session_key = string_keys(sessions, kernels=kern)
+    arrival = requests.get_column("arrival").to_physical().to_numpy()[rows]
+    order = rows[np.lexsort((rows, arrival, session_key[rows]))]
+    same = session_key[order][1:] == session_key[order][:-1]
+    child, par = order[1:][same], order[:-1][same]
+    parent[child] = par
+    shared[child] = np.minimum(in_tok[par] + out_tok[par], in_tok[child])
+
+
+def chains_at(identity: PrefixIdentity, block_size: int, *, kernels: _Kernels | None = None) -> Chains:
+    """The identity cut into ``block_size``-token block hash chains (prompt blocks, the last
+    one possibly partial and never cached, then the blocks a session turn's output completes)."""
+    if block_size <= 0:
+        raise RooftraceError(f"block size must be positive, got {block_size}")
+    bs = block_size
+    in_tok = identity.prompt
+    cache_hashes, cache_off = identity.block_hashes(bs, kernels=kernels)
+    full = in_tok // bs
     n_prompt = (in_tok + bs - 1) // bs
     p_off = _csr(n_prompt)
-    n_out = np.where(sess_mask, (in_tok + out_tok) // bs - in_tok // bs, 0).astype(np.int64)
+    n_out = identity.cached // bs - full
     o_off = _csr(n_out)
-    log_ids, log_off = _log_lists(requests, log_mask)
-    p_content = np.empty(int(p_off[-1]), dtype=np.uint64)
-    p_tokens = np.empty(int(p_off[-1]), dtype=np.int64)
-    kern.content(source, key, in_tok, bs, p_off, log_ids, log_off, p_content, p_tokens)
-    o_content = np.zeros(int(o_off[-1]), dtype=np.uint64)
+    # prompt: its full blocks from the cacheable run, then a partial block of its own if any
+    owner = np.repeat(np.arange(identity.n_requests, dtype=np.int64), n_prompt)
+    pos = np.arange(int(p_off[-1]), dtype=np.int64) - p_off[owner]
+    is_full = pos < full[owner]
+    p_hash = np.empty(pos.shape[0], dtype=np.uint64)
+    p_hash[is_full] = cache_hashes[cache_off[owner[is_full]] + pos[is_full]]
+    part = ~is_full
+    tag = mix64(np.array([_PARTIAL_TAG], dtype=np.uint64))[0]
+    p_hash[part] = mix64(identity.key[owner[part]] ^ tag ^ mix64(pos[part].astype(np.uint64)))
+    p_tokens = np.where(is_full, bs, in_tok[owner] - pos * bs).astype(np.int64)
+    o_owner = np.repeat(np.arange(identity.n_requests, dtype=np.int64), n_out)
+    o_pos = np.arange(int(o_off[-1]), dtype=np.int64) - o_off[o_owner]
+    o_hash = cache_hashes[cache_off[o_owner] + full[o_owner] + o_pos]
+    return Chains(p_hash, p_off, p_tokens, bs, identity.source, o_hash, o_off)
 
-    if sess_mask.any():
-        rows = np.flatnonzero(sess_mask)
-        sessions = (
-            pl.DataFrame({"salt": pl.Series(salt).cast(pl.String), "sid": requests.get_column("session_id")})
-            .select(pl.concat_str(["salt", "sid"], separator="\x00"))
-            .to_series()
-        )
-        session_key = string_keys(sessions, kernels=kern)
-        arrival = requests.get_column("arrival").to_physical().to_numpy()[rows]
-        order = rows[np.lexsort((rows, arrival, session_key[rows]))]
-        sk = session_key[order]
-        first = np.ones(order.shape[0], dtype=bool)
-        first[1:] = sk[1:] != sk[:-1]
-        max_ext = int(((in_tok + out_tok) // bs)[rows].max())
-        kern.session_content(order, first, in_tok, out_tok, key, bs, p_off, o_off, p_content, o_content, max_ext)
 
-    p_hash = np.empty(int(p_off[-1]), dtype=np.uint64)
-    o_hash = np.empty(int(o_off[-1]), dtype=np.uint64)
-    kern.chain(salt, p_off, p_content, p_tokens, bs, o_off, o_content, p_hash, o_hash)
-    return Chains(p_hash, p_off, p_tokens, bs, source, o_hash, o_off)
+def build_chains(
+    requests: pl.DataFrame,
+    block_size: int = 512,
+    isolation: Sequence[str] = DEFAULT_ISOLATION,
+    *,
+    kernels: _Kernels | None = None,
+) -> Chains:
+    """:func:`build_identity` cut at ``block_size`` (the log's own block size when the frame
+    carries log chains: the identity is exact at that size)."""
+    if block_size <= 0:
+        raise RooftraceError(f"block size must be positive, got {block_size}")
+    identity = build_identity(requests, isolation, kernels=kernels)
+    return chains_at(identity, identity.log_block_size or block_size, kernels=kernels)
 
 
 def _log_lists(requests: pl.DataFrame, mask: npt.NDArray[np.bool_]) -> tuple[U64Array, I64Array]:

@@ -141,7 +141,7 @@ def evaluate(
     (rejected ones miss every target; more than ``max_rejected`` of them fails the SLO)."""
     cfg = fleet.config.with_replicas(replicas)
     fl = replace(fleet, config=cfg)
-    run = run_replay(window.requests, fl, ReplayOptions(isolation=window.isolation))
+    run = run_replay(window.requests, fl, ReplayOptions(isolation=window.isolation), identity=window.identity)
     res = run.result
     m = window.measured
     rejected = res.reject_reason != 0
@@ -225,7 +225,7 @@ def capacity_per_replica(fleet: ResolvedFleet, mean_context: float) -> dict[str,
 def _demand(window: Window, fleet: ResolvedFleet) -> dict[str, float]:
     """Measured-window demand: output tokens/s, and fresh prefill tokens/s if every block seen
     before were still cached (an infinite prefix cache: a lower bound on prefill work)."""
-    work = build_workload(window.requests, fleet, ReplayOptions(isolation=window.isolation))
+    work = build_workload(window.requests, fleet, ReplayOptions(isolation=window.isolation), window.identity)
     bs = fleet.scheduler.block_size
     offs = work.offsets()
     h = work.chain_hashes

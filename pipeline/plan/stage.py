@@ -17,7 +17,7 @@ import polars as pl
 import pyarrow as pa
 
 from pipeline.catalog import load_hardware, load_model, weight_format
-from pipeline.classify.accounting import recorded_isolation
+from pipeline.classify.accounting import day_identity
 from pipeline.cost import (
     TokenTotals,
     api_cost_rows,
@@ -135,7 +135,7 @@ def plan(store: Store, opts: PlanOptions, progress: Callable[[str], None] | None
         have = sorted(every.get_column("model").unique().to_list())
         raise RooftraceError(f"no requests for model {want!r} on {date}; models there: {have} (use --traffic-model)")
     window = select_window(req, opts.window, opts.window_s, opts.warmup_s)
-    window = replace(window, isolation=recorded_isolation(store, date) or window.isolation)
+    window = replace(window, identity=day_identity(store, date, every))
     day = _day_totals(req)
     arrivals = req.get_column("arrival").dt.epoch("us").to_numpy().astype(np.float64) / 1e6
     period = traffic_period_s(arrivals)

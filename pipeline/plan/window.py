@@ -3,14 +3,14 @@ warm-up, or the whole day."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 import numpy.typing as npt
 import polars as pl
 
-from pipeline.classify.prefix import DEFAULT_ISOLATION
+from pipeline.classify.prefix import DEFAULT_ISOLATION, PrefixIdentity
 from pipeline.defaults import DEFAULT_WARMUP_S, DEFAULT_WINDOW_S
 from pipeline.errors import ConfigError, RooftraceError
 
@@ -25,9 +25,13 @@ class Window:
     start_s: float  # seconds since the day's first arrival
     duration_s: float
     warmup_s: float
-    #: How the day's prefix caches are kept apart (classify's isolation key for the date): every
-    #: replay of the window uses it, as the day's replay does.
-    isolation: tuple[str, ...] = DEFAULT_ISOLATION
+    #: The day's prefix identity (classify's, stored): every replay of the window cuts its
+    #: chains from it, as the day's replay does; None builds one from the window's requests.
+    identity: PrefixIdentity | None = field(default=None, compare=False, repr=False)
+
+    @property
+    def isolation(self) -> tuple[str, ...]:
+        return self.identity.isolation if self.identity is not None else DEFAULT_ISOLATION
 
     def info(self) -> dict[str, Any]:
         return {
