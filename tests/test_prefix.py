@@ -245,6 +245,21 @@ def test_python_kernels_agree_with_compiled() -> None:
     fast_d = P.request_distances(*plan, times_s=times, ttl_s=20.0)
     slow_d = P.request_distances(*plan, times_s=times, ttl_s=20.0, kernels=slow)
     assert np.array_equal(fast_d.distance, slow_d.distance)
+    # log chains: the longest-common-prefix table (thousands of distinct prefixes: it is rehashed)
+    chains = [[int(x) for x in rng.integers(0, 3, int(rng.integers(1, 40)))] for _ in range(200)]
+    log = _frame(
+        [
+            {"arrival": _t(i), "recorded_input_tokens": 16 * len(c) + 5, "prefix_block_hashes": c}
+            for i, c in enumerate(chains)
+        ]
+    ).with_columns(pl.lit(16, pl.Int32).alias("prefix_block_size"))
+    fast_i, slow_i = P.build_identity(log), P.build_identity(log, kernels=slow)
+    assert np.array_equal(fast_i.parent, slow_i.parent) and np.array_equal(fast_i.shared, slow_i.shared)
+    # against a brute-force longest common prefix over all earlier rows
+    for i, c in enumerate(chains):
+        best = max((next((k for k in range(min(len(c), len(d))) if c[k] != d[k]), min(len(c), len(d))), -j)
+                   for j, d in enumerate(chains[:i])) if i else (0, 0)  # fmt: skip
+        assert fast_i.shared[i] == 16 * best[0] and (best[0] == 0 or fast_i.parent[i] == -best[1]), i
 
 
 # --------------------------------------------------------------------------------------------
@@ -553,9 +568,7 @@ def _day_store(tmp_path: Path, requests: int = 60) -> tuple[object, str]:
     from pipeline.synth import SynthConfig, generate, write_logs
 
     store = Store(tmp_path / "store")
-    log = write_logs(
-        generate(SynthConfig(requests=requests, seed=2, duration_s=120)), "openai", tmp_path / "day.jsonl"
-    )
+    log = write_logs(generate(SynthConfig(requests=requests, seed=2, duration_s=120)), "openai", tmp_path / "day.jsonl")
     ingest_logs(log, store)
     return store, store.resolve_date(None)
 

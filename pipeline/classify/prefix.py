@@ -121,6 +121,48 @@ def _log_chain_kernel(
             out[off[r] + j] = h
 
 
+def _lcp_kernel(off: I64Array, hashes: U64Array, parent: I64Array, lcp: I64Array) -> None:
+    """Rows in order; per row, the longest leading run of blocks an earlier row already has, and
+    the earliest row that has the whole run (``parent``). One pass with an open-addressing table
+    from hash to its first row, doubled when half full (memory follows the distinct blocks)."""
+    cap = 1024
+    keys = np.zeros(cap, dtype=np.uint64)
+    owner = np.full(cap, -1, dtype=np.int64)
+    used = 0
+    for r in range(off.shape[0] - 1):
+        run = True
+        for j in range(off[r], off[r + 1]):
+            h = hashes[j]
+            mask = np.uint64(cap - 1)
+            slot = int(h & mask)
+            while owner[slot] >= 0 and keys[slot] != h:
+                slot = int((np.uint64(slot) + np.uint64(1)) & mask)
+            if owner[slot] >= 0:
+                if run and owner[slot] < r:
+                    parent[r] = owner[slot]
+                    lcp[r] = j - off[r] + 1
+                else:
+                    run = False
+                continue
+            run = False
+            keys[slot] = h
+            owner[slot] = r
+            used += 1
+            if 2 * used > cap:  # rehash into a table twice the size
+                old_keys, old_owner = keys, owner
+                cap *= 2
+                keys = np.zeros(cap, dtype=np.uint64)
+                owner = np.full(cap, -1, dtype=np.int64)
+                mask = np.uint64(cap - 1)
+                for k in range(old_keys.shape[0]):
+                    if old_owner[k] >= 0:
+                        slot = int(old_keys[k] & mask)
+                        while owner[slot] >= 0:
+                            slot = int((np.uint64(slot) + np.uint64(1)) & mask)
+                        keys[slot] = old_keys[k]
+                        owner[slot] = old_owner[k]
+
+
 def _origin_kernel(
     rows: I64Array,
     n_blocks: I64Array,
@@ -141,6 +183,35 @@ def _origin_kernel(
             while shared[a] >= end:
                 a = parent[a]
             out[off[k] + m] = _mix(key[a] ^ _mix(np.uint64(m)))
+
+
+def _cut_kernel(
+    prompt: I64Array,
+    key: U64Array,
+    bs: int,
+    tag: np.uint64,
+    cache_off: I64Array,
+    cache_hashes: U64Array,
+    p_off: I64Array,
+    o_off: I64Array,
+    p_hash: U64Array,
+    p_tokens: I64Array,
+    o_hash: U64Array,
+) -> None:
+    """Lay a request's cacheable blocks out as Chains: its full prompt blocks, a tagged partial
+    last block of its own (never cached), then the blocks its output completes."""
+    for r in range(prompt.shape[0]):
+        full = prompt[r] // bs
+        c = cache_off[r]
+        for j in range(p_off[r + 1] - p_off[r]):
+            if j < full:
+                p_hash[p_off[r] + j] = cache_hashes[c + j]
+                p_tokens[p_off[r] + j] = bs
+            else:
+                p_hash[p_off[r] + j] = _mix(key[r] ^ tag ^ _mix(np.uint64(j)))
+                p_tokens[p_off[r] + j] = prompt[r] - j * bs
+        for j in range(o_off[r + 1] - o_off[r]):
+            o_hash[o_off[r] + j] = cache_hashes[c + full + j]
 
 
 def _plan_kernel(
@@ -283,7 +354,9 @@ def _distance_kernel(
 class _Kernels(NamedTuple):
     fnv1a: Callable[..., None]
     log_chain: Callable[..., None]
+    lcp: Callable[..., None]
     origin: Callable[..., None]
+    cut: Callable[..., None]
     plan: Callable[..., None]
     distance: Callable[..., None]
 
@@ -291,7 +364,9 @@ class _Kernels(NamedTuple):
 _KERNEL_FUNCTIONS = (
     _fnv1a_kernel,
     _log_chain_kernel,
+    _lcp_kernel,
     _origin_kernel,
+    _cut_kernel,
     _plan_kernel,
     _distance_kernel,
 )
@@ -642,21 +717,9 @@ def _log_parents(
     off = _csr(n_full)
     hashes = np.empty(int(off[-1]), dtype=np.uint64)
     kern.log_chain(salt, ids, np.ascontiguousarray(id_off[:-1]), n_full, off, hashes)
-    if hashes.size == 0:
-        return
-    owner = np.repeat(np.arange(n, dtype=np.int64), n_full)
-    _, inv = np.unique(hashes, return_inverse=True)
-    first = np.full(int(inv.max()) + 1, n, dtype=np.int64)
-    np.minimum.at(first, inv, owner)
-    seen = first[inv] < owner  # an earlier row has this whole prefix
-    pos = np.arange(hashes.shape[0], dtype=np.int64) - off[owner]
-    cut = np.where(seen, n_full[owner], pos)
-    rows = np.flatnonzero(n_full > 0)
-    lcp = np.minimum.reduceat(cut, off[rows])  # first block no earlier row has, per row
-    has = lcp > 0
-    rows, lcp = rows[has], lcp[has]
-    parent[rows] = first[inv[off[rows] + lcp - 1]]
-    shared[rows] = lcp * bs
+    lcp = np.zeros(n, dtype=np.int64)
+    kern.lcp(off, hashes, parent, lcp)
+    shared[:] = np.where(parent >= 0, lcp * bs, shared)
 
 
 def _session_parents(
@@ -698,19 +761,13 @@ def chains_at(identity: PrefixIdentity, block_size: int, *, kernels: _Kernels | 
     p_off = _csr(n_prompt)
     n_out = identity.cached // bs - full
     o_off = _csr(n_out)
-    # prompt: its full blocks from the cacheable run, then a partial block of its own if any
-    owner = np.repeat(np.arange(identity.n_requests, dtype=np.int64), n_prompt)
-    pos = np.arange(int(p_off[-1]), dtype=np.int64) - p_off[owner]
-    is_full = pos < full[owner]
-    p_hash = np.empty(pos.shape[0], dtype=np.uint64)
-    p_hash[is_full] = cache_hashes[cache_off[owner[is_full]] + pos[is_full]]
-    part = ~is_full
+    p_hash = np.empty(int(p_off[-1]), dtype=np.uint64)
+    p_tokens = np.empty(int(p_off[-1]), dtype=np.int64)
+    o_hash = np.empty(int(o_off[-1]), dtype=np.uint64)
     tag = mix64(np.array([_PARTIAL_TAG], dtype=np.uint64))[0]
-    p_hash[part] = mix64(identity.key[owner[part]] ^ tag ^ mix64(pos[part].astype(np.uint64)))
-    p_tokens = np.where(is_full, bs, in_tok[owner] - pos * bs).astype(np.int64)
-    o_owner = np.repeat(np.arange(identity.n_requests, dtype=np.int64), n_out)
-    o_pos = np.arange(int(o_off[-1]), dtype=np.int64) - o_off[o_owner]
-    o_hash = cache_hashes[cache_off[o_owner] + full[o_owner] + o_pos]
+    (kernels if kernels is not None else _kernels()).cut(
+        in_tok, identity.key, bs, tag, cache_off, cache_hashes, p_off, o_off, p_hash, p_tokens, o_hash
+    )
     return Chains(p_hash, p_off, p_tokens, bs, identity.source, o_hash, o_off)
 
 
