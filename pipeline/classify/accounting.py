@@ -31,7 +31,7 @@ import pyarrow as pa
 
 from pipeline.classify import prefix
 from pipeline.errors import RooftraceError
-from pipeline.schemas import atomic_write_bytes, read_parquet, write_parquet
+from pipeline.schemas import atomic_write_bytes, load_schema, read_parquet, write_parquet
 from pipeline.store import Store
 
 #: Points of the capacity grid per doubling of the cache size.
@@ -298,24 +298,7 @@ def account(requests: pl.DataFrame, options: ClassifyOptions | None = None) -> A
             f"{row['reported_cache_hit_tokens']} outside [0, recorded_input_tokens="
             f"{row['recorded_input_tokens']}] ({bad.height} such rows)"
         )
-    acc = acc.select(
-        "request_id",
-        "arrival",
-        "model",
-        "tenant",
-        "adapter",
-        "session_id",
-        "recorded_input_tokens",
-        "cache_hit_tokens",
-        "cache_hit_source",
-        "reported_cache_hit_tokens",
-        "simulated_cache_hit_tokens",
-        "fresh_input_tokens",
-        "output_tokens",
-        "prefix_source",
-        "prefix_blocks",
-        "simulated_hit_blocks",
-    )
+    acc = acc.select([c.name for c in load_schema("accounting_requests").columns])  # the table's own order
 
     minutes_df = minute_table(acc)
     curve = _curve_table(domain_data, grid, hits_grid, minutes, minute_idx, recorded, prompt_blocks, bs, opts)
