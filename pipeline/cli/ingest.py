@@ -26,6 +26,13 @@ from pipeline.defaults import INGEST_FORMATS
     is_flag=True,
     help="Ingest files already ingested again, REPLACING the rows stored from them (not adding).",
 )
+@click.option(
+    "--jobs",
+    type=click.IntRange(1, 256),
+    default=1,
+    show_default=True,
+    help="Worker processes reading files in parallel (the store ends identical to --jobs 1).",
+)
 @store_option
 @json_option
 def ingest(
@@ -34,6 +41,7 @@ def ingest(
     date: str | None,
     mapping: Path | None,
     force: bool,
+    jobs: int,
     store_path: str | None,
     as_json: bool,
 ) -> None:
@@ -48,7 +56,9 @@ def ingest(
     """
     from pipeline.ingest import ingest_logs
 
-    summary = run(lambda: ingest_logs(list(sources), get_store(store_path), fmt, date, mapping, progress, force=force))
+    summary = run(
+        lambda: ingest_logs(list(sources), get_store(store_path), fmt, date, mapping, progress, force=force, jobs=jobs)
+    )
     progress(summary.line())
     if as_json:
         emit_json(summary.to_json())

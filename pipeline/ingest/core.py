@@ -33,7 +33,7 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import duckdb
 import polars as pl
@@ -56,6 +56,7 @@ from pipeline.ingest.readers import (
 )
 from pipeline.ingest.source import (
     MAX_RECORD_BYTES,
+    THREADS_ENV,
     FileDigest,
     SourceError,
     check_text,
@@ -133,6 +134,8 @@ class IngestSummary:
 #: OpenAI shape), then spilled to the staging folder, so a huge input never needs memory in
 #: proportion to its size.
 STAGE_MEMORY_BYTES = 256 << 20
+#: Most worker processes ``--jobs`` may ask for.
+MAX_JOBS = 256
 
 
 SortKey = tuple[Any, ...]
@@ -251,12 +254,40 @@ def _raw_batches(path: Path, spec: FormatSpec) -> Iterator[RawBatch]:
         yield from jsonl_robust(path, spec)
 
 
+class Sink(Protocol):
+    """Where a file's normalised batches go: the run's Stager, or a worker's batch files."""
+
+    def add(self, file_index: int, frame: pl.DataFrame) -> None: ...
+
+    def drop(self, file_index: int) -> None: ...
+
+
+class BatchFiles:
+    """A worker process's sink: each batch as it came, one Parquet file, in order; the parent
+    feeds them to its Stager in file order, so a parallel run stages exactly what a serial one
+    does (same rows, batches, order and ``_seq``)."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        self.files: list[Path] = []
+
+    def add(self, file_index: int, frame: pl.DataFrame) -> None:
+        self.root.mkdir(parents=True, exist_ok=True)
+        path = self.root / f"batch-{len(self.files):06d}.parquet"
+        frame.write_parquet(path, compression="lz4")
+        self.files.append(path)
+
+    def drop(self, file_index: int) -> None:
+        shutil.rmtree(self.root, ignore_errors=True)
+        self.files = []
+
+
 def _stage_file(
     path: Path,
     spec: FormatSpec,
     ctx: Context,
     digest: FileDigest,
-    stager: Stager,
+    stager: Sink,
     file_index: int,
 ) -> tuple[int, pl.DataFrame]:
     """Read, normalise and stage one file. Returns (rows read, quarantine frame). The digest may
@@ -414,9 +445,11 @@ def ingest_logs(
     mapping: Path | None = None,
     progress: Progress | None = None,
     force: bool = False,
+    jobs: int = 1,
 ) -> IngestSummary:
     """Ingest log files or directories into ``store``. See the module docstring for guarantees;
-    ``force`` re-reads files already ingested and replaces their rows."""
+    ``force`` re-reads files already ingested and replaces their rows; ``jobs`` > 1 reads the
+    files in that many worker processes (the store ends byte-identical to a serial run's)."""
     t0 = time.perf_counter()
     say = progress or (lambda _msg: None)
     if date is not None:
@@ -427,6 +460,8 @@ def ingest_logs(
         load_mapping(mapping, fmt if fmt in ("csv", "jsonl", "parquet") else None)  # fail fast
     elif fmt in ("csv", "jsonl", "parquet"):  # a usage error, not one per file
         raise RooftraceError(f"--format {fmt} needs --mapping FILE (a TOML column mapping)")
+    if not 1 <= jobs <= MAX_JOBS:
+        raise RooftraceError(f"--jobs must be in 1..{MAX_JOBS}, got {jobs}")
     ctx = Context(anchor_date=date)
     now = datetime.now(UTC)
     run_id = f"{now.strftime('%Y%m%dT%H%M%S')}-{time.perf_counter_ns() % 1_000_000:06d}"
@@ -437,7 +472,7 @@ def ingest_logs(
         except OSError as exc:
             raise store_write_error(store, exc) from None
         try:
-            results = _ingest_locked(sources, store, commit, fmt, mapping, ctx, now, force, say)
+            results = _ingest_locked(sources, store, commit, fmt, mapping, ctx, now, force, say, jobs)
         finally:
             if not (commit.root / JOURNAL).exists():  # else a failed commit is rolled forward later
                 shutil.rmtree(commit.root, ignore_errors=True)
@@ -456,6 +491,7 @@ def _ingest_locked(
     now: datetime,
     force: bool,
     say: Progress,
+    jobs: int = 1,
 ) -> list[FileResult]:
     results: list[FileResult] = []
     stager = Stager(commit.root)
@@ -470,54 +506,38 @@ def _ingest_locked(
         except SourceError as exc:
             results.append(FileResult(source_file=str(src), error=str(exc)))
             say(f"error: {exc}")
+    first = len(results)
+    seen: list[bool] = []
     for path in paths:
-        res = FileResult(source_file=str(path))
-        results.append(res)
-        idx = len(results) - 1
-        digest: FileDigest | None = None
-        try:
-            # A path seen before is most likely the same content again (a re-run): hash it
-            # first, so skipping it costs one read. A new path is hashed on a worker thread
-            # while it is parsed; if its content turns out to be known after all, its rows
-            # are dropped and it is skipped just the same.
-            digest = FileDigest(path, background=str(path) not in seen_paths)
-            seen_paths.add(str(path))
-            if not digest.background and digest.sha() in known:
-                res.content_sha256 = digest.sha()
-                res.skipped = True
-                say(f"{path}: already ingested (same content), skipped; --force ingests it again")
-                continue
-            spec = _resolve_spec(path, fmt, mapping)
-            res.source_format = spec.name
-            read, bad = _stage_file(path, spec, ctx, digest, stager, idx)
-            sha = res.content_sha256 = digest.sha()
-            if sha in known:
-                stager.drop(idx)
-                res.skipped = True
-                say(f"{path}: already ingested (same content), skipped; --force ingests it again")
-                continue
-            res.rows_read = read
-            res.rows_quarantined = bad.height
-            quarantines[idx] = bad  # kept even when the file fails below, to see why
-            if read and bad.height == read:
-                stager.drop(idx)
-                res.error = _all_quarantined(path, bad)
-                say(f"error: {res.error}")
-                continue
-            known.add(sha)
-            say(f"{path}: {spec.name}, {read} rows read, {bad.height} quarantined")
-        except (SourceError, OSError) as exc:
-            msg = str(exc) if isinstance(exc, SourceError) else f"{path}: {exc}"
-            res.error = msg
-            stager.drop(idx)
-            say(f"error: {msg}")
-        except Exception as exc:  # one file's failure, whatever it is, must not lose the others
-            res.error = f"{path}: cannot ingest ({type(exc).__name__}: {_first_line(exc)})"
-            stager.drop(idx)
-            say(f"error: {res.error}")
-        finally:
-            if digest is not None:
-                digest.close()  # a hash still running for a failed file stops here
+        seen.append(str(path) in seen_paths)
+        seen_paths.add(str(path))
+    if jobs > 1 and len(paths) > 1:
+        outcomes: Iterator[_Outcome] = _read_parallel(paths, seen, first, fmt, mapping, ctx, known, commit, jobs)
+    else:
+        outcomes = (
+            _read_one(path, first + k, fmt, mapping, ctx, known, seen[k], stager) for k, path in enumerate(paths)
+        )
+    for k, out in enumerate(outcomes):
+        idx = first + k
+        results.append(out.res)
+        if out.bad is not None:
+            quarantines[idx] = out.bad  # kept even when the file fails, to see why
+        if out.batches is not None and out.ok and out.res.content_sha256 in known:
+            # the same content as a file read earlier in this run (a parallel reader cannot know)
+            out.res.skipped, out.res.rows_read, out.res.rows_quarantined = True, 0, 0
+            if seen[k]:  # a serial run hashes a path it has seen first and skips before parsing
+                out.res.source_format = None
+            quarantines.pop(idx, None)
+            out.messages[-1:] = [_skipped_line(paths[k])]
+        elif out.batches is not None and out.ok:
+            for batch in out.batches:
+                stager.add(idx, pl.read_parquet(batch))
+        if out.batches:
+            shutil.rmtree(out.batches[0].parent, ignore_errors=True)
+        if out.ok:
+            known.add(str(out.res.content_sha256))
+        for line in out.messages:
+            say(line)
 
     replace = _replaced(manifest, results, force)
     try:
@@ -530,6 +550,165 @@ def _ingest_locked(
     except (duckdb.Error, pl.exceptions.PolarsError) as exc:
         raise RooftraceError(f"{store.root}: cannot merge into the store ({_first_line(exc)})") from None
     return results
+
+
+@dataclass
+class _Outcome:
+    """One file read: its result, its quarantine rows, what to say, and (parallel runs) the
+    batch files a worker staged."""
+
+    res: FileResult
+    bad: pl.DataFrame | None = None
+    messages: list[str] = field(default_factory=list)
+    batches: list[Path] | None = None
+
+    @property
+    def ok(self) -> bool:
+        """Read and kept: its rows go to the store."""
+        return not self.res.skipped and self.res.error is None and self.res.content_sha256 is not None
+
+
+def _skipped_line(path: Path) -> str:
+    return f"{path}: already ingested (same content), skipped; --force ingests it again"
+
+
+def _read_one(
+    path: Path,
+    idx: int,
+    fmt: str | None,
+    mapping: Path | None,
+    ctx: Context,
+    known: set[str],
+    seen_before: bool,
+    sink: Sink,
+) -> _Outcome:
+    """Read, normalise and stage one file into ``sink``; any failure is the file's alone."""
+    out = _Outcome(FileResult(source_file=str(path)))
+    res = out.res
+    digest: FileDigest | None = None
+    try:
+        # A path seen before is most likely the same content again (a re-run): hash it first,
+        # so skipping it costs one read. A new path is hashed on a worker thread while it is
+        # parsed; if its content turns out to be known after all, its rows are dropped and it
+        # is skipped just the same.
+        digest = FileDigest(path, background=not seen_before)
+        if not digest.background and digest.sha() in known:
+            res.content_sha256 = digest.sha()
+            res.skipped = True
+            out.messages.append(_skipped_line(path))
+            return out
+        spec = _resolve_spec(path, fmt, mapping)
+        res.source_format = spec.name
+        read, bad = _stage_file(path, spec, ctx, digest, sink, idx)
+        sha = res.content_sha256 = digest.sha()
+        if sha in known:
+            sink.drop(idx)
+            res.skipped = True
+            out.messages.append(_skipped_line(path))
+            return out
+        res.rows_read = read
+        res.rows_quarantined = bad.height
+        out.bad = bad
+        if read and bad.height == read:
+            sink.drop(idx)
+            res.error = _all_quarantined(path, bad)
+            out.messages.append(f"error: {res.error}")
+            return out
+        out.messages.append(f"{path}: {spec.name}, {read} rows read, {bad.height} quarantined")
+    except (SourceError, OSError) as exc:
+        msg = str(exc) if isinstance(exc, SourceError) else f"{path}: {exc}"
+        res.error = msg
+        sink.drop(idx)
+        out.messages.append(f"error: {msg}")
+    except Exception as exc:  # one file's failure, whatever it is, must not lose the others
+        res.error = f"{path}: cannot ingest ({type(exc).__name__}: {_first_line(exc)})"
+        sink.drop(idx)
+        out.messages.append(f"error: {res.error}")
+    finally:
+        if digest is not None:
+            digest.close()  # a hash still running for a failed file stops here
+    return out
+
+
+def _read_in_worker(
+    path: Path,
+    idx: int,
+    fmt: str | None,
+    mapping: Path | None,
+    ctx: Context,
+    known: set[str],
+    seen_before: bool,
+    root: Path,
+) -> _Outcome:
+    """:func:`_read_one` in a worker process, staging into batch files under ``root``."""
+    sink = BatchFiles(root)
+    out = _read_one(path, idx, fmt, mapping, ctx, known, seen_before, sink)
+    out.batches = sink.files
+    return out
+
+
+def _read_parallel(
+    paths: list[Path],
+    seen: list[bool],
+    first: int,
+    fmt: str | None,
+    mapping: Path | None,
+    ctx: Context,
+    known: set[str],
+    commit: Commit,
+    jobs: int,
+) -> Iterator[_Outcome]:
+    """Read ``paths`` in ``jobs`` worker processes, yielding outcomes in file order (so the
+    parent stages them exactly as a serial run would)."""
+    import multiprocessing
+    import os
+    from concurrent.futures import ProcessPoolExecutor
+
+    workers = min(jobs, len(paths))
+    # spawn, not fork: polars' and DuckDB's thread pools make fork unsafe. Each worker gets its
+    # share of the cores for polars and DuckDB (read from the environment when it starts).
+    share = str(max(1, (os.cpu_count() or 1) // workers))
+    budget = {"POLARS_MAX_THREADS": share, THREADS_ENV: share}
+    saved = {k: os.environ.get(k) for k in budget}
+    os.environ.update(budget)
+    pool = ProcessPoolExecutor(max_workers=workers, mp_context=multiprocessing.get_context("spawn"))
+    try:
+        futures = [
+            pool.submit(
+                _read_in_worker,
+                path,
+                first + k,
+                fmt,
+                mapping,
+                ctx,
+                set(known),
+                seen[k],
+                commit.root / "workers" / f"f{first + k:05d}",
+            )
+            for k, path in enumerate(paths)
+        ]
+        _restore(saved)  # every worker has started (spawn starts them all at the first submit)
+        for path, fut in zip(paths, futures, strict=True):
+            try:
+                yield fut.result()
+            except Exception as exc:  # the worker died (killed, out of memory): that file fails
+                res = FileResult(source_file=str(path))
+                res.error = f"{path}: cannot ingest (worker process failed: {type(exc).__name__}: {_first_line(exc)})"
+                yield _Outcome(res, messages=[f"error: {res.error}"], batches=[])
+    finally:
+        _restore(saved)
+        pool.shutdown(wait=True, cancel_futures=True)
+        shutil.rmtree(commit.root / "workers", ignore_errors=True)
+
+
+def _restore(saved: dict[str, str | None]) -> None:
+    import os
+
+    for k, v in saved.items():
+        if v is None:
+            os.environ.pop(k, None)
+        else:
+            os.environ[k] = v
 
 
 #: A date partition (its stored rows plus the staged ones) up to this estimated size is merged in

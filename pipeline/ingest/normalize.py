@@ -34,6 +34,7 @@ import duckdb
 import numpy as np
 import polars as pl
 
+from pipeline.ingest.source import duck_connect
 from pipeline.ingest.timeparse import PLAUSIBLE_ARRIVAL, patch
 
 TOKEN_FIELDS = ("input_raw", "cache_read_raw", "cache_write_raw", "output_raw", "reasoning_raw")
@@ -326,8 +327,7 @@ class DerivedIds:
         """MD5 of each text (DuckDB's, vectorised; the same digest in every version): 24 hex
         digits for the id and the first 64 bits as the occurrence key."""
         if self._con is None:
-            self._con = duckdb.connect()
-            self._con.execute("SET enable_progress_bar = false")
+            self._con = duck_connect()
         self._con.register("contents", pl.DataFrame({"content": text}).to_arrow())
         try:
             table = self._con.sql("SELECT substr(md5(content), 1, 24) AS h FROM contents").to_arrow_table()

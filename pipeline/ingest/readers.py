@@ -44,6 +44,7 @@ from pipeline.ingest.source import (
     LineStats,
     SourceError,
     count_lines,
+    duck_connect,
     iter_line_batches,
     logical_name,
     open_binary,
@@ -181,8 +182,7 @@ def _jsonl_fast(path: Path, spec: FormatSpec, stats: LineCount | None, batch_row
 def _jsonl_fast_named(
     path: Path, name: str, spec: FormatSpec, stats: LineCount | None, batch_rows: int
 ) -> Iterator[RawBatch]:
-    con = duckdb.connect()
-    con.execute("SET enable_progress_bar = false")
+    con = duck_connect()
     row = 0
     try:
         rel = con.sql(_duck_query(spec, _duck_compression(path)), params=[name])
@@ -280,8 +280,7 @@ class _ChunkParser:
         self.spec = spec
         self.dir = tempfile.TemporaryDirectory(prefix="rooftrace-chunks-")
         self.file = Path(self.dir.name) / "chunk.jsonl"
-        self.con = duckdb.connect()
-        self.con.execute("SET enable_progress_bar = false")
+        self.con = duck_connect()
         self.query = _duck_query(spec, "none")
         self.error = ""
 

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
 
+import duckdb
 import numpy as np
 import zstandard
 
@@ -148,6 +149,22 @@ def sha256_file(path: Path, stop: threading.Event | None = None) -> tuple[str, L
             pass
         stats = None
     return h.hexdigest(), stats
+
+
+#: Threads each DuckDB connection of ingest may use: set by a parallel ingest for its worker
+#: processes (cores / workers), so that they share the machine instead of each taking it all.
+THREADS_ENV = "ROOFTRACE_INGEST_THREADS"
+
+
+def duck_connect() -> duckdb.DuckDBPyConnection:
+    """An in-memory DuckDB connection for reading and hashing: no progress bar, and the thread
+    budget of a parallel ingest's worker (``THREADS_ENV``) when one is set."""
+    con = duckdb.connect()
+    con.execute("SET enable_progress_bar = false")
+    threads = os.environ.get(THREADS_ENV, "")
+    if threads.isdigit() and int(threads) > 0:
+        con.execute(f"SET threads = {int(threads)}")
+    return con
 
 
 class FileDigest:
