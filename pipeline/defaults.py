@@ -14,6 +14,8 @@ INGEST_FORMATS = ("openai", "anthropic", "litellm", "azure", "mooncake", "vidur"
 SYNTH_FORMATS = ("openai", "anthropic", "otel", "litellm", "azure", "mooncake", "vidur", "jsonl", "csv", "parquet")
 #: Output formats of ``sql`` and ``query`` (pipeline/tables.py).
 OUTPUT_FORMATS = ("table", "csv", "json", "parquet")
+#: Where a replay's pods run (pipeline.engine.shard.EXECUTORS).
+REPLAY_EXECUTORS = ("local", "process", "ray")
 
 #: MLPerf LoadGen runs a Server scenario for at least 600 s (MLPerf Inference rules, "min_duration"),
 #: long enough for a p99 over thousands of requests; ``plan``'s default peak window follows it.

@@ -35,6 +35,7 @@ from pipeline.classify.prefix import DEFAULT_ISOLATION, PrefixIdentity, build_id
 from pipeline.engine.fast import simulate
 from pipeline.engine.jit import simulate_jit, unsupported_reason
 from pipeline.engine.model import REJECT_REASONS, EngineResult, FleetSpec, Workload
+from pipeline.engine.shard import EXECUTORS, simulate_sharded
 from pipeline.engine.steplog import StepLog
 from pipeline.errors import ConfigError, RooftraceError
 from pipeline.fleet import ResolvedFleet, load_fleet, resolve
@@ -58,6 +59,10 @@ from pipeline.store import Store
 _INT63 = np.uint64(0x7FFFFFFFFFFFFFFF)
 
 
+#: Most pods a replay may be cut into.
+MAX_PODS = 1_000_000
+
+
 @dataclass(frozen=True)
 class ReplayOptions:
     """How requests are sent: open loop at ``rate_scale`` × the trace's rate (default), closed
@@ -75,6 +80,12 @@ class ReplayOptions:
     #: SLO to judge the run against (``--slo`` syntax; None: the fleet's ``[slo]``, if any).
     #: Not part of the run id: the verdict is computed from the run, not an input to it.
     slo: str | None = None
+    #: Replay the fleet in this many pods of replicas (pipeline/engine/shard.py; exact for
+    #: round robin and affinity routers), run by ``executor``: local, process or ray. Not part
+    #: of the run id: the results are the same bit for bit.
+    pods: int = 1
+    executor: str = "local"
+    ray_address: str | None = None
 
     def __post_init__(self) -> None:
         if not (self.rate_scale > 0 and math.isfinite(self.rate_scale)):
@@ -85,6 +96,10 @@ class ReplayOptions:
             raise ConfigError(f"--concurrency must be >= 1, got {self.concurrency}")
         if self.concurrency is not None and self.offline:
             raise ConfigError("--concurrency (closed loop) and --offline exclude each other")
+        if not 1 <= self.pods <= MAX_PODS:
+            raise ConfigError(f"--pods must be in 1..{MAX_PODS}, got {self.pods}")
+        if self.executor not in EXECUTORS:
+            raise ConfigError(f"--executor {self.executor!r} unknown; choose one of {list(EXECUTORS)}")
 
     @property
     def mode(self) -> str:
@@ -203,7 +218,9 @@ def run_replay(
     log = StepLog(capacity=max(1024, 2 * work.n))
     t0 = time.perf_counter()
     reason = unsupported_reason(spec, cost)
-    if reason is None:
+    if options.pods > 1:
+        result = simulate_sharded(work, spec, cost, log, options.pods, options.executor, progress, options.ray_address)
+    elif reason is None:
         result = simulate_jit(work, spec, cost, log, progress)
     elif spec.lockstep > 1:
         raise ConfigError(
@@ -430,7 +447,8 @@ class ReplayResult:
 def _run_id(date: str, fleet: ResolvedFleet, options: ReplayOptions, requests: pl.DataFrame) -> str:
     h = hashlib.sha256()
     h.update(json.dumps(fleet.to_dict(), sort_keys=True, default=str).encode())
-    h.update(json.dumps(asdict(options) | {"slo": None}, sort_keys=True).encode())
+    how = {"slo", "pods", "executor", "ray_address"}  # how it ran, not what: not part of the id
+    h.update(json.dumps({k: v for k, v in asdict(options).items() if k not in how}, sort_keys=True).encode())
     h.update(requests.hash_rows().to_numpy().tobytes())
     return f"{date}-{fleet.config.name}-{h.hexdigest()[:10]}"
 

@@ -94,3 +94,6 @@ def test_help_choices_are_the_stages_own() -> None:
     assert defaults.INGEST_FORMATS == ALL_FORMATS
     assert defaults.SYNTH_FORMATS == SYNTH_FORMATS
     assert defaults.OUTPUT_FORMATS == FORMATS
+    from pipeline.engine.shard import EXECUTORS
+
+    assert defaults.REPLAY_EXECUTORS == EXECUTORS

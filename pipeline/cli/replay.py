@@ -16,6 +16,7 @@ from pipeline.cli.common import (
     run,
     store_option,
 )
+from pipeline.defaults import REPLAY_EXECUTORS
 
 
 def _ms(x: float | None) -> str:
@@ -53,6 +54,22 @@ def _ms(x: float | None) -> str:
     help="Judge the run against an SLO: a preset (chat, interactive, ...) or ttft_p99=2s,tpot_p99=100ms "
     "(default: the fleet's [slo]).",
 )
+@click.option(
+    "--pods",
+    type=click.IntRange(1, 1_000_000),
+    default=1,
+    show_default=True,
+    help="Replay the fleet in N pods of replicas, each alone: the same results bit for bit, for round robin and "
+    "affinity routers (docs/scale.md).",
+)
+@click.option(
+    "--executor",
+    type=click.Choice(REPLAY_EXECUTORS),
+    default="local",
+    show_default=True,
+    help="Where the pods run: one after another here, in local processes, or as Ray tasks (optional extra).",
+)
+@click.option("--ray-address", default=None, help="Ray cluster address for --executor ray (default: a local one).")
 @limit_options
 @store_option
 @json_option
@@ -64,6 +81,9 @@ def replay_cmd(
     concurrency: int | None,
     offline: bool,
     slo: str | None,
+    pods: int,
+    executor: str,
+    ray_address: str | None,
     max_memory: str | None,
     max_sim_days: str | None,
     store_path: str | None,
@@ -85,7 +105,15 @@ def replay_cmd(
 
     def body() -> Any:
         options = ReplayOptions(
-            date=date, rate_scale=rate_scale, replicas=replicas, concurrency=concurrency, offline=offline, slo=slo
+            date=date,
+            rate_scale=rate_scale,
+            replicas=replicas,
+            concurrency=concurrency,
+            offline=offline,
+            slo=slo,
+            pods=pods,
+            executor=executor,
+            ray_address=ray_address,
         )
         with limits_from(max_memory, max_sim_days):
             return replay(get_store(store_path), fleet_path, options, progress=progress)

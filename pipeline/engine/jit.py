@@ -103,12 +103,15 @@ def simulate_jit(
     cost: StepCostFn,
     log: StepLog | None = None,
     progress: Callable[[int], None] | None = None,
+    routes: np.ndarray[Any, np.dtype[np.int64]] | None = None,
 ) -> EngineResult:
     """Replay ``work`` on ``spec`` in the compiled loop: per-request results, spans appended to
     ``log`` (a run of consecutive decode steps of one batch is one row). Raises ValueError when
     :func:`unsupported_reason` says the engine does not apply. ``progress`` gets the arrivals
     taken so far about every ``POLL_S`` seconds while the loop runs, then ``work.n``; a
-    KeyboardInterrupt stops the loop (within one event) and propagates."""
+    KeyboardInterrupt stops the loop (within one event) and propagates. ``routes`` (one replica
+    per request, ≥ 0 for every request that is not rejected) replaces the router: a shard of a
+    fleet (pipeline/engine/shard.py) replays the routes the whole fleet's router chose."""
     reason = unsupported_reason(spec, cost)
     if reason is not None:
         raise ValueError(f"the jit engine does not apply: {reason}")
@@ -126,6 +129,12 @@ def simulate_jit(
     max_blocks, table = _shape(spec)
     times = np.zeros(n) if spec.mode == "offline" else np.ascontiguousarray(work.arrival_s, np.float64)
     aff = work.affinity if work.affinity is not None else np.full(n, -1, np.int64)
+    aff_rep = affinity_replicas(np.asarray(aff, np.int64), spec.replicas)
+    router = _ROUTER_CODES[spec.router]
+    if routes is not None:
+        if routes.shape != (n,) or (routes >= spec.replicas).any():
+            raise ValueError("routes must name one of the replicas for every request")
+        aff_rep, router = np.ascontiguousarray(routes, np.int64), _ROUTER_CODES["session_affinity"]
     caching = cfg.enable_prefix_caching and work.chain_hashes.shape[0] > 0
     ctl = np.zeros(2)  # [cancel flag, requests done]: see run_fleet
     kernel_args = (
@@ -134,10 +143,10 @@ def simulate_jit(
         np.ascontiguousarray(work.output_tokens, np.int64),
         np.ascontiguousarray(work.offsets(), np.int64),
         np.ascontiguousarray(work.chain_hashes, np.uint64),
-        affinity_replicas(np.asarray(aff, np.int64), spec.replicas),
+        aff_rep,
         res.reject_reason != 0,
         int(spec.replicas),
-        _ROUTER_CODES[spec.router],
+        router,
         spec.mode == "closed",
         min(int(spec.concurrency), n) if spec.mode == "closed" else 0,  # clients beyond n never issue
         int(cfg.num_gpu_blocks),

@@ -106,6 +106,10 @@ class StepLog:
             col[self.n : self.n + m] = rows[:, j]
         self.n += m
 
+    def rows(self) -> npt.NDArray[np.float64]:
+        """The logged rows as :meth:`extend_rows` takes them (insertion order)."""
+        return np.column_stack([col[: self.n].astype(np.float64) for col in self._cols.values()])
+
     def columns(self) -> dict[str, npt.NDArray[np.generic]]:
         """The logged rows, ordered by replica then start time."""
         cols = {name: col[: self.n] for name, col in self._cols.items()}

@@ -1,0 +1,193 @@
+"""A fleet replayed in pods: the replicas cut into contiguous shards, one engine run per shard.
+
+When the router keeps no shared state — round robin, or session/prefix affinity with a key for
+every request — the replica each request goes to is known before the replay (:func:`static_routes`
+computes it exactly as the engine's router would), and replicas never read each other's state:
+the engine bounds a replica's decode spans by that replica's own next arrival under static
+routing. So each pod can be replayed alone, on its own requests, and the fleet's results are the
+pods' results put back together — bit for bit the single-process replay's (tested). A pod holds
+whole lockstep groups (data-parallel ranks step together).
+
+Least-outstanding routing reads every replica's queue at each arrival, and the closed loop
+shares its clients across replicas: neither shards exactly, and :func:`plan_pods` refuses them.
+
+Pods run one after another in this process (``local``: the memory of one pod at a time), in
+spawned worker processes (``process``), or as Ray tasks (``ray``, the optional extra).
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+from collections.abc import Callable, Iterator
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import dataclass, replace
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+from pipeline.engine.jit import _tables, affinity_replicas, simulate_jit, unsupported_reason
+from pipeline.engine.model import EngineResult, FleetSpec, Workload, reject_reasons
+from pipeline.engine.steplog import SPAN_COLUMNS, StepLog
+from pipeline.errors import ConfigError, RooftraceError
+from pipeline.stepcost import TabulatedCost
+from pipeline.steps import StepCostFn
+
+IntArray = npt.NDArray[np.int64]
+
+#: Where pods run.
+EXECUTORS: tuple[str, ...] = ("local", "process", "ray")
+
+
+def static_routes(work: Workload, spec: FleetSpec) -> IntArray | None:
+    """The replica of every request that is not rejected (−1 for rejected ones) when the router
+    needs no shared state, as the engine's router assigns them; None otherwise."""
+    if spec.mode == "closed":
+        return None
+    n, R = work.n, spec.replicas
+    rejected = reject_reasons(work, spec.scheduler) != 0
+    if spec.router == "round_robin":
+        # the engine takes arrivals in (time, index) order and counts the ones it routes
+        times = np.zeros(n) if spec.mode == "offline" else work.arrival_s
+        order = np.argsort(times, kind="mergesort")
+        taken = order[~rejected[order]]
+        routes = np.full(n, -1, np.int64)
+        routes[taken] = np.arange(taken.shape[0], dtype=np.int64) % R
+        return routes
+    if spec.router in ("session_affinity", "prefix_affinity") and work.affinity is not None:
+        rep = affinity_replicas(np.asarray(work.affinity, np.int64), R)
+        if (rep[~rejected] < 0).any():  # a request without a key goes to the least loaded replica
+            return None
+        return np.where(rejected, -1, rep).astype(np.int64)
+    return None
+
+
+def pod_bounds(replicas: int, lockstep: int, pods: int) -> list[tuple[int, int]]:
+    """``pods`` contiguous replica ranges of whole lockstep groups, as equal as they can be."""
+    groups = replicas // lockstep
+    pods = max(1, min(pods, groups))
+    cuts = [(groups * k // pods) * lockstep for k in range(pods + 1)]
+    return [(cuts[k], cuts[k + 1]) for k in range(pods)]
+
+
+@dataclass(frozen=True)
+class Pod:
+    """One shard: its replicas ``[first, first + spec.replicas)``, the rows of the fleet's
+    requests routed there (in arrival order) and their routes within the pod."""
+
+    first: int
+    rows: IntArray
+    work: Workload
+    spec: FleetSpec
+    routes: IntArray
+
+
+def plan_pods(work: Workload, spec: FleetSpec, pods: int) -> list[Pod]:
+    """Cut the fleet into pods, or say why it cannot be cut exactly."""
+    routes = static_routes(work, spec)
+    if routes is None:
+        why = (
+            "the closed loop shares its clients across replicas"
+            if spec.mode == "closed"
+            else f"router {spec.router!r} reads every replica's state at each arrival"
+            + ("" if spec.router == "least_outstanding" else " (some requests have no affinity key)")
+        )
+        raise ConfigError(f"--pods {pods}: the fleet cannot be replayed in pods exactly: {why}")
+    out = []
+    offsets = work.offsets()
+    for a, b in pod_bounds(spec.replicas, spec.lockstep, pods):
+        rows = np.flatnonzero((routes >= a) & (routes < b)).astype(np.int64)
+        if a == 0:  # rejected requests go nowhere; pod 0 reports them (arrival and reason)
+            rows = np.union1d(rows, np.flatnonzero(routes < 0)).astype(np.int64)
+        counts = offsets[rows + 1] - offsets[rows]
+        sub_off = np.zeros(rows.shape[0] + 1, np.int64)
+        np.cumsum(counts, out=sub_off[1:])
+        take = np.repeat(offsets[rows], counts) + (np.arange(int(sub_off[-1])) - np.repeat(sub_off[:-1], counts))
+        sub = Workload(
+            arrival_s=work.arrival_s[rows],
+            prompt_tokens=work.prompt_tokens[rows],
+            output_tokens=work.output_tokens[rows],
+            chain_hashes=work.chain_hashes[take] if work.chain_hashes.size else work.chain_hashes,
+            chain_offsets=sub_off if work.chain_offsets is not None else None,
+            affinity=None,
+        )
+        local = np.where(routes[rows] >= 0, routes[rows] - a, 0)
+        out.append(Pod(a, rows, sub, replace(spec, replicas=b - a), local))
+    return out
+
+
+def run_pod(pod: Pod, cost: TabulatedCost, want_log: bool) -> tuple[EngineResult, npt.NDArray[np.float64]]:
+    """Replay one pod (in any process): its results and its step log's rows."""
+    log = StepLog(capacity=max(1024, 2 * pod.work.n)) if want_log else None
+    res = simulate_jit(pod.work, pod.spec, cost, log, routes=pod.routes)
+    rows = log.rows() if log is not None and log.n else np.zeros((0, len(SPAN_COLUMNS)))
+    return res, rows
+
+
+def simulate_sharded(
+    work: Workload,
+    spec: FleetSpec,
+    cost: StepCostFn,
+    log: StepLog | None,
+    pods: int,
+    executor: str = "local",
+    progress: Callable[[int], None] | None = None,
+    address: str | None = None,
+) -> EngineResult:
+    """Replay ``work`` on ``spec`` in ``pods`` shards and put the results back together."""
+    if executor not in EXECUTORS:
+        raise ConfigError(f"executor {executor!r} unknown; choose one of {list(EXECUTORS)}")
+    reason = unsupported_reason(spec, cost)
+    if reason is not None:
+        raise ConfigError(f"--pods needs the jit engine, but {reason}")
+    tables = _tables(cost, spec)
+    assert tables is not None
+    # data only: the closures (extend, exact) stay here; the tables already cover every step
+    data = replace(tables, extend=None, exact=None, describe={})
+    shards = plan_pods(work, spec, pods)
+    res = EngineResult.empty(work.n)
+    done = 0
+    for pod, (sub, rows) in zip(shards, _run_all(shards, data, log is not None, executor, address), strict=True):
+        for name in ("arrival_s", "scheduled_s", "first_token_s", "finish_s", "max_itl_s", "preemptions",
+                     "cache_hit_tokens", "prefill_tokens", "reject_reason"):  # fmt: skip
+            getattr(res, name)[pod.rows] = getattr(sub, name)
+        res.replica[pod.rows] = np.where(sub.replica >= 0, sub.replica + pod.first, -1)
+        if log is not None and rows.shape[0]:
+            rows = rows.copy()
+            rows[:, 0] += pod.first  # the replica column
+            log.extend_rows(rows)
+        done += pod.work.n
+        if progress is not None:
+            progress(done)
+    return res
+
+
+def _run_all(
+    shards: list[Pod], cost: TabulatedCost, want_log: bool, executor: str, address: str | None
+) -> Iterator[tuple[EngineResult, npt.NDArray[np.float64]]]:
+    if executor == "local" or len(shards) == 1:
+        for pod in shards:
+            yield run_pod(pod, cost, want_log)
+    elif executor == "process":
+        # spawn, not fork: numba's and polars' thread pools make fork unsafe
+        ctx = multiprocessing.get_context("spawn")
+        with ProcessPoolExecutor(max_workers=min(len(shards), multiprocessing.cpu_count()), mp_context=ctx) as pool:
+            yield from pool.map(run_pod, shards, [cost] * len(shards), [want_log] * len(shards))
+    else:
+        yield from _run_ray(shards, cost, want_log, address)
+
+
+def _run_ray(
+    shards: list[Pod], cost: TabulatedCost, want_log: bool, address: str | None
+) -> Iterator[tuple[EngineResult, npt.NDArray[np.float64]]]:
+    try:
+        import ray
+    except ImportError:
+        raise RooftraceError("--executor ray needs the optional extra: pip install 'rooftrace[ray]'") from None
+    if not ray.is_initialized():
+        ray.init(address=address, ignore_reinit_error=True, log_to_driver=False)
+    remote: Any = ray.remote(run_pod)
+    cost_ref = ray.put(cost)
+    refs = [remote.remote(pod, cost_ref, want_log) for pod in shards]
+    for ref in refs:  # in pod order
+        yield ray.get(ref)

@@ -1,0 +1,154 @@
+"""A fleet replayed in pods (pipeline/engine/shard.py) equals the single-process replay bit for
+bit when the router keeps no shared state; the other routers are refused, not approximated."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+from pathlib import Path
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from test_engine import _EXAMPLES, _cases
+from test_engine_support import LinearCost, workload
+
+from pipeline.engine.jit import simulate_jit
+from pipeline.engine.model import EngineResult, FleetSpec, SchedulerConfig, Workload
+from pipeline.engine.shard import plan_pods, pod_bounds, simulate_sharded, static_routes
+from pipeline.engine.steplog import StepLog
+from pipeline.errors import ConfigError
+
+FIELDS = ("arrival_s", "replica", "scheduled_s", "first_token_s", "finish_s", "max_itl_s", "preemptions",
+          "cache_hit_tokens", "prefill_tokens", "reject_reason")  # fmt: skip
+
+
+def _same(a: EngineResult, b: EngineResult, log_a: StepLog, log_b: StepLog) -> None:
+    for name in FIELDS:
+        np.testing.assert_array_equal(getattr(a, name), getattr(b, name), err_msg=name)
+    ca, cb = log_a.columns(), log_b.columns()
+    for name in ca:
+        np.testing.assert_array_equal(ca[name], cb[name], err_msg=f"log {name}")
+
+
+@st.composite
+def _static_cases(draw: st.DrawFn) -> tuple[Workload, FleetSpec, object, int]:
+    w, spec, cost = draw(_cases())
+    n = w.n
+    # every request has an affinity key, so the affinity router is static too
+    w = replace(w, affinity=np.asarray(draw(st.lists(st.integers(0, 50), min_size=n, max_size=n)), np.int64))
+    spec = replace(
+        spec,
+        replicas=draw(st.integers(1, 7)),
+        router=draw(st.sampled_from(["round_robin", "session_affinity"])),
+        mode=draw(st.sampled_from(["open", "offline"])),
+    )
+    return w, spec, cost, draw(st.integers(2, 8))
+
+
+@settings(max_examples=_EXAMPLES, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(_static_cases())
+def test_pods_equal_one_process(case: tuple[Workload, FleetSpec, object, int]) -> None:
+    w, spec, cost, pods = case
+    log_one, log_pods = StepLog(), StepLog()
+    one = simulate_jit(w, spec, cost, log_one)  # type: ignore[arg-type]
+    sharded = simulate_sharded(w, spec, cost, log_pods, pods)  # type: ignore[arg-type]
+    _same(one, sharded, log_one, log_pods)
+    routes = static_routes(w, spec)
+    assert routes is not None
+    ok = one.reject_reason == 0
+    np.testing.assert_array_equal(routes[ok], one.replica[ok])  # the router's own choices
+
+
+def _lockstep_fleet() -> tuple[Workload, FleetSpec]:
+    rng = np.random.default_rng(3)
+    n = 300
+    w = workload(
+        np.cumsum(rng.exponential(0.02, n)),
+        rng.integers(1, 400, n),
+        rng.integers(1, 80, n),
+        chains=[[int(x) for x in rng.integers(0, 4, 1)] + [10**6 + 10 * i + j for j in range(2)] for i in range(n)],
+    )
+    cfg = SchedulerConfig(num_gpu_blocks=200, max_model_len=600, max_num_seqs=8, max_num_batched_tokens=256,
+                          block_size=16, enable_chunked_prefill=True, enable_prefix_caching=True)  # fmt: skip
+    return w, FleetSpec(replicas=8, scheduler=cfg, router="round_robin", lockstep=2)
+
+
+def test_pods_hold_whole_lockstep_groups() -> None:
+    w, spec = _lockstep_fleet()
+    assert pod_bounds(8, 2, 3) == [(0, 2), (2, 4), (4, 8)]
+    assert pod_bounds(8, 2, 100) == [(0, 2), (2, 4), (4, 6), (6, 8)]
+    assert [p.spec.replicas for p in plan_pods(w, spec, 3)] == [2, 2, 4]
+    cost = LinearCost()
+    log_one, log_pods = StepLog(), StepLog()
+    _same(simulate_jit(w, spec, cost, log_one), simulate_sharded(w, spec, cost, log_pods, 3), log_one, log_pods)
+
+
+def test_stateful_routing_and_the_closed_loop_are_refused() -> None:
+    w, spec = _lockstep_fleet()
+    with pytest.raises(ConfigError, match="least_outstanding"):
+        plan_pods(w, replace(spec, router="least_outstanding"), 2)
+    with pytest.raises(ConfigError, match="closed loop"):
+        plan_pods(w, replace(spec, mode="closed", concurrency=4), 2)
+    keyless = replace(w, affinity=np.full(w.n, -1, np.int64))
+    with pytest.raises(ConfigError, match="no affinity key"):
+        plan_pods(keyless, replace(spec, router="session_affinity"), 2)
+
+
+@pytest.mark.parametrize("executor", ["process", "ray"])
+def test_executors_equal_local(executor: str) -> None:
+    if executor == "ray":
+        ray = pytest.importorskip("ray", reason="ray is the optional extra rooftrace[ray]; not installed here")
+        ray.init(num_cpus=2, include_dashboard=False, ignore_reinit_error=True)
+    try:
+        w, spec = _lockstep_fleet()
+        cost = LinearCost()
+        log_local, log_other = StepLog(), StepLog()
+        local = simulate_sharded(w, spec, cost, log_local, 4)
+        other = simulate_sharded(w, spec, cost, log_other, 4, executor=executor)
+        _same(local, other, log_local, log_other)
+    finally:
+        if executor == "ray":
+            ray.shutdown()
+
+
+def test_store_replay_in_pods_writes_the_same_run(tmp_path: Path) -> None:
+    """``rooftrace replay --pods 3`` on a round-robin fleet: the same run id and the same bytes
+    in every table the run writes; least outstanding is one error line."""
+    from click.testing import CliRunner
+
+    from pipeline.cli import main
+    from pipeline.ingest import ingest_logs
+    from pipeline.store import Store
+    from pipeline.synth import SynthConfig, generate, write_logs
+
+    store = Store(tmp_path / "store")
+    write_logs(generate(SynthConfig(requests=400, seed=4, duration_s=600)), "openai", tmp_path / "d.jsonl")
+    ingest_logs([tmp_path / "d.jsonl"], store)
+    default = (Path(__file__).resolve().parents[1] / "fleets" / "default.toml").read_text()
+    fleet = tmp_path / "rr.toml"
+    fleet.write_text(default.replace('router = "least_outstanding"', 'router = "round_robin"').replace(
+        "replicas = 2", "replicas = 5"))  # fmt: skip
+    runner = CliRunner()
+    base = ["replay", "--store", str(store.root), "--fleet", str(fleet), "--json"]
+    one = runner.invoke(main, base)
+    assert one.exit_code == 0, one.output
+    run_dir = Path(json.loads(one.stdout)["run_dir"])
+    files = {p.name: p.read_bytes() for p in sorted(run_dir.iterdir())}
+    pods = runner.invoke(main, [*base, "--pods", "3"])
+    assert pods.exit_code == 0, pods.output
+    assert Path(json.loads(pods.stdout)["run_dir"]) == run_dir
+    for name, data in files.items():
+        if name == "config.json":  # records how it ran: the pods, and nothing else differs
+            before, after = json.loads(data), json.loads((run_dir / name).read_text())
+            assert (before["options"]["pods"], after["options"]["pods"]) == (1, 3)
+            for doc in (before, after):
+                doc["options"].pop("pods")
+            assert before == after
+        else:
+            assert (run_dir / name).read_bytes() == data, name
+    fleet.write_text(default)
+    bad = runner.invoke(main, [*base[:-1], "--pods", "2"])
+    assert bad.exit_code == 1 and "cannot be replayed in pods exactly" in bad.output
+    assert "least_outstanding" in bad.output and "Traceback" not in bad.output
