@@ -108,6 +108,11 @@ class FleetConfig:
     weight_dtype: str = "bf16"
     kv_dtype: str = "bf16"
     router: str = "round_robin"
+    #: Hierarchical routing (0: one flat router over every replica): replicas are grouped into
+    #: pods of this many, a load balancer spreads requests over the pods (round robin, or by
+    #: affinity key for the affinity routers) and ``router`` works inside each pod only, as large
+    #: deployments route (docs/engine.md, "Hierarchical routing").
+    router_pod_size: int = 0
     description: str = ""
     #: "auto": the GPU's measured profile when the catalog has one, else the roofline;
     #: "measured" (error without a profile) or "roofline" (the catalog's factors only).
@@ -141,6 +146,7 @@ _TOP_TYPES: dict[str, tuple[type, ...]] = {
     "weight_dtype": (str,),
     "kv_dtype": (str,),
     "router": (str,),
+    "router_pod_size": (int,),
     "description": (str,),
     "cost_model": (str,),
     "engine": (dict,),
@@ -273,6 +279,8 @@ def parse_fleet(data: dict[str, Any], origin: str) -> FleetConfig:
     for key in ("replicas", "tp", "pp", "ep", "dp"):
         if getattr(cfg, key) < 1:
             raise ConfigError(f"{origin}: {key} must be >= 1")
+    if cfg.router_pod_size < 0:
+        raise ConfigError(f"{origin}: router_pod_size must be >= 0 replicas (0: one flat router)")
     if cfg.dp > MAX_DP:
         raise ConfigError(f"{origin}: dp = {cfg.dp} is more than {MAX_DP} data-parallel ranks in one replica")
     return cfg

@@ -218,7 +218,13 @@ def run_replay(
     log = StepLog(capacity=max(1024, 2 * work.n))
     t0 = time.perf_counter()
     reason = unsupported_reason(spec, cost)
-    if options.pods > 1:
+    pod_size = fleet.config.router_pod_size
+    if 0 < pod_size < fleet.config.replicas:  # hierarchical routing: one shard per routing pod
+        ranks = pod_size * (fleet.ranks // fleet.config.replicas)
+        result = simulate_sharded(
+            work, spec, cost, log, 1, options.executor, progress, options.ray_address, pod_ranks=ranks
+        )
+    elif options.pods > 1:
         result = simulate_sharded(work, spec, cost, log, options.pods, options.executor, progress, options.ray_address)
     elif reason is None:
         result = simulate_jit(work, spec, cost, log, progress)

@@ -16,7 +16,7 @@ from test_engine_support import LinearCost, workload
 
 from pipeline.engine.jit import simulate_jit
 from pipeline.engine.model import EngineResult, FleetSpec, SchedulerConfig, Workload
-from pipeline.engine.shard import plan_pods, pod_bounds, simulate_sharded, static_routes
+from pipeline.engine.shard import hierarchical_pods, plan_pods, pod_bounds, simulate_sharded, static_routes
 from pipeline.engine.steplog import StepLog
 from pipeline.errors import ConfigError
 
@@ -152,3 +152,61 @@ def test_store_replay_in_pods_writes_the_same_run(tmp_path: Path) -> None:
     bad = runner.invoke(main, [*base[:-1], "--pods", "2"])
     assert bad.exit_code == 1 and "cannot be replayed in pods exactly" in bad.output
     assert "least_outstanding" in bad.output and "Traceback" not in bad.output
+
+
+def _busy_fleet(router: str, replicas: int = 12, n: int = 1500) -> tuple[Workload, FleetSpec]:
+    rng = np.random.default_rng(8)
+    w = workload(
+        np.cumsum(rng.exponential(0.004, n)),
+        rng.integers(20, 600, n),
+        rng.integers(5, 120, n),
+        affinity=[int(x) for x in rng.integers(0, 90, n)],
+    )
+    cfg = SchedulerConfig(num_gpu_blocks=300, max_model_len=800, max_num_seqs=16, max_num_batched_tokens=512,
+                          block_size=16, enable_chunked_prefill=True, enable_prefix_caching=False)  # fmt: skip
+    return w, FleetSpec(replicas=replicas, scheduler=cfg, router=router)
+
+
+@pytest.mark.parametrize("router", ["least_outstanding", "round_robin", "session_affinity"])
+def test_hierarchical_routing(router: str) -> None:
+    """A load balancer over pods, the router inside each: one pod as big as the fleet is the flat
+    router exactly; smaller pods get the requests round robin (or by key) and replay alone."""
+    w, spec = _busy_fleet(router)
+    cost = LinearCost()
+    flat_log, one_pod_log = StepLog(), StepLog()
+    flat = simulate_jit(w, spec, cost, flat_log)
+    _same(flat, simulate_sharded(w, spec, cost, one_pod_log, 1, pod_ranks=12), flat_log, one_pod_log)
+
+    pods = hierarchical_pods(w, spec, 4)
+    assert [(p.first, p.spec.replicas) for p in pods] == [(0, 4), (4, 4), (8, 4)]
+    assert sorted(np.concatenate([p.rows for p in pods]).tolist()) == list(range(w.n))
+    log = StepLog()
+    res = simulate_sharded(w, spec, cost, log, 1, pod_ranks=4)
+    for p in pods:  # each pod is its own fleet behind its own router
+        alone = simulate_jit(p.work, p.spec, cost)
+        np.testing.assert_array_equal(res.finish_s[p.rows], alone.finish_s)
+        assert ((res.replica[p.rows] >= p.first) & (res.replica[p.rows] < p.first + 4)).all()
+    sizes = [p.rows.shape[0] for p in pods]
+    if router == "session_affinity":
+        keys = w.affinity
+        assert keys is not None
+        for key in np.unique(keys):  # one key, one replica: the balancer and the pod router agree
+            assert np.unique(res.replica[keys == key]).shape[0] == 1
+    else:
+        assert max(sizes) - min(sizes) <= 1  # round robin over pods
+    if router == "least_outstanding":  # the pods differ from the flat router: that is the model
+        assert not np.array_equal(res.finish_s, flat.finish_s)
+
+
+def test_router_pod_size_in_fleet_toml(tmp_path: Path) -> None:
+    from pipeline.fleet import load_fleet
+
+    default = (Path(__file__).resolve().parents[1] / "fleets" / "default.toml").read_text()
+    good = tmp_path / "good.toml"
+    lo = 'router = "least_outstanding"'
+    good.write_text(default.replace(lo, f"{lo}\nrouter_pod_size = 8"))
+    assert load_fleet(good).router_pod_size == 8
+    bad = tmp_path / "bad.toml"
+    bad.write_text(default.replace(lo, f"{lo}\nrouter_pod_size = -2"))
+    with pytest.raises(ConfigError, match="router_pod_size must be >= 0"):
+        load_fleet(bad)

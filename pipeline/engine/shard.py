@@ -73,13 +73,31 @@ def pod_bounds(replicas: int, lockstep: int, pods: int) -> list[tuple[int, int]]
 @dataclass(frozen=True)
 class Pod:
     """One shard: its replicas ``[first, first + spec.replicas)``, the rows of the fleet's
-    requests routed there (in arrival order) and their routes within the pod."""
+    requests routed there (in arrival order) and their routes within the pod (None: the pod's
+    own router picks, as under hierarchical routing)."""
 
     first: int
     rows: IntArray
     work: Workload
     spec: FleetSpec
-    routes: IntArray
+    routes: IntArray | None
+
+
+def _subset(work: Workload, rows: IntArray, keep_affinity: bool) -> Workload:
+    """The requests ``rows`` of ``work`` (chains included), in that order."""
+    offsets = work.offsets()
+    counts = offsets[rows + 1] - offsets[rows]
+    sub_off = np.zeros(rows.shape[0] + 1, np.int64)
+    np.cumsum(counts, out=sub_off[1:])
+    take = np.repeat(offsets[rows], counts) + (np.arange(int(sub_off[-1])) - np.repeat(sub_off[:-1], counts))
+    return Workload(
+        arrival_s=work.arrival_s[rows],
+        prompt_tokens=work.prompt_tokens[rows],
+        output_tokens=work.output_tokens[rows],
+        chain_hashes=work.chain_hashes[take] if work.chain_hashes.size else work.chain_hashes,
+        chain_offsets=sub_off if work.chain_offsets is not None else None,
+        affinity=work.affinity[rows] if keep_affinity and work.affinity is not None else None,
+    )
 
 
 def plan_pods(work: Workload, spec: FleetSpec, pods: int) -> list[Pod]:
@@ -94,25 +112,48 @@ def plan_pods(work: Workload, spec: FleetSpec, pods: int) -> list[Pod]:
         )
         raise ConfigError(f"--pods {pods}: the fleet cannot be replayed in pods exactly: {why}")
     out = []
-    offsets = work.offsets()
     for a, b in pod_bounds(spec.replicas, spec.lockstep, pods):
         rows = np.flatnonzero((routes >= a) & (routes < b)).astype(np.int64)
         if a == 0:  # rejected requests go nowhere; pod 0 reports them (arrival and reason)
             rows = np.union1d(rows, np.flatnonzero(routes < 0)).astype(np.int64)
-        counts = offsets[rows + 1] - offsets[rows]
-        sub_off = np.zeros(rows.shape[0] + 1, np.int64)
-        np.cumsum(counts, out=sub_off[1:])
-        take = np.repeat(offsets[rows], counts) + (np.arange(int(sub_off[-1])) - np.repeat(sub_off[:-1], counts))
-        sub = Workload(
-            arrival_s=work.arrival_s[rows],
-            prompt_tokens=work.prompt_tokens[rows],
-            output_tokens=work.output_tokens[rows],
-            chain_hashes=work.chain_hashes[take] if work.chain_hashes.size else work.chain_hashes,
-            chain_offsets=sub_off if work.chain_offsets is not None else None,
-            affinity=None,
-        )
         local = np.where(routes[rows] >= 0, routes[rows] - a, 0)
-        out.append(Pod(a, rows, sub, replace(spec, replicas=b - a), local))
+        out.append(Pod(a, rows, _subset(work, rows, False), replace(spec, replicas=b - a), local))
+    return out
+
+
+#: Mixed into affinity keys at the load balancer, so that its choice of pod and the pod
+#: router's choice of replica (both hash the key) are independent.
+_POD_SALT = np.uint64(0x504F44524F555445)  # ASCII "PODROUTE"
+
+
+def hierarchical_pods(work: Workload, spec: FleetSpec, pod_ranks: int) -> list[Pod]:
+    """Hierarchical routing: pods of ``pod_ranks`` engine replicas (the last one may be smaller),
+    a load balancer that sends each request to a pod — round robin over the requests it routes,
+    or by a hash of the affinity key for the affinity routers (a request without a key: round
+    robin) — and ``spec.router`` inside each pod. Pods never share state, so they replay alone."""
+    if spec.mode == "closed":
+        raise ConfigError("hierarchical routing (router_pod_size) needs open or offline arrivals, not a closed loop")
+    R = spec.replicas
+    pod_ranks = max(spec.lockstep, pod_ranks - pod_ranks % spec.lockstep)
+    bounds = [(a, min(a + pod_ranks, R)) for a in range(0, R, pod_ranks)]
+    n_pods = len(bounds)
+    n = work.n
+    rejected = reject_reasons(work, spec.scheduler) != 0
+    times = np.zeros(n) if spec.mode == "offline" else work.arrival_s
+    order = np.argsort(times, kind="mergesort")
+    taken = order[~rejected[order]]
+    pod = np.full(n, -1, np.int64)
+    pod[taken] = np.arange(taken.shape[0], dtype=np.int64) % n_pods
+    if spec.router in ("session_affinity", "prefix_affinity") and work.affinity is not None:
+        keyed = (work.affinity >= 0) & ~rejected
+        salted = (work.affinity[keyed].astype(np.uint64) ^ _POD_SALT) & np.uint64(0x7FFFFFFFFFFFFFFF)
+        pod[keyed] = affinity_replicas(salted.astype(np.int64), n_pods)
+    out = []
+    for k, (a, b) in enumerate(bounds):
+        rows = np.flatnonzero(pod == k).astype(np.int64)
+        if k == 0:
+            rows = np.union1d(rows, np.flatnonzero(pod < 0)).astype(np.int64)
+        out.append(Pod(a, rows, _subset(work, rows, True), replace(spec, replicas=b - a), None))
     return out
 
 
@@ -133,8 +174,11 @@ def simulate_sharded(
     executor: str = "local",
     progress: Callable[[int], None] | None = None,
     address: str | None = None,
+    pod_ranks: int = 0,
 ) -> EngineResult:
-    """Replay ``work`` on ``spec`` in ``pods`` shards and put the results back together."""
+    """Replay ``work`` on ``spec`` in ``pods`` shards and put the results back together; with
+    ``pod_ranks`` > 0, routing is hierarchical (:func:`hierarchical_pods`) and each routing pod
+    is one shard."""
     if executor not in EXECUTORS:
         raise ConfigError(f"executor {executor!r} unknown; choose one of {list(EXECUTORS)}")
     reason = unsupported_reason(spec, cost)
@@ -144,7 +188,7 @@ def simulate_sharded(
     assert tables is not None
     # data only: the closures (extend, exact) stay here; the tables already cover every step
     data = replace(tables, extend=None, exact=None, describe={})
-    shards = plan_pods(work, spec, pods)
+    shards = hierarchical_pods(work, spec, pod_ranks) if pod_ranks > 0 else plan_pods(work, spec, pods)
     res = EngineResult.empty(work.n)
     done = 0
     for pod, (sub, rows) in zip(shards, _run_all(shards, data, log is not None, executor, address), strict=True):

@@ -1,0 +1,179 @@
+"""Scale-out: a day of requests on a large fleet, in one process, in pods, and on Ray.
+
+Three measurements, each in a fresh child process (its own peak RSS):
+
+1. ``flat``: the whole fleet in one engine run (pipeline.engine.jit.simulate_jit);
+2. ``pods``: the same fleet cut into pods, replayed one after another in this process
+   (pipeline.engine.shard.simulate_sharded, ``--executor local``);
+3. ``ray``: the same pods as Ray tasks on a local Ray instance with ``--ray-workers`` CPUs.
+
+Round robin is a static router, so all three must give the same per-request results bit for bit
+(checked here on first-token time, finish time and replica). Then, on a fleet one process runs
+easily, the hierarchical router (a load balancer over pods, least outstanding inside each) against
+the flat least-outstanding router: TTFT and TPOT percentiles and their differences.
+
+Workload: Azure-conversation-like lengths (benchmarks/replay.py), Poisson arrivals at 6 requests/s
+per replica, Llama-3.1-8B on H100 with its measured profile, no prefix caching, no step log (the
+per-request results only: a step log of 10^7 requests is ~4 GB until outputs are streamed).
+
+    python benchmarks/scale.py [--requests 10000000] [--replicas 1000] [--pods 10] [--ray-workers 2]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+
+from _util import run_child  # noqa: E402
+
+
+def build(n: int, replicas: int, router: str, seed: int = 0) -> tuple[object, object, object]:
+    """The workload, the fleet spec and the measured step cost (deterministic in ``seed``)."""
+    from replay import lengths
+
+    from pipeline.engine.model import FleetSpec, Workload
+    from pipeline.fleet import parse_fleet, resolve
+    from pipeline.profile.cost import step_cost_for
+
+    fleet = resolve(
+        parse_fleet(
+            {
+                "name": "scale",
+                "model": "llama-3.1-8b",
+                "hardware": "h100-sxm",
+                "replicas": replicas,
+                "router": router,
+                "engine": {"max_model_len": 16384},
+            },
+            "scale",
+        )
+    )
+    sched = fleet.scheduler
+    cost = step_cost_for(
+        fleet.deployment, "measured", max(sched.max_num_batched_tokens, sched.max_num_seqs) + 1, sched.max_num_seqs
+    )
+    rng = np.random.default_rng(seed)
+    prompt, output = lengths(n, rng)
+    arrival = np.cumsum(rng.exponential(1.0 / (6.0 * fleet.ranks), n))
+    work = Workload(arrival_s=arrival, prompt_tokens=prompt, output_tokens=output)
+    spec = FleetSpec(replicas=fleet.ranks, scheduler=sched, router=router, lockstep=fleet.lockstep)
+    return work, spec, cost
+
+
+def child(mode: str, n: int, replicas: int, pods: int, workers: int, out: str) -> dict[str, float]:
+    """One measurement (run in a fresh process by the parent)."""
+    from pipeline.engine.jit import simulate_jit
+    from pipeline.engine.model import Workload
+    from pipeline.engine.shard import simulate_sharded
+
+    work, spec, cost = build(n, replicas, "round_robin")
+    w10 = Workload(arrival_s=work.arrival_s[:10], prompt_tokens=work.prompt_tokens[:10],  # type: ignore[attr-defined]
+                   output_tokens=work.output_tokens[:10])  # type: ignore[attr-defined]  # fmt: skip
+    simulate_jit(w10, spec, cost)  # load the compiled engine (disk cache) before timing
+    if mode == "ray":
+        import ray
+
+        ray.init(num_cpus=workers, include_dashboard=False, log_to_driver=False)
+        # each Ray worker loads the compiled engine once: warm them before timing
+        small = Workload(arrival_s=work.arrival_s[:400], prompt_tokens=work.prompt_tokens[:400],  # type: ignore[attr-defined]
+                         output_tokens=work.output_tokens[:400])  # type: ignore[attr-defined]  # fmt: skip
+        simulate_sharded(small, spec, cost, None, 4 * workers, "ray")
+    t0 = time.perf_counter()
+    if mode == "flat":
+        res = simulate_jit(work, spec, cost)
+    else:
+        res = simulate_sharded(work, spec, cost, None, pods, "ray" if mode == "ray" else "local")
+    wall = time.perf_counter() - t0
+    np.savez(out, first=res.first_token_s, finish=res.finish_s, replica=res.replica)
+    ok = res.reject_reason == 0
+    return {"wall_s": wall, "finished": int(ok.sum()), "span_s": float(np.nanmax(res.finish_s))}
+
+
+def hierarchy(n: int, replicas: int, pod_sizes: list[int]) -> None:
+    """Flat least outstanding vs a load balancer over pods (round robin) + least outstanding inside."""
+    from pipeline.engine.jit import simulate_jit
+    from pipeline.engine.shard import simulate_sharded
+    from pipeline.slo import percentile
+
+    work, spec, cost = build(n, replicas, "least_outstanding", seed=1)
+    ok_lat = {}
+    for size in [0, *pod_sizes]:
+        t0 = time.perf_counter()
+        res = (
+            simulate_jit(work, spec, cost) if size == 0 else simulate_sharded(work, spec, cost, None, 1, pod_ranks=size)
+        )
+        wall = time.perf_counter() - t0
+        ok = res.reject_reason == 0
+        ttft = (res.first_token_s - res.arrival_s)[ok]
+        out = work.output_tokens[ok]  # type: ignore[attr-defined]
+        tpot = ((res.finish_s - res.first_token_s)[ok] / np.maximum(out - 1, 1))[out > 1]
+        row = {f"{k}_p{p}": percentile(v, p) for k, v in (("ttft", ttft), ("tpot", tpot)) for p in (50, 99)}
+        ok_lat[size] = row
+        label = "flat" if size == 0 else f"pods of {size}"
+        diff = (
+            ""
+            if size == 0
+            else "  vs flat: " + ", ".join(f"{k} {100 * (v / ok_lat[0][k] - 1):+.1f}%" for k, v in row.items())
+        )
+        print(
+            f"  {label:<12} " + ", ".join(f"{k} {v * 1e3:,.1f} ms" for k, v in row.items()) + f" ({wall:.1f} s){diff}"
+        )
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--requests", type=int, default=10_000_000)
+    ap.add_argument("--replicas", type=int, default=1000)
+    ap.add_argument("--pods", type=int, default=10)
+    ap.add_argument("--ray-workers", type=int, default=2)
+    ap.add_argument("--modes", default="flat,pods,ray")
+    ap.add_argument("--hierarchy-requests", type=int, default=400_000)
+    ap.add_argument("--hierarchy-replicas", type=int, default=64)
+    args = ap.parse_args()
+    tmp = Path(tempfile.mkdtemp(prefix="rooftrace-scale-"))
+    results = {}
+    for mode in args.modes.split(","):
+        out = tmp / f"{mode}.npz"
+        code = (
+            f"import sys; sys.path.insert(0, {str(HERE)!r}); import scale\n"
+            f"RESULT = scale.child({mode!r}, {args.requests}, {args.replicas}, {args.pods}, "
+            f"{args.ray_workers}, {str(out)!r})"
+        )
+        _, rss, doc = run_child(code)
+        results[mode] = out
+        print(
+            f"{mode:<5} {args.requests:,} requests on {args.replicas:,} replicas"
+            + ("" if mode == "flat" else f" in {args.pods} pods")
+            + (f" on Ray ({args.ray_workers} workers)" if mode == "ray" else "")
+            + f": {doc['wall_s']:.1f} s = {args.requests / doc['wall_s']:,.0f} req/s, peak RSS {rss / 1024:.2f} GiB"
+            f" (driver), {doc['finished']:,} finished, {doc['span_s']:,.0f} s simulated"
+        )
+    base = next(iter(results))
+    ref = np.load(results[base])
+    for mode, path in results.items():
+        if mode == base:
+            continue
+        other = np.load(path)
+        same = all(np.array_equal(ref[k], other[k], equal_nan=k != "replica") for k in ("first", "finish", "replica"))
+        print(f"{mode} == {base} bit for bit (first token, finish, replica): {same}")
+        if not same:
+            raise SystemExit(f"{mode} differs from {base}")
+    print(
+        f"hierarchical vs flat least outstanding: {args.hierarchy_requests:,} requests on "
+        f"{args.hierarchy_replicas} replicas"
+    )
+    hierarchy(args.hierarchy_requests, args.hierarchy_replicas, [32, 16, 8])
+    print(json.dumps({"workdir": str(tmp)}))
+
+
+if __name__ == "__main__":
+    main()
