@@ -13,6 +13,7 @@ continuous-batching engine whose settings carry vLLM's names and defaults::
     tp = 1
     replicas = 2
     router = "round_robin"          # least_outstanding | session_affinity | prefix_affinity
+    router_pod_size = 0             # > 0: a load balancer over pods of this many replicas
     cost_model = "auto"             # measured profile when the GPU has one | measured | roofline
 
     [engine]
