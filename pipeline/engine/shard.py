@@ -181,14 +181,18 @@ def simulate_sharded(
     is one shard."""
     if executor not in EXECUTORS:
         raise ConfigError(f"executor {executor!r} unknown; choose one of {list(EXECUTORS)}")
-    reason = unsupported_reason(spec, cost)
+    shards = hierarchical_pods(work, spec, pod_ranks) if pod_ranks > 0 else plan_pods(work, spec, pods)
+    # each pod allocates its own engine state: the largest pod must fit, not the whole fleet
+    big = max(shards, key=lambda p: p.spec.replicas)
+    reason = unsupported_reason(big.spec, cost)
     if reason is not None:
-        raise ConfigError(f"--pods needs the jit engine, but {reason}")
+        raise ConfigError(
+            f"pods of {big.spec.replicas} replicas need the jit engine, but {reason}; use more, smaller pods"
+        )
     tables = _tables(cost, spec)
     assert tables is not None
     # data only: the closures (extend, exact) stay here; the tables already cover every step
     data = replace(tables, extend=None, exact=None, describe={})
-    shards = hierarchical_pods(work, spec, pod_ranks) if pod_ranks > 0 else plan_pods(work, spec, pods)
     res = EngineResult.empty(work.n)
     done = 0
     for pod, (sub, rows) in zip(shards, _run_all(shards, data, log is not None, executor, address), strict=True):
