@@ -101,21 +101,27 @@ def nightly(
     progress: Progress | None = None,
     slo: str | None = None,
     headroom_budget_s: float = DEFAULT_BUDGET_S,
+    jobs: int = 1,
+    pods: int = 1,
+    executor: str = "local",
+    ray_address: str | None = None,
 ) -> NightlyResult:
-    """Run the whole pipeline on ``logs`` for one date (``date``, else the newest date they hold)."""
+    """Run the whole pipeline on ``logs`` for one date (``date``, else the newest date they hold);
+    ``jobs`` ingest workers, and the replay in ``pods`` run by ``executor`` (docs/scale.md)."""
     say = progress or (lambda _m: None)
     reports_dir = reports_dir or default_reports_dir()
     timings: dict[str, float] = {}
     with store.lock():
-        summary = _stage("ingest", timings, say, lambda: ingest_logs(logs, store, fmt=fmt, date=date, progress=say))
+        summary = _stage(
+            "ingest", timings, say, lambda: ingest_logs(logs, store, fmt=fmt, date=date, progress=say, jobs=jobs)
+        )
         if summary.errors:
             raise StageError(f"stage ingest failed (nothing after it ran): {'; '.join(summary.errors)}")
         touched = sorted({d for f in summary.files for d in f.dates})
         day = date or (touched[-1] if touched else store.resolve_date(None))
         _stage("classify", timings, say, lambda: classify_tokens(store, day))
-        result = _stage(
-            "replay", timings, say, lambda: replay(store, fleet, ReplayOptions(date=day, slo=slo), progress=say)
-        )
+        options = ReplayOptions(date=day, slo=slo, pods=pods, executor=executor, ray_address=ray_address)
+        result = _stage("replay", timings, say, lambda: replay(store, fleet, options, progress=say))
         _stage(
             "headroom",
             timings,

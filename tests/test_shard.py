@@ -210,3 +210,37 @@ def test_router_pod_size_in_fleet_toml(tmp_path: Path) -> None:
     bad.write_text(default.replace(lo, f"{lo}\nrouter_pod_size = -2"))
     with pytest.raises(ConfigError, match="router_pod_size must be >= 0"):
         load_fleet(bad)
+
+
+def test_nightly_passes_jobs_and_pods_on(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``rooftrace nightly --jobs 2 --pods 3 --executor process`` reaches ingest and the replay."""
+    import pipeline.nightly as nightly_mod
+    from pipeline.cli import main
+
+    seen: dict[str, object] = {}
+
+    def fake_ingest(*_a: object, **k: object) -> object:
+        seen["jobs"] = k["jobs"]
+        raise RuntimeError("stop here")
+
+    monkeypatch.setattr(nightly_mod, "ingest_logs", fake_ingest)
+    from click.testing import CliRunner
+
+    fleet = Path(__file__).resolve().parents[1] / "fleets" / "default.toml"
+    args = ["nightly", str(tmp_path), "--fleet", str(fleet), "--store", str(tmp_path / "s"), "--jobs", "2"]
+    CliRunner().invoke(main, [*args, "--pods", "3", "--executor", "process"])
+    assert seen["jobs"] == 2
+    from pipeline.replay import ReplayOptions
+
+    captured: list[ReplayOptions] = []
+    monkeypatch.setattr(nightly_mod, "ingest_logs", lambda *_a, **_k: type("S", (), {"errors": [], "files": []})())
+    monkeypatch.setattr(nightly_mod, "classify_tokens", lambda *_a, **_k: None)
+    monkeypatch.setattr(nightly_mod.Store, "resolve_date", lambda *_a: "2025-01-01")
+
+    def fake_replay(_store: object, _fleet: object, options: ReplayOptions, progress: object = None) -> object:
+        captured.append(options)
+        raise RuntimeError("stop here")
+
+    monkeypatch.setattr(nightly_mod, "replay", fake_replay)
+    CliRunner().invoke(main, [*args, "--pods", "3", "--executor", "process"])
+    assert captured and (captured[0].pods, captured[0].executor) == (3, "process")

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 import click
 
-from pipeline.defaults import MAX_MEMORY_ENV, MAX_SIM_DAYS_ENV, OUTPUT_FORMATS
+from pipeline.defaults import MAX_MEMORY_ENV, MAX_SIM_DAYS_ENV, OUTPUT_FORMATS, REPLAY_EXECUTORS
 from pipeline.errors import RooftraceError
 
 if TYPE_CHECKING:
@@ -142,6 +142,29 @@ def limit_options(fn: F) -> F:
         metavar="DAYS",
         help="Refuse an open-loop replay whose arrivals span more simulated days (--rate-scale stretches them) "
         f"or none (default: ${MAX_SIM_DAYS_ENV}, else 30).",
+    )(fn)
+
+
+def pod_options(fn: F) -> F:
+    """``--pods``, ``--executor`` and ``--ray-address``: where a replay's pods run
+    (pipeline/engine/shard.py; docs/scale.md)."""
+    fn = click.option(
+        "--ray-address", default=None, help="Ray cluster address for --executor ray (default: a local one)."
+    )(fn)
+    fn = click.option(
+        "--executor",
+        type=click.Choice(REPLAY_EXECUTORS),
+        default="local",
+        show_default=True,
+        help="Where the pods run: one after another here, in local processes, or as Ray tasks (optional extra).",
+    )(fn)
+    return click.option(
+        "--pods",
+        type=click.IntRange(1, 1_000_000),
+        default=1,
+        show_default=True,
+        help="Replay the fleet in N pods of replicas, each alone: the same results bit for bit, for round robin and "
+        "affinity routers (docs/scale.md).",
     )(fn)
 
 

@@ -6,7 +6,16 @@ from pathlib import Path
 
 import click
 
-from pipeline.cli.common import emit_json, get_store, json_option, progress, reports_option, run, store_option
+from pipeline.cli.common import (
+    emit_json,
+    get_store,
+    json_option,
+    pod_options,
+    progress,
+    reports_option,
+    run,
+    store_option,
+)
 from pipeline.defaults import DEFAULT_HEADROOM_BUDGET_S, INGEST_FORMATS
 
 
@@ -27,6 +36,14 @@ from pipeline.defaults import DEFAULT_HEADROOM_BUDGET_S, INGEST_FORMATS
     show_default=True,
     help="Seconds the load curve (traffic x0.5 .. x4 and beyond) may take; points left are marked skipped.",
 )
+@click.option(
+    "--jobs",
+    type=click.IntRange(1, 256),
+    default=1,
+    show_default=True,
+    help="Worker processes reading the log files (the store ends identical to --jobs 1).",
+)
+@pod_options
 @reports_option
 @store_option
 @json_option
@@ -37,6 +54,10 @@ def nightly_cmd(
     fmt: str | None,
     slo: str | None,
     headroom_budget: float,
+    jobs: int,
+    pods: int,
+    executor: str,
+    ray_address: str | None,
     reports_dir: Path | None,
     store_path: str | None,
     as_json: bool,
@@ -52,7 +73,23 @@ def nightly_cmd(
     from pipeline.nightly import nightly
 
     store = get_store(store_path)
-    res = run(lambda: nightly(list(logs), fleet, store, date, reports_dir, fmt, progress, slo, headroom_budget))
+    res = run(
+        lambda: nightly(
+            list(logs),
+            fleet,
+            store,
+            date,
+            reports_dir,
+            fmt,
+            progress,
+            slo,
+            headroom_budget,
+            jobs=jobs,
+            pods=pods,
+            executor=executor,
+            ray_address=ray_address,
+        )
+    )
     for w in res.headline.get("warnings") or []:
         progress(f"warning: {w}")
     progress(res.line())

@@ -12,11 +12,11 @@ from pipeline.cli.common import (
     json_option,
     limit_options,
     limits_from,
+    pod_options,
     progress,
     run,
     store_option,
 )
-from pipeline.defaults import REPLAY_EXECUTORS
 
 
 def _ms(x: float | None) -> str:
@@ -54,22 +54,7 @@ def _ms(x: float | None) -> str:
     help="Judge the run against an SLO: a preset (chat, interactive, ...) or ttft_p99=2s,tpot_p99=100ms "
     "(default: the fleet's [slo]).",
 )
-@click.option(
-    "--pods",
-    type=click.IntRange(1, 1_000_000),
-    default=1,
-    show_default=True,
-    help="Replay the fleet in N pods of replicas, each alone: the same results bit for bit, for round robin and "
-    "affinity routers (docs/scale.md).",
-)
-@click.option(
-    "--executor",
-    type=click.Choice(REPLAY_EXECUTORS),
-    default="local",
-    show_default=True,
-    help="Where the pods run: one after another here, in local processes, or as Ray tasks (optional extra).",
-)
-@click.option("--ray-address", default=None, help="Ray cluster address for --executor ray (default: a local one).")
+@pod_options
 @limit_options
 @store_option
 @json_option
