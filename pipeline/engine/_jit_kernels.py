@@ -568,103 +568,734 @@ def _alloc_scratch(G, S, bs, na, nd, max_blocks):  # type: ignore[no-untyped-def
     )
 
 
-@numba.njit(cache=True, nogil=True)  # runs in a worker thread (jit.py): Ctrl-C stays responsive
-def run_fleet(  # type: ignore[no-untyped-def]
-    # workload
-    times,
-    prompt,
-    output,
-    chain_off,
-    chain,
-    aff_rep,
-    rejected,
-    # fleet
-    n_rep,
-    router,
-    closed,
-    concurrency,
-    capacity,
-    max_seqs,
-    budget_max,
-    bs,
-    chunked,
-    caching,
-    max_blocks,
-    table_size,
-    want_log,
-    G,
-    dummy_s,
-    # cost (pipeline.stepcost.TabulatedCost.kernel_args)
-    tok,
-    logit,
-    af,
-    ab,
-    acount,
-    apeak,
-    ahas,
-    abw,
-    dla,
-    dlb,
-    dlt,
-    pla,
-    plb,
-    plt,
-    mx,
-    sc,
-    # results (filled in)
-    res_arrival,
-    res_replica,
-    res_sched,
-    res_first,
-    res_finish,
-    res_itl,
-    res_preempt,
-    res_hit,
-    res_prefill,
-    # control, shared with the calling thread (jit.py): [cancel flag, requests done]
-    ctl,
-):
-    """Replay the whole fleet; returns the step log (rows × LOG_COLS) and its row count.
+# -- run_fleet's event loop, in pieces. _replay (the loop) is compiled without reference counting
+# (_nrt=False: it allocates nothing, every array it touches belongs to run_fleet) and the pieces
+# are inlined into it at numba-IR level (inline="always"), so the loop compiles as one function
+# and handing the state tuples to a piece costs nothing. (Inlined into a reference-counted
+# function, every array a piece takes is counted up and down at each call: many times slower in
+# a micro-benchmark; pieces compiled as functions of their own made the loop ~2x slower.)
+# The tuples, built by run_fleet:
+#   wl   workload: times, prompt, output, chain_off, chain, aff_rep, rejected
+#   fl   fleet: R, router, closed, C, S, budget_max, bs, chunked, caching, want_log, G, dummy_s
+#   req  per request (_alloc_requests), rep per replica (_alloc_replicas), pool (_alloc_pool),
+#   scr  scratch (_alloc_scratch), cost (TabulatedCost.kernel_args), res (results),
+#   ev   arrivals: order, heap_t, heap_s, heap_i, static, own_start, own_t, own_ptr.
 
-    ``router``: 0 round robin, 1 least outstanding, 2 affinity (``aff_rep`` ≥ 0 names the
-    replica, −1 falls back to least outstanding). ``times`` are the arrival times (open loop;
-    zeros offline); with ``closed`` the first ``concurrency`` requests arrive at 0 and each
-    finish or rejection issues the next one. Replicas ``[g·G, (g+1)·G)`` step in lockstep
-    (``G`` = FleetSpec.lockstep; an idle one costs ``dummy_s`` per step); spans need ``G == 1``.
+_DONE = 0  # _replay's exits: the fleet is done (or cancelled) ...
+_GROW_LOG = 1  # ... the next event may need a bigger step log ...
+_GROW_WQ = 2  # ... or bigger waiting queues (run_fleet grows them and calls _replay again).
 
-    ``ctl`` (float64[2]) is shared with the calling thread while this runs without the GIL: a
-    nonzero ``ctl[0]`` stops the loop at its next event (the results are then incomplete); the
-    loop counts the requests done (finished or rejected) in ``ctl[1]``. Neither changes what the
-    loop computes.
-    """
-    n = prompt.shape[0]
-    R = n_rep
-    C = capacity
-    S = max_seqs
-    computed, gen, nblk, nreg, slot_of, started, last_tok = _alloc_requests(n)
-    rep = _alloc_replicas(R, S)
-    clock, ready, nrun, running, slots_free, nslots, whead, wlen, routed, nfin, last_end, last_nfin = rep
-    wcap = 64
-    wq = np.zeros((R, wcap), np.int64)  # waiting queues (ring buffers; grown by _grow_wq)
-    pool = _alloc_pool(R, S, C, caching, max_blocks, table_size)
+
+@numba.njit(inline="always")
+def _issue(t, closed, n, ev, heap_n, seq, next_issue):  # type: ignore[no-untyped-def]
+    """Closed loop: a request done at ``t`` (finished or rejected) frees its client, who issues the
+    next request at ``t``. Returns the new (heap_n, seq, next_issue)."""
+    heap_t, heap_s, heap_i = ev[1], ev[2], ev[3]
+    if closed and next_issue < n:
+        heap_n = _heap_push(heap_t, heap_s, heap_i, heap_n, t, seq, next_issue)
+        seq += 1
+        next_issue += 1
+    return heap_n, seq, next_issue
+
+
+@numba.njit(inline="always")
+def _enqueue(i, t, dest, rep, res, ev, wq):  # type: ignore[no-untyped-def]
+    """Request ``i``, arriving at ``t``, joins the tail of replica ``dest``'s waiting queue (the
+    caller made room)."""
+    ready, whead, wlen, routed = rep[1], rep[6], rep[7], rep[8]
+    static, own_ptr = ev[4], ev[7]
+    res[1][i] = dest
+    if static:
+        own_ptr[dest] += 1
+    routed[dest] += 1
+    if t > ready[dest]:
+        ready[dest] = t
+    wq[dest, (whead[dest] + wlen[dest]) % wq.shape[1]] = i
+    wlen[dest] += 1
+
+
+@numba.njit(inline="always")
+def _room(g0, fl, nlog, log, rep, wq):  # type: ignore[no-untyped-def]
+    """_DONE if a step or span of the group from replica ``g0`` cannot outgrow the step log (one row
+    per rank) or the waiting queues (a step preempts at most its running requests), else what to
+    grow."""
+    want_log, G = fl[9], fl[10]
+    nrun, wlen = rep[2], rep[7]
+    if want_log and nlog + G > log.shape[0]:
+        return _GROW_LOG
+    for r in range(g0, g0 + G):
+        if wlen[r] + nrun[r] > wq.shape[1]:
+            return _GROW_WQ
+    return _DONE
+
+
+@numba.njit(inline="always")
+def _free(r, rid, caching, req, rep, pool):  # type: ignore[no-untyped-def]
+    """Give back request ``rid``'s KV blocks and running slot on replica ``r`` (it finished or is
+    preempted)."""
+    nblk, nreg, slot_of = req[2], req[3], req[4]
+    slots_free, nslots = rep[4], rep[5]
+    nfree, fhead, fnext, fprev, ftail, ref, table = pool[0], pool[1], pool[2], pool[3], pool[4], pool[5], pool[6]
+    vs = slot_of[rid]
+    if not caching:
+        nfree[r] += nblk[rid]
+    else:
+        _release(r, vs, rid, nfree, fhead, fnext, fprev, ftail, ref, table, nblk)
+    nblk[rid] = 0
+    nreg[rid] = 0
+    slots_free[r, nslots[r]] = vs
+    nslots[r] += 1
+    slot_of[rid] = -1
+
+
+@numba.njit(inline="always")
+def _alloc(r, s, rid, need, tokens, wl, fl, req, pool):  # type: ignore[no-untyped-def]
+    """Give request ``rid`` (slot ``s`` of replica ``r``) ``need`` more blocks from the head of the
+    free queue; with prefix caching, its blocks full at ``tokens`` tokens get their hashes."""
+    chain_off, chain = wl[3], wl[4]
+    bs, caching = fl[6], fl[8]
+    nblk, nreg = req[2], req[3]
     nfree, fhead, fnext, fprev, ftail, ref, table, bhash, hashed, hprev, hnext, keys, used, hhead, htail, mask = pool
-    scratch = _alloc_scratch(G, S, bs, af.shape[0], dlt.shape[1], max_blocks)
-    (
-        sched_rid, sched_n, part, gn, gout, gx, gbusy, gcsum, gbstart, gbitems, gsp_pre, gsp_f, gsp_b, gsp_row,
-        gsums, fin, hits, x, out, sp_pre, sp_f, sp_b, sp_row, bstart, bfill, bphase, bitems, sums,
-    ) = scratch  # fmt: skip
-    # -- step log
-    log = np.zeros((1024 if want_log else 1, LOG_COLS))
-    nlog = 0
-    last_row = np.full(R, -1, np.int64)
-    # -- arrival events: open/offline in (time, index) order; closed loop as a binary heap
-    order = np.argsort(times, kind="mergesort")
-    ev_pos = 0
-    heap_t, heap_s, heap_i, heap_n, seq, next_issue = _init_heap(closed, concurrency, n)
-    rr = 0
-    static, own_start, own_t = _static_routes(times, order, rejected, aff_rep, router, closed, R, n)
-    own_ptr = np.zeros(R, np.int64)
+    if not caching:  # unhashed blocks are interchangeable: count them
+        nfree[r] -= need
+        nblk[rid] += need
+    else:
+        for _ in range(need):
+            _take_block(
+                r, s, rid, nfree, fhead, fnext, fprev, ftail, ref, table, nblk,
+                bhash, hashed, hprev, hnext, keys, used, hhead, htail, mask,
+            )  # fmt: skip
+        target = min(tokens // bs, chain_off[rid + 1] - chain_off[rid])
+        _register(
+            r, s, rid, target, nreg, table, chain, chain_off,
+            bhash, hashed, hprev, hnext, keys, used, hhead, htail, mask,
+        )  # fmt: skip
 
+
+@numba.njit(inline="always")
+def _schedule_running(r, gi, wl, fl, req, rep, pool, scr, res, wq):  # type: ignore[no-untyped-def]
+    """vLLM v1 schedule()'s first loop on replica ``r`` (lockstep rank ``gi``): the running
+    requests, in admission order, get their next tokens within the token budget, preempting the
+    most recently admitted while the KV pool lacks blocks. Returns (requests scheduled, budget
+    left, whether any was preempted)."""
+    prompt = wl[1]
+    budget_max, bs, caching = fl[5], fl[6], fl[8]
+    computed, gen, nblk, slot_of = req[0], req[1], req[2], req[4]
+    nrun, running, whead, wlen = rep[2], rep[3], rep[6], rep[7]
+    nfree = pool[0]
+    sched_rid, sched_n = scr[0], scr[1]
+    budget = budget_max
+    nsched = 0
+    preempted = False
+    idx = 0
+    while idx < nrun[r] and budget > 0:
+        rid = running[r, idx]
+        ntok = prompt[rid] + gen[rid]
+        n_new = min(ntok - computed[rid], budget)
+        self_pre = False
+        while True:
+            tokens_after = computed[rid] + n_new
+            need = max(0, -(-tokens_after // bs) - nblk[rid])
+            if need <= nfree[r]:
+                break
+            # Preempt the most recently admitted request (vLLM: self.running.pop()).
+            victim = running[r, nrun[r] - 1]
+            nrun[r] -= 1
+            _free(r, victim, caching, req, rep, pool)
+            computed[victim] = 0
+            res[6][victim] += 1  # res_preempt
+            whead[r] = (whead[r] - 1) % wq.shape[1]  # to the queue's front (_room made room)
+            wq[r, whead[r]] = victim
+            wlen[r] += 1
+            preempted = True
+            if victim == rid:
+                self_pre = True
+                break
+        if self_pre:
+            break
+        # allocate `need` blocks from the head of the free queue
+        _alloc(r, slot_of[rid], rid, need, min(tokens_after, ntok), wl, fl, req, pool)
+        sched_rid[gi, nsched] = rid
+        sched_n[gi, nsched] = n_new
+        nsched += 1
+        budget -= n_new
+        idx += 1
+    return nsched, budget, preempted
+
+
+@numba.njit(inline="always")
+def _prefix_hits(r, rid, ntok, wl, fl, pool, hits):  # type: ignore[no-untyped-def]
+    """The prefix cache's hits for waiting request ``rid`` (``ntok`` tokens) on replica ``r``: its
+    leading full blocks (never the last token's) whose hashes are cached, into ``hits``; returns
+    how many."""
+    chain_off, chain = wl[3], wl[4]
+    bs = fl[6]
+    keys, used, hhead, mask = pool[11], pool[12], pool[13], pool[15]
+    nh = 0
+    lo = chain_off[rid]
+    lim = min((ntok - 1) // bs, chain_off[rid + 1] - lo)
+    for j in range(lim):
+        e = _find(keys[r], used[r], mask, chain[lo + j])
+        if e < 0:
+            break
+        hits[nh] = hhead[r, e]
+        nh += 1
+    return nh
+
+
+@numba.njit(inline="always")
+def _admit(r, gi, now, nsched, budget, wl, fl, req, rep, pool, scr, res, wq):  # type: ignore[no-untyped-def]
+    """vLLM v1 schedule()'s second loop on replica ``r`` (rank ``gi``; only when nobody was
+    preempted): waiting requests, from the queue's head, are admitted with their prefix-cache hits
+    while the token budget, a running slot and the KV pool allow. Returns the requests scheduled."""
+    prompt = wl[1]
+    S, bs, chunked, caching = fl[4], fl[6], fl[7], fl[8]
+    computed, gen, nblk, slot_of, started = req[0], req[1], req[2], req[4], req[5]
+    nrun, running, slots_free, nslots, whead, wlen = rep[2], rep[3], rep[4], rep[5], rep[6], rep[7]
+    nfree, fhead, fnext, fprev, ftail, ref, table = pool[0], pool[1], pool[2], pool[3], pool[4], pool[5], pool[6]
+    sched_rid, sched_n, hits = scr[0], scr[1], scr[16]
+    while wlen[r] > 0 and budget > 0 and nrun[r] < S:
+        rid = wq[r, whead[r]]
+        ntok = prompt[rid] + gen[rid]
+        nh = _prefix_hits(r, rid, ntok, wl, fl, pool, hits) if caching and computed[rid] == 0 else 0
+        c0 = computed[rid] + nh * bs
+        n_new = ntok - c0
+        if not chunked and n_new > budget:
+            break
+        n_new = min(n_new, budget)
+        tokens_after = c0 + n_new
+        need = max(0, -(-tokens_after // bs) - nblk[rid] - nh)
+        evictable = 0
+        for j in range(nh):
+            if ref[r, hits[j]] == 0:
+                evictable += 1
+        if need + evictable > nfree[r]:
+            break
+        whead[r] = (whead[r] + 1) % wq.shape[1]
+        wlen[r] -= 1
+        running[r, nrun[r]] = rid
+        nrun[r] += 1
+        nslots[r] -= 1
+        s = slots_free[r, nslots[r]]
+        slot_of[rid] = s
+        for j in range(nh):
+            b = hits[j]
+            if ref[r, b] == 0:  # a hit no one else holds: out of the free queue
+                _unlink_free(r, b, nfree, fhead, fnext, fprev, ftail)
+            ref[r, b] += 1
+            table[r, s, nblk[rid]] = b
+            nblk[rid] += 1
+        _alloc(r, s, rid, need, min(tokens_after, ntok), wl, fl, req, pool)
+        computed[rid] = c0
+        if not started[rid]:
+            started[rid] = True
+            res[2][rid] = now  # res_sched
+            res[7][rid] = nh * bs  # res_hit
+        sched_rid[gi, nsched] = rid
+        sched_n[gi, nsched] = n_new
+        nsched += 1
+        budget -= n_new
+    return nsched
+
+
+@numba.njit(inline="always")
+def _step_cost(gi, nsched, computed, scr, cost):  # type: ignore[no-untyped-def]
+    """The shape of rank ``gi``'s scheduled batch and its cost (kept in gout and gx, with its size
+    in gn); returns the step's duration."""
+    sched_rid, sched_n, gn, gout, gx = scr[0], scr[1], scr[3], scr[4], scr[5]
+    x, out = scr[17], scr[18]
+    tok, logit, af, ab, acount, apeak, ahas, abw, dla, dlb, dlt, pla, plb, plt, mx, sc = cost
+    p_tok = 0.0
+    p_seq = 0.0
+    p_pairs = 0.0
+    p_kv = 0.0
+    d_seq = 0.0
+    d_ctx = 0.0
+    for q in range(nsched):
+        rid = sched_rid[gi, q]
+        nn = sched_n[gi, q]
+        if nn == 1:
+            d_seq += 1
+            d_ctx += computed[rid] + 1
+        else:
+            p_tok += nn
+            p_seq += 1
+            p_pairs += nn * computed[rid] + nn * (nn + 1) / 2
+            p_kv += computed[rid] + nn
+    x[0] = p_tok
+    x[1] = p_seq
+    x[2] = p_pairs
+    x[3] = p_kv
+    x[4] = d_seq
+    x[5] = d_ctx
+    _tab_row(x, tok, logit, af, ab, acount, apeak, ahas, abw, dla, dlb, dlt, pla, plb, plt, mx, sc, out)
+    gn[gi] = nsched
+    for c in range(8):
+        gout[gi, c] = out[c]
+    gx[gi, 0] = p_tok
+    gx[gi, 1] = p_seq
+    gx[gi, 2] = d_seq
+    return out[0]
+
+
+@numba.njit(inline="always")
+def _tokens_in(r, gi, end, wl, req, scr, res):  # type: ignore[no-untyped-def]
+    """Rank ``gi``'s step (replica ``r``) ended at ``end``: its scheduled tokens are computed, a
+    request whose prompt and sampled tokens are all computed samples one more, and finishes when
+    it has all its output. Returns the finished count (their ids in fin)."""
+    prompt, output = wl[1], wl[2]
+    computed, gen, last_tok = req[0], req[1], req[6]
+    sched_rid, sched_n, gn, fin = scr[0], scr[1], scr[3], scr[15]
+    res_first, res_finish, res_itl, res_prefill = res[3], res[4], res[5], res[8]
+    nf = 0
+    for q in range(gn[gi]):
+        rid = sched_rid[gi, q]
+        nn = sched_n[gi, q]
+        res_prefill[rid] += nn
+        computed[rid] += nn
+        if computed[rid] == prompt[rid] + gen[rid]:
+            gen[rid] += 1
+            if gen[rid] == 1:
+                res_first[rid] = end
+            else:
+                gap = end - last_tok[rid]
+                prev = res_itl[rid]
+                res_itl[rid] = gap if np.isnan(prev) else max(prev, gap)
+            last_tok[rid] = end
+            if gen[rid] == output[rid]:
+                res_finish[rid] = end
+                res_prefill[rid] -= output[rid] - 1
+                fin[nf] = rid
+                nf += 1
+    return nf
+
+
+@numba.njit(inline="always")
+def _retire(r, nf, end, n, wl, fl, req, rep, pool, scr, ev, ctl, heap_n, seq, next_issue):  # type: ignore[no-untyped-def]
+    """The ``nf`` requests that finished on replica ``r`` at ``end`` leave the running list and give
+    back their blocks and slots (closed loop: their clients issue the next requests). Returns the
+    new (heap_n, seq, next_issue)."""
+    output = wl[2]
+    closed, caching = fl[2], fl[8]
+    gen = req[1]
+    nrun, running, nfin = rep[2], rep[3], rep[9]
+    fin = scr[15]
+    keep = 0
+    for q in range(nrun[r]):
+        rid = running[r, q]
+        if gen[rid] != output[rid]:
+            running[r, keep] = rid
+            keep += 1
+    nrun[r] = keep
+    for q in range(nf):
+        rid = fin[q]
+        _free(r, rid, caching, req, rep, pool)
+        heap_n, seq, next_issue = _issue(end, closed, n, ev, heap_n, seq, next_issue)
+    nfin[r] += nf
+    ctl[1] += nf  # progress: requests done
+    return heap_n, seq, next_issue
+
+
+@numba.njit(inline="always")
+def _step(first, now, nlog, wl, fl, cost, res, ctl, req, rep, pool, scr, ev, log, last_row, wq, heap):  # type: ignore[no-untyped-def]
+    """One step of replica ``first`` (vLLM v1 schedule(), as reference.step) starting at ``now`` —
+    or of its lockstep group: every rank with work schedules its own batch, idle ranks run a dummy
+    batch, the step lasts as long as the slowest rank's (docs/engine.md). ``heap`` is (heap_n, seq,
+    next_issue); returns (nlog, heap_n, seq, next_issue)."""
+    C, G, dummy_s, want_log = fl[3], fl[10], fl[11], fl[9]
+    clock, ready, nrun, wlen, last_end, last_nfin = rep[0], rep[1], rep[2], rep[7], rep[10], rep[11]
+    nfree = pool[0]
+    part, gout, gx = scr[2], scr[4], scr[5]
+    heap_n, seq, next_issue = heap
+    g0 = first - first % G
+    dt = 0.0
+    for gi in range(G):
+        r = g0 + gi
+        clock[r] = now
+        part[gi] = G == 1 or ((nrun[r] > 0 or wlen[r] > 0) and ready[r] <= now)
+        scr[3][gi] = 0  # gn
+        if not part[gi]:
+            if dummy_s > dt:
+                dt = dummy_s
+            continue
+        nsched, budget, preempted = _schedule_running(r, gi, wl, fl, req, rep, pool, scr, res, wq)
+        if not preempted:
+            nsched = _admit(r, gi, now, nsched, budget, wl, fl, req, rep, pool, scr, res, wq)
+        # -- the step's shape and cost
+        d = _step_cost(gi, nsched, req[0], scr, cost)
+        if d > dt:
+            dt = d
+    end = now + dt
+    for gi in range(G):
+        r = g0 + gi
+        clock[r] = end
+        if not part[gi]:
+            last_end[r] = end
+            last_nfin[r] = 0
+            continue
+        if want_log:
+            nlog = _log_span(
+                log, nlog, last_row, r, now, end, 1, gx[gi, 0], gx[gi, 1], gx[gi, 2], nrun[r], wlen[r],
+                C - nfree[r], gout[gi, 5], gout[gi, 6], gout[gi, 1], gout[gi, 2], gout[gi, 3], gout[gi, 4], gout[gi, 7],
+            )  # fmt: skip
+        # -- tokens in, tokens sampled, finishes
+        nf = _tokens_in(r, gi, end, wl, req, scr, res)
+        if nf:
+            heap_n, seq, next_issue = _retire(
+                r, nf, end, wl[1].shape[0], wl, fl, req, rep, pool, scr, ev, ctl, heap_n, seq, next_issue
+            )
+        last_end[r] = end
+        last_nfin[r] = nf
+    return nlog, heap_n, seq, next_issue
+
+
+@numba.njit(inline="always")
+def _decode_kmax(r, k_max, wl, req, running, nr):  # type: ignore[no-untyped-def]
+    """Folds replica ``r``'s ``nr`` running requests into ``k_max``, the steps a decode span may
+    take (−1: no bound yet): 0 unless every one is one token from done with its prefill, else at
+    most the steps before one finishes. Returns (k_max, Σ computed)."""
+    prompt, output = wl[1], wl[2]
+    computed, gen = req[0], req[1]
+    c_sum = 0.0
+    for q in range(nr):
+        rid = running[r, q]
+        left = output[rid] - gen[rid]
+        if prompt[rid] + gen[rid] - computed[rid] != 1:
+            return 0, c_sum
+        c_sum += computed[rid]
+        if k_max < 0 or left - 1 < k_max:
+            k_max = left - 1  # the step that finishes a request is a general one
+    return k_max, c_sum
+
+
+@numba.njit(inline="always")
+def _buckets(r, nr, bs, computed, running, bstart, bfill, bphase, bitems):  # type: ignore[no-untyped-def]
+    """Buckets of running positions by the step phase at which they open a block: bucket ``p`` is
+    ``bitems[bstart[p]:bstart[p + 1]]``."""
+    for p in range(bs + 1):
+        bstart[p] = 0
+    for q in range(nr):
+        ph = (bs - computed[running[r, q]] % bs) % bs
+        bphase[q] = ph
+        bstart[ph + 1] += 1
+    for p in range(bs):
+        bstart[p + 1] += bstart[p]
+    for p in range(bs):
+        bfill[p] = bstart[p]
+    for q in range(nr):
+        ph = bphase[q]
+        bitems[bfill[ph]] = q
+        bfill[ph] += 1
+
+
+@numba.njit(inline="always")
+def _head_blocked(r, nr, opening, wl, fl, req, rep, pool, wq):  # type: ignore[no-untyped-def]
+    """Whether replica ``r``'s waiting head stays blocked for a whole decode span of its ``nr``
+    running requests (``opening`` of which open a block in the span's first step)."""
+    prompt = wl[1]
+    S, budget_max, bs, chunked, caching = fl[4], fl[5], fl[6], fl[7], fl[8]
+    computed, gen, nblk = req[0], req[1], req[2]
+    whead, wlen = rep[6], rep[7]
+    stable = wlen[r] == 0 or nr >= S or budget_max - nr <= 0
+    if not stable and not caching:
+        hd = wq[r, whead[r]]
+        h_new = prompt[hd] + gen[hd] - computed[hd]
+        if not chunked and h_new > budget_max - nr:
+            stable = True
+        else:
+            h_new = min(h_new, budget_max - nr)
+            h_need = max(0, -(-(computed[hd] + h_new) // bs) - nblk[hd])
+            # nfree only falls during a span: blocked after step 0, blocked after all
+            stable = h_need > pool[0][r] - opening
+    return stable
+
+
+@numba.njit(inline="always")
+def _prep_span(nr, cost, prep):  # type: ignore[no-untyped-def]
+    """tab_span_prep for a decode span of ``nr`` requests, into ``prep`` (sp_pre, sp_f, sp_b,
+    sp_row)."""
+    tok, logit, af, ab, dla, dlt, sc = cost[0], cost[1], cost[2], cost[3], cost[8], cost[10], cost[15]
+    _span_prep(float(nr), tok, logit, af, ab, dla, dlt, sc, prep[0], prep[1], prep[2], prep[3])
+
+
+@numba.njit(inline="always")
+def _decode_step(r, m, c_sum, ph_alloc, ph_fill, bstart, bitems, prep, sums, wl, fl, req, rep, pool, cost, out):  # type: ignore[no-untyped-def]
+    """Step ``m`` of a decode span of replica ``r``: the requests of bucket ``ph_alloc`` get their
+    new block, those of bucket ``ph_fill`` (full blocks) their hashes; the step's cost (in ``out``)
+    is added to ``sums``. ``prep`` is the span's (sp_pre, sp_f, sp_b, sp_row)."""
+    chain_off, chain = wl[3], wl[4]
+    bs, caching = fl[6], fl[8]
+    computed, nblk, nreg, slot_of = req[0], req[2], req[3], req[4]
+    nr, running = rep[2][r], rep[3]
+    nfree, fhead, fnext, fprev, ftail, ref, table, bhash, hashed, hprev, hnext, keys, used, hhead, htail, mask = pool
+    af, ab, acount, apeak, ahas, abw, dlb, sc = cost[2], cost[3], cost[4], cost[5], cost[6], cost[7], cost[9], cost[15]
+    a0 = bstart[ph_alloc]
+    a1 = bstart[ph_alloc + 1]
+    if not caching:
+        nfree[r] -= a1 - a0
+        for u in range(a0, a1):
+            nblk[running[r, bitems[u]]] += 1
+    else:
+        for u in range(a0, a1):
+            rid = running[r, bitems[u]]
+            s_ = slot_of[rid]
+            _take_block(
+                r, s_, rid, nfree, fhead, fnext, fprev, ftail, ref, table, nblk,
+                bhash, hashed, hprev, hnext, keys, used, hhead, htail, mask,
+            )  # fmt: skip
+        # Blocks that are full once this step has run get their hashes.
+        for u in range(bstart[ph_fill], bstart[ph_fill + 1]):
+            rid = running[r, bitems[u]]
+            s_ = slot_of[rid]
+            target = min((computed[rid] + m + 1) // bs, chain_off[rid + 1] - chain_off[rid])
+            _register(
+                r, s_, rid, target, nreg, table, chain, chain_off,
+                bhash, hashed, hprev, hnext, keys, used, hhead, htail, mask,
+            )  # fmt: skip
+    sp_pre, sp_f, sp_b, sp_row = prep
+    _span_row(
+        float(nr), c_sum + nr * (m + 1), af, ab, acount, apeak, ahas, abw, dlb, sc, sp_pre, sp_f, sp_b, sp_row, out
+    )
+    sums[0] += out[5]
+    sums[1] += out[6]
+    sums[2] += out[1]
+    sums[3] += out[2]
+    sums[4] += out[3]
+    sums[5] += out[4]
+    sums[6] += out[7]
+    return out[0]
+
+
+@numba.njit(inline="always")
+def _span_done(r, m, start, end0, max_gap, now, nlog, fl, req, rep, pool, res, log, last_row, sums):  # type: ignore[no-untyped-def]
+    """A decode span of ``m`` steps of replica ``r`` ran from ``start`` to ``now`` (its first step
+    ended at ``end0``, the longest later step took ``max_gap``): its running requests get their
+    tokens, the step log its row (or the replica's latest row grows). Returns nlog."""
+    C, want_log = fl[3], fl[9]
+    computed, gen, last_tok = req[0], req[1], req[6]
+    clock, nrun, running, wlen, last_end, last_nfin = rep[0], rep[2], rep[3], rep[7], rep[10], rep[11]
+    res_first, res_itl, res_prefill = res[3], res[5], res[8]
+    clock[r] = now
+    last_end[r] = now
+    last_nfin[r] = 0
+    nr = nrun[r]
+    for q in range(nr):
+        rid = running[r, q]
+        res_prefill[rid] += m
+        computed[rid] += m
+        if gen[rid] == 0:
+            res_first[rid] = end0
+            g = max_gap
+        else:
+            g = max(end0 - last_tok[rid], max_gap)
+        gen[rid] += m
+        if g > -_INF:
+            prev = res_itl[rid]
+            res_itl[rid] = g if np.isnan(prev) else max(prev, g)
+        last_tok[rid] = now
+    if want_log:
+        nlog = _log_span(
+            log, nlog, last_row, r, start, now, m, 0.0, 0.0, float(nr), nr, wlen[r], C - pool[0][r],
+            sums[0], sums[1], sums[2], sums[3], sums[4], sums[5], sums[6],
+        )  # fmt: skip
+    return nlog
+
+
+@numba.njit(inline="always")
+def _span_one(r, first_t, limit, nlog, wl, fl, cost, res, req, rep, pool, scr, log, last_row, wq):  # type: ignore[no-untyped-def]
+    """A span of decode steps of replica ``r`` (G == 1) from ``first_t``, when the next steps are
+    ones where every running request decodes one token, nobody is admitted, finishes or is
+    preempted, each starting before ``limit``. Returns (steps run, nlog): 0 steps when the next
+    step is a general one."""
+    bs = fl[6]
+    nrun, running = rep[2], rep[3]
+    nfree = pool[0]
+    bfill, bphase, sums = scr[24], scr[25], scr[27]
+    bstart, bitems, out = scr[23], scr[26], scr[18]
+    nr = nrun[r]
+    if nr == 0 or first_t >= limit:
+        return 0, nlog
+    k_max, c_sum = _decode_kmax(r, -1, wl, req, running, nr)
+    if k_max <= 0:
+        return 0, nlog
+    # Buckets of running positions by the step phase at which they open a block.
+    _buckets(r, nr, bs, req[0], running, bstart, bfill, bphase, bitems)
+    # The waiting head must stay blocked for the whole span.
+    if not _head_blocked(r, nr, bstart[1] - bstart[0], wl, fl, req, rep, pool, wq):
+        return 0, nlog
+    now = first_t
+    m = 0
+    ph_alloc = 0
+    sums[:] = 0.0
+    prep = (scr[19], scr[20], scr[21], scr[22])  # sp_pre, sp_f, sp_b, sp_row
+    _prep_span(nr, cost, prep)
+    max_gap = -_INF
+    end0 = now
+    while m < k_max and now < limit:
+        if bstart[ph_alloc + 1] - bstart[ph_alloc] > nfree[r]:
+            break  # an allocation fails: the general step preempts
+        ph_fill = ph_alloc + 1 if ph_alloc + 1 < bs else 0
+        end = now + _decode_step(
+            r, m, c_sum, ph_alloc, ph_fill, bstart, bitems, prep, sums, wl, fl, req, rep, pool, cost, out
+        )
+        if m == 0:
+            end0 = end
+        else:
+            gap = end - now
+            if gap > max_gap:
+                max_gap = gap
+        now = end
+        m += 1
+        ph_alloc = ph_fill
+    if m > 0:
+        nlog = _span_done(r, m, first_t, end0, max_gap, now, nlog, fl, req, rep, pool, res, log, last_row, sums)
+    return m, nlog
+
+
+@numba.njit(inline="always")
+def _group_limit(g0, ev_t, fl, rep, ev):  # type: ignore[no-untyped-def]
+    """The time before which every step of a decode span of the lockstep group from replica ``g0``
+    must start: the next arrival that concerns it (closed loop: also another replica's next step)."""
+    R, closed, G = fl[0], fl[2], fl[10]
+    clock, ready, nrun, wlen = rep[0], rep[1], rep[2], rep[7]
+    static, own_start, own_t, own_ptr = ev[4], ev[5], ev[6], ev[7]
+    if closed:
+        glimit = ev_t
+        for q in range(R):
+            if (q < g0 or q >= g0 + G) and (nrun[q] > 0 or wlen[q] > 0):
+                s_q = max(clock[q], ready[q])
+                if s_q < glimit:
+                    glimit = s_q
+    elif static:
+        glimit = _INF
+        for q in range(g0, g0 + G):
+            if own_ptr[q] < own_start[q + 1] - own_start[q]:
+                t_q = own_t[own_start[q] + own_ptr[q]]
+                if t_q < glimit:
+                    glimit = t_q
+    else:
+        glimit = ev_t
+    return glimit
+
+
+@numba.njit(inline="always")
+def _group_kmax(g0, first_t, glimit, wl, fl, req, rep, pool, scr, wq):  # type: ignore[no-untyped-def]
+    """Whether the lockstep group from replica ``g0`` can run a decode span from ``first_t``: every
+    rank with work (gbusy) decodes only and its waiting head stays blocked. Returns (k_max, ranks
+    with work), k_max 0 when not; fills gcsum, gbstart and gbitems for the busy ranks."""
+    bs, G = fl[6], fl[10]
+    ready, nrun, running, wlen = rep[1], rep[2], rep[3], rep[7]
+    gbusy, gcsum, gbstart, gbitems = scr[6], scr[7], scr[8], scr[9]
+    bfill, bphase = scr[24], scr[25]
+    k_max = -1 if first_t < glimit else 0
+    nbusy = 0
+    for gi in range(G):
+        if k_max == 0:
+            break
+        rq = g0 + gi
+        nr = nrun[rq]
+        gbusy[gi] = nr > 0 or wlen[rq] > 0
+        if not gbusy[gi]:
+            continue
+        nbusy += 1
+        if nr == 0 or ready[rq] > first_t:
+            k_max = 0
+            break
+        k_max, c_sum = _decode_kmax(rq, k_max, wl, req, running, nr)
+        if k_max <= 0:
+            k_max = 0
+            break
+        gcsum[gi] = c_sum
+        _buckets(rq, nr, bs, req[0], running, gbstart[gi], bfill, bphase, gbitems[gi])
+        if not _head_blocked(rq, nr, gbstart[gi, 1] - gbstart[gi, 0], wl, fl, req, rep, pool, wq):
+            k_max = 0
+            break
+    return k_max, nbusy
+
+
+@numba.njit(inline="always")
+def _span_group(first, first_t, ev_t, nlog, wl, fl, cost, res, req, rep, pool, scr, ev, log, last_row, wq):  # type: ignore[no-untyped-def]
+    """A span of decode steps of the lockstep group of replica ``first`` (G > 1): every rank with
+    work is in a span-able state (decode only, waiting head blocked); idle ranks run dummy steps;
+    each step lasts as long as the slowest rank's. Same rules and arithmetic as the general group
+    step, so results are identical to stepping one at a time. Returns (steps run, nlog)."""
+    bs, G, dummy_s = fl[6], fl[10], fl[11]
+    clock, nrun, last_end, last_nfin = rep[0], rep[2], rep[10], rep[11]
+    nfree = pool[0]
+    gbusy, gcsum, gbstart, gbitems = scr[6], scr[7], scr[8], scr[9]
+    gsp_pre, gsp_f, gsp_b, gsp_row, gsums, out = scr[10], scr[11], scr[12], scr[13], scr[14], scr[18]
+    g0 = first - first % G
+    glimit = _group_limit(g0, ev_t, fl, rep, ev)
+    k_max, nbusy = _group_kmax(g0, first_t, glimit, wl, fl, req, rep, pool, scr, wq)
+    if k_max <= 0 or nbusy == 0:
+        return 0, nlog
+    for gi in range(G):
+        if gbusy[gi]:
+            _prep_span(nrun[g0 + gi], cost, (gsp_pre[gi], gsp_f[gi], gsp_b[gi], gsp_row[gi]))
+    now = first_t
+    m = 0
+    ph_alloc = 0
+    gsums[:, :] = 0.0
+    max_gap = -_INF
+    end0 = now
+    while m < k_max and now < glimit:
+        fails = False
+        for gi in range(G):
+            if gbusy[gi] and gbstart[gi, ph_alloc + 1] - gbstart[gi, ph_alloc] > nfree[g0 + gi]:
+                fails = True
+        if fails:
+            break  # an allocation fails: the general step preempts
+        ph_fill = ph_alloc + 1 if ph_alloc + 1 < bs else 0
+        dt = dummy_s if nbusy < G else 0.0
+        for gi in range(G):
+            if not gbusy[gi]:
+                continue
+            prep = (gsp_pre[gi], gsp_f[gi], gsp_b[gi], gsp_row[gi])
+            d = _decode_step(
+                g0 + gi, m, gcsum[gi], ph_alloc, ph_fill, gbstart[gi], gbitems[gi], prep, gsums[gi],
+                wl, fl, req, rep, pool, cost, out,
+            )  # fmt: skip
+            if d > dt:
+                dt = d
+        end = now + dt
+        if m == 0:
+            end0 = end
+        else:
+            gap = end - now
+            if gap > max_gap:
+                max_gap = gap
+        now = end
+        m += 1
+        ph_alloc = ph_fill
+    if m > 0:
+        for gi in range(G):
+            rq = g0 + gi
+            if not gbusy[gi]:
+                clock[rq] = now
+                last_end[rq] = now
+                last_nfin[rq] = 0
+                continue
+            nlog = _span_done(
+                rq, m, first_t, end0, max_gap, now, nlog, fl, req, rep, pool, res, log, last_row, gsums[gi]
+            )
+    return m, nlog
+
+
+@numba.njit(cache=True, _nrt=False)  # type: ignore[call-overload]
+def _replay(wl, fl, cost, res, ctl, req, rep, pool, scr, ev, st, log, last_row, wq):  # type: ignore[no-untyped-def]
+    """run_fleet's event loop, from the loop state in ``st`` (ev_pos, heap_n, seq, next_issue, rr,
+    nlog) until the fleet is done or cancelled (returns _DONE), or until the next event could
+    outgrow the step log (_GROW_LOG) or a waiting queue (_GROW_WQ): the event has not started,
+    ``st`` holds the state, run_fleet grows the array and calls again (growing changes no result).
+    Every event is an arrival, a decode span (of a replica, or of a lockstep group) or a step."""
+    times, rejected, aff_rep = wl[0], wl[6], wl[5]
+    router, closed, G = fl[1], fl[2], fl[10]
+    clock, ready, nrun, wlen, routed = rep[0], rep[1], rep[2], rep[7], rep[8]
+    nfin, last_end, last_nfin = rep[9], rep[10], rep[11]
+    order, heap_t, heap_s, heap_i, static, own_start, own_t, own_ptr = ev
+    n = times.shape[0]
+    ev_pos, heap_n, seq, next_issue, rr, nlog = st[0], st[1], st[2], st[3], st[4], st[5]
+    code = _DONE
     while True:
         if ctl[0] != 0.0:  # cancelled by the calling thread (Ctrl-C): stop, results incomplete
             break
@@ -677,693 +1308,111 @@ def run_fleet(  # type: ignore[no-untyped-def]
             ev_t = times[order[ev_pos]] if has_ev else _INF
         if has_ev and (first < 0 or ev_t <= first_t):
             # -- an arrival
+            i = heap_i[0] if closed else order[ev_pos]
+            dest = -1 if rejected[i] else _route(i, ev_t, router, rr, aff_rep, routed, nfin, last_end, last_nfin)
+            if dest >= 0 and wlen[dest] == wq.shape[1]:
+                code = _GROW_WQ
+                break
             if closed:
-                i = heap_i[0]
                 heap_n = _heap_pop(heap_t, heap_s, heap_i, heap_n)
             else:
-                i = order[ev_pos]
                 ev_pos += 1
-            res_arrival[i] = ev_t
-            if rejected[i]:
+            res[0][i] = ev_t  # res_arrival
+            if dest < 0:  # rejected
                 ctl[1] += 1.0  # progress: requests done
-                if closed and next_issue < n:
-                    heap_n = _heap_push(heap_t, heap_s, heap_i, heap_n, ev_t, seq, next_issue)
-                    seq += 1
-                    next_issue += 1
+                heap_n, seq, next_issue = _issue(ev_t, closed, n, ev, heap_n, seq, next_issue)
                 continue
-            dest = _route(i, ev_t, router, rr, aff_rep, routed, nfin, last_end, last_nfin)
             rr += 1
-            res_replica[i] = dest
-            if static:
-                own_ptr[dest] += 1
-            routed[dest] += 1
-            if ev_t > ready[dest]:
-                ready[dest] = ev_t
-            if wlen[dest] == wcap:
-                wq, wcap = _grow_wq(wq, wcap, whead, wlen)
-            wq[dest, (whead[dest] + wlen[dest]) % wcap] = i
-            wlen[dest] += 1
+            _enqueue(i, ev_t, dest, rep, res, ev, wq)
             continue
         if first < 0:
             break
-
-        # -- a span of decode steps of replica `first`, when the next steps are ones where every
-        # running request decodes one token, nobody is admitted, finishes or is preempted.
-        # Steps start before the next arrival (and, in closed loop, before any other replica's
-        # next step, whose finishes issue arrivals), so no event is passed.
-        r = first
-        if closed:
-            limit = min(ev_t, second_t)
-        elif static:
-            # Routing ignores replica state: only this replica's own next arrival matters.
-            limit = own_t[own_start[r] + own_ptr[r]] if own_ptr[r] < own_start[r + 1] - own_start[r] else _INF
-        else:
-            limit = ev_t
-        nr = nrun[r]
-        if G == 1 and nr > 0 and first_t < limit:
-            k_max = -1
-            c_sum = 0.0
-            for q in range(nr):
-                rid = running[r, q]
-                left = output[rid] - gen[rid]
-                if prompt[rid] + gen[rid] - computed[rid] != 1:
-                    k_max = 0
-                    break
-                c_sum += computed[rid]
-                if k_max < 0 or left - 1 < k_max:
-                    k_max = left - 1  # the step that finishes a request is a general one
-            if k_max > 0:
-                # Buckets of running positions by the step phase at which they open a block.
-                for p in range(bs + 1):
-                    bstart[p] = 0
-                for q in range(nr):
-                    ph = (bs - computed[running[r, q]] % bs) % bs
-                    bphase[q] = ph
-                    bstart[ph + 1] += 1
-                for p in range(bs):
-                    bstart[p + 1] += bstart[p]
-                for p in range(bs):
-                    bfill[p] = bstart[p]
-                for q in range(nr):
-                    ph = bphase[q]
-                    bitems[bfill[ph]] = q
-                    bfill[ph] += 1
-                # The waiting head must stay blocked for the whole span.
-                stable = wlen[r] == 0 or nr >= S or budget_max - nr <= 0
-                if not stable and not caching:
-                    hd = wq[r, whead[r]]
-                    h_new = prompt[hd] + gen[hd] - computed[hd]
-                    if not chunked and h_new > budget_max - nr:
-                        stable = True
-                    else:
-                        h_new = min(h_new, budget_max - nr)
-                        h_need = max(0, -(-(computed[hd] + h_new) // bs) - nblk[hd])
-                        # nfree only falls during a span: blocked after step 0, blocked after all
-                        stable = h_need > nfree[r] - (bstart[1] - bstart[0])
-                if not stable:
-                    k_max = 0
-            if k_max > 0:
-                now = first_t
-                m = 0
-                ph_alloc = 0
-                sums[:] = 0.0
-                _span_prep(float(nr), tok, logit, af, ab, dla, dlt, sc, sp_pre, sp_f, sp_b, sp_row)
-                max_gap = -_INF
-                end0 = now
-                while m < k_max and now < limit:
-                    a0 = bstart[ph_alloc]
-                    a1 = bstart[ph_alloc + 1]
-                    if a1 - a0 > nfree[r]:
-                        break  # an allocation fails: the general step preempts
-                    if not caching:
-                        nfree[r] -= a1 - a0
-                        for u in range(a0, a1):
-                            nblk[running[r, bitems[u]]] += 1
-                    else:
-                        for u in range(a0, a1):
-                            rid = running[r, bitems[u]]
-                            s_ = slot_of[rid]
-                            _take_block(
-                                r, s_, rid, nfree, fhead, fnext, fprev, ftail, ref, table, nblk,
-                                bhash, hashed, hprev, hnext, keys, used, hhead, htail, mask,
-                            )  # fmt: skip
-                    ph_fill = ph_alloc + 1 if ph_alloc + 1 < bs else 0
-                    if caching:
-                        # Blocks that are full once this step has run get their hashes.
-                        for u in range(bstart[ph_fill], bstart[ph_fill + 1]):
-                            rid = running[r, bitems[u]]
-                            s_ = slot_of[rid]
-                            target = min((computed[rid] + m + 1) // bs, chain_off[rid + 1] - chain_off[rid])
-                            _register(
-                                r, s_, rid, target, nreg, table, chain, chain_off,
-                                bhash, hashed, hprev, hnext, keys, used, hhead, htail, mask,
-                            )  # fmt: skip
-                    _span_row(
-                        float(nr),
-                        c_sum + nr * (m + 1),
-                        af,
-                        ab,
-                        acount,
-                        apeak,
-                        ahas,
-                        abw,
-                        dlb,
-                        sc,
-                        sp_pre,
-                        sp_f,
-                        sp_b,
-                        sp_row,
-                        out,
-                    )
-                    end = now + out[0]
-                    if m == 0:
-                        end0 = end
-                    else:
-                        gap = end - now
-                        if gap > max_gap:
-                            max_gap = gap
-                    sums[0] += out[5]
-                    sums[1] += out[6]
-                    sums[2] += out[1]
-                    sums[3] += out[2]
-                    sums[4] += out[3]
-                    sums[5] += out[4]
-                    sums[6] += out[7]
-                    now = end
-                    m += 1
-                    ph_alloc = ph_fill
-                if m > 0:
-                    span_start = first_t
-                    for q in range(nr):
-                        rid = running[r, q]
-                        res_prefill[rid] += m
-                        computed[rid] += m
-                        if gen[rid] == 0:
-                            res_first[rid] = end0
-                            g = max_gap
-                        else:
-                            g = max(end0 - last_tok[rid], max_gap)
-                        gen[rid] += m
-                        if g > -_INF:
-                            prev = res_itl[rid]
-                            res_itl[rid] = g if np.isnan(prev) else max(prev, g)
-                        last_tok[rid] = now
-                    clock[r] = now
-                    last_end[r] = now
-                    last_nfin[r] = 0
-                    if want_log:
-                        if nlog == log.shape[0]:
-                            log = _grow(log)
-                        nlog = _log_span(
-                            log,
-                            nlog,
-                            last_row,
-                            r,
-                            span_start,
-                            now,
-                            m,
-                            0.0,
-                            0.0,
-                            float(nr),
-                            nr,
-                            wlen[r],
-                            C - nfree[r],
-                            sums[0],
-                            sums[1],
-                            sums[2],
-                            sums[3],
-                            sums[4],
-                            sums[5],
-                            sums[6],
-                        )
-                    continue
-
-        # -- a span of decode steps of a lockstep group (G > 1): every rank with work is in a
-        # span-able state (decode only, waiting head blocked); idle ranks run dummy steps; each
-        # step lasts as long as the slowest rank's. Same rules and arithmetic as the general
-        # group step below, so results are identical to stepping one at a time.
-        if G > 1:
-            g0 = r - r % G
+        code = _room(first - first % G, fl, nlog, log, rep, wq)
+        if code != _DONE:
+            break
+        # -- a span of decode steps of replica `first`. Steps start before the next arrival (and,
+        # in closed loop, before any other replica's next step, whose finishes issue arrivals), so
+        # no event is passed.
+        if G == 1:
+            r = first
             if closed:
-                glimit = ev_t
-                for q in range(R):
-                    if (q < g0 or q >= g0 + G) and (nrun[q] > 0 or wlen[q] > 0):
-                        s_q = max(clock[q], ready[q])
-                        if s_q < glimit:
-                            glimit = s_q
+                limit = min(ev_t, second_t)
             elif static:
-                glimit = _INF
-                for q in range(g0, g0 + G):
-                    if own_ptr[q] < own_start[q + 1] - own_start[q]:
-                        t_q = own_t[own_start[q] + own_ptr[q]]
-                        if t_q < glimit:
-                            glimit = t_q
+                # Routing ignores replica state: only this replica's own next arrival matters.
+                limit = own_t[own_start[r] + own_ptr[r]] if own_ptr[r] < own_start[r + 1] - own_start[r] else _INF
             else:
-                glimit = ev_t
-            k_max = -1 if first_t < glimit else 0
-            nbusy = 0
-            for gi in range(G):
-                if k_max == 0:
-                    break
-                rq = g0 + gi
-                nr = nrun[rq]
-                gbusy[gi] = nr > 0 or wlen[rq] > 0
-                if not gbusy[gi]:
-                    continue
-                nbusy += 1
-                if nr == 0 or ready[rq] > first_t:
-                    k_max = 0
-                    break
-                c_sum = 0.0
-                for q in range(nr):
-                    rid = running[rq, q]
-                    left = output[rid] - gen[rid]
-                    if prompt[rid] + gen[rid] - computed[rid] != 1:
-                        k_max = 0
-                        break
-                    c_sum += computed[rid]
-                    if k_max < 0 or left - 1 < k_max:
-                        k_max = left - 1
-                if k_max <= 0:
-                    k_max = 0
-                    break
-                gcsum[gi] = c_sum
-                for p in range(bs + 1):
-                    gbstart[gi, p] = 0
-                for q in range(nr):
-                    ph = (bs - computed[running[rq, q]] % bs) % bs
-                    bphase[q] = ph
-                    gbstart[gi, ph + 1] += 1
-                for p in range(bs):
-                    gbstart[gi, p + 1] += gbstart[gi, p]
-                for p in range(bs):
-                    bfill[p] = gbstart[gi, p]
-                for q in range(nr):
-                    ph = bphase[q]
-                    gbitems[gi, bfill[ph]] = q
-                    bfill[ph] += 1
-                stable = wlen[rq] == 0 or nr >= S or budget_max - nr <= 0
-                if not stable and not caching:
-                    hd = wq[rq, whead[rq]]
-                    h_new = prompt[hd] + gen[hd] - computed[hd]
-                    if not chunked and h_new > budget_max - nr:
-                        stable = True
-                    else:
-                        h_new = min(h_new, budget_max - nr)
-                        h_need = max(0, -(-(computed[hd] + h_new) // bs) - nblk[hd])
-                        stable = h_need > nfree[rq] - (gbstart[gi, 1] - gbstart[gi, 0])
-                if not stable:
-                    k_max = 0
-                    break
-            if k_max > 0 and nbusy > 0:
-                for gi in range(G):
-                    if gbusy[gi]:
-                        _span_prep(
-                            float(nrun[g0 + gi]),
-                            tok,
-                            logit,
-                            af,
-                            ab,
-                            dla,
-                            dlt,
-                            sc,
-                            gsp_pre[gi],
-                            gsp_f[gi],
-                            gsp_b[gi],
-                            gsp_row[gi],
-                        )
-                now = first_t
-                m = 0
-                ph_alloc = 0
-                gsums[:, :] = 0.0
-                max_gap = -_INF
-                end0 = now
-                while m < k_max and now < glimit:
-                    fails = False
-                    for gi in range(G):
-                        if gbusy[gi] and gbstart[gi, ph_alloc + 1] - gbstart[gi, ph_alloc] > nfree[g0 + gi]:
-                            fails = True
-                    if fails:
-                        break  # an allocation fails: the general step preempts
-                    ph_fill = ph_alloc + 1 if ph_alloc + 1 < bs else 0
-                    dt = dummy_s if nbusy < G else 0.0
-                    for gi in range(G):
-                        if not gbusy[gi]:
-                            continue
-                        rq = g0 + gi
-                        nr = nrun[rq]
-                        a0 = gbstart[gi, ph_alloc]
-                        a1 = gbstart[gi, ph_alloc + 1]
-                        if not caching:
-                            nfree[rq] -= a1 - a0
-                            for u in range(a0, a1):
-                                nblk[running[rq, gbitems[gi, u]]] += 1
-                        else:
-                            for u in range(a0, a1):
-                                rid = running[rq, gbitems[gi, u]]
-                                s_ = slot_of[rid]
-                                _take_block(
-                                    rq, s_, rid, nfree, fhead, fnext, fprev, ftail, ref, table, nblk,
-                                    bhash, hashed, hprev, hnext, keys, used, hhead, htail, mask,
-                                )  # fmt: skip
-                            for u in range(gbstart[gi, ph_fill], gbstart[gi, ph_fill + 1]):
-                                rid = running[rq, gbitems[gi, u]]
-                                s_ = slot_of[rid]
-                                target = min((computed[rid] + m + 1) // bs, chain_off[rid + 1] - chain_off[rid])
-                                _register(
-                                    rq, s_, rid, target, nreg, table, chain, chain_off,
-                                    bhash, hashed, hprev, hnext, keys, used, hhead, htail, mask,
-                                )  # fmt: skip
-                        _span_row(
-                            float(nr),
-                            gcsum[gi] + nr * (m + 1),
-                            af,
-                            ab,
-                            acount,
-                            apeak,
-                            ahas,
-                            abw,
-                            dlb,
-                            sc,
-                            gsp_pre[gi],
-                            gsp_f[gi],
-                            gsp_b[gi],
-                            gsp_row[gi],
-                            out,
-                        )
-                        gsums[gi, 0] += out[5]
-                        gsums[gi, 1] += out[6]
-                        gsums[gi, 2] += out[1]
-                        gsums[gi, 3] += out[2]
-                        gsums[gi, 4] += out[3]
-                        gsums[gi, 5] += out[4]
-                        gsums[gi, 6] += out[7]
-                        if out[0] > dt:
-                            dt = out[0]
-                    end = now + dt
-                    if m == 0:
-                        end0 = end
-                    else:
-                        gap = end - now
-                        if gap > max_gap:
-                            max_gap = gap
-                    now = end
-                    m += 1
-                    ph_alloc = ph_fill
-                if m > 0:
-                    span_start = first_t
-                    for gi in range(G):
-                        rq = g0 + gi
-                        clock[rq] = now
-                        last_end[rq] = now
-                        last_nfin[rq] = 0
-                        if not gbusy[gi]:
-                            continue
-                        nr = nrun[rq]
-                        for q in range(nr):
-                            rid = running[rq, q]
-                            res_prefill[rid] += m
-                            computed[rid] += m
-                            if gen[rid] == 0:
-                                res_first[rid] = end0
-                                g = max_gap
-                            else:
-                                g = max(end0 - last_tok[rid], max_gap)
-                            gen[rid] += m
-                            if g > -_INF:
-                                prev = res_itl[rid]
-                                res_itl[rid] = g if np.isnan(prev) else max(prev, g)
-                            last_tok[rid] = now
-                        if want_log:
-                            if nlog == log.shape[0]:
-                                log = _grow(log)
-                            nlog = _log_span(
-                                log,
-                                nlog,
-                                last_row,
-                                rq,
-                                span_start,
-                                now,
-                                m,
-                                0.0,
-                                0.0,
-                                float(nr),
-                                nr,
-                                wlen[rq],
-                                C - nfree[rq],
-                                gsums[gi, 0],
-                                gsums[gi, 1],
-                                gsums[gi, 2],
-                                gsums[gi, 3],
-                                gsums[gi, 4],
-                                gsums[gi, 5],
-                                gsums[gi, 6],
-                            )
-                    continue
+                limit = ev_t
+            m, nlog = _span_one(r, first_t, limit, nlog, wl, fl, cost, res, req, rep, pool, scr, log, last_row, wq)
+        else:
+            m, nlog = _span_group(
+                first, first_t, ev_t, nlog, wl, fl, cost, res, req, rep, pool, scr, ev, log, last_row, wq
+            )
+        if m > 0:
+            continue
+        nlog, heap_n, seq, next_issue = _step(
+            first, first_t, nlog, wl, fl, cost, res, ctl, req, rep, pool, scr, ev, log, last_row, wq,
+            (heap_n, seq, next_issue),
+        )  # fmt: skip
+    st[0], st[1], st[2], st[3], st[4], st[5] = ev_pos, heap_n, seq, next_issue, rr, nlog
+    return code
 
-        # -- one step of replica `first` (vLLM v1 schedule(), as reference.step) — or of its
-        # lockstep group: every rank with work schedules its own batch, idle ranks run a dummy
-        # batch, the step lasts as long as the slowest rank's (docs/engine.md).
-        now = first_t
-        g0 = r - r % G
-        dt = 0.0
-        for gi in range(G):
-            r = g0 + gi
-            clock[r] = now
-            part[gi] = G == 1 or ((nrun[r] > 0 or wlen[r] > 0) and ready[r] <= now)
-            gn[gi] = 0
-            if not part[gi]:
-                if dummy_s > dt:
-                    dt = dummy_s
-                continue
-            budget = budget_max
-            nsched = 0
-            preempted = False
-            idx = 0
-            while idx < nrun[r] and budget > 0:
-                rid = running[r, idx]
-                ntok = prompt[rid] + gen[rid]
-                n_new = min(ntok - computed[rid], budget)
-                self_pre = False
-                while True:
-                    tokens_after = computed[rid] + n_new
-                    need = max(0, -(-tokens_after // bs) - nblk[rid])
-                    if need <= nfree[r]:
-                        break
-                    # Preempt the most recently admitted request (vLLM: self.running.pop()).
-                    victim = running[r, nrun[r] - 1]
-                    nrun[r] -= 1
-                    vs = slot_of[victim]
-                    if not caching:
-                        nfree[r] += nblk[victim]
-                    else:
-                        _release(r, vs, victim, nfree, fhead, fnext, fprev, ftail, ref, table, nblk)
-                    nblk[victim] = 0
-                    nreg[victim] = 0
-                    slots_free[r, nslots[r]] = vs
-                    nslots[r] += 1
-                    slot_of[victim] = -1
-                    computed[victim] = 0
-                    res_preempt[victim] += 1
-                    if wlen[r] == wcap:
-                        wq, wcap = _grow_wq(wq, wcap, whead, wlen)
-                    whead[r] = (whead[r] - 1) % wcap
-                    wq[r, whead[r]] = victim
-                    wlen[r] += 1
-                    preempted = True
-                    if victim == rid:
-                        self_pre = True
-                        break
-                if self_pre:
-                    break
-                # allocate `need` blocks from the head of the free queue
-                s = slot_of[rid]
-                if not caching:  # unhashed blocks are interchangeable: count them
-                    nfree[r] -= need
-                    nblk[rid] += need
-                else:
-                    for _ in range(need):
-                        _take_block(
-                            r, s, rid, nfree, fhead, fnext, fprev, ftail, ref, table, nblk,
-                            bhash, hashed, hprev, hnext, keys, used, hhead, htail, mask,
-                        )  # fmt: skip
-                if caching:
-                    target = min(min(tokens_after, ntok) // bs, chain_off[rid + 1] - chain_off[rid])
-                    _register(
-                        r, s, rid, target, nreg, table, chain, chain_off,
-                        bhash, hashed, hprev, hnext, keys, used, hhead, htail, mask,
-                    )  # fmt: skip
-                sched_rid[gi, nsched] = rid
-                sched_n[gi, nsched] = n_new
-                nsched += 1
-                budget -= n_new
-                idx += 1
-            if not preempted:
-                while wlen[r] > 0 and budget > 0 and nrun[r] < S:
-                    rid = wq[r, whead[r]]
-                    ntok = prompt[rid] + gen[rid]
-                    nh = 0
-                    if caching and computed[rid] == 0:
-                        lo = chain_off[rid]
-                        lim = min((ntok - 1) // bs, chain_off[rid + 1] - lo)
-                        for j in range(lim):
-                            e = _find(keys[r], used[r], mask, chain[lo + j])
-                            if e < 0:
-                                break
-                            hits[nh] = hhead[r, e]
-                            nh += 1
-                    c0 = computed[rid] + nh * bs
-                    n_new = ntok - c0
-                    if not chunked and n_new > budget:
-                        break
-                    n_new = min(n_new, budget)
-                    tokens_after = c0 + n_new
-                    need = max(0, -(-tokens_after // bs) - nblk[rid] - nh)
-                    evictable = 0
-                    for j in range(nh):
-                        if ref[r, hits[j]] == 0:
-                            evictable += 1
-                    if need + evictable > nfree[r]:
-                        break
-                    whead[r] = (whead[r] + 1) % wcap
-                    wlen[r] -= 1
-                    running[r, nrun[r]] = rid
-                    nrun[r] += 1
-                    nslots[r] -= 1
-                    s = slots_free[r, nslots[r]]
-                    slot_of[rid] = s
-                    for j in range(nh):
-                        b = hits[j]
-                        if ref[r, b] == 0:  # a hit no one else holds: out of the free queue
-                            _unlink_free(r, b, nfree, fhead, fnext, fprev, ftail)
-                        ref[r, b] += 1
-                        table[r, s, nblk[rid]] = b
-                        nblk[rid] += 1
-                    if not caching:  # unhashed blocks are interchangeable: count them
-                        nfree[r] -= need
-                        nblk[rid] += need
-                    else:
-                        for _ in range(need):
-                            _take_block(
-                                r, s, rid, nfree, fhead, fnext, fprev, ftail, ref, table, nblk,
-                                bhash, hashed, hprev, hnext, keys, used, hhead, htail, mask,
-                            )  # fmt: skip
-                    if caching:
-                        target = min(min(tokens_after, ntok) // bs, chain_off[rid + 1] - chain_off[rid])
-                        _register(
-                            r, s, rid, target, nreg, table, chain, chain_off,
-                            bhash, hashed, hprev, hnext, keys, used, hhead, htail, mask,
-                        )  # fmt: skip
-                    computed[rid] = c0
-                    if not started[rid]:
-                        started[rid] = True
-                        res_sched[rid] = now
-                        res_hit[rid] = nh * bs
-                    sched_rid[gi, nsched] = rid
-                    sched_n[gi, nsched] = n_new
-                    nsched += 1
-                    budget -= n_new
 
-            # -- the step's shape and cost
-            p_tok = 0.0
-            p_seq = 0.0
-            p_pairs = 0.0
-            p_kv = 0.0
-            d_seq = 0.0
-            d_ctx = 0.0
-            for q in range(nsched):
-                rid = sched_rid[gi, q]
-                nn = sched_n[gi, q]
-                if nn == 1:
-                    d_seq += 1
-                    d_ctx += computed[rid] + 1
-                else:
-                    p_tok += nn
-                    p_seq += 1
-                    p_pairs += nn * computed[rid] + nn * (nn + 1) / 2
-                    p_kv += computed[rid] + nn
-            x[0] = p_tok
-            x[1] = p_seq
-            x[2] = p_pairs
-            x[3] = p_kv
-            x[4] = d_seq
-            x[5] = d_ctx
-            _tab_row(x, tok, logit, af, ab, acount, apeak, ahas, abw, dla, dlb, dlt, pla, plb, plt, mx, sc, out)
-            gn[gi] = nsched
-            for c in range(8):
-                gout[gi, c] = out[c]
-            gx[gi, 0] = p_tok
-            gx[gi, 1] = p_seq
-            gx[gi, 2] = d_seq
-            if out[0] > dt:
-                dt = out[0]
-        end = now + dt
-        for gi in range(G):
-            r = g0 + gi
-            clock[r] = end
-            if not part[gi]:
-                last_end[r] = end
-                last_nfin[r] = 0
-                continue
-            nsched = gn[gi]
-            p_tok = gx[gi, 0]
-            p_seq = gx[gi, 1]
-            d_seq = gx[gi, 2]
-            for c in range(8):
-                out[c] = gout[gi, c]
-            if want_log:
-                if nlog == log.shape[0]:
-                    log = _grow(log)
-                nlog = _log_span(
-                    log,
-                    nlog,
-                    last_row,
-                    r,
-                    now,
-                    end,
-                    1,
-                    p_tok,
-                    p_seq,
-                    d_seq,
-                    nrun[r],
-                    wlen[r],
-                    C - nfree[r],
-                    out[5],
-                    out[6],
-                    out[1],
-                    out[2],
-                    out[3],
-                    out[4],
-                    out[7],
-                )
+@numba.njit(cache=True, nogil=True)  # runs in a worker thread (jit.py): Ctrl-C stays responsive
+def run_fleet(  # type: ignore[no-untyped-def]
+    # workload
+    times, prompt, output, chain_off, chain, aff_rep, rejected,
+    # fleet
+    n_rep, router, closed, concurrency, capacity, max_seqs, budget_max, bs, chunked, caching, max_blocks, table_size,
+    want_log, G, dummy_s,
+    # cost (pipeline.stepcost.TabulatedCost.kernel_args)
+    tok, logit, af, ab, acount, apeak, ahas, abw, dla, dlb, dlt, pla, plb, plt, mx, sc,
+    # results (filled in)
+    res_arrival, res_replica, res_sched, res_first, res_finish, res_itl, res_preempt, res_hit, res_prefill,
+    # control, shared with the calling thread (jit.py): [cancel flag, requests done]
+    ctl,
+):  # fmt: skip
+    """Replay the whole fleet; returns the step log (rows × LOG_COLS) and its row count.
 
-            # -- tokens in, tokens sampled, finishes
-            nf = 0
-            for q in range(nsched):
-                rid = sched_rid[gi, q]
-                nn = sched_n[gi, q]
-                res_prefill[rid] += nn
-                computed[rid] += nn
-                if computed[rid] == prompt[rid] + gen[rid]:
-                    gen[rid] += 1
-                    if gen[rid] == 1:
-                        res_first[rid] = end
-                    else:
-                        gap = end - last_tok[rid]
-                        prev = res_itl[rid]
-                        res_itl[rid] = gap if np.isnan(prev) else max(prev, gap)
-                    last_tok[rid] = end
-                    if gen[rid] == output[rid]:
-                        res_finish[rid] = end
-                        res_prefill[rid] -= output[rid] - 1
-                        fin[nf] = rid
-                        nf += 1
-            if nf:
-                keep = 0
-                for q in range(nrun[r]):
-                    rid = running[r, q]
-                    if gen[rid] != output[rid]:
-                        running[r, keep] = rid
-                        keep += 1
-                nrun[r] = keep
-                for q in range(nf):
-                    rid = fin[q]
-                    vs = slot_of[rid]
-                    if not caching:
-                        nfree[r] += nblk[rid]
-                    else:
-                        _release(r, vs, rid, nfree, fhead, fnext, fprev, ftail, ref, table, nblk)
-                    nblk[rid] = 0
-                    nreg[rid] = 0
-                    slots_free[r, nslots[r]] = vs
-                    nslots[r] += 1
-                    slot_of[rid] = -1
-                    if closed and next_issue < n:
-                        heap_n = _heap_push(heap_t, heap_s, heap_i, heap_n, end, seq, next_issue)
-                        seq += 1
-                        next_issue += 1
-                nfin[r] += nf
-                ctl[1] += nf  # progress: requests done
-            last_end[r] = end
-            last_nfin[r] = nf
-    return log, nlog
+    ``router``: 0 round robin, 1 least outstanding, 2 affinity (``aff_rep`` ≥ 0 names the
+    replica, −1 falls back to least outstanding). ``times`` are the arrival times (open loop;
+    zeros offline); with ``closed`` the first ``concurrency`` requests arrive at 0 and each
+    finish or rejection issues the next one. Replicas ``[g·G, (g+1)·G)`` step in lockstep
+    (``G`` = FleetSpec.lockstep; an idle one costs ``dummy_s`` per step); spans need ``G == 1``.
+
+    ``ctl`` (float64[2]) is shared with the calling thread while this runs without the GIL: a
+    nonzero ``ctl[0]`` stops the loop at its next event (the results are then incomplete); the
+    loop counts the requests done (finished or rejected) in ``ctl[1]``. Neither changes what the
+    loop computes.
+
+    The state lives in arrays allocated here; the loop itself is _replay (above).
+    """
+    n = prompt.shape[0]
+    R = n_rep
+    S = max_seqs
+    req = _alloc_requests(n)
+    rep = _alloc_replicas(R, S)
+    wq = np.zeros((R, 64), np.int64)  # waiting queues (ring buffers; grown by _grow_wq)
+    pool = _alloc_pool(R, S, capacity, caching, max_blocks, table_size)
+    scr = _alloc_scratch(G, S, bs, af.shape[0], dlt.shape[1], max_blocks)
+    # -- step log: rows, and each replica's latest row (a decode span may extend it)
+    log = np.zeros((1024 if want_log else 1, LOG_COLS))
+    last_row = np.full(R, -1, np.int64)
+    # -- arrival events: open/offline in (time, index) order; closed loop as a binary heap
+    order = np.argsort(times, kind="mergesort")
+    heap_t, heap_s, heap_i, heap_n, seq, next_issue = _init_heap(closed, concurrency, n)
+    static, own_start, own_t = _static_routes(times, order, rejected, aff_rep, router, closed, R, n)
+    ev = (order, heap_t, heap_s, heap_i, static, own_start, own_t, np.zeros(R, np.int64))
+    st = np.zeros(6, np.int64)  # the loop's state: ev_pos, heap_n, seq, next_issue, rr, nlog
+    st[1], st[2], st[3] = heap_n, seq, next_issue
+    wl = (times, prompt, output, chain_off, chain, aff_rep, rejected)
+    fl = (R, router, closed, capacity, S, budget_max, bs, chunked, caching, want_log, G, dummy_s)
+    cost = (tok, logit, af, ab, acount, apeak, ahas, abw, dla, dlb, dlt, pla, plb, plt, mx, sc)
+    res = (res_arrival, res_replica, res_sched, res_first, res_finish, res_itl, res_preempt, res_hit, res_prefill)
+    while True:
+        code = _replay(wl, fl, cost, res, ctl, req, rep, pool, scr, ev, st, log, last_row, wq)
+        if code == _GROW_LOG:
+            log = _grow(log)
+        elif code == _GROW_WQ:
+            wq = _grow_wq(wq, wq.shape[1], rep[6], rep[7])[0]
+        else:
+            return log, st[5]
