@@ -1067,6 +1067,15 @@ def _decode_step(r, m, c_sum, ph_alloc, ph_fill, bstart, bitems, prep, sums, wl,
 
 
 @numba.njit(inline="always")
+def _span_clock(m, now, end, end0, max_gap):  # type: ignore[no-untyped-def]
+    """A span's clock after its step ``m`` ran from ``now`` to ``end``: the first step's end
+    (``end0``) and the longest later step (``max_gap``)."""
+    if m == 0:
+        return end, max_gap
+    return end0, max(max_gap, end - now)
+
+
+@numba.njit(inline="always")
 def _span_done(r, m, start, end0, max_gap, now, nlog, fl, req, rep, pool, res, log, last_row, sums):  # type: ignore[no-untyped-def]
     """A decode span of ``m`` steps of replica ``r`` ran from ``start`` to ``now`` (its first step
     ended at ``end0``, the longest later step took ``max_gap``): its running requests get their
@@ -1138,12 +1147,7 @@ def _span_one(r, first_t, limit, nlog, wl, fl, cost, res, req, rep, pool, scr, l
         end = now + _decode_step(
             r, m, c_sum, ph_alloc, ph_fill, bstart, bitems, prep, sums, wl, fl, req, rep, pool, cost, out
         )
-        if m == 0:
-            end0 = end
-        else:
-            gap = end - now
-            if gap > max_gap:
-                max_gap = gap
+        end0, max_gap = _span_clock(m, now, end, end0, max_gap)
         now = end
         m += 1
         ph_alloc = ph_fill
@@ -1258,12 +1262,7 @@ def _span_group(first, first_t, ev_t, nlog, wl, fl, cost, res, req, rep, pool, s
             if d > dt:
                 dt = d
         end = now + dt
-        if m == 0:
-            end0 = end
-        else:
-            gap = end - now
-            if gap > max_gap:
-                max_gap = gap
+        end0, max_gap = _span_clock(m, now, end, end0, max_gap)
         now = end
         m += 1
         ph_alloc = ph_fill
