@@ -244,3 +244,20 @@ def test_nightly_passes_jobs_and_pods_on(tmp_path: Path, monkeypatch: pytest.Mon
     monkeypatch.setattr(nightly_mod, "replay", fake_replay)
     CliRunner().invoke(main, [*args, "--pods", "3", "--executor", "process"])
     assert captured and (captured[0].pods, captured[0].executor) == (3, "process")
+
+
+def test_unreachable_ray_cluster_is_one_error_line(monkeypatch: pytest.MonkeyPatch) -> None:
+    ray = pytest.importorskip("ray", reason="ray is the optional extra rooftrace[ray]; not installed here")
+    from pipeline.engine.shard import ray_connect
+    from pipeline.errors import RooftraceError
+
+    def refuse(**_: object) -> None:
+        raise ConnectionError("Could not find any running Ray instance.\nsecond line")
+
+    monkeypatch.setattr(ray, "is_initialized", lambda: False)
+    monkeypatch.setattr(ray, "init", refuse)
+    with pytest.raises(RooftraceError) as err:
+        ray_connect("127.0.0.1:1")
+    assert str(err.value) == (
+        "--executor ray: cannot start or reach Ray at 127.0.0.1:1: Could not find any running Ray instance."
+    )

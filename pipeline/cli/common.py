@@ -145,6 +145,17 @@ def limit_options(fn: F) -> F:
     )(fn)
 
 
+def jobs_option(fn: F) -> F:
+    """``--jobs``: worker processes reading log files (pipeline/ingest; the store ends identical)."""
+    return click.option(
+        "--jobs",
+        type=click.IntRange(1, 256),
+        default=1,
+        show_default=True,
+        help="Worker processes reading the log files (the store ends identical to --jobs 1).",
+    )(fn)
+
+
 def pod_options(fn: F) -> F:
     """``--pods``, ``--executor`` and ``--ray-address``: where a replay's pods run
     (pipeline/engine/shard.py; docs/scale.md)."""

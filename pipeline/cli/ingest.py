@@ -7,7 +7,7 @@ from pathlib import Path
 
 import click
 
-from pipeline.cli.common import emit_json, get_store, json_option, progress, run, store_option
+from pipeline.cli.common import emit_json, get_store, jobs_option, json_option, progress, run, store_option
 from pipeline.defaults import INGEST_FORMATS
 
 
@@ -26,13 +26,7 @@ from pipeline.defaults import INGEST_FORMATS
     is_flag=True,
     help="Ingest files already ingested again, REPLACING the rows stored from them (not adding).",
 )
-@click.option(
-    "--jobs",
-    type=click.IntRange(1, 256),
-    default=1,
-    show_default=True,
-    help="Worker processes reading files in parallel (the store ends identical to --jobs 1).",
-)
+@jobs_option
 @store_option
 @json_option
 def ingest(

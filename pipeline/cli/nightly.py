@@ -9,6 +9,7 @@ import click
 from pipeline.cli.common import (
     emit_json,
     get_store,
+    jobs_option,
     json_option,
     pod_options,
     progress,
@@ -36,13 +37,7 @@ from pipeline.defaults import DEFAULT_HEADROOM_BUDGET_S, INGEST_FORMATS
     show_default=True,
     help="Seconds the load curve (traffic x0.5 .. x4 and beyond) may take; points left are marked skipped.",
 )
-@click.option(
-    "--jobs",
-    type=click.IntRange(1, 256),
-    default=1,
-    show_default=True,
-    help="Worker processes reading the log files (the store ends identical to --jobs 1).",
-)
+@jobs_option
 @pod_options
 @reports_option
 @store_option

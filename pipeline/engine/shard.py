@@ -225,15 +225,27 @@ def _run_all(
         yield from _run_ray(shards, cost, want_log, address)
 
 
-def _run_ray(
-    shards: list[Pod], cost: TabulatedCost, want_log: bool, address: str | None
-) -> Iterator[tuple[EngineResult, npt.NDArray[np.float64]]]:
+def ray_connect(address: str | None) -> Any:
+    """The ``ray`` module, connected to the cluster at ``address`` (None: a local instance);
+    a missing extra or a cluster that cannot be reached is one error line."""
     try:
         import ray
     except ImportError:
         raise RooftraceError("--executor ray needs the optional extra: pip install 'rooftrace[ray]'") from None
     if not ray.is_initialized():
-        ray.init(address=address, ignore_reinit_error=True, log_to_driver=False)
+        try:
+            ray.init(address=address, ignore_reinit_error=True, log_to_driver=False)
+        except (ConnectionError, RuntimeError, ValueError, OSError) as exc:
+            first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+            where = address or "a local instance"
+            raise RooftraceError(f"--executor ray: cannot start or reach Ray at {where}: {first}") from None
+    return ray
+
+
+def _run_ray(
+    shards: list[Pod], cost: TabulatedCost, want_log: bool, address: str | None
+) -> Iterator[tuple[EngineResult, npt.NDArray[np.float64]]]:
+    ray = ray_connect(address)
     remote: Any = ray.remote(run_pod)
     cost_ref = ray.put(cost)
     refs = [remote.remote(pod, cost_ref, want_log) for pod in shards]

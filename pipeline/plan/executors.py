@@ -6,7 +6,7 @@ import multiprocessing
 from collections.abc import Callable, Sequence
 from concurrent.futures import ProcessPoolExecutor, as_completed
 
-from pipeline.errors import RooftraceError
+from pipeline.engine.shard import ray_connect
 from pipeline.plan.search import CandidateResult, Task, search_candidate
 
 
@@ -37,12 +37,7 @@ def run_ray(
 ) -> list[CandidateResult]:
     """Configurations as Ray tasks on an existing cluster (``ray.init(address=...)``); ``ray`` is
     the optional extra ``rooftrace[ray]`` and is imported only here."""
-    try:
-        import ray
-    except ImportError:
-        raise RooftraceError("--executor ray needs the optional extra: pip install 'rooftrace[ray]'") from None
-    if not ray.is_initialized():
-        ray.init(address=address, ignore_reinit_error=True, log_to_driver=False)
+    ray = ray_connect(address)
     remote = ray.remote(search_candidate)
     refs = [remote.remote(t) for t in tasks]
     results: list[CandidateResult] = ray.get(refs)
