@@ -59,9 +59,15 @@ COMPILE_BYTES = 3 * GIB // 2
 COMPILE_S = 120.0
 #: Per request: workload, engine and result arrays, the output tables (measured ~1.3 KiB).
 REQUEST_BYTES = 2048
-#: Per KV block of the prefix chains while they are built (measured ~47 B; 8 B are kept).
+#: Per KV block of the prefix chains the Python engine takes as hashes, while they are built
+#: (measured ~47 B; 8 B are kept).
 CHAIN_BUILD_BYTES = 56
 CHAIN_KEPT_BYTES = 8
+#: Per request of the jit engine's lazy chains (pipeline.classify.prefix.ChainTree): the day's
+#: prefix identity read from the store (9 columns) and the tree cut from it while it is built;
+#: the tree (5 int64 columns and the CSR offsets) is kept.
+TREE_BUILD_BYTES = 160
+TREE_KEPT_BYTES = 48
 #: Per step-log row: the engine's growing buffer, the StepLog, sorted copies and the table.
 LOG_ROW_BYTES = 600
 #: Step-log rows per request (measured 2-3 for the jit engine, up to 9 for the Python engine).
@@ -251,11 +257,13 @@ class ReplayEstimate:
     seconds: float
     progress_units: str
     progress_total: int
+    #: Bytes of the prefix chains kept through the replay (``parts["chains"]`` is their peak).
+    chains_kept: int = 0
 
     @property
     def bytes(self) -> int:
         p = self.parts
-        kept = p["engine state"] + p["requests"] + p["step log"] + p["series"] + self.kv_blocks * CHAIN_KEPT_BYTES
+        kept = p["engine state"] + p["requests"] + p["step log"] + p["series"] + self.chains_kept
         return p["process"] + p["overhead"] + p["compile"] + max(p["chains"], kept)
 
     def drivers(self) -> str:
@@ -263,7 +271,11 @@ class ReplayEstimate:
         why = {
             "engine state": f"engine state of {self.replicas:,} replicas ({self.engine} engine)",
             "series": f"series of {self.busy_replicas:,} busy replicas × {self.span_s:,.0f} simulated s",
-            "chains": f"prefix chains of {self.kv_blocks:,} KV blocks",
+            "chains": (
+                f"prefix chains of {self.requests:,} requests (hashed as needed)"
+                if self.engine == "jit"
+                else f"prefix chains of {self.kv_blocks:,} KV blocks"
+            ),
             "step log": f"step log of ~{self.log_rows:,} rows",
             "requests": f"arrays of {self.requests:,} requests",
             "compile": "compiling the jit engine",
@@ -415,7 +427,7 @@ def estimate_replay(
         "process": process_rss(),
         "overhead": OVERHEAD_BYTES,
         "compile": COMPILE_BYTES if compile_needed else 0,
-        "chains": blocks * CHAIN_BUILD_BYTES,
+        "chains": (n * TREE_BUILD_BYTES if jit else blocks * CHAIN_BUILD_BYTES) if chains else 0,
         "engine state": int(state),
         "requests": n * REQUEST_BYTES,
         "step log": rows * LOG_ROW_BYTES,
@@ -446,6 +458,7 @@ def estimate_replay(
         span_s=float(span),
         busy_replicas=int(busy),
         kv_blocks=blocks,
+        chains_kept=(n * TREE_KEPT_BYTES if jit else blocks * CHAIN_KEPT_BYTES) if chains else 0,
         log_rows=rows,
         parts=parts,
         seconds=float(seconds + post),

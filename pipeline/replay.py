@@ -31,7 +31,7 @@ import polars as pl
 import pyarrow as pa
 
 from pipeline.classify.accounting import day_identity
-from pipeline.classify.prefix import DEFAULT_ISOLATION, PrefixIdentity, build_identity, key64
+from pipeline.classify.prefix import DEFAULT_ISOLATION, ChainTree, PrefixIdentity, build_identity, key64
 from pipeline.engine.fast import simulate
 from pipeline.engine.jit import simulate_jit, unsupported_reason
 from pipeline.engine.model import REJECT_REASONS, EngineResult, FleetSpec, Workload
@@ -128,9 +128,10 @@ def _engine_chains(
     block_size: int,
     isolation: tuple[str, ...] = DEFAULT_ISOLATION,
     identity: PrefixIdentity | None = None,
-) -> tuple[npt.NDArray[np.uint64], npt.NDArray[np.int64]]:
-    """Prefix chains as the engine takes them: per request, the hashes of the full blocks it
-    leaves in the KV cache (prompt, then a session turn's output), at the engine's block size.
+) -> ChainTree:
+    """Prefix chains as the engine takes them: per request, the full blocks it leaves in the KV
+    cache (prompt, then a session turn's output), at the engine's block size, kept as a
+    :class:`ChainTree` (the engine hashes a request's blocks when it needs them).
 
     They are cut from ``identity`` (the day's, stored by classify: nothing is rebuilt) when it
     covers ``requests``; otherwise from an identity built here with ``isolation``. The identity
@@ -139,7 +140,7 @@ def _engine_chains(
     if identity is None or rows is None:
         identity = build_identity(requests, identity.isolation if identity is not None else isolation)
         rows = None
-    return identity.block_hashes(block_size, rows)
+    return identity.tree(block_size, rows)
 
 
 def build_workload(
@@ -155,25 +156,23 @@ def build_workload(
     # vLLM samples at least one token (max_tokens >= 1): a logged 0 is replayed as 1.
     output = np.maximum(requests.get_column("output_tokens").to_numpy().astype(np.int64), 1)
     sched = fleet.scheduler
-    hashes = np.zeros(0, np.uint64)
-    offsets = None
+    tree = None
     if sched.enable_prefix_caching or fleet.config.router == "prefix_affinity":
-        hashes, offsets = _engine_chains(requests, sched.block_size, options.isolation, identity)
+        tree = _engine_chains(requests, sched.block_size, options.isolation, identity)
     affinity = None
     if fleet.config.router == "session_affinity" and "session_id" in requests.columns:
         sessions = requests.get_column("session_id").to_list()
         affinity = np.array([-1 if s is None else key64(str(s)) & int(_INT63) for s in sessions], dtype=np.int64)
-    elif fleet.config.router == "prefix_affinity" and offsets is not None:
-        has = np.diff(offsets) > 0
+    elif fleet.config.router == "prefix_affinity" and tree is not None:
+        has = tree.blocks > 0
         first = np.zeros(requests.height, np.uint64)
-        first[has] = hashes[offsets[:-1][has]]
+        first[has] = tree.materialise(n_blocks=np.ones(requests.height, np.int64))[0]
         affinity = np.where(has, (first & _INT63).astype(np.int64), -1)
     return Workload(
         arrival_s=arrival_s,
         prompt_tokens=prompt,
         output_tokens=output,
-        chain_hashes=hashes,
-        chain_offsets=offsets,
+        chain_tree=tree if sched.enable_prefix_caching else None,
         affinity=affinity,
     )
 

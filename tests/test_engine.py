@@ -332,3 +332,53 @@ def test_closed_loop_ties_go_to_the_lower_replica_like_the_reference() -> None:
     ref = simulate_reference(w, spec, cost)
     for sim in ENGINES.values():
         _assert_same(sim(w, spec, cost), ref)
+
+
+@st.composite
+def _tree_cases(draw: st.DrawFn) -> tuple[Workload, FleetSpec, LinearCost]:
+    """``_cases`` with the chains given as a lazy ChainTree cut from a random prefix identity
+    (sessions and shared prefixes: each request repeats part of an earlier one)."""
+    from pipeline.classify.prefix import PrefixIdentity
+
+    w, spec, cost = draw(_cases())
+    n = w.n
+    parent = np.full(n, -1, np.int64)
+    shared = np.zeros(n, np.int64)
+    cached = w.prompt_tokens + np.array([draw(st.integers(0, int(o))) for o in w.output_tokens], np.int64)
+    for i in range(1, n):
+        if draw(st.booleans()):
+            p = draw(st.integers(0, i - 1))
+            s = draw(st.integers(0, int(min(w.prompt_tokens[i], cached[p]))))
+            parent[i], shared[i] = (p, s) if s else (-1, 0)
+    ident = PrefixIdentity(
+        request_key=np.arange(n, dtype=np.uint64),
+        key=np.array([draw(st.integers(0, 2**64 - 1)) for _ in range(n)], np.uint64),
+        parent=parent,
+        shared=shared,
+        prompt=w.prompt_tokens.astype(np.int64),
+        cached=cached,
+        source=np.zeros(n, np.int8),
+        log_block_size=None,
+        isolation=(),
+    )
+    ident.check()
+    tree = ident.tree(spec.scheduler.block_size)
+    lazy = Workload(w.arrival_s, w.prompt_tokens, w.output_tokens, chain_tree=tree, affinity=w.affinity)
+    return lazy, spec, cost
+
+
+@settings(max_examples=max(_EXAMPLES // 3, 10), deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(_tree_cases())
+def test_lazy_chains_equal_materialised_chains(case: tuple[Workload, FleetSpec, LinearCost]) -> None:
+    """The jit engine hashing each request's blocks from its ChainTree when it needs them gives
+    what it gives on the materialised hashes (and what the reference gives), step log included."""
+    w, spec, cost = case
+    explicit = w.explicit()
+    assert explicit.chain_tree is None and explicit.chain_hashes.shape[0] == int(w.chain_tree.blocks.sum())  # type: ignore[union-attr]
+    lazy_log, full_log = StepLog(), StepLog()
+    lazy = simulate_jit(w, spec, cost, lazy_log)
+    _assert_same(lazy, simulate_jit(explicit, spec, cost, full_log))
+    _assert_same(lazy, simulate_reference(w, spec, cost))
+    for name, col in lazy_log.columns().items():
+        assert np.array_equal(col, full_log.columns()[name]), name
+    check_invariants(w, spec, lazy, lazy_log)

@@ -623,12 +623,12 @@ def test_replay_engine_chains_are_the_identity_at_the_engine_block_size(tmp_path
     work = build_workload(requests, fleet, ReplayOptions(), stored)
     bs = fleet.scheduler.block_size
     hashes, offs = stored.block_hashes(bs)
-    assert np.array_equal(work.chain_hashes, hashes) and np.array_equal(work.offsets(), offs)
+    assert np.array_equal(work.explicit().chain_hashes, hashes) and np.array_equal(work.offsets(), offs)
     # a subset (a plan window) maps onto the day's rows: the same blocks, parents outside it kept
     sub = requests[20:40]
     work_sub = build_workload(sub, fleet, ReplayOptions(), stored)
     want, want_off = stored.block_hashes(bs, np.arange(20, 40))
-    assert np.array_equal(work_sub.chain_hashes, want) and np.array_equal(work_sub.offsets(), want_off)
+    assert np.array_equal(work_sub.explicit().chain_hashes, want) and np.array_equal(work_sub.offsets(), want_off)
 
 
 def test_stale_or_damaged_identity(tmp_path: Path) -> None:
@@ -656,3 +656,80 @@ def test_stale_or_damaged_identity(tmp_path: Path) -> None:
     res = CliRunner().invoke(main, ["replay", "--store", str(store.root)])
     assert res.exit_code == 1 and "not a usable prefix identity" in res.output and str(path) in res.output
     assert "Traceback" not in res.output
+
+
+@st.composite
+def _identities(draw: st.DrawFn) -> P.PrefixIdentity:
+    """Random identities: each request may repeat part of any earlier one (sessions, shared system
+    prompts, forks), shared runs of any length."""
+    n = draw(st.integers(1, 30))
+    prompt = np.array(draw(st.lists(st.integers(1, 120), min_size=n, max_size=n)), np.int64)
+    cached = prompt + np.array(draw(st.lists(st.integers(0, 40), min_size=n, max_size=n)), np.int64)
+    parent = np.full(n, -1, np.int64)
+    shared = np.zeros(n, np.int64)
+    for i in range(1, n):
+        if draw(st.integers(0, 4)):
+            p = draw(st.integers(0, i - 1))
+            s = draw(st.integers(0, int(min(prompt[i], cached[p]))))
+            parent[i], shared[i] = (p, s) if s else (-1, 0)
+    ident = P.PrefixIdentity(
+        request_key=np.arange(n, dtype=np.uint64),
+        key=P.mix64(np.arange(n, dtype=np.uint64) + np.uint64(draw(st.integers(0, 1000)))),
+        parent=parent,
+        shared=shared,
+        prompt=prompt,
+        cached=cached,
+        source=np.zeros(n, np.int8),
+        log_block_size=None,
+        isolation=(),
+    )
+    ident.check()
+    return ident
+
+
+@settings(deadline=None)
+@given(_identities(), st.sampled_from([1, 3, 7, 16]), st.data())
+def test_chain_tree_is_the_identity_cut_at_a_block_size(ident: P.PrefixIdentity, bs: int, data: st.DataObject) -> None:
+    """The compact chains the engine hashes lazily are exactly the identity's materialised chains,
+    for any subset of rows in any order, compiled or plain Python, and after ``take``."""
+    n = ident.n_requests
+    rows = np.array(data.draw(st.lists(st.integers(0, n - 1), min_size=1, max_size=2 * n)), np.int64)
+    want, want_off = ident.block_hashes(bs, rows)
+    for ks in (None, P._python_kernels()):
+        tree = ident.tree(bs, rows, kernels=ks)
+        got, off = tree.materialise(kernels=ks)
+        assert np.array_equal(got, want) and np.array_equal(off, want_off)
+        assert np.array_equal(tree.offsets(), want_off)
+        # every node a walk visits shares strictly fewer blocks than the one before it
+        live = tree.up >= 0
+        assert np.all(tree.fb[tree.up[live]] < tree.fb[live]) and np.all(tree.fb[~live] == 0)
+    idx = np.array(data.draw(st.lists(st.integers(0, rows.shape[0] - 1), max_size=8)), np.int64)
+    sub, sub_off = tree.take(idx).materialise()
+    for k, i in enumerate(idx):
+        assert np.array_equal(sub[sub_off[k] : sub_off[k + 1]], want[want_off[i] : want_off[i + 1]])
+    first, _ = tree.materialise(n_blocks=np.ones(rows.shape[0], np.int64))
+    assert np.array_equal(first, want[want_off[:-1][np.diff(want_off) > 0]])
+
+
+def test_chain_tree_keeps_requests_not_blocks() -> None:
+    """A long session (turn t repeats all of turn t-1): the tree is a few arrays per request while
+    the materialised chains grow with every turn's whole context."""
+    turns, step = 400, 64
+    prompt = np.arange(1, turns + 1, dtype=np.int64) * step
+    ident = P.PrefixIdentity(
+        request_key=np.arange(turns, dtype=np.uint64),
+        key=P.mix64(np.arange(turns, dtype=np.uint64)),
+        parent=np.arange(-1, turns - 1, dtype=np.int64),
+        shared=np.concatenate([[0], prompt[:-1]]).astype(np.int64),
+        prompt=prompt,
+        cached=prompt,
+        source=np.zeros(turns, np.int8),
+        log_block_size=None,
+        isolation=(),
+    )
+    tree = ident.tree(16)
+    hashes, _ = tree.materialise()
+    assert hashes.shape[0] == int((prompt // 16).sum()) == 400 * 401 // 2 * 4
+    assert tree.nbytes == 5 * 8 * turns  # rows, blocks, key, up, fb
+    assert tree.max_depth() == int(prompt[-2] // 16) + 1
+    assert np.array_equal(hashes, ident.block_hashes(16)[0])

@@ -182,7 +182,41 @@ def _origin_kernel(
             end = (m + 1) * bs
             while shared[a] >= end:
                 a = parent[a]
-            out[off[k] + m] = _mix(key[a] ^ _mix(np.uint64(m)))
+            out[off[k] + m] = _block_hash(key[a], m)
+
+
+def _block_hash(key: np.uint64, m: int) -> np.uint64:
+    """Hash of full block ``m`` whose origin (the request that introduced it) has key ``key``: the
+    one definition the identity's chains (:func:`_origin_kernel`, :func:`_tree_hash_kernel`) and
+    the jit engine's lazy chains (pipeline/engine/_jit_kernels.py) share."""
+    return _mix(key ^ _mix(np.uint64(m)))
+
+
+def _up_kernel(parent: I64Array, shared: I64Array, bs: int, fb: I64Array, up: I64Array) -> None:
+    """Per row: ``fb``, its full blocks shared with its parent, and ``up``, its nearest ancestor
+    sharing strictly fewer (−1 where ``fb`` is 0). Block m's origin is the first row on the path
+    from a request up whose ``fb <= m``; the ``up`` links skip rows that can never be it."""
+    for i in range(parent.shape[0]):
+        f = shared[i] // bs
+        fb[i] = f
+        up[i] = -1
+        if f > 0:
+            c = parent[i]
+            while fb[c] >= f:
+                c = up[c]
+            up[i] = c
+
+
+def _tree_hash_kernel(
+    rows: I64Array, n_blocks: I64Array, key: U64Array, up: I64Array, fb: I64Array, off: I64Array, out: U64Array
+) -> None:
+    """:func:`_origin_kernel` on a :class:`ChainTree`: blocks last to first, following ``up``."""
+    for k in range(rows.shape[0]):
+        a = rows[k]
+        for m in range(n_blocks[k] - 1, -1, -1):
+            while fb[a] > m:
+                a = up[a]
+            out[off[k] + m] = _block_hash(key[a], m)
 
 
 def _cut_kernel(
@@ -359,6 +393,8 @@ class _Kernels(NamedTuple):
     cut: Callable[..., None]
     plan: Callable[..., None]
     distance: Callable[..., None]
+    up: Callable[..., None]
+    tree_hash: Callable[..., None]
 
 
 _KERNEL_FUNCTIONS = (
@@ -369,6 +405,8 @@ _KERNEL_FUNCTIONS = (
     _cut_kernel,
     _plan_kernel,
     _distance_kernel,
+    _up_kernel,
+    _tree_hash_kernel,
 )
 
 
@@ -382,19 +420,33 @@ def _python_fallback(fn: Callable[..., None]) -> Callable[..., None]:
 
 
 @cache
+def compiled_hash() -> tuple[Callable[..., np.uint64], Callable[..., np.uint64]]:
+    """``_mix`` and ``_block_hash`` compiled by numba (inlined where they are called): the prefix
+    kernels and the jit engine (pipeline/engine/_jit_kernels.py) hash blocks with these."""
+    import numba
+
+    mix = numba.njit(cache=True, inline="always")(_mix)
+    glb = {**_block_hash.__globals__, "_mix": mix}
+    block_hash = numba.njit(cache=True, inline="always")(types.FunctionType(_block_hash.__code__, glb, "_block_hash"))
+    return mix, block_hash
+
+
+@cache
 def _kernels() -> _Kernels:
     """The hot loops, compiled by numba on first use (cached on disk); plain Python without it."""
     try:
         import numba
     except ImportError:  # pragma: no cover - numba is a runtime dependency; this keeps it optional
         return _python_kernels()
-    mix = numba.njit(cache=True, inline="always")(_mix)
+    mix, block_hash = compiled_hash()
     compiled = []
     popcount = numba.njit(cache=True, inline="always")(_popcount)
     for fn in _KERNEL_FUNCTIONS:
-        # The kernels call _mix and _popcount through their globals; give each compiled copies.
+        # The kernels call _mix, _block_hash and _popcount through their globals; give each
+        # compiled copies.
         glb = dict(fn.__globals__)
         glb["_mix"] = mix
+        glb["_block_hash"] = block_hash
         glb["_popcount"] = popcount
         clone = types.FunctionType(fn.__code__, glb, fn.__name__, fn.__defaults__, fn.__closure__)
         compiled.append(numba.njit(cache=True)(clone))
@@ -646,6 +698,94 @@ class PrefixIdentity:
             rows, counts, self.key, self.parent, self.shared, block_size, off, out
         )
         return out, off
+
+    def tree(self, block_size: int, rows: I64Array | None = None, *, kernels: _Kernels | None = None) -> ChainTree:
+        """The chains :meth:`block_hashes` gives, kept compactly for the replay engine, which
+        hashes a request's blocks when it needs them: O(requests) memory, not O(blocks)."""
+        if block_size <= 0:
+            raise RooftraceError(f"block size must be positive, got {block_size}")
+        rows = np.arange(self.n_requests, dtype=np.int64) if rows is None else np.asarray(rows, np.int64)
+        fb = np.empty(self.n_requests, np.int64)
+        up = np.empty(self.n_requests, np.int64)
+        ks = kernels if kernels is not None else _kernels()
+        ks.up(self.parent, self.shared, block_size, fb, up)
+        tree = ChainTree(rows, self.cached[rows] // block_size, self.key, up, fb, block_size)
+        return tree.compact()
+
+
+@dataclass(frozen=True, eq=False)
+class ChainTree:
+    """Prefix chains of N requests without their hashes: request ``i``'s block ``m`` (of
+    ``blocks[i]`` full blocks it leaves in a cache) hashes to ``_block_hash(key[a], m)`` where ``a``,
+    the block's origin, is the first node from ``rows[i]`` along the ``up`` links whose ``fb`` (full
+    blocks shared with its parent) is at most ``m``. Built by :meth:`PrefixIdentity.tree`;
+    :meth:`materialise` gives exactly :meth:`PrefixIdentity.block_hashes`.
+
+    rows        node of each request (int64, N)
+    blocks      full blocks each request leaves in a cache (int64, N)
+    key, up, fb per node (M): key of the blocks it introduces, nearest ancestor sharing fewer
+                blocks (−1: none), full blocks shared with its parent
+    block_size  tokens per block
+    """
+
+    rows: I64Array
+    blocks: I64Array
+    key: U64Array
+    up: I64Array
+    fb: I64Array
+    block_size: int
+
+    @property
+    def n(self) -> int:
+        return int(self.rows.shape[0])
+
+    @property
+    def nbytes(self) -> int:
+        return sum(int(a.nbytes) for a in (self.rows, self.blocks, self.key, self.up, self.fb))
+
+    def offsets(self) -> I64Array:
+        """CSR offsets of the requests' chains (what :meth:`materialise` lays out)."""
+        return _csr(self.blocks)
+
+    def max_depth(self) -> int:
+        """Most ``up`` links a request's walk visits, plus one (a bound for the engine's scratch)."""
+        return int(self.fb[self.rows].max()) + 1 if self.n else 1
+
+    def materialise(
+        self, idx: I64Array | None = None, n_blocks: I64Array | None = None, *, kernels: _Kernels | None = None
+    ) -> tuple[U64Array, I64Array]:
+        """(hashes, CSR offsets) of requests ``idx`` (default all), their first ``n_blocks``
+        blocks each (default all of them)."""
+        idx = np.arange(self.n, dtype=np.int64) if idx is None else np.asarray(idx, np.int64)
+        counts = self.blocks[idx] if n_blocks is None else np.minimum(self.blocks[idx], n_blocks)
+        off = _csr(counts)
+        out = np.empty(int(off[-1]), dtype=np.uint64)
+        ks = kernels if kernels is not None else _kernels()
+        ks.tree_hash(self.rows[idx], counts, self.key, self.up, self.fb, off, out)
+        return out, off
+
+    def take(self, idx: I64Array) -> ChainTree:
+        """The chains of requests ``idx``, in that order (only the nodes their walks visit kept)."""
+        idx = np.asarray(idx, np.int64)
+        return ChainTree(self.rows[idx], self.blocks[idx], self.key, self.up, self.fb, self.block_size).compact()
+
+    def compact(self) -> ChainTree:
+        """The same chains over only the nodes the requests' walks can visit, renumbered."""
+        need = np.zeros(self.key.shape[0], np.bool_)
+        front = np.unique(self.rows)
+        while front.size:
+            need[front] = True
+            nxt = self.up[front]
+            nxt = np.unique(nxt[nxt >= 0])
+            front = nxt[~need[nxt]]
+        nodes = np.flatnonzero(need)
+        if nodes.shape[0] == self.key.shape[0]:
+            return self
+        new = np.full(self.key.shape[0], -1, np.int64)
+        new[nodes] = np.arange(nodes.shape[0], dtype=np.int64)
+        up = self.up[nodes]
+        up = np.where(up >= 0, new[np.maximum(up, 0)], -1)
+        return ChainTree(new[self.rows], self.blocks, self.key[nodes], up, self.fb[nodes], self.block_size)
 
 
 def build_identity(

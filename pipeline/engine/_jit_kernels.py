@@ -18,23 +18,30 @@ Semantics: docs/engine.md.
 from __future__ import annotations
 
 import hashlib
+import inspect
 from pathlib import Path
 
 import numba
 import numpy as np
 
 from pipeline import stepcost
+from pipeline.classify import prefix
 from pipeline.stepcost import row_kernel, span_kernels
 
 
 def _drop_stale_cache() -> None:
-    """numba's disk cache of this module is keyed on this file alone, but run_fleet inlines the
-    step-cost kernels of pipeline/stepcost.py: when that file changes, the cached machine code
-    would keep the old cost. A stamp of stepcost.py's source beside the cache detects it; the
-    stale entries are removed so numba compiles afresh (silently skipped where the package is
-    installed read-only: an installed package's files do not change)."""
+    """numba's disk cache of this module is keyed on this file alone, but the loop inlines the
+    step-cost kernels of pipeline/stepcost.py and the block hash of pipeline/classify/prefix.py:
+    when they change, the cached machine code would keep the old ones. A stamp of their source
+    beside the cache detects it; the stale entries are removed so numba compiles afresh
+    (silently skipped where the package is installed read-only: an installed package's files do
+    not change)."""
     cache = Path(__file__).resolve().parent / "__pycache__"
-    digest = hashlib.sha256(Path(stepcost.__file__).read_bytes()).hexdigest()[:16]
+    source = (
+        Path(stepcost.__file__).read_bytes()
+        + "".join(inspect.getsource(f) for f in (prefix._mix, prefix._block_hash)).encode()
+    )
+    digest = hashlib.sha256(source).hexdigest()[:16]
     stamp = cache / f"_jit_kernels.stepcost-{digest}.stamp"
     try:
         if stamp.exists() or not cache.is_dir():
@@ -65,14 +72,20 @@ LOG_COLS = 18
 # (tab_span_prep once per span, tab_span_row per step: the same operations on the same values).
 _tab_row = row_kernel()
 _span_prep, _span_row = span_kernels()
+# A prefix block's hash (pipeline.classify.prefix._block_hash): the lazy chains below give the
+# same hashes as the identity's materialised ones.
+_block_hash = prefix.compiled_hash()[1]
+
+# The KV pool's, prefix cache's, step log's and arrival heap's kernels (forceinline=False: see
+# run_fleet's pieces below).
 
 
-@numba.njit(cache=True)
+@numba.njit(cache=True, forceinline=False)
 def _home(h: np.uint64, mask: int) -> int:
     return int((h * _GOLDEN) >> _SHIFT) & mask
 
 
-@numba.njit(cache=True)
+@numba.njit(cache=True, forceinline=False)
 def _find(keys, used, mask, h):  # type: ignore[no-untyped-def]
     i = _home(h, mask)
     while used[i]:
@@ -82,7 +95,7 @@ def _find(keys, used, mask, h):  # type: ignore[no-untyped-def]
     return -1
 
 
-@numba.njit(cache=True)
+@numba.njit(cache=True, forceinline=False)
 def _delete(keys, used, hhead, htail, mask, i):  # type: ignore[no-untyped-def]
     """Remove slot i of a linear-probing table by shifting later entries of its cluster back."""
     used[i] = False
@@ -104,7 +117,7 @@ def _delete(keys, used, hhead, htail, mask, i):  # type: ignore[no-untyped-def]
         i = j
 
 
-@numba.njit(cache=True)
+@numba.njit(cache=True, forceinline=False)
 def _uncache(r, b, bhash, hashed, hprev, hnext, keys, used, hhead, htail, mask):  # type: ignore[no-untyped-def]
     """Drop block b's hash (b is being reused): unlink it from its hash's holders."""
     e = _find(keys[r], used[r], mask, bhash[r, b])
@@ -123,7 +136,7 @@ def _uncache(r, b, bhash, hashed, hprev, hnext, keys, used, hhead, htail, mask):
     hashed[r, b] = False
 
 
-@numba.njit(cache=True)
+@numba.njit(cache=True, forceinline=False)
 def _cache(r, b, h, bhash, hashed, hprev, hnext, keys, used, hhead, htail, mask):  # type: ignore[no-untyped-def]
     """Give block b the hash h: append it to h's holders (a lookup takes the oldest)."""
     i = _home(h, mask)
@@ -146,7 +159,7 @@ def _cache(r, b, h, bhash, hashed, hprev, hnext, keys, used, hhead, htail, mask)
     hashed[r, b] = True
 
 
-@numba.njit(cache=True)
+@numba.njit(cache=True, forceinline=False)
 def _take_block(  # type: ignore[no-untyped-def]
     r,
     s,
@@ -186,7 +199,7 @@ def _take_block(  # type: ignore[no-untyped-def]
     nblk[rid] += 1
 
 
-@numba.njit(cache=True)
+@numba.njit(cache=True, forceinline=False)
 def _unlink_free(r, b, nfree, fhead, fnext, fprev, ftail):  # type: ignore[no-untyped-def]
     """Take block ``b`` (a cache hit with no other user) out of replica ``r``'s free queue."""
     p = fprev[r, b]
@@ -202,20 +215,54 @@ def _unlink_free(r, b, nfree, fhead, fnext, fprev, ftail):  # type: ignore[no-un
     nfree[r] -= 1
 
 
-@numba.njit(cache=True)
+@numba.njit(cache=True, forceinline=False)
+def _tree_walk(a, lo, t_up, t_fb, rec_node, rec_fb):  # type: ignore[no-untyped-def]
+    """A lazy chain (pipeline.classify.prefix.ChainTree) from node ``a``: the nodes its blocks
+    ``lo`` and after can come from, along the ``up`` links until one sharing at most ``lo``
+    blocks, into ``rec_node``/``rec_fb``; returns how many (``_tree_hash`` starts at the last)."""
+    n = 0
+    while True:
+        rec_node[n] = a
+        rec_fb[n] = t_fb[a]
+        n += 1
+        if t_fb[a] <= lo:
+            return n
+        a = t_up[a]
+
+
+@numba.njit(cache=True, forceinline=False)
+def _tree_hash(j, p, t_key, rec_node, rec_fb):  # type: ignore[no-untyped-def]
+    """Hash of block ``j`` of the walk in ``rec_node``/``rec_fb`` (blocks in increasing order,
+    ``p`` the record the previous block came from); returns (hash, p)."""
+    while p > 0 and rec_fb[p - 1] <= j:
+        p -= 1
+    return _block_hash(t_key[rec_node[p]], j), p
+
+
+@numba.njit(cache=True, forceinline=False)
 def _register(  # type: ignore[no-untyped-def]
-    r, s, rid, target, nreg, table, chain, chain_off, bhash, hashed, hprev, hnext, keys, used, hhead, htail, mask
-):
-    """Give request ``rid``'s blocks ``nreg[rid]`` .. ``target - 1`` (full now) their prefix hashes."""
-    for j in range(nreg[rid], target):
+    r, s, rid, target, nreg, table, chain, chain_off, bhash, hashed, hprev, hnext, keys, used, hhead, htail, mask,
+    t_rows, t_key, t_up, t_fb, rec_node, rec_fb,
+):  # fmt: skip
+    """Give request ``rid``'s blocks ``nreg[rid]`` .. ``target - 1`` (full now) their prefix hashes
+    (from ``chain``, or hashed from the lazy chain ``t_*`` when it is given)."""
+    lo = nreg[rid]
+    if lo >= target:
+        return
+    tree = t_rows.shape[0] > 0
+    p = _tree_walk(t_rows[rid], lo, t_up, t_fb, rec_node, rec_fb) - 1 if tree else 0
+    for j in range(lo, target):
+        if tree:
+            h, p = _tree_hash(j, p, t_key, rec_node, rec_fb)
+        else:
+            h = chain[chain_off[rid] + j]
         b = table[r, s, j]
         if not hashed[r, b]:
-            _cache(r, b, chain[chain_off[rid] + j], bhash, hashed, hprev, hnext, keys, used, hhead, htail, mask)
-    if target > nreg[rid]:
-        nreg[rid] = target
+            _cache(r, b, h, bhash, hashed, hprev, hnext, keys, used, hhead, htail, mask)
+    nreg[rid] = target
 
 
-@numba.njit(cache=True)
+@numba.njit(cache=True, forceinline=False)
 def _release(r, s, rid, nfree, fhead, fnext, fprev, ftail, ref, table, nblk):  # type: ignore[no-untyped-def]
     """Return request ``rid``'s blocks (slot ``s``) to the free queue's tail, its last block first
     (vLLM frees in reverse order, so a prefix's tail is evicted before its head)."""
@@ -241,7 +288,7 @@ def _grow(log):  # type: ignore[no-untyped-def]
     return bigger
 
 
-@numba.njit(cache=True)
+@numba.njit(cache=True, forceinline=False)
 def _log_span(  # type: ignore[no-untyped-def]
     log,
     nlog,
@@ -314,7 +361,7 @@ def _log_span(  # type: ignore[no-untyped-def]
     return nlog
 
 
-@numba.njit(cache=True)
+@numba.njit(cache=True, forceinline=False)
 def _heap_push(heap_t, heap_s, heap_i, heap_n, t, sq, item):  # type: ignore[no-untyped-def]
     """Push ``(t, sq, item)`` on the closed loop's arrival heap (ordered by time, then ``sq``);
     returns the heap's new size."""
@@ -330,7 +377,7 @@ def _heap_push(heap_t, heap_s, heap_i, heap_n, t, sq, item):  # type: ignore[no-
     return heap_n + 1
 
 
-@numba.njit(cache=True)
+@numba.njit(cache=True, forceinline=False)
 def _heap_pop(heap_t, heap_s, heap_i, heap_n):  # type: ignore[no-untyped-def]
     """Remove the heap's root (the caller has read it); returns the heap's new size."""
     heap_n -= 1
@@ -366,7 +413,7 @@ def _grow_wq(wq, wcap, whead, wlen):  # type: ignore[no-untyped-def]
     return bigger, 2 * wcap
 
 
-@numba.njit(cache=True)
+@numba.njit(cache=True, forceinline=False)
 def _route(i, t, router, rr, aff_rep, routed, nfin, last_end, last_nfin):  # type: ignore[no-untyped-def]
     """The replica that request ``i``, arriving at ``t``, is routed to (see run_fleet)."""
     R = routed.shape[0]
@@ -388,7 +435,7 @@ def _route(i, t, router, rr, aff_rep, routed, nfin, last_end, last_nfin):  # typ
     return dest
 
 
-@numba.njit(cache=True)
+@numba.njit(cache=True, forceinline=False)
 def _next_step(nrun, wlen, clock, ready):  # type: ignore[no-untyped-def]
     """The replica whose next step starts first (ties: lowest index; -1 if none has work), its
     start, and the next start of any other busy replica."""
@@ -568,25 +615,30 @@ def _alloc_scratch(G, S, bs, na, nd, max_blocks):  # type: ignore[no-untyped-def
     )
 
 
-# -- run_fleet's event loop, in pieces. _replay (the loop) is compiled without reference counting
-# (_nrt=False: it allocates nothing, every array it touches belongs to run_fleet) and the pieces
-# are inlined into it at numba-IR level (inline="always"), so the loop compiles as one function
-# and handing the state tuples to a piece costs nothing. (Inlined into a reference-counted
-# function, every array a piece takes is counted up and down at each call: many times slower in
-# a micro-benchmark; pieces compiled as functions of their own made the loop ~2x slower.)
-# The tuples, built by run_fleet:
-#   wl   workload: times, prompt, output, chain_off, chain, aff_rep, rejected
+# -- run_fleet's event loop, in pieces: _replay (the loop) and the functions it calls. They are
+# compiled without reference counting (_nrt=False; the kernels above that they compile inherit
+# it): they allocate nothing, every array they touch belongs to run_fleet. Each piece is inlined
+# by LLVM wherever it is called (forceinline), so the loop runs as one function and handing the
+# state tuples to a piece costs nothing. (With reference counting, every array a piece takes is
+# counted up and down at each call; pieces left as calls pass hundreds of arguments: an earlier
+# split ran at half the speed. Inlining them at numba-IR level instead, inline="always", is as
+# fast but doubles the compile time.) The kernels above are left to LLVM's judgement
+# (forceinline=False, else they inherit forceinline from the piece that compiles them first, and
+# the loop grows too big to be fast). The tuples, built by run_fleet:
+#   wl   workload: times, prompt, output, chain_off, chain, aff_rep, rejected, and the lazy chains
+#        t_rows, t_key, t_up, t_fb with their walk's scratch rec_node, rec_fb
 #   fl   fleet: R, router, closed, C, S, budget_max, bs, chunked, caching, want_log, G, dummy_s
 #   req  per request (_alloc_requests), rep per replica (_alloc_replicas), pool (_alloc_pool),
 #   scr  scratch (_alloc_scratch), cost (TabulatedCost.kernel_args), res (results),
 #   ev   arrivals: order, heap_t, heap_s, heap_i, static, own_start, own_t, own_ptr.
+_piece = numba.njit(cache=True, forceinline=True, _nrt=False)  # type: ignore[call-overload]
 
 _DONE = 0  # _replay's exits: the fleet is done (or cancelled) ...
 _GROW_LOG = 1  # ... the next event may need a bigger step log ...
 _GROW_WQ = 2  # ... or bigger waiting queues (run_fleet grows them and calls _replay again).
 
 
-@numba.njit(inline="always")
+@_piece
 def _issue(t, closed, n, ev, heap_n, seq, next_issue):  # type: ignore[no-untyped-def]
     """Closed loop: a request done at ``t`` (finished or rejected) frees its client, who issues the
     next request at ``t``. Returns the new (heap_n, seq, next_issue)."""
@@ -598,7 +650,7 @@ def _issue(t, closed, n, ev, heap_n, seq, next_issue):  # type: ignore[no-untype
     return heap_n, seq, next_issue
 
 
-@numba.njit(inline="always")
+@_piece
 def _enqueue(i, t, dest, rep, res, ev, wq):  # type: ignore[no-untyped-def]
     """Request ``i``, arriving at ``t``, joins the tail of replica ``dest``'s waiting queue (the
     caller made room)."""
@@ -614,7 +666,7 @@ def _enqueue(i, t, dest, rep, res, ev, wq):  # type: ignore[no-untyped-def]
     wlen[dest] += 1
 
 
-@numba.njit(inline="always")
+@_piece
 def _room(g0, fl, nlog, log, rep, wq):  # type: ignore[no-untyped-def]
     """_DONE if a step or span of the group from replica ``g0`` cannot outgrow the step log (one row
     per rank) or the waiting queues (a step preempts at most its running requests), else what to
@@ -629,7 +681,7 @@ def _room(g0, fl, nlog, log, rep, wq):  # type: ignore[no-untyped-def]
     return _DONE
 
 
-@numba.njit(inline="always")
+@_piece
 def _free(r, rid, caching, req, rep, pool):  # type: ignore[no-untyped-def]
     """Give back request ``rid``'s KV blocks and running slot on replica ``r`` (it finished or is
     preempted)."""
@@ -648,7 +700,7 @@ def _free(r, rid, caching, req, rep, pool):  # type: ignore[no-untyped-def]
     slot_of[rid] = -1
 
 
-@numba.njit(inline="always")
+@_piece
 def _alloc(r, s, rid, need, tokens, wl, fl, req, pool):  # type: ignore[no-untyped-def]
     """Give request ``rid`` (slot ``s`` of replica ``r``) ``need`` more blocks from the head of the
     free queue; with prefix caching, its blocks full at ``tokens`` tokens get their hashes."""
@@ -669,10 +721,11 @@ def _alloc(r, s, rid, need, tokens, wl, fl, req, pool):  # type: ignore[no-untyp
         _register(
             r, s, rid, target, nreg, table, chain, chain_off,
             bhash, hashed, hprev, hnext, keys, used, hhead, htail, mask,
+            wl[7], wl[8], wl[9], wl[10], wl[11], wl[12],
         )  # fmt: skip
 
 
-@numba.njit(inline="always")
+@_piece
 def _schedule_running(r, gi, wl, fl, req, rep, pool, scr, res, wq):  # type: ignore[no-untyped-def]
     """vLLM v1 schedule()'s first loop on replica ``r`` (lockstep rank ``gi``): the running
     requests, in admission order, get their next tokens within the token budget, preempting the
@@ -723,19 +776,26 @@ def _schedule_running(r, gi, wl, fl, req, rep, pool, scr, res, wq):  # type: ign
     return nsched, budget, preempted
 
 
-@numba.njit(inline="always")
+@_piece
 def _prefix_hits(r, rid, ntok, wl, fl, pool, hits):  # type: ignore[no-untyped-def]
     """The prefix cache's hits for waiting request ``rid`` (``ntok`` tokens) on replica ``r``: its
     leading full blocks (never the last token's) whose hashes are cached, into ``hits``; returns
     how many."""
     chain_off, chain = wl[3], wl[4]
+    t_rows, t_key, t_up, t_fb, rec_node, rec_fb = wl[7], wl[8], wl[9], wl[10], wl[11], wl[12]
     bs = fl[6]
     keys, used, hhead, mask = pool[11], pool[12], pool[13], pool[15]
     nh = 0
     lo = chain_off[rid]
     lim = min((ntok - 1) // bs, chain_off[rid + 1] - lo)
+    tree = t_rows.shape[0] > 0
+    p = _tree_walk(t_rows[rid], 0, t_up, t_fb, rec_node, rec_fb) - 1 if tree and lim > 0 else 0
     for j in range(lim):
-        e = _find(keys[r], used[r], mask, chain[lo + j])
+        if tree:
+            h, p = _tree_hash(j, p, t_key, rec_node, rec_fb)
+        else:
+            h = chain[lo + j]
+        e = _find(keys[r], used[r], mask, h)
         if e < 0:
             break
         hits[nh] = hhead[r, e]
@@ -743,7 +803,7 @@ def _prefix_hits(r, rid, ntok, wl, fl, pool, hits):  # type: ignore[no-untyped-d
     return nh
 
 
-@numba.njit(inline="always")
+@_piece
 def _admit(r, gi, now, nsched, budget, wl, fl, req, rep, pool, scr, res, wq):  # type: ignore[no-untyped-def]
     """vLLM v1 schedule()'s second loop on replica ``r`` (rank ``gi``; only when nobody was
     preempted): waiting requests, from the queue's head, are admitted with their prefix-cache hits
@@ -798,7 +858,7 @@ def _admit(r, gi, now, nsched, budget, wl, fl, req, rep, pool, scr, res, wq):  #
     return nsched
 
 
-@numba.njit(inline="always")
+@_piece
 def _step_cost(gi, nsched, computed, scr, cost):  # type: ignore[no-untyped-def]
     """The shape of rank ``gi``'s scheduled batch and its cost (kept in gout and gx, with its size
     in gn); returns the step's duration."""
@@ -838,7 +898,7 @@ def _step_cost(gi, nsched, computed, scr, cost):  # type: ignore[no-untyped-def]
     return out[0]
 
 
-@numba.njit(inline="always")
+@_piece
 def _tokens_in(r, gi, end, wl, req, scr, res):  # type: ignore[no-untyped-def]
     """Rank ``gi``'s step (replica ``r``) ended at ``end``: its scheduled tokens are computed, a
     request whose prompt and sampled tokens are all computed samples one more, and finishes when
@@ -870,7 +930,7 @@ def _tokens_in(r, gi, end, wl, req, scr, res):  # type: ignore[no-untyped-def]
     return nf
 
 
-@numba.njit(inline="always")
+@_piece
 def _retire(r, nf, end, n, wl, fl, req, rep, pool, scr, ev, ctl, heap_n, seq, next_issue):  # type: ignore[no-untyped-def]
     """The ``nf`` requests that finished on replica ``r`` at ``end`` leave the running list and give
     back their blocks and slots (closed loop: their clients issue the next requests). Returns the
@@ -896,7 +956,7 @@ def _retire(r, nf, end, n, wl, fl, req, rep, pool, scr, ev, ctl, heap_n, seq, ne
     return heap_n, seq, next_issue
 
 
-@numba.njit(inline="always")
+@_piece
 def _step(first, now, nlog, wl, fl, cost, res, ctl, req, rep, pool, scr, ev, log, last_row, wq, heap):  # type: ignore[no-untyped-def]
     """One step of replica ``first`` (vLLM v1 schedule(), as reference.step) starting at ``now`` —
     or of its lockstep group: every rank with work schedules its own batch, idle ranks run a dummy
@@ -949,7 +1009,7 @@ def _step(first, now, nlog, wl, fl, cost, res, ctl, req, rep, pool, scr, ev, log
     return nlog, heap_n, seq, next_issue
 
 
-@numba.njit(inline="always")
+@_piece
 def _decode_kmax(r, k_max, wl, req, running, nr):  # type: ignore[no-untyped-def]
     """Folds replica ``r``'s ``nr`` running requests into ``k_max``, the steps a decode span may
     take (−1: no bound yet): 0 unless every one is one token from done with its prefill, else at
@@ -968,7 +1028,7 @@ def _decode_kmax(r, k_max, wl, req, running, nr):  # type: ignore[no-untyped-def
     return k_max, c_sum
 
 
-@numba.njit(inline="always")
+@_piece
 def _buckets(r, nr, bs, computed, running, bstart, bfill, bphase, bitems):  # type: ignore[no-untyped-def]
     """Buckets of running positions by the step phase at which they open a block: bucket ``p`` is
     ``bitems[bstart[p]:bstart[p + 1]]``."""
@@ -988,7 +1048,7 @@ def _buckets(r, nr, bs, computed, running, bstart, bfill, bphase, bitems):  # ty
         bfill[ph] += 1
 
 
-@numba.njit(inline="always")
+@_piece
 def _head_blocked(r, nr, opening, wl, fl, req, rep, pool, wq):  # type: ignore[no-untyped-def]
     """Whether replica ``r``'s waiting head stays blocked for a whole decode span of its ``nr``
     running requests (``opening`` of which open a block in the span's first step)."""
@@ -1010,7 +1070,7 @@ def _head_blocked(r, nr, opening, wl, fl, req, rep, pool, wq):  # type: ignore[n
     return stable
 
 
-@numba.njit(inline="always")
+@_piece
 def _prep_span(nr, cost, prep):  # type: ignore[no-untyped-def]
     """tab_span_prep for a decode span of ``nr`` requests, into ``prep`` (sp_pre, sp_f, sp_b,
     sp_row)."""
@@ -1018,7 +1078,7 @@ def _prep_span(nr, cost, prep):  # type: ignore[no-untyped-def]
     _span_prep(float(nr), tok, logit, af, ab, dla, dlt, sc, prep[0], prep[1], prep[2], prep[3])
 
 
-@numba.njit(inline="always")
+@_piece
 def _decode_step(r, m, c_sum, ph_alloc, ph_fill, bstart, bitems, prep, sums, wl, fl, req, rep, pool, cost, out):  # type: ignore[no-untyped-def]
     """Step ``m`` of a decode span of replica ``r``: the requests of bucket ``ph_alloc`` get their
     new block, those of bucket ``ph_fill`` (full blocks) their hashes; the step's cost (in ``out``)
@@ -1051,6 +1111,7 @@ def _decode_step(r, m, c_sum, ph_alloc, ph_fill, bstart, bitems, prep, sums, wl,
             _register(
                 r, s_, rid, target, nreg, table, chain, chain_off,
                 bhash, hashed, hprev, hnext, keys, used, hhead, htail, mask,
+                wl[7], wl[8], wl[9], wl[10], wl[11], wl[12],
             )  # fmt: skip
     sp_pre, sp_f, sp_b, sp_row = prep
     _span_row(
@@ -1066,7 +1127,7 @@ def _decode_step(r, m, c_sum, ph_alloc, ph_fill, bstart, bitems, prep, sums, wl,
     return out[0]
 
 
-@numba.njit(inline="always")
+@_piece
 def _span_clock(m, now, end, end0, max_gap):  # type: ignore[no-untyped-def]
     """A span's clock after its step ``m`` ran from ``now`` to ``end``: the first step's end
     (``end0``) and the longest later step (``max_gap``)."""
@@ -1075,7 +1136,7 @@ def _span_clock(m, now, end, end0, max_gap):  # type: ignore[no-untyped-def]
     return end0, max(max_gap, end - now)
 
 
-@numba.njit(inline="always")
+@_piece
 def _span_done(r, m, start, end0, max_gap, now, nlog, fl, req, rep, pool, res, log, last_row, sums):  # type: ignore[no-untyped-def]
     """A decode span of ``m`` steps of replica ``r`` ran from ``start`` to ``now`` (its first step
     ended at ``end0``, the longest later step took ``max_gap``): its running requests get their
@@ -1110,7 +1171,7 @@ def _span_done(r, m, start, end0, max_gap, now, nlog, fl, req, rep, pool, res, l
     return nlog
 
 
-@numba.njit(inline="always")
+@_piece
 def _span_one(r, first_t, limit, nlog, wl, fl, cost, res, req, rep, pool, scr, log, last_row, wq):  # type: ignore[no-untyped-def]
     """A span of decode steps of replica ``r`` (G == 1) from ``first_t``, when the next steps are
     ones where every running request decodes one token, nobody is admitted, finishes or is
@@ -1156,7 +1217,7 @@ def _span_one(r, first_t, limit, nlog, wl, fl, cost, res, req, rep, pool, scr, l
     return m, nlog
 
 
-@numba.njit(inline="always")
+@_piece
 def _group_limit(g0, ev_t, fl, rep, ev):  # type: ignore[no-untyped-def]
     """The time before which every step of a decode span of the lockstep group from replica ``g0``
     must start: the next arrival that concerns it (closed loop: also another replica's next step)."""
@@ -1182,7 +1243,7 @@ def _group_limit(g0, ev_t, fl, rep, ev):  # type: ignore[no-untyped-def]
     return glimit
 
 
-@numba.njit(inline="always")
+@_piece
 def _group_kmax(g0, first_t, glimit, wl, fl, req, rep, pool, scr, wq):  # type: ignore[no-untyped-def]
     """Whether the lockstep group from replica ``g0`` can run a decode span from ``first_t``: every
     rank with work (gbusy) decodes only and its waiting head stays blocked. Returns (k_max, ranks
@@ -1217,7 +1278,7 @@ def _group_kmax(g0, first_t, glimit, wl, fl, req, rep, pool, scr, wq):  # type: 
     return k_max, nbusy
 
 
-@numba.njit(inline="always")
+@_piece
 def _span_group(first, first_t, ev_t, nlog, wl, fl, cost, res, req, rep, pool, scr, ev, log, last_row, wq):  # type: ignore[no-untyped-def]
     """A span of decode steps of the lockstep group of replica ``first`` (G > 1): every rank with
     work is in a span-able state (decode only, waiting head blocked); idle ranks run dummy steps;
@@ -1360,6 +1421,9 @@ def _replay(wl, fl, cost, res, ctl, req, rep, pool, scr, ev, st, log, last_row, 
 def run_fleet(  # type: ignore[no-untyped-def]
     # workload
     times, prompt, output, chain_off, chain, aff_rep, rejected,
+    # lazy chains (pipeline.classify.prefix.ChainTree; empty: ``chain`` holds them) and the walk's
+    # scratch (ChainTree.max_depth entries)
+    t_rows, t_key, t_up, t_fb, rec_node, rec_fb,
     # fleet
     n_rep, router, closed, concurrency, capacity, max_seqs, budget_max, bs, chunked, caching, max_blocks, table_size,
     want_log, G, dummy_s,
@@ -1403,7 +1467,7 @@ def run_fleet(  # type: ignore[no-untyped-def]
     ev = (order, heap_t, heap_s, heap_i, static, own_start, own_t, np.zeros(R, np.int64))
     st = np.zeros(6, np.int64)  # the loop's state: ev_pos, heap_n, seq, next_issue, rr, nlog
     st[1], st[2], st[3] = heap_n, seq, next_issue
-    wl = (times, prompt, output, chain_off, chain, aff_rep, rejected)
+    wl = (times, prompt, output, chain_off, chain, aff_rep, rejected, t_rows, t_key, t_up, t_fb, rec_node, rec_fb)
     fl = (R, router, closed, capacity, S, budget_max, bs, chunked, caching, want_log, G, dummy_s)
     cost = (tok, logit, af, ab, acount, apeak, ahas, abw, dla, dlb, dlt, pla, plb, plt, mx, sc)
     res = (res_arrival, res_replica, res_sched, res_first, res_finish, res_itl, res_preempt, res_hit, res_prefill)

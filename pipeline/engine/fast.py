@@ -47,6 +47,7 @@ class _State:
     """Per-request state shared by all replicas (indexed by request id)."""
 
     def __init__(self, work: Workload, res: EngineResult) -> None:
+        work = work.explicit()  # this engine reads every chain as hashes
         self.prompt = work.prompt_tokens.astype(np.int64)
         self.output = work.output_tokens.astype(np.int64)
         self.offsets = work.offsets()

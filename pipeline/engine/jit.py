@@ -97,6 +97,13 @@ def affinity_replicas(affinity: np.ndarray[Any, np.dtype[np.int64]], replicas: i
     return np.where(affinity >= 0, out, -1)
 
 
+def _arg(a: np.ndarray[Any, Any], dtype: Any = None) -> np.ndarray[Any, Any]:
+    """An array argument of the compiled loop: C-contiguous and writeable, so that every call has
+    the one type signature that is compiled and cached on disk (arrays a Ray worker receives are
+    read-only views of its object store, a different numba type: a second compile of minutes)."""
+    return np.require(a, dtype, ["C_CONTIGUOUS", "WRITEABLE"])
+
+
 def simulate_jit(
     work: Workload,
     spec: FleetSpec,
@@ -121,30 +128,39 @@ def simulate_jit(
     assert tables is not None
     raw = tables.kernel_args
     # Fixed dtypes, so that every call reuses one compiled (and disk-cached) specialisation.
-    args = tuple(np.ascontiguousarray(a) if isinstance(a, np.ndarray) else float(a) for a in raw)
+    args = tuple(_arg(a) if isinstance(a, np.ndarray) else float(a) for a in raw)
     n = work.n
     cfg = spec.scheduler
     res = EngineResult.empty(n)
     res.reject_reason[:] = reject_reasons(work, cfg)
     max_blocks, table = _shape(spec)
-    times = np.zeros(n) if spec.mode == "offline" else np.ascontiguousarray(work.arrival_s, np.float64)
+    times = np.zeros(n) if spec.mode == "offline" else _arg(work.arrival_s, np.float64)
     aff = work.affinity if work.affinity is not None else np.full(n, -1, np.int64)
     aff_rep = affinity_replicas(np.asarray(aff, np.int64), spec.replicas)
     router = _ROUTER_CODES[spec.router]
     if routes is not None:
         if routes.shape != (n,) or (routes >= spec.replicas).any():
             raise ValueError("routes must name one of the replicas for every request")
-        aff_rep, router = np.ascontiguousarray(routes, np.int64), _ROUTER_CODES["session_affinity"]
-    caching = cfg.enable_prefix_caching and work.chain_hashes.shape[0] > 0
+        aff_rep, router = _arg(routes, np.int64), _ROUTER_CODES["session_affinity"]
+    caching = cfg.enable_prefix_caching and work.has_chains
+    tree = work.chain_tree if caching else None
+    none_i, none_u = np.zeros(0, np.int64), np.zeros(0, np.uint64)
+    depth = tree.max_depth() if tree is not None else 1
     ctl = np.zeros(2)  # [cancel flag, requests done]: see run_fleet
     kernel_args = (
         times,
-        np.ascontiguousarray(work.prompt_tokens, np.int64),
-        np.ascontiguousarray(work.output_tokens, np.int64),
-        np.ascontiguousarray(work.offsets(), np.int64),
-        np.ascontiguousarray(work.chain_hashes, np.uint64),
+        _arg(work.prompt_tokens, np.int64),
+        _arg(work.output_tokens, np.int64),
+        _arg(work.offsets(), np.int64),
+        _arg(work.chain_hashes, np.uint64),
         aff_rep,
         res.reject_reason != 0,
+        _arg(tree.rows, np.int64) if tree is not None else none_i,
+        _arg(tree.key, np.uint64) if tree is not None else none_u,
+        _arg(tree.up, np.int64) if tree is not None else none_i,
+        _arg(tree.fb, np.int64) if tree is not None else none_i,
+        np.zeros(depth, np.int64),
+        np.zeros(depth, np.int64),
         int(spec.replicas),
         router,
         spec.mode == "closed",

@@ -9,13 +9,17 @@ semantics they implement are documented once, in ``docs/engine.md``.
 from __future__ import annotations
 
 import heapq
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
+from typing import TYPE_CHECKING
 
 import numpy as np
 import numpy.typing as npt
 
 from pipeline.errors import ConfigError
 from pipeline.steps import FloatArray, IntArray, StepBatch, StepCostFn
+
+if TYPE_CHECKING:
+    from pipeline.classify.prefix import ChainTree
 
 U64Array = npt.NDArray[np.uint64]
 
@@ -80,7 +84,10 @@ class Workload:
     ``chain_hashes[chain_offsets[i]:chain_offsets[i+1]]`` is request i's prefix chain: one hash
     per *full* block of ``block_size`` tokens, in token order (CSR layout, as pipeline.classify.prefix
     builds it). Blocks past the prompt may be included (they then describe output tokens).
-    ``affinity`` is the routing key of the session/prefix affinity routers (−1 = none).
+    ``chain_tree`` holds the same chains compactly instead (pipeline.classify.prefix.ChainTree:
+    O(requests), not O(blocks)); the jit engine hashes a request's blocks from it when it needs
+    them, the other engines take :meth:`explicit`. ``affinity`` is the routing key of the
+    session/prefix affinity routers (−1 = none).
     """
 
     arrival_s: FloatArray
@@ -89,6 +96,7 @@ class Workload:
     chain_hashes: U64Array = field(default_factory=lambda: np.zeros(0, np.uint64))
     chain_offsets: IntArray | None = None
     affinity: IntArray | None = None
+    chain_tree: ChainTree | None = None
 
     def __post_init__(self) -> None:
         n = self.n
@@ -100,15 +108,33 @@ class Workload:
             raise ValueError("chain_offsets must have length n + 1")
         if self.affinity is not None and self.affinity.shape != (n,):
             raise ValueError("affinity must have length n")
+        if self.chain_tree is not None and (self.chain_tree.n != n or self.chain_hashes.size):
+            raise ValueError("chain_tree must cover the n requests, without chain_hashes")
 
     @property
     def n(self) -> int:
         return int(self.arrival_s.shape[0])
 
     def offsets(self) -> IntArray:
+        if self.chain_tree is not None:
+            return self.chain_tree.offsets()
         if self.chain_offsets is None:
             return np.zeros(self.n + 1, np.int64)
         return self.chain_offsets
+
+    @property
+    def has_chains(self) -> bool:
+        """Whether any request has a prefix block to cache."""
+        if self.chain_tree is not None:
+            return bool(self.chain_tree.blocks.any())
+        return bool(self.chain_hashes.shape[0] > 0)
+
+    def explicit(self) -> Workload:
+        """This workload with its chains as hashes (``chain_tree`` materialised)."""
+        if self.chain_tree is None:
+            return self
+        hashes, offsets = self.chain_tree.materialise()
+        return replace(self, chain_hashes=hashes, chain_offsets=offsets, chain_tree=None)
 
 
 @dataclass(frozen=True)

@@ -242,6 +242,7 @@ class _RefReplica:
 
 def simulate_reference(work: Workload, spec: FleetSpec, cost: StepCostFn) -> EngineResult:
     """Replay ``work`` on ``spec`` step by step. Test use only: slow by design."""
+    work = work.explicit()
     n = work.n
     res = EngineResult.empty(n)
     res.reject_reason[:] = reject_reasons(work, spec.scheduler)

@@ -85,6 +85,15 @@ class Pod:
 
 def _subset(work: Workload, rows: IntArray, keep_affinity: bool) -> Workload:
     """The requests ``rows`` of ``work`` (chains included), in that order."""
+    affinity = work.affinity[rows] if keep_affinity and work.affinity is not None else None
+    if work.chain_tree is not None:
+        return Workload(
+            arrival_s=work.arrival_s[rows],
+            prompt_tokens=work.prompt_tokens[rows],
+            output_tokens=work.output_tokens[rows],
+            chain_tree=work.chain_tree.take(rows),
+            affinity=affinity,
+        )
     offsets = work.offsets()
     counts = offsets[rows + 1] - offsets[rows]
     sub_off = np.zeros(rows.shape[0] + 1, np.int64)
@@ -96,7 +105,7 @@ def _subset(work: Workload, rows: IntArray, keep_affinity: bool) -> Workload:
         output_tokens=work.output_tokens[rows],
         chain_hashes=work.chain_hashes[take] if work.chain_hashes.size else work.chain_hashes,
         chain_offsets=sub_off if work.chain_offsets is not None else None,
-        affinity=work.affinity[rows] if keep_affinity and work.affinity is not None else None,
+        affinity=affinity,
     )
 
 

@@ -226,6 +226,7 @@ def _demand(window: Window, fleet: ResolvedFleet) -> dict[str, float]:
     """Measured-window demand: output tokens/s, and fresh prefill tokens/s if every block seen
     before were still cached (an infinite prefix cache: a lower bound on prefill work)."""
     work = build_workload(window.requests, fleet, ReplayOptions(isolation=window.isolation), window.identity)
+    work = work.explicit()
     bs = fleet.scheduler.block_size
     offs = work.offsets()
     h = work.chain_hashes
