@@ -18,14 +18,13 @@ runs on stderr (installed by the CLI with :func:`progress_to`).
 from __future__ import annotations
 
 import contextvars
-import hashlib
 import math
 import os
 import re
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -259,6 +258,8 @@ class ReplayEstimate:
     progress_total: int
     #: Bytes of the prefix chains kept through the replay (``parts["chains"]`` is their peak).
     chains_kept: int = 0
+    #: Replicas of the largest pod (the engine state one process holds); 0: the whole fleet.
+    pod_replicas: int = 0
 
     @property
     def bytes(self) -> int:
@@ -269,7 +270,11 @@ class ReplayEstimate:
     def drivers(self) -> str:
         """The parts, largest first, each with what drives it."""
         why = {
-            "engine state": f"engine state of {self.replicas:,} replicas ({self.engine} engine)",
+            "engine state": (
+                f"engine state of the largest pod's {self.pod_replicas:,} replicas ({self.engine} engine)"
+                if 0 < self.pod_replicas < self.replicas
+                else f"engine state of {self.replicas:,} replicas ({self.engine} engine)"
+            ),
             "series": f"series of {self.busy_replicas:,} busy replicas × {self.span_s:,.0f} simulated s",
             "chains": (
                 f"prefix chains of {self.requests:,} requests (hashed as needed)"
@@ -325,13 +330,13 @@ def _step_s(cost: Callable[[Any], Any], decode_seqs: float, ctx: float, prefill:
 
 def jit_compile_needed() -> bool:
     """Whether the jit engine's disk cache is missing or stale (its first run then compiles)."""
-    import pipeline.stepcost as stepcost
+    from pipeline.engine.jit import kernel_stamp
 
     here = Path(__file__).resolve().parent / "engine"
     cache = here / "__pycache__"
     src = here / "_jit_kernels.py"
     try:
-        digest = hashlib.sha256(Path(stepcost.__file__).read_bytes()).hexdigest()[:16]
+        digest = kernel_stamp()
         if not (cache / f"_jit_kernels.stepcost-{digest}.stamp").exists():
             return True
         mtime = src.stat().st_mtime
@@ -346,11 +351,15 @@ def estimate_replay(
     mode: str,
     rate_scale: float,
     concurrency: int | None,
+    pods: int = 1,
 ) -> ReplayEstimate:
     """Estimate the memory and wall time of replaying ``requests`` on ``fleet`` (see the module
-    doc), without running it."""
-    from pipeline.engine.jit import MAX_STATE_BYTES, state_bytes
+    doc), without running it. Replayed in ``pods`` (or in the routing pods of
+    ``router_pod_size``), one pod's engine state is held at a time by any one process: the
+    largest pod's counts, not the whole fleet's."""
+    from pipeline.engine.jit import MAX_STATE_BYTES, fitting_replicas, state_bytes
     from pipeline.engine.model import FleetSpec, is_stateful_router
+    from pipeline.engine.shard import pod_bounds
 
     n = int(requests.height)
     sched = fleet.scheduler
@@ -367,7 +376,19 @@ def estimate_replay(
     # The replay's cost model is always tabulated (profile.cost.fleet_step_cost), so the engine is
     # the jit one unless its state is too large (jit.unsupported_reason); step times come from the
     # roofline deployment, cheaper to price than building the tables twice.
-    jit = state_bytes(spec) <= MAX_STATE_BYTES
+    pod_r = R
+    if 0 < fleet.config.router_pod_size < fleet.config.replicas:
+        pod_r = fleet.config.router_pod_size * (R // fleet.config.replicas)
+    elif pods > 1:
+        pod_r = max(b - a for a, b in pod_bounds(R, fleet.lockstep, pods))
+    # a replica that receives no request costs nothing (jit.busy_fleet): at most one per request,
+    # and least outstanding starts on as many as the jit engine fits (more only when busy at once)
+    flat = pod_r == R
+    pod_r = min(pod_r, max(1, -(-n // fleet.lockstep)) * fleet.lockstep)
+    if router == "least_outstanding" and flat:
+        pod_r = min(pod_r, fitting_replicas(spec))
+    pod_spec = replace(spec, replicas=pod_r)
+    jit = state_bytes(pod_spec) <= MAX_STATE_BYTES
     engine = "jit" if jit else "python"
     cost: Any = fleet.deployment
 
@@ -418,10 +439,10 @@ def estimate_replay(
     rows = ROWS_PER_REQUEST[engine] * n
     series_rows = busy * (span + 2)
     if jit:
-        state = state_bytes(spec) + R * REPLICA_BYTES["jit"] + 16 * n
+        state = state_bytes(pod_spec) + pod_r * REPLICA_BYTES["jit"] + 16 * n
     else:
         cached = min(blocks, R * sched.num_gpu_blocks) if sched.enable_prefix_caching else 0
-        state = R * REPLICA_BYTES["python"] + cached * PY_BLOCK_BYTES + 256 * n
+        state = pod_r * REPLICA_BYTES["python"] + cached * PY_BLOCK_BYTES + 256 * n
     compile_needed = jit and jit_compile_needed()
     parts = {
         "process": process_rss(),
@@ -447,7 +468,7 @@ def estimate_replay(
             seconds += (rows + n) * R * 1e-6
             units, total = "requests routed", n
         else:
-            units, total = "replicas done", R
+            units, total = "replicas done", pod_r
     return ReplayEstimate(
         requests=n,
         replicas=R,
@@ -458,6 +479,7 @@ def estimate_replay(
         span_s=float(span),
         busy_replicas=int(busy),
         kv_blocks=blocks,
+        pod_replicas=pod_r,
         chains_kept=(n * TREE_KEPT_BYTES if jit else blocks * CHAIN_KEPT_BYTES) if chains else 0,
         log_rows=rows,
         parts=parts,

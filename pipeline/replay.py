@@ -33,7 +33,7 @@ import pyarrow as pa
 from pipeline.classify.accounting import day_identity
 from pipeline.classify.prefix import DEFAULT_ISOLATION, ChainTree, PrefixIdentity, build_identity, key64
 from pipeline.engine.fast import simulate
-from pipeline.engine.jit import simulate_jit, unsupported_reason
+from pipeline.engine.jit import TooManyBusy, busy_fleet, simulate_jit, unsupported_reason
 from pipeline.engine.model import REJECT_REASONS, EngineResult, FleetSpec, Workload
 from pipeline.engine.shard import EXECUTORS, simulate_sharded
 from pipeline.engine.steplog import StepLog
@@ -189,7 +189,7 @@ def check_replay_limits(
     a command installed one (``limits.progress_to``)."""
     from pipeline.limits import enforce, engine_progress, estimate_replay
 
-    est = estimate_replay(requests, fleet, options.mode, options.rate_scale, options.concurrency)
+    est = estimate_replay(requests, fleet, options.mode, options.rate_scale, options.concurrency, options.pods)
     enforce(est)
     return progress if progress is not None else engine_progress(est)
 
@@ -216,7 +216,7 @@ def run_replay(
     cost = fleet_step_cost(fleet)
     log = StepLog(capacity=max(1024, 2 * work.n))
     t0 = time.perf_counter()
-    reason = unsupported_reason(spec, cost)
+    reason = unsupported_reason(busy_fleet(work, spec).spec, cost)
     pod_size = fleet.config.router_pod_size
     if 0 < pod_size < fleet.config.replicas:  # hierarchical routing: one shard per routing pod
         ranks = pod_size * (fleet.ranks // fleet.config.replicas)
@@ -226,7 +226,10 @@ def run_replay(
     elif options.pods > 1:
         result = simulate_sharded(work, spec, cost, log, options.pods, options.executor, progress, options.ray_address)
     elif reason is None:
-        result = simulate_jit(work, spec, cost, log, progress)
+        try:
+            result = simulate_jit(work, spec, cost, log, progress)
+        except TooManyBusy:  # same semantics and results, Python speed
+            result = simulate(work, spec, cost, log, progress)
     elif spec.lockstep > 1:
         raise ConfigError(
             f"fleet {fleet.config.name}: dp = {spec.lockstep} lockstep ranks need the jit engine, but {reason}"

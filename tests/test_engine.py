@@ -21,6 +21,7 @@ from pipeline.engine.model import (
     FleetSpec,
     SchedulerConfig,
     Workload,
+    reject_reasons,
 )
 from pipeline.engine.reference import simulate_reference
 from pipeline.engine.steplog import StepLog
@@ -382,3 +383,91 @@ def test_lazy_chains_equal_materialised_chains(case: tuple[Workload, FleetSpec, 
     for name, col in lazy_log.columns().items():
         assert np.array_equal(col, full_log.columns()[name]), name
     check_invariants(w, spec, lazy, lazy_log)
+
+
+@settings(max_examples=max(_EXAMPLES // 3, 10), deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(_cases(), st.integers(0, 60), st.booleans())
+def test_replicas_without_requests_cost_nothing_and_change_nothing(
+    case: tuple[Workload, FleetSpec, LinearCost], extra: int, keyed: bool
+) -> None:
+    """The jit engine runs only the replicas a workload can reach (jit.busy_fleet): on a fleet with
+    many idle replicas it still equals the reference, which runs every replica."""
+    from dataclasses import replace
+
+    from pipeline.engine.jit import busy_fleet
+
+    w, spec, cost = case
+    if keyed:  # every request has an affinity key: static routes, idle replicas dropped anywhere
+        w = replace(w, affinity=np.arange(w.n, dtype=np.int64) * 7919 % 13)
+    spec = replace(spec, replicas=spec.replicas + extra)
+    busy = busy_fleet(w, spec)
+    keys = w.affinity if w.affinity is not None else np.full(w.n, -1)
+    if spec.router in ("round_robin", "least_outstanding") or (keys >= 0).all():
+        assert busy.spec.replicas <= min(spec.replicas, max(w.n, 1))
+    elif (keys[reject_reasons(w, spec.scheduler) == 0] < 0).any():
+        assert busy.spec == spec  # a request without a key goes to the least loaded replica
+    log = StepLog()
+    res = simulate_jit(w, spec, cost, log)
+    _assert_same(res, simulate_reference(w, spec, cost))
+    check_invariants(w, spec, res, log)
+
+
+def test_ten_million_replicas_for_fifty_requests() -> None:
+    """A fleet of 10⁷ replicas (its block tables alone would be terabytes) replays 50 requests as
+    fast as a fleet of 50: least outstanding fills replicas from the lowest index, and affinity
+    routes name replicas anywhere in the fleet, mapped back in the results and the step log."""
+    from dataclasses import replace
+
+    from pipeline.engine.jit import affinity_replicas, busy_fleet
+
+    n = 50
+    rng = np.random.default_rng(3)
+    w = workload(np.sort(rng.uniform(0, 2, n)), rng.integers(10, 200, n), rng.integers(1, 40, n))
+    cost = LinearCost()
+    small = FleetSpec(replicas=n, scheduler=_cfg(num_gpu_blocks=4000, max_model_len=400), router="least_outstanding")
+    huge = replace(small, replicas=10_000_000)
+    assert busy_fleet(w, huge).spec.replicas == n
+    _assert_same(simulate_jit(w, huge, cost), simulate_jit(w, small, cost))
+    keyed = replace(w, affinity=rng.integers(0, 2**62, n))
+    aff = replace(huge, router="session_affinity")
+    log = StepLog()
+    res = simulate_jit(keyed, aff, cost, log)
+    want = affinity_replicas(keyed.affinity, aff.replicas)  # type: ignore[arg-type]
+    assert np.array_equal(res.replica, want) and want.max() > 1_000_000
+    assert set(log.columns()["replica"].tolist()) == set(want.tolist())
+
+
+def test_least_outstanding_grows_the_replicas_it_runs_until_one_stays_idle(monkeypatch: pytest.MonkeyPatch) -> None:
+    """With fewer replicas' state allowed than requests, least outstanding starts on what fits and
+    runs again on twice as many while its last replica was used: the result is still the whole
+    fleet's (the reference's); past the limit it says so, and the Python engine takes over."""
+    from dataclasses import replace
+
+    from pipeline.engine import jit
+
+    rng = np.random.default_rng(11)
+    n = 60
+    w = workload(np.sort(rng.uniform(0, 3, n)), rng.integers(20, 300, n), rng.integers(5, 60, n))
+    cost = LinearCost()
+    spec = FleetSpec(replicas=64, scheduler=_cfg(num_gpu_blocks=300, max_model_len=400), router="least_outstanding")
+    monkeypatch.setattr(jit, "MAX_STATE_BYTES", jit.state_bytes(replace(spec, replicas=2)))
+    busy = jit.busy_fleet(w, spec)
+    assert busy.open_top and busy.spec.replicas == 2
+    ref = simulate_reference(w, spec, cost)
+    assert ref.replica.max() >= 4  # more than two replicas are busy at once: it must grow
+    runs: list[int] = []
+    real = jit._run_busy
+
+    def counting(work: Workload, b: jit.BusyFleet, *args: object) -> object:
+        runs.append(b.spec.replicas)
+        return real(work, b, *args)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(jit, "MAX_STATE_BYTES", jit.state_bytes(replace(spec, replicas=64)))
+    monkeypatch.setattr(jit, "fitting_replicas", lambda s: 2)
+    monkeypatch.setattr(jit, "_run_busy", counting)
+    _assert_same(simulate_jit(w, spec, cost), ref)
+    assert runs[0] == 2 and runs == [2 * 2**k for k in range(len(runs))] and len(runs) >= 2
+    monkeypatch.setattr(jit, "MAX_STATE_BYTES", jit.state_bytes(replace(spec, replicas=2)))
+    with pytest.raises(jit.TooManyBusy, match="more than 2 replicas are busy at once"):
+        simulate_jit(w, spec, cost)
+    _assert_same(simulate(w, spec, cost), ref)

@@ -11,6 +11,7 @@ import signal
 import subprocess
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -215,16 +216,29 @@ def test_absurd_rate_scale_is_refused_up_front(small: dict[str, Any]) -> None:
     assert "more than the limit of 1.0 GiB (--max-memory)" in line and "simulated s" in line, line
 
 
-def test_huge_fleet_is_refused_up_front(small: dict[str, Any]) -> None:
+def test_replay_past_the_limit_is_refused_up_front(small: dict[str, Any]) -> None:
     before = _tree(small["root"])
-    t0 = time.monotonic()
-    res = _invoke(["replay", "--replicas", "10000000", "--max-memory", "16GiB", "--store", str(small["store"].root)])
+    res = _invoke(["replay", "--replicas", "10000000", "--max-memory", "64MiB", "--store", str(small["store"].root)])
     assert res.exit_code == 1
     line = _one_error_line(res.stderr)
-    assert "engine state of 10,000,000 replicas" in line and "use fewer replicas" in line, line
-    assert re.search(r"about [0-9.,]+ GiB of memory", line)
-    assert time.monotonic() - t0 < 60
+    assert "more than the limit of 64.0 MiB" in line and "engine state of" in line, line
+    assert re.search(r"about [0-9.,]+ [MG]iB of memory", line)
     assert _tree(small["root"]) == before
+
+
+def test_a_huge_fleet_costs_what_its_busy_replicas_cost(small: dict[str, Any]) -> None:
+    """Ten million replicas for 2,000 requests: least outstanding only ever uses the lowest
+    replicas, so the replay runs (no refusal) and gives what 2,000 replicas give."""
+    store = str(small["store"].root)
+    runs = []
+    for replicas in ("10000000", "2000"):
+        res = _invoke(["replay", "--replicas", replicas, "--store", store, "--json"])
+        assert res.exit_code == 0, res.stderr
+        runs.append(json.loads(res.stdout))
+    huge, small_run = (small["store"].root / "runs" / r["run_id"] / "requests.parquet" for r in runs)
+    import pyarrow.parquet as pq
+
+    assert pq.read_table(huge).equals(pq.read_table(small_run))
 
 
 def test_environment_limit_applies_to_library_replays(small: dict[str, Any], monkeypatch: pytest.MonkeyPatch) -> None:
@@ -237,6 +251,7 @@ def test_environment_limit_applies_to_library_replays(small: dict[str, Any], mon
 
 _MEASURE = """
 import json, sys
+from dataclasses import replace
 from pathlib import Path
 from pipeline.fleet import load_fleet, resolve
 from pipeline.limits import estimate_replay
@@ -305,13 +320,18 @@ def _interrupt(args: list[str], tmp_path: Path, pattern: str) -> tuple[int, str,
             proc.wait()
 
 
-def test_jit_replay_reports_progress_and_stops_promptly_on_ctrl_c(small: dict[str, Any], tmp_path: Path) -> None:
-    # 200,000 replicas without prefix caching: the compiled loop scans every replica per event
-    fleet = _fleet(tmp_path / "wide.toml", "wide")
-    text = fleet.read_text().replace("enable_prefix_caching = true", "enable_prefix_caching = false")
-    fleet.write_text(text.replace("[engine]", "[engine]\nmax_num_seqs = 64"))
-    args = ["replay", "--fleet", str(fleet), "--replicas", "200000", "--max-memory", "none"]
-    code, err, waited = _interrupt([*args, "--store", str(small["store"].root)], tmp_path, r"replay: [1-9][0-9,]* of ")
+def test_jit_replay_reports_progress_and_stops_promptly_on_ctrl_c(tmp_path: Path) -> None:
+    # 300,000 requests on the default fleet's 2 replicas: overloaded, the replay runs for minutes
+    from pipeline.ingest import ingest_logs
+
+    log = tmp_path / "day.csv"
+    log.write_text("arrived_at,num_prefill_tokens,num_decode_tokens\n" + "".join(
+        f"{i * 0.01:.2f},{1000 + i % 3000},{50 + i % 400}\n" for i in range(300_000)
+    ))  # fmt: skip
+    store = Store(tmp_path / "store")
+    ingest_logs([log], store, fmt="vidur", date=DATE)
+    args = ["replay", "--max-memory", "none", "--date", DATE]
+    code, err, waited = _interrupt([*args, "--store", str(store.root)], tmp_path, r"replay: [1-9][0-9,]* of ")
     assert code == 130, err
     assert "Traceback" not in err and err.rstrip().splitlines()[-1].startswith("interrupted (Ctrl-C)"), err
     assert waited < 5, waited
@@ -319,12 +339,13 @@ def test_jit_replay_reports_progress_and_stops_promptly_on_ctrl_c(small: dict[st
 
 
 def test_python_engine_replay_stops_promptly_on_ctrl_c(small: dict[str, Any], tmp_path: Path) -> None:
-    # prefix caching on 3,000 replicas: block tables too large for the jit engine
+    # prefix caching on 3,000 replicas, 2,000 of them reached by round robin: block tables too
+    # large for the jit engine
     fleet = _fleet(tmp_path / "rr.toml", "rr")
     fleet.write_text(fleet.read_text().replace('router = "least_outstanding"', 'router = "round_robin"'))
     args = ["replay", "--fleet", str(fleet), "--replicas", "3000", "--max-memory", "none"]
     args += ["--store", str(small["store"].root)]
-    code, err, waited = _interrupt(args, tmp_path, r"replay: [1-9][0-9,]* of 3,000 replicas done")
+    code, err, waited = _interrupt(args, tmp_path, r"replay: [1-9][0-9,]* of 2,000 replicas done")
     assert code == 130, err
     assert "Traceback" not in err and err.rstrip().splitlines()[-1].startswith("interrupted (Ctrl-C)"), err
     assert waited < 5, waited
@@ -356,3 +377,37 @@ def test_the_first_compile_is_announced(small: dict[str, Any], monkeypatch: pyte
     monkeypatch.setattr(limits, "jit_compile_needed", lambda: True)
     told = _invoke(args)
     assert told.exit_code == 0 and "replay: compiling the replay engine" in told.stderr
+
+
+@pytest.mark.skipif("NUMBA_CACHE_DIR" in os.environ, reason="the engine's cache is kept outside the package")
+def test_no_compile_announced_once_the_engine_is_compiled(small: dict[str, Any]) -> None:
+    """After a replay has compiled the engine into its disk cache, the next estimate knows no
+    compile is ahead (the stamp jit_compile_needed looks for is the one the kernels write)."""
+    import pipeline.limits as limits
+
+    assert _invoke(["replay", "--store", str(small["store"].root), "--json"]).exit_code == 0
+    assert limits.jit_compile_needed() is False
+
+
+def test_pods_estimate_the_largest_pod_not_the_fleet(small: dict[str, Any]) -> None:
+    """Replayed in pods, one process holds one pod's engine state: 1,000 replicas in 10 pods are
+    estimated as 100 replicas' state on the jit engine, where the flat fleet is past the jit
+    engine's limit; a hierarchical fleet's routing pods count the same way."""
+    from pipeline.engine.jit import MAX_STATE_BYTES, state_bytes
+    from pipeline.engine.model import FleetSpec
+    from pipeline.fleet import load_fleet, resolve
+
+    frame = small["store"].read_requests(small["store"].dates()[0])
+    rr = replace(load_fleet(DEFAULT_FLEET).with_replicas(1000), router="round_robin")
+    fleet = resolve(rr, str(DEFAULT_FLEET))
+    spec = FleetSpec(replicas=100, scheduler=fleet.scheduler, router=fleet.config.router)
+    assert state_bytes(spec) * 10 > MAX_STATE_BYTES >= state_bytes(spec)
+    flat = estimate_replay(frame, fleet, "open", 1.0, None)
+    pods = estimate_replay(frame, fleet, "open", 1.0, None, 10)
+    assert flat.engine == "python" and pods.engine == "jit" and pods.pod_replicas == 100
+    assert pods.parts["engine state"] == state_bytes(spec) + 100 * 1024 + 16 * frame.height
+    assert "largest pod's 100 replicas" in pods.drivers()
+    hier = resolve(replace(fleet.config, router_pod_size=250), str(DEFAULT_FLEET))
+    est = estimate_replay(frame, hier, "open", 1.0, None)
+    assert est.pod_replicas == 250
+    assert est.parts["engine state"] == state_bytes(replace(spec, replicas=250)) + 250 * 1024 + 16 * frame.height

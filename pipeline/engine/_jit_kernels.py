@@ -17,15 +17,13 @@ Semantics: docs/engine.md.
 
 from __future__ import annotations
 
-import hashlib
-import inspect
 from pathlib import Path
 
 import numba
 import numpy as np
 
-from pipeline import stepcost
 from pipeline.classify import prefix
+from pipeline.engine.jit import kernel_stamp
 from pipeline.stepcost import row_kernel, span_kernels
 
 
@@ -33,15 +31,11 @@ def _drop_stale_cache() -> None:
     """numba's disk cache of this module is keyed on this file alone, but the loop inlines the
     step-cost kernels of pipeline/stepcost.py and the block hash of pipeline/classify/prefix.py:
     when they change, the cached machine code would keep the old ones. A stamp of their source
-    beside the cache detects it; the stale entries are removed so numba compiles afresh
-    (silently skipped where the package is installed read-only: an installed package's files do
-    not change)."""
+    (jit.kernel_stamp) beside the cache detects it; the stale entries are removed so numba
+    compiles afresh (silently skipped where the package is installed read-only: an installed
+    package's files do not change)."""
     cache = Path(__file__).resolve().parent / "__pycache__"
-    source = (
-        Path(stepcost.__file__).read_bytes()
-        + "".join(inspect.getsource(f) for f in (prefix._mix, prefix._block_hash)).encode()
-    )
-    digest = hashlib.sha256(source).hexdigest()[:16]
+    digest = kernel_stamp()
     stamp = cache / f"_jit_kernels.stepcost-{digest}.stamp"
     try:
         if stamp.exists() or not cache.is_dir():

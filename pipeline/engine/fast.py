@@ -22,9 +22,11 @@ import heapq
 from bisect import bisect_right
 from collections import OrderedDict, deque
 from collections.abc import Callable
+from dataclasses import replace
 
 import numpy as np
 
+from pipeline.engine.jit import reachable_prefix
 from pipeline.engine.model import (
     EngineResult,
     FleetSpec,
@@ -574,6 +576,8 @@ def simulate(
     """Replay ``work`` on the fleet ``spec``; per-request results, spans appended to ``log``."""
     if spec.lockstep > 1:
         raise ConfigError("lockstep data-parallel ranks run on the jit engine only (pipeline.engine.jit)")
+    if spec.router in ("round_robin", "least_outstanding"):  # replicas no request can reach cost nothing
+        spec = replace(spec, replicas=reachable_prefix(work, spec))
     n = work.n
     res = EngineResult.empty(n)
     res.reject_reason[:] = reject_reasons(work, spec.scheduler)

@@ -20,16 +20,18 @@ re-raised (docs/limits.md, "Resource limits").
 
 from __future__ import annotations
 
+import hashlib
 import threading
 from collections.abc import Callable
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
 
 from pipeline.engine.model import EngineResult, FleetSpec, Workload, dummy_step_s, reject_reasons
-from pipeline.engine.steplog import StepLog
+from pipeline.engine.steplog import SPAN_COLUMNS, StepLog
 from pipeline.stepcost import MAX_TABLE_TOKENS, TabulatedCost
-from pipeline.steps import StepCostFn
+from pipeline.steps import IntArray, StepCostFn
 
 #: Largest scheduler state (block tables, block pool, prefix-cache table) the jit engine
 #: allocates before deferring to the Python engine, whose state grows with use instead.
@@ -40,7 +42,26 @@ POLL_S = 0.1
 #: How long a cancelled loop is waited for before the interrupt is re-raised regardless.
 CANCEL_WAIT_S = 2.0
 
+#: The step log's replica column.
+_REPLICA_COL = list(SPAN_COLUMNS).index("replica")
+
 _ROUTER_CODES = {"round_robin": 0, "least_outstanding": 1, "session_affinity": 2, "prefix_affinity": 2}
+
+
+def kernel_stamp() -> str:
+    """Digest of the sources the compiled loop inlines from other modules (pipeline/stepcost.py and
+    the block hash of pipeline/classify/prefix.py): numba's disk cache of _jit_kernels.py is keyed
+    on that file alone, so a stamp named by this digest sits beside the cache (_jit_kernels drops
+    the cache when it is missing; pipeline.limits reads it to know whether a compile is ahead)."""
+    import inspect
+    from pathlib import Path
+
+    from pipeline import stepcost
+    from pipeline.classify import prefix
+
+    source = Path(stepcost.__file__).read_bytes()
+    source += "".join(inspect.getsource(f) for f in (prefix._mix, prefix._block_hash)).encode()
+    return hashlib.sha256(source).hexdigest()[:16]
 
 
 def _tables(cost: StepCostFn, spec: FleetSpec) -> TabulatedCost | None:
@@ -104,6 +125,80 @@ def _arg(a: np.ndarray[Any, Any], dtype: Any = None) -> np.ndarray[Any, Any]:
     return np.require(a, dtype, ["C_CONTIGUOUS", "WRITEABLE"])
 
 
+def fitting_replicas(spec: FleetSpec) -> int:
+    """Most replicas of ``spec`` (whole lockstep groups, at least one group) whose state the
+    compiled loop allocates (``MAX_STATE_BYTES``)."""
+    G = max(spec.lockstep, 1)
+    return max(G, MAX_STATE_BYTES // max(state_bytes(replace(spec, replicas=G)), 1) * G)
+
+
+class TooManyBusy(ValueError):
+    """Least outstanding kept more replicas busy at once than the compiled loop's state allows
+    (the Python engine, whose state grows with use, still applies)."""
+
+
+def reachable_prefix(work: Workload, spec: FleetSpec) -> int:
+    """Replicas round robin and least outstanding can reach: one per routed request (whole
+    lockstep groups), the lowest-numbered first (:func:`busy_fleet`)."""
+    G = max(spec.lockstep, 1)
+    routed = int((reject_reasons(work, spec.scheduler) == 0).sum())
+    return min(spec.replicas, max(G, -(-routed // G) * G))
+
+
+@dataclass(frozen=True)
+class BusyFleet:
+    """The replicas the compiled loop runs for a workload: only those that can receive a request
+    (a replica that never holds one cannot change anyone's result, so it costs nothing).
+
+    spec    the fleet the loop runs (``replicas`` possibly fewer than the fleet's)
+    routes  each request's replica in it (None: the router chooses, on a prefix of the fleet)
+    back    each replica's index in the whole fleet (None: the same)
+    open_top  least outstanding on fewer replicas than requests: the run is the whole fleet's
+            only if its last replica received no request (else :func:`simulate_jit` runs again
+            on twice as many)"""
+
+    spec: FleetSpec
+    routes: IntArray | None
+    back: IntArray | None
+    open_top: bool = False
+
+
+def busy_fleet(work: Workload, spec: FleetSpec, routes: IntArray | None = None) -> BusyFleet:
+    """The part of ``spec`` the workload can reach (docs/engine.md, "Replicas that hold no request").
+
+    Round robin and least outstanding (ties to the lowest index) only ever pick from a prefix of
+    the replicas (an unused replica is idle, so a lower unused one is always chosen first): with
+    ``m`` requests routed, the first ``m`` replicas (whole lockstep groups) are the whole fleet.
+    With static routes (given, or session/prefix affinity with a key on every request) the
+    lockstep groups that receive a request are kept, renumbered in order."""
+    R, G = spec.replicas, max(spec.lockstep, 1)
+    ok = reject_reasons(work, spec.scheduler) == 0
+    if routes is None and spec.router in ("round_robin", "least_outstanding"):
+        keep = reachable_prefix(work, spec)
+        open_top = False
+        if spec.router == "least_outstanding" and keep > G:
+            # only as many replicas are used as are ever busy at once: start with what fits
+            fits = fitting_replicas(spec)
+            open_top, keep = fits < keep, min(keep, fits)
+        return BusyFleet(replace(spec, replicas=keep) if keep < R else spec, None, None, open_top)
+    if routes is None and spec.router in ("session_affinity", "prefix_affinity") and work.affinity is not None:
+        reps = affinity_replicas(np.asarray(work.affinity, np.int64), R)
+        if (reps[ok] >= 0).all():
+            routes = np.where(ok, reps, -1).astype(np.int64)
+    if routes is None:
+        return BusyFleet(spec, None, None)
+    groups = np.unique(routes[ok & (routes >= 0)] // G)
+    if groups.size == 0:
+        groups = np.zeros(1, np.int64)
+    if groups.size * G >= R:
+        return BusyFleet(spec, routes, None)
+    new = np.full(R // G, -1, np.int64)
+    new[groups] = np.arange(groups.size, dtype=np.int64)
+    compact = np.where(routes >= 0, new[np.maximum(routes, 0) // G] * G + np.maximum(routes, 0) % G, -1)
+    back = (groups[:, None] * G + np.arange(G, dtype=np.int64)).ravel()
+    return BusyFleet(replace(spec, replicas=int(groups.size) * G), compact.astype(np.int64), back)
+
+
 def simulate_jit(
     work: Workload,
     spec: FleetSpec,
@@ -118,7 +213,43 @@ def simulate_jit(
     taken so far about every ``POLL_S`` seconds while the loop runs, then ``work.n``; a
     KeyboardInterrupt stops the loop (within one event) and propagates. ``routes`` (one replica
     per request, ≥ 0 for every request that is not rejected) replaces the router: a shard of a
-    fleet (pipeline/engine/shard.py) replays the routes the whole fleet's router chose."""
+    fleet (pipeline/engine/shard.py) replays the routes the whole fleet's router chose.
+
+    Only the replicas the workload can reach are run (:func:`busy_fleet`); results and log name
+    replicas of the whole fleet, as if all had been run."""
+    if routes is not None and (routes.shape != (work.n,) or (routes >= spec.replicas).any()):
+        raise ValueError("routes must name one of the replicas for every request")
+    busy = busy_fleet(work, spec, routes)
+    while True:
+        res, rows = _run_busy(work, busy, cost, log is not None, progress)
+        top = busy.spec.replicas - 1
+        if not busy.open_top or not (res.replica == top).any():
+            break
+        # least outstanding used every replica it was given: the fleet's next one might have
+        # been chosen; run again on twice as many (the compiled loop fits at most MAX_STATE_BYTES)
+        bigger = replace(busy.spec, replicas=min(spec.replicas, 2 * busy.spec.replicas))
+        if unsupported_reason(bigger, cost) is not None:
+            raise TooManyBusy(
+                f"the jit engine does not apply: more than {busy.spec.replicas:,} replicas are busy at once "
+                f"and {unsupported_reason(bigger, cost)}"
+            )
+        busy = BusyFleet(bigger, None, None, bigger.replicas < spec.replicas)
+    if busy.back is not None:
+        ran = res.replica >= 0
+        res.replica[ran] = busy.back[res.replica[ran]]
+        if log is not None:
+            rows[:, _REPLICA_COL] = busy.back[rows[:, _REPLICA_COL].astype(np.int64)]
+    if log is not None:
+        log.extend_rows(rows)
+    return res
+
+
+def _run_busy(
+    work: Workload, busy: BusyFleet, cost: StepCostFn, want_log: bool, progress: Callable[[int], None] | None
+) -> tuple[EngineResult, np.ndarray[Any, np.dtype[np.float64]]]:
+    """One run of the compiled loop on ``busy``: results (replicas of ``busy.spec``) and the step
+    log's rows."""
+    spec, routes = busy.spec, busy.routes
     reason = unsupported_reason(spec, cost)
     if reason is not None:
         raise ValueError(f"the jit engine does not apply: {reason}")
@@ -139,8 +270,6 @@ def simulate_jit(
     aff_rep = affinity_replicas(np.asarray(aff, np.int64), spec.replicas)
     router = _ROUTER_CODES[spec.router]
     if routes is not None:
-        if routes.shape != (n,) or (routes >= spec.replicas).any():
-            raise ValueError("routes must name one of the replicas for every request")
         aff_rep, router = _arg(routes, np.int64), _ROUTER_CODES["session_affinity"]
     caching = cfg.enable_prefix_caching and work.has_chains
     tree = work.chain_tree if caching else None
@@ -173,7 +302,7 @@ def simulate_jit(
         bool(caching),
         max_blocks,
         table,
-        log is not None,
+        want_log,
         int(spec.lockstep),
         dummy_step_s(tables),
         *args,
@@ -191,9 +320,7 @@ def simulate_jit(
     rows, nrows = _run_in_thread(k.run_fleet, kernel_args, ctl, progress)
     if progress is not None:
         progress(n)
-    if log is not None:
-        log.extend_rows(rows[:nrows])
-    return res
+    return res, rows[:nrows]
 
 
 def _run_in_thread(

@@ -26,7 +26,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from pipeline.engine.jit import _tables, affinity_replicas, simulate_jit, unsupported_reason
+from pipeline.engine.jit import _tables, affinity_replicas, busy_fleet, simulate_jit, unsupported_reason
 from pipeline.engine.model import EngineResult, FleetSpec, Workload, reject_reasons
 from pipeline.engine.steplog import SPAN_COLUMNS, StepLog
 from pipeline.errors import ConfigError, RooftraceError
@@ -192,12 +192,11 @@ def simulate_sharded(
         raise ConfigError(f"executor {executor!r} unknown; choose one of {list(EXECUTORS)}")
     shards = hierarchical_pods(work, spec, pod_ranks) if pod_ranks > 0 else plan_pods(work, spec, pods)
     # each pod allocates its own engine state: the largest pod must fit, not the whole fleet
-    big = max(shards, key=lambda p: p.spec.replicas)
-    reason = unsupported_reason(big.spec, cost)
+    # (the replicas of a pod that receive requests: jit.busy_fleet)
+    big = max((busy_fleet(p.work, p.spec, p.routes).spec for p in shards), key=lambda s: s.replicas)
+    reason = unsupported_reason(big, cost)
     if reason is not None:
-        raise ConfigError(
-            f"pods of {big.spec.replicas} replicas need the jit engine, but {reason}; use more, smaller pods"
-        )
+        raise ConfigError(f"pods of {big.replicas} replicas need the jit engine, but {reason}; use more, smaller pods")
     tables = _tables(cost, spec)
     assert tables is not None
     # data only: the closures (extend, exact) stay here; the tables already cover every step
