@@ -359,7 +359,7 @@ def estimate_replay(
     largest pod's counts, not the whole fleet's."""
     from pipeline.engine.jit import MAX_STATE_BYTES, fitting_replicas, state_bytes
     from pipeline.engine.model import FleetSpec, is_stateful_router
-    from pipeline.engine.shard import pod_bounds
+    from pipeline.engine.shard import pod_cuts
 
     n = int(requests.height)
     sched = fleet.scheduler
@@ -380,7 +380,7 @@ def estimate_replay(
     if 0 < fleet.config.router_pod_size < fleet.config.replicas:
         pod_r = fleet.config.router_pod_size * (R // fleet.config.replicas)
     elif pods > 1:
-        pod_r = max(b - a for a, b in pod_bounds(R, fleet.lockstep, pods))
+        pod_r = int(np.diff(pod_cuts(R, fleet.lockstep, pods)).max())
     # a replica that receives no request costs nothing (jit.busy_fleet): at most one per request,
     # and least outstanding starts on as many as the jit engine fits (more only when busy at once)
     flat = pod_r == R
@@ -388,7 +388,8 @@ def estimate_replay(
     if router == "least_outstanding" and flat:
         pod_r = min(pod_r, fitting_replicas(spec))
     pod_spec = replace(spec, replicas=pod_r)
-    jit = state_bytes(pod_spec) <= MAX_STATE_BYTES
+    # pods always run on the jit engine (a pod too large for it is refused when the pods are cut)
+    jit = not flat or state_bytes(pod_spec) <= MAX_STATE_BYTES
     engine = "jit" if jit else "python"
     cost: Any = fleet.deployment
 

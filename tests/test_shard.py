@@ -261,3 +261,21 @@ def test_unreachable_ray_cluster_is_one_error_line(monkeypatch: pytest.MonkeyPat
     assert str(err.value) == (
         "--executor ray: cannot start or reach Ray at 127.0.0.1:1: Could not find any running Ray instance."
     )
+
+
+@pytest.mark.parametrize("router", ["round_robin", "session_affinity"])
+def test_pods_without_requests_are_never_built(router: str) -> None:
+    """A million replicas in a million pods (or routing pods of one replica) for 40 requests: only
+    the pods that receive a request are built and replayed (one sort, not one scan per pod), and
+    the result is the one-process replay's."""
+    w, spec = _busy_fleet(router, replicas=1_000_000, n=40)
+    cost = LinearCost()
+    pods = plan_pods(w, spec, 1_000_000)
+    assert 0 < len(pods) <= 40 and all(p.rows.size for p in pods)
+    assert sorted(np.concatenate([p.rows for p in pods]).tolist()) == list(range(w.n))
+    flat_log, pod_log = StepLog(), StepLog()
+    _same(simulate_jit(w, spec, cost, flat_log), simulate_sharded(w, spec, cost, pod_log, 1_000_000), flat_log, pod_log)
+    tiny = hierarchical_pods(w, spec, 1)
+    assert 0 < len(tiny) <= 40 and all(p.spec.replicas == 1 for p in tiny)
+    res = simulate_sharded(w, spec, cost, None, 1, pod_ranks=1)
+    assert all(((res.replica[p.rows] == p.first) | (res.replica[p.rows] < 0)).all() for p in tiny)

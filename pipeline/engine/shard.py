@@ -17,6 +17,7 @@ spawned worker processes (``process``), or as Ray tasks (``ray``, the optional e
 
 from __future__ import annotations
 
+import itertools
 import multiprocessing
 from collections.abc import Callable, Iterator
 from concurrent.futures import ProcessPoolExecutor
@@ -62,12 +63,31 @@ def static_routes(work: Workload, spec: FleetSpec) -> IntArray | None:
     return None
 
 
-def pod_bounds(replicas: int, lockstep: int, pods: int) -> list[tuple[int, int]]:
-    """``pods`` contiguous replica ranges of whole lockstep groups, as equal as they can be."""
+def pod_cuts(replicas: int, lockstep: int, pods: int) -> IntArray:
+    """Where ``pods`` contiguous replica ranges of whole lockstep groups, as equal as they can be,
+    start (and, last, where the fleet ends)."""
     groups = replicas // lockstep
     pods = max(1, min(pods, groups))
-    cuts = [(groups * k // pods) * lockstep for k in range(pods + 1)]
-    return [(cuts[k], cuts[k + 1]) for k in range(pods)]
+    return (groups * np.arange(pods + 1, dtype=np.int64) // pods) * lockstep
+
+
+def pod_bounds(replicas: int, lockstep: int, pods: int) -> list[tuple[int, int]]:
+    """The pods of :func:`pod_cuts` as (first, end) replica ranges."""
+    cuts = pod_cuts(replicas, lockstep, pods).tolist()
+    return list(itertools.pairwise(cuts))
+
+
+def _rows_by_pod(pod: IntArray) -> Iterator[tuple[int, IntArray]]:
+    """(pod, its requests in increasing order) for every pod that has a request; ``pod`` < 0 (a
+    rejected request: routed nowhere) counts as pod 0, which reports them. One sort, whatever
+    the number of pods: pods without requests are never built (they would replay nothing)."""
+    pod = np.maximum(pod, 0)
+    order = np.argsort(pod, kind="stable")
+    ranked = pod[order]
+    starts = np.flatnonzero(np.r_[True, ranked[1:] != ranked[:-1]]) if ranked.size else np.zeros(0, np.int64)
+    ends = np.r_[starts[1:], ranked.size].astype(np.int64)
+    for a, b in zip(starts.tolist(), ends.tolist(), strict=True):
+        yield int(ranked[a]), order[a:b].astype(np.int64)
 
 
 @dataclass(frozen=True)
@@ -120,11 +140,11 @@ def plan_pods(work: Workload, spec: FleetSpec, pods: int) -> list[Pod]:
             + ("" if spec.router == "least_outstanding" else " (some requests have no affinity key)")
         )
         raise ConfigError(f"--pods {pods}: the fleet cannot be replayed in pods exactly: {why}")
+    cuts = pod_cuts(spec.replicas, spec.lockstep, pods)
+    pod_of = np.where(routes >= 0, np.searchsorted(cuts, routes, side="right") - 1, -1)
     out = []
-    for a, b in pod_bounds(spec.replicas, spec.lockstep, pods):
-        rows = np.flatnonzero((routes >= a) & (routes < b)).astype(np.int64)
-        if a == 0:  # rejected requests go nowhere; pod 0 reports them (arrival and reason)
-            rows = np.union1d(rows, np.flatnonzero(routes < 0)).astype(np.int64)
+    for k, rows in _rows_by_pod(pod_of):
+        a, b = int(cuts[k]), int(cuts[k + 1])
         local = np.where(routes[rows] >= 0, routes[rows] - a, 0)
         out.append(Pod(a, rows, _subset(work, rows, False), replace(spec, replicas=b - a), local))
     return out
@@ -144,8 +164,7 @@ def hierarchical_pods(work: Workload, spec: FleetSpec, pod_ranks: int) -> list[P
         raise ConfigError("hierarchical routing (router_pod_size) needs open or offline arrivals, not a closed loop")
     R = spec.replicas
     pod_ranks = max(spec.lockstep, pod_ranks - pod_ranks % spec.lockstep)
-    bounds = [(a, min(a + pod_ranks, R)) for a in range(0, R, pod_ranks)]
-    n_pods = len(bounds)
+    n_pods = -(-R // pod_ranks)
     n = work.n
     rejected = reject_reasons(work, spec.scheduler) != 0
     times = np.zeros(n) if spec.mode == "offline" else work.arrival_s
@@ -158,10 +177,8 @@ def hierarchical_pods(work: Workload, spec: FleetSpec, pod_ranks: int) -> list[P
         salted = (work.affinity[keyed].astype(np.uint64) ^ _POD_SALT) & np.uint64(0x7FFFFFFFFFFFFFFF)
         pod[keyed] = affinity_replicas(salted.astype(np.int64), n_pods)
     out = []
-    for k, (a, b) in enumerate(bounds):
-        rows = np.flatnonzero(pod == k).astype(np.int64)
-        if k == 0:
-            rows = np.union1d(rows, np.flatnonzero(pod < 0)).astype(np.int64)
+    for k, rows in _rows_by_pod(pod):
+        a, b = k * pod_ranks, min((k + 1) * pod_ranks, R)
         out.append(Pod(a, rows, _subset(work, rows, True), replace(spec, replicas=b - a), None))
     return out
 
