@@ -21,6 +21,36 @@ SHARED = Path(os.environ.get(SHARED_ENV) or Path(__file__).resolve().parents[2] 
 FIXTURES = Path(__file__).resolve().parent / "fixtures"
 
 
+def pytest_configure(config: pytest.Config) -> None:
+    """Under pytest-xdist (``-n``), compile the replay engine once in the controller before the
+    workers start, when numba's disk cache lacks it: otherwise every worker that replays first
+    compiles it for minutes at the same time (the workers then load it from the cache)."""
+    if hasattr(config, "workerinput") or not getattr(config.option, "numprocesses", None):
+        return
+    from pipeline.limits import jit_compile_needed
+
+    if not jit_compile_needed():
+        return
+    import sys
+    import time
+
+    import numpy as np
+
+    from pipeline.engine.jit import simulate_jit
+    from pipeline.engine.model import FleetSpec, SchedulerConfig, Workload
+    from pipeline.stepcost import affine_cost, scalars
+
+    t0 = time.monotonic()
+    sys.stderr.write("conftest: compiling the replay engine once for the test workers\n")
+    one = np.ones(2)
+    cost = affine_cost(np.zeros((2, 7)), np.zeros((2, 7)), one, one, np.array([True, False]), one, scalars())
+    work = Workload(np.zeros(1), np.array([40]), np.array([3]), np.array([7], np.uint64), np.array([0, 1]))
+    cfg = SchedulerConfig(num_gpu_blocks=64, max_model_len=128, max_num_seqs=4, max_num_batched_tokens=128,
+                          block_size=16, enable_chunked_prefill=True, enable_prefix_caching=True)  # fmt: skip
+    simulate_jit(work, FleetSpec(replicas=1, scheduler=cfg), cost)
+    sys.stderr.write(f"conftest: compiled in {time.monotonic() - t0:.0f} s\n")
+
+
 def shared_path(*parts: str) -> Path:
     """A file under ../shared, or skip the test when the shared data is not laid out beside us."""
     path = SHARED.joinpath(*parts)

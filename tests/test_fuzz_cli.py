@@ -1589,7 +1589,8 @@ class Absurd:
 
 
 ABSURD = [
-    Absurd("replay-replicas-1e9", ["replay", "--replicas", "1000000000"]),
+    # a billion replicas for a few hundred requests: only the replicas they reach are run
+    Absurd("replay-replicas-1e9", ["replay", "--replicas", "1000000000"], refuse=False),
     Absurd("replay-replicas-1e4", ["replay", "--replicas", "10000"], refuse=False),
     Absurd("replay-rate-scale-1e-9", ["replay", "--rate-scale", "1e-9"]),
     Absurd("replay-rate-scale-1e-300", ["replay", "--rate-scale", "1e-300"]),
@@ -1598,7 +1599,7 @@ ABSURD = [
     Absurd("replay-rate-scale-inf", ["replay", "--rate-scale", "inf"]),
     # more clients than requests: every request issued at t = 0, as --offline
     Absurd("replay-concurrency-1e9", ["replay", "--concurrency", "1000000000"], refuse=False),
-    Absurd("replay-fleet-replicas-1e9", _fleet_with(replicas=10**9)),
+    Absurd("replay-fleet-replicas-1e9", _fleet_with(replicas=10**9), refuse=False),
     Absurd("replay-fleet-max-num-seqs-2e62", _fleet_with(max_num_seqs=2**62, max_num_batched_tokens=2**62)),
     Absurd("replay-fleet-batched-tokens-2e62", _fleet_with(max_num_batched_tokens=2**62)),
     Absurd("replay-fleet-max-model-len-2e62", _fleet_with(max_model_len=2**62)),

@@ -85,7 +85,15 @@ def test_commands_run_outside_the_checkout_write_under_the_current_directory(tmp
     are untouched."""
     work = tmp_path / "elsewhere"
     work.mkdir()
-    before = (_listing(CHECKOUT / "traces" / "store"), _listing(CHECKOUT / "reports"))
+    # a date no other test uses: other tests may write under the checkout at the same time
+    # (pytest-xdist workers), so what this test must not leave there is named by it
+    date = "2031-07-04"
+
+    def mine() -> list[str]:
+        listed = _listing(CHECKOUT / "traces" / "store") + _listing(CHECKOUT / "reports")
+        return [p for p in listed if date in p]
+
+    assert mine() == []
     env = {k: v for k, v in os.environ.items() if k != "ROOFTRACE_STORE"}
     cli = [sys.executable, "-m", "pipeline"]
 
@@ -93,13 +101,15 @@ def test_commands_run_outside_the_checkout_write_under_the_current_directory(tmp
         out = subprocess.run([*cli, *args], cwd=work, env=env, capture_output=True, text=True, timeout=900)
         assert out.returncode == 0, (args, out.stdout, out.stderr)
 
-    run("synth", "--format", "openai", "--requests", "200", "--models", "llama-3.1-8b", "--out", "log.jsonl")
+    run("synth", "--format", "openai", "--requests", "200", "--models", "llama-3.1-8b", "--date", date,
+        "--out", "log.jsonl")  # fmt: skip
     run("ingest", "log.jsonl")
     run("classify")
     run("replay")
-    assert (work / "traces" / "store" / "requests").is_dir()
-    assert any((work / "traces" / "store" / "runs").iterdir())
-    assert (_listing(CHECKOUT / "traces" / "store"), _listing(CHECKOUT / "reports")) == before
+    assert (work / "traces" / "store" / "requests" / f"date={date}").is_dir()
+    runs = list((work / "traces" / "store" / "runs").iterdir())
+    assert runs and all(r.name.startswith(date) for r in runs)
+    assert mine() == []
 
 
 @pytest.mark.parametrize(
