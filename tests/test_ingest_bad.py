@@ -293,7 +293,7 @@ def test_duplicates_are_counted_not_stored(tmp_path: Path) -> None:
 @pytest.mark.parametrize(
     ("name", "content", "fmt", "fragment"),
     [
-        ("trunc.jsonl.gz", gzip.compress(b'{"a": 1}\n' * 2000)[:-40], None, "cannot read"),
+        ("trunc.jsonl.gz", gzip.compress(b'{"a": 1}\n' * 2000, mtime=0)[:-40], None, "cannot read"),
         ("binary.jsonl", b"\x00\x01\x02\xff" * 100, None, "binary file"),
         ("forced.jsonl", (oa() + "\n").encode(), "azure", "not a azure CSV: header lacks"),
         ("empty.jsonl", b"", None, "empty file"),
