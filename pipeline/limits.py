@@ -387,6 +387,9 @@ def estimate_replay(
     pod_r = min(pod_r, max(1, -(-n // fleet.lockstep)) * fleet.lockstep)
     if router == "least_outstanding" and flat:
         pod_r = min(pod_r, fitting_replicas(spec))
+    # the Python engine runs only the reachable prefix for round robin and least outstanding, and
+    # every replica of the fleet otherwise
+    py_r = pod_r if router in ("round_robin", "least_outstanding") else R
     pod_spec = replace(spec, replicas=pod_r)
     # pods always run on the jit engine (a pod too large for it is refused when the pods are cut)
     jit = not flat or state_bytes(pod_spec) <= MAX_STATE_BYTES
@@ -443,7 +446,7 @@ def estimate_replay(
         state = state_bytes(pod_spec) + pod_r * REPLICA_BYTES["jit"] + 16 * n
     else:
         cached = min(blocks, R * sched.num_gpu_blocks) if sched.enable_prefix_caching else 0
-        state = pod_r * REPLICA_BYTES["python"] + cached * PY_BLOCK_BYTES + 256 * n
+        state = py_r * REPLICA_BYTES["python"] + cached * PY_BLOCK_BYTES + 256 * n
     compile_needed = jit and jit_compile_needed()
     parts = {
         "process": process_rss(),
@@ -460,16 +463,16 @@ def estimate_replay(
     # Python when routing depends on replica state, and builds an object per replica
     post = n * 10e-6 + rows * 1e-6 + series_rows * 0.2e-6 + blocks * 0.1e-6
     if jit:
-        seconds = (COMPILE_S if compile_needed else 1.0) + blocks * 0.3e-6 + (rows + n) * (R * 4e-9 + 2e-6)
+        seconds = (COMPILE_S if compile_needed else 1.0) + blocks * 0.3e-6 + (rows + n) * (pod_r * 4e-9 + 2e-6)
         units, total = "requests done", n
     else:
-        seconds = R * 60e-6 + rows * 300e-6
+        seconds = py_r * 60e-6 + rows * 300e-6
         stateful = mode == "closed" or is_stateful_router(router)
         if stateful:
-            seconds += (rows + n) * R * 1e-6
+            seconds += (rows + n) * py_r * 1e-6
             units, total = "requests routed", n
         else:
-            units, total = "replicas done", pod_r
+            units, total = "replicas done", py_r
     return ReplayEstimate(
         requests=n,
         replicas=R,
@@ -480,7 +483,7 @@ def estimate_replay(
         span_s=float(span),
         busy_replicas=int(busy),
         kv_blocks=blocks,
-        pod_replicas=pod_r,
+        pod_replicas=pod_r if jit else py_r,
         chains_kept=(n * TREE_KEPT_BYTES if jit else blocks * CHAIN_KEPT_BYTES) if chains else 0,
         log_rows=rows,
         parts=parts,

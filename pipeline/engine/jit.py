@@ -192,9 +192,8 @@ def busy_fleet(work: Workload, spec: FleetSpec, routes: IntArray | None = None) 
         groups = np.zeros(1, np.int64)
     if groups.size * G >= R:
         return BusyFleet(spec, routes, None)
-    new = np.full(R // G, -1, np.int64)
-    new[groups] = np.arange(groups.size, dtype=np.int64)
-    compact = np.where(routes >= 0, new[np.maximum(routes, 0) // G] * G + np.maximum(routes, 0) % G, -1)
+    at = np.maximum(routes, 0)
+    compact = np.where(routes >= 0, np.searchsorted(groups, at // G) * G + at % G, -1)  # no array of R
     back = (groups[:, None] * G + np.arange(G, dtype=np.int64)).ravel()
     return BusyFleet(replace(spec, replicas=int(groups.size) * G), compact.astype(np.int64), back)
 
