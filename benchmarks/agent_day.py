@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import resource
 import shutil
 import subprocess
 import sys
@@ -31,22 +30,23 @@ DATE = "2025-01-15"
 
 
 def _run(args: list[str], cwd: Path) -> None:
-    """One rooftrace command in ``cwd``: prints its wall time, peak RSS and last stdout line."""
-    before = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
+    """One rooftrace command in ``cwd``: prints its wall time, its own peak RSS (``wait4``) and the
+    first line it printed."""
     t0 = time.perf_counter()
     env = {k: v for k, v in os.environ.items() if k != "ROOFTRACE_STORE"}
-    proc = subprocess.run(
-        [sys.executable, "-m", "pipeline", *args], cwd=cwd, env=env, capture_output=True, text=True, check=False
-    )
-    wall = time.perf_counter() - t0
-    peak = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
+    with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
+        proc = subprocess.Popen([sys.executable, "-m", "pipeline", *args], cwd=cwd, env=env, stdout=out, stderr=err)
+        _, status, usage = os.wait4(proc.pid, 0)
+        proc.returncode = os.waitstatus_to_exitcode(status)
+        wall = time.perf_counter() - t0
+        out.seek(0)
+        err.seek(0)
+        stdout, stderr = out.read().decode(errors="replace"), err.read().decode(errors="replace")
     if proc.returncode != 0:
-        sys.stderr.write(proc.stderr[-4000:])
+        sys.stderr.write(stderr[-4000:])
         raise SystemExit(f"rooftrace {args[0]} failed with exit code {proc.returncode}")
-    last = (proc.stdout.strip().splitlines() or [""])[0]
-    # ru_maxrss of the children is the largest so far: a step's own peak only when it is the largest
-    rss = f"{peak / 1024**2:.2f} GiB" if peak > before else f"≤ {before / 1024**2:.2f} GiB"
-    print(f"{args[0]:<9} {wall:8.1f} s  peak RSS {rss:<12} {last[:110]}", flush=True)
+    first = (stdout.strip().splitlines() or [""])[0]
+    print(f"{args[0]:<9} {wall:8.1f} s  peak RSS {usage.ru_maxrss / 1024**2:5.2f} GiB  {first[:110]}", flush=True)
 
 
 def main() -> None:
