@@ -16,7 +16,7 @@ from test_engine_support import LinearCost, workload
 
 from pipeline.engine.jit import simulate_jit
 from pipeline.engine.model import EngineResult, FleetSpec, SchedulerConfig, Workload
-from pipeline.engine.shard import hierarchical_pods, plan_pods, pod_bounds, simulate_sharded, static_routes
+from pipeline.engine.shard import hierarchical_pods, plan_pods, pod_cuts, simulate_sharded, static_routes
 from pipeline.engine.steplog import StepLog
 from pipeline.errors import ConfigError
 
@@ -77,8 +77,8 @@ def _lockstep_fleet() -> tuple[Workload, FleetSpec]:
 
 def test_pods_hold_whole_lockstep_groups() -> None:
     w, spec = _lockstep_fleet()
-    assert pod_bounds(8, 2, 3) == [(0, 2), (2, 4), (4, 8)]
-    assert pod_bounds(8, 2, 100) == [(0, 2), (2, 4), (4, 6), (6, 8)]
+    assert pod_cuts(8, 2, 3).tolist() == [0, 2, 4, 8]
+    assert pod_cuts(8, 2, 100).tolist() == [0, 2, 4, 6, 8]
     assert [p.spec.replicas for p in plan_pods(w, spec, 3)] == [2, 2, 4]
     cost = LinearCost()
     log_one, log_pods = StepLog(), StepLog()

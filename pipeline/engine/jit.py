@@ -43,7 +43,7 @@ POLL_S = 0.1
 CANCEL_WAIT_S = 2.0
 
 #: The step log's replica column.
-_REPLICA_COL = list(SPAN_COLUMNS).index("replica")
+REPLICA_COL = list(SPAN_COLUMNS).index("replica")
 
 _ROUTER_CODES = {"round_robin": 0, "least_outstanding": 1, "session_affinity": 2, "prefix_affinity": 2}
 
@@ -137,11 +137,13 @@ class TooManyBusy(ValueError):
     (the Python engine, whose state grows with use, still applies)."""
 
 
-def reachable_prefix(work: Workload, spec: FleetSpec) -> int:
-    """Replicas round robin and least outstanding can reach: one per routed request (whole
-    lockstep groups), the lowest-numbered first (:func:`busy_fleet`)."""
+def reachable_prefix(work: Workload, spec: FleetSpec, routed: int | None = None) -> int:
+    """Replicas round robin and least outstanding can reach: one per routed request (``routed``,
+    default: those not rejected; whole lockstep groups), the lowest-numbered first
+    (:func:`busy_fleet`)."""
     G = max(spec.lockstep, 1)
-    routed = int((reject_reasons(work, spec.scheduler) == 0).sum())
+    if routed is None:
+        routed = int((reject_reasons(work, spec.scheduler) == 0).sum())
     return min(spec.replicas, max(G, -(-routed // G) * G))
 
 
@@ -174,7 +176,7 @@ def busy_fleet(work: Workload, spec: FleetSpec, routes: IntArray | None = None) 
     R, G = spec.replicas, max(spec.lockstep, 1)
     ok = reject_reasons(work, spec.scheduler) == 0
     if routes is None and spec.router in ("round_robin", "least_outstanding"):
-        keep = reachable_prefix(work, spec)
+        keep = reachable_prefix(work, spec, int(ok.sum()))
         open_top = False
         if spec.router == "least_outstanding" and keep > G:
             # only as many replicas are used as are ever busy at once: start with what fits
@@ -227,17 +229,18 @@ def simulate_jit(
         # least outstanding used every replica it was given: the fleet's next one might have
         # been chosen; run again on twice as many (the compiled loop fits at most MAX_STATE_BYTES)
         bigger = replace(busy.spec, replicas=min(spec.replicas, 2 * busy.spec.replicas))
-        if unsupported_reason(bigger, cost) is not None:
+        reason = unsupported_reason(bigger, cost)
+        if reason is not None:
             raise TooManyBusy(
                 f"the jit engine does not apply: more than {busy.spec.replicas:,} replicas are busy at once "
-                f"and {unsupported_reason(bigger, cost)}"
+                f"and {reason}"
             )
         busy = BusyFleet(bigger, None, None, bigger.replicas < spec.replicas)
     if busy.back is not None:
         ran = res.replica >= 0
         res.replica[ran] = busy.back[res.replica[ran]]
         if log is not None:
-            rows[:, _REPLICA_COL] = busy.back[rows[:, _REPLICA_COL].astype(np.int64)]
+            rows[:, REPLICA_COL] = busy.back[rows[:, REPLICA_COL].astype(np.int64)]
     if log is not None:
         log.extend_rows(rows)
     return res

@@ -17,7 +17,6 @@ spawned worker processes (``process``), or as Ray tasks (``ray``, the optional e
 
 from __future__ import annotations
 
-import itertools
 import multiprocessing
 from collections.abc import Callable, Iterator
 from concurrent.futures import ProcessPoolExecutor
@@ -27,7 +26,14 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from pipeline.engine.jit import _tables, affinity_replicas, busy_fleet, simulate_jit, unsupported_reason
+from pipeline.engine.jit import (
+    REPLICA_COL,
+    _tables,
+    affinity_replicas,
+    busy_fleet,
+    simulate_jit,
+    unsupported_reason,
+)
 from pipeline.engine.model import EngineResult, FleetSpec, Workload, reject_reasons
 from pipeline.engine.steplog import SPAN_COLUMNS, StepLog
 from pipeline.errors import ConfigError, RooftraceError
@@ -69,12 +75,6 @@ def pod_cuts(replicas: int, lockstep: int, pods: int) -> IntArray:
     groups = replicas // lockstep
     pods = max(1, min(pods, groups))
     return (groups * np.arange(pods + 1, dtype=np.int64) // pods) * lockstep
-
-
-def pod_bounds(replicas: int, lockstep: int, pods: int) -> list[tuple[int, int]]:
-    """The pods of :func:`pod_cuts` as (first, end) replica ranges."""
-    cuts = pod_cuts(replicas, lockstep, pods).tolist()
-    return list(itertools.pairwise(cuts))
 
 
 def _rows_by_pod(pod: IntArray) -> Iterator[tuple[int, IntArray]]:
@@ -227,7 +227,7 @@ def simulate_sharded(
         res.replica[pod.rows] = np.where(sub.replica >= 0, sub.replica + pod.first, -1)
         if log is not None and rows.shape[0]:
             rows = rows.copy()
-            rows[:, 0] += pod.first  # the replica column
+            rows[:, REPLICA_COL] += pod.first
             log.extend_rows(rows)
         done += pod.work.n
         if progress is not None:
