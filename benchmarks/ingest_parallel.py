@@ -1,6 +1,9 @@
 """Parallel ingest: a day split over several OpenAI-style JSONL files, read by 1 and by N worker
 processes (``rooftrace ingest --jobs N``), in alternating rounds on fresh stores.
 
+With ``--files 1`` the day is one file, which ``--jobs N`` splits at line boundaries into
+pieces read by the workers (pipeline.ingest.core.SPLIT_MIN_BYTES, PIECE_BYTES).
+
 Prints the wall time of each mode (inside its own process, interpreter start excluded, worker
 start included), the speed-up, and checks that both stores hold byte-identical Parquet files.
 

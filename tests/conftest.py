@@ -21,34 +21,114 @@ SHARED = Path(os.environ.get(SHARED_ENV) or Path(__file__).resolve().parents[2] 
 FIXTURES = Path(__file__).resolve().parent / "fixtures"
 
 
+#: Set in the test workers' environment while the engine compiles in the background: a file
+#: whose exclusive lock the compiling process holds until it exits.
+ENGINE_LOCK_ENV = "ROOFTRACE_TEST_ENGINE_LOCK"
+
+#: Modules that run first under pytest-xdist because none of their tests replays or starts a
+#: subprocess: the workers spend the engine's first compile on them. Only a scheduling hint: a
+#: test elsewhere, or one of these that starts to replay, waits for the compile instead.
+ENGINE_FREE_FIRST = (
+    "test_ingest_formats.py", "test_ingest_store.py", "test_engine_cost.py", "test_profile_build.py",
+    "test_ingest_bad.py", "test_timeparse.py", "test_ingest_parallel.py", "test_accounting.py",
+    "test_validate.py", "test_warehouse_sandbox.py", "test_profile_interp.py", "test_layout.py",
+    "test_roofline.py", "test_memory.py", "test_vllm_kv_capacity.py", "test_catalog.py",
+    "test_profile_unseen.py", "test_fleet.py", "test_schemas.py", "test_readme.py",
+    "test_profile_cost.py", "test_ingest_hostile.py",
+)  # fmt: skip
+
+_COMPILER: dict[str, object] = {}
+
+
 def pytest_configure(config: pytest.Config) -> None:
-    """Under pytest-xdist (``-n``), compile the replay engine once in the controller before the
-    workers start, when numba's disk cache lacks it: otherwise every worker that replays first
-    compiles it for minutes at the same time (the workers then load it from the cache)."""
-    if hasattr(config, "workerinput") or not getattr(config.option, "numprocesses", None):
+    """Under pytest-xdist (``-n``), when numba's disk cache lacks the replay engine, compile it
+    once in a background process (tests/compile_engine.py) while the workers run the tests that
+    need no engine (ENGINE_FREE_FIRST goes first). A worker's first replay, subprocess or Ray
+    start waits for that compile and then loads the engine from the cache: otherwise every
+    process that replays first would compile it for minutes at the same time."""
+    if hasattr(config, "workerinput"):
+        _wait_for_compile_before_use()
+        return
+    if not getattr(config.option, "numprocesses", None):
         return
     from pipeline.limits import jit_compile_needed
 
     if not jit_compile_needed():
         return
+    import fcntl
+    import subprocess
     import sys
-    import time
+    import tempfile
 
-    import numpy as np
+    fd, lock = tempfile.mkstemp(prefix="rooftrace-engine-compile-")
+    fcntl.flock(fd, fcntl.LOCK_EX)  # held by the child (same open file) until it exits
+    script = Path(__file__).with_name("compile_engine.py")
+    _COMPILER["proc"] = subprocess.Popen([sys.executable, str(script)], pass_fds=(fd,))
+    _COMPILER["lock"] = lock
+    os.close(fd)
+    os.environ[ENGINE_LOCK_ENV] = lock
 
-    from pipeline.engine.jit import simulate_jit
-    from pipeline.engine.model import FleetSpec, SchedulerConfig, Workload
-    from pipeline.stepcost import affine_cost, scalars
 
-    t0 = time.monotonic()
-    sys.stderr.write("conftest: compiling the replay engine once for the test workers\n")
-    one = np.ones(2)
-    cost = affine_cost(np.zeros((2, 7)), np.zeros((2, 7)), one, one, np.array([True, False]), one, scalars())
-    work = Workload(np.zeros(1), np.array([40]), np.array([3]), np.array([7], np.uint64), np.array([0, 1]))
-    cfg = SchedulerConfig(num_gpu_blocks=64, max_model_len=128, max_num_seqs=4, max_num_batched_tokens=128,
-                          block_size=16, enable_chunked_prefill=True, enable_prefix_caching=True)  # fmt: skip
-    simulate_jit(work, FleetSpec(replicas=1, scheduler=cfg), cost)
-    sys.stderr.write(f"conftest: compiled in {time.monotonic() - t0:.0f} s\n")
+def pytest_unconfigure(config: pytest.Config) -> None:
+    import subprocess
+
+    proc = _COMPILER.pop("proc", None)
+    if isinstance(proc, subprocess.Popen):
+        if proc.poll() is None:
+            proc.kill()
+        proc.wait()
+        Path(str(_COMPILER.pop("lock"))).unlink(missing_ok=True)
+        os.environ.pop(ENGINE_LOCK_ENV, None)
+
+
+def _await_engine() -> None:
+    """Block until the background compile has finished (at once when there is none)."""
+    import fcntl
+
+    lock = os.environ.pop(ENGINE_LOCK_ENV, None)
+    if not lock:
+        return
+    try:
+        fd = os.open(lock, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH)
+    finally:
+        os.close(fd)
+
+
+def _wait_for_compile_before_use() -> None:
+    """In a worker: the compiled loop, and every subprocess (a CLI run, Chromium, Ray's own
+    processes), first wait for the background compile."""
+    if not os.environ.get(ENGINE_LOCK_ENV):
+        return
+    import subprocess
+
+    from pipeline.engine import _jit_kernels
+
+    kernel = _jit_kernels.run_fleet
+
+    def run_fleet(*args: object) -> object:
+        _await_engine()
+        return kernel(*args)
+
+    _jit_kernels.run_fleet = run_fleet
+    popen_init = subprocess.Popen.__init__
+
+    def init(self: subprocess.Popen[object], *args: object, **kwargs: object) -> None:
+        _await_engine()
+        popen_init(self, *args, **kwargs)  # type: ignore[arg-type]
+
+    subprocess.Popen.__init__ = init  # type: ignore[method-assign]
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Engine-free modules first (stable, so the same order in every worker)."""
+    if not getattr(config.option, "numprocesses", None) and not hasattr(config, "workerinput"):
+        return
+    rank = {name: i for i, name in enumerate(ENGINE_FREE_FIRST)}
+    items.sort(key=lambda item: rank.get(item.path.name, len(rank)))
 
 
 def shared_path(*parts: str) -> Path:

@@ -4,11 +4,14 @@ serial run's, with the same per-file accounting, quarantine and manifest."""
 from __future__ import annotations
 
 import hashlib
+import itertools
 import shutil
 from pathlib import Path
 
 import polars as pl
 import pytest
+from hypothesis import assume, given, settings
+from hypothesis import strategies as st
 
 from pipeline.errors import RooftraceError
 from pipeline.ingest import core, ingest_logs
@@ -99,3 +102,107 @@ def test_jobs_out_of_range_is_one_error(tmp_path: Path, logs: Path) -> None:
 
     res = CliRunner().invoke(main, ["ingest", str(logs), "--jobs", "100000", "--store", str(tmp_path / "s")])
     assert res.exit_code == 2 and "--jobs" in res.output
+
+
+def _anonymous_log(path: Path, requests: int, seed: int) -> list[str]:
+    """An OpenAI-style log whose records mostly carry no id (derived ids), with identical records
+    repeated far apart (occurrence numbers that span pieces) and a field-level bad record."""
+    src = path.with_suffix(".src")
+    write_logs(generate(SynthConfig(requests=requests, seed=seed, duration_s=3 * 3600)), "openai", src)
+    lines = src.read_text().splitlines()
+    src.unlink()
+    out = []
+    for i, line in enumerate(lines):
+        if i % 5:
+            line = line.replace('"id":"chatcmpl-', '"idx":"chatcmpl-')  # no id: derived
+        out.append(line)
+        if i % 97 == 3:
+            out.append(out[i // 2])  # an earlier record again, identical
+    out.insert(len(out) // 3, out[5].replace('"prompt_tokens":', '"prompt_tokens":-').replace('"idx"', '"id"'))
+    path.write_text("\n".join(out) + "\n")
+    return out
+
+
+@pytest.fixture(scope="module")
+def big_log(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    path = tmp_path_factory.mktemp("split") / "day.jsonl"
+    _anonymous_log(path, 1800, seed=21)
+    return path
+
+
+def _split_small(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(core, "SPLIT_MIN_BYTES", 1)
+    monkeypatch.setattr(core, "PIECE_BYTES", 60_000)
+
+
+def test_one_large_file_split_across_workers_equals_serial(
+    big_log: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """One JSON Lines file read as pieces cut at line boundaries: line numbers, derived ids (their
+    occurrence numbers counted from the file's start), quarantine and accounting as one read."""
+    _split_small(monkeypatch)
+    plan = core._split_plan(big_log, False, None, None, core.Context(None), 2)
+    assert plan is not None and len(plan) >= 8  # really split, into pieces of ~60 kB
+    serial, parallel = Store(tmp_path / "serial"), Store(tmp_path / "parallel")
+    one = _ingest_one(serial, big_log, jobs=1)
+    two = _ingest_one(parallel, big_log, jobs=2)
+    assert one == two
+    # a repeat of a record with an id is a duplicate; one without gets the next occurrence number
+    assert one[0]["rows_quarantined"] == 1 and one[0]["rows_duplicate"] > 0
+    assert _files(parallel) == _files(serial) and _files(serial)
+    assert _table(parallel.quarantine_dir).equals(_table(serial.quarantine_dir))
+    assert _table(parallel.manifest_path).equals(_table(serial.manifest_path))
+    stored = pl.concat([pl.read_parquet(p) for p in sorted(serial.requests_dir.rglob("*.parquet"))])
+    occ = stored["request_id"].str.extract(r":(\d+)$").cast(pl.Int64)
+    assert occ.max() >= 1  # repeated records got occurrence numbers past 0
+    assert stored["request_id"].n_unique() == stored.height
+    assert not (parallel.root / ".staging").exists()
+
+
+def test_a_split_file_with_a_line_the_fast_path_cannot_read(
+    big_log: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A piece with a broken line: the whole file is read again as a serial run reads it (the
+    robust path), so the result is still the serial one."""
+    _split_small(monkeypatch)
+    lines = big_log.read_text().splitlines(keepends=True)
+    broken = tmp_path / "broken.jsonl"
+    broken.write_text("".join(lines[: len(lines) * 2 // 3]) + "{not json\n" + "".join(lines[len(lines) * 2 // 3 :]))
+    serial, parallel = Store(tmp_path / "serial"), Store(tmp_path / "parallel")
+    one, two = _ingest_one(serial, broken, jobs=1), _ingest_one(parallel, broken, jobs=2)
+    assert one == two and one[0]["rows_quarantined"] == 2
+    assert _files(parallel) == _files(serial)
+    assert _table(parallel.quarantine_dir).equals(_table(serial.quarantine_dir))
+
+
+def _ingest_one(store: Store, path: Path, jobs: int) -> list[dict[str, object]]:
+    said: list[str] = []
+    summary = ingest_logs([path], store, progress=said.append, jobs=jobs)
+    files = summary.to_json()["files"]
+    assert isinstance(files, list)
+    for f in files:
+        assert f["rows_read"] == f["rows_stored"] + f["rows_quarantined"] + f["rows_duplicate"], f
+    return [{**f, "said": [s for s in said if f["source_file"] in s]} for f in files]
+
+
+@given(
+    lines=st.lists(st.binary(max_size=40).map(lambda b: b.replace(b"\n", b"")), min_size=1, max_size=40),
+    last_newline=st.booleans(),
+    pieces=st.integers(1, 12),
+)
+@settings(max_examples=200, deadline=None)
+def test_line_cuts_cut_after_newlines(lines: list[bytes], last_newline: bool, pieces: int) -> None:
+    import tempfile
+
+    data = b"\n".join(lines) + (b"\n" if last_newline else b"")
+    assume(data)  # an empty file is never split
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "x.jsonl"
+        path.write_bytes(data)
+        cuts = core.line_cuts(path, len(data), pieces)
+    assert cuts[0] == 0 and cuts[-1] == len(data)
+    assert all(a < b for a, b in itertools.pairwise(cuts))
+    assert len(cuts) - 1 <= max(pieces, 1)
+    assert all(data[c - 1 : c] == b"\n" for c in cuts[1:-1])  # every inner cut follows a newline
+    pieces_text = [data[a:b] for a, b in itertools.pairwise(cuts)]
+    assert b"".join(pieces_text) == data

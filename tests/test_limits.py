@@ -411,3 +411,28 @@ def test_pods_estimate_the_largest_pod_not_the_fleet(small: dict[str, Any]) -> N
     est = estimate_replay(frame, hier, "open", 1.0, None)
     assert est.pod_replicas == 250
     assert est.parts["engine state"] == state_bytes(replace(spec, replicas=250)) + 250 * 1024 + 16 * frame.height
+
+
+def test_engine_cache_stamp_is_written_where_python_made_no_bytecode_folder(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Under PYTHONDONTWRITEBYTECODE the package has no __pycache__ when the engine is first
+    imported: the stamp must be written with the cache (a cache without one is taken for stale by
+    the next process, which deletes it and compiles for minutes again), and a stale cache (no
+    stamp for the current step-cost source) is removed."""
+    from pipeline.engine import _jit_kernels
+    from pipeline.engine.jit import kernel_stamp
+
+    fake = tmp_path / "engine" / "_jit_kernels.py"
+    fake.parent.mkdir()
+    monkeypatch.setattr(_jit_kernels, "__file__", str(fake))
+    _jit_kernels._drop_stale_cache()
+    stamp = tmp_path / "engine" / "__pycache__" / f"_jit_kernels.stepcost-{kernel_stamp()}.stamp"
+    assert stamp.exists()
+    compiled = stamp.parent / "_jit_kernels.run_fleet-1.py311.nbi"
+    compiled.touch()
+    _jit_kernels._drop_stale_cache()  # the stamp is current: the cache stays
+    assert compiled.exists()
+    stamp.unlink()
+    _jit_kernels._drop_stale_cache()  # no stamp: stale, removed, stamped afresh
+    assert not compiled.exists() and stamp.exists()

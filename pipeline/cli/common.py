@@ -152,7 +152,10 @@ def jobs_option(fn: F) -> F:
         type=click.IntRange(1, 256),
         default=1,
         show_default=True,
-        help="Worker processes reading the log files (the store ends identical to --jobs 1).",
+        help=(
+            "Worker processes reading the log files; a large JSON Lines file is split at line "
+            "boundaries (the store ends identical to --jobs 1)."
+        ),
     )(fn)
 
 

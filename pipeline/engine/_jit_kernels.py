@@ -33,13 +33,16 @@ def _drop_stale_cache() -> None:
     when they change, the cached machine code would keep the old ones. A stamp of their source
     (jit.kernel_stamp) beside the cache detects it; the stale entries are removed so numba
     compiles afresh (silently skipped where the package is installed read-only: an installed
-    package's files do not change)."""
+    package's files do not change). The folder is made here when Python has not made it (it
+    writes no bytecode under PYTHONDONTWRITEBYTECODE): a cache written without its stamp would
+    be taken for stale and removed by the next process."""
     cache = Path(__file__).resolve().parent / "__pycache__"
     digest = kernel_stamp()
     stamp = cache / f"_jit_kernels.stepcost-{digest}.stamp"
     try:
-        if stamp.exists() or not cache.is_dir():
+        if stamp.exists():
             return
+        cache.mkdir(exist_ok=True)
         for old in [
             *cache.glob("_jit_kernels.*.nbi"),
             *cache.glob("_jit_kernels.*.nbc"),

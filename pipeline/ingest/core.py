@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import codecs
 import contextlib
+import itertools
 import shutil
 import time
 from collections import Counter
@@ -36,6 +37,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 import duckdb
+import numpy as np
 import polars as pl
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -43,7 +45,7 @@ import pyarrow.parquet as pq
 from pipeline.errors import RooftraceError
 from pipeline.ingest.formats import ALL_FORMATS, FORMATS, Context, FormatSpec
 from pipeline.ingest.mapping import load_mapping
-from pipeline.ingest.normalize import DerivedIds, finalize, reason_kind
+from pipeline.ingest.normalize import DerivedIds, finalize, reason_kind, shift_occurrences
 from pipeline.ingest.readers import (
     RAW_LIMIT,
     FastPathFailed,
@@ -60,6 +62,7 @@ from pipeline.ingest.source import (
     FileDigest,
     SourceError,
     check_text,
+    copy_range,
     fetch_lines,
     iter_files,
     logical_name,
@@ -294,68 +297,83 @@ def _stage_file(
     still be computing: the JSON fast path's final line check waits for its line count."""
     if spec.relative_time and ctx.anchor_date is None:
         raise SourceError(f"{path}: {spec.name} timestamps are relative to the trace start; pass --date YYYY-MM-DD")
-
-    def run(batches: Iterator[RawBatch]) -> tuple[int, list[pl.DataFrame]]:
-        read = 0
-        bad_frames: list[pl.DataFrame] = []
-        derived = DerivedIds()  # occurrences count from the file's first record, on each read
-        try:
-            for batch in batches:
-                read += batch.frame.height + len(batch.failures)
-                bad = _stage_batch(batch, derived)
-                if bad.height:
-                    bad_frames.append(bad)
-        finally:
-            derived.close()
-        return read, bad_frames
-
-    def _stage_batch(batch: RawBatch, derived: DerivedIds) -> pl.DataFrame:
-        cand = spec.post(batch.frame, ctx).with_columns(batch.frame["source_line"])
-        norm = finalize(
-            cand,
-            source_format=spec.name,
-            source_file=str(path),
-            derived_ids=derived,
-            labels=spec.labels,
-            input_excludes_cache=spec.input_excludes_cache,
-        )
-        if norm.good.height:
-            stager.add(file_index, norm.good)
-        bad = norm.bad.with_columns(raw=pl.lit(None, dtype=pl.String))
-        if spec.kind == "parquet" and bad.height:
-            raw_json = batch.frame.select(
-                "source_line", raw=pl.struct(pl.all().exclude("source_line")).struct.json_encode()
-            )
-            bad = bad.drop("raw").join(raw_json, on="source_line", how="left")
-        if batch.failures:
-            fail = pl.DataFrame(
-                {
-                    "source_line": [f[0] for f in batch.failures],
-                    "field": [None] * len(batch.failures),
-                    "reason": [f[1] for f in batch.failures],
-                    "raw": [f[2] for f in batch.failures],
-                },
-                schema={
-                    "source_line": pl.Int64,
-                    "field": pl.String,
-                    "reason": pl.String,
-                    "raw": pl.String,
-                },
-            )
-            bad = pl.concat([fail, bad])
-        return bad
-
     if spec.kind == "jsonl":
         try:
-            read, bad_frames = run(jsonl_fast(path, spec, digest.stats))
+            read, bad_frames = _stage_batches(path, spec, ctx, stager, file_index, jsonl_fast(path, spec, digest.stats))
         except FastPathFailed:
             stager.drop(file_index)
-            read, bad_frames = run(_raw_batches(path, spec))
+            read, bad_frames = _stage_batches(path, spec, ctx, stager, file_index, _raw_batches(path, spec))
     else:
-        read, bad_frames = run(_raw_batches(path, spec))
+        read, bad_frames = _stage_batches(path, spec, ctx, stager, file_index, _raw_batches(path, spec))
+    return read, _quarantine_frame(path, spec, bad_frames)
 
-    schema = {"source_line": pl.Int64, "field": pl.String, "reason": pl.String, "raw": pl.String}
-    bad = pl.concat(bad_frames) if bad_frames else pl.DataFrame(schema=schema)
+
+def _stage_batches(
+    path: Path,
+    spec: FormatSpec,
+    ctx: Context,
+    stager: Sink,
+    file_index: int,
+    batches: Iterator[RawBatch],
+    derived: DerivedIds | None = None,
+) -> tuple[int, list[pl.DataFrame]]:
+    """Normalise ``batches`` (read from ``path``, or from a piece of it) in reading order and stage
+    their good rows. Returns (rows read, quarantine frames). Derived ids count occurrences from
+    the first batch, in ``derived`` when given (a fresh count otherwise)."""
+    read = 0
+    bad_frames: list[pl.DataFrame] = []
+    ids = derived if derived is not None else DerivedIds()
+    try:
+        for batch in batches:
+            read += batch.frame.height + len(batch.failures)
+            bad = _stage_batch(path, spec, ctx, stager, file_index, batch, ids)
+            if bad.height:
+                bad_frames.append(bad)
+    finally:
+        ids.close()
+    return read, bad_frames
+
+
+_BAD_SCHEMA = {"source_line": pl.Int64, "field": pl.String, "reason": pl.String, "raw": pl.String}
+
+
+def _stage_batch(
+    path: Path, spec: FormatSpec, ctx: Context, stager: Sink, file_index: int, batch: RawBatch, derived: DerivedIds
+) -> pl.DataFrame:
+    cand = spec.post(batch.frame, ctx).with_columns(batch.frame["source_line"])
+    norm = finalize(
+        cand,
+        source_format=spec.name,
+        source_file=str(path),
+        derived_ids=derived,
+        labels=spec.labels,
+        input_excludes_cache=spec.input_excludes_cache,
+    )
+    if norm.good.height:
+        stager.add(file_index, norm.good)
+    bad = norm.bad.with_columns(raw=pl.lit(None, dtype=pl.String))
+    if spec.kind == "parquet" and bad.height:
+        raw = pl.struct(pl.all().exclude("source_line")).struct.json_encode()
+        raw_json = batch.frame.select("source_line", raw=raw)
+        bad = bad.drop("raw").join(raw_json, on="source_line", how="left")
+    if batch.failures:
+        fail = pl.DataFrame(
+            {
+                "source_line": [f[0] for f in batch.failures],
+                "field": [None] * len(batch.failures),
+                "reason": [f[1] for f in batch.failures],
+                "raw": [f[2] for f in batch.failures],
+            },
+            schema=_BAD_SCHEMA,
+        )
+        bad = pl.concat([fail, bad])
+    return bad
+
+
+def _quarantine_frame(path: Path, spec: FormatSpec, bad_frames: list[pl.DataFrame]) -> pl.DataFrame:
+    """The quarantine rows of a read, in line order, with each line's raw text (read back from
+    ``path`` where the reader did not keep it)."""
+    bad = pl.concat(bad_frames) if bad_frames else pl.DataFrame(schema=_BAD_SCHEMA)
     missing_raw = bad.filter(pl.col("raw").is_null())
     if missing_raw.height and spec.kind != "parquet":
         texts = fetch_lines(path, set(missing_raw["source_line"].to_list()), RAW_LIMIT)
@@ -365,8 +383,7 @@ def _stage_file(
                 pl.col("source_line").replace_strict(texts, default=None, return_dtype=pl.String),
             )
         )
-    bad = bad.with_columns(pl.col("raw").fill_null("")).sort("source_line", maintain_order=True)
-    return read, bad
+    return bad.with_columns(pl.col("raw").fill_null("")).sort("source_line", maintain_order=True)
 
 
 def _read_manifest(store: Store) -> pl.DataFrame:
@@ -511,8 +528,9 @@ def _ingest_locked(
     for path in paths:
         seen.append(str(path) in seen_paths)
         seen_paths.add(str(path))
-    if jobs > 1 and len(paths) > 1:
-        outcomes: Iterator[_Outcome] = _read_parallel(paths, seen, first, fmt, mapping, ctx, known, commit, jobs)
+    plans = [_split_plan(path, seen[k], fmt, mapping, ctx, jobs) for k, path in enumerate(paths)]
+    if jobs > 1 and (len(paths) > 1 or plans[0] is not None):
+        outcomes: Iterator[_Outcome] = _read_parallel(paths, plans, seen, first, fmt, mapping, ctx, known, commit, jobs)
     else:
         outcomes = (
             _read_one(path, first + k, fmt, mapping, ctx, known, seen[k], stager) for k, path in enumerate(paths)
@@ -530,10 +548,10 @@ def _ingest_locked(
             quarantines.pop(idx, None)
             out.messages[-1:] = [_skipped_line(paths[k])]
         elif out.batches is not None and out.ok:
-            for batch in out.batches:
-                stager.add(idx, pl.read_parquet(batch))
-        if out.batches:
-            shutil.rmtree(out.batches[0].parent, ignore_errors=True)
+            for j, batch in enumerate(out.batches):
+                stager.add(idx, _load_batch(batch, out.shifts[j] if out.shifts else None))
+        for folder in {b.parent for b in out.batches or []}:
+            shutil.rmtree(folder, ignore_errors=True)
         if out.ok:
             known.add(str(out.res.content_sha256))
         for line in out.messages:
@@ -561,6 +579,7 @@ class _Outcome:
     bad: pl.DataFrame | None = None
     messages: list[str] = field(default_factory=list)
     batches: list[Path] | None = None
+    shifts: list[_Shift] | None = None  # per batch, for a file read as pieces
 
     @property
     def ok(self) -> bool:
@@ -649,6 +668,7 @@ def _read_in_worker(
 
 def _read_parallel(
     paths: list[Path],
+    plans: list[list[tuple[int, int]] | None],
     seen: list[bool],
     first: int,
     fmt: str | None,
@@ -658,13 +678,15 @@ def _read_parallel(
     commit: Commit,
     jobs: int,
 ) -> Iterator[_Outcome]:
-    """Read ``paths`` in ``jobs`` worker processes, yielding outcomes in file order (so the
-    parent stages them exactly as a serial run would)."""
+    """Read ``paths`` in ``jobs`` worker processes (a file with a split plan as pieces, each
+    piece a task), yielding outcomes in file order (so the parent stages them exactly as a
+    serial run would)."""
     import multiprocessing
     import os
-    from concurrent.futures import ProcessPoolExecutor
+    from concurrent.futures import Future, ProcessPoolExecutor
 
-    workers = min(jobs, len(paths))
+    tasks = sum(len(plan) if plan else 1 for plan in plans)
+    workers = min(jobs, tasks)
     # spawn, not fork: polars' and DuckDB's thread pools make fork unsafe. Each worker gets its
     # share of the cores for polars and DuckDB (read from the environment when it starts).
     share = str(max(1, (os.cpu_count() or 1) // workers))
@@ -672,25 +694,35 @@ def _read_parallel(
     saved = {k: os.environ.get(k) for k in budget}
     os.environ.update(budget)
     pool = ProcessPoolExecutor(max_workers=workers, mp_context=multiprocessing.get_context("spawn"))
+    root = commit.root / "workers"
+    manifest_known = set(known)
+
+    def whole(k: int) -> Future[_Outcome]:
+        folder = root / f"f{first + k:05d}"
+        return pool.submit(_read_in_worker, paths[k], first + k, fmt, mapping, ctx, manifest_known, seen[k], folder)
+
     try:
-        futures = [
-            pool.submit(
-                _read_in_worker,
-                path,
-                first + k,
-                fmt,
-                mapping,
-                ctx,
-                set(known),
-                seen[k],
-                commit.root / "workers" / f"f{first + k:05d}",
+        futures: list[Future[_Outcome] | list[Future[_PieceRead]]] = []
+        for k, (path, plan) in enumerate(zip(paths, plans, strict=True)):
+            if plan is None:
+                futures.append(whole(k))
+                continue
+            folders = [root / f"f{first + k:05d}-p{j:05d}" for j in range(len(plan))]
+            futures.append(
+                [
+                    pool.submit(_read_piece, path, a, b, fmt, mapping, ctx, d)
+                    for (a, b), d in zip(plan, folders, strict=True)
+                ]
             )
-            for k, path in enumerate(paths)
-        ]
         _restore(saved)  # every worker has started (spawn starts them all at the first submit)
-        for path, fut in zip(paths, futures, strict=True):
+        for k, (path, fut) in enumerate(zip(paths, futures, strict=True)):
             try:
-                yield fut.result()
+                if isinstance(fut, list):
+                    out = _gather_pieces(path, [f.result() for f in fut])
+                    # a piece the JSON fast path could not read: the whole file, as a serial run would
+                    yield out if out is not None else whole(k).result()
+                else:
+                    yield fut.result()
             except Exception as exc:  # the worker died (killed, out of memory): that file fails
                 res = FileResult(source_file=str(path))
                 res.error = f"{path}: cannot ingest (worker process failed: {type(exc).__name__}: {_first_line(exc)})"
@@ -698,7 +730,159 @@ def _read_parallel(
     finally:
         _restore(saved)
         pool.shutdown(wait=True, cancel_futures=True)
-        shutil.rmtree(commit.root / "workers", ignore_errors=True)
+        shutil.rmtree(root, ignore_errors=True)
+
+
+#: With ``--jobs N`` (N > 1), an uncompressed JSON Lines file of at least SPLIT_MIN_BYTES is read
+#: as pieces cut at line boundaries, at least N of them and at most PIECE_BYTES each.
+SPLIT_MIN_BYTES = 64 << 20
+PIECE_BYTES = 256 << 20
+
+
+def _split_plan(
+    path: Path, seen_before: bool, fmt: str | None, mapping: Path | None, ctx: Context, jobs: int
+) -> list[tuple[int, int]] | None:
+    """The byte ranges (start, end) to read ``path`` in, or None to read it whole: a file seen
+    before (most likely skipped after one hash), compressed, small, not JSON Lines, or one whose
+    format cannot be resolved (the whole-file read reports why)."""
+    if jobs < 2 or seen_before or logical_name(path) != path.name:
+        return None
+    try:
+        size = path.stat().st_size
+        if size < SPLIT_MIN_BYTES:
+            return None
+        spec = _resolve_spec(path, fmt, mapping)
+        if spec.kind != "jsonl" or (spec.relative_time and ctx.anchor_date is None):
+            return None
+        cuts = line_cuts(path, size, max(jobs, -(-size // PIECE_BYTES)))
+    except (RooftraceError, OSError):
+        return None
+    return list(itertools.pairwise(cuts)) if len(cuts) > 2 else None
+
+
+def line_cuts(path: Path, size: int, pieces: int) -> list[int]:
+    """Byte offsets cutting ``path`` (``size`` bytes) into about ``pieces`` equal parts, each cut
+    just after a newline: [0, ..., size], strictly increasing (fewer parts where lines are long)."""
+    cuts = [0]
+    with path.open("rb") as fh:
+        for k in range(1, pieces):
+            at = max(size * k // pieces, cuts[-1] + 1) - 1  # the first newline from here ends a part
+            fh.seek(at)
+            while True:
+                chunk = fh.read(1 << 16)
+                if not chunk:
+                    at = size
+                    break
+                i = chunk.find(b"\n")
+                if i >= 0:
+                    at += i + 1
+                    break
+                at += len(chunk)
+            if at >= size:
+                break
+            cuts.append(at)
+    cuts.append(size)
+    return cuts
+
+
+@dataclass(frozen=True)
+class _Shift:
+    """What a piece's rows need to read as rows of the whole file: the lines before the piece,
+    and the derived-id occurrence counts of the pieces before it."""
+
+    lines: int
+    keys: np.ndarray[Any, np.dtype[np.uint64]]
+    counts: np.ndarray[Any, np.dtype[np.int64]]
+
+
+def _load_batch(batch: Path, shift: _Shift | None) -> pl.DataFrame:
+    frame = pl.read_parquet(batch)
+    if shift is None:
+        return frame
+    frame = frame.with_columns(pl.col("source_line") + shift.lines)
+    return shift_occurrences(frame, shift.keys, shift.counts)
+
+
+@dataclass
+class _PieceRead:
+    """One piece of a split file, read by the JSON fast path in a worker: its rows (= lines),
+    quarantine rows and staged batches (line numbers and derived ids as if the piece were a file),
+    and its derived ids' occurrence keys; or why the fast path could not read it."""
+
+    spec_name: str = ""
+    read: int = 0
+    bad: pl.DataFrame | None = None
+    batches: list[Path] = field(default_factory=list)
+    keys: np.ndarray[Any, np.dtype[np.uint64]] = field(default_factory=lambda: np.empty(0, np.uint64))
+    counts: np.ndarray[Any, np.dtype[np.int64]] = field(default_factory=lambda: np.empty(0, np.int64))
+    failed: str | None = None
+
+
+def _read_piece(
+    path: Path, start: int, end: int, fmt: str | None, mapping: Path | None, ctx: Context, root: Path
+) -> _PieceRead:
+    """Bytes ``start:end`` of ``path`` (whole lines), copied to a file under ``root`` and read by
+    the JSON fast path as ``path`` itself is read (rows named after ``path``)."""
+    out = _PieceRead()
+    part = root / "piece.jsonl"
+    try:
+        spec = _resolve_spec(path, fmt, mapping)
+        out.spec_name = spec.name
+        root.mkdir(parents=True, exist_ok=True)
+        copy_range(path, start, end, part)
+        sink = BatchFiles(root / "batches")
+        derived = DerivedIds(tag=True)
+        out.read, bad_frames = _stage_batches(path, spec, ctx, sink, 0, jsonl_fast(part, spec), derived)
+        out.bad = _quarantine_frame(part, spec, bad_frames)
+        out.keys, out.counts = derived.seen()
+        out.batches = sink.files
+    except FastPathFailed as exc:
+        out.failed = str(exc)
+    except Exception as exc:  # the whole-file read that follows reports what it is
+        out.failed = f"{type(exc).__name__}: {_first_line(exc)}"
+    finally:
+        part.unlink(missing_ok=True)
+    return out
+
+
+def _gather_pieces(path: Path, pieces: list[_PieceRead]) -> _Outcome | None:
+    """One file's outcome from its pieces, in order (None when a piece could not be read by the
+    fast path: the caller reads the whole file instead)."""
+    if any(p.failed is not None for p in pieces):
+        for p in pieces:
+            for folder in {b.parent for b in p.batches}:
+                shutil.rmtree(folder, ignore_errors=True)
+        return None
+    out = _Outcome(FileResult(source_file=str(path), source_format=pieces[0].spec_name))
+    res = out.res
+    try:
+        res.content_sha256 = FileDigest(path).sha()
+    except OSError as exc:
+        res.error = f"{path}: {exc}"
+        out.messages.append(f"error: {res.error}")
+        return out
+    lines = 0
+    keys, counts = np.empty(0, np.uint64), np.empty(0, np.int64)
+    bad_frames: list[pl.DataFrame] = []
+    out.batches, out.shifts = [], []
+    for p in pieces:
+        shift = _Shift(lines, keys, counts)
+        out.batches += p.batches
+        out.shifts += [shift] * len(p.batches)
+        if p.bad is not None and p.bad.height:
+            bad_frames.append(p.bad.with_columns(pl.col("source_line") + lines))
+        lines += p.read
+        keys, inverse = np.unique(np.concatenate([keys, p.keys]), return_inverse=True)
+        counts = np.bincount(inverse, np.concatenate([counts, p.counts]), len(keys)).astype(np.int64)
+    bad = pl.concat(bad_frames) if bad_frames else pl.DataFrame(schema=_BAD_SCHEMA)
+    res.rows_read, res.rows_quarantined = lines, bad.height
+    out.bad = bad
+    if lines and bad.height == lines:
+        res.error = _all_quarantined(path, bad)
+        out.messages.append(f"error: {res.error}")
+    else:
+        out.messages.append(f"{path}: {res.source_format}, {lines} rows read, {bad.height} quarantined")
+    return out
 
 
 def _restore(saved: dict[str, str | None]) -> None:

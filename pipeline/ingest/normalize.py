@@ -318,7 +318,13 @@ class DerivedIds:
     plus occurrence number. Call ``assign`` on the file's batches in reading order; the counts of
     contents seen so far are kept as a sorted array (16 bytes per distinct record)."""
 
-    def __init__(self) -> None:
+    #: With ``tag`` (a piece of a file split across ingest workers), ``assign`` also adds this
+    #: column: the occurrence key of each derived id (null where the record had an id), so the
+    #: parent can add the counts of the earlier pieces (``shift_occurrences``).
+    TAG = "_id_key"
+
+    def __init__(self, tag: bool = False) -> None:
+        self.tag = tag
         self._keys = np.empty(0, np.uint64)  # sorted distinct content keys seen in the file
         self._counts = np.empty(0, np.int64)  # how often each was seen
         self._con: duckdb.DuckDBPyConnection | None = None
@@ -369,12 +375,40 @@ class DerivedIds:
         digests, keys = self._digests(_content_text(rows))
         occ = pl.Series(self.occurrences(keys), dtype=pl.Int64)
         ids = pl.select(pl.format(f"{source_format}:{{}}:{{}}", pl.lit(digests), pl.lit(occ))).to_series()
-        return good.with_columns(request_id=patch(good["request_id"], need, ids))
+        good = good.with_columns(request_id=patch(good["request_id"], need, ids))
+        if self.tag:
+            none = pl.Series(self.TAG, [None] * good.height, dtype=pl.UInt64)
+            good = good.with_columns(patch(none, need, pl.Series(keys, dtype=pl.UInt64)))
+        return good
+
+    def seen(self) -> tuple[np.ndarray, np.ndarray]:
+        """The distinct occurrence keys seen so far (sorted) and how often each was seen."""
+        return self._keys.copy(), self._counts.copy()
 
     def close(self) -> None:
         if self._con is not None:
             self._con.close()
             self._con = None
+
+
+def shift_occurrences(frame: pl.DataFrame, keys: np.ndarray, counts: np.ndarray) -> pl.DataFrame:
+    """A tagged piece's rows (``DerivedIds(tag=True)``) as if read after records whose occurrence
+    keys and counts were ``keys`` (sorted) and ``counts``: each derived id's occurrence number
+    grows by its key's count there. Drops the tag column."""
+    tag = DerivedIds.TAG
+    if tag not in frame.columns:  # a batch whose records all had ids
+        return frame
+    derived = frame[tag].is_not_null()
+    if len(keys) and derived.any():
+        rows = frame.filter(derived)
+        k = rows[tag].to_numpy()
+        pos = np.minimum(np.searchsorted(keys, k), len(keys) - 1)
+        add = np.where(keys[pos] == k, counts[pos], 0)
+        parts = rows["request_id"].str.extract_groups(r"^(.*):(\d+)$")
+        occ = parts.struct.field("2").cast(pl.Int64) + pl.Series(add, dtype=pl.Int64)
+        ids = pl.select(pl.format("{}:{}", pl.lit(parts.struct.field("1")), pl.lit(occ))).to_series()
+        frame = frame.with_columns(request_id=patch(frame["request_id"], derived, ids))
+    return frame.drop(tag)
 
 
 _DIGITS = re.compile(r"[0-9]+")

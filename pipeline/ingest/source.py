@@ -116,6 +116,29 @@ def count_lines(chunks: Iterator[bytes]) -> LineStats:
     return LineStats(n)
 
 
+def copy_range(src: Path, start: int, end: int, dest: Path) -> None:
+    """Bytes ``start:end`` of ``src`` into a new file ``dest`` (in the kernel where it can:
+    ``copy_file_range``; else through a buffer)."""
+    with src.open("rb") as fin, dest.open("wb") as fout:
+        at, left = start, end - start
+        try:
+            while left > 0:
+                n = os.copy_file_range(fin.fileno(), fout.fileno(), min(left, 1 << 30), at)
+                if n == 0:
+                    raise OSError(f"{src}: shorter than expected ({at} of {end} bytes)")
+                at, left = at + n, left - n
+        except (AttributeError, OSError) as exc:
+            if isinstance(exc, OSError) and "shorter" in str(exc):
+                raise
+            fin.seek(at)
+            while left > 0:
+                chunk = fin.read(min(left, 1 << 22))
+                if not chunk:
+                    raise OSError(f"{src}: shorter than expected ({at} of {end} bytes)") from None
+                fout.write(chunk)
+                at, left = at + len(chunk), left - len(chunk)
+
+
 class HashCancelled(Exception):
     """A background hash was stopped because its file is no longer wanted."""
 
