@@ -5,7 +5,10 @@ Three measurements, each in a fresh child process (its own peak RSS):
 1. ``flat``: the whole fleet in one engine run (pipeline.engine.jit.simulate_jit);
 2. ``pods``: the same fleet cut into pods, replayed one after another in this process
    (pipeline.engine.shard.simulate_sharded, ``--executor local``);
-3. ``ray``: the same pods as Ray tasks on a local Ray instance with ``--ray-workers`` CPUs.
+3. ``ray``: the same pods as Ray tasks on a local Ray instance with ``--ray-workers`` CPUs;
+4. ``steps`` (not in the default ``--modes``): ``pods`` with the step log kept, streamed pod by
+   pod to steps.parquet and series.parquet in a temporary folder (pipeline.replay.RunSteps, what
+   ``rooftrace replay --pods`` does), so its peak RSS includes writing the step log.
 
 Round robin is a static router, so all three must give the same per-request results bit for bit
 (checked here on first-token time, finish time and replica). Then, on a fleet one process runs
@@ -13,8 +16,8 @@ easily, the hierarchical router (a load balancer over pods, least outstanding in
 the flat least-outstanding router: TTFT and TPOT percentiles and their differences.
 
 Workload: Azure-conversation-like lengths (benchmarks/replay.py), Poisson arrivals at 6 requests/s
-per replica, Llama-3.1-8B on H100 with its measured profile, no prefix caching, no step log (the
-per-request results only: a step log of 10^7 requests is ~4 GB until outputs are streamed).
+per replica, Llama-3.1-8B on H100 with its measured profile, no prefix caching; no step log but
+in ``steps`` (gathered in memory, the step log of 10^7 requests would be ~4 GB).
 
     python benchmarks/scale.py [--requests 10000000] [--replicas 1000] [--pods 10] [--ray-workers 2]
 """
@@ -36,8 +39,9 @@ sys.path.insert(0, str(HERE))
 from _util import run_child  # noqa: E402
 
 
-def build(n: int, replicas: int, router: str, seed: int = 0) -> tuple[object, object, object]:
-    """The workload, the fleet spec and the measured step cost (deterministic in ``seed``)."""
+def build(n: int, replicas: int, router: str, seed: int = 0) -> tuple[object, object, object, object]:
+    """The workload, the fleet spec, the measured step cost and the resolved fleet (deterministic
+    in ``seed``)."""
     from replay import lengths
 
     from pipeline.engine.model import FleetSpec, Workload
@@ -66,7 +70,7 @@ def build(n: int, replicas: int, router: str, seed: int = 0) -> tuple[object, ob
     arrival = np.cumsum(rng.exponential(1.0 / (6.0 * fleet.ranks), n))
     work = Workload(arrival_s=arrival, prompt_tokens=prompt, output_tokens=output)
     spec = FleetSpec(replicas=fleet.ranks, scheduler=sched, router=router, lockstep=fleet.lockstep)
-    return work, spec, cost
+    return work, spec, cost, fleet
 
 
 def child(mode: str, n: int, replicas: int, pods: int, workers: int, out: str) -> dict[str, float]:
@@ -74,8 +78,9 @@ def child(mode: str, n: int, replicas: int, pods: int, workers: int, out: str) -
     from pipeline.engine.jit import simulate_jit
     from pipeline.engine.model import Workload
     from pipeline.engine.shard import simulate_sharded
+    from pipeline.replay import RunSteps
 
-    work, spec, cost = build(n, replicas, "round_robin")
+    work, spec, cost, fleet = build(n, replicas, "round_robin")
     w10 = Workload(arrival_s=work.arrival_s[:10], prompt_tokens=work.prompt_tokens[:10],  # type: ignore[attr-defined]
                    output_tokens=work.output_tokens[:10])  # type: ignore[attr-defined]  # fmt: skip
     # load the compiled engine (disk cache) before timing; a flat fleet of 1,000 replicas is more
@@ -92,15 +97,23 @@ def child(mode: str, n: int, replicas: int, pods: int, workers: int, out: str) -
         small = Workload(arrival_s=work.arrival_s[:400], prompt_tokens=work.prompt_tokens[:400],  # type: ignore[attr-defined]
                          output_tokens=work.output_tokens[:400])  # type: ignore[attr-defined]  # fmt: skip
         simulate_sharded(small, spec, cost, None, 4 * workers, "ray")
+    sink = RunSteps(Path(out).with_suffix(""), fleet, 0) if mode == "steps" else None  # type: ignore[arg-type]
+    if sink is not None:
+        sink.cost_source = str(getattr(cost, "source", "roofline"))
     t0 = time.perf_counter()
     if mode == "flat":
         res = simulate_jit(work, spec, cost)
     else:
-        res = simulate_sharded(work, spec, cost, None, pods, "ray" if mode == "ray" else "local")
+        res = simulate_sharded(work, spec, cost, sink, pods, "ray" if mode == "ray" else "local")
+    extra: dict[str, float] = {}
+    if sink is not None:
+        sink.close()
+        size = sum(p.stat().st_size for p in (sink.steps.path, sink.series.path)) / 2**20
+        extra = {"spans": sink.sums.spans, "steps_series_mib": size, "series_rows": sink.series.rows}
     wall = time.perf_counter() - t0
     np.savez(out, first=res.first_token_s, finish=res.finish_s, replica=res.replica)
     ok = res.reject_reason == 0
-    return {"wall_s": wall, "finished": int(ok.sum()), "span_s": float(np.nanmax(res.finish_s))}
+    return {"wall_s": wall, "finished": int(ok.sum()), "span_s": float(np.nanmax(res.finish_s)), **extra}
 
 
 def hierarchy(n: int, replicas: int, pod_sizes: list[int]) -> None:
@@ -109,7 +122,7 @@ def hierarchy(n: int, replicas: int, pod_sizes: list[int]) -> None:
     from pipeline.engine.shard import simulate_sharded
     from pipeline.slo import percentile
 
-    work, spec, cost = build(n, replicas, "least_outstanding", seed=1)
+    work, spec, cost, _ = build(n, replicas, "least_outstanding", seed=1)
     ok_lat = {}
     for size in [0, *pod_sizes]:
         t0 = time.perf_counter()
@@ -161,6 +174,12 @@ def main() -> None:
             + (f" on Ray ({args.ray_workers} workers)" if mode == "ray" else "")
             + f": {doc['wall_s']:.1f} s = {args.requests / doc['wall_s']:,.0f} req/s, peak RSS {rss / 1024:.2f} GiB"
             f" (driver), {doc['finished']:,} finished, {doc['span_s']:,.0f} s simulated"
+            + (
+                f"; step log streamed: {doc['spans']:,} spans, {doc['series_rows']:,} series rows, "
+                f"{doc['steps_series_mib']:,.0f} MiB of Parquet"
+                if "spans" in doc
+                else ""
+            )
         )
     base = next(iter(results))
     ref = np.load(results[base])

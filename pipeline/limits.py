@@ -269,19 +269,21 @@ class ReplayEstimate:
 
     def drivers(self) -> str:
         """The parts, largest first, each with what drives it."""
+        pods = 0 < self.pod_replicas < self.replicas
+        a_pod = " (a pod's at a time)" if pods else ""
         why = {
             "engine state": (
                 f"engine state of the largest pod's {self.pod_replicas:,} replicas ({self.engine} engine)"
-                if 0 < self.pod_replicas < self.replicas
+                if pods
                 else f"engine state of {self.replicas:,} replicas ({self.engine} engine)"
             ),
-            "series": f"series of {self.busy_replicas:,} busy replicas × {self.span_s:,.0f} simulated s",
+            "series": f"series of {self.busy_replicas:,} busy replicas × {self.span_s:,.0f} simulated s{a_pod}",
             "chains": (
                 f"prefix chains of {self.requests:,} requests (hashed as needed)"
                 if self.engine == "jit"
                 else f"prefix chains of {self.kv_blocks:,} KV blocks"
             ),
-            "step log": f"step log of ~{self.log_rows:,} rows",
+            "step log": f"step log of ~{self.log_rows:,} rows{a_pod}",
             "requests": f"arrays of {self.requests:,} requests",
             "compile": "compiling the jit engine",
             "process": "this process so far",
@@ -442,6 +444,9 @@ def estimate_replay(
 
     rows = ROWS_PER_REQUEST[engine] * n
     series_rows = busy * (span + 2)
+    # in pods, the replay stage writes each pod's step log and series as the pod ends
+    # (replay.RunSteps): one pod's share is held at a time
+    held = 1.0 if flat else min(1.0, pod_r / R)
     if jit:
         state = state_bytes(pod_spec) + pod_r * REPLICA_BYTES["jit"] + 16 * n
     else:
@@ -455,8 +460,8 @@ def estimate_replay(
         "chains": (n * TREE_BUILD_BYTES if jit else blocks * CHAIN_BUILD_BYTES) if chains else 0,
         "engine state": int(state),
         "requests": n * REQUEST_BYTES,
-        "step log": rows * LOG_ROW_BYTES,
-        "series": int(series_rows * SERIES_ROW_BYTES),
+        "step log": int(rows * held * LOG_ROW_BYTES),
+        "series": int(series_rows * held * SERIES_ROW_BYTES),
     }
 
     # wall time, roughly: per event the jit loop scans every replica; the Python engine does so in

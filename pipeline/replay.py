@@ -16,7 +16,9 @@ replay rewrites the same files with the same bytes.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
+import itertools
 import json
 import math
 import time
@@ -35,13 +37,13 @@ from pipeline.classify.prefix import DEFAULT_ISOLATION, ChainTree, PrefixIdentit
 from pipeline.engine.fast import simulate
 from pipeline.engine.jit import TooManyBusy, busy_fleet, simulate_jit, unsupported_reason
 from pipeline.engine.model import REJECT_REASONS, EngineResult, FleetSpec, Workload
-from pipeline.engine.shard import EXECUTORS, simulate_sharded
+from pipeline.engine.shard import EXECUTORS, RowSink, simulate_sharded
 from pipeline.engine.steplog import StepLog
 from pipeline.errors import ConfigError, RooftraceError
 from pipeline.fleet import ResolvedFleet, load_fleet, resolve
 from pipeline.profile.cost import fleet_step_cost
 from pipeline.project import default_fleet_path
-from pipeline.schemas import atomic_write_bytes, write_parquet
+from pipeline.schemas import ParquetStream, atomic_write_bytes, write_parquet
 from pipeline.slo import (
     PERCENTILE_METHOD,
     Slo,
@@ -121,6 +123,15 @@ class ReplayRun:
     #: The cost model's tier ("measured" profile or "roofline") and what it says of itself.
     cost_source: str = "roofline"
     cost_describe: dict[str, Any] | None = None
+    #: The step log's sums, where it was streamed to a RunSteps instead of kept in ``log``.
+    sums: StepSums | None = None
+
+    def step_sums(self) -> StepSums:
+        if self.sums is not None:
+            return self.sums
+        sums = StepSums()
+        sums.add(self.log.columns())
+        return sums
 
 
 def _engine_chains(
@@ -200,9 +211,12 @@ def run_replay(
     options: ReplayOptions,
     progress: Callable[[int], None] | None = None,
     identity: PrefixIdentity | None = None,
+    steps: RunSteps | None = None,
 ) -> ReplayRun:
     """Replay a frame of canonical requests on a resolved fleet (no store involved); ``identity``
-    is the day's prefix identity when the caller has it (else built from ``requests``)."""
+    is the day's prefix identity when the caller has it (else built from ``requests``). With
+    ``steps``, the step log goes there as it is produced (a pod at a time when the fleet is
+    replayed in pods, whose logs are then never gathered) and the run's ``log`` stays empty."""
     progress = check_replay_limits(requests, fleet, options, progress)
     spec = FleetSpec(
         replicas=fleet.ranks,
@@ -214,17 +228,23 @@ def run_replay(
     )
     work = build_workload(requests, fleet, options, identity)
     cost = fleet_step_cost(fleet)
-    log = StepLog(capacity=max(1024, 2 * work.n))
+    if steps is not None:
+        steps.cost_source = cost.source
+    pod_size = fleet.config.router_pod_size
+    sharded = 0 < pod_size < fleet.config.replicas or options.pods > 1
+    log = StepLog(capacity=1024 if sharded and steps is not None else max(1024, 2 * work.n))
+    pod_log: RowSink = steps if steps is not None else log
     t0 = time.perf_counter()
     reason = unsupported_reason(busy_fleet(work, spec).spec, cost)
-    pod_size = fleet.config.router_pod_size
     if 0 < pod_size < fleet.config.replicas:  # hierarchical routing: one shard per routing pod
         ranks = pod_size * (fleet.ranks // fleet.config.replicas)
         result = simulate_sharded(
-            work, spec, cost, log, 1, options.executor, progress, options.ray_address, pod_ranks=ranks
+            work, spec, cost, pod_log, 1, options.executor, progress, options.ray_address, pod_ranks=ranks
         )
     elif options.pods > 1:
-        result = simulate_sharded(work, spec, cost, log, options.pods, options.executor, progress, options.ray_address)
+        result = simulate_sharded(
+            work, spec, cost, pod_log, options.pods, options.executor, progress, options.ray_address
+        )
     elif reason is None:
         try:
             result = simulate_jit(work, spec, cost, log, progress)
@@ -237,7 +257,10 @@ def run_replay(
     else:  # same semantics and results, Python speed (docs/engine.md, "The jit engine")
         result = simulate(work, spec, cost, log, progress)
     wall = time.perf_counter() - t0
-    return ReplayRun(fleet, spec, work, result, log, wall, cost.source, dict(cost.describe))
+    if steps is not None and log.n:  # one engine run: its whole log, as one part
+        steps.add(log.columns())
+    sums = steps.sums if steps is not None else None
+    return ReplayRun(fleet, spec, work, result, log, wall, cost.source, dict(cost.describe), sums)
 
 
 # -- tables ----------------------------------------------------------------------------------
@@ -282,10 +305,13 @@ def requests_table(requests: pl.DataFrame, run: ReplayRun, t0_us: int) -> pa.Tab
 
 
 def steps_table(run: ReplayRun) -> pa.Table:
-    cols = run.log.columns()
-    fit = run.fleet.memory
+    return _steps_table(run.log.columns(), run.fleet, run.cost_source)
+
+
+def _steps_table(cols: dict[str, npt.NDArray[Any]], fleet: ResolvedFleet, cost_source: str) -> pa.Table:
+    fit = fleet.memory
     per_token_gpu = fit.kv_pool_bytes_per_gpu / fit.kv_capacity_tokens if fit.kv_capacity_tokens else 0.0
-    block_bytes = run.fleet.scheduler.block_size * per_token_gpu * run.fleet.deployment.gpus
+    block_bytes = fleet.scheduler.block_size * per_token_gpu * fleet.deployment.gpus
     parts = np.stack([cols["compute_s"], cols["memory_s"], cols["comm_s"], cols["overhead_s"]])
     names = np.array(BINDING_NAMES, dtype=object)
     binding = names[np.argmax(parts, axis=0)] if cols["steps"].size else names[:0]
@@ -294,8 +320,73 @@ def steps_table(run: ReplayRun) -> pa.Table:
     table["binding"] = binding
     duration = np.asarray(cols["end_s"], np.float64) - np.asarray(cols["start_s"], np.float64)
     measured = np.asarray(cols["measured_s"], np.float64)
-    table["cost_source"] = np.where(measured > 0.5 * duration, "measured", run.cost_source).astype(object)
+    table["cost_source"] = np.where(measured > 0.5 * duration, "measured", cost_source).astype(object)
     return pa.table(table)
+
+
+@dataclass
+class StepSums:
+    """What the summary needs of a step log: spans, busy time and the part of it costed from
+    measured tables. Sums go replica by replica (each replica's spans in start order, then the
+    replicas in index order), so a log handed over in pods sums to the same bits as a whole one."""
+
+    spans: int = 0
+    busy_s: float = 0.0
+    measured_s: float = 0.0
+    last_replica: int = -1
+
+    def add(self, cols: dict[str, npt.NDArray[Any]]) -> None:
+        """Add a log's columns (ordered by replica then start; replicas after those added before)."""
+        replica = np.asarray(cols["replica"], np.int64)
+        if not replica.size:
+            return
+        if int(replica[0]) <= self.last_replica:
+            raise ValueError(f"step log parts out of replica order: {int(replica[0])} after {self.last_replica}")
+        start = np.asarray(cols["start_s"], np.float64)
+        busy = np.asarray(cols["end_s"], np.float64) - start
+        measured = np.asarray(cols["measured_s"], np.float64)
+        cuts = [0, *(np.flatnonzero(np.diff(replica)) + 1).tolist(), replica.size]
+        for a, b in itertools.pairwise(cuts):
+            self.busy_s += float(np.cumsum(busy[a:b])[-1])
+            self.measured_s += float(np.cumsum(measured[a:b])[-1])
+        self.spans += int(replica.size)
+        self.last_replica = int(replica[-1])
+
+
+class RunSteps:
+    """A run's step log written as the engine hands it over: whole replicas at a time, in replica
+    order (one engine run's log at once, or a pod's at a time), to ``steps.parquet`` and
+    ``series.parquet`` in ``run_dir`` (schemas.ParquetStream: the bytes do not depend on the pods),
+    keeping only its StepSums. ``extend_rows`` is the StepLog method the pod runner calls."""
+
+    def __init__(self, run_dir: Path, fleet: ResolvedFleet, t0_us: int) -> None:
+        self.run_dir, self.fleet, self.t0_us = run_dir, fleet, t0_us
+        self.cost_source = "roofline"
+        self.sums = StepSums()
+        self.steps = ParquetStream(run_dir / "steps.parquet", "replay_steps")
+        self.series = ParquetStream(run_dir / "series.parquet", "replay_series")
+
+    def extend_rows(self, rows: npt.NDArray[np.float64]) -> None:
+        log = StepLog(capacity=max(1, int(rows.shape[0])))
+        log.extend_rows(rows)
+        self.add(log.columns())
+
+    def add(self, cols: dict[str, npt.NDArray[Any]]) -> None:
+        self.sums.add(cols)
+        self.steps.write(_steps_table(cols, self.fleet, self.cost_source))
+        self.series.write(_series_table(cols, self.fleet, self.t0_us))
+
+    def close(self) -> None:
+        self.steps.close()
+        self.series.close()
+
+    def abort(self) -> None:
+        """Drop what was written (the run failed or was interrupted), and the run's folder when
+        that leaves it empty."""
+        self.steps.abort()
+        self.series.abort()
+        with contextlib.suppress(OSError):
+            self.run_dir.rmdir()
 
 
 def series_frames(cols: dict[str, npt.NDArray[Any]], capacity_blocks: int) -> dict[str, npt.NDArray[Any]]:
@@ -347,7 +438,11 @@ def series_frames(cols: dict[str, npt.NDArray[Any]], capacity_blocks: int) -> di
 
 
 def series_table(run: ReplayRun, t0_us: int) -> pa.Table:
-    frames = series_frames(run.log.columns(), run.fleet.scheduler.num_gpu_blocks)
+    return _series_table(run.log.columns(), run.fleet, t0_us)
+
+
+def _series_table(cols: dict[str, npt.NDArray[Any]], fleet: ResolvedFleet, t0_us: int) -> pa.Table:
+    frames: dict[str, Any] = series_frames(cols, fleet.scheduler.num_gpu_blocks)
     frames["time"] = pa.array(t0_us + frames["second"] * 1_000_000, pa.timestamp("us", tz="UTC"))
     return pa.table(frames)
 
@@ -397,6 +492,7 @@ def health(run: ReplayRun, slo: Slo | None) -> dict[str, Any]:
 
 def summarize(run: ReplayRun, slo: Slo | None = None) -> dict[str, Any]:
     res, work = run.result, run.work
+    sums = run.step_sums()
     ok = res.reject_reason == 0
     span = float(np.nanmax(res.finish_s) - np.min(res.arrival_s)) if ok.any() else 0.0
     out_tok = int(work.output_tokens[ok].sum())
@@ -423,21 +519,18 @@ def summarize(run: ReplayRun, slo: Slo | None = None) -> dict[str, Any]:
         "queue_s": _stats(lat["queue"][ok]),
         "engine_wall_s": run.wall_s,
         "engine_requests_per_wall_s": work.n / run.wall_s if run.wall_s > 0 else None,
-        "spans": int(run.log.n),
-        "cost_model": _cost_summary(run),
+        "spans": sums.spans,
+        "cost_model": _cost_summary(run, sums),
     }
 
 
-def _cost_summary(run: ReplayRun) -> dict[str, Any]:
+def _cost_summary(run: ReplayRun, sums: StepSums) -> dict[str, Any]:
     """Which tier costed the run: the cost model's own description and the share of busy time
     that came from measured tables."""
-    cols = run.log.columns()
-    start = np.asarray(cols["start_s"], np.float64)
-    busy = float((np.asarray(cols["end_s"], np.float64) - start).sum()) if run.log.n else 0.0
-    measured = float(cols["measured_s"].sum()) if run.log.n else 0.0
+    busy = sums.busy_s
     return {
         "source": run.cost_source,
-        "measured_share_of_busy_time": min(1.0, measured / busy) if busy > 0 else 0.0,
+        "measured_share_of_busy_time": min(1.0, sums.measured_s / busy) if busy > 0 else 0.0,
         **(run.cost_describe or {}),
     }
 
@@ -478,31 +571,35 @@ def replay(
     options = replace(options, isolation=identity.isolation)
     if progress:
         progress(f"replaying {requests.height:,} requests of {date} on {cfg.replicas}x {cfg.name}")
-    run = run_replay(requests, fleet, options, identity=identity)
-    t0_us = int(requests.get_column("arrival").dt.epoch("us").to_numpy().min())
-    summary = summarize(run, run_slo(run, options))
-    over = summary["health"]["overload"]
-    if over["detected"]:
-        start = np.datetime64(t0_us, "us") + np.timedelta64(round(over["from_s"] * 1e6), "us")
-        over["from_utc"] = f"{np.datetime_as_string(start, unit='s')}Z"
-        summary["health"]["warnings"] = [
-            overload_text(over) if w.startswith("OVERLOADED") else w for w in summary["health"]["warnings"]
-        ]
+    t0_us = int(requests.get_column("arrival").dt.epoch("us").to_numpy().min()) if requests.height else 0
     run_id = _run_id(date, fleet, options, requests)
     run_dir = store.run_dir(run_id)
-    with store.lock():
-        write_parquet(requests_table(requests, run, t0_us), run_dir / "requests.parquet", "replay_requests")
-        write_parquet(steps_table(run), run_dir / "steps.parquet", "replay_steps")
-        write_parquet(series_table(run, t0_us), run_dir / "series.parquet", "replay_series")
-        # The wall time varies from run to run: keep it out of the file so re-runs are identical.
-        stable = {k: v for k, v in summary.items() if not k.startswith("engine_")}
-        doc = {
-            "run_id": run_id,
-            "date": date,
-            "fleet_file": str(path),
-            "options": asdict(options) | {"mode": options.mode},
-            "resolved": fleet.to_dict(),
-            "summary": stable,
-        }
-        atomic_write_bytes(run_dir / "config.json", json.dumps(doc, indent=2, sort_keys=True).encode())
+    # the step log streams to the run folder (under temporary names) as the engine produces it
+    steps = RunSteps(run_dir, fleet, t0_us)
+    try:
+        run = run_replay(requests, fleet, options, identity=identity, steps=steps)
+        summary = summarize(run, run_slo(run, options))
+        over = summary["health"]["overload"]
+        if over["detected"]:
+            start = np.datetime64(t0_us, "us") + np.timedelta64(round(over["from_s"] * 1e6), "us")
+            over["from_utc"] = f"{np.datetime_as_string(start, unit='s')}Z"
+            summary["health"]["warnings"] = [
+                overload_text(over) if w.startswith("OVERLOADED") else w for w in summary["health"]["warnings"]
+            ]
+        with store.lock():
+            write_parquet(requests_table(requests, run, t0_us), run_dir / "requests.parquet", "replay_requests")
+            steps.close()
+            # The wall time varies from run to run: keep it out of the file so re-runs are identical.
+            stable = {k: v for k, v in summary.items() if not k.startswith("engine_")}
+            doc = {
+                "run_id": run_id,
+                "date": date,
+                "fleet_file": str(path),
+                "options": asdict(options) | {"mode": options.mode},
+                "resolved": fleet.to_dict(),
+                "summary": stable,
+            }
+            atomic_write_bytes(run_dir / "config.json", json.dumps(doc, indent=2, sort_keys=True).encode())
+    finally:
+        steps.abort()  # nothing left to drop once closed
     return ReplayResult(run_id, run_dir, summary)

@@ -407,6 +407,11 @@ def test_pods_estimate_the_largest_pod_not_the_fleet(small: dict[str, Any]) -> N
     assert flat.engine == "python" and pods.engine == "jit" and pods.pod_replicas == 100
     assert pods.parts["engine state"] == state_bytes(spec) + 100 * 1024 + 16 * frame.height
     assert "largest pod's 100 replicas" in pods.drivers()
+    # the replay stage writes each pod's step log and series as the pod ends: a tenth is held
+    from pipeline.limits import LOG_ROW_BYTES, ROWS_PER_REQUEST
+
+    assert pods.parts["step log"] == int(ROWS_PER_REQUEST["jit"] * frame.height * 0.1 * LOG_ROW_BYTES)
+    assert "(a pod's at a time)" in pods.drivers() and "(a pod's at a time)" not in flat.drivers()
     hier = resolve(replace(fleet.config, router_pod_size=250), str(DEFAULT_FLEET))
     est = estimate_replay(frame, hier, "open", 1.0, None)
     assert est.pod_replicas == 250

@@ -1,10 +1,13 @@
 from __future__ import annotations
 
+import itertools
 from pathlib import Path
 
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from pipeline.errors import SchemaError
 from pipeline.schemas import list_schemas, load_schema, read_parquet, write_parquet
@@ -54,3 +57,65 @@ def test_write_rejects_missing_column_and_nulls(tmp_path: Path) -> None:
     with pytest.raises(SchemaError, match="not nullable"):
         write_parquet(nulls, tmp_path / "x.parquet", "manifest")
     assert not list(tmp_path.iterdir()), "a failed write must leave nothing behind"
+
+
+def _manifest_rows(n: int) -> pa.Table:
+    return pa.table(
+        {
+            "source_file": [f"f{i}.jsonl" for i in range(n)],
+            "content_sha256": [f"{i:064x}" for i in range(n)],
+            "source_format": ["openai"] * n,
+            "rows_read": list(range(n)),
+            "rows_stored": list(range(n)),
+            "rows_quarantined": [0] * n,
+            "rows_duplicate": [0] * n,
+            "dates": [["2024-01-01"]] * n,
+            "ingested_at": pa.array(list(range(n)), pa.timestamp("us", tz="UTC")),
+        }
+    )
+
+
+@given(n=st.integers(0, 60), cuts=st.lists(st.integers(0, 60), max_size=8))
+@settings(max_examples=60, deadline=None)
+def test_parquet_stream_bytes_do_not_depend_on_how_rows_arrive(n: int, cuts: list[int]) -> None:
+    """Rows handed over whole or in any pieces give the same file, byte for byte, in row groups
+    of exactly ROW_GROUP_ROWS (here 7) but the last; the rows read back are the rows written."""
+    import tempfile
+
+    from pipeline import schemas
+
+    table = _manifest_rows(n)
+    bounds = sorted({0, n, *(c for c in cuts if c <= n)})
+    saved = schemas.ROW_GROUP_ROWS
+    schemas.ROW_GROUP_ROWS = 7
+    try:
+        with tempfile.TemporaryDirectory() as tmp:
+            whole = schemas.ParquetStream(Path(tmp) / "whole.parquet", "manifest")
+            whole.write(table)
+            whole.close()
+            pieces = schemas.ParquetStream(Path(tmp) / "pieces.parquet", "manifest")
+            for a, b in itertools.pairwise(bounds):
+                pieces.write(table.slice(a, b - a))
+            pieces.close()
+            data = (Path(tmp) / "whole.parquet").read_bytes()
+            assert (Path(tmp) / "pieces.parquet").read_bytes() == data
+            meta = pq.ParquetFile(Path(tmp) / "whole.parquet").metadata
+            sizes = [meta.row_group(i).num_rows for i in range(meta.num_row_groups)]
+            assert sum(sizes) == n and all(s == 7 for s in sizes[:-1]) and (not sizes or 0 < sizes[-1] <= 7)
+            back = read_parquet(Path(tmp) / "pieces.parquet", "manifest")
+            assert back.column("source_file").to_pylist() == table.column("source_file").to_pylist()
+            assert sorted(p.name for p in Path(tmp).iterdir()) == ["pieces.parquet", "whole.parquet"]
+    finally:
+        schemas.ROW_GROUP_ROWS = saved
+
+
+def test_parquet_stream_abort_leaves_nothing(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from pipeline import schemas
+
+    monkeypatch.setattr(schemas, "ROW_GROUP_ROWS", 3)
+    stream = schemas.ParquetStream(tmp_path / "run" / "m.parquet", "manifest")
+    stream.write(_manifest_rows(10))  # three row groups already on disk, under a temporary name
+    assert [p.name for p in (tmp_path / "run").iterdir()] != ["m.parquet"]
+    stream.abort()
+    assert not list((tmp_path / "run").iterdir())
+    stream.abort()  # twice is harmless

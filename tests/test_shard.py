@@ -19,6 +19,7 @@ from pipeline.engine.model import EngineResult, FleetSpec, SchedulerConfig, Work
 from pipeline.engine.shard import hierarchical_pods, plan_pods, pod_cuts, simulate_sharded, static_routes
 from pipeline.engine.steplog import StepLog
 from pipeline.errors import ConfigError
+from pipeline.replay import StepSums
 
 FIELDS = ("arrival_s", "replica", "scheduled_s", "first_token_s", "finish_s", "max_itl_s", "preemptions",
           "cache_hit_tokens", "prefill_tokens", "reject_reason")  # fmt: skip
@@ -30,6 +31,20 @@ def _same(a: EngineResult, b: EngineResult, log_a: StepLog, log_b: StepLog) -> N
     ca, cb = log_a.columns(), log_b.columns()
     for name in ca:
         np.testing.assert_array_equal(ca[name], cb[name], err_msg=f"log {name}")
+
+
+class _PartLog(StepLog):
+    """A step log that also sums the rows it is handed pod by pod (as RunSteps does)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.sums = StepSums()
+
+    def extend_rows(self, rows: np.ndarray) -> None:
+        super().extend_rows(rows)
+        part = StepLog()
+        part.extend_rows(rows)
+        self.sums.add(part.columns())
 
 
 @st.composite
@@ -51,10 +66,13 @@ def _static_cases(draw: st.DrawFn) -> tuple[Workload, FleetSpec, object, int]:
 @given(_static_cases())
 def test_pods_equal_one_process(case: tuple[Workload, FleetSpec, object, int]) -> None:
     w, spec, cost, pods = case
-    log_one, log_pods = StepLog(), StepLog()
+    log_one, log_pods = StepLog(), _PartLog()
     one = simulate_jit(w, spec, cost, log_one)  # type: ignore[arg-type]
     sharded = simulate_sharded(w, spec, cost, log_pods, pods)  # type: ignore[arg-type]
     _same(one, sharded, log_one, log_pods)
+    whole = StepSums()
+    whole.add(log_one.columns())
+    assert whole == log_pods.sums  # the summary's sums, pod by pod, to the bit
     routes = static_routes(w, spec)
     assert routes is not None
     ok = one.reject_reason == 0
@@ -279,3 +297,52 @@ def test_pods_without_requests_are_never_built(router: str) -> None:
     assert 0 < len(tiny) <= 40 and all(p.spec.replicas == 1 for p in tiny)
     res = simulate_sharded(w, spec, cost, None, 1, pod_ranks=1)
     assert all(((res.replica[p.rows] == p.first) | (res.replica[p.rows] < 0)).all() for p in tiny)
+
+
+def test_a_run_in_pods_streams_its_step_log(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``replay --pods``: each pod's step log is written to the run's steps and series tables as
+    the pod finishes and never gathered (the run's in-memory log stays empty); the tables equal
+    those of the run kept whole; a run interrupted mid-way leaves no partial file."""
+    from pipeline import schemas
+    from pipeline.fleet import load_fleet, resolve
+    from pipeline.ingest import ingest_logs
+    from pipeline.replay import ReplayOptions, RunSteps, replay, run_replay, series_table, steps_table
+    from pipeline.schemas import read_parquet
+    from pipeline.store import Store
+    from pipeline.synth import SynthConfig, generate, write_logs
+
+    store = Store(tmp_path / "store")
+    write_logs(generate(SynthConfig(requests=300, seed=9, duration_s=600)), "openai", tmp_path / "d.jsonl")
+    ingest_logs([tmp_path / "d.jsonl"], store)
+    default = (Path(__file__).resolve().parents[1] / "fleets" / "default.toml").read_text()
+    fleet_path = tmp_path / "rr.toml"
+    fleet_path.write_text(default.replace('router = "least_outstanding"', 'router = "round_robin"').replace(
+        "replicas = 2", "replicas = 6"))  # fmt: skip
+    fleet = resolve(load_fleet(fleet_path), str(fleet_path))
+    requests = store.read_requests(store.resolve_date(None))
+    whole = run_replay(requests, fleet, ReplayOptions())
+    monkeypatch.setattr(schemas, "ROW_GROUP_ROWS", 50)  # several row groups, cut across pods
+    sink = RunSteps(tmp_path / "run", fleet, 0)
+    streamed = run_replay(requests, fleet, ReplayOptions(pods=3), steps=sink)
+    sink.close()
+    assert streamed.log.n == 0 and sink.sums.spans == whole.log.n > 100
+    assert sink.sums == whole.step_sums()
+    got = read_parquet(tmp_path / "run" / "steps.parquet", "replay_steps")
+    assert got.equals(schemas.conform(steps_table(whole), "replay_steps"))
+    got = read_parquet(tmp_path / "run" / "series.parquet", "replay_series")
+    assert got.equals(schemas.conform(series_table(whole, 0), "replay_series"))
+
+    calls = {"n": 0}
+    extend = RunSteps.extend_rows
+
+    def interrupted(self: RunSteps, rows: np.ndarray) -> None:
+        calls["n"] += 1
+        if calls["n"] == 2:
+            raise KeyboardInterrupt
+        extend(self, rows)
+
+    monkeypatch.setattr(RunSteps, "extend_rows", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        replay(store, fleet_path, ReplayOptions(pods=3))
+    runs = store.root / "runs"
+    assert not (runs.exists() and list(runs.iterdir())), list(runs.rglob("*"))  # nothing half-written

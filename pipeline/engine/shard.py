@@ -21,7 +21,7 @@ import multiprocessing
 from collections.abc import Callable, Iterator
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 import numpy.typing as npt
@@ -191,11 +191,18 @@ def run_pod(pod: Pod, cost: TabulatedCost, want_log: bool) -> tuple[EngineResult
     return res, rows
 
 
+class RowSink(Protocol):
+    """Where pods' step-log rows go, a pod at a time in pod order: a StepLog, or the replay
+    stage's writer (pipeline.replay.RunSteps), which writes them and keeps none."""
+
+    def extend_rows(self, rows: npt.NDArray[np.float64]) -> None: ...
+
+
 def simulate_sharded(
     work: Workload,
     spec: FleetSpec,
     cost: StepCostFn,
-    log: StepLog | None,
+    log: RowSink | None,
     pods: int,
     executor: str = "local",
     progress: Callable[[int], None] | None = None,
