@@ -37,8 +37,8 @@ from pipeline.classify.prefix import DEFAULT_ISOLATION, ChainTree, PrefixIdentit
 from pipeline.engine.fast import simulate
 from pipeline.engine.jit import TooManyBusy, busy_fleet, simulate_jit, unsupported_reason
 from pipeline.engine.model import REJECT_REASONS, EngineResult, FleetSpec, Workload
-from pipeline.engine.shard import EXECUTORS, RowSink, simulate_sharded
-from pipeline.engine.steplog import StepLog
+from pipeline.engine.shard import EXECUTORS, simulate_sharded
+from pipeline.engine.steplog import SPAN_COLUMNS, RowSink, StepLog
 from pipeline.errors import ConfigError, RooftraceError
 from pipeline.fleet import ResolvedFleet, load_fleet, resolve
 from pipeline.profile.cost import fleet_step_cost
@@ -353,6 +353,23 @@ class StepSums:
         self.last_replica = int(replica[-1])
 
 
+#: Step-log rows the replay stage turns into table rows at a time (whole replicas).
+STEP_CHUNK_ROWS = 1 << 20
+
+
+def _replica_chunks(replica: npt.NDArray[Any], rows: int) -> list[tuple[int, int]]:
+    """Cuts of rows sorted by replica into chunks of whole replicas, each about ``rows`` long
+    (longer only where one replica has more)."""
+    n = int(replica.shape[0])
+    bounds = np.append(np.flatnonzero(np.diff(replica)) + 1, n)  # where each replica's rows end
+    cuts = [0]
+    while cuts[-1] < n:
+        ahead = bounds[np.searchsorted(bounds, cuts[-1], side="right") :]  # replica ends past the cut
+        fit = int(np.searchsorted(ahead, cuts[-1] + rows, side="right"))  # how many end within ``rows``
+        cuts.append(int(ahead[max(fit, 1) - 1]))
+    return list(itertools.pairwise(cuts))
+
+
 class RunSteps:
     """A run's step log written as the engine hands it over: whole replicas at a time, in replica
     order (one engine run's log at once, or a pod's at a time), to ``steps.parquet`` and
@@ -367,11 +384,20 @@ class RunSteps:
         self.series = ParquetStream(run_dir / "series.parquet", "replay_series")
 
     def extend_rows(self, rows: npt.NDArray[np.float64]) -> None:
-        log = StepLog(capacity=max(1, int(rows.shape[0])))
-        log.extend_rows(rows)
-        self.add(log.columns())
+        """A pod's rows, as the engine wrote them: ordered as StepLog.columns orders them and
+        taken a chunk of whole replicas at a time (one column copy of a chunk held at once)."""
+        start, replica = list(SPAN_COLUMNS).index("start_s"), list(SPAN_COLUMNS).index("replica")
+        order = np.lexsort((rows[:, start], rows[:, replica]))
+        for a, b in _replica_chunks(rows[order, replica], STEP_CHUNK_ROWS):
+            idx = order[a:b]
+            self._write({name: rows[idx, j].astype(t) for j, (name, t) in enumerate(SPAN_COLUMNS.items())})
 
     def add(self, cols: dict[str, npt.NDArray[Any]]) -> None:
+        """A whole log's columns (StepLog.columns), a chunk of whole replicas at a time."""
+        for a, b in _replica_chunks(np.asarray(cols["replica"]), STEP_CHUNK_ROWS):
+            self._write({name: col[a:b] for name, col in cols.items()})
+
+    def _write(self, cols: dict[str, npt.NDArray[Any]]) -> None:
         self.sums.add(cols)
         self.steps.write(_steps_table(cols, self.fleet, self.cost_source))
         self.series.write(_series_table(cols, self.fleet, self.t0_us))

@@ -303,6 +303,7 @@ def test_a_run_in_pods_streams_its_step_log(tmp_path: Path, monkeypatch: pytest.
     """``replay --pods``: each pod's step log is written to the run's steps and series tables as
     the pod finishes and never gathered (the run's in-memory log stays empty); the tables equal
     those of the run kept whole; a run interrupted mid-way leaves no partial file."""
+    from pipeline import replay as replay_module
     from pipeline import schemas
     from pipeline.fleet import load_fleet, resolve
     from pipeline.ingest import ingest_logs
@@ -322,6 +323,7 @@ def test_a_run_in_pods_streams_its_step_log(tmp_path: Path, monkeypatch: pytest.
     requests = store.read_requests(store.resolve_date(None))
     whole = run_replay(requests, fleet, ReplayOptions())
     monkeypatch.setattr(schemas, "ROW_GROUP_ROWS", 50)  # several row groups, cut across pods
+    monkeypatch.setattr(replay_module, "STEP_CHUNK_ROWS", 30)  # and several chunks of replicas per pod
     sink = RunSteps(tmp_path / "run", fleet, 0)
     streamed = run_replay(requests, fleet, ReplayOptions(pods=3), steps=sink)
     sink.close()
@@ -346,3 +348,20 @@ def test_a_run_in_pods_streams_its_step_log(tmp_path: Path, monkeypatch: pytest.
         replay(store, fleet_path, ReplayOptions(pods=3))
     runs = store.root / "runs"
     assert not (runs.exists() and list(runs.iterdir())), list(runs.rglob("*"))  # nothing half-written
+
+
+@given(sizes=st.lists(st.integers(1, 40), max_size=30), rows=st.integers(1, 60))
+def test_replica_chunks_hold_whole_replicas(sizes: list[int], rows: int) -> None:
+    from pipeline.replay import _replica_chunks
+
+    replica = np.repeat(np.arange(len(sizes)), sizes)
+    cuts = _replica_chunks(replica, rows)
+    ends = [0, *(b for _, b in cuts)]
+    assert [a for a, _ in cuts] == ends[:-1] and ends[-1] == replica.size  # consecutive, cover all
+    for a, b in cuts:
+        assert a < b and (a == 0 or replica[a] != replica[a - 1])  # starts a replica
+        assert b - a <= rows or replica[a] == replica[b - 1]  # too long only for one replica
+        # and no chunk stops short when the next replica would still have fit
+        if b < replica.size:
+            nxt = int(np.searchsorted(replica, replica[b], side="right"))
+            assert nxt - a > rows

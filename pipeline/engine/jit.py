@@ -29,7 +29,7 @@ from typing import Any
 import numpy as np
 
 from pipeline.engine.model import EngineResult, FleetSpec, Workload, dummy_step_s, reject_reasons
-from pipeline.engine.steplog import SPAN_COLUMNS, StepLog
+from pipeline.engine.steplog import SPAN_COLUMNS, RowSink
 from pipeline.stepcost import MAX_TABLE_TOKENS, TabulatedCost
 from pipeline.steps import IntArray, StepCostFn
 
@@ -204,7 +204,7 @@ def simulate_jit(
     work: Workload,
     spec: FleetSpec,
     cost: StepCostFn,
-    log: StepLog | None = None,
+    log: RowSink | None = None,
     progress: Callable[[int], None] | None = None,
     routes: np.ndarray[Any, np.dtype[np.int64]] | None = None,
 ) -> EngineResult:

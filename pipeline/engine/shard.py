@@ -21,7 +21,7 @@ import multiprocessing
 from collections.abc import Callable, Iterator
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, replace
-from typing import Any, Protocol
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
@@ -35,7 +35,7 @@ from pipeline.engine.jit import (
     unsupported_reason,
 )
 from pipeline.engine.model import EngineResult, FleetSpec, Workload, reject_reasons
-from pipeline.engine.steplog import SPAN_COLUMNS, StepLog
+from pipeline.engine.steplog import SPAN_COLUMNS, RowSink
 from pipeline.errors import ConfigError, RooftraceError
 from pipeline.stepcost import TabulatedCost
 from pipeline.steps import StepCostFn
@@ -185,17 +185,19 @@ def hierarchical_pods(work: Workload, spec: FleetSpec, pod_ranks: int) -> list[P
 
 def run_pod(pod: Pod, cost: TabulatedCost, want_log: bool) -> tuple[EngineResult, npt.NDArray[np.float64]]:
     """Replay one pod (in any process): its results and its step log's rows."""
-    log = StepLog(capacity=max(1024, 2 * pod.work.n)) if want_log else None
+    log = _Capture() if want_log else None
     res = simulate_jit(pod.work, pod.spec, cost, log, routes=pod.routes)
-    rows = log.rows() if log is not None and log.n else np.zeros((0, len(SPAN_COLUMNS)))
-    return res, rows
+    return res, log.rows if log is not None else np.zeros((0, len(SPAN_COLUMNS)))
 
 
-class RowSink(Protocol):
-    """Where pods' step-log rows go, a pod at a time in pod order: a StepLog, or the replay
-    stage's writer (pipeline.replay.RunSteps), which writes them and keeps none."""
+class _Capture:
+    """The engine's step-log rows as it hands them over (no copy into a StepLog)."""
 
-    def extend_rows(self, rows: npt.NDArray[np.float64]) -> None: ...
+    def __init__(self) -> None:
+        self.rows: npt.NDArray[np.float64] = np.zeros((0, len(SPAN_COLUMNS)))
+
+    def extend_rows(self, rows: npt.NDArray[np.float64]) -> None:
+        self.rows = rows
 
 
 def simulate_sharded(

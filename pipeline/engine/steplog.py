@@ -6,6 +6,8 @@ million spans costs ~100 bytes per span instead of a Python tuple per field.
 
 from __future__ import annotations
 
+from typing import Protocol
+
 import numpy as np
 import numpy.typing as npt
 
@@ -32,6 +34,14 @@ SPAN_COLUMNS: dict[str, type] = {
     "overhead_s": np.float64,
     "measured_s": np.float64,
 }
+
+
+class RowSink(Protocol):
+    """Where an engine run's step-log rows go (a float64 matrix, one column per SPAN_COLUMNS
+    entry): a StepLog, a pod's capture (pipeline.engine.shard.run_pod), or the replay stage's
+    writer (pipeline.replay.RunSteps), which writes them a pod at a time and keeps none."""
+
+    def extend_rows(self, rows: npt.NDArray[np.float64]) -> None: ...
 
 
 class StepLog:
