@@ -22,7 +22,7 @@ import itertools
 import json
 import math
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -313,15 +313,20 @@ def _steps_table(cols: dict[str, npt.NDArray[Any]], fleet: ResolvedFleet, cost_s
     per_token_gpu = fit.kv_pool_bytes_per_gpu / fit.kv_capacity_tokens if fit.kv_capacity_tokens else 0.0
     block_bytes = fleet.scheduler.block_size * per_token_gpu * fleet.deployment.gpus
     parts = np.stack([cols["compute_s"], cols["memory_s"], cols["comm_s"], cols["overhead_s"]])
-    names = np.array(BINDING_NAMES, dtype=object)
-    binding = names[np.argmax(parts, axis=0)] if cols["steps"].size else names[:0]
     table: dict[str, Any] = {name: cols[name] for name in cols}
     table["kv_bytes_used"] = cols["kv_blocks_used"].astype(np.float64) * block_bytes
-    table["binding"] = binding
+    # the two label columns as indices into their few names (no Python string per row)
+    table["binding"] = _labels(np.argmax(parts, axis=0), BINDING_NAMES)
     duration = np.asarray(cols["end_s"], np.float64) - np.asarray(cols["start_s"], np.float64)
     measured = np.asarray(cols["measured_s"], np.float64)
-    table["cost_source"] = np.where(measured > 0.5 * duration, "measured", cost_source).astype(object)
+    table["cost_source"] = _labels(measured > 0.5 * duration, (cost_source, "measured"))
     return pa.table(table)
+
+
+def _labels(index: npt.NDArray[Any], names: Sequence[str]) -> pa.Array:
+    """A string column whose row i is ``names[index[i]]``."""
+    codes = pa.array(np.asarray(index, np.int32))
+    return pa.DictionaryArray.from_arrays(codes, pa.array(list(names), pa.string())).cast(pa.string())
 
 
 @dataclass
@@ -389,8 +394,8 @@ class RunSteps:
         start, replica = list(SPAN_COLUMNS).index("start_s"), list(SPAN_COLUMNS).index("replica")
         order = np.lexsort((rows[:, start], rows[:, replica]))
         for a, b in _replica_chunks(rows[order, replica], STEP_CHUNK_ROWS):
-            idx = order[a:b]
-            self._write({name: rows[idx, j].astype(t) for j, (name, t) in enumerate(SPAN_COLUMNS.items())})
+            chunk = rows.take(order[a:b], axis=0)  # whole rows at once: faster than a gather per column
+            self._write({name: chunk[:, j].astype(t) for j, (name, t) in enumerate(SPAN_COLUMNS.items())})
 
     def add(self, cols: dict[str, npt.NDArray[Any]]) -> None:
         """A whole log's columns (StepLog.columns), a chunk of whole replicas at a time."""
