@@ -63,6 +63,14 @@ def _empty_grid() -> tuple[FloatArray, FloatArray, FloatArray]:
     return one, one.copy(), np.zeros((1, 1))
 
 
+def kernel_array(a: np.ndarray[Any, Any], dtype: Any = None) -> np.ndarray[Any, Any]:
+    """An array argument of a compiled kernel: C-contiguous and writeable, so that every call has
+    the one type signature that is compiled and cached on disk (arrays a Ray worker receives are
+    read-only views of its object store, a different numba type: another compile of a minute or
+    more, in every worker)."""
+    return np.require(a, dtype, ["C_CONTIGUOUS", "WRITEABLE"])
+
+
 @dataclass(frozen=True)
 class TabulatedCost:
     """A StepCostFn from tables (see module doc). ``kernel_args`` are :func:`tab_row`'s fixed
@@ -130,7 +138,8 @@ class TabulatedCost:
             cost = self.extend(need)
         out = np.empty((len(OUT), batch.n))
         binding = np.empty(batch.n, np.int8)
-        _rows_kernel()(x, *cost.kernel_args, out, binding)
+        args = (kernel_array(a) if isinstance(a, np.ndarray) else a for a in cost.kernel_args)
+        _rows_kernel()(x, *args, out, binding)
         time, compute, memory, comm, overhead, flops, nbytes, measured = out
         sc = cost.scalars
         safe = np.where(time > 0, time, 1.0)

@@ -168,3 +168,30 @@ def test_decode_span_kernels_are_the_row_kernel(tier: str, model: str, hw: str) 
             span_row(float(nr), float(ctx), af, ab, acount, apeak, ahas, abw, dlb, sc, pre, pf, pb, grid_row, a)
             row(np.array([0.0, 0.0, 0.0, 0.0, float(nr), float(ctx)]), *cost.kernel_args, b)
             assert a.tolist() == b.tolist()
+
+
+def test_read_only_tables_reuse_the_one_compiled_kernel() -> None:
+    """Tables whose arrays are read-only (as a Ray worker receives them) cost the same and are
+    evaluated by the same compiled specialisation: numba types a read-only array differently,
+    which had every Ray worker compile the kernel again for a minute or more."""
+    from pipeline.stepcost import _rows_kernel
+
+    fast = fast_step_cost(_dense())
+    batch = StepBatch(*(np.array([v, 2 * v]) for v in (64.0, 1.0, 2080.0, 64.0, 4.0, 400.0)))
+    want = fast(batch)
+    before = len(_rows_kernel().signatures)
+
+    def frozen(a: object) -> object:
+        if isinstance(a, np.ndarray):
+            a = a.copy()
+            a.setflags(write=False)
+        elif isinstance(a, tuple):
+            a = tuple(frozen(x) for x in a)
+        return a
+
+    fields = {f.name: frozen(getattr(fast, f.name)) for f in dataclasses.fields(fast) if f.init}
+    ro = dataclasses.replace(fast, **fields)
+    assert any(isinstance(a, np.ndarray) and not a.flags.writeable for a in ro.kernel_args)
+    got = ro(batch)
+    assert len(_rows_kernel().signatures) == before
+    np.testing.assert_array_equal(got.time_s, want.time_s)

@@ -449,8 +449,20 @@ def _kernels() -> _Kernels:
         glb["_block_hash"] = block_hash
         glb["_popcount"] = popcount
         clone = types.FunctionType(fn.__code__, glb, fn.__name__, fn.__defaults__, fn.__closure__)
-        compiled.append(numba.njit(cache=True)(clone))
+        compiled.append(_writeable_inputs(numba.njit(cache=True)(clone)))
     return _Kernels(*compiled)
+
+
+def _writeable_inputs(kernel: Callable[..., None]) -> Callable[..., None]:
+    """``kernel`` with read-only array arguments (polars' zero-copy ``to_numpy``, a Ray worker's
+    object store) passed as writeable copies: numba types a read-only array differently, so each
+    kernel would be compiled (and cached) twice. The kernels only write to arrays their callers
+    allocate, which are writeable and passed as they are."""
+
+    def call(*args: Any) -> None:
+        kernel(*(a.copy() if isinstance(a, np.ndarray) and not a.flags.writeable else a for a in args))
+
+    return call
 
 
 def _python_kernels() -> _Kernels:

@@ -31,6 +31,7 @@ import numpy as np
 from pipeline.engine.model import EngineResult, FleetSpec, Workload, dummy_step_s, reject_reasons
 from pipeline.engine.steplog import SPAN_COLUMNS, RowSink
 from pipeline.stepcost import MAX_TABLE_TOKENS, TabulatedCost
+from pipeline.stepcost import kernel_array as _arg
 from pipeline.steps import IntArray, StepCostFn
 
 #: Largest scheduler state (block tables, block pool, prefix-cache table) the jit engine
@@ -116,13 +117,6 @@ def affinity_replicas(affinity: np.ndarray[Any, np.dtype[np.int64]], replicas: i
 
     out = (mix64(affinity.astype(np.uint64)) % np.uint64(replicas)).astype(np.int64)
     return np.where(affinity >= 0, out, -1)
-
-
-def _arg(a: np.ndarray[Any, Any], dtype: Any = None) -> np.ndarray[Any, Any]:
-    """An array argument of the compiled loop: C-contiguous and writeable, so that every call has
-    the one type signature that is compiled and cached on disk (arrays a Ray worker receives are
-    read-only views of its object store, a different numba type: a second compile of minutes)."""
-    return np.require(a, dtype, ["C_CONTIGUOUS", "WRITEABLE"])
 
 
 def fitting_replicas(spec: FleetSpec) -> int:
