@@ -22,7 +22,7 @@ import itertools
 import json
 import math
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -56,7 +56,7 @@ from pipeline.slo import (
     slo_verdict,
 )
 from pipeline.steps import BINDING_NAMES
-from pipeline.store import Store
+from pipeline.store import Store, store_write_error
 
 _INT63 = np.uint64(0x7FFFFFFFFFFFFFFF)
 
@@ -404,12 +404,23 @@ class RunSteps:
 
     def _write(self, cols: dict[str, npt.NDArray[Any]]) -> None:
         self.sums.add(cols)
-        self.steps.write(_steps_table(cols, self.fleet, self.cost_source))
-        self.series.write(_series_table(cols, self.fleet, self.t0_us))
+        with self._writing():
+            self.steps.write(_steps_table(cols, self.fleet, self.cost_source))
+            self.series.write(_series_table(cols, self.fleet, self.t0_us))
 
     def close(self) -> None:
-        self.steps.close()
-        self.series.close()
+        with self._writing():
+            self.steps.close()
+            self.series.close()
+
+    @contextlib.contextmanager
+    def _writing(self) -> Iterator[None]:
+        """A failed write (disk full, no permission) as one line naming the run's folder."""
+        try:
+            yield
+        except OSError as exc:
+            why = exc.strerror or type(exc).__name__
+            raise RooftraceError(f"{self.run_dir}: cannot write the run's step log: {why}") from None
 
     def abort(self) -> None:
         """Drop what was written (the run failed or was interrupted), and the run's folder when
@@ -585,6 +596,14 @@ def _run_id(date: str, fleet: ResolvedFleet, options: ReplayOptions, requests: p
     return f"{date}-{fleet.config.name}-{h.hexdigest()[:10]}"
 
 
+@contextlib.contextmanager
+def _store_writes(store: Store) -> Iterator[None]:
+    try:
+        yield
+    except OSError as exc:
+        raise store_write_error(store, exc) from None
+
+
 def replay(
     store: Store,
     fleet_path: Path | str | None = None,
@@ -617,7 +636,7 @@ def replay(
             summary["health"]["warnings"] = [
                 overload_text(over) if w.startswith("OVERLOADED") else w for w in summary["health"]["warnings"]
             ]
-        with store.lock():
+        with store.lock(), _store_writes(store):
             write_parquet(requests_table(requests, run, t0_us), run_dir / "requests.parquet", "replay_requests")
             steps.close()
             # The wall time varies from run to run: keep it out of the file so re-runs are identical.

@@ -365,3 +365,40 @@ def test_replica_chunks_hold_whole_replicas(sizes: list[int], rows: int) -> None
         if b < replica.size:
             nxt = int(np.searchsorted(replica, replica[b], side="right"))
             assert nxt - a > rows
+
+
+@pytest.mark.parametrize("when", ["write", "close"])
+def test_a_full_disk_while_the_step_log_streams_is_one_error_line(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, when: str
+) -> None:
+    """The step log is written during the replay: a failed write (here ENOSPC) is one ``error:``
+    line naming the run's folder, exit code 1, no traceback, and no partial file left."""
+    import errno
+
+    from click.testing import CliRunner
+
+    from pipeline.cli import main
+    from pipeline.ingest import ingest_logs
+    from pipeline.schemas import ParquetStream
+    from pipeline.store import Store
+    from pipeline.synth import SynthConfig, generate, write_logs
+
+    store = Store(tmp_path / "store")
+    write_logs(generate(SynthConfig(requests=120, seed=2, duration_s=300)), "openai", tmp_path / "d.jsonl")
+    ingest_logs([tmp_path / "d.jsonl"], store)
+    real = getattr(ParquetStream, when)
+
+    def full(self: ParquetStream, *args: object) -> object:
+        real(self, *args)
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(ParquetStream, when, full)
+    res = CliRunner().invoke(main, ["replay", "--store", str(store.root)])
+    assert res.exit_code == 1, res.output
+    lines = [line for line in res.stderr.splitlines() if line.startswith("error:")]
+    assert len(lines) == 1 and "No space left on device" in lines[0] and "runs" in lines[0], res.stderr
+    assert "Traceback" not in res.output + res.stderr
+    runs = store.root / "runs"
+    leftovers = [p for p in runs.rglob("*") if p.is_file()] if runs.exists() else []
+    if when == "write":
+        assert not leftovers, leftovers
