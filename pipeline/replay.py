@@ -626,6 +626,10 @@ def replay(
     run_dir = store.run_dir(run_id)
     # the step log streams to the run folder (under temporary names) as the engine produces it
     steps = RunSteps(run_dir, fleet, t0_us)
+    # A run is complete once its config.json is written. A new run stopped before that (Ctrl-C,
+    # a failed write) takes back the tables it moved into place, so no SQL view reads half a run;
+    # a re-run of a complete run rewrites the same bytes, so its folder stays complete meanwhile.
+    complete = (run_dir / "config.json").exists()
     try:
         run = run_replay(requests, fleet, options, identity=identity, steps=steps)
         summary = summarize(run, run_slo(run, options))
@@ -650,6 +654,11 @@ def replay(
                 "summary": stable,
             }
             atomic_write_bytes(run_dir / "config.json", json.dumps(doc, indent=2, sort_keys=True).encode())
+    except BaseException:
+        if not complete and not (run_dir / "config.json").exists():
+            for name in ("requests.parquet", "steps.parquet", "series.parquet"):
+                (run_dir / name).unlink(missing_ok=True)
+        raise
     finally:
-        steps.abort()  # nothing left to drop once closed
+        steps.abort()  # nothing left to drop once closed (and an emptied folder goes)
     return ReplayResult(run_id, run_dir, summary)
