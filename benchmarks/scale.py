@@ -8,7 +8,12 @@ Three measurements, each in a fresh child process (its own peak RSS):
 3. ``ray``: the same pods as Ray tasks on a local Ray instance with ``--ray-workers`` CPUs;
 4. ``steps`` (not in the default ``--modes``): ``pods`` with the step log kept, streamed pod by
    pod to steps.parquet and series.parquet in a temporary folder (pipeline.replay.RunSteps, what
-   ``rooftrace replay --pods`` does), so its peak RSS includes writing the step log.
+   ``rooftrace replay --pods`` does), so its peak RSS includes writing the step log;
+5. ``store`` (not in the default ``--modes``): the whole command on a store. The same requests are
+   written as a Vidur trace, ingested (``rooftrace ingest``), and replayed with
+   ``rooftrace replay --pods N``: the store's requests read, every table of the run written
+   (requests, steps, series) and the summary computed. Wall time and peak RSS
+   of each command's own process (``wait4``).
 
 Round robin is a static router, so all three must give the same per-request results bit for bit
 (checked here on first-token time, finish time and replica). Then, on a fleet one process runs
@@ -116,6 +121,59 @@ def child(mode: str, n: int, replicas: int, pods: int, workers: int, out: str) -
     return {"wall_s": wall, "finished": int(ok.sum()), "span_s": float(np.nanmax(res.finish_s)), **extra}
 
 
+def _command(args: list[str], cwd: Path) -> tuple[float, float, str]:
+    """One ``rooftrace`` command in a fresh process: (wall s, its own peak RSS GiB, stdout)."""
+    import os
+    import subprocess
+
+    env = {k: v for k, v in os.environ.items() if k != "ROOFTRACE_STORE"}
+    t0 = time.perf_counter()
+    with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
+        proc = subprocess.Popen([sys.executable, "-m", "pipeline", *args], cwd=cwd, env=env, stdout=out, stderr=err)
+        _, status, usage = os.wait4(proc.pid, 0)
+        wall = time.perf_counter() - t0
+        out.seek(0)
+        err.seek(0)
+        stdout, stderr = out.read().decode(errors="replace"), err.read().decode(errors="replace")
+    if os.waitstatus_to_exitcode(status) != 0:
+        sys.stderr.write(stderr[-4000:])
+        raise SystemExit(f"rooftrace {args[0]} failed")
+    return wall, usage.ru_maxrss / 1024**2, stdout
+
+
+def store(n: int, replicas: int, pods: int, work_dir: Path) -> None:
+    """``rooftrace ingest`` then ``rooftrace replay --pods`` on the same requests, in a store."""
+    import polars as pl
+
+    work, _, _, _ = build(n, replicas, "round_robin")
+    day = work_dir / "day.csv"
+    pl.DataFrame(
+        {
+            "arrived_at": np.round(work.arrival_s, 6),  # type: ignore[attr-defined]
+            "num_prefill_tokens": work.prompt_tokens,  # type: ignore[attr-defined]
+            "num_decode_tokens": work.output_tokens,  # type: ignore[attr-defined]
+        }
+    ).write_csv(day)
+    del work
+    fleet = work_dir / "scale.toml"
+    fleet.write_text(
+        f'name = "scale"\nmodel = "llama-3.1-8b"\nhardware = "h100-sxm"\nreplicas = {replicas}\n'
+        'router = "round_robin"\n[engine]\nmax_model_len = 16384\nenable_prefix_caching = false\n'
+    )
+    wall, rss, _ = _command(["ingest", str(day), "--format", "vidur", "--date", "2025-01-15"], work_dir)
+    print(f"store ingest {n:,} requests: {wall:.1f} s, peak RSS {rss:.2f} GiB")
+    wall, rss, text = _command(
+        ["replay", "--fleet", str(fleet), "--date", "2025-01-15", "--pods", str(pods), "--json"], work_dir
+    )
+    doc = json.loads(text)
+    summary = doc.get("summary", doc)
+    print(
+        f"store replay {n:,} requests on {replicas:,} replicas in {pods} pods: {wall:.1f} s = {n / wall:,.0f} req/s, "
+        f"peak RSS {rss:.2f} GiB; {summary['finished']:,} finished, {summary['spans']:,} spans; "
+        f"TTFT p99 {summary['ttft_s']['p99'] * 1e3:.1f} ms"
+    )
+
+
 def hierarchy(n: int, replicas: int, pod_sizes: list[int]) -> None:
     """Flat least outstanding vs a load balancer over pods (round robin) + least outstanding inside."""
     from pipeline.engine.jit import simulate_jit
@@ -160,6 +218,9 @@ def main() -> None:
     tmp = Path(tempfile.mkdtemp(prefix="rooftrace-scale-"))
     results = {}
     for mode in args.modes.split(","):
+        if mode == "store":
+            store(args.requests, args.replicas, args.pods, tmp)
+            continue
         out = tmp / f"{mode}.npz"
         code = (
             f"import sys; sys.path.insert(0, {str(HERE)!r}); import scale\n"
@@ -181,8 +242,8 @@ def main() -> None:
                 else ""
             )
         )
-    base = next(iter(results))
-    ref = np.load(results[base])
+    base = next(iter(results), "")
+    ref = np.load(results[base]) if base else {}
     for mode, path in results.items():
         if mode == base:
             continue
@@ -191,11 +252,12 @@ def main() -> None:
         print(f"{mode} == {base} bit for bit (first token, finish, replica): {same}")
         if not same:
             raise SystemExit(f"{mode} differs from {base}")
-    print(
-        f"hierarchical vs flat least outstanding: {args.hierarchy_requests:,} requests on "
-        f"{args.hierarchy_replicas} replicas"
-    )
-    hierarchy(args.hierarchy_requests, args.hierarchy_replicas, [32, 16, 8])
+    if args.hierarchy_requests > 0:  # 0: skip
+        print(
+            f"hierarchical vs flat least outstanding: {args.hierarchy_requests:,} requests on "
+            f"{args.hierarchy_replicas} replicas"
+        )
+        hierarchy(args.hierarchy_requests, args.hierarchy_replicas, [32, 16, 8])
     print(json.dumps({"workdir": str(tmp)}))
 
 

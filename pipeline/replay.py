@@ -32,18 +32,20 @@ import numpy.typing as npt
 import polars as pl
 import pyarrow as pa
 
-from pipeline.classify.accounting import day_identity
+from pipeline import runrequests
+from pipeline.classify.accounting import day_identity, stored_isolation
 from pipeline.classify.prefix import DEFAULT_ISOLATION, ChainTree, PrefixIdentity, build_identity, key64
 from pipeline.engine.fast import simulate
 from pipeline.engine.jit import TooManyBusy, busy_fleet, simulate_jit, unsupported_reason
 from pipeline.engine.model import REJECT_REASONS, EngineResult, FleetSpec, Workload
-from pipeline.engine.shard import EXECUTORS, simulate_sharded
+from pipeline.engine.shard import EXECUTORS, sharded_results, simulate_sharded
 from pipeline.engine.steplog import SPAN_COLUMNS, RowSink, StepLog
 from pipeline.errors import ConfigError, RooftraceError
 from pipeline.fleet import ResolvedFleet, load_fleet, resolve
 from pipeline.profile.cost import fleet_step_cost
 from pipeline.project import default_fleet_path
-from pipeline.schemas import ParquetStream, atomic_write_bytes, write_parquet
+from pipeline.runrequests import Columns, MemoryColumns, RunRequests, StoredColumns, run_writes
+from pipeline.schemas import ParquetStream, atomic_write_bytes
 from pipeline.slo import (
     PERCENTILE_METHOD,
     Slo,
@@ -52,7 +54,6 @@ from pipeline.slo import (
     failures_line,
     overload_text,
     parse_slo,
-    request_latencies,
     slo_verdict,
 )
 from pipeline.steps import BINDING_NAMES
@@ -117,7 +118,9 @@ class ReplayRun:
     fleet: ResolvedFleet
     spec: FleetSpec
     work: Workload
-    result: EngineResult
+    #: None where the per-request results went to a RunRequests as the pods ended (``result``
+    #: then says so).
+    engine_result: EngineResult | None
     log: StepLog
     wall_s: float
     #: The cost model's tier ("measured" profile or "roofline") and what it says of itself.
@@ -125,6 +128,12 @@ class ReplayRun:
     cost_describe: dict[str, Any] | None = None
     #: The step log's sums, where it was streamed to a RunSteps instead of kept in ``log``.
     sums: StepSums | None = None
+
+    @property
+    def result(self) -> EngineResult:
+        if self.engine_result is None:
+            raise RooftraceError("this run's per-request results were written to its requests table, not kept")
+        return self.engine_result
 
     def step_sums(self) -> StepSums:
         if self.sums is not None:
@@ -218,6 +227,21 @@ def run_replay(
     ``steps``, the step log goes there as it is produced (a pod at a time when the fleet is
     replayed in pods, whose logs are then never gathered) and the run's ``log`` stays empty."""
     progress = check_replay_limits(requests, fleet, options, progress)
+    work = build_workload(requests, fleet, options, identity)
+    return run_workload(work, fleet, options, progress, steps)
+
+
+def run_workload(
+    work: Workload,
+    fleet: ResolvedFleet,
+    options: ReplayOptions,
+    progress: Callable[[int], None] | None = None,
+    steps: RunSteps | None = None,
+    results: RunRequests | None = None,
+) -> ReplayRun:
+    """:func:`run_replay` on engine arrays. With ``results``, the per-request results go there:
+    a pod's as it ends when the fleet is replayed in pods (never gathered: the run's ``result``
+    is then not kept), or the whole engine run's at the end."""
     spec = FleetSpec(
         replicas=fleet.ranks,
         scheduler=fleet.scheduler,
@@ -226,25 +250,26 @@ def run_replay(
         concurrency=options.concurrency or 0,
         lockstep=fleet.lockstep,
     )
-    work = build_workload(requests, fleet, options, identity)
     cost = fleet_step_cost(fleet)
     if steps is not None:
         steps.cost_source = cost.source
     pod_size = fleet.config.router_pod_size
-    sharded = 0 < pod_size < fleet.config.replicas or options.pods > 1
+    hierarchical = 0 < pod_size < fleet.config.replicas
+    sharded = hierarchical or options.pods > 1
     log = StepLog(capacity=1024 if sharded and steps is not None else max(1024, 2 * work.n))
     pod_log: RowSink = steps if steps is not None else log
     t0 = time.perf_counter()
     reason = unsupported_reason(busy_fleet(work, spec).spec, cost)
-    if 0 < pod_size < fleet.config.replicas:  # hierarchical routing: one shard per routing pod
-        ranks = pod_size * (fleet.ranks // fleet.config.replicas)
-        result = simulate_sharded(
-            work, spec, cost, pod_log, 1, options.executor, progress, options.ray_address, pod_ranks=ranks
-        )
-    elif options.pods > 1:
-        result = simulate_sharded(
-            work, spec, cost, pod_log, options.pods, options.executor, progress, options.ray_address
-        )
+    result: EngineResult | None = None
+    if sharded:  # in pods (hierarchical routing: one shard per routing pod)
+        ranks = pod_size * (fleet.ranks // fleet.config.replicas) if hierarchical else 0
+        pods = 1 if hierarchical else options.pods
+        args = (work, spec, cost, pod_log, pods, options.executor, progress, options.ray_address, ranks)
+        if results is None:
+            result = simulate_sharded(*args)
+        else:
+            for rows, sub in sharded_results(*args):
+                results.add_pod(rows, sub)
     elif reason is None:
         try:
             result = simulate_jit(work, spec, cost, log, progress)
@@ -259,6 +284,12 @@ def run_replay(
     wall = time.perf_counter() - t0
     if steps is not None and log.n:  # one engine run: its whole log, as one part
         steps.add(log.columns())
+    if results is not None:  # the requests table, a chunk of rows at a time
+        if result is None:
+            results.write_spooled()
+        else:
+            results.write_result(result)
+            result = None
     sums = steps.sums if steps is not None else None
     return ReplayRun(fleet, spec, work, result, log, wall, cost.source, dict(cost.describe), sums)
 
@@ -266,41 +297,11 @@ def run_replay(
 # -- tables ----------------------------------------------------------------------------------
 
 
-def _nullable(values: npt.NDArray[np.float64]) -> pa.Array:
-    return pa.array(values, mask=~np.isfinite(values))
-
-
 def requests_table(requests: pl.DataFrame, run: ReplayRun, t0_us: int) -> pa.Table:
-    res, work = run.result, run.work
-    ok = res.reject_reason == 0
-    lat = request_latencies(res, work)
-    out = work.output_tokens
-    fresh = work.prompt_tokens - res.cache_hit_tokens
-    reasons = np.array(REJECT_REASONS, dtype=object)[res.reject_reason]
-    arrival_us = t0_us + np.round(res.arrival_s * 1e6).astype(np.int64)
-    return pa.table(
-        {
-            "request_id": requests.get_column("request_id").to_arrow(),
-            "replica": pa.array(res.replica, mask=~ok),
-            "arrival": pa.array(arrival_us, pa.timestamp("us", tz="UTC")),
-            "arrival_s": res.arrival_s,
-            "scheduled_s": _nullable(res.scheduled_s),
-            "first_token_s": _nullable(res.first_token_s),
-            "finish_s": _nullable(res.finish_s),
-            "queue_s": _nullable(lat["queue"]),
-            "ttft_s": _nullable(lat["ttft"]),
-            "tpot_s": _nullable(lat["tpot"]),
-            "e2e_s": _nullable(lat["e2e"]),
-            "max_itl_s": _nullable(res.max_itl_s),
-            "preemptions": res.preemptions,
-            "recorded_input_tokens": work.prompt_tokens,
-            "output_tokens": out,
-            "cache_hit_tokens": res.cache_hit_tokens,
-            "fresh_input_tokens": fresh,
-            "prefill_tokens": np.where(ok, res.prefill_tokens, 0),
-            "status": np.where(ok, "finished", "rejected").astype(object),
-            "reject_reason": pa.array(reasons, mask=ok),
-        }
+    """The run's ``requests.parquet`` rows (schema replay_requests), built whole in memory."""
+    work = run.work
+    return runrequests.requests_table(
+        requests.get_column("request_id").to_arrow(), run.result, work.prompt_tokens, work.output_tokens, t0_us
     )
 
 
@@ -404,23 +405,14 @@ class RunSteps:
 
     def _write(self, cols: dict[str, npt.NDArray[Any]]) -> None:
         self.sums.add(cols)
-        with self._writing():
+        with run_writes(self.run_dir, "step log"):
             self.steps.write(_steps_table(cols, self.fleet, self.cost_source))
             self.series.write(_series_table(cols, self.fleet, self.t0_us))
 
     def close(self) -> None:
-        with self._writing():
+        with run_writes(self.run_dir, "step log"):
             self.steps.close()
             self.series.close()
-
-    @contextlib.contextmanager
-    def _writing(self) -> Iterator[None]:
-        """A failed write (disk full, no permission) as one line naming the run's folder."""
-        try:
-            yield
-        except OSError as exc:
-            why = exc.strerror or type(exc).__name__
-            raise RooftraceError(f"{self.run_dir}: cannot write the run's step log: {why}") from None
 
     def abort(self) -> None:
         """Drop what was written (the run failed or was interrupted), and the run's folder when
@@ -508,13 +500,16 @@ def run_slo(run: ReplayRun, options: ReplayOptions | None = None) -> Slo | None:
     return parse_slo(text) if text else None
 
 
-def health(run: ReplayRun, slo: Slo | None) -> dict[str, Any]:
+def health(cols: Columns, slo: Slo | None) -> dict[str, Any]:
     """What failed: request counts (finished, rejected by reason, preempted), overload, and the
     SLO verdict with goodput; ``warnings`` lists each failure in one line (empty: healthy)."""
-    res, work = run.result, run.work
-    counts = failure_counts(res)
-    over = detect_overload(res.arrival_s, res.scheduled_s, res.finish_s, res.reject_reason == 0)
-    verdict = slo_verdict(request_latencies(res, work), res.reject_reason != 0, slo) if slo else None
+    code = cols.get("reject_code")
+    counts = failure_counts(code, cols.get("finish_s"), cols.get("preemptions"))
+    over = detect_overload(cols.get("arrival_s"), cols.get("scheduled_s"), cols.get("finish_s"), code == 0)
+    verdict = None
+    if slo is not None:
+        lat = {m: cols.get(f"{m}_s") for m in {t.metric for t in slo.targets}}
+        verdict = slo_verdict(lat, code != 0, slo)
     warnings = []
     if counts["rejected"]:
         warnings.append(failures_line(counts))
@@ -533,34 +528,42 @@ def health(run: ReplayRun, slo: Slo | None) -> dict[str, Any]:
 
 
 def summarize(run: ReplayRun, slo: Slo | None = None) -> dict[str, Any]:
-    res, work = run.result, run.work
-    sums = run.step_sums()
-    ok = res.reject_reason == 0
-    span = float(np.nanmax(res.finish_s) - np.min(res.arrival_s)) if ok.any() else 0.0
-    out_tok = int(work.output_tokens[ok].sum())
-    lat = request_latencies(res, work)
-    reasons = {REJECT_REASONS[c]: int((res.reject_reason == c).sum()) for c in range(1, len(REJECT_REASONS))}
+    """The summary of a run whose results are in memory."""
+    return summary_of(MemoryColumns(run.result, run.work), run.step_sums(), run, slo)
+
+
+def summary_of(cols: Columns, sums: StepSums, run: ReplayRun, slo: Slo | None = None) -> dict[str, Any]:
+    """A run's summary from its per-request columns (in memory, or read back from its written
+    requests table one column at a time: the same numbers), its step log's sums, and ``run``'s
+    engine wall time and cost model."""
+    code = cols.get("reject_code")
+    ok = code == 0
+    n_ok = int(ok.sum())
+    finish, arrival = cols.get("finish_s"), cols.get("arrival_s")
+    span = float(np.nanmax(finish) - np.min(arrival)) if ok.any() else 0.0
+    del finish, arrival
+    out_tok = int(cols.get("output_tokens")[ok].sum())
+    prompt = cols.get("recorded_input_tokens")[ok]
+    hits = cols.get("cache_hit_tokens")[ok]
+    reasons = {REJECT_REASONS[c]: int((code == c).sum()) for c in range(1, len(REJECT_REASONS))}
     return {
-        "requests": int(work.n),
-        "finished": int(ok.sum()),
-        "rejected": int((~ok).sum()),
+        "requests": int(cols.n),
+        "finished": n_ok,
+        "rejected": int(cols.n - n_ok),
         "rejected_by_reason": reasons,
-        "health": health(run, slo),
+        "health": health(cols, slo),
         "makespan_s": span,
         "output_tokens": out_tok,
         "output_tokens_per_s": out_tok / span if span > 0 else None,
-        "requests_per_s": float(ok.sum()) / span if span > 0 else None,
-        "preemptions": int(res.preemptions.sum()),
-        "cache_hit_tokens": int(res.cache_hit_tokens[ok].sum()),
+        "requests_per_s": float(n_ok) / span if span > 0 else None,
+        "preemptions": int(cols.get("preemptions").sum()),
+        "cache_hit_tokens": int(hits.sum()),
         # the replay's own prefix caches (each replica's engine KV cache, LRU), over finished requests
-        "recorded_input_tokens": int(work.prompt_tokens[ok].sum()),
-        "fresh_input_tokens": int((work.prompt_tokens[ok] - res.cache_hit_tokens[ok]).sum()),
-        "ttft_s": _stats(lat["ttft"][ok]),
-        "tpot_s": _stats(lat["tpot"][ok]),
-        "e2e_s": _stats(lat["e2e"][ok]),
-        "queue_s": _stats(lat["queue"][ok]),
+        "recorded_input_tokens": int(prompt.sum()),
+        "fresh_input_tokens": int((prompt - hits).sum()),
+        **{name: _stats(cols.get(name)[ok]) for name in ("ttft_s", "tpot_s", "e2e_s", "queue_s")},
         "engine_wall_s": run.wall_s,
-        "engine_requests_per_wall_s": work.n / run.wall_s if run.wall_s > 0 else None,
+        "engine_requests_per_wall_s": cols.n / run.wall_s if run.wall_s > 0 else None,
         "spans": sums.spans,
         "cost_model": _cost_summary(run, sums),
     }
@@ -579,6 +582,14 @@ def _cost_summary(run: ReplayRun, sums: StepSums) -> dict[str, Any]:
 
 # -- the stage -------------------------------------------------------------------------------
 
+#: The request columns the stage reads (and the run id digests): the engine's arrays, the
+#: routers' affinity keys and the prefix caches' isolation keys. The log's own prefix chains
+#: come in through the date's prefix identity (digested too), built from every column when
+#: classify stored none that matches.
+REPLAY_COLUMNS: tuple[str, ...] = (
+    "request_id", "arrival", "recorded_input_tokens", "output_tokens", "model", "adapter", "tenant", "session_id",
+)  # fmt: skip
+
 
 @dataclass(frozen=True)
 class ReplayResult:
@@ -587,12 +598,17 @@ class ReplayResult:
     summary: dict[str, Any]
 
 
-def _run_id(date: str, fleet: ResolvedFleet, options: ReplayOptions, requests: pl.DataFrame) -> str:
+def _run_id(
+    date: str, fleet: ResolvedFleet, options: ReplayOptions, requests: pl.DataFrame, identity: PrefixIdentity | None
+) -> str:
     h = hashlib.sha256()
     h.update(json.dumps(fleet.to_dict(), sort_keys=True, default=str).encode())
     how = {"slo", "pods", "executor", "ray_address"}  # how it ran, not what: not part of the id
     h.update(json.dumps({k: v for k, v in asdict(options).items() if k not in how}, sort_keys=True).encode())
     h.update(requests.hash_rows().to_numpy().tobytes())
+    if identity is not None:  # the prefix chains the caches see
+        for part in (identity.key, identity.parent, identity.shared, identity.cached):
+            h.update(np.ascontiguousarray(part).tobytes())
     return f"{date}-{fleet.config.name}-{h.hexdigest()[:10]}"
 
 
@@ -616,23 +632,33 @@ def replay(
     cfg = load_fleet(path).with_replicas(options.replicas)
     fleet = resolve(cfg, str(path))
     date = store.resolve_date(options.date)
-    requests = store.read_requests(date)
-    identity = day_identity(store, date, requests, progress)
-    options = replace(options, isolation=identity.isolation)
+    requests = store.read_requests(date, REPLAY_COLUMNS)
+    identity = None
+    if fleet.scheduler.enable_prefix_caching or cfg.router == "prefix_affinity":
+        identity = day_identity(store, date, requests, progress)
+        options = replace(options, isolation=identity.isolation)
+    else:  # no prefix chains needed: the isolation key alone, for the run's record
+        options = replace(options, isolation=stored_isolation(store, date))
     if progress:
         progress(f"replaying {requests.height:,} requests of {date} on {cfg.replicas}x {cfg.name}")
     t0_us = int(requests.get_column("arrival").dt.epoch("us").to_numpy().min()) if requests.height else 0
-    run_id = _run_id(date, fleet, options, requests)
+    run_id = _run_id(date, fleet, options, requests, identity)
     run_dir = store.run_dir(run_id)
-    # the step log streams to the run folder (under temporary names) as the engine produces it
+    engine_progress = check_replay_limits(requests, fleet, options)
+    work = build_workload(requests, fleet, options, identity)
+    request_id = requests.get_column("request_id").to_arrow()
+    del requests, identity  # from here on: the engine's arrays and the request ids
+    # the step log and the per-request results stream to the run folder (under temporary names)
+    # as the engine produces them
     steps = RunSteps(run_dir, fleet, t0_us)
+    results = RunRequests(run_dir, request_id, work, t0_us)
     # A run is complete once its config.json is written. A new run stopped before that (Ctrl-C,
     # a failed write) takes back the tables it moved into place, so no SQL view reads half a run;
     # a re-run of a complete run rewrites the same bytes, so its folder stays complete meanwhile.
     complete = (run_dir / "config.json").exists()
     try:
-        run = run_replay(requests, fleet, options, identity=identity, steps=steps)
-        summary = summarize(run, run_slo(run, options))
+        run = run_workload(work, fleet, options, engine_progress, steps, results)
+        summary = summary_of(StoredColumns(results.finish()), steps.sums, run, run_slo(run, options))
         over = summary["health"]["overload"]
         if over["detected"]:
             start = np.datetime64(t0_us, "us") + np.timedelta64(round(over["from_s"] * 1e6), "us")
@@ -641,7 +667,7 @@ def replay(
                 overload_text(over) if w.startswith("OVERLOADED") else w for w in summary["health"]["warnings"]
             ]
         with store.lock(), _store_writes(store):
-            write_parquet(requests_table(requests, run, t0_us), run_dir / "requests.parquet", "replay_requests")
+            results.commit()
             steps.close()
             # The wall time varies from run to run: keep it out of the file so re-runs are identical.
             stable = {k: v for k, v in summary.items() if not k.startswith("engine_")}
@@ -660,5 +686,6 @@ def replay(
                 (run_dir / name).unlink(missing_ok=True)
         raise
     finally:
-        steps.abort()  # nothing left to drop once closed (and an emptied folder goes)
+        results.abort()  # nothing left to drop once committed
+        steps.abort()  # (and an emptied folder goes)
     return ReplayResult(run_id, run_dir, summary)

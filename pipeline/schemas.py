@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import os
 import tempfile
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
@@ -129,15 +129,20 @@ def list_schemas() -> list[str]:
     return sorted(p.stem for p in schema_dir().glob("*.toml"))
 
 
-def conform(table: pa.Table, name: str) -> pa.Table:
-    """Select, order and cast ``table`` to schema ``name``; raise if a column is missing or a
-    non-nullable column holds nulls."""
+def conform(table: pa.Table, name: str, columns: Sequence[str] | None = None) -> pa.Table:
+    """Select, order and cast ``table`` to schema ``name`` (to its ``columns`` only, in that
+    order, when given); raise if a column is missing, undeclared, or non-nullable with nulls."""
     schema = load_schema(name)
     arrow = schema.arrow
-    missing = [c for c in schema.names if c not in table.column_names]
+    if columns is not None:
+        unknown = [c for c in columns if c not in schema.names]
+        if unknown:
+            raise SchemaError(f"schema {name!r} declares no columns {unknown}")
+        arrow = pa.schema([arrow.field(c) for c in columns], metadata=arrow.metadata)
+    missing = [c for c in arrow.names if c not in table.column_names]
     if missing:
         raise SchemaError(f"table for schema {name!r} lacks columns {missing}")
-    extra = [c for c in table.column_names if c not in schema.names]
+    extra = [c for c in table.column_names if c not in arrow.names]
     if extra:
         raise SchemaError(f"table for schema {name!r} has undeclared columns {extra}")
     arrays = []
@@ -282,17 +287,29 @@ class ParquetStream:
             self._writer = pq.ParquetWriter(self._tmp, load_schema(self.name).arrow, **_WRITER)
         return self._writer
 
-    def close(self) -> Path:
-        """Write what is held and move the file into place."""
+    def finish(self) -> Path:
+        """Write what is held and close the file, still under its temporary name (returned)."""
         if self._held:
             self._flush(self._held)
-        writer = self._open()
-        writer.close()
+        if self._tmp is None:  # no rows at all: a file with the schema and no row group
+            self._open()
+        if self._writer is not None:
+            self._writer.close()
+            self._writer = None
         assert self._tmp is not None
-        os.chmod(self._tmp, _FILE_MODE)
-        os.replace(self._tmp, self.path)
-        self._tmp, self._writer = None, None
+        return Path(self._tmp)
+
+    def commit(self) -> Path:
+        """Move the finished file into place."""
+        tmp = self.finish()
+        os.chmod(tmp, _FILE_MODE)
+        os.replace(tmp, self.path)
+        self._tmp = None
         return self.path
+
+    def close(self) -> Path:
+        """Write what is held and move the file into place."""
+        return self.commit()
 
     def abort(self) -> None:
         """Drop the partial file (the run failed or was interrupted)."""
@@ -324,8 +341,9 @@ def write_parquet(table: pa.Table, path: Path, name: str) -> Path:
     return path
 
 
-def read_parquet(path: Path | str, name: str, columns: list[str] | None = None) -> pa.Table:
-    """Read a Parquet file written by rooftrace and check it carries schema ``name``."""
+def read_parquet(path: Path | str, name: str, columns: Sequence[str] | None = None) -> pa.Table:
+    """Read a Parquet file written by rooftrace and check it carries schema ``name`` (only its
+    ``columns``, in that order and cast to their declared types, when given)."""
     path = Path(path)
     meta = file_metadata(path)
     found = meta.get(META_NAME)
@@ -335,8 +353,12 @@ def read_parquet(path: Path | str, name: str, columns: list[str] | None = None) 
     version = int(meta.get(META_VERSION, b"0"))
     if version != expected.version:
         raise SchemaError(f"{path}: schema {name!r} version {version}, this rooftrace reads {expected.version}")
-    table = pq.read_table(path, columns=columns)
     if columns is None:
+        table = pq.read_table(path)
         validate(table, name)
-        table = conform(table, name)  # the declared Arrow types, whichever writer made the file
-    return table
+        return conform(table, name)  # the declared Arrow types, whichever writer made the file
+    try:
+        table = pq.read_table(path, columns=list(columns))
+    except (KeyError, pa.ArrowInvalid) as exc:
+        raise SchemaError(f"{path}: cannot read columns {list(columns)}: {exc}") from None
+    return conform(table, name, columns)

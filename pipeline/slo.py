@@ -342,21 +342,21 @@ def detect_overload(
     )
 
 
-def failure_counts(res: EngineResult) -> dict[str, Any]:
-    """Finished / rejected (by reason) / preempted request counts of an engine result."""
-    ok = res.reject_reason == 0
-    by_reason = {
-        REJECT_REASONS[c]: int((res.reject_reason == c).sum())
-        for c in range(1, len(REJECT_REASONS))
-        if (res.reject_reason == c).any()
-    }
+def failure_counts(
+    reject_code: npt.NDArray[np.int8], finish_s: npt.NDArray[np.float64], preemptions: npt.NDArray[np.int32]
+) -> dict[str, Any]:
+    """Finished / rejected (by reason) / preempted request counts from per-request reject codes
+    (EngineResult.reject_reason), finish times and preemption counts."""
+    ok = reject_code == 0
+    counts = np.bincount(np.asarray(reject_code, np.int64), minlength=len(REJECT_REASONS))
+    by_reason = {REJECT_REASONS[c]: int(counts[c]) for c in range(1, len(REJECT_REASONS)) if counts[c]}
     return {
-        "requests": int(res.reject_reason.shape[0]),
-        "finished": int((ok & np.isfinite(res.finish_s)).sum()),
+        "requests": int(reject_code.shape[0]),
+        "finished": int((ok & np.isfinite(finish_s)).sum()),
         "rejected": int((~ok).sum()),
         "rejected_by_reason": by_reason,
-        "preempted_requests": int((res.preemptions > 0).sum()),
-        "preemptions": int(res.preemptions.sum()),
+        "preempted_requests": int((preemptions > 0).sum()),
+        "preemptions": int(preemptions.sum()),
     }
 
 

@@ -25,12 +25,13 @@ import json
 import os
 import re
 import shutil
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import date as _date
 from pathlib import Path
 
+import numpy as np
 import polars as pl
 
 from pipeline.errors import RooftraceError
@@ -172,15 +173,24 @@ class Store:
         folder = self.partition(self.requests_dir, date)
         return sorted(p for p in folder.glob("*.parquet") if not p.name.startswith("."))
 
-    def read_requests(self, date: str | None = None) -> pl.DataFrame:
-        """All canonical requests of one arrival date (the latest when ``date`` is None)."""
+    def read_requests(self, date: str | None = None, columns: Sequence[str] | None = None) -> pl.DataFrame:
+        """All canonical requests of one arrival date (the latest when ``date`` is None), sorted
+        by arrival then request id; only ``columns`` (the sort keys added) when given."""
         date = self.resolve_date(date)
-        tables = [read_parquet(p, "requests") for p in self.request_files(date)]
+        keys = ["arrival", "request_id"]
+        cols = None if columns is None else [*columns, *(k for k in keys if k not in columns)]
+        tables = [read_parquet(p, "requests", cols) for p in self.request_files(date)]
         if not tables:
             raise RooftraceError(f"{self.partition(self.requests_dir, date)}: empty partition")
         frames = [pl.from_arrow(t) for t in tables]
-        out = pl.concat([f for f in frames if isinstance(f, pl.DataFrame)], how="vertical")
-        return out.sort(["arrival", "request_id"])
+        del tables
+        out = pl.concat([f for f in frames if isinstance(f, pl.DataFrame)], how="vertical", rechunk=False)
+        del frames
+        # most partitions are stored in order already: sort (a copy of every column) only if not
+        order = out.select(pl.arg_sort_by(keys, maintain_order=True)).to_series().to_numpy()
+        if not np.array_equal(order, np.arange(order.shape[0])):
+            out = out[order]
+        return out if columns is None else out.select(columns)
 
     @contextmanager
     def lock(self) -> Iterator[None]:

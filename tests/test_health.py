@@ -46,7 +46,7 @@ def test_failure_counts() -> None:
     res.reject_reason[:] = [0, 1, 2, 0, 1]
     res.finish_s[[0, 3]] = 1.0
     res.preemptions[3] = 2
-    c = failure_counts(res)
+    c = failure_counts(res.reject_reason, res.finish_s, res.preemptions)
     assert (c["finished"], c["rejected"], c["preempted_requests"], c["preemptions"]) == (2, 3, 1, 2)
     assert c["rejected_by_reason"] == {"exceeds_max_model_len": 2, "exceeds_kv_capacity": 1}
 

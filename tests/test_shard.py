@@ -148,12 +148,17 @@ def _round_robin_store(tmp_path: Path, requests: int, seed: int, replicas: int) 
     return store, fleet
 
 
-def test_store_replay_in_pods_writes_the_same_run(tmp_path: Path) -> None:
+def test_store_replay_in_pods_writes_the_same_run(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """``rooftrace replay --pods 3`` on a round-robin fleet: the same run id and the same bytes
-    in every table the run writes; least outstanding is one error line."""
+    in every table the run writes (the pods' per-request results spooled and read back a chunk
+    of rows at a time, row groups cut across chunks); least outstanding is one error line."""
     from click.testing import CliRunner
 
+    from pipeline import runrequests, schemas
     from pipeline.cli import main
+
+    monkeypatch.setattr(runrequests, "CHUNK_ROWS", 70)
+    monkeypatch.setattr(schemas, "ROW_GROUP_ROWS", 50)
 
     store, fleet = _round_robin_store(tmp_path, 400, seed=4, replicas=5)
     default = (Path(__file__).resolve().parents[1] / "fleets" / "default.toml").read_text()
@@ -166,6 +171,7 @@ def test_store_replay_in_pods_writes_the_same_run(tmp_path: Path) -> None:
     pods = runner.invoke(main, [*base, "--pods", "3"])
     assert pods.exit_code == 0, pods.output
     assert Path(json.loads(pods.stdout)["run_dir"]) == run_dir
+    assert sorted(p.name for p in run_dir.iterdir()) == sorted(files)  # no spool left behind
     for name, data in files.items():
         if name == "config.json":  # records how it ran: the pods, and nothing else differs
             before, after = json.loads(data), json.loads((run_dir / name).read_text())
@@ -367,7 +373,7 @@ def test_replica_chunks_hold_whole_replicas(sizes: list[int], rows: int) -> None
             assert nxt - a > rows
 
 
-@pytest.mark.parametrize("when", ["write", "close"])
+@pytest.mark.parametrize("when", ["write", "close", "finish", "commit"])
 def test_a_full_disk_while_the_step_log_streams_is_one_error_line(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, when: str
 ) -> None:

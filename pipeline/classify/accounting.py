@@ -28,6 +28,8 @@ import numpy as np
 import numpy.typing as npt
 import polars as pl
 import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
 
 from pipeline.classify import prefix
 from pipeline.errors import RooftraceError
@@ -587,15 +589,13 @@ def load_identity(store: Store, date: str) -> prefix.PrefixIdentity | None:
         return None
     try:
         t = read_parquet(path, "prefix_identity")
-        iso = t.column("isolation")
         log_bs = t.column("log_block_size")
-        keys: Any = json.loads(iso[0].as_py()) if len(iso) else list(prefix.DEFAULT_ISOLATION)
-        if not isinstance(keys, list) or not all(k in prefix.ISOLATION_COLUMNS for k in keys):
-            raise RooftraceError(f"isolation {keys!r} is not a list of isolation columns")
-        names = np.asarray(t.column("prefix_source").to_numpy(zero_copy_only=False), dtype=object)
-        codes = {name: i for i, name in enumerate(prefix.SOURCE_NAMES)}
-        if not set(names.tolist()) <= set(codes):
-            raise RooftraceError(f"unknown prefix_source in {sorted(set(names.tolist()) - set(codes))}")
+        keys = _isolation_keys(t.column("isolation"))
+        names = t.column("prefix_source")
+        codes = pc.index_in(names, value_set=pa.array(prefix.SOURCE_NAMES, names.type))
+        if codes.null_count:
+            unknown = pc.unique(pc.filter(names, pc.is_null(codes))).to_pylist()
+            raise RooftraceError(f"unknown prefix_source in {sorted(map(str, unknown))}")
         identity = prefix.PrefixIdentity(
             request_key=_u64(t, "request_key"),
             key=_u64(t, "block_key"),
@@ -603,7 +603,7 @@ def load_identity(store: Store, date: str) -> prefix.PrefixIdentity | None:
             shared=_i64(t, "shared_tokens"),
             prompt=_i64(t, "prompt_tokens"),
             cached=_i64(t, "cached_tokens"),
-            source=np.array([codes[x] for x in names], dtype=np.int8),
+            source=np.asarray(codes.to_numpy(), np.int8),
             log_block_size=log_bs[0].as_py() if len(log_bs) else None,
             isolation=tuple(keys),
         )
@@ -615,12 +615,38 @@ def load_identity(store: Store, date: str) -> prefix.PrefixIdentity | None:
     return identity
 
 
+def _isolation_keys(iso: pa.ChunkedArray) -> tuple[str, ...]:
+    keys: Any = json.loads(iso[0].as_py()) if len(iso) else list(prefix.DEFAULT_ISOLATION)
+    if not isinstance(keys, list) or not all(k in prefix.ISOLATION_COLUMNS for k in keys):
+        raise RooftraceError(f"isolation {keys!r} is not a list of isolation columns")
+    return tuple(keys)
+
+
+def stored_isolation(store: Store, date: str) -> tuple[str, ...]:
+    """The isolation key classify used for ``date`` (the default before classify), read from the
+    stored identity's first row only."""
+    path = identity_path(store, date)
+    if not path.is_file():
+        return prefix.DEFAULT_ISOLATION
+    try:
+        fh = pq.ParquetFile(path)
+        if not fh.metadata.num_rows:
+            return prefix.DEFAULT_ISOLATION
+        return _isolation_keys(fh.read_row_group(0, columns=["isolation"]).column(0))
+    except (RooftraceError, OSError, ValueError, KeyError, pa.ArrowException) as exc:
+        raise RooftraceError(
+            f"{path}: not a usable prefix identity ({exc}); run `rooftrace classify --date {date}` again"
+        ) from None
+
+
 def day_identity(
     store: Store, date: str, requests: pl.DataFrame, say: Callable[[str], None] | None = None
 ) -> prefix.PrefixIdentity:
     """The prefix identity to replay ``requests`` (the date's, as the store returns them) with:
     the one classify stored when it covers them, else one built now with classify's isolation
-    key (or the default before classify), saying why when a stored one is out of date."""
+    key (or the default before classify), saying why when a stored one is out of date. A frame
+    of only some columns will do (request_id and recorded_input_tokens at least): the date is
+    read again, whole, when the identity must be built."""
     stored = load_identity(store, date)
     if stored is not None and stored.rows_of(requests) is not None:
         return stored
@@ -629,6 +655,8 @@ def day_identity(
             f"the prefix identity classify stored for {date} does not match its requests (ingested again "
             f"since?): rebuilt for this run; `rooftrace classify --date {date}` stores a current one"
         )
+    if not set(load_schema("requests").names) <= set(requests.columns):
+        requests = store.read_requests(date)
     return prefix.build_identity(requests, stored.isolation if stored is not None else prefix.DEFAULT_ISOLATION)
 
 

@@ -20,7 +20,7 @@ from __future__ import annotations
 import multiprocessing
 from collections.abc import Callable, Iterator
 from concurrent.futures import ProcessPoolExecutor
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, fields, replace
 from typing import Any
 
 import numpy as np
@@ -214,6 +214,26 @@ def simulate_sharded(
     """Replay ``work`` on ``spec`` in ``pods`` shards and put the results back together; with
     ``pod_ranks`` > 0, routing is hierarchical (:func:`hierarchical_pods`) and each routing pod
     is one shard."""
+    res = EngineResult.empty(work.n)
+    for rows, sub in sharded_results(work, spec, cost, log, pods, executor, progress, address, pod_ranks):
+        for f in fields(EngineResult):
+            getattr(res, f.name)[rows] = getattr(sub, f.name)
+    return res
+
+
+def sharded_results(
+    work: Workload,
+    spec: FleetSpec,
+    cost: StepCostFn,
+    log: RowSink | None,
+    pods: int,
+    executor: str = "local",
+    progress: Callable[[int], None] | None = None,
+    address: str | None = None,
+    pod_ranks: int = 0,
+) -> Iterator[tuple[IntArray, EngineResult]]:
+    """:func:`simulate_sharded` a pod at a time: each pod's request rows (increasing) and their
+    results (replicas numbered in the fleet), as the pod ends; its step log goes to ``log``."""
     if executor not in EXECUTORS:
         raise ConfigError(f"executor {executor!r} unknown; choose one of {list(EXECUTORS)}")
     shards = hierarchical_pods(work, spec, pod_ranks) if pod_ranks > 0 else plan_pods(work, spec, pods)
@@ -227,13 +247,9 @@ def simulate_sharded(
     assert tables is not None
     # data only: the closures (extend, exact) stay here; the tables already cover every step
     data = replace(tables, extend=None, exact=None, describe={})
-    res = EngineResult.empty(work.n)
     done = 0
     for pod, (sub, rows) in zip(shards, _run_all(shards, data, log is not None, executor, address), strict=True):
-        for name in ("arrival_s", "scheduled_s", "first_token_s", "finish_s", "max_itl_s", "preemptions",
-                     "cache_hit_tokens", "prefill_tokens", "reject_reason"):  # fmt: skip
-            getattr(res, name)[pod.rows] = getattr(sub, name)
-        res.replica[pod.rows] = np.where(sub.replica >= 0, sub.replica + pod.first, -1)
+        sub = replace(sub, replica=np.where(sub.replica >= 0, sub.replica + pod.first, -1).astype(np.int32))
         if log is not None and rows.shape[0]:
             rows = rows.copy()
             rows[:, REPLICA_COL] += pod.first
@@ -241,7 +257,7 @@ def simulate_sharded(
         done += pod.work.n
         if progress is not None:
             progress(done)
-    return res
+        yield pod.rows, sub
 
 
 def _run_all(
