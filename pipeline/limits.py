@@ -58,6 +58,12 @@ COMPILE_BYTES = 3 * GIB // 2
 COMPILE_S = 120.0
 #: Per request: workload, engine and result arrays, the output tables (measured ~1.3 KiB).
 REQUEST_BYTES = 2048
+#: Per request, what the store-level replay adds once the date's columns are read (they are in
+#: the process's size already): engine arrays, pod rows, and the gathered results of a run in
+#: one engine; a run in pods spools its results and writes every table a chunk at a time
+#: (pipeline/runrequests.py). Measured: 10^7 requests in 20 pods, peak 2.8 GiB of which the read
+#: columns ~2.7 GiB; one engine run of 2·10^6 requests, about 150 B a request beyond its step log.
+STREAMED_REQUEST_BYTES = 192
 #: Per KV block of the prefix chains the Python engine takes as hashes, while they are built
 #: (measured ~47 B; 8 B are kept).
 CHAIN_BUILD_BYTES = 56
@@ -354,11 +360,13 @@ def estimate_replay(
     rate_scale: float,
     concurrency: int | None,
     pods: int = 1,
+    streamed: bool = False,
 ) -> ReplayEstimate:
     """Estimate the memory and wall time of replaying ``requests`` on ``fleet`` (see the module
     doc), without running it. Replayed in ``pods`` (or in the routing pods of
     ``router_pod_size``), one pod's engine state is held at a time by any one process: the
-    largest pod's counts, not the whole fleet's."""
+    largest pod's counts, not the whole fleet's. ``streamed``: the store-level replay, whose
+    per-request results and tables are written as they come (STREAMED_REQUEST_BYTES)."""
     from pipeline.engine.jit import MAX_STATE_BYTES, fitting_replicas, state_bytes
     from pipeline.engine.model import FleetSpec, is_stateful_router
     from pipeline.engine.shard import pod_cuts
@@ -459,7 +467,7 @@ def estimate_replay(
         "compile": COMPILE_BYTES if compile_needed else 0,
         "chains": (n * TREE_BUILD_BYTES if jit else blocks * CHAIN_BUILD_BYTES) if chains else 0,
         "engine state": int(state),
-        "requests": n * REQUEST_BYTES,
+        "requests": n * (STREAMED_REQUEST_BYTES if streamed else REQUEST_BYTES),
         "step log": int(rows * held * LOG_ROW_BYTES),
         "series": int(series_rows * held * SERIES_ROW_BYTES),
     }

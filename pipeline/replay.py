@@ -202,14 +202,17 @@ def check_replay_limits(
     fleet: ResolvedFleet,
     options: ReplayOptions,
     progress: Callable[[int], None] | None = None,
+    streamed: bool = False,
 ) -> Callable[[int], None] | None:
     """Estimate the replay's memory and time before it starts, and refuse one past the limits
     with a one-line error (pipeline/limits.py; docs/limits.md, "Resource limits"). Returns the
     engine's progress callback: ``progress`` if given, else a stderr reporter for long runs when
-    a command installed one (``limits.progress_to``)."""
+    a command installed one (``limits.progress_to``). ``streamed``: the store-level replay."""
     from pipeline.limits import enforce, engine_progress, estimate_replay
 
-    est = estimate_replay(requests, fleet, options.mode, options.rate_scale, options.concurrency, options.pods)
+    est = estimate_replay(
+        requests, fleet, options.mode, options.rate_scale, options.concurrency, options.pods, streamed
+    )
     enforce(est)
     return progress if progress is not None else engine_progress(est)
 
@@ -360,7 +363,7 @@ class StepSums:
 
 
 #: Step-log rows the replay stage turns into table rows at a time (whole replicas).
-STEP_CHUNK_ROWS = 1 << 20
+STEP_CHUNK_ROWS = 1 << 18
 
 
 def _replica_chunks(replica: npt.NDArray[Any], rows: int) -> list[tuple[int, int]]:
@@ -605,7 +608,9 @@ def _run_id(
     h.update(json.dumps(fleet.to_dict(), sort_keys=True, default=str).encode())
     how = {"slo", "pods", "executor", "ray_address"}  # how it ran, not what: not part of the id
     h.update(json.dumps({k: v for k, v in asdict(options).items() if k not in how}, sort_keys=True).encode())
-    h.update(requests.hash_rows().to_numpy().tobytes())
+    for name in requests.columns:  # a column at a time: no row encoding of the whole frame
+        h.update(name.encode())
+        h.update(np.ascontiguousarray(requests.get_column(name).hash(seed=0).to_numpy()).data)
     if identity is not None:  # the prefix chains the caches see
         for part in (identity.key, identity.parent, identity.shared, identity.cached):
             h.update(np.ascontiguousarray(part).tobytes())
@@ -644,7 +649,7 @@ def replay(
     t0_us = int(requests.get_column("arrival").dt.epoch("us").to_numpy().min()) if requests.height else 0
     run_id = _run_id(date, fleet, options, requests, identity)
     run_dir = store.run_dir(run_id)
-    engine_progress = check_replay_limits(requests, fleet, options)
+    engine_progress = check_replay_limits(requests, fleet, options, streamed=True)
     work = build_workload(requests, fleet, options, identity)
     request_id = requests.get_column("request_id").to_arrow()
     del requests, identity  # from here on: the engine's arrays and the request ids

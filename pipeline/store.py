@@ -36,7 +36,7 @@ import polars as pl
 
 from pipeline.errors import RooftraceError
 from pipeline.project import default_store_path
-from pipeline.schemas import read_parquet
+from pipeline.schemas import check_file_schema, load_schema, read_parquet
 
 _DATE_RE = re.compile(r"^[0-9]{4}-[0-9]{2}-[0-9]{2}$")
 
@@ -179,11 +179,13 @@ class Store:
         date = self.resolve_date(date)
         keys = ["arrival", "request_id"]
         cols = None if columns is None else [*columns, *(k for k in keys if k not in columns)]
-        tables = [read_parquet(p, "requests", cols) for p in self.request_files(date)]
-        if not tables:
+        files = self.request_files(date)
+        if not files:
             raise RooftraceError(f"{self.partition(self.requests_dir, date)}: empty partition")
-        frames = [pl.from_arrow(t) for t in tables]
-        del tables
+        if cols is None:
+            frames = [pl.from_arrow(read_parquet(p, "requests")) for p in files]
+        else:  # polars' own reader: no Arrow copy of the columns on the way
+            frames = [_read_columns(p, cols) for p in files]
         out = pl.concat([f for f in frames if isinstance(f, pl.DataFrame)], how="vertical", rechunk=False)
         del frames
         # most partitions are stored in order already: sort (a copy of every column) only if not
@@ -391,3 +393,18 @@ def open_store(path: str | Path | None = None) -> Store:
     except (RooftraceError, OSError):
         pass  # another run is writing (its leftovers are its work) or the store is read-only
     return store
+
+
+def _read_columns(path: Path, columns: Sequence[str]) -> pl.DataFrame:
+    """Some columns of a requests file: its footer checked against the schema, then read by
+    polars (a damaged file is one error naming it)."""
+    check_file_schema(path, "requests")
+    try:
+        frame = pl.read_parquet(path, columns=list(columns))
+    except (OSError, pl.exceptions.PolarsError) as exc:
+        raise RooftraceError(f"{path}: cannot read columns {list(columns)}: {exc}") from None
+    required = [c.name for c in load_schema("requests").columns if not c.nullable and c.name in columns]
+    nulls = [c for c in required if frame.get_column(c).null_count()]
+    if nulls:
+        raise RooftraceError(f"{path}: required columns {nulls} hold nulls")
+    return frame

@@ -255,12 +255,13 @@ from dataclasses import replace
 from pathlib import Path
 from pipeline.fleet import load_fleet, resolve
 from pipeline.limits import estimate_replay
-from pipeline.replay import ReplayOptions, replay
+from pipeline.replay import REPLAY_COLUMNS, ReplayOptions, replay
 from pipeline.store import Store
 store, fleet = Store(Path(sys.argv[1])), sys.argv[2]
 opts = ReplayOptions(date=sys.argv[3], replicas=int(sys.argv[4]))
-est = estimate_replay(store.read_requests(opts.date), resolve(load_fleet(fleet).with_replicas(opts.replicas), fleet),
-                      opts.mode, opts.rate_scale, opts.concurrency)
+est = estimate_replay(store.read_requests(opts.date, REPLAY_COLUMNS),
+                      resolve(load_fleet(fleet).with_replicas(opts.replicas), fleet),
+                      opts.mode, opts.rate_scale, opts.concurrency, streamed=True)
 replay(store, fleet, opts)
 hwm = [int(l.split()[1]) * 1024 for l in open("/proc/self/status") if l.startswith("VmHWM")][0]
 print(json.dumps({"estimate": est.bytes, "peak": hwm}))

@@ -42,3 +42,40 @@ def test_store_paths_and_dates(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) 
     assert store.resolve_date(None) == "2024-01-02"
     with pytest.raises(RooftraceError, match="no partition for date 2024-02-01"):
         store.resolve_date("2024-02-01")
+
+
+def test_some_columns_of_a_date_read_as_the_whole_date_is(tmp_path: Path) -> None:
+    """``read_requests(date, columns)``: the same rows in the same order as the whole read (a
+    partition of two files that need the sort, ties in arrival included), only those columns;
+    a file damaged in one of them is one error naming it."""
+    import numpy as np
+    import polars as pl
+    from polars.testing import assert_frame_equal
+
+    from pipeline.ingest import ingest_logs
+    from pipeline.schemas import write_parquet
+    from pipeline.synth import SynthConfig, generate, write_logs
+
+    store = Store(tmp_path / "store")
+    write_logs(generate(SynthConfig(requests=300, seed=1, duration_s=60)), "openai", tmp_path / "d.jsonl")
+    ingest_logs([tmp_path / "d.jsonl"], store)
+    date = store.resolve_date(None)
+    (stored,) = store.request_files(date)
+    rows = pl.read_parquet(stored).with_row_index("i")
+    # two files, rows dealt between them at random, and a tie in arrival across them
+    rows = rows.with_columns(
+        pl.when(pl.col("i") == 7).then(rows.get_column("arrival")[8]).otherwise(pl.col("arrival")).alias("arrival")
+    )
+    odd = (pl.Series(np.random.default_rng(0).integers(0, 2, rows.height)) == 1).to_list()
+    files = [stored, stored.with_name("part-00001.parquet")]
+    for path, part in zip(files, (rows.filter(~pl.Series(odd)), rows.filter(pl.Series(odd))), strict=True):
+        write_parquet(part.drop("i").sample(fraction=1.0, shuffle=True, seed=3).to_arrow(), path, "requests")
+    whole = store.read_requests(date)
+    assert len(files) == 2 and whole.height == 300
+    cols = ["output_tokens", "request_id", "session_id"]
+    assert_frame_equal(store.read_requests(date, cols), whole.select(cols))
+    keys = ["arrival", "request_id"]
+    assert_frame_equal(whole.select(keys), whole.select(keys).sort(keys))
+    pl.read_parquet(files[0]).with_columns(pl.lit(None, pl.Int64).alias("output_tokens")).write_parquet(files[0])
+    with pytest.raises(RooftraceError, match=str(files[0].name)):
+        store.read_requests(date, cols)

@@ -103,9 +103,30 @@ class Pod:
     routes: IntArray | None
 
 
-def _subset(work: Workload, rows: IntArray, keep_affinity: bool) -> Workload:
-    """The requests ``rows`` of ``work`` (chains included), in that order."""
+@dataclass(frozen=True)
+class PodCut:
+    """A :class:`Pod` before its requests are cut out of the fleet's workload (``pod``): the
+    replay cuts one pod's at a time when pods run one after another."""
+
+    first: int
+    rows: IntArray
+    spec: FleetSpec
+    routes: IntArray | None
+    keep_affinity: bool
+
+    def pod(self, work: Workload) -> Pod:
+        return Pod(self.first, self.rows, _subset(work, self.rows, self.keep_affinity), self.spec, self.routes)
+
+    def reach(self, work: Workload) -> FleetSpec:
+        """The part of the pod's fleet its requests reach (jit.busy_fleet), without its chains."""
+        return busy_fleet(_subset(work, self.rows, self.keep_affinity, chains=False), self.spec, self.routes).spec
+
+
+def _subset(work: Workload, rows: IntArray, keep_affinity: bool, chains: bool = True) -> Workload:
+    """The requests ``rows`` of ``work`` (chains included unless not ``chains``), in that order."""
     affinity = work.affinity[rows] if keep_affinity and work.affinity is not None else None
+    if not chains:
+        return Workload(work.arrival_s[rows], work.prompt_tokens[rows], work.output_tokens[rows], affinity=affinity)
     if work.chain_tree is not None:
         return Workload(
             arrival_s=work.arrival_s[rows],
@@ -131,6 +152,10 @@ def _subset(work: Workload, rows: IntArray, keep_affinity: bool) -> Workload:
 
 def plan_pods(work: Workload, spec: FleetSpec, pods: int) -> list[Pod]:
     """Cut the fleet into pods, or say why it cannot be cut exactly."""
+    return [cut.pod(work) for cut in _cut_pods(work, spec, pods)]
+
+
+def _cut_pods(work: Workload, spec: FleetSpec, pods: int) -> list[PodCut]:
     routes = static_routes(work, spec)
     if routes is None:
         why = (
@@ -146,7 +171,7 @@ def plan_pods(work: Workload, spec: FleetSpec, pods: int) -> list[Pod]:
     for k, rows in _rows_by_pod(pod_of):
         a, b = int(cuts[k]), int(cuts[k + 1])
         local = np.where(routes[rows] >= 0, routes[rows] - a, 0)
-        out.append(Pod(a, rows, _subset(work, rows, False), replace(spec, replicas=b - a), local))
+        out.append(PodCut(a, rows, replace(spec, replicas=b - a), local, False))
     return out
 
 
@@ -156,6 +181,11 @@ _POD_SALT = np.uint64(0x504F44524F555445)  # ASCII "PODROUTE"
 
 
 def hierarchical_pods(work: Workload, spec: FleetSpec, pod_ranks: int) -> list[Pod]:
+    """:func:`_cut_hierarchical`'s pods."""
+    return [cut.pod(work) for cut in _cut_hierarchical(work, spec, pod_ranks)]
+
+
+def _cut_hierarchical(work: Workload, spec: FleetSpec, pod_ranks: int) -> list[PodCut]:
     """Hierarchical routing: pods of ``pod_ranks`` engine replicas (the last one may be smaller),
     a load balancer that sends each request to a pod — round robin over the requests it routes,
     or by a hash of the affinity key for the affinity routers (a request without a key: round
@@ -179,7 +209,7 @@ def hierarchical_pods(work: Workload, spec: FleetSpec, pod_ranks: int) -> list[P
     out = []
     for k, rows in _rows_by_pod(pod):
         a, b = k * pod_ranks, min((k + 1) * pod_ranks, R)
-        out.append(Pod(a, rows, _subset(work, rows, True), replace(spec, replicas=b - a), None))
+        out.append(PodCut(a, rows, replace(spec, replicas=b - a), None, True))
     return out
 
 
@@ -236,10 +266,10 @@ def sharded_results(
     results (replicas numbered in the fleet), as the pod ends; its step log goes to ``log``."""
     if executor not in EXECUTORS:
         raise ConfigError(f"executor {executor!r} unknown; choose one of {list(EXECUTORS)}")
-    shards = hierarchical_pods(work, spec, pod_ranks) if pod_ranks > 0 else plan_pods(work, spec, pods)
+    shards = _cut_hierarchical(work, spec, pod_ranks) if pod_ranks > 0 else _cut_pods(work, spec, pods)
     # each pod allocates its own engine state: the largest pod must fit, not the whole fleet
     # (the replicas of a pod that receive requests: jit.busy_fleet)
-    big = max((busy_fleet(p.work, p.spec, p.routes).spec for p in shards), key=lambda s: s.replicas)
+    big = max((cut.reach(work) for cut in shards), key=lambda s: s.replicas)
     reason = unsupported_reason(big, cost)
     if reason is not None:
         raise ConfigError(f"pods of {big.replicas} replicas need the jit engine, but {reason}; use more, smaller pods")
@@ -248,25 +278,28 @@ def sharded_results(
     # data only: the closures (extend, exact) stay here; the tables already cover every step
     data = replace(tables, extend=None, exact=None, describe={})
     done = 0
-    for pod, (sub, rows) in zip(shards, _run_all(shards, data, log is not None, executor, address), strict=True):
+    runs = _run_all(work, shards, data, log is not None, executor, address)
+    for pod, (sub, rows) in zip(shards, runs, strict=True):
         sub = replace(sub, replica=np.where(sub.replica >= 0, sub.replica + pod.first, -1).astype(np.int32))
         if log is not None and rows.shape[0]:
             rows = rows.copy()
             rows[:, REPLICA_COL] += pod.first
             log.extend_rows(rows)
-        done += pod.work.n
+        done += int(pod.rows.shape[0])
         if progress is not None:
             progress(done)
         yield pod.rows, sub
 
 
 def _run_all(
-    shards: list[Pod], cost: TabulatedCost, want_log: bool, executor: str, address: str | None
+    work: Workload, cuts: list[PodCut], cost: TabulatedCost, want_log: bool, executor: str, address: str | None
 ) -> Iterator[tuple[EngineResult, npt.NDArray[np.float64]]]:
-    if executor == "local" or len(shards) == 1:
-        for pod in shards:
-            yield run_pod(pod, cost, want_log)
-    elif executor == "process":
+    if executor == "local" or len(cuts) == 1:
+        for cut in cuts:  # one pod's requests cut out at a time
+            yield run_pod(cut.pod(work), cost, want_log)
+        return
+    shards = [cut.pod(work) for cut in cuts]
+    if executor == "process":
         # spawn, not fork: numba's and polars' thread pools make fork unsafe
         ctx = multiprocessing.get_context("spawn")
         with ProcessPoolExecutor(max_workers=min(len(shards), multiprocessing.cpu_count()), mp_context=ctx) as pool:
