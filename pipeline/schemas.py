@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import os
 import tempfile
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
@@ -182,7 +183,19 @@ def _types_match(got: pa.Schema, want: pa.Schema) -> bool:
 
 def file_metadata(path: Path) -> dict[bytes, bytes]:
     """A Parquet file's key-value metadata, read from its footer (whatever wrote it)."""
-    return dict(pq.read_metadata(path).metadata or {})
+    with unreadable(path):
+        return dict(pq.read_metadata(path).metadata or {})
+
+
+@contextmanager
+def unreadable(path: Path | str) -> Iterator[None]:
+    """A file that cannot be read as Parquet (truncated, not Parquet, no permission) as one
+    SchemaError naming it."""
+    try:
+        yield
+    except (OSError, pa.ArrowException) as exc:
+        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+        raise SchemaError(f"{path}: not a readable Parquet file: {first}") from None
 
 
 def validate(table: pa.Table, name: str) -> None:
@@ -199,7 +212,8 @@ def validate(table: pa.Table, name: str) -> None:
 def check_file_schema(path: Path, name: str) -> None:
     """Check a Parquet file's metadata (schema name and version) and column types, reading only
     its footer."""
-    got = pq.read_schema(path)
+    with unreadable(path):
+        got = pq.read_schema(path)
     meta = file_metadata(path)
     expected = load_schema(name)
     if meta.get(META_NAME) != name.encode() or int(meta.get(META_VERSION, b"0")) != expected.version:
@@ -354,11 +368,12 @@ def read_parquet(path: Path | str, name: str, columns: Sequence[str] | None = No
     if version != expected.version:
         raise SchemaError(f"{path}: schema {name!r} version {version}, this rooftrace reads {expected.version}")
     if columns is None:
-        table = pq.read_table(path)
+        with unreadable(path):
+            table = pq.read_table(path)
         validate(table, name)
         return conform(table, name)  # the declared Arrow types, whichever writer made the file
     try:
         table = pq.read_table(path, columns=list(columns))
-    except (KeyError, pa.ArrowInvalid) as exc:
+    except (KeyError, OSError, pa.ArrowException) as exc:
         raise SchemaError(f"{path}: cannot read columns {list(columns)}: {exc}") from None
     return conform(table, name, columns)

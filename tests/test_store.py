@@ -79,3 +79,7 @@ def test_some_columns_of_a_date_read_as_the_whole_date_is(tmp_path: Path) -> Non
     pl.read_parquet(files[0]).with_columns(pl.lit(None, pl.Int64).alias("output_tokens")).write_parquet(files[0])
     with pytest.raises(RooftraceError, match=str(files[0].name)):
         store.read_requests(date, cols)
+    stored.write_bytes(stored.read_bytes()[:1000])  # truncated: no footer
+    for columns in (None, cols):
+        with pytest.raises(RooftraceError, match=f"{stored.name}: not a readable Parquet file"):
+            store.read_requests(date, columns)
