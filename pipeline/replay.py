@@ -585,13 +585,11 @@ def _cost_summary(run: ReplayRun, sums: StepSums) -> dict[str, Any]:
 
 # -- the stage -------------------------------------------------------------------------------
 
-#: The request columns the stage reads (and the run id digests): the engine's arrays, the
-#: routers' affinity keys and the prefix caches' isolation keys. The log's own prefix chains
-#: come in through the date's prefix identity (digested too), built from every column when
-#: classify stored none that matches.
-REPLAY_COLUMNS: tuple[str, ...] = (
-    "request_id", "arrival", "recorded_input_tokens", "output_tokens", "model", "adapter", "tenant", "session_id",
-)  # fmt: skip
+#: The request columns the stage reads (and the run id digests): what the engine takes. The
+#: log's own prefix chains and isolation keys come in through the date's prefix identity (the
+#: one classify stored, or one built from every column when none matches), digested too;
+#: session-affinity routing reads ``session_id`` as well.
+REPLAY_COLUMNS: tuple[str, ...] = ("request_id", "arrival", "recorded_input_tokens", "output_tokens")
 
 
 @dataclass(frozen=True)
@@ -637,7 +635,8 @@ def replay(
     cfg = load_fleet(path).with_replicas(options.replicas)
     fleet = resolve(cfg, str(path))
     date = store.resolve_date(options.date)
-    requests = store.read_requests(date, REPLAY_COLUMNS)
+    affinity = ("session_id",) if cfg.router == "session_affinity" else ()
+    requests = store.read_requests(date, (*REPLAY_COLUMNS, *affinity))
     identity = None
     if fleet.scheduler.enable_prefix_caching or cfg.router == "prefix_affinity":
         identity = day_identity(store, date, requests, progress)

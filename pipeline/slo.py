@@ -316,12 +316,13 @@ def detect_overload(
         return Overload(False)
     s = np.sort(np.where(np.isnan(scheduled_s[accepted]), np.inf, scheduled_s[accepted]))
     t_first, t_last = float(a[0]), float(a[-1])
-    # W just after every event time up to the last arrival (arrivals before admissions at ties)
-    times = np.unique(np.concatenate([a, s[s <= t_last]]))
-    waiting = np.searchsorted(a, times, side="right") - np.searchsorted(s, times, side="right")
-    empty = times[waiting <= 0]
+    # W just after each admission up to the last arrival (arrivals before admissions at ties): a
+    # request is admitted after it arrives, so W >= 0 and it can only reach 0 at an admission
+    upto = s[: int(np.searchsorted(s, t_last, side="right"))]
+    waiting = np.searchsorted(a, upto, side="right") - np.searchsorted(s, upto, side="right")
+    empty = upto[waiting <= 0]
     onset = float(empty[-1]) if empty.size else t_first
-    backlog = int(waiting[-1])
+    backlog = int(a.size - upto.size)  # W just after the last arrival
     finished = finish_s[accepted]
     last_finish = float(np.nanmax(finished)) if np.isfinite(finished).any() else t_last
     span = t_last - t_first

@@ -175,24 +175,22 @@ class Store:
 
     def read_requests(self, date: str | None = None, columns: Sequence[str] | None = None) -> pl.DataFrame:
         """All canonical requests of one arrival date (the latest when ``date`` is None), sorted
-        by arrival then request id; only ``columns`` (the sort keys added) when given."""
+        by arrival then request id; only ``columns`` when given (read and put in order one
+        column at a time, so the date is never held twice)."""
         date = self.resolve_date(date)
         keys = ["arrival", "request_id"]
-        cols = None if columns is None else [*columns, *(k for k in keys if k not in columns)]
         files = self.request_files(date)
         if not files:
             raise RooftraceError(f"{self.partition(self.requests_dir, date)}: empty partition")
-        if cols is None:
-            frames = [pl.from_arrow(read_parquet(p, "requests")) for p in files]
-        else:  # polars' own reader: no Arrow copy of the columns on the way
-            frames = [_read_columns(p, cols) for p in files]
+        if columns is not None:
+            return _read_sorted(files, list(columns), keys)
+        frames = [pl.from_arrow(read_parquet(p, "requests")) for p in files]
         out = pl.concat([f for f in frames if isinstance(f, pl.DataFrame)], how="vertical", rechunk=False)
         del frames
-        # most partitions are stored in order already: sort (a copy of every column) only if not
         order = out.select(pl.arg_sort_by(keys, maintain_order=True)).to_series().to_numpy()
-        if not np.array_equal(order, np.arange(order.shape[0])):
+        if not np.array_equal(order, np.arange(order.shape[0])):  # most partitions are in order
             out = out[order]
-        return out if columns is None else out.select(columns)
+        return out
 
     @contextmanager
     def lock(self) -> Iterator[None]:
@@ -408,3 +406,20 @@ def _read_columns(path: Path, columns: Sequence[str]) -> pl.DataFrame:
     if nulls:
         raise RooftraceError(f"{path}: required columns {nulls} hold nulls")
     return frame
+
+
+def _read_sorted(files: list[Path], columns: list[str], keys: list[str]) -> pl.DataFrame:
+    """``columns`` of the requests in ``files``, sorted by ``keys``: the keys read first to find
+    the order, then each column read and put in that order on its own."""
+    key_frame = pl.concat([_read_columns(p, keys) for p in files], how="vertical", rechunk=False)
+    order = key_frame.select(pl.arg_sort_by(keys, maintain_order=True)).to_series()
+    in_order = bool((order.to_numpy() == np.arange(order.len())).all())
+    out = {}
+    for name in columns:
+        if name in keys:
+            col = key_frame.get_column(name)
+        else:
+            col = pl.concat([_read_columns(p, [name]).to_series() for p in files], rechunk=False)
+        out[name] = col if in_order else col.gather(order)
+        del col
+    return pl.DataFrame(out)

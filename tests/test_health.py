@@ -9,12 +9,22 @@ from pathlib import Path
 import numpy as np
 import pytest
 from click.testing import CliRunner
+from hypothesis import given
+from hypothesis import strategies as st
 
 from pipeline.cli import main
 from pipeline.engine.model import EngineResult
 from pipeline.nightly import nightly
 from pipeline.plan import PlanOptions, plan
-from pipeline.slo import detect_overload, failure_counts, parse_slo, slo_verdict
+from pipeline.slo import (
+    MIN_BACKLOG,
+    MIN_BACKLOG_SHARE,
+    MIN_OVERLOAD_SHARE,
+    detect_overload,
+    failure_counts,
+    parse_slo,
+    slo_verdict,
+)
 from pipeline.store import Store
 from pipeline.synth import SynthConfig, generate, write_logs
 
@@ -71,6 +81,49 @@ def test_overload_detection_by_hand() -> None:
     late[190:] = 189.5  # ten requests at once at the very end, served 1 s apart
     burst = np.where(np.arange(200) < 190, late, 189.5 + np.arange(200) - 189)
     assert not detect_overload(late, burst, burst + 1, ok).detected
+
+
+def _overload_reference(arrival: np.ndarray, scheduled: np.ndarray, accepted: np.ndarray) -> tuple[float, int]:
+    """(onset, backlog) with W evaluated just after every event time up to the last arrival."""
+    a = np.sort(arrival[accepted])
+    s = np.sort(np.where(np.isnan(scheduled[accepted]), np.inf, scheduled[accepted]))
+    times = np.unique(np.concatenate([a, s[s <= a[-1]]]))
+    waiting = np.searchsorted(a, times, side="right") - np.searchsorted(s, times, side="right")
+    empty = times[waiting <= 0]
+    return (float(empty[-1]) if empty.size else float(a[0])), int(waiting[-1])
+
+
+@given(
+    n=st.integers(2, 300),
+    seed=st.integers(0, 2**32 - 1),
+    delay=st.sampled_from([0.0, 0.3, 2.0, 9.0]),
+    ties=st.booleans(),
+)
+def test_overload_onset_and_backlog_equal_the_every_event_definition(n: int, seed: int, delay: float,
+                                                                     ties: bool) -> None:  # fmt: skip
+    """W is evaluated only just after admissions (it can reach 0 only there): the onset and the
+    backlog are those of W evaluated after every arrival and admission, ties, never-admitted
+    and rejected requests included."""
+    rng = np.random.default_rng(seed)
+    arrival = np.sort(rng.uniform(0, 20, n))
+    if ties:
+        arrival = np.round(arrival)
+    scheduled = arrival + rng.exponential(delay, n) * (rng.random(n) < 0.8)
+    if ties:
+        scheduled = np.round(scheduled + 0.49)
+    scheduled[rng.random(n) < 0.1] = np.nan  # never admitted
+    accepted = rng.random(n) < 0.9
+    if accepted.sum() < 2:
+        return
+    over = detect_overload(arrival, scheduled, scheduled + 1.0, accepted)
+    onset, backlog = _overload_reference(arrival, scheduled, accepted)
+    first = float(np.min(arrival[accepted]))
+    if over.detected:
+        assert (over.from_s, over.backlog) == (onset - first, backlog)
+    else:  # not detected: the same backlog/onset would not have made it overload either
+        span = float(np.max(arrival[accepted])) - first
+        long_enough = span > 0 and (float(np.max(arrival[accepted])) - onset) >= MIN_OVERLOAD_SHARE * span
+        assert not (long_enough and backlog >= max(MIN_BACKLOG, MIN_BACKLOG_SHARE * accepted.sum()))
 
 
 # -- every summary shows rejections -------------------------------------------------------------

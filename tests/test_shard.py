@@ -148,10 +148,12 @@ def _round_robin_store(tmp_path: Path, requests: int, seed: int, replicas: int) 
     return store, fleet
 
 
-def test_store_replay_in_pods_writes_the_same_run(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """``rooftrace replay --pods 3`` on a round-robin fleet: the same run id and the same bytes
-    in every table the run writes (the pods' per-request results spooled and read back a chunk
-    of rows at a time, row groups cut across chunks); least outstanding is one error line."""
+@pytest.mark.parametrize("router", ["round_robin", "session_affinity"])
+def test_store_replay_in_pods_writes_the_same_run(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, router: str) -> None:
+    """``rooftrace replay --pods 3`` on a round-robin or session-affinity fleet: the same run id
+    and the same bytes in every table the run writes (the pods' per-request results spooled and
+    read back a chunk of rows at a time, row groups cut across chunks); least outstanding is one
+    error line."""
     from click.testing import CliRunner
 
     from pipeline import runrequests, schemas
@@ -161,6 +163,7 @@ def test_store_replay_in_pods_writes_the_same_run(tmp_path: Path, monkeypatch: p
     monkeypatch.setattr(schemas, "ROW_GROUP_ROWS", 50)
 
     store, fleet = _round_robin_store(tmp_path, 400, seed=4, replicas=5)
+    fleet.write_text(fleet.read_text().replace('router = "round_robin"', f'router = "{router}"'))
     default = (Path(__file__).resolve().parents[1] / "fleets" / "default.toml").read_text()
     runner = CliRunner()
     base = ["replay", "--store", str(store.root), "--fleet", str(fleet), "--json"]
