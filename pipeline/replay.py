@@ -655,7 +655,7 @@ def replay(
     # the step log and the per-request results stream to the run folder (under temporary names)
     # as the engine produces them
     steps = RunSteps(run_dir, fleet, t0_us)
-    results = RunRequests(run_dir, request_id, work, t0_us)
+    results = RunRequests(run_dir, request_id, work, t0_us, progress)
     # A run is complete once its config.json is written. A new run stopped before that (Ctrl-C,
     # a failed write) takes back the tables it moved into place, so no SQL view reads half a run;
     # a re-run of a complete run rewrites the same bytes, so its folder stays complete meanwhile.

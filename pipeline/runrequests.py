@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import fields
 from pathlib import Path
 from typing import Any, Protocol
@@ -173,8 +173,16 @@ class RunRequests:
     """A run's ``requests.parquet``, from a whole engine result (:meth:`write_result`) or from
     pods' results as they end (:meth:`add_pod`, spooled; then :meth:`write_spooled`)."""
 
-    def __init__(self, run_dir: Path, request_id: pa.Array | pa.ChunkedArray, work: Workload, t0_us: int) -> None:
+    def __init__(
+        self,
+        run_dir: Path,
+        request_id: pa.Array | pa.ChunkedArray,
+        work: Workload,
+        t0_us: int,
+        say: Callable[[str], None] | None = None,
+    ) -> None:
         self.run_dir, self.request_id, self.work, self.t0_us = run_dir, request_id, work, t0_us
+        self.say = say
         self.stream = ParquetStream(run_dir / "requests.parquet", "replay_requests")
         self.spool = ResultSpool(run_dir / f".requests.{os.getpid()}.spool", work.n)
 
@@ -182,12 +190,18 @@ class RunRequests:
         with run_writes(self.run_dir, "per-request results"):
             self.spool.add(rows, res)
 
+    def _announce(self) -> None:
+        if self.say is not None and self.work.n > CHUNK_ROWS:  # several seconds: say what it does
+            self.say(f"replay: writing the run's requests table ({self.work.n:,} rows) and its summary")
+
     def write_result(self, res: EngineResult) -> None:
+        self._announce()
         for a in range(0, self.work.n, CHUNK_ROWS):
             b = min(self.work.n, a + CHUNK_ROWS)
             self._write(a, b, _slice(res, a, b))
 
     def write_spooled(self) -> None:
+        self._announce()
         with run_writes(self.run_dir, "per-request results"):
             for a, b, res in self.spool.chunks():
                 self._write(a, b, res)

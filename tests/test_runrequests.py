@@ -108,8 +108,10 @@ def test_summary_from_the_written_rows_equals_the_one_in_memory(
     requests, run = _small_run(tmp_path, replicas, max_model_len, rate)
     monkeypatch.setattr(runrequests, "CHUNK_ROWS", 64)
     monkeypatch.setattr(schemas, "ROW_GROUP_ROWS", 100)
-    out = RunRequests(tmp_path / "run", requests.get_column("request_id").to_arrow(), run.work, 17)
+    said: list[str] = []
+    out = RunRequests(tmp_path / "run", requests.get_column("request_id").to_arrow(), run.work, 17, said.append)
     out.write_result(run.result)
+    assert said == [f"replay: writing the run's requests table ({run.work.n:,} rows) and its summary"]
     path = out.finish()
     slo = parse_slo("ttft_p90=0.5s,tpot_p50=20ms,queue_p99=1s")
     stored = summary_of(StoredColumns(path), run.step_sums(), run, slo)
