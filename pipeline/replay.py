@@ -57,7 +57,7 @@ from pipeline.slo import (
     slo_verdict,
 )
 from pipeline.steps import BINDING_NAMES
-from pipeline.store import Store, store_write_error
+from pipeline.store import ColumnReader, Store, store_write_error
 
 _INT63 = np.uint64(0x7FFFFFFFFFFFFFFF)
 
@@ -636,7 +636,10 @@ def replay(
     fleet = resolve(cfg, str(path))
     date = store.resolve_date(options.date)
     affinity = ("session_id",) if cfg.router == "session_affinity" else ()
-    requests = store.read_requests(date, (*REPLAY_COLUMNS, *affinity))
+    requests = store.read_requests(date, (*REPLAY_COLUMNS, *affinity), positions=True)
+    # the request ids are read again a chunk at a time when requests.parquet is written
+    request_id = ColumnReader(store, date, "request_id", requests.get_column("_position").to_numpy())
+    requests = requests.drop("_position")
     identity = None
     if fleet.scheduler.enable_prefix_caching or cfg.router == "prefix_affinity":
         identity = day_identity(store, date, requests, progress)
@@ -650,8 +653,7 @@ def replay(
     run_dir = store.run_dir(run_id)
     engine_progress = check_replay_limits(requests, fleet, options, streamed=True)
     work = build_workload(requests, fleet, options, identity)
-    request_id = requests.get_column("request_id").to_arrow()
-    del requests, identity  # from here on: the engine's arrays and the request ids
+    del requests, identity  # from here on: the engine's arrays and the ids' positions
     # the step log and the per-request results stream to the run folder (under temporary names)
     # as the engine produces them
     steps = RunSteps(run_dir, fleet, t0_us)

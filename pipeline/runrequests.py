@@ -158,6 +158,13 @@ def requests_table(
     )
 
 
+class IdColumn(Protocol):
+    """The run's request ids in request order: an Arrow array, or one read back from the store a
+    slice at a time (pipeline.store.ColumnReader)."""
+
+    def slice(self, offset: int, length: int) -> Any: ...
+
+
 @contextlib.contextmanager
 def run_writes(run_dir: Path, what: str) -> Iterator[None]:
     """A failed write of a run's table (disk full, no permission) as one line naming the run's
@@ -176,7 +183,7 @@ class RunRequests:
     def __init__(
         self,
         run_dir: Path,
-        request_id: pa.Array | pa.ChunkedArray,
+        request_id: IdColumn,
         work: Workload,
         t0_us: int,
         say: Callable[[str], None] | None = None,

@@ -30,13 +30,17 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import date as _date
 from pathlib import Path
+from typing import Any
 
 import numpy as np
+import numpy.typing as npt
 import polars as pl
+import pyarrow as pa
+import pyarrow.parquet as pq
 
 from pipeline.errors import RooftraceError
 from pipeline.project import default_store_path
-from pipeline.schemas import check_file_schema, load_schema, read_parquet
+from pipeline.schemas import check_file_schema, load_schema, read_parquet, unreadable
 
 _DATE_RE = re.compile(r"^[0-9]{4}-[0-9]{2}-[0-9]{2}$")
 
@@ -173,17 +177,20 @@ class Store:
         folder = self.partition(self.requests_dir, date)
         return sorted(p for p in folder.glob("*.parquet") if not p.name.startswith("."))
 
-    def read_requests(self, date: str | None = None, columns: Sequence[str] | None = None) -> pl.DataFrame:
+    def read_requests(
+        self, date: str | None = None, columns: Sequence[str] | None = None, positions: bool = False
+    ) -> pl.DataFrame:
         """All canonical requests of one arrival date (the latest when ``date`` is None), sorted
         by arrival then request id; only ``columns`` when given (read and put in order one
-        column at a time, so the date is never held twice)."""
+        column at a time, so the date is never held twice), with ``positions``: and a
+        ``_position`` column, each row's place in the date's files (:class:`ColumnReader`)."""
         date = self.resolve_date(date)
         keys = ["arrival", "request_id"]
         files = self.request_files(date)
         if not files:
             raise RooftraceError(f"{self.partition(self.requests_dir, date)}: empty partition")
         if columns is not None:
-            return _read_sorted(files, list(columns), keys)
+            return _read_sorted(files, list(columns), keys, positions)
         frames = [pl.from_arrow(read_parquet(p, "requests")) for p in files]
         out = pl.concat([f for f in frames if isinstance(f, pl.DataFrame)], how="vertical", rechunk=False)
         del frames
@@ -408,9 +415,10 @@ def _read_columns(path: Path, columns: Sequence[str]) -> pl.DataFrame:
     return frame
 
 
-def _read_sorted(files: list[Path], columns: list[str], keys: list[str]) -> pl.DataFrame:
+def _read_sorted(files: list[Path], columns: list[str], keys: list[str], positions: bool = False) -> pl.DataFrame:
     """``columns`` of the requests in ``files``, sorted by ``keys``: the keys read first to find
-    the order, then each column read and put in that order on its own."""
+    the order, then each column read and put in that order on its own (and, with
+    ``positions``, the order itself as ``_position``)."""
     key_frame = pl.concat([_read_columns(p, keys) for p in files], how="vertical", rechunk=False)
     order = key_frame.select(pl.arg_sort_by(keys, maintain_order=True)).to_series()
     in_order = bool((order.to_numpy() == np.arange(order.len())).all())
@@ -422,4 +430,67 @@ def _read_sorted(files: list[Path], columns: list[str], keys: list[str]) -> pl.D
             col = pl.concat([_read_columns(p, [name]).to_series() for p in files], rechunk=False)
         out[name] = col if in_order else col.gather(order)
         del col
+    if positions:
+        out["_position"] = order.alias("_position")
     return pl.DataFrame(out)
+
+
+class ColumnReader:
+    """One column of a date's request files, read back a slice of rows at a time in the order
+    :meth:`Store.read_requests` returned them (``positions``: its ``_position`` column), so a
+    long run need not hold it. The files must not change meanwhile: a file ingested again since
+    is one error asking to run again."""
+
+    def __init__(self, store: Store, date: str, name: str, positions: npt.NDArray[Any]) -> None:
+        self.files, self.name = store.request_files(date), name
+        self.positions = np.asarray(positions)  # polars' row index type (4 bytes a row)
+        if not np.issubdtype(self.positions.dtype, np.integer):
+            raise TypeError(f"positions must be integers, not {self.positions.dtype}")
+        self._stamps = [_stamp(f) for f in self.files]
+        rows = []
+        for f in self.files:
+            with unreadable(f):
+                rows.append(pq.ParquetFile(f).metadata.num_rows)
+        self.starts = np.concatenate([[0], np.cumsum(rows, dtype=np.int64)])
+        if self.positions.size and (self.positions.min() < 0 or self.positions.max() >= self.starts[-1]):
+            raise RooftraceError(f"{self.files[0].parent}: the request rows changed while they were read; run again")
+
+    def __len__(self) -> int:
+        return int(self.positions.shape[0])
+
+    def slice(self, offset: int, length: int) -> pa.Array:
+        """Rows ``offset`` to ``offset + length`` (in the returned order) of the column."""
+        pos = self.positions[offset : offset + length]
+        if [_stamp(f) for f in self.files] != self._stamps:
+            raise RooftraceError(
+                f"{self.files[0].parent}: the date's requests changed during the run (ingested again?); run it again"
+            )
+        file_of = np.searchsorted(self.starts, pos, side="right") - 1
+        by_file = np.argsort(file_of, kind="stable")
+        parts = []
+        for k in np.unique(file_of).tolist():
+            local = pos[file_of == k].astype(np.int64) - self.starts[k]
+            parts.append(self._take(self.files[k], local))
+        values = pa.concat_arrays(parts) if parts else pa.array([], pa.large_string())
+        back = np.empty_like(by_file)
+        back[by_file] = np.arange(by_file.shape[0])
+        return values.take(pa.array(back))
+
+    def _take(self, path: Path, local: npt.NDArray[np.int64]) -> pa.Array:
+        """The column at rows ``local`` of one file: the row groups that cover them, read."""
+        with unreadable(path):
+            fh = pq.ParquetFile(path)
+            sizes = [fh.metadata.row_group(g).num_rows for g in range(fh.metadata.num_row_groups)]
+            first = np.concatenate([[0], np.cumsum(sizes, dtype=np.int64)])
+            lo = int(np.searchsorted(first, int(local.min()), side="right") - 1)
+            hi = int(np.searchsorted(first, int(local.max()), side="right") - 1)
+            col = fh.read_row_groups(list(range(lo, hi + 1)), columns=[self.name]).column(0).combine_chunks()
+        return col.take(pa.array(local - first[lo]))
+
+
+def _stamp(path: Path) -> tuple[int, int, int]:
+    try:
+        st = path.stat()
+    except OSError:
+        return (-1, -1, -1)
+    return (st.st_ino, st.st_size, st.st_mtime_ns)

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from pipeline.errors import RooftraceError
-from pipeline.store import Store, open_store
+from pipeline.store import ColumnReader, Store, open_store
 
 
 def test_lock_is_reentrant_in_process_and_exclusive_across_processes(tmp_path: Path) -> None:
@@ -76,6 +76,16 @@ def test_some_columns_of_a_date_read_as_the_whole_date_is(tmp_path: Path) -> Non
     assert_frame_equal(store.read_requests(date, cols), whole.select(cols))
     keys = ["arrival", "request_id"]
     assert_frame_equal(whole.select(keys), whole.select(keys).sort(keys))
+    # the ids read back a slice at a time from their positions, in the returned order
+    with_pos = store.read_requests(date, ["output_tokens"], positions=True)
+    ids = ColumnReader(store, date, "request_id", with_pos.get_column("_position").to_numpy())
+    rng = np.random.default_rng(5)
+    for a, n in [(0, 300), (0, 0), (299, 1), *((int(a), int(rng.integers(1, 80))) for a in rng.integers(0, 299, 12))]:
+        want = whole.get_column("request_id").slice(a, n).to_list()
+        assert ids.slice(a, n).to_pylist() == want
+    write_parquet(pl.read_parquet(files[1]).to_arrow(), files[1], "requests")  # ingested again, say
+    with pytest.raises(RooftraceError, match="changed during the run"):
+        ids.slice(0, 10)
     pl.read_parquet(files[0]).with_columns(pl.lit(None, pl.Int64).alias("output_tokens")).write_parquet(files[0])
     with pytest.raises(RooftraceError, match=str(files[0].name)):
         store.read_requests(date, cols)
