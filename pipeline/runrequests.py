@@ -105,6 +105,8 @@ class ResultSpool:
                 for p in np.flatnonzero(counts).tolist():
                     fh.seek(int(cursor[p]) * size)
                     parts.append(np.fromfile(fh, RESULT_DTYPE, count=int(counts[p])))
+                    if parts[-1].shape[0] != counts[p]:  # cut short behind our back
+                        raise RooftraceError(f"{self.path}: the spooled results end early; run the replay again")
                     cursor[p] += counts[p]
                 rec = np.empty(b - a, RESULT_DTYPE)
                 rec[np.argsort(pod, kind="stable")] = np.concatenate(parts)

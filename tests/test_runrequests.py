@@ -15,7 +15,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from pipeline.engine.model import EngineResult
-from pipeline.runrequests import MemoryColumns, ResultSpool, RunRequests, StoredColumns
+from pipeline.errors import RooftraceError
+from pipeline.runrequests import RESULT_DTYPE, MemoryColumns, ResultSpool, RunRequests, StoredColumns
 
 
 def _random_result(rng: np.random.Generator, n: int) -> EngineResult:
@@ -76,6 +77,11 @@ def test_spool_refuses_what_it_cannot_put_back(tmp_path: Path) -> None:
         spool.add(np.array([3, 4, 5, 2])[np.argsort([3, 4, 5, 2])], res)
     with pytest.raises(ValueError, match="2 requests have no result"):
         next(spool.chunks())
+    spool.add(np.array([4, 5]), _random_result(rng, 2))
+    with spool.path.open("r+b") as fh:  # cut short behind the spool's back
+        fh.truncate(5 * RESULT_DTYPE.itemsize)
+    with pytest.raises(RooftraceError, match="end early"):
+        list(spool.chunks(3))
     spool.remove()
 
 
