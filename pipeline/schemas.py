@@ -216,8 +216,12 @@ def check_file_schema(path: Path, name: str) -> None:
         got = pq.read_schema(path)
     meta = file_metadata(path)
     expected = load_schema(name)
-    if meta.get(META_NAME) != name.encode() or int(meta.get(META_VERSION, b"0")) != expected.version:
-        raise SchemaError(f"{path}: expected a {name!r} v{expected.version} table, metadata says {meta!r}")
+    found, version = meta.get(META_NAME), meta.get(META_VERSION, b"0")
+    if found != name.encode() or version != str(expected.version).encode():
+        says = "no rooftrace schema"
+        if found:
+            says = f"{found.decode(errors='replace')!r} v{version.decode(errors='replace')}"
+        raise SchemaError(f"{path}: expected a {name!r} v{expected.version} table, the file holds {says}")
     if not _types_match(got, expected.arrow):
         raise SchemaError(f"{path}: columns do not match schema {name!r}: {got.remove_metadata()}")
 
@@ -362,10 +366,11 @@ def read_parquet(path: Path | str, name: str, columns: Sequence[str] | None = No
     meta = file_metadata(path)
     found = meta.get(META_NAME)
     if found != name.encode():
-        raise SchemaError(f"{path}: expected a {name!r} table, file says {found.decode() if found else 'nothing'}")
+        says = found.decode(errors="replace") if found else "nothing"
+        raise SchemaError(f"{path}: expected a {name!r} table, file says {says}")
     expected = load_schema(name)
-    version = int(meta.get(META_VERSION, b"0"))
-    if version != expected.version:
+    version = meta.get(META_VERSION, b"0").decode(errors="replace")
+    if version != str(expected.version):
         raise SchemaError(f"{path}: schema {name!r} version {version}, this rooftrace reads {expected.version}")
     if columns is None:
         with unreadable(path):

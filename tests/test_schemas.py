@@ -119,3 +119,24 @@ def test_parquet_stream_abort_leaves_nothing(tmp_path: Path, monkeypatch: pytest
     stream.abort()
     assert not list((tmp_path / "run").iterdir())
     stream.abort()  # twice is harmless
+
+
+def test_hostile_parquet_metadata_is_one_short_error(tmp_path: Path) -> None:
+    """A version that is not a number, a name that is not UTF-8, another table's file, a file
+    that is not Parquet: each a SchemaError naming the file, short (no Arrow schema dump)."""
+    from pipeline.schemas import check_file_schema
+
+    table = pa.table({"x": [1]})
+    cases = {
+        "version.parquet": {b"rooftrace.schema": b"requests", b"rooftrace.schema_version": b"abc"},
+        "name.parquet": {b"rooftrace.schema": b"\xff\xfe", b"rooftrace.schema_version": b"1"},
+        "other.parquet": {b"rooftrace.schema": b"replay_steps", b"rooftrace.schema_version": b"2"},
+    }
+    for name, meta in cases.items():
+        pq.write_table(table.replace_schema_metadata(meta), tmp_path / name)
+    (tmp_path / "junk.parquet").write_bytes(b"not parquet at all")
+    for path in sorted(tmp_path.iterdir()):
+        for read in (lambda p: read_parquet(p, "requests"), lambda p: check_file_schema(p, "requests")):
+            with pytest.raises(SchemaError) as err:
+                read(path)
+            assert str(path) in str(err.value) and len(str(err.value)) < 300, str(err.value)
