@@ -1,17 +1,22 @@
 """The replay stage: run a day of requests through a fleet and write the run to the store.
 
-``replay(store, fleet_path, options)`` reads the canonical requests of one date, builds their
-prefix chains (pipeline.classify.prefix, the classify stage's model) with the fleet's block size, runs
-the jit engine (pipeline.engine.jit) with the roofline cost model — or the fast engine
-(pipeline.engine.fast) where the jit engine does not apply (MoE models) — and writes::
+``replay(store, fleet_path, options)`` reads the columns of one date's canonical requests that
+the engine takes (REPLAY_COLUMNS), cuts their prefix chains from the date's prefix identity
+(pipeline.classify.prefix, the classify stage's model) at the fleet's block size when the fleet
+caches prefixes, runs the jit engine (pipeline.engine.jit) with the fleet's step-cost model —
+in pods when asked (pipeline.engine.shard), or the Python engine (pipeline.engine.fast) where
+the jit engine does not apply — and writes, as the engine produces them (RunSteps for the step
+log, pipeline.runrequests for the per-request side; the summary is computed from the written
+requests table)::
 
     STORE/runs/<run_id>/config.json       resolved fleet, engine settings, options, summary
     STORE/runs/<run_id>/requests.parquet  schema replay_requests
     STORE/runs/<run_id>/steps.parquet     schema replay_steps (spans of identical steps)
     STORE/runs/<run_id>/series.parquet    schema replay_series (per replica per second)
 
-The run id is a digest of the inputs (requests, resolved fleet, options), so re-running the same
-replay rewrites the same files with the same bytes.
+The run id is a digest of the inputs (the requests' read columns, the prefix identity used, the
+resolved fleet, the options), so re-running the same replay rewrites the same files with the
+same bytes.
 """
 
 from __future__ import annotations
