@@ -508,12 +508,15 @@ def run_slo(run: ReplayRun, options: ReplayOptions | None = None) -> Slo | None:
     return parse_slo(text) if text else None
 
 
-def health(cols: Columns, slo: Slo | None) -> dict[str, Any]:
+def health(cols: Columns, slo: Slo | None, code: npt.NDArray[np.int8] | None = None) -> dict[str, Any]:
     """What failed: request counts (finished, rejected by reason, preempted), overload, and the
-    SLO verdict with goodput; ``warnings`` lists each failure in one line (empty: healthy)."""
-    code = cols.get("reject_code")
-    counts = failure_counts(code, cols.get("finish_s"), cols.get("preemptions"))
-    over = detect_overload(cols.get("arrival_s"), cols.get("scheduled_s"), cols.get("finish_s"), code == 0)
+    SLO verdict with goodput; ``warnings`` lists each failure in one line (empty: healthy).
+    ``code``: the reject codes, when the caller has read them already."""
+    code = cols.get("reject_code") if code is None else code
+    finish = cols.get("finish_s")
+    counts = failure_counts(code, finish, cols.get("preemptions"))
+    over = detect_overload(cols.get("arrival_s"), cols.get("scheduled_s"), finish, code == 0)
+    del finish
     verdict = None
     if slo is not None:
         lat = {m: cols.get(f"{m}_s") for m in {t.metric for t in slo.targets}}
@@ -554,17 +557,18 @@ def summary_of(cols: Columns, sums: StepSums, run: ReplayRun, slo: Slo | None = 
     prompt = cols.get("recorded_input_tokens")[ok]
     hits = cols.get("cache_hit_tokens")[ok]
     reasons = {REJECT_REASONS[c]: int((code == c).sum()) for c in range(1, len(REJECT_REASONS))}
+    healthy = health(cols, slo, code)
     return {
         "requests": int(cols.n),
         "finished": n_ok,
         "rejected": int(cols.n - n_ok),
         "rejected_by_reason": reasons,
-        "health": health(cols, slo),
+        "health": healthy,
         "makespan_s": span,
         "output_tokens": out_tok,
         "output_tokens_per_s": out_tok / span if span > 0 else None,
         "requests_per_s": float(n_ok) / span if span > 0 else None,
-        "preemptions": int(cols.get("preemptions").sum()),
+        "preemptions": healthy["preemptions"],
         "cache_hit_tokens": int(hits.sum()),
         # the replay's own prefix caches (each replica's engine KV cache, LRU), over finished requests
         "recorded_input_tokens": int(prompt.sum()),

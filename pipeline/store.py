@@ -194,10 +194,8 @@ class Store:
         frames = [pl.from_arrow(read_parquet(p, "requests")) for p in files]
         out = pl.concat([f for f in frames if isinstance(f, pl.DataFrame)], how="vertical", rechunk=False)
         del frames
-        order = out.select(pl.arg_sort_by(keys, maintain_order=True)).to_series().to_numpy()
-        if not np.array_equal(order, np.arange(order.shape[0])):  # most partitions are in order
-            out = out[order]
-        return out
+        order = _sort_order(out, keys)
+        return out if order is None else out[order]
 
     @contextmanager
     def lock(self) -> Iterator[None]:
@@ -420,19 +418,27 @@ def _read_sorted(files: list[Path], columns: list[str], keys: list[str], positio
     the order, then each column read and put in that order on its own (and, with
     ``positions``, the order itself as ``_position``)."""
     key_frame = pl.concat([_read_columns(p, keys) for p in files], how="vertical", rechunk=False)
-    order = key_frame.select(pl.arg_sort_by(keys, maintain_order=True)).to_series()
-    in_order = bool((order.to_numpy() == np.arange(order.len())).all())
+    order = _sort_order(key_frame, keys)
     out = {}
     for name in columns:
         if name in keys:
             col = key_frame.get_column(name)
         else:
             col = pl.concat([_read_columns(p, [name]).to_series() for p in files], rechunk=False)
-        out[name] = col if in_order else col.gather(order)
+        out[name] = col if order is None else col.gather(order)
         del col
     if positions:
-        out["_position"] = order.alias("_position")
+        n = key_frame.height  # positions as polars indexes rows: 4 bytes a row
+        whole = np.arange(n, dtype=np.uint32 if n < 2**32 else np.int64)
+        out["_position"] = pl.Series("_position", whole if order is None else order)
     return pl.DataFrame(out)
+
+
+def _sort_order(frame: pl.DataFrame, keys: list[str]) -> npt.NDArray[Any] | None:
+    """The rows of ``frame`` sorted by ``keys`` (ties in stored order), or None when they are in
+    that order already (most partitions are)."""
+    order = frame.select(pl.arg_sort_by(keys, maintain_order=True)).to_series().to_numpy()
+    return None if np.array_equal(order, np.arange(order.shape[0])) else order
 
 
 class ColumnReader:
