@@ -54,12 +54,14 @@ from pipeline.schemas import ParquetStream, atomic_write_bytes
 from pipeline.slo import (
     PERCENTILE_METHOD,
     Slo,
-    detect_overload,
     failure_counts,
     failures_line,
+    latest_finish,
+    overload_of,
     overload_text,
     parse_slo,
     slo_verdict,
+    sorted_accepted,
 )
 from pipeline.steps import BINDING_NAMES
 from pipeline.store import ColumnReader, Store, store_write_error
@@ -175,11 +177,15 @@ def build_workload(
     (the day's prefix identity, :func:`pipeline.classify.accounting.day_identity`) when given."""
     if requests.height == 0:
         raise RooftraceError("no requests to replay")
-    arrival_us = requests.get_column("arrival").dt.epoch("us").to_numpy().astype(np.int64)
-    arrival_s = (arrival_us - arrival_us.min()).astype(np.float64) / 1e6 / options.rate_scale
-    prompt = np.maximum(requests.get_column("recorded_input_tokens").to_numpy().astype(np.int64), 1)
+    # (one new array a column: a day of 10^8 requests holds its frame and these at once)
+    arrival_us = requests.get_column("arrival").dt.epoch("us").to_numpy()
+    arrival_s = np.subtract(arrival_us, arrival_us.min(), dtype=np.int64).astype(np.float64)
+    del arrival_us
+    arrival_s /= 1e6
+    arrival_s /= options.rate_scale
+    prompt = np.maximum(requests.get_column("recorded_input_tokens").to_numpy(), 1, dtype=np.int64)
     # vLLM samples at least one token (max_tokens >= 1): a logged 0 is replayed as 1.
-    output = np.maximum(requests.get_column("output_tokens").to_numpy().astype(np.int64), 1)
+    output = np.maximum(requests.get_column("output_tokens").to_numpy(), 1, dtype=np.int64)
     sched = fleet.scheduler
     tree = None
     if sched.enable_prefix_caching or fleet.config.router == "prefix_affinity":
@@ -494,12 +500,15 @@ def _series_table(cols: dict[str, npt.NDArray[Any]], fleet: ResolvedFleet, t0_us
 PERCENTILES = (50.0, 90.0, 95.0, 99.0, 99.9)
 
 
-def _stats(values: npt.NDArray[np.float64]) -> dict[str, float | None]:
-    v = values[np.isfinite(values)]
+def _stats(cols: Columns, name: str, ok: npt.NDArray[np.bool_]) -> dict[str, float | None]:
+    """Mean and percentiles of column ``name`` over the ``ok`` requests where it is defined."""
+    v = cols.get(name)
+    v = v[ok & np.isfinite(v)]  # (the whole column goes here)
     if v.size == 0:
         return {"mean": None, **{f"p{p:g}": None for p in PERCENTILES}}
-    q = np.percentile(v, PERCENTILES, method=PERCENTILE_METHOD)
-    return {"mean": float(v.mean()), **{f"p{p:g}": float(x) for p, x in zip(PERCENTILES, q, strict=True)}}
+    mean = float(v.mean())
+    q = np.percentile(v, PERCENTILES, method=PERCENTILE_METHOD, overwrite_input=True)
+    return {"mean": mean, **{f"p{p:g}": float(x) for p, x in zip(PERCENTILES, q, strict=True)}}
 
 
 def run_slo(run: ReplayRun, options: ReplayOptions | None = None) -> Slo | None:
@@ -513,10 +522,14 @@ def health(cols: Columns, slo: Slo | None, code: npt.NDArray[np.int8] | None = N
     SLO verdict with goodput; ``warnings`` lists each failure in one line (empty: healthy).
     ``code``: the reject codes, when the caller has read them already."""
     code = cols.get("reject_code") if code is None else code
+    ok = code == 0
     finish = cols.get("finish_s")
     counts = failure_counts(code, finish, cols.get("preemptions"))
-    over = detect_overload(cols.get("arrival_s"), cols.get("scheduled_s"), finish, code == 0)
-    del finish
+    last = latest_finish(finish, ok)
+    del finish  # one column at a time (the sorted copies are the accepted requests')
+    arrived = sorted_accepted(cols.get("arrival_s"), ok)
+    over = overload_of(arrived, sorted_accepted(cols.get("scheduled_s"), ok), last)
+    del arrived
     verdict = None
     if slo is not None:
         lat = {m: cols.get(f"{m}_s") for m in {t.metric for t in slo.targets}}
@@ -553,9 +566,9 @@ def summary_of(cols: Columns, sums: StepSums, run: ReplayRun, slo: Slo | None = 
     finish, arrival = cols.get("finish_s"), cols.get("arrival_s")
     span = float(np.nanmax(finish) - np.min(arrival)) if ok.any() else 0.0
     del finish, arrival
-    out_tok = int(cols.get("output_tokens")[ok].sum())
-    prompt = cols.get("recorded_input_tokens")[ok]
-    hits = cols.get("cache_hit_tokens")[ok]
+    out_tok = _sum(cols, "output_tokens", ok)
+    prompt = _sum(cols, "recorded_input_tokens", ok)
+    hits = _sum(cols, "cache_hit_tokens", ok)
     reasons = {REJECT_REASONS[c]: int((code == c).sum()) for c in range(1, len(REJECT_REASONS))}
     healthy = health(cols, slo, code)
     return {
@@ -569,16 +582,21 @@ def summary_of(cols: Columns, sums: StepSums, run: ReplayRun, slo: Slo | None = 
         "output_tokens_per_s": out_tok / span if span > 0 else None,
         "requests_per_s": float(n_ok) / span if span > 0 else None,
         "preemptions": healthy["preemptions"],
-        "cache_hit_tokens": int(hits.sum()),
+        "cache_hit_tokens": hits,
         # the replay's own prefix caches (each replica's engine KV cache, LRU), over finished requests
-        "recorded_input_tokens": int(prompt.sum()),
-        "fresh_input_tokens": int((prompt - hits).sum()),
-        **{name: _stats(cols.get(name)[ok]) for name in ("ttft_s", "tpot_s", "e2e_s", "queue_s")},
+        "recorded_input_tokens": prompt,
+        "fresh_input_tokens": prompt - hits,
+        **{name: _stats(cols, name, ok) for name in ("ttft_s", "tpot_s", "e2e_s", "queue_s")},
         "engine_wall_s": run.wall_s,
         "engine_requests_per_wall_s": cols.n / run.wall_s if run.wall_s > 0 else None,
         "spans": sums.spans,
         "cost_model": _cost_summary(run, sums),
     }
+
+
+def _sum(cols: Columns, name: str, ok: npt.NDArray[np.bool_]) -> int:
+    """The sum of integer column ``name`` over the ``ok`` requests (no copy of them)."""
+    return int(np.sum(cols.get(name), where=ok, dtype=np.int64))
 
 
 def _cost_summary(run: ReplayRun, sums: StepSums) -> dict[str, Any]:
@@ -609,13 +627,23 @@ class ReplayResult:
 
 
 def _run_id(
-    date: str, fleet: ResolvedFleet, options: ReplayOptions, requests: pl.DataFrame, identity: PrefixIdentity | None
+    date: str,
+    fleet: ResolvedFleet,
+    options: ReplayOptions,
+    requests: pl.DataFrame,
+    identity: PrefixIdentity | None,
+    ids: ColumnReader,
 ) -> str:
+    """The run's id: the date, the fleet, what the options replay, and a digest of the replayed
+    columns (request ids from ``ids``, read a row group at a time, then the rest of
+    ``requests``) and of the prefix identity used."""
     h = hashlib.sha256()
     h.update(json.dumps(fleet.to_dict(), sort_keys=True, default=str).encode())
     how = {"slo", "pods", "executor", "ray_address"}  # how it ran, not what: not part of the id
     h.update(json.dumps({k: v for k, v in asdict(options).items() if k not in how}, sort_keys=True).encode())
-    for name in requests.columns:  # a column at a time: no row encoding of the whole frame
+    h.update(b"request_id")
+    ids.digest(h)
+    for name in (c for c in requests.columns if c != "request_id"):  # a column at a time
         h.update(name.encode())
         h.update(np.ascontiguousarray(requests.get_column(name).hash(seed=0).to_numpy()).data)
     if identity is not None:  # the prefix chains the caches see
@@ -645,12 +673,15 @@ def replay(
     fleet = resolve(cfg, str(path))
     date = store.resolve_date(options.date)
     affinity = ("session_id",) if cfg.router == "session_affinity" else ()
-    requests = store.read_requests(date, (*REPLAY_COLUMNS, *affinity), positions=True)
-    # the request ids are read again a chunk at a time when requests.parquet is written
+    chains = fleet.scheduler.enable_prefix_caching or cfg.router == "prefix_affinity"
+    # the request ids only where the prefix identity needs them: they are digested for the run
+    # id and written to requests.parquet a row group / chunk at a time, read from the store
+    read = REPLAY_COLUMNS if chains else tuple(c for c in REPLAY_COLUMNS if c != "request_id")
+    requests = store.read_requests(date, (*read, *affinity), positions=True)
     request_id = ColumnReader(store, date, "request_id", requests.get_column("_position").to_numpy())
     requests = requests.drop("_position")
     identity = None
-    if fleet.scheduler.enable_prefix_caching or cfg.router == "prefix_affinity":
+    if chains:
         identity = day_identity(store, date, requests, progress)
         options = replace(options, isolation=identity.isolation)
     else:  # no prefix chains needed: the isolation key alone, for the run's record
@@ -658,7 +689,7 @@ def replay(
     if progress:
         progress(f"replaying {requests.height:,} requests of {date} on {cfg.replicas}x {cfg.name}")
     t0_us = int(requests.get_column("arrival").dt.epoch("us").to_numpy().min()) if requests.height else 0
-    run_id = _run_id(date, fleet, options, requests, identity)
+    run_id = _run_id(date, fleet, options, requests, identity, request_id)
     run_dir = store.run_dir(run_id)
     engine_progress = check_replay_limits(requests, fleet, options, streamed=True)
     work = build_workload(requests, fleet, options, identity)

@@ -66,7 +66,7 @@ class ResultSpool:
         self.written = 0
         self._fh: Any = None
 
-    def add(self, rows: npt.NDArray[np.int64], res: EngineResult) -> None:
+    def add(self, rows: npt.NDArray[Any], res: EngineResult) -> None:
         """A pod's results; ``rows`` are its requests' rows, increasing."""
         if rows.shape[0] != res.reject_reason.shape[0]:
             raise ValueError(f"pod of {rows.shape[0]} rows handed {res.reject_reason.shape[0]} results")
@@ -195,7 +195,7 @@ class RunRequests:
         self.stream = ParquetStream(run_dir / "requests.parquet", "replay_requests")
         self.spool = ResultSpool(run_dir / f".requests.{os.getpid()}.spool", work.n)
 
-    def add_pod(self, rows: npt.NDArray[np.int64], res: EngineResult) -> None:
+    def add_pod(self, rows: npt.NDArray[Any], res: EngineResult) -> None:
         with run_writes(self.run_dir, "per-request results"):
             self.spool.add(rows, res)
 

@@ -311,25 +311,55 @@ def detect_overload(
     """Waiting requests W(t) = arrived − scheduled (accepted requests). Overloaded when W at the
     last arrival is at least max(MIN_BACKLOG, MIN_BACKLOG_SHARE · accepted) and W has not been
     zero since a time at least MIN_OVERLOAD_SHARE of the span before the last arrival."""
-    a = np.sort(arrival_s[accepted])
+    return overload_of(
+        sorted_accepted(arrival_s, accepted), sorted_accepted(scheduled_s, accepted), latest_finish(finish_s, accepted)
+    )
+
+
+def sorted_accepted(values: npt.NDArray[np.float64], accepted: npt.NDArray[np.bool_]) -> npt.NDArray[np.float64]:
+    """The accepted requests' times, sorted, a missing one (NaN: never admitted) as +inf: what
+    :func:`overload_of` takes for arrivals and for admissions."""
+    out = values[accepted]
+    out[np.isnan(out)] = np.inf
+    out.sort()
+    return out
+
+
+def latest_finish(finish_s: npt.NDArray[np.float64], accepted: npt.NDArray[np.bool_]) -> float | None:
+    """The latest finite finish time of the accepted requests (None: none finished)."""
+    last = float(np.max(finish_s, where=accepted & np.isfinite(finish_s), initial=-np.inf))
+    return None if last == -np.inf else last
+
+
+#: Admissions whose backlog :func:`overload_of` evaluates at once (the memory it holds).
+OVERLOAD_CHUNK = 1 << 20
+
+
+def overload_of(a: npt.NDArray[np.float64], s: npt.NDArray[np.float64], last_finish: float | None) -> Overload:
+    """:func:`detect_overload` on the accepted requests' sorted arrivals ``a`` and admissions
+    ``s`` (:func:`sorted_accepted`) and their latest finish (:func:`latest_finish`)."""
     if a.size < 2:
         return Overload(False)
-    s = np.sort(np.where(np.isnan(scheduled_s[accepted]), np.inf, scheduled_s[accepted]))
     t_first, t_last = float(a[0]), float(a[-1])
     # W just after each admission up to the last arrival (arrivals before admissions at ties): a
-    # request is admitted after it arrives, so W >= 0 and it can only reach 0 at an admission
-    upto = s[: int(np.searchsorted(s, t_last, side="right"))]
-    waiting = np.searchsorted(a, upto, side="right") - np.searchsorted(s, upto, side="right")
-    empty = upto[waiting <= 0]
-    onset = float(empty[-1]) if empty.size else t_first
-    backlog = int(a.size - upto.size)  # W just after the last arrival
-    finished = finish_s[accepted]
-    last_finish = float(np.nanmax(finished)) if np.isfinite(finished).any() else t_last
+    # request is admitted after it arrives, so W >= 0 and it can only reach 0 at an admission.
+    # The latest admission that empties it is looked for from the end, a chunk at a time.
+    k = int(np.searchsorted(s, t_last, side="right"))
+    onset = t_first
+    for hi in range(k, 0, -OVERLOAD_CHUNK):
+        upto = s[max(0, hi - OVERLOAD_CHUNK) : hi]
+        waiting = np.searchsorted(a, upto, side="right") - np.searchsorted(s, upto, side="right")
+        empty = np.flatnonzero(waiting <= 0)
+        if empty.size:
+            onset = float(upto[empty[-1]])
+            break
+    backlog = int(a.size - k)  # W just after the last arrival
+    last = t_last if last_finish is None else last_finish
     span = t_last - t_first
     long_enough = span > 0 and (t_last - onset) >= MIN_OVERLOAD_SHARE * span
     big = backlog >= max(MIN_BACKLOG, MIN_BACKLOG_SHARE * a.size)
     if not (long_enough and big):
-        return Overload(False, drain_s=max(0.0, last_finish - t_last))
+        return Overload(False, drain_s=max(0.0, last - t_last))
     dur = t_last - onset
     arrived = int(np.searchsorted(a, t_last, side="right") - np.searchsorted(a, onset, side="right"))
     served = int(np.searchsorted(s, t_last, side="right") - np.searchsorted(s, onset, side="right"))
@@ -339,7 +369,7 @@ def detect_overload(
         backlog=backlog,
         arrival_rate=arrived / dur,
         service_rate=served / dur,
-        drain_s=max(0.0, last_finish - t_last),
+        drain_s=max(0.0, last - t_last),
     )
 
 

@@ -25,7 +25,7 @@ import json
 import os
 import re
 import shutil
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import date as _date
@@ -181,20 +181,21 @@ class Store:
         self, date: str | None = None, columns: Sequence[str] | None = None, positions: bool = False
     ) -> pl.DataFrame:
         """All canonical requests of one arrival date (the latest when ``date`` is None), sorted
-        by arrival then request id; only ``columns`` when given (read and put in order one
-        column at a time, so the date is never held twice), with ``positions``: and a
+        by arrival then request id (:func:`arrival_order`); only ``columns`` when given (read
+        and put in order one column at a time, so the date is never held twice, and the request
+        ids read only where arrivals tie unless asked for), with ``positions``: and a
         ``_position`` column, each row's place in the date's files (:class:`ColumnReader`)."""
         date = self.resolve_date(date)
-        keys = ["arrival", "request_id"]
         files = self.request_files(date)
         if not files:
             raise RooftraceError(f"{self.partition(self.requests_dir, date)}: empty partition")
         if columns is not None:
-            return _read_sorted(files, list(columns), keys, positions)
+            return _read_sorted(files, list(columns), positions)
         frames = [pl.from_arrow(read_parquet(p, "requests")) for p in files]
         out = pl.concat([f for f in frames if isinstance(f, pl.DataFrame)], how="vertical", rechunk=False)
         del frames
-        order = _sort_order(out, keys)
+        ids = out.get_column("request_id")
+        order = arrival_order(out.get_column("arrival").dt.epoch("us").to_numpy(), lambda rows: ids.gather(rows))
         return out if order is None else out[order]
 
     @contextmanager
@@ -413,32 +414,81 @@ def _read_columns(path: Path, columns: Sequence[str]) -> pl.DataFrame:
     return frame
 
 
-def _read_sorted(files: list[Path], columns: list[str], keys: list[str], positions: bool = False) -> pl.DataFrame:
-    """``columns`` of the requests in ``files``, sorted by ``keys``: the keys read first to find
-    the order, then each column read and put in that order on its own (and, with
+def _read_sorted(files: list[Path], columns: list[str], positions: bool = False) -> pl.DataFrame:
+    """``columns`` of the requests in ``files`` in :func:`arrival_order`: the arrivals read
+    first to find the order, then each column read and put in that order on its own (and, with
     ``positions``, the order itself as ``_position``)."""
-    key_frame = pl.concat([_read_columns(p, keys) for p in files], how="vertical", rechunk=False)
-    order = _sort_order(key_frame, keys)
+    arrival = pl.concat([_read_columns(p, ["arrival"]).to_series() for p in files], rechunk=True)
+    order = arrival_order(arrival.dt.epoch("us").to_numpy(), lambda rows: _ids_at(files, rows))
+    n = arrival.len()
     out = {}
     for name in columns:
-        if name in keys:
-            col = key_frame.get_column(name)
+        if name == "arrival":
+            col = arrival
         else:
             col = pl.concat([_read_columns(p, [name]).to_series() for p in files], rechunk=False)
         out[name] = col if order is None else col.gather(order)
         del col
-    if positions:
-        n = key_frame.height  # positions as polars indexes rows: 4 bytes a row
+    del arrival
+    if positions:  # positions as polars indexes rows: 4 bytes a row
         whole = np.arange(n, dtype=np.uint32 if n < 2**32 else np.int64)
-        out["_position"] = pl.Series("_position", whole if order is None else order)
+        out["_position"] = pl.Series("_position", whole if order is None else order.astype(whole.dtype))
     return pl.DataFrame(out)
 
 
-def _sort_order(frame: pl.DataFrame, keys: list[str]) -> npt.NDArray[Any] | None:
-    """The rows of ``frame`` sorted by ``keys`` (ties in stored order), or None when they are in
-    that order already (most partitions are)."""
-    order = frame.select(pl.arg_sort_by(keys, maintain_order=True)).to_series().to_numpy()
-    return None if np.array_equal(order, np.arange(order.shape[0])) else order
+def arrival_order(
+    arrival_us: npt.NDArray[np.int64], ids: Callable[[npt.NDArray[np.int64]], pl.Series]
+) -> npt.NDArray[Any] | None:
+    """The store's request order: rows sorted by arrival, then request id, then stored order;
+    None when they are in that order already (most partitions are). ``ids(rows)`` gives the
+    request ids of stored rows ``rows`` (increasing): only rows whose arrival another row
+    shares are asked for, so a date's ids need not be read to order it."""
+    n = arrival_us.shape[0]
+    order = None if n < 2 or bool((arrival_us[1:] >= arrival_us[:-1]).all()) else np.argsort(arrival_us, kind="stable")
+    a = arrival_us if order is None else arrival_us[order]
+    same = a[1:] == a[:-1]  # in sorted order: row i + 1 arrives with row i
+    del a
+    if not same.any():
+        return order
+    tied = np.zeros(n, bool)
+    tied[1:] |= same
+    tied[:-1] |= same
+    at = np.flatnonzero(tied)  # sorted places of rows that share their arrival
+    del tied
+    group = np.cumsum(~np.r_[False, same][at])  # one number per arrival the tied rows share
+    del same
+    rows = at if order is None else order[at]  # their stored rows
+    up = np.argsort(rows, kind="stable")
+    back = np.empty_like(up)
+    back[up] = np.arange(up.shape[0])
+    rid = ids(rows[up]).gather(back)
+    within = pl.DataFrame({"g": group, "id": rid}).select(pl.arg_sort_by(["g", "id"], maintain_order=True))
+    full = np.arange(n, dtype=np.int64) if order is None else order
+    full[at] = rows[within.to_series().to_numpy()]
+    return None if bool((full == np.arange(n)).all()) else full
+
+
+def _ids_at(files: list[Path], rows: npt.NDArray[np.int64]) -> pl.Series:
+    """The request ids of the date's rows ``rows`` (increasing positions over ``files``), read
+    a row group at a time: only the groups that hold them."""
+    parts: list[pl.Series] = []
+    first = 0
+    for path in files:
+        with unreadable(path):
+            fh = pq.ParquetFile(path)
+            for g in range(fh.metadata.num_row_groups):
+                size = fh.metadata.row_group(g).num_rows
+                lo, hi = np.searchsorted(rows, [first, first + size])
+                if hi > lo:
+                    col = fh.read_row_group(g, columns=["request_id"]).column(0)
+                    part = pl.from_arrow(col.take(pa.array(rows[lo:hi] - first)))
+                    assert isinstance(part, pl.Series)
+                    parts.append(part.cast(pl.String))
+                first += size
+    ids = pl.concat(parts) if parts else pl.Series("request_id", [], pl.String)
+    if ids.null_count():
+        raise RooftraceError(f"{files[0].parent}: required column request_id holds nulls")
+    return ids
 
 
 class ColumnReader:
@@ -464,13 +514,36 @@ class ColumnReader:
     def __len__(self) -> int:
         return int(self.positions.shape[0])
 
-    def slice(self, offset: int, length: int) -> pa.Array:
-        """Rows ``offset`` to ``offset + length`` (in the returned order) of the column."""
-        pos = self.positions[offset : offset + length]
+    def digest(self, h: Any, chunk: int = 1 << 20) -> None:
+        """Feed ``h`` (a hashlib object) the polars hashes (seed 0) of the column in the returned
+        order, the bytes ``Series.hash(seed=0)`` of the whole ordered column gives, reading it a
+        row group at a time (8 bytes a row held)."""
+        self._check()
+        stored = np.empty(int(self.starts[-1]), np.uint64)
+        at = 0
+        for path in self.files:
+            with unreadable(path):
+                fh = pq.ParquetFile(path)
+                for g in range(fh.metadata.num_row_groups):
+                    col = pl.from_arrow(fh.read_row_group(g, columns=[self.name]).column(0))
+                    assert isinstance(col, pl.Series)
+                    stored[at : at + col.len()] = col.hash(seed=0).to_numpy()
+                    at += col.len()
+        if at != stored.shape[0]:
+            raise RooftraceError(f"{self.files[0].parent}: the request rows changed while they were read; run again")
+        for a in range(0, len(self), chunk):
+            h.update(np.ascontiguousarray(stored[self.positions[a : a + chunk]]).data)
+
+    def _check(self) -> None:
         if [_stamp(f) for f in self.files] != self._stamps:
             raise RooftraceError(
                 f"{self.files[0].parent}: the date's requests changed during the run (ingested again?); run it again"
             )
+
+    def slice(self, offset: int, length: int) -> pa.Array:
+        """Rows ``offset`` to ``offset + length`` (in the returned order) of the column."""
+        pos = self.positions[offset : offset + length]
+        self._check()
         file_of = np.searchsorted(self.starts, pos, side="right") - 1
         by_file = np.argsort(file_of, kind="stable")
         parts = []

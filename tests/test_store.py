@@ -5,6 +5,8 @@ import sys
 from pathlib import Path
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from pipeline.errors import RooftraceError
 from pipeline.store import ColumnReader, Store, open_store
@@ -83,6 +85,13 @@ def test_some_columns_of_a_date_read_as_the_whole_date_is(tmp_path: Path) -> Non
     for a, n in [(0, 300), (0, 0), (299, 1), *((int(a), int(rng.integers(1, 80))) for a in rng.integers(0, 299, 12))]:
         want = whole.get_column("request_id").slice(a, n).to_list()
         assert ids.slice(a, n).to_pylist() == want
+    # the ids' digest: what hashing the whole ordered column gives, read a row group at a time
+    import hashlib
+
+    want_h, got_h = hashlib.sha256(), hashlib.sha256()
+    want_h.update(np.ascontiguousarray(whole.get_column("request_id").hash(seed=0).to_numpy()).data)
+    ids.digest(got_h, chunk=7)
+    assert got_h.hexdigest() == want_h.hexdigest()
     write_parquet(pl.read_parquet(files[1]).to_arrow(), files[1], "requests")  # ingested again, say
     with pytest.raises(RooftraceError, match="changed during the run"):
         ids.slice(0, 10)
@@ -93,3 +102,33 @@ def test_some_columns_of_a_date_read_as_the_whole_date_is(tmp_path: Path) -> Non
     for columns in (None, cols):
         with pytest.raises(RooftraceError, match=f"{stored.name}: not a readable Parquet file"):
             store.read_requests(date, columns)
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    st.lists(st.tuples(st.integers(0, 6), st.sampled_from(["a", "b", "ab", "", "c", "é"])), min_size=0, max_size=60),
+)
+def test_arrival_order_is_a_sort_by_arrival_then_request_id(rows: list[tuple[int, str]]) -> None:
+    """:func:`arrival_order` (ids read only where arrivals tie) orders rows as polars' stable
+    sort by (arrival, request_id) does; None exactly when that order is the stored one; the ids
+    it asks for are the tied rows', in increasing stored order."""
+    import numpy as np
+    import polars as pl
+
+    from pipeline.store import arrival_order
+
+    frame = pl.DataFrame({"arrival": [a for a, _ in rows], "request_id": [i for _, i in rows]},
+                         schema={"arrival": pl.Int64, "request_id": pl.String})  # fmt: skip
+    want = frame.select(pl.arg_sort_by(["arrival", "request_id"], maintain_order=True)).to_series().to_numpy()
+    asked: list[np.ndarray] = []
+
+    def ids(at: np.ndarray) -> pl.Series:
+        asked.append(at)
+        return frame.get_column("request_id").gather(at)
+
+    got = arrival_order(frame.get_column("arrival").to_numpy(), ids)
+    assert np.array_equal(np.arange(len(rows)) if got is None else got, want)
+    assert (got is None) == bool(np.array_equal(want, np.arange(len(rows))))
+    arrivals = frame.get_column("arrival")
+    tied = np.flatnonzero(arrivals.is_duplicated().to_numpy())
+    assert (np.concatenate(asked) if asked else np.zeros(0, np.int64)).tolist() == tied.tolist()

@@ -41,6 +41,8 @@ from pipeline.stepcost import TabulatedCost
 from pipeline.steps import StepCostFn
 
 IntArray = npt.NDArray[np.int64]
+#: Request rows (int32 when a day's count fits, else int64) and routes within a pod (int32).
+RowArray = npt.NDArray[Any]
 
 #: Where pods run.
 EXECUTORS: tuple[str, ...] = ("local", "process", "ray")
@@ -55,7 +57,13 @@ def static_routes(work: Workload, spec: FleetSpec) -> IntArray | None:
     rejected = reject_reasons(work, spec.scheduler) != 0
     if spec.router == "round_robin":
         # the engine takes arrivals in (time, index) order and counts the ones it routes
-        times = np.zeros(n) if spec.mode == "offline" else work.arrival_s
+        times = work.arrival_s
+        if spec.mode == "offline" or n < 2 or bool((times[1:] >= times[:-1]).all()):  # in that order already
+            routes = np.cumsum(~rejected, dtype=np.int64)
+            routes -= 1
+            routes %= R
+            routes[rejected] = -1
+            return routes
         order = np.argsort(times, kind="mergesort")
         taken = order[~rejected[order]]
         routes = np.full(n, -1, np.int64)
@@ -77,17 +85,20 @@ def pod_cuts(replicas: int, lockstep: int, pods: int) -> IntArray:
     return (groups * np.arange(pods + 1, dtype=np.int64) // pods) * lockstep
 
 
-def _rows_by_pod(pod: IntArray) -> Iterator[tuple[int, IntArray]]:
+def _rows_by_pod(pod: npt.NDArray[Any]) -> Iterator[tuple[int, RowArray]]:
     """(pod, its requests in increasing order) for every pod that has a request; ``pod`` < 0 (a
     rejected request: routed nowhere) counts as pod 0, which reports them. One sort, whatever
     the number of pods: pods without requests are never built (they would replay nothing)."""
     pod = np.maximum(pod, 0)
     order = np.argsort(pod, kind="stable")
-    ranked = pod[order]
-    starts = np.flatnonzero(np.r_[True, ranked[1:] != ranked[:-1]]) if ranked.size else np.zeros(0, np.int64)
-    ends = np.r_[starts[1:], ranked.size].astype(np.int64)
-    for a, b in zip(starts.tolist(), ends.tolist(), strict=True):
-        yield int(ranked[a]), order[a:b].astype(np.int64)
+    counts = np.bincount(pod) if pod.size else np.zeros(0, np.int64)
+    del pod
+    # a day's rows as 4-byte numbers when they fit (the engine takes its own copy of a pod's)
+    if order.size < 2**31:
+        order = order.astype(np.int32)
+    ends = np.cumsum(counts)
+    for k in np.flatnonzero(counts).tolist():
+        yield k, order[ends[k] - counts[k] : ends[k]]
 
 
 @dataclass(frozen=True)
@@ -97,10 +108,10 @@ class Pod:
     own router picks, as under hierarchical routing)."""
 
     first: int
-    rows: IntArray
+    rows: RowArray
     work: Workload
     spec: FleetSpec
-    routes: IntArray | None
+    routes: RowArray | None
 
 
 @dataclass(frozen=True)
@@ -109,9 +120,9 @@ class PodCut:
     replay cuts one pod's at a time when pods run one after another."""
 
     first: int
-    rows: IntArray
+    rows: RowArray
     spec: FleetSpec
-    routes: IntArray | None
+    routes: RowArray | None
     keep_affinity: bool
 
     def pod(self, work: Workload) -> Pod:
@@ -122,7 +133,7 @@ class PodCut:
         return busy_fleet(_subset(work, self.rows, self.keep_affinity, chains=False), self.spec, self.routes).spec
 
 
-def _subset(work: Workload, rows: IntArray, keep_affinity: bool, chains: bool = True) -> Workload:
+def _subset(work: Workload, rows: RowArray, keep_affinity: bool, chains: bool = True) -> Workload:
     """The requests ``rows`` of ``work`` (chains included unless not ``chains``), in that order."""
     affinity = work.affinity[rows] if keep_affinity and work.affinity is not None else None
     if not chains:
@@ -166,11 +177,13 @@ def _cut_pods(work: Workload, spec: FleetSpec, pods: int) -> list[PodCut]:
         )
         raise ConfigError(f"--pods {pods}: the fleet cannot be replayed in pods exactly: {why}")
     cuts = pod_cuts(spec.replicas, spec.lockstep, pods)
-    pod_of = np.where(routes >= 0, np.searchsorted(cuts, routes, side="right") - 1, -1)
+    pod_of = np.searchsorted(cuts, routes, side="right").astype(np.int32)
+    pod_of -= 1  # (a rejected request, route -1: pod -1)
     out = []
     for k, rows in _rows_by_pod(pod_of):
         a, b = int(cuts[k]), int(cuts[k + 1])
-        local = np.where(routes[rows] >= 0, routes[rows] - a, 0)
+        local = routes[rows]
+        local = np.where(local >= 0, local - a, 0).astype(np.int32)  # a pod's replicas: 4-byte numbers
         out.append(PodCut(a, rows, replace(spec, replicas=b - a), local, False))
     return out
 
@@ -215,6 +228,9 @@ def _cut_hierarchical(work: Workload, spec: FleetSpec, pod_ranks: int) -> list[P
 
 def run_pod(pod: Pod, cost: TabulatedCost, want_log: bool) -> tuple[EngineResult, npt.NDArray[np.float64]]:
     """Replay one pod (in any process): its results and its step log's rows."""
+    from pipeline.limits import keep_malloc_threshold
+
+    keep_malloc_threshold()  # (a worker process's pods, one after another)
     log = _Capture() if want_log else None
     res = simulate_jit(pod.work, pod.spec, cost, log, routes=pod.routes)
     return res, log.rows if log is not None else np.zeros((0, len(SPAN_COLUMNS)))
@@ -261,11 +277,14 @@ def sharded_results(
     progress: Callable[[int], None] | None = None,
     address: str | None = None,
     pod_ranks: int = 0,
-) -> Iterator[tuple[IntArray, EngineResult]]:
+) -> Iterator[tuple[RowArray, EngineResult]]:
     """:func:`simulate_sharded` a pod at a time: each pod's request rows (increasing) and their
     results (replicas numbered in the fleet), as the pod ends; its step log goes to ``log``."""
     if executor not in EXECUTORS:
         raise ConfigError(f"executor {executor!r} unknown; choose one of {list(EXECUTORS)}")
+    from pipeline.limits import keep_malloc_threshold
+
+    keep_malloc_threshold()  # pods' arrays go back to the system when freed
     shards = _cut_hierarchical(work, spec, pod_ranks) if pod_ranks > 0 else _cut_pods(work, spec, pods)
     # each pod allocates its own engine state: the largest pod must fit, not the whole fleet
     # (the replicas of a pod that receive requests: jit.busy_fleet)
