@@ -171,34 +171,43 @@ def _engine_chains(
 
 
 def build_workload(
-    requests: pl.DataFrame, fleet: ResolvedFleet, options: ReplayOptions, identity: PrefixIdentity | None = None
+    requests: pl.DataFrame | list[pl.DataFrame],
+    fleet: ResolvedFleet,
+    options: ReplayOptions,
+    identity: PrefixIdentity | None = None,
 ) -> Workload:
     """Engine arrays from canonical requests (sorted by arrival); prefix chains from ``identity``
-    (the day's prefix identity, :func:`pipeline.classify.accounting.day_identity`) when given."""
-    if requests.height == 0:
+    (the day's prefix identity, :func:`pipeline.classify.accounting.day_identity`) when given.
+    ``requests`` in a one-item list is handed over: it is emptied and each column let go once
+    converted, so a long day is not held twice."""
+    frame = requests.pop() if isinstance(requests, list) else requests
+    del requests
+    if frame.height == 0:
         raise RooftraceError("no requests to replay")
-    # (one new array a column: a day of 10^8 requests holds its frame and these at once)
-    arrival_us = requests.get_column("arrival").dt.epoch("us").to_numpy()
+    n = frame.height
+    sched = fleet.scheduler
+    tree = None
+    if sched.enable_prefix_caching or fleet.config.router == "prefix_affinity":
+        tree = _engine_chains(frame, sched.block_size, options.isolation, identity)
+    affinity = None
+    if fleet.config.router == "session_affinity" and "session_id" in frame.columns:
+        affinity = _session_keys(frame.get_column("session_id"))
+    elif fleet.config.router == "prefix_affinity" and tree is not None:
+        has = tree.blocks > 0
+        first = np.zeros(n, np.uint64)
+        first[has] = tree.materialise(n_blocks=np.ones(n, np.int64))[0]
+        affinity = np.where(has, (first & _INT63).astype(np.int64), -1)
+    arrival_us = frame.get_column("arrival").dt.epoch("us").to_numpy()
+    frame = frame.drop("arrival")
     arrival_s = np.subtract(arrival_us, arrival_us.min(), dtype=np.int64).astype(np.float64)
     del arrival_us
     arrival_s /= 1e6
     arrival_s /= options.rate_scale
-    prompt = np.maximum(requests.get_column("recorded_input_tokens").to_numpy(), 1, dtype=np.int64)
+    prompt = np.maximum(frame.get_column("recorded_input_tokens").to_numpy(), 1, dtype=np.int64)
+    frame = frame.drop("recorded_input_tokens")
     # vLLM samples at least one token (max_tokens >= 1): a logged 0 is replayed as 1.
-    output = np.maximum(requests.get_column("output_tokens").to_numpy(), 1, dtype=np.int64)
-    sched = fleet.scheduler
-    tree = None
-    if sched.enable_prefix_caching or fleet.config.router == "prefix_affinity":
-        tree = _engine_chains(requests, sched.block_size, options.isolation, identity)
-    affinity = None
-    if fleet.config.router == "session_affinity" and "session_id" in requests.columns:
-        sessions = requests.get_column("session_id").to_list()
-        affinity = np.array([-1 if s is None else key64(str(s)) & int(_INT63) for s in sessions], dtype=np.int64)
-    elif fleet.config.router == "prefix_affinity" and tree is not None:
-        has = tree.blocks > 0
-        first = np.zeros(requests.height, np.uint64)
-        first[has] = tree.materialise(n_blocks=np.ones(requests.height, np.int64))[0]
-        affinity = np.where(has, (first & _INT63).astype(np.int64), -1)
+    output = np.maximum(frame.get_column("output_tokens").to_numpy(), 1, dtype=np.int64)
+    del frame
     return Workload(
         arrival_s=arrival_s,
         prompt_tokens=prompt,
@@ -206,6 +215,15 @@ def build_workload(
         chain_tree=tree if sched.enable_prefix_caching else None,
         affinity=affinity,
     )
+
+
+def _session_keys(sessions: pl.Series) -> npt.NDArray[np.int64]:
+    """Session-affinity keys: each session id's 63-bit key (prefix.key64), −1 for none; each
+    distinct id hashed once."""
+    distinct = sessions.drop_nulls().unique(maintain_order=True)
+    keys = pl.Series([key64(str(s)) & int(_INT63) for s in distinct.to_list()], dtype=pl.Int64)
+    out = sessions.replace_strict(distinct, keys, default=-1, return_dtype=pl.Int64).fill_null(-1)
+    return np.ascontiguousarray(out.to_numpy(), dtype=np.int64)
 
 
 def check_replay_limits(
@@ -273,8 +291,8 @@ def run_workload(
     log = StepLog(capacity=1024 if sharded and steps is not None else max(1024, 2 * work.n))
     pod_log: RowSink = steps if steps is not None else log
     t0 = time.perf_counter()
-    reason = unsupported_reason(busy_fleet(work, spec).spec, cost)
     result: EngineResult | None = None
+    reason = None if sharded else unsupported_reason(busy_fleet(work, spec).spec, cost)
     if sharded:  # in pods (hierarchical routing: one shard per routing pod)
         ranks = pod_size * (fleet.ranks // fleet.config.replicas) if hierarchical else 0
         pods = 1 if hierarchical else options.pods
@@ -692,8 +710,10 @@ def replay(
     run_id = _run_id(date, fleet, options, requests, identity, request_id)
     run_dir = store.run_dir(run_id)
     engine_progress = check_replay_limits(requests, fleet, options, streamed=True)
-    work = build_workload(requests, fleet, options, identity)
-    del requests, identity  # from here on: the engine's arrays and the ids' positions
+    hand = [requests]
+    del requests  # handed over: let go a column at a time as the engine's arrays are made
+    work = build_workload(hand, fleet, options, identity)
+    del identity  # from here on: the engine's arrays and the ids' positions
     # the step log and the per-request results stream to the run folder (under temporary names)
     # as the engine produces them
     steps = RunSteps(run_dir, fleet, t0_us)

@@ -9,11 +9,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 from click.testing import CliRunner
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from pipeline.cli import main
-from pipeline.engine.model import EngineResult
+from pipeline.engine.model import EngineResult, Workload
 from pipeline.nightly import nightly
 from pipeline.plan import PlanOptions, plan
 from pipeline.slo import (
@@ -302,3 +302,27 @@ def test_plan_says_why_nothing_fits_or_meets_and_exits_1(logs: Path, tmp_path: P
     )  # fmt: skip
     assert hard.exit_code == 1, hard.output
     assert "ttft_p99" in hard.output and "no configuration meets the SLO" in hard.output
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    st.lists(st.tuples(st.integers(1, 5000), st.integers(1, 5000)), min_size=1, max_size=40),
+    st.integers(1, 64),
+    st.integers(1, 300),
+    st.integers(2, 9000),
+)
+def test_reject_reasons_match_the_block_count_definition(
+    lengths: list[tuple[int, int]], block_size: int, blocks: int, max_model_len: int
+) -> None:
+    """A request is refused past max_model_len, else when its KV (prompt + output − 1 tokens)
+    needs more blocks than the cache has: counted here block by block, as the definition says."""
+    from pipeline.engine.model import REJECT_KV_CAPACITY, REJECT_MAX_MODEL_LEN, SchedulerConfig, reject_reasons
+
+    prompt = np.array([p for p, _ in lengths], np.int64)
+    output = np.array([o for _, o in lengths], np.int64)
+    cfg = SchedulerConfig(num_gpu_blocks=blocks, max_model_len=max_model_len, block_size=block_size)
+    got = reject_reasons(Workload(np.zeros(prompt.shape[0]), prompt, output), cfg)
+    for k, (p, o) in enumerate(lengths):
+        need = -(-(p + o - 1) // block_size)
+        want = REJECT_MAX_MODEL_LEN if p + o > max_model_len else REJECT_KV_CAPACITY if need > blocks else 0
+        assert got[k] == want

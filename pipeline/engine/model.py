@@ -212,8 +212,8 @@ def reject_reasons(work: Workload, cfg: SchedulerConfig) -> npt.NDArray[np.int8]
     """
     total = work.prompt_tokens + work.output_tokens
     out = np.zeros(work.n, np.int8)
-    kv_blocks = -(-(total - 1) // cfg.block_size)
-    out[kv_blocks > cfg.num_gpu_blocks] = REJECT_KV_CAPACITY
+    # ceil((total - 1) / block_size) > num_gpu_blocks, for integers: no array of block counts
+    out[total > cfg.num_gpu_blocks * cfg.block_size + 1] = REJECT_KV_CAPACITY
     out[total > cfg.max_model_len] = REJECT_MAX_MODEL_LEN
     return out
 
