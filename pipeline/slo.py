@@ -335,9 +335,12 @@ def latest_finish(finish_s: npt.NDArray[np.float64], accepted: npt.NDArray[np.bo
 OVERLOAD_CHUNK = 1 << 20
 
 
-def overload_of(a: npt.NDArray[np.float64], s: npt.NDArray[np.float64], last_finish: float | None) -> Overload:
+def overload_of(
+    a: npt.NDArray[np.float64], s: npt.NDArray[np.float64], last_finish: float | None, chunk: int = OVERLOAD_CHUNK
+) -> Overload:
     """:func:`detect_overload` on the accepted requests' sorted arrivals ``a`` and admissions
-    ``s`` (:func:`sorted_accepted`) and their latest finish (:func:`latest_finish`)."""
+    ``s`` (:func:`sorted_accepted`) and their latest finish (:func:`latest_finish`), the
+    backlog evaluated ``chunk`` admissions at a time."""
     if a.size < 2:
         return Overload(False)
     t_first, t_last = float(a[0]), float(a[-1])
@@ -346,8 +349,8 @@ def overload_of(a: npt.NDArray[np.float64], s: npt.NDArray[np.float64], last_fin
     # The latest admission that empties it is looked for from the end, a chunk at a time.
     k = int(np.searchsorted(s, t_last, side="right"))
     onset = t_first
-    for hi in range(k, 0, -OVERLOAD_CHUNK):
-        upto = s[max(0, hi - OVERLOAD_CHUNK) : hi]
+    for hi in range(k, 0, -chunk):
+        upto = s[max(0, hi - chunk) : hi]
         waiting = np.searchsorted(a, upto, side="right") - np.searchsorted(s, upto, side="right")
         empty = np.flatnonzero(waiting <= 0)
         if empty.size:

@@ -22,8 +22,11 @@ from pipeline.slo import (
     MIN_OVERLOAD_SHARE,
     detect_overload,
     failure_counts,
+    latest_finish,
+    overload_of,
     parse_slo,
     slo_verdict,
+    sorted_accepted,
 )
 from pipeline.store import Store
 from pipeline.synth import SynthConfig, generate, write_logs
@@ -98,9 +101,10 @@ def _overload_reference(arrival: np.ndarray, scheduled: np.ndarray, accepted: np
     seed=st.integers(0, 2**32 - 1),
     delay=st.sampled_from([0.0, 0.3, 2.0, 9.0]),
     ties=st.booleans(),
+    chunk=st.sampled_from([1, 2, 7, 1 << 20]),
 )
 def test_overload_onset_and_backlog_equal_the_every_event_definition(n: int, seed: int, delay: float,
-                                                                     ties: bool) -> None:  # fmt: skip
+                                                                     ties: bool, chunk: int) -> None:  # fmt: skip
     """W is evaluated only just after admissions (it can reach 0 only there): the onset and the
     backlog are those of W evaluated after every arrival and admission, ties, never-admitted
     and rejected requests included."""
@@ -116,6 +120,9 @@ def test_overload_onset_and_backlog_equal_the_every_event_definition(n: int, see
     if accepted.sum() < 2:
         return
     over = detect_overload(arrival, scheduled, scheduled + 1.0, accepted)
+    # the backlog looked at a chunk of admissions at a time: the same answer for any chunk
+    a, s = sorted_accepted(arrival, accepted), sorted_accepted(scheduled, accepted)
+    assert overload_of(a, s, latest_finish(scheduled + 1.0, accepted), chunk) == over
     onset, backlog = _overload_reference(arrival, scheduled, accepted)
     first = float(np.min(arrival[accepted]))
     if over.detected:

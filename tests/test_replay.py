@@ -245,3 +245,46 @@ def test_moe_replays_on_the_jit_engine_and_plain_callables_fall_back(azure_conv:
         simulate_jit(work, spec, plain)
     huge = FleetSpec(replicas=4096, scheduler=fleet.scheduler)
     assert "GiB" in (unsupported_reason(huge, REAL_COST) or "")
+
+
+def test_workload_from_a_handed_over_frame_and_session_keys() -> None:
+    """A frame handed over in a list gives the same engine arrays as the frame itself, and the
+    list is emptied; session-affinity keys are each session id's key64 (63 bits), −1 for none,
+    whatever the order the sessions come in."""
+    from pipeline.classify.prefix import key64
+
+    fleet = resolve(
+        parse_fleet(
+            {
+                "name": "t",
+                "model": "llama-3.1-8b",
+                "hardware": "h100-sxm",
+                "router": "session_affinity",
+                "engine": {"enable_prefix_caching": False},
+            },
+            "t",
+        )
+    )
+    sessions = ["b", None, "a", "b", "ü", None, "a"]
+    frame = pl.DataFrame(
+        {
+            "arrival": pl.datetime_range(
+                pl.datetime(2025, 1, 1), pl.datetime(2025, 1, 1, 0, 0, 6), "1s", eager=True, time_zone="UTC"
+            ),
+            "recorded_input_tokens": [5, 0, 7, 9, 1, 2, 3],
+            "output_tokens": [1, 2, 0, 4, 5, 6, 7],
+            "session_id": sessions,
+        }
+    )
+    opts = ReplayOptions(rate_scale=2.0)
+    whole = build_workload(frame, fleet, opts)
+    hand = [frame.clone()]
+    given = build_workload(hand, fleet, opts)
+    assert hand == []
+    for name in ("arrival_s", "prompt_tokens", "output_tokens", "affinity"):
+        assert np.array_equal(getattr(whole, name), getattr(given, name)), name
+    assert whole.arrival_s.tolist() == [0.0, 0.5, 1.0, 1.5, 2.0, 2.5, 3.0]
+    assert whole.prompt_tokens.tolist() == [5, 1, 7, 9, 1, 2, 3]  # a logged 0 replays as 1
+    assert whole.output_tokens.tolist() == [1, 2, 1, 4, 5, 6, 7]
+    want = [-1 if s is None else key64(s) & 0x7FFFFFFFFFFFFFFF for s in sessions]
+    assert whole.affinity is not None and whole.affinity.tolist() == want
