@@ -60,12 +60,16 @@ COMPILE_BYTES = 3 * GIB // 2
 COMPILE_S = 120.0
 #: Per request: workload, engine and result arrays, the output tables (measured ~1.3 KiB).
 REQUEST_BYTES = 2048
-#: Per request, what the store-level replay adds once the date's columns are read (they are in
-#: the process's size already): engine arrays, pod rows, and the gathered results of a run in
-#: one engine; a run in pods spools its results and writes every table a chunk at a time
-#: (pipeline/runrequests.py). Measured: 10^7 requests in 20 pods, peak 2.8 GiB of which the read
-#: columns ~2.7 GiB; one engine run of 2·10^6 requests, about 150 B a request beyond its step log.
+#: Per request, what the store-level replay in one engine adds once the date's columns are read
+#: (they are in the process's size already): engine arrays and the run's whole result, its
+#: tables then written a chunk at a time (pipeline/runrequests.py). Measured: one engine run of
+#: 2·10^6 requests, about 150 B a request beyond its step log.
 STREAMED_REQUEST_BYTES = 192
+#: The same in pods, whose results are spooled: the engine's arrays (24 B), pod rows and routes
+#: (8 B), the spool's index (4 B), and the summary's columns read back (about 40 B at its peak).
+#: Measured: 10^7 requests in 20 pods, 0.67 GiB once the columns were read, 1.45 GiB while the
+#: pods ran (a pod's step log counted apart), peak 1.89 GiB (sampled; docs/scale.md).
+STREAMED_POD_REQUEST_BYTES = 80
 #: Per KV block of the prefix chains the Python engine takes as hashes, while they are built
 #: (measured ~47 B; 8 B are kept).
 CHAIN_BUILD_BYTES = 56
@@ -469,7 +473,8 @@ def estimate_replay(
         "compile": COMPILE_BYTES if compile_needed else 0,
         "chains": (n * TREE_BUILD_BYTES if jit else blocks * CHAIN_BUILD_BYTES) if chains else 0,
         "engine state": int(state),
-        "requests": n * (STREAMED_REQUEST_BYTES if streamed else REQUEST_BYTES),
+        "requests": n
+        * (REQUEST_BYTES if not streamed else STREAMED_REQUEST_BYTES if flat else STREAMED_POD_REQUEST_BYTES),
         "step log": int(rows * held * LOG_ROW_BYTES),
         "series": int(series_rows * held * SERIES_ROW_BYTES),
     }
