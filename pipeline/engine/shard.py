@@ -301,7 +301,8 @@ def sharded_results(
     for pod, (sub, rows) in zip(shards, runs, strict=True):
         sub = replace(sub, replica=np.where(sub.replica >= 0, sub.replica + pod.first, -1).astype(np.int32))
         if log is not None and rows.shape[0]:
-            rows = rows.copy()
+            if not rows.flags.writeable:  # (Ray hands back read-only arrays; a pod's own are its to change)
+                rows = rows.copy()
             rows[:, REPLICA_COL] += pod.first
             log.extend_rows(rows)
         done += int(pod.rows.shape[0])
