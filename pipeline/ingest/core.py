@@ -1131,17 +1131,17 @@ def _merge_out_of_core(
                     f"FROM read_parquet([{_sql_list(existing)}]) {keep_stored}"
                 )
         con.execute(f"CREATE TEMP VIEW keys AS {' UNION ALL '.join(keys)}")
-        # Repeated keys: first the repeated 64-bit hashes of the keys (an aggregate of integers,
-        # which DuckDB keeps within MERGE_MEMORY: grouping 10^8 distinct request-id strings
-        # did not, measured), then the keys themselves among the rows with such a hash.
+        # Repeated keys: first the repeated 64-bit hashes of (date, key), an aggregate of one
+        # integer that DuckDB keeps within MERGE_MEMORY (grouping 10^8 distinct request-id
+        # strings, or the date string with the hash, did not: measured), then the keys
+        # themselves among the rows with such a hash.
         con.execute(
-            "CREATE TEMP TABLE duphash AS SELECT _date, hash(source_format, request_id) AS _h FROM keys "
+            "CREATE TEMP TABLE duphash AS SELECT hash(_date, source_format, request_id) AS _h FROM keys "
             "GROUP BY ALL HAVING count(*) > 1"
         )
         con.execute(
             "CREATE TEMP TABLE dupkeys AS SELECT _date, source_format, request_id FROM keys "
-            "SEMI JOIN duphash ON keys._date = duphash._date "
-            "AND hash(keys.source_format, keys.request_id) = duphash._h "
+            "SEMI JOIN duphash ON hash(keys._date, keys.source_format, keys.request_id) = duphash._h "
             "GROUP BY ALL HAVING count(*) > 1"
         )
         # Rows after the first of their key in their date (stored rows are unique already).
