@@ -359,6 +359,17 @@ def jit_compile_needed() -> bool:
         return True
 
 
+def _token_sums(col: pl.Series, block_size: int, ceil: bool, chunk: int = 1 << 20) -> tuple[float, int]:
+    """Sum of a token column (each value at least 1, as replayed) and its blocks of
+    ``block_size`` (whole blocks, or every block begun with ``ceil``), a slice at a time."""
+    total, blocks = 0.0, 0
+    for a in range(0, col.len(), chunk):
+        v = np.maximum(col.slice(a, chunk).to_numpy().astype(np.int64), 1)
+        total += float(v.sum())
+        blocks += int((-(-v // block_size) if ceil else v // block_size).sum())
+    return total, blocks
+
+
 def estimate_replay(
     requests: pl.DataFrame,
     fleet: ResolvedFleet,
@@ -413,13 +424,14 @@ def estimate_replay(
     cost: Any = fleet.deployment
 
     n_eff = max(n, 1)
-    prompt = np.maximum(requests.get_column("recorded_input_tokens").to_numpy().astype(np.float64), 1.0)
-    output = np.maximum(requests.get_column("output_tokens").to_numpy().astype(np.float64), 1.0)
     bs = max(int(sched.block_size), 1)
     chains = sched.enable_prefix_caching or router == "prefix_affinity"
-    blocks = int(np.floor(prompt / bs).sum() + np.ceil(output / bs).sum()) if chains and n else 0
-    mean_p = float(prompt.mean()) if n else 1.0
-    mean_o = float(output.mean()) if n else 1.0
+    # token sums and block counts a slice at a time (a day of 10^8 requests: no copy of a column)
+    sum_p, blocks_p = _token_sums(requests.get_column("recorded_input_tokens"), bs, ceil=False)
+    sum_o, blocks_o = _token_sums(requests.get_column("output_tokens"), bs, ceil=True)
+    blocks = blocks_p + blocks_o if chains and n else 0
+    mean_p = sum_p / n if n else 1.0
+    mean_o = sum_o / n if n else 1.0
     ctx = mean_p + mean_o / 2
 
     def step(d: float, c: float, p: float = 0.0) -> float:
@@ -433,20 +445,20 @@ def estimate_replay(
 
     def work_s(used: int, batch: float) -> float:
         """Seconds ``used`` replicas take for all the work at ``batch`` sequences per step."""
-        decode = output.sum() / used / batch * step(batch, ctx)
-        prefill = prompt.sum() / used / budget * step(0, 0, budget)
+        decode = sum_o / used / batch * step(batch, ctx)
+        prefill = sum_p / used / budget * step(0, 0, budget)
         return float(decode + prefill)
 
     static = router == "round_robin" or router in ("session_affinity", "prefix_affinity")
     arrival_span = 0.0
     if mode == "open" and n:
-        us = requests.get_column("arrival").dt.epoch("us").to_numpy().astype(np.float64)
-        t = (us - us.min()) / 1e6 / rate_scale
-        arrival_span = float(t.max())
+        arrival = requests.get_column("arrival").dt.epoch("us")
+        first, last = int(arrival.min()), int(arrival.max())  # type: ignore[arg-type]
+        arrival_span = (last - first) / 1e6 / rate_scale
         if static:
             busy = min(R, n)
         else:  # least outstanding: about as many replicas as requests in flight at the peak
-            t = np.sort(t)
+            t = np.sort((arrival.to_numpy().astype(np.float64) - first) / 1e6 / rate_scale)
             inflight = int((np.searchsorted(t, t + 2 * e2e, side="left") - np.arange(n)).max())
             busy = max(1, min(R, n, inflight))
         span = max(arrival_span, work_s(min(R, n), full)) + e2e

@@ -195,7 +195,7 @@ class Store:
         out = pl.concat([f for f in frames if isinstance(f, pl.DataFrame)], how="vertical", rechunk=False)
         del frames
         ids = out.get_column("request_id")
-        order = arrival_order(out.get_column("arrival").dt.epoch("us").to_numpy(), lambda rows: ids.gather(rows))
+        order = arrival_order(_epoch_us(out.get_column("arrival")), lambda rows: ids.gather(rows))
         return out if order is None else out[order]
 
     @contextmanager
@@ -418,8 +418,9 @@ def _read_sorted(files: list[Path], columns: list[str], positions: bool = False)
     """``columns`` of the requests in ``files`` in :func:`arrival_order`: the arrivals read
     first to find the order, then each column read and put in that order on its own (and, with
     ``positions``, the order itself as ``_position``)."""
-    arrival = pl.concat([_read_columns(p, ["arrival"]).to_series() for p in files], rechunk=True)
-    order = arrival_order(arrival.dt.epoch("us").to_numpy(), lambda rows: _ids_at(files, rows))
+    # one buffer (a file's column comes in row groups): the order is found on it without a copy
+    arrival = pl.concat([_read_columns(p, ["arrival"]).to_series() for p in files]).rechunk()
+    order = arrival_order(_epoch_us(arrival), lambda rows: _ids_at(files, rows))
     n = arrival.len()
     out = {}
     for name in columns:
@@ -434,6 +435,12 @@ def _read_sorted(files: list[Path], columns: list[str], positions: bool = False)
         whole = np.arange(n, dtype=np.uint32 if n < 2**32 else np.int64)
         out["_position"] = pl.Series("_position", whole if order is None else order.astype(whole.dtype))
     return pl.DataFrame(out)
+
+
+def _epoch_us(arrival: pl.Series) -> npt.NDArray[np.int64]:
+    """Microseconds since the epoch of a datetime column (the stored one, in microseconds: its
+    own buffer, no copy)."""
+    return arrival.dt.cast_time_unit("us").to_physical().to_numpy()
 
 
 def arrival_order(
@@ -463,9 +470,12 @@ def arrival_order(
     back[up] = np.arange(up.shape[0])
     rid = ids(rows[up]).gather(back)
     within = pl.DataFrame({"g": group, "id": rid}).select(pl.arg_sort_by(["g", "id"], maintain_order=True))
+    moved = rows[within.to_series().to_numpy()]  # the tied rows, each tie put in id order
+    if order is None and bool((moved == at).all()):
+        return None  # (only tied rows can move: the rest stays where it is)
     full = np.arange(n, dtype=np.int64) if order is None else order
-    full[at] = rows[within.to_series().to_numpy()]
-    return None if bool((full == np.arange(n)).all()) else full
+    full[at] = moved
+    return full
 
 
 def _ids_at(files: list[Path], rows: npt.NDArray[np.int64]) -> pl.Series:
