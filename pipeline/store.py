@@ -422,6 +422,8 @@ def _read_sorted(files: list[Path], columns: list[str], positions: bool = False)
     arrival = pl.concat([_read_columns(p, ["arrival"]).to_series() for p in files]).rechunk()
     order = arrival_order(_epoch_us(arrival), lambda rows: _ids_at(files, rows))
     n = arrival.len()
+    if order is not None and n < 2**32:
+        order = order.astype(np.uint32)  # polars' row index type: 4 bytes a row
     out = {}
     for name in columns:
         if name == "arrival":
@@ -432,8 +434,8 @@ def _read_sorted(files: list[Path], columns: list[str], positions: bool = False)
         del col
     del arrival
     if positions:  # positions as polars indexes rows: 4 bytes a row
-        whole = np.arange(n, dtype=np.uint32 if n < 2**32 else np.int64)
-        out["_position"] = pl.Series("_position", whole if order is None else order.astype(whole.dtype))
+        at = np.arange(n, dtype=np.uint32 if n < 2**32 else np.int64) if order is None else order
+        out["_position"] = pl.Series("_position", at)
     return pl.DataFrame(out)
 
 
