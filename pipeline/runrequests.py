@@ -229,6 +229,12 @@ class RunRequests:
         with run_writes(self.run_dir, "requests table"):
             return self.stream.finish()
 
+    def release(self) -> None:
+        """Let go of what writing the table needed (the engine's arrays, the ids' positions, the
+        spool's index) once :meth:`finish` has written it: the summary reads the table."""
+        del self.work, self.request_id
+        self.spool.pod_of = np.zeros(0, np.int32)
+
     def commit(self) -> None:
         with run_writes(self.run_dir, "requests table"):
             self.stream.commit()
@@ -282,10 +288,29 @@ class StoredColumns:
         self.n = pq.ParquetFile(path).metadata.num_rows
 
     def get(self, name: str) -> npt.NDArray[Any]:
+        """The column as one numpy array, read a row group at a time into it (nothing else of
+        the column's size is held)."""
+        column = "reject_reason" if name == "reject_code" else name
+        out: npt.NDArray[Any] | None = None
+        at = 0
         try:
-            col = pq.read_table(self.path, columns=["reject_reason" if name == "reject_code" else name]).column(0)
+            fh = pq.ParquetFile(self.path)
+            for g in range(fh.metadata.num_row_groups):
+                part = self._values(name, fh.read_row_group(g, columns=[column]).column(0))
+                if out is None:
+                    out = np.empty(self.n, part.dtype)
+                out[at : at + part.shape[0]] = part
+                at += part.shape[0]
         except (OSError, pa.ArrowException) as exc:
             raise RooftraceError(f"{self.path}: cannot read column {name!r} back: {exc}") from None
+        if out is None:  # no rows: the type an empty read gives
+            return self._values(name, pq.read_schema(self.path).empty_table().column(column))
+        if at != self.n:
+            raise RooftraceError(f"{self.path}: column {name!r} holds {at:,} rows, not {self.n:,}")
+        return out
+
+    @staticmethod
+    def _values(name: str, col: pa.ChunkedArray) -> npt.NDArray[Any]:
         if name == "reject_code":
             codes = pc.index_in(col, value_set=pa.array(REJECT_REASONS)).fill_null(0)
             return np.asarray(codes.to_numpy(), np.int8)
