@@ -65,11 +65,13 @@ REQUEST_BYTES = 2048
 #: tables then written a chunk at a time (pipeline/runrequests.py). Measured: one engine run of
 #: 2·10^6 requests, about 150 B a request beyond its step log.
 STREAMED_REQUEST_BYTES = 192
-#: The same in pods, whose results are spooled: the engine's arrays (24 B), pod rows and routes
-#: (8 B), the spool's index (4 B), and the summary's columns read back (about 40 B at its peak).
-#: Measured: 10^7 requests in 20 pods, 0.67 GiB once the columns were read, 1.45 GiB while the
-#: pods ran (a pod's step log counted apart), peak 1.89 GiB (sampled; docs/scale.md).
-STREAMED_POD_REQUEST_BYTES = 80
+#: The same in pods, whose results are spooled: the engine's arrays (24 B, less the read columns
+#: let go as they are converted), pods' rows and routes (8 B), the spool's index (4 B), and the
+#: cutting of the pods (a sort of the routes, about 20 B while it runs); the summary reads the
+#: written table once these are let go. Measured (docs/scale.md): 10^8 requests in 200 pods,
+#: 2.8 GiB when the estimate is made, peak 6.2 GiB (a pod's step log and the engine state
+#: counted apart, 2.6 GiB here).
+STREAMED_POD_REQUEST_BYTES = 48
 #: Per KV block of the prefix chains the Python engine takes as hashes, while they are built
 #: (measured ~47 B; 8 B are kept).
 CHAIN_BUILD_BYTES = 56
