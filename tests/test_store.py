@@ -132,3 +132,22 @@ def test_arrival_order_is_a_sort_by_arrival_then_request_id(rows: list[tuple[int
     arrivals = frame.get_column("arrival")
     tied = np.flatnonzero(arrivals.is_duplicated().to_numpy())
     assert (np.concatenate(asked) if asked else np.zeros(0, np.int64)).tolist() == tied.tolist()
+
+
+def test_ids_of_tied_rows_are_read_by_row_group_and_nulls_refused(tmp_path: Path) -> None:
+    """The ids ``arrival_order`` asks for come from the row groups that hold them, across files;
+    a null among them is one error naming the date's folder."""
+    import numpy as np
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from pipeline.store import _ids_at
+
+    files = [tmp_path / "a.parquet", tmp_path / "b.parquet"]
+    pq.write_table(pa.table({"request_id": [f"a{i}" for i in range(10)]}), files[0], row_group_size=3)
+    pq.write_table(pa.table({"request_id": ["b0", None, "b2"]}), files[1], row_group_size=2)
+    rows = np.array([0, 4, 5, 9, 10, 12])
+    assert _ids_at(files, rows).to_list() == ["a0", "a4", "a5", "a9", "b0", "b2"]
+    assert _ids_at(files, np.zeros(0, np.int64)).to_list() == []
+    with pytest.raises(RooftraceError, match=f"{tmp_path}: required column request_id holds nulls"):
+        _ids_at(files, np.array([2, 11]))
