@@ -20,6 +20,7 @@ from __future__ import annotations
 import contextvars
 import ctypes
 import ctypes.util
+import functools
 import math
 import os
 import re
@@ -454,13 +455,15 @@ def estimate_replay(
     static = router == "round_robin" or router in ("session_affinity", "prefix_affinity")
     arrival_span = 0.0
     if mode == "open" and n:
-        arrival = requests.get_column("arrival").dt.epoch("us")
-        first, last = int(arrival.min()), int(arrival.max())  # type: ignore[arg-type]
+        from pipeline.store import epoch_us
+
+        arrival = epoch_us(requests.get_column("arrival"))
+        first, last = int(arrival.min()), int(arrival.max())
         arrival_span = (last - first) / 1e6 / rate_scale
         if static:
             busy = min(R, n)
         else:  # least outstanding: about as many replicas as requests in flight at the peak
-            t = np.sort((arrival.to_numpy().astype(np.float64) - first) / 1e6 / rate_scale)
+            t = np.sort((arrival.astype(np.float64) - first) / 1e6 / rate_scale)
             inflight = int((np.searchsorted(t, t + 2 * e2e, side="left") - np.arange(n)).max())
             busy = max(1, min(R, n, inflight))
         span = max(arrival_span, work_s(min(R, n), full)) + e2e
@@ -630,6 +633,7 @@ def engine_progress(est: ReplayEstimate) -> Callable[[int], None] | None:
 _M_MMAP_THRESHOLD = -3
 
 
+@functools.cache
 def keep_malloc_threshold(threshold: int = 128 << 10) -> bool:
     """Fix glibc malloc's mmap threshold at ``threshold`` (its starting value), so that blocks of
     that size or more are mapped on their own and go back to the system when freed. Left
@@ -638,7 +642,7 @@ def keep_malloc_threshold(threshold: int = 128 << 10) -> bool:
     (each pod's engine thread allocating and freeing arrays of a few MiB) kept growing: peak
     RSS 1.19–1.24 GiB against 1.02 GiB with the threshold fixed, for 2·10⁶ requests on 200
     replicas in 20 pods (benchmarks/scale.py's workload, docs/scale.md). False where there is
-    no glibc (nothing is changed)."""
+    no glibc (nothing is changed). Done once a process (finding libc runs ``ldconfig``)."""
     name = ctypes.util.find_library("c")
     if name is None:
         return False

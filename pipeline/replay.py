@@ -64,7 +64,7 @@ from pipeline.slo import (
     sorted_accepted,
 )
 from pipeline.steps import BINDING_NAMES
-from pipeline.store import ColumnReader, Store, store_write_error
+from pipeline.store import ColumnReader, Store, epoch_us, store_write_error
 
 _INT63 = np.uint64(0x7FFFFFFFFFFFFFFF)
 
@@ -197,7 +197,7 @@ def build_workload(
         first = np.zeros(n, np.uint64)
         first[has] = tree.materialise(n_blocks=np.ones(n, np.int64))[0]
         affinity = np.where(has, (first & _INT63).astype(np.int64), -1)
-    arrival_us = frame.get_column("arrival").dt.epoch("us").to_numpy()
+    arrival_us = epoch_us(frame.get_column("arrival"))
     frame = frame.drop("arrival")
     arrival_s = np.subtract(arrival_us, arrival_us.min(), dtype=np.int64).astype(np.float64)
     del arrival_us
@@ -706,7 +706,7 @@ def replay(
         options = replace(options, isolation=stored_isolation(store, date))
     if progress:
         progress(f"replaying {requests.height:,} requests of {date} on {cfg.replicas}x {cfg.name}")
-    t0_us = int(requests.get_column("arrival").dt.epoch("us").to_numpy().min()) if requests.height else 0
+    t0_us = int(epoch_us(requests.get_column("arrival")).min()) if requests.height else 0
     run_id = _run_id(date, fleet, options, requests, identity, request_id)
     run_dir = store.run_dir(run_id)
     engine_progress = check_replay_limits(requests, fleet, options, streamed=True)

@@ -195,7 +195,7 @@ class Store:
         out = pl.concat([f for f in frames if isinstance(f, pl.DataFrame)], how="vertical", rechunk=False)
         del frames
         ids = out.get_column("request_id")
-        order = arrival_order(_epoch_us(out.get_column("arrival")), lambda rows: ids.gather(rows))
+        order = arrival_order(epoch_us(out.get_column("arrival")), lambda rows: ids.gather(rows))
         return out if order is None else out[order]
 
     @contextmanager
@@ -420,7 +420,7 @@ def _read_sorted(files: list[Path], columns: list[str], positions: bool = False)
     ``positions``, the order itself as ``_position``)."""
     # one buffer (a file's column comes in row groups): the order is found on it without a copy
     arrival = pl.concat([_read_columns(p, ["arrival"]).to_series() for p in files]).rechunk()
-    order = arrival_order(_epoch_us(arrival), lambda rows: _ids_at(files, rows))
+    order = arrival_order(epoch_us(arrival), lambda rows: _ids_at(files, rows))
     n = arrival.len()
     if order is not None and n < 2**32:
         order = order.astype(np.uint32)  # polars' row index type: 4 bytes a row
@@ -439,9 +439,9 @@ def _read_sorted(files: list[Path], columns: list[str], positions: bool = False)
     return pl.DataFrame(out)
 
 
-def _epoch_us(arrival: pl.Series) -> npt.NDArray[np.int64]:
-    """Microseconds since the epoch of a datetime column (the stored one, in microseconds: its
-    own buffer, no copy)."""
+def epoch_us(arrival: pl.Series) -> npt.NDArray[np.int64]:
+    """Microseconds since the epoch of a datetime column (the stored one, in microseconds: a
+    read-only view of its own buffer when it is one chunk, no copy)."""
     return arrival.dt.cast_time_unit("us").to_physical().to_numpy()
 
 
@@ -484,23 +484,34 @@ def _ids_at(files: list[Path], rows: npt.NDArray[np.int64]) -> pl.Series:
     """The request ids of the date's rows ``rows`` (increasing positions over ``files``), read
     a row group at a time: only the groups that hold them."""
     parts: list[pl.Series] = []
-    first = 0
-    for path in files:
-        with unreadable(path):
-            fh = pq.ParquetFile(path)
-            for g in range(fh.metadata.num_row_groups):
-                size = fh.metadata.row_group(g).num_rows
-                lo, hi = np.searchsorted(rows, [first, first + size])
-                if hi > lo:
-                    col = fh.read_row_group(g, columns=["request_id"]).column(0)
-                    part = pl.from_arrow(col.take(pa.array(rows[lo:hi] - first)))
-                    assert isinstance(part, pl.Series)
-                    parts.append(part.cast(pl.String))
-                first += size
+    for first, size, read in _row_groups(files, "request_id"):
+        lo, hi = np.searchsorted(rows, [first, first + size])
+        if hi > lo:
+            part = pl.from_arrow(read().take(pa.array(rows[lo:hi] - first)))
+            assert isinstance(part, pl.Series)
+            parts.append(part.cast(pl.String))
     ids = pl.concat(parts) if parts else pl.Series("request_id", [], pl.String)
     if ids.null_count():
         raise RooftraceError(f"{files[0].parent}: required column request_id holds nulls")
     return ids
+
+
+def _row_groups(files: list[Path], column: str) -> Iterator[tuple[int, int, Callable[[], pa.ChunkedArray]]]:
+    """(its first row over ``files``, its rows, a reader of ``column`` in it) for each row group
+    of ``files`` in order; a file that cannot be read is one error naming it."""
+    first = 0
+    for path in files:
+        with unreadable(path):
+            fh = pq.ParquetFile(path)
+            sizes = [fh.metadata.row_group(g).num_rows for g in range(fh.metadata.num_row_groups)]
+        for g, size in enumerate(sizes):
+
+            def read(fh: pq.ParquetFile = fh, g: int = g, path: Path = path) -> pa.ChunkedArray:
+                with unreadable(path):
+                    return fh.read_row_group(g, columns=[column]).column(0)
+
+            yield first, size, read
+            first += size
 
 
 class ColumnReader:
@@ -533,14 +544,13 @@ class ColumnReader:
         self._check()
         stored = np.empty(int(self.starts[-1]), np.uint64)
         at = 0
-        for path in self.files:
-            with unreadable(path):
-                fh = pq.ParquetFile(path)
-                for g in range(fh.metadata.num_row_groups):
-                    col = pl.from_arrow(fh.read_row_group(g, columns=[self.name]).column(0))
-                    assert isinstance(col, pl.Series)
-                    stored[at : at + col.len()] = col.hash(seed=0).to_numpy()
-                    at += col.len()
+        for first, size, read in _row_groups(self.files, self.name):
+            at = first + size
+            if at > stored.shape[0]:
+                break  # more rows than when the reader was made: the check below says so
+            col = pl.from_arrow(read())
+            assert isinstance(col, pl.Series)
+            stored[first:at] = col.hash(seed=0).to_numpy()
         if at != stored.shape[0]:
             raise RooftraceError(f"{self.files[0].parent}: the request rows changed while they were read; run again")
         for a in range(0, len(self), chunk):
