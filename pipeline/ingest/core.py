@@ -718,7 +718,12 @@ def _read_parallel(
         for k, (path, fut) in enumerate(zip(paths, futures, strict=True)):
             try:
                 if isinstance(fut, list):
-                    out = _gather_pieces(path, [f.result() for f in fut])
+                    # the parent hashes the file (on a thread) while the workers read its pieces
+                    digest = FileDigest(path, background=True)
+                    try:
+                        out = _gather_pieces(path, [f.result() for f in fut], digest)
+                    finally:
+                        digest.close()
                     # a piece the JSON fast path could not read: the whole file, as a serial run would
                     yield out if out is not None else whole(k).result()
                 else:
@@ -845,9 +850,9 @@ def _read_piece(
     return out
 
 
-def _gather_pieces(path: Path, pieces: list[_PieceRead]) -> _Outcome | None:
-    """One file's outcome from its pieces, in order (None when a piece could not be read by the
-    fast path: the caller reads the whole file instead)."""
+def _gather_pieces(path: Path, pieces: list[_PieceRead], digest: FileDigest) -> _Outcome | None:
+    """One file's outcome from its pieces, in order, and its ``digest`` (None when a piece could
+    not be read by the fast path: the caller reads the whole file instead)."""
     if any(p.failed is not None for p in pieces):
         for p in pieces:
             for folder in {b.parent for b in p.batches}:
@@ -856,7 +861,7 @@ def _gather_pieces(path: Path, pieces: list[_PieceRead]) -> _Outcome | None:
     out = _Outcome(FileResult(source_file=str(path), source_format=pieces[0].spec_name))
     res = out.res
     try:
-        res.content_sha256 = FileDigest(path).sha()
+        res.content_sha256 = digest.sha()
     except OSError as exc:
         res.error = f"{path}: {exc}"
         out.messages.append(f"error: {res.error}")
