@@ -40,6 +40,7 @@ from pipeline.ingest.formats import (
 )
 from pipeline.ingest.source import (
     BATCH_LINES,
+    FAST_RECORD_BYTES,
     MAX_RECORD_BYTES,
     LineStats,
     SourceError,
@@ -146,11 +147,12 @@ def jsonl_fast(
     return prefetch(_jsonl_fast(path, spec, stats, batch_rows))
 
 
-def _duck_query(spec: FormatSpec, compression: str) -> str:
-    """DuckDB's scan of a JSON Lines file (the one parameter) projected to the flat columns."""
+def _duck_query(spec: FormatSpec, compression: str, longest: int = FAST_RECORD_BYTES) -> str:
+    """DuckDB's scan of a JSON Lines file (the one parameter) projected to the flat columns,
+    taking records up to ``longest`` bytes."""
     return (
         f"SELECT {project_sql(spec.fields)} FROM read_json(?, format='newline_delimited', "
-        f"records=true, compression='{compression}', maximum_object_size={MAX_RECORD_BYTES}, "
+        f"records=true, compression='{compression}', maximum_object_size={longest}, "
         f"columns={duckdb_columns(spec.layout)})"
     )
 
@@ -281,7 +283,7 @@ class _ChunkParser:
         self.dir = tempfile.TemporaryDirectory(prefix="rooftrace-chunks-")
         self.file = Path(self.dir.name) / "chunk.jsonl"
         self.con = duck_connect()
-        self.query = _duck_query(spec, "none")
+        self.query = _duck_query(spec, "none", MAX_RECORD_BYTES)
         self.error = ""
 
     def parse(self, lines: list[bytes]) -> pl.DataFrame | None:

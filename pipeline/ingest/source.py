@@ -45,8 +45,13 @@ class LineBatch:
 #: File names taken from a directory (a named file is always tried, whatever its name).
 LOG_SUFFIXES = (".jsonl", ".ndjson", ".json", ".csv", ".log", ".parquet")
 
-#: The longest record ingest reads (DuckDB's maximum_object_size) and format detection sniffs.
+#: The longest record ingest reads and format detection sniffs.
 MAX_RECORD_BYTES = 1 << 26
+#: The longest record the JSON fast path asks DuckDB to read (its ``maximum_object_size``). DuckDB
+#: sizes its read buffers by it, and a file that fits in one buffer is parsed by one thread: at
+#: 64 MiB, JSON files under about 64 MB used one core. A file with a longer record fails the fast
+#: path and is read line by line, which takes records up to MAX_RECORD_BYTES.
+FAST_RECORD_BYTES = 1 << 24
 
 
 def not_regular(path: Path) -> str | None:
