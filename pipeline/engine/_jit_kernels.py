@@ -578,6 +578,28 @@ def _static_routes(times, order, rejected, aff_rep, router, closed, R, n):  # ty
 
 
 @numba.njit(cache=True)
+def group_rows(routes, pod_of, pods, order):  # type: ignore[no-untyped-def]
+    """Request rows grouped by pod (a counting sort, no copy of the day's routes): request i goes
+    to pod ``pod_of[routes[i]]``, or pod 0 when ``routes[i]`` < 0 (rejected: routed nowhere, pod
+    0 reports them). Fills ``order`` with the rows, pod after pod, increasing within a pod, and
+    returns where each pod's rows start (``pods`` + 1 entries)."""
+    n = routes.shape[0]
+    start = np.zeros(pods + 1, np.int64)
+    for i in range(n):
+        r = routes[i]
+        start[(pod_of[r] if r >= 0 else 0) + 1] += 1
+    for k in range(pods):
+        start[k + 1] += start[k]
+    fill = start[:pods].copy()
+    for i in range(n):
+        r = routes[i]
+        k = pod_of[r] if r >= 0 else 0
+        order[fill[k]] = i
+        fill[k] += 1
+    return start
+
+
+@numba.njit(cache=True)
 def _alloc_scratch(G, S, bs, na, nd, max_blocks):  # type: ignore[no-untyped-def]
     """A step's scratch arrays, per lockstep rank (the first 15) and for one replica."""
     return (

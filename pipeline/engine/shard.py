@@ -48,7 +48,7 @@ RowArray = npt.NDArray[Any]
 EXECUTORS: tuple[str, ...] = ("local", "process", "ray")
 
 
-def static_routes(work: Workload, spec: FleetSpec) -> IntArray | None:
+def static_routes(work: Workload, spec: FleetSpec) -> RowArray | None:
     """The replica of every request that is not rejected (−1 for rejected ones) when the router
     needs no shared state, as the engine's router assigns them; None otherwise."""
     if spec.mode == "closed":
@@ -59,22 +59,28 @@ def static_routes(work: Workload, spec: FleetSpec) -> IntArray | None:
         # the engine takes arrivals in (time, index) order and counts the ones it routes
         times = work.arrival_s
         if spec.mode == "offline" or n < 2 or bool((times[1:] >= times[:-1]).all()):  # in that order already
-            routes = np.cumsum(~rejected, dtype=np.int64)
+            routes = np.cumsum(~rejected, dtype=_row_dtype(n))
             routes -= 1
             routes %= R
             routes[rejected] = -1
             return routes
         order = np.argsort(times, kind="mergesort")
         taken = order[~rejected[order]]
-        routes = np.full(n, -1, np.int64)
+        routes = np.full(n, -1, _row_dtype(n))
         routes[taken] = np.arange(taken.shape[0], dtype=np.int64) % R
         return routes
     if spec.router in ("session_affinity", "prefix_affinity") and work.affinity is not None:
         rep = affinity_replicas(np.asarray(work.affinity, np.int64), R)
         if (rep[~rejected] < 0).any():  # a request without a key goes to the least loaded replica
             return None
-        return np.where(rejected, -1, rep).astype(np.int64)
+        return np.where(rejected, -1, rep).astype(_row_dtype(n))
     return None
+
+
+def _row_dtype(n: int) -> type[np.signedinteger[Any]]:
+    """Request rows and replica numbers of a day of ``n`` requests: 4-byte numbers when they fit
+    (a day's arrays cost a request's bytes, not replicas')."""
+    return np.int32 if n < 2**31 else np.int64
 
 
 def pod_cuts(replicas: int, lockstep: int, pods: int) -> IntArray:
@@ -85,20 +91,18 @@ def pod_cuts(replicas: int, lockstep: int, pods: int) -> IntArray:
     return (groups * np.arange(pods + 1, dtype=np.int64) // pods) * lockstep
 
 
-def _rows_by_pod(pod: npt.NDArray[Any]) -> Iterator[tuple[int, RowArray]]:
-    """(pod, its requests in increasing order) for every pod that has a request; ``pod`` < 0 (a
-    rejected request: routed nowhere) counts as pod 0, which reports them. One sort, whatever
-    the number of pods: pods without requests are never built (they would replay nothing)."""
-    pod = np.maximum(pod, 0)
-    order = np.argsort(pod, kind="stable")
-    counts = np.bincount(pod) if pod.size else np.zeros(0, np.int64)
-    del pod
-    # a day's rows as 4-byte numbers when they fit (the engine takes its own copy of a pod's)
-    if order.size < 2**31:
-        order = order.astype(np.int32)
-    ends = np.cumsum(counts)
-    for k in np.flatnonzero(counts).tolist():
-        yield k, order[ends[k] - counts[k] : ends[k]]
+def _rows_by_pod(routes: RowArray, pod_of: npt.NDArray[np.int32], pods: int) -> Iterator[tuple[int, RowArray]]:
+    """(pod, its requests in increasing order) for every one of ``pods`` that has a request,
+    where request i goes to pod ``pod_of[routes[i]]``; ``routes[i]`` < 0 (a rejected request: routed nowhere)
+    counts as pod 0, which reports them. One counting sort into a request's 4 bytes (8 when the
+    day has 2³¹ rows or more), whatever the number of pods: pods without requests are never
+    built (they would replay nothing)."""
+    from pipeline.engine import _jit_kernels as k
+
+    order = np.empty(routes.shape[0], _row_dtype(routes.shape[0]))
+    start = k.group_rows(routes, pod_of, max(pods, 1), order)
+    for p in np.flatnonzero(np.diff(start)).tolist():
+        yield p, order[start[p] : start[p + 1]]
 
 
 @dataclass(frozen=True)
@@ -177,10 +181,9 @@ def _cut_pods(work: Workload, spec: FleetSpec, pods: int) -> list[PodCut]:
         )
         raise ConfigError(f"--pods {pods}: the fleet cannot be replayed in pods exactly: {why}")
     cuts = pod_cuts(spec.replicas, spec.lockstep, pods)
-    pod_of = np.searchsorted(cuts, routes, side="right").astype(np.int32)
-    pod_of -= 1  # (a rejected request, route -1: pod -1)
+    pod_of = (np.searchsorted(cuts, np.arange(spec.replicas), side="right") - 1).astype(np.int32)  # of a replica
     out = []
-    for k, rows in _rows_by_pod(pod_of):
+    for k, rows in _rows_by_pod(routes, pod_of, len(cuts) - 1):
         a, b = int(cuts[k]), int(cuts[k + 1])
         local = routes[rows]
         local = np.where(local >= 0, local - a, 0).astype(np.int32)  # a pod's replicas: 4-byte numbers
@@ -213,14 +216,14 @@ def _cut_hierarchical(work: Workload, spec: FleetSpec, pod_ranks: int) -> list[P
     times = np.zeros(n) if spec.mode == "offline" else work.arrival_s
     order = np.argsort(times, kind="mergesort")
     taken = order[~rejected[order]]
-    pod = np.full(n, -1, np.int64)
+    pod = np.full(n, -1, _row_dtype(n))
     pod[taken] = np.arange(taken.shape[0], dtype=np.int64) % n_pods
     if spec.router in ("session_affinity", "prefix_affinity") and work.affinity is not None:
         keyed = (work.affinity >= 0) & ~rejected
         salted = (work.affinity[keyed].astype(np.uint64) ^ _POD_SALT) & np.uint64(0x7FFFFFFFFFFFFFFF)
         pod[keyed] = affinity_replicas(salted.astype(np.int64), n_pods)
     out = []
-    for k, rows in _rows_by_pod(pod):
+    for k, rows in _rows_by_pod(pod, np.arange(n_pods, dtype=np.int32), n_pods):
         a, b = k * pod_ranks, min((k + 1) * pod_ranks, R)
         out.append(PodCut(a, rows, replace(spec, replicas=b - a), None, True))
     return out
