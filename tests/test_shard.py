@@ -407,29 +407,33 @@ def test_a_full_disk_while_the_step_log_streams_is_one_error_line(
     assert not leftovers, leftovers  # nor half a run (tables moved into place, no config.json)
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=300, deadline=None)
 @given(
     st.integers(1, 9).flatmap(
-        lambda replicas: st.tuples(
-            st.lists(st.integers(-1, replicas - 1), max_size=60),
-            st.lists(st.integers(0, 4), min_size=replicas, max_size=replicas),
+        lambda pods: st.tuples(
+            st.just(pods),
+            st.lists(st.integers(1, 4), min_size=pods, max_size=pods),
+            st.lists(st.integers(-1, 40), max_size=40),
         )
     ),
     st.sampled_from([np.int32, np.int64]),
+    st.booleans(),
 )
-def test_rows_by_pod_is_a_stable_sort_by_pod(case: tuple[list[int], list[int]], dtype: Any) -> None:
-    """The counting sort that cuts pods (rows in 4 bytes, no copy of the day's routes) gives each
-    pod exactly the rows a stable sort by pod gives, a rejected request (route −1) in pod 0, and
-    no pod without rows."""
+def test_rows_by_pod_is_a_stable_sort_by_pod(case: tuple[int, list[int], list[int]], dtype: Any, by_cut: bool) -> None:
+    """The grouping that cuts pods (a counting sort into 4-byte rows, or a sort of the requests
+    when pods outnumber them) gives each pod exactly the rows a stable sort by pod gives: by the
+    replica range holding a request's route, or by its key as the pod; a rejected request (−1)
+    in pod 0; no pod without rows."""
     from pipeline.engine.shard import _rows_by_pod
 
-    routes_list, pods_list = case
-    routes = np.array(routes_list, dtype)
-    pod_of = np.array(pods_list, np.int32)
-    pod = np.array([pods_list[r] if r >= 0 else 0 for r in routes_list], np.int64)
-    got = list(_rows_by_pod(routes, pod_of, 5))
-    want = [(k, np.flatnonzero(pod == k)) for k in range(5) if (pod == k).any()]
-    assert [k for k, _ in got] == [k for k, _ in want]
+    pods, sizes, raw = case
+    cuts = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
+    top = int(cuts[-1]) if by_cut else pods
+    keys = np.array([k if k < 0 else k % top for k in raw], dtype)
+    want_pod = [0 if k < 0 else (int(np.searchsorted(cuts, k, "right")) - 1 if by_cut else int(k)) for k in keys]
+    got = list(_rows_by_pod(keys, cuts if by_cut else np.zeros(0, np.int64), pods))
+    want = [(p, [i for i, q in enumerate(want_pod) if q == p]) for p in sorted(set(want_pod))]
+    assert [p for p, _ in got] == [p for p, _ in want]
     for (_, rows), (_, expect) in zip(got, want, strict=True):
         assert rows.dtype == np.int32
-        np.testing.assert_array_equal(rows, expect)
+        assert rows.tolist() == expect

@@ -578,22 +578,30 @@ def _static_routes(times, order, rejected, aff_rep, router, closed, R, n):  # ty
 
 
 @numba.njit(cache=True)
-def group_rows(routes, pod_of, pods, order):  # type: ignore[no-untyped-def]
-    """Request rows grouped by pod (a counting sort, no copy of the day's routes): request i goes
-    to pod ``pod_of[routes[i]]``, or pod 0 when ``routes[i]`` < 0 (rejected: routed nowhere, pod
-    0 reports them). Fills ``order`` with the rows, pod after pod, increasing within a pod, and
-    returns where each pod's rows start (``pods`` + 1 entries)."""
-    n = routes.shape[0]
+def _pod_of(key, cuts):  # type: ignore[no-untyped-def]
+    if key < 0:  # a rejected request (routed nowhere): pod 0 reports it
+        return 0
+    if cuts.shape[0] == 0:  # the key is the pod
+        return key
+    return np.searchsorted(cuts, key, side="right") - 1
+
+
+@numba.njit(cache=True)
+def group_rows(keys, cuts, pods, order):  # type: ignore[no-untyped-def]
+    """Request rows grouped by pod (a counting sort, no copy of the day's keys): request i goes
+    to the pod whose replica range ``cuts`` holds ``keys[i]`` (its route; with no cuts, the key
+    is the pod), or to pod 0 when ``keys[i]`` < 0. Fills ``order`` with the rows, pod after pod,
+    increasing within a pod, and returns where each of the ``pods`` pods' rows start (``pods`` +
+    1 entries)."""
+    n = keys.shape[0]
     start = np.zeros(pods + 1, np.int64)
     for i in range(n):
-        r = routes[i]
-        start[(pod_of[r] if r >= 0 else 0) + 1] += 1
+        start[_pod_of(keys[i], cuts) + 1] += 1
     for k in range(pods):
         start[k + 1] += start[k]
     fill = start[:pods].copy()
     for i in range(n):
-        r = routes[i]
-        k = pod_of[r] if r >= 0 else 0
+        k = _pod_of(keys[i], cuts)
         order[fill[k]] = i
         fill[k] += 1
     return start

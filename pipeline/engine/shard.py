@@ -91,18 +91,32 @@ def pod_cuts(replicas: int, lockstep: int, pods: int) -> IntArray:
     return (groups * np.arange(pods + 1, dtype=np.int64) // pods) * lockstep
 
 
-def _rows_by_pod(routes: RowArray, pod_of: npt.NDArray[np.int32], pods: int) -> Iterator[tuple[int, RowArray]]:
-    """(pod, its requests in increasing order) for every one of ``pods`` that has a request,
-    where request i goes to pod ``pod_of[routes[i]]``; ``routes[i]`` < 0 (a rejected request: routed nowhere)
-    counts as pod 0, which reports them. One counting sort into a request's 4 bytes (8 when the
-    day has 2³¹ rows or more), whatever the number of pods: pods without requests are never
-    built (they would replay nothing)."""
+def _rows_by_pod(keys: RowArray, cuts: IntArray, pods: int) -> Iterator[tuple[int, RowArray]]:
+    """(pod, its requests in increasing order) for every one of ``pods`` pods that has a request.
+    Request i goes to the pod whose replica range ``cuts`` (pod_cuts) holds ``keys[i]``, its
+    route; with no cuts, ``keys[i]`` is its pod. A key < 0 (a rejected request: routed nowhere)
+    counts as pod 0, which reports them. Rows are 4-byte numbers (8 when the day has 2³¹ rows
+    or more). Pods without requests are never built (they would replay nothing)."""
     from pipeline.engine import _jit_kernels as k
 
-    order = np.empty(routes.shape[0], _row_dtype(routes.shape[0]))
-    start = k.group_rows(routes, pod_of, max(pods, 1), order)
-    for p in np.flatnonzero(np.diff(start)).tolist():
-        yield p, order[start[p] : start[p + 1]]
+    n = keys.shape[0]
+    if not n:
+        return
+    order = np.empty(n, _row_dtype(n))
+    if pods <= n:  # a counting sort: no copy of the day's keys, no sort
+        start = k.group_rows(keys, cuts, pods, order)
+        for p in np.flatnonzero(np.diff(start)).tolist():
+            yield p, order[start[p] : start[p + 1]]
+        return
+    # more pods than requests (a huge fleet, a small day): sort the requests, never count the pods
+    pod = keys if cuts.size == 0 else np.searchsorted(cuts, keys, side="right") - 1
+    pod = np.maximum(pod, 0)
+    order[:] = np.argsort(pod, kind="stable")
+    pod = pod[order]
+    firsts = np.flatnonzero(np.diff(pod, prepend=-1))
+    ends = np.append(firsts[1:], n)
+    for a, b in zip(firsts.tolist(), ends.tolist(), strict=True):
+        yield int(pod[a]), order[a:b]
 
 
 @dataclass(frozen=True)
@@ -181,9 +195,8 @@ def _cut_pods(work: Workload, spec: FleetSpec, pods: int) -> list[PodCut]:
         )
         raise ConfigError(f"--pods {pods}: the fleet cannot be replayed in pods exactly: {why}")
     cuts = pod_cuts(spec.replicas, spec.lockstep, pods)
-    pod_of = (np.searchsorted(cuts, np.arange(spec.replicas), side="right") - 1).astype(np.int32)  # of a replica
     out = []
-    for k, rows in _rows_by_pod(routes, pod_of, len(cuts) - 1):
+    for k, rows in _rows_by_pod(routes, cuts, len(cuts) - 1):
         a, b = int(cuts[k]), int(cuts[k + 1])
         local = routes[rows]
         local = np.where(local >= 0, local - a, 0).astype(np.int32)  # a pod's replicas: 4-byte numbers
@@ -223,7 +236,7 @@ def _cut_hierarchical(work: Workload, spec: FleetSpec, pod_ranks: int) -> list[P
         salted = (work.affinity[keyed].astype(np.uint64) ^ _POD_SALT) & np.uint64(0x7FFFFFFFFFFFFFFF)
         pod[keyed] = affinity_replicas(salted.astype(np.int64), n_pods)
     out = []
-    for k, rows in _rows_by_pod(pod, np.arange(n_pods, dtype=np.int32), n_pods):
+    for k, rows in _rows_by_pod(pod, np.zeros(0, np.int64), n_pods):
         a, b = k * pod_ranks, min((k + 1) * pod_ranks, R)
         out.append(PodCut(a, rows, replace(spec, replicas=b - a), None, True))
     return out
