@@ -47,6 +47,8 @@ from pipeline.tomlfile import read_toml
 GIB = 1 << 30
 #: Largest ``dp`` accepted: a bound against absurd values (each rank is an engine with its own state).
 MAX_DP = 1024
+#: Most engines (replicas × dp) a fleet may have: the replay numbers them in 4 bytes.
+MAX_ENGINES = 2**31 - 1
 
 # vLLM's defaults (vllm/engine/arg_utils.py, EngineArgs and get_batch_defaults, OpenAI API server
 # context): block_size 16 on CUDA, gpu_memory_utilization 0.9, prefix caching and chunked prefill
@@ -129,6 +131,8 @@ class FleetConfig:
             return self
         if replicas < 1:
             raise ConfigError(f"--replicas must be >= 1, got {replicas}")
+        if replicas * self.dp > MAX_ENGINES:
+            raise ConfigError(f"--replicas {replicas}: {_too_many(replicas, self.dp)}")
         return replace(self, replicas=replicas)
 
     def to_dict(self) -> dict[str, Any]:
@@ -284,7 +288,16 @@ def parse_fleet(data: dict[str, Any], origin: str) -> FleetConfig:
         raise ConfigError(f"{origin}: router_pod_size must be >= 0 replicas (0: one flat router)")
     if cfg.dp > MAX_DP:
         raise ConfigError(f"{origin}: dp = {cfg.dp} is more than {MAX_DP} data-parallel ranks in one replica")
+    if cfg.replicas * cfg.dp > MAX_ENGINES:
+        raise ConfigError(f"{origin}: {_too_many(cfg.replicas, cfg.dp)}")
     return cfg
+
+
+def _too_many(replicas: int, dp: int) -> str:
+    return (
+        f"{replicas:,} replicas × dp {dp} = {replicas * dp:,} engines, more than the {MAX_ENGINES:,} "
+        "a replay numbers (4-byte replica ids)"
+    )
 
 
 def load_fleet(path: Path | str) -> FleetConfig:

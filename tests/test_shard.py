@@ -437,3 +437,41 @@ def test_rows_by_pod_is_a_stable_sort_by_pod(case: tuple[int, list[int], list[in
     for (_, rows), (_, expect) in zip(got, want, strict=True):
         assert rows.dtype == np.int32
         assert rows.tolist() == expect
+
+
+@pytest.mark.parametrize("router", ["round_robin", "session_affinity"])
+def test_routes_of_a_fleet_past_int32_keep_their_replica(router: str) -> None:
+    """Routes are 4-byte numbers only when every replica number fits: on a fleet of more than 2³¹
+    engines, here 2³³ (the cutting code alone; FLEET.toml refuses such a fleet) round robin's routes and
+    the affinity routers' hashed replicas are the int64 ones, never wrapped to negative
+    (rejected) or to another replica."""
+    from pipeline.engine.jit import affinity_replicas
+
+    w, spec = _busy_fleet(router, replicas=2**33, n=40)
+    routes = static_routes(w, spec)
+    assert routes is not None and routes.dtype == np.int64
+    if router == "round_robin":
+        assert routes.tolist() == list(range(40))
+    else:
+        want = affinity_replicas(np.asarray(w.affinity, np.int64), spec.replicas)
+        assert routes.tolist() == want.tolist() and int(routes.max()) >= 2**31
+    pods = plan_pods(w, spec, 3)
+    got = {int(r): p.first + int(p.routes[j]) for p in pods for j, r in enumerate(p.rows.tolist())}  # type: ignore[index]
+    assert got == {i: int(routes[i]) for i in range(40)}
+
+
+def test_a_fleet_of_more_engines_than_4_bytes_number_is_refused() -> None:
+    """replicas × dp past 2³¹ − 1 is one error line (the replay numbers engines in 4 bytes), from
+    FLEET.toml, --replicas and plan's --max-replicas alike."""
+    from pipeline.fleet import MAX_ENGINES, parse_fleet
+
+    base = {"name": "big", "model": "llama-3.1-8b", "hardware": "h100-sxm"}
+    assert parse_fleet({**base, "replicas": MAX_ENGINES}, "f.toml").replicas == MAX_ENGINES
+    with pytest.raises(ConfigError, match=r"1,073,741,824 replicas × dp 2 = 2,147,483,648 engines, more than"):
+        parse_fleet({**base, "replicas": 2**30, "dp": 2}, "f.toml")
+    with pytest.raises(ConfigError, match=r"^--replicas 2147483648: "):
+        parse_fleet(base, "f.toml").with_replicas(2**31)
+    from pipeline.plan.stage import PlanOptions
+
+    with pytest.raises(ConfigError, match=r"--max-replicas must be in 1\.\.2,147,483,647"):
+        PlanOptions(model="llama-3.1-8b", hardware=("h100-sxm",), tp=(1,), max_replicas=2**31)

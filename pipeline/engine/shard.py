@@ -59,27 +59,27 @@ def static_routes(work: Workload, spec: FleetSpec) -> RowArray | None:
         # the engine takes arrivals in (time, index) order and counts the ones it routes
         times = work.arrival_s
         if spec.mode == "offline" or n < 2 or bool((times[1:] >= times[:-1]).all()):  # in that order already
-            routes = np.cumsum(~rejected, dtype=_row_dtype(n))
+            routes = np.cumsum(~rejected, dtype=_row_dtype(max(n, R)))
             routes -= 1
             routes %= R
             routes[rejected] = -1
             return routes
         order = np.argsort(times, kind="mergesort")
         taken = order[~rejected[order]]
-        routes = np.full(n, -1, _row_dtype(n))
+        routes = np.full(n, -1, _row_dtype(max(n, R)))
         routes[taken] = np.arange(taken.shape[0], dtype=np.int64) % R
         return routes
     if spec.router in ("session_affinity", "prefix_affinity") and work.affinity is not None:
         rep = affinity_replicas(np.asarray(work.affinity, np.int64), R)
         if (rep[~rejected] < 0).any():  # a request without a key goes to the least loaded replica
             return None
-        return np.where(rejected, -1, rep).astype(_row_dtype(n))
+        return np.where(rejected, -1, rep).astype(_row_dtype(max(n, R)))
     return None
 
 
 def _row_dtype(n: int) -> type[np.signedinteger[Any]]:
-    """Request rows and replica numbers of a day of ``n`` requests: 4-byte numbers when they fit
-    (a day's arrays cost a request's bytes, not replicas')."""
+    """Numbers below ``n`` (request rows; replica or pod numbers): 4-byte when they fit (a day's
+    arrays cost a request's bytes, not replicas')."""
     return np.int32 if n < 2**31 else np.int64
 
 
@@ -199,7 +199,7 @@ def _cut_pods(work: Workload, spec: FleetSpec, pods: int) -> list[PodCut]:
     for k, rows in _rows_by_pod(routes, cuts, len(cuts) - 1):
         a, b = int(cuts[k]), int(cuts[k + 1])
         local = routes[rows]
-        local = np.where(local >= 0, local - a, 0).astype(np.int32)  # a pod's replicas: 4-byte numbers
+        local = np.where(local >= 0, local - a, 0).astype(_row_dtype(b - a))  # a pod's replicas
         out.append(PodCut(a, rows, replace(spec, replicas=b - a), local, False))
     return out
 
@@ -229,7 +229,7 @@ def _cut_hierarchical(work: Workload, spec: FleetSpec, pod_ranks: int) -> list[P
     times = np.zeros(n) if spec.mode == "offline" else work.arrival_s
     order = np.argsort(times, kind="mergesort")
     taken = order[~rejected[order]]
-    pod = np.full(n, -1, _row_dtype(n))
+    pod = np.full(n, -1, _row_dtype(max(n, n_pods)))
     pod[taken] = np.arange(taken.shape[0], dtype=np.int64) % n_pods
     if spec.router in ("session_affinity", "prefix_affinity") and work.affinity is not None:
         keyed = (work.affinity >= 0) & ~rejected

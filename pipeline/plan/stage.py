@@ -28,7 +28,7 @@ from pipeline.cost import (
 )
 from pipeline.defaults import DEFAULT_MAX_REPLICAS, DEFAULT_WARMUP_S, DEFAULT_WINDOW_S
 from pipeline.errors import ConfigError, RooftraceError
-from pipeline.fleet import FleetConfig, load_fleet, parse_fleet
+from pipeline.fleet import MAX_ENGINES, FleetConfig, load_fleet, parse_fleet
 from pipeline.plan.executors import run_local, run_ray
 from pipeline.plan.search import Candidate, CandidateResult, Task
 from pipeline.plan.window import Window, select_window
@@ -67,8 +67,8 @@ class PlanOptions:
     def __post_init__(self) -> None:
         if self.executor not in ("local", "ray"):
             raise ConfigError(f"--executor must be local or ray, got {self.executor!r}")
-        if self.max_replicas < 1:
-            raise ConfigError("--max-replicas must be >= 1")
+        if not 1 <= self.max_replicas <= MAX_ENGINES:
+            raise ConfigError(f"--max-replicas must be in 1..{MAX_ENGINES:,}, got {self.max_replicas:,}")
         if not self.hardware or not self.tp:
             raise ConfigError("give at least one --hardware and one --tp")
         if not 0.0 <= self.max_rejected <= 1.0:
