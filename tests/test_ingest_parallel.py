@@ -206,3 +206,37 @@ def test_line_cuts_cut_after_newlines(lines: list[bytes], last_newline: bool, pi
     assert all(data[c - 1 : c] == b"\n" for c in cuts[1:-1])  # every inner cut follows a newline
     pieces_text = [data[a:b] for a, b in itertools.pairwise(cuts)]
     assert b"".join(pieces_text) == data
+
+
+def test_the_serial_lookahead_changes_nothing(logs: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A serial run has DuckDB parse the next small JSON Lines file while it normalises this one
+    (core._Lookahead). Over files of several formats, bad lines, a copy of a file (skipped once
+    parsed), a file whose every row is bad and a file named twice, it gives the same store,
+    per-file accounting, progress lines, quarantine and manifest as a run without it. The early
+    readers are used, and none is left running."""
+    import threading
+
+    took: list[bool] = []
+    next_after = core._Lookahead.next_after
+
+    def spy(self: core._Lookahead, k: int) -> object:
+        take = next_after(self, k)
+
+        def wrapped(spec: object) -> object:
+            got = take(spec)  # type: ignore[arg-type]
+            took.append(got is not None)
+            return got
+
+        return wrapped
+
+    monkeypatch.setattr(core._Lookahead, "next_after", spy)
+    ahead = Store(tmp_path / "ahead")
+    with_it = _ingest(ahead, logs, jobs=1)
+    assert took.count(True) >= 3  # c.jsonl, d.jsonl, e-copy.jsonl, f-bad.jsonl follow another file
+    assert not [t for t in threading.enumerate() if t.name == "rooftrace-prefetch"]
+    monkeypatch.setattr(core._Lookahead, "_start", lambda self, k: None)
+    plain = Store(tmp_path / "plain")
+    assert _ingest(plain, logs, jobs=1) == with_it
+    assert _files(ahead) == _files(plain) and _files(plain)
+    assert _table(ahead.quarantine_dir).equals(_table(plain.quarantine_dir))
+    assert _table(ahead.manifest_path).equals(_table(plain.manifest_path))

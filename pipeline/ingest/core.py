@@ -49,6 +49,7 @@ from pipeline.ingest.normalize import DerivedIds, finalize, reason_kind, shift_o
 from pipeline.ingest.readers import (
     RAW_LIMIT,
     FastPathFailed,
+    Prefetch,
     RawBatch,
     csv_batches,
     jsonl_fast,
@@ -57,6 +58,7 @@ from pipeline.ingest.readers import (
     parquet_batches,
 )
 from pipeline.ingest.source import (
+    FAST_RECORD_BYTES,
     MAX_RECORD_BYTES,
     THREADS_ENV,
     FileDigest,
@@ -292,14 +294,17 @@ def _stage_file(
     digest: FileDigest,
     stager: Sink,
     file_index: int,
+    pre: Prefetch[RawBatch] | None = None,
 ) -> tuple[int, pl.DataFrame]:
     """Read, normalise and stage one file. Returns (rows read, quarantine frame). The digest may
-    still be computing: the JSON fast path's final line check waits for its line count."""
+    still be computing: the JSON fast path's final line check waits for its line count. ``pre``
+    is the file's fast-path reader when it was started early (:class:`_Lookahead`)."""
     if spec.relative_time and ctx.anchor_date is None:
         raise SourceError(f"{path}: {spec.name} timestamps are relative to the trace start; pass --date YYYY-MM-DD")
     if spec.kind == "jsonl":
         try:
-            read, bad_frames = _stage_batches(path, spec, ctx, stager, file_index, jsonl_fast(path, spec, digest.stats))
+            fast = pre if pre is not None else jsonl_fast(path, spec, digest.stats)
+            read, bad_frames = _stage_batches(path, spec, ctx, stager, file_index, fast)
         except FastPathFailed:
             stager.drop(file_index)
             read, bad_frames = _stage_batches(path, spec, ctx, stager, file_index, _raw_batches(path, spec))
@@ -529,11 +534,14 @@ def _ingest_locked(
         seen.append(str(path) in seen_paths)
         seen_paths.add(str(path))
     plans = [_split_plan(path, seen[k], fmt, mapping, ctx, jobs) for k, path in enumerate(paths)]
+    ahead: _Lookahead | None = None
     if jobs > 1 and (len(paths) > 1 or plans[0] is not None):
         outcomes: Iterator[_Outcome] = _read_parallel(paths, plans, seen, first, fmt, mapping, ctx, known, commit, jobs)
     else:
+        ahead = _Lookahead(paths, seen, fmt, mapping)
         outcomes = (
-            _read_one(path, first + k, fmt, mapping, ctx, known, seen[k], stager) for k, path in enumerate(paths)
+            _read_one(path, first + k, fmt, mapping, ctx, known, seen[k], stager, ahead.next_after(k))
+            for k, path in enumerate(paths)
         )
     for k, out in enumerate(outcomes):
         idx = first + k
@@ -556,6 +564,8 @@ def _ingest_locked(
             known.add(str(out.res.content_sha256))
         for line in out.messages:
             say(line)
+    if ahead is not None:
+        ahead.close()
 
     replace = _replaced(manifest, results, force)
     try:
@@ -587,6 +597,50 @@ class _Outcome:
         return not self.res.skipped and self.res.error is None and self.res.content_sha256 is not None
 
 
+class _Lookahead:
+    """A serial run's next file, when it is a small JSON Lines file, already being parsed by
+    DuckDB while this one is normalised. DuckDB parses a file under FAST_RECORD_BYTES on one
+    thread, so a day of many small files otherwise left a core idle between files. The early
+    reader is the fast path's own (same batches, so the same store); it counts the file's lines
+    itself. Its file's read takes it over only for the format that read resolves; a file that is
+    skipped, fails first or resolves another format has it closed."""
+
+    def __init__(self, paths: list[Path], seen: list[bool], fmt: str | None, mapping: Path | None) -> None:
+        self.paths, self.seen, self.fmt, self.mapping = paths, seen, fmt, mapping
+        self.started: dict[int, tuple[str, Prefetch[RawBatch]]] = {}
+
+    def _start(self, k: int) -> None:
+        if k >= len(self.paths) or self.seen[k] or k in self.started:
+            return  # (a path seen before is hashed first, most likely to be skipped)
+        path = self.paths[k]
+        try:
+            if logical_name(path) != path.name or not path.is_file() or path.stat().st_size >= FAST_RECORD_BYTES:
+                return  # compressed, not a plain file, or large: DuckDB uses every core on it
+            spec = _resolve_spec(path, self.fmt, self.mapping)
+        except Exception:  # the file's own read reports why
+            return
+        if spec.kind == "jsonl":
+            self.started[k] = (spec.name, jsonl_fast(path, spec))
+
+    def next_after(self, k: int) -> Callable[[FormatSpec], Prefetch[RawBatch] | None]:
+        """Start file ``k + 1``'s reader; file ``k``'s early reader, if any, for its read."""
+        self._start(k + 1)
+
+        def take(spec: FormatSpec) -> Prefetch[RawBatch] | None:
+            got = self.started.pop(k, None)
+            if got is not None and got[0] != spec.name:
+                got[1].close()
+                return None
+            return got[1] if got is not None else None
+
+        return take
+
+    def close(self) -> None:
+        for _, reader in self.started.values():
+            reader.close()
+        self.started.clear()
+
+
 def _skipped_line(path: Path) -> str:
     return f"{path}: already ingested (same content), skipped; --force ingests it again"
 
@@ -600,9 +654,12 @@ def _read_one(
     known: set[str],
     seen_before: bool,
     sink: Sink,
+    ahead: Callable[[FormatSpec], Prefetch[RawBatch] | None] | None = None,
 ) -> _Outcome:
-    """Read, normalise and stage one file into ``sink``; any failure is the file's alone."""
+    """Read, normalise and stage one file into ``sink``; any failure is the file's alone.
+    ``ahead`` hands over the file's JSON fast-path reader when one was started early."""
     out = _Outcome(FileResult(source_file=str(path)))
+    pre: Prefetch[RawBatch] | None = None
     res = out.res
     digest: FileDigest | None = None
     try:
@@ -618,7 +675,8 @@ def _read_one(
             return out
         spec = _resolve_spec(path, fmt, mapping)
         res.source_format = spec.name
-        read, bad = _stage_file(path, spec, ctx, digest, sink, idx)
+        pre = ahead(spec) if ahead is not None else None
+        read, bad = _stage_file(path, spec, ctx, digest, sink, idx, pre)
         sha = res.content_sha256 = digest.sha()
         if sha in known:
             sink.drop(idx)
@@ -646,6 +704,8 @@ def _read_one(
     finally:
         if digest is not None:
             digest.close()  # a hash still running for a failed file stops here
+        if pre is not None:
+            pre.close()  # (read to the end already, unless the file failed first)
     return out
 
 

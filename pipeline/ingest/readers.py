@@ -89,49 +89,69 @@ def _flat_types(spec: FormatSpec) -> dict[str, pl.DataType]:
 _T = TypeVar("_T")
 
 
-def prefetch(items: Iterator[_T], depth: int = 2) -> Iterator[_T]:
-    """Iterate ``items`` on a worker thread, up to ``depth`` ahead, so a producer that releases the
-    GIL (DuckDB's scan) overlaps with the consumer's work. Exceptions reach the consumer in order;
-    a consumer that stops early stops the worker (which then closes ``items``)."""
-    q: queue.Queue[tuple[str, Any]] = queue.Queue(maxsize=depth)
-    stop = threading.Event()
+class Prefetch(Iterator[_T]):
+    """Iterate ``items`` on a worker thread, started at once and up to ``depth`` items ahead, so a
+    producer that releases the GIL (DuckDB's scan) overlaps with the consumer's work. Exceptions
+    reach the consumer in order. ``close`` (or the end of the items, an error, or the object
+    being dropped) stops the worker, which then closes ``items``."""
 
-    def put(item: tuple[str, Any]) -> bool:
-        while not stop.is_set():
+    def __init__(self, items: Iterator[_T], depth: int = 2) -> None:
+        self._q: queue.Queue[tuple[str, Any]] = queue.Queue(maxsize=depth)
+        self._stop = threading.Event()
+        self._done = False
+        self._worker = threading.Thread(target=self._work, args=(items,), name="rooftrace-prefetch", daemon=True)
+        self._worker.start()
+
+    def _put(self, item: tuple[str, Any]) -> bool:
+        while not self._stop.is_set():
             try:
-                q.put(item, timeout=0.05)
+                self._q.put(item, timeout=0.05)
                 return True
             except queue.Full:
                 continue
         return False
 
-    def work() -> None:
+    def _work(self, items: Iterator[_T]) -> None:
         try:
             for x in items:
-                if not put(("item", x)):
+                if not self._put(("item", x)):
                     break
             else:
-                put(("end", None))
+                self._put(("end", None))
         except BaseException as exc:  # handed to the consumer, which re-raises it
-            put(("error", exc))
+            self._put(("error", exc))
         finally:
             close = getattr(items, "close", None)
             if close is not None:
                 close()
 
-    worker = threading.Thread(target=work, name="rooftrace-prefetch", daemon=True)
-    worker.start()
-    try:
-        while True:
-            kind, value = q.get()
-            if kind == "end":
-                return
-            if kind == "error":
-                raise value
-            yield value
-    finally:
-        stop.set()
-        worker.join()
+    def __iter__(self) -> Prefetch[_T]:
+        return self
+
+    def __next__(self) -> _T:
+        if self._done:
+            raise StopIteration
+        kind, value = self._q.get()
+        if kind == "item":
+            return value  # type: ignore[no-any-return]
+        self.close()
+        if kind == "error":
+            raise value
+        raise StopIteration
+
+    def close(self) -> None:
+        """Stop the worker and wait for it (it closes the items)."""
+        self._done = True
+        self._stop.set()
+        self._worker.join()
+
+    def __del__(self) -> None:
+        self._stop.set()  # a consumer that dropped it early: the worker stops within 50 ms
+
+
+def prefetch(items: Iterator[_T], depth: int = 2) -> Prefetch[_T]:
+    """:class:`Prefetch` of ``items``."""
+    return Prefetch(items, depth)
 
 
 LineCount = Callable[[], LineStats | None]
@@ -139,7 +159,7 @@ LineCount = Callable[[], LineStats | None]
 
 def jsonl_fast(
     path: Path, spec: FormatSpec, stats: LineCount | None = None, batch_rows: int = 2 * BATCH_LINES
-) -> Iterator[RawBatch]:
+) -> Prefetch[RawBatch]:
     """DuckDB parses and projects the file (on a worker thread, a batch or two ahead of the
     caller); raises FastPathFailed if it cannot, or if lines and rows differ. ``stats`` gives the
     file's line count once the rows are read (it may still be counting meanwhile); without it, or
