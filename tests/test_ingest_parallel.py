@@ -240,3 +240,39 @@ def test_the_serial_lookahead_changes_nothing(logs: Path, tmp_path: Path, monkey
     assert _files(ahead) == _files(plain) and _files(plain)
     assert _table(ahead.quarantine_dir).equals(_table(plain.quarantine_dir))
     assert _table(ahead.manifest_path).equals(_table(plain.manifest_path))
+
+
+def test_no_reader_thread_outlives_its_file(logs: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A reader (DuckDB on its prefetch thread) stops when its consumer does: dropped half-way,
+    or when normalising a batch fails (here: an error in the second file, while the third is
+    read ahead). A reader still inside DuckDB when the interpreter exits aborts the process
+    (Ctrl-C used to end an ingest of many small files with 'terminate called', rc -6)."""
+    import gc
+    import threading
+
+    from pipeline.ingest.readers import Prefetch
+
+    def live() -> int:
+        return sum(1 for t in threading.enumerate() if t.name == "rooftrace-prefetch")
+
+    before = live()
+    reader = Prefetch(iter(range(10**6)), depth=2)
+    assert next(reader) == 0
+    del reader
+    gc.collect()
+    assert live() == before
+
+    calls = {"n": 0}
+    stage_batch = core._stage_batch
+
+    def failing(*args: object, **kw: object) -> object:
+        calls["n"] += 1
+        if calls["n"] == 2:  # the second file's first batch
+            raise KeyboardInterrupt
+        return stage_batch(*args, **kw)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(core, "_stage_batch", failing)
+    names = ["a.jsonl", "c.jsonl", "d.jsonl", "e-copy.jsonl"]
+    with pytest.raises(KeyboardInterrupt):
+        ingest_logs([logs / n for n in names], Store(tmp_path / "s"))
+    assert live() == before

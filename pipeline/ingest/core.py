@@ -336,6 +336,9 @@ def _stage_batches(
                 bad_frames.append(bad)
     finally:
         ids.close()
+        close = getattr(batches, "close", None)
+        if close is not None:
+            close()  # a reader stopped early (an error here, Ctrl-C) stops now, not at exit
     return read, bad_frames
 
 
@@ -534,15 +537,11 @@ def _ingest_locked(
         seen.append(str(path) in seen_paths)
         seen_paths.add(str(path))
     plans = [_split_plan(path, seen[k], fmt, mapping, ctx, jobs) for k, path in enumerate(paths)]
-    ahead: _Lookahead | None = None
     if jobs > 1 and (len(paths) > 1 or plans[0] is not None):
         outcomes: Iterator[_Outcome] = _read_parallel(paths, plans, seen, first, fmt, mapping, ctx, known, commit, jobs)
     else:
         ahead = _Lookahead(paths, seen, fmt, mapping)
-        outcomes = (
-            _read_one(path, first + k, fmt, mapping, ctx, known, seen[k], stager, ahead.next_after(k))
-            for k, path in enumerate(paths)
-        )
+        outcomes = _read_serial(paths, first, fmt, mapping, ctx, known, seen, stager, ahead)
     for k, out in enumerate(outcomes):
         idx = first + k
         results.append(out.res)
@@ -564,8 +563,6 @@ def _ingest_locked(
             known.add(str(out.res.content_sha256))
         for line in out.messages:
             say(line)
-    if ahead is not None:
-        ahead.close()
 
     replace = _replaced(manifest, results, force)
     try:
@@ -639,6 +636,26 @@ class _Lookahead:
         for _, reader in self.started.values():
             reader.close()
         self.started.clear()
+
+
+def _read_serial(
+    paths: list[Path],
+    first: int,
+    fmt: str | None,
+    mapping: Path | None,
+    ctx: Context,
+    known: set[str],
+    seen: list[bool],
+    stager: Stager,
+    ahead: _Lookahead,
+) -> Iterator[_Outcome]:
+    """Each file read in this process, in order, the next small one read ahead; whatever stops
+    the run (an error, Ctrl-C) stops the reader ahead too."""
+    try:
+        for k, path in enumerate(paths):
+            yield _read_one(path, first + k, fmt, mapping, ctx, known, seen[k], stager, ahead.next_after(k))
+    finally:
+        ahead.close()
 
 
 def _skipped_line(path: Path) -> str:

@@ -92,38 +92,19 @@ _T = TypeVar("_T")
 class Prefetch(Iterator[_T]):
     """Iterate ``items`` on a worker thread, started at once and up to ``depth`` items ahead, so a
     producer that releases the GIL (DuckDB's scan) overlaps with the consumer's work. Exceptions
-    reach the consumer in order. ``close`` (or the end of the items, an error, or the object
-    being dropped) stops the worker, which then closes ``items``."""
+    reach the consumer in order. The end of the items, an error, ``close`` or the object being
+    dropped stops the worker and waits for it (it closes ``items``): no worker outlives its
+    consumer, so none is still inside DuckDB when the interpreter exits (Ctrl-C)."""
 
     def __init__(self, items: Iterator[_T], depth: int = 2) -> None:
         self._q: queue.Queue[tuple[str, Any]] = queue.Queue(maxsize=depth)
         self._stop = threading.Event()
         self._done = False
-        self._worker = threading.Thread(target=self._work, args=(items,), name="rooftrace-prefetch", daemon=True)
+        # the worker holds the queue and the event, not this object, so dropping it stops the worker
+        self._worker = threading.Thread(
+            target=_prefetch_work, args=(items, self._q, self._stop), name="rooftrace-prefetch", daemon=True
+        )
         self._worker.start()
-
-    def _put(self, item: tuple[str, Any]) -> bool:
-        while not self._stop.is_set():
-            try:
-                self._q.put(item, timeout=0.05)
-                return True
-            except queue.Full:
-                continue
-        return False
-
-    def _work(self, items: Iterator[_T]) -> None:
-        try:
-            for x in items:
-                if not self._put(("item", x)):
-                    break
-            else:
-                self._put(("end", None))
-        except BaseException as exc:  # handed to the consumer, which re-raises it
-            self._put(("error", exc))
-        finally:
-            close = getattr(items, "close", None)
-            if close is not None:
-                close()
 
     def __iter__(self) -> Prefetch[_T]:
         return self
@@ -140,13 +121,38 @@ class Prefetch(Iterator[_T]):
         raise StopIteration
 
     def close(self) -> None:
-        """Stop the worker and wait for it (it closes the items)."""
+        """Stop the worker and wait for it (it finishes the item it is making)."""
         self._done = True
         self._stop.set()
-        self._worker.join()
+        if self._worker is not threading.current_thread():
+            self._worker.join()
 
     def __del__(self) -> None:
-        self._stop.set()  # a consumer that dropped it early: the worker stops within 50 ms
+        self.close()
+
+
+def _prefetch_work(items: Iterator[Any], q: queue.Queue[tuple[str, Any]], stop: threading.Event) -> None:
+    def put(item: tuple[str, Any]) -> bool:
+        while not stop.is_set():
+            try:
+                q.put(item, timeout=0.05)
+                return True
+            except queue.Full:
+                continue
+        return False
+
+    try:
+        for x in items:
+            if not put(("item", x)):
+                break
+        else:
+            put(("end", None))
+    except BaseException as exc:  # handed to the consumer, which re-raises it
+        put(("error", exc))
+    finally:
+        close = getattr(items, "close", None)
+        if close is not None:
+            close()
 
 
 def prefetch(items: Iterator[_T], depth: int = 2) -> Prefetch[_T]:
