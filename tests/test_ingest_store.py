@@ -231,9 +231,12 @@ def test_hypothesis_round_trip(
 
 
 def test_prefetch_keeps_order_passes_errors_and_stops_the_producer() -> None:
-    from pipeline.ingest.readers import prefetch
+    import gc
+    import threading
 
-    assert list(prefetch(iter(range(1000)), depth=3)) == list(range(1000))
+    from pipeline.ingest.readers import Prefetch
+
+    assert list(Prefetch(iter(range(1000)), depth=3)) == list(range(1000))
 
     def failing() -> Iterator[int]:
         yield 1
@@ -242,7 +245,7 @@ def test_prefetch_keeps_order_passes_errors_and_stops_the_producer() -> None:
 
     got: list[int] = []
     with pytest.raises(ValueError, match="bad batch"):
-        for x in prefetch(failing()):
+        for x in Prefetch(failing()):
             got.append(x)
     assert got == [1, 2]
 
@@ -257,10 +260,19 @@ def test_prefetch_keeps_order_passes_errors_and_stops_the_producer() -> None:
         finally:
             closed.append(True)
 
-    it = prefetch(endless(), depth=2)
+    it = Prefetch(endless(), depth=2)
     assert [next(it) for _ in range(5)] == [0, 1, 2, 3, 4]
     it.close()  # the consumer stops early: the worker stops and closes the producer
     assert closed == [True]
+
+    # a consumer that just drops it: the worker stops and is waited for, the producer closed
+    workers = sum(1 for t in threading.enumerate() if t.name == "rooftrace-prefetch")
+    it = Prefetch(endless(), depth=2)
+    assert next(it) == 0
+    del it
+    gc.collect()
+    assert closed == [True, True]
+    assert sum(1 for t in threading.enumerate() if t.name == "rooftrace-prefetch") == workers
 
 
 @settings(max_examples=200, deadline=None)

@@ -624,11 +624,11 @@ class _Lookahead:
         self._start(k + 1)
 
         def take(spec: FormatSpec) -> Prefetch[RawBatch] | None:
-            got = self.started.pop(k, None)
-            if got is not None and got[0] != spec.name:
-                got[1].close()
+            name, reader = self.started.pop(k, (None, None))
+            if reader is not None and name != spec.name:
+                reader.close()
                 return None
-            return got[1] if got is not None else None
+            return reader
 
         return take
 

@@ -155,11 +155,6 @@ def _prefetch_work(items: Iterator[Any], q: queue.Queue[tuple[str, Any]], stop: 
             close()
 
 
-def prefetch(items: Iterator[_T], depth: int = 2) -> Prefetch[_T]:
-    """:class:`Prefetch` of ``items``."""
-    return Prefetch(items, depth)
-
-
 LineCount = Callable[[], LineStats | None]
 
 
@@ -170,7 +165,7 @@ def jsonl_fast(
     caller); raises FastPathFailed if it cannot, or if lines and rows differ. ``stats`` gives the
     file's line count once the rows are read (it may still be counting meanwhile); without it, or
     when it has none (a compressed file), the file is counted here."""
-    return prefetch(_jsonl_fast(path, spec, stats, batch_rows))
+    return Prefetch(_jsonl_fast(path, spec, stats, batch_rows))
 
 
 def _duck_query(spec: FormatSpec, compression: str, longest: int = FAST_RECORD_BYTES) -> str:
