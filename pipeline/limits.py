@@ -373,6 +373,21 @@ def _token_sums(col: pl.Series, block_size: int, ceil: bool, chunk: int = 1 << 2
     return total, blocks
 
 
+def _routes_static(requests: pl.DataFrame, spec: Any) -> bool:
+    """shard.routes_static on the replay's frame: round robin, or an affinity key on every
+    request (a session id; a prompt of at least one full block)."""
+    if spec.mode == "closed":
+        return False
+    if spec.router == "round_robin":
+        return True
+    if spec.router == "session_affinity":
+        return "session_id" in requests.columns and requests.get_column("session_id").null_count() == 0
+    if spec.router == "prefix_affinity":
+        tokens = requests.get_column("recorded_input_tokens")
+        return requests.height == 0 or int(tokens.min() or 0) >= spec.scheduler.block_size  # type: ignore[arg-type]
+    return False
+
+
 def estimate_replay(
     requests: pl.DataFrame,
     fleet: ResolvedFleet,
@@ -389,7 +404,7 @@ def estimate_replay(
     per-request results and tables are written as they come (STREAMED_REQUEST_BYTES)."""
     from pipeline.engine.jit import MAX_STATE_BYTES, fitting_replicas, state_bytes
     from pipeline.engine.model import FleetSpec, is_stateful_router
-    from pipeline.engine.shard import pod_cuts
+    from pipeline.engine.shard import auto_pods, pod_cuts
 
     n = int(requests.height)
     sched = fleet.scheduler
@@ -407,7 +422,10 @@ def estimate_replay(
     # the jit one unless its state is too large (jit.unsupported_reason); step times come from the
     # roofline deployment, cheaper to price than building the tables twice.
     pod_r = R
-    if 0 < fleet.config.router_pod_size < fleet.config.replicas:
+    hierarchical = 0 < fleet.config.router_pod_size < fleet.config.replicas
+    if pods == 1 and not hierarchical:  # as the replay decides (shard.auto_pods)
+        pods = auto_pods(spec, n, lambda: _routes_static(requests, spec))
+    if hierarchical:
         pod_r = fleet.config.router_pod_size * (R // fleet.config.replicas)
     elif pods > 1:
         pod_r = int(np.diff(pod_cuts(R, fleet.lockstep, pods)).max())
@@ -507,7 +525,7 @@ def estimate_replay(
         stateful = mode == "closed" or is_stateful_router(router)
         if stateful:
             seconds += (rows + n) * py_r * 1e-6
-            units, total = "requests routed", n
+            units, total = "requests done", n
         else:
             units, total = "replicas done", py_r
     return ReplayEstimate(

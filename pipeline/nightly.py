@@ -16,12 +16,13 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import altair as alt
+import polars as pl
 
 from pipeline.classify.accounting import classify_tokens, day_identity
 from pipeline.cost import run_cost
 from pipeline.errors import RooftraceError
-from pipeline.fleet import load_fleet
-from pipeline.ingest import ingest_logs
+from pipeline.fleet import load_fleet, resolve
+from pipeline.ingest import IngestSummary, ingest_logs
 from pipeline.loadcurve import DEFAULT_BUDGET_S, DEFAULT_MULTIPLIERS, curve_table, headroom_sentence, load_curve
 from pipeline.project import default_fleet_path, default_reports_dir, sample_dir
 from pipeline.replay import ReplayOptions, ReplayResult, replay
@@ -106,10 +107,13 @@ def nightly(
     executor: str = "local",
     ray_address: str | None = None,
 ) -> NightlyResult:
-    """Run the whole pipeline on ``logs`` for one date (``date``, else the newest date they hold);
-    ``jobs`` ingest workers, and the replay in ``pods`` run by ``executor`` (docs/scale.md)."""
+    """Run the whole pipeline on ``logs`` for one date (``date``, else the date they hold the most
+    requests of: :func:`_night`); ``jobs`` ingest workers, and the replay in ``pods`` run by
+    ``executor`` (docs/scale.md). The fleet is checked before anything runs."""
     say = progress or (lambda _m: None)
     reports_dir = reports_dir or default_reports_dir()
+    fleet_path = Path(fleet) if fleet is not None else default_fleet_path()
+    resolve(load_fleet(fleet_path), str(fleet_path))  # a bad fleet is one error, before the ingest
     timings: dict[str, float] = {}
     with store.lock():
         summary = _stage(
@@ -117,8 +121,7 @@ def nightly(
         )
         if summary.errors:
             raise StageError(f"stage ingest failed (nothing after it ran): {'; '.join(summary.errors)}")
-        touched = sorted({d for f in summary.files for d in f.dates})
-        day = date or (touched[-1] if touched else store.resolve_date(None))
+        day = date or _night(store, summary, say)
         _stage("classify", timings, say, lambda: classify_tokens(store, day))
         options = ReplayOptions(date=day, slo=slo, pods=pods, executor=executor, ray_address=ray_address)
         result = _stage("replay", timings, say, lambda: replay(store, fleet, options, progress=say))
@@ -134,10 +137,34 @@ def nightly(
             "report",
             timings,
             say,
-            lambda: build_report(store, result.run_id, day, reports_dir=reports_dir, warehouse_built=True),
+            lambda: build_report(store, result.run_id, day, reports_dir=reports_dir),
         )
         index = _stage("index", timings, say, lambda: build_index(reports_dir, store.cache_dir))
     return NightlyResult(day, result.run_id, report.path, index, report.headline, timings, summary.to_json())
+
+
+def _night(store: Store, summary: IngestSummary, say: Progress) -> str:
+    """The date a nightly reports on when none is given: of the dates its logs hold (stored by
+    this ingest, or by the earlier one of a file skipped as already ingested), the one with the
+    most stored requests, the newest of equals; the others are named on ``say``. (The newest
+    date alone would be the few requests of a day file that arrive after midnight.)"""
+    dates = {d for f in summary.files for d in f.dates}
+    skipped = [f.content_sha256 for f in summary.files if f.skipped and f.content_sha256]
+    if skipped and store.manifest_path.exists():
+        manifest = pl.read_parquet(store.manifest_path, columns=["content_sha256", "dates"])
+        for held in manifest.filter(pl.col("content_sha256").is_in(skipped))["dates"].to_list():
+            dates.update(held or [])
+    if not dates:
+        return store.resolve_date(None)
+    counts = sorted(((store.stored_rows(d), d) for d in dates), reverse=True)
+    day = counts[0][1]
+    if len(counts) > 1:
+        others = ", ".join(f"{d} ({n:,} requests)" for n, d in sorted(counts[1:], key=lambda c: c[1]))
+        say(
+            f"nightly: reporting on {day} ({counts[0][0]:,} requests), the date the logs hold most of; "
+            f"also in them: {others} (--date DATE for another)"
+        )
+    return day
 
 
 def write_load_curve(

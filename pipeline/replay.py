@@ -43,7 +43,7 @@ from pipeline.classify.prefix import DEFAULT_ISOLATION, ChainTree, PrefixIdentit
 from pipeline.engine.fast import simulate
 from pipeline.engine.jit import TooManyBusy, busy_fleet, simulate_jit, unsupported_reason
 from pipeline.engine.model import REJECT_REASONS, EngineResult, FleetSpec, Workload
-from pipeline.engine.shard import EXECUTORS, sharded_results, simulate_sharded
+from pipeline.engine.shard import EXECUTORS, MAX_PODS, auto_pods, routes_static, sharded_results, simulate_sharded
 from pipeline.engine.steplog import SPAN_COLUMNS, RowSink, StepLog
 from pipeline.errors import ConfigError, RooftraceError
 from pipeline.fleet import ResolvedFleet, load_fleet, resolve
@@ -67,10 +67,6 @@ from pipeline.steps import BINDING_NAMES
 from pipeline.store import ColumnReader, Store, epoch_us, store_write_error
 
 _INT63 = np.uint64(0x7FFFFFFFFFFFFFFF)
-
-
-#: Most pods a replay may be cut into.
-MAX_PODS = 1_000_000
 
 
 @dataclass(frozen=True)
@@ -135,6 +131,8 @@ class ReplayRun:
     cost_describe: dict[str, Any] | None = None
     #: The step log's sums, where it was streamed to a RunSteps instead of kept in ``log``.
     sums: StepSums | None = None
+    #: The pods the engine ran in (1: one engine run; shard.auto_pods may choose more than asked).
+    pods: int = 1
 
     @property
     def result(self) -> EngineResult:
@@ -287,7 +285,10 @@ def run_workload(
         steps.cost_source = cost.source
     pod_size = fleet.config.router_pod_size
     hierarchical = 0 < pod_size < fleet.config.replicas
-    sharded = hierarchical or options.pods > 1
+    pods = options.pods
+    if pods == 1 and not hierarchical:  # too many busy replicas for one engine state: pods anyway
+        pods = auto_pods(spec, work.n, lambda: routes_static(work, spec))
+    sharded = hierarchical or pods > 1
     log = StepLog(capacity=1024 if sharded and steps is not None else max(1024, 2 * work.n))
     pod_log: RowSink = steps if steps is not None else log
     t0 = time.perf_counter()
@@ -295,8 +296,18 @@ def run_workload(
     reason = None if sharded else unsupported_reason(busy_fleet(work, spec).spec, cost)
     if sharded:  # in pods (hierarchical routing: one shard per routing pod)
         ranks = pod_size * (fleet.ranks // fleet.config.replicas) if hierarchical else 0
-        pods = 1 if hierarchical else options.pods
-        args = (work, spec, cost, pod_log, pods, options.executor, progress, options.ray_address, ranks)
+        args = (
+            work,
+            spec,
+            cost,
+            pod_log,
+            1 if hierarchical else pods,
+            options.executor,
+            progress,
+            options.ray_address,
+            ranks,
+        )
+        pods = -(-fleet.config.replicas // pod_size) if hierarchical else pods
         if results is None:
             result = simulate_sharded(*args)
         else:
@@ -323,7 +334,7 @@ def run_workload(
             results.write_result(result)
             result = None
     sums = steps.sums if steps is not None else None
-    return ReplayRun(fleet, spec, work, result, log, wall, cost.source, dict(cost.describe), sums)
+    return ReplayRun(fleet, spec, work, result, log, wall, cost.source, dict(cost.describe), sums, pods)
 
 
 # -- tables ----------------------------------------------------------------------------------
@@ -607,6 +618,7 @@ def summary_of(cols: Columns, sums: StepSums, run: ReplayRun, slo: Slo | None = 
         **{name: _stats(cols, name, ok) for name in ("ttft_s", "tpot_s", "e2e_s", "queue_s")},
         "engine_wall_s": run.wall_s,
         "engine_requests_per_wall_s": cols.n / run.wall_s if run.wall_s > 0 else None,
+        "engine_pods": run.pods,
         "spans": sums.spans,
         "cost_model": _cost_summary(run, sums),
     }

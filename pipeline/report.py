@@ -28,10 +28,10 @@ from pipeline.classify.accounting import accounting_paths
 from pipeline.cost import day_projection, period_label
 from pipeline.errors import RooftraceError
 from pipeline.loadcurve import headroom_sentence, knee
-from pipeline.schemas import atomic_write_bytes
+from pipeline.schemas import atomic_write_bytes, check_replaceable
 from pipeline.store import Store, check_date, confined
 from pipeline.tables import table_to_json
-from pipeline.warehouse import Session, build_warehouse, latest_run
+from pipeline.warehouse import Session, latest_run
 
 Rows = list[dict[str, Any]]
 
@@ -814,13 +814,16 @@ def build_report(
     out: Path | None = None,
     png_dir: Path | None = None,
     reports_dir: Path | None = None,
-    warehouse_built: bool = False,
 ) -> ReportResult:
-    """Write the HTML report of one replay run (the latest by default). The warehouse's views are
-    rebuilt first unless the caller has just built them (``warehouse_built``: the nightly)."""
+    """Write the HTML report of one replay run (the latest by default). Its queries read the
+    warehouse as it is after the run (warehouse.connect rebuilds the views the run changed)."""
     t0 = time.perf_counter()
-    if not warehouse_built:
-        build_warehouse(store)
+    if out is not None:  # before any work: never over a named pipe, a device or a folder
+        for target in (out, out.with_name("headline.json")):
+            try:
+                check_replaceable(target)
+            except OSError as exc:
+                raise RooftraceError(f"--out {out}: {target} {exc.strerror}") from None
     if run_id is None:
         run_id = latest_run(store, date)
         if run_id is None:
@@ -877,22 +880,18 @@ def build_report(
     page = render_html(
         f"rooftrace capacity report — {day}", subtitle, headline, charts, extra, vega_bundle(store.cache_dir)
     )
-    atomic_write_bytes(out, page.encode())
-    atomic_write_bytes(
-        out.with_name("headline.json"),
-        (
-            json.dumps(
-                {"date": day, "run_id": run_id, "fleet": fleet_name, "store": str(store.root.resolve()), **headline},
-                indent=2,
-                default=str,
-            )
-            + "\n"
-        ).encode(),
-    )
+    headline_doc = {"date": day, "run_id": run_id, "fleet": fleet_name, "store": str(store.root.resolve()), **headline}
+    target = out
     pngs: list[Path] = []
-    if png_dir is not None:
-        for c in charts:
-            target = png_dir / f"{c.key}.png"
-            atomic_write_bytes(target, vlc.vegalite_to_png(c.spec, scale=1.5))
-            pngs.append(target)
+    try:
+        atomic_write_bytes(out, page.encode())
+        target = out.with_name("headline.json")
+        atomic_write_bytes(target, (json.dumps(headline_doc, indent=2, default=str) + "\n").encode())
+        if png_dir is not None:
+            for c in charts:
+                target = png_dir / f"{c.key}.png"
+                atomic_write_bytes(target, vlc.vegalite_to_png(c.spec, scale=1.5))
+                pngs.append(target)
+    except OSError as exc:
+        raise RooftraceError(f"cannot write {target}: {exc.strerror or exc}") from None
     return ReportResult(out, run_id, day, headline, [c.key for c in charts], pngs, time.perf_counter() - t0)

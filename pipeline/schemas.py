@@ -7,7 +7,9 @@ checked again when it is read. Writes are atomic: a temporary file beside the ta
 
 from __future__ import annotations
 
+import errno
 import os
+import stat
 import tempfile
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
@@ -230,8 +232,41 @@ def check_file_schema(path: Path, name: str) -> None:
 _FILE_MODE = 0o644
 
 
+def not_regular(path: Path) -> str | None:
+    """Why ``path`` (links followed) is not a regular file, or None when it is. A FIFO, socket
+    or device could block a read forever or never end; replacing one would destroy it."""
+    try:
+        mode = os.stat(path).st_mode
+    except OSError as exc:
+        return f"cannot be opened ({exc.strerror or exc})"
+    if stat.S_ISREG(mode):
+        return None
+    if stat.S_ISFIFO(mode):
+        return "a named pipe (FIFO)"
+    if stat.S_ISSOCK(mode):
+        return "a socket"
+    if stat.S_ISCHR(mode) or stat.S_ISBLK(mode):
+        return "a device"
+    if stat.S_ISDIR(mode):
+        return "a folder"
+    return "not a file"
+
+
+def check_replaceable(path: Path) -> None:
+    """Refuse (FileExistsError, naming what is there) to write over anything at ``path`` that is
+    not a regular file: an atomic write renames over it, which would replace a named pipe, a
+    device or a folder's entry with a file."""
+    if not os.path.lexists(path):
+        return
+    why = not_regular(path) if os.path.exists(path) else None  # (a dangling link is replaced)
+    if why is not None:
+        raise FileExistsError(errno.EEXIST, f"is {why}, not a regular file; refusing to replace it", str(path))
+
+
 def atomic_write_bytes(path: Path, data: bytes) -> None:
-    """Write ``data`` to ``path`` atomically (temp file in the same folder, fsync, rename)."""
+    """Write ``data`` to ``path`` atomically (temp file in the same folder, fsync, rename); never
+    over something that is not a regular file (:func:`check_replaceable`)."""
+    check_replaceable(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
@@ -346,6 +381,7 @@ def write_parquet(table: pa.Table, path: Path, name: str) -> Path:
     """
     table = conform(table, name)
     validate(table, name)
+    check_replaceable(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     os.close(fd)

@@ -172,6 +172,12 @@ class Store:
             raise RooftraceError(f"{self.requests_dir}: no partition for date {date}; have {dates}")
         return date
 
+    def stored_rows(self, date: str) -> int:
+        """Requests stored for ``date`` (0 when it has no partition), from the files' footers."""
+        if not (self.requests_dir / f"date={date}").exists():
+            return 0
+        return sum(pq.read_metadata(p).num_rows for p in self.request_files(date))
+
     def request_files(self, date: str) -> list[Path]:
         """The Parquet files of a date partition (a hidden name is never a table file)."""
         folder = self.partition(self.requests_dir, date)

@@ -5,6 +5,12 @@ cheap to rebuild and any DuckDB client can open it. It is rebuilt beside the old
 into place. A table with no files yet gets an empty view with its declared columns, so every
 named query runs on any store.
 
+The views depend on which files exist (a table's first file, every run's files, where the store
+is), so the warehouse records what it was built from (``warehouse_info.files_key``) and every
+reader (:func:`connect`) rebuilds it first when that changed: a new run, a table's first rows, a
+moved store, a changed hardware catalog. A store the reader may not write gets a private
+warehouse outside it, built for that connection.
+
 Named queries are ``pipeline/queries/<name>.sql``. Their first comment lines describe them
 (``-- description``) and name their parameters (``-- params: run_id, date``); parameters are read
 with DuckDB's ``getvariable('name')`` and set with ``SET VARIABLE`` before the query runs.
@@ -13,6 +19,8 @@ with DuckDB's ``getvariable('name')`` and set with ``SET VARIABLE`` before the q
 from __future__ import annotations
 
 import difflib
+import hashlib
+import json
 import os
 import re
 import shutil
@@ -171,23 +179,43 @@ def warehouse_path(store: Store) -> Path:
     return store.warehouse_path
 
 
-def build_warehouse(store: Store) -> Path:
-    """(Re)build STORE/warehouse.duckdb atomically; returns its path."""
-    store.root.mkdir(parents=True, exist_ok=True)
-    target = warehouse_path(store)
-    fd, tmp_name = tempfile.mkstemp(prefix=".warehouse.", suffix=".duckdb", dir=store.root)
+def files_key(store: Store, catalog: pa.Table | None = None) -> str:
+    """What the views were built from: the store's place, which tables have files, every run's
+    files, and the hardware catalog (``catalog``: :func:`hardware_catalog`, read when not given)."""
+    root = store.root.resolve()
+    h = hashlib.sha256(str(root).encode())
+    for spec in VIEWS:
+        if spec.kind == "run":
+            listed = sorted(str(f.relative_to(root)) for f in root.glob(spec.glob))
+            h.update(f"\0{spec.name}:{len(listed)}\0".encode() + "\0".join(listed).encode())
+        else:
+            h.update(f"\0{spec.name}:{any(root.glob(spec.glob))}".encode())
+    table = hardware_catalog() if catalog is None else catalog
+    h.update(json.dumps(table.to_pylist(), sort_keys=True, default=str).encode())
+    return h.hexdigest()
+
+
+def build_warehouse(store: Store, target: Path | None = None) -> Path:
+    """(Re)build STORE/warehouse.duckdb (or ``target``) atomically; returns its path."""
+    if target is None:
+        store.root.mkdir(parents=True, exist_ok=True)
+        target = warehouse_path(store)
+    fd, tmp_name = tempfile.mkstemp(prefix=".warehouse.", suffix=".duckdb", dir=target.parent)
     os.close(fd)
     tmp = Path(tmp_name)
     tmp.unlink()  # DuckDB wants to create the file itself
     try:
         con = duckdb.connect(str(tmp))
         try:
+            catalog = hardware_catalog()
+            key = files_key(store, catalog)  # before the views: a file that lands meanwhile rebuilds again
             for spec in VIEWS:
                 con.execute(f'CREATE VIEW "{spec.name}" AS {_view_sql(store, spec)}')
                 con.execute(f"COMMENT ON VIEW \"{spec.name}\" IS '{spec.doc}'")
-            catalog = hardware_catalog()  # noqa: F841  (read by the next statement)
             con.execute("CREATE TABLE hardware_catalog AS SELECT * FROM catalog")
             con.execute("COMMENT ON TABLE hardware_catalog IS 'GPU catalog: memory, bandwidth, peaks, price'")
+            con.execute("CREATE TABLE warehouse_info AS SELECT ? AS files_key", [key])
+            con.execute("COMMENT ON TABLE warehouse_info IS 'what the views were built from (rebuilt when it changes)'")
         finally:
             con.close()
         os.replace(tmp, target)
@@ -197,6 +225,19 @@ def build_warehouse(store: Store) -> Path:
         Path(str(tmp) + ".wal").unlink(missing_ok=True)
         raise
     return target
+
+
+def _built_from(path: Path) -> str | None:
+    """The files key a warehouse file records (None: unreadable, or built before it recorded one)."""
+    con = duckdb.connect(":memory:")
+    try:
+        con.execute(f"ATTACH {_lit(path.resolve())} AS w (READ_ONLY)")
+        row = con.execute("SELECT files_key FROM w.warehouse_info").fetchone()
+        return str(row[0]) if row else None
+    except duckdb.Error:
+        return None
+    finally:
+        con.close()
 
 
 def require_store(store: Store) -> None:
@@ -225,13 +266,17 @@ def connect(store: Store) -> duckdb.DuckDBPyConnection:
     """
     require_store(store)
     path = warehouse_path(store)
-    if not path.exists():
+    tmp = tempfile.mkdtemp(prefix="rooftrace-duckdb-")
+    if not path.exists() or _built_from(path) != files_key(store):
         try:
             build_warehouse(store)
-        except OSError as exc:
-            raise RooftraceError(f"cannot build the warehouse {path}: {exc.strerror or exc}") from None
+        except OSError:  # a store this user may only read: a private warehouse, for this connection
+            try:
+                path = build_warehouse(store, Path(tmp) / "warehouse.duckdb")
+            except OSError as exc:
+                shutil.rmtree(tmp, ignore_errors=True)
+                raise RooftraceError(f"cannot build the warehouse {path}: {exc.strerror or exc}") from None
     root = str(store.root.resolve())
-    tmp = tempfile.mkdtemp(prefix="rooftrace-duckdb-")
     con = duckdb.connect(":memory:")
     weakref.finalize(con, shutil.rmtree, tmp, ignore_errors=True)
     try:
@@ -360,6 +405,12 @@ class Session:
         if "run_id" in names and values.get("run_id") is None:
             values["run_id"] = latest_run(store, values.get("date"))
             if values["run_id"] is None:
+                dates = sorted({r[:10] for r in run_ids(store)})
+                if values.get("date") is not None and dates:
+                    raise RooftraceError(
+                        f"query {name!r}: no replay run of {values['date']} in {store.root}; "
+                        f"runs exist for {', '.join(dates[-5:])} (--date, or --run RUN_ID)"
+                    )
                 raise RooftraceError(
                     f"query {name!r} needs a replay run and {store.root} has none (run `rooftrace replay`)"
                 )
@@ -370,11 +421,22 @@ class Session:
             key = p.rstrip("?")
             if key not in values and not optional:
                 raise RooftraceError(f"query {name!r} needs --param {key}=VALUE")
-            con.execute(f"SET VARIABLE {key} = ?", [values.get(key)])
+            value = values.get(key)
+            if isinstance(value, str) and not _is_utf8(value):  # bytes that are not UTF-8 on the command line
+                raise RooftraceError(f"query {name!r}: {key} {value.encode('utf-8', 'replace')!r} is not UTF-8 text")
+            con.execute(f"SET VARIABLE {key} = ?", [value])
         try:
             return con.sql(query.sql).to_arrow_table()
         except duckdb.Error as exc:
             raise RooftraceError(f"query {name!r} failed: {str(exc).splitlines()[0]}") from None
+
+
+def _is_utf8(text: str) -> bool:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 def run_query(store: Store, name: str, params: Mapping[str, Any] | None = None) -> pa.Table:

@@ -564,3 +564,37 @@ def test_a_run_killed_at_any_point_leaves_a_readable_store(tmp_path: Path, where
         _balanced(s)
         assert s.files[0].skipped
     assert _glob_count(store) == 700 and sum(store.read_requests(d).height for d in store.dates()) == 700
+
+
+def test_a_folder_says_every_file_it_passes_over(tmp_path: Path) -> None:
+    """Ingesting a folder used to pass over rotated logs (app.log.1), other names, links to
+    folders and unreadable folders without a word, and to exit 0 having read nothing. Now rotated
+    names are read, links to folders followed (each folder once), every file passed over is named
+    on stderr, and a folder with no log file is a one-line error."""
+    logs = tmp_path / "logs"
+    (logs / "sub").mkdir(parents=True)
+    _write(logs / "app.log.1", [oa(id="a1")])
+    _write(logs / "sub" / "day.jsonl.2", [oa(id="a2")])
+    _write(logs / "notes.txt", [oa(id="a3")])
+    (tmp_path / "elsewhere").mkdir()
+    _write(tmp_path / "elsewhere" / "x.jsonl", [oa(id="a4")])
+    (logs / "linked").symlink_to(tmp_path / "elsewhere", target_is_directory=True)
+    (logs / "sub" / "loop").symlink_to(logs, target_is_directory=True)
+    (logs / ".hidden.jsonl").write_text(oa(id="h") + "\n")
+    res = _cli("ingest", str(logs), "--store", str(tmp_path / "s"), "--json")
+    assert res.exit_code == 0, res.output
+    doc = json.loads(res.stdout)
+    _balanced_json(doc)
+    read = sorted(Path(f["source_file"]).name for f in doc["files"])
+    assert read == ["app.log.1", "day.jsonl.2", "x.jsonl"], read
+    assert f"{logs / 'notes.txt'}: skipped: not a log file name" in res.stderr
+    assert f"{logs / 'sub' / 'loop'}: skipped: a link to a folder already read" in res.stderr
+    assert "hidden" not in res.stderr  # hidden names stay out, as before
+
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    (empty / "readme.txt").write_text("hello\n")
+    res = _cli("ingest", str(empty), "--store", str(tmp_path / "s2"))
+    assert res.exit_code == 1
+    line = _one_error_line(res)
+    assert f"{empty}: no log files in this folder (1 other file(s) skipped" in line, line

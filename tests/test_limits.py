@@ -15,6 +15,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 from click.testing import CliRunner
 
@@ -340,13 +341,13 @@ def test_jit_replay_reports_progress_and_stops_promptly_on_ctrl_c(tmp_path: Path
 
 
 def test_python_engine_replay_stops_promptly_on_ctrl_c(small: dict[str, Any], tmp_path: Path) -> None:
-    # prefix caching on 3,000 replicas, 2,000 of them reached by round robin: block tables too
-    # large for the jit engine
+    # prefix caching on 3,000 replicas, 2,000 of them reached by round robin from 2,000 closed-loop
+    # clients: block tables too large for the jit engine, and a closed loop cannot be cut in pods
     fleet = _fleet(tmp_path / "rr.toml", "rr")
     fleet.write_text(fleet.read_text().replace('router = "least_outstanding"', 'router = "round_robin"'))
-    args = ["replay", "--fleet", str(fleet), "--replicas", "3000", "--max-memory", "none"]
+    args = ["replay", "--fleet", str(fleet), "--replicas", "3000", "--concurrency", "2000", "--max-memory", "none"]
     args += ["--store", str(small["store"].root)]
-    code, err, waited = _interrupt(args, tmp_path, r"replay: [1-9][0-9,]* of 2,000 replicas done")
+    code, err, waited = _interrupt(args, tmp_path, r"replay: [1-9][0-9,]* of 2,000 requests done")
     assert code == 130, err
     assert "Traceback" not in err and err.rstrip().splitlines()[-1].startswith("interrupted (Ctrl-C)"), err
     assert waited < 5, waited
@@ -393,9 +394,12 @@ def test_no_compile_announced_once_the_engine_is_compiled(small: dict[str, Any])
 def test_pods_estimate_the_largest_pod_not_the_fleet(small: dict[str, Any]) -> None:
     """Replayed in pods, one process holds one pod's engine state: 1,000 replicas in 10 pods are
     estimated as 100 replicas' state on the jit engine, where the flat fleet is past the jit
-    engine's limit; a hierarchical fleet's routing pods count the same way."""
+    engine's limit (the closed loop, which cannot be cut, takes the Python engine; the open loop
+    asked for no pods runs in as many as shard.auto_pods says); a hierarchical fleet's routing
+    pods count the same way."""
     from pipeline.engine.jit import MAX_STATE_BYTES, state_bytes
     from pipeline.engine.model import FleetSpec
+    from pipeline.engine.shard import AUTO_POD_STATE_BYTES, auto_pods, pod_cuts
     from pipeline.fleet import load_fleet, resolve
 
     frame = small["store"].read_requests(small["store"].dates()[0])
@@ -403,9 +407,14 @@ def test_pods_estimate_the_largest_pod_not_the_fleet(small: dict[str, Any]) -> N
     fleet = resolve(rr, str(DEFAULT_FLEET))
     spec = FleetSpec(replicas=100, scheduler=fleet.scheduler, router=fleet.config.router)
     assert state_bytes(spec) * 10 > MAX_STATE_BYTES >= state_bytes(spec)
-    flat = estimate_replay(frame, fleet, "open", 1.0, None)
+    flat = estimate_replay(frame, fleet, "closed", 1.0, 1000)
     pods = estimate_replay(frame, fleet, "open", 1.0, None, 10)
     assert flat.engine == "python" and pods.engine == "jit" and pods.pod_replicas == 100
+    auto = estimate_replay(frame, fleet, "open", 1.0, None)
+    n_auto = auto_pods(replace(spec, replicas=1000), frame.height, lambda: True)
+    per = int(np.diff(pod_cuts(1000, 1, n_auto)).max())
+    assert n_auto > 1 and auto.engine == "jit" and auto.pod_replicas == per
+    assert state_bytes(replace(spec, replicas=per)) <= AUTO_POD_STATE_BYTES
     assert pods.parts["engine state"] == state_bytes(spec) + 100 * 1024 + 16 * frame.height
     assert "largest pod's 100 replicas" in pods.drivers()
     # the replay stage writes each pod's step log and series as the pod ends: a tenth is held

@@ -52,20 +52,23 @@ def test_nightly_end_to_end_and_rerun_is_identical(logs: Path, tmp_path: Path) -
 
 
 def test_failed_stage_is_named_and_earlier_outputs_kept(logs: Path, tmp_path: Path) -> None:
+    """A bad fleet is refused before anything runs (it used to fail the replay stage after
+    ingest and classify had run); a stage that fails later is named, and what ran before stays."""
     bad = tmp_path / "bad.toml"
     bad.write_text(
         FLEET.read_text().replace('router = "least_outstanding"', 'router = "least_outstanding"\nturbo = true')
     )
     store = Store(tmp_path / "store")
-    with pytest.raises(StageError, match=r"stage replay failed .*turbo"):
-        nightly([logs], bad, store, reports_dir=tmp_path / "reports")
+    runner = CliRunner()
+    res = runner.invoke(main, ["nightly", str(logs), "--fleet", str(bad), "--store", str(store.root)])
+    assert res.exit_code == 1 and "Traceback" not in res.output
+    assert res.stderr.strip().splitlines()[-1].startswith(f"error: {bad}: unknown key(s) ['turbo']"), res.stderr
+    assert not store.root.exists()
+    with pytest.raises(StageError, match=r"stage replay failed .*nonsense"):
+        nightly([logs], FLEET, store, reports_dir=tmp_path / "reports", slo="nonsense")
     assert store.dates() == ["2025-02-01"]
     assert list(store.accounting_dir.glob("requests/date=2025-02-01/*.parquet"))
     assert not (tmp_path / "reports").exists()
-    runner = CliRunner()
-    res = runner.invoke(main, ["nightly", str(logs), "--fleet", str(bad), "--store", str(store.root)])
-    assert res.exit_code == 1
-    assert "stage replay failed" in res.stderr and "Traceback" not in res.output
 
 
 def test_reports_are_scoped_to_their_run_fleet_and_store(logs: Path, tmp_path: Path) -> None:
@@ -140,3 +143,26 @@ def test_report_paths_from_data_are_confined(tmp_path: Path) -> None:
         with pytest.raises(RooftraceError):
             report_path(reports, date, fleet)
     assert not (tmp_path / "x").exists() and not (tmp_path / "etc").exists()
+
+
+def test_a_nightly_reports_on_the_day_its_logs_hold_not_the_stragglers(tmp_path: Path) -> None:
+    """A day's log whose last requests arrive after midnight used to make the nightly report on
+    those few (the newest date); it now takes the date the logs hold most requests of, says which
+    others they hold, and picks the same one again on a re-run that skips the file."""
+    import polars as pl
+
+    frame = generate(SynthConfig(requests=150, seed=4, duration_s=600, date="2025-02-01"))
+    last = frame["arrival"].max()
+    late = frame.tail(3).with_columns(
+        arrival=pl.lit(last) + pl.duration(days=1), request_id=pl.Series([f"late-{i}" for i in range(3)])
+    )
+    write_logs(pl.concat([frame, late]), "openai", tmp_path / "day.jsonl")
+    store = Store(tmp_path / "store")
+    said: list[str] = []
+    first = nightly([tmp_path / "day.jsonl"], FLEET, store, reports_dir=tmp_path / "r", headroom_budget_s=0,
+                    progress=said.append)  # fmt: skip
+    assert store.dates() == ["2025-02-01", "2025-02-02"]
+    assert first.date == "2025-02-01"
+    assert any("reporting on 2025-02-01 (150 requests)" in m and "2025-02-02 (3 requests)" in m for m in said), said
+    again = nightly([tmp_path / "day.jsonl"], FLEET, store, reports_dir=tmp_path / "r", headroom_budget_s=0)
+    assert again.date == "2025-02-01" and again.run_id == first.run_id

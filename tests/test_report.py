@@ -118,3 +118,33 @@ def test_two_cache_models_say_which_cache_and_block_size(replayed_store: tuple[S
     assert h["replay_cache_hit_tokens"] is not None
     config = json.loads((store.run_dir(run_id) / "config.json").read_text())
     assert config["options"]["isolation"] == ["model", "adapter", "tenant"]
+
+
+def test_out_never_replaces_a_pipe_a_device_or_a_folder(replayed_store: tuple[Store, str], tmp_path: Path) -> None:
+    """``report --out`` wrote a temporary file and renamed it over the target: a named pipe (or,
+    run as root, /dev/full) became a regular file. It now refuses before any work, with one line;
+    a failed write of the page or the PNGs is one line too."""
+    import os
+    import stat
+
+    from click.testing import CliRunner
+
+    from pipeline.cli import main
+
+    store, run_id = replayed_store
+    fifo = tmp_path / "out.html"
+    os.mkfifo(fifo)
+    folder = tmp_path / "page"
+    (folder / "headline.json").mkdir(parents=True)  # the page's neighbour is a folder
+    for out, what in ((fifo, "a named pipe (FIFO)"), (folder / "index.html", "a folder")):
+        res = CliRunner().invoke(main, ["report", "--store", str(store.root), "--run", run_id, "--out", str(out)])
+        assert res.exit_code == 1 and "Traceback" not in res.output, res.output
+        assert res.stderr.startswith(f"error: --out {out}: ") and f"is {what}, not a regular file" in res.stderr
+        assert len(res.stderr.strip().splitlines()) == 1
+    assert stat.S_ISFIFO(os.stat(fifo).st_mode) and not (folder / "index.html").exists()
+    blocked = tmp_path / "blocked"
+    blocked.write_text("a file where the PNG folder would go")
+    res = CliRunner().invoke(main, ["report", "--store", str(store.root), "--run", run_id,
+                                    "--out", str(tmp_path / "ok.html"), "--png", str(blocked / "png")])  # fmt: skip
+    assert res.exit_code == 1 and "Traceback" not in res.output, res.output
+    assert res.stderr.startswith(f"error: cannot write {blocked / 'png'}"), res.stderr

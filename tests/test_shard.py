@@ -475,3 +475,74 @@ def test_a_fleet_of_more_engines_than_4_bytes_number_is_refused() -> None:
 
     with pytest.raises(ConfigError, match=r"--max-replicas must be in 1\.\.2,147,483,647"):
         PlanOptions(model="llama-3.1-8b", hardware=("h100-sxm",), tp=(1,), max_replicas=2**31)
+
+
+def _state_fleet(replicas: int, router: str = "round_robin", lockstep: int = 1) -> FleetSpec:
+    """A prefix-caching fleet whose engine state is hand-countable (jit.state_bytes)."""
+    cfg = SchedulerConfig(num_gpu_blocks=1000, block_size=16, max_num_seqs=8, max_model_len=1600,
+                          enable_prefix_caching=True)  # fmt: skip
+    return FleetSpec(replicas=replicas, scheduler=cfg, router=router, lockstep=lockstep)
+
+
+def test_auto_pods_count_by_hand(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Per replica: 4 B × 8 seqs × 101 blocks + 29 B × 1,000 blocks + 17 B × a 2,048-slot table
+    = 3,232 + 29,000 + 34,816 = 67,048 B. A 1 MB budget holds 14 replicas (938,672 B), or 3 groups
+    of 4 in lockstep (268,192 B a group); the pods are counted over the whole fleet, the state
+    over the replicas the requests reach (one per request at most)."""
+    from pipeline.engine import jit, shard
+
+    assert jit.state_bytes(_state_fleet(1)) == 67_048
+    monkeypatch.setattr(shard, "AUTO_POD_STATE_BYTES", 1_000_000)
+    asked: list[int] = []
+
+    def static() -> bool:
+        asked.append(1)
+        return True
+
+    assert shard.auto_pods(_state_fleet(14), 10_000, static) == 1 and not asked  # 938,672 B fit
+    assert shard.auto_pods(_state_fleet(1000), 14, static) == 1  # 14 requests reach 14 replicas
+    assert shard.auto_pods(_state_fleet(1000), 15, static) == 72  # ⌈1000 / 14⌉
+    assert shard.auto_pods(_state_fleet(1000), 10**6, lambda: False) == 1  # routes not static: never
+    assert shard.auto_pods(_state_fleet(1000, lockstep=4), 10**6, static) == 84  # ⌈250 groups / 3⌉
+    assert shard.auto_pods(_state_fleet(2**31 - 1), 10**9, static) == shard.MAX_PODS
+    monkeypatch.setattr(shard, "AUTO_POD_STATE_BYTES", 10)  # not one replica fits: one a pod
+    assert shard.auto_pods(_state_fleet(30), 100, static) == 30
+
+
+@pytest.mark.parametrize("router", ["round_robin", "session_affinity", "least_outstanding"])
+def test_a_fleet_too_big_for_one_engine_state_replays_in_pods_by_itself(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, router: str
+) -> None:
+    """``rooftrace replay`` with no --pods, on a fleet whose busy replicas would hold more engine
+    state than shard.AUTO_POD_STATE_BYTES: round robin and session affinity run in pods (a 1000-
+    replica round robin on the bundled-size day used to take the Python engine: 9.4 GB, 41 s) and
+    write the same bytes as the one-engine run, config.json included; least outstanding, which
+    cannot be cut, runs as before. The estimate says which."""
+    from click.testing import CliRunner
+
+    from pipeline.cli import main
+    from pipeline.engine import shard
+
+    store, fleet = _round_robin_store(tmp_path, 400, seed=5, replicas=12)
+    fleet.write_text(fleet.read_text().replace('router = "round_robin"', f'router = "{router}"'))
+    runner = CliRunner()
+    base = ["replay", "--store", str(store.root), "--fleet", str(fleet), "--json"]
+    one = runner.invoke(main, base)
+    assert one.exit_code == 0, one.output
+    assert json.loads(one.stdout)["engine_pods"] == 1
+    run_dir = Path(json.loads(one.stdout)["run_dir"])
+    files = {p.name: p.read_bytes() for p in sorted(run_dir.iterdir())}
+    per = __import__("pipeline.engine.jit", fromlist=["x"]).state_bytes
+    from pipeline.fleet import load_fleet, resolve
+
+    resolved = resolve(load_fleet(fleet), str(fleet))
+    one_replica = per(FleetSpec(replicas=1, scheduler=resolved.scheduler))
+    monkeypatch.setattr(shard, "AUTO_POD_STATE_BYTES", 3 * one_replica)  # pods of 3 replicas
+    again = runner.invoke(main, base)
+    assert again.exit_code == 0, again.output
+    pods = router != "least_outstanding"
+    assert json.loads(again.stdout)["engine_pods"] == (4 if pods else 1)
+    assert Path(json.loads(again.stdout)["run_dir"]) == run_dir
+    assert sorted(p.name for p in run_dir.iterdir()) == sorted(files)
+    for name, data in files.items():
+        assert (run_dir / name).read_bytes() == data, name

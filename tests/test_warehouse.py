@@ -190,3 +190,54 @@ def test_sql_is_read_only_and_cli_formats(run: tuple[Store, str, Path]) -> None:
     assert res.exit_code == 1 and "no named query" in res.stderr
     res = runner.invoke(main, ["query", "--list", "--format", "json"])
     assert {d["name"] for d in json.loads(res.stdout)} >= {"latency", "peak_throughput", "kv_memory", "cost"}
+
+
+def _digest(root: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}
+
+
+def test_the_warehouse_follows_the_store(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``sql`` and ``query`` read what the store holds now: a warehouse built before the first
+    ingest, before a replay, or before the store was moved is rebuilt on read (it used to answer
+    0 rows, an empty latency table, or a missing file, with exit code 0); an unchanged store is
+    not rewritten; a store the reader cannot write gets a private warehouse and stays as it was."""
+    import shutil
+
+    from pipeline import warehouse
+    from pipeline.ingest import ingest_logs
+    from pipeline.replay import ReplayOptions, replay
+    from pipeline.synth import SynthConfig, generate, write_logs
+
+    store = Store(tmp_path / "store")
+    build_warehouse(store)  # an empty store's warehouse: every view empty
+    assert run_sql(store, "SELECT count(*) AS n FROM requests").to_pylist() == [{"n": 0}]
+    write_logs(generate(SynthConfig(requests=120, seed=3, duration_s=300)), "openai", tmp_path / "d.jsonl")
+    ingest_logs([tmp_path / "d.jsonl"], store)
+    assert run_sql(store, "SELECT count(*) AS n FROM requests").to_pylist() == [{"n": 120}]
+    assert run_sql(store, "SELECT count(*) AS n FROM replay_requests").to_pylist() == [{"n": 0}]
+    first = replay(store).run_id
+    assert {r["metric"] for r in q(store, "latency")} >= {"ttft_s", "tpot_s"}
+    second = replay(store, options=ReplayOptions(rate_scale=2.0)).run_id
+    runs = run_sql(store, "SELECT run_id, count(*) AS n FROM replay_requests GROUP BY run_id ORDER BY run_id")
+    assert sorted(r["run_id"] for r in runs.to_pylist()) == sorted([first, second])
+    before = _digest(store.root)
+    run_sql(store, "SELECT 1")
+    assert _digest(store.root) == before  # nothing changed: nothing rebuilt
+
+    moved = Store(tmp_path / "moved")
+    shutil.move(store.root, moved.root)  # the views held the old absolute paths
+    assert run_sql(moved, "SELECT count(*) AS n FROM replay_requests").to_pylist() == [{"n": 240}]
+
+    # a store this user may not write: the rebuild goes to a private folder, the store is unchanged
+    (moved.root / "warehouse.duckdb").unlink()
+    real = warehouse.tempfile.mkstemp
+
+    def refuse(*args: Any, **kwargs: Any) -> Any:
+        if Path(kwargs.get("dir", "")) == moved.root:
+            raise PermissionError(13, "Permission denied")
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(warehouse.tempfile, "mkstemp", refuse)
+    before = _digest(moved.root)
+    assert run_sql(moved, "SELECT count(*) AS n FROM requests").to_pylist() == [{"n": 120}]
+    assert _digest(moved.root) == before and not (moved.root / "warehouse.duckdb").exists()

@@ -125,4 +125,6 @@ def replay_cmd(
     for name in ("ttft_s", "tpot_s", "e2e_s"):
         st = s[name]
         click.echo(f"{name[:-2]:>5}: mean {_ms(st['mean'])}  p50 {_ms(st['p50'])}  p99 {_ms(st['p99'])}")
-    click.echo(f"engine: {s['engine_wall_s']:.2f} s wall, {s['spans']:,} spans", err=True)
+    pods = s.get("engine_pods", 1)
+    in_pods = f", in {pods:,} pods" if pods > 1 else ""
+    click.echo(f"engine: {s['engine_wall_s']:.2f} s wall, {s['spans']:,} spans{in_pods}", err=True)

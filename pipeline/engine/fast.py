@@ -64,6 +64,7 @@ class _State:
         self.started = np.zeros(n, bool)
         self.nhashed = np.zeros(n, np.int64)  # len(_Replica.hashed[rid]): for vectorised checks
         self.res = res
+        self.finished = 0  # requests finished so far (for progress)
 
 
 class _Replica:
@@ -397,6 +398,7 @@ class _Replica:
         res = st.res
         gone = set(rids)
         self.running = [r for r in self.running if r not in gone]
+        st.finished += len(rids)
         for rid in rids:
             res.finish_s[rid] = end
             res.prefill_tokens[rid] = st.fed[rid] - (st.output[rid] - 1)
@@ -606,8 +608,12 @@ def simulate(
     events, seq, next_issue = initial_arrivals(work, spec)
     closed = spec.mode == "closed"
     rr = 0
-    routed_total = 0
+    n_rejected = int(rejected.sum())
+    turns = 0
     while True:
+        turns += 1
+        if progress is not None and turns % 256 == 0:  # (the reporter writes a line every few seconds)
+            progress(st.finished + n_rejected)
         busy = [rep for rep in reps if rep.has_work()]
         starts = [rep.next_start() for rep in busy]
         t_a = events[0][0] if events else _INF
@@ -628,9 +634,6 @@ def simulate(
             res.replica[i] = r
             reps[r].pending.append(i)
             reps[r].routed += 1
-            routed_total += 1
-            if progress is not None and routed_total % 4096 == 0:
-                progress(routed_total)
             continue
         if not busy:
             break

@@ -119,11 +119,12 @@ def affinity_replicas(affinity: np.ndarray[Any, np.dtype[np.int64]], replicas: i
     return np.where(affinity >= 0, out, -1)
 
 
-def fitting_replicas(spec: FleetSpec) -> int:
-    """Most replicas of ``spec`` (whole lockstep groups, at least one group) whose state the
-    compiled loop allocates (``MAX_STATE_BYTES``)."""
+def fitting_replicas(spec: FleetSpec, limit: int | None = None) -> int:
+    """Most replicas of ``spec`` (whole lockstep groups, at least one group) whose state fits in
+    ``limit`` bytes (default: what the compiled loop allocates at most, ``MAX_STATE_BYTES``)."""
     G = max(spec.lockstep, 1)
-    return max(G, MAX_STATE_BYTES // max(state_bytes(replace(spec, replicas=G)), 1) * G)
+    limit = MAX_STATE_BYTES if limit is None else limit
+    return max(G, limit // max(state_bytes(replace(spec, replicas=G)), 1) * G)
 
 
 class TooManyBusy(ValueError):

@@ -11,6 +11,10 @@ whole lockstep groups (data-parallel ranks step together).
 Least-outstanding routing reads every replica's queue at each arrival, and the closed loop
 shares its clients across replicas: neither shards exactly, and :func:`plan_pods` refuses them.
 
+A replay asked for no pods still runs in them when its router shards exactly and the replicas
+its requests reach would hold more engine state than AUTO_POD_STATE_BYTES (:func:`auto_pods`):
+memory then follows one pod's replicas, not the fleet's, with the same results.
+
 Pods run one after another in this process (``local``: the memory of one pod at a time), in
 spawned worker processes (``process``), or as Ray tasks (``ray``, the optional extra).
 """
@@ -31,7 +35,9 @@ from pipeline.engine.jit import (
     _tables,
     affinity_replicas,
     busy_fleet,
+    fitting_replicas,
     simulate_jit,
+    state_bytes,
     unsupported_reason,
 )
 from pipeline.engine.model import EngineResult, FleetSpec, Workload, reject_reasons
@@ -46,6 +52,14 @@ RowArray = npt.NDArray[Any]
 
 #: Where pods run.
 EXECUTORS: tuple[str, ...] = ("local", "process", "ray")
+
+#: Most pods a replay may be cut into.
+MAX_PODS = 1_000_000
+
+#: A replay that shards exactly runs in pods of its own accord when the replicas its requests
+#: reach would hold more engine state than this (block tables, KV pool, prefix-cache table):
+#: 256 MiB is about 45 replicas of Llama-3.1-8B on H100 with prefix caching.
+AUTO_POD_STATE_BYTES = 256 << 20
 
 
 def static_routes(work: Workload, spec: FleetSpec) -> RowArray | None:
@@ -75,6 +89,31 @@ def static_routes(work: Workload, spec: FleetSpec) -> RowArray | None:
             return None
         return np.where(rejected, -1, rep).astype(_row_dtype(max(n, R)))
     return None
+
+
+def routes_static(work: Workload, spec: FleetSpec) -> bool:
+    """Whether :func:`static_routes` names every request's replica (without building them)."""
+    if spec.mode == "closed":
+        return False
+    if spec.router == "round_robin":
+        return True
+    if spec.router in ("session_affinity", "prefix_affinity") and work.affinity is not None:
+        routed = reject_reasons(work, spec.scheduler) == 0
+        return bool((work.affinity[routed] >= 0).all())
+    return False
+
+
+def auto_pods(spec: FleetSpec, requests: int, static: Callable[[], bool]) -> int:
+    """Pods to replay ``requests`` requests on ``spec`` in when none were asked for: 1, unless the
+    replicas they can reach (one per request at most) would hold more than AUTO_POD_STATE_BYTES
+    of engine state and the routes are ``static`` (asked only then); then enough pods that one
+    holds at most that (at most MAX_PODS; pods without requests are never built)."""
+    G = max(spec.lockstep, 1)
+    reach = min(spec.replicas, max(G, -(-requests // G) * G))
+    if state_bytes(replace(spec, replicas=reach)) <= AUTO_POD_STATE_BYTES or not static():
+        return 1
+    per = fitting_replicas(spec, AUTO_POD_STATE_BYTES) // G  # lockstep groups in a pod
+    return min(MAX_PODS, -(-(spec.replicas // G) // per))
 
 
 def _row_dtype(n: int) -> type[np.signedinteger[Any]]:

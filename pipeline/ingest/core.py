@@ -1010,7 +1010,7 @@ def _merge_staged(
         staged = pl.concat(frames, how="vertical", rechunk=False)
         parts = _split_by_date(staged)
         per_row = staged.estimated_size() / max(staged.height, 1)
-        fits = all((_stored_rows(store, d) + part.height) * per_row <= MEMORY_MERGE_BYTES for d, part in parts.items())
+        fits = all((store.stored_rows(d) + part.height) * per_row <= MEMORY_MERGE_BYTES for d, part in parts.items())
         if fits:
             for d, part in parts.items():
                 _merge_date_memory(store, commit, d, part, results, say, replace)
@@ -1077,12 +1077,6 @@ def _first_seen(rows: pl.DataFrame) -> pl.Series:
     if rows.select(keys.hash().n_unique()).item() == rows.height:
         return pl.repeat(True, rows.height, dtype=pl.Boolean, eager=True)
     return rows.select(keys.is_first_distinct()).to_series()
-
-
-def _stored_rows(store: Store, date: str) -> int:
-    if not (store.requests_dir / f"date={date}").exists():
-        return 0
-    return sum(pq.read_metadata(p).num_rows for p in store.request_files(date))
 
 
 def _stored_files(store: Store, date: str) -> list[Path]:

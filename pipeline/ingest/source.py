@@ -10,7 +10,6 @@ import io
 import json
 import os
 import re
-import stat
 import threading
 import zlib
 from collections.abc import Callable, Iterator
@@ -24,6 +23,7 @@ import numpy as np
 import zstandard
 
 from pipeline.errors import RooftraceError
+from pipeline.schemas import not_regular
 
 #: Lines per batch in streaming readers: bounds memory (a batch of OpenAI JSON lines is ~30 MB).
 BATCH_LINES = 100_000
@@ -43,7 +43,6 @@ class LineBatch:
 
 
 #: File names taken from a directory (a named file is always tried, whatever its name).
-LOG_SUFFIXES = (".jsonl", ".ndjson", ".json", ".csv", ".log", ".parquet")
 
 #: The longest record ingest reads and format detection sniffs.
 MAX_RECORD_BYTES = 1 << 26
@@ -54,45 +53,86 @@ MAX_RECORD_BYTES = 1 << 26
 FAST_RECORD_BYTES = 1 << 24
 
 
-def not_regular(path: Path) -> str | None:
-    """Why ``path`` (links followed) is not a regular file ingest can read, or None when it is.
-    A FIFO, socket or device could block a read forever or never end."""
-    try:
-        mode = os.stat(path).st_mode
-    except OSError as exc:
-        return f"cannot be opened ({exc.strerror or exc})"
-    if stat.S_ISREG(mode):
-        return None
-    if stat.S_ISFIFO(mode):
-        return "a named pipe (FIFO)"
-    if stat.S_ISSOCK(mode):
-        return "a socket"
-    if stat.S_ISCHR(mode) or stat.S_ISBLK(mode):
-        return "a device"
-    return "not a file"
+#: A log file's name in a folder (after any compression suffix): a log suffix, optionally
+#: followed by a rotation suffix (``app.log.1``, ``day.jsonl.3.gz``, ``app.log-20250115``).
+_LOG_NAME = re.compile(r"\.(jsonl|ndjson|json|csv|log|parquet)([.-][0-9][0-9-]*)?$", re.IGNORECASE)
+
+#: Files of a folder that are not log files named one by one on stderr, before a count of the rest.
+SKIPPED_NAMED = 10
+
+
+def is_log_name(path: Path) -> bool:
+    """Whether ingest reads ``path`` when it is found in a folder (a file named directly is
+    always read)."""
+    return _LOG_NAME.search(logical_name(path)) is not None
+
+
+def _walk(folder: Path, say: Callable[[str], None]) -> Iterator[Path]:
+    """Every entry under ``folder`` that is not a folder, following links to folders (each folder
+    once: a link back to one already read is skipped and said), leaving out hidden names; a
+    folder that cannot be read is said, not silently passed over."""
+    seen: set[tuple[int, int]] = set()
+    todo = [folder]
+    while todo:
+        d = todo.pop()
+        try:
+            st = os.stat(d)
+            if (st.st_dev, st.st_ino) in seen:
+                say(f"{d}: skipped: a link to a folder already read")
+                continue
+            seen.add((st.st_dev, st.st_ino))
+            entries = list(os.scandir(d))
+        except OSError as exc:
+            say(f"{d}: skipped: cannot be read ({exc.strerror or exc})")
+            continue
+        for e in entries:
+            if e.name.startswith("."):
+                continue
+            try:
+                is_dir = e.is_dir()  # (links followed)
+            except OSError:
+                is_dir = False
+            if is_dir:
+                todo.append(Path(e.path))
+            else:
+                yield Path(e.path)
 
 
 def iter_files(sources: list[Path], skipped: Callable[[str], None] | None = None) -> Iterator[Path]:
-    """Files named directly, and the log files (by suffix) under named directories, sorted.
+    """Files named directly, and the log files (by name: :func:`is_log_name`) under named
+    folders, sorted. Nothing is passed over in silence: a file of a folder whose name is not a
+    log file's, a folder that cannot be read and a link back to a folder already read are said on
+    ``skipped``; a folder with no log file at all is a SourceError.
 
     Only regular files are read: a named one that is not (a FIFO, socket, device) is a
-    SourceError; one found in a directory is skipped, with a message to ``skipped``."""
+    SourceError; one found in a folder is skipped, with a message to ``skipped``."""
+    say = skipped if skipped is not None else (lambda _m: None)
     for src in sources:
         try:
             is_dir, exists = src.is_dir(), src.exists()
         except OSError as exc:  # a name too long for the file system, a loop of links, ...
             raise SourceError(f"{src}: cannot be read ({exc.strerror or exc})") from None
         if is_dir:
-            for p in sorted(src.rglob("*")):
-                hidden = any(part.startswith(".") for part in p.relative_to(src).parts)
-                if hidden or p.is_dir() or not logical_name(p).lower().endswith(LOG_SUFFIXES):
+            found = 0
+            other: list[Path] = []
+            for p in sorted(_walk(src, say)):
+                if not is_log_name(p):
+                    other.append(p)
                     continue
                 why = not_regular(p)
                 if why is not None:
-                    if skipped is not None:
-                        skipped(f"{p}: skipped: {why}, not a regular file")
+                    say(f"{p}: skipped: {why}, not a regular file")
                     continue
+                found += 1
                 yield p
+            for p in other[:SKIPPED_NAMED]:
+                say(f"{p}: skipped: not a log file name (*.jsonl, *.ndjson, *.json, *.csv, *.log, *.parquet; "
+                    "compressed or rotated as .gz, .zst, .1); name it directly to read it")  # fmt: skip
+            if len(other) > SKIPPED_NAMED:
+                say(f"{src}: {len(other) - SKIPPED_NAMED:,} more files skipped: not log file names")
+            if not found:
+                more = f" ({len(other):,} other file(s) skipped: name them directly to read them)" if other else ""
+                raise SourceError(f"{src}: no log files in this folder{more}")
         elif exists:
             why = not_regular(src)
             if why is not None:
