@@ -10,14 +10,15 @@ split, and writes a new hardware entry stating what it was fitted on and its hel
 from __future__ import annotations
 
 import math
+import tomllib
 from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
 
-from pipeline.catalog import HardwareSpec, load_hardware
-from pipeline.errors import RooftraceError
-from pipeline.schemas import atomic_write_bytes
+from pipeline.catalog import HardwareSpec, load_hardware, parse_hardware
+from pipeline.catalog.entries import write_entry
+from pipeline.errors import ConfigError, RooftraceError
 from pipeline.validate import MIN_TARGET_TOKENS, Calibration, discover, fit_factors, fit_rows, load_groups
 
 
@@ -88,5 +89,12 @@ def calibrate(measurements: Path, hardware: str, name: str | None = None) -> Cal
 
 
 def write_calibrated(result: CalibrateResult, out: Path) -> Path:
-    atomic_write_bytes(out, result.toml.encode())
-    return out
+    """Write the fitted entry to ``out`` (atomically), only if the catalog reads it back; a path
+    that cannot be written (a parent that is a file, a folder in its place) is one error line."""
+    try:
+        parse_hardware(tomllib.loads(result.toml), "fitted entry")
+    except ConfigError as exc:
+        raise ConfigError(f"{out}: not written: the catalog would refuse the {exc}") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"{out}: not written: the fitted entry is not valid TOML: {exc}") from None
+    return write_entry(out, result.toml)

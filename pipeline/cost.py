@@ -483,6 +483,21 @@ def _run_fleet(config: Mapping[str, Any], origin: str) -> tuple[ResolvedFleet, s
     return resolve(parse_fleet(raw, origin), origin), "today's catalog (the run did not record its entries)"
 
 
+#: Highest $/GPU-hour override accepted: far above any real price, low enough that every $ figure
+#: of a fleet stays finite (cost.json and plan.json hold plain JSON numbers).
+MAX_USD_PER_GPU_HOUR = 1_000_000.0
+
+
+def check_gpu_price(price: float, where: str) -> float:
+    """A $/GPU-hour override (``cost --gpu-price``, ``plan --gpu-price HW=P``): a finite number in
+    [0, MAX_USD_PER_GPU_HOUR], else one ConfigError line naming ``where``."""
+    if not 0.0 <= price <= MAX_USD_PER_GPU_HOUR:  # NaN fails every comparison
+        raise ConfigError(
+            f"{where}: price must be between 0 and {MAX_USD_PER_GPU_HOUR:,.0f} USD per GPU-hour, got {price!r}"
+        )
+    return price
+
+
 def run_cost(
     store: Store,
     run_id: str | None = None,
@@ -491,6 +506,8 @@ def run_cost(
 ) -> CostResult:
     """GPU cost split and API-equivalent cost of a stored replay run (the latest when ``run_id`` is
     None); writes ``STORE/costs/<run_id>/{gpu_cost,api_cost}.parquet`` and ``cost.json``."""
+    if usd_per_gpu_hour is not None:
+        check_gpu_price(usd_per_gpu_hour, "--gpu-price")
     run_id = run_id or latest_run(store)
     if run_id is None:
         raise RooftraceError(f"{store.root}: no replay runs yet (run `rooftrace replay` first)")

@@ -12,6 +12,21 @@ from __future__ import annotations
 INGEST_FORMATS = ("openai", "anthropic", "litellm", "azure", "mooncake", "vidur", "otel", "csv", "jsonl", "parquet")
 #: Log formats ``synth`` writes (pipeline/synth/writers.py; checked by the same test).
 SYNTH_FORMATS = ("openai", "anthropic", "otel", "litellm", "azure", "mooncake", "vidur", "jsonl", "csv", "parquet")
+#: Bounds of ``synth`` and of pipeline.synth.SynthConfig (here, so that --help needs no numpy).
+#: The whole log is built in memory: about 1.4 KiB per request at the peak (measured:
+#: 1.4 GiB for 1,000,000 OpenAI-format requests, 0.8 GiB as Parquet), so the largest log needs
+#: about 14 GiB; write a bigger workload as several logs (other seeds or dates).
+SYNTH_MAX_REQUESTS = 10_000_000
+#: Tenants beyond this are not a gateway's workload (each one is a system prompt and a name held
+#: in memory; a tenant without a session is possible and harmless).
+SYNTH_MAX_TENANTS = 100_000
+#: Session starts span at most a leap year (arrival times stay far inside datetime's range).
+SYNTH_MAX_DURATION_S = 366 * 86_400.0
+#: Gamma inter-arrival CV, shape 1/cv²: ServeGen measures CVs of about 1-3, so 20 is already an
+#: extreme burst and 0.05 nearly periodic arrivals (past either end the shape over- or underflows).
+SYNTH_MIN_CV, SYNTH_MAX_CV = 0.05, 20.0
+#: numpy accepts any non-negative seed; request ids embed it, so it stays a 64-bit integer.
+SYNTH_MAX_SEED = 2**63 - 1
 #: Output formats of ``sql`` and ``query`` (pipeline/tables.py).
 OUTPUT_FORMATS = ("table", "csv", "json", "parquet")
 #: Where a replay's pods run (pipeline.engine.shard.EXECUTORS).

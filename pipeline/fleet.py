@@ -41,12 +41,10 @@ from pipeline.catalog import HardwareSpec, entry_path, load_hardware, load_model
 from pipeline.engine.model import ROUTERS, SchedulerConfig
 from pipeline.errors import ConfigError
 from pipeline.fit import DEFAULT_VLLM_VERSION, MemoryFit, fit, parse_vllm_version
-from pipeline.roofline import Deployment
+from pipeline.roofline import MAX_DP, Deployment
 from pipeline.tomlfile import read_toml
 
 GIB = 1 << 30
-#: Largest ``dp`` accepted: a bound against absurd values (each rank is an engine with its own state).
-MAX_DP = 1024
 #: Most engines (replicas × dp) a fleet may have: the replay numbers them in 4 bytes.
 MAX_ENGINES = 2**31 - 1
 

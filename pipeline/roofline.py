@@ -40,6 +40,9 @@ from pipeline.catalog import HardwareSpec, ModelSpec, kv_format, weight_format
 from pipeline.errors import ConfigError
 from pipeline.steps import FloatArray, StepBatch, StepCost
 
+#: Largest ``dp`` accepted: a bound against absurd values (each rank is an engine with its own state).
+MAX_DP = 1024
+
 #: Activations travel in 16-bit (bf16/fp16) between kernels, as in vLLM's default dtype.
 ACT_BYTES = 2.0
 #: Logits are materialised in fp32 (vLLM LogitsProcessor upcasts before sampling).
@@ -112,6 +115,8 @@ class Deployment:
             )
         if self.pp > m.num_layers:
             raise ConfigError(f"{where}: pp={self.pp} exceeds num_layers={m.num_layers}")
+        if self.dp > MAX_DP:
+            raise ConfigError(f"{where}: dp={self.dp} is more than {MAX_DP} data-parallel ranks in one replica")
         if self.ep > 1:
             if not m.is_moe:
                 raise ConfigError(f"{where}: ep={self.ep} given for a dense model")

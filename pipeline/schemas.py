@@ -263,6 +263,18 @@ def check_replaceable(path: Path) -> None:
         raise FileExistsError(errno.EEXIST, f"is {why}, not a regular file; refusing to replace it", str(path))
 
 
+def os_write_reason(path: Path, exc: OSError) -> str:
+    """Why ``path`` could not be written, in words: a parent that is a file is named."""
+    if isinstance(exc, FileExistsError | NotADirectoryError) and exc.filename and Path(exc.filename) != path:
+        for parent in reversed(path.parents):
+            try:
+                if parent.exists() and not parent.is_dir():
+                    return f"{parent} is a file, not a folder"
+            except OSError:
+                break
+    return exc.strerror or str(exc) or type(exc).__name__
+
+
 def atomic_write_bytes(path: Path, data: bytes) -> None:
     """Write ``data`` to ``path`` atomically (temp file in the same folder, fsync, rename); never
     over something that is not a regular file (:func:`check_replaceable`)."""

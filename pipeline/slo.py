@@ -30,6 +30,9 @@ from pipeline.tomlfile import read_toml
 SLO_PATH = CATALOG_DIR / "slo.toml"
 
 _TARGET_RE = re.compile(r"^(ttft|tpot|e2e|queue)_p(\d+(?:\.\d+)?)$")
+#: Decimals a target's percentile may have: p99.9999 at most, so that its name (``ttft_p99.9999``)
+#: shows it exactly; a finer one would be named like a rounded one (p99.9999999 as p100).
+MAX_PERCENTILE_DECIMALS = 4
 _VALUE_RE = re.compile(r"^\s*([0-9]*\.?[0-9]+(?:e[-+]?\d+)?)\s*(ms|s)?\s*$")
 METRICS: tuple[str, ...] = ("ttft", "tpot", "e2e", "queue")
 
@@ -72,9 +75,24 @@ def _target(key: str, value: float, where: str) -> SloTarget:
     pct = float(m.group(2))
     if not 0 < pct < 100:
         raise ConfigError(f"{where}: percentile of {key!r} must be in (0, 100)")
+    _, _, decimals = m.group(2).partition(".")
+    if len(decimals.rstrip("0")) > MAX_PERCENTILE_DECIMALS:
+        raise ConfigError(
+            f"{where}: percentile of {key!r} has more than {MAX_PERCENTILE_DECIMALS} decimals; "
+            f"use at most {MAX_PERCENTILE_DECIMALS}, as in {m.group(1)}_p99.9999"
+        )
     if not (math.isfinite(value) and value > 0):
         raise ConfigError(f"{where}: {key} must be a positive number of seconds, got {value!r}")
     return SloTarget(m.group(1), pct, float(value))
+
+
+def _once(seen: dict[str, SloTarget], t: SloTarget, key: str, where: str) -> None:
+    """Record ``t`` in ``seen``; a target given twice (``ttft_p99`` and ``ttft_p99.0`` are one
+    target) is an error rather than one value silently winning."""
+    if t.name in seen:
+        same = "" if key == t.name else f" (the target {t.name})"
+        raise ConfigError(f"{where}: {key}{same} is given more than once; give each target once")
+    seen[t.name] = t
 
 
 def load_slo_presets(path: Path = SLO_PATH) -> dict[str, Slo]:
@@ -88,16 +106,17 @@ def load_slo_presets(path: Path = SLO_PATH) -> dict[str, Slo]:
         for key in ("description", "source"):
             if not isinstance(raw.get(key), str) or not raw[key].strip():
                 raise ConfigError(f"{where}: missing key {key!r}")
-        targets = []
+        targets: dict[str, SloTarget] = {}
         for key, value in raw.items():
             if key in ("description", "source"):
                 continue
             if isinstance(value, bool) or not isinstance(value, int | float):
                 raise ConfigError(f"{where}: {key} must be a number of seconds, got {value!r}")
-            targets.append(_target(key, float(value), where))
+            t = _target(key, float(value), where)
+            _once(targets, t, key, where)
         if not targets:
             raise ConfigError(f"{where}: no SLO targets")
-        presets[name] = Slo(name, tuple(targets), raw["description"], raw["source"])
+        presets[name] = Slo(name, tuple(targets.values()), raw["description"], raw["source"])
     return presets
 
 
@@ -106,6 +125,7 @@ def parse_slo(text: str, presets: dict[str, Slo] | None = None) -> Slo:
     Values take ``s`` or ``ms``; a bare number is seconds."""
     presets = presets if presets is not None else load_slo_presets()
     targets: dict[str, SloTarget] = {}
+    given: dict[str, SloTarget] = {}  # the targets given as METRIC_pNN=VALUE
     names, description, source = [], "", ""
     items = [p.strip() for p in text.split(",") if p.strip()]
     if not items:
@@ -125,7 +145,8 @@ def parse_slo(text: str, presets: dict[str, Slo] | None = None) -> Slo:
             raise ConfigError(f"--slo: {key.strip()}={raw!r} is not a duration like 2s or 100ms")
         value = float(m.group(1)) * (1e-3 if m.group(2) == "ms" else 1.0)
         t = _target(key.strip(), value, "--slo")
-        targets[t.name] = t
+        _once(given, t, key.strip(), "--slo")
+        targets[t.name] = t  # a target given replaces a preset's
         names.append(f"{t.name}={value:g}s")
     ordered = tuple(sorted(targets.values(), key=lambda t: (METRICS.index(t.metric), t.percentile)))
     return Slo("+".join(names), ordered, description, source)

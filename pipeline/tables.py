@@ -15,6 +15,7 @@ import pyarrow.csv as pacsv
 import pyarrow.parquet as pq
 from rich.console import Console
 from rich.table import Table
+from rich.text import Text
 
 from pipeline.defaults import OUTPUT_FORMATS
 from pipeline.errors import RooftraceError
@@ -132,12 +133,17 @@ def _render(table: pa.Table, fmt: str, out: Path | None, title: str | None) -> s
     elif fmt == "json":
         text = json.dumps(table_to_json(table), indent=2, default=str) + "\n"
     else:
-        rich_table = Table(title=title, show_lines=False)
+        # Data is text, never markup or emoji codes: a tenant "[bold]x" or a path "[/x]" prints as
+        # it is (as Text it is not parsed). Rows by position: duplicate column names keep their own values.
+        rich_table = Table(title=Text(title) if title is not None else None, show_lines=False)
         for name in table.column_names:
-            rich_table.add_column(name, overflow="fold")
-        for row in table.to_pylist():
-            rich_table.add_row(*(_cell(row[c]) for c in table.column_names))
-        console = Console(file=io.StringIO(), width=200, record=True, force_terminal=False)
+            rich_table.add_column(Text(name), overflow="fold")
+        columns = [table.column(i).to_pylist() for i in range(table.num_columns)]
+        for row in zip(*columns, strict=True):
+            rich_table.add_row(*(Text(_cell(v)) for v in row))
+        console = Console(
+            file=io.StringIO(), width=200, record=True, force_terminal=False, markup=False, emoji=False, highlight=False
+        )
         console.print(rich_table)
         text = console.export_text()
     if out is not None:

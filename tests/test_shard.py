@@ -293,10 +293,33 @@ def test_unreachable_ray_cluster_is_one_error_line(monkeypatch: pytest.MonkeyPat
     monkeypatch.setattr(ray, "is_initialized", lambda: False)
     monkeypatch.setattr(ray, "init", refuse)
     with pytest.raises(RooftraceError) as err:
-        ray_connect("127.0.0.1:1")
+        ray_connect("auto")
     assert str(err.value) == (
-        "--executor ray: cannot start or reach Ray at 127.0.0.1:1: Could not find any running Ray instance."
+        "--executor ray: cannot start or reach Ray at auto: Could not find any running Ray instance."
     )
+
+
+def test_a_ray_address_nobody_listens_on_fails_at_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``--ray-address 127.0.0.1:1`` used to retry for minutes inside ray.init (a hostile test
+    killed it after 120 s); a port that does not answer is now one error line, before Ray is
+    asked (the real ray.init would hang the test, so it fails the test if called)."""
+    import socket
+    import time
+
+    from pipeline.engine import shard
+    from pipeline.errors import RooftraceError
+
+    monkeypatch.setattr(shard, "RAY_CONNECT_TIMEOUT_S", 2.0)
+    with socket.socket() as s:  # a port that was free a moment ago: nothing listens there
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    t0 = time.monotonic()
+    for address in (f"127.0.0.1:{port}", f"ray://127.0.0.1:{port}"):
+        with pytest.raises(RooftraceError, match=rf"cannot reach Ray at {address}: Connection refused"):
+            shard._check_reachable(address)
+    assert time.monotonic() - t0 < 30
+    shard._check_reachable("auto")  # left to Ray
+    shard._check_reachable(None)
 
 
 @pytest.mark.parametrize("router", ["round_robin", "session_affinity"])

@@ -18,6 +18,8 @@ into one :class:`ModelSpec`. ``rooftrace catalog import-hf`` uses the same funct
 from __future__ import annotations
 
 import math
+import re
+import tomllib
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from functools import cache
@@ -25,10 +27,17 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Any, TypeVar
 
-from pipeline.errors import ConfigError
+from pipeline.errors import ConfigError, RooftraceError
+from pipeline.schemas import os_write_reason
 from pipeline.tomlfile import read_toml
 
 CATALOG_DIR = Path(__file__).resolve().parent
+
+#: What a catalog name (an entry's file stem) may be: 1-64 letters, digits, '.', '_' or '-', not
+#: starting with '.' (the rule of fleet names, pipeline/fleet.py): one path component, so a name
+#: never reaches outside the catalog's folders.
+CATALOG_NAME_RE = re.compile(r"[A-Za-z0-9_-][A-Za-z0-9._-]{0,63}")
+CATALOG_NAME_RULE = "1-64 letters, digits, '.', '_' or '-', not starting with '.'"
 
 
 def hardware_dir() -> Path:
@@ -273,8 +282,7 @@ def parse_hardware(data: Mapping[str, Any], origin: str) -> HardwareSpec:
 def hardware_to_toml(hw: HardwareSpec) -> str:
     """Serialise a HardwareSpec back to catalog TOML (used by ``calibrate`` to write a new entry)."""
 
-    def q(text: str) -> str:
-        return '"' + text.replace("\\", "\\\\").replace('"', '\\"') + '"'
+    q = _toml_string
 
     def num(value: float) -> str:
         # Exact integers (byte counts) stay integers; large rates read better as 3.35e+12.
@@ -346,8 +354,11 @@ def _load_entry(kind: str, name: str, load_file: Callable[[Path], _Spec], known:
     """The entry ``name`` of ``kind`` ("hardware" or "model"): a TOML file given by path, else the
     catalog's ``<name>.toml``, whose declared name must be its file stem."""
     path = entry_path(kind, name)
-    if path != (hardware_dir() if kind == "hardware" else models_dir()) / f"{name}.toml":
+    folder = hardware_dir() if kind == "hardware" else models_dir()
+    if path != folder / f"{name}.toml":
         return load_file(path)  # a path given as the name
+    if not CATALOG_NAME_RE.fullmatch(name):  # '../x', 'a/b': never a file outside the catalog
+        raise ConfigError(f"no {kind} named {name!r} in {folder} (a name is {CATALOG_NAME_RULE}); known: {known()}")
     if not _exists(path):
         raise ConfigError(f"no {kind} named {name!r} in {path.parent}; known: {known()}")
     spec = load_file(path)
@@ -551,6 +562,14 @@ _HF_KEYS: set[str] = {
     "rope_theta",
 }
 _HF_REQUIRED = {"hidden_size", "num_hidden_layers", "num_attention_heads", "vocab_size"}
+#: The largest integer a config.json key may hold: widths, counts and ranks at most 2**24
+#: (16,777,216; today's largest models have hidden sizes of about 2**14 and vocabularies of about
+#: 2**18), token counts (context, window) at most 2**31 - 1 (what a 32-bit token index holds).
+#: Past these a value is a typo or hostile, and the parameter and byte counts derived from it stop
+#: meaning anything.
+MAX_CONFIG_INT = 2**24
+MAX_CONFIG_TOKENS = 2**31 - 1
+_TOKEN_KEYS = {"max_position_embeddings", "sliding_window"}
 _MODEL_TOP = {"name", "hf_id", "source", "config"}
 
 
@@ -587,6 +606,10 @@ def model_from_hf_config(cfg: Mapping[str, Any], name: str, hf_id: str = "", sou
             return default
         if isinstance(value, bool) or not isinstance(value, int) or value < 0:
             raise ConfigError(f"{where}: {key} must be a non-negative integer, got {value!r}")
+        top = MAX_CONFIG_TOKENS if key in _TOKEN_KEYS else MAX_CONFIG_INT
+        if value > top:
+            shown = f"{value:.3e}" if value < 10**300 else "a number too long to show"
+            raise ConfigError(f"{where}: {key} must be an integer in 0..{top:,}, got {shown}")
         return value
 
     hidden = get_int("hidden_size")
@@ -677,11 +700,29 @@ def parse_model(data: Mapping[str, Any], origin: str) -> ModelSpec:
     unknown = sorted(set(cfg) - _HF_KEYS)
     if unknown:
         raise ConfigError(f"{origin} [config]: unknown key(s) {unknown} (not a config.json key rooftrace reads)")
-    name = _str(data, "name", origin)
+    name, hf_id, source = (_str(data, key, origin) for key in ("name", "hf_id", "source"))
     try:
-        return model_from_hf_config(cfg, name, _str(data, "hf_id", origin), _str(data, "source", origin))
+        return model_from_hf_config(cfg, name, hf_id, source)
     except ConfigError as exc:
         raise ConfigError(f"{origin}: {exc}") from None
+
+
+def _toml_string(text: str) -> str:
+    """``text`` as a TOML basic string: quote, backslash and control characters escaped."""
+    out = []
+    for ch in text:
+        if ch in '"\\':
+            out.append("\\" + ch)
+        elif ch < " " or ch == "\x7f":
+            out.append(f"\\u{ord(ch):04x}")
+        else:
+            out.append(ch)
+    return '"' + "".join(out) + '"'
+
+
+def _toml_key(key: str) -> str:
+    """``key`` bare when TOML allows it (letters, digits, '_', '-'), else quoted."""
+    return key if re.fullmatch(r"[A-Za-z0-9_-]+", key) else _toml_string(key)
 
 
 def model_to_toml(name: str, hf_id: str, source: str, cfg: Mapping[str, Any]) -> str:
@@ -690,15 +731,20 @@ def model_to_toml(name: str, hf_id: str, source: str, cfg: Mapping[str, Any]) ->
     def value(v: Any) -> str:
         if isinstance(v, bool):
             return "true" if v else "false"
-        if isinstance(v, int | float):
+        if isinstance(v, int):
+            if not -(2**63) <= v < 2**63:  # TOML integers are 64-bit
+                raise ConfigError("config value past 64 bits cannot be written to TOML")
             return repr(v)
+        if isinstance(v, float):
+            return repr(v)  # inf and nan are TOML floats too
         if isinstance(v, str):
-            return '"' + v.replace("\\", "\\\\").replace('"', '\\"') + '"'
+            return _toml_string(v)
         if isinstance(v, list):
             return "[" + ", ".join(value(x) for x in v) + "]"
         if isinstance(v, Mapping):
-            return "{ " + ", ".join(f"{k} = {value(x)}" for k, x in v.items() if x is not None) + " }"
-        raise ConfigError(f"config value {v!r} cannot be written to TOML")
+            items = (f"{_toml_key(str(k))} = {value(x)}" for k, x in v.items() if x is not None)
+            return "{ " + ", ".join(items) + " }"
+        raise ConfigError(f"config value {str(v)[:40]!r} cannot be written to TOML")
 
     lines = [
         f"name = {value(name)}",
@@ -743,21 +789,75 @@ def import_hf_config(config_path: Path | str, name: str | None = None, hf_id: st
         raise ConfigError(f"{path}: invalid JSON: not UTF-8 text (byte {exc.start})") from None
     except RecursionError:
         raise ConfigError(f"{path}: invalid JSON: nested too deeply to read") from None
+    except ValueError as exc:  # a number past Python's int() digit limit
+        raise ConfigError(f"{path}: invalid JSON: {str(exc).splitlines()[0][:200]}") from None
     if not isinstance(cfg, dict):
         raise ConfigError(f"{path}: expected a JSON object")
     # Multimodal wrappers (e.g. Llama 4, Qwen-VL) nest the language model under text_config.
     if "hidden_size" not in cfg and isinstance(cfg.get("text_config"), dict):
         cfg = {**cfg["text_config"], "architectures": cfg.get("architectures")}
-    stem = name or (hf_id.split("/")[-1] if hf_id else path.parent.name or "model").lower()
+    stem = name if name is not None else (hf_id.split("/")[-1] if hf_id else path.parent.name or "model").lower()
     source = f"config.json of {hf_id}" if hf_id else f"imported from {path.name}"
     try:
         spec = model_from_hf_config(cfg, stem, hf_id, source)
+        text = model_to_toml(stem, hf_id, source, cfg)
     except ConfigError as exc:
         raise ConfigError(f"{path}: {exc}") from None
-    text = model_to_toml(stem, hf_id, source, cfg)
+    except RecursionError:
+        raise ConfigError(f"{path}: a config value is nested too deeply to write as TOML") from None
     try:
         text.encode("utf-8")
     except UnicodeEncodeError as exc:  # non-UTF-8 bytes in --name, --hf-id or the folder's name
         bad = text[max(0, exc.start - 30) : exc.end + 10]
         raise ConfigError(f"{path}: the entry would hold text that is not UTF-8 (near {bad!r})") from None
+    if not CATALOG_NAME_RE.fullmatch(stem):
+        given = "" if name is not None else " (taken from the Hugging Face id or the folder: pass a name)"
+        raise ConfigError(f"{path}: name {stem!r} must be {CATALOG_NAME_RULE}{given}")
+    # What the catalog would read back: the same checks, on the text itself (an empty hf_id is
+    # only refused when the entry is written, write_model_entry).
+    try:
+        parse_model({**tomllib.loads(text), **({} if hf_id else {"hf_id": "-"})}, "entry")
+    except (ConfigError, tomllib.TOMLDecodeError) as exc:
+        raise ConfigError(f"{path}: the catalog would refuse the entry: {exc}") from None
+    except RecursionError:
+        raise ConfigError(f"{path}: the catalog would refuse the entry: nested too deeply to read") from None
     return spec, text
+
+
+def write_entry(path: Path, text: str) -> Path:
+    """Write a catalog entry's ``text`` to ``path`` atomically; a path that cannot be written (a
+    parent that is a file, a folder in its place, no permission) is one RooftraceError line."""
+    from pipeline.schemas import atomic_write_bytes
+
+    try:
+        atomic_write_bytes(path, text.encode("utf-8"))
+    except OSError as exc:
+        raise RooftraceError(f"cannot write {path}: {os_write_reason(path, exc)}") from None
+    return path
+
+
+def write_model_entry(path: Path, text: str) -> Path:
+    """Write model entry ``text`` (from :func:`import_hf_config`) to ``path``, only if the catalog
+    would read it back: a hf_id, every check of :func:`parse_model`, and, inside the catalog's
+    models folder, a file named after the entry. Nothing is written on an error."""
+    try:
+        data = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"{path}: not written: the entry is not valid TOML: {exc}") from None
+    except RecursionError:
+        raise ConfigError(f"{path}: not written: the entry is nested too deeply to read") from None
+    if not str(data.get("hf_id", "")).strip():
+        raise ConfigError(
+            f"{path}: not written: the entry needs its Hugging Face repository id (--hf-id org/name); "
+            "the catalog refuses an empty hf_id"
+        )
+    spec = parse_model(data, str(path))
+    if not CATALOG_NAME_RE.fullmatch(spec.name):
+        raise ConfigError(f"{path}: not written: name {spec.name!r} must be {CATALOG_NAME_RULE}")
+    try:
+        in_catalog = path.resolve().parent == models_dir().resolve()
+    except (OSError, RuntimeError):
+        in_catalog = False
+    if in_catalog and path.name != f"{spec.name}.toml":
+        raise ConfigError(f"{path}: not written: a catalog entry named {spec.name!r} must be {spec.name}.toml")
+    return write_entry(path, text)

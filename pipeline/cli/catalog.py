@@ -186,9 +186,19 @@ def catalog_show(name: str, as_json: bool) -> None:
 
 @catalog.command("import-hf")
 @click.argument("config_json", type=click.Path(dir_okay=False))
-@click.option("--name", default=None, help="Catalog name (file stem); default: from --hf-id or the folder.")
-@click.option("--hf-id", default="", help="Hugging Face repository id, recorded as the source.")
-@click.option("--out", type=click.Path(dir_okay=False), default=None, help="Write the TOML here.")
+@click.option(
+    "--name",
+    default=None,
+    help="Catalog name (file stem): 1-64 letters, digits, '.', '_' or '-', not starting with '.'; "
+    "default: from --hf-id or the folder.",
+)
+@click.option("--hf-id", default="", help="Hugging Face repository id, recorded as the source (needed with --out).")
+@click.option(
+    "--out",
+    type=click.Path(dir_okay=False),
+    default=None,
+    help="Write the TOML here (only an entry the catalog reads back; needs --hf-id).",
+)
 @json_option
 def catalog_import_hf(config_json: str, name: str | None, hf_id: str, out: str | None, as_json: bool) -> None:
     """Turn a Hugging Face config.json into a catalog model entry.
@@ -198,11 +208,11 @@ def catalog_import_hf(config_json: str, name: str | None, hf_id: str, out: str |
 
     def body() -> None:
         from pipeline.catalog import import_hf_config
-        from pipeline.schemas import atomic_write_bytes
+        from pipeline.catalog.entries import write_model_entry
 
         spec, text = import_hf_config(Path(config_json), name=name, hf_id=hf_id)
         if out:
-            atomic_write_bytes(Path(out), text.encode())
+            write_model_entry(Path(out), text)
             progress(f"wrote {out}")
         if as_json:
             emit_json(

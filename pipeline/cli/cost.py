@@ -10,7 +10,7 @@ from pipeline.cli.common import emit_json, fmt_num, get_store, json_option, run,
 @click.command("cost")
 @click.option("--run", "run_id", default=None, help="Replay run id (default: the latest run).")
 @click.option("--prices", "price_files", multiple=True, type=click.Path(dir_okay=False), help="API price TOML.")
-@click.option("--gpu-price", type=click.FloatRange(min=0), default=None, help="Override $/GPU-hour.")
+@click.option("--gpu-price", type=float, default=None, help="Override $/GPU-hour (0 to 1,000,000).")
 @store_option
 @json_option
 def cost_cmd(

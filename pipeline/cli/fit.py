@@ -81,12 +81,14 @@ def fit_cmd(
         from pipeline.fit import DEFAULT_VLLM_VERSION
         from pipeline.fleet import vllm_batch_defaults
 
+        # the options as given, before a default derives from them (--max-num-seqs defaults to
+        # at most --max-num-batched-tokens): the error names the option at fault
+        for name, given in (("--max-num-batched-tokens", max_num_batched_tokens), ("--max-num-seqs", max_num_seqs)):
+            if given is not None and given < 1:
+                raise RooftraceError(f"{name} must be >= 1, got {given}")
         default_tokens, default_seqs = vllm_batch_defaults(dep.hardware)
         tokens = max_num_batched_tokens if max_num_batched_tokens is not None else default_tokens
         seqs = max_num_seqs if max_num_seqs is not None else min(default_seqs, tokens)
-        for name, value in (("--max-num-seqs", seqs), ("--max-num-batched-tokens", tokens)):
-            if value < 1:
-                raise RooftraceError(f"{name} must be >= 1, got {value}")
         f = fit(dep, gpu_memory_utilization, context, block_size, seqs, tokens, vllm_version or DEFAULT_VLLM_VERSION)
         if as_json:
             emit_json(f.to_dict())

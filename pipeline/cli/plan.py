@@ -23,15 +23,16 @@ def _ints(text: str, option: str) -> tuple[int, ...]:
 
 
 def _gpu_prices(items: tuple[str, ...]) -> tuple[tuple[str, float], ...]:
+    """HARDWARE=USD_PER_GPU_HOUR items (the plan stage checks the names and prices)."""
     out = []
     for item in items:
-        name, _, value = item.partition("=")
+        name, sep, value = item.partition("=")
         try:
             price = float(value)
         except ValueError:
             raise ConfigError(f"--gpu-price {item!r}: expected HARDWARE=USD_PER_GPU_HOUR") from None
-        if not price >= 0:
-            raise ConfigError(f"--gpu-price {item!r}: price must be >= 0")
+        if not sep or not name.strip():
+            raise ConfigError(f"--gpu-price {item!r}: expected HARDWARE=USD_PER_GPU_HOUR")
         out.append((name.strip(), price))
     return tuple(out)
 

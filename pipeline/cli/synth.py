@@ -2,12 +2,37 @@
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
+from typing import Any
 
 import click
 
 from pipeline.cli.common import emit_json, json_option, progress, run
-from pipeline.defaults import SYNTH_FORMATS
+from pipeline.defaults import (
+    SYNTH_FORMATS,
+    SYNTH_MAX_CV,
+    SYNTH_MAX_DURATION_S,
+    SYNTH_MAX_REQUESTS,
+    SYNTH_MAX_SEED,
+    SYNTH_MAX_TENANTS,
+    SYNTH_MIN_CV,
+)
+from pipeline.errors import RooftraceError
+
+MAX_REQUESTS, MAX_TENANTS, MAX_SEED = SYNTH_MAX_REQUESTS, SYNTH_MAX_TENANTS, SYNTH_MAX_SEED
+MAX_HOURS = SYNTH_MAX_DURATION_S / 3600.0
+MIN_CV, MAX_CV = SYNTH_MIN_CV, SYNTH_MAX_CV
+
+
+class FiniteFloatRange(click.FloatRange):
+    """A FloatRange that also refuses nan (which compares false with both bounds)."""
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        rv = super().convert(value, param, ctx)
+        if not math.isfinite(rv):
+            self.fail(f"{value!r} is not a finite number in the range {self.min}<=x<={self.max}.", param, ctx)
+        return rv
 
 
 @click.command()
@@ -19,21 +44,34 @@ from pipeline.defaults import SYNTH_FORMATS
     show_default=True,
     help="Log format to write.",
 )
-@click.option("--requests", "n", type=click.IntRange(min=1), default=10_000, show_default=True, help="Requests.")
-@click.option("--seed", type=int, default=0, show_default=True, help="Random seed (same seed, same log).")
+@click.option(
+    "--requests",
+    "n",
+    type=click.IntRange(1, MAX_REQUESTS),
+    default=10_000,
+    show_default=True,
+    help="Requests (the log is built in memory, about 1.4 KiB per request).",
+)
+@click.option(
+    "--seed",
+    type=click.IntRange(0, MAX_SEED),
+    default=0,
+    show_default=True,
+    help="Random seed (same seed, same log).",
+)
 @click.option("--date", default="2025-01-15", show_default=True, help="Day the arrivals start (UTC).")
 @click.option(
     "--hours",
-    type=click.FloatRange(min=0.001),
+    type=FiniteFloatRange(0.001, MAX_HOURS),
     default=24.0,
     show_default=True,
-    help="Span of session starts.",
+    help="Span of session starts (at most 366 days).",
 )
-@click.option("--tenants", type=click.IntRange(min=1), default=4, show_default=True, help="Number of tenants.")
+@click.option("--tenants", type=click.IntRange(1, MAX_TENANTS), default=4, show_default=True, help="Number of tenants.")
 @click.option("--models", default="llama-3.1-70b,llama-3.1-8b", show_default=True, help="Comma-separated model names.")
 @click.option(
     "--cv",
-    type=click.FloatRange(min=0.05),
+    type=FiniteFloatRange(MIN_CV, MAX_CV),
     default=None,
     help="Inter-arrival CV (default: ServeGen's 1.108).",
 )
@@ -82,8 +120,13 @@ def synth(
             cv=cv,
             diurnal=not flat,
         )
-        frame = generate(cfg)
-        return write_logs(frame, fmt, out), frame.height
+        try:
+            frame = generate(cfg)
+            return write_logs(frame, fmt, out), frame.height
+        except MemoryError:
+            raise RooftraceError(
+                f"synth: out of memory for {n:,} requests (about 1.4 KiB each); lower --requests"
+            ) from None
 
     files, rows = run(work)
     progress(f"synth: wrote {rows} {fmt} requests to {', '.join(map(str, files))}")

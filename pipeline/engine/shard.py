@@ -383,6 +383,31 @@ def _run_all(
         yield from _run_ray(shards, cost, want_log, address)
 
 
+#: Seconds to wait for a Ray cluster's port to answer before calling it unreachable.
+RAY_CONNECT_TIMEOUT_S = 10.0
+
+
+def _check_reachable(address: str | None) -> None:
+    """Refuse a Ray address whose port does not answer (``ray.init`` retries an unreachable
+    cluster for minutes). None, ``auto``, ``local`` and what is not ``host:port`` (with or
+    without ``ray://``) are left to Ray."""
+    import socket
+
+    if address is None:
+        return
+    hostport = address.removeprefix("ray://")
+    host, sep, port = hostport.rpartition(":")
+    if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+        return
+    try:
+        socket.create_connection((host.strip("[]"), int(port)), timeout=RAY_CONNECT_TIMEOUT_S).close()
+    except OSError as exc:
+        why = "no answer" if isinstance(exc, TimeoutError) else exc.strerror or type(exc).__name__
+        raise RooftraceError(
+            f"--executor ray: cannot reach Ray at {address}: {why} (is the cluster up? `ray status` on its head node)"
+        ) from None
+
+
 def ray_connect(address: str | None) -> Any:
     """The ``ray`` module, connected to the cluster at ``address`` (None: a local instance);
     a missing extra or a cluster that cannot be reached is one error line."""
@@ -391,6 +416,7 @@ def ray_connect(address: str | None) -> Any:
     except ImportError:
         raise RooftraceError("--executor ray needs the optional extra: pip install 'rooftrace[ray]'") from None
     if not ray.is_initialized():
+        _check_reachable(address)
         try:
             ray.init(address=address, ignore_reinit_error=True, log_to_driver=False)
         except (ConnectionError, RuntimeError, ValueError, OSError) as exc:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import os
 import time
 from collections.abc import Callable, Sequence
@@ -16,11 +17,12 @@ import numpy as np
 import polars as pl
 import pyarrow as pa
 
-from pipeline.catalog import load_hardware, load_model, weight_format
+from pipeline.catalog import HardwareSpec, load_hardware, load_model, weight_format
 from pipeline.classify.accounting import day_identity
 from pipeline.cost import (
     TokenTotals,
     api_cost_rows,
+    check_gpu_price,
     day_projection,
     load_prices,
     period_label,
@@ -40,6 +42,10 @@ from pipeline.slo import (
     parse_slo,
 )
 from pipeline.store import SAFE_ID_RE, Store
+
+#: Largest --tp tried: a bound against an absurd catalog ``gpus_per_node`` (the plan tables
+#: store tp in 4 bytes; tensor parallelism spans one node, roofline.Deployment).
+MAX_TP = 1024
 
 
 @dataclass(frozen=True)
@@ -73,6 +79,11 @@ class PlanOptions:
             raise ConfigError("give at least one --hardware and one --tp")
         if not 0.0 <= self.max_rejected <= 1.0:
             raise ConfigError(f"--max-rejected must be between 0% and 100%, got {self.max_rejected:.4g}")
+        # finite: plan.json records them, and JSON has no NaN or Infinity
+        if not (math.isfinite(self.window_s) and self.window_s > 0):
+            raise ConfigError(f"--window-s must be a finite number of seconds > 0, got {self.window_s!r}")
+        if not (math.isfinite(self.warmup_s) and self.warmup_s >= 0):
+            raise ConfigError(f"--warmup-s must be a finite number of seconds >= 0, got {self.warmup_s!r}")
 
 
 @dataclass(frozen=True)
@@ -95,12 +106,43 @@ def _base_fleet(opts: PlanOptions) -> tuple[FleetConfig, str]:
 
 
 def candidates(opts: PlanOptions, base: FleetConfig) -> list[Candidate]:
-    for hw in opts.hardware:
-        load_hardware(hw)  # unknown names fail here, with the catalog's message
+    # unknown names fail here, with the catalog's message
+    specs = [load_hardware(hw) for hw in opts.hardware]
+    _check_tp(opts.tp, specs)
+    _check_gpu_prices(opts.gpu_prices, opts.hardware)
     dtypes = opts.precision or (base.weight_dtype,)
     for dt in dtypes:
         weight_format(dt)  # unknown dtypes fail here, before a name is built from them
     return [Candidate(hw, tp, dt) for hw in opts.hardware for tp in sorted(set(opts.tp)) for dt in dtypes]
+
+
+def _check_tp(tps: Sequence[int], specs: Sequence[HardwareSpec]) -> None:
+    """Every --tp within one node of some --hardware (tensor parallelism does not cross nodes,
+    roofline.Deployment): a larger one could fit no configuration, and would not fit the plan
+    tables' 4-byte column either."""
+    widest = max(specs, key=lambda h: h.gpus_per_node)
+    most = min(widest.gpus_per_node, MAX_TP)
+    for tp in tps:
+        if not 1 <= tp <= most:
+            names = ", ".join(f"{h.name} {h.gpus_per_node}" for h in specs)
+            raise ConfigError(
+                f"--tp {tp}: must be between 1 and {most}, the GPUs of one node of the widest --hardware "
+                f"(GPUs per node: {names})"
+            )
+
+
+def _check_gpu_prices(prices: Sequence[tuple[str, float]], hardware: Sequence[str]) -> None:
+    """Each --gpu-price names a --hardware being planned, once: a price nothing uses is a typo."""
+    seen: set[str] = set()
+    for name, price in prices:
+        check_gpu_price(price, f"--gpu-price {name}={price!r}")
+        if name not in hardware:
+            raise ConfigError(
+                f"--gpu-price {name}: no --hardware named {name!r} in this plan; planned: {', '.join(hardware)}"
+            )
+        if name in seen:
+            raise ConfigError(f"--gpu-price {name}: given more than once")
+        seen.add(name)
 
 
 def _day_totals(req: pl.DataFrame) -> dict[str, float]:

@@ -3,6 +3,7 @@ warm-up, or the whole day."""
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -59,8 +60,10 @@ def select_window(
         return Window("day", req, np.ones(req.height, bool), 0.0, span, 0.0)
     if kind != "peak":
         raise ConfigError(f"--window must be peak or day, got {kind!r}")
-    if not (window_s > 0 and warmup_s >= 0):
-        raise ConfigError("window must be > 0 s and warm-up >= 0 s")
+    if not (math.isfinite(window_s) and window_s > 0):
+        raise ConfigError(f"--window-s must be a finite number of seconds > 0, got {window_s!r}")
+    if not (math.isfinite(warmup_s) and warmup_s >= 0):
+        raise ConfigError(f"--warmup-s must be a finite number of seconds >= 0, got {warmup_s!r}")
     tokens = (
         req.get_column("recorded_input_tokens").cast(pl.Float64).fill_null(0).to_numpy()
         + req.get_column("output_tokens").cast(pl.Float64).fill_null(0).to_numpy()

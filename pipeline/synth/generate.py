@@ -19,13 +19,17 @@ logged fields, so tests can check prefix reconstruction against it.
 
 from __future__ import annotations
 
+import math
+import numbers
 from dataclasses import dataclass
+from datetime import date as _date
 from pathlib import Path
 
 import numpy as np
 import numpy.typing as npt
 import polars as pl
 
+from pipeline import defaults
 from pipeline.errors import ConfigError
 from pipeline.ingest.timeparse import anchor_us
 from pipeline.tomlfile import read_toml
@@ -56,6 +60,34 @@ DECODE_TOKENS_PER_S = 60.0  # assumed server speed, only to space a session's tu
 MAX_CONTEXT = 131_072
 
 
+#: Bounds of a SynthConfig (pipeline/defaults.py, shared with ``rooftrace synth``).
+MAX_REQUESTS, MAX_TENANTS, MAX_SEED = defaults.SYNTH_MAX_REQUESTS, defaults.SYNTH_MAX_TENANTS, defaults.SYNTH_MAX_SEED
+MAX_DURATION_S = defaults.SYNTH_MAX_DURATION_S
+MIN_CV, MAX_CV = defaults.SYNTH_MIN_CV, defaults.SYNTH_MAX_CV
+#: The first microsecond past 9999-12-31 (UTC): a log's timestamps keep four-digit years.
+_YEAR_10000_US = 253_402_300_800 * 1_000_000
+
+
+def _bad_number(value: object, low: float, high: float, *, low_open: bool = False) -> bool:
+    """True unless ``value`` is a finite real number in [low, high] (or (low, high])."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        return True
+    try:
+        x = float(value)
+    except OverflowError:  # an int past float's range
+        return True
+    return not math.isfinite(x) or x < low or x > high or (low_open and x == low)
+
+
+def _shown(value: object) -> str:
+    """``repr(value)`` cut to 40 characters (an int past 4,300 digits has no repr at all)."""
+    try:
+        text = repr(value)
+    except ValueError:
+        return "a number too long to show"
+    return text if len(text) <= 40 else text[:37] + "..."
+
+
 @dataclass(frozen=True)
 class SynthConfig:
     requests: int = 10_000
@@ -69,12 +101,27 @@ class SynthConfig:
     cache_ttl_s: float = CACHE_TTL_S
 
     def __post_init__(self) -> None:
-        if self.requests <= 0:
-            raise ConfigError("synth: requests must be positive")
-        if self.tenants <= 0 or not self.models:
-            raise ConfigError("synth: need at least one tenant and one model")
-        if self.duration_s <= 0:
-            raise ConfigError("synth: duration must be positive")
+        for key, high in (("requests", MAX_REQUESTS), ("tenants", MAX_TENANTS), ("seed", MAX_SEED)):
+            value, low = getattr(self, key), 0 if key == "seed" else 1
+            if not isinstance(value, numbers.Integral) or isinstance(value, bool) or not low <= int(value) <= high:
+                raise ConfigError(f"synth: {key} must be an integer in {low:,}..{high:,}, got {_shown(value)}")
+        if not self.models:
+            raise ConfigError("synth: need at least one model")
+        try:
+            _date.fromisoformat(self.date)
+        except (TypeError, ValueError):
+            raise ConfigError(f"synth: date must be YYYY-MM-DD, got {_shown(self.date)}") from None
+        if _bad_number(self.duration_s, 0.0, MAX_DURATION_S, low_open=True):
+            raise ConfigError(
+                f"synth: duration_s must be a finite number of seconds in (0, {MAX_DURATION_S:,.0f}] "
+                f"(366 days), got {_shown(self.duration_s)}"
+            )
+        if self.cv is not None and _bad_number(self.cv, MIN_CV, MAX_CV):
+            raise ConfigError(f"synth: cv must be a finite number in {MIN_CV:g}..{MAX_CV:g}, got {_shown(self.cv)}")
+        if _bad_number(self.cache_ttl_s, 0.0, math.inf):
+            raise ConfigError(
+                f"synth: cache_ttl_s must be a finite number of seconds >= 0, got {_shown(self.cache_ttl_s)}"
+            )
 
 
 def load_profile() -> tuple[float, npt.NDArray[np.float64]]:
@@ -169,6 +216,13 @@ def generate(cfg: SynthConfig) -> pl.DataFrame:
     prev_gap = np.concatenate([[0.0], gap[:-1]])
     step = np.where(turn == 0, start[sess], prev_e2e + prev_gap)
     arrival_s = _group_cumsum(step, turn == 0)
+    base = anchor_us(cfg.date)
+    assert base is not None
+    if base + float(arrival_s.max()) * 1e6 >= _YEAR_10000_US:
+        raise ConfigError(
+            f"synth: arrivals from {cfg.date} over {cfg.duration_s / 3600:g} hours run past 9999-12-31 "
+            "(timestamps have four-digit years); use an earlier date or fewer hours"
+        )
 
     frame = pl.DataFrame(
         {
@@ -189,8 +243,6 @@ def generate(cfg: SynthConfig) -> pl.DataFrame:
         }
     )
     frame = _reported_cache(frame, cfg.cache_ttl_s)
-    base = anchor_us(cfg.date)
-    assert base is not None
     return (
         frame.sort(["arrival_s", "session", "turn"])
         .with_columns(

@@ -15,7 +15,7 @@ import polars as pl
 import zstandard
 
 from pipeline.errors import RooftraceError
-from pipeline.schemas import atomic_write_bytes
+from pipeline.schemas import atomic_write_bytes, os_write_reason
 
 #: Mooncake blocks are 512 tokens (FAST'25 trace README).
 MOONCAKE_BLOCK = 512
@@ -271,12 +271,22 @@ def _compress(out: Path, data: bytes) -> bytes:
     return data
 
 
+def _write(path: Path, data: bytes) -> None:
+    """``atomic_write_bytes``, with a file that cannot be written (a parent that is a file, no
+    permission, a full disk) one RooftraceError line naming it."""
+    try:
+        atomic_write_bytes(path, data)
+    except OSError as exc:
+        raise RooftraceError(f"cannot write {path}: {os_write_reason(path, exc)}") from None
+
+
 def write_logs(df: pl.DataFrame, fmt: str, out: Path) -> list[Path]:
     """Write ``df`` as ``fmt`` to ``out`` (``.gz``/``.zst`` compress). Generic formats also write
-    ``<out>.mapping.toml`` for ``rooftrace ingest --mapping``. Returns the files written."""
+    ``<out>.mapping.toml`` for ``rooftrace ingest --mapping``. Returns the files written; a file
+    that cannot be written is one RooftraceError line."""
     if fmt in LINE_WRITERS:
         text = "\n".join(LINE_WRITERS[fmt](df)) + "\n"
-        atomic_write_bytes(out, _compress(out, text.encode()))
+        _write(out, _compress(out, text.encode()))
         return [out]
     if fmt not in ("jsonl", "csv", "parquet"):
         raise RooftraceError(f"synth: unknown format {fmt!r}; known: {', '.join(SYNTH_FORMATS)}")
@@ -289,7 +299,7 @@ def write_logs(df: pl.DataFrame, fmt: str, out: Path) -> list[Path]:
     else:
         frame.write_parquet(buf)
     data = buf.getvalue()
-    atomic_write_bytes(out, _compress(out, data) if fmt != "parquet" else data)
+    _write(out, _compress(out, data) if fmt != "parquet" else data)
     mapping = out.with_name(out.name + ".mapping.toml")
-    atomic_write_bytes(mapping, _generic_mapping(fmt).encode())
+    _write(mapping, _generic_mapping(fmt).encode())
     return [out, mapping]
