@@ -137,20 +137,24 @@ def parse_days(text: str) -> float | None:
 
 
 def format_bytes(n: float) -> str:
+    from pipeline.slo import format_number
+
     for unit, size in (("TiB", 1024**4), ("GiB", GIB), ("MiB", 1024**2)):
         if n >= size:
-            return f"{n / size:,.1f} {unit}"
+            return f"{format_number(n / size, 1)} {unit}"
     return f"{n / 1024:,.0f} KiB"
 
 
 def format_duration(s: float) -> str:
+    from pipeline.slo import format_number
+
     if s < 90:
         return f"{s:,.0f} s"
     if s < 5400:
         return f"{s / 60:,.0f} min"
     if s < 2 * 86400:
         return f"{s / 3600:,.1f} h"
-    return f"{s / 86400:,.1f} days"
+    return f"{format_number(s / 86400, 1)} days"
 
 
 def physical_memory() -> int:
@@ -560,12 +564,14 @@ _ADVICE = {
 def enforce(est: ReplayEstimate, limits: Limits | None = None) -> None:
     """Refuse (ResourceLimitError, one line) a replay past the limits: an open-loop span of more
     simulated days than allowed, or more estimated memory than allowed."""
+    from pipeline.slo import format_number
+
     limits = limits or current_limits()
     days = est.arrival_span_s / 86400
     if est.mode == "open" and limits.max_sim_days is not None and days > limits.max_sim_days:
         raise ResourceLimitError(
-            f"--rate-scale {est.rate_scale:g} spreads the arrivals over {days:,.1f} simulated days, more than "
-            f"the limit of {limits.max_sim_days:g} days ({limits.days_origin}); the series alone would need "
+            f"--rate-scale {est.rate_scale:g} spreads the arrivals over {format_number(days, 1)} simulated days, "
+            f"more than the limit of {limits.max_sim_days:g} days ({limits.days_origin}); the series alone would need "
             f"{format_bytes(est.parts['series'])}: use a larger --rate-scale, or raise the limit with "
             f"--max-sim-days DAYS (${MAX_SIM_DAYS_ENV})"
         )

@@ -26,6 +26,7 @@ import hashlib
 import itertools
 import json
 import math
+import os
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict, dataclass, replace
@@ -215,6 +216,19 @@ def build_workload(
     )
 
 
+def _check_writable(store: Store) -> None:
+    """Refuse, in one line, a store whose runs folder this process cannot write."""
+    import tempfile
+
+    try:
+        store.runs_dir.mkdir(parents=True, exist_ok=True)
+        fd, probe = tempfile.mkstemp(prefix=".probe.", dir=store.runs_dir)
+        os.close(fd)
+        os.unlink(probe)
+    except OSError as exc:
+        raise store_write_error(store, exc) from None
+
+
 def _session_keys(sessions: pl.Series) -> npt.NDArray[np.int64]:
     """Session-affinity keys: each session id's 63-bit key (prefix.key64), −1 for none; each
     distinct id hashed once."""
@@ -307,7 +321,10 @@ def run_workload(
             options.ray_address,
             ranks,
         )
-        pods = -(-fleet.config.replicas // pod_size) if hierarchical else pods
+        # the pods cut (pod_cuts: at most one per lockstep group)
+        pods = (
+            -(-fleet.config.replicas // pod_size) if hierarchical else min(pods, spec.replicas // max(spec.lockstep, 1))
+        )
         if results is None:
             result = simulate_sharded(*args)
         else:
@@ -721,6 +738,7 @@ def replay(
     t0_us = int(epoch_us(requests.get_column("arrival")).min()) if requests.height else 0
     run_id = _run_id(date, fleet, options, requests, identity, request_id)
     run_dir = store.run_dir(run_id)
+    _check_writable(store)  # before the engine runs, not after (a read-only store)
     engine_progress = check_replay_limits(requests, fleet, options, streamed=True)
     hand = [requests]
     del requests  # handed over: let go a column at a time as the engine's arrays are made

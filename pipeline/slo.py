@@ -241,15 +241,27 @@ def _finite(x: float) -> float | None:
     return x if math.isfinite(x) else None
 
 
+#: Beyond this a figure is printed in scientific notation (a hostile --rate-scale 1e300 made
+#: lines of hundreds of digits).
+_PLAIN_UP_TO = 1e12
+
+
+def format_number(x: float, decimals: int = 2) -> str:
+    """A figure for people: thousands separated, ``decimals`` places, scientific past 10¹²."""
+    if math.isfinite(x) and abs(x) >= _PLAIN_UP_TO:
+        return f"{x:.3g}"
+    return f"{x:,.{decimals}f}"
+
+
 def format_seconds(x: float | None) -> str:
-    """Seconds for people: ms below 1 s, never scientific notation; inf as 'never'."""
+    """Seconds for people: ms below 1 s, scientific notation only past 10¹² s; inf as 'never'."""
     if x is None or (isinstance(x, float) and math.isnan(x)):
         return "n/a"
     if math.isinf(x):
         return "never"
     if abs(x) < 1.0:
         return f"{x * 1000:.3g} ms" if x * 1000 >= 1 else f"{x * 1000:.2f} ms"
-    return f"{x:,.2f} s" if x < 100 else f"{x:,.0f} s"
+    return f"{format_number(x, 2 if x < 100 else 0)} s"
 
 
 def slo_verdict(
@@ -309,8 +321,10 @@ class Overload:
             f"{self.from_utc} (+{format_seconds(self.from_s)})" if self.from_utc else f"+{format_seconds(self.from_s)}"
         )
         return (
-            f"OVERLOADED from {when}: {self.arrival_rate:,.2f} req/s arrive, "
-            f"{self.service_rate:,.2f} req/s served ({self.excess:+.0%}); {self.backlog:,} waiting at the last "
+            f"OVERLOADED from {when}: {format_number(self.arrival_rate)} req/s arrive, "
+            f"{format_number(self.service_rate)} req/s served "
+            f"({'+' if self.excess >= 0 else ''}{format_number(self.excess * 100, 0)}%); "
+            f"{self.backlog:,} waiting at the last "
             f"arrival, {format_seconds(self.drain_s)} to drain"
         )
 

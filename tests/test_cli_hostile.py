@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from pathlib import Path
 from typing import Any
 
@@ -245,3 +246,55 @@ def test_fit_refuses_absurd_data_parallel_ranks() -> None:
     """``fit --dp 2**63`` answered "fits"; a fleet caps dp at 1,024, and so does a deployment."""
     res = _cli("fit", "--model", "llama-3.1-8b", "--hardware", "h100-sxm", "--dp", str(2**63 - 1))
     assert "is more than 1024 data-parallel ranks in one replica" in _one_error_line(res)
+
+
+def test_absurd_rates_print_as_numbers_not_pages_of_digits(replayed_store: tuple[Any, str]) -> None:
+    """``--rate-scale 1e-300`` printed a 300-digit count of days and of TiB; ``1e300`` an
+    overload line of 300 digits. Figures past 10¹² are printed in scientific notation."""
+    from pipeline.slo import format_number, format_seconds
+
+    assert format_number(1234.5) == "1,234.50" and format_number(1.5e300) == "1.5e+300"
+    assert format_seconds(3e15) == "3e+15 s" and format_seconds(250.0) == "250 s"
+    store, _ = replayed_store
+    res = _cli("replay", "--store", str(store.root), "--rate-scale", "1e-300")
+    line = _one_error_line(res)
+    assert re.search(r"over \d\.\d+e\+\d{3} simulated days", line) and re.search(r"\d\.\d+e\+\d{3} TiB", line), line
+    assert len(line) < 400, line
+
+
+def test_engine_reports_the_pods_it_cut(replayed_store: tuple[Any, str], tmp_path: Path) -> None:
+    """``--pods 1000000`` on 2 replicas said "in 1,000,000 pods"; a fleet is cut into at most one
+    pod per replica (lockstep group)."""
+    store, _ = replayed_store
+    fleet = tmp_path / "rr.toml"
+    default = (Path(__file__).resolve().parents[1] / "fleets" / "default.toml").read_text()
+    fleet.write_text(default.replace('router = "least_outstanding"', 'router = "round_robin"'))
+    res = _cli("replay", "--store", str(store.root), "--fleet", str(fleet), "--pods", "1000000", "--json")
+    assert res.exit_code == 0, res.output
+    assert json.loads(res.stdout)["engine_pods"] == 2
+
+
+def test_replay_on_a_store_it_cannot_write_stops_before_the_engine(
+    replayed_store: tuple[Any, str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A read-only store used to be found out after the whole replay (2 minutes in the hostile
+    test); the runs folder is probed first."""
+    import tempfile
+
+    from pipeline import replay as replay_module
+
+    store, _ = replayed_store
+    real = tempfile.mkstemp
+
+    def refuse(*args: Any, **kwargs: Any) -> Any:
+        if Path(kwargs.get("dir", "")) == store.runs_dir:
+            raise PermissionError(13, "Permission denied", str(store.runs_dir / ".probe.x"))
+        return real(*args, **kwargs)
+
+    def engine(*args: Any, **kwargs: Any) -> Any:
+        raise AssertionError("the engine ran")
+
+    monkeypatch.setattr(tempfile, "mkstemp", refuse)
+    monkeypatch.setattr(replay_module, "run_workload", engine)
+    line = _one_error_line(_cli("replay", "--store", str(store.root), "--rate-scale", "0.77"))
+    assert "cannot write to the store: Permission denied" in line, line

@@ -598,3 +598,118 @@ def test_a_folder_says_every_file_it_passes_over(tmp_path: Path) -> None:
     assert res.exit_code == 1
     line = _one_error_line(res)
     assert f"{empty}: no log files in this folder (1 other file(s) skipped" in line, line
+
+
+CSV_HEADER = (
+    "request_id,arrival,model,tenant,session_id,recorded_input_tokens,output_tokens,cache_hit_tokens,reasoning_tokens"
+)
+CSV_MAPPING = """format = "csv"
+time_unit = "iso"
+[fields]
+request_id = "request_id"
+arrival = "arrival"
+model = "model"
+tenant = "tenant"
+session_id = "session_id"
+recorded_input_tokens = "recorded_input_tokens"
+output_tokens = "output_tokens"
+cache_hit_tokens = "cache_hit_tokens"
+reasoning_tokens = "reasoning_tokens"
+"""
+
+
+def test_csv_rows_of_empty_fields_are_quarantined_and_records_keep_their_first_line(tmp_path: Path) -> None:
+    """A ``,,`` row was neither stored nor quarantined (rows in != stored + quarantined); a record
+    whose quoted field spans lines was reported at its last line."""
+    log = tmp_path / "d.csv"
+    log.write_text(
+        f"{CSV_HEADER}\n"
+        "r1,2025-01-15T04:24:00Z,m,t,s,10,5,0,0\n"
+        ",,\n"
+        "\n"  # a blank line is no record, as in JSON Lines
+        ",,,,,,,,\n"
+        'r2,2025-01-15T04:25:00Z,m,"two\nlines",s,10\n'
+        'r3,2025-01-15T04:26:00Z,m,"a\nb",s,10,5,0,0\n'
+    )
+    (tmp_path / "m.toml").write_text(CSV_MAPPING)
+    store = Store(tmp_path / "s")
+    s = ingest_logs([log], store, fmt="csv", mapping=tmp_path / "m.toml")
+    _balanced(s)
+    f = s.files[0]
+    assert (f.rows_read, f.rows_stored, f.rows_quarantined) == (5, 2, 3)
+    q = read_parquet(next(store.quarantine_dir.glob("*.parquet")), "quarantine")
+    got = sorted(zip(q["source_line"].to_pylist(), q["reason"].to_pylist(), strict=True))
+    assert got == [(3, "every field is empty"), (5, "every field is empty"), (6, "expected 9 fields, found 6")]
+    assert store.read_requests("2025-01-15")["tenant"].to_list() == ["t", "a\nb"]
+
+
+def test_an_openai_timestamp_that_cannot_be_read_is_not_replaced_by_created(tmp_path: Path) -> None:
+    """A logged pair whose own ``timestamp`` is there but unreadable used to be stored at the
+    response's ``created`` second: it is quarantined, naming the value; a pair without one still
+    takes ``created``."""
+    usage = '"usage": {{"prompt_tokens": 5, "completion_tokens": 3}}'
+    pair = '{{"timestamp": {ts}"response": {{"id": "{id}", "created": 1736915040, "model": "m", ' + usage + "}}}}"
+    lines = [
+        pair.format(ts='"2025-02-30T00:00:00Z", ', id="a"),
+        pair.format(ts='"garbage", ', id="b"),
+        pair.format(ts="", id="c").replace('"timestamp": ', ""),
+        pair.format(ts='"2025-01-15T04:24:00.5Z", ', id="d"),
+    ]
+    log = _write(tmp_path / "p.jsonl", lines)
+    store = Store(tmp_path / "s")
+    s = ingest_logs([log], store)
+    _balanced(s)
+    q = read_parquet(next(store.quarantine_dir.glob("*.parquet")), "quarantine")
+    assert sorted(q["reason"].to_pylist()) == [
+        "unparseable timestamp: 2025-02-30T00:00:00Z",
+        "unparseable timestamp: garbage",
+    ]
+    stored = store.read_requests("2025-01-15")
+    assert stored["request_id"].to_list() == ["c", "d"]
+
+
+def test_mapped_keys_with_quotes_are_data_not_sql(tmp_path: Path) -> None:
+    """Mapped JSON keys were pasted into DuckDB's SQL: ``it's model`` quarantined every row as a
+    parser error, and a key could carry SQL. Keys are quoted now, whatever they hold."""
+    log = tmp_path / "m.jsonl"
+    log.write_text(
+        '{"ts": "2025-01-15T04:24:00Z", "it\'s model": "m1", "q\\"uote": "t1", "in": 10, "out": 5}\n'
+        '{"ts": "2025-01-15T04:25:00Z", "it\'s model": "m2", "q\\"uote": "t2", "in": 11, "out": 6}\n'
+    )
+    mapping = tmp_path / "m.toml"
+    mapping.write_text(
+        'format = "jsonl"\ntime_unit = "iso"\n[fields]\narrival = "ts"\nmodel = "it\'s model"\n'
+        'tenant = \'q"uote\'\nrecorded_input_tokens = "in"\noutput_tokens = "out"\n'
+    )
+    store = Store(tmp_path / "s")
+    s = ingest_logs([log], store, fmt="jsonl", mapping=mapping)
+    _balanced(s)
+    assert s.files[0].rows_stored == 2
+    rows = store.read_requests("2025-01-15")
+    assert rows["model"].to_list() == ["m1", "m2"] and rows["tenant"].to_list() == ["t1", "t2"]
+
+
+def test_other_compressions_and_link_loops_say_what_they_are(tmp_path: Path) -> None:
+    """A .bz2 file was "binary file (NUL bytes)" and a loop of links "no such file or directory"."""
+    import bz2
+
+    log = tmp_path / "d.jsonl.bz2"
+    log.write_bytes(bz2.compress(("\n".join(GOOD_OPENAI) + "\n").encode()))
+    (tmp_path / "a").symlink_to(tmp_path / "b")
+    (tmp_path / "b").symlink_to(tmp_path / "a")
+    for src, needle in ((log, "compressed with bzip2, which ingest does not read"), (tmp_path / "a", "symbolic links")):
+        res = _cli("ingest", str(src), "--store", str(tmp_path / "s"))
+        assert res.exit_code == 1
+        assert needle in _one_error_line(res)
+
+
+def test_a_negative_offset_from_the_trace_start_is_quarantined(tmp_path: Path) -> None:
+    """A Vidur row at -5 s landed on the day before --date; it is quarantined, saying why."""
+    log = tmp_path / "v.csv"
+    log.write_text("arrived_at,num_prefill_tokens,num_decode_tokens\n-5.0,100,10\n0.5,100,10\n")
+    store = Store(tmp_path / "s")
+    s = ingest_logs([log], store, fmt="vidur", date="2025-01-15")
+    _balanced(s)
+    assert store.dates() == ["2025-01-15"] and s.files[0].rows_stored == 1
+    q = read_parquet(next(store.quarantine_dir.glob("*.parquet")), "quarantine")
+    assert q["reason"].to_pylist() == ["negative timestamp: -5.0"] and q["source_line"].to_pylist() == [2]

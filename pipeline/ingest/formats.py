@@ -91,18 +91,29 @@ class FormatSpec:
         return root
 
 
+def sql_ident(name: str) -> str:
+    """``name`` as a quoted SQL identifier: a mapped key may hold any character, quotes included."""
+    return '"' + name.replace('"', '""') + '"'
+
+
+def sql_text(text: str) -> str:
+    """``text`` as an SQL string literal."""
+    return "'" + text.replace("'", "''") + "'"
+
+
 def _duckdb_type(sub: Any) -> str:
     if sub is None:
         return "VARCHAR"
     if sub == "list":
         return "VARCHAR[]"
-    inner = ", ".join(f'"{k}" {_duckdb_type(v)}' for k, v in sub.items())
+    inner = ", ".join(f"{sql_ident(k)} {_duckdb_type(v)}" for k, v in sub.items())
     return f"STRUCT({inner})"
 
 
 def duckdb_columns(layout: Layout) -> str:
-    """The ``columns=`` argument of DuckDB's read_json for a layout."""
-    items = ", ".join(f"'{k}': '{_duckdb_type(v)}'" for k, v in layout.items())
+    """The ``columns=`` argument of DuckDB's read_json for a layout (names from a mapping file are
+    data: quoted, never pasted into the SQL)."""
+    items = ", ".join(f"{sql_text(k)}: {sql_text(_duckdb_type(v))}" for k, v in layout.items())
     return "{" + items + "}"
 
 
@@ -129,13 +140,13 @@ def project_sql(fields: Fields) -> str:
     """The same projection as a DuckDB select list."""
 
     def sql_path(dotted: str) -> str:
-        return ".".join(f'"{p}"' for p in dotted.split("."))
+        return ".".join(sql_ident(p) for p in dotted.split("."))
 
     items = []
     for name, paths in fields.items():
         parts = [sql_path(p) for p in paths]
         expr = f"coalesce({', '.join(parts)})" if len(parts) > 1 else parts[0]
-        items.append(f'{expr} AS "{name}"')
+        items.append(f"{expr} AS {sql_ident(name)}")
     return ", ".join(items)
 
 
@@ -202,8 +213,12 @@ def _openai(flat: pl.DataFrame, ctx: Context) -> pl.DataFrame:
     ts, created, created_at = pl.col("ts_raw"), pl.col("created_raw"), pl.col("created_at_raw")
     return to_candidate(
         flat.with_columns(
-            # A logger's own timestamp (sub-second) beats `created` (whole seconds in the object).
-            arrival=pl.coalesce(parse_time(ts, "auto"), parse_time(created, "s"), parse_time(created_at, "s")),
+            # A logger's own timestamp (sub-second) beats `created` (whole seconds in the object);
+            # one that is there but unreadable quarantines the record (arrival_raw names it), it is
+            # not quietly replaced by `created`.
+            arrival=pl.when(ts.is_not_null())
+            .then(parse_time(ts, "auto"))
+            .otherwise(pl.coalesce(parse_time(created, "s"), parse_time(created_at, "s"))),
             arrival_raw=pl.coalesce(ts, created, created_at),
             status=pl.when(pl.col("error_raw").is_not_null()).then(pl.lit("error")).otherwise(pl.col("status_raw")),
         )

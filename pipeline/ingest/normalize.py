@@ -86,7 +86,9 @@ def _checks(
         (
             pl.col("arrival").is_null(),
             arrival,
-            pl.format("unparseable timestamp: {}", pl.col("arrival_raw").str.slice(0, 60)),
+            pl.when(pl.col("arrival_raw").cast(pl.Float64, strict=False) < 0)
+            .then(pl.format("negative timestamp: {}", pl.col("arrival_raw").str.slice(0, 60)))
+            .otherwise(pl.format("unparseable timestamp: {}", pl.col("arrival_raw").str.slice(0, 60))),
         ),
         (
             (pl.col("arrival") < PLAUSIBLE_ARRIVAL[0]) | (pl.col("arrival") >= PLAUSIBLE_ARRIVAL[1]),

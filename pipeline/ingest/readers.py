@@ -445,9 +445,13 @@ def csv_batches(path: Path, spec: FormatSpec) -> Iterator[RawBatch]:
             cols: list[list[str | None]] = [[] for _ in wanted]
             lines: list[int] = []
             failures: list[tuple[int, str, str]] = []
+            after = reader.line_num  # a record starts on the line after the previous one ends
             for row in reader:
-                n = reader.line_num
-                if not row or all(not c.strip() for c in row):
+                n, after = after + 1, reader.line_num  # (a quoted field may span several lines)
+                if not row:  # a blank line: no record (as in JSON Lines)
+                    continue
+                if all(not c.strip() for c in row):
+                    failures.append((n, "every field is empty", ",".join(row)[:RAW_LIMIT]))
                     continue
                 if len(row) != width:
                     raw = ",".join(row)[:RAW_LIMIT]

@@ -112,6 +112,11 @@ def iter_files(sources: list[Path], skipped: Callable[[str], None] | None = None
             is_dir, exists = src.is_dir(), src.exists()
         except OSError as exc:  # a name too long for the file system, a loop of links, ...
             raise SourceError(f"{src}: cannot be read ({exc.strerror or exc})") from None
+        if not exists and os.path.islink(src):  # a link to nothing, or to itself through others
+            try:
+                os.stat(src)
+            except OSError as exc:
+                raise SourceError(f"{src}: cannot be read ({exc.strerror or exc})") from None
         if is_dir:
             found = 0
             other: list[Path] = []
@@ -366,7 +371,17 @@ def read_head(path: Path, size: int = 1 << 16) -> bytes:
         raise SourceError(f"{path}: cannot read ({type(exc).__name__}: {exc})") from None
 
 
+#: Magic numbers of compressions ingest does not read, so the error can say which it is.
+_OTHER_COMPRESSION = {b"BZh": "bzip2", b"\xfd7zXZ\x00": "xz", b"PK\x03\x04": "zip", b"\x04\x22\x4d\x18": "lz4"}
+
+
 def check_text(path: Path, head: bytes) -> None:
+    for magic, kind in _OTHER_COMPRESSION.items():
+        if head.startswith(magic):
+            raise SourceError(
+                f"{path}: compressed with {kind}, which ingest does not read; "
+                "decompress it, or use gzip (.gz) or zstd (.zst)"
+            )
     if b"\x00" in head[:8192]:
         raise SourceError(f"{path}: binary file (NUL bytes), not a text log")
     sample = head[:8192]

@@ -189,8 +189,10 @@ def parse_time(expr: pl.Expr, kind: str, anchor: str | None = None) -> pl.Expr:
             return pl.lit(None, dtype=_US)
         scale = 1e6 if kind == "relative_s" else 1e3
         offset = num * scale
+        # an offset from the trace's start is never negative: such a row is quarantined, it does
+        # not land on the day before
         return (
-            pl.when(offset.abs() <= _MAX_ABS_US)
+            pl.when((offset >= 0) & (offset <= _MAX_ABS_US))
             .then(pl.lit(base, pl.Int64) + offset.round(0).cast(pl.Int64, strict=False))
             .cast(_US)
         )
