@@ -713,3 +713,20 @@ def test_a_negative_offset_from_the_trace_start_is_quarantined(tmp_path: Path) -
     assert store.dates() == ["2025-01-15"] and s.files[0].rows_stored == 1
     q = read_parquet(next(store.quarantine_dir.glob("*.parquet")), "quarantine")
     assert q["reason"].to_pylist() == ["negative timestamp: -5.0"] and q["source_line"].to_pylist() == [2]
+
+
+def test_a_mapped_column_no_record_has_is_said(tmp_path: Path) -> None:
+    """A typo in a JSONL mapping (model = "modle") made every row's model "unknown" in silence;
+    the file's read line is now followed by a warning naming the column."""
+    log = tmp_path / "m.jsonl"
+    log.write_text('{"ts": "2025-01-15T04:24:00Z", "model": "m1", "in": 10, "out": 5}\n')
+    mapping = tmp_path / "m.toml"
+    mapping.write_text(
+        'format = "jsonl"\ntime_unit = "iso"\n[fields]\narrival = "ts"\nmodel = "modle"\n'
+        'recorded_input_tokens = "in"\noutput_tokens = "out"\n'
+    )
+    said: list[str] = []
+    s = ingest_logs([log], Store(tmp_path / "s"), fmt="jsonl", mapping=mapping, progress=said.append)
+    _balanced(s)
+    assert f"warning: {log}: the mapping's column 'modle' has no value in any record (check its spelling)" in said
+    assert not [m for m in said if "'in'" in m or "'ts'" in m]  # the columns that are there: no warning

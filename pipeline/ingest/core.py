@@ -295,21 +295,32 @@ def _stage_file(
     stager: Sink,
     file_index: int,
     pre: Prefetch[RawBatch] | None = None,
+    notes: list[str] | None = None,
 ) -> tuple[int, pl.DataFrame]:
     """Read, normalise and stage one file. Returns (rows read, quarantine frame). The digest may
     still be computing: the JSON fast path's final line check waits for its line count. ``pre``
-    is the file's fast-path reader when it was started early (:class:`_Lookahead`)."""
+    is the file's fast-path reader when it was started early (:class:`_Lookahead`). A mapped
+    field with no value in any record is said in ``notes``."""
     if spec.relative_time and ctx.anchor_date is None:
         raise SourceError(f"{path}: {spec.name} timestamps are relative to the trace start; pass --date YYYY-MM-DD")
+    seen: set[str] | None = set() if spec.mapped else None
     if spec.kind == "jsonl":
         try:
             fast = pre if pre is not None else jsonl_fast(path, spec, digest.stats)
-            read, bad_frames = _stage_batches(path, spec, ctx, stager, file_index, fast)
+            read, bad_frames = _stage_batches(path, spec, ctx, stager, file_index, fast, seen=seen)
         except FastPathFailed:
             stager.drop(file_index)
-            read, bad_frames = _stage_batches(path, spec, ctx, stager, file_index, _raw_batches(path, spec))
+            seen = set() if spec.mapped else None
+            read, bad_frames = _stage_batches(path, spec, ctx, stager, file_index, _raw_batches(path, spec), seen=seen)
     else:
-        read, bad_frames = _stage_batches(path, spec, ctx, stager, file_index, _raw_batches(path, spec))
+        read, bad_frames = _stage_batches(path, spec, ctx, stager, file_index, _raw_batches(path, spec), seen=seen)
+    if seen is not None and notes is not None and read:
+        for name in spec.fields:
+            if name not in seen:
+                notes.append(
+                    f"warning: {path}: the mapping's column {spec.labels.get(name, name)!r} has no value in any "
+                    "record (check its spelling)"
+                )
     return read, _quarantine_frame(path, spec, bad_frames)
 
 
@@ -321,16 +332,23 @@ def _stage_batches(
     file_index: int,
     batches: Iterator[RawBatch],
     derived: DerivedIds | None = None,
+    seen: set[str] | None = None,
 ) -> tuple[int, list[pl.DataFrame]]:
     """Normalise ``batches`` (read from ``path``, or from a piece of it) in reading order and stage
     their good rows. Returns (rows read, quarantine frames). Derived ids count occurrences from
-    the first batch, in ``derived`` when given (a fresh count otherwise)."""
+    the first batch, in ``derived`` when given (a fresh count otherwise). ``seen`` collects the
+    raw columns that had a value in some record."""
     read = 0
     bad_frames: list[pl.DataFrame] = []
     ids = derived if derived is not None else DerivedIds()
     try:
         for batch in batches:
             read += batch.frame.height + len(batch.failures)
+            if seen is not None:
+                frame = batch.frame
+                seen.update(
+                    c for c in frame.columns if c not in seen and frame.get_column(c).null_count() < frame.height
+                )
             bad = _stage_batch(path, spec, ctx, stager, file_index, batch, ids)
             if bad.height:
                 bad_frames.append(bad)
@@ -693,7 +711,8 @@ def _read_one(
         spec = _resolve_spec(path, fmt, mapping)
         res.source_format = spec.name
         pre = ahead(spec) if ahead is not None else None
-        read, bad = _stage_file(path, spec, ctx, digest, sink, idx, pre)
+        notes: list[str] = []
+        read, bad = _stage_file(path, spec, ctx, digest, sink, idx, pre, notes)
         sha = res.content_sha256 = digest.sha()
         if sha in known:
             sink.drop(idx)
@@ -709,6 +728,7 @@ def _read_one(
             out.messages.append(f"error: {res.error}")
             return out
         out.messages.append(f"{path}: {spec.name}, {read} rows read, {bad.height} quarantined")
+        out.messages += notes
     except (SourceError, OSError) as exc:
         msg = str(exc) if isinstance(exc, SourceError) else f"{path}: {exc}"
         res.error = msg

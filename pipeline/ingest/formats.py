@@ -71,6 +71,9 @@ class FormatSpec:
     required_columns: tuple[str, ...] = ()
     #: Values for raw columns that a CSV header lacks altogether (not for empty cells).
     absent_defaults: Mapping[str, str] = field(default_factory=dict)
+    #: Fields the user named in a mapping file: one with no value in any record of a file is
+    #: said (a typo in the mapping would otherwise make every model "unknown").
+    mapped: bool = False
 
     @property
     def flat_input(self) -> bool:

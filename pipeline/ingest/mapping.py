@@ -107,4 +107,5 @@ def load_mapping(file: Path, forced_format: str | None) -> FormatSpec:
         input_excludes_cache=excludes,
         relative_time=kind.startswith("relative"),
         required_columns=tuple(str(v).lower() for v in fields.values()) if fmt == "csv" else (),
+        mapped=True,
     )
