@@ -30,6 +30,9 @@ class CalibrateResult:
     holdout_median_abs_error: float
     before_median_abs_error: float
     toml: str
+    #: What the fit did not use and why, as ``validate`` reports it (rows left out, groups skipped,
+    #: other GPUs' rows): one note per cause, in file order.
+    skipped: tuple[str, ...] = ()
 
 
 def calibrate(measurements: Path, hardware: str, name: str | None = None) -> CalibrateResult:
@@ -42,10 +45,22 @@ def calibrate(measurements: Path, hardware: str, name: str | None = None) -> Cal
     mine = [g for g in groups if g.hardware.name == base.name]
     if not mine:
         # A user's own table with a label the map does not know: treat all its rows as `hardware`.
+        others = groups
         groups, skipped = load_groups(paths, hardware)
         mine = groups
+        for g in others:  # labels of another catalog GPU, fitted as `hardware` all the same: say so
+            skipped.append(
+                f"{g.source_file}: {g.kind} rows labelled {g.hardware_label!r} ({g.hardware.name}) are taken as "
+                f"{base.name}: the measurements hold no {base.name} rows"
+            )
     if not mine:
         raise RooftraceError(f"{measurements}: no rows for hardware {hardware!r} ({'; '.join(skipped)})")
+    for g in groups:
+        if g.hardware.name != base.name:
+            skipped.append(
+                f"{g.source_file}: {g.kind} rows for {g.hardware_label!r} ({g.hardware.name}) are not used: "
+                f"calibrating {base.name}"
+            )
     mine = [replace(g, hardware=base) for g in mine]
     kinds = sorted({g.kind for g in mine})
     fitted = base
@@ -85,6 +100,7 @@ def calibrate(measurements: Path, hardware: str, name: str | None = None) -> Cal
         holdout_median_abs_error=med(fitted, "holdout"),
         before_median_abs_error=med(base, "holdout"),
         toml=f"# {new.display_name}: written by `rooftrace calibrate`.\n" + hardware_to_toml(new),
+        skipped=tuple(dict.fromkeys(skipped)),
     )
 
 

@@ -70,6 +70,19 @@ DEFAULT_VLLM_VERSION = "0.19.0"
 #: Oldest version modelled: V1 is the default engine from v0.8.0, and its profile run includes
 #: the sampler since vllm#13594 (Feb 2025). V0's profiler (vllm/worker/worker.py) differs.
 MIN_VLLM_VERSION = (0, 8)
+#: First version *not* modelled: the accounting covers the 0.x series only. A 0.x release newer
+#: than the last change modelled (CUDA_GRAPH_ESTIMATE_SINCE, 0.21) takes that change's accounting;
+#: a 1.0 or later release may account memory differently, so it is refused rather than guessed.
+VLLM_VERSION_LIMIT = (1,)
+
+#: vLLM's ``--block-size`` choices (vllm/config/cache.py: ``BlockSize = Literal[1, 8, 16, 32, 64,
+#: 128, 256]``); vLLM refuses any other value at start-up.
+VLLM_BLOCK_SIZES = (1, 8, 16, 32, 64, 128, 256)
+#: Most tokens one step (``max_num_batched_tokens``) or sequences (``max_num_seqs``) the memory
+#: fit takes. vLLM sets no bound; this one is 2,048 times its 8192-token default, where the profile
+#: run's activation alone (≥ 3 · hidden_size · 2 B per token) is at least 96 GiB per GPU for every
+#: catalog model (hidden_size ≥ 1024).
+MAX_BATCH = 2**24
 
 #: Sampler bytes per logit element (rows × vocab) live at the sampler's peak in the profile
 #: run, counted from vLLM's code. Both paths hold the model-dtype logits from ``compute_logits``
@@ -153,8 +166,36 @@ def parse_vllm_version(version: str) -> tuple[int, ...]:
     if len(parts) < 2:
         raise ConfigError(f"vllm_version must look like '0.19.0', got {version!r}")
     if tuple(parts) < MIN_VLLM_VERSION:
-        raise ConfigError(f"vllm_version {version!r}: the V0 engine's memory accounting (before 0.8) is not modelled")
+        raise ConfigError(
+            f"vllm_version {version!r}: the V0 engine's memory accounting (before 0.8) is not modelled; "
+            f"{KNOWN_VLLM_VERSIONS}"
+        )
+    if tuple(parts) >= VLLM_VERSION_LIMIT:
+        raise ConfigError(f"vllm_version {version!r} is not a release the memory model knows; {KNOWN_VLLM_VERSIONS}")
     return tuple(parts)
+
+
+def _dotted(version: tuple[int, ...]) -> str:
+    return ".".join(str(p) for p in version)
+
+
+#: What ``vllm_version`` accepts, as error messages say it.
+_CHANGES = sorted({v for v, _ in SAMPLER_PATH_SINCE[1:]} | {NON_TORCH_SINCE, CUDA_GRAPH_ESTIMATE_SINCE})
+KNOWN_VLLM_VERSIONS = (
+    f"allowed: {_dotted(MIN_VLLM_VERSION)} <= vllm_version < {_dotted(VLLM_VERSION_LIMIT)}.0, the V1 engine's "
+    f"0.x releases (the accounting changes at {', '.join(_dotted(v) for v in _CHANGES)}; a later 0.x release "
+    f"takes the {_dotted(_CHANGES[-1])} accounting)"
+)
+
+
+def check_batch_args(block_size: int, max_num_seqs: int, max_num_batched_tokens: int) -> None:
+    """vLLM's ranges for the engine arguments the memory fit takes; errors name the argument, the
+    value and the allowed range."""
+    if block_size not in VLLM_BLOCK_SIZES:
+        raise ConfigError(f"block_size must be one of vLLM's block sizes {list(VLLM_BLOCK_SIZES)}, got {block_size!r}")
+    for name, value in (("max_num_batched_tokens", max_num_batched_tokens), ("max_num_seqs", max_num_seqs)):
+        if not 1 <= value <= MAX_BATCH:
+            raise ConfigError(f"{name} must be in 1..{MAX_BATCH:,}, got {value!r}")
 
 
 def sampler_bytes_per_logit(vllm_version: str) -> float:
@@ -557,12 +598,12 @@ def fit(
     sequence of that length fits the KV pool (vLLM's start-up check for max_model_len).
     ``vllm_version`` (default DEFAULT_VLLM_VERSION, "0.19.0") selects the accounting of that
     release: the sampler path of the profile run, the non-torch constants and, from 0.21, the
-    CUDA-graph estimate charged to the budget. Versions before 0.8 (V0 engine) are refused.
+    CUDA-graph estimate charged to the budget. Versions before 0.8 (V0 engine) and from 1.0 on (not
+    modelled) are refused; ``block_size`` must be one of VLLM_BLOCK_SIZES, the batch limits in 1..MAX_BATCH.
     """
     if not 0.0 < gpu_memory_utilization <= 1.0:
         raise ConfigError(f"gpu_memory_utilization must be in (0, 1], got {gpu_memory_utilization}")
-    if block_size < 1 or max_num_seqs < 1 or max_num_batched_tokens < 1:
-        raise ConfigError("block_size, max_num_seqs and max_num_batched_tokens must be >= 1")
+    check_batch_args(block_size, max_num_seqs, max_num_batched_tokens)
     parse_vllm_version(vllm_version)
     ctx = context if context is not None else dep.model.max_position_embeddings
     if ctx < 1:

@@ -24,8 +24,13 @@ continuous-batching engine whose settings carry vLLM's names and defaults::
     gpu_memory_utilization = 0.9
     enable_prefix_caching = true
 
-Unknown or mistyped keys are errors that name the file and key. The config objects are frozen;
-:func:`resolve` turns one into the engine's SchedulerConfig and the cost model.
+Unknown or mistyped keys are errors that name the file and key, and so are values out of range,
+each checked before the memory fit: ``block_size`` one of vLLM's (1, 8, 16, 32, 64, 128, 256),
+``max_num_seqs`` and ``max_num_batched_tokens`` in 1..2**24, ``max_model_len`` and
+``num_gpu_blocks_override`` in 1..2**31-1, ``router_pod_size`` in 0..2**31-1, ``vllm_version`` a V1
+0.x release from 0.8 (pipeline.fit.parse_vllm_version). The config objects are frozen;
+:func:`resolve` turns one into the engine's SchedulerConfig and the cost model; its errors start
+with the fleet's origin too.
 """
 
 from __future__ import annotations
@@ -37,16 +42,46 @@ from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
-from pipeline.catalog import HardwareSpec, entry_path, load_hardware, load_model, parse_hardware, parse_model
+from pipeline.catalog import (
+    HardwareSpec,
+    ModelSpec,
+    entry_path,
+    kv_format,
+    load_hardware,
+    load_model,
+    parse_hardware,
+    parse_model,
+    weight_format,
+)
 from pipeline.engine.model import ROUTERS, SchedulerConfig
 from pipeline.errors import ConfigError
-from pipeline.fit import DEFAULT_VLLM_VERSION, MemoryFit, fit, parse_vllm_version
+from pipeline.fit import (
+    DEFAULT_VLLM_VERSION,
+    MAX_BATCH,
+    VLLM_BLOCK_SIZES,
+    MemoryFit,
+    fit,
+    parse_vllm_version,
+)
 from pipeline.roofline import MAX_DP, Deployment
 from pipeline.tomlfile import read_toml
 
 GIB = 1 << 30
 #: Most engines (replicas × dp) a fleet may have: the replay numbers them in 4 bytes.
 MAX_ENGINES = 2**31 - 1
+#: Most KV blocks of one engine (``num_gpu_blocks_override``): the engine's block tables are int32.
+MAX_GPU_BLOCKS = 2**31 - 1
+#: Longest ``max_model_len`` a fleet file may give (a 4-byte count, as the engine's block tables);
+#: a length whose one sequence the KV cache cannot hold is then refused by :func:`resolve`'s fit.
+MAX_MODEL_LEN = 2**31 - 1
+
+#: ``[engine]`` integers other than block_size: (least, most, unit, why the bound).
+_ENGINE_RANGES: dict[str, tuple[int, int, str, str]] = {
+    "max_num_seqs": (1, MAX_BATCH, "sequences", ""),
+    "max_num_batched_tokens": (1, MAX_BATCH, "tokens", ""),
+    "max_model_len": (1, MAX_MODEL_LEN, "tokens", ""),
+    "num_gpu_blocks_override": (1, MAX_GPU_BLOCKS, "blocks", " (the engine numbers KV blocks in 4 bytes)"),
+}
 
 # vLLM's defaults (vllm/engine/arg_utils.py, EngineArgs and get_batch_defaults, OpenAI API server
 # context): block_size 16 on CUDA, gpu_memory_utilization 0.9, prefix caching and chunked prefill
@@ -248,7 +283,18 @@ def parse_fleet(data: dict[str, Any], origin: str) -> FleetConfig:
             engine_raw[key] = float(engine_raw[key])
     engine = EngineSettings(**engine_raw)
     if not 0.0 < engine.gpu_memory_utilization <= 1.0:
-        raise ConfigError(f"{origin} [engine]: gpu_memory_utilization must be in (0, 1]")
+        raise ConfigError(
+            f"{origin} [engine]: gpu_memory_utilization must be in (0, 1], got {engine.gpu_memory_utilization!r}"
+        )
+    if engine.block_size not in VLLM_BLOCK_SIZES:
+        raise ConfigError(
+            f"{origin} [engine]: block_size must be one of vLLM's block sizes {list(VLLM_BLOCK_SIZES)} (tokens), "
+            f"got {engine.block_size!r}"
+        )
+    for key, (least, most, unit, why) in _ENGINE_RANGES.items():
+        value = getattr(engine, key)
+        if value is not None and not least <= value <= most:
+            raise ConfigError(f"{origin} [engine]: {key} must be in {least}..{most:,} {unit}{why}, got {value!r}")
     if engine.step_overhead_s is not None and not 0.0 <= engine.step_overhead_s <= MAX_STEP_OVERHEAD_S:
         raise ConfigError(
             f"{origin} [engine]: step_overhead_s must be a number of seconds in [0, {MAX_STEP_OVERHEAD_S:g}], "
@@ -270,7 +316,7 @@ def parse_fleet(data: dict[str, Any], origin: str) -> FleetConfig:
             if key in raw:
                 raw[key] = float(raw[key])
                 if not 0.0 < raw[key] <= 1.0:
-                    raise ConfigError(f"{where}: {key} must be in (0, 1]")
+                    raise ConfigError(f"{where}: {key} must be in (0, 1], got {raw[key]!r}")
         calibration = Calibration(**raw)
     slo = _parse_slo_table(data["slo"], f"{origin} [slo]") if "slo" in data else None
     top = {k: v for k, v in data.items() if k not in ("engine", "calibration", "slo")}
@@ -281,9 +327,17 @@ def parse_fleet(data: dict[str, Any], origin: str) -> FleetConfig:
         raise ConfigError(f"{origin}: router {cfg.router!r} unknown; choose one of {list(ROUTERS)}")
     for key in ("replicas", "tp", "pp", "ep", "dp"):
         if getattr(cfg, key) < 1:
-            raise ConfigError(f"{origin}: {key} must be >= 1")
-    if cfg.router_pod_size < 0:
-        raise ConfigError(f"{origin}: router_pod_size must be >= 0 replicas (0: one flat router)")
+            raise ConfigError(f"{origin}: {key} must be >= 1, got {getattr(cfg, key)!r}")
+    if not 0 <= cfg.router_pod_size <= MAX_ENGINES:
+        raise ConfigError(
+            f"{origin}: router_pod_size must be >= 0 replicas (0: one flat router) and at most {MAX_ENGINES:,}, "
+            f"got {cfg.router_pod_size!r}"
+        )
+    for key, check in (("weight_dtype", weight_format), ("kv_dtype", kv_format)):
+        try:
+            check(getattr(cfg, key))
+        except ConfigError as exc:
+            raise ConfigError(f"{origin}: {key}: {exc}") from None
     if cfg.dp > MAX_DP:
         raise ConfigError(f"{origin}: dp = {cfg.dp} is more than {MAX_DP} data-parallel ranks in one replica")
     if cfg.replicas * cfg.dp > MAX_ENGINES:
@@ -346,7 +400,18 @@ def resolve(cfg: FleetConfig, origin: str = "fleet", entries: Mapping[str, str] 
     """Look up model and hardware, apply vLLM's defaults, size the KV cache (memory.fit).
 
     ``entries`` ("hardware", "model" -> TOML text, as a run's ``config.json`` records them) are
-    used instead of the catalog's files when given."""
+    used instead of the catalog's files when given. Every error starts with ``origin`` and names
+    the key at fault."""
+    try:
+        return _resolve(cfg, origin, entries)
+    except ConfigError as exc:
+        text = str(exc)
+        if text.startswith(origin):
+            raise
+        raise ConfigError(f"{origin}: {text}") from None
+
+
+def _resolve(cfg: FleetConfig, origin: str, entries: Mapping[str, str] | None) -> ResolvedFleet:
     if entries:
         try:
             hw = parse_hardware(tomllib.loads(entries["hardware"]), f"{origin} [catalog.hardware]")
@@ -355,34 +420,62 @@ def resolve(cfg: FleetConfig, origin: str = "fleet", entries: Mapping[str, str] 
             raise ConfigError(f"{origin}: the recorded catalog entries cannot be read ({exc})") from None
         recorded = dict(entries)
     else:
-        model = load_model(cfg.model)
-        hw = load_hardware(cfg.hardware)
+        try:
+            model = load_model(cfg.model)
+        except ConfigError as exc:
+            raise ConfigError(f"{origin}: model: {exc}") from None
+        try:
+            hw = load_hardware(cfg.hardware)
+        except ConfigError as exc:
+            raise ConfigError(f"{origin}: hardware: {exc}") from None
         recorded = {k: _entry_text(k, n) for k, n in (("hardware", cfg.hardware), ("model", cfg.model))}
     if cfg.calibration is not None:
         factors = {k: v for k, v in asdict(cfg.calibration).items() if k != "source" and v is not None}
         hw = replace(hw, **factors)
     eng = cfg.engine
-    dep = Deployment(
-        model=model,
-        hardware=hw,
-        tp=cfg.tp,
-        pp=cfg.pp,
-        ep=cfg.ep,
-        dp=cfg.dp,
-        weight_dtype=cfg.weight_dtype,
-        kv_dtype=cfg.kv_dtype,
-        step_overhead_s=eng.step_overhead_s,
-    )
+    try:
+        dep = Deployment(
+            model=model,
+            hardware=hw,
+            tp=cfg.tp,
+            pp=cfg.pp,
+            ep=cfg.ep,
+            dp=cfg.dp,
+            weight_dtype=cfg.weight_dtype,
+            kv_dtype=cfg.kv_dtype,
+            step_overhead_s=eng.step_overhead_s,
+        )
+    except ConfigError as exc:
+        raise ConfigError(f"{origin}: {exc}{_tp_hint(cfg.tp, model, hw)}") from None
     default_tokens, default_seqs = vllm_batch_defaults(hw)
     max_len = eng.max_model_len if eng.max_model_len is not None else model.max_position_embeddings
+    len_key = f"max_model_len = {max_len:,}" + ("" if eng.max_model_len is not None else f" ({model.name}'s maximum)")
     chunked = eng.enable_chunked_prefill
     if eng.max_num_batched_tokens is not None:
         tokens = eng.max_num_batched_tokens
+        if not chunked and tokens < max_len:
+            # vLLM's SchedulerConfig refuses it too: without chunking a whole prompt is one step.
+            raise ConfigError(
+                f"{origin} [engine]: max_num_batched_tokens = {tokens:,} is less than {len_key}; with "
+                "enable_chunked_prefill = false it must be >= max_model_len (a whole prompt runs in one step)"
+            )
     else:
         # vLLM: without chunked prefill the budget defaults to max_model_len (arg_utils.py).
         tokens = default_tokens if chunked else max(max_len, default_tokens)
+        if tokens > MAX_BATCH:
+            raise ConfigError(
+                f"{origin} [engine]: {len_key} with enable_chunked_prefill = false makes vLLM's default "
+                f"max_num_batched_tokens {tokens:,}, more than the {MAX_BATCH:,} allowed; give a shorter "
+                "max_model_len or turn chunked prefill on"
+            )
     # vLLM caps the default max_num_seqs at max_num_batched_tokens (arg_utils.py).
     seqs = eng.max_num_seqs if eng.max_num_seqs is not None else min(default_seqs, tokens)
+    if seqs > tokens:
+        given = "" if eng.max_num_batched_tokens is not None else f" (vLLM's default on {hw.name})"
+        raise ConfigError(
+            f"{origin} [engine]: max_num_seqs = {seqs:,} is more than max_num_batched_tokens = {tokens:,}{given}; "
+            "vLLM needs max_num_batched_tokens >= max_num_seqs (a step holds one token of every running sequence)"
+        )
     mem = fit(
         dep,
         gpu_memory_utilization=eng.gpu_memory_utilization,
@@ -396,11 +489,7 @@ def resolve(cfg: FleetConfig, origin: str = "fleet", entries: Mapping[str, str] 
     blocks = override if override is not None else mem.kv_capacity_blocks
     if blocks < 1 or (override is None and not mem.fits):
         # vLLM refuses to start when one max_model_len sequence does not fit the KV cache.
-        tips = "; ".join(mem.suggestions) or "use more GPUs per replica or a smaller model"
-        raise ConfigError(
-            f"{origin}: {cfg.model} on {cfg.tp * cfg.pp}x {cfg.hardware} cannot hold one "
-            f"{max_len}-token sequence in its KV cache ({tips})"
-        )
+        raise ConfigError(_no_fit(cfg, origin, dep, mem, default_tokens, default_seqs))
     sched = SchedulerConfig(
         num_gpu_blocks=blocks,
         max_model_len=max_len,
@@ -411,6 +500,75 @@ def resolve(cfg: FleetConfig, origin: str = "fleet", entries: Mapping[str, str] 
         enable_prefix_caching=eng.enable_prefix_caching,
     )
     return ResolvedFleet(cfg, dep, mem, sched, tuple(sorted(recorded.items())))
+
+
+def _tp_hint(tp: int, model: ModelSpec, hw: HardwareSpec) -> str:
+    """The tensor-parallel sizes ``model`` allows on ``hw``, when ``tp`` is not one of them."""
+    allowed = []
+    for t in range(1, hw.gpus_per_node + 1):
+        try:
+            Deployment(model=model, hardware=hw, tp=t)
+        except ConfigError:
+            continue
+        allowed.append(t)
+    if tp in allowed or not allowed:
+        return ""
+    return f" (tp for {model.name} on {hw.name}: one of {allowed})"
+
+
+def _gib(x: float) -> str:
+    return f"{x / GIB:.1f} GiB"
+
+
+def _no_fit(
+    cfg: FleetConfig,
+    origin: str,
+    dep: Deployment,
+    mem: MemoryFit,
+    default_tokens: int,
+    default_seqs: int,
+) -> str:
+    """Why one max_model_len sequence does not fit, term by term, naming the key to change: the
+    batch settings when vLLM's defaults for the GPU would fit."""
+    eng = cfg.engine
+    where = f"{cfg.model} on {cfg.tp * cfg.pp}x {cfg.hardware}"
+    need = _gib(mem.sequence_kv_bytes(mem.context))
+    if eng.max_num_batched_tokens is not None or eng.max_num_seqs is not None:
+        tokens = default_tokens if eng.enable_chunked_prefill else max(mem.context, default_tokens)
+        seqs = min(default_seqs, tokens)
+        try:
+            usual: MemoryFit | None = fit(
+                dep,
+                gpu_memory_utilization=mem.gpu_memory_utilization,
+                context=mem.context,
+                block_size=mem.block_size,
+                max_num_seqs=seqs,
+                max_num_batched_tokens=tokens,
+                vllm_version=mem.vllm_version,
+            )
+        except ConfigError:
+            usual = None
+        if usual is not None and usual.fits:
+            keys = " and ".join(
+                f"{k} = {getattr(eng, k):,}" for k in ("max_num_batched_tokens", "max_num_seqs") if getattr(eng, k)
+            )
+            verb = "are" if " and " in keys else "is"
+            return (
+                f"{origin} [engine]: {keys} {verb} too large for {where}: vLLM's profile run of that batch takes "
+                f"{_gib(mem.activation_bytes_per_gpu)} of activation per GPU, leaving "
+                f"{_gib(mem.kv_pool_bytes_per_gpu)} of the {_gib(mem.budget_bytes_per_gpu)} budget for the KV cache, "
+                f"and one {mem.context}-token sequence needs {need}; vLLM's defaults for {cfg.hardware} "
+                f"(max_num_batched_tokens = {tokens:,}, max_num_seqs = {seqs:,}) fit"
+            )
+    length = "max_model_len" if eng.max_model_len is not None else "max_model_len unset: the model's maximum"
+    tips = "; ".join(mem.suggestions) or "use more GPUs per replica or a smaller model"
+    return (
+        f"{origin}: {where} cannot hold one {mem.context}-token sequence ({length}) in its KV cache: weights "
+        f"{_gib(mem.weights_bytes_per_gpu)} + activation {_gib(mem.activation_bytes_per_gpu)} + reserve "
+        f"{_gib(mem.reserve_bytes_per_gpu)} of the {_gib(mem.budget_bytes_per_gpu)} budget per GPU "
+        f"(gpu_memory_utilization = {mem.gpu_memory_utilization:g}) leave {_gib(mem.kv_pool_bytes_per_gpu)}, "
+        f"one sequence needs {need} ({tips})"
+    )
 
 
 def _entry_text(kind: str, name: str) -> str:

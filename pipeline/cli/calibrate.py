@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from pathlib import Path
 
 import click
@@ -66,7 +67,9 @@ def calibrate_cmd(measurements: str, hardware: str | None, out: str | None, as_j
             "train_median_abs_error": result.train_median_abs_error,
             "holdout_median_abs_error": result.holdout_median_abs_error,
             "holdout_median_abs_error_before": result.before_median_abs_error,
+            "skipped": list(result.skipped),
         }
+        _report_skipped(result.skipped)
         if as_json:
             emit_json(doc)
             return
@@ -89,16 +92,26 @@ def _calibrate_profiles(source: Path, hardware: str | None, out: str | None, as_
         from pipeline.catalog import load_hardware
 
         load_hardware(hardware)  # a one-line error for an unknown name
-    built = build_profiles(source, target, [hardware] if hardware else None, progress)
+    skipped: list[str] = []
+    built = build_profiles(source, target, [hardware] if hardware else None, progress, skipped=skipped)
     if not built:
-        raise RooftraceError(f"{source}: no GPU{' ' + hardware if hardware else ''} found in the measurements")
+        why = f" ({'; '.join(dict.fromkeys(skipped))})" if skipped else ""
+        raise RooftraceError(f"{source}: no GPU{' ' + hardware if hardware else ''} found in the measurements{why}")
     doc = [{"gpu": b.gpu, "folder": str(b.folder), "rows": b.rows, "heldout": b.heldout} for b in built]
     progress(f"wrote {len(built)} profile(s) under {target}")
+    _report_skipped(skipped)
     if as_json:
-        emit_json({"profiles": doc})
+        emit_json({"profiles": doc, "skipped": list(dict.fromkeys(skipped))})
         return
     for b in built:
         rows = ", ".join(f"{k} {v:,}" for k, v in sorted(b.rows.items()))
         click.echo(f"{b.gpu}: {rows} -> {b.folder}")
         for name, e in sorted(b.heldout.items()):
             click.echo(f"    held out {name:52s} median {e['median_abs_error']:6.1%}  p90 {e['p90_abs_error']:6.1%}")
+
+
+def _report_skipped(notes: Iterable[str]) -> None:
+    """What the measurements held that was not used, one stderr line per cause, as ``validate``
+    reports it ("skipped: FILE: N row(s) left out, the first at line L: ...")."""
+    for note in dict.fromkeys(notes):
+        progress(f"skipped: {note}")

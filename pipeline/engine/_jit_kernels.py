@@ -490,37 +490,6 @@ def _alloc_replicas(R, S):  # type: ignore[no-untyped-def]
 
 
 @numba.njit(cache=True)
-def _alloc_pool(R, S, C, caching, max_blocks, T):  # type: ignore[no-untyped-def]
-    """The KV pools: (nfree, fhead, fnext, fprev, ftail, ref, table, bhash, hashed, hprev, hnext,
-    keys, used, hhead, htail, mask)."""
-    # Block ids are tracked only with prefix caching: without hashes blocks are interchangeable
-    # and counts say everything (no block table, no free queue).
-    Cp = C if caching else 1
-    table = np.zeros((R, S, max_blocks if caching else 1), np.int32)
-    # KV pool: free queue as a doubly linked list in eviction order (head evicted first).
-    ref = np.zeros((R, Cp), np.int32)
-    fprev = np.zeros((R, Cp), np.int32)
-    fnext = np.zeros((R, Cp), np.int32)
-    fhead = np.zeros(R, np.int64)
-    ftail = np.full(R, C - 1, np.int64)
-    nfree = np.full(R, C, np.int64)
-    for r in range(R):
-        for b in range(Cp):
-            fprev[r, b] = b - 1
-            fnext[r, b] = b + 1 if b + 1 < C else -1
-    bhash = np.zeros((R, Cp), np.uint64)
-    hashed = np.zeros((R, Cp), np.bool_)
-    hprev = np.zeros((R, Cp), np.int32)
-    hnext = np.zeros((R, Cp), np.int32)
-    keys = np.zeros((R, T), np.uint64)
-    used = np.zeros((R, T), np.bool_)
-    hhead = np.zeros((R, T), np.int32)
-    htail = np.zeros((R, T), np.int32)
-    mask = T - 1
-    return nfree, fhead, fnext, fprev, ftail, ref, table, bhash, hashed, hprev, hnext, keys, used, hhead, htail, mask
-
-
-@numba.njit(cache=True)
 def _init_heap(closed, concurrency, n):  # type: ignore[no-untyped-def]
     """The closed loop's arrival heap (time, seq, request), with the first ``concurrency``
     requests at 0: (heap_t, heap_s, heap_i, heap_n, seq, next_issue)."""
@@ -655,7 +624,7 @@ def _alloc_scratch(G, S, bs, na, nd, max_blocks):  # type: ignore[no-untyped-def
 #   wl   workload: times, prompt, output, chain_off, chain, aff_rep, rejected, and the lazy chains
 #        t_rows, t_key, t_up, t_fb with their walk's scratch rec_node, rec_fb
 #   fl   fleet: R, router, closed, C, S, budget_max, bs, chunked, caching, want_log, G, dummy_s
-#   req  per request (_alloc_requests), rep per replica (_alloc_replicas), pool (_alloc_pool),
+#   req  per request (_alloc_requests), rep per replica (_alloc_replicas), pool (jit.alloc_pool),
 #   scr  scratch (_alloc_scratch), cost (TabulatedCost.kernel_args), res (results),
 #   ev   arrivals: order, heap_t, heap_s, heap_i, static, own_start, own_t, own_ptr.
 _piece = numba.njit(cache=True, forceinline=True, _nrt=False)  # type: ignore[call-overload]
@@ -1460,6 +1429,9 @@ def run_fleet(  # type: ignore[no-untyped-def]
     res_arrival, res_replica, res_sched, res_first, res_finish, res_itl, res_preempt, res_hit, res_prefill,
     # control, shared with the calling thread (jit.py): [cancel flag, requests done]
     ctl,
+    # the KV pools (jit.alloc_pool: allocated by numpy, so that pages no replica touches are never
+    # written, as a compiled np.zeros would write them)
+    pool,
 ):  # fmt: skip
     """Replay the whole fleet; returns the step log (rows × LOG_COLS) and its row count.
 
@@ -1474,7 +1446,8 @@ def run_fleet(  # type: ignore[no-untyped-def]
     loop counts the requests done (finished or rejected) in ``ctl[1]``. Neither changes what the
     loop computes.
 
-    The state lives in arrays allocated here; the loop itself is _replay (above).
+    The state lives in arrays allocated here (the KV pools: ``pool``, from the caller; ``max_blocks``
+    and ``table_size`` are its shape); the loop itself is _replay (above).
     """
     n = prompt.shape[0]
     R = n_rep
@@ -1482,7 +1455,6 @@ def run_fleet(  # type: ignore[no-untyped-def]
     req = _alloc_requests(n)
     rep = _alloc_replicas(R, S)
     wq = np.zeros((R, 64), np.int64)  # waiting queues (ring buffers; grown by _grow_wq)
-    pool = _alloc_pool(R, S, capacity, caching, max_blocks, table_size)
     scr = _alloc_scratch(G, S, bs, af.shape[0], dlt.shape[1], max_blocks)
     # -- step log: rows, and each replica's latest row (a decode span may extend it)
     log = np.zeros((1024 if want_log else 1, LOG_COLS))

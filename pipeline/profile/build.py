@@ -236,11 +236,15 @@ def build_profiles(
     out_dir: Path = PROFILES_DIR,
     gpus: list[str] | None = None,
     progress: Callable[[str], None] | None = None,
+    skipped: list[str] | None = None,
 ) -> list[BuiltProfile]:
-    """Read ``measurements``, judge the tables on held-out shapes, write one profile per GPU."""
+    """Read ``measurements``, judge the tables on held-out shapes, write one profile per GPU;
+    ``skipped`` gets what the measurements held that was not read, and why."""
     from pipeline.profile.heldout import attention_tile, fit_fallbacks, fit_sampler, heldout_summary, judge
 
     meas = read_measurements(measurements)
+    if skipped is not None:
+        skipped.extend(meas.skipped)
     names = meas.gpus if gpus is None else [g for g in meas.gpus if g in gpus]
     built: list[BuiltProfile] = []
     sampler = fit_sampler(meas)
