@@ -144,19 +144,26 @@ def nightly(
 
 
 def _night(store: Store, summary: IngestSummary, say: Progress) -> str:
-    """The date a nightly reports on when none is given: of the dates its logs hold (stored by
-    this ingest, or by the earlier one of a file skipped as already ingested), the one with the
-    most stored requests, the newest of equals; the others are named on ``say``. (The newest
-    date alone would be the few requests of a day file that arrive after midnight.)"""
-    dates = {d for f in summary.files for d in f.dates}
-    skipped = [f.content_sha256 for f in summary.files if f.skipped and f.content_sha256]
-    if skipped and store.manifest_path.exists():
-        manifest = pl.read_parquet(store.manifest_path, columns=["content_sha256", "dates"])
-        for held in manifest.filter(pl.col("content_sha256").is_in(skipped))["dates"].to_list():
-            dates.update(held or [])
+    """The date a nightly reports on when none is given: of the dates its logs hold, the one they
+    hold the most stored requests of (the newest of equals); the others are named on ``say``.
+    The newest date alone would be the few requests of a day file that arrive after midnight;
+    the store's own count per date would pick yesterday when tonight's log starts a few minutes
+    early. The logs' rows are the stored rows whose source file has the content of a file of
+    this night (ingested now, or skipped as ingested before: a re-run picks the same date)."""
+    shas = [f.content_sha256 for f in summary.files if f.content_sha256 and not f.error]
+    if not shas or not store.manifest_path.exists():
+        return store.resolve_date(None)
+    manifest = pl.read_parquet(store.manifest_path, columns=["source_file", "content_sha256", "dates"])
+    mine = manifest.filter(pl.col("content_sha256").is_in(shas))
+    files = mine["source_file"].unique().to_list()
+    dates = {d for held in mine["dates"].to_list() for d in held or []}
     if not dates:
         return store.resolve_date(None)
-    counts = sorted(((store.stored_rows(d), d) for d in dates), reverse=True)
+    counts = []
+    for d in dates:
+        rows = pl.scan_parquet(store.request_files(d)).filter(pl.col("source_file").is_in(files))
+        counts.append((int(rows.select(pl.len()).collect().item()), d))
+    counts.sort(reverse=True)
     day = counts[0][1]
     if len(counts) > 1:
         others = ", ".join(f"{d} ({n:,} requests)" for n, d in sorted(counts[1:], key=lambda c: c[1]))
@@ -164,7 +171,7 @@ def _night(store: Store, summary: IngestSummary, say: Progress) -> str:
             f"nightly: reporting on {day} ({counts[0][0]:,} requests), the date the logs hold most of; "
             f"also in them: {others} (--date DATE for another)"
         )
-    return day
+    return str(day)
 
 
 def write_load_curve(

@@ -44,7 +44,7 @@ from pipeline.classify.prefix import DEFAULT_ISOLATION, ChainTree, PrefixIdentit
 from pipeline.engine.fast import simulate
 from pipeline.engine.jit import TooManyBusy, busy_fleet, simulate_jit, unsupported_reason
 from pipeline.engine.model import REJECT_REASONS, EngineResult, FleetSpec, Workload
-from pipeline.engine.shard import EXECUTORS, MAX_PODS, auto_pods, routes_static, sharded_results, simulate_sharded
+from pipeline.engine.shard import EXECUTORS, MAX_PODS, auto_pods, put_back, routes_static, sharded_results
 from pipeline.engine.steplog import SPAN_COLUMNS, RowSink, StepLog
 from pipeline.errors import ConfigError, RooftraceError
 from pipeline.fleet import ResolvedFleet, load_fleet, resolve
@@ -217,12 +217,12 @@ def build_workload(
 
 
 def _check_writable(store: Store) -> None:
-    """Refuse, in one line, a store whose runs folder this process cannot write."""
+    """Refuse, in one line, a store whose runs folder (or, before the first run, whose root) this
+    process cannot write."""
     import tempfile
 
-    try:
-        store.runs_dir.mkdir(parents=True, exist_ok=True)
-        fd, probe = tempfile.mkstemp(prefix=".probe.", dir=store.runs_dir)
+    try:  # (in the store's root while it has no runs folder: nothing is left behind)
+        fd, probe = tempfile.mkstemp(prefix=".probe.", dir=store.runs_dir if store.runs_dir.is_dir() else store.root)
         os.close(fd)
         os.unlink(probe)
     except OSError as exc:
@@ -321,14 +321,14 @@ def run_workload(
             options.ray_address,
             ranks,
         )
-        # the pods cut (pod_cuts: at most one per lockstep group)
-        pods = (
-            -(-fleet.config.replicas // pod_size) if hierarchical else min(pods, spec.replicas // max(spec.lockstep, 1))
-        )
-        if results is None:
-            result = simulate_sharded(*args)
-        else:
-            for rows, sub in sharded_results(*args):
+        result = EngineResult.empty(work.n) if results is None else None
+        pods = 0  # the pods run: those that hold a request
+        for rows, sub in sharded_results(*args):
+            pods += 1
+            if result is not None:
+                put_back(result, rows, sub)
+            else:
+                assert results is not None
                 results.add_pod(rows, sub)
     elif reason is None:
         try:
@@ -719,6 +719,7 @@ def replay(
     cfg = load_fleet(path).with_replicas(options.replicas)
     fleet = resolve(cfg, str(path))
     date = store.resolve_date(options.date)
+    _check_writable(store)  # before any work, not after the engine (a read-only store)
     affinity = ("session_id",) if cfg.router == "session_affinity" else ()
     chains = fleet.scheduler.enable_prefix_caching or cfg.router == "prefix_affinity"
     # the request ids only where the prefix identity needs them: they are digested for the run
@@ -738,7 +739,6 @@ def replay(
     t0_us = int(epoch_us(requests.get_column("arrival")).min()) if requests.height else 0
     run_id = _run_id(date, fleet, options, requests, identity, request_id)
     run_dir = store.run_dir(run_id)
-    _check_writable(store)  # before the engine runs, not after (a read-only store)
     engine_progress = check_replay_limits(requests, fleet, options, streamed=True)
     hand = [requests]
     del requests  # handed over: let go a column at a time as the engine's arrays are made

@@ -18,9 +18,9 @@ with DuckDB's ``getvariable('name')`` and set with ``SET VARIABLE`` before the q
 
 from __future__ import annotations
 
+import contextlib
 import difflib
 import hashlib
-import json
 import os
 import re
 import shutil
@@ -179,9 +179,12 @@ def warehouse_path(store: Store) -> Path:
     return store.warehouse_path
 
 
-def files_key(store: Store, catalog: pa.Table | None = None) -> str:
+def files_key(store: Store) -> str:
     """What the views were built from: the store's place, which tables have files, every run's
-    files, and the hardware catalog (``catalog``: :func:`hardware_catalog`, read when not given)."""
+    files, and the hardware catalog's files (their bytes: a reader never parses the catalog, so
+    an entry that cannot be read breaks a rebuild, not the queries of a current warehouse)."""
+    from pipeline.catalog.entries import hardware_dir
+
     root = store.root.resolve()
     h = hashlib.sha256(str(root).encode())
     for spec in VIEWS:
@@ -190,8 +193,10 @@ def files_key(store: Store, catalog: pa.Table | None = None) -> str:
             h.update(f"\0{spec.name}:{len(listed)}\0".encode() + "\0".join(listed).encode())
         else:
             h.update(f"\0{spec.name}:{any(root.glob(spec.glob))}".encode())
-    table = hardware_catalog() if catalog is None else catalog
-    h.update(json.dumps(table.to_pylist(), sort_keys=True, default=str).encode())
+    for entry in sorted(hardware_dir().glob("*.toml")):
+        h.update(f"\0{entry.name}\0".encode())
+        with contextlib.suppress(OSError):
+            h.update(entry.read_bytes())
     return h.hexdigest()
 
 
@@ -207,8 +212,8 @@ def build_warehouse(store: Store, target: Path | None = None) -> Path:
     try:
         con = duckdb.connect(str(tmp))
         try:
-            catalog = hardware_catalog()
-            key = files_key(store, catalog)  # before the views: a file that lands meanwhile rebuilds again
+            catalog = hardware_catalog()  # noqa: F841  (read by a statement below)
+            key = files_key(store)  # before the views: a file that lands meanwhile rebuilds again
             for spec in VIEWS:
                 con.execute(f'CREATE VIEW "{spec.name}" AS {_view_sql(store, spec)}')
                 con.execute(f"COMMENT ON VIEW \"{spec.name}\" IS '{spec.doc}'")
@@ -225,6 +230,22 @@ def build_warehouse(store: Store, target: Path | None = None) -> Path:
         Path(str(tmp) + ".wal").unlink(missing_ok=True)
         raise
     return target
+
+
+def _current_warehouse(store: Store, private: Path) -> Path:
+    """The store's warehouse, rebuilt first when the store changed since it was built (or it is
+    unreadable); for a store this user may only write nothing to, a fresh one in ``private``."""
+    path = warehouse_path(store)
+    if path.exists() and _built_from(path) == files_key(store):
+        return path
+    try:
+        return build_warehouse(store)
+    except OSError:  # a store this user may only read: a private warehouse, for this connection
+        own = private / "warehouse.duckdb"
+        try:
+            return build_warehouse(store, own)
+        except OSError as exc:
+            raise RooftraceError(f"cannot build the warehouse {own}: {exc.strerror or exc}") from None
 
 
 def _built_from(path: Path) -> str | None:
@@ -265,19 +286,14 @@ def connect(store: Store) -> duckdb.DuckDBPyConnection:
     refuses every statement that is not a query (COPY, EXPORT, ATTACH, SET, ...) before it runs.
     """
     require_store(store)
-    path = warehouse_path(store)
     tmp = tempfile.mkdtemp(prefix="rooftrace-duckdb-")
-    if not path.exists() or _built_from(path) != files_key(store):
-        try:
-            build_warehouse(store)
-        except OSError:  # a store this user may only read: a private warehouse, for this connection
-            try:
-                path = build_warehouse(store, Path(tmp) / "warehouse.duckdb")
-            except OSError as exc:
-                shutil.rmtree(tmp, ignore_errors=True)
-                raise RooftraceError(f"cannot build the warehouse {path}: {exc.strerror or exc}") from None
-    root = str(store.root.resolve())
-    con = duckdb.connect(":memory:")
+    try:
+        path = _current_warehouse(store, Path(tmp))
+        root = str(store.root.resolve())
+        con = duckdb.connect(":memory:")
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
     weakref.finalize(con, shutil.rmtree, tmp, ignore_errors=True)
     try:
         con.execute(f"ATTACH {_lit(path.resolve())} AS warehouse (READ_ONLY)")

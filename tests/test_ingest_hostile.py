@@ -588,7 +588,7 @@ def test_a_folder_says_every_file_it_passes_over(tmp_path: Path) -> None:
     read = sorted(Path(f["source_file"]).name for f in doc["files"])
     assert read == ["app.log.1", "day.jsonl.2", "x.jsonl"], read
     assert f"{logs / 'notes.txt'}: skipped: not a log file name" in res.stderr
-    assert f"{logs / 'sub' / 'loop'}: skipped: a link to a folder already read" in res.stderr
+    assert f"{logs / 'sub' / 'loop'}: skipped: a link to a folder read under another name" in res.stderr
     assert "hidden" not in res.stderr  # hidden names stay out, as before
 
     empty = tmp_path / "empty"
@@ -627,6 +627,7 @@ def test_csv_rows_of_empty_fields_are_quarantined_and_records_keep_their_first_l
         "r1,2025-01-15T04:24:00Z,m,t,s,10,5,0,0\n"
         ",,\n"
         "\n"  # a blank line is no record, as in JSON Lines
+        "   \n"  # nor is a line of spaces
         ",,,,,,,,\n"
         'r2,2025-01-15T04:25:00Z,m,"two\nlines",s,10\n'
         'r3,2025-01-15T04:26:00Z,m,"a\nb",s,10,5,0,0\n'
@@ -639,7 +640,7 @@ def test_csv_rows_of_empty_fields_are_quarantined_and_records_keep_their_first_l
     assert (f.rows_read, f.rows_stored, f.rows_quarantined) == (5, 2, 3)
     q = read_parquet(next(store.quarantine_dir.glob("*.parquet")), "quarantine")
     got = sorted(zip(q["source_line"].to_pylist(), q["reason"].to_pylist(), strict=True))
-    assert got == [(3, "every field is empty"), (5, "every field is empty"), (6, "expected 9 fields, found 6")]
+    assert got == [(3, "every field is empty"), (6, "every field is empty"), (7, "expected 9 fields, found 6")]
     assert store.read_requests("2025-01-15")["tenant"].to_list() == ["t", "a\nb"]
 
 
@@ -730,3 +731,18 @@ def test_a_mapped_column_no_record_has_is_said(tmp_path: Path) -> None:
     _balanced(s)
     assert f"warning: {log}: the mapping's column 'modle' has no value in any record (check its spelling)" in said
     assert not [m for m in said if "'in'" in m or "'ts'" in m]  # the columns that are there: no warning
+
+
+def test_a_link_never_hides_its_folders_real_name(tmp_path: Path) -> None:
+    """``current -> 2025-01-15`` beside the real folder: the real folder's files are read under
+    its own name, in the order of a walk without links, and the link is said to be skipped."""
+    logs = tmp_path / "logs"
+    (logs / "2025-01-15").mkdir(parents=True)
+    _write(logs / "2025-01-15" / "app.log", [oa(id="a1")])
+    _write(logs / "b.log", [oa(id="b1")])
+    (logs / "current").symlink_to(logs / "2025-01-15", target_is_directory=True)
+    said: list[str] = []
+    s = ingest_logs([logs], Store(tmp_path / "s"), progress=said.append)
+    _balanced(s)
+    assert [f.source_file for f in s.files] == [str(logs / "2025-01-15" / "app.log"), str(logs / "b.log")]
+    assert f"{logs / 'current'}: skipped: a link to a folder read under another name" in said

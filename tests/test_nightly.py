@@ -166,3 +166,26 @@ def test_a_nightly_reports_on_the_day_its_logs_hold_not_the_stragglers(tmp_path:
     assert any("reporting on 2025-02-01 (150 requests)" in m and "2025-02-02 (3 requests)" in m for m in said), said
     again = nightly([tmp_path / "day.jsonl"], FLEET, store, reports_dir=tmp_path / "r", headroom_budget_s=0)
     assert again.date == "2025-02-01" and again.run_id == first.run_id
+
+
+def test_a_nightly_whose_log_starts_before_midnight_reports_on_its_own_day(tmp_path: Path) -> None:
+    """Night 1 stores 200 requests on 02-01; night 2's log holds 5 more of 02-01 and 150 of 02-02.
+    Ranked by the store's rows, night 2 reported on 02-01 again (205 requests); it reports on the
+    day its own log holds most of, and a re-run of it (the file skipped) picks the same."""
+    import polars as pl
+
+    first = generate(SynthConfig(requests=200, seed=5, duration_s=600, date="2025-02-01"))
+    second = generate(SynthConfig(requests=150, seed=6, duration_s=600, date="2025-02-02"))
+    early = first.tail(5).with_columns(
+        arrival=pl.col("arrival") + pl.duration(minutes=1), request_id=pl.Series([f"early-{i}" for i in range(5)])
+    )
+    write_logs(first, "openai", tmp_path / "n1.jsonl")
+    write_logs(pl.concat([early, second]), "openai", tmp_path / "n2.jsonl")
+    store = Store(tmp_path / "store")
+    kw = {"reports_dir": tmp_path / "r", "headroom_budget_s": 0}
+    assert nightly([tmp_path / "n1.jsonl"], FLEET, store, **kw).date == "2025-02-01"
+    said: list[str] = []
+    night2 = nightly([tmp_path / "n2.jsonl"], FLEET, store, progress=said.append, **kw)
+    assert night2.date == "2025-02-02"
+    assert any("reporting on 2025-02-02 (150 requests)" in m and "2025-02-01 (5 requests)" in m for m in said), said
+    assert nightly([tmp_path / "n2.jsonl"], FLEET, store, **kw).date == "2025-02-02"

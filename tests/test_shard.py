@@ -530,6 +530,13 @@ def test_auto_pods_count_by_hand(monkeypatch: pytest.MonkeyPatch) -> None:
     assert shard.auto_pods(_state_fleet(2**31 - 1), 10**9, static) == shard.MAX_PODS
     monkeypatch.setattr(shard, "AUTO_POD_STATE_BYTES", 10)  # not one replica fits: one a pod
     assert shard.auto_pods(_state_fleet(30), 100, static) == 30
+    # affinity reaches a lockstep group per request: 4 requests on groups of 4 reach 16 replicas
+    monkeypatch.setattr(shard, "AUTO_POD_STATE_BYTES", 15 * 67_048)
+    assert shard.auto_pods(_state_fleet(1000, lockstep=4), 4, static) == 1
+    assert shard.auto_pods(_state_fleet(1000, "session_affinity", lockstep=4), 4, static) == 84  # 3 groups a pod
+    # one replica past what the compiled loop allocates: no pod helps, the Python engine runs it
+    monkeypatch.setattr(jit, "MAX_STATE_BYTES", 60_000)
+    assert shard.auto_pods(_state_fleet(1000), 10**6, static) == 1
 
 
 @pytest.mark.parametrize("router", ["round_robin", "session_affinity", "least_outstanding"])

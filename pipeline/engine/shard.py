@@ -30,6 +30,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
+from pipeline.engine import jit
 from pipeline.engine.jit import (
     REPLICA_COL,
     _tables,
@@ -99,18 +100,24 @@ def routes_static(work: Workload, spec: FleetSpec) -> bool:
         return True
     if spec.router in ("session_affinity", "prefix_affinity") and work.affinity is not None:
         routed = reject_reasons(work, spec.scheduler) == 0
-        return bool((work.affinity[routed] >= 0).all())
+        return bool(((work.affinity >= 0) | ~routed).all())  # (no copy of the day's keys)
     return False
 
 
 def auto_pods(spec: FleetSpec, requests: int, static: Callable[[], bool]) -> int:
     """Pods to replay ``requests`` requests on ``spec`` in when none were asked for: 1, unless the
-    replicas they can reach (one per request at most) would hold more than AUTO_POD_STATE_BYTES
-    of engine state and the routes are ``static`` (asked only then); then enough pods that one
-    holds at most that (at most MAX_PODS; pods without requests are never built)."""
+    replicas they can reach would hold more than AUTO_POD_STATE_BYTES of engine state and the
+    routes are ``static`` (asked only then); then enough pods that one holds at most that (at
+    most MAX_PODS; pods without requests are never built). Round robin reaches one replica per
+    request (whole lockstep groups); an affinity router one lockstep group per request. One
+    lockstep group too big for the compiled loop (jit.MAX_STATE_BYTES) stays one run: the
+    Python engine replays it, as before."""
     G = max(spec.lockstep, 1)
-    reach = min(spec.replicas, max(G, -(-requests // G) * G))
-    if state_bytes(replace(spec, replicas=reach)) <= AUTO_POD_STATE_BYTES or not static():
+    per_request = 1 if spec.router == "round_robin" else G
+    reach = min(spec.replicas, max(G, -(-requests * per_request // G) * G))
+    if state_bytes(replace(spec, replicas=reach)) <= AUTO_POD_STATE_BYTES:
+        return 1
+    if state_bytes(replace(spec, replicas=G)) > jit.MAX_STATE_BYTES or not static():
         return 1
     per = fitting_replicas(spec, AUTO_POD_STATE_BYTES) // G  # lockstep groups in a pod
     return min(MAX_PODS, -(-(spec.replicas // G) // per))
@@ -317,9 +324,14 @@ def simulate_sharded(
     is one shard."""
     res = EngineResult.empty(work.n)
     for rows, sub in sharded_results(work, spec, cost, log, pods, executor, progress, address, pod_ranks):
-        for f in fields(EngineResult):
-            getattr(res, f.name)[rows] = getattr(sub, f.name)
+        put_back(res, rows, sub)
     return res
+
+
+def put_back(res: EngineResult, rows: RowArray, sub: EngineResult) -> None:
+    """A pod's results ``sub`` into the fleet's ``res`` at its request ``rows``."""
+    for f in fields(EngineResult):
+        getattr(res, f.name)[rows] = getattr(sub, f.name)
 
 
 def sharded_results(

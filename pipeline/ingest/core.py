@@ -226,6 +226,8 @@ def _resolve_spec(path: Path, fmt: str | None, mapping: Path | None) -> FormatSp
     if logical_name(path).lower().endswith(".parquet"):
         raise SourceError(f"{path}: Parquet input needs --format parquet and a --mapping")
     head = read_head(path, SNIFF_HEAD)
+    if head.startswith(b"PAR1"):  # a Parquet file by its magic number, whatever its name (x.parquet.1)
+        raise SourceError(f"{path}: Parquet input needs --format parquet and a --mapping")
     check_text(path, head)
     try:
         return FORMATS[sniff_format(path, head, whole=len(head) < SNIFF_HEAD)]

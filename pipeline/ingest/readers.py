@@ -448,8 +448,8 @@ def csv_batches(path: Path, spec: FormatSpec) -> Iterator[RawBatch]:
             after = reader.line_num  # a record starts on the line after the previous one ends
             for row in reader:
                 n, after = after + 1, reader.line_num  # (a quoted field may span several lines)
-                if not row:  # a blank line: no record (as in JSON Lines)
-                    continue
+                if not row or (len(row) == 1 < width and not row[0].strip()):  # a blank line: no record
+                    continue  # (as in JSON Lines, where blank or whitespace lines are skipped)
                 if all(not c.strip() for c in row):
                     failures.append((n, "every field is empty", ",".join(row)[:RAW_LIMIT]))
                     continue

@@ -68,34 +68,53 @@ def is_log_name(path: Path) -> bool:
 
 
 def _walk(folder: Path, say: Callable[[str], None]) -> Iterator[Path]:
-    """Every entry under ``folder`` that is not a folder, following links to folders (each folder
-    once: a link back to one already read is skipped and said), leaving out hidden names; a
-    folder that cannot be read is said, not silently passed over."""
+    """Every entry under ``folder`` that is not a folder, leaving out hidden names. Real folders
+    are read first; then each link to a folder, in name order, unless its folder was already read
+    (under its real name or another link: said on ``say``), so a tree without links is read as
+    ``sorted(folder.rglob("*"))`` reads it and a link never hides its folder's real name. A folder
+    that cannot be read is said, not silently passed over."""
     seen: set[tuple[int, int]] = set()
-    todo = [folder]
-    while todo:
-        d = todo.pop()
-        try:
-            st = os.stat(d)
-            if (st.st_dev, st.st_ino) in seen:
-                say(f"{d}: skipped: a link to a folder already read")
-                continue
-            seen.add((st.st_dev, st.st_ino))
-            entries = list(os.scandir(d))
-        except OSError as exc:
-            say(f"{d}: skipped: cannot be read ({exc.strerror or exc})")
-            continue
-        for e in entries:
-            if e.name.startswith("."):
-                continue
+    links: list[Path] = []
+
+    def read(top: Path, via_link: bool) -> Iterator[Path]:
+        todo = [top]
+        while todo:
+            d = todo.pop()
             try:
-                is_dir = e.is_dir()  # (links followed)
-            except OSError:
-                is_dir = False
-            if is_dir:
-                todo.append(Path(e.path))
-            else:
-                yield Path(e.path)
+                st = os.stat(d)
+                if (st.st_dev, st.st_ino) in seen:
+                    if via_link and d == top:
+                        say(f"{d}: skipped: a link to a folder read under another name")
+                    continue
+                seen.add((st.st_dev, st.st_ino))
+                entries = list(os.scandir(d))
+            except OSError as exc:
+                say(f"{d}: skipped: cannot be read ({exc.strerror or exc})")
+                continue
+            for e in entries:
+                if e.name.startswith("."):
+                    continue
+                try:
+                    real_dir = e.is_dir(follow_symlinks=False)
+                    linked_dir = not real_dir and e.is_symlink() and e.is_dir()
+                except OSError:
+                    real_dir = linked_dir = False
+                if real_dir:
+                    todo.append(Path(e.path))
+                elif linked_dir:
+                    links.append(Path(e.path))
+                else:
+                    yield Path(e.path)
+
+    yield from read(folder, via_link=False)
+    done = 0
+    while done < len(links):  # (links found under a link's folder join the queue)
+        pending = sorted(links[done:])
+        del links[done:]
+        links.extend(pending)
+        for link in pending:
+            done += 1
+            yield from read(link, via_link=True)
 
 
 def iter_files(sources: list[Path], skipped: Callable[[str], None] | None = None) -> Iterator[Path]:
