@@ -378,18 +378,25 @@ def _token_sums(col: pl.Series, block_size: int, ceil: bool, chunk: int = 1 << 2
 
 
 def _routes_static(requests: pl.DataFrame, spec: Any) -> bool:
-    """shard.routes_static on the replay's frame: round robin, or an affinity key on every
-    request (a session id; a prompt of at least one full block)."""
+    """shard.routes_static on the replay's frame: round robin, or an affinity key (a session id;
+    a prompt of at least one full block) on every request the replay does not reject (the
+    rejections of model.reject_reasons, from the same token counts)."""
+    import polars as pl
+
     if spec.mode == "closed":
         return False
     if spec.router == "round_robin":
         return True
-    if spec.router == "session_affinity":
-        return "session_id" in requests.columns and requests.get_column("session_id").null_count() == 0
-    if spec.router == "prefix_affinity":
-        tokens = requests.get_column("recorded_input_tokens")
-        return requests.height == 0 or int(tokens.min() or 0) >= spec.scheduler.block_size  # type: ignore[arg-type]
-    return False
+    if spec.router == "session_affinity" and "session_id" in requests.columns:
+        keyless = pl.col("session_id").is_null()
+    elif spec.router == "prefix_affinity":
+        keyless = pl.col("recorded_input_tokens") < spec.scheduler.block_size
+    else:
+        return False
+    cfg = spec.scheduler
+    total = pl.max_horizontal(pl.col("recorded_input_tokens"), 1) + pl.max_horizontal(pl.col("output_tokens"), 1)
+    rejected = (total > cfg.max_model_len) | (total > cfg.num_gpu_blocks * cfg.block_size + 1)
+    return not bool(requests.select((keyless & ~rejected).any()).item())
 
 
 def estimate_replay(

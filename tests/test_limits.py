@@ -448,3 +448,26 @@ def test_engine_cache_stamp_is_written_where_python_made_no_bytecode_folder(
     stamp.unlink()
     _jit_kernels._drop_stale_cache()  # no stamp: stale, removed, stamped afresh
     assert not compiled.exists() and stamp.exists()
+
+
+def test_the_estimate_knows_static_routes_as_the_replay_does() -> None:
+    """A session-affinity day whose only requests without a session are ones the replay rejects
+    routes statically (shard.routes_static ignores rejected requests): the estimate agrees, so
+    both cut the same pods; a routed request without a key does not."""
+    import polars as pl
+
+    from pipeline.engine.model import FleetSpec, SchedulerConfig
+    from pipeline.limits import _routes_static
+
+    cfg = SchedulerConfig(num_gpu_blocks=1000, block_size=16, max_num_seqs=8, max_model_len=1600)
+    spec = FleetSpec(replicas=4, scheduler=cfg, router="session_affinity")
+    frame = pl.DataFrame(
+        {"recorded_input_tokens": [100, 5000, 40], "output_tokens": [10, 10, 0], "session_id": ["a", None, "b"]}
+    )
+    assert _routes_static(frame, spec)  # the keyless one is longer than max_model_len: rejected
+    assert not _routes_static(frame.with_columns(session_id=pl.Series([None, None, "b"])), spec)
+    prefix = FleetSpec(replicas=4, scheduler=cfg, router="prefix_affinity")
+    assert _routes_static(frame, prefix)  # 40 tokens hold two full blocks of 16
+    assert not _routes_static(frame.with_columns(recorded_input_tokens=pl.Series([100, 5000, 10])), prefix)
+    assert _routes_static(frame.with_columns(recorded_input_tokens=pl.Series([100, 5000, 16])), prefix)
+    assert not _routes_static(frame, FleetSpec(replicas=4, scheduler=cfg, router="least_outstanding"))
