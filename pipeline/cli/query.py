@@ -15,7 +15,7 @@ from pipeline.cli.common import emit_json, get_store, json_option, output_option
 @click.option("--run", "run_id", default=None, help="Replay run id (default: the latest run).")
 @click.option("--date", default=None, help="Date YYYY-MM-DD (default: the latest in the store).")
 @click.option("--param", "params", multiple=True, help="Extra parameter NAME=VALUE (e.g. ttft_slo_s=2).")
-@click.option("--rebuild", is_flag=True, help="Rebuild the warehouse views first.")
+@click.option("--rebuild", is_flag=True, help="Rebuild the warehouse views (done by itself when the store changed).")
 @output_options
 @json_option
 @store_option
