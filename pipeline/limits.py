@@ -435,7 +435,7 @@ def estimate_replay(
     pod_r = R
     hierarchical = 0 < fleet.config.router_pod_size < fleet.config.replicas
     if pods == 1 and not hierarchical:  # as the replay decides (shard.auto_pods)
-        pods = auto_pods(spec, n, lambda: _routes_static(requests, spec))
+        pods = auto_pods(spec, n, lambda: _routes_static(requests, spec), streamed=streamed)
     if hierarchical:
         pod_r = fleet.config.router_pod_size * (R // fleet.config.replicas)
     elif pods > 1:

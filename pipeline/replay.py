@@ -301,7 +301,7 @@ def run_workload(
     hierarchical = 0 < pod_size < fleet.config.replicas
     pods = options.pods
     if pods == 1 and not hierarchical:  # too many busy replicas for one engine state: pods anyway
-        pods = auto_pods(spec, work.n, lambda: routes_static(work, spec))
+        pods = auto_pods(spec, work.n, lambda: routes_static(work, spec), streamed=steps is not None)
     sharded = hierarchical or pods > 1
     log = StepLog(capacity=1024 if sharded and steps is not None else max(1024, 2 * work.n))
     pod_log: RowSink = steps if steps is not None else log

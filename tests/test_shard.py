@@ -534,6 +534,14 @@ def test_auto_pods_count_by_hand(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(shard, "AUTO_POD_STATE_BYTES", 15 * 67_048)
     assert shard.auto_pods(_state_fleet(1000, lockstep=4), 4, static) == 1
     assert shard.auto_pods(_state_fleet(1000, "session_affinity", lockstep=4), 4, static) == 84  # 3 groups a pod
+    # a streamed step log: about AUTO_POD_REQUESTS requests a pod, at most one pod a replica
+    monkeypatch.setattr(shard, "AUTO_POD_STATE_BYTES", 1 << 40)
+    assert shard.auto_pods(_state_fleet(1000), 10**7, static, streamed=True) == 20
+    assert shard.auto_pods(_state_fleet(1000), 10**7, static) == 1  # held in memory anyway: no cut
+    assert shard.auto_pods(_state_fleet(1000), shard.AUTO_POD_REQUESTS, static, streamed=True) == 1
+    assert shard.auto_pods(_state_fleet(6), 10**7, static, streamed=True) == 6
+    assert shard.auto_pods(_state_fleet(8, lockstep=4), 10**7, static, streamed=True) == 2
+    assert shard.auto_pods(_state_fleet(1000, "least_outstanding"), 10**7, lambda: False, streamed=True) == 1
     # one replica past what the compiled loop allocates: no pod helps, the Python engine runs it
     monkeypatch.setattr(jit, "MAX_STATE_BYTES", 60_000)
     assert shard.auto_pods(_state_fleet(1000), 10**6, static) == 1

@@ -61,6 +61,11 @@ MAX_PODS = 1_000_000
 #: reach would hold more engine state than this (block tables, KV pool, prefix-cache table):
 #: 256 MiB is about 45 replicas of Llama-3.1-8B on H100 with prefix caching.
 AUTO_POD_STATE_BYTES = 256 << 20
+#: ... and when it streams its step log to the store (``rooftrace replay``) and has more requests
+#: than this, it runs in enough pods that one holds about this many (when the fleet has as many
+#: lockstep groups): a pod's step log is written as the pod ends, one engine's whole day's log
+#: would be held (10⁷ requests: about 22 GiB estimated, refused at the default memory limit).
+AUTO_POD_REQUESTS = 500_000
 
 
 def static_routes(work: Workload, spec: FleetSpec) -> RowArray | None:
@@ -104,23 +109,26 @@ def routes_static(work: Workload, spec: FleetSpec) -> bool:
     return False
 
 
-def auto_pods(spec: FleetSpec, requests: int, static: Callable[[], bool]) -> int:
+def auto_pods(spec: FleetSpec, requests: int, static: Callable[[], bool], streamed: bool = False) -> int:
     """Pods to replay ``requests`` requests on ``spec`` in when none were asked for: 1, unless the
-    replicas they can reach would hold more than AUTO_POD_STATE_BYTES of engine state and the
-    routes are ``static`` (asked only then); then enough pods that one holds at most that (at
-    most MAX_PODS; pods without requests are never built). Round robin reaches one replica per
-    request (whole lockstep groups); an affinity router one lockstep group per request. One
-    lockstep group too big for the compiled loop (jit.MAX_STATE_BYTES) stays one run: the
-    Python engine replays it, as before."""
+    routes are ``static`` (asked only then) and either the replicas the requests can reach would
+    hold more than AUTO_POD_STATE_BYTES of engine state, or the step log is ``streamed`` and the
+    requests are more than AUTO_POD_REQUESTS; then enough pods that one holds at most that much
+    (at most one a lockstep group and MAX_PODS; pods without requests are never built). Round
+    robin reaches one replica per request (whole lockstep groups); an affinity router one
+    lockstep group per request. One lockstep group too big for the compiled loop
+    (jit.MAX_STATE_BYTES) stays one run: the Python engine replays it, as before."""
     G = max(spec.lockstep, 1)
+    groups = spec.replicas // G
     per_request = 1 if spec.router == "round_robin" else G
     reach = min(spec.replicas, max(G, -(-requests * per_request // G) * G))
-    if state_bytes(replace(spec, replicas=reach)) <= AUTO_POD_STATE_BYTES:
+    by_log = -(-requests // AUTO_POD_REQUESTS) if streamed and requests > AUTO_POD_REQUESTS else 1
+    by_state = 1
+    if state_bytes(replace(spec, replicas=reach)) > AUTO_POD_STATE_BYTES:
+        by_state = -(-groups // (fitting_replicas(spec, AUTO_POD_STATE_BYTES) // G))
+    if max(by_state, by_log) == 1 or state_bytes(replace(spec, replicas=G)) > jit.MAX_STATE_BYTES or not static():
         return 1
-    if state_bytes(replace(spec, replicas=G)) > jit.MAX_STATE_BYTES or not static():
-        return 1
-    per = fitting_replicas(spec, AUTO_POD_STATE_BYTES) // G  # lockstep groups in a pod
-    return min(MAX_PODS, -(-(spec.replicas // G) // per))
+    return min(MAX_PODS, groups, max(by_state, by_log))
 
 
 def _row_dtype(n: int) -> type[np.signedinteger[Any]]:
