@@ -298,3 +298,17 @@ def test_replay_on_a_store_it_cannot_write_stops_before_the_engine(
     monkeypatch.setattr(replay_module, "run_workload", engine)
     line = _one_error_line(_cli("replay", "--store", str(store.root), "--rate-scale", "0.77"))
     assert "cannot write to the store: Permission denied" in line, line
+
+
+def test_a_failure_under_json_is_a_json_document_too(tmp_path: Path) -> None:
+    """Commands asked for --json printed nothing on stdout when they failed (only ingest printed
+    its summary): a script got an empty document. The error line stays on stderr; stdout holds
+    {"error", "exit_code"} under --json, and nothing without it."""
+    store = str(tmp_path / "none")
+    for cmd in (["replay"], ["query", "latency"], ["cost"]):
+        res = _cli(*cmd, "--store", store, "--json")
+        assert res.exit_code == 1 and "Traceback" not in res.output, res.output
+        doc = json.loads(res.stdout)
+        assert doc["exit_code"] == 1 and doc["error"] == res.stderr.strip().removeprefix("error: "), (cmd, doc)
+        plain = _cli(*cmd, "--store", store)
+        assert plain.exit_code == 1 and plain.stdout == ""

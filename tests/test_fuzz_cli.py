@@ -111,8 +111,11 @@ def ingest(paths: list[Path], store: Path, options: list[str]) -> Result:
     if result.exit_code == 0:
         _balanced(json.loads(result.stdout))
     elif result.exit_code == 1 and result.stdout.strip():
-        # a file failed: the summary is still one JSON document and still balanced
-        _balanced(json.loads(result.stdout))
+        doc = json.loads(result.stdout)
+        if set(doc) == {"error", "exit_code"}:  # refused before any file was read (a bad option)
+            assert doc["error"] in result.stderr
+        else:  # a file failed: the summary is still one JSON document and still balanced
+            _balanced(doc)
     return result
 
 

@@ -42,10 +42,14 @@ class LazyGroup(click.Group):
         return sorted(COMMANDS)
 
     def invoke(self, ctx: click.Context) -> Any:
-        from pipeline.cli.common import error_boundary
+        from pipeline.cli.common import _JSON_MODE, error_boundary
 
-        with error_boundary():
-            return super().invoke(ctx)
+        token = _JSON_MODE.set(False)  # (each invocation its own: tests run many in one process)
+        try:
+            with error_boundary():
+                return super().invoke(ctx)
+        finally:
+            _JSON_MODE.reset(token)
 
     def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
         if cmd_name not in COMMANDS:

@@ -8,6 +8,7 @@ their progress on stderr (pipeline/limits.py).
 
 from __future__ import annotations
 
+import contextvars
 import json
 import sys
 from collections.abc import Callable, Iterator
@@ -40,8 +41,21 @@ def store_option(fn: F) -> F:
     )(fn)
 
 
+#: Whether the running command was asked for --json: its failure is then a JSON document on
+#: stdout too ({"error": ..., "exit_code": ...}), so a script reading stdout never gets nothing.
+_JSON_MODE: contextvars.ContextVar[bool] = contextvars.ContextVar("rooftrace_json_mode", default=False)
+
+
+def _note_json(ctx: click.Context, param: click.Parameter, value: bool) -> bool:
+    if value:
+        _JSON_MODE.set(True)
+    return value
+
+
 def json_option(fn: F) -> F:
-    return click.option("--json", "as_json", is_flag=True, help="Print one JSON document on stdout.")(fn)
+    return click.option(
+        "--json", "as_json", is_flag=True, callback=_note_json, help="Print one JSON document on stdout."
+    )(fn)
 
 
 def get_store(store_path: str | None) -> Store:
@@ -80,10 +94,17 @@ def error_boundary() -> Iterator[None]:
         yield
     except RooftraceError as exc:
         click.echo(f"error: {exc}", err=True)
+        _json_failure(str(exc), 1)
         sys.exit(1)
     except KeyboardInterrupt:
         click.echo("interrupted (Ctrl-C)", err=True)
+        _json_failure("interrupted (Ctrl-C)", EXIT_INTERRUPTED)
         sys.exit(EXIT_INTERRUPTED)
+
+
+def _json_failure(message: str, code: int) -> None:
+    if _JSON_MODE.get():
+        click.echo(json.dumps({"error": message, "exit_code": code}))
 
 
 def run(fn: Callable[[], Any]) -> Any:
