@@ -379,6 +379,27 @@ def latest_run(store: Store, date: str | None = None) -> str | None:
     return max(configs, key=lambda c: (c.stat().st_mtime_ns, c.parent.name)).parent.name
 
 
+def _newest(files: list[Path]) -> str | None:
+    """The folder name of the most recently written of ``files`` (ties: the greater name)."""
+    if not files:
+        return None
+    return max(files, key=lambda f: (f.stat().st_mtime_ns, f.parent.name)).parent.name
+
+
+def latest_plan(store: Store, date: str | None = None, model: str | None = None) -> str | None:
+    """The most recently written capacity plan (of ``date`` and ``model`` when given): plan ids
+    are ``DATE-MODEL-DIGEST``, so the greatest id is not the newest plan."""
+    day = re.escape(date) if date else r"\d{4}-\d{2}-\d{2}"
+    pattern = re.compile(day + "-" + (re.escape(model) if model else ".+") + "-[0-9a-f]+")
+    files = [p for p in (store.root / "plans").glob("*/plan.parquet") if pattern.fullmatch(p.parent.name)]
+    return _newest(files)
+
+
+def latest_cost_subject(store: Store, table: str) -> str | None:
+    """The plan or run whose ``table`` (gpu_cost, api_cost) was written last."""
+    return _newest(list((store.root / "costs").glob(f"*/{table}.parquet")))
+
+
 def run_ids(store: Store) -> list[str]:
     """The replay runs in the store (folders ``runs/<id>/`` with a ``config.json``), sorted."""
     if not store.runs_dir.is_dir():
@@ -432,6 +453,11 @@ class Session:
                 )
         elif "run_id" in names:
             check_run_id(store, str(values["run_id"]))
+        if "plan_id" in names and values.get("plan_id") is None:  # the newest plan, not the greatest id
+            values["plan_id"] = latest_plan(store, values.get("date"), values.get("model"))
+        if "subject" in names and values.get("subject") is None:
+            table = "api_cost" if query.name.startswith("api_cost") and "gpu" not in query.name else "gpu_cost"
+            values["subject"] = latest_cost_subject(store, table)
         for p in query.params:
             optional = p.endswith("?")
             key = p.rstrip("?")

@@ -241,3 +241,37 @@ def test_the_warehouse_follows_the_store(tmp_path: Path, monkeypatch: pytest.Mon
     before = _digest(moved.root)
     assert run_sql(moved, "SELECT count(*) AS n FROM requests").to_pylist() == [{"n": 120}]
     assert _digest(moved.root) == before and not (moved.root / "warehouse.duckdb").exists()
+
+
+def test_the_latest_plan_is_the_newest_written_not_the_greatest_id(tmp_path: Path) -> None:
+    """Plan ids are DATE-MODEL-DIGEST: ``max(plan_id)`` picked an older plan (a hostile test saw a
+    report show a 1-second-window plan beside an overloaded fleet). Named queries now default to
+    the plan (and cost subject) written last, of the date and model asked."""
+    import os
+
+    from pipeline.warehouse import latest_cost_subject, latest_plan
+
+    store = Store(tmp_path / "s")
+    made = {
+        "2025-01-15-llama-3.1-8b-ffff000000": 100,  # the greatest id, the oldest file
+        "2025-01-15-llama-3.1-8b-0000aaaa00": 300,  # the newest of that date and model
+        "2025-01-16-llama-3.1-8b-0000bbbb00": 400,
+        "2025-01-15-llama-3.1-70b-0000cccc00": 500,
+    }
+    for plan_id, t in made.items():
+        f = store.root / "plans" / plan_id / "plan.parquet"
+        f.parent.mkdir(parents=True)
+        f.write_bytes(b"")
+        os.utime(f, ns=(t * 10**9, t * 10**9))
+    assert latest_plan(store) == "2025-01-15-llama-3.1-70b-0000cccc00"
+    assert latest_plan(store, "2025-01-15", "llama-3.1-8b") == "2025-01-15-llama-3.1-8b-0000aaaa00"
+    assert latest_plan(store, "2025-01-15") == "2025-01-15-llama-3.1-70b-0000cccc00"
+    assert latest_plan(store, model="llama-3.1-8b") == "2025-01-16-llama-3.1-8b-0000bbbb00"
+    assert latest_plan(store, "2025-01-17") is None
+    for subject, t in (("2025-01-15-default-ffffffffff", 100), ("2025-01-15-llama-3.1-8b-0000aaaa00", 200)):
+        f = store.root / "costs" / subject / "gpu_cost.parquet"
+        f.parent.mkdir(parents=True)
+        f.write_bytes(b"")
+        os.utime(f, ns=(t * 10**9, t * 10**9))
+    assert latest_cost_subject(store, "gpu_cost") == "2025-01-15-llama-3.1-8b-0000aaaa00"
+    assert latest_cost_subject(store, "api_cost") is None
