@@ -447,11 +447,15 @@ class CostResult:
     out_dir: Path
     #: Where the hardware and model entries that priced the run came from.
     catalog_source: str = ""
+    #: The run's own failures (rejections, overload, SLO verdict) as its summary recorded them: a
+    #: cost is only as good as the run it prices, so they are shown with it.
+    warnings: tuple[str, ...] = ()
 
     def to_dict(self) -> dict[str, Any]:
         g = self.gpu
         return {
             "subject": self.subject,
+            "warnings": list(self.warnings),
             "out_dir": str(self.out_dir),
             "hardware": g.hardware,
             "gpus": g.gpus,
@@ -577,7 +581,9 @@ def run_cost(
         }
         for row in gpu.rows()
     ]
-    result = CostResult(run_id, gpu, api_rows, out_dir, catalog_source)
+    health = (config.get("summary") or {}).get("health") or {}
+    warnings = tuple(str(w) for w in health.get("warnings") or ())
+    result = CostResult(run_id, gpu, api_rows, out_dir, catalog_source, warnings)
     with store.lock():
         write_parquet(pa.Table.from_pylist(gpu_rows), out_dir / "gpu_cost.parquet", "plan_gpu_cost")
         write_parquet(pa.Table.from_pylist(api_rows), out_dir / "api_cost.parquet", "plan_api_cost")

@@ -718,6 +718,7 @@ def replay(
     path = Path(fleet_path) if fleet_path is not None else default_fleet_path()
     cfg = load_fleet(path).with_replicas(options.replicas)
     fleet = resolve(cfg, str(path))
+    store.check_unlocked()  # another run writing the store: said now (and not "no requests yet")
     date = store.resolve_date(options.date)
     _check_writable(store)  # before any work, not after the engine (a read-only store)
     affinity = ("session_id",) if cfg.router == "session_affinity" else ()

@@ -126,7 +126,8 @@ def parse_slo(text: str, presets: dict[str, Slo] | None = None) -> Slo:
     presets = presets if presets is not None else load_slo_presets()
     targets: dict[str, SloTarget] = {}
     given: dict[str, SloTarget] = {}  # the targets given as METRIC_pNN=VALUE
-    names, description, source = [], "", ""
+    names: list[str] = []
+    description, source = "", ""
     items = [p.strip() for p in text.split(",") if p.strip()]
     if not items:
         raise ConfigError("--slo: empty; give a preset or targets such as ttft_p99=2s,tpot_p99=100ms")
@@ -135,6 +136,11 @@ def parse_slo(text: str, presets: dict[str, Slo] | None = None) -> Slo:
             if item not in presets:
                 raise ConfigError(f"--slo: unknown preset {item!r}; presets: {sorted(presets)}")
             preset = presets[item]
+            if names:  # a later preset would silently replace what came before it
+                raise ConfigError(
+                    f"--slo: preset {item!r} after {items[0]!r}: give one preset, first, then any target to "
+                    "change (chat,ttft_p99=1s)"
+                )
             names.append(item)
             description, source = preset.description, preset.source
             targets.update({t.name: t for t in preset.targets})

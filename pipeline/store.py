@@ -245,6 +245,14 @@ class Store:
                 _HELD[key] = 0
                 fcntl.flock(fh.fileno(), fcntl.LOCK_UN)
 
+    def check_unlocked(self) -> None:
+        """Refuse now, in one line, when another process holds the store's lock: a long run
+        (replay, plan) would otherwise find out only when it writes, its work lost. A store
+        that does not exist yet is not created."""
+        if self.root.is_dir():
+            with self.lock():
+                pass
+
     def leftovers(self) -> list[Path]:
         """What killed writers left behind: staging folders, half-swapped partitions of older
         versions (``requests/.date=…``) and the temporary files of atomic writes."""

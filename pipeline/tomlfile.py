@@ -8,6 +8,7 @@ all read the same way wherever they occur: ``<path>: <what> …``.
 
 from __future__ import annotations
 
+import stat
 import tomllib
 from pathlib import Path
 from typing import Any
@@ -18,6 +19,12 @@ from .errors import ConfigError
 def read_toml(path: Path | str, what: str = "TOML file") -> dict[str, Any]:
     """The parsed document at ``path``; ``what`` names it in errors ("fleet file", "price file")."""
     path = Path(path)
+    try:
+        mode = path.stat().st_mode
+        if not (stat.S_ISREG(mode) or stat.S_ISDIR(mode)):  # a named pipe would block the read forever
+            raise ConfigError(f"{path}: {what} is not a regular file (a named pipe, socket or device)")
+    except OSError:
+        pass  # (opening it says why)
     try:
         with path.open("rb") as fh:
             return tomllib.load(fh)

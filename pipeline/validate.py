@@ -424,11 +424,18 @@ _FILE_NAMES = {"mlp.csv", "all_reduce.csv", "perf_model.csv"}
 
 def discover(measurements: Path) -> list[Path]:
     """Measurement files under a folder (or the one file given), in a stable order."""
+    from pipeline.schemas import not_regular
+
     if measurements.is_file():
         return [measurements]
     if not measurements.is_dir():
-        raise RooftraceError(f"{measurements}: no such file or folder")
+        why = not_regular(measurements) if measurements.exists() else None
+        raise RooftraceError(f"{measurements}: {why + ', not a regular file' if why else 'no such file or folder'}")
     files = sorted(p for p in measurements.rglob("*.csv") if p.name in _FILE_NAMES)
+    for p in files:
+        why = not_regular(p)
+        if why is not None:  # a named pipe would block the read forever
+            raise RooftraceError(f"{p}: {why}, not a regular file; measurement tables are read from files")
     if not files:
         raise RooftraceError(f"{measurements}: no mlp.csv, all_reduce.csv or perf_model.csv found")
     return files

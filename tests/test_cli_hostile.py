@@ -312,3 +312,38 @@ def test_a_failure_under_json_is_a_json_document_too(tmp_path: Path) -> None:
         assert doc["exit_code"] == 1 and doc["error"] == res.stderr.strip().removeprefix("error: "), (cmd, doc)
         plain = _cli(*cmd, "--store", store)
         assert plain.exit_code == 1 and plain.stdout == ""
+
+
+def test_second_round_checks(replayed_store: tuple[Any, str], tmp_path: Path) -> None:
+    """From a second hostile round: two presets in one --slo (the later silently replaced the
+    earlier's targets), a --param name a query does not take (silently ignored), a store another
+    process holds (found out only after the engine ran), and cost hiding its run's failures."""
+    import fcntl
+
+    from pipeline.slo import parse_slo
+
+    with pytest.raises(ConfigError, match="preset 'chat' after 'interactive'"):
+        parse_slo("interactive,chat")
+    with pytest.raises(ConfigError, match="preset 'chat' after 'ttft_p99=1s'"):
+        parse_slo("ttft_p99=1s,chat")
+    store, _ = replayed_store
+    res = _cli("query", "goodput", "--store", str(store.root), "--param", "ttft_slo=2")
+    assert res.exit_code == 2 and "'ttft_slo': query 'goodput' takes" in res.output
+    lock = (store.root / ".lock").open("a")
+    try:  # another writer (a lock on another open file: as another process's)
+        fcntl.flock(lock.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+        for cmd in (["replay", "--rate-scale", "0.91"], [*_PLAN, "--tp", "1"]):
+            line = _one_error_line(_cli(*cmd, "--store", str(store.root)))
+            assert "another rooftrace run holds the store lock" in line, (cmd, line)
+    finally:
+        fcntl.flock(lock.fileno(), fcntl.LOCK_UN)
+        lock.close()
+    # a run's failures (rejections, overload, a failed SLO) come first in its cost, as in the replay
+    over = _cli("replay", "--store", str(store.root), "--rate-scale", "40", "--slo", "interactive", "--json")
+    assert over.exit_code == 0, over.output
+    over_id = json.loads(over.stdout)["run_id"]
+    res = _cli("cost", "--store", str(store.root), "--run", over_id)
+    assert res.exit_code == 0, res.output
+    warned = [ln for ln in over.stderr.splitlines() if ln.startswith("warning: ")]
+    assert warned and [ln for ln in res.stderr.splitlines() if ln.startswith("warning: ")] == warned
+    assert json.loads(_cli("cost", "--store", str(store.root), "--run", over_id, "--json").stdout)["warnings"]

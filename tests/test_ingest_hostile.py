@@ -746,3 +746,30 @@ def test_a_link_never_hides_its_folders_real_name(tmp_path: Path) -> None:
     _balanced(s)
     assert [f.source_file for f in s.files] == [str(logs / "2025-01-15" / "app.log"), str(logs / "b.log")]
     assert f"{logs / 'current'}: skipped: a link to a folder read under another name" in said
+
+
+@pytest.mark.parametrize("raised", ["interrupt", "runtime"])
+def test_ctrl_c_inside_duckdb_stops_the_run_not_one_file(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, raised: str
+) -> None:
+    """A Ctrl-C that reached DuckDB while it read a file came back as "cannot ingest
+    (RuntimeError: Query interrupted)": that file failed and the others were committed, exit 1.
+    It now stops the run: exit 130, nothing committed."""
+    a = _write(tmp_path / "a.jsonl", [oa(id="a1")])
+    b = _write(tmp_path / "b.jsonl", [oa(id="b1")])
+    real = core._stage_file
+
+    def stage(path: Path, *args: object, **kwargs: object) -> object:
+        if path == a:
+            raise (
+                duckdb.InterruptException("INTERRUPT Error: Interrupted!")
+                if raised == "interrupt"
+                else RuntimeError("Query interrupted")
+            )
+        return real(path, *args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(core, "_stage_file", stage)
+    res = _cli("ingest", str(a), str(b), "--store", str(tmp_path / "s"))
+    assert res.exit_code == 130, res.output
+    assert res.stderr.strip().splitlines()[-1] == "interrupted (Ctrl-C)"
+    assert not (tmp_path / "s" / "requests").exists()

@@ -27,6 +27,8 @@ def cost_cmd(
 
     result = run(lambda: run_cost(get_store(store_path), run_id, price_files, gpu_price))
     doc = result.to_dict()
+    for line in result.warnings:  # the run's failures first: a cost is only as good as its run
+        click.echo(f"warning: {line}", err=True)
     if as_json:
         emit_json(doc)
         return

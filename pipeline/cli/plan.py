@@ -187,8 +187,10 @@ def plan_cmd(
 
     result = run(body)
     doc = result.doc
-    if as_json:
+    if as_json:  # the same exit code as the text: 1 when no configuration meets the SLO
         emit_json({"plan_dir": str(result.plan_dir), **doc})
+        if doc["chosen"] is None:
+            raise SystemExit(1)
         return
     click.echo(f"plan {result.plan_id} -> {result.plan_dir}")
     click.echo(f"SLO {doc['slo']['name']}: {doc['slo']['targets']}")

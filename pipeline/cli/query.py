@@ -68,6 +68,11 @@ def query(
         key, sep, value = item.partition("=")
         if not sep:
             raise click.BadParameter(f"{item!r} is not NAME=VALUE", param_hint="--param")
+        declared = [p.rstrip("?") for p in named.params]
+        if key not in declared:  # a typo must not silently leave the default in place
+            raise click.BadParameter(
+                f"{key!r}: query {name!r} takes {', '.join(declared) or 'no parameters'}", param_hint="--param"
+            )
         try:
             values[key] = value if key in ("run_id", "date") else float(value)
         except ValueError:

@@ -169,6 +169,7 @@ def plan(store: Store, opts: PlanOptions, progress: Callable[[str], None] | None
     slo = parse_slo(opts.slo)
     base, base_origin = _base_fleet(opts)
     cands = candidates(opts, base)
+    store.check_unlocked()  # another run writing the store: said before the search, not after it
     date = store.resolve_date(opts.date)
     every = store.read_requests(date)
     want = opts.traffic_model or opts.model
