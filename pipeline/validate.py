@@ -162,11 +162,13 @@ def _read_csv(
     """The table at ``path`` with ``ints`` as Int64 (whole numbers in [1, MAX_INT_CELL]) and ``times``
     as Float64 (positive, finite). A row with any other value in those columns is left out, and
     ``skipped`` says how many rows and the first one's line, field and value."""
+    lines: np.ndarray[Any, np.dtype[np.int64]] | None = None  # each row's line (None: row + 2)
     try:
         df = pl.read_csv(path, infer_schema_length=0)
-    except (pl.exceptions.PolarsError, OSError) as exc:
-        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        raise RooftraceError(f"{path}: cannot read CSV: {first}") from None
+    except pl.exceptions.PolarsError:  # a row of another width, bytes that are not UTF-8: row by row
+        df, lines = _read_csv_rows(path, skipped)
+    except OSError as exc:
+        raise RooftraceError(f"{path}: cannot read CSV: {exc.strerror or exc}") from None
     missing = sorted(set(required) - set(df.columns))
     if missing:
         raise RooftraceError(f"{path}: missing column(s) {missing}")
@@ -189,7 +191,8 @@ def _read_csv(
     if typed:
         df = df.with_columns(list(typed.values()))
     if first_bad is not None:
-        line, col, value = first_bad
+        row, col, value = first_bad
+        line = int(lines[row]) - 2 if lines is not None else row
         what = f"a whole number in [1, {MAX_INT_CELL}]" if col in set(ints) else "a positive number"
         if skipped is not None:
             skipped.append(
@@ -198,6 +201,44 @@ def _read_csv(
             )
         df = df.filter(pl.Series(~bad))
     return df
+
+
+def _read_csv_rows(path: Path, skipped: list[str] | None) -> tuple[pl.DataFrame, np.ndarray[Any, np.dtype[np.int64]]]:
+    """The CSV at ``path`` read row by row, when polars cannot read it whole: the rows with as
+    many fields as the header, as text, and each one's line; a row with more or fewer fields, or
+    with bytes that are not UTF-8, is left out, and ``skipped`` says how many and the first."""
+    import csv
+
+    try:
+        with path.open(encoding="utf-8", errors="replace", newline="") as fh:
+            reader = csv.reader(fh)
+            header = next(reader, None)
+            if not header:
+                raise RooftraceError(f"{path}: cannot read CSV: no header")
+            rows: list[list[str]] = []
+            lines: list[int] = []
+            bad: list[tuple[int, str]] = []
+            after = reader.line_num
+            for row in reader:
+                line, after = after + 1, reader.line_num
+                if not row:
+                    continue
+                if len(row) != len(header):
+                    bad.append((line, f"{len(row)} fields where the header has {len(header)}"))
+                elif any("\ufffd" in cell for cell in row):
+                    bad.append((line, "bytes that are not UTF-8"))
+                else:
+                    rows.append(row)
+                    lines.append(line)
+    except (OSError, csv.Error) as exc:
+        raise RooftraceError(f"{path}: cannot read CSV: {exc}") from None
+    if bad and skipped is not None:
+        skipped.append(f"{path}: {len(bad)} row(s) left out, the first at line {bad[0][0]}: {bad[0][1]}")
+    columns = list(zip(*rows, strict=True)) if rows else [() for _ in header]
+    df = pl.DataFrame(
+        {name: pl.Series(name, list(col), dtype=pl.String) for name, col in zip(header, columns, strict=True)}
+    )
+    return df, np.asarray(lines, dtype=np.int64)
 
 
 def detect_kind(path: Path) -> str:

@@ -240,3 +240,29 @@ def test_catalog_and_fit_cli(tmp_path: Path) -> None:
                                "vocab_size": 100, "intermediate_size": 128}))  # fmt: skip
     r = runner.invoke(main, ["catalog", "import-hf", str(cfg), "--name", "tiny"])
     assert r.exit_code == 0 and 'name = "tiny"' in r.output
+
+
+def test_a_row_polars_cannot_read_is_left_out_not_the_whole_table(tmp_path: Path) -> None:
+    """A row with extra fields, or a byte that is not UTF-8, stopped the whole run ("found more
+    fields than defined in 'Schema'", no line); such rows are left out and said, with the first
+    one's line, and the rest is validated as before."""
+    from pipeline.catalog import load_model
+    from pipeline.roofline import Deployment, decode_batch, prefill_batch
+
+    dep = Deployment(load_model("llama-3.1-8b"), load_hardware("l40s"), weight_dtype="fp16", kv_dtype="fp16")
+    prompts = np.array([128, 256, 512, 1024, 2048, 4096], dtype=float)
+    pre = dep.cost(prefill_batch(prompts)).time_s * 1e3
+    dec = dep.cost(decode_batch(1.0, prompts + 64)).time_s * 1e3
+    head = "model,hardware,prompt_size,batch_size,token_size,prompt_time,token_time,tensor_parallel"
+    good = [f"llama-3.1-8b,my-l40s,{int(p)},1,128,{a},{b},1" for p, a, b in zip(prompts, pre, dec, strict=True)]
+    clean = tmp_path / "clean" / "perf_model.csv"
+    clean.parent.mkdir()
+    clean.write_text("\n".join([head, *good]) + "\n")
+    dirty = tmp_path / "dirty" / "perf_model.csv"
+    dirty.parent.mkdir()
+    body = [head, *good[:3], good[3] + ",extra,extra", *good[4:]]
+    dirty.write_bytes(("\n".join(body) + "\n").encode() + b"llama-3.1-8b,my-l40s,64,1,128,1.0,\xe9,1\n")
+    want = run_validation(clean, hardware="l40s").errors
+    got = run_validation(dirty, hardware="l40s")
+    assert got.skipped == [f"{dirty}: 2 row(s) left out, the first at line 5: 10 fields where the header has 8"]
+    assert 0 < got.errors.height < want.height  # the other five prompt sizes validated
