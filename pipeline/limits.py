@@ -377,6 +377,29 @@ def _token_sums(col: pl.Series, block_size: int, ceil: bool, chunk: int = 1 << 2
     return total, blocks
 
 
+#: Peak bytes ``classify`` holds per prefix-cache block of a day (its chains, hashes and cache
+#: tables), measured on a 5,000-request, 52 M-token synthetic day: 0.50, 1.2 and 4.0 GB peak at
+#: block sizes 16, 4 and 1 (3.3, 13 and 52 M blocks; about 70 bytes a block over a 0.3 GB base).
+CLASSIFY_BLOCK_BYTES = 80
+
+
+def check_classify_memory(requests: pl.DataFrame, block_size: int, limits: Limits | None = None) -> None:
+    """Refuse (ResourceLimitError, one line) a classify whose prefix blocks would need more memory
+    than the limit: a tiny ``--block-size`` on a large day multiplies them."""
+    limits = limits or current_limits()
+    if limits.max_memory is None or requests.height == 0:
+        return
+    _, blocks = _token_sums(requests.get_column("recorded_input_tokens"), max(block_size, 1), ceil=True)
+    need = process_rss() + OVERHEAD_BYTES + blocks * CLASSIFY_BLOCK_BYTES
+    if need > limits.max_memory:
+        raise ResourceLimitError(
+            f"classifying {requests.height:,} requests in blocks of {block_size} tokens ({blocks:,} blocks) "
+            f"would need about {format_bytes(need)} of memory, more than the limit of "
+            f"{format_bytes(limits.max_memory)} ({limits.memory_origin}): use a larger --block-size, or raise "
+            f"the limit with ${MAX_MEMORY_ENV}"
+        )
+
+
 def _routes_static(requests: pl.DataFrame, spec: Any) -> bool:
     """shard.routes_static on the replay's frame: round robin, or an affinity key (a session id;
     a prompt of at least one full block) on every request the replay does not reject (the

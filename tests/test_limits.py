@@ -471,3 +471,22 @@ def test_the_estimate_knows_static_routes_as_the_replay_does() -> None:
     assert not _routes_static(frame.with_columns(recorded_input_tokens=pl.Series([100, 5000, 10])), prefix)
     assert _routes_static(frame.with_columns(recorded_input_tokens=pl.Series([100, 5000, 16])), prefix)
     assert not _routes_static(frame, FleetSpec(replicas=4, scheduler=cfg, router="least_outstanding"))
+
+
+def test_classify_refuses_a_block_size_its_memory_cannot_hold(
+    small: dict[str, Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``classify --block-size 1`` on a large day grew until it ran out of memory (a numpy
+    traceback under a ulimit); it is estimated first (limits.CLASSIFY_BLOCK_BYTES a block) and
+    refused in one line past the limit, naming the blocks; the default block size still runs."""
+    from pipeline.limits import CLASSIFY_BLOCK_BYTES, OVERHEAD_BYTES, process_rss
+
+    store = small["store"]
+    tokens = int(store.read_requests(DATE)["recorded_input_tokens"].sum())
+    limit = process_rss() + OVERHEAD_BYTES + tokens * CLASSIFY_BLOCK_BYTES // 2  # half of what 1-token blocks need
+    monkeypatch.setenv(MAX_MEMORY_ENV, str(limit))
+    res = _invoke(["classify", "--store", str(store.root), "--date", DATE, "--block-size", "1"])
+    assert res.exit_code == 1
+    line = _one_error_line(res.stderr)
+    assert f"in blocks of 1 tokens ({tokens:,} blocks)" in line and "use a larger --block-size" in line, line
+    assert _invoke(["classify", "--store", str(store.root), "--date", DATE]).exit_code == 0

@@ -33,6 +33,7 @@ import pyarrow.parquet as pq
 
 from pipeline.classify import prefix
 from pipeline.errors import RooftraceError
+from pipeline.limits import check_classify_memory
 from pipeline.schemas import atomic_write_bytes, load_schema, read_parquet, write_parquet
 from pipeline.store import Store
 
@@ -684,7 +685,9 @@ def classify_tokens(
     cap = capacity if isinstance(capacity, Capacity) else parse_capacity(capacity)
     opts = ClassifyOptions(block_size, cap, tuple(isolation), ttl_s, kv_bytes_per_token, kv_model, kv_dtype)
     day = store.resolve_date(date)
-    result = account(store.read_requests(day), opts)
+    requests = store.read_requests(day)
+    check_classify_memory(requests, block_size)  # before the chains are built, not when memory runs out
+    result = account(requests, opts)
     paths = accounting_paths(store, day)
     with store.lock():
         write_parquet(result.requests.to_arrow(), paths["requests"], "accounting_requests")
