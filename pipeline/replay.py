@@ -270,7 +270,7 @@ def run_replay(
     is the day's prefix identity when the caller has it (else built from ``requests``). With
     ``steps``, the step log goes there as it is produced (a pod at a time when the fleet is
     replayed in pods, whose logs are then never gathered) and the run's ``log`` stays empty."""
-    progress = check_replay_limits(requests, fleet, options, progress)
+    progress = check_replay_limits(requests, fleet, options, progress, streamed=steps is not None)
     work = build_workload(requests, fleet, options, identity)
     return run_workload(work, fleet, options, progress, steps)
 

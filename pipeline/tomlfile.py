@@ -8,6 +8,7 @@ all read the same way wherever they occur: ``<path>: <what> …``.
 
 from __future__ import annotations
 
+import os
 import stat
 import tomllib
 from pathlib import Path
@@ -20,9 +21,8 @@ def read_toml(path: Path | str, what: str = "TOML file") -> dict[str, Any]:
     """The parsed document at ``path``; ``what`` names it in errors ("fleet file", "price file")."""
     path = Path(path)
     try:
-        mode = path.stat().st_mode
-        if not (stat.S_ISREG(mode) or stat.S_ISDIR(mode)):  # a named pipe would block the read forever
-            raise ConfigError(f"{path}: {what} is not a regular file (a named pipe, socket or device)")
+        if stat.S_ISFIFO(path.stat().st_mode):
+            return _read_pipe(path, what)
     except OSError:
         pass  # (opening it says why)
     try:
@@ -40,3 +40,28 @@ def read_toml(path: Path | str, what: str = "TOML file") -> dict[str, Any]:
         raise ConfigError(f"{path}: {what} is not valid TOML: nested too deeply to read") from None
     except OSError as exc:
         raise ConfigError(f"{path}: cannot read {what}: {exc.strerror or exc}") from None
+
+
+def _read_pipe(path: Path, what: str) -> dict[str, Any]:
+    """A TOML document from a pipe (``--fleet <(...)``). Opened without waiting for a writer, so a
+    named pipe nobody writes to is an empty read and one error line, not a read blocked forever
+    (Ctrl-C could not stop it)."""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+    try:
+        os.set_blocking(fd, True)  # a writer that is there: read to its end
+        with os.fdopen(fd, "rb") as fh:
+            fd = -1
+            data = fh.read()
+    finally:
+        if fd >= 0:
+            os.close(fd)
+    if not data.strip():
+        raise ConfigError(f"{path}: {what} is a named pipe with nothing written to it")
+    try:
+        return tomllib.loads(data.decode("utf-8"))
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"{path}: {what} is not valid TOML: {exc}") from None
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"{path}: {what} is not valid TOML: not UTF-8 text (byte {exc.start})") from None
+    except RecursionError:
+        raise ConfigError(f"{path}: {what} is not valid TOML: nested too deeply to read") from None

@@ -454,7 +454,10 @@ class Session:
         elif "run_id" in names:
             check_run_id(store, str(values["run_id"]))
         if "plan_id" in names and values.get("plan_id") is None:  # the newest plan, not the greatest id
-            values["plan_id"] = latest_plan(store, values.get("date"), values.get("model"))
+            date, model = values.get("date"), values.get("model")
+            values["plan_id"] = latest_plan(
+                store, None if date is None else str(date), None if model is None else str(model)
+            )
         if "subject" in names and values.get("subject") is None:
             table = "api_cost" if query.name.startswith("api_cost") and "gpu" not in query.name else "gpu_cost"
             values["subject"] = latest_cost_subject(store, table)

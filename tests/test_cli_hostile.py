@@ -328,7 +328,10 @@ def test_second_round_checks(replayed_store: tuple[Any, str], tmp_path: Path) ->
         parse_slo("ttft_p99=1s,chat")
     store, _ = replayed_store
     res = _cli("query", "goodput", "--store", str(store.root), "--param", "ttft_slo=2")
-    assert res.exit_code == 2 and "'ttft_slo': query 'goodput' takes" in res.output
+    line = _one_error_line(res)
+    assert "--param 'ttft_slo=2': query 'goodput' takes run_id, ttft_slo_s" in line, line
+    res = _cli("query", "plan", "--store", str(store.root), "--param", "model=7", "--json")  # text, not 7.0
+    assert res.exit_code == 0 and "Traceback" not in res.output, res.output
     lock = (store.root / ".lock").open("a")
     try:  # another writer (a lock on another open file: as another process's)
         fcntl.flock(lock.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -347,3 +350,25 @@ def test_second_round_checks(replayed_store: tuple[Any, str], tmp_path: Path) ->
     warned = [ln for ln in over.stderr.splitlines() if ln.startswith("warning: ")]
     assert warned and [ln for ln in res.stderr.splitlines() if ln.startswith("warning: ")] == warned
     assert json.loads(_cli("cost", "--store", str(store.root), "--run", over_id, "--json").stdout)["warnings"]
+
+
+def test_a_toml_file_that_is_a_pipe(tmp_path: Path) -> None:
+    """A named pipe with no writer given as a TOML file blocked forever (Ctrl-C did not stop it);
+    it is one error line now, while a pipe with a writer (``--fleet <(...)``) is still read."""
+    import os
+    import threading
+
+    from pipeline.tomlfile import read_toml
+
+    fifo = tmp_path / "f.toml"
+    os.mkfifo(fifo)
+    with pytest.raises(ConfigError, match=r"f\.toml: fleet file is a named pipe with nothing written to it"):
+        read_toml(fifo, "fleet file")
+    r, w = os.pipe()  # a pipe whose writer is there, as process substitution gives
+    writer = threading.Thread(target=lambda: (os.write(w, b'name = "x"\nreplicas = 2\n'), os.close(w)))
+    writer.start()
+    writer.join()
+    try:
+        assert read_toml(Path(f"/dev/fd/{r}"), "fleet file") == {"name": "x", "replicas": 2}
+    finally:
+        os.close(r)

@@ -773,3 +773,28 @@ def test_ctrl_c_inside_duckdb_stops_the_run_not_one_file(
     assert res.exit_code == 130, res.output
     assert res.stderr.strip().splitlines()[-1] == "interrupted (Ctrl-C)"
     assert not (tmp_path / "s" / "requests").exists()
+
+
+def test_ctrl_c_inside_duckdbs_jsonl_read_is_not_a_quarantine(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Through the JSON Lines readers themselves: an interrupt raised by DuckDB's query became a
+    fast-path failure and then quarantined rows ("all 5 rows quarantined … INTERRUPT Error"). It
+    stops the run: exit 130, nothing stored."""
+    from pipeline.ingest import readers
+
+    log = _write(tmp_path / "a.jsonl", [oa(id=f"a{i}") for i in range(5)])
+    real = readers.duck_connect
+
+    class Interrupting:
+        def __init__(self, con: object) -> None:
+            self.con = con
+
+        def sql(self, *args: object, **kwargs: object) -> object:
+            raise duckdb.InterruptException("INTERRUPT Error: Interrupted!")
+
+        def __getattr__(self, name: str) -> object:
+            return getattr(self.con, name)
+
+    monkeypatch.setattr(readers, "duck_connect", lambda *a, **k: Interrupting(real(*a, **k)))
+    res = _cli("ingest", str(log), "--store", str(tmp_path / "s"))
+    assert res.exit_code == 130, res.output
+    assert "quarantined" not in res.stderr and not (tmp_path / "s" / "requests").exists()

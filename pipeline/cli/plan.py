@@ -190,6 +190,7 @@ def plan_cmd(
     if as_json:  # the same exit code as the text: 1 when no configuration meets the SLO
         emit_json({"plan_dir": str(result.plan_dir), **doc})
         if doc["chosen"] is None:
+            click.echo("no configuration meets the SLO (each one's note says why)", err=True)
             raise SystemExit(1)
         return
     click.echo(f"plan {result.plan_id} -> {result.plan_dir}")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from functools import partial
 from pathlib import Path
 
 import click
@@ -66,17 +67,19 @@ def query(
     values: dict[str, object] = {"run_id": run_id, "date": date}
     for item in params:
         key, sep, value = item.partition("=")
-        if not sep:
-            raise click.BadParameter(f"{item!r} is not NAME=VALUE", param_hint="--param")
         declared = [p.rstrip("?") for p in named.params]
-        if key not in declared:  # a typo must not silently leave the default in place
-            raise click.BadParameter(
-                f"{key!r}: query {name!r} takes {', '.join(declared) or 'no parameters'}", param_hint="--param"
+        if not sep or key not in declared:  # a typo must not silently leave the default in place
+            run(
+                partial(_refuse, f"--param {item!r}: query {name!r} takes {', '.join(declared) or 'none'} (NAME=VALUE)")
             )
-        try:
-            values[key] = value if key in ("run_id", "date") else float(value)
-        except ValueError:
-            values[key] = value
+        # numbers where the query takes seconds (ttft_slo_s=2); every other value is text
+        if key.endswith("_s"):
+            try:
+                values[key] = float(value)
+                continue
+            except ValueError:
+                pass
+        values[key] = value
     run(lambda: require_store(store))
     run(lambda: check_out_path(store, out))
     if rebuild:
@@ -90,3 +93,9 @@ def query(
         click.echo(text, nl=False)
     else:
         progress(f"wrote {table.num_rows} rows to {out}")
+
+
+def _refuse(message: str) -> None:
+    from pipeline.errors import RooftraceError
+
+    raise RooftraceError(message)

@@ -52,6 +52,7 @@ from pipeline.ingest.readers import (
     Prefetch,
     RawBatch,
     csv_batches,
+    interrupted,
     jsonl_fast,
     jsonl_robust,
     otel_batches,
@@ -678,14 +679,6 @@ def _read_serial(
         ahead.close()
 
 
-def _interrupted(exc: BaseException) -> bool:
-    """Whether ``exc`` is DuckDB's word for a Ctrl-C that reached it while it read a file (an
-    InterruptException, or a RuntimeError "Query interrupted" from its reader thread)."""
-    return isinstance(exc, duckdb.InterruptException) or (
-        isinstance(exc, RuntimeError) and "query interrupted" in str(exc).lower()
-    )
-
-
 def _skipped_line(path: Path) -> str:
     return f"{path}: already ingested (same content), skipped; --force ingests it again"
 
@@ -745,7 +738,7 @@ def _read_one(
         sink.drop(idx)
         out.messages.append(f"error: {msg}")
     except Exception as exc:  # one file's failure, whatever it is, must not lose the others
-        if _interrupted(exc):  # Ctrl-C inside DuckDB's read: the run stops, not this file alone
+        if interrupted(exc):  # Ctrl-C inside DuckDB's read: the run stops, not this file alone
             raise KeyboardInterrupt from None
         res.error = f"{path}: cannot ingest ({type(exc).__name__}: {_first_line(exc)})"
         sink.drop(idx)
@@ -953,6 +946,8 @@ def _read_piece(
     except FastPathFailed as exc:
         out.failed = str(exc)
     except Exception as exc:  # the whole-file read that follows reports what it is
+        if interrupted(exc):
+            raise KeyboardInterrupt from None
         out.failed = f"{type(exc).__name__}: {_first_line(exc)}"
     finally:
         part.unlink(missing_ok=True)

@@ -158,6 +158,15 @@ def _prefetch_work(items: Iterator[Any], q: queue.Queue[tuple[str, Any]], stop: 
 LineCount = Callable[[], LineStats | None]
 
 
+def interrupted(exc: BaseException) -> bool:
+    """Whether ``exc`` is DuckDB's word for a Ctrl-C that reached it while it read (an
+    InterruptException, or "Query interrupted" from its reader thread): the run must stop, not
+    treat it as a file's or a record's failure."""
+    return isinstance(exc, duckdb.InterruptException) or (
+        isinstance(exc, RuntimeError | OSError) and "query interrupted" in str(exc).lower()
+    )
+
+
 def jsonl_fast(
     path: Path, spec: FormatSpec, stats: LineCount | None = None, batch_rows: int = 2 * BATCH_LINES
 ) -> Prefetch[RawBatch]:
@@ -216,6 +225,8 @@ def _jsonl_fast_named(
             row += n
             yield RawBatch(frame)
     except (duckdb.Error, OSError) as exc:
+        if interrupted(exc):  # Ctrl-C reached DuckDB: the run stops, the file is not re-read
+            raise KeyboardInterrupt from None
         # A parse error in a later batch reaches us through the Arrow stream as a plain OSError,
         # indistinguishable by type from a failed read: either way the robust path re-reads the
         # file, quarantining bad lines or reporting a file it cannot read.
@@ -314,6 +325,8 @@ class _ChunkParser:
         try:
             table = self.con.sql(self.query, params=[str(self.file)]).to_arrow_table()
         except (duckdb.Error, OSError) as exc:
+            if interrupted(exc):  # Ctrl-C reached DuckDB: the run stops, no line is quarantined
+                raise KeyboardInterrupt from None
             # The scratch file's name and line number mean nothing to the user: drop them.
             self.error = _SCRATCH_PLACE.sub(":", str(exc).splitlines()[0])
             return None

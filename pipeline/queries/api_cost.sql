@@ -1,6 +1,6 @@
 -- API-equivalent cost of the same traffic on dated provider price tables (fresh input, cache
 -- writes, cache hits at the cached-input price, output) beside the self-hosted fleet cost, and the
--- self-host / API ratio. subject is a plan id or replay run id (default: the last in sort order).
+-- self-host / API ratio. subject is a plan id or replay run id (default: the one priced last).
 -- params: subject?
 SELECT provider, api_model, price_date, price_stale, api_usd, self_host_usd, self_host_to_api_ratio,
        fresh_input_usd, cache_write_usd, cache_hit_usd, output_usd, fresh_input_tokens,

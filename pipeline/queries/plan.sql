@@ -1,6 +1,6 @@
 -- Capacity plan: every configuration tried, cheapest first, with the minimum replicas meeting the
 -- SLO, the p99s achieved, utilization, headroom, binding resource, $/day and $ per million tokens.
--- plan_id defaults to the last plan id in sort order (of the given date and model, when given:
+-- plan_id defaults to the plan written last (of the given date and model, when given:
 -- a report shows only a plan made for its own traffic).
 -- params: plan_id?, date?, model?
 WITH scope AS (
