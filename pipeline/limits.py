@@ -389,7 +389,12 @@ def check_classify_memory(requests: pl.DataFrame, block_size: int, limits: Limit
     limits = limits or current_limits()
     if limits.max_memory is None or requests.height == 0:
         return
-    _, blocks = _token_sums(requests.get_column("recorded_input_tokens"), max(block_size, 1), ceil=True)
+    import polars as pl
+
+    tokens = pl.col("recorded_input_tokens")
+    if {"session_id", "output_tokens"} <= set(requests.columns):  # a session's turns cache its answers too
+        tokens = pl.when(pl.col("session_id").is_not_null()).then(tokens + pl.col("output_tokens")).otherwise(tokens)
+    _, blocks = _token_sums(requests.select(tokens.alias("t")).to_series(), max(block_size, 1), ceil=True)
     need = process_rss() + OVERHEAD_BYTES + blocks * CLASSIFY_BLOCK_BYTES
     if need > limits.max_memory:
         raise ResourceLimitError(

@@ -463,6 +463,11 @@ LOADERS: dict[str, Callable[[Path, str | None, list[str] | None], list[Group]]] 
 _FILE_NAMES = {"mlp.csv", "all_reduce.csv", "perf_model.csv"}
 
 
+class UnreadableMeasurements(RooftraceError):
+    """A measurement file that cannot be read as one (a named pipe, a device): an error wherever
+    the folder is searched, never the same as a folder without tables."""
+
+
 def discover(measurements: Path) -> list[Path]:
     """Measurement files under a folder (or the one file given), in a stable order."""
     from pipeline.schemas import not_regular
@@ -476,7 +481,7 @@ def discover(measurements: Path) -> list[Path]:
     for p in files:
         why = not_regular(p)
         if why is not None:  # a named pipe would block the read forever
-            raise RooftraceError(f"{p}: {why}, not a regular file; measurement tables are read from files")
+            raise UnreadableMeasurements(f"{p}: {why}, not a regular file; measurement tables are read from files")
     if not files:
         raise RooftraceError(f"{measurements}: no mlp.csv, all_reduce.csv or perf_model.csv found")
     return files

@@ -482,7 +482,9 @@ def test_classify_refuses_a_block_size_its_memory_cannot_hold(
     from pipeline.limits import CLASSIFY_BLOCK_BYTES, OVERHEAD_BYTES, process_rss
 
     store = small["store"]
-    tokens = int(store.read_requests(DATE)["recorded_input_tokens"].sum())
+    day = store.read_requests(DATE)
+    cached = day["recorded_input_tokens"] + day["output_tokens"] * day["session_id"].is_not_null()
+    tokens = int(cached.clip(lower_bound=1).sum())  # a session's turns cache their answers too
     limit = process_rss() + OVERHEAD_BYTES + tokens * CLASSIFY_BLOCK_BYTES // 2  # half of what 1-token blocks need
     monkeypatch.setenv(MAX_MEMORY_ENV, str(limit))
     res = _invoke(["classify", "--store", str(store.root), "--date", DATE, "--block-size", "1"])

@@ -266,3 +266,15 @@ def test_a_row_polars_cannot_read_is_left_out_not_the_whole_table(tmp_path: Path
     got = run_validation(dirty, hardware="l40s")
     assert got.skipped == [f"{dirty}: 2 row(s) left out, the first at line 5: 10 fields where the header has 8"]
     assert 0 < got.errors.height < want.height  # the other five prompt sizes validated
+
+
+def test_a_named_pipe_among_measurements_is_named(tmp_path: Path) -> None:
+    """A named pipe called mlp.csv hung validate; then it was refused but the CLI reported "no
+    operator measurements" (and dropped the real tables beside it). It is one line naming it."""
+    import os
+
+    (tmp_path / "m").mkdir()
+    os.mkfifo(tmp_path / "m" / "mlp.csv")
+    res = CliRunner().invoke(main, ["validate", "--measurements", str(tmp_path / "m"), "--store", str(tmp_path / "s")])
+    assert res.exit_code == 1 and "Traceback" not in res.output, res.output
+    assert f"{tmp_path / 'm' / 'mlp.csv'}: a named pipe (FIFO), not a regular file" in res.stderr

@@ -57,7 +57,7 @@ def validate_cmd(measurements: str | None, hardware: str | None, store_path: str
     def body() -> bool:
         from pipeline.profile.heldout import TARGET_MEDIAN, TARGET_P90, has_profile_sets, judge_all
         from pipeline.schemas import write_parquet
-        from pipeline.validate import discover, run_validation, store_report
+        from pipeline.validate import UnreadableMeasurements, discover, run_validation, store_report
 
         source = Path(measurements) if measurements else _default_measurements()
         if not source.exists():
@@ -78,7 +78,9 @@ def validate_cmd(measurements: str | None, hardware: str | None, store_path: str
                 doc["profile_heldout"] = profile.to_dicts()
         try:
             legacy_files = discover(source)
-        except RooftraceError:
+        except UnreadableMeasurements:
+            raise
+        except RooftraceError:  # no Vidur or Splitwise tables here (the profile tables may be)
             legacy_files = []
         report = None
         if legacy_files:
