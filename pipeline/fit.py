@@ -608,6 +608,11 @@ def fit(
     ctx = context if context is not None else dep.model.max_position_embeddings
     if ctx < 1:
         raise ConfigError(f"context must be >= 1, got {ctx}")
+    if 0 < dep.model.max_position_embeddings < ctx:  # vLLM refuses a max_model_len past the model's (0: unknown)
+        raise ConfigError(
+            f"context {ctx:,} is longer than {dep.model.name}'s maximum ({dep.model.max_position_embeddings:,} "
+            "tokens, max_position_embeddings); vLLM refuses it"
+        )
     base = _core(dep, gpu_memory_utilization, ctx, block_size, max_num_seqs, max_num_batched_tokens, vllm_version)
     if base.fits:
         return base

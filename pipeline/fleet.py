@@ -448,6 +448,12 @@ def _resolve(cfg: FleetConfig, origin: str, entries: Mapping[str, str] | None) -
     except ConfigError as exc:
         raise ConfigError(f"{origin}: {exc}{_tp_hint(cfg.tp, model, hw)}") from None
     default_tokens, default_seqs = vllm_batch_defaults(hw)
+    if eng.max_model_len is not None and 0 < model.max_position_embeddings < eng.max_model_len:
+        # vLLM refuses a max_model_len past the model's own (unless VLLM_ALLOW_LONG_MAX_MODEL_LEN is set)
+        raise ConfigError(
+            f"{origin}: [engine] max_model_len = {eng.max_model_len:,} is longer than {model.name}'s maximum "
+            f"context ({model.max_position_embeddings:,} tokens, max_position_embeddings); vLLM refuses it"
+        )
     max_len = eng.max_model_len if eng.max_model_len is not None else model.max_position_embeddings
     len_key = f"max_model_len = {max_len:,}" + ("" if eng.max_model_len is not None else f" ({model.name}'s maximum)")
     chunked = eng.enable_chunked_prefill

@@ -264,3 +264,28 @@ def test_calibrate_profiles_report_what_validate_skips(tmp_path: Path) -> None:
     assert cal.exit_code == 0, cal.output
     assert _skipped_lines(cal.stderr) == wanted
     assert [f"skipped: {note}" for note in json.loads(cal.stdout)["skipped"]] == wanted
+
+
+def test_a_context_past_the_models_maximum_is_refused(tmp_path: Path) -> None:
+    """``fit --context 400000`` said a Llama-3.1-8B (131,072 tokens) "fits", and a fleet with
+    max_model_len = 400000 replayed; vLLM refuses both. A plan on a fleet set for a longer model
+    takes the planned model's maximum instead."""
+    from dataclasses import replace
+
+    from click.testing import CliRunner
+
+    from pipeline.cli import main
+    from pipeline.fleet import load_fleet, resolve
+    from pipeline.plan.stage import _with_model
+
+    res = CliRunner().invoke(main, ["fit", "--model", "llama-3.1-8b", "--hardware", "h100-sxm", "--context", "400000"])
+    assert res.exit_code == 1 and "context 400,000 is longer than llama-3.1-8b's maximum (131,072 tokens" in res.stderr
+    default = Path(__file__).resolve().parents[1] / "fleets" / "default.toml"
+    long = tmp_path / "long.toml"
+    long.write_text(default.read_text().replace("max_model_len = 16384", "max_model_len = 400000"))
+    with pytest.raises(ConfigError, match=r"max_model_len = 400,000 is longer than llama-3\.1-8b's maximum context"):
+        resolve(load_fleet(long), str(long))
+    base = load_fleet(default)
+    base = replace(base, engine=replace(base.engine, max_model_len=131072))
+    assert _with_model(base, "llama-2-7b").engine.max_model_len == 4096
+    assert _with_model(base, "llama-3.1-70b").engine.max_model_len == 131072

@@ -124,6 +124,10 @@ def test_fit_invariants(util: float, ctx: int, kv: str, model: str) -> None:
     tp = 8 if model == "deepseek-v3" else 1
     wd = {"gpt-oss-120b": "mxfp4", "deepseek-v3": "fp8-block"}.get(model, "bf16")
     dep = Deployment(m, hw, tp=tp, weight_dtype=wd, kv_dtype=kv)
+    if ctx > m.max_position_embeddings:  # vLLM refuses a context past the model's own
+        with pytest.raises(ConfigError, match=r"longer than .* maximum"):
+            fit(dep, util, ctx)
+        ctx = m.max_position_embeddings
     f = fit(dep, util, ctx)
     g = fit(dep, min(util + 0.04, 1.0), ctx)
     assert g.kv_capacity_tokens >= f.kv_capacity_tokens  # more memory never holds fewer tokens

@@ -680,7 +680,10 @@ def _read_serial(
 
 
 def _skipped_line(path: Path) -> str:
-    return f"{path}: already ingested (same content), skipped; --force ingests it again"
+    return (
+        f"{path}: already ingested (the same content as a file of this run or an earlier one), skipped; "
+        "--force re-reads what an earlier run ingested"
+    )
 
 
 def _read_one(

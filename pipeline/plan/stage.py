@@ -94,14 +94,24 @@ class PlanResult:
     table: pa.Table
 
 
+def _with_model(base: FleetConfig, name: str) -> FleetConfig:
+    """``base`` serving model ``name``: a max_model_len past that model's maximum context becomes
+    the maximum (vLLM would refuse it; the base fleet's was set for another model)."""
+    cfg = replace(base, model=name)
+    longest = load_model(name).max_position_embeddings
+    if cfg.engine.max_model_len is not None and 0 < longest < cfg.engine.max_model_len:
+        cfg = replace(cfg, engine=replace(cfg.engine, max_model_len=longest))
+    return cfg
+
+
 def _base_fleet(opts: PlanOptions) -> tuple[FleetConfig, str]:
     if opts.fleet_path is not None:
         base = load_fleet(opts.fleet_path)
-        return replace(base, model=opts.model), opts.fleet_path
+        return _with_model(base, opts.model), opts.fleet_path
     path = default_fleet_path()
     if path.exists():
         base = load_fleet(path)
-        return replace(base, model=opts.model), str(path)
+        return _with_model(base, opts.model), str(path)
     return parse_fleet({"name": "plan", "model": opts.model, "hardware": opts.hardware[0]}, "defaults"), "defaults"
 
 
