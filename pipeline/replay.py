@@ -26,7 +26,6 @@ import hashlib
 import itertools
 import json
 import math
-import os
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict, dataclass, replace
@@ -214,19 +213,6 @@ def build_workload(
         chain_tree=tree if sched.enable_prefix_caching else None,
         affinity=affinity,
     )
-
-
-def _check_writable(store: Store) -> None:
-    """Refuse, in one line, a store whose runs folder (or, before the first run, whose root) this
-    process cannot write."""
-    import tempfile
-
-    try:  # (in the store's root while it has no runs folder: nothing is left behind)
-        fd, probe = tempfile.mkstemp(prefix=".probe.", dir=store.runs_dir if store.runs_dir.is_dir() else store.root)
-        os.close(fd)
-        os.unlink(probe)
-    except OSError as exc:
-        raise store_write_error(store, exc) from None
 
 
 def _session_keys(sessions: pl.Series) -> npt.NDArray[np.int64]:
@@ -720,7 +706,7 @@ def replay(
     fleet = resolve(cfg, str(path))
     store.check_unlocked()  # another run writing the store: said now (and not "no requests yet")
     date = store.resolve_date(options.date)
-    _check_writable(store)  # before any work, not after the engine (a read-only store)
+    store.check_writable(store.runs_dir)  # before any work, not after the engine (a read-only store)
     affinity = ("session_id",) if cfg.router == "session_affinity" else ()
     chains = fleet.scheduler.enable_prefix_caching or cfg.router == "prefix_affinity"
     # the request ids only where the prefix identity needs them: they are digested for the run

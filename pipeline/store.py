@@ -245,6 +245,18 @@ class Store:
                 _HELD[key] = 0
                 fcntl.flock(fh.fileno(), fcntl.LOCK_UN)
 
+    def check_writable(self, folder: Path) -> None:
+        """Refuse, in one line, a store whose ``folder`` (or, while it does not exist, whose root)
+        this process cannot write: before a long run, not after it. Nothing is left behind."""
+        import tempfile
+
+        try:
+            fd, probe = tempfile.mkstemp(prefix=".probe.", dir=folder if folder.is_dir() else self.root)
+            os.close(fd)
+            os.unlink(probe)
+        except OSError as exc:
+            raise store_write_error(self, exc) from None
+
     def check_unlocked(self) -> None:
         """Refuse now, in one line, when another process holds the store's lock: a long run
         (replay, plan) would otherwise find out only when it writes, its work lost. A store

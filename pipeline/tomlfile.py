@@ -21,30 +21,33 @@ def read_toml(path: Path | str, what: str = "TOML file") -> dict[str, Any]:
     """The parsed document at ``path``; ``what`` names it in errors ("fleet file", "price file")."""
     path = Path(path)
     try:
-        if stat.S_ISFIFO(path.stat().st_mode):
-            return _read_pipe(path, what)
-    except OSError:
-        pass  # (opening it says why)
-    try:
-        with path.open("rb") as fh:
-            return tomllib.load(fh)
+        data = _read_pipe(path, what) if _is_pipe(path) else path.read_bytes()
     except FileNotFoundError:
         raise ConfigError(f"{path}: {what} not found") from None
     except IsADirectoryError:
         raise ConfigError(f"{path}: {what} is a directory, not a file") from None
+    except OSError as exc:
+        raise ConfigError(f"{path}: cannot read {what}: {exc.strerror or exc}") from None
+    try:
+        return tomllib.loads(data.decode("utf-8"))
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(f"{path}: {what} is not valid TOML: {exc}") from None
     except UnicodeDecodeError as exc:
         raise ConfigError(f"{path}: {what} is not valid TOML: not UTF-8 text (byte {exc.start})") from None
     except RecursionError:
         raise ConfigError(f"{path}: {what} is not valid TOML: nested too deeply to read") from None
-    except OSError as exc:
-        raise ConfigError(f"{path}: cannot read {what}: {exc.strerror or exc}") from None
 
 
-def _read_pipe(path: Path, what: str) -> dict[str, Any]:
-    """A TOML document from a pipe (``--fleet <(...)``). Opened without waiting for a writer, so a
-    named pipe nobody writes to is an empty read and one error line, not a read blocked forever
+def _is_pipe(path: Path) -> bool:
+    try:
+        return stat.S_ISFIFO(path.stat().st_mode)
+    except OSError:
+        return False  # (reading it says why)
+
+
+def _read_pipe(path: Path, what: str) -> bytes:
+    """The bytes of a pipe (``--fleet <(...)``). Opened without waiting for a writer, so a named
+    pipe nobody writes to is an empty read and one error line, not a read blocked forever
     (Ctrl-C could not stop it)."""
     fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
     try:
@@ -57,11 +60,4 @@ def _read_pipe(path: Path, what: str) -> dict[str, Any]:
             os.close(fd)
     if not data.strip():
         raise ConfigError(f"{path}: {what} is a named pipe with nothing written to it")
-    try:
-        return tomllib.loads(data.decode("utf-8"))
-    except tomllib.TOMLDecodeError as exc:
-        raise ConfigError(f"{path}: {what} is not valid TOML: {exc}") from None
-    except UnicodeDecodeError as exc:
-        raise ConfigError(f"{path}: {what} is not valid TOML: not UTF-8 text (byte {exc.start})") from None
-    except RecursionError:
-        raise ConfigError(f"{path}: {what} is not valid TOML: nested too deeply to read") from None
+    return data

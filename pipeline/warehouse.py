@@ -26,7 +26,7 @@ import re
 import shutil
 import tempfile
 import weakref
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -459,7 +459,7 @@ class Session:
                 store, None if date is None else str(date), None if model is None else str(model)
             )
         if "subject" in names and values.get("subject") is None:
-            table = "api_cost" if query.name.startswith("api_cost") and "gpu" not in query.name else "gpu_cost"
+            table = "api_cost" if "FROM api_cost" in query.sql else "gpu_cost"  # the view the query reads
             values["subject"] = latest_cost_subject(store, table)
         for p in query.params:
             optional = p.endswith("?")
@@ -553,6 +553,25 @@ def check_run_option(name: str, params: tuple[str, ...], run_id: str | None) -> 
     if run_id is not None and "run_id" not in {p.rstrip("?") for p in params}:
         takes = ", ".join(params) or "none"
         raise RooftraceError(f"query {name!r} takes no --run (its parameters: {takes})")
+
+
+def parse_params(query: NamedQuery, items: Sequence[str]) -> dict[str, object]:
+    """``--param NAME=VALUE`` items of ``query``: a name it does not take is an error (a typo
+    would silently leave the default in place); a value is a number where the name says seconds
+    (``ttft_slo_s=2``), text otherwise."""
+    declared = [p.rstrip("?") for p in query.params]
+    values: dict[str, object] = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep or key not in declared:
+            raise RooftraceError(
+                f"--param {item!r}: query {query.name!r} takes {', '.join(declared) or 'none'} (NAME=VALUE)"
+            )
+        try:
+            values[key] = float(value) if key.endswith("_s") else value
+        except ValueError:
+            values[key] = value
+    return values
 
 
 def rebuild(store: Store) -> None:

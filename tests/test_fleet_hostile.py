@@ -235,23 +235,9 @@ def test_calibrate_says_when_it_fits_another_gpus_rows(tmp_path: Path) -> None:
 
 def test_calibrate_profiles_report_what_validate_skips(tmp_path: Path) -> None:
     """The profile path (AIConfigurator sets) too: a GPU folder the catalog does not map is named."""
-    import polars as pl
+    from tests.test_measured_fleets import _tiny_aiconfigurator
 
-    root = tmp_path / "meas"
-    folder = root / "aiconfigurator-vllm-ops" / "h100_sxm" / "gemm" / "vllm" / "0.24.0"
-    folder.mkdir(parents=True)
-    shapes = [(m, n, k) for m in (1, 16, 256, 1024) for n in (1024, 4096, 8192) for k in (1024, 4096, 8192)]
-    m, n, k = (np.array(c, dtype=np.int64) for c in zip(*shapes, strict=True))
-    pl.DataFrame(
-        {
-            "gemm_dtype": ["bfloat16"] * len(shapes),
-            "kernel_source": ["torch.nn.functional.linear"] * len(shapes),
-            "m": m,
-            "n": n,
-            "k": k,
-            "latency": (2e-6 + 2.0 * m * n * k / 600e12) * 1e3,
-        }
-    ).write_parquet(folder / "gemm_perf.parquet")
+    root = _tiny_aiconfigurator(tmp_path / "meas")
     (root / "aiconfigurator-vllm-ops" / "zz_gpu").mkdir()
     runner = CliRunner()
     val = runner.invoke(main, ["validate", "--measurements", str(root), "--store", str(tmp_path / "s")])

@@ -27,6 +27,8 @@ from pipeline.ingest.normalize import MAX_LATENCY_S, MAX_TOKENS_PER_REQUEST
 from pipeline.schemas import read_parquet
 from pipeline.store import Store, open_store
 from pipeline.synth import SynthConfig, generate, write_logs
+from tests.test_cli_hostile import HEADER as CSV_HEADER
+from tests.test_cli_hostile import MAPPING as CSV_MAPPING
 from tests.test_ingest_bad import GOOD_OPENAI, _good_line, _write, oa
 from tests.test_ingest_store import _digest
 
@@ -598,24 +600,6 @@ def test_a_folder_says_every_file_it_passes_over(tmp_path: Path) -> None:
     assert res.exit_code == 1
     line = _one_error_line(res)
     assert f"{empty}: no log files in this folder (1 other file(s) skipped" in line, line
-
-
-CSV_HEADER = (
-    "request_id,arrival,model,tenant,session_id,recorded_input_tokens,output_tokens,cache_hit_tokens,reasoning_tokens"
-)
-CSV_MAPPING = """format = "csv"
-time_unit = "iso"
-[fields]
-request_id = "request_id"
-arrival = "arrival"
-model = "model"
-tenant = "tenant"
-session_id = "session_id"
-recorded_input_tokens = "recorded_input_tokens"
-output_tokens = "output_tokens"
-cache_hit_tokens = "cache_hit_tokens"
-reasoning_tokens = "reasoning_tokens"
-"""
 
 
 def test_csv_rows_of_empty_fields_are_quarantined_and_records_keep_their_first_line(tmp_path: Path) -> None:

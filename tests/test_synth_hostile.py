@@ -15,6 +15,7 @@ from click.testing import CliRunner, Result
 
 from pipeline.cli import main
 from pipeline.errors import ConfigError
+from tests.test_fuzz_cli import SPLITWISE_ROW
 
 
 def invoke(args: list[str]) -> Result:
@@ -149,21 +150,7 @@ def test_synth_out_under_a_file(tmp_path: Path, fmt: str, name: str) -> None:
     assert written(tmp_path) == ["storefile"] and (tmp_path / "storefile").read_text() == "keep"
 
 
-#: One Splitwise perf_model.csv row (tests/test_fuzz_cli.py SPLITWISE_ROW); four prompt sizes make
-#: a table calibrate fits.
-SPLITWISE_ROW = {
-    "model": "llama2-70b",
-    "hardware": "a100-80gb",
-    "prompt_size": 512,
-    "batch_size": 1,
-    "token_size": 128,
-    "peak_power": 1.0000125,
-    "average_power": 0.73599375,
-    "prompt_time": 196.2532191537321,
-    "token_time": 54.87951193752838,
-    "e2e_time": 7168.983697891235,
-    "tensor_parallel": 2,
-}
+#: One Splitwise perf_model.csv row; four prompt sizes make a table calibrate fits.
 
 
 @pytest.fixture

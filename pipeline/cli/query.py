@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from functools import partial
 from pathlib import Path
 
 import click
@@ -45,6 +44,7 @@ def query(
         check_run_option,
         get_query,
         list_queries,
+        parse_params,
         require_store,
         run_query,
     )
@@ -65,21 +65,7 @@ def query(
     named = run(lambda: get_query(name))
     run(lambda: check_run_option(name, named.params, run_id))
     values: dict[str, object] = {"run_id": run_id, "date": date}
-    for item in params:
-        key, sep, value = item.partition("=")
-        declared = [p.rstrip("?") for p in named.params]
-        if not sep or key not in declared:  # a typo must not silently leave the default in place
-            run(
-                partial(_refuse, f"--param {item!r}: query {name!r} takes {', '.join(declared) or 'none'} (NAME=VALUE)")
-            )
-        # numbers where the query takes seconds (ttft_slo_s=2); every other value is text
-        if key.endswith("_s"):
-            try:
-                values[key] = float(value)
-                continue
-            except ValueError:
-                pass
-        values[key] = value
+    values |= run(lambda: parse_params(named, params))
     run(lambda: require_store(store))
     run(lambda: check_out_path(store, out))
     if rebuild:
@@ -93,9 +79,3 @@ def query(
         click.echo(text, nl=False)
     else:
         progress(f"wrote {table.num_rows} rows to {out}")
-
-
-def _refuse(message: str) -> None:
-    from pipeline.errors import RooftraceError
-
-    raise RooftraceError(message)
