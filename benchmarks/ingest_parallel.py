@@ -2,17 +2,20 @@
 processes (``rooftrace ingest --jobs N``), in alternating rounds on fresh stores.
 
 With ``--files 1`` the day is one file, which ``--jobs N`` splits at line boundaries into
-pieces read by the workers (pipeline.ingest.core.SPLIT_MIN_BYTES, PIECE_BYTES).
+pieces read by the workers (pipeline.ingest.core.SPLIT_MIN_BYTES, PIECE_BYTES). With ``--gzip``
+the files are gzip-compressed first (rotated production logs): a compressed file is read on
+one core (no random access, one decompression stream), so that is where workers gain most.
 
 Prints the wall time of each mode (inside its own process, interpreter start excluded, worker
 start included), the speed-up, and checks that both stores hold byte-identical Parquet files.
 
-    python benchmarks/ingest_parallel.py [--files 8] [--requests 1000000] [--jobs 2] [--rounds 3]
+    python benchmarks/ingest_parallel.py [--files 8] [--requests 1000000] [--jobs 2] [--rounds 3] [--gzip]
 """
 
 from __future__ import annotations
 
 import argparse
+import gzip
 import hashlib
 import shutil
 import statistics
@@ -36,6 +39,7 @@ def main() -> None:
     ap.add_argument("--requests", type=int, default=1_000_000, help="lines in all, over the files")
     ap.add_argument("--jobs", type=int, default=2)
     ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--gzip", action="store_true", help="gzip the log files (level 1) before ingest")
     ap.add_argument("--workdir", default="/tmp/rooftrace-bench-ingest-parallel")
     args = ap.parse_args()
     work = Path(args.workdir)
@@ -49,23 +53,35 @@ def main() -> None:
         f"    write_logs(generate(SynthConfig(requests={per}, seed=100 + i)), 'openai',"
         f" Path({str(logs)!r}) / f'part-{{i:03d}}.jsonl')"
     )
+    if args.gzip:
+        for p in sorted(logs.iterdir()):
+            with gzip.open(p.with_name(p.name + ".gz"), "wb", compresslevel=1) as out:
+                out.write(p.read_bytes())
+            p.unlink()
     size = sum(p.stat().st_size for p in logs.iterdir()) / 1e6
-    print(f"synth: {args.files} files x {per:,} lines = {per * args.files:,} lines, {size:,.0f} MB ({wall:.1f} s)")
+    kind = " gzipped" if args.gzip else ""
+    print(
+        f"synth: {args.files} files x {per:,} lines = {per * args.files:,} lines, {size:,.0f} MB{kind} ({wall:.1f} s)"
+    )
     times: dict[int, list[float]] = {1: [], args.jobs: []}
     stores: dict[int, Path] = {}
     for r in range(args.rounds):
         for jobs in (1, args.jobs):
             store = work / f"store-j{jobs}-{r}"
             _, rss, doc = run_child(
-                "import time; from pathlib import Path; from pipeline.ingest import ingest_logs\n"
+                "import resource, time; from pathlib import Path; from pipeline.ingest import ingest_logs\n"
                 "from pipeline.store import Store\n"
-                "t0 = time.perf_counter()\n"
+                "def cpu():  # this process and its waited-for workers\n"
+                "    use = [resource.getrusage(w) for w in (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN)]\n"
+                "    return sum(u.ru_utime + u.ru_stime for u in use)\n"
+                "t0, c0 = time.perf_counter(), cpu()\n"
                 f"s = ingest_logs([Path({str(logs)!r})], Store(Path({str(store)!r})), jobs={jobs})\n"
-                "RESULT = {'seconds': time.perf_counter() - t0, 'stored': s.total('rows_stored')}"
+                "RESULT = {'seconds': time.perf_counter() - t0, 'stored': s.total('rows_stored'), 'cpu': cpu() - c0}"
             )
             times[jobs].append(doc["seconds"])
             print(
-                f"round {r + 1}: --jobs {jobs}: {doc['seconds']:.2f} s, {doc['stored']:,} rows stored, "
+                f"round {r + 1}: --jobs {jobs}: {doc['seconds']:.2f} s, {doc['cpu']:.1f} CPU-s "
+                f"({doc['cpu'] / doc['seconds']:.2f} cores busy), {doc['stored']:,} rows stored, "
                 f"parent peak RSS {rss:,.0f} MiB"
             )
             if jobs in stores:

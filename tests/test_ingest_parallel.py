@@ -3,6 +3,7 @@ serial run's, with the same per-file accounting, quarantine and manifest."""
 
 from __future__ import annotations
 
+import gzip
 import hashlib
 import itertools
 import shutil
@@ -46,6 +47,9 @@ def logs(tmp_path_factory: pytest.TempPathFactory) -> Path:
     (root / "d.jsonl").write_text("".join(lines[:200]) + "{not json\n" + '{"timestamp": 5}\n')  # repeats a.jsonl
     shutil.copy(root / "c.jsonl", root / "e-copy.jsonl")  # same content, another name
     (root / "f-bad.jsonl").write_text('{"x": 1}\n{"y": 2}\n')  # every row quarantined: fails
+    write_logs(generate(SynthConfig(requests=400, seed=8, duration_s=7200)), "openai", root / "g.jsonl")
+    (root / "g.jsonl.gz").write_bytes(gzip.compress((root / "g.jsonl").read_bytes()))
+    (root / "g.jsonl").unlink()
     return root
 
 
@@ -217,6 +221,7 @@ def test_the_serial_lookahead_changes_nothing(logs: Path, tmp_path: Path, monkey
     import threading
 
     took: list[bool] = []
+    took_by: list[str] = []
     next_after = core._Lookahead.next_after
 
     def spy(self: core._Lookahead, k: int) -> object:
@@ -225,6 +230,8 @@ def test_the_serial_lookahead_changes_nothing(logs: Path, tmp_path: Path, monkey
         def wrapped(spec: object) -> object:
             got = take(spec)  # type: ignore[arg-type]
             took.append(got is not None)
+            if got is not None:
+                took_by.append(self.paths[k].name)
             return got
 
         return wrapped
@@ -232,7 +239,8 @@ def test_the_serial_lookahead_changes_nothing(logs: Path, tmp_path: Path, monkey
     monkeypatch.setattr(core._Lookahead, "next_after", spy)
     ahead = Store(tmp_path / "ahead")
     with_it = _ingest(ahead, logs, jobs=1)
-    assert took.count(True) >= 3  # c.jsonl, d.jsonl, e-copy.jsonl, f-bad.jsonl follow another file
+    assert took.count(True) >= 4  # c.jsonl, d.jsonl, e-copy.jsonl, f-bad.jsonl follow another file
+    assert "g.jsonl.gz" in took_by  # a compressed file is read ahead too (one DuckDB thread reads it)
     assert not [t for t in threading.enumerate() if t.name == "rooftrace-prefetch"]
     monkeypatch.setattr(core._Lookahead, "_start", lambda self, k: None)
     plain = Store(tmp_path / "plain")
