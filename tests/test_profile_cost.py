@@ -744,3 +744,42 @@ def test_mixed_ratio_grid_kernel_equals_python_and_prices_mixed_steps() -> None:
     parts = attn.step_attention(dg, pg, np.ones(1), np.array([c]), step[2:3], step[4:5], step[5:6], 0.0)[0]
     assert att(step, *args, 48.0, mx) == pytest.approx(parts * cell, rel=1e-12)
     assert stepcost._attention(step, *args, 48.0, mx) == pytest.approx(parts * cell, rel=1e-12)
+
+
+def test_mixed_ratio_grid_fills_holes_between_measured_cells() -> None:
+    """A grid cell no row measured, lying between two measured cells along an axis, takes their
+    interpolation in the axis' log coordinate (RTX PRO 6000's bundles interleave a x2 and a x1.5
+    grid: most cells of the union are such holes). Hand case: chunk 64 between chunks 16 and 256
+    at ratios 2 and 8 -> exp(log 2 + 0.5 * log 4) = 4 (the nearest cell would give 2 or 8)."""
+    from pipeline.profile.mixed import ratio_grid
+
+    rows = pl.DataFrame(
+        {
+            "chunk": [16, 256, 64],
+            "kv_prefill": [0, 0, 512],
+            "n_decode": [4, 4, 4],
+            "kv_decode": [1024, 1024, 1024],
+            "ratio": [2.0, 8.0, 1.0],
+        }
+    )
+    grid = ratio_grid(rows)
+    assert grid is not None
+    assert float(grid(64.0, 0.0, 4.0, 1024.0)) == pytest.approx(4.0, rel=1e-12)
+    assert float(grid(16.0, 0.0, 4.0, 1024.0)) == pytest.approx(2.0, rel=1e-12)  # measured cells stay
+    # The shipped profile: a step inside a measured block (chunk 2048, offsets 1,024-2,048, 64-128
+    # decodes of 8,192-16,384 context: 2.19-3.64 measured) is priced inside it. Filled from the
+    # nearest cells it took 0.90, a no-decode row's ratio copied along the decode axis.
+    prof = load_profile("rtx-pro-6000")
+    assert prof is not None
+    got = prof.mixed_ratio(32, 8, 128)
+    assert got is not None
+    block = prof.frame("attn_mixed").filter(
+        (pl.col("nq") == 32) & (pl.col("nkv") == 8) & (pl.col("d") == 128) & (pl.col("chunk") == 2048)
+        & pl.col("kv_prefill").is_in([1024, 2048]) & pl.col("n_decode").is_in([64, 128])
+        & pl.col("kv_decode").is_in([8192, 16384])
+    )  # fmt: skip
+    assert block.height == 8
+    lo, hi = float(block["ratio"].min()), float(block["ratio"].max())  # type: ignore[arg-type]
+    mx = stepcost.flat_ratio_grid(got[0])
+    for o, n, k in [(1448.0, 106.0, 8779.0), (1152.0, 100.0, 12000.0), (1728.0, 80.0, 9000.0)]:
+        assert lo <= stepcost._mixed_ratio(mx, 2048.0, o, n, k) <= hi, (o, n, k)

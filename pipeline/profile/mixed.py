@@ -18,9 +18,14 @@ two sets' levels when a small chunk joins a decode batch.
 
 Axes (log space): chunk (16…2048), offset log(o + 16) (0…16384), decodes log(n + 1) (0…256),
 decode context (16…16384; all equal when n = 0). Outside the grid the ratio is held at its edge
-(a ratio, unlike a time, has no reason to grow). Grid cells the set did not measure (the largest
-batches on the 24 GB card) are filled from the nearest measured cell along context, then
-decodes, then offset.
+(a ratio, unlike a time, has no reason to grow). Grid cells the set did not measure are filled
+before any query: the RTX PRO 6000 bundles interleave two grids (×2 from 16 and ×1.5 from 16 /
+512), so about 63 % of the union's cells hold no measurement. A cell between two measured ones
+along an axis takes their interpolation (linear in the axis' log coordinate, as queries are):
+along chunk and offset first (repeated until nothing changes: there the two grids' points lie
+1.1–1.5× apart at the same decode context), then along context, then decodes. Cells outside every
+measured span (none in the current bundles) take the nearest measured cell along
+context, then decodes, then offset, then chunk.
 """
 
 from __future__ import annotations
@@ -125,7 +130,8 @@ def mixed_ratio_rows(mixed: pl.DataFrame, decode: pl.DataFrame, prefill: pl.Data
 
 def ratio_grid(rows: pl.DataFrame) -> RatioGrid | None:
     """The grid of mean log ratios over ``rows`` (mixed_ratio_rows output; several models or TP
-    shards average in log space), holes filled from the nearest measured cell."""
+    shards average in log space), holes filled between measured cells, then from the nearest
+    (the module's docstring)."""
     if rows.height == 0:
         return None
     f = rows.with_columns(pl.when(pl.col("n_decode") == 0).then(0).otherwise(pl.col("kv_decode")).alias("kv_decode"))
@@ -152,11 +158,34 @@ def ratio_grid(rows: pl.DataFrame) -> RatioGrid | None:
             t[ia[float(c)], ib[float(o)], ic[0.0], :] = lr
         elif float(k) in idd:
             t[ia[float(c)], ib[float(o)], ic[float(n)], idd[float(k)]] = lr
+    axes = (_la(chunks), _lo(offs), _ln(decs), _lk(ctxs))
+    for stage in ((0, 1), (3,), (2,)):
+        while True:
+            holes = int(np.isnan(t).sum())
+            for axis in stage:
+                t = _fill_between(t, axes[axis], axis)
+            if int(np.isnan(t).sum()) == holes:
+                break
     for axis in (3, 2, 1, 0):
         t = _fill_nearest(t, axis)
     if np.isnan(t).any():
         t = np.where(np.isnan(t), 0.0, t)  # nothing measured in a whole slab: ratio 1
-    return RatioGrid(_la(chunks), _lo(offs), _ln(decs), _lk(ctxs), t)
+    return RatioGrid(*axes, t)
+
+
+def _fill_between(t: FloatArray, coord: FloatArray, axis: int) -> FloatArray:
+    """NaN cells with non-NaN cells on both sides along ``axis`` take the linear interpolation
+    between the nearest two in ``coord`` (the axis' log coordinate); other NaN cells stay NaN."""
+    moved = np.moveaxis(t, axis, -1).copy()
+    flat = moved.reshape(-1, moved.shape[-1])
+    for row in flat:
+        ok = ~np.isnan(row)
+        if ok.all() or ok.sum() < 2:
+            continue
+        x = coord[ok]
+        inside = ~ok & (coord > x[0]) & (coord < x[-1])
+        row[inside] = np.interp(coord[inside], x, row[ok])
+    return np.moveaxis(flat.reshape(moved.shape), -1, axis)
 
 
 def _fill_nearest(t: FloatArray, axis: int) -> FloatArray:
