@@ -35,6 +35,17 @@ class CalibrateResult:
     skipped: tuple[str, ...] = ()
 
 
+#: Held-out median error above which ``calibrate`` refuses to write a hardware entry.
+MAX_HOLDOUT_ERROR = 0.5
+
+
+def format_share(x: float) -> str:
+    """A relative error as a percentage a person can read (no 300-digit figures)."""
+    if not math.isfinite(x):
+        return "an undefined share"
+    return f"{x:.1%}" if x < 100 else f"{x:.3g}x"
+
+
 def calibrate(measurements: Path, hardware: str, name: str | None = None) -> CalibrateResult:
     """Fit the factors a measurement file identifies for one GPU; return the new catalog entry."""
     from pipeline.catalog import hardware_to_toml
@@ -67,6 +78,12 @@ def calibrate(measurements: Path, hardware: str, name: str | None = None) -> Cal
     cals = []
     for kind in kinds:
         fitted, cal = fit_factors([g for g in mine if g.kind == kind], kind, fitted)
+        if cal.n_holdout == 0 or cal.n_train < len(cal.params):
+            raise RooftraceError(
+                f"{measurements}: too few distinct {kind} shapes for {base.name} to fit {len(cal.params)} factors and "
+                f"judge them ({cal.n_train} training rows, {cal.n_holdout} held out; a row repeated counts as one "
+                "shape): measure more sizes"
+            )
         cals.append(cal)
     cal = cals[0] if len(cals) == 1 else Calibration(
         "+".join(c.kind for c in cals), base.name, {k: v for c in cals for k, v in c.params.items()},
@@ -84,6 +101,13 @@ def calibrate(measurements: Path, hardware: str, name: str | None = None) -> Cal
         allerr = np.concatenate(errs)
         return float(np.median(allerr)) if allerr.size else math.nan
 
+    held = med(fitted, "holdout")
+    if not held <= MAX_HOLDOUT_ERROR:  # (NaN too)
+        raise RooftraceError(
+            f"{measurements}: the fitted roofline misses the held-out rows by {format_share(held)} (median); "
+            f"a calibration off by more than {MAX_HOLDOUT_ERROR:.0%} is not written (check the table's units "
+            "and that its rows are this GPU's)"
+        )
     stem = name or f"{base.name}-calibrated"
     note = f"{cal.description}; hold-out median abs error {med(fitted, 'holdout'):.1%}"
     new = replace(

@@ -97,6 +97,11 @@ def _check_date(value: Any, where: str, today: _dt.date) -> str:
     return value
 
 
+#: Highest API price accepted, USD per million tokens: a dollar a token, far above any published
+#: price, low enough that a day's API bill stays a finite, printable number.
+MAX_USD_PER_MILLION_TOKENS = 1_000_000.0
+
+
 def parse_price_table(data: Mapping[str, Any], origin: str, today: _dt.date | None = None) -> list[ApiPrice]:
     """Validate one price TOML: known keys only, the declared unit, dates, non-negative prices,
     a cached-input price no higher than the input price."""
@@ -129,8 +134,11 @@ def parse_price_table(data: Mapping[str, Any], origin: str, today: _dt.date | No
             v = raw[key]
             if isinstance(v, bool) or not isinstance(v, int | float) or not math.isfinite(v):
                 raise ConfigError(f"{where}: {key} must be a number, got {v!r}")
-            if v < 0:
-                raise ConfigError(f"{where}: {key} must be >= 0, got {v}")
+            if not 0 <= v <= MAX_USD_PER_MILLION_TOKENS:
+                raise ConfigError(
+                    f"{where}: {key} must be between 0 and {MAX_USD_PER_MILLION_TOKENS:,.0f} USD per million "
+                    f"tokens, got {v}"
+                )
             values[key] = float(v)
         if values["cached_input"] > values["input"]:
             raise ConfigError(f"{where}: cached_input ({values['cached_input']}) exceeds input ({values['input']})")
@@ -342,15 +350,15 @@ class GpuCost:
         """One row per token class plus ``idle``: tokens, busy $, all-in $ (idle spread pro rata by
         busy share), and both per million tokens."""
         usd = self.class_usd()
+        seconds = sum(self.class_busy_s.values())  # a share of busy time, whatever the GPU costs
         counts = {
             "fresh_input": self.tokens.fresh_input,
             "cache_hit": self.tokens.cache_hit,
             "output": self.tokens.output,
         }
-        busy = self.busy_usd
         out = []
         for k in TOKEN_CLASSES:
-            share = usd[k] / busy if busy > 0 else 0.0
+            share = self.class_busy_s.get(k, 0.0) / seconds if seconds > 0 else 0.0
             all_in = usd[k] + self.idle_usd * share
             n = counts[k]
             out.append(

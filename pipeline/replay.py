@@ -693,6 +693,34 @@ def _store_writes(store: Store) -> Iterator[None]:
         raise store_write_error(store, exc) from None
 
 
+def model_mix_warning(store: Store, date: str, fleet_model: str) -> str | None:
+    """One line when the date's requests were logged for models other than the fleet's, all of
+    which the replay serves as the fleet's model: a day of two models replayed on one. None when
+    every request names the fleet's model, or every request names one model the catalog does not
+    know ("unknown", an API model): then the fleet's model is the one asked about."""
+    from pipeline.catalog import list_models
+
+    counts = (
+        pl.scan_parquet([str(p) for p in store.request_files(date)])
+        .group_by("model")
+        .len()
+        .sort(["len", "model"], descending=[True, False])
+        .collect()
+    )
+    names = [str(m) for m in counts.get_column("model").to_list()]
+    lens = [int(n) for n in counts.get_column("len").to_list()]
+    other = [(m, n) for m, n in zip(names, lens, strict=True) if m != fleet_model]
+    if not other or (len(names) == 1 and names[0] not in list_models()):
+        return None
+    total, n_other = sum(lens), sum(n for _, n in other)
+    shown = ", ".join(f"{m}: {n:,}" for m, n in other[:3]) + (f", {len(other) - 3} more" if len(other) > 3 else "")
+    return (
+        f"MODEL MIX: {n_other:,} of {total:,} requests ({n_other / total:.0%}) were logged for other models "
+        f"({shown}) and are replayed as {fleet_model}; a fleet per model sizes each "
+        "(rooftrace plan --traffic-model)"
+    )
+
+
 def replay(
     store: Store,
     fleet_path: Path | str | None = None,
@@ -747,6 +775,10 @@ def replay(
         run = replace(run, work=Workload(np.zeros(0), np.zeros(0, np.int64), np.zeros(0, np.int64)))
         del work
         summary = summary_of(written, steps.sums, run, run_slo(run, options))
+        mix = model_mix_warning(store, date, cfg.model)
+        if mix is not None:
+            summary["health"]["warnings"].append(mix)
+            summary["health"]["healthy"] = False
         over = summary["health"]["overload"]
         if over["detected"]:
             start = np.datetime64(t0_us, "us") + np.timedelta64(round(over["from_s"] * 1e6), "us")

@@ -414,7 +414,10 @@ _HELD: dict[str, int] = {}
 def open_store(path: str | Path | None = None) -> Store:
     """The store at ``path`` (default: :func:`default_store_path`), repaired first when a killed
     writer left something behind and no other run holds the lock (a store that cannot be written
-    is left as it is: readers ignore the leftovers)."""
+    is left as it is: readers ignore the leftovers). An empty path is refused: it would make the
+    current directory a store."""
+    if path is not None and not str(path).strip():
+        raise RooftraceError("--store: the store path is empty (name a directory, e.g. --store traces/store)")
     store = Store(Path(path) if path is not None else default_store_path())
     try:
         if store.leftovers():

@@ -150,6 +150,9 @@ def _hardware_for(label: str, override: str | None, where: str) -> HardwareSpec 
 
 #: Shape and count columns of a measurement table are whole numbers in [1, MAX_INT_CELL].
 MAX_INT_CELL = 2**31 - 1
+#: A measured time, in the table's unit (milliseconds in Vidur's and Splitwise's tables), is kept
+#: between 1 ns and about 28 hours: outside that it is a unit mistake or a broken row, not a kernel.
+MIN_TIME_CELL, MAX_TIME_CELL = 1e-6, 1e8
 
 
 def _read_csv(
@@ -160,7 +163,7 @@ def _read_csv(
     times: Iterable[str] = (),
 ) -> pl.DataFrame:
     """The table at ``path`` with ``ints`` as Int64 (whole numbers in [1, MAX_INT_CELL]) and ``times``
-    as Float64 (positive, finite). A row with any other value in those columns is left out, and
+    as Float64 (in [MIN_TIME_CELL, MAX_TIME_CELL]). A row with any other value in those columns is left out, and
     ``skipped`` says how many rows and the first one's line, field and value."""
     lines: np.ndarray[Any, np.dtype[np.int64]] | None = None  # each row's line (None: row + 2)
     try:
@@ -182,6 +185,8 @@ def _read_csv(
             ok = np.isfinite(v) & (v > 0)
             if whole:
                 ok &= (v == np.floor(v)) & (v <= MAX_INT_CELL)
+            else:
+                ok &= (v >= MIN_TIME_CELL) & (v <= MAX_TIME_CELL)
         rows = np.flatnonzero(~ok & ~bad)
         if rows.size and (first_bad is None or rows[0] < first_bad[0]):
             first_bad = (int(rows[0]), col, raw[int(rows[0])])
@@ -193,7 +198,11 @@ def _read_csv(
     if first_bad is not None:
         row, col, value = first_bad
         line = int(lines[row]) - 2 if lines is not None else row
-        what = f"a whole number in [1, {MAX_INT_CELL}]" if col in set(ints) else "a positive number"
+        what = (
+            f"a whole number in [1, {MAX_INT_CELL}]"
+            if col in set(ints)
+            else f"a time in [{MIN_TIME_CELL:g}, {MAX_TIME_CELL:g}] (the table's unit, ms)"
+        )
         if skipped is not None:
             skipped.append(
                 f"{path}: {int(bad.sum())} row(s) left out, the first at line {line + 2}: {col} = {value!r} "

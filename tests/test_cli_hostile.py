@@ -372,3 +372,51 @@ def test_a_toml_file_that_is_a_pipe(tmp_path: Path) -> None:
         assert read_toml(Path(f"/dev/fd/{r}"), "fleet file") == {"name": "x", "replicas": 2}
     finally:
         os.close(r)
+
+
+# --- 4th round -------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("keys", ["model,model", "tenant, model ,tenant"])
+def test_classify_refuses_an_isolation_key_named_twice(markup_store: str, keys: str) -> None:
+    line = _one_error_line(_cli("classify", "--store", markup_store, "--isolation", keys))
+    assert "isolation keys named more than once" in line and "'" in line
+
+
+@pytest.mark.parametrize("command", [["ingest", "x.csv"], ["sql", "select 1"], ["classify"]])
+def test_an_empty_store_path_is_refused_not_the_current_directory(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, command: list[str]
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    Path("x.csv").write_text("arrived_at,num_prefill_tokens,num_decode_tokens\n0,10,5\n")
+    line = _one_error_line(_cli(command[0], "--store", "", *command[1:]))
+    assert "--store" in line and "empty" in line
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["x.csv"]  # nothing made a store here
+
+
+@pytest.mark.parametrize("price", ["1e308", "1e300", "1000001"])
+def test_cost_refuses_an_api_price_beyond_a_dollar_a_token(
+    replayed_store: tuple[Any, str], tmp_path: Path, price: str
+) -> None:
+    """A price file of 1e308 USD per million tokens printed `API $inf` and wrote Infinity."""
+    store, run_id = replayed_store
+    prices = tmp_path / "huge.toml"
+    prices.write_text(
+        'provider = "p"\nunit = "usd_per_million_tokens"\nsource = "s"\n[models.m]\n'
+        f'input = {price}\ncached_input = 0\ncache_write = 0\noutput = {price}\ndate = "2026-11-01"\nsource = "s"\n'
+    )
+    line = _one_error_line(_cli("cost", "--store", str(store.root), "--run", run_id, "--prices", str(prices)))
+    assert str(prices) in line and "[models.m]" in line and "between 0 and 1,000,000 USD per million" in line
+
+
+def test_busy_share_is_a_share_of_time_whatever_the_gpu_price(replayed_store: tuple[Any, str]) -> None:
+    """`cost --gpu-price 0` reported a busy share of 0 for every token class."""
+    store, run_id = replayed_store
+    shares = {}
+    for price in ("0", "2.5"):
+        res = _cli("cost", "--store", str(store.root), "--run", run_id, "--gpu-price", price, "--json")
+        assert res.exit_code == 0, res.output
+        rows = json.loads(res.stdout)["token_classes"]
+        shares[price] = {r["token_class"]: r["busy_share"] for r in rows}
+    assert shares["0"] == pytest.approx(shares["2.5"], rel=1e-12)
+    assert sum(v for k, v in shares["0"].items() if k != "idle") == pytest.approx(1.0)

@@ -288,3 +288,41 @@ def test_workload_from_a_handed_over_frame_and_session_keys() -> None:
     assert whole.output_tokens.tolist() == [1, 2, 1, 4, 5, 6, 7]
     want = [-1 if s is None else key64(s) & 0x7FFFFFFFFFFFFFFF for s in sessions]
     assert whole.affinity is not None and whole.affinity.tolist() == want
+
+
+def test_a_day_of_other_models_is_said_when_replayed_on_one(tmp_path: Path) -> None:
+    """Requests logged for another catalog model (or for several models) are all replayed as the
+    fleet's model: the run says how many, for which models, in its health warnings (the terminal,
+    the report's banner). A day whose every request names one model the catalog does not know
+    ("unknown": logs without a model field) is the fleet's traffic by definition: no warning."""
+    from pipeline.replay import model_mix_warning
+
+    sample = ROOT / "traces" / "sample" / "azure_conv_2023.csv.gz"
+    if not sample.exists():
+        pytest.skip(f"bundled sample missing: {sample}")
+    full = Store(tmp_path / "full")
+    ingest_logs([sample], full)
+    head = full.read_requests().head(200)
+    assert head["model"].unique().to_list() == ["unknown"]
+    fleet = str(ROOT / "fleets" / "default.toml")  # llama-3.1-8b
+    store = Store(tmp_path / "store")
+    part = store.partition(store.requests_dir, "2023-11-16") / "p.parquet"
+    write_parquet(head.to_arrow(), part, "requests")
+    assert model_mix_warning(store, "2023-11-16", "llama-3.1-8b") is None
+    mixed = head.with_columns(
+        model=pl.when(pl.int_range(pl.len()) < 70).then(pl.lit("llama-3.1-70b")).otherwise(pl.lit("llama-3.1-8b"))
+    )
+    write_parquet(mixed.to_arrow(), part, "requests")
+    line = model_mix_warning(store, "2023-11-16", "llama-3.1-8b")
+    assert line == (
+        "MODEL MIX: 70 of 200 requests (35%) were logged for other models (llama-3.1-70b: 70) and are replayed "
+        "as llama-3.1-8b; a fleet per model sizes each (rooftrace plan --traffic-model)"
+    )
+    out = CliRunner().invoke(main, ["replay", "--store", str(store.root), "--fleet", fleet, "--json"])
+    assert out.exit_code == 0, out.output
+    health = json.loads(out.stdout)["health"]
+    assert line in health["warnings"] and health["healthy"] is False
+    assert f"warning: {line}" in out.stderr
+    # one model the catalog knows, not the fleet's: said too
+    write_parquet(head.with_columns(model=pl.lit("qwen3-32b")).to_arrow(), part, "requests")
+    assert "200 of 200 requests (100%)" in str(model_mix_warning(store, "2023-11-16", "llama-3.1-8b"))

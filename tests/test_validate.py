@@ -278,3 +278,55 @@ def test_a_named_pipe_among_measurements_is_named(tmp_path: Path) -> None:
     res = CliRunner().invoke(main, ["validate", "--measurements", str(tmp_path / "m"), "--store", str(tmp_path / "s")])
     assert res.exit_code == 1 and "Traceback" not in res.output, res.output
     assert f"{tmp_path / 'm' / 'mlp.csv'}: a named pipe (FIFO), not a regular file" in res.stderr
+
+
+def _user_table(tmp_path: Path, scale: float, prompts: list[int], name: str = "perf_model.csv") -> Path:
+    """A Splitwise-format table made by the roofline itself, times multiplied by ``scale``."""
+    from pipeline.catalog import load_model
+    from pipeline.roofline import Deployment, decode_batch, prefill_batch
+
+    dep = Deployment(load_model("llama-3.1-8b"), load_hardware("l40s"), weight_dtype="fp16", kv_dtype="fp16")
+    p = np.array(prompts, dtype=float)
+    pre = dep.cost(prefill_batch(p)).time_s * 1e3 * scale
+    dec = dep.cost(decode_batch(1.0, p + 64)).time_s * 1e3 * scale
+    lines = ["model,hardware,prompt_size,batch_size,token_size,prompt_time,token_time,tensor_parallel"]
+    lines += [
+        f"llama-3.1-8b,my-l40s,{int(a)},1,128,{float(b)!r},{float(c)!r},1" for a, b, c in zip(p, pre, dec, strict=True)
+    ]
+    path = tmp_path / name
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+@pytest.mark.parametrize(
+    ("scale", "prompts", "said"),
+    [
+        (1.3, [512] * 50, "too few distinct splitwise shapes"),  # one row repeated: nothing held out
+        (1000.0, [128, 256, 512, 1024, 2048, 4096], "misses the held-out rows by"),  # seconds taken as ms
+        (1e304, [128, 256, 512, 1024, 2048, 4096], "is not a time in [1e-06, 1e+08]"),
+        (1e-303, [128, 256, 512, 1024, 2048, 4096], "is not a time in [1e-06, 1e+08]"),
+    ],
+)
+def test_calibrate_refuses_tables_it_cannot_fit_or_judge(
+    tmp_path: Path, scale: float, prompts: list[int], said: str
+) -> None:
+    """A table of one repeated row fitted 4 factors with nothing held out and wrote `nan%`; times
+    of 1e308 or 1e-300 wrote a calibration pinned at its bounds, or printed 300-digit errors."""
+    path = _user_table(tmp_path, scale, prompts)
+    out = tmp_path / "cal.toml"
+    res = CliRunner().invoke(main, ["calibrate", "--measurements", str(path), "--hardware", "l40s", "--out", str(out)])
+    assert res.exit_code == 1, res.output
+    assert said in res.stderr and "Traceback" not in res.output
+    assert not out.exists()
+    assert len(max(res.stderr.splitlines(), key=len)) < 400  # no figure hundreds of digits long
+
+
+def test_calibrate_writes_a_fit_of_a_plausible_table(tmp_path: Path) -> None:
+    path = _user_table(tmp_path, 1.3, [128, 256, 512, 1024, 2048, 4096])
+    out = tmp_path / "cal.toml"
+    res = CliRunner().invoke(
+        main, ["calibrate", "--measurements", str(path), "--hardware", "l40s", "--out", str(out), "--json"]
+    )
+    assert res.exit_code == 0, res.output
+    doc = json.loads(res.stdout)
+    assert doc["holdout_median_abs_error"] < 0.02 and out.exists()

@@ -683,6 +683,7 @@ def classify_tokens(
 ) -> ClassifySummary:
     """Classify one date of ``store`` (the latest when ``date`` is None) and write its tables."""
     cap = capacity if isinstance(capacity, Capacity) else parse_capacity(capacity)
+    prefix.check_isolation(isolation)  # before the day is read
     opts = ClassifyOptions(block_size, cap, tuple(isolation), ttl_s, kv_bytes_per_token, kv_model, kv_dtype)
     day = store.resolve_date(date)
     requests = store.read_requests(day)

@@ -557,8 +557,9 @@ def string_keys(values: pl.Series, *, kernels: _Kernels | None = None) -> U64Arr
     return mix64(out)
 
 
-def isolation_salts(requests: pl.DataFrame, isolation: Sequence[str]) -> U64Array:
-    """Per row, a 64-bit salt naming its isolation domain (null and "" are different values)."""
+def check_isolation(isolation: Sequence[str]) -> None:
+    """Refuse isolation keys that are not request columns that can isolate a cache, or a key
+    named twice (one line each)."""
     cols = list(isolation)
     unknown = [c for c in cols if c not in ISOLATION_COLUMNS]
     if unknown:
@@ -566,6 +567,15 @@ def isolation_salts(requests: pl.DataFrame, isolation: Sequence[str]) -> U64Arra
             f"isolation keys {unknown} are not request columns that can isolate a cache; "
             f"choose from {sorted(ISOLATION_COLUMNS)}"
         )
+    twice = sorted({c for c in cols if cols.count(c) > 1})
+    if twice:
+        raise RooftraceError(f"isolation keys named more than once: {twice} (each key once, e.g. model,tenant)")
+
+
+def isolation_salts(requests: pl.DataFrame, isolation: Sequence[str]) -> U64Array:
+    """Per row, a 64-bit salt naming its isolation domain (null and "" are different values)."""
+    cols = list(isolation)
+    check_isolation(cols)
     if not cols:
         return np.full(requests.height, key64("[]"), dtype=np.uint64)
     combos = requests.select(cols).unique(maintain_order=True)

@@ -51,7 +51,7 @@ def calibrate_cmd(measurements: str, hardware: str | None, out: str | None, as_j
             raise RooftraceError(
                 f"{source}: {what} Vidur or Splitwise table needs --hardware (the GPU whose factors to fit)"
             )
-        from pipeline.calibrate import calibrate, write_calibrated
+        from pipeline.calibrate import calibrate, format_share, write_calibrated
 
         target = Path(out) if out else Path(f"{hardware}-calibrated.toml")
         result = calibrate(source, hardware, name=target.stem)
@@ -76,8 +76,9 @@ def calibrate_cmd(measurements: str, hardware: str | None, out: str | None, as_j
         click.echo(f"fitted {', '.join(f'{k}={v:.4g}' for k, v in result.calibration.params.items())}")
         click.echo(f"  on: {result.calibration.description}")
         click.echo(
-            f"  median abs error: train {result.train_median_abs_error:.1%}, hold-out "
-            f"{result.holdout_median_abs_error:.1%} (catalog factors: {result.before_median_abs_error:.1%})"
+            f"  median abs error: train {format_share(result.train_median_abs_error)}, hold-out "
+            f"{format_share(result.holdout_median_abs_error)} "
+            f"(catalog factors: {format_share(result.before_median_abs_error)})"
         )
 
     run(body)
