@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -193,3 +194,29 @@ def test_import_hf_errors(tmp_path: Path) -> None:
     path.write_text("{not json")
     with pytest.raises(ConfigError, match="invalid JSON at line 1"):
         import_hf_config(path)
+
+
+@pytest.mark.parametrize(
+    ("extra", "said"),
+    [
+        ({"num_key_value_heads": 0}, "num_key_value_heads must be > 0 when given"),
+        ({"head_dim": 0}, "head_dim must be > 0 when given"),
+        ({"num_local_experts": 0, "num_experts_per_tok": 2}, "num_experts_per_tok is 2 but the expert count"),
+    ],
+)
+def test_import_hf_refuses_zero_heads_or_experts(tmp_path: Path, extra: dict[str, int], said: str) -> None:
+    """A zero KV-head count or head size was read as "not given" (plain multi-head attention:
+    4x the KV per token of a GQA model), and a Mixtral with no experts as a dense model."""
+    base = {
+        "hidden_size": 64,
+        "num_attention_heads": 4,
+        "num_hidden_layers": 2,
+        "vocab_size": 100,
+        "intermediate_size": 128,
+    }
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps({**base, **extra}))
+    with pytest.raises(ConfigError, match=re.escape(said)):
+        import_hf_config(path)
+    path.write_text(json.dumps({**base, "num_key_value_heads": None}))  # null: the default, as before
+    assert import_hf_config(path)[0].num_kv_heads == 4

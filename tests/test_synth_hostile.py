@@ -127,13 +127,16 @@ def test_synth_out_of_memory_is_one_line(tmp_path: Path, monkeypatch: pytest.Mon
     assert written(tmp_path) == []
 
 
-def test_synth_arrivals_past_year_9999(tmp_path: Path) -> None:
-    """The last day a timestamp has four digits: refused, not a log of '+10000-...' times."""
+def test_synth_arrivals_past_2100(tmp_path: Path) -> None:
+    """Sessions whose later turns run past the last day ingest accepts: refused, not a log whose
+    last rows are quarantined (it was a log of '+10000-...' times at 9999-12-31)."""
     out = tmp_path / "x.jsonl"
     line = error_line(
-        invoke(["synth", "--requests", "200", "--date", "9999-12-31", "--hours", "48", "--out", str(out)])
+        invoke(
+            ["synth", "--requests", "5000", "--flat", "--date", "2099-12-31", "--hours", "23.999", "--out", str(out)]
+        )
     )
-    assert "run past 9999-12-31" in line and "hours" in line
+    assert "run past 2100-01-01 UTC" in line and "hours" in line
     assert written(tmp_path) == []
 
 
@@ -312,3 +315,14 @@ def test_import_hf_deeply_nested_value(tmp_path: Path, tiny_config: Path, depth:
 def test_catalog_names_never_leave_the_catalog(name: str) -> None:
     line = error_line(invoke(["fit", "--model", name, "--hardware", "h100-sxm"]))
     assert line.startswith(f"error: no model named {name!r}") and "1-64 letters" in line
+
+
+@pytest.mark.parametrize(
+    ("date", "hours"), [("1970-01-01", "1"), ("0001-01-01", "1"), ("9999-12-31", "8000"), ("2099-12-31", "48")]
+)
+def test_synth_refuses_days_ingest_would_quarantine(tmp_path: Path, date: str, hours: str) -> None:
+    """`synth --date 1970-01-01` wrote a log whose every row ingest then quarantined."""
+    out = tmp_path / "d.jsonl"
+    res = CliRunner().invoke(main, ["synth", "--date", date, "--hours", hours, "--requests", "10", "--out", str(out)])
+    assert res.exit_code == 1 and "Traceback" not in res.output, res.output
+    assert "2000-01-01 .. 2100-01-01 UTC, the range ingest accepts" in res.stderr and not out.exists()

@@ -617,6 +617,9 @@ def model_from_hf_config(cfg: Mapping[str, Any], name: str, hf_id: str = "", sou
     heads = get_int("num_attention_heads")
     if min(hidden, layers, heads) <= 0:
         raise ConfigError(f"{where}: hidden_size, num_hidden_layers, num_attention_heads must be > 0")
+    for key in ("num_key_value_heads", "head_dim"):
+        if cfg.get(key) == 0 and not isinstance(cfg.get(key), bool):  # given as 0, not left out (null)
+            raise ConfigError(f"{where}: {key} must be > 0 when given, got 0 (leave it out for the default)")
     kv_heads = get_int("num_key_value_heads", heads) or heads
     if heads % kv_heads:
         raise ConfigError(f"{where}: num_attention_heads {heads} not divisible by num_key_value_heads {kv_heads}")
@@ -627,6 +630,11 @@ def model_from_hf_config(cfg: Mapping[str, Any], name: str, hf_id: str = "", sou
     top_k = get_int("num_experts_per_tok") or get_int("experts_per_token")
     moe_inter = get_int("moe_intermediate_size") or (get_int("intermediate_size") if num_experts else 0)
     first_dense = get_int("first_k_dense_replace")
+    if top_k and not num_experts:
+        raise ConfigError(
+            f"{where}: num_experts_per_tok is {top_k} but the expert count (n_routed_experts, num_local_experts, "
+            "num_experts) is 0 or missing"
+        )
     if num_experts:
         if not top_k or top_k > num_experts:
             raise ConfigError(f"{where}: num_experts_per_tok must be in 1..{num_experts}, got {top_k}")

@@ -64,8 +64,8 @@ MAX_CONTEXT = 131_072
 MAX_REQUESTS, MAX_TENANTS, MAX_SEED = defaults.SYNTH_MAX_REQUESTS, defaults.SYNTH_MAX_TENANTS, defaults.SYNTH_MAX_SEED
 MAX_DURATION_S = defaults.SYNTH_MAX_DURATION_S
 MIN_CV, MAX_CV = defaults.SYNTH_MIN_CV, defaults.SYNTH_MAX_CV
-#: The first microsecond past 9999-12-31 (UTC): a log's timestamps keep four-digit years.
-_YEAR_10000_US = 253_402_300_800 * 1_000_000
+#: The first microsecond past the arrivals ingest accepts (2100-01-01 UTC, PLAUSIBLE_ARRIVAL).
+_ARRIVAL_END_US = 4_102_444_800 * 1_000_000
 
 
 def _bad_number(value: object, low: float, high: float, *, low_open: bool = False) -> bool:
@@ -115,6 +115,17 @@ class SynthConfig:
             raise ConfigError(
                 f"synth: duration_s must be a finite number of seconds in (0, {MAX_DURATION_S:,.0f}] "
                 f"(366 days), got {_shown(self.duration_s)}"
+            )
+        from datetime import UTC, datetime, timedelta
+
+        from pipeline.ingest.timeparse import PLAUSIBLE_ARRIVAL
+
+        start = datetime.combine(_date.fromisoformat(self.date), datetime.min.time(), UTC)
+        lo, hi = PLAUSIBLE_ARRIVAL
+        if not lo <= start < hi or start + timedelta(seconds=float(self.duration_s)) >= hi:
+            raise ConfigError(
+                f"synth: the arrivals must fall in {lo:%Y-%m-%d} .. {hi:%Y-%m-%d} UTC, the range ingest accepts "
+                f"(docs/limits.md); date {self.date} with {float(self.duration_s) / 3600:,.6g} hours does not"
             )
         if self.cv is not None and _bad_number(self.cv, MIN_CV, MAX_CV):
             raise ConfigError(f"synth: cv must be a finite number in {MIN_CV:g}..{MAX_CV:g}, got {_shown(self.cv)}")
@@ -218,10 +229,10 @@ def generate(cfg: SynthConfig) -> pl.DataFrame:
     arrival_s = _group_cumsum(step, turn == 0)
     base = anchor_us(cfg.date)
     assert base is not None
-    if base + float(arrival_s.max()) * 1e6 >= _YEAR_10000_US:
+    if base + float(arrival_s.max()) * 1e6 >= _ARRIVAL_END_US:  # a session's later turns, past the span
         raise ConfigError(
-            f"synth: arrivals from {cfg.date} over {cfg.duration_s / 3600:g} hours run past 9999-12-31 "
-            "(timestamps have four-digit years); use an earlier date or fewer hours"
+            f"synth: arrivals from {cfg.date} over {cfg.duration_s / 3600:g} hours run past 2100-01-01 UTC, "
+            "the end of the range ingest accepts (docs/limits.md); use an earlier date or fewer hours"
         )
 
     frame = pl.DataFrame(
