@@ -12,7 +12,7 @@ from pipeline.defaults import INGEST_FORMATS
 
 
 @click.command()
-@click.argument("sources", nargs=-1, required=True, type=click.Path(path_type=Path))
+@click.argument("sources", nargs=-1, required=True, type=click.Path())  # as typed: '' is refused, not '.'
 @click.option("--format", "fmt", type=click.Choice(INGEST_FORMATS), default=None, help="Log format (default: detect).")
 @click.option("--date", default=None, help="YYYY-MM-DD anchor for traces with relative timestamps.")
 @click.option(
@@ -30,7 +30,7 @@ from pipeline.defaults import INGEST_FORMATS
 @store_option
 @json_option
 def ingest(
-    sources: tuple[Path, ...],
+    sources: tuple[str, ...],
     fmt: str | None,
     date: str | None,
     mapping: Path | None,

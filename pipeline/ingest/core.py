@@ -3,13 +3,18 @@
 Guarantees (docs/limits.md):
 
 - Accounting is exact per file: rows read = rows stored + rows quarantined + duplicates dropped.
+- Files are named by their absolute path, ``.``/``..`` and links resolved
+  (``source.file_identity``), in the manifest, the rows, the quarantine and messages.
 - A file already ingested (same SHA-256) is skipped, unless ``force``: then it is read again and
-  its earlier rows (every row stored from that path, or from another path with that content) are
-  REPLACED by the new ones, with its manifest entries and quarantine records.
+  its earlier rows (every row stored from that file, and from another path whose every manifest
+  entry has that content: the file renamed) are REPLACED by the new ones, with its manifest
+  entries and quarantine records. A path ingested before with other content is read (its new
+  rows added) and said: a note when it grew, a warning otherwise.
 - Rows are deduplicated on (source_format, request_id) against the store and within the run,
-  keeping the first seen. A record without an id gets one derived from its content and its
-  occurrence in the file (``normalize.DerivedIds``), never from the whole file, so re-ingesting
-  a log that has grown stores only its new records.
+  keeping the first seen; a duplicate whose values differ from the row kept is counted
+  (``rows_conflicting``) and said, one warning per file. A record without an id gets one
+  derived from its content and its occurrence in the file (``normalize.DerivedIds``), never from
+  the whole file, so re-ingesting a log that has grown stores only its new records.
 - A file that cannot be read, or whose every row is quarantined (a wrong ``--format``, a wrong
   ``--date``), fails: one line naming it (and the commonest quarantine reason), exit 1, and it is
   not recorded in the manifest, so a corrected re-run ingests it. The quarantine records of an
@@ -64,9 +69,11 @@ from pipeline.ingest.source import (
     THREADS_ENV,
     FileDigest,
     SourceError,
+    absolute_source,
     check_text,
     copy_range,
     fetch_lines,
+    file_identity,
     iter_files,
     logical_name,
     read_head,
@@ -92,6 +99,9 @@ class FileResult:
     error: str | None = None
     #: Stored rows of earlier ingests this file replaced (``force``).
     rows_replaced: int = 0
+    #: Of ``rows_duplicate``, the rows whose request id was seen first with other content (a
+    #: corrected or conflicting record: the first one seen is kept).
+    rows_conflicting: int = 0
 
 
 @dataclass
@@ -114,10 +124,12 @@ class IngestSummary:
         n_files = sum(1 for f in self.files if not f.skipped and not f.error)
         skipped = sum(1 for f in self.files if f.skipped)
         replaced = self.total("rows_replaced")
+        conflicting = self.total("rows_conflicting")
         return (
             f"ingested {n_files} file(s) ({skipped} already ingested, {len(self.errors)} failed): "
             f"{self.total('rows_read')} rows read = {self.total('rows_stored')} stored + "
             f"{self.total('rows_quarantined')} quarantined + {self.total('rows_duplicate')} duplicates"
+            + (f" ({conflicting} of them with other content than the row kept)" if conflicting else "")
             + (f", replacing {replaced} rows stored before" if replaced else "")
             + f" in {self.seconds:.1f} s"
         )
@@ -129,6 +141,7 @@ class IngestSummary:
             "rows_quarantined": self.total("rows_quarantined"),
             "rows_duplicate": self.total("rows_duplicate"),
             "rows_replaced": self.total("rows_replaced"),
+            "rows_conflicting": self.total("rows_conflicting"),
             "seconds": round(self.seconds, 3),
             "ok": self.ok,
             "errors": self.errors,
@@ -442,23 +455,146 @@ class _Replace:
 
 
 def _replaced(manifest: pl.DataFrame, results: list[FileResult], force: bool) -> _Replace:
-    """With ``force``: the earlier ingests each re-read file replaces (its path, or its content
-    under another path), from the manifest."""
+    """With ``force``: the earlier ingests each re-read file replaces, from the manifest: every
+    entry of its own path (whatever content that path had), and the entries of another path only
+    when each of them has this file's content (the same file renamed or copied): a path that also
+    stored other content keeps its rows, which are not this file's to replace."""
     rep = _Replace()
     if not force:
         return rep
+    shas_of: dict[str, set[str]] = {}
+    paths_with: dict[str, set[str]] = {}
+    for path, sha in zip(manifest["source_file"].to_list(), manifest["content_sha256"].to_list(), strict=True):
+        shas_of.setdefault(path, set()).add(sha)
+        paths_with.setdefault(sha, set()).add(path)
     for idx, res in enumerate(results):
         if res.skipped or res.error or res.content_sha256 is None:
             continue
-        same = manifest.filter(
-            (pl.col("source_file") == res.source_file) | (pl.col("content_sha256") == res.content_sha256)
-        )
-        for source_file in same["source_file"].to_list():
+        sha = res.content_sha256
+        mine = {p for p in paths_with.get(sha, set()) if shas_of[p] == {sha}}
+        if res.source_file in shas_of:
+            mine.add(res.source_file)
+        if not mine:
+            continue
+        same = manifest.filter(pl.col("source_file").is_in(sorted(mine)))
+        for source_file in sorted(mine):
             rep.files.add(source_file)
             rep.owner.setdefault(source_file, idx)
         rep.dates.update(d for ds in same["dates"].to_list() for d in ds)
         rep.shas.update(same["content_sha256"].to_list())
     return rep
+
+
+@dataclass
+class _Conflicts:
+    """Rows dropped as duplicates whose request id was first seen with other content, per file
+    (result index): how many, and the first of them in reading order (its ``_seq``, request id and
+    line, and the file and line of the row kept)."""
+
+    counts: dict[int, int] = field(default_factory=dict)
+    first: dict[int, tuple[int, str, int, str, int]] = field(default_factory=dict)
+
+    def add(self, rows: Sequence[tuple[Any, ...]]) -> None:
+        """(file index, count, _seq, request id, line, kept file, kept line) of the first one."""
+        for f, n, seq, rid, line, kept_file, kept_line in rows:
+            idx = int(f)
+            self.counts[idx] = self.counts.get(idx, 0) + int(n)
+            if idx not in self.first or int(seq) < self.first[idx][0]:
+                self.first[idx] = (int(seq), str(rid), int(line), str(kept_file), int(kept_line))
+
+    def line(self, idx: int, path: str) -> str | None:
+        n = self.counts.get(idx, 0)
+        if not n:
+            return None
+        _, rid, line, kept_file, kept_line = self.first[idx]
+        where = f"line {kept_line}" if kept_file == path else f"{kept_file} line {kept_line}"
+        return (
+            f"warning: {path}: {n} row(s) have a request id seen before with other content: dropped as "
+            f"duplicates, the first seen kept; e.g. id {rid!r} at line {line} here, kept from {where}"
+        )
+
+
+#: Columns that say where a row came from, not what it is: two rows with the same key that differ
+#: only in these are the same record (a grown or copied log), not a conflict.
+_WHERE_FROM = ("source_format", "request_id", "source_file", "source_line")
+
+
+def _content_columns(names: Sequence[str]) -> list[str]:
+    return [c for c in names if c not in _WHERE_FROM]
+
+
+def _clashes(rows: pl.DataFrame, first: pl.Series, files: pl.Series, seqs: pl.Series) -> list[tuple[Any, ...]]:
+    """The rows of ``rows`` (a date's stored rows, then its staged rows in reading order) dropped
+    as duplicates whose content differs from their key's first row, as :meth:`_Conflicts.add`
+    takes them. ``files`` and ``seqs`` are each row's file index and ``_seq`` (-1 when stored)."""
+    keys = ["source_format", "request_id"]
+    content = pl.struct(_content_columns(rows.columns))
+    frame = rows.with_columns(_file=files, _seq=seqs, _first=first)
+    repeated = frame.filter(pl.struct(keys).is_duplicated()).with_columns(_c=content)
+    clash = repeated.with_columns(
+        _c0=pl.col("_c").first().over(keys),
+        _f0=pl.col("source_file").first().over(keys),
+        _l0=pl.col("source_line").first().over(keys),
+    ).filter(~pl.col("_first") & pl.col("_c").ne_missing(pl.col("_c0")))
+    if not clash.height:
+        return []
+    return (
+        clash.sort("_seq")
+        .group_by("_file", maintain_order=True)
+        .agg(
+            pl.len(),
+            pl.col("_seq").first(),
+            pl.col("request_id").first(),
+            pl.col("source_line").first(),
+            pl.col("_f0").first(),
+            pl.col("_l0").first(),
+        )
+        .rows()
+    )
+
+
+def _after_merge_lines(
+    manifest: pl.DataFrame, results: list[FileResult], conflicts: _Conflicts, force: bool
+) -> list[str]:
+    """What to say of each file once it is merged: that its path was ingested before with other
+    content (not with ``force``, which replaced that), and its conflicting duplicates."""
+    last: dict[str, dict[str, Any]] = {}
+    if not force:
+        for entry in manifest.select("source_file", "content_sha256", "rows_stored", "rows_duplicate").iter_rows(
+            named=True
+        ):
+            last[entry["source_file"]] = entry  # the path's latest read (entries are appended)
+    out: list[str] = []
+    for idx, res in enumerate(results):
+        res.rows_conflicting = conflicts.counts.get(idx, 0)
+        if res.skipped or res.error or res.content_sha256 is None:
+            continue
+        before = last.get(res.source_file)
+        if before is not None and before["content_sha256"] != res.content_sha256:
+            out.append(_changed_line(res, before))
+        clash = conflicts.line(idx, res.source_file)
+        if clash is not None:
+            out.append(clash)
+    return out
+
+
+def _changed_line(res: FileResult, before: dict[str, Any]) -> str:
+    """One line for a path ingested before with other content: it grew (every row the earlier read
+    kept is read again, unchanged), or it changed, and ``--force`` replaces what the earlier read
+    stored."""
+    kept_before = int(before["rows_stored"]) + int(before["rows_duplicate"])
+    again = res.rows_duplicate - res.rows_conflicting
+    if again >= kept_before:
+        return (
+            f"{res.source_file}: grew since it was ingested ({kept_before} earlier row(s) read again as "
+            f"duplicates, {res.rows_stored} new row(s) stored)"
+        )
+    return (
+        f"warning: {res.source_file}: ingested before with other content (that read stored "
+        f"{before['rows_stored']} row(s)); this read adds {res.rows_stored} new row(s) to them "
+        f"({res.rows_duplicate} duplicate(s)); if the file was corrected rather than appended to, ingest it "
+        "with --force to replace what the earlier read stored"
+    )
 
 
 def _first_line(exc: BaseException) -> str:
@@ -500,6 +636,11 @@ def ingest_logs(
     files in that many worker processes (the store ends byte-identical to a serial run's)."""
     t0 = time.perf_counter()
     say = progress or (lambda _msg: None)
+    if any(isinstance(src, str) and src == "" for src in sources):
+        raise RooftraceError(
+            "an empty SOURCE ('') names no file (it would read the whole current folder); "
+            "name a file or folder ('.' for the current folder)"
+        )
     if date is not None:
         check_date(date)
     if fmt is not None and fmt not in ALL_FORMATS:
@@ -549,10 +690,14 @@ def _ingest_locked(
     quarantines: dict[int, pl.DataFrame] = {}
     paths: list[Path] = []
     for src in sources:
+        # Files are named by their absolute, link-free path (file_identity) everywhere: the same
+        # relative path typed in two folders is two files, two spellings of one file are one.
+        where = absolute_source(src)
         try:
-            paths.extend(iter_files([Path(src)], skipped=say))
+            for path in iter_files([where], skipped=say, exclude=store.root):
+                paths.append(file_identity(path))
         except SourceError as exc:
-            results.append(FileResult(source_file=str(src), error=str(exc)))
+            results.append(FileResult(source_file=str(where), error=str(exc)))
             say(f"error: {exc}")
     first = len(results)
     seen: list[bool] = []
@@ -588,8 +733,9 @@ def _ingest_locked(
             say(line)
 
     replace = _replaced(manifest, results, force)
+    conflicts = _Conflicts()
     try:
-        _merge(store, stager, commit, results, say, replace)
+        _merge(store, stager, commit, results, say, replace, conflicts)
         _write_quarantine(store, commit, manifest, results, quarantines, now, replace)
         _write_manifest(store, commit, manifest, results, now, replace)
         commit.apply()
@@ -597,6 +743,8 @@ def _ingest_locked(
         raise store_write_error(store, exc) from None
     except (duckdb.Error, pl.exceptions.PolarsError) as exc:
         raise RooftraceError(f"{store.root}: cannot merge into the store ({_first_line(exc)})") from None
+    for line in _after_merge_lines(manifest, results, conflicts, force):
+        say(line)
     return results
 
 
@@ -1023,20 +1171,33 @@ SORT_KEYS = ("arrival", "source_file", "source_line", "request_id")
 
 
 def _merge(
-    store: Store, stager: Stager, commit: Commit, results: list[FileResult], say: Progress, replace: _Replace
+    store: Store,
+    stager: Stager,
+    commit: Commit,
+    results: list[FileResult],
+    say: Progress,
+    replace: _Replace,
+    conflicts: _Conflicts | None = None,
 ) -> None:
     """Deduplicate the staged rows against the store and each other (first seen wins: stored rows,
     then staged rows in reading order) and stage each touched date partition, sorted by
     SORT_KEYS, in ``commit``. Stored rows that ``replace`` names are dropped first (and the
     partitions they were in rewritten without them). Every way of merging gives the same rows
-    and the same Parquet bytes."""
-    touched = _merge_staged(store, stager, commit, results, say, replace)
+    and the same Parquet bytes, and the same ``conflicts`` (duplicates with other content)."""
+    clashes = conflicts if conflicts is not None else _Conflicts()
+    touched = _merge_staged(store, stager, commit, results, say, replace, clashes)
     for d in sorted(replace.dates - touched):
         _drop_replaced(store, commit, d, results, say, replace)
 
 
 def _merge_staged(
-    store: Store, stager: Stager, commit: Commit, results: list[FileResult], say: Progress, replace: _Replace
+    store: Store,
+    stager: Stager,
+    commit: Commit,
+    results: list[FileResult],
+    say: Progress,
+    replace: _Replace,
+    conflicts: _Conflicts,
 ) -> set[str]:
     frames = [f for fs in stager.memory.values() for f in fs]
     if not frames and not stager.spilled_files():
@@ -1048,12 +1209,12 @@ def _merge_staged(
         fits = all((store.stored_rows(d) + part.height) * per_row <= MEMORY_MERGE_BYTES for d, part in parts.items())
         if fits:
             for d, part in parts.items():
-                _merge_date_memory(store, commit, d, part, results, say, replace)
+                _merge_date_memory(store, commit, d, part, results, say, replace, conflicts)
             return set(parts)
         del staged, parts
     del frames
     stager.flush()
-    return _merge_out_of_core(store, stager, commit, results, say, replace)
+    return _merge_out_of_core(store, stager, commit, results, say, replace, conflicts)
 
 
 def _drop_replaced(
@@ -1138,6 +1299,7 @@ def _merge_date_memory(
     results: list[FileResult],
     say: Progress,
     replace: _Replace,
+    conflicts: _Conflicts,
 ) -> None:
     names = load_schema("requests").names
     existing = _stored_files(store, date)
@@ -1159,6 +1321,11 @@ def _merge_date_memory(
         .rows()
     )
     _count(results, date, counts)
+    if not first.all():
+        stored_marks = pl.repeat(-1, n_old, dtype=pl.Int64, eager=True)
+        files = pl.concat([stored_marks, part["_file"].cast(pl.Int64)])
+        seqs = pl.concat([stored_marks, part["_seq"].cast(pl.Int64)])
+        conflicts.add(_clashes(rows, first, files, seqs))
     kept = rows if first.all() else rows.filter(first)
     if not _is_sorted(kept, SORT_KEYS):  # a log written in arrival order needs no sort
         kept = kept.sort(SORT_KEYS)
@@ -1191,16 +1358,25 @@ def _is_sorted(frame: pl.DataFrame, keys: Sequence[str]) -> bool:
 
 
 def _merge_out_of_core(
-    store: Store, stager: Stager, commit: Commit, results: list[FileResult], say: Progress, replace: _Replace
+    store: Store,
+    stager: Stager,
+    commit: Commit,
+    results: list[FileResult],
+    say: Progress,
+    replace: _Replace,
+    conflicts: _Conflicts,
 ) -> set[str]:
     """The merge for staged rows that do not fit in memory, all of them in staging files. DuckDB
     counts rows and finds duplicate keys in one pass over the key columns (within MERGE_MEMORY,
     spilling beyond it). A date with no duplicates, no stored rows and rows read in partition
     order is streamed by polars from the staging files into its partition; otherwise DuckDB drops
     the duplicates (and the stored rows ``replace`` names) and sorts into a staging file that
-    polars then streams into the partition. Returns the dates merged."""
+    polars then streams into the partition. Duplicates whose content differs from the row kept
+    (a 64-bit hash of the content columns differs) are counted in ``conflicts``. Returns the
+    dates merged."""
     names = load_schema("requests").names
     cols = ", ".join(f'"{c}"' for c in names)
+    content_hash = "hash(" + ", ".join(f'"{c}"' for c in _content_columns(names)) + ") AS _ch"
     files = stager.spilled_files()
     tmp = stager.root / "duckdb"
     tmp.mkdir(parents=True, exist_ok=True)
@@ -1235,13 +1411,28 @@ def _merge_out_of_core(
         # Keys of every row that takes part: the stored rows of touched dates (first, _ord 0) and
         # the staged rows (in reading order, _ord 1).
         keys = ["SELECT _date, source_format, request_id, _file, _seq, _ord FROM staged"]
+        # The same with a hash of their content, to rank the repeated keys and tell a conflicting
+        # duplicate (same id, other content) from a copy; and with where they came from, to name
+        # the row kept for a conflicting one.
+        ranked = [f"SELECT _date, source_format, request_id, _file, _seq, _ord, {content_hash} FROM staged"]
+        origin = ["SELECT _date, source_format, request_id, _seq, source_file, source_line FROM staged"]
         for d, existing in stored.items():
             if existing:
                 keys.append(
                     f"SELECT '{d}' AS _date, source_format, request_id, -1 AS _file, -1 AS _seq, 0 AS _ord "
                     f"FROM read_parquet([{_sql_list(existing)}]) {keep_stored}"
                 )
+                ranked.append(
+                    f"SELECT '{d}' AS _date, source_format, request_id, -1 AS _file, -1 AS _seq, 0 AS _ord, "
+                    f"{content_hash} FROM read_parquet([{_sql_list(existing)}]) {keep_stored}"
+                )
+                origin.append(
+                    f"SELECT '{d}' AS _date, source_format, request_id, -1 AS _seq, source_file, source_line "
+                    f"FROM read_parquet([{_sql_list(existing)}]) {keep_stored}"
+                )
         con.execute(f"CREATE TEMP VIEW keys AS {' UNION ALL '.join(keys)}")
+        con.execute(f"CREATE TEMP VIEW ranked AS {' UNION ALL '.join(ranked)}")
+        con.execute(f"CREATE TEMP VIEW origin AS {' UNION ALL '.join(origin)}")
         # Repeated keys: first the repeated 64-bit hashes of (date, key), an aggregate of one
         # integer that DuckDB keeps within MERGE_MEMORY (grouping 10^8 distinct request-id
         # strings, or the date string with the hash, did not: measured), then the keys
@@ -1255,15 +1446,18 @@ def _merge_out_of_core(
             "SEMI JOIN duphash ON hash(keys._date, keys.source_format, keys.request_id) = duphash._h "
             "GROUP BY ALL HAVING count(*) > 1"
         )
-        # Rows after the first of their key in their date (stored rows are unique already).
+        # Rows after the first of their key in their date (stored rows are unique already), and
+        # whether their content differs from the first's.
         select_dup = (
-            "SELECT _date, _file, _seq FROM (SELECT _date, _file, _seq, row_number() "
-            "OVER (PARTITION BY _date, source_format, request_id ORDER BY _ord, _seq) AS _n "
-            "FROM keys SEMI JOIN dupkeys USING (_date, source_format, request_id)) WHERE _n > 1"
+            "SELECT _date, _file, _seq, _clash FROM (SELECT _date, _file, _seq, row_number() OVER w AS _n, "
+            "_ch IS DISTINCT FROM first_value(_ch) OVER w AS _clash "
+            "FROM ranked SEMI JOIN dupkeys USING (_date, source_format, request_id) "
+            "WINDOW w AS (PARTITION BY _date, source_format, request_id ORDER BY _ord, _seq)) WHERE _n > 1"
         )
         if not con.execute("SELECT count(*) FROM dupkeys").fetchall()[0][0]:
             select_dup += " LIMIT 0"  # no key is repeated: nothing to rank
         con.execute(f"CREATE TEMP TABLE dup AS {select_dup}")
+        _out_of_core_conflicts(con, conflicts)
         dups: dict[tuple[str, int], int] = {
             (d, int(f)): int(n)
             for d, f, n in con.execute("SELECT _date, _file, count(*) FROM dup GROUP BY ALL").fetchall()
@@ -1309,6 +1503,28 @@ def _merge_out_of_core(
     finally:
         con.close()
     return set(per_file)
+
+
+def _out_of_core_conflicts(con: duckdb.DuckDBPyConnection, conflicts: _Conflicts) -> None:
+    """Count the conflicting duplicates of table ``dup`` per file into ``conflicts``, with the
+    first of each file (its id and line, and the file and line of the row kept: the first of its
+    key in reading order, a stored row's ``_seq`` being -1)."""
+    per_file = con.execute(
+        "SELECT _file, count(*), min(_seq), arg_min(_date, _seq) FROM dup WHERE _clash GROUP BY _file ORDER BY _file"
+    ).fetchall()
+    if not per_file:
+        return
+    con.execute("CREATE TEMP TABLE clash_first (_file INTEGER, n BIGINT, _seq BIGINT, _date VARCHAR)")
+    con.executemany("INSERT INTO clash_first VALUES (?, ?, ?, ?)", [list(r) for r in per_file])
+    conflicts.add(
+        con.execute(
+            "WITH x AS (SELECT c._file, c.n, c._seq, c._date, s.source_format, s.request_id, s.source_line "
+            "FROM clash_first c JOIN staged s ON s._file = c._file AND s._seq = c._seq) "
+            "SELECT x._file, x.n, x._seq, x.request_id, x.source_line, arg_min(o.source_file, o._seq), "
+            "arg_min(o.source_line, o._seq) FROM x JOIN origin o USING (_date, source_format, request_id) "
+            "GROUP BY ALL ORDER BY x._file"
+        ).fetchall()
+    )
 
 
 def _can_stream(stager: Stager, existing: list[Path], n_dup: int) -> bool:

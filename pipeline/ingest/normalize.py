@@ -35,7 +35,7 @@ import numpy as np
 import polars as pl
 
 from pipeline.ingest.source import duck_connect
-from pipeline.ingest.timeparse import PLAUSIBLE_ARRIVAL, patch
+from pipeline.ingest.timeparse import MAX_OFFSET_MINUTES, PLAUSIBLE_ARRIVAL, offset_out_of_range, patch
 
 TOKEN_FIELDS = ("input_raw", "cache_read_raw", "cache_write_raw", "output_raw", "reasoning_raw")
 LATENCY_FIELDS = ("ttft_raw", "e2e_raw")
@@ -48,6 +48,15 @@ MAX_TOKENS_PER_REQUEST = 100_000_000
 #: The longest plausible time to first token or end-to-end latency, in seconds: 7 days (a batch
 #: API job completes within 24 h; anything longer is a unit mix-up, e.g. ms read as s).
 MAX_LATENCY_S = 7 * 86400.0
+
+
+#: Latencies a format computes from two timestamps (end - start), by the label of the later one:
+#: what a negative value means (said instead of "is negative", which read as a negative timestamp).
+_FROM_TIMESTAMPS = {
+    "endTimeUnixNano": "the span ends before it starts (negative duration",
+    "endTime": "the request ends before it starts (negative duration",
+    "completionStartTime": "the first token comes before the request starts (negative time to first token",
+}
 
 
 @dataclass(frozen=True)
@@ -88,6 +97,13 @@ def _checks(
             arrival,
             pl.when(pl.col("arrival_raw").cast(pl.Float64, strict=False) < 0)
             .then(pl.format("negative timestamp: {}", pl.col("arrival_raw").str.slice(0, 60)))
+            .when(offset_out_of_range(pl.col("arrival_raw")))
+            .then(
+                pl.format(
+                    f"UTC offset out of range (beyond ±{MAX_OFFSET_MINUTES // 60} hours, or minutes past 59): {{}}",
+                    pl.col("arrival_raw").str.slice(0, 60),
+                )
+            )
             .otherwise(pl.format("unparseable timestamp: {}", pl.col("arrival_raw").str.slice(0, 60))),
         ),
         (
@@ -162,7 +178,7 @@ def _checks(
                 name,
                 pl.format(f"{name} is not a number: {{}}", raw.str.slice(0, 40)),
             ),
-            (num < 0, name, pl.format(f"{name} is negative: {{}}", raw)),
+            (num < 0, name, _negative_latency(name, arrival, raw)),
             (
                 num > MAX_LATENCY_S,
                 name,
@@ -187,6 +203,15 @@ def _checks(
             )
         )
     return checks
+
+
+def _negative_latency(name: str, arrival: str, raw: pl.Expr) -> pl.Expr:
+    """The reason for a negative latency: a latency field's own, or, for one computed from two
+    timestamps, that the record ends before it starts."""
+    said = _FROM_TIMESTAMPS.get(name)
+    if said is None:
+        return pl.format(f"{name} is negative: {{}}", raw)
+    return pl.format(f"{name} is before {arrival}: {said}, {{}} s)", raw)
 
 
 @dataclass(frozen=True)

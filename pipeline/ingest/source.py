@@ -67,14 +67,18 @@ def is_log_name(path: Path) -> bool:
     return _LOG_NAME.search(logical_name(path)) is not None
 
 
-def _walk(folder: Path, say: Callable[[str], None]) -> Iterator[Path]:
+def _walk(
+    folder: Path, say: Callable[[str], None], exclude: dict[tuple[int, int], str] | None = None
+) -> Iterator[Path]:
     """Every entry under ``folder`` that is not a folder, leaving out hidden names. Real folders
     are read first; then each link to a folder, in name order, unless its folder was already read
     (under its real name or another link: said on ``say``), so a tree without links is read as
     ``sorted(folder.rglob("*"))`` reads it and a link never hides its folder's real name. A folder
-    that cannot be read is said, not silently passed over."""
+    that cannot be read is said, not silently passed over, and so is a folder of ``exclude``
+    ((device, inode) -> why: the store's own folder), which is not read."""
     seen: set[tuple[int, int]] = set()
     links: list[Path] = []
+    excluded = exclude or {}
 
     def read(top: Path, via_link: bool) -> Iterator[Path]:
         todo = [top]
@@ -87,6 +91,10 @@ def _walk(folder: Path, say: Callable[[str], None]) -> Iterator[Path]:
                         say(f"{d}: skipped: a link to a folder read under another name")
                     continue
                 seen.add((st.st_dev, st.st_ino))
+                why = excluded.get((st.st_dev, st.st_ino))
+                if why is not None:
+                    say(f"{d}: skipped: {why}")
+                    continue
                 entries = list(os.scandir(d))
             except OSError as exc:
                 say(f"{d}: skipped: cannot be read ({exc.strerror or exc})")
@@ -117,15 +125,25 @@ def _walk(folder: Path, say: Callable[[str], None]) -> Iterator[Path]:
             yield from read(link, via_link=True)
 
 
-def iter_files(sources: list[Path], skipped: Callable[[str], None] | None = None) -> Iterator[Path]:
+def iter_files(
+    sources: list[Path], skipped: Callable[[str], None] | None = None, exclude: Path | None = None
+) -> Iterator[Path]:
     """Files named directly, and the log files (by name: :func:`is_log_name`) under named
     folders, sorted. Nothing is passed over in silence: a file of a folder whose name is not a
     log file's, a folder that cannot be read and a link back to a folder already read are said on
-    ``skipped``; a folder with no log file at all is a SourceError.
+    ``skipped``; a folder with no log file at all is a SourceError. The folder ``exclude`` (the
+    store's own, when it lies inside a folder being read) is not read, and said on ``skipped``.
 
     Only regular files are read: a named one that is not (a FIFO, socket, device) is a
     SourceError; one found in a folder is skipped, with a message to ``skipped``."""
     say = skipped if skipped is not None else (lambda _m: None)
+    excluded: dict[tuple[int, int], str] = {}
+    if exclude is not None:
+        try:
+            st = os.stat(exclude)
+            excluded[(st.st_dev, st.st_ino)] = "the store's own folder (it lies inside the folder being ingested)"
+        except OSError:
+            pass  # no store folder yet: nothing of it to pass over
     for src in sources:
         try:
             is_dir, exists = src.is_dir(), src.exists()
@@ -139,7 +157,7 @@ def iter_files(sources: list[Path], skipped: Callable[[str], None] | None = None
         if is_dir:
             found = 0
             other: list[Path] = []
-            for p in sorted(_walk(src, say)):
+            for p in sorted(_walk(src, say, excluded)):
                 if not is_log_name(p):
                     other.append(p)
                     continue
@@ -164,6 +182,26 @@ def iter_files(sources: list[Path], skipped: Callable[[str], None] | None = None
             yield src
         else:
             raise SourceError(f"{src}: no such file or directory")
+
+
+def absolute_source(src: str | Path) -> Path:
+    """A SOURCE as ingest walks it: absolute, with ``.`` and ``..`` resolved and links followed
+    (``os.path.realpath``) when it exists; one that does not (or a broken link, a loop of
+    links) is made absolute as it is spelled (``os.path.abspath``), so its error names it."""
+    try:
+        if os.path.exists(src):
+            return Path(os.path.realpath(src))
+    except (OSError, ValueError):
+        pass
+    return Path(os.path.abspath(src))
+
+
+def file_identity(path: Path) -> Path:
+    """The name a file is recorded by (manifest, stored rows, quarantine, messages): its
+    absolute path, normalised, with every symbolic link resolved (``os.path.realpath``). Two
+    spellings of one file (``a.csv`` from its folder, ``./x/../x/a.csv``, a link to it) are one
+    file; two files with the same relative path in different folders are two."""
+    return Path(os.path.realpath(path))
 
 
 @dataclass(frozen=True)
@@ -394,7 +432,39 @@ def read_head(path: Path, size: int = 1 << 16) -> bytes:
 _OTHER_COMPRESSION = {b"BZh": "bzip2", b"\xfd7zXZ\x00": "xz", b"PK\x03\x04": "zip", b"\x04\x22\x4d\x18": "lz4"}
 
 
+#: Byte-order marks of the Unicode encodings other than UTF-8 (UTF-32 first: its little-endian
+#: mark starts with UTF-16's).
+_OTHER_BOMS = (
+    (codecs.BOM_UTF32_LE, "UTF-32", "UTF-32LE"),
+    (codecs.BOM_UTF32_BE, "UTF-32", "UTF-32BE"),
+    (codecs.BOM_UTF16_LE, "UTF-16", "UTF-16LE"),
+    (codecs.BOM_UTF16_BE, "UTF-16", "UTF-16BE"),
+)
+
+
+def _other_unicode(head: bytes) -> tuple[str, str] | None:
+    """(what it is, iconv's name for it) of a UTF-16 or UTF-32 text, by its byte-order mark or,
+    without one, by the NUL byte every ASCII character of UTF-16 has on the same side; else None."""
+    for bom, name, codec in _OTHER_BOMS:
+        if head.startswith(bom):
+            return f"{name} text (byte-order mark {bom.hex(' ').upper()})", codec
+    sample = head[: min(len(head), 256) & ~1]
+    if len(sample) >= 8:
+        even, odd = sample[0::2], sample[1::2]
+        if odd.count(0) == len(odd) and 0 not in even:
+            return "UTF-16 text (little-endian, no byte-order mark)", "UTF-16LE"
+        if even.count(0) == len(even) and 0 not in odd:
+            return "UTF-16 text (big-endian, no byte-order mark)", "UTF-16BE"
+    return None
+
+
 def check_text(path: Path, head: bytes) -> None:
+    other = _other_unicode(head)
+    if other is not None:
+        what, codec = other
+        raise SourceError(
+            f"{path}: {what}; ingest reads UTF-8 only: convert it first (iconv -f {codec} -t UTF-8 FILE > FILE.utf8)"
+        )
     for magic, kind in _OTHER_COMPRESSION.items():
         if head.startswith(magic):
             raise SourceError(

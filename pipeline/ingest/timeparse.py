@@ -28,24 +28,43 @@ _EPOCH_MAX_S = int(PLAUSIBLE_ARRIVAL[1].timestamp())  # 4_102_444_800
 _MAX_ABS_US = float(1 << 62)
 
 
-_TZ = r"(Z|[+-]\d{2}:?\d{2})$"
+#: The zone suffix: ``Z`` (RFC 3339 allows ``z`` too) or an offset ±hh:mm / ±hhmm.
+_TZ = r"(?i)(Z|[+-]\d{2}:?\d{2})$"
+#: The largest UTC offset taken, in minutes (±18:00, ISO 8601's and java.time's bound; real zones
+#: span -12:00 .. +14:00). A larger one, or minutes past 59, makes the time unparseable.
+MAX_OFFSET_MINUTES = 18 * 60
+
+
+def _offset_parts(tz: pl.Expr) -> tuple[pl.Expr, pl.Expr]:
+    digits = tz.str.replace_all(r"[^0-9]", "")
+    return digits.str.slice(0, 2).cast(pl.Int64, strict=False), digits.str.slice(2, 2).cast(pl.Int64, strict=False)
+
+
+def offset_out_of_range(expr: pl.Expr) -> pl.Expr:
+    """True for a timestamp text whose UTC offset is beyond ±18:00 or has minutes past 59 (what
+    :func:`_iso` refuses), for the quarantine reason."""
+    tz = expr.str.strip_chars().str.extract(r"\d:\d{2}(?:\.\d+)?([+-]\d{2}:?\d{2})$", 1)
+    hours, minutes = _offset_parts(tz)
+    return ((hours * 60 + minutes) > MAX_OFFSET_MINUTES) | (minutes > 59)
 
 
 def _iso(expr: pl.Expr) -> pl.Expr:
     """ISO-8601 / RFC 3339 (``T`` or space, optional fraction up to ns, optional ``Z`` or ±hh:mm)
-    in one parse: the zone suffix is split off and applied as an offset, naive times are UTC."""
+    in one parse: the zone suffix is split off and applied as an offset, naive times are UTC.
+    RFC 3339's lower-case ``t`` and ``z`` are taken; an offset beyond ±18:00 (or with minutes
+    past 59) is not a time (null)."""
     s = expr.str.strip_chars()
-    tz = s.str.extract(_TZ, 1)
-    base = s.str.replace(_TZ, "").str.replace("T", " ", literal=True)
+    tz = s.str.extract(_TZ, 1).str.to_uppercase()
+    base = s.str.replace(_TZ, "").str.replace(r"[Tt]", " ")
     # Parsed at us precision: every year 0001..9999 is representable (at ns precision a year past
     # 2262 wrapped around to some other year without an error). Digits past us are truncated.
     naive = base.str.to_datetime("%Y-%m-%d %H:%M:%S%.f", strict=False, time_unit="us", cache=False)
-    digits = tz.str.replace_all(r"[^0-9]", "")
-    minutes = digits.str.slice(0, 2).cast(pl.Int64, strict=False) * 60 + digits.str.slice(2, 2).cast(
-        pl.Int64, strict=False
-    )
+    hours, mins = _offset_parts(tz)
+    minutes = hours * 60 + mins
     offset = pl.when(tz.is_null() | (tz == "Z")).then(0).when(tz.str.starts_with("-")).then(-minutes).otherwise(minutes)
-    return (naive - pl.duration(minutes=offset)).dt.cast_time_unit("us").dt.replace_time_zone("UTC")
+    valid = tz.is_null() | (tz == "Z") | ((minutes <= MAX_OFFSET_MINUTES) & (mins <= 59))
+    parsed = (naive - pl.duration(minutes=offset)).dt.cast_time_unit("us").dt.replace_time_zone("UTC")
+    return pl.when(valid).then(parsed)
 
 
 #: The shape most logs write (RFC 3339 in UTC with a "Z"). It is parsed directly, and the general
