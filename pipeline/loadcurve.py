@@ -216,7 +216,7 @@ def headroom_sentence(rows: Sequence[dict[str, Any]]) -> str:
     if not done:
         return "load curve: no point computed within the time budget"
     slo = next((r["slo"] for r in done if r["slo"]), None)
-    what = f"the SLO {slo}" if slo else "its traffic without overload or rejections"
+    meets = f"meets the SLO {slo}" if slo else "serves its traffic without overload or rejections"
     k = knee(done)
     today = next((r for r in done if r["multiplier"] == 1.0), None)
     first_bad = next(
@@ -231,18 +231,23 @@ def headroom_sentence(rows: Sequence[dict[str, Any]]) -> str:
     def why(r: dict[str, Any]) -> str:
         if r["slo_passed"] is False and r["slo_worst_ratio"] is not None:
             ratio = r["slo_worst_ratio"]
-            return f"worst target at {ratio:.2g}x its limit" if math.isfinite(ratio) else "rejected requests"
-        return "overloaded" if r["overloaded"] else f"{r['rejected']:,} rejected"
+            if math.isfinite(ratio):
+                return f"worst target at {ratio:.2g}x its limit"
+        if r["overloaded"]:
+            return "overloaded"
+        return f"{r['rejected']:,} request{'s' if r['rejected'] != 1 else ''} rejected"
 
     if today is not None and first_bad is not None and first_bad["multiplier"] <= 1.0:
-        return f"fails {what} at today's traffic ({why(first_bad)} at {first_bad['multiplier']:g}x)"
+        fails = f"fails the SLO {slo}" if slo else "fails"
+        already = " already" if first_bad["multiplier"] < 1.0 else ""
+        return f"{fails} at today's traffic: {why(first_bad)}{already} at {first_bad['multiplier']:g}x"
     skipped = [r["multiplier"] for r in rows if r["status"] != "ok"]
     if first_bad is None:
         top = done[-1]["multiplier"]
         tail = f"; not computed: {', '.join(f'{m:g}x' for m in skipped)}" if skipped else ""
-        return f"meets {what} up to at least {top:g}x today's traffic (the largest multiplier tried{tail})"
+        return f"{meets} up to at least {top:g}x today's traffic (the largest multiplier tried{tail})"
     assert k is not None
-    return f"meets {what} up to {k:g}x today's traffic (fails at {first_bad['multiplier']:g}x: {why(first_bad)})"
+    return f"{meets} up to {k:g}x today's traffic (fails at {first_bad['multiplier']:g}x: {why(first_bad)})"
 
 
 def curve_table(run_id: str, rows: Sequence[dict[str, Any]]) -> pa.Table:

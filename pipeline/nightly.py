@@ -26,9 +26,21 @@ from pipeline.ingest import IngestSummary, ingest_logs
 from pipeline.loadcurve import DEFAULT_BUDGET_S, DEFAULT_MULTIPLIERS, curve_table, headroom_sentence, load_curve
 from pipeline.project import default_fleet_path, default_reports_dir, sample_dir
 from pipeline.replay import ReplayOptions, ReplayResult, replay
-from pipeline.report import Datasets, _fmt, _script_json, build_report, vega_bundle
+from pipeline.report import (
+    WHAT_IF_DIR,
+    Datasets,
+    _fmt,
+    _script_json,
+    attention,
+    build_report,
+    options_text,
+    overload_phrase,
+    share_text,
+    slo_phrase,
+    vega_bundle,
+)
 from pipeline.schemas import atomic_write_bytes, write_parquet
-from pipeline.slo import failures_line, format_seconds, overload_text, verdict_text
+from pipeline.slo import failures_line, format_seconds
 from pipeline.store import Store
 from pipeline.warehouse import build_warehouse
 
@@ -50,17 +62,25 @@ class NightlyResult:
     stages: dict[str, float] = field(default_factory=dict)
     ingest: dict[str, Any] = field(default_factory=dict)
 
+    @property
+    def attention(self) -> list[str]:
+        """Why the night needs someone to act (rejections, overload, a failed SLO, a flagged share
+        of quarantined log rows); empty when it does not. The command exits 3 when not empty."""
+        return attention(self.headline)
+
     def line(self) -> str:
-        """One line, failures first: what was not served, overload, the SLO verdict, then the
-        latency of the finished requests, size and cost."""
+        """One line, failures first: quarantined log rows, what was not served, overload, the SLO
+        verdict, then the latency of the finished requests, size and cost."""
         h = self.headline
         parts = [f"nightly {self.date}: run {self.run_id}"]
+        if h.get("ingest_note"):
+            parts.append(("QUARANTINE: " if h.get("quarantine_flagged") else "") + str(h["ingest_note"]))
         if h.get("replayed_requests") is not None:
             parts.append(failures_line({**h, "requests": h["replayed_requests"]}))
         if h.get("overloaded"):
-            parts.append(overload_text(h.get("overload") or {}))
+            parts.append(overload_phrase(h.get("overload") or {}))
         if h.get("verdict"):
-            parts.append(verdict_text(h["verdict"]))
+            parts.append(slo_phrase(h))
         ttft = h.get("ttft_p99_s")
         parts.append(
             f"p99 TTFT of finished {format_seconds(ttft) if ttft is not None else 'n/a'}, {h.get('gpus')} GPUs, "
@@ -77,6 +97,7 @@ class NightlyResult:
             "headline": self.headline,
             "stage_seconds": self.stages,
             "ingest": self.ingest,
+            "attention": self.attention,
         }
 
 
@@ -121,6 +142,8 @@ def nightly(
         )
         if summary.errors:
             raise StageError(f"stage ingest failed (nothing after it ran): {'; '.join(summary.errors)}")
+        if isinstance(summary, IngestSummary):  # rows read = stored + quarantined + duplicates, as ingest says
+            say(summary.line())
         day = date or _night(store, summary, say)
         _stage("classify", timings, say, lambda: classify_tokens(store, day))
         options = ReplayOptions(date=day, slo=slo, pods=pods, executor=executor, ray_address=ray_address)
@@ -137,7 +160,7 @@ def nightly(
             "report",
             timings,
             say,
-            lambda: build_report(store, result.run_id, day, reports_dir=reports_dir),
+            lambda: build_report(store, result.run_id, day, reports_dir=reports_dir, nightly=True),
         )
         index = _stage("index", timings, say, lambda: build_index(reports_dir, store.cache_dir))
     return NightlyResult(day, result.run_id, report.path, index, report.headline, timings, summary.to_json())
@@ -215,12 +238,11 @@ _TREND = (
 )
 
 
-def build_index(reports_dir: Path, cache_dir: Path) -> Path:
-    """Write ``reports/index.html``: every report's headline numbers, failures first, and their
-    trend — one line per fleet and traffic source (the store it was made from), never one trend
-    across different fleets or traffic."""
+def _headlines(reports_dir: Path, patterns: Sequence[str]) -> list[dict[str, Any]]:
+    """The headline.json documents under ``reports_dir`` matching ``patterns``, each with the
+    link to its page (``_href``) and its trend group (``_group``: fleet and store)."""
     nights = []
-    for path in sorted([*reports_dir.glob("*/*/headline.json"), *reports_dir.glob("*/headline.json")]):
+    for path in sorted(p for pattern in patterns for p in reports_dir.glob(pattern)):
         try:
             night = json.loads(path.read_text())
         except (OSError, json.JSONDecodeError):
@@ -231,27 +253,47 @@ def build_index(reports_dir: Path, cache_dir: Path) -> Path:
         store = str(night.get("store") or "")
         night["_group"] = f"{night.get('fleet') or '?'} · {Path(store).name or '?'}"
         nights.append(night)
-    nights.sort(key=lambda n: (n["_group"], str(n.get("date"))))
+    nights.sort(key=lambda n: (n["_group"], str(n.get("date")), str(n.get("run_id"))))
+    return nights
+
+
+def _status(n: dict[str, Any]) -> str:
+    """The index's failures cell: rejections, overload, the SLO and quarantined log rows; red
+    when any needs acting on (a quarantined share of at least QUARANTINE_FLAG_SHARE included),
+    amber when log rows were quarantined below it, green otherwise."""
+    bits = []
+    if n.get("rejected"):
+        bits.append(f"{n['rejected']:,} rejected")
+    if n.get("overloaded"):
+        bits.append("OVERLOADED")
+    if n.get("slo_passed") is not None:
+        bits.append(f"SLO {n.get('slo')} {'pass' if n['slo_passed'] else 'FAIL'}")
+    quarantined = int(n.get("ingest_rows_quarantined") or 0)
+    if quarantined:
+        share = share_text(float(n.get("quarantined_share") or 0.0))
+        bits.append(f"{quarantined:,} of {int(n.get('ingest_rows_read') or 0):,} log rows quarantined ({share})")
+    if n.get("ingest_rows_duplicate"):
+        bits.append(f"{int(n['ingest_rows_duplicate']):,} duplicate rows")
+    cls = "bad" if attention(n) else ("warn" if quarantined else "good")
+    return f'<td class="{cls}">{html.escape("; ".join(bits) or "ok")}</td>'
+
+
+def build_index(reports_dir: Path, cache_dir: Path) -> Path:
+    """Write ``reports/index.html``: every report's headline numbers, failures first, and their
+    trend — one line per fleet and traffic source (the store it was made from), never one trend
+    across different fleets or traffic. What-if runs' reports (reports/<date>/<fleet>/what-if/)
+    are listed below, out of the trend."""
+    nights = _headlines(reports_dir, ("*/*/headline.json", "*/headline.json"))
+    what_ifs = _headlines(reports_dir, (f"*/*/{WHAT_IF_DIR}/*/headline.json",))
 
     def cell(v: Any, unit: str = "") -> str:
         return f"<td>{html.escape(_fmt(v, unit))}</td>"
-
-    def status(n: dict[str, Any]) -> str:
-        bits = []
-        if n.get("rejected"):
-            bits.append(f"{n['rejected']:,} rejected")
-        if n.get("overloaded"):
-            bits.append("OVERLOADED")
-        if n.get("slo_passed") is not None:
-            bits.append(f"SLO {n.get('slo')} {'pass' if n['slo_passed'] else 'FAIL'}")
-        bad = bool(n.get("rejected") or n.get("overloaded") or n.get("slo_passed") is False)
-        return f'<td class="{"bad" if bad else "good"}">{html.escape("; ".join(bits) or "ok")}</td>'
 
     rows = "".join(
         "<tr>"
         + f'<td><a href="{html.escape(n["_href"])}">{html.escape(str(n.get("date")))}</a></td>'
         + f"<td>{html.escape(n['_group'])}</td>"
-        + status(n)
+        + _status(n)
         + "".join(cell(n.get(k), unit) for k, _, unit in _TREND)
         + f"<td>{html.escape(_fmt(n.get('gpus')))} × {html.escape(str(n.get('hardware')))}</td></tr>"
         for n in nights
@@ -261,6 +303,24 @@ def build_index(reports_dir: Path, cache_dir: Path) -> Path:
         + "".join(f"<th>{html.escape(t)}</th>" for _, t, _ in _TREND)
         + "<th>GPUs</th></tr>"
     )
+    what_if_table = ""
+    if what_ifs:
+        what_if_table = (
+            "<h2>What-if runs (not the nightly's; not in the trend)</h2><table><tr><th>date</th><th>run</th>"
+            "<th>fleet · traffic (store)</th><th>options</th><th>failures</th><th>GPUs</th></tr>"
+            + "".join(
+                "<tr>"
+                + f'<td><a href="{html.escape(n["_href"])}">{html.escape(str(n.get("date")))}</a></td>'
+                + f"<td>{html.escape(str(n.get('run_id')))}</td><td>{html.escape(n['_group'])}</td>"
+                + "<td>"
+                + html.escape(options_text(n.get("what_if") or {}) or "-")
+                + "</td>"
+                + _status(n)
+                + f"<td>{html.escape(_fmt(n.get('gpus')))} × {html.escape(str(n.get('hardware')))}</td></tr>"
+                for n in what_ifs
+            )
+            + "</table>"
+        )
     long = [
         {"date": n.get("date"), "metric": title, "value": n.get(key), "fleet · traffic": n["_group"]}
         for n in nights
@@ -285,9 +345,9 @@ def build_index(reports_dir: Path, cache_dir: Path) -> Path:
         "<!doctype html><html lang=en><head><meta charset=utf-8><title>rooftrace nightly reports</title>"
         "<style>body{font-family:system-ui,sans-serif;max-width:1000px;margin:24px auto}"
         "table{border-collapse:collapse;display:block;overflow-x:auto}td,th{border:1px solid #ddd;padding:3px 8px}"
-        ".bad{color:#c0392b;font-weight:bold}.good{color:#2e7d32}</style>"
+        ".bad{color:#c0392b;font-weight:bold}.good{color:#2e7d32}.warn{color:#b7791f;font-weight:bold}</style>"
         f"<script>{bundle}</script></head><body><h1>rooftrace nightly reports</h1>"
-        f"<table>{head}{rows}</table><h2>Trend of the headline numbers</h2><div id=trend></div>"
+        f"<table>{head}{rows}</table>{what_if_table}<h2>Trend of the headline numbers</h2><div id=trend></div>"
         f"<script>vegaEmbed('#trend', {_script_json(spec)}, {{actions: false, renderer: 'svg'}})"
         ".catch((e) => { document.getElementById('trend').textContent = 'chart failed: ' + e; console.error(e); });"
         "</script></body></html>\n"

@@ -25,10 +25,10 @@ import pyarrow as pa
 import vl_convert as vlc
 
 from pipeline.classify.accounting import accounting_paths
-from pipeline.cost import day_projection, period_label
 from pipeline.errors import RooftraceError
 from pipeline.loadcurve import headroom_sentence, knee
 from pipeline.schemas import atomic_write_bytes, check_replaceable
+from pipeline.slo import METRICS, format_number, format_seconds, overload_text
 from pipeline.store import Store, check_date, confined
 from pipeline.tables import table_to_json
 from pipeline.warehouse import Session, latest_run
@@ -115,6 +115,17 @@ class Chart:
     title: str
     definition: str
     spec: dict[str, Any]
+    #: Why there is nothing to draw (every dataset empty: no request finished, say); the page
+    #: shows this note instead of the chart and no PNG is made.
+    empty: str | None = None
+
+
+NO_DATA = "No data to draw"
+
+
+def _no_data(spec: dict[str, Any]) -> str | None:
+    datasets = spec.get("datasets") or {}
+    return f"{NO_DATA}." if datasets and not any(datasets.values()) else None
 
 
 @dataclass
@@ -126,6 +137,10 @@ class ReportResult:
     charts: list[str] = field(default_factory=list)
     pngs: list[Path] = field(default_factory=list)
     seconds: float = 0.0
+    #: Charts not written as PNG, each 'key: why' (nothing to draw, or vl-convert could not).
+    pngs_skipped: list[str] = field(default_factory=list)
+    #: Why the report is not in its date's and fleet's own folder (a what-if run), else None.
+    placement: str | None = None
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -135,8 +150,25 @@ class ReportResult:
             "headline": self.headline,
             "charts": self.charts,
             "pngs": [str(p) for p in self.pngs],
+            "pngs_skipped": self.pngs_skipped,
+            "placement": self.placement,
             "seconds": round(self.seconds, 3),
         }
+
+    def line(self) -> str:
+        """The command's summary line: where the report is, failures first."""
+        h = self.headline
+        bits = attention(h)
+        if h.get("ingest_note") and not h.get("quarantine_flagged"):
+            bits.append(f"{int(h.get('ingest_rows_quarantined') or 0):,} log rows quarantined")
+        text = f"report: {self.path} ({len(self.charts)} charts, {self.seconds:.1f} s)"
+        if bits:
+            text += "; needs attention: " + ", ".join(bits)
+        if self.placement:
+            text += f"; {self.placement}"
+        if self.pngs_skipped:
+            text += f"; not drawn as PNG: {'; '.join(self.pngs_skipped)}"
+        return text
 
 
 def _first(rows: Rows, **match: Any) -> dict[str, Any]:
@@ -188,9 +220,16 @@ def _charts(q: Callable[[str], Rows], headline: dict[str, Any]) -> list[Chart]:
 
     _data = Datasets()
 
-    def add(key: str, title: str, definition: str, chart: alt.TopLevelMixin, faceted: bool = False) -> None:
+    def add(
+        key: str,
+        title: str,
+        definition: str,
+        chart: alt.TopLevelMixin,
+        faceted: bool = False,
+        empty: str | None = None,
+    ) -> None:
         spec = _data.spec(chart if faceted else chart.properties(width=width))
-        charts.append(Chart(key, title, definition, spec))
+        charts.append(Chart(key, title, definition, spec, empty or _no_data(spec)))
 
     def utc(field: str, title: str) -> alt.X:
         # Vega formats times in the viewer's zone and 12-hour clock by default: force UTC, 24 h.
@@ -243,6 +282,7 @@ def _charts(q: Callable[[str], Rows], headline: dict[str, Any]) -> list[Chart]:
             "the largest multiplier up to which every point meets the SLO (without an SLO: no overload or "
             "rejections). Query: load_curve.",
             alt.layer(*layers),
+            empty=None if long else f"{NO_DATA}: no request finished at any traffic multiplier tried.",
         )
 
     minutes = q("token_rates")
@@ -435,6 +475,8 @@ pre{background:#f6f6f6;padding:8px;overflow-x:auto;font-size:.8em}
 .alert{border:2px solid #c0392b;background:#fdecea;border-radius:6px;padding:8px 12px;margin:16px 0}
 .alert li{margin:2px 0}.ok{border:1px solid #2e7d32;background:#edf7ed;border-radius:6px;padding:8px 12px}
 .card.bad{border:2px solid #c0392b}.card.good{border:2px solid #2e7d32}
+.note{border:1px solid #b7791f;background:#fff8e6;border-radius:6px;padding:8px 12px;margin:8px 0}
+.nodata{border:1px dashed #bbb;padding:24px;color:#666;text-align:center}
 table{display:block;overflow-x:auto;max-width:100%}
 """
 
@@ -465,6 +507,158 @@ def health_headline(summary: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+#: A day is flagged (the report's red banner, the index's failures column, the nightly's exit code
+#: 3) when at least this share of the log rows of its files was quarantined; any quarantined or
+#: duplicate row is still mentioned at the top of the report and on the nightly's line.
+QUARANTINE_FLAG_SHARE = 0.01
+
+
+def share_text(x: float) -> str:
+    """A share for people: one decimal place, '<0.1%' for a small one that is not zero."""
+    if not math.isfinite(x) or x <= 0:
+        return "0%"
+    return "<0.1%" if x < 0.001 else f"{x * 100:.1f}%"
+
+
+def ingest_headline(rows: Rows, quarantine_dir: Path, date: str) -> dict[str, Any]:
+    """The day's ingest row accounting (query ``ingest_accounting``: the files with requests on
+    ``date``): rows read, stored, quarantined and dropped as duplicates, the quarantined share,
+    whether it is flagged (:data:`QUARANTINE_FLAG_SHARE`) and one sentence saying where to look."""
+    files = [r for r in rows if r.get("kind") == "file"]
+
+    def total(col: str) -> int:
+        return sum(int(r.get(col) or 0) for r in files)
+
+    read, quarantined, duplicate = total("rows_read"), total("rows_quarantined"), total("rows_duplicate")
+    share = quarantined / read if read else None
+    bits = []
+    if quarantined:
+        bits.append(f"{quarantined:,} of {read:,} log rows ({share_text(share or 0.0)}) quarantined, not replayed")
+    if duplicate:
+        bits.append(f"{duplicate:,} duplicate log rows dropped")
+    note = None
+    if bits:
+        note = (
+            "; ".join(bits) + f": see {quarantine_dir} and `rooftrace query ingest_accounting --date {date}` "
+            "(the report's Ingest accounting table)"
+        )
+    return {
+        "ingest_rows_read": read,
+        "ingest_rows_stored": total("rows_stored"),
+        "ingest_rows_quarantined": quarantined,
+        "ingest_rows_duplicate": duplicate,
+        "quarantined_share": share,
+        "quarantine_flagged": share is not None and share >= QUARANTINE_FLAG_SHARE,
+        "ingest_note": note,
+    }
+
+
+#: The API-equivalent cost is not projected to a day from a traffic span shorter than this: a few
+#: seconds of traffic times tens of thousands says nothing about a day.
+MIN_PROJECTION_S = 3600.0
+DAY_S = 86400.0
+
+
+def traffic_span(period_s: float) -> str:
+    """'2.5 s of traffic' / '58 min of traffic' / '2.5 h of traffic' / '3 days of traffic'."""
+    x = max(0.0, float(period_s))
+    if x < 60:
+        span = f"{_num(x)} s"
+    elif x < 3600:
+        span = f"{_num(x / 60)} min"
+    elif x < 2 * DAY_S:
+        span = f"{_num(x / 3600)} h"
+    else:
+        span = f"{_num(x / DAY_S)} days"
+    return f"{span} of traffic"
+
+
+def day_projection(period_s: float) -> str:
+    """How a per-span figure relates to a day: '58 min of traffic -> x24.8 per day' from an hour of
+    traffic up; below :data:`MIN_PROJECTION_S` it says it is not projected (and from how long)."""
+    if period_s < MIN_PROJECTION_S:
+        return f"{traffic_span(period_s)}; not projected to a day: too short a span to extrapolate from"
+    return f"{traffic_span(period_s)} -> x{_num(DAY_S / period_s)} per day"
+
+
+def _seconds(x: float | None) -> str:
+    return _fmt(x, "s")
+
+
+def target_phrase(t: dict[str, Any], h: dict[str, Any], seconds: Callable[[float], str] = format_seconds) -> str:
+    """One SLO target's result for people. A target whose percentile over all requests is
+    infinite (rejected or unfinished requests count as never served, and there are more of them
+    than the percentile allows) says so, and gives the percentile of the finished requests:
+    'ttft_p99 over all requests infinite > 1 ms (45 of 300 requests rejected, 15.0%, count as
+    never served; p99 of the 255 finished 296 ms)'."""
+    name, limit = str(t["target"]), float(t["limit_s"])
+    if t.get("value_s") is not None:
+        return f"{name} {seconds(float(t['value_s']))} {'<=' if t['met'] else '>'} {seconds(limit)}"
+    total = int(h.get("replayed_requests") or 0)
+    finished = int(h.get("finished") or 0)
+    unserved = max(0, total - finished)
+    who = "rejected" if int(h.get("rejected") or 0) == unserved else "rejected or unfinished"
+    why = []
+    if total:
+        why.append(f"{unserved:,} of {total:,} requests {who}, {share_text(unserved / total)}, count as never served")
+    fin = t.get("finished_value_s")
+    if fin is not None:
+        why.append(f"p{name.partition('_p')[2]} of the {finished:,} finished {seconds(float(fin))}")
+    elif total and not finished:
+        why.append("no request finished")
+    return f"{name} over all requests infinite > {seconds(limit)}" + (f" ({'; '.join(why)})" if why else "")
+
+
+def slo_phrase(h: dict[str, Any], seconds: Callable[[float], str] = format_seconds) -> str:
+    """The SLO verdict in one line: 'SLO chat: FAIL: ttft_p99 ...; tpot_p99 ...; goodput 12.0%'."""
+    v = h.get("verdict") or {}
+    if not v:
+        return ""
+    parts = "; ".join(target_phrase(t, h, seconds) for t in v.get("targets", []))
+    verdict = "PASS" if v.get("passed") else "FAIL"
+    return f"SLO {v.get('slo')}: {verdict}: {parts}; goodput {float(v.get('goodput') or 0):.1%}"
+
+
+def overload_phrase(over: dict[str, Any]) -> str:
+    """Overload in one line (:func:`pipeline.slo.overload_text`), except that a fleet that served
+    nothing while requests kept arriving says so instead of an infinite percentage."""
+    if not over.get("detected") or over.get("service_rate_per_s"):
+        return overload_text(over)
+    since = over.get("from_utc") or f"+{format_seconds(over.get('from_s'))}"
+    return (
+        f"OVERLOADED from {since}: {format_number(float(over.get('arrival_rate_per_s') or 0.0))} req/s arrive and "
+        f"nothing is served; {int(over.get('backlog_requests') or 0):,} waiting at the last arrival, "
+        f"{format_seconds(float(over.get('drain_s') or 0.0))} to drain"
+    )
+
+
+def _restate(warning: str, h: dict[str, Any]) -> str:
+    """A run's overload and SLO warnings said again from the headline's data (the run's own text
+    said '+inf%' for a fleet that served nothing and 'ttft_p99 never > 1 ms' for a percentile
+    made infinite by rejections); any other warning as it is."""
+    if warning.startswith("OVERLOADED") and h.get("overloaded"):
+        return overload_phrase(h.get("overload") or {})
+    v = h.get("verdict") or {}
+    if v and warning.startswith(f"SLO {v.get('slo')}:"):
+        return slo_phrase(h)
+    return warning
+
+
+def attention(h: dict[str, Any]) -> list[str]:
+    """Why a night needs someone to act, from its headline (empty: it does not): requests rejected,
+    overload, a failed SLO, or a flagged share of quarantined log rows."""
+    out = []
+    if h.get("rejected"):
+        out.append(f"{int(h['rejected']):,} requests rejected")
+    if h.get("overloaded"):
+        out.append("overloaded")
+    if h.get("slo_passed") is False:
+        out.append(f"SLO {h.get('slo')} failed")
+    if h.get("quarantine_flagged"):
+        out.append(f"{share_text(float(h.get('quarantined_share') or 0.0))} of log rows quarantined")
+    return out
+
+
 def _health_cards(h: dict[str, Any]) -> list[tuple[str, str, str, str]]:
     """(name, value, note, css class) of the cards a capacity planner reads first."""
     out = []
@@ -481,15 +675,22 @@ def _health_cards(h: dict[str, Any]) -> list[tuple[str, str, str, str]]:
             "bad" if rej else "good",
         )
     )
+    read = h.get("ingest_rows_read")
+    if read:
+        quarantined = int(h.get("ingest_rows_quarantined") or 0)
+        out.append(
+            (
+                "Log rows",
+                f"{int(h.get('ingest_rows_stored') or 0):,} of {read:,} stored",
+                f"quarantined {quarantined:,} ({share_text(float(h.get('quarantined_share') or 0.0))}); "
+                f"duplicates {int(h.get('ingest_rows_duplicate') or 0):,}; see Ingest accounting",
+                "bad" if h.get("quarantine_flagged") else ("" if quarantined else "good"),
+            )
+        )
     if h.get("slo"):
         failing = [t for t in (h.get("verdict") or {}).get("targets", []) if not t["met"]]
-        note = (
-            "; ".join(
-                f"{t['target']} {_fmt(t['value_s'], 's') if t['value_s'] is not None else 'never'} "
-                f"> {_fmt(t['limit_s'], 's')}"
-                for t in failing
-            )
-            or "every target met (rejected requests count as misses)"
+        note = "; ".join(target_phrase(t, h, _seconds) for t in failing) or (
+            "every target met (rejected requests count as misses)"
         )
         out.append(
             (
@@ -516,12 +717,16 @@ def _health_cards(h: dict[str, Any]) -> list[tuple[str, str, str, str]]:
     over = h.get("overload") or {}
     if over.get("detected"):
         excess = over.get("excess")
+        since = f"from {over.get('from_utc') or '+' + _fmt(over.get('from_s'), 's')}: "
+        if not over.get("service_rate_per_s"):  # arrivals / 0: no percentage, say it
+            what = f"{_fmt(over.get('arrival_rate_per_s'))} req/s arrive and nothing is served"
+        else:
+            what = f"arrivals exceed service by {_fmt(excess, '%') if excess is not None else 'n/a'}"
         out.append(
             (
                 "Overload",
                 "OVERLOADED",
-                f"from {over.get('from_utc') or _fmt(over.get('from_s'), 's')}: arrivals exceed service by "
-                f"{_fmt(excess, '%') if excess is not None else 'n/a'}; {over.get('backlog_requests', 0):,} waiting",
+                f"{since}{what}; {over.get('backlog_requests', 0):,} waiting",
                 "bad",
             )
         )
@@ -616,7 +821,7 @@ def _economics_sections(
             .mark_bar()
             .encode(
                 y=alt.Y("what:N", title=None, sort="x"),
-                x=alt.X("usd:Q", title=f"US$ over {period_label(float(api[0]['period_s']))}"),
+                x=alt.X("usd:Q", title=f"US$ over {traffic_span(float(api[0]['period_s']))}"),
                 color=alt.Color("kind:N", title=None),
             )
             .properties(width=640)
@@ -640,7 +845,7 @@ def _economics_sections(
         )
         out.append(
             (
-                f"API-equivalent cost (US$ over {period_label(float(api[0]['period_s']))})",
+                f"API-equivalent cost (US$ over {traffic_span(float(api[0]['period_s']))})",
                 _html_table([{k: r[k] for k in keep} for r in api]),
             )
         )
@@ -687,6 +892,10 @@ def _economics_sections(
     return out
 
 
+INGEST_TITLE = "Ingest accounting"
+INGEST_ANCHOR = "ingest-accounting"
+
+
 def render_html(
     title: str,
     subtitle: str,
@@ -700,23 +909,38 @@ def render_html(
         f"<span>{html.escape(note)}</span></div>"
         for name, value, note, cls in [*_health_cards(headline), *((*c, "") for c in _cards(headline))]
     )
-    warnings = headline.get("warnings") or []
-    banner = (
-        '<div class="alert"><b>This run has failures</b><ul>'
-        + "".join(f"<li>{html.escape(w)}</li>" for w in warnings)
-        + "</ul></div>"
-        if warnings
-        else '<div class="ok">Every request finished, no overload'
-        + (", every SLO target met" if headline.get("slo_passed") else "")
-        + ".</div>"
-    )
+    warnings = [html.escape(w) for w in headline.get("warnings") or []]
+    note = headline.get("ingest_note")
+    ingest = f'{html.escape(note)} <a href="#{INGEST_ANCHOR}">(table)</a>' if note else ""
+    if note and headline.get("quarantine_flagged"):
+        warnings.append(ingest)
+    if warnings:
+        heading = "This run has failures" if headline.get("warnings") else "This day's logs need attention"
+        banner = f'<div class="alert"><b>{heading}</b><ul>' + "".join(f"<li>{w}</li>" for w in warnings) + "</ul></div>"
+    else:
+        banner = (
+            f'<div class="ok">Every {"replayed " if note else ""}request finished, no overload'
+            + (", every SLO target met" if headline.get("slo_passed") else "")
+            + ".</div>"
+        )
+        if note:
+            banner += f'<div class="note">{ingest}</div>'
     sections = "".join(
         f'<section><h2>{html.escape(c.title)}</h2><p class="def">{html.escape(c.definition)}</p>'
-        f'<div class="chart" id="chart-{html.escape(c.key)}"></div></section>'
+        + (
+            f'<p class="nodata" id="nodata-{html.escape(c.key)}">{html.escape(c.empty)}</p>'
+            if c.empty
+            else f'<div class="chart" id="chart-{html.escape(c.key)}"></div>'
+        )
+        + "</section>"
         for c in charts
     )
-    extra = "".join(f"<section><h2>{html.escape(t)}</h2>{body}</section>" for t, body in extra_sections)
-    specs = {f"chart-{c.key}": c.spec for c in charts}
+    extra = "".join(
+        f"<section{' id=' + INGEST_ANCHOR if t.startswith(INGEST_TITLE) else ''}>"
+        f"<h2>{html.escape(t)}</h2>{body}</section>"
+        for t, body in extra_sections
+    )
+    specs = {f"chart-{c.key}": c.spec for c in charts if not c.empty}
     safe_bundle = bundle.replace("</script", "<\\/script")
     return (
         "<!doctype html><html lang=en><head><meta charset=utf-8>"
@@ -807,6 +1031,135 @@ def claim_report_dir(folder: Path, store: Store) -> None:
         atomic_write_bytes(marker, (mine + "\n").encode())
 
 
+#: Where the report of a what-if run goes, beside the nightly's: reports/<date>/<fleet>/what-if/<run_id>/.
+WHAT_IF_DIR = "what-if"
+
+
+def what_if_options(config: dict[str, Any]) -> dict[str, Any]:
+    """The replay options of a run that a nightly never sets (``--rate-scale`` other than 1,
+    ``--replicas``, ``--concurrency``, ``--offline``): empty for a run like the nightly's."""
+    o = config.get("options") or {}
+    out: dict[str, Any] = {}
+    rate = o.get("rate_scale")
+    if rate is not None and float(rate) != 1.0:
+        out["rate_scale"] = rate
+    for key in ("replicas", "concurrency"):
+        if o.get(key) is not None:
+            out[key] = o[key]
+    if o.get("offline"):
+        out["offline"] = True
+    return out
+
+
+def options_text(options: dict[str, Any]) -> str:
+    """What-if options for people: 'rate scale 1,000,000,000,000, replicas 1' (never scientific
+    notation; a factor past 10^15 as its power of ten)."""
+
+    def value(v: Any) -> str:
+        if isinstance(v, bool) or not isinstance(v, int | float):
+            return str(v)
+        x = float(v)
+        if not math.isfinite(x):
+            return "n/a"
+        if abs(x) >= 1e15:
+            return f"about 10^{math.floor(math.log10(abs(x)))}"
+        return f"{int(x):,}" if x == int(x) else _num(x)
+
+    return ", ".join(k.replace("_", " ") + ("" if v is True else f" {value(v)}") for k, v in options.items())
+
+
+def _published(folder: Path) -> dict[str, Any]:
+    """The headline.json of a report folder ({} when none or unreadable)."""
+    try:
+        doc = json.loads((folder / "headline.json").read_text())
+    except (OSError, ValueError):
+        return {}
+    return doc if isinstance(doc, dict) else {}
+
+
+def _report_target(
+    reports_dir: Path, day: str, fleet_name: str, run_id: str, config: dict[str, Any], nightly: bool
+) -> tuple[Path, str | None, bool]:
+    """Where a run's report goes in the reports tree, and why when it is not the date's and
+    fleet's own folder. The nightly's run always goes to reports/<date>/<fleet>/. Any other run
+    goes there too unless it is a what-if (:func:`what_if_options`) or that folder holds a
+    nightly's report of another run: then to .../what-if/<run_id>/, and the nightly's is kept.
+    The last item: whether the report is (still) the nightly's."""
+    canonical = report_path(reports_dir, day, fleet_name)
+    if nightly:
+        return canonical, None, True
+    options = what_if_options(config)
+    there = _published(canonical.parent)
+    by_nightly = there.get("published_by") == "nightly"
+    if not options and not (by_nightly and there.get("run_id") != run_id):
+        return canonical, None, by_nightly  # a refresh of the nightly's own report stays the nightly's
+    why = f"what-if run ({options_text(options)})" if options else f"not the nightly's run ({there.get('run_id')})"
+    out = confined(canonical.parent / WHAT_IF_DIR, run_id, "run id") / "index.html"
+    return out, f"{why}: written beside the date's report {canonical}, which is kept", False
+
+
+def _finished_percentiles(session: Session, run_id: str, verdict: dict[str, Any] | None) -> dict[str, Any] | None:
+    """The verdict with each target's percentile over the finished requests added
+    (``finished_value_s``): what the finished requests achieved when rejections make the
+    percentile over all requests infinite. A copy: the run's config is not changed."""
+    if not verdict:
+        return verdict
+    targets = []
+    for t in verdict.get("targets") or []:
+        t = dict(t)
+        metric, _, pct = str(t.get("target")).partition("_p")
+        try:
+            fraction = float(pct) / 100.0
+        except ValueError:
+            fraction = math.nan
+        if metric in METRICS and 0 < fraction < 1:
+            col = f"{metric}_s"
+            row = session.con.execute(
+                f"SELECT quantile_disc({col}, ?) FROM replay_requests "  # col: one of METRICS, not data
+                f"WHERE run_id = ? AND status = 'finished' AND isfinite({col})",
+                [fraction, run_id],
+            ).fetchone()
+            t["finished_value_s"] = None if row is None or row[0] is None else float(row[0])
+        targets.append(t)
+    return {**verdict, "targets": targets}
+
+
+def _check_out(out: Path) -> None:
+    """``--out`` names a file that may be replaced (before any work: never over a named pipe, a
+    device or a folder), and has a name at all (``--out ''`` is the current folder)."""
+    if out.name in ("", ".", ".."):
+        raise RooftraceError(
+            f"--out {str(out)!r} is empty or a folder, not a file name; give the HTML file to write, e.g. "
+            "--out report.html"
+        )
+    for target in (out, out.with_name("headline.json")):
+        try:
+            check_replaceable(target)
+        except OSError as exc:
+            raise RooftraceError(f"--out {out}: {target} {exc.strerror}") from None
+
+
+def _write_pngs(charts: list[Chart], png_dir: Path, pngs: list[Path], skipped: list[str]) -> None:
+    """Each chart with data as PNG; a chart with nothing to draw, or one vl-convert cannot draw,
+    is named in ``skipped`` (with why) rather than failing the report."""
+    for c in charts:
+        if c.empty:
+            skipped.append(f"{c.key}: {c.empty.rstrip('.')}")
+            continue
+        try:
+            data = vlc.vegalite_to_png(c.spec, scale=1.5)
+        except ValueError as exc:
+            lines = [x.strip() for x in str(exc).splitlines() if x.strip()]
+            skipped.append(f"{c.key}: {lines[-1] if lines else type(exc).__name__}")
+            continue
+        target = png_dir / f"{c.key}.png"
+        try:
+            atomic_write_bytes(target, data)
+        except OSError as exc:
+            raise RooftraceError(f"cannot write {target}: {exc.strerror or exc}") from None
+        pngs.append(target)
+
+
 def build_report(
     store: Store,
     run_id: str | None = None,
@@ -814,16 +1167,17 @@ def build_report(
     out: Path | None = None,
     png_dir: Path | None = None,
     reports_dir: Path | None = None,
+    nightly: bool = False,
 ) -> ReportResult:
     """Write the HTML report of one replay run (the latest by default). Its queries read the
-    warehouse as it is after the run (warehouse.connect rebuilds the views the run changed)."""
+    warehouse as it is after the run (warehouse.connect rebuilds the views the run changed).
+
+    Without ``out`` it goes to the reports tree: reports/<date>/<fleet>/ for the nightly's run
+    (``nightly``) or a run like it, reports/<date>/<fleet>/what-if/<run_id>/ for a what-if run or
+    another run of a date and fleet the nightly published (:func:`_report_target`)."""
     t0 = time.perf_counter()
-    if out is not None:  # before any work: never over a named pipe, a device or a folder
-        for target in (out, out.with_name("headline.json")):
-            try:
-                check_replaceable(target)
-            except OSError as exc:
-                raise RooftraceError(f"--out {out}: {target} {exc.strerror}") from None
+    if out is not None:
+        _check_out(out)
     if run_id is None:
         run_id = latest_run(store, date)
         if run_id is None:
@@ -844,14 +1198,20 @@ def build_report(
         return results[name]
 
     headline = headline_numbers(q) | health_headline(config.get("summary") or {})
+    headline |= ingest_headline(q("ingest_accounting"), store.quarantine_dir.resolve(), day)
+    headline["verdict"] = _finished_percentiles(session, run_id, headline.get("verdict"))
+    headline["warnings"] = [_restate(w, headline) for w in headline["warnings"]]
     curve = q("load_curve")
     if curve:
         headline["headroom"] = headroom_sentence(curve)
         headline["knee"] = knee(curve)
     charts = _charts(q, headline)
     fleet_name = str(config.get("resolved", {}).get("fleet", {}).get("name") or "fleet")
+    note, published_by_nightly = None, nightly
     if out is None:  # the reports tree: one folder per date and fleet, claimed by this store
-        out = report_path(reports_dir or Path("reports"), day, fleet_name)
+        out, note, published_by_nightly = _report_target(
+            reports_dir or Path("reports"), day, fleet_name, run_id, config, nightly
+        )
         claim_report_dir(out.parent, store)
     by_tenant = [
         {k: r[k] for k in ("bucket", "metric", "samples", "p50", "p90", "p99", "mean")}
@@ -867,12 +1227,15 @@ def build_report(
         ("Cost", _html_table(q("cost"))),
         *_economics_sections(session, run_id, charts, day, config.get("resolved", {}).get("fleet", {}).get("model")),
         ("Two cache models", _two_caches(headline, config, _classified(store, day))),
-        (f"Ingest accounting (files with requests on {day})", _html_table(q("ingest_accounting"))),
+        (f"{INGEST_TITLE} (files with requests on {day})", _html_table(q("ingest_accounting"))),
         ("Run config", f"<pre>{html.escape(json.dumps(config, indent=2, sort_keys=True, default=str))}</pre>"),
     ]
     resolved = config.get("resolved", {}).get("fleet", {})
+    what_if = what_if_options(config)
     subtitle = (
-        f"{day} · run {run_id} · {resolved.get('replicas', '?')}× {resolved.get('model', '?')} on "
+        f"{day} · run {run_id}"
+        + (f" (what-if: {options_text(what_if)})" if what_if else "")
+        + f" · {resolved.get('replicas', '?')}× {resolved.get('model', '?')} on "
         f"{resolved.get('tp', '?')}× {resolved.get('hardware', '?')} · numbers reproducible with "
         f"`rooftrace query NAME --run {run_id}`"
     )
@@ -880,18 +1243,26 @@ def build_report(
     page = render_html(
         f"rooftrace capacity report — {day}", subtitle, headline, charts, extra, vega_bundle(store.cache_dir)
     )
-    headline_doc = {"date": day, "run_id": run_id, "fleet": fleet_name, "store": str(store.root.resolve()), **headline}
+    headline_doc = {
+        "date": day,
+        "run_id": run_id,
+        "fleet": fleet_name,
+        "store": str(store.root.resolve()),
+        "published_by": "nightly" if published_by_nightly else "report",
+        "what_if": what_if or None,
+        **headline,
+    }
     target = out
     pngs: list[Path] = []
+    skipped: list[str] = []
     try:
         atomic_write_bytes(out, page.encode())
         target = out.with_name("headline.json")
         atomic_write_bytes(target, (json.dumps(headline_doc, indent=2, default=str) + "\n").encode())
-        if png_dir is not None:
-            for c in charts:
-                target = png_dir / f"{c.key}.png"
-                atomic_write_bytes(target, vlc.vegalite_to_png(c.spec, scale=1.5))
-                pngs.append(target)
     except OSError as exc:
         raise RooftraceError(f"cannot write {target}: {exc.strerror or exc}") from None
-    return ReportResult(out, run_id, day, headline, [c.key for c in charts], pngs, time.perf_counter() - t0)
+    if png_dir is not None:
+        _write_pngs(charts, png_dir, pngs, skipped)
+    return ReportResult(
+        out, run_id, day, headline, [c.key for c in charts], pngs, time.perf_counter() - t0, skipped, note
+    )

@@ -205,6 +205,11 @@ class TargetResult:
     limit_s: float
     value_s: float  # the percentile over all requests (rejected ones count as +inf)
     met: bool
+    #: The same percentile over the finished requests (NaN: none finished): what they achieved
+    #: when rejections make ``value_s`` infinite.
+    finished_s: float = math.nan
+    #: Requests counted as never served (rejected or unfinished) among those measured.
+    unserved: int = 0
 
 
 @dataclass(frozen=True)
@@ -230,17 +235,38 @@ class Verdict:
             "goodput": self.goodput,
             "requests": self.requests,
             "targets": [
-                {"target": t.name, "limit_s": t.limit_s, "value_s": _finite(t.value_s), "met": t.met}
+                {
+                    "target": t.name,
+                    "limit_s": t.limit_s,
+                    "value_s": _finite(t.value_s),
+                    "met": t.met,
+                    "finished_value_s": None if math.isnan(t.finished_s) else t.finished_s,
+                    "unserved": t.unserved,
+                }
                 for t in self.targets
             ],
         }
 
     def line(self) -> str:
-        parts = [
-            f"{t.name} {format_seconds(t.value_s)} {'<=' if t.met else '>'} {format_seconds(t.limit_s)}"
-            for t in self.targets
-        ]
-        return f"SLO {self.slo}: {'PASS' if self.passed else 'FAIL'} ({'; '.join(parts)}); goodput {self.goodput:.1%}"
+        parts = "; ".join(self._part(t) for t in self.targets)
+        return f"SLO {self.slo}: {'PASS' if self.passed else 'FAIL'}: {parts}; goodput {self.goodput:.1%}"
+
+    def _part(self, t: TargetResult) -> str:
+        """One target; a percentile made infinite by requests never served says so, and what
+        the finished requests achieved ('ttft_p99 never > 1 ms' said neither)."""
+        if math.isfinite(t.value_s):
+            return f"{t.name} {format_seconds(t.value_s)} {'<=' if t.met else '>'} {format_seconds(t.limit_s)}"
+        share = t.unserved / self.requests if self.requests else 0.0
+        pct = t.name.partition("_p")[2]
+        fin = (
+            "no request finished"
+            if math.isnan(t.finished_s)
+            else f"p{pct} of the finished {format_seconds(t.finished_s)}"
+        )
+        return (
+            f"{t.name} over all requests infinite > {format_seconds(t.limit_s)} ({t.unserved:,} of "
+            f"{self.requests:,} requests rejected or unfinished, {share:.1%}, count as never served; {fin})"
+        )
 
 
 def _finite(x: float) -> float | None:
@@ -286,7 +312,10 @@ def slo_verdict(
     for t in slo.targets:
         v = np.where(rejected, np.inf, lat[t.metric])[m]
         value = percentile(v, t.percentile)
-        results.append(TargetResult(t.name, t.limit_s, value, value <= t.limit_s))
+        finished = v[np.isfinite(v)]
+        fin = percentile(finished, t.percentile) if finished.size else math.nan
+        unserved = int(np.isinf(v).sum())
+        results.append(TargetResult(t.name, t.limit_s, value, value <= t.limit_s, fin, unserved))
         good &= ~(v > t.limit_s)  # NaN (undefined) passes
     count = int(m.sum())
     return Verdict(slo.name, tuple(results), count, float(good.sum()) / count if count else 0.0)
@@ -326,12 +355,15 @@ class Overload:
         when = (
             f"{self.from_utc} (+{format_seconds(self.from_s)})" if self.from_utc else f"+{format_seconds(self.from_s)}"
         )
+        rates = (
+            f"{format_number(self.arrival_rate)} req/s arrive, {format_number(self.service_rate)} req/s served "
+            f"({'+' if self.excess >= 0 else ''}{format_number(self.excess * 100, 0)}%)"
+            if self.service_rate > 0
+            else f"{format_number(self.arrival_rate)} req/s arrive and nothing is served"
+        )
         return (
-            f"OVERLOADED from {when}: {format_number(self.arrival_rate)} req/s arrive, "
-            f"{format_number(self.service_rate)} req/s served "
-            f"({'+' if self.excess >= 0 else ''}{format_number(self.excess * 100, 0)}%); "
-            f"{self.backlog:,} waiting at the last "
-            f"arrival, {format_seconds(self.drain_s)} to drain"
+            f"OVERLOADED from {when}: {rates}; {self.backlog:,} waiting at the last arrival, "
+            f"{format_seconds(self.drain_s)} to drain"
         )
 
 
@@ -460,7 +492,12 @@ def verdict_text(d: dict[str, Any]) -> str:
     """:meth:`Verdict.line` from its ``to_dict()``."""
     targets = tuple(
         TargetResult(
-            t["target"], float(t["limit_s"]), math.inf if t["value_s"] is None else float(t["value_s"]), bool(t["met"])
+            t["target"],
+            float(t["limit_s"]),
+            math.inf if t["value_s"] is None else float(t["value_s"]),
+            bool(t["met"]),
+            math.nan if t.get("finished_value_s") is None else float(t["finished_value_s"]),
+            int(t.get("unserved") or 0),
         )
         for t in d["targets"]
     )

@@ -21,6 +21,7 @@ from __future__ import annotations
 import contextlib
 import difflib
 import hashlib
+import io
 import os
 import re
 import shutil
@@ -33,6 +34,7 @@ from typing import Any
 
 import duckdb
 import pyarrow as pa
+import pyarrow.parquet as pq
 
 from pipeline.errors import RooftraceError
 from pipeline.schemas import load_schema
@@ -579,3 +581,91 @@ def rebuild(store: Store) -> None:
         build_warehouse(store)
     except OSError as exc:
         raise RooftraceError(f"cannot rebuild the warehouse in {store.root}: {exc.strerror or exc}") from None
+
+
+# --- sql output ---------------------------------------------------------------------------------
+
+#: Rows ``rooftrace sql`` prints as a table on the terminal (rendering 100,000 rows took 24 s);
+#: the rest is counted in a note that says how to get all of them (--format csv/json, --out FILE).
+TABLE_MAX_ROWS = 1000
+
+#: Characters a terminal acts on rather than shows: C0 and C1 controls (ESC starts colour,
+#: title-setting and clipboard sequences) and the bidirectional overrides that reorder text.
+_CONTROL_RE = re.compile("[\x00-\x1f\x7f-\x9f\u061c\u200e\u200f\u202a-\u202e\u2066-\u2069]")
+
+
+def escape_controls(text: str) -> str:
+    """``text`` with every control character shown as an escape ('\\x1b', '\\n', '\\u202e')."""
+
+    def one(m: re.Match[str]) -> str:
+        c = m.group(0)
+        return {"\n": "\\n", "\r": "\\r", "\t": "\\t"}.get(c) or (
+            f"\\x{ord(c):02x}" if ord(c) < 0x100 else f"\\u{ord(c):04x}"
+        )
+
+    return _CONTROL_RE.sub(one, text)
+
+
+def _is_text(t: pa.DataType) -> bool:
+    if pa.types.is_dictionary(t):
+        return _is_text(t.value_type)
+    return pa.types.is_string(t) or pa.types.is_large_string(t) or str(t) == "string_view"
+
+
+def printable(table: pa.Table) -> pa.Table:
+    """``table`` for a terminal: control characters in its text columns and column names escaped
+    (:func:`escape_controls`). Nested values print as Python literals, which escape them already."""
+    names = [escape_controls(n) for n in table.column_names]
+    for i, field in enumerate(table.schema):
+        if _is_text(field.type):
+            cells = [None if v is None else escape_controls(v) for v in table.column(i).to_pylist()]
+            table = table.set_column(i, pa.field(field.name, pa.string()), pa.array(cells, pa.string()))
+    return table.rename_columns(names)
+
+
+@dataclass(frozen=True)
+class SqlOutput:
+    """What ``rooftrace sql`` prints: ``text`` or ``data`` (Parquet bytes) for stdout, or
+    neither when written to a file; ``note`` (to stderr) when the table shows only some rows."""
+
+    text: str | None = None
+    data: bytes | None = None
+    note: str | None = None
+
+
+#: ``--out -``: standard output (a file named '-' is ``--out ./-``).
+STDOUT = Path("-")
+
+
+def sql_output(
+    table: pa.Table, fmt: str, out: Path | None, max_rows: int = TABLE_MAX_ROWS, tty: bool = False
+) -> SqlOutput:
+    """Render a query's result as ``fmt`` to ``out`` (None or :data:`STDOUT`: stdout). The table
+    format escapes control characters (a tenant named '\\x1b]0;...' must not retitle the terminal)
+    and shows at most ``max_rows`` rows on stdout, saying how many it left out; csv, json,
+    parquet and a table to --out FILE get every row (csv and parquet as the data is; json escapes
+    control characters itself). Parquet goes to stdout only when it is not a terminal (``tty``)."""
+    from pipeline.tables import render
+
+    to_stdout = out is None or out == STDOUT
+    if fmt == "parquet" and out == STDOUT:
+        if tty:
+            raise RooftraceError("--format parquet --out -: stdout is a terminal; pipe it or give --out FILE")
+        buf = io.BytesIO()
+        try:
+            pq.write_table(table, buf)
+        except (pa.ArrowException, TypeError, ValueError) as exc:
+            raise RooftraceError(f"cannot write the result as parquet: {str(exc).splitlines()[0]}") from None
+        return SqlOutput(data=buf.getvalue())
+    if fmt == "parquet" and out is None:
+        raise RooftraceError("--format parquet needs --out FILE (or --out - to write it to a pipe)")
+    note = None
+    if fmt == "table":
+        if to_stdout and table.num_rows > max_rows:
+            note = (
+                f"showing the first {max_rows:,} of {table.num_rows:,} rows; for all of them: --format csv or "
+                "--format json (to stdout or --out FILE), or add a LIMIT"
+            )
+            table = table.slice(0, max_rows)
+        table = printable(table)
+    return SqlOutput(text=render(table, fmt, None if to_stdout else out), note=note)

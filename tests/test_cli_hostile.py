@@ -56,8 +56,8 @@ def _one_error_line(res: Result) -> str:
 
 @pytest.fixture
 def markup_store(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> str:
-    """A one-request store whose model, tenant and log path read as rich markup (cwd: tmp_path,
-    so the log's path is stored as the short relative ``[/x]/m.csv``)."""
+    """A one-request store whose model, tenant and log path read as rich markup (cwd: tmp_path;
+    the log is stored under its absolute path, which ends in ``[/x]/m.csv``)."""
     monkeypatch.chdir(tmp_path)
     LOG.parent.mkdir(parents=True)
     LOG.write_text(f"{HEADER}\nr1,2025-01-15T04:24:00Z,[/x],[bold red]t[/bold red],s,10,5,0,0\n")

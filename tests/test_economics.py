@@ -70,7 +70,7 @@ def _table(**model: object) -> dict[str, object]:
 @pytest.mark.parametrize(
     ("change", "message"),
     [
-        ({"input": -1.0}, "input must be >= 0"),
+        ({"input": -1.0}, "input must be between 0 and 1,000,000 USD per million tokens"),
         ({"output": "5"}, "output must be a number"),
         ({"cached_input": 2.0}, "cached_input .* exceeds input"),
         ({"date": "2026-13-01"}, "not a calendar date"),

@@ -1219,8 +1219,8 @@ def test_measurements_bad_cell_left_out_with_its_line(tmp_path: Path) -> None:
     result = invoke(["validate", "--measurements", str(path), "--store", str(tmp_path / "store")])
     assert result.exit_code == 0, result.output
     assert (
-        "2 row(s) left out, the first at line 4: prompt_time = 'p' is not a positive number"
-        in result.output + result.stderr
+        "2 row(s) left out, the first at line 4: prompt_time = 'p' is not a time in [1e-06, 1e+08] "
+        "(the table's unit, ms)" in result.output + result.stderr
     )
 
 

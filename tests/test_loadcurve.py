@@ -35,7 +35,7 @@ def test_knee_and_sentence_by_hand() -> None:
     today_fails = [_row(0.5, True), _row(1, False, 4.2), _row(2, False, 9.0)]
     assert knee(today_fails) == 0.5
     assert (
-        headroom_sentence(today_fails) == "fails the SLO chat at today's traffic (worst target at 4.2x its limit at 1x)"
+        headroom_sentence(today_fails) == "fails the SLO chat at today's traffic: worst target at 4.2x its limit at 1x"
     )
     never = [_row(1, True), _row(4, True)]
     assert headroom_sentence(never).startswith("meets the SLO chat up to at least 4x")
@@ -43,9 +43,12 @@ def test_knee_and_sentence_by_hand() -> None:
     plain = [_row(1, None), _row(2, None, over=True)]
     assert knee(plain) == 1
     assert headroom_sentence(plain) == (
-        "meets its traffic without overload or rejections up to 1x today's traffic (fails at 2x: overloaded)"
+        "serves its traffic without overload or rejections up to 1x today's traffic (fails at 2x: overloaded)"
     )
     assert knee([_row(0.5, None, rejected=3)]) is None
+    assert headroom_sentence([_row(0.5, None, rejected=3), _row(1, None, rejected=5)]) == (
+        "fails at today's traffic: 3 requests rejected already at 0.5x"
+    )
 
 
 def test_curve_on_real_traffic_grows_with_load_and_respects_the_budget(replayed_store: tuple[Store, str]) -> None:

@@ -275,3 +275,72 @@ def test_the_latest_plan_is_the_newest_written_not_the_greatest_id(tmp_path: Pat
         os.utime(f, ns=(t * 10**9, t * 10**9))
     assert latest_cost_subject(store, "gpu_cost") == "2025-01-15-llama-3.1-8b-0000aaaa00"
     assert latest_cost_subject(store, "api_cost") is None
+
+
+PWNED = "\x1b]0;PWNED\x07"
+
+
+@pytest.fixture(scope="module")
+def hostile_tenant_store(tmp_path_factory: pytest.TempPathFactory) -> Store:
+    """An ingested day (no replay) whose tenant names set the terminal's title and reorder text."""
+    from pipeline.ingest import ingest_logs
+    from pipeline.synth import SynthConfig, generate, write_logs
+
+    root = tmp_path_factory.mktemp("pwned")
+    frame = generate(SynthConfig(requests=60, seed=3, duration_s=300, tenants=2)).with_columns(
+        tenant=pl.when(pl.col("tenant") == "tenant-1").then(pl.lit(PWNED)).otherwise(pl.lit("rtl\u202eevil"))
+    )
+    write_logs(frame, "openai", root / "day.jsonl")
+    log = root / "day.jsonl"  # raw controls are not JSON: written as the escapes a JSON log has
+    log.write_text(log.read_text().replace("\x1b", "\\u001b").replace("\x07", "\\u0007"))
+    store = Store(root / "store")
+    summary = ingest_logs([log], store)
+    assert summary.ok and summary.total("rows_quarantined") == 0
+    return store
+
+
+def test_sql_table_escapes_control_characters_from_the_data(hostile_tenant_store: Store) -> None:
+    store = hostile_tenant_store
+    sql = 'SELECT DISTINCT tenant, tenant AS "t\x1b[2J", [tenant] AS nested FROM requests ORDER BY 1'
+    res = CliRunner().invoke(main, ["sql", sql, "--store", str(store.root)])
+    assert res.exit_code == 0, res.output
+    assert "\x1b" not in res.stdout and "\x07" not in res.stdout and "\u202e" not in res.stdout
+    assert "\\x1b]0;PWNED\\x07" in res.stdout and "rtl\\u202eevil" in res.stdout and "t\\x1b[2J" in res.stdout
+    # data formats keep the data: JSON escapes it, CSV and --out keep every byte
+    res = CliRunner().invoke(main, ["sql", "SELECT DISTINCT tenant FROM requests ORDER BY 1", "--store",
+                                    str(store.root), "--json"])  # fmt: skip
+    assert json.loads(res.stdout) == [{"tenant": PWNED}, {"tenant": "rtl\u202eevil"}] and "\x1b" not in res.stdout
+
+
+def test_sql_out_dash_is_stdout(hostile_tenant_store: Store, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    store = hostile_tenant_store
+    res = CliRunner().invoke(main, ["sql", "SELECT 41 + 1 AS n", "--store", str(store.root), "--out", "-",
+                                    "--format", "csv"])  # fmt: skip
+    assert res.exit_code == 0 and res.stdout.splitlines() == ['"n"', "42"], res.output
+    res = CliRunner().invoke(main, ["sql", "SELECT 42 AS n", "--store", str(store.root), "--out", "-"])
+    assert res.exit_code == 0 and "│ 42 │" in res.stdout
+    res = CliRunner().invoke(main, ["sql", "SELECT 42 AS n", "--store", str(store.root), "--out", "-",
+                                    "--format", "parquet"])  # fmt: skip
+    assert res.exit_code == 0 and res.stdout_bytes[:4] == b"PAR1" and res.stdout_bytes[-4:] == b"PAR1"
+    assert not (tmp_path / "-").exists()
+    res = CliRunner().invoke(main, ["sql", "SELECT 42 AS n", "--store", str(store.root), "--format", "parquet"])
+    assert res.exit_code == 1 and "needs --out FILE (or --out - " in res.stderr
+
+
+def test_sql_table_output_is_capped_with_a_note(hostile_tenant_store: Store, tmp_path: Path) -> None:
+    from pipeline.warehouse import TABLE_MAX_ROWS
+
+    store = hostile_tenant_store
+    n = TABLE_MAX_ROWS + 500
+    sql = f"SELECT range AS i FROM range({n})"
+    res = CliRunner().invoke(main, ["sql", sql, "--store", str(store.root)])
+    assert res.exit_code == 0
+    shown = [line for line in res.stdout.splitlines() if line.startswith("│")]
+    assert len(shown) == TABLE_MAX_ROWS and f"│ {TABLE_MAX_ROWS - 1} " in shown[-1]
+    assert f"showing the first {TABLE_MAX_ROWS:,} of {n:,} rows" in res.stderr and "--format csv" in res.stderr
+    res = CliRunner().invoke(main, ["sql", sql, "--store", str(store.root), "--format", "csv"])
+    assert len(res.stdout.splitlines()) == n + 1 and "showing" not in res.stderr
+    out = tmp_path / "all.txt"
+    res = CliRunner().invoke(main, ["sql", sql, "--store", str(store.root), "--out", str(out)])
+    assert res.exit_code == 0 and sum(line.startswith("│") for line in out.read_text().splitlines()) == n

@@ -215,10 +215,20 @@ def fmt_num(x: float | None, spec: str) -> str:
     return "-" if x is None else format(x, spec)
 
 
+def _refuse_empty_path(ctx: click.Context, param: click.Parameter, value: str | None) -> Path | None:
+    """The path as a Path, an empty one refused (``Path('')`` is ``.``, the current folder)."""
+    if value is None:
+        return None
+    if not value.strip():
+        raise click.BadParameter("the path is empty (name a folder)")
+    return Path(value)
+
+
 reports_option = click.option(
     "--reports",
     "reports_dir",
-    type=click.Path(file_okay=False, path_type=Path),
+    type=click.Path(file_okay=False),
+    callback=_refuse_empty_path,
     default=None,
     help="Reports folder (default: the rooftrace.toml project's reports, else ./reports).",
 )

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 import click
@@ -19,9 +20,14 @@ from pipeline.cli.common import (
 )
 from pipeline.defaults import DEFAULT_HEADROOM_BUDGET_S, INGEST_FORMATS
 
+#: Exit code of a nightly that ran to the end and wrote its report, but whose night needs someone
+#: to act: requests rejected, the fleet overloaded, the SLO failed, or at least 1 % of the log rows
+#: quarantined (docs/reports.md, "Exit codes"). 1 stays "the nightly itself failed".
+EXIT_ATTENTION = 3
+
 
 @click.command("nightly")
-@click.argument("logs", nargs=-1, required=True, type=click.Path(path_type=Path))
+@click.argument("logs", nargs=-1, required=True, type=click.Path())  # as typed: '' is refused, not '.'
 @click.option(
     "--fleet", type=click.Path(exists=True, dir_okay=False, path_type=Path), required=True, help="FLEET.toml."
 )
@@ -43,7 +49,7 @@ from pipeline.defaults import DEFAULT_HEADROOM_BUDGET_S, INGEST_FORMATS
 @store_option
 @json_option
 def nightly_cmd(
-    logs: tuple[Path, ...],
+    logs: tuple[str, ...],
     fleet: Path,
     date: str | None,
     fmt: str | None,
@@ -59,9 +65,13 @@ def nightly_cmd(
 ) -> None:
     """Run ingest, classify, replay, headroom, cost, warehouse and report for one night.
 
-    Writes reports/<date>/index.html and updates reports/index.html. Safe to re-run; a second run
-    on the same store at the same time is refused; a failed stage is named and earlier outputs
-    are kept.
+    Writes reports/<date>/<fleet>/index.html and updates reports/index.html. Safe to re-run; a
+    second run on the same store at the same time is refused; a failed stage is named and earlier
+    outputs are kept.
+
+    Exit codes: 0 the night is healthy; 3 the report was written but the night needs someone to
+    act (requests rejected, overload, a failed SLO, or at least 1% of the log rows quarantined;
+    the last line says which); 1 the nightly failed (nothing published for the night); 130 Ctrl-C.
 
     Example: rooftrace nightly logs/2025-01-15/ --fleet fleets/default.toml
     """
@@ -88,5 +98,8 @@ def nightly_cmd(
     for w in res.headline.get("warnings") or []:
         progress(f"warning: {w}")
     progress(res.line())
+    code = EXIT_ATTENTION if res.attention else 0
     if as_json:
-        emit_json(res.to_json())
+        emit_json({**res.to_json(), "exit_code": code})
+    if code:
+        sys.exit(code)

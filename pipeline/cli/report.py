@@ -34,6 +34,11 @@ def report(
 ) -> None:
     """Write the offline HTML capacity report of a replay run and refresh reports/index.html.
 
+    Goes to reports/<date>/<fleet>/; a what-if run (--rate-scale, --replicas, --concurrency,
+    --offline) or any run other than the one the nightly published there goes to
+    reports/<date>/<fleet>/what-if/<run_id>/, so the nightly's report and index row stay.
+    A chart with nothing to draw is said so on the page and not written as PNG.
+
     Example: rooftrace report --png reports/png
     """
     from pipeline.nightly import build_index
@@ -50,6 +55,6 @@ def report(
         return res
 
     res = run(work)
-    progress(f"report: {res.path} ({len(res.charts)} charts, {res.seconds:.1f} s)")
+    progress(res.line())
     if as_json:
         emit_json(res.to_json())

@@ -7,11 +7,12 @@ only files under the store are read; a missing store is an error rather than a n
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 import click
 
-from pipeline.cli.common import get_store, json_option, output_options, run, store_option
+from pipeline.cli.common import get_store, json_option, output_options, progress, run, store_option
 
 
 @click.command()
@@ -29,16 +30,26 @@ def sql(query: str, fmt: str, out: Path | None, as_json: bool, store_path: str |
     under the store: COPY, EXPORT, ATTACH, INSTALL/LOAD, SET/RESET/PRAGMA and reads of other
     files are refused. In CSV output, nested values (structs, lists, maps) are JSON text.
 
+    The table format shows control characters in the data as escapes (\\x1b) and prints at most
+    1,000 rows (a note on stderr says how many more; --format csv or json give all). --out -
+    writes to stdout.
+
     Example: rooftrace sql "SELECT model, count(*) FROM requests GROUP BY model"
     """
     fmt = "json" if as_json else fmt  # --json is --format json, as on every command
-    from pipeline.tables import render
-    from pipeline.warehouse import check_out_path, require_store, run_sql
+    from pipeline.warehouse import STDOUT, check_out_path, require_store, run_sql, sql_output
 
     store = run(lambda: get_store(store_path))
     run(lambda: require_store(store))
-    run(lambda: check_out_path(store, out))
+    if out != STDOUT:
+        run(lambda: check_out_path(store, out))
     table = run(lambda: run_sql(store, query))
-    text = run(lambda: render(table, fmt, out))
-    if text is not None:
-        click.echo(text, nl=False)
+    result = run(lambda: sql_output(table, fmt, out, tty=sys.stdout.isatty()))
+    if result.data is not None:  # --format parquet --out -
+        sys.stdout.flush()
+        sys.stdout.buffer.write(result.data)
+        sys.stdout.buffer.flush()
+    if result.text is not None:
+        click.echo(result.text, nl=False)
+    if result.note is not None:
+        progress(result.note)
