@@ -638,13 +638,19 @@ STDOUT = Path("-")
 
 
 def sql_output(
-    table: pa.Table, fmt: str, out: Path | None, max_rows: int = TABLE_MAX_ROWS, tty: bool = False
+    table: pa.Table,
+    fmt: str,
+    out: Path | None,
+    max_rows: int = TABLE_MAX_ROWS,
+    tty: bool = False,
+    title: str | None = None,
 ) -> SqlOutput:
     """Render a query's result as ``fmt`` to ``out`` (None or :data:`STDOUT`: stdout). The table
     format escapes control characters (a tenant named '\\x1b]0;...' must not retitle the terminal)
     and shows at most ``max_rows`` rows on stdout, saying how many it left out; csv, json,
     parquet and a table to --out FILE get every row (csv and parquet as the data is; json escapes
-    control characters itself). Parquet goes to stdout only when it is not a terminal (``tty``)."""
+    control characters itself). Parquet goes to stdout only when it is not a terminal (``tty``).
+    ``title``: the table's heading (a named query's name). Used by ``sql`` and ``query``."""
     from pipeline.tables import render
 
     to_stdout = out is None or out == STDOUT
@@ -668,4 +674,4 @@ def sql_output(
             )
             table = table.slice(0, max_rows)
         table = printable(table)
-    return SqlOutput(text=render(table, fmt, None if to_stdout else out), note=note)
+    return SqlOutput(text=render(table, fmt, None if to_stdout else out, title=title), note=note)

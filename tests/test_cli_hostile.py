@@ -420,3 +420,12 @@ def test_busy_share_is_a_share_of_time_whatever_the_gpu_price(replayed_store: tu
         shares[price] = {r["token_class"]: r["busy_share"] for r in rows}
     assert shares["0"] == pytest.approx(shares["2.5"], rel=1e-12)
     assert sum(v for k, v in shares["0"].items() if k != "idle") == pytest.approx(1.0)
+
+
+def test_query_prints_as_sql_does(markup_store: str, tmp_path: Path) -> None:
+    """`query --out -` wrote a file named '-'; named queries now print through the same output
+    as `sql` (control characters escaped, at most 1,000 table rows, --out - is stdout)."""
+    res = _cli("query", "ingest_accounting", "--store", markup_store, "--out", "-", "--format", "csv")
+    assert res.exit_code == 0, res.output
+    assert res.stdout.startswith('"kind","item",') and "[/x]/m.csv" in res.stdout
+    assert not (tmp_path / "-").exists()

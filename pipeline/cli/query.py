@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 import click
@@ -38,8 +39,9 @@ def query(
     Example: rooftrace query latency --format json
     """
     fmt = "json" if as_json else fmt  # --json is --format json, as on every command
-    from pipeline.tables import render, table_to_json
+    from pipeline.tables import table_to_json
     from pipeline.warehouse import (
+        STDOUT,
         check_out_path,
         check_run_option,
         get_query,
@@ -47,6 +49,7 @@ def query(
         parse_params,
         require_store,
         run_query,
+        sql_output,
     )
     from pipeline.warehouse import (
         rebuild as rebuild_warehouse,
@@ -67,15 +70,23 @@ def query(
     values: dict[str, object] = {"run_id": run_id, "date": date}
     values |= run(lambda: parse_params(named, params))
     run(lambda: require_store(store))
-    run(lambda: check_out_path(store, out))
+    if out != STDOUT:
+        run(lambda: check_out_path(store, out))
     if rebuild:
         run(lambda: rebuild_warehouse(store))
     table = run(lambda: run_query(store, name, values))
     if fmt == "json" and out is None:
         emit_json(table_to_json(table))
         return
-    text = run(lambda: render(table, fmt, out, title=name))
-    if text is not None:
-        click.echo(text, nl=False)
-    else:
+    # as `sql` prints: control characters escaped, at most 1,000 table rows on stdout, --out -
+    result = run(lambda: sql_output(table, fmt, out, tty=sys.stdout.isatty(), title=name))
+    if result.data is not None:  # --format parquet --out -
+        sys.stdout.flush()
+        sys.stdout.buffer.write(result.data)
+        sys.stdout.buffer.flush()
+    if result.text is not None:
+        click.echo(result.text, nl=False)
+    elif result.data is None:
         progress(f"wrote {table.num_rows} rows to {out}")
+    if result.note is not None:
+        progress(result.note)
