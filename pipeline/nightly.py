@@ -35,12 +35,11 @@ from pipeline.report import (
     build_report,
     options_text,
     overload_phrase,
-    share_text,
     slo_phrase,
     vega_bundle,
 )
 from pipeline.schemas import atomic_write_bytes, write_parquet
-from pipeline.slo import failures_line, format_seconds
+from pipeline.slo import failures_line, format_seconds, share_text
 from pipeline.store import Store
 from pipeline.warehouse import build_warehouse
 

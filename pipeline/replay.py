@@ -60,6 +60,7 @@ from pipeline.slo import (
     overload_of,
     overload_text,
     parse_slo,
+    share_text,
     slo_verdict,
     sorted_accepted,
 )
@@ -695,10 +696,11 @@ def _store_writes(store: Store) -> Iterator[None]:
 
 def model_mix_warning(store: Store, date: str, fleet_model: str) -> str | None:
     """One line when the date's requests were logged for models other than the fleet's, all of
-    which the replay serves as the fleet's model: a day of two models replayed on one. None when
-    every request names the fleet's model, or every request names one model the catalog does not
-    know ("unknown", an API model): then the fleet's model is the one asked about."""
-    from pipeline.catalog import list_models
+    which the replay serves as the fleet's model: a day of two models replayed on one. Rows
+    without a model (``unknown``) and rows naming the fleet's model by its Hugging Face id count
+    as the fleet's. None also when the day names one model the catalog does not know and never
+    the fleet's (an API model's logs, sized on this fleet)."""
+    from pipeline.catalog import list_models, load_model
 
     counts = (
         pl.scan_parquet([str(p) for p in store.request_files(date)])
@@ -707,16 +709,23 @@ def model_mix_warning(store: Store, date: str, fleet_model: str) -> str | None:
         .sort(["len", "model"], descending=[True, False])
         .collect()
     )
-    names = [str(m) for m in counts.get_column("model").to_list()]
-    lens = [int(n) for n in counts.get_column("len").to_list()]
-    other = [(m, n) for m, n in zip(names, lens, strict=True) if m != fleet_model]
-    if not other or (len(names) == 1 and names[0] not in list_models()):
+    try:
+        hf_id = load_model(fleet_model).hf_id.lower()
+    except RooftraceError:
+        hf_id = ""
+    ours = {fleet_model.lower(), "unknown"} | ({hf_id} if hf_id else set())
+    rows = [(str(m), int(n)) for m, n in zip(counts.get_column("model"), counts.get_column("len"), strict=True)]
+    other = [(m, n) for m, n in rows if m.lower() not in ours]
+    if not other:
         return None
-    total, n_other = sum(lens), sum(n for _, n in other)
+    named_ours = any(m.lower() in ours and m != "unknown" for m, _ in rows)
+    if not named_ours and len(other) == 1 and other[0][0] not in list_models():
+        return None
+    total, n_other = sum(n for _, n in rows), sum(n for _, n in other)
     shown = ", ".join(f"{m}: {n:,}" for m, n in other[:3]) + (f", {len(other) - 3} more" if len(other) > 3 else "")
     return (
-        f"MODEL MIX: {n_other:,} of {total:,} requests ({n_other / total:.0%}) were logged for other models "
-        f"({shown}) and are replayed as {fleet_model}; a fleet per model sizes each "
+        f"MODEL MIX: {n_other:,} of {total:,} requests ({share_text(n_other / total)}) were logged for other "
+        f"models ({shown}) and are replayed as {fleet_model}; a fleet per model sizes each "
         "(rooftrace plan --traffic-model)"
     )
 

@@ -28,7 +28,7 @@ from pipeline.classify.accounting import accounting_paths
 from pipeline.errors import RooftraceError
 from pipeline.loadcurve import headroom_sentence, knee
 from pipeline.schemas import atomic_write_bytes, check_replaceable
-from pipeline.slo import METRICS, format_number, format_seconds, overload_text
+from pipeline.slo import METRICS, format_number, format_seconds, overload_text, share_text
 from pipeline.store import Store, check_date, confined
 from pipeline.tables import table_to_json
 from pipeline.warehouse import Session, latest_run
@@ -513,13 +513,6 @@ def health_headline(summary: dict[str, Any]) -> dict[str, Any]:
 QUARANTINE_FLAG_SHARE = 0.01
 
 
-def share_text(x: float) -> str:
-    """A share for people: one decimal place, '<0.1%' for a small one that is not zero."""
-    if not math.isfinite(x) or x <= 0:
-        return "0%"
-    return "<0.1%" if x < 0.001 else f"{x * 100:.1f}%"
-
-
 def ingest_headline(rows: Rows, quarantine_dir: Path, date: str) -> dict[str, Any]:
     """The day's ingest row accounting (query ``ingest_accounting``: the files with requests on
     ``date``): rows read, stored, quarantined and dropped as duplicates, the quarantined share,
@@ -656,6 +649,8 @@ def attention(h: dict[str, Any]) -> list[str]:
         out.append(f"SLO {h.get('slo')} failed")
     if h.get("quarantine_flagged"):
         out.append(f"{share_text(float(h.get('quarantined_share') or 0.0))} of log rows quarantined")
+    if any(str(w).startswith("MODEL MIX") for w in h.get("warnings") or []):
+        out.append("requests of other models replayed as the fleet's")
     return out
 
 
@@ -912,7 +907,7 @@ def render_html(
     warnings = [html.escape(w) for w in headline.get("warnings") or []]
     note = headline.get("ingest_note")
     ingest = f'{html.escape(note)} <a href="#{INGEST_ANCHOR}">(table)</a>' if note else ""
-    if note and headline.get("quarantine_flagged"):
+    if note and (headline.get("quarantine_flagged") or warnings):  # said in the banner when it has one
         warnings.append(ingest)
     if warnings:
         heading = "This run has failures" if headline.get("warnings") else "This day's logs need attention"

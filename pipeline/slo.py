@@ -278,6 +278,13 @@ def _finite(x: float) -> float | None:
 _PLAIN_UP_TO = 1e12
 
 
+def share_text(x: float) -> str:
+    """A share for people: one decimal place, '<0.1%' for a small one that is not zero."""
+    if not math.isfinite(x) or x <= 0:
+        return "0%"
+    return "<0.1%" if x < 0.001 else f"{x * 100:.1f}%"
+
+
 def format_number(x: float, decimals: int = 2) -> str:
     """A figure for people: thousands separated, ``decimals`` places, scientific past 10¹²."""
     if math.isfinite(x) and abs(x) >= _PLAIN_UP_TO:

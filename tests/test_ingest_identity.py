@@ -347,3 +347,23 @@ def test_manifest_quarantine_and_rows_name_files_alike(tmp_path: Path, monkeypat
     assert _manifest(store)["source_file"].to_list() == [str(log)]
     q = pl.concat([pl.from_arrow(read_parquet(p, "quarantine")) for p in store.quarantine_dir.glob("*.parquet")])  # type: ignore[misc]
     assert q["source_file"].to_list() == [str(log)]
+
+
+def test_a_log_name_reused_for_new_content_is_a_note_not_a_force_advice(tmp_path: Path) -> None:
+    """A log rewritten every night under one name (`current.csv`) holds none of the earlier rows:
+    it is a new log, said as a note. The warning used to advise --force, which replaces every
+    earlier read of the name (the earlier nights' rows)."""
+    log = _vidur(tmp_path / "current.csv", [(0, 100, 10), (1, 200, 20)])
+    store = Store(tmp_path / "s")
+    _balanced(ingest_logs([log], store, fmt="vidur", date=DATE))
+    _vidur(log, [(5, 700, 70), (6, 800, 80), (7, 900, 90)])
+    said: list[str] = []
+    s = ingest_logs([log], store, fmt="vidur", date=DATE, progress=said.append)
+    _balanced(s)
+    assert (s.total("rows_stored"), s.total("rows_duplicate")) == (3, 0)
+    assert not [m for m in said if m.startswith("warning:")]
+    assert [m for m in said if "new content under a name ingested before" in m] == [
+        f"{log}: new content under a name ingested before (none of the earlier read's 2 row(s) is in it): read "
+        "as a new log, the earlier rows stay (--force would replace every earlier read of this name)"
+    ]
+    assert len(_in_store(store)) == 5

@@ -315,7 +315,7 @@ def test_a_day_of_other_models_is_said_when_replayed_on_one(tmp_path: Path) -> N
     write_parquet(mixed.to_arrow(), part, "requests")
     line = model_mix_warning(store, "2023-11-16", "llama-3.1-8b")
     assert line == (
-        "MODEL MIX: 70 of 200 requests (35%) were logged for other models (llama-3.1-70b: 70) and are replayed "
+        "MODEL MIX: 70 of 200 requests (35.0%) were logged for other models (llama-3.1-70b: 70) and are replayed "
         "as llama-3.1-8b; a fleet per model sizes each (rooftrace plan --traffic-model)"
     )
     out = CliRunner().invoke(main, ["replay", "--store", str(store.root), "--fleet", fleet, "--json"])
@@ -325,4 +325,20 @@ def test_a_day_of_other_models_is_said_when_replayed_on_one(tmp_path: Path) -> N
     assert f"warning: {line}" in out.stderr
     # one model the catalog knows, not the fleet's: said too
     write_parquet(head.with_columns(model=pl.lit("qwen3-32b")).to_arrow(), part, "requests")
-    assert "200 of 200 requests (100%)" in str(model_mix_warning(store, "2023-11-16", "llama-3.1-8b"))
+    assert "200 of 200 requests (100.0%)" in str(model_mix_warning(store, "2023-11-16", "llama-3.1-8b"))
+    # the fleet's model, a few rows without one (unknown), and the fleet's model by its HF id: no mix
+    from pipeline.catalog import load_model
+
+    hf = load_model("llama-3.1-8b").hf_id
+    ours = head.with_columns(
+        model=pl.when(pl.int_range(pl.len()) < 3)
+        .then(pl.lit("unknown"))
+        .when(pl.int_range(pl.len()) < 50)
+        .then(pl.lit(hf))
+        .otherwise(pl.lit("llama-3.1-8b"))
+    )
+    write_parquet(ours.to_arrow(), part, "requests")
+    assert model_mix_warning(store, "2023-11-16", "llama-3.1-8b") is None
+    # an API model's day sized on this fleet: the fleet's traffic by definition
+    write_parquet(head.with_columns(model=pl.lit("gpt-4o")).to_arrow(), part, "requests")
+    assert model_mix_warning(store, "2023-11-16", "llama-3.1-8b") is None

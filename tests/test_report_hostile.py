@@ -258,3 +258,17 @@ def test_a_what_if_report_goes_beside_the_nightly_and_the_index_keeps_the_nightl
     refreshed = build_report(store, nightly_head["run_id"], reports_dir=reports)
     assert refreshed.path == nightly_page and refreshed.placement is None
     assert json.loads((nightly_page.parent / "headline.json").read_text())["published_by"] == "nightly"
+
+
+def test_a_small_quarantine_is_in_the_banner_of_a_run_with_failures(tmp_path: Path) -> None:
+    """The note on a small (unflagged) quarantined share was shown only under a green banner: a
+    night with rejections dropped it from the report's top."""
+    rows = "".join(f"{t},{100 + t},10\n" for t in range(148))
+    log = tmp_path / "a.csv"
+    log.write_text(VIDUR + rows + "148,20000,10\n149,abc,10\n")  # one too long, one unreadable
+    res = _nightly(log, tmp_path / "s", tmp_path / "r", "2025-02-21", "--headroom-budget", "0")
+    assert res.exit_code == 3, res.output  # the rejection
+    top = _top((tmp_path / "r" / "2025-02-21" / "default" / "index.html").read_text())
+    assert "This run has failures" in top
+    banner = top[top.index("This run has failures") :]
+    assert "1 of 150 log rows (0.7%) quarantined" in banner[: banner.index("</ul>")]

@@ -584,6 +584,12 @@ def _changed_line(res: FileResult, before: dict[str, Any]) -> str:
     stored."""
     kept_before = int(before["rows_stored"]) + int(before["rows_duplicate"])
     again = res.rows_duplicate - res.rows_conflicting
+    if again == 0 and kept_before > 0:  # none of the earlier rows: a log name reused (rotated daily)
+        return (
+            f"{res.source_file}: new content under a name ingested before (none of the earlier read's "
+            f"{kept_before} row(s) is in it): read as a new log, the earlier rows stay (--force would replace "
+            "every earlier read of this name)"
+        )
     if again >= kept_before:
         return (
             f"{res.source_file}: grew since it was ingested ({kept_before} earlier row(s) read again as "
