@@ -1077,8 +1077,9 @@ def _report_target(
 ) -> tuple[Path, str | None, bool]:
     """Where a run's report goes in the reports tree, and why when it is not the date's and
     fleet's own folder. The nightly's run always goes to reports/<date>/<fleet>/. Any other run
-    goes there too unless it is a what-if (:func:`what_if_options`) or that folder holds a
-    nightly's report of another run: then to .../what-if/<run_id>/, and the nightly's is kept.
+    goes there too unless it is a what-if (:func:`what_if_options`, or the nightly's own run
+    judged since against another SLO) or that folder holds a nightly's report of another run:
+    then to .../what-if/<run_id>/, and the nightly's is kept.
     The last item: whether the report is (still) the nightly's."""
     canonical = report_path(reports_dir, day, fleet_name)
     if nightly:
@@ -1086,6 +1087,10 @@ def _report_target(
     options = what_if_options(config)
     there = _published(canonical.parent)
     by_nightly = there.get("published_by") == "nightly"
+    verdict = ((config.get("summary") or {}).get("health") or {}).get("verdict") or {}
+    if by_nightly and there.get("run_id") == run_id and verdict.get("slo") != there.get("slo"):
+        # the nightly's own run re-judged by `replay --slo` (the SLO is not part of the run id)
+        options = {**options, "slo": verdict.get("slo") or "none"}
     if not options and not (by_nightly and there.get("run_id") != run_id):
         return canonical, None, by_nightly  # a refresh of the nightly's own report stays the nightly's
     why = f"what-if run ({options_text(options)})" if options else f"not the nightly's run ({there.get('run_id')})"

@@ -258,6 +258,16 @@ def test_a_what_if_report_goes_beside_the_nightly_and_the_index_keeps_the_nightl
     refreshed = build_report(store, nightly_head["run_id"], reports_dir=reports)
     assert refreshed.path == nightly_page and refreshed.placement is None
     assert json.loads((nightly_page.parent / "headline.json").read_text())["published_by"] == "nightly"
+    # the nightly's own run re-judged against an SLO by `replay --slo`: a what-if, the page kept
+    before = nightly_page.read_bytes()
+    res = CliRunner().invoke(main, ["replay", "--store", str(store.root), "--fleet", str(FLEET), "--date",
+                                    "2025-02-05", "--slo", "interactive", "--json"])  # fmt: skip
+    assert res.exit_code == 0, res.output
+    judged = json.loads(res.stdout)["run_id"]
+    assert judged == nightly_head["run_id"]  # the SLO is not part of the run id
+    slo_report = build_report(store, judged, reports_dir=reports)
+    assert slo_report.path.parent.name == judged and "slo interactive" in (slo_report.placement or "")
+    assert nightly_page.read_bytes() == before
 
 
 def test_a_small_quarantine_is_in_the_banner_of_a_run_with_failures(tmp_path: Path) -> None:
