@@ -175,17 +175,22 @@ def ratio_grid(rows: pl.DataFrame) -> RatioGrid | None:
 
 def _fill_between(t: FloatArray, coord: FloatArray, axis: int) -> FloatArray:
     """NaN cells with non-NaN cells on both sides along ``axis`` take the linear interpolation
-    between the nearest two in ``coord`` (the axis' log coordinate); other NaN cells stay NaN."""
-    moved = np.moveaxis(t, axis, -1).copy()
+    between the nearest two in ``coord`` (the axis' log coordinate); other NaN cells stay NaN.
+    Vectorised: each cell's nearest measured index before and after it along the axis, by a
+    running max / min."""
+    moved = np.moveaxis(t, axis, -1)
     flat = moved.reshape(-1, moved.shape[-1])
-    for row in flat:
-        ok = ~np.isnan(row)
-        if ok.all() or ok.sum() < 2:
-            continue
-        x = coord[ok]
-        inside = ~ok & (coord > x[0]) & (coord < x[-1])
-        row[inside] = np.interp(coord[inside], x, row[ok])
-    return np.moveaxis(flat.reshape(moved.shape), -1, axis)
+    n = flat.shape[1]
+    ok = ~np.isnan(flat)
+    idx = np.arange(n)
+    prev = np.maximum.accumulate(np.where(ok, idx, -1), axis=1)
+    nxt = np.minimum.accumulate(np.where(ok, idx, n)[:, ::-1], axis=1)[:, ::-1]
+    r, c = np.nonzero(~ok & (prev >= 0) & (nxt < n))
+    p, q = prev[r, c], nxt[r, c]
+    w = (coord[c] - coord[p]) / (coord[q] - coord[p])
+    out = flat.copy()
+    out[r, c] = flat[r, p] + w * (flat[r, q] - flat[r, p])
+    return np.moveaxis(out.reshape(moved.shape), -1, axis)
 
 
 def _fill_nearest(t: FloatArray, axis: int) -> FloatArray:
