@@ -367,3 +367,19 @@ def test_a_log_name_reused_for_new_content_is_a_note_not_a_force_advice(tmp_path
         "as a new log, the earlier rows stay (--force would replace every earlier read of this name)"
     ]
     assert len(_in_store(store)) == 5
+
+
+def test_a_conflict_with_this_files_earlier_read_says_so(tmp_path: Path) -> None:
+    """'id 'x0' at line 1 here, kept from line 1' read as a row conflicting with itself: the row
+    kept was this file's line 1 as an earlier ingest read it (the file was edited since)."""
+    log = tmp_path / "a.jsonl"
+    log.write_text(_oa("x0", 1_736_899_200, 100) + "\n")
+    store = Store(tmp_path / "s")
+    _balanced(ingest_logs([log], store))
+    log.write_text(_oa("x0", 1_736_899_200, 5000) + "\n")
+    said: list[str] = []
+    _balanced(ingest_logs([log], store, progress=said.append))
+    warned = [m for m in said if "request id seen before with other content" in m]
+    assert len(warned) == 1 and warned[0].endswith(
+        "e.g. id 'x0' at line 1 here, kept from line 1 of this file as an earlier ingest read it"
+    ), warned

@@ -507,7 +507,12 @@ class _Conflicts:
         if not n:
             return None
         _, rid, line, kept_file, kept_line = self.first[idx]
-        where = f"line {kept_line}" if kept_file == path else f"{kept_file} line {kept_line}"
+        if kept_file != path:
+            where = f"{kept_file} line {kept_line}"
+        elif kept_line < line:  # an earlier line of this read
+            where = f"line {kept_line} of this file"
+        else:  # the same line, or a later one: this file's content as an earlier ingest read it
+            where = f"line {kept_line} of this file as an earlier ingest read it"
         return (
             f"warning: {path}: {n} row(s) have a request id seen before with other content: dropped as "
             f"duplicates, the first seen kept; e.g. id {rid!r} at line {line} here, kept from {where}"
