@@ -72,6 +72,23 @@ def output_options(fn: F) -> F:
     )(fn)
 
 
+def emit_output(result: Any, wrote: str | None = None) -> None:
+    """Print a ``warehouse.SqlOutput`` (``sql`` and ``query``): bytes (parquet to a pipe) or text
+    on stdout, else ``wrote`` on stderr; its note (rows left out of a table) on stderr."""
+    import sys
+
+    if result.data is not None:  # --format parquet --out -
+        sys.stdout.flush()
+        sys.stdout.buffer.write(result.data)
+        sys.stdout.buffer.flush()
+    if result.text is not None:
+        click.echo(result.text, nl=False)
+    elif result.data is None and wrote is not None:
+        progress(wrote)
+    if result.note is not None:
+        progress(result.note)
+
+
 def emit_json(doc: Any) -> None:
     click.echo(json.dumps(doc, indent=2, sort_keys=True, default=str))
 

@@ -7,7 +7,15 @@ from pathlib import Path
 
 import click
 
-from pipeline.cli.common import emit_json, get_store, json_option, output_options, progress, run, store_option
+from pipeline.cli.common import (
+    emit_json,
+    emit_output,
+    get_store,
+    json_option,
+    output_options,
+    run,
+    store_option,
+)
 
 
 @click.command()
@@ -80,13 +88,4 @@ def query(
         return
     # as `sql` prints: control characters escaped, at most 1,000 table rows on stdout, --out -
     result = run(lambda: sql_output(table, fmt, out, tty=sys.stdout.isatty(), title=name))
-    if result.data is not None:  # --format parquet --out -
-        sys.stdout.flush()
-        sys.stdout.buffer.write(result.data)
-        sys.stdout.buffer.flush()
-    if result.text is not None:
-        click.echo(result.text, nl=False)
-    elif result.data is None:
-        progress(f"wrote {table.num_rows} rows to {out}")
-    if result.note is not None:
-        progress(result.note)
+    emit_output(result, f"wrote {table.num_rows} rows to {out}")

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import click
 
-from pipeline.cli.common import get_store, json_option, output_options, progress, run, store_option
+from pipeline.cli.common import emit_output, get_store, json_option, output_options, run, store_option
 
 
 @click.command()
@@ -45,11 +45,4 @@ def sql(query: str, fmt: str, out: Path | None, as_json: bool, store_path: str |
         run(lambda: check_out_path(store, out))
     table = run(lambda: run_sql(store, query))
     result = run(lambda: sql_output(table, fmt, out, tty=sys.stdout.isatty()))
-    if result.data is not None:  # --format parquet --out -
-        sys.stdout.flush()
-        sys.stdout.buffer.write(result.data)
-        sys.stdout.buffer.flush()
-    if result.text is not None:
-        click.echo(result.text, nl=False)
-    if result.note is not None:
-        progress(result.note)
+    emit_output(result)
