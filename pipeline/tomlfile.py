@@ -36,6 +36,8 @@ def read_toml(path: Path | str, what: str = "TOML file") -> dict[str, Any]:
         raise ConfigError(f"{path}: {what} is not valid TOML: not UTF-8 text (byte {exc.start})") from None
     except RecursionError:
         raise ConfigError(f"{path}: {what} is not valid TOML: nested too deeply to read") from None
+    except ValueError as exc:  # an integer past Python's 4,300-digit conversion limit
+        raise ConfigError(f"{path}: {what} holds a value too long to read ({str(exc).split(':')[0]})") from None
 
 
 def _is_pipe(path: Path) -> bool:

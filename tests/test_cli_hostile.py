@@ -429,3 +429,11 @@ def test_query_prints_as_sql_does(markup_store: str, tmp_path: Path) -> None:
     assert res.exit_code == 0, res.output
     assert res.stdout.startswith('"kind","item",') and "[/x]/m.csv" in res.stdout
     assert not (tmp_path / "-").exists()
+
+
+def test_a_toml_integer_of_70000_digits_is_one_error_line(tmp_path: Path) -> None:
+    """Found by the fuzz test: tomllib raised ValueError (Python's int digit limit), a traceback."""
+    fleet = tmp_path / "f.toml"
+    fleet.write_text("a = " + "9" * 70000 + "\n")
+    line = _one_error_line(_cli("replay", "--store", str(tmp_path / "s"), "--fleet", str(fleet)))
+    assert str(fleet) in line and "too long to read" in line
