@@ -67,6 +67,15 @@ NO_P2P = frozenset({"rtx-4090"})
 MOE_DISTRIBUTIONS = ("power_law_1.01", "balanced", "power_law_1.2")
 #: vLLM's CUDA-graph capture sizes are capped here (CompilationConfig, max_cudagraph_capture_size).
 MAX_CAPTURE = 512
+#: Tables measured in one 16-bit format price the other: FP16 and BF16 run the same tensor-core
+#: kernels at the same peak rate (NVIDIA A100 / H100 / H200 / B200 / L40S datasheets list equal
+#: dense FP16 and BF16 tensor TFLOPS) and move the same bytes; the sets measured BF16 only.
+TABLE_DTYPE = {"fp16": "bf16"}
+
+
+def table_dtype(dtype: str) -> str:
+    """The measured tables' dtype that prices ``dtype`` (FP16 reads the BF16 tables)."""
+    return TABLE_DTYPE.get(dtype, dtype)
 
 
 def capture_sizes(max_num_seqs: int) -> np.ndarray:
@@ -109,7 +118,7 @@ def _gemm_shape(dep: Deployment, name: str) -> tuple[int, int, str] | None:
     h, d = m.hidden_size, m.head_dim
     nq = m.num_attention_heads // tp
     nkv = max(1, m.num_kv_heads // tp)
-    wd = dep.weight_dtype
+    wd = table_dtype(dep.weight_dtype)
     if name == "attn_pre_proj":
         return (nq + 2 * nkv) * d, h, wd
     if name == "attn_post_proj":
@@ -213,7 +222,7 @@ def measured_tables(
             moe_tp, moe_ep = (1, dep.ep) if dep.ep > 1 else (dep.moe_shards, 1)
             for dist in MOE_DISTRIBUTIONS:
                 got = prof.moe_time(
-                    dep.weight_dtype,
+                    table_dtype(dep.weight_dtype),
                     dist,
                     moe_tp,
                     moe_ep,
@@ -221,9 +230,7 @@ def measured_tables(
                     np.maximum(tf * dep.dp, 1.0),
                 )
                 if got is not None:
-                    moe_used = (
-                        f"measured fused MoE ({dep.weight_dtype}, {dist} routing, moe_tp={moe_tp}, moe_ep={moe_ep})"
-                    )
+                    moe_used = f"measured fused MoE ({table_dtype(dep.weight_dtype)}, {dist} routing, moe_tp={moe_tp}, moe_ep={moe_ep})"
                     break
             if got is None:
                 add_roofline(op)
@@ -365,12 +372,13 @@ def measured_cost(
     grids_ok = not m.is_mla and m.num_sliding_layers == 0
     nq = m.num_attention_heads // dep.tp
     nkv = max(1, m.num_kv_heads // dep.tp)
-    dgrid = prof.attention_grid("attn_decode", dep.kv_dtype, nq, nkv, m.head_dim) if grids_ok else None
-    pgrid = prof.attention_grid("attn_prefill", dep.kv_dtype, nq, nkv, m.head_dim) if grids_ok else None
+    kv = table_dtype(dep.kv_dtype)
+    dgrid = prof.attention_grid("attn_decode", kv, nq, nkv, m.head_dim) if grids_ok else None
+    pgrid = prof.attention_grid("attn_prefill", kv, nq, nkv, m.head_dim) if grids_ok else None
     measured_attn = dgrid is not None and pgrid is not None
     mixed = prof.mixed_ratio(nq, nkv, m.head_dim) if measured_attn else None
     attention = (
-        f"measured grids ({dep.kv_dtype} KV, nq={nq} nkv={nkv} d={m.head_dim}; "
+        f"measured grids ({kv} KV, nq={nq} nkv={nkv} d={m.head_dim}; "
         + (
             f"steps with a prefill chunk: parts summed x the mixed-batch ratio from {mixed[1]})"
             if mixed is not None
