@@ -27,7 +27,7 @@ import numpy.typing as npt
 import polars as pl
 
 from pipeline.errors import RooftraceError
-from pipeline.fleet import ResolvedFleet, resolve
+from pipeline.fleet import ResolvedFleet, parse_fleet, resolve
 from pipeline.replay import ReplayOptions, ReplayRun, run_replay
 
 #: MLPerf v4.1 NVIDIA result folders (closed/NVIDIA/results/<system>/<benchmark>) per GPU.
@@ -394,3 +394,105 @@ def no_evict_fleet(fleet: ResolvedFleet, isl: int, osl: int) -> ResolvedFleet:
     cfg = fleet.config
     capped = replace(cfg, engine=replace(cfg.engine, max_num_seqs=fits))
     return resolve(capped, cfg.name)
+
+
+# -- Argonne LLM-Inference-Bench: vLLM static batches on A100 / H100 ------------------------------
+
+#: The HF models of the Argonne table that the catalog describes: (catalog model, the
+#: max_model_len vLLM derives from the model's config.json when the catalog entry's differs).
+#: Meta-Llama-3-8B / -70B have Llama-3.1's shapes with an 8,192-token context; Qwen2-7B has
+#: Qwen2.5-7B's shapes. Not replayed: Qwen2-72B, DeciLM-7B and the GH200-only models (no entry).
+ARGONNE_MODELS: dict[str, tuple[str, int | None]] = {
+    "meta-llama/Llama-2-7b-hf": ("llama-2-7b", None),
+    "meta-llama/Llama-2-70b-hf": ("llama-2-70b", None),
+    "meta-llama/Meta-Llama-3-8B": ("llama-3.1-8b", 8192),
+    "meta-llama/Meta-Llama-3-70B": ("llama-3.1-70b", 8192),
+    "mistralai/Mistral-7B-v0.1": ("mistral-7b", None),
+    "mistralai/Mixtral-8x7B-v0.1": ("mixtral-8x7b", None),
+    "Qwen/Qwen2-7B": ("qwen2.5-7b", None),
+}
+#: The table's hardware names -> catalog GPUs. A100: the ALCF Polaris nodes the A100 job scripts
+#: ran on (4x A100 SXM4 40 GB per node, NVLink between every pair). H100: the ALCF JLSE testbed;
+#: the variant is not stated, the 80 GB SXM5 is assumed (its measured ~595 W at batch 64 is above
+#: the PCIe and NVL cards' power limits).
+ARGONNE_GPUS: dict[str, str] = {"Nvidia A100 GPU": "a100-40gb-sxm", "Nvidia H100 GPU": "h100-sxm"}
+
+
+@dataclass(frozen=True)
+class ArgonnePoint:
+    """One vLLM static-batch run: ``batch`` prompts of ``length`` tokens, each generating
+    ``length`` tokens (ignore_eos), timed from the batch's submission to its last token."""
+
+    gpu: str  # catalog name
+    tp: int
+    model: str  # HF id as in the table
+    length: int
+    batch: int
+    latency_s: float
+    line: int
+
+
+def read_argonne_table(path: Path | str) -> tuple[list[ArgonnePoint], int]:
+    """The vLLM rows on NVIDIA A100 / H100 of ``Plots/All_results.csv`` whose model the catalog
+    describes, and how many other vLLM A100 / H100 rows were left out (models without an entry)."""
+    path = Path(path)
+    keys = {"Hardware", "Num of Hardware", "Framework", "Model", "Input Output Length", "Batch Size", "Latency"}
+    out, skipped = [], 0
+    for i, r in enumerate(_rows(path, keys), start=2):
+        if r["Framework"] != "vLLM" or r["Hardware"] not in ARGONNE_GPUS:
+            continue
+        if r["Model"] not in ARGONNE_MODELS:
+            skipped += 1
+            continue
+        point = ArgonnePoint(
+            gpu=ARGONNE_GPUS[r["Hardware"]],
+            tp=int(_field(path, i, r, "Num of Hardware", int)),
+            model=r["Model"],
+            length=int(_field(path, i, r, "Input Output Length", int)),
+            batch=int(_field(path, i, r, "Batch Size", int)),
+            latency_s=_field(path, i, r, "Latency", float),
+            line=i,
+        )
+        if min(point.tp, point.length, point.batch) < 1 or not point.latency_s > 0:
+            raise RooftraceError(f"{path}:{i}: a run needs GPUs, length and batch >= 1 and a latency > 0")
+        out.append(point)
+    return out, skipped
+
+
+def argonne_fleet(gpu: str, model: str, tp: int, cost_model: str = "auto") -> ResolvedFleet:
+    """One replica as the benchmark's ``vllm.LLM`` ran it: FP16 (``--dtype float16``), vLLM
+    0.5 / 0.6 defaults — chunked prefill and prefix caching off (so the step budget is
+    max_model_len), 256 sequences at most, 90 % of GPU memory, 16-token blocks, CUDA graphs."""
+    name, max_model_len = ARGONNE_MODELS[model]
+    engine: dict[str, object] = {
+        "enable_chunked_prefill": False,
+        "enable_prefix_caching": False,
+        "max_num_seqs": 256,
+        "gpu_memory_utilization": 0.9,
+        "block_size": 16,
+    }
+    if max_model_len is not None:
+        engine["max_model_len"] = max_model_len
+    spec = {
+        "name": f"argonne-{name}-{gpu}-tp{tp}",
+        "model": name,
+        "hardware": gpu,
+        "weight_dtype": "fp16",
+        "kv_dtype": "fp16",
+        "tp": tp,
+        "replicas": 1,
+        "router": "round_robin",
+        "cost_model": cost_model,
+        "engine": engine,
+    }
+    return resolve(parse_fleet(spec, spec["name"]), spec["name"])  # type: ignore[arg-type]
+
+
+def replay_static_batch(fleet: ResolvedFleet, length: int, batch: int) -> float:
+    """Seconds from submitting ``batch`` prompts of ``length`` tokens at once (each generating
+    ``length`` tokens) to the last token: what vLLM's benchmark_latency.py times."""
+    frame = benchmark_requests(np.full(batch, length, np.int64), np.full(batch, length, np.int64))
+    res = run_replay(frame, fleet, ReplayOptions(offline=True)).result
+    if (res.reject_reason != 0).any():
+        raise RooftraceError(f"{fleet.config.name}: the replay rejected requests of a {batch} x {length} batch")
+    return float(res.finish_s.max() - res.arrival_s.min())
