@@ -35,6 +35,7 @@ import pyarrow as pa
 from pipeline.errors import ConfigError, RooftraceError
 from pipeline.fleet import ResolvedFleet, parse_fleet, resolve
 from pipeline.schemas import atomic_write_bytes, read_parquet, write_parquet
+from pipeline.slo import day_projection, traffic_span
 from pipeline.steps import StepBatch
 from pipeline.store import Store
 from pipeline.tomlfile import read_toml
@@ -386,29 +387,12 @@ class GpuCost:
         return out
 
 
-DAY_S = 86_400.0
-
-
 def traffic_period_s(arrival_s: Any) -> float:
     """The period of record of some traffic: first to last arrival (at least one second). Every
-    $ figure is stated for it; a per-day figure is a named projection (:func:`period_label`)."""
+    $ figure is stated for it; a per-day figure is a named projection (:func:`pipeline.slo.day_projection`)."""
     a = np.asarray(arrival_s, dtype=np.float64)
     a = a[np.isfinite(a)]
     return max(float(a.max() - a.min()), 1.0) if a.size else 1.0
-
-
-def period_label(period_s: float) -> str:
-    """'58 min of traffic' / '2.5 h of traffic' / '3 days of traffic'."""
-    if period_s < 3600:
-        return f"{period_s / 60:.0f} min of traffic" if period_s >= 60 else f"{period_s:.0f} s of traffic"
-    if period_s < 2 * DAY_S:
-        return f"{period_s / 3600:.3g} h of traffic"
-    return f"{period_s / DAY_S:.3g} days of traffic"
-
-
-def day_projection(period_s: float) -> str:
-    """How a per-period figure becomes a per-day one, said: '58 min of traffic -> x24.8 per day'."""
-    return f"{period_label(period_s)} -> x{DAY_S / period_s:.3g} per day"
 
 
 def api_cost_rows(
@@ -470,7 +454,7 @@ class CostResult:
             "usd_per_gpu_hour": g.usd_per_gpu_hour,
             "price_date": g.price_date,
             "period_s": g.window_s,
-            "period": period_label(g.window_s),
+            "period": traffic_span(g.window_s),
             "day_projection": day_projection(g.window_s),
             "total_usd": g.total_usd,
             "busy_usd": g.busy_usd,

@@ -20,7 +20,6 @@ from pathlib import Path
 from typing import Any
 
 import altair as alt
-import numpy as np
 import pyarrow as pa
 import vl_convert as vlc
 
@@ -28,7 +27,16 @@ from pipeline.classify.accounting import accounting_paths
 from pipeline.errors import RooftraceError
 from pipeline.loadcurve import headroom_sentence, knee
 from pipeline.schemas import atomic_write_bytes, check_replaceable
-from pipeline.slo import METRICS, format_number, format_seconds, overload_text, share_text
+from pipeline.slo import (
+    METRICS,
+    day_projection,
+    format_number,
+    format_seconds,
+    overload_text,
+    plain_number,
+    share_text,
+    traffic_span,
+)
 from pipeline.store import Store, check_date, confined
 from pipeline.tables import table_to_json
 from pipeline.warehouse import Session, latest_run
@@ -86,26 +94,18 @@ def _script_json(doc: Any) -> str:
     )
 
 
-def _num(x: float, digits: int = 3) -> str:
-    """Thousands separators from 100 up, significant digits below: never scientific notation."""
-    if abs(x) >= 100:
-        return f"{x:,.0f}"
-    # positional with `digits` significant digits (f"{x:.3g}" turns 1e-7 into "1e-07")
-    return np.format_float_positional(x, precision=digits, unique=False, fractional=False, trim="-")
-
-
 def _fmt(v: Any, unit: str = "", digits: int = 3) -> str:
     if v is None or (isinstance(v, float) and not math.isfinite(v)):
         return "n/a"
     if isinstance(v, int | float):
         x = float(v)
         if unit == "s":
-            return f"{_num(x * 1000, digits)} ms" if abs(x) < 1 else f"{_num(x, digits)} s"
+            return f"{plain_number(x * 1000, digits)} ms" if abs(x) < 1 else f"{plain_number(x, digits)} s"
         if unit == "%":
             return f"{x * 100:.1f}%"
         if unit == "$":
             return f"${x:,.2f}"
-        return _num(x, digits) + (f" {unit}" if unit else "")
+        return plain_number(x, digits) + (f" {unit}" if unit else "")
     return str(v)
 
 
@@ -544,34 +544,6 @@ def ingest_headline(rows: Rows, quarantine_dir: Path, date: str) -> dict[str, An
         "quarantine_flagged": share is not None and share >= QUARANTINE_FLAG_SHARE,
         "ingest_note": note,
     }
-
-
-#: The API-equivalent cost is not projected to a day from a traffic span shorter than this: a few
-#: seconds of traffic times tens of thousands says nothing about a day.
-MIN_PROJECTION_S = 3600.0
-DAY_S = 86400.0
-
-
-def traffic_span(period_s: float) -> str:
-    """'2.5 s of traffic' / '58 min of traffic' / '2.5 h of traffic' / '3 days of traffic'."""
-    x = max(0.0, float(period_s))
-    if x < 60:
-        span = f"{_num(x)} s"
-    elif x < 3600:
-        span = f"{_num(x / 60)} min"
-    elif x < 2 * DAY_S:
-        span = f"{_num(x / 3600)} h"
-    else:
-        span = f"{_num(x / DAY_S)} days"
-    return f"{span} of traffic"
-
-
-def day_projection(period_s: float) -> str:
-    """How a per-span figure relates to a day: '58 min of traffic -> x24.8 per day' from an hour of
-    traffic up; below :data:`MIN_PROJECTION_S` it says it is not projected (and from how long)."""
-    if period_s < MIN_PROJECTION_S:
-        return f"{traffic_span(period_s)}; not projected to a day: too short a span to extrapolate from"
-    return f"{traffic_span(period_s)} -> x{_num(DAY_S / period_s)} per day"
 
 
 def _seconds(x: float | None) -> str:
@@ -1058,7 +1030,7 @@ def options_text(options: dict[str, Any]) -> str:
             return "n/a"
         if abs(x) >= 1e15:
             return f"about 10^{math.floor(math.log10(abs(x)))}"
-        return f"{int(x):,}" if x == int(x) else _num(x)
+        return f"{int(x):,}" if x == int(x) else plain_number(x)
 
     return ", ".join(k.replace("_", " ") + ("" if v is True else f" {value(v)}") for k, v in options.items())
 

@@ -278,6 +278,42 @@ def _finite(x: float) -> float | None:
 _PLAIN_UP_TO = 1e12
 
 
+#: A per-span figure is not projected to a day from a traffic span shorter than this: a few
+#: seconds of traffic times tens of thousands says nothing about a day.
+MIN_PROJECTION_S = 3600.0
+DAY_S = 86_400.0
+
+
+def plain_number(x: float, digits: int = 3) -> str:
+    """Thousands separators from 100 up, significant digits below: never scientific notation."""
+    if abs(x) >= 100:
+        return f"{x:,.0f}"
+    # positional with `digits` significant digits (f"{x:.3g}" turns 1e-7 into "1e-07")
+    return str(np.format_float_positional(x, precision=digits, unique=False, fractional=False, trim="-"))
+
+
+def traffic_span(period_s: float) -> str:
+    """'2.5 s of traffic' / '58 min of traffic' / '2.5 h of traffic' / '3 days of traffic'."""
+    x = max(0.0, float(period_s))
+    if x < 60:
+        span = f"{plain_number(x)} s"
+    elif x < 3600:
+        span = f"{plain_number(x / 60)} min"
+    elif x < 2 * DAY_S:
+        span = f"{plain_number(x / 3600)} h"
+    else:
+        span = f"{plain_number(x / DAY_S)} days"
+    return f"{span} of traffic"
+
+
+def day_projection(period_s: float) -> str:
+    """How a per-span figure relates to a day: '58 min of traffic -> x24.8 per day' from an hour of
+    traffic up; below :data:`MIN_PROJECTION_S` it says it is not projected (and from how long)."""
+    if period_s < MIN_PROJECTION_S:
+        return f"{traffic_span(period_s)}; not projected to a day: too short a span to extrapolate from"
+    return f"{traffic_span(period_s)} -> x{plain_number(DAY_S / period_s)} per day"
+
+
 def share_text(x: float) -> str:
     """A share for people: one decimal place, '<0.1%' for a small one that is not zero."""
     if not math.isfinite(x) or x <= 0:

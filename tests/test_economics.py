@@ -27,6 +27,7 @@ from pipeline.cost import (
 from pipeline.errors import ConfigError
 from pipeline.ingest import ingest_logs
 from pipeline.replay import ReplayOptions, replay
+from pipeline.slo import day_projection
 from pipeline.steps import StepBatch
 from pipeline.store import Store
 from pipeline.synth import SynthConfig, generate, write_logs
@@ -269,3 +270,18 @@ def test_cost_prices_a_run_with_the_catalog_it_ran_on(replayed: Store, monkeypat
     finally:
         config_path.write_text(original)
         entries.load_hardware.cache_clear()
+
+
+def test_cost_and_plan_never_project_seconds_of_traffic_to_a_day(replayed: Store) -> None:
+    # The hostile round saw `cost` on a few seconds of traffic print "-> x1.73e+04 per day": the
+    # projection is now the report's (pipeline.slo.day_projection): none below an hour of traffic.
+    res = CliRunner().invoke(main, ["cost", "--store", str(replayed.root), "--json"])
+    doc = json.loads(res.stdout)
+    assert doc["day_projection"] == day_projection(doc["period_s"])
+    text = CliRunner().invoke(main, ["cost", "--store", str(replayed.root)]).output
+    assert doc["day_projection"] in text and "e+" not in text
+    if doc["period_s"] < 3600:
+        assert "not projected to a day" in text
+    assert day_projection(5.0) == "5 s of traffic; not projected to a day: too short a span to extrapolate from"
+    assert day_projection(7200.0) == "2 h of traffic -> x12 per day"
+    assert day_projection(60.0 * 70) == "1.17 h of traffic -> x20.6 per day"

@@ -20,6 +20,7 @@ from pipeline.slo import (
     MIN_BACKLOG,
     MIN_BACKLOG_SHARE,
     MIN_OVERLOAD_SHARE,
+    day_projection,
     detect_overload,
     failure_counts,
     latest_finish,
@@ -287,7 +288,8 @@ def test_plan_and_cost_state_the_same_figures_for_the_same_traffic_and_fleet(log
         assert a["self_host_usd"] == pytest.approx(p["self_host_usd"], rel=1e-9)
         assert a["self_host_to_api_ratio"] == pytest.approx(p["self_host_to_api_ratio"], rel=1e-9)
     # a per-day figure is a named projection of the period's
-    assert cost["day_projection"] == f"{cost['period']} -> x{86400 / cost['period_s']:.3g} per day"
+    assert cost["day_projection"] == day_projection(cost["period_s"])
+    assert cost["day_projection"].startswith(cost["period"])
 
 
 def test_plan_says_why_nothing_fits_or_meets_and_exits_1(logs: Path, tmp_path: Path) -> None:

@@ -798,6 +798,7 @@ def test_fp16_reads_the_bf16_tables(model: str, gpu: str) -> None:
     assert cov_f.gemm == cov_b.gemm == "bf16 measured"
     assert cov_f.moe == cov_b.moe
     np.testing.assert_array_equal(tok_f, tok_b)
+    np.testing.assert_array_equal(log_f, log_b)
     steps = _batch(
         [
             (0, 0, 0, 0, 8, 8 * 3000),

@@ -19,12 +19,11 @@ from pipeline.nightly import _status
 from pipeline.report import (
     QUARANTINE_FLAG_SHARE,
     build_report,
-    day_projection,
     ingest_headline,
     overload_phrase,
     slo_phrase,
-    traffic_span,
 )
+from pipeline.slo import day_projection, traffic_span
 from pipeline.store import Store
 
 FLEET = Path(__file__).resolve().parents[1] / "fleets" / "default.toml"

@@ -23,9 +23,7 @@ from pipeline.cost import (
     TokenTotals,
     api_cost_rows,
     check_gpu_price,
-    day_projection,
     load_prices,
-    period_label,
     traffic_period_s,
 )
 from pipeline.defaults import DEFAULT_MAX_REPLICAS, DEFAULT_WARMUP_S, DEFAULT_WINDOW_S
@@ -38,8 +36,10 @@ from pipeline.project import default_fleet_path
 from pipeline.schemas import atomic_write_bytes, load_schema, write_parquet
 from pipeline.slo import (
     Slo,
+    day_projection,
     load_slo_presets,
     parse_slo,
+    traffic_span,
 )
 from pipeline.store import SAFE_ID_RE, Store
 
@@ -229,7 +229,7 @@ def plan(store: Store, opts: PlanOptions, progress: Callable[[str], None] | None
         "options": {k: v for k, v in asdict(opts).items() if k not in ("jobs", "ray_address")},
         "day_tokens": day,
         "period_s": period,
-        "period": period_label(period),
+        "period": traffic_span(period),
         "day_projection": day_projection(period),
         "configurations": table.to_pylist(),
         "chosen": _chosen_doc(chosen) if chosen is not None else None,

@@ -230,7 +230,10 @@ def measured_tables(
                     np.maximum(tf * dep.dp, 1.0),
                 )
                 if got is not None:
-                    moe_used = f"measured fused MoE ({table_dtype(dep.weight_dtype)}, {dist} routing, moe_tp={moe_tp}, moe_ep={moe_ep})"
+                    moe_used = (
+                        f"measured fused MoE ({table_dtype(dep.weight_dtype)}, {dist} routing, "
+                        f"moe_tp={moe_tp}, moe_ep={moe_ep})"
+                    )
                     break
             if got is None:
                 add_roofline(op)
