@@ -531,8 +531,11 @@ def ingest_headline(rows: Rows, quarantine_dir: Path, date: str) -> dict[str, An
         bits.append(f"{duplicate:,} duplicate log rows dropped")
     note = None
     if bits:
+        # whole files: a file with requests on several days counts on each of them (its bad rows
+        # may carry no date at all), so the sentence says whose rows these are
+        whose = f"the {len(files):,} log file{'s' if len(files) != 1 else ''} with requests on {date}, all their days"
         note = (
-            "; ".join(bits) + f": see {quarantine_dir} and `rooftrace query ingest_accounting --date {date}` "
+            "; ".join(bits) + f" ({whose}): see {quarantine_dir} and `rooftrace query ingest_accounting --date {date}` "
             "(the report's Ingest accounting table)"
         )
     return {

@@ -82,6 +82,9 @@ def test_a_small_quarantined_share_is_mentioned_but_not_flagged(tmp_path: Path) 
     h = ingest_headline(rows, tmp_path / "quarantine", "2025-01-01")
     assert h["quarantined_share"] == pytest.approx(0.0005) and h["quarantine_flagged"] is False
     assert h["ingest_note"].startswith("1 of 2,000 log rows (<0.1%) quarantined, not replayed; 2 duplicate log rows")
+    assert "(the 1 log file with requests on 2025-01-01, all their days)" in h["ingest_note"]
+    two = ingest_headline(rows * 2, tmp_path / "quarantine", "2025-01-01")["ingest_note"]
+    assert two.startswith("2 of 4,000 log rows") and "(the 2 log files with requests on 2025-01-01" in two
     assert _status(h) == '<td class="warn">1 of 2,000 log rows quarantined (&lt;0.1%); 2 duplicate rows</td>'
     at = int(QUARANTINE_FLAG_SHARE * 2000)
     flagged = ingest_headline([{**rows[0], "rows_quarantined": at}], tmp_path, "2025-01-01")
