@@ -15,6 +15,10 @@ Guarantees (docs/limits.md):
   (``rows_conflicting``) and said, one warning per file. A record without an id gets one
   derived from its content and its occurrence in the file (``normalize.DerivedIds``), never from
   the whole file, so re-ingesting a log that has grown stores only its new records.
+- A bad row that an earlier read of the same path (an entry of the manifest) quarantined, the
+  same record at the same line (same format, line and raw text), is a duplicate of that read,
+  not quarantined again (``_drop_quarantined_before``): over the reads of a growing log each bad
+  line is quarantined once. With ``force`` the earlier reads' records are replaced instead.
 - A file that cannot be read, or whose every row is quarantined (a wrong ``--format``, a wrong
   ``--date``), fails: one line naming it (and the commonest quarantine reason), exit 1, and it is
   not recorded in the manifest, so a corrected re-run ingests it. The quarantine records of an
@@ -430,6 +434,57 @@ def _quarantine_frame(path: Path, spec: FormatSpec, bad_frames: list[pl.DataFram
     return bad.with_columns(pl.col("raw").fill_null("")).sort("source_line", maintain_order=True)
 
 
+#: What identifies a quarantined row across reads of one path: the reader, the line and the raw
+#: text (as stored: the first RAW_LIMIT bytes). The quarantine keeps no hash of the whole record.
+_QUARANTINE_IDENTITY = ("source_format", "source_line", "raw")
+
+
+def _quarantined_before(store: Store, manifest: pl.DataFrame, path: str) -> pl.DataFrame:
+    """The quarantine records (``_QUARANTINE_IDENTITY``, unique) that the manifest's reads of
+    ``path`` left: those of each of its contents' quarantine files that name ``path``. A read
+    that failed (every row quarantined) is not in the manifest and does not count. A quarantine
+    file that cannot be read counts as none (its rows are then quarantined again)."""
+    schema = dict(zip(_QUARANTINE_IDENTITY, (pl.String, pl.Int64, pl.String), strict=True))
+    frames: list[pl.DataFrame] = []
+    shas = manifest.filter(pl.col("source_file") == path)["content_sha256"].unique().sort().to_list()
+    for sha in shas:
+        target = store.quarantine_dir / f"file={str(sha)[:16]}.parquet"
+        if not target.is_file():
+            continue
+        try:
+            got = pl.from_arrow(read_parquet(target, "quarantine"))
+        except (RooftraceError, OSError, pa.ArrowException):
+            continue
+        assert isinstance(got, pl.DataFrame)
+        frames.append(got.filter(pl.col("source_file") == path).select(list(schema)))
+    if not frames:
+        return pl.DataFrame(schema=schema)
+    return pl.concat(frames).unique(maintain_order=True)
+
+
+def _drop_quarantined_before(bad: pl.DataFrame, source_format: str, before: pl.DataFrame) -> pl.DataFrame:
+    """``bad`` (a read's quarantine rows, in line order) less the rows ``before`` (an earlier read
+    of the same path) quarantined already: the same format, line and raw text."""
+    if not bad.height or not before.height:
+        return bad
+    earlier = (
+        before.filter(pl.col("source_format") == source_format)
+        .select("source_line", "raw")
+        .unique()
+        .with_columns(_again=pl.lit(True))
+    )
+    marked = bad.join(earlier, on=["source_line", "raw"], how="left", maintain_order="left")
+    return marked.filter(pl.col("_again").is_null()).drop("_again")
+
+
+def _read_message(path: Path, source_format: str | None, read: int, quarantined: int, again: int = 0) -> str:
+    """The line said of each file read: its format, rows read and quarantined (and the bad rows an
+    earlier read of the path quarantined already, counted as duplicates)."""
+    return f"{path}: {source_format}, {read} rows read, {quarantined} quarantined" + (
+        f", {again} already quarantined by an earlier read of this file (counted as duplicates)" if again else ""
+    )
+
+
 def _read_manifest(store: Store) -> pl.DataFrame:
     if store.manifest_path.exists():
         got = pl.from_arrow(read_parquet(store.manifest_path, "manifest"))
@@ -559,15 +614,21 @@ def _clashes(rows: pl.DataFrame, first: pl.Series, files: pl.Series, seqs: pl.Se
 
 
 def _after_merge_lines(
-    manifest: pl.DataFrame, results: list[FileResult], conflicts: _Conflicts, force: bool
+    manifest: pl.DataFrame,
+    results: list[FileResult],
+    conflicts: _Conflicts,
+    force: bool,
+    requarantined: dict[int, int] | None = None,
 ) -> list[str]:
     """What to say of each file once it is merged: that its path was ingested before with other
-    content (not with ``force``, which replaced that), and its conflicting duplicates."""
+    content (not with ``force``, which replaced that), and its conflicting duplicates.
+    ``requarantined`` counts, per file, its duplicates that are bad rows an earlier read of the
+    path quarantined."""
     last: dict[str, dict[str, Any]] = {}
+    again_bad = requarantined or {}
     if not force:
-        for entry in manifest.select("source_file", "content_sha256", "rows_stored", "rows_duplicate").iter_rows(
-            named=True
-        ):
+        columns = ("source_file", "content_sha256", "rows_read", "rows_stored", "rows_duplicate")
+        for entry in manifest.select(columns).iter_rows(named=True):
             last[entry["source_file"]] = entry  # the path's latest read (entries are appended)
     out: list[str] = []
     for idx, res in enumerate(results):
@@ -576,28 +637,31 @@ def _after_merge_lines(
             continue
         before = last.get(res.source_file)
         if before is not None and before["content_sha256"] != res.content_sha256:
-            out.append(_changed_line(res, before))
+            out.append(_changed_line(res, before, again_bad.get(idx, 0)))
         clash = conflicts.line(idx, res.source_file)
         if clash is not None:
             out.append(clash)
     return out
 
 
-def _changed_line(res: FileResult, before: dict[str, Any]) -> str:
+def _changed_line(res: FileResult, before: dict[str, Any], bad_again: int = 0) -> str:
     """One line for a path ingested before with other content: it grew (every row the earlier read
-    kept is read again, unchanged), or it changed, and ``--force`` replaces what the earlier read
-    stored."""
+    read is read again, unchanged: its kept rows as duplicates, its quarantined rows as the same
+    bad rows, ``bad_again`` of this read's duplicates), it is a new log under the name (none of
+    the rows the earlier read kept), or it changed, and ``--force`` replaces what the earlier
+    read stored."""
     kept_before = int(before["rows_stored"]) + int(before["rows_duplicate"])
+    read_before = int(before["rows_read"])
     again = res.rows_duplicate - res.rows_conflicting
-    if again == 0 and kept_before > 0:  # none of the earlier rows: a log name reused (rotated daily)
+    if again - bad_again == 0 and kept_before > 0:  # none of the earlier rows: a log name reused (rotated daily)
         return (
             f"{res.source_file}: new content under a name ingested before (none of the earlier read's "
             f"{kept_before} row(s) is in it): read as a new log, the earlier rows stay (--force would replace "
             "every earlier read of this name)"
         )
-    if again >= kept_before:
+    if again >= read_before:
         return (
-            f"{res.source_file}: grew since it was ingested ({kept_before} earlier row(s) read again as "
+            f"{res.source_file}: grew since it was ingested ({read_before} earlier row(s) read again as "
             f"duplicates, {res.rows_stored} new row(s) stored)"
         )
     return (
@@ -698,7 +762,9 @@ def _ingest_locked(
     manifest = _read_manifest(store)
     known = set() if force else set(manifest["content_sha256"].to_list())
     seen_paths = set(manifest["source_file"].to_list())
+    in_manifest = set() if force else set(seen_paths)  # with force, earlier reads are replaced
     quarantines: dict[int, pl.DataFrame] = {}
+    requarantined: dict[int, int] = {}  # file -> its bad rows quarantined by an earlier read
     paths: list[Path] = []
     for src in sources:
         # Files are named by their absolute, link-free path (file_identity) everywhere: the same
@@ -733,9 +799,14 @@ def _ingest_locked(
                 out.res.source_format = None
             quarantines.pop(idx, None)
             out.messages[-1:] = [_skipped_line(paths[k])]
-        elif out.batches is not None and out.ok:
-            for j, batch in enumerate(out.batches):
-                stager.add(idx, _load_batch(batch, out.shifts[j] if out.shifts else None))
+        else:
+            if out.ok and out.bad is not None and out.bad.height and out.res.source_file in in_manifest:
+                again = _count_quarantined_before(out, _quarantined_before(store, manifest, out.res.source_file))
+                if again:
+                    quarantines[idx], requarantined[idx] = out.bad, again
+            if out.batches is not None and out.ok:
+                for j, batch in enumerate(out.batches):
+                    stager.add(idx, _load_batch(batch, out.shifts[j] if out.shifts else None))
         for folder in {b.parent for b in out.batches or []}:
             shutil.rmtree(folder, ignore_errors=True)
         if out.ok:
@@ -754,7 +825,7 @@ def _ingest_locked(
         raise store_write_error(store, exc) from None
     except (duckdb.Error, pl.exceptions.PolarsError) as exc:
         raise RooftraceError(f"{store.root}: cannot merge into the store ({_first_line(exc)})") from None
-    for line in _after_merge_lines(manifest, results, conflicts, force):
+    for line in _after_merge_lines(manifest, results, conflicts, force, requarantined):
         say(line)
     return results
 
@@ -774,6 +845,25 @@ class _Outcome:
     def ok(self) -> bool:
         """Read and kept: its rows go to the store."""
         return not self.res.skipped and self.res.error is None and self.res.content_sha256 is not None
+
+
+def _count_quarantined_before(out: _Outcome, before: pl.DataFrame) -> int:
+    """Count the bad rows of ``out`` that an earlier read of its path quarantined (``before``) as
+    duplicates of that read, and keep them out of its quarantine rows (and its read line).
+    Returns how many."""
+    assert out.bad is not None
+    res = out.res
+    left = _drop_quarantined_before(out.bad, str(res.source_format), before)
+    again = out.bad.height - left.height
+    if not again:
+        return 0
+    said = _read_message(Path(res.source_file), res.source_format, res.rows_read, res.rows_quarantined)
+    out.bad = left
+    res.rows_quarantined -= again
+    res.rows_duplicate += again
+    now = _read_message(Path(res.source_file), res.source_format, res.rows_read, res.rows_quarantined, again)
+    out.messages = [now if m == said else m for m in out.messages]
+    return again
 
 
 class _Lookahead:
@@ -897,7 +987,7 @@ def _read_one(
             res.error = _all_quarantined(path, bad)
             out.messages.append(f"error: {res.error}")
             return out
-        out.messages.append(f"{path}: {spec.name}, {read} rows read, {bad.height} quarantined")
+        out.messages.append(_read_message(path, spec.name, read, bad.height))
         out.messages += notes
     except (SourceError, OSError) as exc:
         msg = str(exc) if isinstance(exc, SourceError) else f"{path}: {exc}"
@@ -1157,7 +1247,7 @@ def _gather_pieces(path: Path, pieces: list[_PieceRead], digest: FileDigest) -> 
         res.error = _all_quarantined(path, bad)
         out.messages.append(f"error: {res.error}")
     else:
-        out.messages.append(f"{path}: {res.source_format}, {lines} rows read, {bad.height} quarantined")
+        out.messages.append(_read_message(path, res.source_format, lines, bad.height))
     return out
 
 
