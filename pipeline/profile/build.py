@@ -34,6 +34,8 @@ GEMM_DTYPES = ("bf16", "fp8", "fp8-block", "nvfp4")
 MOE_DTYPES = ("bf16", "fp8", "fp8-block", "nvfp4", "mxfp4")
 #: Largest GEMM m kept: beyond any engine step (vLLM's token budget is at most a few ×10⁴).
 MAX_GEMM_M = 32768
+#: A GEMM table must reach this n and k (every catalog model's layers do) to be used.
+MIN_GEMM_REACH = 1024
 
 #: How each set's kernels were timed (AIConfigurator's collection_meta.yaml, LLMServingSim's meta.yaml).
 STACKS: dict[str, dict[str, Any]] = {
@@ -93,11 +95,19 @@ def select_rows(meas: Measurements, gpu: str) -> tuple[dict[str, pl.DataFrame], 
             ],
             how="vertical_relaxed",
         )
+        # a dtype whose table never reaches a model-sized n or k is a partial collection (RTX PRO
+        # 6000 fp8-block: 7 shapes with n, k <= 128 at 167-180 us each, which the lookup would
+        # extrapolate to ~342 ms for 4096 x 4096): left out, so those GEMMs take the roofline
+        reach = g.group_by("dtype").agg(pl.min_horizontal(pl.col("n").max(), pl.col("k").max()).alias("reach"))
+        partial = sorted(reach.filter(pl.col("reach") < MIN_GEMM_REACH)["dtype"].to_list())
+        g = g.filter(~pl.col("dtype").is_in(partial))
         out["gemm"] = g.sort(["dtype", "n", "k", "m"])
         sel["gemm"] = "; ".join(
             f"{d}: {', '.join(sorted(set(k)))}"
             for d, k in g.group_by("dtype").agg(pl.col("kernel").unique()).sort("dtype").iter_rows()
         )
+        if partial:
+            sel["gemm"] += "; left out (no n or k reaches " + f"{MIN_GEMM_REACH:,}): " + ", ".join(partial)
     for fam, size in (("attn_decode", "ctx"), ("attn_prefill", "isl")):
         a = m.get(fam)
         if a.height:

@@ -107,6 +107,14 @@ class Measurements:
         return sorted(names)
 
 
+#: Bytes per element of AIConfigurator's all-reduce tables: their ``message_size`` counts elements
+#: of the 16-bit tensor all-reduced, not bytes (its collector, ``collect_all_reduce.py``, builds
+#: ``torch.ones(size)`` in bfloat16 and logs ``message_size = size``; ``collect_nccl.py`` logs
+#: ``size // bytes_per_element``). Read as bytes, the tables give H100 x8 NCCL ~235 GB/s of bus
+#: bandwidth at 1 GiB; as elements ~470 GB/s, what NVLink 4 delivers.
+AR_ELEMENT_BYTES = 2
+
+
 def _version_key(name: str) -> tuple[int, ...]:
     return tuple(int(p) for p in re.findall(r"\d+", name)) or (0,)
 
@@ -237,7 +245,9 @@ def read_aiconfigurator(root: Path, out: Measurements) -> None:
                             {"vllm_graph": "custom_graph", "vllm_eager": "custom_eager"}, default=pl.col("backend")
                         ),
                         pl.col("num_gpus").cast(pl.Int64).alias("gpus"),
-                        pl.col("message_size").cast(pl.Int64).alias("bytes"),
+                        # message_size counts bf16 elements (the collector all-reduces
+                        # torch.ones(size) in bfloat16): twice as many bytes
+                        (pl.col("message_size") * AR_ELEMENT_BYTES).cast(pl.Int64).alias("bytes"),
                         (pl.col("latency") * 1e-3).alias("time_s"),
                     ),
                 )
@@ -254,7 +264,7 @@ def read_aiconfigurator(root: Path, out: Measurements) -> None:
                     *ident(path),
                     pl.lit("nccl").alias("backend"),
                     pl.col("num_gpus").cast(pl.Int64).alias("gpus"),
-                    pl.col("message_size").cast(pl.Int64).alias("bytes"),
+                    (pl.col("message_size") * AR_ELEMENT_BYTES).cast(pl.Int64).alias("bytes"),  # 16-bit elements
                     (pl.col("latency") * 1e-3).alias("time_s"),
                 ),
             )
