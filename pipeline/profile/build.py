@@ -79,6 +79,23 @@ def _prefer_set(frame: pl.DataFrame, by: list[str]) -> pl.DataFrame:
     return pl.concat([aic, other], how="vertical_relaxed")
 
 
+def gemm_rows(frame: pl.DataFrame) -> pl.DataFrame:
+    """GEMM rows a profile can keep: catalog weight formats, m up to :data:`MAX_GEMM_M`."""
+    return frame.filter(pl.col("dtype").is_in(GEMM_DTYPES) & (pl.col("m") <= MAX_GEMM_M))
+
+
+def partial_gemm_dtypes(frame: pl.DataFrame) -> list[str]:
+    """Dtypes whose GEMM table never reaches :data:`MIN_GEMM_REACH` in n or k: a partial
+    collection no model's layer falls in, left out of a profile."""
+    reach = frame.group_by("dtype").agg(pl.min_horizontal(pl.col("n").max(), pl.col("k").max()).alias("reach"))
+    return sorted(reach.filter(pl.col("reach") < MIN_GEMM_REACH)["dtype"].to_list())
+
+
+def moe_rows(frame: pl.DataFrame) -> pl.DataFrame:
+    """Fused-MoE rows a profile keeps: catalog formats, the kernel with the most rows per dtype."""
+    return _most_rows(frame.filter(pl.col("dtype").is_in(MOE_DTYPES)), ["dtype"])
+
+
 def select_rows(meas: Measurements, gpu: str) -> tuple[dict[str, pl.DataFrame], dict[str, str]]:
     """The rows of ``gpu``'s profile per family, and a description of the selection."""
     m = meas.for_gpu(gpu)
@@ -86,8 +103,7 @@ def select_rows(meas: Measurements, gpu: str) -> tuple[dict[str, pl.DataFrame], 
     sel: dict[str, str] = {}
     g = m.get("gemm")
     if g.height:
-        g = g.filter(pl.col("dtype").is_in(GEMM_DTYPES) & (pl.col("m") <= MAX_GEMM_M))
-        g = _prefer_set(g, ["dtype"])
+        g = _prefer_set(gemm_rows(g), ["dtype"])
         g = pl.concat(
             [
                 _most_rows(g.filter(pl.col("set") == "aiconfigurator"), ["dtype"]),
@@ -98,8 +114,7 @@ def select_rows(meas: Measurements, gpu: str) -> tuple[dict[str, pl.DataFrame], 
         # a dtype whose table never reaches a model-sized n or k is a partial collection (RTX PRO
         # 6000 fp8-block: 7 shapes with n, k <= 128 at 167-180 us each, which the lookup would
         # extrapolate to ~342 ms for 4096 x 4096): left out, so those GEMMs take the roofline
-        reach = g.group_by("dtype").agg(pl.min_horizontal(pl.col("n").max(), pl.col("k").max()).alias("reach"))
-        partial = sorted(reach.filter(pl.col("reach") < MIN_GEMM_REACH)["dtype"].to_list())
+        partial = partial_gemm_dtypes(g)
         g = g.filter(~pl.col("dtype").is_in(partial))
         out["gemm"] = g.sort(["dtype", "n", "k", "m"])
         sel["gemm"] = "; ".join(
@@ -130,7 +145,7 @@ def select_rows(meas: Measurements, gpu: str) -> tuple[dict[str, pl.DataFrame], 
         sel["allreduce"] = "vLLM custom all-reduce (graph and eager) and NCCL all_reduce in 16-bit"
     moe = m.get("moe")
     if moe.height:
-        moe = _most_rows(moe.filter(pl.col("dtype").is_in(MOE_DTYPES)), ["dtype"])
+        moe = moe_rows(moe)
         out["moe"] = moe.sort(["dtype", "distribution", "moe_tp", "moe_ep", "h", "inter", "topk", "experts", "tokens"])
         sel["moe"] = "; ".join(
             f"{d}: {', '.join(sorted(set(k)))}"

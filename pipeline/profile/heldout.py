@@ -89,10 +89,11 @@ def _alternate(values: list[float]) -> tuple[set[float], set[float]]:
 def _judge_gemm(meas: Measurements, gpu: str) -> list[pl.DataFrame]:
     out: list[pl.DataFrame] = []
     g = meas.get("gemm")
-    aic = g.filter(pl.col("set") == "aiconfigurator")
-    from pipeline.profile.build import _most_rows
+    # the rows a profile ships (pipeline/profile/build.py select_rows): judge what the replay reads
+    from pipeline.profile.build import _most_rows, gemm_rows, partial_gemm_dtypes
 
-    aic = _most_rows(aic, ["dtype"])
+    aic = _most_rows(gemm_rows(g.filter(pl.col("set") == "aiconfigurator")), ["dtype"])
+    aic = aic.filter(~pl.col("dtype").is_in(partial_gemm_dtypes(aic)))
     by_dtype: list[tuple[tuple[Any, ...], pl.DataFrame]] = (
         list(aic.sort(["dtype", "n", "k", "m"]).group_by(["dtype"], maintain_order=True)) if aic.height else []
     )
@@ -412,9 +413,9 @@ def _judge_1d(meas: Measurements, gpu: str) -> list[pl.DataFrame]:
             )
     moe = meas.get("moe")
     if moe.height:
-        from pipeline.profile.build import _most_rows
+        from pipeline.profile.build import moe_rows
 
-        moe = _most_rows(moe, ["dtype"])
+        moe = moe_rows(moe)  # the rows a profile ships
         parts, preds, shapes = [], [], []
         keys = ["dtype", "distribution", "moe_tp", "moe_ep", "h", "inter", "topk", "experts"]
         for key, sub in moe.group_by(keys, maintain_order=True):
