@@ -30,7 +30,8 @@ each checked before the memory fit: ``block_size`` one of vLLM's (1, 8, 16, 32, 
 ``num_gpu_blocks_override`` in 1..2**31-1, ``router_pod_size`` in 0..2**31-1, ``vllm_version`` a V1
 0.x release from 0.8 (pipeline.fit.parse_vllm_version). The config objects are frozen;
 :func:`resolve` turns one into the engine's SchedulerConfig and the cost model; its errors start
-with the fleet's origin too.
+with the fleet's origin too. ``cost_model = "measured"`` on a GPU without a measured profile is
+refused by :func:`load_fleet`, naming the file (:func:`check_cost_model`).
 """
 
 from __future__ import annotations
@@ -352,8 +353,44 @@ def _too_many(replicas: int, dp: int) -> str:
     )
 
 
-def load_fleet(path: Path | str) -> FleetConfig:
-    return parse_fleet(read_toml(path, "fleet file"), str(path))
+def load_fleet(path: Path | str, *, check_profile: bool = True) -> FleetConfig:
+    """Read and validate a FLEET.toml. With ``check_profile`` (the default) a fleet whose
+    ``cost_model = "measured"`` names a GPU without a measured profile is refused here, naming the
+    file, before any work (:func:`check_cost_model`); ``plan`` reads its base fleet without it,
+    as it replaces the hardware and skips the candidates without a profile instead."""
+    cfg = parse_fleet(read_toml(path, "fleet file"), str(path))
+    if check_profile:
+        check_cost_model(cfg, str(path))
+    return cfg
+
+
+def missing_profile(hardware: str) -> tuple[str, list[str]] | None:
+    """(the GPU's name, the profiles there are) when the hardware ``hardware`` (a catalog name or
+    a TOML path) has no measured profile, else None; None too for hardware the catalog cannot
+    load (:func:`resolve` names that error)."""
+    from pipeline.profile.tables import list_profiles
+
+    try:
+        name = load_hardware(hardware).name
+    except ConfigError:
+        return None
+    profiles = list_profiles()
+    return None if name in profiles else (name, profiles)
+
+
+def check_cost_model(cfg: FleetConfig, origin: str) -> None:
+    """``cost_model = "measured"`` needs the GPU's measured profile (pipeline/catalog/profiles):
+    refused, naming ``origin`` and the key, when there is none ("auto" falls back to the roofline)."""
+    if cfg.cost_model != "measured":
+        return
+    missing = missing_profile(cfg.hardware)
+    if missing is not None:
+        gpu, profiles = missing
+        raise ConfigError(
+            f"{origin}: cost_model = 'measured' but hardware {gpu} has no measured profile (profiles: "
+            f"{', '.join(profiles) or 'none'}); use cost_model = 'auto' (the roofline where a GPU has no profile) "
+            "or 'roofline'"
+        )
 
 
 @dataclass(frozen=True)

@@ -48,6 +48,8 @@ def run_ray(
 
 
 def _progress_line(r: CandidateResult) -> str:
+    if r.skipped:
+        return f"  {r.candidate.label}: {r.note}"
     if not r.fits:
         return f"  {r.candidate.label}: does not fit ({r.note})"
     if r.replicas is None:

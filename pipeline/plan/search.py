@@ -20,7 +20,7 @@ from pipeline.cost import (
 )
 from pipeline.engine.model import REJECT_KV_CAPACITY, REJECT_REASONS
 from pipeline.errors import ConfigError
-from pipeline.fleet import FleetConfig, ResolvedFleet, resolve
+from pipeline.fleet import FleetConfig, ResolvedFleet, missing_profile, resolve
 from pipeline.plan.window import Window
 from pipeline.replay import ReplayOptions, ReplayRun, build_workload, run_replay
 from pipeline.roofline import decode_batch, prefill_batch
@@ -97,6 +97,8 @@ class CandidateResult:
     day_busy_fraction: float = 0.0
     day_tokens: dict[str, float] = field(default_factory=dict)
     period_s: float = 86_400.0
+    #: Not searched, for a reason of the plan's inputs (``note``: search.skip_reason), not a misfit.
+    skipped: bool = False
 
     @property
     def chosen(self) -> Evaluation | None:
@@ -126,12 +128,42 @@ class Task:
     usd_per_gpu_hour: float | None
     max_rejected: float = 0.0  # share of measured requests that may be rejected
     period_s: float = 86_400.0  # the day's traffic span: the period every $ figure is for
+    base_origin: str = "the base fleet"  # where the base fleet came from (its FLEET.toml), for notes
+
+
+def candidate_ep(base: FleetConfig, tp: int) -> int:
+    """Expert parallelism of a candidate with ``tp``: vLLM's ``enable_expert_parallel`` shards the
+    experts over every tp × dp rank of a replica, so a base fleet with ep > 1 means "expert
+    parallel" and the candidate's ep follows its own tp × dp (1 when that is 1); ep = 1 stays 1."""
+    return tp * base.dp if base.ep > 1 else 1
 
 
 def candidate_fleet(base: FleetConfig, c: Candidate) -> FleetConfig:
     # The engine's batch defaults depend on the GPU (fleet.vllm_batch_defaults): unset keys stay
     # unset so each hardware gets vLLM's own defaults.
-    return replace(base, hardware=c.hardware, tp=c.tp, weight_dtype=c.weight_dtype, name=f"plan-{c.hardware}-tp{c.tp}")
+    return replace(
+        base,
+        hardware=c.hardware,
+        tp=c.tp,
+        ep=candidate_ep(base, c.tp),
+        weight_dtype=c.weight_dtype,
+        name=f"plan-{c.hardware}-tp{c.tp}",
+    )
+
+
+def skip_reason(base: FleetConfig, hardware: str, origin: str = "the base fleet") -> str | None:
+    """Why a candidate on ``hardware`` is not searched: the base fleet asks for the measured cost
+    model (``cost_model = "measured"``) and that GPU has no measured profile. None otherwise."""
+    if base.cost_model != "measured":
+        return None
+    missing = missing_profile(hardware)
+    if missing is None:
+        return None
+    gpu, profiles = missing
+    return (
+        f"skipped: {gpu} has no measured profile and the base fleet ({origin}) says cost_model = 'measured' "
+        f"(profiles: {', '.join(profiles) or 'none'}); give cost_model = 'auto' to plan it on the roofline"
+    )
 
 
 def evaluate(
@@ -307,6 +339,10 @@ def search_candidate(task: Task) -> CandidateResult:
     """Minimum replicas for one configuration, its sizing and cost. Runs in a worker process."""
     c = task.candidate
     out = CandidateResult(candidate=c, fits=False, period_s=task.period_s)
+    skip = skip_reason(task.base, c.hardware, task.base_origin)
+    if skip is not None:
+        out.note, out.skipped = skip, True
+        return out
     try:
         fleet = resolve(candidate_fleet(task.base, c), c.label)
     except ConfigError as exc:

@@ -30,7 +30,7 @@ from pipeline.defaults import DEFAULT_MAX_REPLICAS, DEFAULT_WARMUP_S, DEFAULT_WI
 from pipeline.errors import ConfigError, RooftraceError
 from pipeline.fleet import MAX_ENGINES, FleetConfig, load_fleet, parse_fleet
 from pipeline.plan.executors import run_local, run_ray
-from pipeline.plan.search import Candidate, CandidateResult, Task
+from pipeline.plan.search import Candidate, CandidateResult, Task, candidate_ep, skip_reason
 from pipeline.plan.window import Window, select_window
 from pipeline.project import default_fleet_path
 from pipeline.schemas import atomic_write_bytes, load_schema, write_parquet
@@ -96,23 +96,52 @@ class PlanResult:
 
 def _with_model(base: FleetConfig, name: str) -> FleetConfig:
     """``base`` serving model ``name``: a max_model_len past that model's maximum context becomes
-    the maximum (vLLM would refuse it; the base fleet's was set for another model)."""
+    the maximum (vLLM would refuse it; the base fleet's was set for another model), and a dense
+    model runs ep = 1 (expert parallelism has no experts to shard)."""
     cfg = replace(base, model=name)
-    longest = load_model(name).max_position_embeddings
+    spec = load_model(name)
+    longest = spec.max_position_embeddings
     if cfg.engine.max_model_len is not None and 0 < longest < cfg.engine.max_model_len:
         cfg = replace(cfg, engine=replace(cfg.engine, max_model_len=longest))
+    if cfg.ep > 1 and not spec.is_moe:
+        cfg = replace(cfg, ep=1)
     return cfg
 
 
 def _base_fleet(opts: PlanOptions) -> tuple[FleetConfig, str]:
+    # read without load_fleet's profile check: the plan replaces the hardware, and a candidate on a
+    # GPU without the measured profile a cost_model = "measured" base asks for is skipped, with
+    # its reason (search.skip_reason), not the whole plan
     if opts.fleet_path is not None:
-        base = load_fleet(opts.fleet_path)
+        base = load_fleet(opts.fleet_path, check_profile=False)
         return _with_model(base, opts.model), opts.fleet_path
     path = default_fleet_path()
     if path.exists():
-        base = load_fleet(path)
+        base = load_fleet(path, check_profile=False)
         return _with_model(base, opts.model), str(path)
     return parse_fleet({"name": "plan", "model": opts.model, "hardware": opts.hardware[0]}, "defaults"), "defaults"
+
+
+def plan_notes(opts: PlanOptions, base: FleetConfig, origin: str) -> list[str]:
+    """What the plan changed or left out of the base fleet, said once for the whole plan (each
+    skipped configuration's row carries its own note too)."""
+    notes = []
+    if base.ep > 1:
+        ranks = ", ".join(f"tp {tp}: ep {candidate_ep(base, tp)}" for tp in sorted(set(opts.tp)))
+        notes.append(
+            f"ep follows tp x dp: the base fleet ({origin}) runs expert parallel (ep = {base.ep}, dp = {base.dp}), "
+            f"so each configuration shards the experts over its own tp x dp ranks, as vLLM's "
+            f"enable_expert_parallel does ({ranks})"
+        )
+    if base.cost_model == "measured":
+        skipped = [hw for hw in dict.fromkeys(opts.hardware) if skip_reason(base, hw, origin) is not None]
+        if skipped:
+            notes.append(
+                f"skipped {', '.join(skipped)}: the base fleet ({origin}) says cost_model = 'measured' and "
+                f"{'these have' if len(skipped) > 1 else 'it has'} no measured profile; give cost_model = 'auto' "
+                "to plan them on the roofline"
+            )
+    return notes
 
 
 def candidates(opts: PlanOptions, base: FleetConfig) -> list[Candidate]:
@@ -195,15 +224,29 @@ def plan(store: Store, opts: PlanOptions, progress: Callable[[str], None] | None
     overrides = dict(opts.gpu_prices)
     prices = load_prices(list(opts.price_files) or None)
     tasks = [
-        Task(c, base, window, slo, opts.max_replicas, day, overrides.get(c.hardware), opts.max_rejected, period)
+        Task(
+            c,
+            base,
+            window,
+            slo,
+            opts.max_replicas,
+            day,
+            overrides.get(c.hardware),
+            opts.max_rejected,
+            period,
+            base_origin,
+        )
         for c in cands
     ]
+    notes = plan_notes(opts, base, base_origin)
     if progress:
         w = window.info()
         progress(
             f"plan {opts.model}: {len(tasks)} configurations, window {w['kind']} of {w['measured_requests']:,} "
             f"requests (+{w['replayed_requests'] - w['measured_requests']:,} warm-up), SLO {slo.name}"
         )
+        for note in notes:
+            progress(f"note: {note}")
     t0 = time.perf_counter()
     if opts.executor == "ray":
         results = run_ray(tasks, opts.ray_address, progress)
@@ -226,6 +269,7 @@ def plan(store: Store, opts: PlanOptions, progress: Callable[[str], None] | None
         "slo_presets": {k: v.to_dict() for k, v in load_slo_presets().items()},
         "window": window.info(),
         "base_fleet": {"origin": base_origin, **base.to_dict()},
+        "notes": notes,
         "options": {k: v for k, v in asdict(opts).items() if k not in ("jobs", "ray_address")},
         "day_tokens": day,
         "period_s": period,

@@ -451,8 +451,9 @@ def step_cost_for(
             from pipeline.profile.tables import list_profiles
 
             raise ConfigError(
-                f"cost_model = 'measured' but {dep.hardware.name} has no measured profile "
-                f"(profiles: {', '.join(list_profiles()) or 'none'}); use 'auto' or 'roofline'"
+                f"cost_model = 'measured' but hardware {dep.hardware.name} has no measured profile "
+                f"(profiles: {', '.join(list_profiles()) or 'none'}); use cost_model = 'auto' (the roofline "
+                "where a GPU has no profile) or 'roofline'"
             )
         if overhead_s is not None:
             dep = replace(dep, step_overhead_s=overhead_s)
@@ -469,10 +470,14 @@ def fleet_step_cost(fleet: Any) -> TabulatedCost:
         # A [calibration] holds roofline efficiency factors of another serving stack: it applies
         # to the roofline tier (a measured profile describes vLLM's own kernels).
         model = "roofline"
-    return step_cost_for(
-        fleet.deployment,
-        model,
-        need,
-        sched.max_num_seqs,
-        fleet.config.engine.step_overhead_s,
-    )
+    try:
+        return step_cost_for(
+            fleet.deployment,
+            model,
+            need,
+            sched.max_num_seqs,
+            fleet.config.engine.step_overhead_s,
+        )
+    except ConfigError as exc:
+        # name the fleet (a FLEET.toml is refused sooner, by pipeline.fleet.load_fleet, naming its file)
+        raise ConfigError(f"fleet {fleet.config.name!r}: {exc}") from None
