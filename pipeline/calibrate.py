@@ -103,10 +103,11 @@ def calibrate(measurements: Path, hardware: str, name: str | None = None) -> Cal
 
     held = med(fitted, "holdout")
     if not held <= MAX_HOLDOUT_ERROR:  # (NaN too)
+        said = f" ({'; '.join(dict.fromkeys(skipped))})" if skipped else ""
         raise RooftraceError(
             f"{measurements}: the fitted roofline misses the held-out rows by {format_share(held)} (median); "
             f"a calibration off by more than {MAX_HOLDOUT_ERROR:.0%} is not written (check the table's units "
-            "and that its rows are this GPU's)"
+            f"and that its rows are this GPU's){said}"
         )
     stem = name or f"{base.name}-calibrated"
     note = f"{cal.description}; hold-out median abs error {med(fitted, 'holdout'):.1%}"

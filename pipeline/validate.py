@@ -155,16 +155,27 @@ MAX_INT_CELL = 2**31 - 1
 MIN_TIME_CELL, MAX_TIME_CELL = 1e-6, 1e8
 
 
+#: Splitwise prompt and output lengths and batch sizes are at most this (16.7 M): beyond any
+#: context or batch a GPU serves; a larger count is a broken row (2,147,483,647 tokens "in 1 ms").
+MAX_SPLITWISE_TOKENS = 2**24
+#: Repeated rows of one configuration whose times differ by more than this factor (max / min) are
+#: said; the median of the repeats is used either way.
+REPEAT_SPREAD = 2.0
+
+
 def _read_csv(
     path: Path,
     required: Iterable[str],
     skipped: list[str] | None,
     ints: Iterable[str] = (),
     times: Iterable[str] = (),
+    int_max: dict[str, int] | None = None,
 ) -> pl.DataFrame:
-    """The table at ``path`` with ``ints`` as Int64 (whole numbers in [1, MAX_INT_CELL]) and ``times``
-    as Float64 (in [MIN_TIME_CELL, MAX_TIME_CELL]). A row with any other value in those columns is left out, and
-    ``skipped`` says how many rows and the first one's line, field and value."""
+    """The table at ``path`` with ``ints`` as Int64 (whole numbers in [1, MAX_INT_CELL], or
+    [1, ``int_max[col]``]) and ``times`` as Float64 (in [MIN_TIME_CELL, MAX_TIME_CELL]). A row with
+    any other value in those columns is left out, and ``skipped`` says how many rows and the first
+    one's line, field and value."""
+    top = int_max or {}
     lines: np.ndarray[Any, np.dtype[np.int64]] | None = None  # each row's line (None: row + 2)
     try:
         df = pl.read_csv(path, infer_schema_length=0)
@@ -184,7 +195,7 @@ def _read_csv(
         with np.errstate(invalid="ignore"):
             ok = np.isfinite(v) & (v > 0)
             if whole:
-                ok &= (v == np.floor(v)) & (v <= MAX_INT_CELL)
+                ok &= (v == np.floor(v)) & (v <= top.get(col, MAX_INT_CELL))
             else:
                 ok &= (v >= MIN_TIME_CELL) & (v <= MAX_TIME_CELL)
         rows = np.flatnonzero(~ok & ~bad)
@@ -199,7 +210,7 @@ def _read_csv(
         row, col, value = first_bad
         line = int(lines[row]) - 2 if lines is not None else row
         what = (
-            f"a whole number in [1, {MAX_INT_CELL}]"
+            f"a whole number in [1, {top.get(col, MAX_INT_CELL)}]"
             if col in set(ints)
             else f"a time in [{MIN_TIME_CELL:g}, {MAX_TIME_CELL:g}] (the table's unit, ms)"
         )
@@ -210,6 +221,30 @@ def _read_csv(
             )
         df = df.filter(pl.Series(~bad))
     return df
+
+
+def _say_repeats(
+    df: pl.DataFrame, keys: list[str], times: list[str], path: Path, skipped: list[str] | None, what: str
+) -> None:
+    """Say how many ``keys`` were measured more than once with ``times`` more than
+    :data:`REPEAT_SPREAD` apart (max / min), and the first such key (the median is used)."""
+    if skipped is None or df.height == 0:
+        return
+    g = df.group_by(keys).agg(
+        pl.len().alias("__n"), *(pl.col(c).min().alias(f"__lo{i}") for i, c in enumerate(times)),
+        *(pl.col(c).max().alias(f"__hi{i}") for i, c in enumerate(times)),
+    )  # fmt: skip
+    far = pl.any_horizontal(pl.col(f"__hi{i}") > REPEAT_SPREAD * pl.col(f"__lo{i}") for i in range(len(times)))
+    bad = g.filter((pl.col("__n") > 1) & far).sort(keys)
+    if bad.height == 0:
+        return
+    r = bad.row(0, named=True)
+    i = next(i for i in range(len(times)) if r[f"__hi{i}"] > REPEAT_SPREAD * r[f"__lo{i}"])
+    skipped.append(
+        f"{path}: {bad.height} {what}(s) measured more than once with times over {REPEAT_SPREAD:g}x apart "
+        f"(max/min), e.g. {', '.join(f'{k}={r[k]}' for k in keys)}: {r['__n']} rows, {times[i]} from "
+        f"{r[f'__lo{i}']:.4g} to {r[f'__hi{i}']:.4g} ms; the median of the repeats is used"
+    )
 
 
 def _read_csv_rows(path: Path, skipped: list[str] | None) -> tuple[pl.DataFrame, np.ndarray[Any, np.dtype[np.int64]]]:
@@ -301,6 +336,7 @@ def load_vidur_mlp(path: Path, hardware: str | None = None, skipped: list[str] |
         return []
     model_label = path.parent.name
     df = df.with_columns(pl.col("use_gated_mlp").cast(pl.Utf8))
+    _say_repeats(df, [*shape_cols, "num_tensor_parallel_workers", "num_tokens"], op_cols, path, skipped, "shape")
     agg = df.group_by([*shape_cols, "num_tensor_parallel_workers", "num_tokens"]).agg(
         [pl.col(c).median() for c in op_cols]
     )
@@ -360,6 +396,7 @@ def load_vidur_all_reduce(path: Path, hardware: str | None = None, skipped: list
         return []
     # One node only: the intra-node link is what the catalog describes.
     df = df.filter(pl.col("num_workers") <= pl.col("devices_per_node"))
+    _say_repeats(df, ["num_workers", "size"], cols[:1], path, skipped, "message size")
     agg = (
         df.group_by(["num_workers", "size"])
         .agg(pl.col("time_stats.all_reduce.median").median())
@@ -399,8 +436,10 @@ def load_splitwise(path: Path, hardware: str | None = None, skipped: list[str] |
     cols = ["model", "hardware", "prompt_size", "batch_size", "token_size", "prompt_time", "token_time",
             "tensor_parallel"]  # fmt: skip
     int_cols = ["prompt_size", "batch_size", "token_size", "tensor_parallel"]
-    df = _read_csv(path, cols, skipped, ints=int_cols, times=["prompt_time", "token_time"])
+    counts = {c: MAX_SPLITWISE_TOKENS for c in int_cols[:3]}
+    df = _read_csv(path, cols, skipped, ints=int_cols, times=["prompt_time", "token_time"], int_max=counts)
     keys = ["model", "hardware", "tensor_parallel", "prompt_size", "batch_size", "token_size"]
+    _say_repeats(df, keys, ["prompt_time", "token_time"], path, skipped, "configuration")
     agg = df.group_by(keys).agg(pl.col("prompt_time").median(), pl.col("token_time").median()).sort(keys)
     groups = []
     for (model_label, hw_label, tp_raw), part in agg.group_by(

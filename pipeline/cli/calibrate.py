@@ -38,8 +38,12 @@ def calibrate_cmd(measurements: str, hardware: str | None, out: str | None, as_j
     """
 
     def body() -> None:
+        from pipeline.cli.validate import json_safe, refuse_empty
         from pipeline.profile.heldout import has_profile_sets
 
+        # an empty path is no path: it would read the current folder, or write the catalog's profiles
+        refuse_empty("--measurements", measurements, "path/to/measurements")
+        refuse_empty("--out", out, "/tmp/profiles")
         source = Path(measurements)
         if not source.exists():
             raise RooftraceError(f"{source}: no such file or folder of measurements")
@@ -53,7 +57,7 @@ def calibrate_cmd(measurements: str, hardware: str | None, out: str | None, as_j
             )
         from pipeline.calibrate import calibrate, format_share, write_calibrated
 
-        target = Path(out) if out else Path(f"{hardware}-calibrated.toml")
+        target = Path(out) if out is not None else Path(f"{hardware}-calibrated.toml")
         result = calibrate(source, hardware, name=target.stem)
         write_calibrated(result, target)
         progress(f"wrote {target}")
@@ -71,7 +75,7 @@ def calibrate_cmd(measurements: str, hardware: str | None, out: str | None, as_j
         }
         _report_skipped(result.skipped)
         if as_json:
-            emit_json(doc)
+            emit_json(json_safe(doc))
             return
         click.echo(f"fitted {', '.join(f'{k}={v:.4g}' for k, v in result.calibration.params.items())}")
         click.echo(f"  on: {result.calibration.description}")
@@ -85,24 +89,30 @@ def calibrate_cmd(measurements: str, hardware: str | None, out: str | None, as_j
 
 
 def _calibrate_profiles(source: Path, hardware: str | None, out: str | None, as_json: bool) -> None:
+    from pipeline.cli.validate import json_safe
     from pipeline.profile.build import build_profiles
     from pipeline.profile.tables import PROFILES_DIR
 
-    target = Path(out) if out else PROFILES_DIR
+    target = Path(out) if out is not None else PROFILES_DIR
     if hardware is not None:
         from pipeline.catalog import load_hardware
 
         load_hardware(hardware)  # a one-line error for an unknown name
     skipped: list[str] = []
-    built = build_profiles(source, target, [hardware] if hardware else None, progress, skipped=skipped)
+    notes: list[str] = []
+    built = build_profiles(source, target, [hardware] if hardware else None, progress, skipped=skipped, notes=notes)
     if not built:
         why = f" ({'; '.join(dict.fromkeys(skipped))})" if skipped else ""
         raise RooftraceError(f"{source}: no GPU{' ' + hardware if hardware else ''} found in the measurements{why}")
     doc = [{"gpu": b.gpu, "folder": str(b.folder), "rows": b.rows, "heldout": b.heldout} for b in built]
     progress(f"wrote {len(built)} profile(s) under {target}")
     _report_skipped(skipped)
+    for note in dict.fromkeys(notes):
+        progress(f"note: {note}")
     if as_json:
-        emit_json({"profiles": doc, "skipped": list(dict.fromkeys(skipped))})
+        emit_json(
+            json_safe({"profiles": doc, "skipped": list(dict.fromkeys(skipped)), "notes": list(dict.fromkeys(notes))})
+        )
         return
     for b in built:
         rows = ", ".join(f"{k} {v:,}" for k, v in sorted(b.rows.items()))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import os
 from pathlib import Path
 from typing import Any
@@ -23,7 +24,25 @@ def _default_measurements() -> Path:
 
 
 def _pct(x: float) -> str:
-    return f"{x:6.1%}"
+    return f"{x:6.1%}" if math.isfinite(x) else "     - "
+
+
+def json_safe(doc: Any) -> Any:
+    """``doc`` with every float that is not finite (NaN, ±Infinity: not JSON) as null."""
+    if isinstance(doc, float):
+        return doc if math.isfinite(doc) else None
+    if isinstance(doc, dict):
+        return {k: json_safe(v) for k, v in doc.items()}
+    if isinstance(doc, list | tuple):
+        return [json_safe(v) for v in doc]
+    return doc
+
+
+def refuse_empty(option: str, value: str | None, example: str) -> None:
+    """An option given as the empty string names no path (it would read or write the current
+    folder, or the default): refused, as ``--store ''`` is."""
+    if value is not None and not value.strip():
+        raise RooftraceError(f"{option}: the path is empty (name one, e.g. {option} {example})")
 
 
 @click.command("validate")
@@ -59,16 +78,17 @@ def validate_cmd(measurements: str | None, hardware: str | None, store_path: str
         from pipeline.schemas import write_parquet
         from pipeline.validate import UnreadableMeasurements, discover, run_validation, store_report
 
-        source = Path(measurements) if measurements else _default_measurements()
+        refuse_empty("--measurements", measurements, "path/to/measurements")
+        source = Path(measurements) if measurements is not None else _default_measurements()
         if not source.exists():
             raise RooftraceError(f"{source}: no such file or folder of measurements")
         progress(f"validating against {source}")
         store = get_store(store_path)
-        doc: dict[str, Any] = {"files": [], "skipped": []}
+        doc: dict[str, Any] = {"files": [], "skipped": [], "notes": []}
         ok = True
         profile = None
         if has_profile_sets(source):
-            profile, skipped = judge_all(source, [hardware] if hardware else None, progress)
+            profile, skipped = judge_all(source, [hardware] if hardware else None, progress, notes=doc["notes"])
             doc["skipped"] += skipped
             if profile.height:
                 with store.lock():
@@ -97,9 +117,15 @@ def validate_cmd(measurements: str | None, hardware: str | None, store_path: str
             doc["skipped"] += report.skipped
         if profile is None and report is None:
             raise RooftraceError(f"{source}: no operator measurements rooftrace reads (see --help)")
+        if report is None and (profile is None or profile.height == 0):
+            # operator sets, but not one held-out check could be run on them: nothing was judged
+            why = f" ({'; '.join(dict.fromkeys(doc['skipped']))})" if doc["skipped"] else ""
+            raise RooftraceError(f"{source}: no held-out check could be run on these measurements{why}")
         progress(f"wrote {', '.join(doc['files'])}")
         if as_json:
-            emit_json(doc)
+            doc["skipped"] = list(dict.fromkeys(doc["skipped"]))
+            doc["notes"] = list(dict.fromkeys(doc["notes"]))
+            emit_json(json_safe(doc))
             return ok
         if profile is not None and profile.height:
             click.echo(
@@ -129,6 +155,8 @@ def validate_cmd(measurements: str | None, hardware: str | None, store_path: str
                 click.echo(f"  {c.kind} / {c.hardware}: {values} — {c.n_train} train rows, {c.n_holdout} held out")
         for note in dict.fromkeys(doc["skipped"]):
             progress(f"skipped: {note}")
+        for note in dict.fromkeys(doc["notes"]):
+            progress(f"note: {note}")
         return ok
 
     run(body)

@@ -16,6 +16,7 @@ previous profile or a folder whose row counts do not match (refused on load, reb
 from __future__ import annotations
 
 import io
+import math
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -169,6 +170,12 @@ def select_rows(meas: Measurements, gpu: str) -> tuple[dict[str, pl.DataFrame], 
     if ops.height:
         out["model_ops"] = ops.sort(["model", "tp", "op", "size"])
         sel["model_ops"] = "LLMServingSim per-model operators (dense by tokens, lm_head/sampler by sequences)"
+    for fam in [f for f, frame in out.items() if frame.height == 0]:
+        # every row was of a kind a profile does not keep (a weight format without a catalog
+        # entry, m beyond MAX_GEMM_M, ...): no table, rather than an empty one
+        del out[fam]
+        sel.pop(fam, None)
+        meas.skip(gpu, f"{gpu}: none of the {fam} rows is of a kind a profile keeps; no {fam} table")
     return out, sel
 
 
@@ -178,7 +185,9 @@ def _toml_value(value: Any) -> str:
     if isinstance(value, int):
         return str(value)
     if isinstance(value, float):
-        return repr(value) if value == value else '"nan"'
+        if not math.isfinite(value):  # never written: meta_toml leaves such entries out
+            raise ValueError(f"cannot write the non-finite number {value!r} to a profile")
+        return repr(value)
     if isinstance(value, str):
         return '"' + value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n") + '"'
     if isinstance(value, list | tuple):
@@ -195,6 +204,17 @@ def meta_toml(
     fitted: dict[str, Any],
     heldout: dict[str, Any],
 ) -> str:
+    def finite(v: Any) -> bool:
+        if isinstance(v, float):
+            return math.isfinite(v)
+        if isinstance(v, list | tuple):
+            return all(finite(x) for x in v)
+        return True
+
+    # a figure that is not a finite number (a fit or a held-out error with nothing to stand on)
+    # is left out rather than written as "nan"
+    fitted = {k: v for k, v in fitted.items() if finite(v)}
+    heldout = {name: e for name, e in heldout.items() if all(finite(v) for v in e.values())}
     lines = [
         "# Measured operator profile of one GPU, written by `rooftrace calibrate --measurements`.",
         "# The Parquet files beside this one hold the measured rows (times in seconds); see docs/validation.md.",
@@ -262,14 +282,14 @@ def build_profiles(
     gpus: list[str] | None = None,
     progress: Callable[[str], None] | None = None,
     skipped: list[str] | None = None,
+    notes: list[str] | None = None,
 ) -> list[BuiltProfile]:
     """Read ``measurements``, judge the tables on held-out shapes, write one profile per GPU;
-    ``skipped`` gets what the measurements held that was not read, and why."""
+    ``skipped`` gets what the measurements held that was not read, and why; ``notes`` what the
+    reader said about rows it kept (repeated measurements that disagree)."""
     from pipeline.profile.heldout import attention_tile, fit_fallbacks, fit_sampler, heldout_summary, judge
 
     meas = read_measurements(measurements)
-    if skipped is not None:
-        skipped.extend(meas.skipped)
     names = meas.gpus if gpus is None else [g for g in meas.gpus if g in gpus]
     built: list[BuiltProfile] = []
     sampler = fit_sampler(meas)
@@ -277,9 +297,19 @@ def build_profiles(
         if progress:
             progress(f"profile {gpu}: selecting rows")
         frames, selection = select_rows(meas, gpu)
+        if not frames:
+            meas.skip(gpu, f"{gpu}: no rows a profile keeps; no profile written")
+            continue
+        said = meas.gpu_notes.get(gpu)
+        if said:  # rows of this GPU's files left out, and repeats that disagree: in its profile.toml too
+            selection["notes"] = "; ".join(dict.fromkeys(said))
         if progress:
             progress(f"profile {gpu}: judging held-out shapes")
         errors = judge(meas, gpu)
         fitted = fit_fallbacks(frames) | sampler | attention_tile(meas, gpu, frames)
         built.append(write_profile(out_dir / gpu, gpu, frames, selection, fitted, heldout_summary(errors)))
+    if skipped is not None:
+        skipped.extend(meas.skipped)
+    if notes is not None:
+        notes.extend(meas.notes)
     return built

@@ -29,6 +29,7 @@ values per check and token range (1–127 and 128+ tokens, the decode and prefil
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -89,6 +90,8 @@ def _alternate(values: list[float]) -> tuple[set[float], set[float]]:
 def _judge_gemm(meas: Measurements, gpu: str) -> list[pl.DataFrame]:
     out: list[pl.DataFrame] = []
     g = meas.get("gemm")
+    if g.height == 0:  # no GEMM table on this GPU (collectives only, or every row left out)
+        return out
     # the rows a profile ships (pipeline/profile/build.py select_rows): judge what the replay reads
     from pipeline.profile.build import _most_rows, gemm_rows, partial_gemm_dtypes
 
@@ -392,7 +395,7 @@ def _judge_1d(meas: Measurements, gpu: str) -> list[pl.DataFrame]:
             if judged.height == 0:
                 continue
             c = _profile(gpu, {"allreduce": train}).allreduce_curve(str(backend), int(gpus))
-            if c is None:
+            if c is None or c.x.size == 0:
                 continue
             parts.append(judged)
             preds.append(c(judged["bytes"].to_numpy().astype(np.float64)))
@@ -466,6 +469,9 @@ def judge(meas: Measurements, gpu: str) -> pl.DataFrame:
 
 def summarise(errors: pl.DataFrame) -> pl.DataFrame:
     """Median and p90 absolute error per GPU, check and token range, with the targets' verdict."""
+    # a prediction or measurement that is not a finite positive time has no error to summarise
+    # (the readers leave such rows out; this keeps NaN out of every summary all the same)
+    errors = errors.filter(pl.col("error").is_finite()) if errors.height else errors
     if errors.height == 0:
         return pl.DataFrame()
     out = (
@@ -488,6 +494,8 @@ def heldout_summary(errors: pl.DataFrame) -> dict[str, Any]:
     out: dict[str, Any] = {}
     s = summarise(errors)
     for row in s.iter_rows(named=True):
+        if not all(math.isfinite(float(row[k])) for k in ("median_abs", "p90_abs")):
+            continue
         out[f"{row['check']}, {row['token_range']}"] = {
             "rows": int(row["rows"]),
             "median_abs_error": round(float(row["median_abs"]), 4),
@@ -592,13 +600,18 @@ def has_profile_sets(path: Path) -> bool:
 
 
 def judge_all(
-    measurements: Path, gpus: list[str] | None = None, progress: Callable[[str], None] | None = None
+    measurements: Path,
+    gpus: list[str] | None = None,
+    progress: Callable[[str], None] | None = None,
+    notes: list[str] | None = None,
 ) -> tuple[pl.DataFrame, list[str]]:
     """Held-out summary (schema profile_heldout) of every GPU in ``measurements``, and what was
-    skipped."""
+    skipped; ``notes`` gets what the reader said about rows it kept (repeats that disagree)."""
     from pipeline.profile.sources import read_measurements
 
     meas = read_measurements(measurements)
+    if notes is not None:
+        notes.extend(meas.notes)
     frames = []
     for gpu in meas.gpus:
         if gpus is not None and gpu not in gpus:
