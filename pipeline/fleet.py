@@ -385,12 +385,9 @@ def check_cost_model(cfg: FleetConfig, origin: str) -> None:
         return
     missing = missing_profile(cfg.hardware)
     if missing is not None:
-        gpu, profiles = missing
-        raise ConfigError(
-            f"{origin}: cost_model = 'measured' but hardware {gpu} has no measured profile (profiles: "
-            f"{', '.join(profiles) or 'none'}); use cost_model = 'auto' (the roofline where a GPU has no profile) "
-            "or 'roofline'"
-        )
+        from pipeline.profile.tables import no_profile_message
+
+        raise ConfigError(f"{origin}: {no_profile_message(missing[0])}")
 
 
 @dataclass(frozen=True)

@@ -285,7 +285,10 @@ DAY_S = 86_400.0
 
 
 def plain_number(x: float, digits: int = 3) -> str:
-    """Thousands separators from 100 up, significant digits below: never scientific notation."""
+    """Thousands separators from 100 up, significant digits below: no scientific notation from
+    10⁻⁹ to 10¹² (outside, as :func:`format_number`: a figure that size is a failure to show)."""
+    if not math.isfinite(x) or abs(x) >= _PLAIN_UP_TO or 0 < abs(x) < 1e-9:
+        return f"{x:.3g}"
     if abs(x) >= 100:
         return f"{x:,.0f}"
     # positional with `digits` significant digits (f"{x:.3g}" turns 1e-7 into "1e-07")
@@ -294,7 +297,9 @@ def plain_number(x: float, digits: int = 3) -> str:
 
 def traffic_span(period_s: float) -> str:
     """'2.5 s of traffic' / '58 min of traffic' / '2.5 h of traffic' / '3 days of traffic'."""
-    x = max(0.0, float(period_s))
+    x = float(period_s)
+    if not (math.isfinite(x) and x >= 0):
+        return "no traffic span"
     if x < 60:
         span = f"{plain_number(x)} s"
     elif x < 3600:
@@ -309,6 +314,8 @@ def traffic_span(period_s: float) -> str:
 def day_projection(period_s: float) -> str:
     """How a per-span figure relates to a day: '58 min of traffic -> x24.8 per day' from an hour of
     traffic up; below :data:`MIN_PROJECTION_S` it says it is not projected (and from how long)."""
+    if not (math.isfinite(period_s) and period_s > 0):
+        return "no traffic span; not projected to a day"
     if period_s < MIN_PROJECTION_S:
         return f"{traffic_span(period_s)}; not projected to a day: too short a span to extrapolate from"
     return f"{traffic_span(period_s)} -> x{plain_number(DAY_S / period_s)} per day"

@@ -167,7 +167,7 @@ def _rows(path: Path, required: set[str]) -> list[dict[str, str]]:
 def _field(path: Path, line: int, row: dict[str, str], key: str, kind: type[int] | type[float]) -> float:
     try:
         return kind(row[key])
-    except ValueError:
+    except (ValueError, TypeError):  # TypeError: a short row (the field is None)
         raise RooftraceError(f"{path}:{line}: {key} is not a number: {row[key]!r}") from None
 
 
@@ -453,8 +453,10 @@ def read_argonne_table(path: Path | str) -> tuple[list[ArgonnePoint], int]:
             latency_s=_field(path, i, r, "Latency", float),
             line=i,
         )
-        if min(point.tp, point.length, point.batch) < 1 or not point.latency_s > 0:
-            raise RooftraceError(f"{path}:{i}: a run needs GPUs, length and batch >= 1 and a latency > 0")
+        if min(point.tp, point.length, point.batch) < 1 or not 0 < point.latency_s < 1e6:
+            raise RooftraceError(f"{path}:{i}: a run needs GPUs, length and batch >= 1 and a finite latency > 0")
+        if point.tp not in (1, 2, 4, 8):
+            raise RooftraceError(f"{path}:{i}: Num of Hardware {point.tp}: the runs used TP 1, 2, 4 or 8")
         out.append(point)
     return out, skipped
 

@@ -282,6 +282,11 @@ def test_cost_and_plan_never_project_seconds_of_traffic_to_a_day(replayed: Store
     assert doc["day_projection"] in text and "e+" not in text
     if doc["period_s"] < 3600:
         assert "not projected to a day" in text
+    else:
+        assert " per day" in text and "not projected" not in text
+    for bad in (float("nan"), float("inf"), -1.0, 0.0):
+        assert day_projection(bad) == "no traffic span; not projected to a day"
+    assert day_projection(1e300).endswith("per day") and len(day_projection(1e300)) < 80
     assert day_projection(5.0) == "5 s of traffic; not projected to a day: too short a span to extrapolate from"
     assert day_projection(7200.0) == "2 h of traffic -> x12 per day"
     assert day_projection(60.0 * 70) == "1.17 h of traffic -> x20.6 per day"

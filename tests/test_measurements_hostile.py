@@ -64,6 +64,7 @@ def _aic(
             base = 0.008 + b * 2e-9 / gpus
             a += [("vllm_graph", gpus, b, base), ("vllm_eager", gpus, b, base + 0.005)]
     af = pl.DataFrame(a, schema=["backend", "num_gpus", "message_size", "latency"], orient="row")
+    af = af.with_columns(allreduce_dtype=pl.lit("bfloat16"))  # as the collector writes it
     (gpu / "comm" / "vllm" / version).mkdir(parents=True, exist_ok=True)
     (ar or (lambda x: x))(af).write_parquet(gpu / "comm" / "vllm" / version / "custom_allreduce_perf.parquet")
     if with_attn:
@@ -526,3 +527,22 @@ def test_splitwise_conflicting_repeats_are_said_and_huge_counts_left_out(tmp_pat
     clean.write_text(_SPLITWISE)
     ref = _strict_json(_cli(*fit, str(clean), "--out", str(tmp_path / "y.toml")).stdout)
     assert doc["n_train"] + doc["n_holdout"] == ref["n_train"] + ref["n_holdout"]
+
+
+def test_all_reduce_rows_of_other_dtypes_are_not_read(tmp_path: Path) -> None:
+    # message_size counts elements: only 16-bit rows are 2 bytes each. int8 / float32 rows of the
+    # same table must not be read as bf16; a table without the dtype column is read as 16-bit
+    # and said (the collector's default).
+    from pipeline.profile.sources import read_measurements
+
+    root = tmp_path / "m"
+    _aic(root)
+    path = root / "aiconfigurator-vllm-ops" / "h100_sxm" / "comm" / "vllm" / "0.24.0" / "custom_allreduce_perf.parquet"
+    f = pl.read_parquet(path)
+    pl.concat([f, f.with_columns(allreduce_dtype=pl.lit("int8"), latency=pl.col("latency") * 100)]).write_parquet(path)
+    ar = read_measurements(root).get("allreduce")
+    assert ar.height == f.height
+    f.drop("allreduce_dtype").write_parquet(path)
+    m = read_measurements(root)
+    assert m.get("allreduce").height == f.height
+    assert any("no allreduce_dtype column" in n for n in m.notes)

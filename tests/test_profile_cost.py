@@ -472,6 +472,11 @@ def test_tp2_allreduce_pcie_vs_nvlink(pro6000: Profile, h100: Profile) -> None:
         assert 1000 * h * 2 <= CUSTOM_AR_MAX_BYTES < 1100 * h * 2
         assert cost.tok[1000, 2] == pytest.approx(calls * eager_c(1000 * h * 2.0)[0], rel=1e-12)
         assert cost.tok[1100, 2] == pytest.approx(calls * nccl_c(1100 * h * 2.0)[0], rel=1e-12)
+        # exactly 8 MiB (1,024 tokens of 4,096 bf16) is NCCL: vLLM's custom all-reduce takes only
+        # messages smaller than its max_size (should_custom_ar: inp_size < max_size)
+        assert 1024 * h * 2 == CUSTOM_AR_MAX_BYTES
+        assert cost.tok[1024, 2] == pytest.approx(calls * nccl_c(1024 * h * 2.0)[0], rel=1e-12)
+        assert cost.tok[1023, 2] == pytest.approx(calls * eager_c(1023 * h * 2.0)[0], rel=1e-12)
     # a decode step of 8..512 sequences (64 KiB .. 4 MiB messages) communicates longer on PCIe
     seqs = np.array([8.0, 32.0, 128.0, 512.0])
     dec = StepBatch(np.zeros(4), np.zeros(4), np.zeros(4), np.zeros(4), seqs, seqs * 2000)

@@ -316,3 +316,22 @@ def test_argonne_roofline_tier(model: str, gpu: str, tp: int, median_bound: floa
     errors = np.array([m / replay_static_batch(fleet, k[3], k[4]) - 1 for k, m in runs.items()])
     assert np.median(np.abs(errors)) <= median_bound, errors
     assert np.abs(errors).max() <= max_bound, errors
+
+
+@pytest.mark.parametrize(
+    ("row", "fragment"),
+    [
+        ("Nvidia H100 GPU,1,vLLM,meta-llama/Llama-2-7b-hf,128", "Batch Size is not a number"),
+        ("Nvidia H100 GPU,1,vLLM,meta-llama/Llama-2-7b-hf,128,1,inf,1", "finite latency"),
+        ("Nvidia H100 GPU,3,vLLM,meta-llama/Llama-2-7b-hf,128,1,1.0,1", "Num of Hardware 3"),
+    ],
+)
+def test_argonne_reader_refuses_bad_rows_naming_the_line(tmp_path: Path, row: str, fragment: str) -> None:
+    path = tmp_path / "All_results.csv"
+    path.write_text(
+        "Hardware,Num of Hardware,Framework,Model,Input Output Length,Batch Size,Latency,Throughput\n" + row + "\n"
+    )
+    from pipeline.errors import RooftraceError
+
+    with pytest.raises(RooftraceError, match=f"{path}:2: .*{fragment}"):
+        read_argonne_table(path)

@@ -651,7 +651,6 @@ def _changed_line(res: FileResult, before: dict[str, Any], bad_again: int = 0) -
     the rows the earlier read kept), or it changed, and ``--force`` replaces what the earlier
     read stored."""
     kept_before = int(before["rows_stored"]) + int(before["rows_duplicate"])
-    read_before = int(before["rows_read"])
     again = res.rows_duplicate - res.rows_conflicting
     if again - bad_again == 0 and kept_before > 0:  # none of the earlier rows: a log name reused (rotated daily)
         return (
@@ -659,9 +658,9 @@ def _changed_line(res: FileResult, before: dict[str, Any], bad_again: int = 0) -
             f"{kept_before} row(s) is in it): read as a new log, the earlier rows stay (--force would replace "
             "every earlier read of this name)"
         )
-    if again >= read_before:
+    if again - bad_again >= kept_before:  # every row the earlier read kept is back: it grew
         return (
-            f"{res.source_file}: grew since it was ingested ({read_before} earlier row(s) read again as "
+            f"{res.source_file}: grew since it was ingested ({again} earlier row(s) read again as "
             f"duplicates, {res.rows_stored} new row(s) stored)"
         )
     return (

@@ -159,11 +159,10 @@ def skip_reason(base: FleetConfig, hardware: str, origin: str = "the base fleet"
     missing = missing_profile(hardware)
     if missing is None:
         return None
-    gpu, profiles = missing
-    return (
-        f"skipped: {gpu} has no measured profile and the base fleet ({origin}) says cost_model = 'measured' "
-        f"(profiles: {', '.join(profiles) or 'none'}); give cost_model = 'auto' to plan it on the roofline"
-    )
+    from pipeline.profile.tables import no_profile_message
+
+    gpu = missing[0]
+    return f"skipped: {gpu} has no measured profile; the base fleet ({origin}) says {no_profile_message(gpu)}"
 
 
 def evaluate(

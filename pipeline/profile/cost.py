@@ -270,7 +270,7 @@ def measured_tables(
                 nccl_c = prof.allreduce_curve("nccl", dep.tp)
                 if graph_c is not None and eager_c is not None:
                     secs = np.where(graph, graph_c(np.maximum(nbytes, 1.0)), eager_c(np.maximum(nbytes, 1.0)))
-                    big = nbytes > CUSTOM_AR_MAX_BYTES
+                    big = nbytes >= CUSTOM_AR_MAX_BYTES  # vLLM: custom only when size < max_size
                     if nccl_c is not None:
                         secs = np.where(big, nccl_c(np.maximum(nbytes, 1.0)), secs)
                         ar_used = f"{custom}, NCCL above 8 MiB: {curves}"
@@ -448,13 +448,9 @@ def step_cost_for(
     prof = load_profile(dep.hardware.name) if cost_model != "roofline" else None
     if prof is None:
         if cost_model == "measured":
-            from pipeline.profile.tables import list_profiles
+            from pipeline.profile.tables import no_profile_message
 
-            raise ConfigError(
-                f"cost_model = 'measured' but hardware {dep.hardware.name} has no measured profile "
-                f"(profiles: {', '.join(list_profiles()) or 'none'}); use cost_model = 'auto' (the roofline "
-                "where a GPU has no profile) or 'roofline'"
-            )
+            raise ConfigError(no_profile_message(dep.hardware.name))
         if overhead_s is not None:
             dep = replace(dep, step_overhead_s=overhead_s)
         return fast_step_cost(dep, max(max_tokens, 1024))  # type: ignore[no-any-return]

@@ -136,7 +136,8 @@ class Measurements:
 #: of the 16-bit tensor all-reduced, not bytes (its collector, ``collect_all_reduce.py``, builds
 #: ``torch.ones(size)`` in bfloat16 and logs ``message_size = size``; ``collect_nccl.py`` logs
 #: ``size // bytes_per_element``). Read as bytes, the tables give H100 x8 NCCL ~235 GB/s of bus
-#: bandwidth at 1 GiB; as elements ~470 GB/s, what NVLink 4 delivers.
+#: bandwidth at its largest 16-bit row (512 MiB of elements); as elements ~445 GB/s, what NVLink 4
+#: delivers.
 AR_ELEMENT_BYTES = 2
 
 
@@ -322,6 +323,17 @@ def _median_of_repeats(frame: pl.DataFrame) -> pl.DataFrame:
     return frame.group_by(keys, maintain_order=True).agg(pl.col("time_s").median()).select(frame.columns)
 
 
+def _sixteen_bit(frame: pl.DataFrame, column: str, path: Path, out: Measurements, gpu: str) -> pl.DataFrame:
+    """The 16-bit rows of an all-reduce table: ``message_size`` counts elements, and only 16-bit
+    ones are :data:`AR_ELEMENT_BYTES` each. A table without the dtype column is read as 16-bit
+    (the collector's default, bfloat16), and said."""
+    if column not in frame.columns:
+        out.note(gpu, f"{path}: no {column} column; message sizes read as 16-bit elements (the collector's default)")
+        return frame
+    keep = _as_label(frame, column).is_in(["bfloat16", "half", "float16"]).fill_null(False)
+    return frame.filter(keep)
+
+
 def _dtype(col: str) -> pl.Expr:
     return pl.col(col).replace_strict(DTYPES, default=pl.col(col))
 
@@ -430,6 +442,7 @@ def read_aiconfigurator(root: Path, out: Measurements) -> None:
         path = _newest_with(comm / "vllm", "custom_allreduce_perf.parquet")
         if path is not None:
             f = _read_parquet(path, ["backend", "num_gpus", "message_size", "latency"])
+            f = _sixteen_bit(f, "allreduce_dtype", path, out, gpu)
             c = _checked(f, path, out, gpu, time=ms, ints=ar_sizes, labels=("backend",))
             if c is not None:
                 add(
@@ -449,11 +462,9 @@ def read_aiconfigurator(root: Path, out: Measurements) -> None:
         path = _newest_with(comm / "nccl", "nccl_perf.parquet")
         if path is not None:
             f = _read_parquet(path, ["op_name", "num_gpus", "message_size", "latency"])
-            # the 16-bit all-reduce rows (other collectives and dtypes are not read)
-            mine = _as_label(f, "op_name") == "all_reduce"
-            if "nccl_dtype" in f.columns:
-                mine &= _as_label(f, "nccl_dtype").is_in(["half", "bfloat16", "float16"])
-            f = f.filter(mine.fill_null(False))
+            f = _sixteen_bit(
+                f.filter((_as_label(f, "op_name") == "all_reduce").fill_null(False)), "nccl_dtype", path, out, gpu
+            )
             c = _checked(f, path, out, gpu, time=ms, ints=ar_sizes)
             if c is not None:
                 add(

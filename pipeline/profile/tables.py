@@ -288,6 +288,16 @@ def list_profiles() -> list[str]:
     return sorted(p.name for p in PROFILES_DIR.iterdir() if (p / "profile.toml").exists())
 
 
+def no_profile_message(gpu: str) -> str:
+    """What ``cost_model = "measured"`` on a GPU without a measured profile is told (fleets, the
+    step cost and plan's skipped candidates say the same)."""
+    return (
+        f"cost_model = 'measured' but hardware {gpu} has no measured profile (profiles: "
+        f"{', '.join(list_profiles()) or 'none'}); use cost_model = 'auto' (the roofline where a GPU has no "
+        "profile) or 'roofline'"
+    )
+
+
 def read_meta(path: Path) -> ProfileMeta:
     data = read_toml(path, "profile metadata")
     unknown = sorted(set(data) - _META_KEYS)
