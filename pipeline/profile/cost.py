@@ -348,6 +348,9 @@ def measured_tables(
         gemm_desc += ("; " if gemm_desc else "") + ", ".join(
             f"{d} roofline (not measured)" for d in sorted(gemm_missing)
         )
+    mapped = sorted({d for d in (dep.weight_dtype, dep.kv_dtype) if table_dtype(d) != d})
+    if mapped:  # say it: the tables of another format priced these (same kernels, same rate)
+        gemm_desc += "; " + ", ".join(f"{d} priced from the {table_dtype(d)} tables" for d in mapped)
     cov = Coverage(
         gemm=gemm_desc or "none",
         moe=moe_used,
