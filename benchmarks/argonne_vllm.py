@@ -6,7 +6,9 @@ script replays every configuration whose model the catalog describes on one repl
 settings in tests/published.py, ``argonne_fleet``) with both cost tiers and prints, per GPU,
 model and TP: configurations, the tier the fleet used, the median signed error and the median
 and p90 absolute error of throughput (replayed / measured − 1: positive = the replay is
-faster). Repeated configurations (22 rows) count once, at their median latency. Then, for the
+faster). Repeated configurations (22 rows) count once, at their median latency. The roofline
+tier's errors are split by KV pressure (the batch's KV at full length exceeds the cache: vLLM
+preempts and recomputes to finish). Then, for the
 measured tier on H100, the time per step the run spent beyond the replay: (measured − replayed)
 / output length, by batch size, and a least-squares line a + b · batch (a diagnostic of the
 benchmarked stack's host time; nothing is fitted back into the model). docs/replay_validation.md
@@ -51,12 +53,15 @@ def main() -> None:
     # (tier asked, gpu, model, tp) -> [(length, batch, measured s, replayed s)]
     rows: dict[tuple[str, str, str, int], list[tuple[int, int, float, float]]] = defaultdict(list)
     tier_used: dict[tuple[str, str, str, int], str] = {}
+    pressure: set[tuple[str, str, int, int, int]] = set()  # configurations whose KV does not fit at once
     for tier in ("auto", "roofline"):
         for i, ((gpu, model, tp, length, batch), lat) in enumerate(sorted(configs.items())):
             fleet = argonne_fleet(gpu, model, tp, tier)
             key = (tier, gpu, model, tp)
             tier_used[key] = "measured" if tier == "auto" and load_profile(gpu) is not None else "roofline"
             rows[key].append((length, batch, float(np.median(lat)), replay_static_batch(fleet, length, batch)))
+            if batch * 2 * length > fleet.scheduler.num_gpu_blocks * fleet.scheduler.block_size:
+                pressure.add((gpu, model, tp, length, batch))  # vLLM preempts (recompute) to finish
             if i % 50 == 0:
                 print(f"  {tier}: {i}/{len(configs)} configurations, {time.perf_counter() - t0:.0f} s", file=sys.stderr)
     print("| GPU | model | TP | configs | tier | median error | median abs | p90 abs | range |")
@@ -79,6 +84,23 @@ def main() -> None:
                     f"{gpu} {tier} (used: {sorted({tier_used[k] for k in rows if k[0] == tier and k[1] == gpu})}): "
                     f"{e.size} configurations, median {np.median(e):+.1%}, median |e| {np.median(np.abs(e)):.1%}, "
                     f"rows where the replay is slower than vLLM: {(e < 0).sum()}"
+                )
+    print("\nroofline tier, by KV pressure (the batch's KV at full length exceeds the replica's cache):")
+    for gpu in ("a100-40gb-sxm", "h100-sxm"):
+        for label, want in (("KV pressure", True), ("fits", False)):
+            e = np.array(
+                [
+                    m / r - 1
+                    for k, v in rows.items()
+                    if k[0] == "roofline" and k[1] == gpu
+                    for n, b, m, r in v
+                    if ((gpu, k[2], k[3], n, b) in pressure) == want
+                ]
+            )
+            if e.size:
+                print(
+                    f"  {gpu} {label}: {e.size} configurations, median {np.median(e):+.1%}, "
+                    f"median |e| {np.median(np.abs(e)):.1%}, p90 |e| {np.quantile(np.abs(e), 0.9):.1%}"
                 )
     print("\nH100, measured tier: time per step beyond the replay, (measured - replayed) / output tokens")
     print("| TP | batch 1 | 16 | 32 | 64 | a + b · batch (least squares) |")
