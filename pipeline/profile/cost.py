@@ -16,7 +16,7 @@ rotary, embedding         (LLMServingSim); the residual add is fused into the no
 attention                 decode and prefill (batch × length) grids of the head shape and KV
                           dtype, composed per pipeline/profile/attention.py
 all-reduce                vLLM's custom all-reduce under CUDA graphs (or eager) where vLLM
-                          uses it — NVLink, or 2 GPUs with PCIe peer access, ≤ 8 MiB — NCCL
+                          uses it — NVLink, or 2 GPUs with PCIe peer access, < 8 MiB — NCCL
                           otherwise (measured curves by bytes and GPU count)
 LM head, sampler          GEMM table (vocab shard × hidden) / the model's own curves; the
                           sampler otherwise by the fitted bytes-per-logit rule
@@ -58,7 +58,7 @@ from pipeline.steps import FloatArray, StepBatch
 #: overlaps the forward pass (PR #23569, "Fully overlap model execution"). It only shows in
 #: steps whose GPU time is shorter; calibrate it from a fleet's logs where that matters.
 HOST_STEP_S = 250e-6
-#: vLLM's custom all-reduce buffer (CustomAllreduce max_size, 8 MiB): larger messages use NCCL.
+#: vLLM's custom all-reduce buffer (CustomAllreduce max_size, 8 MiB): messages of that size or larger use NCCL.
 CUSTOM_AR_MAX_BYTES = 8 * 1024 * 1024
 #: GPUs without PCIe peer-to-peer access (GeForce RTX 40-series: NVIDIA disabled P2P on these
 #: boards), on which vLLM cannot use its custom all-reduce and falls back to NCCL.
