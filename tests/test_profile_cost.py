@@ -816,3 +816,20 @@ def test_fp16_reads_the_bf16_tables(model: str, gpu: str) -> None:
     got_f = measured_cost(fp16, prof, max_tokens=600)(steps).measured_s
     np.testing.assert_array_equal(got_f, got_b)
     assert "bf16 KV" in measured_cost(fp16, prof, max_tokens=600).describe["attention"]
+
+
+def test_a_profile_with_its_own_fp16_gemms_uses_them() -> None:
+    # The BF16 stand-in applies only where FP16 was not measured: give the profile FP16 GEMM rows
+    # (the BF16 ones at 2x the time) and an FP16 deployment must read them, and say nothing mapped.
+    prof = load_profile("h100-sxm")
+    assert prof is not None
+    gemm = prof.frames["gemm"]
+    fp16 = gemm.filter(pl.col("dtype") == "bf16").with_columns(dtype=pl.lit("fp16"), time_s=pl.col("time_s") * 2)
+    own = Profile(prof.meta, {**prof.frames, "gemm": pl.concat([gemm, fp16])})
+    dep = Deployment(load_model("llama-3.1-8b"), load_hardware("h100-sxm"), weight_dtype="fp16", kv_dtype="fp16")
+    bf = dataclasses.replace(dep, weight_dtype="bf16", kv_dtype="bf16")
+    tok_own, _, cov_own = measured_tables(dep, own, 300, 256)
+    tok_bf, _, _ = measured_tables(bf, own, 300, 256)
+    assert cov_own.gemm == "fp16 measured"
+    gemm_s = lambda tok: tok[:, 6]  # noqa: E731  (measured seconds: GEMMs double, the rest equal)
+    assert np.all(gemm_s(tok_own)[1:] > gemm_s(tok_bf)[1:])

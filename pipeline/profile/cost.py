@@ -32,6 +32,7 @@ GPU's: only what exceeds the GPU time of the step shows (pipeline/stepcost.py).
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -73,9 +74,10 @@ MAX_CAPTURE = 512
 TABLE_DTYPE = {"fp16": "bf16"}
 
 
-def table_dtype(dtype: str) -> str:
-    """The measured tables' dtype that prices ``dtype`` (FP16 reads the BF16 tables)."""
-    return TABLE_DTYPE.get(dtype, dtype)
+def table_dtype(dtype: str, measured: Collection[str] = ()) -> str:
+    """The measured tables' dtype that prices ``dtype``: its own where the profile measured it
+    (``measured``), else the stand-in of :data:`TABLE_DTYPE` (FP16 reads the BF16 tables)."""
+    return dtype if dtype in measured else TABLE_DTYPE.get(dtype, dtype)
 
 
 def capture_sizes(max_num_seqs: int) -> np.ndarray:
@@ -110,7 +112,7 @@ class Coverage:
         return {k: getattr(self, k) for k in keys}
 
 
-def _gemm_shape(dep: Deployment, name: str) -> tuple[int, int, str] | None:
+def _gemm_shape(dep: Deployment, name: str, measured: Collection[str] = ()) -> tuple[int, int, str] | None:
     """(n, k, dtype) of a roofline GEMM operator on one TP shard (None: not a plain GEMM here)."""
     m, tp = dep.model, dep.tp
     if m.is_mla:
@@ -118,7 +120,7 @@ def _gemm_shape(dep: Deployment, name: str) -> tuple[int, int, str] | None:
     h, d = m.hidden_size, m.head_dim
     nq = m.num_attention_heads // tp
     nkv = max(1, m.num_kv_heads // tp)
-    wd = table_dtype(dep.weight_dtype)
+    wd = table_dtype(dep.weight_dtype, measured)
     if name == "attn_pre_proj":
         return (nq + 2 * nkv) * d, h, wd
     if name == "attn_post_proj":
@@ -174,6 +176,8 @@ def measured_tables(
     eager_call = prof.fitted("eager_call_overhead_s", 0.0)
     model_ops_used = False
     gemm_used: set[str] = set()
+    gemm_dtypes = prof.gemm_dtypes()
+    moe_dtypes = prof.moe_dtypes()
     gemm_missing: set[str] = set()
     moe_used = "roofline (no MoE layers)" if not m.is_moe else "roofline"
     ar_used = "none (tp = 1)"
@@ -205,7 +209,7 @@ def measured_tables(
             # fused_add_rms_norm): no kernel of its own; its bytes stay in the accounting.
             kernels -= op.count * busy
             continue
-        shape = _gemm_shape(dep, op.name)
+        shape = _gemm_shape(dep, op.name, gemm_dtypes)
         if shape is not None:
             n, k, dtype = shape
             if prof.has_gemm(dtype) and n > 0 and k > 0:
@@ -222,7 +226,7 @@ def measured_tables(
             moe_tp, moe_ep = (1, dep.ep) if dep.ep > 1 else (dep.moe_shards, 1)
             for dist in MOE_DISTRIBUTIONS:
                 got = prof.moe_time(
-                    table_dtype(dep.weight_dtype),
+                    table_dtype(dep.weight_dtype, moe_dtypes),
                     dist,
                     moe_tp,
                     moe_ep,
@@ -231,7 +235,7 @@ def measured_tables(
                 )
                 if got is not None:
                     moe_used = (
-                        f"measured fused MoE ({table_dtype(dep.weight_dtype)}, {dist} routing, "
+                        f"measured fused MoE ({table_dtype(dep.weight_dtype, moe_dtypes)}, {dist} routing, "
                         f"moe_tp={moe_tp}, moe_ep={moe_ep})"
                     )
                     break
@@ -348,9 +352,9 @@ def measured_tables(
         gemm_desc += ("; " if gemm_desc else "") + ", ".join(
             f"{d} roofline (not measured)" for d in sorted(gemm_missing)
         )
-    mapped = sorted({d for d in (dep.weight_dtype, dep.kv_dtype) if table_dtype(d) != d})
-    if mapped:  # say it: the tables of another format priced these (same kernels, same rate)
-        gemm_desc += "; " + ", ".join(f"{d} priced from the {table_dtype(d)} tables" for d in mapped)
+    stand_in = table_dtype(dep.weight_dtype, gemm_dtypes)
+    if stand_in != dep.weight_dtype and gemm_used:  # say it: same kernels, same rate
+        gemm_desc += f"; {dep.weight_dtype} priced from the {stand_in} tables"
     cov = Coverage(
         gemm=gemm_desc or "none",
         moe=moe_used,
@@ -378,7 +382,7 @@ def measured_cost(
     grids_ok = not m.is_mla and m.num_sliding_layers == 0
     nq = m.num_attention_heads // dep.tp
     nkv = max(1, m.num_kv_heads // dep.tp)
-    kv = table_dtype(dep.kv_dtype)
+    kv = table_dtype(dep.kv_dtype, prof.attention_kv_dtypes("attn_decode"))
     dgrid = prof.attention_grid("attn_decode", kv, nq, nkv, m.head_dim) if grids_ok else None
     pgrid = prof.attention_grid("attn_prefill", kv, nq, nkv, m.head_dim) if grids_ok else None
     measured_attn = dgrid is not None and pgrid is not None

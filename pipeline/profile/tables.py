@@ -235,6 +235,9 @@ class Profile:
             )
         return out
 
+    def moe_dtypes(self) -> list[str]:
+        return sorted({key[0] for key in self._moe})
+
     def moe_curves(
         self, dtype: str, distribution: str, moe_tp: int, moe_ep: int
     ) -> dict[tuple[float, ...], Curve] | None:
