@@ -14,7 +14,7 @@ measured tier on H100, the time per step the run spent beyond the replay: (measu
 benchmarked stack's host time; nothing is fitted back into the model). docs/replay_validation.md
 reports these figures.
 
-    ROOFTRACE_MEASUREMENTS=../shared/measurements python benchmarks/argonne_vllm.py
+    ROOFTRACE_MEASUREMENTS=path/to/measurements python benchmarks/argonne_vllm.py
 """
 
 from __future__ import annotations
