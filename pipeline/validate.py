@@ -31,6 +31,7 @@ import pyarrow as pa
 
 from pipeline.catalog import HardwareSpec, ModelSpec, load_hardware, load_model, model_from_hf_config
 from pipeline.errors import ConfigError, RooftraceError
+from pipeline.profile.sources import repeats_note
 from pipeline.roofline import (
     Deployment,
     Op,
@@ -158,9 +159,6 @@ MIN_TIME_CELL, MAX_TIME_CELL = 1e-6, 1e8
 #: Splitwise prompt and output lengths and batch sizes are at most this (16.7 M): beyond any
 #: context or batch a GPU serves; a larger count is a broken row (2,147,483,647 tokens "in 1 ms").
 MAX_SPLITWISE_TOKENS = 2**24
-#: Repeated rows of one configuration whose times differ by more than this factor (max / min) are
-#: said; the median of the repeats is used either way.
-REPEAT_SPREAD = 2.0
 
 
 def _read_csv(
@@ -226,25 +224,12 @@ def _read_csv(
 def _say_repeats(
     df: pl.DataFrame, keys: list[str], times: list[str], path: Path, skipped: list[str] | None, what: str
 ) -> None:
-    """Say how many ``keys`` were measured more than once with ``times`` more than
-    :data:`REPEAT_SPREAD` apart (max / min), and the first such key (the median is used)."""
-    if skipped is None or df.height == 0:
+    """:func:`pipeline.profile.sources.repeats_note` of a Vidur / Splitwise table, into ``skipped``."""
+    if skipped is None:
         return
-    g = df.group_by(keys).agg(
-        pl.len().alias("__n"), *(pl.col(c).min().alias(f"__lo{i}") for i, c in enumerate(times)),
-        *(pl.col(c).max().alias(f"__hi{i}") for i, c in enumerate(times)),
-    )  # fmt: skip
-    far = pl.any_horizontal(pl.col(f"__hi{i}") > REPEAT_SPREAD * pl.col(f"__lo{i}") for i in range(len(times)))
-    bad = g.filter((pl.col("__n") > 1) & far).sort(keys)
-    if bad.height == 0:
-        return
-    r = bad.row(0, named=True)
-    i = next(i for i in range(len(times)) if r[f"__hi{i}"] > REPEAT_SPREAD * r[f"__lo{i}"])
-    skipped.append(
-        f"{path}: {bad.height} {what}(s) measured more than once with times over {REPEAT_SPREAD:g}x apart "
-        f"(max/min), e.g. {', '.join(f'{k}={r[k]}' for k in keys)}: {r['__n']} rows, {times[i]} from "
-        f"{r[f'__lo{i}']:.4g} to {r[f'__hi{i}']:.4g} ms; the median of the repeats is used"
-    )
+    note = repeats_note(df.sort(keys), keys, times, path, what, unit="ms")
+    if note is not None:
+        skipped.append(note)
 
 
 def _read_csv_rows(path: Path, skipped: list[str] | None) -> tuple[pl.DataFrame, np.ndarray[Any, np.dtype[np.int64]]]:

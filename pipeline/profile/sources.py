@@ -294,25 +294,47 @@ def _checked(
     return kept if kept.height else None
 
 
+def repeats_note(
+    df: pl.DataFrame,
+    keys: list[str],
+    times: list[str],
+    path: Path,
+    what: str,
+    unit: str = "s",
+    shown: list[str] | None = None,
+) -> str | None:
+    """One sentence saying how many ``keys`` were measured more than once with one of ``times``
+    more than :data:`REPEAT_SPREAD` apart (max / min), and the first such key (``shown`` of its
+    columns); None when there is none. The lookups and fits take the median of repeats either
+    way. Shared by the profile readers here and the Vidur / Splitwise readers (pipeline/validate.py)."""
+    if df.height == 0:
+        return None
+    g = df.group_by(keys, maintain_order=True).agg(
+        pl.len().alias("__n"), *(pl.col(c).min().alias(f"__lo{i}") for i, c in enumerate(times)),
+        *(pl.col(c).max().alias(f"__hi{i}") for i, c in enumerate(times)),
+    )  # fmt: skip
+    far = pl.any_horizontal(pl.col(f"__hi{i}") > REPEAT_SPREAD * pl.col(f"__lo{i}") for i in range(len(times)))
+    bad = g.filter((pl.col("__n") > 1) & far)
+    if bad.height == 0:
+        return None
+    r = bad.row(0, named=True)
+    i = next(i for i in range(len(times)) if r[f"__hi{i}"] > REPEAT_SPREAD * r[f"__lo{i}"])
+    which = f"{times[i]} " if len(times) > 1 else ""
+    return (
+        f"{path}: {bad.height} {what}(s) measured more than once with times over {REPEAT_SPREAD:g}x apart "
+        f"(max/min), e.g. {', '.join(f'{k}={r[k]}' for k in (shown if shown is not None else keys))}: "
+        f"{r['__n']} rows, {which}from {r[f'__lo{i}']:.4g} {unit} to {r[f'__hi{i}']:.4g} {unit}; "
+        "the median of the repeats is used"
+    )
+
+
 def _repeats(frame: pl.DataFrame, path: Path, out: Measurements, gpu: str, what: str) -> None:
-    """Say, once per file, how many keys (every column but the time) were measured more than
-    once with times more than :data:`REPEAT_SPREAD` apart, and one of them."""
+    """:func:`repeats_note` over a profile table (its key: every column but the time), said once."""
     keys = [c for c in frame.columns if c != "time_s"]
-    rep = (
-        frame.group_by(keys, maintain_order=True)
-        .agg(pl.len().alias("__n"), pl.col("time_s").min().alias("__lo"), pl.col("time_s").max().alias("__hi"))
-        .filter((pl.col("__n") > 1) & (pl.col("__hi") > REPEAT_SPREAD * pl.col("__lo")))
-    )
-    if rep.height == 0:
-        return
-    r = rep.row(0, named=True)
-    shown = ", ".join(f"{k}={r[k]}" for k in keys if k not in ("gpu", "set", "source", "model", "tp"))
-    out.note(
-        gpu,
-        f"{path}: {rep.height} {what}(s) measured more than once with times over {REPEAT_SPREAD:g}x apart "
-        f"(max/min), e.g. {shown}: {r['__n']} rows from {r['__lo']:.4g} s to {r['__hi']:.4g} s; "
-        "the lookups take the median of the repeats",
-    )
+    shown = [k for k in keys if k not in ("gpu", "set", "source", "model", "tp")]
+    note = repeats_note(frame, keys, ["time_s"], path, what, shown=shown)
+    if note is not None:
+        out.note(gpu, note)
 
 
 def _median_of_repeats(frame: pl.DataFrame) -> pl.DataFrame:
