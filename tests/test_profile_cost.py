@@ -401,6 +401,24 @@ def test_decode_of_three_costs_gemms_of_four_and_big_steps_are_unpadded(pro6000:
     assert tok64[128, 7] == 0.0 and tok64[129, 7] > 0.0
 
 
+def test_eager_custom_all_reduce_is_not_charged_a_launch_twice(h100: Profile) -> None:
+    # Above the CUDA-graph sizes a step runs eagerly: every kernel launch costs the fitted eager
+    # cost per call (column 7), except vLLM's custom all-reduce, whose eager curve already holds
+    # that cost. So below 8 MiB (1,023 tokens of a 4,096-wide bf16 hidden state) TP 2 pays the
+    # launches of TP 1, and from 8 MiB on (NCCL, not custom) one more per all-reduce: two a
+    # layer and the embedding's.
+    tok1, _, _ = measured_tables(_dep("llama-3.1-8b", "h100-sxm"), h100, 1100, 256)
+    tok2, _, _ = measured_tables(_dep("llama-3.1-8b", "h100-sxm", tp=2), h100, 1100, 256)
+    call = h100.fitted("eager_call_overhead_s", 0.0)
+    assert call > 0.0
+    layers = load_model("llama-3.1-8b").num_layers
+    assert tok1[513, 7] > 0.0
+    for t in (513, 1023):
+        assert tok2[t, 7] == pytest.approx(tok1[t, 7], rel=1e-12)
+    assert tok2[1024, 7] - tok1[1024, 7] == pytest.approx((2 * layers + 1) * call, rel=1e-9)
+    assert tok2[512, 7] == 0.0  # under CUDA graphs: no launch cost at all
+
+
 def test_qkv_gemm_is_the_profile_gemm(pro6000: Profile) -> None:
     # isolate the llama-3.1-8b qkv projection (n = (32 + 2·8)·128 = 6144, k = 4096): triple its
     # measured rows, and the tables grow by 2 × layers × its GEMM time (no other GEMM of this
