@@ -44,9 +44,11 @@ sys.path.insert(0, str(HERE))
 from _util import run_child  # noqa: E402
 
 
-def build(n: int, replicas: int, router: str, seed: int = 0) -> tuple[object, object, object, object]:
-    """The workload, the fleet spec, the measured step cost and the resolved fleet (deterministic
-    in ``seed``)."""
+def build(
+    n: int, replicas: int, router: str, seed: int = 0, rate: float = 6.0
+) -> tuple[object, object, object, object]:
+    """The workload (Poisson arrivals at ``rate`` requests/s per replica), the fleet spec, the
+    measured step cost and the resolved fleet (deterministic in ``seed``)."""
     from replay import lengths
 
     from pipeline.engine.model import FleetSpec, Workload
@@ -72,7 +74,7 @@ def build(n: int, replicas: int, router: str, seed: int = 0) -> tuple[object, ob
     )
     rng = np.random.default_rng(seed)
     prompt, output = lengths(n, rng)
-    arrival = np.cumsum(rng.exponential(1.0 / (6.0 * fleet.ranks), n))
+    arrival = np.cumsum(rng.exponential(1.0 / (rate * fleet.ranks), n))
     work = Workload(arrival_s=arrival, prompt_tokens=prompt, output_tokens=output)
     spec = FleetSpec(replicas=fleet.ranks, scheduler=sched, router=router, lockstep=fleet.lockstep)
     return work, spec, cost, fleet
@@ -174,13 +176,13 @@ def store(n: int, replicas: int, pods: int, work_dir: Path) -> None:
     )
 
 
-def hierarchy(n: int, replicas: int, pod_sizes: list[int]) -> None:
+def hierarchy(n: int, replicas: int, pod_sizes: list[int], rate: float = 6.0) -> None:
     """Flat least outstanding vs a load balancer over pods (round robin) + least outstanding inside."""
     from pipeline.engine.jit import simulate_jit
     from pipeline.engine.shard import simulate_sharded
     from pipeline.slo import percentile
 
-    work, spec, cost, _ = build(n, replicas, "least_outstanding", seed=1)
+    work, spec, cost, _ = build(n, replicas, "least_outstanding", seed=1, rate=rate)
     ok_lat = {}
     for size in [0, *pod_sizes]:
         t0 = time.perf_counter()
@@ -214,10 +216,13 @@ def main() -> None:
     ap.add_argument("--modes", default="flat,pods,ray")
     ap.add_argument("--hierarchy-requests", type=int, default=400_000)
     ap.add_argument("--hierarchy-replicas", type=int, default=64)
+    ap.add_argument(
+        "--hierarchy-rates", default="6", help="requests/s per replica, comma-separated (one comparison each)"
+    )
     args = ap.parse_args()
     tmp = Path(tempfile.mkdtemp(prefix="rooftrace-scale-"))
     results = {}
-    for mode in args.modes.split(","):
+    for mode in filter(None, args.modes.split(",")):  # "": only the routing comparison
         if mode == "store":
             store(args.requests, args.replicas, args.pods, tmp)
             continue
@@ -253,11 +258,12 @@ def main() -> None:
         if not same:
             raise SystemExit(f"{mode} differs from {base}")
     if args.hierarchy_requests > 0:  # 0: skip
-        print(
-            f"hierarchical vs flat least outstanding: {args.hierarchy_requests:,} requests on "
-            f"{args.hierarchy_replicas} replicas"
-        )
-        hierarchy(args.hierarchy_requests, args.hierarchy_replicas, [32, 16, 8])
+        for rate in (float(r) for r in args.hierarchy_rates.split(",")):
+            print(
+                f"hierarchical vs flat least outstanding: {args.hierarchy_requests:,} requests on "
+                f"{args.hierarchy_replicas} replicas at {rate:g} requests/s per replica"
+            )
+            hierarchy(args.hierarchy_requests, args.hierarchy_replicas, [32, 16, 8], rate)
     print(json.dumps({"workdir": str(tmp)}))
 
 
