@@ -233,8 +233,9 @@ def cuda_graph_bytes_per_gpu(vllm_version: str = DEFAULT_VLLM_VERSION) -> float:
 
 
 def cuda_total_bytes(hw: HardwareSpec) -> float:
-    """Device memory as CUDA reports it (what ``gpu_memory_utilization`` multiplies)."""
-    return hw.memory_bytes * CUDA_VISIBLE_FRACTION
+    """Device memory as CUDA reports it (what ``gpu_memory_utilization`` multiplies): the
+    catalog's logged value where a vLLM log of that GPU showed it, else the H100's fraction."""
+    return hw.cuda_memory_bytes or hw.memory_bytes * CUDA_VISIBLE_FRACTION
 
 
 def _kv_heads_per_gpu(model: ModelSpec, tp: int) -> int:

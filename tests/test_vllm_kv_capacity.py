@@ -11,6 +11,8 @@ its position in that file, and the case id carries the row's URL. A case is
   judged; it is asserted separately, as a consistency check only.
 - ``assumed``: a setting the page does not show is assumed (named in the case); asserted
   separately, not counted as judged.
+- ``missed``: judged like the above, but outside ±5 %: the error stays as documented in
+  docs/catalog.md (within a point), so that a change of the model that moves it is seen.
 - ``excluded``: cannot be matched for a stated reason (old engine, setting not shown, hardware or
   format not in the catalog); not asserted.
 
@@ -75,6 +77,7 @@ class Case:
     version: str = ""  # vllm_version passed to fit ("" = the row's own)
     context: int | None = None  # max_model_len when the row gives none
     util: float | None = None  # only for status "assumed"
+    error: float = 0.0  # status "missed": the prediction's error as documented (docs/catalog.md)
     note: str = ""  # why fitted / assumed / excluded, or what the row checks
 
 
@@ -142,6 +145,65 @@ CASES: tuple[Case, ...] = (
         "accounting at 0.9 gives +13 %); version 0.19.0 and util 0.9 from the profile bundle recorded with it",
     ),
     Case(25, "excluded", note="GPU not named in the report"),
+    # Non-H100 reports (found 2026-12-03; each row's note says what its page shows)
+    Case(
+        26,
+        "missed",
+        "qwen3-8b",
+        hardware="rtx-4090",
+        error=-0.284,
+        note="the author's quote of the log; 6.03 GiB of KV leaves 0.45 GiB for activation, non-torch and "
+        "graphs at 0.92 of a 24 GB card, less than the sampler alone needs here: contradicts row 24 (fitted)",
+    ),
+    Case(
+        27,
+        "missed",
+        "qwen3-32b",
+        hardware="rtx-pro-6000",
+        error=-0.070,
+        note="TP=2 over PCIe: ~1.1 GiB per GPU beyond weights and KV logged, 5.05 GiB reserved (activation at "
+        "vLLM's 8,192 / 1,024 defaults, the multi-GPU non-torch constant measured on H100s, graphs)",
+    ),
+    Case(
+        28,
+        "assumed",
+        "qwen3-8b",
+        hardware="rtx-pro-6000",
+        version="0.24.0",
+        note="version not restated: 0.24.0 from the same server eight days earlier; TP=2 over PCIe at 2,048 / 256",
+    ),
+    Case(29, "judged", "llama-3.1-8b", hardware="a100-40gb-sxm", note="offline LLM class, enforce_eager, 8,192 logged"),
+    Case(30, "judged", "qwen3-8b", hardware="a100-40gb-sxm", note="vLLM 0.19.1 defaults (graph estimate not applied)"),
+    Case(31, "judged", "qwen3-8b", hardware="a100-40gb-sxm", note="vLLM 0.9.2, sort sampler (logged), util default"),
+    Case(32, "judged", "qwen3-8b", hardware="l40s", note="eager; CUDA total 44.39 GiB (hardware cuda_memory_bytes)"),
+    Case(33, "judged", "qwen3-8b", hardware="l40s", note="torch.compile + piecewise graphs, max_num_seqs 256"),
+    Case(
+        34,
+        "missed",
+        "qwen3-0.6b",
+        hardware="l4",
+        error=-0.057,
+        note="the log's FlashInfer sampler (0.52 GiB peak) where 0.10.2's version rule assumes the sort path "
+        "(1.39 GiB); the official image ships FlashInfer, a pip install does not (row 31)",
+    ),
+    Case(
+        35,
+        "missed",
+        "qwen3-14b",
+        hardware="l40s",
+        error=+0.059,
+        note="vLLM 0.29 (V2 model runner, not modelled past 0.27); util 0.92 as the log prints it",
+    ),
+    Case(
+        36,
+        "missed",
+        "qwen3-32b",
+        hardware="rtx-pro-6000",
+        error=-0.401,
+        note="TP=2 over PCIe at util 0.426: 1.66 GiB per GPU beyond weights and KV logged, 5.05 GiB reserved; "
+        "the same over-reservation as row 27, large against a 40 GiB budget",
+    ),
+    Case(37, "excluded", note="pipeline parallelism (pp=2) is not modelled by pipeline.fit"),
 )
 
 
@@ -198,6 +260,23 @@ def test_every_report_has_one_case() -> None:
 def test_judged_report_within_5_percent(case: Case) -> None:
     what, got, logged = predict(case)
     assert abs(got / logged - 1) <= TOLERANCE, f"{what}: predicted {got:,.2f}, logged {logged:,.2f}"
+
+
+@pytest.mark.parametrize("case", _by_status("missed"))
+def test_missed_reports_stay_as_documented(case: Case) -> None:
+    what, got, logged = predict(case)
+    assert abs(got / logged - 1) > TOLERANCE, f"row {case.row} is within 5 % now: judge it"
+    assert got / logged - 1 == pytest.approx(case.error, abs=0.01), (
+        f"{what}: predicted {got:,.2f}, logged {logged:,.2f}"
+    )
+
+
+def test_judged_share() -> None:
+    """How many of the reports the model can be held to land within ±5 % (docs/catalog.md)."""
+    judged = [c for c in CASES if c.status == "judged"]
+    missed = [c for c in CASES if c.status == "missed"]
+    assert len(judged) == 18 and len(missed) == 5
+    assert all(abs(c.error) > TOLERANCE for c in missed)
 
 
 @pytest.mark.parametrize("case", _by_status("fitted", "assumed"))

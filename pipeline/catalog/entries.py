@@ -197,6 +197,9 @@ class HardwareSpec:
     price_date: str
     sources: Mapping[str, str] = field(hash=False)
     path: str = field(default="", compare=False)
+    #: Device memory as CUDA reports it (what vLLM's gpu_memory_utilization multiplies), where a
+    #: log of this GPU showed it; 0 = unknown (pipeline.fit then takes a fraction of memory_bytes).
+    cuda_memory_bytes: float = 0.0
 
     def peak_for(self, dtype: str) -> float:
         """Dense peak FLOP/s for matmuls in ``dtype``; bf16 when the GPU lacks that format."""
@@ -226,7 +229,7 @@ _PEAK_DTYPES = {"bf16", "fp16", "fp8", "int8", "fp4", "int4"}
 
 
 def parse_hardware(data: Mapping[str, Any], origin: str) -> HardwareSpec:
-    _check_keys(data, _HW_TOP | _HW_TABLES, set(), origin)
+    _check_keys(data, _HW_TOP | _HW_TABLES, {"cuda_memory_bytes"}, origin)
     for table in _HW_TABLES:
         if not isinstance(data[table], dict):
             raise ConfigError(f"{origin}: [{table}] must be a table")
@@ -244,9 +247,13 @@ def parse_hardware(data: Mapping[str, Any], origin: str) -> HardwareSpec:
     price = data["price"]
     _check_keys(price, _HW_PRICE, set(), f"{origin} [price]")
     sources = data["sources"]
-    _check_keys(sources, _HW_SOURCED, set(), f"{origin} [sources]")
-    for key in _HW_SOURCED:
+    sourced = _HW_SOURCED | ({"cuda_memory_bytes"} if "cuda_memory_bytes" in data else set())
+    _check_keys(sources, sourced, set(), f"{origin} [sources]")
+    for key in sourced:
         _str(sources, key, f"{origin} [sources]")
+    cuda_memory = _num(data, "cuda_memory_bytes", origin) if "cuda_memory_bytes" in data else 0.0
+    if cuda_memory > _num(data, "memory_bytes", origin):
+        raise ConfigError(f"{origin}: cuda_memory_bytes must not exceed memory_bytes, got {cuda_memory!r}")
     for key in ("compute", "memory", "elementwise", "link"):
         value = _num(eff, key, f"{origin} [efficiency]")
         if value > 1.0:
@@ -276,6 +283,7 @@ def parse_hardware(data: Mapping[str, Any], origin: str) -> HardwareSpec:
         price_date=date,
         sources=MappingProxyType({k: str(sources[k]) for k in sorted(sources)}),
         path=origin,
+        cuda_memory_bytes=cuda_memory,
     )
 
 
@@ -296,6 +304,7 @@ def hardware_to_toml(hw: HardwareSpec) -> str:
         f"vendor = {q(hw.vendor)}",
         f"memory_bytes = {num(hw.memory_bytes)}",
         f"memory_bandwidth_bytes_per_s = {num(hw.memory_bandwidth_bytes_per_s)}",
+        *([f"cuda_memory_bytes = {num(hw.cuda_memory_bytes)}"] if hw.cuda_memory_bytes else []),
         "",
         "[peak_flops_per_s]",
         *(f"{k} = {num(v)}" for k, v in hw.peak_flops_per_s.items()),
