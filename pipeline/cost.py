@@ -33,7 +33,7 @@ import numpy.typing as npt
 import pyarrow as pa
 
 from pipeline.errors import ConfigError, RooftraceError
-from pipeline.fleet import ResolvedFleet, parse_fleet, resolve
+from pipeline.fleet import ResolvedFleet, fleet_from_dict, resolve
 from pipeline.schemas import atomic_write_bytes, read_parquet, write_parquet
 from pipeline.slo import day_projection, traffic_span
 from pipeline.steps import StepBatch
@@ -470,13 +470,35 @@ class CostResult:
 def _run_fleet(config: Mapping[str, Any], origin: str) -> tuple[ResolvedFleet, str]:
     """The fleet a run ran, resolved with the catalog entries it recorded (a run made before runs
     recorded them: today's catalog), and which of the two it was."""
-    # to_dict() writes unset optional keys as null; the loader wants them absent
-    raw = {k: v for k, v in config["resolved"]["fleet"].items() if v is not None}
-    raw["engine"] = {k: v for k, v in raw.get("engine", {}).items() if v is not None}
-    entries = config["resolved"].get("catalog") or {}
+    resolved = config.get("resolved")
+    if not isinstance(resolved, dict) or "fleet" not in resolved:
+        raise ConfigError(f"{origin}: resolved.fleet is missing (not a replay run's config.json)")
+    # the reader of FleetConfig.to_dict(): its unset keys (null) are read back as unset
+    cfg = fleet_from_dict(resolved["fleet"], origin)
+    entries = resolved.get("catalog") or {}
     if isinstance(entries, dict) and all(isinstance(entries.get(k), str) and entries[k] for k in ("hardware", "model")):
-        return resolve(parse_fleet(raw, origin), origin, entries), "the run's recorded catalog entries"
-    return resolve(parse_fleet(raw, origin), origin), "today's catalog (the run did not record its entries)"
+        return resolve(cfg, origin, entries), "the run's recorded catalog entries"
+    return resolve(cfg, origin), "today's catalog (the run did not record its entries)"
+
+
+def read_run_config(path: Path) -> dict[str, Any]:
+    """A run's ``config.json``: one error line naming the file (and the line and column of a
+    syntax error) when it cannot be read or is not a JSON object."""
+    try:
+        text = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as exc:
+        raise RooftraceError(f"{path}: not UTF-8 text (byte {exc.start})") from None
+    except OSError as exc:
+        raise RooftraceError(f"{path}: cannot be read ({exc.strerror or exc})") from None
+    try:
+        config = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise RooftraceError(f"{path}: not valid JSON: {exc.msg} (line {exc.lineno}, column {exc.colno})") from None
+    except RecursionError:
+        raise RooftraceError(f"{path}: not valid JSON: nested too deeply") from None
+    if not isinstance(config, dict):
+        raise RooftraceError(f"{path}: must hold a JSON object, got {type(config).__name__}")
+    return config
 
 
 #: Highest $/GPU-hour override accepted: far above any real price, low enough that every $ figure
@@ -511,7 +533,7 @@ def run_cost(
     cfg_path = run_dir / "config.json"
     if not cfg_path.exists():
         raise RooftraceError(f"{run_dir}: no such replay run")
-    config = json.loads(cfg_path.read_text())
+    config = read_run_config(cfg_path)
     fleet, catalog_source = _run_fleet(config, str(cfg_path))
     prices = load_prices(list(price_files) or None)
     steps = read_parquet(run_dir / "steps.parquet", "replay_steps")
@@ -528,7 +550,7 @@ def run_cost(
     span = traffic_period_s(arrival)  # the period of record: the traffic's own span
     writes = 0.0
     date = config.get("date")
-    if date and date in store.dates():
+    if isinstance(date, str) and date in store.dates():
         canon = store.read_requests(date)
         if "cache_write_tokens" in canon.columns:
             done = set(np.asarray(req.column("request_id").to_pylist(), dtype=object)[ok].tolist())
@@ -547,8 +569,7 @@ def run_cost(
         min(writes, float(prompt.sum() - hits.sum())),
     )
     hw = dep.hardware
-    fleet_cfg = config["resolved"]["fleet"]
-    gpus = int(fleet_cfg["replicas"]) * int(fleet_cfg.get("dp", 1)) * dep.gpus
+    gpus = fleet.ranks * dep.gpus
     gpu = GpuCost(
         hardware=hw.name,
         gpus=gpus,
@@ -573,8 +594,10 @@ def run_cost(
         }
         for row in gpu.rows()
     ]
-    health = (config.get("summary") or {}).get("health") or {}
-    warnings = tuple(str(w) for w in health.get("warnings") or ())
+    summary = config.get("summary")
+    health = summary.get("health") if isinstance(summary, dict) else None
+    found = health.get("warnings") if isinstance(health, dict) else None
+    warnings = tuple(str(w) for w in found) if isinstance(found, list) else ()
     result = CostResult(run_id, gpu, api_rows, out_dir, catalog_source, warnings)
     with store.lock():
         write_parquet(pa.Table.from_pylist(gpu_rows), out_dir / "gpu_cost.parquet", "plan_gpu_cost")

@@ -26,11 +26,13 @@ continuous-batching engine whose settings carry vLLM's names and defaults::
 
 Unknown or mistyped keys are errors that name the file and key, and so are values out of range,
 each checked before the memory fit: ``block_size`` one of vLLM's (1, 8, 16, 32, 64, 128, 256),
-``max_num_seqs`` and ``max_num_batched_tokens`` in 1..2**24, ``max_model_len`` and
+``max_num_seqs`` and ``max_num_batched_tokens`` in 1..2**24, ``[calibration]`` factors in
+[MIN_EFFICIENCY, 1], ``max_model_len`` and
 ``num_gpu_blocks_override`` in 1..2**31-1, ``router_pod_size`` in 0..2**31-1, ``vllm_version`` a V1
 0.x release from 0.8 (pipeline.fit.parse_vllm_version). The config objects are frozen;
 :func:`resolve` turns one into the engine's SchedulerConfig and the cost model; its errors start
-with the fleet's origin too. ``cost_model = "measured"`` on a GPU without a measured profile is
+with the fleet's origin too; :func:`fleet_from_dict` reads back what ``to_dict`` wrote (a run's
+config.json). ``cost_model = "measured"`` on a GPU without a measured profile is
 refused by :func:`load_fleet`, naming the file (:func:`check_cost_model`).
 """
 
@@ -44,6 +46,7 @@ from pathlib import Path
 from typing import Any
 
 from pipeline.catalog import (
+    MIN_EFFICIENCY,
     HardwareSpec,
     ModelSpec,
     entry_path,
@@ -261,6 +264,7 @@ def _parse_slo_table(raw: dict[str, Any] | str, where: str) -> str:
 #: also keeps a replay's clock finite (``nan``/``inf`` are refused by the same check).
 MAX_STEP_OVERHEAD_S = 10.0
 
+
 #: A fleet's ``name`` names its runs' folders (STORE/runs/<date>-<name>-<digest>/) and reports:
 #: letters, digits, '.', '_' and '-', not starting with '.', at most 64 characters.
 FLEET_NAME_RE = re.compile(r"[A-Za-z0-9_-][A-Za-z0-9._-]{0,63}")
@@ -316,8 +320,11 @@ def parse_fleet(data: dict[str, Any], origin: str) -> FleetConfig:
         for key in ("compute_efficiency", "memory_efficiency", "link_efficiency"):
             if key in raw:
                 raw[key] = float(raw[key])
-                if not 0.0 < raw[key] <= 1.0:
-                    raise ConfigError(f"{where}: {key} must be in (0, 1], got {raw[key]!r}")
+                if not MIN_EFFICIENCY <= raw[key] <= 1.0:
+                    raise ConfigError(
+                        f"{where}: {key} must be in [{MIN_EFFICIENCY:g}, 1] (a share of the hardware's peak), "
+                        f"got {raw[key]!r}"
+                    )
         calibration = Calibration(**raw)
     slo = _parse_slo_table(data["slo"], f"{origin} [slo]") if "slo" in data else None
     top = {k: v for k, v in data.items() if k not in ("engine", "calibration", "slo")}
@@ -344,6 +351,19 @@ def parse_fleet(data: dict[str, Any], origin: str) -> FleetConfig:
     if cfg.replicas * cfg.dp > MAX_ENGINES:
         raise ConfigError(f"{origin}: {_too_many(cfg.replicas, cfg.dp)}")
     return cfg
+
+
+def fleet_from_dict(data: Any, origin: str) -> FleetConfig:
+    """The fleet :meth:`FleetConfig.to_dict` wrote (as a run's ``config.json`` records it), checked
+    as a fleet file is: its unset keys (null, at the top, in ``engine`` and in ``calibration``)
+    are read back as unset. Errors name ``origin`` and the key."""
+    if not isinstance(data, Mapping):
+        raise ConfigError(f"{origin}: the recorded fleet must be a table, got {type(data).__name__}")
+    raw = {k: v for k, v in data.items() if v is not None}
+    for table in ("engine", "calibration"):
+        if isinstance(raw.get(table), Mapping):
+            raw[table] = {k: v for k, v in raw[table].items() if v is not None}
+    return parse_fleet(raw, origin)
 
 
 def _too_many(replicas: int, dp: int) -> str:

@@ -45,6 +45,10 @@ if TYPE_CHECKING:
 DEFAULT_MEMORY_SHARE = 0.5
 #: Default limit on the simulated span of an open-loop replay's arrivals.
 DEFAULT_MAX_SIM_DAYS = 30.0
+#: Longest simulated span a replay may cover, whatever its limits (``none`` included): its series
+#: has a row per replica per simulated second, and past this (about 32 years) one replica's
+#: seconds alone are gigabytes; a span this long comes from an absurd --rate-scale or step cost.
+MAX_SIM_SPAN_S = 1e9
 #: Seconds between progress lines of a long replay (the first comes after as many seconds).
 DEFAULT_PROGRESS_EVERY_S = 5.0
 
@@ -130,7 +134,10 @@ def parse_days(text: str) -> float | None:
     t = text.strip().lower()
     if t in _NONE:
         return None
-    value = float(t)
+    try:
+        value = float(t)
+    except ValueError:
+        raise ValueError(f"{text!r} is not a number of days such as 30 or 0.5, or none") from None
     if not value > 0 or not math.isfinite(value):
         raise ValueError(f"{text!r}: the number of days must be a positive number")
     return value
@@ -142,7 +149,25 @@ def format_bytes(n: float) -> str:
     for unit, size in (("TiB", 1024**4), ("GiB", GIB), ("MiB", 1024**2)):
         if n >= size:
             return f"{format_number(n / size, 1)} {unit}"
-    return f"{n / 1024:,.0f} KiB"
+    if n >= 1024:
+        return f"{n / 1024:,.0f} KiB"
+    return f"{n:,.0f} byte{'' if n == 1 else 's'}"
+
+
+def distinct_numbers(a: float, b: float) -> tuple[str, str]:
+    """``a`` (one decimal) and the limit ``b`` it is more than, or, where that rounding hides the
+    difference, both with as many significant digits as tell them apart: a span just past its
+    limit is not said to be "0.0, more than the limit of 1e-07" or "30.0, more than 30"."""
+    from pipeline.slo import format_number
+
+    x = format_number(a, 1)
+    if float(x.replace(",", "")) > b:
+        return x, f"{b:g}"
+    for digits in range(3, 18):
+        x, y = f"{a:,.{digits}g}", f"{b:,.{digits}g}"
+        if x != y:
+            return x, y
+    return repr(a), repr(b)
 
 
 def format_duration(s: float) -> str:
@@ -596,20 +621,34 @@ _ADVICE = {
 }
 
 
-def enforce(est: ReplayEstimate, limits: Limits | None = None) -> None:
-    """Refuse (ResourceLimitError, one line) a replay past the limits: an open-loop span of more
-    simulated days than allowed, or more estimated memory than allowed."""
+def span_too_long(span_s: float, verb: str) -> str:
+    """The one line refusing a replay whose simulated span is past :data:`MAX_SIM_SPAN_S`."""
     from pipeline.slo import format_number
 
+    return (
+        f"this replay {verb} {format_number(span_s / 86400, 0)} simulated days, more than the "
+        f"{MAX_SIM_SPAN_S / 86400:,.0f} days "
+        "(limits.MAX_SIM_SPAN_S) its per-second series can hold, whatever --max-sim-days and --max-memory say: "
+        "check the fleet's step cost ([calibration], the hardware's efficiencies) or use a larger --rate-scale"
+    )
+
+
+def enforce(est: ReplayEstimate, limits: Limits | None = None) -> None:
+    """Refuse (ResourceLimitError, one line) a replay past the limits: an open-loop span of more
+    simulated days than allowed, a span longer than its series can hold (:data:`MAX_SIM_SPAN_S`,
+    whatever the limits), or more estimated memory than allowed."""
     limits = limits or current_limits()
     days = est.arrival_span_s / 86400
     if est.mode == "open" and limits.max_sim_days is not None and days > limits.max_sim_days:
+        said, limit = distinct_numbers(days, limits.max_sim_days)
         raise ResourceLimitError(
-            f"--rate-scale {est.rate_scale:g} spreads the arrivals over {format_number(days, 1)} simulated days, "
-            f"more than the limit of {limits.max_sim_days:g} days ({limits.days_origin}); the series alone would need "
+            f"--rate-scale {est.rate_scale:g} spreads the arrivals over {said} simulated days, "
+            f"more than the limit of {limit} days ({limits.days_origin}); the series alone would need "
             f"{format_bytes(est.parts['series'])}: use a larger --rate-scale, or raise the limit with "
             f"--max-sim-days DAYS (${MAX_SIM_DAYS_ENV})"
         )
+    if not est.span_s <= MAX_SIM_SPAN_S:  # NaN too; whatever the limits
+        raise ResourceLimitError(span_too_long(est.span_s, "would cover about"))
     if limits.max_memory is not None and est.bytes > limits.max_memory:
         raise ResourceLimitError(
             f"this replay would need about {format_bytes(est.bytes)} of memory, more than the limit of "

@@ -103,6 +103,12 @@ class ReplayOptions:
             raise ConfigError(f"--concurrency must be >= 1, got {self.concurrency}")
         if self.concurrency is not None and self.offline:
             raise ConfigError("--concurrency (closed loop) and --offline exclude each other")
+        if self.rate_scale != 1.0 and (self.concurrency is not None or self.offline):
+            other = "--offline (every request at t=0)" if self.offline else "--concurrency (closed loop)"
+            raise ConfigError(
+                f"--rate-scale {self.rate_scale:g} and {other} exclude each other: --rate-scale scales the "
+                "trace's arrival times, which only the open loop (the default) follows"
+            )
         if not 1 <= self.pods <= MAX_PODS:
             raise ConfigError(f"--pods must be in 1..{MAX_PODS}, got {self.pods}")
         if self.executor not in EXECUTORS:
@@ -488,6 +494,12 @@ def series_frames(cols: dict[str, npt.NDArray[Any]], capacity_blocks: int) -> di
             "kv_blocks_used",
         )
     }
+    if cols["end_s"].shape[0]:
+        from pipeline.limits import MAX_SIM_SPAN_S, ResourceLimitError, span_too_long
+
+        last = float(cols["end_s"].max())
+        if not last <= MAX_SIM_SPAN_S:  # NaN too: np.arange over it fails or fills the memory
+            raise ResourceLimitError(span_too_long(last, "covers"))
     for r in np.unique(cols["replica"]):
         m = cols["replica"] == r
         start, end = cols["start_s"][m], cols["end_s"][m]

@@ -56,8 +56,9 @@ def check_date(text: str) -> str:
     return text
 
 
-#: Characters DuckDB and polars read as a glob pattern in a path.
-GLOB_CHARS = frozenset("*?[]{}")
+#: Characters DuckDB and polars read as a glob pattern in a path, and the backslash, which DuckDB
+#: reads as a path separator (``back\\slash/st`` is not the folder it names).
+GLOB_CHARS = frozenset("*?[]{}\\")
 
 #: What an id built from data (a run, plan or cost id: date, fleet or model name, digest) may be
 #: when it names a file or folder: letters, digits, '.', '_' and '-', not starting with '.', at
@@ -92,8 +93,11 @@ class Store:
         # is itself a pattern would match other folders or nothing.
         bad = sorted(GLOB_CHARS & set(str(self.root)))
         if bad:
-            chars = "".join(sorted(GLOB_CHARS))
-            raise RooftraceError(f"store path {self.root} contains {''.join(bad)!r}: use a folder name without {chars}")
+            chars = " ".join(sorted(GLOB_CHARS))
+            raise RooftraceError(
+                f"store path {self.root} contains {' '.join(bad)}: use a folder name without any of {chars} "
+                "(DuckDB reads them as a pattern or, the backslash, as a separator)"
+            )
         if self.root.exists() and not self.root.is_dir():
             raise RooftraceError(f"store path {self.root} is a file, not a folder (check --store or $ROOFTRACE_STORE)")
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import re
+import tomllib
 from pathlib import Path
 
 import pytest
@@ -153,9 +154,22 @@ def test_hardware_roundtrip_and_errors(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match=r"\[sources\]: missing key\(s\) \['price'\]"):
         parse_hardware(dict(data, sources=sources), "bad.toml")
     eff = dict(data["efficiency"])  # type: ignore[call-overload]
-    eff["memory"] = 1.5
-    with pytest.raises(ConfigError, match=r"memory must be in \(0, 1\]"):
-        parse_hardware(dict(data, efficiency=eff), "bad.toml")
+    for value in (1.5, 1e-300, 0.00099):
+        eff["memory"] = value
+        with pytest.raises(ConfigError, match=r"bad.toml \[efficiency\]: memory must be in \[0.001, 1\]"):
+            parse_hardware(dict(data, efficiency=eff), "bad.toml")
+    eff["memory"] = 0.001
+    assert parse_hardware(dict(data, efficiency=eff), "ok.toml").memory_efficiency == 0.001
+    # the device memory CUDA reports: optional, sourced, never above the datasheet's
+    logged = dict(data, cuda_memory_bytes=79.19 * 2**30)
+    with pytest.raises(ConfigError, match=r"\[sources\]: missing key\(s\) \['cuda_memory_bytes'\]"):
+        parse_hardware(logged, "bad.toml")
+    logged["sources"] = dict(data["sources"], cuda_memory_bytes="a log")  # type: ignore[call-overload]
+    assert parse_hardware(logged, "ok.toml").cuda_memory_bytes == 79.19 * 2**30
+    with pytest.raises(ConfigError, match="cuda_memory_bytes must not exceed memory_bytes"):
+        parse_hardware(dict(logged, cuda_memory_bytes=81 * 2**30), "bad.toml")
+    l40s = load_hardware("l40s")
+    assert parse_hardware(tomllib.loads(hardware_to_toml(l40s)), l40s.path) == l40s
     path = tmp_path / "mine.toml"
     path.write_text(hardware_to_toml(load_hardware("h100-sxm")))
     assert load_hardware_file(path).memory_bytes == 80 * 2**30

@@ -6,6 +6,7 @@ The entries are data (``hardware/*.toml``, ``models/*.toml``, ``dtypes.toml``);
 
 from pipeline.catalog.entries import (
     CATALOG_DIR,
+    MIN_EFFICIENCY,
     Formats,
     HardwareSpec,
     KVFormat,
@@ -33,6 +34,7 @@ from pipeline.catalog.entries import (
 
 __all__ = [
     "CATALOG_DIR",
+    "MIN_EFFICIENCY",
     "Formats",
     "HardwareSpec",
     "KVFormat",

@@ -226,6 +226,9 @@ _HW_SOURCED = {
     "price",
 }
 _PEAK_DTYPES = {"bf16", "fp16", "fp8", "int8", "fp4", "int4"}
+#: Smallest efficiency (a share of a peak) a catalog entry or a fleet's [calibration] may set:
+#: below it a step would take years and the replay's figures lose meaning.
+MIN_EFFICIENCY = 1e-3
 
 
 def parse_hardware(data: Mapping[str, Any], origin: str) -> HardwareSpec:
@@ -256,8 +259,10 @@ def parse_hardware(data: Mapping[str, Any], origin: str) -> HardwareSpec:
         raise ConfigError(f"{origin}: cuda_memory_bytes must not exceed memory_bytes, got {cuda_memory!r}")
     for key in ("compute", "memory", "elementwise", "link"):
         value = _num(eff, key, f"{origin} [efficiency]")
-        if value > 1.0:
-            raise ConfigError(f"{origin} [efficiency]: {key} must be in (0, 1], got {value}")
+        if not MIN_EFFICIENCY <= value <= 1.0:
+            raise ConfigError(
+                f"{origin} [efficiency]: {key} must be in [{MIN_EFFICIENCY:g}, 1] (a share of the peak), got {value}"
+            )
     date = _str(price, "date", f"{origin} [price]")
     if len(date) < 7 or date[4] != "-" or not date[:4].isdigit() or not date[5:7].isdigit():
         raise ConfigError(f"{origin} [price]: date must be YYYY-MM or YYYY-MM-DD, got {date!r}")
