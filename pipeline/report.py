@@ -13,6 +13,7 @@ from __future__ import annotations
 import html
 import json
 import math
+import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -26,7 +27,7 @@ import vl_convert as vlc
 from pipeline.classify.accounting import accounting_paths
 from pipeline.errors import RooftraceError
 from pipeline.loadcurve import headroom_sentence, knee
-from pipeline.schemas import atomic_write_bytes, check_replaceable
+from pipeline.schemas import atomic_write_bytes, check_replaceable, os_write_reason
 from pipeline.slo import (
     METRICS,
     day_projection,
@@ -39,7 +40,7 @@ from pipeline.slo import (
 )
 from pipeline.store import Store, check_date, confined
 from pipeline.tables import table_to_json
-from pipeline.warehouse import Session, latest_run
+from pipeline.warehouse import Session, check_date_option, check_parquet, latest_run, read_run_config, run_ids
 
 Rows = list[dict[str, Any]]
 
@@ -998,7 +999,10 @@ def claim_report_dir(folder: Path, store: Store) -> None:
             f"{mine} (use another --reports folder or --out)"
         )
     if theirs is None:
-        atomic_write_bytes(marker, (mine + "\n").encode())
+        try:
+            atomic_write_bytes(marker, (mine + "\n").encode())
+        except OSError as exc:
+            raise RooftraceError(f"cannot create reports folder {folder}: {os_write_reason(marker, exc)}") from None
 
 
 #: Where the report of a what-if run goes, beside the nightly's: reports/<date>/<fleet>/what-if/<run_id>/.
@@ -1135,6 +1139,32 @@ def _write_pngs(charts: list[Chart], png_dir: Path, pngs: list[Path], skipped: l
         pngs.append(target)
 
 
+#: The files every finished replay run holds (pipeline/replay.py); a report from fewer would show
+#: made-up zeros ("no overload", "0 GiB").
+RUN_FILES = ("requests.parquet", "steps.parquet", "series.parquet")
+
+
+def _check_run_files(run_dir: Path, run_id: str) -> None:
+    """Refuse a run that is missing one of :data:`RUN_FILES` or holds a damaged one."""
+    for name in RUN_FILES:
+        path = run_dir / name
+        if not path.exists():
+            raise RooftraceError(f"{path}: run {run_id} is incomplete: {name} is missing (re-run `rooftrace replay`)")
+        check_parquet(path)
+
+
+def _make_reports_dir(reports_dir: Path) -> None:
+    """Create the reports folder (before any work), or one line saying why it cannot be."""
+    try:
+        reports_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise RooftraceError(
+            f"cannot create reports folder {reports_dir}: {os_write_reason(reports_dir, exc)}"
+        ) from None
+    if not os.access(reports_dir, os.W_OK | os.X_OK):
+        raise RooftraceError(f"cannot create reports folder {reports_dir}: it is not writable")
+
+
 def build_report(
     store: Store,
     run_id: str | None = None,
@@ -1153,14 +1183,23 @@ def build_report(
     t0 = time.perf_counter()
     if out is not None:
         _check_out(out)
+    elif reports_dir is not None:
+        _make_reports_dir(reports_dir)
     if run_id is None:
-        run_id = latest_run(store, date)
+        run_id = latest_run(store, date)  # (a date checked YYYY-MM-DD, matched whole)
         if run_id is None:
+            dates = sorted({r[:10] for r in run_ids(store)})
+            if date is not None and dates:
+                raise RooftraceError(
+                    f"{store.runs_dir}: no replay run of {date} to report; runs exist for {', '.join(dates[-5:])}"
+                )
             raise RooftraceError(f"{store.runs_dir}: no replay run to report (run `rooftrace replay`)")
     config_path = store.run_dir(run_id) / "config.json"
     if not config_path.exists():
         raise RooftraceError(f"{config_path}: no such run")
-    config = json.loads(config_path.read_text())
+    config = read_run_config(config_path)
+    check_date_option(store, date, run_id)  # a --date that contradicts --run is refused, not ignored
+    _check_run_files(store.run_dir(run_id), run_id)
     day = str(config.get("date") or date or store.resolve_date(None))
 
     results: dict[str, Rows] = {}

@@ -19,26 +19,30 @@ with DuckDB's ``getvariable('name')`` and set with ``SET VARIABLE`` before the q
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import difflib
 import hashlib
 import io
+import json
 import os
 import re
 import shutil
+import sys
 import tempfile
+import threading
 import weakref
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import duckdb
 import pyarrow as pa
 import pyarrow.parquet as pq
 
 from pipeline.errors import RooftraceError
-from pipeline.schemas import load_schema
-from pipeline.store import Store
+from pipeline.schemas import load_schema, not_regular, unreadable
+from pipeline.store import Store, check_date
 
 QUERY_DIR = Path(__file__).with_name("queries")
 
@@ -125,16 +129,90 @@ VIEWS: tuple[ViewSpec, ...] = (
 _RUN_ID = r"regexp_extract(filename, '/runs/([^/]+)/[^/]+$', 1)"
 
 
-def _view_sql(store: Store, spec: ViewSpec) -> str:
+def _per_run(spec: ViewSpec) -> bool:
+    """Whether ``spec``'s files belong to replay runs (runs/<id>/...): a damaged one skips its run."""
+    return spec.glob.startswith("runs/")
+
+
+# --- what the views are built from, checked before DuckDB reads it ------------------------------
+
+
+def check_parquet(path: Path) -> None:
+    """Refuse (SchemaError naming ``path``) a file DuckDB could not open as Parquet: not a regular
+    file, truncated, empty, not Parquet. Reads only the footer."""
+    why = not_regular(path)
+    if why is not None:
+        raise RooftraceError(f"{path}: not a readable Parquet file: {why}")
+    with unreadable(path):
+        pq.read_metadata(path)
+
+
+def read_run_config(path: Path) -> dict[str, Any]:
+    """A run's ``config.json`` as a dict; one RooftraceError naming the file (and the line and
+    column of a JSON error) when it cannot be read or is not a JSON object."""
+    why = not_regular(path)
+    if why is not None:
+        raise RooftraceError(f"{path}: cannot read the run config: {why}")
+    try:
+        doc = json.loads(path.read_bytes())
+    except OSError as exc:
+        raise RooftraceError(f"{path}: cannot read the run config: {exc.strerror or exc}") from None
+    except json.JSONDecodeError as exc:
+        raise RooftraceError(f"{path}: not valid JSON: {exc.msg} (line {exc.lineno}, column {exc.colno})") from None
+    except (UnicodeDecodeError, RecursionError, ValueError) as exc:
+        raise RooftraceError(f"{path}: not valid JSON: {(str(exc).splitlines() or [type(exc).__name__])[0]}") from None
+    if not isinstance(doc, dict):
+        raise RooftraceError(f"{path}: not a run config (a JSON object)")
+    return doc
+
+
+@dataclass
+class _Scan:
+    """The files each view reads: every store-level file checked (a damaged one is an error), and
+    each run's files checked together (a damaged one skips its run, named in ``skipped``)."""
+
+    files: dict[str, list[Path]] = dataclasses.field(default_factory=dict)
+    skipped: dict[str, str] = dataclasses.field(default_factory=dict)  # run id -> why (one line naming the file)
+
+
+def _scan(store: Store) -> _Scan:
+    root = store.root.resolve()
+    scan = _Scan()
+    listed = {spec.name: sorted(root.glob(spec.glob)) for spec in VIEWS}
+    for spec in VIEWS:
+        if _per_run(spec):
+            for f in listed[spec.name]:
+                if f.parent.name in scan.skipped:
+                    continue
+                try:
+                    if spec.kind == "json":
+                        read_run_config(f)
+                    else:
+                        check_parquet(f)
+                except RooftraceError as exc:
+                    scan.skipped[f.parent.name] = str(exc)
+        else:
+            for f in listed[spec.name]:
+                check_parquet(f)  # the store itself is damaged: one error, nothing is built
+            scan.files[spec.name] = listed[spec.name]
+    for spec in VIEWS:
+        if _per_run(spec):
+            scan.files[spec.name] = [f for f in listed[spec.name] if f.parent.name not in scan.skipped]
+    return scan
+
+
+def _view_sql(store: Store, spec: ViewSpec, scan: _Scan | None = None) -> str:
     root = store.root.resolve()
     pattern = root / spec.glob
-    has_files = any(root.glob(spec.glob))
+    files = (scan or _scan(store)).files[spec.name]
+    has_files = bool(files)
     if spec.kind == "json":
         if not has_files:
             return "SELECT CAST(NULL AS VARCHAR) AS run_id, CAST(NULL AS VARCHAR) AS date LIMIT 0"
+        listed = "[" + ", ".join(_lit(f) for f in files) + "]"
         return (
             f"SELECT {_RUN_ID} AS run_id, * EXCLUDE (filename) "
-            f"FROM read_json({_lit(pattern)}, filename=true, union_by_name=true, maximum_object_size=67108864)"
+            f"FROM read_json({listed}, filename=true, union_by_name=true, maximum_object_size=67108864)"
         )
     assert spec.schema is not None
     if not has_files:
@@ -145,13 +223,16 @@ def _view_sql(store: Store, spec: ViewSpec) -> str:
     if spec.kind == "run":
         # One branch per run with a constant run_id: a filter on run_id then prunes every other
         # run's files instead of scanning them all (the warehouse is rebuilt after each replay).
-        files = sorted(root.glob(spec.glob))
         branches = [
             f"SELECT '{f.parent.name}' AS run_id, * FROM read_parquet({_lit(f)})"
             for f in files
             if "'" not in f.parent.name
         ]
+        if not branches:
+            return _empty_view(spec.schema, {"run_id": "VARCHAR"})
         return " UNION ALL BY NAME ".join(branches)
+    if _per_run(spec):  # the runs' files that are not skipped, not every file the glob finds
+        return f"SELECT * FROM read_parquet([{', '.join(_lit(f) for f in files)}], union_by_name=true)"
     return f"SELECT * FROM read_parquet({_lit(pattern)}, union_by_name=true)"
 
 
@@ -190,8 +271,9 @@ def files_key(store: Store) -> str:
     root = store.root.resolve()
     h = hashlib.sha256(str(root).encode())
     for spec in VIEWS:
-        if spec.kind == "run":
-            listed = sorted(str(f.relative_to(root)) for f in root.glob(spec.glob))
+        if _per_run(spec):
+            # every run file with its size and time: a run damaged or repaired in place rebuilds
+            listed = sorted(f"{f.relative_to(root)}\0{_stamp(f)}" for f in root.glob(spec.glob))
             h.update(f"\0{spec.name}:{len(listed)}\0".encode() + "\0".join(listed).encode())
         else:
             h.update(f"\0{spec.name}:{any(root.glob(spec.glob))}".encode())
@@ -202,8 +284,38 @@ def files_key(store: Store) -> str:
     return h.hexdigest()
 
 
-def build_warehouse(store: Store, target: Path | None = None) -> Path:
-    """(Re)build STORE/warehouse.duckdb (or ``target``) atomically; returns its path."""
+def _stamp(path: Path) -> str:
+    try:
+        st = path.stat()
+    except OSError:
+        return "-"
+    return f"{st.st_size}:{st.st_mtime_ns}"
+
+
+#: Warnings already given by this process (a skipped run is named once, not at each connection).
+_WARNED: set[str] = set()
+
+
+def warn_stderr(message: str) -> None:
+    """The default warning sink: one ``warning:`` line on stderr, once per message."""
+    if message in _WARNED:
+        return
+    _WARNED.add(message)
+    print(f"warning: {message}", file=sys.stderr, flush=True)
+
+
+def _skip_warning(run_id: str, why: str) -> str:
+    return f"run {run_id} left out of the warehouse (re-run or delete it): {why}"
+
+
+def build_warehouse(store: Store, target: Path | None = None, warn: Callable[[str], None] | None = warn_stderr) -> Path:
+    """(Re)build STORE/warehouse.duckdb (or ``target``) atomically; returns its path.
+
+    Every file the views read is checked first (its Parquet footer, a run's config.json): a damaged
+    run is left out of every view, with a warning through ``warn`` naming the file, and recorded
+    in the ``warehouse_skipped`` table (:func:`connect` repeats the warning); a damaged
+    store-level file (a requests partition, the manifest, ...) is one RooftraceError naming it."""
+    scan = _scan(store)
     if target is None:
         store.root.mkdir(parents=True, exist_ok=True)
         target = warehouse_path(store)
@@ -217,12 +329,21 @@ def build_warehouse(store: Store, target: Path | None = None) -> Path:
             catalog = hardware_catalog()  # noqa: F841  (read by a statement below)
             key = files_key(store)  # before the views: a file that lands meanwhile rebuilds again
             for spec in VIEWS:
-                con.execute(f'CREATE VIEW "{spec.name}" AS {_view_sql(store, spec)}')
+                try:
+                    con.execute(f'CREATE VIEW "{spec.name}" AS {_view_sql(store, spec, scan)}')
+                except duckdb.Error as exc:  # a file whose footer reads but whose columns do not
+                    raise RooftraceError(
+                        f"{store.root}: cannot build the warehouse view {spec.name!r}: {str(exc).splitlines()[0]}"
+                    ) from None
                 con.execute(f"COMMENT ON VIEW \"{spec.name}\" IS '{spec.doc}'")
             con.execute("CREATE TABLE hardware_catalog AS SELECT * FROM catalog")
             con.execute("COMMENT ON TABLE hardware_catalog IS 'GPU catalog: memory, bandwidth, peaks, price'")
             con.execute("CREATE TABLE warehouse_info AS SELECT ? AS files_key", [key])
             con.execute("COMMENT ON TABLE warehouse_info IS 'what the views were built from (rebuilt when it changes)'")
+            con.execute("CREATE TABLE warehouse_skipped (run_id VARCHAR, reason VARCHAR)")
+            if scan.skipped:
+                con.executemany("INSERT INTO warehouse_skipped VALUES (?, ?)", sorted(scan.skipped.items()))
+            con.execute("COMMENT ON TABLE warehouse_skipped IS 'damaged runs left out of the views, and why'")
         finally:
             con.close()
         os.replace(tmp, target)
@@ -231,6 +352,9 @@ def build_warehouse(store: Store, target: Path | None = None) -> Path:
         tmp.unlink(missing_ok=True)
         Path(str(tmp) + ".wal").unlink(missing_ok=True)
         raise
+    if warn is not None:
+        for run_id, why in sorted(scan.skipped.items()):
+            warn(_skip_warning(run_id, why))
     return target
 
 
@@ -241,11 +365,11 @@ def _current_warehouse(store: Store, private: Path) -> Path:
     if path.exists() and _built_from(path) == files_key(store):
         return path
     try:
-        return build_warehouse(store)
+        return build_warehouse(store, warn=None)  # connect() gives the warnings
     except OSError:  # a store this user may only read: a private warehouse, for this connection
         own = private / "warehouse.duckdb"
         try:
-            return build_warehouse(store, own)
+            return build_warehouse(store, own, warn=None)
         except OSError as exc:
             raise RooftraceError(f"cannot build the warehouse {own}: {exc.strerror or exc}") from None
 
@@ -269,7 +393,7 @@ def require_store(store: Store) -> None:
         raise RooftraceError(f"store {store.root} does not exist (check --store or $ROOFTRACE_STORE)")
 
 
-def connect(store: Store) -> duckdb.DuckDBPyConnection:
+def connect(store: Store, warn: Callable[[str], None] | None = warn_stderr) -> duckdb.DuckDBPyConnection:
     """Open the warehouse read-only in a sandbox (building it first if it does not exist).
 
     The connection is a fresh in-memory DuckDB with the warehouse file attached READ_ONLY (a
@@ -282,12 +406,21 @@ def connect(store: Store) -> duckdb.DuckDBPyConnection:
       are read only under the store root (the views' Parquet and JSON), nothing else is opened;
       extensions cannot be installed or loaded, secrets cannot be stored;
     * ``autoinstall/autoload_known_extensions = false``, no community or unsigned extensions;
+    * ``memory_limit``: the replay's memory limit (``--max-memory`` / ``$ROOFTRACE_MAX_MEMORY``,
+      default half the physical memory; pipeline/limits.py): a query past it fails with one line
+      (:func:`sql_error`) instead of growing until the machine swaps;
     * ``lock_configuration = true``: no later SET, RESET or PRAGMA can change any of it.
+
+    Runs the warehouse left out (damaged files, see :func:`build_warehouse`) are named through
+    ``warn`` at each connection.
 
     DuckDB does not tell reads from writes under an allowed directory, so :func:`run_sql` also
     refuses every statement that is not a query (COPY, EXPORT, ATTACH, SET, ...) before it runs.
     """
+    from pipeline.limits import current_limits
+
     require_store(store)
+    memory_limit = current_limits().max_memory  # a bad $ROOFTRACE_MAX_MEMORY: one error, before any work
     tmp = tempfile.mkdtemp(prefix="rooftrace-duckdb-")
     try:
         path = _current_warehouse(store, Path(tmp))
@@ -300,6 +433,10 @@ def connect(store: Store) -> duckdb.DuckDBPyConnection:
     try:
         con.execute(f"ATTACH {_lit(path.resolve())} AS warehouse (READ_ONLY)")
         con.execute("USE warehouse")
+        with contextlib.suppress(duckdb.CatalogException):
+            for run_id, why in con.execute("SELECT run_id, reason FROM warehouse_skipped ORDER BY run_id").fetchall():
+                if warn is not None:
+                    warn(_skip_warning(str(run_id), str(why)))
         # Applied in this order: temp_directory and allowed_directories can only be set while
         # external access is still on, and lock_configuration comes last (it also refuses the
         # table functions that change settings, such as enable_profiling or enable_logging).
@@ -314,8 +451,10 @@ def connect(store: Store) -> duckdb.DuckDBPyConnection:
             "allow_persistent_secrets": False,
             # No progress bar: stdout carries --json documents and tables.
             "enable_progress_bar": False,
-            "lock_configuration": True,
         }
+        if memory_limit is not None:
+            sandbox["memory_limit"] = f"{memory_limit}B"
+        sandbox["lock_configuration"] = True
         for name, value in sandbox.items():
             con.execute(f"SET {name} = ?", [value])
     except duckdb.Error as exc:
@@ -372,10 +511,12 @@ def get_query(name: str) -> NamedQuery:
 
 
 def latest_run(store: Store, date: str | None = None) -> str | None:
-    """The most recently written run (of ``date`` when given), by its config file's mtime."""
+    """The most recently written run (of ``date`` when given: a YYYY-MM-DD date, matched whole,
+    never as a prefix), by its config file's mtime."""
     configs = list(store.runs_dir.glob("*/config.json")) if store.runs_dir.is_dir() else []
     if date is not None:
-        configs = [c for c in configs if c.parent.name.startswith(f"{date}-")]
+        check_date(date)
+        configs = [c for c in configs if c.parent.name[:11] == f"{date}-"]
     if not configs:
         return None
     return max(configs, key=lambda c: (c.stat().st_mtime_ns, c.parent.name)).parent.name
@@ -409,6 +550,32 @@ def run_ids(store: Store) -> list[str]:
     return sorted(c.parent.name for c in store.runs_dir.glob("*/config.json"))
 
 
+def run_date(store: Store, run_id: str) -> str:
+    """The arrival date a run replayed: its config's ``date`` (run ids begin with it too)."""
+    try:
+        config = read_run_config(store.run_dir(run_id) / "config.json")
+    except RooftraceError:
+        config = {}
+    return str(config.get("date") or run_id[:10])
+
+
+def check_date_option(store: Store, date: str | None, run_id: str | None, query: NamedQuery | None = None) -> None:
+    """``--date`` is a YYYY-MM-DD date (as ``replay --date``), and with ``--run`` the run's own date:
+    a date that contradicts the run is refused, never ignored; so is a ``--date`` given to a
+    ``query`` that takes neither a date nor a run."""
+    if date is None:
+        return
+    check_date(date)
+    if query is not None and not {"date", "run_id"} & {p.rstrip("?") for p in query.params}:
+        takes = ", ".join(query.params) or "none"
+        raise RooftraceError(f"query {query.name!r} takes no --date (its parameters: {takes})")
+    if run_id is not None:
+        check_run_id(store, run_id)
+        own = run_date(store, run_id)
+        if own != date:
+            raise RooftraceError(f"--date {date} contradicts --run {run_id}, a replay of {own} (give one of them)")
+
+
 def check_run_id(store: Store, run_id: str) -> None:
     """Refuse a run id the store does not hold, naming the nearest known ids."""
     known = run_ids(store)
@@ -431,7 +598,8 @@ class Session:
         return self
 
     def __exit__(self, *exc: object) -> None:
-        self.con.close()
+        with contextlib.suppress(duckdb.Error):  # (a query that ignored an interrupt still holds it)
+            self.con.close()
 
     def query(self, name: str, params: Mapping[str, Any] | None = None) -> pa.Table:
         """Run a named query; missing ``run_id``/``date`` default to the latest run and date."""
@@ -439,6 +607,8 @@ class Session:
         query = get_query(name)
         values = dict(params or {})
         names = {p.rstrip("?") for p in query.params}
+        if values.get("date") is not None:
+            check_date(str(values["date"]))  # '2023-11' would match no row, or a prefix
         if "date" in names and values.get("date") is None:
             values["date"] = store.resolve_date(None) if store.dates() else None
         if "run_id" in names and values.get("run_id") is None:
@@ -473,9 +643,63 @@ class Session:
                 raise RooftraceError(f"query {name!r}: {key} {value.encode('utf-8', 'replace')!r} is not UTF-8 text")
             con.execute(f"SET VARIABLE {key} = ?", [value])
         try:
-            return con.sql(query.sql).to_arrow_table()
+            return interruptible(con, lambda: con.sql(query.sql).to_arrow_table())
         except duckdb.Error as exc:
-            raise RooftraceError(f"query {name!r} failed: {str(exc).splitlines()[0]}") from None
+            raise sql_error(exc, f"query {name!r} failed") from None
+
+
+_T = TypeVar("_T")
+
+
+def interruptible(con: duckdb.DuckDBPyConnection, fn: Callable[[], _T]) -> _T:
+    """``fn()`` (a query on ``con``) run so that Ctrl-C stops it: DuckDB does not look at Python's
+    signals while a query runs (a recursive query that never ends could not be stopped), so the
+    query runs in a worker thread while the main thread waits; Ctrl-C there interrupts the query
+    and raises KeyboardInterrupt (the CLI's one line and exit code 130). DuckDB has no statement
+    timeout; this is the way to stop a query (docs/limits.md)."""
+    if threading.current_thread() is not threading.main_thread():
+        return fn()  # signals reach only the main thread
+    box: dict[str, Any] = {}
+    done = threading.Event()  # not Thread.join: a join interrupted by Ctrl-C can mark the thread ended
+
+    def work() -> None:
+        try:
+            box["value"] = fn()
+        except BaseException as exc:  # handed to the caller's thread
+            box["error"] = exc
+        finally:
+            done.set()
+
+    threading.Thread(target=work, name="rooftrace-duckdb-query", daemon=True).start()
+    try:
+        while not done.wait(0.2):
+            pass
+    except KeyboardInterrupt:
+        con.interrupt()
+        done.wait(10)  # the query stops at once; then the connection can be closed
+        raise
+    if "error" in box:
+        raise box["error"]
+    return box["value"]  # type: ignore[no-any-return]
+
+
+def sql_error(exc: duckdb.Error, what: str) -> BaseException:
+    """A DuckDB error as one line: an interrupt (Ctrl-C) as KeyboardInterrupt (the CLI exits 130),
+    running out of the warehouse's memory limit as what to do about it."""
+    first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+    if isinstance(exc, duckdb.InterruptException):
+        return KeyboardInterrupt()
+    if isinstance(exc, duckdb.OutOfMemoryException):
+        from pipeline.defaults import MAX_MEMORY_ENV
+        from pipeline.limits import current_limits, format_bytes
+
+        limits = current_limits()
+        limit = "no" if limits.max_memory is None else f"{format_bytes(limits.max_memory)} ({limits.memory_origin})"
+        return RooftraceError(
+            f"{what}: out of memory: the query needs more than the warehouse's {limit} memory limit; "
+            f"aggregate or add a LIMIT, or raise ${MAX_MEMORY_ENV} ({first})"
+        )
+    return RooftraceError(f"{what}: {first}")
 
 
 def _is_utf8(text: str) -> bool:
@@ -525,15 +749,16 @@ def run_sql(store: Store, sql: str) -> pa.Table:
     con = connect(store)
     try:
         check_read_only_sql(con, sql)
-        return con.sql(sql).to_arrow_table()
+        return interruptible(con, lambda: con.sql(sql).to_arrow_table())
     except duckdb.PermissionException as exc:
         raise RooftraceError(
             f"SQL refused: {str(exc).splitlines()[0]} (the warehouse reads only the store {store.root})"
         ) from None
     except duckdb.Error as exc:
-        raise RooftraceError(f"SQL failed: {str(exc).splitlines()[0]}") from None
+        raise sql_error(exc, "SQL failed") from None
     finally:
-        con.close()
+        with contextlib.suppress(duckdb.Error):  # (a query that ignored an interrupt still holds it)
+            con.close()
 
 
 # --------------------------------------------------------------------------------------------

@@ -222,9 +222,11 @@ def test_normal_queries_still_work(wh: tuple[Store, str], unchanged: None) -> No
 def test_query_parameters_are_values_not_sql(wh: tuple[Store, str], unchanged: None) -> None:
     store, _ = wh
     evil = f"2024-01-01'; COPY (SELECT 1 AS a) TO '{store.root.resolve()}/manifest.parquet'; --"
-    res = cli("query", "token_totals", "--date", evil, "--store", str(store.root), "--format", "json")
+    # a date is checked before any SQL runs (and the store is left unchanged: the fixture)
+    assert_refused(cli("query", "token_totals", "--date", evil, "--store", str(store.root)), "is not YYYY-MM-DD")
+    res = cli("query", "token_totals", "--date", "1999-01-01", "--store", str(store.root), "--format", "json")
     assert res.exit_code == 0, res.stderr
-    assert [r["requests"] for r in json.loads(res.stdout)] == [0]  # a date that matches nothing
+    assert [r["requests"] for r in json.loads(res.stdout)] == [0]  # bound as a value: matches nothing
 
 
 def test_query_name_is_not_a_path(wh: tuple[Store, str], tmp_path: Path, unchanged: None) -> None:

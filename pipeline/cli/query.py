@@ -50,6 +50,7 @@ def query(
     from pipeline.tables import table_to_json
     from pipeline.warehouse import (
         STDOUT,
+        check_date_option,
         check_out_path,
         check_run_option,
         get_query,
@@ -78,6 +79,7 @@ def query(
     values: dict[str, object] = {"run_id": run_id, "date": date}
     values |= run(lambda: parse_params(named, params))
     run(lambda: require_store(store))
+    run(lambda: check_date_option(store, date, run_id, named))
     if out != STDOUT:
         run(lambda: check_out_path(store, out))
     if rebuild:

@@ -41,6 +41,7 @@ def report(
 
     Example: rooftrace report --png reports/png
     """
+    from pipeline.errors import RooftraceError
     from pipeline.nightly import build_index
     from pipeline.project import default_reports_dir
     from pipeline.report import ReportResult, build_report
@@ -51,7 +52,10 @@ def report(
     def work() -> ReportResult:
         res = build_report(store, run_id, date, out, png_dir, None if out is not None else rdir)
         if out is None:
-            build_index(rdir, store.cache_dir)
+            try:
+                build_index(rdir, store.cache_dir)
+            except OSError as exc:
+                raise RooftraceError(f"cannot write the reports index in {rdir}: {exc.strerror or exc}") from None
         return res
 
     res = run(work)

@@ -30,6 +30,9 @@ def sql(query: str, fmt: str, out: Path | None, as_json: bool, store_path: str |
     under the store: COPY, EXPORT, ATTACH, INSTALL/LOAD, SET/RESET/PRAGMA and reads of other
     files are refused. In CSV output, nested values (structs, lists, maps) are JSON text.
 
+    DuckDB may use at most the replay's memory limit ($ROOFTRACE_MAX_MEMORY, default half the
+    physical memory); a query past it fails with one line. Ctrl-C stops a query (exit code 130).
+
     The table format shows control characters in the data as escapes (\\x1b) and prints at most
     1,000 rows (a note on stderr says how many more; --format csv or json give all). --out -
     writes to stdout.
