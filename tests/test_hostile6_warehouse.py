@@ -41,6 +41,9 @@ def two_runs(replayed_store: tuple[Store, str], tmp_path: Path) -> tuple[Store, 
     src, run_id = replayed_store
     store = Store(tmp_path / "store")
     shutil.copytree(src.root, store.root, ignore=shutil.ignore_patterns("warehouse.duckdb*"))
+    for run in store.runs_dir.iterdir():  # other tests may have added runs to the shared store
+        if run.name != run_id:
+            shutil.rmtree(run) if run.is_dir() else run.unlink()
     other = f"{run_id}-{COPY}"
     shutil.copytree(store.runs_dir / run_id, store.runs_dir / other)
     return store, run_id, other
