@@ -1015,7 +1015,10 @@ def what_if_options(config: dict[str, Any]) -> dict[str, Any]:
     o = config.get("options") or {}
     out: dict[str, Any] = {}
     rate = o.get("rate_scale")
-    if rate is not None and float(rate) != 1.0:
+    open_loop = not o.get("offline") and o.get("concurrency") is None
+    # a closed loop or an offline batch ignores the arrivals' rate (runs from before that pairing
+    # was refused can still record one): not shown as a what-if there
+    if open_loop and isinstance(rate, int | float) and not isinstance(rate, bool) and float(rate) != 1.0:
         out["rate_scale"] = rate
     for key in ("replicas", "concurrency"):
         if o.get(key) is not None:

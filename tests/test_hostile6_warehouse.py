@@ -184,3 +184,16 @@ def test_f_ctrl_c_stops_a_query_that_never_ends(two_runs: tuple[Store, str, str]
         timer.cancel()
     assert res.exit_code == 130, (res.stderr, res.exception)
     assert res.stderr.strip().splitlines()[-1] == "interrupted (Ctrl-C)" and "Traceback" not in res.stderr
+
+
+def test_what_if_shows_no_rate_scale_a_closed_loop_or_offline_batch_ignored() -> None:
+    from pipeline.report import options_text, what_if_options
+
+    def opts(**o: object) -> dict[str, object]:
+        return what_if_options({"options": o})
+
+    assert opts(rate_scale=3.0) == {"rate_scale": 3.0}
+    assert options_text(opts(rate_scale=3.0, replicas=4)) == "rate scale 3, replicas 4"
+    assert opts(rate_scale=3.0, concurrency=5) == {"concurrency": 5}
+    assert opts(rate_scale=0.001, offline=True) == {"offline": True}
+    assert opts(rate_scale="x") == {} and opts(rate_scale=1.0) == {}
