@@ -39,7 +39,7 @@ from pipeline.slo import day_projection, traffic_span
 from pipeline.steps import StepBatch
 from pipeline.store import Store
 from pipeline.tomlfile import read_toml
-from pipeline.warehouse import latest_run
+from pipeline.warehouse import latest_run, read_run_config
 
 PRICES_DIR = Path(__file__).resolve().parent / "catalog" / "prices"
 
@@ -479,26 +479,6 @@ def _run_fleet(config: Mapping[str, Any], origin: str) -> tuple[ResolvedFleet, s
     if isinstance(entries, dict) and all(isinstance(entries.get(k), str) and entries[k] for k in ("hardware", "model")):
         return resolve(cfg, origin, entries), "the run's recorded catalog entries"
     return resolve(cfg, origin), "today's catalog (the run did not record its entries)"
-
-
-def read_run_config(path: Path) -> dict[str, Any]:
-    """A run's ``config.json``: one error line naming the file (and the line and column of a
-    syntax error) when it cannot be read or is not a JSON object."""
-    try:
-        text = path.read_text(encoding="utf-8")
-    except UnicodeDecodeError as exc:
-        raise RooftraceError(f"{path}: not UTF-8 text (byte {exc.start})") from None
-    except OSError as exc:
-        raise RooftraceError(f"{path}: cannot be read ({exc.strerror or exc})") from None
-    try:
-        config = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise RooftraceError(f"{path}: not valid JSON: {exc.msg} (line {exc.lineno}, column {exc.colno})") from None
-    except RecursionError:
-        raise RooftraceError(f"{path}: not valid JSON: nested too deeply") from None
-    if not isinstance(config, dict):
-        raise RooftraceError(f"{path}: must hold a JSON object, got {type(config).__name__}")
-    return config
 
 
 #: Highest $/GPU-hour override accepted: far above any real price, low enough that every $ figure

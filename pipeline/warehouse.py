@@ -162,7 +162,7 @@ def read_run_config(path: Path) -> dict[str, Any]:
     except (UnicodeDecodeError, RecursionError, ValueError) as exc:
         raise RooftraceError(f"{path}: not valid JSON: {(str(exc).splitlines() or [type(exc).__name__])[0]}") from None
     if not isinstance(doc, dict):
-        raise RooftraceError(f"{path}: not a run config (a JSON object)")
+        raise RooftraceError(f"{path}: not a run config: must hold a JSON object, got {type(doc).__name__}")
     return doc
 
 

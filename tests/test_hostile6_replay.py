@@ -12,9 +12,9 @@ from typing import Any
 
 import numpy as np
 import pytest
-from click.testing import CliRunner
+from cli_checks import invoke as _invoke
+from cli_checks import one_error_line as _one_error_line
 
-from pipeline.cli import main
 from pipeline.cost import run_cost
 from pipeline.errors import ConfigError, RooftraceError
 from pipeline.fleet import MIN_EFFICIENCY, fleet_from_dict, load_fleet, resolve
@@ -43,18 +43,6 @@ def _partial(path: Path) -> bool:
 
 
 PARTIAL = [p for p in FLEETS if _partial(p)]
-
-
-def _invoke(args: list[str]) -> Any:
-    return CliRunner().invoke(main, args, catch_exceptions=False)
-
-
-def _one_error_line(stderr: str) -> str:
-    lines = [ln for ln in stderr.splitlines() if ln.strip()]
-    errors = [ln for ln in lines if ln.startswith("error:")]
-    assert len(errors) == 1, stderr
-    assert "Traceback" not in stderr
-    return errors[0]
 
 
 @pytest.fixture(scope="module")

@@ -17,9 +17,9 @@ from typing import Any
 
 import numpy as np
 import pytest
-from click.testing import CliRunner
+from cli_checks import invoke as _invoke
+from cli_checks import one_error_line as _one_error_line
 
-from pipeline.cli import main
 from pipeline.errors import ConfigError, RooftraceError
 from pipeline.fleet import parse_fleet
 from pipeline.limits import (
@@ -61,18 +61,6 @@ def small(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     store = Store(root / "work" / "deep" / "store")
     ingest_logs([log], store)
     return {"root": root, "store": store, "log": log}
-
-
-def _invoke(args: list[str]) -> Any:
-    return CliRunner().invoke(main, args, catch_exceptions=False)
-
-
-def _one_error_line(stderr: str) -> str:
-    lines = [ln for ln in stderr.splitlines() if ln.strip()]
-    errors = [ln for ln in lines if ln.startswith("error:")]
-    assert len(errors) == 1, stderr
-    assert "Traceback" not in stderr
-    return errors[0]
 
 
 # -- A. paths built from data are confined --------------------------------------------------------
