@@ -14,7 +14,7 @@ continuous-batching engine whose settings carry vLLM's names and defaults::
     replicas = 2
     router = "round_robin"          # least_outstanding | session_affinity | prefix_affinity
     router_pod_size = 0             # > 0: a load balancer over pods of this many replicas
-    cost_model = "auto"             # measured profile when the GPU has one | measured | roofline
+    cost_model = "auto"             # profile, else the size-aware prior | measured | prior | roofline
 
     [engine]
     max_num_seqs = 256
@@ -329,8 +329,8 @@ def parse_fleet(data: dict[str, Any], origin: str) -> FleetConfig:
     slo = _parse_slo_table(data["slo"], f"{origin} [slo]") if "slo" in data else None
     top = {k: v for k, v in data.items() if k not in ("engine", "calibration", "slo")}
     cfg = FleetConfig(engine=engine, calibration=calibration, slo=slo, **top)
-    if cfg.cost_model not in ("auto", "measured", "roofline"):
-        raise ConfigError(f"{origin}: cost_model {cfg.cost_model!r} unknown; choose auto, measured or roofline")
+    if cfg.cost_model not in ("auto", "measured", "prior", "roofline"):
+        raise ConfigError(f"{origin}: cost_model {cfg.cost_model!r} unknown; choose auto, measured, prior or roofline")
     if cfg.router not in ROUTERS:
         raise ConfigError(f"{origin}: router {cfg.router!r} unknown; choose one of {list(ROUTERS)}")
     for key in ("replicas", "tp", "pp", "ep", "dp"):

@@ -373,7 +373,10 @@ def _steps_table(cols: dict[str, npt.NDArray[Any]], fleet: ResolvedFleet, cost_s
     table["binding"] = _labels(np.argmax(parts, axis=0), BINDING_NAMES)
     duration = np.asarray(cols["end_s"], np.float64) - np.asarray(cols["start_s"], np.float64)
     measured = np.asarray(cols["measured_s"], np.float64)
-    table["cost_source"] = _labels(measured > 0.5 * duration, (cost_source, "measured"))
+    # the prior's synthetic tables fill the measured column too: its steps are "prior" throughout
+    table["cost_source"] = _labels(
+        measured > 0.5 * duration, (cost_source, "prior" if cost_source == "prior" else "measured")
+    )
     return pa.table(table)
 
 
@@ -649,9 +652,12 @@ def _cost_summary(run: ReplayRun, sums: StepSums) -> dict[str, Any]:
     """Which tier costed the run: the cost model's own description and the share of busy time
     that came from measured tables."""
     busy = sums.busy_s
+    share = min(1.0, sums.measured_s / busy) if busy > 0 else 0.0
+    prior = run.cost_source == "prior"  # the prior's synthetic tables fill the measured column
     return {
         "source": run.cost_source,
-        "measured_share_of_busy_time": min(1.0, sums.measured_s / busy) if busy > 0 else 0.0,
+        "measured_share_of_busy_time": 0.0 if prior else share,
+        **({"prior_share_of_busy_time": share} if prior else {}),
         **(run.cost_describe or {}),
     }
 

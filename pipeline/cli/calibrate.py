@@ -30,8 +30,10 @@ def calibrate_cmd(measurements: str, hardware: str | None, out: str | None, as_j
     """Build measured GPU profiles from operator tables, or fit one GPU's roofline factors.
 
     With AIConfigurator / LLMServingSim sets: writes pipeline/catalog/profiles/<gpu>/ (the rows,
-    and profile.toml with their sources, selection, fitted values and held-out errors); replays
-    then price steps from the GPU's profile by default (FLEET.toml cost_model).
+    and profile.toml with their sources, selection, fitted values and held-out errors), then fits
+    the size-aware roofline prior on every profile there (prior.toml, each GPU held out once);
+    replays price steps from the GPU's profile by default, from the prior on an NVIDIA GPU without
+    one (FLEET.toml cost_model).
 
     Example: rooftrace calibrate --measurements path/to/measurements --hardware h100-sxm
     Example: rooftrace calibrate --measurements perf_model.csv --hardware h100-sxm --out h100-splitwise.toml
@@ -106,12 +108,26 @@ def _calibrate_profiles(source: Path, hardware: str | None, out: str | None, as_
         raise RooftraceError(f"{source}: no GPU{' ' + hardware if hardware else ''} found in the measurements{why}")
     doc = [{"gpu": b.gpu, "folder": str(b.folder), "rows": b.rows, "heldout": b.heldout} for b in built]
     progress(f"wrote {len(built)} profile(s) under {target}")
+    from pipeline.profile.prior import write_prior
+
+    progress("fitting the size-aware roofline prior on every profile there (leave one GPU out)")
+    prior = write_prior(target)
+    if prior is not None:
+        progress(f"wrote {prior[0]}")
     _report_skipped(skipped)
     for note in dict.fromkeys(notes):
         progress(f"note: {note}")
     if as_json:
         emit_json(
-            json_safe({"profiles": doc, "skipped": list(dict.fromkeys(skipped)), "notes": list(dict.fromkeys(notes))})
+            json_safe(
+                {
+                    "profiles": doc,
+                    "prior": str(prior[0]) if prior is not None else None,
+                    "prior_leave_one_gpu_out": prior[1].to_dicts() if prior is not None else [],
+                    "skipped": list(dict.fromkeys(skipped)),
+                    "notes": list(dict.fromkeys(notes)),
+                }
+            )
         )
         return
     for b in built:

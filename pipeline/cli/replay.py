@@ -75,7 +75,8 @@ def replay_cmd(
     as_json: bool,
 ) -> None:
     """Replay requests through vLLM-v1 scheduling on a fleet of replicas, each step priced from the GPU's
-    measured profile where the catalog has one, else the roofline; failures first, then latencies.
+    measured profile where the catalog has one, else a roofline prior fitted on the measured GPUs; failures first,
+    then latencies.
 
     Writes STORE/runs/<run_id>/ with config.json and requests, steps and series Parquet.
     Refuses, before it starts, a replay estimated to need more memory than --max-memory or whose

@@ -45,6 +45,35 @@ def refuse_empty(option: str, value: str | None, example: str) -> None:
         raise RooftraceError(f"{option}: the path is empty (name one, e.g. {option} {example})")
 
 
+def _prior_check(hardware: str | None) -> tuple[Any, Any]:
+    """The size-aware prior's leave-one-GPU-out check on the catalog's profiles (operator rows
+    and whole steps), for one GPU when ``hardware`` is given."""
+    import polars as pl
+
+    from pipeline.profile.prior import heldout_steps, leave_one_gpu_out, load_prior, measured_rows
+
+    progress("judging the size-aware prior: each profiled GPU predicted from the others")
+    rows = measured_rows()
+    prior = load_prior()
+    loo = leave_one_gpu_out(rows)
+    steps = heldout_steps(rows, prior.used if prior is not None else None, only=hardware)
+    if hardware is not None and loo.height:
+        loo = loo.filter(pl.col("gpu") == hardware)
+    return loo, steps
+
+
+def _step_summary(steps: Any) -> Any:
+    import polars as pl
+
+    return steps.group_by("gpu", "model", maintain_order=True).agg(
+        pl.len().alias("steps"),
+        pl.col("prior_error").abs().median().alias("prior_median"),
+        pl.col("prior_error").abs().quantile(0.9).alias("prior_p90"),
+        pl.col("roofline_error").abs().median().alias("roofline_median"),
+        pl.col("roofline_error").abs().quantile(0.9).alias("roofline_p90"),
+    )
+
+
 @click.command("validate")
 @click.option(
     "--measurements",
@@ -96,6 +125,18 @@ def validate_cmd(measurements: str | None, hardware: str | None, store_path: str
                                          "profile_heldout")  # fmt: skip
                 doc["files"].append(str(path))
                 doc["profile_heldout"] = profile.to_dicts()
+        prior_loo = prior_steps = None
+        # The prior is judged on the catalog's profiles: when these measurements are sets of
+        # several GPUs (the public sets they were built from), not a user's table of one GPU.
+        if profile is not None and profile.height and profile["gpu"].n_unique() >= 2:
+            prior_loo, prior_steps = _prior_check(hardware)
+            with store.lock():
+                for name, frame in (("prior_heldout", prior_loo), ("prior_steps", prior_steps)):
+                    if frame.height:
+                        path = write_parquet(frame.to_arrow(), store.validation_dir / f"{name}.parquet", name)
+                        doc["files"].append(str(path))
+            doc["prior_heldout"] = prior_loo.to_dicts()
+            doc["prior_steps"] = prior_steps.to_dicts()
         try:
             legacy_files = discover(source)
         except UnreadableMeasurements:
@@ -138,6 +179,27 @@ def validate_cmd(measurements: str | None, hardware: str | None, store_path: str
                 click.echo(
                     f"{r['gpu']:14s} {r['check']:45s} {r['token_range']:7s} {r['rows']:7d} {_pct(r['median_abs'])} "
                     f"{_pct(r['p90_abs'])} {r['median_signed']:+7.1%}  {'met' if r['meets'] else 'MISSED'}"
+                )
+        if prior_loo is not None and prior_loo.height:
+            click.echo(
+                "size-aware roofline prior (GPUs without a profile), each GPU predicted from the others' profiles:"
+            )
+            click.echo(f"{'gpu':14s} {'family':16s} {'tokens':7s} {'N':>7s} {'median':>7s} {'p90':>7s} {'bias':>7s}  "
+                       f"{'plain roofline: median':>22s} {'p90':>7s}")  # fmt: skip
+            for r in prior_loo.iter_rows(named=True):
+                click.echo(
+                    f"{r['gpu']:14s} {r['family']:16s} {r['tokens']:7s} {r['rows']:7d} {_pct(r['median_abs_error'])} "
+                    f"{_pct(r['p90_abs_error'])} {r['bias']:+7.1%}  {_pct(r['roofline_median_abs_error']):>22s} "
+                    f"{_pct(r['roofline_p90_abs_error'])}"
+                )
+        if prior_steps is not None and prior_steps.height:
+            click.echo("whole steps (decode, prefill, mixed; bf16) against the GPU's measured profile, GPU held out:")
+            click.echo(f"{'gpu':14s} {'model':14s} {'steps':>5s} {'prior median':>13s} {'p90':>7s} "
+                       f"{'plain roofline median':>22s} {'p90':>7s}")  # fmt: skip
+            for r in _step_summary(prior_steps).iter_rows(named=True):
+                click.echo(
+                    f"{r['gpu']:14s} {r['model']:14s} {r['steps']:5d} {_pct(r['prior_median']):>13s} "
+                    f"{_pct(r['prior_p90'])} {_pct(r['roofline_median']):>22s} {_pct(r['roofline_p90'])}"
                 )
         if report is not None:
             click.echo("roofline tier (Vidur, Splitwise):")

@@ -376,8 +376,10 @@ def measured_cost(
     max_tokens: int = 16384,
     max_num_seqs: int = 256,
     overhead_s: float | None = None,
+    tier: str = "measured",
 ) -> TabulatedCost:
-    """The deployment's step cost from its GPU's profile (module doc)."""
+    """The deployment's step cost from its GPU's profile (module doc); ``tier = "prior"`` when
+    ``prof`` is the size-aware prior's synthetic profile (pipeline/profile/prior.py)."""
     m, hw = dep.model, dep.hardware
     max_tokens = table_size(max_tokens)
     tok, logit, cov = measured_tables(dep, prof, max_tokens, max_num_seqs)
@@ -411,11 +413,15 @@ def measured_cost(
         peak_gpu=hw.peak_for(dep.compute_dtype),
         bw_gpu=hw.memory_bandwidth_bytes_per_s,
     )
+    cov_desc = cov.as_dict()
+    if tier == "prior":  # the synthetic profile's "measured" tables are the prior's curves
+        cov_desc = {k: v.replace("measured", "prior") for k, v in cov_desc.items()}
+        attention = attention.replace("measured", "prior")
     describe: dict[str, Any] = {
-        "tier": "measured",
+        "tier": tier,
         "profile": prof.gpu,
         "stack": dict(prof.meta.stack),
-        **cov.as_dict(),
+        **cov_desc,
         "attention": attention,
         "host_step_s": HOST_STEP_S,
         "cuda_graph_max_tokens": int(capture_sizes(max_num_seqs)[-1]),
@@ -433,13 +439,49 @@ def measured_cost(
         prefill_grid=grid_arrays(pgrid if measured_attn else None),
         mixed_ratio=flat_ratio_grid(mixed[0] if mixed is not None else None),
         scalars=sc,
-        source="measured",
+        source=tier,
         describe=describe,
-        extend=lambda t: measured_cost(dep, prof, max(t, 2 * max_tokens), max_num_seqs, overhead_s),
+        extend=lambda t: measured_cost(dep, prof, max(t, 2 * max_tokens), max_num_seqs, overhead_s, tier),
     )
 
 
-COST_MODELS = ("auto", "measured", "roofline")
+COST_MODELS = ("auto", "measured", "prior", "roofline")
+
+
+def gemm_shapes(dep: Deployment) -> list[tuple[int, int]]:
+    """(n, k) of every plain GEMM of ``dep`` on one TP shard, the LM head's included."""
+    names = (
+        "attn_pre_proj",
+        "attn_post_proj",
+        "mlp_up_proj",
+        "mlp_down_proj",
+        "moe_router",
+        "moe_shared_up_proj",
+        "moe_shared_down_proj",
+    )
+    out = {(dep.model.vocab_size // dep.tp, dep.model.hidden_size)}
+    for name in names:
+        shape = _gemm_shape(dep, name)
+        if shape is not None and shape[0] > 0 and shape[1] > 0:
+            out.add((shape[0], shape[1]))
+    return sorted(out)
+
+
+def prior_cost(
+    dep: Deployment,
+    max_tokens: int = 16384,
+    max_num_seqs: int = 256,
+    overhead_s: float | None = None,
+) -> TabulatedCost | None:
+    """The deployment's step cost from the size-aware roofline prior (pipeline/profile/prior.py),
+    or None when the catalog has no prior."""
+    from pipeline.profile.prior import load_prior, prior_profile
+
+    prior = load_prior()
+    if prior is None:
+        return None
+    prof = prior_profile(dep.hardware, dep, prior, gemm_shapes(dep))
+    return measured_cost(dep, prof, max_tokens, max_num_seqs, overhead_s, tier="prior")
 
 
 def step_cost_for(
@@ -450,17 +492,27 @@ def step_cost_for(
     overhead_s: float | None = None,
 ) -> TabulatedCost:
     """The step cost of ``dep``: its GPU's measured profile when the catalog has one (``auto``
-    or ``measured``), else the roofline with the catalog's factors."""
+    or ``measured``); else, for ``auto`` on an NVIDIA GPU or ``prior`` anywhere, the size-aware
+    roofline prior fitted on the measured GPUs; else the roofline with the catalog's factors."""
+    from pipeline.profile.prior import PRIOR_VENDORS
     from pipeline.roofline import fast_step_cost
 
     if cost_model not in COST_MODELS:
         raise ConfigError(f"cost_model must be one of {list(COST_MODELS)}, got {cost_model!r}")
-    prof = load_profile(dep.hardware.name) if cost_model != "roofline" else None
+    prof = load_profile(dep.hardware.name) if cost_model in ("auto", "measured") else None
     if prof is None:
         if cost_model == "measured":
             from pipeline.profile.tables import no_profile_message
 
             raise ConfigError(no_profile_message(dep.hardware.name))
+        if cost_model == "prior" or (cost_model == "auto" and dep.hardware.vendor.lower() in PRIOR_VENDORS):
+            got = prior_cost(dep, max_tokens, max_num_seqs, overhead_s)
+            if got is not None:
+                return got
+            if cost_model == "prior":
+                raise ConfigError(
+                    "cost_model = 'prior' but the catalog has no prior (pipeline/catalog/profiles/prior.toml)"
+                )
         if overhead_s is not None:
             dep = replace(dep, step_overhead_s=overhead_s)
         return fast_step_cost(dep, max(max_tokens, 1024))  # type: ignore[no-any-return]

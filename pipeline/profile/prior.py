@@ -1,0 +1,686 @@
+"""The size-aware roofline prior: what a GPU without a measured profile is priced with.
+
+A GPU's measured tables (tier 1) say how long each operator takes there. A GPU nobody measured
+still has a datasheet — peak FLOP/s per dtype and memory bandwidth — and the measured GPUs say
+how far real vLLM kernels stay from those roofs as a function of size. The prior is that
+function, fitted per operator family over every measured GPU at once:
+
+    t = floor + ((t_c / compute_eff) ** q + (t_m / memory_eff) ** q) ** (1 / q)
+
+where ``t_c`` = FLOPs / peak and ``t_m`` = bytes / bandwidth are the operator's ideal compute and
+memory times on the GPU in question (datasheet roofs, no efficiency factor), ``floor`` is the
+launch / latency time of the smallest call, and ``q`` blends the two roofs (q → ∞ is the plain
+``max`` of the roofline; a finite q makes the time grow smoothly through the ridge point, where
+neither roof is reached — tile and wave quantisation, pipeline fill). Four numbers per family,
+fitted by least squares on log(predicted / measured) (soft-L1, scale 0.1) with every GPU weighted
+equally, on these rows of the catalog's measured profiles:
+
+=====================  ==========================================================================
+family                 rows (per measured GPU)                       t_c, t_m
+=====================  ==========================================================================
+``gemm:<dtype>``       GEMMs with n, k ≥ 128 (LLM layer shapes)       2mnk / peak(dtype);
+                                                                      (mk + kn)·b + 2mn bytes
+``attn_decode``        decode attention, every head shape, KV dtype  4·B·ctx·nq·d / peak(bf16);
+                                                                      B·ctx·2·nkv·d·b_kv + 4·B·nq·d
+``attn_prefill``       prefill attention (causal, no cached prefix)  2·B·s(s+1)·nq·d / peak(bf16);
+                                                                      B·s·(2nq + 2nkv)·d·2
+``moe:<dtype>``        fused MoE, ``power_law_1.01`` routing          6·T·k·h·i / peak(dtype);
+                                                                      touched experts' weights + I/O
+=====================  ==========================================================================
+
+(b = bytes per weight element of the dtype, b_kv per KV element; i = the expert's intermediate
+size on one TP shard; touched experts = E_r·(1 − (1 − k/E)^T) of the E_r = E / ep experts on the
+rank, uniform routing's expectation.) The fitted values and the leave-one-GPU-out check — every
+measured GPU predicted from a prior fitted on the others — are written to
+``pipeline/catalog/profiles/prior.toml`` by ``rooftrace calibrate --measurements`` and printed by
+``rooftrace validate``; docs/validation.md has the table.
+
+At replay time the prior is evaluated on the deployment's own shapes (its GEMMs, head shape and
+expert shape) over a dense size grid and handed to the measured cost model as a synthetic
+profile (:func:`prior_profile`), so CUDA-graph padding, eager launch cost, asynchronous host
+overlap and the choice of all-reduce apply exactly as on a measured GPU; collectives, norms and
+the sampler keep the roofline / fitted rules (there is no table of an unmeasured GPU's link).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from functools import cache
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import polars as pl
+
+from pipeline.catalog import HardwareSpec, load_hardware
+from pipeline.errors import ConfigError
+from pipeline.profile.interp import FloatArray
+from pipeline.profile.tables import PROFILES_DIR, Profile, ProfileMeta, list_profiles, load_profile, load_profile_dir
+from pipeline.tomlfile import read_toml
+
+#: An array of sizes, or one size.
+Sizes = FloatArray | float | int
+#: Where the fitted prior lives in the catalog (beside the measured profiles' folders).
+PRIOR_PATH = PROFILES_DIR / "prior.toml"
+#: Bytes per element of each table dtype, and the datasheet peak that prices its math.
+DTYPE_BYTES = {"bf16": 2.0, "fp16": 2.0, "fp8": 1.0, "fp8-block": 1.0, "nvfp4": 0.5, "mxfp4": 0.5}
+PEAK_KEY = {"bf16": "bf16", "fp16": "bf16", "fp8": "fp8", "fp8-block": "fp8", "nvfp4": "fp4", "mxfp4": "fp4"}
+KV_BYTES = {"bf16": 2.0, "fp16": 2.0, "fp8": 1.0}
+#: GEMMs smaller than this in n or k are not LLM layer shapes (the sweeps start at 32).
+MIN_GEMM_DIM = 128
+#: The MoE tables' routing the prior is fitted on (the one the measured cost model prefers).
+MOE_ROUTING = "power_law_1.01"
+#: A family is fitted only when at least this many GPUs measured it (so that each can be
+#: predicted from the others).
+MIN_GPUS = 2
+#: At most this many rows per GPU and family enter a fit (an even-spaced deterministic sample of
+#: the rows in table order): the curves have four parameters, and 30,000-row sweeps would
+#: otherwise make every fit — and the leave-one-GPU-out check, one fit per GPU — minutes long.
+FIT_ROWS_PER_GPU = 3000
+#: Soft-L1 scale of the fit, on log(predicted / measured): as the calibration fits.
+LOSS_SCALE = 0.1
+#: Bounds of the four parameters.
+FLOOR_BOUNDS = (1e-7, 1e-3)
+EFF_BOUNDS = (0.01, 1.0)
+BLEND_BOUNDS = (1.0, 20.0)
+#: Vendors whose GPUs the prior applies to under ``cost_model = "auto"``: it is fitted on CUDA
+#: kernels (vLLM on NVIDIA GPUs); other vendors keep the plain roofline unless asked.
+PRIOR_VENDORS = frozenset({"nvidia"})
+
+
+@dataclass(frozen=True)
+class PriorCurve:
+    """One family's fitted curve (module doc)."""
+
+    floor_s: float
+    compute_eff: float
+    memory_eff: float
+    blend: float
+
+    def time(self, t_c: FloatArray, t_m: FloatArray) -> FloatArray:
+        q = self.blend
+        # scaled to the larger term before the power: no overflow at q up to 20
+        a = np.asarray(t_c, np.float64) / self.compute_eff
+        b = np.asarray(t_m, np.float64) / self.memory_eff
+        hi = np.maximum(np.maximum(a, b), 1e-300)
+        body = hi * ((a / hi) ** q + (b / hi) ** q) ** (1.0 / q)
+        return np.asarray(self.floor_s + np.where((a > 0) | (b > 0), body, 0.0))
+
+    def as_dict(self) -> dict[str, float]:
+        return {
+            "floor_s": self.floor_s,
+            "compute_eff": self.compute_eff,
+            "memory_eff": self.memory_eff,
+            "blend": self.blend,
+        }
+
+
+# ---------------------------------------------------------------------------- roofline terms
+
+
+def _peak(hw: HardwareSpec, dtype: str) -> float | None:
+    key = PEAK_KEY.get(dtype, dtype)
+    value = hw.peak_flops_per_s.get(key)
+    return float(value) if value else None
+
+
+def gemm_terms(hw: HardwareSpec, dtype: str, m: Sizes, n: Sizes, k: Sizes) -> tuple[FloatArray, FloatArray]:
+    """(t_c, t_m) of GEMMs [m, k] × [k, n] in ``dtype`` on ``hw`` (16-bit output)."""
+    peak = _peak(hw, dtype)
+    if peak is None:
+        raise ValueError(f"{hw.name} has no {PEAK_KEY.get(dtype, dtype)} peak")
+    m, n, k = (np.asarray(v, np.float64) for v in (m, n, k))
+    b = DTYPE_BYTES[dtype]
+    t_c = 2.0 * m * n * k / peak
+    t_m = ((m * k + k * n) * b + 2.0 * m * n) / hw.memory_bandwidth_bytes_per_s
+    return t_c, t_m
+
+
+def decode_terms(
+    hw: HardwareSpec, kv_dtype: str, batch: Sizes, ctx: Sizes, nq: Sizes, nkv: Sizes, d: Sizes
+) -> tuple[FloatArray, FloatArray]:
+    """(t_c, t_m) of one decode-attention call: ``batch`` queries over ``ctx`` cached tokens."""
+    b, c, q, kv, hd = (np.asarray(v, np.float64) for v in (batch, ctx, nq, nkv, d))
+    t_c = 4.0 * b * c * q * hd / hw.peak_flops_per_s["bf16"]
+    t_m = (b * c * 2.0 * kv * hd * KV_BYTES[kv_dtype] + 4.0 * b * q * hd) / hw.memory_bandwidth_bytes_per_s
+    return t_c, t_m
+
+
+def prefill_terms(
+    hw: HardwareSpec, kv_dtype: str, batch: Sizes, isl: Sizes, nq: Sizes, nkv: Sizes, d: Sizes
+) -> tuple[FloatArray, FloatArray]:
+    """(t_c, t_m) of one causal prefill-attention call of ``batch`` sequences of ``isl`` tokens."""
+    b, s, q, kv, hd = (np.asarray(v, np.float64) for v in (batch, isl, nq, nkv, d))
+    t_c = 2.0 * b * s * (s + 1.0) * q * hd / hw.peak_flops_per_s["bf16"]
+    t_m = b * s * (2.0 * q + 2.0 * kv) * hd * 2.0 / hw.memory_bandwidth_bytes_per_s
+    return t_c, t_m
+
+
+def moe_terms(
+    hw: HardwareSpec,
+    dtype: str,
+    tokens: Sizes,
+    h: Sizes,
+    inter: Sizes,
+    topk: Sizes,
+    experts: Sizes,
+    moe_tp: Sizes,
+    moe_ep: Sizes,
+) -> tuple[FloatArray, FloatArray]:
+    """(t_c, t_m) of one fused-MoE layer call on one rank (gate+up and down of the experts its
+    tokens touch; uniform routing's expected number of distinct experts on the rank)."""
+    peak = _peak(hw, dtype)
+    if peak is None:
+        raise ValueError(f"{hw.name} has no {PEAK_KEY.get(dtype, dtype)} peak")
+    t, hh, ii, kk, ee, tp, ep = (np.asarray(v, np.float64) for v in (tokens, h, inter, topk, experts, moe_tp, moe_ep))
+    shard = ii / tp
+    local = ee / ep
+    touched = local * (1.0 - (1.0 - np.minimum(kk / ee, 1.0)) ** t)
+    t_c = 6.0 * t * kk / ep * hh * shard / peak
+    nbytes = touched * 3.0 * hh * shard * DTYPE_BYTES[dtype] + t * hh * 2.0 * 2.0 + t * kk / ep * shard * 2.0 * 2.0
+    return t_c, nbytes / hw.memory_bandwidth_bytes_per_s
+
+
+# ---------------------------------------------------------------------------- fitting rows
+
+
+def family_rows(prof: Profile, hw: HardwareSpec) -> dict[str, pl.DataFrame]:
+    """The rows of one measured profile the prior is fitted on, as (t_c, t_m, time_s, tokens)
+    per family; ``tokens`` splits the decode (1-127) from the prefill regime (128+)."""
+    out: dict[str, pl.DataFrame] = {}
+
+    def put(family: str, t_c: FloatArray, t_m: FloatArray, t: FloatArray, tokens: FloatArray) -> None:
+        ok = np.isfinite(t) & (t > 0) & ((t_c > 0) | (t_m > 0))
+        if ok.any():
+            out[family] = pl.DataFrame({"t_c": t_c[ok], "t_m": t_m[ok], "time_s": t[ok], "tokens": tokens[ok]})
+
+    g = prof.frame("gemm")
+    if g.height:
+        g = g.filter((pl.col("n") >= MIN_GEMM_DIM) & (pl.col("k") >= MIN_GEMM_DIM))
+        for (dtype,), sub in g.group_by(["dtype"], maintain_order=True):
+            dt = str(dtype)
+            if dt not in DTYPE_BYTES or _peak(hw, dt) is None:
+                continue
+            m = sub["m"].to_numpy().astype(np.float64)
+            t_c, t_m = gemm_terms(hw, dt, m, sub["n"].to_numpy(), sub["k"].to_numpy())
+            put(f"gemm:{dt}", t_c, t_m, sub["time_s"].to_numpy(), m)
+    for fam, size, terms in (("attn_decode", "ctx", decode_terms), ("attn_prefill", "isl", prefill_terms)):
+        f = prof.frame(fam)
+        parts = []
+        for (kv,), sub in f.group_by(["kv_dtype"], maintain_order=True) if f.height else []:
+            if str(kv) not in KV_BYTES:
+                continue
+            batch = sub["batch"].to_numpy().astype(np.float64)
+            length = sub[size].to_numpy().astype(np.float64)
+            t_c, t_m = terms(
+                hw, str(kv), batch, length, sub["nq"].to_numpy(), sub["nkv"].to_numpy(), sub["d"].to_numpy()
+            )
+            tokens = batch if fam == "attn_decode" else batch * length
+            parts.append((t_c, t_m, sub["time_s"].to_numpy(), tokens))
+        if parts:
+            put(fam, *(np.concatenate([p[i] for p in parts]) for i in range(4)))
+    mo = prof.frame("moe")
+    if mo.height:
+        mo = mo.filter(pl.col("distribution") == MOE_ROUTING)
+        for (dtype,), sub in mo.group_by(["dtype"], maintain_order=True):
+            dt = str(dtype)
+            if dt not in DTYPE_BYTES or _peak(hw, dt) is None:
+                continue
+            tok = sub["tokens"].to_numpy().astype(np.float64)
+            t_c, t_m = moe_terms(
+                hw, dt, tok, *(sub[c].to_numpy() for c in ("h", "inter", "topk", "experts", "moe_tp", "moe_ep"))
+            )
+            put(f"moe:{dt}", t_c, t_m, sub["time_s"].to_numpy(), tok)
+    return out
+
+
+def _profiles(folder: Path | None, gpus: Iterable[str] | None) -> dict[str, Profile]:
+    """The measured profiles of ``folder`` (default: the catalog's), by catalog GPU name."""
+    if folder is None or folder.resolve() == PROFILES_DIR.resolve():
+        names = list(gpus) if gpus is not None else list_profiles()
+        return {g: p for g in names if (p := load_profile(g)) is not None}
+    names = (
+        list(gpus) if gpus is not None else sorted(d.name for d in folder.iterdir() if (d / "profile.toml").exists())
+    )
+    return {g: load_profile_dir(folder / g) for g in names if (folder / g / "profile.toml").exists()}
+
+
+def measured_rows(gpus: Iterable[str] | None = None, folder: Path | None = None) -> dict[str, dict[str, pl.DataFrame]]:
+    """``{gpu: family_rows}`` of the measured profiles in ``folder`` (the catalog's by default;
+    all of them unless ``gpus``); a profile of a GPU the catalog does not know is left out."""
+    out: dict[str, dict[str, pl.DataFrame]] = {}
+    for gpu, prof in _profiles(folder, gpus).items():
+        try:
+            hw = load_hardware(gpu)
+        except ConfigError:
+            continue
+        out[gpu] = family_rows(prof, hw)
+    return out
+
+
+def _sample(frame: pl.DataFrame) -> pl.DataFrame:
+    if frame.height <= FIT_ROWS_PER_GPU:
+        return frame
+    idx = np.unique(np.linspace(0, frame.height - 1, FIT_ROWS_PER_GPU).round().astype(np.int64))
+    return frame[idx]
+
+
+def fit_curve(rows: Mapping[str, pl.DataFrame]) -> PriorCurve:
+    """Fit one family's curve on ``{gpu: rows}``, every GPU weighted equally (module doc)."""
+    from scipy.optimize import least_squares
+
+    frames = [_sample(f) for f in rows.values() if f.height]
+    if not frames:
+        raise ValueError("no rows to fit")
+    t_c = np.concatenate([f["t_c"].to_numpy() for f in frames])
+    t_m = np.concatenate([f["t_m"].to_numpy() for f in frames])
+    t = np.concatenate([f["time_s"].to_numpy() for f in frames])
+    w = np.concatenate([np.full(f.height, 1.0 / math.sqrt(f.height)) for f in frames])
+    lo = np.log([FLOOR_BOUNDS[0], EFF_BOUNDS[0], EFF_BOUNDS[0], BLEND_BOUNDS[0]])
+    hi = np.log([FLOOR_BOUNDS[1], EFF_BOUNDS[1], EFF_BOUNDS[1], BLEND_BOUNDS[1]])
+    floor0 = float(np.clip(np.quantile(t, 0.01) * 0.5, FLOOR_BOUNDS[0] * 2, FLOOR_BOUNDS[1] / 2))
+
+    def curve(p: FloatArray) -> PriorCurve:
+        e = np.exp(p)
+        return PriorCurve(float(e[0]), float(e[1]), float(e[2]), float(e[3]))
+
+    def resid(p: FloatArray) -> FloatArray:
+        return np.asarray(w * np.log(curve(p).time(t_c, t_m) / t))
+
+    x0 = np.log([floor0, 0.6, 0.7, 3.0])
+    x0 = np.clip(x0, lo + 1e-9, hi - 1e-9)
+    res = least_squares(resid, x0, bounds=(lo, hi), loss="soft_l1", f_scale=LOSS_SCALE)
+    return curve(res.x)
+
+
+def families(rows: Mapping[str, Mapping[str, pl.DataFrame]]) -> dict[str, list[str]]:
+    """``{family: [gpus that measured it]}``, families measured on at least MIN_GPUS GPUs."""
+    seen: dict[str, list[str]] = {}
+    for gpu, fams in rows.items():
+        for fam, frame in fams.items():
+            if frame.height:
+                seen.setdefault(fam, []).append(gpu)
+    return {fam: sorted(g) for fam, g in sorted(seen.items()) if len(g) >= MIN_GPUS}
+
+
+def fit_prior(rows: Mapping[str, Mapping[str, pl.DataFrame]]) -> dict[str, PriorCurve]:
+    """One curve per family on every GPU of ``rows`` that measured it."""
+    return {fam: fit_curve({g: rows[g][fam] for g in gpus}) for fam, gpus in families(rows).items()}
+
+
+# ---------------------------------------------------------------------------- the held-out check
+
+
+def _stats(pred: FloatArray, meas: FloatArray) -> dict[str, float]:
+    rel = pred / meas - 1.0
+    err = np.abs(rel)
+    return {
+        "median_abs_error": float(np.median(err)),
+        "p90_abs_error": float(np.quantile(err, 0.9)),
+        "bias": float(np.median(rel)),
+    }
+
+
+def roofline_time(hw: HardwareSpec, t_c: FloatArray, t_m: FloatArray) -> FloatArray:
+    """The plain roofline (tier 2 without the prior) on the same terms: the catalog's constant
+    efficiency factors and kernel floor."""
+    return np.asarray(np.maximum(np.maximum(t_c / hw.compute_efficiency, t_m / hw.memory_efficiency), hw.min_kernel_s))
+
+
+def leave_one_gpu_out(rows: Mapping[str, Mapping[str, pl.DataFrame]]) -> pl.DataFrame:
+    """Every measured GPU's rows predicted by a prior fitted on the OTHER GPUs, per family and
+    token range, beside the plain roofline's error on the same rows."""
+    out: list[dict[str, Any]] = []
+    for fam, gpus in families(rows).items():
+        for gpu in gpus:
+            others = {g: rows[g][fam] for g in gpus if g != gpu}
+            curve = fit_curve(others)
+            f = rows[gpu][fam]
+            hw = load_hardware(gpu)
+            t_c, t_m, t, tok = (f[c].to_numpy() for c in ("t_c", "t_m", "time_s", "tokens"))
+            pred = curve.time(t_c, t_m)
+            base = roofline_time(hw, t_c, t_m)
+            for label, mask in (("1-127", tok < 128), ("128+", tok >= 128)):
+                if not mask.any():
+                    continue
+                p = _stats(pred[mask], t[mask])
+                r = _stats(base[mask], t[mask])
+                out.append(
+                    {
+                        "gpu": gpu,
+                        "family": fam,
+                        "tokens": label,
+                        "rows": int(mask.sum()),
+                        "fitted_on": ", ".join(g for g in gpus if g != gpu),
+                        **p,
+                        "roofline_median_abs_error": r["median_abs_error"],
+                        "roofline_p90_abs_error": r["p90_abs_error"],
+                        "roofline_bias": r["bias"],
+                    }
+                )
+    return pl.DataFrame(out)
+
+
+# ---------------------------------------------------------------------------- the catalog file
+
+
+@dataclass(frozen=True)
+class Prior:
+    curves: Mapping[str, PriorCurve]
+    fitted: Mapping[str, float]
+    fitted_on: Mapping[str, list[str]]
+    rows: Mapping[str, int]
+    #: families whose curve is used at replay time (:func:`family_verdicts`)
+    used: frozenset[str] = frozenset()
+
+
+def family_verdicts(loo: pl.DataFrame) -> dict[str, tuple[bool, float, float]]:
+    """Per family: (used, prior's error, plain roofline's error), each error the median over
+    held-out GPUs of their median absolute error (both token ranges). A family's curve prices
+    replays only when, held out by whole GPU, it beats the plain roofline on that figure: where
+    the measured GPUs run different kernels for one family (FP8 fused MoE is a FlashInfer CUTLASS
+    kernel on Hopper and Triton elsewhere), one curve over all of them is worse than no curve."""
+    out: dict[str, tuple[bool, float, float]] = {}
+    if loo.height == 0:
+        return out
+    per_gpu = loo.group_by("family", "gpu").agg(
+        pl.col("median_abs_error").mean().alias("p"), pl.col("roofline_median_abs_error").mean().alias("r")
+    )
+    for fam, sub in per_gpu.group_by("family"):
+        p = float(sub["p"].median())  # type: ignore[arg-type]
+        r = float(sub["r"].median())  # type: ignore[arg-type]
+        out[str(fam[0])] = (p < r, p, r)
+    return out
+
+
+def fitted_scalars(gpus: Iterable[str], folder: Path | None = None) -> dict[str, float]:
+    """The measured profiles' other fitted values (eager launch cost, sampler rule, kernel
+    floor under CUDA graphs), as their median over GPUs: an unmeasured GPU's best guess."""
+    vals: dict[str, list[float]] = {}
+    for prof in _profiles(folder, gpus).values():
+        for key in (
+            "eager_call_overhead_s",
+            "graph_kernel_floor_s",
+            "sampler_fixed_s",
+            "sampler_s_per_logit_byte_per_bw",
+        ):
+            v = prof.meta.fitted.get(key)
+            if isinstance(v, int | float) and math.isfinite(v) and v > 0:
+                vals.setdefault(key, []).append(float(v))
+    return {k: float(np.median(v)) for k, v in sorted(vals.items())}
+
+
+def _fmt(x: float) -> str:
+    return repr(float(f"{x:.6g}"))
+
+
+def prior_toml(
+    rows: Mapping[str, Mapping[str, pl.DataFrame]],
+    curves: Mapping[str, PriorCurve],
+    loo: pl.DataFrame,
+    folder: Path | None = None,
+) -> str:
+    """The text of prior.toml: fitted curves, where they came from, the held-out check."""
+    fams = families(rows)
+    lines = [
+        "# Size-aware roofline prior for GPUs without a measured profile, written by",
+        "# `rooftrace calibrate --measurements` from the measured profiles beside this file.",
+        "# t = floor_s + ((t_c / compute_eff)^blend + (t_m / memory_eff)^blend)^(1 / blend);",
+        "# t_c, t_m = the operator's FLOPs / datasheet peak and bytes / datasheet bandwidth",
+        "# (pipeline/profile/prior.py). docs/validation.md, tier 2.",
+        f"gpus = [{', '.join(repr(g).replace(chr(39), chr(34)) for g in sorted(rows))}]",
+        "",
+        "[fitted]",
+    ]
+    for key, value in fitted_scalars(rows, folder).items():
+        lines.append(f"{key} = {_fmt(value)}")
+    verdicts = family_verdicts(loo)
+    for fam, curve in curves.items():
+        n = sum(rows[g][fam].height for g in fams[fam])
+        used, p, r = verdicts.get(fam, (False, float("nan"), float("nan")))
+        lines += ["", f'[curves."{fam}"]']
+        lines += [f"{k} = {_fmt(v)}" for k, v in curve.as_dict().items()]
+        lines.append(f"used = {'true' if used else 'false'}")
+        if math.isfinite(p):
+            lines.append(f"heldout_median_abs_error = {p:.4f}")
+            lines.append(f"roofline_median_abs_error = {r:.4f}")
+        lines.append(f"rows = {n}")
+        lines.append("fitted_on = [" + ", ".join(f'"{g}"' for g in fams[fam]) + "]")
+    for row in loo.iter_rows(named=True):
+        lines += ["", f'[leave_one_gpu_out."{row["gpu"]}"."{row["family"]}, {row["tokens"]}"]']
+        lines.append(f"rows = {row['rows']}")
+        for key in (
+            "median_abs_error",
+            "p90_abs_error",
+            "bias",
+            "roofline_median_abs_error",
+            "roofline_p90_abs_error",
+            "roofline_bias",
+        ):
+            lines.append(f"{key} = {float(row[key]):.4f}")
+    return "\n".join(lines) + "\n"
+
+
+def write_prior(folder: Path | None = None) -> tuple[Path, pl.DataFrame] | None:
+    """Fit the prior on the measured profiles in ``folder`` (default: the catalog's) and write
+    ``prior.toml`` beside them atomically; returns its path and the leave-one-GPU-out table,
+    or None when fewer than MIN_GPUS profiles share a family (nothing to fit)."""
+    from pipeline.schemas import atomic_write_bytes
+
+    rows = measured_rows(folder=folder)
+    curves = fit_prior(rows)
+    if not curves:
+        return None
+    loo = leave_one_gpu_out(rows)
+    path = (folder or PROFILES_DIR) / "prior.toml"
+    atomic_write_bytes(path, prior_toml(rows, curves, loo, folder).encode())
+    load_prior.cache_clear()
+    return path, loo
+
+
+@cache
+def load_prior(path: Path = PRIOR_PATH) -> Prior | None:
+    """The catalog's prior, or None when it has none."""
+    if not path.exists():
+        return None
+    data = read_toml(path, "roofline prior")
+    curves: dict[str, PriorCurve] = {}
+    fitted_on: dict[str, list[str]] = {}
+    rows: dict[str, int] = {}
+    used: set[str] = set()
+    raw = data.get("curves", {})
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{path}: [curves] must be a table")
+    for fam, c in raw.items():
+        try:
+            curve = PriorCurve(float(c["floor_s"]), float(c["compute_eff"]), float(c["memory_eff"]), float(c["blend"]))
+        except (KeyError, TypeError, ValueError) as exc:
+            raise ConfigError(
+                f"{path}: [curves.{fam!r}] needs numbers floor_s, compute_eff, memory_eff, blend ({exc})"
+            ) from None
+        ok = (
+            FLOOR_BOUNDS[0] <= curve.floor_s <= FLOOR_BOUNDS[1]
+            and all(EFF_BOUNDS[0] <= e <= EFF_BOUNDS[1] for e in (curve.compute_eff, curve.memory_eff))
+            and BLEND_BOUNDS[0] <= curve.blend <= BLEND_BOUNDS[1]
+        )
+        if not ok:
+            raise ConfigError(f"{path}: [curves.{fam!r}] outside the fit's bounds: {curve}")
+        curves[str(fam)] = curve
+        fitted_on[str(fam)] = [str(g) for g in c.get("fitted_on", [])]
+        rows[str(fam)] = int(c.get("rows", 0))
+        if c.get("used", False) is True:
+            used.add(str(fam))
+    fitted = {str(k): float(v) for k, v in data.get("fitted", {}).items() if isinstance(v, int | float)}
+    return Prior(curves, fitted, fitted_on, rows, frozenset(used))
+
+
+# ---------------------------------------------------------------------------- a synthetic profile
+
+#: Size grids the prior is evaluated on for a deployment (dense enough that the profile's
+#: log-log interpolation between them is exact to well under 1 % on these smooth curves).
+_M_GRID = np.unique(np.concatenate([np.arange(1, 513), np.round(np.geomspace(512, 262144, 160))]).astype(np.int64))
+_POW2 = 2 ** np.arange(0, 19)  # 1 .. 262,144
+
+
+def prior_profile(hw: HardwareSpec, dep: Any, prior: Prior, gemm_shapes: Iterable[tuple[int, int]]) -> Profile:
+    """A :class:`Profile` for ``hw`` holding the prior evaluated on the deployment's own shapes:
+    GEMMs ``gemm_shapes`` (n, k) in every dtype the GPU has a peak for, the model's attention
+    head shape in bf16 and fp8 KV, and its expert shape under ``MOE_ROUTING``."""
+    m = dep.model
+    frames: dict[str, pl.DataFrame] = {}
+    gem = []
+    shapes = sorted(set(gemm_shapes))
+    for fam, curve in prior.curves.items():
+        if not fam.startswith("gemm:") or fam not in prior.used:
+            continue
+        dt = fam.split(":", 1)[1]
+        if _peak(hw, dt) is None:
+            continue
+        for n, k in shapes:
+            mm = _M_GRID.astype(np.float64)
+            t = curve.time(*gemm_terms(hw, dt, mm, np.full(mm.size, n), np.full(mm.size, k)))
+            gem.append(pl.DataFrame({"dtype": dt, "m": _M_GRID, "n": n, "k": k, "time_s": t}))
+    if gem:
+        frames["gemm"] = pl.concat(gem)
+    if not m.is_mla:
+        nq = m.num_attention_heads // dep.tp
+        nkv = max(1, m.num_kv_heads // dep.tp)
+        for fam, size, terms, sizes in (
+            ("attn_decode", "ctx", decode_terms, _POW2),
+            ("attn_prefill", "isl", prefill_terms, _POW2[:18]),
+        ):
+            acurve = prior.curves.get(fam)
+            if acurve is None or fam not in prior.used:
+                continue
+            bb, ll = np.meshgrid(_POW2[:13].astype(np.float64), sizes.astype(np.float64), indexing="ij")
+            parts = []
+            for kv in ("bf16", "fp8"):
+                t = acurve.time(*terms(hw, kv, bb.ravel(), ll.ravel(), nq, nkv, m.head_dim))
+                parts.append(
+                    pl.DataFrame(
+                        {
+                            "kv_dtype": kv,
+                            "nq": nq,
+                            "nkv": nkv,
+                            "d": m.head_dim,
+                            "batch": bb.ravel().astype(np.int64),
+                            size: ll.ravel().astype(np.int64),
+                            "time_s": t,
+                        }
+                    )
+                )
+            frames[fam] = pl.concat(parts)
+    if m.is_moe:
+        moe_tp, moe_ep = (1, dep.ep) if dep.ep > 1 else (dep.moe_shards, 1)
+        tok = np.unique(np.concatenate([np.arange(1, 257), np.round(np.geomspace(256, 1 << 20, 120))])).astype(np.int64)
+        parts = []
+        for fam, curve in prior.curves.items():
+            if not fam.startswith("moe:") or fam not in prior.used:
+                continue
+            dt = fam.split(":", 1)[1]
+            if _peak(hw, dt) is None:
+                continue
+            shape = (m.hidden_size, m.moe_intermediate_size, m.experts_per_token, m.num_experts)
+            t = curve.time(*moe_terms(hw, dt, tok.astype(np.float64), *shape, moe_tp, moe_ep))
+            parts.append(
+                pl.DataFrame(
+                    {
+                        "dtype": dt,
+                        "distribution": MOE_ROUTING,
+                        "moe_tp": moe_tp,
+                        "moe_ep": moe_ep,
+                        "h": shape[0],
+                        "inter": shape[1],
+                        "topk": shape[2],
+                        "experts": shape[3],
+                        "tokens": tok,
+                        "time_s": t,
+                    }
+                )
+            )
+        if parts:
+            frames["moe"] = pl.concat(parts)
+    meta = ProfileMeta(
+        gpu=hw.name,
+        stack={"prior": "size-aware roofline prior (pipeline/catalog/profiles/prior.toml), no measurement of this GPU"},
+        built_from=("prior.toml",),
+        rows={fam: f.height for fam, f in frames.items()},
+        selection={},
+        fitted={**prior.fitted, "attention_tile_tokens": 0.0},
+        heldout={},
+        licence="",
+    )
+    return Profile(meta, frames)
+
+
+# ---------------------------------------------------------------------------- whole steps, held out
+
+#: Deployments and engine steps of the step-level check: (model, tp) in bf16, and steps as the six
+#: StepBatch fields (prefill tokens, prefill sequences, causal pairs, prefill KV tokens, decode
+#: sequences, decode context tokens).
+STEP_CHECK_MODELS = (("llama-3.1-8b", 1), ("qwen3-32b", 1), ("qwen3-30b-a3b", 1))
+
+
+def _step_check_batch() -> tuple[list[str], Any]:
+    from pipeline.steps import StepBatch
+
+    rows: list[tuple[str, tuple[float, ...]]] = []
+    for b in (1, 8, 32, 128, 256):
+        rows.append((f"decode {b} x 2,048 ctx", (0, 0, 0, 0, b, b * 2048)))
+    for c in (128, 512, 2048, 8192):
+        rows.append((f"prefill {c:,}", (c, 1, c * (c + 1) / 2, c, 0, 0)))
+    rows.append(
+        ("prefill 2,048 at 2,048 + 64 decodes x 4,096", (2048, 1, 2048 * 2048 + 2048 * 2049 / 2, 4096, 64, 64 * 4096))
+    )
+    a = np.array([r[1] for r in rows], dtype=np.float64)
+    return [r[0] for r in rows], StepBatch(*(np.ascontiguousarray(a[:, j]) for j in range(6)))
+
+
+def heldout_steps(
+    rows: Mapping[str, Mapping[str, pl.DataFrame]], used: Iterable[str] | None = None, only: str | None = None
+) -> pl.DataFrame:
+    """Whole engine steps on each measured GPU, priced three ways: by its measured profile, by a
+    prior fitted on the OTHER GPUs' rows (``used``: the families it may use; default all), and
+    by the plain roofline — what an unmeasured GPU's replay would be off by, step by step."""
+    from pipeline.catalog import load_model
+    from pipeline.profile.cost import gemm_shapes, measured_cost, step_cost_for
+    from pipeline.roofline import Deployment
+
+    names, batch = _step_check_batch()
+    out: list[dict[str, Any]] = []
+    for gpu in sorted(rows):
+        prof = load_profile(gpu)
+        if prof is None or (only is not None and gpu != only):
+            continue
+        others = {g: v for g, v in rows.items() if g != gpu}
+        curves = fit_prior(others)
+        allowed = set(used) if used is not None else set(curves)
+        prior = Prior(curves, fitted_scalars(others), {}, {}, frozenset(allowed & set(curves)))
+        hw = load_hardware(gpu)
+        for model, tp in STEP_CHECK_MODELS:
+            dep = Deployment(load_model(model), hw, tp=tp)
+            meas = measured_cost(dep, prof, 8192, 256)(batch).time_s
+            pri = measured_cost(dep, prior_profile(hw, dep, prior, gemm_shapes(dep)), 8192, 256, tier="prior")(
+                batch
+            ).time_s
+            roof = step_cost_for(dep, "roofline", 8192, 256)(batch).time_s
+            for i, name in enumerate(names):
+                out.append(
+                    {
+                        "gpu": gpu,
+                        "model": model,
+                        "step": name,
+                        "measured_ms": float(meas[i]) * 1e3,
+                        "prior_ms": float(pri[i]) * 1e3,
+                        "roofline_ms": float(roof[i]) * 1e3,
+                    }
+                )
+    frame = pl.DataFrame(out)
+    if frame.height:
+        frame = frame.with_columns(
+            (pl.col("prior_ms") / pl.col("measured_ms") - 1).alias("prior_error"),
+            (pl.col("roofline_ms") / pl.col("measured_ms") - 1).alias("roofline_error"),
+        )
+    return frame
