@@ -34,7 +34,7 @@ sys.path.insert(0, str(ROOT / "tests"))  # the published tables are test data (t
 
 from published import ARGONNE_MODELS, argonne_fleet, read_argonne_table, replay_static_batch  # noqa: E402
 
-from pipeline.profile.tables import load_profile  # noqa: E402
+from pipeline.profile.cost import fleet_step_cost  # noqa: E402
 
 
 def main() -> None:
@@ -58,7 +58,8 @@ def main() -> None:
         for i, ((gpu, model, tp, length, batch), lat) in enumerate(sorted(configs.items())):
             fleet = argonne_fleet(gpu, model, tp, tier)
             key = (tier, gpu, model, tp)
-            tier_used[key] = "measured" if tier == "auto" and load_profile(gpu) is not None else "roofline"
+            if key not in tier_used:  # the tier the fleet's step cost came from: measured, prior or roofline
+                tier_used[key] = fleet_step_cost(fleet).source
             rows[key].append((length, batch, float(np.median(lat)), replay_static_batch(fleet, length, batch)))
             if batch * 2 * length > fleet.scheduler.num_gpu_blocks * fleet.scheduler.block_size:
                 pressure.add((gpu, model, tp, length, batch))  # vLLM preempts (recompute) to finish
@@ -69,7 +70,7 @@ def main() -> None:
     for key in sorted(rows, key=lambda k: (k[1], ARGONNE_MODELS[k[2]][0], k[3], k[0])):
         tier, gpu, model, tp = key
         if tier == "roofline" and tier_used[("auto", gpu, model, tp)] == "roofline":
-            continue  # no profile for this GPU: auto already was the roofline
+            continue  # auto already was the roofline
         e = np.array([m / r - 1.0 for _, _, m, r in rows[key]])
         a = np.abs(e)
         print(
