@@ -417,6 +417,14 @@ def measured_cost(
     if tier == "prior":  # the synthetic profile's "measured" tables are the prior's curves
         cov_desc = {k: v.replace("measured", "prior") for k, v in cov_desc.items()}
         attention = attention.replace("measured", "prior")
+        donor = prof.meta.stack.get("collectives_from")
+        if donor:  # collectives are measured curves, of the GPU on the same link
+            for key in ("allreduce", "moe_dispatch"):
+                cov_desc[key] = cov_desc[key].replace(f"{prof.gpu} x", f"{donor} x").replace("(prior:", "(measured:")
+                if donor in cov_desc[key]:
+                    cov_desc[key] += (
+                        f" — measured on {donor}, the profiled GPU on the same link ({dep.hardware.link_kind})"
+                    )
     describe: dict[str, Any] = {
         "tier": tier,
         "profile": prof.gpu,

@@ -525,6 +525,79 @@ def load_prior(path: Path = PRIOR_PATH) -> Prior | None:
     return Prior(curves, fitted, fitted_on, rows, frozenset(used))
 
 
+# ---------------------------------------------------------------------------- collectives
+
+#: Two GPUs share collective curves when their links are the same kind and their per-direction
+#: bandwidths agree within this share.
+LINK_MATCH_REL = 0.1
+
+
+def collective_donor(hw: HardwareSpec, exclude: Iterable[str] = ()) -> tuple[str, Profile] | None:
+    """The profiled GPU whose measured all-reduce curves an unprofiled ``hw`` borrows: same
+    vendor, same link kind (``nvlink3``, ``pcie5-x16``, …) and link bandwidth within
+    LINK_MATCH_REL; the closest bandwidth first, then the name. vLLM's custom all-reduce and NCCL
+    are bound by the link and its latency, not by the GPU's SMs: H100 SXM's curves predict H200's
+    measured rows within 3.0 % (median; p90 9.3 %), where GPUs on other links miss by 40-111 %
+    and the plain roofline's link by 26-72 % (docs/validation.md). None when no profiled GPU
+    shares the link (GPUs without peer access, NO_P2P, never lend or borrow: their NCCL runs
+    through host memory)."""
+    from pipeline.profile.cost import NO_P2P
+
+    if hw.name in NO_P2P:
+        return None
+    best: tuple[float, str, Profile] | None = None
+    for gpu in list_profiles():
+        if gpu == hw.name or gpu in exclude or gpu in NO_P2P:
+            continue
+        try:
+            other = load_hardware(gpu)
+        except ConfigError:
+            continue
+        prof = load_profile(gpu)
+        if prof is None or prof.frame("allreduce").height == 0:
+            continue
+        if other.vendor.lower() != hw.vendor.lower() or other.link_kind.lower() != hw.link_kind.lower():
+            continue
+        gap = abs(other.link_bandwidth_bytes_per_s / hw.link_bandwidth_bytes_per_s - 1.0)
+        if gap > LINK_MATCH_REL:
+            continue
+        if best is None or (gap, gpu) < (best[0], best[1]):
+            best = (gap, gpu, prof)
+    return (best[1], best[2]) if best is not None else None
+
+
+def collective_donor_check() -> pl.DataFrame:
+    """Each profiled GPU that has a same-link donor among the OTHER profiled GPUs: its measured
+    all-reduce rows predicted by the donor's curves (what an unprofiled GPU on that link gets),
+    beside the plain roofline's link on the same rows."""
+    out: list[dict[str, Any]] = []
+    for gpu in list_profiles():
+        hw = load_hardware(gpu)
+        prof = load_profile(gpu)
+        donor = collective_donor(hw, exclude=())
+        if prof is None or donor is None or prof.frame("allreduce").height == 0:
+            continue
+        f = prof.frame("allreduce")
+        for (backend, gpus), sub in f.group_by(["backend", "gpus"], maintain_order=True):
+            curve = donor[1].allreduce_curve(str(backend), int(gpus))
+            if curve is None:
+                continue
+            nbytes = sub["bytes"].to_numpy().astype(np.float64)
+            t = sub["time_s"].to_numpy()
+            g = float(gpus)
+            roof = (
+                2.0 * (g - 1.0) / g * nbytes / (hw.link_bandwidth_bytes_per_s * hw.link_efficiency) + hw.link_latency_s
+            )
+            for pred, kind in ((curve(nbytes), "donor"), (roof, "roofline")):
+                rel = pred / t - 1.0
+                out += [
+                    {"gpu": gpu, "donor": donor[0], "backend": str(backend), "gpus": int(gpus), "bytes": float(b),
+                     "predictor": kind, "error": float(e)}
+                    for b, e in zip(nbytes, rel, strict=True)
+                ]  # fmt: skip
+    return pl.DataFrame(out)
+
+
 # ---------------------------------------------------------------------------- a synthetic profile
 
 #: Size grids the prior is evaluated on for a deployment (dense enough that the profile's
@@ -611,9 +684,14 @@ def prior_profile(hw: HardwareSpec, dep: Any, prior: Prior, gemm_shapes: Iterabl
             )
         if parts:
             frames["moe"] = pl.concat(parts)
+    stack = {"prior": "size-aware roofline prior (pipeline/catalog/profiles/prior.toml), no measurement of this GPU"}
+    donor = collective_donor(hw)
+    if donor is not None:
+        frames["allreduce"] = donor[1].frame("allreduce")
+        stack["collectives_from"] = donor[0]
     meta = ProfileMeta(
         gpu=hw.name,
-        stack={"prior": "size-aware roofline prior (pipeline/catalog/profiles/prior.toml), no measurement of this GPU"},
+        stack=stack,
         built_from=("prior.toml",),
         rows={fam: f.height for fam, f in frames.items()},
         selection={},
