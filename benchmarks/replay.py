@@ -69,7 +69,7 @@ def main() -> None:
     ap.add_argument("--requests", type=int, default=1_000_000)
     ap.add_argument("--replicas", type=int, default=16)
     ap.add_argument("--rate", type=float, default=None, help="req/s for the fleet (default: ~70%% load)")
-    ap.add_argument("--cost", choices=["linear", "roofline", "measured"], default="linear")
+    ap.add_argument("--cost", choices=["linear", "roofline", "measured", "prior"], default="linear")
     ap.add_argument("--model", default="llama-3.1-8b", help="catalog model (qwen3-30b-a3b: a MoE fleet)")
     ap.add_argument("--hardware", default="h100-sxm")
     ap.add_argument("--dp", type=int, default=1, help="data-parallel ranks per replica (MoE: lockstep)")
