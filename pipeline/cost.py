@@ -87,6 +87,11 @@ _PRICE_KEYS = ("input", "cached_input", "cache_write", "output")
 
 
 def _check_date(value: Any, where: str, today: _dt.date) -> str:
+    """The date as ISO text: a "YYYY-MM-DD" string, or a native TOML date (unquoted)."""
+    if isinstance(value, _dt.date) and not isinstance(value, _dt.datetime):
+        value = value.isoformat()
+    elif isinstance(value, _dt.datetime | _dt.time):
+        raise ConfigError(f"{where}: date must be a day (YYYY-MM-DD), got the time {value.isoformat()}")
     if not isinstance(value, str) or not _DATE_RE.match(value):
         raise ConfigError(f"{where}: date must be a YYYY-MM-DD string, got {value!r}")
     try:
@@ -96,6 +101,12 @@ def _check_date(value: Any, where: str, today: _dt.date) -> str:
     if day > today:
         raise ConfigError(f"{where}: date {value} is in the future")
     return value
+
+
+def _key_problems(unknown: list[str], missing: list[str]) -> str:
+    """What is wrong with a table's keys, naming only the lists that are not empty: "unknown key(s)
+    [...]", "missing key(s) [...]" or both."""
+    return ", ".join(f"{kind} key(s) {keys}" for kind, keys in (("unknown", unknown), ("missing", missing)) if keys)
 
 
 #: Highest API price accepted, USD per million tokens: a dollar a token, far above any published
@@ -110,7 +121,7 @@ def parse_price_table(data: Mapping[str, Any], origin: str, today: _dt.date | No
     unknown = sorted(set(data) - _TABLE_KEYS)
     missing = sorted(_TABLE_KEYS - set(data))
     if unknown or missing:
-        raise ConfigError(f"{origin}: unknown key(s) {unknown}, missing key(s) {missing}")
+        raise ConfigError(f"{origin}: {_key_problems(unknown, missing)}")
     provider = data["provider"]
     if not isinstance(provider, str) or not provider.strip():
         raise ConfigError(f"{origin}: provider must be a non-empty string")
@@ -129,7 +140,7 @@ def parse_price_table(data: Mapping[str, Any], origin: str, today: _dt.date | No
         unknown = sorted(set(raw) - _MODEL_KEYS)
         missing = sorted(_MODEL_KEYS - set(raw))
         if unknown or missing:
-            raise ConfigError(f"{where}: unknown key(s) {unknown}, missing key(s) {missing}")
+            raise ConfigError(f"{where}: {_key_problems(unknown, missing)}")
         values: dict[str, float] = {}
         for key in _PRICE_KEYS:
             v = raw[key]

@@ -17,6 +17,7 @@ into one :class:`ModelSpec`. ``rooftrace catalog import-hf`` uses the same funct
 
 from __future__ import annotations
 
+import datetime as _dt
 import math
 import re
 import tomllib
@@ -29,7 +30,7 @@ from typing import Any, TypeVar
 
 from pipeline.errors import ConfigError, RooftraceError
 from pipeline.schemas import os_write_reason
-from pipeline.tomlfile import read_toml
+from pipeline.tomlfile import read_config_bytes, read_toml
 
 CATALOG_DIR = Path(__file__).resolve().parent
 
@@ -65,6 +66,8 @@ def _num(table: Mapping[str, Any], key: str, where: str, *, positive: bool = Tru
     value = table[key]
     if isinstance(value, bool) or not isinstance(value, int | float):
         raise ConfigError(f"{where}: {key} must be a number, got {value!r}")
+    if isinstance(value, int) and abs(value) > 10**300:  # (past a float: math.isfinite raises)
+        raise ConfigError(f"{where}: {key} is an integer too large to use ({len(str(abs(value)))} digits)")
     if not math.isfinite(value) or value < 0 or (positive and value == 0):
         raise ConfigError(f"{where}: {key} must be {'> 0' if positive else '>= 0'}, got {value!r}")
     return float(value)
@@ -229,6 +232,48 @@ _PEAK_DTYPES = {"bf16", "fp16", "fp8", "int8", "fp4", "int4"}
 #: Smallest efficiency (a share of a peak) a catalog entry or a fleet's [calibration] may set:
 #: below it a step would take years and the replay's figures lose meaning.
 MIN_EFFICIENCY = 1e-3
+#: Plausible ranges of a hardware entry's numbers, far wider than any accelerator made or
+#: announced (2026: 24-288 GiB of HBM/GDDR, 3e11-8e12 B/s of it, dense peaks 7e13 bf16 to 1e16
+#: fp4, links 3e10-9e11 B/s at 2e-5-5e-5 s). Outside them a value is a typo or a unit slip
+#: (GB for bytes): near zero it makes every step take forever (a division by ~0), huge it prints
+#: 300-digit capacities.
+MEMORY_BYTES_RANGE = (2**30, 16 * 2**40)  # 1 GiB .. 16 TiB, a whole number
+MEMORY_BANDWIDTH_RANGE = (1e9, 1e15)  # B/s
+PEAK_FLOPS_RANGE = (1e11, 1e18)  # FLOP/s, each dtype
+LINK_BANDWIDTH_RANGE = (1e8, 1e14)  # B/s per direction per GPU
+LINK_LATENCY_RANGE = (0.0, 1e-2)  # s
+
+
+def _ranged(table: Mapping[str, Any], key: str, where: str, bounds: tuple[float, float], unit: str) -> float:
+    """``table[key]``, a finite number within ``bounds`` (inclusive), else one line naming the range."""
+    low, high = bounds
+    value = _num(table, key, where, positive=low > 0)
+    if not low <= value <= high:
+        raise ConfigError(f"{where}: {key} must be in [{low:g}, {high:g}] {unit}, got {value:g}")
+    return value
+
+
+def _memory_bytes(table: Mapping[str, Any], key: str, where: str) -> float:
+    """A whole number of bytes in :data:`MEMORY_BYTES_RANGE` (an integer, or a float such as 8e10
+    that is one)."""
+    value = table[key]
+    if isinstance(value, float) and math.isfinite(value) and not value.is_integer():
+        raise ConfigError(f"{where}: {key} must be a whole number of bytes, got {value!r}")
+    low, high = MEMORY_BYTES_RANGE
+    got = _num(table, key, where)
+    if not low <= got <= high:
+        raise ConfigError(f"{where}: {key} must be in [1 GiB, 16 TiB] ({low:,}..{high:,} bytes), got {got:.4g}")
+    return float(int(got))
+
+
+def _date_text(table: Mapping[str, Any], key: str, where: str) -> str:
+    """A date given as a string, or as a native TOML date (``2026-11-30``, unquoted): ISO text."""
+    value = table[key]
+    if isinstance(value, _dt.date) and not isinstance(value, _dt.datetime):
+        return value.isoformat()
+    if isinstance(value, _dt.datetime | _dt.time):
+        raise ConfigError(f"{where}: {key} must be a date (YYYY-MM-DD), got the time {value.isoformat()}")
+    return _str(table, key, where)
 
 
 def parse_hardware(data: Mapping[str, Any], origin: str) -> HardwareSpec:
@@ -242,7 +287,7 @@ def parse_hardware(data: Mapping[str, Any], origin: str) -> HardwareSpec:
         raise ConfigError(f"{origin}: [peak_flops_per_s] unknown dtype(s) {unknown}; allowed {sorted(_PEAK_DTYPES)}")
     if "bf16" not in peaks:
         raise ConfigError(f"{origin}: [peak_flops_per_s] missing key ['bf16']")
-    peak = {k: _num(peaks, k, f"{origin} [peak_flops_per_s]") for k in sorted(peaks)}
+    peak = {k: _ranged(peaks, k, f"{origin} [peak_flops_per_s]", PEAK_FLOPS_RANGE, "FLOP/s") for k in sorted(peaks)}
     link = data["link"]
     _check_keys(link, _HW_LINK, set(), f"{origin} [link]")
     eff = data["efficiency"]
@@ -254,28 +299,34 @@ def parse_hardware(data: Mapping[str, Any], origin: str) -> HardwareSpec:
     _check_keys(sources, sourced, set(), f"{origin} [sources]")
     for key in sourced:
         _str(sources, key, f"{origin} [sources]")
+    memory_bytes = _memory_bytes(data, "memory_bytes", origin)
+    bandwidth = _ranged(data, "memory_bandwidth_bytes_per_s", origin, MEMORY_BANDWIDTH_RANGE, "B/s")
+    link_bandwidth = _ranged(link, "bandwidth_bytes_per_s", f"{origin} [link]", LINK_BANDWIDTH_RANGE, "B/s")
+    link_latency = _ranged(link, "latency_s", f"{origin} [link]", LINK_LATENCY_RANGE, "s")
     cuda_memory = _num(data, "cuda_memory_bytes", origin) if "cuda_memory_bytes" in data else 0.0
-    if cuda_memory > _num(data, "memory_bytes", origin):
-        raise ConfigError(f"{origin}: cuda_memory_bytes must not exceed memory_bytes, got {cuda_memory!r}")
+    if cuda_memory > memory_bytes:
+        raise ConfigError(
+            f"{origin}: cuda_memory_bytes must not exceed memory_bytes ({memory_bytes:.0f}), got {cuda_memory:.4g}"
+        )
     for key in ("compute", "memory", "elementwise", "link"):
         value = _num(eff, key, f"{origin} [efficiency]")
         if not MIN_EFFICIENCY <= value <= 1.0:
             raise ConfigError(
                 f"{origin} [efficiency]: {key} must be in [{MIN_EFFICIENCY:g}, 1] (a share of the peak), got {value}"
             )
-    date = _str(price, "date", f"{origin} [price]")
+    date = _date_text(price, "date", f"{origin} [price]")
     if len(date) < 7 or date[4] != "-" or not date[:4].isdigit() or not date[5:7].isdigit():
         raise ConfigError(f"{origin} [price]: date must be YYYY-MM or YYYY-MM-DD, got {date!r}")
     return HardwareSpec(
         name=_str(data, "name", origin),
         display_name=_str(data, "display_name", origin),
         vendor=_str(data, "vendor", origin),
-        memory_bytes=_num(data, "memory_bytes", origin),
-        memory_bandwidth_bytes_per_s=_num(data, "memory_bandwidth_bytes_per_s", origin),
+        memory_bytes=memory_bytes,
+        memory_bandwidth_bytes_per_s=bandwidth,
         peak_flops_per_s=MappingProxyType(peak),
         link_kind=_str(link, "kind", f"{origin} [link]"),
-        link_bandwidth_bytes_per_s=_num(link, "bandwidth_bytes_per_s", f"{origin} [link]"),
-        link_latency_s=_num(link, "latency_s", f"{origin} [link]", positive=False),
+        link_bandwidth_bytes_per_s=link_bandwidth,
+        link_latency_s=link_latency,
         gpus_per_node=_int(link, "gpus_per_node", f"{origin} [link]"),
         compute_efficiency=float(eff["compute"]),
         memory_efficiency=float(eff["memory"]),
@@ -307,7 +358,7 @@ def hardware_to_toml(hw: HardwareSpec) -> str:
         f"name = {q(hw.name)}",
         f"display_name = {q(hw.display_name)}",
         f"vendor = {q(hw.vendor)}",
-        f"memory_bytes = {num(hw.memory_bytes)}",
+        f"memory_bytes = {int(hw.memory_bytes)}",  # (a whole number, also past 1e12)
         f"memory_bandwidth_bytes_per_s = {num(hw.memory_bandwidth_bytes_per_s)}",
         *([f"cuda_memory_bytes = {num(hw.cuda_memory_bytes)}"] if hw.cuda_memory_bytes else []),
         "",
@@ -626,11 +677,31 @@ def model_from_hf_config(cfg: Mapping[str, Any], name: str, hf_id: str = "", sou
             raise ConfigError(f"{where}: {key} must be an integer in 0..{top:,}, got {shown}")
         return value
 
+    def get_bool(key: str, default: bool) -> bool:
+        """A JSON/TOML true or false (null: the default). A string "false" is refused, not read
+        as true (it silently dropped the lm_head's weights)."""
+        value = cfg.get(key, default)
+        if value is None:
+            return default
+        if not isinstance(value, bool):
+            shown = repr(value) if len(repr(value)) <= 40 else repr(value)[:37] + "..."
+            raise ConfigError(f"{where}: {key} must be true or false, got {shown}")
+        return value
+
     hidden = get_int("hidden_size")
     layers = get_int("num_hidden_layers")
     heads = get_int("num_attention_heads")
     if min(hidden, layers, heads) <= 0:
         raise ConfigError(f"{where}: hidden_size, num_hidden_layers, num_attention_heads must be > 0")
+    vocab = get_int("vocab_size")
+    if vocab < 1:
+        raise ConfigError(f"{where}: vocab_size must be >= 1, got {vocab}")
+    # Absent (or null), the context length is unknown (0); given, it must be a length.
+    max_positions = get_int("max_position_embeddings")
+    if cfg.get("max_position_embeddings") is not None and max_positions < 1:
+        raise ConfigError(f"{where}: max_position_embeddings must be >= 1 when given, got {max_positions}")
+    tied, attention_bias = get_bool("tie_word_embeddings", False), get_bool("attention_bias", False)
+    use_window = get_bool("use_sliding_window", True)
     for key in ("num_key_value_heads", "head_dim"):
         if cfg.get(key) == 0 and not isinstance(cfg.get(key), bool):  # given as 0, not left out (null)
             raise ConfigError(f"{where}: {key} must be > 0 when given, got 0 (leave it out for the default)")
@@ -665,13 +736,13 @@ def model_from_hf_config(cfg: Mapping[str, Any], name: str, hf_id: str = "", sou
         if not isinstance(layer_types, list) or len(layer_types) != layers:
             raise ConfigError(f"{where}: layer_types must list {layers} entries")
         n_sliding = sum(1 for t in layer_types if t == "sliding_attention")
-    elif window and cfg.get("use_sliding_window", True) is False:
+    elif window and not use_window:
         window, n_sliding = 0, 0
     elif window and cfg.get("model_type") in ("qwen2", "qwen3", "qwen3_moe", "qwen2_moe"):
         n_sliding = max(0, layers - get_int("max_window_layers", layers))
     else:
         n_sliding = layers if window else 0
-    if window and window >= get_int("max_position_embeddings", 0) > 0:
+    if window and window >= max_positions > 0:
         window, n_sliding = 0, 0  # a window as long as the context is no window
     if not n_sliding:
         window = 0
@@ -688,10 +759,10 @@ def model_from_hf_config(cfg: Mapping[str, Any], name: str, hf_id: str = "", sou
         num_kv_heads=heads if kv_lora else kv_heads,
         head_dim=head_dim,
         intermediate_size=get_int("intermediate_size"),
-        vocab_size=get_int("vocab_size"),
-        max_position_embeddings=get_int("max_position_embeddings"),
-        tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
-        attention_bias=bool(cfg.get("attention_bias", False)),
+        vocab_size=vocab,
+        max_position_embeddings=max_positions,
+        tie_word_embeddings=tied,
+        attention_bias=attention_bias,
         kv_lora_rank=kv_lora,
         q_lora_rank=get_int("q_lora_rank"),
         qk_nope_head_dim=get_int("qk_nope_head_dim"),
@@ -801,10 +872,20 @@ def import_hf_config(config_path: Path | str, name: str | None = None, hf_id: st
     import json
 
     path = Path(config_path)
+
+    def no_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+        # json keeps the last of a repeated key; which one the author meant is unknowable
+        seen: dict[str, Any] = {}
+        for key, value in pairs:
+            if key in seen:
+                shown = repr(key) if len(key) <= 60 else repr(key[:57] + "...")
+                raise ConfigError(f"{path}: invalid JSON: key {shown} appears more than once in one object")
+            seen[key] = value
+        return seen
+
+    raw = read_config_bytes(path, "config file")  # (a device, a huge file, a pipe: one line)
     try:
-        cfg = json.loads(path.read_text())
-    except OSError as exc:
-        raise ConfigError(f"{path}: cannot read: {exc.strerror}") from None
+        cfg = json.loads(raw.decode("utf-8"), object_pairs_hook=no_duplicates)
     except json.JSONDecodeError as exc:
         raise ConfigError(f"{path}: invalid JSON at line {exc.lineno}: {exc.msg}") from None
     except UnicodeDecodeError as exc:
