@@ -10,6 +10,7 @@ split, and writes a new hardware entry stating what it was fitted on and its hel
 from __future__ import annotations
 
 import math
+import os
 import tomllib
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -19,7 +20,16 @@ import numpy as np
 from pipeline.catalog import HardwareSpec, load_hardware, parse_hardware
 from pipeline.catalog.entries import write_entry
 from pipeline.errors import ConfigError, RooftraceError
-from pipeline.validate import MIN_TARGET_TOKENS, Calibration, discover, fit_factors, fit_rows, load_groups
+from pipeline.validate import (
+    MIN_TARGET_TOKENS,
+    Calibration,
+    discover,
+    failed_fit,
+    fit_factors,
+    fit_rows,
+    load_groups,
+    select_hardware,
+)
 
 
 @dataclass(frozen=True)
@@ -33,6 +43,9 @@ class CalibrateResult:
     #: What the fit did not use and why, as ``validate`` reports it (rows left out, groups skipped,
     #: other GPUs' rows): one note per cause, in file order.
     skipped: tuple[str, ...] = ()
+    #: What the fit used as something its table does not say it is (rows whose label no catalog
+    #: GPU has, taken as --hardware): one note per label.
+    notes: tuple[str, ...] = ()
 
 
 #: Held-out median error above which ``calibrate`` refuses to write a hardware entry.
@@ -51,27 +64,15 @@ def calibrate(measurements: Path, hardware: str, name: str | None = None) -> Cal
     from pipeline.catalog import hardware_to_toml
 
     base = load_hardware(hardware)
-    paths = discover(measurements)
-    groups, skipped = load_groups(paths)
-    mine = [g for g in groups if g.hardware.name == base.name]
+    groups, skipped = load_groups(discover(measurements), hardware)
+    notes: list[str] = []
+    # Rows labelled with a catalog GPU are that GPU's, never `hardware`'s; a user's own table
+    # whose labels no catalog GPU has is taken as `hardware` (said in `notes`).
+    mine = select_hardware(groups, hardware, measurements, skipped, notes, "calibrate")
+    skipped = list(dict.fromkeys(skipped))
     if not mine:
-        # A user's own table with a label the map does not know: treat all its rows as `hardware`.
-        others = groups
-        groups, skipped = load_groups(paths, hardware)
-        mine = groups
-        for g in others:  # labels of another catalog GPU, fitted as `hardware` all the same: say so
-            skipped.append(
-                f"{g.source_file}: {g.kind} rows labelled {g.hardware_label!r} ({g.hardware.name}) are taken as "
-                f"{base.name}: the measurements hold no {base.name} rows"
-            )
-    if not mine:
-        raise RooftraceError(f"{measurements}: no rows for hardware {hardware!r} ({'; '.join(skipped)})")
-    for g in groups:
-        if g.hardware.name != base.name:
-            skipped.append(
-                f"{g.source_file}: {g.kind} rows for {g.hardware_label!r} ({g.hardware.name}) are not used: "
-                f"calibrating {base.name}"
-            )
+        why = f" ({'; '.join(skipped)})" if skipped else ": the measurements hold no data rows"
+        raise RooftraceError(f"{measurements}: no rows for {base.name}{why}")
     mine = [replace(g, hardware=base) for g in mine]
     kinds = sorted({g.kind for g in mine})
     fitted = base
@@ -109,6 +110,9 @@ def calibrate(measurements: Path, hardware: str, name: str | None = None) -> Cal
             f"a calibration off by more than {MAX_HOLDOUT_ERROR:.0%} is not written (check the table's units "
             f"and that its rows are this GPU's){said}"
         )
+    for c in cals:
+        if c.at_bounds:
+            raise RooftraceError(f"{measurements}: {failed_fit(c)}; a calibration pinned at its bounds is not written")
     stem = name or f"{base.name}-calibrated"
     note = f"{cal.description}; hold-out median abs error {med(fitted, 'holdout'):.1%}"
     new = replace(
@@ -126,7 +130,41 @@ def calibrate(measurements: Path, hardware: str, name: str | None = None) -> Cal
         before_median_abs_error=med(base, "holdout"),
         toml=f"# {new.display_name}: written by `rooftrace calibrate`.\n" + hardware_to_toml(new),
         skipped=tuple(dict.fromkeys(skipped)),
+        notes=tuple(dict.fromkeys(notes)),
     )
+
+
+def check_profiles_out(target: Path) -> None:
+    """``calibrate --out`` of measured profiles is a folder that exists or can be made (the
+    <gpu>/ profiles go in it): anything else is one error line before any work is done."""
+    from pipeline.schemas import not_regular
+
+    for folder in (target, *target.parents):
+        if not os.path.lexists(folder):
+            continue
+        if not folder.is_dir():
+            what = (not_regular(folder) or "a file") if os.path.exists(folder) else "a link to nothing"
+            where = "it is" if folder == target else f"{folder} is"
+            raise RooftraceError(
+                f"{target}: cannot write the profiles there: {where} {what}, not a folder (--out names the "
+                "folder the <gpu>/ profiles go in)"
+            )
+        if not os.access(folder, os.W_OK | os.X_OK):
+            raise RooftraceError(f"{target}: cannot write the profiles there: no permission to write in {folder}")
+        return
+
+
+def check_entry_out(target: Path) -> None:
+    """``calibrate --out`` of fitted factors is a hardware TOML file: a folder, a device or a
+    path under a file is one error line before the fit."""
+    from pipeline.schemas import not_regular
+
+    for parent in reversed(target.parents):
+        if os.path.lexists(parent) and not parent.is_dir():
+            raise RooftraceError(f"cannot write {target}: {parent} is a file, not a folder")
+    why = not_regular(target) if os.path.exists(target) else None  # (a link to nothing is replaced)
+    if why is not None:
+        raise RooftraceError(f"cannot write {target}: it is {why}, not a file (--out names the hardware TOML to write)")
 
 
 def write_calibrated(result: CalibrateResult, out: Path) -> Path:

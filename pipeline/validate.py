@@ -20,8 +20,9 @@ log(predicted / measured) with scipy's least_squares.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -29,7 +30,7 @@ import numpy as np
 import polars as pl
 import pyarrow as pa
 
-from pipeline.catalog import HardwareSpec, ModelSpec, load_hardware, load_model, model_from_hf_config
+from pipeline.catalog import HardwareSpec, ModelSpec, list_hardware, load_hardware, load_model, model_from_hf_config
 from pipeline.errors import ConfigError, RooftraceError
 from pipeline.profile.sources import repeats_note
 from pipeline.roofline import (
@@ -113,6 +114,8 @@ class Group:
     predict: Callable[[HardwareSpec], FloatArray]
     #: Vidur operator sets only: the operator behind each block of rows, in row order.
     ops: tuple[Op, ...] = ()
+    #: True when no catalog GPU has ``hardware_label`` and the rows are taken as --hardware.
+    assumed: bool = False
 
 
 def _alternate(keys: np.ndarray) -> np.ndarray:
@@ -142,11 +145,50 @@ def _op_predictor(chosen: list[Op]) -> Callable[[HardwareSpec], FloatArray]:
     return predict
 
 
-def _hardware_for(label: str, override: str | None, where: str) -> HardwareSpec | None:
-    if override:
-        return load_hardware(override)
+#: Longest value of a measurement table echoed in a message (a 5000-digit cell is cut).
+ECHO_CHARS = 40
+
+
+def echo(value: object) -> str:
+    """``repr(value)`` for a message, cut to :data:`ECHO_CHARS` characters and "…"."""
+    text = repr(value)
+    return text if len(text) <= ECHO_CHARS else text[:ECHO_CHARS] + "…"
+
+
+def label_hardware(label: str) -> str | None:
+    """The catalog GPU a measurement label names (a public set's label in :data:`HARDWARE_LABELS`,
+    or a catalog entry's own name), or None when no catalog GPU has that label."""
     name = HARDWARE_LABELS.get(label)
-    return load_hardware(name) if name else None
+    if name is not None:
+        return name
+    return label if label in list_hardware() else None
+
+
+def _hardware_for(label: str, override: str | None) -> tuple[HardwareSpec | None, bool]:
+    """The GPU of rows labelled ``label`` and whether it was assumed: the catalog GPU the label
+    names (even when ``override`` names another: :func:`select_hardware` leaves such rows out);
+    else ``override`` (--hardware), assumed; else None."""
+    name = label_hardware(label)
+    if name is not None:
+        return load_hardware(name), False
+    if override:
+        return load_hardware(override), True
+    return None, False
+
+
+#: A label no catalog GPU has, met without --hardware: (file, what the label is, the label).
+Unlabelled = tuple[str, str, str]
+
+
+def _no_hardware(
+    skipped: list[str] | None, unknown: list[Unlabelled] | None, path: Path, what: str, label: str
+) -> None:
+    """Rows whose label no catalog GPU has, read without --hardware: into ``unknown`` (for
+    :func:`load_groups` to word once it knows the whole set), else a note in ``skipped``."""
+    if unknown is not None:
+        unknown.append((str(path), what, label))
+    elif skipped is not None:
+        skipped.append(f"{path}: no catalog hardware for {what}{echo(label)}; pass --hardware")
 
 
 #: Shape and count columns of a measurement table are whole numbers in [1, MAX_INT_CELL].
@@ -174,6 +216,7 @@ def _read_csv(
     any other value in those columns is left out, and ``skipped`` says how many rows and the first
     one's line, field and value."""
     top = int_max or {}
+    _refuse_duplicate_columns(path)
     lines: np.ndarray[Any, np.dtype[np.int64]] | None = None  # each row's line (None: row + 2)
     try:
         df = pl.read_csv(path, infer_schema_length=0)
@@ -181,6 +224,9 @@ def _read_csv(
         df, lines = _read_csv_rows(path, skipped)
     except OSError as exc:
         raise RooftraceError(f"{path}: cannot read CSV: {exc.strerror or exc}") from None
+    else:
+        if sum(df.null_count().row(0)):  # polars pads a short row with nulls: row by row, said as such
+            df, lines = _read_csv_rows(path, skipped)
     missing = sorted(set(required) - set(df.columns))
     if missing:
         raise RooftraceError(f"{path}: missing column(s) {missing}")
@@ -214,7 +260,7 @@ def _read_csv(
         )
         if skipped is not None:
             skipped.append(
-                f"{path}: {int(bad.sum())} row(s) left out, the first at line {line + 2}: {col} = {value!r} "
+                f"{path}: {int(bad.sum())} row(s) left out, the first at line {line + 2}: {col} = {echo(value)} "
                 f"is not {what}"
             )
         df = df.filter(pl.Series(~bad))
@@ -230,6 +276,25 @@ def _say_repeats(
     note = repeats_note(df.sort(keys), keys, times, path, what, unit="ms")
     if note is not None:
         skipped.append(note)
+
+
+def _refuse_duplicate_columns(path: Path) -> None:
+    """A header that names a column twice is refused: which of the two holds the values is a guess."""
+    import csv
+
+    try:
+        with path.open(encoding="utf-8-sig", errors="replace", newline="") as fh:
+            header = next(csv.reader([fh.readline(1 << 20)]), [])
+    except (OSError, csv.Error):
+        return  # the read proper says what is wrong
+    seen: dict[str, int] = {}
+    for i, key in enumerate(header, start=1):
+        if key in seen:
+            raise RooftraceError(
+                f"{path}: the header names column {echo(key)} twice (fields {seen[key]} and {i}); which one "
+                "holds the values is unclear: rename or remove one"
+            )
+        seen[key] = i
 
 
 def _read_csv_rows(path: Path, skipped: list[str] | None) -> tuple[pl.DataFrame, np.ndarray[Any, np.dtype[np.int64]]]:
@@ -308,16 +373,17 @@ def _vidur_model(row: dict[str, object], label: str) -> ModelSpec:
     return model_from_hf_config(cfg, label)
 
 
-def load_vidur_mlp(path: Path, hardware: str | None = None, skipped: list[str] | None = None) -> list[Group]:
+def load_vidur_mlp(
+    path: Path, hardware: str | None = None, skipped: list[str] | None = None, unknown: list[Unlabelled] | None = None
+) -> list[Group]:
     shape_cols = ["n_head", "n_kv_head", "n_embd", "n_expanded_embd", "vocab_size", "use_gated_mlp"]
     op_cols = [f"time_stats.{op}.median" for op in VIDUR_OPS]
     int_cols = [*shape_cols[:-1], "num_tokens", "num_tensor_parallel_workers"]
     df = _read_csv(path, [*int_cols, "use_gated_mlp", *op_cols], skipped, ints=int_cols, times=op_cols)
     sku = path.parent.parent.parent.name if path.parent.parent.name == "meta-llama" else path.parent.parent.name
-    hw = _hardware_for(sku, hardware, str(path))
+    hw, assumed = _hardware_for(sku, hardware)
     if hw is None:
-        if skipped is not None:
-            skipped.append(f"{path}: no catalog hardware for SKU {sku!r}; pass --hardware")
+        _no_hardware(skipped, unknown, path, "SKU ", sku)
         return []
     model_label = path.parent.name
     df = df.with_columns(pl.col("use_gated_mlp").cast(pl.Utf8))
@@ -334,7 +400,8 @@ def load_vidur_mlp(path: Path, hardware: str | None = None, skipped: list[str] |
             dep = Deployment(spec, hw, tp=tp, weight_dtype="fp16", kv_dtype="fp16")
         except RooftraceError as exc:
             if skipped is not None:
-                skipped.append(f"{path}: rows with TP {tp} and shape {row} are skipped: {exc}")
+                shape = ", ".join(f"{k}={echo(v)}" for k, v in row.items())
+                skipped.append(f"{path}: rows with TP {tp} and shape {shape} are skipped: {exc}")
             continue
         tokens = part["num_tokens"].to_numpy().astype(np.float64)
         ops = {o.name: o for o in operators(dep, prefill_batch(tokens))}
@@ -355,6 +422,7 @@ def load_vidur_mlp(path: Path, hardware: str | None = None, skipped: list[str] |
                 source_file=str(path),
                 hardware_label=sku,
                 hardware=hw,
+                assumed=assumed,
                 model=model_label,
                 tp=tp,
                 item=items,
@@ -370,14 +438,15 @@ def load_vidur_mlp(path: Path, hardware: str | None = None, skipped: list[str] |
     return groups
 
 
-def load_vidur_all_reduce(path: Path, hardware: str | None = None, skipped: list[str] | None = None) -> list[Group]:
+def load_vidur_all_reduce(
+    path: Path, hardware: str | None = None, skipped: list[str] | None = None, unknown: list[Unlabelled] | None = None
+) -> list[Group]:
     cols = ["time_stats.all_reduce.median", "num_workers", "size", "devices_per_node"]
     df = _read_csv(path, cols, skipped, ints=cols[1:], times=cols[:1])
     device = path.parent.name
-    hw = _hardware_for(device, hardware, str(path))
+    hw, assumed = _hardware_for(device, hardware)
     if hw is None:
-        if skipped is not None:
-            skipped.append(f"{path}: no catalog hardware for network device {device!r}; pass --hardware")
+        _no_hardware(skipped, unknown, path, "network device ", device)
         return []
     # One node only: the intra-node link is what the catalog describes.
     df = df.filter(pl.col("num_workers") <= pl.col("devices_per_node"))
@@ -403,6 +472,7 @@ def load_vidur_all_reduce(path: Path, hardware: str | None = None, skipped: list
                 source_file=str(path),
                 hardware_label=device,
                 hardware=hw,
+                assumed=assumed,
                 model="",
                 tp=n,
                 item=["all_reduce"] * len(size),
@@ -417,7 +487,9 @@ def load_vidur_all_reduce(path: Path, hardware: str | None = None, skipped: list
     return groups
 
 
-def load_splitwise(path: Path, hardware: str | None = None, skipped: list[str] | None = None) -> list[Group]:
+def load_splitwise(
+    path: Path, hardware: str | None = None, skipped: list[str] | None = None, unknown: list[Unlabelled] | None = None
+) -> list[Group]:
     cols = ["model", "hardware", "prompt_size", "batch_size", "token_size", "prompt_time", "token_time",
             "tensor_parallel"]  # fmt: skip
     int_cols = ["prompt_size", "batch_size", "token_size", "tensor_parallel"]
@@ -435,12 +507,11 @@ def load_splitwise(path: Path, hardware: str | None = None, skipped: list[str] |
             spec = load_model(model_name)
         except ConfigError:
             if skipped is not None:
-                skipped.append(f"{path}: model {model_label!r} has no catalog entry; its rows are skipped")
+                skipped.append(f"{path}: model {echo(model_label)} has no catalog entry; its rows are skipped")
             continue
-        hw = _hardware_for(str(hw_label), hardware, str(path))
+        hw, assumed = _hardware_for(str(hw_label), hardware)
         if hw is None:
-            if skipped is not None:
-                skipped.append(f"{path}: no catalog hardware for {hw_label!r}; pass --hardware")
+            _no_hardware(skipped, unknown, path, "", str(hw_label))
             continue
         tp = int(str(tp_raw))
         try:
@@ -471,6 +542,7 @@ def load_splitwise(path: Path, hardware: str | None = None, skipped: list[str] |
                 source_file=str(path),
                 hardware_label=str(hw_label),
                 hardware=hw,
+                assumed=assumed,
                 model=model_name,
                 tp=tp,
                 item=["prefill"] * n + ["decode"] * n,
@@ -488,7 +560,7 @@ def load_splitwise(path: Path, hardware: str | None = None, skipped: list[str] |
     return groups
 
 
-LOADERS: dict[str, Callable[[Path, str | None, list[str] | None], list[Group]]] = {
+LOADERS: dict[str, Callable[[Path, str | None, list[str] | None, list[Unlabelled] | None], list[Group]]] = {
     "vidur_mlp": load_vidur_mlp,
     "vidur_all_reduce": load_vidur_all_reduce,
     "splitwise": load_splitwise,
@@ -501,6 +573,82 @@ class UnreadableMeasurements(RooftraceError):
     the folder is searched, never the same as a folder without tables."""
 
 
+#: The search for measurement files under --measurements stops (one error line) past this many
+#: folders below it, or this many entries seen: the public sets are 10 deep and a few hundred
+#: entries; ``--measurements /`` is not a folder of measurements.
+MAX_WALK_DEPTH = 16
+MAX_WALK_ENTRIES = 100_000
+
+
+def _walk(root: Path) -> list[Path]:
+    """Files named as measurement tables under ``root`` (links to folders not followed, as
+    ``rglob``), bounded by :data:`MAX_WALK_DEPTH` and :data:`MAX_WALK_ENTRIES`."""
+    found: list[Path] = []
+    seen = 0
+    stack: list[tuple[str, int]] = [(str(root), 0)]
+    while stack:
+        folder, depth = stack.pop()
+        try:
+            with os.scandir(folder) as it:
+                entries = list(it)
+        except OSError:
+            continue  # a folder that cannot be listed holds nothing rooftrace can read (as rglob)
+        seen += len(entries)
+        if seen > MAX_WALK_ENTRIES:
+            raise UnreadableMeasurements(
+                f"{root}: more than {MAX_WALK_ENTRIES:,} files and folders under it; not a folder of "
+                "measurements: pass the folder that holds the measurement sets"
+            )
+        for entry in entries:
+            try:
+                is_dir = entry.is_dir(follow_symlinks=False)
+            except OSError:
+                continue
+            if is_dir:
+                if depth + 1 > MAX_WALK_DEPTH:
+                    raise UnreadableMeasurements(
+                        f"{root}: folders more than {MAX_WALK_DEPTH} deep under it (e.g. {entry.path}); not a "
+                        "folder of measurements: pass the folder that holds the measurement sets"
+                    )
+                stack.append((entry.path, depth + 1))
+            elif entry.name in _FILE_NAMES:
+                found.append(Path(entry.path))
+    return sorted(found)
+
+
+#: The operator-profile sets ``calibrate`` / ``validate`` read from their parent folder
+#: (pipeline/profile/heldout.py ``has_profile_sets``), and a piece of one's tables.
+PROFILE_SETS = ("aiconfigurator-vllm-ops", "llmservingsim-profiles")
+#: Operator families of an AIConfigurator GPU folder (``<gpu>/<family>/vllm/<version>/``).
+_AIC_FAMILIES = ("gemm", "comm", "attention", "moe")
+
+
+def refuse_part_of_a_set(path: Path) -> None:
+    """A folder inside an AIConfigurator / LLMServingSim set (one GPU's folder, one family's) is
+    not read alone: one error line saying to pass the set's parent folder, with --hardware to
+    pick one GPU. Nothing happens for any other path."""
+    if not path.is_dir() or path.name in PROFILE_SETS:
+        return
+    here = path.resolve()
+    inside = next((a for a in here.parents if a.name in PROFILE_SETS), None)
+    if inside is not None:
+        gpu = here.relative_to(inside).parts[0]
+        raise RooftraceError(
+            f"{path}: a folder inside the {inside.name} set (GPU folder {gpu!r}); a set is read whole: pass "
+            f"its parent folder (--measurements {inside.parent}) and --hardware to pick one GPU"
+        )
+
+    # a copy under another name: one GPU's folder (<family>/vllm/) or one family's (vllm/)
+    def family(folder: Path) -> bool:
+        return next(iter(folder.glob("vllm/*/*_perf.parquet")), None) is not None
+
+    if family(path) or any(family(path / f) for f in _AIC_FAMILIES):
+        raise RooftraceError(
+            f"{path}: looks like one GPU's folder of an AIConfigurator set, which is read whole: pass the "
+            f"folder that holds {PROFILE_SETS[0]}/<gpu>/ (and --hardware to pick one GPU)"
+        )
+
+
 def discover(measurements: Path) -> list[Path]:
     """Measurement files under a folder (or the one file given), in a stable order."""
     from pipeline.schemas import not_regular
@@ -510,7 +658,7 @@ def discover(measurements: Path) -> list[Path]:
     if not measurements.is_dir():
         why = not_regular(measurements) if measurements.exists() else None
         raise RooftraceError(f"{measurements}: {why + ', not a regular file' if why else 'no such file or folder'}")
-    files = sorted(p for p in measurements.rglob("*.csv") if p.name in _FILE_NAMES)
+    files = _walk(measurements)
     for p in files:
         why = not_regular(p)
         if why is not None:  # a named pipe would block the read forever
@@ -521,11 +669,77 @@ def discover(measurements: Path) -> list[Path]:
 
 
 def load_groups(paths: Iterable[Path], hardware: str | None = None) -> tuple[list[Group], list[str]]:
+    """Every table's rows as groups, and what was left out (one note per cause). A row's GPU is
+    the catalog GPU its label names; rows whose label no catalog GPU has are taken as
+    ``hardware`` (``Group.assumed``), or left out without it. Pass the groups through
+    :func:`select_hardware` to keep one GPU's."""
     skipped: list[str] = []
     groups: list[Group] = []
+    unknown: list[Unlabelled] = []
     for path in paths:
-        groups += LOADERS[detect_kind(path)](path, hardware, skipped)
-    return groups, skipped
+        groups += LOADERS[detect_kind(path)](path, hardware, skipped, unknown)
+    known = sorted({g.hardware.name for g in groups if not g.assumed})
+    for source, what, label in unknown:
+        if known:  # --hardware would pick among the known GPUs, never name these rows
+            skipped.append(
+                f"{source}: rows labelled {echo(label)} are skipped: no catalog GPU has that label, and the "
+                f"measurements hold rows of known GPUs ({', '.join(known)}); to take them as one GPU, pass "
+                "their table alone with --hardware"
+            )
+        else:
+            skipped.append(f"{source}: no catalog hardware for {what}{echo(label)}; pass --hardware")
+    return groups, list(dict.fromkeys(skipped))
+
+
+def select_hardware(
+    groups: list[Group], hardware: str, measurements: Path, skipped: list[str], notes: list[str], command: str
+) -> list[Group]:
+    """The groups of ``hardware`` (--hardware) for ``command`` ("calibrate", "validate").
+
+    Rows labelled with a catalog GPU are that GPU's and never another's: the other GPUs' rows are
+    left out (said in ``skipped``), and measurements that hold known GPUs' rows but none of
+    ``hardware``'s are one error line naming the GPUs they hold. Rows whose label no catalog GPU
+    has are taken as ``hardware`` only in measurements without known GPUs' rows (said once per
+    label in ``notes``); beside known GPUs' rows they are left out."""
+    base = load_hardware(hardware)
+    known = [g for g in groups if not g.assumed]
+    mine = [g for g in known if g.hardware.name == base.name]
+    if known and not mine:
+        held: dict[str, list[str]] = {}
+        for g in known:
+            labels = held.setdefault(g.hardware.name, [])
+            if g.hardware_label not in labels:
+                labels.append(g.hardware_label)
+        gpus = [f"{n} (labelled {', '.join(echo(x) for x in labels)})" for n, labels in sorted(held.items())]
+        listed = ", ".join(gpus[:-1]) + " and " + gpus[-1] if len(gpus) > 1 else gpus[0]
+        also = " or all of them (no --hardware)" if command == "validate" else ""
+        raise RooftraceError(
+            f"{measurements}: holds no rows of {base.name}, only of {listed}; one GPU's rows are never taken "
+            f"as another's: {command} one of those (--hardware {min(held)}){also}, or pass a table of "
+            f"{base.name}'s own rows"
+        )
+    if not known:  # a user's own table, every label unknown: all its rows are this GPU's
+        for g in groups:
+            notes.append(
+                f"{g.source_file}: {g.kind} rows labelled {echo(g.hardware_label)} are taken as {base.name} "
+                "(--hardware): no catalog GPU has that label"
+            )
+        return groups
+    names = ", ".join(sorted({g.hardware.name for g in known}))
+    doing = "calibrating" if command == "calibrate" else "validating"
+    for g in groups:
+        if g.assumed:
+            skipped.append(
+                f"{g.source_file}: {g.kind} rows labelled {echo(g.hardware_label)} are left out: no catalog GPU "
+                f"has that label and the measurements hold rows of known GPUs ({names}), so --hardware picks "
+                f"{base.name}'s rows among those; to take them as {base.name}, pass their table alone"
+            )
+        elif g.hardware.name != base.name:
+            skipped.append(
+                f"{g.source_file}: {g.kind} rows for {echo(g.hardware_label)} ({g.hardware.name}) are not used: "
+                f"{doing} {base.name}"
+            )
+    return mine
 
 
 # --------------------------------------------------------------------------------------------
@@ -573,6 +787,39 @@ class Calibration:
     n_holdout: int
     files: tuple[str, ...]
     description: str
+    #: Every factor the rows determine sits at a bound of its range: the fit failed (rows that do
+    #: not behave like this GPU, or times in another unit); :attr:`pinned` says which bound each
+    #: one hit (a factor the rows do not move, as the link at TP 1, is neither).
+    at_bounds: bool = False
+    pinned: tuple[str, ...] = ()
+
+
+#: A fitted factor within this share of its range's width of a bound sits at that bound.
+AT_BOUND = 1e-5
+
+
+def _pinned(
+    names: tuple[str, ...], x: FloatArray, lo: FloatArray, hi: FloatArray, jac: FloatArray
+) -> tuple[tuple[str, ...], bool]:
+    """``name=value (min)`` / ``(max)`` for each factor the rows determine (a Jacobian column
+    that is not zero) at a bound of its range, and whether that is every such factor."""
+    norms = np.linalg.norm(np.asarray(jac, dtype=np.float64), axis=0) if np.size(jac) else np.zeros(len(names))
+    moved = norms > 1e-12 * max(float(norms.max(initial=0.0)), 1e-300)
+    out = []
+    for n, v, a, b, m in zip(names, x, lo, hi, moved, strict=True):
+        tol = AT_BOUND * (b - a)
+        if m and (v - a <= tol or b - v <= tol):
+            out.append(f"{n}={float(v):.4g} ({'min' if v - a <= tol else 'max'})")
+    return tuple(out), bool(moved.any()) and len(out) == int(moved.sum())
+
+
+def failed_fit(cal: Calibration) -> str:
+    """One line saying that ``cal`` failed because every factor it determines sits at a bound."""
+    return (
+        f"the {cal.kind} fit for {cal.hardware} failed: every factor sits at a bound of its range "
+        f"({', '.join(cal.pinned)}): these rows do not behave like {cal.hardware}'s "
+        "(another GPU's rows, or times in another unit)"
+    )
 
 
 def fit_factors(groups: list[Group], kind: str, base: HardwareSpec) -> tuple[HardwareSpec, Calibration]:
@@ -610,7 +857,10 @@ def fit_factors(groups: list[Group], kind: str, base: HardwareSpec) -> tuple[Har
         f"{', '.join(names)} fitted by least squares (soft-L1 on log ratio) to {n_train} {kind} rows "
         f"({split}) of {', '.join(Path(f).as_posix() for f in files)}; {n_hold} alternate rows held out"
     )
-    return fitted, Calibration(kind, base.name, params, n_train, n_hold, files, description)
+    pinned, at_bounds = _pinned(names, result.x, lo, hi, result.jac)
+    if at_bounds:
+        description += "; FIT FAILED: every factor at a bound of its range"
+    return fitted, Calibration(kind, base.name, params, n_train, n_hold, files, description, at_bounds, pinned)
 
 
 # --------------------------------------------------------------------------------------------
@@ -623,6 +873,8 @@ class ValidationReport:
     summary: pl.DataFrame
     calibrations: list[Calibration]
     skipped: list[str]
+    #: What was used as something it does not say it is (rows taken as --hardware), one per cause.
+    notes: list[str] = field(default_factory=list)
 
 
 def _error_rows(group: Group, hw: HardwareSpec, parameters: str) -> pl.DataFrame:
@@ -693,8 +945,13 @@ def run_validation(measurements: Path, hardware: str | None = None) -> Validatio
     """Predict every measurement with the catalog's factors and with factors fitted per set and
     GPU on the train split; return per-row errors and the summary table."""
     groups, skipped = load_groups(discover(measurements), hardware)
+    notes: list[str] = []
+    if hardware:
+        groups = select_hardware(groups, hardware, measurements, skipped, notes, "validate")
+    skipped = list(dict.fromkeys(skipped))
     if not groups:
-        raise RooftraceError(f"{measurements}: no rows rooftrace can model ({'; '.join(skipped)})")
+        why = f" ({'; '.join(skipped)})" if skipped else ": the tables hold no data rows"
+        raise RooftraceError(f"{measurements}: no rows rooftrace can model{why}")
     frames = [_error_rows(g, g.hardware, "catalog") for g in groups]
     calibrations: list[Calibration] = []
     keys = sorted({(g.kind, g.hardware.name) for g in groups})
@@ -704,7 +961,7 @@ def run_validation(measurements: Path, hardware: str | None = None) -> Validatio
         calibrations.append(cal)
         frames += [_error_rows(g, fitted, "calibrated") for g in members]
     errors = pl.concat(frames)
-    return ValidationReport(errors, summarise(errors), calibrations, skipped)
+    return ValidationReport(errors, summarise(errors), calibrations, skipped, list(dict.fromkeys(notes)))
 
 
 def store_report(report: ValidationReport, out_dir: Path) -> list[Path]:

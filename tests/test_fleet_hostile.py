@@ -219,18 +219,18 @@ def test_calibrate_reports_left_out_and_skipped_rows_like_validate(tmp_path: Pat
     assert [f"skipped: {note}" for note in json.loads(as_json.stdout)["skipped"]] == wanted
 
 
-def test_calibrate_says_when_it_fits_another_gpus_rows(tmp_path: Path) -> None:
+def test_calibrate_refuses_to_fit_another_gpus_rows(tmp_path: Path) -> None:
+    """Rows labelled with another catalog GPU are never taken as --hardware's (they were, with a
+    note, before hostile round 7): one line naming the GPUs the table has, nothing written."""
     table = _splitwise_with_bad_rows(tmp_path / "perf_model.csv")
     table.write_text(table.read_text().replace("my-h100", "a100-80gb"))
     res = CliRunner().invoke(
         main,
         ["calibrate", "--measurements", str(table), "--hardware", "h100-sxm", "--out", str(tmp_path / "fit.toml")],
     )
-    assert res.exit_code == 0, res.output
-    assert (
-        f"skipped: {table}: splitwise rows labelled 'a100-80gb' (a100-80gb-sxm) are taken as h100-sxm: "
-        "the measurements hold no h100-sxm rows"
-    ) in res.stderr, res.stderr
+    assert res.exit_code == 1, res.output
+    assert f"error: {table}: holds no rows of h100-sxm, only of a100-80gb-sxm (labelled 'a100-80gb')" in res.stderr
+    assert not (tmp_path / "fit.toml").exists()
 
 
 def test_calibrate_profiles_report_what_validate_skips(tmp_path: Path) -> None:

@@ -20,7 +20,10 @@ from pipeline.errors import RooftraceError
     "or a Vidur / Splitwise CSV (fits one GPU's roofline factors; needs --hardware).",
 )
 @click.option(
-    "--hardware", default=None, help="Catalog GPU: the only profile to build, or the GPU whose factors to fit."
+    "--hardware",
+    default=None,
+    help="Catalog GPU: the only profile to build, or the GPU whose factors to fit (from its rows; a table whose "
+    "labels no catalog GPU has is taken as it).",
 )
 @click.option("--out", type=click.Path(), default=None,
               help="Profiles: folder to write <gpu>/ into (default: the catalog's profiles). "
@@ -46,20 +49,24 @@ def calibrate_cmd(measurements: str, hardware: str | None, out: str | None, as_j
         # an empty path is no path: it would read the current folder, or write the catalog's profiles
         refuse_empty("--measurements", measurements, "path/to/measurements")
         refuse_empty("--out", out, "/tmp/profiles")
+        from pipeline.validate import refuse_part_of_a_set
+
         source = Path(measurements)
         if not source.exists():
             raise RooftraceError(f"{source}: no such file or folder of measurements")
         if has_profile_sets(source):
             _calibrate_profiles(source, hardware, out, as_json)
             return
+        refuse_part_of_a_set(source)
         if hardware is None:
             what = "holds no AIConfigurator or LLMServingSim set; a" if source.is_dir() else "a"
             raise RooftraceError(
                 f"{source}: {what} Vidur or Splitwise table needs --hardware (the GPU whose factors to fit)"
             )
-        from pipeline.calibrate import calibrate, format_share, write_calibrated
+        from pipeline.calibrate import calibrate, check_entry_out, format_share, write_calibrated
 
         target = Path(out) if out is not None else Path(f"{hardware}-calibrated.toml")
+        check_entry_out(target)
         result = calibrate(source, hardware, name=target.stem)
         write_calibrated(result, target)
         progress(f"wrote {target}")
@@ -74,8 +81,11 @@ def calibrate_cmd(measurements: str, hardware: str | None, out: str | None, as_j
             "holdout_median_abs_error": result.holdout_median_abs_error,
             "holdout_median_abs_error_before": result.before_median_abs_error,
             "skipped": list(result.skipped),
+            "notes": list(result.notes),
         }
         _report_skipped(result.skipped)
+        for note in result.notes:
+            progress(f"note: {note}")
         if as_json:
             emit_json(json_safe(doc))
             return
@@ -91,11 +101,13 @@ def calibrate_cmd(measurements: str, hardware: str | None, out: str | None, as_j
 
 
 def _calibrate_profiles(source: Path, hardware: str | None, out: str | None, as_json: bool) -> None:
+    from pipeline.calibrate import check_profiles_out
     from pipeline.cli.validate import json_safe
     from pipeline.profile.build import build_profiles
     from pipeline.profile.tables import PROFILES_DIR
 
     target = Path(out) if out is not None else PROFILES_DIR
+    check_profiles_out(target)
     if hardware is not None:
         from pipeline.catalog import load_hardware
 

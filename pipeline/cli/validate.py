@@ -86,7 +86,8 @@ def _step_summary(steps: Any) -> Any:
 @click.option(
     "--hardware",
     default=None,
-    help="Only this catalog GPU (profiles); for your own Vidur/Splitwise tables, the GPU of every row.",
+    help="Only this catalog GPU: its profiles, its Vidur/Splitwise rows (rows of a table whose labels no "
+    "catalog GPU has are taken as it).",
 )
 @store_option
 @json_option
@@ -105,12 +106,21 @@ def validate_cmd(measurements: str | None, hardware: str | None, store_path: str
     def body() -> bool:
         from pipeline.profile.heldout import TARGET_MEDIAN, TARGET_P90, has_profile_sets, judge_all
         from pipeline.schemas import write_parquet
-        from pipeline.validate import UnreadableMeasurements, discover, run_validation, store_report
+        from pipeline.validate import (
+            UnreadableMeasurements,
+            discover,
+            failed_fit,
+            refuse_part_of_a_set,
+            run_validation,
+            store_report,
+        )
 
         refuse_empty("--measurements", measurements, "path/to/measurements")
         source = Path(measurements) if measurements is not None else _default_measurements()
         if not source.exists():
             raise RooftraceError(f"{source}: no such file or folder of measurements")
+        if not has_profile_sets(source):
+            refuse_part_of_a_set(source)
         progress(f"validating against {source}")
         store = get_store(store_path)
         doc: dict[str, Any] = {"files": [], "skipped": [], "notes": []}
@@ -152,10 +162,12 @@ def validate_cmd(measurements: str | None, hardware: str | None, store_path: str
             doc["summary"] = summary.to_dicts()
             doc["calibrations"] = [
                 {"kind": c.kind, "hardware": c.hardware, "params": c.params, "n_train": c.n_train,
-                 "n_holdout": c.n_holdout, "description": c.description}
+                 "n_holdout": c.n_holdout, "description": c.description, "fit_failed": c.at_bounds}
                 for c in report.calibrations
             ]  # fmt: skip
+            doc["failed_fits"] = [failed_fit(c) for c in report.calibrations if c.at_bounds]
             doc["skipped"] += report.skipped
+            doc["notes"] += report.notes
         if profile is None and report is None:
             raise RooftraceError(f"{source}: no operator measurements rooftrace reads (see --help)")
         if report is None and (profile is None or profile.height == 0):
@@ -214,11 +226,16 @@ def validate_cmd(measurements: str | None, hardware: str | None, store_path: str
             click.echo("fitted (calibrated rows):")
             for c in report.calibrations:
                 values = ", ".join(f"{k}={v:.4g}" for k, v in c.params.items())
-                click.echo(f"  {c.kind} / {c.hardware}: {values} — {c.n_train} train rows, {c.n_holdout} held out")
+                failed = " — FIT FAILED: every factor at a bound" if c.at_bounds else ""
+                click.echo(
+                    f"  {c.kind} / {c.hardware}: {values} — {c.n_train} train rows, {c.n_holdout} held out{failed}"
+                )
         for note in dict.fromkeys(doc["skipped"]):
             progress(f"skipped: {note}")
         for note in dict.fromkeys(doc["notes"]):
             progress(f"note: {note}")
+        for line in doc.get("failed_fits", []):
+            progress(f"warning: {line}")
         return ok
 
     run(body)
