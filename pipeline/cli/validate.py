@@ -45,12 +45,18 @@ def refuse_empty(option: str, value: str | None, example: str) -> None:
         raise RooftraceError(f"{option}: the path is empty (name one, e.g. {option} {example})")
 
 
-def _prior_check(hardware: str | None) -> tuple[Any, Any]:
+def _prior_check(hardware: str | None) -> tuple[Any, Any, Any]:
     """The size-aware prior's leave-one-GPU-out check on the catalog's profiles (operator rows
     and whole steps), for one GPU when ``hardware`` is given."""
     import polars as pl
 
-    from pipeline.profile.prior import heldout_steps, leave_one_gpu_out, load_prior, measured_rows
+    from pipeline.profile.prior import (
+        collective_donor_check,
+        heldout_steps,
+        leave_one_gpu_out,
+        load_prior,
+        measured_rows,
+    )
 
     progress("judging the size-aware prior: each profiled GPU predicted from the others")
     rows = measured_rows()
@@ -59,13 +65,46 @@ def _prior_check(hardware: str | None) -> tuple[Any, Any]:
     steps = heldout_steps(rows, prior.used if prior is not None else None, only=hardware)
     if hardware is not None and loo.height:
         loo = loo.filter(pl.col("gpu") == hardware)
-    return loo, steps
+    donors = collective_donor_check()
+    if donors.height:
+        donors = (
+            donors.group_by("gpu", "donor", "predictor", maintain_order=True)
+            .agg(
+                pl.len().alias("rows"),
+                pl.col("error").abs().median().alias("median_abs_error"),
+                pl.col("error").abs().quantile(0.9).alias("p90_abs_error"),
+                pl.col("error").median().alias("bias"),
+            )
+            .filter(pl.col("gpu") == hardware if hardware is not None else pl.lit(True))
+        )
+    return loo, steps, donors
+
+
+def _loo_display(loo: Any) -> Any:
+    """The prior's held-out table as printed: GEMM and attention families row by row; the fused
+    MoE's one curve per (dtype, tp, ep) summarised per dtype (medians over its shardings; every
+    row is in prior_heldout.parquet and the JSON)."""
+    import polars as pl
+
+    cols = ["median_abs_error", "p90_abs_error", "bias", "roofline_median_abs_error", "roofline_p90_abs_error"]
+    moe = loo.filter(pl.col("family").str.starts_with("moe:"))
+    rest = loo.filter(~pl.col("family").str.starts_with("moe:")).select("gpu", "family", "tokens", "rows", *cols)
+    if moe.height == 0:
+        return rest
+    grouped = (
+        moe.with_columns(pl.col("family").str.split(":").list.get(1).alias("dtype"))
+        .group_by("gpu", "dtype", "tokens", maintain_order=True)
+        .agg(pl.len().alias("n"), pl.col("rows").sum(), *[pl.col(c).median() for c in cols])
+        .with_columns(pl.format("moe:{} ({} shardings)", "dtype", "n").alias("family"))
+        .select("gpu", "family", "tokens", "rows", *cols)
+    )
+    return pl.concat([rest, grouped])
 
 
 def _step_summary(steps: Any) -> Any:
     import polars as pl
 
-    return steps.group_by("gpu", "model", maintain_order=True).agg(
+    return steps.group_by("gpu", "model", "tp", maintain_order=True).agg(
         pl.len().alias("steps"),
         pl.col("prior_error").abs().median().alias("prior_median"),
         pl.col("prior_error").abs().quantile(0.9).alias("prior_p90"),
@@ -135,11 +174,11 @@ def validate_cmd(measurements: str | None, hardware: str | None, store_path: str
                                          "profile_heldout")  # fmt: skip
                 doc["files"].append(str(path))
                 doc["profile_heldout"] = profile.to_dicts()
-        prior_loo = prior_steps = None
+        prior_loo = prior_steps = donors = None
         # The prior is judged on the catalog's profiles: when these measurements are sets of
         # several GPUs (the public sets they were built from), not a user's table of one GPU.
         if profile is not None and profile.height and profile["gpu"].n_unique() >= 2:
-            prior_loo, prior_steps = _prior_check(hardware)
+            prior_loo, prior_steps, donors = _prior_check(hardware)
             with store.lock():
                 for name, frame in (("prior_heldout", prior_loo), ("prior_steps", prior_steps)):
                     if frame.height:
@@ -147,6 +186,7 @@ def validate_cmd(measurements: str | None, hardware: str | None, store_path: str
                         doc["files"].append(str(path))
             doc["prior_heldout"] = prior_loo.to_dicts()
             doc["prior_steps"] = prior_steps.to_dicts()
+            doc["prior_collectives"] = donors.to_dicts()
         try:
             legacy_files = discover(source)
         except UnreadableMeasurements:
@@ -196,22 +236,32 @@ def validate_cmd(measurements: str | None, hardware: str | None, store_path: str
             click.echo(
                 "size-aware roofline prior (GPUs without a profile), each GPU predicted from the others' profiles:"
             )
-            click.echo(f"{'gpu':14s} {'family':16s} {'tokens':7s} {'N':>7s} {'median':>7s} {'p90':>7s} {'bias':>7s}  "
+            click.echo(f"{'gpu':14s} {'family':24s} {'tokens':7s} {'N':>7s} {'median':>7s} {'p90':>7s} {'bias':>7s}  "
                        f"{'plain roofline: median':>22s} {'p90':>7s}")  # fmt: skip
-            for r in prior_loo.iter_rows(named=True):
+            for r in _loo_display(prior_loo).iter_rows(named=True):
                 click.echo(
-                    f"{r['gpu']:14s} {r['family']:16s} {r['tokens']:7s} {r['rows']:7d} {_pct(r['median_abs_error'])} "
+                    f"{r['gpu']:14s} {r['family']:24s} {r['tokens']:7s} {r['rows']:7d} {_pct(r['median_abs_error'])} "
                     f"{_pct(r['p90_abs_error'])} {r['bias']:+7.1%}  {_pct(r['roofline_median_abs_error']):>22s} "
                     f"{_pct(r['roofline_p90_abs_error'])}"
                 )
         if prior_steps is not None and prior_steps.height:
             click.echo("whole steps (decode, prefill, mixed; bf16) against the GPU's measured profile, GPU held out:")
-            click.echo(f"{'gpu':14s} {'model':14s} {'steps':>5s} {'prior median':>13s} {'p90':>7s} "
+            click.echo(f"{'gpu':14s} {'model':14s} {'tp':>3s} {'steps':>5s} {'prior median':>13s} {'p90':>7s} "
                        f"{'plain roofline median':>22s} {'p90':>7s}")  # fmt: skip
             for r in _step_summary(prior_steps).iter_rows(named=True):
                 click.echo(
-                    f"{r['gpu']:14s} {r['model']:14s} {r['steps']:5d} {_pct(r['prior_median']):>13s} "
+                    f"{r['gpu']:14s} {r['model']:14s} {r['tp']:3d} {r['steps']:5d} {_pct(r['prior_median']):>13s} "
                     f"{_pct(r['prior_p90'])} {_pct(r['roofline_median']):>22s} {_pct(r['roofline_p90'])}"
+                )
+        if donors is not None and donors.height:
+            click.echo(
+                "all-reduce of a GPU from the curves of the profiled GPU on the same NVLink (prior's collectives):"
+            )
+            for r in donors.iter_rows(named=True):
+                click.echo(
+                    f"{r['gpu']:14s} from {r['donor'] if r['predictor'] == 'donor' else 'plain roofline link':20s} "
+                    f"{r['rows']:5d} rows  median {_pct(r['median_abs_error'])}  p90 {_pct(r['p90_abs_error'])}  "
+                    f"bias {r['bias']:+7.1%}"
                 )
         if report is not None:
             click.echo("roofline tier (Vidur, Splitwise):")

@@ -13,7 +13,7 @@ launch / latency time of the smallest call, and ``q`` blends the two roofs (q �
 ``max`` of the roofline; a finite q makes the time grow smoothly through the ridge point, where
 neither roof is reached — tile and wave quantisation, pipeline fill). Four numbers per family,
 fitted by least squares on log(predicted / measured) (soft-L1, scale 0.1) with every GPU weighted
-equally, on these rows of the catalog's measured profiles:
+equally (:func:`fit_curve`), on these rows of the catalog's measured profiles:
 
 =====================  ==========================================================================
 family                 rows (per measured GPU)                       t_c, t_m
@@ -24,8 +24,8 @@ family                 rows (per measured GPU)                       t_c, t_m
                                                                       B·ctx·2·nkv·d·b_kv + 4·B·nq·d
 ``attn_prefill``       prefill attention (causal, no cached prefix)  2·B·s(s+1)·nq·d / peak(bf16);
                                                                       B·s·(2nq + 2nkv)·d·2
-``moe:<dtype>``        fused MoE, ``balanced`` routing                6·T·k·h·i / peak(dtype);
-                                                                      touched experts' weights + I/O
+``moe:<dt>:tp<t>ep<e>`` fused MoE, ``balanced`` routing, one       6·T·k·h·i / peak(dtype);
+                       curve per expert sharding (:func:`moe_family`) touched experts' weights + I/O
 =====================  ==========================================================================
 
 (b = bytes per weight element of the dtype, b_kv per KV element; i = the expert's intermediate
@@ -38,8 +38,10 @@ measured GPU predicted from a prior fitted on the others — are written to
 At replay time the prior is evaluated on the deployment's own shapes (its GEMMs, head shape and
 expert shape) over a dense size grid and handed to the measured cost model as a synthetic
 profile (:func:`prior_profile`), so CUDA-graph padding, eager launch cost, asynchronous host
-overlap and the choice of all-reduce apply exactly as on a measured GPU; collectives, norms and
-the sampler keep the roofline / fitted rules (there is no table of an unmeasured GPU's link).
+overlap and the choice of all-reduce apply exactly as on a measured GPU. Collectives are the
+measured curves of the profiled GPU on the same NVLink (:func:`collective_donor`), else the
+roofline's link; norms and the sampler keep the roofline / fitted rules. A family is used only
+where it beats the plain roofline held out by GPU (:func:`family_verdicts`).
 """
 
 from __future__ import annotations
@@ -80,8 +82,9 @@ MOE_ROUTING = "balanced"
 #: A family is fitted only when at least this many GPUs measured it (so that each can be
 #: predicted from the others).
 MIN_GPUS = 2
-#: At most this many rows per GPU and family enter a fit (an even-spaced deterministic sample of
-#: the rows in table order): the curves have four parameters, and 30,000-row sweeps would
+#: Each GPU enters a family's fit with the same number of rows: this many, or the largest GPU's
+#: count when smaller (evenly spaced rows in table order; a GPU with fewer rows has them
+#: repeated, :func:`_sample`). The curves have four parameters, and 30,000-row sweeps would
 #: otherwise make every fit — and the leave-one-GPU-out check, one fit per GPU — minutes long.
 FIT_ROWS_PER_GPU = 3000
 #: Soft-L1 scale of the fit, on log(predicted / measured): as the calibration fits.
@@ -194,6 +197,15 @@ def moe_terms(
 # ---------------------------------------------------------------------------- fitting rows
 
 
+def moe_family(dtype: str, moe_tp: int, moe_ep: int) -> str:
+    """The MoE family of one dtype and sharding: one curve per (tp, ep) of the expert layer, as
+    the measured time does not follow the ideal 1 / (tp·ep) of the work per rank (the routing,
+    permutation and gather of every token are not sharded, and a narrower shard runs its GEMMs
+    less efficiently: H100, h = 2,048, 128 experts top-8, 16,384 tokens, balanced routing:
+    2.91 ms unsharded, 1.88 ms at ep = 2, 1.36 ms at ep = 4, 1.30 ms at tp = 4)."""
+    return f"moe:{dtype}:tp{moe_tp}ep{moe_ep}"
+
+
 def family_rows(prof: Profile, hw: HardwareSpec) -> dict[str, pl.DataFrame]:
     """The rows of one measured profile the prior is fitted on, as (t_c, t_m, time_s, tokens)
     per family; ``tokens`` splits the decode (1-127) from the prefill regime (128+)."""
@@ -232,7 +244,7 @@ def family_rows(prof: Profile, hw: HardwareSpec) -> dict[str, pl.DataFrame]:
     mo = prof.frame("moe")
     if mo.height:
         mo = mo.filter(pl.col("distribution") == MOE_ROUTING)
-        for (dtype,), sub in mo.group_by(["dtype"], maintain_order=True):
+        for (dtype, mtp, mep), sub in mo.group_by(["dtype", "moe_tp", "moe_ep"], maintain_order=True):
             dt = str(dtype)
             if dt not in DTYPE_BYTES or _peak(hw, dt) is None:
                 continue
@@ -240,7 +252,7 @@ def family_rows(prof: Profile, hw: HardwareSpec) -> dict[str, pl.DataFrame]:
             t_c, t_m = moe_terms(
                 hw, dt, tok, *(sub[c].to_numpy() for c in ("h", "inter", "topk", "experts", "moe_tp", "moe_ep"))
             )
-            put(f"moe:{dt}", t_c, t_m, sub["time_s"].to_numpy(), tok)
+            put(moe_family(dt, int(mtp), int(mep)), t_c, t_m, sub["time_s"].to_numpy(), tok)
     return out
 
 
@@ -268,10 +280,14 @@ def measured_rows(gpus: Iterable[str] | None = None, folder: Path | None = None)
     return out
 
 
-def _sample(frame: pl.DataFrame) -> pl.DataFrame:
-    if frame.height <= FIT_ROWS_PER_GPU:
-        return frame
-    idx = np.unique(np.linspace(0, frame.height - 1, FIT_ROWS_PER_GPU).round().astype(np.int64))
+def _sample(frame: pl.DataFrame, k: int) -> pl.DataFrame:
+    """Exactly ``k`` rows of ``frame``: evenly spaced when it has more, every row repeated in turn
+    when it has fewer — so that each GPU enters a fit with the same number of rows and weighs the
+    same whatever the loss does with large residuals."""
+    if frame.height >= k:
+        idx = np.linspace(0, frame.height - 1, k).round().astype(np.int64)
+    else:
+        idx = np.resize(np.arange(frame.height, dtype=np.int64), k)
     return frame[idx]
 
 
@@ -279,13 +295,15 @@ def fit_curve(rows: Mapping[str, pl.DataFrame]) -> PriorCurve:
     """Fit one family's curve on ``{gpu: rows}``, every GPU weighted equally (module doc)."""
     from scipy.optimize import least_squares
 
-    frames = [_sample(f) for f in rows.values() if f.height]
-    if not frames:
+    present = [f for f in rows.values() if f.height]
+    if not present:
         raise ValueError("no rows to fit")
+    k = min(FIT_ROWS_PER_GPU, max(f.height for f in present))
+    frames = [_sample(f, k) for f in present]
     t_c = np.concatenate([f["t_c"].to_numpy() for f in frames])
     t_m = np.concatenate([f["t_m"].to_numpy() for f in frames])
     t = np.concatenate([f["time_s"].to_numpy() for f in frames])
-    w = np.concatenate([np.full(f.height, 1.0 / math.sqrt(f.height)) for f in frames])
+    w = np.ones(t.size)  # every GPU enters with the same number of rows (_sample)
     lo = np.log([FLOOR_BOUNDS[0], EFF_BOUNDS[0], EFF_BOUNDS[0], BLEND_BOUNDS[0]])
     hi = np.log([FLOOR_BOUNDS[1], EFF_BOUNDS[1], EFF_BOUNDS[1], BLEND_BOUNDS[1]])
     floor0 = float(np.clip(np.quantile(t, 0.01) * 0.5, FLOOR_BOUNDS[0] * 2, FLOOR_BOUNDS[1] / 2))
@@ -503,6 +521,13 @@ def load_prior(path: Path = PRIOR_PATH) -> Prior | None:
     if not isinstance(raw, dict):
         raise ConfigError(f"{path}: [curves] must be a table")
     for fam, c in raw.items():
+        if not known_family(str(fam)):
+            raise ConfigError(
+                f"{path}: [curves] unknown family {str(fam)[:60]!r} "
+                "(gemm:<dtype>, attn_decode, attn_prefill, moe:<dtype>:tp<N>ep<N>)"
+            )
+        if not isinstance(c, dict):
+            raise ConfigError(f"{path}: [curves.{fam!r}] must be a table")
         try:
             curve = PriorCurve(float(c["floor_s"]), float(c["compute_eff"]), float(c["memory_eff"]), float(c["blend"]))
         except (KeyError, TypeError, ValueError) as exc:
@@ -517,12 +542,50 @@ def load_prior(path: Path = PRIOR_PATH) -> Prior | None:
         if not ok:
             raise ConfigError(f"{path}: [curves.{fam!r}] outside the fit's bounds: {curve}")
         curves[str(fam)] = curve
-        fitted_on[str(fam)] = [str(g) for g in c.get("fitted_on", [])]
-        rows[str(fam)] = int(c.get("rows", 0))
+        n = c.get("rows", 0)
+        if isinstance(n, bool) or not isinstance(n, int) or n < 0:
+            raise ConfigError(f"{path}: [curves.{fam!r}] rows must be a row count, got {str(n)[:40]!r}")
+        on = c.get("fitted_on", [])
+        if not isinstance(on, list) or not all(isinstance(g, str) for g in on):
+            raise ConfigError(f"{path}: [curves.{fam!r}] fitted_on must be a list of GPU names")
+        if not isinstance(c.get("used", False), bool):
+            raise ConfigError(f"{path}: [curves.{fam!r}] used must be true or false")
+        fitted_on[str(fam)] = list(on)
+        rows[str(fam)] = n
         if c.get("used", False) is True:
             used.add(str(fam))
-    fitted = {str(k): float(v) for k, v in data.get("fitted", {}).items() if isinstance(v, int | float)}
+    raw_fitted = data.get("fitted", {})
+    if not isinstance(raw_fitted, dict):
+        raise ConfigError(f"{path}: [fitted] must be a table")
+    fitted: dict[str, float] = {}
+    for key, v in raw_fitted.items():
+        ok = not isinstance(v, bool) and isinstance(v, int | float) and math.isfinite(v) and 0 < v < FITTED_MAX
+        if not ok:
+            raise ConfigError(
+                f"{path}: [fitted] {key} must be a positive number below {FITTED_MAX:g}, got {str(v)[:40]!r}"
+            )
+        fitted[str(key)] = float(v)
+    if not used:
+        return None  # nothing the replay could use: the plain roofline, as without a file
     return Prior(curves, fitted, fitted_on, rows, frozenset(used))
+
+
+#: Fitted scalars of prior.toml (seconds, or the sampler's passes over the logits) are below this.
+FITTED_MAX = 100.0
+
+
+def known_family(family: str) -> bool:
+    """Whether ``family`` names one of the prior's operator families (module doc)."""
+    parts = family.split(":")
+    if family in ("attn_decode", "attn_prefill"):
+        return True
+    if parts[0] == "gemm" and len(parts) == 2:
+        return parts[1] in DTYPE_BYTES
+    if parts[0] == "moe" and len(parts) == 3:
+        import re
+
+        return parts[1] in DTYPE_BYTES and re.fullmatch(r"tp[1-9][0-9]{0,3}ep[1-9][0-9]{0,3}", parts[2]) is not None
+    return False
 
 
 # ---------------------------------------------------------------------------- collectives
@@ -530,20 +593,25 @@ def load_prior(path: Path = PRIOR_PATH) -> Prior | None:
 #: Two GPUs share collective curves when their links are the same kind and their per-direction
 #: bandwidths agree within this share.
 LINK_MATCH_REL = 0.1
+#: Links whose curves are lent: NVLink, where the check below holds (H100 SXM and H200). Over
+#: PCIe the custom all-reduce's peer-to-peer path runs through the host's root complex and
+#: switches (vLLM's own P2P test decides whether it may be used at all), so two cards of one
+#: PCIe generation need not behave alike, and no profiled pair shares a PCIe link to check it:
+#: PCIe GPUs keep the plain roofline's link.
+DONOR_LINKS = ("nvlink",)
 
 
 def collective_donor(hw: HardwareSpec, exclude: Iterable[str] = ()) -> tuple[str, Profile] | None:
     """The profiled GPU whose measured all-reduce curves an unprofiled ``hw`` borrows: same
-    vendor, same link kind (``nvlink3``, ``pcie5-x16``, …) and link bandwidth within
-    LINK_MATCH_REL; the closest bandwidth first, then the name. vLLM's custom all-reduce and NCCL
+    vendor, same NVLink generation (DONOR_LINKS) and link bandwidth within LINK_MATCH_REL; the
+    closest bandwidth first, then the name. vLLM's custom all-reduce and NCCL
     are bound by the link and its latency, not by the GPU's SMs: H100 SXM's curves predict H200's
     measured rows within 3.0 % (median; p90 9.3 %), where GPUs on other links miss by 40-111 %
     and the plain roofline's link by 26-72 % (docs/validation.md). None when no profiled GPU
-    shares the link (GPUs without peer access, NO_P2P, never lend or borrow: their NCCL runs
-    through host memory)."""
+    shares the link, and for PCIe links (DONOR_LINKS)."""
     from pipeline.profile.cost import NO_P2P
 
-    if hw.name in NO_P2P:
+    if hw.name in NO_P2P or not hw.link_kind.lower().startswith(DONOR_LINKS):
         return None
     best: tuple[float, str, Profile] | None = None
     for gpu in list_profiles():
@@ -661,8 +729,8 @@ def prior_profile(hw: HardwareSpec, dep: Any, prior: Prior, gemm_shapes: Iterabl
         for fam, curve in prior.curves.items():
             if not fam.startswith("moe:") or fam not in prior.used:
                 continue
-            dt = fam.split(":", 1)[1]
-            if _peak(hw, dt) is None:
+            dt = fam.split(":")[1]
+            if fam != moe_family(dt, moe_tp, moe_ep) or _peak(hw, dt) is None:
                 continue
             shape = (m.hidden_size, m.moe_intermediate_size, m.experts_per_token, m.num_experts)
             t = curve.time(*moe_terms(hw, dt, tok.astype(np.float64), *shape, moe_tp, moe_ep))
@@ -707,7 +775,13 @@ def prior_profile(hw: HardwareSpec, dep: Any, prior: Prior, gemm_shapes: Iterabl
 #: Deployments and engine steps of the step-level check: (model, tp) in bf16, and steps as the six
 #: StepBatch fields (prefill tokens, prefill sequences, causal pairs, prefill KV tokens, decode
 #: sequences, decode context tokens).
-STEP_CHECK_MODELS = (("llama-3.1-8b", 1), ("qwen3-32b", 1), ("qwen3-30b-a3b", 1))
+STEP_CHECK_MODELS = (
+    ("llama-3.1-8b", 1),
+    ("qwen3-32b", 1),
+    ("qwen3-30b-a3b", 1),
+    ("llama-3.1-70b", 4),  # collectives: the donor's curves where the GPU has one, else the link
+    ("qwen3-30b-a3b", 2),  # a sharded expert layer (moe_tp = 2)
+)
 
 
 def _step_check_batch() -> tuple[list[str], Any]:
@@ -758,6 +832,7 @@ def heldout_steps(
                     {
                         "gpu": gpu,
                         "model": model,
+                        "tp": tp,
                         "step": name,
                         "measured_ms": float(meas[i]) * 1e3,
                         "prior_ms": float(pri[i]) * 1e3,

@@ -296,8 +296,8 @@ def no_profile_message(gpu: str) -> str:
     step cost and plan's skipped candidates say the same)."""
     return (
         f"cost_model = 'measured' but hardware {gpu} has no measured profile (profiles: "
-        f"{', '.join(list_profiles()) or 'none'}); use cost_model = 'auto' (the roofline where a GPU has no "
-        "profile) or 'roofline'"
+        f"{', '.join(list_profiles()) or 'none'}); use cost_model = 'auto' (the size-aware prior where an "
+        "NVIDIA GPU has no profile, else the roofline), 'prior' or 'roofline'"
     )
 
 
