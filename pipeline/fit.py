@@ -526,6 +526,27 @@ def _suggest(
             return None
         return _core(candidate, util, context, block_size, max_num_seqs, max_batched, vllm_version)
 
+    if base.activation_bytes_per_gpu > base.weights_bytes_per_gpu:
+        # the token budget's activation outweighs the weights: a smaller budget is the fix (more
+        # GPUs barely help: the sampler's logits are gathered on every TP rank). The largest
+        # budget that fits, with max_num_seqs at most the budget (vLLM refuses more).
+        def at(tokens: int) -> MemoryFit:
+            return _core(dep, util, context, block_size, min(max_num_seqs, tokens), tokens, vllm_version)
+
+        lo, hi = 0, max_batched - 1
+        while lo < hi:
+            mid = (lo + hi + 1) // 2
+            if at(mid).fits:
+                lo = mid
+            else:
+                hi = mid - 1
+        if lo >= 1:
+            seqs = f" and --max-num-seqs {lo:,}" if max_num_seqs > lo else ""
+            out.append(
+                f"a smaller token budget: --max-num-batched-tokens {lo:,}{seqs} fits (activations "
+                f"{_gib(at(lo).activation_bytes_per_gpu)} per GPU instead of {_gib(base.activation_bytes_per_gpu)})"
+            )
+
     tp = dep.tp * 2
     while tp <= hw.gpus_per_node:
         got = attempt(tp=tp)

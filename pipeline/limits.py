@@ -209,6 +209,39 @@ def process_rss() -> int:
     return pages * int(os.sysconf("SC_PAGE_SIZE"))
 
 
+def address_space_limit() -> int | None:
+    """This process's address-space limit in bytes (the soft ``RLIMIT_AS``: ``ulimit -v``), or
+    None when there is none (or it cannot be read)."""
+    try:
+        import resource
+
+        soft, _hard = resource.getrlimit(resource.RLIMIT_AS)
+    except (ImportError, OSError, ValueError, AttributeError):
+        return None
+    if soft == resource.RLIM_INFINITY or soft < 0:
+        return None
+    return int(soft)
+
+
+def virtual_size() -> int:
+    """This process's mapped address space now (``VmSize``; 0 where /proc is not available)."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("VmSize:"):
+                return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return 0
+
+
+def notice(message: str) -> None:
+    """Say ``message`` on the running command's stderr (the sink :func:`progress_to` installed in
+    this process); nothing outside a command or in a worker process."""
+    installed = _SINK.get()
+    if installed is not None and installed[0] == os.getpid():
+        installed[1](message)
+
+
 @dataclass(frozen=True)
 class Limits:
     max_memory: int | None

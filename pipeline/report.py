@@ -71,13 +71,59 @@ def _rows(table: pa.Table) -> Rows:
     return table_to_json(table)
 
 
+#: Address space vl-convert's JavaScript engine (V8, in ``javascript_bundle`` and every
+#: ``vegalite_to_*``) reserves when it starts, beyond what the process maps already: under a
+#: smaller ``ulimit -v`` it aborts the whole process ("Fatal process out of memory: Oilpan:
+#: CagedHeap reservation", SIGTRAP, exit 133), which Python cannot catch. Measured with
+#: ``ulimit -v N; python -c 'import vl_convert as v; v.javascript_bundle()'``: it aborts at
+#: N = 66,000,000 KiB and runs at 68,000,000 KiB from a 0.1 GiB process, and, after importing
+#: pipeline.report (0.9 GiB mapped), aborts at 68,000,000 and runs at 69,000,000 KiB: about
+#: 64 GiB beyond the mapped size. 66 GiB leaves room for the engine's own heap.
+V8_ADDRESS_SPACE_BYTES = 66 * 1024**3
+
+
+def charts_blocked(what: str = "charts not rendered") -> str | None:
+    """Why vl-convert's JavaScript engine cannot start in this process (an address-space limit,
+    ``ulimit -v``, too small for the space it reserves: :data:`V8_ADDRESS_SPACE_BYTES`), or
+    None when it can. Checked before any call that starts it: past the limit it aborts the
+    process, it does not raise."""
+    from pipeline.limits import address_space_limit, format_bytes, virtual_size
+
+    limit = address_space_limit()
+    if limit is None or limit - virtual_size() >= V8_ADDRESS_SPACE_BYTES:
+        return None
+    return (
+        f"{what}: this process has an address-space limit (ulimit -v, {format_bytes(limit)}) and "
+        f"vl-convert's JavaScript engine needs about {format_bytes(V8_ADDRESS_SPACE_BYTES)} of it; the rest "
+        "of the report is complete: run it again without the limit (ulimit -v unlimited) to draw them"
+    )
+
+
+#: The page's script where vl-convert's bundle cannot be built (:func:`charts_blocked`): each
+#: chart's place says why instead (the index's trend chart included).
+_NO_BUNDLE = (
+    "function vegaEmbed(id, spec, opts) { const el = document.querySelector(id); "
+    "if (el) { el.textContent = NO_CHARTS; el.className = 'nodata'; } return Promise.resolve(); }"
+)
+
+
+def cached_bundle(cache_dir: Path) -> Path:
+    """Where vl-convert's JavaScript bundle of this version is cached."""
+    key = f"vega-{vlc.get_vega_version()}-vl-{vlc.get_vegalite_versions()[-1]}-embed-{vlc.get_vega_embed_version()}"
+    return cache_dir / f"{key}.js"
+
+
 def vega_bundle(cache_dir: Path) -> str:
     """vl-convert's JavaScript bundle (Vega, Vega-Lite, vega-embed), cached per version: building
-    it takes seconds, reading it milliseconds."""
-    key = f"vega-{vlc.get_vega_version()}-vl-{vlc.get_vegalite_versions()[-1]}-embed-{vlc.get_vega_embed_version()}"
-    path = cache_dir / f"{key}.js"
+    it takes seconds, reading it milliseconds. Where it is not cached and cannot be built (an
+    address-space limit, :func:`charts_blocked`), a stand-in whose ``vegaEmbed`` puts the reason
+    where each chart would be."""
+    path = cached_bundle(cache_dir)
     if path.exists():
         return path.read_text()
+    blocked = charts_blocked()
+    if blocked is not None:
+        return f"const NO_CHARTS = {_script_json(blocked)};\n{_NO_BUNDLE}"
     bundle: str = vlc.javascript_bundle()  # type: ignore[call-arg]
     atomic_write_bytes(path, bundle.encode())
     return bundle
@@ -142,6 +188,8 @@ class ReportResult:
     pngs_skipped: list[str] = field(default_factory=list)
     #: Why the report is not in its date's and fleet's own folder (a what-if run), else None.
     placement: str | None = None
+    #: Why the charts were not drawn (page or PNG: an address-space limit, charts_blocked), else None.
+    charts_note: str | None = None
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -153,6 +201,7 @@ class ReportResult:
             "pngs": [str(p) for p in self.pngs],
             "pngs_skipped": self.pngs_skipped,
             "placement": self.placement,
+            "charts_note": self.charts_note,
             "seconds": round(self.seconds, 3),
         }
 
@@ -874,7 +923,10 @@ def render_html(
     charts: list[Chart],
     extra_sections: list[tuple[str, str]],
     bundle: str,
+    charts_note: str | None = None,
 ) -> str:
+    """The page. ``charts_note``: why the charts cannot be drawn (:func:`charts_blocked`), said
+    in each chart's place instead of it."""
     cards = "".join(
         f'<div class="card {cls}"><span>{html.escape(name)}</span><b>{html.escape(value)}</b>'
         f"<span>{html.escape(note)}</span></div>"
@@ -901,6 +953,8 @@ def render_html(
         + (
             f'<p class="nodata" id="nodata-{html.escape(c.key)}">{html.escape(c.empty)}</p>'
             if c.empty
+            else f'<p class="nodata" id="nochart-{html.escape(c.key)}">{html.escape(charts_note)}</p>'
+            if charts_note
             else f'<div class="chart" id="chart-{html.escape(c.key)}"></div>'
         )
         + "</section>"
@@ -911,7 +965,7 @@ def render_html(
         f"<h2>{html.escape(t)}</h2>{body}</section>"
         for t, body in extra_sections
     )
-    specs = {f"chart-{c.key}": c.spec for c in charts if not c.empty}
+    specs = {} if charts_note else {f"chart-{c.key}": c.spec for c in charts if not c.empty}
     safe_bundle = bundle.replace("</script", "<\\/script")
     return (
         "<!doctype html><html lang=en><head><meta charset=utf-8>"
@@ -1123,7 +1177,11 @@ def _check_out(out: Path) -> None:
 
 def _write_pngs(charts: list[Chart], png_dir: Path, pngs: list[Path], skipped: list[str]) -> None:
     """Each chart with data as PNG; a chart with nothing to draw, or one vl-convert cannot draw,
-    is named in ``skipped`` (with why) rather than failing the report."""
+    is named in ``skipped`` (with why) rather than failing the report; where vl-convert cannot
+    start (:func:`charts_blocked`), none is drawn and ``skipped`` says why once."""
+    if charts_blocked() is not None and any(not c.empty for c in charts):
+        skipped.append("every chart: the address-space limit (ulimit -v) is too small for vl-convert")
+        return
     for c in charts:
         if c.empty:
             skipped.append(f"{c.key}: {c.empty.rstrip('.')}")
@@ -1257,9 +1315,24 @@ def build_report(
         f"`rooftrace query NAME --run {run_id}`"
     )
     session.con.close()
+    # vl-convert's JavaScript engine aborts the process under a small address-space limit: the
+    # charts are left out (said in their places and in one warning line), the rest is written
+    blocked = charts_blocked()
+    page_note = blocked if blocked is not None and not cached_bundle(store.cache_dir).exists() else None
     page = render_html(
-        f"rooftrace capacity report — {day}", subtitle, headline, charts, extra, vega_bundle(store.cache_dir)
+        f"rooftrace capacity report — {day}",
+        subtitle,
+        headline,
+        charts,
+        extra,
+        "" if page_note else vega_bundle(store.cache_dir),
+        charts_note=page_note,
     )
+    charts_note = page_note or (charts_blocked("charts not drawn as PNG") if png_dir is not None else None)
+    if charts_note is not None:
+        from pipeline.limits import notice
+
+        notice(f"warning: {charts_note}")
     headline_doc = {
         "date": day,
         "run_id": run_id,
@@ -1281,5 +1354,5 @@ def build_report(
     if png_dir is not None:
         _write_pngs(charts, png_dir, pngs, skipped)
     return ReportResult(
-        out, run_id, day, headline, [c.key for c in charts], pngs, time.perf_counter() - t0, skipped, note
+        out, run_id, day, headline, [c.key for c in charts], pngs, time.perf_counter() - t0, skipped, note, charts_note
     )

@@ -190,7 +190,7 @@ def plan_cmd(
     if as_json:  # the same exit code as the text: 1 when no configuration meets the SLO
         emit_json({"plan_dir": str(result.plan_dir), **doc})
         if doc["chosen"] is None:
-            click.echo("no configuration meets the SLO (each one's note says why)", err=True)
+            click.echo(f"no configuration meets the SLO (each one's note says why); {doc['advice']}", err=True)
             raise SystemExit(1)
         return
     click.echo(f"plan {result.plan_id} -> {result.plan_dir}")
@@ -212,11 +212,7 @@ def plan_cmd(
         )
     chosen = doc["chosen"]
     if chosen is None:
-        click.echo(
-            "no configuration meets the SLO (reasons above); widen --hardware/--tp, raise --max-replicas, "
-            "or accept rejections with --max-rejected",
-            err=True,
-        )
+        click.echo(f"no configuration meets the SLO (reasons above); {doc['advice']}", err=True)
         raise SystemExit(1)
     click.echo(
         f"cheapest: {chosen['replicas']}x {chosen['config']} ({chosen['gpus']} GPUs, "

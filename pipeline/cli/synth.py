@@ -8,8 +8,9 @@ from typing import Any
 
 import click
 
-from pipeline.cli.common import emit_json, json_option, progress, run
+from pipeline.cli.common import emit_json, json_option, limits_from, progress, run
 from pipeline.defaults import (
+    MAX_MEMORY_ENV,
     SYNTH_FORMATS,
     SYNTH_MAX_CV,
     SYNTH_MAX_DURATION_S,
@@ -23,6 +24,18 @@ from pipeline.errors import RooftraceError
 MAX_REQUESTS, MAX_TENANTS, MAX_SEED = SYNTH_MAX_REQUESTS, SYNTH_MAX_TENANTS, SYNTH_MAX_SEED
 MAX_HOURS = SYNTH_MAX_DURATION_S / 3600.0
 MIN_CV, MAX_CV = SYNTH_MIN_CV, SYNTH_MAX_CV
+
+
+def _size(value: str | None) -> str | None:
+    """``--max-memory`` checked as ``pipeline.limits.parse_size`` reads it (applied in the command)."""
+    if value is not None:
+        from pipeline.limits import parse_size
+
+        try:
+            parse_size(value)
+        except ValueError as exc:
+            raise click.BadParameter(str(exc)) from None
+    return value
 
 
 class FiniteFloatRange(click.FloatRange):
@@ -50,7 +63,7 @@ class FiniteFloatRange(click.FloatRange):
     type=click.IntRange(1, MAX_REQUESTS),
     default=10_000,
     show_default=True,
-    help="Requests (the log is built in memory, about 1.4 KiB per request).",
+    help="Requests (built in memory, about 0.75 KiB each; refused up front past --max-memory).",
 )
 @click.option(
     "--seed",
@@ -82,6 +95,14 @@ class FiniteFloatRange(click.FloatRange):
     required=True,
     help="Output file (.gz/.zst compress).",
 )
+@click.option(
+    "--max-memory",
+    callback=lambda ctx, param, value: _size(value),
+    default=None,
+    metavar="SIZE",
+    help="Refuse a log estimated to need more memory: 64GiB, 512MiB, 80% (of physical memory) or none "
+    f"(default: ${MAX_MEMORY_ENV}, else 50% of physical memory).",
+)
 @json_option
 def synth(
     fmt: str,
@@ -94,6 +115,7 @@ def synth(
     cv: float | None,
     flat: bool,
     out: Path,
+    max_memory: str | None,
     as_json: bool,
 ) -> None:
     """Generate a realistic synthetic request log (seeded, reproducible) in any ingest format.
@@ -106,7 +128,7 @@ def synth(
     """
 
     from pipeline.store import check_date
-    from pipeline.synth import SynthConfig, generate, write_logs
+    from pipeline.synth import SynthConfig, generate, name_warning, write_logs
 
     def work() -> tuple[list[Path], int]:
         check_date(date)
@@ -121,7 +143,8 @@ def synth(
             diurnal=not flat,
         )
         try:
-            frame = generate(cfg)
+            with limits_from(max_memory, None):
+                frame = generate(cfg)  # refused first past the memory limit (synth.check_memory)
             return write_logs(frame, fmt, out), frame.height
         except MemoryError:
             raise RooftraceError(
@@ -129,6 +152,9 @@ def synth(
             ) from None
 
     files, rows = run(work)
+    warning = name_warning(fmt, out)
+    if warning is not None:
+        progress(warning)
     progress(f"synth: wrote {rows} {fmt} requests to {', '.join(map(str, files))}")
     if as_json:
         emit_json({"files": [str(f) for f in files], "requests": rows, "format": fmt})

@@ -229,6 +229,44 @@ def rejection_note(ev: Evaluation, max_rejected: float) -> str:
     return f"{head}: rejected requests miss every target, so {ev.failing_target or 'a target'} cannot be met"
 
 
+def _rate(tokens: float, seconds: float) -> float:
+    """Tokens per second of a step of ``seconds``: 0 for a step that never ends (inf, NaN: a
+    hardware entry with a vanishing bandwidth or FLOP/s), inf for one that takes no time."""
+    if not seconds < math.inf:  # inf and NaN
+        return 0.0
+    return tokens / seconds if seconds > 0 else math.inf
+
+
+def capacity_problem(cap: dict[str, Any], hardware: str) -> str | None:
+    """Why one replica's roofline ceilings (:func:`capacity_per_replica`) cannot size a fleet:
+    a prefill or decode rate that is zero, or not finite (a step priced at 0 or at infinitely
+    many seconds: the hardware entry's bandwidth or FLOP/s is vanishingly small or huge). None
+    when both are positive finite numbers."""
+    bad = [
+        f"{phase} {cap[key]:.3g} tokens/s"
+        for phase, key in (("prefill", "prefill_tokens_per_s"), ("decode", "decode_tokens_per_s"))
+        if not (0.0 < cap[key] < math.inf)
+    ]
+    if not bad:
+        return None
+    return (
+        f"skipped: a replica has zero or non-finite roofline capacity ({', '.join(bad)}): check {hardware}'s "
+        "memory_bandwidth_bytes_per_s and peak FLOP/s (its catalog entry or --hardware TOML)"
+    )
+
+
+def _seed(demand: dict[str, float], cap: dict[str, Any], max_replicas: int) -> int:
+    """The search's analytic lower bound (demand over one replica's ceilings), at most
+    ``max_replicas`` however large the ratio (an overflow to inf is not a count)."""
+    need = max(
+        demand["fresh_min_tokens_per_s"] / cap["prefill_tokens_per_s"],
+        demand["output_tokens_per_s"] / cap["decode_tokens_per_s"],
+    )
+    if not need <= max_replicas:  # inf and NaN too
+        return max_replicas
+    return max(1, math.ceil(float(need)))
+
+
 def capacity_per_replica(fleet: ResolvedFleet, mean_context: float) -> dict[str, Any]:
     """One replica's roofline ceilings: fresh prefill tokens/s with full token-budget steps, and
     decode tokens/s at the largest batch its KV cache and max_num_seqs allow at ``mean_context``."""
@@ -244,9 +282,9 @@ def capacity_per_replica(fleet: ResolvedFleet, mean_context: float) -> dict[str,
         return "bandwidth" if name == "memory" else name
 
     return {
-        "prefill_tokens_per_s": budget / float(pre.time_s[0]),
+        "prefill_tokens_per_s": _rate(budget, float(pre.time_s[0])),
         "prefill_binding": label(int(pre.binding[0])),
-        "decode_tokens_per_s": batch / float(dec.time_s[0]),
+        "decode_tokens_per_s": _rate(batch, float(dec.time_s[0])),
         "decode_batch": batch,
         "decode_binding": label(int(dec.binding[0])),
         "kv_capacity_tokens": kv_tokens,
@@ -354,11 +392,11 @@ def search_candidate(task: Task) -> CandidateResult:
     out.price_date = hw.price_date if task.usd_per_gpu_hour is None else "override"
     demand = _demand(task.window, fleet)
     cap = capacity_per_replica(fleet, demand["mean_context"])
-    out.seed = max(
-        1,
-        math.ceil(demand["fresh_min_tokens_per_s"] / cap["prefill_tokens_per_s"]),
-        math.ceil(demand["output_tokens_per_s"] / cap["decode_tokens_per_s"]),
-    )
+    problem = capacity_problem(cap, c.hardware)
+    if problem is not None:  # no replay could end (or a step takes no time): nothing to search
+        out.note, out.skipped = problem, True
+        return out
+    out.seed = _seed(demand, cap, task.max_replicas)
     runs: dict[int, ReplayRun] = {}
 
     def check(n: int) -> Evaluation:

@@ -71,6 +71,9 @@ class PlanOptions:
     max_rejected: float = 0.0
 
     def __post_init__(self) -> None:
+        # a name given twice is one configuration (as --tp's numbers are): one replay, one row
+        object.__setattr__(self, "hardware", tuple(dict.fromkeys(self.hardware)))
+        object.__setattr__(self, "precision", tuple(dict.fromkeys(self.precision)))
         if self.executor not in ("local", "ray"):
             raise ConfigError(f"--executor must be local or ray, got {self.executor!r}")
         if not 1 <= self.max_replicas <= MAX_ENGINES:
@@ -146,13 +149,14 @@ def plan_notes(opts: PlanOptions, base: FleetConfig, origin: str) -> list[str]:
 
 def candidates(opts: PlanOptions, base: FleetConfig) -> list[Candidate]:
     # unknown names fail here, with the catalog's message
-    specs = [load_hardware(hw) for hw in opts.hardware]
+    hardware = tuple(dict.fromkeys(opts.hardware))  # each once, in the order given
+    specs = [load_hardware(hw) for hw in hardware]
     _check_tp(opts.tp, specs)
-    _check_gpu_prices(opts.gpu_prices, opts.hardware)
-    dtypes = opts.precision or (base.weight_dtype,)
+    _check_gpu_prices(opts.gpu_prices, hardware)
+    dtypes = tuple(dict.fromkeys(opts.precision)) or (base.weight_dtype,)
     for dt in dtypes:
         weight_format(dt)  # unknown dtypes fail here, before a name is built from them
-    return [Candidate(hw, tp, dt) for hw in opts.hardware for tp in sorted(set(opts.tp)) for dt in dtypes]
+    return [Candidate(hw, tp, dt) for hw in hardware for tp in sorted(set(opts.tp)) for dt in dtypes]
 
 
 def _check_tp(tps: Sequence[int], specs: Sequence[HardwareSpec]) -> None:
@@ -208,6 +212,11 @@ def plan(store: Store, opts: PlanOptions, progress: Callable[[str], None] | None
     slo = parse_slo(opts.slo)
     base, base_origin = _base_fleet(opts)
     cands = candidates(opts, base)
+    if not store.root.is_dir():  # a mistyped --store, not an empty store ("no requests ingested yet")
+        raise RooftraceError(
+            f"store folder {store.root} does not exist: check --store (or $ROOFTRACE_STORE); "
+            "`rooftrace ingest --store FOLDER` creates one"
+        )
     store.check_unlocked()  # another run writing the store: said before the search, not after it
     date = store.resolve_date(opts.date)
     every = store.read_requests(date)
@@ -251,7 +260,9 @@ def plan(store: Store, opts: PlanOptions, progress: Callable[[str], None] | None
     if opts.executor == "ray":
         results = run_ray(tasks, opts.ray_address, progress)
     else:
-        jobs = opts.jobs or min(len(tasks), os.cpu_count() or 1)
+        jobs, capped = local_jobs(opts.jobs, len(tasks), window.requests.height)
+        if capped is not None and progress:
+            progress(f"note: {capped}")
         results = run_local(tasks, jobs, progress)
     wall = time.perf_counter() - t0
 
@@ -289,7 +300,81 @@ def plan(store: Store, opts: PlanOptions, progress: Callable[[str], None] | None
         atomic_write_bytes(plan_dir / "plan.json", json.dumps(doc, indent=2, sort_keys=True, default=str).encode())
     doc["search_wall_s"] = wall
     doc["replays"] = sum(len(r.evaluations) for r in results)
+    if chosen is None:
+        doc["advice"] = no_fit_advice(results, base, base_origin, opts.model)
     return PlanResult(plan_id, plan_dir, doc, table)
+
+
+#: Memory of one local worker process of a plan beyond the replays' requests: its own Python
+#: interpreter, the pipeline's imports, the jit engine loaded from its disk cache, and the
+#: search's replays of a small window. Measured (VmHWM read in each spawned worker after
+#: search_candidate, 2 workers): 290-383 MiB on windows of 210-4,464 requests (llama-3.1-8b on
+#: h100-sxm / h200 / a100-80gb-sxm, tp 1-8, 1-2 replicas); 373-495 MiB on the whole Azure
+#: sample day (19,366 requests), the most after 7 replays up to 64 replicas.
+WORKER_BYTES = 448 * 1024**2
+
+
+def worker_bytes(window_requests: int) -> int:
+    """Estimated peak of one local worker searching configurations on a window of
+    ``window_requests`` requests: :data:`WORKER_BYTES` plus the replay estimate's own per-request
+    bytes (pipeline/limits.py: the request arrays and tables, and the jit engine's step log)."""
+    from pipeline.limits import LOG_ROW_BYTES, REQUEST_BYTES, ROWS_PER_REQUEST
+
+    return WORKER_BYTES + window_requests * (REQUEST_BYTES + ROWS_PER_REQUEST["jit"] * LOG_ROW_BYTES)
+
+
+def local_jobs(requested: int | None, configurations: int, window_requests: int) -> tuple[int, str | None]:
+    """Worker processes for ``configurations`` searched locally: ``requested`` (--jobs), else one
+    per CPU, at most one per configuration, and at most as many as the memory limit holds
+    (``$ROOFTRACE_MAX_MEMORY``, else half the physical memory: every worker checks its replays
+    against the limit alone, so the limit is shared out here). Returns the count and, when the
+    memory limit lowered it, a note saying so."""
+    from pipeline.defaults import MAX_MEMORY_ENV
+    from pipeline.limits import current_limits, format_bytes, process_rss
+
+    cpus = os.cpu_count() or 1
+    jobs = min(requested or cpus, max(configurations, 1))
+    limits = current_limits()
+    if jobs <= 1 or limits.max_memory is None:
+        return jobs, None
+    each = worker_bytes(window_requests)
+    fits = max(1, (limits.max_memory - process_rss()) // each)
+    if fits >= jobs:
+        return jobs, None
+    asked = f"--jobs {requested}" if requested else f"--jobs (default: {cpus} CPUs)"
+    return int(fits), (
+        f"{asked} capped at {fits} worker process{'es' if fits > 1 else ''} by memory: each needs about "
+        f"{format_bytes(each)} (its interpreter and the replays of the {window_requests:,}-request window), and "
+        f"together they stay within the limit of {format_bytes(limits.max_memory)} ({limits.memory_origin}); "
+        f"raise it with ${MAX_MEMORY_ENV} for more"
+    )
+
+
+def no_fit_advice(results: Sequence[CandidateResult], base: FleetConfig, origin: str, model: str) -> str:
+    """What to change when no configuration meets the SLO. Requests longer than max_model_len
+    are rejected whatever the hardware, TP or replica count: then the base fleet's
+    ``[engine] max_model_len`` (up to the model's maximum), not the search, is what to change."""
+    general = "widen --hardware/--tp, raise --max-replicas, or accept rejections with --max-rejected"
+    too_long = [
+        r
+        for r in results
+        if r.replicas is None and r.evaluations and r.evaluations[0].rejected_by_reason.get("exceeds_max_model_len")
+    ]
+    if not too_long:
+        return general
+    longest = load_model(model).max_position_embeddings
+    current = base.engine.max_model_len or longest
+    which = f"{len(too_long)} of {len(results)} configurations reject requests longer than max_model_len"
+    if longest > 0 and current < longest:
+        where = f"the base fleet ({origin})" if origin != "defaults" else "a base fleet given with --fleet"
+        return (
+            f"{which} {current:,} at any replica count: raise [engine] max_model_len in {where} up to "
+            f"{model}'s maximum of {longest:,} tokens, or accept those rejections with --max-rejected"
+        )
+    return (
+        f"{which} ({model}'s maximum context, {current:,} tokens) at any replica count: no fleet of this model "
+        "serves them; accept those rejections with --max-rejected, or plan a model with a longer context"
+    )
 
 
 def _plan_id(date: str, opts: PlanOptions, slo: Slo, base: FleetConfig, req: pl.DataFrame) -> str:

@@ -67,6 +67,60 @@ MIN_CV, MAX_CV = defaults.SYNTH_MIN_CV, defaults.SYNTH_MAX_CV
 #: The first microsecond past the arrivals ingest accepts (2100-01-01 UTC, PLAUSIBLE_ARRIVAL).
 _ARRIVAL_END_US = 4_102_444_800 * 1_000_000
 
+#: Memory of ``synth`` beyond the process's size before it starts: per request (the generated
+#: frame and the arrays it is built from; the writers stream the text a piece at a time,
+#: writers.PIECE_CHARS / ROWS_PER_PIECE), and the pieces themselves. Measured with
+#: ``/usr/bin/time -v rooftrace synth --requests N --format F --out x.gz`` (peak RSS, every
+#: format) over a 135 MiB start: 2·10^5 requests 259-330 MiB (jsonl the most, its 131,072-row
+#: pieces), 10^6 requests 750-770 MiB, 3·10^6 requests 1.88-1.90 GiB: about 640-665 B a
+#: request plus up to ~60 MiB of pieces. Before the writers streamed, the whole text was held
+#: too (up to 1.95 KiB a request, otel).
+REQUEST_BYTES = 768
+PIECE_BYTES = 96 * 1024**2
+
+
+def estimate_bytes(requests: int) -> int:
+    """Peak memory of generating and writing ``requests`` requests, with the process's size now."""
+    from pipeline.limits import process_rss
+
+    return process_rss() + PIECE_BYTES + int(requests) * REQUEST_BYTES
+
+
+def check_memory(requests: int) -> None:
+    """Refuse (ResourceLimitError, one line) a log estimated to need more memory than the limit
+    (``--max-memory``, ``$ROOFTRACE_MAX_MEMORY``, else half the physical memory), or than the
+    process's address-space limit (``ulimit -v``) leaves, before any of it is built: past either,
+    polars or numpy aborts the process when an allocation fails."""
+    from pipeline.defaults import MAX_MEMORY_ENV
+    from pipeline.limits import (
+        ResourceLimitError,
+        address_space_limit,
+        current_limits,
+        format_bytes,
+        process_rss,
+        virtual_size,
+    )
+
+    limits = current_limits()
+    need = estimate_bytes(requests)
+    space = address_space_limit()
+    if space is not None and virtual_size() + need - process_rss() > space:
+        # mapped beyond the resident size already, the log's memory would pass ``ulimit -v``
+        fits = (space - virtual_size() - PIECE_BYTES) // REQUEST_BYTES
+        fewer = f"write at most about {fits:,} requests per log (--requests), or " if fits >= 1 else ""
+        raise ResourceLimitError(
+            f"synth: {int(requests):,} requests would need about {format_bytes(need)} of memory, more than this "
+            f"process's address-space limit (ulimit -v, {format_bytes(space)}) leaves: {fewer}raise that limit"
+        )
+    if limits.max_memory is not None and need > limits.max_memory:
+        fits = (limits.max_memory - estimate_bytes(0)) // REQUEST_BYTES
+        fewer = f"write at most about {fits:,} requests per log (--requests), or " if fits >= 1 else ""
+        raise ResourceLimitError(
+            f"synth: {int(requests):,} requests would need about {format_bytes(need)} of memory, more than the "
+            f"limit of {format_bytes(limits.max_memory)} ({limits.memory_origin}): {fewer}raise the limit with "
+            f"--max-memory SIZE (${MAX_MEMORY_ENV})"
+        )
+
 
 def _bad_number(value: object, low: float, high: float, *, low_open: bool = False) -> bool:
     """True unless ``value`` is a finite real number in [low, high] (or (low, high])."""
@@ -160,7 +214,9 @@ def generate(cfg: SynthConfig) -> pl.DataFrame:
     """One row per request, sorted by arrival. Columns: request_id, arrival (datetime),
     tenant, model, session_id, kind, turn, prompt_tokens, output_tokens, reasoning_tokens,
     shared_prefix_tokens (true prefix shared with the previous turn), system_tokens,
-    cached_tokens (provider-reported), cache_write_tokens, ttft_s, e2e_s."""
+    cached_tokens (provider-reported), cache_write_tokens, ttft_s, e2e_s. A log estimated to need
+    more memory than the limit is refused first (:func:`check_memory`)."""
+    check_memory(cfg.requests)
     rng = np.random.default_rng(cfg.seed)
     cv_default, profile = load_profile()
     cv = cfg.cv if cfg.cv is not None else cv_default

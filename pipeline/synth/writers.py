@@ -7,15 +7,20 @@ import csv
 import gzip
 import io
 import json
-from collections.abc import Callable, Iterable
+import os
+import re
+import tempfile
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager, suppress
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import polars as pl
 import zstandard
 
 from pipeline.errors import RooftraceError
-from pipeline.schemas import atomic_write_bytes, os_write_reason
+from pipeline.schemas import _FILE_MODE, atomic_write_bytes, check_replaceable, os_write_reason
 
 #: Mooncake blocks are 512 tokens (FAST'25 trace README).
 MOONCAKE_BLOCK = 512
@@ -263,12 +268,112 @@ LINE_WRITERS: dict[str, Callable[[pl.DataFrame], Iterable[str]]] = {
 SYNTH_FORMATS = (*LINE_WRITERS, "jsonl", "csv", "parquet")
 
 
-def _compress(out: Path, data: bytes) -> bytes:
-    if out.name.endswith(".gz"):
-        return gzip.compress(data, compresslevel=1, mtime=0)
-    if out.name.endswith(".zst"):
-        return zstandard.ZstdCompressor(level=3).compress(data)
-    return data
+#: The file names ingest reads each format's text by (after .gz/.zst; a folder's other files are
+#: skipped, and a ``.parquet`` name or Parquet bytes ask for --format parquet).
+_JSON_NAMES = (".jsonl", ".ndjson", ".json", ".log")
+_NAMES: dict[str, tuple[str, ...]] = {
+    **{fmt: _JSON_NAMES for fmt in ("openai", "anthropic", "otel", "mooncake", "jsonl")},
+    **{fmt: (".csv", ".log") for fmt in ("litellm", "azure", "vidur", "csv")},
+    "parquet": (".parquet",),
+}
+_ROTATION = re.compile(r"([.-][0-9][0-9-]*)$")
+
+
+def name_warning(fmt: str, out: Path) -> str | None:
+    """One line when ``out``'s name does not say what ``fmt`` writes there (``--format parquet
+    --out x.jsonl``: ingest reads a file by its name and would ask for another format), or puts a
+    compression suffix on Parquet (written uncompressed: it compresses its own columns); else None."""
+    want = _NAMES.get(fmt)
+    if want is None:
+        return None
+    name = out.name
+    squeezed = next((suf for suf in (".gz", ".zst") if name.lower().endswith(suf)), "")
+    base = name[: len(name) - len(squeezed)]
+    logical = _ROTATION.sub("", base).lower()
+    stem = Path(_ROTATION.sub("", base)).stem or "day"
+    if fmt == "parquet" and squeezed:
+        return (
+            f"warning: --out {out}: Parquet is written uncompressed (it compresses its own columns), "
+            f"but the name ends in {squeezed}; name it {stem}.parquet"
+        )
+    if logical.endswith(want):
+        return None
+    kind = "Parquet" if fmt == "parquet" else "CSV" if want[0] == ".csv" else "JSON lines"
+    better = f"name it {stem}{want[0]}{squeezed}"
+    said = next((suf for suf in (".parquet", *_JSON_NAMES, ".csv") if logical.endswith(suf)), None)
+    if said is None:
+        return (
+            f"warning: --out {out}: the name has no log suffix ({', '.join(_JSON_NAMES)}, .csv, .parquet), so "
+            f"ingest skips the file inside a folder; --format {fmt} writes {kind}: {better}"
+        )
+    return f"warning: --out {out}: --format {fmt} writes {kind}, not what the name's {said} says: {better}"
+
+
+#: Characters of a line format written per piece (whole lines, at least one): the log is streamed
+#: to its file (and compressor) a piece at a time, never held whole as text.
+PIECE_CHARS = 1 << 23
+#: Rows of a generic format (jsonl, csv) converted and written per piece.
+ROWS_PER_PIECE = 1 << 17
+
+
+class _Sink:
+    """A file written a piece at a time, compressed by its name (``.gz``: gzip level 1, no time
+    stamp; ``.zst``: zstd level 3), to a temporary name beside ``path`` and moved there when
+    done (:func:`pipeline.schemas.atomic_write_bytes`'s rules: never over something that is not
+    a regular file; a file that cannot be written is one RooftraceError line naming it)."""
+
+    def __init__(self, path: Path, compress: bool = True) -> None:
+        self.path = path
+        try:
+            check_replaceable(path)
+            path.parent.mkdir(parents=True, exist_ok=True)
+            fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+        except OSError as exc:
+            raise RooftraceError(f"cannot write {path}: {os_write_reason(path, exc)}") from None
+        self.tmp = Path(tmp)
+        self.raw = os.fdopen(fd, "wb")
+        self.out: Any = self.raw
+        if compress and path.name.endswith(".gz"):
+            self.out = gzip.GzipFile(fileobj=self.raw, mode="wb", compresslevel=1, mtime=0)
+        elif compress and path.name.endswith(".zst"):
+            self.out = zstandard.ZstdCompressor(level=3).stream_writer(self.raw, closefd=False)
+
+    def write(self, data: bytes) -> None:
+        try:
+            self.out.write(data)
+        except OSError as exc:
+            self.abort()
+            raise RooftraceError(f"cannot write {self.path}: {os_write_reason(self.path, exc)}") from None
+
+    def close(self) -> None:
+        try:
+            if self.out is not self.raw:
+                self.out.close()
+            self.raw.flush()
+            os.fsync(self.raw.fileno())
+            self.raw.close()
+            os.chmod(self.tmp, _FILE_MODE)
+            os.replace(self.tmp, self.path)
+        except OSError as exc:
+            self.abort()
+            raise RooftraceError(f"cannot write {self.path}: {os_write_reason(self.path, exc)}") from None
+
+    def abort(self) -> None:
+        for fh in (self.out, self.raw):
+            with suppress(OSError, ValueError, zstandard.ZstdError):
+                fh.close()
+        self.tmp.unlink(missing_ok=True)
+
+
+@contextmanager
+def _sink(path: Path, compress: bool = True) -> Iterator[_Sink]:
+    sink = _Sink(path, compress)
+    try:
+        yield sink
+    except BaseException:
+        sink.abort()
+        raise
+    sink.close()
 
 
 def _write(path: Path, data: bytes) -> None:
@@ -281,25 +386,35 @@ def _write(path: Path, data: bytes) -> None:
 
 
 def write_logs(df: pl.DataFrame, fmt: str, out: Path) -> list[Path]:
-    """Write ``df`` as ``fmt`` to ``out`` (``.gz``/``.zst`` compress). Generic formats also write
-    ``<out>.mapping.toml`` for ``rooftrace ingest --mapping``. Returns the files written; a file
-    that cannot be written is one RooftraceError line."""
+    """Write ``df`` as ``fmt`` to ``out`` (``.gz``/``.zst`` compress; Parquet is written as it
+    is, whatever the name). Generic formats also write ``<out>.mapping.toml`` for ``rooftrace
+    ingest --mapping``. The text is streamed to the file a piece at a time (PIECE_CHARS characters,
+    ROWS_PER_PIECE rows), so the log is never held whole as text. Returns the files written; a
+    file that cannot be written is one RooftraceError line."""
     if fmt in LINE_WRITERS:
-        text = "\n".join(LINE_WRITERS[fmt](df)) + "\n"
-        _write(out, _compress(out, text.encode()))
+        with _sink(out) as sink:
+            piece: list[str] = []
+            size = 0
+            for line in LINE_WRITERS[fmt](df):
+                piece.append(line)
+                size += len(line) + 1
+                if size >= PIECE_CHARS:
+                    sink.write(("\n".join(piece) + "\n").encode())
+                    piece, size = [], 0
+            if piece or df.height == 0:
+                sink.write(("\n".join(piece) + "\n").encode())
         return [out]
     if fmt not in ("jsonl", "csv", "parquet"):
         raise RooftraceError(f"synth: unknown format {fmt!r}; known: {', '.join(SYNTH_FORMATS)}")
-    frame = _generic_frame(df)
-    buf = io.BytesIO()
-    if fmt == "jsonl":
-        frame.write_ndjson(buf)
-    elif fmt == "csv":
-        frame.write_csv(buf)
+    if fmt == "parquet":
+        with _sink(out, compress=False) as sink:
+            _generic_frame(df).write_parquet(sink.raw)
     else:
-        frame.write_parquet(buf)
-    data = buf.getvalue()
-    _write(out, _compress(out, data) if fmt != "parquet" else data)
+        with _sink(out) as sink:
+            for start in range(0, max(df.height, 1), ROWS_PER_PIECE):
+                frame = _generic_frame(df.slice(start, ROWS_PER_PIECE))
+                text = frame.write_ndjson() if fmt == "jsonl" else frame.write_csv(include_header=start == 0)
+                sink.write(text.encode())
     mapping = out.with_name(out.name + ".mapping.toml")
     _write(mapping, _generic_mapping(fmt).encode())
     return [out, mapping]
