@@ -524,7 +524,7 @@ table{border-collapse:collapse;font-size:.85em}td,th{border:1px solid #ddd;paddi
 pre{background:#f6f6f6;padding:8px;overflow-x:auto;font-size:.8em}
 .alert{border:2px solid #c0392b;background:#fdecea;border-radius:6px;padding:8px 12px;margin:16px 0}
 .alert li{margin:2px 0}.ok{border:1px solid #2e7d32;background:#edf7ed;border-radius:6px;padding:8px 12px}
-.card.bad{border:2px solid #c0392b}.card.good{border:2px solid #2e7d32}
+.card.bad{border:2px solid #c0392b}.card.good{border:2px solid #2e7d32}.card.warn{border:2px solid #b7791f}
 .note{border:1px solid #b7791f;background:#fff8e6;border-radius:6px;padding:8px 12px;margin:8px 0}
 .nodata{border:1px dashed #bbb;padding:24px;color:#666;text-align:center}
 table{display:block;overflow-x:auto;max-width:100%}
@@ -537,7 +537,9 @@ def health_headline(summary: dict[str, Any]) -> dict[str, Any]:
     h = summary.get("health") or {}
     v = h.get("verdict") or {}
     over = h.get("overload") or {}
+    cost = summary.get("cost_model") or {}
     return {
+        "cost_model": cost,
         "replay_recorded_input_tokens": summary.get("recorded_input_tokens"),
         "replay_cache_hit_tokens": summary.get("cache_hit_tokens"),
         "replay_fresh_input_tokens": summary.get("fresh_input_tokens"),
@@ -679,9 +681,42 @@ def attention(h: dict[str, Any]) -> list[str]:
     return out
 
 
+#: What each cost tier is, as the report's "Priced by" card says it (docs/validation.md).
+TIER_TEXT = {
+    "measured": ("measured profile", "operator tables measured under vLLM on this GPU"),
+    "prior": (
+        "size-aware prior",
+        "no measured profile for this GPU: curves fitted on the profiled GPUs (held out by GPU: "
+        "steps 7-10 % median off) — a prior, not a measurement",
+    ),
+    "roofline": ("plain roofline", "catalog efficiency factors, one per GPU (held out by GPU: steps ~13 % off)"),
+}
+
+
+def cost_card(cost: dict[str, Any]) -> tuple[str, str, str, str] | None:
+    """The "Priced by" card: which cost tier priced the run's steps, and how far that tier is
+    known to be off (docs/validation.md); None for a run without the record."""
+    tier = str(cost.get("source") or cost.get("tier") or "")
+    if tier not in TIER_TEXT:
+        return None
+    name, note = TIER_TEXT[tier]
+    gpu = cost.get("profile") or cost.get("hardware") or ""
+    value = f"{name} ({gpu})" if gpu else name
+    share = cost.get("prior_share_of_busy_time" if tier == "prior" else "measured_share_of_busy_time")
+    if tier in ("measured", "prior") and isinstance(share, int | float):
+        note += f"; {share:.0%} of busy time from its tables, the rest from the roofline's operators"
+    donor = (cost.get("stack") or {}).get("collectives_from") if isinstance(cost.get("stack"), dict) else None
+    if donor:
+        note += f"; all-reduce measured on {donor} (same NVLink)"
+    return ("Priced by", value, note, "" if tier == "measured" else "warn")
+
+
 def _health_cards(h: dict[str, Any]) -> list[tuple[str, str, str, str]]:
     """(name, value, note, css class) of the cards a capacity planner reads first."""
     out = []
+    card = cost_card(h.get("cost_model") or {})
+    if card is not None:
+        out.append(card)
     total = h.get("replayed_requests")
     rej = h.get("rejected") or 0
     reasons = ", ".join(f"{k} {v:,}" for k, v in (h.get("rejected_by_reason") or {}).items())

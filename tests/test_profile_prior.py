@@ -416,3 +416,41 @@ def test_a_prior_that_uses_nothing_is_no_prior(tmp_path: Path) -> None:
     assert P.load_prior.__wrapped__(path) is None
     (tmp_path / "empty.toml").write_text("")
     assert P.load_prior.__wrapped__(tmp_path / "empty.toml") is None
+
+
+# ----------------------------------------------------------------------------------- the report
+
+
+def test_report_says_which_tier_priced_the_run() -> None:
+    """The report's first cards say whether a run's steps came from measured tables, the prior
+    or the plain roofline (a prior is not a measurement: it is flagged)."""
+    from test_measured_fleets import _requests
+
+    from pipeline.replay import ReplayOptions, run_replay, summarize
+    from pipeline.report import _health_cards, health_headline
+
+    cfg = {
+        "name": "l4",
+        "model": "llama-3.1-8b",
+        "hardware": "a100-40gb-sxm",
+        "tp": 2,
+        "engine": {"max_model_len": 8192},
+    }
+    fleet = resolve(parse_fleet(cfg, "t"))
+    run = run_replay(_requests(20).with_columns(model=pl.lit("llama-3.1-8b")), fleet, ReplayOptions(rate_scale=1.0))
+    cards = {c[0]: c for c in _health_cards(health_headline(summarize(run)))}
+    _, value, note, cls = cards["Priced by"]
+    assert value == "size-aware prior (a100-40gb-sxm)" and cls == "warn"
+    assert "not a measurement" in note and "all-reduce measured on a100-80gb-sxm" in note
+    measured = {"source": "measured", "profile": "h100-sxm", "measured_share_of_busy_time": 0.93}
+    assert _health_cards({"cost_model": measured})[0] == (
+        "Priced by",
+        "measured profile (h100-sxm)",
+        "operator tables measured under vLLM on this GPU; 93% of busy time from its tables, the rest from the "
+        "roofline's operators",
+        "",
+    )
+    assert (
+        _health_cards({"cost_model": {"source": "roofline", "hardware": "mi300x"}})[0][1] == "plain roofline (mi300x)"
+    )
+    assert all(c[0] != "Priced by" for c in _health_cards({}))  # an old run without the record

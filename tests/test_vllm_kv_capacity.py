@@ -157,12 +157,12 @@ CASES: tuple[Case, ...] = (
     ),
     Case(
         27,
-        "missed",
+        "judged",
         "qwen3-32b",
         hardware="rtx-pro-6000",
-        error=-0.070,
-        note="TP=2 over PCIe: ~1.1 GiB per GPU beyond weights and KV logged, 5.05 GiB reserved (activation at "
-        "vLLM's 8,192 / 1,024 defaults, the multi-GPU non-torch constant measured on H100s, graphs)",
+        note="TP=2 over PCIe: ~1.1 GiB per GPU beyond weights and KV logged; missed at -7.0 % while the "
+        "multi-GPU non-torch constant measured on H100 NVLink boxes applied, -3.9 % with the PCIe increment "
+        "(fit.NON_TORCH_TP_PCIE_EXTRA_BYTES, from vllm#13061, not from this row)",
     ),
     Case(
         28,
@@ -199,9 +199,10 @@ CASES: tuple[Case, ...] = (
         "missed",
         "qwen3-32b",
         hardware="rtx-pro-6000",
-        error=-0.401,
-        note="TP=2 over PCIe at util 0.426: 1.66 GiB per GPU beyond weights and KV logged, 5.05 GiB reserved; "
-        "the same over-reservation as row 27, large against a 40 GiB budget",
+        error=-0.190,
+        note="TP=2 over PCIe at util 0.426: 1.66 GiB per GPU beyond weights and KV logged; -40.1 % with the "
+        "H100 NVLink non-torch constant, -19.0 % with the PCIe increment: the rest of the reserve (activation "
+        "at the defaults, CUDA graphs) is large against a 40 GiB budget and not separated by the log",
     ),
     Case(37, "excluded", note="pipeline parallelism (pp=2) is not modelled by pipeline.fit"),
 )
@@ -275,7 +276,7 @@ def test_judged_share() -> None:
     """How many of the reports the model can be held to land within ±5 % (docs/catalog.md)."""
     judged = [c for c in CASES if c.status == "judged"]
     missed = [c for c in CASES if c.status == "missed"]
-    assert len(judged) == 18 and len(missed) == 5
+    assert len(judged) == 19 and len(missed) == 4
     assert all(abs(c.error) > TOLERANCE for c in missed)
 
 

@@ -142,7 +142,7 @@ def plan_notes(opts: PlanOptions, base: FleetConfig, origin: str) -> list[str]:
             notes.append(
                 f"skipped {', '.join(skipped)}: the base fleet ({origin}) says cost_model = 'measured' and "
                 f"{'these have' if len(skipped) > 1 else 'it has'} no measured profile; give cost_model = 'auto' "
-                "to plan them on the roofline"
+                "to plan them on the size-aware prior (NVIDIA) or the roofline"
             )
     return notes
 
