@@ -388,14 +388,13 @@ def missing_profile(hardware: str) -> tuple[str, list[str]] | None:
     """(the GPU's name, the profiles there are) when the hardware ``hardware`` (a catalog name or
     a TOML path) has no measured profile, else None; None too for hardware the catalog cannot
     load (:func:`resolve` names that error)."""
-    from pipeline.profile.tables import list_profiles
+    from pipeline.profile.tables import list_profiles, profile_for
 
     try:
-        name = load_hardware(hardware).name
+        hw = load_hardware(hardware)
     except ConfigError:
         return None
-    profiles = list_profiles()
-    return None if name in profiles else (name, profiles)
+    return None if profile_for(hw) is not None else (hw.name, list_profiles())
 
 
 def check_cost_model(cfg: FleetConfig, origin: str) -> None:
@@ -407,7 +406,7 @@ def check_cost_model(cfg: FleetConfig, origin: str) -> None:
     if missing is not None:
         from pipeline.profile.tables import no_profile_message
 
-        raise ConfigError(f"{origin}: {no_profile_message(missing[0])}")
+        raise ConfigError(f"{origin}: {no_profile_message(missing[0], load_hardware(cfg.hardware))}")
 
 
 @dataclass(frozen=True)

@@ -681,32 +681,41 @@ def attention(h: dict[str, Any]) -> list[str]:
     return out
 
 
-#: What each cost tier is, as the report's "Priced by" card says it (docs/validation.md).
-TIER_TEXT = {
-    "measured": ("measured profile", "operator tables measured under vLLM on this GPU"),
-    "prior": (
-        "size-aware prior",
-        "no measured profile for this GPU: curves fitted on the profiled GPUs (held out by GPU: "
-        "steps 7-10 % median off) — a prior, not a measurement",
-    ),
-    "roofline": ("plain roofline", "catalog efficiency factors, one per GPU (held out by GPU: steps ~13 % off)"),
-}
-
-
 def cost_card(cost: dict[str, Any]) -> tuple[str, str, str, str] | None:
-    """The "Priced by" card: which cost tier priced the run's steps, and how far that tier is
+    """The "Priced by" card: which cost tier priced the run's steps, why, and how far that tier is
     known to be off (docs/validation.md); None for a run without the record."""
     tier = str(cost.get("source") or cost.get("tier") or "")
-    if tier not in TIER_TEXT:
+    gpu = str(cost.get("profile") or cost.get("hardware") or "")
+    if tier == "measured":
+        name, note = "measured profile", "operator tables measured under vLLM on this GPU"
+    elif tier == "prior":
+        name = "size-aware prior"
+        note = (
+            f"{cost.get('prior_reason') or 'no measured profile of this GPU'}: curves fitted on the profiled "
+            "GPUs (held out by GPU, bf16 steps at tp <= 4 were 7-10 % median off) — a prior, not a measurement"
+        )
+        vendor = str(cost.get("vendor") or "nvidia")
+        if vendor.lower() != "nvidia":
+            note += f"; fitted on NVIDIA GPUs' CUDA kernels, never checked on {vendor}"
+        parts = [str(p) for p in cost.get("roofline_parts") or []]
+        if parts:
+            note += f"; {' and '.join(parts)} priced by the plain roofline (no usable prior for them)"
+    elif tier == "roofline":
+        name = "plain roofline"
+        calibrated = str(cost.get("calibrated_on") or "")
+        if calibrated.startswith("the fleet's [calibration]"):
+            note = f"efficiency factors from {calibrated}"
+        else:
+            note = "catalog efficiency factors, one per GPU (held out by GPU: steps ~13 % median off)"
+    else:
         return None
-    name, note = TIER_TEXT[tier]
-    gpu = cost.get("profile") or cost.get("hardware") or ""
     value = f"{name} ({gpu})" if gpu else name
     share = cost.get("prior_share_of_busy_time" if tier == "prior" else "measured_share_of_busy_time")
     if tier in ("measured", "prior") and isinstance(share, int | float):
         note += f"; {share:.0%} of busy time from its tables, the rest from the roofline's operators"
-    donor = (cost.get("stack") or {}).get("collectives_from") if isinstance(cost.get("stack"), dict) else None
-    if donor:
+    stack = cost.get("stack")
+    donor = stack.get("collectives_from") if isinstance(stack, dict) else None
+    if donor and str(donor) in str(cost.get("allreduce") or ""):
         note += f"; all-reduce measured on {donor} (same NVLink)"
     return ("Priced by", value, note, "" if tier == "measured" else "warn")
 

@@ -150,3 +150,14 @@ def _render(table: pa.Table, fmt: str, out: Path | None, title: str | None) -> s
         atomic_write_bytes(out, text.encode())
         return None
     return text
+
+
+def json_safe(doc: Any) -> Any:
+    """``doc`` with every float that is not finite (NaN, ±Infinity: not JSON) as null."""
+    if isinstance(doc, float):
+        return doc if math.isfinite(doc) else None
+    if isinstance(doc, dict):
+        return {k: json_safe(v) for k, v in doc.items()}
+    if isinstance(doc, list | tuple):
+        return [json_safe(v) for v in doc]
+    return doc

@@ -43,7 +43,7 @@ def calibrate_cmd(measurements: str, hardware: str | None, out: str | None, as_j
     """
 
     def body() -> None:
-        from pipeline.cli.validate import json_safe, refuse_empty
+        from pipeline.cli.validate import refuse_empty
         from pipeline.profile.heldout import has_profile_sets
 
         # an empty path is no path: it would read the current folder, or write the catalog's profiles
@@ -87,7 +87,7 @@ def calibrate_cmd(measurements: str, hardware: str | None, out: str | None, as_j
         for note in result.notes:
             progress(f"note: {note}")
         if as_json:
-            emit_json(json_safe(doc))
+            emit_json(doc)
             return
         click.echo(f"fitted {', '.join(f'{k}={v:.4g}' for k, v in result.calibration.params.items())}")
         click.echo(f"  on: {result.calibration.description}")
@@ -102,7 +102,6 @@ def calibrate_cmd(measurements: str, hardware: str | None, out: str | None, as_j
 
 def _calibrate_profiles(source: Path, hardware: str | None, out: str | None, as_json: bool) -> None:
     from pipeline.calibrate import check_profiles_out
-    from pipeline.cli.validate import json_safe
     from pipeline.profile.build import build_profiles
     from pipeline.profile.tables import PROFILES_DIR
 
@@ -131,15 +130,13 @@ def _calibrate_profiles(source: Path, hardware: str | None, out: str | None, as_
         progress(f"note: {note}")
     if as_json:
         emit_json(
-            json_safe(
-                {
-                    "profiles": doc,
-                    "prior": str(prior[0]) if prior is not None else None,
-                    "prior_leave_one_gpu_out": prior[1].to_dicts() if prior is not None else [],
-                    "skipped": list(dict.fromkeys(skipped)),
-                    "notes": list(dict.fromkeys(notes)),
-                }
-            )
+            {
+                "profiles": doc,
+                "prior": str(prior[0]) if prior is not None else None,
+                "prior_leave_one_gpu_out": prior[1].to_dicts() if prior is not None else [],
+                "skipped": list(dict.fromkeys(skipped)),
+                "notes": list(dict.fromkeys(notes)),
+            }
         )
         return
     for b in built:

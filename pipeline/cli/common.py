@@ -90,7 +90,11 @@ def emit_output(result: Any, wrote: str | None = None) -> None:
 
 
 def emit_json(doc: Any) -> None:
-    click.echo(json.dumps(doc, indent=2, sort_keys=True, default=str))
+    """``doc`` on stdout as strict JSON (a value that is not finite is null: bare ``Infinity`` /
+    ``NaN`` are not JSON, and a plan with an unservable row used to print them)."""
+    from pipeline.tables import json_safe
+
+    click.echo(json.dumps(json_safe(doc), indent=2, sort_keys=True, default=str, allow_nan=False))
 
 
 def progress(message: str) -> None:

@@ -12,6 +12,8 @@ import click
 from pipeline.cli.common import emit_json, get_store, json_option, progress, run, store_option
 from pipeline.errors import RooftraceError
 
+#: The tables ``validate`` writes under STORE/validation/ (one validation at a time).
+VALIDATION_TABLES = ("profile_heldout", "prior_heldout", "prior_steps", "errors", "summary", "calibrations")
 #: Where ``validate`` finds the operator measurements when --measurements is not given.
 MEASUREMENTS_ENV = "ROOFTRACE_MEASUREMENTS"
 
@@ -25,17 +27,6 @@ def _default_measurements() -> Path:
 
 def _pct(x: float) -> str:
     return f"{x:6.1%}" if math.isfinite(x) else "     - "
-
-
-def json_safe(doc: Any) -> Any:
-    """``doc`` with every float that is not finite (NaN, ±Infinity: not JSON) as null."""
-    if isinstance(doc, float):
-        return doc if math.isfinite(doc) else None
-    if isinstance(doc, dict):
-        return {k: json_safe(v) for k, v in doc.items()}
-    if isinstance(doc, list | tuple):
-        return [json_safe(v) for v in doc]
-    return doc
 
 
 def refuse_empty(option: str, value: str | None, example: str) -> None:
@@ -214,11 +205,20 @@ def validate_cmd(measurements: str | None, hardware: str | None, store_path: str
             # operator sets, but not one held-out check could be run on them: nothing was judged
             why = f" ({'; '.join(dict.fromkeys(doc['skipped']))})" if doc["skipped"] else ""
             raise RooftraceError(f"{source}: no held-out check could be run on these measurements{why}")
+        # The store keeps one validation: tables an earlier run wrote and this one did not would
+        # read as this run's (a one-GPU table after a full run left the full run's prior tables).
+        written = {Path(f).name for f in doc["files"]}
+        with store.lock():
+            for stem in VALIDATION_TABLES:
+                stale = store.validation_dir / f"{stem}.parquet"
+                if stale.name not in written and stale.is_file():
+                    stale.unlink()
+                    progress(f"removed {stale} (an earlier validate run's; this run has no such table)")
         progress(f"wrote {', '.join(doc['files'])}")
         if as_json:
             doc["skipped"] = list(dict.fromkeys(doc["skipped"]))
             doc["notes"] = list(dict.fromkeys(doc["notes"]))
-            emit_json(json_safe(doc))
+            emit_json(doc)
             return ok
         if profile is not None and profile.height:
             click.echo(

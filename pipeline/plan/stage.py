@@ -297,7 +297,10 @@ def plan(store: Store, opts: PlanOptions, progress: Callable[[str], None] | None
         if chosen is not None:
             write_parquet(_gpu_cost_table(plan_id, chosen), costs / "gpu_cost.parquet", "plan_gpu_cost")
             write_parquet(pa.Table.from_pylist(api_rows), costs / "api_cost.parquet", "plan_api_cost")
-        atomic_write_bytes(plan_dir / "plan.json", json.dumps(doc, indent=2, sort_keys=True, default=str).encode())
+        from pipeline.tables import json_safe
+
+        text = json.dumps(json_safe(doc), indent=2, sort_keys=True, default=str, allow_nan=False)
+        atomic_write_bytes(plan_dir / "plan.json", text.encode())
     doc["search_wall_s"] = wall
     doc["replays"] = sum(len(r.evaluations) for r in results)
     if chosen is None:

@@ -39,7 +39,7 @@ from typing import Any
 import numpy as np
 
 from pipeline.errors import ConfigError
-from pipeline.profile.tables import Profile, load_profile
+from pipeline.profile.tables import Profile, profile_for
 from pipeline.roofline import (
     LOGIT_OPS,
     Deployment,
@@ -179,6 +179,7 @@ def measured_tables(
     gemm_dtypes = prof.gemm_dtypes()
     moe_dtypes = prof.moe_dtypes()
     gemm_missing: set[str] = set()
+    gemm_other = False
     moe_used = "roofline (no MoE layers)" if not m.is_moe else "roofline"
     ar_used = "none (tp = 1)"
     a2a_used = "none (dp = 1)" if m.is_moe else "none (dense model)"
@@ -294,6 +295,8 @@ def measured_tables(
                 add_roofline(op)
                 ar_used = f"{'NCCL' if backend == 'nccl' else 'custom all-reduce'} not measured here: roofline link"
             continue
+        if op.kind == "gemm":  # a projection the tables do not key (MLA's): the roofline's
+            gemm_other = True
         add_roofline(op)
     # Qwen3's per-head q/k norms: a kernel the roofline list does not carry; measured or nothing.
     qk = prof.model_op(m.name, dep.tp, "qk_norm")
@@ -351,6 +354,8 @@ def measured_tables(
     logit[:, 5] += nseq * m.vocab_size * 4.0
 
     gemm_desc = ", ".join(f"{d} measured" for d in sorted(gemm_used))
+    if gemm_other:
+        gemm_desc += ("; " if gemm_desc else "") + "roofline (projections the tables do not key, e.g. MLA's)"
     if gemm_missing:
         gemm_desc += ("; " if gemm_desc else "") + ", ".join(
             f"{d} roofline (not measured)" for d in sorted(gemm_missing)
@@ -480,16 +485,33 @@ def prior_cost(
     max_tokens: int = 16384,
     max_num_seqs: int = 256,
     overhead_s: float | None = None,
+    reason: str = "no measured profile of this GPU",
 ) -> TabulatedCost | None:
     """The deployment's step cost from the size-aware roofline prior (pipeline/profile/prior.py),
-    or None when the catalog has no prior."""
+    or None when the catalog has no prior. ``describe`` says why the prior priced it
+    (``prior_reason``), the GPU's vendor, and which operators fell to the plain roofline."""
     from pipeline.profile.prior import load_prior, prior_profile
 
     prior = load_prior()
     if prior is None:
         return None
     prof = prior_profile(dep.hardware, dep, prior, gemm_shapes(dep))
-    return measured_cost(dep, prof, max_tokens, max_num_seqs, overhead_s, tier="prior")
+    cost = measured_cost(dep, prof, max_tokens, max_num_seqs, overhead_s, tier="prior")
+    roofline_parts = [
+        name
+        for name, key in (("GEMMs", "gemm"), ("MoE experts", "moe"), ("attention", "attention"))
+        if "roofline" in str(cost.describe.get(key, ""))
+        and not str(cost.describe.get(key, "")).startswith("roofline (no MoE")
+    ]
+    return replace(
+        cost,
+        describe={
+            **cost.describe,
+            "prior_reason": reason,
+            "vendor": dep.hardware.vendor,
+            "roofline_parts": roofline_parts,
+        },
+    )
 
 
 def step_cost_for(
@@ -507,14 +529,15 @@ def step_cost_for(
 
     if cost_model not in COST_MODELS:
         raise ConfigError(f"cost_model must be one of {list(COST_MODELS)}, got {cost_model!r}")
-    prof = load_profile(dep.hardware.name) if cost_model in ("auto", "measured") else None
+    prof = profile_for(dep.hardware) if cost_model in ("auto", "measured") else None
     if prof is None:
         if cost_model == "measured":
             from pipeline.profile.tables import no_profile_message
 
-            raise ConfigError(no_profile_message(dep.hardware.name))
+            raise ConfigError(no_profile_message(dep.hardware.name, dep.hardware))
         if cost_model == "prior" or (cost_model == "auto" and dep.hardware.vendor.lower() in PRIOR_VENDORS):
-            got = prior_cost(dep, max_tokens, max_num_seqs, overhead_s)
+            why = "cost_model = 'prior' asked for" if cost_model == "prior" else "no measured profile of this GPU"
+            got = prior_cost(dep, max_tokens, max_num_seqs, overhead_s, why)
             if got is not None:
                 return got
             if cost_model == "prior":
@@ -537,13 +560,19 @@ def fleet_step_cost(fleet: Any) -> TabulatedCost:
         # to the roofline tier (a measured profile describes vLLM's own kernels).
         model = "roofline"
     try:
-        return step_cost_for(
+        cost = step_cost_for(
             fleet.deployment,
             model,
             need,
             sched.max_num_seqs,
             fleet.config.engine.step_overhead_s,
         )
+        cal = fleet.config.calibration
+        if cal is not None and cost.source == "roofline":  # say whose factors priced it
+            return replace(
+                cost, describe={**cost.describe, "calibrated_on": f"the fleet's [calibration]: {cal.source}"}
+            )
+        return cost
     except ConfigError as exc:
         # name the fleet (a FLEET.toml is refused sooner, by pipeline.fleet.load_fleet, naming its file)
         raise ConfigError(f"fleet {fleet.config.name!r}: {exc}") from None

@@ -529,7 +529,10 @@ def load_prior(path: Path = PRIOR_PATH) -> Prior | None:
         if not isinstance(c, dict):
             raise ConfigError(f"{path}: [curves.{fam!r}] must be a table")
         try:
-            curve = PriorCurve(float(c["floor_s"]), float(c["compute_eff"]), float(c["memory_eff"]), float(c["blend"]))
+            vals = [c[k] for k in ("floor_s", "compute_eff", "memory_eff", "blend")]
+            if any(isinstance(v, bool) or not isinstance(v, int | float) for v in vals):
+                raise TypeError("a value is not a number")
+            curve = PriorCurve(*(float(v) for v in vals))
         except (KeyError, TypeError, ValueError) as exc:
             raise ConfigError(
                 f"{path}: [curves.{fam!r}] needs numbers floor_s, compute_eff, memory_eff, blend ({exc})"

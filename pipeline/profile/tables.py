@@ -291,9 +291,16 @@ def list_profiles() -> list[str]:
     return sorted(p.name for p in PROFILES_DIR.iterdir() if (p / "profile.toml").exists())
 
 
-def no_profile_message(gpu: str) -> str:
+def no_profile_message(gpu: str, hw: Any = None) -> str:
     """What ``cost_model = "measured"`` on a GPU without a measured profile is told (fleets, the
-    step cost and plan's skipped candidates say the same)."""
+    step cost and plan's skipped candidates say the same); ``hw``: the entry asked for, when it
+    bears a profiled GPU's name without being that device."""
+    if hw is not None and load_profile(gpu) is not None and not is_catalog_device(hw):
+        return (
+            f"cost_model = 'measured' but hardware {gpu!r} ({hw.path or 'a hardware file'}) is not the catalog's "
+            f"{gpu} (its memory, bandwidth, peaks or link differ): that GPU's measured profile does not describe it; "
+            "use cost_model = 'auto' (the size-aware prior on NVIDIA GPUs), 'prior' or 'roofline'"
+        )
     return (
         f"cost_model = 'measured' but hardware {gpu} has no measured profile (profiles: "
         f"{', '.join(list_profiles()) or 'none'}); use cost_model = 'auto' (the size-aware prior where an "
@@ -362,6 +369,38 @@ def load_profile_dir(folder: Path) -> Profile:
         if got != n:
             raise ConfigError(f"{folder / FAMILY_FILES.get(fam, fam)}: {got} rows, profile.toml says {n}")
     return Profile(meta, frames)
+
+
+#: The fields that make two hardware entries the same device (the efficiency factors, prices and
+#: sources may differ: a [calibration] or a re-priced copy is still that GPU).
+DEVICE_FIELDS = (
+    "vendor",
+    "memory_bytes",
+    "memory_bandwidth_bytes_per_s",
+    "peak_flops_per_s",
+    "link_kind",
+    "link_bandwidth_bytes_per_s",
+)
+
+
+def is_catalog_device(hw: Any) -> bool:
+    """Whether ``hw`` (a HardwareSpec) is the catalog's own entry of its name, as a device: a
+    hardware file that borrows a profiled GPU's name but not its memory, bandwidth, peaks or link
+    is another GPU, and must not be priced with that GPU's measurements."""
+    from pipeline.catalog import load_hardware
+
+    try:
+        ref = load_hardware(hw.name)
+    except ConfigError:
+        return False
+    return all(getattr(ref, f) == getattr(hw, f) for f in DEVICE_FIELDS)
+
+
+def profile_for(hw: Any) -> Profile | None:
+    """The measured profile that prices ``hw`` (a HardwareSpec): its name's profile, only when
+    ``hw`` is that catalog device (:func:`is_catalog_device`)."""
+    prof = load_profile(hw.name)
+    return prof if prof is not None and is_catalog_device(hw) else None
 
 
 @cache
