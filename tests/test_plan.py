@@ -262,6 +262,8 @@ def test_plan_outputs_idempotent_and_cli(azure_store: Store) -> None:
     assert rows[0]["usd_per_day"] <= rows[1]["usd_per_day"]
     assert rows[0]["usd_per_day"] == pytest.approx(rows[0]["gpus"] * rows[0]["usd_per_gpu_hour"] * 24)
     assert any(r["pareto"] for r in rows)
+    # one plan ranks a profiled GPU against one priced by the size-aware prior: each row says
+    assert {r["hardware"]: r["priced_by"] for r in rows} == {"h100-sxm": "measured", "l4": "prior"}
     assert doc["chosen"]["config"] == rows[0]["config"]
     assert rows[0]["binding"] in ("compute", "bandwidth", "kv_capacity", "queueing", "communication", "overhead")
     search = read_parquet(plan_dir / "search.parquet", "plan_search").to_pylist()

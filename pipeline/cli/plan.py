@@ -197,7 +197,7 @@ def plan_cmd(
     click.echo(f"SLO {doc['slo']['name']}: {doc['slo']['targets']}")
     header = (
         f"{'#':>3} {'config':<24} {'GPUs':>5} {'repl':>4} {'TTFT99':>8} {'TPOT99':>8} {'util':>5} "
-        f"{'headroom':>8} {'binds':<12} {'$/day':>10} {'$/Mtok':>7} pareto"
+        f"{'headroom':>8} {'binds':<12} {'$/day':>10} {'$/Mtok':>7} {'priced by':<9} pareto"
     )
     click.echo(header)
     for r in doc["configurations"]:
@@ -208,7 +208,8 @@ def plan_cmd(
             f"{r['rank']:>3} {r['config']:<24} {r['gpus']:>5} {r['replicas']:>4} {fmt_s(r['ttft_p99_s']):>8} "
             f"{fmt_s(r['tpot_p99_s']):>8} {fmt_num(r['utilization'], '.0%'):>5} {fmt_num(r['slo_headroom'], '.0%'):>8} "
             f"{r['binding'] or '-':<12} {fmt_num(r['usd_per_day'], ',.0f'):>10} "
-            f"{fmt_num(r['usd_per_million_tokens'], '.3f'):>7} {'*' if r['pareto'] else ''}"
+            f"{fmt_num(r['usd_per_million_tokens'], '.3f'):>7} {r.get('priced_by') or '-':<9} "
+            f"{'*' if r['pareto'] else ''}"
         )
     chosen = doc["chosen"]
     if chosen is None:

@@ -99,6 +99,8 @@ class CandidateResult:
     period_s: float = 86_400.0
     #: Not searched, for a reason of the plan's inputs (``note``: search.skip_reason), not a misfit.
     skipped: bool = False
+    #: The cost tier that priced its replays: measured, prior or roofline ("" when none ran).
+    priced_by: str = ""
 
     @property
     def chosen(self) -> Evaluation | None:
@@ -402,6 +404,7 @@ def search_candidate(task: Task) -> CandidateResult:
     def check(n: int) -> Evaluation:
         ev, run = evaluate(task.window, fleet, n, task.slo, task.max_rejected)
         out.evaluations.append(ev)
+        out.priced_by = run.cost_source
         runs[n] = run
         return ev
 

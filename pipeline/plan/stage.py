@@ -477,6 +477,7 @@ def _tables(
                 "idle_usd_per_day": next((x["all_in_usd"] for x in r.cost_rows if x["token_class"] == "idle"), None),
                 "pareto": id(r) in on_front,
                 "replays": len(r.evaluations),
+                "priced_by": r.priced_by or None,
             }
         )
         for e in r.evaluations:
