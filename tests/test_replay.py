@@ -58,7 +58,7 @@ def _fleet(**engine: int | bool) -> object:
 
 @pytest.mark.parametrize("router", ["round_robin", "least_outstanding"])
 def test_azure_slice_fast_equals_reference(azure_conv: pl.DataFrame, router: str) -> None:
-    # 800 requests at 20x the trace rate on a KV cache small enough to preempt.
+    # 400 requests at 20x the trace rate on a KV cache small enough to preempt.
     fleet = resolve(
         parse_fleet(
             {
@@ -72,7 +72,7 @@ def test_azure_slice_fast_equals_reference(azure_conv: pl.DataFrame, router: str
             "t",
         )
     )
-    work = build_workload(azure_conv.head(800), fleet, ReplayOptions(rate_scale=20.0))
+    work = build_workload(azure_conv.head(400), fleet, ReplayOptions(rate_scale=20.0))
     spec = FleetSpec(replicas=2, scheduler=fleet.scheduler, router=router)
     ref = simulate_reference(work, spec, REAL_COST)
     for sim in ENGINES.values():
@@ -131,7 +131,7 @@ def test_jit_with_the_roofline_cost_is_the_fast_engine(mooncake: pl.DataFrame, r
             "t",
         )
     )
-    frame = mooncake.head(400)
+    frame = mooncake.head(200)
     options = ReplayOptions(rate_scale=4.0)
     work = build_workload(frame, fleet, options)
     spec = FleetSpec(replicas=2, scheduler=fleet.scheduler, router=router)
