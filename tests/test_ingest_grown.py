@@ -244,7 +244,7 @@ _ROW = st.one_of(st.just("good"), st.sampled_from(["bad-a", "bad-b", "not json",
         max_size=3,
     ),
 )
-@settings(max_examples=25, deadline=None)
+@settings(max_examples=15, deadline=None)
 def test_accounting_holds_per_read_over_grown_logs(
     first: list[str], steps: list[tuple[list[str], list[int], str]]
 ) -> None:

@@ -98,7 +98,7 @@ def test_mooncake_slice_with_prefix_chains(mooncake: pl.DataFrame) -> None:
             "t",
         )
     )
-    work = build_workload(mooncake.head(120), fleet, ReplayOptions())
+    work = build_workload(mooncake.head(70), fleet, ReplayOptions())
     assert work.chain_tree is not None and work.explicit().chain_hashes.shape[0] > 0
     spec = FleetSpec(replicas=1, scheduler=fleet.scheduler)
     ref = simulate_reference(work, spec, REAL_COST)
