@@ -125,10 +125,11 @@ def validate_cmd(measurements: str | None, hardware: str | None, store_path: str
     """Judge the cost model on measurements it was not built from; print and store the error tables
     under STORE/validation/.
 
-    Two tiers: the measured profiles' interpolation, held out by shape (whole GEMM n x k shapes,
-    whole head shapes, whole models of another set, mixed batches never fitted), split by operator
-    class and token range (1-127, 128+); and the roofline with catalog and calibrated factors
-    (Vidur, Splitwise). docs/validation.md explains both.
+    The measured profiles' interpolation, held out by shape (whole GEMM n x k shapes, whole head
+    shapes, whole models of another set, mixed batches never fitted), split by operator class and
+    token range (1-127, 128+); the size-aware prior for GPUs without a profile, each profiled GPU
+    held out whole (operators, whole steps, NVLink collectives); and the plain roofline with
+    catalog and calibrated factors (Vidur, Splitwise). docs/validation.md explains each.
 
     Example: rooftrace validate --measurements path/to/measurements --json
     """
