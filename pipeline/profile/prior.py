@@ -641,6 +641,8 @@ def collective_donor_check() -> pl.DataFrame:
     """Each profiled GPU that has a same-link donor among the OTHER profiled GPUs: its measured
     all-reduce rows predicted by the donor's curves (what an unprofiled GPU on that link gets),
     beside the plain roofline's link on the same rows."""
+    from pipeline.roofline import Op, comm_time
+
     out: list[dict[str, Any]] = []
     for gpu in list_profiles():
         hw = load_hardware(gpu)
@@ -656,9 +658,9 @@ def collective_donor_check() -> pl.DataFrame:
             nbytes = sub["bytes"].to_numpy().astype(np.float64)
             t = sub["time_s"].to_numpy()
             g = float(gpus)
-            roof = (
-                2.0 * (g - 1.0) / g * nbytes / (hw.link_bandwidth_bytes_per_s * hw.link_efficiency) + hw.link_latency_s
-            )
+            # the plain roofline's all-reduce: the same ring-scaled bytes and one call's latency
+            ring = Op("all_reduce", "comm", 1, np.zeros_like(nbytes), 2.0 * (g - 1.0) / g * nbytes)
+            roof = comm_time(hw, ring)
             for pred, kind in ((curve(nbytes), "donor"), (roof, "roofline")):
                 rel = pred / t - 1.0
                 out += [
