@@ -689,11 +689,22 @@ def cost_card(cost: dict[str, Any]) -> tuple[str, str, str, str] | None:
     if tier == "measured":
         name, note = "measured profile", "operator tables measured under vLLM on this GPU"
     elif tier == "prior":
-        name = "size-aware prior"
-        note = (
-            f"{cost.get('prior_reason') or 'no measured profile of this GPU'}: curves fitted on the profiled "
-            "GPUs (held out by GPU, bf16 steps at tp <= 4 were 7-10 % median off) — a prior, not a measurement"
-        )
+        stack = cost.get("stack")
+        scaled = stack.get("scaled_from") if isinstance(stack, dict) else None
+        if scaled:
+            name = f"same-die {scaled} tables, scaled"
+            note = (
+                f"{cost.get('prior_reason') or 'no measured profile of this GPU'}: the measured tables of {scaled} "
+                f"(same {stack.get('die') or ''} die) scaled to this GPU's datasheet by the size-aware prior (held "
+                "out on H100 SXM and H200, each from the other: bf16 steps 3-6 % median off) — not a measurement "
+                "of this GPU"
+            )
+        else:
+            name = "size-aware prior"
+            note = (
+                f"{cost.get('prior_reason') or 'no measured profile of this GPU'}: curves fitted on the profiled "
+                "GPUs (held out by GPU, bf16 steps at tp <= 4 were 7-10 % median off) — a prior, not a measurement"
+            )
         vendor = str(cost.get("vendor") or "nvidia")
         if vendor.lower() != "nvidia":
             note += f"; fitted on NVIDIA GPUs' CUDA kernels, never checked on {vendor}"

@@ -440,7 +440,8 @@ def test_report_says_which_tier_priced_the_run() -> None:
     run = run_replay(_requests(20).with_columns(model=pl.lit("llama-3.1-8b")), fleet, ReplayOptions(rate_scale=1.0))
     cards = {c[0]: c for c in _health_cards(health_headline(summarize(run)))}
     _, value, note, cls = cards["Priced by"]
-    assert value == "size-aware prior (a100-40gb-sxm)" and cls == "warn"
+    # A100 40GB is on A100 80GB's die: its measured tables, scaled (tests/test_die_donor.py)
+    assert value == "same-die a100-80gb-sxm tables, scaled (a100-40gb-sxm)" and cls == "warn"
     assert "not a measurement" in note and "all-reduce measured on a100-80gb-sxm" in note
     measured = {"source": "measured", "profile": "h100-sxm", "measured_share_of_busy_time": 0.93}
     assert _health_cards({"cost_model": measured})[0] == (

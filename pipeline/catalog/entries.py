@@ -203,6 +203,10 @@ class HardwareSpec:
     #: Device memory as CUDA reports it (what vLLM's gpu_memory_utilization multiplies), where a
     #: log of this GPU showed it; 0 = unknown (pipeline.fit then takes a fraction of memory_bytes).
     cuda_memory_bytes: float = 0.0
+    #: The GPU's die (``GH100``, ``GA100``, ...): GPUs on one die run the same kernels, so a
+    #: profiled one's measured tables, scaled, price an unprofiled one (pipeline/profile/prior.py,
+    #: die_donor). "" = not stated (no donor).
+    die: str = ""
 
     def peak_for(self, dtype: str) -> float:
         """Dense peak FLOP/s for matmuls in ``dtype``; bf16 when the GPU lacks that format."""
@@ -277,7 +281,7 @@ def _date_text(table: Mapping[str, Any], key: str, where: str) -> str:
 
 
 def parse_hardware(data: Mapping[str, Any], origin: str) -> HardwareSpec:
-    _check_keys(data, _HW_TOP | _HW_TABLES, {"cuda_memory_bytes"}, origin)
+    _check_keys(data, _HW_TOP | _HW_TABLES, {"cuda_memory_bytes", "die"}, origin)
     for table in _HW_TABLES:
         if not isinstance(data[table], dict):
             raise ConfigError(f"{origin}: [{table}] must be a table")
@@ -295,7 +299,7 @@ def parse_hardware(data: Mapping[str, Any], origin: str) -> HardwareSpec:
     price = data["price"]
     _check_keys(price, _HW_PRICE, set(), f"{origin} [price]")
     sources = data["sources"]
-    sourced = _HW_SOURCED | ({"cuda_memory_bytes"} if "cuda_memory_bytes" in data else set())
+    sourced = _HW_SOURCED | {k for k in ("cuda_memory_bytes", "die") if k in data}
     _check_keys(sources, sourced, set(), f"{origin} [sources]")
     for key in sourced:
         _str(sources, key, f"{origin} [sources]")
@@ -308,6 +312,9 @@ def parse_hardware(data: Mapping[str, Any], origin: str) -> HardwareSpec:
         raise ConfigError(
             f"{origin}: cuda_memory_bytes must not exceed memory_bytes ({memory_bytes:.0f}), got {cuda_memory:.4g}"
         )
+    die = _str(data, "die", origin) if "die" in data else ""
+    if die and not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]{0,31}", die):
+        raise ConfigError(f"{origin}: die must be a die name such as GH100 (letters, digits, . _ -), got {die[:40]!r}")
     for key in ("compute", "memory", "elementwise", "link"):
         value = _num(eff, key, f"{origin} [efficiency]")
         if not MIN_EFFICIENCY <= value <= 1.0:
@@ -340,6 +347,7 @@ def parse_hardware(data: Mapping[str, Any], origin: str) -> HardwareSpec:
         sources=MappingProxyType({k: str(sources[k]) for k in sorted(sources)}),
         path=origin,
         cuda_memory_bytes=cuda_memory,
+        die=die,
     )
 
 
@@ -361,6 +369,7 @@ def hardware_to_toml(hw: HardwareSpec) -> str:
         f"memory_bytes = {int(hw.memory_bytes)}",  # (a whole number, also past 1e12)
         f"memory_bandwidth_bytes_per_s = {num(hw.memory_bandwidth_bytes_per_s)}",
         *([f"cuda_memory_bytes = {num(hw.cuda_memory_bytes)}"] if hw.cuda_memory_bytes else []),
+        *([f"die = {q(hw.die)}"] if hw.die else []),
         "",
         "[peak_flops_per_s]",
         *(f"{k} = {num(v)}" for k, v in hw.peak_flops_per_s.items()),

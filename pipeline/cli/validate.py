@@ -13,7 +13,9 @@ from pipeline.cli.common import emit_json, get_store, json_option, progress, run
 from pipeline.errors import RooftraceError
 
 #: The tables ``validate`` writes under STORE/validation/ (one validation at a time).
-VALIDATION_TABLES = ("profile_heldout", "prior_heldout", "prior_steps", "errors", "summary", "calibrations")
+VALIDATION_TABLES = (
+    "profile_heldout", "prior_heldout", "prior_steps", "prior_die_donors", "errors", "summary", "calibrations",
+)  # fmt: skip
 #: Where ``validate`` finds the operator measurements when --measurements is not given.
 MEASUREMENTS_ENV = "ROOFTRACE_MEASUREMENTS"
 
@@ -36,13 +38,14 @@ def refuse_empty(option: str, value: str | None, example: str) -> None:
         raise RooftraceError(f"{option}: the path is empty (name one, e.g. {option} {example})")
 
 
-def _prior_check(hardware: str | None) -> tuple[Any, Any, Any]:
-    """The size-aware prior's leave-one-GPU-out check on the catalog's profiles (operator rows
-    and whole steps), for one GPU when ``hardware`` is given."""
+def _prior_check(hardware: str | None) -> tuple[Any, Any, Any, Any]:
+    """The size-aware prior's leave-one-GPU-out check on the catalog's profiles (operator rows,
+    same-die donors' scaled tables, whole steps), for one GPU when ``hardware`` is given."""
     import polars as pl
 
     from pipeline.profile.prior import (
         collective_donor_check,
+        die_donor_check,
         heldout_steps,
         leave_one_gpu_out,
         load_prior,
@@ -56,6 +59,10 @@ def _prior_check(hardware: str | None) -> tuple[Any, Any, Any]:
     steps = heldout_steps(rows, prior.used if prior is not None else None, only=hardware)
     if hardware is not None and loo.height:
         loo = loo.filter(pl.col("gpu") == hardware)
+    progress("judging same-die donors: each profiled GPU from the other one on its die, scaled")
+    dies = die_donor_check(rows, only=hardware)
+    if hardware is not None and dies.height:
+        dies = dies.filter(pl.col("gpu") == hardware)
     donors = collective_donor_check()
     if donors.height:
         donors = (
@@ -68,7 +75,28 @@ def _prior_check(hardware: str | None) -> tuple[Any, Any, Any]:
             )
             .filter(pl.col("gpu") == hardware if hardware is not None else pl.lit(True))
         )
-    return loo, steps, donors
+    return loo, steps, donors, dies
+
+
+def _die_display(dies: Any) -> Any:
+    """The same-die check as printed: the MoE shardings summarised per dtype, as _loo_display."""
+    import polars as pl
+
+    cols = ["median_abs_error", "p90_abs_error", "bias", "prior_median_abs_error", "prior_p90_abs_error"]
+    moe = dies.filter(pl.col("family").str.starts_with("moe:"))
+    rest = dies.filter(~pl.col("family").str.starts_with("moe:")).select(
+        "gpu", "donor", "family", "tokens", "rows", *cols
+    )
+    if moe.height == 0:
+        return rest
+    grouped = (
+        moe.with_columns(pl.col("family").str.split(":").list.get(1).alias("dtype"))
+        .group_by("gpu", "donor", "dtype", "tokens", maintain_order=True)
+        .agg(pl.len().alias("n"), pl.col("rows").sum(), *[pl.col(c).median() for c in cols])
+        .with_columns(pl.format("moe:{} ({} shardings)", "dtype", "n").alias("family"))
+        .select("gpu", "donor", "family", "tokens", "rows", *cols)
+    )
+    return pl.concat([rest, grouped])
 
 
 def _loo_display(loo: Any) -> Any:
@@ -99,6 +127,8 @@ def _step_summary(steps: Any) -> Any:
         pl.len().alias("steps"),
         pl.col("prior_error").abs().median().alias("prior_median"),
         pl.col("prior_error").abs().quantile(0.9).alias("prior_p90"),
+        pl.col("donor_error").abs().median().fill_null(float("nan")).alias("donor_median"),
+        pl.col("donor_error").abs().quantile(0.9).fill_null(float("nan")).alias("donor_p90"),
         pl.col("roofline_error").abs().median().alias("roofline_median"),
         pl.col("roofline_error").abs().quantile(0.9).alias("roofline_p90"),
     )
@@ -166,19 +196,21 @@ def validate_cmd(measurements: str | None, hardware: str | None, store_path: str
                                          "profile_heldout")  # fmt: skip
                 doc["files"].append(str(path))
                 doc["profile_heldout"] = profile.to_dicts()
-        prior_loo = prior_steps = donors = None
+        prior_loo = prior_steps = donors = dies = None
         # The prior is judged on the catalog's profiles: when these measurements are sets of
         # several GPUs (the public sets they were built from), not a user's table of one GPU.
         if profile is not None and profile.height and profile["gpu"].n_unique() >= 2:
-            prior_loo, prior_steps, donors = _prior_check(hardware)
+            prior_loo, prior_steps, donors, dies = _prior_check(hardware)
             with store.lock():
-                for name, frame in (("prior_heldout", prior_loo), ("prior_steps", prior_steps)):
+                tables = (("prior_heldout", prior_loo), ("prior_steps", prior_steps), ("prior_die_donors", dies))
+                for name, frame in tables:
                     if frame.height:
                         path = write_parquet(frame.to_arrow(), store.validation_dir / f"{name}.parquet", name)
                         doc["files"].append(str(path))
             doc["prior_heldout"] = prior_loo.to_dicts()
             doc["prior_steps"] = prior_steps.to_dicts()
             doc["prior_collectives"] = donors.to_dicts()
+            doc["prior_die_donors"] = dies.to_dicts()
         try:
             legacy_files = discover(source)
         except UnreadableMeasurements:
@@ -245,14 +277,29 @@ def validate_cmd(measurements: str | None, hardware: str | None, store_path: str
                     f"{_pct(r['p90_abs_error'])} {r['bias']:+7.1%}  {_pct(r['roofline_median_abs_error']):>22s} "
                     f"{_pct(r['roofline_p90_abs_error'])}"
                 )
+        if dies is not None and dies.height:
+            click.echo(
+                "same-die donors (an unprofiled GPU on a profiled GPU's die): each GPU from the other one on its die, "
+                "its tables scaled by the prior fitted without it:"
+            )
+            click.echo(f"{'gpu':14s} {'from':14s} {'family':24s} {'tokens':7s} {'N':>7s} {'median':>7s} {'p90':>7s} "
+                       f"{'bias':>7s}  {'prior alone: median':>19s} {'p90':>7s}")  # fmt: skip
+            for r in _die_display(dies).iter_rows(named=True):
+                click.echo(
+                    f"{r['gpu']:14s} {r['donor']:14s} {r['family']:24s} {r['tokens']:7s} {r['rows']:7d} "
+                    f"{_pct(r['median_abs_error'])} {_pct(r['p90_abs_error'])} {r['bias']:+7.1%}  "
+                    f"{_pct(r['prior_median_abs_error']):>19s} {_pct(r['prior_p90_abs_error'])}"
+                )
         if prior_steps is not None and prior_steps.height:
             click.echo("whole steps (decode, prefill, mixed; bf16) against the GPU's measured profile, GPU held out:")
             click.echo(f"{'gpu':14s} {'model':14s} {'tp':>3s} {'steps':>5s} {'prior median':>13s} {'p90':>7s} "
+                       f"{'same-die donor median':>22s} {'p90':>7s} "
                        f"{'plain roofline median':>22s} {'p90':>7s}")  # fmt: skip
             for r in _step_summary(prior_steps).iter_rows(named=True):
                 click.echo(
                     f"{r['gpu']:14s} {r['model']:14s} {r['tp']:3d} {r['steps']:5d} {_pct(r['prior_median']):>13s} "
-                    f"{_pct(r['prior_p90'])} {_pct(r['roofline_median']):>22s} {_pct(r['roofline_p90'])}"
+                    f"{_pct(r['prior_p90'])} {_pct(r['donor_median']):>22s} {_pct(r['donor_p90'])} "
+                    f"{_pct(r['roofline_median']):>22s} {_pct(r['roofline_p90'])}"
                 )
         if donors is not None and donors.height:
             click.echo(

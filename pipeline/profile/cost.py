@@ -422,6 +422,14 @@ def measured_cost(
     if tier == "prior":  # the synthetic profile's "measured" tables are the prior's curves
         cov_desc = {k: v.replace("measured", "prior") for k, v in cov_desc.items()}
         attention = attention.replace("measured", "prior")
+        scaled = prof.meta.stack.get("scaled_from")
+        if scaled:  # the prior's tables are a same-die GPU's measured ones, scaled (prior.die_donor)
+            note = f" — {scaled}'s measured tables (same {prof.meta.stack.get('die', '')} die), scaled to this GPU"
+            for key in ("gemm", "moe"):
+                if "prior" in cov_desc.get(key, ""):
+                    cov_desc[key] += note
+            if "prior" in attention:
+                attention += note
         donor = prof.meta.stack.get("collectives_from")
         if donor:  # collectives are measured curves, of the GPU on the same link
             for key in ("allreduce", "moe_dispatch"):

@@ -671,6 +671,220 @@ def collective_donor_check() -> pl.DataFrame:
     return pl.DataFrame(out)
 
 
+# ---------------------------------------------------------------------------- same-die donors
+
+#: What each profile family's rows are keyed by, beside its size column(s).
+_SHAPE_KEYS = {
+    "gemm": ("dtype", "n", "k"),
+    "attn_decode": ("kv_dtype", "nq", "nkv", "d"),
+    "attn_prefill": ("kv_dtype", "nq", "nkv", "d"),
+    "moe": ("dtype", "distribution", "moe_tp", "moe_ep", "h", "inter", "topk", "experts"),
+}
+
+
+#: Measurement sets whose operator tables time each kernel alone (AIConfigurator's vLLM
+#: operator sweeps): the only tables a same-die GPU borrows. The one same-die pair measured by
+#: two harnesses (L40S by AIConfigurator, RTX 4090 by LLMServingSim's per-layer profiles, both
+#: AD102) predicts each other 46-254 % off (median signed), the GH100 pair measured by one
+#: harness within 1-11 % (docs/validation.md, "Same-die donors").
+DONOR_SETS = frozenset({"aiconfigurator"})
+
+
+def kernel_level(prof: Profile) -> bool:
+    """Whether ``prof``'s GEMM, attention and MoE tables all come from DONOR_SETS."""
+    sets: set[str] = set()
+    for fam in ("gemm", "attn_decode", "attn_prefill", "moe"):
+        f = prof.frame(fam)
+        if f.height and "set" in f.columns:
+            sets |= set(f["set"].unique().to_list())
+    return bool(sets) and sets <= DONOR_SETS
+
+
+def die_donor(hw: HardwareSpec, exclude: Iterable[str] = ()) -> tuple[str, Profile] | None:
+    """The profiled GPU on the same die as an unprofiled ``hw`` (``die`` in the hardware entry:
+    H100 PCIe and H200 on H100 SXM's GH100, A100 40 GB on A100 80 GB's GA100, GB200 on B200's
+    GB100), the closest memory bandwidth first, then the name; None when no profiled GPU of the
+    same vendor shares the die. GPUs on one die run the same kernels with the same tile and wave
+    choices; what differs (SMs enabled, clocks, memory) is in the datasheet figures that scale
+    the donor's tables (:func:`donor_times`)."""
+    if not hw.die:
+        return None
+    best: tuple[float, str, Profile] | None = None
+    for gpu in list_profiles():
+        if gpu == hw.name or gpu in exclude:
+            continue
+        try:
+            other = load_hardware(gpu)
+        except ConfigError:
+            continue
+        if other.die.lower() != hw.die.lower() or other.vendor.lower() != hw.vendor.lower():
+            continue
+        prof = load_profile(gpu)
+        if prof is None or not kernel_level(prof):
+            continue
+        gap = abs(math.log(other.memory_bandwidth_bytes_per_s / hw.memory_bandwidth_bytes_per_s))
+        if best is None or (gap, gpu) < (best[0], best[1]):
+            best = (gap, gpu, prof)
+    return (best[1], best[2]) if best is not None else None
+
+
+def _terms(
+    family: str, hw: HardwareSpec, key: tuple[Any, ...], size: FloatArray, other: FloatArray | None
+) -> tuple[FloatArray, FloatArray] | None:
+    """(t_c, t_m) on ``hw`` of one shape ``key`` (_SHAPE_KEYS) at sizes ``size`` (GEMM m, decode
+    batch, prefill batch, MoE tokens) and ``other`` (decode context, prefill length); None where
+    ``hw`` has no peak for the dtype."""
+    try:
+        if family == "gemm":
+            dt, n, k = key
+            return gemm_terms(hw, str(dt), size, float(n), float(k))
+        if family in ("attn_decode", "attn_prefill"):
+            kv, nq, nkv, d = key
+            if str(kv) not in KV_BYTES:
+                return None
+            terms = decode_terms if family == "attn_decode" else prefill_terms
+            return terms(hw, str(kv), size, other, float(nq), float(nkv), float(d))
+        dt, _, mtp, mep, h, inter, topk, experts = key
+        return moe_terms(hw, str(dt), size, float(h), float(inter), float(topk), float(experts), float(mtp), float(mep))
+    except (ValueError, KeyError):
+        return None
+
+
+def _curve_key(family: str, key: tuple[Any, ...]) -> str:
+    if family == "gemm":
+        return f"gemm:{key[0]}"
+    if family == "moe":
+        return moe_family(str(key[0]), int(key[2]), int(key[3]))
+    return family
+
+
+def donor_times(
+    family: str,
+    shapes: pl.DataFrame,
+    donor: Profile,
+    donor_hw: HardwareSpec,
+    hw: HardwareSpec,
+    curves: Mapping[str, PriorCurve],
+) -> FloatArray:
+    """Times on ``hw`` of the operator rows ``shapes`` (a profile family's columns, without
+    ``time_s``) from the same-die ``donor``'s measured tables, each looked up as the donor's own
+    replay would (interpolated) and scaled by the family's prior curve on ``hw`` over the same
+    curve on the donor's datasheet (the plain roofline's ratio where the family has no curve).
+    NaN where the donor's tables do not cover a row (a dtype, head shape or expert shape it did
+    not measure) or ``hw`` has no peak for its dtype."""
+    out = np.full(shapes.height, np.nan)
+    if shapes.height == 0:
+        return out
+    keys = list(_SHAPE_KEYS[family])
+    idx = shapes.with_row_index("_i")
+    for key, sub in idx.group_by(keys, maintain_order=True):
+        rows = sub["_i"].to_numpy()
+        if family == "gemm":
+            size, other = sub["m"].to_numpy().astype(np.float64), None
+            dt = str(key[0])
+            got = donor.gemm_time(dt, float(key[1]), float(key[2]), size) if donor.has_gemm(dt) else None
+        elif family in ("attn_decode", "attn_prefill"):
+            size = sub["batch"].to_numpy().astype(np.float64)
+            other = sub["ctx" if family == "attn_decode" else "isl"].to_numpy().astype(np.float64)
+            grid = donor.attention_grid(family, str(key[0]), int(key[1]), int(key[2]), int(key[3]))
+            got = grid(size, other) if grid is not None else None
+        else:
+            size, other = sub["tokens"].to_numpy().astype(np.float64), None
+            dt, dist, mtp, mep, h, inter, topk, experts = key
+            got = donor.moe_time(
+                str(dt), str(dist), int(mtp), int(mep), (int(h), int(inter), int(topk), int(experts)), size
+            )
+        if got is None:
+            continue
+        mine = _terms(family, hw, key, size, other)
+        theirs = _terms(family, donor_hw, key, size, other)
+        if mine is None or theirs is None:
+            continue
+        curve = curves.get(_curve_key(family, key))
+        if curve is not None:
+            ratio = curve.time(*mine) / curve.time(*theirs)
+        else:
+            ratio = np.maximum(*mine) / np.maximum(np.maximum(*theirs), 1e-300)
+        out[rows] = np.asarray(got, np.float64) * ratio
+    return out
+
+
+def die_donor_check(rows: Mapping[str, Mapping[str, pl.DataFrame]], only: str | None = None) -> pl.DataFrame:
+    """Each profiled GPU that has a same-die donor among the OTHER profiled GPUs: its measured
+    operator rows (the prior's fitting rows: GEMMs with n, k ≥ 128, attention, balanced-routing
+    MoE) predicted from the donor's tables scaled by a prior fitted WITHOUT it, beside that prior
+    alone on the same rows (what an unprofiled GPU on that die is priced by, and would be
+    without the donor); ``only``: that GPU alone."""
+    out: list[dict[str, Any]] = []
+    for gpu in sorted(rows):
+        prof = load_profile(gpu) if only is None or gpu == only else None
+        if prof is None:
+            continue
+        hw = load_hardware(gpu)
+        donor = die_donor(hw)
+        if donor is None:
+            continue
+        donor_hw = load_hardware(donor[0])
+        curves = fit_prior({g: v for g, v in rows.items() if g != gpu})
+        for family in _SHAPE_KEYS:
+            frame = prof.frame(family)
+            if frame.height == 0:
+                continue
+            if family == "gemm":
+                frame = frame.filter((pl.col("n") >= MIN_GEMM_DIM) & (pl.col("k") >= MIN_GEMM_DIM))
+            if family == "moe":
+                frame = frame.filter(pl.col("distribution") == MOE_ROUTING)
+            pred = donor_times(family, frame, donor[1], donor_hw, hw, curves)
+            meas = frame["time_s"].to_numpy()
+            base = np.full(frame.height, np.nan)
+            keys = list(_SHAPE_KEYS[family])
+            for key, sub in frame.with_row_index("_i").group_by(keys, maintain_order=True):
+                i = sub["_i"].to_numpy()
+                curve = curves.get(_curve_key(family, key))
+                size_col = {"gemm": "m", "moe": "tokens"}.get(family, "batch")
+                other = None if family in ("gemm", "moe") else sub["ctx" if family == "attn_decode" else "isl"]
+                terms = _terms(family, hw, key, sub[size_col].to_numpy().astype(np.float64),
+                               None if other is None else other.to_numpy().astype(np.float64))  # fmt: skip
+                if curve is not None and terms is not None:
+                    base[i] = curve.time(*terms)
+            if family == "gemm":
+                tokens = frame["m"].to_numpy().astype(np.float64)
+                fams = frame["dtype"].to_numpy().astype(str)
+                fams = np.char.add("gemm:", fams)
+            elif family == "attn_decode":
+                tokens = frame["batch"].to_numpy().astype(np.float64)
+                fams = np.full(frame.height, family)
+            elif family == "attn_prefill":
+                tokens = (frame["batch"] * frame["isl"]).to_numpy().astype(np.float64)
+                fams = np.full(frame.height, family)
+            else:
+                tokens = frame["tokens"].to_numpy().astype(np.float64)
+                fams = np.array([moe_family(str(d), int(t), int(e)) for d, t, e in
+                                 zip(frame["dtype"], frame["moe_tp"], frame["moe_ep"], strict=True)])  # fmt: skip
+            ok = np.isfinite(pred) & np.isfinite(base) & (meas > 0)
+            for fam in sorted(set(fams[ok].tolist())):
+                for label, band in (("1-127", tokens < 128), ("128+", tokens >= 128)):
+                    mask = ok & band & (fams == fam)
+                    if not mask.any():
+                        continue
+                    d = _stats(pred[mask], meas[mask])
+                    p = _stats(base[mask], meas[mask])
+                    out.append(
+                        {
+                            "gpu": gpu,
+                            "donor": donor[0],
+                            "family": fam,
+                            "tokens": label,
+                            "rows": int(mask.sum()),
+                            **d,
+                            "prior_median_abs_error": p["median_abs_error"],
+                            "prior_p90_abs_error": p["p90_abs_error"],
+                            "prior_bias": p["bias"],
+                        }
+                    )
+    return pl.DataFrame(out)
+
+
 # ---------------------------------------------------------------------------- a synthetic profile
 
 #: Size grids the prior is evaluated on for a deployment (dense enough that the profile's
@@ -679,24 +893,58 @@ _M_GRID = np.unique(np.concatenate([np.arange(1, 513), np.round(np.geomspace(512
 _POW2 = 2 ** np.arange(0, 19)  # 1 .. 262,144
 
 
-def prior_profile(hw: HardwareSpec, dep: Any, prior: Prior, gemm_shapes: Iterable[tuple[int, int]]) -> Profile:
+def prior_profile(
+    hw: HardwareSpec, dep: Any, prior: Prior, gemm_shapes: Iterable[tuple[int, int]], use_donor: bool = True
+) -> Profile:
     """A :class:`Profile` for ``hw`` holding the prior evaluated on the deployment's own shapes:
     GEMMs ``gemm_shapes`` (n, k) in every dtype the GPU has a peak for, the model's attention
-    head shape in bf16 and fp8 KV, and its expert shape under ``MOE_ROUTING``."""
+    head shape in bf16 and fp8 KV, and its expert shape under ``MOE_ROUTING``. Where a profiled
+    GPU shares ``hw``'s die (:func:`die_donor`; not with ``use_donor=False``), its measured
+    tables scaled to ``hw`` (:func:`donor_times`) come first, in every dtype and routing it
+    measured; the prior's curves fill what they do not cover."""
+    from pipeline.profile.cost import MOE_DISTRIBUTIONS
+
     m = dep.model
+    donor = die_donor(hw) if use_donor else None
+    donor_hw = load_hardware(donor[0]) if donor is not None else None
+
+    def priced(family: str, frame: pl.DataFrame, curve: PriorCurve | None, terms: Any) -> pl.DataFrame:
+        """``frame``'s shapes with times: the donor's where it has them, else ``curve``'s on
+        ``terms()`` (the rows' t_c, t_m), else the row is dropped."""
+        t = np.full(frame.height, np.nan)
+        if donor is not None and donor_hw is not None:
+            t = donor_times(family, frame, donor[1], donor_hw, hw, prior.curves)
+        missing = ~np.isfinite(t)
+        if curve is not None and missing.any():
+            t_c, t_m = terms()
+            t[missing] = curve.time(t_c, t_m)[missing]
+        keep = np.isfinite(t) & (t > 0)
+        return frame.with_columns(pl.Series("time_s", t)).filter(pl.Series(keep))
+
+    def used(family: str) -> PriorCurve | None:
+        return prior.curves.get(family) if family in prior.used else None
+
     frames: dict[str, pl.DataFrame] = {}
     gem = []
     shapes = sorted(set(gemm_shapes))
-    for fam, curve in prior.curves.items():
-        if not fam.startswith("gemm:") or fam not in prior.used:
-            continue
-        dt = fam.split(":", 1)[1]
+    dtypes = {fam.split(":", 1)[1] for fam in prior.used if fam.startswith("gemm:")}
+    if donor is not None:
+        dtypes |= {dt for dt in donor[1].gemm_dtypes() if dt in DTYPE_BYTES}
+    for dt in sorted(dtypes):
         if _peak(hw, dt) is None:
             continue
         for n, k in shapes:
             mm = _M_GRID.astype(np.float64)
-            t = curve.time(*gemm_terms(hw, dt, mm, np.full(mm.size, n), np.full(mm.size, k)))
-            gem.append(pl.DataFrame({"dtype": dt, "m": _M_GRID, "n": n, "k": k, "time_s": t}))
+            f = pl.DataFrame({"dtype": dt, "m": _M_GRID, "n": n, "k": k})
+            gem.append(
+                priced(
+                    "gemm",
+                    f,
+                    used(f"gemm:{dt}"),
+                    lambda mm=mm, n=n, k=k, dt=dt: gemm_terms(hw, dt, mm, np.full(mm.size, n), np.full(mm.size, k)),
+                )
+            )
+    gem = [g for g in gem if g.height]
     if gem:
         frames["gemm"] = pl.concat(gem)
     if not m.is_mla:
@@ -706,44 +954,47 @@ def prior_profile(hw: HardwareSpec, dep: Any, prior: Prior, gemm_shapes: Iterabl
             ("attn_decode", "ctx", decode_terms, _POW2),
             ("attn_prefill", "isl", prefill_terms, _POW2[:18]),
         ):
-            acurve = prior.curves.get(fam)
-            if acurve is None or fam not in prior.used:
-                continue
             bb, ll = np.meshgrid(_POW2[:13].astype(np.float64), sizes.astype(np.float64), indexing="ij")
             parts = []
             for kv in ("bf16", "fp8"):
-                t = acurve.time(*terms(hw, kv, bb.ravel(), ll.ravel(), nq, nkv, m.head_dim))
-                parts.append(
-                    pl.DataFrame(
-                        {
-                            "kv_dtype": kv,
-                            "nq": nq,
-                            "nkv": nkv,
-                            "d": m.head_dim,
-                            "batch": bb.ravel().astype(np.int64),
-                            size: ll.ravel().astype(np.int64),
-                            "time_s": t,
-                        }
-                    )
+                f = pl.DataFrame(
+                    {
+                        "kv_dtype": kv,
+                        "nq": nq,
+                        "nkv": nkv,
+                        "d": m.head_dim,
+                        "batch": bb.ravel().astype(np.int64),
+                        size: ll.ravel().astype(np.int64),
+                    }
                 )
-            frames[fam] = pl.concat(parts)
+                got = priced(
+                    fam,
+                    f,
+                    used(fam),
+                    lambda kv=kv, terms=terms, bb=bb, ll=ll: terms(hw, kv, bb.ravel(), ll.ravel(), nq, nkv, m.head_dim),
+                )
+                if got.height:
+                    parts.append(got)
+            if parts:
+                frames[fam] = pl.concat(parts)
     if m.is_moe:
         moe_tp, moe_ep = (1, dep.ep) if dep.ep > 1 else (dep.moe_shards, 1)
         tok = np.unique(np.concatenate([np.arange(1, 257), np.round(np.geomspace(256, 1 << 20, 120))])).astype(np.int64)
+        shape = (m.hidden_size, m.moe_intermediate_size, m.experts_per_token, m.num_experts)
+        moe_dtypes = {fam.split(":")[1] for fam in prior.used if fam.startswith("moe:")}
+        if donor is not None:
+            moe_dtypes |= {dt for dt in donor[1].moe_dtypes() if dt in DTYPE_BYTES}
         parts = []
-        for fam, curve in prior.curves.items():
-            if not fam.startswith("moe:") or fam not in prior.used:
+        for dt in sorted(moe_dtypes):
+            if _peak(hw, dt) is None:
                 continue
-            dt = fam.split(":")[1]
-            if fam != moe_family(dt, moe_tp, moe_ep) or _peak(hw, dt) is None:
-                continue
-            shape = (m.hidden_size, m.moe_intermediate_size, m.experts_per_token, m.num_experts)
-            t = curve.time(*moe_terms(hw, dt, tok.astype(np.float64), *shape, moe_tp, moe_ep))
-            parts.append(
-                pl.DataFrame(
+            for dist in MOE_DISTRIBUTIONS:
+                if dist != MOE_ROUTING and donor is None:
+                    continue
+                f = pl.DataFrame(
                     {
                         "dtype": dt,
-                        "distribution": MOE_ROUTING,
+                        "distribution": dist,
                         "moe_tp": moe_tp,
                         "moe_ep": moe_ep,
                         "h": shape[0],
@@ -751,17 +1002,27 @@ def prior_profile(hw: HardwareSpec, dep: Any, prior: Prior, gemm_shapes: Iterabl
                         "topk": shape[2],
                         "experts": shape[3],
                         "tokens": tok,
-                        "time_s": t,
                     }
                 )
-            )
+                curve = used(moe_family(dt, moe_tp, moe_ep)) if dist == MOE_ROUTING else None
+                got = priced(
+                    "moe",
+                    f,
+                    curve,
+                    lambda dt=dt: moe_terms(hw, dt, tok.astype(np.float64), *shape, moe_tp, moe_ep),
+                )
+                if got.height:
+                    parts.append(got)
         if parts:
             frames["moe"] = pl.concat(parts)
     stack = {"prior": "size-aware roofline prior (pipeline/catalog/profiles/prior.toml), no measurement of this GPU"}
-    donor = collective_donor(hw)
     if donor is not None:
-        frames["allreduce"] = donor[1].frame("allreduce")
-        stack["collectives_from"] = donor[0]
+        stack["scaled_from"] = donor[0]
+        stack["die"] = hw.die
+    coll = collective_donor(hw)
+    if coll is not None:
+        frames["allreduce"] = coll[1].frame("allreduce")
+        stack["collectives_from"] = coll[0]
     meta = ProfileMeta(
         gpu=hw.name,
         stack=stack,
@@ -807,9 +1068,11 @@ def _step_check_batch() -> tuple[list[str], Any]:
 def heldout_steps(
     rows: Mapping[str, Mapping[str, pl.DataFrame]], used: Iterable[str] | None = None, only: str | None = None
 ) -> pl.DataFrame:
-    """Whole engine steps on each measured GPU, priced three ways: by its measured profile, by a
-    prior fitted on the OTHER GPUs' rows (``used``: the families it may use; default all), and
-    by the plain roofline — what an unmeasured GPU's replay would be off by, step by step."""
+    """Whole engine steps on each measured GPU, priced four ways: by its measured profile, by a
+    prior fitted on the OTHER GPUs' rows (``used``: the families it may use; default all), by
+    that prior with a same-die donor's tables scaled in front (``donor_ms``; null where the GPU
+    has no donor among the others: :func:`die_donor`), and by the plain roofline — what an
+    unmeasured GPU's replay would be off by, step by step."""
     from pipeline.catalog import load_model
     from pipeline.profile.cost import gemm_shapes, measured_cost, step_cost_for
     from pipeline.roofline import Deployment
@@ -825,12 +1088,20 @@ def heldout_steps(
         allowed = set(used) if used is not None else set(curves)
         prior = Prior(curves, fitted_scalars(others), {}, {}, frozenset(allowed & set(curves)))
         hw = load_hardware(gpu)
+        donor = die_donor(hw)
         for model, tp in STEP_CHECK_MODELS:
             dep = Deployment(load_model(model), hw, tp=tp)
             meas = measured_cost(dep, prof, 8192, 256)(batch).time_s
-            pri = measured_cost(dep, prior_profile(hw, dep, prior, gemm_shapes(dep)), 8192, 256, tier="prior")(
-                batch
-            ).time_s
+            pri = measured_cost(
+                dep, prior_profile(hw, dep, prior, gemm_shapes(dep), use_donor=False), 8192, 256, tier="prior"
+            )(batch).time_s
+            don = (
+                measured_cost(dep, prior_profile(hw, dep, prior, gemm_shapes(dep)), 8192, 256, tier="prior")(
+                    batch
+                ).time_s
+                if donor is not None
+                else np.full(len(names), np.nan)
+            )
             roof = step_cost_for(dep, "roofline", 8192, 256)(batch).time_s
             for i, name in enumerate(names):
                 out.append(
@@ -841,13 +1112,16 @@ def heldout_steps(
                         "step": name,
                         "measured_ms": float(meas[i]) * 1e3,
                         "prior_ms": float(pri[i]) * 1e3,
+                        "donor": donor[0] if donor is not None else None,
+                        "donor_ms": float(don[i]) * 1e3 if donor is not None else None,
                         "roofline_ms": float(roof[i]) * 1e3,
                     }
                 )
-    frame = pl.DataFrame(out)
+    frame = pl.DataFrame(out, infer_schema_length=None)
     if frame.height:
         frame = frame.with_columns(
             (pl.col("prior_ms") / pl.col("measured_ms") - 1).alias("prior_error"),
             (pl.col("roofline_ms") / pl.col("measured_ms") - 1).alias("roofline_error"),
+            (pl.col("donor_ms") / pl.col("measured_ms") - 1).alias("donor_error"),
         )
     return frame
