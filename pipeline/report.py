@@ -691,7 +691,7 @@ def cost_card(cost: dict[str, Any]) -> tuple[str, str, str, str] | None:
     elif tier == "prior":
         stack = cost.get("stack")
         scaled = stack.get("scaled_from") if isinstance(stack, dict) else None
-        if scaled:
+        if scaled and isinstance(stack, dict):
             name = f"same-die {scaled} tables, scaled"
             note = (
                 f"{cost.get('prior_reason') or 'no measured profile of this GPU'}: the measured tables of {scaled} "

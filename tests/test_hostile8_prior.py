@@ -73,12 +73,16 @@ def test_the_card_says_why_the_prior_priced_and_what_it_did_not() -> None:
     card = cost_card({"source": "prior", **amd.describe})
     assert card is not None and "never checked on amd" in card[2]
     # FP8 fused MoE has no usable curve: its experts are the plain roofline's, and the card says so
-    fp8 = step_cost_for(
-        Deployment(load_model("qwen3-30b-a3b"), load_hardware("h100-pcie"), weight_dtype="fp8"), "auto", 4096
-    )
+    # (on a GPU without a same-die donor: L4)
+    fp8 = step_cost_for(Deployment(load_model("qwen3-30b-a3b"), load_hardware("l4"), weight_dtype="fp8"), "auto", 4096)
     assert fp8.source == "prior" and "MoE experts" in fp8.describe["roofline_parts"]
     card = cost_card({"source": "prior", **fp8.describe})
     assert card is not None and "MoE experts priced by the plain roofline" in card[2]
+    # H100 PCIe takes H100 SXM's measured FP8 MoE tables, scaled (tests/test_die_donor.py)
+    pcie = step_cost_for(
+        Deployment(load_model("qwen3-30b-a3b"), load_hardware("h100-pcie"), weight_dtype="fp8"), "auto", 4096
+    )
+    assert "MoE experts" not in pcie.describe["roofline_parts"] and "h100-sxm" in pcie.describe["moe"]
     tp2 = step_cost_for(Deployment(load_model("llama-3.1-8b"), load_hardware("a100-40gb-sxm"), tp=2), "auto", 4096)
     card = cost_card({"source": "prior", **tp2.describe})
     assert card is not None and "all-reduce measured on a100-80gb-sxm" in card[2]

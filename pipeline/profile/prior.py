@@ -740,7 +740,7 @@ def _terms(
             return gemm_terms(hw, str(dt), size, float(n), float(k))
         if family in ("attn_decode", "attn_prefill"):
             kv, nq, nkv, d = key
-            if str(kv) not in KV_BYTES:
+            if str(kv) not in KV_BYTES or other is None:
                 return None
             terms = decode_terms if family == "attn_decode" else prefill_terms
             return terms(hw, str(kv), size, other, float(nq), float(nkv), float(d))
