@@ -80,42 +80,33 @@ def _prior_check(hardware: str | None) -> tuple[Any, Any, Any, Any]:
 
 def _die_display(dies: Any) -> Any:
     """The same-die check as printed: the MoE shardings summarised per dtype, as _loo_display."""
-    import polars as pl
-
     cols = ["median_abs_error", "p90_abs_error", "bias", "prior_median_abs_error", "prior_p90_abs_error"]
-    moe = dies.filter(pl.col("family").str.starts_with("moe:"))
-    rest = dies.filter(~pl.col("family").str.starts_with("moe:")).select(
-        "gpu", "donor", "family", "tokens", "rows", *cols
-    )
-    if moe.height == 0:
-        return rest
-    grouped = (
-        moe.with_columns(pl.col("family").str.split(":").list.get(1).alias("dtype"))
-        .group_by("gpu", "donor", "dtype", "tokens", maintain_order=True)
-        .agg(pl.len().alias("n"), pl.col("rows").sum(), *[pl.col(c).median() for c in cols])
-        .with_columns(pl.format("moe:{} ({} shardings)", "dtype", "n").alias("family"))
-        .select("gpu", "donor", "family", "tokens", "rows", *cols)
-    )
-    return pl.concat([rest, grouped])
+    return _moe_by_dtype(dies, ["gpu", "donor"], cols)
 
 
 def _loo_display(loo: Any) -> Any:
     """The prior's held-out table as printed: GEMM and attention families row by row; the fused
     MoE's one curve per (dtype, tp, ep) summarised per dtype (medians over its shardings; every
     row is in prior_heldout.parquet and the JSON)."""
+    cols = ["median_abs_error", "p90_abs_error", "bias", "roofline_median_abs_error", "roofline_p90_abs_error"]
+    return _moe_by_dtype(loo, ["gpu"], cols)
+
+
+def _moe_by_dtype(frame: Any, keys: list[str], cols: list[str]) -> Any:
+    """``frame``'s rows with the ``moe:<dtype>:tp<t>ep<e>`` families summarised per dtype and
+    ``keys`` (medians of ``cols`` over the shardings, rows summed); other families as they are."""
     import polars as pl
 
-    cols = ["median_abs_error", "p90_abs_error", "bias", "roofline_median_abs_error", "roofline_p90_abs_error"]
-    moe = loo.filter(pl.col("family").str.starts_with("moe:"))
-    rest = loo.filter(~pl.col("family").str.starts_with("moe:")).select("gpu", "family", "tokens", "rows", *cols)
+    moe = frame.filter(pl.col("family").str.starts_with("moe:"))
+    rest = frame.filter(~pl.col("family").str.starts_with("moe:")).select(*keys, "family", "tokens", "rows", *cols)
     if moe.height == 0:
         return rest
     grouped = (
         moe.with_columns(pl.col("family").str.split(":").list.get(1).alias("dtype"))
-        .group_by("gpu", "dtype", "tokens", maintain_order=True)
+        .group_by(*keys, "dtype", "tokens", maintain_order=True)
         .agg(pl.len().alias("n"), pl.col("rows").sum(), *[pl.col(c).median() for c in cols])
         .with_columns(pl.format("moe:{} ({} shardings)", "dtype", "n").alias("family"))
-        .select("gpu", "family", "tokens", "rows", *cols)
+        .select(*keys, "family", "tokens", "rows", *cols)
     )
     return pl.concat([rest, grouped])
 
