@@ -574,6 +574,20 @@ def check_date_option(store: Store, date: str | None, run_id: str | None, query:
         own = run_date(store, run_id)
         if own != date:
             raise RooftraceError(f"--date {date} contradicts --run {run_id}, a replay of {own} (give one of them)")
+    elif query is not None and "date" in query.params:
+        check_stored_date(store, date)
+
+
+def check_stored_date(store: Store, date: str) -> None:
+    """Refuse a ``--date`` the store has no requests on (a query of that date would print a row of
+    nulls, or nothing, and exit 0), naming the dates it has."""
+    dates = store.dates()
+    if date in dates:
+        return
+    if not dates:
+        raise RooftraceError(f"no requests on {date}: {store.requests_dir} holds none yet (run `rooftrace ingest`)")
+    span = dates[0] if len(dates) == 1 else f"{len(dates)} dates, {dates[0]} .. {dates[-1]}"
+    raise RooftraceError(f"no requests on {date} in {store.requests_dir} (it has {span}); pass one of them as --date")
 
 
 def check_run_id(store: Store, run_id: str) -> None:

@@ -4,11 +4,15 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import click
 
 from pipeline.cli.common import emit_json, get_store, jobs_option, json_option, progress, run, store_option
 from pipeline.defaults import INGEST_FORMATS
+
+if TYPE_CHECKING:
+    from pipeline.ingest.core import IngestSummary
 
 
 @click.command()
@@ -48,11 +52,20 @@ def ingest(
 
     Example: rooftrace ingest traces/azure_conv.csv.gz
     """
+    from pipeline.errors import RooftraceError
     from pipeline.ingest import ingest_logs
+    from pipeline.warehouse import escape_controls
 
-    summary = run(
-        lambda: ingest_logs(list(sources), get_store(store_path), fmt, date, mapping, progress, force=force, jobs=jobs)
-    )
+    def say(line: str) -> None:  # a file name may hold a newline or an escape sequence: shown escaped
+        progress(escape_controls(line))
+
+    def call() -> IngestSummary:
+        try:
+            return ingest_logs(list(sources), get_store(store_path), fmt, date, mapping, say, force=force, jobs=jobs)
+        except RooftraceError as exc:
+            raise RooftraceError(escape_controls(str(exc))) from None
+
+    summary = run(call)
     progress(summary.line())
     if as_json:
         emit_json(summary.to_json())

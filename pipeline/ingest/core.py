@@ -408,7 +408,7 @@ def _stage_batch(
         fail = pl.DataFrame(
             {
                 "source_line": [f[0] for f in batch.failures],
-                "field": [None] * len(batch.failures),
+                "field": [batch.failure_fields.get(f[0]) for f in batch.failures],
                 "reason": [f[1] for f in batch.failures],
                 "raw": [f[2] for f in batch.failures],
             },
@@ -676,6 +676,20 @@ def _first_line(exc: BaseException) -> str:
     return text.splitlines()[0] if text else type(exc).__name__
 
 
+def file_failure(exc: BaseException) -> bool:
+    """Whether ``exc``, raised while one file was read, fails that file alone: any error, and a
+    Rust panic inside polars or pyarrow (pyo3's ``PanicException`` derives from BaseException,
+    so ``except Exception`` let it end the whole run, and a worker process could not even send
+    it back: a PicklingError). Ctrl-C and an exit request stop the run."""
+    return not isinstance(exc, KeyboardInterrupt | SystemExit | GeneratorExit)
+
+
+def _internal_error(path: Path, exc: BaseException) -> str:
+    """The one line said of a file that failed on something unexpected (an internal error): the
+    same in a serial run and in a worker process."""
+    return f"{path}: cannot ingest ({type(exc).__name__}: {_first_line(exc)})"
+
+
 def _all_quarantined(path: Path, bad: pl.DataFrame) -> str:
     """The one-line error for a file whose every row was quarantined: the commonest kind of
     reason, how many rows have it and the first of them."""
@@ -888,7 +902,9 @@ class _Lookahead:
             if logical_name(path) == path.name and path.stat().st_size >= FAST_RECORD_BYTES:
                 return  # a large plain file: DuckDB uses every core on it
             spec = _resolve_spec(path, self.fmt, self.mapping)
-        except Exception:  # the file's own read reports why
+        except BaseException as exc:  # the file's own read reports why
+            if not file_failure(exc):
+                raise
             return
         if spec.kind == "jsonl":
             self.started[k] = (spec.name, jsonl_fast(path, spec))
@@ -993,10 +1009,12 @@ def _read_one(
         res.error = msg
         sink.drop(idx)
         out.messages.append(f"error: {msg}")
-    except Exception as exc:  # one file's failure, whatever it is, must not lose the others
+    except BaseException as exc:  # one file's failure, whatever it is, must not lose the others
+        if not file_failure(exc):
+            raise
         if interrupted(exc):  # Ctrl-C inside DuckDB's read: the run stops, not this file alone
             raise KeyboardInterrupt from None
-        res.error = f"{path}: cannot ingest ({type(exc).__name__}: {_first_line(exc)})"
+        res.error = _internal_error(path, exc)
         sink.drop(idx)
         out.messages.append(f"error: {res.error}")
     finally:
@@ -1076,8 +1094,12 @@ def _read_parallel(
         for k, (path, fut) in enumerate(zip(paths, futures, strict=True)):
             try:
                 if isinstance(fut, list):
-                    # the parent hashes the file (on a thread) while the workers read its pieces
-                    digest = FileDigest(path, background=True)
+                    # the parent hashes the file (on a thread) while the workers read its pieces:
+                    # exactly the bytes the pieces read, [0, end of the last piece), so that lines
+                    # appended meanwhile make the next run see the file as grown and read them
+                    plan = plans[k]
+                    assert plan is not None
+                    digest = FileDigest(path, background=True, size=plan[-1][1])
                     try:
                         out = _gather_pieces(path, [f.result() for f in fut], digest)
                     finally:
@@ -1201,7 +1223,9 @@ def _read_piece(
         out.batches = sink.files
     except FastPathFailed as exc:
         out.failed = str(exc)
-    except Exception as exc:  # the whole-file read that follows reports what it is
+    except BaseException as exc:  # the whole-file read that follows reports what it is
+        if not file_failure(exc):
+            raise
         if interrupted(exc):
             raise KeyboardInterrupt from None
         out.failed = f"{type(exc).__name__}: {_first_line(exc)}"

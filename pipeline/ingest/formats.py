@@ -10,7 +10,11 @@ declaration, two engines, the same flat frame. ``post`` then turns the flat fram
 
 ``request_id, arrival (Datetime us UTC), arrival_raw, model, tenant, session_id, adapter, status,
 input_raw, cache_read_raw, cache_write_raw, output_raw, reasoning_raw, ttft_raw, e2e_raw,
-hashes (List[String]), block_size (Int32)`` (text unless noted; null = absent in the log).
+foreign, hashes (List[String]), block_size (Int32)`` (text unless noted; null = absent in the log).
+``foreign`` is the reason a record is another provider's (an Anthropic message in a file read
+as OpenAI, or the converse), which ``finalize`` quarantines: read with the wrong layout its token
+counts would be wrong (an Anthropic ``input_tokens`` excludes cache reads, an OpenAI one
+includes them), not missing.
 """
 
 from __future__ import annotations
@@ -42,6 +46,7 @@ CANDIDATE_TEXT = (
     "reasoning_raw",
     "ttft_raw",
     "e2e_raw",
+    "foreign",
 )
 _US = pl.Datetime("us", "UTC")
 
@@ -201,7 +206,8 @@ OPENAI_FIELDS: Fields = {
     "ts_raw": ("timestamp",),
     "created_raw": _obj("created"),
     "created_at_raw": _obj("created_at"),
-    "input_raw": _obj("usage.prompt_tokens", "usage.input_tokens"),
+    "prompt_raw": _obj("usage.prompt_tokens"),
+    "input_tokens_raw": _obj("usage.input_tokens"),
     "cache_read_raw": _obj("usage.prompt_tokens_details.cached_tokens", "usage.input_tokens_details.cached_tokens"),
     "output_raw": _obj("usage.completion_tokens", "usage.output_tokens"),
     "reasoning_raw": _obj(
@@ -209,13 +215,33 @@ OPENAI_FIELDS: Fields = {
     ),
     "ttft_raw": ("ttft_s",),
     "e2e_raw": ("e2e_s",),
+    # Anthropic's marks, to tell its Messages records from OpenAI's (``foreign``)
+    "type_raw": _obj("type"),
+    "anthropic_cache_raw": _obj("usage.cache_read_input_tokens", "usage.cache_creation_input_tokens"),
 }
+
+
+def _foreign(looks: pl.Expr, fmt: str, other: str) -> pl.Expr:
+    """The ``foreign`` reason for the records where ``looks`` holds (null elsewhere)."""
+    return pl.when(looks.fill_null(False)).then(
+        pl.lit(
+            f"record does not match the {fmt} layout (looks like {other}); ingest such records with --format {other}"
+        )
+    )
 
 
 def _openai(flat: pl.DataFrame, ctx: Context) -> pl.DataFrame:
     ts, created, created_at = pl.col("ts_raw"), pl.col("created_raw"), pl.col("created_at_raw")
+    # An Anthropic Messages record (its usage has no prompt_tokens, and it says "type": "message"
+    # or counts cache reads/writes Anthropic's way) read with this layout would store its
+    # input_tokens, which exclude the cache reads, as the whole input.
+    anthropic = pl.col("prompt_raw").is_null() & (
+        (pl.col("type_raw") == "message") | pl.col("anthropic_cache_raw").is_not_null()
+    )
     return to_candidate(
         flat.with_columns(
+            input_raw=pl.coalesce(pl.col("prompt_raw"), pl.col("input_tokens_raw")),
+            foreign=_foreign(anthropic, "openai", "anthropic"),
             # A logger's own timestamp (sub-second) beats `created` (whole seconds in the object);
             # one that is there but unreadable quarantines the record (arrival_raw names it), it is
             # not quietly replaced by `created`.
@@ -254,11 +280,28 @@ ANTHROPIC_FIELDS: Fields = {
     "output_raw": _msg("usage.output_tokens"),
     "ttft_raw": ("ttft_s",),
     "e2e_raw": ("e2e_s",),
+    # OpenAI's marks, to tell its records from Anthropic's (``foreign``)
+    "type_raw": _msg("type"),
+    "openai_raw": _msg("usage.prompt_tokens", "usage.completion_tokens", "usage.input_tokens_details", "object"),
 }
 
 
 def _anthropic(flat: pl.DataFrame, ctx: Context) -> pl.DataFrame:
-    return to_candidate(flat.with_columns(arrival=parse_time(pl.col("arrival_raw"), "auto")))
+    # An OpenAI record (prompt_tokens, a Responses input_tokens_details, an "object" kind; no
+    # Anthropic cache counts, not "type": "message") read with this layout would add no cache
+    # reads to an input that already holds them, or miss its input altogether.
+    openai = (
+        pl.col("openai_raw").is_not_null()
+        & pl.col("cache_read_raw").is_null()
+        & pl.col("cache_write_raw").is_null()
+        & (pl.col("type_raw") != "message").fill_null(True)
+    )
+    return to_candidate(
+        flat.with_columns(
+            arrival=parse_time(pl.col("arrival_raw"), "auto"),
+            foreign=_foreign(openai, "anthropic", "openai"),
+        )
+    )
 
 
 # --- LiteLLM SpendLogs --------------------------------------------------------------------------

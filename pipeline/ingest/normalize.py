@@ -91,6 +91,8 @@ def _checks(
 
     arrival = label("arrival")
     checks: list[tuple[pl.Expr, str, pl.Expr]] = [
+        # another provider's record (formats.py, ``foreign``): its reason says which
+        (pl.col("foreign").is_not_null(), label("input_raw"), pl.col("foreign")),
         (pl.col("arrival_raw").is_null(), arrival, pl.lit("missing timestamp")),
         (
             pl.col("arrival").is_null(),
@@ -252,6 +254,10 @@ def finalize(
     """Validate and type a candidate frame (must carry ``source_line``). Records without a request
     id get one from ``derived_ids`` (one per file, fed the file's batches in reading order)."""
     plan = _plan(tuple(sorted(labels.items())), input_excludes_cache, "hashes" in cand.columns)
+    # One chunk per column: a filtered multi-chunk column can hold an empty chunk, on which
+    # polars' string formatting (``pl.format``) panics (PanicException, polars 2.1: a batch the
+    # robust reader assembled from the pieces around a bad line). A single-chunk frame is not copied.
+    cand = cand.rechunk()
     checked = cand.with_columns(plan.nums).with_columns(_fail=plan.first_fail)
     n_bad = checked["_fail"].len() - checked["_fail"].null_count()
     if n_bad:
@@ -337,7 +343,8 @@ def _content_text(frame: pl.DataFrame) -> pl.Series:
         else:
             text = c.cast(pl.String).fill_null("-")
         parts.append(text)
-    return frame.select(pl.concat_str(parts, separator="|").alias("content")).to_series()
+    # one chunk per column: pl.format panics on a filtered column's empty chunk (see finalize)
+    return frame.rechunk().select(pl.concat_str(parts, separator="|").alias("content")).to_series()
 
 
 class DerivedIds:
@@ -427,7 +434,7 @@ def shift_occurrences(frame: pl.DataFrame, keys: np.ndarray, counts: np.ndarray)
         return frame
     derived = frame[tag].is_not_null()
     if len(keys) and derived.any():
-        rows = frame.filter(derived)
+        rows = frame.filter(derived).rechunk()  # an empty chunk makes pl.format panic (finalize)
         k = rows[tag].to_numpy()
         pos = np.minimum(np.searchsorted(keys, k), len(keys) - 1)
         add = np.where(keys[pos] == k, counts[pos], 0)

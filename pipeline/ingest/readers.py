@@ -14,6 +14,7 @@ from __future__ import annotations
 import codecs
 import csv
 import io
+import itertools
 import json
 import queue
 import re
@@ -60,6 +61,8 @@ RAW_LIMIT = 65536
 class RawBatch:
     frame: pl.DataFrame  # raw columns (text leaves) + "source_line"
     failures: list[tuple[int, str, str]] = field(default_factory=list)  # (line, reason, raw)
+    #: The field at fault of a failure, where the reader knows it (by line).
+    failure_fields: dict[int, str] = field(default_factory=dict)
 
 
 class FastPathFailed(Exception):
@@ -177,9 +180,13 @@ def jsonl_fast(
     return Prefetch(_jsonl_fast(path, spec, stats, batch_rows))
 
 
-def _duck_query(spec: FormatSpec, compression: str, longest: int = FAST_RECORD_BYTES) -> str:
-    """DuckDB's scan of a JSON Lines file (the one parameter) projected to the flat columns,
-    taking records up to ``longest`` bytes."""
+def _duck_query(spec: FormatSpec, compression: str, longest: int | None = None) -> str:
+    """DuckDB's scan of a JSON Lines file (the one parameter) projected to the flat columns, with
+    read buffers sized for records of ``longest`` bytes (FAST_RECORD_BYTES by default). DuckDB
+    reads a longer record all the same (DuckDB 2.0.1 read a 20 MB record with the setting at
+    16 MiB, a 3 kB one with it at 1 kB): the record limit, MAX_RECORD_BYTES, is kept by the line
+    lengths (``LineStats.longest``, the robust path's own check), not by DuckDB."""
+    longest = FAST_RECORD_BYTES if longest is None else longest
     return (
         f"SELECT {project_sql(spec.fields)} FROM read_json(?, format='newline_delimited', "
         f"records=true, compression='{compression}', maximum_object_size={longest}, "
@@ -239,11 +246,13 @@ def _jsonl_fast_named(
         con.close()
     try:
         counted = stats() if stats is not None else None
-        lines = (counted or _count_lines(path)).lines
+        got = counted or _count_lines(path)
     except (OSError, EOFError) as exc:
         raise SourceError(f"{path}: cannot read ({type(exc).__name__}: {exc})") from None
-    if row != lines:
-        raise FastPathFailed(f"{row} rows for {lines} lines")
+    if row != got.lines:
+        raise FastPathFailed(f"{row} rows for {got.lines} lines")
+    if got.longest > MAX_RECORD_BYTES:  # DuckDB read it (maximum_object_size is no limit): the
+        raise FastPathFailed(f"a line of {got.longest:,} bytes")  # robust path quarantines it
 
 
 def _line_reason(line: bytes, fmt: str, err: str) -> str:
@@ -386,8 +395,7 @@ def _parse_chunk(
     if len(lines) == 1:
         text = lines[0][:RAW_LIMIT].decode("utf-8", errors="replace")
         if len(lines[0]) > MAX_RECORD_BYTES:
-            why = f"record is longer than {MAX_RECORD_BYTES:,} bytes, the most ingest reads"
-            return [], [(numbers[0], why, text)]
+            return [], [(numbers[0], _too_long(MAX_RECORD_BYTES), text)]
         return [], [(numbers[0], _line_reason(lines[0], spec.name, duck.error), text)]
     if not screened:
         reasons = duck.screen(lines)
@@ -421,11 +429,20 @@ def jsonl_robust(path: Path, spec: FormatSpec) -> Iterator[RawBatch]:
     else:
         batches = ((b.lines, b.numbers) for b in iter_line_batches(path))
     duck = _ChunkParser(spec)
+    limit = MAX_RECORD_BYTES
     try:
         for lines, numbers in batches:
-            frames, failures = _parse_chunk(duck, lines, numbers, spec)
+            long: list[tuple[int, str, str]] = []
+            if max(map(len, lines)) > limit:  # DuckDB would read it: the record limit is kept here
+                long = [(n, _too_long(limit), ln[:RAW_LIMIT].decode("utf-8", errors="replace"))
+                        for ln, n in zip(lines, numbers, strict=True) if len(ln) > limit]  # fmt: skip
+                keep = [i for i, ln in enumerate(lines) if len(ln) <= limit]
+                lines, numbers = [lines[i] for i in keep], [numbers[i] for i in keep]
+            frames, failures = _parse_chunk(duck, lines, numbers, spec) if lines else ([], [])
+            failures = sorted(long + failures) if long else failures
             if frames:
-                frame = pl.concat(frames, how="vertical")
+                # one chunk per column (a batch split around bad lines is several frames)
+                frame = pl.concat(frames, how="vertical", rechunk=True)
             else:
                 frame = pl.DataFrame(schema={**_flat_types(spec), "source_line": pl.Int64()})
             yield RawBatch(frame, failures)
@@ -436,10 +453,116 @@ def jsonl_robust(path: Path, spec: FormatSpec) -> Iterator[RawBatch]:
 # --- CSV -----------------------------------------------------------------------------------------
 
 
+#: Header columns a CSV error message lists before a count of the rest.
+HEADER_SHOWN = 20
+
+
+def _header_text(header: list[str]) -> str:
+    shown = ", ".join(repr(h) for h in header[:HEADER_SHOWN])
+    more = len(header) - HEADER_SHOWN
+    return f"[{shown}{f', … and {more} more' if more > 0 else ''}]"
+
+
+def _missing_columns(path: Path, spec: FormatSpec, header: list[str], missing: list[str]) -> SourceError:
+    """The one-line error for a header that lacks required columns, listing the whole header."""
+    if spec.mapped:  # a mapping's columns, as the mapping spells them
+        named = [v for v in dict.fromkeys(spec.labels.values()) if v.lower() in missing]
+        return SourceError(
+            f"{path}: the CSV header lacks the mapping's column(s) {named or missing} (header: {_header_text(header)})"
+        )
+    return SourceError(f"{path}: not a {spec.name} CSV: header lacks {missing} (header: {_header_text(header)})")
+
+
+_CSV_STOPS = re.compile(r'[,"\r\n]')
+
+
+def _csv_scan(text: str, limit: int, state: list[int]) -> int | None:
+    """Follow Python's csv reader (the default dialect) over ``text``, part of one record, from
+    ``state`` = [field index, field length, quoting (0 outside a field, 1 in an unquoted field, 2
+    inside quotes, 3 just after a quote inside quotes)], updated in place. Returns the index of
+    the first field whose length passes ``limit``, if one does in ``text``."""
+    field_no, length, mode = state
+    first: int | None = None
+    at, end = 0, len(text)
+    while at < end:
+        if mode == 2:  # inside quotes: everything up to the next quote is the field's
+            q = text.find('"', at)
+            stop = end if q < 0 else q
+            length += stop - at
+            at, mode = (stop, 2) if q < 0 else (stop + 1, 3)
+            if first is None and length > limit:
+                first = field_no
+            continue
+        m = _CSV_STOPS.search(text, at)
+        stop = end if m is None else m.start()
+        length += stop - at
+        if mode == 3 and stop > at:
+            mode = 1  # a character after the closing quote: kept, unquoted (not strict)
+        at = stop
+        if m is not None:
+            c = text[stop]
+            at = stop + 1
+            if c == '"':
+                if mode == 0:
+                    mode = 2
+                elif mode == 3:
+                    mode, length = 2, length + 1  # a doubled quote: one quote in the field
+                else:
+                    length += 1  # a quote inside an unquoted field is kept as it is
+        if first is None and length > limit:
+            first = field_no
+        if m is not None and text[stop] != '"':
+            if text[stop] == ",":
+                field_no, length, mode = field_no + 1, 0, 0
+            else:  # a line end outside quotes ends the record
+                mode = 0
+    state[:] = [field_no, length, mode]
+    return first
+
+
+def _long_field(
+    path: Path, text: Iterator[str], first: int, last: int, header: list[str], limit: int
+) -> tuple[tuple[int, str, str], str, int]:
+    """A CSV record (from line ``first``) whose field passed the csv reader's limit at line
+    ``last``: its quarantine failure (line, reason, raw text), the field's name, and how many
+    more lines of the record were read from ``text`` (the reader stopped inside the field, so a
+    quoted field that goes on is read to its end here, not taken for new records)."""
+    with open_binary(path) as fb:
+        again = io.TextIOWrapper(fb, encoding="utf-8-sig", newline="")
+        record = list(itertools.islice(again, first - 1, last))
+    state = [0, 0, 0]
+    found = None
+    for line in record:
+        got = _csv_scan(line, limit, state)
+        found = got if found is None else found
+    extra = 0
+    kept = sum(map(len, record))
+    while state[2] == 2:  # inside quotes at the end of the line: the record goes on
+        more = next(text, None)
+        if more is None:
+            break
+        extra += 1
+        got = _csv_scan(more, limit, state)
+        found = got if found is None else found
+        if kept < RAW_LIMIT:  # (only the start of the record is kept as its raw text)
+            record.append(more)
+            kept += len(more)
+    index = found if found is not None else 0
+    name = header[index] if index < len(header) else f"field {index + 1}"
+    raw = "".join(record)[:RAW_LIMIT]
+    why = f"field longer than {limit:,} characters (the most ingest reads in one CSV field): {name}"
+    return (first, why, raw), name, extra
+
+
 def csv_batches(path: Path, spec: FormatSpec) -> Iterator[RawBatch]:
-    """Stream a CSV file; columns matched to the layout by case-insensitive header name."""
-    layout, required, fmt = spec.layout, spec.required_columns, spec.name
+    """Stream a CSV file; columns matched to the layout by case-insensitive header name. A field
+    may be as long as the longest record ingest reads (MAX_RECORD_BYTES, as characters: Python's
+    csv reader stops at 128 Ki by default); a record with a longer one is quarantined, naming its
+    line and field, and the rest of the file is read."""
+    layout, required = spec.layout, spec.required_columns
     project = [*project_polars(spec.fields, flat=True), pl.col("source_line")]
+    limit = MAX_RECORD_BYTES
+    saved_limit = csv.field_size_limit(limit)
     try:
         with open_binary(path) as fb:
             text = io.TextIOWrapper(fb, encoding="utf-8-sig", newline="")  # a BOM is not the header
@@ -450,7 +573,7 @@ def csv_batches(path: Path, spec: FormatSpec) -> Iterator[RawBatch]:
             lower = [h.strip().lower() for h in header]
             missing = [c for c in required if c not in lower]
             if missing:
-                raise SourceError(f"{path}: not a {fmt} CSV: header lacks {missing} (has {header[:8]})")
+                raise _missing_columns(path, spec, header, missing)
             wanted = [name for name in layout if name.lower() in lower]
             defaults = {k: v for k, v in spec.absent_defaults.items() if k not in wanted}
             index = [lower.index(name.lower()) for name in wanted]
@@ -458,31 +581,47 @@ def csv_batches(path: Path, spec: FormatSpec) -> Iterator[RawBatch]:
             cols: list[list[str | None]] = [[] for _ in wanted]
             lines: list[int] = []
             failures: list[tuple[int, str, str]] = []
+            fields: dict[int, str] = {}
+            skew = 0  # lines of records cut at a too-long field, read here rather than by the reader
             after = reader.line_num  # a record starts on the line after the previous one ends
-            for row in reader:
-                n, after = after + 1, reader.line_num  # (a quoted field may span several lines)
-                if not row or (len(row) == 1 < width and not row[0].strip()):  # a blank line: no record
-                    continue  # (as in JSON Lines, where blank or whitespace lines are skipped)
-                if all(not c.strip() for c in row):
-                    failures.append((n, "every field is empty", ",".join(row)[:RAW_LIMIT]))
-                    continue
-                if len(row) != width:
-                    raw = ",".join(row)[:RAW_LIMIT]
-                    failures.append((n, f"expected {width} fields, found {len(row)}", raw))
-                    continue
-                for j, i in enumerate(index):
-                    v = row[i]
-                    cols[j].append(v if v != "" else None)
-                lines.append(n)
-                if len(lines) >= BATCH_LINES:
-                    yield RawBatch(_csv_frame(layout, wanted, cols, lines, defaults).select(project), failures)
-                    cols, lines, failures = [[] for _ in wanted], [], []
+            while True:
+                try:
+                    for row in reader:
+                        n, after = after + 1, reader.line_num + skew  # (a quoted field may span lines)
+                        if not row or (len(row) == 1 < width and not row[0].strip()):  # a blank line: no record
+                            continue  # (as in JSON Lines, where blank or whitespace lines are skipped)
+                        if all(not c.strip() for c in row):
+                            failures.append((n, "every field is empty", ",".join(row)[:RAW_LIMIT]))
+                            continue
+                        if len(row) != width:
+                            raw = ",".join(row)[:RAW_LIMIT]
+                            failures.append((n, f"expected {width} fields, found {len(row)}", raw))
+                            continue
+                        for j, i in enumerate(index):
+                            v = row[i]
+                            cols[j].append(v if v != "" else None)
+                        lines.append(n)
+                        if len(lines) >= BATCH_LINES:
+                            frame = _csv_frame(layout, wanted, cols, lines, defaults).select(project)
+                            yield RawBatch(frame, failures, fields)
+                            cols, lines, failures, fields = [[] for _ in wanted], [], [], {}
+                    break
+                except csv.Error as exc:
+                    if "field larger than field limit" not in str(exc):
+                        raise
+                    failure, name, extra = _long_field(path, text, after + 1, reader.line_num + skew, header, limit)
+                    skew += extra
+                    after = reader.line_num + skew
+                    failures.append(failure)
+                    fields[failure[0]] = name
             if lines or failures:
-                yield RawBatch(_csv_frame(layout, wanted, cols, lines, defaults).select(project), failures)
+                yield RawBatch(_csv_frame(layout, wanted, cols, lines, defaults).select(project), failures, fields)
     except (UnicodeDecodeError, csv.Error) as exc:
         raise SourceError(f"{path}: cannot parse as CSV ({exc})") from None
     except (OSError, EOFError) as exc:
         raise SourceError(f"{path}: cannot read ({type(exc).__name__}: {exc})") from None
+    finally:
+        csv.field_size_limit(saved_limit)
 
 
 def _csv_frame(
@@ -553,17 +692,68 @@ def _text(value: Any) -> str | None:
     return str(value)
 
 
-def _otel_rows(doc: Any, line: int) -> tuple[list[dict[str, Any]], str | None]:
+def _kind(value: Any) -> str:
+    """What a JSON value is, for a reason: "null", "a number", "a string", ..."""
+    if value is None:
+        return "null"
+    return {bool: "a boolean", str: "a string", list: "a list", dict: "an object"}.get(type(value), "a number")
+
+
+def _span_attrs(items: Any) -> tuple[dict[str, str | None], str | None]:
+    """A span's attributes, or why they cannot be read (a span whose attributes are unreadable
+    might be a GenAI span: it is quarantined, not passed over as "not a request"). An attribute
+    without a value is read as absent, unless it is a ``gen_ai.`` one (its count would then be
+    taken as missing, with a misleading reason)."""
+    if not isinstance(items, list):
+        return {}, f"span attributes are {_kind(items)}, not a list"
+    out: dict[str, str | None] = {}
+    for i, item in enumerate(items, 1):
+        if not isinstance(item, dict) or not isinstance(item.get("key"), str):
+            return {}, f"span attribute {i} is not a {{key, value}} object: {json.dumps(item)[:60]}"
+        key, value = item["key"], item.get("value")
+        if not isinstance(value, dict):
+            if key.startswith("gen_ai."):
+                return {}, f"GenAI attribute without a value: {key[:80]} = {json.dumps(value)[:40]}"
+            continue
+        out[key] = _attr_value(value)
+    return out, None
+
+
+def _otel_rows(doc: Any, line: int) -> tuple[list[dict[str, Any]], list[str], str | None]:
+    """The GenAI spans of one OTLP document as rows, the reasons of the spans (or lists of spans)
+    that cannot be read, each one quarantined record, and the reason the document is no trace
+    export at all."""
     if not isinstance(doc, dict) or not isinstance(doc.get("resourceSpans"), list):
-        return [], "record has no resourceSpans list (not an OTLP trace export)"
+        return [], [], "record has no resourceSpans list (not an OTLP trace export)"
     rows = []
-    for rs in doc["resourceSpans"]:
+    bad: list[str] = []
+    for r, rs in enumerate(doc["resourceSpans"], 1):
+        where = f"resourceSpans[{r}]"
+        if not isinstance(rs, dict):
+            bad.append(f"{where} is {_kind(rs)}, not an object")
+            continue
         res = _attrs(_get(_get(rs, "resource"), "attributes"))
-        for ss in _items(_get(rs, "scopeSpans")):
-            for span in _items(_get(ss, "spans")):
+        scopes = rs.get("scopeSpans", [])
+        if not isinstance(scopes, list):
+            bad.append(f"{where}.scopeSpans is {_kind(scopes)}, not a list")
+            continue
+        for s_no, ss in enumerate(scopes, 1):
+            scope = f"{where}.scopeSpans[{s_no}]"
+            if not isinstance(ss, dict):
+                bad.append(f"{scope} is {_kind(ss)}, not an object")
+                continue
+            spans = ss.get("spans", [])
+            if not isinstance(spans, list):
+                bad.append(f"{scope}.spans is {_kind(spans)}, not a list of spans")
+                continue
+            for k, span in enumerate(spans, 1):
                 if not isinstance(span, dict):
+                    bad.append(f"span is {_kind(span)}, not an object: {scope}.spans[{k}]")
                     continue
-                attrs = _attrs(span.get("attributes"))
+                attrs, why = _span_attrs(span.get("attributes", []))
+                if why is not None:
+                    bad.append(why)
+                    continue
                 if not any(k.startswith("gen_ai.") for k in attrs):
                     continue  # not a GenAI span (HTTP, DB, ...): not a request record
                 row: dict[str, Any] = {otel_column(k): v for k, v in attrs.items() if k.startswith("gen_ai.")}
@@ -578,11 +768,13 @@ def _otel_rows(doc: Any, line: int) -> tuple[list[dict[str, Any]], str | None]:
                 row["status"] = _OTEL_STATUS.get(code) if isinstance(code, int | str) else None
                 row["source_line"] = line
                 rows.append(row)
-    return rows, None
+    return rows, bad, None
 
 
 def otel_batches(path: Path, spec: FormatSpec) -> Iterator[RawBatch]:
-    """OTLP JSON: one ExportTraceServiceRequest per line (file exporter) or one whole document."""
+    """OTLP JSON: one ExportTraceServiceRequest per line (file exporter) or one whole document.
+    Spans that cannot be read (not an object, attributes not a list, a GenAI attribute without a
+    value) and lists of spans that are not lists are quarantined, one record each."""
     first = _first_char(path)
     if first != b"{":
         raise SourceError(f"{path}: not OTLP JSON (expected an object with resourceSpans)")
@@ -602,16 +794,21 @@ def otel_batches(path: Path, spec: FormatSpec) -> Iterator[RawBatch]:
         pass  # a first line not UTF-8, nested too deeply or with a huge number: one bad record, below
     if whole is not None:
         rows: list[dict[str, Any]]
-        rows, err = _otel_rows(whole, 1)
+        rows, bad, err = _otel_rows(whole, 1)
         if err:
             raise SourceError(f"{path}: {err}")
-        yield RawBatch(_otel_frame(spec, rows))
+        text = _head_text(path)
+        yield RawBatch(_otel_frame(spec, rows), [(1, why, text) for why in bad])
         return
+    limit = MAX_RECORD_BYTES
     for batch in iter_line_batches(path, batch_lines=10_000):
         rows = []
         failures: list[tuple[int, str, str]] = []
         for line, n in zip(batch.lines, batch.numbers, strict=True):
             text = line[:RAW_LIMIT].decode("utf-8", errors="replace")
+            if len(line) > limit:
+                failures.append((n, _too_long(limit), text))
+                continue
             try:
                 doc = json.loads(line)
             except ValueError as exc:  # not JSON, not UTF-8, or a number too long for int()
@@ -620,11 +817,22 @@ def otel_batches(path: Path, spec: FormatSpec) -> Iterator[RawBatch]:
             except RecursionError:
                 failures.append((n, "invalid JSON: nested too deeply to read", text))
                 continue
-            got, err = _otel_rows(doc, n)
+            got, bad, err = _otel_rows(doc, n)
             if err:
                 failures.append((n, err, text))
+            failures += [(n, why, text) for why in bad]
             rows.extend(got)
         yield RawBatch(_otel_frame(spec, rows), failures)
+
+
+def _head_text(path: Path) -> str:
+    """The first RAW_LIMIT bytes of a file as text (a whole-document record's raw text)."""
+    with open_binary(path) as fh:
+        return fh.read(RAW_LIMIT).decode("utf-8", errors="replace")
+
+
+def _too_long(limit: int) -> str:
+    return f"record is longer than {limit:,} bytes, the most ingest reads"
 
 
 def _otel_frame(spec: FormatSpec, rows: list[dict[str, Any]]) -> pl.DataFrame:

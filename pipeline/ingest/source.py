@@ -207,20 +207,34 @@ def file_identity(path: Path) -> Path:
 @dataclass(frozen=True)
 class LineStats:
     lines: int  # physical lines (a last line without a newline counts)
+    longest: int = 0  # bytes of the longest line, its newline left out (a "\r" before it counted)
 
 
 def count_lines(chunks: Iterator[bytes]) -> LineStats:
-    """Newline count. Blank lines need no separate check: DuckDB skips them, so a file with any
-    blank line yields fewer rows than lines and the JSON fast path falls back to the robust one."""
+    """Newline count and the longest line. Blank lines need no separate check: DuckDB skips
+    them, so a file with any blank line yields fewer rows than lines and the JSON fast path
+    falls back to the robust one. The longest line is how the fast path keeps the record limit
+    (MAX_RECORD_BYTES): DuckDB reads a longer record whatever its ``maximum_object_size``."""
     n = 0
     tail = b"\n"
+    base = 0  # offset of the chunk in the file
+    last = -1  # offset of the last newline seen
+    longest = 0
     for chunk in chunks:
-        # numpy counts about 3x faster than bytes.count and releases the GIL while it does.
-        n += int(np.count_nonzero(np.frombuffer(chunk, np.uint8) == _NEWLINE))
+        # numpy finds newlines about 3x faster than bytes.count and releases the GIL meanwhile.
+        at = np.flatnonzero(np.frombuffer(chunk, np.uint8) == _NEWLINE)
+        if at.size:
+            n += int(at.size)
+            longest = max(longest, base + int(at[0]) - last - 1)
+            if at.size > 1:
+                longest = max(longest, int(np.diff(at).max()) - 1)
+            last = base + int(at[-1])
+        base += len(chunk)
         tail = chunk[-1:]
+    longest = max(longest, base - last - 1)
     if tail != b"\n":
         n += 1
-    return LineStats(n)
+    return LineStats(n, longest)
 
 
 def copy_range(src: Path, start: int, end: int, dest: Path) -> None:
@@ -250,19 +264,33 @@ class HashCancelled(Exception):
     """A background hash was stopped because its file is no longer wanted."""
 
 
-def sha256_file(path: Path, stop: threading.Event | None = None) -> tuple[str, LineStats | None]:
+def sha256_file(
+    path: Path, stop: threading.Event | None = None, size: int | None = None
+) -> tuple[str, LineStats | None]:
     """SHA-256 of the file's bytes and, for an uncompressed file, its line statistics from the same
     read (the JSON fast path needs them; a compressed file is counted when decompressed). Setting
-    ``stop`` ends the read at the next chunk with HashCancelled."""
+    ``stop`` ends the read at the next chunk with HashCancelled. With ``size``, only the first
+    ``size`` bytes are read (the bytes a split read took: a file that grows meanwhile is then
+    seen as grown by the next run, its new lines read then); fewer is an OSError."""
     h = hashlib.sha256()
     plain = logical_name(path) == path.name
+    left = [size]
+
+    def chunk_of(fh: IO[bytes]) -> bytes:
+        want = 1 << 22 if left[0] is None else min(1 << 22, left[0])
+        if want <= 0:
+            return b""
+        data = fh.read(want)
+        if left[0] is not None:
+            left[0] -= len(data)
+        return data
 
     def read() -> Iterator[bytes]:
         # The hash of chunk i runs on a worker thread (hashlib releases the GIL) while chunk i is
         # counted and chunk i+1 read; updates stay in file order (one pending at a time).
         with path.open("rb") as fh, ThreadPoolExecutor(1) as pool:
             pending: Future[None] | None = None
-            for chunk in iter(lambda: fh.read(1 << 22), b""):
+            for chunk in iter(lambda: chunk_of(fh), b""):
                 if stop is not None and stop.is_set():
                     raise HashCancelled(str(path))
                 if pending is not None:
@@ -271,6 +299,9 @@ def sha256_file(path: Path, stop: threading.Event | None = None) -> tuple[str, L
                 yield chunk
             if pending is not None:
                 pending.result()
+            short = left[0]
+            if size is not None and short:  # the file shrank below the bytes its pieces read
+                raise OSError(f"shorter than when it was read ({size - short:,} of {size:,} bytes)")
 
     if plain:
         stats: LineStats | None = count_lines(read())
@@ -302,15 +333,15 @@ class FileDigest:
     ``background``, on a worker thread while the caller already parses the file. ``sha()`` and
     ``stats()`` wait for the result and raise what the hashing raised."""
 
-    def __init__(self, path: Path, background: bool = False) -> None:
+    def __init__(self, path: Path, background: bool = False, size: int | None = None) -> None:
         self._pool = ThreadPoolExecutor(1, thread_name_prefix="rooftrace-hash") if background else None
         self._stop = threading.Event()
         if self._pool is not None:
-            self._future: Future[tuple[str, LineStats | None]] = self._pool.submit(sha256_file, path, self._stop)
+            self._future: Future[tuple[str, LineStats | None]] = self._pool.submit(sha256_file, path, self._stop, size)
             self._pool.shutdown(wait=False)
         else:
             self._future = Future()
-            self._future.set_result(sha256_file(path))
+            self._future.set_result(sha256_file(path, size=size))
 
     @property
     def background(self) -> bool:
