@@ -43,12 +43,40 @@ sys.path.insert(0, str(HERE))
 
 from _util import run_child  # noqa: E402
 
+#: Bursty arrivals (``--hierarchy-arrivals bursty``): a two-state Markov-modulated Poisson process
+#: that alternates busy and quiet periods of exponentially distributed length (mean BURST_MEAN_S
+#: each) at BURST_HIGH and BURST_LOW times the mean rate: the same mean load as Poisson, with
+#: fleet-wide surges of tens of seconds (a traffic spike, a batch job starting).
+BURST_MEAN_S = 20.0
+BURST_HIGH, BURST_LOW = 1.6, 0.4
+
+
+def arrivals(n: int, fleet_rate: float, rng: np.random.Generator, kind: str = "poisson") -> np.ndarray:
+    """``n`` arrival times at a mean of ``fleet_rate`` requests/s: Poisson, or bursty (above)."""
+    if kind == "poisson":
+        return np.cumsum(rng.exponential(1.0 / fleet_rate, n))
+    if kind != "bursty":
+        raise ValueError(f"arrivals {kind!r}: poisson or bursty")
+    out = np.empty(n)
+    t, i, high = 0.0, 0, True
+    while i < n:
+        end = t + rng.exponential(BURST_MEAN_S)
+        rate = fleet_rate * (BURST_HIGH if high else BURST_LOW)
+        gaps = rng.exponential(1.0 / rate, max(16, int(2 * rate * (end - t)) + 16))
+        times = t + np.cumsum(gaps)
+        times = times[times < end][: n - i]
+        out[i : i + times.size] = times
+        i += times.size
+        t, high = end, not high
+    return out
+
 
 def build(
-    n: int, replicas: int, router: str, seed: int = 0, rate: float = 6.0
+    n: int, replicas: int, router: str, seed: int = 0, rate: float = 6.0, kind: str = "poisson"
 ) -> tuple[object, object, object, object]:
-    """The workload (Poisson arrivals at ``rate`` requests/s per replica), the fleet spec, the
-    measured step cost and the resolved fleet (deterministic in ``seed``)."""
+    """The workload (``kind`` arrivals, :func:`arrivals`, at ``rate`` requests/s per replica on
+    average), the fleet spec, the measured step cost and the resolved fleet (deterministic in
+    ``seed``)."""
     from replay import lengths
 
     from pipeline.engine.model import FleetSpec, Workload
@@ -74,7 +102,7 @@ def build(
     )
     rng = np.random.default_rng(seed)
     prompt, output = lengths(n, rng)
-    arrival = np.cumsum(rng.exponential(1.0 / (rate * fleet.ranks), n))
+    arrival = arrivals(n, rate * fleet.ranks, rng, kind)
     work = Workload(arrival_s=arrival, prompt_tokens=prompt, output_tokens=output)
     spec = FleetSpec(replicas=fleet.ranks, scheduler=sched, router=router, lockstep=fleet.lockstep)
     return work, spec, cost, fleet
@@ -176,13 +204,13 @@ def store(n: int, replicas: int, pods: int, work_dir: Path) -> None:
     )
 
 
-def hierarchy(n: int, replicas: int, pod_sizes: list[int], rate: float = 6.0) -> None:
+def hierarchy(n: int, replicas: int, pod_sizes: list[int], rate: float = 6.0, kind: str = "poisson") -> None:
     """Flat least outstanding vs a load balancer over pods (round robin) + least outstanding inside."""
     from pipeline.engine.jit import simulate_jit
     from pipeline.engine.shard import simulate_sharded
     from pipeline.slo import percentile
 
-    work, spec, cost, _ = build(n, replicas, "least_outstanding", seed=1, rate=rate)
+    work, spec, cost, _ = build(n, replicas, "least_outstanding", seed=1, rate=rate, kind=kind)
     ok_lat = {}
     for size in [0, *pod_sizes]:
         t0 = time.perf_counter()
@@ -219,6 +247,10 @@ def main() -> None:
     ap.add_argument(
         "--hierarchy-rates", default="6", help="requests/s per replica, comma-separated (one comparison each)"
     )
+    ap.add_argument(
+        "--hierarchy-arrivals", choices=["poisson", "bursty"], default="poisson",
+        help="arrival process of the routing comparison (bursty: busy / quiet periods, BURST_*)",
+    )  # fmt: skip
     args = ap.parse_args()
     tmp = Path(tempfile.mkdtemp(prefix="rooftrace-scale-"))
     results = {}
@@ -261,9 +293,9 @@ def main() -> None:
         for rate in (float(r) for r in args.hierarchy_rates.split(",")):
             print(
                 f"hierarchical vs flat least outstanding: {args.hierarchy_requests:,} requests on "
-                f"{args.hierarchy_replicas} replicas at {rate:g} requests/s per replica"
+                f"{args.hierarchy_replicas} replicas at {rate:g} requests/s per replica ({args.hierarchy_arrivals})"
             )
-            hierarchy(args.hierarchy_requests, args.hierarchy_replicas, [32, 16, 8], rate)
+            hierarchy(args.hierarchy_requests, args.hierarchy_replicas, [32, 16, 8], rate, args.hierarchy_arrivals)
     print(json.dumps({"workdir": str(tmp)}))
 
 
