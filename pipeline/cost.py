@@ -31,6 +31,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from pipeline.errors import ConfigError, RooftraceError
 from pipeline.fleet import ResolvedFleet, fleet_from_dict, resolve
@@ -349,7 +350,10 @@ class GpuCost:
 
     @property
     def utilization(self) -> float:
-        return self.busy_usd / self.total_usd if self.total_usd > 0 else 0.0
+        """Busy GPU-seconds over the GPU-seconds of the period (0 to 1): time, not dollars, so a
+        free GPU (``--gpu-price 0``) is as busy as a paid one."""
+        capacity = self.gpus * self.window_s
+        return min(max(self.busy_gpu_s / capacity, 0.0), 1.0) if capacity > 0 else 0.0
 
     def class_usd(self) -> dict[str, float]:
         """Busy dollars per token class (sums to ``busy_usd``)."""
@@ -406,6 +410,153 @@ def traffic_period_s(arrival_s: Any) -> float:
     return max(float(a.max() - a.min()), 1.0) if a.size else 1.0
 
 
+#: How a run's $ period was chosen (:func:`run_period`).
+PERIOD_ARRIVALS = "arrivals"
+PERIOD_MAKESPAN = "makespan"
+
+
+def _duration(seconds: float) -> str:
+    """'3.65 min', '46.6 h': :func:`pipeline.slo.traffic_span` without its 'of traffic'."""
+    return traffic_span(seconds).removesuffix(" of traffic")
+
+
+@dataclass(frozen=True)
+class Period:
+    """The period a replay run is priced over, and why.
+
+    Normally the traffic's own span, first to last arrival (``arrivals``). A fleet that does not
+    keep up serves the traffic for longer than it arrives: when the run is overloaded, or one
+    engine (rank) was busy for longer than the arrival span, the GPUs were needed from the first
+    arrival to the last finish (``makespan``), and that is what is priced: clipping busy time to
+    the arrival span would price less GPU time than serving the traffic took. Such a run's
+    $ per token and self-host / API ratios are not valid unit costs (:attr:`unit_costs_note`)."""
+
+    seconds: float
+    basis: str
+    arrival_span_s: float
+    makespan_s: float
+    busiest_rank_busy_s: float
+    overloaded: bool
+
+    @property
+    def unit_costs_valid(self) -> bool:
+        return not self.overloaded and self.basis == PERIOD_ARRIVALS
+
+    @property
+    def text(self) -> str:
+        """What the $ figures cover, for people: '58.4 min of traffic' or '7.23 min makespan
+        (first arrival to last finish) for 3.65 min of arrivals'."""
+        if self.basis == PERIOD_MAKESPAN:
+            return (
+                f"{_duration(self.seconds)} makespan (first arrival to last finish) for "
+                f"{_duration(self.arrival_span_s)} of arrivals"
+            )
+        return traffic_span(self.seconds)
+
+    @property
+    def day_projection(self) -> str:
+        """:func:`pipeline.slo.day_projection` of the period; none from a run that did not keep up."""
+        if self.basis == PERIOD_MAKESPAN:
+            return f"{self.text}; not projected to a day: the fleet did not keep up with the traffic"
+        return day_projection(self.seconds)
+
+    @property
+    def unit_costs_note(self) -> str | None:
+        """Why the run's $ per token and self-host / API ratios are not valid unit costs (None
+        when they are)."""
+        if self.unit_costs_valid:
+            return None
+        what = "OVERLOADED run" if self.overloaded else "the fleet did not keep up"
+        priced = " (the GPU time priced)" if self.basis == PERIOD_MAKESPAN else ""
+        return (
+            f"{what}: $ per token and self-host/API ratios are not valid unit costs: serving "
+            f"{_duration(self.arrival_span_s)} of arrivals took {_duration(self.makespan_s)}{priced}, "
+            "with requests queued for it; size the fleet until the run keeps up"
+        )
+
+    @property
+    def unit_costs_flag(self) -> str | None:
+        """The short mark put beside each $ per token and self-host / API ratio that is not valid."""
+        if self.unit_costs_valid:
+            return None
+        return "OVERLOADED: not valid" if self.overloaded else "fleet fell behind: not valid"
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "period_s": self.seconds,
+            "period_basis": self.basis,
+            "period_text": self.text,
+            "arrival_span_s": self.arrival_span_s,
+            "makespan_s": self.makespan_s,
+            "busiest_rank_busy_s": self.busiest_rank_busy_s,
+            "overloaded": self.overloaded,
+            "unit_costs_valid": self.unit_costs_valid,
+            "unit_costs_note": self.unit_costs_note,
+            "unit_costs_flag": self.unit_costs_flag,
+        }
+
+
+def run_period(
+    arrival_s: Any,
+    finish_s: Any,
+    span_rank: Any,
+    span_start_s: Any,
+    span_end_s: Any,
+    overloaded: bool,
+) -> Period:
+    """The period a replay run is priced over (:class:`Period`): the arrival span
+    (:func:`traffic_period_s`), or the makespan (first arrival to the last finish or engine step)
+    when the run is ``overloaded`` or its busiest rank (``span_rank``: the steps' ``replica``)
+    was busy for longer than the arrival span."""
+    arrival = np.asarray(arrival_s, dtype=np.float64)
+    arrival = arrival[np.isfinite(arrival)]
+    span = traffic_period_s(arrival)
+    ends = [np.asarray(finish_s, dtype=np.float64), np.asarray(span_end_s, dtype=np.float64)]
+    ends = [e[np.isfinite(e)] for e in ends]
+    last = max((float(e.max()) for e in ends if e.size), default=math.nan)
+    makespan = last - float(arrival.min()) if arrival.size and math.isfinite(last) else 0.0
+    rank = np.asarray(span_rank, dtype=np.int64)
+    dur = np.asarray(span_end_s, dtype=np.float64) - np.asarray(span_start_s, dtype=np.float64)
+    busiest = 0.0
+    if rank.size:
+        _, inverse = np.unique(rank, return_inverse=True)
+        busiest = float(np.bincount(inverse, weights=np.nan_to_num(dur)).max())
+    behind = overloaded or busiest > span
+    basis = PERIOD_MAKESPAN if behind and makespan > span else PERIOD_ARRIVALS
+    return Period(
+        seconds=makespan if basis == PERIOD_MAKESPAN else span,
+        basis=basis,
+        arrival_span_s=span,
+        makespan_s=max(makespan, 0.0),
+        busiest_rank_busy_s=busiest,
+        overloaded=overloaded,
+    )
+
+
+def run_overloaded(config: Mapping[str, Any]) -> bool:
+    """Whether a run's summary (config.json) says it was overloaded."""
+    summary = config.get("summary")
+    health = summary.get("health") if isinstance(summary, dict) else None
+    over = health.get("overload") if isinstance(health, dict) else None
+    return isinstance(over, dict) and bool(over.get("detected"))
+
+
+def stored_run_period(run_dir: Path, config: Mapping[str, Any]) -> Period:
+    """:func:`run_period` of a stored replay run (its requests and steps tables)."""
+    req = read_parquet(run_dir / "requests.parquet", "replay_requests", ["arrival_s", "finish_s", "status"])
+    steps = read_parquet(run_dir / "steps.parquet", "replay_steps", ["replica", "start_s", "end_s"])
+    ok = pc.equal(req.column("status"), "finished").to_numpy(zero_copy_only=False).astype(bool)
+    finish = req.column("finish_s").to_numpy(zero_copy_only=False).astype(np.float64)
+    return run_period(
+        req.column("arrival_s").to_numpy(zero_copy_only=False),
+        finish[ok],
+        steps.column("replica").to_numpy(zero_copy_only=False),
+        steps.column("start_s").to_numpy(zero_copy_only=False),
+        steps.column("end_s").to_numpy(zero_copy_only=False),
+        run_overloaded(config),
+    )
+
+
 def api_cost_rows(
     subject: str, tokens: TokenTotals, prices: Sequence[Any], self_host_usd: float, period_s: float
 ) -> list[dict[str, Any]]:
@@ -453,9 +604,13 @@ class CostResult:
     #: The run's own failures (rejections, overload, SLO verdict) as its summary recorded them: a
     #: cost is only as good as the run it prices, so they are shown with it.
     warnings: tuple[str, ...] = ()
+    #: The period priced and why (:func:`run_period`); None: the GPU cost's window, the arrivals.
+    period: Period | None = None
 
     def to_dict(self) -> dict[str, Any]:
         g = self.gpu
+        period = self.period or Period(g.window_s, PERIOD_ARRIVALS, g.window_s, g.window_s, 0.0, False)
+        valid = period.unit_costs_valid
         return {
             "subject": self.subject,
             "warnings": list(self.warnings),
@@ -464,16 +619,17 @@ class CostResult:
             "gpus": g.gpus,
             "usd_per_gpu_hour": g.usd_per_gpu_hour,
             "price_date": g.price_date,
+            **period.to_dict(),
             "period_s": g.window_s,
-            "period": traffic_span(g.window_s),
-            "day_projection": day_projection(g.window_s),
+            "period": period.text,
+            "day_projection": period.day_projection,
             "total_usd": g.total_usd,
             "busy_usd": g.busy_usd,
             "idle_usd": g.idle_usd,
             "utilization": g.utilization,
             "usd_per_day": g.usd_per_day,
-            "token_classes": g.rows(),
-            "api_equivalent": self.api_rows,
+            "token_classes": [{**r, "unit_cost_valid": valid} for r in g.rows()],
+            "api_equivalent": [{**r, "self_host_to_api_ratio_valid": valid} for r in self.api_rows],
             "catalog_source": self.catalog_source,
         }
 
@@ -537,8 +693,16 @@ def run_cost(
     prompt = req.column("recorded_input_tokens").to_numpy().astype(np.float64)[ok]
     hits = req.column("cache_hit_tokens").to_numpy().astype(np.float64)[ok]
     out = req.column("output_tokens").to_numpy().astype(np.float64)[ok]
-    arrival = req.column("arrival_s").to_numpy()
-    span = traffic_period_s(arrival)  # the period of record: the traffic's own span
+    period = run_period(
+        req.column("arrival_s").to_numpy(),
+        req.column("finish_s").to_numpy(zero_copy_only=False).astype(np.float64)[ok],
+        steps.column("replica").to_numpy(),
+        spans["start_s"],
+        spans["end_s"],
+        run_overloaded(config),
+    )
+    # the period of record: the traffic's own span, or the makespan of a fleet that fell behind
+    span = period.seconds
     writes = 0.0
     date = config.get("date")
     if isinstance(date, str) and date in store.dates():
@@ -589,7 +753,7 @@ def run_cost(
     health = summary.get("health") if isinstance(summary, dict) else None
     found = health.get("warnings") if isinstance(health, dict) else None
     warnings = tuple(str(w) for w in found) if isinstance(found, list) else ()
-    result = CostResult(run_id, gpu, api_rows, out_dir, catalog_source, warnings)
+    result = CostResult(run_id, gpu, api_rows, out_dir, catalog_source, warnings, period)
     with store.lock():
         write_parquet(pa.Table.from_pylist(gpu_rows), out_dir / "gpu_cost.parquet", "plan_gpu_cost")
         write_parquet(pa.Table.from_pylist(api_rows), out_dir / "api_cost.parquet", "plan_api_cost")

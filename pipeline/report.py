@@ -25,6 +25,7 @@ import pyarrow as pa
 import vl_convert as vlc
 
 from pipeline.classify.accounting import accounting_paths
+from pipeline.cost import STALE_AFTER_DAYS, Period, stored_run_period
 from pipeline.errors import RooftraceError
 from pipeline.loadcurve import headroom_sentence, knee
 from pipeline.schemas import atomic_write_bytes, check_replaceable, os_write_reason
@@ -205,10 +206,18 @@ class ReportResult:
             "seconds": round(self.seconds, 3),
         }
 
+    def warning_lines(self) -> list[str]:
+        """What the command says on stderr before its line: a STALE run (the store's requests of
+        its date changed since it ran), and an overloaded run's not-valid unit costs."""
+        h = self.headline
+        return [str(h[k]) for k in ("stale_note", "unit_costs_note") if h.get(k)]
+
     def line(self) -> str:
         """The command's summary line: where the report is, failures first."""
         h = self.headline
         bits = attention(h)
+        if h.get("unit_costs_note") and not h.get("overloaded"):
+            bits.append("the fleet fell behind the traffic ($ per token not valid)")
         if h.get("ingest_note") and not h.get("quarantine_flagged"):
             bits.append(f"{int(h.get('ingest_rows_quarantined') or 0):,} log rows quarantined")
         text = f"report: {self.path} ({len(self.charts)} charts, {self.seconds:.1f} s)"
@@ -601,6 +610,118 @@ def ingest_headline(rows: Rows, quarantine_dir: Path, date: str) -> dict[str, An
     }
 
 
+#: The Cost table's figures per million tokens (query ``cost``).
+_PER_MILLION = (
+    "usd_per_million_recorded_input_tokens",
+    "usd_per_million_fresh_input_tokens",
+    "usd_per_million_output_tokens",
+    "usd_per_million_tokens",
+)
+
+
+def _period_factor(row: dict[str, Any], period: Period) -> float | None:
+    """How the ``cost`` query's span (first arrival to last finish) scales to ``period``."""
+    span = row.get("span_s")
+    if isinstance(span, int | float) and not isinstance(span, bool) and span > 0:
+        return period.seconds / float(span)
+    return None
+
+
+def cost_period_headline(cost_rows: Rows, period: Period) -> dict[str, Any]:
+    """The headline's $ figures over the one period `rooftrace cost` prices (:class:`Period`: the
+    arrival span, or the makespan of a fleet that fell behind) and whether its unit costs are
+    valid: the query ``cost`` spans first arrival to last finish, which is neither."""
+    row = cost_rows[0] if cost_rows else {}
+    per_m, factor = row.get("usd_per_million_tokens"), _period_factor(row, period)
+    return {
+        "usd_per_million_tokens": per_m * factor if per_m is not None and factor is not None else None,
+        "cost_period_s": period.seconds,
+        "cost_period_basis": period.basis,
+        "cost_period_text": period.text,
+        "arrival_span_s": period.arrival_span_s,
+        "makespan_s": period.makespan_s,
+        "unit_costs_valid": period.unit_costs_valid,
+        "unit_costs_note": period.unit_costs_note,
+        "unit_costs_flag": period.unit_costs_flag,
+    }
+
+
+def cost_table(rows: Rows, period: Period) -> Rows:
+    """The Cost table (query ``cost``) over :class:`Period`, the period `rooftrace cost` prices,
+    each $ per million tokens marked when the run's unit costs are not valid."""
+    flag = period.unit_costs_flag
+    out = []
+    for r in rows:
+        factor = _period_factor(r, period)
+        gpus, price = r.get("gpus"), r.get("price_usd_per_gpu_hour")
+        row = {k: r.get(k) for k in ("hardware", "replicas", "gpus", "price_usd_per_gpu_hour", "price_date")}
+        row |= {
+            "usd_per_day": r.get("usd_per_day"),
+            "period": period.text,
+            "period_s": period.seconds,
+            "usd_period": gpus * price * period.seconds / 3600.0 if gpus is not None and price is not None else None,
+        }
+        for k in _PER_MILLION:
+            v = r.get(k)
+            v = v * factor if v is not None and factor is not None else None
+            row[k] = f"{_fmt(v)} ({flag})" if flag and v is not None else v
+        out.append(row)
+    return out
+
+
+def _id_digest(files: list[Path]) -> int:
+    """An order-free digest of the request ids in ``files`` (the sum of their hashes, mod 2^64),
+    read a batch at a time."""
+    import numpy as np
+    import polars as pl
+    import pyarrow.parquet as pq
+
+    total = 0
+    for path in files:
+        for batch in pq.ParquetFile(path).iter_batches(batch_size=1 << 20, columns=["request_id"]):
+            ids = pl.Series(batch.column(0)).cast(pl.String)
+            # numpy's array sum wraps at 2^64 without a warning; Python's int keeps the rest exact
+            total = (total + int(np.sum(ids.hash(seed=0).to_numpy(), dtype=np.uint64))) % 2**64
+    return total
+
+
+def stale_headline(store: Store, day: str, config: dict[str, Any], run_dir: Path) -> dict[str, Any]:
+    """Whether the store's requests of ``day`` are still the ones the run replayed: a date ingested
+    again, or more of its logs ingested (and classified) after the run, leaves the run's figures
+    beside the store's current ones. Compared by count (config.json's ``summary.requests``), then,
+    for the same count, by the set of request ids. ``stale_note`` says so and what to do."""
+    ran = (config.get("summary") or {}).get("requests")
+    stored = store.stored_rows(day)
+    out: dict[str, Any] = {"stale": False, "stale_note": None, "store_requests": stored}
+    if not isinstance(ran, int) or isinstance(ran, bool):
+        return out  # a run that did not record its count: nothing to compare
+    if stored == ran:
+        if not ran:
+            return out
+        try:
+            mine = _id_digest([run_dir / "requests.parquet"])
+            theirs = _id_digest(store.request_files(day))
+        except (OSError, ValueError, KeyError, pa.ArrowException):
+            return out  # unreadable ids: the count is all there is to go on
+        if mine == theirs:
+            return out
+        what = (
+            f"the store's {stored:,} requests of {day} are not the {ran:,} this run replayed "
+            "(same count, other request ids)"
+        )
+    else:
+        what = f"this run replayed {ran:,} requests of {day}; the store now holds {stored:,}"
+    fleet = config.get("fleet_file") or "FLEET.toml"
+    out["stale"] = True
+    out["stale_note"] = (
+        f"STALE: {what} (logs of {day} ingested after the run). The run's figures (Served, latency, "
+        "overload, cost, the replay's charts) are of the requests it replayed; Log rows, Input tokens and the "
+        f"token accounting are the store's now. Re-run `rooftrace replay --store {store.root} --date {day} "
+        f"--fleet {fleet}` (with this run's options) and report the new run"
+    )
+    return out
+
+
 def _seconds(x: float | None) -> str:
     return _fmt(x, "s")
 
@@ -668,6 +789,10 @@ def attention(h: dict[str, Any]) -> list[str]:
     """Why a night needs someone to act, from its headline (empty: it does not): requests rejected,
     overload, a failed SLO, or a flagged share of quarantined log rows."""
     out = []
+    if h.get("stale"):
+        ran, now = int(h.get("replayed_requests") or 0), int(h.get("store_requests") or 0)
+        what = f"the store now holds {now:,} requests of the date" if ran != now else "the date's requests changed"
+        out.append(f"STALE run: it replayed {ran:,}, {what} (re-run `rooftrace replay`)")
     if h.get("rejected"):
         out.append(f"{int(h['rejected']):,} requests rejected")
     if h.get("overloaded"):
@@ -734,6 +859,18 @@ def cost_card(cost: dict[str, Any]) -> tuple[str, str, str, str] | None:
 def _health_cards(h: dict[str, Any]) -> list[tuple[str, str, str, str]]:
     """(name, value, note, css class) of the cards a capacity planner reads first."""
     out = []
+    stale = bool(h.get("stale"))
+    if stale:  # first: every figure below is either the run's or the store's, not both
+        ran, now = _fmt(h.get("replayed_requests")), _fmt(h.get("store_requests"))
+        out.append(
+            (
+                "Run vs store",
+                "STALE",
+                f"the run replayed {ran} requests of its date, the store holds {now} now: re-run "
+                "`rooftrace replay` (see the banner)",
+                "bad",
+            )
+        )
     card = cost_card(h.get("cost_model") or {})
     if card is not None:
         out.append(card)
@@ -742,9 +879,15 @@ def _health_cards(h: dict[str, Any]) -> list[tuple[str, str, str, str]]:
     reasons = ", ".join(f"{k} {v:,}" for k, v in (h.get("rejected_by_reason") or {}).items())
     out.append(
         (
-            "Served",
+            "Served (this run)" if stale else "Served",
             f"{_fmt(h.get('finished'))} of {_fmt(total)}",
-            f"rejected {rej:,}"
+            (
+                f"of the {_fmt(total)} requests the run replayed "
+                f"(the store holds {_fmt(h.get('store_requests'))} now); "
+                if stale
+                else ""
+            )
+            + f"rejected {rej:,}"
             + (f" ({reasons})" if reasons else "")
             + f"; preempted {h.get('preempted_requests') or 0:,}",
             "bad" if rej else "good",
@@ -755,7 +898,7 @@ def _health_cards(h: dict[str, Any]) -> list[tuple[str, str, str, str]]:
         quarantined = int(h.get("ingest_rows_quarantined") or 0)
         out.append(
             (
-                "Log rows",
+                "Log rows (store now, not this run)" if stale else "Log rows",
                 f"{int(h.get('ingest_rows_stored') or 0):,} of {read:,} stored",
                 f"quarantined {quarantined:,} ({share_text(float(h.get('quarantined_share') or 0.0))}); "
                 f"duplicates {int(h.get('ingest_rows_duplicate') or 0):,}; see Ingest accounting",
@@ -810,11 +953,12 @@ def _health_cards(h: dict[str, Any]) -> list[tuple[str, str, str, str]]:
     return out
 
 
-def _cards(h: dict[str, Any]) -> list[tuple[str, str, str]]:
+def _cards(h: dict[str, Any]) -> list[tuple[str, str, str, str]]:
+    """(name, value, note, css class) of the run's capacity figures."""
     kv_frac = None
     if h.get("peak_kv_bytes") is not None and h.get("kv_capacity_bytes"):
         kv_frac = h["peak_kv_bytes"] / h["kv_capacity_bytes"]
-    return [
+    cards: list[tuple[str, ...]] = [
         (
             "Peak fresh prefill",
             _fmt(h.get("peak_fresh_prefill_tokens_per_s_1s"), "tok/s"),
@@ -843,15 +987,33 @@ def _cards(h: dict[str, Any]) -> list[tuple[str, str, str]]:
         ),
         ("GPUs", _fmt(h.get("gpus")), str(h.get("hardware") or "")),
         ("Fleet cost", _fmt(h.get("usd_per_day"), "$") + "/day", f"on-demand price of {h.get('price_date') or 'n/a'}"),
-        ("$ per million tokens", _fmt(h.get("usd_per_million_tokens"), "$"), "input + output, over the replay span"),
+        _unit_cost_card(h),
         (
-            "Input tokens",
+            "Input tokens (store now)" if h.get("stale") else "Input tokens",
             _fmt(h.get("classify_recorded_input_tokens")) + " recorded",
-            f"fresh (prefill): {_fmt(h.get('classify_fresh_input_tokens'))} by classify's whole-day cache, "
-            f"{_fmt(h.get('replay_fresh_input_tokens'))} by this fleet's engine caches (finished requests; "
-            "see 'Two cache models')",
+            f"fresh (prefill): {_fmt(h.get('classify_fresh_input_tokens'))} by classify's whole-day cache"
+            + (f" over the {_fmt(h.get('classify_requests'))} requests classified now" if h.get("stale") else "")
+            + f", {_fmt(h.get('replay_fresh_input_tokens'))} by this fleet's engine caches (finished requests"
+            + (" of this run" if h.get("stale") else "")
+            + "; see 'Two cache models')",
         ),
     ]
+    return [(c[0], c[1], c[2], c[3] if len(c) > 3 else "") for c in cards]
+
+
+def _unit_cost_card(h: dict[str, Any]) -> tuple[str, str, str, str]:
+    """The "$ per million tokens" card, over the period `cost` prices (the makespan of a fleet
+    that fell behind) and marked not valid for such a run."""
+    value = _fmt(h.get("usd_per_million_tokens"), "$")
+    note = f"input + output, over {h.get('cost_period_text') or 'the replay span'}"
+    if h.get("unit_costs_note"):
+        return (
+            "$ per million tokens",
+            f"{value} ({h.get('unit_costs_flag')})",
+            f"{note}; {h['unit_costs_note']}",
+            "bad",
+        )
+    return ("$ per million tokens", value, note, "")
 
 
 def _html_table(rows: Rows, limit: int = 200) -> str:
@@ -880,14 +1042,34 @@ def _cell(v: Any) -> str:
 
 
 def _economics_sections(
-    session: Session, run_id: str, charts: list[Chart], date: str, model: str | None
+    session: Session, run_id: str, charts: list[Chart], date: str, model: str | None, period: Period | None = None
 ) -> list[tuple[str, str]]:
     """API-equivalent cost and the GPU cost split of this run (written by `rooftrace cost`, which
-    the nightly job runs), and the latest capacity plan (`rooftrace plan`) when there is one."""
+    the nightly job runs), and the latest capacity plan (`rooftrace plan`) when there is one.
+    Over ``period`` (the one `cost` prices): rows that `cost` wrote over another period are said
+    so, and the $ per token and self-host / API ratios of a run that fell behind are marked."""
     data = Datasets()
     out: list[tuple[str, str]] = []
+    flag = period.unit_costs_flag if period is not None else None
+
+    def marked(v: Any) -> Any:
+        return f"{_fmt(v)} ({flag})" if flag and v is not None else v
+
     api = _rows(session.query("api_cost", {"subject": run_id}))
     if api:
+        written = float(api[0]["period_s"])
+        same = period is None or math.isclose(written, period.seconds, rel_tol=1e-6, abs_tol=1e-6)
+        label = period.text if period is not None and same else traffic_span(written)
+        older = (
+            ""
+            if same or period is None
+            else "<p class=note>These rows were written by `rooftrace cost` over "
+            f"{html.escape(traffic_span(written))}, "
+            f"not the {html.escape(period.text)} this page prices: run `rooftrace cost --run {html.escape(run_id)}` "
+            "again and report the run again.</p>"
+        )
+        if period is not None and period.unit_costs_note:
+            older += f"<p class=note>{html.escape(period.unit_costs_note)}</p>"
         bars = [
             {"what": f"{r['provider']} {r['api_model']}", "usd": r["api_usd"], "kind": "API list price"} for r in api
         ] + [{"what": "self-hosted fleet", "usd": api[0]["self_host_usd"], "kind": "self-hosted"}]
@@ -896,7 +1078,7 @@ def _economics_sections(
             .mark_bar()
             .encode(
                 y=alt.Y("what:N", title=None, sort="x"),
-                x=alt.X("usd:Q", title=f"US$ over {traffic_span(float(api[0]['period_s']))}"),
+                x=alt.X("usd:Q", title=f"US$ over {label}"),
                 color=alt.Color("kind:N", title=None),
             )
             .properties(width=640)
@@ -904,7 +1086,9 @@ def _economics_sections(
         charts.append(
             Chart(
                 "api_cost",
-                f"API-equivalent cost vs the self-hosted fleet (US$ over {day_projection(float(api[0]['period_s']))})",
+                "API-equivalent cost vs the self-hosted fleet (US$ over "
+                + (period.day_projection if period is not None and same else day_projection(written))
+                + ")",
                 "API: fresh input at the input price, cache hits at the cached-input price, cache writes "
                 "and output at theirs (dated price tables); self-hosted: GPU-hours x $/GPU-hour.",
                 spec,
@@ -918,16 +1102,25 @@ def _economics_sections(
             "self_host_usd",
             "self_host_to_api_ratio",
         )
-        out.append(
-            (
-                f"API-equivalent cost (US$ over {traffic_span(float(api[0]['period_s']))})",
-                _html_table([{k: r[k] for k in keep} for r in api]),
-            )
-        )
+        table = [
+            {k: r[k] for k in keep}
+            | {
+                "price_date": f"{r['price_date']} (STALE: checked over {STALE_AFTER_DAYS} days ago)"
+                if r.get("price_stale")
+                else r["price_date"],
+                "self_host_to_api_ratio": marked(r["self_host_to_api_ratio"]),
+            }
+            for r in api
+        ]
+        out.append((f"API-equivalent cost (US$ over {label})", older + _html_table(table)))
     split = _rows(session.query("api_cost_gpu_split", {"subject": run_id}))
     if split:
         keep = ("token_class", "tokens", "busy_share", "busy_usd", "all_in_usd", "all_in_usd_per_million_tokens")
-        out.append(("GPU cost by token class (US$)", _html_table([{k: r[k] for k in keep} for r in split])))
+        rows = [
+            {k: r[k] for k in keep} | {"all_in_usd_per_million_tokens": marked(r["all_in_usd_per_million_tokens"])}
+            for r in split
+        ]
+        out.append(("GPU cost by token class (US$)", _html_table(rows)))
     # only a plan made for this report's own traffic (its date and model)
     plan = _rows(session.query("plan", {"date": date, "model": model}))
     if plan:
@@ -985,15 +1178,26 @@ def render_html(
     cards = "".join(
         f'<div class="card {cls}"><span>{html.escape(name)}</span><b>{html.escape(value)}</b>'
         f"<span>{html.escape(note)}</span></div>"
-        for name, value, note, cls in [*_health_cards(headline), *((*c, "") for c in _cards(headline))]
+        for name, value, note, cls in [*_health_cards(headline), *_cards(headline)]
     )
-    warnings = [html.escape(w) for w in headline.get("warnings") or []]
+    failures = [html.escape(w) for w in headline.get("warnings") or []]
+    if headline.get("unit_costs_note"):  # beside the OVERLOADED line: its $ per token are not valid
+        failures.append(html.escape(str(headline["unit_costs_note"])))
+    stale = headline.get("stale_note")
+    warnings = [html.escape(str(stale))] if stale else []  # first: what the figures below are of
+    warnings += failures
     note = headline.get("ingest_note")
     ingest = f'{html.escape(note)} <a href="#{INGEST_ANCHOR}">(table)</a>' if note else ""
     if note and (headline.get("quarantine_flagged") or warnings):  # said in the banner when it has one
         warnings.append(ingest)
     if warnings:
-        heading = "This run has failures" if headline.get("warnings") else "This day's logs need attention"
+        heading = (
+            "This run has failures"
+            if failures
+            else "This run is STALE: its date's requests changed in the store since it ran"
+            if stale
+            else "This day's logs need attention"
+        )
         banner = f'<div class="alert"><b>{heading}</b><ul>' + "".join(f"<li>{w}</li>" for w in warnings) + "</ul></div>"
     else:
         banner = (
@@ -1054,16 +1258,16 @@ def _two_caches(h: dict[str, Any], config: dict[str, Any], classified: dict[str,
     cap = classified.get("capacity") or "unbounded"
     rows = [
         {
-            "figure": "classify (rooftrace classify)",
+            "figure": "classify (rooftrace classify)" + ("; the store now" if h.get("stale") else ""),
             "cache": f"one prefix cache per model over the whole day ({cap}), touched at arrival, in arrival order",
             "block size": classified.get("block_size_tokens"),
-            "requests": h.get("requests"),
+            "requests": h.get("classify_requests", h.get("requests")),
             "recorded input": h.get("classify_recorded_input_tokens"),
             "cache-hit": h.get("classify_cache_hit_tokens"),
             "fresh": h.get("classify_fresh_input_tokens"),
         },
         {
-            "figure": "replay (this fleet)",
+            "figure": "replay (this fleet)" + ("; this run" if h.get("stale") else ""),
             "cache": f"each replica's engine KV cache: {sched.get('num_gpu_blocks', '?')} blocks, LRU, "
             "hit at admission, only on the replica the router chose",
             "block size": sched.get("block_size"),
@@ -1218,11 +1422,22 @@ def _finished_percentiles(session: Session, run_id: str, verdict: dict[str, Any]
 def _check_out(out: Path) -> None:
     """``--out`` names a file that may be replaced (before any work: never over a named pipe, a
     device or a folder), and has a name at all (``--out ''`` is the current folder)."""
+    if str(out) == "-":
+        raise RooftraceError(
+            "--out -: the report cannot go to standard output (it is an HTML page with headline.json beside "
+            "it); give the HTML file to write, e.g. --out report.html"
+        )
     if out.name in ("", ".", ".."):
         raise RooftraceError(
             f"--out {str(out)!r} is empty or a folder, not a file name; give the HTML file to write, e.g. "
             "--out report.html"
         )
+    for parent in reversed(out.parents):
+        try:
+            if parent.exists() and not parent.is_dir():
+                raise RooftraceError(f"--out {out}: {parent} is a file, not a folder")
+        except OSError:
+            break  # (unreadable: the write says why)
     for target in (out, out.with_name("headline.json")):
         try:
             check_replaceable(target)
@@ -1251,7 +1466,7 @@ def _write_pngs(charts: list[Chart], png_dir: Path, pngs: list[Path], skipped: l
         try:
             atomic_write_bytes(target, data)
         except OSError as exc:
-            raise RooftraceError(f"cannot write {target}: {exc.strerror or exc}") from None
+            raise RooftraceError(f"cannot write {target}: {os_write_reason(target, exc)}") from None
         pngs.append(target)
 
 
@@ -1279,6 +1494,26 @@ def _make_reports_dir(reports_dir: Path) -> None:
         ) from None
     if not os.access(reports_dir, os.W_OK | os.X_OK):
         raise RooftraceError(f"cannot create reports folder {reports_dir}: it is not writable")
+
+
+def fleet_text(config: dict[str, Any]) -> str:
+    """The fleet for people, GPUs per replica = tp × pp × dp: '2× llama-3.1-8b, each on 1×
+    h100-sxm (2 GPUs)', '1× qwen3-30b-a3b, each on 64× h100-sxm (tp 1 × pp 1 × dp 64; 64 GPUs)'."""
+    resolved = config.get("resolved") or {}
+    fleet = resolved.get("fleet") or {}
+
+    def whole(v: Any) -> int | None:
+        return v if isinstance(v, int) and not isinstance(v, bool) and v > 0 else None
+
+    degrees = {k: whole(fleet.get(k)) or 1 for k in ("tp", "pp", "dp")}
+    per = whole(resolved.get("gpus_per_replica")) or degrees["tp"] * degrees["pp"] * degrees["dp"]
+    replicas = whole(fleet.get("replicas"))
+    split = " × ".join(f"{k} {v}" for k, v in degrees.items()) + "; " if per > 1 else ""
+    total = f"{replicas * per:,} GPU{'s' if replicas * per != 1 else ''}" if replicas else "? GPUs"
+    return (
+        f"{replicas if replicas else '?'}× {fleet.get('model', '?')}, each on {per}× {fleet.get('hardware', '?')} "
+        f"({split}{total})"
+    )
 
 
 def build_report(
@@ -1327,7 +1562,12 @@ def build_report(
             results[name] = _rows(session.query(name, {"run_id": run_id, "date": day}))
         return results[name]
 
+    run_dir = store.run_dir(run_id)
+    period = stored_run_period(run_dir, config)  # the one period `rooftrace cost` prices
     headline = headline_numbers(q) | health_headline(config.get("summary") or {})
+    headline |= cost_period_headline(q("cost"), period)
+    headline |= stale_headline(store, day, config, run_dir)
+    headline["classify_requests"] = headline.get("requests")  # the store's now, as classify counted
     headline |= ingest_headline(q("ingest_accounting"), store.quarantine_dir.resolve(), day)
     headline["verdict"] = _finished_percentiles(session, run_id, headline.get("verdict"))
     headline["warnings"] = [_restate(w, headline) for w in headline["warnings"]]
@@ -1354,20 +1594,19 @@ def build_report(
         ("Peak throughput", _html_table(q("peak_throughput"))),
         ("KV memory", _html_table(q("kv_memory"))),
         ("Binding resource shares", _html_table(q("binding_shares"))),
-        ("Cost", _html_table(q("cost"))),
-        *_economics_sections(session, run_id, charts, day, config.get("resolved", {}).get("fleet", {}).get("model")),
+        (f"Cost (US$ over {period.text})", _html_table(cost_table(q("cost"), period))),
+        *_economics_sections(
+            session, run_id, charts, day, config.get("resolved", {}).get("fleet", {}).get("model"), period
+        ),
         ("Two cache models", _two_caches(headline, config, _classified(store, day))),
         (f"{INGEST_TITLE} (files with requests on {day})", _html_table(q("ingest_accounting"))),
         ("Run config", f"<pre>{html.escape(json.dumps(config, indent=2, sort_keys=True, default=str))}</pre>"),
     ]
-    resolved = config.get("resolved", {}).get("fleet", {})
     what_if = what_if_options(config)
     subtitle = (
         f"{day} · run {run_id}"
         + (f" (what-if: {options_text(what_if)})" if what_if else "")
-        + f" · {resolved.get('replicas', '?')}× {resolved.get('model', '?')} on "
-        f"{resolved.get('tp', '?')}× {resolved.get('hardware', '?')} · numbers reproducible with "
-        f"`rooftrace query NAME --run {run_id}`"
+        + f" · {fleet_text(config)} · numbers reproducible with `rooftrace query NAME --run {run_id}`"
     )
     session.con.close()
     # vl-convert's JavaScript engine aborts the process under a small address-space limit: the
@@ -1405,7 +1644,7 @@ def build_report(
         target = out.with_name("headline.json")
         atomic_write_bytes(target, (json.dumps(headline_doc, indent=2, default=str) + "\n").encode())
     except OSError as exc:
-        raise RooftraceError(f"cannot write {target}: {exc.strerror or exc}") from None
+        raise RooftraceError(f"cannot write {target}: {os_write_reason(target, exc)}") from None
     if png_dir is not None:
         _write_pngs(charts, png_dir, pngs, skipped)
     return ReportResult(

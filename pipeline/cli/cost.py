@@ -23,7 +23,7 @@ def cost_cmd(
 
     Example: rooftrace cost --prices my_prices.toml
     """
-    from pipeline.cost import run_cost
+    from pipeline.cost import STALE_AFTER_DAYS, run_cost
 
     result = run(lambda: run_cost(get_store(store_path), run_id, price_files, gpu_price))
     doc = result.to_dict()
@@ -33,9 +33,14 @@ def cost_cmd(
         emit_json(doc)
         return
     click.echo(f"cost of run {result.subject} -> {result.out_dir}")
+    if doc["unit_costs_note"]:  # before any $ per token: those below are not valid unit costs
+        click.echo(doc["unit_costs_note"])
+    bad = f" ({doc['unit_costs_flag']})" if doc["unit_costs_flag"] else ""
+    period = doc["day_projection"]
+    over = period if doc["period_basis"] == "makespan" else f"the period of record ({period})"
     click.echo(
         f"{doc['gpus']}x {doc['hardware']} at ${doc['usd_per_gpu_hour']:.2f}/GPU-h ({doc['price_date']}): "
-        f"${doc['total_usd']:,.2f} over the period of record ({doc['day_projection']}), "
+        f"${doc['total_usd']:,.2f} over {over}, "
         f"utilization {doc['utilization']:.0%}, "
         f"idle ${doc['idle_usd']:,.2f}"
     )
@@ -44,10 +49,11 @@ def cost_cmd(
             continue
         click.echo(
             f"  {r['token_class']:<12} {r['tokens']:>16,.0f} tokens  busy {r['busy_share']:>5.1%}  "
-            f"${fmt_num(r['all_in_usd_per_million_tokens'], '.4f')}/M all-in"
+            f"${fmt_num(r['all_in_usd_per_million_tokens'], '.4f')}/M all-in{bad}"
         )
     for a in doc["api_equivalent"]:
+        stale = f", STALE price: checked over {STALE_AFTER_DAYS} days ago" if a["price_stale"] else ""
         click.echo(
-            f"  vs {a['provider']}/{a['api_model']} ({a['price_date']}): API ${a['api_usd']:,.2f}, "
-            f"self-host/API {fmt_num(a['self_host_to_api_ratio'], '.2f')}"
+            f"  vs {a['provider']}/{a['api_model']} ({a['price_date']}{stale}): API ${a['api_usd']:,.2f}, "
+            f"self-host/API {fmt_num(a['self_host_to_api_ratio'], '.2f')}{bad}"
         )

@@ -12,7 +12,12 @@ from pipeline.cli.common import emit_json, get_store, json_option, progress, rep
 @click.command()
 @click.option("--run", "run_id", default=None, help="Replay run id (default: the latest run).")
 @click.option("--date", default=None, help="Date of the run (default: the run's own date).")
-@click.option("--out", type=click.Path(dir_okay=False, path_type=Path), default=None, help="HTML file to write.")
+@click.option(
+    "--out",
+    type=click.Path(dir_okay=False, path_type=Path),
+    default=None,
+    help="HTML file to write (headline.json goes beside it; not '-').",
+)
 @click.option(
     "--png",
     "png_dir",
@@ -59,6 +64,8 @@ def report(
         return res
 
     res = run(work)
+    for line in res.warning_lines():  # a STALE run, not-valid unit costs: before the summary line
+        progress(f"warning: {line}")
     progress(res.line())
     if as_json:
         emit_json(res.to_json())
