@@ -818,11 +818,17 @@ def cost_card(cost: dict[str, Any]) -> tuple[str, str, str, str] | None:
         scaled = stack.get("scaled_from") if isinstance(stack, dict) else None
         if scaled and isinstance(stack, dict):
             name = f"same-die {scaled} tables, scaled"
+            die = str(stack.get("die") or "")
+            checked = (
+                "held out on this die (H100 SXM and H200, each from the other): bf16 steps 3-6 % median off"
+                if die.upper() == "GH100"
+                else "checked on the GH100 die only (H100 SXM and H200: bf16 steps 3-6 % median off); no profiled "
+                f"pair on {die} to check it"
+            )
             note = (
                 f"{cost.get('prior_reason') or 'no measured profile of this GPU'}: the measured tables of {scaled} "
-                f"(same {stack.get('die') or ''} die) scaled to this GPU's datasheet by the size-aware prior (held "
-                "out on H100 SXM and H200, each from the other: bf16 steps 3-6 % median off) — not a measurement "
-                "of this GPU"
+                f"(same {die} die) scaled to this GPU's datasheet by the size-aware prior ({checked}) — not a "
+                "measurement of this GPU"
             )
         else:
             name = "size-aware prior"

@@ -97,12 +97,19 @@ def test_scaling_follows_the_curve_ratio() -> None:
     assert np.isnan(P.donor_times("gemm", fp4, prof, hw, hw, prior.curves)[0])
 
 
-def test_held_out_pair_beats_the_prior_alone() -> None:
+@pytest.fixture(scope="module")
+def h200_check() -> pl.DataFrame:
+    """H200's operator rows from H100 SXM's tables (prior fitted without H200)."""
+    prior = P.load_prior()
+    assert prior is not None
+    return P.die_donor_check(P.measured_rows(), only="h200", used=prior.used)
+
+
+def test_held_out_pair_beats_the_prior_alone(h200_check: pl.DataFrame) -> None:
     """H200's operator rows from H100 SXM's tables, scaled by a prior fitted without H200: in
     every bf16 GEMM and attention family and token range, better than that prior alone
     (measured: 2-11 % median against 9-50 %)."""
-    rows = P.measured_rows()
-    check = P.die_donor_check(rows, only="h200")
+    check = h200_check
     assert set(check["gpu"]) == {"h200"} and set(check["donor"]) == {"h100-sxm"}
     main = check.filter(pl.col("family").is_in(["gemm:bf16", "attn_decode", "attn_prefill"]))
     assert main.height == 6
@@ -160,7 +167,12 @@ def test_prior_profile_without_the_donor() -> None:
 
 @pytest.mark.parametrize(
     ("value", "match"),
-    [('"GH 100"', "die must be a die name"), ('""', "die"), ("3", "die"), ('"' + "x" * 40 + '"', "die must")],
+    [
+        ('"GH 100"', "die must be a die name"),
+        ('""', "die must be a non-empty string"),
+        ("3", "die must be a non-empty string"),
+        ('"' + "x" * 40 + '"', "die must be a die name"),
+    ],
 )
 def test_bad_die_in_a_hardware_file(tmp_path: Path, value: str, match: str) -> None:
     text = (Path(load_hardware("h100-pcie").path)).read_text()
@@ -177,8 +189,28 @@ def test_die_needs_a_source(tmp_path: Path) -> None:
     lines = [ln for ln in text.splitlines() if not (ln.startswith("die = ") and "whitepaper" in ln)]
     path = tmp_path / "gpu.toml"
     path.write_text("\n".join(lines) + "\n")
-    with pytest.raises(ConfigError, match="die"):
+    with pytest.raises(ConfigError, match=r"missing key\(s\) \['die'\]"):
         load_hardware_file(path)
     # and a file without die at all is fine (no donor)
     path.write_text("\n".join(ln for ln in lines if not ln.startswith("die = ")) + "\n")
     assert load_hardware_file(path).die == ""
+
+
+def test_a_format_neither_gpu_has_a_peak_for_is_still_lent(h200_check: pl.DataFrame) -> None:
+    """MXFP4 fused MoE on Hopper (no FP4 tensor cores: the kernels dequantise): H100 SXM measured
+    gpt-oss-120b's expert shape, so H100 PCIe takes it, scaled at the bf16 peak both run it at;
+    and the record names the donor only for what it lent."""
+    dep = Deployment(load_model("gpt-oss-120b"), load_hardware("h100-pcie"), tp=2, weight_dtype="mxfp4")
+    cost = step_cost_for(dep, "auto", 4096)
+    assert "mxfp4" in cost.describe["moe"] and "h100-sxm's measured tables" in cost.describe["moe"]
+    assert "MoE experts" not in cost.describe["roofline_parts"]
+    # gpt-oss's sliding-window attention is the roofline's: no donor named there
+    assert cost.describe["attention"].startswith("roofline") and "h100-sxm" not in cost.describe["attention"]
+    # a head shape the donor never measured (Llama-2-7B's 32 KV heads in decode): said so
+    llama2 = step_cost_for(_dep("llama-2-7b", "h100-pcie"), "auto", 4096)
+    assert "(prefill attention only)" in llama2.describe["attention"]
+    # held out: H200's balanced MXFP4 rows from H100 SXM's, where the prior alone has no FP4 peak
+    mx = h200_check.filter(pl.col("family").str.starts_with("moe:mxfp4"))
+    assert mx.height > 0
+    assert float(mx["median_abs_error"].median()) < 0.15  # type: ignore[arg-type]
+    assert (mx["median_abs_error"] < mx["prior_median_abs_error"]).all()

@@ -56,11 +56,13 @@ def _prior_check(hardware: str | None) -> tuple[Any, Any, Any, Any]:
     rows = measured_rows()
     prior = load_prior()
     loo = leave_one_gpu_out(rows)
-    steps = heldout_steps(rows, prior.used if prior is not None else None, only=hardware)
+    fits: dict[str, Any] = {}  # the prior fitted without each GPU, shared by the two checks below
+    used = prior.used if prior is not None else None
+    steps = heldout_steps(rows, used, only=hardware, fits=fits)
     if hardware is not None and loo.height:
         loo = loo.filter(pl.col("gpu") == hardware)
     progress("judging same-die donors: each profiled GPU from the other one on its die, scaled")
-    dies = die_donor_check(rows, only=hardware)
+    dies = die_donor_check(rows, only=hardware, used=used, fits=fits)
     if hardware is not None and dies.height:
         dies = dies.filter(pl.col("gpu") == hardware)
     donors = collective_donor_check()

@@ -32,6 +32,7 @@ GPU's: only what exceeds the GPU time of the step shows (pipeline/stepcost.py).
 
 from __future__ import annotations
 
+import re
 from collections.abc import Collection
 from dataclasses import dataclass, replace
 from typing import Any
@@ -424,12 +425,15 @@ def measured_cost(
         attention = attention.replace("measured", "prior")
         scaled = prof.meta.stack.get("scaled_from")
         if scaled:  # the prior's tables are a same-die GPU's measured ones, scaled (prior.die_donor)
+            lent = set(str(prof.meta.stack.get("scaled_families", "")).split(","))
             note = f" — {scaled}'s measured tables (same {prof.meta.stack.get('die', '')} die), scaled to this GPU"
             for key in ("gemm", "moe"):
-                if "prior" in cov_desc.get(key, ""):
+                words = set(re.findall(r"[a-z0-9-]+", cov_desc.get(key, "")))
+                if "prior" in words and any(f"{key}:{w}" in lent for w in words):
                     cov_desc[key] += note
-            if "prior" in attention:
-                attention += note
+            parts = [name for fam, name in (("attn_decode", "decode"), ("attn_prefill", "prefill")) if fam in lent]
+            if attention.startswith("prior") and parts:
+                attention += note + ("" if len(parts) == 2 else f" ({parts[0]} attention only)")
         donor = prof.meta.stack.get("collectives_from")
         if donor:  # collectives are measured curves, of the GPU on the same link
             for key in ("allreduce", "moe_dispatch"):

@@ -683,10 +683,10 @@ _SHAPE_KEYS = {
 
 
 #: Measurement sets whose operator tables time each kernel alone (AIConfigurator's vLLM
-#: operator sweeps): the only tables a same-die GPU borrows. The one same-die pair measured by
-#: two harnesses (L40S by AIConfigurator, RTX 4090 by LLMServingSim's per-layer profiles, both
-#: AD102) predicts each other 46-254 % off (median signed), the GH100 pair measured by one
-#: harness within 1-11 % (docs/validation.md, "Same-die donors").
+#: operator sweeps): the only tables a same-die GPU borrows. RTX 4090's per-layer LLMServingSim
+#: timings predicted from L40S's AIConfigurator tables (both AD102) miss its GEMMs by 17-39 %
+#: (median), worse than the prior alone; the GH100 pair, one harness, 2-11 % for bf16 GEMMs and
+#: attention (docs/validation.md, "Same-die donors").
 DONOR_SETS = frozenset({"aiconfigurator"})
 
 
@@ -750,6 +750,14 @@ def _terms(
         return None
 
 
+def _bf16_peak(hw: HardwareSpec, dtype: str) -> HardwareSpec:
+    """``hw`` with the bf16 peak standing in for ``dtype``'s missing one."""
+    from dataclasses import replace
+
+    key = PEAK_KEY.get(dtype, dtype)
+    return replace(hw, peak_flops_per_s={**hw.peak_flops_per_s, key: hw.peak_flops_per_s["bf16"]})
+
+
 def _curve_key(family: str, key: tuple[Any, ...]) -> str:
     if family == "gemm":
         return f"gemm:{key[0]}"
@@ -798,6 +806,11 @@ def donor_times(
             continue
         mine = _terms(family, hw, key, size, other)
         theirs = _terms(family, donor_hw, key, size, other)
+        if mine is None and theirs is None and family in ("gemm", "moe"):
+            # neither GPU has a peak for the format (MXFP4 on Hopper): the die's kernels dequantise
+            # to 16 bits and run at that peak on both (docs/catalog.md, "Storage formats")
+            mine = _terms(family, _bf16_peak(hw, str(key[0])), key, size, other)
+            theirs = _terms(family, _bf16_peak(donor_hw, str(key[0])), key, size, other)
         if mine is None or theirs is None:
             continue
         curve = curves.get(_curve_key(family, key))
@@ -809,12 +822,32 @@ def donor_times(
     return out
 
 
-def die_donor_check(rows: Mapping[str, Mapping[str, pl.DataFrame]], only: str | None = None) -> pl.DataFrame:
+def fit_without(
+    rows: Mapping[str, Mapping[str, pl.DataFrame]], gpu: str, fits: dict[str, dict[str, PriorCurve]] | None = None
+) -> dict[str, PriorCurve]:
+    """:func:`fit_prior` on every GPU of ``rows`` but ``gpu`` (remembered in ``fits``: the
+    held-out checks of one validate run share them)."""
+    if fits is not None and gpu in fits:
+        return fits[gpu]
+    curves = fit_prior({g: v for g, v in rows.items() if g != gpu})
+    if fits is not None:
+        fits[gpu] = curves
+    return curves
+
+
+def die_donor_check(
+    rows: Mapping[str, Mapping[str, pl.DataFrame]],
+    only: str | None = None,
+    used: Iterable[str] | None = None,
+    fits: dict[str, dict[str, PriorCurve]] | None = None,
+) -> pl.DataFrame:
     """Each profiled GPU that has a same-die donor among the OTHER profiled GPUs: its measured
     operator rows (the prior's fitting rows: GEMMs with n, k ≥ 128, attention, balanced-routing
     MoE) predicted from the donor's tables scaled by a prior fitted WITHOUT it, beside that prior
     alone on the same rows (what an unprofiled GPU on that die is priced by, and would be
-    without the donor); ``only``: that GPU alone."""
+    without the donor: the prior's curve where its family is ``used``, the plain roofline
+    where it is not; every curve when ``used`` is None); ``only``: that GPU alone."""
+    used_set = set(used) if used is not None else None
     out: list[dict[str, Any]] = []
     for gpu in sorted(rows):
         prof = load_profile(gpu) if only is None or gpu == only else None
@@ -825,7 +858,7 @@ def die_donor_check(rows: Mapping[str, Mapping[str, pl.DataFrame]], only: str | 
         if donor is None:
             continue
         donor_hw = load_hardware(donor[0])
-        curves = fit_prior({g: v for g, v in rows.items() if g != gpu})
+        curves = fit_without(rows, gpu, fits)
         for family in _SHAPE_KEYS:
             frame = prof.frame(family)
             if frame.height == 0:
@@ -840,12 +873,20 @@ def die_donor_check(rows: Mapping[str, Mapping[str, pl.DataFrame]], only: str | 
             keys = list(_SHAPE_KEYS[family])
             for key, sub in frame.with_row_index("_i").group_by(keys, maintain_order=True):
                 i = sub["_i"].to_numpy()
-                curve = curves.get(_curve_key(family, key))
+                fam_key = _curve_key(family, key)
+                curve = curves.get(fam_key)
                 size_col = {"gemm": "m", "moe": "tokens"}.get(family, "batch")
                 other = None if family in ("gemm", "moe") else sub["ctx" if family == "attn_decode" else "isl"]
-                terms = _terms(family, hw, key, sub[size_col].to_numpy().astype(np.float64),
-                               None if other is None else other.to_numpy().astype(np.float64))  # fmt: skip
-                if curve is not None and terms is not None:
+                size = sub[size_col].to_numpy().astype(np.float64)
+                other_v = None if other is None else other.to_numpy().astype(np.float64)
+                terms = _terms(family, hw, key, size, other_v)
+                if terms is None and family in ("gemm", "moe"):  # no peak for the format: the roofline
+                    wide = _terms(family, _bf16_peak(hw, str(key[0])), key, size, other_v)  # runs it in bf16
+                    if wide is not None:
+                        base[i] = roofline_time(hw, *wide)
+                elif terms is not None and used_set is not None and fam_key not in used_set:
+                    base[i] = roofline_time(hw, *terms)  # no usable curve: the plain roofline prices it
+                elif curve is not None and terms is not None:
                     base[i] = curve.time(*terms)
             if family == "gemm":
                 tokens = frame["m"].to_numpy().astype(np.float64)
@@ -908,12 +949,16 @@ def prior_profile(
     donor = die_donor(hw) if use_donor else None
     donor_hw = load_hardware(donor[0]) if donor is not None else None
 
-    def priced(family: str, frame: pl.DataFrame, curve: PriorCurve | None, terms: Any) -> pl.DataFrame:
+    supplied: set[str] = set()  # what the donor's tables priced: "gemm:<dtype>", "attn_decode", ...
+
+    def priced(family: str, frame: pl.DataFrame, curve: PriorCurve | None, terms: Any, label: str) -> pl.DataFrame:
         """``frame``'s shapes with times: the donor's where it has them, else ``curve``'s on
         ``terms()`` (the rows' t_c, t_m), else the row is dropped."""
         t = np.full(frame.height, np.nan)
         if donor is not None and donor_hw is not None:
             t = donor_times(family, frame, donor[1], donor_hw, hw, prior.curves)
+            if np.isfinite(t).any():
+                supplied.add(label)
         missing = ~np.isfinite(t)
         if curve is not None and missing.any():
             t_c, t_m = terms()
@@ -928,10 +973,9 @@ def prior_profile(
     gem = []
     shapes = sorted(set(gemm_shapes))
     dtypes = {fam.split(":", 1)[1] for fam in prior.used if fam.startswith("gemm:")}
-    if donor is not None:
-        dtypes |= {dt for dt in donor[1].gemm_dtypes() if dt in DTYPE_BYTES}
-    for dt in sorted(dtypes):
-        if _peak(hw, dt) is None:
+    lent = {dt for dt in donor[1].gemm_dtypes() if dt in DTYPE_BYTES} if donor is not None else set()
+    for dt in sorted(dtypes | lent):
+        if _peak(hw, dt) is None and dt not in lent:  # (a lent format runs as on the donor: donor_times)
             continue
         for n, k in shapes:
             mm = _M_GRID.astype(np.float64)
@@ -940,8 +984,9 @@ def prior_profile(
                 priced(
                     "gemm",
                     f,
-                    used(f"gemm:{dt}"),
+                    used(f"gemm:{dt}") if _peak(hw, dt) is not None else None,
                     lambda mm=mm, n=n, k=k, dt=dt: gemm_terms(hw, dt, mm, np.full(mm.size, n), np.full(mm.size, k)),
+                    f"gemm:{dt}",
                 )
             )
     gem = [g for g in gem if g.height]
@@ -972,6 +1017,7 @@ def prior_profile(
                     f,
                     used(fam),
                     lambda kv=kv, terms=terms, bb=bb, ll=ll: terms(hw, kv, bb.ravel(), ll.ravel(), nq, nkv, m.head_dim),
+                    fam,
                 )
                 if got.height:
                     parts.append(got)
@@ -982,11 +1028,10 @@ def prior_profile(
         tok = np.unique(np.concatenate([np.arange(1, 257), np.round(np.geomspace(256, 1 << 20, 120))])).astype(np.int64)
         shape = (m.hidden_size, m.moe_intermediate_size, m.experts_per_token, m.num_experts)
         moe_dtypes = {fam.split(":")[1] for fam in prior.used if fam.startswith("moe:")}
-        if donor is not None:
-            moe_dtypes |= {dt for dt in donor[1].moe_dtypes() if dt in DTYPE_BYTES}
+        lent = {dt for dt in donor[1].moe_dtypes() if dt in DTYPE_BYTES} if donor is not None else set()
         parts = []
-        for dt in sorted(moe_dtypes):
-            if _peak(hw, dt) is None:
+        for dt in sorted(moe_dtypes | lent):
+            if _peak(hw, dt) is None and dt not in lent:
                 continue
             for dist in MOE_DISTRIBUTIONS:
                 if dist != MOE_ROUTING and donor is None:
@@ -1004,21 +1049,25 @@ def prior_profile(
                         "tokens": tok,
                     }
                 )
-                curve = used(moe_family(dt, moe_tp, moe_ep)) if dist == MOE_ROUTING else None
+                curve = (
+                    used(moe_family(dt, moe_tp, moe_ep)) if dist == MOE_ROUTING and _peak(hw, dt) is not None else None
+                )
                 got = priced(
                     "moe",
                     f,
                     curve,
                     lambda dt=dt: moe_terms(hw, dt, tok.astype(np.float64), *shape, moe_tp, moe_ep),
+                    f"moe:{dt}",
                 )
                 if got.height:
                     parts.append(got)
         if parts:
             frames["moe"] = pl.concat(parts)
     stack = {"prior": "size-aware roofline prior (pipeline/catalog/profiles/prior.toml), no measurement of this GPU"}
-    if donor is not None:
+    if donor is not None and supplied:
         stack["scaled_from"] = donor[0]
         stack["die"] = hw.die
+        stack["scaled_families"] = ",".join(sorted(supplied))
     coll = collective_donor(hw)
     if coll is not None:
         frames["allreduce"] = coll[1].frame("allreduce")
@@ -1066,7 +1115,10 @@ def _step_check_batch() -> tuple[list[str], Any]:
 
 
 def heldout_steps(
-    rows: Mapping[str, Mapping[str, pl.DataFrame]], used: Iterable[str] | None = None, only: str | None = None
+    rows: Mapping[str, Mapping[str, pl.DataFrame]],
+    used: Iterable[str] | None = None,
+    only: str | None = None,
+    fits: dict[str, dict[str, PriorCurve]] | None = None,
 ) -> pl.DataFrame:
     """Whole engine steps on each measured GPU, priced four ways: by its measured profile, by a
     prior fitted on the OTHER GPUs' rows (``used``: the families it may use; default all), by
@@ -1084,7 +1136,7 @@ def heldout_steps(
         if prof is None or (only is not None and gpu != only):
             continue
         others = {g: v for g, v in rows.items() if g != gpu}
-        curves = fit_prior(others)
+        curves = fit_without(rows, gpu, fits)
         allowed = set(used) if used is not None else set(curves)
         prior = Prior(curves, fitted_scalars(others), {}, {}, frozenset(allowed & set(curves)))
         hw = load_hardware(gpu)
