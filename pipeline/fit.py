@@ -453,7 +453,23 @@ class MemoryFit:
         doc = {f.name: getattr(self, f.name) for f in fields(self) if f.name != "_model_spec"}
         doc["suggestions"] = list(self.suggestions)
         doc["max_concurrent_seqs_at_context"] = self.max_concurrent_seqs(self.context)
+        # what runs at once: the KV cache's figure capped by max_num_seqs (the engine's cap)
+        doc["max_running_seqs_at_context"] = min(doc["max_concurrent_seqs_at_context"], self.max_num_seqs)
         return doc
+
+
+def fit_capacity_text(f: MemoryFit) -> str:
+    """How many sequences of the fit's context run at once: what the KV cache holds, capped by
+    ``max_num_seqs`` (the engine never runs more), said when the cap binds: '27,795 sequences of
+    1 token fit the KV cache, but max_num_seqs = 1,024 runs at most 1,024 at once'."""
+    held = f.max_concurrent_seqs(f.context)
+    of = f"of {f.context:,} token{'' if f.context == 1 else 's'}"
+    if held <= f.max_num_seqs:
+        return f"{held:,} concurrent sequence{'' if held == 1 else 's'} {of}"
+    return (
+        f"{f.max_num_seqs:,} concurrent sequences {of} (max_num_seqs = {f.max_num_seqs:,}, the engine's cap; "
+        f"the KV cache would hold {held:,})"
+    )
 
 
 def _core(
@@ -524,6 +540,29 @@ def _gib(x: float) -> str:
     return f"{x / GiB:.1f} GiB"
 
 
+#: Where a suggestion's setting lives in a FLEET.toml, by the ``rooftrace fit`` option that sets it.
+_FLEET_KEYS = {
+    "--max-num-batched-tokens": "[engine] max_num_batched_tokens",
+    "--max-num-seqs": "max_num_seqs",
+    "--tp": "tp",
+    "--weights": "weight_dtype",
+    "--kv-dtype": "kv_dtype",
+    "--context": "[engine] max_model_len",
+    "--gpu-memory-utilization": "[engine] gpu_memory_utilization",
+    "--hardware": "hardware",
+}
+
+
+def _setting(option: str, value: int | float | str, fleet: bool) -> str:
+    """A setting as a suggestion words it: the ``rooftrace fit`` option (``--tp 2``,
+    ``--max-num-batched-tokens 4,096``), or for a FLEET.toml its key and a TOML value
+    (``tp = 2``, ``[engine] max_num_batched_tokens = 4096``, ``weight_dtype = "fp8"``)."""
+    if not fleet:
+        return f"{option} {value:,}" if isinstance(value, int) else f"{option} {value}"
+    shown = f'"{value}"' if isinstance(value, str) else repr(value)
+    return f"{_FLEET_KEYS[option]} = {shown}"
+
+
 def _suggest(
     dep: Deployment,
     util: float,
@@ -533,8 +572,10 @@ def _suggest(
     max_batched: int,
     base: MemoryFit,
     vllm_version: str = DEFAULT_VLLM_VERSION,
+    fleet: bool = False,
 ) -> list[str]:
-    """Concrete changes that make the deployment fit, each checked by re-running the fit."""
+    """Concrete changes that make the deployment fit, each checked by re-running the fit; worded
+    as ``rooftrace fit`` options, or with ``fleet`` as FLEET.toml keys (:func:`_setting`)."""
     out: list[str] = []
     m, hw = dep.model, dep.hardware
 
@@ -560,9 +601,9 @@ def _suggest(
             else:
                 hi = mid - 1
         if lo >= 1:
-            seqs = f" and --max-num-seqs {lo:,}" if max_num_seqs > lo else ""
+            seqs = f" and {_setting('--max-num-seqs', lo, fleet)}" if max_num_seqs > lo else ""
             out.append(
-                f"a smaller token budget: --max-num-batched-tokens {lo:,}{seqs} fits (activations "
+                f"a smaller token budget: {_setting('--max-num-batched-tokens', lo, fleet)}{seqs} fits (activations "
                 f"{_gib(at(lo).activation_bytes_per_gpu)} per GPU instead of {_gib(base.activation_bytes_per_gpu)})"
             )
 
@@ -571,7 +612,8 @@ def _suggest(
         got = attempt(tp=tp)
         if got is not None and got.fits:
             out.append(
-                f"more tensor parallelism: --tp {tp} fits ({_gib(got.kv_pool_bytes_per_gpu)} KV per GPU, "
+                f"more tensor parallelism: {_setting('--tp', tp, fleet)} fits ({_gib(got.kv_pool_bytes_per_gpu)} "
+                "KV per GPU, "
                 f"{got.kv_capacity_tokens:,} tokens)"
             )
             break
@@ -585,13 +627,14 @@ def _suggest(
         got = attempt(weight_dtype=dtype)
         if got is not None and got.fits:
             out.append(
-                f"lower weight precision: --weights {dtype} fits ({_gib(got.weights_bytes_per_gpu)} weights per GPU)"
+                f"lower weight precision: {_setting('--weights', dtype, fleet)} fits "
+                f"({_gib(got.weights_bytes_per_gpu)} weights per GPU)"
             )
             break
     if kv_format(dep.kv_dtype).bytes > kv_format("fp8").bytes:
         got = attempt(kv_dtype="fp8")
         if got is not None and got.fits:
-            out.append(f"fp8 KV cache: --kv-dtype fp8 fits at context {context:,}")
+            out.append(f"fp8 KV cache: {_setting('--kv-dtype', 'fp8', fleet)} fits at context {context:,}")
     if base.kv_pool_bytes_per_gpu > 0:
         stage = math.ceil(m.num_layers / dep.pp) / m.num_layers
 
@@ -606,18 +649,20 @@ def _suggest(
             else:
                 hi = mid - 1
         if lo >= block_size:
-            out.append(f"shorter context: --context {lo:,} fits (one sequence)")
+            out.append(f"shorter context: {_setting('--context', lo, fleet)} fits (one sequence)")
     if util < 0.95:
         got = _core(dep, 0.95, context, block_size, max_num_seqs, max_batched, vllm_version)
         if got.fits:
-            out.append("higher --gpu-memory-utilization 0.95 fits")
+            out.append(f"higher {_setting('--gpu-memory-utilization', 0.95, fleet)} fits")
     for name in list_hardware():
         other = load_hardware(name)
         if other.memory_bytes <= hw.memory_bytes or name == hw.name:
             continue
         got = attempt(hardware=other)
         if got is not None and got.fits:
-            out.append(f"a larger GPU: {name} ({_gib(other.memory_bytes)}) fits at tp {dep.tp}")
+            gpu = _setting("--hardware", name, fleet) if fleet else name
+            at_tp = f"tp = {dep.tp}" if fleet else f"tp {dep.tp}"
+            out.append(f"a larger GPU: {gpu} ({_gib(other.memory_bytes)}) fits at {at_tp}")
             break
     if not out:
         out.append("no single change fits: combine more tensor/pipeline parallelism with lower precision")
@@ -632,8 +677,11 @@ def fit(
     max_num_seqs: int = 256,
     max_num_batched_tokens: int = DEFAULT_MAX_NUM_BATCHED_TOKENS,
     vllm_version: str = DEFAULT_VLLM_VERSION,
+    fleet_keys: bool = False,
 ) -> MemoryFit:
-    """Plan the memory of one replica; when it does not fit, say by how much and what would.
+    """Plan the memory of one replica; when it does not fit, say by how much and what would
+    (``suggestions``: as ``rooftrace fit`` options, or with ``fleet_keys`` as the FLEET.toml
+    keys to set, ``[engine] gpu_memory_utilization = 0.95``, ``tp = 2``).
 
     ``context`` defaults to the model's max_position_embeddings; the deployment fits when one
     sequence of that length fits the KV pool (vLLM's start-up check for max_model_len).
@@ -658,6 +706,7 @@ def fit(
     if base.fits:
         return base
     tips = _suggest(
-        dep, gpu_memory_utilization, ctx, block_size, max_num_seqs, max_num_batched_tokens, base, vllm_version
-    )
+        dep, gpu_memory_utilization, ctx, block_size, max_num_seqs, max_num_batched_tokens, base, vllm_version,
+        fleet=fleet_keys,
+    )  # fmt: skip
     return replace(base, suggestions=tips)

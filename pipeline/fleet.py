@@ -231,33 +231,14 @@ def _check(table: dict[str, Any], types: dict[str, tuple[type, ...]], where: str
 
 def _parse_slo_table(raw: dict[str, Any] | str, where: str) -> str:
     """``[slo]``: ``preset = "chat"`` and/or targets ``ttft_p99 = 2.0`` (seconds), or ``slo =
-    "chat,ttft_p99=1s"``, as the text ``--slo`` takes; checked by parsing it."""
-    from pipeline.slo import parse_slo
+    "chat,ttft_p99=1s"``, as the text ``--slo`` takes; checked by parsing it. Errors name the
+    file and key, and echo values as the file wrote them (pipeline.slo.slo_table_text)."""
+    from pipeline.slo import parse_slo, slo_table_text
 
     if isinstance(raw, str):
-        try:
-            parse_slo(raw)
-        except ConfigError as exc:
-            raise ConfigError(f"{where}: {exc}") from None
+        parse_slo(raw, where=f"{where.removesuffix(' [slo]')}: slo = {raw!r}")
         return raw
-    parts: list[str] = []
-    for key, value in raw.items():
-        if key == "preset":
-            if not isinstance(value, str):
-                raise ConfigError(f"{where}: preset must be a string, got {value!r}")
-            parts.insert(0, value)
-        elif isinstance(value, bool) or not isinstance(value, int | float):
-            raise ConfigError(f"{where}: {key} must be a number of seconds, got {value!r}")
-        else:
-            parts.append(f"{key}={float(value)!r}s")
-    if not parts:
-        raise ConfigError(f"{where}: give a preset or targets such as ttft_p99 = 2.0")
-    text = ",".join(parts)
-    try:
-        parse_slo(text)
-    except ConfigError as exc:
-        raise ConfigError(f"{where}: {exc}") from None
-    return text
+    return slo_table_text(raw, where)
 
 
 #: A per-step host overhead beyond this is not a serving engine (vLLM's is milliseconds); the bound
@@ -433,9 +414,26 @@ class ResolvedFleet:
             "scheduler": asdict(self.scheduler),
             "memory": mem,
             "step_overhead_s": self.deployment.overhead_s,
-            "gpus_per_replica": self.deployment.gpus * self.config.dp,
+            "gpus_per_replica": self.gpus_per_replica,
             "catalog": dict(self.entries),
         }
+
+    @property
+    def gpus_per_replica(self) -> int:
+        """GPUs of one replica: tp × pp × dp."""
+        return self.deployment.gpus * self.config.dp
+
+    def size_text(self) -> str:
+        """The fleet's size for people: '1 replica of moe_dp16, 16 h100-sxm GPUs (tp 1 × pp 1 × dp
+        16 each)'; the shape is left out for one GPU a replica."""
+        c = self.config
+        per = self.gpus_per_replica
+        gpus = c.replicas * per
+        shape = f" (tp {c.tp} × pp {c.pp} × dp {c.dp} each)" if per > 1 else ""
+        return (
+            f"{c.replicas:,} replica{'' if c.replicas == 1 else 's'} of {c.name}, {gpus:,} {c.hardware} "
+            f"GPU{'' if gpus == 1 else 's'}{shape}"
+        )
 
     @property
     def ranks(self) -> int:
@@ -543,6 +541,7 @@ def _resolve(cfg: FleetConfig, origin: str, entries: Mapping[str, str] | None) -
         max_num_seqs=seqs,
         max_num_batched_tokens=tokens,
         vllm_version=eng.vllm_version or DEFAULT_VLLM_VERSION,
+        fleet_keys=True,  # its suggestions name this file's keys, not rooftrace fit's options
     )
     override = eng.num_gpu_blocks_override
     blocks = override if override is not None else mem.kv_capacity_blocks

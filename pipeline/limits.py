@@ -10,7 +10,8 @@ months). :func:`estimate_replay` adds them up, with the process's current size, 
 simulated days than allowed, with one line naming the estimate and what drives it.
 
 Limits: ``--max-memory`` / ``$ROOFTRACE_MAX_MEMORY`` (default half the physical memory, or of
-the cgroup's limit when lower) and ``--max-sim-days`` / ``$ROOFTRACE_MAX_SIM_DAYS`` (default 30);
+the cgroup's limit when lower; a replay's is at most what the process's address-space limit,
+``ulimit -v``, leaves: :func:`replay_limits`) and ``--max-sim-days`` / ``$ROOFTRACE_MAX_SIM_DAYS`` (default 30);
 ``none`` lifts either. :func:`engine_progress` builds the progress callback that reports long
 runs on stderr (installed by the CLI with :func:`progress_to`).
 """
@@ -248,6 +249,41 @@ class Limits:
     memory_origin: str
     max_sim_days: float | None
     days_origin: str
+    #: The process's address-space limit (``ulimit -v``) when it, not the configured limit, sets
+    #: ``max_memory`` (:func:`replay_limits`); None otherwise.
+    address_space: int | None = None
+
+
+def address_space_room() -> tuple[int, int, int] | None:
+    """Under an address-space limit (``ulimit -v``: ``RLIMIT_AS``): (the most an estimate that
+    counts this process's resident size may reach, the limit, the address space mapped now);
+    None without one. What is mapped but not resident (thread stacks, reserved arenas, the
+    compiled code) takes room the estimate does not count, so the room is the limit less the
+    mapped size, plus the resident size the estimate adds back."""
+    space = address_space_limit()
+    if space is None:
+        return None
+    mapped = virtual_size()
+    return max(0, space - mapped + process_rss()), space, mapped
+
+
+def replay_limits(limits: Limits | None = None) -> Limits:
+    """The limits a replay is held to: ``limits`` (default :func:`current_limits`) with the
+    memory limit the smaller of the configured one (``none`` included) and what the process's
+    address-space limit leaves (:func:`address_space_room`): past that, an allocation fails
+    with MemoryError whatever the configured limit says."""
+    limits = limits or current_limits()
+    room = address_space_room()
+    if room is None:
+        return limits
+    bytes_left, space, mapped = room
+    if limits.max_memory is not None and limits.max_memory <= bytes_left:
+        return limits
+    origin = (
+        f"what this process's address-space limit leaves: ulimit -v {format_bytes(space)}, "
+        f"{format_bytes(mapped)} of it mapped already"
+    )
+    return replace(limits, max_memory=bytes_left, memory_origin=origin, address_space=space)
 
 
 _OVERRIDE: contextvars.ContextVar[dict[str, Any] | None] = contextvars.ContextVar("rooftrace_limits", default=None)
@@ -348,13 +384,20 @@ class ReplayEstimate:
         """The parts, largest first, each with what drives it."""
         pods = 0 < self.pod_replicas < self.replicas
         a_pod = " (a pod's at a time)" if pods else ""
+
+        def replicas(n: int) -> str:
+            return f"{n:,} replica{'' if n == 1 else 's'}"
+
         why = {
             "engine state": (
-                f"engine state of the largest pod's {self.pod_replicas:,} replicas ({self.engine} engine)"
+                f"engine state of the largest pod's {replicas(self.pod_replicas)} ({self.engine} engine)"
                 if pods
-                else f"engine state of {self.replicas:,} replicas ({self.engine} engine)"
+                else f"engine state of {replicas(self.replicas)} ({self.engine} engine)"
             ),
-            "series": f"series of {self.busy_replicas:,} busy replicas × {self.span_s:,.0f} simulated s{a_pod}",
+            "series": (
+                f"series of {replicas(self.busy_replicas).replace(' replica', ' busy replica')} × "
+                f"{self.span_s:,.0f} simulated s{a_pod}"
+            ),
             "chains": (
                 f"prefix chains of {self.requests:,} requests (hashed as needed)"
                 if self.engine == "jit"
@@ -653,24 +696,74 @@ _ADVICE = {
     "requests": "replay fewer requests (another date)",
 }
 
+#: What shortens a replay's simulated span where --rate-scale does not apply.
+_SHORTER_STEPS = "a fleet with shorter steps (its [engine] step_overhead_s, [calibration] or hardware)"
 
-def span_too_long(span_s: float, verb: str) -> str:
-    """The one line refusing a replay whose simulated span is past :data:`MAX_SIM_SPAN_S`."""
+
+def advice(part: str, mode: str | None = None) -> str:
+    """What to change when ``part`` of a replay's memory is too large, in options that apply to
+    its arrival ``mode``: ``--rate-scale`` only in the open loop (it is refused together with
+    ``--concurrency`` or ``--offline``); None: a mode not known."""
+    if part != "series" or mode == "open":
+        return _ADVICE.get(part, "replay fewer requests (another date) or use fewer replicas")
+    if mode == "closed":
+        return f"use a larger --concurrency (more requests in each step) or {_SHORTER_STEPS}"
+    if mode == "offline":
+        return f"replay fewer requests (another date) or use {_SHORTER_STEPS}"
+    return f"use fewer replicas, {_SHORTER_STEPS}, or in the open loop a larger --rate-scale"
+
+
+def _raise_hint(limits: Limits) -> str:
+    """How to raise the memory limit that binds: the address-space limit, or --max-memory."""
+    if limits.address_space is not None:
+        return "or raise the address-space limit (ulimit -v) the replay runs under"
+    return f"or raise the limit with --max-memory SIZE (${MAX_MEMORY_ENV})"
+
+
+def span_too_long(span_s: float, verb: str, mode: str | None = None) -> str:
+    """The one line refusing a replay whose simulated span is past :data:`MAX_SIM_SPAN_S`;
+    ``--rate-scale`` is suggested only for the open loop (``mode``; None: not known)."""
     from pipeline.slo import format_number
 
+    scale = {
+        "open": " or use a larger --rate-scale",
+        "closed": " or use a larger --concurrency",
+        "offline": "",
+    }.get(mode or "", " (or, in the open loop, use a larger --rate-scale)")
     return (
         f"this replay {verb} {format_number(span_s / 86400, 0)} simulated days, more than the "
         f"{MAX_SIM_SPAN_S / 86400:,.0f} days "
         "(limits.MAX_SIM_SPAN_S) its per-second series can hold, whatever --max-sim-days and --max-memory say: "
-        "check the fleet's step cost ([calibration], the hardware's efficiencies) or use a larger --rate-scale"
+        f"check the fleet's step cost ([engine] step_overhead_s, [calibration], the hardware's efficiencies){scale}"
+    )
+
+
+def out_of_memory(
+    exc: BaseException, doing: str, part: str | None = None, mode: str | None = None
+) -> ResourceLimitError:
+    """One line for a MemoryError met while ``doing`` (what was being built): what failed to be
+    allocated (numpy says the size and shape), what bounds the memory (``ulimit -v``, else the
+    machine) and what to change (:func:`advice` for ``part``, in options of ``mode``)."""
+    first = (str(exc).strip().splitlines() or [""])[0] or "an allocation failed"
+    space = address_space_limit()
+    bound = (
+        f"this process's address-space limit (ulimit -v {format_bytes(space)}) is reached"
+        if space is not None
+        else "the machine's memory is exhausted"
+    )
+    raise_it = "raise the address-space limit (ulimit -v)" if space is not None else "run it on a larger machine"
+    return ResourceLimitError(
+        f"out of memory while {doing}: {first} ({bound}); {advice(part or '', mode)}, or {raise_it}; "
+        f"a lower --max-memory (${MAX_MEMORY_ENV}) makes such a replay refuse before it starts"
     )
 
 
 def enforce(est: ReplayEstimate, limits: Limits | None = None) -> None:
     """Refuse (ResourceLimitError, one line) a replay past the limits: an open-loop span of more
     simulated days than allowed, a span longer than its series can hold (:data:`MAX_SIM_SPAN_S`,
-    whatever the limits), or more estimated memory than allowed."""
-    limits = limits or current_limits()
+    whatever the limits), or more estimated memory than allowed: by default the smaller of the
+    configured limit and what the address-space limit leaves (:func:`replay_limits`)."""
+    limits = limits or replay_limits()
     days = est.arrival_span_s / 86400
     if est.mode == "open" and limits.max_sim_days is not None and days > limits.max_sim_days:
         said, limit = distinct_numbers(days, limits.max_sim_days)
@@ -681,12 +774,12 @@ def enforce(est: ReplayEstimate, limits: Limits | None = None) -> None:
             f"--max-sim-days DAYS (${MAX_SIM_DAYS_ENV})"
         )
     if not est.span_s <= MAX_SIM_SPAN_S:  # NaN too; whatever the limits
-        raise ResourceLimitError(span_too_long(est.span_s, "would cover about"))
+        raise ResourceLimitError(span_too_long(est.span_s, "would cover about", est.mode))
     if limits.max_memory is not None and est.bytes > limits.max_memory:
         raise ResourceLimitError(
             f"this replay would need about {format_bytes(est.bytes)} of memory, more than the limit of "
             f"{format_bytes(limits.max_memory)} ({limits.memory_origin}): {est.drivers()}; "
-            f"{_ADVICE[est.biggest()]}, or raise the limit with --max-memory SIZE (${MAX_MEMORY_ENV})"
+            f"{advice(est.biggest(), est.mode)}, {_raise_hint(limits)}"
         )
 
 

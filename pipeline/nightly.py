@@ -25,7 +25,7 @@ from pipeline.fleet import load_fleet, resolve
 from pipeline.ingest import IngestSummary, ingest_logs
 from pipeline.loadcurve import DEFAULT_BUDGET_S, DEFAULT_MULTIPLIERS, curve_table, headroom_sentence, load_curve
 from pipeline.project import default_fleet_path, default_reports_dir, sample_dir
-from pipeline.replay import ReplayOptions, ReplayResult, replay
+from pipeline.replay import ReplayOptions, ReplayResult, keep_ignored_sigint, replay
 from pipeline.report import (
     WHAT_IF_DIR,
     Datasets,
@@ -130,6 +130,7 @@ def nightly(
     """Run the whole pipeline on ``logs`` for one date (``date``, else the date they hold the most
     requests of: :func:`_night`); ``jobs`` ingest workers, and the replay in ``pods`` run by
     ``executor`` (docs/scale.md). The fleet is checked before anything runs."""
+    keep_ignored_sigint()  # a SIGINT the caller ignores is ignored by every stage (polars' handler)
     say = progress or (lambda _m: None)
     reports_dir = reports_dir or default_reports_dir()
     fleet_path = Path(fleet) if fleet is not None else default_fleet_path()

@@ -46,7 +46,7 @@ from pipeline.engine.model import REJECT_REASONS, EngineResult, FleetSpec, Workl
 from pipeline.engine.shard import EXECUTORS, MAX_PODS, auto_pods, put_back, routes_static, sharded_results
 from pipeline.engine.steplog import SPAN_COLUMNS, RowSink, StepLog
 from pipeline.errors import ConfigError, RooftraceError
-from pipeline.fleet import ResolvedFleet, load_fleet, resolve
+from pipeline.fleet import FleetConfig, ResolvedFleet, load_fleet, resolve
 from pipeline.profile.cost import fleet_step_cost
 from pipeline.project import default_fleet_path
 from pipeline.runrequests import Columns, MemoryColumns, RunRequests, StoredColumns, run_writes
@@ -264,8 +264,15 @@ def run_replay(
     ``steps``, the step log goes there as it is produced (a pod at a time when the fleet is
     replayed in pods, whose logs are then never gathered) and the run's ``log`` stays empty."""
     progress = check_replay_limits(requests, fleet, options, progress, streamed=steps is not None)
-    work = build_workload(requests, fleet, options, identity)
-    return run_workload(work, fleet, options, progress, steps)
+    try:
+        work = build_workload(requests, fleet, options, identity)
+        return run_workload(work, fleet, options, progress, steps)
+    except MemoryError as exc:
+        from pipeline.limits import out_of_memory
+
+        raise out_of_memory(
+            exc, f"replaying {requests.height:,} requests on {fleet.size_text()}", mode=options.mode
+        ) from None
 
 
 def run_workload(
@@ -438,8 +445,10 @@ class RunSteps:
     ``series.parquet`` in ``run_dir`` (schemas.ParquetStream: the bytes do not depend on the pods),
     keeping only its StepSums. ``extend_rows`` is the StepLog method the pod runner calls."""
 
-    def __init__(self, run_dir: Path, fleet: ResolvedFleet, t0_us: int) -> None:
+    def __init__(self, run_dir: Path, fleet: ResolvedFleet, t0_us: int, mode: str | None = None) -> None:
         self.run_dir, self.fleet, self.t0_us = run_dir, fleet, t0_us
+        #: The replay's arrival mode (open, closed, offline), for what its errors suggest.
+        self.mode = mode
         self.cost_source = "roofline"
         self.sums = StepSums()
         self.steps = ParquetStream(run_dir / "steps.parquet", "replay_steps")
@@ -462,8 +471,14 @@ class RunSteps:
     def _write(self, cols: dict[str, npt.NDArray[Any]]) -> None:
         self.sums.add(cols)
         with run_writes(self.run_dir, "step log"):
-            self.steps.write(_steps_table(cols, self.fleet, self.cost_source))
-            self.series.write(_series_table(cols, self.fleet, self.t0_us))
+            try:
+                self.steps.write(_steps_table(cols, self.fleet, self.cost_source))
+            except MemoryError as exc:
+                raise _table_memory(exc, "the steps table", cols, self.mode) from None
+            try:
+                self.series.write(_series_table(cols, self.fleet, self.t0_us, self.mode))
+            except MemoryError as exc:
+                raise _table_memory(exc, "the per-second series", cols, self.mode) from None
 
     def close(self) -> None:
         with run_writes(self.run_dir, "step log"):
@@ -479,11 +494,28 @@ class RunSteps:
             self.run_dir.rmdir()
 
 
-def series_frames(cols: dict[str, npt.NDArray[Any]], capacity_blocks: int) -> dict[str, npt.NDArray[Any]]:
+def _table_memory(exc: MemoryError, table: str, cols: dict[str, npt.NDArray[Any]], mode: str | None) -> Exception:
+    """The one line for running out of memory while building ``table`` from the step-log rows
+    ``cols``: how many replicas and simulated seconds (a row per replica per second) it holds."""
+    from pipeline.limits import out_of_memory
+
+    replicas = int(np.unique(cols["replica"]).shape[0]) if cols["replica"].shape[0] else 0
+    last = float(np.max(cols["end_s"])) if cols["end_s"].shape[0] else 0.0
+    doing = (
+        f"building {table} of the step log ({cols['end_s'].shape[0]:,} rows of {replicas:,} "
+        f"replica{'' if replicas == 1 else 's'}, up to {last:,.0f} simulated s: a series row per replica per second)"
+    )
+    return out_of_memory(exc, doing, "series" if "series" in table else "step log", mode)
+
+
+def series_frames(
+    cols: dict[str, npt.NDArray[Any]], capacity_blocks: int, mode: str | None = None
+) -> dict[str, npt.NDArray[Any]]:
     """Per replica per second, each span's quantities spread evenly over its wall time.
 
     A span covers [start, end]; the cumulative amount of a quantity is piecewise linear over the
-    replica's spans and flat in idle gaps, so the amount in second k is F(k+1) − F(k)."""
+    replica's spans and flat in idle gaps, so the amount in second k is F(k+1) − F(k). ``mode``
+    (the replay's arrivals) only words the refusal of a span too long to hold."""
     out: dict[str, list[npt.NDArray[Any]]] = {
         k: []
         for k in (
@@ -502,7 +534,7 @@ def series_frames(cols: dict[str, npt.NDArray[Any]], capacity_blocks: int) -> di
 
         last = float(cols["end_s"].max())
         if not last <= MAX_SIM_SPAN_S:  # NaN too: np.arange over it fails or fills the memory
-            raise ResourceLimitError(span_too_long(last, "covers"))
+            raise ResourceLimitError(span_too_long(last, "covers", mode))
     for r in np.unique(cols["replica"]):
         m = cols["replica"] == r
         start, end = cols["start_s"][m], cols["end_s"][m]
@@ -537,8 +569,10 @@ def series_table(run: ReplayRun, t0_us: int) -> pa.Table:
     return _series_table(run.log.columns(), run.fleet, t0_us)
 
 
-def _series_table(cols: dict[str, npt.NDArray[Any]], fleet: ResolvedFleet, t0_us: int) -> pa.Table:
-    frames: dict[str, Any] = series_frames(cols, fleet.scheduler.num_gpu_blocks)
+def _series_table(
+    cols: dict[str, npt.NDArray[Any]], fleet: ResolvedFleet, t0_us: int, mode: str | None = None
+) -> pa.Table:
+    frames: dict[str, Any] = series_frames(cols, fleet.scheduler.num_gpu_blocks, mode)
     frames["time"] = pa.array(t0_us + frames["second"] * 1_000_000, pa.timestamp("us", tz="UTC"))
     return pa.table(frames)
 
@@ -704,6 +738,24 @@ def _run_id(
     return f"{date}-{fleet.config.name}-{h.hexdigest()[:10]}"
 
 
+def keep_ignored_sigint() -> None:
+    """Keep SIGINT ignored in a process that inherited it ignored (``rooftrace nightly … &`` from
+    a script, ``nohup``): importing polars installs a SIGINT handler of its own over the inherited
+    SIG_IGN, which turned a SIGINT arriving during a polars call (reading the day, cutting the
+    prefix chains) into a KeyboardInterrupt and exit code 130, while the same signal elsewhere was
+    ignored. Python records the disposition the process started with (``signal.getsignal``: its
+    own handler is never installed over SIG_IGN); where that is SIG_IGN, it is set again, which
+    removes polars' handler. A SIGINT that was not ignored (Ctrl-C in a terminal) still stops
+    the run. Only the main thread may set handlers; elsewhere nothing is done."""
+    import signal
+    import threading
+
+    if threading.current_thread() is not threading.main_thread():
+        return
+    if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
 @contextlib.contextmanager
 def _store_writes(store: Store) -> Iterator[None]:
     try:
@@ -754,14 +806,45 @@ def replay(
     options: ReplayOptions | None = None,
     progress: Callable[[str], None] | None = None,
 ) -> ReplayResult:
-    """Replay one date of the store on the fleet in ``fleet_path`` and write the run."""
+    """Replay one date of the store on the fleet in ``fleet_path`` and write the run.
+
+    The run id and the recorded options hold the date resolved (the store's latest when
+    ``options.date`` is None) and ``replicas`` only where it changes the fleet's: the same
+    replay asked either way is the same run, written with the same bytes. Running out of memory
+    anywhere is one ResourceLimitError line naming what was being built."""
+    keep_ignored_sigint()
     options = options or ReplayOptions()
     path = Path(fleet_path) if fleet_path is not None else default_fleet_path()
-    cfg = load_fleet(path).with_replicas(options.replicas)
+    base = load_fleet(path)
+    cfg = base.with_replicas(options.replicas)
     fleet = resolve(cfg, str(path))
     store.check_unlocked()  # another run writing the store: said now (and not "no requests yet")
     date = store.resolve_date(options.date)
     store.check_writable(store.runs_dir)  # before any work, not after the engine (a read-only store)
+    # what the options replay, not how they were spelled: --date D is the default date's run,
+    # --replicas N on a fleet of N replicas the fleet's own
+    options = replace(options, date=date, replicas=None if options.replicas == base.replicas else options.replicas)
+    doing = [f"reading the requests of {date}"]
+    try:
+        return _replay(store, path, cfg, fleet, date, options, progress, doing)
+    except MemoryError as exc:
+        from pipeline.limits import out_of_memory
+
+        raise out_of_memory(exc, doing[0], mode=options.mode) from None
+
+
+def _replay(
+    store: Store,
+    path: Path,
+    cfg: FleetConfig,
+    fleet: ResolvedFleet,
+    date: str,
+    options: ReplayOptions,
+    progress: Callable[[str], None] | None,
+    doing: list[str],
+) -> ReplayResult:
+    """:func:`replay` once the fleet and date are known; ``doing[0]`` says what it is building
+    (for an out-of-memory error)."""
     affinity = ("session_id",) if cfg.router == "session_affinity" else ()
     chains = fleet.scheduler.enable_prefix_caching or cfg.router == "prefix_affinity"
     # the request ids only where the prefix identity needs them: they are digested for the run
@@ -772,35 +855,41 @@ def replay(
     requests = requests.drop("_position")
     identity = None
     if chains:
+        doing[0] = f"building the prefix chains of {requests.height:,} requests"
         identity = day_identity(store, date, requests, progress)
         options = replace(options, isolation=identity.isolation)
     else:  # no prefix chains needed: the isolation key alone, for the run's record
         options = replace(options, isolation=stored_isolation(store, date))
+    what = f"{requests.height:,} requests of {date} on {fleet.size_text()}"
     if progress:
-        progress(f"replaying {requests.height:,} requests of {date} on {cfg.replicas}x {cfg.name}")
+        progress(f"replaying {what}")
     t0_us = int(epoch_us(requests.get_column("arrival")).min()) if requests.height else 0
     run_id = _run_id(date, fleet, options, requests, identity, request_id)
     run_dir = store.run_dir(run_id)
     engine_progress = check_replay_limits(requests, fleet, options, streamed=True)
     hand = [requests]
     del requests  # handed over: let go a column at a time as the engine's arrays are made
+    doing[0] = f"building the engine's arrays of {what}"
     work = build_workload(hand, fleet, options, identity)
     del identity  # from here on: the engine's arrays and the ids' positions
     # the step log and the per-request results stream to the run folder (under temporary names)
     # as the engine produces them
-    steps = RunSteps(run_dir, fleet, t0_us)
+    steps = RunSteps(run_dir, fleet, t0_us, options.mode)
     results = RunRequests(run_dir, request_id, work, t0_us, progress)
     # A run is complete once its config.json is written. A new run stopped before that (Ctrl-C,
     # a failed write) takes back the tables it moved into place, so no SQL view reads half a run;
     # a re-run of a complete run rewrites the same bytes, so its folder stays complete meanwhile.
     complete = (run_dir / "config.json").exists()
     try:
+        doing[0] = f"replaying {what} (the engine's state, step log and series)"
         run = run_workload(work, fleet, options, engine_progress, steps, results)
+        doing[0] = f"writing the requests table of {what}"
         written = StoredColumns(results.finish())
         # the summary reads the written table: the day's arrays go first (10^8 requests: 4 GB)
         results.release()
         run = replace(run, work=Workload(np.zeros(0), np.zeros(0, np.int64), np.zeros(0, np.int64)))
         del work
+        doing[0] = f"summarizing the run of {what}"
         summary = summary_of(written, steps.sums, run, run_slo(run, options))
         mix = model_mix_warning(store, date, cfg.model)
         if mix is not None:

@@ -33,8 +33,14 @@ _TARGET_RE = re.compile(r"^(ttft|tpot|e2e|queue)_p(\d+(?:\.\d+)?)$")
 #: Decimals a target's percentile may have: p99.9999 at most, so that its name (``ttft_p99.9999``)
 #: shows it exactly; a finer one would be named like a rounded one (p99.9999999 as p100).
 MAX_PERCENTILE_DECIMALS = 4
-_VALUE_RE = re.compile(r"^\s*([0-9]*\.?[0-9]+(?:e[-+]?\d+)?)\s*(ms|s)?\s*$")
+_VALUE_RE = re.compile(r"^\s*([0-9]*\.?[0-9]+(?:e[-+]?\d+)?)\s*(ms|s|min|h|d)?\s*$")
+#: Seconds of each unit a --slo value may take (a bare number is seconds).
+_UNIT_S = {"ms": 1e-3, "s": 1.0, "min": 60.0, "h": 3600.0, "d": 86_400.0}
 METRICS: tuple[str, ...] = ("ttft", "tpot", "e2e", "queue")
+#: Longest latency a target may allow: a year. A longer one tells no run from another (every
+#: request that finishes meets it) and is a unit mix-up or a placeholder: ``ttft_p99 = 1e308``
+#: was accepted and printed as ``ttft_p99=1e+308s``.
+MAX_TARGET_S = 365 * 86_400.0
 
 
 # --------------------------------------------------------------------------------------------
@@ -83,7 +89,64 @@ def _target(key: str, value: float, where: str) -> SloTarget:
         )
     if not (math.isfinite(value) and value > 0):
         raise ConfigError(f"{where}: {key} must be a positive number of seconds, got {value!r}")
+    if value > MAX_TARGET_S:
+        raise ConfigError(
+            f"{where}: {key} = {format_seconds(value)} is longer than a year ({MAX_TARGET_S:,.0f} s), which no "
+            "latency target needs; give it in seconds (2, 0.1) or with a unit (100ms, 2s, 5min, 1h)"
+        )
     return SloTarget(m.group(1), pct, float(value))
+
+
+def limit_text(value: float) -> str:
+    """A target's limit as ``--slo`` writes it, in its largest whole-looking unit from ten
+    minutes up (``0.1s``, ``250s``, ``20min``, ``1.5h``, ``7d``); parse_slo reads it back."""
+    if value < 600 or not value < _PLAIN_UP_TO:  # (past a year is refused; NaN never gets here)
+        return f"{value:g}s"
+    for unit in ("d", "h", "min"):
+        q = value / _UNIT_S[unit]
+        if q >= 1 and float(f"{q:.4g}") == q:
+            return f"{q:g}{unit}"
+    return f"{np.format_float_positional(value, trim='-')}s"
+
+
+def slo_table_text(raw: dict[str, Any], where: str) -> str:
+    """A FLEET.toml ``[slo]`` table (``preset = "chat"`` and/or targets ``ttft_p99 = 2.0``, in
+    seconds) as the text ``--slo`` takes, checked. Errors name ``where`` and the key, and echo
+    the value as the file wrote it (``ttft_p99 = -1.0``, ``ttft_p99 = inf``), not as --slo text."""
+    presets = load_slo_presets()
+    parts: list[str] = []
+    seen: dict[str, SloTarget] = {}
+    for key, value in raw.items():
+        if key == "preset":
+            if not isinstance(value, str):
+                raise ConfigError(f"{where}: preset must be a string, got {value!r}")
+            if value not in presets:
+                raise ConfigError(f"{where}: preset = {value!r} is not a preset; presets: {sorted(presets)}")
+            parts.insert(0, value)
+            continue
+        if isinstance(value, dict):  # ttft_p99.9 = 1.0 is the table ttft_p99 with a key 9
+            inner = next(iter(value), "9")
+            raise ConfigError(
+                f"{where}: {key} is a table (a dotted key such as {key}.{inner}); quote a target with a decimal "
+                f'percentile: "{key}.{inner}" = ...'
+            )
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            raise ConfigError(f"{where}: {key} must be a number of seconds, got {value!r}")
+        if not (math.isfinite(value) and value > 0):
+            raise ConfigError(f"{where}: {key} = {value!r} must be a positive number of seconds, such as 2.0 or 0.1")
+        if value > MAX_TARGET_S:
+            said = f" ({format_seconds(float(value))})" if value < _PLAIN_UP_TO else ""
+            raise ConfigError(
+                f"{where}: {key} = {value!r} seconds{said} is longer than a year ({MAX_TARGET_S:,.0f} s), which no "
+                "latency target needs"
+            )
+        _once(seen, _target(key, float(value), where), key, where)
+        parts.append(f"{key}={float(value)!r}s")
+    if not parts:
+        raise ConfigError(f"{where}: give a preset or targets such as ttft_p99 = 2.0")
+    text = ",".join(parts)
+    parse_slo(text, presets, where)  # a preset's target given again is an override, as in --slo
+    return text
 
 
 def _once(seen: dict[str, SloTarget], t: SloTarget, key: str, where: str) -> None:
@@ -120,9 +183,10 @@ def load_slo_presets(path: Path = SLO_PATH) -> dict[str, Slo]:
     return presets
 
 
-def parse_slo(text: str, presets: dict[str, Slo] | None = None) -> Slo:
+def parse_slo(text: str, presets: dict[str, Slo] | None = None, where: str = "--slo") -> Slo:
     """``chat``, ``ttft_p99=2s,tpot_p99=100ms`` or ``chat,ttft_p99=1s`` (a preset, then overrides).
-    Values take ``s`` or ``ms``; a bare number is seconds."""
+    Values take ``ms``, ``s``, ``min``, ``h`` or ``d``; a bare number is seconds. Errors start
+    with ``where`` (the option, or the file and key the text came from)."""
     presets = presets if presets is not None else load_slo_presets()
     targets: dict[str, SloTarget] = {}
     given: dict[str, SloTarget] = {}  # the targets given as METRIC_pNN=VALUE
@@ -130,15 +194,15 @@ def parse_slo(text: str, presets: dict[str, Slo] | None = None) -> Slo:
     description, source = "", ""
     items = [p.strip() for p in text.split(",") if p.strip()]
     if not items:
-        raise ConfigError("--slo: empty; give a preset or targets such as ttft_p99=2s,tpot_p99=100ms")
+        raise ConfigError(f"{where}: empty; give a preset or targets such as ttft_p99=2s,tpot_p99=100ms")
     for item in items:
         if "=" not in item:
             if item not in presets:
-                raise ConfigError(f"--slo: unknown preset {item!r}; presets: {sorted(presets)}")
+                raise ConfigError(f"{where}: unknown preset {item!r}; presets: {sorted(presets)}")
             preset = presets[item]
             if names:  # a later preset would silently replace what came before it
                 raise ConfigError(
-                    f"--slo: preset {item!r} after {items[0]!r}: give one preset, first, then any target to "
+                    f"{where}: preset {item!r} after {items[0]!r}: give one preset, first, then any target to "
                     "change (chat,ttft_p99=1s)"
                 )
             names.append(item)
@@ -148,12 +212,12 @@ def parse_slo(text: str, presets: dict[str, Slo] | None = None) -> Slo:
         key, _, raw = item.partition("=")
         m = _VALUE_RE.match(raw.lower())
         if not m:
-            raise ConfigError(f"--slo: {key.strip()}={raw!r} is not a duration like 2s or 100ms")
-        value = float(m.group(1)) * (1e-3 if m.group(2) == "ms" else 1.0)
-        t = _target(key.strip(), value, "--slo")
-        _once(given, t, key.strip(), "--slo")
+            raise ConfigError(f"{where}: {key.strip()}={raw!r} is not a duration like 2s, 100ms or 1h")
+        value = float(m.group(1)) * _UNIT_S[m.group(2) or "s"]
+        t = _target(key.strip(), value, where)
+        _once(given, t, key.strip(), where)
         targets[t.name] = t  # a target given replaces a preset's
-        names.append(f"{t.name}={value:g}s")
+        names.append(f"{t.name}={limit_text(value)}")
     ordered = tuple(sorted(targets.values(), key=lambda t: (METRICS.index(t.metric), t.percentile)))
     return Slo("+".join(names), ordered, description, source)
 
@@ -336,14 +400,22 @@ def format_number(x: float, decimals: int = 2) -> str:
 
 
 def format_seconds(x: float | None) -> str:
-    """Seconds for people: ms below 1 s, scientific notation only past 10¹² s; inf as 'never'."""
+    """Seconds for people: ms below 1 s, seconds below 10 min, then minutes, hours (from 2 h) and
+    days (from 2 days; '84,861 s' is '23.6 h'), scientific seconds only past 10¹² s; inf as
+    'never'."""
     if x is None or (isinstance(x, float) and math.isnan(x)):
         return "n/a"
     if math.isinf(x):
         return "never"
     if abs(x) < 1.0:
         return f"{x * 1000:.3g} ms" if x * 1000 >= 1 else f"{x * 1000:.2f} ms"
-    return f"{format_number(x, 2 if x < 100 else 0)} s"
+    if x < 600 or x >= _PLAIN_UP_TO:
+        return f"{format_number(x, 2 if x < 100 else 0)} s"
+    if x < 2 * 3600:
+        return f"{plain_number(x / 60)} min"
+    if x < 2 * DAY_S:
+        return f"{plain_number(x / 3600)} h"
+    return f"{plain_number(x / DAY_S)} days"
 
 
 def slo_verdict(

@@ -128,7 +128,7 @@ def test_a_model_that_does_not_fit_says_where_the_memory_goes(tmp_path: Path) ->
     path.write_text('name = "big"\nmodel = "llama-2-70b"\nhardware = "l4"\n')
     message = _error(path)
     assert message.startswith(f"{path}: llama-2-70b on 1x l4 cannot hold one 4096-token sequence")
-    assert "weights 128.5 GiB" in message and "--tp 8 fits" in message, message
+    assert "weights 128.5 GiB" in message and "tp = 8 fits" in message, message  # the file's key
 
 
 # --- 3. nothing accepted silently out of range --------------------------------------------------

@@ -790,6 +790,10 @@ def model_from_hf_config(cfg: Mapping[str, Any], name: str, hf_id: str = "", sou
     if spec.is_mla and not (spec.qk_rope_head_dim and spec.qk_nope_head_dim and spec.v_head_dim):
         raise ConfigError(f"{where}: MLA needs qk_nope_head_dim, qk_rope_head_dim and v_head_dim")
     if spec.num_dense_layers and not spec.intermediate_size:
+        if cfg.get("intermediate_size") is not None:  # given as 0, not left out
+            raise ConfigError(
+                f"{where}: intermediate_size must be > 0 for dense MLP layers ({spec.num_dense_layers} of them), got 0"
+            )
         raise ConfigError(f"{where}: missing key ['intermediate_size'] for dense MLP layers")
     return spec
 

@@ -71,7 +71,7 @@ def fit_cmd(
 
     def body() -> bool:
         from pipeline.catalog import load_hardware, load_model
-        from pipeline.fit import fit
+        from pipeline.fit import fit, fit_capacity_text
         from pipeline.roofline import Deployment
 
         dep = Deployment(
@@ -114,7 +114,7 @@ def fit_cmd(
                    " "
                    f"of {block_size}")  # fmt: skip
         if f.fits:
-            click.echo(f"  fits: {f.max_concurrent_seqs(f.context):,} concurrent sequences of {f.context:,} tokens")
+            click.echo(f"  fits: {fit_capacity_text(f)}")
         else:
             click.echo(
                 f"  DOES NOT FIT: short by {gib(f.shortfall_bytes)} per GPU for one {f.context:,}-token sequence"

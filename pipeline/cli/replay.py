@@ -20,7 +20,13 @@ from pipeline.cli.common import (
 
 
 def _ms(x: float | None) -> str:
-    return "n/a" if x is None else f"{x * 1e3:,.1f} ms"
+    """A latency: ms below 10 s (the usual figures, one decimal), then as pipeline.slo words
+    durations (s, min, h, days): an overloaded run's p99 is not '84,861,166.4 ms'."""
+    from pipeline.slo import format_seconds
+
+    if x is None:
+        return "n/a"
+    return f"{x * 1e3:,.1f} ms" if abs(x) < 10 else format_seconds(x)
 
 
 @click.command("replay")
@@ -87,7 +93,7 @@ def replay_cmd(
     """
 
     from pipeline.replay import ReplayOptions, replay
-    from pipeline.slo import failures_line, overload_text, verdict_text
+    from pipeline.slo import failures_line, format_seconds, overload_text, verdict_text
 
     def body() -> Any:
         options = ReplayOptions(
@@ -119,8 +125,10 @@ def replay_cmd(
     v = h["verdict"]
     click.echo(verdict_text(v) if v else "SLO: none set (FLEET.toml [slo] or --slo chat)")
     tput = s["output_tokens_per_s"]
+    span = s["makespan_s"]
+    long = f" ({format_seconds(span)})" if span >= 600 else ""
     click.echo(
-        f"makespan {s['makespan_s']:,.1f} s; decode {tput or 0:,.0f} output tokens/s; preemptions {s['preemptions']:,}"
+        f"makespan {span:,.1f} s{long}; decode {tput or 0:,.0f} output tokens/s; preemptions {s['preemptions']:,}"
     )
     click.echo(f"latency over {h['latency_covers']}:")
     for name in ("ttft_s", "tpot_s", "e2e_s"):

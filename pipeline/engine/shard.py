@@ -428,14 +428,81 @@ def _check_reachable(address: str | None) -> None:
         ) from None
 
 
+#: A local Ray instance maps its object store into every worker (and into this process, its
+#: driver): by default this share of the memory, at most RAY_OBJECT_STORE_MAX_BYTES, and on
+#: Linux at most 95 % of the free space of /dev/shm but never below RAY_SHM_FLOOR_BYTES (Ray's
+#: ``DEFAULT_OBJECT_STORE_MEMORY_PROPORTION``, ``DEFAULT_OBJECT_STORE_MAX_MEMORY_BYTES``,
+#: ``REQUIRE_SHM_SIZE_THRESHOLD``; ``resolve_object_store_memory``).
+RAY_OBJECT_STORE_SHARE = 0.3
+RAY_OBJECT_STORE_MAX_BYTES = 200 * 10**9
+RAY_SHM_FLOOR_BYTES = 10**10
+#: A Ray worker's address space beyond the object store (measured: 8.1 GiB mapped by an idle
+#: worker of a local Ray 2.60 instance whose object store was 6.9 GiB).
+RAY_WORKER_BYTES = 2 << 30
+#: Seconds Ray's workers may take to start, register with their raylet and run a first, trivial
+#: task. Under an address-space limit they fail to register ("Failed to register worker to
+#: Raylet") and the pods' tasks waited for them forever.
+RAY_START_TIMEOUT_S = 120.0
+#: Seconds to wait for the next pod's result before the worker pool is taken for dead (a pod
+#: of 500,000 requests replays in about 10 s; a worker compiling the engine takes minutes).
+RAY_POD_TIMEOUT_S = 1800.0
+
+
+def _starts_local_ray(address: str | None) -> bool:
+    """Whether ``ray.init(address)`` starts a Ray instance in this machine (None, ``local``)."""
+    return address is None or address.strip().lower() == "local"
+
+
+def ray_store_cap() -> int:
+    """The most a local Ray instance's default object store takes (RAY_OBJECT_STORE_MAX_BYTES,
+    and where /dev/shm can be read, 95 % of its free space but at least RAY_SHM_FLOOR_BYTES)."""
+    import os
+
+    try:
+        st = os.statvfs("/dev/shm")
+    except OSError:
+        return RAY_OBJECT_STORE_MAX_BYTES
+    return min(RAY_OBJECT_STORE_MAX_BYTES, max(RAY_SHM_FLOOR_BYTES, int(st.f_bsize * st.f_bavail * 0.95)))
+
+
+def check_ray_address_space(address: str | None) -> None:
+    """Refuse (one line), before a local Ray instance is started, an address-space limit
+    (``ulimit -v``, RLIMIT_AS: inherited by Ray's processes) that cannot hold a Ray worker:
+    its object store mapped (RAY_OBJECT_STORE_SHARE of the memory) and RAY_WORKER_BYTES, or
+    this process's mapped size and the object store. Under such a limit the workers failed to
+    register with the raylet and the replay waited forever."""
+    if not _starts_local_ray(address):
+        return  # a cluster's workers run under the cluster's limits
+    from pipeline.limits import address_space_limit, format_bytes, physical_memory, virtual_size
+
+    space = address_space_limit()
+    if space is None:
+        return
+    store = min(int(physical_memory() * RAY_OBJECT_STORE_SHARE), ray_store_cap())
+    mapped = virtual_size()
+    need = store + max(RAY_WORKER_BYTES, mapped)
+    if need <= space:
+        return
+    raise RooftraceError(
+        f"--executor ray: Ray's workers need more address space than this process's limit (ulimit -v "
+        f"{format_bytes(space)}) allows: a local Ray instance maps its object store ({format_bytes(store)}) into "
+        f"every worker (about {format_bytes(RAY_WORKER_BYTES)} more each) and into this process "
+        f"({format_bytes(mapped)} mapped already), about {format_bytes(need)}; its workers could not register with "
+        "the raylet and the replay would wait for them forever: use --executor process (or local), raise the "
+        "limit (ulimit -v), or name a running cluster with --ray-address"
+    )
+
+
 def ray_connect(address: str | None) -> Any:
     """The ``ray`` module, connected to the cluster at ``address`` (None: a local instance);
-    a missing extra or a cluster that cannot be reached is one error line."""
+    a missing extra, a cluster that cannot be reached or an address-space limit that a local
+    instance's workers cannot start under (:func:`check_ray_address_space`) is one error line."""
     try:
         import ray
     except ImportError:
         raise RooftraceError("--executor ray needs the optional extra: pip install 'rooftrace[ray]'") from None
     if not ray.is_initialized():
+        check_ray_address_space(address)
         _check_reachable(address)
         try:
             ray.init(address=address, ignore_reinit_error=True, log_to_driver=False)
@@ -446,12 +513,68 @@ def ray_connect(address: str | None) -> Any:
     return ray
 
 
+def worker_ready() -> int:
+    """The trivial task that shows Ray's workers start and run (its process id)."""
+    import os
+
+    return os.getpid()
+
+
+def _ray_failed(exc: BaseException, what: str) -> BaseException:
+    """A Ray error as what the replay raises: the pod's own error (a RooftraceError, a
+    MemoryError, Ctrl-C) as itself, anything else (a worker that crashed, a task Ray gave up on)
+    as one line naming ``what``."""
+    cause = getattr(exc, "cause", None)
+    if isinstance(cause, RooftraceError | MemoryError | KeyboardInterrupt):
+        return cause
+    first = next((ln.strip() for ln in str(exc).splitlines() if ln.strip()), type(exc).__name__)
+    return RooftraceError(f"--executor ray: {what} failed: {type(exc).__name__}: {first[:300]}")
+
+
+def _cancel(ray: Any, refs: list[Any]) -> None:
+    """Cancel the tasks not done (a dead pool's, or after a failed pod); errors ignored."""
+    import contextlib
+
+    for ref in refs:
+        with contextlib.suppress(Exception):  # best effort: the error being raised says what went wrong
+            ray.cancel(ref, force=True)
+
+
 def _run_ray(
     shards: list[Pod], cost: TabulatedCost, want_log: bool, address: str | None
 ) -> Iterator[tuple[EngineResult, npt.NDArray[np.float64]]]:
+    """The pods as Ray tasks, their results in pod order. Waiting is bounded: a worker pool that
+    does not run a trivial task within RAY_START_TIMEOUT_S, or gives no pod's result for
+    RAY_POD_TIMEOUT_S, is one error line, not a wait without end."""
     ray = ray_connect(address)
+    timeout_error = ray.exceptions.GetTimeoutError
+    probe = ray.remote(worker_ready).remote()
+    try:
+        ray.get(probe, timeout=RAY_START_TIMEOUT_S)
+    except timeout_error:
+        _cancel(ray, [probe])
+        raise RooftraceError(
+            f"--executor ray: no Ray worker ran a task within {RAY_START_TIMEOUT_S:,.0f} s: its workers do not "
+            "start (Ray's logs, /tmp/ray/session_latest/logs, say why: e.g. 'Failed to register worker to "
+            "Raylet' under a memory or address-space limit); nothing was replayed: use --executor process "
+            "(or local)"
+        ) from None
+    except ray.exceptions.RayError as exc:
+        raise _ray_failed(exc, "starting a worker") from None
     remote: Any = ray.remote(run_pod)
     cost_ref = ray.put(cost)
     refs = [remote.remote(pod, cost_ref, want_log) for pod in shards]
-    for ref in refs:  # in pod order
-        yield ray.get(ref)
+    for k, ref in enumerate(refs):  # in pod order
+        try:
+            out = ray.get(ref, timeout=RAY_POD_TIMEOUT_S)
+        except timeout_error:
+            _cancel(ray, refs[k:])
+            raise RooftraceError(
+                f"--executor ray: pod {k + 1:,} of {len(refs):,} gave no result within {RAY_POD_TIMEOUT_S:,.0f} s "
+                "(shard.RAY_POD_TIMEOUT_S): the worker pool is taken for dead; see Ray's logs "
+                "(/tmp/ray/session_latest/logs), or use --executor process (or local)"
+            ) from None
+        except ray.exceptions.RayError as exc:
+            _cancel(ray, refs[k + 1 :])
+            raise _ray_failed(exc, f"pod {k + 1:,} of {len(refs):,}") from None
+        yield out
