@@ -875,3 +875,24 @@ def keep_malloc_threshold(threshold: int = 128 << 10) -> bool:
         return bool(libc.mallopt(_M_MMAP_THRESHOLD, threshold))
     except (OSError, AttributeError):
         return False
+
+
+def keep_ignored_sigint() -> None:
+    """Keep SIGINT ignored in a process that inherited it ignored (``rooftrace nightly … &`` from
+    a script, ``nohup``): importing polars installs a SIGINT handler of its own over the inherited
+    SIG_IGN, which turned a SIGINT arriving during a polars call (reading the day, cutting the
+    prefix chains) into a KeyboardInterrupt and exit code 130, while the same signal elsewhere was
+    ignored. Python records the disposition the process started with (``signal.getsignal``: its
+    own handler is never installed over SIG_IGN); where that is SIG_IGN, it is set again, which
+    removes polars' handler. A SIGINT that was not ignored (Ctrl-C in a terminal) still stops
+    the run. Only the main thread may set handlers; elsewhere nothing is done. Every command
+    calls it first (pipeline.cli.common.run); replay and nightly again."""
+    import signal
+    import threading
+
+    if threading.current_thread() is not threading.main_thread():
+        return
+    if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
+        import polars  # noqa: F401  (its import installs the handler: have it done, then undo it)
+
+        signal.signal(signal.SIGINT, signal.SIG_IGN)

@@ -23,9 +23,10 @@ from pipeline.cost import run_cost
 from pipeline.errors import RooftraceError
 from pipeline.fleet import load_fleet, resolve
 from pipeline.ingest import IngestSummary, ingest_logs
+from pipeline.limits import keep_ignored_sigint
 from pipeline.loadcurve import DEFAULT_BUDGET_S, DEFAULT_MULTIPLIERS, curve_table, headroom_sentence, load_curve
 from pipeline.project import default_fleet_path, default_reports_dir, sample_dir
-from pipeline.replay import ReplayOptions, ReplayResult, keep_ignored_sigint, replay
+from pipeline.replay import ReplayOptions, ReplayResult, replay
 from pipeline.report import (
     WHAT_IF_DIR,
     Datasets,

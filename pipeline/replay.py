@@ -47,6 +47,7 @@ from pipeline.engine.shard import EXECUTORS, MAX_PODS, auto_pods, put_back, rout
 from pipeline.engine.steplog import SPAN_COLUMNS, RowSink, StepLog
 from pipeline.errors import ConfigError, RooftraceError
 from pipeline.fleet import FleetConfig, ResolvedFleet, load_fleet, resolve
+from pipeline.limits import keep_ignored_sigint
 from pipeline.profile.cost import fleet_step_cost
 from pipeline.project import default_fleet_path
 from pipeline.runrequests import Columns, MemoryColumns, RunRequests, StoredColumns, run_writes
@@ -736,24 +737,6 @@ def _run_id(
         for part in (identity.key, identity.parent, identity.shared, identity.cached):
             h.update(np.ascontiguousarray(part).tobytes())
     return f"{date}-{fleet.config.name}-{h.hexdigest()[:10]}"
-
-
-def keep_ignored_sigint() -> None:
-    """Keep SIGINT ignored in a process that inherited it ignored (``rooftrace nightly … &`` from
-    a script, ``nohup``): importing polars installs a SIGINT handler of its own over the inherited
-    SIG_IGN, which turned a SIGINT arriving during a polars call (reading the day, cutting the
-    prefix chains) into a KeyboardInterrupt and exit code 130, while the same signal elsewhere was
-    ignored. Python records the disposition the process started with (``signal.getsignal``: its
-    own handler is never installed over SIG_IGN); where that is SIG_IGN, it is set again, which
-    removes polars' handler. A SIGINT that was not ignored (Ctrl-C in a terminal) still stops
-    the run. Only the main thread may set handlers; elsewhere nothing is done."""
-    import signal
-    import threading
-
-    if threading.current_thread() is not threading.main_thread():
-        return
-    if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
-        signal.signal(signal.SIGINT, signal.SIG_IGN)
 
 
 @contextlib.contextmanager

@@ -344,7 +344,7 @@ def test_run_id_is_the_same_with_or_without_the_date(store: Store) -> None:
 _SIGINT_PROBE = """
 import os, signal, sys, threading, time
 import polars as pl
-from pipeline.replay import keep_ignored_sigint
+from pipeline.limits import keep_ignored_sigint
 
 def caught():
     mask = [l for l in open("/proc/self/status") if l.startswith("SigCgt")][0].split()[1]
@@ -382,7 +382,7 @@ def test_an_inherited_sig_ign_is_kept_over_polars_handler() -> None:
 def test_keep_ignored_sigint_leaves_a_handled_sigint_alone() -> None:
     import signal
 
-    from pipeline.replay import keep_ignored_sigint
+    from pipeline.limits import keep_ignored_sigint
 
     before = signal.getsignal(signal.SIGINT)
     keep_ignored_sigint()
@@ -518,3 +518,34 @@ def test_large_durations_are_said_in_minutes_hours_days() -> None:
     assert parse_slo("ttft_p99=2s,tpot_p99=0.1s").name == "ttft_p99=2s+tpot_p99=0.1s"  # names as before
     with pytest.raises(ConfigError, match="ttft_p99 = 1e\\+308 s is longer than a year"):
         parse_slo("ttft_p99=1e308s")
+
+
+_RUN_PROBE = """
+import signal
+from pipeline.cli.common import run
+
+def caught():
+    mask = [l for l in open("/proc/self/status") if l.startswith("SigCgt")][0].split()[1]
+    return bool(int(mask, 16) & (1 << (signal.SIGINT - 1)))
+
+def body():
+    import polars  # noqa: F401  (a command's own imports come after run() started)
+    print(caught())
+
+run(body)
+"""
+
+
+@pytest.mark.skipif(not Path("/proc/self/status").exists(), reason="reads the signal mask from /proc")
+def test_every_command_keeps_an_inherited_sig_ign() -> None:
+    """Not only replay and nightly: any command's body (here one that imports polars) runs with
+    SIGINT still ignored when the caller ignored it."""
+    import signal
+
+    def ignore() -> None:
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+    out = subprocess.run(
+        [sys.executable, "-c", _RUN_PROBE], preexec_fn=ignore, capture_output=True, text=True, cwd=ROOT, timeout=120
+    )
+    assert out.returncode == 0 and out.stdout.split() == ["False"], out.stdout + out.stderr

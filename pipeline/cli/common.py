@@ -130,8 +130,9 @@ def _json_failure(message: str, code: int) -> None:
 
 def run(fn: Callable[[], Any]) -> Any:
     """Call ``fn`` inside :func:`error_boundary`, with long replays reporting progress on stderr."""
-    from pipeline.limits import progress_to
+    from pipeline.limits import keep_ignored_sigint, progress_to
 
+    keep_ignored_sigint()  # a SIGINT the caller ignores stays ignored (polars' import installs a handler)
     with error_boundary(), progress_to(progress):
         return fn()
 
