@@ -820,11 +820,15 @@ def cost_card(cost: dict[str, Any]) -> tuple[str, str, str, str] | None:
             name = f"same-die {scaled} tables, scaled"
             die = str(stack.get("die") or "")
             checked = (
-                "held out on this die (H100 SXM and H200, each from the other): bf16 steps 3-6 % median off"
+                "held out on this die (H100 SXM and H200, each from the other, bandwidths 1.43x apart): bf16 "
+                "steps 3-6 % median off"
                 if die.upper() == "GH100"
                 else "checked on the GH100 die only (H100 SXM and H200: bf16 steps 3-6 % median off); no profiled "
                 f"pair on {die} to check it"
             )
+            ratio = stack.get("bandwidth_ratio")
+            if ratio:
+                checked += f"; this GPU's memory bandwidth is {ratio}x {scaled}'s"
             note = (
                 f"{cost.get('prior_reason') or 'no measured profile of this GPU'}: the measured tables of {scaled} "
                 f"(same {die} die) scaled to this GPU's datasheet by the size-aware prior ({checked}) — not a "
@@ -855,6 +859,8 @@ def cost_card(cost: dict[str, Any]) -> tuple[str, str, str, str] | None:
     share = cost.get("prior_share_of_busy_time" if tier == "prior" else "measured_share_of_busy_time")
     if tier in ("measured", "prior") and isinstance(share, int | float):
         note += f"; {share:.0%} of busy time from its tables, the rest from the roofline's operators"
+    if cost.get("factors_note"):
+        note += f"; {cost['factors_note']}"
     stack = cost.get("stack")
     donor = stack.get("collectives_from") if isinstance(stack, dict) else None
     if donor and str(donor) in str(cost.get("allreduce") or ""):

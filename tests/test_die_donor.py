@@ -48,7 +48,8 @@ def test_donors_of_the_catalog() -> None:
         # AD102: the RTX 4090's tables are LLMServingSim per-layer timings, not kernel-level ones
         "l40s": None,
     }
-    assert P.die_donor(load_hardware("h100-pcie"), exclude={"h100-sxm"})[0] == "h200"  # type: ignore[index]
+    # H200 is on the same die but 2.4x H100 PCIe's bandwidth: beyond DONOR_MAX_RATIO, no donor
+    assert P.die_donor(load_hardware("h100-pcie"), exclude={"h100-sxm"}) is None
     assert not P.kernel_level(load_profile("rtx-4090"))  # type: ignore[arg-type]
     assert P.kernel_level(load_profile("h100-sxm"))  # type: ignore[arg-type]
 
@@ -214,3 +215,38 @@ def test_a_format_neither_gpu_has_a_peak_for_is_still_lent(h200_check: pl.DataFr
     assert mx.height > 0
     assert float(mx["median_abs_error"].median()) < 0.15  # type: ignore[arg-type]
     assert (mx["median_abs_error"] < mx["prior_median_abs_error"]).all()
+
+
+def test_a_file_claiming_a_die_far_from_its_datasheet_borrows_nothing(tmp_path: Path) -> None:
+    """An L4 entry relabelled GH100 (300 GB/s against H100 SXM's 3,35 TB/s, 11x): no die-mate of
+    the profiled H100s (DONOR_MAX_RATIO), so the prior's curves price it; the catalog's lent
+    pairs stay within the bound (H100 PCIe 1.68x in bandwidth)."""
+    text = Path(load_hardware("l4").path).read_text()
+    fake = text.replace('name = "l4"', 'name = "fakegh"', 1).replace('die = "AD104"', 'die = "GH100"', 1)
+    path = tmp_path / "fakegh.toml"
+    path.write_text(fake)
+    hw = load_hardware_file(path)
+    assert hw.die == "GH100" and P.die_donor(hw) is None
+    cost = step_cost_for(Deployment(load_model("llama-3.1-8b"), hw), "auto", 4096)
+    assert cost.source == "prior" and "scaled_from" not in cost.describe["stack"]
+    pcie = load_hardware("h100-pcie")
+    sxm = load_hardware("h100-sxm")
+    assert sxm.memory_bandwidth_bytes_per_s / pcie.memory_bandwidth_bytes_per_s < P.DONOR_MAX_RATIO
+
+
+def test_a_calibrated_hardware_file_is_told_its_factors_are_not_used(tmp_path: Path) -> None:
+    """A `calibrate` output (the H100's datasheet under another name, fitted factors) is priced by
+    the auto tier from H100 SXM's measured tables; the record and the card say that its
+    [efficiency] factors price only the roofline tier."""
+    text = Path(load_hardware("h100-sxm").path).read_text()
+    path = tmp_path / "h100cal.toml"
+    path.write_text(text.replace('name = "h100-sxm"', 'name = "h100cal"', 1))
+    hw = load_hardware_file(path)
+    cost = step_cost_for(Deployment(load_model("llama-3.1-8b"), hw), "auto", 4096)
+    assert cost.describe["stack"]["scaled_from"] == "h100-sxm"
+    assert "price only the roofline tier" in cost.describe["factors_note"]
+    card = cost_card(cost.describe | {"source": "prior"})
+    assert card is not None and 'cost_model = "roofline"' in card[2] and "1x h100-sxm's" in card[2]
+    # the catalog's own GPUs get no such note
+    plain = step_cost_for(_dep("llama-3.1-8b", "h100-pcie"), "auto", 4096)
+    assert "factors_note" not in plain.describe

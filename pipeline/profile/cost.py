@@ -40,7 +40,7 @@ from typing import Any
 import numpy as np
 
 from pipeline.errors import ConfigError
-from pipeline.profile.tables import Profile, profile_for
+from pipeline.profile.tables import Profile, is_catalog_device, profile_for
 from pipeline.roofline import (
     LOGIT_OPS,
     Deployment,
@@ -551,6 +551,15 @@ def step_cost_for(
             why = "cost_model = 'prior' asked for" if cost_model == "prior" else "no measured profile of this GPU"
             got = prior_cost(dep, max_tokens, max_num_seqs, overhead_s, why)
             if got is not None:
+                if cost_model == "auto" and not is_catalog_device(dep.hardware):
+                    # a hardware file (a `calibrate` output, a user's entry): its [efficiency]
+                    # factors are the roofline tier's; measured tables price this run instead
+                    note = (
+                        "this hardware file's [efficiency] factors "
+                        f"({dep.hardware.calibrated_on[:80]}) price only the roofline tier: "
+                        'set cost_model = "roofline" to use them'
+                    )
+                    got = replace(got, describe={**got.describe, "factors_note": note})
                 return got
             if cost_model == "prior":
                 raise ConfigError(

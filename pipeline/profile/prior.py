@@ -700,6 +700,14 @@ def kernel_level(prof: Profile) -> bool:
     return bool(sets) and sets <= DONOR_SETS
 
 
+#: A same-die donor lends only within this factor of the GPU's own datasheet, in memory bandwidth
+#: and in the bf16 peak: the checked pair (H100 SXM and H200) differ 1.43× in bandwidth and the
+#: catalog's lent pairs at most 1.68× (H100 PCIe: 2.0 against 3.35 TB/s) and 1.31× in peak; a
+#: hardware file claiming a die with a datasheet far from every profiled GPU on it (an L4's
+#: 300 GB/s labelled GH100) is no die-mate of theirs: it gets the prior's curves.
+DONOR_MAX_RATIO = 2.0
+
+
 def die_donor(hw: HardwareSpec, exclude: Iterable[str] = ()) -> tuple[str, Profile] | None:
     """The profiled GPU on the same die as an unprofiled ``hw`` (``die`` in the hardware entry:
     H100 PCIe and H200 on H100 SXM's GH100, A100 40 GB on A100 80 GB's GA100, GB200 on B200's
@@ -718,6 +726,12 @@ def die_donor(hw: HardwareSpec, exclude: Iterable[str] = ()) -> tuple[str, Profi
         except ConfigError:
             continue
         if other.die.lower() != hw.die.lower() or other.vendor.lower() != hw.vendor.lower():
+            continue
+        ratios = (
+            other.memory_bandwidth_bytes_per_s / hw.memory_bandwidth_bytes_per_s,
+            other.peak_flops_per_s["bf16"] / hw.peak_flops_per_s["bf16"],
+        )
+        if any(not (1.0 / DONOR_MAX_RATIO <= r <= DONOR_MAX_RATIO) for r in ratios):
             continue
         prof = load_profile(gpu)
         if prof is None or not kernel_level(prof):
@@ -1068,6 +1082,8 @@ def prior_profile(
         stack["scaled_from"] = donor[0]
         stack["die"] = hw.die
         stack["scaled_families"] = ",".join(sorted(supplied))
+        if donor_hw is not None:
+            stack["bandwidth_ratio"] = f"{hw.memory_bandwidth_bytes_per_s / donor_hw.memory_bandwidth_bytes_per_s:.3g}"
     coll = collective_donor(hw)
     if coll is not None:
         frames["allreduce"] = coll[1].frame("allreduce")
