@@ -43,6 +43,16 @@ def fmt_s(x: float | None) -> str:
     return f"{x * 1e3:.0f}ms" if x < 1 else f"{x:.2f}s"
 
 
+def fmt_latency(x: float | None) -> str:
+    """A table's latency: ms below 1 s, then pipeline.slo's readable durations (s, min, h, days),
+    so an hours-long p99 reads '3.45 h', not '12428.63s'."""
+    from pipeline.slo import format_seconds
+
+    if x is None:
+        return "-"
+    return f"{x * 1e3:.0f}ms" if x < 1 else format_seconds(x).replace(" ", "")
+
+
 def _share(text: str, option: str) -> float:
     """``0.1%`` or ``0.001`` as a fraction."""
     raw = text.strip()
@@ -202,11 +212,14 @@ def plan_cmd(
     click.echo(header)
     for r in doc["configurations"]:
         if not r["meets_slo"]:
-            click.echo(f"{'-':>3} {r['config']:<24} {r['note']}")
+            # a replay that did not keep up never meets the plan: said in its row (plan.json: overloaded)
+            over = " [OVERLOADED]" if r.get("overloaded") else ""
+            click.echo(f"{'-':>3} {r['config']:<24}{over} {r['note']}")
             continue
         click.echo(
-            f"{r['rank']:>3} {r['config']:<24} {r['gpus']:>5} {r['replicas']:>4} {fmt_s(r['ttft_p99_s']):>8} "
-            f"{fmt_s(r['tpot_p99_s']):>8} {fmt_num(r['utilization'], '.0%'):>5} {fmt_num(r['slo_headroom'], '.0%'):>8} "
+            f"{r['rank']:>3} {r['config']:<24} {r['gpus']:>5} {r['replicas']:>4} "
+            f"{fmt_latency(r['ttft_p99_s']):>8} {fmt_latency(r['tpot_p99_s']):>8} "
+            f"{fmt_num(r['utilization'], '.0%'):>5} {fmt_num(r['slo_headroom'], '.0%'):>8} "
             f"{r['binding'] or '-':<12} {fmt_num(r['usd_per_day'], ',.0f'):>10} "
             f"{fmt_num(r['usd_per_million_tokens'], '.3f'):>7} {r.get('priced_by') or '-':<9} "
             f"{'*' if r['pareto'] else ''}"
@@ -219,10 +232,20 @@ def plan_cmd(
         f"cheapest: {chosen['replicas']}x {chosen['config']} ({chosen['gpus']} GPUs, "
         f"${chosen['usd_per_day']:,.0f}/day); binds on {chosen['sizing']['binding']}"
     )
-    click.echo(f"over the period of record ({doc['day_projection']}): self-hosted ${chosen['usd_per_period']:,.2f}")
+    period = chosen.get("replay_period") or {}
+    valid = period.get("unit_costs_valid", True) or doc["window"].get("kind") != "day"
+    bad = "" if valid else f" ({period.get('unit_costs_flag')})"
+    if not valid:  # a day replayed by a fleet that fell behind: priced over its makespan, as `cost` does
+        click.echo(period.get("unit_costs_note"))
+        click.echo(f"over {period.get('period_text')}: self-hosted ${chosen['usd_per_period']:,.2f}")
+    else:
+        click.echo(f"over the period of record ({doc['day_projection']}): self-hosted ${chosen['usd_per_period']:,.2f}")
+    from pipeline.cost import STALE_AFTER_DAYS
+
     for a in doc["api_equivalent"]:
+        stale = f", STALE price: checked over {STALE_AFTER_DAYS} days ago" if a.get("price_stale") else ""
         click.echo(
-            f"  vs {a['provider']}/{a['api_model']} ({a['price_date']}): API ${a['api_usd']:,.2f}, "
-            f"self-host/API {fmt_num(a['self_host_to_api_ratio'], '.2f')}"
+            f"  vs {a['provider']}/{a['api_model']} ({a['price_date']}{stale}): API ${a['api_usd']:,.2f}, "
+            f"self-host/API {fmt_num(a['self_host_to_api_ratio'], '.2f')}{bad}"
         )
     progress(f"{doc['replays']} replays in {doc['search_wall_s']:.1f} s")

@@ -14,19 +14,23 @@ import numpy.typing as npt
 from pipeline.catalog import load_hardware
 from pipeline.cost import (
     GpuCost,
+    Period,
     TokenTotals,
     attribute_busy_time,
     kv_read_shares,
+    run_period,
 )
 from pipeline.engine.model import REJECT_KV_CAPACITY, REJECT_REASONS
 from pipeline.errors import ConfigError
 from pipeline.fleet import FleetConfig, ResolvedFleet, missing_profile, resolve
+from pipeline.limits import ResourceLimitError
 from pipeline.plan.window import Window
 from pipeline.replay import ReplayOptions, ReplayRun, build_workload, run_replay
 from pipeline.roofline import decode_batch, prefill_batch
 from pipeline.slo import (
     METRICS,
     Slo,
+    detect_overload,
     latency_arrays,
     percentile,
 )
@@ -79,6 +83,11 @@ class Evaluation:
     rejected_by_reason: dict[str, int] = field(default_factory=dict)
     rejected_share: float = 0.0
     failing_target: str | None = None  # the worst SLO target when ``failing`` is "rejected"
+    #: The replay is OVERLOADED (pipeline.slo.detect_overload, as `replay` reports it); such a
+    #: replay never meets the plan (``failing`` "overloaded").
+    overloaded: bool = False
+    #: The period it would be priced over (pipeline.cost.Period.to_dict): the makespan when overloaded.
+    period: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass
@@ -196,6 +205,12 @@ def evaluate(
     if share > max_rejected or any(share > 1.0 - t.percentile / 100.0 for t in slo.targets):
         failing = "rejected"
     cols = _span_columns(run)
+    period = replay_period(run, cols)
+    behind = period.overloaded
+    if behind and failing is None:
+        # a fleet that falls behind does not serve the traffic, whatever a loose SLO says:
+        # `replay` calls it OVERLOADED and `cost` prices it over its makespan (docs/planning.md)
+        failing = OVERLOADED
     busy = float((cols["end_s"] - cols["start_s"]).sum())
     ok = ~rejected
     span = float(np.nanmax(res.finish_s[ok]) - res.arrival_s.min()) if ok.any() else 0.0
@@ -218,14 +233,63 @@ def evaluate(
         kv_peak_fraction=kv_peak,
         cache_hit_fraction=float(res.cache_hit_tokens[m & ok].sum()) / rec if rec > 0 else 0.0,
         wall_s=run.wall_s,
+        overloaded=behind,
+        period=period.to_dict(),
     )
     return ev, run
 
 
-def rejection_note(ev: Evaluation, max_rejected: float) -> str:
-    """Why a configuration that rejects requests fails, with the count by reason."""
+#: ``Evaluation.failing`` of a replay that did not keep up with its arrivals.
+OVERLOADED = "overloaded"
+
+
+def replay_period(run: ReplayRun, cols: dict[str, npt.NDArray[np.float64]] | None = None) -> Period:
+    """The period `rooftrace cost` would price this replay over (:func:`pipeline.cost.run_period`),
+    with the overload `rooftrace replay` reports (:func:`pipeline.slo.detect_overload`)."""
+    res = run.result
+    cols = _span_columns(run) if cols is None else cols
+    ok = res.reject_reason == 0
+    over = detect_overload(
+        np.asarray(res.arrival_s, dtype=np.float64),
+        np.asarray(res.scheduled_s, dtype=np.float64),
+        np.asarray(res.finish_s, dtype=np.float64),
+        ok,
+    )
+    return run_period(
+        res.arrival_s,
+        np.asarray(res.finish_s, dtype=np.float64)[ok],
+        cols["replica"] if "replica" in cols else np.zeros(cols["start_s"].size),
+        cols["start_s"],
+        cols["end_s"],
+        over.detected,
+    )
+
+
+def overload_note(ev: Evaluation) -> str:
+    """Why a replay that did not keep up fails, in `cost`'s words (Period.unit_costs_note)."""
+    what = "OVERLOADED" if ev.period.get("overloaded") else "falls behind"
+    from pipeline.slo import format_seconds
+
+    return (
+        f"{what} at {ev.replicas:,} replica{'s' if ev.replicas != 1 else ''}: serving "
+        f"{format_seconds(ev.period.get('arrival_span_s'))} of arrivals took "
+        f"{format_seconds(ev.period.get('makespan_s'))} (makespan), with requests queued for it"
+    )
+
+
+def rejection_note(ev: Evaluation, max_rejected: float, slo: Slo | None = None) -> str:
+    """Why a configuration that rejects requests fails, with the count by reason; --max-rejected
+    is named as the way out only when a larger one could make the SLO (a rejected request misses
+    every target: more rejected than a target's percentile allows misses it at any --max-rejected)."""
     reasons = ", ".join(f"{k} {v:,}" for k, v in ev.rejected_by_reason.items())
     head = f"rejects {ev.rejected:,} measured requests ({ev.rejected_share:.2%}: {reasons}) at any replica count"
+    missed = [t for t in slo.targets if ev.rejected_share > 1.0 - t.percentile / 100.0] if slo is not None else []
+    if missed:
+        t = missed[0]
+        return (
+            f"{head}: rejected requests miss every target, and more than {1.0 - t.percentile / 100.0:.2%} "
+            f"rejected misses {t.name} whatever --max-rejected allows"
+        )
     if ev.rejected_share > max_rejected:
         return f"{head}; allowed {max_rejected:.2%} (--max-rejected)"
     return f"{head}: rejected requests miss every target, so {ev.failing_target or 'a target'} cannot be met"
@@ -354,7 +418,7 @@ def min_replicas(check: Callable[[int], Evaluation], seed: int, max_replicas: in
             cur = cache[m]
             # a target that barely moves when replicas double has hit a latency floor
             half = [k for k in cache if k <= m // 2 and cache[k].failing == cur.failing]
-            if cur.failing is not None and half:
+            if cur.failing not in (None, OVERLOADED) and half:
                 prev = cache[max(half)]
                 gain = 1.0 - cur.worst_ratio / prev.worst_ratio if math.isfinite(prev.worst_ratio) else 1.0
                 if gain < FLOOR_IMPROVEMENT:
@@ -363,6 +427,8 @@ def min_replicas(check: Callable[[int], Evaluation], seed: int, max_replicas: in
                         f"(limit x{cur.worst_ratio:.2f}): a latency floor more replicas cannot lower"
                     )
             if m >= max_replicas:
+                if cur.failing == OVERLOADED:
+                    return None, f"{overload_note(cur)}: the fleet does not keep up even at {max_replicas} replicas"
                 return None, f"{cur.failing} misses its limit (x{cur.worst_ratio:.2f}) even at {max_replicas} replicas"
             lo, step = m, step * 2
     while hi - lo > 1:
@@ -375,9 +441,50 @@ def min_replicas(check: Callable[[int], Evaluation], seed: int, max_replicas: in
 
 
 def search_candidate(task: Task) -> CandidateResult:
-    """Minimum replicas for one configuration, its sizing and cost. Runs in a worker process."""
+    """Minimum replicas for one configuration, its sizing and cost. Runs in a worker process.
+    A configuration whose replay cannot be run (its simulated span past the replay's limits, or a
+    step time that overflows: absurd hardware values) is skipped with the reason, not the plan."""
+    out = CandidateResult(candidate=task.candidate, fits=False, period_s=task.period_s)
+    try:
+        return _search_candidate(task, out)
+    except (ResourceLimitError, OverflowError, FloatingPointError) as exc:
+        out.replicas, out.sizing, out.cost_rows, out.skipped = None, {}, [], True
+        out.evaluations.sort(key=lambda e: e.replicas)
+        out.note = unreplayable_note(task.candidate.hardware, exc)
+        return out
+
+
+#: Hardware time constants no real GPU comes near (a kernel, a step's fixed overhead, a
+#: collective's latency are micro- to milliseconds): past this, the entry names the key to check.
+ABSURD_TIME_S = 1.0
+
+
+def unreplayable_note(hardware: str, exc: BaseException) -> str:
+    """Why a configuration on ``hardware`` was skipped when its replay could not run: the
+    hardware entry (its file) and the keys whose values are past :data:`ABSURD_TIME_S`."""
+    hw = load_hardware(hardware)
+    where = f"{hw.path}" if hw.path else f"the catalog entry {hardware!r}"
+    keys = {
+        "[efficiency] step_overhead_s": hw.step_overhead_s,
+        "[efficiency] min_kernel_s": hw.min_kernel_s,
+        "[link] latency_s": hw.link_latency_s,
+    }
+    bad = [f"{k} = {v:.3g}" for k, v in keys.items() if not (0.0 <= v <= ABSURD_TIME_S)]
+    if isinstance(exc, ResourceLimitError):
+        why = str(exc).split(":", 1)[0]  # "this replay would cover about N simulated days, more than ..."
+        why = why.split(", whatever", 1)[0]
+    else:
+        why = f"a step time is not a finite number ({type(exc).__name__}: {exc})"
+    check = (
+        f"check {', '.join(bad)} in {where}"
+        if bad
+        else f"check the step costs in {where} ([efficiency] step_overhead_s, min_kernel_s, efficiencies)"
+    )
+    return f"skipped: {hardware}'s replay cannot run: {why}; {check}"
+
+
+def _search_candidate(task: Task, out: CandidateResult) -> CandidateResult:
     c = task.candidate
-    out = CandidateResult(candidate=c, fits=False, period_s=task.period_s)
     skip = skip_reason(task.base, c.hardware, task.base_origin)
     if skip is not None:
         out.note, out.skipped = skip, True
@@ -411,12 +518,16 @@ def search_candidate(task: Task) -> CandidateResult:
     n, why = min_replicas(check, out.seed, task.max_replicas)
     out.evaluations.sort(key=lambda e: e.replicas)
     if n is None:
-        out.note = rejection_note(out.evaluations[0], task.max_rejected) if why == "rejected" else why
+        out.note = rejection_note(out.evaluations[0], task.max_rejected, task.slo) if why == "rejected" else why
         return out
     out.replicas = n
     run = runs[n]
     ev = out.chosen
     assert ev is not None
+    if task.window.kind == "day" and ev.period:
+        # the replay is the day's traffic: priced over the period `cost` prices a replay of it
+        # over (the arrivals, or the makespan of a fleet whose busiest replica fell behind)
+        out.period_s = float(ev.period["period_s"])
     out.sizing = sizing(task.window, run, n, cap, ev)
     cost = window_cost(task.window, run, fleet, n, out.usd_per_gpu_hour, hw.price_date)
     # Scale the window to the day: busy time in proportion to tokens, the provisioned fleet 24 h.
@@ -435,8 +546,8 @@ def search_candidate(task: Task) -> CandidateResult:
         gpus=cost.gpus,
         usd_per_gpu_hour=cost.usd_per_gpu_hour,
         price_date=cost.price_date,
-        window_s=task.period_s,
-        busy_gpu_s=min(cost.busy_gpu_s * scale, cost.gpus * task.period_s),
+        window_s=out.period_s,
+        busy_gpu_s=min(cost.busy_gpu_s * scale, cost.gpus * out.period_s),
         class_busy_s=cost.class_busy_s,
         tokens=day_tokens,
     )

@@ -74,6 +74,8 @@ class PlanOptions:
         # a name given twice is one configuration (as --tp's numbers are): one replay, one row
         object.__setattr__(self, "hardware", tuple(dict.fromkeys(self.hardware)))
         object.__setattr__(self, "precision", tuple(dict.fromkeys(self.precision)))
+        # -0 is a price of 0: no "$-0/day" (x + 0.0 turns -0.0 into 0.0 and leaves the rest)
+        object.__setattr__(self, "gpu_prices", tuple((hw, usd + 0.0) for hw, usd in self.gpu_prices))
         if self.executor not in ("local", "ray"):
             raise ConfigError(f"--executor must be local or ray, got {self.executor!r}")
         if not 1 <= self.max_replicas <= MAX_ENGINES:
@@ -286,7 +288,7 @@ def plan(store: Store, opts: PlanOptions, progress: Callable[[str], None] | None
         "period_s": period,
         "period": traffic_span(period),
         "day_projection": day_projection(period),
-        "configurations": table.to_pylist(),
+        "configurations": _with_overload(table.to_pylist(), results),
         "chosen": _chosen_doc(chosen) if chosen is not None else None,
         "api_equivalent": api_rows,
     }
@@ -304,7 +306,7 @@ def plan(store: Store, opts: PlanOptions, progress: Callable[[str], None] | None
     doc["search_wall_s"] = wall
     doc["replays"] = sum(len(r.evaluations) for r in results)
     if chosen is None:
-        doc["advice"] = no_fit_advice(results, base, base_origin, opts.model)
+        doc["advice"] = no_fit_advice(results, base, base_origin, opts.model, opts.max_rejected, slo)
     return PlanResult(plan_id, plan_dir, doc, table)
 
 
@@ -353,11 +355,40 @@ def local_jobs(requested: int | None, configurations: int, window_requests: int)
     )
 
 
-def no_fit_advice(results: Sequence[CandidateResult], base: FleetConfig, origin: str, model: str) -> str:
+def rejections_acceptable(results: Sequence[CandidateResult], max_rejected: float, slo: Slo | None) -> bool:
+    """Whether a larger ``--max-rejected`` could change the outcome: some configuration failed on
+    rejections past ``max_rejected`` that every SLO target's percentile still tolerates (a
+    rejected request misses every target, so more than 1 % rejected misses a p99 target whatever
+    --max-rejected says). True when ``slo`` is not known."""
+    if slo is None:
+        return True
+    tolerance = min(1.0 - t.percentile / 100.0 for t in slo.targets)
+    return any(
+        r.replicas is None
+        and r.evaluations
+        and r.evaluations[0].failing == "rejected"
+        and max_rejected < r.evaluations[0].rejected_share <= tolerance
+        for r in results
+    )
+
+
+def no_fit_advice(
+    results: Sequence[CandidateResult],
+    base: FleetConfig,
+    origin: str,
+    model: str,
+    max_rejected: float = 0.0,
+    slo: Slo | None = None,
+) -> str:
     """What to change when no configuration meets the SLO. Requests longer than max_model_len
     are rejected whatever the hardware, TP or replica count: then the base fleet's
-    ``[engine] max_model_len`` (up to the model's maximum), not the search, is what to change."""
-    general = "widen --hardware/--tp, raise --max-replicas, or accept rejections with --max-rejected"
+    ``[engine] max_model_len`` (up to the model's maximum), not the search, is what to change.
+    ``--max-rejected`` is offered only where a larger one could change the outcome
+    (:func:`rejections_acceptable`)."""
+    accept = rejections_acceptable(results, max_rejected, slo)
+    general = "widen --hardware/--tp, raise --max-replicas" + (
+        ", or accept rejections with --max-rejected" if accept else ""
+    )
     too_long = [
         r
         for r in results
@@ -372,11 +403,14 @@ def no_fit_advice(results: Sequence[CandidateResult], base: FleetConfig, origin:
         where = f"the base fleet ({origin})" if origin != "defaults" else "a base fleet given with --fleet"
         return (
             f"{which} {current:,} at any replica count: raise [engine] max_model_len in {where} up to "
-            f"{model}'s maximum of {longest:,} tokens, or accept those rejections with --max-rejected"
+            f"{model}'s maximum of {longest:,} tokens"
+            + (", or accept those rejections with --max-rejected" if accept else "")
         )
     return (
         f"{which} ({model}'s maximum context, {current:,} tokens) at any replica count: no fleet of this model "
-        "serves them; accept those rejections with --max-rejected, or plan a model with a longer context"
+        "serves them; "
+        + ("accept those rejections with --max-rejected, or plan" if accept else "plan")
+        + " a model with a longer context"
     )
 
 
@@ -404,14 +438,15 @@ def _chosen(results: Sequence[CandidateResult]) -> CandidateResult | None:
 
 
 def _usd_per_day(r: CandidateResult) -> float:
-    """The provisioned fleet for 24 hours (what ranks configurations)."""
-    return (r.replicas or 0) * r.gpus_per_replica * r.usd_per_gpu_hour * 24.0
+    """The provisioned fleet for 24 hours (what ranks configurations); never -0 (a --gpu-price of
+    -0 is a price of 0)."""
+    return (r.replicas or 0) * r.gpus_per_replica * r.usd_per_gpu_hour * 24.0 + 0.0
 
 
 def _usd_per_period(r: CandidateResult) -> float:
     """The provisioned fleet over the period of record (the traffic's span), as `rooftrace cost`
     states a run's cost: self-hosted and API figures of one traffic over one period."""
-    return (r.replicas or 0) * r.gpus_per_replica * r.usd_per_gpu_hour * r.period_s / 3600.0
+    return (r.replicas or 0) * r.gpus_per_replica * r.usd_per_gpu_hour * r.period_s / 3600.0 + 0.0
 
 
 def _class_per_million(r: CandidateResult) -> dict[str, float | None]:
@@ -509,6 +544,25 @@ def _tables(
     return pa.Table.from_pylist(rows), search_table
 
 
+def overload_doc(r: CandidateResult) -> dict[str, Any]:
+    """Whether a configuration's replay kept up, for plan.json (the plan table's schema has no
+    column for it): ``overloaded`` of its chosen replay (a ranked row: always false, a replay that
+    does not keep up never meets the plan) or, unranked, of its largest replay; the counts whose
+    replay was overloaded; and whether its unit costs are valid (pipeline.cost.Period)."""
+    ev = r.chosen or (max(r.evaluations, key=lambda e: e.replicas) if r.evaluations else None)
+    return {
+        "overloaded": ev.overloaded if ev is not None else None,
+        "overloaded_replicas": sorted(e.replicas for e in r.evaluations if e.overloaded),
+        "unit_costs_valid": bool(ev.period.get("unit_costs_valid", not ev.overloaded)) if ev is not None else None,
+        "replay_period": ev.period if ev is not None else None,
+    }
+
+
+def _with_overload(rows: list[dict[str, Any]], results: Sequence[CandidateResult]) -> list[dict[str, Any]]:
+    by_label = {r.candidate.label: r for r in results}
+    return [{**row, **overload_doc(by_label[row["config"]])} for row in rows]
+
+
 def _chosen_doc(r: CandidateResult) -> dict[str, Any]:
     ev = r.chosen
     fewer = r.one_fewer
@@ -521,6 +575,10 @@ def _chosen_doc(r: CandidateResult) -> dict[str, Any]:
         "gpus": (r.replicas or 0) * r.gpus_per_replica,
         "usd_per_day": _usd_per_day(r),
         "usd_per_period": _usd_per_period(r),
+        "period_s": r.period_s,
+        # the chosen replay's period as `cost` states it (pipeline.cost.Period.to_dict): its
+        # unit_costs_note / unit_costs_flag say when its unit costs are not valid
+        "replay_period": ev.period if ev else None,
         "achieved": ev.achieved if ev else None,
         "one_fewer": asdict(fewer) if fewer else None,
         "sizing": r.sizing,
