@@ -83,8 +83,11 @@ class NightlyResult:
             parts.append(slo_phrase(h))
         ttft = h.get("ttft_p99_s")
         parts.append(
-            f"p99 TTFT of finished {format_seconds(ttft) if ttft is not None else 'n/a'}, {h.get('gpus')} GPUs, "
-            f"${h.get('usd_per_day') or 0:,.0f}/day; report {self.report} ({sum(self.stages.values()):.1f} s)"
+            f"p99 TTFT of finished {format_seconds(ttft) if ttft is not None else 'n/a'}, "
+            f"{h['gpus'] if h.get('gpus') is not None else 'n/a'} GPUs, "
+            # no price (never a made-up $0): the hardware entry the run recorded had none
+            + (f"${usd:,.0f}/day" if (usd := h.get("usd_per_day")) is not None else "$/day n/a (no price)")
+            + f"; report {self.report} ({sum(self.stages.values()):.1f} s)"
         )
         return "; ".join(parts)
 

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import datetime
 import difflib
 import hashlib
 import io
@@ -30,6 +31,7 @@ import shutil
 import sys
 import tempfile
 import threading
+import tomllib
 import weakref
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -262,6 +264,10 @@ def warehouse_path(store: Store) -> Path:
     return store.warehouse_path
 
 
+#: Bumped when the warehouse gains a table (2: run_hardware), so one built before is rebuilt.
+WAREHOUSE_LAYOUT = 2
+
+
 def files_key(store: Store) -> str:
     """What the views were built from: the store's place, which tables have files, every run's
     files, and the hardware catalog's files (their bytes: a reader never parses the catalog, so
@@ -270,6 +276,7 @@ def files_key(store: Store) -> str:
 
     root = store.root.resolve()
     h = hashlib.sha256(str(root).encode())
+    h.update(f"\0layout:{WAREHOUSE_LAYOUT}".encode())  # a warehouse of an older layout rebuilds
     for spec in VIEWS:
         if _per_run(spec):
             # every run file with its size and time: a run damaged or repaired in place rebuilds
@@ -308,6 +315,49 @@ def _skip_warning(run_id: str, why: str) -> str:
     return f"run {run_id} left out of the warehouse (re-run or delete it): {why}"
 
 
+def _run_price(config: Mapping[str, Any]) -> tuple[str | None, float | None, str | None]:
+    """The declared name, $/GPU-hour and price date of the hardware a run was replayed on, read
+    from the snapshot of its hardware entry in ``config.json`` (``resolved.catalog.hardware``):
+    a fleet whose ``hardware`` is a file path (a ``calibrate`` output) is priced like a catalog
+    one. (None, None, None) when the snapshot is missing or holds no usable price."""
+    resolved = config.get("resolved")
+    catalog = resolved.get("catalog") if isinstance(resolved, dict) else None
+    text = catalog.get("hardware") if isinstance(catalog, dict) else None
+    if not isinstance(text, str):
+        return None, None, None
+    try:
+        data = tomllib.loads(text)
+    except (tomllib.TOMLDecodeError, RecursionError):
+        return None, None, None
+    name = data.get("name") if isinstance(data.get("name"), str) else None
+    price = data.get("price")
+    if not isinstance(price, dict):
+        return name, None, None
+    usd = price.get("usd_per_gpu_hour")
+    if isinstance(usd, bool) or not isinstance(usd, int | float) or not 0 < usd <= 1e6:
+        usd = None
+    date = price.get("date")
+    date_text = date if isinstance(date, str) else date.isoformat() if isinstance(date, datetime.date) else None
+    return name, (float(usd) if usd is not None else None), date_text
+
+
+def run_hardware(scan: _Scan) -> pa.Table:
+    """One row per run: the hardware it was replayed on, with the price its config.json recorded."""
+    rows = []
+    for f in scan.files.get("runs", []):
+        name, usd, date = _run_price(read_run_config(f))
+        rows.append({"run_id": f.parent.name, "name": name, "price_usd_per_gpu_hour": usd, "price_date": date})
+    schema = pa.schema(
+        [
+            ("run_id", pa.string()),
+            ("name", pa.string()),
+            ("price_usd_per_gpu_hour", pa.float64()),
+            ("price_date", pa.string()),
+        ]
+    )
+    return pa.Table.from_pylist(rows, schema=schema)
+
+
 def build_warehouse(store: Store, target: Path | None = None, warn: Callable[[str], None] | None = warn_stderr) -> Path:
     """(Re)build STORE/warehouse.duckdb (or ``target``) atomically; returns its path.
 
@@ -327,6 +377,7 @@ def build_warehouse(store: Store, target: Path | None = None, warn: Callable[[st
         con = duckdb.connect(str(tmp))
         try:
             catalog = hardware_catalog()  # noqa: F841  (read by a statement below)
+            run_hw = run_hardware(scan)  # noqa: F841  (read by a statement below)
             key = files_key(store)  # before the views: a file that lands meanwhile rebuilds again
             for spec in VIEWS:
                 try:
@@ -338,6 +389,10 @@ def build_warehouse(store: Store, target: Path | None = None, warn: Callable[[st
                 con.execute(f"COMMENT ON VIEW \"{spec.name}\" IS '{spec.doc}'")
             con.execute("CREATE TABLE hardware_catalog AS SELECT * FROM catalog")
             con.execute("COMMENT ON TABLE hardware_catalog IS 'GPU catalog: memory, bandwidth, peaks, price'")
+            con.execute("CREATE TABLE run_hardware AS SELECT * FROM run_hw")
+            con.execute(
+                "COMMENT ON TABLE run_hardware IS 'each run: its hardware entry name and price, from its config.json'"
+            )
             con.execute("CREATE TABLE warehouse_info AS SELECT ? AS files_key", [key])
             con.execute("COMMENT ON TABLE warehouse_info IS 'what the views were built from (rebuilt when it changes)'")
             con.execute("CREATE TABLE warehouse_skipped (run_id VARCHAR, reason VARCHAR)")

@@ -246,6 +246,13 @@ MEMORY_BANDWIDTH_RANGE = (1e9, 1e15)  # B/s
 PEAK_FLOPS_RANGE = (1e11, 1e18)  # FLOP/s, each dtype
 LINK_BANDWIDTH_RANGE = (1e8, 1e14)  # B/s per direction per GPU
 LINK_LATENCY_RANGE = (0.0, 1e-2)  # s
+#: [efficiency] floors: the shortest kernel is microseconds (a 1 s floor is already absurd) and
+#: the per-step engine overhead milliseconds (FLEET.toml's [engine] step_overhead_s is bounded
+#: to the same 10 s); past them a replay step never ends (1e300 s overflows the step clock).
+MIN_KERNEL_RANGE = (0.0, 1.0)  # s
+STEP_OVERHEAD_RANGE = (0.0, 10.0)  # s
+#: $/GPU-hour, as --gpu-price and the price files bound it: 0 is "no price", huge a typo.
+GPU_PRICE_RANGE = (0.0, 1e6)  # USD, exclusive of 0
 
 
 def _ranged(table: Mapping[str, Any], key: str, where: str, bounds: tuple[float, float], unit: str) -> float:
@@ -278,6 +285,22 @@ def _date_text(table: Mapping[str, Any], key: str, where: str) -> str:
     if isinstance(value, _dt.datetime | _dt.time):
         raise ConfigError(f"{where}: {key} must be a date (YYYY-MM-DD), got the time {value.isoformat()}")
     return _str(table, key, where)
+
+
+def _price_date(table: Mapping[str, Any], key: str, where: str) -> str:
+    """A real calendar date, ``YYYY-MM`` or ``YYYY-MM-DD`` (month 1-12, a day the month has)."""
+    date = _date_text(table, key, where)
+    match = re.fullmatch(r"(\d{4})-(\d{2})(?:-(\d{2}))?", date)
+    if match is None:
+        raise ConfigError(f"{where}: {key} must be YYYY-MM or YYYY-MM-DD, got {date[:40]!r}")
+    year, month, day = int(match[1]), int(match[2]), int(match[3] or 1)
+    try:
+        _dt.date(year, month, day)
+    except ValueError:
+        raise ConfigError(
+            f"{where}: {key} must be a real calendar date (YYYY-MM or YYYY-MM-DD), got {date!r}"
+        ) from None
+    return date
 
 
 def parse_hardware(data: Mapping[str, Any], origin: str) -> HardwareSpec:
@@ -321,9 +344,12 @@ def parse_hardware(data: Mapping[str, Any], origin: str) -> HardwareSpec:
             raise ConfigError(
                 f"{origin} [efficiency]: {key} must be in [{MIN_EFFICIENCY:g}, 1] (a share of the peak), got {value}"
             )
-    date = _date_text(price, "date", f"{origin} [price]")
-    if len(date) < 7 or date[4] != "-" or not date[:4].isdigit() or not date[5:7].isdigit():
-        raise ConfigError(f"{origin} [price]: date must be YYYY-MM or YYYY-MM-DD, got {date!r}")
+    date = _price_date(price, "date", f"{origin} [price]")
+    min_kernel = _ranged(eff, "min_kernel_s", f"{origin} [efficiency]", MIN_KERNEL_RANGE, "s")
+    step_overhead = _ranged(eff, "step_overhead_s", f"{origin} [efficiency]", STEP_OVERHEAD_RANGE, "s")
+    gpu_price = _num(price, "usd_per_gpu_hour", f"{origin} [price]")
+    if gpu_price > GPU_PRICE_RANGE[1]:
+        raise ConfigError(f"{origin} [price]: usd_per_gpu_hour must be in (0, 1,000,000] USD, got {gpu_price:g}")
     return HardwareSpec(
         name=_str(data, "name", origin),
         display_name=_str(data, "display_name", origin),
@@ -339,10 +365,10 @@ def parse_hardware(data: Mapping[str, Any], origin: str) -> HardwareSpec:
         memory_efficiency=float(eff["memory"]),
         elementwise_efficiency=float(eff["elementwise"]),
         link_efficiency=float(eff["link"]),
-        min_kernel_s=_num(eff, "min_kernel_s", f"{origin} [efficiency]", positive=False),
-        step_overhead_s=_num(eff, "step_overhead_s", f"{origin} [efficiency]", positive=False),
+        min_kernel_s=min_kernel,
+        step_overhead_s=step_overhead,
         calibrated_on=_str(eff, "calibrated_on", f"{origin} [efficiency]"),
-        price_usd_per_gpu_hour=_num(price, "usd_per_gpu_hour", f"{origin} [price]"),
+        price_usd_per_gpu_hour=gpu_price,
         price_date=date,
         sources=MappingProxyType({k: str(sources[k]) for k in sorted(sources)}),
         path=origin,
@@ -717,6 +743,11 @@ def model_from_hf_config(cfg: Mapping[str, Any], name: str, hf_id: str = "", sou
     kv_heads = get_int("num_key_value_heads", heads) or heads
     if heads % kv_heads:
         raise ConfigError(f"{where}: num_attention_heads {heads} not divisible by num_key_value_heads {kv_heads}")
+    if cfg.get("head_dim") is None and hidden % heads and not get_int("kv_lora_rank"):
+        raise ConfigError(
+            f"{where}: hidden_size {hidden} is not divisible by num_attention_heads {heads} and no head_dim is "
+            f"given (the head size would be rounded down to {hidden // heads}); set head_dim"
+        )
     head_dim = get_int("head_dim", hidden // heads) or hidden // heads
 
     # MoE: each family spells the expert count differently.

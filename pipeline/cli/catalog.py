@@ -89,10 +89,16 @@ def catalog_show(name: str, as_json: bool) -> None:
 
     def body() -> None:
         from pipeline.catalog import list_hardware, list_models, load_hardware, load_model
+        from pipeline.catalog.entries import _exists
         from pipeline.errors import ConfigError
         from pipeline.fit import kv_bytes_per_token, kv_window_bytes_per_token
+        from pipeline.tomlfile import read_toml
 
-        if name in list_hardware():
+        # a path to a TOML entry (as fit/replay/plan accept): hardware when it has the
+        # hardware-only [peak_flops_per_s] table, else a model
+        as_path = Path(name).suffix == ".toml" and _exists(Path(name))
+        path_is_hw = as_path and "peak_flops_per_s" in read_toml(Path(name), "catalog entry")
+        if path_is_hw or (not as_path and name in list_hardware()):
             h = load_hardware(name)
             doc: dict[str, Any] = {
                 "kind": "hardware",
@@ -143,7 +149,7 @@ def catalog_show(name: str, as_json: bool) -> None:
             for key, text in h.sources.items():
                 click.echo(f"    {key}: {text}")
             return
-        if name in list_models():
+        if as_path or name in list_models():
             m = load_model(name)
             doc = {
                 "kind": "model",

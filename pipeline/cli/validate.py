@@ -230,6 +230,15 @@ def validate_cmd(measurements: str | None, hardware: str | None, store_path: str
         if report is None and (profile is None or profile.height == 0):
             # operator sets, but not one held-out check could be run on them: nothing was judged
             why = f" ({'; '.join(dict.fromkeys(doc['skipped']))})" if doc["skipped"] else ""
+            if hardware is not None and profile is not None:  # a GPU the folder does not hold?
+                from pipeline.profile.sources import read_measurements
+
+                held = sorted(read_measurements(source).gpus)
+                if hardware not in held:
+                    raise RooftraceError(
+                        f"{source}: --hardware {hardware}: these measurements hold no rows of it "
+                        f"(they hold {', '.join(held) if held else 'no catalog GPU'})"
+                    )
             raise RooftraceError(f"{source}: no held-out check could be run on these measurements{why}")
         # The store keeps one validation: tables an earlier run wrote and this one did not would
         # read as this run's (a one-GPU table after a full run left the full run's prior tables).

@@ -276,6 +276,80 @@ def write_profile(
         raise ConfigError(f"{folder}: cannot write the profile: {exc.strerror or exc}") from None
 
 
+@dataclass
+class _Previous:
+    """What a rebuild keeps of the profile already in its folder: the tables of the families the
+    new measurements do not cover, with their selection, held-out errors and fitted values."""
+
+    frames: dict[str, pl.DataFrame]
+    selection: dict[str, str]
+    fitted: dict[str, Any]
+    heldout: dict[str, Any]
+    notes: list[str]
+
+
+#: How profile.toml's [heldout] entries name each family ("<prefix>, 1-127").
+_HELDOUT_PREFIX = {
+    "allreduce": "collectives",
+    "attn_decode": "decode attention",
+    "attn_prefill": "prefill attention",
+    "attn_mixed": "mixed attention",
+}
+
+
+def keep_previous(folder: Path, gpu: str, covered: set[str]) -> _Previous:
+    """The tables of the profile in ``folder`` whose families are not in ``covered`` (a set of
+    measurements that holds only GEMMs must not delete a profile's attention, collectives and MoE
+    tables). Nothing when there is no readable profile of ``gpu`` there; a table that cannot be
+    read is said in ``notes`` (and dropped)."""
+    import tomllib
+
+    prev = _Previous({}, {}, {}, {}, [])
+    meta_path = folder / "profile.toml"
+    try:
+        meta = tomllib.loads(meta_path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError):
+        return prev
+    if meta.get("gpu") != gpu:
+        return prev
+    raw_selection = meta.get("selection")
+    selection: dict[str, Any] = raw_selection if isinstance(raw_selection, dict) else {}
+    raw_rows = meta.get("rows")
+    listed: dict[str, Any] = raw_rows if isinstance(raw_rows, dict) else {}
+    for fam, fname in FAMILY_FILES.items():
+        # a file the previous profile.toml does not list is no part of it (a stray or a killed
+        # build's leftover): replaced as before
+        if fam in covered or fam not in listed or not (folder / fname).is_file():
+            continue
+        try:
+            frame = pl.read_parquet(folder / fname)
+        except Exception as exc:  # polars raises many kinds for a damaged file
+            prev.notes.append(
+                f"{folder / fname}: the previous {fam} table cannot be read ({type(exc).__name__}); dropped"
+            )
+            continue
+        if frame.height != listed[fam]:
+            prev.notes.append(
+                f"{folder / fname}: the previous {fam} table has {frame.height:,} rows, its profile.toml "
+                f"{listed[fam]!r}; dropped"
+            )
+            continue
+        prev.frames[fam] = frame
+        if isinstance(selection.get(fam), str):
+            prev.selection[fam] = selection[fam]
+    if prev.frames:
+        kept = ", ".join(f"{fam} ({frame.height:,} rows)" for fam, frame in sorted(prev.frames.items()))
+        prev.notes.append(f"{gpu}: kept from the previous profile in {folder} (not in these measurements): {kept}")
+        heldout = meta.get("heldout")
+        if isinstance(heldout, dict):  # the kept families' errors, not those the new rows replace
+            replaced = tuple(_HELDOUT_PREFIX.get(fam, fam) for fam in covered)
+            prev.heldout = {k: v for k, v in heldout.items() if isinstance(v, dict) and not str(k).startswith(replaced)}
+        fitted = meta.get("fitted")
+        if isinstance(fitted, dict):
+            prev.fitted = dict(fitted)
+    return prev
+
+
 def build_profiles(
     measurements: Path,
     out_dir: Path = PROFILES_DIR,
@@ -300,6 +374,12 @@ def build_profiles(
         if not frames:
             meas.skip(gpu, f"{gpu}: no rows a profile keeps; no profile written")
             continue
+        measured = set(frames)
+        prev = keep_previous(out_dir / gpu, gpu, measured)
+        for note in prev.notes:
+            meas.note(gpu, note)
+        frames = {**frames, **prev.frames}
+        selection = {**prev.selection, **selection}
         said = meas.gpu_notes.get(gpu)
         if said:  # rows of this GPU's files left out, and repeats that disagree: in its profile.toml too
             selection["notes"] = "; ".join(dict.fromkeys(said))
@@ -307,7 +387,10 @@ def build_profiles(
             progress(f"profile {gpu}: judging held-out shapes")
         errors = judge(meas, gpu)
         fitted = fit_fallbacks(frames) | sampler | attention_tile(meas, gpu, frames)
-        built.append(write_profile(out_dir / gpu, gpu, frames, selection, fitted, heldout_summary(errors)))
+        if "attn_mixed" in prev.frames:  # the tile was fitted on the kept mixed batches
+            fitted |= {k: v for k, v in prev.fitted.items() if k.startswith("attention_tile")}
+        heldout = {**prev.heldout, **heldout_summary(errors)} if prev.frames else heldout_summary(errors)
+        built.append(write_profile(out_dir / gpu, gpu, frames, selection, fitted, heldout))
     if skipped is not None:
         skipped.extend(meas.skipped)
     if notes is not None:

@@ -149,8 +149,15 @@ MAX_SIZE = 2**31
 #: beyond any collective, and twice it (the bytes) stays far inside int64.
 MAX_MESSAGE_ELEMENTS = 2**40
 #: A measured kernel (or one LLMServingSim operator) longer than this, in seconds, is a broken row
-#: or a unit mistake: left out.
-MAX_KERNEL_S = 1e4
+#: or a unit mistake: left out. (The longest measured rows are ~40 s AIConfigurator MoE
+#: all-to-all sweeps; GEMMs and attention stay under 0.3 s.)
+MAX_KERNEL_S = 60.0
+#: A GEMM row faster than this share of its datasheet roofline (2·m·n·k FLOPs at the GPU's
+#: fastest dense peak, its weights read once at the datasheet bandwidth) is physically
+#: impossible (a unit slip such as s for ms, a broken timer): left out, said in the notes and
+#: profile.toml. Loose on purpose (100x faster than the datasheet allows): it catches unit slips
+#: and garbage, never a real kernel (the shipped AIConfigurator GEMMs all sit above 0.5x).
+ROOFLINE_MARGIN = 0.01
 #: Repeated measurements of one key (same shape and size) whose times differ by more than this
 #: factor (max / min) are said in the notes; the lookups take the median of repeats either way.
 REPEAT_SPREAD = 2.0
@@ -734,6 +741,52 @@ def read_llmservingsim(root: Path, out: Measurements) -> None:
                 )
 
 
+def drop_impossible_gemms(out: Measurements) -> None:
+    """Leave out the GEMM rows faster than :data:`ROOFLINE_MARGIN` x the ideal time their GPU's
+    datasheet allows (per source file, said through ``out.skip``)."""
+    from pipeline.catalog import load_hardware
+    from pipeline.catalog.entries import weight_format
+
+    g = out.frames.get("gemm")
+    if g is None or g.height == 0:
+        return
+    parts = []
+    for (gpu, source), part in g.group_by(["gpu", "source"], maintain_order=True):
+        try:
+            hw = load_hardware(str(gpu))
+        except ConfigError:  # a GPU the catalog cannot read: nothing to judge the rows on
+            parts.append(part)
+            continue
+        peak = max(hw.peak_flops_per_s.values())
+
+        def bpp(dtype: str) -> float:
+            try:
+                return weight_format(dtype).bytes_per_param
+            except ConfigError:
+                return 0.5  # the smallest format: never flags a row it should not
+
+        m, n, k = (pl.col(c).cast(pl.Float64) for c in ("m", "n", "k"))
+        weight_bytes = n * k * pl.col("dtype").map_elements(bpp, return_dtype=pl.Float64)
+        ideal = pl.max_horizontal(2.0 * m * n * k / peak, weight_bytes / hw.memory_bandwidth_bytes_per_s)
+        part = part.with_columns(ideal.alias("__ideal_s"))
+        bad = part.filter(pl.col("time_s") < ROOFLINE_MARGIN * pl.col("__ideal_s"))
+        if bad.height:
+            first = bad.row(0, named=True)
+            out.skip(
+                str(gpu),
+                f"{source}: {bad.height} of {part.height} GEMM row(s) left out as physically impossible: faster "
+                f"than {ROOFLINE_MARGIN:g}x the {hw.name} datasheet roofline (FLOPs / peak, weight bytes / "
+                f"bandwidth), the first m={first['m']} n={first['n']} k={first['k']} {first['dtype']} at "
+                f"{first['time_s']:.3g} s vs an ideal {first['__ideal_s']:.3g} s",
+            )
+        parts.append(part.filter(pl.col("time_s") >= ROOFLINE_MARGIN * pl.col("__ideal_s")).drop("__ideal_s"))
+    kept = [p for p in parts if p.height]
+    if kept:
+        out.frames["gemm"] = pl.concat(kept, how="vertical_relaxed")
+    else:
+        del out.frames["gemm"]
+
+
 def read_measurements(root: Path) -> Measurements:
     """Read every known set under ``root`` (a folder holding ``aiconfigurator-vllm-ops/`` and/or
     ``llmservingsim-profiles/``) or one set's folder."""
@@ -750,6 +803,7 @@ def read_measurements(root: Path) -> Measurements:
         if folder is not None:
             reader(folder, out)
             found = True
+    drop_impossible_gemms(out)
     if not found:
         raise ConfigError(
             f"{root}: holds neither aiconfigurator-vllm-ops/ nor llmservingsim-profiles/ (operator measurements)"
