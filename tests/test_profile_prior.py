@@ -189,6 +189,11 @@ def test_whole_steps_held_out_on_h100() -> None:
     dense = steps.filter(pl.col("model") != "qwen3-30b-a3b")
     assert (dense["measured_ms"] > 0).all() and (dense["prior_ms"] > 0).all()
     assert float(dense["prior_error"].abs().median()) < 0.20  # type: ignore[arg-type]
+    # the same steps from H200's measured tables scaled to H100 (same GH100 die; prior fitted
+    # without H100): closer than the prior alone (measured: 4.1 % against 5.2 % median)
+    assert set(steps["donor"]) == {"h200"}
+    d = float(steps["donor_error"].abs().median())  # type: ignore[arg-type]
+    assert d < float(steps["prior_error"].abs().median()) and d < 0.08  # type: ignore[arg-type]
 
 
 # ----------------------------------------------------------------------------------- the tier
