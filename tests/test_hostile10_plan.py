@@ -11,6 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from click.testing import CliRunner
+from test_plan import _opts  # the plan options both files start from
 
 import pipeline.plan.search as search_mod
 from pipeline.cli import main
@@ -18,7 +19,7 @@ from pipeline.cli.plan import fmt_latency
 from pipeline.fleet import parse_fleet
 from pipeline.ingest import ingest_logs
 from pipeline.limits import ResourceLimitError
-from pipeline.plan import Candidate, CandidateResult, Evaluation, PlanOptions, min_replicas, plan
+from pipeline.plan import Candidate, CandidateResult, Evaluation, min_replicas, plan
 from pipeline.plan.search import OVERLOADED, rejection_note
 from pipeline.plan.stage import no_fit_advice
 from pipeline.schemas import read_parquet
@@ -34,21 +35,6 @@ def store(tmp_path_factory: pytest.TempPathFactory) -> Store:
     s = Store(tmp_path_factory.mktemp("h10") / "store")
     ingest_logs([AZURE], s, date="2023-11-16")
     return s
-
-
-def _opts(**kw: object) -> PlanOptions:
-    args: dict[str, object] = {
-        "model": "llama-3.1-8b",
-        "slo": "chat",
-        "hardware": ("l4",),
-        "tp": (1,),
-        "window_s": 20.0,
-        "warmup_s": 10.0,
-        "traffic_model": "*",
-        "jobs": 1,
-    }
-    args.update(kw)
-    return PlanOptions(**args)  # type: ignore[arg-type]
 
 
 # -- 1: an overloaded replay never meets the plan -------------------------------------------------
