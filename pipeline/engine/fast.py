@@ -95,6 +95,11 @@ class _Replica:
         # hash -> holders, oldest first (a dict keeps insertion order; holders are few)
         self.cached: dict[int, dict[int, None]] = {}
         self.hashed: dict[int, list[int]] = {}  # request -> its hashed blocks (a prefix of its blocks)
+        # A waiting request's last prefix lookup and the eviction count it saw: hashes only ever
+        # join the cache between evictions, so its hits stay hits and only the tail is looked up
+        # again (a blocked head is looked up at every step).
+        self._evictions = 0
+        self._looked: dict[int, tuple[int, list[int]]] = {}
         self.routed = 0
         self.finish_times: list[float] = []
         self.finished_now: list[int] = []
@@ -128,6 +133,7 @@ class _Replica:
             else:
                 h = bhash.pop(key)
                 del ref[key]
+                self._evictions += 1
                 holders = cached[h]
                 del holders[key]
                 if not holders:
@@ -160,14 +166,21 @@ class _Replica:
         ntok = int(st.prompt[rid] + st.gen[rid])
         lo = int(st.offsets[rid])
         limit = min((ntok - 1) // self.bs, int(st.chain_len[rid]))
-        hits: list[int] = []
+        seen = self._looked.get(rid)
+        hits = list(seen[1][:limit]) if seen is not None and seen[0] == self._evictions else []
         cached = self.cached
-        for h in st.hashes[lo : lo + limit].tolist():
-            holders = cached.get(h)
-            if not holders:
-                break
-            hits.append(next(iter(holders)))
-        return hits
+        at = len(hits)
+        while at < limit:  # in pieces: a miss usually comes long before a long chain's end
+            end = min(limit, at + 64)
+            for h in st.hashes[lo + at : lo + end].tolist():
+                holders = cached.get(h)
+                if not holders:
+                    self._looked[rid] = (self._evictions, hits)
+                    return list(hits)
+                hits.append(next(iter(holders)))
+            at = end
+        self._looked[rid] = (self._evictions, hits)
+        return list(hits)
 
     def _register(self, rid: int, tokens_after: int) -> None:
         """Give hashes to the request's blocks that are full once ``tokens_after`` are in."""
@@ -224,7 +237,7 @@ class _Replica:
             return True
         n_new = min(n_new, budget_left)
         need = -(-(computed + n_new) // self.bs) - int(st.nblocks[rid]) - len(hits)
-        evictable = sum(1 for b in hits if self.ref[b] == 0)
+        evictable = list(map(self.ref.__getitem__, hits)).count(0)
         if need + evictable <= free_after:
             return False  # admissible: not a span
         if evictable:
@@ -481,10 +494,11 @@ class _Replica:
                     break
                 n = min(n, budget)
                 need_b = -(-(c + n) // bs) - int(st.nblocks[rid]) - len(hits)
-                evictable = sum(1 for b in hits if self.ref[b] == 0)
+                evictable = list(map(self.ref.__getitem__, hits)).count(0)
                 if need_b + evictable > self.free_count:
                     break
                 waiting.popleft()
+                self._looked.pop(rid, None)
                 running.append(rid)
                 if hits:
                     for b in hits:
