@@ -247,7 +247,7 @@ def test_fast_and_chunked_readers_give_the_same_flat_frame(
     else:
         fmt = name
         path = tmp_path / f"{name}.jsonl"
-        write_logs(generate(SynthConfig(requests=300, seed=4, duration_s=3600)), name, path)
+        write_logs(generate(SynthConfig(requests=100, seed=4, duration_s=3600)), name, path)
     spec = FORMATS[fmt]
     fast = _frames(readers.jsonl_fast(path, spec))
     robust = _frames(readers.jsonl_robust(path, spec))
