@@ -18,7 +18,11 @@ Three measurements, each in a fresh child process (its own peak RSS):
 Round robin is a static router, so all three must give the same per-request results bit for bit
 (checked here on first-token time, finish time and replica). Then, on a fleet one process runs
 easily, the hierarchical router (a load balancer over pods, least outstanding inside each) against
-the flat least-outstanding router: TTFT and TPOT percentiles and their differences.
+the flat least-outstanding router: TTFT and TPOT percentiles and their differences. With
+``--hierarchy-arrivals sessions`` the requests belong to sessions of heavy-tailed sizes
+(:func:`sessions`, ``--session-*``), each request's session its affinity key, and flat and
+hierarchical ``session_affinity`` are compared with flat and hierarchical least outstanding,
+with the load imbalance across pods and replicas (:func:`hierarchy_sessions`).
 
 Workload: Azure-conversation-like lengths (benchmarks/replay.py), Poisson arrivals at 6 requests/s
 per replica, Llama-3.1-8B on H100 with its measured profile, no prefix caching; no step log but
@@ -50,6 +54,14 @@ from _util import run_child  # noqa: E402
 BURST_MEAN_S = 20.0
 BURST_HIGH, BURST_LOW = 1.6, 0.4
 
+#: Sessions (``--hierarchy-arrivals sessions``, :func:`sessions`): turns per session Zipf-distributed
+#: with exponent SESSION_ZIPF (P(k) ∝ k^-a; a = 2: median 1 turn, mean about 5), sessions of more
+#: than SESSION_MAX_TURNS turns redrawn; turns SESSION_GAP_S seconds apart on average (exponential
+#: gaps: a chat's think time).
+SESSION_ZIPF = 2.0
+SESSION_MAX_TURNS = 4000
+SESSION_GAP_S = 20.0
+
 
 def arrivals(n: int, fleet_rate: float, rng: np.random.Generator, kind: str = "poisson") -> np.ndarray:
     """``n`` arrival times at a mean of ``fleet_rate`` requests/s: Poisson, or bursty (above)."""
@@ -71,12 +83,61 @@ def arrivals(n: int, fleet_rate: float, rng: np.random.Generator, kind: str = "p
     return out
 
 
+def sessions(
+    n: int,
+    fleet_rate: float,
+    rng: np.random.Generator,
+    zipf: float = SESSION_ZIPF,
+    max_turns: int = SESSION_MAX_TURNS,
+    gap_s: float = SESSION_GAP_S,
+) -> tuple[np.ndarray, np.ndarray]:
+    """``n`` requests in sessions at a mean of ``fleet_rate`` requests/s: their arrival times
+    (increasing, in [0, T), T = n / fleet_rate) and each one's session key (int64, 0, 1, ...).
+
+    Turns per session are Zipf-distributed with exponent ``zipf`` (draws above ``max_turns``
+    redrawn; the last session is cut so that the turns add up to ``n``). A session starts at a
+    uniformly random time of the run and its turns follow at exponential gaps of mean ``gap_s``
+    (a chat's think time); a session that would span more than the run at that pace is squeezed
+    into it (its gaps scaled down until it spans (k − 1)/k of T: a client that sends many
+    requests a day sends them faster). The run is one period of a steady day: turns past its end
+    wrap around to its start, so the mean rate is the same throughout."""
+    T = n / fleet_rate
+    parts, total = [], 0
+    while total < n:
+        k = rng.zipf(zipf, max(1024, (n - total) // 2))
+        k = k[k <= max_turns]
+        k = k[: int(np.searchsorted(np.cumsum(k), n - total)) + 1]  # up to the first that reaches n
+        parts.append(k)
+        total += int(k.sum())
+    sizes = np.concatenate(parts).astype(np.int64)
+    sizes[-1] -= total - n
+    first = np.cumsum(sizes) - sizes  # each session's first turn (requests grouped by session)
+    gaps = rng.exponential(gap_s, n)
+    gaps[first] = 0.0
+    offset = np.cumsum(gaps)
+    offset -= np.repeat(offset[first], sizes)  # seconds after the session's first turn
+    span = offset[first + sizes - 1]
+    limit = T * (sizes - 1) / sizes
+    squeeze = np.divide(limit, span, out=np.ones(sizes.size), where=span > limit)
+    t = (np.repeat(rng.uniform(0.0, T, sizes.size), sizes) + offset * np.repeat(squeeze, sizes)) % T
+    key = np.repeat(np.arange(sizes.size, dtype=np.int64), sizes)
+    order = np.argsort(t, kind="stable")
+    return t[order], key[order]
+
+
 def build(
-    n: int, replicas: int, router: str, seed: int = 0, rate: float = 6.0, kind: str = "poisson"
+    n: int,
+    replicas: int,
+    router: str,
+    seed: int = 0,
+    rate: float = 6.0,
+    kind: str = "poisson",
+    session: tuple[float, int, float] = (SESSION_ZIPF, SESSION_MAX_TURNS, SESSION_GAP_S),
 ) -> tuple[object, object, object, object]:
     """The workload (``kind`` arrivals, :func:`arrivals`, at ``rate`` requests/s per replica on
-    average), the fleet spec, the measured step cost and the resolved fleet (deterministic in
-    ``seed``)."""
+    average; ``sessions``: :func:`sessions` with ``session`` = (zipf, max_turns, gap_s), each
+    request's session its affinity key), the fleet spec, the measured step cost and the resolved
+    fleet (deterministic in ``seed``)."""
     from replay import lengths
 
     from pipeline.engine.model import FleetSpec, Workload
@@ -102,8 +163,12 @@ def build(
     )
     rng = np.random.default_rng(seed)
     prompt, output = lengths(n, rng)
-    arrival = arrivals(n, rate * fleet.ranks, rng, kind)
-    work = Workload(arrival_s=arrival, prompt_tokens=prompt, output_tokens=output)
+    affinity = None
+    if kind == "sessions":
+        arrival, affinity = sessions(n, rate * fleet.ranks, rng, *session)
+    else:
+        arrival = arrivals(n, rate * fleet.ranks, rng, kind)
+    work = Workload(arrival_s=arrival, prompt_tokens=prompt, output_tokens=output, affinity=affinity)
     spec = FleetSpec(replicas=fleet.ranks, scheduler=sched, router=router, lockstep=fleet.lockstep)
     return work, spec, cost, fleet
 
@@ -235,6 +300,149 @@ def hierarchy(n: int, replicas: int, pod_sizes: list[int], rate: float = 6.0, ki
         )
 
 
+def _latencies(work: object, res: object) -> dict[str, float]:
+    """TTFT and TPOT p50 and p99 of the finished requests (seconds)."""
+    from pipeline.slo import percentile
+
+    ok = res.reject_reason == 0  # type: ignore[attr-defined]
+    ttft = (res.first_token_s - res.arrival_s)[ok]  # type: ignore[attr-defined]
+    out = work.output_tokens[ok]  # type: ignore[attr-defined]
+    tpot = ((res.finish_s - res.first_token_s)[ok] / np.maximum(out - 1, 1))[out > 1]  # type: ignore[attr-defined]
+    return {f"{k}_p{p}": percentile(v, p) for k, v in (("ttft", ttft), ("tpot", tpot)) for p in (50, 99)}
+
+
+def _imbalance(counts: np.ndarray) -> float:
+    """Max over mean of requests per pod or replica."""
+    return float(counts.max() / counts.mean())
+
+
+def hierarchy_sessions(
+    n: int,
+    replicas: int,
+    pod_sizes: list[int],
+    rate: float,
+    session: tuple[float, int, float] = (SESSION_ZIPF, SESSION_MAX_TURNS, SESSION_GAP_S),
+) -> None:
+    """Sessions of heavy-tailed sizes (:func:`sessions`) on flat and hierarchical routers:
+    ``session_affinity`` (sessions hashed to replicas; hierarchical: to pods, then to replicas)
+    and ``least_outstanding`` (ignores sessions; hierarchical: round robin over pods), and, as a
+    what-if no FLEET.toml setting gives, sessions hashed to pods (the balancer's salted hash) with
+    least outstanding inside each pod. TTFT / TPOT percentiles and the load imbalance (max / mean
+    requests) across pods and across replicas."""
+    from dataclasses import replace
+
+    from pipeline.engine.jit import affinity_replicas, simulate_jit
+    from pipeline.engine.model import Workload
+    from pipeline.engine.shard import _POD_SALT, simulate_sharded
+
+    work, spec, cost, _ = build(n, replicas, "session_affinity", seed=1, rate=rate, kind="sessions", session=session)
+    key = work.affinity  # type: ignore[attr-defined]
+    print(f"  workload: {session_summary(key, rate * spec.replicas)}")  # type: ignore[attr-defined]
+    print(f"  max/mean requests over 200 draws of the hash: {hash_spread(key, replicas, pod_sizes)}")
+    runs: list[tuple[str, str, int]] = [("session_affinity", "", s) for s in [0, *pod_sizes]]
+    runs += [("least_outstanding", "", s) for s in [0, *pod_sizes]]
+    runs += [("least_outstanding", "hashed pods", s) for s in pod_sizes]
+    base: dict[str, dict[str, float]] = {}
+    for router, how, size in runs:
+        sp = replace(spec, router=router)  # type: ignore[type-var]
+        t0 = time.perf_counter()
+        if how:  # the balancer's hash of shard._cut_hierarchical, least outstanding inside each pod
+            salted = ((key.astype(np.uint64) ^ _POD_SALT) & np.uint64(0x7FFFFFFFFFFFFFFF)).astype(np.int64)
+            pod_of = affinity_replicas(salted, -(-replicas // size))
+            res_replica = np.full(n, -1, np.int64)
+            res_first, res_finish = np.full(n, np.nan), np.full(n, np.nan)
+            res_arrival, res_reject = work.arrival_s.copy(), np.zeros(n, np.int64)  # type: ignore[attr-defined]
+            for p in range(-(-replicas // size)):
+                rows = np.flatnonzero(pod_of == p)
+                if not rows.size:
+                    continue
+                sub = Workload(
+                    arrival_s=work.arrival_s[rows],  # type: ignore[attr-defined]
+                    prompt_tokens=work.prompt_tokens[rows],  # type: ignore[attr-defined]
+                    output_tokens=work.output_tokens[rows],  # type: ignore[attr-defined]
+                )
+                r = simulate_jit(sub, replace(sp, replicas=min(size, replicas - p * size)), cost)
+                res_replica[rows] = np.where(r.replica >= 0, r.replica + p * size, -1)
+                res_first[rows], res_finish[rows] = r.first_token_s, r.finish_s
+                res_arrival[rows], res_reject[rows] = r.arrival_s, r.reject_reason
+            from types import SimpleNamespace
+
+            res: object = SimpleNamespace(
+                replica=res_replica,
+                first_token_s=res_first,
+                finish_s=res_finish,
+                arrival_s=res_arrival,
+                reject_reason=res_reject,
+            )
+        elif size == 0:
+            res = simulate_jit(work, sp, cost)
+        else:
+            res = simulate_sharded(work, sp, cost, None, 1, pod_ranks=size)
+        wall = time.perf_counter() - t0
+        row = _latencies(work, res)
+        ok = res.reject_reason == 0  # type: ignore[attr-defined]
+        rep = res.replica[ok]  # type: ignore[attr-defined]
+        per_replica = np.bincount(rep, minlength=replicas)
+        pods = "" if size == 0 else f"pods {_imbalance(np.bincount(rep // size, minlength=-(-replicas // size))):.2f}, "
+        name = {"session_affinity": "affinity", "least_outstanding": "least out."}[router]
+        label = f"{name} " + ("flat" if size == 0 else f"{how or 'pods'} of {size}")
+        base.setdefault(router, row)
+        diff = (
+            ""
+            if size == 0
+            else "  vs flat: " + ", ".join(f"{k} {100 * (v / base[router][k] - 1):+.1f}%" for k, v in row.items())
+        )
+        print(
+            f"  {label:<28} "
+            + ", ".join(f"{k} {v * 1e3:,.1f} ms" for k, v in row.items())
+            + f"; max/mean requests: {pods}replicas {_imbalance(per_replica):.2f}"
+            + f", last finish {float(np.nanmax(res.finish_s)):,.0f} s ({wall:.1f} s){diff}"  # type: ignore[attr-defined]
+        )
+
+
+def hash_spread(key: np.ndarray, replicas: int, pod_sizes: list[int], draws: int = 200) -> str:
+    """How the load imbalance (max / mean requests) across replicas, and across pods, of the
+    sessions ``key`` varies with the draw of the hash: the same sessions relabelled ``draws``
+    times (key + d × sessions, d = 0 the labels replayed), hashed as the flat affinity router and
+    as the hierarchical one (shard._cut_hierarchical's salted hash to pods, then the pod's own)."""
+    from pipeline.engine.jit import affinity_replicas
+    from pipeline.engine.shard import _POD_SALT
+
+    sizes = np.bincount(key).astype(np.float64)
+    m = sizes.size
+    spread: dict[str, list[float]] = {}
+    for d in range(draws):
+        k = np.arange(m, dtype=np.int64) + d * m
+        spread.setdefault("flat replicas", []).append(
+            _imbalance(np.bincount(affinity_replicas(k, replicas), sizes, replicas))
+        )
+        for size in pod_sizes:
+            n_pods = -(-replicas // size)
+            salted = ((k.astype(np.uint64) ^ _POD_SALT) & np.uint64(0x7FFFFFFFFFFFFFFF)).astype(np.int64)
+            pod = affinity_replicas(salted, n_pods)
+            rep = pod * size + affinity_replicas(k, size)
+            last = pod == n_pods - 1  # (a smaller last pod)
+            rep[last] = (n_pods - 1) * size + affinity_replicas(k[last], replicas - (n_pods - 1) * size)
+            spread.setdefault(f"pods of {size}: pods", []).append(_imbalance(np.bincount(pod, sizes, n_pods)))
+            spread.setdefault(f"pods of {size}: replicas", []).append(_imbalance(np.bincount(rep, sizes, replicas)))
+    return "; ".join(
+        f"{name} median {np.median(v):.2f} (5-95 %: {np.percentile(v, 5):.2f}-{np.percentile(v, 95):.2f})"
+        for name, v in spread.items()
+    )
+
+
+def session_summary(key: np.ndarray, fleet_rate: float) -> str:
+    """The sessions of the session keys ``key`` (one a request), in words."""
+    n = key.shape[0]
+    sizes = np.sort(np.bincount(key))[::-1]
+    top = sizes[: max(1, sizes.size // 100)].sum() / n
+    return (
+        f"{sizes.size:,} sessions: turns median {np.median(sizes):g}, mean {sizes.mean():.2f}, max {sizes[0]:,}; "
+        f"top 1 % of sessions {100 * top:.1f} % of requests, largest {100 * sizes[0] / n:.2f} % "
+        f"({sizes[0] * fleet_rate / n:.1f} requests/s)"
+    )
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--requests", type=int, default=10_000_000)
@@ -248,9 +456,13 @@ def main() -> None:
         "--hierarchy-rates", default="6", help="requests/s per replica, comma-separated (one comparison each)"
     )
     ap.add_argument(
-        "--hierarchy-arrivals", choices=["poisson", "bursty"], default="poisson",
-        help="arrival process of the routing comparison (bursty: busy / quiet periods, BURST_*)",
+        "--hierarchy-arrivals", choices=["poisson", "bursty", "sessions"], default="poisson",
+        help="arrival process of the routing comparison (bursty: busy / quiet periods, BURST_*; "
+        "sessions: heavy-tailed sessions as affinity keys, affinity and least-outstanding routers, --session-*)",
     )  # fmt: skip
+    ap.add_argument("--session-zipf", type=float, default=SESSION_ZIPF, help="Zipf exponent of turns per session")
+    ap.add_argument("--session-max-turns", type=int, default=SESSION_MAX_TURNS, help="most turns of a session")
+    ap.add_argument("--session-gap", type=float, default=SESSION_GAP_S, help="mean seconds between a session's turns")
     args = ap.parse_args()
     tmp = Path(tempfile.mkdtemp(prefix="rooftrace-scale-"))
     results = {}
@@ -290,7 +502,16 @@ def main() -> None:
         if not same:
             raise SystemExit(f"{mode} differs from {base}")
     if args.hierarchy_requests > 0:  # 0: skip
+        session = (args.session_zipf, args.session_max_turns, args.session_gap)
         for rate in (float(r) for r in args.hierarchy_rates.split(",")):
+            if args.hierarchy_arrivals == "sessions":
+                print(
+                    f"sessions on flat and hierarchical routers: {args.hierarchy_requests:,} requests on "
+                    f"{args.hierarchy_replicas} replicas at {rate:g} requests/s per replica (zipf {session[0]:g}, "
+                    f"at most {session[1]:,} turns, {session[2]:g} s apart)"
+                )
+                hierarchy_sessions(args.hierarchy_requests, args.hierarchy_replicas, [32, 16, 8], rate, session)
+                continue
             print(
                 f"hierarchical vs flat least outstanding: {args.hierarchy_requests:,} requests on "
                 f"{args.hierarchy_replicas} replicas at {rate:g} requests/s per replica ({args.hierarchy_arrivals})"
