@@ -325,15 +325,14 @@ def hierarchy_sessions(
 ) -> None:
     """Sessions of heavy-tailed sizes (:func:`sessions`) on flat and hierarchical routers:
     ``session_affinity`` (sessions hashed to replicas; hierarchical: to pods, then to replicas)
-    and ``least_outstanding`` (ignores sessions; hierarchical: round robin over pods), and, as a
-    what-if no FLEET.toml setting gives, sessions hashed to pods (the balancer's salted hash) with
-    least outstanding inside each pod. TTFT / TPOT percentiles and the load imbalance (max / mean
-    requests) across pods and across replicas."""
+    and ``least_outstanding`` (ignores sessions; hierarchical: round robin over pods), and
+    FLEET.toml ``router_pod_balancer = "session_affinity"``: sessions hashed to pods (the
+    balancer's salted hash) with least outstanding inside each pod. TTFT / TPOT percentiles and
+    the load imbalance (max / mean requests) across pods and across replicas."""
     from dataclasses import replace
 
-    from pipeline.engine.jit import affinity_replicas, simulate_jit
-    from pipeline.engine.model import Workload
-    from pipeline.engine.shard import _POD_SALT, simulate_sharded
+    from pipeline.engine.jit import simulate_jit
+    from pipeline.engine.shard import simulate_sharded
 
     work, spec, cost, _ = build(n, replicas, "session_affinity", seed=1, rate=rate, kind="sessions", session=session)
     key = work.affinity  # type: ignore[attr-defined]
@@ -346,34 +345,8 @@ def hierarchy_sessions(
     for router, how, size in runs:
         sp = replace(spec, router=router)  # type: ignore[type-var]
         t0 = time.perf_counter()
-        if how:  # the balancer's hash of shard._cut_hierarchical, least outstanding inside each pod
-            salted = ((key.astype(np.uint64) ^ _POD_SALT) & np.uint64(0x7FFFFFFFFFFFFFFF)).astype(np.int64)
-            pod_of = affinity_replicas(salted, -(-replicas // size))
-            res_replica = np.full(n, -1, np.int64)
-            res_first, res_finish = np.full(n, np.nan), np.full(n, np.nan)
-            res_arrival, res_reject = work.arrival_s.copy(), np.zeros(n, np.int64)  # type: ignore[attr-defined]
-            for p in range(-(-replicas // size)):
-                rows = np.flatnonzero(pod_of == p)
-                if not rows.size:
-                    continue
-                sub = Workload(
-                    arrival_s=work.arrival_s[rows],  # type: ignore[attr-defined]
-                    prompt_tokens=work.prompt_tokens[rows],  # type: ignore[attr-defined]
-                    output_tokens=work.output_tokens[rows],  # type: ignore[attr-defined]
-                )
-                r = simulate_jit(sub, replace(sp, replicas=min(size, replicas - p * size)), cost)
-                res_replica[rows] = np.where(r.replica >= 0, r.replica + p * size, -1)
-                res_first[rows], res_finish[rows] = r.first_token_s, r.finish_s
-                res_arrival[rows], res_reject[rows] = r.arrival_s, r.reject_reason
-            from types import SimpleNamespace
-
-            res: object = SimpleNamespace(
-                replica=res_replica,
-                first_token_s=res_first,
-                finish_s=res_finish,
-                arrival_s=res_arrival,
-                reject_reason=res_reject,
-            )
+        if how:  # FLEET.toml router_pod_balancer = "session_affinity": sessions hashed to pods
+            res: object = simulate_sharded(work, sp, cost, None, 1, pod_ranks=size, pod_balancer="session_affinity")
         elif size == 0:
             res = simulate_jit(work, sp, cost)
         else:

@@ -14,6 +14,8 @@ continuous-batching engine whose settings carry vLLM's names and defaults::
     replicas = 2
     router = "round_robin"          # least_outstanding | session_affinity | prefix_affinity
     router_pod_size = 0             # > 0: a load balancer over pods of this many replicas
+    router_pod_balancer = "round_robin"  # how it picks a pod: | session_affinity | prefix_affinity
+                                    # (unset: the router's key for the affinity routers)
     cost_model = "auto"             # profile, else the size-aware prior | measured | prior | roofline
 
     [engine]
@@ -69,6 +71,9 @@ from pipeline.fit import (
 )
 from pipeline.roofline import MAX_DP, Deployment
 from pipeline.tomlfile import read_toml
+
+#: Routers that send a request by a key it carries (a session id, its first prefix block).
+AFFINITY_ROUTERS = ("session_affinity", "prefix_affinity")
 
 GIB = 1 << 30
 #: Most engines (replicas × dp) a fleet may have: the replay numbers them in 4 bytes.
@@ -153,6 +158,12 @@ class FleetConfig:
     #: affinity key for the affinity routers) and ``router`` works inside each pod only, as large
     #: deployments route (docs/engine.md, "Hierarchical routing").
     router_pod_size: int = 0
+    #: How the load balancer picks a pod: ``round_robin``, or by a salted hash of the request's
+    #: session id (``session_affinity``) or first prefix block (``prefix_affinity``); a request
+    #: without the key goes round robin. Unset (""): the router's own key for the affinity
+    #: routers, else round robin. Hashing to pods with ``least_outstanding`` inside them is
+    #: what a gateway that keeps a session's cache on one pod and balances within it does.
+    router_pod_balancer: str = ""
     description: str = ""
     #: "auto": the GPU's measured profile when the catalog has one, else the roofline;
     #: "measured" (error without a profile) or "roofline" (the catalog's factors only).
@@ -173,7 +184,25 @@ class FleetConfig:
         return replace(self, replicas=replicas)
 
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        out = asdict(self)
+        if not self.router_pod_balancer:  # unset: kept out, so runs recorded before it read the same
+            del out["router_pod_balancer"]
+        return out
+
+    def pod_balancer(self) -> str:
+        """The balancer hierarchical routing uses (``router_pod_balancer`` or its default)."""
+        if self.router_pod_balancer:
+            return self.router_pod_balancer
+        return self.router if self.router in AFFINITY_ROUTERS else "round_robin"
+
+    def affinity_key(self) -> str | None:
+        """The affinity key the replay needs on every request (``session_affinity``: the session
+        id; ``prefix_affinity``: the first prefix block), for the router or the pods' balancer."""
+        if self.router in AFFINITY_ROUTERS:
+            return self.router
+        if 0 < self.router_pod_size < self.replicas and self.pod_balancer() in AFFINITY_ROUTERS:
+            return self.pod_balancer()
+        return None
 
 
 _TOP_TYPES: dict[str, tuple[type, ...]] = {
@@ -189,6 +218,7 @@ _TOP_TYPES: dict[str, tuple[type, ...]] = {
     "kv_dtype": (str,),
     "router": (str,),
     "router_pod_size": (int,),
+    "router_pod_balancer": (str,),
     "description": (str,),
     "cost_model": (str,),
     "engine": (dict,),
@@ -322,6 +352,20 @@ def parse_fleet(data: dict[str, Any], origin: str) -> FleetConfig:
             f"{origin}: router_pod_size must be >= 0 replicas (0: one flat router) and at most {MAX_ENGINES:,}, "
             f"got {cfg.router_pod_size!r}"
         )
+    if cfg.router_pod_balancer:
+        if cfg.router_pod_balancer not in ("round_robin", *AFFINITY_ROUTERS):
+            raise ConfigError(
+                f"{origin}: router_pod_balancer {cfg.router_pod_balancer!r} unknown; choose round_robin, "
+                "session_affinity or prefix_affinity"
+            )
+        if cfg.router_pod_size == 0:
+            raise ConfigError(f"{origin}: router_pod_balancer needs router_pod_size > 0 (pods for it to balance)")
+        other = cfg.router in AFFINITY_ROUTERS and cfg.router_pod_balancer in AFFINITY_ROUTERS
+        if other and cfg.router_pod_balancer != cfg.router:
+            raise ConfigError(
+                f"{origin}: router_pod_balancer {cfg.router_pod_balancer!r} with router {cfg.router!r}: the "
+                "balancer and the pods' router must hash the same key (or one of them not hash)"
+            )
     for key, check in (("weight_dtype", weight_format), ("kv_dtype", kv_format)):
         try:
             check(getattr(cfg, key))

@@ -586,7 +586,7 @@ def estimate_replay(
 
     n_eff = max(n, 1)
     bs = max(int(sched.block_size), 1)
-    chains = sched.enable_prefix_caching or router == "prefix_affinity"
+    chains = sched.enable_prefix_caching or fleet.config.affinity_key() == "prefix_affinity"
     # token sums and block counts a slice at a time (a day of 10^8 requests: no copy of a column)
     sum_p, blocks_p = _token_sums(requests.get_column("recorded_input_tokens"), bs, ceil=False)
     sum_o, blocks_o = _token_sums(requests.get_column("output_tokens"), bs, ceil=True)

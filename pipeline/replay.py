@@ -193,12 +193,13 @@ def build_workload(
     n = frame.height
     sched = fleet.scheduler
     tree = None
-    if sched.enable_prefix_caching or fleet.config.router == "prefix_affinity":
+    key = fleet.config.affinity_key()  # the router's, or the pods' balancer's
+    if sched.enable_prefix_caching or key == "prefix_affinity":
         tree = _engine_chains(frame, sched.block_size, options.isolation, identity)
     affinity = None
-    if fleet.config.router == "session_affinity" and "session_id" in frame.columns:
+    if key == "session_affinity" and "session_id" in frame.columns:
         affinity = _session_keys(frame.get_column("session_id"))
-    elif fleet.config.router == "prefix_affinity" and tree is not None:
+    elif key == "prefix_affinity" and tree is not None:
         has = tree.blocks > 0
         first = np.zeros(n, np.uint64)
         first[has] = tree.materialise(n_blocks=np.ones(n, np.int64))[0]
@@ -321,6 +322,7 @@ def run_workload(
             progress,
             options.ray_address,
             ranks,
+            fleet.config.pod_balancer(),
         )
         result = EngineResult.empty(work.n) if results is None else None
         pods = 0  # the pods run: those that hold a request
@@ -828,8 +830,8 @@ def _replay(
 ) -> ReplayResult:
     """:func:`replay` once the fleet and date are known; ``doing[0]`` says what it is building
     (for an out-of-memory error)."""
-    affinity = ("session_id",) if cfg.router == "session_affinity" else ()
-    chains = fleet.scheduler.enable_prefix_caching or cfg.router == "prefix_affinity"
+    affinity = ("session_id",) if cfg.affinity_key() == "session_affinity" else ()
+    chains = fleet.scheduler.enable_prefix_caching or cfg.affinity_key() == "prefix_affinity"
     # the request ids only where the prefix identity needs them: they are digested for the run
     # id and written to requests.parquet a row group / chunk at a time, read from the store
     read = REPLAY_COLUMNS if chains else tuple(c for c in REPLAY_COLUMNS if c != "request_id")

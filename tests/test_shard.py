@@ -584,3 +584,62 @@ def test_a_fleet_too_big_for_one_engine_state_replays_in_pods_by_itself(
     assert sorted(p.name for p in run_dir.iterdir()) == sorted(files)
     for name, data in files.items():
         assert (run_dir / name).read_bytes() == data, name
+
+
+def test_sessions_hashed_to_pods_with_least_outstanding_inside() -> None:
+    """FLEET.toml ``router_pod_balancer = "session_affinity"`` under ``least_outstanding``: the
+    balancer keeps every session on one pod (by the salted hash of its key), the pod's own
+    least-outstanding router spreads it over the pod's replicas, and each pod replays alone."""
+    w, spec = _busy_fleet("least_outstanding")
+    cost = LinearCost()
+    pods = hierarchical_pods(w, spec, 4, "session_affinity")
+    by_key = hierarchical_pods(w, replace(spec, router="session_affinity"), 4)  # the default balancer
+    assert [p.rows.tolist() for p in pods] == [p.rows.tolist() for p in by_key]  # the same pods
+    res = simulate_sharded(w, spec, cost, None, 1, pod_ranks=4, pod_balancer="session_affinity")
+    keys = w.affinity
+    assert keys is not None
+    for key in np.unique(keys):  # a session's requests all in one pod ...
+        assert np.unique(res.replica[keys == key] // 4).shape[0] == 1
+    # ... but not on one replica: least outstanding balances inside the pod
+    assert any(np.unique(res.replica[keys == key]).shape[0] > 1 for key in np.unique(keys))
+    for p in pods:  # each pod is least outstanding over its own replicas, alone
+        alone = simulate_jit(p.work, p.spec, cost)
+        np.testing.assert_array_equal(res.finish_s[p.rows], alone.finish_s)
+    # round robin to pods is the default for least outstanding, and differs
+    rr = hierarchical_pods(w, spec, 4)
+    assert [p.rows.tolist() for p in rr] == [p.rows.tolist() for p in hierarchical_pods(w, spec, 4, "round_robin")]
+    assert [p.rows.tolist() for p in rr] != [p.rows.tolist() for p in pods]
+
+
+def test_router_pod_balancer_in_fleet_toml(tmp_path: Path) -> None:
+    from pipeline.fleet import load_fleet
+
+    default = (Path(__file__).resolve().parents[1] / "fleets" / "default.toml").read_text()
+    lo = 'router = "least_outstanding"'
+
+    def fleet(extra: str, router: str = lo) -> Path:
+        path = tmp_path / "f.toml"
+        path.write_text(default.replace(lo, f"{router}\n{extra}"))
+        return path
+
+    cfg = load_fleet(fleet('router_pod_size = 1\nrouter_pod_balancer = "session_affinity"'))  # 2 pods of 1
+    assert (cfg.pod_balancer(), cfg.affinity_key()) == ("session_affinity", "session_affinity")
+    one_pod = load_fleet(fleet('router_pod_size = 8\nrouter_pod_balancer = "session_affinity"'))
+    assert one_pod.affinity_key() is None  # one pod as big as the fleet: no balancer, no key needed
+    assert "router_pod_balancer" in cfg.to_dict()
+    plain = load_fleet(fleet("router_pod_size = 8"))
+    assert (plain.pod_balancer(), plain.affinity_key()) == ("round_robin", None)
+    assert "router_pod_balancer" not in plain.to_dict()  # unset: the recorded fleet (and run id) as before
+    for extra, router, message in (
+        ('router_pod_size = 8\nrouter_pod_balancer = "random"', lo, "router_pod_balancer 'random' unknown"),
+        ('router_pod_balancer = "session_affinity"', lo, "router_pod_balancer needs router_pod_size > 0"),
+        (
+            'router_pod_size = 8\nrouter_pod_balancer = "session_affinity"',
+            'router = "prefix_affinity"',
+            "must hash the same key",
+        ),
+    ):
+        path = fleet(extra, router)
+        with pytest.raises(ConfigError) as err:
+            load_fleet(path)
+        assert str(err.value).startswith(f"{path}: ") and message in str(err.value)

@@ -263,16 +263,17 @@ def _cut_pods(work: Workload, spec: FleetSpec, pods: int) -> list[PodCut]:
 _POD_SALT = np.uint64(0x504F44524F555445)  # ASCII "PODROUTE"
 
 
-def hierarchical_pods(work: Workload, spec: FleetSpec, pod_ranks: int) -> list[Pod]:
+def hierarchical_pods(work: Workload, spec: FleetSpec, pod_ranks: int, balancer: str = "") -> list[Pod]:
     """:func:`_cut_hierarchical`'s pods."""
-    return [cut.pod(work) for cut in _cut_hierarchical(work, spec, pod_ranks)]
+    return [cut.pod(work) for cut in _cut_hierarchical(work, spec, pod_ranks, balancer)]
 
 
-def _cut_hierarchical(work: Workload, spec: FleetSpec, pod_ranks: int) -> list[PodCut]:
+def _cut_hierarchical(work: Workload, spec: FleetSpec, pod_ranks: int, balancer: str = "") -> list[PodCut]:
     """Hierarchical routing: pods of ``pod_ranks`` engine replicas (the last one may be smaller),
     a load balancer that sends each request to a pod — round robin over the requests it routes,
-    or by a hash of the affinity key for the affinity routers (a request without a key: round
-    robin) — and ``spec.router`` inside each pod. Pods never share state, so they replay alone."""
+    or by a hash of the request's affinity key (``balancer`` an affinity router; unset: for the
+    affinity routers; a request without a key: round robin) — and ``spec.router`` inside each
+    pod. Pods never share state, so they replay alone."""
     if spec.mode == "closed":
         raise ConfigError("hierarchical routing (router_pod_size) needs open or offline arrivals, not a closed loop")
     R = spec.replicas
@@ -285,7 +286,8 @@ def _cut_hierarchical(work: Workload, spec: FleetSpec, pod_ranks: int) -> list[P
     taken = order[~rejected[order]]
     pod = np.full(n, -1, _row_dtype(max(n, n_pods)))
     pod[taken] = np.arange(taken.shape[0], dtype=np.int64) % n_pods
-    if spec.router in ("session_affinity", "prefix_affinity") and work.affinity is not None:
+    balancer = balancer or (spec.router if spec.router in ("session_affinity", "prefix_affinity") else "round_robin")
+    if balancer in ("session_affinity", "prefix_affinity") and work.affinity is not None:
         keyed = (work.affinity >= 0) & ~rejected
         salted = (work.affinity[keyed].astype(np.uint64) ^ _POD_SALT) & np.uint64(0x7FFFFFFFFFFFFFFF)
         pod[keyed] = affinity_replicas(salted.astype(np.int64), n_pods)
@@ -326,12 +328,14 @@ def simulate_sharded(
     progress: Callable[[int], None] | None = None,
     address: str | None = None,
     pod_ranks: int = 0,
+    pod_balancer: str = "",
 ) -> EngineResult:
     """Replay ``work`` on ``spec`` in ``pods`` shards and put the results back together; with
-    ``pod_ranks`` > 0, routing is hierarchical (:func:`hierarchical_pods`) and each routing pod
-    is one shard."""
+    ``pod_ranks`` > 0, routing is hierarchical (:func:`hierarchical_pods`, the balancer
+    ``pod_balancer``) and each routing pod is one shard."""
     res = EngineResult.empty(work.n)
-    for rows, sub in sharded_results(work, spec, cost, log, pods, executor, progress, address, pod_ranks):
+    shards = sharded_results(work, spec, cost, log, pods, executor, progress, address, pod_ranks, pod_balancer)
+    for rows, sub in shards:
         put_back(res, rows, sub)
     return res
 
@@ -352,6 +356,7 @@ def sharded_results(
     progress: Callable[[int], None] | None = None,
     address: str | None = None,
     pod_ranks: int = 0,
+    pod_balancer: str = "",
 ) -> Iterator[tuple[RowArray, EngineResult]]:
     """:func:`simulate_sharded` a pod at a time: each pod's request rows (increasing) and their
     results (replicas numbered in the fleet), as the pod ends; its step log goes to ``log``."""
@@ -360,7 +365,7 @@ def sharded_results(
     from pipeline.limits import keep_malloc_threshold
 
     keep_malloc_threshold()  # pods' arrays go back to the system when freed
-    shards = _cut_hierarchical(work, spec, pod_ranks) if pod_ranks > 0 else _cut_pods(work, spec, pods)
+    shards = _cut_hierarchical(work, spec, pod_ranks, pod_balancer) if pod_ranks > 0 else _cut_pods(work, spec, pods)
     # each pod allocates its own engine state: the largest pod must fit, not the whole fleet
     # (the replicas of a pod that receive requests: jit.busy_fleet)
     big = max((cut.reach(work) for cut in shards), key=lambda s: s.replicas)
