@@ -10,6 +10,12 @@ Layout (docs/architecture.md, Data flow)::
     STORE/runs/<run_id>/...                              replay outputs
     STORE/.staging/<run_id>/                             a writer's work in progress (never read)
 
+A date's requests are the files the store wrote there (:meth:`Store.request_files`, which every
+reader goes through): ``part-NNNNN.parquet`` in a store ingest wrote, every ``*.parquet`` in one
+built without ingest (no manifest), never a byte copy of another. Anything else in the folder is
+named in one ``warning:`` line and not read; a request file that cannot be read is one error
+naming it and saying how to rebuild the date (docs/ingest.md, "What a date folder holds").
+
 Readers never see a partial write (docs/limits.md): ingest writes every new file under
 ``STORE/.staging/<run_id>/commit/`` (outside every glob readers use), then writes a journal (the
 commit point) and moves the files into place, each by one rename. A run killed before the commit
@@ -21,10 +27,12 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import hashlib
 import json
 import os
 import re
 import shutil
+import sys
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -38,7 +46,7 @@ import polars as pl
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from pipeline.errors import RooftraceError
+from pipeline.errors import RooftraceError, SchemaError
 from pipeline.project import default_store_path
 from pipeline.schemas import check_file_schema, load_schema, read_parquet, unreadable
 
@@ -180,12 +188,58 @@ class Store:
         """Requests stored for ``date`` (0 when it has no partition), from the files' footers."""
         if not (self.requests_dir / f"date={date}").exists():
             return 0
-        return sum(pq.read_metadata(p).num_rows for p in self.request_files(date))
+        total = 0
+        for p in self.request_files(date):
+            with damaged_request_file(p):
+                total += pq.read_metadata(p).num_rows
+        return total
 
     def request_files(self, date: str) -> list[Path]:
-        """The Parquet files of a date partition (a hidden name is never a table file)."""
+        """The store's own request files of a date partition, sorted by name (:meth:`partition_files`).
+        Anything else in the folder is named once per process in a ``warning:`` line on stderr
+        and never read."""
+        files, foreign = self.partition_files(date)
+        for path, why in foreign:
+            _warn_foreign(path, why)
+        return files
+
+    def partition_files(self, date: str) -> tuple[list[Path], list[tuple[Path, str]]]:
+        """(the store's own request files of ``date``, the other entries of its folder with why
+        each is not the store's). A store written by ingest (it has ``manifest.parquet``) holds
+        only files named ``part-NNNNN.parquet`` (:data:`REQUEST_FILE_RE`: ingest writes
+        ``part-00000.parquet``, an older layout numbered further parts); a store built without
+        ingest (no manifest: Parquet of the ``requests`` schema written into date folders by a
+        library caller) is every ``*.parquet``. A byte-for-byte copy of a file before it in
+        name order is never the store's, whatever its name. Hidden names (``.x``: a writer's
+        temporary file) are neither."""
         folder = self.partition(self.requests_dir, date)
-        return sorted(p for p in folder.glob("*.parquet") if not p.name.startswith("."))
+        try:
+            entries = sorted(folder.iterdir()) if folder.is_dir() else []
+        except OSError as exc:
+            raise RooftraceError(f"{folder}: cannot list the partition: {_os_reason(exc)}") from None
+        ingested = self.manifest_path.exists()
+        files: list[Path] = []
+        foreign: list[tuple[Path, str]] = []
+        for p in entries:
+            if p.name.startswith("."):
+                continue
+            if p.is_dir():
+                foreign.append((p, "a folder"))
+            elif not self.owns_name(p, ingested):
+                why = "ingest names its files part-NNNNN.parquet" if ingested else "not a .parquet file"
+                foreign.append((p, why))
+            else:
+                files.append(p)
+        return _drop_copies(files, foreign)
+
+    def owns_name(self, path: Path, ingested: bool | None = None) -> bool:
+        """Whether ``path``'s name is one the store gives a request file: ``part-NNNNN.parquet``
+        in a store ingest wrote (``ingested``: it has a manifest), any ``*.parquet`` otherwise."""
+        if ingested is None:
+            ingested = self.manifest_path.exists()
+        if ingested:
+            return REQUEST_FILE_RE.fullmatch(path.name) is not None
+        return path.name.endswith(".parquet") and not path.name.startswith(".")
 
     def read_requests(
         self, date: str | None = None, columns: Sequence[str] | None = None, positions: bool = False
@@ -201,7 +255,10 @@ class Store:
             raise RooftraceError(f"{self.partition(self.requests_dir, date)}: empty partition")
         if columns is not None:
             return _read_sorted(files, list(columns), positions)
-        frames = [pl.from_arrow(read_parquet(p, "requests")) for p in files]
+        frames = []
+        for p in files:
+            with damaged_request_file(p):
+                frames.append(pl.from_arrow(read_parquet(p, "requests")))
         out = pl.concat([f for f in frames if isinstance(f, pl.DataFrame)], how="vertical", rechunk=False)
         del frames
         ids = out.get_column("request_id")
@@ -432,18 +489,119 @@ def open_store(path: str | Path | None = None) -> Store:
     return store
 
 
+#: The names ingest gives a date partition's files: ``part-00000.parquet`` (an older layout
+#: numbered further parts, folded into ``part-00000`` by the next ingest into the date).
+REQUEST_FILE_RE = re.compile(r"part-[0-9]{5}\.parquet")
+
+#: How :meth:`Store.partition_files` says an entry is a copy of one of the store's files.
+COPY_OF = "a byte-for-byte copy of "
+
+#: Foreign entries of date folders already named by this process (each once, not at every listing).
+_FOREIGN_WARNED: set[str] = set()
+
+_CONTROL_RE = re.compile("[\x00-\x1f\x7f-\x9f\u2028\u2029\u202a-\u202e\u2066-\u2069]")
+
+
+def _shown(path: Path) -> str:
+    """``path`` as text for a one-line message: control characters as escapes."""
+    return _CONTROL_RE.sub(lambda m: ascii(m.group())[1:-1], str(path))
+
+
+def _warn_foreign(path: Path, why: str) -> None:
+    """One ``warning:`` line on stderr, once per process, for an entry of a date folder that is
+    not one of the store's request files (never read as requests)."""
+    line = (
+        f"warning: {_shown(path)}: not part of the store ({why}); not read as requests, "
+        f"move it out of {_shown(path.parent.parent)}"
+    )
+    if line in _FOREIGN_WARNED:
+        return
+    _FOREIGN_WARNED.add(line)
+    print(line, file=sys.stderr, flush=True)
+
+
+def _drop_copies(files: list[Path], foreign: list[tuple[Path, str]]) -> tuple[list[Path], list[tuple[Path, str]]]:
+    """``files`` less each one whose bytes equal a file's before it (moved to ``foreign``): a
+    copy holds the same rows again. Only files of equal size are read, to compare."""
+    by_size: dict[int, list[Path]] = {}
+    for p in files:
+        with contextlib.suppress(OSError):
+            by_size.setdefault(p.stat().st_size, []).append(p)
+    copies: dict[Path, Path] = {}
+    for same in by_size.values():
+        if len(same) < 2:
+            continue
+        first_of: dict[str, Path] = {}
+        for p in same:
+            try:
+                digest = _file_sha256(p)
+            except OSError:
+                continue  # its reader says why it cannot be read
+            if digest in first_of:
+                copies[p] = first_of[digest]
+            else:
+                first_of[digest] = p
+    if not copies:
+        return files, foreign
+    foreign = foreign + [(p, f"{COPY_OF}{copies[p].name}") for p in files if p in copies]
+    return [p for p in files if p not in copies], sorted(foreign)
+
+
+#: File digests by (path, inode, size, mtime): a date is listed many times in one command.
+_DIGESTS: dict[tuple[str, int, int, int], str] = {}
+
+
+def _file_sha256(path: Path) -> str:
+    st = path.stat()
+    key = (str(path), st.st_ino, st.st_size, st.st_mtime_ns)
+    if key not in _DIGESTS:
+        h = hashlib.sha256()
+        with path.open("rb") as fh:
+            for block in iter(lambda: fh.read(1 << 20), b""):
+                h.update(block)
+        _DIGESTS[key] = h.hexdigest()
+    return _DIGESTS[key]
+
+
+def damaged_hint(path: Path) -> str:
+    """What to do about a stored request file that cannot be read (truncated, not Parquet, not
+    the ``requests`` schema)."""
+    day = path.parent.name.removeprefix("date=")
+    return (
+        f"the stored requests of {day} are damaged: rebuild the date with `rooftrace ingest --force` "
+        "of its original logs, or move the file out of the store"
+    )
+
+
+@contextmanager
+def damaged_request_file(path: Path) -> Iterator[None]:
+    """A stored request file that cannot be read as one error naming it and saying what to do
+    (:func:`damaged_hint`), never a traceback."""
+    try:
+        yield
+    except SchemaError as exc:
+        if " -- the stored requests of " in str(exc):
+            raise
+        raise SchemaError(f"{exc} -- {damaged_hint(path)}") from None
+    except (OSError, pa.ArrowException) as exc:
+        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+        raise SchemaError(f"{_shown(path)}: not a readable Parquet file: {first} -- {damaged_hint(path)}") from None
+
+
 def _read_columns(path: Path, columns: Sequence[str]) -> pl.DataFrame:
     """Some columns of a requests file: its footer checked against the schema, then read by
     polars (a damaged file is one error naming it)."""
-    check_file_schema(path, "requests")
+    with damaged_request_file(path):
+        check_file_schema(path, "requests")
     try:
         frame = pl.read_parquet(path, columns=list(columns))
     except (OSError, pl.exceptions.PolarsError) as exc:
-        raise RooftraceError(f"{path}: cannot read columns {list(columns)}: {exc}") from None
+        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+        raise RooftraceError(f"{path}: cannot read columns {list(columns)}: {first} -- {damaged_hint(path)}") from None
     required = [c.name for c in load_schema("requests").columns if not c.nullable and c.name in columns]
     nulls = [c for c in required if frame.get_column(c).null_count()]
     if nulls:
-        raise RooftraceError(f"{path}: required columns {nulls} hold nulls")
+        raise RooftraceError(f"{path}: required columns {nulls} hold nulls -- {damaged_hint(path)}")
     return frame
 
 
@@ -534,13 +692,13 @@ def _row_groups(files: list[Path], column: str) -> Iterator[tuple[int, int, Call
     of ``files`` in order; a file that cannot be read is one error naming it."""
     first = 0
     for path in files:
-        with unreadable(path):
+        with damaged_request_file(path), unreadable(path):
             fh = pq.ParquetFile(path)
             sizes = [fh.metadata.row_group(g).num_rows for g in range(fh.metadata.num_row_groups)]
         for g, size in enumerate(sizes):
 
             def read(fh: pq.ParquetFile = fh, g: int = g, path: Path = path) -> pa.ChunkedArray:
-                with unreadable(path):
+                with damaged_request_file(path), unreadable(path):
                     return fh.read_row_group(g, columns=[column]).column(0)
 
             yield first, size, read
@@ -561,7 +719,7 @@ class ColumnReader:
         self._stamps = [_stamp(f) for f in self.files]
         rows = []
         for f in self.files:
-            with unreadable(f):
+            with damaged_request_file(f), unreadable(f):
                 rows.append(pq.ParquetFile(f).metadata.num_rows)
         self.starts = np.concatenate([[0], np.cumsum(rows, dtype=np.int64)])
         if self.positions.size and (self.positions.min() < 0 or self.positions.max() >= self.starts[-1]):
@@ -612,7 +770,7 @@ class ColumnReader:
 
     def _take(self, path: Path, local: npt.NDArray[np.int64]) -> pa.Array:
         """The column at rows ``local`` of one file: the row groups that cover them, read."""
-        with unreadable(path):
+        with damaged_request_file(path), unreadable(path):
             fh = pq.ParquetFile(path)
             sizes = [fh.metadata.row_group(g).num_rows for g in range(fh.metadata.num_row_groups)]
             first = np.concatenate([[0], np.cumsum(sizes, dtype=np.int64)])

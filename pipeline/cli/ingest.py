@@ -28,7 +28,8 @@ if TYPE_CHECKING:
 @click.option(
     "--force",
     is_flag=True,
-    help="Ingest files already ingested again, REPLACING the rows stored from them (not adding).",
+    help="Ingest files already ingested again, REPLACING the rows stored from them (not adding); "
+    "given every log of a date, also rebuilds a date whose stored file is damaged.",
 )
 @jobs_option
 @store_option

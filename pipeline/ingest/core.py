@@ -51,7 +51,7 @@ import polars as pl
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from pipeline.errors import RooftraceError
+from pipeline.errors import RooftraceError, SchemaError
 from pipeline.ingest.formats import ALL_FORMATS, FORMATS, Context, FormatSpec
 from pipeline.ingest.mapping import load_mapping
 from pipeline.ingest.normalize import DerivedIds, finalize, reason_kind, shift_occurrences
@@ -84,7 +84,7 @@ from pipeline.ingest.source import (
     sniff_format,
 )
 from pipeline.schemas import META_NAME, META_VERSION, check_file_schema, load_schema, read_parquet, write_parquet
-from pipeline.store import JOURNAL, Commit, Store, check_date, store_write_error
+from pipeline.store import COPY_OF, JOURNAL, Commit, Store, check_date, store_write_error
 
 Progress = Callable[[str], None]
 
@@ -502,6 +502,9 @@ class _Replace:
     dates: set[str] = field(default_factory=set)
     shas: set[str] = field(default_factory=set)
     owner: dict[str, int] = field(default_factory=dict)  # source file -> result it is replaced by
+    force: bool = False
+    on_date: dict[str, set[str]] = field(default_factory=dict)  # date -> manifest files stored on it
+    dropped: dict[str, list[Path]] = field(default_factory=dict)  # date -> unreadable files rebuilt
 
     def credit(self, results: list[FileResult], removed: Sequence[tuple[Any, Any]]) -> None:
         """Count (source file, rows) removed from the store to the files that replace them."""
@@ -514,7 +517,10 @@ def _replaced(manifest: pl.DataFrame, results: list[FileResult], force: bool) ->
     entry of its own path (whatever content that path had), and the entries of another path only
     when each of them has this file's content (the same file renamed or copied): a path that also
     stored other content keeps its rows, which are not this file's to replace."""
-    rep = _Replace()
+    rep = _Replace(force=force)
+    for path, dates in zip(manifest["source_file"].to_list(), manifest["dates"].to_list(), strict=True):
+        for d in dates or []:
+            rep.on_date.setdefault(d, set()).add(path)
     if not force:
         return rep
     shas_of: dict[str, set[str]] = {}
@@ -1312,6 +1318,12 @@ def _merge(
     touched = _merge_staged(store, stager, commit, results, say, replace, clashes)
     for d in sorted(replace.dates - touched):
         _drop_replaced(store, commit, d, results, say, replace)
+    for d, paths in sorted(replace.dropped.items()):
+        for p in paths:
+            say(
+                f"requests/date={d}: {p.name} could not be read; rebuilt from the files read now "
+                "(every file the manifest stored on that date was read again)"
+            )
 
 
 def _merge_staged(
@@ -1330,7 +1342,10 @@ def _merge_staged(
         staged = pl.concat(frames, how="vertical", rechunk=False)
         parts = _split_by_date(staged)
         per_row = staged.estimated_size() / max(staged.height, 1)
-        fits = all((store.stored_rows(d) + part.height) * per_row <= MEMORY_MERGE_BYTES for d, part in parts.items())
+        fits = all(
+            (_rows_in(_stored_files(store, d, replace)) + part.height) * per_row <= MEMORY_MERGE_BYTES
+            for d, part in parts.items()
+        )
         if fits:
             for d, part in parts.items():
                 _merge_date_memory(store, commit, d, part, results, say, replace, conflicts)
@@ -1346,8 +1361,11 @@ def _drop_replaced(
 ) -> None:
     """Rewrite a partition without the rows ``replace`` names (streamed: the rows stay sorted),
     or remove it when nothing is left."""
-    existing = _stored_files(store, date)
+    existing = _stored_files(store, date, replace)
     if not existing:
+        if replace.dropped.get(date):  # only unreadable files, every one of their rows replaced
+            commit.remove(store.partition(store.requests_dir, date))
+            say(f"requests/date={date}: removed (its rows were replaced)")
         return
     rows = pl.scan_parquet(existing, glob=False)
     gone = pl.col("source_file").is_in(sorted(replace.files))
@@ -1360,20 +1378,28 @@ def _drop_replaced(
         commit.remove(store.partition(store.requests_dir, date))
         say(f"requests/date={date}: removed (its rows were replaced)")
         return
-    _stage_partition(store, commit, date, existing, lambda target: _write_requests(rows.filter(~gone), target))
+    _stage_partition(store, commit, date, existing, say, lambda target: _write_requests(rows.filter(~gone), target))
     say(f"requests/date={date}: {left} rows")
 
 
 def _stage_partition(
-    store: Store, commit: Commit, date: str, existing: list[Path], write: Callable[[Path], None]
+    store: Store, commit: Commit, date: str, existing: list[Path], say: Progress, write: Callable[[Path], None]
 ) -> None:
     """Write a date partition's new file into the commit: at commit time it replaces the old file
     by one rename (or, for a new date, the partition folder appears with it), so a reader sees the
-    old partition or the new one, never a part of either. Other files of the partition (only an
-    older layout had them: their rows are in the new file) are removed."""
+    old partition or the new one, never a part of either. The store's other files of the
+    partition are removed: only an older layout had them (their rows are in the new file), or
+    they are unreadable ones a forced re-ingest rebuilds, or byte-for-byte copies of one of them
+    under a store name (its rows are in the new file once; left, it would be read as the store's
+    once the file it copies is rewritten). Files with names the store does not use are left."""
     target = store.partition(store.requests_dir, date) / "part-00000.parquet"
     write(commit.stage(target))
-    for p in existing:
+    files, foreign = store.partition_files(date)
+    for p, why in foreign:
+        if why.startswith(COPY_OF) and store.owns_name(p):
+            commit.remove(p)
+            say(f"requests/date={date}: {p.name} removed ({why}: its rows are stored once)")
+    for p in sorted({*existing, *files}):
         if p != target:
             commit.remove(p)
 
@@ -1399,11 +1425,48 @@ def _first_seen(rows: pl.DataFrame) -> pl.Series:
     return rows.select(keys.is_first_distinct()).to_series()
 
 
-def _stored_files(store: Store, date: str) -> list[Path]:
+def _stored_files(store: Store, date: str, replace: _Replace) -> list[Path]:
+    """The store's readable request files of ``date`` (their schema checked before merging).
+
+    A file that cannot be read (truncated, not Parquet, another schema) is one error naming it
+    and saying what to do, unless this is a forced re-ingest that reads again every file the
+    manifest stored on that date: then none of its rows is kept anyway, and it is left out (put
+    in ``replace.dropped``; :func:`_stage_partition` removes it with the date's rewrite)."""
     existing = store.request_files(date) if (store.requests_dir / f"date={date}").exists() else []
+    readable = []
     for p in existing:
-        check_file_schema(p, "requests")  # schema check before merging
-    return existing
+        try:
+            check_file_schema(p, "requests")  # schema check before merging
+        except SchemaError as exc:
+            missing = sorted(replace.on_date.get(date, set()) - replace.files)
+            if replace.force and not missing:
+                if p not in replace.dropped.setdefault(date, []):
+                    replace.dropped[date].append(p)
+                continue
+            raise RooftraceError(_damaged_line(str(exc), date, replace, missing)) from None
+        readable.append(p)
+    return readable
+
+
+def _damaged_line(reason: str, date: str, replace: _Replace, missing: list[str]) -> str:
+    """One line for a stored file of ``date`` that cannot be read: what is wrong and what to do."""
+    if replace.force:
+        shown = ", ".join(missing[:3]) + (f" and {len(missing) - 3} more" if len(missing) > 3 else "")
+        return (
+            f"{reason} -- --force rebuilds the requests of {date} only when it reads again every file stored "
+            f"on that date; also name {shown}, or move the damaged file out of the store"
+        )
+    logs = sorted(replace.on_date.get(date, set()))
+    named = f" ({', '.join(logs[:3])}{f' and {len(logs) - 3} more' if len(logs) > 3 else ''})" if logs else ""
+    return (
+        f"{reason} -- the stored requests of {date} are damaged: rebuild the date with "
+        f"`rooftrace ingest --force` of its original logs{named}, or move the file out of the store"
+    )
+
+
+def _rows_in(files: Sequence[Path]) -> int:
+    """Rows of readable Parquet files, from their footers."""
+    return sum(pq.read_metadata(p).num_rows for p in files)
 
 
 def _count(results: list[FileResult], date: str, counts: Sequence[tuple[Any, Any, Any]]) -> None:
@@ -1426,7 +1489,7 @@ def _merge_date_memory(
     conflicts: _Conflicts,
 ) -> None:
     names = load_schema("requests").names
-    existing = _stored_files(store, date)
+    existing = _stored_files(store, date, replace)
     old = [pl.read_parquet(p, glob=False).select(names) for p in existing]
     if old and replace.files:
         stored = pl.concat(old, how="vertical")
@@ -1454,7 +1517,7 @@ def _merge_date_memory(
     if not _is_sorted(kept, SORT_KEYS):  # a log written in arrival order needs no sort
         kept = kept.sort(SORT_KEYS)
     kept = kept.rechunk()  # one chunk per column: the writer encodes contiguous row groups faster
-    _stage_partition(store, commit, date, existing, lambda target: _write_requests(kept.lazy(), target))
+    _stage_partition(store, commit, date, existing, say, lambda target: _write_requests(kept.lazy(), target))
     say(f"requests/date={date}: {kept.height} rows")
 
 
@@ -1517,7 +1580,7 @@ def _merge_out_of_core(
         per_file: dict[str, list[tuple[int, int]]] = {}
         for d, f, n in con.execute("SELECT _date, _file, count(*) FROM staged GROUP BY ALL ORDER BY ALL").fetchall():
             per_file.setdefault(d, []).append((int(f), int(n)))
-        stored = {d: _stored_files(store, d) for d in per_file}
+        stored = {d: _stored_files(store, d, replace) for d in per_file}
         # Stored rows a forced re-ingest replaces take no part (filtered wherever stored rows are read).
         con.execute("CREATE TEMP TABLE replaced (source_file VARCHAR)")
         if replace.files:
@@ -1603,7 +1666,7 @@ def _merge_out_of_core(
                 def stream(target: Path, rows: pl.LazyFrame = in_day) -> None:
                     _write_requests(rows, target)
 
-                _stage_partition(store, commit, d, existing, stream)
+                _stage_partition(store, commit, d, existing, say, stream)
             else:
                 old = (
                     f"SELECT {cols} FROM read_parquet([{_sql_list(existing)}]) {keep_stored} UNION ALL "
@@ -1621,7 +1684,7 @@ def _merge_out_of_core(
                 def write(target: Path, src: Path = sorted_file) -> None:
                     _write_requests(pl.scan_parquet(src, glob=False), target)
 
-                _stage_partition(store, commit, d, existing, write)
+                _stage_partition(store, commit, d, existing, say, write)
                 sorted_file.unlink()
             say(f"requests/date={d}: {kept} rows")
     finally:
