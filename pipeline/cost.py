@@ -648,6 +648,23 @@ def _run_fleet(config: Mapping[str, Any], origin: str) -> tuple[ResolvedFleet, s
     return resolve(cfg, origin), "today's catalog (the run did not record its entries)"
 
 
+def check_run_config(config: Mapping[str, Any], origin: str) -> tuple[ResolvedFleet, str]:
+    """The checks of a run's ``config.json`` that ``cost`` makes before it prices the run (the
+    fleet it records resolves: replicas >= 1 and not past what a replay numbers, known catalog
+    entries, ...; the GPUs per replica it records are the fleet's), one ConfigError naming
+    ``origin`` else. The warehouse leaves a run out on the same checks (pipeline/warehouse.py),
+    so ``query cost`` never prices a config that ``cost`` refuses. Returns :func:`_run_fleet`'s."""
+    fleet, source = _run_fleet(config, origin)
+    resolved = config.get("resolved")
+    recorded = resolved.get("gpus_per_replica") if isinstance(resolved, dict) else None
+    if recorded is not None and (isinstance(recorded, bool) or recorded != fleet.gpus_per_replica):
+        raise ConfigError(
+            f"{origin}: resolved.gpus_per_replica is {recorded!r}, but its fleet has {fleet.gpus_per_replica} "
+            "GPUs a replica (the file was changed after the replay)"
+        )
+    return fleet, source
+
+
 #: Highest $/GPU-hour override accepted: far above any real price, low enough that every $ figure
 #: of a fleet stays finite (cost.json and plan.json hold plain JSON numbers).
 MAX_USD_PER_GPU_HOUR = 1_000_000.0
@@ -673,7 +690,9 @@ def run_cost(
     None); writes ``STORE/costs/<run_id>/{gpu_cost,api_cost}.parquet`` and ``cost.json``."""
     if usd_per_gpu_hour is not None:
         check_gpu_price(usd_per_gpu_hour, "--gpu-price")
-    run_id = run_id or latest_run(store)
+    if run_id is not None and not run_id.strip():  # '' was quietly the latest run
+        raise RooftraceError("--run: the run id is empty (name a run, or leave --run out for the latest one)")
+    run_id = run_id if run_id is not None else latest_run(store)
     if run_id is None:
         raise RooftraceError(f"{store.root}: no replay runs yet (run `rooftrace replay` first)")
     run_dir = store.run_dir(run_id)
@@ -681,7 +700,7 @@ def run_cost(
     if not cfg_path.exists():
         raise RooftraceError(f"{run_dir}: no such replay run")
     config = read_run_config(cfg_path)
-    fleet, catalog_source = _run_fleet(config, str(cfg_path))
+    fleet, catalog_source = check_run_config(config, str(cfg_path))
     prices = load_prices(list(price_files) or None)
     steps = read_parquet(run_dir / "steps.parquet", "replay_steps")
     spans = {

@@ -33,17 +33,18 @@ import tempfile
 import threading
 import tomllib
 import weakref
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import IO, Any, TypeVar
 
 import duckdb
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from pipeline.defaults import OUTPUT_FORMATS
 from pipeline.errors import RooftraceError
-from pipeline.schemas import load_schema, not_regular, unreadable
+from pipeline.schemas import check_file_schema, load_schema, not_regular, unreadable
 from pipeline.store import Store, check_date
 
 QUERY_DIR = Path(__file__).with_name("queries")
@@ -177,10 +178,42 @@ class _Scan:
     skipped: dict[str, str] = dataclasses.field(default_factory=dict)  # run id -> why (one line naming the file)
 
 
+#: The files of a replay run the views read (a folder holding any of them is a run's folder).
+_RUN_FILES = ("config.json", "requests.parquet", "steps.parquet", "series.parquet", "load_curve.parquet")
+
+
+def _request_files(store: Store) -> list[Path]:
+    """The requests partitions' files as the store lists them (:meth:`Store.request_files`, date by
+    date), not a glob of the folders: a file the store did not write (a copy, a stray table dropped
+    in a date folder) never enters the ``requests`` view. Paths under the resolved store root."""
+    root = store.root.resolve()
+    return [root / f.relative_to(store.root) for date in store.dates() for f in store.request_files(date)]
+
+
+def check_run_config(path: Path) -> dict[str, Any]:
+    """A run's ``config.json`` read (:func:`read_run_config`) and checked as ``cost`` checks it
+    (``pipeline.cost.check_run_config``: the fleet it records resolves, replicas >= 1, ...): a run
+    whose config ``cost`` refuses is not one the warehouse answers for (``query cost`` printed 0
+    GPUs for replicas = 0)."""
+    from pipeline.cost import check_run_config as check_config
+
+    config = read_run_config(path)
+    check_config(config, str(path))
+    return config
+
+
 def _scan(store: Store) -> _Scan:
     root = store.root.resolve()
     scan = _Scan()
-    listed = {spec.name: sorted(root.glob(spec.glob)) for spec in VIEWS}
+    listed = {
+        spec.name: _request_files(store) if spec.name == "requests" else sorted(root.glob(spec.glob)) for spec in VIEWS
+    }
+    # a run folder holding run files but no config.json is no replay run: every command says so,
+    # so its files are left out of every view too (they stayed in replay_* while `runs` had none)
+    folders = {f.parent for spec in VIEWS if _per_run(spec) for f in listed[spec.name]}
+    for folder in sorted(folders):
+        if not (folder / "config.json").exists():
+            scan.skipped[folder.name] = f"{folder / 'config.json'}: missing (a run folder without its config.json)"
     for spec in VIEWS:
         if _per_run(spec):
             for f in listed[spec.name]:
@@ -188,7 +221,7 @@ def _scan(store: Store) -> _Scan:
                     continue
                 try:
                     if spec.kind == "json":
-                        read_run_config(f)
+                        check_run_config(f)
                     else:
                         check_parquet(f)
                 except RooftraceError as exc:
@@ -196,6 +229,8 @@ def _scan(store: Store) -> _Scan:
         else:
             for f in listed[spec.name]:
                 check_parquet(f)  # the store itself is damaged: one error, nothing is built
+                if spec.name == "requests":  # the readers' schema check: no other table merged in
+                    check_file_schema(f, "requests")
             scan.files[spec.name] = listed[spec.name]
     for spec in VIEWS:
         if _per_run(spec):
@@ -220,6 +255,9 @@ def _view_sql(store: Store, spec: ViewSpec, scan: _Scan | None = None) -> str:
     if not has_files:
         extra = {"date": "DATE"} if spec.kind == "hive" else {"run_id": "VARCHAR"} if spec.kind == "run" else None
         return _empty_view(spec.schema, extra)
+    if spec.name == "requests":  # the files the store lists, not a glob (see _request_files)
+        listed = ", ".join(_lit(f) for f in files)
+        return f"SELECT * FROM read_parquet([{listed}], hive_partitioning=true, union_by_name=true)"
     if spec.kind == "hive":
         return f"SELECT * FROM read_parquet({_lit(pattern)}, hive_partitioning=true, union_by_name=true)"
     if spec.kind == "run":
@@ -278,9 +316,11 @@ def files_key(store: Store) -> str:
     h = hashlib.sha256(str(root).encode())
     h.update(f"\0layout:{WAREHOUSE_LAYOUT}".encode())  # a warehouse of an older layout rebuilds
     for spec in VIEWS:
-        if _per_run(spec):
-            # every run file with its size and time: a run damaged or repaired in place rebuilds
-            listed = sorted(f"{f.relative_to(root)}\0{_stamp(f)}" for f in root.glob(spec.glob))
+        if _per_run(spec) or spec.name == "requests":
+            # every run file (and requests file: the view lists them) with its size and time: a
+            # run damaged or repaired in place, a new partition or a file replaced rebuilds
+            files = _request_files(store) if spec.name == "requests" else root.glob(spec.glob)
+            listed = sorted(f"{f.relative_to(root)}\0{_stamp(f)}" for f in files)
             h.update(f"\0{spec.name}:{len(listed)}\0".encode() + "\0".join(listed).encode())
         else:
             h.update(f"\0{spec.name}:{any(root.glob(spec.glob))}".encode())
@@ -442,6 +482,31 @@ def _built_from(path: Path) -> str | None:
         con.close()
 
 
+def linked_folders(store: Store) -> list[str]:
+    """Where the folders holding the views' files lead when a symlink takes them outside the store
+    (runs/ or requests/ moved to another disk and linked back, a date or run folder linked
+    elsewhere): DuckDB resolves every path it opens and refuses one outside its allowed
+    directories, so the sandbox allows these folders too. Only a folder that holds a file a view
+    reads (a run's config.json or steps.parquet, a date's part file) is allowed, not where a
+    linked folder above it leads (runs/ linked to /etc allows no more than the run folders in
+    it), and never through a linked *file*: a file linked outside the store stays refused. A
+    folder that is the filesystem root or holds the store is never allowed (it would open all)."""
+    root = store.root.resolve()
+    files = [*_request_files(store), *(f for spec in VIEWS if spec.name != "requests" for f in root.glob(spec.glob))]
+    found: set[Path] = set()
+    for f in files:
+        try:
+            folder = f.parent.resolve()
+        except (OSError, RuntimeError):  # a symlink loop: nothing to allow
+            continue
+        if folder == root or root in folder.parents:
+            continue  # inside the store: allowed already
+        if folder == Path(folder.anchor) or folder in root.parents:
+            continue
+        found.add(folder)
+    return [str(t).rstrip(os.sep) + os.sep for t in sorted(found)]
+
+
 def require_store(store: Store) -> None:
     """Refuse a store folder that does not exist (reading must never create one)."""
     if not store.root.is_dir():
@@ -497,7 +562,7 @@ def connect(store: Store, warn: Callable[[str], None] | None = warn_stderr) -> d
         # table functions that change settings, such as enable_profiling or enable_logging).
         sandbox: dict[str, object] = {
             "temp_directory": tmp,
-            "allowed_directories": [root.rstrip(os.sep) + os.sep],
+            "allowed_directories": [root.rstrip(os.sep) + os.sep, *linked_folders(store)],
             "enable_external_access": False,
             "autoinstall_known_extensions": False,
             "autoload_known_extensions": False,
@@ -565,10 +630,12 @@ def get_query(name: str) -> NamedQuery:
     return _parse_query(path)
 
 
-def latest_run(store: Store, date: str | None = None) -> str | None:
+def latest_run(store: Store, date: str | None = None, exclude: Collection[str] = ()) -> str | None:
     """The most recently written run (of ``date`` when given: a YYYY-MM-DD date, matched whole,
-    never as a prefix), by its config file's mtime."""
+    never as a prefix), by its config file's mtime; never one of ``exclude`` (the runs the
+    warehouse left out as damaged, :attr:`Session.skipped`)."""
     configs = list(store.runs_dir.glob("*/config.json")) if store.runs_dir.is_dir() else []
+    configs = [c for c in configs if c.parent.name not in exclude]
     if date is not None:
         check_date(date)
         configs = [c for c in configs if c.parent.name[:11] == f"{date}-"]
@@ -662,6 +729,19 @@ class Session:
     def __init__(self, store: Store) -> None:
         self.store = store
         self.con = connect(store)
+        #: run id -> why: the runs the warehouse left out (damaged), never answered for
+        self.skipped: dict[str, str] = {}
+        with contextlib.suppress(duckdb.CatalogException):
+            rows = self.con.execute("SELECT run_id, reason FROM warehouse_skipped").fetchall()
+            self.skipped = {str(r): str(why) for r, why in rows}
+
+    def check_readable(self, name: str, run_id: str) -> None:
+        """Refuse a run the warehouse left out (a truncated file, a missing or refused config.json):
+        its views hold nothing of it, so a query of it would print an empty table, zeros or a
+        DuckDB binder error with exit code 0."""
+        why = self.skipped.get(run_id)
+        if why is not None:
+            raise RooftraceError(f"query {name!r}: run {run_id} cannot be read (re-run or delete it): {why}")
 
     def __enter__(self) -> Session:
         return self
@@ -678,10 +758,21 @@ class Session:
         names = {p.rstrip("?") for p in query.params}
         if values.get("date") is not None:
             check_date(str(values["date"]))  # '2023-11' would match no row, or a prefix
+        for key, value in values.items():
+            if key.endswith("_s") and value is not None:
+                values[key] = seconds_param(name, key, value)
         if "date" in names and values.get("date") is None:
             values["date"] = store.resolve_date(None) if store.dates() else None
         if "run_id" in names and values.get("run_id") is None:
-            values["run_id"] = latest_run(store, values.get("date"))
+            values["run_id"] = latest_run(store, values.get("date"), exclude=self.skipped)
+            newest = latest_run(store, values.get("date"))
+            if newest is not None and newest != values["run_id"]:  # the newest run is damaged
+                if values["run_id"] is None:
+                    self.check_readable(name, newest)
+                warn_stderr(
+                    f"query {name!r}: the latest run {newest} cannot be read (see above); "
+                    f"answering for {values['run_id']}, the latest run that can (or pass --run)"
+                )
             if values["run_id"] is None:
                 dates = sorted({r[:10] for r in run_ids(store)})
                 if values.get("date") is not None and dates:
@@ -693,6 +784,7 @@ class Session:
                     f"query {name!r} needs a replay run and {store.root} has none (run `rooftrace replay`)"
                 )
         elif "run_id" in names:
+            self.check_readable(name, str(values["run_id"]))
             check_run_id(store, str(values["run_id"]))
         if "plan_id" in names and values.get("plan_id") is None:  # the newest plan, not the greatest id
             date, model = values.get("date"), values.get("model")
@@ -743,13 +835,47 @@ def interruptible(con: duckdb.DuckDBPyConnection, fn: Callable[[], _T]) -> _T:
     try:
         while not done.wait(0.2):
             pass
-    except KeyboardInterrupt:
+    except BaseException:  # Ctrl-C, or SIGTERM's exit (handle_sigterm): stop the query first
         con.interrupt()
         done.wait(10)  # the query stops at once; then the connection can be closed
         raise
     if "error" in box:
         raise box["error"]
     return box["value"]  # type: ignore[no-any-return]
+
+
+#: Exit code of ``sql`` and ``query`` stopped by SIGTERM (128 + 15, as shells report it).
+EXIT_TERMINATED = 143
+
+
+@contextlib.contextmanager
+def sigterm_exits() -> Iterator[None]:
+    """While ``sql`` or ``query`` runs, SIGTERM (``timeout``, ``kill``) ends it as Ctrl-C does: the
+    running query is interrupted (:func:`interruptible`), the connection closed and its private
+    temporary folder (``/tmp/rooftrace-duckdb-*``, where large sorts spill) removed, then one
+    ``terminated (SIGTERM)`` line and exit code 143. It was left behind: SIGTERM's default action
+    ends the process at once. A SIGTERM the process inherited as ignored stays ignored, and the
+    handler before is put back afterwards."""
+    import signal
+
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    before = signal.getsignal(signal.SIGTERM)
+    if before is not signal.SIG_DFL:  # ignored, or a handler of the caller's
+        yield
+        return
+
+    def stop(signum: int, frame: object) -> None:
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)  # a second SIGTERM ends it at once
+        print("terminated (SIGTERM)", file=sys.stderr, flush=True)
+        raise SystemExit(EXIT_TERMINATED)
+
+    signal.signal(signal.SIGTERM, stop)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, before)
 
 
 def sql_error(exc: duckdb.Error, what: str) -> BaseException:
@@ -767,6 +893,11 @@ def sql_error(exc: duckdb.Error, what: str) -> BaseException:
         return RooftraceError(
             f"{what}: out of memory: the query needs more than the warehouse's {limit} memory limit; "
             f"aggregate or add a LIMIT, or raise ${MAX_MEMORY_ENV} ({first})"
+        )
+    if isinstance(exc, duckdb.PermissionException):
+        return RooftraceError(
+            f"{what}: {first} (the warehouse reads only files under the store and in the folders its own "
+            "folders link to; a file linked from outside them is refused)"
         )
     return RooftraceError(f"{what}: {first}")
 
@@ -806,28 +937,89 @@ def check_read_only_sql(con: duckdb.DuckDBPyConnection, sql: str) -> None:
         raise RooftraceError("SQL failed: no statement to run")
     for statement in statements:
         if statement.type not in _QUERY_STATEMENTS:
-            kind = statement.type.name.replace("_", " ")
+            kind = _statement_kind(statement)
             raise RooftraceError(
                 f"SQL refused: the warehouse is read-only and runs queries only (SELECT, WITH, FROM, "
-                f"DESCRIBE, SHOW, SUMMARIZE); this is a {kind} statement"
+                f"DESCRIBE, SHOW, SUMMARIZE); this is {kind}"
             )
+    if len(statements) > 1:  # only the last result would print: the others were dropped silently
+        raise RooftraceError(
+            f"SQL refused: {len(statements)} statements; `sql` runs one query at a time (one result to print)"
+        )
+
+
+def _statement_kind(statement: Any) -> str:
+    """The statement's kind in words, 'a COPY statement': DuckDB files INSTALL under LOAD (its type
+    is LOAD_STATEMENT), so an INSTALL is named as one, with DuckDB's kind after it."""
+    kind = str(statement.type.name).replace("_", " ")
+    first = (statement.query.split() or [""])[0].upper()
+    if kind == "LOAD" and first in {"INSTALL", "FORCE"}:
+        return "an INSTALL statement (DuckDB files it as a LOAD statement)"
+    return f"{'an' if kind[:1] in ('A', 'E', 'I', 'O', 'U') else 'a'} {kind} statement"
 
 
 def run_sql(store: Store, sql: str) -> pa.Table:
-    """Run ad-hoc SQL on the read-only, sandboxed warehouse (see :func:`connect`)."""
-    con = connect(store)
+    """Run ad-hoc SQL on the read-only, sandboxed warehouse (see :func:`connect`); the whole result
+    as one table (``rooftrace sql`` streams it instead: :func:`export_sql`)."""
+    with sql_batches(store, sql) as (schema, batches):
+        return pa.Table.from_batches(list(batches), schema=schema)
+
+
+#: Rows a streamed result is read in (:func:`sql_batches`): what is held outside DuckDB's memory
+#: limit at a time is one batch and its text, not the whole result.
+BATCH_ROWS = 16_384
+
+
+@contextlib.contextmanager
+def sql_batches(store: Store, sql: str) -> Iterator[tuple[pa.Schema, Iterator[pa.RecordBatch]]]:
+    """Run ad-hoc SQL on the read-only, sandboxed warehouse (see :func:`connect`) and stream its
+    result: the schema and the record batches, read from DuckDB as they are consumed (each read
+    can be stopped by Ctrl-C; an error on the way, such as running out of memory, is one line)."""
+    try:
+        con = connect(store)
+    except RuntimeError as exc:  # Ctrl-C while DuckDB ran in this thread (building the views)
+        if "interrupted" in str(exc).lower():
+            raise KeyboardInterrupt from None
+        raise
     try:
         check_read_only_sql(con, sql)
-        return interruptible(con, lambda: con.sql(sql).to_arrow_table())
+        reader = interruptible(con, lambda: con.sql(sql).to_arrow_reader(BATCH_ROWS))
+
+        def batches() -> Iterator[pa.RecordBatch]:
+            while True:
+                try:
+                    batch = interruptible(con, reader.read_next_batch)
+                except StopIteration:
+                    return
+                except (OSError, pa.ArrowException) as exc:  # DuckDB's error, through Arrow's stream
+                    raise _stream_error(exc) from None
+                yield batch
+
+        yield reader.schema, batches()
     except duckdb.PermissionException as exc:
         raise RooftraceError(
             f"SQL refused: {str(exc).splitlines()[0]} (the warehouse reads only the store {store.root})"
         ) from None
     except duckdb.Error as exc:
         raise sql_error(exc, "SQL failed") from None
+    except RuntimeError as exc:  # Ctrl-C while DuckDB ran in this thread (building the views)
+        if "interrupted" in str(exc).lower():
+            raise KeyboardInterrupt from None
+        raise
     finally:
         with contextlib.suppress(duckdb.Error):  # (a query that ignored an interrupt still holds it)
             con.close()
+
+
+def _stream_error(exc: BaseException) -> BaseException:
+    """An error DuckDB raised while a streamed result was read (it reaches Python as Arrow's
+    OSError holding DuckDB's message) as :func:`sql_error` words it."""
+    first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+    if first.startswith("Out of Memory Error"):
+        return sql_error(duckdb.OutOfMemoryException(first), "SQL failed")
+    if first.startswith("INTERRUPT"):
+        return KeyboardInterrupt()
+    return RooftraceError(f"SQL failed: {first}")
 
 
 # --------------------------------------------------------------------------------------------
@@ -863,11 +1055,56 @@ def parse_params(query: NamedQuery, items: Sequence[str]) -> dict[str, object]:
             raise RooftraceError(
                 f"--param {item!r}: query {query.name!r} takes {', '.join(declared) or 'none'} (NAME=VALUE)"
             )
-        try:
-            values[key] = float(value) if key.endswith("_s") else value
-        except ValueError:
-            values[key] = value
+        if key in values:
+            raise RooftraceError(f"--param {key} is given twice; give it once")
+        values[key] = seconds_param(query.name, key, value) if key.endswith("_s") else value
     return values
+
+
+#: Parameters that have their own option, checked there: ``--param`` gives them through it.
+_OPTION_PARAMS = {"date": "--date", "run_id": "--run"}
+
+
+def merge_option_params(
+    values: Mapping[str, object], run_id: str | None, date: str | None
+) -> tuple[str | None, str | None, dict[str, object]]:
+    """``--param run_id=``/``date=`` taken as ``--run``/``--date`` (returned with the other
+    parameters), so that they are checked exactly as the options are (a known, readable run; a
+    date the store has requests on): a --param copy skipped those checks and replaced the
+    option's value (``--param date=2031-02-03`` printed a row of nulls, exit code 0). One that
+    contradicts its option is refused."""
+    rest = dict(values)
+    given = {"run_id": run_id, "date": date}
+    for key, option in _OPTION_PARAMS.items():
+        if key not in rest:
+            continue
+        value = str(rest.pop(key))
+        if given[key] is not None and given[key] != value:
+            raise RooftraceError(f"--param {key}={value} contradicts {option} {given[key]} (give one of them)")
+        given[key] = value
+    return given["run_id"], given["date"], rest
+
+
+#: Largest seconds parameter (an SLO) a named query takes: a day is already no SLO.
+MAX_SECONDS_PARAM = 1_000_000.0
+
+
+def seconds_param(query: str, key: str, value: object) -> float:
+    """A seconds parameter (``ttft_slo_s=2``): a finite number > 0 and at most
+    :data:`MAX_SECONDS_PARAM`, else one error naming it (NaN met every SLO: DuckDB orders NaN
+    above every number; a negative SLO met none; 'abc' was DuckDB's conversion error)."""
+    shown = value if isinstance(value, str) else repr(value)
+    try:
+        seconds = float(value) if isinstance(value, str | int | float) and not isinstance(value, bool) else None
+    except ValueError:
+        seconds = None
+    if seconds is None:
+        raise RooftraceError(f"--param {key}={shown}: query {query!r} takes a number of seconds for {key}")
+    if not 0.0 < seconds <= MAX_SECONDS_PARAM:  # NaN fails every comparison
+        raise RooftraceError(
+            f"--param {key}={shown}: {key} must be a number of seconds > 0 and at most {MAX_SECONDS_PARAM:,.0f}"
+        )
+    return seconds
 
 
 def rebuild(store: Store) -> None:
@@ -919,12 +1156,14 @@ def printable(table: pa.Table) -> pa.Table:
 
 @dataclass(frozen=True)
 class SqlOutput:
-    """What ``rooftrace sql`` prints: ``text`` or ``data`` (Parquet bytes) for stdout, or
-    neither when written to a file; ``note`` (to stderr) when the table shows only some rows."""
+    """What ``rooftrace query`` prints: ``text`` or ``data`` (Parquet bytes) for stdout, or
+    neither when written to a file; ``note`` (to stderr) when the table shows only some rows;
+    ``rows``: the rows of the result."""
 
     text: str | None = None
     data: bytes | None = None
     note: str | None = None
+    rows: int = 0
 
 
 #: ``--out -``: standard output (a file named '-' is ``--out ./-``).
@@ -939,33 +1178,285 @@ def sql_output(
     tty: bool = False,
     title: str | None = None,
 ) -> SqlOutput:
-    """Render a query's result as ``fmt`` to ``out`` (None or :data:`STDOUT`: stdout). The table
-    format escapes control characters (a tenant named '\\x1b]0;...' must not retitle the terminal)
-    and shows at most ``max_rows`` rows on stdout, saying how many it left out; csv, json,
-    parquet and a table to --out FILE get every row (csv and parquet as the data is; json escapes
-    control characters itself). Parquet goes to stdout only when it is not a terminal (``tty``).
-    ``title``: the table's heading (a named query's name). Used by ``sql`` and ``query``."""
+    """Render a query's result (a whole table: ``query``) as :func:`write_result` writes it, the
+    text or Parquet bytes for stdout returned rather than written."""
+    buf = io.BytesIO()
+    written = write_result(table.schema, table.to_batches(), fmt, out, buf, max_rows=max_rows, tty=tty, title=title)
+    to_stdout = out is None or out == STDOUT
+    data = buf.getvalue()
+    if not to_stdout:
+        return SqlOutput(note=written.note, rows=written.rows)
+    if fmt == "parquet":
+        return SqlOutput(data=data, note=written.note, rows=written.rows)
+    return SqlOutput(text=data.decode(), note=written.note, rows=written.rows)
+
+
+@dataclass(frozen=True)
+class Written:
+    """What :func:`write_result` wrote: the result's rows, and the note on rows a table left out."""
+
+    rows: int
+    note: str | None = None
+
+
+def export_sql(store: Store, sql: str, fmt: str, out: Path | None, stdout: IO[bytes], tty: bool = False) -> Written:
+    """``rooftrace sql``: run ``sql`` on the warehouse and write its result as ``fmt`` to ``out``
+    (None or :data:`STDOUT`: ``stdout``), streamed batch by batch (:func:`sql_batches`): a large
+    export holds one batch at a time outside DuckDB's memory limit, not the whole result as Python
+    objects (a 1,000,000-row JSON export took 4x the limit). A table is the exception: it is laid
+    out whole, so a table past the memory limit is refused (:func:`write_result`)."""
+    with sql_batches(store, sql) as (schema, batches):
+        return write_result(schema, batches, fmt, out, stdout, tty=tty)
+
+
+def write_result(
+    schema: pa.Schema,
+    batches: Iterable[pa.RecordBatch],
+    fmt: str,
+    out: Path | None,
+    stdout: IO[bytes],
+    max_rows: int = TABLE_MAX_ROWS,
+    tty: bool = False,
+    title: str | None = None,
+) -> Written:
+    """Write a result as ``fmt`` to ``out`` (None or :data:`STDOUT`: ``stdout``), batch by batch.
+    The table format escapes control characters (a tenant named '\\x1b]0;...' must not retitle the
+    terminal) and shows at most ``max_rows`` rows on stdout, saying how many it left out; csv,
+    json, parquet and a table to --out FILE get every row (csv and parquet as the data is; json
+    escapes control characters itself). Parquet goes to stdout only when it is not a terminal
+    (``tty``). A file is written beside ``out`` and renamed into place (no half-written file);
+    its folder is created as the other commands' --out do. ``title``: the table's heading.
+
+    Dates and timestamps outside Python's years 1..9999 (year 12025, ±infinity) are written as
+    DuckDB's text of them ('infinity', '12025-01-15 00:00:00') in the table, csv and json formats
+    (:func:`_readable_batch`); Parquet keeps them as they are."""
     from pipeline.tables import render
 
+    if fmt not in OUTPUT_FORMATS:
+        raise RooftraceError(f"unknown format {fmt!r}; use one of {OUTPUT_FORMATS}")
     to_stdout = out is None or out == STDOUT
-    if fmt == "parquet" and out == STDOUT:
-        if tty:
-            raise RooftraceError("--format parquet --out -: stdout is a terminal; pipe it or give --out FILE")
-        buf = io.BytesIO()
-        try:
-            pq.write_table(table, buf)
-        except (pa.ArrowException, TypeError, ValueError) as exc:
-            raise RooftraceError(f"cannot write the result as parquet: {str(exc).splitlines()[0]}") from None
-        return SqlOutput(data=buf.getvalue())
+    if fmt == "parquet" and out == STDOUT and tty:
+        raise RooftraceError("--format parquet --out -: stdout is a terminal; pipe it or give --out FILE")
     if fmt == "parquet" and out is None:
         raise RooftraceError("--format parquet needs --out FILE (or --out - to write it to a pipe)")
+    with _opened(None if to_stdout else out, stdout) as sink:
+        try:
+            if fmt == "parquet":
+                return _write_parquet(schema, batches, sink)
+            if fmt == "csv":
+                return _write_csv(schema, batches, sink)
+            if fmt == "json":
+                return _write_json(batches, sink)
+            return _write_table(schema, batches, sink, max_rows if to_stdout else None, title, render)
+        except (pa.ArrowException, TypeError, ValueError, OverflowError) as exc:
+            first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+            raise RooftraceError(f"cannot write the result as {fmt}: {first}") from None
+
+
+@contextlib.contextmanager
+def _opened(out: Path | None, stdout: IO[bytes]) -> Iterator[IO[bytes]]:
+    """``stdout``, or a temporary file beside ``out`` renamed onto it when the writing ended well
+    (never over a folder or a pipe: :func:`pipeline.schemas.check_replaceable`)."""
+    if out is None:
+        yield stdout
+        stdout.flush()
+        return
+    from pipeline.schemas import check_replaceable, os_write_reason
+
+    tmp: Path | None = None
+    try:
+        check_replaceable(out)
+        out.parent.mkdir(parents=True, exist_ok=True)
+        fd, name = tempfile.mkstemp(prefix=f".{out.name}.", suffix=".tmp", dir=out.parent)
+        tmp = Path(name)
+        with os.fdopen(fd, "wb") as fh:
+            yield fh
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.chmod(tmp, 0o644)
+        os.replace(tmp, out)
+        tmp = None
+    except OSError as exc:
+        raise RooftraceError(f"cannot write {out}: {os_write_reason(out, exc)}") from None
+    finally:
+        if tmp is not None:
+            tmp.unlink(missing_ok=True)
+
+
+def _write_parquet(schema: pa.Schema, batches: Iterable[pa.RecordBatch], sink: IO[bytes]) -> Written:
+    rows = 0
+    with pq.ParquetWriter(sink, schema) as writer:
+        for batch in batches:
+            writer.write_batch(batch)
+            rows += batch.num_rows
+    return Written(rows)
+
+
+def _write_csv(schema: pa.Schema, batches: Iterable[pa.RecordBatch], sink: IO[bytes]) -> Written:
+    import pyarrow.csv as pacsv
+
+    from pipeline.tables import _for_csv as for_csv
+
+    rows, header = 0, True
+    for batch in batches:
+        part = for_csv(pa.Table.from_batches([_readable_batch(batch)]))
+        pacsv.write_csv(part, sink, pacsv.WriteOptions(include_header=header))
+        header = False
+        rows += batch.num_rows
+    if header:  # no rows: the header alone
+        pacsv.write_csv(for_csv(schema.empty_table()), sink)
+    return Written(rows)
+
+
+def _write_json(batches: Iterable[pa.RecordBatch], sink: IO[bytes]) -> Written:
+    """A JSON array of row objects, as ``json.dumps(rows, indent=2)`` lays it out, a batch at a time."""
+    from pipeline.tables import table_to_json
+
+    rows = 0
+    for batch in batches:
+        if not batch.num_rows:
+            continue
+        text = json.dumps(table_to_json(pa.Table.from_batches([_readable_batch(batch)])), indent=2, default=str)
+        sink.write((("[\n" if rows == 0 else ",\n") + text[2:-2]).encode())  # the rows, not '[\n' and '\n]'
+        rows += batch.num_rows
+    sink.write(b"[]\n" if rows == 0 else b"\n]\n")
+    return Written(rows)
+
+
+#: Bytes of memory a table cell takes while the table format lays it out (rich's cell objects and
+#: the rendered text; measured at about 1.3 KB): a table to --out FILE past the memory limit is
+#: refused before it is laid out.
+TABLE_CELL_BYTES = 1536
+
+
+def _write_table(
+    schema: pa.Schema,
+    batches: Iterable[pa.RecordBatch],
+    sink: IO[bytes],
+    max_rows: int | None,
+    title: str | None,
+    render: Callable[..., str | None],
+) -> Written:
+    from pipeline.limits import current_limits, format_bytes
+
+    limit = current_limits().max_memory
+    kept: list[pa.RecordBatch] = []
+    held = rows = 0
+    for batch in batches:
+        rows += batch.num_rows
+        room = batch.num_rows if max_rows is None else max(0, max_rows - (rows - batch.num_rows))
+        if room:
+            part = _readable_batch(batch.slice(0, room))
+            kept.append(part)
+            held += part.nbytes + part.num_rows * max(1, part.num_columns) * TABLE_CELL_BYTES
+            if limit is not None and held > limit:
+                raise RooftraceError(
+                    f"the result is too large to lay out as a table ({rows:,} rows so far would take more than "
+                    f"the {format_bytes(limit)} memory limit): use --format csv, json or parquet, or add a LIMIT"
+                )
+    table = pa.Table.from_batches(kept, schema=_readable_schema(schema, kept))
     note = None
-    if fmt == "table":
-        if to_stdout and table.num_rows > max_rows:
-            note = (
-                f"showing the first {max_rows:,} of {table.num_rows:,} rows; for all of them: --format csv or "
-                "--format json (to stdout or --out FILE), or add a LIMIT"
-            )
-            table = table.slice(0, max_rows)
-        table = printable(table)
-    return SqlOutput(text=render(table, fmt, None if to_stdout else out, title=title), note=note)
+    if max_rows is not None and rows > max_rows:
+        note = (
+            f"showing the first {max_rows:,} of {rows:,} rows; for all of them: --format csv or "
+            "--format json (to stdout or --out FILE), or add a LIMIT"
+        )
+    text = render(printable(table), "table", None, title=title)
+    sink.write((text or "").encode())
+    return Written(rows, note)
+
+
+def _readable_schema(schema: pa.Schema, batches: list[pa.RecordBatch]) -> pa.Schema:
+    """The schema of ``batches`` once :func:`_readable_batch` made a column text: the column is
+    text in every batch (the batches that did not need it are cast to text as well)."""
+    if not batches:
+        return schema
+    fields = list(schema)
+    for b in batches:
+        for i, f in enumerate(b.schema):
+            if f.type != fields[i].type:
+                fields[i] = pa.field(fields[i].name, pa.string())
+    want = pa.schema(fields)
+    for n, b in enumerate(batches):
+        if b.schema != want:
+            cols = [c if c.type == f.type else _duck_text(c) for c, f in zip(b.columns, want, strict=True)]
+            batches[n] = pa.RecordBatch.from_arrays(cols, schema=want)
+    return want
+
+
+_EPOCH = datetime.date(1970, 1, 1)
+#: Days from 1970-01-01 of the first and last date Python can hold (years 1 and 9999).
+_PY_DAYS = ((datetime.date.min - _EPOCH).days, (datetime.date.max - _EPOCH).days)
+_PER_DAY = {"s": 86_400, "ms": 86_400_000, "us": 86_400_000_000, "ns": 86_400_000_000_000}
+
+
+def _outside_python(column: pa.Array) -> bool:
+    """Whether a date or timestamp column holds a value Python's datetime cannot hold (a year past
+    9999, DuckDB's ±infinity, a BC date): converting it raised OverflowError (a traceback)."""
+    import pyarrow.compute as pc
+
+    t = column.type
+    if pa.types.is_date32(t):
+        ints, lo, hi = column.cast(pa.int32()), _PY_DAYS[0], _PY_DAYS[1]
+    elif pa.types.is_date64(t):
+        ints, lo, hi = column.cast(pa.int64()), _PY_DAYS[0] * 86_400_000, (_PY_DAYS[1] + 1) * 86_400_000 - 1
+    elif pa.types.is_timestamp(t):
+        per = _PER_DAY[t.unit]
+        # a day's margin each side: an aware timestamp is shown in its time zone
+        ints, lo, hi = column.cast(pa.int64()), (_PY_DAYS[0] + 1) * per, _PY_DAYS[1] * per - 1
+    elif pa.types.is_nested(t):
+        try:
+            column.to_pylist()
+        except (OverflowError, ValueError):
+            return True
+        return False
+    else:
+        return False
+    bounds = pc.min_max(ints).as_py()
+    return bounds["min"] is not None and (bounds["min"] < lo or bounds["max"] > hi)
+
+
+def _has_temporal(t: pa.DataType) -> bool:
+    if pa.types.is_date(t) or pa.types.is_timestamp(t):
+        return True
+    if pa.types.is_dictionary(t):
+        return _has_temporal(t.value_type)
+    if pa.types.is_list(t) or pa.types.is_large_list(t) or pa.types.is_fixed_size_list(t):
+        return _has_temporal(t.value_type)
+    if pa.types.is_map(t):
+        return _has_temporal(t.key_type) or _has_temporal(t.item_type)
+    if pa.types.is_struct(t):
+        return any(_has_temporal(t.field(i).type) for i in range(t.num_fields))
+    return False
+
+
+def _readable_batch(batch: pa.RecordBatch) -> pa.RecordBatch:
+    """``batch`` with every column holding a date or timestamp Python cannot hold as DuckDB's text
+    of its values ('infinity', '12025-01-15 00:00:00', '0044-03-15 (BC)'): the same words in the
+    table, csv and json formats (csv wrote '<value out of range: 2147483647>', table and json
+    stopped with a traceback)."""
+    columns = list(batch.columns)
+    changed = False
+    for i, column in enumerate(columns):
+        if _has_temporal(column.type) and _outside_python(column):
+            columns[i] = _duck_text(column)
+            changed = True
+    if not changed:
+        return batch
+    fields = [pa.field(f.name, c.type) for f, c in zip(batch.schema, columns, strict=True)]
+    return pa.RecordBatch.from_arrays(columns, schema=pa.schema(fields))
+
+
+def _duck_text(column: pa.Array) -> pa.Array:
+    """A column as DuckDB writes its values as text (times in UTC), from a private in-memory
+    DuckDB that reads nothing but this column."""
+    con = duckdb.connect(":memory:")
+    try:
+        with contextlib.suppress(duckdb.Error):
+            con.execute("SET TimeZone = 'UTC'")
+        con.execute("SET enable_external_access = false")
+        data = pa.table({"v": column})
+        text = con.from_arrow(data).select('CAST("v" AS VARCHAR) AS "v"').to_arrow_table()
+        return text.column(0).combine_chunks().cast(pa.string())
+    finally:
+        con.close()

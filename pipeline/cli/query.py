@@ -42,7 +42,10 @@ def query(
 ) -> None:
     """Run a named query (pipeline/queries/NAME.sql) on the warehouse.
 
-    An unknown --run id is an error that names the nearest known runs.
+    An unknown --run id is an error that names the nearest known runs, and so is a run the
+    warehouse left out as damaged (named with what is wrong); without --run, the latest run it
+    can read. --param date=/run_id= are checked as --date/--run are (one contradicting them is
+    refused); a seconds parameter (ttft_slo_s) is a number > 0. SIGTERM stops a query as Ctrl-C does (exit code 143).
 
     Example: rooftrace query latency --format json
     """
@@ -55,9 +58,11 @@ def query(
         check_run_option,
         get_query,
         list_queries,
+        merge_option_params,
         parse_params,
         require_store,
         run_query,
+        sigterm_exits,
         sql_output,
     )
     from pipeline.warehouse import (
@@ -73,18 +78,21 @@ def query(
             args = f" [{', '.join(q.params)}]" if q.params else ""
             click.echo(f"{q.name}{args}\n    {q.description}\n")
         return
-    store = run(lambda: get_store(store_path))
-    named = run(lambda: get_query(name))
-    run(lambda: check_run_option(name, named.params, run_id))
-    values: dict[str, object] = {"run_id": run_id, "date": date}
-    values |= run(lambda: parse_params(named, params))
-    run(lambda: require_store(store))
-    run(lambda: check_date_option(store, date, run_id, named))
-    if out != STDOUT:
-        run(lambda: check_out_path(store, out))
-    if rebuild:
-        run(lambda: rebuild_warehouse(store))
-    table = run(lambda: run_query(store, name, values))
+    with sigterm_exits():
+        store = run(lambda: get_store(store_path))
+        named = run(lambda: get_query(name))
+        given = run(lambda: parse_params(named, params))
+        # --param run_id=/date= are --run/--date, checked as they are (a contradiction is refused)
+        run_id, date, given = run(lambda: merge_option_params(given, run_id, date))
+        run(lambda: check_run_option(name, named.params, run_id))
+        values: dict[str, object] = {"run_id": run_id, "date": date, **given}
+        run(lambda: require_store(store))
+        run(lambda: check_date_option(store, date, run_id, named))
+        if out != STDOUT:
+            run(lambda: check_out_path(store, out))
+        if rebuild:
+            run(lambda: rebuild_warehouse(store))
+        table = run(lambda: run_query(store, name, values))
     if fmt == "json" and out is None:
         emit_json(table_to_json(table))
         return
