@@ -35,7 +35,9 @@ each checked before the memory fit: ``block_size`` one of vLLM's (1, 8, 16, 32, 
 :func:`resolve` turns one into the engine's SchedulerConfig and the cost model; its errors start
 with the fleet's origin too; :func:`fleet_from_dict` reads back what ``to_dict`` wrote (a run's
 config.json). ``cost_model = "measured"`` on a GPU without a measured profile is
-refused by :func:`load_fleet`, naming the file (:func:`check_cost_model`).
+refused by :func:`load_fleet`, naming the file (:func:`check_cost_model`), and so is a
+``[calibration]`` with ``cost_model = "measured"`` or ``"prior"``, tiers that never use its
+roofline factors (:func:`check_calibration_tier`).
 """
 
 from __future__ import annotations
@@ -404,9 +406,23 @@ def load_fleet(path: Path | str, *, check_profile: bool = True) -> FleetConfig:
     file, before any work (:func:`check_cost_model`); ``plan`` reads its base fleet without it,
     as it replaces the hardware and skips the candidates without a profile instead."""
     cfg = parse_fleet(read_toml(path, "fleet file"), str(path))
+    check_calibration_tier(cfg, str(path))
     if check_profile:
         check_cost_model(cfg, str(path))
     return cfg
+
+
+def check_calibration_tier(cfg: FleetConfig, origin: str) -> None:
+    """A ``[calibration]`` holds roofline efficiency factors (of another serving stack): it prices
+    the plain-roofline tier only (docs/validation.md; ``cost_model = "auto"`` switches to that tier
+    for it). With ``cost_model = "measured"`` or ``"prior"`` it would be silently ignored, so the
+    combination is refused, naming ``origin`` and both keys. Checked on a FLEET.toml only (by
+    :func:`load_fleet`): a run's recorded config.json is read back as it was."""
+    if cfg.calibration is not None and cfg.cost_model in ("measured", "prior"):
+        raise ConfigError(
+            f"{origin}: [calibration] prices the roofline tier; cost_model = '{cfg.cost_model}' ignores it: "
+            "remove one, or use cost_model = 'roofline' / 'auto'"
+        )
 
 
 def missing_profile(hardware: str) -> tuple[str, list[str]] | None:
@@ -678,3 +694,34 @@ def _entry_text(kind: str, name: str) -> str:
         return entry_path(kind, name).read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError):  # it was just parsed; a race or a vanished file
         return ""
+
+
+def unused_pod_options(
+    cfg: FleetConfig,
+    pods: int,
+    executor: str,
+    ray_address: str | None,
+    engine_pods: int,
+    closed: bool = False,
+) -> list[str]:
+    """Why ``--executor`` or ``--ray-address`` did nothing in a replay of ``cfg`` that ran in
+    ``engine_pods`` pods (the run's summary): one line each, for stderr; empty when both were used
+    or not given. The executor runs pods: a fleet replayed as one engine (a router whose routes
+    depend on the run, a closed loop, or no --pods asked and small enough for one engine) uses
+    none; the Ray address is for ``--executor ray`` only."""
+    notes = []
+    if ray_address is not None and executor != "ray":
+        where = "runs the pods one after another here" if executor == "local" else "runs the pods in local processes"
+        notes.append(f"--ray-address not used: --executor {executor} {where} (the address is for --executor ray)")
+    hierarchical = 0 < cfg.router_pod_size < cfg.replicas
+    if executor != "local" and engine_pods <= 1 and not hierarchical:
+        if closed:
+            why = "the closed loop of --concurrency cannot be cut into pods"
+        elif cfg.router not in ("round_robin", *AFFINITY_ROUTERS):
+            why = f"router {cfg.router} cannot be cut into pods"
+        elif pods <= 1:
+            why = "no --pods N asked, and it fits one engine"
+        else:
+            why = "only one pod held requests"
+        notes.append(f"--executor {executor} not used: the fleet replayed as one engine ({why})")
+    return notes

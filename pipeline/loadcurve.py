@@ -40,6 +40,9 @@ DEFAULT_BUDGET_S = DEFAULT_HEADROOM_BUDGET_S
 #: When every default point is healthy, the multiplier keeps doubling up to this (while the
 #: budget lasts) so that the knee is found rather than reported as "at least 4x".
 MAX_MULTIPLIER = 64.0
+#: The longest single wait for a parallel point (seconds): a budget larger than this (or inf) is
+#: waited out in steps of it, since a wait's timeout must fit the platform's time_t.
+MAX_WAIT_S = 3600.0
 
 
 def curve_point(
@@ -128,6 +131,8 @@ def load_curve(
     ms = sorted({float(m) for m in multipliers})
     if not ms or any(not (math.isfinite(m) and m > 0) for m in ms):
         raise ValueError(f"multipliers must be positive numbers, got {list(multipliers)}")
+    if math.isnan(budget_s) or budget_s < 0:
+        raise ValueError(f"the time budget must be a number of seconds >= 0 (inf: no limit), got {budget_s}")
     say = progress or (lambda _m: None)
     n = requests.height
     rows: dict[float, dict[str, Any]] = {}
@@ -147,15 +152,19 @@ def load_curve(
             pending: dict[Future[dict[str, Any]], float] = {
                 pool.submit(curve_point, requests, cfg, m, slo, identity): m for m in ms
             }
+            out_of_time = False
             while pending:
+                # never an infinite or huge timeout (the lock under wait() takes a time_t): out of
+                # time, wait for what has started with no timeout; else at most MAX_WAIT_S at a time
                 left = budget_s - (time.perf_counter() - t0)
-                done, _ = wait(pending, timeout=max(left, 0.0), return_when=FIRST_COMPLETED)
-                if not done:  # out of time: drop what has not started, wait for what has
+                timeout = None if out_of_time else min(max(left, 0.0), MAX_WAIT_S)
+                done, _ = wait(pending, timeout=timeout, return_when=FIRST_COMPLETED)
+                if not done and left <= 0:  # out of time: drop what has not started, wait for what has
                     for fut, m in list(pending.items()):
                         if fut.cancel():
                             rows[m] = _skipped(m, n, slo)
                             del pending[fut]
-                    budget_s = math.inf
+                    out_of_time = True
                     continue
                 for fut in done:
                     m = pending.pop(fut)

@@ -1,7 +1,11 @@
 """The nightly job: ingest -> classify -> replay -> headroom -> cost -> warehouse -> report, and the index.
 
 Safe to re-run (every stage is idempotent), one run at a time per store (the store lock), and a
-failing stage leaves what earlier stages wrote intact and is named in the error.
+failing stage leaves what earlier stages wrote intact and is named in the error (any exception a
+stage raises, a bug included: one line, never a traceback). Ingest, classify and replay stop the
+night when they fail; after the replay, a failed headroom, cost or warehouse stage does not: the
+report is still written (without what the stage would have added) and the error, raised at the
+end, names the stage and the report.
 """
 
 from __future__ import annotations
@@ -21,7 +25,7 @@ import polars as pl
 from pipeline.classify.accounting import classify_tokens, day_identity
 from pipeline.cost import run_cost
 from pipeline.errors import RooftraceError
-from pipeline.fleet import load_fleet, resolve
+from pipeline.fleet import load_fleet, resolve, unused_pod_options
 from pipeline.ingest import IngestSummary, ingest_logs
 from pipeline.limits import keep_ignored_sigint
 from pipeline.loadcurve import DEFAULT_BUDGET_S, DEFAULT_MULTIPLIERS, curve_table, headroom_sentence, load_curve
@@ -49,7 +53,12 @@ Progress = Callable[[str], None]
 
 
 class StageError(RooftraceError):
-    """A nightly stage failed; what earlier stages wrote is kept."""
+    """A nightly stage failed; what earlier stages wrote is kept. ``result`` is the night as it
+    was published when a stage after the replay failed but the report was still written."""
+
+    def __init__(self, message: str, result: NightlyResult | None = None) -> None:
+        super().__init__(message)
+        self.result = result
 
 
 @dataclass
@@ -104,13 +113,43 @@ class NightlyResult:
         }
 
 
+class _Failed(Exception):
+    """A stage that failed, with why (one line); :func:`_stage` raises it, the nightly decides
+    whether the stages after it can still run."""
+
+    def __init__(self, name: str, why: str) -> None:
+        super().__init__(why)
+        self.name, self.why = name, why
+
+
+def _why(exc: BaseException) -> str:
+    """One line saying why a stage failed: a rooftrace error as it is; anything else (a bug, an
+    OSError a stage did not turn into a rooftrace error) with its type, as it is not self-explanatory."""
+    text = " ".join(str(exc).split())
+    if isinstance(exc, RooftraceError):
+        return text
+    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
+
+
 def _stage(name: str, timings: dict[str, float], say: Progress, fn: Callable[[], T]) -> T:
+    """Run one stage, timed; any exception it raises (Ctrl-C aside) is a :class:`StageError`
+    naming it, never a traceback that hides which stage failed."""
+    try:
+        return _attempt(name, timings, say, fn)
+    except _Failed as failed:
+        raise StageError(f"stage {name} failed (earlier stages' outputs are intact): {failed.why}") from (
+            failed.__cause__
+        )
+
+
+def _attempt(name: str, timings: dict[str, float], say: Progress, fn: Callable[[], T]) -> T:
     say(f"[{name}] ...")
     t0 = time.perf_counter()
     try:
         out = fn()
-    except RooftraceError as exc:
-        raise StageError(f"stage {name} failed (earlier stages' outputs are intact): {exc}") from None
+    except Exception as exc:  # (not BaseException: Ctrl-C stays Ctrl-C)
+        say(f"[{name}] FAILED after {time.perf_counter() - t0:.1f} s")
+        raise _Failed(name, _why(exc)) from (None if isinstance(exc, RooftraceError) else exc)
     timings[name] = time.perf_counter() - t0
     say(f"[{name}] done in {timings[name]:.1f} s")
     return out
@@ -138,7 +177,8 @@ def nightly(
     say = progress or (lambda _m: None)
     reports_dir = reports_dir or default_reports_dir()
     fleet_path = Path(fleet) if fleet is not None else default_fleet_path()
-    resolve(load_fleet(fleet_path), str(fleet_path))  # a bad fleet is one error, before the ingest
+    cfg = load_fleet(fleet_path)
+    resolve(cfg, str(fleet_path))  # a bad fleet is one error, before the ingest
     timings: dict[str, float] = {}
     with store.lock():
         summary = _stage(
@@ -152,22 +192,49 @@ def nightly(
         _stage("classify", timings, say, lambda: classify_tokens(store, day))
         options = ReplayOptions(date=day, slo=slo, pods=pods, executor=executor, ray_address=ray_address)
         result = _stage("replay", timings, say, lambda: replay(store, fleet, options, progress=say))
-        _stage(
-            "headroom",
-            timings,
-            say,
-            lambda: write_load_curve(store, result, fleet, day, slo, headroom_budget_s, say),
-        )
-        _stage("cost", timings, say, lambda: run_cost(store, result.run_id))
-        _stage("warehouse", timings, say, lambda: build_warehouse(store))
-        report = _stage(
-            "report",
-            timings,
-            say,
-            lambda: build_report(store, result.run_id, day, reports_dir=reports_dir, nightly=True),
-        )
-        index = _stage("index", timings, say, lambda: build_index(reports_dir, store.cache_dir))
-    return NightlyResult(day, result.run_id, report.path, index, report.headline, timings, summary.to_json())
+        for note in unused_pod_options(cfg, pods, executor, ray_address, int(result.summary.get("engine_pods") or 1)):
+            say(f"replay: {note}")
+        # From here on a failed stage does not stop the night: the headroom curve, the cost
+        # tables and the warehouse are parts of the report, which is still written without them
+        # (the report and the index need the report stage). The failures are raised at the end.
+        failed: list[_Failed] = []
+
+        def optional(name: str, fn: Callable[[], object]) -> None:
+            try:
+                _attempt(name, timings, say, fn)
+            except _Failed as exc:
+                failed.append(exc)
+
+        optional("headroom", lambda: write_load_curve(store, result, fleet, day, slo, headroom_budget_s, say))
+        optional("cost", lambda: run_cost(store, result.run_id))
+        optional("warehouse", lambda: build_warehouse(store))
+        try:
+            report = _attempt(
+                "report",
+                timings,
+                say,
+                lambda: build_report(store, result.run_id, day, reports_dir=reports_dir, nightly=True),
+            )
+            index = _attempt("index", timings, say, lambda: build_index(reports_dir, store.cache_dir))
+        except _Failed as exc:
+            raise StageError(_failures_line([*failed, exc], None)) from exc.__cause__
+        night = NightlyResult(day, result.run_id, report.path, index, report.headline, timings, summary.to_json())
+        if failed:
+            raise StageError(_failures_line(failed, report.path), night) from failed[0].__cause__
+    return night
+
+
+def _failures_line(failed: Sequence[_Failed], report: Path | None) -> str:
+    """The stages that failed, in one line: those after which the night went on say so (and
+    where its report is), the last one when it stopped the night says what was kept."""
+    parts = []
+    for i, f in enumerate(failed):
+        if report is None and i == len(failed) - 1:
+            parts.append(f"stage {f.name} failed (earlier stages' outputs are intact): {f.why}")
+        else:
+            after = f"the later stages ran; report {report}" if report is not None else "the later stages ran"
+            parts.append(f"stage {f.name} failed ({after}): {f.why}")
+    return "; ".join(parts)
 
 
 def _night(store: Store, summary: IngestSummary, say: Progress) -> str:

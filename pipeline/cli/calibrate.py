@@ -7,7 +7,7 @@ from pathlib import Path
 
 import click
 
-from pipeline.cli.common import emit_json, json_option, progress, run
+from pipeline.cli.common import check_out_of_store, default_store, emit_json, json_option, progress, run
 from pipeline.errors import RooftraceError
 
 
@@ -49,6 +49,7 @@ def calibrate_cmd(measurements: str, hardware: str | None, out: str | None, as_j
         # an empty path is no path: it would read the current folder, or write the catalog's profiles
         refuse_empty("--measurements", measurements, "path/to/measurements")
         refuse_empty("--out", out, "/tmp/profiles")
+        check_out_of_store(default_store(), out, "--out")  # (not over the files of the store commands use)
         from pipeline.validate import refuse_part_of_a_set
 
         source = Path(measurements)

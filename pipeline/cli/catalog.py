@@ -7,7 +7,7 @@ from typing import Any
 
 import click
 
-from pipeline.cli.common import emit_json, gib, json_option, progress, run
+from pipeline.cli.common import check_out_of_store, default_store, emit_json, gib, json_option, progress, run
 
 
 def _si(x: float, unit: str) -> str:
@@ -216,6 +216,8 @@ def catalog_import_hf(config_json: str, name: str | None, hf_id: str, out: str |
         from pipeline.catalog import import_hf_config
         from pipeline.catalog.entries import write_model_entry
 
+        if out:
+            check_out_of_store(default_store(), out, "--out")  # (not over the files of the store commands use)
         spec, text = import_hf_config(Path(config_json), name=name, hf_id=hf_id)
         if out:
             write_model_entry(Path(out), text)

@@ -229,6 +229,65 @@ def pod_options(fn: F) -> F:
 # shared by several commands
 
 
+def check_out_of_store(store: Store | None, path: Path | str | None, option: str) -> None:
+    """Refuse an output ``path`` (a file or a folder, given as ``option``) that would write over
+    the store's own files: the store's folder itself, anything in one of its folders (runs/,
+    requests/, accounting/, quarantine/, plans/, costs/, validation/ and the hidden ones) or one
+    of its files (manifest.parquet, warehouse.duckdb...). Links are followed and real paths
+    compared, so a link to a run's config.json is refused too. One line naming the path, before
+    any work; a new file beside them at the store's top (STORE/report.html) is let through."""
+    if store is None or path is None:
+        return
+    try:
+        root = store.root.resolve()
+        real = Path(path).resolve()
+    except (OSError, RuntimeError):  # (a link loop: the write itself says why)
+        return
+    if real != root and root not in real.parents:
+        return
+    parts = real.relative_to(root).parts
+    folders = {
+        d.name
+        for d in (
+            store.requests_dir,
+            store.quarantine_dir,
+            store.accounting_dir,
+            store.runs_dir,
+            store.validation_dir,
+            store.cache_dir,
+            store.staging_dir,
+            store.plan_dir("x").parent,
+            store.cost_dir("x").parent,
+        )
+    }
+    if not parts:
+        what = "the store's own folder"
+    else:
+        first = parts[0]
+        # (the hidden names are the store's: .lock, .cache, .staging, its files' temporary names)
+        owned = first in folders or first == store.manifest_path.name or first.startswith(".")
+        if not (owned or first.startswith(store.warehouse_path.name)):  # (and its .wal)
+            return
+        folder = first in folders or len(parts) > 1
+        what = f"{'in ' if len(parts) > 1 else ''}the {first}{'/ folder' if folder else ''} of the store {root}"
+    raise RooftraceError(
+        f"{option} {path}: {real} is {what}; output never goes over the store's own files: write it elsewhere"
+    )
+
+
+def default_store() -> Store | None:
+    """The store a command without --store would use ($ROOFTRACE_STORE, else the project's), not
+    opened (nothing repaired or created), for :func:`check_out_of_store`; None when the project's
+    settings cannot be read (the commands that need them say why)."""
+    from pipeline.project import default_store_path
+    from pipeline.store import Store
+
+    try:
+        return Store(default_store_path())
+    except (RooftraceError, OSError):
+        return None
+
+
 def gib(x: float) -> str:
     return f"{x / 2**30:,.2f} GiB"
 

@@ -8,6 +8,7 @@ from pathlib import Path
 import click
 
 from pipeline.cli.common import (
+    check_out_of_store,
     emit_json,
     get_store,
     jobs_option,
@@ -26,6 +27,12 @@ from pipeline.defaults import DEFAULT_HEADROOM_BUDGET_S, INGEST_FORMATS
 EXIT_ATTENTION = 3
 
 
+def _not_nan(value: float) -> float:
+    if value != value:  # FloatRange(min=0) lets nan through (nan < 0 is false)
+        raise click.BadParameter("not a number of seconds (nan); give seconds >= 0, or inf for no limit")
+    return value
+
+
 @click.command("nightly")
 @click.argument("logs", nargs=-1, required=True, type=click.Path())  # as typed: '' is refused, not '.'
 @click.option(
@@ -41,7 +48,9 @@ EXIT_ATTENTION = 3
     type=click.FloatRange(min=0),
     default=DEFAULT_HEADROOM_BUDGET_S,
     show_default=True,
-    help="Seconds the load curve (traffic x0.5 .. x4 and beyond) may take; points left are marked skipped.",
+    callback=lambda ctx, param, value: _not_nan(value),
+    help="Seconds the load curve (traffic x0.5 .. x4 and beyond) may take; points left are marked skipped "
+    "(inf: no limit).",
 )
 @jobs_option
 @pod_options
@@ -71,30 +80,43 @@ def nightly_cmd(
 
     Exit codes: 0 the night is healthy; 3 the report was written but the night needs someone to
     act (requests rejected, overload, a failed SLO, or at least 1% of the log rows quarantined;
-    the last line says which); 1 the nightly failed (nothing published for the night); 130 Ctrl-C.
+    the last line says which); 1 a stage failed, named on the last line (ingest, classify or
+    replay: nothing published for the night; headroom, cost or warehouse: the later stages
+    still ran and the report was written without it); 130 Ctrl-C.
 
     Example: rooftrace nightly logs/2025-01-15/ --fleet fleets/default.toml
     """
-    from pipeline.nightly import nightly
+    from pipeline.nightly import NightlyResult, StageError, nightly
+    from pipeline.project import default_reports_dir
 
     store = get_store(store_path)
-    res = run(
-        lambda: nightly(
-            list(logs),
-            fleet,
-            store,
-            date,
-            reports_dir,
-            fmt,
-            progress,
-            slo,
-            headroom_budget,
-            jobs=jobs,
-            pods=pods,
-            executor=executor,
-            ray_address=ray_address,
-        )
-    )
+
+    def work() -> NightlyResult:
+        check_out_of_store(store, reports_dir or default_reports_dir(), "--reports")
+        try:
+            return nightly(
+                list(logs),
+                fleet,
+                store,
+                date,
+                reports_dir,
+                fmt,
+                progress,
+                slo,
+                headroom_budget,
+                jobs=jobs,
+                pods=pods,
+                executor=executor,
+                ray_address=ray_address,
+            )
+        except StageError as exc:
+            if exc.result is not None:  # a stage after the replay failed, the report was written
+                for w in exc.result.headline.get("warnings") or []:
+                    progress(f"warning: {w}")
+                progress(exc.result.line())
+            raise
+
+    res = run(work)
     for w in res.headline.get("warnings") or []:
         progress(f"warning: {w}")
     progress(res.line())

@@ -111,6 +111,8 @@ def replay_cmd(
             return replay(get_store(store_path), fleet_path, options, progress=progress)
 
     result = run(body)
+    for note in _unused_pod_options(result, pods, executor, ray_address, concurrency is not None):
+        progress(f"replay: {note}")
     s = result.summary
     h = s["health"]
     for line in h["warnings"]:
@@ -137,3 +139,21 @@ def replay_cmd(
     pods = s.get("engine_pods", 1)
     in_pods = f", in {pods:,} pods" if pods > 1 else ""
     click.echo(f"engine: {s['engine_wall_s']:.2f} s wall, {s['spans']:,} spans{in_pods}", err=True)
+
+
+def _unused_pod_options(result: Any, pods: int, executor: str, ray_address: str | None, closed: bool) -> list[str]:
+    """pipeline.fleet.unused_pod_options for the run just written: the fleet as its config.json
+    recorded it (the file may have changed since), the pods from its summary."""
+    import json
+
+    from pipeline.errors import RooftraceError
+    from pipeline.fleet import fleet_from_dict, unused_pod_options
+
+    if executor == "local" and ray_address is None:
+        return []
+    config = result.run_dir / "config.json"
+    try:
+        cfg = fleet_from_dict(json.loads(config.read_text())["resolved"]["fleet"], str(config))
+    except (OSError, ValueError, KeyError, TypeError, RooftraceError):
+        return []  # (the run is written; a note is not worth failing it)
+    return unused_pod_options(cfg, pods, executor, ray_address, int(result.summary.get("engine_pods") or 1), closed)

@@ -6,7 +6,16 @@ from pathlib import Path
 
 import click
 
-from pipeline.cli.common import emit_json, get_store, json_option, progress, reports_option, run, store_option
+from pipeline.cli.common import (
+    check_out_of_store,
+    emit_json,
+    get_store,
+    json_option,
+    progress,
+    reports_option,
+    run,
+    store_option,
+)
 
 
 @click.command()
@@ -55,6 +64,14 @@ def report(
     rdir = reports_dir or default_reports_dir()
 
     def work() -> ReportResult:
+        # never over the store's own files: a report written to the run's config.json or
+        # requests.parquet would leave the run it reports unreadable
+        if out is not None:
+            check_out_of_store(store, out, "--out")
+            check_out_of_store(store, out.parent / "headline.json", "--out (its headline.json)")
+        else:
+            check_out_of_store(store, rdir, "--reports")
+        check_out_of_store(store, png_dir, "--png")
         res = build_report(store, run_id, date, out, png_dir, None if out is not None else rdir)
         if out is None:
             try:

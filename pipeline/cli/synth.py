@@ -8,7 +8,7 @@ from typing import Any
 
 import click
 
-from pipeline.cli.common import emit_json, json_option, limits_from, progress, run
+from pipeline.cli.common import check_out_of_store, default_store, emit_json, json_option, limits_from, progress, run
 from pipeline.defaults import (
     MAX_MEMORY_ENV,
     SYNTH_FORMATS,
@@ -132,6 +132,8 @@ def synth(
 
     def work() -> tuple[list[Path], int]:
         check_date(date)
+        store = default_store()  # (synth takes no --store: the one the next ingest would fill)
+        check_out_of_store(store, out, "--out")
         cfg = SynthConfig(
             requests=n,
             seed=seed,
