@@ -143,7 +143,9 @@ def select_rows(meas: Measurements, gpu: str) -> tuple[dict[str, pl.DataFrame], 
     ar = m.get("allreduce")
     if ar.height:
         out["allreduce"] = ar.sort(["backend", "gpus", "bytes"])
-        sel["allreduce"] = "vLLM custom all-reduce (graph and eager) and NCCL all_reduce in 16-bit"
+        sel["allreduce"] = (
+            "vLLM custom all-reduce (graph and eager) and NCCL all_reduce, all_gather and reduce_scatter in 16-bit"
+        )
     moe = m.get("moe")
     if moe.height:
         moe = moe_rows(moe)

@@ -255,11 +255,21 @@ def measured_tables(
                 add_roofline(op)
             continue
         if op.name == "moe_dispatch_combine":
-            # All-gather then reduce-scatter of the dp ranks' dp·t·h tensor: the two halves of
-            # a ring all-reduce of that tensor, so NCCL's measured all-reduce over dp GPUs.
+            # vLLM's default all-to-all (allgather_reducescatter): an NCCL all-gather of the dp
+            # ranks' dp·t·h tensor before the experts and a reduce-scatter of it after, each
+            # from its measured table; where those were not measured, NCCL's all-reduce of the
+            # same tensor (the two halves of a ring all-reduce).
+            nbytes_a2a = np.maximum(tf * dep.dp * m.hidden_size * 2.0, 1.0)
+            gather_c = prof.allreduce_curve("nccl_all_gather", dep.dp)
+            scatter_c = prof.allreduce_curve("nccl_reduce_scatter", dep.dp)
             nccl_c = prof.allreduce_curve("nccl", dep.dp)
-            if nccl_c is not None:
-                add_measured(op, nccl_c(np.maximum(tf * dep.dp * m.hidden_size * 2.0, 1.0)), column=2)
+            if gather_c is not None and scatter_c is not None:
+                add_measured(op, gather_c(nbytes_a2a) + scatter_c(nbytes_a2a), column=2)
+                a2a_used = (
+                    f"allgather_reducescatter: NCCL all-gather + reduce-scatter (measured: {prof.gpu} x{dep.dp} curves)"
+                )
+            elif nccl_c is not None:
+                add_measured(op, nccl_c(nbytes_a2a), column=2)
                 a2a_used = f"allgather_reducescatter as NCCL all-reduce (measured: {prof.gpu} x{dep.dp} curve)"
             else:
                 add_roofline(op)

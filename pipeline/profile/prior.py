@@ -658,8 +658,11 @@ def collective_donor_check() -> pl.DataFrame:
             nbytes = sub["bytes"].to_numpy().astype(np.float64)
             t = sub["time_s"].to_numpy()
             g = float(gpus)
-            # the plain roofline's all-reduce: the same ring-scaled bytes and one call's latency
-            ring = Op("all_reduce", "comm", 1, np.zeros_like(nbytes), 2.0 * (g - 1.0) / g * nbytes)
+            # the plain roofline's collective: the same ring-scaled bytes and one call's latency
+            # (an all-reduce moves 2(g-1)/g of the tensor through each GPU, an all-gather or a
+            # reduce-scatter half that)
+            halves = 1.0 if str(backend) in ("nccl_all_gather", "nccl_reduce_scatter") else 2.0
+            ring = Op(str(backend), "comm", 1, np.zeros_like(nbytes), halves * (g - 1.0) / g * nbytes)
             roof = comm_time(hw, ring)
             for pred, kind in ((curve(nbytes), "donor"), (roof, "roofline")):
                 rel = pred / t - 1.0

@@ -141,6 +141,14 @@ class Measurements:
 AR_ELEMENT_BYTES = 2
 
 
+#: The NCCL collectives read from AIConfigurator's ``nccl_perf.parquet`` (its ``op_name``) and the
+#: backend label each gets in a profile's collective table. Their ``message_size`` is the whole
+#: tensor in 16-bit elements: nccl-tests' ``-b`` count, which for all_gather is the gathered
+#: output (each rank sends a 1/n share) and for reduce_scatter the input (each rank keeps 1/n).
+#: vLLM's default expert-parallel all-to-all (``allgather_reducescatter``) is one of each.
+NCCL_BACKENDS = {"all_reduce": "nccl", "all_gather": "nccl_all_gather", "reduce_scatter": "nccl_reduce_scatter"}
+
+
 #: Sizes and counts of a measured row (m, n, k, tokens, batch, context, heads, GPUs, experts, top-k,
 #: TP / EP sizes) are whole numbers in [1, MAX_SIZE] (a few columns may be 0, e.g. a decode-free
 #: mixed batch); beyond that a row is broken, not a kernel.
@@ -491,8 +499,13 @@ def read_aiconfigurator(root: Path, out: Measurements) -> None:
         path = _newest_with(comm / "nccl", "nccl_perf.parquet")
         if path is not None:
             f = _read_parquet(path, ["op_name", "num_gpus", "message_size", "latency"])
+            op = _as_label(f, "op_name")
             f = _sixteen_bit(
-                f.filter((_as_label(f, "op_name") == "all_reduce").fill_null(False)), "nccl_dtype", path, out, gpu
+                f.with_columns(op.alias("op_name")).filter(op.is_in(list(NCCL_BACKENDS)).fill_null(False)),
+                "nccl_dtype",
+                path,
+                out,
+                gpu,
             )
             c = _checked(f, path, out, gpu, time=ms, ints=ar_sizes)
             if c is not None:
@@ -500,7 +513,7 @@ def read_aiconfigurator(root: Path, out: Measurements) -> None:
                     "allreduce",
                     c.select(
                         *ident(path),
-                        pl.lit("nccl").alias("backend"),
+                        pl.col("op_name").replace_strict(NCCL_BACKENDS).alias("backend"),
                         pl.col("num_gpus").alias("gpus"),
                         (pl.col("message_size") * AR_ELEMENT_BYTES).alias("bytes"),  # 16-bit elements
                         "time_s",
