@@ -437,10 +437,14 @@ class Period:
     makespan_s: float
     busiest_rank_busy_s: float
     overloaded: bool
+    #: The overload lasted to the last arrival (pipeline.slo.Overload.sustained). A backlog that
+    #: drained before it (a peak the fleet could not keep up with, then caught up) leaves the
+    #: period the arrival span and the unit costs valid: the run's OVERLOADED warning says the rest.
+    sustained: bool = True
 
     @property
     def unit_costs_valid(self) -> bool:
-        return not self.overloaded and self.basis == PERIOD_ARRIVALS
+        return not (self.overloaded and self.sustained) and self.basis == PERIOD_ARRIVALS
 
     @property
     def text(self) -> str:
@@ -466,7 +470,7 @@ class Period:
         when they are)."""
         if self.unit_costs_valid:
             return None
-        what = "OVERLOADED run" if self.overloaded else "the fleet did not keep up"
+        what = "OVERLOADED run" if self.overloaded and self.sustained else "the fleet did not keep up"
         priced = " (the GPU time priced)" if self.basis == PERIOD_MAKESPAN else ""
         return (
             f"{what}: $ per token and self-host/API ratios are not valid unit costs: serving "
@@ -479,7 +483,7 @@ class Period:
         """The short mark put beside each $ per token and self-host / API ratio that is not valid."""
         if self.unit_costs_valid:
             return None
-        return "OVERLOADED: not valid" if self.overloaded else "fleet fell behind: not valid"
+        return "OVERLOADED: not valid" if self.overloaded and self.sustained else "fleet fell behind: not valid"
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -503,11 +507,13 @@ def run_period(
     span_start_s: Any,
     span_end_s: Any,
     overloaded: bool,
+    sustained: bool = True,
 ) -> Period:
     """The period a replay run is priced over (:class:`Period`): the arrival span
     (:func:`traffic_period_s`), or the makespan (first arrival to the last finish or engine step)
-    when the run is ``overloaded`` or its busiest rank (``span_rank``: the steps' ``replica``)
-    was busy for longer than the arrival span."""
+    when the run is ``overloaded`` up to its last arrival (``sustained``; an overload that drained
+    before it does not lengthen the period) or its busiest rank (``span_rank``: the steps'
+    ``replica``) was busy for longer than the arrival span."""
     arrival = np.asarray(arrival_s, dtype=np.float64)
     arrival = arrival[np.isfinite(arrival)]
     span = traffic_period_s(arrival)
@@ -521,7 +527,7 @@ def run_period(
     if rank.size:
         _, inverse = np.unique(rank, return_inverse=True)
         busiest = float(np.bincount(inverse, weights=np.nan_to_num(dur)).max())
-    behind = overloaded or busiest > span
+    behind = (overloaded and sustained) or busiest > span
     basis = PERIOD_MAKESPAN if behind and makespan > span else PERIOD_ARRIVALS
     return Period(
         seconds=makespan if basis == PERIOD_MAKESPAN else span,
@@ -530,15 +536,28 @@ def run_period(
         makespan_s=max(makespan, 0.0),
         busiest_rank_busy_s=busiest,
         overloaded=overloaded,
+        sustained=sustained,
     )
+
+
+def _recorded_overload(config: Mapping[str, Any]) -> dict[str, Any] | None:
+    summary = config.get("summary")
+    health = summary.get("health") if isinstance(summary, dict) else None
+    over = health.get("overload") if isinstance(health, dict) else None
+    return over if isinstance(over, dict) else None
 
 
 def run_overloaded(config: Mapping[str, Any]) -> bool:
     """Whether a run's summary (config.json) says it was overloaded."""
-    summary = config.get("summary")
-    health = summary.get("health") if isinstance(summary, dict) else None
-    over = health.get("overload") if isinstance(health, dict) else None
-    return isinstance(over, dict) and bool(over.get("detected"))
+    over = _recorded_overload(config)
+    return over is not None and bool(over.get("detected"))
+
+
+def run_overload_sustained(config: Mapping[str, Any]) -> bool:
+    """Whether a run's recorded overload lasted to its last arrival (summaries written before
+    drained overloads were reported hold only sustained ones)."""
+    over = _recorded_overload(config)
+    return over is None or over.get("sustained", True) is not False
 
 
 def stored_run_period(run_dir: Path, config: Mapping[str, Any]) -> Period:
@@ -554,6 +573,7 @@ def stored_run_period(run_dir: Path, config: Mapping[str, Any]) -> Period:
         steps.column("start_s").to_numpy(zero_copy_only=False),
         steps.column("end_s").to_numpy(zero_copy_only=False),
         run_overloaded(config),
+        run_overload_sustained(config),
     )
 
 
@@ -719,6 +739,7 @@ def run_cost(
         spans["start_s"],
         spans["end_s"],
         run_overloaded(config),
+        run_overload_sustained(config),
     )
     # the period of record: the traffic's own span, or the makespan of a fleet that fell behind
     span = period.seconds

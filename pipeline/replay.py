@@ -53,6 +53,7 @@ from pipeline.project import default_fleet_path
 from pipeline.runrequests import Columns, MemoryColumns, RunRequests, StoredColumns, run_writes
 from pipeline.schemas import ParquetStream, atomic_write_bytes
 from pipeline.slo import (
+    MULTI_NODE,
     PERCENTILE_METHOD,
     Slo,
     failure_counts,
@@ -656,6 +657,10 @@ def summary_of(cols: Columns, sums: StepSums, run: ReplayRun, slo: Slo | None = 
     hits = _sum(cols, "cache_hit_tokens", ok)
     reasons = {REJECT_REASONS[c]: int((code == c).sum()) for c in range(1, len(REJECT_REASONS))}
     healthy = health(cols, slo, code)
+    wide = multi_node_warning(run.fleet)
+    if wide is not None:  # not a failure of the run, but its latencies are optimistic
+        healthy["warnings"].append(wide)
+        healthy["healthy"] = False
     return {
         "requests": int(cols.n),
         "finished": n_ok,
@@ -747,6 +752,40 @@ def _store_writes(store: Store) -> Iterator[None]:
         yield
     except OSError as exc:
         raise store_write_error(store, exc) from None
+
+
+def _utc(t0_us: int, first_s: float, after_s: float) -> str:
+    """A time of the overload rule (``after_s`` seconds after the first accepted arrival, which
+    is ``first_s`` on the run's clock) as UTC, to the second."""
+    at = np.datetime64(t0_us, "us") + np.timedelta64(round((first_s + after_s) * 1e6), "us")
+    return f"{np.datetime_as_string(at, unit='s')}Z"
+
+
+def multi_node_warning(fleet: ResolvedFleet) -> str | None:
+    """One line when a replica's communicating GPUs do not fit one node of its hardware
+    (``gpus_per_node``): the engine prices every collective (tensor-parallel all-reduce,
+    pipeline sends, an MoE model's expert dispatch and combine over its dp ranks) over the
+    hardware's intra-node link, measured NCCL curves of one node included, so a replica across
+    nodes gets optimistic latencies. A dense model's dp ranks share nothing: only tp × pp count
+    for it; an MoE model's dp ranks exchange tokens at every MoE layer: tp × pp × dp."""
+    c, dep = fleet.config, fleet.deployment
+    per_node = dep.hardware.gpus_per_node
+    moe_dp = dep.model.is_moe and c.dp > 1
+    talking = dep.gpus * (c.dp if moe_dp else 1)
+    if per_node < 1 or talking <= per_node:
+        return None
+    what = [
+        *(["the MoE expert dispatch/combine over its dp ranks"] if moe_dp else []),
+        *(["the pipeline-parallel sends between stages"] if c.pp > 1 else []),
+    ]  # (tp alone never spans nodes: the roofline refuses tp > gpus_per_node)
+    gpus = fleet.gpus_per_replica
+    nodes = -(-gpus // per_node)
+    return (
+        f"{MULTI_NODE} each replica spans {nodes:,} nodes (tp {c.tp} × pp {c.pp} × dp {c.dp} = {gpus:,} "
+        f"{dep.hardware.name} GPUs, {per_node} per node), but its cross-node communication "
+        f"({' and '.join(what)}) is priced as within one {dep.hardware.link_kind} node: "
+        "latencies are optimistic"
+    )
 
 
 def model_mix_warning(store: Store, date: str, fleet_model: str) -> str | None:
@@ -882,8 +921,9 @@ def _replay(
             summary["health"]["healthy"] = False
         over = summary["health"]["overload"]
         if over["detected"]:
-            start = np.datetime64(t0_us, "us") + np.timedelta64(round(over["from_s"] * 1e6), "us")
-            over["from_utc"] = f"{np.datetime_as_string(start, unit='s')}Z"
+            over["from_utc"] = _utc(t0_us, over.get("first_arrival_s") or 0.0, over["from_s"])
+            if over.get("until_s") is not None:
+                over["until_utc"] = _utc(t0_us, over.get("first_arrival_s") or 0.0, over["until_s"])
             summary["health"]["warnings"] = [
                 overload_text(over) if w.startswith("OVERLOADED") else w for w in summary["health"]["warnings"]
             ]

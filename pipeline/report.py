@@ -31,9 +31,10 @@ from pipeline.loadcurve import headroom_sentence, knee
 from pipeline.schemas import atomic_write_bytes, check_replaceable, os_write_reason
 from pipeline.slo import (
     METRICS,
+    MULTI_NODE,
     day_projection,
-    format_number,
     format_seconds,
+    overload_from_dict,
     overload_text,
     plain_number,
     share_text,
@@ -761,16 +762,10 @@ def slo_phrase(h: dict[str, Any], seconds: Callable[[float], str] = format_secon
 
 
 def overload_phrase(over: dict[str, Any]) -> str:
-    """Overload in one line (:func:`pipeline.slo.overload_text`), except that a fleet that served
-    nothing while requests kept arriving says so instead of an infinite percentage."""
-    if not over.get("detected") or over.get("service_rate_per_s"):
-        return overload_text(over)
-    since = over.get("from_utc") or f"+{format_seconds(over.get('from_s'))}"
-    return (
-        f"OVERLOADED from {since}: {format_number(float(over.get('arrival_rate_per_s') or 0.0))} req/s arrive and "
-        f"nothing is served; {int(over.get('backlog_requests') or 0):,} waiting at the last arrival, "
-        f"{format_seconds(float(over.get('drain_s') or 0.0))} to drain"
-    )
+    """Overload in one line (:func:`pipeline.slo.overload_text`: a fleet that admitted nothing
+    while requests kept arriving says so instead of an infinite percentage, and a backlog that
+    drained says when)."""
+    return overload_text(over)
 
 
 def _restate(warning: str, h: dict[str, Any]) -> str:
@@ -803,6 +798,8 @@ def attention(h: dict[str, Any]) -> list[str]:
         out.append(f"{share_text(float(h.get('quarantined_share') or 0.0))} of log rows quarantined")
     if any(str(w).startswith("MODEL MIX") for w in h.get("warnings") or []):
         out.append("requests of other models replayed as the fleet's")
+    if any(str(w).startswith(MULTI_NODE) for w in h.get("warnings") or []):
+        out.append("replicas span nodes, priced as one (latencies optimistic)")
     return out
 
 
@@ -884,6 +881,16 @@ def _health_cards(h: dict[str, Any]) -> list[tuple[str, str, str, str]]:
             )
         )
     card = cost_card(h.get("cost_model") or {})
+    wide = next((str(w) for w in h.get("warnings") or [] if str(w).startswith(MULTI_NODE)), None)
+    if card is not None and wide is not None:  # whatever the tier: its collectives are one node's
+        name, value, note, _ = card
+        spans = wide.removeprefix(MULTI_NODE).split(" (", 1)[0].strip()  # "each replica spans 2 nodes"
+        card = (
+            name,
+            value,
+            f"{note}; MULTI-NODE: {spans}, its cross-node communication priced as intra-node (latencies optimistic)",
+            "warn",
+        )
     if card is not None:
         out.append(card)
     total = h.get("replayed_requests")
@@ -947,21 +954,27 @@ def _health_cards(h: dict[str, Any]) -> list[tuple[str, str, str, str]]:
     over = h.get("overload") or {}
     if over.get("detected"):
         excess = over.get("excess")
-        since = f"from {over.get('from_utc') or '+' + _fmt(over.get('from_s'), 's')}: "
-        if not over.get("service_rate_per_s"):  # arrivals / 0: no percentage, say it
-            what = f"{_fmt(over.get('arrival_rate_per_s'))} req/s arrive and nothing is served"
+        since = f"from {over.get('from_utc') or '+' + _fmt(over.get('from_s'), 's')}"
+        drained = over.get("until_s") is not None
+        if drained:
+            since += f" until {over.get('until_utc') or '+' + _fmt(over.get('until_s'), 's')}"
+        if drained and excess is None and over.get("service_rate_per_s"):  # arrived at once
+            what = f"a burst arrives at once, {_fmt(over.get('service_rate_per_s'))} req/s served"
+        elif not over.get("service_rate_per_s"):  # arrivals / 0: no percentage, say it
+            what = f"{_fmt(over.get('arrival_rate_per_s'))} req/s arrive and none is admitted " + (
+                "while the queue grew" if drained else "before the last arrival"
+            )
         else:
             what = f"arrivals exceed service by {_fmt(excess, '%') if excess is not None else 'n/a'}"
-        out.append(
-            (
-                "Overload",
-                "OVERLOADED",
-                f"{since}{what}; {over.get('backlog_requests', 0):,} waiting",
-                "bad",
-            )
+            what += " while the queue grew" if drained else ""
+        waiting = (
+            f"up to {int(over.get('peak_backlog_requests') or 0):,} waiting, {overload_from_dict(over).drained()}"
+            if drained
+            else f"{over.get('backlog_requests', 0):,} waiting"
         )
+        out.append(("Overload", "OVERLOADED", f"{since}: {what}; {waiting}", "bad"))
     else:
-        out.append(("Overload", "none", "the waiting queue drains before the last arrival", "good"))
+        out.append(("Overload", "none", "the waiting queue never held a lasting backlog", "good"))
     return out
 
 

@@ -6,9 +6,10 @@ with their sources are in ``pipeline/catalog/slo.toml``. A target is met when at
 rejections can never make a run look healthier (docs/planning.md, "SLO semantics"). Goodput is
 the share of all requests that meet every target at once.
 
-Overload: requests are waiting (arrived, not yet scheduled) without a pause until the last
-arrival and the backlog is large: the fleet serves fewer requests per second than arrive, so
-the queue grows without bound. :func:`detect_overload` says from when and by how much.
+Overload: the fleet serves fewer requests per second than arrive, so requests wait (arrived, not
+yet scheduled) without a pause and the backlog grows large — up to the last arrival (sustained:
+the queue grows without bound) or for a long episode that drains (a peak hour before a quiet
+tail). :func:`detect_overload` says from when, until when and by how much.
 """
 
 from __future__ import annotations
@@ -445,15 +446,45 @@ def slo_verdict(
 
 @dataclass(frozen=True)
 class Overload:
-    """Whether the fleet fell behind its arrivals for good (see the module doc)."""
+    """Whether the fleet fell behind its arrivals (see the module doc): for good — the backlog
+    lasts to the last arrival (:attr:`sustained`) — or for a while: the worst episode of backlog
+    that drained (``until_s`` says when)."""
 
     detected: bool
-    from_s: float | None = None  # seconds after the first arrival when the backlog last was empty
+    #: Seconds after the first arrival: when the backlog last was empty (sustained) or when the
+    #: episode's backlog started (transient).
+    from_s: float | None = None
     backlog: int = 0  # requests waiting to be scheduled at the last arrival
-    arrival_rate: float = 0.0  # requests/s arriving from ``from_s`` to the last arrival
+    #: Requests/s arriving from ``from_s`` to the last arrival (sustained) or to the episode's
+    #: peak (transient: while the queue grew; over the whole episode when it arrived at once).
+    arrival_rate: float = 0.0
     service_rate: float = 0.0  # requests/s admitted over the same time
     drain_s: float = 0.0  # last finish − last arrival
     from_utc: str | None = None  # ``from_s`` as a UTC time, where the caller knows the clock
+    #: Transient: seconds after the first arrival when the episode's backlog drained (None: the
+    #: backlog lasts to the last arrival, or no overload).
+    until_s: float | None = None
+    until_utc: str | None = None  # ``until_s`` as a UTC time, where the caller knows the clock
+    peak_backlog: int = 0  # most requests waiting at once in the episode
+    peak_s: float | None = None  # seconds after the first arrival when the episode first reached it
+    arrival_span_s: float | None = None  # last − first arrival
+    #: Overload episodes in the run (lasting at least MIN_OVERLOAD_SHARE of the span with a peak
+    #: backlog of at least the threshold); the one described is the sustained one, else the worst.
+    episodes: int = 0
+    #: The first accepted arrival on the run's clock (``arrival_s``): ``from_s``, ``peak_s`` and
+    #: ``until_s`` count from it.
+    first_arrival_s: float = 0.0
+
+    @property
+    def sustained(self) -> bool:
+        """Overloaded up to the last arrival (the queue grows without bound)."""
+        return self.detected and self.until_s is None
+
+    @property
+    def at_once(self) -> bool:
+        """A transient episode whose peak backlog arrived at the instant it started (no rates of
+        its growth: they would be infinite)."""
+        return self.detected and self.until_s is not None and self.peak_s == self.from_s
 
     @property
     def excess(self) -> float:
@@ -463,38 +494,77 @@ class Overload:
     def to_dict(self) -> dict[str, Any]:
         return {
             "detected": self.detected,
+            "sustained": self.sustained,
             "from_s": self.from_s,
+            "until_s": self.until_s,
             "backlog_requests": self.backlog,
+            "peak_backlog_requests": self.peak_backlog,
+            "peak_s": self.peak_s,
             "arrival_rate_per_s": self.arrival_rate,
             "service_rate_per_s": self.service_rate,
-            "excess": _finite(self.excess) if self.detected else None,
+            "excess": _finite(self.excess) if self.detected and not self.at_once else None,
             "drain_s": self.drain_s,
+            "arrival_span_s": self.arrival_span_s,
+            "episodes": self.episodes,
+            "first_arrival_s": self.first_arrival_s,
         }
+
+    @staticmethod
+    def _at(seconds: float | None, utc: str | None) -> str:
+        return f"{utc} (+{format_seconds(seconds)})" if utc else f"+{format_seconds(seconds)}"
 
     def line(self) -> str:
         if not self.detected:
             return "no overload"
-        when = (
-            f"{self.from_utc} (+{format_seconds(self.from_s)})" if self.from_utc else f"+{format_seconds(self.from_s)}"
-        )
-        rates = (
+        when = self._at(self.from_s, self.from_utc)
+        served = (
             f"{format_number(self.arrival_rate)} req/s arrive, {format_number(self.service_rate)} req/s served "
             f"({'+' if self.excess >= 0 else ''}{format_number(self.excess * 100, 0)}%)"
-            if self.service_rate > 0
-            else f"{format_number(self.arrival_rate)} req/s arrive and nothing is served"
         )
+        if self.until_s is None:
+            rates = (
+                served
+                if self.service_rate > 0
+                else f"{format_number(self.arrival_rate)} req/s arrive and none is admitted before the last arrival"
+            )
+            return (
+                f"OVERLOADED from {when}: {rates}; {self.backlog:,} waiting at the last arrival, "
+                f"{format_seconds(self.drain_s)} to drain"
+            )
+        if self.at_once:
+            rates = f"a burst arrives at once, {format_number(self.service_rate)} req/s served"
+        elif self.service_rate > 0:
+            rates = f"{served} while the queue grew"
+        else:
+            rates = f"{format_number(self.arrival_rate)} req/s arrive and none is admitted while the queue grew"
         return (
-            f"OVERLOADED from {when}: {rates}; {self.backlog:,} waiting at the last arrival, "
-            f"{format_seconds(self.drain_s)} to drain"
+            f"OVERLOADED from {when} until {self._at(self.until_s, self.until_utc)}: {rates}; up to "
+            f"{self.peak_backlog:,} waiting, {self.drained()}"
         )
+
+    def drained(self) -> str:
+        """When a transient episode's backlog drained against the last arrival: 'drained 12 min
+        before the last arrival' or '3 waiting at the last arrival, drained 40 s after it'."""
+        gap = (self.arrival_span_s or 0.0) - (self.until_s or 0.0)
+        if gap >= 0:
+            return f"drained {format_seconds(gap)} before the last arrival"
+        return f"{self.backlog:,} waiting at the last arrival, drained {format_seconds(-gap)} after it"
+
+
+#: How a run's warning that its replicas span nodes starts (pipeline.replay.multi_node_warning).
+MULTI_NODE = "MULTI-NODE:"
 
 
 #: Overload needs a backlog of at least this many requests (and this share of the accepted
-#: requests) at the last arrival, built up without a pause for at least MIN_OVERLOAD_SHARE of the
-#: trace's span: a burst that the fleet would absorb is not overload.
+#: requests), built up without a pause for at least MIN_OVERLOAD_SHARE of the trace's span: a
+#: burst that the fleet would absorb is not overload.
 MIN_BACKLOG = 10
 MIN_BACKLOG_SHARE = 0.01
 MIN_OVERLOAD_SHARE = 0.1
+#: Accepted arrivals spanning less than this are one burst, judged as ``--offline`` (everything at
+#: t = 0) is: no overload. ``--rate-scale 1e300`` put 2,000 arrivals within 10⁻²⁹⁷ s and called
+#: them "OVERLOADED … nothing is served" while every one was served.
+MIN_SPAN_S = 1e-3
 
 
 def detect_overload(
@@ -503,9 +573,14 @@ def detect_overload(
     finish_s: npt.NDArray[np.float64],
     accepted: npt.NDArray[np.bool_],
 ) -> Overload:
-    """Waiting requests W(t) = arrived − scheduled (accepted requests). Overloaded when W at the
-    last arrival is at least max(MIN_BACKLOG, MIN_BACKLOG_SHARE · accepted) and W has not been
-    zero since a time at least MIN_OVERLOAD_SHARE of the span before the last arrival."""
+    """Waiting requests W(t) = arrived − scheduled (accepted requests); the times W is 0 split the
+    run into episodes. Overloaded, for good, when W at the last arrival is at least
+    max(MIN_BACKLOG, MIN_BACKLOG_SHARE · accepted) and W has not been zero since a time at least
+    MIN_OVERLOAD_SHARE of the span before the last arrival; else, for a while, when an episode
+    that drains — from the arrival that starts it to the admission that empties the queue — lasts
+    at least MIN_OVERLOAD_SHARE of the span and its peak W is at least that threshold (the worst
+    such episode, by peak, is described). Arrivals spanning less than MIN_SPAN_S are one burst:
+    never overload."""
     return overload_of(
         sorted_accepted(arrival_s, accepted), sorted_accepted(scheduled_s, accepted), latest_finish(finish_s, accepted)
     )
@@ -526,8 +601,49 @@ def latest_finish(finish_s: npt.NDArray[np.float64], accepted: npt.NDArray[np.bo
     return None if last == -np.inf else last
 
 
-#: Admissions whose backlog :func:`overload_of` evaluates at once (the memory it holds).
+#: Admissions (or arrivals) whose backlog :func:`overload_of` evaluates at once (the memory it holds).
 OVERLOAD_CHUNK = 1 << 20
+
+
+def _drained_episodes(
+    a: npt.NDArray[np.float64], s: npt.NDArray[np.float64], least: float, chunk: int
+) -> list[tuple[int, int, float]]:
+    """The episodes of backlog that drain and last at least ``least`` seconds, from the arrival
+    that starts one to the admission that empties the queue: (index of its first arrival in ``a``,
+    index past its last, the time it drained). W just after admission j is ``arrived(s[j]) −
+    (j + 1)``; it is 0 only after the last of admissions tied at a time, and, as every admitted
+    request arrived first, it is never below the true W: its zeros are exactly the times W is 0.
+    Between two of them as many requests arrive as are admitted. A chunk of admissions at a time."""
+    out: list[tuple[int, int, float]] = []
+    prev = 0  # arrivals (= admissions) up to the previous zero
+    for lo in range(0, s.size, chunk):
+        part = s[lo : lo + chunk]
+        arrived = np.searchsorted(a, part, side="right")
+        zero = np.flatnonzero(arrived <= np.arange(lo + 1, lo + 1 + part.size))
+        if not zero.size:
+            continue
+        ends = arrived[zero]
+        starts = np.concatenate(([prev], ends[:-1]))
+        prev = int(ends[-1])
+        keep = ends > starts
+        starts, ends, until = starts[keep], ends[keep], part[zero][keep]
+        long = np.isfinite(until) & (until - a[starts] >= least)
+        out.extend(zip(starts[long].tolist(), ends[long].tolist(), until[long].tolist(), strict=True))
+    return out
+
+
+def _peak(a: npt.NDArray[np.float64], s: npt.NDArray[np.float64], i0: int, i1: int, chunk: int) -> tuple[int, int]:
+    """(most requests waiting, the index of the arrival that first made it so) over arrivals
+    ``a[i0:i1]``: W just after arrival i is ``(i + 1) − admitted(a[i])``, exact after the last of
+    arrivals tied at a time and below it before, so its maximum is W's. A chunk at a time."""
+    best, at = -1, i0
+    for lo in range(i0, i1, chunk):
+        part = a[lo : min(i1, lo + chunk)]
+        w = np.arange(lo + 1, lo + 1 + part.size) - np.searchsorted(s, part, side="right")
+        j = int(np.argmax(w))
+        if w[j] > best:
+            best, at = int(w[j]), lo + j
+    return best, at
 
 
 def overload_of(
@@ -535,39 +651,80 @@ def overload_of(
 ) -> Overload:
     """:func:`detect_overload` on the accepted requests' sorted arrivals ``a`` and admissions
     ``s`` (:func:`sorted_accepted`) and their latest finish (:func:`latest_finish`), the
-    backlog evaluated ``chunk`` admissions at a time."""
+    backlog evaluated ``chunk`` admissions (or arrivals) at a time."""
     if a.size < 2:
         return Overload(False)
     t_first, t_last = float(a[0]), float(a[-1])
-    # W just after each admission up to the last arrival (arrivals before admissions at ties): a
-    # request is admitted after it arrives, so W >= 0 and it can only reach 0 at an admission.
-    # The latest admission that empties it is looked for from the end, a chunk at a time.
+    last = t_last if last_finish is None else last_finish
+    drain = max(0.0, last - t_last)
+    span = t_last - t_first
+    if not span >= MIN_SPAN_S:  # one burst, as --offline sends it
+        return Overload(False, drain_s=drain)
+    threshold = max(MIN_BACKLOG, MIN_BACKLOG_SHARE * a.size)
+    least = MIN_OVERLOAD_SHARE * span
+    drained = []  # (peak, index of the arrival at the peak, first arrival, past the last, drained at)
+    for i0, i1, until in _drained_episodes(a, s, least, chunk):
+        peak, at = _peak(a, s, i0, i1, chunk)
+        if peak >= threshold:
+            drained.append((peak, at, i0, i1, until))
+    # Sustained: W just after each admission up to the last arrival (arrivals before admissions
+    # at ties): a request is admitted after it arrives, so W >= 0 and it can only reach 0 at an
+    # admission. The latest admission that empties it is looked for from the end, a chunk at a time.
     k = int(np.searchsorted(s, t_last, side="right"))
-    onset = t_first
+    onset, start = t_first, 0
     for hi in range(k, 0, -chunk):
         upto = s[max(0, hi - chunk) : hi]
         waiting = np.searchsorted(a, upto, side="right") - np.searchsorted(s, upto, side="right")
         empty = np.flatnonzero(waiting <= 0)
         if empty.size:
             onset = float(upto[empty[-1]])
+            start = int(np.searchsorted(a, onset, side="right"))
             break
     backlog = int(a.size - k)  # W just after the last arrival
-    last = t_last if last_finish is None else last_finish
-    span = t_last - t_first
-    long_enough = span > 0 and (t_last - onset) >= MIN_OVERLOAD_SHARE * span
-    big = backlog >= max(MIN_BACKLOG, MIN_BACKLOG_SHARE * a.size)
-    if not (long_enough and big):
-        return Overload(False, drain_s=max(0.0, last - t_last))
-    dur = t_last - onset
-    arrived = int(np.searchsorted(a, t_last, side="right") - np.searchsorted(a, onset, side="right"))
-    served = int(np.searchsorted(s, t_last, side="right") - np.searchsorted(s, onset, side="right"))
+    if (t_last - onset) >= least and backlog >= max(MIN_BACKLOG, MIN_BACKLOG_SHARE * a.size):
+        dur = t_last - onset
+        arrived = int(np.searchsorted(a, t_last, side="right") - np.searchsorted(a, onset, side="right"))
+        served = int(np.searchsorted(s, t_last, side="right") - np.searchsorted(s, onset, side="right"))
+        peak, at = _peak(a, s, start, a.size, chunk)
+        return Overload(
+            True,
+            from_s=onset - t_first,
+            backlog=backlog,
+            arrival_rate=arrived / dur,
+            service_rate=served / dur,
+            drain_s=drain,
+            peak_backlog=peak,
+            peak_s=float(a[at]) - t_first,
+            arrival_span_s=span,
+            episodes=1 + sum(1 for e in drained if e[4] <= t_last),
+            first_arrival_s=t_first,
+        )
+    if not drained:
+        return Overload(False, drain_s=drain)
+    peak, at, i0, i1, until = max(drained, key=lambda e: e[0])  # the worst; the first of equals
+    t0, t_peak = float(a[i0]), float(a[at])
+    # while the queue grew: arrivals and admissions from its first arrival to its peak (none was
+    # admitted between the previous zero and that arrival); an episode that arrived at once: its
+    # admissions over the whole episode
+    if t_peak > t0:
+        dur = t_peak - t0
+        arrival_rate = (at + 1 - i0) / dur
+        service_rate = (int(np.searchsorted(s, t_peak, side="right")) - i0) / dur
+    else:
+        arrival_rate = service_rate = (i1 - i0) / (until - t0)
     return Overload(
         True,
-        from_s=onset - t_first,
+        from_s=t0 - t_first,
         backlog=backlog,
-        arrival_rate=arrived / dur,
-        service_rate=served / dur,
-        drain_s=max(0.0, last - t_last),
+        arrival_rate=arrival_rate,
+        service_rate=service_rate,
+        drain_s=drain,
+        until_s=until - t_first,
+        peak_backlog=peak,
+        peak_s=t_peak - t_first,
+        arrival_span_s=span,
+        episodes=len(drained),
+        first_arrival_s=t_first,
     )
 
 
@@ -598,7 +755,19 @@ def failures_line(c: dict[str, Any]) -> str:
 
 
 def overload_text(d: dict[str, Any]) -> str:
-    """:meth:`Overload.line` from its ``to_dict()`` (as stored in a run's summary)."""
+    """:meth:`Overload.line` from its ``to_dict()`` (as stored in a run's summary; one written
+    before transient overloads were told apart has none of their keys and reads as before)."""
+    return overload_from_dict(d).line()
+
+
+def overload_from_dict(d: dict[str, Any]) -> Overload:
+    """The :class:`Overload` of its ``to_dict()`` (``from_utc`` / ``until_utc`` included where
+    the caller added them)."""
+
+    def opt(key: str) -> float | None:
+        v = d.get(key)
+        return None if v is None else float(v)
+
     return Overload(
         bool(d.get("detected")),
         d.get("from_s"),
@@ -607,7 +776,14 @@ def overload_text(d: dict[str, Any]) -> str:
         float(d.get("service_rate_per_s") or 0.0),
         float(d.get("drain_s") or 0.0),
         d.get("from_utc"),
-    ).line()
+        until_s=opt("until_s"),
+        until_utc=d.get("until_utc"),
+        peak_backlog=int(d.get("peak_backlog_requests") or 0),
+        peak_s=opt("peak_s"),
+        arrival_span_s=opt("arrival_span_s"),
+        episodes=int(d.get("episodes") or 0),
+        first_arrival_s=float(d.get("first_arrival_s") or 0.0),
+    )
 
 
 def verdict_text(d: dict[str, Any]) -> str:

@@ -156,14 +156,19 @@ def test_overload_with_nothing_served_has_no_infinite_percentage() -> None:
         "drain_s": 30.1,
     }
     line = overload_phrase(over)
+    # (hostile round 11 #8: not "nothing is served", which the requests served after the last
+    # arrival contradicted; the phrase is the run's own overload line)
     assert line == (
-        "OVERLOADED from 2025-01-15T00:01:46Z: 80,428,840,956.29 req/s arrive and nothing is served; "
-        "254 waiting at the last arrival, 30.10 s to drain"
+        "OVERLOADED from 2025-01-15T00:01:46Z (+0.00 ms): 80,428,840,956.29 req/s arrive and none is admitted "
+        "before the last arrival; 254 waiting at the last arrival, 30.10 s to drain"
     )
     from pipeline.report import _health_cards
 
     card = next(c for c in _health_cards({"overload": over}) if c[0] == "Overload")
-    assert card[2] == "from 2025-01-15T00:01:46Z: 80,428,840,956 req/s arrive and nothing is served; 254 waiting"
+    assert card[2] == (
+        "from 2025-01-15T00:01:46Z: 80,428,840,956 req/s arrive and none is admitted before the last arrival; "
+        "254 waiting"
+    )
     served = overload_phrase({**over, "service_rate_per_s": 2.0, "arrival_rate_per_s": 3.0})
     assert "(+50%)" in served and "inf" not in served
 

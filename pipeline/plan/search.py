@@ -13,6 +13,7 @@ import numpy.typing as npt
 
 from pipeline.catalog import load_hardware
 from pipeline.cost import (
+    PERIOD_MAKESPAN,
     GpuCost,
     Period,
     TokenTotals,
@@ -262,6 +263,7 @@ def replay_period(run: ReplayRun, cols: dict[str, npt.NDArray[np.float64]] | Non
         cols["start_s"],
         cols["end_s"],
         over.detected,
+        over.sustained,
     )
 
 
@@ -270,6 +272,12 @@ def overload_note(ev: Evaluation) -> str:
     what = "OVERLOADED" if ev.period.get("overloaded") else "falls behind"
     from pipeline.slo import format_seconds
 
+    if ev.period.get("period_basis") != PERIOD_MAKESPAN:  # a peak backlog that drained before the last arrival
+        return (
+            f"{what} at {ev.replicas:,} replica{'s' if ev.replicas != 1 else ''}: the queue grew for a while "
+            f"and drained before the last arrival ({format_seconds(ev.period.get('arrival_span_s'))} of arrivals), "
+            "requests waiting for it"
+        )
     return (
         f"{what} at {ev.replicas:,} replica{'s' if ev.replicas != 1 else ''}: serving "
         f"{format_seconds(ev.period.get('arrival_span_s'))} of arrivals took "
