@@ -213,6 +213,15 @@ def test_nightly_reports_in_the_store_is_refused_before_any_stage(night: dict[st
     assert "[ingest]" not in res.stderr and _digest(store.root) == before
 
 
+def test_demo_reports_in_the_store_is_refused_before_any_stage(tmp_path: Path) -> None:
+    store = tmp_path / "store"
+    res = _invoke(["demo", "--store", str(store), "--reports", str(store / "runs")])
+    assert res.exit_code != 0
+    line = one_error_line(res.stderr)
+    assert line.startswith(f"error: --reports {store / 'runs'}: ") and "of the store" in line
+    assert "[ingest]" not in res.stderr and not (store / "runs").exists()
+
+
 def test_commands_without_store_do_not_write_into_the_default_one(
     night: dict[str, Any], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

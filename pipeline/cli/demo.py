@@ -3,10 +3,20 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import click
 
-from pipeline.cli.common import emit_json, get_store, json_option, progress, reports_option, run, store_option
+from pipeline.cli.common import (
+    check_out_of_store,
+    emit_json,
+    get_store,
+    json_option,
+    progress,
+    reports_option,
+    run,
+    store_option,
+)
 
 
 @click.command("demo")
@@ -20,9 +30,15 @@ def demo_cmd(reports_dir: Path | None, store_path: str | None, as_json: bool) ->
     Example: rooftrace demo
     """
     from pipeline.nightly import demo
+    from pipeline.project import default_reports_dir
 
     store = get_store(store_path)
-    results = run(lambda: demo(store, reports_dir, progress))
+
+    def work() -> list[Any]:
+        check_out_of_store(store, reports_dir or default_reports_dir(), "--reports")
+        return demo(store, reports_dir, progress)
+
+    results = run(work)
     for res in results:
         for w in res.headline.get("warnings") or []:
             progress(f"warning: {w}")
