@@ -472,10 +472,20 @@ class Period:
             return None
         what = "OVERLOADED run" if self.overloaded and self.sustained else "the fleet did not keep up"
         priced = " (the GPU time priced)" if self.basis == PERIOD_MAKESPAN else ""
+        if self.makespan_s > self.arrival_span_s:
+            took = (
+                f"serving {_duration(self.arrival_span_s)} of arrivals took {_duration(self.makespan_s)}{priced}, "
+                "with requests queued for it"
+            )
+        else:  # the last arrivals were rejected: the admitted ones still queued past their own last
+            took = (
+                f"its admitted requests were still queued at their last arrival ({_duration(self.makespan_s)} "
+                f"from the first arrival to the last finish, within {_duration(self.arrival_span_s)} of arrivals "
+                "whose last ones were rejected)"
+            )
         return (
-            f"{what}: $ per token and self-host/API ratios are not valid unit costs: serving "
-            f"{_duration(self.arrival_span_s)} of arrivals took {_duration(self.makespan_s)}{priced}, "
-            "with requests queued for it; size the fleet until the run keeps up"
+            f"{what}: $ per token and self-host/API ratios are not valid unit costs: {took}; "
+            "size the fleet until the run keeps up"
         )
 
     @property
@@ -554,10 +564,14 @@ def run_overloaded(config: Mapping[str, Any]) -> bool:
 
 
 def run_overload_sustained(config: Mapping[str, Any]) -> bool:
-    """Whether a run's recorded overload lasted to its last arrival (summaries written before
-    drained overloads were reported hold only sustained ones)."""
+    """Whether a run's recorded overload lasted to its last arrival: sustained, or an episode
+    still queued there that drained after it (summaries written before drained overloads were
+    reported hold only sustained ones)."""
     over = _recorded_overload(config)
-    return over is None or over.get("sustained", True) is not False
+    if over is None or over.get("sustained", True) is not False:
+        return True
+    backlog = over.get("backlog_requests")
+    return isinstance(backlog, int | float) and backlog > 0
 
 
 def stored_run_period(run_dir: Path, config: Mapping[str, Any]) -> Period:

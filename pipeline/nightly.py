@@ -90,6 +90,11 @@ class NightlyResult:
             parts.append(overload_phrase(h.get("overload") or {}))
         if h.get("verdict"):
             parts.append(slo_phrase(h))
+        for w in h.get("warnings") or []:  # the run's other warnings that make it need attention
+            if isinstance(w, str) and w.startswith("MULTI-NODE"):
+                parts.append(w.split(", but")[0] + ", priced as one node (latencies optimistic)")
+            elif isinstance(w, str) and w.startswith("MODEL MIX"):
+                parts.append(w.split(";")[0])
         ttft = h.get("ttft_p99_s")
         parts.append(
             f"p99 TTFT of finished {format_seconds(ttft) if ttft is not None else 'n/a'}, "

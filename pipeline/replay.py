@@ -55,6 +55,7 @@ from pipeline.schemas import ParquetStream, atomic_write_bytes
 from pipeline.slo import (
     MULTI_NODE,
     PERCENTILE_METHOD,
+    Overload,
     Slo,
     failure_counts,
     failures_line,
@@ -603,19 +604,26 @@ def run_slo(run: ReplayRun, options: ReplayOptions | None = None) -> Slo | None:
     return parse_slo(text) if text else None
 
 
-def health(cols: Columns, slo: Slo | None, code: npt.NDArray[np.int8] | None = None) -> dict[str, Any]:
+def health(
+    cols: Columns, slo: Slo | None, code: npt.NDArray[np.int8] | None = None, closed: bool = False
+) -> dict[str, Any]:
     """What failed: request counts (finished, rejected by reason, preempted), overload, and the
     SLO verdict with goodput; ``warnings`` lists each failure in one line (empty: healthy).
-    ``code``: the reject codes, when the caller has read them already."""
+    ``code``: the reject codes, when the caller has read them already. A ``closed`` loop is never
+    overloaded: its clients send a request only when one finishes, so arrivals follow service
+    and at most ``concurrency`` wait (its latencies say how long)."""
     code = cols.get("reject_code") if code is None else code
     ok = code == 0
     finish = cols.get("finish_s")
     counts = failure_counts(code, finish, cols.get("preemptions"))
     last = latest_finish(finish, ok)
     del finish  # one column at a time (the sorted copies are the accepted requests')
-    arrived = sorted_accepted(cols.get("arrival_s"), ok)
-    over = overload_of(arrived, sorted_accepted(cols.get("scheduled_s"), ok), last)
-    del arrived
+    if closed:
+        over = Overload(False)
+    else:
+        arrived = sorted_accepted(cols.get("arrival_s"), ok)
+        over = overload_of(arrived, sorted_accepted(cols.get("scheduled_s"), ok), last)
+        del arrived
     verdict = None
     if slo is not None:
         lat = {m: cols.get(f"{m}_s") for m in {t.metric for t in slo.targets}}
@@ -656,7 +664,7 @@ def summary_of(cols: Columns, sums: StepSums, run: ReplayRun, slo: Slo | None = 
     prompt = _sum(cols, "recorded_input_tokens", ok)
     hits = _sum(cols, "cache_hit_tokens", ok)
     reasons = {REJECT_REASONS[c]: int((code == c).sum()) for c in range(1, len(REJECT_REASONS))}
-    healthy = health(cols, slo, code)
+    healthy = health(cols, slo, code, closed=run.spec.mode == "closed")
     wide = multi_node_warning(run.fleet)
     if wide is not None:  # not a failure of the run, but its latencies are optimistic
         healthy["warnings"].append(wide)
@@ -754,10 +762,11 @@ def _store_writes(store: Store) -> Iterator[None]:
         raise store_write_error(store, exc) from None
 
 
-def _utc(t0_us: int, first_s: float, after_s: float) -> str:
+def _utc(t0_us: int, first_s: float, after_s: float, rate_scale: float = 1.0) -> str:
     """A time of the overload rule (``after_s`` seconds after the first accepted arrival, which
-    is ``first_s`` on the run's clock) as UTC, to the second."""
-    at = np.datetime64(t0_us, "us") + np.timedelta64(round((first_s + after_s) * 1e6), "us")
+    is ``first_s`` on the run's clock) as UTC on the log's own clock, to the second: the replay
+    runs the log ``rate_scale`` times as fast, so a replayed second is ``rate_scale`` logged ones."""
+    at = np.datetime64(t0_us, "us") + np.timedelta64(round((first_s + after_s) * rate_scale * 1e6), "us")
     return f"{np.datetime_as_string(at, unit='s')}Z"
 
 
@@ -921,9 +930,10 @@ def _replay(
             summary["health"]["healthy"] = False
         over = summary["health"]["overload"]
         if over["detected"]:
-            over["from_utc"] = _utc(t0_us, over.get("first_arrival_s") or 0.0, over["from_s"])
+            first, scale = over.get("first_arrival_s") or 0.0, options.rate_scale
+            over["from_utc"] = _utc(t0_us, first, over["from_s"], scale)
             if over.get("until_s") is not None:
-                over["until_utc"] = _utc(t0_us, over.get("first_arrival_s") or 0.0, over["until_s"])
+                over["until_utc"] = _utc(t0_us, first, over["until_s"], scale)
             summary["health"]["warnings"] = [
                 overload_text(over) if w.startswith("OVERLOADED") else w for w in summary["health"]["warnings"]
             ]

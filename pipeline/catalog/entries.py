@@ -82,6 +82,18 @@ def _int(table: Mapping[str, Any], key: str, where: str, *, minimum: int = 1) ->
     return value
 
 
+#: Most GPUs one node (one NVLink / NVSwitch domain) may hold: NVL72 racks are 72, a hardware
+#: file past this is a slip (the fleet checks search tensor-parallel sizes up to it).
+MAX_GPUS_PER_NODE = 1024
+
+
+def _gpus_per_node(link: Mapping[str, Any], where: str) -> int:
+    value = _int(link, "gpus_per_node", where)
+    if value > MAX_GPUS_PER_NODE:
+        raise ConfigError(f"{where}: gpus_per_node must be at most {MAX_GPUS_PER_NODE:,} (one node), got {value:,}")
+    return value
+
+
 def _str(table: Mapping[str, Any], key: str, where: str) -> str:
     value = table[key]
     if not isinstance(value, str) or not value.strip():
@@ -360,7 +372,7 @@ def parse_hardware(data: Mapping[str, Any], origin: str) -> HardwareSpec:
         link_kind=_str(link, "kind", f"{origin} [link]"),
         link_bandwidth_bytes_per_s=link_bandwidth,
         link_latency_s=link_latency,
-        gpus_per_node=_int(link, "gpus_per_node", f"{origin} [link]"),
+        gpus_per_node=_gpus_per_node(link, f"{origin} [link]"),
         compute_efficiency=float(eff["compute"]),
         memory_efficiency=float(eff["memory"]),
         elementwise_efficiency=float(eff["elementwise"]),

@@ -232,6 +232,9 @@ def plan_cmd(
         f"cheapest: {chosen['replicas']}x {chosen['config']} ({chosen['gpus']} GPUs, "
         f"${chosen['usd_per_day']:,.0f}/day); binds on {chosen['sizing']['binding']}"
     )
+    for r in doc["configurations"]:  # a chosen replica across nodes: its latencies are optimistic
+        if r["meets_slo"] and r["config"] == chosen["config"] and str(r.get("note") or "").startswith("MULTI-NODE"):
+            click.echo(f"warning: {r['note']}", err=True)
     period = chosen.get("replay_period") or {}
     valid = period.get("unit_costs_valid", True) or doc["window"].get("kind") != "day"
     bad = "" if valid else f" ({period.get('unit_costs_flag')})"

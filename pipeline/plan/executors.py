@@ -54,4 +54,5 @@ def _progress_line(r: CandidateResult) -> str:
         return f"  {r.candidate.label}: does not fit ({r.note})"
     if r.replicas is None:
         return f"  {r.candidate.label}: SLO not met ({r.note}); {len(r.evaluations)} replays"
-    return f"  {r.candidate.label}: {r.replicas} replicas after {len(r.evaluations)} replays"
+    line = f"  {r.candidate.label}: {r.replicas} replicas after {len(r.evaluations)} replays"
+    return f"{line}; {r.note}" if r.note else line

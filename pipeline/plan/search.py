@@ -263,7 +263,7 @@ def replay_period(run: ReplayRun, cols: dict[str, npt.NDArray[np.float64]] | Non
         cols["start_s"],
         cols["end_s"],
         over.detected,
-        over.sustained,
+        over.sustained or over.backlog > 0,  # still queued at the last arrival
     )
 
 
@@ -529,6 +529,9 @@ def _search_candidate(task: Task, out: CandidateResult) -> CandidateResult:
         out.note = rejection_note(out.evaluations[0], task.max_rejected, task.slo) if why == "rejected" else why
         return out
     out.replicas = n
+    from pipeline.replay import multi_node_warning
+
+    out.note = multi_node_warning(fleet) or out.note  # a replica across nodes: priced as one (optimistic)
     run = runs[n]
     ev = out.chosen
     assert ev is not None

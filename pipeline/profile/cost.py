@@ -273,7 +273,7 @@ def measured_tables(
                 a2a_used = f"allgather_reducescatter as NCCL all-reduce (measured: {prof.gpu} x{dep.dp} curve)"
             else:
                 add_roofline(op)
-                a2a_used = f"allgather_reducescatter, NCCL over {dep.dp} GPUs not measured here: roofline link"
+                a2a_used = f"allgather_reducescatter, no NCCL table over {dep.dp} GPUs here: roofline link"
             continue
         if op.name == "all_reduce":
             backend = _allreduce_backend(dep)
@@ -304,7 +304,8 @@ def measured_tables(
                 ar_used = f"NCCL (measured: {prof.gpu} x{dep.tp} curve)"
             else:
                 add_roofline(op)
-                ar_used = f"{'NCCL' if backend == 'nccl' else 'custom all-reduce'} not measured here: roofline link"
+                what = "NCCL" if backend == "nccl" else "custom all-reduce"
+                ar_used = f"{what}: no table over {dep.tp} GPUs here: roofline link"
             continue
         if op.kind == "gemm":  # a projection the tables do not key (MLA's): the roofline's
             gemm_other = True
