@@ -32,6 +32,7 @@ import json
 import os
 import re
 import shutil
+import stat
 import sys
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
@@ -163,14 +164,34 @@ class Store:
         return table_dir / f"date={check_date(date)}"
 
     def dates(self) -> list[str]:
-        """Arrival dates that have a requests partition, oldest first."""
+        """Arrival dates that have a requests partition, oldest first. A folder of ``requests/``
+        that is not ``date=YYYY-MM-DD`` of a real date (``date=2025-13-45``, a copy such as
+        ``date=2025-01-15.bak``) is named once per process in a ``warning:`` line on stderr and
+        never read; hidden names (``.date=…``: a killed writer's leftovers) are neither."""
         if not self.requests_dir.is_dir():
             return []
-        return sorted(
-            p.name.removeprefix("date=")
-            for p in self.requests_dir.iterdir()
-            if p.is_dir() and p.name.startswith("date=") and _DATE_RE.match(p.name[5:])
-        )
+        try:
+            entries = sorted(self.requests_dir.iterdir())
+        except OSError as exc:
+            raise RooftraceError(f"{self.requests_dir}: cannot list the store's dates: {_os_reason(exc)}") from None
+        dates = []
+        for p in entries:
+            if p.name.startswith(".") or not p.is_dir():
+                continue
+            day = p.name.removeprefix("date=")
+            if p.name.startswith("date=") and _DATE_RE.match(day):
+                try:
+                    _date.fromisoformat(day)
+                except ValueError:
+                    pass
+                else:
+                    dates.append(day)
+                    continue
+            _warn_once(
+                f"warning: {_shown(p)}: not a date partition (the store names them date=YYYY-MM-DD); "
+                f"not read as requests, move it out of {_shown(self.requests_dir)}"
+            )
+        return dates
 
     def resolve_date(self, date: str | None) -> str:
         """``date`` if given (and present), else the latest date in the store."""
@@ -201,7 +222,49 @@ class Store:
         files, foreign = self.partition_files(date)
         for path, why in foreign:
             _warn_foreign(path, why)
+        gap = self.unaccounted(date, files)
+        if gap is not None:
+            _warn_once(f"warning: {gap.message()}")
         return files
+
+    def unaccounted(self, date: str, files: list[Path] | None = None) -> Unaccounted | None:
+        """Whether the store's files of ``date`` hold more rows than the manifest counts stored
+        on it: a ``part-NNNNN.parquet`` that is not the store's (another date's part copied in,
+        the same rows re-saved by another writer) that names cannot tell apart. The manifest
+        counts a source file's stored rows over all its dates, so dates that share a file are
+        checked together. None when they agree, when there is no manifest (a store built
+        without ingest) or when a file's footer cannot be read (its reader says why). Fewer rows
+        than counted is not reported: a damaged file moved out of the store leaves that, as
+        documented (docs/ingest.md, "What a date folder holds")."""
+        if not self.manifest_path.exists():
+            return None
+        try:
+            entries = _manifest_rows(self.manifest_path)
+        except (OSError, pa.ArrowException, KeyError, TypeError, ValueError):
+            return None
+        group = {date}
+        grown = True
+        while grown:
+            grown = False
+            for _, days, _src in entries:
+                if group.intersection(days) and not group.issuperset(days):
+                    group.update(days)
+                    grown = True
+        expected = sum(n for n, days, _src in entries if group.intersection(days))
+        logs = sorted({src for _n, days, src in entries if date in days})
+        held = 0
+        shown: list[Path] = []
+        try:
+            for day in sorted(group):
+                day_files = files if day == date and files is not None else self.partition_files(day)[0]
+                for f in day_files:
+                    held += _footer_rows(f)
+                    shown.append(f)
+        except (OSError, pa.ArrowException):
+            return None
+        if held <= expected:
+            return None
+        return Unaccounted(self, date, sorted(group), held, expected, shown, logs)
 
     def partition_files(self, date: str) -> tuple[list[Path], list[tuple[Path, str]]]:
         """(the store's own request files of ``date``, the other entries of its folder with why
@@ -223,8 +286,9 @@ class Store:
         for p in entries:
             if p.name.startswith("."):
                 continue
-            if p.is_dir():
-                foreign.append((p, "a folder"))
+            irregular = _irregular(p)
+            if irregular is not None:
+                foreign.append((p, f"{irregular}, not a regular file"))
             elif not self.owns_name(p, ingested):
                 why = "ingest names its files part-NNNNN.parquet" if ingested else "not a .parquet file"
                 foreign.append((p, why))
@@ -510,14 +574,119 @@ def _shown(path: Path) -> str:
 def _warn_foreign(path: Path, why: str) -> None:
     """One ``warning:`` line on stderr, once per process, for an entry of a date folder that is
     not one of the store's request files (never read as requests)."""
-    line = (
+    _warn_once(
         f"warning: {_shown(path)}: not part of the store ({why}); not read as requests, "
         f"move it out of {_shown(path.parent.parent)}"
     )
+
+
+def _warn_once(line: str) -> None:
+    """``line`` on stderr, unless this process said it already."""
     if line in _FOREIGN_WARNED:
         return
     _FOREIGN_WARNED.add(line)
     print(line, file=sys.stderr, flush=True)
+
+
+def _irregular(path: Path) -> str | None:
+    """What ``path`` (links followed) is when it is not a regular file (a folder, a named pipe,
+    a socket, a device), without opening it: opening a FIFO blocks until a writer comes. None
+    for a regular file, and for one that cannot be looked at (its reader says why)."""
+    try:
+        mode = os.stat(path).st_mode
+    except OSError:
+        return None
+    if stat.S_ISREG(mode):
+        return None
+    if stat.S_ISDIR(mode):
+        return "a folder"
+    if stat.S_ISFIFO(mode):
+        return "a named pipe (FIFO)"
+    if stat.S_ISSOCK(mode):
+        return "a socket"
+    if stat.S_ISCHR(mode) or stat.S_ISBLK(mode):
+        return "a device"
+    return "not a file"
+
+
+@dataclass(frozen=True)
+class Unaccounted:
+    """A date whose files hold more rows than the manifest counts stored on it
+    (:meth:`Store.unaccounted`): ``dates`` are checked together (a source file stored rows on
+    each), ``held`` rows in ``files``, ``counted`` in the manifest, ``logs`` the source files
+    the manifest stored on ``date``."""
+
+    store: Store
+    date: str
+    dates: list[str]
+    held: int
+    counted: int
+    files: list[Path]
+    logs: list[str]
+
+    @property
+    def extra(self) -> int:
+        return self.held - self.counted
+
+    def where(self) -> str:
+        """The date, or the dates checked together with it."""
+        return self.date if len(self.dates) == 1 else f"{', '.join(self.dates)} (checked together)"
+
+    def names(self) -> str:
+        """The files, by name (with their date folder when not ``date``'s), at most six."""
+        folder = self.store.partition(self.store.requests_dir, self.date)
+        shown = [
+            _shown(Path(f.name) if f.parent == folder else f.relative_to(self.store.requests_dir))
+            for f in self.files[:6]
+        ]
+        return ", ".join(shown) + (f" and {len(self.files) - 6} more" if len(self.files) > 6 else "")
+
+    def message(self) -> str:
+        """One line: the date, both counts, the files and how to repair it."""
+        folder = self.store.partition(self.store.requests_dir, self.date)
+        names = self.names()
+        logs = ", ".join(self.logs[:3]) + (f" and {len(self.logs) - 3} more" if len(self.logs) > 3 else "")
+        return (
+            f"{_shown(folder)}: the store's files of {self.where()} hold {self.held} rows but the manifest "
+            f"counts {self.counted} stored there ({self.extra} not from ingest: a part file copied in or "
+            f"re-saved?); files: {names} -- repair it with `rooftrace ingest --force` of the date's "
+            f"logs{f' ({logs})' if logs else ''}, or move the file that is not the store's out of "
+            f"{_shown(self.store.requests_dir)}"
+        )
+
+
+#: The manifest's (rows stored, dates, source file) per entry, by the manifest's (inode, size, mtime).
+_MANIFESTS: dict[tuple[str, int, int, int], list[tuple[int, frozenset[str], str]]] = {}
+
+
+def _manifest_rows(path: Path) -> list[tuple[int, frozenset[str], str]]:
+    st = path.stat()
+    key = (str(path), st.st_ino, st.st_size, st.st_mtime_ns)
+    if key not in _MANIFESTS:
+        table = pq.read_table(path, columns=["rows_stored", "dates", "source_file"])
+        _MANIFESTS.clear()
+        _MANIFESTS[key] = [
+            (int(n or 0), frozenset(days or []), str(src))
+            for n, days, src in zip(
+                table.column("rows_stored").to_pylist(),
+                table.column("dates").to_pylist(),
+                table.column("source_file").to_pylist(),
+                strict=True,
+            )
+        ]
+    return _MANIFESTS[key]
+
+
+#: Footer row counts by (path, inode, size, mtime).
+_FOOTERS: dict[tuple[str, int, int, int], int] = {}
+
+
+def _footer_rows(path: Path) -> int:
+    st = path.stat()
+    key = (str(path), st.st_ino, st.st_size, st.st_mtime_ns)
+    if key not in _FOOTERS:
+        _FOOTERS[key] = pq.read_metadata(path).num_rows
+    return _FOOTERS[key]
 
 
 def _drop_copies(files: list[Path], foreign: list[tuple[Path, str]]) -> tuple[list[Path], list[tuple[Path, str]]]:

@@ -22,6 +22,7 @@ import contextlib
 import dataclasses
 import datetime
 import difflib
+import errno
 import hashlib
 import io
 import json
@@ -190,6 +191,63 @@ def _request_files(store: Store) -> list[Path]:
     return [root / f.relative_to(store.root) for date in store.dates() for f in store.request_files(date)]
 
 
+def _partition_date(folder: Path) -> str | None:
+    """The date of a partition folder named ``date=YYYY-MM-DD`` (a real date), else None."""
+    text = folder.name.removeprefix("date=")
+    if text == folder.name:
+        return None
+    try:
+        return check_date(text)
+    except RooftraceError:
+        return None
+
+
+def _view_files(store: Store, spec: ViewSpec) -> list[Path]:
+    """The files ``spec``'s view reads, listed (the views name their files, never a glob): the
+    requests partitions as the store lists them (:func:`_request_files`), a partitioned table's
+    files in its own ``date=YYYY-MM-DD`` folders, the others as their glob finds them."""
+    if spec.name == "requests":
+        return _request_files(store)
+    files = sorted(store.root.resolve().glob(spec.glob))
+    if spec.kind == "hive":
+        files = [f for f in files if _partition_date(f.parent) is not None]
+    return files
+
+
+def _partitioned_sql(files: Sequence[Path]) -> str:
+    """A partitioned table's files as one query, its ``date`` column a literal per partition taken
+    from each file's own folder (``date=YYYY-MM-DD``), never by DuckDB's hive partitioning: that
+    reads every ``key=value`` folder of the absolute path as a column, so a store kept under
+    ``/data/date=2020-01-01/store`` or ``/lake/model=x/store`` had every request dated 2020-01-01
+    or every model 'x'. One branch per date: a filter on ``date`` prunes the other dates' files,
+    as partition pruning did. Columns in the order the hive view gave them (the files' columns as
+    ``union_by_name`` orders them, then ``date``)."""
+    by_date: dict[str, list[Path]] = {}
+    order: dict[str, None] = {}
+    dated: set[str] = set()  # dates with a file that holds a `date` column of its own
+    for f in files:
+        date = _partition_date(f.parent)
+        assert date is not None  # _view_files lists only date=YYYY-MM-DD folders
+        by_date.setdefault(date, []).append(f)
+        names = pq.read_schema(f).names
+        if "date" in names:
+            dated.add(date)
+        order.update(dict.fromkeys(names))
+    order.pop("date", None)
+    branches = []
+    for date, listed in sorted(by_date.items()):
+        star = '* EXCLUDE ("date")' if date in dated else "*"
+        paths = ", ".join(_lit(f) for f in listed)
+        branches.append(
+            f"SELECT {star}, DATE '{date}' AS \"date\" "
+            f"FROM read_parquet([{paths}], hive_partitioning=false, union_by_name=true)"
+        )
+    if len(branches) == 1:
+        return branches[0]
+    columns = ", ".join('"' + name.replace('"', '""') + '"' for name in [*order, "date"])
+    return f"SELECT {columns} FROM ({' UNION ALL BY NAME '.join(branches)})"
+
+
 def check_run_config(path: Path) -> dict[str, Any]:
     """A run's ``config.json`` read (:func:`read_run_config`) and checked as ``cost`` checks it
     (``pipeline.cost.check_run_config``: the fleet it records resolves, replicas >= 1, ...): a run
@@ -203,11 +261,8 @@ def check_run_config(path: Path) -> dict[str, Any]:
 
 
 def _scan(store: Store) -> _Scan:
-    root = store.root.resolve()
     scan = _Scan()
-    listed = {
-        spec.name: _request_files(store) if spec.name == "requests" else sorted(root.glob(spec.glob)) for spec in VIEWS
-    }
+    listed = {spec.name: _view_files(store, spec) for spec in VIEWS}
     # a run folder holding run files but no config.json is no replay run: every command says so,
     # so its files are left out of every view too (they stayed in replay_* while `runs` had none)
     folders = {f.parent for spec in VIEWS if _per_run(spec) for f in listed[spec.name]}
@@ -249,22 +304,22 @@ def _view_sql(store: Store, spec: ViewSpec, scan: _Scan | None = None) -> str:
         listed = "[" + ", ".join(_lit(f) for f in files) + "]"
         return (
             f"SELECT {_RUN_ID} AS run_id, * EXCLUDE (filename) "
-            f"FROM read_json({listed}, filename=true, union_by_name=true, maximum_object_size=67108864)"
+            f"FROM read_json({listed}, filename=true, union_by_name=true, hive_partitioning=false, "
+            "maximum_object_size=67108864)"
         )
     assert spec.schema is not None
     if not has_files:
         extra = {"date": "DATE"} if spec.kind == "hive" else {"run_id": "VARCHAR"} if spec.kind == "run" else None
         return _empty_view(spec.schema, extra)
-    if spec.name == "requests":  # the files the store lists, not a glob (see _request_files)
-        listed = ", ".join(_lit(f) for f in files)
-        return f"SELECT * FROM read_parquet([{listed}], hive_partitioning=true, union_by_name=true)"
-    if spec.kind == "hive":
-        return f"SELECT * FROM read_parquet({_lit(pattern)}, hive_partitioning=true, union_by_name=true)"
+    if spec.kind == "hive":  # the files listed (see _request_files), their date from their own folder
+        return _partitioned_sql(files)
+    # hive_partitioning=false everywhere: DuckDB would otherwise detect a `key=value` folder above
+    # the store (/data/date=2020-01-01/store) and add it to every row as a column
     if spec.kind == "run":
         # One branch per run with a constant run_id: a filter on run_id then prunes every other
         # run's files instead of scanning them all (the warehouse is rebuilt after each replay).
         branches = [
-            f"SELECT '{f.parent.name}' AS run_id, * FROM read_parquet({_lit(f)})"
+            f"SELECT '{f.parent.name}' AS run_id, * FROM read_parquet({_lit(f)}, hive_partitioning=false)"
             for f in files
             if "'" not in f.parent.name
         ]
@@ -272,8 +327,9 @@ def _view_sql(store: Store, spec: ViewSpec, scan: _Scan | None = None) -> str:
             return _empty_view(spec.schema, {"run_id": "VARCHAR"})
         return " UNION ALL BY NAME ".join(branches)
     if _per_run(spec):  # the runs' files that are not skipped, not every file the glob finds
-        return f"SELECT * FROM read_parquet([{', '.join(_lit(f) for f in files)}], union_by_name=true)"
-    return f"SELECT * FROM read_parquet({_lit(pattern)}, union_by_name=true)"
+        listed = ", ".join(_lit(f) for f in files)
+        return f"SELECT * FROM read_parquet([{listed}], hive_partitioning=false, union_by_name=true)"
+    return f"SELECT * FROM read_parquet({_lit(pattern)}, hive_partitioning=false, union_by_name=true)"
 
 
 def hardware_catalog() -> pa.Table:
@@ -316,10 +372,10 @@ def files_key(store: Store) -> str:
     h = hashlib.sha256(str(root).encode())
     h.update(f"\0layout:{WAREHOUSE_LAYOUT}".encode())  # a warehouse of an older layout rebuilds
     for spec in VIEWS:
-        if _per_run(spec) or spec.name == "requests":
-            # every run file (and requests file: the view lists them) with its size and time: a
-            # run damaged or repaired in place, a new partition or a file replaced rebuilds
-            files = _request_files(store) if spec.name == "requests" else root.glob(spec.glob)
+        if _per_run(spec) or spec.kind == "hive":
+            # every run file (and partitioned file: the views list them) with its size and time:
+            # a run damaged or repaired in place, a new partition or a file replaced rebuilds
+            files = _view_files(store, spec)
             listed = sorted(f"{f.relative_to(root)}\0{_stamp(f)}" for f in files)
             h.update(f"\0{spec.name}:{len(listed)}\0".encode() + "\0".join(listed).encode())
         else:
@@ -696,8 +752,70 @@ def check_date_option(store: Store, date: str | None, run_id: str | None, query:
         own = run_date(store, run_id)
         if own != date:
             raise RooftraceError(f"--date {date} contradicts --run {run_id}, a replay of {own} (give one of them)")
-    elif query is not None and "date" in query.params:
-        check_stored_date(store, date)
+    elif query is not None and "date" in {p.rstrip("?") for p in query.params}:
+        check_stored_date(store, date)  # an optional date (date?) too: 2099-01-01 printed an empty table
+
+
+#: The views classify writes, by their folder under STORE/accounting/.
+_CLASSIFY_VIEWS = {"accounting_requests": "requests", "accounting_minutes": "minutes", "cache_curve": "cache_curve"}
+
+
+def check_classified(store: Store, query: NamedQuery, date: str | None) -> None:
+    """Refuse a named query that reads classify's tables for a ``date`` (given, or the latest) the
+    store holds requests on but classify has not split yet: it printed ``requests 0`` (or nothing)
+    with exit code 0, read as a day without traffic."""
+    if "date" not in {p.rstrip("?") for p in query.params}:
+        return
+    if date is None:
+        dates = store.dates()
+        if not dates:
+            return
+        date = dates[-1]
+    if date not in store.dates():
+        return  # check_stored_date's refusal
+    for view, folder in _CLASSIFY_VIEWS.items():
+        if not re.search(rf"\b{view}\b", query.sql):
+            continue
+        partition = store.partition(store.accounting_dir / folder, date)
+        if not any(partition.glob("*.parquet")):
+            n = store.stored_rows(date)
+            raise RooftraceError(
+                f"{date} holds {n:,} request{'' if n == 1 else 's'} but is not classified yet: "
+                f"run rooftrace classify --date {date}"
+            )
+
+
+def plan_ids(store: Store) -> list[str]:
+    """The capacity plans in the store (folders ``plans/<id>/`` with a ``plan.parquet``), sorted."""
+    return sorted(p.parent.name for p in (store.root / "plans").glob("*/plan.parquet"))
+
+
+def cost_subjects(store: Store, table: str) -> list[str]:
+    """The runs and plans ``rooftrace cost`` priced (folders ``costs/<id>/`` holding ``table``)."""
+    return sorted(p.parent.name for p in (store.root / "costs").glob(f"*/{table}.parquet"))
+
+
+def check_named_ids(store: Store, query: NamedQuery, values: Mapping[str, object]) -> None:
+    """Refuse a ``plan_id`` or ``subject`` the store holds no files of, naming the nearest known
+    ids, as an unknown ``--run`` is (:func:`check_run_id`): it printed an empty table, exit code 0."""
+    names = {p.rstrip("?") for p in query.params}
+    checks: list[tuple[str, list[str], str, Path, str]] = []
+    if "plan_id" in names:
+        checks.append(("plan_id", plan_ids(store), "capacity plan", store.root / "plans", "rooftrace plan"))
+    if "subject" in names:
+        table = "api_cost" if re.search(r"\bapi_cost\b", query.sql) else "gpu_cost"
+        checks.append(
+            ("subject", cost_subjects(store, table), "cost of a run or plan", store.root / "costs", "rooftrace cost")
+        )
+    for key, known, what, folder, command in checks:
+        value = values.get(key)
+        if value is None or str(value) in known:
+            continue
+        value = str(value)
+        if not known:
+            raise RooftraceError(f"no {what} {value!r}: {folder} holds none (run `{command}`)")
+        nearest = difflib.get_close_matches(value, known, n=3, cutoff=0.0)
+        raise RooftraceError(f"no {what} {value!r} in {folder}; nearest: {', '.join(nearest)}")
 
 
 def check_stored_date(store: Store, date: str) -> None:
@@ -1239,7 +1357,9 @@ def write_result(
         raise RooftraceError("--format parquet --out -: stdout is a terminal; pipe it or give --out FILE")
     if fmt == "parquet" and out is None:
         raise RooftraceError("--format parquet needs --out FILE (or --out - to write it to a pipe)")
-    with _opened(None if to_stdout else out, stdout) as sink:
+    if fmt in ("json", "parquet"):
+        check_unique_names(schema.names, fmt)
+    with stdout_errors(to_stdout), _opened(None if to_stdout else out, stdout) as sink:
         try:
             if fmt == "parquet":
                 return _write_parquet(schema, batches, sink)
@@ -1251,6 +1371,53 @@ def write_result(
         except (pa.ArrowException, TypeError, ValueError, OverflowError) as exc:
             first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
             raise RooftraceError(f"cannot write the result as {fmt}: {first}") from None
+
+
+def check_unique_names(names: Sequence[str], fmt: str) -> None:
+    """Refuse a result whose columns share a name in a format that keeps one column per name: a
+    JSON object holds one value per key (``select 1 as a, 2 as a`` printed ``[{"a": 2}]``, the
+    first column dropped without a word), and a Parquet file with two columns of one name cannot
+    be read back by name (pyarrow refuses it). csv and the table show every column."""
+    seen: dict[str, int] = {}
+    for name in names:
+        seen[name] = seen.get(name, 0) + 1
+    dups = [name for name, n in seen.items() if n > 1]
+    if dups:
+        shown = ", ".join(repr(escape_controls(name)) for name in dups)
+        raise RooftraceError(
+            f"the result has more than one column named {shown}: --format {fmt} keeps one column per name; "
+            f"alias them (SELECT ... AS {escape_controls(dups[0])}_2) or list the columns you want"
+        )
+
+
+def _detach_stdout() -> None:
+    """Point file descriptor 1 at /dev/null after a write to it failed: what is still buffered
+    (and the interpreter's last flush at exit) then goes nowhere instead of failing again with
+    a second error after the one line (stdout as a file object of its own, as in tests: no-op)."""
+    try:
+        fd = sys.stdout.fileno()
+    except (AttributeError, OSError, ValueError):
+        return
+    with contextlib.suppress(OSError):
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, fd)
+        os.close(devnull)
+
+
+@contextlib.contextmanager
+def stdout_errors(to_stdout: bool = True) -> Iterator[None]:
+    """A write to stdout that fails (``> /dev/full``: No space left on device; an I/O error) as one
+    error line, ``cannot write the result to stdout: ...`` (exit code 1), not a traceback. A
+    broken pipe (``| head``) is left as it was: click ends the command quietly."""
+    try:
+        yield
+    except OSError as exc:
+        if not to_stdout or isinstance(exc, BrokenPipeError) or exc.errno == errno.EPIPE:
+            raise
+        _detach_stdout()
+        reason = exc.strerror or (str(exc).splitlines() or [type(exc).__name__])[0]
+        reason = re.sub(r"^\[Errno \d+\] ", "", reason)
+        raise RooftraceError(f"cannot write the result to stdout: {reason}") from None
 
 
 @contextlib.contextmanager

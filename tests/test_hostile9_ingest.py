@@ -438,5 +438,11 @@ def test_a_query_of_a_date_without_requests_is_one_error(tmp_path: Path) -> None
     assert _error_lines(res) == [
         f"error: no requests on 1999-01-01 in {st}/requests (it has 2025-01-15); pass one of them as --date"
     ]
+    # the stored date, not classified yet: said (round 12), then answered once classified
+    todo = _cli("query", "token_totals", "--date", "2025-01-15", "--store", st, "--format", "csv")
+    assert todo.exit_code == 1 and _error_lines(todo) == [
+        "error: 2025-01-15 holds 2 requests but is not classified yet: run rooftrace classify --date 2025-01-15"
+    ]
+    assert _cli("classify", "--date", "2025-01-15", "--store", st).exit_code == 0
     ok = _cli("query", "token_totals", "--date", "2025-01-15", "--store", st, "--format", "csv")
     assert ok.exit_code == 0, ok.output

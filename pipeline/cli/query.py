@@ -53,9 +53,12 @@ def query(
     from pipeline.tables import table_to_json
     from pipeline.warehouse import (
         STDOUT,
+        check_classified,
         check_date_option,
+        check_named_ids,
         check_out_path,
         check_run_option,
+        check_unique_names,
         get_query,
         list_queries,
         merge_option_params,
@@ -64,6 +67,7 @@ def query(
         run_query,
         sigterm_exits,
         sql_output,
+        stdout_errors,
     )
     from pipeline.warehouse import (
         rebuild as rebuild_warehouse,
@@ -71,12 +75,13 @@ def query(
 
     if list_ or name is None:
         queries = list_queries()
-        if fmt == "json":
-            emit_json([{"name": q.name, "params": list(q.params), "description": q.description} for q in queries])
-            return
-        for q in queries:
-            args = f" [{', '.join(q.params)}]" if q.params else ""
-            click.echo(f"{q.name}{args}\n    {q.description}\n")
+        with stdout_errors():  # > /dev/full: one line, not a traceback
+            if fmt == "json":
+                emit_json([{"name": q.name, "params": list(q.params), "description": q.description} for q in queries])
+                return
+            for q in queries:
+                args = f" [{', '.join(q.params)}]" if q.params else ""
+                click.echo(f"{q.name}{args}\n    {q.description}\n")
         return
     with sigterm_exits():
         store = run(lambda: get_store(store_path))
@@ -88,14 +93,20 @@ def query(
         values: dict[str, object] = {"run_id": run_id, "date": date, **given}
         run(lambda: require_store(store))
         run(lambda: check_date_option(store, date, run_id, named))
+        run(lambda: check_named_ids(store, named, given))
+        if run_id is None:  # (a run's date is its own; classify's tables are not read by run)
+            run(lambda: check_classified(store, named, date))
         if out != STDOUT:
             run(lambda: check_out_path(store, out))
         if rebuild:
             run(lambda: rebuild_warehouse(store))
         table = run(lambda: run_query(store, name, values))
     if fmt == "json" and out is None:
-        emit_json(table_to_json(table))
+        run(lambda: check_unique_names(table.column_names, fmt))
+        with stdout_errors():
+            emit_json(table_to_json(table))
         return
     # as `sql` prints: control characters escaped, at most 1,000 table rows on stdout, --out -
     result = run(lambda: sql_output(table, fmt, out, tty=sys.stdout.isatty(), title=name))
-    emit_output(result, f"wrote {table.num_rows} rows to {out}")
+    with stdout_errors():
+        emit_output(result, f"wrote {table.num_rows} rows to {out}")

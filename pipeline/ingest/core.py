@@ -84,7 +84,7 @@ from pipeline.ingest.source import (
     sniff_format,
 )
 from pipeline.schemas import META_NAME, META_VERSION, check_file_schema, load_schema, read_parquet, write_parquet
-from pipeline.store import COPY_OF, JOURNAL, Commit, Store, check_date, store_write_error
+from pipeline.store import COPY_OF, JOURNAL, Commit, Store, Unaccounted, check_date, store_write_error
 
 Progress = Callable[[str], None]
 
@@ -505,6 +505,9 @@ class _Replace:
     force: bool = False
     on_date: dict[str, set[str]] = field(default_factory=dict)  # date -> manifest files stored on it
     dropped: dict[str, list[Path]] = field(default_factory=dict)  # date -> unreadable files rebuilt
+    # date -> its files held rows the manifest does not count; rebuilt (all its files in dropped)
+    unaccounted: dict[str, Unaccounted] = field(default_factory=dict)
+    results: list[FileResult] = field(default_factory=list)  # the run's results (to credit)
 
     def credit(self, results: list[FileResult], removed: Sequence[tuple[Any, Any]]) -> None:
         """Count (source file, rows) removed from the store to the files that replace them."""
@@ -517,7 +520,7 @@ def _replaced(manifest: pl.DataFrame, results: list[FileResult], force: bool) ->
     entry of its own path (whatever content that path had), and the entries of another path only
     when each of them has this file's content (the same file renamed or copied): a path that also
     stored other content keeps its rows, which are not this file's to replace."""
-    rep = _Replace(force=force)
+    rep = _Replace(force=force, results=results)
     for path, dates in zip(manifest["source_file"].to_list(), manifest["dates"].to_list(), strict=True):
         for d in dates or []:
             rep.on_date.setdefault(d, set()).add(path)
@@ -1318,7 +1321,16 @@ def _merge(
     touched = _merge_staged(store, stager, commit, results, say, replace, clashes)
     for d in sorted(replace.dates - touched):
         _drop_replaced(store, commit, d, results, say, replace)
+    for d, gap in sorted(replace.unaccounted.items()):
+        say(
+            f"requests/date={d}: rebuilt from the files read now: its files held {gap.held} rows, "
+            f"{gap.extra} more than the manifest counted ({gap.counted}); every file the manifest stored "
+            f"on that date was read again ({', '.join(p.name for p in replace.dropped.get(d, []))} replaced by the "
+            "rebuilt part-00000.parquet)"
+        )
     for d, paths in sorted(replace.dropped.items()):
+        if d in replace.unaccounted:
+            continue
         for p in paths:
             say(
                 f"requests/date={d}: {p.name} could not be read; rebuilt from the files read now "
@@ -1432,7 +1444,22 @@ def _stored_files(store: Store, date: str, replace: _Replace) -> list[Path]:
     and saying what to do, unless this is a forced re-ingest that reads again every file the
     manifest stored on that date: then none of its rows is kept anyway, and it is left out (put
     in ``replace.dropped``; :func:`_stage_partition` removes it with the date's rewrite)."""
-    existing = store.request_files(date) if (store.requests_dir / f"date={date}").exists() else []
+    present = (store.requests_dir / f"date={date}").exists()
+    gap = store.unaccounted(date) if present else None
+    if gap is not None:
+        missing = sorted(replace.on_date.get(date, set()) - replace.files)
+        if not (replace.force and not missing):
+            raise RooftraceError(_unaccounted_line(gap, replace, missing))
+        # Every file the manifest stored on the date is read again: none of the stored rows
+        # would be kept, the foreign ones included. The date is rebuilt from the files read now.
+        if date not in replace.unaccounted:
+            replace.unaccounted[date] = gap
+            _credit_rows(gap.files, replace.results, replace)
+        for p in store.partition_files(date)[0]:
+            if p not in replace.dropped.setdefault(date, []):
+                replace.dropped[date].append(p)
+        return []
+    existing = store.request_files(date) if present else []
     readable = []
     for p in existing:
         try:
@@ -1446,6 +1473,41 @@ def _stored_files(store: Store, date: str, replace: _Replace) -> list[Path]:
             raise RooftraceError(_damaged_line(str(exc), date, replace, missing)) from None
         readable.append(p)
     return readable
+
+
+def _credit_rows(files: Sequence[Path], results: list[FileResult], replace: _Replace) -> None:
+    """Credit the rows of ``files`` from the source files ``replace`` re-reads to those files
+    (rows replaced); a file that cannot be read is left out of the count."""
+    if not replace.files or not results:
+        return
+    try:
+        rows = pl.scan_parquet(list(files), glob=False).select("source_file")
+        got = rows.filter(pl.col("source_file").is_in(sorted(replace.files))).group_by("source_file").len()
+        replace.credit(results, got.collect().rows())
+    except (OSError, pl.exceptions.PolarsError):
+        pass
+
+
+def _unaccounted_line(gap: Unaccounted, replace: _Replace, missing: list[str]) -> str:
+    """One line refusing an ingest into a date whose files hold rows the manifest does not count."""
+    if replace.force:
+        shown = ", ".join(missing[:3]) + (f" and {len(missing) - 3} more" if len(missing) > 3 else "")
+        todo = (
+            f"--force rebuilds the requests of {gap.date} only when it reads again every file stored on that "
+            f"date; also name {shown}, or move the file that is not the store's out of {gap.store.requests_dir}"
+        )
+    else:
+        logs = ", ".join(gap.logs[:3]) + (f" and {len(gap.logs) - 3} more" if len(gap.logs) > 3 else "")
+        todo = (
+            f"nothing ingested: merging would keep the {gap.extra} rows the manifest does not count for good; "
+            f"repair it first with `rooftrace ingest --force` of the date's logs{f' ({logs})' if logs else ''}, "
+            f"or move the file that is not the store's out of {gap.store.requests_dir}"
+        )
+    folder = gap.store.partition(gap.store.requests_dir, gap.date)
+    return (
+        f"{folder}: the store's files of {gap.where()} hold {gap.held} rows but the manifest counts "
+        f"{gap.counted} stored there ({gap.extra} not from ingest; files: {gap.names()}) -- {todo}"
+    )
 
 
 def _damaged_line(reason: str, date: str, replace: _Replace, missing: list[str]) -> str:
@@ -1575,7 +1637,7 @@ def _merge_out_of_core(
         con.execute("SET enable_progress_bar = false")
         con.execute(
             "CREATE TEMP VIEW staged AS SELECT *, strftime(arrival, '%Y-%m-%d') AS _date, 1 AS _ord "
-            f"FROM read_parquet([{_sql_list(files)}])"
+            f"FROM {_read(files)}"
         )
         per_file: dict[str, list[tuple[int, int]]] = {}
         for d, f, n in con.execute("SELECT _date, _file, count(*) FROM staged GROUP BY ALL ORDER BY ALL").fetchall():
@@ -1590,7 +1652,7 @@ def _merge_out_of_core(
         for d, existing in stored.items():
             if existing and replace.files:
                 got = con.execute(
-                    f"SELECT source_file, count(*) FROM read_parquet([{_sql_list(existing)}]) "
+                    f"SELECT source_file, count(*) FROM {_read(existing)} "
                     "WHERE source_file IN (SELECT source_file FROM replaced) GROUP BY ALL"
                 ).fetchall()
                 replace.credit(results, got)
@@ -1607,15 +1669,15 @@ def _merge_out_of_core(
             if existing:
                 keys.append(
                     f"SELECT '{d}' AS _date, source_format, request_id, -1 AS _file, -1 AS _seq, 0 AS _ord "
-                    f"FROM read_parquet([{_sql_list(existing)}]) {keep_stored}"
+                    f"FROM {_read(existing)} {keep_stored}"
                 )
                 ranked.append(
                     f"SELECT '{d}' AS _date, source_format, request_id, -1 AS _file, -1 AS _seq, 0 AS _ord, "
-                    f"{content_hash} FROM read_parquet([{_sql_list(existing)}]) {keep_stored}"
+                    f"{content_hash} FROM {_read(existing)} {keep_stored}"
                 )
                 origin.append(
                     f"SELECT '{d}' AS _date, source_format, request_id, -1 AS _seq, source_file, source_line "
-                    f"FROM read_parquet([{_sql_list(existing)}]) {keep_stored}"
+                    f"FROM {_read(existing)} {keep_stored}"
                 )
         con.execute(f"CREATE TEMP VIEW keys AS {' UNION ALL '.join(keys)}")
         con.execute(f"CREATE TEMP VIEW ranked AS {' UNION ALL '.join(ranked)}")
@@ -1668,11 +1730,7 @@ def _merge_out_of_core(
 
                 _stage_partition(store, commit, d, existing, say, stream)
             else:
-                old = (
-                    f"SELECT {cols} FROM read_parquet([{_sql_list(existing)}]) {keep_stored} UNION ALL "
-                    if existing
-                    else ""
-                )
+                old = f"SELECT {cols} FROM {_read(existing)} {keep_stored} UNION ALL " if existing else ""
                 sorted_file = tmp / f"sorted-{d}.parquet"
                 con.execute(
                     f"COPY (SELECT * FROM ({old}SELECT {cols} FROM staged ANTI JOIN dup USING (_date, _file, _seq) "
@@ -1726,6 +1784,12 @@ def _sql_str(path: Path) -> str:
 
 def _sql_list(paths: Sequence[Path]) -> str:
     return ", ".join(f"'{_sql_str(p)}'" for p in paths)
+
+
+def _read(files: Sequence[Path]) -> str:
+    """DuckDB's read of the store's own Parquet ``files``: their columns only (no hive partition
+    columns from folder names, the store's or any folder above it)."""
+    return f"read_parquet([{_sql_list(files)}], hive_partitioning = false)"
 
 
 def _write_requests(rows: pl.LazyFrame, target: Path) -> None:
