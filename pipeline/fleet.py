@@ -187,7 +187,9 @@ class FleetConfig:
 
     def to_dict(self) -> dict[str, Any]:
         out = asdict(self)
-        if not self.router_pod_balancer:  # unset: kept out, so runs recorded before it read the same
+        # unset, or without pods to balance (router_pod_size 0 or past the replicas): kept out, so
+        # runs recorded before it read the same and a balancer that changes nothing changes no run id
+        if not self.router_pod_balancer or not 0 < self.router_pod_size < self.replicas:
             del out["router_pod_balancer"]
         return out
 

@@ -626,6 +626,7 @@ def test_router_pod_balancer_in_fleet_toml(tmp_path: Path) -> None:
     assert (cfg.pod_balancer(), cfg.affinity_key()) == ("session_affinity", "session_affinity")
     one_pod = load_fleet(fleet('router_pod_size = 8\nrouter_pod_balancer = "session_affinity"'))
     assert one_pod.affinity_key() is None  # one pod as big as the fleet: no balancer, no key needed
+    assert "router_pod_balancer" not in one_pod.to_dict()  # ... and no other run id than without it
     assert "router_pod_balancer" in cfg.to_dict()
     plain = load_fleet(fleet("router_pod_size = 8"))
     assert (plain.pod_balancer(), plain.affinity_key()) == ("round_robin", None)
