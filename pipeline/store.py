@@ -32,7 +32,6 @@ import json
 import os
 import re
 import shutil
-import stat
 import sys
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
@@ -49,7 +48,7 @@ import pyarrow.parquet as pq
 
 from pipeline.errors import RooftraceError, SchemaError
 from pipeline.project import default_store_path
-from pipeline.schemas import check_file_schema, load_schema, read_parquet, unreadable
+from pipeline.schemas import check_file_schema, load_schema, not_regular, read_parquet, unreadable
 
 _DATE_RE = re.compile(r"^[0-9]{4}-[0-9]{2}-[0-9]{2}$")
 
@@ -590,23 +589,11 @@ def _warn_once(line: str) -> None:
 
 def _irregular(path: Path) -> str | None:
     """What ``path`` (links followed) is when it is not a regular file (a folder, a named pipe,
-    a socket, a device), without opening it: opening a FIFO blocks until a writer comes. None
-    for a regular file, and for one that cannot be looked at (its reader says why)."""
-    try:
-        mode = os.stat(path).st_mode
-    except OSError:
-        return None
-    if stat.S_ISREG(mode):
-        return None
-    if stat.S_ISDIR(mode):
-        return "a folder"
-    if stat.S_ISFIFO(mode):
-        return "a named pipe (FIFO)"
-    if stat.S_ISSOCK(mode):
-        return "a socket"
-    if stat.S_ISCHR(mode) or stat.S_ISBLK(mode):
-        return "a device"
-    return "not a file"
+    a socket, a device: :func:`pipeline.schemas.not_regular`), without opening it: opening a FIFO
+    blocks until a writer comes. None for a regular file, and for one that cannot be looked at
+    (its reader says why)."""
+    why = not_regular(path)
+    return None if why is None or why.startswith("cannot be opened") else why
 
 
 @dataclass(frozen=True)

@@ -1,9 +1,8 @@
 """Hostile tester, round 11a: the warehouse, ``sql``, ``query`` and ``cost`` on a tampered store
-(findings 2-5 and 7-12 of /tmp/hostile11a/REPORT.md; docs/limits.md, "The SQL warehouse")."""
+(docs/limits.md, "The SQL warehouse")."""
 
 from __future__ import annotations
 
-import csv
 import io
 import itertools
 import json
@@ -19,34 +18,13 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from click.testing import CliRunner, Result
+from cli_checks import cli, one_error, rows
 
-from pipeline.cli import main
 from pipeline.errors import RooftraceError
 from pipeline.store import Store
 from pipeline.warehouse import Session, build_warehouse, write_result
 
 COPY = "copy"
-
-
-def cli(*args: str, env: dict[str, str] | None = None) -> Result:
-    return CliRunner().invoke(main, list(args), env=env)
-
-
-def one_error(res: Result, *needles: str) -> str:
-    """Exit 1, exactly one ``error:`` line on stderr holding ``needles``, no traceback."""
-    assert res.exit_code == 1, (res.exit_code, res.stdout, res.stderr, res.exception)
-    assert "Traceback" not in res.stderr and "Traceback" not in res.stdout
-    errors = [line for line in res.stderr.splitlines() if line.startswith("error: ")]
-    assert len(errors) == 1, res.stderr
-    for needle in needles:
-        assert needle in errors[0], (needle, errors[0])
-    return errors[0]
-
-
-def rows(res: Result) -> list[dict[str, str]]:
-    assert res.exit_code == 0, (res.stderr, res.exception)
-    return list(csv.DictReader(io.StringIO(res.stdout)))
 
 
 @pytest.fixture

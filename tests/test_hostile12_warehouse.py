@@ -1,5 +1,4 @@
-"""Hostile tester, round 12a: the warehouse, ``sql`` and ``query`` (findings 1, 4, 6, 7 and 8 of
-/tmp/hostile12a/REPORT.md; docs/limits.md, "The SQL warehouse")."""
+"""Hostile tester, round 12a: the warehouse, ``sql`` and ``query`` (docs/limits.md, "The SQL warehouse")."""
 
 from __future__ import annotations
 
@@ -13,30 +12,9 @@ import sys
 from pathlib import Path
 
 import pytest
-from click.testing import CliRunner, Result
+from cli_checks import cli, one_error, rows
 
-from pipeline.cli import main
 from pipeline.store import Store
-
-
-def cli(*args: str) -> Result:
-    return CliRunner().invoke(main, list(args))
-
-
-def one_error(res: Result, *needles: str) -> str:
-    """Exit 1, exactly one ``error:`` line on stderr holding ``needles``, no traceback."""
-    assert res.exit_code == 1, (res.exit_code, res.stdout, res.stderr, res.exception)
-    assert "Traceback" not in res.stderr and "Traceback" not in res.stdout
-    errors = [line for line in res.stderr.splitlines() if line.startswith("error: ")]
-    assert len(errors) == 1, res.stderr
-    for needle in needles:
-        assert needle in errors[0], (needle, errors[0])
-    return errors[0]
-
-
-def rows(res: Result) -> list[dict[str, str]]:
-    assert res.exit_code == 0, (res.stderr, res.exception)
-    return list(csv.DictReader(io.StringIO(res.stdout)))
 
 
 def copy_store(src: Store, root: Path, run_id: str) -> Store:
