@@ -81,7 +81,7 @@ def _csv_text(v: Any, nested: bool) -> str | None:
     return json.dumps(_jsonable(v), ensure_ascii=False, default=str) if nested else str(_jsonable(v))
 
 
-def _for_csv(table: pa.Table) -> pa.Table:
+def for_csv(table: pa.Table) -> pa.Table:
     """Nested cells (struct, list, map, union) become JSON text; other exotic cells become text."""
     for i, field in enumerate(table.schema):
         if _csv_ready(field.type):
@@ -128,7 +128,7 @@ def _render(table: pa.Table, fmt: str, out: Path | None, title: str | None) -> s
         return None
     if fmt == "csv":
         buf = io.BytesIO()
-        pacsv.write_csv(_for_csv(table), buf)
+        pacsv.write_csv(for_csv(table), buf)
         text = buf.getvalue().decode()
     elif fmt == "json":
         text = json.dumps(table_to_json(table), indent=2, default=str) + "\n"

@@ -1462,11 +1462,11 @@ def _write_parquet(schema: pa.Schema, batches: Iterable[pa.RecordBatch], sink: I
 def _write_csv(schema: pa.Schema, batches: Iterable[pa.RecordBatch], sink: IO[bytes]) -> Written:
     import pyarrow.csv as pacsv
 
-    from pipeline.tables import _for_csv as for_csv
+    from pipeline.tables import for_csv
 
     rows, header = 0, True
     for batch in batches:
-        part = for_csv(pa.Table.from_batches([_readable_batch(batch)]))
+        part = for_csv(pa.Table.from_batches([_readable_batch(batch, "csv")]))
         pacsv.write_csv(part, sink, pacsv.WriteOptions(include_header=header))
         header = False
         rows += batch.num_rows
@@ -1483,7 +1483,7 @@ def _write_json(batches: Iterable[pa.RecordBatch], sink: IO[bytes]) -> Written:
     for batch in batches:
         if not batch.num_rows:
             continue
-        text = json.dumps(table_to_json(pa.Table.from_batches([_readable_batch(batch)])), indent=2, default=str)
+        text = json.dumps(table_to_json(pa.Table.from_batches([_readable_batch(batch, "json")])), indent=2, default=str)
         sink.write((("[\n" if rows == 0 else ",\n") + text[2:-2]).encode())  # the rows, not '[\n' and '\n]'
         rows += batch.num_rows
     sink.write(b"[]\n" if rows == 0 else b"\n]\n")
@@ -1557,20 +1557,26 @@ _PY_DAYS = ((datetime.date.min - _EPOCH).days, (datetime.date.max - _EPOCH).days
 _PER_DAY = {"s": 86_400, "ms": 86_400_000, "us": 86_400_000_000, "ns": 86_400_000_000_000}
 
 
+def _as_ints(column: pa.Array) -> tuple[pa.Array, int, int]:
+    """A plain date or timestamp column as integers, with the first and last integer Python's
+    datetime holds (a day's margin each side for timestamps: an aware one is shown in its zone)."""
+    t = column.type
+    if pa.types.is_date32(t):
+        return column.cast(pa.int32()), _PY_DAYS[0], _PY_DAYS[1]
+    if pa.types.is_date64(t):
+        return column.cast(pa.int64()), _PY_DAYS[0] * 86_400_000, (_PY_DAYS[1] + 1) * 86_400_000 - 1
+    per = _PER_DAY[t.unit]
+    return column.cast(pa.int64()), (_PY_DAYS[0] + 1) * per, _PY_DAYS[1] * per - 1
+
+
 def _outside_python(column: pa.Array) -> bool:
     """Whether a date or timestamp column holds a value Python's datetime cannot hold (a year past
     9999, DuckDB's ±infinity, a BC date): converting it raised OverflowError (a traceback)."""
     import pyarrow.compute as pc
 
     t = column.type
-    if pa.types.is_date32(t):
-        ints, lo, hi = column.cast(pa.int32()), _PY_DAYS[0], _PY_DAYS[1]
-    elif pa.types.is_date64(t):
-        ints, lo, hi = column.cast(pa.int64()), _PY_DAYS[0] * 86_400_000, (_PY_DAYS[1] + 1) * 86_400_000 - 1
-    elif pa.types.is_timestamp(t):
-        per = _PER_DAY[t.unit]
-        # a day's margin each side: an aware timestamp is shown in its time zone
-        ints, lo, hi = column.cast(pa.int64()), (_PY_DAYS[0] + 1) * per, _PY_DAYS[1] * per - 1
+    if pa.types.is_date(t) or pa.types.is_timestamp(t):
+        ints, lo, hi = _as_ints(column)
     elif pa.types.is_nested(t):
         try:
             column.to_pylist()
@@ -1597,21 +1603,54 @@ def _has_temporal(t: pa.DataType) -> bool:
     return False
 
 
-def _readable_batch(batch: pa.RecordBatch) -> pa.RecordBatch:
-    """``batch`` with every column holding a date or timestamp Python cannot hold as DuckDB's text
-    of its values ('infinity', '12025-01-15 00:00:00', '0044-03-15 (BC)'): the same words in the
-    table, csv and json formats (csv wrote '<value out of range: 2147483647>', table and json
-    stopped with a traceback)."""
+def _readable_batch(batch: pa.RecordBatch, fmt: str = "table") -> pa.RecordBatch:
+    """``batch`` with every column holding a date or timestamp Python cannot hold as text: the
+    cells out of Python's range as DuckDB's text of them ('infinity', '12025-01-15 00:00:00',
+    '0044-03-15 (BC)'), the same words in the table, csv and json formats (csv wrote '<value out
+    of range: 2147483647>', table and json stopped with a traceback).
+
+    csv and json are written a batch at a time, so there the other cells of a plain date or
+    timestamp column keep the text that format gives them in every other batch (csv: Arrow's,
+    '2025-01-15 01:02:03.400000'; json: ISO 8601, '2025-01-15T01:02:03.400000'): one column is not
+    written two ways because one batch held a far date. The table format holds every batch and
+    makes the whole column DuckDB's text (:func:`_readable_schema`); a nested column with a far
+    date is DuckDB's text of the whole cell in every format."""
     columns = list(batch.columns)
     changed = False
     for i, column in enumerate(columns):
         if _has_temporal(column.type) and _outside_python(column):
-            columns[i] = _duck_text(column)
+            columns[i] = _cellwise_text(column, fmt) if fmt in ("csv", "json") else _duck_text(column)
             changed = True
     if not changed:
         return batch
     fields = [pa.field(f.name, c.type) for f, c in zip(batch.schema, columns, strict=True)]
     return pa.RecordBatch.from_arrays(columns, schema=pa.schema(fields))
+
+
+def _cellwise_text(column: pa.Array, fmt: str) -> pa.Array:
+    """A date or timestamp column as text for ``fmt`` (csv or json): DuckDB's text where a cell is
+    outside Python's range, the format's own text of the value elsewhere."""
+    import pyarrow.compute as pc
+
+    duck = _duck_text(column)
+    t = column.type
+    if not (pa.types.is_date(t) or pa.types.is_timestamp(t)):
+        return duck  # nested: the whole cell, as DuckDB writes it
+    far = _far_cells(column)
+    near = pc.if_else(far, pa.scalar(None, t), column)
+    if fmt == "csv":
+        own = near.cast(pa.string())
+    else:
+        own = pa.array([None if v is None else v.isoformat() for v in near.to_pylist()], pa.string())
+    return pc.if_else(far, duck, own)
+
+
+def _far_cells(column: pa.Array) -> pa.Array:
+    """Per cell of a plain date or timestamp column: outside Python's years 1..9999 (null: False)."""
+    import pyarrow.compute as pc
+
+    ints, lo, hi = _as_ints(column)
+    return pc.fill_null(pc.or_(pc.less(ints, lo), pc.greater(ints, hi)), False)
 
 
 def _duck_text(column: pa.Array) -> pa.Array:

@@ -201,3 +201,50 @@ def test_8_an_unclassified_date_is_refused(two_days: tuple[Store, str], name: st
     one_error(cli("query", name, "--store", str(st.root)), msg)  # the latest date, by default
     got = rows(cli("query", name, "--date", st.dates()[0], "--store", str(st.root), "--format", "csv"))
     assert got
+
+
+# --- 9. one column, one format, whatever batch a far date falls in -------------------------------------
+
+
+def _two_batches(fmt: str) -> list[list[str]]:
+    """A timestamp and a date column written in two batches, the second holding a far value."""
+    import datetime as dt
+
+    import pyarrow as pa
+
+    from pipeline.warehouse import write_result
+
+    schema = pa.schema([("t", pa.timestamp("us")), ("d", pa.date32())])
+    near_t = dt.datetime(2025, 1, 15, 1, 2, 3, 400000)
+    near_us = (near_t - dt.datetime(1970, 1, 1)) // dt.timedelta(microseconds=1)
+    far_us = near_us + 10_000 * 366 * 86_400_000_000  # past year 9999
+    near_d = (dt.date(2025, 1, 2) - dt.date(1970, 1, 1)).days
+    first = pa.record_batch(
+        [pa.array([near_us], pa.int64()).cast(schema[0].type), pa.array([near_d], pa.int32()).cast(pa.date32())],
+        schema=schema,
+    )
+    second = pa.record_batch(
+        [
+            pa.array([near_us, far_us], pa.int64()).cast(schema[0].type),
+            pa.array([2**31 - 1, near_d], pa.int32()).cast(pa.date32()),  # DuckDB's 'infinity'
+        ],
+        schema=schema,
+    )
+    sink = io.BytesIO()
+    write_result(schema, [first, second], fmt, None, sink)
+    text = sink.getvalue().decode()
+    if fmt == "csv":
+        return [row for row in csv.reader(io.StringIO(text))][1:]
+    return [[r["t"], r["d"]] for r in json.loads(text)]
+
+
+@pytest.mark.parametrize(
+    ("fmt", "t_text", "d_text"),
+    [("csv", "2025-01-15 01:02:03.400000", "2025-01-02"), ("json", "2025-01-15T01:02:03.400000", "2025-01-02")],
+)
+def test_9_a_far_date_in_one_batch_leaves_the_others_format(fmt: str, t_text: str, d_text: str) -> None:
+    got = _two_batches(fmt)
+    assert got[0] == [t_text, d_text]  # the first batch: the format's own text
+    assert got[1][0] == t_text  # the same value in the batch with the far date: the same text
+    assert got[2][0] == "12045-10-12 01:02:03.4"  # the far one: DuckDB's text
+    assert got[1][1] == "infinity" and got[2][1] == d_text
