@@ -67,6 +67,7 @@ from pipeline.slo import (
     slo_verdict,
     sorted_accepted,
 )
+from pipeline.stepcost import TabulatedCost
 from pipeline.steps import BINDING_NAMES
 from pipeline.store import ColumnReader, Store, epoch_us, store_write_error
 
@@ -286,10 +287,13 @@ def run_workload(
     progress: Callable[[int], None] | None = None,
     steps: RunSteps | None = None,
     results: RunRequests | None = None,
+    cost: TabulatedCost | None = None,
 ) -> ReplayRun:
     """:func:`run_replay` on engine arrays. With ``results``, the per-request results go there:
     a pod's as it ends when the fleet is replayed in pods (never gathered: the run's ``result``
-    is then not kept), or the whole engine run's at the end."""
+    is then not kept), or the whole engine run's at the end. ``cost``: the step cost to replay
+    with instead of the fleet's own (``calibrate --observed`` replays one workload under many
+    candidate calibrations of one base cost)."""
     spec = FleetSpec(
         replicas=fleet.ranks,
         scheduler=fleet.scheduler,
@@ -298,7 +302,8 @@ def run_workload(
         concurrency=options.concurrency or 0,
         lockstep=fleet.lockstep,
     )
-    cost = fleet_step_cost(fleet)
+    if cost is None:
+        cost = fleet_step_cost(fleet)
     if steps is not None:
         steps.cost_source = cost.source
     pod_size = fleet.config.router_pod_size
