@@ -72,6 +72,7 @@ from pipeline.fit import (
     parse_vllm_version,
 )
 from pipeline.roofline import MAX_DP, Deployment
+from pipeline.stackcal import StackCalibration
 from pipeline.tomlfile import read_toml
 
 #: Routers that send a request by a key it carries (a session id, its first prefix block).
@@ -172,6 +173,10 @@ class FleetConfig:
     cost_model: str = "auto"
     engine: EngineSettings = field(default_factory=EngineSettings)
     calibration: Calibration | None = None
+    #: A serving stack's calibration learnt from logs (``calibration_file = "CAL.toml"``, read
+    #: when the fleet is loaded; pipeline/stackcal.py): scales and a per-step overhead applied on
+    #: top of the cost tier. Recorded by value, so a run replays the same without the file.
+    stack_calibration: StackCalibration | None = None
     #: ``[slo]``: the latency targets the run is judged against, in ``--slo`` syntax
     #: (pipeline.slo.parse_slo), e.g. "chat" or "ttft_p99=2s,tpot_p99=0.1s".
     slo: str | None = None
@@ -191,6 +196,8 @@ class FleetConfig:
         # runs recorded before it read the same and a balancer that changes nothing changes no run id
         if not self.router_pod_balancer or not 0 < self.router_pod_size < self.replicas:
             del out["router_pod_balancer"]
+        if self.stack_calibration is None:  # unset: runs recorded before it keep their run ids
+            del out["stack_calibration"]
         return out
 
     def pod_balancer(self) -> str:
@@ -227,6 +234,8 @@ _TOP_TYPES: dict[str, tuple[type, ...]] = {
     "cost_model": (str,),
     "engine": (dict,),
     "calibration": (dict,),
+    "calibration_file": (str,),
+    "stack_calibration": (dict,),
     "slo": (dict, str),
 }
 _CALIBRATION_TYPES: dict[str, tuple[type, ...]] = {
@@ -285,8 +294,9 @@ MAX_STEP_OVERHEAD_S = 10.0
 FLEET_NAME_RE = re.compile(r"[A-Za-z0-9_-][A-Za-z0-9._-]{0,63}")
 
 
-def parse_fleet(data: dict[str, Any], origin: str) -> FleetConfig:
-    """Validate a parsed FLEET.toml; errors name ``origin`` and the key."""
+def parse_fleet(data: dict[str, Any], origin: str, base_dir: Path | None = None) -> FleetConfig:
+    """Validate a parsed FLEET.toml; errors name ``origin`` and the key. ``base_dir``: the folder
+    a ``calibration_file`` is relative to (the fleet file's; None: the working directory)."""
     _check(data, _TOP_TYPES, origin)
     missing = sorted(_TOP_REQUIRED - set(data))
     if missing:
@@ -342,8 +352,15 @@ def parse_fleet(data: dict[str, Any], origin: str) -> FleetConfig:
                     )
         calibration = Calibration(**raw)
     slo = _parse_slo_table(data["slo"], f"{origin} [slo]") if "slo" in data else None
-    top = {k: v for k, v in data.items() if k not in ("engine", "calibration", "slo")}
-    cfg = FleetConfig(engine=engine, calibration=calibration, slo=slo, **top)
+    stack = _stack_calibration(data, origin, base_dir)
+    if stack is not None and calibration is not None:
+        raise ConfigError(
+            f"{origin}: [calibration] (roofline factors of another stack) and a calibration learnt from logs "
+            "(calibration_file) both set: keep one"
+        )
+    skip = ("engine", "calibration", "slo", "calibration_file", "stack_calibration")
+    top = {k: v for k, v in data.items() if k not in skip}
+    cfg = FleetConfig(engine=engine, calibration=calibration, slo=slo, stack_calibration=stack, **top)
     if cfg.cost_model not in ("auto", "measured", "prior", "roofline"):
         raise ConfigError(f"{origin}: cost_model {cfg.cost_model!r} unknown; choose auto, measured, prior or roofline")
     if cfg.router not in ROUTERS:
@@ -382,6 +399,26 @@ def parse_fleet(data: dict[str, Any], origin: str) -> FleetConfig:
     return cfg
 
 
+def _stack_calibration(data: dict[str, Any], origin: str, base_dir: Path | None) -> StackCalibration | None:
+    """The fleet's ``calibration_file`` (read now, relative to ``base_dir``) or, in a run's
+    recorded fleet, its ``stack_calibration`` values."""
+    from pipeline.stackcal import load_calibration_file, parse_calibration
+
+    if "calibration_file" in data and "stack_calibration" in data:
+        raise ConfigError(f"{origin}: calibration_file and stack_calibration both set: keep one")
+    if "stack_calibration" in data:
+        return parse_calibration(dict(data["stack_calibration"]), f"{origin} [stack_calibration]")
+    if "calibration_file" not in data:
+        return None
+    name = data["calibration_file"]
+    if not name.strip() or "\x00" in name:
+        raise ConfigError(f"{origin}: calibration_file must name a file, got {name!r}")
+    path = Path(name).expanduser()
+    if not path.is_absolute() and base_dir is not None:
+        path = base_dir / path
+    return load_calibration_file(path, f"{origin}: calibration_file = {name!r}")
+
+
 def fleet_from_dict(data: Any, origin: str) -> FleetConfig:
     """The fleet :meth:`FleetConfig.to_dict` wrote (as a run's ``config.json`` records it), checked
     as a fleet file is: its unset keys (null, at the top, in ``engine`` and in ``calibration``)
@@ -389,7 +426,7 @@ def fleet_from_dict(data: Any, origin: str) -> FleetConfig:
     if not isinstance(data, Mapping):
         raise ConfigError(f"{origin}: the recorded fleet must be a table, got {type(data).__name__}")
     raw = {k: v for k, v in data.items() if v is not None}
-    for table in ("engine", "calibration"):
+    for table in ("engine", "calibration", "stack_calibration"):
         if isinstance(raw.get(table), Mapping):
             raw[table] = {k: v for k, v in raw[table].items() if v is not None}
     return parse_fleet(raw, origin)
@@ -407,7 +444,7 @@ def load_fleet(path: Path | str, *, check_profile: bool = True) -> FleetConfig:
     ``cost_model = "measured"`` names a GPU without a measured profile is refused here, naming the
     file, before any work (:func:`check_cost_model`); ``plan`` reads its base fleet without it,
     as it replaces the hardware and skips the candidates without a profile instead."""
-    cfg = parse_fleet(read_toml(path, "fleet file"), str(path))
+    cfg = parse_fleet(read_toml(path, "fleet file"), str(path), Path(path).parent)
     check_calibration_tier(cfg, str(path))
     if check_profile:
         check_cost_model(cfg, str(path))

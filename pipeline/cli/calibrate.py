@@ -7,14 +7,23 @@ from pathlib import Path
 
 import click
 
-from pipeline.cli.common import check_out_of_store, default_store, emit_json, json_option, progress, run
+from pipeline.cli.common import (
+    check_out_of_store,
+    default_store,
+    emit_json,
+    get_store,
+    json_option,
+    progress,
+    run,
+    store_option,
+)
 from pipeline.errors import RooftraceError
 
 
 @click.command("calibrate")
 @click.option(
     "--measurements",
-    required=True,
+    default=None,
     type=click.Path(),
     help="Operator measurements: a folder with AIConfigurator / LLMServingSim sets (builds GPU profiles), "
     "or a Vidur / Splitwise CSV (fits one GPU's roofline factors; needs --hardware).",
@@ -28,9 +37,44 @@ from pipeline.errors import RooftraceError
 @click.option("--out", type=click.Path(), default=None,
               help="Profiles: folder to write <gpu>/ into (default: the catalog's profiles). "
                    "Factors: hardware TOML to write (default: <hardware>-calibrated.toml here).")  # fmt: skip
+@click.option(
+    "--observed",
+    is_flag=True,
+    help="Learn the serving stack's calibration from a day of the fleet's own logs (their observed TTFT / E2E): "
+    "needs --fleet; writes --out (default: <fleet name>-calibration.toml here).",
+)
+@click.option(
+    "--fleet",
+    "fleet_path",
+    type=click.Path(dir_okay=False),
+    default=None,
+    help="--observed: the FLEET.toml of the fleet that served the logs.",
+)
+@click.option(
+    "--date", default=None, help="--observed: the arrival date YYYY-MM-DD (default: the latest in the store)."
+)
+@click.option(
+    "--train-share",
+    type=float,
+    default=0.6,
+    show_default=True,
+    help="--observed: the share of the day's arrivals (by time) that trains; the rest is judged.",
+)
+@store_option
 @json_option
-def calibrate_cmd(measurements: str, hardware: str | None, out: str | None, as_json: bool) -> None:
-    """Build measured GPU profiles from operator tables, or fit one GPU's roofline factors.
+def calibrate_cmd(
+    measurements: str | None,
+    hardware: str | None,
+    out: str | None,
+    observed: bool,
+    fleet_path: str | None,
+    date: str | None,
+    train_share: float,
+    store_path: str | None,
+    as_json: bool,
+) -> None:
+    """Build measured GPU profiles from operator tables, fit one GPU's roofline factors, or learn a
+    serving stack's calibration from a fleet's own logs (--observed).
 
     With AIConfigurator / LLMServingSim sets: writes pipeline/catalog/profiles/<gpu>/ (the rows,
     and profile.toml with their sources, selection, fitted values and held-out errors), then fits
@@ -40,19 +84,43 @@ def calibrate_cmd(measurements: str, hardware: str | None, out: str | None, as_j
 
     Example: rooftrace calibrate --measurements path/to/measurements --hardware h100-sxm
     Example: rooftrace calibrate --measurements perf_model.csv --hardware h100-sxm --out h100-splitwise.toml
+
+    With --observed: replays a day whose logs carry observed latencies on the fleet that served it,
+    fits the stack's scales and per-step overhead on the first part of the day, judges them on the
+    rest, and writes a calibration file a FLEET.toml includes with calibration_file = "CAL.toml";
+    refuses (exit 1, nothing written) when the fleet cannot explain the logs.
+
+    Example: rooftrace calibrate --observed --fleet fleets/prod.toml --date 2025-01-15 --out prod-cal.toml
     """
+
+    if observed or fleet_path is not None:
+        run(lambda: _calibrate_observed(observed, measurements, hardware, fleet_path, date, train_share, out,
+                                        store_path, as_json))  # fmt: skip
+        return
+    misplaced = next((n for n, v in (("--date", date), ("--store", store_path)) if v is not None), None)
+    if misplaced is not None:
+        run(lambda: _refuse(f"{misplaced} is for --observed (a day of the fleet's own logs)"))
+        return
+    if measurements is None:
+        run(
+            lambda: _refuse(
+                "give --measurements DIR (operator tables) or --observed --fleet FLEET.toml (a day of logs)"
+            )
+        )
+        return
+    source_path: str = measurements
 
     def body() -> None:
         from pipeline.cli.validate import refuse_empty
         from pipeline.profile.heldout import has_profile_sets
 
         # an empty path is no path: it would read the current folder, or write the catalog's profiles
-        refuse_empty("--measurements", measurements, "path/to/measurements")
+        refuse_empty("--measurements", source_path, "path/to/measurements")
         refuse_empty("--out", out, "/tmp/profiles")
         check_out_of_store(default_store(), out, "--out")  # (not over the files of the store commands use)
         from pipeline.validate import refuse_part_of_a_set
 
-        source = Path(measurements)
+        source = Path(source_path)
         if not source.exists():
             raise RooftraceError(f"{source}: no such file or folder of measurements")
         if has_profile_sets(source):
@@ -99,6 +167,94 @@ def calibrate_cmd(measurements: str, hardware: str | None, out: str | None, as_j
         )
 
     run(body)
+
+
+def _refuse(message: str) -> None:
+    raise RooftraceError(message)
+
+
+def _calibrate_observed(
+    observed: bool,
+    measurements: str | None,
+    hardware: str | None,
+    fleet_path: str | None,
+    date: str | None,
+    train_share: float,
+    out: str | None,
+    store_path: str | None,
+    as_json: bool,
+) -> None:
+    from pipeline.cli.validate import refuse_empty
+    from pipeline.observed_fit import calibration_toml, fit_store
+    from pipeline.schemas import atomic_write_bytes, check_replaceable
+
+    if not observed:
+        raise RooftraceError("--fleet is for --observed (learn a calibration from a day of the fleet's own logs)")
+    if measurements is not None or hardware is not None:
+        raise RooftraceError("--observed learns from logs: --measurements and --hardware are for operator tables")
+    if fleet_path is None:
+        raise RooftraceError("--observed needs --fleet FLEET.toml (the fleet that served the logs)")
+    refuse_empty("--fleet", fleet_path, "fleets/prod.toml")
+    refuse_empty("--out", out, "prod-calibration.toml")
+    store = get_store(store_path)
+    from pipeline.fleet import load_fleet
+
+    name = load_fleet(fleet_path).name
+    target = Path(out) if out is not None else Path(f"{name}-calibration.toml")
+    check_out_of_store(store, target, "--out")
+    check_replaceable(target)
+    fit = fit_store(store, Path(fleet_path), date, train_share, progress)
+    refusal = fit.refusal()
+    doc = {
+        "calibration": fit.calibration.to_dict(),
+        "fitted": list(fit.fitted),
+        "fixed": list(fit.fixed),
+        "train_requests": fit.n_train,
+        "held_out_requests": fit.n_held_out,
+        "split_at": fit.cut_utc,
+        "in_sample": fit.in_sample,
+        "held_out": fit.held_out,
+        "held_out_uncalibrated": fit.held_out_uncalibrated,
+        "held_out_error": fit.held_out_error,
+        "replays": fit.evaluations,
+        "notes": fit.notes,
+        "written_to": None if refusal else str(target),
+        "refused": refusal,
+    }
+    if refusal is None:
+        try:
+            atomic_write_bytes(target, calibration_toml(fit).encode())
+        except OSError as exc:
+            raise RooftraceError(f"cannot write {target}: {exc.strerror or exc}") from None
+    for note in fit.notes:
+        progress(f"note: {note}")
+    if as_json:
+        emit_json(doc)
+    else:
+        _print_fit(fit, target if refusal is None else None)
+    if refusal is not None:
+        raise RooftraceError(refusal)
+
+
+def _print_fit(fit: object, target: Path | None) -> None:
+    from pipeline.observed import METRICS
+    from pipeline.observed_fit import ObservedFit
+
+    assert isinstance(fit, ObservedFit)
+    click.echo(f"fitted {fit.calibration.text()}  ({', '.join(fit.fitted)}; {fit.evaluations} replays)")
+    click.echo(f"  split: arrivals up to {fit.cut_utc} train ({fit.n_train:,} requests), {fit.n_held_out:,} judged")
+    click.echo("  error (replayed / observed - 1)    mean      p50      p99")
+    for label, table in (
+        ("in sample", fit.in_sample),
+        ("held out", fit.held_out),
+        ("held out, uncalibrated", fit.held_out_uncalibrated),
+    ):
+        for m in METRICS:
+            if m in table:
+                e = table[m]
+                click.echo(f"  {label:24s} {m.upper():5s} {e['mean']:+8.1%} {e['p50']:+8.1%} {e['p99']:+8.1%}")
+    if target is not None:
+        click.echo(f'wrote {target} (include it from a FLEET.toml: calibration_file = "{target.name}")')
 
 
 def _calibrate_profiles(source: Path, hardware: str | None, out: str | None, as_json: bool) -> None:

@@ -604,6 +604,12 @@ def fleet_step_cost(fleet: Any) -> TabulatedCost:
             return replace(
                 cost, describe={**cost.describe, "calibrated_on": f"the fleet's [calibration]: {cal.source}"}
             )
+        stack = fleet.config.stack_calibration
+        if stack is not None:  # learnt from logs (calibrate --observed): on top of the tier
+            from pipeline.stackcal import apply, check_applies
+
+            check_applies(stack, fleet.deployment.hardware.name, cost.source, f"calibration ({stack.source[:120]})")
+            cost = apply(cost, stack)
         return cost
     except ConfigError as exc:
         # name the fleet (a FLEET.toml is refused sooner, by pipeline.fleet.load_fleet, naming its file)

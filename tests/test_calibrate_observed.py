@@ -1,0 +1,329 @@
+"""``calibrate --observed``: a serving stack's calibration learnt from a day of its own logs
+(pipeline/observed_fit.py, pipeline/stackcal.py; docs/calibration.md).
+
+The logs are made by replaying a day with *known* stack parameters and multiplying each
+request's TTFT and decode time by 5 % log-normal noise: the fit must find the parameters again
+(identifiability), predict the held-out part of the day, and carry over to another model on the
+same GPU (transfer)."""
+
+from __future__ import annotations
+
+import math
+import tomllib
+from datetime import UTC, datetime
+from pathlib import Path
+
+import numpy as np
+import polars as pl
+import pytest
+from cli_checks import cli, one_error
+
+from pipeline.errors import ConfigError
+from pipeline.fleet import FleetConfig, fleet_from_dict, load_fleet, resolve
+from pipeline.observed import observed_latencies
+from pipeline.observed_fit import ObservedFit, calibration_toml, fit_requests, latency_errors
+from pipeline.profile.cost import fleet_step_cost
+from pipeline.replay import ReplayOptions, build_workload, run_workload
+from pipeline.slo import request_latencies
+from pipeline.stackcal import StackCalibration, apply, parse_calibration
+from pipeline.steps import StepBatch
+
+#: The stack the synthetic logs come from: 25 % slower linear layers, 20 % faster attention and
+#: 1.5 ms per step more than the H100's measured tables say.
+KNOWN = {"linear_scale": 1.25, "attention_scale": 0.8, "comm_scale": 1.0, "step_overhead_s": 0.0015}
+
+
+def day(
+    model: str, n: int, rate: float, seed: int, prompt_median: float = 4000, output_median: float = 200
+) -> pl.DataFrame:
+    """Canonical requests of one replica's day: Poisson arrivals at ``rate``/s, log-normal prompt
+    and output lengths (prompts 50..30,000 tokens: attention is a real share of the steps)."""
+    rng = np.random.default_rng(seed)
+    t = np.cumsum(rng.exponential(1.0 / rate, n))
+    prompt = np.clip(rng.lognormal(math.log(prompt_median), 1.0, n), 50, 30_000).astype(np.int64)
+    output = np.clip(rng.lognormal(math.log(output_median), 0.8, n), 2, 2_000).astype(np.int64)
+    t0 = int(datetime(2025, 1, 15, tzinfo=UTC).timestamp() * 1e6)
+    none = pl.Series([None] * n, dtype=pl.Utf8)
+    return pl.DataFrame(
+        {
+            "request_id": [f"r{seed}-{i}" for i in range(n)],
+            "arrival": pl.Series(t0 + (t * 1e6).astype(np.int64)).cast(pl.Datetime("us", "UTC")),
+            "recorded_input_tokens": prompt,
+            "output_tokens": output,
+            "model": [model] * n,
+            "adapter": none,
+            "tenant": ["t"] * n,
+            "session_id": none,
+        }
+    )
+
+
+def fleet_of(model: str) -> object:
+    return resolve(FleetConfig(name="obs", model=model, hardware="h100-sxm", replicas=1))
+
+
+def observed_day(model: str, n: int, rate: float, seed: int, stack: dict[str, float] = KNOWN) -> pl.DataFrame:
+    """``day`` with the latencies a fleet running ``stack`` delivered, 5 % noise on each
+    request's TTFT and on its decode time (so E2E ≥ TTFT, as ingest requires)."""
+    frame = day(model, n, rate, seed)
+    fleet = fleet_of(model)
+    work = build_workload(frame, fleet, ReplayOptions())
+    run = run_workload(work, fleet, ReplayOptions(), cost=apply(fleet_step_cost(fleet), stack))
+    lat = request_latencies(run.result, work)
+    rng = np.random.default_rng(seed + 100)
+    ttft = lat["ttft"] * np.exp(rng.normal(0.0, 0.05, n))
+    decode = (lat["e2e"] - lat["ttft"]) * np.exp(rng.normal(0.0, 0.05, n))
+    return frame.with_columns(ttft_s=pl.Series(ttft), e2e_s=pl.Series(ttft + decode))
+
+
+@pytest.fixture(scope="module")
+def fitted() -> ObservedFit:
+    return fit_requests(observed_day("llama-3.1-8b", 3000, 2.0, 1), fleet_of("llama-3.1-8b"), source="synthetic day")
+
+
+def test_identifiability_recovers_the_known_stack(fitted: ObservedFit) -> None:
+    """Known parameters, 5 % noise: each fitted parameter within 5 %, held-out error ≤ 3 %."""
+    got = fitted.calibration.values()
+    assert fitted.fitted == ("linear_scale", "attention_scale", "step_overhead_s")  # no collectives at tp 1
+    for name in fitted.fitted:
+        assert got[name] == pytest.approx(KNOWN[name], rel=0.05), (name, got)
+    assert got["comm_scale"] == 1.0
+    assert fitted.held_out_error <= 0.03, fitted.held_out
+    for m in ("ttft", "tpot", "e2e"):
+        assert abs(fitted.held_out[m]["p50"]) <= 0.03, (m, fitted.held_out[m])
+    # the tables alone are 20-35 % fast on this stack: the fit is what closes the gap
+    assert fitted.held_out_uncalibrated["tpot"]["mean"] < -0.2
+    assert fitted.n_train + fitted.n_held_out == 3000 and fitted.n_train == 1800
+    assert fitted.refusal() is None
+
+
+def test_transfer_to_another_model_on_the_same_gpu(fitted: ObservedFit) -> None:
+    """The calibration learnt on Llama-3.1-8B's day predicts Qwen3-8B's day on the same GPU and
+    stack better than the uncalibrated tables, within 3 % on every mean."""
+    frame = observed_day("qwen3-8b", 1500, 2.0, 7)
+    fleet = fleet_of("qwen3-8b")
+    work = build_workload(frame, fleet, ReplayOptions())
+    obs = observed_latencies(frame)
+    everyone = np.ones(frame.height, dtype=bool)
+    errors = {}
+    for label, cost in (
+        ("calibrated", apply(fleet_step_cost(fleet), fitted.calibration)),
+        ("tables", fleet_step_cost(fleet)),
+    ):
+        run = run_workload(work, fleet, ReplayOptions(), cost=cost)
+        errors[label] = latency_errors(request_latencies(run.result, work), obs, everyone)
+    for m in ("ttft", "tpot", "e2e"):
+        assert abs(errors["calibrated"][m]["mean"]) < abs(errors["tables"][m]["mean"]), (m, errors)
+        assert abs(errors["calibrated"][m]["mean"]) <= 0.03, (m, errors["calibrated"])
+
+
+def test_a_fleet_that_cannot_explain_the_logs_is_refused() -> None:
+    """Logs measured behind a gateway that adds 5 s to every request: no bounded calibration
+    explains them, so the fit says why instead of writing one."""
+    frame = observed_day("llama-3.1-8b", 400, 2.0, 3)
+    frame = frame.with_columns(pl.col("ttft_s") + 5.0, pl.col("e2e_s") + 5.0)
+    fit = fit_requests(frame, fleet_of("llama-3.1-8b"))
+    assert fit.held_out_error > 0.25
+    why = fit.refusal()
+    assert why is not None and "cannot explain the logs" in why and "replicas" in why and "router" in why
+
+
+def test_too_few_observed_latencies_is_one_clear_error() -> None:
+    frame = day("llama-3.1-8b", 300, 2.0, 4).with_columns(
+        ttft_s=pl.lit(None, pl.Float64), e2e_s=pl.lit(None, pl.Float64)
+    )
+    with pytest.raises(Exception, match="only 0 of 300 requests carry observed latencies"):
+        fit_requests(frame, fleet_of("llama-3.1-8b"))
+
+
+# --- the calibration applied to the step cost ------------------------------------------------------
+
+
+def test_apply_scales_each_part_of_a_step() -> None:
+    """Hand check on the measured tier: linear ×2 doubles the token tables' compute, memory and
+    floor seconds, attention ×0.5 halves the grids' attention, comm ×3 triples collectives, and
+    the overhead adds its seconds to every step with tokens (and to the GPU time, so the time of
+    a step whose host time was not showing grows by exactly that much)."""
+    fleet = resolve(FleetConfig(name="a", model="llama-3.1-70b", hardware="h100-sxm", tp=4))
+    base = fleet_step_cost(fleet)
+    cal = {"linear_scale": 2.0, "attention_scale": 0.5, "comm_scale": 3.0, "step_overhead_s": 0.004}
+    got = apply(base, cal)
+    np.testing.assert_allclose(got.tok[:, [0, 1, 3]], 2.0 * base.tok[:, [0, 1, 3]])
+    np.testing.assert_allclose(got.tok[:, 2], 3.0 * base.tok[:, 2])
+    np.testing.assert_array_equal(got.tok[:, 7], base.tok[:, 7])  # host seconds: not the GPU's
+    assert got.scalars[2] == pytest.approx(0.5 * base.scalars[2])
+    assert got.scalars[3] == pytest.approx(base.scalars[3] + 0.004)
+    batch = StepBatch(
+        prefill_tokens=np.array([0.0, 2048.0]),
+        prefill_seqs=np.array([0.0, 1.0]),
+        prefill_attn_pairs=np.array([0.0, 2048 * 2049 / 2]),
+        prefill_kv_tokens=np.array([0.0, 2048.0]),
+        decode_seqs=np.array([64.0, 0.0]),
+        decode_ctx_tokens=np.array([64 * 3000.0, 0.0]),
+    )
+    a, b = base(batch), got(batch)
+    np.testing.assert_allclose(b.comm_s, 3.0 * a.comm_s, rtol=1e-12)
+    assert np.all(b.time_s > a.time_s)
+    one = apply(base, {"step_overhead_s": 0.004})(batch)
+    hidden = (a.overhead_s - base.scalars[3]) > 1e-12  # steps whose host time showed
+    np.testing.assert_allclose(one.time_s[~hidden], a.time_s[~hidden] + 0.004, rtol=1e-12)
+    # an extension of the tables (a step past them) keeps the calibration
+    big = got.extend(got.max_tokens * 2) if got.extend is not None else None
+    assert big is not None and big.describe["stack_calibration"]["linear_scale"] == 2.0
+    assert apply(base, {}) is base  # no change: the same cost
+
+
+def test_calibration_toml_round_trip(fitted: ObservedFit, tmp_path: Path) -> None:
+    """The written file is read back by a FLEET.toml's calibration_file, recorded by value in the
+    run's fleet, and its [fit] and [errors] say what was measured."""
+    cal_path = tmp_path / "cal" / "stack.toml"
+    cal_path.parent.mkdir()
+    cal_path.write_text(calibration_toml(fitted))
+    doc = tomllib.loads(cal_path.read_text())
+    assert doc["fit"]["train_requests"] == 1800 and doc["fit"]["held_out_error"] == pytest.approx(fitted.held_out_error)
+    assert doc["errors"]["held_out"]["tpot"]["mean"] == pytest.approx(fitted.held_out["tpot"]["mean"])
+    assert doc["calibration"]["source"] == "synthetic day"
+    fleet_file = tmp_path / "fleet.toml"
+    fleet_file.write_text(
+        'name = "f"\nmodel = "qwen3-8b"\nhardware = "h100-sxm"\ncalibration_file = "cal/stack.toml"\n'
+    )
+    cfg = load_fleet(fleet_file)
+    assert cfg.stack_calibration == fitted.calibration
+    recorded = cfg.to_dict()
+    assert "calibration_file" not in recorded and recorded["stack_calibration"]["linear_scale"] == pytest.approx(
+        fitted.calibration.linear_scale
+    )
+    assert fleet_from_dict(recorded, "config.json").stack_calibration == fitted.calibration
+    assert "stack_calibration" not in FleetConfig(name="g", model="qwen3-8b", hardware="h100-sxm").to_dict()
+    cost = fleet_step_cost(resolve(cfg))
+    assert cost.describe["stack_calibration"]["linear_scale"] == pytest.approx(fitted.calibration.linear_scale)
+
+
+def _cal(**over: object) -> dict[str, object]:
+    base: dict[str, object] = {"source": "s", "hardware": "h100-sxm", "cost_tier": "measured", "linear_scale": 1.1}
+    base.update(over)
+    return base
+
+
+@pytest.mark.parametrize(
+    ("table", "message"),
+    [
+        (_cal(linear_scale=float("nan")), "linear_scale must be in [0.25, 4]"),
+        (_cal(linear_scale=9.0), "linear_scale must be in [0.25, 4]"),
+        (_cal(step_overhead_s=-1.0), "step_overhead_s must be in [0, 0.02]"),
+        (_cal(attention_scale="1.0"), "attention_scale must be a number"),
+        (_cal(attention_scale=True), "attention_scale must be a number"),
+        (_cal(hardware=""), "hardware is required"),
+        (_cal(speed=2.0), "unknown key(s) ['speed']"),
+    ],
+)
+def test_bad_calibration_values_name_the_key(table: dict[str, object], message: str) -> None:
+    with pytest.raises(ConfigError) as exc:
+        parse_calibration(table, "cal.toml [calibration]")
+    assert message in str(exc.value) and "cal.toml [calibration]" in str(exc.value)
+
+
+def _write_cal(path: Path, **over: object) -> None:
+    lines = ["[calibration]"] + [
+        f"{k} = {v!r}" if not isinstance(v, str) else f'{k} = "{v}"' for k, v in _cal(**over).items()
+    ]
+    path.write_text("\n".join(lines) + "\n")
+
+
+def test_fleet_file_errors_name_the_file_and_key(tmp_path: Path) -> None:
+    fleet = tmp_path / "fleet.toml"
+    head = 'name = "f"\nmodel = "llama-3.1-8b"\nhardware = "h100-sxm"\n'
+    fleet.write_text(head + 'calibration_file = "missing.toml"\n')
+    with pytest.raises(ConfigError, match=r"fleet.toml: calibration_file = 'missing.toml'"):
+        load_fleet(fleet)
+    _write_cal(tmp_path / "l40s.toml", hardware="l40s")
+    fleet.write_text(head + 'calibration_file = "l40s.toml"\n')
+    with pytest.raises(ConfigError, match="fitted on 'l40s', this fleet runs 'h100-sxm'"):
+        fleet_step_cost(resolve(load_fleet(fleet)))
+    _write_cal(tmp_path / "roof.toml", cost_tier="roofline")
+    fleet.write_text(head + 'calibration_file = "roof.toml"\n')
+    with pytest.raises(ConfigError, match="fitted on the 'roofline' cost tier"):
+        fleet_step_cost(resolve(load_fleet(fleet)))
+    _write_cal(tmp_path / "ok.toml")
+    fleet.write_text(head + 'calibration_file = "ok.toml"\n[calibration]\nsource = "x"\ncompute_efficiency = 0.5\n')
+    with pytest.raises(ConfigError, match="keep one"):
+        load_fleet(fleet)
+    (tmp_path / "notcal.toml").write_text("[other]\nx = 1\n")
+    fleet.write_text(head + 'calibration_file = "notcal.toml"\n')
+    with pytest.raises(ConfigError, match="has no \\[calibration\\] table"):
+        load_fleet(fleet)
+    fleet.write_text(head + 'calibration_file = "ok.toml"\n')
+    assert load_fleet(fleet).stack_calibration == StackCalibration(
+        source="s", hardware="h100-sxm", cost_tier="measured", linear_scale=1.1
+    )
+
+
+# --- the command ---------------------------------------------------------------------------------
+
+
+def test_cli_calibrates_a_stored_day_and_a_fleet_includes_the_file(tmp_path: Path) -> None:
+    """Logs in the OpenAI logged-pairs format (which carry TTFT and E2E) of a day served by a
+    stack with known parameters: ``calibrate --observed`` writes the calibration file, a fleet
+    includes it and replays with it; a second run with 5 s added by a gateway is refused, exit 1,
+    nothing written."""
+    from pipeline.ingest import ingest_logs
+    from pipeline.store import Store
+    from pipeline.synth import SynthConfig, generate, write_logs
+
+    synth = generate(
+        SynthConfig(requests=700, seed=11, duration_s=900, tenants=1, models=("llama-3.1-8b",), diurnal=False)
+    )
+    write_logs(synth, "openai", tmp_path / "raw.jsonl")
+    raw = Store(tmp_path / "raw")
+    ingest_logs([tmp_path / "raw.jsonl"], raw)
+    frame = raw.read_requests(None)
+    fleet_file = tmp_path / "fleet.toml"
+    fleet_file.write_text('name = "prod"\nmodel = "llama-3.1-8b"\nhardware = "h100-sxm"\n')
+    fleet = resolve(load_fleet(fleet_file))
+    work = build_workload(frame, fleet, ReplayOptions())
+    lat = request_latencies(
+        run_workload(work, fleet, ReplayOptions(), cost=apply(fleet_step_cost(fleet), KNOWN)).result, work
+    )
+    # the stored id is the log's ("chatcmpl-" + the synthetic id)
+    ids = frame["request_id"].str.strip_prefix("chatcmpl-")
+    served = pl.DataFrame({"request_id": ids, "ttft": lat["ttft"], "e2e": lat["e2e"]})
+    assert served.join(synth, on="request_id").height == synth.height
+    for name, extra in (("good", 0.0), ("gateway", 5.0)):
+        logs = (
+            synth.drop("ttft_s", "e2e_s")
+            .join(served, on="request_id")
+            .with_columns(ttft_s=pl.col("ttft") + extra, e2e_s=pl.col("e2e") + extra)
+        )
+        write_logs(logs.drop("ttft", "e2e"), "openai", tmp_path / f"{name}.jsonl")
+        ingest_logs([tmp_path / f"{name}.jsonl"], Store(tmp_path / name))
+    out = tmp_path / "prod-cal.toml"
+    res = cli(
+        "calibrate", "--observed", "--fleet", str(fleet_file), "--store", str(tmp_path / "good"), "--out", str(out)
+    )
+    assert res.exit_code == 0, res.output
+    assert "held out" in res.stdout and f"wrote {out}" in res.stdout
+    doc = tomllib.loads(out.read_text())
+    assert doc["calibration"]["hardware"] == "h100-sxm" and "prod" in doc["calibration"]["source"]
+    assert doc["fit"]["held_out_error"] <= 0.05
+    included = tmp_path / "included.toml"
+    included.write_text(
+        f'name = "prod2"\nmodel = "llama-3.1-8b"\nhardware = "h100-sxm"\ncalibration_file = "{out.name}"\n'
+    )
+    res = cli("replay", "--fleet", str(included), "--store", str(tmp_path / "good"), "--json")
+    assert res.exit_code == 0, res.output
+    refused = tmp_path / "refused.toml"
+    res = cli(
+        "calibrate",
+        "--observed",
+        "--fleet",
+        str(fleet_file),
+        "--store",
+        str(tmp_path / "gateway"),
+        "--out",
+        str(refused),
+    )
+    one_error(res, "cannot explain the logs")
+    assert not refused.exists()
+    one_error(cli("calibrate", "--fleet", str(fleet_file)), "--fleet is for --observed")
+    one_error(cli("calibrate", "--observed", "--measurements", str(tmp_path)), "--observed learns from logs")
+    one_error(cli("calibrate"), "give --measurements DIR")
