@@ -546,3 +546,32 @@ def test_all_reduce_rows_of_other_dtypes_are_not_read(tmp_path: Path) -> None:
     m = read_measurements(root)
     assert m.get("allreduce").height == f.height
     assert any("no allreduce_dtype column" in n for n in m.notes)
+
+
+def test_repeats_with_no_majority_leave_the_file_out(tmp_path: Path) -> None:
+    """Every dense.csv row again at 100x its time (a unit mix-up, µs against ms): the median of two
+    repeats 100x apart is a time nobody measured, so the file is left out and said, while the
+    bundle's other files are read (hostile round 13)."""
+    from pipeline.profile.sources import read_measurements
+
+    src = _llmss(tmp_path / "m")
+    dense = next(src.rglob("dense.csv"))
+    rows = dense.read_text().splitlines()
+    scaled = [f"{op},{t},{float(v) * 100}" for op, t, v in (r.split(",") for r in rows[1:])]
+    dense.write_text("\n".join(rows + scaled) + "\n")
+    meas = read_measurements(src)
+    said = [n for n in meas.skipped if "dense.csv" in n]
+    assert len(said) == 1 and "65 of the 65 operator sizes measured more than once have no majority" in said[0]
+    assert "the file is left out" in said[0]
+    assert meas.get("model_ops").filter(pl.col("source").str.contains("dense.csv")).height == 0
+    assert meas.get("gemm").height == 0  # the bundle's GEMMs come from dense.csv
+    assert meas.get("attn_mixed").height > 0  # attention.csv is still read
+    # one of three repeats off (x1, x1.1, x1000): the median is a measured time, kept and noted
+    src2 = _llmss(tmp_path / "m2")
+    dense2 = next(src2.rglob("dense.csv"))
+    rows = dense2.read_text().splitlines()
+    extra = [f"{op},{t},{float(v) * x}" for op, t, v in (r.split(",") for r in rows[1:]) for x in (1.1, 1000.0)]
+    dense2.write_text("\n".join(rows + extra) + "\n")
+    meas2 = read_measurements(src2)
+    assert not [n for n in meas2.skipped if "dense.csv" in n]
+    assert meas2.get("model_ops").filter(pl.col("source").str.contains("dense.csv")).height == 3 * 65

@@ -343,13 +343,49 @@ def repeats_note(
     )
 
 
-def _repeats(frame: pl.DataFrame, path: Path, out: Measurements, gpu: str, what: str) -> None:
-    """:func:`repeats_note` over a profile table (its key: every column but the time), said once."""
+#: Repeats of one measurement more than this far apart (max / min) contradict each other: no
+#: kernel's time varies tenfold between runs of one shape (:func:`_repeats`).
+CONTRADICTORY_SPREAD = 10.0
+
+
+def _repeats(frame: pl.DataFrame, path: Path, out: Measurements, gpu: str, what: str) -> bool:
+    """:func:`repeats_note` over a profile table (its key: every column but the time), said once.
+    Returns True when the table contradicts itself — for more than half of its repeated keys, no
+    majority of the repeats lies within :data:`CONTRADICTORY_SPREAD` of their median (two runs
+    100x apart: a unit mix-up, or two sets in one file) — after saying so as a skipped file: the
+    caller leaves the table out, as such a median is a time nobody measured. Repeats where most
+    agree and one is off keep their median (a measured value), and are only noted."""
     keys = [c for c in frame.columns if c != "time_s"]
     shown = [k for k in keys if k not in ("gpu", "set", "source", "model", "tp")]
+    if frame.height and not frame.select(keys).is_unique().all():
+        med = pl.col("time_s").median().over(keys)
+        ratio = pl.max_horizontal(pl.col("time_s"), med) / pl.min_horizontal(pl.col("time_s"), med)
+        g = (
+            frame.with_columns((ratio <= CONTRADICTORY_SPREAD).alias("__near"))
+            .group_by(keys, maintain_order=True)
+            .agg(
+                pl.len().alias("__n"),
+                pl.col("__near").sum().alias("__agree"),
+                pl.col("time_s").min().alias("__lo"),
+                pl.col("time_s").max().alias("__hi"),
+            )
+        )
+        repeated = g.filter(pl.col("__n") > 1)
+        split = repeated.filter(pl.col("__agree") * 2 <= pl.col("__n"))
+        if split.height * 2 > repeated.height:
+            r = split.row(0, named=True)
+            out.skip(
+                gpu,
+                f"{path}: {split.height} of the {repeated.height} {what}s measured more than once have no majority "
+                f"of their repeats within {CONTRADICTORY_SPREAD:g}x of each other, e.g. "
+                f"{', '.join(f'{k}={r[k]}' for k in shown)}: {r['__n']} rows from {r['__lo']:.4g} s to "
+                f"{r['__hi']:.4g} s; a unit mix-up or two sets in one file: the file is left out",
+            )
+            return True
     note = repeats_note(frame, keys, ["time_s"], path, what, shown=shown)
     if note is not None:
         out.note(gpu, note)
+    return False
 
 
 def _median_of_repeats(frame: pl.DataFrame) -> pl.DataFrame:
@@ -391,7 +427,8 @@ def read_aiconfigurator(root: Path, out: Measurements) -> None:
             return [pl.lit(gpu).alias("gpu"), pl.lit("aiconfigurator").alias("set"), pl.lit(src(path)).alias("source")]
 
         def add(fam: str, frame: pl.DataFrame, path: Path, what: str, gpu: str = gpu) -> None:
-            _repeats(frame, path, out, gpu, what)
+            if _repeats(frame, path, out, gpu, what):
+                return
             out.files.append(src(path))
             out.add(fam, frame)
 
@@ -649,10 +686,13 @@ def read_llmservingsim(root: Path, out: Measurements) -> None:
         if dense.exists():
             f = _read_csv(dense, ["layer", "tokens", "time_us"])
             c = _checked(f, dense, out, gpu, time=us, ints={"tokens": (1, MAX_SIZE)}, labels=("layer",), csv=True)
-            if c is not None:
+            ops = (
+                None
+                if c is None
+                else c.select(*ident(dense), pl.col("layer").alias("op"), pl.col("tokens").alias("size"), "time_s")
+            )
+            if ops is not None and not _repeats(ops, dense, out, gpu, "operator size"):
                 out.files.append(src(dense))
-                ops = c.select(*ident(dense), pl.col("layer").alias("op"), pl.col("tokens").alias("size"), "time_s")
-                _repeats(ops, dense, out, gpu, "operator size")
                 out.add("model_ops", ops)
                 shapes = gemm_shapes(model, tp)
                 rows = [
@@ -674,12 +714,13 @@ def read_llmservingsim(root: Path, out: Measurements) -> None:
         if per_seq.exists():
             f = _read_csv(per_seq, ["layer", "sequences", "time_us"])
             c = _checked(f, per_seq, out, gpu, time=us, ints={"sequences": (1, MAX_SIZE)}, labels=("layer",), csv=True)
-            if c is not None:
+            ops = (
+                None
+                if c is None
+                else c.select(*ident(per_seq), pl.col("layer").alias("op"), pl.col("sequences").alias("size"), "time_s")
+            )
+            if ops is not None and not _repeats(ops, per_seq, out, gpu, "operator size"):
                 out.files.append(src(per_seq))
-                ops = c.select(
-                    *ident(per_seq), pl.col("layer").alias("op"), pl.col("sequences").alias("size"), "time_s"
-                )
-                _repeats(ops, per_seq, out, gpu, "operator size")
                 out.add("model_ops", ops)
         attn = tp_dir / "attention.csv"
         if attn.exists():
@@ -701,41 +742,43 @@ def read_llmservingsim(root: Path, out: Measurements) -> None:
                     "kv_decode",
                     "time_s",
                 )
-                _repeats(mixed, attn, out, gpu, "batch")
-                # the mixed-batch ratio grid averages log ratios per cell: repeats of one batch
-                # enter it once, at their median (as every other table's lookup takes them)
-                mixed = _median_of_repeats(mixed)
-                out.add("attn_mixed", mixed)
-                head: list[str | pl.Expr] = [
-                    "gpu",
-                    "set",
-                    "source",
-                    pl.lit("bf16").alias("kv_dtype"),
-                    pl.lit("vllm eager (attention.csv)").alias("kernel"),
-                    "nq",
-                    "nkv",
-                    "d",
-                ]
-                out.add(
-                    "attn_decode",
-                    mixed.filter((pl.col("chunk") == 0) & (pl.col("n_decode") > 0)).select(
-                        *head,
-                        pl.col("n_decode").alias("batch"),
-                        pl.col("kv_decode").alias("ctx"),
-                        "time_s",
-                    ),
-                )
-                out.add(
-                    "attn_prefill",
-                    mixed.filter(
-                        (pl.col("chunk") > 0) & (pl.col("kv_prefill") == 0) & (pl.col("n_decode") == 0)
-                    ).select(
-                        *head,
-                        pl.lit(1).cast(pl.Int64).alias("batch"),
-                        pl.col("chunk").alias("isl"),
-                        "time_s",
-                    ),
-                )
+                if _repeats(mixed, attn, out, gpu, "batch"):
+                    out.files.remove(src(attn))
+                else:
+                    # the mixed-batch ratio grid averages log ratios per cell: repeats of one batch
+                    # enter it once, at their median (as every other table's lookup takes them)
+                    mixed = _median_of_repeats(mixed)
+                    out.add("attn_mixed", mixed)
+                    head: list[str | pl.Expr] = [
+                        "gpu",
+                        "set",
+                        "source",
+                        pl.lit("bf16").alias("kv_dtype"),
+                        pl.lit("vllm eager (attention.csv)").alias("kernel"),
+                        "nq",
+                        "nkv",
+                        "d",
+                    ]
+                    out.add(
+                        "attn_decode",
+                        mixed.filter((pl.col("chunk") == 0) & (pl.col("n_decode") > 0)).select(
+                            *head,
+                            pl.col("n_decode").alias("batch"),
+                            pl.col("kv_decode").alias("ctx"),
+                            "time_s",
+                        ),
+                    )
+                    out.add(
+                        "attn_prefill",
+                        mixed.filter(
+                            (pl.col("chunk") > 0) & (pl.col("kv_prefill") == 0) & (pl.col("n_decode") == 0)
+                        ).select(
+                            *head,
+                            pl.lit(1).cast(pl.Int64).alias("batch"),
+                            pl.col("chunk").alias("isl"),
+                            "time_s",
+                        ),
+                    )
         moe = tp_dir / "moe.csv"
         if moe.exists():
             f = _read_csv(moe, ["tokens", "activated_experts", "time_us"])
