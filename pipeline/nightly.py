@@ -38,6 +38,7 @@ from pipeline.report import (
     _script_json,
     attention,
     build_report,
+    drift_phrase,
     options_text,
     overload_phrase,
     slo_phrase,
@@ -95,6 +96,8 @@ class NightlyResult:
                 parts.append(w.split(", but")[0] + ", priced as one node (latencies optimistic)")
             elif isinstance(w, str) and w.startswith("MODEL MIX"):
                 parts.append(w.split(";")[0])
+        if h.get("drift"):  # the replay is off the latencies the real fleet delivered
+            parts.append(drift_phrase(h))
         ttft = h.get("ttft_p99_s")
         parts.append(
             f"p99 TTFT of finished {format_seconds(ttft) if ttft is not None else 'n/a'}, "
@@ -334,9 +337,10 @@ def _headlines(reports_dir: Path, patterns: Sequence[str]) -> list[dict[str, Any
 
 
 def _status(n: dict[str, Any]) -> str:
-    """The index's failures cell: rejections, overload, the SLO and quarantined log rows; red
-    when any needs acting on (a quarantined share of at least QUARANTINE_FLAG_SHARE included),
-    amber when log rows were quarantined below it, green otherwise."""
+    """The index's failures cell: rejections, overload, the SLO, quarantined log rows and a
+    replay that drifted from the observed latencies; red when any needs acting on (a quarantined
+    share of at least QUARANTINE_FLAG_SHARE included), amber when log rows were quarantined below
+    it or the replay drifted, green otherwise."""
     bits = []
     if n.get("rejected"):
         bits.append(f"{n['rejected']:,} rejected")
@@ -350,7 +354,9 @@ def _status(n: dict[str, Any]) -> str:
         bits.append(f"{quarantined:,} of {int(n.get('ingest_rows_read') or 0):,} log rows quarantined ({share})")
     if n.get("ingest_rows_duplicate"):
         bits.append(f"{int(n['ingest_rows_duplicate']):,} duplicate rows")
-    cls = "bad" if attention(n) else ("warn" if quarantined else "good")
+    if n.get("drift"):
+        bits.append(drift_phrase(n))
+    cls = "bad" if attention(n) else ("warn" if quarantined or n.get("drift") else "good")
     return f'<td class="{cls}">{html.escape("; ".join(bits) or "ok")}</td>'
 
 

@@ -10,6 +10,7 @@ with ``<`` escaped, so no log line can inject markup or script.
 
 from __future__ import annotations
 
+import contextlib
 import html
 import json
 import math
@@ -36,6 +37,7 @@ from pipeline.slo import (
     format_seconds,
     overload_from_dict,
     overload_text,
+    percentile,
     plain_number,
     share_text,
     traffic_span,
@@ -167,6 +169,9 @@ class Chart:
     #: Why there is nothing to draw (every dataset empty: no request finished, say); the page
     #: shows this note instead of the chart and no PNG is made.
     empty: str | None = None
+    #: Drawn inside a section of its own (its place is ``<div ... id="chart-KEY">`` in that
+    #: section's HTML), not as a chart section of its own.
+    inline: bool = False
 
 
 NO_DATA = "No data to draw"
@@ -211,7 +216,7 @@ class ReportResult:
         """What the command says on stderr before its line: a STALE run (the store's requests of
         its date changed since it ran), and an overloaded run's not-valid unit costs."""
         h = self.headline
-        return [str(h[k]) for k in ("stale_note", "unit_costs_note") if h.get(k)]
+        return [str(h[k]) for k in ("stale_note", "unit_costs_note", "drift_note") if h.get(k)]
 
     def line(self) -> str:
         """The command's summary line: where the report is, failures first."""
@@ -221,6 +226,8 @@ class ReportResult:
             bits.append("the fleet fell behind the traffic ($ per token not valid)")
         if h.get("ingest_note") and not h.get("quarantine_flagged"):
             bits.append(f"{int(h.get('ingest_rows_quarantined') or 0):,} log rows quarantined")
+        if h.get("drift"):
+            bits.append(drift_phrase(h))
         text = f"report: {self.path} ({len(self.charts)} charts, {self.seconds:.1f} s)"
         if bits:
             text += "; needs attention: " + ", ".join(bits)
@@ -912,6 +919,9 @@ def _health_cards(h: dict[str, Any]) -> list[tuple[str, str, str, str]]:
             "bad" if rej else "good",
         )
     )
+    observed = _observed_card(h)
+    if observed is not None:
+        out.append(observed)
     read = h.get("ingest_rows_read")
     if read:
         quarantined = int(h.get("ingest_rows_quarantined") or 0)
@@ -976,6 +986,23 @@ def _health_cards(h: dict[str, Any]) -> list[tuple[str, str, str, str]]:
     else:
         out.append(("Overload", "none", "the waiting queue never held a lasting backlog", "good"))
     return out
+
+
+def _observed_card(h: dict[str, Any]) -> tuple[str, str, str, str] | None:
+    """The "Predicted vs observed" card: the day-level p50 errors against the logs' own latencies,
+    red on drift (:data:`DRIFT_LIMIT`); None for a run not compared (no observed latency, a what-if)."""
+    if not h.get("observed_compared"):
+        return None
+    if not h.get("observed_matched"):
+        return ("Predicted vs observed", "no match", str(h.get("observed_note") or ""), "warn")
+    value = " · ".join(f"p50 {label} {_signed(h.get(f'observed_{short}_p50_error'))}" for short, _, label in COMPARED)
+    note = (
+        f"replayed / observed − 1 over the {int(h.get('observed_matched') or 0):,} requests matched; drift limit "
+        f"±{DRIFT_LIMIT:.0%} on the p50s; see Predicted vs observed"
+    )
+    if h.get("drift"):
+        return ("Predicted vs observed", f"DRIFT: {value}", note, "bad")
+    return ("Predicted vs observed", value, note, "good")
 
 
 def _cards(h: dict[str, Any]) -> list[tuple[str, str, str, str]]:
@@ -1197,9 +1224,11 @@ def render_html(
     extra_sections: list[tuple[str, str]],
     bundle: str,
     charts_note: str | None = None,
+    lead: str = "",
 ) -> str:
     """The page. ``charts_note``: why the charts cannot be drawn (:func:`charts_blocked`), said
-    in each chart's place instead of it."""
+    in each chart's place instead of it. ``lead``: sections shown right below the cards, before
+    the charts (the "Predicted vs observed" section); an ``inline`` chart's place is in it."""
     cards = "".join(
         f'<div class="card {cls}"><span>{html.escape(name)}</span><b>{html.escape(value)}</b>'
         f"<span>{html.escape(note)}</span></div>"
@@ -1211,6 +1240,9 @@ def render_html(
     stale = headline.get("stale_note")
     warnings = [html.escape(str(stale))] if stale else []  # first: what the figures below are of
     warnings += failures
+    drift = headline.get("drift_note")
+    if drift:  # the replay is off the real fleet's own latencies: its figures are in question
+        warnings.append(f'{html.escape(str(drift))} <a href="#{OBSERVED_ANCHOR}">(section)</a>')
     note = headline.get("ingest_note")
     ingest = f'{html.escape(note)} <a href="#{INGEST_ANCHOR}">(table)</a>' if note else ""
     if note and (headline.get("quarantine_flagged") or warnings):  # said in the banner when it has one
@@ -1221,6 +1253,8 @@ def render_html(
             if failures
             else "This run is STALE: its date's requests changed in the store since it ran"
             if stale
+            else "The replay has drifted from the latencies the real fleet delivered"
+            if drift
             else "This day's logs need attention"
         )
         banner = f'<div class="alert"><b>{heading}</b><ul>' + "".join(f"<li>{w}</li>" for w in warnings) + "</ul></div>"
@@ -1232,17 +1266,23 @@ def render_html(
         )
         if note:
             banner += f'<div class="note">{ingest}</div>'
+
+    def place(c: Chart) -> str:
+        if c.empty:
+            return f'<p class="nodata" id="nodata-{html.escape(c.key)}">{html.escape(c.empty)}</p>'
+        if charts_note:
+            return f'<p class="nodata" id="nochart-{html.escape(c.key)}">{html.escape(charts_note)}</p>'
+        return f'<div class="chart" id="chart-{html.escape(c.key)}"></div>'
+
+    for c in charts:
+        if c.inline:
+            lead = lead.replace(f'<div class="chart" id="chart-{html.escape(c.key)}"></div>', place(c))
     sections = "".join(
         f'<section><h2>{html.escape(c.title)}</h2><p class="def">{html.escape(c.definition)}</p>'
-        + (
-            f'<p class="nodata" id="nodata-{html.escape(c.key)}">{html.escape(c.empty)}</p>'
-            if c.empty
-            else f'<p class="nodata" id="nochart-{html.escape(c.key)}">{html.escape(charts_note)}</p>'
-            if charts_note
-            else f'<div class="chart" id="chart-{html.escape(c.key)}"></div>'
-        )
+        + place(c)
         + "</section>"
         for c in charts
+        if not c.inline
     )
     extra = "".join(
         f"<section{' id=' + INGEST_ANCHOR if t.startswith(INGEST_TITLE) else ''}>"
@@ -1256,7 +1296,7 @@ def render_html(
         f"<title>{html.escape(title)}</title><style>{_CSS}</style>"
         f"<script>{safe_bundle}</script></head><body>"
         f"<h1>{html.escape(title)}</h1><p class=sub>{html.escape(subtitle)}</p>"
-        f'{banner}<div class="cards">{cards}</div>{sections}{extra}'
+        f'{banner}<div class="cards">{cards}</div>{lead}{sections}{extra}'
         f"<script>const SPECS = {_script_json(specs)};\n"
         "for (const [id, spec] of Object.entries(SPECS)) {\n"
         "  vegaEmbed('#' + id, spec, {actions: false, renderer: 'svg'}).catch((e) => {\n"
@@ -1541,6 +1581,410 @@ def fleet_text(config: dict[str, Any]) -> str:
     )
 
 
+# --- predicted vs observed ----------------------------------------------------------------------
+
+#: The drift rule: a night's replay has drifted from the real fleet when the day-level p50 TTFT or
+#: p50 TPOT it predicts is more than this far from the observed one (|replayed / observed − 1| >
+#: DRIFT_LIMIT), each judged over at least :data:`DRIFT_MIN_SAMPLES` compared requests.
+DRIFT_LIMIT = 0.10
+#: Fewer compared requests than this leave a metric's drift unjudged (said, never a warning).
+DRIFT_MIN_SAMPLES = 10
+#: The earlier nights the trend reads at most (newest first).
+TREND_NIGHTS = 30
+#: The metrics compared (of :data:`pipeline.observed.METRICS`), as the query names them.
+COMPARED = (("ttft", "ttft_s", "TTFT"), ("tpot", "tpot_s", "TPOT"))
+OBSERVED_QUERY = "predicted_vs_observed"
+OBSERVED_TITLE = "Predicted vs observed"
+OBSERVED_ANCHOR = "predicted-vs-observed"
+#: The columns of the per-hour table, as the named query returns them.
+OBSERVED_COLUMNS = (
+    "hour",
+    "metric",
+    "matched",
+    "unfinished",
+    "not_compared",
+    "samples",
+    "observed_p50_s",
+    "replayed_p50_s",
+    "p50_error",
+    "observed_p99_s",
+    "replayed_p99_s",
+    "p99_error",
+)
+
+
+@dataclass
+class ObservedComparison:
+    """A run's replayed latencies against the observed ones of its date's logs (the numbers of
+    the named query :data:`OBSERVED_QUERY`, computed here with :mod:`pipeline.observed` and
+    :func:`pipeline.slo.percentile`), with the counts of what could not be compared."""
+
+    #: One row per hour (UTC, 'YYYY-MM-DD HH:00') and metric, then the day ('all'): OBSERVED_COLUMNS.
+    rows: Rows
+    store_requests: int
+    run_requests: int
+    #: Store requests of the date carrying an observed TTFT or E2E (pipeline.observed.observed_count).
+    observed_requests: int
+    matched: int
+    #: Matched requests the replay rejected or did not finish: counted, never compared.
+    unfinished: int
+    #: Ids logged (or replayed) more than once: left out, as they cannot be paired.
+    ambiguous_ids: int
+
+    def day(self, metric: str) -> dict[str, Any]:
+        """The day-level row of ``metric`` ('ttft_s' or 'tpot_s'); {} when none."""
+        return _first(self.rows, hour="all", metric=metric)
+
+    def errors(self) -> dict[str, Any]:
+        """The day-level signed errors, flat: ttft_p50_error, ttft_p99_error, tpot_p50_error, ..."""
+        return {
+            f"{short}_{p}_error": self.day(metric).get(f"{p}_error")
+            for short, metric, _ in COMPARED
+            for p in ("p50", "p99")
+        }
+
+    def drifted(self) -> list[str]:
+        """The metrics over the drift limit, each as 'p50 TTFT +50.0%' (:data:`DRIFT_LIMIT`)."""
+        out = []
+        for _, metric, label in COMPARED:
+            row = self.day(metric)
+            err = row.get("p50_error")
+            if err is not None and int(row.get("samples") or 0) >= DRIFT_MIN_SAMPLES and abs(err) > DRIFT_LIMIT:
+                out.append(f"p50 {label} {_signed(err)}")
+        return out
+
+    def counts_line(self) -> str:
+        """What was compared and what was not, in one sentence."""
+        bits = [
+            f"{self.matched:,} of the store's {self.store_requests:,} requests of the date matched by request_id "
+            f"in the run's {self.run_requests:,}"
+        ]
+        if self.unfinished:
+            bits.append(f"{self.unfinished:,} of them rejected or unfinished by the replay (not compared)")
+        for _, metric, label in COMPARED:
+            row = self.day(metric)
+            skipped = int(row.get("not_compared") or 0)
+            if skipped:
+                bits.append(
+                    f"{skipped:,} finished without an observed {label}"
+                    + (" (or with a one-token output)" if metric == "tpot_s" else "")
+                    + ", left out"
+                )
+        if self.ambiguous_ids:
+            bits.append(f"{self.ambiguous_ids:,} request ids logged or replayed more than once, left out")
+        return "; ".join(bits)
+
+
+def drift_phrase(h: dict[str, Any]) -> str:
+    """The drift in a few words for a summary line: 'DRIFT vs observed latencies: p50 TTFT
+    -33.3%, p50 TPOT -33.3% (limit 10%)'; '' without drift."""
+    if not h.get("drift"):
+        return ""
+    over = ", ".join(str(m) for m in h.get("drift_metrics") or [])
+    return f"DRIFT vs observed latencies: {over} (limit ±{DRIFT_LIMIT:.0%})"
+
+
+def _signed(x: Any) -> str:
+    """A signed error for people: '+12.3%', 'n/a'."""
+    if not isinstance(x, int | float) or isinstance(x, bool) or not math.isfinite(x):
+        return "n/a"
+    return f"{float(x) * 100:+.1f}%"
+
+
+def compare_observed(logged: Any, replayed: Any) -> ObservedComparison:
+    """Compare a run's requests (``replayed``: request_id, status, ttft_s, tpot_s) with the store's
+    requests of its date (``logged``: request_id, arrival, output_tokens, ttft_s, e2e_s; polars
+    frames): the observed latencies from :func:`pipeline.observed.observed_latencies`, matched by
+    request_id, per hour of the logged arrival (UTC) and for the day, p50/p99 by
+    :func:`pipeline.slo.percentile` over the requests with both values. The same numbers as the
+    named query :data:`OBSERVED_QUERY`."""
+    import numpy as np
+    import polars as pl
+
+    from pipeline.observed import observed_count, observed_latencies
+
+    lat = observed_latencies(logged)
+    left = logged.select(
+        pl.col("request_id").cast(pl.String),
+        pl.col("arrival").dt.convert_time_zone("UTC").dt.truncate("1h").dt.strftime("%Y-%m-%d %H:00").alias("hour"),
+    ).with_columns(observed_ttft=pl.Series(lat["ttft"]), observed_tpot=pl.Series(lat["tpot"]))
+    right = replayed.select(
+        pl.col("request_id").cast(pl.String),
+        pl.col("status").cast(pl.String),
+        pl.col("ttft_s").cast(pl.Float64).fill_null(np.nan).alias("replayed_ttft"),
+        pl.col("tpot_s").cast(pl.Float64).fill_null(np.nan).alias("replayed_tpot"),
+    )
+    dup_left = left.filter(pl.col("request_id").is_duplicated())
+    dup_right = right.filter(pl.col("request_id").is_duplicated())
+    ambiguous = pl.concat([dup_left.select("request_id"), dup_right.select("request_id")])["request_id"].n_unique()
+    m = left.filter(~pl.col("request_id").is_duplicated()).join(
+        right.filter(~pl.col("request_id").is_duplicated()), on="request_id", how="inner"
+    )
+    hours = m["hour"].to_numpy()
+    rep_ttft = m["replayed_ttft"].to_numpy()
+    finished = (m["status"].to_numpy() == "finished") & np.isfinite(rep_ttft)
+    values = {
+        metric: (m[f"observed_{short}"].to_numpy(), m[f"replayed_{short}"].to_numpy()) for short, metric, _ in COMPARED
+    }
+    rows: Rows = []
+    groups = [(h, hours == h) for h in sorted(set(hours.tolist()))] + [("all", np.ones(len(hours), dtype=bool))]
+    for hour, in_group in groups:
+        for _, metric, _ in COMPARED:
+            obs, rep = values[metric]
+            ok = in_group & finished & np.isfinite(obs) & np.isfinite(rep)
+            n = int(np.count_nonzero(ok))
+            row: dict[str, Any] = {
+                "hour": hour,
+                "metric": metric,
+                "matched": int(np.count_nonzero(in_group)),
+                "unfinished": int(np.count_nonzero(in_group & ~finished)),
+                "not_compared": int(np.count_nonzero(in_group & finished & ~ok)),
+                "samples": n,
+            }
+            for p in ("p50", "p99"):
+                o = percentile(obs[ok], float(p[1:])) if n else None
+                r = percentile(rep[ok], float(p[1:])) if n else None
+                row[f"observed_{p}_s"], row[f"replayed_{p}_s"] = o, r
+                row[f"{p}_error"] = r / o - 1.0 if o is not None and r is not None and o > 0 else None
+            rows.append({k: row[k] for k in OBSERVED_COLUMNS})
+    return ObservedComparison(
+        rows=rows,
+        store_requests=logged.height,
+        run_requests=replayed.height,
+        observed_requests=observed_count(logged),
+        matched=m.height,
+        unfinished=int(np.count_nonzero(~finished)),
+        ambiguous_ids=int(ambiguous),
+    )
+
+
+_LOGGED_COLUMNS = ("request_id", "arrival", "output_tokens", "ttft_s", "e2e_s")
+_REPLAYED_COLUMNS = ("request_id", "status", "ttft_s", "tpot_s")
+
+
+def observed_comparison(store: Store, day: str, run_dir: Path) -> ObservedComparison | None:
+    """:func:`compare_observed` of a run and its date's stored requests, or None when the date's
+    logs carry no observed latency (or either side cannot be read: the report is still written)."""
+    import polars as pl
+
+    from pipeline.observed import observed_count
+
+    try:
+        logged = store.read_requests(day, columns=list(_LOGGED_COLUMNS))
+        if not observed_count(logged):
+            return None
+        replayed = pl.read_parquet(run_dir / "requests.parquet", columns=list(_REPLAYED_COLUMNS))
+        return compare_observed(logged, replayed)
+    except (RooftraceError, OSError, ValueError, pl.exceptions.PolarsError, pa.ArrowException):
+        return None
+
+
+def observed_headline(cmp: ObservedComparison | None) -> dict[str, Any]:
+    """The headline's predicted-vs-observed fields: whether the run was compared, the day-level
+    errors, the counts line, and the drift warning (:data:`DRIFT_LIMIT`)."""
+    if cmp is None:
+        return {"observed_compared": False, "drift": False, "drift_note": None}
+    drifted = cmp.drifted()
+    if not cmp.matched:
+        note = (
+            f"no request of the run matches the store's {cmp.store_requests:,} requests of the date by request_id "
+            f"(the run replayed {cmp.run_requests:,}): nothing to compare"
+        )
+    else:
+        note = cmp.counts_line()
+    drift_note = None
+    if drifted:
+        drift_note = (
+            f"DRIFT: the replay is off the observed latencies beyond {DRIFT_LIMIT:.0%}: {', '.join(drifted)} "
+            f"(day-level replayed / observed − 1, {cmp.matched:,} requests matched by request_id); the cost model "
+            "needs recalibrating against the fleet's own latencies (docs/reports.md, 'Predicted vs observed')"
+        )
+    return {
+        "observed_compared": True,
+        "observed_note": note,
+        "observed_matched": cmp.matched,
+        "observed_unfinished": cmp.unfinished,
+        "observed_requests": cmp.observed_requests,
+        **{f"observed_{k}": v for k, v in cmp.errors().items()},
+        "observed_rows": cmp.rows,
+        "drift": bool(drifted),
+        "drift_metrics": drifted,
+        "drift_note": drift_note,
+    }
+
+
+def observed_trend(store: Store, run_id: str, day: str, config: dict[str, Any]) -> Rows:
+    """The same fleet's earlier nights that had observed latencies (as-logged runs of earlier dates,
+    the latest run of each, at most :data:`TREND_NIGHTS`), oldest first: each night's day-level
+    p50/p99 errors. This run's own night is not included (the caller adds it)."""
+    fleet = ((config.get("resolved") or {}).get("fleet") or {}).get("name")
+    by_date: dict[str, tuple[int, str]] = {}
+    for other in run_ids(store):
+        path = store.run_dir(other) / "config.json"
+        try:
+            cfg = read_run_config(path)
+            mtime = path.stat().st_mtime_ns
+        except (RooftraceError, OSError):
+            continue
+        when = str(cfg.get("date") or other[:10])
+        if other == run_id or when >= day or what_if_options(cfg):
+            continue
+        if ((cfg.get("resolved") or {}).get("fleet") or {}).get("name") != fleet:
+            continue
+        if when not in by_date or (mtime, other) > by_date[when]:
+            by_date[when] = (mtime, other)
+    out: Rows = []
+    for when in sorted(by_date, reverse=True)[:TREND_NIGHTS]:
+        night = _night_errors(store, when, by_date[when][1])
+        if night is not None:
+            out.append(night)
+    return sorted(out, key=lambda r: str(r["date"]))
+
+
+def _night_errors(store: Store, day: str, run_id: str) -> dict[str, Any] | None:
+    """One earlier night's day-level errors (None: no observed latency, or nothing matched),
+    cached in STORE/.cache/observed/ under the sizes and times of the files they come from, so a
+    report does not read 30 earlier days again every night."""
+    import hashlib
+
+    run_file = store.run_dir(run_id) / "requests.parquet"
+    try:
+        stats = [(str(f), f.stat().st_size, f.stat().st_mtime_ns) for f in [*store.request_files(day), run_file]]
+    except (RooftraceError, OSError):
+        return None
+    key = hashlib.sha256(json.dumps(stats).encode()).hexdigest()
+    cached = store.cache_dir / "observed" / f"{run_id}.json"
+    try:
+        doc = json.loads(cached.read_text())
+        if isinstance(doc, dict) and doc.get("key") == key:
+            night = doc.get("night")
+            return night if isinstance(night, dict) or night is None else None
+    except (OSError, ValueError):
+        pass
+    cmp = observed_comparison(store, day, run_file.parent)
+    night = (
+        None
+        if cmp is None or not cmp.matched
+        else {"date": day, "run_id": run_id, **cmp.errors(), "drift": bool(cmp.drifted())}
+    )
+    with contextlib.suppress(OSError):  # a store the reader may not write: computed again next time
+        atomic_write_bytes(cached, json.dumps({"key": key, "night": night}).encode())
+    return night
+
+
+def _observed_table(rows: Rows) -> str:
+    """The per-hour table for people: seconds as ms/s, errors signed."""
+    shown = []
+    for r in rows:
+        row: dict[str, Any] = {
+            "hour (UTC)": "whole day" if r["hour"] == "all" else r["hour"],
+            "metric": r["metric"],
+            "matched": r["matched"],
+            "rejected or unfinished": r["unfinished"],
+            "not compared": r["not_compared"],
+            "compared": r["samples"],
+        }
+        for p in ("p50", "p99"):
+            row[f"observed {p}"] = _fmt(r[f"observed_{p}_s"], "s")
+            row[f"replayed {p}"] = _fmt(r[f"replayed_{p}_s"], "s")
+            row[f"{p} error"] = _signed(r[f"{p}_error"])
+        shown.append(row)
+    return _html_table(shown, limit=100)
+
+
+TREND_CHART = "observed_trend"
+
+
+def observed_section(
+    cmp: ObservedComparison, headline: dict[str, Any], trend: Rows, run_id: str, day: str
+) -> tuple[str, Chart | None]:
+    """The report's "Predicted vs observed" section (HTML) and its trend chart (None with fewer
+    than two nights to draw)."""
+    parts = [
+        '<p class="def">The replay\'s latencies (predicted) against the ones the real fleet delivered, as its '
+        "logs carry them (observed: ttft_s; TPOT = (e2e − ttft) / (output tokens − 1)), requests matched by "
+        f"request_id between the store's requests of {html.escape(day)} and this run, per hour of the logged "
+        "arrival (UTC). Percentiles are the project's inverse-CDF ones over the same requests on both sides; "
+        "error = replayed / observed − 1 (positive: the replay is slower than the fleet). Drift: |error| of the "
+        f"day-level p50 TTFT or p50 TPOT over {DRIFT_LIMIT:.0%} (at least {DRIFT_MIN_SAMPLES} requests compared). "
+        f"Query: <code>rooftrace query {OBSERVED_QUERY} --run {html.escape(run_id)}</code>.</p>",
+        f"<p>{html.escape(str(headline.get('observed_note') or ''))}</p>",
+    ]
+    if headline.get("drift_note"):
+        parts.append(f'<div class="alert" id="drift">{html.escape(str(headline["drift_note"]))}</div>')
+    elif cmp.matched:
+        judged = [
+            f"p50 {label} {_signed(cmp.day(metric).get('p50_error'))}"
+            for _, metric, label in COMPARED
+            if int(cmp.day(metric).get("samples") or 0) >= DRIFT_MIN_SAMPLES
+        ]
+        parts.append(
+            '<div class="ok">'
+            + html.escape(
+                f"Within {DRIFT_LIMIT:.0%} of the observed latencies: {', '.join(judged)}."
+                if judged
+                else f"Too few requests compared to judge drift (fewer than {DRIFT_MIN_SAMPLES} per metric)."
+            )
+            + "</div>"
+        )
+    if cmp.matched:
+        parts.append(_observed_table(cmp.rows))
+    nights = [*trend, {"date": day, "run_id": run_id, **cmp.errors(), "drift": bool(cmp.drifted())}]
+    parts.append(
+        "<h3>Trend over nights</h3><p class=def>This fleet's nights in the store whose logs carried observed "
+        f"latencies (as-logged runs, the latest of each date, up to {TREND_NIGHTS} before this one): the "
+        "day-level signed errors.</p>"
+    )
+    table = [
+        {
+            "night": n["date"],
+            "run": n["run_id"],
+            **{
+                f"{p} {label} error": _signed(n.get(f"{short}_{p}_error"))
+                for short, _, label in COMPARED
+                for p in ("p50", "p99")
+            },
+            "drift": "DRIFT" if n.get("drift") else "no",
+        }
+        for n in nights
+    ]
+    parts.append(_html_table(table))
+    chart = None
+    long = [
+        {"night": n["date"], "series": f"{p} {label}", "error": n[f"{short}_{p}_error"]}
+        for n in nights
+        for short, _, label in COMPARED
+        for p in ("p50", "p99")
+        if isinstance(n.get(f"{short}_{p}_error"), int | float)
+    ]
+    if len(nights) > 1 and long:
+        data = Datasets()
+        band = [{"lo": -DRIFT_LIMIT, "hi": DRIFT_LIMIT}]
+        spec = data.spec(
+            alt.layer(
+                alt.Chart(data(band)).mark_rect(opacity=0.12, color="#2e7d32").encode(y="lo:Q", y2="hi:Q"),
+                alt.Chart(data(long))
+                .mark_line(point=True)
+                .encode(
+                    x=alt.X("night:T", title="night", axis=alt.Axis(format="%Y-%m-%d")),
+                    y=alt.Y("error:Q", title="replayed / observed − 1", axis=alt.Axis(format="+%")),
+                    color=alt.Color("series:N", title=None),
+                    tooltip=["night:T", "series:N", alt.Tooltip("error:Q", format="+.1%")],
+                ),
+            ).properties(width=700)
+        )
+        chart = Chart(
+            TREND_CHART,
+            "Predicted vs observed over nights (signed error)",
+            f"Green band: within ±{DRIFT_LIMIT:.0%} (the drift limit applies to the p50s).",
+            spec,
+            _no_data(spec),
+            inline=True,
+        )
+        parts.append(f'<div class="chart" id="chart-{TREND_CHART}"></div>')
+    return "".join(parts), chart
+
+
 def build_report(
     store: Store,
     run_id: str | None = None,
@@ -1600,7 +2044,18 @@ def build_report(
     if curve:
         headline["headroom"] = headroom_sentence(curve)
         headline["knee"] = knee(curve)
+    # predicted vs observed: only for an as-logged replay of a date whose logs carry latencies
+    compared = observed_comparison(store, day, run_dir) if not what_if_options(config) else None
+    headline |= observed_headline(compared)
     charts = _charts(q, headline)
+    lead = ""
+    if compared is not None:
+        trend = observed_trend(store, run_id, day, config)
+        headline["observed_trend"] = trend
+        body, trend_chart = observed_section(compared, headline, trend, run_id, day)
+        lead = f'<section id="{OBSERVED_ANCHOR}"><h2>{html.escape(OBSERVED_TITLE)}</h2>{body}</section>'
+        if trend_chart is not None:
+            charts.append(trend_chart)
     fleet_name = str(config.get("resolved", {}).get("fleet", {}).get("name") or "fleet")
     note, published_by_nightly = None, nightly
     if out is None:  # the reports tree: one folder per date and fleet, claimed by this store
@@ -1646,6 +2101,7 @@ def build_report(
         extra,
         "" if page_note else vega_bundle(store.cache_dir),
         charts_note=page_note,
+        lead=lead,
     )
     charts_note = page_note or (charts_blocked("charts not drawn as PNG") if png_dir is not None else None)
     if charts_note is not None:

@@ -155,6 +155,39 @@ def test_latency_by_tenant_matches_numpy(run: tuple[Store, str, Path]) -> None:
     assert dims == {"prompt_tokens", "output_tokens", "batch_occupancy", "tenant", "model", "hardware", "hour"}
 
 
+def test_predicted_vs_observed_matches_numpy_and_the_report(run: tuple[Store, str, Path]) -> None:
+    """The logs' own latencies (the synthetic OpenAI pairs carry ttft_s and e2e_s) against the
+    replay's, per hour and for the day: numpy over the two tables, and the report's numbers."""
+    from pipeline.report import compare_observed
+
+    store, run_id, d = run
+    rows = q(store, "predicted_vs_observed", run_id=run_id)
+    logged = store.read_requests(columns=["request_id", "arrival", "output_tokens", "ttft_s", "e2e_s"])
+    replayed = pl.read_parquet(d / "requests.parquet", columns=["request_id", "status", "ttft_s", "tpot_s"])
+    assert rows == compare_observed(logged, replayed).rows  # the report computes the same numbers
+    both = logged.join(replayed.rename({"ttft_s": "ttft_s_r", "tpot_s": "tpot_s_r"}), on="request_id")
+    j = both.filter(pl.col("status") == "finished")
+    out = j["output_tokens"].to_numpy().astype(float)
+    observed = {
+        "ttft_s": j["ttft_s"].to_numpy(),
+        "tpot_s": np.where(out > 1, (j["e2e_s"].to_numpy() - j["ttft_s"].to_numpy()) / np.maximum(out - 1, 1), np.nan),
+    }
+    hours = j["arrival"].dt.convert_time_zone("UTC").dt.strftime("%Y-%m-%d %H:00").to_numpy()
+    assert {r["hour"] for r in rows} == {*hours.tolist(), "all"}
+    for r in rows:
+        g = np.ones(len(hours), bool) if r["hour"] == "all" else hours == r["hour"]
+        o, p = observed[r["metric"]], j[f"{r['metric']}_r"].to_numpy()
+        ok = g & np.isfinite(o) & np.isfinite(p)
+        assert r["samples"] == int(ok.sum()) > 0
+        if r["hour"] == "all":  # rejected requests counted, not compared
+            assert (r["matched"], r["unfinished"]) == (both.height, both.height - j.height)
+        for pct in (50, 99):
+            want_o = np.percentile(o[ok], pct, method="inverted_cdf")
+            want_p = np.percentile(p[ok], pct, method="inverted_cdf")
+            assert r[f"observed_p{pct}_s"] == want_o and r[f"replayed_p{pct}_s"] == want_p
+            assert r[f"p{pct}_error"] == pytest.approx(want_p / want_o - 1, rel=1e-12)
+
+
 def test_every_named_query_runs_on_an_empty_store(tmp_path: Path) -> None:
     store = Store(tmp_path / "empty")
     build_warehouse(store)

@@ -33,6 +33,14 @@ def _not_nan(value: float) -> float:
     return value
 
 
+def _warnings(headline: dict[str, object]) -> list[str]:
+    """The night's warning lines: the run's, then a replay that drifted from the observed latencies."""
+    out = [str(w) for w in headline.get("warnings") or []]  # type: ignore[attr-defined]
+    if headline.get("drift_note"):
+        out.append(str(headline["drift_note"]))
+    return out
+
+
 @click.command("nightly")
 @click.argument("logs", nargs=-1, required=True, type=click.Path())  # as typed: '' is refused, not '.'
 @click.option(
@@ -111,13 +119,13 @@ def nightly_cmd(
             )
         except StageError as exc:
             if exc.result is not None:  # a stage after the replay failed, the report was written
-                for w in exc.result.headline.get("warnings") or []:
+                for w in _warnings(exc.result.headline):
                     progress(f"warning: {w}")
                 progress(exc.result.line())
             raise
 
     res = run(work)
-    for w in res.headline.get("warnings") or []:
+    for w in _warnings(res.headline):
         progress(f"warning: {w}")
     progress(res.line())
     code = EXIT_ATTENTION if res.attention else 0
