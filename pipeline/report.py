@@ -1497,6 +1497,11 @@ def _check_out(out: Path) -> None:
             f"--out {str(out)!r} is empty or a folder, not a file name; give the HTML file to write, e.g. "
             "--out report.html"
         )
+    if out.name.casefold() == "headline.json":
+        raise RooftraceError(
+            f"--out {out}: headline.json is the file written beside the report, so the page would be replaced "
+            "by it; give the HTML file another name, e.g. --out report.html"
+        )
     for parent in reversed(out.parents):
         try:
             if parent.exists() and not parent.is_dir():

@@ -133,6 +133,17 @@ def test_report_out_empty_is_one_error_line(all_rejected: dict[str, Any]) -> Non
     assert len(res.stderr.strip().splitlines()) == 1
 
 
+@pytest.mark.parametrize("name", ["headline.json", "HEADLINE.JSON"])
+def test_report_out_named_headline_json_is_refused(all_rejected: dict[str, Any], tmp_path: Path, name: str) -> None:
+    """--out DIR/headline.json wrote the page, then replaced it with headline.json and said it had
+    written the report (hostile round 13): refused before any work, nothing written."""
+    out = tmp_path / "odd" / name
+    res = CliRunner().invoke(main, ["report", "--store", str(all_rejected["store"]), "--out", str(out)])
+    assert res.exit_code == 1 and "Traceback" not in res.output, res.output
+    assert "headline.json is the file written beside the report" in res.stderr
+    assert len(res.stderr.strip().splitlines()) == 1 and not out.exists()
+
+
 def test_a_few_seconds_of_traffic_are_not_projected_to_a_day(all_rejected: dict[str, Any]) -> None:
     page = html_lib.unescape((all_rejected["reports"] / "2025-02-01" / "default" / "index.html").read_text())
     assert "US$ over 2.5 s of traffic; not projected to a day" in page
