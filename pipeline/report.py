@@ -1802,7 +1802,8 @@ def observed_headline(cmp: ObservedComparison | None) -> dict[str, Any]:
         drift_note = (
             f"DRIFT: the replay is off the observed latencies beyond {DRIFT_LIMIT:.0%}: {', '.join(drifted)} "
             f"(day-level replayed / observed − 1, {cmp.matched:,} requests matched by request_id); the cost model "
-            "needs recalibrating against the fleet's own latencies (docs/reports.md, 'Predicted vs observed')"
+            "needs recalibrating against the fleet's own latencies: rooftrace calibrate --observed --fleet "
+            "FLEET.toml (docs/calibration.md)"
         )
     return {
         "observed_compared": True,
