@@ -536,12 +536,15 @@ def estimate_replay(
     concurrency: int | None,
     pods: int = 1,
     streamed: bool = False,
+    ramp_s: float = 0.0,
+    think_s: float = 0.0,
 ) -> ReplayEstimate:
     """Estimate the memory and wall time of replaying ``requests`` on ``fleet`` (see the module
     doc), without running it. Replayed in ``pods`` (or in the routing pods of
     ``router_pod_size``), one pod's engine state is held at a time by any one process: the
     largest pod's counts, not the whole fleet's. ``streamed``: the store-level replay, whose
-    per-request results and tables are written as they come (STREAMED_REQUEST_BYTES)."""
+    per-request results and tables are written as they come (STREAMED_REQUEST_BYTES). A closed
+    loop's ``ramp_s`` and ``think_s`` (each client's wait between two requests) lengthen its span."""
     from pipeline.engine.jit import MAX_STATE_BYTES, fitting_replicas, state_bytes
     from pipeline.engine.model import FleetSpec, is_stateful_router
     from pipeline.engine.shard import auto_pods, pod_cuts
@@ -630,6 +633,8 @@ def estimate_replay(
         busy = max(1, min(R, n_eff) if static or mode == "offline" else min(R, clients))
         batch = max(1.0, min(full, math.ceil(clients / busy)))
         span = work_s(busy, batch) + e2e
+        if mode == "closed":  # the ramp, and each client's waits between its requests
+            span += ramp_s + think_s * math.ceil(n_eff / clients)
 
     rows = ROWS_PER_REQUEST[engine] * n
     series_rows = busy * (span + 2)

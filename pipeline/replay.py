@@ -72,6 +72,10 @@ from pipeline.steps import BINDING_NAMES
 from pipeline.store import ColumnReader, Store, epoch_us, store_write_error
 
 _INT63 = np.uint64(0x7FFFFFFFFFFFFFFF)
+#: The longest --ramp-s and --think-s (seconds): a client that waits longer is no benchmark client.
+MAX_CLIENT_S = 86_400.0
+#: The largest --warmup (a day of requests is far fewer; it must also be below the run's count).
+MAX_WARMUP = 10**12
 
 
 @dataclass(frozen=True)
@@ -84,6 +88,13 @@ class ReplayOptions:
     replicas: int | None = None
     concurrency: int | None = None
     offline: bool = False
+    #: Closed loop only (docs/engine.md, "Closed loop"): the clients start one after another over
+    #: ``ramp_s`` seconds, wait ``think_s`` seconds after each answer before sending the next
+    #: request, and the first ``warmup`` requests sent are replayed but left out of the summary
+    #: (latencies, SLO verdict, goodput). Part of the run id where set (the results change).
+    ramp_s: float = 0.0
+    think_s: float = 0.0
+    warmup: int = 0
     #: Columns whose values keep prefix caches apart (model, adapter, tenant, session_id): the
     #: store-level replay takes the one ``classify`` used for the date, so both stages share one
     #: prefix identity (docs/accounting.md).
@@ -113,6 +124,22 @@ class ReplayOptions:
                 f"--rate-scale {self.rate_scale:g} and {other} exclude each other: --rate-scale scales the "
                 "trace's arrival times, which only the open loop (the default) follows"
             )
+        for flag, value in (("--ramp-s", self.ramp_s), ("--think-s", self.think_s)):
+            if not (isinstance(value, int | float) and math.isfinite(value) and 0 <= value <= MAX_CLIENT_S):
+                raise ConfigError(
+                    f"{flag} must be a number of seconds in [0, {MAX_CLIENT_S:,.0f}] (one day), got {value}"
+                )
+        if not (isinstance(self.warmup, int) and 0 <= self.warmup <= MAX_WARMUP):
+            raise ConfigError(f"--warmup must be a whole number of requests in [0, {MAX_WARMUP:,}], got {self.warmup}")
+        object.__setattr__(self, "ramp_s", float(self.ramp_s))  # 1 and 1.0: one run, one id
+        object.__setattr__(self, "think_s", float(self.think_s))
+        if self.concurrency is None:
+            for flag, value in (("--ramp-s", self.ramp_s), ("--think-s", self.think_s), ("--warmup", self.warmup)):
+                if value:
+                    raise ConfigError(
+                        f"{flag} needs --concurrency: it shapes the closed loop's clients, and the open loop "
+                        "(the default) and --offline have none"
+                    )
         if not 1 <= self.pods <= MAX_PODS:
             raise ConfigError(f"--pods must be in 1..{MAX_PODS}, got {self.pods}")
         if self.executor not in EXECUTORS:
@@ -144,6 +171,9 @@ class ReplayRun:
     sums: StepSums | None = None
     #: The pods the engine ran in (1: one engine run; shard.auto_pods may choose more than asked).
     pods: int = 1
+    #: The first requests sent (the first rows: a closed loop sends the trace in order) that were
+    #: replayed as warm-up and are left out of the summary (ReplayOptions.warmup).
+    warmup: int = 0
 
     @property
     def result(self) -> EngineResult:
@@ -249,11 +279,29 @@ def check_replay_limits(
     a command installed one (``limits.progress_to``). ``streamed``: the store-level replay."""
     from pipeline.limits import enforce, engine_progress, estimate_replay
 
+    check_warmup(options, requests.height)
     est = estimate_replay(
-        requests, fleet, options.mode, options.rate_scale, options.concurrency, options.pods, streamed
+        requests,
+        fleet,
+        options.mode,
+        options.rate_scale,
+        options.concurrency,
+        options.pods,
+        streamed,
+        ramp_s=options.ramp_s,
+        think_s=options.think_s,
     )
     enforce(est)
     return progress if progress is not None else engine_progress(est)
+
+
+def check_warmup(options: ReplayOptions, n: int) -> None:
+    """Refuse a warm-up that would leave no request to measure."""
+    if options.warmup and options.warmup >= n:
+        raise ConfigError(
+            f"--warmup {options.warmup:,} leaves no request to measure: the replay has {n:,} requests "
+            f"(use at most {max(n - 1, 0):,})"
+        )
 
 
 def run_replay(
@@ -301,7 +349,10 @@ def run_workload(
         mode=options.mode,
         concurrency=options.concurrency or 0,
         lockstep=fleet.lockstep,
+        ramp_s=float(options.ramp_s),
+        think_s=float(options.think_s),
     )
+    check_warmup(options, work.n)
     if cost is None:
         cost = fleet_step_cost(fleet)
     if steps is not None:
@@ -361,7 +412,7 @@ def run_workload(
             results.write_result(result)
             result = None
     sums = steps.sums if steps is not None else None
-    return ReplayRun(fleet, spec, work, result, log, wall, cost.source, dict(cost.describe), sums, pods)
+    return ReplayRun(fleet, spec, work, result, log, wall, cost.source, dict(cost.describe), sums, pods, options.warmup)
 
 
 # -- tables ----------------------------------------------------------------------------------
@@ -371,7 +422,12 @@ def requests_table(requests: pl.DataFrame, run: ReplayRun, t0_us: int) -> pa.Tab
     """The run's ``requests.parquet`` rows (schema replay_requests), built whole in memory."""
     work = run.work
     return runrequests.requests_table(
-        requests.get_column("request_id").to_arrow(), run.result, work.prompt_tokens, work.output_tokens, t0_us
+        requests.get_column("request_id").to_arrow(),
+        run.result,
+        work.prompt_tokens,
+        work.output_tokens,
+        t0_us,
+        np.arange(work.n) < run.warmup,
     )
 
 
@@ -658,7 +714,10 @@ def summarize(run: ReplayRun, slo: Slo | None = None) -> dict[str, Any]:
 def summary_of(cols: Columns, sums: StepSums, run: ReplayRun, slo: Slo | None = None) -> dict[str, Any]:
     """A run's summary from its per-request columns (in memory, or read back from its written
     requests table one column at a time: the same numbers), its step log's sums, and ``run``'s
-    engine wall time and cost model."""
+    engine wall time and cost model. A run's warm-up requests (``run.warmup``, its first rows) are
+    left out of every figure but the engine's: the summary is the measured requests'."""
+    if run.warmup:
+        cols = _Measured(cols, run.warmup)
     code = cols.get("reject_code")
     ok = code == 0
     n_ok = int(ok.sum())
@@ -670,11 +729,14 @@ def summary_of(cols: Columns, sums: StepSums, run: ReplayRun, slo: Slo | None = 
     hits = _sum(cols, "cache_hit_tokens", ok)
     reasons = {REJECT_REASONS[c]: int((code == c).sum()) for c in range(1, len(REJECT_REASONS))}
     healthy = health(cols, slo, code, closed=run.spec.mode == "closed")
+    if run.warmup:
+        healthy["latency_covers"] += f", after the first {run.warmup:,} sent, replayed as warm-up"
     wide = multi_node_warning(run.fleet)
     if wide is not None:  # not a failure of the run, but its latencies are optimistic
         healthy["warnings"].append(wide)
         healthy["healthy"] = False
     return {
+        **({"warmup_requests": run.warmup} if run.warmup else {}),
         "requests": int(cols.n),
         "finished": n_ok,
         "rejected": int(cols.n - n_ok),
@@ -696,6 +758,16 @@ def summary_of(cols: Columns, sums: StepSums, run: ReplayRun, slo: Slo | None = 
         "spans": sums.spans,
         "cost_model": _cost_summary(run, sums),
     }
+
+
+class _Measured:
+    """A run's columns without its first ``skip`` rows (the warm-up requests): views, no copy."""
+
+    def __init__(self, cols: Columns, skip: int) -> None:
+        self.cols, self.skip, self.n = cols, skip, cols.n - skip
+
+    def get(self, name: str) -> npt.NDArray[Any]:
+        return self.cols.get(name)[self.skip :]
 
 
 def _sum(cols: Columns, name: str, ok: npt.NDArray[np.bool_]) -> int:
@@ -747,7 +819,10 @@ def _run_id(
     h = hashlib.sha256()
     h.update(json.dumps(fleet.to_dict(), sort_keys=True, default=str).encode())
     how = {"slo", "pods", "executor", "ray_address"}  # how it ran, not what: not part of the id
-    h.update(json.dumps({k: v for k, v in asdict(options).items() if k not in how}, sort_keys=True).encode())
+    # the closed loop's client options only where set: a run without them keeps the id it had
+    unset = {k for k in ("ramp_s", "think_s", "warmup") if not getattr(options, k)}
+    what = {k: v for k, v in asdict(options).items() if k not in how | unset}
+    h.update(json.dumps(what, sort_keys=True).encode())
     h.update(b"request_id")
     ids.digest(h)
     for name in (c for c in requests.columns if c != "request_id"):  # a column at a time
@@ -889,6 +964,7 @@ def _replay(
     # id and written to requests.parquet a row group / chunk at a time, read from the store
     read = REPLAY_COLUMNS if chains else tuple(c for c in REPLAY_COLUMNS if c != "request_id")
     requests = store.read_requests(date, (*read, *affinity), positions=True)
+    check_warmup(options, requests.height)  # before the prefix chains are built
     request_id = ColumnReader(store, date, "request_id", requests.get_column("_position").to_numpy())
     requests = requests.drop("_position")
     identity = None
@@ -913,7 +989,7 @@ def _replay(
     # the step log and the per-request results stream to the run folder (under temporary names)
     # as the engine produces them
     steps = RunSteps(run_dir, fleet, t0_us, options.mode)
-    results = RunRequests(run_dir, request_id, work, t0_us, progress)
+    results = RunRequests(run_dir, request_id, work, t0_us, progress, options.warmup)
     # A run is complete once its config.json is written. A new run stopped before that (Ctrl-C,
     # a failed write) takes back the tables it moved into place, so no SQL view reads half a run;
     # a re-run of a complete run rewrites the same bytes, so its folder stays complete meanwhile.

@@ -125,10 +125,11 @@ def _nullable(values: npt.NDArray[np.float64]) -> pa.Array:
 
 def requests_table(
     request_id: pa.Array | pa.ChunkedArray, res: EngineResult, prompt: npt.NDArray[np.int64],
-    output: npt.NDArray[np.int64], t0_us: int,
+    output: npt.NDArray[np.int64], t0_us: int, warmup: npt.NDArray[np.bool_] | None = None,
 ) -> pa.Table:  # fmt: skip
     """Rows of ``requests.parquet`` (schema replay_requests) for requests with these ids, engine
-    results and replayed prompt / output lengths."""
+    results and replayed prompt / output lengths; ``warmup`` marks the rows replayed as warm-up
+    (left out of the run's summary; none when not given)."""
     ok = res.reject_reason == 0
     lat = request_latencies(res, Workload(arrival_s=res.arrival_s, prompt_tokens=prompt, output_tokens=output))
     fresh = prompt - res.cache_hit_tokens
@@ -156,6 +157,7 @@ def requests_table(
             "prefill_tokens": np.where(ok, res.prefill_tokens, 0),
             "status": np.where(ok, "finished", "rejected").astype(object),
             "reject_reason": pa.array(reasons, mask=ok),
+            "warmup": np.zeros(ok.shape[0], np.bool_) if warmup is None else np.asarray(warmup, np.bool_),
         }
     )
 
@@ -189,9 +191,11 @@ class RunRequests:
         work: Workload,
         t0_us: int,
         say: Callable[[str], None] | None = None,
+        warmup: int = 0,
     ) -> None:
         self.run_dir, self.request_id, self.work, self.t0_us = run_dir, request_id, work, t0_us
         self.say = say
+        self.warmup = warmup  # the first rows: the warm-up requests (ReplayOptions.warmup)
         self.stream = ParquetStream(run_dir / "requests.parquet", "replay_requests")
         self.spool = ResultSpool(run_dir / f".requests.{os.getpid()}.spool", work.n)
 
@@ -218,8 +222,9 @@ class RunRequests:
 
     def _write(self, a: int, b: int, res: EngineResult) -> None:
         w = self.work
+        warm = np.arange(a, b) < self.warmup
         table = requests_table(
-            self.request_id.slice(a, b - a), res, w.prompt_tokens[a:b], w.output_tokens[a:b], self.t0_us
+            self.request_id.slice(a, b - a), res, w.prompt_tokens[a:b], w.output_tokens[a:b], self.t0_us, warm
         )
         with run_writes(self.run_dir, "requests table"):
             self.stream.write(table)

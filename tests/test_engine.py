@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -198,6 +199,23 @@ def test_closed_loop_keeps_concurrency_clients_busy(sim: Engine) -> None:
     _assert_same(res, simulate_reference(w, spec, cost))
 
 
+@pytest.mark.parametrize("sim", ENGINES.values(), ids=ENGINES.keys())
+def test_closed_loop_ramp_and_think_time_by_hand(sim: Engine) -> None:
+    # 1 s steps, 2-token outputs (a prefill step, a decode step), 2 clients: client 1 starts at
+    # 3 (ramp 3 s / (2 − 1)); a client sends its next request 0.25 s after its last token.
+    # Request 0: [0, 2], client 0 sends request 1 at 2.25: [2.25, 4.25]. Client 1's request 2
+    # at 3 waits for the step at 3.25: [3.25, 5.25]. Request 3 (client 0, at 4.5) waits for 5.25:
+    # [5.25, 7.25]; request 4 (client 1, at 5.5) for 6.25: [6.25, 8.25]; request 5 (client 0, at
+    # 7.5) for 8.25: [8.25, 10.25].
+    cost = LinearCost(a=1.0, b=0.0, c=0.0, d=0.0, e=0.0)
+    w = workload([0.0] * 6, [4] * 6, [2] * 6)
+    spec = FleetSpec(replicas=1, scheduler=_cfg(), mode="closed", concurrency=2, ramp_s=3.0, think_s=0.25)
+    res = sim(w, spec, cost)
+    np.testing.assert_array_equal(res.arrival_s, [0, 2.25, 3, 4.5, 5.5, 7.5])
+    np.testing.assert_array_equal(res.finish_s, [2, 4.25, 5.25, 7.25, 8.25, 10.25])
+    _assert_same(res, simulate_reference(w, spec, cost))
+
+
 # -- fast == reference on generated traces and fleets -----------------------------------------
 
 
@@ -263,6 +281,41 @@ _EXAMPLES = int(os.environ.get("ROOFTRACE_HYPOTHESIS_EXAMPLES", "150"))
 def test_fast_and_jit_equal_reference(case: tuple[Workload, FleetSpec, LinearCost]) -> None:
     w, spec, cost = case
     ref = simulate_reference(w, spec, cost)
+    for sim in ENGINES.values():
+        log = StepLog()
+        res = sim(w, spec, cost, log)
+        _assert_same(res, ref)
+        check_invariants(w, spec, res, log)
+
+
+@st.composite
+def _closed_cases(draw: st.DrawFn) -> tuple[Workload, FleetSpec, LinearCost]:
+    """``_cases`` as a closed loop whose clients start over a ramp and wait between requests
+    (docs/engine.md, "Closed loop"), each of the two sometimes 0."""
+    w, spec, cost = draw(_cases())
+    spec = replace(
+        spec,
+        mode="closed",
+        ramp_s=draw(st.sampled_from([0.0, 0.3, 1.0, 2.5, 1.0 / 3])),
+        think_s=draw(st.sampled_from([0.0, 0.01, 0.2, 1.0 / 3, 1.5])),
+    )
+    return w, spec, cost
+
+
+@settings(max_examples=max(_EXAMPLES // 2, 10), deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(_closed_cases())
+def test_closed_loop_with_ramp_and_think_time_equals_reference(case: tuple[Workload, FleetSpec, LinearCost]) -> None:
+    w, spec, cost = case
+    ref = simulate_reference(w, spec, cost)
+    # requests go out in the trace's order; each is a client's first (at c · R/(C − 1)) or comes
+    # exactly T after a request's end (its finish, or its arrival when rejected)
+    arrival = ref.arrival_s
+    assert np.all(np.isfinite(arrival)) and np.all(np.diff(arrival) >= 0)
+    starts = np.arange(min(spec.concurrency, w.n)) * spec.ramp_step_s
+    assert np.isin(starts, arrival).all()
+    rejected = ref.reject_reason != 0
+    ends = np.concatenate([ref.finish_s[~rejected], arrival[rejected]]) + spec.think_s
+    assert np.isin(arrival, np.concatenate([starts, ends])).all()
     for sim in ENGINES.values():
         log = StepLog()
         res = sim(w, spec, cost, log)

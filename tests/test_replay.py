@@ -224,6 +224,51 @@ def test_replay_command_writes_an_idempotent_run(tmp_path: Path) -> None:
     assert bad.exit_code == 1 and "fleet file not found" in bad.stderr
 
 
+def test_closed_loop_client_options_through_the_command(tmp_path: Path) -> None:
+    # 120 requests of the bundled sample in a closed loop: the ramp, think time and warm-up are
+    # part of the run id, the warm-up rows are marked in the requests table and left out of the
+    # summary; bad values and the options without --concurrency are one line, exit 1.
+    sample = ROOT / "traces" / "sample" / "azure_conv_2023.csv.gz"
+    if not sample.exists():
+        pytest.skip(f"bundled sample missing: {sample}")
+    full = Store(tmp_path / "full")
+    ingest_logs([sample], full)
+    small = Store(tmp_path / "store")
+    head = full.read_requests().head(120)
+    write_parquet(head.to_arrow(), small.partition(small.requests_dir, "2023-11-16") / "p.parquet", "requests")
+    runner = CliRunner()
+    base = ["replay", "--store", str(small.root), "--fleet", str(ROOT / "fleets" / "default.toml"), "--json"]
+    plain = runner.invoke(main, [*base, "--concurrency", "8"])
+    assert plain.exit_code == 0, plain.output
+    zero = runner.invoke(main, [*base, "--concurrency", "8", "--ramp-s", "0", "--think-s", "0", "--warmup", "0"])
+    assert json.loads(zero.stdout)["run_id"] == json.loads(plain.stdout)["run_id"]  # unset: the same run
+    ramped = runner.invoke(main, [*base, "--concurrency", "8", "--ramp-s", "2", "--think-s", "0.5", "--warmup", "20"])
+    assert ramped.exit_code == 0, ramped.output
+    doc = json.loads(ramped.stdout)
+    assert doc["run_id"] != json.loads(plain.stdout)["run_id"]
+    assert doc["requests"] == 100 and doc["warmup_requests"] == 20
+    r = pl.from_arrow(read_parquet(Path(doc["run_dir"]) / "requests.parquet", "replay_requests"))
+    assert isinstance(r, pl.DataFrame)
+    assert r["warmup"].to_list() == [True] * 20 + [False] * 100
+    # the clients' first requests at c · 2 / (8 − 1) s (a client back before the ramp's end sends
+    # the trace's next request in between); requests go out in the trace's order
+    arrival = r["arrival_s"].to_numpy()
+    assert np.isin(np.arange(8) * (2.0 / 7), arrival).all()
+    assert arrival[0] == 0.0 and (np.diff(arrival) >= 0).all()
+    measured = r.filter(~pl.col("warmup"))
+    assert doc["ttft_s"]["mean"] == pytest.approx(measured["ttft_s"].mean(), rel=1e-12)
+    config = json.loads((Path(doc["run_dir"]) / "config.json").read_text())
+    assert config["options"]["ramp_s"] == 2.0 and config["options"]["warmup"] == 20
+    for extra, says in [
+        (["--ramp-s", "5"], "--ramp-s needs --concurrency"),
+        (["--concurrency", "8", "--think-s", "nan"], "--think-s must be"),
+        (["--concurrency", "8", "--ramp-s", "-1"], "--ramp-s must be"),
+        (["--concurrency", "8", "--warmup", "120"], "--warmup 120 leaves no request"),
+    ]:
+        bad = runner.invoke(main, [*base, *extra])
+        assert bad.exit_code == 1 and says in bad.stderr and bad.stderr.count("\n") == 1, bad.output
+
+
 def test_moe_replays_on_the_jit_engine_and_plain_callables_fall_back(azure_conv: pl.DataFrame) -> None:
     # MoE step cost is non-linear in the tokens (fused-MoE tables, touched experts): the token
     # table carries it, so the jit engine runs MoE fleets, equal to the per-step reference.

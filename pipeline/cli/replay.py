@@ -53,6 +53,28 @@ def _ms(x: float | None) -> str:
     default=None,
     help="Closed loop: C clients, each sends its next request when the previous one finishes.",
 )
+@click.option(
+    "--ramp-s",
+    type=float,
+    default=0.0,
+    show_default=True,
+    help="Closed loop: start the clients one after another over this many seconds (AIPerf's "
+    "--concurrency-ramp-duration), so they do not send every wave together.",
+)
+@click.option(
+    "--think-s",
+    type=float,
+    default=0.0,
+    show_default=True,
+    help="Closed loop: each client waits this many seconds after an answer's last token before its next request.",
+)
+@click.option(
+    "--warmup",
+    type=int,
+    default=0,
+    show_default=True,
+    help="Closed loop: replay the first N requests sent as warm-up, left out of the latencies, SLO and goodput.",
+)
 @click.option("--offline", is_flag=True, help="Send every request at t=0 (offline throughput).")
 @click.option(
     "--slo",
@@ -70,6 +92,9 @@ def replay_cmd(
     rate_scale: float,
     replicas: int | None,
     concurrency: int | None,
+    ramp_s: float,
+    think_s: float,
+    warmup: int,
     offline: bool,
     slo: str | None,
     pods: int,
@@ -101,6 +126,9 @@ def replay_cmd(
             rate_scale=rate_scale,
             replicas=replicas,
             concurrency=concurrency,
+            ramp_s=ramp_s,
+            think_s=think_s,
+            warmup=warmup,
             offline=offline,
             slo=slo,
             pods=pods,

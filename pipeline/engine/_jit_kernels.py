@@ -490,9 +490,10 @@ def _alloc_replicas(R, S):  # type: ignore[no-untyped-def]
 
 
 @numba.njit(cache=True)
-def _init_heap(closed, concurrency, n):  # type: ignore[no-untyped-def]
-    """The closed loop's arrival heap (time, seq, request), with the first ``concurrency``
-    requests at 0: (heap_t, heap_s, heap_i, heap_n, seq, next_issue)."""
+def _init_heap(closed, concurrency, n, ramp_step):  # type: ignore[no-untyped-def]
+    """The closed loop's arrival heap (time, seq, client event), with the ``concurrency`` clients'
+    first requests, client c's at ``c * ramp_step`` (0 without a ramp): (heap_t, heap_s, heap_i,
+    heap_n, seq, next_issue). Which request an event sends is decided when it is popped."""
     heap_t = np.zeros(max(concurrency, 1) + 1)
     heap_s = np.zeros(max(concurrency, 1) + 1, np.int64)
     heap_i = np.zeros(max(concurrency, 1) + 1, np.int64)
@@ -501,10 +502,10 @@ def _init_heap(closed, concurrency, n):  # type: ignore[no-untyped-def]
     next_issue = 0
     if closed:
         while next_issue < min(concurrency, n):
-            heap_t[heap_n] = 0.0
+            heap_t[heap_n] = next_issue * ramp_step
             heap_s[heap_n] = seq
             heap_i[heap_n] = next_issue
-            heap_n += 1  # equal keys in seq order: already a heap
+            heap_n += 1  # times and seqs increasing: already a heap
             seq += 1
             next_issue += 1
     return heap_t, heap_s, heap_i, heap_n, seq, next_issue
@@ -635,12 +636,12 @@ _GROW_WQ = 2  # ... or bigger waiting queues (run_fleet grows them and calls _re
 
 
 @_piece
-def _issue(t, closed, n, ev, heap_n, seq, next_issue):  # type: ignore[no-untyped-def]
+def _issue(t, closed, think, n, ev, heap_n, seq, next_issue):  # type: ignore[no-untyped-def]
     """Closed loop: a request done at ``t`` (finished or rejected) frees its client, who issues the
-    next request at ``t``. Returns the new (heap_n, seq, next_issue)."""
+    next request at ``t + think``. Returns the new (heap_n, seq, next_issue)."""
     heap_t, heap_s, heap_i = ev[1], ev[2], ev[3]
     if closed and next_issue < n:
-        heap_n = _heap_push(heap_t, heap_s, heap_i, heap_n, t, seq, next_issue)
+        heap_n = _heap_push(heap_t, heap_s, heap_i, heap_n, t + think, seq, next_issue)
         seq += 1
         next_issue += 1
     return heap_n, seq, next_issue
@@ -932,7 +933,7 @@ def _retire(r, nf, end, n, wl, fl, req, rep, pool, scr, ev, ctl, heap_n, seq, ne
     back their blocks and slots (closed loop: their clients issue the next requests). Returns the
     new (heap_n, seq, next_issue)."""
     output = wl[2]
-    closed, caching = fl[2], fl[8]
+    closed, caching, think = fl[2], fl[8], fl[12]
     gen = req[1]
     nrun, running, nfin = rep[2], rep[3], rep[9]
     fin = scr[15]
@@ -946,7 +947,7 @@ def _retire(r, nf, end, n, wl, fl, req, rep, pool, scr, ev, ctl, heap_n, seq, ne
     for q in range(nf):
         rid = fin[q]
         _free(r, rid, caching, req, rep, pool)
-        heap_n, seq, next_issue = _issue(end, closed, n, ev, heap_n, seq, next_issue)
+        heap_n, seq, next_issue = _issue(end, closed, think, n, ev, heap_n, seq, next_issue)
     nfin[r] += nf
     ctl[1] += nf  # progress: requests done
     return heap_n, seq, next_issue
@@ -1364,19 +1365,19 @@ def _replay(wl, fl, cost, res, ctl, req, rep, pool, scr, ev, st, log, last_row, 
             ev_t = times[order[ev_pos]] if has_ev else _INF
         if has_ev and (first < 0 or ev_t <= first_t):
             # -- an arrival
-            i = heap_i[0] if closed else order[ev_pos]
+            # (closed loop: the trace's next request, whichever client sends it; ev_pos counts them)
+            i = ev_pos if closed else order[ev_pos]
             dest = -1 if rejected[i] else _route(i, ev_t, router, rr, aff_rep, routed, nfin, last_end, last_nfin)
             if dest >= 0 and wlen[dest] == wq.shape[1]:
                 code = _GROW_WQ
                 break
             if closed:
                 heap_n = _heap_pop(heap_t, heap_s, heap_i, heap_n)
-            else:
-                ev_pos += 1
+            ev_pos += 1
             res[0][i] = ev_t  # res_arrival
             if dest < 0:  # rejected
                 ctl[1] += 1.0  # progress: requests done
-                heap_n, seq, next_issue = _issue(ev_t, closed, n, ev, heap_n, seq, next_issue)
+                heap_n, seq, next_issue = _issue(ev_t, closed, fl[12], n, ev, heap_n, seq, next_issue)
                 continue
             rr += 1
             _enqueue(i, ev_t, dest, rep, res, ev, wq)
@@ -1421,8 +1422,8 @@ def run_fleet(  # type: ignore[no-untyped-def]
     # scratch (ChainTree.max_depth entries)
     t_rows, t_key, t_up, t_fb, rec_node, rec_fb,
     # fleet
-    n_rep, router, closed, concurrency, capacity, max_seqs, budget_max, bs, chunked, caching, max_blocks, table_size,
-    want_log, G, dummy_s,
+    n_rep, router, closed, concurrency, ramp_step, think_s, capacity, max_seqs, budget_max, bs, chunked, caching,
+    max_blocks, table_size, want_log, G, dummy_s,
     # cost (pipeline.stepcost.TabulatedCost.kernel_args)
     tok, logit, af, ab, acount, apeak, ahas, abw, dla, dlb, dlt, pla, plb, plt, mx, sc,
     # results (filled in)
@@ -1437,8 +1438,9 @@ def run_fleet(  # type: ignore[no-untyped-def]
 
     ``router``: 0 round robin, 1 least outstanding, 2 affinity (``aff_rep`` ≥ 0 names the
     replica, −1 falls back to least outstanding). ``times`` are the arrival times (open loop;
-    zeros offline); with ``closed`` the first ``concurrency`` requests arrive at 0 and each
-    finish or rejection issues the next one. Replicas ``[g·G, (g+1)·G)`` step in lockstep
+    zeros offline); with ``closed`` ``concurrency`` clients send the trace's requests in order,
+    client c its first at ``c * ramp_step``, and each finish or rejection has its client send the
+    next one ``think_s`` later. Replicas ``[g·G, (g+1)·G)`` step in lockstep
     (``G`` = FleetSpec.lockstep; an idle one costs ``dummy_s`` per step); spans need ``G == 1``.
 
     ``ctl`` (float64[2]) is shared with the calling thread while this runs without the GIL: a
@@ -1461,13 +1463,13 @@ def run_fleet(  # type: ignore[no-untyped-def]
     last_row = np.full(R, -1, np.int64)
     # -- arrival events: open/offline in (time, index) order; closed loop as a binary heap
     order = np.argsort(times, kind="mergesort")
-    heap_t, heap_s, heap_i, heap_n, seq, next_issue = _init_heap(closed, concurrency, n)
+    heap_t, heap_s, heap_i, heap_n, seq, next_issue = _init_heap(closed, concurrency, n, ramp_step)
     static, own_start, own_t = _static_routes(times, order, rejected, aff_rep, router, closed, R, n)
     ev = (order, heap_t, heap_s, heap_i, static, own_start, own_t, np.zeros(R, np.int64))
     st = np.zeros(6, np.int64)  # the loop's state: ev_pos, heap_n, seq, next_issue, rr, nlog
     st[1], st[2], st[3] = heap_n, seq, next_issue
     wl = (times, prompt, output, chain_off, chain, aff_rep, rejected, t_rows, t_key, t_up, t_fb, rec_node, rec_fb)
-    fl = (R, router, closed, capacity, S, budget_max, bs, chunked, caching, want_log, G, dummy_s)
+    fl = (R, router, closed, capacity, S, budget_max, bs, chunked, caching, want_log, G, dummy_s, think_s)
     cost = (tok, logit, af, ab, acount, apeak, ahas, abw, dla, dlb, dlt, pla, plb, plt, mx, sc)
     res = (res_arrival, res_replica, res_sched, res_first, res_finish, res_itl, res_preempt, res_hit, res_prefill)
     while True:

@@ -621,6 +621,8 @@ def simulate(
     # steps that start before t. Closed loop adds an arrival at each finish.
     events, seq, next_issue = initial_arrivals(work, spec)
     closed = spec.mode == "closed"
+    think = spec.think_s
+    sent = 0  # closed loop: requests sent so far (an event sends the trace's next one when popped)
     rr = 0
     n_rejected = int(rejected.sum())
     turns = 0
@@ -636,10 +638,13 @@ def simulate(
             first, s_first = busy[j], starts[j]
         if events and (not busy or t_a <= s_first):
             t, _s, i = heapq.heappop(events)
+            if closed:
+                i = sent
+                sent += 1
             res.arrival_s[i] = t
             if rejected[i]:
                 if closed and next_issue < n:
-                    heapq.heappush(events, (t, seq, next_issue))
+                    heapq.heappush(events, (t + think, seq, next_issue))
                     seq += 1
                     next_issue += 1
                 continue
@@ -665,7 +670,7 @@ def simulate(
             first.advance(lt=t_a, le=le, stop_on_finish=True)
             for rid in first.finished_now:
                 if next_issue < n:
-                    heapq.heappush(events, (float(res.finish_s[rid]), seq, next_issue))
+                    heapq.heappush(events, (float(res.finish_s[rid]) + think, seq, next_issue))
                     seq += 1
                     next_issue += 1
             first.finished_now.clear()

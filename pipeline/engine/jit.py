@@ -291,6 +291,8 @@ def _run_busy(
         router,
         spec.mode == "closed",
         min(int(spec.concurrency), n) if spec.mode == "closed" else 0,  # clients beyond n never issue
+        float(spec.ramp_step_s),  # (from the whole concurrency: the ramp's pace does not depend on n)
+        float(spec.think_s),
         int(cfg.num_gpu_blocks),
         int(cfg.max_num_seqs),
         int(cfg.max_num_batched_tokens),

@@ -9,6 +9,7 @@ semantics they implement are documented once, in ``docs/engine.md``.
 from __future__ import annotations
 
 import heapq
+import math
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING
 
@@ -150,6 +151,13 @@ class FleetSpec:
     #: the group starts when any of them has work, every rank with work schedules its own batch,
     #: idle ranks run a dummy batch, and the step lasts as long as the slowest rank's.
     lockstep: int = 1
+    #: Closed loop only: the clients start one after another over ``ramp_s`` seconds (client c
+    #: sends its first request at c·ramp_s/(concurrency − 1), so the last one at ``ramp_s``:
+    #: AIPerf's ``--concurrency-ramp-duration``, one more concurrent request at even steps), and
+    #: each waits ``think_s`` seconds after its request's last token (or its rejection) before it
+    #: sends the next. docs/engine.md, "Closed loop".
+    ramp_s: float = 0.0
+    think_s: float = 0.0
 
     def __post_init__(self) -> None:
         if self.replicas < 1:
@@ -162,6 +170,18 @@ class FleetSpec:
             raise ConfigError(f"mode {self.mode!r} unknown; choose one of {list(MODES)}")
         if self.mode == "closed" and self.concurrency < 1:
             raise ConfigError("closed-loop mode needs concurrency >= 1")
+        for name in ("ramp_s", "think_s"):
+            value = getattr(self, name)
+            if not (math.isfinite(value) and value >= 0):
+                raise ConfigError(f"{name} must be a finite number of seconds >= 0, got {value}")
+            if value and self.mode != "closed":
+                raise ConfigError(f"{name} applies to the closed loop only (mode {self.mode!r})")
+
+    @property
+    def ramp_step_s(self) -> float:
+        """Seconds between two clients' first requests (0 without a ramp or with one client): client
+        c starts at ``c * ramp_step_s``, the same product in every engine."""
+        return self.ramp_s / (self.concurrency - 1) if self.concurrency > 1 else 0.0
 
 
 @dataclass
@@ -249,13 +269,18 @@ def choose_replica(router: str, key: int, outstanding: list[int], rr_next: int) 
 
 def initial_arrivals(work: Workload, spec: FleetSpec) -> tuple[list[tuple[float, int, int]], int, int]:
     """The arrival events both Python engines start from, as a heap of (time, sequence, request):
-    a closed loop starts ``concurrency`` clients at t = 0 (each finish issues the next request of
-    the trace), offline sends every request at t = 0, open loop uses the trace's arrival times.
-    Returns the heap, the next sequence number and the next request a closed loop will issue."""
+    a closed loop starts ``concurrency`` clients at t = 0, or client c at ``c * ramp_step_s`` with
+    a ramp (each finish or rejection issues the client's next request ``think_s`` later; the
+    request an event sends is chosen when it is popped: the next of the trace, so requests go
+    out in the trace's order whatever order the clients come back in); offline sends every
+    request at t = 0, open loop uses the trace's arrival times. Returns the heap, the next
+    sequence number and the number of arrival events a closed loop has scheduled (at most one
+    per request)."""
     n = work.n
     if spec.mode == "closed":
         k = min(spec.concurrency or 0, n)
-        return [(0.0, i, i) for i in range(k)], k, k
+        step = spec.ramp_step_s
+        return [(c * step, c, c) for c in range(k)], k, k
     times = np.zeros(n) if spec.mode == "offline" else work.arrival_s
     events = [(float(t), i, i) for i, t in enumerate(times.tolist())]
     heapq.heapify(events)

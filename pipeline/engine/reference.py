@@ -252,8 +252,12 @@ def simulate_reference(work: Workload, spec: FleetSpec, cost: StepCostFn) -> Eng
     dummy = dummy_step_s(cost)
 
     # Arrival events (time, sequence, request index). Closed loop issues the next request of the
-    # trace when one finishes (or is rejected); offline sends everything at t = 0.
+    # trace when one finishes (or is rejected), ``think_s`` later; offline sends everything at t = 0.
+    # A closed loop's event sends the trace's next request when it is popped (``sent``), and a
+    # client sends its next one ``think_s`` after its request ends.
     events, seq, next_issue = initial_arrivals(work, spec)
+    closed = spec.mode == "closed"
+    sent = 0
     rr = 0
 
     while True:
@@ -261,10 +265,13 @@ def simulate_reference(work: Workload, spec: FleetSpec, cost: StepCostFn) -> Eng
         first = min(busy, key=lambda rep: (rep.next_start(), rep.index)) if busy else None
         if events and (first is None or events[0][0] <= first.next_start()):
             t, _s, i = heapq.heappop(events)
+            if closed:
+                i = sent
+                sent += 1
             res.arrival_s[i] = t
             if res.reject_reason[i]:
-                if spec.mode == "closed" and next_issue < n:
-                    heapq.heappush(events, (t, seq, next_issue))
+                if closed and next_issue < n:
+                    heapq.heappush(events, (t + spec.think_s, seq, next_issue))
                     seq += 1
                     next_issue += 1
                 continue
@@ -300,8 +307,8 @@ def simulate_reference(work: Workload, spec: FleetSpec, cost: StepCostFn) -> Eng
             for rep, scheduled in plans:
                 done += rep.commit(scheduled, now + dt)
         for req in done:
-            if spec.mode == "closed" and next_issue < n:
-                heapq.heappush(events, (float(res.finish_s[req.idx]), seq, next_issue))
+            if closed and next_issue < n:
+                heapq.heappush(events, (float(res.finish_s[req.idx]) + spec.think_s, seq, next_issue))
                 seq += 1
                 next_issue += 1
     return res
