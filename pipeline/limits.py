@@ -452,11 +452,10 @@ def _step_s(cost: Callable[[Any], Any], decode_seqs: float, ctx: float, prefill:
 
 def jit_compile_needed() -> bool:
     """Whether the jit engine's disk cache is missing or stale (its first run then compiles)."""
-    from pipeline.engine.jit import kernel_stamp
+    from pipeline.engine.jit import jit_cache_dir, kernel_stamp
 
-    here = Path(__file__).resolve().parent / "engine"
-    cache = here / "__pycache__"
-    src = here / "_jit_kernels.py"
+    cache = jit_cache_dir()  # $NUMBA_CACHE_DIR's copy when set, where numba writes it
+    src = Path(__file__).resolve().parent / "engine" / "_jit_kernels.py"
     try:
         digest = kernel_stamp()
         if not (cache / f"_jit_kernels.stepcost-{digest}.stamp").exists():

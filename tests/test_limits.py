@@ -480,3 +480,24 @@ def test_classify_refuses_a_block_size_its_memory_cannot_hold(
     line = _one_error_line(res.stderr)
     assert f"in blocks of 1 tokens ({tokens:,} blocks)" in line and "use a larger --block-size" in line, line
     assert _invoke(["classify", "--store", str(store.root), "--date", DATE]).exit_code == 0
+
+
+def test_the_compile_check_looks_where_numba_caches(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """With $NUMBA_CACHE_DIR set numba caches the engine there, not in the package's
+    __pycache__: the "compiling the replay engine" notice must look there too (hostile round 13:
+    a warm package folder hid a 3-minute compile)."""
+    from numba.core import config
+
+    from pipeline.engine.jit import jit_cache_dir, kernel_stamp
+    from pipeline.limits import jit_compile_needed
+
+    monkeypatch.setattr(config, "CACHE_DIR", str(tmp_path))
+    cache = jit_cache_dir()
+    assert cache.parent == tmp_path and cache.name.startswith("engine_")
+    assert jit_compile_needed()  # nothing compiled there yet
+    cache.mkdir()
+    (cache / f"_jit_kernels.stepcost-{kernel_stamp()}.stamp").touch()
+    (cache / "_jit_kernels.run_fleet-100.py311.nbi").touch()
+    assert not jit_compile_needed()
+    monkeypatch.setattr(config, "CACHE_DIR", "")
+    assert jit_cache_dir().name == "__pycache__"

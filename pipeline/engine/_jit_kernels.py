@@ -17,13 +17,11 @@ Semantics: docs/engine.md.
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import numba
 import numpy as np
 
 from pipeline.classify import prefix
-from pipeline.engine.jit import kernel_stamp
+from pipeline.engine.jit import jit_cache_dir, kernel_stamp
 from pipeline.stepcost import row_kernel, span_kernels
 
 
@@ -36,13 +34,13 @@ def _drop_stale_cache() -> None:
     package's files do not change). The folder is made here when Python has not made it (it
     writes no bytecode under PYTHONDONTWRITEBYTECODE): a cache written without its stamp would
     be taken for stale and removed by the next process."""
-    cache = Path(__file__).resolve().parent / "__pycache__"
+    cache = jit_cache_dir()
     digest = kernel_stamp()
     stamp = cache / f"_jit_kernels.stepcost-{digest}.stamp"
     try:
         if stamp.exists():
             return
-        cache.mkdir(exist_ok=True)
+        cache.mkdir(parents=True, exist_ok=True)
         for old in [
             *cache.glob("_jit_kernels.*.nbi"),
             *cache.glob("_jit_kernels.*.nbc"),

@@ -24,6 +24,7 @@ import hashlib
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass, replace
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -47,6 +48,22 @@ CANCEL_WAIT_S = 2.0
 REPLICA_COL = list(SPAN_COLUMNS).index("replica")
 
 _ROUTER_CODES = {"round_robin": 0, "least_outstanding": 1, "session_affinity": 2, "prefix_affinity": 2}
+
+
+def jit_cache_dir() -> Path:
+    """The folder numba caches the compiled loop in: ``$NUMBA_CACHE_DIR`` (numba's own sub-path
+    for this package's folder there) when set, else the package's ``engine/__pycache__``."""
+    src = Path(__file__).resolve().with_name("_jit_kernels.py")
+    try:
+        from numba.core import config
+        from numba.core.caching import _CacheLocator
+    except ImportError:  # pragma: no cover - numba is a runtime dependency
+        return src.parent / "__pycache__"
+    root = getattr(config, "CACHE_DIR", "")
+    if root:  # numba's _UserProvidedCacheLocator: CACHE_DIR / its sub-path for the source's folder
+        sub = str(_CacheLocator.get_suitable_cache_subpath(str(src)))  # type: ignore[no-untyped-call]
+        return Path(str(root)) / sub
+    return src.parent / "__pycache__"
 
 
 def kernel_stamp() -> str:
