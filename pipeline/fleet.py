@@ -198,6 +198,8 @@ class FleetConfig:
             del out["router_pod_balancer"]
         if self.stack_calibration is None:  # unset: runs recorded before it keep their run ids
             del out["stack_calibration"]
+        else:  # the numbers, not where they were read from
+            out["stack_calibration"] = self.stack_calibration.to_dict()
         return out
 
     def pod_balancer(self) -> str:
@@ -294,9 +296,13 @@ MAX_STEP_OVERHEAD_S = 10.0
 FLEET_NAME_RE = re.compile(r"[A-Za-z0-9_-][A-Za-z0-9._-]{0,63}")
 
 
-def parse_fleet(data: dict[str, Any], origin: str, base_dir: Path | None = None) -> FleetConfig:
+def parse_fleet(
+    data: dict[str, Any], origin: str, base_dir: Path | None = None, *, recorded: bool = False
+) -> FleetConfig:
     """Validate a parsed FLEET.toml; errors name ``origin`` and the key. ``base_dir``: the folder
-    a ``calibration_file`` is relative to (the fleet file's; None: the working directory)."""
+    a ``calibration_file`` is relative to (the fleet file's; None: the working directory).
+    ``recorded``: the fleet a run's config.json recorded, which holds a calibration by value
+    (``stack_calibration``); a fleet file names its calibration file instead."""
     _check(data, _TOP_TYPES, origin)
     missing = sorted(_TOP_REQUIRED - set(data))
     if missing:
@@ -352,6 +358,11 @@ def parse_fleet(data: dict[str, Any], origin: str, base_dir: Path | None = None)
                     )
         calibration = Calibration(**raw)
     slo = _parse_slo_table(data["slo"], f"{origin} [slo]") if "slo" in data else None
+    if "stack_calibration" in data and not recorded:
+        raise ConfigError(
+            f"{origin}: stack_calibration is what a run records; a fleet file names its calibration with "
+            'calibration_file = "CAL.toml" (written by rooftrace calibrate --observed)'
+        )
     stack = _stack_calibration(data, origin, base_dir)
     if stack is not None and calibration is not None:
         raise ConfigError(
@@ -429,7 +440,7 @@ def fleet_from_dict(data: Any, origin: str) -> FleetConfig:
     for table in ("engine", "calibration", "stack_calibration"):
         if isinstance(raw.get(table), Mapping):
             raw[table] = {k: v for k, v in raw[table].items() if v is not None}
-    return parse_fleet(raw, origin)
+    return parse_fleet(raw, origin, recorded=True)
 
 
 def _too_many(replicas: int, dp: int) -> str:
@@ -446,9 +457,39 @@ def load_fleet(path: Path | str, *, check_profile: bool = True) -> FleetConfig:
     as it replaces the hardware and skips the candidates without a profile instead."""
     cfg = parse_fleet(read_toml(path, "fleet file"), str(path), Path(path).parent)
     check_calibration_tier(cfg, str(path))
+    check_stack_calibration(cfg)
     if check_profile:
         check_cost_model(cfg, str(path))
     return cfg
+
+
+def check_stack_calibration(cfg: FleetConfig, hardware: str | None = None) -> None:
+    """Refuse, before any work, a calibration learnt on another GPU (or, where the tier is known
+    without building the tables, another cost tier) than the fleet's (``hardware``: the
+    candidate GPU a plan puts in its place). The step cost checks the tier again once it is built."""
+    cal = cfg.stack_calibration
+    if cal is None:
+        return
+    from pipeline.stackcal import check_applies
+
+    try:
+        hw = load_hardware(hardware or cfg.hardware)
+    except ConfigError:
+        return  # resolve names that error
+    check_applies(cal, hw.name, expected_tier(cfg, hw))
+
+
+def expected_tier(cfg: FleetConfig, hw: Any) -> str | None:
+    """The cost tier that will price ``cfg`` on ``hw`` where it is certain without building the
+    tables (a measured profile under auto / measured, the roofline when asked for); None
+    otherwise (the prior may fall back to the roofline for a model it cannot price)."""
+    from pipeline.profile.tables import profile_for
+
+    if cfg.cost_model == "roofline" or (cfg.cost_model == "auto" and cfg.calibration is not None):
+        return "roofline"
+    if cfg.cost_model in ("auto", "measured") and profile_for(hw) is not None:
+        return "measured"
+    return None
 
 
 def check_calibration_tier(cfg: FleetConfig, origin: str) -> None:

@@ -304,7 +304,10 @@ def fit_requests(
         source=source or "observed latencies",
         hardware=fleet.deployment.hardware.name,
         cost_tier=base.source,
-        **{k: round(values[k], 6) if k != "step_overhead_s" else round(values[k], 7) for k in PARAMETERS},
+        linear_scale=round(values["linear_scale"], 6),
+        attention_scale=round(values["attention_scale"], 6),
+        comm_scale=round(values["comm_scale"], 6),
+        step_overhead_s=round(values["step_overhead_s"], 7),
     )
     if progress:
         progress(f"fitted {cal.text()} after {fit_replay.calls} replays; judging the rest of the day")

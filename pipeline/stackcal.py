@@ -34,7 +34,7 @@ file). The run records the numbers themselves, so it replays the same without th
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -65,9 +65,14 @@ class StackCalibration:
     attention_scale: float = 1.0
     comm_scale: float = 1.0
     step_overhead_s: float = 0.0
+    #: Where it was read from, for errors (the fleet file and its ``calibration_file`` key); not
+    #: part of the calibration (a run records the numbers, not the path).
+    origin: str = field(default="", compare=False)
 
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        out = asdict(self)
+        del out["origin"]
+        return out
 
     def values(self) -> dict[str, float]:
         return {k: float(getattr(self, k)) for k in PARAMETERS}
@@ -77,7 +82,7 @@ class StackCalibration:
         return ", ".join(parts) or "no change"
 
 
-def parse_calibration(table: Any, where: str) -> StackCalibration:
+def parse_calibration(table: Any, where: str, origin: str = "") -> StackCalibration:
     """A ``[calibration]`` table of a calibration file (or a run's recorded copy); errors name
     ``where`` and the key."""
     if not isinstance(table, dict):
@@ -104,7 +109,7 @@ def parse_calibration(table: Any, where: str) -> StackCalibration:
         if not (math.isfinite(value) and lo <= value <= hi):
             raise ConfigError(f"{where}: {key} must be in [{lo:g}, {hi:g}], got {value!r}")
         out[key] = value
-    return StackCalibration(**out)
+    return StackCalibration(**out, origin=origin or where)
 
 
 def load_calibration_file(path: Path, where: str) -> StackCalibration:
@@ -118,18 +123,19 @@ def load_calibration_file(path: Path, where: str) -> StackCalibration:
         raise ConfigError(f"{where}: {exc}") from None
     if "calibration" not in data:
         raise ConfigError(f"{where}: {path} has no [calibration] table (write one with rooftrace calibrate --observed)")
-    return parse_calibration(data["calibration"], f"{path} [calibration]")
+    return parse_calibration(data["calibration"], f"{path} [calibration]", origin=where)
 
 
-def check_applies(cal: StackCalibration, hardware: str, tier: str, where: str) -> None:
-    """Refuse a calibration fitted on another GPU or cost tier: its scales are relative to that
-    GPU's tables."""
+def check_applies(cal: StackCalibration, hardware: str, tier: str | None, where: str = "") -> None:
+    """Refuse a calibration fitted on another GPU or cost tier (``tier`` None: not known yet): its
+    scales are relative to that GPU's tables. Errors name where the calibration was read from."""
+    where = cal.origin or where
     if cal.hardware != hardware:
         raise ConfigError(
             f"{where}: the calibration was fitted on {cal.hardware!r}, this fleet runs {hardware!r}: its scales are "
             "relative to that GPU's tables; calibrate this GPU's fleet from its own logs"
         )
-    if cal.cost_tier != tier:
+    if tier is not None and cal.cost_tier != tier:
         raise ConfigError(
             f"{where}: the calibration was fitted on the {cal.cost_tier!r} cost tier, this fleet is priced by "
             f"{tier!r}: set cost_model so both use the same tier, or calibrate again"

@@ -231,6 +231,8 @@ def _write_cal(path: Path, **over: object) -> None:
 
 
 def test_fleet_file_errors_name_the_file_and_key(tmp_path: Path) -> None:
+    """Every calibration error is raised when the fleet is loaded, before any request is read,
+    and names the fleet file and its calibration_file key (hostile round 13)."""
     fleet = tmp_path / "fleet.toml"
     head = 'name = "f"\nmodel = "llama-3.1-8b"\nhardware = "h100-sxm"\n'
     fleet.write_text(head + 'calibration_file = "missing.toml"\n')
@@ -238,12 +240,17 @@ def test_fleet_file_errors_name_the_file_and_key(tmp_path: Path) -> None:
         load_fleet(fleet)
     _write_cal(tmp_path / "l40s.toml", hardware="l40s")
     fleet.write_text(head + 'calibration_file = "l40s.toml"\n')
-    with pytest.raises(ConfigError, match="fitted on 'l40s', this fleet runs 'h100-sxm'"):
-        fleet_step_cost(resolve(load_fleet(fleet)))
+    with pytest.raises(ConfigError, match=r"fleet.toml: calibration_file = 'l40s.toml': the calibration was fitted on "
+                       r"'l40s', this fleet runs 'h100-sxm'"):  # fmt: skip
+        load_fleet(fleet)
     _write_cal(tmp_path / "roof.toml", cost_tier="roofline")
     fleet.write_text(head + 'calibration_file = "roof.toml"\n')
-    with pytest.raises(ConfigError, match="fitted on the 'roofline' cost tier"):
-        fleet_step_cost(resolve(load_fleet(fleet)))
+    with pytest.raises(
+        ConfigError, match=r"calibration_file = 'roof.toml': the calibration was fitted on the 'roofline'"
+    ):
+        load_fleet(fleet)
+    fleet.write_text(head + 'cost_model = "roofline"\ncalibration_file = "roof.toml"\n')
+    assert load_fleet(fleet).stack_calibration is not None  # the same tier: fine
     _write_cal(tmp_path / "ok.toml")
     fleet.write_text(head + 'calibration_file = "ok.toml"\n[calibration]\nsource = "x"\ncompute_efficiency = 0.5\n')
     with pytest.raises(ConfigError, match="keep one"):
@@ -252,10 +259,39 @@ def test_fleet_file_errors_name_the_file_and_key(tmp_path: Path) -> None:
     fleet.write_text(head + 'calibration_file = "notcal.toml"\n')
     with pytest.raises(ConfigError, match="has no \\[calibration\\] table"):
         load_fleet(fleet)
+    fleet.write_text(head + '[stack_calibration]\nsource = "s"\nhardware = "h100-sxm"\ncost_tier = "measured"\n')
+    with pytest.raises(
+        ConfigError, match="stack_calibration is what a run records; a fleet file names its calibration"
+    ):
+        load_fleet(fleet)
     fleet.write_text(head + 'calibration_file = "ok.toml"\n')
-    assert load_fleet(fleet).stack_calibration == StackCalibration(
-        source="s", hardware="h100-sxm", cost_tier="measured", linear_scale=1.1
-    )
+    cal = load_fleet(fleet).stack_calibration
+    assert cal == StackCalibration(source="s", hardware="h100-sxm", cost_tier="measured", linear_scale=1.1)
+    assert cal is not None and "origin" not in cal.to_dict() and "calibration_file = 'ok.toml'" in cal.origin
+
+
+def test_plan_skips_the_gpus_a_calibration_does_not_describe(tmp_path: Path) -> None:
+    """A plan over h100-sxm and h200 from a base fleet calibrated on h100-sxm plans the H100 and
+    skips the H200 with the reason (it stopped the whole plan at the H200, naming a fleet the
+    user never wrote)."""
+    from pipeline.plan.search import skip_reason
+    from pipeline.plan.stage import plan_notes
+
+    _write_cal(tmp_path / "cal.toml")
+    fleet = tmp_path / "base.toml"
+    fleet.write_text('name = "b"\nmodel = "llama-3.1-8b"\nhardware = "h100-sxm"\ncalibration_file = "cal.toml"\n')
+    base = load_fleet(fleet)
+    assert skip_reason(base, "h100-sxm", str(fleet)) is None
+    why = skip_reason(base, "h200", str(fleet))
+    assert why is not None and why.startswith("skipped: the base fleet's calibration does not apply")
+    assert "fitted on 'h100-sxm', this fleet runs 'h200'" in why and "calibration_file = 'cal.toml'" in why
+
+    class Opts:
+        hardware = ("h100-sxm", "h200")
+        tp = (1,)
+
+    notes = plan_notes(Opts(), base, str(fleet))  # type: ignore[arg-type]
+    assert any(n.startswith("skipped h200: the base fleet's calibration") for n in notes), notes
 
 
 # --- the command ---------------------------------------------------------------------------------

@@ -165,7 +165,15 @@ def candidate_fleet(base: FleetConfig, c: Candidate) -> FleetConfig:
 
 def skip_reason(base: FleetConfig, hardware: str, origin: str = "the base fleet") -> str | None:
     """Why a candidate on ``hardware`` is not searched: the base fleet asks for the measured cost
-    model (``cost_model = "measured"``) and that GPU has no measured profile. None otherwise."""
+    model (``cost_model = "measured"``) and that GPU has no measured profile, or the base fleet's
+    calibration (``calibration_file``) was learnt on another GPU or tier. None otherwise."""
+    if base.stack_calibration is not None:
+        from pipeline.fleet import check_stack_calibration
+
+        try:
+            check_stack_calibration(base, hardware)
+        except ConfigError as exc:
+            return f"skipped: the base fleet's calibration does not apply: {exc}"
     if base.cost_model != "measured":
         return None
     missing = missing_profile(hardware)

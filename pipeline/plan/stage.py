@@ -138,6 +138,16 @@ def plan_notes(opts: PlanOptions, base: FleetConfig, origin: str) -> list[str]:
             f"so each configuration shards the experts over its own tp x dp ranks, as vLLM's "
             f"enable_expert_parallel does ({ranks})"
         )
+    if base.stack_calibration is not None:
+        cal = base.stack_calibration
+        other = [hw for hw in dict.fromkeys(opts.hardware) if skip_reason(base, hw, origin) is not None]
+        if other:
+            notes.append(
+                f"skipped {', '.join(other)}: the base fleet's calibration ({cal.origin or origin}) was learnt on "
+                f"{cal.hardware} ({cal.cost_tier} tier) and applies to that GPU only; plan the others from a base "
+                "fleet without calibration_file, or calibrate each GPU's fleet from its own logs"
+            )
+            return notes
     if base.cost_model == "measured":
         skipped = [hw for hw in dict.fromkeys(opts.hardware) if skip_reason(base, hw, origin) is not None]
         if skipped:
