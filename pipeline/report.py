@@ -129,7 +129,8 @@ def vega_bundle(cache_dir: Path) -> str:
     if blocked is not None:
         return f"const NO_CHARTS = {_script_json(blocked)};\n{_NO_BUNDLE}"
     bundle: str = vlc.javascript_bundle()  # type: ignore[call-arg]
-    atomic_write_bytes(path, bundle.encode())
+    with contextlib.suppress(OSError):  # a store the reader may not write (read-only): built again next time
+        atomic_write_bytes(path, bundle.encode())
     return bundle
 
 
@@ -1515,6 +1516,23 @@ def _check_out(out: Path) -> None:
             raise RooftraceError(f"--out {out}: {target} {exc.strerror}") from None
 
 
+def _check_png_dir(png_dir: Path) -> None:
+    """``--png DIR`` names a folder, or where one can be made, before any work (a device or a file
+    failed only after the page and headline.json were written)."""
+    from pipeline.schemas import not_regular
+
+    for folder in (png_dir, *png_dir.parents):
+        try:
+            if not folder.exists():
+                continue
+            if not folder.is_dir():
+                what = not_regular(folder) or "a file"
+                raise RooftraceError(f"--png {png_dir}: {folder} is {what}, not a folder; give a folder for the PNGs")
+        except OSError:
+            return  # (unreadable: the write says why)
+        return
+
+
 def _write_pngs(charts: list[Chart], png_dir: Path, pngs: list[Path], skipped: list[str]) -> None:
     """Each chart with data as PNG; a chart with nothing to draw, or one vl-convert cannot draw,
     is named in ``skipped`` (with why) rather than failing the report; where vl-convert cannot
@@ -2011,6 +2029,8 @@ def build_report(
         _check_out(out)
     elif reports_dir is not None:
         _make_reports_dir(reports_dir)
+    if png_dir is not None:
+        _check_png_dir(png_dir)
     if run_id is None:
         run_id = latest_run(store, date)  # (a date checked YYYY-MM-DD, matched whole)
         if run_id is None:

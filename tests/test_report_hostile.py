@@ -144,6 +144,32 @@ def test_report_out_named_headline_json_is_refused(all_rejected: dict[str, Any],
     assert len(res.stderr.strip().splitlines()) == 1 and not out.exists()
 
 
+def test_report_png_to_a_device_is_refused_before_any_write(all_rejected: dict[str, Any], tmp_path: Path) -> None:
+    """--png /dev/null failed only after the page and headline.json were written (round 13)."""
+    out = tmp_path / "rep" / "p.html"
+    res = CliRunner().invoke(
+        main, ["report", "--store", str(all_rejected["store"]), "--png", "/dev/null", "--out", str(out)]
+    )
+    assert res.exit_code == 1 and "Traceback" not in res.output, res.output
+    assert "--png /dev/null: /dev/null is a device, not a folder" in res.stderr
+    assert not out.exists() and not (out.parent / "headline.json").exists()
+
+
+def test_the_chart_bundle_is_built_when_the_store_cannot_cache_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A read-only store: report crashed writing the vega bundle into STORE/.cache (round 13);
+    the bundle is a cache, so the page is made without storing it."""
+    import pipeline.report as report_mod
+
+    def read_only(path: Path, data: bytes) -> None:
+        raise OSError(30, "Read-only file system", str(path))
+
+    monkeypatch.setattr(report_mod, "atomic_write_bytes", read_only)
+    bundle = report_mod.vega_bundle(tmp_path / "ro" / ".cache")
+    assert "vegaEmbed" in bundle and not (tmp_path / "ro").exists()
+
+
 def test_a_few_seconds_of_traffic_are_not_projected_to_a_day(all_rejected: dict[str, Any]) -> None:
     page = html_lib.unescape((all_rejected["reports"] / "2025-02-01" / "default" / "index.html").read_text())
     assert "US$ over 2.5 s of traffic; not projected to a day" in page
