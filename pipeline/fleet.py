@@ -317,6 +317,8 @@ def parse_fleet(
     for key in ("gpu_memory_utilization", "step_overhead_s"):
         if key in engine_raw:
             engine_raw[key] = float(engine_raw[key])
+    if isinstance(engine_raw.get("vllm_version"), str):  # " 0.9" and "0.9" are one release, one run id
+        engine_raw["vllm_version"] = engine_raw["vllm_version"].strip()
     engine = EngineSettings(**engine_raw)
     if not 0.0 < engine.gpu_memory_utilization <= 1.0:
         raise ConfigError(

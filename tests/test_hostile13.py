@@ -1,0 +1,25 @@
+"""Hostile tester, round 13: fleets and the commands that read them (the small ones; the report,
+calibration and measurement findings are tested beside their features)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from cli_checks import cli, one_error
+
+from pipeline.fleet import load_fleet
+
+
+def test_fit_refuses_more_sequences_than_batched_tokens_as_a_fleet_does(tmp_path: Path) -> None:
+    """`fit --max-num-seqs 16777216` said it fits a set-up a fleet file refuses (round 13); and a
+    vllm_version with spaces around it is the same release and the same recorded fleet."""
+    one_error(
+        cli("fit", "--model", "llama-3.1-8b", "--hardware", "h100-sxm", "--max-num-seqs", "16777216"),
+        "--max-num-seqs 16,777,216 is more than --max-num-batched-tokens 8,192",
+    )
+    fleet = tmp_path / "f.toml"
+    head = 'name = "f"\nmodel = "llama-3.1-8b"\nhardware = "h100-sxm"\n[engine]\n'
+    fleet.write_text(head + 'vllm_version = " 0.11.1 "\n')
+    spaced = load_fleet(fleet).to_dict()
+    fleet.write_text(head + 'vllm_version = "0.11.1"\n')
+    assert spaced == load_fleet(fleet).to_dict()
