@@ -23,3 +23,21 @@ def test_fit_refuses_more_sequences_than_batched_tokens_as_a_fleet_does(tmp_path
     spaced = load_fleet(fleet).to_dict()
     fleet.write_text(head + 'vllm_version = "0.11.1"\n')
     assert spaced == load_fleet(fleet).to_dict()
+
+
+def test_a_moe_intermediate_size_of_zero_is_refused(tmp_path: Path) -> None:
+    """moe_intermediate_size = 0 was read as unset (the dense intermediate size: 435 GiB of
+    weights for Qwen3-30B-A3B), where head_dim = 0 is refused (round 13)."""
+    from pipeline.catalog import models_dir
+
+    text = (
+        (models_dir() / "qwen3-30b-a3b.toml")
+        .read_text()
+        .replace("moe_intermediate_size = 768", "moe_intermediate_size = 0")
+    )
+    model = tmp_path / "zero.toml"
+    model.write_text(text)
+    one_error(
+        cli("fit", "--model", str(model), "--hardware", "h100-sxm"),
+        "moe_intermediate_size must be > 0 when given, got 0",
+    )

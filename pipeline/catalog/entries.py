@@ -749,7 +749,7 @@ def model_from_hf_config(cfg: Mapping[str, Any], name: str, hf_id: str = "", sou
         raise ConfigError(f"{where}: max_position_embeddings must be >= 1 when given, got {max_positions}")
     tied, attention_bias = get_bool("tie_word_embeddings", False), get_bool("attention_bias", False)
     use_window = get_bool("use_sliding_window", True)
-    for key in ("num_key_value_heads", "head_dim"):
+    for key in ("num_key_value_heads", "head_dim", "moe_intermediate_size"):
         if cfg.get(key) == 0 and not isinstance(cfg.get(key), bool):  # given as 0, not left out (null)
             raise ConfigError(f"{where}: {key} must be > 0 when given, got 0 (leave it out for the default)")
     kv_heads = get_int("num_key_value_heads", heads) or heads
