@@ -41,3 +41,9 @@ def test_a_moe_intermediate_size_of_zero_is_refused(tmp_path: Path) -> None:
         cli("fit", "--model", str(model), "--hardware", "h100-sxm"),
         "moe_intermediate_size must be > 0 when given, got 0",
     )
+
+
+def test_plan_window_day_with_a_window_length_is_refused() -> None:
+    """`plan --window day --window-s 5` ignored --window-s without a word (round 13)."""
+    res = cli("plan", "--model", "llama-3.1-8b", "--window", "day", "--window-s", "5")
+    assert res.exit_code == 2 and "--window-s is the length of the peak window" in res.output

@@ -171,6 +171,12 @@ def plan_cmd(
 
     if model is None:
         raise click.UsageError("Missing option '--model'.")
+    given = click.get_current_context().get_parameter_source("window_s")
+    if window == "day" and given == click.core.ParameterSource.COMMANDLINE:
+        # (it was ignored without a word): the whole day has no window length
+        raise click.UsageError(
+            "--window-s is the length of the peak window (--window peak); --window day replays the whole day"
+        )
 
     def body() -> Any:
         opts = PlanOptions(
