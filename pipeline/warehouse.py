@@ -1017,6 +1017,11 @@ def sql_error(exc: duckdb.Error, what: str) -> BaseException:
             f"{what}: {first} (the warehouse reads only files under the store and in the folders its own "
             "folders link to; a file linked from outside them is refused)"
         )
+    # DuckDB's own hints to change a setting ('Use "SET max_expression_depth TO x"') point at a
+    # statement the read-only warehouse refuses: say what to do instead
+    first = re.sub(r'\s*Use "SET [^"]*"[^.]*\.?', "", first)
+    if "expression depth" in first:
+        first += " (the warehouse's settings cannot be changed: write the expression with fewer nested terms)"
     return RooftraceError(f"{what}: {first}")
 
 
@@ -1050,7 +1055,7 @@ def check_read_only_sql(con: duckdb.DuckDBPyConnection, sql: str) -> None:
     try:
         statements = con.extract_statements(sql)
     except duckdb.Error as exc:
-        raise RooftraceError(f"SQL failed: {str(exc).splitlines()[0]}") from None
+        raise sql_error(exc, "SQL failed") from None
     if not statements:
         raise RooftraceError("SQL failed: no statement to run")
     for statement in statements:

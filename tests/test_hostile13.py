@@ -47,3 +47,16 @@ def test_plan_window_day_with_a_window_length_is_refused() -> None:
     """`plan --window day --window-s 5` ignored --window-s without a word (round 13)."""
     res = cli("plan", "--model", "llama-3.1-8b", "--window", "day", "--window-s", "5")
     assert res.exit_code == 2 and "--window-s is the length of the peak window" in res.output
+
+
+def test_a_too_deep_expression_does_not_suggest_a_refused_set(tmp_path: Path) -> None:
+    """DuckDB's hint 'Use "SET max_expression_depth TO x"' pointed at a statement the sandbox
+    refuses (round 13)."""
+    from pipeline.store import Store
+
+    store = Store(tmp_path / "st")
+    store.root.mkdir(parents=True)
+    res = cli("sql", "SELECT " + "+".join(["1"] * 3000), "--store", str(store.root))
+    assert res.exit_code == 1 and "Traceback" not in res.output
+    assert "SET max_expression_depth" not in res.stderr
+    assert "expression depth" in res.stderr and "fewer nested terms" in res.stderr
