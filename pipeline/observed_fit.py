@@ -54,6 +54,8 @@ ROBUST_SCALE = 0.1
 MAX_RESIDUAL_REQUESTS = 20_000
 #: Replays the optimiser may run.
 MAX_EVALUATIONS = 300
+#: Seconds between progress lines while fitting.
+PROGRESS_EVERY_S = 10.0
 #: The penalty residual of a request the replay never finished (rejected or still queued).
 UNFINISHED_RESIDUAL = math.log(10.0)
 
@@ -278,11 +280,20 @@ def fit_requests(
         v.update({name: _from_x(name, float(xi)) for name, xi in zip(fitted, x, strict=True)})
         return v
 
+    best: list[Any] = [math.inf, None, time.perf_counter()]
+
     def objective(x: npt.NDArray[np.float64]) -> float:
         pred = fit_replay(values_of(x))
-        return _loss(pred, obs_train, idx) + PRIOR_WEIGHT * sum(
+        loss = _loss(pred, obs_train, idx) + PRIOR_WEIGHT * sum(
             float(xi) ** 2 for name, xi in zip(fitted, x, strict=True) if name != "step_overhead_s"
         )
+        if loss < best[0]:
+            best[0], best[1] = loss, values_of(x)
+        if progress and time.perf_counter() - best[2] >= PROGRESS_EVERY_S:
+            best[2] = time.perf_counter()
+            shown = ", ".join(f"{k} {best[1][k]:.4g}" for k in fitted)
+            progress(f"  {fit_replay.calls} replays (at most {MAX_EVALUATIONS}); best so far: {shown}")
+        return loss
 
     x0 = np.array([_to_x(n, PARAMETERS[n][2]) for n in fitted])
     lo, hi = _bounds(fitted)
