@@ -76,9 +76,32 @@ def observed_day(model: str, n: int, rate: float, seed: int, stack: dict[str, fl
     return frame.with_columns(ttft_s=pl.Series(ttft), e2e_s=pl.Series(ttft + decode))
 
 
-@pytest.fixture(scope="module")
-def fitted() -> ObservedFit:
-    return fit_requests(observed_day("llama-3.1-8b", 3000, 2.0, 1), fleet_of("llama-3.1-8b"), source="synthetic day")
+@pytest.fixture(scope="session")
+def fitted(tmp_path_factory: pytest.TempPathFactory, worker_id: str) -> ObservedFit:
+    """The fit of the known stack's day, made once per test run: under pytest-xdist the first
+    worker to need it fits and the others read its result (the folder above each worker's is the
+    run's own)."""
+
+    def fit() -> ObservedFit:
+        return fit_requests(
+            observed_day("llama-3.1-8b", 3000, 2.0, 1), fleet_of("llama-3.1-8b"), source="synthetic day"
+        )
+
+    if worker_id == "master":
+        return fit()
+    import fcntl
+    import pickle
+
+    shared = tmp_path_factory.getbasetemp().parent
+    with open(shared / "observed_fit.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        cached = shared / "observed_fit.pickle"
+        if cached.exists():
+            got: ObservedFit = pickle.loads(cached.read_bytes())
+            return got
+        made = fit()
+        cached.write_bytes(pickle.dumps(made))
+        return made
 
 
 def test_identifiability_recovers_the_known_stack(fitted: ObservedFit) -> None:

@@ -90,9 +90,9 @@ def fit_cmd(
         tokens = max_num_batched_tokens if max_num_batched_tokens is not None else default_tokens
         seqs = max_num_seqs if max_num_seqs is not None else min(default_seqs, tokens)
         if seqs > tokens:  # as a fleet file's [engine] is refused (pipeline.fleet)
-            given = "" if max_num_batched_tokens is not None else f" (vLLM's default on {dep.hardware.name})"
+            whose = "" if max_num_batched_tokens is not None else f" (vLLM's default on {dep.hardware.name})"
             raise RooftraceError(
-                f"--max-num-seqs {seqs:,} is more than --max-num-batched-tokens {tokens:,}{given}; vLLM needs "
+                f"--max-num-seqs {seqs:,} is more than --max-num-batched-tokens {tokens:,}{whose}; vLLM needs "
                 "max_num_batched_tokens >= max_num_seqs (a step holds one token of every running sequence)"
             )
         f = fit(dep, gpu_memory_utilization, context, block_size, seqs, tokens, vllm_version or DEFAULT_VLLM_VERSION)
