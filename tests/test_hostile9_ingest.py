@@ -359,8 +359,16 @@ def test_malformed_otel_spans_are_quarantined_not_lost(tmp_path: Path) -> None:
         (3, "span is a number, not an object: resourceSpans[1].scopeSpans[1].spans[1]"),
         (3, "span is a string, not an object: resourceSpans[1].scopeSpans[1].spans[2]"),
         (3, "span is null, not an object: resourceSpans[1].scopeSpans[1].spans[3]"),
-        (4, "span attributes are a string, not a list"),
-        (5, "GenAI attribute without a value: gen_ai.usage.input_tokens = null"),
+        (
+            4,
+            "span attributes are a string, not a list: span 1 of the record "
+            "(resourceSpans[1].scopeSpans[1].spans[1]), spanId 0000000000000004",
+        ),
+        (
+            5,
+            "GenAI attribute without a value: gen_ai.usage.input_tokens = null: span 1 of the record "
+            "(resourceSpans[1].scopeSpans[1].spans[1]), spanId 0000000000000005",
+        ),
     ]
     assert _rows(store)["source_line"].to_list() == [1, 6]
 

@@ -295,7 +295,8 @@ def test_a_span_that_ends_before_it_starts_says_so(tmp_path: Path) -> None:
     _balanced(s)
     q = _quarantine(store)
     assert q["reason"].to_list() == [
-        "endTimeUnixNano is before startTimeUnixNano: the span ends before it starts (negative duration, -68.8 s)"
+        "endTimeUnixNano is before startTimeUnixNano: the span ends before it starts (negative duration, -68.8 s): "
+        "span 1 of the record (resourceSpans[1].scopeSpans[1].spans[1]), spanId back"
     ]
     assert q["field"].to_list() == ["endTimeUnixNano"] and q["source_file"].to_list() == [str(log)]
 

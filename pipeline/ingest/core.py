@@ -79,6 +79,7 @@ from pipeline.ingest.source import (
     fetch_lines,
     file_identity,
     iter_files,
+    leading_nuls,
     logical_name,
     read_head,
     sniff_format,
@@ -247,17 +248,22 @@ def _resolve_spec(path: Path, fmt: str | None, mapping: Path | None) -> FormatSp
     if head.startswith(b"PAR1"):  # a Parquet file by its magic number, whatever its name (x.parquet.1)
         raise SourceError(f"{path}: Parquet input needs --format parquet and a --mapping")
     check_text(path, head)
+    skip = leading_nuls(path, head) or 0  # a zero-filled start (copytruncate): its text after it
+    if skip:
+        head = read_head(path, SNIFF_HEAD, skip)
     try:
         return FORMATS[sniff_format(path, head, whole=len(head) < SNIFF_HEAD)]
     except SourceError:
         if len(head) < SNIFF_HEAD:
             raise
         # The head may end inside the first record (a record over 64 KiB): look further.
-        head = read_head(path, SNIFF_MAX)
+        head = read_head(path, SNIFF_MAX, skip)
         return FORMATS[sniff_format(path, head, whole=len(head) < SNIFF_MAX)]
 
 
-def _raw_batches(path: Path, spec: FormatSpec) -> Iterator[RawBatch]:
+def _raw_batches(path: Path, spec: FormatSpec, size: int | None = None) -> Iterator[RawBatch]:
+    """The file's raw batches by its reader; with ``size``, of its first ``size`` bytes (those its
+    hash covers) for the line readers."""
     kind = spec.kind
     if kind in ("csv", "parquet") or kind == "otel":
         pass
@@ -269,14 +275,14 @@ def _raw_batches(path: Path, spec: FormatSpec) -> Iterator[RawBatch]:
         kind = "jsonl" if head[:1] in (b"{", b"[") else "csv"
     if kind == "csv":
         check_text(path, read_head(path))
-        yield from csv_batches(path, spec)
+        yield from csv_batches(path, spec, size)
     elif kind == "otel":
         check_text(path, read_head(path))
-        yield from otel_batches(path, spec)
+        yield from otel_batches(path, spec, size)
     elif kind == "parquet":
         yield from parquet_batches(path, spec)
     else:
-        yield from jsonl_robust(path, spec)
+        yield from jsonl_robust(path, spec, size)
 
 
 class Sink(Protocol):
@@ -328,14 +334,16 @@ def _stage_file(
     seen: set[str] | None = set() if spec.mapped else None
     if spec.kind == "jsonl":
         try:
-            fast = pre if pre is not None else jsonl_fast(path, spec, digest.stats)
+            fast = pre if pre is not None else jsonl_fast(path, spec, digest.stats, size=digest.size)
             read, bad_frames = _stage_batches(path, spec, ctx, stager, file_index, fast, seen=seen)
         except FastPathFailed:
             stager.drop(file_index)
             seen = set() if spec.mapped else None
-            read, bad_frames = _stage_batches(path, spec, ctx, stager, file_index, _raw_batches(path, spec), seen=seen)
+            raw = _raw_batches(path, spec, digest.size)
+            read, bad_frames = _stage_batches(path, spec, ctx, stager, file_index, raw, seen=seen)
     else:
-        read, bad_frames = _stage_batches(path, spec, ctx, stager, file_index, _raw_batches(path, spec), seen=seen)
+        raw = _raw_batches(path, spec, digest.size)
+        read, bad_frames = _stage_batches(path, spec, ctx, stager, file_index, raw, seen=seen)
     if seen is not None and notes is not None and read:
         for name in spec.fields:
             if name not in seen:
@@ -389,6 +397,8 @@ def _stage_batch(
     path: Path, spec: FormatSpec, ctx: Context, stager: Sink, file_index: int, batch: RawBatch, derived: DerivedIds
 ) -> pl.DataFrame:
     cand = spec.post(batch.frame, ctx).with_columns(batch.frame["source_line"])
+    if "_where" in batch.frame.columns:  # an OTel span's label and place, for its quarantine record
+        cand = cand.with_columns(batch.frame["_where"], batch.frame["_span"])
     norm = finalize(
         cand,
         source_format=spec.name,
@@ -399,7 +409,12 @@ def _stage_batch(
     )
     if norm.good.height:
         stager.add(file_index, norm.good)
-    bad = norm.bad.with_columns(raw=pl.lit(None, dtype=pl.String))
+    if "_span" in norm.bad.columns:  # an OTel span's raw text: its own JSON
+        text = batch.span_text
+        raws = [text(n, at) if text is not None else None for n, at in norm.bad.select("source_line", "_span").rows()]
+        bad = norm.bad.drop("_span").with_columns(raw=pl.Series(raws, dtype=pl.String))
+    else:
+        bad = norm.bad.with_columns(raw=pl.lit(None, dtype=pl.String))
     if spec.kind == "parquet" and bad.height:
         raw = pl.struct(pl.all().exclude("source_line")).struct.json_encode()
         raw_json = batch.frame.select("source_line", raw=raw)
@@ -408,7 +423,9 @@ def _stage_batch(
         fail = pl.DataFrame(
             {
                 "source_line": [f[0] for f in batch.failures],
-                "field": [batch.failure_fields.get(f[0]) for f in batch.failures],
+                "field": batch.failure_field_list
+                if batch.failure_field_list is not None
+                else [batch.failure_fields.get(f[0]) for f in batch.failures],
                 "reason": [f[1] for f in batch.failures],
                 "raw": [f[2] for f in batch.failures],
             },
@@ -809,9 +826,11 @@ def _ingest_locked(
     else:
         ahead = _Lookahead(paths, seen, fmt, mapping)
         outcomes = _read_serial(paths, first, fmt, mapping, ctx, known, seen, stager, ahead)
+    tick = _Ticker(len(paths), say)
     for k, out in enumerate(outcomes):
         idx = first + k
         results.append(out.res)
+        tick.file_done(out.res.rows_read)
         if out.bad is not None:
             quarantines[idx] = out.bad  # kept even when the file fails, to see why
         if out.batches is not None and out.ok and out.res.content_sha256 in known:
@@ -850,6 +869,32 @@ def _ingest_locked(
     for line in _after_merge_lines(manifest, results, conflicts, force, requarantined):
         say(line)
     return results
+
+
+#: Seconds between the progress lines of a run of many files.
+PROGRESS_EVERY_S = 5.0
+
+
+class _Ticker:
+    """A line on ``say`` every PROGRESS_EVERY_S seconds while the files of a run of more than one
+    are read (files done of all, rows read, time so far): a day of thousands of small files
+    otherwise ran for minutes with no word of how far it was."""
+
+    def __init__(self, total: int, say: Progress) -> None:
+        self.total, self.say = total, say
+        self.done = self.rows = 0
+        self.start = self.last = time.monotonic()
+
+    def file_done(self, rows: int) -> None:
+        self.done += 1
+        self.rows += rows
+        now = time.monotonic()
+        if self.total > 1 and self.done < self.total and now - self.last >= PROGRESS_EVERY_S:
+            self.last = now
+            self.say(
+                f"ingest: {self.done:,} of {self.total:,} files read ({self.rows:,} rows), "
+                f"{now - self.start:.0f} s elapsed"
+            )
 
 
 @dataclass
@@ -899,7 +944,7 @@ class _Lookahead:
 
     def __init__(self, paths: list[Path], seen: list[bool], fmt: str | None, mapping: Path | None) -> None:
         self.paths, self.seen, self.fmt, self.mapping = paths, seen, fmt, mapping
-        self.started: dict[int, tuple[str, Prefetch[RawBatch]]] = {}
+        self.started: dict[int, tuple[str, int, Prefetch[RawBatch]]] = {}
 
     def _start(self, k: int) -> None:
         if k >= len(self.paths) or self.seen[k] or k in self.started:
@@ -916,14 +961,16 @@ class _Lookahead:
                 raise
             return
         if spec.kind == "jsonl":
-            self.started[k] = (spec.name, jsonl_fast(path, spec))
+            size = path.stat().st_size
+            self.started[k] = (spec.name, size, jsonl_fast(path, spec, size=size))
 
     def next_after(self, k: int) -> Callable[[FormatSpec], Prefetch[RawBatch] | None]:
-        """Start file ``k + 1``'s reader; file ``k``'s early reader, if any, for its read."""
+        """Start file ``k + 1``'s reader; file ``k``'s early reader, if any, for its read (its
+        ``size`` says the bytes it reads: the read takes it only for the size it hashes)."""
         self._start(k + 1)
 
         def take(spec: FormatSpec) -> Prefetch[RawBatch] | None:
-            name, reader = self.started.pop(k, (None, None))
+            name, _, reader = self.started.pop(k, (None, None, None))
             if reader is not None and name != spec.name:
                 reader.close()
                 return None
@@ -932,7 +979,7 @@ class _Lookahead:
         return take
 
     def close(self) -> None:
-        for _, reader in self.started.values():
+        for _, _, reader in self.started.values():
             reader.close()
         self.started.clear()
 
@@ -986,7 +1033,12 @@ def _read_one(
         # so skipping it costs one read. A new path is hashed on a worker thread while it is
         # parsed; if its content turns out to be known after all, its rows are dropped and it
         # is skipped just the same.
-        digest = FileDigest(path, background=not seen_before)
+        # The bytes read are the file's first ``size`` (its size now): its rows and its hash then
+        # cover the same bytes even when it grows meanwhile (a live log), and the next run sees
+        # it as grown and stores the lines appended since (a hash of more bytes than were read
+        # made the next run skip them as "already ingested").
+        size = _file_size(path)
+        digest = FileDigest(path, background=not seen_before, size=size, shrink_ok=True)
         if not digest.background and digest.sha() in known:
             res.content_sha256 = digest.sha()
             res.skipped = True
@@ -995,6 +1047,9 @@ def _read_one(
         spec = _resolve_spec(path, fmt, mapping)
         res.source_format = spec.name
         pre = ahead(spec) if ahead is not None else None
+        if pre is not None and pre.size != size:  # grew since its early reader began: read it again
+            pre.close()
+            pre = None
         notes: list[str] = []
         read, bad = _stage_file(path, spec, ctx, digest, sink, idx, pre, notes)
         sha = res.content_sha256 = digest.sha()
@@ -1032,6 +1087,14 @@ def _read_one(
         if pre is not None:
             pre.close()  # (read to the end already, unless the file failed first)
     return out
+
+
+def _file_size(path: Path) -> int | None:
+    """The file's size as stored (None when it cannot be said: the read then reports why)."""
+    try:
+        return path.stat().st_size
+    except OSError:
+        return None
 
 
 def _read_in_worker(

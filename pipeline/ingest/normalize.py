@@ -204,6 +204,26 @@ def _checks(
                 pl.lit(f"{label('hashes')} holds a value that is not a non-negative integer"),
             )
         )
+        # A block hash stands for a block of block_size prompt tokens: more blocks than the prompt
+        # fills (ceil(input / block_size)) contradict the input length, and would build prefix
+        # chains of tokens the request never had.
+        tokens = inp + read.fill_null(0) + write.fill_null(0) if input_excludes_cache else inp
+        block = pl.col("block_size").cast(pl.Float64)
+        blocks = h.list.len()
+        checks.append(
+            (
+                h.is_not_null() & (block > 0) & (blocks > (tokens / block).ceil()),
+                label("hashes"),
+                pl.format(
+                    f"{label('hashes')} holds {{}} blocks of {{}} tokens for {label('input_raw')} {{}} "
+                    "(at most {} blocks)",
+                    blocks,
+                    pl.col("block_size"),
+                    pl.col("input_raw"),
+                    (tokens / block).ceil().cast(pl.Int64),
+                ),
+            )
+        )
     return checks
 
 
@@ -261,13 +281,19 @@ def finalize(
     checked = cand.with_columns(plan.nums).with_columns(_fail=plan.first_fail)
     n_bad = checked["_fail"].len() - checked["_fail"].null_count()
     if n_bad:
+        # A record that is one of several on its line (an OTel span) names itself (``_where``)
+        # and says where it is (``_span``: the reader makes its raw text from it).
+        where = "_where" in cand.columns
+        reason = pl.format("{}: {}", plan.reason, pl.col("_where")) if where else plan.reason
         bad = checked.filter(pl.col("_fail").is_not_null()).select(
             pl.col("source_line").cast(pl.Int64),
             pl.col("_fail").replace_strict(plan.field_of, return_dtype=pl.String).alias("field"),
-            plan.reason.alias("reason"),
+            reason.alias("reason"),
+            *([pl.col("_span")] if "_span" in cand.columns else []),
         )
     else:
-        bad = pl.DataFrame(schema={"source_line": pl.Int64, "field": pl.String, "reason": pl.String})
+        span = {"_span": pl.String} if "_span" in cand.columns else {}
+        bad = pl.DataFrame(schema={"source_line": pl.Int64, "field": pl.String, "reason": pl.String, **span})
 
     ok = checked.filter(pl.col("_fail").is_null()) if n_bad else checked
     as_int = {c: _n(c).cast(pl.Int64) for c in TOKEN_FIELDS}

@@ -43,6 +43,7 @@ from pipeline.ingest.source import (
     BATCH_LINES,
     FAST_RECORD_BYTES,
     MAX_RECORD_BYTES,
+    LineBatch,
     LineStats,
     SourceError,
     count_lines,
@@ -63,6 +64,12 @@ class RawBatch:
     failures: list[tuple[int, str, str]] = field(default_factory=list)  # (line, reason, raw)
     #: The field at fault of a failure, where the reader knows it (by line).
     failure_fields: dict[int, str] = field(default_factory=dict)
+    #: The field at fault of each failure, aligned with ``failures`` (a reader with several
+    #: failures on one line: OTel spans); taken before ``failure_fields`` where given.
+    failure_field_list: list[str | None] | None = None
+    #: An OTel span's own JSON from its line and place (``_span`` of the frame: "r,s,k"), made
+    #: only for the spans that fail validation (their quarantine records' raw text).
+    span_text: Callable[[int, str], str] | None = None
 
 
 class FastPathFailed(Exception):
@@ -72,8 +79,8 @@ class FastPathFailed(Exception):
 # --- JSON Lines ----------------------------------------------------------------------------------
 
 
-def _count_lines(path: Path) -> LineStats:
-    with open_binary(path) as fh:
+def _count_lines(path: Path, size: int | None = None) -> LineStats:
+    with open_binary(path, size) as fh:
         return count_lines(iter(lambda: fh.read(1 << 24), b""))
 
 
@@ -103,6 +110,8 @@ class Prefetch(Iterator[_T]):
         self._q: queue.Queue[tuple[str, Any]] = queue.Queue(maxsize=depth)
         self._stop = threading.Event()
         self._done = False
+        #: The bytes of its file the reader reads (a fast-path reader: the file's size when it began).
+        self.size: int | None = None
         # the worker holds the queue and the event, not this object, so dropping it stops the worker
         self._worker = threading.Thread(
             target=_prefetch_work, args=(items, self._q, self._stop), name="rooftrace-prefetch", daemon=True
@@ -171,13 +180,22 @@ def interrupted(exc: BaseException) -> bool:
 
 
 def jsonl_fast(
-    path: Path, spec: FormatSpec, stats: LineCount | None = None, batch_rows: int = 2 * BATCH_LINES
+    path: Path,
+    spec: FormatSpec,
+    stats: LineCount | None = None,
+    batch_rows: int = 2 * BATCH_LINES,
+    size: int | None = None,
 ) -> Prefetch[RawBatch]:
     """DuckDB parses and projects the file (on a worker thread, a batch or two ahead of the
     caller); raises FastPathFailed if it cannot, or if lines and rows differ. ``stats`` gives the
     file's line count once the rows are read (it may still be counting meanwhile); without it, or
-    when it has none (a compressed file), the file is counted here."""
-    return Prefetch(_jsonl_fast(path, spec, stats, batch_rows))
+    when it has none (a compressed file), the file is counted here. With ``size`` (the file's
+    size when its read began: the bytes its hash covers), a file whose size is no longer that
+    once DuckDB has read it (it grew meanwhile) fails the fast path: DuckDB read it to an end no
+    one knows, and the robust path reads exactly those bytes."""
+    reader = Prefetch(_jsonl_fast(path, spec, stats, batch_rows, size))
+    reader.size = size
+    return reader
 
 
 def _duck_query(spec: FormatSpec, compression: str, longest: int | None = None) -> str:
@@ -213,13 +231,15 @@ def _literal_path(path: Path) -> Iterator[str]:
         yield str(link)
 
 
-def _jsonl_fast(path: Path, spec: FormatSpec, stats: LineCount | None, batch_rows: int) -> Iterator[RawBatch]:
+def _jsonl_fast(
+    path: Path, spec: FormatSpec, stats: LineCount | None, batch_rows: int, size: int | None = None
+) -> Iterator[RawBatch]:
     with _literal_path(path) as name:
-        yield from _jsonl_fast_named(path, name, spec, stats, batch_rows)
+        yield from _jsonl_fast_named(path, name, spec, stats, batch_rows, size)
 
 
 def _jsonl_fast_named(
-    path: Path, name: str, spec: FormatSpec, stats: LineCount | None, batch_rows: int
+    path: Path, name: str, spec: FormatSpec, stats: LineCount | None, batch_rows: int, size: int | None = None
 ) -> Iterator[RawBatch]:
     con = duck_connect()
     row = 0
@@ -244,9 +264,16 @@ def _jsonl_fast_named(
         raise FastPathFailed("DuckDB could not parse a record") from None
     finally:
         con.close()
+    if size is not None:
+        try:
+            now = path.stat().st_size
+        except OSError:
+            now = -1
+        if now != size:
+            raise FastPathFailed(f"the file changed while it was read ({size:,} bytes, now {now:,})")
     try:
         counted = stats() if stats is not None else None
-        got = counted or _count_lines(path)
+        got = counted or _count_lines(path, size)
     except (OSError, EOFError) as exc:
         raise SourceError(f"{path}: cannot read ({type(exc).__name__}: {exc})") from None
     if row != got.lines:
@@ -256,6 +283,11 @@ def _jsonl_fast_named(
 
 
 def _line_reason(line: bytes, fmt: str, err: str) -> str:
+    nul = line.find(0)
+    if nul >= 0:  # a line cut or zero-filled while it was written (a crash, logrotate copytruncate)
+        run = len(line) - len(line.lstrip(b"\x00")) if nul == 0 else 0
+        what = f"starts with {run:,} NUL bytes" if run else f"holds a NUL byte at byte {nul + 1:,}"
+        return f"invalid JSON: the line {what} (zero-filled or cut while the log was written?)"
     try:
         obj = json.loads(line)
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
@@ -271,35 +303,130 @@ def _line_reason(line: bytes, fmt: str, err: str) -> str:
     return f"record does not match the {fmt} layout: {first}"
 
 
-def _load_array(path: Path) -> list[Any] | None:
-    """The records of a file holding one JSON array, or None when the file is JSON Lines whose
-    first line happens to start with ``[`` (that line is whole by itself: a bad record, not the
-    start of a document)."""
+#: Characters of a JSON array read at a time while streaming its elements (an element longer
+#: than this is read in growing reads, so parsing it stays linear in its length).
+ARRAY_READ_CHARS = 1 << 20
+_WS = " \t\n\r"
+
+
+def _array_is_jsonl(path: Path) -> bool:
+    """Whether a file starting with ``[`` is JSON Lines whose first line is a whole JSON value by
+    itself (a bad record, not the start of a document): that line parses alone and non-blank
+    text follows it, so the file cannot be one JSON document. Only a first line of at most
+    ARRAY_READ_CHARS bytes is tried (read no further)."""
     try:
         with open_binary(path) as fh:
-            doc = json.load(fh)
-    except (ValueError, RecursionError) as exc:  # ValueError: not JSON, not UTF-8, or a number too long
-        first = next((b.lines[0] for b in iter_line_batches(path, batch_lines=1)), b"")
-        try:
-            json.loads(first)
-            return None
-        except (ValueError, UnicodeDecodeError, RecursionError):
-            raise SourceError(f"{path}: invalid JSON document ({exc})") from None
+            first = fh.readline(ARRAY_READ_CHARS + 1)
+            if not first.endswith(b"\n"):
+                return False
+            try:
+                json.loads(first.removeprefix(codecs.BOM_UTF8))
+            except (ValueError, RecursionError):
+                return False
+            while True:
+                chunk = fh.read(1 << 16)
+                if not chunk:
+                    return False
+                if chunk.strip():
+                    return True
     except (OSError, EOFError) as exc:
         raise SourceError(f"{path}: cannot read ({type(exc).__name__}: {exc})") from None
-    if not isinstance(doc, list):
-        raise SourceError(f"{path}: expected a JSON array of records")
-    return doc
 
 
-def _json_array_lines(doc: list[Any]) -> Iterator[tuple[list[bytes], list[int]]]:
-    """The elements of a JSON array as records numbered by their index."""
-    for start in range(0, len(doc), BATCH_LINES):
-        chunk = doc[start : start + BATCH_LINES]
-        yield (
-            [json.dumps(rec).encode() for rec in chunk],
-            list(range(start + 1, start + len(chunk) + 1)),
-        )
+def _array_elements(path: Path, size: int | None = None) -> Iterator[Any]:
+    """The elements of a file holding one JSON array, parsed one at a time from a bounded
+    buffer (``json.JSONDecoder.raw_decode`` over reads of ARRAY_READ_CHARS), so memory follows
+    the longest element, not the file: ``json.load`` of the whole document took about 7 bytes
+    per byte of the file. A document that is not one JSON array is a SourceError, raised where
+    the stream finds it, as ``json.load`` of it would have failed."""
+    decoder = json.JSONDecoder()
+    try:
+        with open_binary(path, size) as fh:
+            text = io.TextIOWrapper(fh, encoding="utf-8-sig", errors="strict")
+            buf, pos, eof = "", 0, False
+            index = 0  # elements read so far
+
+            def more(at_least: int = 0) -> bool:
+                nonlocal buf, pos, eof
+                if eof:
+                    return False
+                chunk = text.read(max(ARRAY_READ_CHARS, at_least))
+                if not chunk:
+                    eof = True
+                    return False
+                buf, pos = buf[pos:] + chunk, 0
+                return True
+
+            def skip_ws() -> str:
+                """The next non-blank character (read as needed), or "" at the end."""
+                nonlocal pos
+                while True:
+                    while pos < len(buf) and buf[pos] in _WS:
+                        pos += 1
+                    if pos < len(buf):
+                        return buf[pos]
+                    if not more():
+                        return ""
+
+            def fail(why: str) -> SourceError:
+                return SourceError(f"{path}: invalid JSON document (after element {index}: {why})")
+
+            if skip_ws() != "[":
+                raise SourceError(f"{path}: expected a JSON array of records")
+            pos += 1
+            if skip_ws() == "]":
+                pos += 1
+            else:
+                while True:
+                    if skip_ws() == "":
+                        raise fail("the document ends inside the array")
+                    while True:
+                        try:
+                            value, end = decoder.raw_decode(buf, pos)
+                        except json.JSONDecodeError as exc:
+                            # an element cut by the end of the buffer: read on (in growing reads),
+                            # as far as the longest record ingest reads
+                            if len(buf) - pos > MAX_RECORD_BYTES:
+                                raise fail(
+                                    f"element {index + 1} is not valid JSON within {MAX_RECORD_BYTES:,} "
+                                    f"characters, the longest record ingest reads ({exc.msg})"
+                                ) from None
+                            if more(len(buf) - pos):
+                                continue
+                            raise fail(exc.msg) from None
+                        if end < len(buf) or eof:
+                            break
+                        if not more(len(buf) - pos):  # (a number may go on in the next read)
+                            break
+                    pos = end
+                    index += 1
+                    yield value
+                    c = skip_ws()
+                    pos += 1
+                    if c == "]":
+                        break
+                    if c != ",":
+                        raise fail("expecting ',' delimiter" if c else "the document ends inside the array")
+            if skip_ws() != "":
+                raise fail("extra data after the array")
+    except (ValueError, RecursionError) as exc:  # not UTF-8, a number too long, nested too deeply
+        if isinstance(exc, SourceError):
+            raise
+        raise SourceError(f"{path}: invalid JSON document ({exc})") from None
+    except (OSError, EOFError) as exc:
+        raise SourceError(f"{path}: cannot read ({type(exc).__name__}: {exc})") from None
+
+
+def _json_array_lines(elements: Iterator[Any]) -> Iterator[tuple[list[bytes], list[int]]]:
+    """The elements of a JSON array as records numbered by their index, BATCH_LINES at a time."""
+    n = 0
+    while True:
+        # each element as its text at once: a batch holds bytes, not parsed objects (about 10x more)
+        chunk = [json.dumps(rec).encode() for rec in itertools.islice(elements, BATCH_LINES)]
+        if not chunk:
+            return
+        yield chunk, list(range(n + 1, n + len(chunk) + 1))
+        n += len(chunk)
 
 
 def _first_char(path: Path) -> bytes:
@@ -420,14 +547,13 @@ def _parse_chunk(
     return out, failures
 
 
-def jsonl_robust(path: Path, spec: FormatSpec) -> Iterator[RawBatch]:
+def jsonl_robust(path: Path, spec: FormatSpec, size: int | None = None) -> Iterator[RawBatch]:
     """Batches of non-blank lines (or the elements of a JSON array), each parsed by DuckDB and
-    split around the lines it rejects."""
-    doc = _load_array(path) if _first_char(path) == b"[" else None
-    if doc is not None:
-        batches: Iterator[tuple[list[bytes], list[int]]] = _json_array_lines(doc)
+    split around the lines it rejects; with ``size``, of the file's first ``size`` bytes only."""
+    if _first_char(path) == b"[" and not _array_is_jsonl(path):
+        batches: Iterator[tuple[list[bytes], list[int]]] = _json_array_lines(_array_elements(path, size))
     else:
-        batches = ((b.lines, b.numbers) for b in iter_line_batches(path))
+        batches = ((b.lines, b.numbers) for b in iter_line_batches(path, limit=MAX_RECORD_BYTES, size=size))
     duck = _ChunkParser(spec)
     limit = MAX_RECORD_BYTES
     try:
@@ -554,7 +680,7 @@ def _long_field(
     return (first, why, raw), name, extra
 
 
-def csv_batches(path: Path, spec: FormatSpec) -> Iterator[RawBatch]:
+def csv_batches(path: Path, spec: FormatSpec, size: int | None = None) -> Iterator[RawBatch]:
     """Stream a CSV file; columns matched to the layout by case-insensitive header name. A field
     may be as long as the longest record ingest reads (MAX_RECORD_BYTES, as characters: Python's
     csv reader stops at 128 Ki by default); a record with a longer one is quarantined, naming its
@@ -564,7 +690,7 @@ def csv_batches(path: Path, spec: FormatSpec) -> Iterator[RawBatch]:
     limit = MAX_RECORD_BYTES
     saved_limit = csv.field_size_limit(limit)
     try:
-        with open_binary(path) as fb:
+        with open_binary(path, size) as fb:
             text = io.TextIOWrapper(fb, encoding="utf-8-sig", newline="")  # a BOM is not the header
             reader = csv.reader(text)
             header = next(reader, None)
@@ -699,65 +825,89 @@ def _kind(value: Any) -> str:
     return {bool: "a boolean", str: "a string", list: "a list", dict: "an object"}.get(type(value), "a number")
 
 
-def _span_attrs(items: Any) -> tuple[dict[str, str | None], str | None]:
-    """A span's attributes, or why they cannot be read (a span whose attributes are unreadable
-    might be a GenAI span: it is quarantined, not passed over as "not a request"). An attribute
-    without a value is read as absent, unless it is a ``gen_ai.`` one (its count would then be
-    taken as missing, with a misleading reason)."""
+def _span_attrs(items: Any) -> tuple[dict[str, str | None], str | None, str | None]:
+    """A span's attributes, or why they cannot be read and the attribute at fault (a span whose
+    attributes are unreadable might be a GenAI span: it is quarantined, not passed over as "not a
+    request"). An attribute without a value is read as absent, unless it is a ``gen_ai.`` one (its
+    count would then be taken as missing, with a misleading reason). A key given twice in a GenAI
+    span is a fault (OTLP attribute keys are unique; which value counts is anyone's guess), as a
+    duplicate key of a JSON record is."""
     if not isinstance(items, list):
-        return {}, f"span attributes are {_kind(items)}, not a list"
+        return {}, f"span attributes are {_kind(items)}, not a list", None
     out: dict[str, str | None] = {}
+    twice: str | None = None
     for i, item in enumerate(items, 1):
         if not isinstance(item, dict) or not isinstance(item.get("key"), str):
-            return {}, f"span attribute {i} is not a {{key, value}} object: {json.dumps(item)[:60]}"
+            return {}, f"span attribute {i} is not a {{key, value}} object: {json.dumps(item)[:60]}", None
         key, value = item["key"], item.get("value")
         if not isinstance(value, dict):
             if key.startswith("gen_ai."):
-                return {}, f"GenAI attribute without a value: {key[:80]} = {json.dumps(value)[:40]}"
+                return {}, f"GenAI attribute without a value: {key[:80]} = {json.dumps(value)[:40]}", key[:200]
             continue
+        if key in out and twice is None:
+            twice = key
         out[key] = _attr_value(value)
-    return out, None
+    if twice is not None and any(k.startswith("gen_ai.") for k in out):
+        return {}, f"span attribute {twice[:80]} is given more than once (OTLP attribute keys are unique)", twice[:200]
+    return out, None, None
 
 
-def _otel_rows(doc: Any, line: int) -> tuple[list[dict[str, Any]], list[str], str | None]:
-    """The GenAI spans of one OTLP document as rows, the reasons of the spans (or lists of spans)
-    that cannot be read, each one quarantined record, and the reason the document is no trace
-    export at all."""
+#: One OTel record that cannot be read: (reason, the field at fault, its raw text or None for the
+#: line's own).
+_OtelBad = tuple[str, str | None, str | None]
+
+
+def _span_raw(span: Any) -> str:
+    """A span's own JSON (its quarantine record's raw text), within RAW_LIMIT."""
+    return json.dumps(span)[:RAW_LIMIT]
+
+
+def _otel_rows(doc: Any, line: int) -> tuple[list[dict[str, Any]], list[_OtelBad], str | None]:
+    """The GenAI spans of one OTLP document as rows, the spans (or lists of spans) that cannot be
+    read, each one quarantined record (its reason names the span: its number in the document and
+    its spanId; its raw text is the span's own JSON), and the reason the document is no trace
+    export at all. Each row carries its span's label and place (``_where``, ``_span``), for a
+    reason and raw text of its own if it fails validation."""
     if not isinstance(doc, dict) or not isinstance(doc.get("resourceSpans"), list):
         return [], [], "record has no resourceSpans list (not an OTLP trace export)"
     rows = []
-    bad: list[str] = []
+    bad: list[_OtelBad] = []
+    n_span = 0  # spans of the document so far
     for r, rs in enumerate(doc["resourceSpans"], 1):
         where = f"resourceSpans[{r}]"
         if not isinstance(rs, dict):
-            bad.append(f"{where} is {_kind(rs)}, not an object")
+            bad.append((f"{where} is {_kind(rs)}, not an object", None, None))
             continue
         res = _attrs(_get(_get(rs, "resource"), "attributes"))
         scopes = rs.get("scopeSpans", [])
         if not isinstance(scopes, list):
-            bad.append(f"{where}.scopeSpans is {_kind(scopes)}, not a list")
+            bad.append((f"{where}.scopeSpans is {_kind(scopes)}, not a list", None, None))
             continue
         for s_no, ss in enumerate(scopes, 1):
             scope = f"{where}.scopeSpans[{s_no}]"
             if not isinstance(ss, dict):
-                bad.append(f"{scope} is {_kind(ss)}, not an object")
+                bad.append((f"{scope} is {_kind(ss)}, not an object", None, None))
                 continue
             spans = ss.get("spans", [])
             if not isinstance(spans, list):
-                bad.append(f"{scope}.spans is {_kind(spans)}, not a list of spans")
+                bad.append((f"{scope}.spans is {_kind(spans)}, not a list of spans", None, None))
                 continue
             for k, span in enumerate(spans, 1):
+                n_span += 1
                 if not isinstance(span, dict):
-                    bad.append(f"span is {_kind(span)}, not an object: {scope}.spans[{k}]")
+                    bad.append((f"span is {_kind(span)}, not an object: {scope}.spans[{k}]", None, _span_raw(span)))
                     continue
-                attrs, why = _span_attrs(span.get("attributes", []))
+                sid = span.get("spanId")
+                shown = _text(sid) if sid is not None else "(none)"
+                label = f"span {n_span} of the record ({scope}.spans[{k}]), spanId {shown}"
+                attrs, why, at_fault = _span_attrs(span.get("attributes", []))
                 if why is not None:
-                    bad.append(why)
+                    bad.append((f"{why}: {label[:300]}", at_fault, _span_raw(span)))
                     continue
                 if not any(k.startswith("gen_ai.") for k in attrs):
                     continue  # not a GenAI span (HTTP, DB, ...): not a request record
                 row: dict[str, Any] = {otel_column(k): v for k, v in attrs.items() if k.startswith("gen_ai.")}
-                row["span_id"] = _text(span.get("spanId"))
+                row["span_id"] = _text(sid)
                 row["trace_id"] = _text(span.get("traceId"))
                 row["start"] = _text(span.get("startTimeUnixNano"))
                 row["end"] = _text(span.get("endTimeUnixNano"))
@@ -767,11 +917,13 @@ def _otel_rows(doc: Any, line: int) -> tuple[list[dict[str, Any]], list[str], st
                 code = _get(span.get("status"), "code")
                 row["status"] = _OTEL_STATUS.get(code) if isinstance(code, int | str) else None
                 row["source_line"] = line
+                row["_where"] = label[:300]
+                row["_span"] = f"{r},{s_no},{k}"
                 rows.append(row)
     return rows, bad, None
 
 
-def otel_batches(path: Path, spec: FormatSpec) -> Iterator[RawBatch]:
+def otel_batches(path: Path, spec: FormatSpec, size: int | None = None) -> Iterator[RawBatch]:
     """OTLP JSON: one ExportTraceServiceRequest per line (file exporter) or one whole document.
     Spans that cannot be read (not an object, attributes not a list, a GenAI attribute without a
     value) and lists of spans that are not lists are quarantined, one record each."""
@@ -798,31 +950,63 @@ def otel_batches(path: Path, spec: FormatSpec) -> Iterator[RawBatch]:
         if err:
             raise SourceError(f"{path}: {err}")
         text = _head_text(path)
-        yield RawBatch(_otel_frame(spec, rows), [(1, why, text) for why in bad])
+        doc = whole
+        yield RawBatch(
+            _otel_frame(spec, rows),
+            [(1, why, raw or text) for why, _, raw in bad],
+            failure_field_list=[f for _, f, _ in bad],
+            span_text=lambda _n, at: _span_at(doc, at),
+        )
         return
     limit = MAX_RECORD_BYTES
-    for batch in iter_line_batches(path, batch_lines=10_000):
+    for batch in iter_line_batches(path, batch_lines=10_000, limit=limit, size=size):
         rows = []
         failures: list[tuple[int, str, str]] = []
+        fields: list[str | None] = []
         for line, n in zip(batch.lines, batch.numbers, strict=True):
             text = line[:RAW_LIMIT].decode("utf-8", errors="replace")
             if len(line) > limit:
                 failures.append((n, _too_long(limit), text))
+                fields.append(None)
                 continue
             try:
                 doc = json.loads(line)
             except ValueError as exc:  # not JSON, not UTF-8, or a number too long for int()
                 failures.append((n, f"invalid JSON: {exc}", text))
+                fields.append(None)
                 continue
             except RecursionError:
                 failures.append((n, "invalid JSON: nested too deeply to read", text))
+                fields.append(None)
                 continue
             got, bad, err = _otel_rows(doc, n)
             if err:
                 failures.append((n, err, text))
-            failures += [(n, why, text) for why in bad]
+                fields.append(None)
+            failures += [(n, why, raw or text) for why, _, raw in bad]
+            fields += [f for _, f, _ in bad]
             rows.extend(got)
-        yield RawBatch(_otel_frame(spec, rows), failures)
+        yield RawBatch(_otel_frame(spec, rows), failures, failure_field_list=fields, span_text=_SpanText(batch))
+
+
+def _span_at(doc: Any, at: str) -> str:
+    """The JSON of the span at ``at`` ("r,s,k", 1-based) of an OTLP document."""
+    r, s, k = (int(x) - 1 for x in at.split(","))
+    return _span_raw(doc["resourceSpans"][r]["scopeSpans"][s]["spans"][k])
+
+
+class _SpanText:
+    """The spans of a batch of OTLP lines by line and place, parsed again only for the spans
+    that fail validation (each line once): keeping every span's text cost a fifth of the read."""
+
+    def __init__(self, batch: LineBatch) -> None:
+        self._lines = dict(zip(batch.numbers, batch.lines, strict=True))
+        self._doc: tuple[int, Any] | None = None
+
+    def __call__(self, line: int, at: str) -> str:
+        if self._doc is None or self._doc[0] != line:
+            self._doc = (line, json.loads(self._lines[line]))
+        return _span_at(self._doc[1], at)
 
 
 def _head_text(path: Path) -> str:
@@ -838,6 +1022,9 @@ def _too_long(limit: int) -> str:
 def _otel_frame(spec: FormatSpec, rows: list[dict[str, Any]]) -> pl.DataFrame:
     data: dict[str, Any] = {name: pl.Series(name, [r.get(name) for r in rows], dtype=pl.String) for name in spec.fields}
     data["source_line"] = pl.Series("source_line", [r["source_line"] for r in rows], dtype=pl.Int64)
+    # each span's label and JSON, for the quarantine record of a span that fails validation
+    data["_where"] = pl.Series("_where", [r["_where"] for r in rows], dtype=pl.String)
+    data["_span"] = pl.Series("_span", [r["_span"] for r in rows], dtype=pl.String)
     return pl.DataFrame(data)
 
 

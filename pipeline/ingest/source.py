@@ -265,13 +265,15 @@ class HashCancelled(Exception):
 
 
 def sha256_file(
-    path: Path, stop: threading.Event | None = None, size: int | None = None
+    path: Path, stop: threading.Event | None = None, size: int | None = None, shrink_ok: bool = False
 ) -> tuple[str, LineStats | None]:
     """SHA-256 of the file's bytes and, for an uncompressed file, its line statistics from the same
     read (the JSON fast path needs them; a compressed file is counted when decompressed). Setting
     ``stop`` ends the read at the next chunk with HashCancelled. With ``size``, only the first
     ``size`` bytes are read (the bytes a split read took: a file that grows meanwhile is then
-    seen as grown by the next run, its new lines read then); fewer is an OSError."""
+    seen as grown by the next run, its new lines read then); fewer is an OSError, unless
+    ``shrink_ok`` (a serial read, whose readers stop at the file's end too: the hash and rows are
+    then both of the file as it was cut)."""
     h = hashlib.sha256()
     plain = logical_name(path) == path.name
     left = [size]
@@ -300,7 +302,7 @@ def sha256_file(
             if pending is not None:
                 pending.result()
             short = left[0]
-            if size is not None and short:  # the file shrank below the bytes its pieces read
+            if size is not None and short and not shrink_ok:  # the file shrank below the bytes its pieces read
                 raise OSError(f"shorter than when it was read ({size - short:,} of {size:,} bytes)")
 
     if plain:
@@ -317,14 +319,26 @@ def sha256_file(
 THREADS_ENV = "ROOFTRACE_INGEST_THREADS"
 
 
+_DUCK_BASE: duckdb.DuckDBPyConnection | None = None
+_DUCK_LOCK = threading.Lock()
+
+
 def duck_connect() -> duckdb.DuckDBPyConnection:
-    """An in-memory DuckDB connection for reading and hashing: no progress bar, and the thread
-    budget of a parallel ingest's worker (``THREADS_ENV``) when one is set."""
-    con = duckdb.connect()
+    """A DuckDB connection for reading and hashing: no progress bar, and the thread budget of a
+    parallel ingest's worker (``THREADS_ENV``) when one is set. Each is a new connection (a
+    cursor: its own registrations and temporary objects, safe to use on its own thread) to one
+    in-memory database per process: opening a database cost about 45 ms, most of the fixed cost
+    of reading a small file (a run of 3,000 one-line files took minutes); a cursor costs 0.5 ms."""
+    global _DUCK_BASE
+    with _DUCK_LOCK:
+        if _DUCK_BASE is None:
+            base = duckdb.connect()
+            threads = os.environ.get(THREADS_ENV, "")
+            if threads.isdigit() and int(threads) > 0:
+                base.execute(f"SET threads = {int(threads)}")
+            _DUCK_BASE = base
+        con = _DUCK_BASE.cursor()
     con.execute("SET enable_progress_bar = false")
-    threads = os.environ.get(THREADS_ENV, "")
-    if threads.isdigit() and int(threads) > 0:
-        con.execute(f"SET threads = {int(threads)}")
     return con
 
 
@@ -333,15 +347,18 @@ class FileDigest:
     ``background``, on a worker thread while the caller already parses the file. ``sha()`` and
     ``stats()`` wait for the result and raise what the hashing raised."""
 
-    def __init__(self, path: Path, background: bool = False, size: int | None = None) -> None:
+    def __init__(self, path: Path, background: bool = False, size: int | None = None, shrink_ok: bool = False) -> None:
         self._pool = ThreadPoolExecutor(1, thread_name_prefix="rooftrace-hash") if background else None
         self._stop = threading.Event()
+        self.size = size  # the bytes hashed (None: the whole file)
         if self._pool is not None:
-            self._future: Future[tuple[str, LineStats | None]] = self._pool.submit(sha256_file, path, self._stop, size)
+            self._future: Future[tuple[str, LineStats | None]] = self._pool.submit(
+                sha256_file, path, self._stop, size, shrink_ok
+            )
             self._pool.shutdown(wait=False)
         else:
             self._future = Future()
-            self._future.set_result(sha256_file(path, size=size))
+            self._future.set_result(sha256_file(path, size=size, shrink_ok=shrink_ok))
 
     @property
     def background(self) -> bool:
@@ -374,8 +391,8 @@ class _ZstdReader(io.RawIOBase):
     """A ``.zst`` file decompressed frame after frame, that raises EOFError when the file ends
     inside a frame (a truncated file), as gzip does; a plain stream reader just stops there."""
 
-    def __init__(self, path: Path) -> None:
-        self._fh = path.open("rb")
+    def __init__(self, path: Path, size: int | None = None) -> None:
+        self._fh = _raw_open(path, size)
         self._dctx = zstandard.ZstdDecompressor()
         self._obj = self._dctx.decompressobj()
         self._fed = False  # whether the current frame has had any input
@@ -422,8 +439,9 @@ class _GzipReader(io.RawIOBase):
     """A ``.gz`` file decompressed, whose corrupt data is an OSError (gzip.BadGzipFile) like its
     other read errors: gzip lets zlib.error out of a damaged stream."""
 
-    def __init__(self, path: Path) -> None:
-        self._gz = gzip.GzipFile(path, "rb")
+    def __init__(self, path: Path, size: int | None = None) -> None:
+        self._raw = _raw_open(path, size)
+        self._gz = gzip.GzipFile(fileobj=self._raw, mode="rb")
 
     def readable(self) -> bool:
         return True
@@ -438,22 +456,60 @@ class _GzipReader(io.RawIOBase):
 
     def close(self) -> None:
         self._gz.close()
+        self._raw.close()
         super().close()
 
 
-def open_binary(path: Path) -> IO[bytes]:
-    """Open ``path`` for reading, transparently decompressing ``.gz`` and ``.zst``."""
+class _Prefix(io.RawIOBase):
+    """The first ``size`` bytes of a file (fewer if it is shorter): what a read of a file that
+    may be growing takes, so that its rows and its hash cover the same bytes."""
+
+    def __init__(self, path: Path, size: int) -> None:
+        self._fh = path.open("rb", buffering=0)
+        self._left = size
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, b: Any) -> int:
+        if self._left <= 0:
+            return 0
+        view = memoryview(b)[: min(len(b), self._left)]
+        n = self._fh.readinto(view) or 0
+        self._left -= n
+        return n
+
+    def close(self) -> None:
+        self._fh.close()
+        super().close()
+
+
+def _raw_open(path: Path, size: int | None) -> IO[bytes]:
+    if size is None:
+        return path.open("rb")
+    return io.BufferedReader(_Prefix(path, size), buffer_size=1 << 20)
+
+
+def open_binary(path: Path, size: int | None = None) -> IO[bytes]:
+    """Open ``path`` for reading, transparently decompressing ``.gz`` and ``.zst``; with
+    ``size``, only the file's first ``size`` bytes (as stored) are read."""
     if path.name.endswith(".gz"):
-        return io.BufferedReader(_GzipReader(path), buffer_size=1 << 20)
+        return io.BufferedReader(_GzipReader(path, size), buffer_size=1 << 20)
     if path.name.endswith(".zst"):
-        return io.BufferedReader(_ZstdReader(path), buffer_size=1 << 20)
-    return path.open("rb")
+        return io.BufferedReader(_ZstdReader(path, size), buffer_size=1 << 20)
+    return _raw_open(path, size)
 
 
-def read_head(path: Path, size: int = 1 << 16) -> bytes:
-    """The first ``size`` decompressed bytes; errors become a one-line SourceError."""
+def read_head(path: Path, size: int = 1 << 16, skip: int = 0) -> bytes:
+    """The first ``size`` decompressed bytes (after the first ``skip``); errors become a
+    one-line SourceError."""
     try:
         with open_binary(path) as fh:
+            while skip > 0:
+                got = len(fh.read(min(skip, 1 << 20)))
+                if not got:
+                    return b""
+                skip -= got
             return fh.read(size)
     except (OSError, EOFError, zstandard.ZstdError) as exc:
         raise SourceError(f"{path}: cannot read ({type(exc).__name__}: {exc})") from None
@@ -489,6 +545,35 @@ def _other_unicode(head: bytes) -> tuple[str, str] | None:
     return None
 
 
+#: Bytes judged for a binary file, and the share of NUL bytes among them that makes it one. A
+#: text log with a stray NUL (a line cut by a crash) is read, its line quarantined; a leading run
+#: of NULs (``logrotate copytruncate`` leaves the old size as a zero-filled hole before the new
+#: lines) is passed over and the text after it judged: the run costs only the line it is on.
+BINARY_SAMPLE = 8192
+BINARY_NUL_SHARE = 0.10
+
+
+def leading_nuls(path: Path, head: bytes) -> int | None:
+    """Where the file's leading run of NUL bytes ends (0 without one), reading past ``head``
+    (its first bytes) as far as the run goes; None when the file is nothing but NULs."""
+    end = len(head) - len(head.lstrip(b"\x00"))
+    if end < len(head) or not head:
+        return end  # (an empty file is no binary one: it is said to be empty)
+    try:
+        with open_binary(path) as fh:
+            at = 0
+            while True:
+                chunk = fh.read(1 << 20)
+                if not chunk:
+                    return None
+                rest = chunk.lstrip(b"\x00")
+                if rest:
+                    return at + len(chunk) - len(rest)
+                at += len(chunk)
+    except (OSError, EOFError, zstandard.ZstdError) as exc:
+        raise SourceError(f"{path}: cannot read ({type(exc).__name__}: {exc})") from None
+
+
 def check_text(path: Path, head: bytes) -> None:
     other = _other_unicode(head)
     if other is not None:
@@ -502,9 +587,17 @@ def check_text(path: Path, head: bytes) -> None:
                 f"{path}: compressed with {kind}, which ingest does not read; "
                 "decompress it, or use gzip (.gz) or zstd (.zst)"
             )
-    if b"\x00" in head[:8192]:
-        raise SourceError(f"{path}: binary file (NUL bytes), not a text log")
-    sample = head[:8192]
+    start = leading_nuls(path, head)
+    if start is None:
+        raise SourceError(f"{path}: binary file (nothing but NUL bytes), not a text log")
+    sample = head[start : start + BINARY_SAMPLE] if start < len(head) else read_head(path, BINARY_SAMPLE, start)
+    nuls = sample.count(0)
+    if nuls > len(sample) * BINARY_NUL_SHARE:
+        at = start + sample.index(0)
+        raise SourceError(
+            f"{path}: binary file ({nuls:,} NUL bytes in {len(sample):,}"
+            f"{f' after a run of {start:,} NUL bytes' if start else ''}, the first at byte {at:,}), not a text log"
+        )
     try:
         sample.decode("utf-8")
     except UnicodeDecodeError as exc:
@@ -516,17 +609,86 @@ def check_text(path: Path, head: bytes) -> None:
             raise SourceError(f"{path}: not UTF-8 text (byte {exc.start})") from None
 
 
-def iter_line_batches(path: Path, batch_lines: int = BATCH_LINES) -> Iterator[LineBatch]:
-    """Stream the decompressed file as batches of non-blank lines with their line numbers."""
+class LongLine(bytes):
+    """A line longer than the record limit, read no further than its limit: the bytes are its
+    start (at most ``LONG_LINE_KEPT``), ``len()`` its true length (so every length check against
+    the limit sees it), and the rest of the line was skipped unread into memory."""
+
+    length: int
+
+    def __new__(cls, head: bytes, length: int) -> LongLine:
+        obj = super().__new__(cls, head)
+        obj.length = length
+        return obj
+
+    def __len__(self) -> int:
+        return self.length
+
+
+#: The start of a line past the record limit that is kept (its quarantine record's raw text).
+LONG_LINE_KEPT = 1 << 16
+#: Bytes read at a time while skipping the rest of a line past the record limit.
+_SKIP_CHUNK = 1 << 20
+
+
+def iter_lines(fh: IO[bytes], limit: int | None = None) -> Iterator[bytes]:
+    """The physical lines of ``fh`` (each with its newline, as ``for line in fh`` gives them),
+    except that a line longer than ``limit`` bytes (MAX_RECORD_BYTES by default; its newline and
+    a "\r" before it not counted) is never held whole: it is read up to the limit, the rest
+    skipped in chunks to the next newline, and it comes as a :class:`LongLine` of its start whose
+    ``len()`` is its length. Memory stays near the limit whatever the line's length."""
+    limit = MAX_RECORD_BYTES if limit is None else limit
+    want = limit + 3  # room for "\r\n" after a line of exactly the limit
+    while True:
+        raw = fh.readline(want)
+        if not raw:
+            return
+        if raw.endswith(b"\n") or len(raw) < want:
+            yield raw
+            continue
+        length, blank = len(raw), not raw.strip()
+        head = raw[:LONG_LINE_KEPT]
+        last = raw[-2:]
+        del raw
+        while not last.endswith(b"\n"):
+            more = fh.readline(_SKIP_CHUNK)
+            if not more:
+                break
+            length += len(more)
+            blank = blank and not more.strip()
+            last = (last + more)[-2:]
+            if len(head) < LONG_LINE_KEPT:  # (a limit below the start kept)
+                head += more[: LONG_LINE_KEPT - len(head)]
+        if blank:  # a (very long) blank line is no record, as a short one is not
+            yield b"\n"
+            continue
+        if last.endswith(b"\n"):
+            length -= 2 if last == b"\r\n" else 1
+        yield LongLine(head[:length], length)
+
+
+def _strip_eol(raw: bytes) -> bytes:
+    if isinstance(raw, LongLine):
+        return raw  # its length leaves the newline out already
+    return raw.rstrip(b"\r\n")
+
+
+def iter_line_batches(
+    path: Path, batch_lines: int = BATCH_LINES, limit: int | None = None, size: int | None = None
+) -> Iterator[LineBatch]:
+    """Stream the decompressed file as batches of non-blank lines with their line numbers. A
+    line past ``limit`` (MAX_RECORD_BYTES) is a :class:`LongLine` (its start; ``len()`` its
+    length), never read whole. With ``size``, only the first ``size`` bytes of the file (as
+    stored, before decompression) are read: the bytes its hash covers."""
     try:
-        with open_binary(path) as fh:
+        with open_binary(path, size) as fh:
             lines: list[bytes] = []
             numbers: list[int] = []
-            for n, raw in enumerate(fh, start=1):
-                line = raw.rstrip(b"\r\n")
-                if n == 1:
+            for n, raw in enumerate(iter_lines(fh, limit), start=1):
+                line = _strip_eol(raw)
+                if n == 1 and not isinstance(line, LongLine):
                     line = line.removeprefix(codecs.BOM_UTF8)  # a byte-order mark is not data
-                if not line.strip():
+                if not isinstance(line, LongLine) and not line.strip():
                     continue
                 lines.append(line)
                 numbers.append(n)
@@ -547,9 +709,9 @@ def fetch_lines(path: Path, wanted: set[int], limit: int = 65536) -> dict[int, s
     last = max(wanted)
     try:
         with open_binary(path) as fh:
-            for n, raw in enumerate(fh, start=1):
+            for n, raw in enumerate(iter_lines(fh), start=1):
                 if n in wanted:
-                    out[n] = raw.rstrip(b"\r\n")[:limit].decode("utf-8", errors="replace")
+                    out[n] = _strip_eol(raw)[:limit].decode("utf-8", errors="replace")
                 if n >= last:
                     break
     except (OSError, EOFError, zstandard.ZstdError):
