@@ -22,6 +22,7 @@ import pipeline.ingest.readers as readers
 import pipeline.ingest.source as source
 from pipeline.ingest import IngestSummary, ingest_logs
 from pipeline.store import Store
+from tests.test_ingest_grown import _append, _write
 from tests.test_ingest_hostile import _balanced, _cli, _manifest, _quarantine
 
 T0 = 1764496800  # 2025-11-30 10:00 UTC
@@ -36,16 +37,6 @@ def _good(rid: str, k: int = 0, prompt: int = 100) -> str:
             "usage": {"prompt_tokens": prompt, "completion_tokens": 10},
         }
     )
-
-
-def _write(path: Path, lines: list[str]) -> Path:
-    path.write_text("".join(line + "\n" for line in lines))
-    return path
-
-
-def _append(path: Path, lines: list[str]) -> None:
-    with path.open("a") as fh:
-        fh.write("".join(line + "\n" for line in lines))
 
 
 def _stored(store: Store) -> pl.DataFrame:

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import json
 import re
-import subprocess
 from pathlib import Path
 from typing import Any
 
@@ -33,7 +32,7 @@ from pipeline.store import Store
 from pipeline.synth import SynthConfig, generate, write_logs
 from pipeline.tables import table_to_json
 from pipeline.warehouse import run_query
-from tests.test_report import _chromium
+from tests.test_report import offline_dom
 
 FLEET = Path(__file__).resolve().parents[1] / "fleets" / "default.toml"
 EQUAL, SCALED = "2025-03-01", "2025-03-02"  # observed = the replay's own; observed = 1.5 x the replay's
@@ -306,25 +305,7 @@ def test_bad_input_is_counted_never_a_crash() -> None:
 
 @pytest.mark.browser
 def test_section_renders_in_headless_chromium_offline(nights: dict[str, Any], tmp_path: Path) -> None:
-    browser = _chromium()
-    flags = [
-        "--headless",
-        "--no-sandbox",
-        "--disable-gpu",
-        "--disable-quic",
-        "--no-first-run",
-        "--disable-background-networking",
-        "--disable-component-update",
-        "--disable-sync",
-        f"--user-data-dir={tmp_path / 'profile'}",
-        "--host-resolver-rules=MAP * ~NOTFOUND",
-        "--proxy-server=127.0.0.1:9",
-        "--enable-logging=stderr",
-        "--v=0",
-        "--virtual-time-budget=20000",
-    ]
-    url = (nights["reports"] / SCALED / "default" / "index.html").resolve().as_uri()
-    dom = subprocess.run([browser, *flags, "--dump-dom", url], capture_output=True, text=True, timeout=120, check=False)
+    dom = offline_dom(nights["reports"] / SCALED / "default" / "index.html", tmp_path / "profile")
     assert dom.returncode == 0, dom.stderr[-2000:]
     assert [line for line in dom.stderr.splitlines() if ":CONSOLE" in line] == []
     html = dom.stdout

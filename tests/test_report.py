@@ -49,10 +49,10 @@ def _chromium() -> str:
     pytest.skip("headless Chromium not installed (CI installs Debian's chromium package)")
 
 
-@pytest.mark.browser
-def test_renders_in_headless_chromium_offline(report: Path, tmp_path: Path) -> None:
-    browser = _chromium()
-    flags = [
+def offline_flags(profile: Path) -> list[str]:
+    """Headless Chromium with networking off (every host resolves to nothing and every connection
+    goes to a dead proxy) and 20 s of virtual time."""
+    return [
         "--headless",
         "--no-sandbox",
         "--disable-gpu",
@@ -61,16 +61,31 @@ def test_renders_in_headless_chromium_offline(report: Path, tmp_path: Path) -> N
         "--disable-background-networking",
         "--disable-component-update",
         "--disable-sync",
-        f"--user-data-dir={tmp_path / 'profile'}",
-        # Networking off: every host resolves to nothing and every connection goes to a dead proxy.
+        f"--user-data-dir={profile}",
         "--host-resolver-rules=MAP * ~NOTFOUND",
         "--proxy-server=127.0.0.1:9",
         "--enable-logging=stderr",
         "--v=0",
         "--virtual-time-budget=20000",
     ]
-    url = report.resolve().as_uri()
-    dom = subprocess.run([browser, *flags, "--dump-dom", url], capture_output=True, text=True, timeout=120, check=False)
+
+
+def offline_dom(page: Path, profile: Path) -> subprocess.CompletedProcess[str]:
+    """The DOM headless Chromium renders from ``page`` offline (:func:`offline_flags`); skips the
+    test without Chromium. Shared by every browser test of a report."""
+    url = page.resolve().as_uri()
+    return subprocess.run(
+        [_chromium(), *offline_flags(profile), "--dump-dom", url],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+
+
+@pytest.mark.browser
+def test_renders_in_headless_chromium_offline(report: Path, tmp_path: Path) -> None:
+    dom = offline_dom(report, tmp_path / "profile")
     assert dom.returncode == 0, dom.stderr[-2000:]
     console = [line for line in dom.stderr.splitlines() if ":CONSOLE" in line]
     assert console == [], console
@@ -89,7 +104,13 @@ def test_renders_in_headless_chromium_offline(report: Path, tmp_path: Path) -> N
     ARTIFACTS.mkdir(exist_ok=True)
     shot = ARTIFACTS / "report.png"
     subprocess.run(
-        [browser, *flags, "--window-size=1100,5200", f"--screenshot={shot}", url],
+        [
+            _chromium(),
+            *offline_flags(tmp_path / "profile"),
+            "--window-size=1100,5200",
+            f"--screenshot={shot}",
+            report.resolve().as_uri(),
+        ],
         capture_output=True,
         timeout=120,
         check=False,
@@ -147,4 +168,6 @@ def test_out_never_replaces_a_pipe_a_device_or_a_folder(replayed_store: tuple[St
     res = CliRunner().invoke(main, ["report", "--store", str(store.root), "--run", run_id,
                                     "--out", str(tmp_path / "ok.html"), "--png", str(blocked / "png")])  # fmt: skip
     assert res.exit_code == 1 and "Traceback" not in res.output, res.output
-    assert res.stderr.startswith(f"error: cannot write {blocked / 'png'}"), res.stderr
+    # refused before any write (the page and headline.json are not left behind)
+    assert res.stderr.startswith(f"error: --png {blocked / 'png'}: {blocked} is a file, not a folder"), res.stderr
+    assert not (tmp_path / "ok.html").exists()
