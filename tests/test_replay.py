@@ -187,16 +187,22 @@ def test_rate_scale_and_modes(azure_conv: pl.DataFrame) -> None:
         ReplayOptions(concurrency=4, offline=True)
 
 
-def test_replay_command_writes_an_idempotent_run(tmp_path: Path) -> None:
-    # A 300-request store from the bundled sample, replayed with the roofline cost model.
+def _sample_store(tmp_path: Path, n: int) -> tuple[Store, pl.DataFrame]:
+    """A store holding the first ``n`` requests of the bundled sample (skips without it)."""
     sample = ROOT / "traces" / "sample" / "azure_conv_2023.csv.gz"
     if not sample.exists():
         pytest.skip(f"bundled sample missing: {sample}")
     full = Store(tmp_path / "full")
     ingest_logs([sample], full)
     small = Store(tmp_path / "store")
-    head = full.read_requests().head(300)
+    head = full.read_requests().head(n)
     write_parquet(head.to_arrow(), small.partition(small.requests_dir, "2023-11-16") / "p.parquet", "requests")
+    return small, head
+
+
+def test_replay_command_writes_an_idempotent_run(tmp_path: Path) -> None:
+    # A 300-request store from the bundled sample, replayed with the roofline cost model.
+    small, head = _sample_store(tmp_path, 300)
     runner = CliRunner()
     args = ["replay", "--store", str(small.root), "--fleet", str(ROOT / "fleets" / "default.toml"), "--json"]
     first = runner.invoke(main, args)
@@ -228,14 +234,7 @@ def test_closed_loop_client_options_through_the_command(tmp_path: Path) -> None:
     # 120 requests of the bundled sample in a closed loop: the ramp, think time and warm-up are
     # part of the run id, the warm-up rows are marked in the requests table and left out of the
     # summary; bad values and the options without --concurrency are one line, exit 1.
-    sample = ROOT / "traces" / "sample" / "azure_conv_2023.csv.gz"
-    if not sample.exists():
-        pytest.skip(f"bundled sample missing: {sample}")
-    full = Store(tmp_path / "full")
-    ingest_logs([sample], full)
-    small = Store(tmp_path / "store")
-    head = full.read_requests().head(120)
-    write_parquet(head.to_arrow(), small.partition(small.requests_dir, "2023-11-16") / "p.parquet", "requests")
+    small, _ = _sample_store(tmp_path, 120)
     runner = CliRunner()
     base = ["replay", "--store", str(small.root), "--fleet", str(ROOT / "fleets" / "default.toml"), "--json"]
     plain = runner.invoke(main, [*base, "--concurrency", "8"])
