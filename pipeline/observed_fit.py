@@ -235,10 +235,7 @@ def fit_requests(
     from pipeline.replay import ReplayOptions, build_workload
     from pipeline.store import epoch_us
 
-    if not (0.1 <= train_share <= 0.9 and math.isfinite(train_share)):
-        raise ConfigError(
-            f"--train-share must be in 0.1..0.9 (the share of the day's arrivals that trains), got {train_share}"
-        )
+    check_train_share(train_share)
     t_start = time.perf_counter()
     if fleet.config.stack_calibration is not None:
         # calibrate from the tables, not on top of an earlier calibration
@@ -356,6 +353,13 @@ def fit_requests(
     )
 
 
+def check_train_share(train_share: float) -> None:
+    if not (0.1 <= train_share <= 0.9 and math.isfinite(train_share)):
+        raise ConfigError(
+            f"--train-share must be in 0.1..0.9 (the share of the day's arrivals that trains), got {train_share}"
+        )
+
+
 def _fmt_rel(seconds: float) -> str:
     h, rem = divmod(int(seconds), 3600)
     return f"+{h:d}:{rem // 60:02d}:{rem % 60:02d} into the day"
@@ -373,6 +377,7 @@ def fit_store(
     from pipeline.fleet import load_fleet, resolve
     from pipeline.replay import REPLAY_COLUMNS
 
+    check_train_share(train_share)  # before the day is read
     cfg = load_fleet(fleet_path)
     fleet = resolve(cfg, str(fleet_path))
     store.check_unlocked()
