@@ -419,7 +419,13 @@ def read_parquet(path: Path | str, name: str, columns: Sequence[str] | None = No
     expected = load_schema(name)
     version = meta.get(META_VERSION, b"0").decode(errors="replace")
     if version != str(expected.version):
-        raise SchemaError(f"{path}: schema {name!r} version {version}, this rooftrace reads {expected.version}")
+        older = version.isdigit() and int(version) < expected.version
+        hint = (
+            " (written by an earlier rooftrace: make it again, e.g. re-run `rooftrace replay` for a run)"
+            if older
+            else ""
+        )
+        raise SchemaError(f"{path}: schema {name!r} version {version}, this rooftrace reads {expected.version}{hint}")
     if columns is None:
         with unreadable(path):
             table = pq.read_table(path)

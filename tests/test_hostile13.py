@@ -60,3 +60,22 @@ def test_a_too_deep_expression_does_not_suggest_a_refused_set(tmp_path: Path) ->
     assert res.exit_code == 1 and "Traceback" not in res.output
     assert "SET max_expression_depth" not in res.stderr
     assert "expression depth" in res.stderr and "fewer nested terms" in res.stderr
+
+
+def test_a_run_of_an_earlier_schema_says_to_replay_it(tmp_path: Path) -> None:
+    """requests.parquet went to replay_requests v2 (the warmup column): a run written before says
+    what to do, not only which versions differ."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+    import pytest
+
+    from pipeline.errors import SchemaError
+    from pipeline.schemas import META_NAME, META_VERSION, read_parquet
+
+    path = tmp_path / "requests.parquet"
+    table = pa.table({"request_id": ["a"]}).replace_schema_metadata({META_NAME: b"replay_requests", META_VERSION: b"1"})
+    pq.write_table(table, path)
+    with pytest.raises(
+        SchemaError, match=r"version 1, this rooftrace reads 2 \(written by an earlier rooftrace: make it again"
+    ):
+        read_parquet(path, "replay_requests")
