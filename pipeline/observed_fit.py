@@ -95,7 +95,15 @@ class ObservedFit:
         err = self.held_out_error
         if err <= REFUSE_ABOVE:
             return None
-        worst = max(METRICS, key=lambda m: abs(self.held_out[m]["mean"]) if m in self.held_out else 0.0)
+        judged = [m for m in METRICS if m in self.held_out and math.isfinite(self.held_out[m]["mean"])]
+        if not judged:
+            return (
+                "the fleet cannot explain the logs: after fitting, the replay finished none of the held-out requests "
+                f"with observed latencies ({self.unfinished_held_out:,} rejected or unfinished); likely causes: the "
+                "fleet's max_model_len or KV cache is smaller than the fleet that served the day, or the fleet file "
+                "is not that fleet (model, replicas, tp / dp / ep); no calibration written"
+            )
+        worst = max(judged, key=lambda m: abs(self.held_out[m]["mean"]))
         return (
             f"the fleet cannot explain the logs: after fitting, the held-out {worst.upper()} mean is still "
             f"{self.held_out[worst]['mean']:+.0%} off (more than {REFUSE_ABOVE:.0%}); likely causes: the fleet file "
@@ -124,7 +132,7 @@ def latency_errors(
         if not ok.any():
             continue
         p, o = pred[m][ok], obs[m][ok]
-        row = {"n": float(ok.sum())}
+        row: dict[str, float] = {"n": int(ok.sum())}
         row["mean"] = float(p.mean() / o.mean() - 1.0) if o.mean() > 0 else math.nan
         for q in (50, 90, 99):
             po = percentile(o, q)
@@ -243,10 +251,13 @@ def fit_requests(
     obs_all = observed_latencies(requests)
     arrival_us = epoch_us(requests.get_column("arrival"))
     t_rel = (arrival_us - arrival_us.min()) / 1e6
+    for m in METRICS:  # a latency of 0 s is no measurement (no request is served in no time)
+        obs_all[m] = np.where(obs_all[m] > 0, obs_all[m], np.nan)
     known = np.isfinite(obs_all["ttft"]) | np.isfinite(obs_all["e2e"])
     if int(known.sum()) < 2 * MIN_OBSERVED:
         raise RooftraceError(
-            f"only {int(known.sum()):,} of {requests.height:,} requests carry observed latencies (ttft_s or e2e_s); "
+            f"only {int(known.sum()):,} of {requests.height:,} requests carry observed latencies above 0 s "
+            "(ttft_s or e2e_s); "
             f"calibrate --observed needs at least {2 * MIN_OBSERVED} (docs/ingest.md says which log fields carry them)"
         )
     # the cut: the arrival time below which train_share of the requests with observed latencies fall
@@ -261,7 +272,10 @@ def fit_requests(
     options = ReplayOptions()
     base = fleet_step_cost(fleet)
     if progress:
-        progress(f"building the workloads ({int(train.sum()):,} training requests, {requests.height:,} in the day)")
+        progress(
+            f"building the workloads: the {int(train.sum()):,} requests before the split ({n_train:,} of them with "
+            f"observed latencies train), and the day's {requests.height:,}"
+        )
     work_train = build_workload(requests.filter(pl.Series(train)), fleet, options, identity)
     work_day = build_workload(requests, fleet, options, identity)
     obs_train = {m: v[train] for m, v in obs_all.items()}
@@ -318,7 +332,8 @@ def fit_requests(
         step_overhead_s=round(values["step_overhead_s"], 7),
     )
     if progress:
-        progress(f"fitted {cal.text()} after {fit_replay.calls} replays; judging the rest of the day")
+        shown = ", ".join(f"{k} {getattr(cal, k):.4g}" for k in fitted)
+        progress(f"fitted {shown} after {fit_replay.calls} replays of the training part; judging the rest of the day")
     # in sample: the training part as fitted; held out: the whole day, later requests judged
     pred_train = fit_replay(cal.values())
     in_sample = latency_errors(pred_train, obs_train, np.ones(work_train.n, dtype=bool))

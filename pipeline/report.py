@@ -699,7 +699,11 @@ def stale_headline(store: Store, day: str, config: dict[str, Any], run_dir: Path
     again, or more of its logs ingested (and classified) after the run, leaves the run's figures
     beside the store's current ones. Compared by count (config.json's ``summary.requests``), then,
     for the same count, by the set of request ids. ``stale_note`` says so and what to do."""
-    ran = (config.get("summary") or {}).get("requests")
+    summary = config.get("summary") or {}
+    ran = summary.get("requests")
+    warm = summary.get("warmup_requests")
+    if isinstance(ran, int) and isinstance(warm, int) and not isinstance(warm, bool):
+        ran += warm  # a closed loop's warm-up requests were replayed too (left out of the summary's count)
     stored = store.stored_rows(day)
     out: dict[str, Any] = {"stale": False, "stale_note": None, "store_requests": stored}
     if not isinstance(ran, int) or isinstance(ran, bool):

@@ -100,8 +100,8 @@ def parse_calibration(table: Any, where: str, origin: str = "") -> StackCalibrat
             raise ConfigError(f"{where}: {key} is longer than 4,096 characters")
         out[key] = value
     for key, (lo, hi, _default) in PARAMETERS.items():
-        if key not in table:
-            continue
+        if key not in table:  # a hand-edited file that lost a number must not replay as if it were 1
+            raise ConfigError(f"{where}: {key} is required (a number in [{lo:g}, {hi:g}]; {_default:g} for no change)")
         value = table[key]
         if isinstance(value, bool) or not isinstance(value, int | float):
             raise ConfigError(f"{where}: {key} must be a number, got {value!r}")
@@ -123,7 +123,7 @@ def load_calibration_file(path: Path, where: str) -> StackCalibration:
         raise ConfigError(f"{where}: {exc}") from None
     if "calibration" not in data:
         raise ConfigError(f"{where}: {path} has no [calibration] table (write one with rooftrace calibrate --observed)")
-    return parse_calibration(data["calibration"], f"{path} [calibration]", origin=where)
+    return parse_calibration(data["calibration"], f"{where}: {path} [calibration]", origin=where)
 
 
 def check_applies(cal: StackCalibration, hardware: str, tier: str | None, where: str = "") -> None:

@@ -155,7 +155,7 @@ def test_too_few_observed_latencies_is_one_clear_error() -> None:
     frame = day("llama-3.1-8b", 300, 2.0, 4).with_columns(
         ttft_s=pl.lit(None, pl.Float64), e2e_s=pl.lit(None, pl.Float64)
     )
-    with pytest.raises(Exception, match="only 0 of 300 requests carry observed latencies"):
+    with pytest.raises(Exception, match="only 0 of 300 requests carry observed latencies above 0 s"):
         fit_requests(frame, fleet_of("llama-3.1-8b"))
 
 
@@ -223,9 +223,17 @@ def test_calibration_toml_round_trip(fitted: ObservedFit, tmp_path: Path) -> Non
 
 
 def _cal(**over: object) -> dict[str, object]:
-    base: dict[str, object] = {"source": "s", "hardware": "h100-sxm", "cost_tier": "measured", "linear_scale": 1.1}
+    base: dict[str, object] = {
+        "source": "s",
+        "hardware": "h100-sxm",
+        "cost_tier": "measured",
+        "linear_scale": 1.1,
+        "attention_scale": 1.0,
+        "comm_scale": 1.0,
+        "step_overhead_s": 0.0,
+    }
     base.update(over)
-    return base
+    return {k: v for k, v in base.items() if v is not None}
 
 
 @pytest.mark.parametrize(
@@ -238,6 +246,7 @@ def _cal(**over: object) -> dict[str, object]:
         (_cal(attention_scale=True), "attention_scale must be a number"),
         (_cal(hardware=""), "hardware is required"),
         (_cal(speed=2.0), "unknown key(s) ['speed']"),
+        (_cal(linear_scale=None), "linear_scale is required"),  # lost in an edit: not read as 1
     ],
 )
 def test_bad_calibration_values_name_the_key(table: dict[str, object], message: str) -> None:

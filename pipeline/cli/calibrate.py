@@ -186,7 +186,7 @@ def _calibrate_observed(
 ) -> None:
     from pipeline.cli.validate import refuse_empty
     from pipeline.observed_fit import calibration_toml, fit_store
-    from pipeline.schemas import atomic_write_bytes, check_replaceable
+    from pipeline.schemas import atomic_write_bytes, check_replaceable, os_write_reason
 
     if not observed:
         raise RooftraceError("--fleet is for --observed (learn a calibration from a day of the fleet's own logs)")
@@ -202,7 +202,16 @@ def _calibrate_observed(
     name = load_fleet(fleet_path).name
     target = Path(out) if out is not None else Path(f"{name}-calibration.toml")
     check_out_of_store(store, target, "--out")
-    check_replaceable(target)
+    try:
+        check_replaceable(target)
+        same = target.exists() and target.resolve() == Path(fleet_path).resolve()
+    except OSError as exc:
+        raise RooftraceError(f"--out {target}: {exc.strerror or exc}") from None
+    if same:
+        raise RooftraceError(
+            f"--out {target} is the fleet file: the calibration would replace it; write it beside, e.g. "
+            f"--out {target.with_name(target.stem + '-calibration.toml')}"
+        )
     fit = fit_store(store, Path(fleet_path), date, train_share, progress)
     refusal = fit.refusal()
     doc = {
@@ -225,23 +234,24 @@ def _calibrate_observed(
         try:
             atomic_write_bytes(target, calibration_toml(fit).encode())
         except OSError as exc:
-            raise RooftraceError(f"cannot write {target}: {exc.strerror or exc}") from None
+            raise RooftraceError(f"cannot write {target}: {os_write_reason(target, exc)}") from None
     for note in fit.notes:
         progress(f"note: {note}")
     if as_json:
         emit_json(doc)
     else:
-        _print_fit(fit, target if refusal is None else None)
+        _print_fit(fit, target if refusal is None else None, Path(fleet_path))
     if refusal is not None:
         raise RooftraceError(refusal)
 
 
-def _print_fit(fit: object, target: Path | None) -> None:
+def _print_fit(fit: object, target: Path | None, fleet_path: Path) -> None:
     from pipeline.observed import METRICS
     from pipeline.observed_fit import ObservedFit
 
     assert isinstance(fit, ObservedFit)
-    click.echo(f"fitted {fit.calibration.text()}  ({', '.join(fit.fitted)}; {fit.evaluations} replays)")
+    shown = ", ".join(f"{k} {getattr(fit.calibration, k):.4g}" for k in fit.fitted)
+    click.echo(f"fitted {shown}  ({fit.evaluations} replays in all)")
     click.echo(f"  split: arrivals up to {fit.cut_utc} train ({fit.n_train:,} requests), {fit.n_held_out:,} judged")
     click.echo("  error (replayed / observed - 1)    mean      p50      p99")
     for label, table in (
@@ -254,7 +264,10 @@ def _print_fit(fit: object, target: Path | None) -> None:
                 e = table[m]
                 click.echo(f"  {label:24s} {m.upper():5s} {e['mean']:+8.1%} {e['p50']:+8.1%} {e['p99']:+8.1%}")
     if target is not None:
-        click.echo(f'wrote {target} (include it from a FLEET.toml: calibration_file = "{target.name}")')
+        import os
+
+        rel = os.path.relpath(target.resolve(), fleet_path.resolve().parent)
+        click.echo(f'wrote {target} (include it from {fleet_path}: calibration_file = "{rel}", relative to it)')
 
 
 def _calibrate_profiles(source: Path, hardware: str | None, out: str | None, as_json: bool) -> None:

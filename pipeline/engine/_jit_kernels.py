@@ -17,6 +17,8 @@ Semantics: docs/engine.md.
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numba
 import numpy as np
 
@@ -34,7 +36,7 @@ def _drop_stale_cache() -> None:
     package's files do not change). The folder is made here when Python has not made it (it
     writes no bytecode under PYTHONDONTWRITEBYTECODE): a cache written without its stamp would
     be taken for stale and removed by the next process."""
-    cache = jit_cache_dir()
+    cache = jit_cache_dir(Path(__file__).resolve())
     digest = kernel_stamp()
     stamp = cache / f"_jit_kernels.stepcost-{digest}.stamp"
     try:

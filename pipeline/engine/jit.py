@@ -50,10 +50,11 @@ REPLICA_COL = list(SPAN_COLUMNS).index("replica")
 _ROUTER_CODES = {"round_robin": 0, "least_outstanding": 1, "session_affinity": 2, "prefix_affinity": 2}
 
 
-def jit_cache_dir() -> Path:
-    """The folder numba caches the compiled loop in: ``$NUMBA_CACHE_DIR`` (numba's own sub-path
-    for this package's folder there) when set, else the package's ``engine/__pycache__``."""
-    src = Path(__file__).resolve().with_name("_jit_kernels.py")
+def jit_cache_dir(src: Path | None = None) -> Path:
+    """The folder numba caches the compiled loop of ``src`` (default: this package's
+    _jit_kernels.py) in: ``$NUMBA_CACHE_DIR`` (numba's own sub-path for the source's folder there)
+    when set, else the source's ``__pycache__``."""
+    src = src or Path(__file__).resolve().with_name("_jit_kernels.py")
     try:
         from numba.core import config
         from numba.core.caching import _CacheLocator
