@@ -817,7 +817,11 @@ def _run_id(
     columns (request ids from ``ids``, read a row group at a time, then the rest of
     ``requests``) and of the prefix identity used."""
     h = hashlib.sha256()
-    h.update(json.dumps(fleet.to_dict(), sort_keys=True, default=str).encode())
+    resolved = fleet.to_dict()
+    cal = (resolved.get("fleet") or {}).get("stack_calibration")
+    if isinstance(cal, dict):  # the calibration's numbers, not its prose (paths of the store that taught it)
+        resolved["fleet"]["stack_calibration"] = {k: v for k, v in cal.items() if k != "source"}
+    h.update(json.dumps(resolved, sort_keys=True, default=str).encode())
     how = {"slo", "pods", "executor", "ray_address"}  # how it ran, not what: not part of the id
     # the closed loop's client options only where set: a run without them keeps the id it had
     unset = {k for k in ("ramp_s", "think_s", "warmup") if not getattr(options, k)}

@@ -68,3 +68,27 @@ def test_a_warm_up_run_is_not_called_stale(tmp_path: Path) -> None:
     rep = cli("report", "--store", str(small.root), "--run", run_id, "--out", str(tmp_path / "r.html"))
     assert rep.exit_code in (0, 3), rep.output
     assert "STALE" not in rep.stderr, rep.stderr
+
+
+def test_the_run_id_follows_the_calibration_numbers_not_its_prose(tmp_path: Path) -> None:
+    """The run id took the calibration's source text, which names the store and fleet paths it
+    was fitted from: the same numbers taught elsewhere made another run (round 14)."""
+    from tests.test_calibrate_observed import _write_cal
+    from tests.test_replay import _sample_store
+
+    small, _ = _sample_store(tmp_path, 60)
+    ids = []
+    for name, over in (
+        ("a", {"source": "from /x/store"}),
+        ("b", {"source": "from /y/other"}),
+        ("c", {"linear_scale": 1.2}),
+    ):
+        _write_cal(tmp_path / f"{name}.toml", **over)
+        fleet = tmp_path / f"fleet-{name}.toml"
+        fleet.write_text(
+            f'name = "f"\nmodel = "llama-3.1-8b"\nhardware = "h100-sxm"\ncalibration_file = "{name}.toml"\n'
+        )
+        res = cli("replay", "--store", str(small.root), "--fleet", str(fleet), "--json")
+        assert res.exit_code == 0, res.output
+        ids.append(json.loads(res.stdout)["run_id"])
+    assert ids[0] == ids[1] != ids[2]
