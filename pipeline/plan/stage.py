@@ -138,24 +138,21 @@ def plan_notes(opts: PlanOptions, base: FleetConfig, origin: str) -> list[str]:
             f"so each configuration shards the experts over its own tp x dp ranks, as vLLM's "
             f"enable_expert_parallel does ({ranks})"
         )
-    if base.stack_calibration is not None:
-        cal = base.stack_calibration
-        other = [hw for hw in dict.fromkeys(opts.hardware) if skip_reason(base, hw, origin) is not None]
-        if other:
-            notes.append(
-                f"skipped {', '.join(other)}: the base fleet's calibration ({cal.origin or origin}) was learnt on "
-                f"{cal.hardware} ({cal.cost_tier} tier) and applies to that GPU only; plan the others from a base "
-                "fleet without calibration_file, or calibrate each GPU's fleet from its own logs"
-            )
-            return notes
-    if base.cost_model == "measured":
-        skipped = [hw for hw in dict.fromkeys(opts.hardware) if skip_reason(base, hw, origin) is not None]
-        if skipped:
-            notes.append(
-                f"skipped {', '.join(skipped)}: the base fleet ({origin}) says cost_model = 'measured' and "
-                f"{'these have' if len(skipped) > 1 else 'it has'} no measured profile; give cost_model = 'auto' "
-                "to plan them on the size-aware prior (NVIDIA) or the roofline"
-            )
+    skipped = [hw for hw in dict.fromkeys(opts.hardware) if skip_reason(base, hw, origin) is not None]
+    cal = base.stack_calibration
+    if cal is not None and skipped:
+        notes.append(
+            f"skipped {', '.join(skipped)}: the base fleet's calibration ({cal.origin or origin}) was learnt on "
+            f"{cal.hardware} ({cal.cost_tier} tier) and applies to that GPU only; plan the others from a base "
+            "fleet without calibration_file, or calibrate each GPU's fleet from its own logs"
+        )
+        return notes
+    if base.cost_model == "measured" and skipped:
+        notes.append(
+            f"skipped {', '.join(skipped)}: the base fleet ({origin}) says cost_model = 'measured' and "
+            f"{'these have' if len(skipped) > 1 else 'it has'} no measured profile; give cost_model = 'auto' "
+            "to plan them on the size-aware prior (NVIDIA) or the roofline"
+        )
     return notes
 
 
