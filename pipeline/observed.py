@@ -40,3 +40,17 @@ def observed_count(requests: pl.DataFrame) -> int:
     """How many requests carry an observed TTFT or E2E."""
     lat = observed_latencies(requests)
     return int(np.count_nonzero(np.isfinite(lat["ttft"]) | np.isfinite(lat["e2e"])))
+
+
+def percentile_pair(
+    observed: npt.NDArray[np.float64], replayed: npt.NDArray[np.float64], pct: float
+) -> tuple[float | None, float | None, float | None]:
+    """The observed and replayed ``pct``-th percentiles (the project's one definition,
+    :func:`pipeline.slo.percentile`) of paired values, and the error replayed / observed − 1;
+    None for what cannot be formed (no values, or an observed percentile of 0)."""
+    from pipeline.slo import percentile
+
+    if observed.size == 0:
+        return None, None, None
+    o, r = percentile(observed, pct), percentile(replayed, pct)
+    return o, r, (r / o - 1.0 if o > 0 else None)

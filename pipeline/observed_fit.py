@@ -124,7 +124,7 @@ def latency_errors(
     """Per metric, replayed / observed − 1 of the mean and of the p50, p90, p99 (the project's
     percentile, pipeline.slo.percentile) over ``rows`` where both are known and the replay
     finished the request."""
-    from pipeline.slo import percentile
+    from pipeline.observed import percentile_pair
 
     out: dict[str, dict[str, float]] = {}
     for m in METRICS:
@@ -135,8 +135,8 @@ def latency_errors(
         row: dict[str, float] = {"n": int(ok.sum())}
         row["mean"] = float(p.mean() / o.mean() - 1.0) if o.mean() > 0 else math.nan
         for q in (50, 90, 99):
-            po = percentile(o, q)
-            row[f"p{q}"] = float(percentile(p, q) / po - 1.0) if po > 0 else math.nan
+            err = percentile_pair(o, p, q)[2]
+            row[f"p{q}"] = math.nan if err is None else float(err)
         out[m] = row
     return out
 

@@ -37,7 +37,6 @@ from pipeline.slo import (
     format_seconds,
     overload_from_dict,
     overload_text,
-    percentile,
     plain_number,
     share_text,
     traffic_span,
@@ -1728,7 +1727,7 @@ def compare_observed(logged: Any, replayed: Any) -> ObservedComparison:
     import numpy as np
     import polars as pl
 
-    from pipeline.observed import observed_count, observed_latencies
+    from pipeline.observed import observed_count, observed_latencies, percentile_pair
 
     lat = observed_latencies(logged)
     left = logged.select(
@@ -1769,10 +1768,8 @@ def compare_observed(logged: Any, replayed: Any) -> ObservedComparison:
                 "samples": n,
             }
             for p in ("p50", "p99"):
-                o = percentile(obs[ok], float(p[1:])) if n else None
-                r = percentile(rep[ok], float(p[1:])) if n else None
-                row[f"observed_{p}_s"], row[f"replayed_{p}_s"] = o, r
-                row[f"{p}_error"] = r / o - 1.0 if o is not None and r is not None and o > 0 else None
+                o, r, err = percentile_pair(obs[ok], rep[ok], float(p[1:]))
+                row[f"observed_{p}_s"], row[f"replayed_{p}_s"], row[f"{p}_error"] = o, r, err
             rows.append({k: row[k] for k in OBSERVED_COLUMNS})
     return ObservedComparison(
         rows=rows,

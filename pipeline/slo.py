@@ -39,7 +39,7 @@ _VALUE_RE = re.compile(r"^\s*([0-9]*\.?[0-9]+(?:e[-+]?\d+)?)\s*(ms|s|min|h|d)?\s
 _UNIT_S = {"ms": 1e-3, "s": 1.0, "min": 60.0, "h": 3600.0, "d": 86_400.0}
 METRICS: tuple[str, ...] = ("ttft", "tpot", "e2e", "queue")
 #: Longest latency a target may allow: a year. A longer one tells no run from another (every
-#: request that finishes meets it) and is a unit mix-up or a placeholder: ``ttft_p99 = 1e308``
+#: request that finishes meets it) and is a unit mix-up or a value typed to mean "none": ``ttft_p99 = 1e308``
 #: was accepted and printed as ``ttft_p99=1e+308s``.
 MAX_TARGET_S = 365 * 86_400.0
 
