@@ -9,6 +9,9 @@ live, relative to that folder::
     reports = "reports"               # the reports folder (default)
     fleet = "fleets/default.toml"     # the fleet replay, nightly and plan use without --fleet
 
+    [models]                          # aliases: a model name as the logs say it = a catalog id
+    "my-70b-deployment" = "llama-3.1-70b"
+
 Without a project file the current directory is the root, with the same defaults. ``--store`` /
 ``$ROOFTRACE_STORE`` and ``--reports`` still win. Nothing is ever written next to the installed
 package: a copy of a checkout writes into the copy, a directory outside any checkout into itself.
@@ -19,8 +22,10 @@ its ``fleets/default.toml`` when the project has no fleet of its own).
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
+from types import MappingProxyType
 
 from pipeline.errors import ConfigError
 from pipeline.tomlfile import read_toml
@@ -28,6 +33,7 @@ from pipeline.tomlfile import read_toml
 PROJECT_FILE = "rooftrace.toml"
 STORE_ENV = "ROOFTRACE_STORE"
 _KEYS = {"store": "traces/store", "reports": "reports", "fleet": "fleets/default.toml"}
+_TABLES = {"models"}
 
 
 @dataclass(frozen=True)
@@ -40,6 +46,9 @@ class Project:
     store: Path
     reports: Path
     fleet: Path
+    #: ``[models]``: logged model names (as the logs spell them) -> catalog ids, checked on load
+    #: (pipeline/catalog/names.py reads them first).
+    models: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}))
 
 
 def find_project(start: Path | None = None) -> Project:
@@ -50,21 +59,42 @@ def find_project(start: Path | None = None) -> Project:
         candidate = folder / PROJECT_FILE
         if candidate.is_file():
             return _load(candidate)
-    return Project(here, None, *(here / v for v in _KEYS.values()))
+    return Project(here, None, here / _KEYS["store"], here / _KEYS["reports"], here / _KEYS["fleet"])
 
 
 def _load(path: Path) -> Project:
     data = read_toml(path, "project file")
-    unknown = sorted(set(data) - set(_KEYS))
+    unknown = sorted(set(data) - set(_KEYS) - _TABLES)
     if unknown:
-        raise ConfigError(f"{path}: unknown key(s) {unknown}; allowed: {sorted(_KEYS)}")
+        raise ConfigError(f"{path}: unknown key(s) {unknown}; allowed: {sorted(set(_KEYS) | _TABLES)}")
     paths = {}
     for key, default in _KEYS.items():
         value = data.get(key, default)
         if not isinstance(value, str) or not value.strip() or "\x00" in value:
             raise ConfigError(f"{path}: {key} must be a path (text), got {value!r}")
         paths[key] = path.parent / value
-    return Project(path.parent, path, paths["store"], paths["reports"], paths["fleet"])
+    models = _model_aliases(path, data.get("models", {}))
+    return Project(path.parent, path, paths["store"], paths["reports"], paths["fleet"], models)
+
+
+def _model_aliases(path: Path, table: object) -> Mapping[str, str]:
+    """The ``[models]`` table: each key a model name as logged, each value a catalog model id
+    (one line naming the file and key otherwise)."""
+    if not isinstance(table, dict):
+        raise ConfigError(f'{path}: models must be a table of aliases ([models] "name" = "catalog-id")')
+    if not table:
+        return MappingProxyType({})
+    from pipeline.catalog.entries import list_models  # (only a project with aliases reads the catalog)
+
+    known = list_models()
+    for key, value in table.items():
+        if not key.strip() or "\x00" in key:
+            raise ConfigError(f"{path}: [models] {key!r}: an alias must be a model name as logged, got {key!r}")
+        if not isinstance(value, str):
+            raise ConfigError(f"{path}: [models] {key!r} must name a catalog model id (text), got {value!r}")
+        if value not in known:
+            raise ConfigError(f"{path}: [models] {key!r} = {value!r}: no catalog model {value!r}; known: {known}")
+    return MappingProxyType(dict(table))
 
 
 def default_store_path() -> Path:
