@@ -31,6 +31,13 @@ if TYPE_CHECKING:
     help="Ingest files already ingested again, REPLACING the rows stored from them (not adding); "
     "given every log of a date, also rebuilds a date whose stored file is damaged.",
 )
+@click.option(
+    "--dedupe-across-formats",
+    "dedupe_across_formats",
+    is_flag=True,
+    help="Store a request logged in two formats (the same request id, arrival and tokens, e.g. a "
+    "gateway's OpenAI log and its OTel spans) once: the first read is kept, the others count as duplicates.",
+)
 @jobs_option
 @store_option
 @json_option
@@ -40,6 +47,7 @@ def ingest(
     date: str | None,
     mapping: Path | None,
     force: bool,
+    dedupe_across_formats: bool,
     jobs: int,
     store_path: str | None,
     as_json: bool,
@@ -51,7 +59,8 @@ def ingest(
     file could not be read or had every row quarantined (the others are still ingested; a failed
     file is not recorded, so a corrected re-run takes it). Limits: docs/limits.md.
 
-    Example: rooftrace ingest traces/azure_conv.csv.gz
+    Example (the bundled sample, from the repository root): rooftrace ingest
+    traces/sample/azure_conv_2023.csv.gz --store /tmp/rooftrace-try
     """
     from pipeline.errors import RooftraceError
     from pipeline.ingest import ingest_logs
@@ -62,7 +71,17 @@ def ingest(
 
     def call() -> IngestSummary:
         try:
-            return ingest_logs(list(sources), get_store(store_path), fmt, date, mapping, say, force=force, jobs=jobs)
+            return ingest_logs(
+                list(sources),
+                get_store(store_path),
+                fmt,
+                date,
+                mapping,
+                say,
+                force=force,
+                jobs=jobs,
+                dedupe_across_formats=dedupe_across_formats,
+            )
         except RooftraceError as exc:
             raise RooftraceError(escape_controls(str(exc))) from None
 

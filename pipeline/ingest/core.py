@@ -107,12 +107,20 @@ class FileResult:
     #: Of ``rows_duplicate``, the rows whose request id was seen first with other content (a
     #: corrected or conflicting record: the first one seen is kept).
     rows_conflicting: int = 0
+    #: Of ``rows_duplicate``, the rows dropped as a request already stored from another format
+    #: (the same request id, arrival and tokens; ``dedupe_across_formats`` only).
+    rows_cross_format: int = 0
 
 
 @dataclass
 class IngestSummary:
     files: list[FileResult]
     seconds: float
+    #: ``warning:`` lines about the store as this run left it (requests stored under two formats).
+    warnings: list[str] = field(default_factory=list)
+    #: Rows stored that repeat a request stored from another format (same request id, arrival and
+    #: tokens): each such request counts once more than it happened in classify and replay.
+    cross_format_repeats: int = 0
 
     def total(self, name: str) -> int:
         return sum(int(getattr(f, name)) for f in self.files)
@@ -135,6 +143,11 @@ class IngestSummary:
             f"{self.total('rows_read')} rows read = {self.total('rows_stored')} stored + "
             f"{self.total('rows_quarantined')} quarantined + {self.total('rows_duplicate')} duplicates"
             + (f" ({conflicting} of them with other content than the row kept)" if conflicting else "")
+            + (
+                f" ({self.total('rows_cross_format')} of them a request stored from another format)"
+                if self.total("rows_cross_format")
+                else ""
+            )
             + (f", replacing {replaced} rows stored before" if replaced else "")
             + f" in {self.seconds:.1f} s"
         )
@@ -147,6 +160,9 @@ class IngestSummary:
             "rows_duplicate": self.total("rows_duplicate"),
             "rows_replaced": self.total("rows_replaced"),
             "rows_conflicting": self.total("rows_conflicting"),
+            "rows_cross_format": self.total("rows_cross_format"),
+            "cross_format_repeats": self.cross_format_repeats,
+            "warnings": list(self.warnings),
             "seconds": round(self.seconds, 3),
             "ok": self.ok,
             "errors": self.errors,
@@ -600,6 +616,58 @@ class _Conflicts:
         )
 
 
+#: The columns that make rows of two formats one request: a gateway's response log and its OTel
+#: spans (or LiteLLM's SpendLogs) of the same calls carry the same request id, arrival and tokens.
+CROSS_FORMAT_KEY = ("request_id", "arrival", "recorded_input_tokens", "output_tokens")
+
+
+@dataclass
+class _Across:
+    """Requests logged in two formats (the same ``CROSS_FORMAT_KEY``, another ``source_format``):
+    with ``dedupe`` the rows read after the first of such a request are dropped as duplicates of
+    their file (``FileResult.rows_cross_format``); the rows that stay stored twice are counted per
+    date, for one warning each."""
+
+    dedupe: bool = False
+    #: date -> (rows left that repeat a request of another format, the formats of those requests)
+    left: dict[str, tuple[int, set[str]]] = field(default_factory=dict)
+
+    def note(self, date: str, repeats: int, formats: set[str]) -> None:
+        if repeats:
+            self.left[date] = (repeats, formats)
+
+    @property
+    def repeats(self) -> int:
+        return sum(n for n, _ in self.left.values())
+
+    def lines(self) -> list[str]:
+        out = []
+        for d, (n, formats) in sorted(self.left.items()):
+            out.append(
+                f"warning: requests/date={d}: {n} request(s) are stored twice, logged in two formats "
+                f"({', '.join(sorted(formats))}: the same request id, arrival and tokens); classify and replay "
+                "count each of them twice -- ingest with --dedupe-across-formats to store each request once "
+                "(stored rows stay: ingest the later format's logs again with --force --dedupe-across-formats)"
+            )
+        return out
+
+
+def _cross_format(rows: pl.DataFrame, first: pl.Series) -> tuple[pl.Series, set[str]]:
+    """Of ``rows`` (a date's stored rows, then its staged rows in reading order), the rows kept by
+    the per-format key (``first``) that repeat an earlier kept row's ``CROSS_FORMAT_KEY`` (so
+    under another format: the per-format key is unique among kept rows), and the formats of the
+    requests so repeated."""
+    if rows["source_format"].n_unique() < 2:  # one format: no request can be logged in two
+        return pl.repeat(False, rows.height, dtype=pl.Boolean, eager=True), set()
+    frame = rows.select("source_format", _k=pl.struct(CROSS_FORMAT_KEY), _f=first)
+    marks = frame.select(
+        again=pl.col("_f") & ~pl.col("_k").is_first_distinct().over("_f"),
+        twice=pl.col("_f") & pl.col("_k").is_duplicated().over("_f"),
+    )
+    formats = set(frame.filter(marks["twice"])["source_format"].to_list())
+    return marks["again"], formats
+
+
 #: Columns that say where a row came from, not what it is: two rows with the same key that differ
 #: only in these are the same record (a grown or copied log), not a conflict.
 _WHERE_FROM = ("source_format", "request_id", "source_file", "source_line")
@@ -744,10 +812,13 @@ def ingest_logs(
     progress: Progress | None = None,
     force: bool = False,
     jobs: int = 1,
+    dedupe_across_formats: bool = False,
 ) -> IngestSummary:
     """Ingest log files or directories into ``store``. See the module docstring for guarantees;
     ``force`` re-reads files already ingested and replaces their rows; ``jobs`` > 1 reads the
-    files in that many worker processes (the store ends byte-identical to a serial run's)."""
+    files in that many worker processes (the store ends byte-identical to a serial run's);
+    ``dedupe_across_formats`` stores a request logged in two formats (the same request id,
+    arrival and tokens) once, the first read, and counts the other rows as duplicates."""
     t0 = time.perf_counter()
     say = progress or (lambda _msg: None)
     if any(isinstance(src, str) and src == "" for src in sources):
@@ -766,6 +837,7 @@ def ingest_logs(
     if not 1 <= jobs <= MAX_JOBS:
         raise RooftraceError(f"--jobs must be in 1..{MAX_JOBS}, got {jobs}")
     ctx = Context(anchor_date=date)
+    across = _Across(dedupe=dedupe_across_formats)
     now = datetime.now(UTC)
     run_id = f"{now.strftime('%Y%m%dT%H%M%S')}-{time.perf_counter_ns() % 1_000_000:06d}"
     with store.lock():  # taking it finishes or undoes what a killed run left
@@ -775,13 +847,13 @@ def ingest_logs(
         except OSError as exc:
             raise store_write_error(store, exc) from None
         try:
-            results = _ingest_locked(sources, store, commit, fmt, mapping, ctx, now, force, say, jobs)
+            results = _ingest_locked(sources, store, commit, fmt, mapping, ctx, now, force, say, jobs, across)
         finally:
             if not (commit.root / JOURNAL).exists():  # else a failed commit is rolled forward later
                 shutil.rmtree(commit.root, ignore_errors=True)
                 with contextlib.suppress(OSError):
                     store.staging_dir.rmdir()
-    return IngestSummary(results, time.perf_counter() - t0)
+    return IngestSummary(results, time.perf_counter() - t0, across.lines(), across.repeats)
 
 
 def _ingest_locked(
@@ -795,6 +867,7 @@ def _ingest_locked(
     force: bool,
     say: Progress,
     jobs: int = 1,
+    across: _Across | None = None,
 ) -> list[FileResult]:
     results: list[FileResult] = []
     stager = Stager(commit.root)
@@ -858,7 +931,7 @@ def _ingest_locked(
     replace = _replaced(manifest, results, force)
     conflicts = _Conflicts()
     try:
-        _merge(store, stager, commit, results, say, replace, conflicts)
+        _merge(store, stager, commit, results, say, replace, conflicts, across)
         _write_quarantine(store, commit, manifest, results, quarantines, now, replace)
         _write_manifest(store, commit, manifest, results, now, replace)
         commit.apply()
@@ -867,6 +940,8 @@ def _ingest_locked(
     except (duckdb.Error, pl.exceptions.PolarsError) as exc:
         raise RooftraceError(f"{store.root}: cannot merge into the store ({_first_line(exc)})") from None
     for line in _after_merge_lines(manifest, results, conflicts, force, requarantined):
+        say(line)
+    for line in across.lines() if across is not None else []:
         say(line)
     return results
 
@@ -1374,6 +1449,7 @@ def _merge(
     say: Progress,
     replace: _Replace,
     conflicts: _Conflicts | None = None,
+    across: _Across | None = None,
 ) -> None:
     """Deduplicate the staged rows against the store and each other (first seen wins: stored rows,
     then staged rows in reading order) and stage each touched date partition, sorted by
@@ -1381,7 +1457,7 @@ def _merge(
     partitions they were in rewritten without them). Every way of merging gives the same rows
     and the same Parquet bytes, and the same ``conflicts`` (duplicates with other content)."""
     clashes = conflicts if conflicts is not None else _Conflicts()
-    touched = _merge_staged(store, stager, commit, results, say, replace, clashes)
+    touched = _merge_staged(store, stager, commit, results, say, replace, clashes, across or _Across())
     for d in sorted(replace.dates - touched):
         _drop_replaced(store, commit, d, results, say, replace)
     for d, gap in sorted(replace.unaccounted.items()):
@@ -1409,6 +1485,7 @@ def _merge_staged(
     say: Progress,
     replace: _Replace,
     conflicts: _Conflicts,
+    across: _Across,
 ) -> set[str]:
     frames = [f for fs in stager.memory.values() for f in fs]
     if not frames and not stager.spilled_files():
@@ -1423,12 +1500,12 @@ def _merge_staged(
         )
         if fits:
             for d, part in parts.items():
-                _merge_date_memory(store, commit, d, part, results, say, replace, conflicts)
+                _merge_date_memory(store, commit, d, part, results, say, replace, conflicts, across)
             return set(parts)
         del staged, parts
     del frames
     stager.flush()
-    return _merge_out_of_core(store, stager, commit, results, say, replace, conflicts)
+    return _merge_out_of_core(store, stager, commit, results, say, replace, conflicts, across)
 
 
 def _drop_replaced(
@@ -1612,6 +1689,7 @@ def _merge_date_memory(
     say: Progress,
     replace: _Replace,
     conflicts: _Conflicts,
+    across: _Across,
 ) -> None:
     names = load_schema("requests").names
     existing = _stored_files(store, date, replace)
@@ -1625,7 +1703,16 @@ def _merge_date_memory(
     rows = pl.concat([*old, part.select(names)], how="vertical") if old else part.select(names)
     n_old = rows.height - part.height
     first = _first_seen(rows)
-    new_first = first.slice(n_old)
+    again, formats = _cross_format(rows, first)
+    # stored rows stay whatever they repeat (the manifest counts them stored); a row read now that
+    # repeats a request of another format is dropped with ``dedupe``
+    if across.dedupe:
+        dropped = again & (pl.int_range(rows.height, eager=True) >= n_old)
+    else:
+        dropped = pl.repeat(False, rows.height, dtype=pl.Boolean, eager=True)
+    keep = first & ~dropped
+    across.note(date, int((again & ~dropped).sum()), formats)
+    new_first = keep.slice(n_old)
     counts = (
         part.select("_file", _first=new_first)
         .group_by("_file")
@@ -1633,12 +1720,15 @@ def _merge_date_memory(
         .rows()
     )
     _count(results, date, counts)
+    if across.dedupe and dropped.any():
+        for f, n in part.select("_file", _x=dropped.slice(n_old)).group_by("_file").agg(pl.col("_x").sum()).rows():
+            results[int(f)].rows_cross_format += int(n)
     if not first.all():
         stored_marks = pl.repeat(-1, n_old, dtype=pl.Int64, eager=True)
         files = pl.concat([stored_marks, part["_file"].cast(pl.Int64)])
         seqs = pl.concat([stored_marks, part["_seq"].cast(pl.Int64)])
         conflicts.add(_clashes(rows, first, files, seqs))
-    kept = rows if first.all() else rows.filter(first)
+    kept = rows if keep.all() else rows.filter(keep)
     if not _is_sorted(kept, SORT_KEYS):  # a log written in arrival order needs no sort
         kept = kept.sort(SORT_KEYS)
     kept = kept.rechunk()  # one chunk per column: the writer encodes contiguous row groups faster
@@ -1677,6 +1767,7 @@ def _merge_out_of_core(
     say: Progress,
     replace: _Replace,
     conflicts: _Conflicts,
+    across: _Across,
 ) -> set[str]:
     """The merge for staged rows that do not fit in memory, all of them in staging files. DuckDB
     counts rows and finds duplicate keys in one pass over the key columns (within MERGE_MEMORY,
@@ -1728,6 +1819,8 @@ def _merge_out_of_core(
         # the row kept for a conflicting one.
         ranked = [f"SELECT _date, source_format, request_id, _file, _seq, _ord, {content_hash} FROM staged"]
         origin = ["SELECT _date, source_format, request_id, _seq, source_file, source_line FROM staged"]
+        req = ", ".join(CROSS_FORMAT_KEY)
+        requests = [f"SELECT _date, source_format, {req}, _file, _seq, _ord FROM staged"]
         for d, existing in stored.items():
             if existing:
                 keys.append(
@@ -1740,6 +1833,10 @@ def _merge_out_of_core(
                 )
                 origin.append(
                     f"SELECT '{d}' AS _date, source_format, request_id, -1 AS _seq, source_file, source_line "
+                    f"FROM {_read(existing)} {keep_stored}"
+                )
+                requests.append(
+                    f"SELECT '{d}' AS _date, source_format, {req}, -1 AS _file, -1 AS _seq, 0 AS _ord "
                     f"FROM {_read(existing)} {keep_stored}"
                 )
         con.execute(f"CREATE TEMP VIEW keys AS {' UNION ALL '.join(keys)}")
@@ -1770,6 +1867,9 @@ def _merge_out_of_core(
             select_dup += " LIMIT 0"  # no key is repeated: nothing to rank
         con.execute(f"CREATE TEMP TABLE dup AS {select_dup}")
         _out_of_core_conflicts(con, conflicts)
+        con.execute(f"CREATE TEMP VIEW reqs AS {' UNION ALL '.join(requests)}")
+        for _d, f, n in _out_of_core_across(con, across):
+            results[f].rows_cross_format += n
         dups: dict[tuple[str, int], int] = {
             (d, int(f)): int(n)
             for d, f, n in con.execute("SELECT _date, _file, count(*) FROM dup GROUP BY ALL").fetchall()
@@ -1811,6 +1911,37 @@ def _merge_out_of_core(
     finally:
         con.close()
     return set(per_file)
+
+
+def _out_of_core_across(con: duckdb.DuckDBPyConnection, across: _Across) -> list[tuple[str, int, int]]:
+    """:func:`_cross_format` over view ``reqs`` (a touched date's stored rows, ``_ord`` 0, and
+    its staged ones), the rows of table ``dup`` left out: note the requests stored twice in
+    ``across`` and, with ``dedupe``, add the staged rows after the first of their request to
+    ``dup`` (not conflicts), returning (date, file index, rows) of those. As for the per-format key,
+    the repeated 64-bit hashes of the key come first (an aggregate of one integer), then the
+    keys themselves among the rows with such a hash."""
+    if con.execute("SELECT count(DISTINCT source_format) FROM reqs").fetchall()[0][0] < 2:
+        return []
+    key = ", ".join(CROSS_FORMAT_KEY)
+    live = "(SELECT * FROM reqs ANTI JOIN dup USING (_date, _file, _seq))"
+    con.execute(
+        f"CREATE TEMP TABLE xhash AS SELECT hash(_date, {key}) AS _h FROM {live} GROUP BY ALL HAVING count(*) > 1"
+    )
+    con.execute(
+        "CREATE TEMP TABLE xrows AS SELECT _date, source_format, _file, _seq, _ord, "
+        f"row_number() OVER (PARTITION BY _date, {key} ORDER BY _ord, _seq) AS _n, "
+        f"count(*) OVER (PARTITION BY _date, {key}) AS _c "
+        f"FROM {live} r SEMI JOIN xhash ON hash(r._date, {', '.join('r.' + c for c in CROSS_FORMAT_KEY)}) = xhash._h"
+    )
+    drop = "_n > 1 AND _ord = 1" if across.dedupe else "false"
+    for d, n in con.execute(f"SELECT _date, count(*) FROM xrows WHERE _n > 1 AND NOT ({drop}) GROUP BY ALL").fetchall():
+        formats = con.execute("SELECT DISTINCT source_format FROM xrows WHERE _c > 1 AND _date = $d", {"d": d})
+        across.note(str(d), int(n), {str(f) for (f,) in formats.fetchall()})
+    if not across.dedupe:
+        return []
+    con.execute(f"INSERT INTO dup SELECT _date, _file, _seq, false FROM xrows WHERE {drop}")
+    got = con.execute(f"SELECT _date, _file, count(*) FROM xrows WHERE {drop} GROUP BY ALL").fetchall()
+    return [(str(d), int(f), int(n)) for d, f, n in got]
 
 
 def _out_of_core_conflicts(con: duckdb.DuckDBPyConnection, conflicts: _Conflicts) -> None:

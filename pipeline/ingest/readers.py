@@ -1020,7 +1020,15 @@ def _too_long(limit: int) -> str:
 
 
 def _otel_frame(spec: FormatSpec, rows: list[dict[str, Any]]) -> pl.DataFrame:
-    data: dict[str, Any] = {name: pl.Series(name, [r.get(name) for r in rows], dtype=pl.String) for name in spec.fields}
+    # each flat column from its raw keys in the spec's priority order (the first non-null wins), as
+    # project_polars reads the other formats: keying the column by its own name dropped every
+    # column whose raw key differs from it (``ttft_raw`` from the span's ``ttft_s``)
+    def first(row: dict[str, Any], keys: tuple[str, ...]) -> Any:
+        return next((row[k] for k in keys if row.get(k) is not None), None)
+
+    data: dict[str, Any] = {
+        name: pl.Series(name, [first(r, keys) for r in rows], dtype=pl.String) for name, keys in spec.fields.items()
+    }
     data["source_line"] = pl.Series("source_line", [r["source_line"] for r in rows], dtype=pl.Int64)
     # each span's label and JSON, for the quarantine record of a span that fails validation
     data["_where"] = pl.Series("_where", [r["_where"] for r in rows], dtype=pl.String)
