@@ -124,3 +124,33 @@ def test_fixed_width_zulu_parser_agrees_with_general_parser(
     for got, want in zip(fixed.to_list(), general, strict=True):
         assert got is None or got == want
     assert _iso_series(series).to_list() == general
+
+
+@settings(max_examples=200, deadline=None)
+@given(when=_instants, sub_us=st.integers(0, 999))
+def test_integer_epochs_are_exact_and_ns_truncate_like_iso(when: datetime, sub_us: int) -> None:
+    """A whole number of ns (OTel's startTimeUnixNano), us or ms is converted exactly: the same
+    instant as the ISO text with nine fraction digits (digits past us truncated). Through a float,
+    19 digits of ns were off by up to 128 ns, and some arrivals moved by a microsecond."""
+    us = (when - datetime(1970, 1, 1, tzinfo=UTC)) // timedelta(microseconds=1)
+    ns = us * 1000 + sub_us
+    iso = when.strftime("%Y-%m-%dT%H:%M:%S") + f".{when.microsecond:06d}{sub_us:03d}Z"
+    frame = pl.DataFrame({"ns": [str(ns)], "us": [str(us)], "iso": [iso]})
+    got = frame.select(
+        parse_time(pl.col("ns"), "ns").alias("ns"),
+        parse_time(pl.col("ns"), "auto").alias("ns_auto"),
+        parse_time(pl.col("us"), "us").alias("us"),
+        parse_time(pl.col("us"), "auto").alias("us_auto"),
+        parse_time(pl.col("iso"), "iso").alias("iso"),
+    ).row(0)
+    assert got == (when, when, when, when, when), (ns, got)
+
+
+def test_integer_epoch_examples() -> None:
+    frame = pl.DataFrame({"t": ["1733011200123456999", "1733011200123456500", "1733011200123"]})
+    got = frame.select(
+        parse_time(pl.col("t"), "ns").alias("ns"), parse_time(pl.col("t"), "auto").alias("auto")
+    ).to_dict(as_series=False)
+    base = datetime(2024, 12, 1, tzinfo=UTC)
+    assert got["ns"][:2] == [base + timedelta(microseconds=123456)] * 2
+    assert got["auto"] == [*[base + timedelta(microseconds=123456)] * 2, base + timedelta(milliseconds=123)]

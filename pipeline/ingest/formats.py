@@ -327,13 +327,21 @@ def _seconds(a: pl.Expr, b: pl.Expr) -> pl.Expr:
     return ((b - a).dt.total_microseconds() / 1e6).cast(pl.String)
 
 
+#: Where LiteLLM's metadata (a JSON object, or its text in a CSV cell) holds the cache reads, in
+#: priority order: the provider's usage object (OpenAI's or Anthropic's spelling) as LiteLLM logs
+#: it, or its additional usage values.
+LITELLM_CACHED_PATHS = (
+    "metadata.usage_object.prompt_tokens_details.cached_tokens",
+    "metadata.additional_usage_values.prompt_tokens_details.cached_tokens",
+    "metadata.usage_object.cache_read_input_tokens",
+)
+
+
 def _litellm(flat: pl.DataFrame, ctx: Context) -> pl.DataFrame:
     start = parse_time(pl.col("arrival_raw"), "auto")
     meta = pl.col("metadata")
     cached = pl.coalesce(
-        meta.str.json_path_match("$.usage_object.prompt_tokens_details.cached_tokens"),
-        meta.str.json_path_match("$.additional_usage_values.prompt_tokens_details.cached_tokens"),
-        meta.str.json_path_match("$.usage_object.cache_read_input_tokens"),
+        [meta.str.json_path_match("$." + p.removeprefix("metadata.")) for p in LITELLM_CACHED_PATHS]
     )
     return to_candidate(
         flat.with_columns(

@@ -168,15 +168,47 @@ def _auto_series(s: pl.Series) -> pl.Series:
         .then(pl.col("n") / 1e6)
         .otherwise(pl.col("n") / 1e9)
     )
+    n = pl.col("n")
+    scale = (
+        pl.when(n.abs() < _EPOCH_MAX_S)
+        .then(pl.lit(1e6))
+        .when(n.abs() < _EPOCH_MAX_S * 1e3)
+        .then(pl.lit(1e3))
+        .when(n.abs() < _EPOCH_MAX_S * 1e6)
+        .then(pl.lit(1.0))
+        .otherwise(pl.lit(1e-3))
+    )
+    # an integer is converted exactly in its unit (a float of 19 digits of ns is off by up to
+    # 128 ns, which moved some arrivals by a microsecond); a fraction through the float
+    by_float = _epoch(secs, 1e6)
+    whole = pl.col("s").str.strip_chars().cast(pl.Int64, strict=False)
+    exact = pl.when(scale >= 1).then(whole * scale.cast(pl.Int64)).otherwise(whole.floordiv(1000))
+    bound = pl.lit(_MAX_ABS_US) / pl.when(scale >= 1).then(scale).otherwise(1.0)
+    exact_us = pl.when(whole.is_not_null() & (whole.cast(pl.Float64).abs() <= bound)).then(exact).cast(_US)
     epoch = (
-        pl.DataFrame({"n": num})
-        .select(pl.when((secs >= _EPOCH_MIN_S) & (secs < _EPOCH_MAX_S)).then(_epoch(secs, 1e6)))
+        pl.DataFrame({"n": num, "s": s})
+        .select(pl.when((secs >= _EPOCH_MIN_S) & (secs < _EPOCH_MAX_S)).then(pl.coalesce(exact_us, by_float)))
         .to_series()
     )
     text = num.is_null() & s.is_not_null()
     if not text.any():
         return epoch
     return patch(epoch, text, _iso_series(s.filter(text)))
+
+
+def _epoch_exact(text: pl.Expr, scale_to_us: float, otherwise: pl.Expr) -> pl.Expr:
+    """An epoch time written as a whole number, converted exactly (ns truncated to us, as digits
+    past us of an ISO time are); ``otherwise`` (the float conversion) for any other text. Through
+    a float, 19 digits of ns are off by up to 128 ns: an OTel span's start and the same request's
+    ISO timestamp then differed by a microsecond."""
+    whole = text.cast(pl.String).str.strip_chars().cast(pl.Int64, strict=False)
+    exact: pl.Expr
+    if scale_to_us >= 1:
+        factor = int(scale_to_us)
+        exact = pl.when(whole.abs() <= int(_MAX_ABS_US) // factor).then(whole * factor)
+    else:
+        exact = whole.floordiv(round(1 / scale_to_us))
+    return pl.when(whole.is_not_null()).then(exact.cast(_US)).otherwise(otherwise)
 
 
 def _epoch(num: pl.Expr, scale_to_us: float) -> pl.Expr:
@@ -201,7 +233,7 @@ def parse_time(expr: pl.Expr, kind: str, anchor: str | None = None) -> pl.Expr:
         return expr.map_batches(_iso_series, return_dtype=_US, is_elementwise=True)
     scales = {"s": 1e6, "ms": 1e3, "us": 1.0, "ns": 1e-3}
     if kind in scales:
-        return _epoch(num, scales[kind])
+        return _epoch_exact(expr, scales[kind], _epoch(num, scales[kind]))
     if kind in ("relative_s", "relative_ms"):
         base = anchor_us(anchor)
         if base is None:
