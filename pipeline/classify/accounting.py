@@ -228,7 +228,10 @@ def account(requests: pl.DataFrame, options: ClassifyOptions | None = None) -> A
     minute_us = (arrival_us // 60_000_000) * 60_000_000
     minutes, minute_idx = np.unique(minute_us, return_inverse=True)
     recorded = df.get_column("recorded_input_tokens").to_numpy().astype(np.int64)
-    models = df.get_column("model").to_numpy()
+    from pipeline.catalog.names import canonical_model_names  # one cache per model, its spellings one
+
+    logged = df.get_column("model")
+    models = logged.replace(canonical_model_names(logged.unique().sort().to_list())).to_numpy()
     prompt_blocks = chains.prompt_blocks()
 
     hit_blocks = np.zeros(n, dtype=np.int64)

@@ -573,17 +573,23 @@ def check_isolation(isolation: Sequence[str]) -> None:
 
 
 def isolation_salts(requests: pl.DataFrame, isolation: Sequence[str]) -> U64Array:
-    """Per row, a 64-bit salt naming its isolation domain (null and "" are different values)."""
+    """Per row, a 64-bit salt naming its isolation domain (null and "" are different values).
+    A model is its catalog id where its logged name resolves to one (pipeline/catalog/names.py),
+    so two spellings of one deployment are one domain; a catalog id's salt is the one it always had."""
     cols = list(isolation)
     check_isolation(cols)
     if not cols:
         return np.full(requests.height, key64("[]"), dtype=np.uint64)
-    combos = requests.select(cols).unique(maintain_order=True)
+    keys = requests.select(cols)
+    if "model" in cols:
+        from pipeline.catalog.names import canonical_model_names
+
+        names = canonical_model_names(keys.get_column("model").drop_nulls().unique().sort().to_list())
+        keys = keys.with_columns(pl.col("model").replace({k: v for k, v in names.items() if k != v}))
+    combos = keys.unique(maintain_order=True)
     salts = [key64(json.dumps(list(zip(cols, row, strict=True)))) for row in combos.iter_rows()]
     combos = combos.with_columns(pl.Series("_salt", salts, dtype=pl.UInt64))
-    joined = (
-        requests.select(cols).with_row_index("_row").join(combos, on=cols, how="left", nulls_equal=True).sort("_row")
-    )
+    joined = keys.with_row_index("_row").join(combos, on=cols, how="left", nulls_equal=True).sort("_row")
     return cast(U64Array, joined.get_column("_salt").to_numpy())
 
 
