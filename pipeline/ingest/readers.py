@@ -793,7 +793,7 @@ def _attrs(items: Any) -> dict[str, str | None]:
 
 #: Attributes read as the tenant, in order (resource first, then span).
 _OTEL_TENANT = ("tenant.id", "gen_ai.user.id", "enduser.id", "user.id")
-_OTEL_STATUS: dict[int | str, str] = {1: "ok", 2: "error", "STATUS_CODE_ERROR": "error"}
+_OTEL_STATUS: dict[int | str, str] = {1: "ok", 2: "error", "STATUS_CODE_OK": "ok", "STATUS_CODE_ERROR": "error"}
 _OTEL_TTFT = ("gen_ai.server.time_to_first_token", "gen_ai.response.time_to_first_chunk")
 
 
