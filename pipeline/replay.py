@@ -884,10 +884,12 @@ def multi_node_warning(fleet: ResolvedFleet) -> str | None:
 def model_mix_warning(store: Store, date: str, fleet_model: str) -> str | None:
     """One line when the date's requests were logged for models other than the fleet's, all of
     which the replay serves as the fleet's model: a day of two models replayed on one. Rows
-    without a model (``unknown``) and rows naming the fleet's model by its Hugging Face id count
-    as the fleet's. None also when the day names one model the catalog does not know and never
-    the fleet's (an API model's logs, sized on this fleet)."""
-    from pipeline.catalog import list_models, load_model
+    without a model (``unknown``) and rows whose name resolves to the fleet's model (its id, its
+    Hugging Face id behind any provider prefix, an -Instruct or quantized copy, a [models] alias:
+    pipeline/catalog/names.py) count as the fleet's. None also when the day names one model that
+    resolves to no catalog model and never the fleet's (an API model's logs, sized on this fleet)."""
+    from pipeline.catalog import load_model
+    from pipeline.catalog.names import resolve_model_names
 
     counts = (
         pl.scan_parquet([str(p) for p in store.request_files(date)])
@@ -897,19 +899,32 @@ def model_mix_warning(store: Store, date: str, fleet_model: str) -> str | None:
         .collect()
     )
     try:
-        hf_id = load_model(fleet_model).hf_id.lower()
+        spec = load_model(fleet_model)
+        fleet_id, hf_id = spec.name, spec.hf_id.lower()
     except RooftraceError:
-        hf_id = ""
-    ours = {fleet_model.lower(), "unknown"} | ({hf_id} if hf_id else set())
+        fleet_id, hf_id = fleet_model, ""
     rows = [(str(m), int(n)) for m, n in zip(counts.get_column("model"), counts.get_column("len"), strict=True)]
-    other = [(m, n) for m, n in rows if m.lower() not in ours]
+    names = resolve_model_names(m for m, _ in rows)
+    ours = {fleet_model.lower(), fleet_id.lower(), "unknown"} | ({hf_id} if hf_id else set())
+
+    def fleets(m: str) -> bool:
+        return m.lower() in ours or names[m].model == fleet_id
+
+    other = [(m, n) for m, n in rows if not fleets(m)]
     if not other:
         return None
-    named_ours = any(m.lower() in ours and m != "unknown" for m, _ in rows)
-    if not named_ours and len(other) == 1 and other[0][0] not in list_models():
+    named_ours = any(fleets(m) and m != "unknown" for m, _ in rows)
+    if not named_ours and len(other) == 1 and names[other[0][0]].model is None:
         return None
     total, n_other = sum(n for _, n in rows), sum(n for _, n in other)
-    shown = ", ".join(f"{m}: {n:,}" for m, n in other[:3]) + (f", {len(other) - 3} more" if len(other) > 3 else "")
+
+    def shown_name(m: str) -> str:  # the catalog model a spelled-out name resolves to, said
+        model = names[m].model
+        return f"{m} = {model}" if model is not None and model != m else m
+
+    shown = ", ".join(f"{shown_name(m)}: {n:,}" for m, n in other[:3]) + (
+        f", {len(other) - 3} more" if len(other) > 3 else ""
+    )
     return (
         f"MODEL MIX: {n_other:,} of {total:,} requests ({share_text(n_other / total)}) were logged for other "
         f"models ({shown}) and are replayed as {fleet_model}; a fleet per model sizes each "
