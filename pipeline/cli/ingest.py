@@ -59,8 +59,11 @@ def ingest(
     file could not be read or had every row quarantined (the others are still ingested; a failed
     file is not recorded, so a corrected re-run takes it). Limits: docs/limits.md.
 
-    Example (the bundled sample, from the repository root): rooftrace ingest
-    traces/sample/azure_conv_2023.csv.gz --store /tmp/rooftrace-try
+    \b
+    Examples (the bundled samples, from the repository root; then your own logs):
+      rooftrace ingest traces/sample/azure_conv_2023.csv.gz
+      rooftrace ingest traces/sample/mooncake_conversation.jsonl.gz --date 2024-01-01
+      rooftrace ingest /path/to/your/gateway-logs/ --store my-store
     """
     from pipeline.errors import RooftraceError
     from pipeline.ingest import ingest_logs
