@@ -96,7 +96,12 @@ def _share(text: str, option: str) -> float:
     show_default=True,
     help="Seconds replayed before the window but not measured (fills the batch and cache).",
 )
-@click.option("--traffic-model", default=None, help="The requests' model value (default: --model; '*' = all).")
+@click.option(
+    "--traffic-model",
+    default=None,
+    help="The requests' logged model name, or a name resolving to a catalog model (default: the names "
+    "resolving to --model, and rows without one; '*' = all).",
+)
 @click.option(
     "--executor",
     type=click.Choice(["local", "ray"]),
@@ -153,7 +158,14 @@ def plan_cmd(
     replay of the peak window (or the day) meets every SLO target, then ranks by $/day and marks the
     Pareto front of cost vs p99 TTFT. Writes STORE/plans/<plan_id>/ and STORE/costs/<plan_id>/.
 
-    Example: rooftrace plan --model llama-3.1-70b --slo ttft_p99=2s,tpot_p99=100ms --tp 2,4,8
+    The traffic is the date's requests whose logged model name resolves to --model (a Hugging Face id,
+    a provider prefix, an -Instruct or quantized copy, a [models] alias in rooftrace.toml) and those
+    logged without one; --traffic-model picks another.
+
+    Example, in the checkout after `rooftrace demo` (its log names meta-llama/Llama-3.1-8B-Instruct):
+
+    \b
+    rooftrace plan --model llama-3.1-8b --fleet fleets/demo.toml --slo ttft_p99=2s,tpot_p99=100ms --tp 1,2
     """
     from pipeline.plan import PlanOptions, plan
     from pipeline.slo import load_slo_presets

@@ -215,6 +215,42 @@ def pareto_front(points: Sequence[tuple[float, float]]) -> list[bool]:
     return flags
 
 
+def traffic_rows(
+    every: pl.DataFrame, model: str, traffic_model: str | None, date: str
+) -> tuple[pl.DataFrame, dict[str, int]]:
+    """The requests a plan for catalog model ``model`` sizes, and how many of each logged name.
+
+    Without ``traffic_model`` (--traffic-model): every row whose logged name resolves to ``model``
+    (its id, Hugging Face id, a provider prefix, an -Instruct or quantized copy, a [models] alias:
+    pipeline/catalog/names.py), and the rows logged without a model (``unknown``), which replay
+    counts as the fleet's too. With it: the rows logged with exactly that value, or with a name
+    resolving to the same catalog model as it; ``*`` is every row."""
+    from pipeline.catalog.names import resolve_model_names
+
+    counts = every.group_by("model").len().sort(["len", "model"], descending=[True, False])
+    logged = [(str(m), int(n)) for m, n in counts.iter_rows()]
+    if traffic_model == "*":
+        return every, dict(logged)
+    names = resolve_model_names(m for m, _ in logged)
+    if traffic_model is None:
+        target: str | None = load_model(model).name
+        keep = {m for m, _ in logged if m == "unknown" or names[m].model == target}
+    else:
+        target = resolve_model_names([traffic_model])[traffic_model].model
+        keep = {m for m, _ in logged if m == traffic_model or (target is not None and names[m].model == target)}
+    req = every.filter(pl.col("model").is_in(sorted(keep)))
+    if req.height == 0:
+        want = traffic_model or model
+        have = [m if names[m].model in (None, m) else f"{m} (= {names[m].model})" for m, _ in logged]
+        unsure = [names[m].describe() for m, _ in logged if names[m].how == "ambiguous"]
+        raise RooftraceError(
+            f"no requests for model {want!r} on {date}; models there: {have} "
+            f"(use --traffic-model, or map a logged name to {model} under [models] in rooftrace.toml)"
+            + (f"; {'; '.join(unsure)}" if unsure else "")
+        )
+    return req, {m: n for m, n in logged if m in keep}
+
+
 def plan(store: Store, opts: PlanOptions, progress: Callable[[str], None] | None = None) -> PlanResult:
     """Search every configuration, rank by $/day, write ``STORE/plans/<plan_id>/``."""
     load_model(opts.model)
@@ -230,10 +266,7 @@ def plan(store: Store, opts: PlanOptions, progress: Callable[[str], None] | None
     date = store.resolve_date(opts.date)
     every = store.read_requests(date)
     want = opts.traffic_model or opts.model
-    req = every if want == "*" else every.filter(pl.col("model") == want)
-    if req.height == 0:
-        have = sorted(every.get_column("model").unique().to_list())
-        raise RooftraceError(f"no requests for model {want!r} on {date}; models there: {have} (use --traffic-model)")
+    req, traffic_names = traffic_rows(every, opts.model, opts.traffic_model, date)
     window = select_window(req, opts.window, opts.window_s, opts.warmup_s)
     window = replace(window, identity=day_identity(store, date, every))
     day = _day_totals(req)
@@ -265,6 +298,9 @@ def plan(store: Store, opts: PlanOptions, progress: Callable[[str], None] | None
         )
         for note in notes:
             progress(f"note: {note}")
+        if want != "*" and list(traffic_names) != [want]:  # read past a spelling: said, with the counts
+            shown = ", ".join(f"{n:,} logged as {m!r}" for m, n in traffic_names.items())
+            progress(f"note: traffic for {want}: {shown}")
     t0 = time.perf_counter()
     if opts.executor == "ray":
         results = run_ray(tasks, opts.ray_address, progress)
@@ -285,6 +321,7 @@ def plan(store: Store, opts: PlanOptions, progress: Callable[[str], None] | None
         "date": date,
         "model": opts.model,
         "traffic_model": want,
+        "traffic_names": traffic_names,
         "slo": slo.to_dict(),
         "slo_presets": {k: v.to_dict() for k, v in load_slo_presets().items()},
         "window": window.info(),
