@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -140,9 +141,12 @@ def shared_path(*parts: str) -> Path:
 
 
 @pytest.fixture(scope="session")
-def replayed_store(tmp_path_factory: pytest.TempPathFactory) -> tuple[object, str]:
-    """A small synthetic day taken through ingest, classify and replay on the default fleet.
-    One tenant is named like a script tag, to check escaping end to end."""
+def replayed_template(tmp_path_factory: pytest.TempPathFactory) -> tuple[object, str]:
+    """A small synthetic day taken through ingest, classify and replay on the default fleet, built
+    once per worker and never written to afterwards: tests take a copy (:func:`replayed_store`,
+    or :func:`copy_replayed` in a module-scoped fixture), so no test writes into a store that
+    another test reads, whatever the order. One tenant is named like a script tag, to check
+    escaping end to end."""
     import polars as pl
 
     from pipeline.classify.accounting import classify_tokens
@@ -168,9 +172,53 @@ def replayed_store(tmp_path_factory: pytest.TempPathFactory) -> tuple[object, st
     return store, result.run_id
 
 
+def _listing(root: Path) -> dict[str, tuple[int, int]]:
+    return {str(p.relative_to(root)): (p.stat().st_size, p.stat().st_mtime_ns) for p in root.rglob("*") if p.is_file()}
+
+
+def copy_replayed(template: tuple[object, str], dest: Path) -> tuple[object, str]:
+    """A private copy of :func:`replayed_template`'s store at ``dest`` (which must not exist)."""
+    import shutil
+
+    from pipeline.store import Store
+
+    src, run_id = template
+    assert isinstance(src, Store)
+    shutil.copytree(src.root, dest, symlinks=True)
+    return Store(dest), run_id
+
+
+@pytest.fixture
+def replayed_store(replayed_template: tuple[object, str], tmp_path: Path) -> Iterator[tuple[object, str]]:
+    """This test's own copy of the replayed store (write to it freely). The template is checked
+    after the test: a test that wrote into it (instead of its copy) fails here, naming the files."""
+    src, _ = replayed_template
+    root: Path = src.root  # type: ignore[attr-defined]
+    before = _listing(root)
+    yield copy_replayed(replayed_template, tmp_path / "replayed-store")
+    after = _listing(root)
+    changed = sorted(k for k in before.keys() | after.keys() if before.get(k) != after.get(k))
+    assert not changed, f"a test wrote into the shared replayed template: {changed[:5]}"
+
+
 EVIL_TENANT = "<script>alert(1)</script>"
 
 
-def pytest_report_header(config: pytest.Config) -> str:
+def _shared_data_line() -> str:
     found = "found" if SHARED.is_dir() else "not found: the tests that need it skip"
     return f"public data (${SHARED_ENV}): {SHARED} ({found})"
+
+
+def pytest_report_header(config: pytest.Config) -> str:
+    return _shared_data_line()
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_sessionstart(session: pytest.Session) -> None:
+    """The shared-data line under ``-q`` too (pyproject's addopts): pytest shows report headers
+    only at normal verbosity, and the README promises that the run's header names the folder."""
+    config = session.config
+    reporter = config.pluginmanager.get_plugin("terminalreporter")
+    if hasattr(config, "workerinput") or reporter is None or config.get_verbosity() >= 0:
+        return
+    reporter.write_line(_shared_data_line())

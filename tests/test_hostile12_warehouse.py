@@ -27,12 +27,12 @@ def copy_store(src: Store, root: Path, run_id: str) -> Store:
 
 
 @pytest.fixture(scope="module")
-def two_days(replayed_store: tuple[Store, str], tmp_path_factory: pytest.TempPathFactory) -> tuple[Store, str]:
+def two_days(replayed_template: tuple[Store, str], tmp_path_factory: pytest.TempPathFactory) -> tuple[Store, str]:
     """The replayed store (one classified date, one run) plus a second date ingested but not classified."""
     from pipeline.ingest import ingest_logs
     from pipeline.synth import SynthConfig, generate, write_logs
 
-    src, run_id = replayed_store
+    src, run_id = replayed_template
     root = tmp_path_factory.mktemp("h12")
     store = copy_store(src, root / "store", run_id)
     frame = generate(SynthConfig(requests=120, seed=5, duration_s=600, tenants=2, date="2031-02-03"))

@@ -11,14 +11,14 @@ import pytest
 
 from pipeline.report import build_report
 from pipeline.store import Store
-from tests.conftest import EVIL_TENANT
+from tests.conftest import EVIL_TENANT, copy_replayed
 
 ARTIFACTS = Path(__file__).resolve().parents[1] / "test-artifacts"
 
 
 @pytest.fixture(scope="module")
-def report(replayed_store: tuple[Store, str], tmp_path_factory: pytest.TempPathFactory) -> Path:
-    store, run_id = replayed_store
+def report(replayed_template: tuple[Store, str], tmp_path_factory: pytest.TempPathFactory) -> Path:
+    store, run_id = copy_replayed(replayed_template, tmp_path_factory.mktemp("report-store") / "store")
     out = tmp_path_factory.mktemp("report") / "index.html"
     png = out.parent / "png"
     res = build_report(store, run_id, out=out, png_dir=png)

@@ -17,13 +17,14 @@ from pipeline.slo import percentile
 from pipeline.store import Store
 from pipeline.tables import table_to_json
 from pipeline.warehouse import build_warehouse, list_queries, run_query, run_sql
+from tests.conftest import copy_replayed
 
 PCTS = {"p50": 50, "p90": 90, "p95": 95, "p99": 99, "p99_9": 99.9}
 
 
 @pytest.fixture(scope="module")
-def run(replayed_store: tuple[Store, str]) -> tuple[Store, str, Path]:
-    store, run_id = replayed_store
+def run(replayed_template: tuple[Store, str], tmp_path_factory: pytest.TempPathFactory) -> tuple[Store, str, Path]:
+    store, run_id = copy_replayed(replayed_template, tmp_path_factory.mktemp("warehouse") / "store")
     build_warehouse(store)
     return store, run_id, store.runs_dir / run_id
 

@@ -21,13 +21,14 @@ from pipeline.cli import main
 from pipeline.errors import RooftraceError
 from pipeline.store import Store
 from pipeline.warehouse import Session, build_warehouse, connect, run_query, run_sql
+from tests.conftest import copy_replayed
 
 SECRET = "s3cr3t-outside-the-store"
 
 
 @pytest.fixture(scope="module")
-def wh(replayed_store: tuple[Store, str]) -> tuple[Store, str]:
-    store, run_id = replayed_store
+def wh(replayed_template: tuple[Store, str], tmp_path_factory: pytest.TempPathFactory) -> tuple[Store, str]:
+    store, run_id = copy_replayed(replayed_template, tmp_path_factory.mktemp("sandbox") / "store")
     build_warehouse(store)
     return store, run_id
 
