@@ -1,7 +1,8 @@
 """The catalog: GPUs, models and storage formats as cited TOML entries in this folder.
 
 The entries are data (``hardware/*.toml``, ``models/*.toml``, ``dtypes.toml``);
-:mod:`pipeline.catalog.entries` parses and checks them. This module only names its public API.
+:mod:`pipeline.catalog.entries` parses and checks them; :mod:`pipeline.catalog.names` says which
+catalog model a model name as logs spell it names. This module only names its public API.
 """
 
 from pipeline.catalog.entries import (
@@ -31,6 +32,7 @@ from pipeline.catalog.entries import (
     parse_model,
     weight_format,
 )
+from pipeline.catalog.names import NameMatch, canonical_model_names, resolve_model_name, resolve_model_names
 
 __all__ = [
     "CATALOG_DIR",
@@ -39,7 +41,9 @@ __all__ = [
     "HardwareSpec",
     "KVFormat",
     "ModelSpec",
+    "NameMatch",
     "WeightFormat",
+    "canonical_model_names",
     "entry_path",
     "hardware_dir",
     "hardware_to_toml",
@@ -57,5 +61,7 @@ __all__ = [
     "models_dir",
     "parse_hardware",
     "parse_model",
+    "resolve_model_name",
+    "resolve_model_names",
     "weight_format",
 ]

@@ -9,11 +9,11 @@ place the two meet; the rules, in order (the first that names a model wins):
 
 1. **alias**: the project's ``[models]`` table (rooftrace.toml) maps the name, as logged, to a
    catalog id (``"my-70b" = "llama-3.1-70b"``); case is ignored when no alias matches exactly.
-2. **id**: the name, or its last path part, is a catalog id (case ignored).
-3. **hf_id**: its last two path parts are a catalog model's Hugging Face id, or its last part is
-   the name part of one (case ignored; what comes before is a provider prefix, and the
+2. **id** / **hf_id**: the name is a catalog id; else its last two path parts are a catalog
+   model's Hugging Face id; else its last part is a catalog id, or the name part of a Hugging
+   Face id (case ignored throughout; what comes before is a provider prefix, and the
    organisation of a copy, ``RedHatAI/``, ``unsloth/``, does not matter).
-4. **variant**: suffixes of instruction-tuned and quantized copies are dropped from the end one at
+3. **variant**: suffixes of instruction-tuned and quantized copies are dropped from the end one at
    a time (``-Instruct``, ``-Chat``, ``-it``, ``-hf``, ``-FP8``, ``-AWQ``, ``-GPTQ``, ``-Int4``,
    ``-W4A16``, ``-bnb-4bit``, ``-GGUF``, ``-Turbo``, ...), the old ``Meta-Llama-`` spelling
    reads as ``Llama-``, and Fireworks' ``accounts/<a>/models/llama-v3p1-70b`` as
@@ -203,17 +203,18 @@ def resolve_model_name(
     fireworks = _FIREWORKS_RE.search(text)
     said = f"{prefix + '/'!r} read past" if prefix else ""
 
-    # 2. a catalog id
+    # 2. a catalog id as logged; 3. a whole Hugging Face id (organisation and name)
     ids = {e.model.lower(): e.model for e in entries}
-    for form in (text.lower(), name.lower()):
-        if form in ids:
-            return NameMatch(logged, ids[form], "id", said if form != text.lower() else "")
-    # 3. a Hugging Face id: the whole id (organisation and name), then its name part
+    if text.lower() in ids:
+        return NameMatch(logged, ids[text.lower()], "id")
     if len(parts) >= 2:
         full = "/".join(parts[-2:]).lower()
         hit = _one({e.model for e in entries if e.hf_id.lower() == full}, logged, "hf_id", _prefix_of(parts, 2))
         if hit is not None:
             return hit
+    # the last path part: a catalog id, then the name part of a Hugging Face id
+    if name.lower() in ids:
+        return NameMatch(logged, ids[name.lower()], "id", said)
     hit = _one({e.model for e in entries if _norm(e.hf_id.rsplit("/", 1)[-1]) == name.lower()}, logged, "hf_id", said)
     if hit is not None:
         return hit
