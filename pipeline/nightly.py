@@ -10,7 +10,6 @@ end, names the stage and the report.
 
 from __future__ import annotations
 
-import html
 import json
 import os
 import time
@@ -21,6 +20,7 @@ from typing import Any, TypeVar
 
 import altair as alt
 import polars as pl
+from markupsafe import Markup
 
 from pipeline.classify.accounting import classify_tokens, day_identity
 from pipeline.cost import run_cost
@@ -39,8 +39,10 @@ from pipeline.report import (
     attention,
     build_report,
     drift_phrase,
+    ms_cell,
     options_text,
     overload_phrase,
+    render,
     slo_phrase,
     vega_bundle,
 )
@@ -297,24 +299,78 @@ def write_load_curve(
     return write_parquet(curve_table(result.run_id, rows), result.run_dir / "load_curve.parquet", "load_curve")
 
 
+#: The demo's night: a synthetic gateway log (OpenAI-style request/response pairs, made by
+#: :func:`demo_log_text`), 3,000 requests of one model from 4 tenants over an hour of 2025-01-15,
+#: chat and agent sessions whose prompts grow turn by turn, with provider-reported
+#: ``cached_tokens``, and no latencies (nothing to compare a replay with: made up, they would drift).
+DEMO_LOG = "gateway_demo_2025-01-15.jsonl.gz"
+DEMO_DATE = "2025-01-15"
+#: The model the demo's log names, as a gateway logs it (the fleet serves it as llama-3.1-8b).
+DEMO_MODEL = "meta-llama/Llama-3.1-8B-Instruct"
+#: The fleet the demo replays on: fleets/demo.toml (the default fleet with a 128k context,
+#: session-affinity routing and the `chat` SLO).
+DEMO_FLEET = "demo.toml"
+
+
+def demo_log_text() -> bytes:
+    """The demo's gateway log, uncompressed: `rooftrace synth --format openai` (seed 37, 3,000
+    requests, 4 tenants, one hour, model :data:`DEMO_MODEL`) without its ttft_s / e2e_s fields.
+    The same bytes on every call: the bundled file is this text gzipped (a test checks it)."""
+    from pipeline.synth import SynthConfig, generate
+    from pipeline.synth.writers import LINE_WRITERS
+
+    frame = generate(
+        SynthConfig(requests=3000, seed=37, date=DEMO_DATE, duration_s=3600.0, tenants=4, models=(DEMO_MODEL,))
+    )
+    lines = [line.rsplit(',"ttft_s":', 1)[0] + "}" for line in LINE_WRITERS["openai"](frame)]
+    return ("\n".join(lines) + "\n").encode()
+
+
+def write_demo_log(path: Path | None = None) -> Path:
+    """Write the demo's log (:func:`demo_log_text`, gzipped with no name or time in the header, so
+    the file is the same bytes wherever zlib compresses alike) to ``path`` (default: the bundled
+    sample's own file), atomically."""
+    import gzip
+
+    target = path or sample_dir() / DEMO_LOG
+    atomic_write_bytes(target, gzip.compress(demo_log_text(), compresslevel=9, mtime=0))
+    return target
+
+
+def demo_fleet_path() -> Path:
+    """fleets/demo.toml of the source checkout (beside the bundled sample)."""
+    return sample_dir().parents[1] / "fleets" / DEMO_FLEET
+
+
 def demo(store: Store, reports_dir: Path | None = None, progress: Progress | None = None) -> list[NightlyResult]:
-    """The nightly job on the bundled sample with the default fleet: the Azure 2023 conversation
-    hour (its own date, 2023-11-16)."""
+    """The nightly job on the bundled demo night: :data:`DEMO_LOG`, a synthetic gateway log with
+    prefix reuse (sessions, reported cache hits), tenants and a named model, on fleets/demo.toml,
+    which carries the `chat` SLO, so its report has cache-hit tokens, tenants and a verdict."""
     sample = sample_dir()
-    return [nightly([sample / "azure_conv_2023.csv.gz"], None, store, None, reports_dir, progress=progress)]
+    fleet = demo_fleet_path()
+    return [nightly([sample / DEMO_LOG], fleet, store, DEMO_DATE, reports_dir, progress=progress)]
 
 
 # --- the reports index --------------------------------------------------------------------------
 
 _TREND = (
     ("goodput", "goodput", "%"),
-    ("knee", "headroom (x traffic)", ""),
-    ("ttft_p99_s", "p99 TTFT of finished (s)", "s"),
-    ("tpot_p99_s", "p99 TPOT of finished (s)", "s"),
+    ("knee", "traffic headroom (× today's load)", "×"),
+    ("ttft_p99_s", "p99 TTFT of finished (ms)", "ms"),
+    ("tpot_p99_s", "p99 TPOT of finished (ms)", "ms"),
     ("peak_fresh_prefill_tokens_per_s_1s", "peak fresh prefill (tokens/s, 1 s)", ""),
     ("peak_decode_tokens_per_s_1s", "peak decode (tokens/s, 1 s)", ""),
     ("usd_per_day", "fleet $/day", "$"),
 )
+
+
+def _trend_cell(v: Any, unit: str) -> str:
+    """One index cell: latencies as a number under an '(ms)' header, the knee as '2×'."""
+    if unit == "ms":
+        return ms_cell(v) if v is not None else "n/a"
+    if unit == "×":
+        return f"{float(v):g}×" if isinstance(v, int | float) and not isinstance(v, bool) else "n/a"
+    return _fmt(v, unit)
 
 
 def _headlines(reports_dir: Path, patterns: Sequence[str]) -> list[dict[str, Any]]:
@@ -336,7 +392,7 @@ def _headlines(reports_dir: Path, patterns: Sequence[str]) -> list[dict[str, Any
     return nights
 
 
-def _status(n: dict[str, Any]) -> str:
+def _status_parts(n: dict[str, Any]) -> tuple[str, str]:
     """The index's failures cell: rejections, overload, the SLO, quarantined log rows and a
     replay that drifted from the observed latencies; red when any needs acting on (a quarantined
     share of at least QUARANTINE_FLAG_SHARE included), amber when log rows were quarantined below
@@ -357,7 +413,13 @@ def _status(n: dict[str, Any]) -> str:
     if n.get("drift"):
         bits.append(drift_phrase(n))
     cls = "bad" if attention(n) else ("warn" if quarantined or n.get("drift") else "good")
-    return f'<td class="{cls}">{html.escape("; ".join(bits) or "ok")}</td>'
+    return cls, "; ".join(bits) or "ok"
+
+
+def _status(n: dict[str, Any]) -> str:
+    """The failures cell as HTML (:func:`_status_parts`), escaped by the template engine."""
+    cls, text = _status_parts(n)
+    return str(render("cell.html.j2", cls=cls, text=text))
 
 
 def build_index(reports_dir: Path, cache_dir: Path) -> Path:
@@ -368,45 +430,29 @@ def build_index(reports_dir: Path, cache_dir: Path) -> Path:
     nights = _headlines(reports_dir, ("*/*/headline.json", "*/headline.json"))
     what_ifs = _headlines(reports_dir, (f"*/*/{WHAT_IF_DIR}/*/headline.json",))
 
-    def cell(v: Any, unit: str = "") -> str:
-        return f"<td>{html.escape(_fmt(v, unit))}</td>"
+    def row(n: dict[str, Any]) -> dict[str, Any]:
+        cls, text = _status_parts(n)
+        return {
+            "href": n["_href"],
+            "date": str(n.get("date")),
+            "run_id": str(n.get("run_id")),
+            "group": n["_group"],
+            "status": text,
+            "status_cls": cls,
+            "cells": [_trend_cell(n.get(k), unit) for k, _, unit in _TREND],
+            "gpus": f"{_fmt(n.get('gpus'))} × {n.get('hardware')}",
+            "options": options_text(n.get("what_if") or {}) or "-",
+        }
 
-    rows = "".join(
-        "<tr>"
-        + f'<td><a href="{html.escape(n["_href"])}">{html.escape(str(n.get("date")))}</a></td>'
-        + f"<td>{html.escape(n['_group'])}</td>"
-        + _status(n)
-        + "".join(cell(n.get(k), unit) for k, _, unit in _TREND)
-        + f"<td>{html.escape(_fmt(n.get('gpus')))} × {html.escape(str(n.get('hardware')))}</td></tr>"
-        for n in nights
-    )
-    head = (
-        "<tr><th>date</th><th>fleet · traffic (store)</th><th>failures</th>"
-        + "".join(f"<th>{html.escape(t)}</th>" for _, t, _ in _TREND)
-        + "<th>GPUs</th></tr>"
-    )
-    what_if_table = ""
-    if what_ifs:
-        what_if_table = (
-            "<h2>What-if runs (not the nightly's; not in the trend)</h2><table><tr><th>date</th><th>run</th>"
-            "<th>fleet · traffic (store)</th><th>options</th><th>failures</th><th>GPUs</th></tr>"
-            + "".join(
-                "<tr>"
-                + f'<td><a href="{html.escape(n["_href"])}">{html.escape(str(n.get("date")))}</a></td>'
-                + f"<td>{html.escape(str(n.get('run_id')))}</td><td>{html.escape(n['_group'])}</td>"
-                + "<td>"
-                + html.escape(options_text(n.get("what_if") or {}) or "-")
-                + "</td>"
-                + _status(n)
-                + f"<td>{html.escape(_fmt(n.get('gpus')))} × {html.escape(str(n.get('hardware')))}</td></tr>"
-                for n in what_ifs
-            )
-            + "</table>"
-        )
     long = [
-        {"date": n.get("date"), "metric": title, "value": n.get(key), "fleet · traffic": n["_group"]}
+        {
+            "date": n.get("date"),
+            "metric": title,
+            "value": n[key] * 1000 if unit == "ms" else n[key],  # a latency: ms, as its title says
+            "fleet · traffic": n["_group"],
+        }
         for n in nights
-        for key, title, _ in _TREND
+        for key, title, unit in _TREND
         if isinstance(n.get(key), int | float)
     ]
     data = Datasets()
@@ -423,17 +469,14 @@ def build_index(reports_dir: Path, cache_dir: Path) -> Path:
         .resolve_scale(y="independent")
     )
     bundle = vega_bundle(cache_dir).replace("</script", "<\\/script")
-    page = (
-        "<!doctype html><html lang=en><head><meta charset=utf-8><title>rooftrace nightly reports</title>"
-        "<style>body{font-family:system-ui,sans-serif;max-width:1000px;margin:24px auto}"
-        "table{border-collapse:collapse;display:block;overflow-x:auto}td,th{border:1px solid #ddd;padding:3px 8px}"
-        ".bad{color:#c0392b;font-weight:bold}.good{color:#2e7d32}.warn{color:#b7791f;font-weight:bold}</style>"
-        f"<script>{bundle}</script></head><body><h1>rooftrace nightly reports</h1>"
-        f"<table>{head}{rows}</table>{what_if_table}<h2>Trend of the headline numbers</h2><div id=trend></div>"
-        f"<script>vegaEmbed('#trend', {_script_json(spec)}, {{actions: false, renderer: 'svg'}})"
-        ".catch((e) => { document.getElementById('trend').textContent = 'chart failed: ' + e; console.error(e); });"
-        "</script></body></html>\n"
+    page = render(
+        "index.html.j2",
+        bundle=Markup(bundle),
+        trend_titles=[t for _, t, _ in _TREND],
+        nights=[row(n) for n in nights],
+        what_ifs=[row(n) for n in what_ifs],
+        spec=Markup(_script_json(spec)),
     )
     out = reports_dir / "index.html"
-    atomic_write_bytes(out, page.encode())
+    atomic_write_bytes(out, (str(page) + "\n").encode())
     return out

@@ -11,21 +11,25 @@ with ``<`` escaped, so no log line can inject markup or script.
 from __future__ import annotations
 
 import contextlib
-import html
+import functools
 import json
 import math
 import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
 import altair as alt
+import jinja2
 import pyarrow as pa
 import vl_convert as vlc
+from markupsafe import Markup
 
 from pipeline.classify.accounting import accounting_paths
+from pipeline.classify.freshness import classify_freshness, request_id_digest
 from pipeline.cost import STALE_AFTER_DAYS, Period, stored_run_period
 from pipeline.errors import RooftraceError
 from pipeline.loadcurve import headroom_sentence, knee
@@ -150,6 +154,8 @@ def _fmt(v: Any, unit: str = "", digits: int = 3) -> str:
         return "n/a"
     if isinstance(v, int | float):
         x = float(v)
+        if unit == "ms":  # a latency (seconds in) for people: always milliseconds
+            return f"{plain_number(x * 1000, digits)} ms"
         if unit == "s":
             return f"{plain_number(x * 1000, digits)} ms" if abs(x) < 1 else f"{plain_number(x, digits)} s"
         if unit == "%":
@@ -172,6 +178,8 @@ class Chart:
     #: Drawn inside a section of its own (its place is ``<div ... id="chart-KEY">`` in that
     #: section's HTML), not as a chart section of its own.
     inline: bool = False
+    #: HTML shown below the chart in its section (a table of the sample counts behind it).
+    after: str = ""
 
 
 NO_DATA = "No data to draw"
@@ -216,7 +224,8 @@ class ReportResult:
         """What the command says on stderr before its line: a STALE run (the store's requests of
         its date changed since it ran), and an overloaded run's not-valid unit costs."""
         h = self.headline
-        return [str(h[k]) for k in ("stale_note", "unit_costs_note", "drift_note") if h.get(k)]
+        keys = ("classify_stale_note", "stale_note", "unit_costs_note", "drift_note")
+        return [str(h[k]) for k in keys if h.get(k)]
 
     def line(self) -> str:
         """The command's summary line: where the report is, failures first."""
@@ -256,10 +265,10 @@ def headline_numbers(q: Callable[[str], Rows]) -> dict[str, Any]:
         "peak_fresh_prefill_tokens_per_s_1min": _first(peaks, metric="fresh_prefill", window="1min").get(
             "tokens_per_s"
         ),
-        "peak_fresh_prefill_at": _first(peaks, metric="fresh_prefill", window="1s").get("at"),
+        "peak_fresh_prefill_at": to_second(_first(peaks, metric="fresh_prefill", window="1s").get("at")),
         "peak_decode_tokens_per_s_1s": _first(peaks, metric="decode", window="1s").get("tokens_per_s"),
         "peak_decode_tokens_per_s_1min": _first(peaks, metric="decode", window="1min").get("tokens_per_s"),
-        "peak_decode_at": _first(peaks, metric="decode", window="1s").get("at"),
+        "peak_decode_at": to_second(_first(peaks, metric="decode", window="1s").get("at")),
         "peak_kv_bytes": kv.get("peak_bytes"),
         "kv_capacity_bytes": kv.get("capacity_bytes"),
         "kv_headroom": kv.get("headroom"),
@@ -298,31 +307,33 @@ def _charts(q: Callable[[str], Rows], headline: dict[str, Any]) -> list[Chart]:
         spec = _data.spec(chart if faceted else chart.properties(width=width))
         charts.append(Chart(key, title, definition, spec, empty or _no_data(spec)))
 
-    def utc(field: str, title: str) -> alt.X:
-        # Vega formats times in the viewer's zone and 12-hour clock by default: force UTC, 24 h.
-        return alt.X(field, title=title, scale=alt.Scale(type="utc"), axis=alt.Axis(format="%H:%M"))
+    def utc(field: str, title: str, rows: Rows | None = None) -> alt.X:
+        # Vega formats times in the viewer's zone and 12-hour clock by default: force UTC, 24 h,
+        # with ticks on whole minutes or hours (no label printed twice on a short day)
+        key = field.split(":")[0]
+        return alt.X(field, title=title, scale=alt.Scale(type="utc"), axis=time_axis(rows or [], key))
 
     curve = [r for r in q("load_curve") if r["status"] == "ok"]
     if curve:
         long = [
-            {"multiplier": r["multiplier"], "series": f"{pct} {metric.upper()}", "seconds": r[f"{metric}_{pct}_s"]}
+            {"multiplier": r["multiplier"], "series": f"{pct} {metric.upper()}", "ms": r[f"{metric}_{pct}_s"] * 1000}
             for r in curve
             for metric in ("ttft", "tpot")
             for pct in ("p50", "p99")
             if r[f"{metric}_{pct}_s"] is not None and r[f"{metric}_{pct}_s"] > 0
         ]
         limits = [
-            {"series": f"p99 {t['target'][:4].upper()}", "limit": t["limit_s"], "label": f"SLO {t['target']}"}
+            {"series": f"p99 {t['target'][:4].upper()}", "limit": t["limit_s"] * 1000, "label": f"SLO {t['target']}"}
             for t in (headline.get("verdict") or {}).get("targets", [])
             if t["target"] in ("ttft_p99", "tpot_p99")
         ]
         x = alt.X("multiplier:Q", title="traffic multiplier (x today's arrival rate)", scale=alt.Scale(zero=False))
-        y = alt.Y("seconds:Q", title="seconds (log)", scale=alt.Scale(type="log"))
+        y = alt.Y("ms:Q", title="milliseconds (log)", scale=alt.Scale(type="log"))
         color = alt.Color("series:N", title=None)
         layers: list[Any] = [
             alt.Chart(_data(long))
             .mark_line(point=True)
-            .encode(x=x, y=y, color=color, tooltip=["series:N", "multiplier:Q", "seconds:Q"])
+            .encode(x=x, y=y, color=color, tooltip=["series:N", "multiplier:Q", alt.Tooltip("ms:Q", format=".3~r")])
         ]
         if limits:
             layers.append(
@@ -343,7 +354,7 @@ def _charts(q: Callable[[str], Rows], headline: dict[str, Any]) -> list[Chart]:
             )
         add(
             "load_curve",
-            "Headroom: latency against traffic — " + headroom_sentence(q("load_curve")),
+            f"{TRAFFIC_HEADROOM}: latency against traffic — " + headroom_sentence(q("load_curve")),
             "The day's requests replayed at several multipliers of their arrival rate (same requests, closer "
             "in time); p50 and p99 over finished requests; dashed lines: the SLO limits; red rule: the knee, "
             "the largest multiplier up to which every point meets the SLO (without an SLO: no overload or "
@@ -373,7 +384,7 @@ def _charts(q: Callable[[str], Rows], headline: dict[str, Any]) -> list[Chart]:
             alt.Chart(_data(long))
             .mark_line()
             .encode(
-                x=utc("minute:T", "minute (UTC)"),
+                x=utc("minute:T", "minute (UTC)", minutes),
                 y=alt.Y("tokens_per_s:Q", title="tokens/s"),
                 color=alt.Color("series:N", title=None),
                 # recorded input is drawn dashed and wider: with no cache hits it equals fresh input
@@ -402,7 +413,7 @@ def _charts(q: Callable[[str], Rows], headline: dict[str, Any]) -> list[Chart]:
                 "peak_decode_tokens_per_s_1s",
             ),
         ):
-            base = alt.Chart(_data(timeline)).encode(x=utc("time:T", "time (UTC)"))
+            base = alt.Chart(_data(timeline)).encode(x=utc("time:T", "time (UTC)", timeline))
             mean = base.mark_line().encode(y=alt.Y(f"{col}:Q", title="tokens/s"))
             peak = base.mark_line(opacity=0.35, strokeDash=[3, 3]).encode(y=f"{peak_col}:Q")
             mark = headline.get(head_key)
@@ -432,7 +443,7 @@ def _charts(q: Callable[[str], Rows], headline: dict[str, Any]) -> list[Chart]:
                 alt.Chart(_data(timeline))
                 .mark_area(opacity=0.6)
                 .encode(
-                    x=utc("time:T", "time (UTC)"),
+                    x=utc("time:T", "time (UTC)", timeline),
                     y=alt.Y("kv_use_fraction:Q", title="fraction of KV capacity", scale=alt.Scale(domain=[0, 1.05])),
                 ),
                 alt.Chart(_data([{"cap": 1.0}])).mark_rule(color="firebrick").encode(y="cap:Q"),
@@ -450,7 +461,7 @@ def _charts(q: Callable[[str], Rows], headline: dict[str, Any]) -> list[Chart]:
             alt.Chart(_data(queue))
             .mark_line()
             .encode(
-                x=utc("time:T", "time (UTC)"),
+                x=utc("time:T", "time (UTC)", timeline),
                 y=alt.Y("requests:Q", title="requests"),
                 color=alt.Color("series:N", title=None),
             ),
@@ -459,45 +470,50 @@ def _charts(q: Callable[[str], Rows], headline: dict[str, Any]) -> list[Chart]:
     if cdf:
         add(
             "latency_cdf",
-            "Latency CDFs (seconds, log scale)",
+            "Latency CDFs (milliseconds, log scale)",
             "ttft_s = first token − arrival (queueing included); tpot_s = (e2e − ttft) / (output − 1); "
             "e2e_s = last token − arrival (vLLM definitions), finished requests.",
-            alt.Chart(_data([r for r in cdf if r["seconds"] and r["seconds"] > 0]))
+            alt.Chart(_data([{**r, "ms": r["seconds"] * 1000} for r in cdf if r["seconds"] and r["seconds"] > 0]))
             .mark_line()
             .encode(
-                x=alt.X("seconds:Q", title="seconds", scale=alt.Scale(type="log")),
+                x=alt.X("ms:Q", title="milliseconds", scale=alt.Scale(type="log")),
                 y=alt.Y("fraction:Q", title="fraction of requests ≤ x"),
                 color=alt.Color("metric:N", title=None),
             ),
         )
     by = [r for r in q("latency_by") if r["dimension"] == "prompt_tokens"]
     if by:
+        order = ["0-511", "512-2047", "2048-8191", "8192-32767", "32768+"]
+        by.sort(key=lambda r: (order.index(r["bucket"]) if r["bucket"] in order else len(order), str(r["metric"])))
         long = [
-            {"bucket": r["bucket"], "metric": r["metric"], "percentile": p, "seconds": r[p]}
+            {"bucket": r["bucket"], "metric": r["metric"], "percentile": p, "ms": r[p] * 1000, "n": r["samples"]}
             for r in by
             for p in ("p50", "p90", "p99")
+            if r[p] is not None and enough_samples(int(r["samples"] or 0), p)
         ]
         add(
             "latency_by_prompt",
-            "Latency percentiles by prompt length (seconds)",
-            "p50 / p90 / p99 of TTFT, TPOT and E2E per bucket of recorded input tokens (linear interpolation).",
+            "Latency percentiles by prompt length (milliseconds)",
+            "p50 / p90 / p99 of TTFT, TPOT and E2E per bucket of recorded input tokens (inverse CDF: the "
+            "smallest value with at least p % of the bucket's requests at or below it). A percentile is drawn "
+            f"only where its bucket has at least {MIN_SAMPLES_FOR['p50']} / {MIN_SAMPLES_FOR['p90']} / "
+            f"{MIN_SAMPLES_FOR['p99']} requests (below that p90 or p99 is the bucket's maximum, not a tail); "
+            "the table below gives every bucket's count.",
             alt.Chart(_data(long))
             .mark_bar()
             .encode(
-                x=alt.X(
-                    "bucket:N",
-                    title="recorded input tokens",
-                    sort=["0-511", "512-2047", "2048-8191", "8192-32767", "32768+"],
-                ),
+                x=alt.X("bucket:N", title="recorded input tokens", sort=order),
                 xOffset="percentile:N",
-                y=alt.Y("seconds:Q", title="seconds"),
+                y=alt.Y("ms:Q", title="milliseconds"),
                 color=alt.Color("percentile:N"),
+                tooltip=["bucket:N", "percentile:N", alt.Tooltip("ms:Q", format=".3~r"), alt.Tooltip("n:Q", title="n")],
             )
             .properties(width=220, height=200)
             .facet(column=alt.Column("metric:N", title=None))
             .resolve_scale(y="independent"),
             faceted=True,
         )
+        charts[-1].after = latency_bucket_table(by)
     binding = q("binding_timeline")
     if binding:
         add(
@@ -508,7 +524,7 @@ def _charts(q: Callable[[str], Rows], headline: dict[str, Any]) -> list[Chart]:
             alt.Chart(_data(binding))
             .mark_area()
             .encode(
-                x=utc("minute:T", "minute (UTC)"),
+                x=utc("minute:T", "minute (UTC)", binding),
                 y=alt.Y("busy_s:Q", title="busy seconds per minute", stack=True),
                 color=alt.Color("binding:N", title=None),
             ),
@@ -531,20 +547,120 @@ def _charts(q: Callable[[str], Rows], headline: dict[str, Any]) -> list[Chart]:
     return charts
 
 
+#: The fewest requests a bucket needs for each percentile to be shown: below 2 / 10 / 100, p50 /
+#: p90 / p99 is one of the bucket's few largest values (with fewer than 100 requests the inverse-CDF
+#: p99 is the maximum), so the report says "too few" instead of drawing it.
+MIN_SAMPLES_FOR = {"p50": 2, "p90": 10, "p99": 100}
+
+
+def enough_samples(n: int, percentile: str) -> bool:
+    """Whether ``n`` requests are enough to show ``percentile`` (:data:`MIN_SAMPLES_FOR`)."""
+    return n >= MIN_SAMPLES_FOR.get(percentile, 1)
+
+
+def latency_bucket_table(rows: Rows) -> str:
+    """Per bucket and metric: the request count (n) and p50 / p90 / p99 / mean in ms, a
+    percentile its bucket is too small for said as 'too few (n < 100)'."""
+    shown = []
+    for r in rows:
+        n = int(r.get("samples") or 0)
+        row: dict[str, Any] = {"bucket": r["bucket"], "metric": str(r["metric"]).removesuffix("_s"), "n": n}
+        for p in ("p50", "p90", "p99"):
+            row[f"{p} (ms)"] = ms_cell(r.get(p)) if enough_samples(n, p) else f"too few (n < {MIN_SAMPLES_FOR[p]})"
+        row["mean (ms)"] = ms_cell(r.get("mean"))
+        shown.append(row)
+    return _html_table(shown)
+
+
+#: Latency summary columns shown in milliseconds (seconds in the query, the Parquet and the JSON).
+LATENCY_COLUMNS = ("min", "p50", "p90", "p95", "p99", "p99_9", "max", "mean", "std")
+
+
+def latency_table(rows: Rows) -> str:
+    """A latency summary for people: the metric without its '_s', the sample count as n, each
+    percentile, min / max / mean / std in ms ('(ms)' in the header), a percentile its sample is
+    too small for said as 'too few' (:data:`MIN_SAMPLES_FOR`; p95 and p99.9 need 20 and 1,000)."""
+    need = {**MIN_SAMPLES_FOR, "p95": 20, "p99_9": 1000}
+    shown = []
+    for r in rows:
+        n = int(r.get("samples") or 0)
+        row: dict[str, Any] = {k: v for k, v in r.items() if k not in ("samples", "metric", *LATENCY_COLUMNS)}
+        row = {"metric": str(r.get("metric", "")).removesuffix("_s"), **row, "n": n}
+        for k in LATENCY_COLUMNS:
+            if k in r:
+                label = f"{k.replace('_', '.')} (ms)"
+                row[label] = f"too few (n < {need[k]:,})" if k in need and n < need[k] else ms_cell(r[k])
+        shown.append(row)
+    return _html_table(shown)
+
+
+def load_curve_table(rows: Rows) -> str:
+    """The load curve's points for people, sorted by traffic multiplier (the headroom search tries
+    them in another order): requests, rejections, p50 / p99 TTFT and TPOT in ms, the verdict."""
+    shown = []
+    for r in sorted(rows, key=lambda r: float(r.get("multiplier") or 0.0)):
+        row: dict[str, Any] = {"× today's load": f"{float(r['multiplier']):g}×", "status": r.get("status")}
+        row |= {k: r.get(k) for k in ("requests", "finished", "rejected")}
+        for k in ("ttft_p50_s", "ttft_p99_s", "tpot_p50_s", "tpot_p99_s"):
+            row[ms_header(k)] = ms_cell(r.get(k))
+        passed = r.get("slo_passed")
+        row["SLO"] = "n/a" if passed is None else f"{r.get('slo')} {'pass' if passed else 'FAIL'}"
+        row["overloaded"] = r.get("overloaded")
+        shown.append(row)
+    return _html_table(shown)
+
+
+def to_second(v: Any) -> Any:
+    """An ISO time for people, rounded to the second, UTC: '2025-01-15 00:13:05' (the query keeps
+    the microseconds); anything else as it is."""
+    try:
+        t = datetime.fromisoformat(str(v))
+    except (TypeError, ValueError):
+        return v
+    if t.tzinfo is not None:
+        t = t.astimezone(UTC).replace(tzinfo=None)
+    return (t + timedelta(microseconds=500_000)).replace(microsecond=0).isoformat(sep=" ")
+
+
+def time_axis(rows: Rows, key: str) -> alt.Axis:
+    """A UTC time axis whose ticks fall on whole minutes or hours, at most about 12 of them over
+    the rows' span (``key`` holds ISO times): a 10-minute day gets one label a minute, not each
+    label twice."""
+    times = []
+    for r in rows:
+        with contextlib.suppress(TypeError, ValueError):
+            times.append(datetime.fromisoformat(str(r[key])).timestamp())
+    span_min = (max(times) - min(times)) / 60.0 if times else 0.0
+    fmt = "%H:%M" if span_min <= 24 * 60 else "%b %d %H:%M"  # the date too once the span passes a day
+    steps = [
+        *(("minute", m, m) for m in (1, 2, 5, 10, 15, 30)),
+        *(("hour", h, 60 * h) for h in (1, 2, 3, 6, 12)),
+        *(("day", d, 1440 * d) for d in (1, 2, 7)),
+    ]
+    for interval, step, minutes in steps:
+        if span_min / minutes <= 12:
+            return alt.Axis(format=fmt, tickCount={"interval": interval, "step": step}, labelOverlap=True)
+    return alt.Axis(format="%Y-%m-%d", tickCount={"interval": "month", "step": 1}, labelOverlap=True)
+
+
 _CSS = """
-body{font-family:system-ui,-apple-system,Segoe UI,Roboto,sans-serif;margin:24px auto;max-width:1000px;color:#222}
+body{font-family:system-ui,-apple-system,Segoe UI,Roboto,sans-serif;margin:24px auto;max-width:1200px;padding:0 12px;
+color:#222}
 h1{font-size:1.5em;margin-bottom:0}.sub{color:#666;margin-top:4px}
 .cards{display:grid;grid-template-columns:repeat(auto-fill,minmax(220px,1fr));gap:10px;margin:16px 0}
 .card{border:1px solid #ddd;border-radius:6px;padding:10px}.card b{display:block;font-size:1.3em}
 .card span{color:#666;font-size:.85em}section{margin:28px 0}.def{color:#555;font-size:.9em}
-table{border-collapse:collapse;font-size:.85em}td,th{border:1px solid #ddd;padding:3px 8px;text-align:left}
-pre{background:#f6f6f6;padding:8px;overflow-x:auto;font-size:.8em}
+.table-wrap{max-width:100%;overflow-x:auto;margin:6px 0}
+table{border-collapse:collapse;font-size:.85em;max-width:100%}
+td,th{border:1px solid #ddd;padding:3px 8px;text-align:left;vertical-align:top;overflow-wrap:anywhere}
+th{background:#f6f6f6}
+pre{background:#f6f6f6;padding:8px;overflow-x:auto;font-size:.8em;white-space:pre-wrap;overflow-wrap:anywhere}
+details summary{cursor:pointer;color:#555}
 .alert{border:2px solid #c0392b;background:#fdecea;border-radius:6px;padding:8px 12px;margin:16px 0}
 .alert li{margin:2px 0}.ok{border:1px solid #2e7d32;background:#edf7ed;border-radius:6px;padding:8px 12px}
 .card.bad{border:2px solid #c0392b}.card.good{border:2px solid #2e7d32}.card.warn{border:2px solid #b7791f}
 .note{border:1px solid #b7791f;background:#fff8e6;border-radius:6px;padding:8px 12px;margin:8px 0}
 .nodata{border:1px dashed #bbb;padding:24px;color:#666;text-align:center}
-table{display:block;overflow-x:auto;max-width:100%}
 """
 
 
@@ -677,22 +793,6 @@ def cost_table(rows: Rows, period: Period) -> Rows:
     return out
 
 
-def _id_digest(files: list[Path]) -> int:
-    """An order-free digest of the request ids in ``files`` (the sum of their hashes, mod 2^64),
-    read a batch at a time."""
-    import numpy as np
-    import polars as pl
-    import pyarrow.parquet as pq
-
-    total = 0
-    for path in files:
-        for batch in pq.ParquetFile(path).iter_batches(batch_size=1 << 20, columns=["request_id"]):
-            ids = pl.Series(batch.column(0)).cast(pl.String)
-            # numpy's array sum wraps at 2^64 without a warning; Python's int keeps the rest exact
-            total = (total + int(np.sum(ids.hash(seed=0).to_numpy(), dtype=np.uint64))) % 2**64
-    return total
-
-
 def stale_headline(store: Store, day: str, config: dict[str, Any], run_dir: Path) -> dict[str, Any]:
     """Whether the store's requests of ``day`` are still the ones the run replayed: a date ingested
     again, or more of its logs ingested (and classified) after the run, leaves the run's figures
@@ -711,8 +811,8 @@ def stale_headline(store: Store, day: str, config: dict[str, Any], run_dir: Path
         if not ran:
             return out
         try:
-            mine = _id_digest([run_dir / "requests.parquet"])
-            theirs = _id_digest(store.request_files(day))
+            mine = request_id_digest([run_dir / "requests.parquet"])
+            theirs = request_id_digest(store.request_files(day))
         except (OSError, ValueError, KeyError, pa.ArrowException):
             return out  # unreadable ids: the count is all there is to go on
         if mine == theirs:
@@ -734,8 +834,21 @@ def stale_headline(store: Store, day: str, config: dict[str, Any], run_dir: Path
     return out
 
 
+def classify_headline(store: Store, day: str) -> dict[str, Any]:
+    """Whether the date's token accounting (classify) covers the store's requests of it now
+    (:func:`pipeline.classify.freshness.classify_freshness`): ``classify_stale`` and the banner's
+    first line, ``classify_stale_note``, with both counts."""
+    fresh = classify_freshness(store, day)
+    return {
+        "classify_stale": fresh.stale,
+        "classify_stale_note": fresh.note(store.root),
+        "classified_requests": fresh.classified_requests,
+        "store_requests": fresh.store_requests,
+    }
+
+
 def _seconds(x: float | None) -> str:
-    return _fmt(x, "s")
+    return _fmt(x, "ms")
 
 
 def target_phrase(t: dict[str, Any], h: dict[str, Any], seconds: Callable[[float], str] = format_seconds) -> str:
@@ -795,6 +908,11 @@ def attention(h: dict[str, Any]) -> list[str]:
     """Why a night needs someone to act, from its headline (empty: it does not): requests rejected,
     overload, a failed SLO, or a flagged share of quarantined log rows."""
     out = []
+    if h.get("classify_stale"):
+        out.append(
+            f"STALE classify: it covers {int(h.get('classified_requests') or 0):,} requests of the date, the store "
+            f"holds {int(h.get('store_requests') or 0):,} (re-run `rooftrace classify`)"
+        )
     if h.get("stale"):
         ran, now = int(h.get("replayed_requests") or 0), int(h.get("store_requests") or 0)
         what = f"the store now holds {now:,} requests of the date" if ran != now else "the date's requests changed"
@@ -957,10 +1075,10 @@ def _health_cards(h: dict[str, Any]) -> list[tuple[str, str, str, str]]:
         k = h.get("knee")
         out.append(
             (
-                "Headroom",
+                TRAFFIC_HEADROOM,
                 ("not computed" if str(h["headroom"]).startswith("load curve: no point") else "fails today")
                 if k is None
-                else f"{k:g}x today's traffic",
+                else f"{k:g}× today's load",
                 str(h["headroom"]),
                 "bad" if k is None or k < 1.0 else "good",
             )
@@ -990,6 +1108,11 @@ def _health_cards(h: dict[str, Any]) -> list[tuple[str, str, str, str]]:
     else:
         out.append(("Overload", "none", "the waiting queue never held a lasting backlog", "good"))
     return out
+
+
+#: What the report calls the load curve's knee: a multiplier of the day's arrival rate (``plan``'s
+#: "headroom" is SLO slack, another thing; docs/reports.md).
+TRAFFIC_HEADROOM = "Traffic headroom (× today's load)"
 
 
 def _observed_card(h: dict[str, Any]) -> tuple[str, str, str, str] | None:
@@ -1033,28 +1156,43 @@ def _cards(h: dict[str, Any]) -> list[tuple[str, str, str, str]]:
         ),
         (
             "p99 TTFT (finished requests)",
-            _fmt(h.get("ttft_p99_s"), "s"),
-            f"p50 {_fmt(h.get('ttft_p50_s'), 's')} (first token − arrival); rejected requests have none",
+            _fmt(h.get("ttft_p99_s"), "ms"),
+            f"p50 {_fmt(h.get('ttft_p50_s'), 'ms')} (first token − arrival); rejected requests have none",
         ),
         (
             "p99 TPOT (finished requests)",
-            _fmt(h.get("tpot_p99_s"), "s"),
-            f"p50 {_fmt(h.get('tpot_p50_s'), 's')} ((e2e − ttft)/(out − 1))",
+            _fmt(h.get("tpot_p99_s"), "ms"),
+            f"p50 {_fmt(h.get('tpot_p50_s'), 'ms')} ((e2e − ttft)/(out − 1); AIPerf calls it ITL)",
         ),
         ("GPUs", _fmt(h.get("gpus")), str(h.get("hardware") or "")),
         ("Fleet cost", _fmt(h.get("usd_per_day"), "$") + "/day", f"on-demand price of {h.get('price_date') or 'n/a'}"),
         _unit_cost_card(h),
-        (
-            "Input tokens (store now)" if h.get("stale") else "Input tokens",
-            _fmt(h.get("classify_recorded_input_tokens")) + " recorded",
-            f"fresh (prefill): {_fmt(h.get('classify_fresh_input_tokens'))} by classify's whole-day cache"
-            + (f" over the {_fmt(h.get('classify_requests'))} requests classified now" if h.get("stale") else "")
-            + f", {_fmt(h.get('replay_fresh_input_tokens'))} by this fleet's engine caches (finished requests"
-            + (" of this run" if h.get("stale") else "")
-            + "; see 'Two cache models')",
-        ),
+        _input_card(h),
     ]
     return [(c[0], c[1], c[2], c[3] if len(c) > 3 else "") for c in cards]
+
+
+def _input_card(h: dict[str, Any]) -> tuple[str, str, str, str]:
+    """The "Input tokens" card: classify's recorded / fresh split and the replay's; red, with both
+    counts, when classify's accounting predates some of the date's requests."""
+    stale = bool(h.get("stale"))
+    note = (
+        f"fresh (prefill): {_fmt(h.get('classify_fresh_input_tokens'))} by classify's whole-day cache"
+        + (f" over the {_fmt(h.get('classify_requests'))} requests classified now" if stale else "")
+        + f", {_fmt(h.get('replay_fresh_input_tokens'))} by this fleet's engine caches (finished requests"
+        + (" of this run" if stale else "")
+        + "; see 'Two cache models')"
+    )
+    if h.get("classify_stale"):
+        return (
+            "Input tokens (STALE classify)",
+            _fmt(h.get("classify_recorded_input_tokens")) + " recorded",
+            f"of the {_fmt(h.get('classified_requests'))} requests classify saw; the store holds "
+            f"{_fmt(h.get('store_requests'))} of the date now (see the banner); {note}",
+            "bad",
+        )
+    recorded = _fmt(h.get("classify_recorded_input_tokens")) + " recorded"
+    return ("Input tokens (store now)" if stale else "Input tokens", recorded, note, "")
 
 
 def _unit_cost_card(h: dict[str, Any]) -> tuple[str, str, str, str]:
@@ -1072,16 +1210,58 @@ def _unit_cost_card(h: dict[str, Any]) -> tuple[str, str, str, str]:
     return ("$ per million tokens", value, note, "")
 
 
-def _html_table(rows: Rows, limit: int = 200) -> str:
-    if not rows:
-        return "<p>(none)</p>"
-    cols = list(rows[0])
-    head = "".join(f"<th>{html.escape(str(c))}</th>" for c in cols)
-    body = "".join(
-        "<tr>" + "".join(f"<td>{html.escape(_cell(r[c]))}</td>" for c in cols) + "</tr>" for r in rows[:limit]
+#: The page templates (jinja2, autoescaped: every value from a log or a config is escaped by the
+#: template engine; parts already rendered are passed as Markup).
+TEMPLATES = Path(__file__).with_name("templates")
+
+
+@functools.cache
+def templates() -> jinja2.Environment:
+    """The report's and the index's jinja2 environment (pipeline/templates), autoescaping on."""
+    return jinja2.Environment(
+        loader=jinja2.FileSystemLoader(TEMPLATES),
+        autoescape=True,
+        undefined=jinja2.StrictUndefined,
+        trim_blocks=False,
     )
-    more = f"<p class=def>{len(rows) - limit:,} more rows: see the named query.</p>" if len(rows) > limit else ""
-    return f"<table><tr>{head}</tr>{body}</table>{more}"
+
+
+def render(name: str, **values: Any) -> Markup:
+    """A template of pipeline/templates rendered with ``values`` (autoescaped)."""
+    return Markup(templates().get_template(name).render(**values))
+
+
+def fragment(name: str) -> Callable[..., Markup]:
+    """A macro of pipeline/templates/fragments.html.j2 (a paragraph, a box, a section, ...)."""
+    macro: Callable[..., Markup] = getattr(templates().get_template("fragments.html.j2").module, name)
+    return macro
+
+
+def ms_header(column: str) -> str:
+    """A latency column's header for people: 'ttft_p99_s' -> 'ttft_p99 (ms)', 'p50' -> 'p50 (ms)'."""
+    return f"{column.removesuffix('_s')} (ms)"
+
+
+def ms_cell(v: Any) -> str:
+    """A latency cell under an '(ms)' header: seconds in, milliseconds out, 3 significant digits
+    (thousands separators from 100 ms up), no unit (the header has it)."""
+    if isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v):
+        return plain_number(float(v) * 1000.0, 3)
+    return _cell(v)
+
+
+def _html_table(rows: Rows, limit: int = 200, ms: tuple[str, ...] = ()) -> str:
+    """A table of ``rows`` (the first row's keys are the columns); the columns in ``ms`` are
+    latencies in seconds, shown in milliseconds with '(ms)' in their header."""
+    if not rows:
+        return render("table.html.j2", columns=[], rows=[], more=0)
+    cols = list(rows[0])
+    return render(
+        "table.html.j2",
+        columns=[ms_header(c) if c in ms else str(c) for c in cols],
+        rows=[[ms_cell(r[c]) if c in ms else _cell(r[c]) for c in cols] for r in rows[:limit]],
+        more=max(0, len(rows) - limit),
+    )
 
 
 def _cell(v: Any) -> str:
@@ -1119,13 +1299,14 @@ def _economics_sections(
         older = (
             ""
             if same or period is None
-            else "<p class=note>These rows were written by `rooftrace cost` over "
-            f"{html.escape(traffic_span(written))}, "
-            f"not the {html.escape(period.text)} this page prices: run `rooftrace cost --run {html.escape(run_id)}` "
-            "again and report the run again.</p>"
+            else fragment("para")(
+                f"These rows were written by `rooftrace cost` over {traffic_span(written)}, not the "
+                f"{period.text} this page prices: run `rooftrace cost --run {run_id}` again and report the run again.",
+                "note",
+            )
         )
         if period is not None and period.unit_costs_note:
-            older += f"<p class=note>{html.escape(period.unit_costs_note)}</p>"
+            older += fragment("para")(period.unit_costs_note, "note")
         bars = [
             {"what": f"{r['provider']} {r['api_model']}", "usd": r["api_usd"], "kind": "API list price"} for r in api
         ] + [{"what": "self-hosted fleet", "usd": api[0]["self_host_usd"], "kind": "self-hosted"}]
@@ -1229,84 +1410,101 @@ def render_html(
     bundle: str,
     charts_note: str | None = None,
     lead: str = "",
+    config: dict[str, Any] | None = None,
 ) -> str:
-    """The page. ``charts_note``: why the charts cannot be drawn (:func:`charts_blocked`), said
-    in each chart's place instead of it. ``lead``: sections shown right below the cards, before
-    the charts (the "Predicted vs observed" section); an ``inline`` chart's place is in it."""
-    cards = "".join(
-        f'<div class="card {cls}"><span>{html.escape(name)}</span><b>{html.escape(value)}</b>'
-        f"<span>{html.escape(note)}</span></div>"
+    """The page (pipeline/templates/report.html.j2, autoescaped). ``charts_note``: why the charts
+    cannot be drawn (:func:`charts_blocked`), said in each chart's place instead of it. ``lead``:
+    sections shown right below the cards, before the charts (the "Predicted vs observed"
+    section); an ``inline`` chart's place is in it. ``config``: the run's config.json, shown
+    collapsed at the end, the TOML files it names as text."""
+    cards = [
+        {"name": name, "value": value, "note": note, "cls": cls}
         for name, value, note, cls in [*_health_cards(headline), *_cards(headline)]
-    )
-    failures = [html.escape(w) for w in headline.get("warnings") or []]
+    ]
+    failures: list[Any] = [str(w) for w in headline.get("warnings") or []]
     if headline.get("unit_costs_note"):  # beside the OVERLOADED line: its $ per token are not valid
-        failures.append(html.escape(str(headline["unit_costs_note"])))
+        failures.append(str(headline["unit_costs_note"]))
     stale = headline.get("stale_note")
-    warnings = [html.escape(str(stale))] if stale else []  # first: what the figures below are of
+    stale_classify = headline.get("classify_stale_note")
+    # first: what the figures below are of (the store changed since classify or the replay ran)
+    warnings: list[Any] = [str(n) for n in (stale_classify, stale) if n]
     warnings += failures
     drift = headline.get("drift_note")
     if drift:  # the replay is off the real fleet's own latencies: its figures are in question
-        warnings.append(f'{html.escape(str(drift))} <a href="#{OBSERVED_ANCHOR}">(section)</a>')
+        warnings.append(render("link.html.j2", text=str(drift), href=f"#{OBSERVED_ANCHOR}", label="(section)"))
     note = headline.get("ingest_note")
-    ingest = f'{html.escape(note)} <a href="#{INGEST_ANCHOR}">(table)</a>' if note else ""
+    ingest = render("link.html.j2", text=str(note), href=f"#{INGEST_ANCHOR}", label="(table)") if note else ""
     if note and (headline.get("quarantine_flagged") or warnings):  # said in the banner when it has one
         warnings.append(ingest)
-    if warnings:
-        heading = (
-            "This run has failures"
-            if failures
-            else "This run is STALE: its date's requests changed in the store since it ran"
-            if stale
-            else "The replay has drifted from the latencies the real fleet delivered"
-            if drift
-            else "This day's logs need attention"
-        )
-        banner = f'<div class="alert"><b>{heading}</b><ul>' + "".join(f"<li>{w}</li>" for w in warnings) + "</ul></div>"
-    else:
-        banner = (
-            f'<div class="ok">Every {"replayed " if note else ""}request finished, no overload'
-            + (", every SLO target met" if headline.get("slo_passed") else "")
-            + ".</div>"
-        )
-        if note:
-            banner += f'<div class="note">{ingest}</div>'
+    heading = (
+        "This report's token accounting is STALE: classify ran before some of its date's requests were ingested"
+        if stale_classify
+        else "This run has failures"
+        if failures
+        else "This run is STALE: its date's requests changed in the store since it ran"
+        if stale
+        else "The replay has drifted from the latencies the real fleet delivered"
+        if drift
+        else "This day's logs need attention"
+    )
+    ok = (
+        f"Every {'replayed ' if note else ''}request finished, no overload"
+        + (", every SLO target met" if headline.get("slo_passed") else "")
+        + "."
+    )
 
-    def place(c: Chart) -> str:
+    def place(c: Chart) -> Markup:
         if c.empty:
-            return f'<p class="nodata" id="nodata-{html.escape(c.key)}">{html.escape(c.empty)}</p>'
+            return render("place.html.j2", kind="nodata", key=c.key, text=c.empty)
         if charts_note:
-            return f'<p class="nodata" id="nochart-{html.escape(c.key)}">{html.escape(charts_note)}</p>'
-        return f'<div class="chart" id="chart-{html.escape(c.key)}"></div>'
+            return render("place.html.j2", kind="nochart", key=c.key, text=charts_note)
+        return render("place.html.j2", kind="chart", key=c.key, text="")
 
     for c in charts:
         if c.inline:
-            lead = lead.replace(f'<div class="chart" id="chart-{html.escape(c.key)}"></div>', place(c))
-    sections = "".join(
-        f'<section><h2>{html.escape(c.title)}</h2><p class="def">{html.escape(c.definition)}</p>'
-        + place(c)
-        + "</section>"
-        for c in charts
-        if not c.inline
-    )
-    extra = "".join(
-        f"<section{' id=' + INGEST_ANCHOR if t.startswith(INGEST_TITLE) else ''}>"
-        f"<h2>{html.escape(t)}</h2>{body}</section>"
-        for t, body in extra_sections
-    )
+            lead = lead.replace(str(render("place.html.j2", kind="chart", key=c.key, text="")), str(place(c)))
     specs = {} if charts_note else {f"chart-{c.key}": c.spec for c in charts if not c.empty}
-    safe_bundle = bundle.replace("</script", "<\\/script")
-    return (
-        "<!doctype html><html lang=en><head><meta charset=utf-8>"
-        f"<title>{html.escape(title)}</title><style>{_CSS}</style>"
-        f"<script>{safe_bundle}</script></head><body>"
-        f"<h1>{html.escape(title)}</h1><p class=sub>{html.escape(subtitle)}</p>"
-        f'{banner}<div class="cards">{cards}</div>{lead}{sections}{extra}'
-        f"<script>const SPECS = {_script_json(specs)};\n"
-        "for (const [id, spec] of Object.entries(SPECS)) {\n"
-        "  vegaEmbed('#' + id, spec, {actions: false, renderer: 'svg'}).catch((e) => {\n"
-        "    document.getElementById(id).textContent = 'chart failed: ' + e; console.error(e); });\n"
-        "}\n</script></body></html>\n"
+    return str(
+        render(
+            "report.html.j2",
+            title=title,
+            subtitle=subtitle,
+            css=Markup(_CSS),
+            bundle=Markup(bundle.replace("</script", "<\\/script")),
+            banner={"heading": heading, "lines": warnings, "ok": ok, "note": ingest},
+            cards=cards,
+            lead=Markup(lead),
+            charts=[
+                {"title": c.title, "definition": c.definition, "place": place(c), "after": Markup(c.after)}
+                for c in charts
+                if not c.inline
+            ],
+            extra=[
+                {"title": t, "body": Markup(body), "id": INGEST_ANCHOR if t.startswith(INGEST_TITLE) else ""}
+                for t, body in extra_sections
+            ],
+            tomls=config_tomls(config or {}),
+            config_json=json.dumps(config or {}, indent=2, sort_keys=True, default=str),
+            specs=Markup(_script_json(specs)),
+        )
     )
+
+
+def config_tomls(config: dict[str, Any]) -> list[tuple[str, str]]:
+    """The TOML files a run's config.json holds as text (a fleet's own file, a calibration),
+    each as (where in config.json, the text), to show as preformatted text rather than one
+    escaped JSON string."""
+    out: list[tuple[str, str]] = []
+
+    def walk(v: Any, path: str) -> None:
+        if isinstance(v, dict):
+            for k in sorted(v):
+                walk(v[k], f"{path}.{k}" if path else str(k))
+        elif isinstance(v, str) and "\n" in v and ("=" in v or "[" in v):
+            out.append((path, v))
+
+    walk(config, "")
+    return out
 
 
 def _classified(store: Store, day: str) -> dict[str, Any]:
@@ -1346,12 +1544,13 @@ def _two_caches(h: dict[str, Any], config: dict[str, Any], classified: dict[str,
             "fresh": h.get("replay_fresh_input_tokens"),
         },
     ]
-    note = (
-        "<p class=def>Classify measures what the traffic could reuse (its cache sees every request of the "
+    note = fragment("para")(
+        "Classify measures what the traffic could reuse (its cache sees every request of the "
         "day on one model); the replay measures what this fleet reuses (a request hits only blocks still "
         "cached on the replica it was routed to, and rejected requests are not counted). Both cut their blocks "
-        f"from one prefix identity (isolation key: {html.escape(iso)}), so they agree on what is shared. The "
-        "token-accounting chart uses classify's; cost and prefill load use the replay's.</p>"
+        f"from one prefix identity (isolation key: {iso}), so they agree on what is shared. The "
+        "token-accounting chart uses classify's; cost and prefill load use the replay's.",
+        "def",
     )
     return note + _html_table([{k: (_fmt(v) if isinstance(v, int | float) else v) for k, v in r.items()} for r in rows])
 
@@ -1925,18 +2124,12 @@ def observed_section(
 ) -> tuple[str, Chart | None]:
     """The report's "Predicted vs observed" section (HTML) and its trend chart (None with fewer
     than two nights to draw)."""
-    parts = [
-        '<p class="def">The replay\'s latencies (predicted) against the ones the real fleet delivered, as its '
-        "logs carry them (observed: ttft_s; TPOT = (e2e − ttft) / (output tokens − 1)), requests matched by "
-        f"request_id between the store's requests of {html.escape(day)} and this run, per hour of the logged "
-        "arrival (UTC). Percentiles are the project's inverse-CDF ones over the same requests on both sides; "
-        "error = replayed / observed − 1 (positive: the replay is slower than the fleet). Drift: |error| of the "
-        f"day-level p50 TTFT or p50 TPOT over {DRIFT_LIMIT:.0%} (at least {DRIFT_MIN_SAMPLES} requests compared). "
-        f"Query: <code>rooftrace query {OBSERVED_QUERY} --run {html.escape(run_id)}</code>.</p>",
-        f"<p>{html.escape(str(headline.get('observed_note') or ''))}</p>",
+    parts: list[str] = [
+        fragment("observed_intro")(day, f"{DRIFT_LIMIT:.0%}", DRIFT_MIN_SAMPLES, OBSERVED_QUERY, run_id),
+        fragment("para")(str(headline.get("observed_note") or "")),
     ]
     if headline.get("drift_note"):
-        parts.append(f'<div class="alert" id="drift">{html.escape(str(headline["drift_note"]))}</div>')
+        parts.append(fragment("box")(str(headline["drift_note"]), "alert", "drift"))
     elif cmp.matched:
         judged = [
             f"p50 {label} {_signed(cmp.day(metric).get('p50_error'))}"
@@ -1944,21 +2137,23 @@ def observed_section(
             if int(cmp.day(metric).get("samples") or 0) >= DRIFT_MIN_SAMPLES
         ]
         parts.append(
-            '<div class="ok">'
-            + html.escape(
+            fragment("box")(
                 f"Within {DRIFT_LIMIT:.0%} of the observed latencies: {', '.join(judged)}."
                 if judged
-                else f"Too few requests compared to judge drift (fewer than {DRIFT_MIN_SAMPLES} per metric)."
+                else f"Too few requests compared to judge drift (fewer than {DRIFT_MIN_SAMPLES} per metric).",
+                "ok",
             )
-            + "</div>"
         )
     if cmp.matched:
         parts.append(_observed_table(cmp.rows))
     nights = [*trend, {"date": day, "run_id": run_id, **cmp.errors(), "drift": bool(cmp.drifted())}]
+    parts.append(fragment("heading")("Trend over nights"))
     parts.append(
-        "<h3>Trend over nights</h3><p class=def>This fleet's nights in the store whose logs carried observed "
-        f"latencies (as-logged runs, the latest of each date, up to {TREND_NIGHTS} before this one): the "
-        "day-level signed errors.</p>"
+        fragment("para")(
+            "This fleet's nights in the store whose logs carried observed latencies (as-logged runs, the latest "
+            f"of each date, up to {TREND_NIGHTS} before this one): the day-level signed errors.",
+            "def",
+        )
     )
     table = [
         {
@@ -2006,8 +2201,8 @@ def observed_section(
             _no_data(spec),
             inline=True,
         )
-        parts.append(f'<div class="chart" id="chart-{TREND_CHART}"></div>')
-    return "".join(parts), chart
+        parts.append(render("place.html.j2", kind="chart", key=TREND_CHART, text=""))
+    return "".join(str(p) for p in parts), chart
 
 
 def build_report(
@@ -2064,6 +2259,7 @@ def build_report(
     headline |= cost_period_headline(q("cost"), period)
     headline |= stale_headline(store, day, config, run_dir)
     headline["classify_requests"] = headline.get("requests")  # the store's now, as classify counted
+    headline |= classify_headline(store, day)
     headline |= ingest_headline(q("ingest_accounting"), store.quarantine_dir.resolve(), day)
     headline["verdict"] = _finished_percentiles(session, run_id, headline.get("verdict"))
     headline["warnings"] = [_restate(w, headline) for w in headline["warnings"]]
@@ -2080,7 +2276,7 @@ def build_report(
         trend = observed_trend(store, run_id, day, config)
         headline["observed_trend"] = trend
         body, trend_chart = observed_section(compared, headline, trend, run_id, day)
-        lead = f'<section id="{OBSERVED_ANCHOR}"><h2>{html.escape(OBSERVED_TITLE)}</h2>{body}</section>'
+        lead = str(fragment("section")(OBSERVED_TITLE, Markup(body), OBSERVED_ANCHOR))
         if trend_chart is not None:
             charts.append(trend_chart)
     fleet_name = str(config.get("resolved", {}).get("fleet", {}).get("name") or "fleet")
@@ -2095,10 +2291,14 @@ def build_report(
         for r in q("latency_by")
         if r["dimension"] == "tenant"
     ]
+    if curve:
+        charts_by_key = {c.key: c for c in charts}
+        if "load_curve" in charts_by_key:
+            charts_by_key["load_curve"].after = load_curve_table(curve)
     extra = [
-        ("Latency percentiles (seconds)", _html_table(q("latency"))),
-        ("Latency by tenant (seconds; bucket = tenant)", _html_table(by_tenant)),
-        ("Peak throughput", _html_table(q("peak_throughput"))),
+        ("Latency percentiles (milliseconds, finished requests)", latency_table(q("latency"))),
+        ("Latency by tenant (milliseconds; bucket = tenant)", latency_table(by_tenant)),
+        ("Peak throughput", _html_table([{**r, "at": to_second(r.get("at"))} for r in q("peak_throughput")])),
         ("KV memory", _html_table(q("kv_memory"))),
         ("Binding resource shares", _html_table(q("binding_shares"))),
         (f"Cost (US$ over {period.text})", _html_table(cost_table(q("cost"), period))),
@@ -2107,7 +2307,6 @@ def build_report(
         ),
         ("Two cache models", _two_caches(headline, config, _classified(store, day))),
         (f"{INGEST_TITLE} (files with requests on {day})", _html_table(q("ingest_accounting"))),
-        ("Run config", f"<pre>{html.escape(json.dumps(config, indent=2, sort_keys=True, default=str))}</pre>"),
     ]
     what_if = what_if_options(config)
     subtitle = (
@@ -2129,6 +2328,7 @@ def build_report(
         "" if page_note else vega_bundle(store.cache_dir),
         charts_note=page_note,
         lead=lead,
+        config=config,
     )
     charts_note = page_note or (charts_blocked("charts not drawn as PNG") if png_dir is not None else None)
     if charts_note is not None:
