@@ -15,6 +15,7 @@ import functools
 import json
 import math
 import os
+import re
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -623,24 +624,29 @@ def to_second(v: Any) -> Any:
 
 
 def time_axis(rows: Rows, key: str) -> alt.Axis:
-    """A UTC time axis whose ticks fall on whole minutes or hours, at most about 12 of them over
-    the rows' span (``key`` holds ISO times): a 10-minute day gets one label a minute, not each
-    label twice."""
+    """A UTC time axis whose ticks fall on whole minutes, hours or days, at most about 12 of them
+    over the rows' span (``key`` holds ISO times), given as explicit values: a 10-minute day gets
+    one label a minute, not each label twice."""
     times = []
     for r in rows:
         with contextlib.suppress(TypeError, ValueError):
-            times.append(datetime.fromisoformat(str(r[key])).timestamp())
-    span_min = (max(times) - min(times)) / 60.0 if times else 0.0
+            t = datetime.fromisoformat(str(r[key]))
+            times.append((t if t.tzinfo is not None else t.replace(tzinfo=UTC)).timestamp())
+    if not times:
+        return alt.Axis(format="%H:%M", labelOverlap=True)
+    lo, hi = min(times), max(times)
+    span_min = (hi - lo) / 60.0
     fmt = "%H:%M" if span_min <= 24 * 60 else "%b %d %H:%M"  # the date too once the span passes a day
-    steps = [
-        *(("minute", m, m) for m in (1, 2, 5, 10, 15, 30)),
-        *(("hour", h, 60 * h) for h in (1, 2, 3, 6, 12)),
-        *(("day", d, 1440 * d) for d in (1, 2, 7)),
-    ]
-    for interval, step, minutes in steps:
-        if span_min / minutes <= 12:
-            return alt.Axis(format=fmt, tickCount={"interval": interval, "step": step}, labelOverlap=True)
-    return alt.Axis(format="%Y-%m-%d", tickCount={"interval": "month", "step": 1}, labelOverlap=True)
+    step_min = next((m for m in TICK_MINUTES if span_min / m <= 12), TICK_MINUTES[-1])
+    step = step_min * 60.0
+    first = math.ceil(lo / step) * step
+    ticks = [first + i * step for i in range(int((hi - first) // step) + 1)] or [lo]
+    fmt = "%Y-%m-%d" if step_min >= 1440 else fmt
+    return alt.Axis(format=fmt, values=[t * 1000.0 for t in ticks], labelOverlap=True)
+
+
+#: Tick spacings of a time axis, in minutes: 1, 2, 5, 10, 15, 30 min, 1, 2, 3, 6, 12 h, 1, 2, 7 days.
+TICK_MINUTES = (1, 2, 5, 10, 15, 30, 60, 120, 180, 360, 720, 1440, 2880, 10080)
 
 
 _CSS = """
@@ -653,7 +659,7 @@ h1{font-size:1.5em;margin-bottom:0}.sub{color:#666;margin-top:4px}
 .table-wrap{max-width:100%;overflow-x:auto;margin:6px 0}
 table{border-collapse:collapse;font-size:.85em;max-width:100%}
 td,th{border:1px solid #ddd;padding:3px 8px;text-align:left;vertical-align:top;overflow-wrap:anywhere}
-th{background:#f6f6f6}
+th{background:#f6f6f6;overflow-wrap:normal}td.num{text-align:right;white-space:nowrap;overflow-wrap:normal}
 pre{background:#f6f6f6;padding:8px;overflow-x:auto;font-size:.8em;white-space:pre-wrap;overflow-wrap:anywhere}
 details summary{cursor:pointer;color:#555}
 .alert{border:2px solid #c0392b;background:#fdecea;border-radius:6px;padding:8px 12px;margin:16px 0}
@@ -834,6 +840,36 @@ def stale_headline(store: Store, day: str, config: dict[str, Any], run_dir: Path
     return out
 
 
+def traffic_headline(latency_by: Rows, config: dict[str, Any]) -> dict[str, Any]:
+    """Whose traffic this is: the models the logs named and the tenants, each with its finished
+    requests (query ``latency_by``, the TTFT rows), and the model the fleet served them as."""
+
+    def counts(dimension: str) -> list[tuple[str, int]]:
+        rows = [r for r in latency_by if r["dimension"] == dimension and r["metric"] == "ttft_s"]
+        return sorted(((str(r["bucket"]), int(r["samples"] or 0)) for r in rows), key=lambda c: (-c[1], c[0]))
+
+    served = ((config.get("resolved") or {}).get("fleet") or {}).get("model")
+    return {"traffic_models": counts("model"), "traffic_tenants": counts("tenant"), "served_model": served}
+
+
+def _traffic_card(h: dict[str, Any]) -> tuple[str, str, str, str] | None:
+    """The "Traffic" card: the models the logs name (as logged) and the model the fleet serves,
+    the tenants and their finished requests; None for a headline without them."""
+    models = [(str(m), int(n)) for m, n in h.get("traffic_models") or []]
+    tenants = [(str(t), int(n)) for t, n in h.get("traffic_tenants") or [] if t != "(none)"]
+    if not models:
+        return None
+    shown = ", ".join(f"{m} ({n:,})" for m, n in models[:3]) + (f", {len(models) - 3} more" if len(models) > 3 else "")
+    note = f"logged as {shown}; served as {h.get('served_model') or '?'}"
+    if tenants:
+        note += "; tenants: " + ", ".join(f"{t} ({n:,})" for t, n in tenants[:4])
+        note += f", {len(tenants) - 4} more" if len(tenants) > 4 else ""
+    value = f"{len(models)} model{'s' if len(models) != 1 else ''} · " + (
+        f"{len(tenants)} tenant{'s' if len(tenants) != 1 else ''}" if tenants else "no tenants logged"
+    )
+    return ("Traffic (finished requests)", value, note, "")
+
+
 def classify_headline(store: Store, day: str) -> dict[str, Any]:
     """Whether the date's token accounting (classify) covers the store's requests of it now
     (:func:`pipeline.classify.freshness.classify_freshness`): ``classify_stale`` and the banner's
@@ -1009,6 +1045,9 @@ def _health_cards(h: dict[str, Any]) -> list[tuple[str, str, str, str]]:
                 "bad",
             )
         )
+    traffic = _traffic_card(h)
+    if traffic is not None:
+        out.append(traffic)
     card = cost_card(h.get("cost_model") or {})
     wide = next((str(w) for w in h.get("warnings") or [] if str(w).startswith(MULTI_NODE)), None)
     if card is not None and wide is not None:  # whatever the tier: its collectives are one node's
@@ -1256,12 +1295,22 @@ def _html_table(rows: Rows, limit: int = 200, ms: tuple[str, ...] = ()) -> str:
     if not rows:
         return render("table.html.j2", columns=[], rows=[], more=0)
     cols = list(rows[0])
+
+    def cell(v: Any, c: str) -> tuple[str, bool]:  # (text, is a number: right-aligned, never broken)
+        number = isinstance(v, int | float) and not isinstance(v, bool)
+        return (ms_cell(v) if c in ms else _cell(v)), number or NUMBER_TEXT.fullmatch(str(v or "")) is not None
+
     return render(
         "table.html.j2",
-        columns=[ms_header(c) if c in ms else str(c) for c in cols],
-        rows=[[ms_cell(r[c]) if c in ms else _cell(r[c]) for c in cols] for r in rows[:limit]],
+        # a long snake_case header may break after its underscores (a zero-width space), not mid-word
+        columns=[(ms_header(c) if c in ms else str(c)).replace("_", "_\u200b") for c in cols],
+        rows=[[cell(r[c], c) for c in cols] for r in rows[:limit]],
         more=max(0, len(rows) - limit),
     )
+
+
+#: A cell that reads as a number ('1,234', '12.5', '-3%'): right-aligned, never broken across lines.
+NUMBER_TEXT = re.compile(r"[-+]?[\d,]+(\.\d+)?\s?[%×]?")
 
 
 def _cell(v: Any) -> str:
@@ -2260,6 +2309,7 @@ def build_report(
     headline |= stale_headline(store, day, config, run_dir)
     headline["classify_requests"] = headline.get("requests")  # the store's now, as classify counted
     headline |= classify_headline(store, day)
+    headline |= traffic_headline(q("latency_by"), config)
     headline |= ingest_headline(q("ingest_accounting"), store.quarantine_dir.resolve(), day)
     headline["verdict"] = _finished_percentiles(session, run_id, headline.get("verdict"))
     headline["warnings"] = [_restate(w, headline) for w in headline["warnings"]]
@@ -2299,7 +2349,9 @@ def build_report(
         ("Latency percentiles (milliseconds, finished requests)", latency_table(q("latency"))),
         ("Latency by tenant (milliseconds; bucket = tenant)", latency_table(by_tenant)),
         ("Peak throughput", _html_table([{**r, "at": to_second(r.get("at"))} for r in q("peak_throughput")])),
-        ("KV memory", _html_table(q("kv_memory"))),
+        # the query's 'headroom' is the free share of the KV cache, not the traffic headroom
+        ("KV memory", _html_table([{("kv_free_fraction" if k == "headroom" else k): v for k, v in r.items()}
+                                   for r in q("kv_memory")])),  # fmt: skip
         ("Binding resource shares", _html_table(q("binding_shares"))),
         (f"Cost (US$ over {period.text})", _html_table(cost_table(q("cost"), period))),
         *_economics_sections(

@@ -129,7 +129,7 @@ def test_two_cache_models_say_which_cache_and_block_size(replayed_store: tuple[S
     page = html_lib.unescape(res.path.read_text())
     section = page[page.index("Two cache models") :]
     row = re.compile(r"<tr><td>(classify \(rooftrace classify\)|replay \(this fleet\))</td>(.*?)</tr>", re.S)
-    cells = {m.group(1): re.findall(r"<td>(.*?)</td>", m.group(2)) for m in row.finditer(section)}
+    cells = {m.group(1): re.findall(r"<td[^>]*>(.*?)</td>", m.group(2)) for m in row.finditer(section)}
     assert cells["classify (rooftrace classify)"][1] == "512"
     assert cells["replay (this fleet)"][1] == "16"
     assert "isolation key: model, adapter, tenant" in section

@@ -25,7 +25,8 @@ EVIL = "<img src=x onerror=alert(1)>"
 
 
 def _cells(page: str) -> list[list[str]]:
-    return [re.findall(r"<t[hd][^>]*>(.*?)</t[hd]>", row) for row in re.findall(r"<tr>(.*?)</tr>", page, re.S)]
+    rows = re.findall(r"<tr>(.*?)</tr>", page.replace("\u200b", ""), re.S)
+    return [re.findall(r"<t[hd][^>]*>(.*?)</t[hd]>", row) for row in rows]
 
 
 def test_latency_table_is_in_ms_with_n_min_max_std_and_too_few() -> None:
@@ -47,6 +48,12 @@ def test_latency_table_is_in_ms_with_n_min_max_std_and_too_few() -> None:
     assert not any(c.endswith(" s") or "(s)" in c for row in (head, ttft, tpot) for c in row)
 
 
+def test_numbers_are_right_aligned_and_headers_break_after_underscores() -> None:
+    page = str(_html_table([{"usd_per_million_output_tokens": 17.1, "hardware": "h100-sxm", "tokens": "20,051,456"}]))
+    assert "<th>usd_\u200bper_\u200bmillion_\u200boutput_\u200btokens</th>" in page
+    assert '<td class="num">17.1</td><td>h100-sxm</td><td class="num">20,051,456</td>' in page
+
+
 def test_prompt_buckets_show_their_count_and_say_when_too_small() -> None:
     rows = [
         {"bucket": "0-511", "metric": "ttft_s", "samples": 1200, "p50": 0.05, "p90": 0.08, "p99": 0.3, "mean": 0.06},
@@ -66,17 +73,22 @@ def test_peak_times_are_rounded_to_the_second_in_utc() -> None:
 
 
 def test_time_axis_ticks_on_whole_minutes_on_a_short_day_and_hours_on_a_long_one() -> None:
-    ten_min = [{"t": f"2025-01-15T00:{m:02d}:{s:02d}"} for m in range(10) for s in (0, 30)]
-    axis = time_axis(ten_min, "t").to_dict()
-    assert axis["format"] == "%H:%M" and axis["tickCount"] == {"interval": "minute", "step": 1}
-    hour = [{"t": "2025-01-15T00:00:00"}, {"t": "2025-01-15T01:08:00"}]
-    assert time_axis(hour, "t").to_dict()["tickCount"] == {"interval": "minute", "step": 10}
-    day = [{"t": "2025-01-15T00:00:00"}, {"t": "2025-01-15T23:59:00"}]
-    assert time_axis(day, "t").to_dict()["tickCount"] == {"interval": "hour", "step": 2}
-    week = time_axis([{"t": "2025-01-15T00:00:00"}, {"t": "2025-01-21T00:00:00"}], "t").to_dict()
-    assert week["tickCount"] == {"interval": "hour", "step": 12} and week["format"] == "%b %d %H:%M"
-    month = time_axis([{"t": "2025-01-01T00:00:00"}, {"t": "2025-01-31T00:00:00"}], "t").to_dict()
-    assert month["tickCount"] == {"interval": "day", "step": 7}
+    from datetime import UTC, datetime
+
+    def ticks(first: str, last: str) -> tuple[str, list[str]]:
+        axis = time_axis([{"t": first}, {"t": last}], "t").to_dict()
+        return axis["format"], [datetime.fromtimestamp(v / 1000, UTC).strftime("%d %H:%M") for v in axis["values"]]
+
+    # a 10-minute day: one tick a minute, each label once (Vega's default put two ticks in a minute)
+    fmt, ten = ticks("2025-01-15T00:00:20", "2025-01-15T00:09:50")
+    assert fmt == "%H:%M" and ten == [f"15 00:0{m}" for m in range(1, 10)]
+    assert ticks("2025-01-15T00:00:00", "2025-01-15T01:08:00")[1] == [f"15 0{h}:{m}0" for h in (0, 1)
+                                                                      for m in range(6)][:7]  # fmt: skip
+    fmt, day = ticks("2025-01-15T00:00:00", "2025-01-15T23:59:00")
+    assert fmt == "%H:%M" and day == [f"15 {h:02d}:00" for h in range(0, 24, 2)]
+    fmt, week = ticks("2025-01-15T00:00:00", "2025-01-21T00:00:00")
+    assert fmt == "%b %d %H:%M" and len(week) == 13 and week[1] == "15 12:00"
+    assert time_axis([], "t").to_dict() == {"format": "%H:%M", "labelOverlap": True}
 
 
 def test_load_curve_table_is_sorted_by_multiplier_in_ms() -> None:
