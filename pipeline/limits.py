@@ -28,7 +28,7 @@ import re
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -233,14 +233,6 @@ def virtual_size() -> int:
     except (OSError, ValueError, IndexError):
         pass
     return 0
-
-
-def notice(message: str) -> None:
-    """Say ``message`` on the running command's stderr (the sink :func:`progress_to` installed in
-    this process); nothing outside a command or in a worker process."""
-    installed = _SINK.get()
-    if installed is not None and installed[0] == os.getpid():
-        installed[1](message)
 
 
 @dataclass(frozen=True)
@@ -789,19 +781,42 @@ def enforce(est: ReplayEstimate, limits: Limits | None = None) -> None:
 
 # -- progress --------------------------------------------------------------------------------------
 
-_SINK: contextvars.ContextVar[tuple[int, Callable[[str], None]] | None] = contextvars.ContextVar(
-    "rooftrace_progress_sink", default=None
-)
+
+@dataclass
+class _Channel:
+    """Where the running command's progress goes: ``sink`` (one line at a time, stderr), in
+    process ``pid`` only; ``live``: stderr is a terminal, so a replay may draw a live bar on it.
+    ``open``: the live bars to close when the command ends."""
+
+    pid: int
+    sink: Callable[[str], None]
+    live: bool = False
+    open: list[_Reporter] = field(default_factory=list)
+
+
+_SINK: contextvars.ContextVar[_Channel | None] = contextvars.ContextVar("rooftrace_progress_sink", default=None)
+
+
+def notice(message: str) -> None:
+    """Say ``message`` on the running command's stderr (the sink :func:`progress_to` installed in
+    this process); nothing outside a command or in a worker process."""
+    installed = _SINK.get()
+    if installed is not None and installed.pid == os.getpid():
+        installed.sink(message)
 
 
 @contextmanager
-def progress_to(sink: Callable[[str], None]) -> Iterator[None]:
-    """Report long replays run in this process (not in worker processes) through ``sink``."""
-    token = _SINK.set((os.getpid(), sink))
+def progress_to(sink: Callable[[str], None], live: bool = False) -> Iterator[None]:
+    """Report long replays run in this process (not in worker processes) through ``sink``; with
+    ``live`` (stderr is a terminal) as a live progress bar (rich.progress) instead of lines."""
+    channel = _Channel(os.getpid(), sink, live)
+    token = _SINK.set(channel)
     try:
         yield
     finally:
         _SINK.reset(token)
+        for reporter in channel.open:
+            reporter.close()
 
 
 def _every_s() -> float:
@@ -813,48 +828,110 @@ def _every_s() -> float:
 
 
 class _Reporter:
-    """Engine progress callback: a line on the sink every few seconds (none for short runs)."""
+    """Engine progress callback (called with the units done so far, often with 0 while the engine
+    compiles). The time left is estimated from the first call that reports work done: a compile
+    before it is not counted as replay time (it made '2,136 of 19,366 (11%), 2 min elapsed, ~14 min
+    left' of a run 0.4 s from its end). On a terminal a rich.progress bar on stderr, refreshed
+    live and cleared at the end; else a line on the sink every few seconds (none for short runs)."""
 
-    def __init__(self, est: ReplayEstimate, sink: Callable[[str], None]) -> None:
+    def __init__(self, est: ReplayEstimate, channel: _Channel, clock: Callable[[], float] = time.monotonic) -> None:
         self.est = est
-        self.sink = sink
+        self.sink = channel.sink
         self.every = _every_s()
-        self.t0 = time.monotonic()
+        self.clock = clock
+        self.t0 = clock()
         self.next = self.t0 + self.every
+        self.total = max(est.progress_total, 1)
+        #: (time, units done) at the first call that reported work done: the ETA's origin.
+        self.origin: tuple[float, int] | None = None
+        self.bar: Any = None
+        if channel.live:
+            self.bar = self._live_bar()
+            channel.open.append(self)
+
+    def _live_bar(self) -> Any:
+        from rich.console import Console
+        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+        bar = Progress(
+            TextColumn("replay"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TextColumn(self.est.progress_units),
+            TimeElapsedColumn(),
+            TextColumn("{task.fields[left]}"),
+            console=Console(stderr=True),
+            transient=True,
+        )
+        self.task = bar.add_task("replay", total=self.total, left="")
+        bar.start()
+        return bar
+
+    def left_s(self, done: int, now: float) -> float | None:
+        """Seconds left at the rate measured since the first work done; None before there is one."""
+        if self.origin is None or done >= self.total:
+            return None
+        t, d = self.origin
+        if done <= d or now <= t:
+            return None
+        return (now - t) * (self.total - done) / (done - d)
 
     def __call__(self, done: int) -> None:
-        now = time.monotonic()
+        now = self.clock()
+        if self.origin is None and done > 0:
+            self.origin = (now, done)
+        if self.bar is not None:
+            left = self.left_s(done, now)
+            shown = "" if left is None else f"~{format_duration(left)} left"
+            self.bar.update(self.task, completed=min(done, self.total), left=shown)
+            if done >= self.total:
+                self.close()
+            return
         if now < self.next:
             return
         self.next = now + self.every
-        total = max(self.est.progress_total, 1)
-        share = min(done / total, 1.0)
-        elapsed = now - self.t0
-        left = f", ~{format_duration(elapsed * (1 - share) / share)} left" if 0.02 < share < 1 else ""
-        self.sink(
-            f"replay: {done:,} of {total:,} {self.est.progress_units} ({share:.0%}), "
-            f"{format_duration(elapsed)} elapsed{left}"
+        self.sink(self.line(done, now))
+
+    def line(self, done: int, now: float) -> str:
+        """The plain progress line: done of total, elapsed, and the time left once measurable."""
+        share = min(done / self.total, 1.0)
+        left = self.left_s(done, now)
+        if self.origin is None:
+            tail = ", waiting for the engine's first results"
+        elif left is not None and share < 1:
+            tail = f", ~{format_duration(left)} left"
+        else:
+            tail = ""
+        return (
+            f"replay: {done:,} of {self.total:,} {self.est.progress_units} ({share:.0%}), "
+            f"{format_duration(now - self.t0)} elapsed{tail}"
         )
+
+    def close(self) -> None:
+        if self.bar is not None:
+            bar, self.bar = self.bar, None
+            bar.stop()
 
 
 def engine_progress(est: ReplayEstimate) -> Callable[[int], None] | None:
     """The engine progress callback for a replay run from a command (:func:`progress_to`), after
-    a line with the estimate when the run looks long; None outside a command."""
+    a line that says the engine compiles first when it does, and one with the estimate when the
+    run looks long; None outside a command."""
     installed = _SINK.get()
-    if installed is None or installed[0] != os.getpid():
+    if installed is None or installed.pid != os.getpid():
         return None
-    sink = installed[1]
+    sink = installed.sink
     if est.parts.get("compile"):
         sink(
-            "replay: compiling the replay engine (first run after an install or upgrade, about 1-2 minutes "
-            "once; cached for later runs)"
+            f"replay: compiling the replay engine (one time, ~{format_duration(COMPILE_S)}; cached for later runs "
+            "until an upgrade)"
         )
     if est.seconds >= 3 * _every_s():
         sink(
             f"replay: estimated ~{format_duration(est.seconds)} and {format_bytes(est.bytes)} of memory "
             f"({est.requests:,} requests on {est.replicas:,} replicas, {est.engine} engine); Ctrl-C stops it"
         )
-    return _Reporter(est, sink)
+    return _Reporter(est, installed)
 
 
 #: glibc's mallopt parameter for the size from which blocks are mapped on their own.

@@ -93,11 +93,9 @@ class NightlyResult:
             parts.append(overload_phrase(h.get("overload") or {}))
         if h.get("verdict"):
             parts.append(slo_phrase(h))
-        for w in h.get("warnings") or []:  # the run's other warnings that make it need attention
-            if isinstance(w, str) and w.startswith("MULTI-NODE"):
-                parts.append(w.split(", but")[0] + ", priced as one node (latencies optimistic)")
-            elif isinstance(w, str) and w.startswith("MODEL MIX"):
-                parts.append(w.split(";")[0])
+        # the run's other warnings that make it need attention, each by its code (never by cutting
+        # the text at a character a log value may hold: a model named 'team;x' cut the line there)
+        parts.extend(w.short for w in night_warnings(h) if w.short is not None)
         if h.get("drift"):  # the replay is off the latencies the real fleet delivered
             parts.append(drift_phrase(h))
         ttft = h.get("ttft_p99_s")
@@ -120,7 +118,52 @@ class NightlyResult:
             "stage_seconds": self.stages,
             "ingest": self.ingest,
             "attention": self.attention,
+            "warnings": [w.to_json() for w in night_warnings(self.headline)],
         }
+
+
+#: The codes a night's warnings start with ("CODE: ..."), as the replay and the report write them.
+WARNING_CODES = ("MODEL MIX", "MULTI-NODE", "OVERLOADED", "CACHE SPLIT", "STALE CLASSIFY", "STALE", "DRIFT")
+
+#: The advice each coded warning ends with, left out of the night's one-line summary. Found at its
+#: last occurrence: the values from the logs (model names) come before it in the text.
+_ADVICE = {"MODEL MIX": "; a fleet per model", "MULTI-NODE": ", but its cross-node communication"}
+
+
+@dataclass(frozen=True)
+class NightWarning:
+    """One of the night's warnings: ``code`` (one of :data:`WARNING_CODES`, else ''), ``text`` (the
+    whole line) and ``short`` (its phrase in the one-line summary; None: the summary leaves it to
+    its own ``warning:`` line). Built once, from the run's warnings and the report's notes, so
+    that no printer re-splits a text that quotes log values."""
+
+    code: str
+    text: str
+    short: str | None = None
+
+    def to_json(self) -> dict[str, str | None]:
+        return {"code": self.code or None, "text": self.text}
+
+
+def _warning(text: str) -> NightWarning:
+    code = next((c for c in WARNING_CODES if text.startswith(f"{c}:")), "")
+    short = None
+    if code == "MODEL MIX":
+        cut = text.rfind(_ADVICE[code])
+        short = text[:cut] if cut > 0 else text
+    elif code == "MULTI-NODE":
+        cut = text.rfind(_ADVICE[code])
+        short = (text[:cut] if cut > 0 else text) + ", priced as one node (latencies optimistic)"
+    return NightWarning(code, text, short)
+
+
+def night_warnings(headline: dict[str, Any]) -> list[NightWarning]:
+    """The night's warnings, structured: the run's, then a replay that drifted from the observed
+    latencies (code DRIFT; the summary has its own phrase for it)."""
+    out = [_warning(str(w)) for w in headline.get("warnings") or []]
+    if headline.get("drift_note"):
+        out.append(NightWarning("DRIFT", str(headline["drift_note"])))
+    return out
 
 
 class _Failed(Exception):

@@ -47,6 +47,7 @@ from pipeline.defaults import OUTPUT_FORMATS
 from pipeline.errors import RooftraceError
 from pipeline.schemas import check_file_schema, load_schema, not_regular, unreadable
 from pipeline.store import Store, check_date
+from pipeline.terminal import escape_controls
 
 QUERY_DIR = Path(__file__).with_name("queries")
 
@@ -785,6 +786,68 @@ def check_classified(store: Store, query: NamedQuery, date: str | None) -> None:
             )
 
 
+def stale_classify_note(store: Store, query: NamedQuery, date: str | None) -> str | None:
+    """A named query that reads classify's tables for a ``date`` (given, or the latest) whose
+    accounting predates the date's requests (logs of the date ingested after classify ran): the
+    sentence that says so (pipeline/classify/freshness.py), printed on the query's first line and
+    given in its --json rows as ``stale_classify``; None when the accounting is current or the
+    query reads none of classify's tables."""
+    if "date" not in {p.rstrip("?") for p in query.params}:
+        return None
+    if not any(re.search(rf"\b{view}\b", query.sql) for view in _CLASSIFY_VIEWS):
+        return None
+    dates = store.dates()
+    date = date or (dates[-1] if dates else None)
+    if date is None or date not in dates:
+        return None
+    from pipeline.classify.freshness import classify_freshness
+
+    return classify_freshness(store, date).note()
+
+
+#: The command that fills each view a new store holds nothing in yet.
+_FILLED_BY = {
+    "accounting_requests": "classify",
+    "accounting_minutes": "classify",
+    "cache_curve": "classify",
+    "runs": "replay",
+    "replay_requests": "replay",
+    "replay_steps": "replay",
+    "replay_series": "replay",
+}
+
+
+def empty_view_hints(store: Store, sql: str) -> list[str]:
+    """For ``rooftrace sql``: one hint per stage whose views the query reads but that has not run
+    on the store (``select count(*) from accounting_requests`` answered 0 with no word that
+    classify had not run): the dates classify has not split, or that no replay run exists, and
+    the command that fills them."""
+    read = [v for v in _FILLED_BY if re.search(rf"\b{v}\b", sql, re.IGNORECASE)]
+    hints = []
+    accounting = [v for v in read if _FILLED_BY[v] == "classify"]
+    if accounting:
+        dates = store.dates()
+        missing = [
+            d
+            for d in dates
+            if not any(store.partition(store.accounting_dir / _CLASSIFY_VIEWS[accounting[0]], d).glob("*.parquet"))
+        ]
+        if missing:
+            shown = ", ".join(missing[:3]) + (f" and {len(missing) - 3:,} more" if len(missing) > 3 else "")
+            n = sum(store.stored_rows(d) for d in missing)
+            whole = f"{shown} {'is' if len(missing) == 1 else 'are'} not"
+            if len(missing) == len(dates) > 1:
+                whole = f"none of the store's {len(dates):,} dates is"
+            hints.append(
+                f"{', '.join(accounting)}: {whole} classified yet ({n:,} stored requests not in it); "
+                f"`rooftrace classify --date {missing[-1]}` fills it{' (one run per date)' if len(missing) > 1 else ''}"
+            )
+    replayed = [v for v in read if _FILLED_BY[v] == "replay"]
+    if replayed and not any(store.runs_dir.glob("*/config.json")):
+        hints.append(f"{', '.join(replayed)}: the store holds no replay run yet; `rooftrace replay` fills it")
+    return hints
+
+
 def plan_ids(store: Store) -> list[str]:
     """The capacity plans in the store (folders ``plans/<id>/`` with a ``plan.parquet``), sorted."""
     return sorted(p.parent.name for p in (store.root / "plans").glob("*/plan.parquet"))
@@ -1243,23 +1306,6 @@ def rebuild(store: Store) -> None:
 #: the rest is counted in a note that says how to get all of them (--format csv/json, --out FILE).
 TABLE_MAX_ROWS = 1000
 
-#: Characters a terminal acts on rather than shows: C0 and C1 controls (ESC starts colour,
-#: title-setting and clipboard sequences) and the bidirectional overrides that reorder text.
-_CONTROL_RE = re.compile("[\x00-\x1f\x7f-\x9f\u061c\u200e\u200f\u202a-\u202e\u2066-\u2069]")
-
-
-def escape_controls(text: str) -> str:
-    """``text`` with every control character shown as an escape ('\\x1b', '\\n', '\\u202e')."""
-
-    def one(m: re.Match[str]) -> str:
-        c = m.group(0)
-        return {"\n": "\\n", "\r": "\\r", "\t": "\\t"}.get(c) or (
-            f"\\x{ord(c):02x}" if ord(c) < 0x100 else f"\\u{ord(c):04x}"
-        )
-
-    return _CONTROL_RE.sub(one, text)
-
-
 def _is_text(t: pa.DataType) -> bool:
     if pa.types.is_dictionary(t):
         return _is_text(t.value_type)
@@ -1372,10 +1418,76 @@ def write_result(
                 return _write_csv(schema, batches, sink)
             if fmt == "json":
                 return _write_json(batches, sink)
+            if to_stdout and tty:  # a person reads it: fitted to the terminal's width
+                return _write_table(schema, batches, sink, max_rows, title, terminal_table)
             return _write_table(schema, batches, sink, max_rows if to_stdout else None, title, render)
         except (pa.ArrowException, TypeError, ValueError, OverflowError) as exc:
             first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
             raise RooftraceError(f"cannot write the result as {fmt}: {first}") from None
+
+
+#: A table whose columns would get fewer characters than this each on the terminal is printed
+#: one row at a time instead (``column  value`` lines), as psql's expanded display does.
+MIN_COLUMN_WIDTH = 8
+
+
+def terminal_width() -> int:
+    """The terminal's width in characters ($COLUMNS when set, else the terminal's, else 80)."""
+    return max(20, shutil.get_terminal_size((80, 24)).columns)
+
+
+def terminal_table(
+    table: pa.Table, fmt: str = "table", out: Path | None = None, title: str | None = None, width: int | None = None
+) -> str:
+    """``table`` laid out for a terminal ``width`` characters wide (default: this terminal's): no
+    line longer than that, so the terminal never wraps it. Columns share the width, a cell too
+    long for its column ends in '…'; when the columns would get fewer than
+    :data:`MIN_COLUMN_WIDTH` characters each, one block per row instead (``column  value``, long
+    values ellipsized). ``fmt`` and ``out`` are :func:`pipeline.tables.render`'s (a table on stdout)."""
+    from rich.console import Console
+    from rich.table import Table
+    from rich.text import Text
+
+    from pipeline.tables import _cell
+
+    width = width or terminal_width()
+    names = table.column_names
+    columns = [table.column(i).to_pylist() for i in range(table.num_columns)]
+    cells = [[_cell(v) for v in col] for col in columns]
+    natural = [max([len(n), *map(len, col)]) for n, col in zip(names, cells, strict=True)]
+    room = width - (3 * len(names) + 1)  # each column's '│ ' and ' ', and the last '│'
+    if names and sum(min(w, MIN_COLUMN_WIDTH) for w in natural) > room:
+        return _vertical(names, columns, width, title)
+    console = Console(
+        file=io.StringIO(), width=width, record=True, force_terminal=False, markup=False, emoji=False, highlight=False
+    )
+    cap = max(natural, default=0)
+    while cap > MIN_COLUMN_WIDTH and sum(min(w, cap) for w in natural) > room:
+        cap -= 1  # the widest columns give way first, the narrow ones keep their width
+    grid = Table(title=Text(title) if title is not None else None, show_lines=False)
+    for name, w in zip(names, natural, strict=True):
+        grid.add_column(Text(name), overflow="ellipsis", no_wrap=True, width=min(w, cap))
+    for row in zip(*cells, strict=True):
+        grid.add_row(*(Text(c) for c in row))
+    console.print(grid)
+    return console.export_text()
+
+
+def _clip(text: str, width: int) -> str:
+    return text if len(text) <= width else text[: max(0, width - 1)] + "…"
+
+
+def _vertical(names: list[str], columns: list[list[Any]], width: int, title: str | None) -> str:
+    from pipeline.tables import _cell
+
+    pad = min(max(len(n) for n in names), width // 3)
+    lines = [title] if title else []
+    for i, row in enumerate(zip(*columns, strict=True)):
+        lines.append(f"-[ row {i + 1} ]".ljust(width, "-"))
+        lines.extend(_clip(f"{_clip(n, pad):<{pad}} | {_cell(v)}", width) for n, v in zip(names, row, strict=True))
+    if not columns or not columns[0]:
+        lines.append(f"(0 rows; columns: {', '.join(names)})")
+    return "\n".join(lines) + "\n"
 
 
 def check_unique_names(names: Sequence[str], fmt: str) -> None:

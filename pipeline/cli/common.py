@@ -20,11 +20,12 @@ import click
 
 from pipeline.defaults import MAX_MEMORY_ENV, MAX_SIM_DAYS_ENV, OUTPUT_FORMATS, REPLAY_EXECUTORS
 from pipeline.errors import RooftraceError
+from pipeline.terminal import escape_controls, escape_lines
 
 if TYPE_CHECKING:
     from pipeline.store import Store
 
-# Only the standard library, click and pipeline.defaults/errors at module level: every command's
+# Only the standard library, click and pipeline.defaults/errors/terminal at module level: every command's
 # --help is answered from here without importing a stage (tests/test_cli.py, test_help_imports_no_stage).
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -98,8 +99,21 @@ def emit_json(doc: Any) -> None:
 
 
 def progress(message: str) -> None:
-    """Progress and messages go to stderr, so stdout stays clean for --json."""
-    click.echo(message, err=True)
+    """Progress and messages go to stderr, so stdout stays clean for --json. A message may carry
+    values from a log (a model or file name): every control character in it is shown escaped
+    (pipeline/terminal.py), so no value retitles the terminal or reorders the line."""
+    click.echo(escape_lines(message), err=True)
+
+
+def warn(text: str) -> None:
+    """One ``warning:`` line on stderr, the text escaped whole (a warning is one line, and it
+    quotes log values: a model name with ESC or a right-to-left override is shown, not obeyed)."""
+    click.echo(f"warning: {escape_controls(text)}", err=True)
+
+
+def echo(text: str) -> None:
+    """A result line on stdout, escaped as :func:`progress` escapes (it may quote log values)."""
+    click.echo(escape_lines(text))
 
 
 #: Exit code of a command stopped by Ctrl-C (128 + SIGINT, as shells report it).
@@ -114,7 +128,7 @@ def error_boundary() -> Iterator[None]:
     try:
         yield
     except RooftraceError as exc:
-        click.echo(f"error: {exc}", err=True)
+        click.echo(f"error: {escape_lines(str(exc))}", err=True)
         _json_failure(str(exc), 1)
         sys.exit(1)
     except KeyboardInterrupt:
@@ -133,8 +147,15 @@ def run(fn: Callable[[], Any]) -> Any:
     from pipeline.limits import keep_ignored_sigint, progress_to
 
     keep_ignored_sigint()  # a SIGINT the caller ignores stays ignored (polars' import installs a handler)
-    with error_boundary(), progress_to(progress):
+    with error_boundary(), progress_to(progress, live=_stderr_is_terminal()):
         return fn()
+
+
+def _stderr_is_terminal() -> bool:
+    try:
+        return sys.stderr.isatty()
+    except (AttributeError, ValueError):  # (closed, or replaced by an object without it)
+        return False
 
 
 def _validated(parser: str) -> Callable[[click.Context, click.Parameter, str | None], str | None]:

@@ -18,6 +18,7 @@ from pipeline.cli.common import (
     reports_option,
     run,
     store_option,
+    warn,
 )
 from pipeline.defaults import DEFAULT_HEADROOM_BUDGET_S, INGEST_FORMATS
 
@@ -33,12 +34,12 @@ def _not_nan(value: float) -> float:
     return value
 
 
-def _warnings(headline: dict[str, object]) -> list[str]:
-    """The night's warning lines: the run's, then a replay that drifted from the observed latencies."""
-    out = [str(w) for w in headline.get("warnings") or []]  # type: ignore[attr-defined]
-    if headline.get("drift_note"):
-        out.append(str(headline["drift_note"]))
-    return out
+def _warn_all(headline: dict[str, object]) -> None:
+    """The night's warnings (pipeline.nightly.night_warnings), one escaped ``warning:`` line each."""
+    from pipeline.nightly import night_warnings
+
+    for w in night_warnings(headline):
+        warn(w.text)
 
 
 @click.command("nightly")
@@ -119,14 +120,12 @@ def nightly_cmd(
             )
         except StageError as exc:
             if exc.result is not None:  # a stage after the replay failed, the report was written
-                for w in _warnings(exc.result.headline):
-                    progress(f"warning: {w}")
+                _warn_all(exc.result.headline)
                 progress(exc.result.line())
             raise
 
     res = run(work)
-    for w in _warnings(res.headline):
-        progress(f"warning: {w}")
+    _warn_all(res.headline)
     progress(res.line())
     code = EXIT_ATTENTION if res.attention else 0
     if as_json:

@@ -15,6 +15,7 @@ from pipeline.cli.common import (
     output_options,
     run,
     store_option,
+    warn,
 )
 
 
@@ -67,6 +68,7 @@ def query(
         run_query,
         sigterm_exits,
         sql_output,
+        stale_classify_note,
         stdout_errors,
     )
     from pipeline.warehouse import (
@@ -100,11 +102,17 @@ def query(
             run(lambda: check_out_path(store, out))
         if rebuild:
             run(lambda: rebuild_warehouse(store))
+        stale = run(lambda: stale_classify_note(store, named, date))
+        if stale is not None:  # the first line: the day's accounting predates its requests
+            warn(stale)
         table = run(lambda: run_query(store, name, values))
     if fmt == "json" and out is None:
         run(lambda: check_unique_names(table.column_names, fmt))
+        rows = table_to_json(table)
+        if stale is not None:
+            rows = [{**row, "stale_classify": stale} for row in rows]
         with stdout_errors():
-            emit_json(table_to_json(table))
+            emit_json(rows)
         return
     # as `sql` prints: control characters escaped, at most 1,000 table rows on stdout, --out -
     result = run(lambda: sql_output(table, fmt, out, tty=sys.stdout.isatty(), title=name))

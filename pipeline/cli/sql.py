@@ -57,5 +57,9 @@ def sql(query: str, fmt: str, out: Path | None, as_json: bool, store_path: str |
         written = run(lambda: export_sql(store, query, fmt, out, sys.stdout.buffer, tty=sys.stdout.isatty()))
     if written.note is not None:
         progress(written.note)
+    from pipeline.warehouse import empty_view_hints
+
+    for hint in run(lambda: empty_view_hints(store, query)):
+        progress(f"hint: {hint}")
     if out is not None and out != STDOUT:
         progress(f"wrote {written.rows:,} row{'' if written.rows == 1 else 's'} to {out}")
