@@ -870,6 +870,11 @@ def _traffic_card(h: dict[str, Any]) -> tuple[str, str, str, str] | None:
     return ("Traffic (finished requests)", value, note, "")
 
 
+#: The KV memory table's columns renamed for people: the query's 'headroom' is the free share of
+#: the KV cache, not the traffic headroom.
+KV_NAMES = {"headroom": "kv_free_fraction"}
+
+
 def classify_headline(store: Store, day: str) -> dict[str, Any]:
     """Whether the date's token accounting (classify) covers the store's requests of it now
     (:func:`pipeline.classify.freshness.classify_freshness`): ``classify_stale`` and the banner's
@@ -2350,8 +2355,7 @@ def build_report(
         ("Latency by tenant (milliseconds; bucket = tenant)", latency_table(by_tenant)),
         ("Peak throughput", _html_table([{**r, "at": to_second(r.get("at"))} for r in q("peak_throughput")])),
         # the query's 'headroom' is the free share of the KV cache, not the traffic headroom
-        ("KV memory", _html_table([{("kv_free_fraction" if k == "headroom" else k): v for k, v in r.items()}
-                                   for r in q("kv_memory")])),  # fmt: skip
+        ("KV memory", _html_table([{KV_NAMES.get(k, k): v for k, v in r.items()} for r in q("kv_memory")])),
         ("Binding resource shares", _html_table(q("binding_shares"))),
         (f"Cost (US$ over {period.text})", _html_table(cost_table(q("cost"), period))),
         *_economics_sections(
