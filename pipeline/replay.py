@@ -648,15 +648,23 @@ def _series_table(
 PERCENTILES = (50.0, 90.0, 95.0, 99.0, 99.9)
 
 
+def percentile_key(p: float) -> str:
+    """The key of percentile ``p`` in a summary, as the named queries name their columns: p50,
+    p99, p99_9 (an identifier: SQL, pandas and jq read it unquoted)."""
+    return f"p{p:g}".replace(".", "_")
+
+
 def _stats(cols: Columns, name: str, ok: npt.NDArray[np.bool_]) -> dict[str, float | None]:
-    """Mean and percentiles of column ``name`` over the ``ok`` requests where it is defined."""
+    """Mean, population standard deviation, min, max and percentiles (inverse CDF) of column
+    ``name`` over the ``ok`` requests where it is defined, as vLLM's benchmark prints them."""
     v = cols.get(name)
     v = v[ok & np.isfinite(v)]  # (the whole column goes here)
+    keys = ("mean", "std", "min", *(percentile_key(p) for p in PERCENTILES), "max")
     if v.size == 0:
-        return {"mean": None, **{f"p{p:g}": None for p in PERCENTILES}}
-    mean = float(v.mean())
+        return dict.fromkeys(keys)
+    shape = [float(v.mean()), float(v.std()), float(v.min())]
     q = np.percentile(v, PERCENTILES, method=PERCENTILE_METHOD, overwrite_input=True)
-    return {"mean": mean, **{f"p{p:g}": float(x) for p, x in zip(PERCENTILES, q, strict=True)}}
+    return dict(zip(keys, [*shape, *map(float, q), float(v.max())], strict=True))
 
 
 def run_slo(run: ReplayRun, options: ReplayOptions | None = None) -> Slo | None:

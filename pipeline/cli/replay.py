@@ -16,6 +16,7 @@ from pipeline.cli.common import (
     progress,
     run,
     store_option,
+    warn,
 )
 
 
@@ -27,6 +28,27 @@ def _ms(x: float | None) -> str:
     if x is None:
         return "n/a"
     return f"{x * 1e3:,.1f} ms" if abs(x) < 10 else format_seconds(x)
+
+
+#: The columns of the latency summary a person reads (replay --json has the same keys, in seconds).
+LATENCY_STATS = ("mean", "std", "min", "p50", "p90", "p99", "p99_9", "max")
+
+
+def latency_lines(summary: dict[str, Any]) -> list[str]:
+    """The latency summary as a small table in ms: TTFT, TPOT (AIPerf and GuideLLM call it ITL)
+    and E2E, each with mean, standard deviation, min, percentiles and max, as vLLM's benchmark
+    prints them."""
+    head = ["", *(k.replace("_", ".") for k in LATENCY_STATS)]
+    rows = [head]
+    for name, label in (("ttft_s", "TTFT"), ("tpot_s", "TPOT"), ("e2e_s", "E2E")):
+        st = summary.get(name) or {}
+        rows.append([label, *(_ms(st.get(k)) for k in LATENCY_STATS)])
+    widths = [max(len(r[i]) for r in rows) for i in range(len(head))]
+    out = [
+        "  ".join(c.rjust(w) if i else c.ljust(w) for i, (c, w) in enumerate(zip(r, widths, strict=True)))
+        for r in rows
+    ]
+    return [*out, "(TPOT = (E2E - TTFT) / (output tokens - 1): the inter-token latency AIPerf and GuideLLM call ITL)"]
 
 
 @click.command("replay")
@@ -143,8 +165,8 @@ def replay_cmd(
         progress(f"replay: {note}")
     s = result.summary
     h = s["health"]
-    for line in h["warnings"]:
-        click.echo(f"warning: {line}", err=True)
+    for line in h["warnings"]:  # (they quote log values, model names: escaped by warn)
+        warn(line)
     if as_json:
         emit_json({"run_id": result.run_id, "run_dir": str(result.run_dir), **s})
         return
@@ -161,9 +183,8 @@ def replay_cmd(
         f"makespan {span:,.1f} s{long}; decode {tput or 0:,.0f} output tokens/s; preemptions {s['preemptions']:,}"
     )
     click.echo(f"latency over {h['latency_covers']}:")
-    for name in ("ttft_s", "tpot_s", "e2e_s"):
-        st = s[name]
-        click.echo(f"{name[:-2]:>5}: mean {_ms(st['mean'])}  p50 {_ms(st['p50'])}  p99 {_ms(st['p99'])}")
+    for line in latency_lines(s):
+        click.echo(line)
     pods = s.get("engine_pods", 1)
     in_pods = f", in {pods:,} pods" if pods > 1 else ""
     click.echo(f"engine: {s['engine_wall_s']:.2f} s wall, {s['spans']:,} spans{in_pods}", err=True)
