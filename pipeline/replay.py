@@ -72,6 +72,10 @@ from pipeline.steps import BINDING_NAMES
 from pipeline.store import ColumnReader, Store, epoch_us, store_write_error
 
 _INT63 = np.uint64(0x7FFFFFFFFFFFFFFF)
+#: ReplayOptions.cache_hits: the log's reported cache hits where it has them, or none of them.
+CACHE_HIT_MODES: tuple[str, ...] = ("reported", "simulated")
+#: The requests column of the log's reported cache hits (ingest: cached_tokens and its kin).
+REPORTED = "reported_cache_hit_tokens"
 #: The longest --ramp-s and --think-s (seconds): a client that waits longer is no benchmark client.
 MAX_CLIENT_S = 86_400.0
 #: The largest --warmup (a day of requests is far fewer; it must also be below the run's count).
@@ -108,8 +112,16 @@ class ReplayOptions:
     pods: int = 1
     executor: str = "local"
     ray_address: str | None = None
+    #: Whose cache hits the replay serves (docs/engine.md, "Cache hits the log reports"):
+    #: ``reported`` (default) takes the log's reported count where a request has one, as classify
+    #: does, and the replica's own prefix cache elsewhere; ``simulated`` ignores the reports and
+    #: looks every request up in the replica's prefix cache (what the fleet's own caches would
+    #: have served). Part of the run id only where not the default.
+    cache_hits: str = "reported"
 
     def __post_init__(self) -> None:
+        if self.cache_hits not in CACHE_HIT_MODES:
+            raise ConfigError(f"--cache-hits must be one of {', '.join(CACHE_HIT_MODES)}, got {self.cache_hits!r}")
         if not (self.rate_scale > 0 and math.isfinite(self.rate_scale)):
             raise ConfigError(
                 f"--rate-scale must be a finite number > 0 (--offline sends everything at t=0), got {self.rate_scale}"
@@ -243,9 +255,12 @@ def build_workload(
     del arrival_us
     arrival_s /= 1e6
     arrival_s /= options.rate_scale
-    prompt = np.maximum(frame.get_column("recorded_input_tokens").to_numpy(), 1, dtype=np.int64)
+    recorded = np.ascontiguousarray(frame.get_column("recorded_input_tokens").to_numpy(), dtype=np.int64)
+    reported = reported_hits(frame, recorded, fleet, options)
     frame = frame.drop("recorded_input_tokens")
-    # vLLM samples at least one token (max_tokens >= 1): a logged 0 is replayed as 1.
+    # an engine computes at least one prompt token: a logged 0 is replayed as 1 (and stays 0 in
+    # the run's table); vLLM samples at least one token (max_tokens >= 1): a logged 0 output too
+    prompt = np.maximum(recorded, 1)
     output = np.maximum(frame.get_column("output_tokens").to_numpy(), 1, dtype=np.int64)
     del frame
     return Workload(
@@ -254,7 +269,35 @@ def build_workload(
         output_tokens=output,
         chain_tree=tree if sched.enable_prefix_caching else None,
         affinity=affinity,
+        reported_hit_tokens=reported,
+        recorded_input_tokens=recorded if bool((recorded < 1).any()) else None,
     )
+
+
+def reported_hits(
+    frame: pl.DataFrame, recorded: npt.NDArray[np.int64], fleet: ResolvedFleet, options: ReplayOptions
+) -> npt.NDArray[np.int64] | None:
+    """The log's reported cache hits the replay honours (Workload.reported_hit_tokens: −1 where a
+    request reports none), or None: no request reports any, ``--cache-hits simulated``, or a
+    fleet without prefix caching (nothing is served from a cache it does not have). A count
+    outside [0, recorded_input_tokens] is refused, as classify refuses it."""
+    if REPORTED not in frame.columns or options.cache_hits != "reported":
+        return None
+    if not fleet.scheduler.enable_prefix_caching:
+        return None
+    col = frame.get_column(REPORTED)
+    if col.null_count() == col.len():
+        return None
+    rep = np.ascontiguousarray(col.fill_null(-1).cast(pl.Int64).to_numpy(), dtype=np.int64)
+    bad = (rep < -1) | (rep > recorded) | ((rep == -1) & col.is_not_null().to_numpy())
+    if bad.any():
+        i = int(np.flatnonzero(bad)[0])
+        raise RooftraceError(
+            f"requests: {int(bad.sum()):,} requests report {REPORTED} outside [0, recorded_input_tokens] "
+            f"(e.g. {int(col[i])} of {int(recorded[i])} tokens): the log's split cannot be replayed; "
+            "check the log or its ingest mapping"
+        )
+    return rep
 
 
 def _session_keys(sessions: pl.Series) -> npt.NDArray[np.int64]:
@@ -428,6 +471,7 @@ def requests_table(requests: pl.DataFrame, run: ReplayRun, t0_us: int) -> pa.Tab
         work.output_tokens,
         t0_us,
         np.arange(work.n) < run.warmup,
+        runrequests.cache_split(run.result, work),
     )
 
 
@@ -724,6 +768,7 @@ def summary_of(cols: Columns, sums: StepSums, run: ReplayRun, slo: Slo | None = 
     requests table one column at a time: the same numbers), its step log's sums, and ``run``'s
     engine wall time and cost model. A run's warm-up requests (``run.warmup``, its first rows) are
     left out of every figure but the engine's: the summary is the measured requests'."""
+    split = cache_split_of(cols)  # every request's, warm-up included: the day classify split
     if run.warmup:
         cols = _Measured(cols, run.warmup)
     code = cols.get("reject_code")
@@ -759,6 +804,7 @@ def summary_of(cols: Columns, sums: StepSums, run: ReplayRun, slo: Slo | None = 
         # the replay's own prefix caches (each replica's engine KV cache, LRU), over finished requests
         "recorded_input_tokens": prompt,
         "fresh_input_tokens": prompt - hits,
+        "cache_split": split,
         **{name: _stats(cols, name, ok) for name in ("ttft_s", "tpot_s", "e2e_s", "queue_s")},
         "engine_wall_s": run.wall_s,
         "engine_requests_per_wall_s": cols.n / run.wall_s if run.wall_s > 0 else None,
@@ -766,6 +812,99 @@ def summary_of(cols: Columns, sums: StepSums, run: ReplayRun, slo: Slo | None = 
         "spans": sums.spans,
         "cost_model": _cost_summary(run, sums),
     }
+
+
+def cache_split_of(cols: Columns) -> dict[str, Any]:
+    """The run's fresh / cache-hit split over every request replayed (rejected ones included:
+    classify splits the whole day), and by where the hits came from
+    (runrequests.CACHE_HIT_SOURCES). One column of the run's length is held at a time."""
+    code = cols.get("cache_hit_code").astype(np.int64)
+    k = len(runrequests.CACHE_HIT_SOURCES)
+    n_by = np.bincount(code, minlength=k)
+    hits_by = np.bincount(code, weights=cols.get("cache_hit_tokens"), minlength=k)
+    rec_by = np.bincount(code, weights=cols.get("recorded_input_tokens"), minlength=k)
+    rec, hit = int(rec_by.sum()), int(hits_by.sum())
+    return {
+        "requests": int(cols.n),
+        "recorded_input_tokens": rec,
+        "cache_hit_tokens": hit,
+        "fresh_input_tokens": rec - hit,
+        "by_source": {
+            name: {
+                "requests": int(n_by[c]),
+                "recorded_input_tokens": int(rec_by[c]),
+                "cache_hit_tokens": int(hits_by[c]),
+            }
+            for c, name in enumerate(runrequests.CACHE_HIT_SOURCES)
+        },
+    }
+
+
+#: What a run records of classify's split (its summary.json) next to its own.
+_CLASSIFY_SPLIT_KEYS = (
+    "requests",
+    "recorded_input_tokens",
+    "cache_hit_tokens",
+    "fresh_input_tokens",
+    "cache_hit_source",
+)
+
+
+def classify_summary(store: Store, date: str) -> dict[str, Any] | None:
+    """Classify's summary of ``date`` (its summary.json), or None when the date is not classified
+    or the file cannot be read (the run then has no split to compare)."""
+    from pipeline.classify.accounting import accounting_paths
+
+    path = accounting_paths(store, date)["summary"]
+    try:
+        doc = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    totals = doc.get("totals") if isinstance(doc, dict) else None
+    return totals if isinstance(totals, dict) else (doc if isinstance(doc, dict) and "requests" in doc else None)
+
+
+def cache_split_note(
+    split: dict[str, Any], classified: dict[str, Any] | None, fleet: ResolvedFleet, options: ReplayOptions
+) -> str | None:
+    """One line when the replay's fresh / cache-hit split is not the one classify reports for the
+    day (``classified``: classify's summary, None when the day is not classified), saying by how
+    much and why; None when they agree to the token. The report's token figures are classify's,
+    so this line goes first wherever the run is shown."""
+    if classified is None:
+        return None
+    date = options.date or "the date"
+    n_cls, n_rep = int(classified.get("requests") or 0), int(split["requests"])
+    if n_cls != n_rep:
+        return (
+            f"CACHE SPLIT: classify of {date} counted {n_cls:,} requests, the replay {n_rep:,}: the day's token "
+            f"figures predate its latest requests (run `rooftrace classify --date {date}` again)"
+        )
+    c_hit, r_hit = int(classified.get("cache_hit_tokens") or 0), int(split["cache_hit_tokens"])
+    if c_hit == r_hit:
+        return None
+    total = int(split["recorded_input_tokens"])
+    by_cls = classified.get("cache_hit_source") or {}
+    reported = int((by_cls.get("reported") or {}).get("cache_hit_tokens") or 0)
+    simulated = int((by_cls.get("simulated") or {}).get("cache_hit_tokens") or 0)
+    own = split["by_source"]["prefix_cache"]
+    if options.cache_hits == "simulated" and reported:
+        why = f"--cache-hits simulated ignores the {reported:,} cache-hit tokens the log reports"
+    elif not fleet.scheduler.enable_prefix_caching:
+        why = "the fleet disables prefix caching (engine.enable_prefix_caching = false): every input token is prefilled"
+    else:
+        sched = fleet.scheduler
+        why = (
+            f"on the requests whose hits come from prefix chains, the replicas' own prefix caches "
+            f"({fleet.config.replicas:,} × {sched.num_gpu_blocks:,} KV blocks of {sched.block_size} tokens, shared "
+            f"with running requests) served {int(own['cache_hit_tokens']):,} tokens where classify's cache model "
+            f"({classified.get('capacity') or 'its capacity'}) counts {simulated:,}"
+        )
+    return (
+        f"CACHE SPLIT: the replay served {r_hit:,} of {total:,} recorded input tokens from cache "
+        f"({share_text(r_hit / total if total else 0.0)}), classify counts {c_hit:,} "
+        f"({share_text(c_hit / total if total else 0.0)}) and the report's token figures are classify's: {why}"
+    )
 
 
 class _Measured:
@@ -833,6 +972,8 @@ def _run_id(
     how = {"slo", "pods", "executor", "ray_address"}  # how it ran, not what: not part of the id
     # the closed loop's client options only where set: a run without them keeps the id it had
     unset = {k for k in ("ramp_s", "think_s", "warmup") if not getattr(options, k)}
+    if options.cache_hits == "reported":  # the default: a run from before the option keeps its id
+        unset.add("cache_hits")
     what = {k: v for k, v in asdict(options).items() if k not in how | unset}
     h.update(json.dumps(what, sort_keys=True).encode())
     h.update(b"request_id")
@@ -990,7 +1131,10 @@ def _replay(
     # the request ids only where the prefix identity needs them: they are digested for the run
     # id and written to requests.parquet a row group / chunk at a time, read from the store
     read = REPLAY_COLUMNS if chains else tuple(c for c in REPLAY_COLUMNS if c != "request_id")
-    requests = store.read_requests(date, (*read, *affinity), positions=True)
+    honour = options.cache_hits == "reported" and fleet.scheduler.enable_prefix_caching
+    requests = store.read_requests(date, (*read, *affinity, *([REPORTED] if honour else [])), positions=True)
+    if REPORTED in requests.columns and requests.get_column(REPORTED).null_count() == requests.height:
+        requests = requests.drop(REPORTED)  # a log that reports none: the run (and its id) as before
     check_warmup(options, requests.height)  # before the prefix chains are built
     request_id = ColumnReader(store, date, "request_id", requests.get_column("_position").to_numpy())
     requests = requests.drop("_position")
@@ -1032,6 +1176,11 @@ def _replay(
         del work
         doing[0] = f"summarizing the run of {what}"
         summary = summary_of(written, steps.sums, run, run_slo(run, options))
+        classified = classify_summary(store, date)
+        summary["cache_split"]["classify"] = (
+            {k: classified.get(k) for k in _CLASSIFY_SPLIT_KEYS} if classified is not None else None
+        )
+        summary["cache_split"]["note"] = cache_split_note(summary["cache_split"], classified, fleet, options)
         mix = model_mix_warning(store, date, cfg.model)
         if mix is not None:
             summary["health"]["warnings"].append(mix)

@@ -40,6 +40,32 @@ RESULT_DTYPE = np.dtype([(f.name, _FIELD_TYPES.get(f.name, np.float64)) for f in
 #: Rows of requests.parquet built and written at a time.
 CHUNK_ROWS = 1 << 20
 
+#: Where a replayed request's cache-hit tokens come from (the ``cache_hit_source`` column; index
+#: = the code the summary counts by): the log reports none and the replica had no prefix to look
+#: up; the log's reported count (``reported_cache_hit_tokens``, honoured as logged); the
+#: replica's own prefix cache (its chain looked up at admission).
+CACHE_HIT_SOURCES: tuple[str, ...] = ("none", "reported", "prefix_cache")
+
+
+def cache_split(
+    res: EngineResult, work: Workload, a: int = 0, b: int | None = None
+) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64], npt.NDArray[np.int8]]:
+    """Requests ``a:b``'s (recorded input tokens, cache-hit tokens, source code) as the run's
+    table states them (``res`` holds those requests' results). A request whose hits the log
+    reports has exactly the logged count, rejected or not, so the replay's split of every such
+    request is classify's to the token, even where the engine had to compute a whole prompt's
+    last token (docs/engine.md, "Cache hits the log reports"); the others have what the
+    replica's prefix cache gave them at first scheduling."""
+    recorded = np.asarray(work.recorded(a, b), np.int64)
+    hits = np.asarray(res.cache_hit_tokens, np.int64).copy()
+    code = np.where(work.has_chain(a, b), 2, 0).astype(np.int8)
+    if work.reported_hit_tokens is not None:
+        rep = np.asarray(work.reported_hit_tokens[a:b], np.int64)
+        has = rep >= 0
+        hits[has] = np.minimum(rep[has], recorded[has])
+        code[has] = 1
+    return recorded, hits, code
+
 
 def _records(res: EngineResult) -> npt.NDArray[Any]:
     rec = np.empty(res.reject_reason.shape[0], RESULT_DTYPE)
@@ -126,13 +152,17 @@ def _nullable(values: npt.NDArray[np.float64]) -> pa.Array:
 def requests_table(
     request_id: pa.Array | pa.ChunkedArray, res: EngineResult, prompt: npt.NDArray[np.int64],
     output: npt.NDArray[np.int64], t0_us: int, warmup: npt.NDArray[np.bool_] | None = None,
+    split: tuple[npt.NDArray[np.int64], npt.NDArray[np.int64], npt.NDArray[np.int8]] | None = None,
 ) -> pa.Table:  # fmt: skip
     """Rows of ``requests.parquet`` (schema replay_requests) for requests with these ids, engine
     results and replayed prompt / output lengths; ``warmup`` marks the rows replayed as warm-up
-    (left out of the run's summary; none when not given)."""
+    (left out of the run's summary; none when not given); ``split`` is :func:`cache_split` of
+    these rows (default: the engine's prompts and hits as they are)."""
     ok = res.reject_reason == 0
     lat = request_latencies(res, Workload(arrival_s=res.arrival_s, prompt_tokens=prompt, output_tokens=output))
-    fresh = prompt - res.cache_hit_tokens
+    if split is None:
+        split = (prompt, res.cache_hit_tokens, np.where(res.cache_hit_tokens > 0, 2, 0).astype(np.int8))
+    recorded, hits, code = split
     reasons = np.array(REJECT_REASONS, dtype=object)[res.reject_reason]
     arrival_us = t0_us + np.round(res.arrival_s * 1e6).astype(np.int64)
     return pa.table(
@@ -150,10 +180,11 @@ def requests_table(
             "e2e_s": _nullable(lat["e2e"]),
             "max_itl_s": _nullable(res.max_itl_s),
             "preemptions": res.preemptions,
-            "recorded_input_tokens": prompt,
+            "recorded_input_tokens": recorded,
             "output_tokens": output,
-            "cache_hit_tokens": res.cache_hit_tokens,
-            "fresh_input_tokens": fresh,
+            "cache_hit_tokens": hits,
+            "fresh_input_tokens": recorded - hits,
+            "cache_hit_source": np.array(CACHE_HIT_SOURCES, dtype=object)[code],
             "prefill_tokens": np.where(ok, res.prefill_tokens, 0),
             "status": np.where(ok, "finished", "rejected").astype(object),
             "reject_reason": pa.array(reasons, mask=ok),
@@ -224,7 +255,13 @@ class RunRequests:
         w = self.work
         warm = np.arange(a, b) < self.warmup
         table = requests_table(
-            self.request_id.slice(a, b - a), res, w.prompt_tokens[a:b], w.output_tokens[a:b], self.t0_us, warm
+            self.request_id.slice(a, b - a),
+            res,
+            w.prompt_tokens[a:b],
+            w.output_tokens[a:b],
+            self.t0_us,
+            warm,
+            cache_split(res, w, a, b),
         )
         with run_writes(self.run_dir, "requests table"):
             self.stream.write(table)
@@ -261,7 +298,7 @@ class Columns(Protocol):
 #: the reason as its REJECT_REASONS index (0: not rejected).
 SUMMARY_COLUMNS = (
     "arrival_s", "scheduled_s", "finish_s", "reject_code", "preemptions", "cache_hit_tokens",
-    "recorded_input_tokens", "output_tokens", "ttft_s", "tpot_s", "e2e_s", "queue_s",
+    "recorded_input_tokens", "output_tokens", "ttft_s", "tpot_s", "e2e_s", "queue_s", "cache_hit_code",
 )  # fmt: skip
 
 
@@ -277,8 +314,14 @@ class MemoryColumns:
             return request_latencies(res, work)[name.removesuffix("_s")]
         if name == "reject_code":
             return res.reject_reason
-        if name == "recorded_input_tokens":
-            return work.prompt_tokens
+        if name in ("recorded_input_tokens", "cache_hit_tokens", "cache_hit_code"):
+            recorded, hits, code = cache_split(res, work)
+            parts: dict[str, npt.NDArray[Any]] = {
+                "recorded_input_tokens": recorded,
+                "cache_hit_tokens": hits,
+                "cache_hit_code": code,
+            }
+            return parts[name]
         if name == "output_tokens":
             return work.output_tokens
         return np.asarray(getattr(res, name))
@@ -295,7 +338,7 @@ class StoredColumns:
     def get(self, name: str) -> npt.NDArray[Any]:
         """The column as one numpy array, read a row group at a time into it (nothing else of
         the column's size is held)."""
-        column = "reject_reason" if name == "reject_code" else name
+        column = {"reject_code": "reject_reason", "cache_hit_code": "cache_hit_source"}.get(name, name)
         out: npt.NDArray[Any] | None = None
         at = 0
         try:
@@ -316,8 +359,9 @@ class StoredColumns:
 
     @staticmethod
     def _values(name: str, col: pa.ChunkedArray) -> npt.NDArray[Any]:
-        if name == "reject_code":
-            codes = pc.index_in(col, value_set=pa.array(REJECT_REASONS)).fill_null(0)
+        if name in ("reject_code", "cache_hit_code"):
+            names = REJECT_REASONS if name == "reject_code" else CACHE_HIT_SOURCES
+            codes = pc.index_in(col, value_set=pa.array(names)).fill_null(0)
             return np.asarray(codes.to_numpy(), np.int8)
         if pa.types.is_floating(col.type):
             return np.asarray(col.fill_null(np.nan).to_numpy(), np.float64)

@@ -143,6 +143,53 @@ def test_prefix_cache_hits_skip_prefill_but_never_the_last_token(sim: Engine) ->
 
 
 @pytest.mark.parametrize("sim", ENGINES.values(), ids=ENGINES.keys())
+def test_reported_cache_hits_skip_their_prefill_but_hold_their_blocks(sim: Engine) -> None:
+    # prompt 10, the log reports 6 cached: one step prefills the other 4, attending over all 10
+    # (pairs 4·6 + 4·5/2 = 34); decode reads a context of 11. The whole 10 + 1 tokens' KV is
+    # the request's own: 3 blocks of 4.
+    cost = LinearCost(a=0.01, b=0.001, c=1e-4, d=0.002, e=0.0001)
+    w = replace(workload([1.0], [10], [2]), reported_hit_tokens=np.array([6]))
+    spec = FleetSpec(replicas=1, scheduler=_cfg())
+    log = StepLog()
+    res = sim(w, spec, cost, log)
+    prefill = 0.01 + 0.001 * 4 + 1e-4 * 34
+    assert res.first_token_s[0] == pytest.approx(1.0 + prefill, rel=1e-12)
+    assert res.finish_s[0] == pytest.approx(1.0 + prefill + 0.01 + 0.002 + 0.0001 * 11, rel=1e-12)
+    assert (res.cache_hit_tokens[0], res.prefill_tokens[0]) == (6, 4)
+    assert int(log.columns()["kv_blocks_used"].max()) == 3
+    _assert_same(res, simulate_reference(w, spec, cost))
+    # A whole prompt reported as cached still computes its last token (as vLLM does).
+    whole = replace(workload([1.0], [10], [2]), reported_hit_tokens=np.array([10]))
+    res = sim(whole, spec, cost)
+    assert (res.cache_hit_tokens[0], res.prefill_tokens[0]) == (9, 1)
+    _assert_same(res, simulate_reference(whole, spec, cost))
+    # A report of 0 is a report: that request does not look its chain up in the replica's cache
+    # (the chain would hit 8 tokens, as the unreported third request shows).
+    chain = [11, 12, 13]
+    w = replace(
+        workload([0.0, 10.0, 20.0], [12, 12, 12], [2, 2, 2], chains=[chain, chain, chain]),
+        reported_hit_tokens=np.array([-1, 0, -1]),
+    )
+    res = sim(w, spec, cost)
+    np.testing.assert_array_equal(res.cache_hit_tokens, [0, 0, 8])
+    _assert_same(res, simulate_reference(w, spec, cost))
+
+
+@pytest.mark.parametrize("sim", ENGINES.values(), ids=ENGINES.keys())
+def test_reported_cache_hits_take_kv_capacity(sim: Engine) -> None:
+    # 4 blocks of 4 tokens. Two requests of 12-token prompts, 8 of them reported cached: each
+    # needs 3 blocks for its prompt and its KV is never shared, so the second waits for the first
+    # to finish even though its own prefill is only 4 tokens.
+    cost = LinearCost(a=1.0, b=0.0, c=0.0, d=0.0, e=0.0)
+    w = replace(workload([0.0, 0.0], [12, 12], [1, 1]), reported_hit_tokens=np.array([8, 8]))
+    spec = FleetSpec(replicas=1, scheduler=_cfg(num_gpu_blocks=4))
+    res = sim(w, spec, cost)
+    np.testing.assert_array_equal(res.cache_hit_tokens, [8, 8])
+    np.testing.assert_allclose(res.first_token_s, [1.0, 2.0])
+    _assert_same(res, simulate_reference(w, spec, cost))
+
+
+@pytest.mark.parametrize("sim", ENGINES.values(), ids=ENGINES.keys())
 def test_lru_eviction_of_finished_blocks(sim: Engine) -> None:
     # 6 blocks of 4. Request 0 leaves blocks h1, h2 cached (freed tail first, so the free queue is
     # [4 never-used, h2, h1]); request 1 (other prefix, 6 blocks) takes all of them, evicting both.
@@ -253,6 +300,9 @@ def _cases(draw: st.DrawFn) -> tuple[Workload, FleetSpec, LinearCost]:
         chains.append(common + [10**6 + 1000 * i + j for j in range(shared, full)])
     affinity = [r if r % 2 else -1 for r in roots]
     w = workload(arrival, prompt, output, chains=chains, affinity=affinity)
+    if draw(st.booleans()):  # the log reports some requests' cache hits (0..the whole prompt; −1 none)
+        reported = [draw(st.integers(0, p)) if draw(st.booleans()) else -1 for p in prompt]
+        w = replace(w, reported_hit_tokens=np.array(reported, np.int64))
     router = draw(st.sampled_from(["round_robin", "least_outstanding", "session_affinity"]))
     mode = draw(st.sampled_from(["open", "open", "closed", "offline"]))
     spec = FleetSpec(

@@ -63,8 +63,8 @@ def test_a_too_deep_expression_does_not_suggest_a_refused_set(tmp_path: Path) ->
 
 
 def test_a_run_of_an_earlier_schema_says_to_replay_it(tmp_path: Path) -> None:
-    """requests.parquet went to replay_requests v2 (the warmup column): a run written before says
-    what to do, not only which versions differ."""
+    """requests.parquet went to replay_requests v2 (the warmup column), then v3 (cache_hit_source):
+    a run written before says what to do, not only which versions differ."""
     import pyarrow as pa
     import pyarrow.parquet as pq
     import pytest
@@ -76,6 +76,6 @@ def test_a_run_of_an_earlier_schema_says_to_replay_it(tmp_path: Path) -> None:
     table = pa.table({"request_id": ["a"]}).replace_schema_metadata({META_NAME: b"replay_requests", META_VERSION: b"1"})
     pq.write_table(table, path)
     with pytest.raises(
-        SchemaError, match=r"version 1, this rooftrace reads 2 \(written by an earlier rooftrace: make it again"
+        SchemaError, match=r"version 1, this rooftrace reads 3 \(written by an earlier rooftrace: make it again"
     ):
         read_parquet(path, "replay_requests")

@@ -99,6 +99,15 @@ def latency_lines(summary: dict[str, Any]) -> list[str]:
 )
 @click.option("--offline", is_flag=True, help="Send every request at t=0 (offline throughput).")
 @click.option(
+    "--cache-hits",
+    type=click.Choice(["reported", "simulated"]),
+    default="reported",
+    show_default=True,
+    help="reported: serve the cache hits the log reports (cached_tokens) where it has them, as classify counts "
+    "them, and the replicas' own prefix caches elsewhere; simulated: ignore the reports and look every request "
+    "up in the replicas' prefix caches.",
+)
+@click.option(
     "--slo",
     default=None,
     help="Judge the run against an SLO: a preset (chat, interactive, ...) or ttft_p99=2s,tpot_p99=100ms "
@@ -118,6 +127,7 @@ def replay_cmd(
     think_s: float,
     warmup: int,
     offline: bool,
+    cache_hits: str,
     slo: str | None,
     pods: int,
     executor: str,
@@ -152,6 +162,7 @@ def replay_cmd(
             think_s=think_s,
             warmup=warmup,
             offline=offline,
+            cache_hits=cache_hits,
             slo=slo,
             pods=pods,
             executor=executor,
@@ -165,6 +176,9 @@ def replay_cmd(
         progress(f"replay: {note}")
     s = result.summary
     h = s["health"]
+    split_note = (s.get("cache_split") or {}).get("note")
+    if split_note:  # first: the day replayed is not split as the report's token figures say
+        warn(split_note)
     for line in h["warnings"]:  # (they quote log values, model names: escaped by warn)
         warn(line)
     if as_json:
@@ -182,6 +196,14 @@ def replay_cmd(
     click.echo(
         f"makespan {span:,.1f} s{long}; decode {tput or 0:,.0f} output tokens/s; preemptions {s['preemptions']:,}"
     )
+    split = s.get("cache_split")
+    if split:
+        reported, own = (split["by_source"][k]["cache_hit_tokens"] for k in ("reported", "prefix_cache"))
+        click.echo(
+            f"input: {split['recorded_input_tokens']:,} recorded tokens, {split['cache_hit_tokens']:,} served from "
+            f"cache ({reported:,} as the log reports, {own:,} from the replicas' prefix caches), "
+            f"{split['fresh_input_tokens']:,} fresh"
+        )
     click.echo(f"latency over {h['latency_covers']}:")
     for line in latency_lines(s):
         click.echo(line)

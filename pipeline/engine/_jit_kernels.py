@@ -623,7 +623,8 @@ def _alloc_scratch(G, S, bs, na, nd, max_blocks):  # type: ignore[no-untyped-def
 # (forceinline=False, else they inherit forceinline from the piece that compiles them first, and
 # the loop grows too big to be fast). The tuples, built by run_fleet:
 #   wl   workload: times, prompt, output, chain_off, chain, aff_rep, rejected, and the lazy chains
-#        t_rows, t_key, t_up, t_fb with their walk's scratch rec_node, rec_fb
+#        t_rows, t_key, t_up, t_fb with their walk's scratch rec_node, rec_fb; skip (the log's
+#        reported cache hits, Workload.skipped_tokens)
 #   fl   fleet: R, router, closed, C, S, budget_max, bs, chunked, caching, want_log, G, dummy_s
 #   req  per request (_alloc_requests), rep per replica (_alloc_replicas), pool (jit.alloc_pool),
 #   scr  scratch (_alloc_scratch), cost (TabulatedCost.kernel_args), res (results),
@@ -805,7 +806,7 @@ def _admit(r, gi, now, nsched, budget, wl, fl, req, rep, pool, scr, res, wq):  #
     """vLLM v1 schedule()'s second loop on replica ``r`` (rank ``gi``; only when nobody was
     preempted): waiting requests, from the queue's head, are admitted with their prefix-cache hits
     while the token budget, a running slot and the KV pool allow. Returns the requests scheduled."""
-    prompt = wl[1]
+    prompt, skip = wl[1], wl[13]
     S, bs, chunked, caching = fl[4], fl[6], fl[7], fl[8]
     computed, gen, nblk, slot_of, started = req[0], req[1], req[2], req[4], req[5]
     nrun, running, slots_free, nslots, whead, wlen = rep[2], rep[3], rep[4], rep[5], rep[6], rep[7]
@@ -814,8 +815,11 @@ def _admit(r, gi, now, nsched, budget, wl, fl, req, rep, pool, scr, res, wq):  #
     while wlen[r] > 0 and budget > 0 and nrun[r] < S:
         rid = wq[r, whead[r]]
         ntok = prompt[rid] + gen[rid]
-        nh = _prefix_hits(r, rid, ntok, wl, fl, pool, hits) if caching and computed[rid] == 0 else 0
-        c0 = computed[rid] + nh * bs
+        # the log's reported hits stand in for the replica's own prefix cache (Workload.skipped_tokens)
+        first = computed[rid] == 0
+        sk = max(skip[rid], 0) if first else 0
+        nh = _prefix_hits(r, rid, ntok, wl, fl, pool, hits) if caching and first and skip[rid] < 0 else 0
+        c0 = computed[rid] + sk + nh * bs
         n_new = ntok - c0
         if not chunked and n_new > budget:
             break
@@ -847,7 +851,7 @@ def _admit(r, gi, now, nsched, budget, wl, fl, req, rep, pool, scr, res, wq):  #
         if not started[rid]:
             started[rid] = True
             res[2][rid] = now  # res_sched
-            res[7][rid] = nh * bs  # res_hit
+            res[7][rid] = sk + nh * bs  # res_hit
         sched_rid[gi, nsched] = rid
         sched_n[gi, nsched] = n_new
         nsched += 1
@@ -1049,19 +1053,20 @@ def _buckets(r, nr, bs, computed, running, bstart, bfill, bphase, bitems):  # ty
 def _head_blocked(r, nr, opening, wl, fl, req, rep, pool, wq):  # type: ignore[no-untyped-def]
     """Whether replica ``r``'s waiting head stays blocked for a whole decode span of its ``nr``
     running requests (``opening`` of which open a block in the span's first step)."""
-    prompt = wl[1]
+    prompt, skip = wl[1], wl[13]
     S, budget_max, bs, chunked, caching = fl[4], fl[5], fl[6], fl[7], fl[8]
     computed, gen, nblk = req[0], req[1], req[2]
     whead, wlen = rep[6], rep[7]
     stable = wlen[r] == 0 or nr >= S or budget_max - nr <= 0
     if not stable and not caching:
         hd = wq[r, whead[r]]
-        h_new = prompt[hd] + gen[hd] - computed[hd]
+        c_hd = computed[hd] + (max(skip[hd], 0) if computed[hd] == 0 else 0)
+        h_new = prompt[hd] + gen[hd] - c_hd
         if not chunked and h_new > budget_max - nr:
             stable = True
         else:
             h_new = min(h_new, budget_max - nr)
-            h_need = max(0, -(-(computed[hd] + h_new) // bs) - nblk[hd])
+            h_need = max(0, -(-(c_hd + h_new) // bs) - nblk[hd])
             # nfree only falls during a span: blocked after step 0, blocked after all
             stable = h_need > pool[0][r] - opening
     return stable
@@ -1418,6 +1423,8 @@ def _replay(wl, fl, cost, res, ctl, req, rep, pool, scr, ev, st, log, last_row, 
 def run_fleet(  # type: ignore[no-untyped-def]
     # workload
     times, prompt, output, chain_off, chain, aff_rep, rejected,
+    # prompt tokens the log reports as cached, counted as computed at admission (Workload.skipped_tokens)
+    skip,
     # lazy chains (pipeline.classify.prefix.ChainTree; empty: ``chain`` holds them) and the walk's
     # scratch (ChainTree.max_depth entries)
     t_rows, t_key, t_up, t_fb, rec_node, rec_fb,
@@ -1468,7 +1475,7 @@ def run_fleet(  # type: ignore[no-untyped-def]
     ev = (order, heap_t, heap_s, heap_i, static, own_start, own_t, np.zeros(R, np.int64))
     st = np.zeros(6, np.int64)  # the loop's state: ev_pos, heap_n, seq, next_issue, rr, nlog
     st[1], st[2], st[3] = heap_n, seq, next_issue
-    wl = (times, prompt, output, chain_off, chain, aff_rep, rejected, t_rows, t_key, t_up, t_fb, rec_node, rec_fb)
+    wl = (times, prompt, output, chain_off, chain, aff_rep, rejected, t_rows, t_key, t_up, t_fb, rec_node, rec_fb, skip)
     fl = (R, router, closed, capacity, S, budget_max, bs, chunked, caching, want_log, G, dummy_s, think_s)
     cost = (tok, logit, af, ab, acount, apeak, ahas, abw, dla, dlb, dlt, pla, plb, plt, mx, sc)
     res = (res_arrival, res_replica, res_sched, res_first, res_finish, res_itl, res_preempt, res_hit, res_prefill)

@@ -56,6 +56,7 @@ class _State:
         self.hashes = work.chain_hashes
         n = work.n
         self.chain_len = np.diff(self.offsets)
+        self.skip = work.skipped_tokens()  # the log's reported hits, counted as computed at admission
         self.computed = np.zeros(n, np.int64)
         self.gen = np.zeros(n, np.int64)
         self.nblocks = np.zeros(n, np.int64)
@@ -229,9 +230,11 @@ class _Replica:
             return True
         st = self.st
         rid = self.waiting[0]
-        hits = self._lookup(rid) if st.computed[rid] == 0 else []
+        first, skip = st.computed[rid] == 0, int(st.skip[rid])
+        hits = self._lookup(rid) if first and skip < 0 else []
+        skip = max(skip, 0) if first else 0
         ntok = int(st.prompt[rid] + st.gen[rid])
-        computed = int(st.computed[rid]) + len(hits) * self.bs
+        computed = int(st.computed[rid]) + skip + len(hits) * self.bs
         n_new = ntok - computed
         if not self.chunked and n_new > budget_left:
             return True
@@ -486,9 +489,11 @@ class _Replica:
             waiting = self.waiting
             while waiting and budget > 0 and len(running) < self.max_seqs:
                 rid = waiting[0]
-                hits = self._lookup(rid) if st.computed[rid] == 0 else []
+                first, skip = st.computed[rid] == 0, int(st.skip[rid])
+                hits = self._lookup(rid) if first and skip < 0 else []
+                skip = max(skip, 0) if first else 0
                 ntok = int(st.prompt[rid] + st.gen[rid])
-                c = int(st.computed[rid]) + len(hits) * bs
+                c = int(st.computed[rid]) + skip + len(hits) * bs
                 n = ntok - c
                 if not self.chunked and n > budget:
                     break

@@ -299,6 +299,7 @@ def _run_busy(
         _arg(work.chain_hashes, np.uint64),
         aff_rep,
         res.reject_reason != 0,
+        _arg(work.skipped_tokens(), np.int64),
         _arg(tree.rows, np.int64) if tree is not None else none_i,
         _arg(tree.key, np.uint64) if tree is not None else none_u,
         _arg(tree.up, np.int64) if tree is not None else none_i,

@@ -89,6 +89,21 @@ class Workload:
     O(requests), not O(blocks)); the jit engine hashes a request's blocks from it when it needs
     them, the other engines take :meth:`explicit`. ``affinity`` is the routing key of the
     session/prefix affinity routers (−1 = none).
+
+    ``reported_hit_tokens`` are the leading prompt tokens the log says its serving stack took
+    from a prefix cache (provider-reported ``cached_tokens``; −1 = the log reports nothing for
+    the request). A request with a report (0 included) never looks its chain up in the
+    replica's own prefix cache: at its first admission (and again after a preemption) the
+    engines count its reported tokens as already computed, at most ``prompt − 1`` of them (the
+    last prompt token is always computed for its logits, as vLLM does). No prefill is spent on
+    them, but they take KV blocks of the request's own, counted against the replica's capacity,
+    freed with the request and never shared (the log names no content to share them by). Its
+    full blocks still enter the replica's cache under its chain, if it has one.
+    docs/engine.md, "Cache hits the log reports".
+
+    ``recorded_input_tokens`` are the prompts as logged where they differ from ``prompt_tokens``
+    (a logged 0 is replayed as 1: an engine computes at least one prompt token); the engines
+    never read it, the run's requests table does.
     """
 
     arrival_s: FloatArray
@@ -98,11 +113,17 @@ class Workload:
     chain_offsets: IntArray | None = None
     affinity: IntArray | None = None
     chain_tree: ChainTree | None = None
+    reported_hit_tokens: IntArray | None = None
+    recorded_input_tokens: IntArray | None = None
 
     def __post_init__(self) -> None:
         n = self.n
         if self.prompt_tokens.shape != (n,) or self.output_tokens.shape != (n,):
             raise ValueError("arrival_s, prompt_tokens and output_tokens must have the same length")
+        if self.reported_hit_tokens is not None and (
+            self.reported_hit_tokens.shape != (n,) or (n and self.reported_hit_tokens.min() < -1)
+        ):
+            raise ValueError("reported_hit_tokens must have length n and be >= -1 (-1: none reported)")
         if n and (self.prompt_tokens.min() < 1 or self.output_tokens.min() < 1):
             raise ValueError("every request needs at least one prompt token and one output token")
         if self.chain_offsets is not None and self.chain_offsets.shape != (n + 1,):
@@ -129,6 +150,29 @@ class Workload:
         if self.chain_tree is not None:
             return bool(self.chain_tree.blocks.any())
         return bool(self.chain_hashes.shape[0] > 0)
+
+    def recorded(self, a: int = 0, b: int | None = None) -> IntArray:
+        """The logged prompt lengths of requests ``a:b``."""
+        src = self.recorded_input_tokens if self.recorded_input_tokens is not None else self.prompt_tokens
+        return src[a:b]
+
+    def has_chain(self, a: int = 0, b: int | None = None) -> npt.NDArray[np.bool_]:
+        """Whether each of requests ``a:b`` has a prefix block to look up in a replica's cache."""
+        if self.chain_tree is not None:
+            return self.chain_tree.blocks[a:b] > 0
+        if self.chain_offsets is None:
+            return np.zeros(self.prompt_tokens[a:b].shape[0], np.bool_)
+        end = None if b is None else b + 1
+        return np.diff(self.chain_offsets[a:end]) > 0
+
+    def skipped_tokens(self) -> IntArray:
+        """Per request, the prompt tokens the engines count as computed at admission from the
+        log's report, ``min(reported_hit_tokens, prompt_tokens − 1)``, or −1 where the log
+        reports nothing (the replica's own prefix cache is looked up instead)."""
+        if self.reported_hit_tokens is None:
+            return np.full(self.n, -1, np.int64)
+        rep = self.reported_hit_tokens.astype(np.int64)
+        return np.where(rep < 0, -1, np.minimum(rep, self.prompt_tokens - 1)).astype(np.int64)
 
     def explicit(self) -> Workload:
         """This workload with its chains as hashes (``chain_tree`` materialised)."""

@@ -35,6 +35,9 @@ class _Req:
     prompt: int
     output: int
     chain: list[int]
+    #: prompt tokens the log reports as cache hits, counted as computed at admission
+    #: (Workload.skipped_tokens: at most prompt − 1; −1: none reported, look the chain up)
+    skip: int = -1
     generated: int = 0
     computed: int = 0
     blocks: list[int] = field(default_factory=list)
@@ -93,11 +96,12 @@ class _RefReplica:
             hits.append(next(iter(holders)))
         return hits
 
-    def _allocate(self, req: _Req, n_new: int, hits: list[int]) -> bool:
-        """All-or-nothing allocation of the blocks that ``n_new`` more tokens need."""
+    def _allocate(self, req: _Req, n_new: int, hits: list[int], skip: int = 0) -> bool:
+        """All-or-nothing allocation of the blocks that ``n_new`` more tokens need, after the
+        ``skip`` tokens the log reports as cached (their blocks are the request's own)."""
         bs = self.cfg.block_size
         have = len(req.blocks) + len(hits)
-        tokens_after = req.computed + len(hits) * bs + n_new
+        tokens_after = req.computed + skip + len(hits) * bs + n_new
         need = 0
         # Count per token: a new block starts at every multiple of block_size.
         for pos in range(have * bs, tokens_after):
@@ -179,20 +183,22 @@ class _RefReplica:
         if not preempted:
             while self.waiting and budget > 0 and len(self.running) < cfg.max_num_seqs:
                 req = self.waiting[0]
-                hits = self._lookup(req) if req.computed == 0 else []
-                n_new = req.num_tokens - req.computed - len(hits) * cfg.block_size
+                # the log's reported hits stand in for the replica's own prefix cache
+                skip = max(req.skip, 0) if req.computed == 0 else 0
+                hits = self._lookup(req) if req.computed == 0 and req.skip < 0 else []
+                n_new = req.num_tokens - req.computed - skip - len(hits) * cfg.block_size
                 if not cfg.enable_chunked_prefill and n_new > budget:
                     break
                 n_new = min(n_new, budget)
-                if not self._allocate(req, n_new, hits):
+                if not self._allocate(req, n_new, hits, skip):
                     break
                 self.waiting.popleft()
                 self.running.append(req)
-                req.computed += len(hits) * cfg.block_size
+                req.computed += skip + len(hits) * cfg.block_size
                 if not req.started:
                     req.started = True
                     self.res.scheduled_s[req.idx] = now
-                    self.res.cache_hit_tokens[req.idx] = len(hits) * cfg.block_size
+                    self.res.cache_hit_tokens[req.idx] = skip + len(hits) * cfg.block_size
                 scheduled.append((req, n_new))
                 budget -= n_new
         assert scheduled, "a replica with work always schedules something"
@@ -247,6 +253,7 @@ def simulate_reference(work: Workload, spec: FleetSpec, cost: StepCostFn) -> Eng
     res = EngineResult.empty(n)
     res.reject_reason[:] = reject_reasons(work, spec.scheduler)
     offsets = work.offsets()
+    skipped = work.skipped_tokens()
     affinity = work.affinity if work.affinity is not None else np.full(n, -1, np.int64)
     replicas = [_RefReplica(r, spec, cost, res) for r in range(spec.replicas)]
     dummy = dummy_step_s(cost)
@@ -280,7 +287,9 @@ def simulate_reference(work: Workload, spec: FleetSpec, cost: StepCostFn) -> Eng
             res.replica[i] = r
             chain = [int(h) for h in work.chain_hashes[offsets[i] : offsets[i + 1]]]
             rep = replicas[r]
-            rep.pending.append(_Req(i, t, int(work.prompt_tokens[i]), int(work.output_tokens[i]), chain))
+            rep.pending.append(
+                _Req(i, t, int(work.prompt_tokens[i]), int(work.output_tokens[i]), chain, int(skipped[i]))
+            )
             rep.routed += 1
             continue
         if first is None:

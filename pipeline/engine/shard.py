@@ -208,8 +208,15 @@ class PodCut:
 def _subset(work: Workload, rows: RowArray, keep_affinity: bool, chains: bool = True) -> Workload:
     """The requests ``rows`` of ``work`` (chains included unless not ``chains``), in that order."""
     affinity = work.affinity[rows] if keep_affinity and work.affinity is not None else None
+    reported = work.reported_hit_tokens[rows] if work.reported_hit_tokens is not None else None
     if not chains:
-        return Workload(work.arrival_s[rows], work.prompt_tokens[rows], work.output_tokens[rows], affinity=affinity)
+        return Workload(
+            work.arrival_s[rows],
+            work.prompt_tokens[rows],
+            work.output_tokens[rows],
+            affinity=affinity,
+            reported_hit_tokens=reported,
+        )
     if work.chain_tree is not None:
         return Workload(
             arrival_s=work.arrival_s[rows],
@@ -217,6 +224,7 @@ def _subset(work: Workload, rows: RowArray, keep_affinity: bool, chains: bool = 
             output_tokens=work.output_tokens[rows],
             chain_tree=work.chain_tree.take(rows),
             affinity=affinity,
+            reported_hit_tokens=reported,
         )
     offsets = work.offsets()
     counts = offsets[rows + 1] - offsets[rows]
@@ -230,6 +238,7 @@ def _subset(work: Workload, rows: RowArray, keep_affinity: bool, chains: bool = 
         chain_hashes=work.chain_hashes[take] if work.chain_hashes.size else work.chain_hashes,
         chain_offsets=sub_off if work.chain_offsets is not None else None,
         affinity=affinity,
+        reported_hit_tokens=reported,
     )
 
 
