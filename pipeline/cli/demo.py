@@ -24,8 +24,13 @@ from pipeline.cli.common import (
 @store_option
 @json_option
 def demo_cmd(reports_dir: Path | None, store_path: str | None, as_json: bool) -> None:
-    """Run the nightly job on the bundled sample (Azure 2023 conversation trace) with the default
-    fleet, and print where the report is.
+    """Run the nightly job on the bundled demo night (a synthetic gateway log: sessions, cache
+    hits, tenants) on the demo fleet against its SLO, and print where the report is.
+
+    The log (traces/sample/gateway_demo_2025-01-15.jsonl.gz) is synthetic, made by `rooftrace
+    synth`: 3,000 requests of meta-llama/Llama-3.1-8B-Instruct from 4 tenants over an hour, with
+    provider-reported cached tokens; fleets/demo.toml serves them on two H100s against the `chat`
+    SLO (docs/reports.md, "The demo").
 
     Example: rooftrace demo
     """
