@@ -86,7 +86,8 @@ window.addEventListener('load', () => setTimeout(() => {
   const pre = d ? d.querySelector('pre') : null;
   const wide = [...document.querySelectorAll('.table-wrap')]
     .filter((w) => w.scrollWidth > w.clientWidth)
-    .map((w) => (w.closest('section')?.querySelector('h2')?.textContent || '?') + ': ' + w.scrollWidth + '>' + w.clientWidth);
+    .map((w) => (w.closest('section')?.querySelector('h2')?.textContent || '?') + ': '
+      + w.scrollWidth + '>' + w.clientWidth);
   const page = document.documentElement;
   const out = {details: !!d, open: d ? d.open : null, preShown: pre ? pre.getClientRects().length > 0 : null,
                wide, tables: document.querySelectorAll('.table-wrap').length,
@@ -105,8 +106,13 @@ def test_in_a_1400px_browser_the_config_is_collapsed_and_no_table_overflows(
     probed = night.report.with_name("probe.html")
     probed.write_text(page.replace("</body>", _PROBE + "</body>"))
     dom = subprocess.run(
-        [_chromium(), *offline_flags(tmp_path / "profile"), "--window-size=1400,900", "--dump-dom",
-         probed.resolve().as_uri()],  # fmt: skip
+        [
+            _chromium(),
+            *offline_flags(tmp_path / "profile"),
+            "--window-size=1400,900",
+            "--dump-dom",
+            probed.resolve().as_uri(),
+        ],
         capture_output=True,
         text=True,
         timeout=120,
@@ -122,8 +128,13 @@ def test_in_a_1400px_browser_the_config_is_collapsed_and_no_table_overflows(
     ARTIFACTS.mkdir(exist_ok=True)
     shot = ARTIFACTS / "demo-report.png"
     subprocess.run(
-        [_chromium(), *offline_flags(tmp_path / "profile"), "--window-size=1400,4000", f"--screenshot={shot}",
-         night.report.resolve().as_uri()],  # fmt: skip
+        [
+            _chromium(),
+            *offline_flags(tmp_path / "profile"),
+            "--window-size=1400,4000",
+            f"--screenshot={shot}",
+            night.report.resolve().as_uri(),
+        ],
         capture_output=True,
         timeout=120,
         check=False,

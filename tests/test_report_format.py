@@ -31,10 +31,32 @@ def _cells(page: str) -> list[list[str]]:
 
 def test_latency_table_is_in_ms_with_n_min_max_std_and_too_few() -> None:
     rows = [
-        {"metric": "ttft_s", "samples": 250, "p50": 0.0971, "p90": 0.2, "p95": 0.25, "p99": 1.23456,
-         "p99_9": 2.0, "mean": 0.12, "min": 0.0123, "max": 2.5, "std": 0.0456},  # fmt: skip
-        {"metric": "tpot_s", "samples": 5, "p50": 0.00971, "p90": 0.01, "p95": 0.011, "p99": 0.012,
-         "p99_9": 0.013, "mean": 0.0099, "min": 0.009, "max": 0.013, "std": 0.001},  # fmt: skip
+        {
+            "metric": "ttft_s",
+            "samples": 250,
+            "p50": 0.0971,
+            "p90": 0.2,
+            "p95": 0.25,
+            "p99": 1.23456,
+            "p99_9": 2.0,
+            "mean": 0.12,
+            "min": 0.0123,
+            "max": 2.5,
+            "std": 0.0456,
+        },
+        {
+            "metric": "tpot_s",
+            "samples": 5,
+            "p50": 0.00971,
+            "p90": 0.01,
+            "p95": 0.011,
+            "p99": 0.012,
+            "p99_9": 0.013,
+            "mean": 0.0099,
+            "min": 0.009,
+            "max": 0.013,
+            "std": 0.001,
+        },
     ]
     head, ttft, tpot = _cells(latency_table(rows))
     assert head == ["metric", "n", "min (ms)", "p50 (ms)", "p90 (ms)", "p95 (ms)", "p99 (ms)", "p99.9 (ms)",

@@ -68,8 +68,8 @@ def test_the_report_says_so_on_its_first_line(stale: tuple[Store, str, Path]) ->
     items = re.findall(r"<li>(.*?)</li>", banner, re.S)
     assert items[0].startswith(f"STALE CLASSIFY: the token accounting of {DAY} predates its requests: it covers 300")
     # the Input tokens card names both counts and is red
-    card = re.search(r'<div class="card bad"><span>Input tokens \(STALE classify\)</span><b>(.*?)</b><span>(.*?)</span>',
-                     page)  # fmt: skip
+    card_re = r'<div class="card bad"><span>Input tokens \(STALE classify\)</span><b>(.*?)</b><span>(.*?)</span>'
+    card = re.search(card_re, page)
     assert card is not None and "of the 300 requests classify saw; the store holds 600 of the date now" in card.group(2)
     assert res.warning_lines()[0].startswith("STALE CLASSIFY:")
     assert "needs attention: STALE classify: it covers 300 requests of the date, the store holds 600" in res.line()
