@@ -64,6 +64,9 @@ REAL_NAMES = [
     ("llama-70b", None, "none"),
     ("", None, "none"),
     ("///", None, "none"),
+    ("x/" * 300 + "Llama-3.1-70B", None, "none"),  # past MAX_NAME_CHARS: no catalog model's name
+    ("Llama-3.1-70B" + "-FP8" * 9, None, "none"),  # past MAX_DROPPED suffixes
+    ("Llama-3.1-70B" + "-FP8" * 8, "llama-3.1-70b", "variant"),
 ]
 
 

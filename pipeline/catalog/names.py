@@ -77,6 +77,11 @@ _SUFFIX_RE = re.compile(
 )
 #: ``-Instruct`` / ``-Chat`` before a version tag: ``Mixtral-8x7B-Instruct-v0.1`` (of ``Mixtral-8x7B-v0.1``).
 _INFIX_RE = re.compile(r"[-_](instruct|chat)(?=[-_]v\d+(?:\.\d+)*$)", re.IGNORECASE)
+#: Longer names name no catalog model (a Hugging Face id is at most 96 characters), and at most
+#: this many suffixes are dropped: a hostile log's name costs bounded time.
+MAX_NAME_CHARS = 512
+MAX_DROPPED = 8
+
 #: Fireworks' path: ``[fireworks_ai/]accounts/<account>/models/<name>``.
 _FIREWORKS_RE = re.compile(r"(?:^|/)accounts/[^/]+/models/([^/]+)$", re.IGNORECASE)
 
@@ -134,8 +139,9 @@ def _fireworks(name: str) -> str:
 
 def _strip_variants(name: str) -> tuple[list[str], list[str]]:
     """``name`` and each form with one more variant suffix dropped from its end; the suffixes."""
-    forms, dropped = [name], []
-    while True:
+    forms: list[str] = [name]
+    dropped: list[str] = []
+    while len(dropped) < MAX_DROPPED:
         last = forms[-1]
         if (m := _SUFFIX_RE.search(last)) is not None and m.start() > 0:
             dropped.append(last[m.start() :])
@@ -144,7 +150,8 @@ def _strip_variants(name: str) -> tuple[list[str], list[str]]:
             dropped.append(m.group(0))
             forms.append(last[: m.start()] + last[m.end() :])
         else:
-            return forms, dropped
+            break
+    return forms, dropped
 
 
 def _base(name: str) -> str:
@@ -190,7 +197,7 @@ def resolve_model_name(
     entries = tuple(catalog) if catalog is not None else catalog_names()
     table = aliases if aliases is not None else project_aliases()
     text = logged.strip()
-    if not text:
+    if not text or len(text) > MAX_NAME_CHARS:
         return NameMatch(logged, None, "none")
     found = _alias(text, table)
     if found is not None:
