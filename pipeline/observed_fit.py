@@ -390,14 +390,14 @@ def fit_store(
     """:func:`fit_requests` on one date of the store, on the fleet in ``fleet_path``."""
     from pipeline.classify.accounting import day_identity
     from pipeline.fleet import load_fleet, resolve
-    from pipeline.replay import REPLAY_COLUMNS
+    from pipeline.replay import REPLAY_COLUMNS, REPORTED
 
     check_train_share(train_share)  # before the day is read
     cfg = load_fleet(fleet_path)
     fleet = resolve(cfg, str(fleet_path))
     store.check_unlocked()
     date = store.resolve_date(date)
-    cols = [*REPLAY_COLUMNS, "ttft_s", "e2e_s"]
+    cols = [*REPLAY_COLUMNS, REPORTED, "ttft_s", "e2e_s"]
     if cfg.affinity_key() == "session_affinity":
         cols.append("session_id")
     requests = store.read_requests(date, cols)
