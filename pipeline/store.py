@@ -33,6 +33,7 @@ import os
 import re
 import shutil
 import sys
+import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -400,7 +401,50 @@ class Store:
         for folder in (self.root, self.quarantine_dir):
             if folder.is_dir():
                 found += sorted(p for p in folder.glob(".*.tmp") if p.is_file())
-        return found
+        return found + self.stage_temp_files()
+
+    def stage_temp_files(self) -> list[Path]:
+        """The temporary files of atomic and streamed writes (:data:`TEMP_NAME_RE`) that a killed
+        writer left in the folders the stages write into: runs/<id>/, the accounting partitions,
+        the request partitions, plans/<id>/, costs/<id>/, validation/ (any folder down to three
+        levels below the store, hidden ones excepted). Never a file that a live process has open.
+        A replay writes its run's tables into runs/<id>/ before it takes the store lock and
+        renames them under it, so there a temporary file is a leftover only when the run's
+        config.json was written after it (a later replay of the run completed) or when it has not
+        changed for :data:`RUN_TEMP_IDLE_S`; the other stages write under the lock, which the
+        caller holds. Where /proc cannot say which files are open, nothing is found here."""
+        if not self.root.is_dir():
+            return []
+        found = []
+        for pattern in ("*/.*.tmp", "*/*/.*.tmp", "*/*/*/.*.tmp"):
+            for path in self.root.glob(pattern):
+                inside = path.relative_to(self.root).parts[:-1]
+                if any(part.startswith(".") for part in inside) or not TEMP_NAME_RE.fullmatch(path.name):
+                    continue
+                if path.parent == self.quarantine_dir or path.is_symlink() or not path.is_file():
+                    continue  # (quarantine/: swept with the top folder, as ever)
+                found.append(path)
+        if not found:
+            return []
+        busy = _open_files()
+        if busy is None:
+            return []
+        now = time.time()
+        out = []
+        for path in found:
+            if str(path.resolve()) in busy:
+                continue  # a live writer's work in progress
+            if path.parent.parent == self.runs_dir:
+                config = path.parent / "config.json"
+                try:
+                    changed = path.stat().st_mtime
+                    done = config.stat().st_mtime if config.is_file() else None
+                except OSError:
+                    continue
+                if not ((done is not None and done > changed) or now - changed > RUN_TEMP_IDLE_S):
+                    continue  # perhaps a replay's table between its last write and its rename
+            out.append(path)
+        return sorted(out)
 
     def recover(self) -> list[Path]:
         """Finish or undo what killed writers left (call it holding the lock; ``lock`` does).
@@ -431,6 +475,33 @@ class Store:
     def commit(self, run_id: str) -> Commit:
         """A new commit whose files are staged under STORE/.staging/<run_id>/commit/."""
         return Commit(self, self.staging_dir / run_id)
+
+
+#: The temporary name of an atomic or streamed write (pipeline/schemas.py: ``mkstemp`` with the
+#: prefix ``.<file name>.`` and the suffix ``.tmp``, eight random characters between them).
+TEMP_NAME_RE = re.compile(r"\..+\.[a-z0-9_]{8}\.tmp")
+
+#: A temporary file in runs/<id>/ that no process has open and that has not changed for this
+#: long is a killed replay's, even when no later replay of the run completed.
+RUN_TEMP_IDLE_S = 3600.0
+
+
+def _open_files() -> set[str] | None:
+    """The paths of the files open in every process this user can see (``/proc/<pid>/fd``), or
+    None where /proc cannot say (another system)."""
+    proc = Path("/proc")
+    if not (proc / "self" / "fd").is_dir():
+        return None
+    out: set[str] = set()
+    for fds in proc.glob("[0-9]*/fd"):
+        try:
+            names = os.listdir(fds)
+        except OSError:  # (another user's process, or one that just ended)
+            continue
+        for name in names:
+            with contextlib.suppress(OSError):
+                out.add(os.readlink(fds / name))
+    return out
 
 
 #: The hidden folder of writers' work in progress, and the journal that marks a commit point.
