@@ -223,6 +223,7 @@ def test_classify_counts_one_cache_for_two_spellings_of_one_deployment() -> None
     same = account(requests_frame(_two_spellings("hosted_vllm/" + L70)))
     assert same.requests["simulated_cache_hit_tokens"].to_list() == [0, 8]
     assert same.requests["model"].to_list() == ["llama-3.1-70b", "hosted_vllm/" + L70]  # kept as logged
+    assert same.curve["model"].unique().sort().to_list() == ["llama-3.1-70b"]  # one cache, one curve
     other = account(requests_frame(_two_spellings("gpt-4o")))
     assert other.requests["simulated_cache_hit_tokens"].to_list() == [0, 0]
     # a cache sized in bytes reads the catalog's KV bytes per token through the resolved name:
