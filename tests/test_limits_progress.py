@@ -58,7 +58,9 @@ def test_the_compile_is_said_before_the_replay(monkeypatch: pytest.MonkeyPatch) 
         rep = engine_progress(_estimate(compile_bytes=1))
     assert rep is not None
     minutes = int(COMPILE_S // 60)
-    assert said == [f"replay: compiling the replay engine (one time, ~{minutes} min; cached for later runs until an upgrade)"]
+    assert said == [
+        f"replay: compiling the replay engine (one time, ~{minutes} min; cached for later runs until an upgrade)"
+    ]
     said.clear()
     with progress_to(said.append):
         engine_progress(_estimate())
