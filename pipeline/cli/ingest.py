@@ -67,7 +67,7 @@ def ingest(
     """
     from pipeline.errors import RooftraceError
     from pipeline.ingest import ingest_logs
-    from pipeline.warehouse import escape_controls
+    from pipeline.terminal import escape_controls
 
     def say(line: str) -> None:  # a file name may hold a newline or an escape sequence: shown escaped
         progress(escape_controls(line))
