@@ -247,20 +247,24 @@ def _fleet(path: Path, model: str, tp: int) -> Path:
 
 
 @pytest.fixture(scope="module")
-def hf_named_project(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A project whose fleet serves llama-3.1-70b and whose log names it as vLLM and LiteLLM do."""
-    root = tmp_path_factory.mktemp("hf_named")
-    log = root / "gateway.jsonl.gz"
-    runner = CliRunner()
+def hf_named_log(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A gateway log naming llama-3.1-70b as vLLM and LiteLLM do (written once, read only)."""
+    log = tmp_path_factory.mktemp("hf_named") / "gateway.jsonl.gz"
     models = f"{L70},hosted_vllm/{L70}"
     args = ["synth", "--format", "openai", "--requests", "240", "--hours", "0.05", "--models", models]
-    res = runner.invoke(main, [*args, "--seed", "3", "--out", str(log)])
+    res = CliRunner().invoke(main, [*args, "--seed", "3", "--out", str(log)])
     assert res.exit_code == 0, res.output
-    _fleet(root / "l70.toml", "llama-3.1-70b", 4)
-    (root / "rooftrace.toml").write_text('store = "store"\nfleet = "l70.toml"\n')
-    res = runner.invoke(main, ["ingest", str(log), "--store", str(root / "store")])
+    return log
+
+
+@pytest.fixture
+def hf_named_project(hf_named_log: Path, tmp_path: Path) -> Path:
+    """A project of its own whose fleet serves llama-3.1-70b and whose store holds that log."""
+    _fleet(tmp_path / "l70.toml", "llama-3.1-70b", 4)
+    (tmp_path / "rooftrace.toml").write_text('store = "store"\nfleet = "l70.toml"\n')
+    res = CliRunner().invoke(main, ["ingest", str(hf_named_log), "--store", str(tmp_path / "store")])
     assert res.exit_code == 0, res.output
-    return root
+    return tmp_path
 
 
 def test_replay_of_a_log_naming_the_hf_id_serves_it_as_the_catalog_model(
