@@ -699,14 +699,15 @@ def percentile_key(p: float) -> str:
 
 
 def _stats(cols: Columns, name: str, ok: npt.NDArray[np.bool_]) -> dict[str, float | None]:
-    """Mean, population standard deviation, min, max and percentiles (inverse CDF) of column
-    ``name`` over the ``ok`` requests where it is defined, as vLLM's benchmark prints them."""
+    """Mean, sample standard deviation (None for one value; as the latency query's ``std``), min,
+    max and percentiles (inverse CDF) of column ``name`` over the ``ok`` requests where it is
+    defined, as vLLM's benchmark prints them."""
     v = cols.get(name)
     v = v[ok & np.isfinite(v)]  # (the whole column goes here)
     keys = ("mean", "std", "min", *(percentile_key(p) for p in PERCENTILES), "max")
     if v.size == 0:
         return dict.fromkeys(keys)
-    shape = [float(v.mean()), float(v.std()), float(v.min())]
+    shape = [float(v.mean()), float(v.std(ddof=1)) if v.size > 1 else None, float(v.min())]
     q = np.percentile(v, PERCENTILES, method=PERCENTILE_METHOD, overwrite_input=True)
     return dict(zip(keys, [*shape, *map(float, q), float(v.max())], strict=True))
 
