@@ -5,6 +5,7 @@ in the report's header, a stale API price said in text, and `report --out` paths
 
 from __future__ import annotations
 
+import html
 import json
 import shutil
 from pathlib import Path
@@ -297,7 +298,7 @@ def test_a_stale_run_without_failures_has_a_red_banner_of_its_own() -> None:
         "slo_passed": True,
     }
     page = render_html("t", "s", h, [], [], "")
-    banner = page[page.index('<div class="alert">') : page.index('<div class="cards">')]
+    banner = html.unescape(page[page.index('<div class="alert">') : page.index('<div class="cards">')])
     assert "<b>This run is STALE: its date's requests changed in the store since it ran</b>" in banner
     assert "Every request finished" not in page  # no green banner beside it
     res = ReportResult(Path("r/index.html"), "run", "2025-01-15", h)

@@ -72,7 +72,7 @@ def test_quarantined_rows_reach_the_last_line_the_report_top_the_headline_and_th
     assert "This day's logs need attention" in top and "3 of 5 log rows (60.0%) quarantined" in top
     assert 'href="#ingest-accounting"' in top
     assert re.search(r"<span>Log rows</span><b>2 of 5 stored</b><span>quarantined 3 \(60\.0%\)", top), top
-    assert "id=ingest-accounting><h2>Ingest accounting" in (folder / "index.html").read_text()
+    assert '<section id="ingest-accounting"><h2>Ingest accounting' in (folder / "index.html").read_text()
     index = (root / "r" / "index.html").read_text()
     assert '<td class="bad">3 of 5 log rows quarantined (60.0%)</td>' in index
 
