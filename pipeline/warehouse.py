@@ -1426,6 +1426,48 @@ def write_result(
             raise RooftraceError(f"cannot write the result as {fmt}: {first}") from None
 
 
+#: A column of latencies in seconds, by its name (ttft_s, max_itl_s, observed_p99_s, ttft_slo_s;
+#: not a rate such as tokens_per_s, nor a span such as bin_s).
+_LATENCY_COLUMN_RE = re.compile(
+    r"^(?!.*_per_s$)(?:[a-z0-9_]*_)?(?:queue|ttft|tpot|itl|e2e|slo|p[0-9]+(?:_[0-9]+)?)(?:_[a-z0-9]+)*_s$"
+)
+#: The statistics columns of a named query with one row per latency ``metric`` (latency,
+#: latency_by, latency_cdf): in the metric's unit.
+_STAT_COLUMN_RE = re.compile(r"^(?:p[0-9]+(?:_[0-9]+)?|mean|min|max|std|seconds)$")
+
+
+def latencies_in_ms(table: pa.Table) -> pa.Table:
+    """``table`` as a person reads it: latencies in ms, as vLLM's benchmark, GuideLLM and AIPerf
+    print them. A latency column in seconds (``ttft_s``) becomes ``ttft_ms``, its values x 1000;
+    in a table with a ``metric`` column, the statistics (p50 ... p99_9, mean, min, max, std,
+    seconds) of the rows whose metric is a latency in seconds are in ms and the metric is named
+    ``ttft_ms``. For the table format only: csv, json and Parquet keep SI seconds, as the schemas
+    say. Shown to 0.01 ms."""
+    import pyarrow.compute as pc
+
+    def ms(col: pa.ChunkedArray) -> pa.ChunkedArray:  # (to 0.01 ms: 1,126.3 ms, not 1,126.3046)
+        return pc.round(pc.multiply(col.cast(pa.float64()), 1000.0), 2)
+
+    kinds = (pa.types.is_integer, pa.types.is_floating, pa.types.is_decimal)
+    numeric = {f.name for f in table.schema if any(kind(f.type) for kind in kinds)}
+    names = table.column_names
+    for i, name in enumerate(names):
+        if name in numeric and _LATENCY_COLUMN_RE.match(name):
+            table = table.set_column(i, name[:-2] + "_ms", ms(table.column(i)))
+    if "metric" in names and pa.types.is_string(table.schema.field("metric").type):
+        metrics = table.column("metric").to_pylist()
+        is_latency = [m is not None and bool(_LATENCY_COLUMN_RE.match(m)) for m in metrics]
+        if any(is_latency):
+            latency = pa.array(is_latency, pa.bool_())
+            for i, name in enumerate(table.column_names):
+                if name in numeric and _STAT_COLUMN_RE.match(name):
+                    col = table.column(i).cast(pa.float64())
+                    table = table.set_column(i, name, pc.if_else(latency, ms(col), col))
+            renamed = [m[:-2] + "_ms" if hit else m for m, hit in zip(metrics, is_latency, strict=True)]
+            table = table.set_column(names.index("metric"), "metric", pa.array(renamed, pa.string()))
+    return table
+
+
 #: A table whose columns would get fewer characters than this each on the terminal is printed
 #: one row at a time instead (``column  value`` lines), as psql's expanded display does.
 MIN_COLUMN_WIDTH = 8
@@ -1645,7 +1687,7 @@ def _write_table(
             f"showing the first {max_rows:,} of {rows:,} rows; for all of them: --format csv or "
             "--format json (to stdout or --out FILE), or add a LIMIT"
         )
-    text = render(printable(table), "table", None, title=title)
+    text = render(printable(latencies_in_ms(table)), "table", None, title=title)
     sink.write((text or "").encode())
     return Written(rows, note)
 

@@ -119,3 +119,38 @@ def test_terminal_table_too_many_columns_prints_one_block_per_row() -> None:
     assert lines[1:3] == ["column_0 | 0", "column_1 | 1"]
     assert lines[11] == "-[ row 2 ]".ljust(80, "-") and lines[12 + 9] == "column_9 | 90"
     assert max(len(line) for line in lines) == 80
+
+
+def test_tables_show_latencies_in_ms_and_files_keep_seconds() -> None:
+    from pipeline.warehouse import latencies_in_ms
+
+    table = pa.table(
+        {
+            "metric": ["ttft_s", "samples_per_s", None],
+            "p50": [0.00971, 2.5, 1.0],
+            "p99_9": [0.25, 3.0, None],
+            "samples": [10, 10, 10],
+            "observed_p99_s": [0.5, 0.5, 0.5],
+            "tokens_per_s": [100.0, 100.0, 100.0],
+            "bin_s": [60, 60, 60],
+        }
+    )
+    shown = latencies_in_ms(table)
+    assert shown.column_names == ["metric", "p50", "p99_9", "samples", "observed_p99_ms", "tokens_per_s", "bin_s"]
+    assert shown.to_pylist()[0] == {
+        "metric": "ttft_ms", "p50": 9.71, "p99_9": 250.0, "samples": 10, "observed_p99_ms": 500.0,
+        "tokens_per_s": 100.0, "bin_s": 60,
+    }  # fmt: skip
+    # a rate is no latency, nor is a row without a metric
+    assert shown.column("p50").to_pylist()[1:] == [2.5, 1.0]
+    assert shown.column("metric").to_pylist()[1:] == ["samples_per_s", None]
+
+
+def test_sql_table_in_ms_csv_in_seconds(tmp_path: Path) -> None:
+    store = Store(tmp_path / "store")
+    _ingest(store, tmp_path, 4, "day", requests=10)
+    sql = "SELECT 0.00971 AS tpot_s, 3 AS output_tokens"
+    table = cli("sql", sql, "--store", str(store.root))
+    assert "tpot_ms" in table.stdout and "9.71" in table.stdout and "0.00971" not in table.stdout
+    csv_out = cli("sql", sql, "--store", str(store.root), "--format", "csv")
+    assert csv_out.stdout.splitlines() == ['"tpot_s","output_tokens"', "0.00971,3"]

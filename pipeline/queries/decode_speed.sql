@@ -1,5 +1,5 @@
 -- Per-user decode speed of a replay: 1 / tpot_s (tokens/s seen by one request), percentiles over
--- finished requests with at least two output tokens (linear interpolation). Low percentiles are
+-- finished requests with at least two output tokens (inverse CDF, as every percentile here). Low percentiles are
 -- the slow users.
 -- params: run_id
 WITH s AS (

@@ -1,8 +1,10 @@
 -- Latency percentiles of a replay (vLLM definitions): queue_s = scheduled - arrival,
--- ttft_s = first token - arrival (queueing included), tpot_s = (e2e - ttft) / (output - 1),
+-- ttft_s = first token - arrival (queueing included), tpot_s = (e2e - ttft) / (output - 1) (what
+-- AIPerf and GuideLLM call ITL, per request),
 -- e2e_s = last token - arrival, over finished requests; p50/p90/p95/p99/p99.9 by the inverse CDF
 -- (quantile_disc: the smallest value with at least p % of the rows at or below it), the mean, and
 -- min, max and the sample standard deviation (std). itl_s is the inter-token latency distribution
+-- (vLLM's benchmark's ITL)
 -- over decode tokens, taken from the engine's step spans (each decode token of a span waits one
 -- step of that span); its percentiles are the lower (inverted-CDF) quantiles of that weighted set.
 -- params: run_id

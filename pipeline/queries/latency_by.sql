@@ -1,4 +1,4 @@
--- TTFT, TPOT and E2E percentiles (p50/p90/p95/p99/p99.9 and mean, linear interpolation) of a
+-- TTFT, TPOT and E2E percentiles (p50/p90/p95/p99/p99.9 by the inverse CDF, and the mean) of a
 -- replay by prompt-length bucket (recorded input tokens), output-length bucket, batch occupancy
 -- (sequences running on the request's replica in the second it was scheduled), tenant, model,
 -- hardware pool and hour of arrival.

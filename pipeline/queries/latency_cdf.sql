@@ -1,5 +1,6 @@
 -- Latency CDFs of a replay for plotting: TTFT, TPOT and E2E at 201 evenly spaced quantiles
--- (fraction 0, 0.005, ..., 1; linear interpolation) over finished requests.
+-- (fraction 0, 0.005, ..., 1; inverse CDF: the smallest value with at least that share of the
+-- requests at or below it) over finished requests.
 -- params: run_id
 WITH r AS (
     SELECT ttft_s, tpot_s, e2e_s FROM replay_requests
