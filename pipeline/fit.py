@@ -545,7 +545,7 @@ _FLEET_KEYS = {
     "--max-num-batched-tokens": "[engine] max_num_batched_tokens",
     "--max-num-seqs": "max_num_seqs",
     "--tp": "tp",
-    "--weights": "weight_dtype",
+    "--weight-dtype": "weight_dtype",
     "--kv-dtype": "kv_dtype",
     "--context": "[engine] max_model_len",
     "--gpu-memory-utilization": "[engine] gpu_memory_utilization",
@@ -627,7 +627,7 @@ def _suggest(
         got = attempt(weight_dtype=dtype)
         if got is not None and got.fits:
             out.append(
-                f"lower weight precision: {_setting('--weights', dtype, fleet)} fits "
+                f"lower weight precision: {_setting('--weight-dtype', dtype, fleet)} fits "
                 f"({_gib(got.weights_bytes_per_gpu)} weights per GPU)"
             )
             break

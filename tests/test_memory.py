@@ -91,7 +91,7 @@ def test_fit_reports_shortfall_and_working_suggestions() -> None:
     assert not f.fits
     assert f.shortfall_bytes > 60 * GiB  # 131 GiB of weights into a 72 GiB budget
     text = " | ".join(f.suggestions)
-    assert "--tp 2" in text and "--weights int4" in text
+    assert "--tp 2" in text and "--weight-dtype int4" in text
     assert fit(Deployment(load_model("llama-3.1-70b"), load_hardware("h100-sxm"), tp=2), context=8192).fits
     # Full 128k context needs more than TP2 gives; a shorter context is offered and really fits.
     tight = fit(Deployment(load_model("llama-3.1-70b"), load_hardware("h100-sxm"), tp=2))

@@ -234,7 +234,7 @@ def test_catalog_and_fit_cli(tmp_path: Path) -> None:
     r = runner.invoke(main, ["fit", "--model", "llama-3.1-8b", "--hardware", "h100-sxm", "--context", "8192", "--json"])
     assert r.exit_code == 0 and json.loads(r.stdout)["fits"] is True
     r = runner.invoke(main, ["fit", "--model", "llama-3.1-405b", "--hardware", "h100-sxm", "--tp", "8"])
-    assert r.exit_code == 1 and "DOES NOT FIT" in r.output and "--weights" in r.output
+    assert r.exit_code == 1 and "DOES NOT FIT" in r.output and "--weight-dtype" in r.output
     cfg = tmp_path / "config.json"
     cfg.write_text(json.dumps({"hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4,
                                "vocab_size": 100, "intermediate_size": 128}))  # fmt: skip

@@ -29,6 +29,7 @@ if TYPE_CHECKING:
 # --help is answered from here without importing a stage (tests/test_cli.py, test_help_imports_no_stage).
 
 F = TypeVar("F", bound=Callable[..., Any])
+T = TypeVar("T")
 
 
 def store_option(fn: F) -> F:
@@ -156,6 +157,33 @@ def _stderr_is_terminal() -> bool:
         return sys.stderr.isatty()
     except (AttributeError, ValueError):  # (closed, or replaced by an object without it)
         return False
+
+
+def old_option_name(old: str, new: str, dest: str) -> Callable[[F], F]:
+    """A hidden, deprecated spelling ``old`` of option ``new`` (whose parameter is ``dest``): it
+    still works, with a ``warning:`` line that names ``new``; giving both, with different values,
+    is a usage error. The command reads the value with :func:`option_value`."""
+
+    def note(ctx: click.Context, param: click.Parameter, value: Any) -> Any:
+        if value is not None:
+            warn(f"{old} is deprecated; use {new} (the same values)")
+            ctx.meta[f"rooftrace.old.{dest}"] = (old, value)
+        return value
+
+    return click.option(old, f"_old_{dest}", hidden=True, default=None, callback=note, expose_value=False)
+
+
+def option_value(dest: str, value: T, new: str) -> T:
+    """The value of option ``dest`` given by its new name or by its old one (:func:`old_option_name`)."""
+    ctx = click.get_current_context(silent=True)
+    given = ctx.meta.get(f"rooftrace.old.{dest}") if ctx is not None else None
+    if given is None:
+        return value
+    old, old_value = given
+    source = ctx.get_parameter_source(dest) if ctx is not None else None
+    if source is click.core.ParameterSource.COMMANDLINE and old_value != value:
+        raise click.UsageError(f"{new} {value} and {old} {old_value} disagree: give {new} only")
+    return old_value  # type: ignore[no-any-return]
 
 
 def _validated(parser: str) -> Callable[[click.Context, click.Parameter, str | None], str | None]:

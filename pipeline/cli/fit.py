@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import click
 
-from pipeline.cli.common import emit_json, gib, json_option, run
+from pipeline.cli.common import emit_json, gib, json_option, old_option_name, option_value, run
 from pipeline.errors import RooftraceError
 
 
@@ -17,7 +17,14 @@ from pipeline.errors import RooftraceError
     "--dp", default=1, show_default=True, type=int, help="Data-parallel ranks (MoE: experts over tp x dp GPUs)."
 )
 @click.option("--ep", default=1, show_default=True, type=int, help="Expert-parallel size: 1 or tp x dp.")
-@click.option("--weights", "weight_dtype", default="bf16", show_default=True, help="Weight format (dtypes.toml).")
+@click.option(
+    "--weight-dtype",
+    "weight_dtype",
+    default="bf16",
+    show_default=True,
+    help="Weight format (dtypes.toml), as FLEET.toml's weight_dtype and plan's --weight-dtype.",
+)
+@old_option_name("--weights", "--weight-dtype", "weight_dtype")
 @click.option("--kv-dtype", default="bf16", show_default=True, help="KV-cache dtype: bf16, fp16 or fp8.")
 @click.option("--context", type=int, default=None, help="Context length to fit (default: the model's maximum).")
 @click.option(
@@ -68,6 +75,7 @@ def fit_cmd(
 
     Example: rooftrace fit --model llama-3.1-70b --hardware h100-sxm --tp 4 --kv-dtype fp8 --context 32768
     """
+    weight_dtype = option_value("weight_dtype", weight_dtype, "--weight-dtype")
 
     def body() -> bool:
         from pipeline.catalog import load_hardware, load_model

@@ -6,7 +6,18 @@ from typing import Any
 
 import click
 
-from pipeline.cli.common import emit_json, fmt_num, get_store, json_option, progress, run, store_option
+from pipeline.cli.common import (
+    emit_json,
+    fmt_num,
+    get_store,
+    json_option,
+    old_option_name,
+    option_value,
+    progress,
+    run,
+    store_option,
+    warn,
+)
 from pipeline.defaults import DEFAULT_MAX_REPLICAS, DEFAULT_WARMUP_S, DEFAULT_WINDOW_S
 from pipeline.errors import ConfigError
 
@@ -65,6 +76,15 @@ def _share(text: str, option: str) -> float:
     return value
 
 
+#: What the table's share columns are, said under its header: busy time is near 100 % whenever
+#: the replicas step continuously (continuous batching), so it does not say how full a step is;
+#: the peak phase loads and the KV peak do.
+PLAN_COLUMNS = (
+    "    (busy: time stepping; pre/dec: peak-minute fresh prefill / decode tokens/s of the roofline ceiling; "
+    "KV: peak KV-cache use)"
+)
+
+
 @click.command("plan")
 @click.option("--model", default=None, help="Catalog model to serve (pipeline/catalog/models); required.")
 @click.option(
@@ -77,7 +97,13 @@ def _share(text: str, option: str) -> float:
 @click.option("--fleet", "fleet_path", type=click.Path(dir_okay=False), default=None, help="Base FLEET.toml.")
 @click.option("--hardware", default="h100-sxm,h200,a100-80gb-sxm,mi300x", show_default=True, help="Hardware to try.")
 @click.option("--tp", default="1,2,4,8", show_default=True, help="Tensor-parallel sizes to try.")
-@click.option("--precision", default="", help="Weight dtypes to try (default: the base fleet's), e.g. bf16,fp8.")
+@click.option(
+    "--weight-dtype",
+    "precision",
+    default="",
+    help="Weight dtypes to try, as FLEET.toml's weight_dtype (default: the base fleet's), e.g. bf16,fp8.",
+)
+@old_option_name("--precision", "--weight-dtype", "precision")
 @click.option("--date", default=None, help="Traffic date YYYY-MM-DD (default: the latest in the store).")
 @click.option(
     "--window",
@@ -154,7 +180,7 @@ def plan_cmd(
 ) -> None:
     """Find the cheapest fleet whose replay of the traffic meets the latency SLOs.
 
-    For every hardware x TP (x precision) that fits the model, searches the minimum replicas whose
+    For every hardware x TP (x weight dtype) that fits the model, searches the minimum replicas whose
     replay of the peak window (or the day) meets every SLO target, then ranks by $/day and marks the
     Pareto front of cost vs p99 TTFT. Writes STORE/plans/<plan_id>/ and STORE/costs/<plan_id>/.
 
@@ -197,7 +223,7 @@ def plan_cmd(
             fleet_path=fleet_path,
             hardware=_csv(hardware),
             tp=_ints(tp, "--tp"),
-            precision=_csv(precision),
+            precision=_csv(option_value("precision", precision, "--weight-dtype")),
             date=date,
             window=window,
             window_s=window_s,
@@ -224,10 +250,11 @@ def plan_cmd(
     click.echo(f"plan {result.plan_id} -> {result.plan_dir}")
     click.echo(f"SLO {doc['slo']['name']}: {doc['slo']['targets']}")
     header = (
-        f"{'#':>3} {'config':<24} {'GPUs':>5} {'repl':>4} {'TTFT99':>8} {'TPOT99':>8} {'util':>5} "
-        f"{'headroom':>8} {'binds':<12} {'$/day':>10} {'$/Mtok':>7} {'priced by':<9} pareto"
+        f"{'#':>3} {'config':<24} {'GPUs':>5} {'repl':>4} {'TTFT99':>8} {'TPOT99':>8} {'busy':>5} {'pre':>5} "
+        f"{'dec':>5} {'KV':>5} {'headroom':>8} {'binds':<12} {'$/day':>10} {'$/Mtok':>7} {'priced by':<9} pareto"
     )
     click.echo(header)
+    click.echo(PLAN_COLUMNS)
     for r in doc["configurations"]:
         if not r["meets_slo"]:
             # a replay that did not keep up never meets the plan: said in its row (plan.json: overloaded)
@@ -237,7 +264,9 @@ def plan_cmd(
         click.echo(
             f"{r['rank']:>3} {r['config']:<24} {r['gpus']:>5} {r['replicas']:>4} "
             f"{fmt_latency(r['ttft_p99_s']):>8} {fmt_latency(r['tpot_p99_s']):>8} "
-            f"{fmt_num(r['utilization'], '.0%'):>5} {fmt_num(r['slo_headroom'], '.0%'):>8} "
+            f"{fmt_num(r['utilization'], '.0%'):>5} {fmt_num(r.get('prefill_utilization'), '.0%'):>5} "
+            f"{fmt_num(r.get('decode_utilization'), '.0%'):>5} {fmt_num(r.get('kv_peak_fraction'), '.0%'):>5} "
+            f"{fmt_num(r['slo_headroom'], '.0%'):>8} "
             f"{r['binding'] or '-':<12} {fmt_num(r['usd_per_day'], ',.0f'):>10} "
             f"{fmt_num(r['usd_per_million_tokens'], '.3f'):>7} {r.get('priced_by') or '-':<9} "
             f"{'*' if r['pareto'] else ''}"
@@ -252,7 +281,7 @@ def plan_cmd(
     )
     for r in doc["configurations"]:  # a chosen replica across nodes: its latencies are optimistic
         if r["meets_slo"] and r["config"] == chosen["config"] and str(r.get("note") or "").startswith("MULTI-NODE"):
-            click.echo(f"warning: {r['note']}", err=True)
+            warn(str(r["note"]))
     period = chosen.get("replay_period") or {}
     valid = period.get("unit_costs_valid", True) or doc["window"].get("kind") != "day"
     bad = "" if valid else f" ({period.get('unit_costs_flag')})"
