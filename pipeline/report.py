@@ -936,12 +936,13 @@ def overload_phrase(over: dict[str, Any]) -> str:
 def _restate(warning: str, h: dict[str, Any]) -> str:
     """A run's overload and SLO warnings said again from the headline's data (the run's own text
     said '+inf%' for a fleet that served nothing and 'ttft_p99 never > 1 ms' for a percentile
-    made infinite by rejections); any other warning as it is."""
+    made infinite by rejections; its latencies in ms, as the report prints them); any other
+    warning as it is."""
     if warning.startswith("OVERLOADED") and h.get("overloaded"):
         return overload_phrase(h.get("overload") or {})
     v = h.get("verdict") or {}
     if v and warning.startswith(f"SLO {v.get('slo')}:"):
-        return slo_phrase(h)
+        return slo_phrase(h, _seconds)
     return warning
 
 
@@ -1419,7 +1420,7 @@ def _economics_sections(
             {
                 "config": r["config"],
                 "usd_per_day": r["usd_per_day"],
-                "ttft_p99_s": r["ttft_p99_s"],
+                "ttft_p99_ms": r["ttft_p99_s"] * 1000,
                 "pareto": r["pareto"],
             }
             for r in plan
@@ -1431,9 +1432,9 @@ def _economics_sections(
                 .mark_point(filled=True, size=90)
                 .encode(
                     x=alt.X("usd_per_day:Q", title="fleet $/day"),
-                    y=alt.Y("ttft_p99_s:Q", title="p99 TTFT (s)"),
+                    y=alt.Y("ttft_p99_ms:Q", title="p99 TTFT (ms)"),
                     color=alt.Color("pareto:N", title="Pareto front"),
-                    tooltip=["config:N", "usd_per_day:Q", "ttft_p99_s:Q"],
+                    tooltip=["config:N", "usd_per_day:Q", alt.Tooltip("ttft_p99_ms:Q", format=".3~r")],
                 )
                 .properties(width=640)
             )
@@ -1447,7 +1448,8 @@ def _economics_sections(
                 )
             )
         keep = ("rank", "config", "gpus", "replicas", "ttft_p99_s", "tpot_p99_s", "binding", "usd_per_day", "note")
-        out.append(("Capacity plan (cheapest first)", _html_table([{k: r[k] for k in keep} for r in plan])))
+        plan_rows = [{k: r[k] for k in keep} for r in plan]
+        out.append(("Capacity plan (cheapest first)", _html_table(plan_rows, ms=("ttft_p99_s", "tpot_p99_s"))))
     return out
 
 
@@ -2163,8 +2165,8 @@ def _observed_table(rows: Rows) -> str:
             "compared": r["samples"],
         }
         for p in ("p50", "p99"):
-            row[f"observed {p}"] = _fmt(r[f"observed_{p}_s"], "s")
-            row[f"replayed {p}"] = _fmt(r[f"replayed_{p}_s"], "s")
+            row[f"observed {p} (ms)"] = ms_cell(r[f"observed_{p}_s"])
+            row[f"replayed {p} (ms)"] = ms_cell(r[f"replayed_{p}_s"])
             row[f"{p} error"] = _signed(r[f"{p}_error"])
         shown.append(row)
     return _html_table(shown, limit=100)
