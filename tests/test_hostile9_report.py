@@ -184,7 +184,7 @@ def test_utilization_is_busy_over_total_gpu_seconds_at_any_price(runs: dict[str,
     assert free["utilization"] == pytest.approx(busy / (2 * span), rel=1e-9) == catalog["utilization"]
     assert 0 < free["utilization"] < 1 and free["total_usd"] == 0.0
     text = _invoke(["cost", "--store", str(store.root), "--run", normal.run_id, "--gpu-price", "0"]).stdout
-    assert f"utilization {busy / (2 * span):.0%}" in text and "not valid" not in text
+    assert f"busy {busy / (2 * span):.0%} of the time" in text and "not valid" not in text
     g = GpuCost("h100-sxm", 2, 0.0, "override", 1800.0, 1800.0, {}, TokenTotals(0, 0, 0))
     assert g.utilization == pytest.approx(0.5)
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import click
 
-from pipeline.cli.common import emit_json, fmt_num, get_store, json_option, run, store_option
+from pipeline.cli.common import emit_json, fmt_num, get_store, json_option, run, store_option, warn
 
 
 @click.command("cost")
@@ -28,7 +28,7 @@ def cost_cmd(
     result = run(lambda: run_cost(get_store(store_path), run_id, price_files, gpu_price))
     doc = result.to_dict()
     for line in result.warnings:  # the run's failures first: a cost is only as good as its run
-        click.echo(f"warning: {line}", err=True)
+        warn(line)
     if as_json:
         emit_json(doc)
         return
@@ -41,7 +41,7 @@ def cost_cmd(
     click.echo(
         f"{doc['gpus']}x {doc['hardware']} at ${doc['usd_per_gpu_hour']:.2f}/GPU-h ({doc['price_date']}): "
         f"${doc['total_usd']:,.2f} over {over}, "
-        f"utilization {doc['utilization']:.0%}, "
+        f"busy {doc['utilization']:.0%} of the time, "
         f"idle ${doc['idle_usd']:,.2f}"
     )
     for r in doc["token_classes"]:
