@@ -4,8 +4,10 @@ Every number and chart comes from a named warehouse query (``pipeline/queries``)
 reproduced with ``rooftrace query NAME --run RUN``. Charts are aggregated in SQL before plotting
 (a day of a million requests still makes a small file). The page is one standalone file: the
 Vega, Vega-Lite and vega-embed JavaScript from vl-convert is inlined once and nothing is
-fetched. Every string from a log or a config is HTML-escaped, and chart data is embedded as JSON
-with ``<`` escaped, so no log line can inject markup or script.
+fetched. The HTML is jinja2 templates (``pipeline/templates``) with autoescaping on: every string
+from a log or a config is escaped by the template engine, and chart data is embedded as JSON with
+``<`` escaped, so no log line can inject markup or script. Latencies are shown in milliseconds
+(the queries, the Parquet and the JSON keep seconds).
 """
 
 from __future__ import annotations
