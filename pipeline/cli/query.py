@@ -48,6 +48,11 @@ def query(
     can read. --param date=/run_id= are checked as --date/--run are (one contradicting them is
     refused); a seconds parameter (ttft_slo_s) is a number > 0. SIGTERM stops a query as Ctrl-C does (exit code 143).
 
+    Percentiles are the inverse CDF (the smallest value with at least p % of the rows at or below
+    it). tpot_s is what AIPerf and GuideLLM call ITL; itl_s is vLLM's benchmark's ITL. Tables show
+    latencies in ms (ttft_s as ttft_ms); csv, json and parquet keep seconds. A query over classify's
+    tables whose day got more requests since classify ran says so first (stale_classify in --json).
+
     Example: rooftrace query latency --format json
     """
     fmt = "json" if as_json else fmt  # --json is --format json, as on every command

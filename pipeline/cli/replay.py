@@ -146,6 +146,10 @@ def replay_cmd(
     arrivals span more than --max-sim-days simulated days; long runs report progress on stderr and
     stop on Ctrl-C (exit code 130).
 
+    Latencies follow vLLM: TTFT includes queueing, TPOT = (E2E - TTFT) / (output tokens - 1) is
+    what AIPerf and GuideLLM call ITL. The summary gives mean, std, min, p50 ... p99.9 and max, in ms
+    here and in seconds in --json (keys p50 ... p99_9, as `rooftrace query latency`).
+
     Example: rooftrace replay --fleet fleets/default.toml --rate-scale 2
     """
 
