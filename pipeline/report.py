@@ -2346,7 +2346,7 @@ def build_report(
         )
         claim_report_dir(out.parent, store)
     by_tenant = [
-        {k: r[k] for k in ("bucket", "metric", "samples", "p50", "p90", "p99", "mean")}
+        {k: r.get(k) for k in ("bucket", "metric", "samples", "min", "p50", "p90", "p99", "max", "mean", "std")}
         for r in q("latency_by")
         if r["dimension"] == "tenant"
     ]

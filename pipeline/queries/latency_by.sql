@@ -1,7 +1,7 @@
--- TTFT, TPOT and E2E percentiles (p50/p90/p95/p99/p99.9 by the inverse CDF, and the mean) of a
--- replay by prompt-length bucket (recorded input tokens), output-length bucket, batch occupancy
--- (sequences running on the request's replica in the second it was scheduled), tenant, model,
--- hardware pool and hour of arrival.
+-- TTFT, TPOT and E2E percentiles (p50/p90/p95/p99/p99.9 by the inverse CDF), the mean, min, max and
+-- the sample standard deviation (std) of a replay by prompt-length bucket (recorded input tokens),
+-- output-length bucket, batch occupancy (sequences running on the request's replica in the second
+-- it was scheduled), tenant, model, hardware pool and hour of arrival.
 -- params: run_id
 WITH run AS (
     SELECT resolved.fleet.hardware || ' tp' || resolved.fleet.tp AS hardware
@@ -38,12 +38,18 @@ WITH run AS (
            count(ttft_s) FILTER (WHERE isfinite(ttft_s)) AS n_ttft,
            quantile_disc(ttft_s, [0.5, 0.9, 0.95, 0.99, 0.999]) FILTER (WHERE isfinite(ttft_s)) AS q_ttft,
            avg(ttft_s) FILTER (WHERE isfinite(ttft_s)) AS m_ttft,
+           min(ttft_s) FILTER (WHERE isfinite(ttft_s)) AS lo_ttft, max(ttft_s) FILTER (WHERE isfinite(ttft_s)) AS hi_ttft,
+           stddev_samp(ttft_s) FILTER (WHERE isfinite(ttft_s)) AS sd_ttft,
            count(tpot_s) FILTER (WHERE isfinite(tpot_s)) AS n_tpot,
            quantile_disc(tpot_s, [0.5, 0.9, 0.95, 0.99, 0.999]) FILTER (WHERE isfinite(tpot_s)) AS q_tpot,
            avg(tpot_s) FILTER (WHERE isfinite(tpot_s)) AS m_tpot,
+           min(tpot_s) FILTER (WHERE isfinite(tpot_s)) AS lo_tpot, max(tpot_s) FILTER (WHERE isfinite(tpot_s)) AS hi_tpot,
+           stddev_samp(tpot_s) FILTER (WHERE isfinite(tpot_s)) AS sd_tpot,
            count(e2e_s) FILTER (WHERE isfinite(e2e_s)) AS n_e2e,
            quantile_disc(e2e_s, [0.5, 0.9, 0.95, 0.99, 0.999]) FILTER (WHERE isfinite(e2e_s)) AS q_e2e,
-           avg(e2e_s) FILTER (WHERE isfinite(e2e_s)) AS m_e2e
+           avg(e2e_s) FILTER (WHERE isfinite(e2e_s)) AS m_e2e,
+           min(e2e_s) FILTER (WHERE isfinite(e2e_s)) AS lo_e2e, max(e2e_s) FILTER (WHERE isfinite(e2e_s)) AS hi_e2e,
+           stddev_samp(e2e_s) FILTER (WHERE isfinite(e2e_s)) AS sd_e2e
     FROM r
     GROUP BY GROUPING SETS ((prompt_tokens), (output_tokens), (batch_occupancy), (tenant), (model), (hardware), (hour))
 ), labelled AS (
@@ -56,11 +62,12 @@ WITH run AS (
            *
     FROM g
 ), m AS (
-    SELECT dimension, bucket, 'ttft_s' AS metric, n_ttft AS samples, q_ttft AS q, m_ttft AS mean FROM labelled
-    UNION ALL SELECT dimension, bucket, 'tpot_s', n_tpot, q_tpot, m_tpot FROM labelled
-    UNION ALL SELECT dimension, bucket, 'e2e_s', n_e2e, q_e2e, m_e2e FROM labelled
+    SELECT dimension, bucket, 'ttft_s' AS metric, n_ttft AS samples, q_ttft AS q, m_ttft AS mean,
+           lo_ttft AS min, hi_ttft AS max, sd_ttft AS std FROM labelled
+    UNION ALL SELECT dimension, bucket, 'tpot_s', n_tpot, q_tpot, m_tpot, lo_tpot, hi_tpot, sd_tpot FROM labelled
+    UNION ALL SELECT dimension, bucket, 'e2e_s', n_e2e, q_e2e, m_e2e, lo_e2e, hi_e2e, sd_e2e FROM labelled
 )
 SELECT dimension, bucket, metric, samples,
-       q[1] AS p50, q[2] AS p90, q[3] AS p95, q[4] AS p99, q[5] AS p99_9, mean
+       q[1] AS p50, q[2] AS p90, q[3] AS p95, q[4] AS p99, q[5] AS p99_9, mean, min, max, std
 FROM m WHERE samples > 0
 ORDER BY dimension, bucket, metric;
