@@ -439,8 +439,16 @@ def _status_parts(n: dict[str, Any]) -> tuple[str, str]:
     """The index's failures cell: rejections, overload, the SLO, quarantined log rows and a
     replay that drifted from the observed latencies; red when any needs acting on (a quarantined
     share of at least QUARANTINE_FLAG_SHARE included), amber when log rows were quarantined below
-    it or the replay drifted, green otherwise."""
+    it or the replay drifted, green otherwise. A report whose run or token accounting is STALE
+    says so first."""
     bits = []
+    if n.get("classify_stale"):
+        bits.append(
+            f"STALE classify ({int(n.get('classified_requests') or 0):,} of "
+            f"{int(n.get('store_requests') or 0):,} requests)"
+        )
+    if n.get("stale"):
+        bits.append("STALE run")
     if n.get("rejected"):
         bits.append(f"{n['rejected']:,} rejected")
     if n.get("overloaded"):

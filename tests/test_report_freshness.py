@@ -14,6 +14,7 @@ import pytest
 from pipeline.classify.accounting import classify_tokens
 from pipeline.classify.freshness import ClassifyFreshness, classify_freshness
 from pipeline.ingest import ingest_logs
+from pipeline.nightly import _status
 from pipeline.replay import replay
 from pipeline.report import build_report
 from pipeline.store import Store
@@ -72,6 +73,8 @@ def test_the_report_says_so_on_its_first_line(stale: tuple[Store, str, Path]) ->
     card = re.search(card_re, page)
     assert card is not None and "of the 300 requests classify saw; the store holds 600 of the date now" in card.group(2)
     assert res.warning_lines()[0].startswith("STALE CLASSIFY:")
+    # and the reports index's failures cell, red, before anything else
+    assert _status(h).startswith('<td class="bad">STALE classify (300 of 600 requests)')
     assert "needs attention: STALE classify: it covers 300 requests of the date, the store holds 600" in res.line()
 
 
