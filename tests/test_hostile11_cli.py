@@ -9,6 +9,7 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+import shutil
 import textwrap
 import time
 from collections.abc import Iterator
@@ -289,12 +290,14 @@ def test_unused_pod_options_say_why() -> None:
     assert unused_pod_options(hierarchical, 1, "process", None, 1) == []  # its routing pods are the executor's
 
 
-def test_replay_and_nightly_say_the_executor_was_not_used(night: dict[str, Any]) -> None:
+def test_replay_and_nightly_say_the_executor_was_not_used(night: dict[str, Any], tmp_path: Path) -> None:
     assert (
         "replay: --executor process not used: the fleet replayed as one engine (no --pods N asked, and it fits "
         "one engine)"
     ) in night["res"].stderr.splitlines()
-    store: Store = night["store"]
+    # its replays go into a copy: the night's store holds the night's one run for the other tests
+    shutil.copytree(night["store"].root, tmp_path / "store")
+    store = Store(tmp_path / "store")
     lo = _fleet(night["root"], "lo", RR_FLEET.replace("round_robin", "least_outstanding"))
     res = _invoke(["replay", "--store", str(store.root), "--fleet", str(lo), "--executor", "process"])
     assert res.exit_code == 0, res.stderr
