@@ -7,6 +7,7 @@ from typing import Any
 import click
 
 from pipeline.cli.common import (
+    echo,
     emit_json,
     fmt_num,
     get_store,
@@ -259,7 +260,7 @@ def plan_cmd(
         if not r["meets_slo"]:
             # a replay that did not keep up never meets the plan: said in its row (plan.json: overloaded)
             over = " [OVERLOADED]" if r.get("overloaded") else ""
-            click.echo(f"{'-':>3} {r['config']:<24}{over} {r['note']}")
+            echo(f"{'-':>3} {r['config']:<24}{over} {r['note']}")  # (a note may name a logged model)
             continue
         click.echo(
             f"{r['rank']:>3} {r['config']:<24} {r['gpus']:>5} {r['replicas']:>4} "
