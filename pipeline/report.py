@@ -489,7 +489,13 @@ def _charts(q: Callable[[str], Rows], headline: dict[str, Any]) -> list[Chart]:
         order = ["0-511", "512-2047", "2048-8191", "8192-32767", "32768+"]
         by.sort(key=lambda r: (order.index(r["bucket"]) if r["bucket"] in order else len(order), str(r["metric"])))
         long = [
-            {"bucket": r["bucket"], "metric": r["metric"], "percentile": p, "ms": r[p] * 1000, "n": r["samples"]}
+            {
+                "bucket": r["bucket"],
+                "metric": str(r["metric"]).removesuffix("_s"),  # (the axis says milliseconds)
+                "percentile": p,
+                "ms": r[p] * 1000,
+                "n": r["samples"],
+            }
             for r in by
             for p in ("p50", "p90", "p99")
             if r[p] is not None and enough_samples(int(r["samples"] or 0), p)
