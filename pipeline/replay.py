@@ -865,16 +865,20 @@ def classify_summary(store: Store, date: str) -> dict[str, Any] | None:
     return totals if isinstance(totals, dict) else (doc if isinstance(doc, dict) and "requests" in doc else None)
 
 
-def cache_split_note(
-    split: dict[str, Any], classified: dict[str, Any] | None, fleet: ResolvedFleet, options: ReplayOptions
-) -> str | None:
+def cache_split_note(split: dict[str, Any], classified: dict[str, Any] | None, config: dict[str, Any]) -> str | None:
     """One line when the replay's fresh / cache-hit split is not the one classify reports for the
     day (``classified``: classify's summary, None when the day is not classified), saying by how
-    much and why; None when they agree to the token. The report's token figures are classify's,
-    so this line goes first wherever the run is shown."""
+    much and why; None when they agree to the token. ``config``: the run's record (config.json:
+    ``date``, ``options``, ``resolved``). The report's token figures are classify's, so this line
+    goes first wherever the run is shown (the report computes it again against the classify of
+    the day it is made, which may be newer than the run)."""
     if classified is None:
         return None
-    date = options.date or "the date"
+    date = str(config.get("date") or "the date")
+    options = config.get("options") or {}
+    resolved = config.get("resolved") or {}
+    sched = resolved.get("scheduler") or {}
+    replicas = int((resolved.get("fleet") or {}).get("replicas") or 0)
     n_cls, n_rep = int(classified.get("requests") or 0), int(split["requests"])
     if n_cls != n_rep:
         return (
@@ -889,17 +893,16 @@ def cache_split_note(
     reported = int((by_cls.get("reported") or {}).get("cache_hit_tokens") or 0)
     simulated = int((by_cls.get("simulated") or {}).get("cache_hit_tokens") or 0)
     own = split["by_source"]["prefix_cache"]
-    if options.cache_hits == "simulated" and reported:
+    if options.get("cache_hits") == "simulated" and reported:
         why = f"--cache-hits simulated ignores the {reported:,} cache-hit tokens the log reports"
-    elif not fleet.scheduler.enable_prefix_caching:
+    elif not sched.get("enable_prefix_caching", True):
         why = "the fleet disables prefix caching (engine.enable_prefix_caching = false): every input token is prefilled"
     else:
-        sched = fleet.scheduler
         why = (
             f"on the requests whose hits come from prefix chains, the replicas' own prefix caches "
-            f"({fleet.config.replicas:,} × {sched.num_gpu_blocks:,} KV blocks of {sched.block_size} tokens, shared "
-            f"with running requests) served {int(own['cache_hit_tokens']):,} tokens where classify's cache model "
-            f"({classified.get('capacity') or 'its capacity'}) counts {simulated:,}"
+            f"({replicas:,} × {int(sched.get('num_gpu_blocks') or 0):,} KV blocks of {sched.get('block_size')} "
+            f"tokens, shared with running requests) served {int(own['cache_hit_tokens']):,} tokens where "
+            f"classify's cache model ({classified.get('capacity') or 'its capacity'}) counts {simulated:,}"
         )
     return (
         f"CACHE SPLIT: the replay served {r_hit:,} of {total:,} recorded input tokens from cache "
@@ -1181,7 +1184,8 @@ def _replay(
         summary["cache_split"]["classify"] = (
             {k: classified.get(k) for k in _CLASSIFY_SPLIT_KEYS} if classified is not None else None
         )
-        summary["cache_split"]["note"] = cache_split_note(summary["cache_split"], classified, fleet, options)
+        record = {"date": date, "options": asdict(options), "resolved": fleet.to_dict()}
+        summary["cache_split"]["note"] = cache_split_note(summary["cache_split"], classified, record)
         mix = model_mix_warning(store, date, cfg.model)
         if mix is not None:
             summary["health"]["warnings"].append(mix)

@@ -227,8 +227,9 @@ class ReportResult:
         """What the command says on stderr before its line: a STALE run (the store's requests of
         its date changed since it ran), and an overloaded run's not-valid unit costs."""
         h = self.headline
-        keys = ("classify_stale_note", "stale_note", "unit_costs_note", "drift_note")
-        return [str(h[k]) for k in keys if h.get(k)]
+        keys = ("classify_stale_note", "stale_note", "cache_split_note", "unit_costs_note", "drift_note")
+        shown = [k for k in keys if h.get(k) and not (k == "cache_split_note" and h.get("classify_stale_note"))]
+        return [str(h[k]) for k in shown]
 
     def line(self) -> str:
         """The command's summary line: where the report is, failures first."""
@@ -896,6 +897,19 @@ def classify_headline(store: Store, day: str) -> dict[str, Any]:
     }
 
 
+def cache_split_headline(store: Store, day: str, config: dict[str, Any]) -> dict[str, Any]:
+    """The run's fresh / cache-hit split against the classify the report's token figures come from
+    (the day's, as it is now): ``cache_split_note`` is the banner's line when the two differ
+    (pipeline.replay.cache_split_note; None when they agree, and for a run from before the split
+    was recorded)."""
+    from pipeline.replay import cache_split_note, classify_summary
+
+    split = (config.get("summary") or {}).get("cache_split")
+    if not isinstance(split, dict):
+        return {"cache_split_note": None}
+    return {"cache_split_note": cache_split_note(split, classify_summary(store, day), config)}
+
+
 def _seconds(x: float | None) -> str:
     return _fmt(x, "ms")
 
@@ -1490,8 +1504,11 @@ def render_html(
         failures.append(str(headline["unit_costs_note"]))
     stale = headline.get("stale_note")
     stale_classify = headline.get("classify_stale_note")
-    # first: what the figures below are of (the store changed since classify or the replay ran)
-    warnings: list[Any] = [str(n) for n in (stale_classify, stale) if n]
+    # the replay's fresh / cache-hit split is not the token figures' (said by STALE classify already)
+    split = None if stale_classify else headline.get("cache_split_note")
+    # first: what the figures below are of (the store changed since classify or the replay ran, or
+    # the replay split the day's input otherwise)
+    warnings: list[Any] = [str(n) for n in (stale_classify, stale, split) if n]
     warnings += failures
     drift = headline.get("drift_note")
     if drift:  # the replay is off the real fleet's own latencies: its figures are in question
@@ -1507,6 +1524,8 @@ def render_html(
         if failures
         else "This run is STALE: its date's requests changed in the store since it ran"
         if stale
+        else "This run replayed another fresh / cache-hit split than the token figures below"
+        if split
         else "The replay has drifted from the latencies the real fleet delivered"
         if drift
         else "This day's logs need attention"
@@ -2324,6 +2343,7 @@ def build_report(
     headline |= stale_headline(store, day, config, run_dir)
     headline["classify_requests"] = headline.get("requests")  # the store's now, as classify counted
     headline |= classify_headline(store, day)
+    headline |= cache_split_headline(store, day, config)
     headline |= traffic_headline(q("latency_by"), config)
     headline |= ingest_headline(q("ingest_accounting"), store.quarantine_dir.resolve(), day)
     headline["verdict"] = _finished_percentiles(session, run_id, headline.get("verdict"))

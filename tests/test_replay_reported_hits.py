@@ -48,8 +48,8 @@ def _day(tmp_path: Path, fmt: str, requests: int = 400) -> Store:
     return Store(store)
 
 
-def _replay(store: Store, *extra: str) -> tuple[dict[str, object], pl.DataFrame, Result]:
-    res = _ok(CliRunner().invoke(main, ["replay", "--store", str(store.root), "--fleet", str(FLEET), "--json", *extra]))
+def _replay(store: Store, *extra: str, fleet: Path = FLEET) -> tuple[dict[str, Any], pl.DataFrame, Result]:
+    res = _ok(CliRunner().invoke(main, ["replay", "--store", str(store.root), "--fleet", str(fleet), "--json", *extra]))
     doc = json.loads(res.stdout)
     table = pl.from_arrow(read_parquet(Path(doc["run_dir"]) / "requests.parquet", "replay_requests"))
     assert isinstance(table, pl.DataFrame)
@@ -174,15 +174,16 @@ def test_cache_split_note_by_hand() -> None:
         },
         "capacity": "unbounded",
     }  # fmt: skip
-    opts = ReplayOptions(date="2025-01-15")
-    note = cache_split_note(split, classified, fleet, opts)
+    config = {"date": "2025-01-15", "options": {"cache_hits": "reported"}, "resolved": fleet.to_dict()}
+    note = cache_split_note(split, classified, config)
     assert note is not None
     assert note.startswith("CACHE SPLIT: the replay served 300 of 1,000 recorded input tokens from cache (30.0%)")
     assert "classify counts 500 (50.0%)" in note
     assert "served 100 tokens where classify's cache model (unbounded) counts 300" in note
-    assert cache_split_note(split, {**classified, "cache_hit_tokens": 300}, fleet, opts) is None
-    assert cache_split_note(split, None, fleet, opts) is None
-    stale = cache_split_note(split, {**classified, "requests": 7}, fleet, opts)
+    assert "(2 × " in note and " KV blocks of 16 tokens" in note
+    assert cache_split_note(split, {**classified, "cache_hit_tokens": 300}, config) is None
+    assert cache_split_note(split, None, config) is None
+    stale = cache_split_note(split, {**classified, "requests": 7}, config)
     assert stale is not None and "classify of 2025-01-15 counted 7 requests, the replay 10" in stale
 
 
@@ -204,3 +205,34 @@ def _resolved() -> Any:
     from pipeline.fleet import load_fleet, resolve
 
     return resolve(load_fleet(FLEET), str(FLEET))
+
+
+def test_the_report_says_a_different_split_on_its_first_line(tmp_path: Path) -> None:
+    import html as html_lib
+    import re
+
+    from pipeline.report import build_report
+
+    store = _day(tmp_path, "litellm", requests=200)
+    totals, _ = _classified(store)
+    # a 128k context: no request rejected, so the split is the banner's only line
+    fleet = tmp_path / "long.toml"
+    fleet.write_text(FLEET.read_text().replace("max_model_len = 16384", "max_model_len = 131072"))
+    doc, _, _ = _replay(store, "--cache-hits", "simulated", fleet=fleet)
+    assert doc["rejected"] == 0
+    res = build_report(store, str(doc["run_id"]), out=tmp_path / "report" / "index.html")
+    note = res.headline["cache_split_note"]
+    assert note == doc["cache_split"]["note"]  # the same classify: the same line as the replay's
+    page = html_lib.unescape(res.path.read_text())
+    banner = page[page.index('<div class="alert">') : page.index('<div class="cards">')]
+    first = re.search(r"<b>(.*?)</b>", banner)
+    assert first is not None
+    assert first.group(1) == "This run replayed another fresh / cache-hit split than the token figures below"
+    items = re.findall(r"<li>(.*?)</li>", banner, re.S)
+    assert items[0] == note and f"classify counts {int(totals['cache_hit_tokens']):,}" in items[0]
+    assert res.warning_lines()[0] == note
+    # the as-reported replay of the same day has no such line
+    plain, _, _ = _replay(store, fleet=fleet)
+    again = build_report(store, str(plain["run_id"]), out=tmp_path / "plain" / "index.html")
+    assert again.headline["cache_split_note"] is None
+    assert "CACHE SPLIT" not in again.path.read_text()
