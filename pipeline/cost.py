@@ -82,8 +82,6 @@ class ApiPrice:
         return (today - _dt.date.fromisoformat(self.date)).days > STALE_AFTER_DAYS
 
 
-_TABLE_KEYS = {"provider", "unit", "source", "models"}
-_MODEL_KEYS = {"input", "cached_input", "cache_write", "output", "date", "source"}
 _PRICE_KEYS = ("input", "cached_input", "cache_write", "output")
 
 
@@ -104,48 +102,32 @@ def _check_date(value: Any, where: str, today: _dt.date) -> str:
     return value
 
 
-def _key_problems(unknown: list[str], missing: list[str]) -> str:
-    """What is wrong with a table's keys, naming only the lists that are not empty: "unknown key(s)
-    [...]", "missing key(s) [...]" or both."""
-    return ", ".join(f"{kind} key(s) {keys}" for kind, keys in (("unknown", unknown), ("missing", missing)) if keys)
-
-
 #: Highest API price accepted, USD per million tokens: a dollar a token, far above any published
 #: price, low enough that a day's API bill stays a finite, printable number.
 MAX_USD_PER_MILLION_TOKENS = 1_000_000.0
 
 
 def parse_price_table(data: Mapping[str, Any], origin: str, today: _dt.date | None = None) -> list[ApiPrice]:
-    """Validate one price TOML: known keys only, the declared unit, dates, non-negative prices,
-    a cached-input price no higher than the input price."""
+    """Validate one price TOML: its keys and value types (``PriceFile`` in pipeline/tomlschema.py),
+    then the declared unit, dates, non-negative prices, a cached-input price no higher than the
+    input price."""
+    from pipeline.tomlschema import PriceFile, check
+
     today = today or _dt.date.today()
-    unknown = sorted(set(data) - _TABLE_KEYS)
-    missing = sorted(_TABLE_KEYS - set(data))
-    if unknown or missing:
-        raise ConfigError(f"{origin}: {_key_problems(unknown, missing)}")
+    check(data, PriceFile, origin)
     provider = data["provider"]
-    if not isinstance(provider, str) or not provider.strip():
-        raise ConfigError(f"{origin}: provider must be a non-empty string")
     if data["unit"] != PRICE_UNIT:
         raise ConfigError(f"{origin}: unit must be {PRICE_UNIT!r}, got {data['unit']!r}")
-    if not isinstance(data["source"], str) or not data["source"].strip():
-        raise ConfigError(f"{origin}: source must be a non-empty string")
     models = data["models"]
-    if not isinstance(models, dict) or not models:
+    if not models:
         raise ConfigError(f"{origin}: [models.<name>] tables are required")
     out = []
     for name, raw in models.items():
         where = f"{origin} [models.{name}]"
-        if not isinstance(raw, dict):
-            raise ConfigError(f"{where}: must be a table")
-        unknown = sorted(set(raw) - _MODEL_KEYS)
-        missing = sorted(_MODEL_KEYS - set(raw))
-        if unknown or missing:
-            raise ConfigError(f"{where}: {_key_problems(unknown, missing)}")
         values: dict[str, float] = {}
         for key in _PRICE_KEYS:
             v = raw[key]
-            if isinstance(v, bool) or not isinstance(v, int | float) or not math.isfinite(v):
+            if not math.isfinite(v):  # (a number: the schema checked)
                 raise ConfigError(f"{where}: {key} must be a number, got {v!r}")
             if not 0 <= v <= MAX_USD_PER_MILLION_TOKENS:
                 raise ConfigError(
@@ -155,8 +137,6 @@ def parse_price_table(data: Mapping[str, Any], origin: str, today: _dt.date | No
             values[key] = float(v)
         if values["cached_input"] > values["input"]:
             raise ConfigError(f"{where}: cached_input ({values['cached_input']}) exceeds input ({values['input']})")
-        if not isinstance(raw["source"], str) or not raw["source"].strip():
-            raise ConfigError(f"{where}: source must be a non-empty string")
         out.append(
             ApiPrice(
                 provider=provider,

@@ -26,7 +26,8 @@ continuous-batching engine whose settings carry vLLM's names and defaults::
     gpu_memory_utilization = 0.9
     enable_prefix_caching = true
 
-Unknown or mistyped keys are errors that name the file and key, and so are values out of range,
+Unknown, missing or mistyped keys are errors that name the file, table and key (the declarations
+are ``FleetFile`` and its tables in pipeline/tomlschema.py), and so are values out of range,
 each checked before the memory fit: ``block_size`` one of vLLM's (1, 8, 16, 32, 64, 128, 256),
 ``max_num_seqs`` and ``max_num_batched_tokens`` in 1..2**24, ``[calibration]`` factors in
 [MIN_EFFICIENCY, 1], ``max_model_len`` and
@@ -218,60 +219,13 @@ class FleetConfig:
         return None
 
 
-_TOP_TYPES: dict[str, tuple[type, ...]] = {
-    "name": (str,),
-    "model": (str,),
-    "hardware": (str,),
-    "replicas": (int,),
-    "tp": (int,),
-    "pp": (int,),
-    "ep": (int,),
-    "dp": (int,),
-    "weight_dtype": (str,),
-    "kv_dtype": (str,),
-    "router": (str,),
-    "router_pod_size": (int,),
-    "router_pod_balancer": (str,),
-    "description": (str,),
-    "cost_model": (str,),
-    "engine": (dict,),
-    "calibration": (dict,),
-    "calibration_file": (str,),
-    "stack_calibration": (dict,),
-    "slo": (dict, str),
-}
-_CALIBRATION_TYPES: dict[str, tuple[type, ...]] = {
-    "source": (str,),
-    "compute_efficiency": (float, int),
-    "memory_efficiency": (float, int),
-    "link_efficiency": (float, int),
-}
-_TOP_REQUIRED = {"name", "model", "hardware"}
-_ENGINE_TYPES: dict[str, tuple[type, ...]] = {
-    "max_num_seqs": (int,),
-    "max_num_batched_tokens": (int,),
-    "enable_chunked_prefill": (bool,),
-    "block_size": (int,),
-    "gpu_memory_utilization": (float, int),
-    "enable_prefix_caching": (bool,),
-    "max_model_len": (int,),
-    "num_gpu_blocks_override": (int,),
-    "step_overhead_s": (float, int),
-    "vllm_version": (str,),
-}
+def _check(data: dict[str, Any], origin: str) -> None:
+    """The keys and value types of a fleet (FleetFile in pipeline/tomlschema.py: its tables
+    ``[engine]``, ``[calibration]`` and a run's ``stack_calibration`` too); one line naming
+    ``origin``, the table and the key. pydantic is imported here, when a fleet is read."""
+    from pipeline.tomlschema import FleetFile, check
 
-
-def _check(table: dict[str, Any], types: dict[str, tuple[type, ...]], where: str) -> None:
-    unknown = sorted(set(table) - set(types))
-    if unknown:
-        raise ConfigError(f"{where}: unknown key(s) {unknown}; allowed: {sorted(types)}")
-    for key, value in table.items():
-        allowed = types[key]
-        # bool is an int in Python: only accept it where a bool is asked for.
-        if isinstance(value, bool) and bool not in allowed:
-            raise ConfigError(f"{where}: {key} must be {allowed[0].__name__}, got {value!r}")
-        if not isinstance(value, allowed):
-            raise ConfigError(f"{where}: {key} must be {allowed[0].__name__}, got {value!r}")
+    check(data, FleetFile, origin)
 
 
 def _parse_slo_table(raw: dict[str, Any] | str, where: str) -> str:
@@ -303,17 +257,18 @@ def parse_fleet(
     a ``calibration_file`` is relative to (the fleet file's; None: the working directory).
     ``recorded``: the fleet a run's config.json recorded, which holds a calibration by value
     (``stack_calibration``); a fleet file names its calibration file instead."""
-    _check(data, _TOP_TYPES, origin)
-    missing = sorted(_TOP_REQUIRED - set(data))
-    if missing:
-        raise ConfigError(f"{origin}: missing key(s) {missing}")
+    if "stack_calibration" in data and not recorded:  # (said before its keys are checked)
+        raise ConfigError(
+            f"{origin}: stack_calibration is what a run records; a fleet file names its calibration with "
+            'calibration_file = "CAL.toml" (written by rooftrace calibrate --observed)'
+        )
+    _check(data, origin)
     if not FLEET_NAME_RE.fullmatch(data["name"]):
         raise ConfigError(
             f"{origin}: name {data['name']!r} must be 1-64 letters, digits, '.', '_' or '-', not starting with "
             "'.' (it names the run's folder in the store)"
         )
     engine_raw = dict(data.get("engine", {}))
-    _check(engine_raw, _ENGINE_TYPES, f"{origin} [engine]")
     for key in ("gpu_memory_utilization", "step_overhead_s"):
         if key in engine_raw:
             engine_raw[key] = float(engine_raw[key])
@@ -347,7 +302,6 @@ def parse_fleet(
     if "calibration" in data:
         raw = dict(data["calibration"])
         where = f"{origin} [calibration]"
-        _check(raw, _CALIBRATION_TYPES, where)
         if not str(raw.get("source", "")).strip():
             raise ConfigError(f"{where}: source is required (what the factors were fitted on)")
         for key in ("compute_efficiency", "memory_efficiency", "link_efficiency"):
@@ -360,11 +314,6 @@ def parse_fleet(
                     )
         calibration = Calibration(**raw)
     slo = _parse_slo_table(data["slo"], f"{origin} [slo]") if "slo" in data else None
-    if "stack_calibration" in data and not recorded:
-        raise ConfigError(
-            f"{origin}: stack_calibration is what a run records; a fleet file names its calibration with "
-            'calibration_file = "CAL.toml" (written by rooftrace calibrate --observed)'
-        )
     stack = _stack_calibration(data, origin, base_dir)
     if stack is not None and calibration is not None:
         raise ConfigError(

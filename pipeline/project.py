@@ -33,7 +33,6 @@ from pipeline.tomlfile import read_toml
 PROJECT_FILE = "rooftrace.toml"
 STORE_ENV = "ROOFTRACE_STORE"
 _KEYS = {"store": "traces/store", "reports": "reports", "fleet": "fleets/default.toml"}
-_TABLES = {"models"}
 
 
 @dataclass(frozen=True)
@@ -63,14 +62,14 @@ def find_project(start: Path | None = None) -> Project:
 
 
 def _load(path: Path) -> Project:
+    from pipeline.tomlschema import ProjectFile, check
+
     data = read_toml(path, "project file")
-    unknown = sorted(set(data) - set(_KEYS) - _TABLES)
-    if unknown:
-        raise ConfigError(f"{path}: unknown key(s) {unknown}; allowed: {sorted(set(_KEYS) | _TABLES)}")
+    check(data, ProjectFile, str(path))  # keys and types (pipeline/tomlschema.py); values below
     paths = {}
     for key, default in _KEYS.items():
         value = data.get(key, default)
-        if not isinstance(value, str) or not value.strip() or "\x00" in value:
+        if not value.strip() or "\x00" in value:
             raise ConfigError(f"{path}: {key} must be a path (text), got {value!r}")
         paths[key] = path.parent / value
     models = _model_aliases(path, data.get("models", {}))
@@ -80,9 +79,7 @@ def _load(path: Path) -> Project:
 def _model_aliases(path: Path, table: object) -> Mapping[str, str]:
     """The ``[models]`` table: each key a model name as logged, each value a catalog model id
     (one line naming the file and key otherwise)."""
-    if not isinstance(table, dict):
-        raise ConfigError(f'{path}: models must be a table of aliases ([models] "name" = "catalog-id")')
-    if not table:
+    if not isinstance(table, dict) or not table:
         return MappingProxyType({})
     from pipeline.catalog.entries import list_models  # (only a project with aliases reads the catalog)
 
@@ -90,8 +87,6 @@ def _model_aliases(path: Path, table: object) -> Mapping[str, str]:
     for key, value in table.items():
         if not key.strip() or "\x00" in key:
             raise ConfigError(f"{path}: [models] {key!r}: an alias must be a model name as logged, got {key!r}")
-        if not isinstance(value, str):
-            raise ConfigError(f"{path}: [models] {key!r} must name a catalog model id (text), got {value!r}")
         if value not in known:
             raise ConfigError(f"{path}: [models] {key!r} = {value!r}: no catalog model {value!r}; known: {known}")
     return MappingProxyType(dict(table))

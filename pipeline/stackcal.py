@@ -87,10 +87,9 @@ def parse_calibration(table: Any, where: str, origin: str = "") -> StackCalibrat
     ``where`` and the key."""
     if not isinstance(table, dict):
         raise ConfigError(f"{where}: must be a table, got {type(table).__name__}")
-    allowed = set(TEXT_KEYS) | set(PARAMETERS)
-    unknown = sorted(set(table) - allowed)
-    if unknown:
-        raise ConfigError(f"{where}: unknown key(s) {unknown}; allowed: {sorted(allowed)}")
+    from pipeline.tomlschema import StackCalibrationTable, check
+
+    check(table, StackCalibrationTable, where)  # keys and types; the bounds below
     out: dict[str, Any] = {}
     for key in TEXT_KEYS:
         value = table.get(key)
@@ -100,12 +99,9 @@ def parse_calibration(table: Any, where: str, origin: str = "") -> StackCalibrat
             raise ConfigError(f"{where}: {key} is longer than 4,096 characters")
         out[key] = value
     for key, (lo, hi, _default) in PARAMETERS.items():
-        if key not in table:  # a hand-edited file that lost a number must not replay as if it were 1
-            raise ConfigError(f"{where}: {key} is required (a number in [{lo:g}, {hi:g}]; {_default:g} for no change)")
-        value = table[key]
-        if isinstance(value, bool) or not isinstance(value, int | float):
-            raise ConfigError(f"{where}: {key} must be a number, got {value!r}")
-        value = float(value)
+        # (every number is required by the schema: a hand-edited file that lost one must not
+        # replay as if it were 1)
+        value = float(table[key])
         if not (math.isfinite(value) and lo <= value <= hi):
             raise ConfigError(f"{where}: {key} must be in [{lo:g}, {hi:g}], got {value!r}")
         out[key] = value

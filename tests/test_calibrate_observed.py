@@ -246,7 +246,8 @@ def _cal(**over: object) -> dict[str, object]:
         (_cal(attention_scale=True), "attention_scale must be a number"),
         (_cal(hardware=""), "hardware is required"),
         (_cal(speed=2.0), "unknown key(s) ['speed']"),
-        (_cal(linear_scale=None), "linear_scale is required"),  # lost in an edit: not read as 1
+        # lost in an edit: not read as 1
+        (_cal(linear_scale=None), "missing key(s) ['linear_scale'] (linear_scale: a number in [0.25, 4]"),
     ],
 )
 def test_bad_calibration_values_name_the_key(table: dict[str, object], message: str) -> None:

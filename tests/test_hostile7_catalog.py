@@ -214,7 +214,7 @@ def test_model_entry_string_booleans_are_refused(tmp_path: Path, key: str, value
     path = tmp_path / "m.toml"
     path.write_text(_edit(LLAMA, key, value))
     line = _fails(["fit", "--model", str(path), "--hardware", "h100-sxm"])
-    assert line == f"error: {path}: model 'llama-3.1-8b' config: {key} must be true or false, got {shown}"
+    assert line == f"error: {path} [config]: {key} must be true or false, got {shown}"
 
 
 def test_use_sliding_window_must_be_a_boolean(tmp_path: Path) -> None:
@@ -316,7 +316,8 @@ def test_price_key_errors_name_only_what_is_wrong(tmp_path: Path) -> None:
     )
     with pytest.raises(ConfigError) as info:
         load_price_file(extra, today=dt.date(2026, 12, 3))
-    assert str(info.value) == f"{extra} [models.m]: unknown key(s) ['colour']"
+    allowed = ["cache_write", "cached_input", "date", "input", "output", "source"]
+    assert str(info.value) == f"{extra} [models.m]: unknown key(s) ['colour']; allowed: {allowed}"
 
 
 # -- L13: duplicate keys in a config.json ----------------------------------------------------------

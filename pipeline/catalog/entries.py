@@ -53,13 +53,13 @@ def models_dir() -> Path:
 # small validation helpers
 
 
-def _check_keys(table: Mapping[str, Any], required: set[str], optional: set[str], where: str) -> None:
-    unknown = sorted(set(table) - required - optional)
-    missing = sorted(required - set(table))
-    if unknown:
-        raise ConfigError(f"{where}: unknown key(s) {unknown}; allowed: {sorted(required | optional)}")
-    if missing:
-        raise ConfigError(f"{where}: missing key(s) {missing}")
+def _check_keys(table: Mapping[str, Any], schema: str, where: str) -> None:
+    """The keys and value types of an entry, as ``schema`` (a model in pipeline/tomlschema.py)
+    declares them; one line naming ``where``, the table and the key. The checks of values
+    (ranges, names, dates) follow in the parsers."""
+    from pipeline import tomlschema
+
+    tomlschema.check(table, getattr(tomlschema, schema), where)
 
 
 def _num(table: Mapping[str, Any], key: str, where: str, *, positive: bool = True) -> float:
@@ -138,11 +138,10 @@ class Formats:
 def load_formats() -> Formats:
     path = CATALOG_DIR / "dtypes.toml"
     data = read_toml(path, "catalog entry")
-    _check_keys(data, {"weight", "kv"}, set(), str(path))
+    _check_keys(data, "DtypesFile", str(path))
     weights: dict[str, WeightFormat] = {}
     for name, raw in data["weight"].items():
         where = f"{path} [weight.{name}]"
-        _check_keys(raw, {"bits", "group_size", "scale_bytes", "compute", "source"}, set(), where)
         weights[name] = WeightFormat(
             name=name,
             bits=_int(raw, "bits", where),
@@ -154,7 +153,6 @@ def load_formats() -> Formats:
     kvs: dict[str, KVFormat] = {}
     for name, raw in data["kv"].items():
         where = f"{path} [kv.{name}]"
-        _check_keys(raw, {"bytes", "source"}, set(), where)
         kvs[name] = KVFormat(name=name, bytes=_num(raw, "bytes", where), source=_str(raw, "source", where))
     return Formats(weight=MappingProxyType(weights), kv=MappingProxyType(kvs))
 
@@ -230,11 +228,6 @@ class HardwareSpec:
         return dtype if dtype in self.peak_flops_per_s else "bf16"
 
 
-_HW_TOP = {"name", "display_name", "vendor", "memory_bytes", "memory_bandwidth_bytes_per_s"}
-_HW_TABLES = {"peak_flops_per_s", "link", "efficiency", "price", "sources"}
-_HW_LINK = {"kind", "bandwidth_bytes_per_s", "latency_s", "gpus_per_node"}
-_HW_EFF = {"compute", "memory", "elementwise", "link", "min_kernel_s", "step_overhead_s", "calibrated_on"}
-_HW_PRICE = {"usd_per_gpu_hour", "date"}
 #: Every numeric field (or table of them) must have an entry in [sources].
 _HW_SOURCED = {
     "memory_bytes",
@@ -244,7 +237,6 @@ _HW_SOURCED = {
     "efficiency",
     "price",
 }
-_PEAK_DTYPES = {"bf16", "fp16", "fp8", "int8", "fp4", "int4"}
 #: Smallest efficiency (a share of a peak) a catalog entry or a fleet's [calibration] may set:
 #: below it a step would take years and the replay's figures lose meaning.
 MIN_EFFICIENCY = 1e-3
@@ -316,26 +308,17 @@ def _price_date(table: Mapping[str, Any], key: str, where: str) -> str:
 
 
 def parse_hardware(data: Mapping[str, Any], origin: str) -> HardwareSpec:
-    _check_keys(data, _HW_TOP | _HW_TABLES, {"cuda_memory_bytes", "die"}, origin)
-    for table in _HW_TABLES:
-        if not isinstance(data[table], dict):
-            raise ConfigError(f"{origin}: [{table}] must be a table")
+    _check_keys(data, "HardwareEntry", origin)
     peaks = data["peak_flops_per_s"]
-    unknown = sorted(set(peaks) - _PEAK_DTYPES)
-    if unknown:
-        raise ConfigError(f"{origin}: [peak_flops_per_s] unknown dtype(s) {unknown}; allowed {sorted(_PEAK_DTYPES)}")
-    if "bf16" not in peaks:
-        raise ConfigError(f"{origin}: [peak_flops_per_s] missing key ['bf16']")
     peak = {k: _ranged(peaks, k, f"{origin} [peak_flops_per_s]", PEAK_FLOPS_RANGE, "FLOP/s") for k in sorted(peaks)}
-    link = data["link"]
-    _check_keys(link, _HW_LINK, set(), f"{origin} [link]")
-    eff = data["efficiency"]
-    _check_keys(eff, _HW_EFF, set(), f"{origin} [efficiency]")
-    price = data["price"]
-    _check_keys(price, _HW_PRICE, set(), f"{origin} [price]")
-    sources = data["sources"]
+    link, eff, price, sources = data["link"], data["efficiency"], data["price"], data["sources"]
+    # [sources] names cuda_memory_bytes and die exactly when the entry sets them
     sourced = _HW_SOURCED | {k for k in ("cuda_memory_bytes", "die") if k in data}
-    _check_keys(sources, sourced, set(), f"{origin} [sources]")
+    unsourced, unset = sorted(sourced - set(sources)), sorted(set(sources) - sourced)
+    if unsourced:
+        raise ConfigError(f"{origin} [sources]: missing key(s) {unsourced} (every number the entry sets has a source)")
+    if unset:
+        raise ConfigError(f"{origin} [sources]: unknown key(s) {unset}; the entry sets no {' or '.join(unset)}")
     for key in sourced:
         _str(sources, key, f"{origin} [sources]")
     memory_bytes = _memory_bytes(data, "memory_bytes", origin)
@@ -682,7 +665,6 @@ _HF_REQUIRED = {"hidden_size", "num_hidden_layers", "num_attention_heads", "voca
 MAX_CONFIG_INT = 2**24
 MAX_CONFIG_TOKENS = 2**31 - 1
 _TOKEN_KEYS = {"max_position_embeddings", "sliding_window"}
-_MODEL_TOP = {"name", "hf_id", "source", "config"}
 
 
 def _native_dtype(cfg: Mapping[str, Any]) -> str:
@@ -842,13 +824,8 @@ def model_from_hf_config(cfg: Mapping[str, Any], name: str, hf_id: str = "", sou
 
 
 def parse_model(data: Mapping[str, Any], origin: str) -> ModelSpec:
-    _check_keys(data, _MODEL_TOP, set(), origin)
+    _check_keys(data, "ModelEntry", origin)  # [config]: the config.json keys rooftrace reads
     cfg = data["config"]
-    if not isinstance(cfg, dict):
-        raise ConfigError(f"{origin}: [config] must be a table")
-    unknown = sorted(set(cfg) - _HF_KEYS)
-    if unknown:
-        raise ConfigError(f"{origin} [config]: unknown key(s) {unknown} (not a config.json key rooftrace reads)")
     name, hf_id, source = (_str(data, key, origin) for key in ("name", "hf_id", "source"))
     try:
         return model_from_hf_config(cfg, name, hf_id, source)

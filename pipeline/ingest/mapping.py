@@ -46,29 +46,20 @@ FIELD_TO_CANDIDATE = {
     "e2e_s": "e2e_raw",
     "prefix_block_hashes": "hashes",
 }
-_REQUIRED = ("arrival", "recorded_input_tokens", "output_tokens")
 #: Tokens per prefix hash block at most (a 32-bit column; real logs use 16 to 512).
 MAX_BLOCK_SIZE = 1 << 24
+#: The mapping file's keys (declared with their types as ``MappingFile`` in pipeline/tomlschema.py).
 _TOP_KEYS = {"format", "source_format", "time_unit", "input_excludes_cache", "block_size", "fields"}
 
 
 def load_mapping(file: Path, forced_format: str | None) -> FormatSpec:
+    from pipeline.tomlschema import MappingFile, check
+
     data = read_toml(file, "mapping")
-    unknown = set(data) - _TOP_KEYS
-    if unknown:
-        raise ConfigError(f"{file}: unknown keys {sorted(unknown)}; allowed {sorted(_TOP_KEYS)}")
-    fields = data.get("fields")
-    if not isinstance(fields, dict):
-        raise ConfigError(f"{file}: missing [fields] table")
-    bad = set(fields) - set(FIELD_TO_CANDIDATE)
-    if bad:
-        raise ConfigError(f"{file}: unknown fields {sorted(bad)}; allowed {sorted(FIELD_TO_CANDIDATE)}")
-    missing = [f for f in _REQUIRED if f not in fields]
-    if missing:
-        raise ConfigError(f"{file}: [fields] must map {missing}")
-    for k, v in fields.items():
-        if not isinstance(v, str) or not v:
-            raise ConfigError(f"{file}: fields.{k} must be a non-empty column name")
+    # keys and types: [fields] maps each canonical field it names to a non-empty column name,
+    # arrival, recorded_input_tokens and output_tokens among them
+    check(data, MappingFile, str(file))
+    fields = data["fields"]
     fmt = forced_format or data.get("format")
     if fmt not in ("csv", "jsonl", "parquet"):
         raise ConfigError(f"{file}: format must be csv, jsonl or parquet (got {fmt!r})")
@@ -76,11 +67,9 @@ def load_mapping(file: Path, forced_format: str | None) -> FormatSpec:
     if kind not in TIME_KINDS:
         raise ConfigError(f"{file}: time_unit must be one of {TIME_KINDS} (got {kind!r})")
     block = data.get("block_size")
-    if block is not None and (not isinstance(block, int) or isinstance(block, bool) or not 0 < block <= MAX_BLOCK_SIZE):
+    if block is not None and not 0 < block <= MAX_BLOCK_SIZE:
         raise ConfigError(f"{file}: block_size must be an integer in 1..{MAX_BLOCK_SIZE:,} (tokens per hash block)")
     excludes = data.get("input_excludes_cache", False)
-    if not isinstance(excludes, bool):
-        raise ConfigError(f"{file}: input_excludes_cache must be true or false")
     label = str(data.get("source_format", fmt))
     fields_map = {FIELD_TO_CANDIDATE[k]: (str(v),) for k, v in fields.items()}
     # The arrival column is read raw and parsed in post().
