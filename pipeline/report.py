@@ -1591,11 +1591,13 @@ def config_tomls(config: dict[str, Any]) -> list[tuple[str, str]]:
 
 
 def _classified(store: Store, day: str) -> dict[str, Any]:
-    """What classify recorded for ``day`` (block size, capacity); empty before classify."""
+    """What classify recorded for ``day`` (block size, capacity, requests and where their hits came
+    from); empty before classify."""
     try:
         doc = json.loads(accounting_paths(store, day)["summary"].read_text())
         totals = doc.get("totals") or {}
-        return {"block_size_tokens": totals.get("block_size_tokens"), "capacity": totals.get("capacity")}
+        keys = ("block_size_tokens", "capacity", "requests", "cache_hit_source")
+        return {k: totals.get(k) for k in keys}
     except (OSError, ValueError, AttributeError):
         return {}
 
@@ -1606,10 +1608,26 @@ def _two_caches(h: dict[str, Any], config: dict[str, Any], classified: dict[str,
     sched = config.get("resolved", {}).get("scheduler", {})
     iso = ", ".join((config.get("options") or {}).get("isolation") or []) or "none"
     cap = classified.get("capacity") or "unbounded"
+    by_cls = classified.get("cache_hit_source") or {}
+    n_reported = int((by_cls.get("reported") or {}).get("requests") or 0)
+    split = (config.get("summary") or {}).get("cache_split") or {}
+    n_served = int(((split.get("by_source") or {}).get("reported") or {}).get("requests") or 0)
+    n_all = int(classified.get("requests") or 0)
+    cls_cache = f"one prefix cache per model over the whole day ({cap}), touched at arrival, in arrival order"
+    rep_cache = (
+        f"each replica's engine KV cache: {sched.get('num_gpu_blocks', '?')} blocks, LRU, "
+        "hit at admission, only on the replica the router chose"
+    )
+    if n_reported:
+        rest = f"; the other requests: {cls_cache}" if n_reported < n_all else ""
+        cls_cache = f"the log's reported cache hits ({n_reported:,} requests){rest}"
+    if n_served:
+        rest = f"; the other requests: {rep_cache}" if n_served < n_all else ""
+        rep_cache = f"the log's reported cache hits, their prefill skipped ({n_served:,} requests){rest}"
     rows = [
         {
             "figure": "classify (rooftrace classify)" + ("; the store now" if h.get("stale") else ""),
-            "cache": f"one prefix cache per model over the whole day ({cap}), touched at arrival, in arrival order",
+            "cache": cls_cache,
             "block size": classified.get("block_size_tokens"),
             "requests": h.get("classify_requests", h.get("requests")),
             "recorded input": h.get("classify_recorded_input_tokens"),
@@ -1618,8 +1636,7 @@ def _two_caches(h: dict[str, Any], config: dict[str, Any], classified: dict[str,
         },
         {
             "figure": "replay (this fleet)" + ("; this run" if h.get("stale") else ""),
-            "cache": f"each replica's engine KV cache: {sched.get('num_gpu_blocks', '?')} blocks, LRU, "
-            "hit at admission, only on the replica the router chose",
+            "cache": rep_cache,
             "block size": sched.get("block_size"),
             "requests": h.get("finished"),
             "recorded input": h.get("replay_recorded_input_tokens"),
@@ -1631,7 +1648,9 @@ def _two_caches(h: dict[str, Any], config: dict[str, Any], classified: dict[str,
         "Classify measures what the traffic could reuse (its cache sees every request of the "
         "day on one model); the replay measures what this fleet reuses (a request hits only blocks still "
         "cached on the replica it was routed to, and rejected requests are not counted). Both cut their blocks "
-        f"from one prefix identity (isolation key: {iso}), so they agree on what is shared. The "
+        f"from one prefix identity (isolation key: {iso}), so they agree on what is shared. Where the log "
+        "reports a request's cache hits (cached_tokens and its kin), both take the report: the replay skips "
+        "exactly that prefill and holds those tokens' KV blocks. The "
         "token-accounting chart uses classify's; cost and prefill load use the replay's.",
         "def",
     )
