@@ -90,3 +90,15 @@ def test_a_writer_taking_the_lock_sweeps_a_killed_replays_tables(tmp_path: Path)
         pass
     assert not files["run_requests"].exists() and not files["run_steps"].exists()
     assert files["fresh_run"].exists()  # perhaps a live replay's finished table, about to be renamed
+
+
+def test_a_rerun_of_a_completed_run_keeps_its_new_tables(tmp_path: Path) -> None:
+    """The same replay run again (same run id, so runs/<id>/config.json exists from the first):
+    its table finished under the temporary name, not yet renamed, is newer than config.json and
+    must survive the lock its own commit takes."""
+    run = tmp_path / "store" / "runs" / "2025-01-15-default-0123456789"
+    _file(run / "config.json", age_s=100)
+    table = _file(run / ".requests.parquet.n3wrun00.tmp")
+    with Store(tmp_path / "store").lock():
+        pass
+    assert table.exists()
