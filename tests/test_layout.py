@@ -79,7 +79,10 @@ def test_no_stage_imports_the_cli() -> None:
 
 
 def test_command_modules_import_their_stage_inside_the_command() -> None:
-    allowed = {"pipeline", "pipeline.cli", "pipeline.cli.common", "pipeline.defaults", "pipeline.errors"}
+    # pipeline.terminal: the one escaping function, standard library only
+    allowed = {
+        "pipeline", "pipeline.cli", "pipeline.cli.common", "pipeline.defaults", "pipeline.errors", "pipeline.terminal"
+    }  # fmt: skip
     for path in sorted((PKG / "cli").glob("*.py")):
         heavy = {d for d in _top_level_imports(path) if d.startswith("pipeline") and d.rsplit(".", 1)[0] not in allowed}
         heavy = {d for d in heavy if d not in allowed}
