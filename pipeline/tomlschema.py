@@ -26,6 +26,7 @@ the command line's ``--help`` (docs/architecture.md).
 from __future__ import annotations
 
 import datetime as _dt
+import json
 import types
 from typing import Annotated, Any, Union, get_args, get_origin
 
@@ -270,7 +271,7 @@ class HardwareEntry(_Table):
 class HfConfigTable(_Table):
     """``[config]``: the Hugging Face config.json keys rooftrace reads, verbatim."""
 
-    architectures: list[str] = _opt()
+    architectures: list[Any] = _opt()
     model_type: str = _opt()
     hidden_size: int = _req()
     intermediate_size: int = _opt()
@@ -286,7 +287,7 @@ class HfConfigTable(_Table):
     sliding_window: int = _opt()
     use_sliding_window: bool = _opt()
     max_window_layers: int = _opt()
-    layer_types: list[str] = _opt()
+    layer_types: list[Any] = _opt("per layer: full_attention or sliding_attention")
     kv_lora_rank: int = _opt()
     q_lora_rank: int = _opt()
     qk_nope_head_dim: int = _opt()
@@ -302,7 +303,7 @@ class HfConfigTable(_Table):
     first_k_dense_replace: int = _opt()
     moe_layer_freq: int = _opt()
     decoder_sparse_step: int = _opt()
-    mlp_only_layers: list[int] = _opt()
+    mlp_only_layers: list[Any] = _opt()
     quantization_config: dict[str, Any] = _opt()
     num_nextn_predict_layers: int = _opt()
     rope_theta: float = _opt()
@@ -439,7 +440,10 @@ def check(table: Any, schema: type[_Table], where: str) -> None:
 
 
 def _show(value: Any) -> str:
-    text = repr(value)
+    try:
+        text = repr(value)
+    except RecursionError:
+        return "a value nested too deeply to show"
     return text if len(text) <= 80 else text[:77] + "..."
 
 
@@ -558,6 +562,12 @@ def json_schema(kind: str) -> dict[str, Any]:
     model = EDITOR_SCHEMAS[kind]
     schema = _tidy(model.model_json_schema())
     return {"$schema": "https://json-schema.org/draft/2020-12/schema", **schema}
+
+
+def schema_text(kind: str) -> str:
+    """:func:`json_schema` as the text ``rooftrace catalog schema KIND`` prints and
+    ``schemas/editor/KIND.json`` holds (a test keeps the files equal to it)."""
+    return json.dumps(json_schema(kind), indent=2, sort_keys=True, ensure_ascii=False) + "\n"
 
 
 def _tidy(node: Any, in_properties: bool = False) -> Any:

@@ -237,3 +237,26 @@ def catalog_import_hf(config_json: str, name: str | None, hf_id: str, out: str |
             click.echo(text, nl=False)
 
     run(body)
+
+
+#: The files ``catalog schema`` describes (pipeline/tomlschema.py, EDITOR_SCHEMAS; a test keeps
+#: the two lists equal, so ``--help`` needs no pydantic).
+SCHEMA_KINDS = ("fleet", "hardware", "model", "mapping", "prices", "project")
+
+
+@catalog.command("schema")
+@click.argument("kind", type=click.Choice(SCHEMA_KINDS))
+def catalog_schema(kind: str) -> None:
+    """Print the JSON Schema of a TOML file kind, for editors: FLEET.toml (fleet), a hardware or
+    model entry, an ingest mapping, a price table or rooftrace.toml (project). The same files are
+    in schemas/editor/; with Taplo / Even Better TOML, put "#:schema PATH" on a file's first line.
+
+    Example: rooftrace catalog schema fleet > fleet.schema.json
+    """
+
+    def body() -> None:
+        from pipeline.tomlschema import schema_text
+
+        click.echo(schema_text(kind), nl=False)
+
+    run(body)
