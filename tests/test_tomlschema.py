@@ -473,3 +473,35 @@ def test_random_fleets_get_the_old_checkers_verdict(
     assert (old is None) == (new is None), (data, old, new)
     if old is not None and old.startswith("unknown") and "colour" in data:
         assert new is not None and "unknown key(s) ['colour']" in new
+
+
+_JUNK = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=3) | st.dates(),
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=3), inner, max_size=3),
+    max_leaves=8,
+)
+_MODELS = [
+    tomlschema.FleetFile, tomlschema.HardwareEntry, tomlschema.ModelEntry, tomlschema.DtypesFile,
+    tomlschema.PriceFile, tomlschema.MappingFile, tomlschema.ProjectFile, tomlschema.StackCalibrationTable,
+]  # fmt: skip
+
+
+def _keys(model: type[Any]) -> list[str]:
+    """Every key a model's tables declare (nested tables' too), so random tables hit them."""
+    out = set(model.model_fields)
+    for field in model.model_fields.values():
+        for arg in (field.annotation, *getattr(field.annotation, "__args__", ())):
+            if isinstance(arg, type) and hasattr(arg, "model_fields"):
+                out |= set(_keys(arg))
+    return sorted(out)
+
+
+@given(data=st.data(), model=st.sampled_from(_MODELS))
+def test_any_table_is_accepted_or_refused_in_one_line(data: st.DataObject, model: type[Any]) -> None:
+    """Whatever the values (nested, null, dates, empty keys), the check says one line or nothing."""
+    keys = st.sampled_from([*_keys(model), "", "x"])
+    table = data.draw(st.dictionaries(keys, _JUNK | st.dictionaries(keys, _JUNK, max_size=4), max_size=6))
+    try:
+        tomlschema.check(table, model, "f.toml")
+    except ConfigError as exc:
+        assert str(exc).startswith("f.toml") and "\n" not in str(exc) and len(str(exc)) < 2000
