@@ -222,10 +222,12 @@ def nightly(
     pods: int = 1,
     executor: str = "local",
     ray_address: str | None = None,
+    dedupe_across_formats: bool = False,
 ) -> NightlyResult:
     """Run the whole pipeline on ``logs`` for one date (``date``, else the date they hold the most
     requests of: :func:`_night`); ``jobs`` ingest workers, and the replay in ``pods`` run by
-    ``executor`` (docs/scale.md). The fleet is checked before anything runs."""
+    ``executor`` (docs/scale.md); ``dedupe_across_formats``: ingest's option of that name (a
+    request logged in two formats stored once). The fleet is checked before anything runs."""
     keep_ignored_sigint()  # a SIGINT the caller ignores is ignored by every stage (polars' handler)
     say = progress or (lambda _m: None)
     reports_dir = reports_dir or default_reports_dir()
@@ -235,7 +237,12 @@ def nightly(
     timings: dict[str, float] = {}
     with store.lock():
         summary = _stage(
-            "ingest", timings, say, lambda: ingest_logs(logs, store, fmt=fmt, date=date, progress=say, jobs=jobs)
+            "ingest",
+            timings,
+            say,
+            lambda: ingest_logs(
+                logs, store, fmt=fmt, date=date, progress=say, jobs=jobs, dedupe_across_formats=dedupe_across_formats
+            ),
         )
         if summary.errors:
             raise StageError(f"stage ingest failed (nothing after it ran): {'; '.join(summary.errors)}")

@@ -176,3 +176,15 @@ def test_cli_warns_on_stderr_and_in_json(tmp_path: Path) -> None:
     doc = json.loads(res.stdout)
     assert (doc["rows_stored"], doc["rows_duplicate"], doc["rows_cross_format"]) == (300, 300, 300)
     assert doc["warnings"] == [] and "warning:" not in res.stderr
+
+
+def test_nightly_passes_the_dedupe_option_to_its_ingest(tmp_path: Path) -> None:
+    """``nightly --dedupe-across-formats`` stores the 300 calls once, as ingest's option does."""
+    from pipeline.nightly import nightly
+
+    logs = [_openai_log(tmp_path / "gateway.jsonl"), _otel_log(tmp_path / "spans.jsonl")]
+    store = Store(tmp_path / "store")
+    fleet = Path(__file__).resolve().parents[1] / "fleets" / "default.toml"
+    res = nightly(logs, fleet, store, reports_dir=tmp_path / "reports", dedupe_across_formats=True)
+    assert res.headline["replayed_requests"] == N
+    assert store.read_requests().height == N

@@ -61,6 +61,12 @@ def _warn_all(headline: dict[str, object]) -> None:
     help="Seconds the load curve (traffic x0.5 .. x4 and beyond) may take; points left are marked skipped "
     "(inf: no limit).",
 )
+@click.option(
+    "--dedupe-across-formats",
+    "dedupe_across_formats",
+    is_flag=True,
+    help="As ingest's: store a request logged in two formats (the same request id, arrival and tokens) once.",
+)
 @jobs_option
 @pod_options
 @reports_option
@@ -77,6 +83,7 @@ def nightly_cmd(
     pods: int,
     executor: str,
     ray_address: str | None,
+    dedupe_across_formats: bool,
     reports_dir: Path | None,
     store_path: str | None,
     as_json: bool,
@@ -117,6 +124,7 @@ def nightly_cmd(
                 pods=pods,
                 executor=executor,
                 ray_address=ray_address,
+                dedupe_across_formats=dedupe_across_formats,
             )
         except StageError as exc:
             if exc.result is not None:  # a stage after the replay failed, the report was written
