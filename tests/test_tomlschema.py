@@ -505,3 +505,13 @@ def test_any_table_is_accepted_or_refused_in_one_line(data: st.DataObject, model
         tomlschema.check(table, model, "f.toml")
     except ConfigError as exc:
         assert str(exc).startswith("f.toml") and "\n" not in str(exc) and len(str(exc)) < 2000
+
+
+def test_the_editor_config_points_every_kind_at_its_schema() -> None:
+    """.taplo.toml: each rule's schema is a committed editor schema and its glob names real files."""
+    root = Path(__file__).resolve().parents[1]
+    rules = tomllib.loads((root / ".taplo.toml").read_text())["rule"]
+    assert {Path(r["schema"]["path"]).stem for r in rules} == {"fleet", "hardware", "model", "prices", "project"}
+    for rule in rules:
+        assert (root / rule["schema"]["path"]).is_file()
+        assert all(list(root.glob(pattern)) for pattern in rule["include"]), rule
