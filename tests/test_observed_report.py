@@ -262,7 +262,10 @@ def test_no_section_without_observed_latencies(tmp_path: Path) -> None:
 
 
 def test_no_section_for_a_what_if_run(nights: dict[str, Any], tmp_path: Path) -> None:
-    store = nights["store"]
+    import shutil
+
+    # a copy: a what-if run in the module's store would become the date's latest run for the others
+    store = Store(shutil.copytree(nights["store"].root, tmp_path / "store"))
     res = replay(store, FLEET, ReplayOptions(date=EQUAL, rate_scale=2.0))
     rep = build_report(store, res.run_id, out=tmp_path / "what-if.html")
     assert rep.headline["observed_compared"] is False and not rep.headline["drift"]
