@@ -236,3 +236,21 @@ def test_the_report_says_a_different_split_on_its_first_line(tmp_path: Path) -> 
     again = build_report(store, str(plain["run_id"]), out=tmp_path / "plain" / "index.html")
     assert again.headline["cache_split_note"] is None
     assert "CACHE SPLIT" not in again.path.read_text()
+
+
+def test_a_logged_zero_token_prompt_is_stored_as_logged_by_the_command(tmp_path: Path) -> None:
+    """The hostile case end to end: `requests` says 0 and so does the run's table; the engine's
+    one computed token is in prefill_tokens."""
+    log = tmp_path / "m.jsonl"
+    log.write_text(
+        '{"timestamp": 0, "input_length": 0, "output_length": 5, "hash_ids": []}\n'
+        '{"timestamp": 10, "input_length": 600, "output_length": 5, "hash_ids": [1, 2]}\n'
+    )
+    store = tmp_path / "store"
+    _ok(CliRunner().invoke(main, ["ingest", "--store", str(store), "--date", "2024-01-01", str(log)]))
+    doc, table, _ = _replay(Store(store))
+    rows = table.sort("recorded_input_tokens").select(
+        "recorded_input_tokens", "cache_hit_tokens", "fresh_input_tokens", "prefill_tokens", "cache_hit_source"
+    )
+    assert rows.rows() == [(0, 0, 0, 1, "none"), (600, 0, 600, 600, "prefix_cache")]
+    assert doc["cache_split"]["recorded_input_tokens"] == 600
