@@ -82,7 +82,7 @@ def _share(text: str, option: str) -> float:
 #: the peak phase loads and the KV peak do.
 PLAN_COLUMNS = (
     "    (busy: time stepping; pre/dec: peak-minute fresh prefill / decode tokens/s of the roofline ceiling; "
-    "KV: peak KV-cache use)"
+    "KV: peak KV-cache use; SLO slack: how far the worst target is below its limit, 1 − p99/limit)"
 )
 
 
@@ -252,7 +252,7 @@ def plan_cmd(
     click.echo(f"SLO {doc['slo']['name']}: {doc['slo']['targets']}")
     header = (
         f"{'#':>3} {'config':<24} {'GPUs':>5} {'repl':>4} {'TTFT99':>8} {'TPOT99':>8} {'busy':>5} {'pre':>5} "
-        f"{'dec':>5} {'KV':>5} {'headroom':>8} {'binds':<12} {'$/day':>10} {'$/Mtok':>7} {'priced by':<9} pareto"
+        f"{'dec':>5} {'KV':>5} {'SLO slack':>9} {'binds':<12} {'$/day':>10} {'$/Mtok':>7} {'priced by':<9} pareto"
     )
     click.echo(header)
     click.echo(PLAN_COLUMNS)
@@ -267,7 +267,7 @@ def plan_cmd(
             f"{fmt_latency(r['ttft_p99_s']):>8} {fmt_latency(r['tpot_p99_s']):>8} "
             f"{fmt_num(r['utilization'], '.0%'):>5} {fmt_num(r.get('prefill_utilization'), '.0%'):>5} "
             f"{fmt_num(r.get('decode_utilization'), '.0%'):>5} {fmt_num(r.get('kv_peak_fraction'), '.0%'):>5} "
-            f"{fmt_num(r['slo_headroom'], '.0%'):>8} "
+            f"{fmt_num(r['slo_headroom'], '.0%'):>9} "
             f"{r['binding'] or '-':<12} {fmt_num(r['usd_per_day'], ',.0f'):>10} "
             f"{fmt_num(r['usd_per_million_tokens'], '.3f'):>7} {r.get('priced_by') or '-':<9} "
             f"{'*' if r['pareto'] else ''}"
