@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -240,7 +241,14 @@ def mooncake_store(tmp_path_factory: pytest.TempPathFactory) -> Store:
     return store
 
 
-def test_mooncake_unbounded_hits_match_an_independent_walk(mooncake_store: Store) -> None:
+def _classified_copy(store: Store, tmp_path: Path) -> Store:
+    """A copy of the module's ingested store for a test that classifies (writes accounting/): the
+    module's store stays as ingested, whatever ran before."""
+    return Store(shutil.copytree(store.root, tmp_path / "store", symlinks=True))
+
+
+def test_mooncake_unbounded_hits_match_an_independent_walk(mooncake_store: Store, tmp_path: Path) -> None:
+    mooncake_store = _classified_copy(mooncake_store, tmp_path)
     rows = mooncake_rows()
     # The SOURCE.md figure: leading-prefix blocks seen before / all blocks, any block counted.
     seen: set[int] = set()
@@ -305,7 +313,8 @@ def test_mooncake_bounded_curve_equals_explicit_lru(mooncake_store: Store) -> No
             assert acc.requests["simulated_hit_blocks"].to_list() == per_request
 
 
-def test_mooncake_peak_fresh_rate_is_reproducible_in_sql(mooncake_store: Store) -> None:
+def test_mooncake_peak_fresh_rate_is_reproducible_in_sql(mooncake_store: Store, tmp_path: Path) -> None:
+    mooncake_store = _classified_copy(mooncake_store, tmp_path)
     out = classify_tokens(mooncake_store)
     paths = accounting_paths(mooncake_store, DAY)
     peak = (

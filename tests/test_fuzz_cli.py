@@ -711,6 +711,16 @@ def tiny(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     return {"root": root, "store": store, "run_id": run_id, "random": randoms}
 
 
+def _scratch(tiny: dict[str, Any], name: str) -> Path:
+    """This test's own copy of the tiny store, made on its first example: a test whose commands
+    write runs, plans or costs works there, so the shared store (whose latest run the report,
+    query and sql tests read) holds only the fixture's run, whatever the order."""
+    store = tiny["root"] / name
+    if not store.exists():
+        shutil.copytree(tiny["store"], store)
+    return store
+
+
 # --- 3. options ---------------------------------------------------------------------------------
 #
 # Each command's options as {option: (valid values, hostile values)}. An example takes a random
@@ -800,7 +810,8 @@ REPLAY: Spec = {
     json_flag=st.sampled_from([[], ["--json"]]),
 )
 def test_replay_options(tiny: dict[str, Any], options: list[str], offline: list[str], json_flag: list[str]) -> None:
-    invoke(["replay", "--store", str(tiny["store"]), *options, *offline, *json_flag])
+    store = _scratch(tiny, "replay-options-store")  # replay writes runs: not the shared store
+    invoke(["replay", "--store", str(store), *options, *offline, *json_flag])
 
 
 #: FLEET.toml keys: (valid values, hostile values). The keys that size the simulation (replicas,
@@ -904,6 +915,7 @@ def fleet_doc(draw: st.DrawFn) -> dict[str, Any]:
 @given(data=st.data())
 def test_replay_fleet_toml(tiny: dict[str, Any], data: st.DataObject) -> None:
     """--fleet: random bytes, or a FLEET.toml with random keys holding valid or hostile values."""
+    store = _scratch(tiny, "replay-fleet-store")  # replay writes runs: not the shared store
     with tempfile.TemporaryDirectory() as tmp:
         fleet = Path(tmp) / "fleet.toml"
         if data.draw(st.integers(0, 5), label="random bytes?") == 0:
@@ -912,7 +924,7 @@ def test_replay_fleet_toml(tiny: dict[str, Any], data: st.DataObject) -> None:
             fleet.write_bytes(text.decode("utf-8", "replace").encode())
         else:
             fleet.write_bytes(toml_bytes(data.draw(fleet_doc(), label="fleet")))
-        invoke(["replay", "--store", str(tiny["store"]), "--fleet", str(fleet), "--json"])
+        invoke(["replay", "--store", str(store), "--fleet", str(fleet), "--json"])
 
 
 def test_replay_fleet_not_utf8(tiny: dict[str, Any], tmp_path: Path) -> None:
@@ -982,7 +994,8 @@ PLAN: Spec = {
 def test_plan_options(tiny: dict[str, Any], options: list[str]) -> None:
     # one local process, few replicas and one configuration unless drawn: a valid draw is a
     # handful of short replays
-    args = ["plan", "--store", str(tiny["store"]), "--jobs", "1", "--max-replicas", "4"]
+    store = _scratch(tiny, "plan-options-store")  # plan writes plans and costs: not the shared store
+    args = ["plan", "--store", str(store), "--jobs", "1", "--max-replicas", "4"]
     for name, default in (("--model", "llama-3.1-8b"), ("--hardware", "h100-sxm"), ("--tp", "1")):
         if name not in options:
             args += [name, default]

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import math
+import shutil
 from pathlib import Path
 
 import numpy as np
@@ -37,12 +38,18 @@ def store(tmp_path_factory: pytest.TempPathFactory) -> Store:
     return s
 
 
+def _own(store: Store, tmp_path: Path) -> Store:
+    """A copy of the module's store for a test that plans: a plan writes plans/ and costs/ into
+    the store (two tests here write the same plan id, one of them with a replay that fails)."""
+    return Store(shutil.copytree(store.root, tmp_path / "store", symlinks=True))
+
+
 # -- 1: an overloaded replay never meets the plan -------------------------------------------------
 
 
-def test_day_batch_plan_does_not_rank_an_overloaded_fleet(store: Store) -> None:
+def test_day_batch_plan_does_not_rank_an_overloaded_fleet(store: Store, tmp_path: Path) -> None:
     # the tester's case: 1 L4 "met" the 24 h batch SLO while its replay of the day was OVERLOADED
-    result = plan(store, _opts(window="day", slo="batch"))
+    result = plan(_own(store, tmp_path), _opts(window="day", slo="batch"))
     row = result.doc["configurations"][0]
     n = row["replicas"]
     assert row["meets_slo"] and row["rank"] == 1 and n is not None
@@ -95,7 +102,7 @@ def test_min_replicas_grows_past_overload_without_a_false_latency_floor() -> Non
     ],
 )
 def test_unreplayable_configuration_is_skipped_not_the_plan(
-    store: Store, monkeypatch: pytest.MonkeyPatch, exc: Exception
+    store: Store, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, exc: Exception
 ) -> None:
     real = search_mod.evaluate
 
@@ -105,7 +112,7 @@ def test_unreplayable_configuration_is_skipped_not_the_plan(
         return real(window, fleet, replicas, slo, max_rejected)
 
     monkeypatch.setattr(search_mod, "evaluate", evaluate)
-    result = plan(store, _opts(hardware=("l4", "h100-sxm")))
+    result = plan(_own(store, tmp_path), _opts(hardware=("l4", "h100-sxm")))
     rows = {r["config"]: r for r in result.doc["configurations"]}
     l4, h100 = rows["l4 tp1 bf16"], rows["h100-sxm tp1 bf16"]
     assert h100["meets_slo"] and h100["rank"] == 1
@@ -164,7 +171,7 @@ def test_cli_text_stale_price_and_no_negative_zero(store: Store, tmp_path: Path)
         'cached_input = 0.1\ncache_write = 1.0\noutput = 3.0\ndate = "0001-01-01"\nsource = "s"\n'
     )
     args = ["plan", "--model", "llama-3.1-8b", "--traffic-model", "*", "--hardware", "l4", "--tp", "1"]
-    args += ["--window-s", "20", "--warmup-s", "10", "--jobs", "1", "--store", str(store.root)]
+    args += ["--window-s", "20", "--warmup-s", "10", "--jobs", "1", "--store", str(_own(store, tmp_path).root)]
     args += ["--gpu-price", "l4=-0", "--prices", str(prices)]
     res = CliRunner().invoke(main, args)
     assert res.exit_code == 0, res.output

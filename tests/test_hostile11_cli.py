@@ -298,7 +298,7 @@ def test_replay_and_nightly_say_the_executor_was_not_used(night: dict[str, Any],
     # its replays go into a copy: the night's store holds the night's one run for the other tests
     shutil.copytree(night["store"].root, tmp_path / "store")
     store = Store(tmp_path / "store")
-    lo = _fleet(night["root"], "lo", RR_FLEET.replace("round_robin", "least_outstanding"))
+    lo = _fleet(tmp_path, "lo", RR_FLEET.replace("round_robin", "least_outstanding"))
     res = _invoke(["replay", "--store", str(store.root), "--fleet", str(lo), "--executor", "process"])
     assert res.exit_code == 0, res.stderr
     notes = [ln for ln in res.stderr.splitlines() if "not used" in ln]

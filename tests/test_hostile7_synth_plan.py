@@ -200,6 +200,12 @@ def store(tmp_path_factory: pytest.TempPathFactory) -> Store:
     return s
 
 
+def _own(store: Store, tmp_path: Path) -> Store:
+    """A copy of the module's store for a test that plans: a plan writes plans/ and costs/ into the
+    store (the same plan id from two tests), so each test plans in its own copy."""
+    return Store(shutil.copytree(store.root, tmp_path / "store", symlinks=True))
+
+
 def _plan_args(store: Store, *extra: str) -> list[str]:
     return [
         "plan",
@@ -273,7 +279,9 @@ def test_step_rates_and_seed_never_divide_by_zero() -> None:
     )
 
 
-def test_plan_skips_a_configuration_with_zero_capacity(store: Store, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_plan_skips_a_configuration_with_zero_capacity(
+    store: Store, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """A hardware entry whose bandwidth or FLOP/s is vanishingly small prices every step at inf
     seconds: the configuration is skipped with its reason, no replay, no ZeroDivisionError."""
     real = plan_search.capacity_per_replica
@@ -285,7 +293,7 @@ def test_plan_skips_a_configuration_with_zero_capacity(store: Store, monkeypatch
         return cap
 
     monkeypatch.setattr(plan_search, "capacity_per_replica", tiny)
-    res = plan(store, _opts(hardware=("h200", "h100-sxm")))
+    res = plan(_own(store, tmp_path), _opts(hardware=("h200", "h100-sxm")))
     rows = {r["config"]: r for r in res.doc["configurations"]}
     bad = rows["h200 tp1 bf16"]
     assert not bad["meets_slo"] and bad["replays"] == 0
@@ -315,7 +323,10 @@ def test_local_jobs_are_capped_by_the_memory_limit(monkeypatch: pytest.MonkeyPat
         assert plan_stage.local_jobs(100_000, 12, 79) == (12, None)
 
 
-def test_plan_says_when_the_memory_limit_caps_jobs(store: Store, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_plan_says_when_the_memory_limit_caps_jobs(
+    store: Store, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    store = _own(store, tmp_path)
     # room for the replays here (this process and about 263 MiB more) but not for two workers
     room = limits.process_rss() + 3 * plan_stage.worker_bytes(238) // 2
     monkeypatch.setenv("ROOFTRACE_MAX_MEMORY", str(room))  # one worker: the search runs here
@@ -328,7 +339,8 @@ def test_plan_says_when_the_memory_limit_caps_jobs(store: Store, monkeypatch: py
 # --- L1: duplicates ------------------------------------------------------------------------------
 
 
-def test_plan_runs_each_hardware_and_precision_once(store: Store) -> None:
+def test_plan_runs_each_hardware_and_precision_once(store: Store, tmp_path: Path) -> None:
+    store = _own(store, tmp_path)
     opts = _opts(hardware=("h100-sxm", "a100-80gb-sxm", "h100-sxm"), precision=("bf16", "fp8", "bf16"))
     assert opts.hardware == ("h100-sxm", "a100-80gb-sxm") and opts.precision == ("bf16", "fp8")
     assert opts == _opts(hardware=("h100-sxm", "a100-80gb-sxm"), precision=("bf16", "fp8"))  # the same plan id
@@ -343,6 +355,7 @@ def test_plan_runs_each_hardware_and_precision_once(store: Store) -> None:
 
 
 def test_plan_rejecting_long_requests_says_to_raise_max_model_len(store: Store, tmp_path: Path) -> None:
+    store = _own(store, tmp_path)
     fleet = tmp_path / "short.toml"
     fleet.write_text('name = "short"\nmodel = "llama-3.1-8b"\nhardware = "h100-sxm"\n[engine]\nmax_model_len = 1024\n')
     for extra in ((), ("--json",)):

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import resource
+import shutil
 import subprocess
 import sys
 import textwrap
@@ -70,6 +71,12 @@ def store(tmp_path_factory: pytest.TempPathFactory) -> Store:
     frame = generate(SynthConfig(requests=200, seed=9, models=("llama-3.1-8b",), duration_s=200, diurnal=False))
     ingest_logs(write_logs(frame, "anthropic", base / "day.jsonl"), st)
     return st
+
+
+def _own(store: Store, tmp_path: Path) -> Store:
+    """A copy of the module's store for a test that replays into it: a run one test leaves there
+    would be in the runs/ another test lists, and the latest run, depending on the order."""
+    return Store(shutil.copytree(store.root, tmp_path / "store", symlinks=True))
 
 
 def _estimate(**over: Any) -> ReplayEstimate:
@@ -317,6 +324,7 @@ def test_fleet_size_counts_tp_pp_dp(tmp_path: Path) -> None:
 
 
 def test_replay_line_says_replicas_and_gpus(store: Store, tmp_path: Path) -> None:
+    store = _own(store, tmp_path)  # the run goes into a copy: the module's store holds no runs of tests
     fleet = _fleet(tmp_path, "dp16", "dp = 16\nreplicas = 1\n")
     res = _invoke(["replay", "--store", str(store.root), "--fleet", str(fleet)])
     assert res.exit_code == 0, res.stderr
@@ -326,7 +334,8 @@ def test_replay_line_says_replicas_and_gpus(store: Store, tmp_path: Path) -> Non
 # -- 4. the run id depends on the date resolved, not on --date being typed ------------------------
 
 
-def test_run_id_is_the_same_with_or_without_the_date(store: Store) -> None:
+def test_run_id_is_the_same_with_or_without_the_date(store: Store, tmp_path: Path) -> None:
+    store = _own(store, tmp_path)
     date = store.resolve_date(None)
     implicit = replay(store, DEFAULT_FLEET, ReplayOptions())
     explicit = replay(store, DEFAULT_FLEET, ReplayOptions(date=date))

@@ -77,6 +77,12 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     return {"base": base, "store": store, "normal": normal, "over": over}
 
 
+def _own(runs: dict[str, Any], tmp_path: Path) -> Store:
+    """A copy of the module's store for a test that runs `cost` or `report` (both write into the
+    store: costs/, the chart cache): what one test costs must not be what another one reports."""
+    return Store(shutil.copytree(runs["store"].root, tmp_path / "store", symlinks=True))
+
+
 # -- 1. one period: the makespan of a fleet that fell behind ----------------------------------------
 
 
@@ -107,8 +113,8 @@ def test_run_period_hand_computed() -> None:
     assert str(over.unit_costs_note).startswith("OVERLOADED run: $ per token and self-host/API ratios are not valid")
 
 
-def test_cost_of_an_overloaded_run_prices_its_makespan(runs: dict[str, Any]) -> None:
-    store, over = runs["store"], runs["over"]
+def test_cost_of_an_overloaded_run_prices_its_makespan(runs: dict[str, Any], tmp_path: Path) -> None:
+    store, over = _own(runs, tmp_path), runs["over"]
     assert over.summary["health"]["overload"]["detected"]
     span, makespan, busy = _spans(over.run_dir)
     assert makespan > 4 * span  # one sequence at a time: the queue takes minutes to drain
@@ -137,10 +143,10 @@ def test_cost_of_an_overloaded_run_prices_its_makespan(runs: dict[str, Any]) -> 
     ]
 
 
-def test_report_states_the_cost_period_and_marks_overloaded_unit_costs(runs: dict[str, Any]) -> None:
-    store, over = runs["store"], runs["over"]
+def test_report_states_the_cost_period_and_marks_overloaded_unit_costs(runs: dict[str, Any], tmp_path: Path) -> None:
+    store, over = _own(runs, tmp_path), runs["over"]
     cost = run_cost(store, over.run_id).to_dict()
-    out = runs["base"] / "over" / "index.html"
+    out = tmp_path / "over" / "index.html"
     res = _invoke(["report", "--store", str(store.root), "--run", over.run_id, "--out", str(out)])
     assert res.exit_code == 0, res.output
     assert "warning: OVERLOADED run: $ per token" in res.stderr
@@ -170,8 +176,8 @@ def _fmt_dollars(x: float) -> str:
 # -- 2. utilization from time -----------------------------------------------------------------------
 
 
-def test_utilization_is_busy_over_total_gpu_seconds_at_any_price(runs: dict[str, Any]) -> None:
-    store, normal = runs["store"], runs["normal"]
+def test_utilization_is_busy_over_total_gpu_seconds_at_any_price(runs: dict[str, Any], tmp_path: Path) -> None:
+    store, normal = _own(runs, tmp_path), runs["normal"]
     span, _, busy = _spans(normal.run_dir)
     docs = []
     for extra in ([], ["--gpu-price", "0"]):
@@ -250,8 +256,8 @@ def test_report_header_counts_every_gpu_of_a_replica() -> None:
 # -- 5. a stale price in text; --out paths that cannot be written ------------------------------------
 
 
-def test_stale_price_is_said_in_text_and_in_the_report(runs: dict[str, Any]) -> None:
-    store, normal, base = runs["store"], runs["normal"], runs["base"]
+def test_stale_price_is_said_in_text_and_in_the_report(runs: dict[str, Any], tmp_path: Path) -> None:
+    store, normal, base = _own(runs, tmp_path), runs["normal"], tmp_path
     prices = base / "old.toml"
     prices.write_text(STALE_PRICE)
     res = _invoke(["cost", "--store", str(store.root), "--run", normal.run_id, "--prices", str(prices)])

@@ -7,6 +7,7 @@ import json
 import os
 import re
 import select
+import shutil
 import signal
 import subprocess
 import sys
@@ -41,6 +42,12 @@ DATE = "2025-01-15"
 
 def _tree(root: Path) -> set[Path]:
     return {p for p in root.rglob("*")}
+
+
+def _own(small: dict[str, Any], tmp_path: Path) -> Store:
+    """A copy of the module's store for a test that writes into it (a replay, classify, a report's
+    chart cache, a link under runs/): the module's store stays as ingested, whatever the order."""
+    return Store(shutil.copytree(small["store"].root, tmp_path / "store", symlinks=True))
 
 
 def _fleet(path: Path, name: str = "default") -> Path:
@@ -110,7 +117,7 @@ def test_fleet_name_rule() -> None:
 
 
 def test_cost_refuses_run_ids_that_are_paths(small: dict[str, Any], tmp_path: Path) -> None:
-    store: Store = small["store"]
+    store: Store = _own(small, tmp_path)  # a link is added under runs/: not in the module's store
     outside = tmp_path / "outside"
     outside.mkdir()
     (outside / "config.json").write_text("{}")
@@ -141,10 +148,11 @@ def test_markup_in_fleet_fields_stays_escaped_in_the_report(small: dict[str, Any
     fleet = _fleet(tmp_path / "f.toml", "escape-test")
     evil = 'description = "<script>alert(1)</script><img src=x onerror=alert(2)>"'
     fleet.write_text(re.sub(r"^description = .*$", evil, fleet.read_text(), count=1, flags=re.M))
-    result = replay(small["store"], fleet, ReplayOptions(date=DATE))
+    store = _own(small, tmp_path)
+    result = replay(store, fleet, ReplayOptions(date=DATE))
     assert result.run_id.startswith(f"{DATE}-escape-test-")
     out = tmp_path / "report.html"
-    build_report(small["store"], result.run_id, DATE, out)
+    build_report(store, result.run_id, DATE, out)
     page = out.read_text()
     assert "escape-test" in page
     assert "<script>alert(1)" not in page and "<img src=x" not in page
@@ -212,16 +220,17 @@ def test_replay_past_the_limit_is_refused_up_front(small: dict[str, Any]) -> Non
     assert _tree(small["root"]) == before
 
 
-def test_a_huge_fleet_costs_what_its_busy_replicas_cost(small: dict[str, Any]) -> None:
+def test_a_huge_fleet_costs_what_its_busy_replicas_cost(small: dict[str, Any], tmp_path: Path) -> None:
     """Ten million replicas for 2,000 requests: least outstanding only ever uses the lowest
     replicas, so the replay runs (no refusal) and gives what 2,000 replicas give."""
-    store = str(small["store"].root)
+    own = _own(small, tmp_path)
+    store = str(own.root)
     runs = []
     for replicas in ("10000000", "2000"):
         res = _invoke(["replay", "--replicas", replicas, "--store", store, "--json"])
         assert res.exit_code == 0, res.stderr
         runs.append(json.loads(res.stdout))
-    huge, small_run = (small["store"].root / "runs" / r["run_id"] / "requests.parquet" for r in runs)
+    huge, small_run = (own.root / "runs" / r["run_id"] / "requests.parquet" for r in runs)
     import pyarrow.parquet as pq
 
     assert pq.read_table(huge).equals(pq.read_table(small_run))
@@ -255,9 +264,10 @@ print(json.dumps({"estimate": est.bytes, "peak": hwm}))
 
 
 @pytest.mark.skipif(not Path("/proc/self/status").exists(), reason="needs /proc")
-def test_estimate_bounds_the_peak_memory_of_a_real_replay(small: dict[str, Any]) -> None:
+def test_estimate_bounds_the_peak_memory_of_a_real_replay(small: dict[str, Any], tmp_path: Path) -> None:
+    store = _own(small, tmp_path)  # the measured replay writes its run: not into the module's store
     out = subprocess.run(
-        [sys.executable, "-c", _MEASURE, str(small["store"].root), str(DEFAULT_FLEET), DATE, "40"],
+        [sys.executable, "-c", _MEASURE, str(store.root), str(DEFAULT_FLEET), DATE, "40"],
         capture_output=True,
         text=True,
         check=True,
@@ -331,7 +341,7 @@ def test_python_engine_replay_stops_promptly_on_ctrl_c(small: dict[str, Any], tm
     fleet = _fleet(tmp_path / "rr.toml", "rr")
     fleet.write_text(fleet.read_text().replace('router = "least_outstanding"', 'router = "round_robin"'))
     args = ["replay", "--fleet", str(fleet), "--replicas", "3000", "--concurrency", "2000", "--max-memory", "none"]
-    args += ["--store", str(small["store"].root)]
+    args += ["--store", str(_own(small, tmp_path).root)]  # an interrupted writer: not the module's store
     code, err, waited = _interrupt(args, tmp_path, r"replay: [1-9][0-9,]* of 2,000 requests done")
     assert code == 130, err
     assert "Traceback" not in err and err.rstrip().splitlines()[-1].startswith("interrupted (Ctrl-C)"), err
@@ -352,12 +362,12 @@ def test_progress_reaches_the_jit_engine(small: dict[str, Any]) -> None:
     assert est.engine == "jit" and est.progress_total == frame.height
 
 
-def test_the_first_compile_is_announced(small: dict[str, Any], monkeypatch: pytest.MonkeyPatch) -> None:
+def test_the_first_compile_is_announced(small: dict[str, Any], tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """A replay whose engine must be compiled first (no valid disk cache) says so on stderr
     before it sits busy; one that needs no compile does not."""
     import pipeline.limits as limits
 
-    args = ["replay", "--store", str(small["store"].root), "--json"]
+    args = ["replay", "--store", str(_own(small, tmp_path).root), "--json"]
     monkeypatch.setattr(limits, "jit_compile_needed", lambda: False)
     quiet = _invoke(args)
     assert quiet.exit_code == 0 and "compiling the replay engine" not in quiet.stderr
@@ -367,12 +377,12 @@ def test_the_first_compile_is_announced(small: dict[str, Any], monkeypatch: pyte
 
 
 @pytest.mark.skipif("NUMBA_CACHE_DIR" in os.environ, reason="the engine's cache is kept outside the package")
-def test_no_compile_announced_once_the_engine_is_compiled(small: dict[str, Any]) -> None:
+def test_no_compile_announced_once_the_engine_is_compiled(small: dict[str, Any], tmp_path: Path) -> None:
     """After a replay has compiled the engine into its disk cache, the next estimate knows no
     compile is ahead (the stamp jit_compile_needed looks for is the one the kernels write)."""
     import pipeline.limits as limits
 
-    assert _invoke(["replay", "--store", str(small["store"].root), "--json"]).exit_code == 0
+    assert _invoke(["replay", "--store", str(_own(small, tmp_path).root), "--json"]).exit_code == 0
     assert limits.jit_compile_needed() is False
 
 
@@ -462,14 +472,14 @@ def test_the_estimate_knows_static_routes_as_the_replay_does() -> None:
 
 
 def test_classify_refuses_a_block_size_its_memory_cannot_hold(
-    small: dict[str, Any], monkeypatch: pytest.MonkeyPatch
+    small: dict[str, Any], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """``classify --block-size 1`` on a large day grew until it ran out of memory (a numpy
     traceback under a ulimit); it is estimated first (limits.CLASSIFY_BLOCK_BYTES a block) and
     refused in one line past the limit, naming the blocks; the default block size still runs."""
     from pipeline.limits import CLASSIFY_BLOCK_BYTES, OVERHEAD_BYTES, process_rss
 
-    store = small["store"]
+    store = _own(small, tmp_path)  # the default block size classifies: not in the module's store
     day = store.read_requests(DATE)
     cached = day["recorded_input_tokens"] + day["output_tokens"] * day["session_id"].is_not_null()
     tokens = int(cached.clip(lower_bound=1).sum())  # a session's turns cache their answers too

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import shutil
 from pathlib import Path
 
 import numpy as np
@@ -204,7 +205,14 @@ def _opts(**kw: object) -> PlanOptions:
     return PlanOptions(**args)  # type: ignore[arg-type]
 
 
-def test_plan_is_consistent_with_the_replay(azure_store: Store) -> None:
+def _own(store: Store, tmp_path: Path) -> Store:
+    """A copy of the module's store for a test that plans (a plan writes plans/ and costs/, which
+    the warehouse's latest-plan queries read): the module's store stays as ingested."""
+    return Store(shutil.copytree(store.root, tmp_path / "store", symlinks=True))
+
+
+def test_plan_is_consistent_with_the_replay(azure_store: Store, tmp_path: Path) -> None:
+    azure_store = _own(azure_store, tmp_path)
     result = plan(azure_store, _opts())
     row = result.table.to_pylist()[0]
     n = row["replicas"]
@@ -230,7 +238,8 @@ def test_plan_is_consistent_with_the_replay(azure_store: Store) -> None:
     assert not meets(n - 1)
 
 
-def test_plan_outputs_idempotent_and_cli(azure_store: Store) -> None:
+def test_plan_outputs_idempotent_and_cli(azure_store: Store, tmp_path: Path) -> None:
+    azure_store = _own(azure_store, tmp_path)
     runner = CliRunner()
     args = [
         "plan",
@@ -299,8 +308,9 @@ def test_plan_cli_errors(azure_store: Store) -> None:
     assert res.exit_code == 0 and json.loads(res.stdout)["chat"]["targets"] == {"ttft_p99": 2.0, "tpot_p99": 0.1}
 
 
-def test_ray_executor(azure_store: Store) -> None:
+def test_ray_executor(azure_store: Store, tmp_path: Path) -> None:
     ray = pytest.importorskip("ray", reason="ray is the optional extra rooftrace[ray]; not installed here")
+    azure_store = _own(azure_store, tmp_path)
     ray.init(num_cpus=1, include_dashboard=False)
     try:
         local = plan(azure_store, _opts(hardware=("l4",)))

@@ -5,6 +5,7 @@ base fleet's expert parallelism following each candidate's tp x dp."""
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 import pytest
@@ -30,6 +31,12 @@ def store(tmp_path_factory: pytest.TempPathFactory) -> Store:
     s = Store(tmp_path_factory.mktemp("plan-hostile") / "store")
     ingest_logs([AZURE], s, date="2023-11-16")
     return s
+
+
+def _own(store: Store, tmp_path: Path) -> Store:
+    """A copy of the module's store for a test that plans (plans/ and costs/ are written into the
+    store): the module's store stays as ingested, whatever the order."""
+    return Store(shutil.copytree(store.root, tmp_path / "store", symlinks=True))
 
 
 def _fleet(path: Path, lines: list[str]) -> Path:
@@ -82,7 +89,7 @@ def test_plan_measured_base_skips_hardware_without_profile(store: Store, tmp_pat
         tmp_path / "measured.toml",
         ['name = "m"', 'model = "llama-3.1-8b"', 'hardware = "h100-sxm"', 'cost_model = "measured"'],
     )
-    result = plan(store, _opts(base, hardware=("mi300x", "h100-sxm")))
+    result = plan(_own(store, tmp_path), _opts(base, hardware=("mi300x", "h100-sxm")))
     rows = {r["hardware"]: r for r in result.table.to_pylist()}
     assert rows["h100-sxm"]["meets_slo"] and rows["h100-sxm"]["rank"] == 1, rows["h100-sxm"]
     mi = rows["mi300x"]
@@ -120,6 +127,7 @@ def test_plan_ep_follows_tp_times_dp(store: Store, tmp_path: Path) -> None:
     # a dense model planned from an expert-parallel base runs ep = 1
     assert _with_model(base, "llama-3.1-8b").ep == 1
 
+    store = _own(store, tmp_path)
     result = plan(store, _opts(base_path, model="qwen3-30b-a3b", hardware=("h100-sxm",), tp=(1, 2), max_replicas=4))
     rows = result.table.to_pylist()
     assert [r["tp"] for r in sorted(rows, key=lambda r: r["tp"])] == [1, 2]

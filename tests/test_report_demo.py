@@ -103,7 +103,7 @@ def test_in_a_1400px_browser_the_config_is_collapsed_and_no_table_overflows(
     night: NightlyResult, tmp_path: Path
 ) -> None:
     page = night.report.read_text()
-    probed = night.report.with_name("probe.html")
+    probed = tmp_path / "probe.html"  # not beside the module's report: its folder stays as the demo wrote it
     end = page.rindex("</body>")  # the last: the inlined Vega bundle holds the string "</body>" too
     probed.write_text(page[:end] + _PROBE + page[end:])
     dom = subprocess.run(
