@@ -7,8 +7,15 @@ library only. The stages import them from here: each value is defined once.
 
 from __future__ import annotations
 
-#: Log formats ``ingest`` and ``nightly`` read (pipeline/ingest/formats.py builds its readers for
-#: exactly these; a test checks the two agree).
+import tomllib
+from pathlib import Path
+
+from pipeline.errors import ConfigError
+
+#: Log formats ``ingest`` and ``nightly`` read. A hand copy of pipeline/ingest/formats.py's
+#: ALL_FORMATS (each format's spec, detection rule included, lives there): that module imports
+#: polars, which ``--help`` must not load, so the names are repeated here and
+#: tests/test_format_identity.py checks that the two agree, in the same order.
 INGEST_FORMATS = ("openai", "anthropic", "litellm", "azure", "mooncake", "vidur", "otel", "csv", "jsonl", "parquet")
 #: Log formats ``synth`` writes (pipeline/synth/writers.py; checked by the same test).
 SYNTH_FORMATS = ("openai", "anthropic", "otel", "litellm", "azure", "mooncake", "vidur", "jsonl", "csv", "parquet")
@@ -50,3 +57,36 @@ DEFAULT_HEADROOM_BUDGET_S = 300.0
 MAX_MEMORY_ENV = "ROOFTRACE_MAX_MEMORY"
 MAX_SIM_DAYS_ENV = "ROOFTRACE_MAX_SIM_DAYS"
 PROGRESS_EVERY_ENV = "ROOFTRACE_PROGRESS_EVERY_S"
+
+#: The catalog file naming the GPUs ``plan`` searches when --hardware is not given (its
+#: ``default_hardware`` list, with the reason in its [sources]).
+PLAN_DEFAULTS_PATH = Path(__file__).resolve().parent / "catalog" / "plan.toml"
+
+
+def plan_default_hardware(path: Path = PLAN_DEFAULTS_PATH) -> tuple[str, ...]:
+    """The hardware names of ``default_hardware`` in ``path`` (pipeline/catalog/plan.toml): read
+    with the standard library, so ``rooftrace plan --help`` can show them. A file that cannot be
+    read, or a list that is not one of non-empty names, is one line naming the file and the key."""
+    try:
+        data = tomllib.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as exc:
+        raise ConfigError(f"{path}: cannot read the plan's default hardware ({type(exc).__name__}: {exc})") from None
+    names = data.get("default_hardware")
+    if (
+        not isinstance(names, list)
+        or not names
+        or not all(isinstance(n, str) and n.strip() for n in names)
+    ):
+        raise ConfigError(
+            f"{path}: default_hardware must be a non-empty array of hardware names, got {str(names)[:80]!r}"
+        )
+    return tuple(dict.fromkeys(names))
+
+
+def plan_default_hardware_text() -> str:
+    """What ``plan --help`` shows as --hardware's default: the list, or where it is when the file
+    cannot be read (the command itself then says why)."""
+    try:
+        return ",".join(plan_default_hardware())
+    except ConfigError:
+        return "default_hardware of pipeline/catalog/plan.toml"

@@ -219,23 +219,15 @@ def sampler_bytes_per_logit(vllm_version: str) -> float:
     return SAMPLER_FUSED_BYTES_PER_LOGIT if path == "fused" else SAMPLER_SORT_BYTES_PER_LOGIT
 
 
-#: Memory a GPU model holds beyond the data-centre constants above, per GPU. GeForce RTX 4090:
-#: 0.67 GiB, FITTED on the one consumer-card report (tests/data/vllm_kv_reports.toml row 24,
-#: LLMServingSim#59: Llama-3.1-8B, vLLM 0.19 with max_num_batched_tokens 2048 and max_num_seqs
-#: 256, 2,588 blocks, which the 0.19 accounting otherwise over-predicts by 13 %) — so that row is
-#: not judged. Its likely causes (the display driver's context on a desktop card; a CUDA total
-#: below the H100-derived fraction) are not separated by the data.
-EXTRA_RESERVED_BYTES: dict[str, float] = {"rtx-4090": 0.67 * GiB}
-
-
 def non_torch_bytes_per_gpu(
-    tp: int, vllm_version: str = DEFAULT_VLLM_VERSION, hardware: str = "", link_kind: str = ""
+    tp: int, vllm_version: str = DEFAULT_VLLM_VERSION, extra_reserved_bytes: float = 0.0, link_kind: str = ""
 ) -> float:
     """Non-torch memory the profile run adds on each GPU (constants above), plus the GPU model's
-    own reserve (EXTRA_RESERVED_BYTES). ``link_kind`` is the hardware's link (``pcie…``: the
-    PCIe increment instead of the NVLink boxes' multi-GPU constant)."""
+    own reserve (``extra_reserved_bytes``: the hardware entry's key of that name, with its source
+    there; 0 for the data-centre GPUs the constants come from). ``link_kind`` is the hardware's
+    link (``pcie…``: the PCIe increment instead of the NVLink boxes' multi-GPU constant)."""
     recent = parse_vllm_version(vllm_version) >= NON_TORCH_SINCE
-    extra = EXTRA_RESERVED_BYTES.get(hardware, 0.0)
+    extra = extra_reserved_bytes
     single = NON_TORCH_BYTES if recent else NON_TORCH_BYTES_PRE_018
     if tp > 1 and link_kind.lower().startswith("pcie"):
         return single + NON_TORCH_TP_PCIE_EXTRA_BYTES + extra
@@ -387,7 +379,7 @@ def reserve_bytes_per_gpu(dep: Deployment, vllm_version: str = DEFAULT_VLLM_VERS
     """Memory charged to the KV budget besides weights and activations: non-torch memory, plus
     the CUDA-graph estimate where the version subtracts it."""
     return non_torch_bytes_per_gpu(
-        dep.tp, vllm_version, dep.hardware.name, dep.hardware.link_kind
+        dep.tp, vllm_version, dep.hardware.extra_reserved_bytes, dep.hardware.link_kind
     ) + cuda_graph_bytes_per_gpu(vllm_version)
 
 
@@ -486,7 +478,7 @@ def _core(
     budget = util * total  # vLLM's "requested memory"
     weights = weights_bytes_per_gpu(dep)
     act = activation_bytes_per_gpu(dep, max_batched, max_num_seqs, vllm_version)
-    non_torch = non_torch_bytes_per_gpu(dep.tp, vllm_version, hw.name, hw.link_kind)
+    non_torch = non_torch_bytes_per_gpu(dep.tp, vllm_version, hw.extra_reserved_bytes, hw.link_kind)
     graphs = cuda_graph_bytes_per_gpu(vllm_version)
     frag = FRAGMENTATION_FRACTION * act
     pool = budget - weights - act - non_torch - graphs - frag  # "Available KV cache memory"

@@ -239,7 +239,8 @@ class HardwarePriceTable(_Table):
 
 
 class HardwareSourcesTable(_Table):
-    """Where every number came from (cuda_memory_bytes and die exactly when the entry sets them)."""
+    """Where every number came from (cuda_memory_bytes, die, peer_to_peer, extra_reserved_bytes and
+    prior_applies exactly when the entry sets them)."""
 
     memory_bytes: NonEmptyStr = _req()
     memory_bandwidth_bytes_per_s: NonEmptyStr = _req()
@@ -249,6 +250,9 @@ class HardwareSourcesTable(_Table):
     price: NonEmptyStr = _req()
     cuda_memory_bytes: NonEmptyStr = _opt()
     die: NonEmptyStr = _opt()
+    peer_to_peer: NonEmptyStr = _opt()
+    extra_reserved_bytes: NonEmptyStr = _opt()
+    prior_applies: NonEmptyStr = _opt()
 
 
 class HardwareEntry(_Table):
@@ -261,6 +265,17 @@ class HardwareEntry(_Table):
     memory_bandwidth_bytes_per_s: float = _req()
     cuda_memory_bytes: float = _opt("device memory as CUDA reports it")
     die: NonEmptyStr = _opt("e.g. GH100")
+    peer_to_peer: bool = _opt(
+        "whether GPUs of one node reach each other's memory directly (default true); false: vLLM's "
+        "custom all-reduce is off and collectives run on NCCL through host memory"
+    )
+    extra_reserved_bytes: float = _opt(
+        "memory per GPU this model holds beyond the data-centre runtime constants of the memory fit (default 0)"
+    )
+    prior_applies: bool = _opt(
+        'whether cost_model = "auto" prices this GPU with the size-aware prior when it has no measured '
+        "profile (default true); false: the plain roofline (the prior is fitted on CUDA kernels)"
+    )
     peak_flops_per_s: PeakFlopsTable = _req()
     link: LinkTable = _req()
     efficiency: EfficiencyTable = _req()

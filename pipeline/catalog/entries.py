@@ -217,6 +217,20 @@ class HardwareSpec:
     #: profiled one's measured tables, scaled, price an unprofiled one (pipeline/profile/prior.py,
     #: die_donor). "" = not stated (no donor).
     die: str = ""
+    #: Whether the GPUs of one node reach each other's memory directly (PCIe or the link's
+    #: peer-to-peer). False (GeForce RTX 40-series: NVIDIA disabled P2P on these boards): vLLM
+    #: cannot use its custom all-reduce and falls back to NCCL (pipeline/profile/cost.py), and no
+    #: other GPU lends its measured collectives to it or borrows this one's (profile/prior.py).
+    peer_to_peer: bool = True
+    #: Memory this GPU model holds beyond the data-centre constants of the memory fit, per GPU
+    #: (pipeline/fit.py, non_torch_bytes_per_gpu); 0 for the data-centre GPUs those constants
+    #: come from.
+    extra_reserved_bytes: float = 0.0
+    #: Whether ``cost_model = "auto"`` prices this GPU with the size-aware roofline prior when
+    #: the catalog has no measured profile of it (pipeline/profile/cost.py, step_cost_for). The
+    #: prior is fitted on vLLM's CUDA kernels measured on NVIDIA GPUs; a GPU running other
+    #: kernels sets false and keeps the plain roofline unless the fleet asks for the prior.
+    prior_applies: bool = True
 
     def peak_for(self, dtype: str) -> float:
         """Dense peak FLOP/s for matmuls in ``dtype``; bf16 when the GPU lacks that format."""
@@ -237,6 +251,8 @@ _HW_SOURCED = {
     "efficiency",
     "price",
 }
+#: Optional keys that, when an entry sets them, need a source too.
+_HW_OPTIONAL_SOURCED = ("cuda_memory_bytes", "die", "peer_to_peer", "extra_reserved_bytes", "prior_applies")
 #: Smallest efficiency (a share of a peak) a catalog entry or a fleet's [calibration] may set:
 #: below it a step would take years and the replay's figures lose meaning.
 MIN_EFFICIENCY = 1e-3
@@ -312,8 +328,8 @@ def parse_hardware(data: Mapping[str, Any], origin: str) -> HardwareSpec:
     peaks = data["peak_flops_per_s"]
     peak = {k: _ranged(peaks, k, f"{origin} [peak_flops_per_s]", PEAK_FLOPS_RANGE, "FLOP/s") for k in sorted(peaks)}
     link, eff, price, sources = data["link"], data["efficiency"], data["price"], data["sources"]
-    # [sources] names cuda_memory_bytes and die exactly when the entry sets them
-    sourced = _HW_SOURCED | {k for k in ("cuda_memory_bytes", "die") if k in data}
+    # [sources] names the optional keys exactly when the entry sets them
+    sourced = _HW_SOURCED | {k for k in _HW_OPTIONAL_SOURCED if k in data}
     unsourced, unset = sorted(sourced - set(sources)), sorted(set(sources) - sourced)
     if unsourced:
         raise ConfigError(f"{origin} [sources]: missing key(s) {unsourced} (every number the entry sets has a source)")
@@ -333,6 +349,14 @@ def parse_hardware(data: Mapping[str, Any], origin: str) -> HardwareSpec:
     die = _str(data, "die", origin) if "die" in data else ""
     if die and not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]{0,31}", die):
         raise ConfigError(f"{origin}: die must be a die name such as GH100 (letters, digits, . _ -), got {die[:40]!r}")
+    extra_reserved = 0.0
+    if "extra_reserved_bytes" in data:
+        extra_reserved = _num(data, "extra_reserved_bytes", origin, positive=False)
+    if extra_reserved >= memory_bytes:
+        raise ConfigError(
+            f"{origin}: extra_reserved_bytes must be in [0, memory_bytes) (0..{memory_bytes:.0f} bytes), "
+            f"got {extra_reserved:.4g}"
+        )
     for key in ("compute", "memory", "elementwise", "link"):
         value = _num(eff, key, f"{origin} [efficiency]")
         if not MIN_EFFICIENCY <= value <= 1.0:
@@ -369,6 +393,9 @@ def parse_hardware(data: Mapping[str, Any], origin: str) -> HardwareSpec:
         path=origin,
         cuda_memory_bytes=cuda_memory,
         die=die,
+        peer_to_peer=bool(data.get("peer_to_peer", True)),
+        extra_reserved_bytes=extra_reserved,
+        prior_applies=bool(data.get("prior_applies", True)),
     )
 
 
@@ -391,6 +418,10 @@ def hardware_to_toml(hw: HardwareSpec) -> str:
         f"memory_bandwidth_bytes_per_s = {num(hw.memory_bandwidth_bytes_per_s)}",
         *([f"cuda_memory_bytes = {num(hw.cuda_memory_bytes)}"] if hw.cuda_memory_bytes else []),
         *([f"die = {q(hw.die)}"] if hw.die else []),
+        # the GPU facts only where they differ from the defaults (as the catalog's own entries)
+        *(["peer_to_peer = false"] if not hw.peer_to_peer else []),
+        *([f"extra_reserved_bytes = {hw.extra_reserved_bytes!r}"] if hw.extra_reserved_bytes else []),
+        *(["prior_applies = false"] if not hw.prior_applies else []),
         "",
         "[peak_flops_per_s]",
         *(f"{k} = {num(v)}" for k, v in hw.peak_flops_per_s.items()),

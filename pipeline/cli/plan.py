@@ -19,7 +19,13 @@ from pipeline.cli.common import (
     store_option,
     warn,
 )
-from pipeline.defaults import DEFAULT_MAX_REPLICAS, DEFAULT_WARMUP_S, DEFAULT_WINDOW_S
+from pipeline.defaults import (
+    DEFAULT_MAX_REPLICAS,
+    DEFAULT_WARMUP_S,
+    DEFAULT_WINDOW_S,
+    plan_default_hardware,
+    plan_default_hardware_text,
+)
 from pipeline.errors import ConfigError
 
 
@@ -96,7 +102,11 @@ PLAN_COLUMNS = (
     "ttft_p99=2s,tpot_p99=100ms; `--list-slos` shows the presets.",
 )
 @click.option("--fleet", "fleet_path", type=click.Path(dir_okay=False), default=None, help="Base FLEET.toml.")
-@click.option("--hardware", default="h100-sxm,h200,a100-80gb-sxm,mi300x", show_default=True, help="Hardware to try.")
+@click.option(
+    "--hardware",
+    default=None,
+    help=f"Hardware to try.  [default: {plan_default_hardware_text()}, the list in pipeline/catalog/plan.toml]",
+)
 @click.option("--tp", default="1,2,4,8", show_default=True, help="Tensor-parallel sizes to try.")
 @click.option(
     "--weight-dtype",
@@ -160,7 +170,7 @@ def plan_cmd(
     model: str | None,
     slo: str,
     fleet_path: str | None,
-    hardware: str,
+    hardware: str | None,
     tp: str,
     precision: str,
     date: str | None,
@@ -222,7 +232,7 @@ def plan_cmd(
             model=model,
             slo=slo,
             fleet_path=fleet_path,
-            hardware=_csv(hardware),
+            hardware=_csv(hardware) if hardware is not None else plan_default_hardware(),
             tp=_ints(tp, "--tp"),
             precision=_csv(option_value("precision", precision, "--weight-dtype")),
             date=date,

@@ -9,7 +9,7 @@ import math
 import os
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -26,7 +26,7 @@ from pipeline.cost import (
     load_prices,
     traffic_period_s,
 )
-from pipeline.defaults import DEFAULT_MAX_REPLICAS, DEFAULT_WARMUP_S, DEFAULT_WINDOW_S
+from pipeline.defaults import DEFAULT_MAX_REPLICAS, DEFAULT_WARMUP_S, DEFAULT_WINDOW_S, plan_default_hardware
 from pipeline.errors import ConfigError, RooftraceError
 from pipeline.fleet import MAX_ENGINES, FleetConfig, load_fleet, parse_fleet
 from pipeline.plan.executors import run_local, run_ray
@@ -53,7 +53,8 @@ class PlanOptions:
     model: str
     slo: str = "chat"
     fleet_path: str | None = None
-    hardware: tuple[str, ...] = ("h100-sxm", "h200", "a100-80gb-sxm", "mi300x")
+    #: Default: the catalog's ``default_hardware`` (pipeline/catalog/plan.toml).
+    hardware: tuple[str, ...] = field(default_factory=plan_default_hardware)
     tp: tuple[int, ...] = (1, 2, 4, 8)
     precision: tuple[str, ...] = ()  # weight dtypes; empty: the base fleet's
     date: str | None = None

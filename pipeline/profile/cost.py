@@ -62,9 +62,6 @@ from pipeline.steps import FloatArray, StepBatch
 HOST_STEP_S = 250e-6
 #: vLLM's custom all-reduce buffer (CustomAllreduce max_size, 8 MiB): messages of that size or larger use NCCL.
 CUSTOM_AR_MAX_BYTES = 8 * 1024 * 1024
-#: GPUs without PCIe peer-to-peer access (GeForce RTX 40-series: NVIDIA disabled P2P on these
-#: boards), on which vLLM cannot use its custom all-reduce and falls back to NCCL.
-NO_P2P = frozenset({"rtx-4090"})
 #: Routing distributions of the fused-MoE tables, preferred first: real routing is skewed.
 MOE_DISTRIBUTIONS = ("power_law_1.01", "balanced", "power_law_1.2")
 #: vLLM's CUDA-graph capture sizes are capped here (CompilationConfig, max_cudagraph_capture_size).
@@ -154,7 +151,9 @@ def _allreduce_backend(dep: Deployment) -> str:
     """The all-reduce vLLM uses for this TP group (before the message-size limit)."""
     hw = dep.hardware
     nvlink = hw.link_kind.lower().startswith(("nvlink", "nvswitch", "xgmi", "infinity"))
-    if dep.tp in (2, 4, 6, 8) and (nvlink or (dep.tp == 2 and hw.name not in NO_P2P)):
+    # a GPU without peer-to-peer access (its hardware entry's peer_to_peer = false: GeForce RTX
+    # 40-series) cannot run vLLM's custom all-reduce over PCIe and falls back to NCCL
+    if dep.tp in (2, 4, 6, 8) and (nvlink or (dep.tp == 2 and hw.peer_to_peer)):
         return "custom"
     return "nccl"
 
@@ -545,9 +544,10 @@ def step_cost_for(
     overhead_s: float | None = None,
 ) -> TabulatedCost:
     """The step cost of ``dep``: its GPU's measured profile when the catalog has one (``auto``
-    or ``measured``); else, for ``auto`` on an NVIDIA GPU or ``prior`` anywhere, the size-aware
-    roofline prior fitted on the measured GPUs; else the roofline with the catalog's factors."""
-    from pipeline.profile.prior import PRIOR_VENDORS
+    or ``measured``); else, for ``auto`` on a GPU whose hardware entry lets the prior apply
+    (``prior_applies``, true unless the entry says false: the AMD GPUs) or ``prior`` anywhere, the
+    size-aware roofline prior fitted on the measured GPUs; else the roofline with the catalog's
+    factors."""
     from pipeline.roofline import fast_step_cost
 
     if cost_model not in COST_MODELS:
@@ -558,7 +558,7 @@ def step_cost_for(
             from pipeline.profile.tables import no_profile_message
 
             raise ConfigError(no_profile_message(dep.hardware.name, dep.hardware))
-        if cost_model == "prior" or (cost_model == "auto" and dep.hardware.vendor.lower() in PRIOR_VENDORS):
+        if cost_model == "prior" or (cost_model == "auto" and dep.hardware.prior_applies):
             why = "cost_model = 'prior' asked for" if cost_model == "prior" else "no measured profile of this GPU"
             got = prior_cost(dep, max_tokens, max_num_seqs, overhead_s, why)
             if got is not None:

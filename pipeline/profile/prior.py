@@ -96,9 +96,6 @@ BLEND_BOUNDS = (1.0, 20.0)
 #: A family whose held-out median error (median over GPUs) exceeds this is not used, even where
 #: the plain roofline is worse still (:func:`family_verdicts`).
 MAX_USED_ERROR = 0.5
-#: Vendors whose GPUs the prior applies to under ``cost_model = "auto"``: it is fitted on CUDA
-#: kernels (vLLM on NVIDIA GPUs); other vendors keep the plain roofline unless asked.
-PRIOR_VENDORS = frozenset({"nvidia"})
 
 
 @dataclass(frozen=True)
@@ -612,17 +609,17 @@ def collective_donor(hw: HardwareSpec, exclude: Iterable[str] = ()) -> tuple[str
     measured rows within 3.0 % (median; p90 9.3 %), where GPUs on other links miss by 40-111 %
     and the plain roofline's link by 26-72 % (docs/validation.md). None when no profiled GPU
     shares the link, and for PCIe links (DONOR_LINKS)."""
-    from pipeline.profile.cost import NO_P2P
-
-    if hw.name in NO_P2P or not hw.link_kind.lower().startswith(DONOR_LINKS):
+    if not hw.peer_to_peer or not hw.link_kind.lower().startswith(DONOR_LINKS):
         return None
     best: tuple[float, str, Profile] | None = None
     for gpu in list_profiles():
-        if gpu == hw.name or gpu in exclude or gpu in NO_P2P:
+        if gpu == hw.name or gpu in exclude:
             continue
         try:
             other = load_hardware(gpu)
         except ConfigError:
+            continue
+        if not other.peer_to_peer:  # its collectives ran without the custom all-reduce
             continue
         prof = load_profile(gpu)
         if prof is None or prof.frame("allreduce").height == 0:
