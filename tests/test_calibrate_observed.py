@@ -8,6 +8,7 @@ same GPU (transfer)."""
 
 from __future__ import annotations
 
+import json
 import math
 import tomllib
 from datetime import UTC, datetime
@@ -19,7 +20,7 @@ import pytest
 from cli_checks import cli, one_error
 
 from pipeline.errors import ConfigError
-from pipeline.fleet import FleetConfig, fleet_from_dict, load_fleet, resolve
+from pipeline.fleet import EngineSettings, FleetConfig, fleet_from_dict, load_fleet, resolve
 from pipeline.observed import observed_latencies
 from pipeline.observed_fit import ObservedFit, calibration_toml, fit_requests, latency_errors
 from pipeline.profile.cost import fleet_step_cost
@@ -265,7 +266,7 @@ def _write_cal(path: Path, **over: object) -> None:
 
 def test_fleet_file_errors_name_the_file_and_key(tmp_path: Path) -> None:
     """Every calibration error is raised when the fleet is loaded, before any request is read,
-    and names the fleet file and its calibration_file key (hostile round 13)."""
+    and names the fleet file and its calibration_file key."""
     fleet = tmp_path / "fleet.toml"
     head = 'name = "f"\nmodel = "llama-3.1-8b"\nhardware = "h100-sxm"\n'
     fleet.write_text(head + 'calibration_file = "missing.toml"\n')
@@ -396,3 +397,66 @@ def test_cli_calibrates_a_stored_day_and_a_fleet_includes_the_file(tmp_path: Pat
     one_error(cli("calibrate", "--fleet", str(fleet_file)), "--fleet is for --observed")
     one_error(cli("calibrate", "--observed", "--measurements", str(tmp_path)), "--observed learns from logs")
     one_error(cli("calibrate"), "give --measurements DIR")
+
+
+def test_a_fleet_that_replays_none_of_the_requests_is_refused_in_words() -> None:
+    """max_model_len 64: every request is rejected by the replay; the refusal crashed with
+    KeyError: 'ttft'."""
+    frame = observed_day("llama-3.1-8b", 200, 2.0, 5)
+    small = resolve(
+        FleetConfig(name="tiny", model="llama-3.1-8b", hardware="h100-sxm", engine=EngineSettings(max_model_len=64))
+    )
+    fit = fit_requests(frame, small)
+    why = fit.refusal()
+    assert why is not None and "finished none of the held-out requests" in why and "max_model_len" in why
+
+
+def test_latencies_of_zero_are_not_measurements() -> None:
+    """All-zero observed latencies ran 300 replays on a NaN loss: refused at once."""
+    frame = day("llama-3.1-8b", 300, 2.0, 4).with_columns(ttft_s=pl.lit(0.0), e2e_s=pl.lit(0.0))
+    fleet = resolve(FleetConfig(name="z", model="llama-3.1-8b", hardware="h100-sxm"))
+    with pytest.raises(Exception, match="only 0 of 300 requests carry observed latencies above 0 s"):
+        fit_requests(frame, fleet)
+
+
+def test_calibrate_out_never_replaces_the_fleet_file_or_a_folder(tmp_path: Path) -> None:
+    """--out naming the --fleet file replaced the fleet with the calibration; --out a folder was a
+    traceback. Both are one line before any work."""
+    fleet = tmp_path / "fleet.toml"
+    text = 'name = "f"\nmodel = "llama-3.1-8b"\nhardware = "h100-sxm"\n'
+    fleet.write_text(text)
+    store = tmp_path / "store"
+    store.mkdir()
+    one_error(
+        cli("calibrate", "--observed", "--fleet", str(fleet), "--store", str(store), "--out", str(fleet)),
+        "is the fleet file: the calibration would replace it",
+    )
+    assert fleet.read_text() == text
+    (tmp_path / "folder").mkdir()
+    one_error(
+        cli("calibrate", "--observed", "--fleet", str(fleet), "--store", str(store), "--out", str(tmp_path / "folder")),
+        "is a folder, not a regular file",
+    )
+
+
+def test_the_run_id_follows_the_calibration_numbers_not_its_prose(tmp_path: Path) -> None:
+    """The run id took the calibration's source text, which names the store and fleet paths it
+    was fitted from: the same numbers taught elsewhere made another run."""
+    from tests.test_replay import _sample_store
+
+    small, _ = _sample_store(tmp_path, 60)
+    ids = []
+    for name, over in (
+        ("a", {"source": "from /x/store"}),
+        ("b", {"source": "from /y/other"}),
+        ("c", {"linear_scale": 1.2}),
+    ):
+        _write_cal(tmp_path / f"{name}.toml", **over)
+        fleet = tmp_path / f"fleet-{name}.toml"
+        fleet.write_text(
+            f'name = "f"\nmodel = "llama-3.1-8b"\nhardware = "h100-sxm"\ncalibration_file = "{name}.toml"\n'
+        )
+        res = cli("replay", "--store", str(small.root), "--fleet", str(fleet), "--json")
+        assert res.exit_code == 0, res.output
+        ids.append(json.loads(res.stdout)["run_id"])
+    assert ids[0] == ids[1] != ids[2]

@@ -131,7 +131,7 @@ def test_overload_onset_and_backlog_equal_the_every_event_definition(n: int, see
     assert over.backlog == backlog or not over.detected
     if over.sustained:
         assert (over.from_s, over.backlog) == (onset - first, backlog)
-    else:  # not sustained (no overload, or one that drained: tests/test_hostile11_health.py): the
+    else:  # not sustained (no overload, or one that drained: tests/test_health_overload.py): the
         # same backlog/onset would not have made it overload either
         span = float(np.max(arrival[accepted])) - first
         long_enough = span >= MIN_SPAN_S and (float(np.max(arrival[accepted])) - onset) >= MIN_OVERLOAD_SHARE * span

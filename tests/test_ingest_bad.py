@@ -264,7 +264,7 @@ def test_every_malformation_quarantined_with_its_reason(tmp_path: Path) -> None:
             if field is not None:
                 assert row["field"] == field, (fmt, raw, row["field"])
             if fmt == "otel" and row["raw"].startswith('{"traceId"'):
-                # a span's record keeps the span's own JSON (test_hostile13_ingest)
+                # a span's record keeps the span's own JSON (test_ingest_streaming)
                 spans = json.loads(raw)["resourceSpans"][0]["scopeSpans"][0]["spans"]
                 assert json.loads(row["raw"]) in spans, (raw, row["raw"])
             else:

@@ -10,7 +10,7 @@ import pytest
 from click.testing import CliRunner
 
 from pipeline.cli import main
-from pipeline.nightly import StageError, nightly
+from pipeline.nightly import NightlyResult, StageError, nightly
 from pipeline.store import Store
 from pipeline.synth import SynthConfig, generate, write_logs
 
@@ -189,3 +189,18 @@ def test_a_nightly_whose_log_starts_before_midnight_reports_on_its_own_day(tmp_p
     assert night2.date == "2025-02-02"
     assert any("reporting on 2025-02-02 (150 requests)" in m and "2025-02-01 (5 requests)" in m for m in said), said
     assert nightly([tmp_path / "n2.jsonl"], FLEET, store, **kw).date == "2025-02-02"
+
+
+def test_the_nightly_line_says_multi_node_and_model_mix() -> None:
+    wide = (
+        "MULTI-NODE: each replica spans 2 nodes (tp 8 × pp 1 × dp 2 = 16 h100-sxm GPUs, 8 per node), but its "
+        "cross-node communication is priced as within one nvlink4 node: latencies are optimistic"
+    )
+    mix = "MODEL MIX: 10 of 20 requests (50%) were logged for other models (x: 10) and are replayed as y; a fleet"
+    res = NightlyResult("2025-01-15", "r", Path("r.html"), Path("i.html"), {"warnings": [wide, mix]})
+    line = res.line()
+    assert (
+        "; MULTI-NODE: each replica spans 2 nodes (tp 8 × pp 1 × dp 2 = 16 h100-sxm GPUs, 8 per node), "
+        "priced as one node (latencies optimistic); "
+    ) in line
+    assert "; MODEL MIX: 10 of 20 requests (50%) were logged for other models (x: 10) and are replayed as y; " in line

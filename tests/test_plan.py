@@ -318,3 +318,9 @@ def test_ray_executor(azure_store: Store, tmp_path: Path) -> None:
         assert remote.table.to_pylist()[0]["replicas"] == local.table.to_pylist()[0]["replicas"]
     finally:
         ray.shutdown()
+
+
+def test_plan_window_day_with_a_window_length_is_refused() -> None:
+    """`plan --window day --window-s 5` ignored --window-s without a word."""
+    res = CliRunner().invoke(main, ["plan", "--model", "llama-3.1-8b", "--window", "day", "--window-s", "5"])
+    assert res.exit_code == 2 and "--window-s is the length of the peak window" in res.output

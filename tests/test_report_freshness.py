@@ -6,10 +6,12 @@ library function (pipeline/classify/freshness.py) must tell any other caller the
 from __future__ import annotations
 
 import html as html_lib
+import json
 import re
 from pathlib import Path
 
 import pytest
+from cli_checks import cli
 
 from pipeline.classify.accounting import classify_tokens
 from pipeline.classify.freshness import ClassifyFreshness, classify_freshness
@@ -99,3 +101,18 @@ def test_same_count_other_ids_and_never_classified() -> None:
     never = ClassifyFreshness(DAY, None, 300)
     assert not never.stale and not never.classified and never.note() is None
     assert not ClassifyFreshness(DAY, 300, 300).stale
+
+
+def test_a_warm_up_run_is_not_called_stale(tmp_path: Path) -> None:
+    """A closed loop with --warmup replayed every request, but report compared only the measured
+    ones with the store's count and called the run STALE."""
+    from tests.test_replay import ROOT, _sample_store
+
+    small, _ = _sample_store(tmp_path, 120)
+    fleet = str(ROOT / "fleets" / "default.toml")
+    res = cli("replay", "--store", str(small.root), "--fleet", fleet, "--concurrency", "4", "--warmup", "10", "--json")
+    assert res.exit_code == 0, res.output
+    run_id = json.loads(res.stdout)["run_id"]
+    rep = cli("report", "--store", str(small.root), "--run", run_id, "--out", str(tmp_path / "r.html"))
+    assert rep.exit_code in (0, 3), rep.output
+    assert "STALE" not in rep.stderr, rep.stderr

@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from pipeline.errors import SchemaError
-from pipeline.schemas import list_schemas, load_schema, read_parquet, write_parquet
+from pipeline.schemas import META_NAME, META_VERSION, list_schemas, load_schema, read_parquet, write_parquet
 
 
 def test_every_schema_loads_and_documents_each_column() -> None:
@@ -140,3 +140,15 @@ def test_hostile_parquet_metadata_is_one_short_error(tmp_path: Path) -> None:
             with pytest.raises(SchemaError) as err:
                 read(path)
             assert str(path) in str(err.value) and len(str(err.value)) < 300, str(err.value)
+
+
+def test_a_run_of_an_earlier_schema_says_to_replay_it(tmp_path: Path) -> None:
+    """requests.parquet went to replay_requests v2 (the warmup column), then v3 (cache_hit_source):
+    a run written before says what to do, not only which versions differ."""
+    path = tmp_path / "requests.parquet"
+    table = pa.table({"request_id": ["a"]}).replace_schema_metadata({META_NAME: b"replay_requests", META_VERSION: b"1"})
+    pq.write_table(table, path)
+    with pytest.raises(
+        SchemaError, match=r"version 1, this rooftrace reads 3 \(written by an earlier rooftrace: make it again"
+    ):
+        read_parquet(path, "replay_requests")

@@ -374,3 +374,14 @@ def test_a_damaged_warehouse_is_rebuilt_on_read(tmp_path: Path) -> None:
     res = cli("query", "ingest_accounting", "--rebuild", "--store", str(store.root), "--format", "json")
     assert res.exit_code == 0, res.output
     assert json.loads(res.stdout) == []  # an empty store: no files ingested
+
+
+def test_a_too_deep_expression_does_not_suggest_a_refused_set(tmp_path: Path) -> None:
+    """DuckDB's hint 'Use "SET max_expression_depth TO x"' pointed at a statement the sandbox
+    refuses."""
+    store = Store(tmp_path / "st")
+    store.root.mkdir(parents=True)
+    res = CliRunner().invoke(main, ["sql", "SELECT " + "+".join(["1"] * 3000), "--store", str(store.root)])
+    assert res.exit_code == 1 and "Traceback" not in res.output
+    assert "SET max_expression_depth" not in res.stderr
+    assert "expression depth" in res.stderr and "fewer nested terms" in res.stderr

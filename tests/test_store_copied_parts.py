@@ -1,4 +1,4 @@
-"""Hostile review 11 of the store: a copied or foreign file inside a date folder (it was counted:
+"""Copied and damaged files in the store: a copied or foreign file inside a date folder (it was counted:
 a copy of ``part-00000.parquet`` doubled the day in classify and replay while the manifest said
 the rows once) and a stored partition that cannot be read (``ingest``, and ``ingest --force``,
 the documented recovery, ended in a pyarrow traceback from ``Store.stored_rows``)."""
@@ -72,7 +72,7 @@ def test_a_copy_or_foreign_file_in_a_date_folder_is_named_and_never_read(
     folder = store.partition(store.requests_dir, DAY)
     ours = folder / "part-00000.parquet"
     copy = folder / "part-00000 (copy).parquet"
-    shutil.copy(ours, copy)  # the hostile repro: doubled the day
+    shutil.copy(ours, copy)  # this copy doubled the day before
     shutil.copy(ours, folder / "part-00001.parquet")  # a copy under a name the store uses
     head = store.read_requests(DAY).head(10)
     write_parquet(head.to_arrow(), folder / "zz-stray.parquet", "requests")  # a foreign file, the right schema

@@ -1,4 +1,4 @@
-"""Hostile tester, round 12a: the warehouse, ``sql`` and ``query`` (docs/limits.md, "The SQL warehouse")."""
+"""The warehouse, ``sql`` and ``query`` (docs/limits.md, "The SQL warehouse")."""
 
 from __future__ import annotations
 
@@ -69,7 +69,7 @@ def _answers(store: Store) -> dict[str, str]:
 
 
 @pytest.mark.parametrize("above", ["date=2020-01-01", "model=evil", "x=1"])
-def test_1_a_hive_folder_above_the_store_changes_nothing(
+def test_a_hive_folder_above_the_store_changes_nothing(
     two_days: tuple[Store, str], tmp_path: Path, above: str
 ) -> None:
     src, run_id = two_days
@@ -91,7 +91,7 @@ def test_1_a_hive_folder_above_the_store_changes_nothing(
 # --- 4. sql --format json refuses columns that share a name -----------------------------------------
 
 
-def test_4_json_refuses_duplicate_column_names(two_days: tuple[Store, str], tmp_path: Path) -> None:
+def test_json_refuses_duplicate_column_names(two_days: tuple[Store, str], tmp_path: Path) -> None:
     st, _ = two_days
     res = cli("sql", "SELECT 1 AS a, 2 AS a, 3 AS b", "--store", str(st.root), "--format", "json")
     line = one_error(res, "more than one column named 'a'", "alias")
@@ -117,7 +117,7 @@ def test_4_json_refuses_duplicate_column_names(two_days: tuple[Store, str], tmp_
 
 
 @pytest.mark.skipif(not os.path.exists("/dev/full"), reason="no /dev/full")
-def test_6_a_full_stdout_is_one_line(two_days: tuple[Store, str]) -> None:
+def test_a_full_stdout_is_one_line(two_days: tuple[Store, str]) -> None:
     st, _ = two_days
     base = [str(Path(sys.executable).with_name("rooftrace"))]
     if not Path(base[0]).exists():
@@ -156,18 +156,18 @@ def test_6_a_full_stdout_is_one_line(two_days: tuple[Store, str]) -> None:
         ["plan", "--param", "date=2099-01-01"],
     ],
 )
-def test_7_an_optional_date_is_checked(two_days: tuple[Store, str], args: list[str]) -> None:
+def test_an_optional_date_is_checked(two_days: tuple[Store, str], args: list[str]) -> None:
     st, _ = two_days
     one_error(cli("query", *args, "--store", str(st.root), "--format", "csv"), "no requests on 2099-01-01")
 
 
-def test_7_a_stored_optional_date_still_answers(two_days: tuple[Store, str]) -> None:
+def test_a_stored_optional_date_still_answers(two_days: tuple[Store, str]) -> None:
     st, _ = two_days
     got = rows(cli("query", "ingest_accounting", "--date", "2031-02-03", "--store", str(st.root), "--format", "csv"))
     assert [r["rows_stored"] for r in got if r["kind"] == "file"] == ["120"]
 
 
-def test_7_unknown_plan_and_subject_are_refused(two_days: tuple[Store, str], tmp_path: Path) -> None:
+def test_unknown_plan_and_subject_are_refused(two_days: tuple[Store, str], tmp_path: Path) -> None:
     st, run_id = two_days
     one_error(
         cli("query", "plan", "--param", "plan_id=nope", "--store", str(st.root)),
@@ -194,7 +194,7 @@ def test_7_unknown_plan_and_subject_are_refused(two_days: tuple[Store, str], tmp
 
 
 @pytest.mark.parametrize("name", ["token_totals", "cache_curve_points", "token_rates"])
-def test_8_an_unclassified_date_is_refused(two_days: tuple[Store, str], name: str) -> None:
+def test_an_unclassified_date_is_refused(two_days: tuple[Store, str], name: str) -> None:
     st, _ = two_days
     msg = "2031-02-03 holds 120 requests but is not classified yet: run rooftrace classify --date 2031-02-03"
     one_error(cli("query", name, "--date", "2031-02-03", "--store", str(st.root), "--format", "csv"), msg)
@@ -242,7 +242,7 @@ def _two_batches(fmt: str) -> list[list[str]]:
     ("fmt", "t_text", "d_text"),
     [("csv", "2025-01-15 01:02:03.400000", "2025-01-02"), ("json", "2025-01-15T01:02:03.400000", "2025-01-02")],
 )
-def test_9_a_far_date_in_one_batch_leaves_the_others_format(fmt: str, t_text: str, d_text: str) -> None:
+def test_a_far_date_in_one_batch_leaves_the_others_format(fmt: str, t_text: str, d_text: str) -> None:
     got = _two_batches(fmt)
     assert got[0] == [t_text, d_text]  # the first batch: the format's own text
     assert got[1][0] == t_text  # the same value in the batch with the far date: the same text

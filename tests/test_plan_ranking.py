@@ -1,4 +1,4 @@
-"""Hostile round 10 on `rooftrace plan`: overloaded replays never rank, a configuration whose
+"""How `rooftrace plan` ranks and words its candidates: overloaded replays never rank, a configuration whose
 replay cannot run is skipped (not the plan), advice only where it can help, no "-0" dollars,
 STALE API prices and readable latencies in the text."""
 

@@ -1,7 +1,7 @@
-"""Hostile review 12 of the store: a FIFO named like a part file hung every reader (#3), a stray
-folder in ``requests/`` stopped every command or was skipped without a word (#9), and a
-``part-NNNNN.parquet`` that is not a byte copy (another date's part, the same rows re-saved) was
-read as the store's and folded into the date for good by the next ingest (#2)."""
+"""Stray entries in the store: a FIFO named like a part file hung every reader, a stray folder in
+``requests/`` stopped every command or was skipped without a word, and a ``part-NNNNN.parquet``
+that is not a byte copy (another date's part, the same rows re-saved) was read as the store's
+and folded into the date for good by the next ingest."""
 
 from __future__ import annotations
 
@@ -59,7 +59,7 @@ def _manifest_rows(store: Store) -> int:
     return int(pl.from_arrow(read_parquet(store.manifest_path, "manifest"))["rows_stored"].sum())  # type: ignore[index]
 
 
-# --- #3: a FIFO (or any non-regular file) named like a part is never opened ----------------------
+# --- a FIFO (or any non-regular file) named like a part is never opened ----------------------
 
 
 def test_a_fifo_named_like_a_part_is_named_and_never_opened(tmp_path: Path) -> None:
@@ -85,7 +85,7 @@ def test_a_fifo_named_like_a_part_is_named_and_never_opened(tmp_path: Path) -> N
     assert _sql(store, "select count(*) n from requests") == '"n"\n150\n'
 
 
-# --- #9: a folder of requests/ that is not a date partition is named, never read -------------
+# --- a folder of requests/ that is not a date partition is named, never read -------------
 
 
 def test_a_stray_folder_in_requests_is_named_once_and_skipped(
@@ -116,7 +116,7 @@ def test_a_stray_folder_in_requests_is_named_once_and_skipped(
     assert f"{DAY}: 100 requests" in res.stdout
 
 
-# --- #2: a part that is not the store's, by the manifest's row count ---------------------------
+# --- a part that is not the store's, by the manifest's row count ---------------------------
 
 
 def _two_dates(tmp_path: Path) -> tuple[Store, Path, Path]:

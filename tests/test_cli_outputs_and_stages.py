@@ -1,4 +1,4 @@
-"""Hostile round 11b (the command line): the nightly's headroom stage under a spent budget (an
+"""The command line's stages and outputs: the nightly's headroom stage under a spent budget (an
 infinite wait crashed it and the night published nothing), a failed stage after the replay that no
 longer stops the report, ``--out`` / ``--reports`` / ``--png`` over the store's own files (a report
 written over the run's config.json), a fleet ``[calibration]`` with a cost model that never uses
@@ -62,7 +62,7 @@ def night(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
     """One tiny nightly, on the command line, whose headroom stage fails as the OverflowError of
     the report did (an unexpected exception, not a RooftraceError), with ``--executor process``
     on a fleet small enough for one engine."""
-    root = tmp_path_factory.mktemp("hostile11-cli")
+    root = tmp_path_factory.mktemp("cli-outputs")
     logs = root / "logs"
     frame = generate(SynthConfig(requests=120, seed=11, models=("llama-3.1-8b",), duration_s=300, date=DATE))
     write_logs(frame, "openai", logs / "day.jsonl")
@@ -91,7 +91,7 @@ def night(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
     yield {"root": root, "fleet": fleet, "store": Store(store), "reports": reports, "res": res, "logs": logs}
 
 
-# --- 1. the headroom stage -----------------------------------------------------------------------
+# --- the headroom stage -----------------------------------------------------------------------
 
 
 class _Threads(ThreadPoolExecutor):
@@ -166,7 +166,7 @@ def test_an_unexpected_exception_in_a_stopping_stage_is_one_stage_error() -> Non
         _stage("replay", {}, lambda _m: None, bug)
 
 
-# --- 2. outputs over the store's own files -------------------------------------------------------
+# --- outputs over the store's own files -------------------------------------------------------
 
 
 def _refused(res: Any, option: str, path: Path, real: Path, what: str) -> None:
@@ -246,7 +246,7 @@ def test_commands_without_store_do_not_write_into_the_default_one(
     assert _digest(store.root) == before
 
 
-# --- 3. [calibration] with a tier that ignores it ------------------------------------------------
+# --- [calibration] with a tier that ignores it ------------------------------------------------
 
 
 @pytest.mark.parametrize("cost_model", ["measured", "prior"])
@@ -268,7 +268,7 @@ def test_calibration_with_a_tier_that_ignores_it_is_refused(tmp_path: Path, cost
         cost_model = ok
 
 
-# --- 7. --executor / --ray-address that do nothing -----------------------------------------------
+# --- --executor / --ray-address that do nothing -----------------------------------------------
 
 
 def test_unused_pod_options_say_why() -> None:

@@ -1,4 +1,4 @@
-"""Hostile round 9, cost and report: one period for cost and report (an overloaded run is priced
+"""The period cost and report price (cost and report): one period for cost and report (an overloaded run is priced
 over its makespan and its unit costs are marked not valid), utilization from time not dollars, a
 STALE run (its date's requests changed in the store since it ran), GPUs per replica = tp x pp x dp
 in the report's header, a stale API price said in text, and `report --out` paths that cannot be."""
@@ -17,7 +17,16 @@ import pytest
 from click.testing import CliRunner
 
 from pipeline.cli import main
-from pipeline.cost import PERIOD_ARRIVALS, PERIOD_MAKESPAN, GpuCost, TokenTotals, run_cost, run_period
+from pipeline.cost import (
+    PERIOD_ARRIVALS,
+    PERIOD_MAKESPAN,
+    GpuCost,
+    Period,
+    TokenTotals,
+    run_cost,
+    run_overload_sustained,
+    run_period,
+)
 from pipeline.errors import RooftraceError
 from pipeline.ingest import ingest_logs
 from pipeline.replay import ReplayOptions, replay
@@ -310,3 +319,33 @@ def test_a_stale_run_without_failures_has_a_red_banner_of_its_own() -> None:
     res = ReportResult(Path("r/index.html"), "run", "2025-01-15", h)
     assert res.warning_lines() == [h["stale_note"]]
     assert "needs attention: STALE run: it replayed 3,000, the store now holds 6,000 requests of the date" in res.line()
+
+
+# -- an overload still queued at the last arrival, and the cost note --------------------------------
+
+
+def _config(over: dict[str, object]) -> dict[str, object]:
+    return {"summary": {"health": {"overload": over}}}
+
+
+def test_an_overload_still_queued_at_the_last_arrival_is_priced_over_the_makespan() -> None:
+    # a transient episode (started less than 10 % of the span before the last arrival) that
+    # still had 344 waiting at it and drained 221 s later: the GPUs were needed past the
+    # arrivals, so the period is the makespan and unit costs are not valid, as when sustained
+    queued = {"detected": True, "sustained": False, "backlog_requests": 344, "until_s": 1220.0}
+    drained = {"detected": True, "sustained": False, "backlog_requests": 0, "until_s": 500.0}
+    assert run_overload_sustained(_config(queued)) is True
+    assert run_overload_sustained(_config(drained)) is False
+    assert run_overload_sustained(_config({"detected": True})) is True  # a summary from before episodes
+    assert run_overload_sustained({}) is True
+
+
+def test_a_cost_note_never_says_serving_took_less_than_the_arrivals() -> None:
+    # the day's last arrivals were rejected: the admitted requests were still queued at their own
+    # last arrival, and their makespan (18.7 min) is shorter than the arrival span (24.6 min)
+    p = Period(24.6 * 60, PERIOD_ARRIVALS, 24.6 * 60, 18.7 * 60, 18.0 * 60, True)
+    note = p.unit_costs_note
+    assert note is not None and "took" not in note
+    assert "still queued at their last arrival" in note and "last ones were rejected" in note
+    longer = Period(30 * 60, "makespan", 24.6 * 60, 30 * 60, 29 * 60, True).unit_costs_note
+    assert longer is not None and "of arrivals took 30" in longer

@@ -1,4 +1,4 @@
-"""Hostile round 7 (calibrate, validate): one GPU's rows are never fitted or judged as another's.
+"""Calibrate and validate by GPU: one GPU's rows are never fitted or judged as another's.
 
 ``calibrate`` / ``validate --hardware X`` relabelled every row of a table labelled with other
 catalog GPUs as X and wrote (or reported) the pooled fit; rows whose label no catalog GPU has

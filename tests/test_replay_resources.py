@@ -1,4 +1,4 @@
-"""Hostile round 9 (replay, limits, Ray, fleet wording, fit): a replay's memory limit under an
+"""Replay's resources and wording (replay, limits, Ray, fleet wording, fit): a replay's memory limit under an
 address-space limit (``ulimit -v``), a MemoryError as one line, options suggested only where they
 apply, a local Ray instance refused under such a limit and its waits bounded, the replay's line
 counting GPUs as tp × pp × dp, a run id that does not depend on whether ``--date`` was typed, an
@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from cli_checks import cli, one_error
 from cli_checks import invoke as _invoke
 from cli_checks import one_error_line as _one_error_line
 
@@ -66,7 +67,7 @@ def store(tmp_path_factory: pytest.TempPathFactory) -> Store:
     from pipeline.ingest import ingest_logs
     from pipeline.synth import SynthConfig, generate, write_logs
 
-    base = tmp_path_factory.mktemp("hostile9")
+    base = tmp_path_factory.mktemp("replay-resources")
     st = Store(base / "store")
     frame = generate(SynthConfig(requests=200, seed=9, models=("llama-3.1-8b",), duration_s=200, diurnal=False))
     ingest_logs(write_logs(frame, "anthropic", base / "day.jsonl"), st)
@@ -154,7 +155,7 @@ def test_refusal_under_ulimit_says_to_raise_it_and_names_only_options_that_apply
 def test_closed_loop_under_ulimit_is_refused_before_it_runs(
     store: Store, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """The hostile case: step_overhead_s = 10 and one client make a long series; under a small
+    """The worst case: step_overhead_s = 10 and one client make a long series; under a small
     address-space limit the replay is refused up front, in one line, instead of dying in numpy."""
     fleet = _fleet(tmp_path, "so10", "[engine]\nstep_overhead_s = 10\n")
     _fake_address_space(monkeypatch, virtual_size() + (64 << 20))
@@ -558,3 +559,18 @@ def test_every_command_keeps_an_inherited_sig_ign() -> None:
         [sys.executable, "-c", _RUN_PROBE], preexec_fn=ignore, capture_output=True, text=True, cwd=ROOT, timeout=120
     )
     assert out.returncode == 0 and out.stdout.split() == ["False"], out.stdout + out.stderr
+
+
+def test_fit_refuses_more_sequences_than_batched_tokens_as_a_fleet_does(tmp_path: Path) -> None:
+    """`fit --max-num-seqs 16777216` said it fits a set-up a fleet file refuses; and a
+    vllm_version with spaces around it is the same release and the same recorded fleet."""
+    one_error(
+        cli("fit", "--model", "llama-3.1-8b", "--hardware", "h100-sxm", "--max-num-seqs", "16777216"),
+        "--max-num-seqs 16,777,216 is more than --max-num-batched-tokens 8,192",
+    )
+    fleet = tmp_path / "f.toml"
+    head = 'name = "f"\nmodel = "llama-3.1-8b"\nhardware = "h100-sxm"\n[engine]\n'
+    fleet.write_text(head + 'vllm_version = " 0.11.1 "\n')
+    spaced = load_fleet(fleet).to_dict()
+    fleet.write_text(head + 'vllm_version = "0.11.1"\n')
+    assert spaced == load_fleet(fleet).to_dict()

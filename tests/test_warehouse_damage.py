@@ -1,4 +1,4 @@
-"""Hostile tester, round 6: damaged files under the warehouse, report's run and folder checks,
+"""Damaged files under the warehouse, report's run and folder checks,
 ``--date`` validation, and DuckDB's memory limit and Ctrl-C (docs/limits.md, "The SQL warehouse")."""
 
 from __future__ import annotations
@@ -57,7 +57,7 @@ def truncate(path: Path, keep: int = 300) -> None:
 
 
 @pytest.mark.parametrize("name", ["requests.parquet", "steps.parquet", "series.parquet", "config.json"])
-def test_a_damaged_run_is_left_out_with_a_warning(two_runs: tuple[Store, str, str], name: str) -> None:
+def test_damaged_run_is_left_out_with_a_warning(two_runs: tuple[Store, str, str], name: str) -> None:
     store, run_id, other = two_runs
     damaged = store.runs_dir / run_id / name
     good = damaged.read_bytes()
@@ -87,7 +87,7 @@ def _part(store: Store) -> Path:
 
 
 @pytest.mark.parametrize("damage", ["truncated part", "empty part", "truncated manifest"])
-def test_a_damaged_store_file_is_one_error(two_runs: tuple[Store, str, str], damage: str) -> None:
+def test_damaged_store_file_is_one_error(two_runs: tuple[Store, str, str], damage: str) -> None:
     from pipeline.nightly import StageError, _stage
 
     store, _, _ = two_runs
@@ -106,7 +106,7 @@ def test_a_damaged_store_file_is_one_error(two_runs: tuple[Store, str, str], dam
 # --- B, C, D: report ---------------------------------------------------------------------------------
 
 
-def test_b_report_names_a_malformed_config(two_runs: tuple[Store, str, str], tmp_path: Path) -> None:
+def test_report_names_a_malformed_config(two_runs: tuple[Store, str, str], tmp_path: Path) -> None:
     store, run_id, _ = two_runs
     config = store.runs_dir / run_id / "config.json"
     config.write_text('{\n  "date": "2025-01-01",\n  oops\n}\n')
@@ -114,7 +114,7 @@ def test_b_report_names_a_malformed_config(two_runs: tuple[Store, str, str], tmp
     one_error(res, str(config), "not valid JSON", "line 3, column 3")
 
 
-def test_c_report_into_a_folder_that_cannot_be_made(two_runs: tuple[Store, str, str], tmp_path: Path) -> None:
+def test_report_into_a_folder_that_cannot_be_made(two_runs: tuple[Store, str, str], tmp_path: Path) -> None:
     store, run_id, _ = two_runs
     blocker = tmp_path / "a-file"
     blocker.write_text("x")
@@ -125,7 +125,7 @@ def test_c_report_into_a_folder_that_cannot_be_made(two_runs: tuple[Store, str, 
         one_error(res, "cannot create reports folder /sys/rooftrace-reports")
 
 
-def test_d_report_refuses_an_incomplete_run(two_runs: tuple[Store, str, str], tmp_path: Path) -> None:
+def test_report_refuses_an_incomplete_run(two_runs: tuple[Store, str, str], tmp_path: Path) -> None:
     store, run_id, _ = two_runs
     for name in ("steps.parquet", "series.parquet"):
         (store.runs_dir / run_id / name).unlink()
@@ -137,7 +137,7 @@ def test_d_report_refuses_an_incomplete_run(two_runs: tuple[Store, str, str], tm
 # --- E: --date --------------------------------------------------------------------------------------
 
 
-def test_e_report_and_query_check_the_date(two_runs: tuple[Store, str, str], tmp_path: Path) -> None:
+def test_report_and_query_check_the_date(two_runs: tuple[Store, str, str], tmp_path: Path) -> None:
     store, run_id, _ = two_runs
     day = run_id[:10]
     out = str(tmp_path / "r.html")
@@ -161,7 +161,7 @@ def test_e_report_and_query_check_the_date(two_runs: tuple[Store, str, str], tmp
 # --- F: DuckDB's memory limit and Ctrl-C ---------------------------------------------------------
 
 
-def test_f_sql_has_the_replay_memory_limit(two_runs: tuple[Store, str, str], monkeypatch: pytest.MonkeyPatch) -> None:
+def test_sql_has_the_replay_memory_limit(two_runs: tuple[Store, str, str], monkeypatch: pytest.MonkeyPatch) -> None:
     store, _, _ = two_runs
     monkeypatch.setenv("ROOFTRACE_MAX_MEMORY", "64MiB")
     assert run_sql(store, "SELECT current_setting('memory_limit') AS m").to_pylist() == [{"m": "64.0 MiB"}]
@@ -171,7 +171,7 @@ def test_f_sql_has_the_replay_memory_limit(two_runs: tuple[Store, str, str], mon
     one_error(cli("sql", "SELECT 1", "--store", str(store.root)), "$ROOFTRACE_MAX_MEMORY")
 
 
-def test_f_ctrl_c_stops_a_query_that_never_ends(two_runs: tuple[Store, str, str]) -> None:
+def test_ctrl_c_stops_a_query_that_never_ends(two_runs: tuple[Store, str, str]) -> None:
     if threading.current_thread() is not threading.main_thread():
         pytest.skip("Ctrl-C reaches only the main thread")
     store, _, _ = two_runs

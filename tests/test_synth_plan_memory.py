@@ -1,4 +1,4 @@
-"""Hostile round 7 on ``synth``, ``plan``, ``report`` and ``fit``: synth refuses a log past the
+"""Memory and address-space limits in ``synth``, ``plan``, ``report`` and ``fit``: synth refuses a log past the
 memory limit before building it and streams what it writes; a plan skips a configuration with no
 usable roofline capacity, caps its worker processes by memory, runs each --hardware/--precision
 once, says to raise max_model_len when that is what rejects, and names a store folder that does
@@ -195,7 +195,7 @@ def test_synth_names_that_match_say_nothing(fmt: str, name: str) -> None:
 
 @pytest.fixture(scope="module")
 def store(tmp_path_factory: pytest.TempPathFactory) -> Store:
-    s = Store(tmp_path_factory.mktemp("hostile7-plan") / "store")
+    s = Store(tmp_path_factory.mktemp("synth-plan-memory") / "store")
     ingest_logs([AZURE], s, date="2023-11-16")
     return s
 

@@ -1,4 +1,4 @@
-"""Hostile round 6 (replay, cost, fleet, store, limits): a run's stored fleet reads back as the fleet
+"""Replay's refusals and limits (replay, cost, fleet, store, limits): a run's stored fleet reads back as the fleet
 it ran (the shipped fleets whose [calibration] is partial replayed then costed), a backslash in the
 store path, calibration factors near 0 and the simulated span they make, --rate-scale where it does
 nothing, the limits' messages, and a malformed config.json given to ``cost``."""
@@ -51,7 +51,7 @@ def store(tmp_path_factory: pytest.TempPathFactory) -> Store:
     from pipeline.ingest import ingest_logs
     from pipeline.synth import SynthConfig, generate, write_logs
 
-    base = tmp_path_factory.mktemp("hostile6")
+    base = tmp_path_factory.mktemp("replay-limits")
     st = Store(base / "store")
     frame = generate(SynthConfig(requests=200, seed=6, models=("llama-3.1-8b",), duration_s=200, diurnal=False))
     ingest_logs(write_logs(frame, "anthropic", base / "day.jsonl"), st)

@@ -1,4 +1,4 @@
-"""Hostile round 7 (catalog and config files): a device or a file past 16 MiB given as a config
+"""Catalog and config file bounds: a device or a file past 16 MiB given as a config
 (it was read whole: /dev/zero took all memory), hardware numbers outside any real accelerator's
 range (1e-300 B/s divided by zero in plan, 1e308 bytes printed 300-digit capacities), string
 booleans in a model entry read as true, max_position_embeddings and vocab_size of 0, a price
@@ -17,10 +17,10 @@ import tracemalloc
 from pathlib import Path
 
 import pytest
-from cli_checks import invoke, one_error_line
+from cli_checks import cli, invoke, one_error, one_error_line
 
 from pipeline.catalog import hardware_to_toml, load_hardware, load_model_file
-from pipeline.catalog.entries import import_hf_config, list_hardware, parse_hardware
+from pipeline.catalog.entries import MAX_GPUS_PER_NODE, import_hf_config, list_hardware, parse_hardware
 from pipeline.cost import load_price_file
 from pipeline.errors import ConfigError
 from pipeline.tomlfile import MAX_CONFIG_BYTES, read_toml
@@ -344,3 +344,29 @@ def test_import_hf_duplicate_keys_are_refused(tmp_path: Path, text: str, key: st
     line = _fails(["catalog", "import-hf", str(cfg), "--hf-id", "org/m", "--name", "m", "--out", str(out)])
     assert line == f"error: {cfg}: invalid JSON: key {key!r} appears more than once in one object"
     assert not out.exists()
+
+
+def test_a_huge_gpus_per_node_is_refused_not_searched() -> None:
+    with (CATALOG / "hardware" / "h100-sxm.toml").open("rb") as fh:
+        data = tomllib.load(fh)
+    data["link"]["gpus_per_node"] = 10**9
+    with pytest.raises(ConfigError) as err:
+        parse_hardware(data, "hw.toml")
+    want = f"hw.toml [link]: gpus_per_node must be at most {MAX_GPUS_PER_NODE:,} (one node), got 1,000,000,000"
+    assert str(err.value) == want
+
+
+def test_a_moe_intermediate_size_of_zero_is_refused(tmp_path: Path) -> None:
+    """moe_intermediate_size = 0 was read as unset (the dense intermediate size: 435 GiB of
+    weights for Qwen3-30B-A3B), where head_dim = 0 is refused."""
+    text = (
+        (CATALOG / "models" / "qwen3-30b-a3b.toml")
+        .read_text()
+        .replace("moe_intermediate_size = 768", "moe_intermediate_size = 0")
+    )
+    model = tmp_path / "zero.toml"
+    model.write_text(text)
+    one_error(
+        cli("fit", "--model", str(model), "--hardware", "h100-sxm"),
+        "moe_intermediate_size must be > 0 when given, got 0",
+    )

@@ -1,7 +1,7 @@
-"""Hostile round 8: the size-aware prior tier and what the run says about its pricing.
+"""The size-aware prior tier and what the run says about its pricing.
 
-Each test is a finding of the round (a command that mislabelled or mispriced a run, or printed
-invalid JSON), reproduced and checked fixed.
+Each test guards one case where a command mislabelled or mispriced a run, or printed invalid
+JSON.
 """
 
 from __future__ import annotations

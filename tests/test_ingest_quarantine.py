@@ -1,4 +1,4 @@
-"""Hostile review 9 of ``rooftrace ingest`` / ``rooftrace query``: a polars panic on a layout DuckDB
+"""What ``rooftrace ingest`` / ``rooftrace query`` quarantine or refuse: a polars panic on a layout DuckDB
 rejects among records without ids, a split file growing during a parallel run, another provider's
 records in a file, CSV fields over Python's 128 KiB limit, malformed OTel spans, the 64 MiB
 record limit, control characters in file names, the mapped-CSV header message and a query of a
@@ -446,7 +446,7 @@ def test_a_query_of_a_date_without_requests_is_one_error(tmp_path: Path) -> None
     assert _error_lines(res) == [
         f"error: no requests on 1999-01-01 in {st}/requests (it has 2025-01-15); pass one of them as --date"
     ]
-    # the stored date, not classified yet: said (round 12), then answered once classified
+    # the stored date, not classified yet: said, then answered once classified
     todo = _cli("query", "token_totals", "--date", "2025-01-15", "--store", st, "--format", "csv")
     assert todo.exit_code == 1 and _error_lines(todo) == [
         "error: 2025-01-15 holds 2 requests but is not classified yet: run rooftrace classify --date 2025-01-15"

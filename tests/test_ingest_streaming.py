@@ -1,4 +1,4 @@
-"""Hostile review 13 of ``rooftrace ingest``: a line past the record limit read whole, a JSON array
+"""How ``rooftrace ingest`` streams and bounds what it reads: a line past the record limit read whole, a JSON array
 log loaded whole, a file growing during a serial read, Mooncake hash_ids that contradict the
 input length, duplicate OTel attribute keys, quarantined OTel spans that cannot be found, NUL
 bytes, and many small files."""

@@ -1,4 +1,4 @@
-"""Hostile tester, round 11a: the warehouse, ``sql``, ``query`` and ``cost`` on a tampered store
+"""The warehouse, ``sql``, ``query`` and ``cost`` on a tampered store
 (docs/limits.md, "The SQL warehouse")."""
 
 from __future__ import annotations
@@ -52,7 +52,7 @@ def truncate(path: Path, keep: int = 300) -> None:
 # --- 2. a foreign Parquet file in a date folder never enters the requests view -----------------------
 
 
-def test_2_a_foreign_file_in_a_date_folder_is_not_counted(store: tuple[Store, str]) -> None:
+def test_a_foreign_file_in_a_date_folder_is_not_counted(store: tuple[Store, str]) -> None:
     st, run_id = store
     n = int(count(st, "SELECT count(*) FROM requests")[0])
     assert n > 0
@@ -67,7 +67,7 @@ def test_2_a_foreign_file_in_a_date_folder_is_not_counted(store: tuple[Store, st
         one_error(res, "zz-stray.parquet", "'requests'")
 
 
-def test_2_the_requests_view_lists_the_stores_files(store: tuple[Store, str]) -> None:
+def test_the_requests_view_lists_the_stores_files(store: tuple[Store, str]) -> None:
     from pipeline.warehouse import VIEWS, _scan, _view_sql
 
     st, _ = store
@@ -82,7 +82,7 @@ def test_2_the_requests_view_lists_the_stores_files(store: tuple[Store, str]) ->
 # --- 3. --param date=/run_id= are checked as --date/--run ------------------------------------------------
 
 
-def test_3_param_date_is_checked_as_the_date_option(store: tuple[Store, str]) -> None:
+def test_param_date_is_checked_as_the_date_option(store: tuple[Store, str]) -> None:
     st, _ = store
     date = st.dates()[0]
     args = ("query", "token_totals", "--store", str(st.root), "--format", "csv")
@@ -93,7 +93,7 @@ def test_3_param_date_is_checked_as_the_date_option(store: tuple[Store, str]) ->
     assert same == rows(cli(*args, "--date", date)) and int(same[0]["requests"]) > 0
 
 
-def test_3_param_run_id_is_checked_as_the_run_option(store: tuple[Store, str]) -> None:
+def test_param_run_id_is_checked_as_the_run_option(store: tuple[Store, str]) -> None:
     st, run_id = store
     args = ("query", "latency", "--store", str(st.root), "--format", "csv")
     one_error(cli(*args, "--param", "run_id=nope"), "'nope'", "nearest", run_id)
@@ -105,14 +105,14 @@ def test_3_param_run_id_is_checked_as_the_run_option(store: tuple[Store, str]) -
 
 
 @pytest.mark.parametrize("value", ["nan", "inf", "-1", "0", "abc", "1e9", ""])
-def test_4_a_bad_slo_is_one_error_naming_it(store: tuple[Store, str], value: str) -> None:
+def test_a_bad_slo_is_one_error_naming_it(store: tuple[Store, str], value: str) -> None:
     st, _ = store
     res = cli("query", "goodput", "--param", f"ttft_slo_s={value}", "--store", str(st.root))
     line = one_error(res, "ttft_slo_s")
     assert "Could not convert" not in line
 
 
-def test_4_a_good_slo_is_applied(store: tuple[Store, str]) -> None:
+def test_a_good_slo_is_applied(store: tuple[Store, str]) -> None:
     st, _ = store
     base = ("query", "goodput", "--store", str(st.root), "--format", "csv")
     none = rows(cli(*base))[0]
@@ -128,7 +128,7 @@ def test_4_a_good_slo_is_applied(store: tuple[Store, str]) -> None:
 
 
 @pytest.mark.parametrize("name", ["steps.parquet", "requests.parquet"])
-def test_5_a_damaged_only_run_fails_every_run_query(store: tuple[Store, str], name: str) -> None:
+def test_a_damaged_only_run_fails_every_run_query(store: tuple[Store, str], name: str) -> None:
     st, run_id = store
     damaged = st.runs_dir / run_id / name
     truncate(damaged)
@@ -139,7 +139,7 @@ def test_5_a_damaged_only_run_fails_every_run_query(store: tuple[Store, str], na
             assert "Binder Error" not in line and res.stdout == ""
 
 
-def test_5_the_latest_readable_run_is_the_default(store: tuple[Store, str]) -> None:
+def test_the_latest_readable_run_is_the_default(store: tuple[Store, str]) -> None:
     st, run_id = store
     newer = f"{run_id}-{COPY}"
     shutil.copytree(st.runs_dir / run_id, st.runs_dir / newer)
@@ -156,7 +156,7 @@ def test_5_the_latest_readable_run_is_the_default(store: tuple[Store, str]) -> N
 # --- 7. store folders linked to another disk ---------------------------------------------------------------
 
 
-def test_7_linked_runs_and_requests_folders_are_read(store: tuple[Store, str], tmp_path: Path) -> None:
+def test_linked_runs_and_requests_folders_are_read(store: tuple[Store, str], tmp_path: Path) -> None:
     st, _ = store
     args = ("query", "latency", "--store", str(st.root), "--format", "csv")
     before = rows(cli(*args))
@@ -175,7 +175,7 @@ def test_7_linked_runs_and_requests_folders_are_read(store: tuple[Store, str], t
     assert count(st, "SELECT count(*) FROM requests") == n
 
 
-def test_7_a_linked_file_or_a_folder_linked_to_etc_stays_refused(store: tuple[Store, str], tmp_path: Path) -> None:
+def test_a_linked_file_or_a_folder_linked_to_etc_stays_refused(store: tuple[Store, str], tmp_path: Path) -> None:
     st, run_id = store
     secret = tmp_path / "secret.csv"
     secret.write_text("secret\nhunter2\n")
@@ -196,7 +196,7 @@ FAR = (
 
 
 @pytest.mark.parametrize("fmt", ["table", "json", "csv"])
-def test_8_far_dates_print_as_text(store: tuple[Store, str], fmt: str) -> None:
+def test_far_dates_print_as_text(store: tuple[Store, str], fmt: str) -> None:
     st, _ = store
     res = cli("sql", FAR, "--store", str(st.root), "--format", fmt)
     assert res.exit_code == 0, (res.stderr, res.exception)
@@ -216,7 +216,7 @@ def test_8_far_dates_print_as_text(store: tuple[Store, str], fmt: str) -> None:
         ]
 
 
-def test_8_parquet_keeps_far_dates(store: tuple[Store, str], tmp_path: Path) -> None:
+def test_parquet_keeps_far_dates(store: tuple[Store, str], tmp_path: Path) -> None:
     st, _ = store
     out = tmp_path / "far.parquet"
     res = cli("sql", "SELECT 'infinity'::DATE AS d", "--store", str(st.root), "--format", "parquet", "--out", str(out))
@@ -227,7 +227,7 @@ def test_8_parquet_keeps_far_dates(store: tuple[Store, str], tmp_path: Path) -> 
 # --- 9. the result is streamed --------------------------------------------------------------------------
 
 
-def test_9_the_writer_streams_batch_by_batch() -> None:
+def test_the_writer_streams_batch_by_batch() -> None:
     """Each batch is written before the next one is read: nothing holds the whole result."""
     schema = pa.schema([("i", pa.int64()), ("s", pa.string())])
     sink = io.BytesIO()
@@ -248,7 +248,7 @@ def test_9_the_writer_streams_batch_by_batch() -> None:
     assert [r["i"] for r in json.loads(sink.getvalue())] == list(range(500))
 
 
-def test_9_a_large_export_within_a_small_limit(store: tuple[Store, str], tmp_path: Path) -> None:
+def test_a_large_export_within_a_small_limit(store: tuple[Store, str], tmp_path: Path) -> None:
     st, _ = store
     env = {"ROOFTRACE_MAX_MEMORY": "64MiB"}
     sql = "SELECT range AS i, 'abcdefghij' || range AS s FROM range(100000)"
@@ -269,7 +269,7 @@ def test_9_a_large_export_within_a_small_limit(store: tuple[Store, str], tmp_pat
 
 
 @pytest.mark.parametrize("replicas", [0, 10**30, 2.5])
-def test_10_query_cost_refuses_what_cost_refuses(store: tuple[Store, str], replicas: object) -> None:
+def test_query_cost_refuses_what_cost_refuses(store: tuple[Store, str], replicas: object) -> None:
     st, run_id = store
     path = st.runs_dir / run_id / "config.json"
     doc = json.loads(path.read_text())
@@ -281,7 +281,7 @@ def test_10_query_cost_refuses_what_cost_refuses(store: tuple[Store, str], repli
     assert reason in line
 
 
-def test_10_a_tampered_gpus_per_replica_is_refused(store: tuple[Store, str]) -> None:
+def test_a_tampered_gpus_per_replica_is_refused(store: tuple[Store, str]) -> None:
     st, run_id = store
     path = st.runs_dir / run_id / "config.json"
     doc = json.loads(path.read_text())
@@ -294,7 +294,7 @@ def test_10_a_tampered_gpus_per_replica_is_refused(store: tuple[Store, str]) -> 
 # --- 11. a run folder without config.json is in no view ------------------------------------------------------
 
 
-def test_11_a_run_without_config_is_left_out_of_every_view(store: tuple[Store, str]) -> None:
+def test_a_run_without_config_is_left_out_of_every_view(store: tuple[Store, str]) -> None:
     st, run_id = store
     (st.runs_dir / run_id / "config.json").unlink()
     res = cli(
@@ -313,7 +313,7 @@ def test_11_a_run_without_config_is_left_out_of_every_view(store: tuple[Store, s
 # --- 12. minor --------------------------------------------------------------------------------------------
 
 
-def test_12_several_statements_are_refused(store: tuple[Store, str]) -> None:
+def test_several_statements_are_refused(store: tuple[Store, str]) -> None:
     st, _ = store
     res = cli("sql", "SELECT 'first' AS a; SELECT 'second' AS b", "--store", str(st.root))
     one_error(res, "2 statements", "one query at a time")
@@ -321,14 +321,14 @@ def test_12_several_statements_are_refused(store: tuple[Store, str]) -> None:
     assert cli("sql", "SELECT 1 AS a;", "--store", str(st.root), "--format", "csv").stdout == '"a"\n1\n'
 
 
-def test_12_install_is_named_install(store: tuple[Store, str]) -> None:
+def test_install_is_named_install(store: tuple[Store, str]) -> None:
     st, _ = store
     one_error(cli("sql", "INSTALL httpfs", "--store", str(st.root)), "an INSTALL statement")
     one_error(cli("sql", "EXPORT DATABASE '/tmp/x'", "--store", str(st.root)), "an EXPORT statement")
     one_error(cli("sql", "LOAD httpfs", "--store", str(st.root)), "a LOAD statement")
 
 
-def test_12_out_into_a_new_folder_says_what_it_wrote(store: tuple[Store, str], tmp_path: Path) -> None:
+def test_out_into_a_new_folder_says_what_it_wrote(store: tuple[Store, str], tmp_path: Path) -> None:
     st, _ = store
     out = tmp_path / "new" / "x.csv"
     res = cli("sql", "SELECT range AS r FROM range(3)", "--store", str(st.root), "--format", "csv", "--out", str(out))
@@ -337,13 +337,13 @@ def test_12_out_into_a_new_folder_says_what_it_wrote(store: tuple[Store, str], t
     assert out.read_text() == '"r"\n0\n1\n2\n'
 
 
-def test_12_cost_refuses_an_empty_run_id(store: tuple[Store, str]) -> None:
+def test_cost_refuses_an_empty_run_id(store: tuple[Store, str]) -> None:
     st, _ = store
     one_error(cli("cost", "--run", "", "--store", str(st.root)), "run id is empty")
     assert not (st.root / "costs").exists()
 
 
-def test_12_sigterm_removes_the_temporary_folder(store: tuple[Store, str], tmp_path: Path) -> None:
+def test_sigterm_removes_the_temporary_folder(store: tuple[Store, str], tmp_path: Path) -> None:
     st, _ = store
     build_warehouse(st)
     tmp = tmp_path / "tmp"

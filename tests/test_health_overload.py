@@ -1,6 +1,7 @@
-"""Hostile round 11b on a run's health: a peak-hour overload that drains during a quiet tail is
-OVERLOADED (#5), a burst within a femtosecond is one burst, as --offline sends it (#8), and a
-replica wider than one node says that its cross-node communication is priced as intra-node (#4)."""
+"""A run's health: a peak-hour overload that drains during a quiet tail is OVERLOADED, a burst
+within a femtosecond is one burst, as --offline sends it, a replica wider than one node says
+that its cross-node communication is priced as intra-node, a closed loop is never overloaded,
+and overload times are on the log's clock under --rate-scale."""
 
 from __future__ import annotations
 
@@ -17,9 +18,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from pipeline.cli import main
+from pipeline.engine.model import EngineResult, Workload
 from pipeline.fleet import load_fleet, resolve
-from pipeline.replay import ReplayOptions, multi_node_warning, replay
+from pipeline.replay import ReplayOptions, _utc, health, multi_node_warning, replay
 from pipeline.report import _health_cards, attention, health_headline, overload_phrase
+from pipeline.runrequests import MemoryColumns
 from pipeline.slo import (
     MIN_BACKLOG,
     MIN_BACKLOG_SHARE,
@@ -35,7 +38,7 @@ from pipeline.slo import (
 from pipeline.store import Store
 from pipeline.synth import SynthConfig, generate, write_logs
 
-# -- 5: a transient overload, by hand --------------------------------------------------------------
+# -- a transient overload, by hand --------------------------------------------------------------
 
 
 def _peak_then_quiet() -> tuple[np.ndarray, np.ndarray]:
@@ -109,7 +112,7 @@ def test_a_burst_that_drains_says_so_without_rates() -> None:
 
 
 def _legacy(a: np.ndarray, s: np.ndarray, last_finish: float | None) -> Overload:
-    """The rule before hostile round 11 (the backlog at the last arrival only), kept as it was."""
+    """The earlier overload rule (the backlog at the last arrival only), kept as it was."""
     if a.size < 2:
         return Overload(False)
     t_first, t_last = float(a[0]), float(a[-1])
@@ -134,7 +137,7 @@ def _same_as_legacy(new: Overload, old: Overload) -> None:
         assert new.sustained
         got = (new.from_s, new.backlog, new.arrival_rate, new.service_rate, new.drain_s)
         assert got == (old.from_s, old.backlog, old.arrival_rate, old.service_rate, old.drain_s)
-        assert new.line() == old.line() or old.service_rate == 0  # (0: reworded, #8)
+        assert new.line() == old.line() or old.service_rate == 0  # (0: the burst case, reworded)
     else:  # a drained episode, or nothing
         assert not new.sustained
         assert new.drain_s == old.drain_s
@@ -179,7 +182,7 @@ def test_the_sustained_numbers_match_the_old_rule(seed: int, n: int, load: float
     ok = np.ones(n, bool)
     new = detect_overload(a, s, finish, ok)
     old = _legacy(sorted_accepted(a, ok), sorted_accepted(s, ok), latest_finish(finish, ok))
-    if a[-1] - a[0] < MIN_SPAN_S:  # one burst (#8): the old rule called it overload
+    if a[-1] - a[0] < MIN_SPAN_S:  # one burst: the old rule called it overload
         assert not new.detected
         return
     _same_as_legacy(new, old)
@@ -295,7 +298,7 @@ def test_overload_equals_the_every_event_reference(
         assert " until +" in line and f"up to {ref['peak']:,} waiting" in line and "inf" not in line
 
 
-# -- 8: a burst within a femtosecond ---------------------------------------------------------------
+# -- a burst within a femtosecond ---------------------------------------------------------------
 
 
 def test_a_femtosecond_burst_is_one_burst_as_offline() -> None:
@@ -343,7 +346,7 @@ def _fleet(tmp: Path, name: str, model: str = "llama-3.1-8b", shape: str = "", e
 @pytest.fixture(scope="module")
 def peak_store(tmp_path_factory: pytest.TempPathFactory) -> Store:
     """A day of 300 requests: 260 in its first minute, then 40 over the next 19 minutes."""
-    root = tmp_path_factory.mktemp("hostile11-health")
+    root = tmp_path_factory.mktemp("health-overload")
     day = generate(SynthConfig(requests=300, seed=11, duration_s=1200, date="2025-02-01", models=("llama-3.1-8b",)))
     t0 = day.get_column("arrival").min()
     rank = np.arange(day.height, dtype=float)
@@ -412,7 +415,7 @@ def test_the_same_day_in_a_femtosecond_is_one_burst(peak_store: Store, tmp_path:
         assert not h["overload"]["detected"] and h["finished"] == 300 and h["healthy"] is True
 
 
-# -- 4: a replica wider than one node ------------------------------------------------------------
+# -- a replica wider than one node ------------------------------------------------------------
 
 
 @pytest.mark.parametrize(
@@ -450,3 +453,32 @@ def test_a_multi_node_replay_warns_and_flags_its_priced_by_card(peak_store: Stor
     assert first[0] == "Priced by" and first[3] == "warn"
     assert "MULTI-NODE: each replica spans 2 nodes, its cross-node communication priced as intra-node" in first[2]
     assert not math.isnan(float(summary["cost_model"].get("measured_share_of_busy_time") or 0.0))
+
+
+# -- a closed loop, and overload times under --rate-scale -------------------------------------------
+
+
+def test_a_closed_loop_is_never_overloaded() -> None:
+    # 30 clients on a fleet that serves fewer at once: requests wait, but arrivals follow service
+    n = 200
+    arrival = np.linspace(0.0, 100.0, n)
+    scheduled = arrival + np.linspace(0.0, 60.0, n)  # the queue grows all the way
+    res = EngineResult.empty(n)
+    res.arrival_s[:] = arrival
+    res.scheduled_s[:] = scheduled
+    res.first_token_s[:] = scheduled + 0.1
+    res.finish_s[:] = scheduled + 1.0
+    res.reject_reason[:] = 0
+    work = Workload(arrival, np.full(n, 100, np.int64), np.full(n, 10, np.int64))
+    cols = MemoryColumns(res, work)
+    assert health(cols, None)["overload"]["detected"]  # open loop: overloaded
+    closed = health(cols, None, closed=True)
+    assert not closed["overload"]["detected"] and closed["healthy"]
+
+
+def test_overload_times_are_on_the_logs_clock_under_rate_scale() -> None:
+    t0 = 1_700_000_000_000_000  # 2023-11-14T22:13:20Z
+    assert _utc(t0, 0.0, 900.0) == "2023-11-14T22:28:20Z"
+    # --rate-scale 2 replays the log twice as fast: 450 replayed seconds are 900 logged ones
+    assert _utc(t0, 0.0, 450.0, 2.0) == "2023-11-14T22:28:20Z"
+    assert _utc(t0, 0.0, 1800.0, 0.5) == "2023-11-14T22:28:20Z"

@@ -1,4 +1,4 @@
-"""Hostile round 10: catalog bounds, path-named hardware priced, calibrate keeping tables and
+"""Hardware files: catalog bounds, path-named hardware priced, calibrate keeping tables and
 refusing physically impossible GEMM rows."""
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ def _hw_file(tmp_path: Path, key: str, value: str, name: str = "hw.toml") -> Pat
     return path
 
 
-# -- 1: bounds at load time ---------------------------------------------------------------------
+# -- bounds at load time ---------------------------------------------------------------------
 
 
 @pytest.mark.parametrize(
@@ -81,7 +81,7 @@ def test_replay_with_huge_min_kernel_is_one_line(tmp_path: Path) -> None:
     assert "min_kernel_s must be in [0, 1] s" in line and str(hw) in line
 
 
-# -- 2: a path-named hardware is priced from the run's own snapshot -------------------------------
+# -- a path-named hardware is priced from the run's own snapshot -------------------------------
 
 
 def test_cost_query_prices_a_path_named_hardware(tmp_path: Path, replayed_store: tuple[object, str]) -> None:
@@ -132,7 +132,7 @@ def test_nightly_line_never_prints_a_made_up_zero() -> None:
     assert "4 GPUs, $457/day" in res.line()
 
 
-# -- 3 and 4: calibrate keeps tables, refuses impossible GEMM rows ---------------------------------
+# -- calibrate keeps tables, refuses impossible GEMM rows ---------------------------------
 
 MEAS = Path("/work/shared/measurements/aiconfigurator-vllm-ops")
 
@@ -223,7 +223,7 @@ def test_calibrate_keeps_tables_the_new_measurements_do_not_cover(tmp_path: Path
     assert load_profile_dir(folder).meta.rows["allreduce"] == 3
 
 
-# -- 5: catalog show by path, import-hf head size -------------------------------------------------
+# -- catalog show by path, import-hf head size -------------------------------------------------
 
 
 def test_catalog_show_accepts_a_path(tmp_path: Path) -> None:
