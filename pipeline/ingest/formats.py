@@ -59,6 +59,41 @@ class Context:
 
 
 @dataclass(frozen=True)
+class Sniff:
+    """How format detection (``source.sniff_format``) knows a log of this format from its first
+    record when no --format is given. Formats are tried in ``rank`` order, lowest first: a more
+    specific rule goes before a looser one (a LiteLLM record also holds OpenAI's
+    ``prompt_tokens``; an Anthropic one holds ``input_tokens``, which the OpenAI rule accepts).
+
+    A JSON record matches when any one clause holds: its top-level keys include every key of one
+    set of ``json_keys``; its JSON text holds one of ``json_text`` (a key nested anywhere); a
+    top-level key has the value given in ``json_values``; or, for a document too long to parse,
+    its first key is ``json_leading_key``. A CSV header matches when its columns (lower-cased,
+    quotes dropped) include every one of ``csv_columns``."""
+
+    rank: int
+    json_keys: tuple[frozenset[str], ...] = ()
+    json_text: tuple[str, ...] = ()
+    json_values: tuple[tuple[str, str], ...] = ()
+    json_leading_key: str = ""
+    csv_columns: frozenset[str] = frozenset()
+
+    def matches_record(self, record: Mapping[str, Any], text: Callable[[], str]) -> bool:
+        """Whether the JSON object ``record`` is of this format; ``text()`` gives its JSON text
+        (asked for only by a ``json_text`` clause: a large record is serialised once, if at all)."""
+        keys = set(record)
+        return (
+            any(need <= keys for need in self.json_keys)
+            or any(record.get(key) == value for key, value in self.json_values)
+            or any(piece in text() for piece in self.json_text)
+        )
+
+    def matches_header(self, columns: set[str]) -> bool:
+        """Whether a CSV header with ``columns`` (lower-cased) is of this format."""
+        return bool(self.csv_columns) and self.csv_columns <= columns
+
+
+@dataclass(frozen=True)
 class FormatSpec:
     name: str
     kind: str  # "jsonl", "csv", "csv_or_json", "otel", "parquet"
@@ -79,6 +114,8 @@ class FormatSpec:
     #: Fields the user named in a mapping file: one with no value in any record of a file is
     #: said (a typo in the mapping would otherwise make every model "unknown").
     mapped: bool = False
+    #: How detection knows this format without --format (None: only when asked for by name).
+    sniff: Sniff | None = None
 
     @property
     def flat_input(self) -> bool:
@@ -467,6 +504,9 @@ FORMATS: dict[str, FormatSpec] = {
             "reasoning_raw": "usage.completion_tokens_details.reasoning_tokens",
             **_LATENCY_LABELS,
         },
+        # a usage object (Chat Completions' prompt_tokens, Responses' input_tokens) or a Batch
+        # API line; last of the JSON rules, the loosest
+        sniff=Sniff(rank=70, json_text=("prompt_tokens", "input_tokens"), json_keys=(frozenset({"custom_id"}),)),
     ),
     "anthropic": FormatSpec(
         "anthropic",
@@ -482,6 +522,14 @@ FORMATS: dict[str, FormatSpec] = {
             **_LATENCY_LABELS,
         },
         input_excludes_cache=True,
+        # Anthropic's own usage key, a Messages response (type "message") or a Message Batches
+        # result line; before OpenAI's rule, which its input_tokens would also pass
+        sniff=Sniff(
+            rank=60,
+            json_text=("cache_read_input_tokens",),
+            json_values=(("type", "message"),),
+            json_keys=(frozenset({"result"}),),
+        ),
     ),
     "litellm": FormatSpec(
         "litellm",
@@ -497,6 +545,12 @@ FORMATS: dict[str, FormatSpec] = {
             "e2e_raw": "endTime",
         },
         required_columns=("request_id", "starttime", "prompt_tokens", "completion_tokens"),
+        # LiteLLM's spend-log row, as JSON or CSV; before OpenAI's rule (it holds prompt_tokens)
+        sniff=Sniff(
+            rank=50,
+            json_keys=(frozenset({"startTime", "request_id"}),),
+            csv_columns=frozenset({"request_id", "starttime"}),
+        ),
     ),
     "azure": FormatSpec(
         "azure",
@@ -505,6 +559,7 @@ FORMATS: dict[str, FormatSpec] = {
         _azure,
         {"arrival": "TIMESTAMP", "input_raw": "ContextTokens", "output_raw": "GeneratedTokens"},
         required_columns=("timestamp", "contexttokens", "generatedtokens"),
+        sniff=Sniff(rank=30, csv_columns=frozenset({"timestamp", "contexttokens", "generatedtokens"})),
     ),
     "mooncake": FormatSpec(
         "mooncake",
@@ -519,6 +574,7 @@ FORMATS: dict[str, FormatSpec] = {
         },
         list_fields=frozenset({"hashes"}),
         relative_time=True,
+        sniff=Sniff(rank=20, json_keys=(frozenset({"input_length", "output_length"}),)),
     ),
     "vidur": FormatSpec(
         "vidur",
@@ -531,6 +587,7 @@ FORMATS: dict[str, FormatSpec] = {
         # Length-only files (Vidur's arxiv_summarization stats) have no arrival column: they are an
         # offline batch, every request arriving at the anchor (t = 0).
         absent_defaults={"arrived_at": "0"},
+        sniff=Sniff(rank=40, csv_columns=frozenset({"num_prefill_tokens", "num_decode_tokens"})),
     ),
     "otel": FormatSpec(
         "otel",
@@ -547,8 +604,14 @@ FORMATS: dict[str, FormatSpec] = {
             "e2e_raw": "endTimeUnixNano",
             "ttft_raw": "gen_ai.server.time_to_first_token",
         },
+        # an OTLP/JSON export says what it is in its first key, also when too long to parse
+        sniff=Sniff(rank=10, json_keys=(frozenset({"resourceSpans"}),), json_leading_key="resourceSpans"),
     ),
 }
 
 GENERIC_FORMATS = ("csv", "jsonl", "parquet")
 ALL_FORMATS = (*FORMATS, *GENERIC_FORMATS)
+#: The formats detection tries, in their rules' rank order (:class:`Sniff`).
+SNIFFED: tuple[tuple[str, Sniff], ...] = tuple(
+    sorted(((name, spec.sniff) for name, spec in FORMATS.items() if spec.sniff is not None), key=lambda x: x[1].rank)
+)

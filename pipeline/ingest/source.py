@@ -23,6 +23,7 @@ import numpy as np
 import zstandard
 
 from pipeline.errors import RooftraceError
+from pipeline.ingest.formats import SNIFFED
 from pipeline.schemas import not_regular
 
 #: Lines per batch in streaming readers: bounds memory (a batch of OpenAI JSON lines is ~30 MB).
@@ -748,12 +749,9 @@ def sniff_format(path: Path, head: bytes, whole: bool = True) -> str:
             raise
     header = first.lower().replace('"', "")
     cols = {c.strip() for c in header.split(",")}
-    if {"timestamp", "contexttokens", "generatedtokens"} <= cols:
-        return "azure"
-    if {"num_prefill_tokens", "num_decode_tokens"} <= cols:
-        return "vidur"
-    if {"request_id", "starttime"} <= cols:
-        return "litellm"
+    for name, rule in SNIFFED:  # each format's rule lives on its spec (formats.py, Sniff)
+        if rule.matches_header(cols):
+            return name
     raise SourceError(f"{path}: cannot detect the log format from its header; pass --format")
 
 
@@ -786,22 +784,24 @@ def _sniff_json_record(path: Path, first: str, text: str) -> str:
             # Larger than the head: an array's first element may still be whole in it, and an
             # OTLP document says what it is in its first key.
             obj = _first_array_element(text)
-            if obj is None and re.match(r'\s*\{\s*"resourceSpans"\s*:', text):
-                return "otel"
+            if obj is None:
+                for name, rule in SNIFFED:
+                    lead = rule.json_leading_key
+                    if lead and re.match(r"\s*\{\s*" + re.escape(json.dumps(lead)) + r"\s*:", text):
+                        return name
     if isinstance(obj, list):
         obj = obj[0] if obj else None
     if not isinstance(obj, dict):
         raise SourceError(f"{path}: first record is not a JSON object; pass --format")
-    keys = set(obj)
-    if "resourceSpans" in keys:
-        return "otel"
-    if {"input_length", "output_length"} <= keys:
-        return "mooncake"
-    if "startTime" in keys and "request_id" in keys:
-        return "litellm"
-    blob = json.dumps(obj)
-    if "cache_read_input_tokens" in blob or obj.get("type") == "message" or "result" in keys:
-        return "anthropic"
-    if "prompt_tokens" in blob or "input_tokens" in blob or "custom_id" in keys:
-        return "openai"
+    record = obj
+    blob: list[str] = []
+
+    def record_text() -> str:  # the record's JSON text, made once and only for a rule that reads it
+        if not blob:
+            blob.append(json.dumps(record))
+        return blob[0]
+
+    for name, rule in SNIFFED:  # each format's rule lives on its spec (formats.py, Sniff)
+        if rule.matches_record(record, record_text):
+            return name
     raise SourceError(f"{path}: cannot detect the JSON log format; pass --format")
