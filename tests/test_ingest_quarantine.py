@@ -13,11 +13,11 @@ from pathlib import Path
 
 import polars as pl
 import pytest
-from click.testing import CliRunner, Result
+from cli_checks import cli as _cli
+from click.testing import Result
 
 import pipeline.ingest.core as core
 import pipeline.ingest.readers as readers
-from pipeline.cli import main
 from pipeline.ingest import IngestSummary, ingest_logs
 from pipeline.ingest.formats import FORMATS
 from pipeline.ingest.readers import FastPathFailed, jsonl_fast
@@ -61,10 +61,6 @@ def _parquet_bytes(store: Store) -> dict[str, str]:
         str(p.relative_to(store.root)): hashlib.sha256(p.read_bytes()).hexdigest()
         for p in sorted(store.requests_dir.rglob("*.parquet"))
     }
-
-
-def _cli(*args: str) -> Result:
-    return CliRunner().invoke(main, list(args))
 
 
 def _error_lines(res: Result) -> list[str]:

@@ -11,11 +11,11 @@ from pathlib import Path
 
 import polars as pl
 import pytest
-from click.testing import CliRunner, Result
+from cli_checks import cli as _cli
+from click.testing import Result
 
 import pipeline.ingest.core as core
 import pipeline.store as store_mod
-from pipeline.cli import main
 from pipeline.errors import RooftraceError
 from pipeline.ingest import IngestSummary, ingest_logs
 from pipeline.schemas import read_parquet, write_parquet
@@ -45,10 +45,6 @@ def _balanced(s: IngestSummary) -> None:
 
 def _manifest_rows(store: Store) -> int:
     return int(pl.from_arrow(read_parquet(store.manifest_path, "manifest"))["rows_stored"].sum())  # type: ignore[index]
-
-
-def _cli(*args: str) -> Result:
-    return CliRunner().invoke(main, list(args))
 
 
 def _error_lines(res: Result) -> list[str]:

@@ -14,10 +14,9 @@ from pathlib import Path
 import polars as pl
 import pyarrow.parquet as pq
 import pytest
-from click.testing import CliRunner, Result
+from cli_checks import cli as _cli
 
 import pipeline.store as store_mod
-from pipeline.cli import main
 from pipeline.errors import RooftraceError
 from pipeline.ingest import IngestSummary, ingest_logs
 from pipeline.schemas import read_parquet
@@ -43,10 +42,6 @@ def _balanced(s: IngestSummary) -> None:
     assert s.ok
     for f in s.files:
         assert f.rows_read == f.rows_stored + f.rows_quarantined + f.rows_duplicate, f
-
-
-def _cli(*args: str) -> Result:
-    return CliRunner().invoke(main, list(args))
 
 
 def _sql(store: Store, query: str) -> str:

@@ -10,18 +10,14 @@ import threading
 from pathlib import Path
 
 import pytest
-from click.testing import CliRunner, Result
+from cli_checks import cli
+from click.testing import Result
 
-from pipeline.cli import main
 from pipeline.errors import RooftraceError
 from pipeline.store import Store
 from pipeline.warehouse import build_warehouse, latest_run, run_sql
 
 COPY = "copy"
-
-
-def cli(*args: str) -> Result:
-    return CliRunner().invoke(main, list(args))
 
 
 def one_error(res: Result, *needles: str) -> str:
