@@ -141,7 +141,7 @@ CASES: tuple[Case, ...] = (
         version="0.19.0",
         context=16384,
         util=0.9,
-        note="set memory.EXTRA_RESERVED_BYTES['rtx-4090'] (the only consumer-card report: without it the 0.19 "
+        note="sets the rtx-4090 entry's extra_reserved_bytes (the only consumer-card report: without it the 0.19 "
         "accounting at 0.9 gives +13 %); version 0.19.0 and util 0.9 from the profile bundle recorded with it",
     ),
     Case(25, "excluded", note="GPU not named in the report"),
