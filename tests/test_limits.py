@@ -494,8 +494,8 @@ def test_classify_refuses_a_block_size_its_memory_cannot_hold(
 
 def test_the_compile_check_looks_where_numba_caches(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     """With $NUMBA_CACHE_DIR set numba caches the engine there, not in the package's
-    __pycache__: the "compiling the replay engine" notice must look there too (hostile round 13:
-    a warm package folder hid a 3-minute compile)."""
+    __pycache__: the "compiling the replay engine" notice must look there too (a
+    warm package folder once hid a 3-minute compile)."""
     from numba.core import config
 
     from pipeline.engine.jit import jit_cache_dir, kernel_stamp
