@@ -3,6 +3,7 @@ from __future__ import annotations
 import os
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from hypothesis import settings
@@ -174,6 +175,17 @@ def replayed_template(tmp_path_factory: pytest.TempPathFactory) -> tuple[object,
 
 def _listing(root: Path) -> dict[str, tuple[int, int]]:
     return {str(p.relative_to(root)): (p.stat().st_size, p.stat().st_mtime_ns) for p in root.rglob("*") if p.is_file()}
+
+
+def own_copy(store: Any, tmp_path: Path) -> Any:
+    """A test's own copy of a module's shared store (``tmp_path / "store"``), for a test that writes
+    into it (replay, classify, plan, cost, report): the module's store stays as its fixture made
+    it, whatever order the tests run in."""
+    import shutil
+
+    from pipeline.store import Store
+
+    return Store(shutil.copytree(store.root, tmp_path / "store", symlinks=True))
 
 
 def copy_replayed(template: tuple[object, str], dest: Path) -> tuple[object, str]:

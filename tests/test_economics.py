@@ -5,12 +5,12 @@ from __future__ import annotations
 import dataclasses
 import datetime as dt
 import json
-import shutil
 from pathlib import Path
 
 import numpy as np
 import pytest
 from click.testing import CliRunner
+from conftest import own_copy
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -218,14 +218,10 @@ def replayed(tmp_path_factory: pytest.TempPathFactory) -> Store:
     return store
 
 
-def _own(store: Store, tmp_path: Path) -> Store:
-    """A copy of the module's replayed store for a test that runs `cost` (it writes costs/, which
-    reports and the warehouse read) or edits the run's config.json."""
-    return Store(shutil.copytree(store.root, tmp_path / "store", symlinks=True))
 
 
 def test_cost_command_on_a_replay(replayed: Store, tmp_path: Path) -> None:
-    replayed = _own(replayed, tmp_path)
+    replayed = own_copy(replayed, tmp_path)
     res = CliRunner().invoke(main, ["cost", "--store", str(replayed.root), "--json"])
     assert res.exit_code == 0, res.output
     doc = json.loads(res.stdout)
@@ -250,7 +246,7 @@ def test_cost_prices_a_run_with_the_catalog_it_ran_on(
     from pipeline.cost import run_cost
     from pipeline.warehouse import latest_run
 
-    replayed = _own(replayed, tmp_path)  # its config.json is edited below
+    replayed = own_copy(replayed, tmp_path)  # its config.json is edited below
     before = run_cost(replayed)
     assert before.catalog_source == "the run's recorded catalog entries"
     run_id = latest_run(replayed)
@@ -286,7 +282,7 @@ def test_cost_prices_a_run_with_the_catalog_it_ran_on(
 def test_cost_and_plan_never_project_seconds_of_traffic_to_a_day(replayed: Store, tmp_path: Path) -> None:
     # The hostile round saw `cost` on a few seconds of traffic print "-> x1.73e+04 per day": the
     # projection is now the report's (pipeline.slo.day_projection): none below an hour of traffic.
-    replayed = _own(replayed, tmp_path)
+    replayed = own_copy(replayed, tmp_path)
     res = CliRunner().invoke(main, ["cost", "--store", str(replayed.root), "--json"])
     doc = json.loads(res.stdout)
     assert doc["day_projection"] == day_projection(doc["period_s"])

@@ -6,7 +6,6 @@ and overload times are on the log's clock under --rate-scale."""
 from __future__ import annotations
 
 import math
-import shutil
 from pathlib import Path
 from typing import Any
 
@@ -14,6 +13,7 @@ import numpy as np
 import polars as pl
 import pytest
 from click.testing import CliRunner
+from conftest import own_copy
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -361,14 +361,10 @@ def peak_store(tmp_path_factory: pytest.TempPathFactory) -> Store:
     return store
 
 
-def _own(store: Store, tmp_path: Path) -> Store:
-    """A copy of the module's store for a test that replays (or costs) into it: `cost` without a
-    run prices the store's latest run, which must be this test's, whatever ran before."""
-    return Store(shutil.copytree(store.root, tmp_path / "store", symlinks=True))
 
 
 def test_a_replayed_peak_that_drains_is_unhealthy_everywhere(peak_store: Store, tmp_path: Path) -> None:
-    peak_store = _own(peak_store, tmp_path)
+    peak_store = own_copy(peak_store, tmp_path)
     fleet = _fleet(tmp_path, "q", engine="max_num_seqs = 2")
     summary = replay(peak_store, fleet).summary
     h = summary["health"]
@@ -408,7 +404,7 @@ def test_a_replayed_peak_that_drains_is_unhealthy_everywhere(peak_store: Store, 
 
 
 def test_the_same_day_in_a_femtosecond_is_one_burst(peak_store: Store, tmp_path: Path) -> None:
-    peak_store = _own(peak_store, tmp_path)
+    peak_store = own_copy(peak_store, tmp_path)
     fleet = _fleet(tmp_path, "q", engine="max_num_seqs = 2")
     for opts in (ReplayOptions(rate_scale=1e300), ReplayOptions(offline=True)):
         h = replay(peak_store, fleet, opts).summary["health"]
@@ -441,7 +437,7 @@ def test_a_replica_across_nodes_is_said(tmp_path: Path, model: str, shape: str, 
 
 
 def test_a_multi_node_replay_warns_and_flags_its_priced_by_card(peak_store: Store, tmp_path: Path) -> None:
-    peak_store = _own(peak_store, tmp_path)
+    peak_store = own_copy(peak_store, tmp_path)
     fleet = _fleet(tmp_path, "moe", "qwen3-30b-a3b", "tp = 8\ndp = 2\nep = 16")
     summary = replay(peak_store, fleet, ReplayOptions(rate_scale=0.1)).summary
     h = summary["health"]

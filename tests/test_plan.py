@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import json
 import math
-import shutil
 from pathlib import Path
 
 import numpy as np
 import polars as pl
 import pytest
 from click.testing import CliRunner
+from conftest import own_copy
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -205,14 +205,10 @@ def _opts(**kw: object) -> PlanOptions:
     return PlanOptions(**args)  # type: ignore[arg-type]
 
 
-def _own(store: Store, tmp_path: Path) -> Store:
-    """A copy of the module's store for a test that plans (a plan writes plans/ and costs/, which
-    the warehouse's latest-plan queries read): the module's store stays as ingested."""
-    return Store(shutil.copytree(store.root, tmp_path / "store", symlinks=True))
 
 
 def test_plan_is_consistent_with_the_replay(azure_store: Store, tmp_path: Path) -> None:
-    azure_store = _own(azure_store, tmp_path)
+    azure_store = own_copy(azure_store, tmp_path)
     result = plan(azure_store, _opts())
     row = result.table.to_pylist()[0]
     n = row["replicas"]
@@ -239,7 +235,7 @@ def test_plan_is_consistent_with_the_replay(azure_store: Store, tmp_path: Path) 
 
 
 def test_plan_outputs_idempotent_and_cli(azure_store: Store, tmp_path: Path) -> None:
-    azure_store = _own(azure_store, tmp_path)
+    azure_store = own_copy(azure_store, tmp_path)
     runner = CliRunner()
     args = [
         "plan",
@@ -310,7 +306,7 @@ def test_plan_cli_errors(azure_store: Store) -> None:
 
 def test_ray_executor(azure_store: Store, tmp_path: Path) -> None:
     ray = pytest.importorskip("ray", reason="ray is the optional extra rooftrace[ray]; not installed here")
-    azure_store = _own(azure_store, tmp_path)
+    azure_store = own_copy(azure_store, tmp_path)
     ray.init(num_cpus=1, include_dashboard=False)
     try:
         local = plan(azure_store, _opts(hardware=("l4",)))

@@ -5,11 +5,11 @@ base fleet's expert parallelism following each candidate's tp x dp."""
 from __future__ import annotations
 
 import json
-import shutil
 from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
+from conftest import own_copy
 
 from pipeline.cli import main
 from pipeline.errors import ConfigError
@@ -33,10 +33,6 @@ def store(tmp_path_factory: pytest.TempPathFactory) -> Store:
     return s
 
 
-def _own(store: Store, tmp_path: Path) -> Store:
-    """A copy of the module's store for a test that plans (plans/ and costs/ are written into the
-    store): the module's store stays as ingested, whatever the order."""
-    return Store(shutil.copytree(store.root, tmp_path / "store", symlinks=True))
 
 
 def _fleet(path: Path, lines: list[str]) -> Path:
@@ -89,7 +85,7 @@ def test_plan_measured_base_skips_hardware_without_profile(store: Store, tmp_pat
         tmp_path / "measured.toml",
         ['name = "m"', 'model = "llama-3.1-8b"', 'hardware = "h100-sxm"', 'cost_model = "measured"'],
     )
-    result = plan(_own(store, tmp_path), _opts(base, hardware=("mi300x", "h100-sxm")))
+    result = plan(own_copy(store, tmp_path), _opts(base, hardware=("mi300x", "h100-sxm")))
     rows = {r["hardware"]: r for r in result.table.to_pylist()}
     assert rows["h100-sxm"]["meets_slo"] and rows["h100-sxm"]["rank"] == 1, rows["h100-sxm"]
     mi = rows["mi300x"]
@@ -127,7 +123,7 @@ def test_plan_ep_follows_tp_times_dp(store: Store, tmp_path: Path) -> None:
     # a dense model planned from an expert-parallel base runs ep = 1
     assert _with_model(base, "llama-3.1-8b").ep == 1
 
-    store = _own(store, tmp_path)
+    store = own_copy(store, tmp_path)
     result = plan(store, _opts(base_path, model="qwen3-30b-a3b", hardware=("h100-sxm",), tp=(1, 2), max_replicas=4))
     rows = result.table.to_pylist()
     assert [r["tp"] for r in sorted(rows, key=lambda r: r["tp"])] == [1, 2]

@@ -6,12 +6,12 @@ from __future__ import annotations
 
 import json
 import math
-import shutil
 from pathlib import Path
 
 import numpy as np
 import pytest
 from click.testing import CliRunner
+from conftest import own_copy
 from test_plan import _opts  # the plan options both files start from
 
 import pipeline.plan.search as search_mod
@@ -38,10 +38,6 @@ def store(tmp_path_factory: pytest.TempPathFactory) -> Store:
     return s
 
 
-def _own(store: Store, tmp_path: Path) -> Store:
-    """A copy of the module's store for a test that plans: a plan writes plans/ and costs/ into
-    the store (two tests here write the same plan id, one of them with a replay that fails)."""
-    return Store(shutil.copytree(store.root, tmp_path / "store", symlinks=True))
 
 
 # -- 1: an overloaded replay never meets the plan -------------------------------------------------
@@ -49,7 +45,7 @@ def _own(store: Store, tmp_path: Path) -> Store:
 
 def test_day_batch_plan_does_not_rank_an_overloaded_fleet(store: Store, tmp_path: Path) -> None:
     # the tester's case: 1 L4 "met" the 24 h batch SLO while its replay of the day was OVERLOADED
-    result = plan(_own(store, tmp_path), _opts(window="day", slo="batch"))
+    result = plan(own_copy(store, tmp_path), _opts(window="day", slo="batch"))
     row = result.doc["configurations"][0]
     n = row["replicas"]
     assert row["meets_slo"] and row["rank"] == 1 and n is not None
@@ -112,7 +108,7 @@ def test_unreplayable_configuration_is_skipped_not_the_plan(
         return real(window, fleet, replicas, slo, max_rejected)
 
     monkeypatch.setattr(search_mod, "evaluate", evaluate)
-    result = plan(_own(store, tmp_path), _opts(hardware=("l4", "h100-sxm")))
+    result = plan(own_copy(store, tmp_path), _opts(hardware=("l4", "h100-sxm")))
     rows = {r["config"]: r for r in result.doc["configurations"]}
     l4, h100 = rows["l4 tp1 bf16"], rows["h100-sxm tp1 bf16"]
     assert h100["meets_slo"] and h100["rank"] == 1
@@ -171,7 +167,7 @@ def test_cli_text_stale_price_and_no_negative_zero(store: Store, tmp_path: Path)
         'cached_input = 0.1\ncache_write = 1.0\noutput = 3.0\ndate = "0001-01-01"\nsource = "s"\n'
     )
     args = ["plan", "--model", "llama-3.1-8b", "--traffic-model", "*", "--hardware", "l4", "--tp", "1"]
-    args += ["--window-s", "20", "--warmup-s", "10", "--jobs", "1", "--store", str(_own(store, tmp_path).root)]
+    args += ["--window-s", "20", "--warmup-s", "10", "--jobs", "1", "--store", str(own_copy(store, tmp_path).root)]
     args += ["--gpu-price", "l4=-0", "--prices", str(prices)]
     res = CliRunner().invoke(main, args)
     assert res.exit_code == 0, res.output

@@ -6,7 +6,6 @@ nothing, the limits' messages, and a malformed config.json given to ``cost``."""
 from __future__ import annotations
 
 import json
-import shutil
 import tomllib
 from pathlib import Path
 from typing import Any
@@ -15,6 +14,7 @@ import numpy as np
 import pytest
 from cli_checks import invoke as _invoke
 from cli_checks import one_error_line as _one_error_line
+from conftest import own_copy
 
 from pipeline.cost import run_cost
 from pipeline.errors import ConfigError, RooftraceError
@@ -79,15 +79,11 @@ def test_every_shipped_fleet_round_trips_through_its_stored_config(path: Path) -
     assert again.deployment.hardware == fleet.deployment.hardware
 
 
-def _own(store: Store, tmp_path: Path) -> Store:
-    """A copy of the module's store for a test that replays, costs or edits a run's config.json:
-    the module's store stays as ingested, whatever ran before."""
-    return Store(shutil.copytree(store.root, tmp_path / "store", symlinks=True))
 
 
 @pytest.mark.parametrize("path", PARTIAL, ids=lambda p: p.name)
 def test_a_partially_calibrated_shipped_fleet_replays_and_costs(store: Store, path: Path, tmp_path: Path) -> None:
-    store = _own(store, tmp_path)
+    store = own_copy(store, tmp_path)
     run = replay(store, path, ReplayOptions())
     result = run_cost(store, run.run_id)
     assert result.gpu.total_usd > 0
@@ -265,7 +261,7 @@ def test_a_span_just_past_a_tiny_limit_is_said_with_enough_digits() -> None:
 def test_cost_of_a_malformed_config_json_is_one_line_naming_the_file(
     store: Store, text: str, wanted: str, tmp_path: Path
 ) -> None:
-    store = _own(store, tmp_path)
+    store = own_copy(store, tmp_path)
     run = replay(store, ROOT / "fleets" / "default.toml", ReplayOptions())
     path = run.run_dir / "config.json"
     original = path.read_bytes()

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import resource
-import shutil
 import subprocess
 import sys
 import textwrap
@@ -20,6 +19,7 @@ import pytest
 from cli_checks import cli, one_error
 from cli_checks import invoke as _invoke
 from cli_checks import one_error_line as _one_error_line
+from conftest import own_copy
 
 from pipeline import limits as limits_mod
 from pipeline.engine import shard
@@ -74,10 +74,6 @@ def store(tmp_path_factory: pytest.TempPathFactory) -> Store:
     return st
 
 
-def _own(store: Store, tmp_path: Path) -> Store:
-    """A copy of the module's store for a test that replays into it: a run one test leaves there
-    would be in the runs/ another test lists, and the latest run, depending on the order."""
-    return Store(shutil.copytree(store.root, tmp_path / "store", symlinks=True))
 
 
 def _estimate(**over: Any) -> ReplayEstimate:
@@ -325,7 +321,7 @@ def test_fleet_size_counts_tp_pp_dp(tmp_path: Path) -> None:
 
 
 def test_replay_line_says_replicas_and_gpus(store: Store, tmp_path: Path) -> None:
-    store = _own(store, tmp_path)  # the run goes into a copy: the module's store holds no runs of tests
+    store = own_copy(store, tmp_path)  # the run goes into a copy: the module's store holds no runs of tests
     fleet = _fleet(tmp_path, "dp16", "dp = 16\nreplicas = 1\n")
     res = _invoke(["replay", "--store", str(store.root), "--fleet", str(fleet)])
     assert res.exit_code == 0, res.stderr
@@ -336,7 +332,7 @@ def test_replay_line_says_replicas_and_gpus(store: Store, tmp_path: Path) -> Non
 
 
 def test_run_id_is_the_same_with_or_without_the_date(store: Store, tmp_path: Path) -> None:
-    store = _own(store, tmp_path)
+    store = own_copy(store, tmp_path)
     date = store.resolve_date(None)
     implicit = replay(store, DEFAULT_FLEET, ReplayOptions())
     explicit = replay(store, DEFAULT_FLEET, ReplayOptions(date=date))

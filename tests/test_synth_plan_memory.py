@@ -21,6 +21,7 @@ from typing import Any
 
 import pytest
 import zstandard
+from conftest import own_copy
 
 from pipeline import limits
 from pipeline.errors import RooftraceError
@@ -200,10 +201,6 @@ def store(tmp_path_factory: pytest.TempPathFactory) -> Store:
     return s
 
 
-def _own(store: Store, tmp_path: Path) -> Store:
-    """A copy of the module's store for a test that plans: a plan writes plans/ and costs/ into the
-    store (the same plan id from two tests), so each test plans in its own copy."""
-    return Store(shutil.copytree(store.root, tmp_path / "store", symlinks=True))
 
 
 def _plan_args(store: Store, *extra: str) -> list[str]:
@@ -293,7 +290,7 @@ def test_plan_skips_a_configuration_with_zero_capacity(
         return cap
 
     monkeypatch.setattr(plan_search, "capacity_per_replica", tiny)
-    res = plan(_own(store, tmp_path), _opts(hardware=("h200", "h100-sxm")))
+    res = plan(own_copy(store, tmp_path), _opts(hardware=("h200", "h100-sxm")))
     rows = {r["config"]: r for r in res.doc["configurations"]}
     bad = rows["h200 tp1 bf16"]
     assert not bad["meets_slo"] and bad["replays"] == 0
@@ -326,7 +323,7 @@ def test_local_jobs_are_capped_by_the_memory_limit(monkeypatch: pytest.MonkeyPat
 def test_plan_says_when_the_memory_limit_caps_jobs(
     store: Store, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    store = _own(store, tmp_path)
+    store = own_copy(store, tmp_path)
     # room for the replays here (this process and about 263 MiB more) but not for two workers
     room = limits.process_rss() + 3 * plan_stage.worker_bytes(238) // 2
     monkeypatch.setenv("ROOFTRACE_MAX_MEMORY", str(room))  # one worker: the search runs here
@@ -340,7 +337,7 @@ def test_plan_says_when_the_memory_limit_caps_jobs(
 
 
 def test_plan_runs_each_hardware_and_precision_once(store: Store, tmp_path: Path) -> None:
-    store = _own(store, tmp_path)
+    store = own_copy(store, tmp_path)
     opts = _opts(hardware=("h100-sxm", "a100-80gb-sxm", "h100-sxm"), precision=("bf16", "fp8", "bf16"))
     assert opts.hardware == ("h100-sxm", "a100-80gb-sxm") and opts.precision == ("bf16", "fp8")
     assert opts == _opts(hardware=("h100-sxm", "a100-80gb-sxm"), precision=("bf16", "fp8"))  # the same plan id
@@ -355,7 +352,7 @@ def test_plan_runs_each_hardware_and_precision_once(store: Store, tmp_path: Path
 
 
 def test_plan_rejecting_long_requests_says_to_raise_max_model_len(store: Store, tmp_path: Path) -> None:
-    store = _own(store, tmp_path)
+    store = own_copy(store, tmp_path)
     fleet = tmp_path / "short.toml"
     fleet.write_text('name = "short"\nmodel = "llama-3.1-8b"\nhardware = "h100-sxm"\n[engine]\nmax_model_len = 1024\n')
     for extra in ((), ("--json",)):
