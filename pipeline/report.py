@@ -1244,9 +1244,9 @@ def _input_card(h: dict[str, Any]) -> tuple[str, str, str, str]:
     counts, when classify's accounting predates some of the date's requests."""
     stale = bool(h.get("stale"))
     note = (
-        f"fresh (prefill): {_fmt(h.get('classify_fresh_input_tokens'))} by classify's whole-day cache"
+        f"fresh (prefill): {_fmt(h.get('classify_fresh_input_tokens'))} by classify"
         + (f" over the {_fmt(h.get('classify_requests'))} requests classified now" if stale else "")
-        + f", {_fmt(h.get('replay_fresh_input_tokens'))} by this fleet's engine caches (finished requests"
+        + f", {_fmt(h.get('replay_fresh_input_tokens'))} as this fleet replayed them (finished requests"
         + (" of this run" if stale else "")
         + "; see 'Two cache models')"
     )
