@@ -326,3 +326,21 @@ def test_plan_help_example_runs_on_the_demo_store(tmp_path: Path, monkeypatch: p
     doc = json.loads(res.stdout)
     assert doc["chosen"] is not None and doc["traffic_names"] == {"meta-llama/Llama-3.1-8B-Instruct": 3000}
     assert np.isfinite(doc["chosen"]["usd_per_day"])
+
+
+def test_catalog_resolve_says_what_a_logged_name_stands_for() -> None:
+    from click.testing import CliRunner
+
+    from pipeline.cli import main
+
+    ok = CliRunner().invoke(main, ["catalog", "resolve", "hosted_vllm/meta-llama/Llama-3.1-70B-Instruct", "--json"])
+    assert ok.exit_code == 0, ok.output
+    (doc,) = json.loads(ok.stdout)
+    assert (doc["logged"], doc["model"]) == ("hosted_vllm/meta-llama/Llama-3.1-70B-Instruct", "llama-3.1-70b")
+    assert "'hosted_vllm/meta-llama/' read past" in doc["detail"] and "-Instruct" in doc["detail"]
+    # a name that names no model: said, exit 1; a terminal escape in it is shown escaped
+    bad = CliRunner().invoke(main, ["catalog", "resolve", "llama-3.1-8b", "gpt-4o\x1b]0;x\x07"])
+    assert bad.exit_code == 1
+    lines = bad.stdout.splitlines()
+    assert lines[0] == "'llama-3.1-8b' -> llama-3.1-8b (id)"
+    assert "names no catalog model" in lines[1] and "\x1b" not in lines[1]

@@ -260,3 +260,29 @@ def catalog_schema(kind: str) -> None:
         click.echo(schema_text(kind), nl=False)
 
     run(body)
+
+
+@catalog.command("resolve")
+@click.argument("names", nargs=-1, required=True)
+@json_option
+def catalog_resolve(names: tuple[str, ...], as_json: bool) -> None:
+    """Which catalog model each logged model name stands for, and why: Hugging Face ids, provider
+    prefixes, -Instruct / -FP8-style variants, and the project's [models] aliases (rooftrace.toml);
+    the rules the replay, plan and classify use (docs/catalog.md, "Model names in logs"). Exit 1
+    when a name resolves to no model, or to more than one.
+
+    Example: rooftrace catalog resolve hosted_vllm/meta-llama/Llama-3.1-70B-Instruct my-deployment
+    """
+    from pipeline.catalog.names import resolve_model_names
+    from pipeline.terminal import escape_controls
+
+    matches = run(lambda: resolve_model_names(names))
+    found = [matches[n] for n in dict.fromkeys(names)]
+    if as_json:
+        keys = ("logged", "model", "how", "detail")
+        emit_json([{**{k: getattr(m, k) for k in keys}, "candidates": list(m.candidates)} for m in found])
+    else:
+        for m in found:
+            click.echo(escape_controls(m.describe()))
+    if any(m.model is None for m in found):
+        raise SystemExit(1)
