@@ -38,7 +38,7 @@ import polars as pl
 import pyarrow as pa
 
 from pipeline import runrequests
-from pipeline.classify.accounting import day_identity, stored_isolation
+from pipeline.classify.accounting import classify_totals, day_identity, stored_isolation
 from pipeline.classify.prefix import DEFAULT_ISOLATION, ChainTree, PrefixIdentity, build_identity, key64
 from pipeline.engine.fast import simulate
 from pipeline.engine.jit import TooManyBusy, busy_fleet, simulate_jit, unsupported_reason
@@ -851,20 +851,6 @@ _CLASSIFY_SPLIT_KEYS = (
 )
 
 
-def classify_summary(store: Store, date: str) -> dict[str, Any] | None:
-    """Classify's summary of ``date`` (its summary.json), or None when the date is not classified
-    or the file cannot be read (the run then has no split to compare)."""
-    from pipeline.classify.accounting import accounting_paths
-
-    path = accounting_paths(store, date)["summary"]
-    try:
-        doc = json.loads(path.read_text())
-    except (OSError, ValueError):
-        return None
-    totals = doc.get("totals") if isinstance(doc, dict) else None
-    return totals if isinstance(totals, dict) else (doc if isinstance(doc, dict) and "requests" in doc else None)
-
-
 def cache_split_note(split: dict[str, Any], classified: dict[str, Any] | None, config: dict[str, Any]) -> str | None:
     """One line when the replay's fresh / cache-hit split is not the one classify reports for the
     day (``classified``: classify's summary, None when the day is not classified), saying by how
@@ -1180,7 +1166,7 @@ def _replay(
         del work
         doing[0] = f"summarizing the run of {what}"
         summary = summary_of(written, steps.sums, run, run_slo(run, options))
-        classified = classify_summary(store, date)
+        classified = classify_totals(store, date)
         summary["cache_split"]["classify"] = (
             {k: classified.get(k) for k in _CLASSIFY_SPLIT_KEYS} if classified is not None else None
         )

@@ -31,7 +31,7 @@ import pyarrow as pa
 import vl_convert as vlc
 from markupsafe import Markup
 
-from pipeline.classify.accounting import accounting_paths
+from pipeline.classify.accounting import classify_totals
 from pipeline.classify.freshness import classify_freshness, request_id_digest
 from pipeline.cost import STALE_AFTER_DAYS, Period, stored_run_period
 from pipeline.errors import RooftraceError
@@ -902,12 +902,12 @@ def cache_split_headline(store: Store, day: str, config: dict[str, Any]) -> dict
     (the day's, as it is now): ``cache_split_note`` is the banner's line when the two differ
     (pipeline.replay.cache_split_note; None when they agree, and for a run from before the split
     was recorded)."""
-    from pipeline.replay import cache_split_note, classify_summary
+    from pipeline.replay import cache_split_note
 
     split = (config.get("summary") or {}).get("cache_split")
     if not isinstance(split, dict):
         return {"cache_split_note": None}
-    return {"cache_split_note": cache_split_note(split, classify_summary(store, day), config)}
+    return {"cache_split_note": cache_split_note(split, classify_totals(store, day), config)}
 
 
 def _seconds(x: float | None) -> str:
@@ -1593,13 +1593,10 @@ def config_tomls(config: dict[str, Any]) -> list[tuple[str, str]]:
 def _classified(store: Store, day: str) -> dict[str, Any]:
     """What classify recorded for ``day`` (block size, capacity, requests and where their hits came
     from); empty before classify."""
-    try:
-        doc = json.loads(accounting_paths(store, day)["summary"].read_text())
-        totals = doc.get("totals") or {}
-        keys = ("block_size_tokens", "capacity", "requests", "cache_hit_source")
-        return {k: totals.get(k) for k in keys}
-    except (OSError, ValueError, AttributeError):
+    totals = classify_totals(store, day)
+    if totals is None:
         return {}
+    return {k: totals.get(k) for k in ("block_size_tokens", "capacity", "requests", "cache_hit_source")}
 
 
 def _two_caches(h: dict[str, Any], config: dict[str, Any], classified: dict[str, Any]) -> str:

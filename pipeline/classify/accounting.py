@@ -551,6 +551,18 @@ class ClassifySummary:
         return asdict(self)
 
 
+def classify_totals(store: Store, date: str) -> dict[str, Any] | None:
+    """The totals classify recorded for ``date`` (its summary.json: requests, the token family,
+    where the hits came from, block size, capacity), or None when the date is not classified or
+    the file cannot be read. The one reader of that file for the other stages."""
+    try:
+        doc = json.loads(accounting_paths(store, date)["summary"].read_text())
+    except (OSError, ValueError):
+        return None
+    totals = doc.get("totals") if isinstance(doc, dict) else None
+    return totals if isinstance(totals, dict) else None
+
+
 def accounting_paths(store: Store, date: str) -> dict[str, Path]:
     base = store.accounting_dir
     return {

@@ -11,7 +11,6 @@ request ids of both (a date ingested again with other requests).
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -66,13 +65,10 @@ class ClassifyFreshness:
         )
 
 
-def _summary_requests(path: Path) -> int | None:
-    try:
-        doc = json.loads(path.read_text())
-    except (OSError, ValueError):
-        return None
-    totals = doc.get("totals") if isinstance(doc, dict) else None
-    n = totals.get("requests") if isinstance(totals, dict) else None
+def _summary_requests(store: Store, date: str) -> int | None:
+    from pipeline.classify.accounting import classify_totals
+
+    n = (classify_totals(store, date) or {}).get("requests")
     return n if isinstance(n, int) and not isinstance(n, bool) else None
 
 
@@ -99,7 +95,7 @@ def classify_freshness(store: Store, date: str) -> ClassifyFreshness:
     from pipeline.classify.accounting import accounting_paths
 
     paths = accounting_paths(store, date)
-    classified = _summary_requests(paths["summary"])
+    classified = _summary_requests(store, date)
     stored = store.stored_rows(date)
     if classified is None or classified != stored or not stored:
         return ClassifyFreshness(date, classified, stored)
