@@ -137,7 +137,7 @@ def calibrate(measurements: Path, hardware: str, name: str | None = None) -> Cal
 def check_profiles_out(target: Path) -> None:
     """``calibrate --out`` of measured profiles is a folder that exists or can be made (the
     <gpu>/ profiles go in it): anything else is one error line before any work is done."""
-    from pipeline.schemas import not_regular
+    from pipeline.system import not_regular
 
     for folder in (target, *target.parents):
         if not os.path.lexists(folder):
@@ -157,7 +157,7 @@ def check_profiles_out(target: Path) -> None:
 def check_entry_out(target: Path) -> None:
     """``calibrate --out`` of fitted factors is a hardware TOML file: a folder, a device or a
     path under a file is one error line before the fit."""
-    from pipeline.schemas import not_regular
+    from pipeline.system import not_regular
 
     for parent in reversed(target.parents):
         if os.path.lexists(parent) and not parent.is_dir():

@@ -30,17 +30,25 @@ from typing import Any
 
 import numpy as np
 import numpy.typing as npt
+import polars as pl
 import pyarrow as pa
 import pyarrow.compute as pc
 
 from pipeline.errors import ConfigError, RooftraceError
-from pipeline.fleet import ResolvedFleet, fleet_from_dict, resolve
+from pipeline.fleet import ResolvedFleet
+from pipeline.runfolder import (
+    config_path,
+    latest_run,
+    pools_of,
+    read_config,
+    run_overload_sustained,
+    run_overloaded,
+)
 from pipeline.schemas import atomic_write_bytes, read_parquet, write_parquet
 from pipeline.slo import day_projection, traffic_span
 from pipeline.steps import StepBatch
 from pipeline.store import Store
 from pipeline.tomlfile import read_toml
-from pipeline.warehouse import latest_run, read_run_config
 
 PRICES_DIR = Path(__file__).resolve().parent / "catalog" / "prices"
 
@@ -530,30 +538,6 @@ def run_period(
     )
 
 
-def _recorded_overload(config: Mapping[str, Any]) -> dict[str, Any] | None:
-    summary = config.get("summary")
-    health = summary.get("health") if isinstance(summary, dict) else None
-    over = health.get("overload") if isinstance(health, dict) else None
-    return over if isinstance(over, dict) else None
-
-
-def run_overloaded(config: Mapping[str, Any]) -> bool:
-    """Whether a run's summary (config.json) says it was overloaded."""
-    over = _recorded_overload(config)
-    return over is not None and bool(over.get("detected"))
-
-
-def run_overload_sustained(config: Mapping[str, Any]) -> bool:
-    """Whether a run's recorded overload lasted to its last arrival: sustained, or an episode
-    still queued there that drained after it (summaries written before drained overloads were
-    reported hold only sustained ones)."""
-    over = _recorded_overload(config)
-    if over is None or over.get("sustained", True) is not False:
-        return True
-    backlog = over.get("backlog_requests")
-    return isinstance(backlog, int | float) and backlog > 0
-
-
 def stored_run_period(run_dir: Path, config: Mapping[str, Any]) -> Period:
     """:func:`run_period` of a stored replay run (its requests and steps tables)."""
     req = read_parquet(run_dir / "requests.parquet", "replay_requests", ["arrival_s", "finish_s", "status"])
@@ -610,7 +594,7 @@ def api_cost_rows(
 @dataclass(frozen=True)
 class CostResult:
     subject: str
-    gpu: GpuCost
+    gpu: GpuCost | PooledGpuCost
     api_rows: list[dict[str, Any]]
     out_dir: Path
     #: Where the hardware and model entries that priced the run came from.
@@ -645,38 +629,29 @@ class CostResult:
             "token_classes": [{**r, "unit_cost_valid": valid} for r in g.rows()],
             "api_equivalent": [{**r, "self_host_to_api_ratio_valid": valid} for r in self.api_rows],
             "catalog_source": self.catalog_source,
+            **(
+                {"pools": [_pool_cost_dict(name, part, valid) for name, part in g.pools]}
+                if isinstance(g, PooledGpuCost)
+                else {}
+            ),
         }
 
 
-def _run_fleet(config: Mapping[str, Any], origin: str) -> tuple[ResolvedFleet, str]:
-    """The fleet a run ran, resolved with the catalog entries it recorded (a run made before runs
-    recorded them: today's catalog), and which of the two it was."""
-    resolved = config.get("resolved")
-    if not isinstance(resolved, dict) or "fleet" not in resolved:
-        raise ConfigError(f"{origin}: resolved.fleet is missing (not a replay run's config.json)")
-    # the reader of FleetConfig.to_dict(): its unset keys (null) are read back as unset
-    cfg = fleet_from_dict(resolved["fleet"], origin)
-    entries = resolved.get("catalog") or {}
-    if isinstance(entries, dict) and all(isinstance(entries.get(k), str) and entries[k] for k in ("hardware", "model")):
-        return resolve(cfg, origin, entries), "the run's recorded catalog entries"
-    return resolve(cfg, origin), "today's catalog (the run did not record its entries)"
-
-
-def check_run_config(config: Mapping[str, Any], origin: str) -> tuple[ResolvedFleet, str]:
-    """The checks of a run's ``config.json`` that ``cost`` makes before it prices the run (the
-    fleet it records resolves: replicas >= 1 and not past what a replay numbers, known catalog
-    entries, ...; the GPUs per replica it records are the fleet's), one ConfigError naming
-    ``origin`` else. The warehouse leaves a run out on the same checks (pipeline/warehouse.py),
-    so ``query cost`` never prices a config that ``cost`` refuses. Returns :func:`_run_fleet`'s."""
-    fleet, source = _run_fleet(config, origin)
-    resolved = config.get("resolved")
-    recorded = resolved.get("gpus_per_replica") if isinstance(resolved, dict) else None
-    if recorded is not None and (isinstance(recorded, bool) or recorded != fleet.gpus_per_replica):
-        raise ConfigError(
-            f"{origin}: resolved.gpus_per_replica is {recorded!r}, but its fleet has {fleet.gpus_per_replica} "
-            "GPUs a replica (the file was changed after the replay)"
-        )
-    return fleet, source
+def _pool_cost_dict(name: str, g: GpuCost, valid: bool) -> dict[str, Any]:
+    """One pool's part of a fleet of pools' cost.json."""
+    return {
+        "pool": name,
+        "hardware": g.hardware,
+        "gpus": g.gpus,
+        "usd_per_gpu_hour": g.usd_per_gpu_hour,
+        "price_date": g.price_date,
+        "total_usd": g.total_usd,
+        "busy_usd": g.busy_usd,
+        "idle_usd": g.idle_usd,
+        "utilization": g.utilization,
+        "usd_per_day": g.usd_per_day,
+        "token_classes": [{**r, "unit_cost_valid": valid} for r in g.rows()],
+    }
 
 
 #: Highest $/GPU-hour override accepted: far above any real price, low enough that every $ figure
@@ -692,6 +667,136 @@ def check_gpu_price(price: float, where: str) -> float:
             f"{where}: price must be between 0 and {MAX_USD_PER_GPU_HOUR:,.0f} USD per GPU-hour, got {price!r}"
         )
     return price
+
+
+def _fleet_gpu_cost(
+    fleet: ResolvedFleet,
+    req: pa.Table,
+    ok: npt.NDArray[np.bool_],
+    writes: npt.NDArray[np.float64],
+    spans: Mapping[str, npt.NDArray[np.float64]],
+    step_rows: npt.NDArray[np.bool_],
+    span: float,
+    usd_per_gpu_hour: float | None,
+) -> GpuCost:
+    """One homogeneous fleet's GPU cost over ``span`` seconds: its finished requests (``ok``) and
+    its steps (``step_rows``), its busy time split over token classes by its own step cost."""
+    prompt = req.column("recorded_input_tokens").to_numpy().astype(np.float64)[ok]
+    hits = req.column("cache_hit_tokens").to_numpy().astype(np.float64)[ok]
+    out = req.column("output_tokens").to_numpy().astype(np.float64)[ok]
+    mine = {k: v[step_rows] for k, v in spans.items()}
+    dep = fleet.deployment
+
+    def linear(batch: StepBatch) -> FloatArray:
+        return np.asarray(dep(batch).time_s, dtype=np.float64)
+
+    busy = attribute_busy_time(mine, linear, kv_read_shares(prompt, hits, out))
+    fresh = float(prompt.sum() - hits.sum())
+    tokens = TokenTotals(fresh, float(hits.sum()), float(out.sum()), min(float(writes[ok].sum()), fresh))
+    hw = dep.hardware
+    return GpuCost(
+        hardware=hw.name,
+        gpus=fleet.ranks * dep.gpus,
+        usd_per_gpu_hour=usd_per_gpu_hour if usd_per_gpu_hour is not None else hw.price_usd_per_gpu_hour,
+        price_date="override" if usd_per_gpu_hour is not None else hw.price_date,
+        window_s=span,
+        busy_gpu_s=float((mine["end_s"] - mine["start_s"]).sum()) * dep.gpus,
+        class_busy_s=busy,
+        tokens=tokens,
+    )
+
+
+@dataclass(frozen=True)
+class PooledGpuCost:
+    """A fleet of pools' GPU cost: each pool's :class:`GpuCost` (its GPUs at its price, its busy
+    time split by its own step cost), summed; the same figures a GpuCost gives, each the pools' sum
+    (a pool's idle dollars are spread over its own token classes)."""
+
+    pools: tuple[tuple[str, GpuCost], ...]
+
+    @property
+    def hardware(self) -> str:
+        return " + ".join(dict.fromkeys(g.hardware for _, g in self.pools))
+
+    @property
+    def gpus(self) -> int:
+        return sum(g.gpus for _, g in self.pools)
+
+    @property
+    def window_s(self) -> float:
+        return self.pools[0][1].window_s
+
+    @property
+    def usd_per_gpu_hour(self) -> float:
+        """The fleet's mean $/GPU-hour (its GPUs' prices weighted by their counts)."""
+        return sum(g.gpus * g.usd_per_gpu_hour for _, g in self.pools) / self.gpus if self.gpus else 0.0
+
+    @property
+    def price_date(self) -> str:
+        return "; ".join(dict.fromkeys(g.price_date for _, g in self.pools))
+
+    @property
+    def busy_gpu_s(self) -> float:
+        return sum(g.busy_gpu_s for _, g in self.pools)
+
+    @property
+    def class_busy_s(self) -> dict[str, float]:
+        return {k: sum(g.class_busy_s.get(k, 0.0) for _, g in self.pools) for k in TOKEN_CLASSES}
+
+    @property
+    def tokens(self) -> TokenTotals:
+        t = [g.tokens for _, g in self.pools]
+        return TokenTotals(
+            sum(x.fresh_input for x in t),
+            sum(x.cache_hit for x in t),
+            sum(x.output for x in t),
+            sum(x.cache_write for x in t),
+        )
+
+    @property
+    def total_usd(self) -> float:
+        return sum(g.total_usd for _, g in self.pools)
+
+    @property
+    def usd_per_day(self) -> float:
+        return sum(g.usd_per_day for _, g in self.pools)
+
+    @property
+    def busy_usd(self) -> float:
+        return sum(g.busy_usd for _, g in self.pools)
+
+    @property
+    def idle_usd(self) -> float:
+        return self.total_usd - self.busy_usd
+
+    @property
+    def utilization(self) -> float:
+        capacity = sum(g.gpus * g.window_s for _, g in self.pools)
+        return min(max(self.busy_gpu_s / capacity, 0.0), 1.0) if capacity > 0 else 0.0
+
+    def rows(self) -> list[dict[str, Any]]:
+        """GpuCost.rows of the whole fleet: each class's tokens and dollars, the pools' sums."""
+        per = [g.rows() for _, g in self.pools]
+        seconds = sum(self.class_busy_s.values())
+        out = []
+        for i, first in enumerate(per[0]):
+            k = first["token_class"]
+            busy_usd = sum(r[i]["busy_usd"] for r in per)
+            all_in = sum(r[i]["all_in_usd"] for r in per)
+            n = sum(float(r[i]["tokens"]) for r in per)
+            share = self.class_busy_s.get(k, 0.0) / seconds if seconds > 0 and k in TOKEN_CLASSES else 0.0
+            out.append(
+                {
+                    "token_class": k,
+                    "tokens": n,
+                    "busy_share": share,
+                    "busy_usd": busy_usd,
+                    "all_in_usd": all_in,
+                    "busy_usd_per_million_tokens": busy_usd / n * 1e6 if n > 0 and k in TOKEN_CLASSES else None,
+                    "all_in_usd_per_million_tokens": all_in / n * 1e6 if n > 0 and k in TOKEN_CLASSES else None,
+                }
+            )
+        return out
 
 
 def run_cost(
@@ -710,11 +815,12 @@ def run_cost(
     if run_id is None:
         raise RooftraceError(f"{store.root}: no replay runs yet (run `rooftrace replay` first)")
     run_dir = store.run_dir(run_id)
-    cfg_path = run_dir / "config.json"
+    cfg_path = config_path(run_dir)
     if not cfg_path.exists():
         raise RooftraceError(f"{run_dir}: no such replay run")
-    config = read_run_config(cfg_path)
-    fleet, catalog_source = check_run_config(config, str(cfg_path))
+    config = read_config(cfg_path)
+    pools = pools_of(config, str(cfg_path))
+    catalog_source = "; ".join(dict.fromkeys(p.source for p in pools))
     prices = load_prices(list(price_files) or None)
     steps = read_parquet(run_dir / "steps.parquet", "replay_steps")
     spans = {
@@ -723,9 +829,6 @@ def run_cost(
     }
     req = read_parquet(run_dir / "requests.parquet", "replay_requests")
     ok = np.asarray(req.column("status").to_pylist()) == "finished"
-    prompt = req.column("recorded_input_tokens").to_numpy().astype(np.float64)[ok]
-    hits = req.column("cache_hit_tokens").to_numpy().astype(np.float64)[ok]
-    out = req.column("output_tokens").to_numpy().astype(np.float64)[ok]
     period = run_period(
         req.column("arrival_s").to_numpy(),
         req.column("finish_s").to_numpy(zero_copy_only=False).astype(np.float64)[ok],
@@ -737,51 +840,48 @@ def run_cost(
     )
     # the period of record: the traffic's own span, or the makespan of a fleet that fell behind
     span = period.seconds
-    writes = 0.0
+    writes = np.zeros(req.num_rows)
     date = config.get("date")
     if isinstance(date, str) and date in store.dates():
         canon = store.read_requests(date)
         if "cache_write_tokens" in canon.columns:
-            done = set(np.asarray(req.column("request_id").to_pylist(), dtype=object)[ok].tolist())
-            mask = canon.get_column("request_id").is_in(list(done))
-            writes = float(canon.filter(mask).get_column("cache_write_tokens").fill_null(0).sum())
-    dep = fleet.deployment
-
-    def linear(batch: StepBatch) -> FloatArray:
-        return np.asarray(dep(batch).time_s, dtype=np.float64)
-
-    busy = attribute_busy_time(spans, linear, kv_read_shares(prompt, hits, out))
-    tokens = TokenTotals(
-        float(prompt.sum() - hits.sum()),
-        float(hits.sum()),
-        float(out.sum()),
-        min(writes, float(prompt.sum() - hits.sum())),
-    )
-    hw = dep.hardware
-    gpus = fleet.ranks * dep.gpus
-    gpu = GpuCost(
-        hardware=hw.name,
-        gpus=gpus,
-        usd_per_gpu_hour=usd_per_gpu_hour if usd_per_gpu_hour is not None else hw.price_usd_per_gpu_hour,
-        price_date="override" if usd_per_gpu_hour is not None else hw.price_date,
-        window_s=span,
-        busy_gpu_s=float((spans["end_s"] - spans["start_s"]).sum()) * dep.gpus,
-        class_busy_s=busy,
-        tokens=tokens,
-    )
+            # each replayed request's cache writes, by its id (the run's rows are in date order)
+            ids = pl.DataFrame({"request_id": req.column("request_id").to_pylist()}, schema={"request_id": pl.String})
+            own = canon.select("request_id", pl.col("cache_write_tokens").fill_null(0).cast(pl.Float64))
+            own = own.group_by("request_id").agg(pl.col("cache_write_tokens").sum())
+            joined = ids.join(own, on="request_id", how="left", maintain_order="left")
+            writes = joined.get_column("cache_write_tokens").fill_null(0.0).to_numpy().astype(np.float64)
+    parts: list[tuple[str | None, GpuCost]] = []
+    for pool in pools:
+        on_pool = np.ones(req.num_rows, np.bool_)
+        step_rows = np.ones(steps.num_rows, np.bool_)
+        if pool.name is not None:  # a fleet of pools: each pool's requests and steps, priced on its GPUs
+            on_pool = np.asarray(req.column("pool").to_pylist(), dtype=object) == pool.name
+            step_rows = np.asarray(steps.column("pool").to_pylist(), dtype=object) == pool.name
+        parts.append(
+            (
+                pool.name,
+                _fleet_gpu_cost(pool.fleet, req, ok & on_pool, writes, spans, step_rows, span, usd_per_gpu_hour),
+            )
+        )
+    gpu: GpuCost | PooledGpuCost = parts[0][1]
+    if pools[0].name is not None:  # a fleet of pools
+        gpu = PooledGpuCost(tuple((str(name), part) for name, part in parts))
+    tokens = gpu.tokens
     api_rows = api_cost_rows(run_id, tokens, prices, gpu.total_usd, span)
     out_dir = store.cost_dir(run_id)
     gpu_rows = [
         {
-            "subject": run_id,
-            "hardware": gpu.hardware,
-            "gpus": gpu.gpus,
-            "usd_per_gpu_hour": gpu.usd_per_gpu_hour,
-            "price_date": gpu.price_date,
+            "subject": run_id if name is None else f"{run_id}/{name}",
+            "hardware": part.hardware,
+            "gpus": part.gpus,
+            "usd_per_gpu_hour": part.usd_per_gpu_hour,
+            "price_date": part.price_date,
             "period_s": span,
             **row,
         }
-        for row in gpu.rows()
+        for name, part in parts
+        for row in part.rows()
     ]
     summary = config.get("summary")
     health = summary.get("health") if isinstance(summary, dict) else None

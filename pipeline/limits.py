@@ -19,9 +19,6 @@ runs on stderr (installed by the CLI with :func:`progress_to`).
 from __future__ import annotations
 
 import contextvars
-import ctypes
-import ctypes.util
-import functools
 import math
 import os
 import re
@@ -34,8 +31,10 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from pipeline import system
 from pipeline.defaults import MAX_MEMORY_ENV, MAX_SIM_DAYS_ENV, PROGRESS_EVERY_ENV
 from pipeline.errors import RooftraceError
+from pipeline.units import distinct_numbers, format_bytes, format_duration, format_number
 
 if TYPE_CHECKING:
     import polars as pl
@@ -117,7 +116,7 @@ def parse_size(text: str) -> int | None:
         share = float(t[:-1])
         if not 0 < share <= 100:
             raise ValueError(f"{text!r}: a share of the physical memory must be in (0, 100]%")
-        return int(physical_memory() * share / 100)
+        return int(system.physical_memory() * share / 100)
     m = _SIZE_RE.match(t)
     if m is None:
         raise ValueError(f"{text!r} is not a size such as 64GiB, 512MiB or 80%")
@@ -144,97 +143,6 @@ def parse_days(text: str) -> float | None:
     return value
 
 
-def format_bytes(n: float) -> str:
-    from pipeline.slo import format_number
-
-    for unit, size in (("TiB", 1024**4), ("GiB", GIB), ("MiB", 1024**2)):
-        if n >= size:
-            return f"{format_number(n / size, 1)} {unit}"
-    if n >= 1024:
-        return f"{n / 1024:,.0f} KiB"
-    return f"{n:,.0f} byte{'' if n == 1 else 's'}"
-
-
-def distinct_numbers(a: float, b: float) -> tuple[str, str]:
-    """``a`` (one decimal) and the limit ``b`` it is more than, or, where that rounding hides the
-    difference, both with as many significant digits as tell them apart: a span just past its
-    limit is not said to be "0.0, more than the limit of 1e-07" or "30.0, more than 30"."""
-    from pipeline.slo import format_number
-
-    x = format_number(a, 1)
-    if float(x.replace(",", "")) > b:
-        return x, f"{b:g}"
-    for digits in range(3, 18):
-        x, y = f"{a:,.{digits}g}", f"{b:,.{digits}g}"
-        if x != y:
-            return x, y
-    return repr(a), repr(b)
-
-
-def format_duration(s: float) -> str:
-    from pipeline.slo import format_number
-
-    if s < 90:
-        return f"{s:,.0f} s"
-    if s < 5400:
-        return f"{s / 60:,.0f} min"
-    if s < 2 * 86400:
-        return f"{s / 3600:,.1f} h"
-    return f"{format_number(s / 86400, 1)} days"
-
-
-def physical_memory() -> int:
-    """This machine's memory, or the cgroup (container) limit when it is lower; 8 GiB when
-    neither can be read."""
-    total: int | None = None
-    try:
-        total = int(os.sysconf("SC_PHYS_PAGES")) * int(os.sysconf("SC_PAGE_SIZE"))
-    except (ValueError, OSError, AttributeError):
-        total = None
-    for path in ("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory/memory.limit_in_bytes"):
-        try:
-            text = Path(path).read_text().strip()
-        except OSError:
-            continue
-        if text.isdigit() and 0 < int(text) < (total or 1 << 62):
-            total = int(text)
-    return total if total else 8 * GIB
-
-
-def process_rss() -> int:
-    """This process's resident memory now (0 where /proc is not available)."""
-    try:
-        pages = int(Path("/proc/self/statm").read_text().split()[1])
-    except (OSError, ValueError, IndexError):
-        return 0
-    return pages * int(os.sysconf("SC_PAGE_SIZE"))
-
-
-def address_space_limit() -> int | None:
-    """This process's address-space limit in bytes (the soft ``RLIMIT_AS``: ``ulimit -v``), or
-    None when there is none (or it cannot be read)."""
-    try:
-        import resource
-
-        soft, _hard = resource.getrlimit(resource.RLIMIT_AS)
-    except (ImportError, OSError, ValueError, AttributeError):
-        return None
-    if soft == resource.RLIM_INFINITY or soft < 0:
-        return None
-    return int(soft)
-
-
-def virtual_size() -> int:
-    """This process's mapped address space now (``VmSize``; 0 where /proc is not available)."""
-    try:
-        for line in Path("/proc/self/status").read_text().splitlines():
-            if line.startswith("VmSize:"):
-                return int(line.split()[1]) * 1024
-    except (OSError, ValueError, IndexError):
-        pass
-    return 0
-
-
 @dataclass(frozen=True)
 class Limits:
     max_memory: int | None
@@ -252,11 +160,11 @@ def address_space_room() -> tuple[int, int, int] | None:
     None without one. What is mapped but not resident (thread stacks, reserved arenas, the
     compiled code) takes room the estimate does not count, so the room is the limit less the
     mapped size, plus the resident size the estimate adds back."""
-    space = address_space_limit()
+    space = system.address_space_limit()
     if space is None:
         return None
-    mapped = virtual_size()
-    return max(0, space - mapped + process_rss()), space, mapped
+    mapped = system.virtual_size()
+    return max(0, space - mapped + system.process_rss()), space, mapped
 
 
 def replay_limits(limits: Limits | None = None) -> Limits:
@@ -299,7 +207,7 @@ def current_limits() -> Limits:
     """The limits in force: an :func:`override` (the command's options), else the environment
     (``$ROOFTRACE_MAX_MEMORY``, ``$ROOFTRACE_MAX_SIM_DAYS``), else the defaults."""
     over = _OVERRIDE.get() or {}
-    phys = physical_memory()
+    phys = system.physical_memory()
     memory, m_origin = _limit(
         over,
         "max_memory",
@@ -444,7 +352,7 @@ def _step_s(cost: Callable[[Any], Any], decode_seqs: float, ctx: float, prefill:
 
 def jit_compile_needed() -> bool:
     """Whether the jit engine's disk cache is missing or stale (its first run then compiles)."""
-    from pipeline.engine.jit import jit_cache_dir, kernel_stamp
+    from pipeline.engine.jitcache import jit_cache_dir, kernel_stamp
 
     cache = jit_cache_dir()  # $NUMBA_CACHE_DIR's copy when set, where numba writes it
     src = Path(__file__).resolve().parent / "engine" / "_jit_kernels.py"
@@ -487,7 +395,7 @@ def check_classify_memory(requests: pl.DataFrame, block_size: int, limits: Limit
     if {"session_id", "output_tokens"} <= set(requests.columns):  # a session's turns cache its answers too
         tokens = pl.when(pl.col("session_id").is_not_null()).then(tokens + pl.col("output_tokens")).otherwise(tokens)
     _, blocks = _token_sums(requests.select(tokens.alias("t")).to_series(), max(block_size, 1), ceil=True)
-    need = process_rss() + OVERHEAD_BYTES + blocks * CLASSIFY_BLOCK_BYTES
+    need = system.process_rss() + OVERHEAD_BYTES + blocks * CLASSIFY_BLOCK_BYTES
     if need > limits.max_memory:
         raise ResourceLimitError(
             f"classifying {requests.height:,} requests in blocks of {block_size} tokens ({blocks:,} blocks) "
@@ -639,7 +547,7 @@ def estimate_replay(
         state = py_r * REPLICA_BYTES["python"] + cached * PY_BLOCK_BYTES + 256 * n
     compile_needed = jit and jit_compile_needed()
     parts = {
-        "process": process_rss(),
+        "process": system.process_rss(),
         "overhead": OVERHEAD_BYTES,
         "compile": COMPILE_BYTES if compile_needed else 0,
         "chains": (n * TREE_BUILD_BYTES if jit else blocks * CHAIN_BUILD_BYTES) if chains else 0,
@@ -719,8 +627,6 @@ def _raise_hint(limits: Limits) -> str:
 def span_too_long(span_s: float, verb: str, mode: str | None = None) -> str:
     """The one line refusing a replay whose simulated span is past :data:`MAX_SIM_SPAN_S`;
     ``--rate-scale`` is suggested only for the open loop (``mode``; None: not known)."""
-    from pipeline.slo import format_number
-
     scale = {
         "open": " or use a larger --rate-scale",
         "closed": " or use a larger --concurrency",
@@ -741,7 +647,7 @@ def out_of_memory(
     allocated (numpy says the size and shape), what bounds the memory (``ulimit -v``, else the
     machine) and what to change (:func:`advice` for ``part``, in options of ``mode``)."""
     first = (str(exc).strip().splitlines() or [""])[0] or "an allocation failed"
-    space = address_space_limit()
+    space = system.address_space_limit()
     bound = (
         f"this process's address-space limit (ulimit -v {format_bytes(space)}) is reached"
         if space is not None
@@ -932,48 +838,3 @@ def engine_progress(est: ReplayEstimate) -> Callable[[int], None] | None:
             f"({est.requests:,} requests on {est.replicas:,} replicas, {est.engine} engine); Ctrl-C stops it"
         )
     return _Reporter(est, installed)
-
-
-#: glibc's mallopt parameter for the size from which blocks are mapped on their own.
-_M_MMAP_THRESHOLD = -3
-
-
-@functools.cache
-def keep_malloc_threshold(threshold: int = 128 << 10) -> bool:
-    """Fix glibc malloc's mmap threshold at ``threshold`` (its starting value), so that blocks of
-    that size or more are mapped on their own and go back to the system when freed. Left
-    alone, glibc raises the threshold to the largest block freed so far (up to 32 MiB); from
-    then on blocks below it come from heaps that keep what is freed, and a replay in pods
-    (each pod's engine thread allocating and freeing arrays of a few MiB) kept growing: peak
-    RSS 1.19–1.24 GiB against 1.02 GiB with the threshold fixed, for 2·10⁶ requests on 200
-    replicas in 20 pods (benchmarks/scale.py's workload, docs/scale.md). False where there is
-    no glibc (nothing is changed). Done once a process (finding libc runs ``ldconfig``)."""
-    name = ctypes.util.find_library("c")
-    if name is None:
-        return False
-    try:
-        libc = ctypes.CDLL(name)
-        return bool(libc.mallopt(_M_MMAP_THRESHOLD, threshold))
-    except (OSError, AttributeError):
-        return False
-
-
-def keep_ignored_sigint() -> None:
-    """Keep SIGINT ignored in a process that inherited it ignored (``rooftrace nightly … &`` from
-    a script, ``nohup``): importing polars installs a SIGINT handler of its own over the inherited
-    SIG_IGN, which turned a SIGINT arriving during a polars call (reading the day, cutting the
-    prefix chains) into a KeyboardInterrupt and exit code 130, while the same signal elsewhere was
-    ignored. Python records the disposition the process started with (``signal.getsignal``: its
-    own handler is never installed over SIG_IGN); where that is SIG_IGN, it is set again, which
-    removes polars' handler. A SIGINT that was not ignored (Ctrl-C in a terminal) still stops
-    the run. Only the main thread may set handlers; elsewhere nothing is done. Every command
-    calls it first (pipeline.cli.common.run); replay and nightly again."""
-    import signal
-    import threading
-
-    if threading.current_thread() is not threading.main_thread():
-        return
-    if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
-        import polars  # noqa: F401  (its import installs the handler: have it done, then undo it)
-
-        signal.signal(signal.SIGINT, signal.SIG_IGN)

@@ -196,7 +196,7 @@ def load_curve(
 
 
 def _point_line(r: dict[str, Any]) -> str:
-    from pipeline.slo import format_seconds
+    from pipeline.units import format_seconds
 
     verdict = "" if r["slo_passed"] is None else (" SLO pass" if r["slo_passed"] else " SLO FAIL")
     return (

@@ -27,7 +27,6 @@ from pipeline.cost import run_cost
 from pipeline.errors import RooftraceError
 from pipeline.fleet import load_fleet, resolve, unused_pod_options
 from pipeline.ingest import IngestSummary, ingest_logs
-from pipeline.limits import keep_ignored_sigint
 from pipeline.loadcurve import DEFAULT_BUDGET_S, DEFAULT_MULTIPLIERS, curve_table, headroom_sentence, load_curve
 from pipeline.project import default_fleet_path, default_reports_dir, sample_dir
 from pipeline.replay import ReplayOptions, ReplayResult, replay
@@ -47,8 +46,10 @@ from pipeline.report import (
     vega_bundle,
 )
 from pipeline.schemas import atomic_write_bytes, write_parquet
-from pipeline.slo import failures_line, format_seconds, share_text
+from pipeline.slo import failures_line, share_text
 from pipeline.store import Store
+from pipeline.system import keep_ignored_sigint
+from pipeline.units import format_seconds
 from pipeline.warehouse import build_warehouse
 
 T = TypeVar("T")

@@ -47,11 +47,11 @@ from pipeline.engine.shard import EXECUTORS, MAX_PODS, auto_pods, put_back, rout
 from pipeline.engine.steplog import SPAN_COLUMNS, RowSink, StepLog
 from pipeline.errors import ConfigError, RooftraceError
 from pipeline.fleet import FleetConfig, ResolvedFleet, load_fleet, resolve
-from pipeline.limits import keep_ignored_sigint
 from pipeline.profile.cost import fleet_step_cost
-from pipeline.project import default_fleet_path
+from pipeline.project import default_fleet_path, find_project
+from pipeline.runfolder import config_path, write_config
 from pipeline.runrequests import Columns, MemoryColumns, RunRequests, StoredColumns, run_writes
-from pipeline.schemas import ParquetStream, atomic_write_bytes
+from pipeline.schemas import ParquetStream
 from pipeline.slo import (
     MULTI_NODE,
     PERCENTILE_METHOD,
@@ -70,6 +70,7 @@ from pipeline.slo import (
 from pipeline.stepcost import TabulatedCost
 from pipeline.steps import BINDING_NAMES
 from pipeline.store import ColumnReader, Store, epoch_us, store_write_error
+from pipeline.system import keep_ignored_sigint
 
 _INT63 = np.uint64(0x7FFFFFFFFFFFFFFF)
 #: ReplayOptions.cache_hits: the log's reported cache hits where it has them, or none of them.
@@ -1043,7 +1044,7 @@ def model_mix_warning(store: Store, date: str, fleet_model: str) -> str | None:
     except RooftraceError:
         fleet_id, hf_id = fleet_model, ""
     rows = [(str(m), int(n)) for m, n in zip(counts.get_column("model"), counts.get_column("len"), strict=True)]
-    names = resolve_model_names(m for m, _ in rows)
+    names = resolve_model_names((m for m, _ in rows), aliases=find_project().models)
     ours = {fleet_model.lower(), fleet_id.lower(), "unknown"} | ({hf_id} if hf_id else set())
 
     def fleets(m: str) -> bool:
@@ -1154,7 +1155,7 @@ def _replay(
     # A run is complete once its config.json is written. A new run stopped before that (Ctrl-C,
     # a failed write) takes back the tables it moved into place, so no SQL view reads half a run;
     # a re-run of a complete run rewrites the same bytes, so its folder stays complete meanwhile.
-    complete = (run_dir / "config.json").exists()
+    complete = config_path(run_dir).exists()
     try:
         doing[0] = f"replaying {what} (the engine's state, step log and series)"
         run = run_workload(work, fleet, options, engine_progress, steps, results)
@@ -1198,9 +1199,9 @@ def _replay(
                 "resolved": fleet.to_dict(),
                 "summary": stable,
             }
-            atomic_write_bytes(run_dir / "config.json", json.dumps(doc, indent=2, sort_keys=True).encode())
+            write_config(run_dir, doc)
     except BaseException:
-        if not complete and not (run_dir / "config.json").exists():
+        if not complete and not config_path(run_dir).exists():
             for name in ("requests.parquet", "steps.parquet", "series.parquet"):
                 (run_dir / name).unlink(missing_ok=True)
         raise

@@ -31,26 +31,27 @@ import pyarrow as pa
 import vl_convert as vlc
 from markupsafe import Markup
 
+from pipeline import system
 from pipeline.classify.accounting import classify_totals
 from pipeline.classify.freshness import classify_freshness, request_id_digest
 from pipeline.cost import STALE_AFTER_DAYS, Period, stored_run_period
 from pipeline.errors import RooftraceError
 from pipeline.loadcurve import headroom_sentence, knee
+from pipeline.runfolder import latest_run, read_config, run_ids
 from pipeline.schemas import atomic_write_bytes, check_replaceable, os_write_reason
 from pipeline.slo import (
     METRICS,
     MULTI_NODE,
     day_projection,
-    format_seconds,
     overload_from_dict,
     overload_text,
-    plain_number,
     share_text,
     traffic_span,
 )
 from pipeline.store import Store, check_date, confined
 from pipeline.tables import table_to_json
-from pipeline.warehouse import Session, check_date_option, check_parquet, latest_run, read_run_config, run_ids
+from pipeline.units import format_bytes, format_seconds, plain_number
+from pipeline.warehouse import Session, check_date_option, check_parquet
 
 Rows = list[dict[str, Any]]
 
@@ -97,10 +98,8 @@ def charts_blocked(what: str = "charts not rendered") -> str | None:
     ``ulimit -v``, too small for the space it reserves: :data:`V8_ADDRESS_SPACE_BYTES`), or
     None when it can. Checked before any call that starts it: past the limit it aborts the
     process, it does not raise."""
-    from pipeline.limits import address_space_limit, format_bytes, virtual_size
-
-    limit = address_space_limit()
-    if limit is None or limit - virtual_size() >= V8_ADDRESS_SPACE_BYTES:
+    limit = system.address_space_limit()
+    if limit is None or limit - system.virtual_size() >= V8_ADDRESS_SPACE_BYTES:
         return None
     return (
         f"{what}: this process has an address-space limit (ulimit -v, {format_bytes(limit)}) and "
@@ -1820,7 +1819,7 @@ def _check_out(out: Path) -> None:
 def _check_png_dir(png_dir: Path) -> None:
     """``--png DIR`` names a folder, or where one can be made, before any work (a device or a file
     failed only after the page and headline.json were written)."""
-    from pipeline.schemas import not_regular
+    from pipeline.system import not_regular
 
     for folder in (png_dir, *png_dir.parents):
         try:
@@ -2145,7 +2144,7 @@ def observed_trend(store: Store, run_id: str, day: str, config: dict[str, Any]) 
     for other in run_ids(store):
         path = store.run_dir(other) / "config.json"
         try:
-            cfg = read_run_config(path)
+            cfg = read_config(path)
             mtime = path.stat().st_mtime_ns
         except (RooftraceError, OSError):
             continue
@@ -2338,7 +2337,7 @@ def build_report(
     config_path = store.run_dir(run_id) / "config.json"
     if not config_path.exists():
         raise RooftraceError(f"{config_path}: no such run")
-    config = read_run_config(config_path)
+    config = read_config(config_path)
     check_date_option(store, date, run_id)  # a --date that contradicts --run is refused, not ignored
     _check_run_files(store.run_dir(run_id), run_id)
     day = str(config.get("date") or date or store.resolve_date(None))

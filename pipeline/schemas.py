@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import errno
 import os
-import stat
 import tempfile
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
@@ -22,6 +21,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from pipeline.errors import SchemaError
+from pipeline.system import not_regular
 from pipeline.tomlfile import read_toml
 
 META_NAME = b"rooftrace.schema"
@@ -230,26 +230,6 @@ def check_file_schema(path: Path, name: str) -> None:
 
 #: mkstemp creates 0600 files; outputs are ordinary shareable files (umask still applies on create).
 _FILE_MODE = 0o644
-
-
-def not_regular(path: Path) -> str | None:
-    """Why ``path`` (links followed) is not a regular file, or None when it is. A FIFO, socket
-    or device could block a read forever or never end; replacing one would destroy it."""
-    try:
-        mode = os.stat(path).st_mode
-    except OSError as exc:
-        return f"cannot be opened ({exc.strerror or exc})"
-    if stat.S_ISREG(mode):
-        return None
-    if stat.S_ISFIFO(mode):
-        return "a named pipe (FIFO)"
-    if stat.S_ISSOCK(mode):
-        return "a socket"
-    if stat.S_ISCHR(mode) or stat.S_ISBLK(mode):
-        return "a device"
-    if stat.S_ISDIR(mode):
-        return "a folder"
-    return "not a file"
 
 
 def check_replaceable(path: Path) -> None:

@@ -27,6 +27,7 @@ from pipeline.catalog import CATALOG_DIR
 from pipeline.engine.model import REJECT_REASONS, EngineResult, Workload
 from pipeline.errors import ConfigError
 from pipeline.tomlfile import read_toml
+from pipeline.units import DAY_S, PLAIN_UP_TO, format_number, format_seconds, plain_number
 
 SLO_PATH = CATALOG_DIR / "slo.toml"
 
@@ -101,7 +102,7 @@ def _target(key: str, value: float, where: str) -> SloTarget:
 def limit_text(value: float) -> str:
     """A target's limit as ``--slo`` writes it, in its largest whole-looking unit from ten
     minutes up (``0.1s``, ``250s``, ``20min``, ``1.5h``, ``7d``); parse_slo reads it back."""
-    if value < 600 or not value < _PLAIN_UP_TO:  # (past a year is refused; NaN never gets here)
+    if value < 600 or not value < PLAIN_UP_TO:  # (past a year is refused; NaN never gets here)
         return f"{value:g}s"
     for unit in ("d", "h", "min"):
         q = value / _UNIT_S[unit]
@@ -136,7 +137,7 @@ def slo_table_text(raw: dict[str, Any], where: str) -> str:
         if not (math.isfinite(value) and value > 0):
             raise ConfigError(f"{where}: {key} = {value!r} must be a positive number of seconds, such as 2.0 or 0.1")
         if value > MAX_TARGET_S:
-            said = f" ({format_seconds(float(value))})" if value < _PLAIN_UP_TO else ""
+            said = f" ({format_seconds(float(value))})" if value < PLAIN_UP_TO else ""
             raise ConfigError(
                 f"{where}: {key} = {value!r} seconds{said} is longer than a year ({MAX_TARGET_S:,.0f} s), which no "
                 "latency target needs"
@@ -338,26 +339,9 @@ def _finite(x: float) -> float | None:
     return x if math.isfinite(x) else None
 
 
-#: Beyond this a figure is printed in scientific notation (a hostile --rate-scale 1e300 made
-#: lines of hundreds of digits).
-_PLAIN_UP_TO = 1e12
-
-
 #: A per-span figure is not projected to a day from a traffic span shorter than this: a few
 #: seconds of traffic times tens of thousands says nothing about a day.
 MIN_PROJECTION_S = 3600.0
-DAY_S = 86_400.0
-
-
-def plain_number(x: float, digits: int = 3) -> str:
-    """Thousands separators from 100 up, significant digits below: no scientific notation from
-    10⁻⁹ to 10¹² (outside, as :func:`format_number`: a figure that size is a failure to show)."""
-    if not math.isfinite(x) or abs(x) >= _PLAIN_UP_TO or 0 < abs(x) < 1e-9:
-        return f"{x:.3g}"
-    if abs(x) >= 100:
-        return f"{x:,.0f}"
-    # positional with `digits` significant digits (f"{x:.3g}" turns 1e-7 into "1e-07")
-    return str(np.format_float_positional(x, precision=digits, unique=False, fractional=False, trim="-"))
 
 
 def traffic_span(period_s: float) -> str:
@@ -391,32 +375,6 @@ def share_text(x: float) -> str:
     if not math.isfinite(x) or x <= 0:
         return "0%"
     return "<0.1%" if x < 0.001 else f"{x * 100:.1f}%"
-
-
-def format_number(x: float, decimals: int = 2) -> str:
-    """A figure for people: thousands separated, ``decimals`` places, scientific past 10¹²."""
-    if math.isfinite(x) and abs(x) >= _PLAIN_UP_TO:
-        return f"{x:.3g}"
-    return f"{x:,.{decimals}f}"
-
-
-def format_seconds(x: float | None) -> str:
-    """Seconds for people: ms below 1 s, seconds below 10 min, then minutes, hours (from 2 h) and
-    days (from 2 days; '84,861 s' is '23.6 h'), scientific seconds only past 10¹² s; inf as
-    'never'."""
-    if x is None or (isinstance(x, float) and math.isnan(x)):
-        return "n/a"
-    if math.isinf(x):
-        return "never"
-    if abs(x) < 1.0:
-        return f"{x * 1000:.3g} ms" if x * 1000 >= 1 else f"{x * 1000:.2f} ms"
-    if x < 600 or x >= _PLAIN_UP_TO:
-        return f"{format_number(x, 2 if x < 100 else 0)} s"
-    if x < 2 * 3600:
-        return f"{plain_number(x / 60)} min"
-    if x < 2 * DAY_S:
-        return f"{plain_number(x / 3600)} h"
-    return f"{plain_number(x / DAY_S)} days"
 
 
 def slo_verdict(

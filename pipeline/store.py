@@ -49,7 +49,8 @@ import pyarrow.parquet as pq
 
 from pipeline.errors import RooftraceError, SchemaError
 from pipeline.project import default_store_path
-from pipeline.schemas import check_file_schema, load_schema, not_regular, read_parquet, unreadable
+from pipeline.schemas import check_file_schema, load_schema, read_parquet, unreadable
+from pipeline.system import not_regular
 
 _DATE_RE = re.compile(r"^[0-9]{4}-[0-9]{2}-[0-9]{2}$")
 

@@ -58,7 +58,7 @@ def read_config_bytes(path: Path | str, what: str = "config file") -> bytes:
                     raise ConfigError(_too_large(path, what))
                 data = fh.read(MAX_CONFIG_BYTES + 1)  # (a file that grows, or lies about its size)
         else:
-            from pipeline.schemas import not_regular
+            from pipeline.system import not_regular
 
             raise ConfigError(f"{path}: {what} is {not_regular(path) or 'not a file'}, not a regular file")
     except FileNotFoundError:

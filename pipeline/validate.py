@@ -651,7 +651,7 @@ def refuse_part_of_a_set(path: Path) -> None:
 
 def discover(measurements: Path) -> list[Path]:
     """Measurement files under a folder (or the one file given), in a stable order."""
-    from pipeline.schemas import not_regular
+    from pipeline.system import not_regular
 
     if measurements.is_file():
         return [measurements]

@@ -34,7 +34,7 @@ import tempfile
 import threading
 import tomllib
 import weakref
-from collections.abc import Callable, Collection, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any, TypeVar
@@ -45,8 +45,10 @@ import pyarrow.parquet as pq
 
 from pipeline.defaults import OUTPUT_FORMATS
 from pipeline.errors import RooftraceError
-from pipeline.schemas import check_file_schema, load_schema, not_regular, unreadable
+from pipeline.runfolder import latest_run, read_checked_config, read_config, run_date, run_ids
+from pipeline.schemas import check_file_schema, load_schema, unreadable
 from pipeline.store import Store, check_date
+from pipeline.system import not_regular
 from pipeline.terminal import escape_controls
 
 QUERY_DIR = Path(__file__).with_name("queries")
@@ -152,25 +154,6 @@ def check_parquet(path: Path) -> None:
         pq.read_metadata(path)
 
 
-def read_run_config(path: Path) -> dict[str, Any]:
-    """A run's ``config.json`` as a dict; one RooftraceError naming the file (and the line and
-    column of a JSON error) when it cannot be read or is not a JSON object."""
-    why = not_regular(path)
-    if why is not None:
-        raise RooftraceError(f"{path}: cannot read the run config: {why}")
-    try:
-        doc = json.loads(path.read_bytes())
-    except OSError as exc:
-        raise RooftraceError(f"{path}: cannot read the run config: {exc.strerror or exc}") from None
-    except json.JSONDecodeError as exc:
-        raise RooftraceError(f"{path}: not valid JSON: {exc.msg} (line {exc.lineno}, column {exc.colno})") from None
-    except (UnicodeDecodeError, RecursionError, ValueError) as exc:
-        raise RooftraceError(f"{path}: not valid JSON: {(str(exc).splitlines() or [type(exc).__name__])[0]}") from None
-    if not isinstance(doc, dict):
-        raise RooftraceError(f"{path}: not a run config: must hold a JSON object, got {type(doc).__name__}")
-    return doc
-
-
 @dataclass
 class _Scan:
     """The files each view reads: every store-level file checked (a damaged one is an error), and
@@ -178,10 +161,6 @@ class _Scan:
 
     files: dict[str, list[Path]] = dataclasses.field(default_factory=dict)
     skipped: dict[str, str] = dataclasses.field(default_factory=dict)  # run id -> why (one line naming the file)
-
-
-#: The files of a replay run the views read (a folder holding any of them is a run's folder).
-_RUN_FILES = ("config.json", "requests.parquet", "steps.parquet", "series.parquet", "load_curve.parquet")
 
 
 def _request_files(store: Store) -> list[Path]:
@@ -249,18 +228,6 @@ def _partitioned_sql(files: Sequence[Path]) -> str:
     return f"SELECT {columns} FROM ({' UNION ALL BY NAME '.join(branches)})"
 
 
-def check_run_config(path: Path) -> dict[str, Any]:
-    """A run's ``config.json`` read (:func:`read_run_config`) and checked as ``cost`` checks it
-    (``pipeline.cost.check_run_config``: the fleet it records resolves, replicas >= 1, ...): a run
-    whose config ``cost`` refuses is not one the warehouse answers for (``query cost`` printed 0
-    GPUs for replicas = 0)."""
-    from pipeline.cost import check_run_config as check_config
-
-    config = read_run_config(path)
-    check_config(config, str(path))
-    return config
-
-
 def _scan(store: Store) -> _Scan:
     scan = _Scan()
     listed = {spec.name: _view_files(store, spec) for spec in VIEWS}
@@ -277,7 +244,7 @@ def _scan(store: Store) -> _Scan:
                     continue
                 try:
                     if spec.kind == "json":
-                        check_run_config(f)
+                        read_checked_config(f)
                     else:
                         check_parquet(f)
                 except RooftraceError as exc:
@@ -442,7 +409,7 @@ def run_hardware(scan: _Scan) -> pa.Table:
     """One row per run: the hardware it was replayed on, with the price its config.json recorded."""
     rows = []
     for f in scan.files.get("runs", []):
-        name, usd, date = _run_price(read_run_config(f))
+        name, usd, date = _run_price(read_config(f))
         rows.append({"run_id": f.parent.name, "name": name, "price_usd_per_gpu_hour": usd, "price_date": date})
     schema = pa.schema(
         [
@@ -687,20 +654,6 @@ def get_query(name: str) -> NamedQuery:
     return _parse_query(path)
 
 
-def latest_run(store: Store, date: str | None = None, exclude: Collection[str] = ()) -> str | None:
-    """The most recently written run (of ``date`` when given: a YYYY-MM-DD date, matched whole,
-    never as a prefix), by its config file's mtime; never one of ``exclude`` (the runs the
-    warehouse left out as damaged, :attr:`Session.skipped`)."""
-    configs = list(store.runs_dir.glob("*/config.json")) if store.runs_dir.is_dir() else []
-    configs = [c for c in configs if c.parent.name not in exclude]
-    if date is not None:
-        check_date(date)
-        configs = [c for c in configs if c.parent.name[:11] == f"{date}-"]
-    if not configs:
-        return None
-    return max(configs, key=lambda c: (c.stat().st_mtime_ns, c.parent.name)).parent.name
-
-
 def _newest(files: list[Path]) -> str | None:
     """The folder name of the most recently written of ``files`` (ties: the greater name)."""
     if not files:
@@ -720,22 +673,6 @@ def latest_plan(store: Store, date: str | None = None, model: str | None = None)
 def latest_cost_subject(store: Store, table: str) -> str | None:
     """The plan or run whose ``table`` (gpu_cost, api_cost) was written last."""
     return _newest(list((store.root / "costs").glob(f"*/{table}.parquet")))
-
-
-def run_ids(store: Store) -> list[str]:
-    """The replay runs in the store (folders ``runs/<id>/`` with a ``config.json``), sorted."""
-    if not store.runs_dir.is_dir():
-        return []
-    return sorted(c.parent.name for c in store.runs_dir.glob("*/config.json"))
-
-
-def run_date(store: Store, run_id: str) -> str:
-    """The arrival date a run replayed: its config's ``date`` (run ids begin with it too)."""
-    try:
-        config = read_run_config(store.run_dir(run_id) / "config.json")
-    except RooftraceError:
-        config = {}
-    return str(config.get("date") or run_id[:10])
 
 
 def check_date_option(store: Store, date: str | None, run_id: str | None, query: NamedQuery | None = None) -> None:
@@ -1067,7 +1004,8 @@ def sql_error(exc: duckdb.Error, what: str) -> BaseException:
         return KeyboardInterrupt()
     if isinstance(exc, duckdb.OutOfMemoryException):
         from pipeline.defaults import MAX_MEMORY_ENV
-        from pipeline.limits import current_limits, format_bytes
+        from pipeline.limits import current_limits
+        from pipeline.units import format_bytes
 
         limits = current_limits()
         limit = "no" if limits.max_memory is None else f"{format_bytes(limits.max_memory)} ({limits.memory_origin})"
@@ -1663,7 +1601,8 @@ def _write_table(
     title: str | None,
     render: Callable[..., str | None],
 ) -> Written:
-    from pipeline.limits import current_limits, format_bytes
+    from pipeline.limits import current_limits
+    from pipeline.units import format_bytes
 
     limit = current_limits().max_memory
     kept: list[pa.RecordBatch] = []

@@ -431,7 +431,7 @@ def test_engine_cache_stamp_is_written_where_python_made_no_bytecode_folder(
     the next process, which deletes it and compiles for minutes again), and a stale cache (no
     stamp for the current step-cost source) is removed."""
     from pipeline.engine import _jit_kernels
-    from pipeline.engine.jit import kernel_stamp
+    from pipeline.engine.jitcache import kernel_stamp
 
     fake = tmp_path / "engine" / "_jit_kernels.py"
     fake.parent.mkdir()
@@ -477,7 +477,8 @@ def test_classify_refuses_a_block_size_its_memory_cannot_hold(
     """``classify --block-size 1`` on a large day grew until it ran out of memory (a numpy
     traceback under a ulimit); it is estimated first (limits.CLASSIFY_BLOCK_BYTES a block) and
     refused in one line past the limit, naming the blocks; the default block size still runs."""
-    from pipeline.limits import CLASSIFY_BLOCK_BYTES, OVERHEAD_BYTES, process_rss
+    from pipeline.limits import CLASSIFY_BLOCK_BYTES, OVERHEAD_BYTES
+    from pipeline.system import process_rss
 
     store = _own(small, tmp_path)  # the default block size classifies: not in the module's store
     day = store.read_requests(DATE)
@@ -498,7 +499,7 @@ def test_the_compile_check_looks_where_numba_caches(monkeypatch: pytest.MonkeyPa
     warm package folder once hid a 3-minute compile)."""
     from numba.core import config
 
-    from pipeline.engine.jit import jit_cache_dir, kernel_stamp
+    from pipeline.engine.jitcache import jit_cache_dir, kernel_stamp
     from pipeline.limits import jit_compile_needed
 
     monkeypatch.setattr(config, "CACHE_DIR", str(tmp_path))

@@ -20,7 +20,7 @@ import polars as pl
 import pytest
 
 from pipeline.errors import ConfigError
-from pipeline.profile.build import MAX_GEMM_M, build_profiles, select_rows
+from pipeline.profile.build import build_profiles, select_rows
 from pipeline.profile.heldout import (
     TARGET_MEDIAN,
     TARGET_P90,
@@ -30,6 +30,7 @@ from pipeline.profile.heldout import (
     judge,
     summarise,
 )
+from pipeline.profile.select import MAX_GEMM_M
 from pipeline.profile.sources import read_measurements
 from pipeline.profile.tables import PROFILES_DIR, list_profiles, load_profile, load_profile_dir
 from tests.conftest import shared_path

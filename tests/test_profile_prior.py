@@ -24,6 +24,7 @@ from pipeline.errors import ConfigError
 from pipeline.fleet import parse_fleet, resolve
 from pipeline.profile import prior as P
 from pipeline.profile.cost import fleet_step_cost, gemm_shapes, step_cost_for
+from pipeline.profile.heldout import heldout_steps
 from pipeline.roofline import Deployment, prefill_batch
 from pipeline.tomlfile import read_toml
 
@@ -184,7 +185,7 @@ def test_whole_steps_held_out_on_h100() -> None:
     rows = P.measured_rows()
     prior = P.load_prior()
     assert prior is not None
-    steps = P.heldout_steps(rows, prior.used, only="h100-sxm")
+    steps = heldout_steps(rows, prior.used, only="h100-sxm")
     assert set(steps["gpu"]) == {"h100-sxm"}
     dense = steps.filter(pl.col("model") != "qwen3-30b-a3b")
     assert (dense["measured_ms"] > 0).all() and (dense["prior_ms"] > 0).all()

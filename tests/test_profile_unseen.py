@@ -18,9 +18,8 @@ import numpy as np
 import polars as pl
 import pytest
 
-from pipeline.profile.heldout import _profile
 from pipeline.profile.interp import Curve, curve_family, upward_spikes
-from pipeline.profile.tables import GEMM_SPIKE_REL, GQA_SEPARATE
+from pipeline.profile.tables import GEMM_SPIKE_REL, GQA_SEPARATE, frames_profile
 
 # ----------------------------------------------------------------------------------- spikes
 
@@ -87,8 +86,8 @@ def _gemm_frame(spike: tuple[float, float, float] | None) -> pl.DataFrame:
 
 
 def test_gemm_spike_in_a_neighbour_does_not_move_an_unseen_shape() -> None:
-    clean = _profile("h100-sxm", {"gemm": _gemm_frame(None)})
-    spiky = _profile("h100-sxm", {"gemm": _gemm_frame((16.0, 1024.0, 1024.0))})
+    clean = frames_profile("h100-sxm", {"gemm": _gemm_frame(None)})
+    spiky = frames_profile("h100-sxm", {"gemm": _gemm_frame((16.0, 1024.0, 1024.0))})
     m = np.array([16.0])
     # (n, k) = (512, 2048) lies between measured shapes, one of which has the spike at m = 16:
     # the power law is exact in log-log, so the prediction is the law's value with or without it
@@ -106,7 +105,7 @@ def test_gemm_spike_in_a_neighbour_does_not_move_an_unseen_shape() -> None:
 
 
 def test_gemm_measured_shape_reads_its_own_rows_except_a_spike() -> None:
-    spiky = _profile("h100-sxm", {"gemm": _gemm_frame((16.0, 1024.0, 1024.0))})
+    spiky = frames_profile("h100-sxm", {"gemm": _gemm_frame((16.0, 1024.0, 1024.0))})
     m = np.array([8.0, 16.0, 32.0])
     got = spiky.gemm_time("bf16", 1024, 1024, m)
     np.testing.assert_allclose(got, 1e-9 * m**0.5 * 1024 * 32, rtol=1e-9)
@@ -131,7 +130,7 @@ def _attn_frame(family: str) -> pl.DataFrame:
 
 def test_gqa_decode_never_borrows_from_the_one_query_per_kv_head_shape() -> None:
     assert "attn_decode" in GQA_SEPARATE and "attn_prefill" not in GQA_SEPARATE
-    prof = _profile("a100-80gb-sxm", {"attn_decode": _attn_frame("attn_decode")})
+    prof = frames_profile("a100-80gb-sxm", {"attn_decode": _attn_frame("attn_decode")})
     b, s = np.array([4.0]), np.array([1024.0])
     base = 1e-6 * 2.0 * 32.0
     # nq = 2: below the smallest grouped shape, so nq = 4's grid as is (not the mix with nq = 1)
@@ -151,14 +150,14 @@ def test_gqa_decode_never_borrows_from_the_one_query_per_kv_head_shape() -> None
 def test_gqa_decode_falls_back_to_every_shape_without_grouped_ones() -> None:
     frame = _attn_frame("attn_decode").filter(pl.col("nq") != 4)
     frame = frame.filter(pl.col("nq") != 16)
-    prof = _profile("a100-80gb-sxm", {"attn_decode": frame})
+    prof = frames_profile("a100-80gb-sxm", {"attn_decode": frame})
     g = prof.attention_grid("attn_decode", "bf16", 2, 1, 128)
     assert g is not None  # only nq = 1 measured: its grid, proportional in nq above it
     assert float(g(np.array([4.0]), np.array([1024.0]))[0]) == pytest.approx(4.0 * 64e-6 * 2, rel=1e-9)
 
 
 def test_prefill_still_interpolates_across_every_shape() -> None:
-    prof = _profile("a100-80gb-sxm", {"attn_prefill": _attn_frame("attn_prefill")})
+    prof = frames_profile("a100-80gb-sxm", {"attn_prefill": _attn_frame("attn_prefill")})
     g = prof.attention_grid("attn_prefill", "bf16", 2, 1, 128)
     assert g is not None
     # half way (in log nq) between nq = 1 (4·base) and nq = 4 (base): 2·base

@@ -21,7 +21,7 @@ from cli_checks import invoke as _invoke
 from cli_checks import one_error_line as _one_error_line
 from conftest import own_copy
 
-from pipeline import limits as limits_mod
+from pipeline import system
 from pipeline.engine import shard
 from pipeline.errors import ConfigError, RooftraceError
 from pipeline.fleet import load_fleet, resolve
@@ -32,12 +32,11 @@ from pipeline.limits import (
     ResourceLimitError,
     enforce,
     override,
-    process_rss,
     replay_limits,
-    virtual_size,
 )
 from pipeline.replay import ReplayOptions, replay
 from pipeline.store import Store
+from pipeline.system import process_rss, virtual_size
 
 ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_FLEET = ROOT / "fleets" / "default.toml"
@@ -202,7 +201,7 @@ def test_a_memory_error_in_a_library_replay_is_one_line(store: Store, monkeypatc
 
 def test_local_ray_is_refused_under_a_small_address_space_limit(monkeypatch: pytest.MonkeyPatch) -> None:
     _fake_address_space(monkeypatch, 8_000_000 * 1024)  # ulimit -v 8000000
-    monkeypatch.setattr(limits_mod, "physical_memory", lambda: 24 * GIB)
+    monkeypatch.setattr(system, "physical_memory", lambda: 24 * GIB)
     for address in (None, "local"):
         with pytest.raises(RooftraceError) as info:
             shard.check_ray_address_space(address)
@@ -350,7 +349,7 @@ def test_run_id_is_the_same_with_or_without_the_date(store: Store, tmp_path: Pat
 _SIGINT_PROBE = """
 import os, signal, sys, threading, time
 import polars as pl
-from pipeline.limits import keep_ignored_sigint
+from pipeline.system import keep_ignored_sigint
 
 def caught():
     mask = [l for l in open("/proc/self/status") if l.startswith("SigCgt")][0].split()[1]
@@ -388,7 +387,7 @@ def test_an_inherited_sig_ign_is_kept_over_polars_handler() -> None:
 def test_keep_ignored_sigint_leaves_a_handled_sigint_alone() -> None:
     import signal
 
-    from pipeline.limits import keep_ignored_sigint
+    from pipeline.system import keep_ignored_sigint
 
     before = signal.getsignal(signal.SIGINT)
     keep_ignored_sigint()

@@ -23,7 +23,7 @@ import pytest
 import zstandard
 from conftest import own_copy
 
-from pipeline import limits
+from pipeline import limits, system
 from pipeline.errors import RooftraceError
 from pipeline.ingest import ingest_logs
 from pipeline.limits import ResourceLimitError, override, progress_to
@@ -58,9 +58,7 @@ def test_synth_past_the_memory_limit_is_refused_before_any_work(
     monkeypatch.setattr(gen, "load_profile", no_work)
     # the estimate counts the process's size: a test worker that loaded every profile before is
     # past 1 GiB itself (then no smaller --requests fits and none is suggested): a fixed size here
-    import pipeline.limits as limits_mod
-
-    monkeypatch.setattr(limits_mod, "process_rss", lambda: 200 << 20)
+    monkeypatch.setattr(system, "process_rss", lambda: 200 << 20)
     monkeypatch.setenv("ROOFTRACE_MAX_MEMORY", "1G")
     out = tmp_path / "huge.jsonl.gz"
     res = invoke(["synth", "--requests", "10000000", "--out", str(out)])
@@ -91,12 +89,12 @@ def test_synth_memory_check_in_the_library() -> None:
         check_memory(10_000_000)  # no limit: nothing refused
     # the estimate grows with the requests, from the process's size now
     assert estimate_bytes(2_000_000) - estimate_bytes(1_000_000) == 1_000_000 * 768
-    assert estimate_bytes(0) >= limits.process_rss()
+    assert estimate_bytes(0) >= system.process_rss()
 
 
 def test_synth_past_the_address_space_limit_is_refused(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Under ``ulimit -v`` an allocation past the limit aborts polars (signal 6): refused first."""
-    monkeypatch.setattr(limits, "address_space_limit", lambda: limits.virtual_size() + 512 * 1024**2)
+    monkeypatch.setattr(system, "address_space_limit", lambda: system.virtual_size() + 512 * 1024**2)
     res = invoke(["synth", "--requests", "10000000", "--max-memory", "none", "--out", str(tmp_path / "x.jsonl")])
     assert res.exit_code == 1
     line = one_error_line(res.stderr)
@@ -302,7 +300,7 @@ def test_plan_skips_a_configuration_with_zero_capacity(
 
 
 def test_local_jobs_are_capped_by_the_memory_limit(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(limits, "process_rss", lambda: 100 * 1024**2)
+    monkeypatch.setattr(system, "process_rss", lambda: 100 * 1024**2)
     each = plan_stage.worker_bytes(79)
     assert each == plan_stage.WORKER_BYTES + 79 * (limits.REQUEST_BYTES + 4 * limits.LOG_ROW_BYTES)
     with override(max_memory=100 * 1024**2 + 3 * each):
@@ -325,7 +323,7 @@ def test_plan_says_when_the_memory_limit_caps_jobs(
 ) -> None:
     store = own_copy(store, tmp_path)
     # room for the replays here (this process and about 263 MiB more) but not for two workers
-    room = limits.process_rss() + 3 * plan_stage.worker_bytes(238) // 2
+    room = system.process_rss() + 3 * plan_stage.worker_bytes(238) // 2
     monkeypatch.setenv("ROOFTRACE_MAX_MEMORY", str(room))  # one worker: the search runs here
     res = invoke(_plan_args(store, "--hardware", "h100-sxm,a100-80gb-sxm", "--jobs", "8"))
     assert res.exit_code == 0, res.output
@@ -460,14 +458,14 @@ def test_charts_blocked_by_an_address_space_limit(monkeypatch: pytest.MonkeyPatc
 
     # the real reading first: the soft limit, or None when there is none
     soft, _hard = resource.getrlimit(resource.RLIMIT_AS)
-    assert limits.address_space_limit() == (None if soft == resource.RLIM_INFINITY else soft)
-    monkeypatch.setattr(limits, "address_space_limit", lambda: None)
+    assert system.address_space_limit() == (None if soft == resource.RLIM_INFINITY else soft)
+    monkeypatch.setattr(system, "address_space_limit", lambda: None)
     assert report.charts_blocked() is None
-    monkeypatch.setattr(limits, "address_space_limit", lambda: 20_000_000 * 1024)
+    monkeypatch.setattr(system, "address_space_limit", lambda: 20_000_000 * 1024)
     why = report.charts_blocked()
     assert why is not None and why.startswith("charts not rendered: this process has an address-space limit")
     assert "ulimit -v" in why
-    monkeypatch.setattr(limits, "address_space_limit", lambda: 1 << 50)  # 1 PiB: room for V8
+    monkeypatch.setattr(system, "address_space_limit", lambda: 1 << 50)  # 1 PiB: room for V8
     assert report.charts_blocked() is None
 
 
@@ -478,7 +476,7 @@ def test_report_under_an_address_space_limit_leaves_the_charts_out(
     from pipeline.nightly import build_index
 
     root = _store_copy(replayed_store, tmp_path / "store")
-    monkeypatch.setattr(limits, "address_space_limit", lambda: 20_000_000 * 1024)
+    monkeypatch.setattr(system, "address_space_limit", lambda: 20_000_000 * 1024)
 
     def no_v8(*args: Any, **kwargs: Any) -> Any:
         raise AssertionError("vl-convert's JavaScript engine was started")

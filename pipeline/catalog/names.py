@@ -7,8 +7,8 @@ Logs name a deployment the way its server or gateway does: ``meta-llama/Llama-3.
 (``llama-3.1-70b``) and records each one's Hugging Face id. :func:`resolve_model_name` is the one
 place the two meet; the rules, in order (the first that names a model wins):
 
-1. **alias**: the project's ``[models]`` table (rooftrace.toml) maps the name, as logged, to a
-   catalog id (``"my-70b" = "llama-3.1-70b"``); case is ignored when no alias matches exactly.
+1. **alias**: the project's ``[models]`` table (rooftrace.toml, passed as ``aliases``) maps the
+   name, as logged, to a catalog id (``"my-70b" = "llama-3.1-70b"``); case is ignored when no alias matches exactly.
 2. **id** / **hf_id**: the name is a catalog id; else its last two path parts are a catalog
    model's Hugging Face id; else its last part is a catalog id, or the name part of a Hugging
    Face id (case ignored throughout; what comes before is a provider prefix, and the
@@ -192,10 +192,10 @@ def resolve_model_name(
 ) -> NameMatch:
     """The catalog model ``logged`` names (see the module doc for the rules), with why.
 
-    ``catalog`` defaults to the bundled catalog, ``aliases`` to the current project's ``[models]``
-    table."""
+    ``catalog`` defaults to the bundled catalog; ``aliases`` are the project's ``[models]`` table
+    (``pipeline.project.find_project().models``), none when not given."""
     entries = tuple(catalog) if catalog is not None else catalog_names()
-    table = aliases if aliases is not None else project_aliases()
+    table = aliases if aliases is not None else {}
     text = logged.strip()
     if not text or len(text) > MAX_NAME_CHARS:
         return NameMatch(logged, None, "none")
@@ -258,13 +258,6 @@ def _why(said: str, rewritten: list[str], dropped: list[str]) -> str:
     return "; ".join(bits)
 
 
-def project_aliases() -> Mapping[str, str]:
-    """The current project's ``[models]`` aliases (rooftrace.toml; none without one)."""
-    from pipeline.project import find_project
-
-    return find_project().models
-
-
 def resolve_model_names(
     names: Iterable[str],
     catalog: Iterable[CatalogName] | None = None,
@@ -272,7 +265,7 @@ def resolve_model_names(
 ) -> dict[str, NameMatch]:
     """:func:`resolve_model_name` for each distinct name (the catalog and aliases read once)."""
     entries = tuple(catalog) if catalog is not None else catalog_names()
-    table = aliases if aliases is not None else project_aliases()
+    table = aliases if aliases is not None else {}
     return {n: resolve_model_name(n, entries, table) for n in dict.fromkeys(names)}
 
 

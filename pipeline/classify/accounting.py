@@ -229,9 +229,11 @@ def account(requests: pl.DataFrame, options: ClassifyOptions | None = None) -> A
     minutes, minute_idx = np.unique(minute_us, return_inverse=True)
     recorded = df.get_column("recorded_input_tokens").to_numpy().astype(np.int64)
     from pipeline.catalog.names import canonical_model_names  # one cache per model, its spellings one
+    from pipeline.project import find_project
 
     logged = df.get_column("model")
-    models = logged.replace(canonical_model_names(logged.unique().sort().to_list())).to_numpy()
+    aliases = find_project().models
+    models = logged.replace(canonical_model_names(logged.unique().sort().to_list(), aliases)).to_numpy()
     prompt_blocks = chains.prompt_blocks()
 
     hit_blocks = np.zeros(n, dtype=np.int64)

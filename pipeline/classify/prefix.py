@@ -583,8 +583,10 @@ def isolation_salts(requests: pl.DataFrame, isolation: Sequence[str]) -> U64Arra
     keys = requests.select(cols)
     if "model" in cols:
         from pipeline.catalog.names import canonical_model_names
+        from pipeline.project import find_project
 
-        names = canonical_model_names(keys.get_column("model").drop_nulls().unique().sort().to_list())
+        logged = keys.get_column("model").drop_nulls().unique().sort().to_list()
+        names = canonical_model_names(logged, find_project().models)
         keys = keys.with_columns(pl.col("model").replace({k: v for k, v in names.items() if k != v}))
     combos = keys.unique(maintain_order=True)
     salts = [key64(json.dumps(list(zip(cols, row, strict=True)))) for row in combos.iter_rows()]

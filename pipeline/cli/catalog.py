@@ -241,7 +241,7 @@ def catalog_import_hf(config_json: str, name: str | None, hf_id: str, out: str |
 
 #: The files ``catalog schema`` describes (pipeline/tomlschema.py, EDITOR_SCHEMAS; a test keeps
 #: the two lists equal, so ``--help`` needs no pydantic).
-SCHEMA_KINDS = ("fleet", "hardware", "model", "mapping", "prices", "project")
+SCHEMA_KINDS = ("fleet", "pooled-fleet", "hardware", "model", "mapping", "prices", "project")
 
 
 @catalog.command("schema")
@@ -274,9 +274,10 @@ def catalog_resolve(names: tuple[str, ...], as_json: bool) -> None:
     Example: rooftrace catalog resolve hosted_vllm/meta-llama/Llama-3.1-70B-Instruct my-deployment
     """
     from pipeline.catalog.names import resolve_model_names
+    from pipeline.project import find_project
     from pipeline.terminal import escape_controls
 
-    matches = run(lambda: resolve_model_names(names))
+    matches = run(lambda: resolve_model_names(names, aliases=find_project().models))
     found = [matches[n] for n in dict.fromkeys(names)]
     if as_json:
         keys = ("logged", "model", "how", "detail")

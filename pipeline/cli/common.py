@@ -145,7 +145,8 @@ def _json_failure(message: str, code: int) -> None:
 
 def run(fn: Callable[[], Any]) -> Any:
     """Call ``fn`` inside :func:`error_boundary`, with long replays reporting progress on stderr."""
-    from pipeline.limits import keep_ignored_sigint, progress_to
+    from pipeline.limits import progress_to
+    from pipeline.system import keep_ignored_sigint
 
     keep_ignored_sigint()  # a SIGINT the caller ignores stays ignored (polars' import installs a handler)
     with error_boundary(), progress_to(progress, live=_stderr_is_terminal()):

@@ -64,7 +64,7 @@ def fmt_s(x: float | None) -> str:
 def fmt_latency(x: float | None) -> str:
     """A table's latency: ms below 1 s, then pipeline.slo's readable durations (s, min, h, days),
     so an hours-long p99 reads '3.45 h', not '12428.63s'."""
-    from pipeline.slo import format_seconds
+    from pipeline.units import format_seconds
 
     if x is None:
         return "-"

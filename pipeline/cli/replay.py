@@ -23,7 +23,7 @@ from pipeline.cli.common import (
 def _ms(x: float | None) -> str:
     """A latency: ms below 10 s (the usual figures, one decimal), then as pipeline.slo words
     durations (s, min, h, days): an overloaded run's p99 is not '84,861,166.4 ms'."""
-    from pipeline.slo import format_seconds
+    from pipeline.units import format_seconds
 
     if x is None:
         return "n/a"
@@ -154,7 +154,8 @@ def replay_cmd(
     """
 
     from pipeline.replay import ReplayOptions, replay
-    from pipeline.slo import failures_line, format_seconds, overload_text, verdict_text
+    from pipeline.slo import failures_line, overload_text, verdict_text
+    from pipeline.units import format_seconds
 
     def body() -> Any:
         options = ReplayOptions(

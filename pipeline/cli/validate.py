@@ -43,10 +43,10 @@ def _prior_check(hardware: str | None) -> tuple[Any, Any, Any, Any]:
     same-die donors' scaled tables, whole steps), for one GPU when ``hardware`` is given."""
     import polars as pl
 
+    from pipeline.profile.heldout import heldout_steps
     from pipeline.profile.prior import (
         collective_donor_check,
         die_donor_check,
-        heldout_steps,
         leave_one_gpu_out,
         load_prior,
         measured_rows,

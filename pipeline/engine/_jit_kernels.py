@@ -23,7 +23,7 @@ import numba
 import numpy as np
 
 from pipeline.classify import prefix
-from pipeline.engine.jit import jit_cache_dir, kernel_stamp
+from pipeline.engine.jitcache import jit_cache_dir, kernel_stamp
 from pipeline.stepcost import row_kernel, span_kernels
 
 
@@ -31,7 +31,7 @@ def _drop_stale_cache() -> None:
     """numba's disk cache of this module is keyed on this file alone, but the loop inlines the
     step-cost kernels of pipeline/stepcost.py and the block hash of pipeline/classify/prefix.py:
     when they change, the cached machine code would keep the old ones. A stamp of their source
-    (jit.kernel_stamp) beside the cache detects it; the stale entries are removed so numba
+    (jitcache.kernel_stamp) beside the cache detects it; the stale entries are removed so numba
     compiles afresh (silently skipped where the package is installed read-only: an installed
     package's files do not change). The folder is made here when Python has not made it (it
     writes no bytecode under PYTHONDONTWRITEBYTECODE): a cache written without its stamp would

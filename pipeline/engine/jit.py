@@ -20,11 +20,9 @@ re-raised (docs/limits.md, "Resource limits").
 
 from __future__ import annotations
 
-import hashlib
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass, replace
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -48,39 +46,6 @@ CANCEL_WAIT_S = 2.0
 REPLICA_COL = list(SPAN_COLUMNS).index("replica")
 
 _ROUTER_CODES = {"round_robin": 0, "least_outstanding": 1, "session_affinity": 2, "prefix_affinity": 2}
-
-
-def jit_cache_dir(src: Path | None = None) -> Path:
-    """The folder numba caches the compiled loop of ``src`` (default: this package's
-    _jit_kernels.py) in: ``$NUMBA_CACHE_DIR`` (numba's own sub-path for the source's folder there)
-    when set, else the source's ``__pycache__``."""
-    src = src or Path(__file__).resolve().with_name("_jit_kernels.py")
-    try:
-        from numba.core import config
-        from numba.core.caching import _CacheLocator
-    except ImportError:  # pragma: no cover - numba is a runtime dependency
-        return src.parent / "__pycache__"
-    root = getattr(config, "CACHE_DIR", "")
-    if root:  # numba's _UserProvidedCacheLocator: CACHE_DIR / its sub-path for the source's folder
-        sub = str(_CacheLocator.get_suitable_cache_subpath(str(src)))  # type: ignore[no-untyped-call]
-        return Path(str(root)) / sub
-    return src.parent / "__pycache__"
-
-
-def kernel_stamp() -> str:
-    """Digest of the sources the compiled loop inlines from other modules (pipeline/stepcost.py and
-    the block hash of pipeline/classify/prefix.py): numba's disk cache of _jit_kernels.py is keyed
-    on that file alone, so a stamp named by this digest sits beside the cache (_jit_kernels drops
-    the cache when it is missing; pipeline.limits reads it to know whether a compile is ahead)."""
-    import inspect
-    from pathlib import Path
-
-    from pipeline import stepcost
-    from pipeline.classify import prefix
-
-    source = Path(stepcost.__file__).read_bytes()
-    source += "".join(inspect.getsource(f) for f in (prefix._mix, prefix._block_hash)).encode()
-    return hashlib.sha256(source).hexdigest()[:16]
 
 
 def _tables(cost: StepCostFn, spec: FleetSpec) -> TabulatedCost | None:

@@ -30,6 +30,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
+from pipeline import system
 from pipeline.engine import jit
 from pipeline.engine.jit import (
     REPLICA_COL,
@@ -46,6 +47,7 @@ from pipeline.engine.steplog import SPAN_COLUMNS, RowSink
 from pipeline.errors import ConfigError, RooftraceError
 from pipeline.stepcost import TabulatedCost
 from pipeline.steps import StepCostFn
+from pipeline.units import format_bytes
 
 IntArray = npt.NDArray[np.int64]
 #: Request rows (int32 when a day's count fits, else int64) and routes within a pod (int32).
@@ -309,9 +311,7 @@ def _cut_hierarchical(work: Workload, spec: FleetSpec, pod_ranks: int, balancer:
 
 def run_pod(pod: Pod, cost: TabulatedCost, want_log: bool) -> tuple[EngineResult, npt.NDArray[np.float64]]:
     """Replay one pod (in any process): its results and its step log's rows."""
-    from pipeline.limits import keep_malloc_threshold
-
-    keep_malloc_threshold()  # (a worker process's pods, one after another)
+    system.keep_malloc_threshold()  # (a worker process's pods, one after another)
     log = _Capture() if want_log else None
     res = simulate_jit(pod.work, pod.spec, cost, log, routes=pod.routes)
     return res, log.rows if log is not None else np.zeros((0, len(SPAN_COLUMNS)))
@@ -371,9 +371,7 @@ def sharded_results(
     results (replicas numbered in the fleet), as the pod ends; its step log goes to ``log``."""
     if executor not in EXECUTORS:
         raise ConfigError(f"executor {executor!r} unknown; choose one of {list(EXECUTORS)}")
-    from pipeline.limits import keep_malloc_threshold
-
-    keep_malloc_threshold()  # pods' arrays go back to the system when freed
+    system.keep_malloc_threshold()  # pods' arrays go back to the system when freed
     shards = _cut_hierarchical(work, spec, pod_ranks, pod_balancer) if pod_ranks > 0 else _cut_pods(work, spec, pods)
     # each pod allocates its own engine state: the largest pod must fit, not the whole fleet
     # (the replicas of a pod that receive requests: jit.busy_fleet)
@@ -487,13 +485,11 @@ def check_ray_address_space(address: str | None) -> None:
     register with the raylet and the replay waited forever."""
     if not _starts_local_ray(address):
         return  # a cluster's workers run under the cluster's limits
-    from pipeline.limits import address_space_limit, format_bytes, physical_memory, virtual_size
-
-    space = address_space_limit()
+    space = system.address_space_limit()
     if space is None:
         return
-    store = min(int(physical_memory() * RAY_OBJECT_STORE_SHARE), ray_store_cap())
-    mapped = virtual_size()
+    store = min(int(system.physical_memory() * RAY_OBJECT_STORE_SHARE), ray_store_cap())
+    mapped = system.virtual_size()
     need = store + max(RAY_WORKER_BYTES, mapped)
     if need <= space:
         return

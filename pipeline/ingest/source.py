@@ -24,7 +24,7 @@ import zstandard
 
 from pipeline.errors import RooftraceError
 from pipeline.ingest.formats import SNIFFED
-from pipeline.schemas import not_regular
+from pipeline.system import not_regular
 
 #: Lines per batch in streaming readers: bounds memory (a batch of OpenAI JSON lines is ~30 MB).
 BATCH_LINES = 100_000

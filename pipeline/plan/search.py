@@ -278,7 +278,7 @@ def replay_period(run: ReplayRun, cols: dict[str, npt.NDArray[np.float64]] | Non
 def overload_note(ev: Evaluation) -> str:
     """Why a replay that did not keep up fails, in `cost`'s words (Period.unit_costs_note)."""
     what = "OVERLOADED" if ev.period.get("overloaded") else "falls behind"
-    from pipeline.slo import format_seconds
+    from pipeline.units import format_seconds
 
     if ev.period.get("period_basis") != PERIOD_MAKESPAN:  # a peak backlog that drained before the last arrival
         return (

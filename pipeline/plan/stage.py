@@ -17,6 +17,7 @@ import numpy as np
 import polars as pl
 import pyarrow as pa
 
+from pipeline import system
 from pipeline.catalog import HardwareSpec, load_hardware, load_model, weight_format
 from pipeline.classify.accounting import day_identity
 from pipeline.cost import (
@@ -26,13 +27,20 @@ from pipeline.cost import (
     load_prices,
     traffic_period_s,
 )
-from pipeline.defaults import DEFAULT_MAX_REPLICAS, DEFAULT_WARMUP_S, DEFAULT_WINDOW_S, plan_default_hardware
+from pipeline.defaults import (
+    DEFAULT_MAX_REPLICAS,
+    DEFAULT_WARMUP_S,
+    DEFAULT_WINDOW_S,
+    MAX_MEMORY_ENV,
+    plan_default_hardware,
+)
 from pipeline.errors import ConfigError, RooftraceError
 from pipeline.fleet import MAX_ENGINES, FleetConfig, load_fleet, parse_fleet
+from pipeline.limits import LOG_ROW_BYTES, REQUEST_BYTES, ROWS_PER_REQUEST, current_limits
 from pipeline.plan.executors import run_local, run_ray
 from pipeline.plan.search import Candidate, CandidateResult, Task, candidate_ep, skip_reason
 from pipeline.plan.window import Window, select_window
-from pipeline.project import default_fleet_path
+from pipeline.project import default_fleet_path, find_project
 from pipeline.schemas import atomic_write_bytes, load_schema, write_parquet
 from pipeline.slo import (
     Slo,
@@ -42,6 +50,7 @@ from pipeline.slo import (
     traffic_span,
 )
 from pipeline.store import SAFE_ID_RE, Store
+from pipeline.units import format_bytes
 
 #: Largest --tp tried: a bound against an absurd catalog ``gpus_per_node`` (the plan tables
 #: store tp in 4 bytes; tensor parallelism spans one node, roofline.Deployment).
@@ -232,12 +241,13 @@ def traffic_rows(
     logged = [(str(m), int(n)) for m, n in counts.iter_rows()]
     if traffic_model == "*":
         return every, dict(logged)
-    names = resolve_model_names(m for m, _ in logged)
+    aliases = find_project().models
+    names = resolve_model_names((m for m, _ in logged), aliases=aliases)
     if traffic_model is None:
         target: str | None = load_model(model).name
         keep = {m for m, _ in logged if m == "unknown" or names[m].model == target}
     else:
-        target = resolve_model_names([traffic_model])[traffic_model].model
+        target = resolve_model_names([traffic_model], aliases=aliases)[traffic_model].model
         keep = {m for m, _ in logged if m == traffic_model or (target is not None and names[m].model == target)}
     req = every.filter(pl.col("model").is_in(sorted(keep)))
     if req.height == 0:
@@ -368,8 +378,6 @@ def worker_bytes(window_requests: int) -> int:
     """Estimated peak of one local worker searching configurations on a window of
     ``window_requests`` requests: :data:`WORKER_BYTES` plus the replay estimate's own per-request
     bytes (pipeline/limits.py: the request arrays and tables, and the jit engine's step log)."""
-    from pipeline.limits import LOG_ROW_BYTES, REQUEST_BYTES, ROWS_PER_REQUEST
-
     return WORKER_BYTES + window_requests * (REQUEST_BYTES + ROWS_PER_REQUEST["jit"] * LOG_ROW_BYTES)
 
 
@@ -379,16 +387,13 @@ def local_jobs(requested: int | None, configurations: int, window_requests: int)
     (``$ROOFTRACE_MAX_MEMORY``, else half the physical memory: every worker checks its replays
     against the limit alone, so the limit is shared out here). Returns the count and, when the
     memory limit lowered it, a note saying so."""
-    from pipeline.defaults import MAX_MEMORY_ENV
-    from pipeline.limits import current_limits, format_bytes, process_rss
-
     cpus = os.cpu_count() or 1
     jobs = min(requested or cpus, max(configurations, 1))
     limits = current_limits()
     if jobs <= 1 or limits.max_memory is None:
         return jobs, None
     each = worker_bytes(window_requests)
-    fits = max(1, (limits.max_memory - process_rss()) // each)
+    fits = max(1, (limits.max_memory - system.process_rss()) // each)
     if fits >= jobs:
         return jobs, None
     asked = f"--jobs {requested}" if requested else f"--jobs (default: {cpus} CPUs)"

@@ -40,7 +40,7 @@ from typing import Any
 import numpy as np
 
 from pipeline.errors import ConfigError
-from pipeline.profile.tables import Profile, is_catalog_device, profile_for
+from pipeline.profile.tables import MOE_DISTRIBUTIONS, Profile, is_catalog_device, profile_for
 from pipeline.roofline import (
     LOGIT_OPS,
     Deployment,
@@ -62,8 +62,6 @@ from pipeline.steps import FloatArray, StepBatch
 HOST_STEP_S = 250e-6
 #: vLLM's custom all-reduce buffer (CustomAllreduce max_size, 8 MiB): messages of that size or larger use NCCL.
 CUSTOM_AR_MAX_BYTES = 8 * 1024 * 1024
-#: Routing distributions of the fused-MoE tables, preferred first: real routing is skewed.
-MOE_DISTRIBUTIONS = ("power_law_1.01", "balanced", "power_law_1.2")
 #: vLLM's CUDA-graph capture sizes are capped here (CompilationConfig, max_cudagraph_capture_size).
 MAX_CAPTURE = 512
 #: Tables measured in one 16-bit format price the other: FP16 and BF16 run the same tensor-core

@@ -30,26 +30,26 @@ values per check and token range (1–127 and 128+ tokens, the decode and prefil
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import polars as pl
 
+from pipeline.catalog import load_hardware, load_model
 from pipeline.profile.attention import decode_time, prefill_time, step_attention
+from pipeline.profile.cost import gemm_shapes, measured_cost, step_cost_for
 from pipeline.profile.mixed import composed_attention
+from pipeline.profile.prior import Prior, PriorCurve, die_donor, fit_without, fitted_scalars, prior_profile
 from pipeline.profile.sources import Measurements
-from pipeline.profile.tables import Profile, ProfileMeta
+from pipeline.profile.tables import Profile, frames_profile, load_profile
+from pipeline.roofline import Deployment
+from pipeline.steps import StepBatch
 
 #: The accuracy targets of the measured tier (median and p90 absolute error per held-out table).
 TARGET_MEDIAN = 0.05
 TARGET_P90 = 0.15
-
-
-def _profile(gpu: str, frames: dict[str, pl.DataFrame]) -> Profile:
-    meta = ProfileMeta(gpu, {}, (), {k: v.height for k, v in frames.items()}, {}, {}, {}, "")
-    return Profile(meta, frames)
 
 
 def _rows(
@@ -93,7 +93,7 @@ def _judge_gemm(meas: Measurements, gpu: str) -> list[pl.DataFrame]:
     if g.height == 0:  # no GEMM table on this GPU (collectives only, or every row left out)
         return out
     # the rows a profile ships (pipeline/profile/build.py select_rows): judge what the replay reads
-    from pipeline.profile.build import _most_rows, gemm_rows, partial_gemm_dtypes
+    from pipeline.profile.select import _most_rows, gemm_rows, partial_gemm_dtypes
 
     aic = _most_rows(gemm_rows(g.filter(pl.col("set") == "aiconfigurator")), ["dtype"])
     aic = aic.filter(~pl.col("dtype").is_in(partial_gemm_dtypes(aic)))
@@ -107,7 +107,7 @@ def _judge_gemm(meas: Measurements, gpu: str) -> list[pl.DataFrame]:
         judged = sub.filter(pl.col("n").is_in(n_odd) & pl.col("k").is_in(k_odd))
         if train.height == 0 or judged.height == 0:
             continue
-        prof = _profile(gpu, {"gemm": train})
+        prof = frames_profile(gpu, {"gemm": train})
         preds = np.empty(judged.height)
         shapes: list[str] = []
         idx = 0
@@ -132,7 +132,7 @@ def _judge_gemm(meas: Measurements, gpu: str) -> list[pl.DataFrame]:
         if dtype == "bf16":
             other = g.filter((pl.col("set") == "llmservingsim") & (pl.col("dtype") == "bf16"))
             if other.height:
-                full = _profile(gpu, {"gemm": sub})
+                full = frames_profile(gpu, {"gemm": sub})
                 preds2 = np.concatenate(
                     [
                         full.gemm_time("bf16", n, k, part["m"].to_numpy().astype(np.float64))
@@ -167,7 +167,7 @@ def _attn_predict(prof: Profile, fam: str, part: pl.DataFrame, kv: str, nq: int,
 
 
 def _judge_attention(meas: Measurements, gpu: str) -> list[pl.DataFrame]:
-    from pipeline.profile.build import _most_rows
+    from pipeline.profile.select import _most_rows
 
     out: list[pl.DataFrame] = []
     for fam, label, size in (("attn_decode", "decode attention", "ctx"), ("attn_prefill", "prefill attention", "isl")):
@@ -184,7 +184,7 @@ def _judge_attention(meas: Measurements, gpu: str) -> list[pl.DataFrame]:
             judged = sub.filter(pl.col("nq").is_in(q_odd))
             if judged.height == 0:
                 continue
-            prof = _profile(gpu, {fam: train})
+            prof = frames_profile(gpu, {fam: train})
             parts, preds = [], []
             for (nq,), part in judged.group_by(["nq"], maintain_order=True):
                 p = _attn_predict(prof, fam, part, str(kv), int(nq), int(nkv), int(d))
@@ -208,7 +208,7 @@ def _judge_attention(meas: Measurements, gpu: str) -> list[pl.DataFrame]:
             )
         other = a.filter(pl.col("set") == "llmservingsim") if a.height else a
         if other.height and aic.height:
-            prof = _profile(gpu, {fam: aic})
+            prof = frames_profile(gpu, {fam: aic})
             parts, preds = [], []
             for (kv, nq, nkv, d), part in other.group_by(["kv_dtype", "nq", "nkv", "d"], maintain_order=True):
                 p = _attn_predict(prof, fam, part, str(kv), int(nq), int(nkv), int(d))
@@ -269,7 +269,8 @@ def _judge_mixed_ratio(meas: Measurements, gpu: str, main: Profile, main_src: st
     contexts (every other kv_decode value of a model's grid built from the rest), whole models
     (a model's rows from the other models' grid), and as deployed (the GPU's main pure tables,
     parts summed, times the model's own grid, against the measured mixed batches)."""
-    from pipeline.profile.mixed import mixed_ratio_rows, ratio_grid
+    from pipeline.profile.mixed import ratio_grid
+    from pipeline.profile.select import mixed_ratio_rows
 
     rows = mixed_ratio_rows(meas.get("attn_mixed"), meas.get("attn_decode"), meas.get("attn_prefill"))
     if rows.height == 0:
@@ -343,7 +344,7 @@ TILE_CANDIDATES = (0.0, 8.0, 16.0, 24.0, 32.0, 48.0, 64.0, 96.0, 128.0)
 
 
 def _pure_attention_profile(meas: Measurements, gpu: str) -> tuple[Profile, str]:
-    from pipeline.profile.build import _most_rows
+    from pipeline.profile.select import _most_rows
 
     dec, pre = meas.get("attn_decode"), meas.get("attn_prefill")
     use_aic = dec.height > 0 and dec.filter(pl.col("set") == "aiconfigurator").height > 0
@@ -353,7 +354,7 @@ def _pure_attention_profile(meas: Measurements, gpu: str) -> tuple[Profile, str]
     if use_aic:
         dec = _most_rows(dec, ["kv_dtype"])
         pre = _most_rows(pre, ["kv_dtype"])
-    return _profile(gpu, {"attn_decode": dec, "attn_prefill": pre}), src
+    return frames_profile(gpu, {"attn_decode": dec, "attn_prefill": pre}), src
 
 
 def _mixed_predict(prof: Profile, rows: pl.DataFrame, tile: float) -> tuple[np.ndarray, pl.DataFrame | None]:
@@ -394,7 +395,7 @@ def _judge_1d(meas: Measurements, gpu: str) -> list[pl.DataFrame]:
             judged = sub.filter(pl.col("bytes").is_in(odd))
             if judged.height == 0:
                 continue
-            c = _profile(gpu, {"allreduce": train}).allreduce_curve(str(backend), int(gpus))
+            c = frames_profile(gpu, {"allreduce": train}).allreduce_curve(str(backend), int(gpus))
             if c is None or c.x.size == 0:
                 continue
             parts.append(judged)
@@ -416,7 +417,7 @@ def _judge_1d(meas: Measurements, gpu: str) -> list[pl.DataFrame]:
             )
     moe = meas.get("moe")
     if moe.height:
-        from pipeline.profile.build import moe_rows
+        from pipeline.profile.select import moe_rows
 
         moe = moe_rows(moe)  # the rows a profile ships
         parts, preds, shapes = [], [], []
@@ -428,7 +429,7 @@ def _judge_1d(meas: Measurements, gpu: str) -> list[pl.DataFrame]:
             if judged.height == 0 or train.height < 2:
                 continue
             dtype, dist, mtp, mep, h, inter, topk, experts = key
-            got = _profile(gpu, {"moe": train}).moe_time(
+            got = frames_profile(gpu, {"moe": train}).moe_time(
                 str(dtype),
                 str(dist),
                 int(mtp),
@@ -621,10 +622,10 @@ def judge_all(
         errors = judge(meas, gpu)
         vidur = measurements / "vidur-profiling"
         if vidur.is_dir():
-            from pipeline.profile.build import select_rows
+            from pipeline.profile.select import select_rows
 
             rows, _ = select_rows(meas, gpu)
-            extra = judge_vidur(vidur, _profile(gpu, rows))
+            extra = judge_vidur(vidur, frames_profile(gpu, rows))
             if extra.height:
                 errors = pl.concat([errors, extra]) if errors.height else extra
         if errors.height:
@@ -702,3 +703,92 @@ def judge_vidur(root: Path, prof: Profile) -> pl.DataFrame:
         [f"{a} {b}" for a, b in zip(frame["model"].to_list(), frame["op"].to_list(), strict=True)],
         f"every AIConfigurator bf16 GEMM of the GPU ({n_bf16:,} rows)",
     )
+
+
+# ---------------------------------------------------------------------------- whole steps, held out
+
+
+#: Deployments and engine steps of the step-level check: (model, tp) in bf16, and steps as the six
+#: StepBatch fields (prefill tokens, prefill sequences, causal pairs, prefill KV tokens, decode
+#: sequences, decode context tokens).
+STEP_CHECK_MODELS = (
+    ("llama-3.1-8b", 1),
+    ("qwen3-32b", 1),
+    ("qwen3-30b-a3b", 1),
+    ("llama-3.1-70b", 4),  # collectives: the donor's curves where the GPU has one, else the link
+    ("qwen3-30b-a3b", 2),  # a sharded expert layer (moe_tp = 2)
+)
+
+
+def _step_check_batch() -> tuple[list[str], Any]:
+    rows: list[tuple[str, tuple[float, ...]]] = []
+    for b in (1, 8, 32, 128, 256):
+        rows.append((f"decode {b} x 2,048 ctx", (0, 0, 0, 0, b, b * 2048)))
+    for c in (128, 512, 2048, 8192):
+        rows.append((f"prefill {c:,}", (c, 1, c * (c + 1) / 2, c, 0, 0)))
+    rows.append(
+        ("prefill 2,048 at 2,048 + 64 decodes x 4,096", (2048, 1, 2048 * 2048 + 2048 * 2049 / 2, 4096, 64, 64 * 4096))
+    )
+    a = np.array([r[1] for r in rows], dtype=np.float64)
+    return [r[0] for r in rows], StepBatch(*(np.ascontiguousarray(a[:, j]) for j in range(6)))
+
+
+def heldout_steps(
+    rows: Mapping[str, Mapping[str, pl.DataFrame]],
+    used: Iterable[str] | None = None,
+    only: str | None = None,
+    fits: dict[str, dict[str, PriorCurve]] | None = None,
+) -> pl.DataFrame:
+    """Whole engine steps on each measured GPU, priced four ways: by its measured profile, by a
+    prior fitted on the OTHER GPUs' rows (``used``: the families it may use; default all), by
+    that prior with a same-die donor's tables scaled in front (``donor_ms``; null where the GPU
+    has no donor among the others: :func:`die_donor`), and by the plain roofline — what an
+    unmeasured GPU's replay would be off by, step by step."""
+    names, batch = _step_check_batch()
+    out: list[dict[str, Any]] = []
+    for gpu in sorted(rows):
+        prof = load_profile(gpu)
+        if prof is None or (only is not None and gpu != only):
+            continue
+        others = {g: v for g, v in rows.items() if g != gpu}
+        curves = fit_without(rows, gpu, fits)
+        allowed = set(used) if used is not None else set(curves)
+        prior = Prior(curves, fitted_scalars(others), {}, {}, frozenset(allowed & set(curves)))
+        hw = load_hardware(gpu)
+        donor = die_donor(hw)
+        for model, tp in STEP_CHECK_MODELS:
+            dep = Deployment(load_model(model), hw, tp=tp)
+            meas = measured_cost(dep, prof, 8192, 256)(batch).time_s
+            pri = measured_cost(
+                dep, prior_profile(hw, dep, prior, gemm_shapes(dep), use_donor=False), 8192, 256, tier="prior"
+            )(batch).time_s
+            don = (
+                measured_cost(dep, prior_profile(hw, dep, prior, gemm_shapes(dep)), 8192, 256, tier="prior")(
+                    batch
+                ).time_s
+                if donor is not None
+                else np.full(len(names), np.nan)
+            )
+            roof = step_cost_for(dep, "roofline", 8192, 256)(batch).time_s
+            for i, name in enumerate(names):
+                out.append(
+                    {
+                        "gpu": gpu,
+                        "model": model,
+                        "tp": tp,
+                        "step": name,
+                        "measured_ms": float(meas[i]) * 1e3,
+                        "prior_ms": float(pri[i]) * 1e3,
+                        "donor": donor[0] if donor is not None else None,
+                        "donor_ms": float(don[i]) * 1e3 if donor is not None else None,
+                        "roofline_ms": float(roof[i]) * 1e3,
+                    }
+                )
+    frame = pl.DataFrame(out, infer_schema_length=None)
+    if frame.height:
+        frame = frame.with_columns(
+            (pl.col("prior_ms") / pl.col("measured_ms") - 1).alias("prior_error"),
+            (pl.col("roofline_ms") / pl.col("measured_ms") - 1).alias("roofline_error"),
+            (pl.col("donor_ms") / pl.col("measured_ms") - 1).alias("donor_error"),
+        )
+    return frame

@@ -106,32 +106,10 @@ def composed_attention(
     return step_attention(gd, gp, ps, c, c * o + c * (c + 1) / 2, nd, nd * kd, tile)
 
 
-def mixed_ratio_rows(mixed: pl.DataFrame, decode: pl.DataFrame, prefill: pl.DataFrame) -> pl.DataFrame:
-    """Mixed rows (chunk > 0) with ``base_s`` — the sum of the same source's pure prefill (at the
-    step's causal pairs) and pure decode (batch, context) — and ``ratio`` = time / base. The pure
-    rows must be the same set's (``source`` joins them: one LLMServingSim bundle)."""
-    from pipeline.profile.heldout import _profile
-
-    parts = []
-    for (gpu, source), part in mixed.filter(pl.col("chunk") > 0).group_by(["gpu", "source"], maintain_order=True):
-        d = decode.filter((pl.col("gpu") == gpu) & (pl.col("source") == source))
-        p = prefill.filter((pl.col("gpu") == gpu) & (pl.col("source") == source))
-        if d.height == 0 or p.height == 0:
-            continue
-        prof = _profile(str(gpu), {"attn_decode": d, "attn_prefill": p})
-        base = composed_attention(prof, part, every_row_prefills=True)
-        if base is None:
-            continue
-        parts.append(part.with_columns(base_s=pl.Series(base), ratio=pl.col("time_s") / pl.Series(base)))
-    if not parts:
-        return pl.DataFrame()
-    return pl.concat(parts)
-
-
 def ratio_grid(rows: pl.DataFrame) -> RatioGrid | None:
-    """The grid of mean log ratios over ``rows`` (mixed_ratio_rows output; several models or TP
-    shards average in log space), holes filled between measured cells, then from the nearest
-    (the module's docstring)."""
+    """The grid of mean log ratios over ``rows`` (the output of pipeline/profile/select.py's
+    mixed_ratio_rows; several models or TP shards average in log space), holes filled between
+    measured cells, then from the nearest (the module's docstring)."""
     if rows.height == 0:
         return None
     f = rows.with_columns(pl.when(pl.col("n_decode") == 0).then(0).otherwise(pl.col("kv_decode")).alias("kv_decode"))

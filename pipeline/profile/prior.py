@@ -59,7 +59,15 @@ import polars as pl
 from pipeline.catalog import HardwareSpec, load_hardware
 from pipeline.errors import ConfigError
 from pipeline.profile.interp import FloatArray
-from pipeline.profile.tables import PROFILES_DIR, Profile, ProfileMeta, list_profiles, load_profile, load_profile_dir
+from pipeline.profile.tables import (
+    MOE_DISTRIBUTIONS,
+    PROFILES_DIR,
+    Profile,
+    ProfileMeta,
+    list_profiles,
+    load_profile,
+    load_profile_dir,
+)
 from pipeline.tomlfile import read_toml
 
 #: An array of sizes, or one size.
@@ -957,8 +965,6 @@ def prior_profile(
     GPU shares ``hw``'s die (:func:`die_donor`; not with ``use_donor=False``), its measured
     tables scaled to ``hw`` (:func:`donor_times`) come first, in every dtype and routing it
     measured; the prior's curves fill what they do not cover."""
-    from pipeline.profile.cost import MOE_DISTRIBUTIONS
-
     m = dep.model
     donor = die_donor(hw) if use_donor else None
     donor_hw = load_hardware(donor[0]) if donor is not None else None
@@ -1099,97 +1105,3 @@ def prior_profile(
         licence="",
     )
     return Profile(meta, frames)
-
-
-# ---------------------------------------------------------------------------- whole steps, held out
-
-#: Deployments and engine steps of the step-level check: (model, tp) in bf16, and steps as the six
-#: StepBatch fields (prefill tokens, prefill sequences, causal pairs, prefill KV tokens, decode
-#: sequences, decode context tokens).
-STEP_CHECK_MODELS = (
-    ("llama-3.1-8b", 1),
-    ("qwen3-32b", 1),
-    ("qwen3-30b-a3b", 1),
-    ("llama-3.1-70b", 4),  # collectives: the donor's curves where the GPU has one, else the link
-    ("qwen3-30b-a3b", 2),  # a sharded expert layer (moe_tp = 2)
-)
-
-
-def _step_check_batch() -> tuple[list[str], Any]:
-    from pipeline.steps import StepBatch
-
-    rows: list[tuple[str, tuple[float, ...]]] = []
-    for b in (1, 8, 32, 128, 256):
-        rows.append((f"decode {b} x 2,048 ctx", (0, 0, 0, 0, b, b * 2048)))
-    for c in (128, 512, 2048, 8192):
-        rows.append((f"prefill {c:,}", (c, 1, c * (c + 1) / 2, c, 0, 0)))
-    rows.append(
-        ("prefill 2,048 at 2,048 + 64 decodes x 4,096", (2048, 1, 2048 * 2048 + 2048 * 2049 / 2, 4096, 64, 64 * 4096))
-    )
-    a = np.array([r[1] for r in rows], dtype=np.float64)
-    return [r[0] for r in rows], StepBatch(*(np.ascontiguousarray(a[:, j]) for j in range(6)))
-
-
-def heldout_steps(
-    rows: Mapping[str, Mapping[str, pl.DataFrame]],
-    used: Iterable[str] | None = None,
-    only: str | None = None,
-    fits: dict[str, dict[str, PriorCurve]] | None = None,
-) -> pl.DataFrame:
-    """Whole engine steps on each measured GPU, priced four ways: by its measured profile, by a
-    prior fitted on the OTHER GPUs' rows (``used``: the families it may use; default all), by
-    that prior with a same-die donor's tables scaled in front (``donor_ms``; null where the GPU
-    has no donor among the others: :func:`die_donor`), and by the plain roofline — what an
-    unmeasured GPU's replay would be off by, step by step."""
-    from pipeline.catalog import load_model
-    from pipeline.profile.cost import gemm_shapes, measured_cost, step_cost_for
-    from pipeline.roofline import Deployment
-
-    names, batch = _step_check_batch()
-    out: list[dict[str, Any]] = []
-    for gpu in sorted(rows):
-        prof = load_profile(gpu)
-        if prof is None or (only is not None and gpu != only):
-            continue
-        others = {g: v for g, v in rows.items() if g != gpu}
-        curves = fit_without(rows, gpu, fits)
-        allowed = set(used) if used is not None else set(curves)
-        prior = Prior(curves, fitted_scalars(others), {}, {}, frozenset(allowed & set(curves)))
-        hw = load_hardware(gpu)
-        donor = die_donor(hw)
-        for model, tp in STEP_CHECK_MODELS:
-            dep = Deployment(load_model(model), hw, tp=tp)
-            meas = measured_cost(dep, prof, 8192, 256)(batch).time_s
-            pri = measured_cost(
-                dep, prior_profile(hw, dep, prior, gemm_shapes(dep), use_donor=False), 8192, 256, tier="prior"
-            )(batch).time_s
-            don = (
-                measured_cost(dep, prior_profile(hw, dep, prior, gemm_shapes(dep)), 8192, 256, tier="prior")(
-                    batch
-                ).time_s
-                if donor is not None
-                else np.full(len(names), np.nan)
-            )
-            roof = step_cost_for(dep, "roofline", 8192, 256)(batch).time_s
-            for i, name in enumerate(names):
-                out.append(
-                    {
-                        "gpu": gpu,
-                        "model": model,
-                        "tp": tp,
-                        "step": name,
-                        "measured_ms": float(meas[i]) * 1e3,
-                        "prior_ms": float(pri[i]) * 1e3,
-                        "donor": donor[0] if donor is not None else None,
-                        "donor_ms": float(don[i]) * 1e3 if donor is not None else None,
-                        "roofline_ms": float(roof[i]) * 1e3,
-                    }
-                )
-    frame = pl.DataFrame(out, infer_schema_length=None)
-    if frame.height:
-        frame = frame.with_columns(
-            (pl.col("prior_ms") / pl.col("measured_ms") - 1).alias("prior_error"),
-            (pl.col("roofline_ms") / pl.col("measured_ms") - 1).alias("roofline_error"),
-            (pl.col("donor_ms") / pl.col("measured_ms") - 1).alias("donor_error"),
-        )
-    return frame

@@ -46,6 +46,8 @@ PROFILES_DIR = CATALOG_DIR / "profiles"
 #: (docs/validation.md) — and interpolating across the two paths misprices every GQA shape between.
 GQA_SEPARATE = frozenset({"attn_decode"})
 #: File per family in a profile folder.
+#: Routing distributions of the fused-MoE tables, preferred first: real routing is skewed.
+MOE_DISTRIBUTIONS = ("power_law_1.01", "balanced", "power_law_1.2")
 FAMILY_FILES = {
     "gemm": "gemm.parquet",
     "attn_decode": "attn_decode.parquet",
@@ -279,6 +281,13 @@ class Profile:
     def fitted(self, key: str, default: float) -> float:
         value = self.meta.fitted.get(key, default)
         return float(value) if isinstance(value, int | float) and math.isfinite(value) else default
+
+
+def frames_profile(gpu: str, frames: dict[str, pl.DataFrame]) -> Profile:
+    """A profile of ``gpu`` from rows in memory (no profile.toml): what the build and the
+    held-out checks interpolate before anything is written."""
+    meta = ProfileMeta(gpu, {}, (), {k: v.height for k, v in frames.items()}, {}, {}, {}, "")
+    return Profile(meta, frames)
 
 
 def profile_dir(gpu: str) -> Path:

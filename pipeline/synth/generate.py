@@ -29,10 +29,13 @@ import numpy as np
 import numpy.typing as npt
 import polars as pl
 
-from pipeline import defaults
+from pipeline import defaults, system
+from pipeline.defaults import MAX_MEMORY_ENV
 from pipeline.errors import ConfigError
 from pipeline.ingest.timeparse import anchor_us
+from pipeline.limits import ResourceLimitError, current_limits
 from pipeline.tomlfile import read_toml
+from pipeline.units import format_bytes
 
 _PROFILE = Path(__file__).with_name("profile.toml")
 
@@ -81,9 +84,7 @@ PIECE_BYTES = 96 * 1024**2
 
 def estimate_bytes(requests: int) -> int:
     """Peak memory of generating and writing ``requests`` requests, with the process's size now."""
-    from pipeline.limits import process_rss
-
-    return process_rss() + PIECE_BYTES + int(requests) * REQUEST_BYTES
+    return system.process_rss() + PIECE_BYTES + int(requests) * REQUEST_BYTES
 
 
 def check_memory(requests: int) -> None:
@@ -91,22 +92,12 @@ def check_memory(requests: int) -> None:
     (``--max-memory``, ``$ROOFTRACE_MAX_MEMORY``, else half the physical memory), or than the
     process's address-space limit (``ulimit -v``) leaves, before any of it is built: past either,
     polars or numpy aborts the process when an allocation fails."""
-    from pipeline.defaults import MAX_MEMORY_ENV
-    from pipeline.limits import (
-        ResourceLimitError,
-        address_space_limit,
-        current_limits,
-        format_bytes,
-        process_rss,
-        virtual_size,
-    )
-
     limits = current_limits()
     need = estimate_bytes(requests)
-    space = address_space_limit()
-    if space is not None and virtual_size() + need - process_rss() > space:
+    space = system.address_space_limit()
+    if space is not None and system.virtual_size() + need - system.process_rss() > space:
         # mapped beyond the resident size already, the log's memory would pass ``ulimit -v``
-        fits = (space - virtual_size() - PIECE_BYTES) // REQUEST_BYTES
+        fits = (space - system.virtual_size() - PIECE_BYTES) // REQUEST_BYTES
         fewer = f"write at most about {fits:,} requests per log (--requests), or " if fits >= 1 else ""
         raise ResourceLimitError(
             f"synth: {int(requests):,} requests would need about {format_bytes(need)} of memory, more than this "
