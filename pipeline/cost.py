@@ -119,7 +119,7 @@ def parse_price_table(data: Mapping[str, Any], origin: str, today: _dt.date | No
     """Validate one price TOML: its keys and value types (``PriceFile`` in pipeline/tomlschema.py),
     then the declared unit, dates, non-negative prices, a cached-input price no higher than the
     input price."""
-    from pipeline.tomlschema import PriceFile, check
+    from pipeline.tomlschema import PriceFile, check  # lazy: pydantic, loaded only when a file is read
 
     today = today or _dt.date.today()
     check(data, PriceFile, origin)

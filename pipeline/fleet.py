@@ -72,8 +72,10 @@ from pipeline.fit import (
     fit,
     parse_vllm_version,
 )
+from pipeline.profile.tables import list_profiles, no_profile_message, profile_for
 from pipeline.roofline import MAX_DP, Deployment
-from pipeline.stackcal import StackCalibration
+from pipeline.slo import parse_slo, slo_table_text
+from pipeline.stackcal import StackCalibration, check_applies, load_calibration_file, parse_calibration
 from pipeline.tomlfile import read_toml
 
 #: Routers that send a request by a key it carries (a session id, its first prefix block).
@@ -223,7 +225,7 @@ def _check(data: dict[str, Any], origin: str) -> None:
     """The keys and value types of a fleet (FleetFile in pipeline/tomlschema.py: its tables
     ``[engine]``, ``[calibration]`` and a run's ``stack_calibration`` too); one line naming
     ``origin``, the table and the key. pydantic is imported here, when a fleet is read."""
-    from pipeline.tomlschema import FleetFile, check
+    from pipeline.tomlschema import FleetFile, check  # lazy: pydantic, loaded only when a file is read
 
     check(data, FleetFile, origin)
 
@@ -232,8 +234,6 @@ def _parse_slo_table(raw: dict[str, Any] | str, where: str) -> str:
     """``[slo]``: ``preset = "chat"`` and/or targets ``ttft_p99 = 2.0`` (seconds), or ``slo =
     "chat,ttft_p99=1s"``, as the text ``--slo`` takes; checked by parsing it. Errors name the
     file and key, and echo values as the file wrote them (pipeline.slo.slo_table_text)."""
-    from pipeline.slo import parse_slo, slo_table_text
-
     if isinstance(raw, str):
         parse_slo(raw, where=f"{where.removesuffix(' [slo]')}: slo = {raw!r}")
         return raw
@@ -364,8 +364,6 @@ def parse_fleet(
 def _stack_calibration(data: dict[str, Any], origin: str, base_dir: Path | None) -> StackCalibration | None:
     """The fleet's ``calibration_file`` (read now, relative to ``base_dir``) or, in a run's
     recorded fleet, its ``stack_calibration`` values."""
-    from pipeline.stackcal import load_calibration_file, parse_calibration
-
     if "calibration_file" in data and "stack_calibration" in data:
         raise ConfigError(f"{origin}: calibration_file and stack_calibration both set: keep one")
     if "stack_calibration" in data:
@@ -406,12 +404,24 @@ def load_fleet(path: Path | str, *, check_profile: bool = True) -> FleetConfig:
     ``cost_model = "measured"`` names a GPU without a measured profile is refused here, naming the
     file, before any work (:func:`check_cost_model`); ``plan`` reads its base fleet without it,
     as it replaces the hardware and skips the candidates without a profile instead."""
-    cfg = parse_fleet(read_toml(path, "fleet file"), str(path), Path(path).parent)
-    check_calibration_tier(cfg, str(path))
+    data = read_toml(path, "fleet file")
+    if "pool" in data:
+        raise ConfigError(
+            f"{path}: a fleet of [[pool]] tables; this command takes a fleet of one pool (`rooftrace replay` "
+            "replays a fleet of pools; give this command one pool's fleet file)"
+        )
+    cfg = parse_fleet(data, str(path), Path(path).parent)
+    check_loaded_fleet(cfg, str(path), check_profile)
+    return cfg
+
+
+def check_loaded_fleet(cfg: FleetConfig, origin: str, check_profile: bool = True) -> None:
+    """The checks :func:`load_fleet` makes of a fleet read from a file (and of each pool of a
+    fleet of pools): its calibration's tier and GPU, and (``check_profile``) its cost model."""
+    check_calibration_tier(cfg, origin)
     check_stack_calibration(cfg)
     if check_profile:
-        check_cost_model(cfg, str(path))
-    return cfg
+        check_cost_model(cfg, origin)
 
 
 def check_stack_calibration(cfg: FleetConfig, hardware: str | None = None) -> None:
@@ -421,7 +431,6 @@ def check_stack_calibration(cfg: FleetConfig, hardware: str | None = None) -> No
     cal = cfg.stack_calibration
     if cal is None:
         return
-    from pipeline.stackcal import check_applies
 
     try:
         hw = load_hardware(hardware or cfg.hardware)
@@ -434,8 +443,6 @@ def expected_tier(cfg: FleetConfig, hw: Any) -> str | None:
     """The cost tier that will price ``cfg`` on ``hw`` where it is certain without building the
     tables (a measured profile under auto / measured, the roofline when asked for); None
     otherwise (the prior may fall back to the roofline for a model it cannot price)."""
-    from pipeline.profile.tables import profile_for
-
     if cfg.cost_model == "roofline" or (cfg.cost_model == "auto" and cfg.calibration is not None):
         return "roofline"
     if cfg.cost_model in ("auto", "measured") and profile_for(hw) is not None:
@@ -460,8 +467,6 @@ def missing_profile(hardware: str) -> tuple[str, list[str]] | None:
     """(the GPU's name, the profiles there are) when the hardware ``hardware`` (a catalog name or
     a TOML path) has no measured profile, else None; None too for hardware the catalog cannot
     load (:func:`resolve` names that error)."""
-    from pipeline.profile.tables import list_profiles, profile_for
-
     try:
         hw = load_hardware(hardware)
     except ConfigError:
@@ -476,8 +481,6 @@ def check_cost_model(cfg: FleetConfig, origin: str) -> None:
         return
     missing = missing_profile(cfg.hardware)
     if missing is not None:
-        from pipeline.profile.tables import no_profile_message
-
         raise ConfigError(f"{origin}: {no_profile_message(missing[0], load_hardware(cfg.hardware))}")
 
 

@@ -3,11 +3,11 @@
 ``replay(store, fleet_path, options)`` reads the columns of one date's canonical requests that
 the engine takes (REPLAY_COLUMNS), cuts their prefix chains from the date's prefix identity
 (pipeline.classify.prefix, the classify stage's model) at the fleet's block size when the fleet
-caches prefixes, runs the jit engine (pipeline.engine.jit) with the fleet's step-cost model —
-in pods when asked (pipeline.engine.shard), or the Python engine (pipeline.engine.fast) where
-the jit engine does not apply — and writes, as the engine produces them (RunSteps for the step
-log, pipeline.runrequests for the per-request side; the summary is computed from the written
-requests table)::
+caches prefixes, runs the replay engine (pipeline.engine.jit, the one production engine; the
+per-step reference, pipeline.engine.reference, is the tests' oracle) with the fleet's step-cost
+model — in pods when asked or when one engine's state would be large (pipeline.engine.shard) —
+and writes, as the engine produces them (RunSteps for the step log, pipeline.runrequests for
+the per-request side; the summary is computed from the written requests table)::
 
     STORE/runs/<run_id>/config.json       resolved fleet, engine settings, options, summary
     STORE/runs/<run_id>/requests.parquet  schema replay_requests
@@ -36,22 +36,34 @@ import numpy as np
 import numpy.typing as npt
 import polars as pl
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from pipeline import runrequests
+from pipeline.catalog import load_model
+from pipeline.catalog.names import resolve_model_names
 from pipeline.classify.accounting import classify_totals, day_identity, stored_isolation
 from pipeline.classify.prefix import DEFAULT_ISOLATION, ChainTree, PrefixIdentity, build_identity, key64
-from pipeline.engine.fast import simulate
-from pipeline.engine.jit import TooManyBusy, busy_fleet, simulate_jit, unsupported_reason
+from pipeline.engine.jit import simulate_jit
 from pipeline.engine.model import REJECT_REASONS, EngineResult, FleetSpec, Workload
 from pipeline.engine.shard import EXECUTORS, MAX_PODS, auto_pods, put_back, routes_static, sharded_results
 from pipeline.engine.steplog import SPAN_COLUMNS, RowSink, StepLog
 from pipeline.errors import ConfigError, RooftraceError
-from pipeline.fleet import FleetConfig, ResolvedFleet, load_fleet, resolve
+from pipeline.fleet import FleetConfig, ResolvedFleet, resolve
+from pipeline.limits import (
+    MAX_SIM_SPAN_S,
+    ResourceLimitError,
+    enforce,
+    engine_progress,
+    estimate_replay,
+    out_of_memory,
+    span_too_long,
+)
+from pipeline.pools import Pool, PooledFleet, load_fleet_file, offsets
 from pipeline.profile.cost import fleet_step_cost
 from pipeline.project import default_fleet_path, find_project
 from pipeline.runfolder import config_path, write_config
 from pipeline.runrequests import Columns, MemoryColumns, RunRequests, StoredColumns, run_writes
-from pipeline.schemas import ParquetStream
+from pipeline.schemas import ParquetStream, write_parquet
 from pipeline.slo import (
     MULTI_NODE,
     PERCENTILE_METHOD,
@@ -227,11 +239,13 @@ def build_workload(
     fleet: ResolvedFleet,
     options: ReplayOptions,
     identity: PrefixIdentity | None = None,
+    origin_us: int | None = None,
 ) -> Workload:
     """Engine arrays from canonical requests (sorted by arrival); prefix chains from ``identity``
     (the day's prefix identity, :func:`pipeline.classify.accounting.day_identity`) when given.
     ``requests`` in a one-item list is handed over: it is emptied and each column let go once
-    converted, so a long day is not held twice."""
+    converted, so a long day is not held twice. Time 0 is the first arrival, or ``origin_us``
+    (epoch µs, at or before it: a pool's requests on the whole fleet's clock)."""
     frame = requests.pop() if isinstance(requests, list) else requests
     del requests
     if frame.height == 0:
@@ -252,7 +266,8 @@ def build_workload(
         affinity = np.where(has, (first & _INT63).astype(np.int64), -1)
     arrival_us = epoch_us(frame.get_column("arrival"))
     frame = frame.drop("arrival")
-    arrival_s = np.subtract(arrival_us, arrival_us.min(), dtype=np.int64).astype(np.float64)
+    origin = arrival_us.min() if origin_us is None else min(int(origin_us), int(arrival_us.min()))
+    arrival_s = np.subtract(arrival_us, origin, dtype=np.int64).astype(np.float64)
     del arrival_us
     arrival_s /= 1e6
     arrival_s /= options.rate_scale
@@ -321,8 +336,6 @@ def check_replay_limits(
     with a one-line error (pipeline/limits.py; docs/limits.md, "Resource limits"). Returns the
     engine's progress callback: ``progress`` if given, else a stderr reporter for long runs when
     a command installed one (``limits.progress_to``). ``streamed``: the store-level replay."""
-    from pipeline.limits import enforce, engine_progress, estimate_replay
-
     check_warmup(options, requests.height)
     est = estimate_replay(
         requests,
@@ -365,8 +378,6 @@ def run_replay(
         work = build_workload(requests, fleet, options, identity)
         return run_workload(work, fleet, options, progress, steps)
     except MemoryError as exc:
-        from pipeline.limits import out_of_memory
-
         raise out_of_memory(
             exc, f"replaying {requests.height:,} requests on {fleet.size_text()}", mode=options.mode
         ) from None
@@ -411,7 +422,6 @@ def run_workload(
     pod_log: RowSink = steps if steps is not None else log
     t0 = time.perf_counter()
     result: EngineResult | None = None
-    reason = None if sharded else unsupported_reason(busy_fleet(work, spec).spec, cost)
     if sharded:  # in pods (hierarchical routing: one shard per routing pod)
         ranks = pod_size * (fleet.ranks // fleet.config.replicas) if hierarchical else 0
         args = (
@@ -435,17 +445,8 @@ def run_workload(
             else:
                 assert results is not None
                 results.add_pod(rows, sub)
-    elif reason is None:
-        try:
-            result = simulate_jit(work, spec, cost, log, progress)
-        except TooManyBusy:  # same semantics and results, Python speed
-            result = simulate(work, spec, cost, log, progress)
-    elif spec.lockstep > 1:
-        raise ConfigError(
-            f"fleet {fleet.config.name}: dp = {spec.lockstep} lockstep ranks need the jit engine, but {reason}"
-        )
-    else:  # same semantics and results, Python speed (docs/engine.md, "The jit engine")
-        result = simulate(work, spec, cost, log, progress)
+    else:
+        result = simulate_jit(work, spec, cost, log, progress)
     wall = time.perf_counter() - t0
     if steps is not None and log.n:  # one engine run: its whole log, as one part
         steps.add(log.columns())
@@ -608,8 +609,6 @@ class RunSteps:
 def _table_memory(exc: MemoryError, table: str, cols: dict[str, npt.NDArray[Any]], mode: str | None) -> Exception:
     """The one line for running out of memory while building ``table`` from the step-log rows
     ``cols``: how many replicas and simulated seconds (a row per replica per second) it holds."""
-    from pipeline.limits import out_of_memory
-
     replicas = int(np.unique(cols["replica"]).shape[0]) if cols["replica"].shape[0] else 0
     last = float(np.max(cols["end_s"])) if cols["end_s"].shape[0] else 0.0
     doing = (
@@ -641,8 +640,6 @@ def series_frames(
         )
     }
     if cols["end_s"].shape[0]:
-        from pipeline.limits import MAX_SIM_SPAN_S, ResourceLimitError, span_too_long
-
         last = float(cols["end_s"].max())
         if not last <= MAX_SIM_SPAN_S:  # NaN too: np.arange over it fails or fills the memory
             raise ResourceLimitError(span_too_long(last, "covers", mode))
@@ -943,22 +940,33 @@ class ReplayResult:
     summary: dict[str, Any]
 
 
+def _id_resolved(fleet: ResolvedFleet) -> dict[str, Any]:
+    """What of a resolved fleet a run id digests: all of it, a calibration by its numbers only
+    (not its prose: paths of the store that taught it)."""
+    resolved = fleet.to_dict()
+    cal = (resolved.get("fleet") or {}).get("stack_calibration")
+    if isinstance(cal, dict):
+        resolved["fleet"]["stack_calibration"] = {k: v for k, v in cal.items() if k != "source"}
+    return resolved
+
+
 def _run_id(
     date: str,
-    fleet: ResolvedFleet,
+    fleet: ResolvedFleet | tuple[str, Any],
     options: ReplayOptions,
     requests: pl.DataFrame,
     identity: PrefixIdentity | None,
     ids: ColumnReader,
 ) -> str:
-    """The run's id: the date, the fleet, what the options replay, and a digest of the replayed
-    columns (request ids from ``ids``, read a row group at a time, then the rest of
-    ``requests``) and of the prefix identity used."""
+    """The run's id: the date, the fleet (a resolved fleet, or a fleet of pools as its name and
+    what of it to digest), what the options replay, and a digest of the replayed columns
+    (request ids from ``ids``, read a row group at a time, then the rest of ``requests``) and of
+    the prefix identity used."""
     h = hashlib.sha256()
-    resolved = fleet.to_dict()
-    cal = (resolved.get("fleet") or {}).get("stack_calibration")
-    if isinstance(cal, dict):  # the calibration's numbers, not its prose (paths of the store that taught it)
-        resolved["fleet"]["stack_calibration"] = {k: v for k, v in cal.items() if k != "source"}
+    if isinstance(fleet, ResolvedFleet):
+        fleet_name, resolved = fleet.config.name, _id_resolved(fleet)
+    else:
+        fleet_name, resolved = fleet
     h.update(json.dumps(resolved, sort_keys=True, default=str).encode())
     how = {"slo", "pods", "executor", "ray_address"}  # how it ran, not what: not part of the id
     # the closed loop's client options only where set: a run without them keeps the id it had
@@ -975,7 +983,7 @@ def _run_id(
     if identity is not None:  # the prefix chains the caches see
         for part in (identity.key, identity.parent, identity.shared, identity.cached):
             h.update(np.ascontiguousarray(part).tobytes())
-    return f"{date}-{fleet.config.name}-{h.hexdigest()[:10]}"
+    return f"{date}-{fleet_name}-{h.hexdigest()[:10]}"
 
 
 @contextlib.contextmanager
@@ -1028,8 +1036,6 @@ def model_mix_warning(store: Store, date: str, fleet_model: str) -> str | None:
     Hugging Face id behind any provider prefix, an -Instruct or quantized copy, a [models] alias:
     pipeline/catalog/names.py) count as the fleet's. None also when the day names one model that
     resolves to no catalog model and never the fleet's (an API model's logs, sized on this fleet)."""
-    from pipeline.catalog import load_model
-    from pipeline.catalog.names import resolve_model_names
 
     counts = (
         pl.scan_parquet([str(p) for p in store.request_files(date)])
@@ -1087,7 +1093,9 @@ def replay(
     keep_ignored_sigint()
     options = options or ReplayOptions()
     path = Path(fleet_path) if fleet_path is not None else default_fleet_path()
-    base = load_fleet(path)
+    base = load_fleet_file(path)
+    if isinstance(base, PooledFleet):
+        return replay_pooled(store, path, base, options, progress)
     cfg = base.with_replicas(options.replicas)
     fleet = resolve(cfg, str(path))
     store.check_unlocked()  # another run writing the store: said now (and not "no requests yet")
@@ -1100,8 +1108,6 @@ def replay(
     try:
         return _replay(store, path, cfg, fleet, date, options, progress, doing)
     except MemoryError as exc:
-        from pipeline.limits import out_of_memory
-
         raise out_of_memory(exc, doing[0], mode=options.mode) from None
 
 
@@ -1209,3 +1215,228 @@ def _replay(
         results.abort()  # nothing left to drop once committed
         steps.abort()  # (and an emptied folder goes)
     return ReplayResult(run_id, run_dir, summary)
+
+
+# -- a fleet of pools ------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class _PoolRun:
+    """One pool's part of a pooled replay: the pool, its resolved fleet, the rows of the day it
+    served (positions in date order) and its engine run."""
+
+    pool: Pool
+    fleet: ResolvedFleet
+    rows: npt.NDArray[np.int64]
+    run: ReplayRun | None
+
+
+def _with_pool(table: pa.Table, pool: str, offset: int) -> pa.Table:
+    """A pool's table on the fleet's numbering: its replicas after the pools' before it, and a
+    ``pool`` column."""
+    i = table.schema.get_field_index("replica")
+    replica = pc.add(table.column(i), pa.scalar(int(offset), table.schema.field(i).type))
+    table = table.set_column(i, "replica", replica)
+    return table.append_column("pool", pa.array([pool] * table.num_rows, pa.string()))
+
+
+def pooled_resolved(pooled: PooledFleet, fleets: Sequence[ResolvedFleet]) -> dict[str, Any]:
+    """A pooled run's ``resolved`` record: the fleet of pools (``fleet``), and each pool's resolved
+    fleet with its name, role, rule and first replica number (``pools``)."""
+    first = offsets([f.ranks for f in fleets])
+    return {
+        "fleet": pooled.to_dict(),
+        "pools": [
+            {"pool": p.name, "role": p.role, "match": p.match.to_dict(), "first_replica": int(o), **f.to_dict()}
+            for p, f, o in zip(pooled.pools, fleets, first, strict=True)
+        ],
+        "gpus": sum(f.config.replicas * f.gpus_per_replica for f in fleets),
+    }
+
+
+def replay_pooled(
+    store: Store,
+    path: Path,
+    pooled: PooledFleet,
+    options: ReplayOptions,
+    progress: Callable[[str], None] | None = None,
+) -> ReplayResult:
+    """:func:`replay` of a fleet of pools: each request goes to the pool whose rule it matches
+    (PooledFleet.assign), each pool is replayed as a fleet of its own on the whole fleet's clock,
+    and one run is written whose tables carry the ``pool`` and number the replicas pool after
+    pool. Refused with one line: ``--replicas`` (a pool sets its own), the closed loop (its
+    clients would span pools) and a warm-up (closed loop only)."""
+    if options.replicas is not None:
+        raise ConfigError(f"--replicas: {path} is a fleet of pools; set replicas in each [[pool]] table")
+    if options.mode == "closed":
+        raise ConfigError(
+            f"{path}: a closed loop (--concurrency) over a fleet of pools is not modelled (its clients would "
+            "span pools); replay it open loop or --offline, or replay one pool's fleet closed loop"
+        )
+    fleets = [resolve(p.config, f"{path} [[pool]] {p.name!r}") for p in pooled.pools]
+    store.check_unlocked()
+    date = store.resolve_date(options.date)
+    store.check_writable(store.runs_dir)
+    options = replace(options, date=date)
+    doing = [f"reading the requests of {date}"]
+    try:
+        return _replay_pooled(store, path, pooled, fleets, date, options, progress, doing)
+    except MemoryError as exc:
+        raise out_of_memory(exc, doing[0], mode=options.mode) from None
+
+
+def _replay_pooled(
+    store: Store,
+    path: Path,
+    pooled: PooledFleet,
+    fleets: list[ResolvedFleet],
+    date: str,
+    options: ReplayOptions,
+    progress: Callable[[str], None] | None,
+    doing: list[str],
+) -> ReplayResult:
+    keys = {f.config.affinity_key() for f in fleets}
+    chains = any(f.scheduler.enable_prefix_caching for f in fleets) or "prefix_affinity" in keys
+    honour = options.cache_hits == "reported" and any(f.scheduler.enable_prefix_caching for f in fleets)
+    extra = [c for c in pooled.columns if c not in REPLAY_COLUMNS]
+    read = (
+        *REPLAY_COLUMNS,
+        *(["session_id"] if "session_affinity" in keys else []),
+        *([REPORTED] if honour else []),
+        *extra,
+    )
+    requests = store.read_requests(date, tuple(dict.fromkeys(read)), positions=True)
+    if REPORTED in requests.columns and requests.get_column(REPORTED).null_count() == requests.height:
+        requests = requests.drop(REPORTED)
+    check_warmup(options, requests.height)
+    request_id = ColumnReader(store, date, "request_id", requests.get_column("_position").to_numpy())
+    requests = requests.drop("_position")
+    which = pooled.assign(requests)
+    identity = None
+    if chains:
+        doing[0] = f"building the prefix chains of {requests.height:,} requests"
+        identity = day_identity(store, date, requests, progress)
+        options = replace(options, isolation=identity.isolation)
+    else:
+        options = replace(options, isolation=stored_isolation(store, date))
+    resolved = pooled_resolved(pooled, fleets)
+    run_id = _run_id(date, (pooled.name, resolved), options, requests, identity, request_id)
+    run_dir = store.run_dir(run_id)
+    t0_us = int(epoch_us(requests.get_column("arrival")).min())
+    first = offsets([f.ranks for f in fleets])
+    parts: list[_PoolRun] = []
+    tables: dict[str, list[pa.Table]] = {"requests": [], "steps": [], "series": []}
+    for k, (pool, fleet) in enumerate(zip(pooled.pools, fleets, strict=True)):
+        rows = np.flatnonzero(which == k).astype(np.int64)
+        if rows.size == 0:
+            parts.append(_PoolRun(pool, fleet, rows, None))
+            continue
+        sub = requests[rows]
+        what = f"{rows.size:,} requests of {date} on pool {pool.name} ({fleet.size_text()})"
+        if progress:
+            progress(f"replaying {what}")
+        doing[0] = f"replaying {what}"
+        engine_progress = check_replay_limits(sub, fleet, options)
+        work = build_workload(sub, fleet, options, identity, origin_us=t0_us)
+        run = run_workload(work, fleet, options, engine_progress)
+        parts.append(_PoolRun(pool, fleet, rows, run))
+        at = int(first[k])
+        tables["requests"].append(_with_pool(requests_table(sub, run, t0_us), pool.name, at))
+        tables["steps"].append(_with_pool(steps_table(run), pool.name, at))
+        tables["series"].append(_with_pool(_series_table(run.log.columns(), fleet, t0_us, options.mode), pool.name, at))
+    order = np.argsort(np.concatenate([p.rows for p in parts]), kind="stable")
+    req = pa.concat_tables(tables["requests"]).take(pa.array(order))
+    complete = config_path(run_dir).exists()
+    names = {"requests": "replay_requests", "steps": "replay_steps", "series": "replay_series"}
+    try:
+        with _store_writes(store):
+            write_parquet(req, run_dir / "requests.parquet", names["requests"])
+            for part in ("steps", "series"):
+                write_parquet(pa.concat_tables(tables[part]), run_dir / f"{part}.parquet", names[part])
+        del tables, req
+        doing[0] = f"summarizing the run of {requests.height:,} requests of {date} on {pooled.name}"
+        summary = _pooled_summary(StoredColumns(run_dir / "requests.parquet"), parts, options)
+        classified = classify_totals(store, date)
+        summary["cache_split"]["classify"] = (
+            {k: classified.get(k) for k in _CLASSIFY_SPLIT_KEYS} if classified is not None else None
+        )
+        mix = model_mix_warning(store, date, pooled.model)
+        if mix is not None:
+            summary["health"]["warnings"].append(mix)
+            summary["health"]["healthy"] = False
+        with store.lock(), _store_writes(store):
+            stable = {k: v for k, v in summary.items() if not k.startswith("engine_")}
+            doc = {
+                "run_id": run_id,
+                "date": date,
+                "fleet_file": str(path),
+                "options": asdict(options) | {"mode": options.mode},
+                "resolved": resolved,
+                "summary": stable,
+            }
+            write_config(run_dir, doc)
+    except BaseException:
+        if not complete and not config_path(run_dir).exists():
+            for name in ("requests.parquet", "steps.parquet", "series.parquet"):
+                (run_dir / name).unlink(missing_ok=True)
+            with contextlib.suppress(OSError):
+                run_dir.rmdir()
+        raise
+    return ReplayResult(run_id, run_dir, summary)
+
+
+def _pooled_summary(cols: Columns, parts: Sequence[_PoolRun], options: ReplayOptions) -> dict[str, Any]:
+    """A pooled run's summary: the whole fleet's figures from its written requests table (as a
+    single pool's), and each pool's own under ``pools``."""
+    runs = [p.run for p in parts if p.run is not None]
+    sums = StepSums()
+    per_pool: dict[str, Any] = {}
+    for part in parts:
+        entry: dict[str, Any] = {
+            "role": part.pool.role,
+            "match": part.pool.match.text(),
+            "hardware": part.fleet.config.hardware,
+            "size": part.fleet.size_text(),
+            "gpus": part.fleet.config.replicas * part.fleet.gpus_per_replica,
+        }
+        if part.run is not None:
+            pool_sums = part.run.step_sums()
+            sums.spans += pool_sums.spans
+            sums.busy_s += pool_sums.busy_s
+            sums.measured_s += pool_sums.measured_s
+            own = summarize(part.run, run_slo(part.run, options))
+            entry |= {k: v for k, v in own.items() if not k.startswith("engine_") and k != "cache_split"}
+        else:
+            entry |= {"requests": 0, "finished": 0, "rejected": 0}
+        per_pool[part.pool.name] = entry
+    first = runs[0]
+    whole = replace(
+        first,
+        wall_s=sum(r.wall_s for r in runs),
+        pods=sum(r.pods for r in runs),
+        cost_source=first.cost_source if len({r.cost_source for r in runs}) == 1 else "mixed",
+        cost_describe={},
+    )
+    summary = summary_of(cols, sums, whole, run_slo(first, options))
+    for run in runs[1:]:
+        wide = multi_node_warning(run.fleet)
+        if wide is not None and wide not in summary["health"]["warnings"]:
+            summary["health"]["warnings"].append(wide)
+            summary["health"]["healthy"] = False
+    summary["pools"] = per_pool
+    return summary
+
+
+def pool_lines(summary: dict[str, Any]) -> list[str]:
+    """A pooled run's pools for people, one line each (none for a single pool): what each took,
+    on what, and how it served it."""
+    out = []
+    for name, p in (summary.get("pools") or {}).items():
+        ttft = (p.get("ttft_s") or {}).get("p99")
+        tpot = (p.get("tpot_s") or {}).get("p99")
+        lat = f"; TTFT p99 {ttft * 1e3:,.1f} ms, TPOT p99 {tpot * 1e3:,.1f} ms" if ttft is not None and tpot else ""
+        out.append(
+            f"pool {name} ({p.get('role')}, {p.get('match')}): {p.get('size')}: {p.get('requests', 0):,} requests, "
+            f"{p.get('finished', 0):,} finished, {p.get('rejected', 0):,} rejected{lat}"
+        )
+    return out

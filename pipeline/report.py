@@ -36,7 +36,10 @@ from pipeline.classify.accounting import classify_totals
 from pipeline.classify.freshness import classify_freshness, request_id_digest
 from pipeline.cost import STALE_AFTER_DAYS, Period, stored_run_period
 from pipeline.errors import RooftraceError
+from pipeline.limits import notice
 from pipeline.loadcurve import headroom_sentence, knee
+from pipeline.observed import observed_count, observed_latencies, percentile_pair
+from pipeline.replay import cache_split_note
 from pipeline.runfolder import latest_run, read_config, run_ids
 from pipeline.schemas import atomic_write_bytes, check_replaceable, os_write_reason
 from pipeline.slo import (
@@ -49,6 +52,7 @@ from pipeline.slo import (
     traffic_span,
 )
 from pipeline.store import Store, check_date, confined
+from pipeline.system import not_regular
 from pipeline.tables import table_to_json
 from pipeline.units import format_bytes, format_seconds, plain_number
 from pipeline.warehouse import Session, check_date_option, check_parquet
@@ -261,7 +265,7 @@ def headline_numbers(q: Callable[[str], Rows]) -> dict[str, Any]:
     peaks = q("peak_throughput")
     lat = q("latency")
     kv = _first(q("kv_memory"), replica="fleet")
-    cost = (q("cost") or [{}])[0]
+    cost = fleet_cost_row(q("cost"))
     tokens = (q("token_totals") or [{}])[0]
     return {
         "peak_fresh_prefill_tokens_per_s_1s": _first(peaks, metric="fresh_prefill", window="1s").get("tokens_per_s"),
@@ -765,11 +769,38 @@ def _period_factor(row: dict[str, Any], period: Period) -> float | None:
     return None
 
 
+def fleet_cost_row(rows: Rows) -> dict[str, Any]:
+    """The query ``cost``'s row of the whole fleet: its one row, or for a fleet of pools (a row
+    per pool) the pools' GPUs, $/day and $ over the span summed, the hardware as '1× h200 +
+    2× h100-sxm', and $ per million tokens as the fleet's dollars over the fleet's tokens."""
+    if len(rows) <= 1:
+        return dict(rows[0]) if rows else {}
+
+    def total(key: str) -> float | None:
+        vals: list[Any] = [r.get(key) for r in rows]
+        return None if any(v is None for v in vals) else math.fsum(float(v) for v in vals)
+
+    out: dict[str, Any] = {k: rows[0].get(k) for k in ("span_s",)}
+    out["gpus"] = total("gpus")
+    out["gpus"] = int(out["gpus"]) if out["gpus"] is not None else None
+    out["hardware"] = " + ".join(f"{r.get('gpus')}× {r.get('hardware')}" for r in rows)
+    out["usd_per_day"], out["usd_span"] = total("usd_per_day"), total("usd_span")
+    out["price_date"] = "; ".join(dict.fromkeys(str(r.get("price_date")) for r in rows))
+    for key in _PER_MILLION:  # each pool's tokens: its dollars over its $ per million
+        pairs: list[tuple[Any, Any]] = [(r.get("usd_span"), r.get(key)) for r in rows]
+        if any(u is None or not v for u, v in pairs):
+            out[key] = None
+            continue
+        tokens = math.fsum(float(u) / float(v) for u, v in pairs)
+        out[key] = math.fsum(float(u) for u, _ in pairs) / tokens if tokens > 0 else None
+    return out
+
+
 def cost_period_headline(cost_rows: Rows, period: Period) -> dict[str, Any]:
     """The headline's $ figures over the one period `rooftrace cost` prices (:class:`Period`: the
     arrival span, or the makespan of a fleet that fell behind) and whether its unit costs are
     valid: the query ``cost`` spans first arrival to last finish, which is neither."""
-    row = cost_rows[0] if cost_rows else {}
+    row = fleet_cost_row(cost_rows)
     per_m, factor = row.get("usd_per_million_tokens"), _period_factor(row, period)
     return {
         "usd_per_million_tokens": per_m * factor if per_m is not None and factor is not None else None,
@@ -792,7 +823,8 @@ def cost_table(rows: Rows, period: Period) -> Rows:
     for r in rows:
         factor = _period_factor(r, period)
         gpus, price = r.get("gpus"), r.get("price_usd_per_gpu_hour")
-        row = {k: r.get(k) for k in ("hardware", "replicas", "gpus", "price_usd_per_gpu_hour", "price_date")}
+        pooled = {"pool": r.get("pool")} if any(x.get("pool") for x in rows) else {}
+        row = pooled | {k: r.get(k) for k in ("hardware", "replicas", "gpus", "price_usd_per_gpu_hour", "price_date")}
         row |= {
             "usd_per_day": r.get("usd_per_day"),
             "period": period.text,
@@ -901,8 +933,6 @@ def cache_split_headline(store: Store, day: str, config: dict[str, Any]) -> dict
     (the day's, as it is now): ``cache_split_note`` is the banner's line when the two differ
     (pipeline.replay.cache_split_note; None when they agree, and for a run from before the split
     was recorded)."""
-    from pipeline.replay import cache_split_note
-
     split = (config.get("summary") or {}).get("cache_split")
     if not isinstance(split, dict):
         return {"cache_split_note": None}
@@ -1819,8 +1849,6 @@ def _check_out(out: Path) -> None:
 def _check_png_dir(png_dir: Path) -> None:
     """``--png DIR`` names a folder, or where one can be made, before any work (a device or a file
     failed only after the page and headline.json were written)."""
-    from pipeline.system import not_regular
-
     for folder in (png_dir, *png_dir.parents):
         try:
             if not folder.exists():
@@ -1889,6 +1917,13 @@ def fleet_text(config: dict[str, Any]) -> str:
     h100-sxm (2 GPUs)', '1× qwen3-30b-a3b, each on 64× h100-sxm (tp 1 × pp 1 × dp 64; 64 GPUs)'."""
     resolved = config.get("resolved") or {}
     fleet = resolved.get("fleet") or {}
+    if isinstance(resolved.get("pools"), list):  # a fleet of pools: each pool's part
+        parts = []
+        for p in (p for p in resolved["pools"] if isinstance(p, dict)):
+            n = (p.get("fleet") or {}).get("replicas")
+            each = fleet_text({"resolved": p}).split(", each on ", 1)[-1]
+            parts.append(f"pool {p.get('pool')}: {n} replica{'' if n == 1 else 's'}, each on {each}")
+        return f"{fleet.get('model', '?')} on {len(parts)} pools ({'; '.join(parts)})"
 
     def whole(v: Any) -> int | None:
         return v if isinstance(v, int) and not isinstance(v, bool) and v > 0 else None
@@ -2024,8 +2059,6 @@ def compare_observed(logged: Any, replayed: Any) -> ObservedComparison:
     import numpy as np
     import polars as pl
 
-    from pipeline.observed import observed_count, observed_latencies, percentile_pair
-
     lat = observed_latencies(logged)
     left = logged.select(
         pl.col("request_id").cast(pl.String),
@@ -2087,8 +2120,6 @@ def observed_comparison(store: Store, day: str, run_dir: Path) -> ObservedCompar
     """:func:`compare_observed` of a run and its date's stored requests, or None when the date's
     logs carry no observed latency (or either side cannot be read: the report is still written)."""
     import polars as pl
-
-    from pipeline.observed import observed_count
 
     try:
         logged = store.read_requests(day, columns=list(_LOGGED_COLUMNS))
@@ -2433,8 +2464,6 @@ def build_report(
     )
     charts_note = page_note or (charts_blocked("charts not drawn as PNG") if png_dir is not None else None)
     if charts_note is not None:
-        from pipeline.limits import notice
-
         notice(f"warning: {charts_note}")
     headline_doc = {
         "date": day,

@@ -62,6 +62,9 @@ class Column:
     nullable: bool
     unit: str
     doc: str
+    #: A column a table may leave out (``optional = true``): written only where it says
+    #: something (a pooled fleet's ``pool``), so tables without it keep their bytes.
+    optional: bool = False
 
 
 @dataclass(frozen=True)
@@ -83,6 +86,15 @@ class TableSchema:
     def names(self) -> list[str]:
         return [c.name for c in self.columns]
 
+    def arrow_for(self, present: Sequence[str]) -> pa.Schema:
+        """The Arrow schema of a table holding the columns ``present`` has: every required column,
+        and the optional ones ``present`` names."""
+        arrow = self.arrow
+        drop = [c.name for c in self.columns if c.optional and c.name not in present]
+        for name in drop:
+            arrow = arrow.remove(arrow.get_field_index(name))
+        return arrow
+
 
 def schema_dir() -> Path:
     """``schemas/`` at the repository root in a checkout, ``pipeline/_schemas`` in a wheel."""
@@ -94,6 +106,7 @@ def schema_dir() -> Path:
 
 
 _COLUMN_KEYS = {"name", "type", "nullable", "unit", "doc"}
+_COLUMN_OPTIONAL_KEYS = {"optional"}
 _TABLE_KEYS = {"name", "version", "doc", "columns"}
 
 
@@ -104,12 +117,16 @@ def _parse_schema(data: Mapping[str, Any], origin: str) -> TableSchema:
         raise SchemaError(f"{origin}: unknown keys {sorted(unknown)}, missing keys {sorted(missing)}")
     cols = []
     for i, raw in enumerate(data["columns"]):
-        if set(raw) != _COLUMN_KEYS:
+        if not _COLUMN_KEYS <= set(raw) <= _COLUMN_KEYS | _COLUMN_OPTIONAL_KEYS:
             raise SchemaError(
-                f"{origin}: column {i} must have exactly the keys {sorted(_COLUMN_KEYS)}, got {sorted(raw)}"
+                f"{origin}: column {i} must have exactly the keys {sorted(_COLUMN_KEYS)} (and maybe "
+                f"{sorted(_COLUMN_OPTIONAL_KEYS)}), got {sorted(raw)}"
             )
         parse_type(raw["type"])
-        cols.append(Column(raw["name"], raw["type"], bool(raw["nullable"]), raw["unit"], raw["doc"]))
+        optional = bool(raw.get("optional", False))
+        if optional and not raw["nullable"]:
+            raise SchemaError(f"{origin}: column {raw['name']!r} is optional, so it must be nullable")
+        cols.append(Column(raw["name"], raw["type"], bool(raw["nullable"]), raw["unit"], raw["doc"], optional))
     names = [c.name for c in cols]
     if len(set(names)) != len(names):
         raise SchemaError(f"{origin}: duplicate column names")
@@ -136,7 +153,7 @@ def conform(table: pa.Table, name: str, columns: Sequence[str] | None = None) ->
     """Select, order and cast ``table`` to schema ``name`` (to its ``columns`` only, in that
     order, when given); raise if a column is missing, undeclared, or non-nullable with nulls."""
     schema = load_schema(name)
-    arrow = schema.arrow
+    arrow = schema.arrow_for(table.column_names)
     if columns is not None:
         unknown = [c for c in columns if c not in schema.names]
         if unknown:
@@ -203,7 +220,7 @@ def unreadable(path: Path | str) -> Iterator[None]:
 def validate(table: pa.Table, name: str) -> None:
     """Raise unless ``table`` has schema ``name``'s columns and types, and no nulls in a required
     column."""
-    arrow = load_schema(name).arrow
+    arrow = load_schema(name).arrow_for(table.column_names)
     if not _types_match(table.schema, arrow):
         raise SchemaError(f"table does not match schema {name!r}: got {table.schema.remove_metadata()}")
     for field in arrow:
@@ -224,7 +241,7 @@ def check_file_schema(path: Path, name: str) -> None:
         if found:
             says = f"{found.decode(errors='replace')!r} v{version.decode(errors='replace')}"
         raise SchemaError(f"{path}: expected a {name!r} v{expected.version} table, the file holds {says}")
-    if not _types_match(got, expected.arrow):
+    if not _types_match(got, expected.arrow_for(got.names)):
         raise SchemaError(f"{path}: columns do not match schema {name!r}: {got.remove_metadata()}")
 
 
@@ -322,14 +339,15 @@ class ParquetStream:
                 need = 0
         self._held -= n
         group = pa.concat_tables(parts).combine_chunks()
-        self._open().write_table(group, row_group_size=n)
+        self._open(group.column_names).write_table(group, row_group_size=n)
 
-    def _open(self) -> pq.ParquetWriter:
+    def _open(self, present: Sequence[str] = ()) -> pq.ParquetWriter:
         if self._writer is None:
             self.path.parent.mkdir(parents=True, exist_ok=True)
             fd, self._tmp = tempfile.mkstemp(prefix=f".{self.path.name}.", suffix=".tmp", dir=self.path.parent)
             os.close(fd)
-            self._writer = pq.ParquetWriter(self._tmp, load_schema(self.name).arrow, **_WRITER)
+            arrow = load_schema(self.name).arrow_for(present)
+            self._writer = pq.ParquetWriter(self._tmp, arrow, **_WRITER)
         return self._writer
 
     def finish(self) -> Path:

@@ -201,6 +201,68 @@ class FleetFile(_Table):
     )
 
 
+class PoolMatchTable(_Table):
+    """``[pool.match]``: which requests a pool takes (every condition given must hold)."""
+
+    tenant: list[str] = _opt("tenant names")
+    min_input_tokens: int = _opt("the logged prompt is at least this long (tokens)")
+    max_input_tokens: int = _opt("the logged prompt is at most this long (tokens)")
+
+
+class PoolTable(_Table):
+    """``[[pool]]``: one homogeneous pool of a fleet of pools (pipeline/pools.py); unset keys take
+    the fleet's top-level value."""
+
+    name: str = _req("names the pool in the run's tables: 1-32 letters, digits, '_' or '-'")
+    role: str = _opt("what the pool's replicas do (default unified)", enum=["unified"])
+    match: PoolMatchTable = _opt("which requests the pool takes (every pool but the last)")
+    hardware: str = _opt("catalog hardware name or a hardware TOML path")
+    replicas: int = _opt("engines behind the pool's router (default 1)")
+    tp: int = _opt("tensor-parallel GPUs per replica (default 1)")
+    pp: int = _opt("pipeline-parallel stages per replica (default 1)")
+    ep: int = _opt("expert-parallel size (default 1)")
+    dp: int = _opt("attention data-parallel ranks per replica (default 1)")
+    weight_dtype: str = _opt("weight storage format")
+    kv_dtype: str = _opt("KV-cache storage format")
+    router: str = _opt(
+        "how the pool spreads its requests", enum=["round_robin", "least_outstanding", "session_affinity", "prefix_affinity"]
+    )
+    router_pod_size: int = _opt("> 0: a load balancer over pods of this many replicas")
+    router_pod_balancer: str = _opt(
+        "how the balancer picks a pod", enum=["", "round_robin", "session_affinity", "prefix_affinity"]
+    )
+    cost_model: str = _opt("default auto", enum=["auto", "measured", "prior", "roofline"])
+    engine: EngineTable = _opt("vLLM engine arguments, over the fleet's [engine]")
+    calibration: FleetCalibrationTable = _opt("roofline factors of this pool's serving stack")
+    calibration_file: str = _opt("a calibration learnt from logs, relative path")
+
+
+class PooledFleetFile(_Table):
+    """FLEET.toml with ``[[pool]]`` tables: a fleet of homogeneous pools of one model; its other
+    top-level keys are every pool's defaults."""
+
+    name: str = _req("names the fleet's runs and reports: 1-64 letters, digits, '.', '_' or '-'")
+    model: str = _req("catalog model name (rooftrace catalog list) or a model TOML path")
+    pool: list[PoolTable] = _opt("the pools: every one but the last with a [pool.match] rule")
+    hardware: str = _opt("every pool's default hardware")
+    replicas: int = _opt("every pool's default replicas")
+    tp: int = _opt()
+    pp: int = _opt()
+    ep: int = _opt()
+    dp: int = _opt()
+    weight_dtype: str = _opt()
+    kv_dtype: str = _opt()
+    router: str = _opt(enum=["round_robin", "least_outstanding", "session_affinity", "prefix_affinity"])
+    router_pod_size: int = _opt()
+    router_pod_balancer: str = _opt(enum=["", "round_robin", "session_affinity", "prefix_affinity"])
+    description: str = _opt()
+    cost_model: str = _opt(enum=["auto", "measured", "prior", "roofline"])
+    engine: EngineTable = _opt("every pool's default vLLM engine arguments")
+    calibration: FleetCalibrationTable = _opt()
+    calibration_file: str = _opt()
+    slo: Annotated[dict[str, Any] | str, Expect("a table or a string")] = _opt("the fleet's latency targets")
+
+
 # --------------------------------------------------------------------------------------------
 # catalog entries (pipeline/catalog/entries.py)
 
@@ -433,6 +495,7 @@ class ProjectFile(_Table):
 #: What ``rooftrace catalog schema KIND`` exports, and the file under schemas/editor/ of each.
 EDITOR_SCHEMAS: dict[str, type[_Table]] = {
     "fleet": FleetFile,
+    "pooled-fleet": PooledFleetFile,
     "hardware": HardwareEntry,
     "model": ModelEntry,
     "mapping": MappingFile,

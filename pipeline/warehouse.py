@@ -43,13 +43,19 @@ import duckdb
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from pipeline.defaults import OUTPUT_FORMATS
+from pipeline.catalog import list_hardware, load_hardware
+from pipeline.catalog.entries import hardware_dir
+from pipeline.classify.freshness import classify_freshness
+from pipeline.defaults import MAX_MEMORY_ENV, OUTPUT_FORMATS
 from pipeline.errors import RooftraceError
+from pipeline.limits import current_limits
 from pipeline.runfolder import latest_run, read_checked_config, read_config, run_date, run_ids
-from pipeline.schemas import check_file_schema, load_schema, unreadable
+from pipeline.schemas import check_file_schema, check_replaceable, load_schema, os_write_reason, unreadable
 from pipeline.store import Store, check_date
 from pipeline.system import not_regular
+from pipeline.tables import _cell, for_csv, render, table_to_json
 from pipeline.terminal import escape_controls
+from pipeline.units import format_bytes
 
 QUERY_DIR = Path(__file__).with_name("queries")
 
@@ -286,11 +292,20 @@ def _view_sql(store: Store, spec: ViewSpec, scan: _Scan | None = None) -> str:
     if spec.kind == "run":
         # One branch per run with a constant run_id: a filter on run_id then prunes every other
         # run's files instead of scanning them all (the warehouse is rebuilt after each replay).
-        branches = [
-            f"SELECT '{f.parent.name}' AS run_id, * FROM read_parquet({_lit(f)}, hive_partitioning=false)"
-            for f in files
-            if "'" not in f.parent.name
-        ]
+        # a column a table may leave out (a single pool's tables have no ``pool``) is NULL in the
+        # runs without it, so the view has it whichever runs the store holds
+        optional = [c for c in load_schema(spec.schema).columns if c.optional]
+        branches = []
+        for f in files:
+            if "'" in f.parent.name:
+                continue
+            names = set(pq.read_schema(f).names) if optional else set()
+            fill = "".join(
+                f', CAST(NULL AS {_duck_type(c.type)}) AS "{c.name}"' for c in optional if c.name not in names
+            )
+            branches.append(
+                f"SELECT '{f.parent.name}' AS run_id, *{fill} FROM read_parquet({_lit(f)}, hive_partitioning=false)"
+            )
         if not branches:
             return _empty_view(spec.schema, {"run_id": "VARCHAR"})
         return " UNION ALL BY NAME ".join(branches)
@@ -302,8 +317,6 @@ def _view_sql(store: Store, spec: ViewSpec, scan: _Scan | None = None) -> str:
 
 def hardware_catalog() -> pa.Table:
     """The hardware catalog as a table, so cost queries can join it (prices are dated data)."""
-    from pipeline.catalog import list_hardware, load_hardware
-
     rows = []
     for name in list_hardware():
         hw = load_hardware(name)
@@ -326,16 +339,15 @@ def warehouse_path(store: Store) -> Path:
     return store.warehouse_path
 
 
-#: Bumped when the warehouse gains a table (2: run_hardware), so one built before is rebuilt.
-WAREHOUSE_LAYOUT = 2
+#: Bumped when the warehouse gains a table or a column (2: run_hardware; 3: run_hardware by pool,
+#: the run views' ``pool``), so one built before is rebuilt.
+WAREHOUSE_LAYOUT = 3
 
 
 def files_key(store: Store) -> str:
     """What the views were built from: the store's place, which tables have files, every run's
     files, and the hardware catalog's files (their bytes: a reader never parses the catalog, so
     an entry that cannot be read breaks a rebuild, not the queries of a current warehouse)."""
-    from pipeline.catalog.entries import hardware_dir
-
     root = store.root.resolve()
     h = hashlib.sha256(str(root).encode())
     h.update(f"\0layout:{WAREHOUSE_LAYOUT}".encode())  # a warehouse of an older layout rebuilds
@@ -405,18 +417,65 @@ def _run_price(config: Mapping[str, Any]) -> tuple[str | None, float | None, str
     return name, (float(usd) if usd is not None else None), date_text
 
 
+def _whole(v: Any) -> int | None:
+    return v if isinstance(v, int) and not isinstance(v, bool) else None
+
+
+def _number(v: Any) -> float | None:
+    return float(v) if isinstance(v, int | float) and not isinstance(v, bool) else None
+
+
 def run_hardware(scan: _Scan) -> pa.Table:
-    """One row per run: the hardware it was replayed on, with the price its config.json recorded."""
+    """One row per run and pool (a fleet of one pool: one row, ``pool`` NULL): the hardware it
+    was replayed on (the fleet's ``hardware`` key and the declared name of the entry it
+    recorded), its replicas and GPUs, with the price its config.json recorded."""
     rows = []
     for f in scan.files.get("runs", []):
-        name, usd, date = _run_price(read_config(f))
-        rows.append({"run_id": f.parent.name, "name": name, "price_usd_per_gpu_hour": usd, "price_date": date})
+        config = read_config(f)
+        found = config.get("resolved")
+        resolved: dict[str, Any] = found if isinstance(found, dict) else {}
+        pools = resolved.get("pools") if isinstance(resolved.get("pools"), list) else None
+        for item in pools if pools is not None else [resolved]:
+            entry: dict[str, Any] = item if isinstance(item, dict) else {}
+            fleet: dict[str, Any] = entry["fleet"] if isinstance(entry.get("fleet"), dict) else {}
+            name, usd, date = _run_price({"resolved": entry})
+            replicas, per = _whole(fleet.get("replicas")), _whole(entry.get("gpus_per_replica"))
+            memory: dict[str, Any] = entry["memory"] if isinstance(entry.get("memory"), dict) else {}
+            dp = _whole(fleet.get("dp")) or 1
+            rows.append(
+                {
+                    "run_id": f.parent.name,
+                    "name": name,
+                    "price_usd_per_gpu_hour": usd,
+                    "price_date": date,
+                    "pool": entry.get("pool") if pools is not None else None,
+                    "hardware": fleet.get("hardware") if isinstance(fleet.get("hardware"), str) else None,
+                    "replicas": replicas,
+                    "gpus_per_replica": per,
+                    "gpus": replicas * per if replicas is not None and per is not None else None,
+                    "tp": _whole(fleet.get("tp")),
+                    "first_replica": _whole(entry.get("first_replica")) or 0,
+                    "ranks": replicas * dp if replicas is not None else None,
+                    "kv_capacity_blocks": _whole(memory.get("kv_capacity_blocks")),
+                    "kv_pool_bytes_per_gpu": _number(memory.get("kv_pool_bytes_per_gpu")),
+                }
+            )
     schema = pa.schema(
         [
             ("run_id", pa.string()),
             ("name", pa.string()),
             ("price_usd_per_gpu_hour", pa.float64()),
             ("price_date", pa.string()),
+            ("pool", pa.string()),
+            ("hardware", pa.string()),
+            ("replicas", pa.int64()),
+            ("gpus_per_replica", pa.int64()),
+            ("gpus", pa.int64()),
+            ("tp", pa.int64()),
+            ("first_replica", pa.int64()),
+            ("ranks", pa.int64()),
+            ("kv_capacity_blocks", pa.int64()),
+            ("kv_pool_bytes_per_gpu", pa.float64()),
         ]
     )
     return pa.Table.from_pylist(rows, schema=schema)
@@ -455,7 +514,8 @@ def build_warehouse(store: Store, target: Path | None = None, warn: Callable[[st
             con.execute("COMMENT ON TABLE hardware_catalog IS 'GPU catalog: memory, bandwidth, peaks, price'")
             con.execute("CREATE TABLE run_hardware AS SELECT * FROM run_hw")
             con.execute(
-                "COMMENT ON TABLE run_hardware IS 'each run: its hardware entry name and price, from its config.json'"
+                "COMMENT ON TABLE run_hardware IS 'each run and pool: its hardware, replicas, GPUs, replica "
+                "numbers, KV capacity and price, from its config.json'"
             )
             con.execute("CREATE TABLE warehouse_info AS SELECT ? AS files_key", [key])
             con.execute("COMMENT ON TABLE warehouse_info IS 'what the views were built from (rebuilt when it changes)'")
@@ -561,8 +621,6 @@ def connect(store: Store, warn: Callable[[str], None] | None = warn_stderr) -> d
     DuckDB does not tell reads from writes under an allowed directory, so :func:`run_sql` also
     refuses every statement that is not a query (COPY, EXPORT, ATTACH, SET, ...) before it runs.
     """
-    from pipeline.limits import current_limits
-
     require_store(store)
     memory_limit = current_limits().max_memory  # a bad $ROOFTRACE_MAX_MEMORY: one error, before any work
     tmp = tempfile.mkdtemp(prefix="rooftrace-duckdb-")
@@ -737,7 +795,6 @@ def stale_classify_note(store: Store, query: NamedQuery, date: str | None) -> st
     date = date or (dates[-1] if dates else None)
     if date is None or date not in dates:
         return None
-    from pipeline.classify.freshness import classify_freshness
 
     return classify_freshness(store, date).note()
 
@@ -1003,9 +1060,6 @@ def sql_error(exc: duckdb.Error, what: str) -> BaseException:
     if isinstance(exc, duckdb.InterruptException):
         return KeyboardInterrupt()
     if isinstance(exc, duckdb.OutOfMemoryException):
-        from pipeline.defaults import MAX_MEMORY_ENV
-        from pipeline.limits import current_limits
-        from pipeline.units import format_bytes
 
         limits = current_limits()
         limit = "no" if limits.max_memory is None else f"{format_bytes(limits.max_memory)} ({limits.memory_origin})"
@@ -1244,6 +1298,7 @@ def rebuild(store: Store) -> None:
 #: the rest is counted in a note that says how to get all of them (--format csv/json, --out FILE).
 TABLE_MAX_ROWS = 1000
 
+
 def _is_text(t: pa.DataType) -> bool:
     if pa.types.is_dictionary(t):
         return _is_text(t.value_type)
@@ -1337,8 +1392,6 @@ def write_result(
     Dates and timestamps outside Python's years 1..9999 (year 12025, ±infinity) are written as
     DuckDB's text of them ('infinity', '12025-01-15 00:00:00') in the table, csv and json formats
     (:func:`_readable_batch`); Parquet keeps them as they are."""
-    from pipeline.tables import render
-
     if fmt not in OUTPUT_FORMATS:
         raise RooftraceError(f"unknown format {fmt!r}; use one of {OUTPUT_FORMATS}")
     to_stdout = out is None or out == STDOUT
@@ -1428,8 +1481,6 @@ def terminal_table(
     from rich.table import Table
     from rich.text import Text
 
-    from pipeline.tables import _cell
-
     width = width or terminal_width()
     names = table.column_names
     columns = [table.column(i).to_pylist() for i in range(table.num_columns)]
@@ -1458,8 +1509,6 @@ def _clip(text: str, width: int) -> str:
 
 
 def _vertical(names: list[str], columns: list[list[Any]], width: int, title: str | None) -> str:
-    from pipeline.tables import _cell
-
     pad = min(max(len(n) for n in names), width // 3)
     lines = [title] if title else []
     for i, row in enumerate(zip(*columns, strict=True)):
@@ -1525,7 +1574,6 @@ def _opened(out: Path | None, stdout: IO[bytes]) -> Iterator[IO[bytes]]:
         yield stdout
         stdout.flush()
         return
-    from pipeline.schemas import check_replaceable, os_write_reason
 
     tmp: Path | None = None
     try:
@@ -1559,8 +1607,6 @@ def _write_parquet(schema: pa.Schema, batches: Iterable[pa.RecordBatch], sink: I
 def _write_csv(schema: pa.Schema, batches: Iterable[pa.RecordBatch], sink: IO[bytes]) -> Written:
     import pyarrow.csv as pacsv
 
-    from pipeline.tables import for_csv
-
     rows, header = 0, True
     for batch in batches:
         part = for_csv(pa.Table.from_batches([_readable_batch(batch, "csv")]))
@@ -1574,8 +1620,6 @@ def _write_csv(schema: pa.Schema, batches: Iterable[pa.RecordBatch], sink: IO[by
 
 def _write_json(batches: Iterable[pa.RecordBatch], sink: IO[bytes]) -> Written:
     """A JSON array of row objects, as ``json.dumps(rows, indent=2)`` lays it out, a batch at a time."""
-    from pipeline.tables import table_to_json
-
     rows = 0
     for batch in batches:
         if not batch.num_rows:
@@ -1601,8 +1645,6 @@ def _write_table(
     title: str | None,
     render: Callable[..., str | None],
 ) -> Written:
-    from pipeline.limits import current_limits
-    from pipeline.units import format_bytes
 
     limit = current_limits().max_memory
     kept: list[pa.RecordBatch] = []

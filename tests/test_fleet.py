@@ -14,12 +14,17 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def test_every_bundled_fleet_loads_and_resolves() -> None:
+    from pipeline.pools import PooledFleet, load_fleet_file
+
     paths = sorted((ROOT / "fleets").glob("*.toml"))
-    assert ROOT / "fleets" / "default.toml" in paths
+    assert ROOT / "fleets" / "default.toml" in paths and ROOT / "fleets" / "pools.toml" in paths
     for path in paths:
-        fleet = resolve(load_fleet(path), str(path))
-        assert fleet.scheduler.num_gpu_blocks > 0
-        assert fleet.scheduler.max_num_batched_tokens >= fleet.scheduler.max_num_seqs
+        loaded = load_fleet_file(path)
+        configs = [p.config for p in loaded.pools] if isinstance(loaded, PooledFleet) else [loaded]
+        for cfg in configs:
+            fleet = resolve(cfg, str(path))
+            assert fleet.scheduler.num_gpu_blocks > 0
+            assert fleet.scheduler.max_num_batched_tokens >= fleet.scheduler.max_num_seqs
 
 
 def test_vllm_defaults_follow_the_gpu() -> None:

@@ -34,7 +34,8 @@ from pipeline.replay import ReplayOptions, replay, series_frames
 from pipeline.store import Store
 
 ROOT = Path(__file__).resolve().parents[1]
-FLEETS = sorted((ROOT / "fleets").glob("*.toml"))
+#: The shipped fleets of one pool (fleets/pools.toml, a fleet of pools: tests/test_pools.py).
+FLEETS = sorted(p for p in (ROOT / "fleets").glob("*.toml") if p.name != "pools.toml")
 FACTORS = ("compute_efficiency", "memory_efficiency", "link_efficiency")
 
 

@@ -33,7 +33,8 @@ from pipeline.project import find_project
 from pipeline.stackcal import PARAMETERS, TEXT_KEYS, parse_calibration
 
 ROOT = Path(__file__).resolve().parents[1]
-FLEETS = sorted((ROOT / "fleets").glob("*.toml"))
+#: The shipped fleets of one pool; fleets/pools.toml is a fleet of pools (its own editor schema).
+FLEETS = sorted(p for p in (ROOT / "fleets").glob("*.toml") if p.name != "pools.toml")
 FIXTURES = Path(__file__).resolve().parent / "fixtures"
 
 FLEET = {
@@ -339,6 +340,16 @@ def test_the_fleet_schema_accepts_every_shipped_fleet_and_refuses_an_unknown_key
     assert list(validator.iter_errors({"name": "x", "model": "m", "hardware": "h", "stack_calibration": {}}))
 
 
+def test_the_pooled_fleet_schema_accepts_the_shipped_fleet_of_pools_and_refuses_a_pool_model() -> None:
+    validator = _validator("pooled-fleet")
+    doc = tomllib.loads((ROOT / "fleets" / "pools.toml").read_text())
+    assert not list(validator.iter_errors(doc))
+    bad = {**doc, "pool": [{**doc["pool"][0], "model": "qwen3-32b"}, doc["pool"][1]]}
+    assert [e.validator for e in validator.iter_errors(bad)] == ["additionalProperties"]
+    wrong_role = {**doc, "pool": [{**doc["pool"][0], "role": "prefill"}, doc["pool"][1]]}
+    assert [e.validator for e in validator.iter_errors(wrong_role)] == ["enum"]
+
+
 @pytest.mark.parametrize(
     ("kind", "paths"),
     [
@@ -511,7 +522,7 @@ def test_the_editor_config_points_every_kind_at_its_schema() -> None:
     """.taplo.toml: each rule's schema is a committed editor schema and its glob names real files."""
     root = Path(__file__).resolve().parents[1]
     rules = tomllib.loads((root / ".taplo.toml").read_text())["rule"]
-    assert {Path(r["schema"]["path"]).stem for r in rules} == {"fleet", "hardware", "model", "prices", "project"}
+    assert {Path(r["schema"]["path"]).stem for r in rules} == {"fleet", "pooled-fleet", "hardware", "model", "prices", "project"}
     for rule in rules:
         assert (root / rule["schema"]["path"]).is_file()
         assert all(list(root.glob(pattern)) for pattern in rule["include"]), rule

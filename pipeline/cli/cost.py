@@ -38,8 +38,16 @@ def cost_cmd(
     bad = f" ({doc['unit_costs_flag']})" if doc["unit_costs_flag"] else ""
     period = doc["day_projection"]
     over = period if doc["period_basis"] == "makespan" else f"the period of record ({period})"
+    gpus = f"{doc['gpus']}x {doc['hardware']}"
+    if doc.get("pools"):  # a fleet of pools: each pool's GPUs at its own price, then the sum
+        gpus = f"{doc['gpus']} GPUs (" + " + ".join(f"{p['gpus']}x {p['hardware']}" for p in doc["pools"]) + ")"
+        for p in doc["pools"]:
+            click.echo(
+                f"  pool {p['pool']}: {p['gpus']}x {p['hardware']} at ${p['usd_per_gpu_hour']:.2f}/GPU-h "
+                f"({p['price_date']}): ${p['total_usd']:,.2f}, busy {p['utilization']:.0%}, idle ${p['idle_usd']:,.2f}"
+            )
     click.echo(
-        f"{doc['gpus']}x {doc['hardware']} at ${doc['usd_per_gpu_hour']:.2f}/GPU-h ({doc['price_date']}): "
+        f"{gpus} at {'a mean ' if doc.get('pools') else ''}${doc['usd_per_gpu_hour']:.2f}/GPU-h ({doc['price_date']}): "
         f"${doc['total_usd']:,.2f} over {over}, "
         f"busy {doc['utilization']:.0%} of the time, "
         f"idle ${doc['idle_usd']:,.2f}"

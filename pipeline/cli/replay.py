@@ -153,7 +153,7 @@ def replay_cmd(
     Example: rooftrace replay --fleet fleets/default.toml --rate-scale 2
     """
 
-    from pipeline.replay import ReplayOptions, replay
+    from pipeline.replay import ReplayOptions, pool_lines, replay
     from pipeline.slo import failures_line, overload_text, verdict_text
     from pipeline.units import format_seconds
 
@@ -190,6 +190,8 @@ def replay_cmd(
         emit_json({"run_id": result.run_id, "run_dir": str(result.run_dir), **s})
         return
     click.echo(f"run {result.run_id} -> {result.run_dir}")
+    for line in pool_lines(s):
+        click.echo(line)
     # failures first: what did not get served, then whether the fleet kept up, then the SLO
     click.echo(failures_line(h))
     click.echo(overload_text(h["overload"]))

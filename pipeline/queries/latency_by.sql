@@ -1,11 +1,12 @@
 -- TTFT, TPOT and E2E percentiles (p50/p90/p95/p99/p99.9 by the inverse CDF), the mean, min, max and
 -- the sample standard deviation (std) of a replay by prompt-length bucket (recorded input tokens),
 -- output-length bucket, batch occupancy (sequences running on the request's replica in the second
--- it was scheduled), tenant, model, hardware pool and hour of arrival.
+-- it was scheduled), tenant, model, hardware (each pool's, for a fleet of pools) and hour of arrival.
 -- params: run_id
 WITH run AS (
-    SELECT resolved.fleet.hardware || ' tp' || resolved.fleet.tp AS hardware
-    FROM runs WHERE run_id = getvariable('run_id')
+    -- each pool's hardware (a fleet of one pool: one row, pool NULL)
+    SELECT pool, hardware || ' tp' || tp AS hardware
+    FROM run_hardware WHERE run_id = getvariable('run_id')
 ), occ AS (
     SELECT replica, second, running FROM replay_series WHERE run_id = getvariable('run_id')
 ), r AS (
@@ -23,11 +24,12 @@ WITH run AS (
            CASE WHEN occ.running IS NULL THEN 'unknown'
                 WHEN occ.running < 8 THEN '0-7' WHEN occ.running < 32 THEN '8-31'
                 WHEN occ.running < 128 THEN '32-127' ELSE '128+' END AS batch_occupancy,
-           (SELECT hardware FROM run) AS hardware,
+           run.hardware AS hardware,
            strftime(rr.arrival, '%H') AS hour
     FROM replay_requests rr
     LEFT JOIN requests q ON q.request_id = rr.request_id AND q.arrival = rr.arrival
     LEFT JOIN occ ON occ.replica = rr.replica AND occ.second = CAST(floor(rr.scheduled_s) AS BIGINT)
+    LEFT JOIN run ON run.pool IS NOT DISTINCT FROM rr.pool
     WHERE rr.run_id = getvariable('run_id') AND rr.status = 'finished'
 ), g AS (
     -- One pass per dimension (grouping sets), one sort per metric and group (list quantiles).
