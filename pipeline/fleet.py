@@ -62,7 +62,7 @@ from pipeline.catalog import (
     parse_model,
     weight_format,
 )
-from pipeline.engine.model import ROUTERS, SchedulerConfig
+from pipeline.engine.model import ROUTERS, FleetSpec, SchedulerConfig
 from pipeline.errors import ConfigError
 from pipeline.fit import (
     DEFAULT_VLLM_VERSION,
@@ -539,6 +539,22 @@ class ResolvedFleet:
         """Ranks that step together: an MoE model's dp ranks (vLLM synchronises them at every
         MoE layer and idle ranks run dummy batches); dense models' ranks are independent."""
         return self.config.dp if self.deployment.model.is_moe else 1
+
+    def spec(self, mode: str = "open", concurrency: int = 0, ramp_s: float = 0.0, think_s: float = 0.0) -> FleetSpec:
+        """What the engine simulates of this fleet (the one builder of a FleetSpec: the replay, the
+        memory and time estimate, plan, fit and headroom all take it from here): its engines
+        (replicas × dp ranks), scheduler, router and lockstep groups, and how requests arrive
+        (``mode`` open, closed or offline; a closed loop's clients, ramp and think time)."""
+        return FleetSpec(
+            replicas=self.ranks,
+            scheduler=self.scheduler,
+            router=self.config.router,
+            mode=mode,
+            concurrency=concurrency,
+            lockstep=self.lockstep,
+            ramp_s=float(ramp_s),
+            think_s=float(think_s),
+        )
 
 
 def resolve(cfg: FleetConfig, origin: str = "fleet", entries: Mapping[str, str] | None = None) -> ResolvedFleet:

@@ -33,7 +33,13 @@ import numpy as np
 
 from pipeline import system
 from pipeline.defaults import MAX_MEMORY_ENV, MAX_SIM_DAYS_ENV, PROGRESS_EVERY_ENV
+from pipeline.engine.jit import MAX_STATE_BYTES, fitting_replicas, state_bytes
+from pipeline.engine.jitcache import jit_cache_dir, kernel_stamp
+from pipeline.engine.model import is_stateful_router
+from pipeline.engine.shard import auto_pods, pod_cuts
 from pipeline.errors import RooftraceError
+from pipeline.steps import StepBatch
+from pipeline.store import epoch_us
 from pipeline.units import distinct_numbers, format_bytes, format_duration, format_number
 
 if TYPE_CHECKING:
@@ -330,7 +336,6 @@ class ReplayEstimate:
 def _step_s(cost: Callable[[Any], Any], decode_seqs: float, ctx: float, prefill: float = 0.0) -> float:
     """Seconds of one step of ``decode_seqs`` decodes at context ``ctx`` plus a ``prefill``-token
     chunk (0.02 s where the cost model cannot say)."""
-    from pipeline.steps import StepBatch
 
     def one(x: float) -> np.ndarray[Any, np.dtype[np.float64]]:
         return np.array([float(x)])
@@ -352,8 +357,6 @@ def _step_s(cost: Callable[[Any], Any], decode_seqs: float, ctx: float, prefill:
 
 def jit_compile_needed() -> bool:
     """Whether the jit engine's disk cache is missing or stale (its first run then compiles)."""
-    from pipeline.engine.jitcache import jit_cache_dir, kernel_stamp
-
     cache = jit_cache_dir()  # $NUMBA_CACHE_DIR's copy when set, where numba writes it
     src = Path(__file__).resolve().parent / "engine" / "_jit_kernels.py"
     try:
@@ -444,22 +447,12 @@ def estimate_replay(
     largest pod's counts, not the whole fleet's. ``streamed``: the store-level replay, whose
     per-request results and tables are written as they come (STREAMED_REQUEST_BYTES). A closed
     loop's ``ramp_s`` and ``think_s`` (each client's wait between two requests) lengthen its span."""
-    from pipeline.engine.jit import MAX_STATE_BYTES, fitting_replicas, state_bytes
-    from pipeline.engine.model import FleetSpec, is_stateful_router
-    from pipeline.engine.shard import auto_pods, pod_cuts
 
     n = int(requests.height)
     sched = fleet.scheduler
     R = int(fleet.ranks)
     router = fleet.config.router
-    spec = FleetSpec(
-        replicas=R,
-        scheduler=sched,
-        router=router,
-        mode=mode,
-        concurrency=concurrency or 0,
-        lockstep=fleet.lockstep,
-    )
+    spec = fleet.spec(mode, concurrency or 0)
     # The replay's cost model is always tabulated (profile.cost.fleet_step_cost), so the engine is
     # the jit one unless its state is too large (jit.unsupported_reason); step times come from the
     # roofline deployment, cheaper to price than building the tables twice.
@@ -515,8 +508,6 @@ def estimate_replay(
     static = router == "round_robin" or router in ("session_affinity", "prefix_affinity")
     arrival_span = 0.0
     if mode == "open" and n:
-        from pipeline.store import epoch_us
-
         arrival = epoch_us(requests.get_column("arrival"))
         first, last = int(arrival.min()), int(arrival.max())
         arrival_span = (last - first) / 1e6 / rate_scale

@@ -30,8 +30,10 @@ import pyarrow as pa
 from pipeline.classify.prefix import PrefixIdentity
 from pipeline.defaults import DEFAULT_HEADROOM_BUDGET_S
 from pipeline.fleet import FleetConfig, resolve
-from pipeline.replay import ReplayOptions, run_replay
+from pipeline.pools import PooledFleet
+from pipeline.replay import ReplayOptions, ReplayRun, run_replay
 from pipeline.slo import detect_overload, parse_slo, percentile, request_latencies, slo_verdict
+from pipeline.units import format_seconds
 
 #: Multipliers of today's traffic tried by default: half of it up to four times it.
 DEFAULT_MULTIPLIERS: tuple[float, ...] = (0.5, 1.0, 1.5, 2.0, 3.0, 4.0)
@@ -45,27 +47,49 @@ MAX_MULTIPLIER = 64.0
 MAX_WAIT_S = 3600.0
 
 
+def _runs(
+    requests: pl.DataFrame, cfg: FleetConfig | PooledFleet, options: ReplayOptions, identity: PrefixIdentity | None
+) -> list[ReplayRun]:
+    """The replays of one point: the fleet's, or each pool's of its share of the requests (a
+    fleet of pools: pipeline.pools; pools share nothing, so each is replayed on its own)."""
+    if not isinstance(cfg, PooledFleet):
+        return [run_replay(requests, resolve(cfg, cfg.name), options, identity=identity)]
+    which = cfg.assign(requests)
+    runs = []
+    for k, pool in enumerate(cfg.pools):
+        rows = np.flatnonzero(which == k)
+        if rows.size:
+            runs.append(run_replay(requests[rows], resolve(pool.config, pool.config.name), options, identity=identity))
+    return runs
+
+
 def curve_point(
     requests: pl.DataFrame,
-    cfg: FleetConfig,
+    cfg: FleetConfig | PooledFleet,
     multiplier: float,
     slo: str | None,
     identity: PrefixIdentity | None = None,
 ) -> dict[str, Any]:
-    """One point: replay ``requests`` on ``cfg`` at ``multiplier`` times their arrival rate."""
-    fleet = resolve(cfg, cfg.name)
+    """One point: replay ``requests`` on ``cfg`` (a fleet, or a fleet of pools) at ``multiplier``
+    times their arrival rate."""
     options = ReplayOptions(rate_scale=multiplier)
     if identity is not None:
         options = replace(options, isolation=identity.isolation)
-    run = run_replay(requests, fleet, options, identity=identity)
-    res, work = run.result, run.work
-    ok = res.reject_reason == 0
-    lat = request_latencies(res, work)
-    over = detect_overload(res.arrival_s, res.scheduled_s, res.finish_s, ok)
+    runs = _runs(requests, cfg, options, identity)
+    oks, lats = [], []
+    overloaded = False
+    for run in runs:  # each pool on its own clock: overload is judged pool by pool
+        res = run.result
+        ok_p = res.reject_reason == 0
+        oks.append(ok_p)
+        lats.append(request_latencies(res, run.work))
+        overloaded |= detect_overload(res.arrival_s, res.scheduled_s, res.finish_s, ok_p).detected
+    ok = np.concatenate(oks)
+    lat = {k: np.concatenate([x[k] for x in lats]) for k in lats[0]}
     row: dict[str, Any] = {
         "multiplier": float(multiplier),
         "status": "ok",
-        "requests": int(work.n),
+        "requests": int(ok.shape[0]),
         "finished": int(ok.sum()),
         "rejected": int((~ok).sum()),
         "ttft_p50_s": _p(lat["ttft"][ok], 50),
@@ -76,8 +100,8 @@ def curve_point(
         "slo_passed": None,
         "slo_worst_ratio": None,
         "goodput": None,
-        "overloaded": over.detected,
-        "wall_s": run.wall_s,
+        "overloaded": overloaded,
+        "wall_s": sum(run.wall_s for run in runs),
     }
     if slo:
         spec = parse_slo(slo)
@@ -118,7 +142,7 @@ def _skipped(multiplier: float, n: int, slo: str | None) -> dict[str, Any]:
 
 def load_curve(
     requests: pl.DataFrame,
-    cfg: FleetConfig,
+    cfg: FleetConfig | PooledFleet,
     slo: str | None,
     multipliers: Sequence[float] = DEFAULT_MULTIPLIERS,
     budget_s: float = DEFAULT_BUDGET_S,
@@ -196,8 +220,6 @@ def load_curve(
 
 
 def _point_line(r: dict[str, Any]) -> str:
-    from pipeline.units import format_seconds
-
     verdict = "" if r["slo_passed"] is None else (" SLO pass" if r["slo_passed"] else " SLO FAIL")
     return (
         f"p99 TTFT {format_seconds(r['ttft_p99_s'])}, p99 TPOT {format_seconds(r['tpot_p99_s'])}, "

@@ -25,9 +25,10 @@ from markupsafe import Markup
 from pipeline.classify.accounting import classify_tokens, day_identity
 from pipeline.cost import run_cost
 from pipeline.errors import RooftraceError
-from pipeline.fleet import load_fleet, resolve, unused_pod_options
+from pipeline.fleet import resolve, unused_pod_options
 from pipeline.ingest import IngestSummary, ingest_logs
 from pipeline.loadcurve import DEFAULT_BUDGET_S, DEFAULT_MULTIPLIERS, curve_table, headroom_sentence, load_curve
+from pipeline.pools import PooledFleet, load_fleet_file
 from pipeline.project import default_fleet_path, default_reports_dir, sample_dir
 from pipeline.replay import ReplayOptions, ReplayResult, replay
 from pipeline.report import (
@@ -48,6 +49,8 @@ from pipeline.report import (
 from pipeline.schemas import atomic_write_bytes, write_parquet
 from pipeline.slo import failures_line, share_text
 from pipeline.store import Store
+from pipeline.synth import SynthConfig, generate
+from pipeline.synth.writers import LINE_WRITERS
 from pipeline.system import keep_ignored_sigint
 from pipeline.units import format_seconds
 from pipeline.warehouse import build_warehouse
@@ -233,8 +236,11 @@ def nightly(
     say = progress or (lambda _m: None)
     reports_dir = reports_dir or default_reports_dir()
     fleet_path = Path(fleet) if fleet is not None else default_fleet_path()
-    cfg = load_fleet(fleet_path)
-    resolve(cfg, str(fleet_path))  # a bad fleet is one error, before the ingest
+    cfg = load_fleet_file(fleet_path)
+    for one in cfg.pools if isinstance(cfg, PooledFleet) else ():  # a bad fleet is one error, before the ingest
+        resolve(one.config, f"{fleet_path} [[pool]] {one.name!r}")
+    if not isinstance(cfg, PooledFleet):
+        resolve(cfg, str(fleet_path))
     timings: dict[str, float] = {}
     with store.lock():
         summary = _stage(
@@ -253,8 +259,10 @@ def nightly(
         _stage("classify", timings, say, lambda: classify_tokens(store, day))
         options = ReplayOptions(date=day, slo=slo, pods=pods, executor=executor, ray_address=ray_address)
         result = _stage("replay", timings, say, lambda: replay(store, fleet, options, progress=say))
-        for note in unused_pod_options(cfg, pods, executor, ray_address, int(result.summary.get("engine_pods") or 1)):
-            say(f"replay: {note}")
+        for pool_cfg in [p.config for p in cfg.pools] if isinstance(cfg, PooledFleet) else [cfg]:
+            ran = int(result.summary.get("engine_pods") or 1)
+            for note in dict.fromkeys(unused_pod_options(pool_cfg, pods, executor, ray_address, ran)):
+                say(f"replay: {note}")
         # From here on a failed stage does not stop the night: the headroom curve, the cost
         # tables and the warehouse are parts of the report, which is still written without them
         # (the report and the index need the report stage). The failures are raised at the end.
@@ -340,7 +348,7 @@ def write_load_curve(
 ) -> Path:
     """The headroom stage: the run's traffic at DEFAULT_MULTIPLIERS, in parallel processes when
     one replay takes long enough to pay for starting them, within ``budget_s`` seconds."""
-    cfg = load_fleet(Path(fleet) if fleet is not None else default_fleet_path())
+    cfg = load_fleet_file(Path(fleet) if fleet is not None else default_fleet_path())
     wall = float(result.summary.get("engine_wall_s") or 0.0)
     jobs = min(os.cpu_count() or 1, len(DEFAULT_MULTIPLIERS)) if wall > 5.0 else 1
     requests = store.read_requests(day)
@@ -367,8 +375,6 @@ def demo_log_text() -> bytes:
     """The demo's gateway log, uncompressed: `rooftrace synth --format openai` (seed 37, 3,000
     requests, 4 tenants, one hour, model :data:`DEMO_MODEL`) without its ttft_s / e2e_s fields.
     The same bytes on every call: the bundled file is this text gzipped (a test checks it)."""
-    from pipeline.synth import SynthConfig, generate
-    from pipeline.synth.writers import LINE_WRITERS
 
     frame = generate(
         SynthConfig(requests=3000, seed=37, date=DEMO_DATE, duration_s=3600.0, tenants=4, models=(DEMO_MODEL,))

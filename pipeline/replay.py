@@ -63,7 +63,7 @@ from pipeline.profile.cost import fleet_step_cost
 from pipeline.project import default_fleet_path, find_project
 from pipeline.runfolder import config_path, write_config
 from pipeline.runrequests import Columns, MemoryColumns, RunRequests, StoredColumns, run_writes
-from pipeline.schemas import ParquetStream, write_parquet
+from pipeline.schemas import ParquetStream, conform, write_parquet
 from pipeline.slo import (
     MULTI_NODE,
     PERCENTILE_METHOD,
@@ -397,16 +397,7 @@ def run_workload(
     is then not kept), or the whole engine run's at the end. ``cost``: the step cost to replay
     with instead of the fleet's own (``calibrate --observed`` replays one workload under many
     candidate calibrations of one base cost)."""
-    spec = FleetSpec(
-        replicas=fleet.ranks,
-        scheduler=fleet.scheduler,
-        router=fleet.config.router,
-        mode=options.mode,
-        concurrency=options.concurrency or 0,
-        lockstep=fleet.lockstep,
-        ramp_s=float(options.ramp_s),
-        think_s=float(options.think_s),
-    )
+    spec = fleet.spec(options.mode, options.concurrency or 0, options.ramp_s, options.think_s)
     check_warmup(options, work.n)
     if cost is None:
         cost = fleet_step_cost(fleet)
@@ -1220,6 +1211,10 @@ def _replay(
 # -- a fleet of pools ------------------------------------------------------------------------
 
 
+#: A pooled run's tables and their schemas.
+_POOLED_TABLES = {"requests": "replay_requests", "steps": "replay_steps", "series": "replay_series"}
+
+
 @dataclass(frozen=True)
 class _PoolRun:
     """One pool's part of a pooled replay: the pool, its resolved fleet, the rows of the day it
@@ -1341,18 +1336,21 @@ def _replay_pooled(
         run = run_workload(work, fleet, options, engine_progress)
         parts.append(_PoolRun(pool, fleet, rows, run))
         at = int(first[k])
-        tables["requests"].append(_with_pool(requests_table(sub, run, t0_us), pool.name, at))
-        tables["steps"].append(_with_pool(steps_table(run), pool.name, at))
-        tables["series"].append(_with_pool(_series_table(run.log.columns(), fleet, t0_us, options.mode), pool.name, at))
+        made = {
+            "requests": requests_table(sub, run, t0_us),
+            "steps": steps_table(run),
+            "series": _series_table(run.log.columns(), fleet, t0_us, options.mode),
+        }
+        for part, table in made.items():  # each pool's table in the schema's types (an all-null column typed)
+            tables[part].append(conform(_with_pool(table, pool.name, at), _POOLED_TABLES[part]))
     order = np.argsort(np.concatenate([p.rows for p in parts]), kind="stable")
     req = pa.concat_tables(tables["requests"]).take(pa.array(order))
     complete = config_path(run_dir).exists()
-    names = {"requests": "replay_requests", "steps": "replay_steps", "series": "replay_series"}
     try:
         with _store_writes(store):
-            write_parquet(req, run_dir / "requests.parquet", names["requests"])
+            write_parquet(req, run_dir / "requests.parquet", _POOLED_TABLES["requests"])
             for part in ("steps", "series"):
-                write_parquet(pa.concat_tables(tables[part]), run_dir / f"{part}.parquet", names[part])
+                write_parquet(pa.concat_tables(tables[part]), run_dir / f"{part}.parquet", _POOLED_TABLES[part])
         del tables, req
         doing[0] = f"summarizing the run of {requests.height:,} requests of {date} on {pooled.name}"
         summary = _pooled_summary(StoredColumns(run_dir / "requests.parquet"), parts, options)

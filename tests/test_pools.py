@@ -413,3 +413,43 @@ def test_the_report_and_queries_of_a_fleet_of_pools_show_each_pool(day: Store, t
     rows = {r["replica"]: r for r in kv}
     assert rows["0"]["capacity_blocks"] == capacity["gold"] and rows["1"]["capacity_blocks"] == capacity["main"]
     assert {"pool gold", "pool main", "fleet"} <= set(rows)
+
+
+def test_a_pool_that_rejects_requests_writes_them_as_a_single_pool_would(day: Store, tmp_path: Path) -> None:
+    """One pool refuses the requests longer than its max_model_len, the other refuses none: the run
+    holds both pools' rows, the rejected ones with their reason, and the pools' counts add up."""
+    store = _copy(day, tmp_path)
+    small = _pool("gold", "h200", 1, "tenant = ['tenant-1', 'tenant-2']", "[pool.engine]\nmax_model_len = 4096")
+    run = replay(store, _fleet(tmp_path, BASE + small + SHORT))
+    got = _requests(run.run_dir)
+    gold = got.filter(pl.col("pool") == "gold")
+    rejected = gold.filter(pl.col("status") == "rejected")
+    assert rejected.height > 0 and got.filter((pl.col("pool") == "main") & (pl.col("status") == "rejected")).height == 0
+    assert set(rejected.get_column("reject_reason").to_list()) == {"exceeds_max_model_len"}
+    assert (rejected.get_column("recorded_input_tokens") + rejected.get_column("output_tokens") > 4096).all()
+    pools = run.summary["pools"]
+    assert pools["gold"]["rejected"] == rejected.height == run.summary["rejected"]
+    assert pools["gold"]["requests"] + pools["main"]["requests"] == run.summary["requests"] == 3000
+
+
+def test_the_load_curve_of_a_fleet_of_pools_replays_every_pool(day: Store, tmp_path: Path) -> None:
+    """Headroom on a fleet of pools: at 1× a point counts the pooled replay's requests, finished and
+    rejected, and its p99 TTFT is the pooled run's (all pools' finished requests together)."""
+    from pipeline.classify.accounting import day_identity
+    from pipeline.loadcurve import curve_point
+
+    store = _copy(day, tmp_path)
+    small = _pool("gold", "h200", 1, "tenant = ['tenant-1', 'tenant-2']", "[pool.engine]\nmax_model_len = 4096")
+    path = _fleet(tmp_path, BASE + small + SHORT)
+    run = replay(store, path)
+    pooled = load_fleet_file(path)
+    assert isinstance(pooled, PooledFleet)
+    requests = store.read_requests("2025-01-15")
+    point = curve_point(requests, pooled, 1.0, "chat", day_identity(store, "2025-01-15", requests))
+    assert (point["requests"], point["finished"], point["rejected"]) == (
+        run.summary["requests"],
+        run.summary["finished"],
+        run.summary["rejected"],
+    )
+    assert point["ttft_p99_s"] == pytest.approx(run.summary["ttft_s"]["p99"], rel=1e-9)
+    assert point["slo_passed"] is False  # rejected requests fail the SLO
