@@ -48,7 +48,7 @@ import polars as pl
 
 from pipeline.engine.model import EngineResult, Workload
 from pipeline.errors import ConfigError
-from pipeline.fleet import FleetConfig, check_loaded_fleet, parse_fleet
+from pipeline.fleet import MAX_ENGINES, FleetConfig, check_loaded_fleet, parse_fleet
 from pipeline.tomlfile import read_toml
 
 #: What a pool's replicas do with the requests it is sent. ``unified``: prefill and decode.
@@ -262,6 +262,12 @@ def parse_pooled(data: Mapping[str, Any], origin: str, base_dir: Path | None = N
             merged["engine"] = {**top["engine"], **raw["engine"]}  # a pool's engine keys on the fleet's
         cfg = parse_fleet(merged, where, base_dir)
         pools.append(Pool(name, role, rule, cfg))
+    engines = sum(p.config.replicas * p.config.dp for p in pools)
+    if engines > MAX_ENGINES:
+        raise ConfigError(
+            f"{origin}: the pools hold {engines:,} engines (replicas × dp) in all, more than the {MAX_ENGINES:,} a "
+            "replay numbers (4-byte replica ids, numbered pool after pool)"
+        )
     first = pools[0].config
     return PooledFleet(
         str(top["name"]), first.model, tuple(pools), first.slo, str(top.get("description", "")), dict(top)
