@@ -10,11 +10,10 @@ Poisson arrivals, a 16-replica fleet of Llama-3.1-8B on H100 (KV capacity from m
     python benchmarks/replay.py --cost measured --model qwen3-30b-a3b --replicas 8 --dp 2 --ep 2
                                                         # dp 2 x ep 2 ranks in lockstep
     python benchmarks/replay.py --requests 20000 --cost roofline     # with the roofline model
-    python benchmarks/replay.py --requests 20000 --engine fast       # the Python span engine
     python benchmarks/replay.py --reference 2000                     # engine vs reference
 
-``--engine jit`` (default) is pipeline/engine/jit.py, the engine the replay stage uses;
-``fast`` is the Python span engine it falls back to. ``linear`` is the affine stand-in cost of
+The engine is pipeline/engine/jit.py, the one the replay stage uses (``--reference N`` times the
+per-step reference, the tests' oracle, on N requests). ``linear`` is the affine stand-in cost of
 the tests, so the figure measures the engine; ``roofline`` adds the catalog's roofline and
 ``measured`` the GPU's measured profile (pipeline/profile/cost.py) — both tabulated step costs
 (pipeline/stepcost.py) the jit engine evaluates inside its loop, dense or MoE alike.
@@ -38,7 +37,6 @@ sys.path.insert(0, str(ROOT / "tests"))
 
 from test_engine_support import LinearCost  # noqa: E402
 
-from pipeline.engine.fast import simulate  # noqa: E402
 from pipeline.engine.jit import simulate_jit  # noqa: E402
 from pipeline.engine.model import FleetSpec, Workload  # noqa: E402
 from pipeline.engine.reference import simulate_reference  # noqa: E402
@@ -75,10 +73,9 @@ def main() -> None:
     ap.add_argument("--dp", type=int, default=1, help="data-parallel ranks per replica (MoE: lockstep)")
     ap.add_argument("--ep", type=int, default=1, help="expert parallel size (1 or tp x dp)")
     ap.add_argument("--router", default="round_robin")
-    ap.add_argument("--engine", choices=["jit", "fast"], default="jit")
     ap.add_argument("--reference", type=int, default=0, help="also time the reference on N requests")
     args = ap.parse_args()
-    engine = simulate_jit if args.engine == "jit" else simulate
+    engine = simulate_jit
 
     fleet = resolve(
         parse_fleet(
@@ -128,7 +125,7 @@ def main() -> None:
         f"requests            {n:,} ({ok.sum():,} finished) on {args.replicas} replicas x dp {args.dp} "
         f"(lockstep groups of {fleet.lockstep}), {args.router}"
     )
-    print(f"engine              {args.engine} (warm-up on 10 requests {warm:.2f} s)")
+    print(f"engine              jit (warm-up on 10 requests {warm:.2f} s)")
     print(f"model               {args.model} on {args.hardware}")
     print(f"cost model          {args.cost} (tables built in {t_build:.2f} s)")
     print(f"simulated span      {np.nanmax(res.finish_s):,.0f} s at {rate:.1f} req/s offered")
@@ -145,10 +142,7 @@ def main() -> None:
         t0 = time.perf_counter()
         ref = simulate_reference(sub, spec, cost)
         t_ref = time.perf_counter() - t0
-        print(
-            f"reference on {m:,}  {args.engine} {t_mine:.3f} s, reference {t_ref:.2f} s, "
-            f"speed-up {t_ref / t_mine:,.0f}x"
-        )
+        print(f"reference on {m:,}  jit {t_mine:.3f} s, reference {t_ref:.2f} s, speed-up {t_ref / t_mine:,.0f}x")
         for name in ("first_token_s", "finish_s"):
             a, b = getattr(mine, name), getattr(ref, name)
             print(f"max rel. diff {name:<13} {np.nanmax(np.abs(a - b) / np.abs(b)):.2e}")

@@ -11,7 +11,6 @@ from hypothesis import strategies as st
 from test_engine import _EXAMPLES, _assert_same, _cases, check_invariants
 from test_engine_support import LinearCost, workload
 
-from pipeline.engine.fast import simulate
 from pipeline.engine.jit import simulate_jit
 from pipeline.engine.model import FleetSpec, SchedulerConfig, Workload, dummy_step_s
 from pipeline.engine.reference import simulate_reference
@@ -60,10 +59,27 @@ def test_idle_group_waits_for_the_next_arrival_and_a_slow_rank_sets_the_pace() -
     _assert_same(simulate_jit(w, spec, cost), ref)
 
 
-def test_fast_engine_refuses_lockstep() -> None:
-    w = workload([0.0], [4], [2])
-    with pytest.raises(ConfigError, match="jit engine"):
-        simulate(w, FleetSpec(replicas=2, scheduler=_cfg(), lockstep=2), LinearCost())
+def test_lockstep_groups_past_the_state_limit_stay_on_the_compiled_engine(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Least outstanding over lockstep groups that keeps more groups busy than jit.MAX_STATE_BYTES
+    starts on grows on the compiled engine a whole group at a time, equal to the reference (no
+    engine refuses dp ranks any more, and none other takes over); ranks that do not make whole
+    groups are refused."""
+    from dataclasses import replace
+
+    from pipeline.engine import jit
+
+    w = workload([0.0] * 12, [30, 8, 50, 12, 20, 9, 40, 16, 11, 35, 7, 22], [6, 3, 9, 2, 5, 4, 8, 3, 2, 7, 1, 4])
+    spec = FleetSpec(replicas=8, scheduler=_cfg(), router="least_outstanding", lockstep=2)
+    monkeypatch.setattr(jit, "MAX_STATE_BYTES", jit.state_bytes(replace(spec, replicas=2)))
+    busy = jit.busy_fleet(w, spec)
+    assert busy.open_top and busy.spec.replicas == 2  # one group fits
+    cost = LinearCost(a=1.0, b=0.1, c=0.0, d=0.5, e=0.0)
+    log = StepLog()
+    res = simulate_jit(w, spec, cost, log)
+    ref = simulate_reference(w, spec, cost)
+    _assert_same(res, ref)
+    check_invariants(w, spec, res, log)
+    assert res.replica.max() >= 4  # it grew past the first group, and past the limit
     with pytest.raises(ConfigError, match="do not divide"):
         FleetSpec(replicas=3, scheduler=_cfg(), lockstep=2)
 

@@ -542,9 +542,12 @@ def test_auto_pods_count_by_hand(monkeypatch: pytest.MonkeyPatch) -> None:
     assert shard.auto_pods(_state_fleet(6), 10**7, static, streamed=True) == 6
     assert shard.auto_pods(_state_fleet(8, lockstep=4), 10**7, static, streamed=True) == 2
     assert shard.auto_pods(_state_fleet(1000, "least_outstanding"), 10**7, lambda: False, streamed=True) == 1
-    # one replica past what the compiled loop allocates: no pod helps, the Python engine runs it
+    # one replica past jit.MAX_STATE_BYTES too: still one a pod (the compiled engine runs any
+    # state memory holds; pods keep one pod's at a time), lockstep groups a group a pod
+    monkeypatch.setattr(shard, "AUTO_POD_STATE_BYTES", 10)
     monkeypatch.setattr(jit, "MAX_STATE_BYTES", 60_000)
-    assert shard.auto_pods(_state_fleet(1000), 10**6, static) == 1
+    assert shard.auto_pods(_state_fleet(1000), 10**6, static) == 1000
+    assert shard.auto_pods(_state_fleet(1000, lockstep=4), 10**6, static) == 250
 
 
 @pytest.mark.parametrize("router", ["round_robin", "session_affinity", "least_outstanding"])

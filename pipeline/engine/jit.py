@@ -6,11 +6,16 @@ hundred nanoseconds plus one row of the roofline kernel, so the replay runs at ~
 wall-second or more. Every router and arrival mode is supported; replicas run interleaved in time
 order (least-outstanding routing reads their state at each arrival).
 
-It needs a cost function the compiled loop can evaluate: a :class:`pipeline.stepcost.TabulatedCost`
-(the roofline's or a measured profile's tables, dense or MoE), whose ``kernel_args`` it passes to
-``stepcost.tab_row``. :func:`unsupported_reason` says why it does not apply otherwise (arbitrary
-callables, a block table too large for memory); callers then use
-:func:`pipeline.engine.fast.simulate`.
+It is the one production engine: every replay (the replay stage, pods, plan, fit, validate,
+calibrate, loadcurve) runs here; :mod:`pipeline.engine.reference` is the per-step oracle the tests
+hold it equal to. It needs a cost function the compiled loop can evaluate: a
+:class:`pipeline.stepcost.TabulatedCost` (the roofline's or a measured profile's tables, dense or
+MoE; every fleet's cost is one, ``profile.cost.fleet_step_cost``), whose ``kernel_args`` it passes
+to ``stepcost.tab_row``. :func:`unsupported_reason` says why a cost is not one. Any scheduler
+state runs: block tables and prefix-cache tables are allocated zeroed (calloc'd, so pages no
+request touches cost nothing); a state the machine cannot allocate is one error line
+(:class:`EngineStateTooLarge`), and the replay's memory guard (pipeline/limits.py) refuses it
+before it starts.
 
 The compiled loop runs without the GIL in a worker thread while the calling thread waits in
 short timeouts: it reports progress (requests done) to the ``progress`` callback as it goes, and
@@ -29,12 +34,14 @@ import numpy as np
 
 from pipeline.engine.model import EngineResult, FleetSpec, Workload, dummy_step_s, reject_reasons
 from pipeline.engine.steplog import SPAN_COLUMNS, RowSink
+from pipeline.errors import RooftraceError
 from pipeline.stepcost import MAX_TABLE_TOKENS, TabulatedCost
 from pipeline.stepcost import kernel_array as _arg
 from pipeline.steps import IntArray, StepCostFn
 
-#: Largest scheduler state (block tables, block pool, prefix-cache table) the jit engine
-#: allocates before deferring to the Python engine, whose state grows with use instead.
+#: Scheduler state (block tables, block pool, prefix-cache table) least outstanding starts on:
+#: as many replicas as fit in it (:func:`fitting_replicas`), then twice as many while its last
+#: replica was used (:func:`simulate_jit`). Not a limit: a state past it runs when memory holds it.
 MAX_STATE_BYTES = 2 * 1024**3
 
 #: How often the calling thread wakes to report progress (and to take a KeyboardInterrupt).
@@ -86,12 +93,31 @@ def state_bytes(spec: FleetSpec) -> int:
 
 
 def unsupported_reason(spec: FleetSpec, cost: StepCostFn) -> str | None:
-    """Why the jit engine cannot run ``spec`` with ``cost`` (None when it can)."""
+    """Why the jit engine cannot run ``spec`` with ``cost`` (None when it can): only a cost the
+    compiled loop cannot evaluate (the state's size is memory's to say: :class:`EngineStateTooLarge`)."""
+    if not isinstance(cost, TabulatedCost):
+        return (
+            "the step cost is a plain callable, not a tabulated step cost (pipeline.stepcost.TabulatedCost): "
+            "build one with profile.cost.fleet_step_cost or stepcost.affine_cost"
+        )
     if _tables(cost, spec) is None:
-        return "the cost function is not a tabulated step cost (pipeline.stepcost.TabulatedCost)"
-    if state_bytes(spec) > MAX_STATE_BYTES:
-        return f"its block tables would take {state_bytes(spec) / 1024**3:.1f} GiB"
+        need = min(max(spec.scheduler.max_num_batched_tokens, spec.scheduler.max_num_seqs) + 1, MAX_TABLE_TOKENS)
+        return f"the step cost's tables cover {cost.max_tokens:,} tokens, the fleet's steps {need:,} (no extend)"
     return None
+
+
+class EngineStateTooLarge(RooftraceError):
+    """The compiled loop's scheduler state could not be allocated (one line: what to do)."""
+
+
+def state_too_large(spec: FleetSpec) -> str:
+    """The one line for a scheduler state of ``spec`` that memory cannot hold, and what to do."""
+    return (
+        f"the replay engine's scheduler state for {spec.replicas:,} replicas ({state_bytes(spec) / 1024**3:,.1f} GiB "
+        "of block tables, KV block pool and prefix-cache table) does not fit in memory: replay in pods "
+        "(replay --pods N, or FLEET.toml router_pod_size), or use fewer replicas, a smaller max_num_seqs "
+        "or num_gpu_blocks_override"
+    )
 
 
 def affinity_replicas(affinity: np.ndarray[Any, np.dtype[np.int64]], replicas: int) -> np.ndarray[Any, Any]:
@@ -108,11 +134,6 @@ def fitting_replicas(spec: FleetSpec, limit: int | None = None) -> int:
     G = max(spec.lockstep, 1)
     limit = MAX_STATE_BYTES if limit is None else limit
     return max(G, limit // max(state_bytes(replace(spec, replicas=G)), 1) * G)
-
-
-class TooManyBusy(ValueError):
-    """Least outstanding kept more replicas busy at once than the compiled loop's state allows
-    (the Python engine, whose state grows with use, still applies)."""
 
 
 def reachable_prefix(work: Workload, spec: FleetSpec, routed: int | None = None) -> int:
@@ -205,15 +226,10 @@ def simulate_jit(
         if not busy.open_top or not (res.replica == top).any():
             break
         # least outstanding used every replica it was given: the fleet's next one might have
-        # been chosen; run again on twice as many (the compiled loop fits at most MAX_STATE_BYTES)
-        bigger = replace(busy.spec, replicas=min(spec.replicas, 2 * busy.spec.replicas))
-        reason = unsupported_reason(bigger, cost)
-        if reason is not None:
-            raise TooManyBusy(
-                f"the jit engine does not apply: more than {busy.spec.replicas:,} replicas are busy at once "
-                f"and {reason}"
-            )
-        busy = BusyFleet(bigger, None, None, bigger.replicas < spec.replicas)
+        # been chosen; run again on twice as many (up to the reachable prefix: busy_fleet)
+        reach = reachable_prefix(work, spec)
+        bigger = replace(busy.spec, replicas=min(reach, 2 * busy.spec.replicas))
+        busy = BusyFleet(bigger, None, None, bigger.replicas < reach)
     if busy.back is not None:
         ran = res.replica >= 0
         res.replica[ran] = busy.back[res.replica[ran]]
@@ -232,7 +248,7 @@ def _run_busy(
     spec, routes = busy.spec, busy.routes
     reason = unsupported_reason(spec, cost)
     if reason is not None:
-        raise ValueError(f"the jit engine does not apply: {reason}")
+        raise ValueError(f"the replay engine does not apply: {reason}")
     from pipeline.engine import _jit_kernels as k  # imports numba: only when the engine runs
 
     tables = _tables(cost, spec)
@@ -256,6 +272,12 @@ def _run_busy(
     none_i, none_u = np.zeros(0, np.int64), np.zeros(0, np.uint64)
     depth = tree.max_depth() if tree is not None else 1
     ctl = np.zeros(2)  # [cancel flag, requests done]: see run_fleet
+    try:
+        pool = alloc_pool(
+            int(spec.replicas), int(cfg.max_num_seqs), int(cfg.num_gpu_blocks), bool(caching), max_blocks, table
+        )
+    except MemoryError:
+        raise EngineStateTooLarge(state_too_large(spec)) from None
     kernel_args = (
         times,
         _arg(work.prompt_tokens, np.int64),
@@ -299,11 +321,12 @@ def _run_busy(
         res.cache_hit_tokens,
         res.prefill_tokens,
         ctl,
-        alloc_pool(
-            int(spec.replicas), int(cfg.max_num_seqs), int(cfg.num_gpu_blocks), bool(caching), max_blocks, table
-        ),
+        pool,
     )
-    rows, nrows = _run_in_thread(k.run_fleet, kernel_args, ctl, progress)
+    try:
+        rows, nrows = _run_in_thread(k.run_fleet, kernel_args, ctl, progress)
+    except MemoryError:
+        raise EngineStateTooLarge(state_too_large(spec)) from None
     if progress is not None:
         progress(n)
     return res, rows[:nrows]

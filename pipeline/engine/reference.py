@@ -1,10 +1,12 @@
 """The reference engine: one step at a time, one token at a time, physical KV blocks.
 
-It exists only to check :mod:`pipeline.engine.fast` (tests compare the two on every request's
-first-token and finish times). It is written for obviousness, not speed: every step is costed
-on its own, every KV block is a numbered object in a free queue, every token is a loop turn.
-It shares the configuration types, the rejection rule and the router with the fast engine, and
-nothing that steps the batch. Semantics: docs/engine.md.
+It is the oracle of the one production engine, :mod:`pipeline.engine.jit` (tests compare the two
+on every request's results on generated traces and fleets and on trace slices), and runs nowhere
+but in tests and benchmarks. It is written for obviousness, not speed: every step is costed on
+its own, every KV block is a numbered object in a free queue, every token is a loop turn. It
+shares the configuration types, the rejection rule and the router (pipeline/engine/model.py)
+with the compiled engine, and nothing that steps the batch. A new engine feature is written
+here and in the compiled loop, with a test that they agree. Semantics: docs/engine.md.
 """
 
 from __future__ import annotations

@@ -31,12 +31,10 @@ import numpy as np
 import numpy.typing as npt
 
 from pipeline import system
-from pipeline.engine import jit
 from pipeline.engine.jit import (
     REPLICA_COL,
     _tables,
     affinity_replicas,
-    busy_fleet,
     fitting_replicas,
     simulate_jit,
     state_bytes,
@@ -118,8 +116,8 @@ def auto_pods(spec: FleetSpec, requests: int, static: Callable[[], bool], stream
     requests are more than AUTO_POD_REQUESTS; then enough pods that one holds at most that much
     (at most one a lockstep group and MAX_PODS; pods without requests are never built). Round
     robin reaches one replica per request (whole lockstep groups); an affinity router one
-    lockstep group per request. One lockstep group too big for the compiled loop
-    (jit.MAX_STATE_BYTES) stays one run: the Python engine replays it, as before."""
+    lockstep group per request. A lockstep group past AUTO_POD_STATE_BYTES on its own is a pod of
+    its own."""
     G = max(spec.lockstep, 1)
     groups = spec.replicas // G
     per_request = 1 if spec.router == "round_robin" else G
@@ -128,7 +126,7 @@ def auto_pods(spec: FleetSpec, requests: int, static: Callable[[], bool], stream
     by_state = 1
     if state_bytes(replace(spec, replicas=reach)) > AUTO_POD_STATE_BYTES:
         by_state = -(-groups // (fitting_replicas(spec, AUTO_POD_STATE_BYTES) // G))
-    if max(by_state, by_log) == 1 or state_bytes(replace(spec, replicas=G)) > jit.MAX_STATE_BYTES or not static():
+    if max(by_state, by_log) == 1 or not static():
         return 1
     return min(MAX_PODS, groups, max(by_state, by_log))
 
@@ -202,23 +200,11 @@ class PodCut:
     def pod(self, work: Workload) -> Pod:
         return Pod(self.first, self.rows, _subset(work, self.rows, self.keep_affinity), self.spec, self.routes)
 
-    def reach(self, work: Workload) -> FleetSpec:
-        """The part of the pod's fleet its requests reach (jit.busy_fleet), without its chains."""
-        return busy_fleet(_subset(work, self.rows, self.keep_affinity, chains=False), self.spec, self.routes).spec
 
-
-def _subset(work: Workload, rows: RowArray, keep_affinity: bool, chains: bool = True) -> Workload:
-    """The requests ``rows`` of ``work`` (chains included unless not ``chains``), in that order."""
+def _subset(work: Workload, rows: RowArray, keep_affinity: bool) -> Workload:
+    """The requests ``rows`` of ``work``, chains included, in that order."""
     affinity = work.affinity[rows] if keep_affinity and work.affinity is not None else None
     reported = work.reported_hit_tokens[rows] if work.reported_hit_tokens is not None else None
-    if not chains:
-        return Workload(
-            work.arrival_s[rows],
-            work.prompt_tokens[rows],
-            work.output_tokens[rows],
-            affinity=affinity,
-            reported_hit_tokens=reported,
-        )
     if work.chain_tree is not None:
         return Workload(
             arrival_s=work.arrival_s[rows],
@@ -373,12 +359,9 @@ def sharded_results(
         raise ConfigError(f"executor {executor!r} unknown; choose one of {list(EXECUTORS)}")
     system.keep_malloc_threshold()  # pods' arrays go back to the system when freed
     shards = _cut_hierarchical(work, spec, pod_ranks, pod_balancer) if pod_ranks > 0 else _cut_pods(work, spec, pods)
-    # each pod allocates its own engine state: the largest pod must fit, not the whole fleet
-    # (the replicas of a pod that receive requests: jit.busy_fleet)
-    big = max((cut.reach(work) for cut in shards), key=lambda s: s.replicas)
-    reason = unsupported_reason(big, cost)
+    reason = unsupported_reason(spec, cost)
     if reason is not None:
-        raise ConfigError(f"pods of {big.replicas} replicas need the jit engine, but {reason}; use more, smaller pods")
+        raise ConfigError(f"the replay engine does not apply: {reason}")
     tables = _tables(cost, spec)
     assert tables is not None
     # data only: the closures (extend, exact) stay here; the tables already cover every step
