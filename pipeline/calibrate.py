@@ -17,9 +17,10 @@ from pathlib import Path
 
 import numpy as np
 
-from pipeline.catalog import HardwareSpec, load_hardware, parse_hardware
+from pipeline.catalog import HardwareSpec, hardware_to_toml, load_hardware, parse_hardware
 from pipeline.catalog.entries import write_entry
 from pipeline.errors import ConfigError, RooftraceError
+from pipeline.system import not_regular
 from pipeline.validate import (
     MIN_TARGET_TOKENS,
     Calibration,
@@ -61,8 +62,6 @@ def format_share(x: float) -> str:
 
 def calibrate(measurements: Path, hardware: str, name: str | None = None) -> CalibrateResult:
     """Fit the factors a measurement file identifies for one GPU; return the new catalog entry."""
-    from pipeline.catalog import hardware_to_toml
-
     base = load_hardware(hardware)
     groups, skipped = load_groups(discover(measurements), hardware)
     notes: list[str] = []
@@ -137,8 +136,6 @@ def calibrate(measurements: Path, hardware: str, name: str | None = None) -> Cal
 def check_profiles_out(target: Path) -> None:
     """``calibrate --out`` of measured profiles is a folder that exists or can be made (the
     <gpu>/ profiles go in it): anything else is one error line before any work is done."""
-    from pipeline.system import not_regular
-
     for folder in (target, *target.parents):
         if not os.path.lexists(folder):
             continue
@@ -157,8 +154,6 @@ def check_profiles_out(target: Path) -> None:
 def check_entry_out(target: Path) -> None:
     """``calibrate --out`` of fitted factors is a hardware TOML file: a folder, a device or a
     path under a file is one error line before the fit."""
-    from pipeline.system import not_regular
-
     for parent in reversed(target.parents):
         if os.path.lexists(parent) and not parent.is_dir():
             raise RooftraceError(f"cannot write {target}: {parent} is a file, not a folder")

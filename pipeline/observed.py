@@ -14,6 +14,8 @@ import numpy as np
 import numpy.typing as npt
 import polars as pl
 
+from pipeline.slo import percentile
+
 #: The metrics compared between a replay and the logs, in this order everywhere.
 METRICS = ("ttft", "tpot", "e2e")
 
@@ -48,8 +50,6 @@ def percentile_pair(
     """The observed and replayed ``pct``-th percentiles (the project's one definition,
     :func:`pipeline.slo.percentile`) of paired values, and the error replayed / observed − 1;
     None for what cannot be formed (no values, or an observed percentile of 0)."""
-    from pipeline.slo import percentile
-
     if observed.size == 0:
         return None, None, None
     o, r = percentile(observed, pct), percentile(replayed, pct)

@@ -37,10 +37,16 @@ import numpy as np
 import numpy.typing as npt
 import polars as pl
 
+from pipeline.classify.accounting import day_identity
 from pipeline.errors import ConfigError, RooftraceError
-from pipeline.observed import METRICS, observed_latencies
+from pipeline.fleet import load_fleet, resolve
+from pipeline.observed import METRICS, observed_latencies, percentile_pair
+from pipeline.profile.cost import fleet_step_cost
+from pipeline.replay import REPLAY_COLUMNS, REPORTED, ReplayOptions, build_workload, run_workload
+from pipeline.slo import percentile, request_latencies
 from pipeline.stackcal import PARAMETERS, StackCalibration, apply
 from pipeline.stepcost import TabulatedCost
+from pipeline.store import epoch_us
 
 #: Default share of the day's arrivals (by time) that trains; the rest is judged.
 TRAIN_SHARE = 0.6
@@ -124,8 +130,6 @@ def latency_errors(
     """Per metric, replayed / observed − 1 of the mean and of the p50, p90, p99 (the project's
     percentile, pipeline.slo.percentile) over ``rows`` where both are known and the replay
     finished the request."""
-    from pipeline.observed import percentile_pair
-
     out: dict[str, dict[str, float]] = {}
     for m in METRICS:
         ok = rows & np.isfinite(obs[m]) & np.isfinite(pred[m])
@@ -163,8 +167,6 @@ def _loss(
     """The fit's loss: the robust per-request loss of log(replayed / observed) of TTFT, TPOT and
     E2E on the rows ``idx`` (a request the replay never finished counts as 10× off), plus the
     squared log ratios of each metric's mean, p50, p90 and p99 over the requests both know."""
-    from pipeline.slo import percentile
-
     total, count = 0.0, 0
     agg = 0.0
     for m in METRICS:
@@ -214,8 +216,6 @@ class _Replayer:
         self.calls = 0
 
     def __call__(self, values: dict[str, float]) -> dict[str, npt.NDArray[np.float64]]:
-        from pipeline.replay import run_workload
-        from pipeline.slo import request_latencies
 
         self.calls += 1
         run = run_workload(self.work, self.fleet, self.options, cost=apply(self.base, values))
@@ -238,10 +238,6 @@ def fit_requests(
     """Fit a stack calibration on ``requests`` (canonical requests sorted by arrival, with the
     observed ``ttft_s`` / ``e2e_s``) replayed on the resolved ``fleet`` (see the module doc)."""
     from scipy.optimize import minimize
-
-    from pipeline.profile.cost import fleet_step_cost
-    from pipeline.replay import ReplayOptions, build_workload
-    from pipeline.store import epoch_us
 
     check_train_share(train_share)
     t_start = time.perf_counter()
@@ -388,9 +384,6 @@ def fit_store(
     progress: Callable[[str], None] | None = None,
 ) -> ObservedFit:
     """:func:`fit_requests` on one date of the store, on the fleet in ``fleet_path``."""
-    from pipeline.classify.accounting import day_identity
-    from pipeline.fleet import load_fleet, resolve
-    from pipeline.replay import REPLAY_COLUMNS, REPORTED
 
     check_train_share(train_share)  # before the day is read
     cfg = load_fleet(fleet_path)

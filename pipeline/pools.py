@@ -214,7 +214,7 @@ def _match(raw: Any, where: str) -> PoolMatch:
 def parse_pooled(data: Mapping[str, Any], origin: str, base_dir: Path | None = None) -> PooledFleet:
     """Validate a fleet file with ``[[pool]]`` tables; every error names ``origin``, the pool and
     the key. (A run records each pool's resolved fleet; pipeline.runfolder.pools_of reads them.)"""
-    from pipeline.tomlschema import PooledFleetFile, PoolTable, check
+    from pipeline.tomlschema import PooledFleetFile, PoolTable, check  # lazy: pydantic, loaded only when a file is read
 
     pools_raw = data.get("pool")
     if not isinstance(pools_raw, list) or not pools_raw:

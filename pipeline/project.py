@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from types import MappingProxyType
 
+from pipeline.catalog.entries import list_models
 from pipeline.errors import ConfigError
 from pipeline.tomlfile import read_toml
 
@@ -62,7 +63,7 @@ def find_project(start: Path | None = None) -> Project:
 
 
 def _load(path: Path) -> Project:
-    from pipeline.tomlschema import ProjectFile, check
+    from pipeline.tomlschema import ProjectFile, check  # lazy: pydantic, loaded only when a file is read
 
     data = read_toml(path, "project file")
     check(data, ProjectFile, str(path))  # keys and types (pipeline/tomlschema.py); values below
@@ -81,7 +82,6 @@ def _model_aliases(path: Path, table: object) -> Mapping[str, str]:
     (one line naming the file and key otherwise)."""
     if not isinstance(table, dict) or not table:
         return MappingProxyType({})
-    from pipeline.catalog.entries import list_models  # (only a project with aliases reads the catalog)
 
     known = list_models()
     for key, value in table.items():

@@ -38,6 +38,7 @@ import numpy as np
 
 from pipeline.catalog import HardwareSpec, ModelSpec, kv_format, weight_format
 from pipeline.errors import ConfigError
+from pipeline.stepcost import N_TAB, TabulatedCost, affine_cost, scalars, table_size
 from pipeline.steps import FloatArray, StepBatch, StepCost
 
 #: Largest ``dp`` accepted: a bound against absurd values (each rank is an engine with its own state).
@@ -541,8 +542,6 @@ def add_roofline_terms(tab: FloatArray, op: Op, hw: HardwareSpec) -> None:
 
 def _tabulate(dep: Deployment, ops: list[Op], hw: HardwareSpec) -> FloatArray:
     """Sum the operators' roofline terms per row into TAB_COLUMNS (rows are the probe steps)."""
-    from pipeline.stepcost import N_TAB
-
     n = ops[0].flops.shape[0] if ops else 0
     tab = np.zeros((n, N_TAB))
     for op in ops:
@@ -603,8 +602,6 @@ def roofline_cost(dep: Deployment, max_tokens: int = 32768) -> Any:
     """``step_cost(dep, ·)`` as a :class:`pipeline.stepcost.TabulatedCost` (tier 2: the roofline
     with the catalog's efficiency factors), for steps of up to ``max_tokens`` tokens; larger
     steps extend the tables on demand."""
-    from pipeline.stepcost import TabulatedCost, affine_cost, scalars, table_size
-
     max_tokens = table_size(max_tokens)
     tok, logit = roofline_tables(dep, max_tokens)
     aff = roofline_affine(dep)
@@ -661,8 +658,6 @@ def affine_check_batch(n: int = 256, seed: int = 0) -> StepBatch:
 def fast_step_cost(dep: Deployment, max_tokens: int = 32768) -> Any:
     """``step_cost(dep, ·)`` as tables (:func:`roofline_cost`), checked against step_cost on
     :func:`affine_check_batch` (relative TABLE_RTOL): a failure is a bug, raised."""
-    from pipeline.stepcost import TabulatedCost
-
     fast: TabulatedCost = roofline_cost(dep, max_tokens)
     check = affine_check_batch()
     want, got = step_cost(dep, check), fast(check)

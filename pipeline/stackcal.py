@@ -42,6 +42,7 @@ import numpy as np
 
 from pipeline.errors import ConfigError
 from pipeline.stepcost import TabulatedCost
+from pipeline.tomlfile import read_toml
 
 #: name -> (lower bound, upper bound, default: no change)
 PARAMETERS: dict[str, tuple[float, float, float]] = {
@@ -87,7 +88,7 @@ def parse_calibration(table: Any, where: str, origin: str = "") -> StackCalibrat
     ``where`` and the key."""
     if not isinstance(table, dict):
         raise ConfigError(f"{where}: must be a table, got {type(table).__name__}")
-    from pipeline.tomlschema import StackCalibrationTable, check
+    from pipeline.tomlschema import StackCalibrationTable, check  # lazy: pydantic, loaded only when a file is read
 
     check(table, StackCalibrationTable, where)  # keys and types; the bounds below
     out: dict[str, Any] = {}
@@ -111,8 +112,6 @@ def parse_calibration(table: Any, where: str, origin: str = "") -> StackCalibrat
 def load_calibration_file(path: Path, where: str) -> StackCalibration:
     """The ``[calibration]`` table of the calibration file at ``path`` (``where``: who names it,
     for errors: the fleet file and its ``calibration_file`` key)."""
-    from pipeline.tomlfile import read_toml
-
     try:
         data = read_toml(path, "calibration file")
     except ConfigError as exc:

@@ -16,6 +16,8 @@ import tomllib
 from pathlib import Path
 from typing import Any
 
+from pipeline.system import not_regular
+
 from .errors import ConfigError
 
 #: The most bytes a config file (TOML, a Hugging Face config.json) may hold: 16 MiB, about a
@@ -58,8 +60,6 @@ def read_config_bytes(path: Path | str, what: str = "config file") -> bytes:
                     raise ConfigError(_too_large(path, what))
                 data = fh.read(MAX_CONFIG_BYTES + 1)  # (a file that grows, or lies about its size)
         else:
-            from pipeline.system import not_regular
-
             raise ConfigError(f"{path}: {what} is {not_regular(path) or 'not a file'}, not a regular file")
     except FileNotFoundError:
         raise ConfigError(f"{path}: {what} not found") from None

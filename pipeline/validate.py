@@ -44,6 +44,7 @@ from pipeline.roofline import (
 )
 from pipeline.schemas import write_parquet
 from pipeline.steps import FloatArray, StepBatch
+from pipeline.system import not_regular
 
 #: Folder / column labels of the public measurement sets -> catalog hardware. Vidur's "a100" and
 #: "h100" compute SKUs and the DGX network devices are 80 GB SXM parts (Vidur paper §6);
@@ -651,8 +652,6 @@ def refuse_part_of_a_set(path: Path) -> None:
 
 def discover(measurements: Path) -> list[Path]:
     """Measurement files under a folder (or the one file given), in a stable order."""
-    from pipeline.system import not_regular
-
     if measurements.is_file():
         return [measurements]
     if not measurements.is_dir():

@@ -29,7 +29,7 @@ from types import MappingProxyType
 from typing import Any, TypeVar
 
 from pipeline.errors import ConfigError, RooftraceError
-from pipeline.schemas import os_write_reason
+from pipeline.schemas import atomic_write_bytes, os_write_reason
 from pipeline.tomlfile import read_config_bytes, read_toml
 
 CATALOG_DIR = Path(__file__).resolve().parent
@@ -57,7 +57,7 @@ def _check_keys(table: Mapping[str, Any], schema: str, where: str) -> None:
     """The keys and value types of an entry, as ``schema`` (a model in pipeline/tomlschema.py)
     declares them; one line naming ``where``, the table and the key. The checks of values
     (ranges, names, dates) follow in the parsers."""
-    from pipeline import tomlschema
+    from pipeline import tomlschema  # lazy: pydantic, loaded only when a file is read
 
     tomlschema.check(table, getattr(tomlschema, schema), where)
 
@@ -994,8 +994,6 @@ def import_hf_config(config_path: Path | str, name: str | None = None, hf_id: st
 def write_entry(path: Path, text: str) -> Path:
     """Write a catalog entry's ``text`` to ``path`` atomically; a path that cannot be written (a
     parent that is a file, a folder in its place, no permission) is one RooftraceError line."""
-    from pipeline.schemas import atomic_write_bytes
-
     try:
         atomic_write_bytes(path, text.encode("utf-8"))
     except OSError as exc:

@@ -33,6 +33,8 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from functools import cache
 
+from pipeline.catalog.entries import list_models, load_model
+
 #: Trailing name parts of copies of a model that share its architecture: instruction tuning,
 #: quantization, a serving tier. Dropped one at a time from the end (case ignored), each after a
 #: '-', '_' or '.'.
@@ -121,8 +123,6 @@ class NameMatch:
 @cache
 def catalog_names() -> tuple[CatalogName, ...]:
     """Every catalog model's id and Hugging Face id (read once)."""
-    from pipeline.catalog.entries import list_models, load_model
-
     return tuple(CatalogName(name, load_model(name).hf_id) for name in list_models())
 
 

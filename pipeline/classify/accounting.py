@@ -31,9 +31,13 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
+from pipeline.catalog import load_model
+from pipeline.catalog.names import canonical_model_names
 from pipeline.classify import prefix
-from pipeline.errors import RooftraceError
+from pipeline.errors import ConfigError, RooftraceError
+from pipeline.fit import kv_bytes_per_token
 from pipeline.limits import check_classify_memory
+from pipeline.project import find_project
 from pipeline.schemas import atomic_write_bytes, load_schema, read_parquet, write_parquet
 from pipeline.store import Store
 
@@ -118,9 +122,6 @@ def catalog_kv_bytes_per_token(model: str, kv_dtype: str = "bf16", *, required: 
     """KV-cache bytes per token of catalog model ``model`` (all full-attention layers, no tensor
     parallel split: the whole replica's bytes), or None when the catalog has no such model."""
     # Imported here: the catalog and memory model are another stage's, loaded only when needed.
-    from pipeline.catalog import load_model
-    from pipeline.errors import ConfigError
-    from pipeline.fit import kv_bytes_per_token
 
     try:
         spec = load_model(model)
@@ -228,8 +229,6 @@ def account(requests: pl.DataFrame, options: ClassifyOptions | None = None) -> A
     minute_us = (arrival_us // 60_000_000) * 60_000_000
     minutes, minute_idx = np.unique(minute_us, return_inverse=True)
     recorded = df.get_column("recorded_input_tokens").to_numpy().astype(np.int64)
-    from pipeline.catalog.names import canonical_model_names  # one cache per model, its spellings one
-    from pipeline.project import find_project
 
     logged = df.get_column("model")
     aliases = find_project().models

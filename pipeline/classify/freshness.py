@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pyarrow as pa
 
+from pipeline.classify.accounting import accounting_paths, classify_totals
 from pipeline.store import Store
 
 
@@ -66,8 +67,6 @@ class ClassifyFreshness:
 
 
 def _summary_requests(store: Store, date: str) -> int | None:
-    from pipeline.classify.accounting import classify_totals
-
     n = (classify_totals(store, date) or {}).get("requests")
     return n if isinstance(n, int) and not isinstance(n, bool) else None
 
@@ -92,8 +91,6 @@ def classify_freshness(store: Store, date: str) -> ClassifyFreshness:
     """Whether classify's accounting of ``date`` covers the store's requests of it now: counts
     first (summary.json against the request files' footers), then, for equal counts, the request
     ids (an unreadable file leaves the count as all there is to go on)."""
-    from pipeline.classify.accounting import accounting_paths
-
     paths = accounting_paths(store, date)
     classified = _summary_requests(store, date)
     stored = store.stored_rows(date)

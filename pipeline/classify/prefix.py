@@ -47,7 +47,12 @@ import numpy.typing as npt
 import polars as pl
 import pyarrow as pa
 
+from pipeline.blockhash import block_hash as _block_hash
+from pipeline.blockhash import compiled_hash, mix64
+from pipeline.blockhash import mix as _mix
+from pipeline.catalog.names import canonical_model_names
 from pipeline.errors import RooftraceError
+from pipeline.project import find_project
 
 U64Array = npt.NDArray[np.uint64]
 I64Array = npt.NDArray[np.int64]
@@ -64,22 +69,8 @@ ISOLATION_COLUMNS: frozenset[str] = frozenset({"model", "adapter", "tenant", "se
 #: Stack distance of a block never seen before (or expired): a miss at every capacity.
 INF_DISTANCE = int(np.iinfo(np.int64).max)
 
-# splitmix64 (Steele, Lea & Flood, "Fast splittable pseudorandom number generators", OOPSLA 2014;
-# constants as in Vigna's public-domain splitmix64.c): a fixed, well-mixing 64-bit bijection, so
-# hashes are identical across runs, processes and machines (Python's hash() of str is not).
-_GOLDEN = 0x9E3779B97F4A7C15
-_M1 = 0xBF58476D1CE4E5B9
-_M2 = 0x94D049BB133111EB
 #: Mixed into the content id of a partial last block so its hash can never equal a full block's.
 _PARTIAL_TAG = 0x5041525449414C21  # ASCII "PARTIAL!"
-
-
-def mix64(x: npt.ArrayLike) -> U64Array:
-    """splitmix64 finaliser over a uint64 array (vectorised; wraps modulo 2**64 as intended)."""
-    z = np.asarray(x, dtype=np.uint64) + np.uint64(_GOLDEN)
-    z = (z ^ (z >> np.uint64(30))) * np.uint64(_M1)
-    z = (z ^ (z >> np.uint64(27))) * np.uint64(_M2)
-    return cast(U64Array, z ^ (z >> np.uint64(31)))
 
 
 def key64(text: str) -> int:
@@ -89,13 +80,6 @@ def key64(text: str) -> int:
 
 # --------------------------------------------------------------------------------------------
 # hot loops: plain Python functions, compiled with numba when it is installed
-
-
-def _mix(x: np.uint64) -> np.uint64:
-    z = x + np.uint64(_GOLDEN)
-    z = (z ^ (z >> np.uint64(30))) * np.uint64(_M1)
-    z = (z ^ (z >> np.uint64(27))) * np.uint64(_M2)
-    return z ^ (z >> np.uint64(31))
 
 
 def _fnv1a_kernel(offsets: I64Array, data: npt.NDArray[np.uint8], out: U64Array) -> None:
@@ -183,13 +167,6 @@ def _origin_kernel(
             while shared[a] >= end:
                 a = parent[a]
             out[off[k] + m] = _block_hash(key[a], m)
-
-
-def _block_hash(key: np.uint64, m: int) -> np.uint64:
-    """Hash of full block ``m`` whose origin (the request that introduced it) has key ``key``: the
-    one definition the identity's chains (:func:`_origin_kernel`, :func:`_tree_hash_kernel`) and
-    the jit engine's lazy chains (pipeline/engine/_jit_kernels.py) share."""
-    return _mix(key ^ _mix(np.uint64(m)))
 
 
 def _up_kernel(parent: I64Array, shared: I64Array, bs: int, fb: I64Array, up: I64Array) -> None:
@@ -420,18 +397,6 @@ def _python_fallback(fn: Callable[..., None]) -> Callable[..., None]:
 
 
 @cache
-def compiled_hash() -> tuple[Callable[..., np.uint64], Callable[..., np.uint64]]:
-    """``_mix`` and ``_block_hash`` compiled by numba (inlined where they are called): the prefix
-    kernels and the jit engine (pipeline/engine/_jit_kernels.py) hash blocks with these."""
-    import numba
-
-    mix = numba.njit(cache=True, inline="always")(_mix)
-    glb = {**_block_hash.__globals__, "_mix": mix}
-    block_hash = numba.njit(cache=True, inline="always")(types.FunctionType(_block_hash.__code__, glb, "_block_hash"))
-    return mix, block_hash
-
-
-@cache
 def _kernels() -> _Kernels:
     """The hot loops, compiled by numba on first use (cached on disk); plain Python without it."""
     try:
@@ -582,9 +547,6 @@ def isolation_salts(requests: pl.DataFrame, isolation: Sequence[str]) -> U64Arra
         return np.full(requests.height, key64("[]"), dtype=np.uint64)
     keys = requests.select(cols)
     if "model" in cols:
-        from pipeline.catalog.names import canonical_model_names
-        from pipeline.project import find_project
-
         logged = keys.get_column("model").drop_nulls().unique().sort().to_list()
         names = canonical_model_names(logged, find_project().models)
         keys = keys.with_columns(pl.col("model").replace({k: v for k, v in names.items() if k != v}))

@@ -22,14 +22,14 @@ from pathlib import Path
 import numba
 import numpy as np
 
-from pipeline.classify import prefix
+from pipeline.blockhash import compiled_hash
 from pipeline.engine.jitcache import jit_cache_dir, kernel_stamp
 from pipeline.stepcost import row_kernel, span_kernels
 
 
 def _drop_stale_cache() -> None:
     """numba's disk cache of this module is keyed on this file alone, but the loop inlines the
-    step-cost kernels of pipeline/stepcost.py and the block hash of pipeline/classify/prefix.py:
+    step-cost kernels of pipeline/stepcost.py and the block hash of pipeline/blockhash.py:
     when they change, the cached machine code would keep the old ones. A stamp of their source
     (jitcache.kernel_stamp) beside the cache detects it; the stale entries are removed so numba
     compiles afresh (silently skipped where the package is installed read-only: an installed
@@ -69,9 +69,9 @@ LOG_COLS = 18
 # (tab_span_prep once per span, tab_span_row per step: the same operations on the same values).
 _tab_row = row_kernel()
 _span_prep, _span_row = span_kernels()
-# A prefix block's hash (pipeline.classify.prefix._block_hash): the lazy chains below give the
+# A prefix block's hash (pipeline.blockhash.block_hash): the lazy chains below give the
 # same hashes as the identity's materialised ones.
-_block_hash = prefix.compiled_hash()[1]
+_block_hash = compiled_hash()[1]
 
 # The KV pool's, prefix cache's, step log's and arrival heap's kernels (forceinline=False: see
 # run_fleet's pieces below).

@@ -32,6 +32,7 @@ from typing import Any
 
 import numpy as np
 
+from pipeline.blockhash import mix64
 from pipeline.engine.model import EngineResult, FleetSpec, Workload, dummy_step_s, reject_reasons
 from pipeline.engine.steplog import SPAN_COLUMNS, RowSink
 from pipeline.errors import RooftraceError
@@ -122,8 +123,6 @@ def state_too_large(spec: FleetSpec) -> str:
 
 def affinity_replicas(affinity: np.ndarray[Any, np.dtype[np.int64]], replicas: int) -> np.ndarray[Any, Any]:
     """model.affinity_replica over an array of keys (−1 stays −1), in wrapping uint64 numpy."""
-    from pipeline.classify.prefix import mix64
-
     out = (mix64(affinity.astype(np.uint64)) % np.uint64(replicas)).astype(np.int64)
     return np.where(affinity >= 0, out, -1)
 
@@ -249,7 +248,7 @@ def _run_busy(
     reason = unsupported_reason(spec, cost)
     if reason is not None:
         raise ValueError(f"the replay engine does not apply: {reason}")
-    from pipeline.engine import _jit_kernels as k  # imports numba: only when the engine runs
+    from pipeline.engine import _jit_kernels as k  # lazy: numba, imported only when the engine runs
 
     tables = _tables(cost, spec)
     assert tables is not None

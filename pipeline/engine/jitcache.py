@@ -9,8 +9,7 @@ import hashlib
 import inspect
 from pathlib import Path
 
-from pipeline import stepcost
-from pipeline.classify import prefix
+from pipeline import blockhash, stepcost
 
 
 def jit_cache_dir(src: Path | None = None) -> Path:
@@ -32,9 +31,9 @@ def jit_cache_dir(src: Path | None = None) -> Path:
 
 def kernel_stamp() -> str:
     """Digest of the sources the compiled loop inlines from other modules (pipeline/stepcost.py and
-    the block hash of pipeline/classify/prefix.py): numba's disk cache of _jit_kernels.py is keyed
+    the block hash, pipeline/blockhash.py): numba's disk cache of _jit_kernels.py is keyed
     on that file alone, so a stamp named by this digest sits beside the cache (_jit_kernels drops
     the cache when it is missing; pipeline.limits reads it to know whether a compile is ahead)."""
     source = Path(stepcost.__file__).read_bytes()
-    source += "".join(inspect.getsource(f) for f in (prefix._mix, prefix._block_hash)).encode()
+    source += "".join(inspect.getsource(f) for f in (blockhash.mix, blockhash.block_hash)).encode()
     return hashlib.sha256(source).hexdigest()[:16]

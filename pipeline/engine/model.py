@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 import numpy.typing as npt
 
+from pipeline.blockhash import mix64
 from pipeline.errors import ConfigError
 from pipeline.steps import FloatArray, IntArray, StepBatch, StepCostFn
 
@@ -283,10 +284,8 @@ def reject_reasons(work: Workload, cfg: SchedulerConfig) -> npt.NDArray[np.int8]
 
 
 def affinity_replica(key: int, replicas: int) -> int:
-    """Replica of an affinity key: the prefix hashes' 64-bit mix (pipeline.classify.prefix.mix64,
+    """Replica of an affinity key: the prefix hashes' 64-bit mix (pipeline.blockhash.mix64,
     splitmix64's finaliser) so that consecutive keys spread evenly, then modulo the replica count."""
-    from pipeline.classify.prefix import mix64
-
     return int(mix64(np.array([key], np.uint64))[0] % np.uint64(replicas))
 
 

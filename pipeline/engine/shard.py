@@ -151,7 +151,7 @@ def _rows_by_pod(keys: RowArray, cuts: IntArray, pods: int) -> Iterator[tuple[in
     route; with no cuts, ``keys[i]`` is its pod. A key < 0 (a rejected request: routed nowhere)
     counts as pod 0, which reports them. Rows are 4-byte numbers (8 when the day has 2³¹ rows
     or more). Pods without requests are never built (they would replay nothing)."""
-    from pipeline.engine import _jit_kernels as k
+    from pipeline.engine import _jit_kernels as k  # lazy: numba, imported only when the engine runs
 
     n = keys.shape[0]
     if not n:

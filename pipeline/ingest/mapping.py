@@ -53,7 +53,7 @@ _TOP_KEYS = {"format", "source_format", "time_unit", "input_excludes_cache", "bl
 
 
 def load_mapping(file: Path, forced_format: str | None) -> FormatSpec:
-    from pipeline.tomlschema import MappingFile, check
+    from pipeline.tomlschema import MappingFile, check  # lazy: pydantic, loaded only when a file is read
 
     data = read_toml(file, "mapping")
     # keys and types: [fields] maps each canonical field it names to a non-empty column name,

@@ -23,10 +23,11 @@ from pipeline.cost import (
 )
 from pipeline.engine.model import REJECT_KV_CAPACITY, REJECT_REASONS
 from pipeline.errors import ConfigError
-from pipeline.fleet import FleetConfig, ResolvedFleet, missing_profile, resolve
+from pipeline.fleet import FleetConfig, ResolvedFleet, check_stack_calibration, missing_profile, resolve
 from pipeline.limits import ResourceLimitError
 from pipeline.plan.window import Window
-from pipeline.replay import ReplayOptions, ReplayRun, build_workload, run_replay
+from pipeline.profile.tables import no_profile_message
+from pipeline.replay import ReplayOptions, ReplayRun, build_workload, multi_node_warning, run_replay
 from pipeline.roofline import decode_batch, prefill_batch
 from pipeline.slo import (
     METRICS,
@@ -36,6 +37,7 @@ from pipeline.slo import (
     percentile,
 )
 from pipeline.steps import BINDING_NAMES
+from pipeline.units import format_seconds
 
 #: A failing target whose value improves by less than this when replicas double has hit a
 #: latency floor (e.g. one decode step is slower than the TPOT limit): more replicas cannot help.
@@ -168,8 +170,6 @@ def skip_reason(base: FleetConfig, hardware: str, origin: str = "the base fleet"
     model (``cost_model = "measured"``) and that GPU has no measured profile, or the base fleet's
     calibration (``calibration_file``) was learnt on another GPU or tier. None otherwise."""
     if base.stack_calibration is not None:
-        from pipeline.fleet import check_stack_calibration
-
         try:
             check_stack_calibration(base, hardware)
         except ConfigError as exc:
@@ -179,7 +179,6 @@ def skip_reason(base: FleetConfig, hardware: str, origin: str = "the base fleet"
     missing = missing_profile(hardware)
     if missing is None:
         return None
-    from pipeline.profile.tables import no_profile_message
 
     gpu = missing[0]
     return f"skipped: {gpu} has no measured profile; the base fleet ({origin}) says {no_profile_message(gpu)}"
@@ -278,7 +277,6 @@ def replay_period(run: ReplayRun, cols: dict[str, npt.NDArray[np.float64]] | Non
 def overload_note(ev: Evaluation) -> str:
     """Why a replay that did not keep up fails, in `cost`'s words (Period.unit_costs_note)."""
     what = "OVERLOADED" if ev.period.get("overloaded") else "falls behind"
-    from pipeline.units import format_seconds
 
     if ev.period.get("period_basis") != PERIOD_MAKESPAN:  # a peak backlog that drained before the last arrival
         return (
@@ -537,7 +535,6 @@ def _search_candidate(task: Task, out: CandidateResult) -> CandidateResult:
         out.note = rejection_note(out.evaluations[0], task.max_rejected, task.slo) if why == "rejected" else why
         return out
     out.replicas = n
-    from pipeline.replay import multi_node_warning
 
     out.note = multi_node_warning(fleet) or out.note  # a replica across nodes: priced as one (optimistic)
     run = runs[n]

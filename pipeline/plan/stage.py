@@ -19,6 +19,7 @@ import pyarrow as pa
 
 from pipeline import system
 from pipeline.catalog import HardwareSpec, load_hardware, load_model, weight_format
+from pipeline.catalog.names import resolve_model_names
 from pipeline.classify.accounting import day_identity
 from pipeline.cost import (
     TokenTotals,
@@ -50,6 +51,7 @@ from pipeline.slo import (
     traffic_span,
 )
 from pipeline.store import SAFE_ID_RE, Store
+from pipeline.tables import json_safe
 from pipeline.units import format_bytes
 
 #: Largest --tp tried: a bound against an absurd catalog ``gpus_per_node`` (the plan tables
@@ -235,8 +237,6 @@ def traffic_rows(
     pipeline/catalog/names.py), and the rows logged without a model (``unknown``), which replay
     counts as the fleet's too. With it: the rows logged with exactly that value, or with a name
     resolving to the same catalog model as it; ``*`` is every row."""
-    from pipeline.catalog.names import resolve_model_names
-
     counts = every.group_by("model").len().sort(["len", "model"], descending=[True, False])
     logged = [(str(m), int(n)) for m, n in counts.iter_rows()]
     if traffic_model == "*":
@@ -354,7 +354,6 @@ def plan(store: Store, opts: PlanOptions, progress: Callable[[str], None] | None
         if chosen is not None:
             write_parquet(_gpu_cost_table(plan_id, chosen), costs / "gpu_cost.parquet", "plan_gpu_cost")
             write_parquet(pa.Table.from_pylist(api_rows), costs / "api_cost.parquet", "plan_api_cost")
-        from pipeline.tables import json_safe
 
         text = json.dumps(json_safe(doc), indent=2, sort_keys=True, default=str, allow_nan=False)
         atomic_write_bytes(plan_dir / "plan.json", text.encode())

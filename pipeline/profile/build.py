@@ -25,6 +25,7 @@ from typing import Any
 import polars as pl
 
 from pipeline.errors import ConfigError
+from pipeline.profile.heldout import attention_tile, fit_fallbacks, fit_sampler, heldout_summary, judge
 from pipeline.profile.select import select_rows
 from pipeline.profile.sources import read_measurements
 from pipeline.profile.tables import FAMILY_FILES, PROFILES_DIR
@@ -233,8 +234,6 @@ def build_profiles(
     """Read ``measurements``, judge the tables on held-out shapes, write one profile per GPU;
     ``skipped`` gets what the measurements held that was not read, and why; ``notes`` what the
     reader said about rows it kept (repeated measurements that disagree)."""
-    from pipeline.profile.heldout import attention_tile, fit_fallbacks, fit_sampler, heldout_summary, judge
-
     meas = read_measurements(measurements)
     names = meas.gpus if gpus is None else [g for g in meas.gpus if g in gpus]
     built: list[BuiltProfile] = []

@@ -40,17 +40,20 @@ from typing import Any
 import numpy as np
 
 from pipeline.errors import ConfigError
-from pipeline.profile.tables import MOE_DISTRIBUTIONS, Profile, is_catalog_device, profile_for
+from pipeline.profile.prior import load_prior, prior_profile
+from pipeline.profile.tables import MOE_DISTRIBUTIONS, Profile, is_catalog_device, no_profile_message, profile_for
 from pipeline.roofline import (
     LOGIT_OPS,
     Deployment,
     _is_affine_op,
     add_roofline_terms,
     comm_time,
+    fast_step_cost,
     op_times,
     operators,
     roofline_affine,
 )
+from pipeline.stackcal import apply, check_applies
 from pipeline.stepcost import N_TAB, TabulatedCost, flat_ratio_grid, grid_arrays, scalars, table_size
 from pipeline.steps import FloatArray, StepBatch
 
@@ -510,8 +513,6 @@ def prior_cost(
     """The deployment's step cost from the size-aware roofline prior (pipeline/profile/prior.py),
     or None when the catalog has no prior. ``describe`` says why the prior priced it
     (``prior_reason``), the GPU's vendor, and which operators fell to the plain roofline."""
-    from pipeline.profile.prior import load_prior, prior_profile
-
     prior = load_prior()
     if prior is None:
         return None
@@ -546,15 +547,11 @@ def step_cost_for(
     (``prior_applies``, true unless the entry says false: the AMD GPUs) or ``prior`` anywhere, the
     size-aware roofline prior fitted on the measured GPUs; else the roofline with the catalog's
     factors."""
-    from pipeline.roofline import fast_step_cost
-
     if cost_model not in COST_MODELS:
         raise ConfigError(f"cost_model must be one of {list(COST_MODELS)}, got {cost_model!r}")
     prof = profile_for(dep.hardware) if cost_model in ("auto", "measured") else None
     if prof is None:
         if cost_model == "measured":
-            from pipeline.profile.tables import no_profile_message
-
             raise ConfigError(no_profile_message(dep.hardware.name, dep.hardware))
         if cost_model == "prior" or (cost_model == "auto" and dep.hardware.prior_applies):
             why = "cost_model = 'prior' asked for" if cost_model == "prior" else "no measured profile of this GPU"
@@ -604,8 +601,6 @@ def fleet_step_cost(fleet: Any) -> TabulatedCost:
             )
         stack = fleet.config.stack_calibration
         if stack is not None:  # learnt from logs (calibrate --observed): on top of the tier
-            from pipeline.stackcal import apply, check_applies
-
             check_applies(stack, fleet.deployment.hardware.name, cost.source, f"calibration ({stack.source[:120]})")
             cost = apply(cost, stack)
         return cost

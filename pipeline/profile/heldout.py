@@ -40,9 +40,10 @@ import polars as pl
 from pipeline.catalog import load_hardware, load_model
 from pipeline.profile.attention import decode_time, prefill_time, step_attention
 from pipeline.profile.cost import gemm_shapes, measured_cost, step_cost_for
-from pipeline.profile.mixed import composed_attention
+from pipeline.profile.mixed import composed_attention, ratio_grid
 from pipeline.profile.prior import Prior, PriorCurve, die_donor, fit_without, fitted_scalars, prior_profile
-from pipeline.profile.sources import Measurements
+from pipeline.profile.select import _most_rows, gemm_rows, mixed_ratio_rows, moe_rows, partial_gemm_dtypes, select_rows
+from pipeline.profile.sources import Measurements, read_measurements
 from pipeline.profile.tables import Profile, frames_profile, load_profile
 from pipeline.roofline import Deployment
 from pipeline.steps import StepBatch
@@ -93,7 +94,6 @@ def _judge_gemm(meas: Measurements, gpu: str) -> list[pl.DataFrame]:
     if g.height == 0:  # no GEMM table on this GPU (collectives only, or every row left out)
         return out
     # the rows a profile ships (pipeline/profile/build.py select_rows): judge what the replay reads
-    from pipeline.profile.select import _most_rows, gemm_rows, partial_gemm_dtypes
 
     aic = _most_rows(gemm_rows(g.filter(pl.col("set") == "aiconfigurator")), ["dtype"])
     aic = aic.filter(~pl.col("dtype").is_in(partial_gemm_dtypes(aic)))
@@ -167,8 +167,6 @@ def _attn_predict(prof: Profile, fam: str, part: pl.DataFrame, kv: str, nq: int,
 
 
 def _judge_attention(meas: Measurements, gpu: str) -> list[pl.DataFrame]:
-    from pipeline.profile.select import _most_rows
-
     out: list[pl.DataFrame] = []
     for fam, label, size in (("attn_decode", "decode attention", "ctx"), ("attn_prefill", "prefill attention", "isl")):
         a = meas.get(fam)
@@ -269,8 +267,6 @@ def _judge_mixed_ratio(meas: Measurements, gpu: str, main: Profile, main_src: st
     contexts (every other kv_decode value of a model's grid built from the rest), whole models
     (a model's rows from the other models' grid), and as deployed (the GPU's main pure tables,
     parts summed, times the model's own grid, against the measured mixed batches)."""
-    from pipeline.profile.mixed import ratio_grid
-    from pipeline.profile.select import mixed_ratio_rows
 
     rows = mixed_ratio_rows(meas.get("attn_mixed"), meas.get("attn_decode"), meas.get("attn_prefill"))
     if rows.height == 0:
@@ -344,8 +340,6 @@ TILE_CANDIDATES = (0.0, 8.0, 16.0, 24.0, 32.0, 48.0, 64.0, 96.0, 128.0)
 
 
 def _pure_attention_profile(meas: Measurements, gpu: str) -> tuple[Profile, str]:
-    from pipeline.profile.select import _most_rows
-
     dec, pre = meas.get("attn_decode"), meas.get("attn_prefill")
     use_aic = dec.height > 0 and dec.filter(pl.col("set") == "aiconfigurator").height > 0
     src = "aiconfigurator" if use_aic else "llmservingsim"
@@ -417,8 +411,6 @@ def _judge_1d(meas: Measurements, gpu: str) -> list[pl.DataFrame]:
             )
     moe = meas.get("moe")
     if moe.height:
-        from pipeline.profile.select import moe_rows
-
         moe = moe_rows(moe)  # the rows a profile ships
         parts, preds, shapes = [], [], []
         keys = ["dtype", "distribution", "moe_tp", "moe_ep", "h", "inter", "topk", "experts"]
@@ -535,8 +527,6 @@ def fit_sampler(meas: Measurements) -> dict[str, Any]:
     logits bytes / HBM bandwidth``, least squares over every LLMServingSim sampler row (all
     GPUs and models; logits are fp32, n × vocab). ``k`` is the number of passes over the logits
     the sampling kernels make. Empty when no set has sampler rows."""
-    from pipeline.catalog import load_hardware, load_model
-
     ops = meas.get("model_ops")
     if ops.height == 0:
         return {}
@@ -608,8 +598,6 @@ def judge_all(
 ) -> tuple[pl.DataFrame, list[str]]:
     """Held-out summary (schema profile_heldout) of every GPU in ``measurements``, and what was
     skipped; ``notes`` gets what the reader said about rows it kept (repeats that disagree)."""
-    from pipeline.profile.sources import read_measurements
-
     meas = read_measurements(measurements)
     if notes is not None:
         notes.extend(meas.notes)
@@ -622,8 +610,6 @@ def judge_all(
         errors = judge(meas, gpu)
         vidur = measurements / "vidur-profiling"
         if vidur.is_dir():
-            from pipeline.profile.select import select_rows
-
             rows, _ = select_rows(meas, gpu)
             extra = judge_vidur(vidur, frames_profile(gpu, rows))
             if extra.height:

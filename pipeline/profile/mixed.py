@@ -38,6 +38,7 @@ import polars as pl
 
 from pipeline.profile.attention import step_attention
 from pipeline.profile.interp import FloatArray
+from pipeline.stepcost import _mixed_ratio, flat_ratio_grid
 
 OFFSET_SHIFT = 16.0
 MIN_CTX = 16.0
@@ -72,8 +73,6 @@ class RatioGrid:
     def __call__(self, chunk: Any, offset: Any, decodes: Any, ctx: Any) -> FloatArray:
         """The ratio at the given points (vectorised): pipeline.stepcost._mixed_ratio, the
         kernel's own interpolation, on this grid's flat form."""
-        from pipeline.stepcost import _mixed_ratio, flat_ratio_grid
-
         mx = flat_ratio_grid(self)
         c, o, n, k = np.broadcast_arrays(*(np.asarray(v, dtype=np.float64) for v in (chunk, offset, decodes, ctx)))
         out = np.empty(c.shape)

@@ -68,6 +68,8 @@ from pipeline.profile.tables import (
     load_profile,
     load_profile_dir,
 )
+from pipeline.roofline import Op, comm_time
+from pipeline.schemas import atomic_write_bytes
 from pipeline.tomlfile import read_toml
 
 #: An array of sizes, or one size.
@@ -499,8 +501,6 @@ def write_prior(folder: Path | None = None) -> tuple[Path, pl.DataFrame] | None:
     """Fit the prior on the measured profiles in ``folder`` (default: the catalog's) and write
     ``prior.toml`` beside them atomically; returns its path and the leave-one-GPU-out table,
     or None when fewer than MIN_GPUS profiles share a family (nothing to fit)."""
-    from pipeline.schemas import atomic_write_bytes
-
     rows = measured_rows(folder=folder)
     curves = fit_prior(rows)
     if not curves:
@@ -646,8 +646,6 @@ def collective_donor_check() -> pl.DataFrame:
     """Each profiled GPU that has a same-link donor among the OTHER profiled GPUs: its measured
     all-reduce rows predicted by the donor's curves (what an unprofiled GPU on that link gets),
     beside the plain roofline's link on the same rows."""
-    from pipeline.roofline import Op, comm_time
-
     out: list[dict[str, Any]] = []
     for gpu in list_profiles():
         hw = load_hardware(gpu)

@@ -49,7 +49,8 @@ from pathlib import Path
 
 import polars as pl
 
-from pipeline.catalog import ModelSpec, load_model
+from pipeline.catalog import ModelSpec, load_hardware, load_model
+from pipeline.catalog.entries import weight_format
 from pipeline.errors import ConfigError
 
 AICONFIGURATOR_GPUS: dict[str, str] = {
@@ -800,8 +801,6 @@ def read_llmservingsim(root: Path, out: Measurements) -> None:
 def drop_impossible_gemms(out: Measurements) -> None:
     """Leave out the GEMM rows faster than :data:`ROOFLINE_MARGIN` x the ideal time their GPU's
     datasheet allows (per source file, said through ``out.skip``)."""
-    from pipeline.catalog import load_hardware
-    from pipeline.catalog.entries import weight_format
 
     g = out.frames.get("gemm")
     if g is None or g.height == 0:

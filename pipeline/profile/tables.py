@@ -33,9 +33,10 @@ from typing import Any
 import numpy as np
 import polars as pl
 
-from pipeline.catalog import CATALOG_DIR
+from pipeline.catalog import CATALOG_DIR, load_hardware
 from pipeline.errors import ConfigError
-from pipeline.profile.interp import Curve, FloatArray, Grid2, curve_family, grid2_from
+from pipeline.profile.interp import Curve, FloatArray, Grid2, bracket, curve_family, grid2_from
+from pipeline.profile.mixed import ratio_grid
 from pipeline.tomlfile import read_toml
 
 PROFILES_DIR = CATALOG_DIR / "profiles"
@@ -164,7 +165,6 @@ class Profile:
         if key in same:
             return same[key]
         qs = np.array(sorted(k[2] for k in same))
-        from pipeline.profile.interp import bracket
 
         i0, i1, w, lf = bracket(qs, np.array([float(nq)]))
         lo, hi = same[(float(nkv), float(d), float(qs[i0[0]]))], same[(float(nkv), float(d), float(qs[i1[0]]))]
@@ -179,8 +179,6 @@ class Profile:
 
     @cached_property
     def _mixed(self) -> dict[tuple[float, ...], Any]:
-        from pipeline.profile.mixed import ratio_grid
-
         f = self.frame("attn_mixed")
         out: dict[tuple[float, ...], Any] = {}
         if f.height == 0:
@@ -396,8 +394,6 @@ def is_catalog_device(hw: Any) -> bool:
     """Whether ``hw`` (a HardwareSpec) is the catalog's own entry of its name, as a device: a
     hardware file that borrows a profiled GPU's name but not its memory, bandwidth, peaks or link
     is another GPU, and must not be priced with that GPU's measurements."""
-    from pipeline.catalog import load_hardware
-
     try:
         ref = load_hardware(hw.name)
     except ConfigError:

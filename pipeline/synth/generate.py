@@ -32,7 +32,7 @@ import polars as pl
 from pipeline import defaults, system
 from pipeline.defaults import MAX_MEMORY_ENV
 from pipeline.errors import ConfigError
-from pipeline.ingest.timeparse import anchor_us
+from pipeline.ingest.timeparse import PLAUSIBLE_ARRIVAL, anchor_us
 from pipeline.limits import ResourceLimitError, current_limits
 from pipeline.tomlfile import read_toml
 from pipeline.units import format_bytes
@@ -162,8 +162,6 @@ class SynthConfig:
                 f"(366 days), got {_shown(self.duration_s)}"
             )
         from datetime import UTC, datetime, timedelta
-
-        from pipeline.ingest.timeparse import PLAUSIBLE_ARRIVAL
 
         start = datetime.combine(_date.fromisoformat(self.date), datetime.min.time(), UTC)
         lo, hi = PLAUSIBLE_ARRIVAL
