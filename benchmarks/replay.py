@@ -24,6 +24,7 @@ before timing (its wall time is printed too).
 from __future__ import annotations
 
 import argparse
+import os
 import resource
 import sys
 import time
@@ -116,9 +117,9 @@ def main() -> None:
     engine(Workload(arrival_s=arrival[:10], prompt_tokens=prompt[:10], output_tokens=output[:10]), spec, cost)
     warm = time.perf_counter() - t0
     log = StepLog(capacity=1024)
-    t0 = time.perf_counter()
+    t0, c0 = time.perf_counter(), time.process_time()
     res = engine(work, spec, cost, log)
-    wall = time.perf_counter() - t0
+    wall, cpu = time.perf_counter() - t0, time.process_time() - c0
     rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024**2
     ok = res.reject_reason == 0
     print(
@@ -132,6 +133,9 @@ def main() -> None:
     print(f"spans               {log.n:,} ({log.n / n:.2f} per request)")
     print(f"wall                {wall:,.2f} s")
     print(f"requests per wall-s {n / wall:,.0f}")
+    print(
+        f"CPU                 {cpu:,.2f} s = {n / cpu:,.0f} requests per CPU-s (load average {os.getloadavg()[0]:.1f})"
+    )
     print(f"peak RSS            {rss:,.2f} GiB")
     if args.reference:
         m = args.reference

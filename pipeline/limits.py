@@ -364,7 +364,7 @@ def jit_compile_needed() -> bool:
         if not (cache / f"_jit_kernels.stepcost-{digest}.stamp").exists():
             return True
         mtime = src.stat().st_mtime
-        return not any(p.stat().st_mtime >= mtime for p in cache.glob("_jit_kernels.run_fleet-*.nbi"))
+        return not any(p.stat().st_mtime >= mtime for p in cache.glob("_jit_kernels._replay-*.nbi"))
     except OSError:
         return True
 

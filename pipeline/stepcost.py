@@ -27,6 +27,7 @@ host seconds the step adds (eager kernel launches).
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -117,6 +118,12 @@ class TabulatedCost:
             self.mixed_ratio,
             self.scalars,
         )
+
+    @functools.cached_property
+    def kernel_tables(self) -> tuple[np.ndarray[Any, Any], ...]:
+        """:attr:`kernel_args` as the compiled kernels take them (one value, built once): each array
+        C-contiguous and writeable (:func:`kernel_array`)."""
+        return tuple(kernel_array(a) for a in self.kernel_args)
 
     @property
     def max_tokens(self) -> int:
@@ -623,32 +630,29 @@ def _compiled() -> dict[str, Callable[..., Any]]:
                 span_row=tab_span_row,
             )
         else:
-            axis = numba.njit(cache=True, inline="always")(_axis)
-            tab = numba.njit(cache=True, inline="always")(_tab)
-            g2 = numba.njit(cache=True, inline="always")(_rebind(_g2, {"_axis": axis}))
-            g2_row = numba.njit(cache=True, inline="always")(_rebind(_g2_row, {"_axis": axis}))
-            g1 = numba.njit(cache=True, inline="always")(_rebind(_g1, {"_axis": axis}))
-            ceq = numba.njit(cache=True, inline="always")(_ceq)
-            finish = numba.njit(cache=True, inline="always")(_finish)
-            aop = numba.njit(cache=True, inline="always")(_affine_op)
-            att_src = _attention
-            fbr = numba.njit(cache=True, inline="always")(_flat_bracket)
-            mratio = numba.njit(cache=True, inline="always")(_rebind(_mixed_ratio, {"_flat_bracket": fbr}))
-            # inlined into their callers (numba IR inlining): a step's cost is a few table loads
-            # and one small loop, so a call with 17 array arguments would cost as much again
-            pre_fill = numba.njit(cache=True, inline="always")(_rebind(_prefill, {"_g2": g2}))
-            att = numba.njit(cache=True, inline="always")(
-                _rebind(att_src, {"_g2": g2, "_ceq": ceq, "_prefill": pre_fill, "_mixed_ratio": mratio})
-            )
-            row = numba.njit(cache=True, inline="always")(
-                _rebind(tab_row, {"_attention": att, "_finish": finish, "_affine_op": aop, "_tab": tab})
-            )
-            span_prep = numba.njit(cache=True, inline="always")(
-                _rebind(tab_span_prep, {"_g2_row": g2_row, "_tab": tab})
-            )
-            span_row = numba.njit(cache=True, inline="always")(
-                _rebind(tab_span_row, {"_g1": g1, "_finish": finish, "_affine_op": aop})
-            )
+            # How they are inlined is a matter of compile time, not speed (the same loads and
+            # arithmetic either way): the small helpers at numba-IR level (inline="always"),
+            # the rest by LLVM (forceinline, _nrt=False: they allocate nothing, and a compiled
+            # loop without reference counting calls them). Inlining the whole tree at numba-IR
+            # level, as before, typed it anew in every caller: tab_rows compiled in 34 s, the
+            # engine's step in 65 s more (now 6 s and under 1 s; benchmarks/cold_start.py).
+            small = numba.njit(cache=True, inline="always")
+            kernel = numba.njit(cache=True, forceinline=True, _nrt=False)  # type: ignore[call-overload]
+            axis = small(_axis)
+            tab = small(_tab)
+            g2 = small(_rebind(_g2, {"_axis": axis}))
+            g2_row = small(_rebind(_g2_row, {"_axis": axis}))
+            g1 = small(_rebind(_g1, {"_axis": axis}))
+            ceq = small(_ceq)
+            finish = small(_finish)
+            aop = small(_affine_op)
+            fbr = small(_flat_bracket)
+            mratio = kernel(_rebind(_mixed_ratio, {"_flat_bracket": fbr}))
+            pre_fill = kernel(_rebind(_prefill, {"_g2": g2}))
+            att = kernel(_rebind(_attention, {"_g2": g2, "_ceq": ceq, "_prefill": pre_fill, "_mixed_ratio": mratio}))
+            row = kernel(_rebind(tab_row, {"_attention": att, "_finish": finish, "_affine_op": aop, "_tab": tab}))
+            span_prep = kernel(_rebind(tab_span_prep, {"_g2_row": g2_row, "_tab": tab}))
+            span_row = kernel(_rebind(tab_span_row, {"_g1": g1, "_finish": finish, "_affine_op": aop}))
             rows = numba.njit(cache=True)(_rebind(tab_rows, {"tab_row": row}))
             _KERNELS.update(row=row, rows=rows, attention=att, g2=g2, span_prep=span_prep, span_row=span_row)
     return _KERNELS

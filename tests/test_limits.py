@@ -439,7 +439,7 @@ def test_engine_cache_stamp_is_written_where_python_made_no_bytecode_folder(
     _jit_kernels._drop_stale_cache()
     stamp = tmp_path / "engine" / "__pycache__" / f"_jit_kernels.stepcost-{kernel_stamp()}.stamp"
     assert stamp.exists()
-    compiled = stamp.parent / "_jit_kernels.run_fleet-1.py311.nbi"
+    compiled = stamp.parent / "_jit_kernels._replay-1.py311.nbi"
     compiled.touch()
     _jit_kernels._drop_stale_cache()  # the stamp is current: the cache stays
     assert compiled.exists()
@@ -508,7 +508,7 @@ def test_the_compile_check_looks_where_numba_caches(monkeypatch: pytest.MonkeyPa
     assert jit_compile_needed()  # nothing compiled there yet
     cache.mkdir()
     (cache / f"_jit_kernels.stepcost-{kernel_stamp()}.stamp").touch()
-    (cache / "_jit_kernels.run_fleet-100.py311.nbi").touch()
+    (cache / "_jit_kernels._replay-100.py311.nbi").touch()
     assert not jit_compile_needed()
     monkeypatch.setattr(config, "CACHE_DIR", "")
     assert jit_cache_dir().name == "__pycache__"

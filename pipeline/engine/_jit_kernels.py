@@ -18,6 +18,7 @@ Semantics: docs/engine.md.
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any, NamedTuple
 
 import numba
 import numpy as np
@@ -74,15 +75,17 @@ _span_prep, _span_row = span_kernels()
 _block_hash = compiled_hash()[1]
 
 # The KV pool's, prefix cache's, step log's and arrival heap's kernels (forceinline=False: see
-# run_fleet's pieces below).
+# run_fleet's pieces below). Like the pieces they are only ever called from _replay, which is
+# compiled and cached with them inlined: they have no Python wrapper and no cache of their own.
+_kernel = numba.njit(forceinline=False, _nrt=False, no_cpython_wrapper=True, no_cfunc_wrapper=True)  # type: ignore[call-overload]
 
 
-@numba.njit(cache=True, forceinline=False)
-def _home(h: np.uint64, mask: int) -> int:
+@_kernel
+def _home(h, mask):  # type: ignore[no-untyped-def]
     return int((h * _GOLDEN) >> _SHIFT) & mask
 
 
-@numba.njit(cache=True, forceinline=False)
+@_kernel
 def _find(keys, used, mask, h):  # type: ignore[no-untyped-def]
     i = _home(h, mask)
     while used[i]:
@@ -92,7 +95,7 @@ def _find(keys, used, mask, h):  # type: ignore[no-untyped-def]
     return -1
 
 
-@numba.njit(cache=True, forceinline=False)
+@_kernel
 def _delete(keys, used, hhead, htail, mask, i):  # type: ignore[no-untyped-def]
     """Remove slot i of a linear-probing table by shifting later entries of its cluster back."""
     used[i] = False
@@ -114,7 +117,7 @@ def _delete(keys, used, hhead, htail, mask, i):  # type: ignore[no-untyped-def]
         i = j
 
 
-@numba.njit(cache=True, forceinline=False)
+@_kernel
 def _uncache(r, b, bhash, hashed, hprev, hnext, keys, used, hhead, htail, mask):  # type: ignore[no-untyped-def]
     """Drop block b's hash (b is being reused): unlink it from its hash's holders."""
     e = _find(keys[r], used[r], mask, bhash[r, b])
@@ -133,7 +136,7 @@ def _uncache(r, b, bhash, hashed, hprev, hnext, keys, used, hhead, htail, mask):
     hashed[r, b] = False
 
 
-@numba.njit(cache=True, forceinline=False)
+@_kernel
 def _cache(r, b, h, bhash, hashed, hprev, hnext, keys, used, hhead, htail, mask):  # type: ignore[no-untyped-def]
     """Give block b the hash h: append it to h's holders (a lookup takes the oldest)."""
     i = _home(h, mask)
@@ -156,7 +159,7 @@ def _cache(r, b, h, bhash, hashed, hprev, hnext, keys, used, hhead, htail, mask)
     hashed[r, b] = True
 
 
-@numba.njit(cache=True, forceinline=False)
+@_kernel
 def _take_block(  # type: ignore[no-untyped-def]
     r,
     s,
@@ -196,7 +199,7 @@ def _take_block(  # type: ignore[no-untyped-def]
     nblk[rid] += 1
 
 
-@numba.njit(cache=True, forceinline=False)
+@_kernel
 def _unlink_free(r, b, nfree, fhead, fnext, fprev, ftail):  # type: ignore[no-untyped-def]
     """Take block ``b`` (a cache hit with no other user) out of replica ``r``'s free queue."""
     p = fprev[r, b]
@@ -212,7 +215,7 @@ def _unlink_free(r, b, nfree, fhead, fnext, fprev, ftail):  # type: ignore[no-un
     nfree[r] -= 1
 
 
-@numba.njit(cache=True, forceinline=False)
+@_kernel
 def _tree_walk(a, lo, t_up, t_fb, rec_node, rec_fb):  # type: ignore[no-untyped-def]
     """A lazy chain (pipeline.classify.prefix.ChainTree) from node ``a``: the nodes its blocks
     ``lo`` and after can come from, along the ``up`` links until one sharing at most ``lo``
@@ -227,7 +230,7 @@ def _tree_walk(a, lo, t_up, t_fb, rec_node, rec_fb):  # type: ignore[no-untyped-
         a = t_up[a]
 
 
-@numba.njit(cache=True, forceinline=False)
+@_kernel
 def _tree_hash(j, p, t_key, rec_node, rec_fb):  # type: ignore[no-untyped-def]
     """Hash of block ``j`` of the walk in ``rec_node``/``rec_fb`` (blocks in increasing order,
     ``p`` the record the previous block came from); returns (hash, p)."""
@@ -236,7 +239,7 @@ def _tree_hash(j, p, t_key, rec_node, rec_fb):  # type: ignore[no-untyped-def]
     return _block_hash(t_key[rec_node[p]], j), p
 
 
-@numba.njit(cache=True, forceinline=False)
+@_kernel
 def _register(  # type: ignore[no-untyped-def]
     r, s, rid, target, nreg, table, chain, chain_off, bhash, hashed, hprev, hnext, keys, used, hhead, htail, mask,
     t_rows, t_key, t_up, t_fb, rec_node, rec_fb,
@@ -259,7 +262,7 @@ def _register(  # type: ignore[no-untyped-def]
     nreg[rid] = target
 
 
-@numba.njit(cache=True, forceinline=False)
+@_kernel
 def _release(r, s, rid, nfree, fhead, fnext, fprev, ftail, ref, table, nblk):  # type: ignore[no-untyped-def]
     """Return request ``rid``'s blocks (slot ``s``) to the free queue's tail, its last block first
     (vLLM frees in reverse order, so a prefix's tail is evicted before its head)."""
@@ -278,14 +281,7 @@ def _release(r, s, rid, nfree, fhead, fnext, fprev, ftail, ref, table, nblk):  #
             nfree[r] += 1
 
 
-@numba.njit(cache=True)
-def _grow(log):  # type: ignore[no-untyped-def]
-    bigger = np.zeros((2 * log.shape[0], LOG_COLS))
-    bigger[: log.shape[0]] = log
-    return bigger
-
-
-@numba.njit(cache=True, forceinline=False)
+@_kernel
 def _log_span(  # type: ignore[no-untyped-def]
     log,
     nlog,
@@ -358,7 +354,7 @@ def _log_span(  # type: ignore[no-untyped-def]
     return nlog
 
 
-@numba.njit(cache=True, forceinline=False)
+@_kernel
 def _heap_push(heap_t, heap_s, heap_i, heap_n, t, sq, item):  # type: ignore[no-untyped-def]
     """Push ``(t, sq, item)`` on the closed loop's arrival heap (ordered by time, then ``sq``);
     returns the heap's new size."""
@@ -374,7 +370,7 @@ def _heap_push(heap_t, heap_s, heap_i, heap_n, t, sq, item):  # type: ignore[no-
     return heap_n + 1
 
 
-@numba.njit(cache=True, forceinline=False)
+@_kernel
 def _heap_pop(heap_t, heap_s, heap_i, heap_n):  # type: ignore[no-untyped-def]
     """Remove the heap's root (the caller has read it); returns the heap's new size."""
     heap_n -= 1
@@ -398,19 +394,7 @@ def _heap_pop(heap_t, heap_s, heap_i, heap_n):  # type: ignore[no-untyped-def]
     return heap_n
 
 
-@numba.njit(cache=True)
-def _grow_wq(wq, wcap, whead, wlen):  # type: ignore[no-untyped-def]
-    """The waiting queues (ring buffers) at twice the capacity, each unrolled to start at 0."""
-    R = wq.shape[0]
-    bigger = np.zeros((R, 2 * wcap), np.int64)
-    for r in range(R):
-        for k in range(wlen[r]):
-            bigger[r, k] = wq[r, (whead[r] + k) % wcap]
-        whead[r] = 0
-    return bigger, 2 * wcap
-
-
-@numba.njit(cache=True, forceinline=False)
+@_kernel
 def _route(i, t, router, rr, aff_rep, routed, nfin, last_end, last_nfin):  # type: ignore[no-untyped-def]
     """The replica that request ``i``, arriving at ``t``, is routed to (see run_fleet)."""
     R = routed.shape[0]
@@ -432,7 +416,7 @@ def _route(i, t, router, rr, aff_rep, routed, nfin, last_end, last_nfin):  # typ
     return dest
 
 
-@numba.njit(cache=True, forceinline=False)
+@_kernel
 def _next_step(nrun, wlen, clock, ready):  # type: ignore[no-untyped-def]
     """The replica whose next step starts first (ties: lowest index; -1 if none has work), its
     start, and the next start of any other busy replica."""
@@ -449,102 +433,6 @@ def _next_step(nrun, wlen, clock, ready):  # type: ignore[no-untyped-def]
             elif s_r < second_t:
                 second_t = s_r
     return first, first_t, second_t
-
-
-@numba.njit(cache=True)
-def _alloc_requests(n):  # type: ignore[no-untyped-def]
-    """Per request: computed, generated, blocks held, blocks registered, slot, started, last token."""
-    return (
-        np.zeros(n, np.int64),
-        np.zeros(n, np.int64),
-        np.zeros(n, np.int64),
-        np.zeros(n, np.int64),
-        np.full(n, -1, np.int64),
-        np.zeros(n, np.bool_),
-        np.full(n, np.nan),
-    )
-
-
-@numba.njit(cache=True)
-def _alloc_replicas(R, S):  # type: ignore[no-untyped-def]
-    """Per replica: clock, ready, nrun, running, slots_free, nslots, whead, wlen, routed, nfin,
-    last_end, last_nfin."""
-    slots_free = np.zeros((R, S), np.int64)
-    for r in range(R):
-        for s in range(S):
-            slots_free[r, s] = S - 1 - s
-    return (
-        np.zeros(R),
-        np.zeros(R),
-        np.zeros(R, np.int64),
-        np.zeros((R, S), np.int64),
-        slots_free,
-        np.full(R, S, np.int64),
-        np.zeros(R, np.int64),
-        np.zeros(R, np.int64),
-        np.zeros(R, np.int64),
-        np.zeros(R, np.int64),
-        np.full(R, -_INF),
-        np.zeros(R, np.int64),
-    )
-
-
-@numba.njit(cache=True)
-def _init_heap(closed, concurrency, n, ramp_step):  # type: ignore[no-untyped-def]
-    """The closed loop's arrival heap (time, seq, client event), with the ``concurrency`` clients'
-    first requests, client c's at ``c * ramp_step`` (0 without a ramp): (heap_t, heap_s, heap_i,
-    heap_n, seq, next_issue). Which request an event sends is decided when it is popped."""
-    heap_t = np.zeros(max(concurrency, 1) + 1)
-    heap_s = np.zeros(max(concurrency, 1) + 1, np.int64)
-    heap_i = np.zeros(max(concurrency, 1) + 1, np.int64)
-    heap_n = 0
-    seq = 0
-    next_issue = 0
-    if closed:
-        while next_issue < min(concurrency, n):
-            heap_t[heap_n] = next_issue * ramp_step
-            heap_s[heap_n] = seq
-            heap_i[heap_n] = next_issue
-            heap_n += 1  # times and seqs increasing: already a heap
-            seq += 1
-            next_issue += 1
-    return heap_t, heap_s, heap_i, heap_n, seq, next_issue
-
-
-@numba.njit(cache=True)
-def _static_routes(times, order, rejected, aff_rep, router, closed, R, n):  # type: ignore[no-untyped-def]
-    """Static routing (round robin, or affinity with a key for every request, open or offline):
-    each replica's own arrival times, in event order. Returns (static, own_start, own_t)."""
-    static = False
-    if not closed:
-        static = router == 0
-        if router == 2:
-            static = True
-            for i in range(n):
-                if not rejected[i] and aff_rep[i] < 0:
-                    static = False
-    own_start = np.zeros(R + 1, np.int64)
-    own_t = np.zeros(n if static else 1)
-    if static:
-        k_acc = 0
-        for q in range(n):
-            i = order[q]
-            if not rejected[i]:
-                d = k_acc % R if router == 0 else aff_rep[i]
-                own_start[d + 1] += 1
-                k_acc += 1
-        for d in range(R):
-            own_start[d + 1] += own_start[d]
-        fill = own_start[:R].copy()
-        k_acc = 0
-        for q in range(n):
-            i = order[q]
-            if not rejected[i]:
-                d = k_acc % R if router == 0 else aff_rep[i]
-                own_t[fill[d]] = times[i]
-                fill[d] += 1
-                k_acc += 1
-    return static, own_start, own_t
 
 
 @numba.njit(cache=True)
@@ -577,59 +465,34 @@ def group_rows(keys, cuts, pods, order):  # type: ignore[no-untyped-def]
     return start
 
 
-@numba.njit(cache=True)
-def _alloc_scratch(G, S, bs, na, nd, max_blocks):  # type: ignore[no-untyped-def]
-    """A step's scratch arrays, per lockstep rank (the first 15) and for one replica."""
-    return (
-        np.zeros((G, S), np.int64),  # sched_rid
-        np.zeros((G, S), np.int64),  # sched_n
-        np.zeros(G, np.bool_),  # part
-        np.zeros(G, np.int64),  # gn
-        np.zeros((G, 8)),  # gout
-        np.zeros((G, 3)),  # gx
-        np.zeros(G, np.bool_),  # gbusy
-        np.zeros(G),  # gcsum
-        np.zeros((G, bs + 1), np.int64),  # gbstart
-        np.zeros((G, S), np.int64),  # gbitems
-        np.zeros((G, 9)),  # gsp_pre
-        np.zeros((G, na)),  # gsp_f
-        np.zeros((G, na)),  # gsp_b
-        np.zeros((G, nd)),  # gsp_row
-        np.zeros((G, 7)),  # gsums
-        np.zeros(S, np.int64),  # fin
-        np.zeros(max_blocks, np.int64),  # hits
-        np.zeros(6),  # x
-        np.zeros(8),  # out
-        np.zeros(9),  # sp_pre
-        np.zeros(na),  # sp_f
-        np.zeros(na),  # sp_b
-        np.zeros(nd),  # sp_row
-        np.zeros(bs + 1, np.int64),  # bstart
-        np.zeros(bs, np.int64),  # bfill
-        np.zeros(S, np.int64),  # bphase
-        np.zeros(S, np.int64),  # bitems
-        np.zeros(7),  # sums
-    )
-
-
 # -- run_fleet's event loop, in pieces: _replay (the loop) and the functions it calls. They are
-# compiled without reference counting (_nrt=False; the kernels above that they compile inherit
-# it): they allocate nothing, every array they touch belongs to run_fleet. Each piece is inlined
-# by LLVM wherever it is called (forceinline), so the loop runs as one function and handing the
-# state tuples to a piece costs nothing. (With reference counting, every array a piece takes is
-# counted up and down at each call; pieces left as calls pass hundreds of arguments: an earlier
-# split ran at half the speed. Inlining them at numba-IR level instead, inline="always", is as
-# fast but doubles the compile time.) The kernels above are left to LLVM's judgement
-# (forceinline=False, else they inherit forceinline from the piece that compiles them first, and
-# the loop grows too big to be fast). The tuples, built by run_fleet:
-#   wl   workload: times, prompt, output, chain_off, chain, aff_rep, rejected, and the lazy chains
-#        t_rows, t_key, t_up, t_fb with their walk's scratch rec_node, rec_fb; skip (the log's
-#        reported cache hits, Workload.skipped_tokens)
-#   fl   fleet: R, router, closed, C, S, budget_max, bs, chunked, caching, want_log, G, dummy_s
-#   req  per request (_alloc_requests), rep per replica (_alloc_replicas), pool (jit.alloc_pool),
-#   scr  scratch (_alloc_scratch), cost (TabulatedCost.kernel_args), res (results),
+# compiled without reference counting (_nrt=False): they allocate nothing, every array they touch
+# belongs to run_fleet. Each piece is inlined by LLVM wherever it is called (forceinline), so the
+# loop runs as one function and handing the state tuples to a piece costs nothing. (With reference
+# counting, every array a piece takes is counted up and down at each call; pieces left as calls
+# pass hundreds of arguments: an earlier split ran at half the speed. Inlining them at numba-IR
+# level instead, inline="always", is as fast but compiles slower: 41 s against 36 s.) The kernels
+# above are left to LLVM's judgement (forceinline=False, else they inherit forceinline from the
+# piece that compiles them first, and the loop grows too big to be fast).
+#
+# Compile time (the first replay in a fresh clone compiles all of this, docs/benchmarks.md): only
+# _replay, called from Python, is cached on disk and has a Python wrapper; the pieces and kernels
+# are compiled as it needs them, each once, without a wrapper (a wrapper unboxes every array of
+# every tuple a function takes: the largest part of a piece's code) and without a cache entry of
+# their own (a cached _replay has them inlined; when _replay compiles again, so must they: their
+# sources are this file). Everything run_fleet does once (allocation, the argsort of arrival
+# times, growing the step log or the waiting queues) is numpy, compiled by nobody.
+#
+# The tuples, built by run_fleet:
+#   wl   workload (Work): times, prompt, output, chain_off, chain, aff_rep, rejected, and the lazy
+#        chains t_rows, t_key, t_up, t_fb with their walk's scratch rec_node, rec_fb; skip (the
+#        log's reported cache hits, Workload.skipped_tokens)
+#   fl   fleet (Fleet's first 13 fields): R, router, closed, C, S, budget_max, bs, chunked,
+#        caching, want_log, G, dummy_s, think_s
+#   req  per request (_requests), rep per replica (_replicas), pool (jit.alloc_pool),
+#   scr  scratch (_scratch), cost (TabulatedCost.kernel_tables), res (results, Results),
 #   ev   arrivals: order, heap_t, heap_s, heap_i, static, own_start, own_t, own_ptr.
-_piece = numba.njit(cache=True, forceinline=True, _nrt=False)  # type: ignore[call-overload]
+_piece = numba.njit(forceinline=True, _nrt=False, no_cpython_wrapper=True, no_cfunc_wrapper=True)  # type: ignore[call-overload]
 
 _DONE = 0  # _replay's exits: the fleet is done (or cancelled) ...
 _GROW_LOG = 1  # ... the next event may need a bigger step log ...
@@ -1343,7 +1206,7 @@ def _span_group(first, first_t, ev_t, nlog, wl, fl, cost, res, req, rep, pool, s
     return m, nlog
 
 
-@numba.njit(cache=True, _nrt=False)  # type: ignore[call-overload]
+@numba.njit(cache=True, nogil=True, _nrt=False)  # type: ignore[call-overload]
 def _replay(wl, fl, cost, res, ctl, req, rep, pool, scr, ev, st, log, last_row, wq):  # type: ignore[no-untyped-def]
     """run_fleet's event loop, from the loop state in ``st`` (ev_pos, heap_n, seq, next_issue, rr,
     nlog) until the fleet is done or cancelled (returns _DONE), or until the next event could
@@ -1419,71 +1282,240 @@ def _replay(wl, fl, cost, res, ctl, req, rep, pool, scr, ev, st, log, last_row, 
     return code
 
 
-@numba.njit(cache=True, nogil=True)  # runs in a worker thread (jit.py): Ctrl-C stays responsive
-def run_fleet(  # type: ignore[no-untyped-def]
-    # workload
-    times, prompt, output, chain_off, chain, aff_rep, rejected,
-    # prompt tokens the log reports as cached, counted as computed at admission (Workload.skipped_tokens)
-    skip,
-    # lazy chains (pipeline.classify.prefix.ChainTree; empty: ``chain`` holds them) and the walk's
-    # scratch (ChainTree.max_depth entries)
-    t_rows, t_key, t_up, t_fb, rec_node, rec_fb,
-    # fleet
-    n_rep, router, closed, concurrency, ramp_step, think_s, capacity, max_seqs, budget_max, bs, chunked, caching,
-    max_blocks, table_size, want_log, G, dummy_s,
-    # cost (pipeline.stepcost.TabulatedCost.kernel_args)
-    tok, logit, af, ab, acount, apeak, ahas, abw, dla, dlb, dlt, pla, plb, plt, mx, sc,
-    # results (filled in)
-    res_arrival, res_replica, res_sched, res_first, res_finish, res_itl, res_preempt, res_hit, res_prefill,
-    # control, shared with the calling thread (jit.py): [cancel flag, requests done]
-    ctl,
-    # the KV pools (jit.alloc_pool: allocated by numpy, so that pages no replica touches are never
-    # written, as a compiled np.zeros would write them)
-    pool,
-):  # fmt: skip
+class Work(NamedTuple):
+    """The workload as the loop reads it (``wl``; arrays of one row per request unless said)."""
+
+    times: Any  # arrival times (open loop; zeros offline)
+    prompt: Any
+    output: Any
+    chain_off: Any  # n + 1 offsets into chain
+    chain: Any  # explicit prefix chains (empty with the lazy chains)
+    aff_rep: Any  # affinity replica, or the given routes (−1: none)
+    rejected: Any
+    t_rows: Any  # lazy chains (pipeline.classify.prefix.ChainTree; empty: ``chain`` holds them)
+    t_key: Any
+    t_up: Any
+    t_fb: Any
+    rec_node: Any  # the chain walk's scratch (ChainTree.max_depth entries)
+    rec_fb: Any
+    skip: Any  # prompt tokens the log reports as cached (Workload.skipped_tokens)
+
+
+class Fleet(NamedTuple):
+    """The fleet as the loop reads it (``fl``: the first 13 fields, in this order)."""
+
+    replicas: int
+    router: int  # 0 round robin, 1 least outstanding, 2 affinity (aff_rep ≥ 0, else least outstanding)
+    closed: bool
+    capacity: int  # KV blocks per replica
+    max_seqs: int
+    budget: int  # max_num_batched_tokens
+    block_size: int
+    chunked: bool
+    caching: bool
+    want_log: bool
+    lockstep: int  # G: replicas [g·G, (g+1)·G) step in lockstep
+    dummy_s: float  # an idle lockstep rank's step
+    think_s: float
+    concurrency: int  # closed loop: clients
+    ramp_step_s: float  # closed loop: client c sends its first request at c * ramp_step_s
+    max_blocks: int  # block-table entries per running slot
+
+
+class Results(NamedTuple):
+    """Per-request results, filled in (EngineResult's arrays)."""
+
+    arrival: Any
+    replica: Any
+    scheduled: Any
+    first: Any
+    finish: Any
+    max_itl: Any
+    preemptions: Any
+    cache_hit: Any
+    prefill: Any
+
+
+def _requests(n: int) -> tuple[Any, ...]:
+    """Per request: computed, generated, blocks held, blocks registered, slot, started, last token."""
+    return (
+        np.zeros(n, np.int64),
+        np.zeros(n, np.int64),
+        np.zeros(n, np.int64),
+        np.zeros(n, np.int64),
+        np.full(n, -1, np.int64),
+        np.zeros(n, np.bool_),
+        np.full(n, np.nan),
+    )
+
+
+def _replicas(R: int, S: int) -> tuple[Any, ...]:
+    """Per replica: clock, ready, nrun, running, slots_free, nslots, whead, wlen, routed, nfin,
+    last_end, last_nfin."""
+    slots_free = np.empty((R, S), np.int64)
+    slots_free[:] = np.arange(S - 1, -1, -1, dtype=np.int64)
+    return (
+        np.zeros(R),
+        np.zeros(R),
+        np.zeros(R, np.int64),
+        np.zeros((R, S), np.int64),
+        slots_free,
+        np.full(R, S, np.int64),
+        np.zeros(R, np.int64),
+        np.zeros(R, np.int64),
+        np.zeros(R, np.int64),
+        np.zeros(R, np.int64),
+        np.full(R, -_INF),
+        np.zeros(R, np.int64),
+    )
+
+
+def _scratch(G: int, S: int, bs: int, na: int, nd: int, max_blocks: int) -> tuple[Any, ...]:
+    """A step's scratch arrays, per lockstep rank (the first 15) and for one replica."""
+    return (
+        np.zeros((G, S), np.int64),  # sched_rid
+        np.zeros((G, S), np.int64),  # sched_n
+        np.zeros(G, np.bool_),  # part
+        np.zeros(G, np.int64),  # gn
+        np.zeros((G, 8)),  # gout
+        np.zeros((G, 3)),  # gx
+        np.zeros(G, np.bool_),  # gbusy
+        np.zeros(G),  # gcsum
+        np.zeros((G, bs + 1), np.int64),  # gbstart
+        np.zeros((G, S), np.int64),  # gbitems
+        np.zeros((G, 9)),  # gsp_pre
+        np.zeros((G, na)),  # gsp_f
+        np.zeros((G, na)),  # gsp_b
+        np.zeros((G, nd)),  # gsp_row
+        np.zeros((G, 7)),  # gsums
+        np.zeros(S, np.int64),  # fin
+        np.zeros(max_blocks, np.int64),  # hits
+        np.zeros(6),  # x
+        np.zeros(8),  # out
+        np.zeros(9),  # sp_pre
+        np.zeros(na),  # sp_f
+        np.zeros(na),  # sp_b
+        np.zeros(nd),  # sp_row
+        np.zeros(bs + 1, np.int64),  # bstart
+        np.zeros(bs, np.int64),  # bfill
+        np.zeros(S, np.int64),  # bphase
+        np.zeros(S, np.int64),  # bitems
+        np.zeros(7),  # sums
+    )
+
+
+def _heap(closed: bool, concurrency: int, n: int, ramp_step: float) -> tuple[Any, ...]:
+    """The closed loop's arrival heap (time, seq, client event), with the ``concurrency`` clients'
+    first requests, client c's at ``c * ramp_step`` (0 without a ramp): (heap_t, heap_s, heap_i,
+    heap_n). Times and seqs increase: already a heap. Which request an event sends is decided
+    when it is popped."""
+    size = max(concurrency, 1) + 1
+    heap_t, heap_s, heap_i = np.zeros(size), np.zeros(size, np.int64), np.zeros(size, np.int64)
+    k = min(concurrency, n) if closed else 0
+    first = np.arange(k, dtype=np.int64)
+    heap_t[:k] = first * ramp_step
+    heap_s[:k] = first
+    heap_i[:k] = first
+    return heap_t, heap_s, heap_i, k
+
+
+@numba.njit(cache=True, nogil=True)
+def _static_routes(times, order, rejected, aff_rep, router, closed, R, n):  # type: ignore[no-untyped-def]
+    """Static routing (round robin, or affinity with a key for every request, open or offline):
+    each replica's own arrival times, in event order. Returns (static, own_start, own_t)."""
+    static = False
+    if not closed:
+        static = router == 0
+        if router == 2:
+            static = True
+            for i in range(n):
+                if not rejected[i] and aff_rep[i] < 0:
+                    static = False
+    own_start = np.zeros(R + 1, np.int64)
+    own_t = np.zeros(n if static else 1)
+    if static:
+        k_acc = 0
+        for q in range(n):
+            i = order[q]
+            if not rejected[i]:
+                d = k_acc % R if router == 0 else aff_rep[i]
+                own_start[d + 1] += 1
+                k_acc += 1
+        for d in range(R):
+            own_start[d + 1] += own_start[d]
+        fill = own_start[:R].copy()
+        k_acc = 0
+        for q in range(n):
+            i = order[q]
+            if not rejected[i]:
+                d = k_acc % R if router == 0 else aff_rep[i]
+                own_t[fill[d]] = times[i]
+                fill[d] += 1
+                k_acc += 1
+    return static, own_start, own_t
+
+
+def _grow_wq(wq: Any, whead: Any, wlen: Any) -> Any:
+    """The waiting queues (ring buffers) at twice the capacity, each unrolled to start at 0."""
+    R, wcap = wq.shape
+    at = np.arange(wcap, dtype=np.int64)
+    held = np.take_along_axis(wq, (whead[:, None] + at) % wcap, axis=1)
+    bigger = np.zeros((R, 2 * wcap), np.int64)
+    bigger[:, :wcap] = np.where(at < wlen[:, None], held, 0)
+    whead[:] = 0
+    return bigger
+
+
+def run_fleet(
+    work: Work, fleet: Fleet, cost: tuple[Any, ...], res: Results, ctl: Any, pool: tuple[Any, ...]
+) -> tuple[Any, int]:
     """Replay the whole fleet; returns the step log (rows × LOG_COLS) and its row count.
 
-    ``router``: 0 round robin, 1 least outstanding, 2 affinity (``aff_rep`` ≥ 0 names the
-    replica, −1 falls back to least outstanding). ``times`` are the arrival times (open loop;
-    zeros offline); with ``closed`` ``concurrency`` clients send the trace's requests in order,
-    client c its first at ``c * ramp_step``, and each finish or rejection has its client send the
-    next one ``think_s`` later. Replicas ``[g·G, (g+1)·G)`` step in lockstep
-    (``G`` = FleetSpec.lockstep; an idle one costs ``dummy_s`` per step); spans need ``G == 1``.
+    ``cost`` is the step cost's tables (pipeline.stepcost.TabulatedCost.kernel_tables); ``pool``
+    the KV pools (jit.alloc_pool: allocated by numpy, so that pages no replica touches are never
+    written). Closed loop (``fleet.closed``): ``fleet.concurrency`` clients send the trace's
+    requests in order, client c its first at ``c * fleet.ramp_step_s``, and each finish or
+    rejection has its client send the next one ``think_s`` later. An idle lockstep rank costs
+    ``dummy_s`` per step; spans of one replica need ``lockstep == 1``.
 
-    ``ctl`` (float64[2]) is shared with the calling thread while this runs without the GIL: a
-    nonzero ``ctl[0]`` stops the loop at its next event (the results are then incomplete); the
+    ``ctl`` (float64[2]) is shared with the calling thread while the loop runs without the GIL:
+    a nonzero ``ctl[0]`` stops the loop at its next event (the results are then incomplete); the
     loop counts the requests done (finished or rejected) in ``ctl[1]``. Neither changes what the
     loop computes.
 
-    The state lives in arrays allocated here (the KV pools: ``pool``, from the caller; ``max_blocks``
-    and ``table_size`` are its shape); the loop itself is _replay (above).
-    """
-    n = prompt.shape[0]
-    R = n_rep
-    S = max_seqs
-    req = _alloc_requests(n)
-    rep = _alloc_replicas(R, S)
+    The state is allocated here by numpy, and the loop is _replay, the one compiled function (with
+    every piece above inlined): it returns when it is done, or to have the step log or a waiting
+    queue grown here (growing changes no result), and is called again."""
+    n = work.prompt.shape[0]
+    R, S, G = int(fleet.replicas), int(fleet.max_seqs), int(fleet.lockstep)
+    closed, want_log = bool(fleet.closed), bool(fleet.want_log)
+    wl = tuple(work)
+    fl = (
+        R, int(fleet.router), closed, int(fleet.capacity), S, int(fleet.budget), int(fleet.block_size),
+        bool(fleet.chunked), bool(fleet.caching), want_log, G, float(fleet.dummy_s), float(fleet.think_s),
+    )  # fmt: skip
+    req = _requests(n)
+    rep = _replicas(R, S)
     wq = np.zeros((R, 64), np.int64)  # waiting queues (ring buffers; grown by _grow_wq)
-    scr = _alloc_scratch(G, S, bs, af.shape[0], dlt.shape[1], max_blocks)
+    scr = _scratch(G, S, fl[6], cost[2].shape[0], cost[10].shape[1], int(fleet.max_blocks))
     # -- step log: rows, and each replica's latest row (a decode span may extend it)
     log = np.zeros((1024 if want_log else 1, LOG_COLS))
     last_row = np.full(R, -1, np.int64)
     # -- arrival events: open/offline in (time, index) order; closed loop as a binary heap
-    order = np.argsort(times, kind="mergesort")
-    heap_t, heap_s, heap_i, heap_n, seq, next_issue = _init_heap(closed, concurrency, n, ramp_step)
-    static, own_start, own_t = _static_routes(times, order, rejected, aff_rep, router, closed, R, n)
-    ev = (order, heap_t, heap_s, heap_i, static, own_start, own_t, np.zeros(R, np.int64))
+    order = np.argsort(work.times, kind="stable").astype(np.int64, copy=False)
+    heap_t, heap_s, heap_i, heap_n = _heap(closed, int(fleet.concurrency), n, float(fleet.ramp_step_s))
+    static, own_start, own_t = _static_routes(work.times, order, work.rejected, work.aff_rep, fl[1], closed, R, n)
+    ev = (order, heap_t, heap_s, heap_i, bool(static), own_start, own_t, np.zeros(R, np.int64))
     st = np.zeros(6, np.int64)  # the loop's state: ev_pos, heap_n, seq, next_issue, rr, nlog
-    st[1], st[2], st[3] = heap_n, seq, next_issue
-    wl = (times, prompt, output, chain_off, chain, aff_rep, rejected, t_rows, t_key, t_up, t_fb, rec_node, rec_fb, skip)
-    fl = (R, router, closed, capacity, S, budget_max, bs, chunked, caching, want_log, G, dummy_s, think_s)
-    cost = (tok, logit, af, ab, acount, apeak, ahas, abw, dla, dlb, dlt, pla, plb, plt, mx, sc)
-    res = (res_arrival, res_replica, res_sched, res_first, res_finish, res_itl, res_preempt, res_hit, res_prefill)
+    st[1] = st[2] = st[3] = heap_n
+    results = tuple(res)
     while True:
-        code = _replay(wl, fl, cost, res, ctl, req, rep, pool, scr, ev, st, log, last_row, wq)
+        code = _replay(wl, fl, cost, results, ctl, req, rep, pool, scr, ev, st, log, last_row, wq)
         if code == _GROW_LOG:
-            log = _grow(log)
+            bigger = np.zeros((2 * log.shape[0], LOG_COLS))
+            bigger[: log.shape[0]] = log
+            log = bigger
         elif code == _GROW_WQ:
-            wq = _grow_wq(wq, wq.shape[1], rep[6], rep[7])[0]
+            wq = _grow_wq(wq, rep[6], rep[7])
         else:
-            return log, st[5]
+            return log, int(st[5])

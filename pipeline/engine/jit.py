@@ -252,9 +252,6 @@ def _run_busy(
 
     tables = _tables(cost, spec)
     assert tables is not None
-    raw = tables.kernel_args
-    # Fixed dtypes, so that every call reuses one compiled (and disk-cached) specialisation.
-    args = tuple(_arg(a) if isinstance(a, np.ndarray) else float(a) for a in raw)
     n = work.n
     cfg = spec.scheduler
     res = EngineResult.empty(n)
@@ -277,39 +274,41 @@ def _run_busy(
         )
     except MemoryError:
         raise EngineStateTooLarge(state_too_large(spec)) from None
-    kernel_args = (
-        times,
-        _arg(work.prompt_tokens, np.int64),
-        _arg(work.output_tokens, np.int64),
-        _arg(work.offsets(), np.int64),
-        _arg(work.chain_hashes, np.uint64),
-        aff_rep,
-        res.reject_reason != 0,
-        _arg(work.skipped_tokens(), np.int64),
-        _arg(tree.rows, np.int64) if tree is not None else none_i,
-        _arg(tree.key, np.uint64) if tree is not None else none_u,
-        _arg(tree.up, np.int64) if tree is not None else none_i,
-        _arg(tree.fb, np.int64) if tree is not None else none_i,
-        np.zeros(depth, np.int64),
-        np.zeros(depth, np.int64),
-        int(spec.replicas),
-        router,
-        spec.mode == "closed",
-        min(int(spec.concurrency), n) if spec.mode == "closed" else 0,  # clients beyond n never issue
-        float(spec.ramp_step_s),  # (from the whole concurrency: the ramp's pace does not depend on n)
-        float(spec.think_s),
-        int(cfg.num_gpu_blocks),
-        int(cfg.max_num_seqs),
-        int(cfg.max_num_batched_tokens),
-        int(cfg.block_size),
-        bool(cfg.enable_chunked_prefill),
-        bool(caching),
-        max_blocks,
-        table,
-        want_log,
-        int(spec.lockstep),
-        dummy_step_s(tables),
-        *args,
+    wl = k.Work(
+        times=times,
+        prompt=_arg(work.prompt_tokens, np.int64),
+        output=_arg(work.output_tokens, np.int64),
+        chain_off=_arg(work.offsets(), np.int64),
+        chain=_arg(work.chain_hashes, np.uint64),
+        aff_rep=aff_rep,
+        rejected=res.reject_reason != 0,
+        t_rows=_arg(tree.rows, np.int64) if tree is not None else none_i,
+        t_key=_arg(tree.key, np.uint64) if tree is not None else none_u,
+        t_up=_arg(tree.up, np.int64) if tree is not None else none_i,
+        t_fb=_arg(tree.fb, np.int64) if tree is not None else none_i,
+        rec_node=np.zeros(depth, np.int64),
+        rec_fb=np.zeros(depth, np.int64),
+        skip=_arg(work.skipped_tokens(), np.int64),
+    )
+    fleet = k.Fleet(
+        replicas=int(spec.replicas),
+        router=router,
+        closed=spec.mode == "closed",
+        capacity=int(cfg.num_gpu_blocks),
+        max_seqs=int(cfg.max_num_seqs),
+        budget=int(cfg.max_num_batched_tokens),
+        block_size=int(cfg.block_size),
+        chunked=bool(cfg.enable_chunked_prefill),
+        caching=bool(caching),
+        want_log=want_log,
+        lockstep=int(spec.lockstep),
+        dummy_s=dummy_step_s(tables),
+        think_s=float(spec.think_s),
+        concurrency=min(int(spec.concurrency), n) if spec.mode == "closed" else 0,  # clients beyond n never issue
+        ramp_step_s=float(spec.ramp_step_s),  # (from the whole concurrency: the ramp's pace does not depend on n)
+        max_blocks=max_blocks,
+    )
+    results = k.Results(
         res.arrival_s,
         res.replica,
         res.scheduled_s,
@@ -319,9 +318,8 @@ def _run_busy(
         res.preemptions,
         res.cache_hit_tokens,
         res.prefill_tokens,
-        ctl,
-        pool,
     )
+    kernel_args = (wl, fleet, tables.kernel_tables, results, ctl, pool)
     try:
         rows, nrows = _run_in_thread(k.run_fleet, kernel_args, ctl, progress)
     except MemoryError:
