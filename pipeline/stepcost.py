@@ -17,8 +17,8 @@ The tables are filled once per deployment by vectorised code — the roofline
 (:func:`roofline_tables`, tier 2) or a GPU's measured profile (pipeline/profile/cost.py, tier 1)
 — so anything a token count determines (CUDA-graph padding, the fused-MoE kernel's non-linear
 cost, the collective backend at that message size) costs one lookup in the engine. The same
-kernel (:func:`tab_row`) prices a step in the compiled engine loop, in the Python engines and in
-:class:`TabulatedCost` calls, so every engine gets the same numbers to the bit.
+kernel (:func:`tab_row`) prices a step in the compiled engine loop and in :class:`TabulatedCost`
+calls (the reference engine's), so both engines get the same numbers to the bit.
 
 Table columns (``TAB_COLUMNS``): compute-bound, memory-bound, collective and kernel-floor
 seconds; FLOPs and bytes per TP rank over all stages; seconds that came from measured tables;
