@@ -9,8 +9,9 @@ clone's own sources (``python -m pipeline``, the clone first on ``PYTHONPATH``):
    ``fleets/default.toml``: cold (compile included), then warm (cached);
 2. ``demo``: cold, then warm on the same store (its ingest then skips the file it already has).
 
-Each figure is wall time of the whole command. Check ``uptime`` first: the compile is CPU-bound,
-and a loaded machine is slower.
+Each figure is the wall time of the whole command, with the CPU time it used (its process and
+children's, ``RUSAGE_CHILDREN``): the compile is CPU-bound, so on a machine loaded by others the
+wall time grows and the CPU time much less. The load average is printed before and after.
 
     python benchmarks/cold_start.py
 """
@@ -18,28 +19,47 @@ and a loaded machine is slower.
 from __future__ import annotations
 
 import os
+import resource
 import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import NamedTuple
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def _run(clone: Path, cache: Path, *argv: str) -> float:
+class Timed(NamedTuple):
+    wall: float
+    cpu: float
+
+    def __str__(self) -> str:
+        return f"{self.wall:.1f} s (CPU {self.cpu:.1f} s)"
+
+
+def _cpu() -> float:
+    use = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return use.ru_utime + use.ru_stime
+
+
+def _run(clone: Path, cache: Path, *argv: str) -> Timed:
     env = {**os.environ, "NUMBA_CACHE_DIR": str(cache), "PYTHONPATH": str(clone)}
     env.pop("ROOFTRACE_STORE", None)
-    t0 = time.perf_counter()
+    t0, c0 = time.perf_counter(), _cpu()
     done = subprocess.run([sys.executable, "-m", "pipeline", *argv], cwd=clone, env=env, capture_output=True, text=True)
-    wall = time.perf_counter() - t0
+    wall, cpu = time.perf_counter() - t0, _cpu() - c0
     if done.returncode != 0:
         raise SystemExit(f"`rooftrace {' '.join(argv)}` failed ({done.returncode}): {done.stderr[-2000:]}")
-    return wall
+    return Timed(wall, cpu)
+
+
+def _load() -> str:
+    return f"load average {os.getloadavg()[0]:.2f}"
 
 
 def main() -> None:
-    print(f"load average {os.getloadavg()[0]:.2f}; cloning {ROOT}")
+    print(f"{_load()}, {os.cpu_count()} cores; cloning {ROOT}")
     with tempfile.TemporaryDirectory(prefix="rooftrace-cold-") as tmp:
         clone = Path(tmp) / "clone"
         subprocess.run(["git", "clone", "-q", str(ROOT), str(clone)], check=True)
@@ -50,12 +70,12 @@ def main() -> None:
         cache = Path(tmp) / "numba-replay"
         cold = _run(clone, cache, *replay)
         warm = _run(clone, cache, *replay)
-        print(f"first replay (19,366 requests, empty numba cache): {cold:.1f} s; again, cached: {warm:.1f} s")
+        print(f"first replay (19,366 requests, empty numba cache): {cold}; again, cached: {warm} ({_load()})")
         demo = ("demo", "--store", str(Path(tmp) / "demo-store"), "--reports", str(Path(tmp) / "reports"))
         cache = Path(tmp) / "numba-demo"
         cold = _run(clone, cache, *demo)
         warm = _run(clone, cache, *demo)
-        print(f"first `rooftrace demo` (empty numba cache): {cold:.1f} s; again, cached: {warm:.1f} s")
+        print(f"first `rooftrace demo` (empty numba cache): {cold}; again, cached: {warm} ({_load()})")
 
 
 if __name__ == "__main__":

@@ -68,7 +68,10 @@ _NONE = ("none", "off", "unlimited")
 OVERHEAD_BYTES = 256 * 1024**2
 #: Compiling the jit engine when its disk cache is missing or stale (LLVM; measured ~1.2 GB).
 COMPILE_BYTES = 3 * GIB // 2
-COMPILE_S = 120.0
+#: Seconds of that compile, said before it starts (never part of the replay's estimate or time
+#: left): 37.6 s of CPU for the first replay of the Azure hour on fleets/default.toml, 44.5 s wall
+#: on the 2-core VM at load 4 (benchmarks/cold_start.py).
+COMPILE_S = 45.0
 #: Per request: workload, engine and result arrays, the output tables (measured ~1.3 KiB).
 REQUEST_BYTES = 2048
 #: Per request, what the store-level replay in one engine adds once the date's columns are read
@@ -553,7 +556,8 @@ def estimate_replay(
     # Python when routing depends on replica state, and builds an object per replica
     post = n * 10e-6 + rows * 1e-6 + series_rows * 0.2e-6 + blocks * 0.1e-6
     if jit:
-        seconds = (COMPILE_S if compile_needed else 1.0) + blocks * 0.3e-6 + (rows + n) * (pod_r * 4e-9 + 2e-6)
+        # the replay's own time: a compile ahead is said apart (engine_progress), never added here
+        seconds = 1.0 + blocks * 0.3e-6 + (rows + n) * (pod_r * 4e-9 + 2e-6)
         units, total = "requests done", n
     else:
         seconds = py_r * 60e-6 + rows * 300e-6
@@ -726,10 +730,12 @@ def _every_s() -> float:
 
 class _Reporter:
     """Engine progress callback (called with the units done so far, often with 0 while the engine
-    compiles). The time left is estimated from the first call that reports work done: a compile
-    before it is not counted as replay time (it made '2,136 of 19,366 (11%), 2 min elapsed, ~14 min
-    left' of a run 0.4 s from its end). On a terminal a rich.progress bar on stderr, refreshed
-    live and cleared at the end; else a line on the sink every few seconds (none for short runs)."""
+    compiles). Until the first work is done, when the engine compiles first, the line says so
+    instead of a count (``replay: compiling the replay engine (one time), 20 s elapsed``). The time
+    left is estimated from the first call that reports work done: a compile before it is not
+    counted as replay time (it made '2,136 of 19,366 (11%), 2 min elapsed, ~14 min left' of a run
+    0.4 s from its end). On a terminal a rich.progress bar on stderr, refreshed live and cleared at
+    the end; else a line on the sink every few seconds (none for short runs)."""
 
     def __init__(self, est: ReplayEstimate, channel: _Channel, clock: Callable[[], float] = time.monotonic) -> None:
         self.est = est
@@ -741,6 +747,8 @@ class _Reporter:
         self.total = max(est.progress_total, 1)
         #: (time, units done) at the first call that reported work done: the ETA's origin.
         self.origin: tuple[float, int] | None = None
+        #: Whether the engine compiles before its first results (then said instead of progress).
+        self.compiling = bool(est.parts.get("compile"))
         self.bar: Any = None
         if channel.live:
             self.bar = self._live_bar()
@@ -780,6 +788,8 @@ class _Reporter:
         if self.bar is not None:
             left = self.left_s(done, now)
             shown = "" if left is None else f"~{format_duration(left)} left"
+            if self.origin is None and self.compiling:
+                shown = "compiling the replay engine (one time)"
             self.bar.update(self.task, completed=min(done, self.total), left=shown)
             if done >= self.total:
                 self.close()
@@ -791,6 +801,9 @@ class _Reporter:
 
     def line(self, done: int, now: float) -> str:
         """The plain progress line: done of total, elapsed, and the time left once measurable."""
+        if self.origin is None and self.compiling:
+            # the compile is not replay progress: no count, no share, no time left
+            return f"replay: compiling the replay engine (one time), {format_duration(now - self.t0)} elapsed"
         share = min(done / self.total, 1.0)
         left = self.left_s(done, now)
         if self.origin is None:
@@ -824,8 +837,9 @@ def engine_progress(est: ReplayEstimate) -> Callable[[int], None] | None:
             "until an upgrade)"
         )
     if est.seconds >= 3 * _every_s():
+        after = " once compiled" if est.parts.get("compile") else ""
         sink(
-            f"replay: estimated ~{format_duration(est.seconds)} and {format_bytes(est.bytes)} of memory "
+            f"replay: estimated ~{format_duration(est.seconds)}{after} and {format_bytes(est.bytes)} of memory "
             f"({est.requests:,} requests on {est.replicas:,} replicas, {est.engine} engine); Ctrl-C stops it"
         )
     return _Reporter(est, installed)

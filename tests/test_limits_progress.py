@@ -10,7 +10,15 @@ from typing import Any
 
 import pytest
 
-from pipeline.limits import COMPILE_S, ReplayEstimate, _Channel, _Reporter, engine_progress, progress_to
+from pipeline.limits import (
+    COMPILE_S,
+    ReplayEstimate,
+    _Channel,
+    _Reporter,
+    engine_progress,
+    format_duration,
+    progress_to,
+)
 
 
 def _estimate(compile_bytes: int = 0, seconds: float = 1.0, total: int = 19_366) -> ReplayEstimate:
@@ -52,14 +60,44 @@ def test_the_time_left_starts_at_the_first_work_done(monkeypatch: pytest.MonkeyP
     assert len(said) == 3
 
 
+def test_a_compile_is_said_apart_from_the_replay_progress(monkeypatch: pytest.MonkeyPatch) -> None:
+    """While the engine compiles, the lines say so, with no count, share or time left; the first
+    results start the replay's own progress, whose time left is measured from them."""
+    monkeypatch.setenv("ROOFTRACE_PROGRESS_EVERY_S", "5")
+    said: list[str] = []
+    clock = Clock()
+    rep = _Reporter(_estimate(compile_bytes=1), _Channel(0, said.append), clock)
+    for _ in range(301):  # the engine thread polls every 0.1 s for 30 s: nothing done, a line every 5 s
+        clock.t += 0.1
+        rep(0)
+    assert len(said) == 6
+    assert said[0] == "replay: compiling the replay engine (one time), 5 s elapsed"
+    assert said[-1] == "replay: compiling the replay engine (one time), 30 s elapsed"
+    clock.t += 5.0
+    rep(1_000)
+    assert said[-1] == "replay: 1,000 of 19,366 requests done (5%), 35 s elapsed"
+    clock.t += 5.0
+    rep(2_000)  # 1,000 in 5 s: 17,366 left take 87 s, not counting the 30 s of compile
+    assert said[-1].endswith("40 s elapsed, ~87 s left")
+
+
+def test_the_estimate_leaves_the_compile_out(monkeypatch: pytest.MonkeyPatch) -> None:
+    said: list[str] = []
+    est = _estimate(compile_bytes=1, seconds=600.0)
+    est.parts.update({"engine state": 0, "step log": 0})
+    with progress_to(said.append):
+        engine_progress(est)
+    assert said[1].startswith("replay: estimated ~10 min once compiled and ")
+
+
 def test_the_compile_is_said_before_the_replay(monkeypatch: pytest.MonkeyPatch) -> None:
     said: list[str] = []
     with progress_to(said.append):
         rep = engine_progress(_estimate(compile_bytes=1))
     assert rep is not None
-    minutes = int(COMPILE_S // 60)
     assert said == [
-        f"replay: compiling the replay engine (one time, ~{minutes} min; cached for later runs until an upgrade)"
+        f"replay: compiling the replay engine (one time, ~{format_duration(COMPILE_S)}; cached for later runs "
+        "until an upgrade)"
     ]
     said.clear()
     with progress_to(said.append):

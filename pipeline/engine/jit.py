@@ -371,8 +371,8 @@ def _run_in_thread(
     progress: Callable[[int], None] | None,
 ) -> Any:
     """``kernel(*args)`` in a worker thread (the kernel is compiled ``nogil``), the calling thread
-    waiting in ``POLL_S`` timeouts: it passes ``ctl[1]`` (requests done) to ``progress`` when it
-    changes, and on KeyboardInterrupt sets ``ctl[0]`` so the loop stops at its next event, waits
+    waiting in ``POLL_S`` timeouts: it passes ``ctl[1]`` (requests done) to ``progress`` at each
+    one, and on KeyboardInterrupt sets ``ctl[0]`` so the loop stops at its next event, waits
     up to ``CANCEL_WAIT_S`` for it and re-raises (the thread is a daemon: it never holds up the
     process's exit). It waits on an Event, not ``Thread.join``: in Python 3.11 a join interrupted
     by KeyboardInterrupt marks a running thread as stopped."""
@@ -389,12 +389,10 @@ def _run_in_thread(
 
     worker = threading.Thread(target=work, name="rooftrace-jit-engine", daemon=True)
     worker.start()
-    reported = -1
     try:
         while not done.wait(POLL_S):
-            if progress is not None and int(ctl[1]) != reported:
-                reported = int(ctl[1])
-                progress(reported)
+            if progress is not None:  # every poll, changed or not: a compile says how long it has taken
+                progress(int(ctl[1]))
     except KeyboardInterrupt:
         ctl[0] = 1.0
         done.wait(CANCEL_WAIT_S)
