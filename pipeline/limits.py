@@ -39,7 +39,6 @@ from pipeline.engine.model import is_stateful_router
 from pipeline.engine.shard import auto_pods, pod_cuts
 from pipeline.errors import RooftraceError
 from pipeline.steps import StepBatch
-from pipeline.store import epoch_us
 from pipeline.units import distinct_numbers, format_bytes, format_duration, format_number
 
 if TYPE_CHECKING:
@@ -511,6 +510,8 @@ def estimate_replay(
     static = router == "round_robin" or router in ("session_affinity", "prefix_affinity")
     arrival_span = 0.0
     if mode == "open" and n:
+        from pipeline.store import epoch_us  # lazy: polars and pyarrow; every command imports this module
+
         arrival = epoch_us(requests.get_column("arrival"))
         first, last = int(arrival.min()), int(arrival.max())
         arrival_span = (last - first) / 1e6 / rate_scale

@@ -27,7 +27,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from types import MappingProxyType
 
-from pipeline.catalog.entries import list_models
 from pipeline.errors import ConfigError
 from pipeline.tomlfile import read_toml
 
@@ -82,6 +81,7 @@ def _model_aliases(path: Path, table: object) -> Mapping[str, str]:
     (one line naming the file and key otherwise)."""
     if not isinstance(table, dict) or not table:
         return MappingProxyType({})
+    from pipeline.catalog.entries import list_models  # lazy: pyarrow; only a project with aliases reads the catalog
 
     known = list_models()
     for key, value in table.items():
