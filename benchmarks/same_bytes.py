@@ -69,7 +69,10 @@ def main() -> int:
         now = after[case]
         diff = sorted(k for k in was.keys() | now.keys() if was.get(k) != now.get(k))
         bad += bool(diff)
-        print(f"{'SAME' if not diff else 'DIFFERENT'}  {case}: run {now['run_id']}" + (f"; differs: {diff}" if diff else ""))
+        print(
+            f"{'SAME' if not diff else 'DIFFERENT'}  {case}: run {now['run_id']}"
+            + (f"; differs: {diff}" if diff else "")
+        )
     print(f"{len(before) - bad} of {len(before)} runs byte-identical to {args.against}")
     return 1 if bad else 0
 

@@ -225,7 +225,8 @@ class PoolTable(_Table):
     weight_dtype: str = _opt("weight storage format")
     kv_dtype: str = _opt("KV-cache storage format")
     router: str = _opt(
-        "how the pool spreads its requests", enum=["round_robin", "least_outstanding", "session_affinity", "prefix_affinity"]
+        "how the pool spreads its requests",
+        enum=["round_robin", "least_outstanding", "session_affinity", "prefix_affinity"],
     )
     router_pod_size: int = _opt("> 0: a load balancer over pods of this many replicas")
     router_pod_balancer: str = _opt(

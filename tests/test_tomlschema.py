@@ -522,7 +522,14 @@ def test_the_editor_config_points_every_kind_at_its_schema() -> None:
     """.taplo.toml: each rule's schema is a committed editor schema and its glob names real files."""
     root = Path(__file__).resolve().parents[1]
     rules = tomllib.loads((root / ".taplo.toml").read_text())["rule"]
-    assert {Path(r["schema"]["path"]).stem for r in rules} == {"fleet", "pooled-fleet", "hardware", "model", "prices", "project"}
+    assert {Path(r["schema"]["path"]).stem for r in rules} == {
+        "fleet",
+        "pooled-fleet",
+        "hardware",
+        "model",
+        "prices",
+        "project",
+    }
     for rule in rules:
         assert (root / rule["schema"]["path"]).is_file()
         assert all(list(root.glob(pattern)) for pattern in rule["include"]), rule
