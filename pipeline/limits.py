@@ -2,8 +2,8 @@
 must stay within (docs/limits.md, "Resource limits").
 
 A replay's memory is driven by a few things known before it runs: the engine's per-replica state
-(``pipeline.engine.jit.state_bytes``, or the Python engine's objects), the prefix chains (one
-hash per KV block of every request), the step log (a few rows per request), and the per-replica
+(``pipeline.engine.jit.state_bytes``: what the replicas touch of it), the prefix chains (the
+day's prefix identity and the tree cut from it), the step log (a few rows per request), and the per-replica
 per-second series (replicas × simulated seconds: a tiny ``--rate-scale`` stretches one day into
 months). :func:`estimate_replay` adds them up, with the process's current size, and
 :func:`enforce` refuses a run whose estimate is past the memory limit, or whose arrivals span more
@@ -35,7 +35,6 @@ from pipeline import system
 from pipeline.defaults import MAX_MEMORY_ENV, MAX_SIM_DAYS_ENV, PROGRESS_EVERY_ENV
 from pipeline.engine.jit import MAX_STATE_BYTES, fitting_replicas, state_bytes
 from pipeline.engine.jitcache import jit_cache_dir, kernel_stamp
-from pipeline.engine.model import is_stateful_router
 from pipeline.engine.shard import auto_pods, pod_cuts
 from pipeline.errors import RooftraceError
 from pipeline.steps import StepBatch
@@ -85,10 +84,6 @@ STREAMED_REQUEST_BYTES = 192
 #: 2.8 GiB when the estimate is made, peak 6.2 GiB (a pod's step log and the engine state
 #: counted apart, 2.6 GiB here).
 STREAMED_POD_REQUEST_BYTES = 48
-#: Per KV block of the prefix chains the Python engine takes as hashes, while they are built
-#: (measured ~47 B; 8 B are kept).
-CHAIN_BUILD_BYTES = 56
-CHAIN_KEPT_BYTES = 8
 #: Per request of the jit engine's lazy chains (pipeline.classify.prefix.ChainTree): the day's
 #: prefix identity read from the store (9 columns) and the tree cut from it while it is built;
 #: the tree (5 int64 columns and the CSR offsets) is kept.
@@ -96,14 +91,12 @@ TREE_BUILD_BYTES = 160
 TREE_KEPT_BYTES = 48
 #: Per step-log row: the engine's growing buffer, the StepLog, sorted copies and the table.
 LOG_ROW_BYTES = 600
-#: Step-log rows per request (measured 2-3 for the jit engine, up to 9 for the Python engine).
-ROWS_PER_REQUEST = {"jit": 4, "python": 10}
+#: Step-log rows per request (measured 2-3).
+ROWS_PER_REQUEST = 4
 #: Per replica-second of the series table and its intermediates (measured 130-165 B).
 SERIES_ROW_BYTES = 200
-#: Per replica beyond jit.state_bytes (jit: queues and counters; Python: its objects, ~2.7 KiB).
-REPLICA_BYTES = {"jit": 1024, "python": 4096}
-#: Per cached prefix block held in the Python engine's dictionaries.
-PY_BLOCK_BYTES = 256
+#: Per replica beyond jit.state_bytes: queues and counters.
+REPLICA_BYTES = 1024
 
 
 class ResourceLimitError(RooftraceError):
@@ -260,7 +253,7 @@ class ReplayEstimate:
 
     requests: int
     replicas: int
-    engine: str  # "jit" or "python"
+    engine: str  # "jit": the one production engine (pipeline.engine.jit)
     mode: str
     rate_scale: float
     #: Simulated seconds from the first to the last arrival (open loop; 0 otherwise).
@@ -472,13 +465,10 @@ def estimate_replay(
     pod_r = min(pod_r, max(1, -(-n // fleet.lockstep)) * fleet.lockstep)
     if router == "least_outstanding" and flat:
         pod_r = min(pod_r, fitting_replicas(spec))
-    # the Python engine runs only the reachable prefix for round robin and least outstanding, and
-    # every replica of the fleet otherwise
-    py_r = pod_r if router in ("round_robin", "least_outstanding") else R
     pod_spec = replace(spec, replicas=pod_r)
-    # pods always run on the jit engine (a pod too large for it is refused when the pods are cut)
-    jit = not flat or state_bytes(pod_spec) <= MAX_STATE_BYTES
-    engine = "jit" if jit else "python"
+    # one engine runs every replay (pipeline.engine.jit); a state past MAX_STATE_BYTES is allocated
+    # zeroed, so only what the replicas in use touch becomes resident (see "engine state" below)
+    engine = "jit"
     cost: Any = fleet.deployment
 
     n_eff = max(n, 1)
@@ -530,22 +520,26 @@ def estimate_replay(
         if mode == "closed":  # the ramp, and each client's waits between its requests
             span += ramp_s + think_s * math.ceil(n_eff / clients)
 
-    rows = ROWS_PER_REQUEST[engine] * n
+    rows = ROWS_PER_REQUEST * n
     series_rows = busy * (span + 2)
     # in pods, the replay stage writes each pod's step log and series as the pod ends
     # (replay.RunSteps): one pod's share is held at a time
     held = 1.0 if flat else min(1.0, pod_r / R)
-    if jit:
-        state = state_bytes(pod_spec) + pod_r * REPLICA_BYTES["jit"] + 16 * n
-    else:
-        cached = min(blocks, R * sched.num_gpu_blocks) if sched.enable_prefix_caching else 0
-        state = py_r * REPLICA_BYTES["python"] + cached * PY_BLOCK_BYTES + 256 * n
-    compile_needed = jit and jit_compile_needed()
+    state = state_bytes(pod_spec)
+    if state > MAX_STATE_BYTES:  # allocated zeroed: pages nobody touches stay virtual. Touched: every
+        # replica's free list of its KV blocks (8 bytes a block), a page of each replica's tables, and
+        # the blocks of the requests in flight (~70 bytes each across block fields, table and hash slots)
+        inflight = min(n_eff, max(1, int(busy * full)))
+        per_request = math.ceil((mean_p + mean_o) / bs) * 70
+        touched = pod_r * (8 * int(sched.num_gpu_blocks) + 4096) + inflight * per_request
+        state = min(state, touched)
+    state += pod_r * REPLICA_BYTES + 16 * n
+    compile_needed = jit_compile_needed()
     parts = {
         "process": system.process_rss(),
         "overhead": OVERHEAD_BYTES,
         "compile": COMPILE_BYTES if compile_needed else 0,
-        "chains": (n * TREE_BUILD_BYTES if jit else blocks * CHAIN_BUILD_BYTES) if chains else 0,
+        "chains": n * TREE_BUILD_BYTES if chains else 0,
         "engine state": int(state),
         "requests": n
         * (REQUEST_BYTES if not streamed else STREAMED_REQUEST_BYTES if flat else STREAMED_POD_REQUEST_BYTES),
@@ -553,21 +547,11 @@ def estimate_replay(
         "series": int(series_rows * held * SERIES_ROW_BYTES),
     }
 
-    # wall time, roughly: per event the jit loop scans every replica; the Python engine does so in
-    # Python when routing depends on replica state, and builds an object per replica
+    # wall time, roughly: per event the loop scans every replica it runs
     post = n * 10e-6 + rows * 1e-6 + series_rows * 0.2e-6 + blocks * 0.1e-6
-    if jit:
-        # the replay's own time: a compile ahead is said apart (engine_progress), never added here
-        seconds = 1.0 + blocks * 0.3e-6 + (rows + n) * (pod_r * 4e-9 + 2e-6)
-        units, total = "requests done", n
-    else:
-        seconds = py_r * 60e-6 + rows * 300e-6
-        stateful = mode == "closed" or is_stateful_router(router)
-        if stateful:
-            seconds += (rows + n) * py_r * 1e-6
-            units, total = "requests done", n
-        else:
-            units, total = "replicas done", py_r
+    # the replay's own time: a compile ahead is said apart (engine_progress), never added here
+    seconds = 1.0 + blocks * 0.3e-6 + (rows + n) * (pod_r * 4e-9 + 2e-6)
+    units, total = "requests done", n
     return ReplayEstimate(
         requests=n,
         replicas=R,
@@ -578,8 +562,8 @@ def estimate_replay(
         span_s=float(span),
         busy_replicas=int(busy),
         kv_blocks=blocks,
-        pod_replicas=pod_r if jit else py_r,
-        chains_kept=(n * TREE_KEPT_BYTES if jit else blocks * CHAIN_KEPT_BYTES) if chains else 0,
+        pod_replicas=pod_r,
+        chains_kept=n * TREE_KEPT_BYTES if chains else 0,
         log_rows=rows,
         parts=parts,
         seconds=float(seconds + post),

@@ -335,9 +335,9 @@ def test_jit_replay_reports_progress_and_stops_promptly_on_ctrl_c(tmp_path: Path
     assert "requests done" in err
 
 
-def test_python_engine_replay_stops_promptly_on_ctrl_c(small: dict[str, Any], tmp_path: Path) -> None:
+def test_a_replay_past_the_state_limit_stops_promptly_on_ctrl_c(small: dict[str, Any], tmp_path: Path) -> None:
     # prefix caching on 3,000 replicas, 2,000 of them reached by round robin from 2,000 closed-loop
-    # clients: block tables too large for the jit engine, and a closed loop cannot be cut in pods
+    # clients: block tables past MAX_STATE_BYTES, and a closed loop cannot be cut in pods
     fleet = _fleet(tmp_path / "rr.toml", "rr")
     fleet.write_text(fleet.read_text().replace('router = "least_outstanding"', 'router = "round_robin"'))
     args = ["replay", "--fleet", str(fleet), "--replicas", "3000", "--concurrency", "2000", "--max-memory", "none"]
@@ -389,7 +389,7 @@ def test_no_compile_announced_once_the_engine_is_compiled(small: dict[str, Any],
 def test_pods_estimate_the_largest_pod_not_the_fleet(small: dict[str, Any]) -> None:
     """Replayed in pods, one process holds one pod's engine state: 1,000 replicas in 10 pods are
     estimated as 100 replicas' state on the jit engine, where the flat fleet is past the jit
-    engine's limit (the closed loop, which cannot be cut, takes the Python engine; the open loop
+    engine's state limit (the closed loop, which cannot be cut, counts the state it touches; the open loop
     asked for no pods runs in as many as shard.auto_pods says); a hierarchical fleet's routing
     pods count the same way."""
     from pipeline.engine.jit import MAX_STATE_BYTES, state_bytes
@@ -404,7 +404,11 @@ def test_pods_estimate_the_largest_pod_not_the_fleet(small: dict[str, Any]) -> N
     assert state_bytes(spec) * 10 > MAX_STATE_BYTES >= state_bytes(spec)
     flat = estimate_replay(frame, fleet, "closed", 1.0, 1000)
     pods = estimate_replay(frame, fleet, "open", 1.0, None, 10)
-    assert flat.engine == "python" and pods.engine == "jit" and pods.pod_replicas == 100
+    assert flat.engine == pods.engine == "jit" and pods.pod_replicas == 100
+    # the flat closed loop allocates past MAX_STATE_BYTES, but only its busy replicas' state and
+    # every replica's free list are touched: that is what is counted
+    assert state_bytes(replace(spec, replicas=1000)) > MAX_STATE_BYTES
+    assert flat.parts["engine state"] < state_bytes(replace(spec, replicas=1000)) / 10
     auto = estimate_replay(frame, fleet, "open", 1.0, None)
     n_auto = auto_pods(replace(spec, replicas=1000), frame.height, lambda: True)
     per = int(np.diff(pod_cuts(1000, 1, n_auto)).max())
@@ -415,7 +419,7 @@ def test_pods_estimate_the_largest_pod_not_the_fleet(small: dict[str, Any]) -> N
     # the replay stage writes each pod's step log and series as the pod ends: a tenth is held
     from pipeline.limits import LOG_ROW_BYTES, ROWS_PER_REQUEST
 
-    assert pods.parts["step log"] == int(ROWS_PER_REQUEST["jit"] * frame.height * 0.1 * LOG_ROW_BYTES)
+    assert pods.parts["step log"] == int(ROWS_PER_REQUEST * frame.height * 0.1 * LOG_ROW_BYTES)
     assert "(a pod's at a time)" in pods.drivers() and "(a pod's at a time)" not in flat.drivers()
     hier = resolve(replace(fleet.config, router_pod_size=250), str(DEFAULT_FLEET))
     est = estimate_replay(frame, hier, "open", 1.0, None)

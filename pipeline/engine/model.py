@@ -1,4 +1,4 @@
-"""Types shared by the fast engine and the reference engine: scheduler settings, the workload,
+"""Types shared by the compiled engine and the reference engine: scheduler settings, the workload,
 arrival modes, rejection rules, routing and the per-request result.
 
 Both engines take the same :class:`SchedulerConfig`, :class:`Workload` and cost function and
@@ -311,7 +311,7 @@ def choose_replica(router: str, key: int, outstanding: list[int], rr_next: int) 
 
 
 def initial_arrivals(work: Workload, spec: FleetSpec) -> tuple[list[tuple[float, int, int]], int, int]:
-    """The arrival events both Python engines start from, as a heap of (time, sequence, request):
+    """The arrival events the reference engine starts from, as a heap of (time, sequence, request):
     a closed loop starts ``concurrency`` clients at t = 0, or client c at ``c * ramp_step_s`` with
     a ramp (each finish or rejection issues the client's next request ``think_s`` later; the
     request an event sends is chosen when it is popped: the next of the trace, so requests go

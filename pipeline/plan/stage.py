@@ -377,7 +377,7 @@ def worker_bytes(window_requests: int) -> int:
     """Estimated peak of one local worker searching configurations on a window of
     ``window_requests`` requests: :data:`WORKER_BYTES` plus the replay estimate's own per-request
     bytes (pipeline/limits.py: the request arrays and tables, and the jit engine's step log)."""
-    return WORKER_BYTES + window_requests * (REQUEST_BYTES + ROWS_PER_REQUEST["jit"] * LOG_ROW_BYTES)
+    return WORKER_BYTES + window_requests * (REQUEST_BYTES + ROWS_PER_REQUEST * LOG_ROW_BYTES)
 
 
 def local_jobs(requested: int | None, configurations: int, window_requests: int) -> tuple[int, str | None]:
