@@ -870,8 +870,14 @@ def cache_split_note(split: dict[str, Any], classified: dict[str, Any] | None, c
     own = split["by_source"]["prefix_cache"]
     if options.get("cache_hits") == "simulated" and reported:
         why = f"--cache-hits simulated ignores the {reported:,} cache-hit tokens the log reports"
-    elif not sched.get("enable_prefix_caching", True):
+    elif not isinstance(resolved.get("pools"), list) and not sched.get("enable_prefix_caching", True):
         why = "the fleet disables prefix caching (engine.enable_prefix_caching = false): every input token is prefilled"
+    elif isinstance(resolved.get("pools"), list):  # a fleet of pools: each pool's replicas their own caches
+        why = (
+            f"on the requests whose hits come from prefix chains, the pools' replicas' own prefix caches "
+            f"(each pool's KV blocks, shared with running requests) served {int(own['cache_hit_tokens']):,} "
+            f"tokens where classify's cache model ({classified.get('capacity') or 'its capacity'}) counts {simulated:,}"
+        )
     else:
         why = (
             f"on the requests whose hits come from prefix chains, the replicas' own prefix caches "
@@ -1164,48 +1170,68 @@ def _replay(
         del work
         doing[0] = f"summarizing the run of {what}"
         summary = summary_of(written, steps.sums, run, run_slo(run, options))
-        classified = classify_totals(store, date)
-        summary["cache_split"]["classify"] = (
-            {k: classified.get(k) for k in _CLASSIFY_SPLIT_KEYS} if classified is not None else None
-        )
         record = {"date": date, "options": asdict(options), "resolved": fleet.to_dict()}
-        summary["cache_split"]["note"] = cache_split_note(summary["cache_split"], classified, record)
-        mix = model_mix_warning(store, date, cfg.model)
-        if mix is not None:
-            summary["health"]["warnings"].append(mix)
-            summary["health"]["healthy"] = False
-        over = summary["health"]["overload"]
-        if over["detected"]:
-            first, scale = over.get("first_arrival_s") or 0.0, options.rate_scale
-            over["from_utc"] = _utc(t0_us, first, over["from_s"], scale)
-            if over.get("until_s") is not None:
-                over["until_utc"] = _utc(t0_us, first, over["until_s"], scale)
-            summary["health"]["warnings"] = [
-                overload_text(over) if w.startswith("OVERLOADED") else w for w in summary["health"]["warnings"]
-            ]
+        _day_notes(store, date, summary, cfg.model, record, t0_us, options.rate_scale)
         with store.lock(), _store_writes(store):
             results.commit()
             steps.close()
-            # The wall time varies from run to run: keep it out of the file so re-runs are identical.
-            stable = {k: v for k, v in summary.items() if not k.startswith("engine_")}
-            doc = {
-                "run_id": run_id,
-                "date": date,
-                "fleet_file": str(path),
-                "options": asdict(options) | {"mode": options.mode},
-                "resolved": fleet.to_dict(),
-                "summary": stable,
-            }
-            write_config(run_dir, doc)
+            write_config(run_dir, _run_record(run_id, date, path, options, fleet.to_dict(), summary))
     except BaseException:
-        if not complete and not config_path(run_dir).exists():
-            for name in ("requests.parquet", "steps.parquet", "series.parquet"):
-                (run_dir / name).unlink(missing_ok=True)
+        _drop_tables(run_dir, complete)
         raise
     finally:
         results.abort()  # nothing left to drop once committed
         steps.abort()  # (and an emptied folder goes)
     return ReplayResult(run_id, run_dir, summary)
+
+
+def _day_notes(
+    store: Store, date: str, summary: dict[str, Any], model: str, record: dict[str, Any], t0_us: int, scale: float
+) -> None:
+    """What a run's summary says of its day beyond the engine's figures: classify's split beside
+    the replay's and the note when they differ, a log of other models, and the overload's times
+    on the log's own clock."""
+    classified = classify_totals(store, date)
+    summary["cache_split"]["classify"] = (
+        {k: classified.get(k) for k in _CLASSIFY_SPLIT_KEYS} if classified is not None else None
+    )
+    summary["cache_split"]["note"] = cache_split_note(summary["cache_split"], classified, record)
+    mix = model_mix_warning(store, date, model)
+    if mix is not None:
+        summary["health"]["warnings"].append(mix)
+        summary["health"]["healthy"] = False
+    over = summary["health"]["overload"]
+    if over["detected"]:
+        first = over.get("first_arrival_s") or 0.0
+        over["from_utc"] = _utc(t0_us, first, over["from_s"], scale)
+        if over.get("until_s") is not None:
+            over["until_utc"] = _utc(t0_us, first, over["until_s"], scale)
+        summary["health"]["warnings"] = [
+            overload_text(over) if w.startswith("OVERLOADED") else w for w in summary["health"]["warnings"]
+        ]
+
+
+def _run_record(
+    run_id: str, date: str, path: Path, options: ReplayOptions, resolved: dict[str, Any], summary: dict[str, Any]
+) -> dict[str, Any]:
+    """A run's config.json. The engine's wall time varies from run to run: it is kept out, so a
+    re-run writes the same bytes."""
+    return {
+        "run_id": run_id,
+        "date": date,
+        "fleet_file": str(path),
+        "options": asdict(options) | {"mode": options.mode},
+        "resolved": resolved,
+        "summary": {k: v for k, v in summary.items() if not k.startswith("engine_")},
+    }
+
+
+def _drop_tables(run_dir: Path, complete: bool) -> None:
+    """A new run stopped before its config.json was written takes back the tables it moved into
+    place, so no SQL view reads half a run (a re-run of a complete run rewrote the same bytes)."""
+    if not complete and not config_path(run_dir).exists():
+        for name in ("requests.parquet", "steps.parquet", "series.parquet"):
+            (run_dir / name).unlink(missing_ok=True)
 
 
 # -- a fleet of pools ------------------------------------------------------------------------
@@ -1354,29 +1380,13 @@ def _replay_pooled(
         del tables, req
         doing[0] = f"summarizing the run of {requests.height:,} requests of {date} on {pooled.name}"
         summary = _pooled_summary(StoredColumns(run_dir / "requests.parquet"), parts, options)
-        classified = classify_totals(store, date)
-        summary["cache_split"]["classify"] = (
-            {k: classified.get(k) for k in _CLASSIFY_SPLIT_KEYS} if classified is not None else None
-        )
-        mix = model_mix_warning(store, date, pooled.model)
-        if mix is not None:
-            summary["health"]["warnings"].append(mix)
-            summary["health"]["healthy"] = False
+        record = {"date": date, "options": asdict(options), "resolved": resolved}
+        _day_notes(store, date, summary, pooled.model, record, t0_us, options.rate_scale)
         with store.lock(), _store_writes(store):
-            stable = {k: v for k, v in summary.items() if not k.startswith("engine_")}
-            doc = {
-                "run_id": run_id,
-                "date": date,
-                "fleet_file": str(path),
-                "options": asdict(options) | {"mode": options.mode},
-                "resolved": resolved,
-                "summary": stable,
-            }
-            write_config(run_dir, doc)
+            write_config(run_dir, _run_record(run_id, date, path, options, resolved, summary))
     except BaseException:
+        _drop_tables(run_dir, complete)
         if not complete and not config_path(run_dir).exists():
-            for name in ("requests.parquet", "steps.parquet", "series.parquet"):
-                (run_dir / name).unlink(missing_ok=True)
             with contextlib.suppress(OSError):
                 run_dir.rmdir()
         raise
