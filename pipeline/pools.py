@@ -217,6 +217,8 @@ def parse_pooled(data: Mapping[str, Any], origin: str, base_dir: Path | None = N
     from pipeline.tomlschema import PooledFleetFile, PoolTable, check  # lazy: pydantic, loaded only when a file is read
 
     pools_raw = data.get("pool")
+    if pools_raw == []:
+        raise ConfigError(f"{origin}: pool = [] holds no pool; write [[pool]] tables, or leave pool out for one pool")
     if not isinstance(pools_raw, list) or not pools_raw:
         raise ConfigError(f"{origin}: pool must be an array of tables ([[pool]] ...), got {type(pools_raw).__name__}")
     if len(pools_raw) > MAX_POOLS:

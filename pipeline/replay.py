@@ -1095,15 +1095,28 @@ def replay(
         return replay_pooled(store, path, base, options, progress)
     cfg = base.with_replicas(options.replicas)
     fleet = resolve(cfg, str(path))
-    store.check_unlocked()  # another run writing the store: said now (and not "no requests yet")
-    date = store.resolve_date(options.date)
-    store.check_writable(store.runs_dir)  # before any work, not after the engine (a read-only store)
+    date = _day_to_replay(store, options)
     # what the options replay, not how they were spelled: --date D is the default date's run,
     # --replicas N on a fleet of N replicas the fleet's own
     options = replace(options, date=date, replicas=None if options.replicas == base.replicas else options.replicas)
+    return _in_memory_of(options, date, lambda doing: _replay(store, path, cfg, fleet, date, options, progress, doing))
+
+
+def _day_to_replay(store: Store, options: ReplayOptions) -> str:
+    """The date a replay reads, once the store is known free and writable: another run writing it
+    is said now (not "no requests yet"), a read-only store before any work, not after the engine."""
+    store.check_unlocked()
+    date = store.resolve_date(options.date)
+    store.check_writable(store.runs_dir)
+    return date
+
+
+def _in_memory_of(options: ReplayOptions, date: str, run: Callable[[list[str]], ReplayResult]) -> ReplayResult:
+    """``run(doing)``, where ``doing[0]`` says what it is building: running out of memory anywhere
+    is one ResourceLimitError line naming it."""
     doing = [f"reading the requests of {date}"]
     try:
-        return _replay(store, path, cfg, fleet, date, options, progress, doing)
+        return run(doing)
     except MemoryError as exc:
         raise out_of_memory(exc, doing[0], mode=options.mode) from None
 
@@ -1295,15 +1308,11 @@ def replay_pooled(
             "span pools); replay it open loop or --offline, or replay one pool's fleet closed loop"
         )
     fleets = [resolve(p.config, f"{path} [[pool]] {p.name!r}") for p in pooled.pools]
-    store.check_unlocked()
-    date = store.resolve_date(options.date)
-    store.check_writable(store.runs_dir)
+    date = _day_to_replay(store, options)
     options = replace(options, date=date)
-    doing = [f"reading the requests of {date}"]
-    try:
-        return _replay_pooled(store, path, pooled, fleets, date, options, progress, doing)
-    except MemoryError as exc:
-        raise out_of_memory(exc, doing[0], mode=options.mode) from None
+    return _in_memory_of(
+        options, date, lambda doing: _replay_pooled(store, path, pooled, fleets, date, options, progress, doing)
+    )
 
 
 def _replay_pooled(

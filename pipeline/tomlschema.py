@@ -133,6 +133,12 @@ def _req(description: str = "", **extra: Any) -> Any:
 # FLEET.toml (pipeline/fleet.py)
 
 
+#: The choices of a fleet's (and a pool's) router, pods' balancer and cost model.
+_ROUTERS = ["round_robin", "least_outstanding", "session_affinity", "prefix_affinity"]
+_POD_BALANCERS = ["", "round_robin", "session_affinity", "prefix_affinity"]
+_COST_MODELS = ["auto", "measured", "prior", "roofline"]
+
+
 class EngineTable(_Table):
     """``[engine]``: vLLM engine arguments, vLLM's names (unset: vLLM's default for the GPU)."""
 
@@ -182,15 +188,11 @@ class FleetFile(_Table):
     dp: int = _opt("attention data-parallel ranks per replica (default 1)")
     weight_dtype: str = _opt("weight storage format (pipeline/catalog/dtypes.toml), default bf16")
     kv_dtype: str = _opt("KV-cache storage format (pipeline/catalog/dtypes.toml), default bf16")
-    router: str = _opt(
-        "default round_robin", enum=["round_robin", "least_outstanding", "session_affinity", "prefix_affinity"]
-    )
+    router: str = _opt("default round_robin", enum=_ROUTERS)
     router_pod_size: int = _opt("> 0: a load balancer over pods of this many replicas (default 0)")
-    router_pod_balancer: str = _opt(
-        "how the balancer picks a pod", enum=["", "round_robin", "session_affinity", "prefix_affinity"]
-    )
+    router_pod_balancer: str = _opt("how the balancer picks a pod", enum=_POD_BALANCERS)
     description: str = _opt()
-    cost_model: str = _opt("default auto", enum=["auto", "measured", "prior", "roofline"])
+    cost_model: str = _opt("default auto", enum=_COST_MODELS)
     engine: EngineTable = _opt("vLLM engine arguments")
     calibration: FleetCalibrationTable = _opt("roofline factors of this serving stack")
     calibration_file: str = _opt("a calibration learnt from logs (rooftrace calibrate --observed), relative path")
@@ -226,13 +228,11 @@ class PoolTable(_Table):
     kv_dtype: str = _opt("KV-cache storage format")
     router: str = _opt(
         "how the pool spreads its requests",
-        enum=["round_robin", "least_outstanding", "session_affinity", "prefix_affinity"],
+        enum=_ROUTERS,
     )
     router_pod_size: int = _opt("> 0: a load balancer over pods of this many replicas")
-    router_pod_balancer: str = _opt(
-        "how the balancer picks a pod", enum=["", "round_robin", "session_affinity", "prefix_affinity"]
-    )
-    cost_model: str = _opt("default auto", enum=["auto", "measured", "prior", "roofline"])
+    router_pod_balancer: str = _opt("how the balancer picks a pod", enum=_POD_BALANCERS)
+    cost_model: str = _opt("default auto", enum=_COST_MODELS)
     engine: EngineTable = _opt("vLLM engine arguments, over the fleet's [engine]")
     calibration: FleetCalibrationTable = _opt("roofline factors of this pool's serving stack")
     calibration_file: str = _opt("a calibration learnt from logs, relative path")
@@ -253,11 +253,11 @@ class PooledFleetFile(_Table):
     dp: int = _opt()
     weight_dtype: str = _opt()
     kv_dtype: str = _opt()
-    router: str = _opt(enum=["round_robin", "least_outstanding", "session_affinity", "prefix_affinity"])
+    router: str = _opt(enum=_ROUTERS)
     router_pod_size: int = _opt()
-    router_pod_balancer: str = _opt(enum=["", "round_robin", "session_affinity", "prefix_affinity"])
+    router_pod_balancer: str = _opt(enum=_POD_BALANCERS)
     description: str = _opt()
-    cost_model: str = _opt(enum=["auto", "measured", "prior", "roofline"])
+    cost_model: str = _opt(enum=_COST_MODELS)
     engine: EngineTable = _opt("every pool's default vLLM engine arguments")
     calibration: FleetCalibrationTable = _opt()
     calibration_file: str = _opt()

@@ -91,6 +91,7 @@ def test_single_pool_file_reads_as_before(tmp_path: Path) -> None:
         (BASE + _pool("a", "h200", 0), r"\[\[pool\]\] 'a': replicas must be >= 1"),
         (BASE.replace('model = "llama-3.1-8b"', "") + _pool("a", "h200"), r"missing key\(s\) \['model'\]"),
         ("pool = 3\n" + BASE, r"pool must be an array of tables"),
+        ("pool = []\n" + BASE, r"pool = \[\] holds no pool"),
         (
             BASE + _pool("a", "h200", 2**30, "tenant = ['x']") + _pool("b", "h200", 2**30),
             r"the pools hold 2,147,483,648 engines .* in all, more than the 2,147,483,647",
