@@ -65,7 +65,7 @@ def main() -> None:
         _run(["replay", "--fleet", str(ROOT / "fleets" / "default.toml"), "--date", DATE], work)
 
         from pipeline.classify.accounting import load_identity
-        from pipeline.store import Store
+        from pipeline.ingest.store import Store
 
         ident = load_identity(Store(work / "traces" / "store"), DATE)
         assert ident is not None

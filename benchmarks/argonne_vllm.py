@@ -34,7 +34,7 @@ sys.path.insert(0, str(ROOT / "tests"))  # the published tables are test data (t
 
 from published import ARGONNE_MODELS, argonne_fleet, read_argonne_table, replay_static_batch  # noqa: E402
 
-from pipeline.profile.cost import fleet_step_cost  # noqa: E402
+from pipeline.costmodel.profile.cost import fleet_step_cost  # noqa: E402
 
 
 def main() -> None:

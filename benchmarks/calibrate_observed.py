@@ -31,13 +31,13 @@ KNOWN = {"linear_scale": 1.25, "attention_scale": 0.8, "comm_scale": 1.0, "step_
 def make_day(folder: Path, requests: int) -> Path:
     import numpy as np
 
-    from pipeline.fleet import load_fleet, resolve
+    from pipeline.costmodel.profile.cost import fleet_step_cost
+    from pipeline.costmodel.stackcal import apply
     from pipeline.ingest import ingest_logs
-    from pipeline.profile.cost import fleet_step_cost
-    from pipeline.replay import ReplayOptions, build_workload, run_workload
-    from pipeline.slo import request_latencies
-    from pipeline.stackcal import apply
-    from pipeline.store import Store
+    from pipeline.ingest.store import Store
+    from pipeline.replay.fleet import load_fleet, resolve
+    from pipeline.replay.run import ReplayOptions, build_workload, run_workload
+    from pipeline.replay.slo import request_latencies
     from pipeline.synth import SynthConfig, generate, write_logs
 
     synth = generate(

@@ -40,8 +40,8 @@ def session_blocks() -> int:
 
 
 def generate(root: Path, accesses: int, source: str, seed: int = 3) -> None:
-    from pipeline.schemas import write_parquet
-    from pipeline.store import Store
+    from pipeline.common.schemas import write_parquet
+    from pipeline.ingest.store import Store
 
     rng = np.random.default_rng(seed)
     n_sess = max(1, accesses // session_blocks())
@@ -124,7 +124,7 @@ def main() -> None:
 
         from pipeline.classify import prefix
         from pipeline.classify.accounting import classify_tokens
-        from pipeline.store import Store
+        from pipeline.ingest.store import Store
 
         t = time.perf_counter()
         tiny = np.array([1, 2, 1], dtype=np.uint64)

@@ -2,7 +2,7 @@
 
     python benchmarks/derive_catalog_factors.py
 
-elementwise kernel scales (pipeline.roofline.ELEMENTWISE_KERNEL_SCALE): one HBM share per
+elementwise kernel scales (pipeline.costmodel.roofline.ELEMENTWISE_KERNEL_SCALE): one HBM share per
 elementwise kernel class fitted per GPU on the train split of Vidur mlp.csv, divided by the gated
 activation's share, geometric mean of A100 and H100;
 compute / elementwise / min_kernel_s: least-squares fit on the train split of Vidur mlp.csv, with
@@ -21,9 +21,7 @@ import sys
 from dataclasses import replace
 from pathlib import Path
 
-from pipeline.catalog import load_hardware, load_model
-from pipeline.roofline import Deployment
-from pipeline.validate import (
+from pipeline.calibrate.validate import (
     discover,
     fit_elementwise_kernels,
     fit_factors,
@@ -31,6 +29,8 @@ from pipeline.validate import (
     overhead_from_latency_run,
     weight_streaming_efficiency,
 )
+from pipeline.catalog import load_hardware, load_model
+from pipeline.costmodel.roofline import Deployment
 
 SHARED = Path(os.environ.get("ROOFTRACE_MEASUREMENTS", "measurements"))
 SKUS = {"a100": "a100-80gb-sxm", "h100": "h100-sxm"}

@@ -76,7 +76,7 @@ def main() -> None:
         store = work / f"store-{r}"
         _, rss, doc = run_child(
             "import time; from pathlib import Path; from pipeline.ingest import ingest_logs\n"
-            "from pipeline.store import Store\n"
+            "from pipeline.ingest.store import Store\n"
             "c0 = time.process_time()\n"
             f"s = ingest_logs([Path({str(src)!r})], Store(Path({str(store)!r})))\n"
             "RESULT = {'stored': s.total('rows_stored'), 'read': s.total('rows_read'), 'seconds': s.seconds,\n"

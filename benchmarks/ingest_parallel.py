@@ -289,7 +289,7 @@ def ingest_code(args: argparse.Namespace, logs: Path, store: Path, mapping: Path
     where = str(mapping) if mapping is not None else None
     return (
         "import resource, time; from pathlib import Path; from pipeline.ingest import ingest_logs\n"
-        "from pipeline.store import Store\n"
+        "from pipeline.ingest.store import Store\n"
         "def cpu():  # this process and its waited-for workers\n"
         "    use = [resource.getrusage(w) for w in (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN)]\n"
         "    return sum(u.ru_utime + u.ru_stime for u in use)\n"

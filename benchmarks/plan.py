@@ -19,8 +19,8 @@ import time
 from pathlib import Path
 
 from pipeline.ingest import ingest_logs
+from pipeline.ingest.store import Store
 from pipeline.plan import PlanOptions, plan
-from pipeline.store import Store
 from pipeline.synth import SynthConfig, generate, write_logs
 
 

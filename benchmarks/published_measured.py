@@ -34,7 +34,7 @@ from published import (  # noqa: E402
     replay_offline_fixed,
 )
 
-from pipeline.fleet import ResolvedFleet, load_fleet, resolve  # noqa: E402
+from pipeline.replay.fleet import ResolvedFleet, load_fleet, resolve  # noqa: E402
 
 
 def measured_fleet(name: str) -> ResolvedFleet:

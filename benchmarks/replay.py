@@ -15,8 +15,8 @@ Poisson arrivals, a 16-replica fleet of Llama-3.1-8B on H100 (KV capacity from m
 The engine is pipeline/engine/jit.py, the one the replay stage uses (``--reference N`` times the
 per-step reference, the tests' oracle, on N requests). ``linear`` is the affine stand-in cost of
 the tests, so the figure measures the engine; ``roofline`` adds the catalog's roofline and
-``measured`` the GPU's measured profile (pipeline/profile/cost.py) — both tabulated step costs
-(pipeline/stepcost.py) the jit engine evaluates inside its loop, dense or MoE alike.
+``measured`` the GPU's measured profile (pipeline/costmodel/profile/cost.py) — both tabulated step costs
+(pipeline/costmodel/stepcost.py) the jit engine evaluates inside its loop, dense or MoE alike.
 The jit engine's numba compilation is cached on disk; a warm-up call on 10 requests loads it
 before timing (its wall time is printed too).
 """
@@ -38,12 +38,12 @@ sys.path.insert(0, str(ROOT / "tests"))
 
 from test_engine_support import LinearCost  # noqa: E402
 
+from pipeline.costmodel.profile.cost import step_cost_for  # noqa: E402
 from pipeline.engine.jit import simulate_jit  # noqa: E402
 from pipeline.engine.model import FleetSpec, Workload  # noqa: E402
 from pipeline.engine.reference import simulate_reference  # noqa: E402
 from pipeline.engine.steplog import StepLog  # noqa: E402
-from pipeline.fleet import parse_fleet, resolve  # noqa: E402
-from pipeline.profile.cost import step_cost_for  # noqa: E402
+from pipeline.replay.fleet import parse_fleet, resolve  # noqa: E402
 
 SAMPLE = ROOT / "traces" / "sample" / "azure_conv_2023.csv.gz"
 

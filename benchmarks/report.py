@@ -32,7 +32,7 @@ def _tile(
     """Rewrite a Parquet file as ``copies`` back-to-back copies, keeping its schema metadata."""
     import pyarrow.parquet as pq
 
-    from pipeline.schemas import write_parquet
+    from pipeline.common.schemas import write_parquet
 
     meta = pq.read_schema(path).metadata
     name = meta[b"rooftrace.schema"].decode()
@@ -66,8 +66,8 @@ def main() -> None:
         "from pipeline.synth import SynthConfig, generate, write_logs\n"
         "from pipeline.ingest import ingest_logs\n"
         "from pipeline.classify.accounting import classify_tokens\n"
-        "from pipeline.replay import replay\n"
-        "from pipeline.store import Store\n"
+        "from pipeline.replay.run import replay\n"
+        "from pipeline.ingest.store import Store\n"
         f"work = Path({str(work)!r})\n"
         f"write_logs(generate(SynthConfig(requests={args.base}, seed=7, duration_s={hours * 3600}, diurnal=False)), "
         "'azure', work / 'logs.csv')\n"
@@ -106,8 +106,8 @@ def main() -> None:
 
     out = work / "report" / "index.html"
     code = (
-        "from pathlib import Path\nfrom pipeline.report import build_report, vega_bundle\n"
-        "from pipeline.store import Store\n"
+        "from pathlib import Path\nfrom pipeline.publish.report import build_report, vega_bundle\n"
+        "from pipeline.ingest.store import Store\n"
         f"store = Store(Path({str(store_root)!r}))\n"
         "vega_bundle(store.root / '.cache')\n"
         "import time\nt0 = time.perf_counter()\n"

@@ -7,7 +7,7 @@ Three measurements, each in a fresh child process (its own peak RSS):
    (pipeline.engine.shard.simulate_sharded, ``--executor local``);
 3. ``ray``: the same pods as Ray tasks on a local Ray instance with ``--ray-workers`` CPUs;
 4. ``steps`` (not in the default ``--modes``): ``pods`` with the step log kept, streamed pod by
-   pod to steps.parquet and series.parquet in a temporary folder (pipeline.replay.RunSteps, what
+   pod to steps.parquet and series.parquet in a temporary folder (pipeline.replay.run.RunSteps, what
    ``rooftrace replay --pods`` does), so its peak RSS includes writing the step log;
 5. ``store`` (not in the default ``--modes``): the whole command on a store. The same requests are
    written as a Vidur trace, ingested (``rooftrace ingest``), and replayed with
@@ -140,9 +140,9 @@ def build(
     fleet (deterministic in ``seed``)."""
     from replay import lengths
 
+    from pipeline.costmodel.profile.cost import step_cost_for
     from pipeline.engine.model import FleetSpec, Workload
-    from pipeline.fleet import parse_fleet, resolve
-    from pipeline.profile.cost import step_cost_for
+    from pipeline.replay.fleet import parse_fleet, resolve
 
     fleet = resolve(
         parse_fleet(
@@ -178,7 +178,7 @@ def child(mode: str, n: int, replicas: int, pods: int, workers: int, out: str) -
     from pipeline.engine.jit import simulate_jit
     from pipeline.engine.model import Workload
     from pipeline.engine.shard import simulate_sharded
-    from pipeline.replay import RunSteps
+    from pipeline.replay.run import RunSteps
 
     work, spec, cost, fleet = build(n, replicas, "round_robin")
     w10 = Workload(arrival_s=work.arrival_s[:10], prompt_tokens=work.prompt_tokens[:10],  # type: ignore[attr-defined]
@@ -273,7 +273,7 @@ def hierarchy(n: int, replicas: int, pod_sizes: list[int], rate: float = 6.0, ki
     """Flat least outstanding vs a load balancer over pods (round robin) + least outstanding inside."""
     from pipeline.engine.jit import simulate_jit
     from pipeline.engine.shard import simulate_sharded
-    from pipeline.slo import percentile
+    from pipeline.replay.slo import percentile
 
     work, spec, cost, _ = build(n, replicas, "least_outstanding", seed=1, rate=rate, kind=kind)
     ok_lat = {}
@@ -302,7 +302,7 @@ def hierarchy(n: int, replicas: int, pod_sizes: list[int], rate: float = 6.0, ki
 
 def _latencies(work: object, res: object) -> dict[str, float]:
     """TTFT and TPOT p50 and p99 of the finished requests (seconds)."""
-    from pipeline.slo import percentile
+    from pipeline.replay.slo import percentile
 
     ok = res.reject_reason == 0  # type: ignore[attr-defined]
     ttft = (res.first_token_s - res.arrival_s)[ok]  # type: ignore[attr-defined]

@@ -13,8 +13,8 @@ import time
 import numpy as np
 
 from pipeline.catalog import load_hardware, load_model
-from pipeline.roofline import Deployment, step_cost
-from pipeline.steps import StepBatch
+from pipeline.costmodel.roofline import Deployment, step_cost
+from pipeline.costmodel.steps import StepBatch
 
 
 def batch(n: int, rng: np.random.Generator) -> StepBatch:

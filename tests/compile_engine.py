@@ -11,9 +11,9 @@ import numpy as np
 
 
 def main() -> int:
+    from pipeline.costmodel.stepcost import affine_cost, scalars
     from pipeline.engine.jit import simulate_jit
     from pipeline.engine.model import FleetSpec, SchedulerConfig, Workload
-    from pipeline.stepcost import affine_cost, scalars
 
     t0 = time.monotonic()
     sys.stderr.write("conftest: compiling the replay engine for the test workers (in the background)\n")

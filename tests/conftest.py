@@ -53,7 +53,7 @@ def pytest_configure(config: pytest.Config) -> None:
         return
     if not getattr(config.option, "numprocesses", None):
         return
-    from pipeline.limits import jit_compile_needed
+    from pipeline.replay.limits import jit_compile_needed
 
     if not jit_compile_needed():
         return
@@ -152,8 +152,8 @@ def replayed_template(tmp_path_factory: pytest.TempPathFactory) -> tuple[object,
 
     from pipeline.classify.accounting import classify_tokens
     from pipeline.ingest import ingest_logs
-    from pipeline.replay import replay
-    from pipeline.store import Store
+    from pipeline.ingest.store import Store
+    from pipeline.replay.run import replay
     from pipeline.synth import SynthConfig, generate, write_logs
 
     root = tmp_path_factory.mktemp("replayed")
@@ -167,7 +167,7 @@ def replayed_template(tmp_path_factory: pytest.TempPathFactory) -> tuple[object,
     classify_tokens(store)
     result = replay(store)
     # the nightly's headroom stage, so that reports built from this store carry a load curve
-    from pipeline.nightly import write_load_curve
+    from pipeline.publish.nightly import write_load_curve
 
     write_load_curve(store, result, None, store.resolve_date(None), "chat", 120.0, lambda _m: None)
     return store, result.run_id
@@ -183,7 +183,7 @@ def own_copy(store: Any, tmp_path: Path) -> Any:
     it, whatever order the tests run in."""
     import shutil
 
-    from pipeline.store import Store
+    from pipeline.ingest.store import Store
 
     return Store(shutil.copytree(store.root, tmp_path / "store", symlinks=True))
 
@@ -192,7 +192,7 @@ def copy_replayed(template: tuple[object, str], dest: Path) -> tuple[object, str
     """A private copy of :func:`replayed_template`'s store at ``dest`` (which must not exist)."""
     import shutil
 
-    from pipeline.store import Store
+    from pipeline.ingest.store import Store
 
     src, run_id = template
     assert isinstance(src, Store)

@@ -12,7 +12,7 @@ the doc read the same parsed numbers. Sources (public; read from a measurements 
 
 The replay side: synthetic request frames shaped like each benchmark (fixed lengths, or the
 MLPerf OpenOrca length distribution below) and the throughput a benchmark reports, computed from
-a :class:`pipeline.replay.ReplayRun`.
+a :class:`pipeline.replay.run.ReplayRun`.
 """
 
 from __future__ import annotations
@@ -26,9 +26,9 @@ import numpy as np
 import numpy.typing as npt
 import polars as pl
 
-from pipeline.errors import RooftraceError
-from pipeline.fleet import ResolvedFleet, parse_fleet, resolve
-from pipeline.replay import ReplayOptions, ReplayRun, run_replay
+from pipeline.common.errors import RooftraceError
+from pipeline.replay.fleet import ResolvedFleet, parse_fleet, resolve
+from pipeline.replay.run import ReplayOptions, ReplayRun, run_replay
 
 #: MLPerf v4.1 NVIDIA result folders (closed/NVIDIA/results/<system>/<benchmark>) per GPU.
 MLPERF_SYSTEMS: dict[str, str] = {

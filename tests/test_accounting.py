@@ -25,9 +25,9 @@ from pipeline.classify.accounting import (
     parse_capacity,
 )
 from pipeline.cli import main
-from pipeline.errors import RooftraceError
-from pipeline.schemas import read_parquet, write_parquet
-from pipeline.store import Store
+from pipeline.common.errors import RooftraceError
+from pipeline.common.schemas import read_parquet, write_parquet
+from pipeline.ingest.store import Store
 
 MOONCAKE_CONV = SHARED / "traces" / "mooncake-fast25" / "conversation_trace.jsonl"
 DAY = "2024-05-01"

@@ -19,10 +19,10 @@ from cli_checks import invoke, one_error_line
 from conftest import SHARED as SHARED_DATA
 from test_measurements_hostile import _aic, _llmss
 
-from pipeline import validate as validate_mod
-from pipeline.calibrate import calibrate
-from pipeline.errors import RooftraceError
-from pipeline.validate import discover, label_hardware, run_validation
+from pipeline.calibrate import validate as validate_mod
+from pipeline.calibrate.measurements import calibrate
+from pipeline.calibrate.validate import discover, label_hardware, run_validation
+from pipeline.common.errors import RooftraceError
 
 SHARED = SHARED_DATA / "measurements"
 needs_shared = pytest.mark.skipif(not SHARED.is_dir(), reason=f"{SHARED} (public measurements) not present")
@@ -43,7 +43,7 @@ def _roofline_rows(label: str, gpu: str, scale: float, *, ideal: bool = False) -
     """Splitwise rows of Llama-3.1-8B TP 1 labelled ``label``, timed by the roofline of ``gpu``
     (every factor at its best with ``ideal``) times ``scale``."""
     from pipeline.catalog import load_hardware, load_model
-    from pipeline.roofline import Deployment, decode_batch, prefill_batch
+    from pipeline.costmodel.roofline import Deployment, decode_batch, prefill_batch
 
     hw = load_hardware(gpu)
     if ideal:
@@ -281,14 +281,14 @@ def test_a_header_only_table_says_so(tmp_path: Path) -> None:
 
 
 def _no_work(monkeypatch: pytest.MonkeyPatch) -> None:
-    import pipeline.calibrate
-    import pipeline.profile.build
+    import pipeline.calibrate.measurements
+    import pipeline.costmodel.profile.build
 
     def refuse(*args: object, **kwargs: object) -> None:
         raise AssertionError("the work started before --out was checked")
 
-    monkeypatch.setattr(pipeline.profile.build, "build_profiles", refuse)
-    monkeypatch.setattr(pipeline.calibrate, "calibrate", refuse)
+    monkeypatch.setattr(pipeline.costmodel.profile.build, "build_profiles", refuse)
+    monkeypatch.setattr(pipeline.calibrate.measurements, "calibrate", refuse)
 
 
 @pytest.mark.parametrize("out", ["file", "file/sub", "/dev/null"])

@@ -1,5 +1,5 @@
 """``calibrate --observed``: a serving stack's calibration learnt from a day of its own logs
-(pipeline/observed_fit.py, pipeline/stackcal.py; docs/calibration.md).
+(pipeline/calibrate/observed_fit.py, pipeline/costmodel/stackcal.py; docs/calibration.md).
 
 The logs are made by replaying a day with *known* stack parameters and multiplying each
 request's TTFT and decode time by 5 % log-normal noise: the fit must find the parameters again
@@ -19,15 +19,15 @@ import polars as pl
 import pytest
 from cli_checks import cli, one_error
 
-from pipeline.errors import ConfigError
-from pipeline.fleet import EngineSettings, FleetConfig, fleet_from_dict, load_fleet, resolve
-from pipeline.observed import observed_latencies
-from pipeline.observed_fit import ObservedFit, calibration_toml, fit_requests, latency_errors
-from pipeline.profile.cost import fleet_step_cost
-from pipeline.replay import ReplayOptions, build_workload, run_workload
-from pipeline.slo import request_latencies
-from pipeline.stackcal import StackCalibration, apply, parse_calibration
-from pipeline.steps import StepBatch
+from pipeline.calibrate.observed import observed_latencies
+from pipeline.calibrate.observed_fit import ObservedFit, calibration_toml, fit_requests, latency_errors
+from pipeline.common.errors import ConfigError
+from pipeline.costmodel.profile.cost import fleet_step_cost
+from pipeline.costmodel.stackcal import StackCalibration, apply, parse_calibration
+from pipeline.costmodel.steps import StepBatch
+from pipeline.replay.fleet import EngineSettings, FleetConfig, fleet_from_dict, load_fleet, resolve
+from pipeline.replay.run import ReplayOptions, build_workload, run_workload
+from pipeline.replay.slo import request_latencies
 
 #: The stack the synthetic logs come from: 25 % slower linear layers, 20 % faster attention and
 #: 1.5 ms per step more than the H100's measured tables say.
@@ -337,7 +337,7 @@ def test_cli_calibrates_a_stored_day_and_a_fleet_includes_the_file(tmp_path: Pat
     includes it and replays with it; a second run with 5 s added by a gateway is refused, exit 1,
     nothing written."""
     from pipeline.ingest import ingest_logs
-    from pipeline.store import Store
+    from pipeline.ingest.store import Store
     from pipeline.synth import SynthConfig, generate, write_logs
 
     synth = generate(

@@ -21,7 +21,7 @@ from pipeline.catalog import (
     parse_model,
     weight_format,
 )
-from pipeline.errors import ConfigError
+from pipeline.common.errors import ConfigError
 
 REQUIRED_HARDWARE = {
     "a10g", "l4", "l40s", "a100-40gb-sxm", "a100-80gb-sxm", "h100-pcie", "h100-sxm", "h200", "b200",

@@ -21,9 +21,9 @@ from cli_checks import cli, invoke, one_error, one_error_line
 
 from pipeline.catalog import hardware_to_toml, load_hardware, load_model_file
 from pipeline.catalog.entries import MAX_GPUS_PER_NODE, import_hf_config, list_hardware, parse_hardware
-from pipeline.cost import load_price_file
-from pipeline.errors import ConfigError
-from pipeline.tomlfile import MAX_CONFIG_BYTES, read_toml
+from pipeline.common.errors import ConfigError
+from pipeline.common.tomlfile import MAX_CONFIG_BYTES, read_toml
+from pipeline.economics.cost import load_price_file
 
 CATALOG = Path(__file__).resolve().parents[1] / "pipeline" / "catalog"
 H100 = (CATALOG / "hardware" / "h100-sxm.toml").read_text()

@@ -14,7 +14,7 @@ from cli_checks import invoke, one_error_line
 
 from pipeline.catalog import hardware_to_toml, load_hardware
 from pipeline.catalog.entries import hardware_dir, load_hardware_file, model_from_hf_config
-from pipeline.errors import ConfigError
+from pipeline.common.errors import ConfigError
 
 L4 = hardware_dir() / "l4.toml"
 
@@ -85,8 +85,8 @@ def test_replay_with_huge_min_kernel_is_one_line(tmp_path: Path) -> None:
 
 
 def test_cost_query_prices_a_path_named_hardware(tmp_path: Path, replayed_store: tuple[object, str]) -> None:
-    from pipeline.store import Store
-    from pipeline.warehouse import build_warehouse, run_query
+    from pipeline.ingest.store import Store
+    from pipeline.publish.warehouse import build_warehouse, run_query
 
     store, run_id = replayed_store
     assert isinstance(store, Store)
@@ -121,7 +121,7 @@ def test_cost_query_prices_a_path_named_hardware(tmp_path: Path, replayed_store:
 
 
 def test_nightly_line_never_prints_a_made_up_zero() -> None:
-    from pipeline.nightly import NightlyResult
+    from pipeline.publish.nightly import NightlyResult
 
     res = NightlyResult(date="d", run_id="r", report=Path("r"), index=Path("i"), headline={"gpus": None})
     line = res.line()
@@ -153,7 +153,7 @@ def _gemm_set(root: Path, latency: pl.Expr | None = None, rows: int = 1500) -> P
 
 
 def test_impossibly_fast_gemms_are_left_out_and_said(tmp_path: Path) -> None:
-    from pipeline.profile.sources import ROOFLINE_MARGIN, read_measurements
+    from pipeline.costmodel.profile.sources import ROOFLINE_MARGIN, read_measurements
 
     meas = read_measurements(_gemm_set(tmp_path / "tiny", pl.lit(1e-300)))
     assert "gemm" not in meas.frames
@@ -176,7 +176,7 @@ def test_impossibly_fast_gemms_are_left_out_and_said(tmp_path: Path) -> None:
 
 
 def test_absurdly_slow_rows_are_left_out(tmp_path: Path) -> None:
-    from pipeline.profile.sources import MAX_KERNEL_S, read_measurements
+    from pipeline.costmodel.profile.sources import MAX_KERNEL_S, read_measurements
 
     assert MAX_KERNEL_S == 60.0
     meas = read_measurements(_gemm_set(tmp_path / "huge", pl.lit(61_000.0)))
@@ -185,8 +185,8 @@ def test_absurdly_slow_rows_are_left_out(tmp_path: Path) -> None:
 
 
 def test_calibrate_keeps_tables_the_new_measurements_do_not_cover(tmp_path: Path) -> None:
-    from pipeline.profile.build import build_profiles
-    from pipeline.profile.tables import load_profile_dir
+    from pipeline.costmodel.profile.build import build_profiles
+    from pipeline.costmodel.profile.tables import load_profile_dir
 
     out = tmp_path / "prof"
     folder = out / "h200"

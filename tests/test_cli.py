@@ -84,12 +84,12 @@ def test_a_command_imports_its_stage_when_it_runs() -> None:
 
 
 def test_help_choices_are_the_stages_own() -> None:
-    """The option choices --help shows without importing a stage (pipeline/defaults.py) are
+    """The option choices --help shows without importing a stage (pipeline/common/defaults.py) are
     exactly what the stages read and write."""
-    from pipeline import defaults
+    from pipeline.common import defaults
+    from pipeline.common.tables import FORMATS
     from pipeline.ingest import ALL_FORMATS
     from pipeline.synth import SYNTH_FORMATS
-    from pipeline.tables import FORMATS
 
     assert defaults.INGEST_FORMATS == ALL_FORMATS
     assert defaults.SYNTH_FORMATS == SYNTH_FORMATS

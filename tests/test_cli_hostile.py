@@ -15,8 +15,8 @@ import pytest
 from click.testing import CliRunner, Result
 
 from pipeline.cli import main
-from pipeline.errors import ConfigError
-from pipeline.slo import parse_slo
+from pipeline.common.errors import ConfigError
+from pipeline.replay.slo import parse_slo
 
 HEADER = (
     "request_id,arrival,model,tenant,session_id,recorded_input_tokens,output_tokens,cache_hit_tokens,reasoning_tokens"
@@ -106,7 +106,7 @@ def test_table_output_keeps_duplicate_columns_and_emoji_codes() -> None:
     and an emoji code in data stays text."""
     import pyarrow as pa
 
-    from pipeline.tables import render
+    from pipeline.common.tables import render
 
     table = pa.Table.from_arrays([pa.array([1]), pa.array([2]), pa.array([":smile: [b]x"])], names=["a", "a", "e"])
     text = render(table, "table")
@@ -251,7 +251,7 @@ def test_fit_refuses_absurd_data_parallel_ranks() -> None:
 def test_absurd_rates_print_as_numbers_not_pages_of_digits(replayed_store: tuple[Any, str]) -> None:
     """``--rate-scale 1e-300`` printed a 300-digit count of days and of TiB; ``1e300`` an
     overload line of 300 digits. Figures past 10¹² are printed in scientific notation."""
-    from pipeline.slo import format_number, format_seconds
+    from pipeline.replay.slo import format_number, format_seconds
 
     assert format_number(1234.5) == "1,234.50" and format_number(1.5e300) == "1.5e+300"
     assert format_seconds(3e15) == "3e+15 s" and format_seconds(250.0) == "250 s"
@@ -281,7 +281,7 @@ def test_replay_on_a_store_it_cannot_write_stops_before_the_engine(
     test); the runs folder is probed first."""
     import tempfile
 
-    from pipeline import replay as replay_module
+    from pipeline.replay import run as replay_module
 
     store, _ = replayed_store
     real = tempfile.mkstemp
@@ -320,7 +320,7 @@ def test_second_round_checks(replayed_store: tuple[Any, str], tmp_path: Path) ->
     process holds (found out only after the engine ran), and cost hiding its run's failures."""
     import fcntl
 
-    from pipeline.slo import parse_slo
+    from pipeline.replay.slo import parse_slo
 
     with pytest.raises(ConfigError, match="preset 'chat' after 'interactive'"):
         parse_slo("interactive,chat")
@@ -358,7 +358,7 @@ def test_a_toml_file_that_is_a_pipe(tmp_path: Path) -> None:
     import os
     import threading
 
-    from pipeline.tomlfile import read_toml
+    from pipeline.common.tomlfile import read_toml
 
     fifo = tmp_path / "f.toml"
     os.mkfifo(fifo)

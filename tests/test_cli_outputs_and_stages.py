@@ -22,13 +22,13 @@ import pytest
 from cli_checks import invoke as _invoke
 from cli_checks import one_error_line
 
-import pipeline.nightly as nightly_mod
-from pipeline import loadcurve
-from pipeline.errors import ConfigError
-from pipeline.fleet import FleetConfig, load_fleet, unused_pod_options
-from pipeline.loadcurve import DEFAULT_MULTIPLIERS, _skipped, load_curve
-from pipeline.nightly import StageError, _stage
-from pipeline.store import Store
+import pipeline.publish.nightly as nightly_mod
+from pipeline.common.errors import ConfigError
+from pipeline.ingest.store import Store
+from pipeline.publish.nightly import StageError, _stage
+from pipeline.replay import loadcurve
+from pipeline.replay.fleet import FleetConfig, load_fleet, unused_pod_options
+from pipeline.replay.loadcurve import DEFAULT_MULTIPLIERS, _skipped, load_curve
 from pipeline.synth import SynthConfig, generate, write_logs
 
 DATE = "2025-02-01"

@@ -12,13 +12,13 @@ import pytest
 from test_engine import ENGINES, _assert_same, _cfg
 from test_engine_support import LinearCost, workload
 
+from pipeline.common.errors import ConfigError
+from pipeline.common.schemas import conform, validate, write_parquet
 from pipeline.engine.model import FleetSpec
 from pipeline.engine.reference import simulate_reference
-from pipeline.errors import ConfigError
-from pipeline.fleet import parse_fleet, resolve
-from pipeline.replay import ReplayOptions, check_warmup, requests_table, run_workload, summarize
-from pipeline.runrequests import StoredColumns
-from pipeline.schemas import conform, validate, write_parquet
+from pipeline.replay.fleet import parse_fleet, resolve
+from pipeline.replay.run import ReplayOptions, check_warmup, requests_table, run_workload, summarize
+from pipeline.replay.runrequests import StoredColumns
 
 #: One step costs 1 s, plus 1/8 s per prefill token and 1/4 s per decoding sequence (every figure
 #: below is a multiple of 1/4: exact in binary, so the asserts are equalities).
@@ -153,7 +153,7 @@ def test_warmup_leaves_the_first_requests_out_of_the_summary(tmp_path: Path) -> 
     (2 + 2.75 + 3.75 + 5 + 12·2.75) / 16 = 46.5 / 16 = 2.90625 s and p99 is 5 s (the nearest
     rank's); with --warmup 4 the 4 ramp requests are left out: 12 requests, every TTFT 2.75 s,
     so mean, p50 and p99 are all 2.75, and the SLO ttft_p99 = 3 s that failed now passes."""
-    from pipeline.slo import parse_slo
+    from pipeline.replay.slo import parse_slo
 
     fleet = _fleet()
     slo = parse_slo("ttft_p99=3s")
@@ -178,7 +178,7 @@ def test_warmup_leaves_the_first_requests_out_of_the_summary(tmp_path: Path) -> 
     assert table.column("warmup").to_pylist() == [True] * 4 + [False] * 12
     assert requests_table(ids, base, 0).column("warmup").to_pylist() == [False] * N
     path = write_parquet(table, tmp_path / "requests.parquet", "replay_requests")
-    from pipeline.replay import summary_of
+    from pipeline.replay.run import summary_of
 
     stored = summary_of(StoredColumns(path), warm.step_sums(), warm, slo)
     assert {k: v for k, v in stored.items() if not k.startswith("engine_")} == {

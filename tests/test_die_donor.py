@@ -1,4 +1,4 @@
-"""Same-die donors (pipeline/profile/prior.py die_donor, donor_times, die_donor_check): an
+"""Same-die donors (pipeline/costmodel/profile/prior.py die_donor, donor_times, die_donor_check): an
 unprofiled GPU on a profiled GPU's die is priced from that GPU's measured tables, scaled to its
 datasheet by the size-aware prior.
 
@@ -20,12 +20,12 @@ import pytest
 
 from pipeline.catalog import load_hardware, load_model
 from pipeline.catalog.entries import load_hardware_file
-from pipeline.errors import ConfigError
-from pipeline.profile import prior as P
-from pipeline.profile.cost import gemm_shapes, step_cost_for
-from pipeline.profile.tables import load_profile
-from pipeline.report import cost_card
-from pipeline.roofline import Deployment, decode_batch
+from pipeline.common.errors import ConfigError
+from pipeline.costmodel.profile import prior as P
+from pipeline.costmodel.profile.cost import gemm_shapes, step_cost_for
+from pipeline.costmodel.profile.tables import load_profile
+from pipeline.costmodel.roofline import Deployment, decode_batch
+from pipeline.publish.report import cost_card
 
 
 def _dep(model: str, gpu: str, tp: int = 1) -> Deployment:

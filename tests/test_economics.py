@@ -15,7 +15,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from pipeline.cli import main
-from pipeline.cost import (
+from pipeline.common.errors import ConfigError
+from pipeline.costmodel.steps import StepBatch
+from pipeline.economics.cost import (
     ApiPrice,
     GpuCost,
     TokenTotals,
@@ -25,12 +27,10 @@ from pipeline.cost import (
     load_prices,
     parse_price_table,
 )
-from pipeline.errors import ConfigError
 from pipeline.ingest import ingest_logs
-from pipeline.replay import ReplayOptions, replay
-from pipeline.slo import day_projection
-from pipeline.steps import StepBatch
-from pipeline.store import Store
+from pipeline.ingest.store import Store
+from pipeline.replay.run import ReplayOptions, replay
+from pipeline.replay.slo import day_projection
 from pipeline.synth import SynthConfig, generate, write_logs
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -218,8 +218,6 @@ def replayed(tmp_path_factory: pytest.TempPathFactory) -> Store:
     return store
 
 
-
-
 def test_cost_command_on_a_replay(replayed: Store, tmp_path: Path) -> None:
     replayed = own_copy(replayed, tmp_path)
     res = CliRunner().invoke(main, ["cost", "--store", str(replayed.root), "--json"])
@@ -243,8 +241,8 @@ def test_cost_prices_a_run_with_the_catalog_it_ran_on(
     cost of the stored run: cost resolves the fleet from the entries the run recorded. A run
     without recorded entries falls back to today's catalog and says so."""
     import pipeline.catalog.entries as entries
-    from pipeline.cost import run_cost
-    from pipeline.warehouse import latest_run
+    from pipeline.economics.cost import run_cost
+    from pipeline.publish.warehouse import latest_run
 
     replayed = own_copy(replayed, tmp_path)  # its config.json is edited below
     before = run_cost(replayed)
@@ -281,7 +279,7 @@ def test_cost_prices_a_run_with_the_catalog_it_ran_on(
 
 def test_cost_and_plan_never_project_seconds_of_traffic_to_a_day(replayed: Store, tmp_path: Path) -> None:
     # The hostile round saw `cost` on a few seconds of traffic print "-> x1.73e+04 per day": the
-    # projection is now the report's (pipeline.slo.day_projection): none below an hour of traffic.
+    # projection is now the report's (pipeline.replay.slo.day_projection): none below an hour of traffic.
     replayed = own_copy(replayed, tmp_path)
     res = CliRunner().invoke(main, ["cost", "--store", str(replayed.root), "--json"])
     doc = json.loads(res.stdout)

@@ -13,6 +13,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from test_engine_support import LinearCost, workload
 
+from pipeline.common.errors import ConfigError
 from pipeline.engine.jit import simulate_jit
 from pipeline.engine.model import (
     REJECT_KV_CAPACITY,
@@ -25,7 +26,6 @@ from pipeline.engine.model import (
 )
 from pipeline.engine.reference import simulate_reference
 from pipeline.engine.steplog import StepLog
-from pipeline.errors import ConfigError
 
 Engine = Callable[..., EngineResult]
 

@@ -15,7 +15,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from pipeline.catalog import list_models, load_hardware, load_model
-from pipeline.roofline import (
+from pipeline.costmodel.roofline import (
     TABLE_RTOL,
     Deployment,
     affine_check_batch,
@@ -23,8 +23,8 @@ from pipeline.roofline import (
     roofline_cost,
     step_cost,
 )
-from pipeline.stepcost import TabulatedCost
-from pipeline.steps import StepBatch, StepCost
+from pipeline.costmodel.stepcost import TabulatedCost
+from pipeline.costmodel.steps import StepBatch, StepCost
 
 _FLOAT_FIELDS = ("time_s", "flops", "bytes", "compute_s", "memory_s", "comm_s", "overhead_s", "mfu", "mbu")
 
@@ -150,8 +150,8 @@ def test_jit_engine_row_cost_is_the_table_kernel(dep: Deployment) -> None:
 def test_decode_span_kernels_are_the_row_kernel(tier: str, model: str, hw: str) -> None:
     # Inside a decode span the jit engine prices each step with tab_span_prep (once per span) and
     # tab_span_row (per step): the same operations on the same values as tab_row, bit for bit.
-    from pipeline.profile.cost import step_cost_for
-    from pipeline.stepcost import row_kernel, span_kernels
+    from pipeline.costmodel.profile.cost import step_cost_for
+    from pipeline.costmodel.stepcost import row_kernel, span_kernels
 
     dep = Deployment(load_model(model), load_hardware(hw))
     cost = step_cost_for(dep, tier, 4096, 256)
@@ -174,7 +174,7 @@ def test_read_only_tables_reuse_the_one_compiled_kernel() -> None:
     """Tables whose arrays are read-only (as a Ray worker receives them) cost the same and are
     evaluated by the same compiled specialisation: numba types a read-only array differently,
     which had every Ray worker compile the kernel again for a minute or more."""
-    from pipeline.stepcost import _rows_kernel
+    from pipeline.costmodel.stepcost import _rows_kernel
 
     fast = fast_step_cost(_dense())
     batch = StepBatch(*(np.array([v, 2 * v]) for v in (64.0, 1.0, 2080.0, 64.0, 4.0, 400.0)))

@@ -3,15 +3,15 @@
 The stand-in is independent of the roofline model on purpose: the engine tests check scheduling,
 not hardware numbers. Its step time is affine in the StepBatch fields, so hand calculations are
 easy: time = a + b·prefill_tokens + c·prefill_attn_pairs + d·decode_seqs + e·decode_ctx_tokens.
-It is built as a tabulated step cost (pipeline/stepcost.py) so every engine runs it.
+It is built as a tabulated step cost (pipeline/costmodel/stepcost.py) so every engine runs it.
 """
 
 from __future__ import annotations
 
 import numpy as np
 
+from pipeline.costmodel.stepcost import TabulatedCost, affine_cost, scalars
 from pipeline.engine.model import Workload
-from pipeline.stepcost import TabulatedCost, affine_cost, scalars
 
 
 def LinearCost(

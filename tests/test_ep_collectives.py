@@ -1,7 +1,7 @@
 """vLLM's expert-parallel all-to-all as it runs by default (``allgather_reducescatter``): an NCCL
 all-gather of the data-parallel ranks' hidden states before the experts and a reduce-scatter
-after, each priced from AIConfigurator's measured NCCL tables (pipeline/profile/sources.py,
-pipeline/profile/cost.py)."""
+after, each priced from AIConfigurator's measured NCCL tables (pipeline/costmodel/profile/sources.py,
+pipeline/costmodel/profile/cost.py)."""
 
 from __future__ import annotations
 
@@ -13,10 +13,10 @@ import pytest
 from conftest import shared_path
 
 from pipeline.catalog import load_hardware, load_model
-from pipeline.profile.cost import measured_cost
-from pipeline.profile.sources import NCCL_BACKENDS
-from pipeline.profile.tables import load_profile
-from pipeline.roofline import Deployment
+from pipeline.costmodel.profile.cost import measured_cost
+from pipeline.costmodel.profile.sources import NCCL_BACKENDS
+from pipeline.costmodel.profile.tables import load_profile
+from pipeline.costmodel.roofline import Deployment
 
 
 def _newest_nccl(gpu_dir: str) -> Path:

@@ -7,14 +7,14 @@ from pathlib import Path
 import pytest
 
 from pipeline.catalog import load_hardware
-from pipeline.errors import ConfigError
-from pipeline.fleet import load_fleet, parse_fleet, resolve, vllm_batch_defaults
+from pipeline.common.errors import ConfigError
+from pipeline.replay.fleet import load_fleet, parse_fleet, resolve, vllm_batch_defaults
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
 def test_every_bundled_fleet_loads_and_resolves() -> None:
-    from pipeline.pools import PooledFleet, load_fleet_file
+    from pipeline.replay.pools import PooledFleet, load_fleet_file
 
     paths = sorted((ROOT / "fleets").glob("*.toml"))
     assert ROOT / "fleets" / "default.toml" in paths and ROOT / "fleets" / "pools.toml" in paths

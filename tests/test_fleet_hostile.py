@@ -13,8 +13,8 @@ import pytest
 from click.testing import CliRunner
 
 from pipeline.cli import main
-from pipeline.errors import ConfigError
-from pipeline.fleet import load_fleet, resolve
+from pipeline.common.errors import ConfigError
+from pipeline.replay.fleet import load_fleet, resolve
 
 ROOT = Path(__file__).resolve().parents[1]
 DEFAULT = (ROOT / "fleets" / "default.toml").read_text()
@@ -174,7 +174,7 @@ def _splitwise_with_bad_rows(path: Path) -> Path:
     """A user's Splitwise-format table: six good TP 1 rows, six TP 3 rows (32 heads: not a TP size)
     and two rows with a bad cell."""
     from pipeline.catalog import load_hardware, load_model
-    from pipeline.roofline import Deployment, decode_batch, prefill_batch
+    from pipeline.costmodel.roofline import Deployment, decode_batch, prefill_batch
 
     dep = Deployment(load_model("llama-3.1-8b"), load_hardware("h100-sxm"), weight_dtype="fp16", kv_dtype="fp16")
     prompts = np.array([128, 256, 512, 1024, 2048, 4096], dtype=float)
@@ -261,8 +261,8 @@ def test_a_context_past_the_models_maximum_is_refused(tmp_path: Path) -> None:
     from click.testing import CliRunner
 
     from pipeline.cli import main
-    from pipeline.fleet import load_fleet, resolve
     from pipeline.plan.stage import _with_model
+    from pipeline.replay.fleet import load_fleet, resolve
 
     res = CliRunner().invoke(main, ["fit", "--model", "llama-3.1-8b", "--hardware", "h100-sxm", "--context", "400000"])
     assert res.exit_code == 1 and "context 400,000 is longer than llama-3.1-8b's maximum (131,072 tokens" in res.stderr

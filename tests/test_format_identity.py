@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from pipeline import defaults
+from pipeline.common import defaults
 from pipeline.ingest import formats, source
 from pipeline.ingest.formats import ALL_FORMATS, FORMATS, SNIFFED, Sniff
 from pipeline.ingest.source import SourceError, sniff_format
@@ -53,9 +53,7 @@ def test_every_named_format_has_a_detection_rule_on_its_spec_in_a_unique_rank() 
 def test_source_holds_no_format_keys_it_reads_the_specs() -> None:
     # the detection code names no format and no field: every rule's keys appear only in formats.py
     tree = ast.parse((ROOT / "pipeline" / "ingest" / "source.py").read_text())
-    start = next(
-        n.lineno for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == "sniff_format"
-    )
+    start = next(n.lineno for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == "sniff_format")
     strings = {
         n.value
         for n in ast.walk(tree)

@@ -14,18 +14,18 @@ from pathlib import Path
 
 import pytest
 
-from pipeline import defaults
 from pipeline.catalog import entries, hardware_to_toml, list_hardware, load_hardware, load_model
 from pipeline.catalog.entries import hardware_dir, load_hardware_file, parse_hardware
-from pipeline.errors import ConfigError
-from pipeline.fit import GiB, fit, non_torch_bytes_per_gpu
-from pipeline.fleet import load_fleet, resolve
+from pipeline.common import defaults
+from pipeline.common.errors import ConfigError
+from pipeline.costmodel.fit import GiB, fit, non_torch_bytes_per_gpu
+from pipeline.costmodel.profile.cost import _allreduce_backend, step_cost_for
+from pipeline.costmodel.profile.prior import collective_donor
+from pipeline.costmodel.roofline import Deployment
 from pipeline.plan import PlanOptions
 from pipeline.plan.search import candidate_fleet
 from pipeline.plan.stage import candidates
-from pipeline.profile.cost import _allreduce_backend, step_cost_for
-from pipeline.profile.prior import collective_donor
-from pipeline.roofline import Deployment
+from pipeline.replay.fleet import load_fleet, resolve
 
 ROOT = Path(__file__).resolve().parents[1]
 CATALOG_HW = hardware_dir()

@@ -14,9 +14,10 @@ from hypothesis import strategies as st
 
 from pipeline.cli import main
 from pipeline.engine.model import EngineResult, Workload
-from pipeline.nightly import nightly
+from pipeline.ingest.store import Store
 from pipeline.plan import PlanOptions, plan
-from pipeline.slo import (
+from pipeline.publish.nightly import nightly
+from pipeline.replay.slo import (
     MIN_BACKLOG,
     MIN_BACKLOG_SHARE,
     MIN_OVERLOAD_SHARE,
@@ -30,7 +31,6 @@ from pipeline.slo import (
     slo_verdict,
     sorted_accepted,
 )
-from pipeline.store import Store
 from pipeline.synth import SynthConfig, generate, write_logs
 
 FLEET = Path(__file__).resolve().parents[1] / "fleets" / "default.toml"
@@ -258,8 +258,8 @@ def test_overloaded_replay_fails_its_verdict_and_warns(logs: Path, tmp_path: Pat
 
 
 def test_plan_and_cost_state_the_same_figures_for_the_same_traffic_and_fleet(logs: Path, tmp_path: Path) -> None:
-    from pipeline.cost import run_cost
-    from pipeline.replay import ReplayOptions, replay
+    from pipeline.economics.cost import run_cost
+    from pipeline.replay.run import ReplayOptions, replay
 
     store = Store(tmp_path / "store")
     runner = CliRunner()

@@ -19,11 +19,12 @@ from hypothesis import strategies as st
 
 from pipeline.cli import main
 from pipeline.engine.model import EngineResult, Workload
-from pipeline.fleet import load_fleet, resolve
-from pipeline.replay import ReplayOptions, _utc, health, multi_node_warning, replay
-from pipeline.report import _health_cards, attention, health_headline, overload_phrase
-from pipeline.runrequests import MemoryColumns
-from pipeline.slo import (
+from pipeline.ingest.store import Store
+from pipeline.publish.report import _health_cards, attention, health_headline, overload_phrase
+from pipeline.replay.fleet import load_fleet, resolve
+from pipeline.replay.run import ReplayOptions, _utc, health, multi_node_warning, replay
+from pipeline.replay.runrequests import MemoryColumns
+from pipeline.replay.slo import (
     MIN_BACKLOG,
     MIN_BACKLOG_SHARE,
     MIN_OVERLOAD_SHARE,
@@ -35,7 +36,6 @@ from pipeline.slo import (
     overload_text,
     sorted_accepted,
 )
-from pipeline.store import Store
 from pipeline.synth import SynthConfig, generate, write_logs
 
 # -- a transient overload, by hand --------------------------------------------------------------
@@ -361,8 +361,6 @@ def peak_store(tmp_path_factory: pytest.TempPathFactory) -> Store:
     return store
 
 
-
-
 def test_a_replayed_peak_that_drains_is_unhealthy_everywhere(peak_store: Store, tmp_path: Path) -> None:
     peak_store = own_copy(peak_store, tmp_path)
     fleet = _fleet(tmp_path, "q", engine="max_num_seqs = 2")
@@ -384,7 +382,7 @@ def test_a_replayed_peak_that_drains_is_unhealthy_everywhere(peak_store: Store, 
     assert card[1] == "OVERLOADED" and card[3] == "bad" and " until 2025-02-01T00:" in card[2]
     # priced over the arrival span: the backlog drained before the last arrival, so the GPUs were
     # not needed past it, and the unit costs stand (the OVERLOADED warning comes with them)
-    from pipeline.cost import PERIOD_ARRIVALS, run_cost, run_period
+    from pipeline.economics.cost import PERIOD_ARRIVALS, run_cost, run_period
 
     cost = run_cost(peak_store)
     assert cost.period is not None and cost.period.basis == PERIOD_ARRIVALS

@@ -14,9 +14,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from pipeline.cli import main
+from pipeline.common.schemas import read_parquet
 from pipeline.ingest import ingest_logs
-from pipeline.schemas import read_parquet
-from pipeline.store import Store
+from pipeline.ingest.store import Store
 
 GOOD_USAGE = {"prompt_tokens": 100, "completion_tokens": 10, "prompt_tokens_details": {"cached_tokens": 0}}
 

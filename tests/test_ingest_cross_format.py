@@ -17,7 +17,7 @@ from click.testing import CliRunner
 import pipeline.ingest.core as core
 from pipeline.cli import main
 from pipeline.ingest import IngestSummary, ingest_logs
-from pipeline.store import Store
+from pipeline.ingest.store import Store
 
 N = 300
 T0_NS = 1_733_011_200_000_000_000  # 2024-12-01T00:00:00Z
@@ -180,7 +180,7 @@ def test_cli_warns_on_stderr_and_in_json(tmp_path: Path) -> None:
 
 def test_nightly_passes_the_dedupe_option_to_its_ingest(tmp_path: Path) -> None:
     """``nightly --dedupe-across-formats`` stores the 300 calls once, as ingest's option does."""
-    from pipeline.nightly import nightly
+    from pipeline.publish.nightly import nightly
 
     logs = [_openai_log(tmp_path / "gateway.jsonl"), _otel_log(tmp_path / "spans.jsonl")]
     store = Store(tmp_path / "store")

@@ -14,7 +14,7 @@ import polars as pl
 import pytest
 
 from pipeline.ingest import ingest_logs
-from pipeline.store import Store
+from pipeline.ingest.store import Store
 from pipeline.synth import SynthConfig, generate, write_logs
 from tests.conftest import FIXTURES
 

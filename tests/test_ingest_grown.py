@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 
 import pipeline.ingest.core as core
 from pipeline.ingest import ingest_logs
-from pipeline.store import Store
+from pipeline.ingest.store import Store
 from tests.test_ingest_hostile import _balanced, _cli, _manifest, _quarantine
 from tests.test_ingest_parallel import _files, _table
 

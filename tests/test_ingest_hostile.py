@@ -22,10 +22,10 @@ from click.testing import CliRunner, Result
 
 import pipeline.ingest.core as core
 from pipeline.cli import main
+from pipeline.common.schemas import read_parquet
 from pipeline.ingest import IngestSummary, ingest_logs
 from pipeline.ingest.normalize import MAX_LATENCY_S, MAX_TOKENS_PER_REQUEST
-from pipeline.schemas import read_parquet
-from pipeline.store import Store, open_store
+from pipeline.ingest.store import Store, open_store
 from pipeline.synth import SynthConfig, generate, write_logs
 from tests.test_cli_hostile import HEADER as CSV_HEADER
 from tests.test_cli_hostile import MAPPING as CSV_MAPPING
@@ -504,9 +504,9 @@ _KILL = textwrap.dedent(
     import os, signal, sys
     from pathlib import Path
     import pipeline.ingest.core as core
-    import pipeline.store as store_mod
+    import pipeline.ingest.store as store_mod
     from pipeline.ingest import ingest_logs
-    from pipeline.store import Store
+    from pipeline.ingest.store import Store
 
     where, store, log = sys.argv[1], Path(sys.argv[2]), Path(sys.argv[3])
     if where == "write":  # half-way through writing a partition file

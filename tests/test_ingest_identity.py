@@ -15,11 +15,11 @@ import polars as pl
 import pytest
 
 import pipeline.ingest.core as core
-from pipeline.errors import RooftraceError
+from pipeline.common.errors import RooftraceError
+from pipeline.common.schemas import read_parquet
 from pipeline.ingest import IngestSummary, ingest_logs
+from pipeline.ingest.store import Store
 from pipeline.ingest.timeparse import _iso_series
-from pipeline.schemas import read_parquet
-from pipeline.store import Store
 from tests.test_ingest_bad import GOOD_OTEL_SPAN
 from tests.test_ingest_hostile import _all_rows, _balanced, _cli, _manifest, _one_error_line, _quarantine
 

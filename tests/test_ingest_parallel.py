@@ -14,9 +14,9 @@ import pytest
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
-from pipeline.errors import RooftraceError
+from pipeline.common.errors import RooftraceError
 from pipeline.ingest import core, ingest_logs
-from pipeline.store import Store
+from pipeline.ingest.store import Store
 from pipeline.synth import SynthConfig, generate, write_logs
 
 

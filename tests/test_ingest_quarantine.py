@@ -18,12 +18,12 @@ from click.testing import Result
 
 import pipeline.ingest.core as core
 import pipeline.ingest.readers as readers
+from pipeline.common.schemas import read_parquet
 from pipeline.ingest import IngestSummary, ingest_logs
 from pipeline.ingest.formats import FORMATS
 from pipeline.ingest.readers import FastPathFailed, jsonl_fast
 from pipeline.ingest.source import count_lines
-from pipeline.schemas import read_parquet
-from pipeline.store import Store
+from pipeline.ingest.store import Store
 from pipeline.synth import SynthConfig, generate, write_logs
 
 TS = '"timestamp":"2025-01-15T00:00:00Z"'

@@ -26,12 +26,12 @@ from typing import Any
 import polars as pl
 import pytest
 
+from pipeline.common.schemas import load_schema
 from pipeline.ingest import ingest_logs
 from pipeline.ingest.formats import FORMATS, LITELLM_CACHED_PATHS, MOONCAKE_BLOCK_TOKENS, OTEL_ATTRIBUTES
 from pipeline.ingest.mapping import _TOP_KEYS, FIELD_TO_CANDIDATE
 from pipeline.ingest.readers import _OTEL_TENANT, _OTEL_TTFT
-from pipeline.schemas import load_schema
-from pipeline.store import Store
+from pipeline.ingest.store import Store
 
 REPO = Path(__file__).resolve().parents[1]
 T0 = datetime(2024, 12, 1, tzinfo=UTC)

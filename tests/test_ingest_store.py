@@ -15,9 +15,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import pipeline.ingest.core as core
-from pipeline.errors import RooftraceError
+from pipeline.common.errors import RooftraceError
 from pipeline.ingest import ingest_logs
-from pipeline.store import Store
+from pipeline.ingest.store import Store
 from pipeline.synth import SynthConfig, generate, write_logs
 from tests.conftest import shared_path
 

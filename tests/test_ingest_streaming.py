@@ -21,7 +21,7 @@ import pipeline.ingest.core as core
 import pipeline.ingest.readers as readers
 import pipeline.ingest.source as source
 from pipeline.ingest import IngestSummary, ingest_logs
-from pipeline.store import Store
+from pipeline.ingest.store import Store
 from tests.test_ingest_grown import _append, _write
 from tests.test_ingest_hostile import _balanced, _cli, _manifest, _quarantine
 

@@ -21,18 +21,11 @@ import pytest
 from cli_checks import invoke as _invoke
 from cli_checks import one_error_line as _one_error_line
 
-from pipeline.errors import ConfigError, RooftraceError
-from pipeline.fleet import parse_fleet
-from pipeline.limits import (
-    MAX_MEMORY_ENV,
-    ResourceLimitError,
-    current_limits,
-    estimate_replay,
-    override,
-    parse_days,
-    parse_size,
-)
-from pipeline.store import Store, confined
+from pipeline.common.budget import ResourceLimitError, current_limits, override, parse_days, parse_size
+from pipeline.common.errors import ConfigError, RooftraceError
+from pipeline.ingest.store import Store, confined
+from pipeline.replay.fleet import parse_fleet
+from pipeline.replay.limits import MAX_MEMORY_ENV, estimate_replay
 
 REPO = Path(__file__).resolve().parents[1]
 DEFAULT_FLEET = REPO / "fleets" / "default.toml"
@@ -142,8 +135,8 @@ def test_confined() -> None:
 
 
 def test_markup_in_fleet_fields_stays_escaped_in_the_report(small: dict[str, Any], tmp_path: Path) -> None:
-    from pipeline.replay import ReplayOptions, replay
-    from pipeline.report import build_report
+    from pipeline.publish.report import build_report
+    from pipeline.replay.run import ReplayOptions, replay
 
     fleet = _fleet(tmp_path / "f.toml", "escape-test")
     evil = 'description = "<script>alert(1)</script><img src=x onerror=alert(2)>"'
@@ -237,7 +230,7 @@ def test_a_huge_fleet_costs_what_its_busy_replicas_cost(small: dict[str, Any], t
 
 
 def test_environment_limit_applies_to_library_replays(small: dict[str, Any], monkeypatch: pytest.MonkeyPatch) -> None:
-    from pipeline.replay import ReplayOptions, replay
+    from pipeline.replay.run import ReplayOptions, replay
 
     monkeypatch.setenv(MAX_MEMORY_ENV, "1MiB")
     with pytest.raises(ResourceLimitError, match=r"\(\$ROOFTRACE_MAX_MEMORY\)"):
@@ -248,10 +241,10 @@ _MEASURE = """
 import json, sys
 from dataclasses import replace
 from pathlib import Path
-from pipeline.fleet import load_fleet, resolve
-from pipeline.limits import estimate_replay
-from pipeline.replay import REPLAY_COLUMNS, ReplayOptions, replay
-from pipeline.store import Store
+from pipeline.replay.fleet import load_fleet, resolve
+from pipeline.replay.limits import estimate_replay
+from pipeline.replay.run import REPLAY_COLUMNS, ReplayOptions, replay
+from pipeline.ingest.store import Store
 store, fleet = Store(Path(sys.argv[1])), sys.argv[2]
 opts = ReplayOptions(date=sys.argv[3], replicas=int(sys.argv[4]))
 est = estimate_replay(store.read_requests(opts.date, REPLAY_COLUMNS),
@@ -349,8 +342,8 @@ def test_a_replay_past_the_state_limit_stops_promptly_on_ctrl_c(small: dict[str,
 
 
 def test_progress_reaches_the_jit_engine(small: dict[str, Any]) -> None:
-    from pipeline.fleet import load_fleet, resolve
-    from pipeline.replay import ReplayOptions, run_replay
+    from pipeline.replay.fleet import load_fleet, resolve
+    from pipeline.replay.run import ReplayOptions, run_replay
 
     frame = small["store"].read_requests(DATE)
     fleet = resolve(load_fleet(DEFAULT_FLEET), str(DEFAULT_FLEET))
@@ -365,7 +358,7 @@ def test_progress_reaches_the_jit_engine(small: dict[str, Any]) -> None:
 def test_the_first_compile_is_announced(small: dict[str, Any], tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """A replay whose engine must be compiled first (no valid disk cache) says so on stderr
     before it sits busy; one that needs no compile does not."""
-    import pipeline.limits as limits
+    import pipeline.replay.limits as limits
 
     args = ["replay", "--store", str(_own(small, tmp_path).root), "--json"]
     monkeypatch.setattr(limits, "jit_compile_needed", lambda: False)
@@ -380,7 +373,7 @@ def test_the_first_compile_is_announced(small: dict[str, Any], tmp_path: Path, m
 def test_no_compile_announced_once_the_engine_is_compiled(small: dict[str, Any], tmp_path: Path) -> None:
     """After a replay has compiled the engine into its disk cache, the next estimate knows no
     compile is ahead (the stamp jit_compile_needed looks for is the one the kernels write)."""
-    import pipeline.limits as limits
+    import pipeline.replay.limits as limits
 
     assert _invoke(["replay", "--store", str(_own(small, tmp_path).root), "--json"]).exit_code == 0
     assert limits.jit_compile_needed() is False
@@ -395,7 +388,7 @@ def test_pods_estimate_the_largest_pod_not_the_fleet(small: dict[str, Any]) -> N
     from pipeline.engine.jit import MAX_STATE_BYTES, state_bytes
     from pipeline.engine.model import FleetSpec
     from pipeline.engine.shard import AUTO_POD_STATE_BYTES, auto_pods, pod_cuts
-    from pipeline.fleet import load_fleet, resolve
+    from pipeline.replay.fleet import load_fleet, resolve
 
     frame = small["store"].read_requests(small["store"].dates()[0])
     rr = replace(load_fleet(DEFAULT_FLEET).with_replicas(1000), router="round_robin")
@@ -417,7 +410,7 @@ def test_pods_estimate_the_largest_pod_not_the_fleet(small: dict[str, Any]) -> N
     assert pods.parts["engine state"] == state_bytes(spec) + 100 * 1024 + 16 * frame.height
     assert "largest pod's 100 replicas" in pods.drivers()
     # the replay stage writes each pod's step log and series as the pod ends: a tenth is held
-    from pipeline.limits import LOG_ROW_BYTES, ROWS_PER_REQUEST
+    from pipeline.replay.limits import LOG_ROW_BYTES, ROWS_PER_REQUEST
 
     assert pods.parts["step log"] == int(ROWS_PER_REQUEST * frame.height * 0.1 * LOG_ROW_BYTES)
     assert "(a pod's at a time)" in pods.drivers() and "(a pod's at a time)" not in flat.drivers()
@@ -459,7 +452,7 @@ def test_the_estimate_knows_static_routes_as_the_replay_does() -> None:
     import polars as pl
 
     from pipeline.engine.model import FleetSpec, SchedulerConfig
-    from pipeline.limits import _routes_static
+    from pipeline.replay.limits import _routes_static
 
     cfg = SchedulerConfig(num_gpu_blocks=1000, block_size=16, max_num_seqs=8, max_model_len=1600)
     spec = FleetSpec(replicas=4, scheduler=cfg, router="session_affinity")
@@ -481,8 +474,9 @@ def test_classify_refuses_a_block_size_its_memory_cannot_hold(
     """``classify --block-size 1`` on a large day grew until it ran out of memory (a numpy
     traceback under a ulimit); it is estimated first (limits.CLASSIFY_BLOCK_BYTES a block) and
     refused in one line past the limit, naming the blocks; the default block size still runs."""
-    from pipeline.limits import CLASSIFY_BLOCK_BYTES, OVERHEAD_BYTES
-    from pipeline.system import process_rss
+    from pipeline.classify.memory import CLASSIFY_BLOCK_BYTES
+    from pipeline.common.budget import OVERHEAD_BYTES
+    from pipeline.common.system import process_rss
 
     store = _own(small, tmp_path)  # the default block size classifies: not in the module's store
     day = store.read_requests(DATE)
@@ -504,7 +498,7 @@ def test_the_compile_check_looks_where_numba_caches(monkeypatch: pytest.MonkeyPa
     from numba.core import config
 
     from pipeline.engine.jitcache import jit_cache_dir, kernel_stamp
-    from pipeline.limits import jit_compile_needed
+    from pipeline.replay.limits import jit_compile_needed
 
     monkeypatch.setattr(config, "CACHE_DIR", str(tmp_path))
     cache = jit_cache_dir()

@@ -1,4 +1,4 @@
-"""A replay's progress (pipeline/limits.py, ``engine_progress``): the compile is said up front,
+"""A replay's progress (pipeline/replay/limits.py, ``engine_progress``): the compile is said up front,
 the time left is measured from the first work done (not from the start, which counted numba's
 compile: '2,136 of 19,366 (11%), 2 min elapsed, ~14 min left' 0.4 s before the end), plain lines
 when stderr is not a terminal and a rich.progress bar when it is."""
@@ -10,15 +10,8 @@ from typing import Any
 
 import pytest
 
-from pipeline.limits import (
-    COMPILE_S,
-    ReplayEstimate,
-    _Channel,
-    _Reporter,
-    engine_progress,
-    format_duration,
-    progress_to,
-)
+from pipeline.common.budget import Channel, progress_to
+from pipeline.replay.limits import COMPILE_S, ReplayEstimate, _Reporter, engine_progress, format_duration
 
 
 def _estimate(compile_bytes: int = 0, seconds: float = 1.0, total: int = 19_366) -> ReplayEstimate:
@@ -43,7 +36,7 @@ def test_the_time_left_starts_at_the_first_work_done(monkeypatch: pytest.MonkeyP
     monkeypatch.setenv("ROOFTRACE_PROGRESS_EVERY_S", "5")
     said: list[str] = []
     clock = Clock()
-    rep = _Reporter(_estimate(), _Channel(0, said.append), clock)
+    rep = _Reporter(_estimate(), Channel(0, said.append), clock)
     clock.t += 27.0  # the engine compiles: nothing done yet
     rep(0)
     assert said == ["replay: 0 of 19,366 requests done (0%), 27 s elapsed, waiting for the engine's first results"]
@@ -66,7 +59,7 @@ def test_a_compile_is_said_apart_from_the_replay_progress(monkeypatch: pytest.Mo
     monkeypatch.setenv("ROOFTRACE_PROGRESS_EVERY_S", "5")
     said: list[str] = []
     clock = Clock()
-    rep = _Reporter(_estimate(compile_bytes=1), _Channel(0, said.append), clock)
+    rep = _Reporter(_estimate(compile_bytes=1), Channel(0, said.append), clock)
     for _ in range(301):  # the engine thread polls every 0.1 s for 30 s: nothing done, a line every 5 s
         clock.t += 0.1
         rep(0)

@@ -7,10 +7,10 @@ from typing import Any
 
 import pytest
 
-from pipeline.fleet import parse_fleet
-from pipeline.loadcurve import headroom_sentence, knee, load_curve
-from pipeline.store import Store
-from pipeline.warehouse import run_query
+from pipeline.ingest.store import Store
+from pipeline.publish.warehouse import run_query
+from pipeline.replay.fleet import parse_fleet
+from pipeline.replay.loadcurve import headroom_sentence, knee, load_curve
 
 
 def _row(m: float, passed: bool | None, ratio: float = 0.5, over: bool = False, rejected: int = 0) -> dict[str, Any]:
@@ -79,7 +79,7 @@ def test_curve_on_real_traffic_grows_with_load_and_respects_the_budget(replayed_
 
 def test_named_query_serves_the_nightly_curve(replayed_store: tuple[Store, str]) -> None:
     store, run_id = replayed_store
-    from pipeline.warehouse import build_warehouse
+    from pipeline.publish.warehouse import build_warehouse
 
     build_warehouse(store)
     rows = run_query(store, "load_curve", {"run_id": run_id}).to_pylist()

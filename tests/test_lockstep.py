@@ -11,11 +11,11 @@ from hypothesis import strategies as st
 from test_engine import _EXAMPLES, _assert_same, _cases, check_invariants
 from test_engine_support import LinearCost, workload
 
+from pipeline.common.errors import ConfigError
 from pipeline.engine.jit import simulate_jit
 from pipeline.engine.model import FleetSpec, SchedulerConfig, Workload, dummy_step_s
 from pipeline.engine.reference import simulate_reference
 from pipeline.engine.steplog import StepLog
-from pipeline.errors import ConfigError
 
 
 def _cfg() -> SchedulerConfig:
@@ -119,9 +119,9 @@ FLEETS = __import__("pathlib").Path(__file__).resolve().parents[1] / "fleets"
 def test_dp_ep_fleet_replays_on_the_jit_engine_equal_to_the_reference() -> None:
     from test_measured_fleets import _requests
 
-    from pipeline.fleet import load_fleet, resolve
-    from pipeline.profile.cost import fleet_step_cost
-    from pipeline.replay import ReplayOptions, build_workload, run_replay, summarize
+    from pipeline.costmodel.profile.cost import fleet_step_cost
+    from pipeline.replay.fleet import load_fleet, resolve
+    from pipeline.replay.run import ReplayOptions, build_workload, run_replay, summarize
 
     fleet = resolve(load_fleet(FLEETS / "qwen3-30b-a3b-h100-dp2-ep2.toml"))
     assert (fleet.ranks, fleet.lockstep) == (4, 2)
@@ -141,8 +141,8 @@ def test_dp_ep_fleet_replays_on_the_jit_engine_equal_to_the_reference() -> None:
 
 
 def test_dp_fleet_keys_memory_per_rank_and_validation() -> None:
-    from pipeline.fit import weights_bytes_per_gpu
-    from pipeline.fleet import parse_fleet, resolve
+    from pipeline.costmodel.fit import weights_bytes_per_gpu
+    from pipeline.replay.fleet import parse_fleet, resolve
 
     base = {"name": "t", "model": "qwen3-30b-a3b", "hardware": "h100-sxm", "engine": {"max_model_len": 8192}}
     one = resolve(parse_fleet(base, "t"))
@@ -171,8 +171,8 @@ def test_dp_fleet_keys_memory_per_rank_and_validation() -> None:
 
 def test_moe_layers_over_dp_ranks_roofline_hand_check() -> None:
     from pipeline.catalog import load_hardware, load_model
-    from pipeline.roofline import ACT_BYTES, Deployment, operators
-    from pipeline.steps import StepBatch
+    from pipeline.costmodel.roofline import ACT_BYTES, Deployment, operators
+    from pipeline.costmodel.steps import StepBatch
 
     m, hw = load_model("qwen3-30b-a3b"), load_hardware("h100-sxm")
     t = np.array([0.0, 64.0, 1000.0])

@@ -16,15 +16,15 @@ import pytest
 from click.testing import CliRunner
 
 from pipeline.cli import main
+from pipeline.common.errors import ConfigError
+from pipeline.costmodel.profile.cost import fleet_step_cost
+from pipeline.costmodel.profile.tables import load_profile
+from pipeline.costmodel.roofline import decode_batch
 from pipeline.engine.jit import unsupported_reason
 from pipeline.engine.model import FleetSpec
 from pipeline.engine.reference import simulate_reference
-from pipeline.errors import ConfigError
-from pipeline.fleet import load_fleet, parse_fleet, resolve
-from pipeline.profile.cost import fleet_step_cost
-from pipeline.profile.tables import load_profile
-from pipeline.replay import ReplayOptions, build_workload, run_replay, steps_table, summarize
-from pipeline.roofline import decode_batch
+from pipeline.replay.fleet import load_fleet, parse_fleet, resolve
+from pipeline.replay.run import ReplayOptions, build_workload, run_replay, steps_table, summarize
 
 FLEETS = Path(__file__).resolve().parents[1] / "fleets"
 

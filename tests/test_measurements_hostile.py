@@ -1,5 +1,5 @@
 """Hostile measurement folders for ``rooftrace calibrate --measurements`` and ``validate``
-(pipeline/profile/sources.py, build.py, heldout.py; pipeline/validate.py for Splitwise tables).
+(pipeline/costmodel/profile/sources.py, build.py, heldout.py; pipeline/calibrate/validate.py for Splitwise tables).
 
 Every case builds a tiny AIConfigurator / LLMServingSim / Splitwise set in ``tmp_path`` and checks
 the project's promise (docs/limits.md, "Measurement folders"): no traceback, one ``error:`` line
@@ -191,7 +191,7 @@ def test_empty_out_and_measurements_are_refused(tmp_path: Path, monkeypatch: pyt
     """``--out ''`` used to write into the shipped catalog, ``--measurements ''`` to read the
     current folder: both are one error line (the catalog is swapped for a folder in tmp_path, so
     even the old behaviour could not touch it)."""
-    import pipeline.profile.tables as tables
+    import pipeline.costmodel.profile.tables as tables
 
     catalog = tmp_path / "catalog-profiles"
     monkeypatch.setattr(tables, "PROFILES_DIR", catalog)
@@ -324,7 +324,7 @@ def test_repeats_that_disagree_are_said_and_the_median_is_used(tmp_path: Path) -
     assert any(line.startswith("note: ") and note in line for line in res.stderr.splitlines()), res.stderr
     assert any(note in n for n in doc["notes"])
     assert _rows(doc)["gemm"] == 3 * _GEMM_ROWS  # kept as measured
-    from pipeline.profile.tables import load_profile_dir
+    from pipeline.costmodel.profile.tables import load_profile_dir
 
     prof = load_profile_dir(tmp_path / "p" / "h100-sxm")
     got = prof.gemm_time("bf16", 2048, 4096, np.array([64.0]))[0]
@@ -338,7 +338,7 @@ def test_repeats_that_disagree_are_said_and_the_median_is_used(tmp_path: Path) -
 
 
 def test_mixed_batch_repeats_enter_at_their_median(tmp_path: Path) -> None:
-    from pipeline.profile.sources import read_measurements
+    from pipeline.costmodel.profile.sources import read_measurements
 
     src = _llmss(tmp_path / "m", attn_rows=["128,0,4,512,1000", "128,0,4,512,2000"])
     meas = read_measurements(src)
@@ -371,8 +371,8 @@ def test_a_gpu_without_gemm_rows_is_judged_on_what_it_has(tmp_path: Path, gemm: 
 
 
 def test_judges_skip_families_with_no_rows() -> None:
-    from pipeline.profile.heldout import judge
-    from pipeline.profile.sources import Measurements
+    from pipeline.costmodel.profile.heldout import judge
+    from pipeline.costmodel.profile.sources import Measurements
 
     assert judge(Measurements(), "h100-sxm").height == 0
 
@@ -431,8 +431,8 @@ def test_bad_llmservingsim_cells_are_left_out(
 
 
 def test_summaries_and_profile_toml_never_hold_nan() -> None:
-    from pipeline.profile.build import meta_toml
-    from pipeline.profile.heldout import heldout_summary, summarise
+    from pipeline.costmodel.profile.build import meta_toml
+    from pipeline.costmodel.profile.heldout import heldout_summary, summarise
 
     errors = pl.DataFrame(
         {
@@ -533,7 +533,7 @@ def test_all_reduce_rows_of_other_dtypes_are_not_read(tmp_path: Path) -> None:
     # message_size counts elements: only 16-bit rows are 2 bytes each. int8 / float32 rows of the
     # same table must not be read as bf16; a table without the dtype column is read as 16-bit
     # and said (the collector's default).
-    from pipeline.profile.sources import read_measurements
+    from pipeline.costmodel.profile.sources import read_measurements
 
     root = tmp_path / "m"
     _aic(root)
@@ -552,7 +552,7 @@ def test_repeats_with_no_majority_leave_the_file_out(tmp_path: Path) -> None:
     """Every dense.csv row again at 100x its time (a unit mix-up, µs against ms): the median of two
     repeats 100x apart is a time nobody measured, so the file is left out and said, while the
     bundle's other files are read (hostile round 13)."""
-    from pipeline.profile.sources import read_measurements
+    from pipeline.costmodel.profile.sources import read_measurements
 
     src = _llmss(tmp_path / "m")
     dense = next(src.rglob("dense.csv"))

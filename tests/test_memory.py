@@ -9,8 +9,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from pipeline.catalog import load_hardware, load_model, parse_model
-from pipeline.errors import ConfigError
-from pipeline.fit import (
+from pipeline.common.errors import ConfigError
+from pipeline.costmodel.fit import (
     GiB,
     fit,
     kv_bytes_per_token,
@@ -18,7 +18,7 @@ from pipeline.fit import (
     sequence_kv_bytes,
     weights_bytes_per_gpu,
 )
-from pipeline.roofline import Deployment
+from pipeline.costmodel.roofline import Deployment
 
 
 def test_kv_bytes_mha_gqa_mla() -> None:

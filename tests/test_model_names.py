@@ -16,8 +16,8 @@ from pipeline.catalog.names import CatalogName, NameMatch, canonical_model_names
 from pipeline.classify import prefix as P
 from pipeline.classify.accounting import Capacity, ClassifyOptions, account
 from pipeline.cli import main
-from pipeline.errors import ConfigError
-from pipeline.project import find_project
+from pipeline.common.errors import ConfigError
+from pipeline.ingest.project import find_project
 
 ROOT = Path(__file__).resolve().parent.parent
 L70 = "meta-llama/Llama-3.1-70B-Instruct"
@@ -310,8 +310,8 @@ def test_plan_picks_the_hf_named_requests_without_traffic_model(
 
 def test_plan_help_example_runs_on_the_demo_store(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """`plan --help`'s example, as printed, on the store `rooftrace demo` writes (its log only)."""
-    from pipeline.nightly import DEMO_LOG
-    from pipeline.project import sample_dir
+    from pipeline.ingest.project import sample_dir
+    from pipeline.publish.nightly import DEMO_LOG
 
     text = CliRunner().invoke(main, ["plan", "--help"]).output
     example = next(line.strip() for line in text.splitlines() if line.strip().startswith("rooftrace plan "))

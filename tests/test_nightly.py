@@ -10,8 +10,8 @@ import pytest
 from click.testing import CliRunner
 
 from pipeline.cli import main
-from pipeline.nightly import NightlyResult, StageError, nightly
-from pipeline.store import Store
+from pipeline.ingest.store import Store
+from pipeline.publish.nightly import NightlyResult, StageError, nightly
 from pipeline.synth import SynthConfig, generate, write_logs
 
 FLEET = Path(__file__).resolve().parents[1] / "fleets" / "default.toml"
@@ -107,7 +107,7 @@ def test_reports_are_scoped_to_their_run_fleet_and_store(logs: Path, tmp_path: P
     assert "Capacity plan" not in page2  # the plan was made for 2025-02-01's traffic
     assert "a.jsonl" not in page2 and "b.jsonl" in page2  # only its own day's files
     # rebuilding the first date's report shows the plan made for it
-    from pipeline.report import build_report
+    from pipeline.publish.report import build_report
 
     again = build_report(store, first.run_id, reports_dir=reports)
     assert again.path == first.report and "Capacity plan" in again.path.read_text()
@@ -131,8 +131,8 @@ def test_reports_are_scoped_to_their_run_fleet_and_store(logs: Path, tmp_path: P
 def test_report_paths_from_data_are_confined(tmp_path: Path) -> None:
     """A run id from the command line, and the date and fleet name read from a run's config.json,
     never lead outside the store or the reports folder."""
-    from pipeline.errors import RooftraceError
-    from pipeline.report import build_report, report_path
+    from pipeline.common.errors import RooftraceError
+    from pipeline.publish.report import build_report, report_path
 
     store = Store(tmp_path / "store")
     with pytest.raises(RooftraceError, match="not a safe name"):

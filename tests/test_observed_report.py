@@ -17,10 +17,11 @@ from click.testing import CliRunner
 
 from pipeline.classify.accounting import classify_tokens
 from pipeline.cli import main
+from pipeline.common.tables import table_to_json
 from pipeline.ingest import ingest_logs
-from pipeline.nightly import NightlyResult, nightly
-from pipeline.replay import ReplayOptions, replay
-from pipeline.report import (
+from pipeline.ingest.store import Store
+from pipeline.publish.nightly import NightlyResult, nightly
+from pipeline.publish.report import (
     DRIFT_LIMIT,
     OBSERVED_COLUMNS,
     OBSERVED_TITLE,
@@ -28,10 +29,9 @@ from pipeline.report import (
     compare_observed,
     observed_headline,
 )
-from pipeline.store import Store
+from pipeline.publish.warehouse import run_query
+from pipeline.replay.run import ReplayOptions, replay
 from pipeline.synth import SynthConfig, generate, write_logs
-from pipeline.tables import table_to_json
-from pipeline.warehouse import run_query
 from tests.test_report import offline_dom
 
 FLEET = Path(__file__).resolve().parents[1] / "fleets" / "default.toml"

@@ -15,9 +15,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from pipeline.cli import main
-from pipeline.errors import ConfigError
-from pipeline.fleet import load_fleet, parse_fleet, resolve
+from pipeline.common.errors import ConfigError
+from pipeline.common.schemas import read_parquet
 from pipeline.ingest import ingest_logs
+from pipeline.ingest.store import Store
 from pipeline.plan import (
     Evaluation,
     PlanOptions,
@@ -28,11 +29,10 @@ from pipeline.plan import (
     plan,
     select_window,
 )
-from pipeline.replay import ReplayOptions, run_replay
-from pipeline.schemas import read_parquet
-from pipeline.slo import load_slo_presets, parse_slo, percentile
-from pipeline.store import Store
-from pipeline.warehouse import build_warehouse, run_query
+from pipeline.publish.warehouse import build_warehouse, run_query
+from pipeline.replay.fleet import load_fleet, parse_fleet, resolve
+from pipeline.replay.run import ReplayOptions, run_replay
+from pipeline.replay.slo import load_slo_presets, parse_slo, percentile
 
 ROOT = Path(__file__).resolve().parents[1]
 AZURE = ROOT / "traces" / "sample" / "azure_conv_2023.csv.gz"
@@ -203,8 +203,6 @@ def _opts(**kw: object) -> PlanOptions:
     }
     args.update(kw)
     return PlanOptions(**args)  # type: ignore[arg-type]
-
-
 
 
 def test_plan_is_consistent_with_the_replay(azure_store: Store, tmp_path: Path) -> None:

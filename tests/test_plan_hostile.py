@@ -12,13 +12,13 @@ from click.testing import CliRunner
 from conftest import own_copy
 
 from pipeline.cli import main
-from pipeline.errors import ConfigError
-from pipeline.fleet import load_fleet, parse_fleet, resolve
+from pipeline.common.errors import ConfigError
+from pipeline.costmodel.profile.cost import fleet_step_cost
 from pipeline.ingest import ingest_logs
+from pipeline.ingest.store import Store
 from pipeline.plan import Candidate, PlanOptions, candidate_fleet, plan
 from pipeline.plan.stage import _with_model
-from pipeline.profile.cost import fleet_step_cost
-from pipeline.store import Store
+from pipeline.replay.fleet import load_fleet, parse_fleet, resolve
 
 ROOT = Path(__file__).resolve().parents[1]
 AZURE = ROOT / "traces" / "sample" / "azure_conv_2023.csv.gz"
@@ -31,8 +31,6 @@ def store(tmp_path_factory: pytest.TempPathFactory) -> Store:
     s = Store(tmp_path_factory.mktemp("plan-hostile") / "store")
     ingest_logs([AZURE], s, date="2023-11-16")
     return s
-
-
 
 
 def _fleet(path: Path, lines: list[str]) -> Path:

@@ -17,15 +17,15 @@ from test_plan import _opts  # the plan options both files start from
 import pipeline.plan.search as search_mod
 from pipeline.cli import main
 from pipeline.cli.plan import fmt_latency
-from pipeline.fleet import parse_fleet
+from pipeline.common.budget import ResourceLimitError
+from pipeline.common.schemas import read_parquet
 from pipeline.ingest import ingest_logs
-from pipeline.limits import ResourceLimitError
+from pipeline.ingest.store import Store
 from pipeline.plan import Candidate, CandidateResult, Evaluation, min_replicas, plan
 from pipeline.plan.search import OVERLOADED, rejection_note
 from pipeline.plan.stage import no_fit_advice
-from pipeline.schemas import read_parquet
-from pipeline.slo import parse_slo
-from pipeline.store import Store
+from pipeline.replay.fleet import parse_fleet
+from pipeline.replay.slo import parse_slo
 
 ROOT = Path(__file__).resolve().parents[1]
 AZURE = ROOT / "traces" / "sample" / "azure_conv_2023.csv.gz"
@@ -36,8 +36,6 @@ def store(tmp_path_factory: pytest.TempPathFactory) -> Store:
     s = Store(tmp_path_factory.mktemp("h10") / "store")
     ingest_logs([AZURE], s, date="2023-11-16")
     return s
-
-
 
 
 # -- 1: an overloaded replay never meets the plan -------------------------------------------------

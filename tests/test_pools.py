@@ -1,4 +1,4 @@
-"""A fleet of pools (pipeline/pools.py, FLEET.toml's [[pool]] tables): parsing and its one-line
+"""A fleet of pools (pipeline/replay/pools.py, FLEET.toml's [[pool]] tables): parsing and its one-line
 errors, the rule that sends each request to a pool (against a plain reference), and the pooled
 replay, checked against replaying each pool's share of the day on its own fleet."""
 
@@ -15,12 +15,12 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from pipeline.errors import ConfigError
-from pipeline.fleet import load_fleet
+from pipeline.common.errors import ConfigError
 from pipeline.ingest import ingest_logs
-from pipeline.pools import PooledFleet, PoolMatch, load_fleet_file
-from pipeline.replay import ReplayOptions, replay
-from pipeline.store import Store
+from pipeline.ingest.store import Store
+from pipeline.replay.fleet import load_fleet
+from pipeline.replay.pools import PooledFleet, PoolMatch, load_fleet_file
+from pipeline.replay.run import ReplayOptions, replay
 
 ROOT = Path(__file__).resolve().parents[1]
 SAMPLE = ROOT / "traces" / "sample" / "gateway_demo_2025-01-15.jsonl.gz"
@@ -103,7 +103,7 @@ def test_pooled_file_errors_are_one_line_naming_the_pool(tmp_path: Path, text: s
     with pytest.raises(ConfigError, match=says) as info:
         fleet = load_fleet_file(_fleet(tmp_path, text))
         # a hardware name is checked when the pool is resolved, as a single pool's is
-        from pipeline.fleet import resolve
+        from pipeline.replay.fleet import resolve
 
         assert isinstance(fleet, PooledFleet)
         for pool in fleet.pools:
@@ -152,8 +152,8 @@ _rules = st.builds(
 def test_assign_sends_each_request_to_the_first_pool_whose_rule_holds(
     rules: list[PoolMatch], requests: list[tuple[str | None, int]]
 ) -> None:
-    from pipeline.fleet import FleetConfig
-    from pipeline.pools import Pool
+    from pipeline.replay.fleet import FleetConfig
+    from pipeline.replay.pools import Pool
 
     cfg = FleetConfig(name="f", model="llama-3.1-8b", hardware="h100-sxm")
     pools = tuple(Pool(f"p{i}", "unified", r, cfg) for i, r in enumerate([*rules, PoolMatch()]))
@@ -310,7 +310,7 @@ def test_pooled_replay_refuses_what_it_does_not_model(
 
 def test_hand_off_moves_finished_prefills_with_their_kv_over_the_link() -> None:
     from pipeline.engine.model import EngineResult, Workload
-    from pipeline.pools import Link, hand_off
+    from pipeline.replay.pools import Link, hand_off
 
     source = Workload(
         arrival_s=np.array([0.0, 0.1, 0.2, 0.3]),
@@ -338,9 +338,9 @@ def test_a_handed_off_request_prefills_only_its_last_token_in_the_next_pool() ->
     """The destination pool takes the moved KV as computed: the engine computes one prompt token
     (for its logits) and decodes the rest of the output."""
     from pipeline.engine.model import EngineResult, Workload
-    from pipeline.fleet import resolve
-    from pipeline.pools import Link, hand_off
-    from pipeline.replay import run_workload
+    from pipeline.replay.fleet import resolve
+    from pipeline.replay.pools import Link, hand_off
+    from pipeline.replay.run import run_workload
 
     fleet = resolve(load_fleet(ROOT / "fleets" / "default.toml"))
     source = Workload(
@@ -360,7 +360,7 @@ def test_a_fleet_of_pools_is_priced_pool_by_pool(day: Store, tmp_path: Path) -> 
     """Each pool's GPUs at its own price over the run's period, its busy time from its own steps,
     its tokens from its own requests; the fleet's figures are the pools' sums."""
     from pipeline.catalog import load_hardware
-    from pipeline.cost import PooledGpuCost, run_cost
+    from pipeline.economics.cost import PooledGpuCost, run_cost
 
     store = _copy(day, tmp_path)
     run = replay(store, _fleet(tmp_path, BASE + _pool("gold", "h200", 1, "tenant = ['tenant-1']") + SHORT))
@@ -398,8 +398,8 @@ def test_a_fleet_of_pools_is_priced_pool_by_pool(day: Store, tmp_path: Path) -> 
 def test_the_report_and_queries_of_a_fleet_of_pools_show_each_pool(day: Store, tmp_path: Path) -> None:
     """The report names the pools and sums their GPUs and $/day; query cost gives a row per pool
     and kv_memory judges each replica against its own pool's KV capacity."""
-    from pipeline.report import build_report
-    from pipeline.warehouse import run_query
+    from pipeline.publish.report import build_report
+    from pipeline.publish.warehouse import run_query
 
     store = _copy(day, tmp_path)
     run = replay(store, _fleet(tmp_path, BASE + _pool("gold", "h200", 1, "tenant = ['tenant-1']") + SHORT))
@@ -442,7 +442,7 @@ def test_the_load_curve_of_a_fleet_of_pools_replays_every_pool(day: Store, tmp_p
     """Headroom on a fleet of pools: at 1× a point counts the pooled replay's requests, finished and
     rejected, and its p99 TTFT is the pooled run's (all pools' finished requests together)."""
     from pipeline.classify.accounting import day_identity
-    from pipeline.loadcurve import curve_point
+    from pipeline.replay.loadcurve import curve_point
 
     store = _copy(day, tmp_path)
     small = _pool("gold", "h200", 1, "tenant = ['tenant-1', 'tenant-2']", "[pool.engine]\nmax_model_len = 4096")

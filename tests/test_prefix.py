@@ -20,7 +20,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from pipeline.classify import prefix as P
-from pipeline.errors import RooftraceError
+from pipeline.common.errors import RooftraceError
 
 # --------------------------------------------------------------------------------------------
 # an independent LRU: a plain list, most recent last, with eager TTL expiry
@@ -564,7 +564,7 @@ def test_identity_check_refuses_damage() -> None:
 
 def _day_store(tmp_path: Path, requests: int = 60) -> tuple[object, str]:
     from pipeline.ingest import ingest_logs
-    from pipeline.store import Store
+    from pipeline.ingest.store import Store
     from pipeline.synth import SynthConfig, generate, write_logs
 
     store = Store(tmp_path / "store")
@@ -578,7 +578,7 @@ def test_replay_reads_the_identity_classify_stored(tmp_path: Path, monkeypatch: 
     replay cuts its engine chains from it (with classify's isolation key) and builds none."""
     from pipeline.classify import accounting
     from pipeline.classify.accounting import classify_tokens, identity_path, load_identity
-    from pipeline.replay import ReplayOptions, replay
+    from pipeline.replay.run import ReplayOptions, replay
 
     store, date = _day_store(tmp_path)
     assert load_identity(store, date) is None  # before classify
@@ -599,7 +599,7 @@ def test_replay_reads_the_identity_classify_stored(tmp_path: Path, monkeypatch: 
         raise AssertionError("the replay rebuilt the prefix identity")
 
     monkeypatch.setattr(P, "build_identity", no_rebuild)
-    monkeypatch.setattr("pipeline.replay.build_identity", no_rebuild)
+    monkeypatch.setattr("pipeline.replay.run.build_identity", no_rebuild)
     monkeypatch.setattr("pipeline.classify.accounting.prefix.build_identity", no_rebuild)
     fleet = Path(__file__).resolve().parents[1] / "fleets" / "default.toml"
     run = replay(store, fleet, ReplayOptions())
@@ -610,8 +610,8 @@ def test_replay_reads_the_identity_classify_stored(tmp_path: Path, monkeypatch: 
 
 def test_replay_engine_chains_are_the_identity_at_the_engine_block_size(tmp_path: Path) -> None:
     from pipeline.classify.accounting import classify_tokens, load_identity
-    from pipeline.fleet import load_fleet, resolve
-    from pipeline.replay import ReplayOptions, build_workload
+    from pipeline.replay.fleet import load_fleet, resolve
+    from pipeline.replay.run import ReplayOptions, build_workload
 
     store, date = _day_store(tmp_path)
     classify_tokens(store, date)

@@ -1,6 +1,6 @@
-"""Profiles on disk: loading and refusing them (pipeline/profile/tables.py), building them from
-operator measurements and judging them on held-out shapes (pipeline/profile/build.py,
-pipeline/profile/heldout.py).
+"""Profiles on disk: loading and refusing them (pipeline/costmodel/profile/tables.py), building them from
+operator measurements and judging them on held-out shapes (pipeline/costmodel/profile/build.py,
+pipeline/costmodel/profile/heldout.py).
 
 A tiny synthetic AIConfigurator set (power-law latencies, so log-log interpolation is exact and
 held-out errors are ~0) goes through the whole build; where ../shared/measurements is laid out,
@@ -19,9 +19,9 @@ import numpy as np
 import polars as pl
 import pytest
 
-from pipeline.errors import ConfigError
-from pipeline.profile.build import build_profiles, select_rows
-from pipeline.profile.heldout import (
+from pipeline.common.errors import ConfigError
+from pipeline.costmodel.profile.build import build_profiles, select_rows
+from pipeline.costmodel.profile.heldout import (
     TARGET_MEDIAN,
     TARGET_P90,
     _alternate,
@@ -30,9 +30,9 @@ from pipeline.profile.heldout import (
     judge,
     summarise,
 )
-from pipeline.profile.select import MAX_GEMM_M
-from pipeline.profile.sources import read_measurements
-from pipeline.profile.tables import PROFILES_DIR, list_profiles, load_profile, load_profile_dir
+from pipeline.costmodel.profile.select import MAX_GEMM_M
+from pipeline.costmodel.profile.sources import read_measurements
+from pipeline.costmodel.profile.tables import PROFILES_DIR, list_profiles, load_profile, load_profile_dir
 from tests.conftest import shared_path
 
 # ----------------------------------------------------------------------------------- loading

@@ -1,5 +1,5 @@
-"""The tabulated step cost (pipeline/stepcost.py) and the measured cost model
-(pipeline/profile/cost.py) on the shipped GPU profiles.
+"""The tabulated step cost (pipeline/costmodel/stepcost.py) and the measured cost model
+(pipeline/costmodel/profile/cost.py) on the shipped GPU profiles.
 
 The compiled kernel's pieces are checked against their numpy twins (``_g2`` against
 interp.Grid2, ``_attention`` against attention.step_attention); the stand-in affine cost and the
@@ -17,11 +17,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from pipeline import stepcost
 from pipeline.catalog import load_hardware, load_model
-from pipeline.errors import ConfigError
-from pipeline.profile import attention as attn
-from pipeline.profile.cost import (
+from pipeline.common.errors import ConfigError
+from pipeline.costmodel import stepcost
+from pipeline.costmodel.profile import attention as attn
+from pipeline.costmodel.profile.cost import (
     CUSTOM_AR_MAX_BYTES,
     _allreduce_backend,
     capture_sizes,
@@ -30,11 +30,11 @@ from pipeline.profile.cost import (
     padded_tokens,
     step_cost_for,
 )
-from pipeline.profile.interp import Grid2, grid2_from
-from pipeline.profile.tables import Profile, load_profile
-from pipeline.roofline import Deployment
-from pipeline.stepcost import OUT, TabulatedCost, affine_cost, grid_arrays, scalars
-from pipeline.steps import StepBatch
+from pipeline.costmodel.profile.interp import Grid2, grid2_from
+from pipeline.costmodel.profile.tables import Profile, load_profile
+from pipeline.costmodel.roofline import Deployment
+from pipeline.costmodel.stepcost import OUT, TabulatedCost, affine_cost, grid_arrays, scalars
+from pipeline.costmodel.steps import StepBatch
 
 # ----------------------------------------------------------------------------------- helpers
 
@@ -672,10 +672,10 @@ def test_moe_expert_parallel_uses_the_ep_table(h100: Profile) -> None:
 _SHARE_SCRIPT = """
 import numpy as np
 from pipeline.catalog import load_hardware, load_model
-from pipeline.profile.cost import measured_cost
-from pipeline.profile.tables import load_profile
-from pipeline.roofline import Deployment
-from pipeline.steps import StepBatch
+from pipeline.costmodel.profile.cost import measured_cost
+from pipeline.costmodel.profile.tables import load_profile
+from pipeline.costmodel.roofline import Deployment
+from pipeline.costmodel.steps import StepBatch
 dep = Deployment(load_model("llama-3.1-8b"), load_hardware("h100-sxm"))
 cost = measured_cost(dep, load_profile("h100-sxm"), max_tokens=64)
 b = StepBatch(*(np.array([v]) for v in (100.0, 1.0, 5050.0, 100.0, 0.0, 0.0)))
@@ -699,8 +699,8 @@ def test_measured_share_of_a_step_beyond_the_tables() -> None:
 def test_steps_beyond_the_tables_are_extrapolated_exactly_for_the_roofline() -> None:
     # A token budget of 10^6 must not build 10^6-row tables: they stop at MAX_TABLE_TOKENS and
     # the kernel extrapolates linearly, which for the roofline (linear in T out there) is exact.
-    from pipeline.roofline import prefill_batch, roofline_cost, step_cost
-    from pipeline.stepcost import MAX_TABLE_TOKENS
+    from pipeline.costmodel.roofline import prefill_batch, roofline_cost, step_cost
+    from pipeline.costmodel.stepcost import MAX_TABLE_TOKENS
 
     dep = _dep("llama-3.1-8b", "h100-sxm")
     cost = roofline_cost(dep, max_tokens=1_000_000)
@@ -711,7 +711,7 @@ def test_steps_beyond_the_tables_are_extrapolated_exactly_for_the_roofline() -> 
 
 def test_prefill_attention_past_the_longest_measured_prompt_grows_with_the_pairs() -> None:
     # Beyond the grid's longest prompt the prefill part scales with c(c+1)/2, not with c.
-    from pipeline.profile.attention import prefill_grid_time
+    from pipeline.costmodel.profile.attention import prefill_grid_time
 
     prof = load_profile("h100-sxm")
     assert prof is not None
@@ -774,7 +774,7 @@ def test_mixed_ratio_grid_fills_holes_between_measured_cells() -> None:
     interpolation in the axis' log coordinate (RTX PRO 6000's bundles interleave a x2 and a x1.5
     grid: most cells of the union are such holes). Hand case: chunk 64 between chunks 16 and 256
     at ratios 2 and 8 -> exp(log 2 + 0.5 * log 4) = 4 (the nearest cell would give 2 or 8)."""
-    from pipeline.profile.mixed import ratio_grid
+    from pipeline.costmodel.profile.mixed import ratio_grid
 
     rows = pl.DataFrame(
         {

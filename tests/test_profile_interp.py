@@ -1,4 +1,4 @@
-"""Log-log interpolation of measured kernel times (pipeline/profile/interp.py).
+"""Log-log interpolation of measured kernel times (pipeline/costmodel/profile/interp.py).
 
 Hand-computed cases (a power law is reproduced exactly between grid points, proportional
 extrapolation above the grid, clamping below it) and property tests (monotone data gives a
@@ -14,7 +14,7 @@ import pytest
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
-from pipeline.profile.interp import Curve, Grid2, bracket, curve_family, grid2_from, loglog
+from pipeline.costmodel.profile.interp import Curve, Grid2, bracket, curve_family, grid2_from, loglog
 
 REL = 1e-12
 

@@ -1,4 +1,4 @@
-"""The size-aware roofline prior (pipeline/profile/prior.py): what a GPU without a measured
+"""The size-aware roofline prior (pipeline/costmodel/profile/prior.py): what a GPU without a measured
 profile is priced with.
 
 Checked: the curve against hand-computed values; the fit recovering known parameters (exactly,
@@ -20,13 +20,13 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from pipeline.catalog import load_hardware, load_model
-from pipeline.errors import ConfigError
-from pipeline.fleet import parse_fleet, resolve
-from pipeline.profile import prior as P
-from pipeline.profile.cost import fleet_step_cost, gemm_shapes, step_cost_for
-from pipeline.profile.heldout import heldout_steps
-from pipeline.roofline import Deployment, prefill_batch
-from pipeline.tomlfile import read_toml
+from pipeline.common.errors import ConfigError
+from pipeline.common.tomlfile import read_toml
+from pipeline.costmodel.profile import prior as P
+from pipeline.costmodel.profile.cost import fleet_step_cost, gemm_shapes, step_cost_for
+from pipeline.costmodel.profile.heldout import heldout_steps
+from pipeline.costmodel.roofline import Deployment, prefill_batch
+from pipeline.replay.fleet import parse_fleet, resolve
 
 # ----------------------------------------------------------------------------------- the curve
 
@@ -279,7 +279,7 @@ def test_prior_steps_on_an_unprofiled_gpu_by_hand() -> None:
 def test_replay_records_the_prior() -> None:
     from test_measured_fleets import _requests
 
-    from pipeline.replay import ReplayOptions, run_replay, steps_table, summarize
+    from pipeline.replay.run import ReplayOptions, run_replay, steps_table, summarize
 
     cfg = {"name": "l4", "model": "llama-3.1-8b", "hardware": "l4", "engine": {"max_model_len": 8192}}
     fleet = resolve(parse_fleet(cfg, "t"))
@@ -433,8 +433,8 @@ def test_report_says_which_tier_priced_the_run() -> None:
     or the plain roofline (a prior is not a measurement: it is flagged)."""
     from test_measured_fleets import _requests
 
-    from pipeline.replay import ReplayOptions, run_replay, summarize
-    from pipeline.report import _health_cards, health_headline
+    from pipeline.publish.report import _health_cards, health_headline
+    from pipeline.replay.run import ReplayOptions, run_replay, summarize
 
     cfg = {
         "name": "l4",

@@ -18,13 +18,13 @@ import pytest
 from cli_checks import invoke, one_error_line
 
 from pipeline.catalog import load_hardware, load_hardware_file, load_model
-from pipeline.errors import ConfigError
-from pipeline.fleet import parse_fleet, resolve
-from pipeline.profile import prior as P
-from pipeline.profile.cost import fleet_step_cost, step_cost_for
-from pipeline.profile.tables import is_catalog_device, profile_for
-from pipeline.report import cost_card
-from pipeline.roofline import Deployment, decode_batch
+from pipeline.common.errors import ConfigError
+from pipeline.costmodel.profile import prior as P
+from pipeline.costmodel.profile.cost import fleet_step_cost, step_cost_for
+from pipeline.costmodel.profile.tables import is_catalog_device, profile_for
+from pipeline.costmodel.roofline import Deployment, decode_batch
+from pipeline.publish.report import cost_card
+from pipeline.replay.fleet import parse_fleet, resolve
 
 CATALOG = Path(__file__).resolve().parents[1] / "pipeline" / "catalog" / "hardware"
 

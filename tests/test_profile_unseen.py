@@ -1,4 +1,4 @@
-"""How a profile prices shapes it never measured (pipeline/profile/interp.py, tables.py).
+"""How a profile prices shapes it never measured (pipeline/costmodel/profile/interp.py, tables.py).
 
 Two rules found on the held-out checks (docs/validation.md, "Why the misses"), each pinned by
 hand-computed cases so that a regression fails here and not only in the held-out table:
@@ -18,8 +18,8 @@ import numpy as np
 import polars as pl
 import pytest
 
-from pipeline.profile.interp import Curve, curve_family, upward_spikes
-from pipeline.profile.tables import GEMM_SPIKE_REL, GQA_SEPARATE, frames_profile
+from pipeline.costmodel.profile.interp import Curve, curve_family, upward_spikes
+from pipeline.costmodel.profile.tables import GEMM_SPIKE_REL, GQA_SEPARATE, frames_profile
 
 # ----------------------------------------------------------------------------------- spikes
 

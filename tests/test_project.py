@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from pipeline.errors import ConfigError
-from pipeline.project import PROJECT_FILE, default_store_path, find_project, sample_dir, source_checkout
+from pipeline.common.errors import ConfigError
+from pipeline.ingest.project import PROJECT_FILE, default_store_path, find_project, sample_dir, source_checkout
 
 CHECKOUT = Path(__file__).resolve().parents[1]
 

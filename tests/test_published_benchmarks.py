@@ -38,8 +38,8 @@ from published import (
     saturated_output_tokens_per_s,
 )
 
-from pipeline.fleet import ResolvedFleet, load_fleet, resolve
-from pipeline.replay import ReplayOptions, run_replay
+from pipeline.replay.fleet import ResolvedFleet, load_fleet, resolve
+from pipeline.replay.run import ReplayOptions, run_replay
 
 FLEETS = Path(__file__).resolve().parents[1] / "fleets"
 MLPERF_RESULTS = ("measurements", "mlperf-inference-v4.1", "closed", "NVIDIA", "results")
@@ -52,12 +52,12 @@ MLPERF_OFFLINE_BOUND = 0.40  # measured +33 % (H100) and +38 % (H200): the repla
 MLPERF_ISSUE_TARGET = 0.20  # issue 5's target: met with the fleet's stack calibration (H100-fitted)
 NIM_TTFT_BOUND = 0.40  # measured −5 % … +27 % away from the knee
 #: At concurrency 100, the KV-capacity knee, TTFT moves with the KV capacity: +34 % with the old
-#: memory fit, +55 % since pipeline.fit follows vLLM's own accounting (2.4 % fewer blocks:
+#: memory fit, +55 % since pipeline.costmodel.fit follows vLLM's own accounting (2.4 % fewer blocks:
 #: 27,442 instead of 28,114; NIM's TensorRT-LLM engine sizes its cache differently).
 NIM_TTFT_KNEE_BOUND = 0.60
 NIM_ITL_BOUND = 0.20  # measured +5 % … +16 %
 TRTLLM_MEDIAN_BOUND = 0.08  # |error| over the 60 rows: measured median 6.9 %
-#: measured max 20.4 % (Llama-3.3-70B, H100 TP2, 128 in / 4096 out; 18.7 % before pipeline.fit
+#: measured max 20.4 % (Llama-3.3-70B, H100 TP2, 128 in / 4096 out; 18.7 % before pipeline.costmodel.fit
 #: followed vLLM's accounting, which charges this 2048-seq fleet a 3.4 GiB sampler peak)
 TRTLLM_MAX_BOUND = 0.21
 
@@ -331,7 +331,7 @@ def test_argonne_reader_refuses_bad_rows_naming_the_line(tmp_path: Path, row: st
     path.write_text(
         "Hardware,Num of Hardware,Framework,Model,Input Output Length,Batch Size,Latency,Throughput\n" + row + "\n"
     )
-    from pipeline.errors import RooftraceError
+    from pipeline.common.errors import RooftraceError
 
     with pytest.raises(RooftraceError, match=f"{path}:2: .*{fragment}"):
         read_argonne_table(path)

@@ -17,16 +17,16 @@ from test_engine import _assert_same, check_invariants
 from test_engine_support import LinearCost
 
 from pipeline.cli import main
+from pipeline.common.schemas import read_parquet, write_parquet
+from pipeline.costmodel.profile.cost import fleet_step_cost
 from pipeline.engine.jit import MAX_STATE_BYTES, simulate_jit, state_bytes, unsupported_reason
 from pipeline.engine.model import FleetSpec
 from pipeline.engine.reference import simulate_reference
 from pipeline.engine.steplog import StepLog
-from pipeline.fleet import parse_fleet, resolve
 from pipeline.ingest import ingest_logs
-from pipeline.profile.cost import fleet_step_cost
-from pipeline.replay import ReplayOptions, build_workload, run_replay, series_frames
-from pipeline.schemas import read_parquet, write_parquet
-from pipeline.store import Store
+from pipeline.ingest.store import Store
+from pipeline.replay.fleet import parse_fleet, resolve
+from pipeline.replay.run import ReplayOptions, build_workload, run_replay, series_frames
 
 ROOT = Path(__file__).resolve().parents[1]
 # A cost stand-in with magnitudes like an 8B model on one H100 (2.3 ms per-step overhead, 70 µs
@@ -345,7 +345,7 @@ def test_a_day_of_other_models_is_said_when_replayed_on_one(tmp_path: Path) -> N
     fleet's model: the run says how many, for which models, in its health warnings (the terminal,
     the report's banner). A day whose every request names one model the catalog does not know
     ("unknown": logs without a model field) is the fleet's traffic by definition: no warning."""
-    from pipeline.replay import model_mix_warning
+    from pipeline.replay.run import model_mix_warning
 
     sample = ROOT / "traces" / "sample" / "azure_conv_2023.csv.gz"
     if not sample.exists():

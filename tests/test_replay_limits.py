@@ -16,22 +16,13 @@ from cli_checks import invoke as _invoke
 from cli_checks import one_error_line as _one_error_line
 from conftest import own_copy
 
-from pipeline.cost import run_cost
-from pipeline.errors import ConfigError, RooftraceError
-from pipeline.fleet import MIN_EFFICIENCY, fleet_from_dict, load_fleet, resolve
-from pipeline.limits import (
-    MAX_SIM_SPAN_S,
-    Limits,
-    ReplayEstimate,
-    ResourceLimitError,
-    current_limits,
-    distinct_numbers,
-    enforce,
-    format_bytes,
-    parse_days,
-)
-from pipeline.replay import ReplayOptions, replay, series_frames
-from pipeline.store import Store
+from pipeline.common.budget import Limits, ResourceLimitError, current_limits, parse_days
+from pipeline.common.errors import ConfigError, RooftraceError
+from pipeline.economics.cost import run_cost
+from pipeline.ingest.store import Store
+from pipeline.replay.fleet import MIN_EFFICIENCY, fleet_from_dict, load_fleet, resolve
+from pipeline.replay.limits import MAX_SIM_SPAN_S, ReplayEstimate, distinct_numbers, enforce, format_bytes
+from pipeline.replay.run import ReplayOptions, replay, series_frames
 
 ROOT = Path(__file__).resolve().parents[1]
 #: The shipped fleets of one pool (fleets/pools.toml, a fleet of pools: tests/test_pools.py).
@@ -78,8 +69,6 @@ def test_every_shipped_fleet_round_trips_through_its_stored_config(path: Path) -
     again = resolve(back, "config.json", doc["catalog"])
     assert again.scheduler == fleet.scheduler
     assert again.deployment.hardware == fleet.deployment.hardware
-
-
 
 
 @pytest.mark.parametrize("path", PARTIAL, ids=lambda p: p.name)

@@ -15,10 +15,10 @@ import pytest
 from click.testing import CliRunner, Result
 
 from pipeline.cli import main
+from pipeline.common.schemas import load_schema, read_parquet
 from pipeline.engine.model import Workload
-from pipeline.replay import REPORTED, ReplayOptions, build_workload, cache_split_note, reported_hits
-from pipeline.schemas import load_schema, read_parquet
-from pipeline.store import Store
+from pipeline.ingest.store import Store
+from pipeline.replay.run import REPORTED, ReplayOptions, build_workload, cache_split_note, reported_hits
 
 ROOT = Path(__file__).resolve().parents[1]
 FLEET = ROOT / "fleets" / "default.toml"
@@ -202,7 +202,7 @@ def test_a_pod_keeps_its_requests_reports() -> None:
 
 
 def _resolved() -> Any:
-    from pipeline.fleet import load_fleet, resolve
+    from pipeline.replay.fleet import load_fleet, resolve
 
     return resolve(load_fleet(FLEET), str(FLEET))
 
@@ -211,7 +211,7 @@ def test_the_report_says_a_different_split_on_its_first_line(tmp_path: Path) -> 
     import html as html_lib
     import re
 
-    from pipeline.report import build_report
+    from pipeline.publish.report import build_report
 
     store = _day(tmp_path, "litellm", requests=200)
     totals, _ = _classified(store)

@@ -21,22 +21,15 @@ from cli_checks import invoke as _invoke
 from cli_checks import one_error_line as _one_error_line
 from conftest import own_copy
 
-from pipeline import system
+from pipeline.common import system
+from pipeline.common.budget import GIB, Limits, ResourceLimitError, override, replay_limits
+from pipeline.common.errors import ConfigError, RooftraceError
+from pipeline.common.system import process_rss, virtual_size
 from pipeline.engine import shard
-from pipeline.errors import ConfigError, RooftraceError
-from pipeline.fleet import load_fleet, resolve
-from pipeline.limits import (
-    GIB,
-    Limits,
-    ReplayEstimate,
-    ResourceLimitError,
-    enforce,
-    override,
-    replay_limits,
-)
-from pipeline.replay import ReplayOptions, replay
-from pipeline.store import Store
-from pipeline.system import process_rss, virtual_size
+from pipeline.ingest.store import Store
+from pipeline.replay.fleet import load_fleet, resolve
+from pipeline.replay.limits import ReplayEstimate, enforce
+from pipeline.replay.run import ReplayOptions, replay
 
 ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_FLEET = ROOT / "fleets" / "default.toml"
@@ -71,8 +64,6 @@ def store(tmp_path_factory: pytest.TempPathFactory) -> Store:
     frame = generate(SynthConfig(requests=200, seed=9, models=("llama-3.1-8b",), duration_s=200, diurnal=False))
     ingest_logs(write_logs(frame, "anthropic", base / "day.jsonl"), st)
     return st
-
-
 
 
 def _estimate(**over: Any) -> ReplayEstimate:
@@ -163,7 +154,7 @@ def test_closed_loop_under_ulimit_is_refused_before_it_runs(
 
 
 def test_a_memory_error_in_the_series_is_one_line(store: Store, monkeypatch: pytest.MonkeyPatch) -> None:
-    import pipeline.replay as replay_mod
+    import pipeline.replay.run as replay_mod
 
     def no_memory(*_: Any, **__: Any) -> None:
         raise MemoryError("Unable to allocate 312. MiB for an array with shape (40913073,) and data type float64")
@@ -181,7 +172,7 @@ def test_a_memory_error_in_the_series_is_one_line(store: Store, monkeypatch: pyt
 
 
 def test_a_memory_error_in_a_library_replay_is_one_line(store: Store, monkeypatch: pytest.MonkeyPatch) -> None:
-    import pipeline.replay as replay_mod
+    import pipeline.replay.run as replay_mod
 
     def no_memory(*_: Any, **__: Any) -> None:
         raise MemoryError()
@@ -349,7 +340,7 @@ def test_run_id_is_the_same_with_or_without_the_date(store: Store, tmp_path: Pat
 _SIGINT_PROBE = """
 import os, signal, sys, threading, time
 import polars as pl
-from pipeline.system import keep_ignored_sigint
+from pipeline.common.system import keep_ignored_sigint
 
 def caught():
     mask = [l for l in open("/proc/self/status") if l.startswith("SigCgt")][0].split()[1]
@@ -387,7 +378,7 @@ def test_an_inherited_sig_ign_is_kept_over_polars_handler() -> None:
 def test_keep_ignored_sigint_leaves_a_handled_sigint_alone() -> None:
     import signal
 
-    from pipeline.system import keep_ignored_sigint
+    from pipeline.common.system import keep_ignored_sigint
 
     before = signal.getsignal(signal.SIGINT)
     keep_ignored_sigint()
@@ -395,7 +386,7 @@ def test_keep_ignored_sigint_leaves_a_handled_sigint_alone() -> None:
 
 
 def test_nightly_keeps_an_ignored_sigint_first(store: Store, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    import pipeline.nightly as nightly_mod
+    import pipeline.publish.nightly as nightly_mod
 
     calls: list[str] = []
     monkeypatch.setattr(nightly_mod, "keep_ignored_sigint", lambda: calls.append("kept"))
@@ -454,8 +445,8 @@ def test_a_fleet_that_does_not_fit_suggests_its_own_keys(tmp_path: Path) -> None
 
 def test_fit_still_suggests_its_options() -> None:
     from pipeline.catalog import load_hardware, load_model
-    from pipeline.fit import fit
-    from pipeline.roofline import Deployment
+    from pipeline.costmodel.fit import fit
+    from pipeline.costmodel.roofline import Deployment
 
     f = fit(Deployment(load_model("llama-3.1-8b"), load_hardware("h100-sxm")), gpu_memory_utilization=0.05)
     assert "higher --gpu-memory-utilization 0.95 fits" in f.suggestions, f.suggestions
@@ -493,7 +484,7 @@ def test_a_zero_intermediate_size_is_not_called_missing(tmp_path: Path) -> None:
 
 def test_large_durations_are_said_in_minutes_hours_days() -> None:
     from pipeline.cli.replay import _ms
-    from pipeline.slo import format_seconds, limit_text, parse_slo
+    from pipeline.replay.slo import format_seconds, limit_text, parse_slo
 
     assert [format_seconds(x) for x in (0.25, 5.0, 250.0, 600.0, 5400.0, 84_861.1664, 2 * 86_400.0, 1e9, 3e15)] == [
         "250 ms",

@@ -1,4 +1,4 @@
-"""replay's latency summary (pipeline/replay.py ``_stats``, pipeline/cli/replay.py): mean, std,
+"""replay's latency summary (pipeline/replay/run.py ``_stats``, pipeline/cli/replay.py): mean, std,
 min, percentiles keyed as the named queries key them (p99_9) and max, in seconds in --json and in
 ms for people, with TPOT named as AIPerf's ITL."""
 
@@ -13,7 +13,7 @@ import pytest
 from cli_checks import cli
 
 from pipeline.cli.replay import LATENCY_STATS, latency_lines
-from pipeline.store import Store
+from pipeline.ingest.store import Store
 
 
 def test_summary_matches_numpy_on_the_replayed_requests(replayed_store: tuple[Store, str]) -> None:

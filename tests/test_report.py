@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from pipeline.report import build_report
-from pipeline.store import Store
+from pipeline.ingest.store import Store
+from pipeline.publish.report import build_report
 from tests.conftest import EVIL_TENANT, copy_replayed
 
 ARTIFACTS = Path(__file__).resolve().parents[1] / "test-artifacts"

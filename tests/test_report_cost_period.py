@@ -17,7 +17,8 @@ import pytest
 from click.testing import CliRunner
 
 from pipeline.cli import main
-from pipeline.cost import (
+from pipeline.common.errors import RooftraceError
+from pipeline.economics.cost import (
     PERIOD_ARRIVALS,
     PERIOD_MAKESPAN,
     GpuCost,
@@ -27,11 +28,10 @@ from pipeline.cost import (
     run_overload_sustained,
     run_period,
 )
-from pipeline.errors import RooftraceError
 from pipeline.ingest import ingest_logs
-from pipeline.replay import ReplayOptions, replay
-from pipeline.report import build_report, fleet_text, stale_headline
-from pipeline.store import Store
+from pipeline.ingest.store import Store
+from pipeline.publish.report import build_report, fleet_text, stale_headline
+from pipeline.replay.run import ReplayOptions, replay
 from pipeline.synth import SynthConfig, generate, write_logs
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -302,7 +302,7 @@ def test_report_out_paths_that_cannot_be(runs: dict[str, Any], tmp_path: Path, m
 
 
 def test_a_stale_run_without_failures_has_a_red_banner_of_its_own() -> None:
-    from pipeline.report import ReportResult, render_html
+    from pipeline.publish.report import ReportResult, render_html
 
     h = {
         "stale": True,

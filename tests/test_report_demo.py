@@ -14,8 +14,9 @@ from pathlib import Path
 
 import pytest
 
-from pipeline.fleet import load_fleet
-from pipeline.nightly import (
+from pipeline.ingest.project import sample_dir
+from pipeline.ingest.store import Store
+from pipeline.publish.nightly import (
     DEMO_DATE,
     DEMO_LOG,
     DEMO_MODEL,
@@ -25,8 +26,7 @@ from pipeline.nightly import (
     demo_log_text,
     write_demo_log,
 )
-from pipeline.project import sample_dir
-from pipeline.store import Store
+from pipeline.replay.fleet import load_fleet
 from tests.test_report import _chromium, offline_flags
 
 ARTIFACTS = Path(__file__).resolve().parents[1] / "test-artifacts"

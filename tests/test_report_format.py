@@ -8,7 +8,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from pipeline.report import (
+from pipeline.publish.report import (
     TRAFFIC_HEADROOM,
     _health_cards,
     _html_table,

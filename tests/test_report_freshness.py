@@ -16,10 +16,10 @@ from cli_checks import cli
 from pipeline.classify.accounting import classify_tokens
 from pipeline.classify.freshness import ClassifyFreshness, classify_freshness
 from pipeline.ingest import ingest_logs
-from pipeline.nightly import _status
-from pipeline.replay import replay
-from pipeline.report import build_report
-from pipeline.store import Store
+from pipeline.ingest.store import Store
+from pipeline.publish.nightly import _status
+from pipeline.publish.report import build_report
+from pipeline.replay.run import replay
 from pipeline.synth import SynthConfig, generate, write_logs
 
 DAY = "2025-01-15"

@@ -15,16 +15,16 @@ import pytest
 from click.testing import CliRunner, Result
 
 from pipeline.cli import main
-from pipeline.nightly import _status
-from pipeline.report import (
+from pipeline.ingest.store import Store
+from pipeline.publish.nightly import _status
+from pipeline.publish.report import (
     QUARANTINE_FLAG_SHARE,
     build_report,
     ingest_headline,
     overload_phrase,
     slo_phrase,
 )
-from pipeline.slo import day_projection, traffic_span
-from pipeline.store import Store
+from pipeline.replay.slo import day_projection, traffic_span
 
 FLEET = Path(__file__).resolve().parents[1] / "fleets" / "default.toml"
 VIDUR = "arrived_at,num_prefill_tokens,num_decode_tokens\n"
@@ -160,7 +160,7 @@ def test_the_chart_bundle_is_built_when_the_store_cannot_cache_it(
 ) -> None:
     """A read-only store: report crashed writing the vega bundle into STORE/.cache (round 13);
     the bundle is a cache, so the page is made without storing it."""
-    import pipeline.report as report_mod
+    import pipeline.publish.report as report_mod
 
     def read_only(path: Path, data: bytes) -> None:
         raise OSError(30, "Read-only file system", str(path))
@@ -199,7 +199,7 @@ def test_overload_with_nothing_served_has_no_infinite_percentage() -> None:
         "OVERLOADED from 2025-01-15T00:01:46Z (+0.00 ms): 80,428,840,956.29 req/s arrive and none is admitted "
         "before the last arrival; 254 waiting at the last arrival, 30.10 s to drain"
     )
-    from pipeline.report import _health_cards
+    from pipeline.publish.report import _health_cards
 
     card = next(c for c in _health_cards({"overload": over}) if c[0] == "Overload")
     assert card[2] == (
@@ -268,7 +268,7 @@ def test_a_healthy_night_exits_0(tmp_path: Path) -> None:
 
 
 def test_a_what_if_report_goes_beside_the_nightly_and_the_index_keeps_the_nightly(tmp_path: Path) -> None:
-    from pipeline.replay import ReplayOptions, replay
+    from pipeline.replay.run import ReplayOptions, replay
 
     log = tmp_path / "a.csv"
     log.write_text(VIDUR + "".join(f"{i * 0.5},{100 + i},{10 + i % 7}\n" for i in range(40)))

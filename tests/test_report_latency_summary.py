@@ -12,10 +12,10 @@ import numpy as np
 import polars as pl
 import pytest
 
-from pipeline.report import build_report
-from pipeline.slo import percentile
-from pipeline.store import Store
-from pipeline.warehouse import Session
+from pipeline.ingest.store import Store
+from pipeline.publish.report import build_report
+from pipeline.publish.warehouse import Session
+from pipeline.replay.slo import percentile
 
 
 def _query(store: Store, name: str, run_id: str) -> list[dict[str, object]]:

@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from pipeline.catalog import load_hardware, load_model
-from pipeline.roofline import (
+from pipeline.costmodel.roofline import (
     ELEMENTWISE_KERNEL_SCALE,
     Deployment,
     decode_batch,
@@ -19,7 +19,7 @@ from pipeline.roofline import (
     prefill_batch,
     step_cost,
 )
-from pipeline.steps import BINDING_NAMES, StepBatch
+from pipeline.costmodel.steps import BINDING_NAMES, StepBatch
 
 
 def _batch(rows: list[tuple[float, float, float, float, float, float]]) -> StepBatch:
@@ -31,7 +31,7 @@ def reference_step_time(
     dep: Deployment, pt: float, ps: float, pairs: float, pkv: float, ds: float, dctx: float
 ) -> float:
     """Scalar re-derivation for a dense, full-attention model (no MoE/MLA/window), written from
-    the formulas in docs/catalog.md independently of pipeline.roofline's vectorised code."""
+    the formulas in docs/catalog.md independently of pipeline.costmodel.roofline's vectorised code."""
     m, hw, tp = dep.model, dep.hardware, dep.tp
     T = pt + ds
     if T == 0:

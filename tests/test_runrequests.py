@@ -1,4 +1,4 @@
-"""The per-request side of a run, streamed (pipeline/runrequests.py): pods' results spooled to a
+"""The per-request side of a run, streamed (pipeline/replay/runrequests.py): pods' results spooled to a
 file and read back in request order, the requests table written a chunk at a time, and the
 summary computed from the written rows equal to the one computed in memory."""
 
@@ -14,9 +14,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from pipeline.common.errors import RooftraceError
 from pipeline.engine.model import EngineResult
-from pipeline.errors import RooftraceError
-from pipeline.runrequests import RESULT_DTYPE, MemoryColumns, ResultSpool, RunRequests, StoredColumns
+from pipeline.replay.runrequests import RESULT_DTYPE, MemoryColumns, ResultSpool, RunRequests, StoredColumns
 
 
 def _random_result(rng: np.random.Generator, n: int) -> EngineResult:
@@ -88,8 +88,8 @@ def test_spool_refuses_what_it_cannot_put_back(tmp_path: Path) -> None:
 def _small_run(tmp_path: Path, replicas: int, max_model_len: int, rate: float) -> tuple[object, object]:
     from test_shard import _round_robin_store
 
-    from pipeline.fleet import load_fleet, resolve
-    from pipeline.replay import ReplayOptions, run_replay
+    from pipeline.replay.fleet import load_fleet, resolve
+    from pipeline.replay.run import ReplayOptions, run_replay
 
     store, fleet_path = _round_robin_store(tmp_path, 500, seed=3, replicas=replicas)
     text = fleet_path.read_text().replace("max_model_len = 16384", f"max_model_len = {max_model_len}")
@@ -106,10 +106,11 @@ def test_summary_from_the_written_rows_equals_the_one_in_memory(
     """The store-level replay computes its summary from requests.parquet as written (a column at
     a time): every figure, percentiles, overload and SLO verdict included, equals the in-memory
     summary; the second case has rejected requests and an overloaded fleet."""
-    from pipeline import runrequests, schemas
-    from pipeline.replay import requests_table, summarize, summary_of
-    from pipeline.schemas import read_parquet
-    from pipeline.slo import parse_slo
+    from pipeline.common import schemas
+    from pipeline.common.schemas import read_parquet
+    from pipeline.replay import runrequests
+    from pipeline.replay.run import requests_table, summarize, summary_of
+    from pipeline.replay.slo import parse_slo
 
     requests, run = _small_run(tmp_path, replicas, max_model_len, rate)
     monkeypatch.setattr(runrequests, "CHUNK_ROWS", 64)

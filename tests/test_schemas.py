@@ -9,8 +9,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from pipeline.errors import SchemaError
-from pipeline.schemas import META_NAME, META_VERSION, list_schemas, load_schema, read_parquet, write_parquet
+from pipeline.common.errors import SchemaError
+from pipeline.common.schemas import META_NAME, META_VERSION, list_schemas, load_schema, read_parquet, write_parquet
 
 
 def test_every_schema_loads_and_documents_each_column() -> None:
@@ -82,7 +82,7 @@ def test_parquet_stream_bytes_do_not_depend_on_how_rows_arrive(n: int, cuts: lis
     of exactly ROW_GROUP_ROWS (here 7) but the last; the rows read back are the rows written."""
     import tempfile
 
-    from pipeline import schemas
+    from pipeline.common import schemas
 
     table = _manifest_rows(n)
     bounds = sorted({0, n, *(c for c in cuts if c <= n)})
@@ -110,7 +110,7 @@ def test_parquet_stream_bytes_do_not_depend_on_how_rows_arrive(n: int, cuts: lis
 
 
 def test_parquet_stream_abort_leaves_nothing(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from pipeline import schemas
+    from pipeline.common import schemas
 
     monkeypatch.setattr(schemas, "ROW_GROUP_ROWS", 3)
     stream = schemas.ParquetStream(tmp_path / "run" / "m.parquet", "manifest")
@@ -124,7 +124,7 @@ def test_parquet_stream_abort_leaves_nothing(tmp_path: Path, monkeypatch: pytest
 def test_hostile_parquet_metadata_is_one_short_error(tmp_path: Path) -> None:
     """A version that is not a number, a name that is not UTF-8, another table's file, a file
     that is not Parquet: each a SchemaError naming the file, short (no Arrow schema dump)."""
-    from pipeline.schemas import check_file_schema
+    from pipeline.common.schemas import check_file_schema
 
     table = pa.table({"x": [1]})
     cases = {

@@ -15,12 +15,12 @@ from hypothesis import strategies as st
 from test_engine import _EXAMPLES, _cases
 from test_engine_support import LinearCost, workload
 
+from pipeline.common.errors import ConfigError
 from pipeline.engine.jit import simulate_jit
 from pipeline.engine.model import EngineResult, FleetSpec, SchedulerConfig, Workload
 from pipeline.engine.shard import hierarchical_pods, plan_pods, pod_cuts, simulate_sharded, static_routes
 from pipeline.engine.steplog import StepLog
-from pipeline.errors import ConfigError
-from pipeline.replay import StepSums
+from pipeline.replay.run import StepSums
 
 FIELDS = ("arrival_s", "replica", "scheduled_s", "first_token_s", "finish_s", "max_itl_s", "preemptions",
           "cache_hit_tokens", "prefill_tokens", "reject_reason")  # fmt: skip
@@ -135,7 +135,7 @@ def test_executors_equal_local(executor: str) -> None:
 def _round_robin_store(tmp_path: Path, requests: int, seed: int, replicas: int) -> tuple[Any, Path]:
     """A store holding a synthetic day, and the default fleet as round robin over ``replicas``."""
     from pipeline.ingest import ingest_logs
-    from pipeline.store import Store
+    from pipeline.ingest.store import Store
     from pipeline.synth import SynthConfig, generate, write_logs
 
     store = Store(tmp_path / "store")
@@ -156,8 +156,9 @@ def test_store_replay_in_pods_writes_the_same_run(tmp_path: Path, monkeypatch: p
     error line."""
     from click.testing import CliRunner
 
-    from pipeline import runrequests, schemas
     from pipeline.cli import main
+    from pipeline.common import schemas
+    from pipeline.replay import runrequests
 
     monkeypatch.setattr(runrequests, "CHUNK_ROWS", 70)
     monkeypatch.setattr(schemas, "ROW_GROUP_ROWS", 50)
@@ -235,7 +236,7 @@ def test_hierarchical_routing(router: str) -> None:
 
 
 def test_router_pod_size_in_fleet_toml(tmp_path: Path) -> None:
-    from pipeline.fleet import load_fleet
+    from pipeline.replay.fleet import load_fleet
 
     default = (Path(__file__).resolve().parents[1] / "fleets" / "default.toml").read_text()
     good = tmp_path / "good.toml"
@@ -250,7 +251,7 @@ def test_router_pod_size_in_fleet_toml(tmp_path: Path) -> None:
 
 def test_nightly_passes_jobs_and_pods_on(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """``rooftrace nightly --jobs 2 --pods 3 --executor process`` reaches ingest and the replay."""
-    import pipeline.nightly as nightly_mod
+    import pipeline.publish.nightly as nightly_mod
     from pipeline.cli import main
 
     seen: dict[str, object] = {}
@@ -266,7 +267,7 @@ def test_nightly_passes_jobs_and_pods_on(tmp_path: Path, monkeypatch: pytest.Mon
     args = ["nightly", str(tmp_path), "--fleet", str(fleet), "--store", str(tmp_path / "s"), "--jobs", "2"]
     CliRunner().invoke(main, [*args, "--pods", "3", "--executor", "process"])
     assert seen["jobs"] == 2
-    from pipeline.replay import ReplayOptions
+    from pipeline.replay.run import ReplayOptions
 
     captured: list[ReplayOptions] = []
     monkeypatch.setattr(nightly_mod, "ingest_logs", lambda *_a, **_k: type("S", (), {"errors": [], "files": []})())
@@ -284,8 +285,8 @@ def test_nightly_passes_jobs_and_pods_on(tmp_path: Path, monkeypatch: pytest.Mon
 
 def test_unreachable_ray_cluster_is_one_error_line(monkeypatch: pytest.MonkeyPatch) -> None:
     ray = pytest.importorskip("ray", reason="ray is the optional extra rooftrace[ray]; not installed here")
+    from pipeline.common.errors import RooftraceError
     from pipeline.engine.shard import ray_connect
-    from pipeline.errors import RooftraceError
 
     def refuse(**_: object) -> None:
         raise ConnectionError("Could not find any running Ray instance.\nsecond line")
@@ -306,8 +307,8 @@ def test_a_ray_address_nobody_listens_on_fails_at_once(monkeypatch: pytest.Monke
     import socket
     import time
 
+    from pipeline.common.errors import RooftraceError
     from pipeline.engine import shard
-    from pipeline.errors import RooftraceError
 
     monkeypatch.setattr(shard, "RAY_CONNECT_TIMEOUT_S", 2.0)
     with socket.socket() as s:  # a port that was free a moment ago: nothing listens there
@@ -344,11 +345,11 @@ def test_a_run_in_pods_streams_its_step_log(tmp_path: Path, monkeypatch: pytest.
     """``replay --pods``: each pod's step log is written to the run's steps and series tables as
     the pod finishes and never gathered (the run's in-memory log stays empty); the tables equal
     those of the run kept whole; a run interrupted mid-way leaves no partial file."""
-    from pipeline import replay as replay_module
-    from pipeline import schemas
-    from pipeline.fleet import load_fleet, resolve
-    from pipeline.replay import ReplayOptions, RunSteps, replay, run_replay, series_table, steps_table
-    from pipeline.schemas import read_parquet
+    from pipeline.common import schemas
+    from pipeline.common.schemas import read_parquet
+    from pipeline.replay import run as replay_module
+    from pipeline.replay.fleet import load_fleet, resolve
+    from pipeline.replay.run import ReplayOptions, RunSteps, replay, run_replay, series_table, steps_table
 
     store, fleet_path = _round_robin_store(tmp_path, 300, seed=9, replicas=6)
     fleet = resolve(load_fleet(fleet_path), str(fleet_path))
@@ -384,7 +385,7 @@ def test_a_run_in_pods_streams_its_step_log(tmp_path: Path, monkeypatch: pytest.
 
 @given(sizes=st.lists(st.integers(1, 40), max_size=30), rows=st.integers(1, 60))
 def test_replica_chunks_hold_whole_replicas(sizes: list[int], rows: int) -> None:
-    from pipeline.replay import _replica_chunks
+    from pipeline.replay.run import _replica_chunks
 
     replica = np.repeat(np.arange(len(sizes)), sizes)
     cuts = _replica_chunks(replica, rows)
@@ -410,7 +411,7 @@ def test_a_full_disk_while_the_step_log_streams_is_one_error_line(
     from click.testing import CliRunner
 
     from pipeline.cli import main
-    from pipeline.schemas import ParquetStream
+    from pipeline.common.schemas import ParquetStream
 
     store, _ = _round_robin_store(tmp_path, 120, seed=2, replicas=2)
     real = getattr(ParquetStream, when)
@@ -486,7 +487,7 @@ def test_routes_of_a_fleet_past_int32_keep_their_replica(router: str) -> None:
 def test_a_fleet_of_more_engines_than_4_bytes_number_is_refused() -> None:
     """replicas × dp past 2³¹ − 1 is one error line (the replay numbers engines in 4 bytes), from
     FLEET.toml, --replicas and plan's --max-replicas alike."""
-    from pipeline.fleet import MAX_ENGINES, parse_fleet
+    from pipeline.replay.fleet import MAX_ENGINES, parse_fleet
 
     base = {"name": "big", "model": "llama-3.1-8b", "hardware": "h100-sxm"}
     assert parse_fleet({**base, "replicas": MAX_ENGINES}, "f.toml").replicas == MAX_ENGINES
@@ -574,7 +575,7 @@ def test_a_fleet_too_big_for_one_engine_state_replays_in_pods_by_itself(
     run_dir = Path(json.loads(one.stdout)["run_dir"])
     files = {p.name: p.read_bytes() for p in sorted(run_dir.iterdir())}
     per = __import__("pipeline.engine.jit", fromlist=["x"]).state_bytes
-    from pipeline.fleet import load_fleet, resolve
+    from pipeline.replay.fleet import load_fleet, resolve
 
     resolved = resolve(load_fleet(fleet), str(fleet))
     one_replica = per(FleetSpec(replicas=1, scheduler=resolved.scheduler))
@@ -615,7 +616,7 @@ def test_sessions_hashed_to_pods_with_least_outstanding_inside() -> None:
 
 
 def test_router_pod_balancer_in_fleet_toml(tmp_path: Path) -> None:
-    from pipeline.fleet import load_fleet
+    from pipeline.replay.fleet import load_fleet
 
     default = (Path(__file__).resolve().parents[1] / "fleets" / "default.toml").read_text()
     lo = 'router = "least_outstanding"'

@@ -8,14 +8,14 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from pipeline.errors import RooftraceError
-from pipeline.store import ColumnReader, Store, open_store
+from pipeline.common.errors import RooftraceError
+from pipeline.ingest.store import ColumnReader, Store, open_store
 
 
 def test_lock_is_reentrant_in_process_and_exclusive_across_processes(tmp_path: Path) -> None:
     store = Store(tmp_path / "s")
     code = (
-        "import sys; from pathlib import Path; from pipeline.store import Store\n"
+        "import sys; from pathlib import Path; from pipeline.ingest.store import Store\n"
         "try:\n"
         f"    with Store(Path({str(store.root)!r})).lock(): pass\n"
         "except Exception as e:\n"
@@ -54,8 +54,8 @@ def test_some_columns_of_a_date_read_as_the_whole_date_is(tmp_path: Path) -> Non
     import polars as pl
     from polars.testing import assert_frame_equal
 
+    from pipeline.common.schemas import write_parquet
     from pipeline.ingest import ingest_logs
-    from pipeline.schemas import write_parquet
     from pipeline.synth import SynthConfig, generate, write_logs
 
     store = Store(tmp_path / "store")
@@ -115,7 +115,7 @@ def test_arrival_order_is_a_sort_by_arrival_then_request_id(rows: list[tuple[int
     import numpy as np
     import polars as pl
 
-    from pipeline.store import arrival_order
+    from pipeline.ingest.store import arrival_order
 
     frame = pl.DataFrame({"arrival": [a for a, _ in rows], "request_id": [i for _, i in rows]},
                          schema={"arrival": pl.Int64, "request_id": pl.String})  # fmt: skip
@@ -141,7 +141,7 @@ def test_ids_of_tied_rows_are_read_by_row_group_and_nulls_refused(tmp_path: Path
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    from pipeline.store import _ids_at
+    from pipeline.ingest.store import _ids_at
 
     files = [tmp_path / "a.parquet", tmp_path / "b.parquet"]
     pq.write_table(pa.table({"request_id": [f"a{i}" for i in range(10)]}), files[0], row_group_size=3)

@@ -15,11 +15,11 @@ from cli_checks import cli as _cli
 from click.testing import Result
 
 import pipeline.ingest.core as core
-import pipeline.store as store_mod
-from pipeline.errors import RooftraceError
+import pipeline.ingest.store as store_mod
+from pipeline.common.errors import RooftraceError
+from pipeline.common.schemas import read_parquet, write_parquet
 from pipeline.ingest import IngestSummary, ingest_logs
-from pipeline.schemas import read_parquet, write_parquet
-from pipeline.store import Store
+from pipeline.ingest.store import Store
 from pipeline.synth import SynthConfig, generate, write_logs
 
 DAY = "2025-01-15"

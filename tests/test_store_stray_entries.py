@@ -16,11 +16,11 @@ import pyarrow.parquet as pq
 import pytest
 from cli_checks import cli as _cli
 
-import pipeline.store as store_mod
-from pipeline.errors import RooftraceError
+import pipeline.ingest.store as store_mod
+from pipeline.common.errors import RooftraceError
+from pipeline.common.schemas import read_parquet
 from pipeline.ingest import IngestSummary, ingest_logs
-from pipeline.schemas import read_parquet
-from pipeline.store import Store
+from pipeline.ingest.store import Store
 from pipeline.synth import SynthConfig, generate, write_logs
 
 DAY, NEXT = "2025-01-15", "2025-01-16"

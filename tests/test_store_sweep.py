@@ -1,5 +1,5 @@
 """Recovery sweeps the temporary files a killed writer leaves in every folder a stage writes
-into (pipeline/store.py, ``Store.stage_temp_files``): a replay killed with -9 left
+into (pipeline/ingest/store.py, ``Store.stage_temp_files``): a replay killed with -9 left
 ``.requests.parquet.*.tmp`` / ``.steps.parquet.*.tmp`` in runs/<id>/ through a complete re-run,
 classify and sql, while docs/limits.md said leftovers are removed."""
 
@@ -11,7 +11,7 @@ import os
 import time
 from pathlib import Path
 
-from pipeline.store import RUN_TEMP_IDLE_S, Store, open_store
+from pipeline.ingest.store import RUN_TEMP_IDLE_S, Store, open_store
 
 
 def _file(path: Path, age_s: float = 0.0) -> Path:

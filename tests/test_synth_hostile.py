@@ -14,7 +14,7 @@ import pytest
 from click.testing import CliRunner, Result
 
 from pipeline.cli import main
-from pipeline.errors import ConfigError
+from pipeline.common.errors import ConfigError
 from tests.test_fuzz_cli import SPLITWISE_ROW
 
 

@@ -23,14 +23,15 @@ import pytest
 import zstandard
 from conftest import own_copy
 
-from pipeline import limits, system
-from pipeline.errors import RooftraceError
+from pipeline.common import system
+from pipeline.common.budget import ResourceLimitError, override, progress_to
+from pipeline.common.errors import RooftraceError
 from pipeline.ingest import ingest_logs
-from pipeline.limits import ResourceLimitError, override, progress_to
+from pipeline.ingest.store import Store
 from pipeline.plan import Candidate, CandidateResult, Evaluation, PlanOptions, plan
 from pipeline.plan import search as plan_search
 from pipeline.plan import stage as plan_stage
-from pipeline.store import Store
+from pipeline.replay import limits
 from pipeline.synth import SynthConfig, check_memory, estimate_bytes, generate, name_warning, write_logs
 from pipeline.synth import writers as synth_writers
 from tests.cli_checks import invoke, one_error_line
@@ -197,8 +198,6 @@ def store(tmp_path_factory: pytest.TempPathFactory) -> Store:
     s = Store(tmp_path_factory.mktemp("synth-plan-memory") / "store")
     ingest_logs([AZURE], s, date="2023-11-16")
     return s
-
-
 
 
 def _plan_args(store: Store, *extra: str) -> list[str]:
@@ -384,7 +383,7 @@ def _failed(reasons: dict[str, int]) -> CandidateResult:
 
 
 def test_no_fit_advice() -> None:
-    from pipeline.fleet import parse_fleet
+    from pipeline.replay.fleet import parse_fleet
 
     base = parse_fleet({"name": "b", "model": "llama-3.1-8b", "hardware": "h100-sxm"}, "defaults")
     kv_only = plan_stage.no_fit_advice([_failed({"exceeds_kv_capacity": 3})], base, "defaults", "llama-3.1-8b")
@@ -454,7 +453,7 @@ def _store_copy(replayed_store: tuple[Any, str], dest: Path) -> Path:
 
 
 def test_charts_blocked_by_an_address_space_limit(monkeypatch: pytest.MonkeyPatch) -> None:
-    from pipeline import report
+    from pipeline.publish import report
 
     # the real reading first: the soft limit, or None when there is none
     soft, _hard = resource.getrlimit(resource.RLIMIT_AS)
@@ -472,8 +471,8 @@ def test_charts_blocked_by_an_address_space_limit(monkeypatch: pytest.MonkeyPatc
 def test_report_under_an_address_space_limit_leaves_the_charts_out(
     replayed_store: tuple[Any, str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from pipeline import report
-    from pipeline.nightly import build_index
+    from pipeline.publish import report
+    from pipeline.publish.nightly import build_index
 
     root = _store_copy(replayed_store, tmp_path / "store")
     monkeypatch.setattr(system, "address_space_limit", lambda: 20_000_000 * 1024)

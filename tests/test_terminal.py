@@ -1,6 +1,6 @@
 """Every value from a log printed to a terminal goes through one escaping function
-(pipeline/terminal.py): the CLI's warning, error and progress lines (pipeline/cli/common.py),
-replay's MODEL MIX warning and nightly's warnings and one-line summary (pipeline/nightly.py)."""
+(pipeline/common/terminal.py): the CLI's warning, error and progress lines (pipeline/cli/common.py),
+replay's MODEL MIX warning and nightly's warnings and one-line summary (pipeline/publish/nightly.py)."""
 
 from __future__ import annotations
 
@@ -11,9 +11,9 @@ import pytest
 from cli_checks import cli
 
 from pipeline.cli.common import error_boundary, progress, warn
-from pipeline.errors import RooftraceError
-from pipeline.nightly import NightlyResult, night_warnings
-from pipeline.terminal import escape_controls, escape_lines
+from pipeline.common.errors import RooftraceError
+from pipeline.common.terminal import escape_controls, escape_lines
+from pipeline.publish.nightly import NightlyResult, night_warnings
 
 #: A model name as a hostile log writes it: a title-setting OSC sequence, a right-to-left
 #: override and the ';' nightly's summary used to cut warnings at.
@@ -49,7 +49,7 @@ def test_warn_progress_and_errors_are_escaped(capsys: pytest.CaptureFixture[str]
 
 
 def _mix(model: str) -> str:
-    """The MODEL MIX warning as pipeline.replay.model_mix_warning words it."""
+    """The MODEL MIX warning as pipeline.replay.run.model_mix_warning words it."""
     return (
         f"MODEL MIX: 120 of 400 requests (30 %) were logged for other models ({model}: 120) and are replayed "
         "as llama-3.1-8b; a fleet per model sizes each (rooftrace plan --traffic-model)"
@@ -97,7 +97,7 @@ def test_nightly_cli_prints_warnings_and_summary_escaped(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The nightly command's warning lines and its one-line summary go through the escaping."""
-    from pipeline import nightly as nightly_module
+    from pipeline.publish import nightly as nightly_module
 
     night = _night([_mix(EVIL_MODEL)], tmp_path)
     monkeypatch.setattr(nightly_module, "nightly", lambda *a, **k: night)
@@ -117,7 +117,7 @@ def test_replay_model_mix_warning_is_escaped(tmp_path: Path) -> None:
     warning, and a right-to-left override reordered the line."""
     from pipeline.classify.accounting import classify_tokens
     from pipeline.ingest import ingest_logs
-    from pipeline.store import Store
+    from pipeline.ingest.store import Store
     from pipeline.synth import SynthConfig, generate, write_logs
 
     frame = generate(SynthConfig(requests=200, seed=3, duration_s=600, tenants=1, models=("llama-3.1-8b", "TEAMX")))

@@ -1,4 +1,4 @@
-"""The keys and value types of the TOML files users write, declared once (pipeline/tomlschema.py):
+"""The keys and value types of the TOML files users write, declared once (pipeline/common/tomlschema.py):
 every table refuses an unknown key and a value of the wrong type in one line naming the file, the
 table and the key; a bool is never an integer; the JSON Schemas editors read are the same
 declarations and accept every file the project ships; random fleets get the verdict the
@@ -21,16 +21,16 @@ from click.testing import CliRunner
 from hypothesis import given
 from hypothesis import strategies as st
 
-from pipeline import tomlschema
 from pipeline.catalog.entries import _HF_KEYS, CATALOG_DIR, parse_hardware, parse_model
 from pipeline.cli import main
 from pipeline.cli.catalog import SCHEMA_KINDS
-from pipeline.cost import PRICES_DIR, parse_price_table
-from pipeline.errors import ConfigError
-from pipeline.fleet import Calibration, EngineSettings, parse_fleet
+from pipeline.common import tomlschema
+from pipeline.common.errors import ConfigError
+from pipeline.costmodel.stackcal import PARAMETERS, TEXT_KEYS, parse_calibration
+from pipeline.economics.cost import PRICES_DIR, parse_price_table
 from pipeline.ingest.mapping import _TOP_KEYS, FIELD_TO_CANDIDATE, load_mapping
-from pipeline.project import find_project
-from pipeline.stackcal import PARAMETERS, TEXT_KEYS, parse_calibration
+from pipeline.ingest.project import find_project
+from pipeline.replay.fleet import Calibration, EngineSettings, parse_fleet
 
 ROOT = Path(__file__).resolve().parents[1]
 #: The shipped fleets of one pool; fleets/pools.toml is a fleet of pools (its own editor schema).
@@ -381,7 +381,7 @@ def test_help_does_not_import_the_schema_library() -> None:
 
 # -- the old checker's verdicts -----------------------------------------------------------------------
 
-# FLEET.toml's key and type checking as pipeline/fleet.py wrote it by hand before the schema
+# FLEET.toml's key and type checking as pipeline/replay/fleet.py wrote it by hand before the schema
 # (_TOP_TYPES, _ENGINE_TYPES, _CALIBRATION_TYPES, _check): random tables must get the same verdict.
 _OLD_TOP: dict[str, tuple[type, ...]] = {
     "name": (str,), "model": (str,), "hardware": (str,), "replicas": (int,), "tp": (int,), "pp": (int,),
@@ -415,7 +415,7 @@ def _old_check(table: dict[str, Any], types: dict[str, tuple[type, ...]]) -> str
 
 def _old_verdict(data: dict[str, Any]) -> str | None:
     """None where the old code accepted the keys and types of a fleet (a run's recorded one: its
-    stack_calibration was checked by pipeline/stackcal.py, by hand too)."""
+    stack_calibration was checked by pipeline/costmodel/stackcal.py, by hand too)."""
     problem = _old_check(data, _OLD_TOP)
     if problem is None and {"name", "model", "hardware"} - set(data):
         problem = "missing"

@@ -16,13 +16,8 @@ import pytest
 from click.testing import CliRunner
 from conftest import SHARED as SHARED_DATA
 
-from pipeline.calibrate import calibrate
-from pipeline.catalog import load_hardware, load_hardware_file, parse_hardware
-from pipeline.cli import main
-from pipeline.errors import RooftraceError
-from pipeline.roofline import ELEMENTWISE_KERNEL_SCALE
-from pipeline.schemas import read_parquet
-from pipeline.validate import (
+from pipeline.calibrate.measurements import calibrate
+from pipeline.calibrate.validate import (
     GEMM_OPS,
     TARGET_MEDIAN_ABS_ERROR,
     VIDUR_OPS,
@@ -33,6 +28,11 @@ from pipeline.validate import (
     run_validation,
     weight_streaming_efficiency,
 )
+from pipeline.catalog import load_hardware, load_hardware_file, parse_hardware
+from pipeline.cli import main
+from pipeline.common.errors import RooftraceError
+from pipeline.common.schemas import read_parquet
+from pipeline.costmodel.roofline import ELEMENTWISE_KERNEL_SCALE
 
 SHARED = SHARED_DATA / "measurements"
 ELEMENTWISE_OPS = frozenset(VIDUR_OPS) - GEMM_OPS
@@ -182,7 +182,7 @@ def test_calibrate_writes_a_loadable_toml(tmp_path: Path) -> None:
 def test_user_table_in_splitwise_format(tmp_path: Path) -> None:
     """A user's own perf table: predictions match a hand-made 'measurement' made by the model itself."""
     from pipeline.catalog import load_model
-    from pipeline.roofline import Deployment, decode_batch, prefill_batch
+    from pipeline.costmodel.roofline import Deployment, decode_batch, prefill_batch
 
     dep = Deployment(load_model("llama-3.1-8b"), load_hardware("l40s"), weight_dtype="fp16", kv_dtype="fp16")
     prompts = np.array([128, 256, 512, 1024, 2048, 4096], dtype=float)
@@ -247,7 +247,7 @@ def test_a_row_polars_cannot_read_is_left_out_not_the_whole_table(tmp_path: Path
     fields than defined in 'Schema'", no line); such rows are left out and said, with the first
     one's line, and the rest is validated as before."""
     from pipeline.catalog import load_model
-    from pipeline.roofline import Deployment, decode_batch, prefill_batch
+    from pipeline.costmodel.roofline import Deployment, decode_batch, prefill_batch
 
     dep = Deployment(load_model("llama-3.1-8b"), load_hardware("l40s"), weight_dtype="fp16", kv_dtype="fp16")
     prompts = np.array([128, 256, 512, 1024, 2048, 4096], dtype=float)
@@ -283,7 +283,7 @@ def test_a_named_pipe_among_measurements_is_named(tmp_path: Path) -> None:
 def _user_table(tmp_path: Path, scale: float, prompts: list[int], name: str = "perf_model.csv") -> Path:
     """A Splitwise-format table made by the roofline itself, times multiplied by ``scale``."""
     from pipeline.catalog import load_model
-    from pipeline.roofline import Deployment, decode_batch, prefill_batch
+    from pipeline.costmodel.roofline import Deployment, decode_batch, prefill_batch
 
     dep = Deployment(load_model("llama-3.1-8b"), load_hardware("l40s"), weight_dtype="fp16", kv_dtype="fp16")
     p = np.array(prompts, dtype=float)

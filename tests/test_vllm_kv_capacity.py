@@ -1,4 +1,4 @@
-"""KV-cache capacity as vLLM computes it (pipeline.fit.fit), checked against public reports.
+"""KV-cache capacity as vLLM computes it (pipeline.costmodel.fit.fit), checked against public reports.
 
 The reports (vLLM start-up logs: GPU, model, TP, gpu_memory_utilization, settings, version, URL,
 quoted log lines) are rows of tests/data/vllm_kv_reports.toml; every row has one case below, by
@@ -7,7 +7,7 @@ its position in that file, and the case id carries the row's URL. A case is
 - ``judged``: ``fit`` must land within ±5 % of the logged KV tokens (or the logged "Available KV
   cache memory" in GiB where no token count is logged). No constant of the model was read off
   these rows.
-- ``fitted``: the row set a constant of pipeline.fit (named in the case), so it is not
+- ``fitted``: the row set a constant of pipeline.costmodel.fit (named in the case), so it is not
   judged; it is asserted separately, as a consistency check only.
 - ``assumed``: a setting the page does not show is assumed (named in the case); asserted
   separately, not counted as judged.
@@ -16,7 +16,7 @@ its position in that file, and the case id carries the row's URL. A case is
 - ``excluded``: cannot be matched for a stated reason (old engine, setting not shown, hardware or
   format not in the catalog); not asserted.
 
-Settings the page does not show take vLLM's defaults for that GPU (pipeline.fleet.
+Settings the page does not show take vLLM's defaults for that GPU (pipeline.replay.fleet.
 vllm_batch_defaults: 8192 tokens / 1024 seqs on an H100, else 2048 / 256; block size 16).
 The table of predictions and errors is in docs/catalog.md ("Memory fit").
 """
@@ -32,8 +32,8 @@ from typing import Any
 import pytest
 
 from pipeline.catalog import load_hardware, load_model
-from pipeline.errors import ConfigError
-from pipeline.fit import (
+from pipeline.common.errors import ConfigError
+from pipeline.costmodel.fit import (
     CUDA_GRAPH_ESTIMATE_BYTES,
     NON_TORCH_BYTES,
     NON_TORCH_MULTI_GPU_BYTES,
@@ -46,14 +46,14 @@ from pipeline.fit import (
     sampler_bytes_per_logit,
     weights_bytes_per_gpu,
 )
-from pipeline.fleet import vllm_batch_defaults
-from pipeline.roofline import Deployment
+from pipeline.costmodel.roofline import Deployment
+from pipeline.replay.fleet import vllm_batch_defaults
 
 REPORTS_PATH = Path(__file__).resolve().parent / "data" / "vllm_kv_reports.toml"
 TOLERANCE = 0.05
 #: Stand-in version for the llm-d-benchmark runs, which log none ("vllm/vllm-openai:latest").
 #: Their gpt-oss-20b/120b runs in the same document (not rows here) show the sort-based sampler
-#: (7.38 GiB peak = 38 B per logit element, pipeline.fit.SAMPLER_SORT_BYTES_PER_LOGIT), which
+#: (7.38 GiB peak = 38 B per logit element, pipeline.costmodel.fit.SAMPLER_SORT_BYTES_PER_LOGIT), which
 #: vLLM used from 0.11.1 until the Triton sampler (0.18); any version in that span gives the same fit.
 LLMD_VERSION = "0.11.1"
 
@@ -204,7 +204,7 @@ CASES: tuple[Case, ...] = (
         "H100 NVLink non-torch constant, -19.0 % with the PCIe increment: the rest of the reserve (activation "
         "at the defaults, CUDA graphs) is large against a 40 GiB budget and not separated by the log",
     ),
-    Case(37, "excluded", note="pipeline parallelism (pp=2) is not modelled by pipeline.fit"),
+    Case(37, "excluded", note="pipeline parallelism (pp=2) is not modelled by pipeline.costmodel.fit"),
 )
 
 

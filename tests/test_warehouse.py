@@ -12,11 +12,11 @@ import pytest
 from click.testing import CliRunner
 
 from pipeline.cli import main
-from pipeline.errors import RooftraceError
-from pipeline.slo import percentile
-from pipeline.store import Store
-from pipeline.tables import table_to_json
-from pipeline.warehouse import build_warehouse, list_queries, run_query, run_sql
+from pipeline.common.errors import RooftraceError
+from pipeline.common.tables import table_to_json
+from pipeline.ingest.store import Store
+from pipeline.publish.warehouse import build_warehouse, list_queries, run_query, run_sql
+from pipeline.replay.slo import percentile
 from tests.conftest import copy_replayed
 
 PCTS = {"p50": 50, "p90": 90, "p95": 95, "p99": 99, "p99_9": 99.9}
@@ -42,7 +42,7 @@ def test_latency_percentiles_match_numpy(run: tuple[Store, str, Path]) -> None:
         v = v[np.isfinite(v)]
         assert rows[metric]["samples"] == len(v) > 100
         for col, p in PCTS.items():
-            # one percentile definition: the SQL (quantile_disc) and pipeline.slo.percentile agree exactly
+            # one percentile definition: the SQL (quantile_disc) and pipeline.replay.slo.percentile agree exactly
             assert rows[metric][col] == percentile(v, p) == np.percentile(v, p, method="inverted_cdf"), (metric, col)
         assert rows[metric]["mean"] == pytest.approx(v.mean(), rel=1e-9)
 
@@ -159,7 +159,7 @@ def test_latency_by_tenant_matches_numpy(run: tuple[Store, str, Path]) -> None:
 def test_predicted_vs_observed_matches_numpy_and_the_report(run: tuple[Store, str, Path]) -> None:
     """The logs' own latencies (the synthetic OpenAI pairs carry ttft_s and e2e_s) against the
     replay's, per hour and for the day: numpy over the two tables, and the report's numbers."""
-    from pipeline.report import compare_observed
+    from pipeline.publish.report import compare_observed
 
     store, run_id, d = run
     rows = q(store, "predicted_vs_observed", run_id=run_id)
@@ -237,9 +237,9 @@ def test_the_warehouse_follows_the_store(tmp_path: Path, monkeypatch: pytest.Mon
     not rewritten; a store the reader cannot write gets a private warehouse and stays as it was."""
     import shutil
 
-    from pipeline import warehouse
     from pipeline.ingest import ingest_logs
-    from pipeline.replay import ReplayOptions, replay
+    from pipeline.publish import warehouse
+    from pipeline.replay.run import ReplayOptions, replay
     from pipeline.synth import SynthConfig, generate, write_logs
 
     store = Store(tmp_path / "store")
@@ -283,7 +283,7 @@ def test_the_latest_plan_is_the_newest_written_not_the_greatest_id(tmp_path: Pat
     the plan (and cost subject) written last, of the date and model asked."""
     import os
 
-    from pipeline.warehouse import latest_cost_subject, latest_plan
+    from pipeline.publish.warehouse import latest_cost_subject, latest_plan
 
     store = Store(tmp_path / "s")
     made = {
@@ -363,7 +363,7 @@ def test_sql_out_dash_is_stdout(hostile_tenant_store: Store, tmp_path: Path, mon
 
 
 def test_sql_table_output_is_capped_with_a_note(hostile_tenant_store: Store, tmp_path: Path) -> None:
-    from pipeline.warehouse import TABLE_MAX_ROWS
+    from pipeline.publish.warehouse import TABLE_MAX_ROWS
 
     store = hostile_tenant_store
     n = TABLE_MAX_ROWS + 500

@@ -13,9 +13,9 @@ import pytest
 from cli_checks import cli
 from click.testing import Result
 
-from pipeline.errors import RooftraceError
-from pipeline.store import Store
-from pipeline.warehouse import build_warehouse, latest_run, run_sql
+from pipeline.common.errors import RooftraceError
+from pipeline.ingest.store import Store
+from pipeline.publish.warehouse import build_warehouse, latest_run, run_sql
 
 COPY = "copy"
 
@@ -84,7 +84,7 @@ def _part(store: Store) -> Path:
 
 @pytest.mark.parametrize("damage", ["truncated part", "empty part", "truncated manifest"])
 def test_damaged_store_file_is_one_error(two_runs: tuple[Store, str, str], damage: str) -> None:
-    from pipeline.nightly import StageError, _stage
+    from pipeline.publish.nightly import StageError, _stage
 
     store, _, _ = two_runs
     if damage == "truncated manifest":
@@ -183,7 +183,7 @@ def test_ctrl_c_stops_a_query_that_never_ends(two_runs: tuple[Store, str, str]) 
 
 
 def test_what_if_shows_no_rate_scale_a_closed_loop_or_offline_batch_ignored() -> None:
-    from pipeline.report import options_text, what_if_options
+    from pipeline.publish.report import options_text, what_if_options
 
     def opts(**o: object) -> dict[str, object]:
         return what_if_options({"options": o})

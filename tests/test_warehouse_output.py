@@ -1,5 +1,5 @@
 """What ``rooftrace sql`` and ``rooftrace query`` tell a person besides the rows
-(pipeline/warehouse.py): a hint when a view they read is empty because classify or replay has
+(pipeline/publish/warehouse.py): a hint when a view they read is empty because classify or replay has
 not run, a table fitted to the terminal's width, errors as one ``error:`` line, and a named query
 over classify's tables that says on its first line when the day's classify predates its requests."""
 
@@ -12,8 +12,8 @@ import pyarrow as pa
 import pytest
 from cli_checks import cli, one_error
 
-from pipeline.store import Store
-from pipeline.warehouse import MIN_COLUMN_WIDTH, empty_view_hints, terminal_table
+from pipeline.ingest.store import Store
+from pipeline.publish.warehouse import MIN_COLUMN_WIDTH, empty_view_hints, terminal_table
 
 DAY = "2025-01-15"
 
@@ -122,7 +122,7 @@ def test_terminal_table_too_many_columns_prints_one_block_per_row() -> None:
 
 
 def test_tables_show_latencies_in_ms_and_files_keep_seconds() -> None:
-    from pipeline.warehouse import latencies_in_ms
+    from pipeline.publish.warehouse import latencies_in_ms
 
     table = pa.table(
         {

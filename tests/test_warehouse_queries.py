@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 from cli_checks import cli, one_error, rows
 
-from pipeline.store import Store
+from pipeline.ingest.store import Store
 
 
 def copy_store(src: Store, root: Path, run_id: str) -> Store:
@@ -69,9 +69,7 @@ def _answers(store: Store) -> dict[str, str]:
 
 
 @pytest.mark.parametrize("above", ["date=2020-01-01", "model=evil", "x=1"])
-def test_a_hive_folder_above_the_store_changes_nothing(
-    two_days: tuple[Store, str], tmp_path: Path, above: str
-) -> None:
+def test_a_hive_folder_above_the_store_changes_nothing(two_days: tuple[Store, str], tmp_path: Path, above: str) -> None:
     src, run_id = two_days
     plain = copy_store(src, tmp_path / "plain" / "st", run_id)
     hidden = copy_store(src, tmp_path / above / "st", run_id)
@@ -212,7 +210,7 @@ def _two_batches(fmt: str) -> list[list[str]]:
 
     import pyarrow as pa
 
-    from pipeline.warehouse import write_result
+    from pipeline.publish.warehouse import write_result
 
     schema = pa.schema([("t", pa.timestamp("us")), ("d", pa.date32())])
     near_t = dt.datetime(2025, 1, 15, 1, 2, 3, 400000)

@@ -18,9 +18,9 @@ import pytest
 from click.testing import CliRunner, Result
 
 from pipeline.cli import main
-from pipeline.errors import RooftraceError
-from pipeline.store import Store
-from pipeline.warehouse import Session, build_warehouse, connect, run_query, run_sql
+from pipeline.common.errors import RooftraceError
+from pipeline.ingest.store import Store
+from pipeline.publish.warehouse import Session, build_warehouse, connect, run_query, run_sql
 from tests.conftest import copy_replayed
 
 SECRET = "s3cr3t-outside-the-store"
@@ -234,7 +234,7 @@ def test_query_name_is_not_a_path(wh: tuple[Store, str], tmp_path: Path, unchang
     store, _ = wh
     evil = tmp_path / "evil.sql"
     evil.write_text(f"-- evil\nSELECT * FROM read_text('{tmp_path}/evil.sql')\n")
-    from pipeline.warehouse import QUERY_DIR
+    from pipeline.publish.warehouse import QUERY_DIR
 
     rel = Path("..", "..", "..", "..", "..", "..", "..", "..", *tmp_path.resolve().parts[1:], "evil")
     assert (QUERY_DIR / f"{rel}.sql").resolve() == evil.resolve()

@@ -20,9 +20,9 @@ import pyarrow.parquet as pq
 import pytest
 from cli_checks import cli, one_error, rows
 
-from pipeline.errors import RooftraceError
-from pipeline.store import Store
-from pipeline.warehouse import Session, build_warehouse, write_result
+from pipeline.common.errors import RooftraceError
+from pipeline.ingest.store import Store
+from pipeline.publish.warehouse import Session, build_warehouse, write_result
 
 COPY = "copy"
 
@@ -68,7 +68,7 @@ def test_a_foreign_file_in_a_date_folder_is_not_counted(store: tuple[Store, str]
 
 
 def test_the_requests_view_lists_the_stores_files(store: tuple[Store, str]) -> None:
-    from pipeline.warehouse import VIEWS, _scan, _view_sql
+    from pipeline.publish.warehouse import VIEWS, _scan, _view_sql
 
     st, _ = store
     spec = next(v for v in VIEWS if v.name == "requests")

@@ -28,14 +28,14 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Any, TypeVar
 
-from pipeline.errors import ConfigError, RooftraceError
-from pipeline.schemas import atomic_write_bytes, os_write_reason
-from pipeline.tomlfile import read_config_bytes, read_toml
+from pipeline.common.errors import ConfigError, RooftraceError
+from pipeline.common.schemas import atomic_write_bytes, os_write_reason
+from pipeline.common.tomlfile import read_config_bytes, read_toml
 
 CATALOG_DIR = Path(__file__).resolve().parent
 
 #: What a catalog name (an entry's file stem) may be: 1-64 letters, digits, '.', '_' or '-', not
-#: starting with '.' (the rule of fleet names, pipeline/fleet.py): one path component, so a name
+#: starting with '.' (the rule of fleet names, pipeline/replay/fleet.py): one path component, so a name
 #: never reaches outside the catalog's folders.
 CATALOG_NAME_RE = re.compile(r"[A-Za-z0-9_-][A-Za-z0-9._-]{0,63}")
 CATALOG_NAME_RULE = "1-64 letters, digits, '.', '_' or '-', not starting with '.'"
@@ -54,10 +54,10 @@ def models_dir() -> Path:
 
 
 def _check_keys(table: Mapping[str, Any], schema: str, where: str) -> None:
-    """The keys and value types of an entry, as ``schema`` (a model in pipeline/tomlschema.py)
+    """The keys and value types of an entry, as ``schema`` (a model in pipeline/common/tomlschema.py)
     declares them; one line naming ``where``, the table and the key. The checks of values
     (ranges, names, dates) follow in the parsers."""
-    from pipeline import tomlschema  # lazy: pydantic, loaded only when a file is read
+    from pipeline.common import tomlschema  # lazy: pydantic, loaded only when a file is read
 
     tomlschema.check(table, getattr(tomlschema, schema), where)
 
@@ -211,23 +211,23 @@ class HardwareSpec:
     sources: Mapping[str, str] = field(hash=False)
     path: str = field(default="", compare=False)
     #: Device memory as CUDA reports it (what vLLM's gpu_memory_utilization multiplies), where a
-    #: log of this GPU showed it; 0 = unknown (pipeline.fit then takes a fraction of memory_bytes).
+    #: log of this GPU showed it; 0 = unknown (pipeline.costmodel.fit then takes a fraction of memory_bytes).
     cuda_memory_bytes: float = 0.0
     #: The GPU's die (``GH100``, ``GA100``, ...): GPUs on one die run the same kernels, so a
-    #: profiled one's measured tables, scaled, price an unprofiled one (pipeline/profile/prior.py,
+    #: profiled one's measured tables, scaled, price an unprofiled one (pipeline/costmodel/profile/prior.py,
     #: die_donor). "" = not stated (no donor).
     die: str = ""
     #: Whether the GPUs of one node reach each other's memory directly (PCIe or the link's
     #: peer-to-peer). False (GeForce RTX 40-series: NVIDIA disabled P2P on these boards): vLLM
-    #: cannot use its custom all-reduce and falls back to NCCL (pipeline/profile/cost.py), and no
+    #: cannot use its custom all-reduce and falls back to NCCL (pipeline/costmodel/profile/cost.py), and no
     #: other GPU lends its measured collectives to it or borrows this one's (profile/prior.py).
     peer_to_peer: bool = True
     #: Memory this GPU model holds beyond the data-centre constants of the memory fit, per GPU
-    #: (pipeline/fit.py, non_torch_bytes_per_gpu); 0 for the data-centre GPUs those constants
+    #: (pipeline/costmodel/fit.py, non_torch_bytes_per_gpu); 0 for the data-centre GPUs those constants
     #: come from.
     extra_reserved_bytes: float = 0.0
     #: Whether ``cost_model = "auto"`` prices this GPU with the size-aware roofline prior when
-    #: the catalog has no measured profile of it (pipeline/profile/cost.py, step_cost_for). The
+    #: the catalog has no measured profile of it (pipeline/costmodel/profile/cost.py, step_cost_for). The
     #: prior is fitted on vLLM's CUDA kernels measured on NVIDIA GPUs; a GPU running other
     #: kernels sets false and keeps the plain roofline unless the fleet asks for the prior.
     prior_applies: bool = True

@@ -193,7 +193,7 @@ def resolve_model_name(
     """The catalog model ``logged`` names (see the module doc for the rules), with why.
 
     ``catalog`` defaults to the bundled catalog; ``aliases`` are the project's ``[models]`` table
-    (``pipeline.project.find_project().models``), none when not given."""
+    (``pipeline.ingest.project.find_project().models``), none when not given."""
     entries = tuple(catalog) if catalog is not None else catalog_names()
     table = aliases if aliases is not None else {}
     text = logged.strip()

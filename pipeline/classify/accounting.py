@@ -34,12 +34,12 @@ import pyarrow.parquet as pq
 from pipeline.catalog import load_model
 from pipeline.catalog.names import canonical_model_names
 from pipeline.classify import prefix
-from pipeline.errors import ConfigError, RooftraceError
-from pipeline.fit import kv_bytes_per_token
-from pipeline.limits import check_classify_memory
-from pipeline.project import find_project
-from pipeline.schemas import atomic_write_bytes, load_schema, read_parquet, write_parquet
-from pipeline.store import Store
+from pipeline.classify.memory import check_classify_memory
+from pipeline.common.errors import ConfigError, RooftraceError
+from pipeline.common.schemas import atomic_write_bytes, load_schema, read_parquet, write_parquet
+from pipeline.costmodel.fit import kv_bytes_per_token
+from pipeline.ingest.project import find_project
+from pipeline.ingest.store import Store
 
 #: Points of the capacity grid per doubling of the cache size.
 CURVE_POINTS_PER_DOUBLING = 4

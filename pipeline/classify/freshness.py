@@ -17,7 +17,7 @@ from pathlib import Path
 import pyarrow as pa
 
 from pipeline.classify.accounting import accounting_paths, classify_totals
-from pipeline.store import Store
+from pipeline.ingest.store import Store
 
 
 @dataclass(frozen=True)

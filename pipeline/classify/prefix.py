@@ -47,12 +47,12 @@ import numpy.typing as npt
 import polars as pl
 import pyarrow as pa
 
-from pipeline.blockhash import block_hash as _block_hash
-from pipeline.blockhash import compiled_hash, mix64
-from pipeline.blockhash import mix as _mix
 from pipeline.catalog.names import canonical_model_names
-from pipeline.errors import RooftraceError
-from pipeline.project import find_project
+from pipeline.common.blockhash import block_hash as _block_hash
+from pipeline.common.blockhash import compiled_hash, mix64
+from pipeline.common.blockhash import mix as _mix
+from pipeline.common.errors import RooftraceError
+from pipeline.ingest.project import find_project
 
 U64Array = npt.NDArray[np.uint64]
 I64Array = npt.NDArray[np.int64]

@@ -1,6 +1,6 @@
 """The command line: a thin Click layer, one module per command (``pipeline/cli/<command>.py``).
 
-Each command module imports only click, :mod:`pipeline.cli.common` and :mod:`pipeline.defaults` at
+Each command module imports only click, :mod:`pipeline.cli.common` and :mod:`pipeline.common.defaults` at
 module level and its stage inside the command's body, so ``rooftrace --help`` and every command's
 ``--help`` answer without importing numpy, polars, duckdb, numba or altair; ``main`` imports a
 command's module only when that command is named (or listed by ``--help``).

@@ -1,4 +1,5 @@
-"""``rooftrace calibrate``: measured GPU profiles from operator tables, or fitted factors (pipeline/calibrate.py)."""
+"""``rooftrace calibrate``: measured GPU profiles from operator tables, or fitted factors
+(pipeline/calibrate/measurements.py)."""
 
 from __future__ import annotations
 
@@ -17,7 +18,7 @@ from pipeline.cli.common import (
     run,
     store_option,
 )
-from pipeline.errors import RooftraceError
+from pipeline.common.errors import RooftraceError
 
 
 @click.command("calibrate")
@@ -112,13 +113,13 @@ def calibrate_cmd(
 
     def body() -> None:
         from pipeline.cli.validate import refuse_empty
-        from pipeline.profile.heldout import has_profile_sets
+        from pipeline.costmodel.profile.heldout import has_profile_sets
 
         # an empty path is no path: it would read the current folder, or write the catalog's profiles
         refuse_empty("--measurements", source_path, "path/to/measurements")
         refuse_empty("--out", out, "/tmp/profiles")
         check_out_of_store(default_store(), out, "--out")  # (not over the files of the store commands use)
-        from pipeline.validate import refuse_part_of_a_set
+        from pipeline.calibrate.validate import refuse_part_of_a_set
 
         source = Path(source_path)
         if not source.exists():
@@ -132,7 +133,7 @@ def calibrate_cmd(
             raise RooftraceError(
                 f"{source}: {what} Vidur or Splitwise table needs --hardware (the GPU whose factors to fit)"
             )
-        from pipeline.calibrate import calibrate, check_entry_out, format_share, write_calibrated
+        from pipeline.calibrate.measurements import calibrate, check_entry_out, format_share, write_calibrated
 
         target = Path(out) if out is not None else Path(f"{hardware}-calibrated.toml")
         check_entry_out(target)
@@ -184,9 +185,9 @@ def _calibrate_observed(
     store_path: str | None,
     as_json: bool,
 ) -> None:
+    from pipeline.calibrate.observed_fit import calibration_toml, fit_store
     from pipeline.cli.validate import refuse_empty
-    from pipeline.observed_fit import calibration_toml, fit_store
-    from pipeline.schemas import atomic_write_bytes, check_replaceable, os_write_reason
+    from pipeline.common.schemas import atomic_write_bytes, check_replaceable, os_write_reason
 
     if not observed:
         raise RooftraceError("--fleet is for --observed (learn a calibration from a day of the fleet's own logs)")
@@ -197,7 +198,7 @@ def _calibrate_observed(
     refuse_empty("--fleet", fleet_path, "fleets/prod.toml")
     refuse_empty("--out", out, "prod-calibration.toml")
     store = get_store(store_path)
-    from pipeline.fleet import load_fleet
+    from pipeline.replay.fleet import load_fleet
 
     name = load_fleet(fleet_path).name
     target = Path(out) if out is not None else Path(f"{name}-calibration.toml")
@@ -246,8 +247,8 @@ def _calibrate_observed(
 
 
 def _print_fit(fit: object, target: Path | None, fleet_path: Path) -> None:
-    from pipeline.observed import METRICS
-    from pipeline.observed_fit import ObservedFit
+    from pipeline.calibrate.observed import METRICS
+    from pipeline.calibrate.observed_fit import ObservedFit
 
     assert isinstance(fit, ObservedFit)
     shown = ", ".join(f"{k} {getattr(fit.calibration, k):.4g}" for k in fit.fitted)
@@ -271,9 +272,9 @@ def _print_fit(fit: object, target: Path | None, fleet_path: Path) -> None:
 
 
 def _calibrate_profiles(source: Path, hardware: str | None, out: str | None, as_json: bool) -> None:
-    from pipeline.calibrate import check_profiles_out
-    from pipeline.profile.build import build_profiles
-    from pipeline.profile.tables import PROFILES_DIR
+    from pipeline.calibrate.measurements import check_profiles_out
+    from pipeline.costmodel.profile.build import build_profiles
+    from pipeline.costmodel.profile.tables import PROFILES_DIR
 
     target = Path(out) if out is not None else PROFILES_DIR
     check_profiles_out(target)
@@ -289,7 +290,7 @@ def _calibrate_profiles(source: Path, hardware: str | None, out: str | None, as_
         raise RooftraceError(f"{source}: no GPU{' ' + hardware if hardware else ''} found in the measurements{why}")
     doc = [{"gpu": b.gpu, "folder": str(b.folder), "rows": b.rows, "heldout": b.heldout} for b in built]
     progress(f"wrote {len(built)} profile(s) under {target}")
-    from pipeline.profile.prior import write_prior
+    from pipeline.costmodel.profile.prior import write_prior
 
     progress("fitting the size-aware roofline prior on every profile there (leave one GPU out)")
     prior = write_prior(target)

@@ -90,9 +90,9 @@ def catalog_show(name: str, as_json: bool) -> None:
     def body() -> None:
         from pipeline.catalog import list_hardware, list_models, load_hardware, load_model
         from pipeline.catalog.entries import _exists
-        from pipeline.errors import ConfigError
-        from pipeline.fit import kv_bytes_per_token, kv_window_bytes_per_token
-        from pipeline.tomlfile import read_toml
+        from pipeline.common.errors import ConfigError
+        from pipeline.common.tomlfile import read_toml
+        from pipeline.costmodel.fit import kv_bytes_per_token, kv_window_bytes_per_token
 
         # a path to a TOML entry (as fit/replay/plan accept): hardware when it has the
         # hardware-only [peak_flops_per_s] table, else a model
@@ -239,7 +239,7 @@ def catalog_import_hf(config_json: str, name: str | None, hf_id: str, out: str |
     run(body)
 
 
-#: The files ``catalog schema`` describes (pipeline/tomlschema.py, EDITOR_SCHEMAS; a test keeps
+#: The files ``catalog schema`` describes (pipeline/common/tomlschema.py, EDITOR_SCHEMAS; a test keeps
 #: the two lists equal, so ``--help`` needs no pydantic).
 SCHEMA_KINDS = ("fleet", "pooled-fleet", "hardware", "model", "mapping", "prices", "project")
 
@@ -255,7 +255,7 @@ def catalog_schema(kind: str) -> None:
     """
 
     def body() -> None:
-        from pipeline.tomlschema import schema_text
+        from pipeline.common.tomlschema import schema_text
 
         click.echo(schema_text(kind), nl=False)
 
@@ -274,8 +274,8 @@ def catalog_resolve(names: tuple[str, ...], as_json: bool) -> None:
     Example: rooftrace catalog resolve hosted_vllm/meta-llama/Llama-3.1-70B-Instruct my-deployment
     """
     from pipeline.catalog.names import resolve_model_names
-    from pipeline.project import find_project
-    from pipeline.terminal import escape_controls
+    from pipeline.common.terminal import escape_controls
+    from pipeline.ingest.project import find_project
 
     matches = run(lambda: resolve_model_names(names, aliases=find_project().models))
     found = [matches[n] for n in dict.fromkeys(names)]

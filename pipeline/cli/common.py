@@ -3,7 +3,7 @@
 Every command runs its library call inside :func:`run`, which turns a :class:`RooftraceError`
 into one line on stderr and exit code 1 (the user must act), and Ctrl-C into one line and exit
 code 130 (no traceback); usage errors stay Click's exit 2. Inside :func:`run`, long replays report
-their progress on stderr (pipeline/limits.py).
+their progress on stderr (pipeline/replay/limits.py).
 """
 
 from __future__ import annotations
@@ -18,14 +18,14 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 import click
 
-from pipeline.defaults import MAX_MEMORY_ENV, MAX_SIM_DAYS_ENV, OUTPUT_FORMATS, REPLAY_EXECUTORS
-from pipeline.errors import RooftraceError
-from pipeline.terminal import escape_controls, escape_lines
+from pipeline.common.defaults import MAX_MEMORY_ENV, MAX_SIM_DAYS_ENV, OUTPUT_FORMATS, REPLAY_EXECUTORS
+from pipeline.common.errors import RooftraceError
+from pipeline.common.terminal import escape_controls, escape_lines
 
 if TYPE_CHECKING:
-    from pipeline.store import Store
+    from pipeline.ingest.store import Store
 
-# Only the standard library, click and pipeline.defaults/errors/terminal at module level: every command's
+# Only the standard library, click and pipeline.common.defaults/errors/terminal at module level: every command's
 # --help is answered from here without importing a stage (tests/test_cli.py, test_help_imports_no_stage).
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -61,7 +61,7 @@ def json_option(fn: F) -> F:
 
 
 def get_store(store_path: str | None) -> Store:
-    from pipeline.store import open_store
+    from pipeline.ingest.store import open_store
 
     return open_store(store_path)
 
@@ -94,7 +94,7 @@ def emit_output(result: Any, wrote: str | None = None) -> None:
 def emit_json(doc: Any) -> None:
     """``doc`` on stdout as strict JSON (a value that is not finite is null: bare ``Infinity`` /
     ``NaN`` are not JSON, and a plan with an unservable row used to print them)."""
-    from pipeline.tables import json_safe
+    from pipeline.common.tables import json_safe
 
     click.echo(json.dumps(json_safe(doc), indent=2, sort_keys=True, default=str, allow_nan=False))
 
@@ -102,7 +102,7 @@ def emit_json(doc: Any) -> None:
 def progress(message: str) -> None:
     """Progress and messages go to stderr, so stdout stays clean for --json. A message may carry
     values from a log (a model or file name): every control character in it is shown escaped
-    (pipeline/terminal.py), so no value retitles the terminal or reorders the line."""
+    (pipeline/common/terminal.py), so no value retitles the terminal or reorders the line."""
     click.echo(escape_lines(message), err=True)
 
 
@@ -145,8 +145,8 @@ def _json_failure(message: str, code: int) -> None:
 
 def run(fn: Callable[[], Any]) -> Any:
     """Call ``fn`` inside :func:`error_boundary`, with long replays reporting progress on stderr."""
-    from pipeline.limits import progress_to
-    from pipeline.system import keep_ignored_sigint
+    from pipeline.common.budget import progress_to
+    from pipeline.common.system import keep_ignored_sigint
 
     keep_ignored_sigint()  # a SIGINT the caller ignores stays ignored (polars' import installs a handler)
     with error_boundary(), progress_to(progress, live=_stderr_is_terminal()):
@@ -188,11 +188,11 @@ def option_value(dest: str, value: T, new: str) -> T:
 
 
 def _validated(parser: str) -> Callable[[click.Context, click.Parameter, str | None], str | None]:
-    """A callback that checks the option with ``pipeline.limits.<parser>`` (imported when used)."""
+    """A callback that checks the option with ``pipeline.common.budget.<parser>`` (imported when used)."""
 
     def check(ctx: click.Context, param: click.Parameter, value: str | None) -> str | None:
         if value is not None:
-            from pipeline import limits
+            from pipeline.common import budget as limits
 
             try:
                 getattr(limits, parser)(value)
@@ -206,7 +206,7 @@ def _validated(parser: str) -> Callable[[click.Context, click.Parameter, str | N
 @contextmanager
 def limits_from(max_memory: str | None, max_sim_days: str | None) -> Iterator[None]:
     """The limits of ``limit_options`` in force for the duration (options not given: unchanged)."""
-    from pipeline.limits import override, parse_days, parse_size
+    from pipeline.common.budget import override, parse_days, parse_size
 
     given: dict[str, Any] = {}
     if max_memory is not None:
@@ -218,7 +218,7 @@ def limits_from(max_memory: str | None, max_sim_days: str | None) -> Iterator[No
 
 
 def limit_options(fn: F) -> F:
-    """``--max-memory`` and ``--max-sim-days`` (pipeline/limits.py; apply them with
+    """``--max-memory`` and ``--max-sim-days`` (pipeline/replay/limits.py; apply them with
     :func:`limits_from`)."""
     fn = click.option(
         "--max-memory",
@@ -329,8 +329,8 @@ def default_store() -> Store | None:
     """The store a command without --store would use ($ROOFTRACE_STORE, else the project's), not
     opened (nothing repaired or created), for :func:`check_out_of_store`; None when the project's
     settings cannot be read (the commands that need them say why)."""
-    from pipeline.project import default_store_path
-    from pipeline.store import Store
+    from pipeline.ingest.project import default_store_path
+    from pipeline.ingest.store import Store
 
     try:
         return Store(default_store_path())

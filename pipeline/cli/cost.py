@@ -1,4 +1,4 @@
-"""``rooftrace cost``: GPU cost of a replay against API prices (pipeline/cost.py)."""
+"""``rooftrace cost``: GPU cost of a replay against API prices (pipeline/economics/cost.py)."""
 
 from __future__ import annotations
 
@@ -23,7 +23,7 @@ def cost_cmd(
 
     Example: rooftrace cost --prices my_prices.toml
     """
-    from pipeline.cost import STALE_AFTER_DAYS, run_cost
+    from pipeline.economics.cost import STALE_AFTER_DAYS, run_cost
 
     result = run(lambda: run_cost(get_store(store_path), run_id, price_files, gpu_price))
     doc = result.to_dict()

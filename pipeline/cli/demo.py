@@ -1,4 +1,4 @@
-"""``rooftrace demo``: the nightly job on the bundled sample (pipeline/nightly.py)."""
+"""``rooftrace demo``: the nightly job on the bundled sample (pipeline/publish/nightly.py)."""
 
 from __future__ import annotations
 
@@ -34,8 +34,8 @@ def demo_cmd(reports_dir: Path | None, store_path: str | None, as_json: bool) ->
 
     Example: rooftrace demo
     """
-    from pipeline.nightly import demo
-    from pipeline.project import default_reports_dir
+    from pipeline.ingest.project import default_reports_dir
+    from pipeline.publish.nightly import demo
 
     store = get_store(store_path)
 

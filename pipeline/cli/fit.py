@@ -1,11 +1,11 @@
-"""``rooftrace fit``: does a model fit a GPU setup, and how much KV cache is left (pipeline/fit.py)."""
+"""``rooftrace fit``: does a model fit a GPU setup, and how much KV cache is left (pipeline/costmodel/fit.py)."""
 
 from __future__ import annotations
 
 import click
 
 from pipeline.cli.common import emit_json, gib, json_option, old_option_name, option_value, run
-from pipeline.errors import RooftraceError
+from pipeline.common.errors import RooftraceError
 
 
 @click.command("fit")
@@ -50,7 +50,7 @@ from pipeline.errors import RooftraceError
 @click.option(
     "--vllm-version",
     default=None,
-    help="vLLM release whose memory accounting to follow (default: pipeline.fit.DEFAULT_VLLM_VERSION).",
+    help="vLLM release whose memory accounting to follow (default: pipeline.costmodel.fit.DEFAULT_VLLM_VERSION).",
 )
 @json_option
 def fit_cmd(
@@ -79,15 +79,15 @@ def fit_cmd(
 
     def body() -> bool:
         from pipeline.catalog import load_hardware, load_model
-        from pipeline.fit import fit, fit_capacity_text
-        from pipeline.roofline import Deployment
+        from pipeline.costmodel.fit import fit, fit_capacity_text
+        from pipeline.costmodel.roofline import Deployment
 
         dep = Deployment(
             load_model(model_name), load_hardware(hardware_name), tp=tp, pp=pp, ep=ep, dp=dp,
             weight_dtype=weight_dtype, kv_dtype=kv_dtype,
         )  # fmt: skip
-        from pipeline.fit import DEFAULT_VLLM_VERSION
-        from pipeline.fleet import vllm_batch_defaults
+        from pipeline.costmodel.fit import DEFAULT_VLLM_VERSION
+        from pipeline.replay.fleet import vllm_batch_defaults
 
         # the options as given, before a default derives from them (--max-num-seqs defaults to
         # at most --max-num-batched-tokens): the error names the option at fault
@@ -97,7 +97,7 @@ def fit_cmd(
         default_tokens, default_seqs = vllm_batch_defaults(dep.hardware)
         tokens = max_num_batched_tokens if max_num_batched_tokens is not None else default_tokens
         seqs = max_num_seqs if max_num_seqs is not None else min(default_seqs, tokens)
-        if seqs > tokens:  # as a fleet file's [engine] is refused (pipeline.fleet)
+        if seqs > tokens:  # as a fleet file's [engine] is refused (pipeline.replay.fleet)
             whose = "" if max_num_batched_tokens is not None else f" (vLLM's default on {dep.hardware.name})"
             raise RooftraceError(
                 f"--max-num-seqs {seqs:,} is more than --max-num-batched-tokens {tokens:,}{whose}; vLLM needs "

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING
 import click
 
 from pipeline.cli.common import emit_json, get_store, jobs_option, json_option, progress, run, store_option
-from pipeline.defaults import INGEST_FORMATS
+from pipeline.common.defaults import INGEST_FORMATS
 
 if TYPE_CHECKING:
     from pipeline.ingest.core import IngestSummary
@@ -65,9 +65,9 @@ def ingest(
       rooftrace ingest traces/sample/mooncake_conversation.jsonl.gz --date 2024-01-01
       rooftrace ingest /path/to/your/gateway-logs/ --store my-store
     """
-    from pipeline.errors import RooftraceError
+    from pipeline.common.errors import RooftraceError
+    from pipeline.common.terminal import escape_controls
     from pipeline.ingest import ingest_logs
-    from pipeline.terminal import escape_controls
 
     def say(line: str) -> None:  # a file name may hold a newline or an escape sequence: shown escaped
         progress(escape_controls(line))

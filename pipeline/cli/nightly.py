@@ -1,4 +1,5 @@
-"""``rooftrace nightly``: ingest, classify, replay, headroom, warehouse and report for one day (pipeline/nightly.py)."""
+"""``rooftrace nightly``: ingest, classify, replay, headroom, warehouse and report for one day
+(pipeline/publish/nightly.py)."""
 
 from __future__ import annotations
 
@@ -20,7 +21,7 @@ from pipeline.cli.common import (
     store_option,
     warn,
 )
-from pipeline.defaults import DEFAULT_HEADROOM_BUDGET_S, INGEST_FORMATS
+from pipeline.common.defaults import DEFAULT_HEADROOM_BUDGET_S, INGEST_FORMATS
 
 #: Exit code of a nightly that ran to the end and wrote its report, but whose night needs someone
 #: to act: requests rejected, the fleet overloaded, the SLO failed, or at least 1 % of the log rows
@@ -35,8 +36,8 @@ def _not_nan(value: float) -> float:
 
 
 def _warn_all(headline: dict[str, object]) -> None:
-    """The night's warnings (pipeline.nightly.night_warnings), one escaped ``warning:`` line each."""
-    from pipeline.nightly import night_warnings
+    """The night's warnings (pipeline.publish.nightly.night_warnings), one escaped ``warning:`` line each."""
+    from pipeline.publish.nightly import night_warnings
 
     for w in night_warnings(headline):
         warn(w.text)
@@ -102,8 +103,8 @@ def nightly_cmd(
 
     Example: rooftrace nightly logs/2025-01-15/ --fleet fleets/default.toml
     """
-    from pipeline.nightly import NightlyResult, StageError, nightly
-    from pipeline.project import default_reports_dir
+    from pipeline.ingest.project import default_reports_dir
+    from pipeline.publish.nightly import NightlyResult, StageError, nightly
 
     store = get_store(store_path)
 

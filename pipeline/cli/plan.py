@@ -19,14 +19,14 @@ from pipeline.cli.common import (
     store_option,
     warn,
 )
-from pipeline.defaults import (
+from pipeline.common.defaults import (
     DEFAULT_MAX_REPLICAS,
     DEFAULT_WARMUP_S,
     DEFAULT_WINDOW_S,
     plan_default_hardware,
     plan_default_hardware_text,
 )
-from pipeline.errors import ConfigError
+from pipeline.common.errors import ConfigError
 
 
 def _csv(text: str) -> tuple[str, ...]:
@@ -62,9 +62,9 @@ def fmt_s(x: float | None) -> str:
 
 
 def fmt_latency(x: float | None) -> str:
-    """A table's latency: ms below 1 s, then pipeline.slo's readable durations (s, min, h, days),
+    """A table's latency: ms below 1 s, then pipeline.replay.slo's readable durations (s, min, h, days),
     so an hours-long p99 reads '3.45 h', not '12428.63s'."""
-    from pipeline.units import format_seconds
+    from pipeline.common.units import format_seconds
 
     if x is None:
         return "-"
@@ -205,7 +205,7 @@ def plan_cmd(
     rooftrace plan --model llama-3.1-8b --fleet fleets/demo.toml --slo ttft_p99=2s,tpot_p99=100ms --tp 1,2
     """
     from pipeline.plan import PlanOptions, plan
-    from pipeline.slo import load_slo_presets
+    from pipeline.replay.slo import load_slo_presets
 
     if list_slos:
         presets = run(load_slo_presets)
@@ -301,7 +301,7 @@ def plan_cmd(
         click.echo(f"over {period.get('period_text')}: self-hosted ${chosen['usd_per_period']:,.2f}")
     else:
         click.echo(f"over the period of record ({doc['day_projection']}): self-hosted ${chosen['usd_per_period']:,.2f}")
-    from pipeline.cost import STALE_AFTER_DAYS
+    from pipeline.economics.cost import STALE_AFTER_DAYS
 
     for a in doc["api_equivalent"]:
         stale = f", STALE price: checked over {STALE_AFTER_DAYS} days ago" if a.get("price_stale") else ""

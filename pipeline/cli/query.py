@@ -1,4 +1,4 @@
-"""``rooftrace query``: a named query (pipeline/queries/NAME.sql) on the read-only warehouse."""
+"""``rooftrace query``: a named query (pipeline/publish/queries/NAME.sql) on the read-only warehouse."""
 
 from __future__ import annotations
 
@@ -41,7 +41,7 @@ def query(
     as_json: bool,
     store_path: str | None,
 ) -> None:
-    """Run a named query (pipeline/queries/NAME.sql) on the warehouse.
+    """Run a named query (pipeline/publish/queries/NAME.sql) on the warehouse.
 
     An unknown --run id is an error that names the nearest known runs, and so is a run the
     warehouse left out as damaged (named with what is wrong); without --run, the latest run it
@@ -56,8 +56,8 @@ def query(
     Example: rooftrace query latency --format json
     """
     fmt = "json" if as_json else fmt  # --json is --format json, as on every command
-    from pipeline.tables import table_to_json
-    from pipeline.warehouse import (
+    from pipeline.common.tables import table_to_json
+    from pipeline.publish.warehouse import (
         STDOUT,
         check_classified,
         check_date_option,
@@ -76,7 +76,7 @@ def query(
         stale_classify_note,
         stdout_errors,
     )
-    from pipeline.warehouse import (
+    from pipeline.publish.warehouse import (
         rebuild as rebuild_warehouse,
     )
 

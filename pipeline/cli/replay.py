@@ -21,9 +21,9 @@ from pipeline.cli.common import (
 
 
 def _ms(x: float | None) -> str:
-    """A latency: ms below 10 s (the usual figures, one decimal), then as pipeline.slo words
+    """A latency: ms below 10 s (the usual figures, one decimal), then as pipeline.replay.slo words
     durations (s, min, h, days): an overloaded run's p99 is not '84,861,166.4 ms'."""
-    from pipeline.units import format_seconds
+    from pipeline.common.units import format_seconds
 
     if x is None:
         return "n/a"
@@ -45,8 +45,7 @@ def latency_lines(summary: dict[str, Any]) -> list[str]:
         rows.append([label, *(_ms(st.get(k)) for k in LATENCY_STATS)])
     widths = [max(len(r[i]) for r in rows) for i in range(len(head))]
     out = [
-        "  ".join(c.rjust(w) if i else c.ljust(w) for i, (c, w) in enumerate(zip(r, widths, strict=True)))
-        for r in rows
+        "  ".join(c.rjust(w) if i else c.ljust(w) for i, (c, w) in enumerate(zip(r, widths, strict=True))) for r in rows
     ]
     return [*out, "(TPOT = (E2E - TTFT) / (output tokens - 1): the inter-token latency AIPerf and GuideLLM call ITL)"]
 
@@ -153,9 +152,9 @@ def replay_cmd(
     Example: rooftrace replay --fleet fleets/default.toml --rate-scale 2
     """
 
-    from pipeline.replay import ReplayOptions, pool_lines, replay
-    from pipeline.slo import failures_line, overload_text, verdict_text
-    from pipeline.units import format_seconds
+    from pipeline.common.units import format_seconds
+    from pipeline.replay.run import ReplayOptions, pool_lines, replay
+    from pipeline.replay.slo import failures_line, overload_text, verdict_text
 
     def body() -> Any:
         options = ReplayOptions(
@@ -220,12 +219,12 @@ def replay_cmd(
 
 
 def _unused_pod_options(result: Any, pods: int, executor: str, ray_address: str | None, closed: bool) -> list[str]:
-    """pipeline.fleet.unused_pod_options for the run just written: the fleet as its config.json
+    """pipeline.replay.fleet.unused_pod_options for the run just written: the fleet as its config.json
     recorded it (the file may have changed since), the pods from its summary."""
     import json
 
-    from pipeline.errors import RooftraceError
-    from pipeline.fleet import fleet_from_dict, unused_pod_options
+    from pipeline.common.errors import RooftraceError
+    from pipeline.replay.fleet import fleet_from_dict, unused_pod_options
 
     if executor == "local" and ray_address is None:
         return []

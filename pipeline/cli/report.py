@@ -1,4 +1,4 @@
-"""``rooftrace report``: the offline HTML capacity report of a run (pipeline/report.py)."""
+"""``rooftrace report``: the offline HTML capacity report of a run (pipeline/publish/report.py)."""
 
 from __future__ import annotations
 
@@ -55,10 +55,10 @@ def report(
 
     Example: rooftrace report --png reports/png
     """
-    from pipeline.errors import RooftraceError
-    from pipeline.nightly import build_index
-    from pipeline.project import default_reports_dir
-    from pipeline.report import ReportResult, build_report
+    from pipeline.common.errors import RooftraceError
+    from pipeline.ingest.project import default_reports_dir
+    from pipeline.publish.nightly import build_index
+    from pipeline.publish.report import ReportResult, build_report
 
     store = get_store(store_path)
     rdir = reports_dir or default_reports_dir()

@@ -1,6 +1,6 @@
 """``rooftrace sql``: SQL on the read-only warehouse.
 
-The warehouse runs in a DuckDB sandbox (pipeline/warehouse.py, ``connect``): only queries run and
+The warehouse runs in a DuckDB sandbox (pipeline/publish/warehouse.py, ``connect``): only queries run and
 only files under the store are read; a missing store is an error rather than a new empty one, and
 ``--out`` may not point inside the store.
 """
@@ -46,7 +46,7 @@ def sql(query: str, fmt: str, out: Path | None, as_json: bool, store_path: str |
     Example: rooftrace sql "SELECT model, count(*) FROM requests GROUP BY model"
     """
     fmt = "json" if as_json else fmt  # --json is --format json, as on every command
-    from pipeline.warehouse import STDOUT, check_out_path, export_sql, require_store, sigterm_exits
+    from pipeline.publish.warehouse import STDOUT, check_out_path, export_sql, require_store, sigterm_exits
 
     with sigterm_exits():
         store = run(lambda: get_store(store_path))
@@ -57,7 +57,7 @@ def sql(query: str, fmt: str, out: Path | None, as_json: bool, store_path: str |
         written = run(lambda: export_sql(store, query, fmt, out, sys.stdout.buffer, tty=sys.stdout.isatty()))
     if written.note is not None:
         progress(written.note)
-    from pipeline.warehouse import empty_view_hints
+    from pipeline.publish.warehouse import empty_view_hints
 
     for hint in run(lambda: empty_view_hints(store, query)):
         progress(f"hint: {hint}")

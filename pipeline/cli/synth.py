@@ -9,7 +9,7 @@ from typing import Any
 import click
 
 from pipeline.cli.common import check_out_of_store, default_store, emit_json, json_option, limits_from, progress, run
-from pipeline.defaults import (
+from pipeline.common.defaults import (
     MAX_MEMORY_ENV,
     SYNTH_FORMATS,
     SYNTH_MAX_CV,
@@ -19,7 +19,7 @@ from pipeline.defaults import (
     SYNTH_MAX_TENANTS,
     SYNTH_MIN_CV,
 )
-from pipeline.errors import RooftraceError
+from pipeline.common.errors import RooftraceError
 
 MAX_REQUESTS, MAX_TENANTS, MAX_SEED = SYNTH_MAX_REQUESTS, SYNTH_MAX_TENANTS, SYNTH_MAX_SEED
 MAX_HOURS = SYNTH_MAX_DURATION_S / 3600.0
@@ -27,9 +27,9 @@ MIN_CV, MAX_CV = SYNTH_MIN_CV, SYNTH_MAX_CV
 
 
 def _size(value: str | None) -> str | None:
-    """``--max-memory`` checked as ``pipeline.limits.parse_size`` reads it (applied in the command)."""
+    """``--max-memory`` checked as ``pipeline.replay.limits.parse_size`` reads it (applied in the command)."""
     if value is not None:
-        from pipeline.limits import parse_size
+        from pipeline.common.budget import parse_size
 
         try:
             parse_size(value)
@@ -127,7 +127,7 @@ def synth(
     Example: rooftrace synth --format anthropic --requests 50000 --out logs/day.jsonl.gz
     """
 
-    from pipeline.store import check_date
+    from pipeline.ingest.store import check_date
     from pipeline.synth import SynthConfig, generate, name_warning, write_logs
 
     def work() -> tuple[list[Path], int]:

@@ -1,4 +1,5 @@
-"""``rooftrace validate``: judge the cost model on measurements it was not built from (pipeline/validate.py)."""
+"""``rooftrace validate``: judge the cost model on measurements it was not built from
+(pipeline/calibrate/validate.py)."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ from typing import Any
 import click
 
 from pipeline.cli.common import emit_json, get_store, json_option, progress, run, store_option
-from pipeline.errors import RooftraceError
+from pipeline.common.errors import RooftraceError
 
 #: The tables ``validate`` writes under STORE/validation/ (one validation at a time).
 VALIDATION_TABLES = (
@@ -43,8 +44,8 @@ def _prior_check(hardware: str | None) -> tuple[Any, Any, Any, Any]:
     same-die donors' scaled tables, whole steps), for one GPU when ``hardware`` is given."""
     import polars as pl
 
-    from pipeline.profile.heldout import heldout_steps
-    from pipeline.profile.prior import (
+    from pipeline.costmodel.profile.heldout import heldout_steps
+    from pipeline.costmodel.profile.prior import (
         collective_donor_check,
         die_donor_check,
         leave_one_gpu_out,
@@ -158,9 +159,7 @@ def validate_cmd(measurements: str | None, hardware: str | None, store_path: str
     """
 
     def body() -> bool:
-        from pipeline.profile.heldout import TARGET_MEDIAN, TARGET_P90, has_profile_sets, judge_all
-        from pipeline.schemas import write_parquet
-        from pipeline.validate import (
+        from pipeline.calibrate.validate import (
             UnreadableMeasurements,
             discover,
             failed_fit,
@@ -168,6 +167,8 @@ def validate_cmd(measurements: str | None, hardware: str | None, store_path: str
             run_validation,
             store_report,
         )
+        from pipeline.common.schemas import write_parquet
+        from pipeline.costmodel.profile.heldout import TARGET_MEDIAN, TARGET_P90, has_profile_sets, judge_all
 
         refuse_empty("--measurements", measurements, "path/to/measurements")
         source = Path(measurements) if measurements is not None else _default_measurements()
@@ -231,7 +232,7 @@ def validate_cmd(measurements: str | None, hardware: str | None, store_path: str
             # operator sets, but not one held-out check could be run on them: nothing was judged
             why = f" ({'; '.join(dict.fromkeys(doc['skipped']))})" if doc["skipped"] else ""
             if hardware is not None and profile is not None:  # a GPU the folder does not hold?
-                from pipeline.profile.sources import read_measurements
+                from pipeline.costmodel.profile.sources import read_measurements
 
                 held = sorted(read_measurements(source).gpus)
                 if hardware not in held:

@@ -11,7 +11,7 @@ of operations, so the same floating-point results), with the scheduler state in 
   prefix cache: an open-addressing table (linear probing, backward-shift deletion) from a block
   hash to the list of blocks holding it, oldest first.
 
-Every step is priced by pipeline.stepcost.tab_row (the tabulated step cost) on one row.
+Every step is priced by pipeline.costmodel.stepcost.tab_row (the tabulated step cost) on one row.
 Semantics: docs/engine.md.
 """
 
@@ -23,14 +23,14 @@ from typing import Any, NamedTuple
 import numba
 import numpy as np
 
-from pipeline.blockhash import compiled_hash
+from pipeline.common.blockhash import compiled_hash
+from pipeline.costmodel.stepcost import row_kernel, span_kernels
 from pipeline.engine.jitcache import jit_cache_dir, kernel_stamp
-from pipeline.stepcost import row_kernel, span_kernels
 
 
 def _drop_stale_cache() -> None:
     """numba's disk cache of this module is keyed on this file alone, but the loop inlines the
-    step-cost kernels of pipeline/stepcost.py and the block hash of pipeline/blockhash.py:
+    step-cost kernels of pipeline/costmodel/stepcost.py and the block hash of pipeline/common/blockhash.py:
     when they change, the cached machine code would keep the old ones. A stamp of their source
     (jitcache.kernel_stamp) beside the cache detects it; the stale entries are removed so numba
     compiles afresh (silently skipped where the package is installed read-only: an installed
@@ -65,12 +65,12 @@ _INF = np.inf
 LOG_COLS = 18
 
 
-# One step's cost: pipeline.stepcost.tab_row, compiled (the same function every engine and
+# One step's cost: pipeline.costmodel.stepcost.tab_row, compiled (the same function every engine and
 # TabulatedCost call uses, so all give the same numbers); in decode spans its split form
 # (tab_span_prep once per span, tab_span_row per step: the same operations on the same values).
 _tab_row = row_kernel()
 _span_prep, _span_row = span_kernels()
-# A prefix block's hash (pipeline.blockhash.block_hash): the lazy chains below give the
+# A prefix block's hash (pipeline.common.blockhash.block_hash): the lazy chains below give the
 # same hashes as the identity's materialised ones.
 _block_hash = compiled_hash()[1]
 
@@ -1471,7 +1471,7 @@ def run_fleet(
 ) -> tuple[Any, int]:
     """Replay the whole fleet; returns the step log (rows × LOG_COLS) and its row count.
 
-    ``cost`` is the step cost's tables (pipeline.stepcost.TabulatedCost.kernel_tables); ``pool``
+    ``cost`` is the step cost's tables (pipeline.costmodel.stepcost.TabulatedCost.kernel_tables); ``pool``
     the KV pools (jit.alloc_pool: allocated by numpy, so that pages no replica touches are never
     written). Closed loop (``fleet.closed``): ``fleet.concurrency`` clients send the trace's
     requests in order, client c its first at ``c * fleet.ramp_step_s``, and each finish or

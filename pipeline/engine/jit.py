@@ -9,12 +9,12 @@ order (least-outstanding routing reads their state at each arrival).
 It is the one production engine: every replay (the replay stage, pods, plan, fit, validate,
 calibrate, loadcurve) runs here; :mod:`pipeline.engine.reference` is the per-step oracle the tests
 hold it equal to. It needs a cost function the compiled loop can evaluate: a
-:class:`pipeline.stepcost.TabulatedCost` (the roofline's or a measured profile's tables, dense or
+:class:`pipeline.costmodel.stepcost.TabulatedCost` (the roofline's or a measured profile's tables, dense or
 MoE; every fleet's cost is one, ``profile.cost.fleet_step_cost``), whose ``kernel_args`` it passes
 to ``stepcost.tab_row``. :func:`unsupported_reason` says why a cost is not one. Any scheduler
 state runs: block tables and prefix-cache tables are allocated zeroed (calloc'd, so pages no
 request touches cost nothing); a state the machine cannot allocate is one error line
-(:class:`EngineStateTooLarge`), and the replay's memory guard (pipeline/limits.py) refuses it
+(:class:`EngineStateTooLarge`), and the replay's memory guard (pipeline/replay/limits.py) refuses it
 before it starts.
 
 The compiled loop runs without the GIL in a worker thread while the calling thread waits in
@@ -32,13 +32,13 @@ from typing import Any
 
 import numpy as np
 
-from pipeline.blockhash import mix64
+from pipeline.common.blockhash import mix64
+from pipeline.common.errors import RooftraceError
+from pipeline.costmodel.stepcost import MAX_TABLE_TOKENS, TabulatedCost
+from pipeline.costmodel.stepcost import kernel_array as _arg
+from pipeline.costmodel.steps import IntArray, StepCostFn
 from pipeline.engine.model import EngineResult, FleetSpec, Workload, dummy_step_s, reject_reasons
 from pipeline.engine.steplog import SPAN_COLUMNS, RowSink
-from pipeline.errors import RooftraceError
-from pipeline.stepcost import MAX_TABLE_TOKENS, TabulatedCost
-from pipeline.stepcost import kernel_array as _arg
-from pipeline.steps import IntArray, StepCostFn
 
 #: Scheduler state (block tables, block pool, prefix-cache table) least outstanding starts on:
 #: as many replicas as fit in it (:func:`fitting_replicas`), then twice as many while its last
@@ -98,7 +98,7 @@ def unsupported_reason(spec: FleetSpec, cost: StepCostFn) -> str | None:
     compiled loop cannot evaluate (the state's size is memory's to say: :class:`EngineStateTooLarge`)."""
     if not isinstance(cost, TabulatedCost):
         return (
-            "the step cost is a plain callable, not a tabulated step cost (pipeline.stepcost.TabulatedCost): "
+            "the step cost is a plain callable, not a tabulated step cost (pipeline.costmodel.stepcost.TabulatedCost): "
             "build one with profile.cost.fleet_step_cost or stepcost.affine_cost"
         )
     if _tables(cost, spec) is None:

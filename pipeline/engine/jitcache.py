@@ -1,6 +1,6 @@
 """Where numba keeps the jit engine's compiled loop on disk, and the stamp that says whether that
 cache still matches the sources the loop inlines (pipeline/engine/_jit_kernels.py drops a stale
-cache when it is imported; pipeline/limits.py reads the stamp to know whether a compile is ahead).
+cache when it is imported; pipeline/replay/limits.py reads the stamp to know whether a compile is ahead).
 numba itself is imported only to ask where its cache is."""
 
 from __future__ import annotations
@@ -9,7 +9,8 @@ import hashlib
 import inspect
 from pathlib import Path
 
-from pipeline import blockhash, stepcost
+from pipeline.common import blockhash
+from pipeline.costmodel import stepcost
 
 
 def jit_cache_dir(src: Path | None = None) -> Path:
@@ -30,10 +31,10 @@ def jit_cache_dir(src: Path | None = None) -> Path:
 
 
 def kernel_stamp() -> str:
-    """Digest of the sources the compiled loop inlines from other modules (pipeline/stepcost.py and
-    the block hash, pipeline/blockhash.py): numba's disk cache of _jit_kernels.py is keyed
+    """Digest of the sources the compiled loop inlines from other modules (pipeline/costmodel/stepcost.py and
+    the block hash, pipeline/common/blockhash.py): numba's disk cache of _jit_kernels.py is keyed
     on that file alone, so a stamp named by this digest sits beside the cache (_jit_kernels drops
-    the cache when it is missing; pipeline.limits reads it to know whether a compile is ahead)."""
+    the cache when it is missing; pipeline.replay.limits reads it to know whether a compile is ahead)."""
     source = Path(stepcost.__file__).read_bytes()
     source += "".join(inspect.getsource(f) for f in (blockhash.mix, blockhash.block_hash)).encode()
     return hashlib.sha256(source).hexdigest()[:16]

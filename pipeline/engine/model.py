@@ -16,9 +16,9 @@ from typing import TYPE_CHECKING
 import numpy as np
 import numpy.typing as npt
 
-from pipeline.blockhash import mix64
-from pipeline.errors import ConfigError
-from pipeline.steps import FloatArray, IntArray, StepBatch, StepCostFn
+from pipeline.common.blockhash import mix64
+from pipeline.common.errors import ConfigError
+from pipeline.costmodel.steps import FloatArray, IntArray, StepBatch, StepCostFn
 
 if TYPE_CHECKING:
     from pipeline.classify.prefix import ChainTree
@@ -284,7 +284,7 @@ def reject_reasons(work: Workload, cfg: SchedulerConfig) -> npt.NDArray[np.int8]
 
 
 def affinity_replica(key: int, replicas: int) -> int:
-    """Replica of an affinity key: the prefix hashes' 64-bit mix (pipeline.blockhash.mix64,
+    """Replica of an affinity key: the prefix hashes' 64-bit mix (pipeline.common.blockhash.mix64,
     splitmix64's finaliser) so that consecutive keys spread evenly, then modulo the replica count."""
     return int(mix64(np.array([key], np.uint64))[0] % np.uint64(replicas))
 

@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from pipeline.costmodel.steps import STEP_FIELDS, StepBatch, StepCostFn
 from pipeline.engine.model import (
     EngineResult,
     FleetSpec,
@@ -27,7 +28,6 @@ from pipeline.engine.model import (
     initial_arrivals,
     reject_reasons,
 )
-from pipeline.steps import STEP_FIELDS, StepBatch, StepCostFn
 
 
 @dataclass

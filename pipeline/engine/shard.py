@@ -30,7 +30,11 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from pipeline import system
+from pipeline.common import system
+from pipeline.common.errors import ConfigError, RooftraceError
+from pipeline.common.units import format_bytes
+from pipeline.costmodel.stepcost import TabulatedCost
+from pipeline.costmodel.steps import StepCostFn
 from pipeline.engine.jit import (
     REPLICA_COL,
     _tables,
@@ -42,10 +46,6 @@ from pipeline.engine.jit import (
 )
 from pipeline.engine.model import EngineResult, FleetSpec, Workload, reject_reasons
 from pipeline.engine.steplog import SPAN_COLUMNS, RowSink
-from pipeline.errors import ConfigError, RooftraceError
-from pipeline.stepcost import TabulatedCost
-from pipeline.steps import StepCostFn
-from pipeline.units import format_bytes
 
 IntArray = npt.NDArray[np.int64]
 #: Request rows (int32 when a day's count fits, else int64) and routes within a pod (int32).

@@ -11,7 +11,7 @@ from typing import Protocol
 import numpy as np
 import numpy.typing as npt
 
-from pipeline.steps import StepCost
+from pipeline.costmodel.steps import StepCost
 
 #: Columns and dtypes of the span log (the replay ``steps`` table adds derived columns).
 SPAN_COLUMNS: dict[str, type] = {
@@ -39,7 +39,7 @@ SPAN_COLUMNS: dict[str, type] = {
 class RowSink(Protocol):
     """Where an engine run's step-log rows go (a float64 matrix, one column per SPAN_COLUMNS
     entry): a StepLog, a pod's capture (pipeline.engine.shard.run_pod), or the replay stage's
-    writer (pipeline.replay.RunSteps), which writes them a pod at a time and keeps none."""
+    writer (pipeline.replay.run.RunSteps), which writes them a pod at a time and keeps none."""
 
     def extend_rows(self, rows: npt.NDArray[np.float64]) -> None: ...
 

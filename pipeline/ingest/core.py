@@ -51,7 +51,8 @@ import polars as pl
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from pipeline.errors import RooftraceError, SchemaError
+from pipeline.common.errors import RooftraceError, SchemaError
+from pipeline.common.schemas import META_NAME, META_VERSION, check_file_schema, load_schema, read_parquet, write_parquet
 from pipeline.ingest.formats import ALL_FORMATS, FORMATS, Context, FormatSpec
 from pipeline.ingest.mapping import load_mapping
 from pipeline.ingest.normalize import DerivedIds, finalize, reason_kind, shift_occurrences
@@ -84,8 +85,7 @@ from pipeline.ingest.source import (
     read_head,
     sniff_format,
 )
-from pipeline.schemas import META_NAME, META_VERSION, check_file_schema, load_schema, read_parquet, write_parquet
-from pipeline.store import COPY_OF, JOURNAL, Commit, Store, Unaccounted, check_date, store_write_error
+from pipeline.ingest.store import COPY_OF, JOURNAL, Commit, Store, Unaccounted, check_date, store_write_error
 
 Progress = Callable[[str], None]
 

@@ -377,9 +377,7 @@ LITELLM_CACHED_PATHS = (
 def _litellm(flat: pl.DataFrame, ctx: Context) -> pl.DataFrame:
     start = parse_time(pl.col("arrival_raw"), "auto")
     meta = pl.col("metadata")
-    cached = pl.coalesce(
-        [meta.str.json_path_match("$." + p.removeprefix("metadata.")) for p in LITELLM_CACHED_PATHS]
-    )
+    cached = pl.coalesce([meta.str.json_path_match("$." + p.removeprefix("metadata.")) for p in LITELLM_CACHED_PATHS])
     return to_candidate(
         flat.with_columns(
             arrival=start,

@@ -23,10 +23,10 @@ from pathlib import Path
 
 import polars as pl
 
-from pipeline.errors import ConfigError
+from pipeline.common.errors import ConfigError
+from pipeline.common.tomlfile import read_toml
 from pipeline.ingest.formats import Context, FormatSpec, to_candidate
 from pipeline.ingest.timeparse import TIME_KINDS, parse_time
-from pipeline.tomlfile import read_toml
 
 #: canonical field -> candidate column
 FIELD_TO_CANDIDATE = {
@@ -48,12 +48,12 @@ FIELD_TO_CANDIDATE = {
 }
 #: Tokens per prefix hash block at most (a 32-bit column; real logs use 16 to 512).
 MAX_BLOCK_SIZE = 1 << 24
-#: The mapping file's keys (declared with their types as ``MappingFile`` in pipeline/tomlschema.py).
+#: The mapping file's keys (declared with their types as ``MappingFile`` in pipeline/common/tomlschema.py).
 _TOP_KEYS = {"format", "source_format", "time_unit", "input_excludes_cache", "block_size", "fields"}
 
 
 def load_mapping(file: Path, forced_format: str | None) -> FormatSpec:
-    from pipeline.tomlschema import MappingFile, check  # lazy: pydantic, loaded only when a file is read
+    from pipeline.common.tomlschema import MappingFile, check  # lazy: pydantic, loaded only when a file is read
 
     data = read_toml(file, "mapping")
     # keys and types: [fields] maps each canonical field it names to a non-empty column name,

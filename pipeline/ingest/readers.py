@@ -52,7 +52,7 @@ from pipeline.ingest.source import (
     logical_name,
     open_binary,
 )
-from pipeline.store import GLOB_CHARS
+from pipeline.ingest.store import GLOB_CHARS
 
 #: Raw text kept for a quarantined record.
 RAW_LIMIT = 65536

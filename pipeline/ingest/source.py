@@ -22,9 +22,9 @@ import duckdb
 import numpy as np
 import zstandard
 
-from pipeline.errors import RooftraceError
+from pipeline.common.errors import RooftraceError
+from pipeline.common.system import not_regular
 from pipeline.ingest.formats import SNIFFED
-from pipeline.system import not_regular
 
 #: Lines per batch in streaming readers: bounds memory (a batch of OpenAI JSON lines is ~30 MB).
 BATCH_LINES = 100_000

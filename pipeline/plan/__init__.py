@@ -15,7 +15,7 @@ bytes): ``plan.parquet`` (schema ``plan``: one row per configuration, ranked by 
 Pareto front of cost vs p99 TTFT), ``search.parquet`` (``plan_search``: every replay the search
 ran) and ``plan.json`` (options, SLO, window, the chosen configuration and its sizing). The
 chosen configuration's cost split and API-equivalent cost go to ``STORE/costs/<plan_id>/``
-(pipeline.cost).
+(pipeline.economics.cost).
 
 SLO semantics: a target ``ttft_p99 <= L`` is met when at least 99 % of the measured requests have
 TTFT <= L. A rejected request (longer than ``max_model_len``, or needing more KV than a replica
@@ -28,7 +28,7 @@ The package: ``window`` (what to size for), ``search`` (one configuration's mini
 ``executors`` (local processes or Ray) and ``stage`` (the command's work and its outputs).
 """
 
-from pipeline.defaults import DEFAULT_MAX_REPLICAS, DEFAULT_WARMUP_S, DEFAULT_WINDOW_S
+from pipeline.common.defaults import DEFAULT_MAX_REPLICAS, DEFAULT_WARMUP_S, DEFAULT_WINDOW_S
 from pipeline.plan.search import (
     Candidate,
     CandidateResult,

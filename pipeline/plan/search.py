@@ -12,7 +12,13 @@ import numpy as np
 import numpy.typing as npt
 
 from pipeline.catalog import load_hardware
-from pipeline.cost import (
+from pipeline.common.budget import ResourceLimitError
+from pipeline.common.errors import ConfigError
+from pipeline.common.units import format_seconds
+from pipeline.costmodel.profile.tables import no_profile_message
+from pipeline.costmodel.roofline import decode_batch, prefill_batch
+from pipeline.costmodel.steps import BINDING_NAMES
+from pipeline.economics.cost import (
     PERIOD_MAKESPAN,
     GpuCost,
     Period,
@@ -22,22 +28,16 @@ from pipeline.cost import (
     run_period,
 )
 from pipeline.engine.model import REJECT_KV_CAPACITY, REJECT_REASONS
-from pipeline.errors import ConfigError
-from pipeline.fleet import FleetConfig, ResolvedFleet, check_stack_calibration, missing_profile, resolve
-from pipeline.limits import ResourceLimitError
 from pipeline.plan.window import Window
-from pipeline.profile.tables import no_profile_message
-from pipeline.replay import ReplayOptions, ReplayRun, build_workload, multi_node_warning, run_replay
-from pipeline.roofline import decode_batch, prefill_batch
-from pipeline.slo import (
+from pipeline.replay.fleet import FleetConfig, ResolvedFleet, check_stack_calibration, missing_profile, resolve
+from pipeline.replay.run import ReplayOptions, ReplayRun, build_workload, multi_node_warning, run_replay
+from pipeline.replay.slo import (
     METRICS,
     Slo,
     detect_overload,
     latency_arrays,
     percentile,
 )
-from pipeline.steps import BINDING_NAMES
-from pipeline.units import format_seconds
 
 #: A failing target whose value improves by less than this when replicas double has hit a
 #: latency floor (e.g. one decode step is slower than the TPOT limit): more replicas cannot help.
@@ -86,10 +86,10 @@ class Evaluation:
     rejected_by_reason: dict[str, int] = field(default_factory=dict)
     rejected_share: float = 0.0
     failing_target: str | None = None  # the worst SLO target when ``failing`` is "rejected"
-    #: The replay is OVERLOADED (pipeline.slo.detect_overload, as `replay` reports it); such a
+    #: The replay is OVERLOADED (pipeline.replay.slo.detect_overload, as `replay` reports it); such a
     #: replay never meets the plan (``failing`` "overloaded").
     overloaded: bool = False
-    #: The period it would be priced over (pipeline.cost.Period.to_dict): the makespan when overloaded.
+    #: The period it would be priced over (pipeline.economics.cost.Period.to_dict): the makespan when overloaded.
     period: dict[str, Any] = field(default_factory=dict)
 
 
@@ -252,8 +252,8 @@ OVERLOADED = "overloaded"
 
 
 def replay_period(run: ReplayRun, cols: dict[str, npt.NDArray[np.float64]] | None = None) -> Period:
-    """The period `rooftrace cost` would price this replay over (:func:`pipeline.cost.run_period`),
-    with the overload `rooftrace replay` reports (:func:`pipeline.slo.detect_overload`)."""
+    """The period `rooftrace cost` would price this replay over (:func:`pipeline.economics.cost.run_period`),
+    with the overload `rooftrace replay` reports (:func:`pipeline.replay.slo.detect_overload`)."""
     res = run.result
     cols = _span_columns(run) if cols is None else cols
     ok = res.reject_reason == 0

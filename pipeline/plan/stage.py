@@ -17,42 +17,43 @@ import numpy as np
 import polars as pl
 import pyarrow as pa
 
-from pipeline import system
 from pipeline.catalog import HardwareSpec, load_hardware, load_model, weight_format
 from pipeline.catalog.names import resolve_model_names
 from pipeline.classify.accounting import day_identity
-from pipeline.cost import (
-    TokenTotals,
-    api_cost_rows,
-    check_gpu_price,
-    load_prices,
-    traffic_period_s,
-)
-from pipeline.defaults import (
+from pipeline.common import system
+from pipeline.common.budget import current_limits
+from pipeline.common.defaults import (
     DEFAULT_MAX_REPLICAS,
     DEFAULT_WARMUP_S,
     DEFAULT_WINDOW_S,
     MAX_MEMORY_ENV,
     plan_default_hardware,
 )
-from pipeline.errors import ConfigError, RooftraceError
-from pipeline.fleet import MAX_ENGINES, FleetConfig, load_fleet, parse_fleet
-from pipeline.limits import LOG_ROW_BYTES, REQUEST_BYTES, ROWS_PER_REQUEST, current_limits
+from pipeline.common.errors import ConfigError, RooftraceError
+from pipeline.common.schemas import atomic_write_bytes, load_schema, write_parquet
+from pipeline.common.tables import json_safe
+from pipeline.common.units import format_bytes
+from pipeline.economics.cost import (
+    TokenTotals,
+    api_cost_rows,
+    check_gpu_price,
+    load_prices,
+    traffic_period_s,
+)
+from pipeline.ingest.project import default_fleet_path, find_project
+from pipeline.ingest.store import SAFE_ID_RE, Store
 from pipeline.plan.executors import run_local, run_ray
 from pipeline.plan.search import Candidate, CandidateResult, Task, candidate_ep, skip_reason
 from pipeline.plan.window import Window, select_window
-from pipeline.project import default_fleet_path, find_project
-from pipeline.schemas import atomic_write_bytes, load_schema, write_parquet
-from pipeline.slo import (
+from pipeline.replay.fleet import MAX_ENGINES, FleetConfig, load_fleet, parse_fleet
+from pipeline.replay.limits import LOG_ROW_BYTES, REQUEST_BYTES, ROWS_PER_REQUEST
+from pipeline.replay.slo import (
     Slo,
     day_projection,
     load_slo_presets,
     parse_slo,
     traffic_span,
 )
-from pipeline.store import SAFE_ID_RE, Store
-from pipeline.tables import json_safe
-from pipeline.units import format_bytes
 
 #: Largest --tp tried: a bound against an absurd catalog ``gpus_per_node`` (the plan tables
 #: store tp in 4 bytes; tensor parallelism spans one node, roofline.Deployment).
@@ -376,7 +377,7 @@ WORKER_BYTES = 448 * 1024**2
 def worker_bytes(window_requests: int) -> int:
     """Estimated peak of one local worker searching configurations on a window of
     ``window_requests`` requests: :data:`WORKER_BYTES` plus the replay estimate's own per-request
-    bytes (pipeline/limits.py: the request arrays and tables, and the jit engine's step log)."""
+    bytes (pipeline/replay/limits.py: the request arrays and tables, and the jit engine's step log)."""
     return WORKER_BYTES + window_requests * (REQUEST_BYTES + ROWS_PER_REQUEST * LOG_ROW_BYTES)
 
 
@@ -597,7 +598,7 @@ def overload_doc(r: CandidateResult) -> dict[str, Any]:
     """Whether a configuration's replay kept up, for plan.json (the plan table's schema has no
     column for it): ``overloaded`` of its chosen replay (a ranked row: always false, a replay that
     does not keep up never meets the plan) or, unranked, of its largest replay; the counts whose
-    replay was overloaded; and whether its unit costs are valid (pipeline.cost.Period)."""
+    replay was overloaded; and whether its unit costs are valid (pipeline.economics.cost.Period)."""
     ev = r.chosen or (max(r.evaluations, key=lambda e: e.replicas) if r.evaluations else None)
     return {
         "overloaded": ev.overloaded if ev is not None else None,
@@ -625,7 +626,7 @@ def _chosen_doc(r: CandidateResult) -> dict[str, Any]:
         "usd_per_day": _usd_per_day(r),
         "usd_per_period": _usd_per_period(r),
         "period_s": r.period_s,
-        # the chosen replay's period as `cost` states it (pipeline.cost.Period.to_dict): its
+        # the chosen replay's period as `cost` states it (pipeline.economics.cost.Period.to_dict): its
         # unit_costs_note / unit_costs_flag say when its unit costs are not valid
         "replay_period": ev.period if ev else None,
         "achieved": ev.achieved if ev else None,

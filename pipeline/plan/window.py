@@ -12,8 +12,8 @@ import numpy.typing as npt
 import polars as pl
 
 from pipeline.classify.prefix import DEFAULT_ISOLATION, PrefixIdentity
-from pipeline.defaults import DEFAULT_WARMUP_S, DEFAULT_WINDOW_S
-from pipeline.errors import ConfigError, RooftraceError
+from pipeline.common.defaults import DEFAULT_WARMUP_S, DEFAULT_WINDOW_S
+from pipeline.common.errors import ConfigError, RooftraceError
 
 
 @dataclass(frozen=True)

@@ -29,13 +29,13 @@ import numpy as np
 import numpy.typing as npt
 import polars as pl
 
-from pipeline import defaults, system
-from pipeline.defaults import MAX_MEMORY_ENV
-from pipeline.errors import ConfigError
+from pipeline.common import defaults, system
+from pipeline.common.budget import ResourceLimitError, current_limits
+from pipeline.common.defaults import MAX_MEMORY_ENV
+from pipeline.common.errors import ConfigError
+from pipeline.common.tomlfile import read_toml
+from pipeline.common.units import format_bytes
 from pipeline.ingest.timeparse import PLAUSIBLE_ARRIVAL, anchor_us
-from pipeline.limits import ResourceLimitError, current_limits
-from pipeline.tomlfile import read_toml
-from pipeline.units import format_bytes
 
 _PROFILE = Path(__file__).with_name("profile.toml")
 
@@ -63,7 +63,7 @@ DECODE_TOKENS_PER_S = 60.0  # assumed server speed, only to space a session's tu
 MAX_CONTEXT = 131_072
 
 
-#: Bounds of a SynthConfig (pipeline/defaults.py, shared with ``rooftrace synth``).
+#: Bounds of a SynthConfig (pipeline/common/defaults.py, shared with ``rooftrace synth``).
 MAX_REQUESTS, MAX_TENANTS, MAX_SEED = defaults.SYNTH_MAX_REQUESTS, defaults.SYNTH_MAX_TENANTS, defaults.SYNTH_MAX_SEED
 MAX_DURATION_S = defaults.SYNTH_MAX_DURATION_S
 MIN_CV, MAX_CV = defaults.SYNTH_MIN_CV, defaults.SYNTH_MAX_CV

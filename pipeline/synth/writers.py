@@ -19,8 +19,8 @@ import numpy as np
 import polars as pl
 import zstandard
 
-from pipeline.errors import RooftraceError
-from pipeline.schemas import _FILE_MODE, atomic_write_bytes, check_replaceable, os_write_reason
+from pipeline.common.errors import RooftraceError
+from pipeline.common.schemas import _FILE_MODE, atomic_write_bytes, check_replaceable, os_write_reason
 
 #: Mooncake blocks are 512 tokens (FAST'25 trace README).
 MOONCAKE_BLOCK = 512
@@ -319,7 +319,7 @@ ROWS_PER_PIECE = 1 << 17
 class _Sink:
     """A file written a piece at a time, compressed by its name (``.gz``: gzip level 1, no time
     stamp; ``.zst``: zstd level 3), to a temporary name beside ``path`` and moved there when
-    done (:func:`pipeline.schemas.atomic_write_bytes`'s rules: never over something that is not
+    done (:func:`pipeline.common.schemas.atomic_write_bytes`'s rules: never over something that is not
     a regular file; a file that cannot be written is one RooftraceError line naming it)."""
 
     def __init__(self, path: Path, compress: bool = True) -> None:

@@ -1,0 +1,450 @@
+"""``calibrate --observed``: learn a serving stack's calibration from a day of its own logs.
+
+A self-hosted fleet's logs carry the latencies it delivered (pipeline/calibrate/observed.py). This module
+replays the day's requests on the fleet that served them and fits the stack calibration's few
+bounded numbers (pipeline/costmodel/stackcal.py: linear, attention and collective scales, a per-step
+overhead) so that the replay reproduces the observed TTFT, TPOT and E2E:
+
+- **split by time**: the first ``train_share`` of the day's arrivals train (replayed alone, as
+  the fleet saw them), the rest is judged — the whole day replayed with the fitted numbers,
+  errors taken on the later requests only;
+- **loss**: per request, the log of replayed / observed TTFT, TPOT and E2E under a robust
+  (soft L1) loss, so a few requests the replay cannot explain (a client that stalled, a
+  network hiccup) do not pull the fit; plus the squared log ratios of each metric's mean, p50,
+  p90 and p99, so the fit holds the distribution; minimised by Nelder-Mead within the bounds
+  (``scipy.optimize.minimize``; each evaluation is one replay of the training part);
+- **parameters**: the scales in log space within their bounds, the overhead in milliseconds; the
+  collective scale only where the fleet has collectives (tp, ep or dp > 1), each scale with a
+  weak pull towards 1 (:data:`PRIOR_WEIGHT`) so that a direction the day cannot see stays where
+  the tables put it;
+- **refusal**: when the held-out error (the largest |replayed mean / observed mean − 1| of TTFT,
+  TPOT and E2E) is still above :data:`REFUSE_ABOVE` after fitting, no file is written: the fleet
+  file does not describe the fleet that wrote the logs (replicas, model, router or engine
+  settings differ) and a calibration would only hide that.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+import polars as pl
+
+from pipeline.calibrate.observed import METRICS, observed_latencies, percentile_pair
+from pipeline.classify.accounting import day_identity
+from pipeline.common.errors import ConfigError, RooftraceError
+from pipeline.costmodel.profile.cost import fleet_step_cost
+from pipeline.costmodel.stackcal import PARAMETERS, StackCalibration, apply
+from pipeline.costmodel.stepcost import TabulatedCost
+from pipeline.ingest.store import epoch_us
+from pipeline.replay.fleet import load_fleet, resolve
+from pipeline.replay.run import REPLAY_COLUMNS, REPORTED, ReplayOptions, build_workload, run_workload
+from pipeline.replay.slo import percentile, request_latencies
+
+#: Default share of the day's arrivals (by time) that trains; the rest is judged.
+TRAIN_SHARE = 0.6
+#: Fewer requests with observed latencies than this in either part: refused.
+MIN_OBSERVED = 50
+#: Held-out error above which no calibration is written.
+REFUSE_ABOVE = 0.25
+#: Scale of the robust loss, in log units (about 10 % per request).
+ROBUST_SCALE = 0.1
+#: At most this many requests of the training part give per-request residuals (every k-th).
+MAX_RESIDUAL_REQUESTS = 20_000
+#: Replays the optimiser may run.
+MAX_EVALUATIONS = 300
+#: Seconds between progress lines while fitting.
+PROGRESS_EVERY_S = 10.0
+#: The penalty residual of a request the replay never finished (rejected or still queued).
+UNFINISHED_RESIDUAL = math.log(10.0)
+
+
+@dataclass(frozen=True)
+class ObservedFit:
+    """What ``calibrate --observed`` fitted and measured."""
+
+    calibration: StackCalibration
+    fitted: tuple[str, ...]
+    fixed: tuple[str, ...]
+    n_train: int
+    n_held_out: int
+    cut_s: float
+    cut_utc: str
+    #: errors per metric (ttft, tpot, e2e) and statistic (mean, p50, p90, p99): replayed /
+    #: observed − 1, on the training part replayed alone, and on the held-out part of the day
+    #: replayed whole, with and without the calibration
+    in_sample: dict[str, dict[str, float]]
+    held_out: dict[str, dict[str, float]]
+    held_out_uncalibrated: dict[str, dict[str, float]]
+    evaluations: int
+    seconds: float
+    unfinished_held_out: int = 0
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def held_out_error(self) -> float:
+        return max_mean_error(self.held_out)
+
+    @property
+    def in_sample_error(self) -> float:
+        return max_mean_error(self.in_sample)
+
+    def refusal(self) -> str | None:
+        """Why no calibration should be written, or None."""
+        err = self.held_out_error
+        if err <= REFUSE_ABOVE:
+            return None
+        judged = [m for m in METRICS if m in self.held_out and math.isfinite(self.held_out[m]["mean"])]
+        if not judged:
+            return (
+                "the fleet cannot explain the logs: after fitting, the replay finished none of the held-out requests "
+                f"with observed latencies ({self.unfinished_held_out:,} rejected or unfinished); likely causes: the "
+                "fleet's max_model_len or KV cache is smaller than the fleet that served the day, or the fleet file "
+                "is not that fleet (model, replicas, tp / dp / ep); no calibration written"
+            )
+        worst = max(judged, key=lambda m: abs(self.held_out[m]["mean"]))
+        return (
+            f"the fleet cannot explain the logs: after fitting, the held-out {worst.upper()} mean is still "
+            f"{self.held_out[worst]['mean']:+.0%} off (more than {REFUSE_ABOVE:.0%}); likely causes: the fleet file "
+            "is not the fleet that served the day (replicas, model or weight format, tp / dp / ep), its router, or "
+            "its engine settings (max_num_seqs, max_num_batched_tokens, chunked prefill, prefix caching) differ, or "
+            "the logs' latencies are measured elsewhere (a gateway adding queueing); no calibration written"
+        )
+
+
+def max_mean_error(errors: dict[str, dict[str, float]]) -> float:
+    vals = [abs(e["mean"]) for e in errors.values() if math.isfinite(e.get("mean", math.nan))]
+    return max(vals) if vals else math.inf
+
+
+def latency_errors(
+    pred: dict[str, npt.NDArray[np.float64]], obs: dict[str, npt.NDArray[np.float64]], rows: npt.NDArray[np.bool_]
+) -> dict[str, dict[str, float]]:
+    """Per metric, replayed / observed − 1 of the mean and of the p50, p90, p99 (the project's
+    percentile, pipeline.replay.slo.percentile) over ``rows`` where both are known and the replay
+    finished the request."""
+    out: dict[str, dict[str, float]] = {}
+    for m in METRICS:
+        ok = rows & np.isfinite(obs[m]) & np.isfinite(pred[m])
+        if not ok.any():
+            continue
+        p, o = pred[m][ok], obs[m][ok]
+        row: dict[str, float] = {"n": int(ok.sum())}
+        row["mean"] = float(p.mean() / o.mean() - 1.0) if o.mean() > 0 else math.nan
+        for q in (50, 90, 99):
+            err = percentile_pair(o, p, q)[2]
+            row[f"p{q}"] = math.nan if err is None else float(err)
+        out[m] = row
+    return out
+
+
+#: Weight of the squared log ratios of the means and percentiles against the per-request loss.
+AGGREGATE_WEIGHT = 0.01
+#: Weight of the pull of each log scale towards 0 (scale 1) in the loss.
+PRIOR_WEIGHT = 1e-3
+#: First steps of the simplex: 15 % on a scale, 1 ms of overhead.
+_SIMPLEX_STEP = {"linear_scale": math.log(1.15), "attention_scale": math.log(1.15), "comm_scale": math.log(1.15),
+                 "step_overhead_s": 1.0}  # fmt: skip
+
+
+def _soft_l1(r: npt.NDArray[np.float64]) -> npt.NDArray[np.float64]:
+    """The robust loss of residuals ``r`` (log units): quadratic below :data:`ROBUST_SCALE`,
+    linear above (scipy's ``soft_l1``)."""
+    z = (r / ROBUST_SCALE) ** 2
+    return 2.0 * (np.sqrt(1.0 + z) - 1.0) * ROBUST_SCALE**2
+
+
+def _loss(
+    pred: dict[str, npt.NDArray[np.float64]], obs: dict[str, npt.NDArray[np.float64]], idx: npt.NDArray[np.intp]
+) -> float:
+    """The fit's loss: the robust per-request loss of log(replayed / observed) of TTFT, TPOT and
+    E2E on the rows ``idx`` (a request the replay never finished counts as 10× off), plus the
+    squared log ratios of each metric's mean, p50, p90 and p99 over the requests both know."""
+    total, count = 0.0, 0
+    agg = 0.0
+    for m in METRICS:
+        o, p = obs[m][idx], pred[m][idx]
+        has = np.isfinite(o) & (o > 0)
+        ok = has & np.isfinite(p) & (p > 0)
+        r = np.full(int(has.sum()), UNFINISHED_RESIDUAL)
+        r[ok[has]] = np.log(p[ok] / o[ok])
+        total += float(_soft_l1(r).sum())
+        count += r.size
+        both = np.isfinite(obs[m]) & (obs[m] > 0) & np.isfinite(pred[m]) & (pred[m] > 0)
+        if both.sum() >= 10:
+            po, pp = obs[m][both], pred[m][both]
+            agg += math.log(pp.mean() / po.mean()) ** 2
+            for q in (50, 90, 99):
+                agg += math.log(percentile(pp, q) / percentile(po, q)) ** 2
+    return (total / max(count, 1)) + AGGREGATE_WEIGHT * agg
+
+
+def _params_for(fleet: Any) -> tuple[list[str], list[str]]:
+    cfg = fleet.config
+    collectives = cfg.tp > 1 or cfg.ep > 1 or cfg.dp > 1
+    fitted = ["linear_scale", "attention_scale", "step_overhead_s"]
+    if collectives:
+        fitted.insert(2, "comm_scale")
+    fixed = [k for k in PARAMETERS if k not in fitted]
+    return fitted, fixed
+
+
+def _to_x(name: str, value: float) -> float:
+    return value * 1e3 if name == "step_overhead_s" else math.log(value)
+
+
+def _from_x(name: str, x: float) -> float:
+    return x / 1e3 if name == "step_overhead_s" else math.exp(x)
+
+
+def _bounds(names: list[str]) -> tuple[list[float], list[float]]:
+    return [_to_x(n, PARAMETERS[n][0]) for n in names], [_to_x(n, PARAMETERS[n][1]) for n in names]
+
+
+class _Replayer:
+    """One workload replayed under candidate calibrations of one base cost."""
+
+    def __init__(self, work: Any, fleet: Any, options: Any, base: TabulatedCost) -> None:
+        self.work, self.fleet, self.options, self.base = work, fleet, options, base
+        self.calls = 0
+
+    def __call__(self, values: dict[str, float]) -> dict[str, npt.NDArray[np.float64]]:
+
+        self.calls += 1
+        run = run_workload(self.work, self.fleet, self.options, cost=apply(self.base, values))
+        res = run.result
+        lat = request_latencies(res, self.work)
+        done = res.reject_reason == 0
+        return {m: np.where(done & np.isfinite(lat[m]), lat[m], np.nan) for m in METRICS} | {
+            "done": done.astype(np.float64)
+        }
+
+
+def fit_requests(
+    requests: pl.DataFrame,
+    fleet: Any,
+    identity: Any = None,
+    train_share: float = TRAIN_SHARE,
+    source: str = "",
+    progress: Callable[[str], None] | None = None,
+) -> ObservedFit:
+    """Fit a stack calibration on ``requests`` (canonical requests sorted by arrival, with the
+    observed ``ttft_s`` / ``e2e_s``) replayed on the resolved ``fleet`` (see the module doc)."""
+    from scipy.optimize import minimize
+
+    check_train_share(train_share)
+    t_start = time.perf_counter()
+    if fleet.config.stack_calibration is not None:
+        # calibrate from the tables, not on top of an earlier calibration
+        fleet = replace(fleet, config=replace(fleet.config, stack_calibration=None))
+    obs_all = observed_latencies(requests)
+    arrival_us = epoch_us(requests.get_column("arrival"))
+    t_rel = (arrival_us - arrival_us.min()) / 1e6
+    for m in METRICS:  # a latency of 0 s is no measurement (no request is served in no time)
+        obs_all[m] = np.where(obs_all[m] > 0, obs_all[m], np.nan)
+    known = np.isfinite(obs_all["ttft"]) | np.isfinite(obs_all["e2e"])
+    if int(known.sum()) < 2 * MIN_OBSERVED:
+        raise RooftraceError(
+            f"only {int(known.sum()):,} of {requests.height:,} requests carry observed latencies above 0 s "
+            "(ttft_s or e2e_s); "
+            f"calibrate --observed needs at least {2 * MIN_OBSERVED} (docs/ingest.md says which log fields carry them)"
+        )
+    # the cut: the arrival time below which train_share of the requests with observed latencies fall
+    cut = float(np.quantile(t_rel[known], train_share))
+    train = t_rel <= cut
+    n_train, n_held = int((train & known).sum()), int((~train & known).sum())
+    if min(n_train, n_held) < MIN_OBSERVED:
+        raise RooftraceError(
+            f"the split at {train_share:.0%} of the day leaves {n_train:,} training and {n_held:,} held-out requests "
+            f"with observed latencies; each part needs at least {MIN_OBSERVED}"
+        )
+    options = ReplayOptions()
+    base = fleet_step_cost(fleet)
+    if progress:
+        progress(
+            f"building the workloads: the {int(train.sum()):,} requests before the split ({n_train:,} of them with "
+            f"observed latencies train), and the day's {requests.height:,}"
+        )
+    work_train = build_workload(requests.filter(pl.Series(train)), fleet, options, identity)
+    work_day = build_workload(requests, fleet, options, identity)
+    obs_train = {m: v[train] for m, v in obs_all.items()}
+    fit_replay = _Replayer(work_train, fleet, options, base)
+    fitted, fixed = _params_for(fleet)
+    # per-request residuals on at most MAX_RESIDUAL_REQUESTS training requests (every k-th)
+    idx = np.flatnonzero(np.isfinite(obs_train["ttft"]) | np.isfinite(obs_train["e2e"]))
+    if idx.size > MAX_RESIDUAL_REQUESTS:
+        idx = idx[:: math.ceil(idx.size / MAX_RESIDUAL_REQUESTS)]
+
+    def values_of(x: npt.NDArray[np.float64]) -> dict[str, float]:
+        v = {k: PARAMETERS[k][2] for k in PARAMETERS}
+        v.update({name: _from_x(name, float(xi)) for name, xi in zip(fitted, x, strict=True)})
+        return v
+
+    best: list[Any] = [math.inf, None, time.perf_counter()]
+
+    def objective(x: npt.NDArray[np.float64]) -> float:
+        pred = fit_replay(values_of(x))
+        loss = _loss(pred, obs_train, idx) + PRIOR_WEIGHT * sum(
+            float(xi) ** 2 for name, xi in zip(fitted, x, strict=True) if name != "step_overhead_s"
+        )
+        if loss < best[0]:
+            best[0], best[1] = loss, values_of(x)
+        if progress and time.perf_counter() - best[2] >= PROGRESS_EVERY_S:
+            best[2] = time.perf_counter()
+            shown = ", ".join(f"{k} {best[1][k]:.4g}" for k in fitted)
+            progress(f"  {fit_replay.calls} replays (at most {MAX_EVALUATIONS}); best so far: {shown}")
+        return loss
+
+    x0 = np.array([_to_x(n, PARAMETERS[n][2]) for n in fitted])
+    lo, hi = _bounds(fitted)
+    if progress:
+        progress(f"fitting {', '.join(fitted)} on {n_train:,} requests before {_fmt_rel(cut)} (each step: one replay)")
+    # Nelder-Mead, not a gradient method: a replay is piecewise smooth (a request that makes a
+    # step or misses it moves by a step's time), so finite differences over small steps see the
+    # jumps; a simplex of 15 % / 1 ms steps does not.
+    simplex = np.vstack([x0] + [x0 + np.eye(len(fitted))[i] * _SIMPLEX_STEP[n] for i, n in enumerate(fitted)])
+    sol = minimize(
+        objective,
+        x0,
+        method="Nelder-Mead",
+        bounds=list(zip(lo, hi, strict=True)),
+        options={"initial_simplex": simplex, "xatol": 2e-3, "fatol": 1e-6, "maxfev": MAX_EVALUATIONS},
+    )
+    values = values_of(sol.x)
+    cal = StackCalibration(
+        source=source or "observed latencies",
+        hardware=fleet.deployment.hardware.name,
+        cost_tier=base.source,
+        linear_scale=round(values["linear_scale"], 6),
+        attention_scale=round(values["attention_scale"], 6),
+        comm_scale=round(values["comm_scale"], 6),
+        step_overhead_s=round(values["step_overhead_s"], 7),
+    )
+    if progress:
+        shown = ", ".join(f"{k} {getattr(cal, k):.4g}" for k in fitted)
+        progress(f"fitted {shown} after {fit_replay.calls} replays of the training part; judging the rest of the day")
+    # in sample: the training part as fitted; held out: the whole day, later requests judged
+    pred_train = fit_replay(cal.values())
+    in_sample = latency_errors(pred_train, obs_train, np.ones(work_train.n, dtype=bool))
+    day = _Replayer(work_day, fleet, options, base)
+    pred_day = day(cal.values())
+    pred_raw = day({k: PARAMETERS[k][2] for k in PARAMETERS})
+    held = ~train
+    held_out = latency_errors(pred_day, obs_all, held)
+    uncal = latency_errors(pred_raw, obs_all, held)
+    unfinished = int((held & known & (pred_day["done"] == 0)).sum())
+    notes = []
+    if unfinished:
+        notes.append(f"{unfinished:,} held-out requests were rejected or not finished by the calibrated replay")
+    if not sol.success:
+        notes.append(f"the optimiser stopped before converging ({fit_replay.calls} replays): {sol.message}")
+    cut_utc = datetime.fromtimestamp(arrival_us.min() / 1e6 + cut, UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
+    return ObservedFit(
+        calibration=cal,
+        fitted=tuple(fitted),
+        fixed=tuple(fixed),
+        n_train=n_train,
+        n_held_out=n_held,
+        cut_s=cut,
+        cut_utc=cut_utc,
+        in_sample=in_sample,
+        held_out=held_out,
+        held_out_uncalibrated=uncal,
+        evaluations=fit_replay.calls + day.calls,
+        seconds=time.perf_counter() - t_start,
+        unfinished_held_out=unfinished,
+        notes=notes,
+    )
+
+
+def check_train_share(train_share: float) -> None:
+    if not (0.1 <= train_share <= 0.9 and math.isfinite(train_share)):
+        raise ConfigError(
+            f"--train-share must be in 0.1..0.9 (the share of the day's arrivals that trains), got {train_share}"
+        )
+
+
+def _fmt_rel(seconds: float) -> str:
+    h, rem = divmod(int(seconds), 3600)
+    return f"+{h:d}:{rem // 60:02d}:{rem % 60:02d} into the day"
+
+
+def fit_store(
+    store: Any,
+    fleet_path: Path,
+    date: str | None = None,
+    train_share: float = TRAIN_SHARE,
+    progress: Callable[[str], None] | None = None,
+) -> ObservedFit:
+    """:func:`fit_requests` on one date of the store, on the fleet in ``fleet_path``."""
+
+    check_train_share(train_share)  # before the day is read
+    cfg = load_fleet(fleet_path)
+    fleet = resolve(cfg, str(fleet_path))
+    store.check_unlocked()
+    date = store.resolve_date(date)
+    cols = [*REPLAY_COLUMNS, REPORTED, "ttft_s", "e2e_s"]
+    if cfg.affinity_key() == "session_affinity":
+        cols.append("session_id")
+    requests = store.read_requests(date, cols)
+    identity = None
+    if fleet.scheduler.enable_prefix_caching or cfg.affinity_key() == "prefix_affinity":
+        identity = day_identity(store, date, requests, progress)
+    source = (
+        f"observed latencies of {date} ({requests.height:,} requests, store {store.root}) replayed on fleet "
+        f"{cfg.name!r} ({fleet_path})"
+    )
+    return fit_requests(requests, fleet, identity, train_share, source, progress)
+
+
+def calibration_toml(fit: ObservedFit, extra: dict[str, Any] | None = None) -> str:
+    """The calibration file's text (pipeline/costmodel/stackcal.py reads its ``[calibration]`` table)."""
+    cal = fit.calibration
+
+    def s(v: str) -> str:
+        import json
+
+        return json.dumps(v, ensure_ascii=False)
+
+    def num(v: float) -> str:
+        return repr(float(v)) if math.isfinite(v) else "nan"
+
+    lines = [
+        "# A serving stack's calibration, learnt from a fleet's own logs by `rooftrace calibrate --observed`.",
+        '# Include it from a FLEET.toml on the same GPU and cost tier: calibration_file = "<this file>".',
+        "",
+        "[calibration]",
+        f"source = {s(cal.source)}",
+        f"hardware = {s(cal.hardware)}",
+        f"cost_tier = {s(cal.cost_tier)}",
+    ]
+    lines += [f"{k} = {num(getattr(cal, k))}" for k in PARAMETERS]
+    lines += [
+        "",
+        "[fit]",
+        f"fitted = [{', '.join(s(k) for k in fit.fitted)}]",
+        f"fixed = [{', '.join(s(k) for k in fit.fixed)}]",
+        f"train_requests = {fit.n_train}",
+        f"held_out_requests = {fit.n_held_out}",
+        f"split = {s(f'arrivals up to {fit.cut_utc} train; the rest of the day is judged')}",
+        f"replays = {fit.evaluations}",
+        f"held_out_error = {num(fit.held_out_error)}",
+        f"in_sample_error = {num(fit.in_sample_error)}",
+    ]
+    for key, value in (extra or {}).items():
+        lines.append(f"{key} = {s(str(value))}")
+    for name, table in (
+        ("in_sample", fit.in_sample),
+        ("held_out", fit.held_out),
+        ("held_out_uncalibrated", fit.held_out_uncalibrated),
+    ):
+        for m, row in table.items():
+            lines += ["", f"[errors.{name}.{m}]"] + [f"{k} = {num(v)}" for k, v in row.items()]
+    return "\n".join(lines) + "\n"

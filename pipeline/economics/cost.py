@@ -1,0 +1,896 @@
+"""Economics: what a fleet costs, which tokens that money buys, and what an API would charge.
+
+Two halves (docs/planning.md has the formulas and a worked example):
+
+* **Self-hosted cost.** A fleet costs ``GPUs × $/GPU-hour`` whether busy or idle (the catalog's dated
+  on-demand price, overridable). The busy part is split over the three token classes by the time the
+  engine's steps spend on them (:func:`attribute_busy_time`): each step's *linear* time (weights and
+  GEMM rows, re-costed by the roofline without attention) is shared by its rows (prefill tokens vs
+  decoding sequences); the rest of the step (attention over the KV cache) is shared by the KV entries
+  it reads, of which cache-hit tokens are a known part. Idle time is reported on its own and spread
+  pro rata for the all-in $ per million tokens.
+* **API-equivalent cost.** The same traffic priced on a dated provider table
+  (``pipeline/catalog/prices/*.toml``): fresh input at the input price, cache-hit input at the
+  cached-input price, cache writes at the cache-write price, output at the output price.
+
+Token classes follow docs/architecture.md (Vocabulary): ``fresh_input_tokens`` (prefill work), ``cache_hit_tokens``
+(served from a prefix cache) and ``output_tokens``.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import json
+import math
+import re
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+import polars as pl
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from pipeline.common.errors import ConfigError, RooftraceError
+from pipeline.common.schemas import atomic_write_bytes, read_parquet, write_parquet
+from pipeline.common.tomlfile import read_toml
+from pipeline.costmodel.steps import StepBatch
+from pipeline.ingest.store import Store
+from pipeline.replay.fleet import ResolvedFleet
+from pipeline.replay.runfolder import (
+    config_path,
+    latest_run,
+    pools_of,
+    read_config,
+    run_overload_sustained,
+    run_overloaded,
+)
+from pipeline.replay.slo import day_projection, traffic_span
+
+PRICES_DIR = Path(__file__).resolve().parents[1] / "catalog" / "prices"
+
+#: The only unit a price table may declare: USD per million tokens (how every provider publishes).
+PRICE_UNIT = "usd_per_million_tokens"
+TOKEN_CLASSES: tuple[str, ...] = ("fresh_input", "cache_hit", "output")
+_DATE_RE = re.compile(r"^\d{4}-\d{2}-\d{2}$")
+#: A price checked more than this long ago is flagged ``stale`` in outputs (list prices of the
+#: providers above changed several times a year in 2024-2026).
+STALE_AFTER_DAYS = 365
+
+FloatArray = npt.NDArray[np.float64]
+
+
+# --------------------------------------------------------------------------------------------
+# price tables
+
+
+@dataclass(frozen=True)
+class ApiPrice:
+    """One model's list price, USD per million tokens."""
+
+    provider: str
+    model: str
+    input: float
+    cached_input: float
+    cache_write: float
+    output: float
+    date: str
+    source: str
+    path: str
+
+    @property
+    def key(self) -> str:
+        return f"{self.provider}/{self.model}"
+
+    def stale(self, today: _dt.date | None = None) -> bool:
+        today = today or _dt.date.today()
+        return (today - _dt.date.fromisoformat(self.date)).days > STALE_AFTER_DAYS
+
+
+_PRICE_KEYS = ("input", "cached_input", "cache_write", "output")
+
+
+def _check_date(value: Any, where: str, today: _dt.date) -> str:
+    """The date as ISO text: a "YYYY-MM-DD" string, or a native TOML date (unquoted)."""
+    if isinstance(value, _dt.date) and not isinstance(value, _dt.datetime):
+        value = value.isoformat()
+    elif isinstance(value, _dt.datetime | _dt.time):
+        raise ConfigError(f"{where}: date must be a day (YYYY-MM-DD), got the time {value.isoformat()}")
+    if not isinstance(value, str) or not _DATE_RE.match(value):
+        raise ConfigError(f"{where}: date must be a YYYY-MM-DD string, got {value!r}")
+    try:
+        day = _dt.date.fromisoformat(value)
+    except ValueError:
+        raise ConfigError(f"{where}: date {value!r} is not a calendar date") from None
+    if day > today:
+        raise ConfigError(f"{where}: date {value} is in the future")
+    return value
+
+
+#: Highest API price accepted, USD per million tokens: a dollar a token, far above any published
+#: price, low enough that a day's API bill stays a finite, printable number.
+MAX_USD_PER_MILLION_TOKENS = 1_000_000.0
+
+
+def parse_price_table(data: Mapping[str, Any], origin: str, today: _dt.date | None = None) -> list[ApiPrice]:
+    """Validate one price TOML: its keys and value types (``PriceFile`` in pipeline/common/tomlschema.py),
+    then the declared unit, dates, non-negative prices, a cached-input price no higher than the
+    input price."""
+    from pipeline.common.tomlschema import PriceFile, check  # lazy: pydantic, loaded only when a file is read
+
+    today = today or _dt.date.today()
+    check(data, PriceFile, origin)
+    provider = data["provider"]
+    if data["unit"] != PRICE_UNIT:
+        raise ConfigError(f"{origin}: unit must be {PRICE_UNIT!r}, got {data['unit']!r}")
+    models = data["models"]
+    if not models:
+        raise ConfigError(f"{origin}: [models.<name>] tables are required")
+    out = []
+    for name, raw in models.items():
+        where = f"{origin} [models.{name}]"
+        values: dict[str, float] = {}
+        for key in _PRICE_KEYS:
+            v = raw[key]
+            if not math.isfinite(v):  # (a number: the schema checked)
+                raise ConfigError(f"{where}: {key} must be a number, got {v!r}")
+            if not 0 <= v <= MAX_USD_PER_MILLION_TOKENS:
+                raise ConfigError(
+                    f"{where}: {key} must be between 0 and {MAX_USD_PER_MILLION_TOKENS:,.0f} USD per million "
+                    f"tokens, got {v}"
+                )
+            values[key] = float(v)
+        if values["cached_input"] > values["input"]:
+            raise ConfigError(f"{where}: cached_input ({values['cached_input']}) exceeds input ({values['input']})")
+        out.append(
+            ApiPrice(
+                provider=provider,
+                model=name,
+                date=_check_date(raw["date"], where, today),
+                source=raw["source"],
+                path=origin,
+                **values,
+            )
+        )
+    return out
+
+
+def load_price_file(path: Path | str, today: _dt.date | None = None) -> list[ApiPrice]:
+    return parse_price_table(read_toml(path, "price file"), str(path), today)
+
+
+def load_prices(paths: Sequence[Path | str] | None = None, today: _dt.date | None = None) -> list[ApiPrice]:
+    """Prices from ``paths`` (files), or every bundled table; duplicate provider/model is an error."""
+    files = [Path(p) for p in paths] if paths else sorted(PRICES_DIR.glob("*.toml"))
+    prices: list[ApiPrice] = []
+    seen: dict[str, str] = {}
+    for f in files:
+        for p in load_price_file(f, today):
+            if p.key in seen:
+                raise ConfigError(f"{f}: {p.key} is also priced in {seen[p.key]}")
+            seen[p.key] = str(f)
+            prices.append(p)
+    return prices
+
+
+# --------------------------------------------------------------------------------------------
+# API-equivalent cost
+
+
+@dataclass(frozen=True)
+class TokenTotals:
+    """Token counts of a body of traffic. ``cache_write`` tokens are part of ``fresh_input``
+    (the inclusive convention), as providers that charge for writes count them."""
+
+    fresh_input: float
+    cache_hit: float
+    output: float
+    cache_write: float = 0.0
+
+    def __post_init__(self) -> None:
+        for name in ("fresh_input", "cache_hit", "output", "cache_write"):
+            if getattr(self, name) < 0:
+                raise ConfigError(f"token totals: {name} must be >= 0")
+        if self.cache_write > self.fresh_input:
+            raise ConfigError("token totals: cache_write tokens cannot exceed fresh_input tokens")
+
+    @property
+    def recorded_input(self) -> float:
+        return self.fresh_input + self.cache_hit
+
+    def scaled(self, factor: float) -> TokenTotals:
+        return TokenTotals(
+            self.fresh_input * factor, self.cache_hit * factor, self.output * factor, self.cache_write * factor
+        )
+
+
+@dataclass(frozen=True)
+class ApiCost:
+    price: ApiPrice
+    fresh_input_usd: float
+    cache_write_usd: float
+    cache_hit_usd: float
+    output_usd: float
+
+    @property
+    def total_usd(self) -> float:
+        return self.fresh_input_usd + self.cache_write_usd + self.cache_hit_usd + self.output_usd
+
+
+def api_cost(tokens: TokenTotals, price: ApiPrice) -> ApiCost:
+    """What ``price``'s provider would bill for ``tokens``: uncached fresh input at ``input``,
+    cache writes at ``cache_write``, cache hits at ``cached_input`` (the discount), output at ``output``."""
+    m = 1e-6
+    return ApiCost(
+        price=price,
+        fresh_input_usd=(tokens.fresh_input - tokens.cache_write) * price.input * m,
+        cache_write_usd=tokens.cache_write * price.cache_write * m,
+        cache_hit_usd=tokens.cache_hit * price.cached_input * m,
+        output_usd=tokens.output * price.output * m,
+    )
+
+
+# --------------------------------------------------------------------------------------------
+# self-hosted cost split
+
+
+def kv_read_shares(
+    prompt_tokens: npt.ArrayLike, cache_hit_tokens: npt.ArrayLike, output_tokens: npt.ArrayLike
+) -> dict[str, float]:
+    """Share of attention KV reads over a request's life that land on each token class.
+
+    The prefill of request i reads its whole prompt once (``H`` cached + ``F`` fresh entries); each
+    of its ``O − 1`` decode steps reads the prompt again plus the ``k`` tokens generated so far. So
+    cache-hit entries are read ``H·O`` times, fresh ones ``F·O`` and generated ones ``O(O−1)/2``.
+    """
+    p = np.asarray(prompt_tokens, dtype=np.float64)
+    h = np.asarray(cache_hit_tokens, dtype=np.float64)
+    o = np.asarray(output_tokens, dtype=np.float64)
+    reads = {
+        "cache_hit": float((h * o).sum()),
+        "fresh_input": float(((p - h) * o).sum()),
+        "output": float((o * (o - 1) / 2).sum()),
+    }
+    total = sum(reads.values())
+    if total <= 0:
+        return dict.fromkeys(TOKEN_CLASSES, 0.0)
+    return {k: v / total for k, v in reads.items()}
+
+
+def linear_only_batch(prefill_tokens: FloatArray, prefill_seqs: FloatArray, decode_seqs: FloatArray) -> StepBatch:
+    """A step with the given rows and no attention work: what the GEMMs, norms and weight reads cost."""
+    zero = np.zeros_like(prefill_tokens)
+    return StepBatch(
+        prefill_tokens=prefill_tokens,
+        prefill_seqs=prefill_seqs,
+        prefill_attn_pairs=zero,
+        prefill_kv_tokens=zero.copy(),
+        decode_seqs=decode_seqs,
+        decode_ctx_tokens=zero.copy(),
+    )
+
+
+def attribute_busy_time(
+    spans: Mapping[str, npt.NDArray[Any]],
+    linear_step_time: Callable[[StepBatch], FloatArray],
+    read_shares: Mapping[str, float],
+) -> dict[str, float]:
+    """Busy seconds (per replica, summed) attributed to each token class.
+
+    ``spans`` holds the engine's span columns (start_s, end_s, steps, prefill_tokens, prefill_seqs,
+    decode_seqs). For each span the linear time of one step (``linear_step_time``, e.g. the roofline
+    on :func:`linear_only_batch`) times its steps, capped at the span's duration, is shared between
+    prefill rows (→ fresh input; recomputation after preemption included) and decode rows
+    (→ output) by row count; the remainder (attention) is shared by ``read_shares``.
+    """
+    dur = np.asarray(spans["end_s"], np.float64) - np.asarray(spans["start_s"], np.float64)
+    steps = np.maximum(np.asarray(spans["steps"], np.float64), 1.0)
+    p = np.asarray(spans["prefill_tokens"], np.float64) / steps
+    ps = np.asarray(spans["prefill_seqs"], np.float64)
+    d = np.asarray(spans["decode_seqs"], np.float64)
+    if dur.size == 0:
+        return dict.fromkeys(TOKEN_CLASSES, 0.0)
+    lin = np.minimum(linear_step_time(linear_only_batch(p, ps, d)) * steps, dur)
+    rows = p + d
+    pf = np.divide(p, rows, out=np.zeros_like(p), where=rows > 0)
+    attn = float((dur - lin).sum())
+    out = {
+        "fresh_input": float((lin * pf).sum()),
+        "output": float((lin * (1.0 - pf)).sum()),
+        "cache_hit": 0.0,
+    }
+    for k in TOKEN_CLASSES:
+        out[k] += attn * float(read_shares.get(k, 0.0))
+    return out
+
+
+@dataclass(frozen=True)
+class GpuCost:
+    """A fleet's cost over ``window_s`` seconds and how it splits over token classes."""
+
+    hardware: str
+    gpus: int
+    usd_per_gpu_hour: float
+    price_date: str
+    window_s: float
+    busy_gpu_s: float
+    class_busy_s: Mapping[str, float]
+    tokens: TokenTotals
+
+    @property
+    def total_usd(self) -> float:
+        return self.gpus * self.usd_per_gpu_hour * self.window_s / 3600.0
+
+    @property
+    def usd_per_day(self) -> float:
+        return self.gpus * self.usd_per_gpu_hour * 24.0
+
+    @property
+    def busy_usd(self) -> float:
+        return min(self.busy_gpu_s, self.gpus * self.window_s) * self.usd_per_gpu_hour / 3600.0
+
+    @property
+    def idle_usd(self) -> float:
+        return self.total_usd - self.busy_usd
+
+    @property
+    def utilization(self) -> float:
+        """Busy GPU-seconds over the GPU-seconds of the period (0 to 1): time, not dollars, so a
+        free GPU (``--gpu-price 0``) is as busy as a paid one."""
+        capacity = self.gpus * self.window_s
+        return min(max(self.busy_gpu_s / capacity, 0.0), 1.0) if capacity > 0 else 0.0
+
+    def class_usd(self) -> dict[str, float]:
+        """Busy dollars per token class (sums to ``busy_usd``)."""
+        total = sum(self.class_busy_s.values())
+        if total <= 0:
+            return dict.fromkeys(TOKEN_CLASSES, 0.0)
+        return {k: self.busy_usd * self.class_busy_s.get(k, 0.0) / total for k in TOKEN_CLASSES}
+
+    def rows(self) -> list[dict[str, Any]]:
+        """One row per token class plus ``idle``: tokens, busy $, all-in $ (idle spread pro rata by
+        busy share), and both per million tokens."""
+        usd = self.class_usd()
+        seconds = sum(self.class_busy_s.values())  # a share of busy time, whatever the GPU costs
+        counts = {
+            "fresh_input": self.tokens.fresh_input,
+            "cache_hit": self.tokens.cache_hit,
+            "output": self.tokens.output,
+        }
+        out = []
+        for k in TOKEN_CLASSES:
+            share = self.class_busy_s.get(k, 0.0) / seconds if seconds > 0 else 0.0
+            all_in = usd[k] + self.idle_usd * share
+            n = counts[k]
+            out.append(
+                {
+                    "token_class": k,
+                    "tokens": n,
+                    "busy_share": share,
+                    "busy_usd": usd[k],
+                    "all_in_usd": all_in,
+                    "busy_usd_per_million_tokens": usd[k] / n * 1e6 if n > 0 else None,
+                    "all_in_usd_per_million_tokens": all_in / n * 1e6 if n > 0 else None,
+                }
+            )
+        out.append(
+            {
+                "token_class": "idle",
+                "tokens": 0.0,
+                "busy_share": 0.0,
+                "busy_usd": 0.0,
+                "all_in_usd": self.idle_usd,
+                "busy_usd_per_million_tokens": None,
+                "all_in_usd_per_million_tokens": None,
+            }
+        )
+        return out
+
+
+def traffic_period_s(arrival_s: Any) -> float:
+    """The period of record of some traffic: first to last arrival (at least one second). Every
+    $ figure is stated for it; a per-day figure is a named projection (:func:`pipeline.replay.slo.day_projection`)."""
+    a = np.asarray(arrival_s, dtype=np.float64)
+    a = a[np.isfinite(a)]
+    return max(float(a.max() - a.min()), 1.0) if a.size else 1.0
+
+
+#: How a run's $ period was chosen (:func:`run_period`).
+PERIOD_ARRIVALS = "arrivals"
+PERIOD_MAKESPAN = "makespan"
+
+
+def _duration(seconds: float) -> str:
+    """'3.65 min', '46.6 h': :func:`pipeline.replay.slo.traffic_span` without its 'of traffic'."""
+    return traffic_span(seconds).removesuffix(" of traffic")
+
+
+@dataclass(frozen=True)
+class Period:
+    """The period a replay run is priced over, and why.
+
+    Normally the traffic's own span, first to last arrival (``arrivals``). A fleet that does not
+    keep up serves the traffic for longer than it arrives: when the run is overloaded, or one
+    engine (rank) was busy for longer than the arrival span, the GPUs were needed from the first
+    arrival to the last finish (``makespan``), and that is what is priced: clipping busy time to
+    the arrival span would price less GPU time than serving the traffic took. Such a run's
+    $ per token and self-host / API ratios are not valid unit costs (:attr:`unit_costs_note`)."""
+
+    seconds: float
+    basis: str
+    arrival_span_s: float
+    makespan_s: float
+    busiest_rank_busy_s: float
+    overloaded: bool
+    #: The overload lasted to the last arrival (pipeline.replay.slo.Overload.sustained). A backlog that
+    #: drained before it (a peak the fleet could not keep up with, then caught up) leaves the
+    #: period the arrival span and the unit costs valid: the run's OVERLOADED warning says the rest.
+    sustained: bool = True
+
+    @property
+    def unit_costs_valid(self) -> bool:
+        return not (self.overloaded and self.sustained) and self.basis == PERIOD_ARRIVALS
+
+    @property
+    def text(self) -> str:
+        """What the $ figures cover, for people: '58.4 min of traffic' or '7.23 min makespan
+        (first arrival to last finish) for 3.65 min of arrivals'."""
+        if self.basis == PERIOD_MAKESPAN:
+            return (
+                f"{_duration(self.seconds)} makespan (first arrival to last finish) for "
+                f"{_duration(self.arrival_span_s)} of arrivals"
+            )
+        return traffic_span(self.seconds)
+
+    @property
+    def day_projection(self) -> str:
+        """:func:`pipeline.replay.slo.day_projection` of the period; none from a run that did not keep up."""
+        if self.basis == PERIOD_MAKESPAN:
+            return f"{self.text}; not projected to a day: the fleet did not keep up with the traffic"
+        return day_projection(self.seconds)
+
+    @property
+    def unit_costs_note(self) -> str | None:
+        """Why the run's $ per token and self-host / API ratios are not valid unit costs (None
+        when they are)."""
+        if self.unit_costs_valid:
+            return None
+        what = "OVERLOADED run" if self.overloaded and self.sustained else "the fleet did not keep up"
+        priced = " (the GPU time priced)" if self.basis == PERIOD_MAKESPAN else ""
+        if self.makespan_s > self.arrival_span_s:
+            took = (
+                f"serving {_duration(self.arrival_span_s)} of arrivals took {_duration(self.makespan_s)}{priced}, "
+                "with requests queued for it"
+            )
+        else:  # the last arrivals were rejected: the admitted ones still queued past their own last
+            took = (
+                f"its admitted requests were still queued at their last arrival ({_duration(self.makespan_s)} "
+                f"from the first arrival to the last finish, within {_duration(self.arrival_span_s)} of arrivals "
+                "whose last ones were rejected)"
+            )
+        return (
+            f"{what}: $ per token and self-host/API ratios are not valid unit costs: {took}; "
+            "size the fleet until the run keeps up"
+        )
+
+    @property
+    def unit_costs_flag(self) -> str | None:
+        """The short mark put beside each $ per token and self-host / API ratio that is not valid."""
+        if self.unit_costs_valid:
+            return None
+        return "OVERLOADED: not valid" if self.overloaded and self.sustained else "fleet fell behind: not valid"
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "period_s": self.seconds,
+            "period_basis": self.basis,
+            "period_text": self.text,
+            "arrival_span_s": self.arrival_span_s,
+            "makespan_s": self.makespan_s,
+            "busiest_rank_busy_s": self.busiest_rank_busy_s,
+            "overloaded": self.overloaded,
+            "unit_costs_valid": self.unit_costs_valid,
+            "unit_costs_note": self.unit_costs_note,
+            "unit_costs_flag": self.unit_costs_flag,
+        }
+
+
+def run_period(
+    arrival_s: Any,
+    finish_s: Any,
+    span_rank: Any,
+    span_start_s: Any,
+    span_end_s: Any,
+    overloaded: bool,
+    sustained: bool = True,
+) -> Period:
+    """The period a replay run is priced over (:class:`Period`): the arrival span
+    (:func:`traffic_period_s`), or the makespan (first arrival to the last finish or engine step)
+    when the run is ``overloaded`` up to its last arrival (``sustained``; an overload that drained
+    before it does not lengthen the period) or its busiest rank (``span_rank``: the steps'
+    ``replica``) was busy for longer than the arrival span."""
+    arrival = np.asarray(arrival_s, dtype=np.float64)
+    arrival = arrival[np.isfinite(arrival)]
+    span = traffic_period_s(arrival)
+    ends = [np.asarray(finish_s, dtype=np.float64), np.asarray(span_end_s, dtype=np.float64)]
+    ends = [e[np.isfinite(e)] for e in ends]
+    last = max((float(e.max()) for e in ends if e.size), default=math.nan)
+    makespan = last - float(arrival.min()) if arrival.size and math.isfinite(last) else 0.0
+    rank = np.asarray(span_rank, dtype=np.int64)
+    dur = np.asarray(span_end_s, dtype=np.float64) - np.asarray(span_start_s, dtype=np.float64)
+    busiest = 0.0
+    if rank.size:
+        _, inverse = np.unique(rank, return_inverse=True)
+        busiest = float(np.bincount(inverse, weights=np.nan_to_num(dur)).max())
+    behind = (overloaded and sustained) or busiest > span
+    basis = PERIOD_MAKESPAN if behind and makespan > span else PERIOD_ARRIVALS
+    return Period(
+        seconds=makespan if basis == PERIOD_MAKESPAN else span,
+        basis=basis,
+        arrival_span_s=span,
+        makespan_s=max(makespan, 0.0),
+        busiest_rank_busy_s=busiest,
+        overloaded=overloaded,
+        sustained=sustained,
+    )
+
+
+def stored_run_period(run_dir: Path, config: Mapping[str, Any]) -> Period:
+    """:func:`run_period` of a stored replay run (its requests and steps tables)."""
+    req = read_parquet(run_dir / "requests.parquet", "replay_requests", ["arrival_s", "finish_s", "status"])
+    steps = read_parquet(run_dir / "steps.parquet", "replay_steps", ["replica", "start_s", "end_s"])
+    ok = pc.equal(req.column("status"), "finished").to_numpy(zero_copy_only=False).astype(bool)
+    finish = req.column("finish_s").to_numpy(zero_copy_only=False).astype(np.float64)
+    return run_period(
+        req.column("arrival_s").to_numpy(zero_copy_only=False),
+        finish[ok],
+        steps.column("replica").to_numpy(zero_copy_only=False),
+        steps.column("start_s").to_numpy(zero_copy_only=False),
+        steps.column("end_s").to_numpy(zero_copy_only=False),
+        run_overloaded(config),
+        run_overload_sustained(config),
+    )
+
+
+def api_cost_rows(
+    subject: str, tokens: TokenTotals, prices: Sequence[Any], self_host_usd: float, period_s: float
+) -> list[dict[str, Any]]:
+    """One row per priced API model: the same traffic's API bill and the self-host / API ratio."""
+    rows = []
+    for p in prices:
+        c = api_cost(tokens, p)
+        rows.append(
+            {
+                "subject": subject,
+                "provider": p.provider,
+                "api_model": p.model,
+                "price_date": p.date,
+                "price_stale": p.stale(),
+                "price_source": p.source,
+                "period_s": period_s,
+                "fresh_input_tokens": tokens.fresh_input,
+                "cache_write_tokens": tokens.cache_write,
+                "cache_hit_tokens": tokens.cache_hit,
+                "output_tokens": tokens.output,
+                "fresh_input_usd": c.fresh_input_usd,
+                "cache_write_usd": c.cache_write_usd,
+                "cache_hit_usd": c.cache_hit_usd,
+                "output_usd": c.output_usd,
+                "api_usd": c.total_usd,
+                "self_host_usd": self_host_usd,
+                "self_host_to_api_ratio": self_host_usd / c.total_usd if c.total_usd > 0 else None,
+            }
+        )
+    return rows
+
+
+# --------------------------------------------------------------------------------------------
+# the `cost` stage: a stored replay run
+
+
+@dataclass(frozen=True)
+class CostResult:
+    subject: str
+    gpu: GpuCost | PooledGpuCost
+    api_rows: list[dict[str, Any]]
+    out_dir: Path
+    #: Where the hardware and model entries that priced the run came from.
+    catalog_source: str = ""
+    #: The run's own failures (rejections, overload, SLO verdict) as its summary recorded them: a
+    #: cost is only as good as the run it prices, so they are shown with it.
+    warnings: tuple[str, ...] = ()
+    #: The period priced and why (:func:`run_period`); None: the GPU cost's window, the arrivals.
+    period: Period | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        g = self.gpu
+        period = self.period or Period(g.window_s, PERIOD_ARRIVALS, g.window_s, g.window_s, 0.0, False)
+        valid = period.unit_costs_valid
+        return {
+            "subject": self.subject,
+            "warnings": list(self.warnings),
+            "out_dir": str(self.out_dir),
+            "hardware": g.hardware,
+            "gpus": g.gpus,
+            "usd_per_gpu_hour": g.usd_per_gpu_hour,
+            "price_date": g.price_date,
+            **period.to_dict(),
+            "period_s": g.window_s,
+            "period": period.text,
+            "day_projection": period.day_projection,
+            "total_usd": g.total_usd,
+            "busy_usd": g.busy_usd,
+            "idle_usd": g.idle_usd,
+            "utilization": g.utilization,
+            "usd_per_day": g.usd_per_day,
+            "token_classes": [{**r, "unit_cost_valid": valid} for r in g.rows()],
+            "api_equivalent": [{**r, "self_host_to_api_ratio_valid": valid} for r in self.api_rows],
+            "catalog_source": self.catalog_source,
+            **(
+                {"pools": [_pool_cost_dict(name, part, valid) for name, part in g.pools]}
+                if isinstance(g, PooledGpuCost)
+                else {}
+            ),
+        }
+
+
+def _pool_cost_dict(name: str, g: GpuCost, valid: bool) -> dict[str, Any]:
+    """One pool's part of a fleet of pools' cost.json."""
+    return {
+        "pool": name,
+        "hardware": g.hardware,
+        "gpus": g.gpus,
+        "usd_per_gpu_hour": g.usd_per_gpu_hour,
+        "price_date": g.price_date,
+        "total_usd": g.total_usd,
+        "busy_usd": g.busy_usd,
+        "idle_usd": g.idle_usd,
+        "utilization": g.utilization,
+        "usd_per_day": g.usd_per_day,
+        "token_classes": [{**r, "unit_cost_valid": valid} for r in g.rows()],
+    }
+
+
+#: Highest $/GPU-hour override accepted: far above any real price, low enough that every $ figure
+#: of a fleet stays finite (cost.json and plan.json hold plain JSON numbers).
+MAX_USD_PER_GPU_HOUR = 1_000_000.0
+
+
+def check_gpu_price(price: float, where: str) -> float:
+    """A $/GPU-hour override (``cost --gpu-price``, ``plan --gpu-price HW=P``): a finite number in
+    [0, MAX_USD_PER_GPU_HOUR], else one ConfigError line naming ``where``."""
+    if not 0.0 <= price <= MAX_USD_PER_GPU_HOUR:  # NaN fails every comparison
+        raise ConfigError(
+            f"{where}: price must be between 0 and {MAX_USD_PER_GPU_HOUR:,.0f} USD per GPU-hour, got {price!r}"
+        )
+    return price
+
+
+def _fleet_gpu_cost(
+    fleet: ResolvedFleet,
+    req: pa.Table,
+    ok: npt.NDArray[np.bool_],
+    writes: npt.NDArray[np.float64],
+    spans: Mapping[str, npt.NDArray[np.float64]],
+    step_rows: npt.NDArray[np.bool_],
+    span: float,
+    usd_per_gpu_hour: float | None,
+) -> GpuCost:
+    """One homogeneous fleet's GPU cost over ``span`` seconds: its finished requests (``ok``) and
+    its steps (``step_rows``), its busy time split over token classes by its own step cost."""
+    prompt = req.column("recorded_input_tokens").to_numpy().astype(np.float64)[ok]
+    hits = req.column("cache_hit_tokens").to_numpy().astype(np.float64)[ok]
+    out = req.column("output_tokens").to_numpy().astype(np.float64)[ok]
+    mine = {k: v[step_rows] for k, v in spans.items()}
+    dep = fleet.deployment
+
+    def linear(batch: StepBatch) -> FloatArray:
+        return np.asarray(dep(batch).time_s, dtype=np.float64)
+
+    busy = attribute_busy_time(mine, linear, kv_read_shares(prompt, hits, out))
+    fresh = float(prompt.sum() - hits.sum())
+    tokens = TokenTotals(fresh, float(hits.sum()), float(out.sum()), min(float(writes[ok].sum()), fresh))
+    hw = dep.hardware
+    return GpuCost(
+        hardware=hw.name,
+        gpus=fleet.ranks * dep.gpus,
+        usd_per_gpu_hour=usd_per_gpu_hour if usd_per_gpu_hour is not None else hw.price_usd_per_gpu_hour,
+        price_date="override" if usd_per_gpu_hour is not None else hw.price_date,
+        window_s=span,
+        busy_gpu_s=float((mine["end_s"] - mine["start_s"]).sum()) * dep.gpus,
+        class_busy_s=busy,
+        tokens=tokens,
+    )
+
+
+@dataclass(frozen=True)
+class PooledGpuCost:
+    """A fleet of pools' GPU cost: each pool's :class:`GpuCost` (its GPUs at its price, its busy
+    time split by its own step cost), summed; the same figures a GpuCost gives, each the pools' sum
+    (a pool's idle dollars are spread over its own token classes)."""
+
+    pools: tuple[tuple[str, GpuCost], ...]
+
+    @property
+    def hardware(self) -> str:
+        return " + ".join(dict.fromkeys(g.hardware for _, g in self.pools))
+
+    @property
+    def gpus(self) -> int:
+        return sum(g.gpus for _, g in self.pools)
+
+    @property
+    def window_s(self) -> float:
+        return self.pools[0][1].window_s
+
+    @property
+    def usd_per_gpu_hour(self) -> float:
+        """The fleet's mean $/GPU-hour (its GPUs' prices weighted by their counts)."""
+        return sum(g.gpus * g.usd_per_gpu_hour for _, g in self.pools) / self.gpus if self.gpus else 0.0
+
+    @property
+    def price_date(self) -> str:
+        return "; ".join(dict.fromkeys(g.price_date for _, g in self.pools))
+
+    @property
+    def busy_gpu_s(self) -> float:
+        return sum(g.busy_gpu_s for _, g in self.pools)
+
+    @property
+    def class_busy_s(self) -> dict[str, float]:
+        return {k: sum(g.class_busy_s.get(k, 0.0) for _, g in self.pools) for k in TOKEN_CLASSES}
+
+    @property
+    def tokens(self) -> TokenTotals:
+        t = [g.tokens for _, g in self.pools]
+        return TokenTotals(
+            sum(x.fresh_input for x in t),
+            sum(x.cache_hit for x in t),
+            sum(x.output for x in t),
+            sum(x.cache_write for x in t),
+        )
+
+    @property
+    def total_usd(self) -> float:
+        return sum(g.total_usd for _, g in self.pools)
+
+    @property
+    def usd_per_day(self) -> float:
+        return sum(g.usd_per_day for _, g in self.pools)
+
+    @property
+    def busy_usd(self) -> float:
+        return sum(g.busy_usd for _, g in self.pools)
+
+    @property
+    def idle_usd(self) -> float:
+        return self.total_usd - self.busy_usd
+
+    @property
+    def utilization(self) -> float:
+        capacity = sum(g.gpus * g.window_s for _, g in self.pools)
+        return min(max(self.busy_gpu_s / capacity, 0.0), 1.0) if capacity > 0 else 0.0
+
+    def rows(self) -> list[dict[str, Any]]:
+        """GpuCost.rows of the whole fleet: each class's tokens and dollars, the pools' sums."""
+        per = [g.rows() for _, g in self.pools]
+        seconds = sum(self.class_busy_s.values())
+        out = []
+        for i, first in enumerate(per[0]):
+            k = first["token_class"]
+            busy_usd = sum(r[i]["busy_usd"] for r in per)
+            all_in = sum(r[i]["all_in_usd"] for r in per)
+            n = sum(float(r[i]["tokens"]) for r in per)
+            share = self.class_busy_s.get(k, 0.0) / seconds if seconds > 0 and k in TOKEN_CLASSES else 0.0
+            out.append(
+                {
+                    "token_class": k,
+                    "tokens": n,
+                    "busy_share": share,
+                    "busy_usd": busy_usd,
+                    "all_in_usd": all_in,
+                    "busy_usd_per_million_tokens": busy_usd / n * 1e6 if n > 0 and k in TOKEN_CLASSES else None,
+                    "all_in_usd_per_million_tokens": all_in / n * 1e6 if n > 0 and k in TOKEN_CLASSES else None,
+                }
+            )
+        return out
+
+
+def run_cost(
+    store: Store,
+    run_id: str | None = None,
+    price_files: Sequence[str] = (),
+    usd_per_gpu_hour: float | None = None,
+) -> CostResult:
+    """GPU cost split and API-equivalent cost of a stored replay run (the latest when ``run_id`` is
+    None); writes ``STORE/costs/<run_id>/{gpu_cost,api_cost}.parquet`` and ``cost.json``."""
+    if usd_per_gpu_hour is not None:
+        check_gpu_price(usd_per_gpu_hour, "--gpu-price")
+    if run_id is not None and not run_id.strip():  # '' was quietly the latest run
+        raise RooftraceError("--run: the run id is empty (name a run, or leave --run out for the latest one)")
+    run_id = run_id if run_id is not None else latest_run(store)
+    if run_id is None:
+        raise RooftraceError(f"{store.root}: no replay runs yet (run `rooftrace replay` first)")
+    run_dir = store.run_dir(run_id)
+    cfg_path = config_path(run_dir)
+    if not cfg_path.exists():
+        raise RooftraceError(f"{run_dir}: no such replay run")
+    config = read_config(cfg_path)
+    pools = pools_of(config, str(cfg_path))
+    catalog_source = "; ".join(dict.fromkeys(p.source for p in pools))
+    prices = load_prices(list(price_files) or None)
+    steps = read_parquet(run_dir / "steps.parquet", "replay_steps")
+    spans = {
+        k: steps.column(k).to_numpy().astype(np.float64)
+        for k in ("start_s", "end_s", "steps", "prefill_tokens", "prefill_seqs", "decode_seqs")
+    }
+    req = read_parquet(run_dir / "requests.parquet", "replay_requests")
+    ok = np.asarray(req.column("status").to_pylist()) == "finished"
+    period = run_period(
+        req.column("arrival_s").to_numpy(),
+        req.column("finish_s").to_numpy(zero_copy_only=False).astype(np.float64)[ok],
+        steps.column("replica").to_numpy(),
+        spans["start_s"],
+        spans["end_s"],
+        run_overloaded(config),
+        run_overload_sustained(config),
+    )
+    # the period of record: the traffic's own span, or the makespan of a fleet that fell behind
+    span = period.seconds
+    writes = np.zeros(req.num_rows)
+    date = config.get("date")
+    if isinstance(date, str) and date in store.dates():
+        canon = store.read_requests(date)
+        if "cache_write_tokens" in canon.columns:
+            # each replayed request's cache writes, by its id (the run's rows are in date order)
+            ids = pl.DataFrame({"request_id": req.column("request_id").to_pylist()}, schema={"request_id": pl.String})
+            own = canon.select("request_id", pl.col("cache_write_tokens").fill_null(0).cast(pl.Float64))
+            own = own.group_by("request_id").agg(pl.col("cache_write_tokens").sum())
+            joined = ids.join(own, on="request_id", how="left", maintain_order="left")
+            writes = joined.get_column("cache_write_tokens").fill_null(0.0).to_numpy().astype(np.float64)
+    parts: list[tuple[str | None, GpuCost]] = []
+    for pool in pools:
+        on_pool = np.ones(req.num_rows, np.bool_)
+        step_rows = np.ones(steps.num_rows, np.bool_)
+        if pool.name is not None:  # a fleet of pools: each pool's requests and steps, priced on its GPUs
+            on_pool = np.asarray(req.column("pool").to_pylist(), dtype=object) == pool.name
+            step_rows = np.asarray(steps.column("pool").to_pylist(), dtype=object) == pool.name
+        parts.append(
+            (
+                pool.name,
+                _fleet_gpu_cost(pool.fleet, req, ok & on_pool, writes, spans, step_rows, span, usd_per_gpu_hour),
+            )
+        )
+    gpu: GpuCost | PooledGpuCost = parts[0][1]
+    if pools[0].name is not None:  # a fleet of pools
+        gpu = PooledGpuCost(tuple((str(name), part) for name, part in parts))
+    tokens = gpu.tokens
+    api_rows = api_cost_rows(run_id, tokens, prices, gpu.total_usd, span)
+    out_dir = store.cost_dir(run_id)
+    gpu_rows = [
+        {
+            "subject": run_id if name is None else f"{run_id}/{name}",
+            "hardware": part.hardware,
+            "gpus": part.gpus,
+            "usd_per_gpu_hour": part.usd_per_gpu_hour,
+            "price_date": part.price_date,
+            "period_s": span,
+            **row,
+        }
+        for name, part in parts
+        for row in part.rows()
+    ]
+    summary = config.get("summary")
+    health = summary.get("health") if isinstance(summary, dict) else None
+    found = health.get("warnings") if isinstance(health, dict) else None
+    warnings = tuple(str(w) for w in found) if isinstance(found, list) else ()
+    result = CostResult(run_id, gpu, api_rows, out_dir, catalog_source, warnings, period)
+    with store.lock():
+        write_parquet(pa.Table.from_pylist(gpu_rows), out_dir / "gpu_cost.parquet", "plan_gpu_cost")
+        write_parquet(pa.Table.from_pylist(api_rows), out_dir / "api_cost.parquet", "plan_api_cost")
+        doc = json.dumps(result.to_dict(), indent=2, sort_keys=True, default=str)
+        atomic_write_bytes(out_dir / "cost.json", doc.encode())
+    return result
