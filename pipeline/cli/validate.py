@@ -143,9 +143,31 @@ def _step_summary(steps: Any) -> Any:
     help="Only this catalog GPU: its profiles, its Vidur/Splitwise rows (rows of a table whose labels no "
     "catalog GPU has are taken as it).",
 )
+@click.option(
+    "--runs",
+    type=click.Path(),
+    default=None,
+    help="Folder (or file) of benchmark client results to replay under their own methodology instead: vLLM "
+    "`vllm bench serve --save-result --save-detailed` JSON, GuideLLM benchmarks JSON, AIPerf profile_export.jsonl "
+    "(docs/benchruns.md); prints the TTFT, TPOT, ITL and E2E errors per run and stores them.",
+)
+@click.option(
+    "--fleet",
+    "fleet_path",
+    type=click.Path(dir_okay=False),
+    default=None,
+    help="With --runs: the FLEET.toml of the server the runs were made against (default: the project's fleet).",
+)
 @store_option
 @json_option
-def validate_cmd(measurements: str | None, hardware: str | None, store_path: str | None, as_json: bool) -> None:
+def validate_cmd(
+    measurements: str | None,
+    hardware: str | None,
+    runs: str | None,
+    fleet_path: str | None,
+    store_path: str | None,
+    as_json: bool,
+) -> None:
     """Judge the cost model on measurements it was not built from; print and store the error tables
     under STORE/validation/.
 
@@ -155,8 +177,20 @@ def validate_cmd(measurements: str | None, hardware: str | None, store_path: str
     held out whole (operators, whole steps, NVLink collectives); and the plain roofline with
     catalog and calibrated factors (Vidur, Splitwise). docs/validation.md explains each.
 
+    With --runs, replay benchmark client runs (closed loop at their concurrency, open loop at their
+    send times, or all at once) on --fleet and store the errors under STORE/validation/runs.parquet.
+
     Example: rooftrace validate --measurements path/to/measurements --json
+
+    Example: rooftrace validate --runs results/ --fleet fleets/default.toml
     """
+    if runs is not None:
+        if measurements is not None or hardware is not None:
+            raise click.UsageError("--runs replays benchmark runs; give --measurements / --hardware in another run")
+        run(lambda: _validate_runs(runs, fleet_path, store_path, as_json))
+        return
+    if fleet_path is not None:
+        raise click.UsageError("--fleet goes with --runs (the operator checks need no fleet)")
 
     def body() -> bool:
         from pipeline.calibrate.validate import (
@@ -340,3 +374,23 @@ def validate_cmd(measurements: str | None, hardware: str | None, store_path: str
         return ok
 
     run(body)
+
+
+def _validate_runs(runs: str, fleet_path: str | None, store_path: str | None, as_json: bool) -> None:
+    """``validate --runs``: each benchmark run replayed on the fleet under its own methodology."""
+    from pipeline.calibrate.benchruns import check_runs_path, store_table, table_lines, validate_runs
+
+    refuse_empty("--fleet", fleet_path, "fleets/default.toml")
+    source = check_runs_path(runs)
+    store = get_store(store_path)
+    result = validate_runs(source, fleet_path, progress)
+    path = store_table(store, result.table)
+    progress(f"wrote {path}")
+    if as_json:
+        emit_json({"file": str(path), "fleet": result.fleet, "runs": result.table.to_dicts(), "notes": result.notes})
+        return
+    click.echo(f"benchmark runs replayed on fleet {result.fleet!r}; error = replayed / observed - 1:")
+    for line in table_lines(result.table):
+        click.echo(line)
+    for note in result.notes:
+        progress(f"note: {note}")

@@ -31,6 +31,7 @@ import pyarrow as pa
 import vl_convert as vlc
 from markupsafe import Markup
 
+from pipeline.calibrate.benchruns import report_rows, stored_table
 from pipeline.calibrate.observed import observed_count, observed_latencies, percentile_pair
 from pipeline.classify.accounting import classify_totals
 from pipeline.classify.freshness import classify_freshness, request_id_digest
@@ -2246,6 +2247,11 @@ def _observed_table(rows: Rows) -> str:
 
 
 TREND_CHART = "observed_trend"
+#: The section of the last ``validate --runs`` (STORE/validation/runs.parquet), shown when stored.
+BENCH_RUNS_TITLE = (
+    "Benchmark runs replayed (rooftrace validate --runs; error = replayed / observed − 1, each run under its "
+    "client's methodology)"
+)
 
 
 def observed_section(
@@ -2440,6 +2446,9 @@ def build_report(
         ("Two cache models", _two_caches(headline, config, _classified(store, day))),
         (f"{INGEST_TITLE} (files with requests on {day})", _html_table(q("ingest_accounting"))),
     ]
+    bench = stored_table(store)  # `rooftrace validate --runs`: benchmark client runs replayed on a fleet
+    if bench is not None and bench.height:
+        extra.append((BENCH_RUNS_TITLE, _html_table(report_rows(bench))))
     what_if = what_if_options(config)
     subtitle = (
         f"{day} · run {run_id}"
