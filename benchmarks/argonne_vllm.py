@@ -29,21 +29,27 @@ import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
 MEAS = Path(os.environ.get("ROOFTRACE_MEASUREMENTS", "measurements"))
-TABLE = MEAS / "argonne-llm-inference-bench" / "Plots" / "All_results.csv"
 sys.path.insert(0, str(ROOT / "tests"))  # the published tables are test data (tests/published.py)
 
-from published import ARGONNE_MODELS, argonne_fleet, read_argonne_table, replay_static_batch  # noqa: E402
+from published import (  # noqa: E402
+    ARGONNE_CSV,
+    ARGONNE_MODELS,
+    argonne_configs,
+    argonne_fleet,
+    read_argonne_table,
+    replay_argonne,
+)
 
 from pipeline.costmodel.profile.cost import fleet_step_cost  # noqa: E402
+
+TABLE = MEAS.joinpath(*ARGONNE_CSV)
 
 
 def main() -> None:
     if not TABLE.is_file():
         sys.exit(f"{TABLE}: the shared measurements are not laid out beside the project (set ROOFTRACE_MEASUREMENTS)")
     points, skipped = read_argonne_table(TABLE)
-    configs: dict[tuple[str, str, int, int, int], list[float]] = defaultdict(list)
-    for p in points:
-        configs[(p.gpu, p.model, p.tp, p.length, p.batch)].append(p.latency_s)
+    configs = argonne_configs(points)  # repeated configurations at their median latency
     print(
         f"{len(points)} vLLM rows on A100 / H100 ({len(configs)} configurations; {skipped} rows of models "
         "without a catalog entry left out)",
@@ -54,17 +60,22 @@ def main() -> None:
     rows: dict[tuple[str, str, str, int], list[tuple[int, int, float, float]]] = defaultdict(list)
     tier_used: dict[tuple[str, str, str, int], str] = {}
     pressure: set[tuple[str, str, int, int, int]] = set()  # configurations whose KV does not fit at once
+    kv_tokens: dict[tuple[str, str, str, int], int] = {}  # the replica's KV cache in tokens
     for tier in ("auto", "roofline"):
-        for i, ((gpu, model, tp, length, batch), lat) in enumerate(sorted(configs.items())):
-            fleet = argonne_fleet(gpu, model, tp, tier)
-            key = (tier, gpu, model, tp)
-            if key not in tier_used:  # the tier the fleet's step cost came from: measured, prior or roofline
-                tier_used[key] = fleet_step_cost(fleet).source
-            rows[key].append((length, batch, float(np.median(lat)), replay_static_batch(fleet, length, batch)))
-            if batch * 2 * length > fleet.scheduler.num_gpu_blocks * fleet.scheduler.block_size:
-                pressure.add((gpu, model, tp, length, batch))  # vLLM preempts (recompute) to finish
+
+        def say(i: int, tier: str = tier) -> None:
             if i % 50 == 0:
                 print(f"  {tier}: {i}/{len(configs)} configurations, {time.perf_counter() - t0:.0f} s", file=sys.stderr)
+
+        for (gpu, model, tp, length, batch), replayed in replay_argonne(configs, tier, say).items():
+            key = (tier, gpu, model, tp)
+            if key not in tier_used:  # the tier the fleet's step cost came from: measured, prior or roofline
+                fleet = argonne_fleet(gpu, model, tp, tier)
+                tier_used[key] = fleet_step_cost(fleet).source
+                kv_tokens[key] = fleet.scheduler.num_gpu_blocks * fleet.scheduler.block_size
+            rows[key].append((length, batch, configs[(gpu, model, tp, length, batch)], replayed))
+            if batch * 2 * length > kv_tokens[key]:
+                pressure.add((gpu, model, tp, length, batch))  # vLLM preempts (recompute) to finish
     print("| GPU | model | TP | configs | tier | median error | median abs | p90 abs | range |")
     print("|---|---|---:|---:|---|---:|---:|---:|---|")
     for key in sorted(rows, key=lambda k: (k[1], ARGONNE_MODELS[k[2]][0], k[3], k[0])):

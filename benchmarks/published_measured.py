@@ -10,7 +10,6 @@ docs/replay_validation.md reports them. Needs the public measurements ($ROOFTRAC
 
 from __future__ import annotations
 
-import dataclasses
 import os
 import sys
 from pathlib import Path
@@ -23,46 +22,38 @@ sys.path.insert(0, str(ROOT / "tests"))  # the published tables are test data (t
 
 from published import (  # noqa: E402
     MLPERF_SYSTEMS,
+    NIM_CSV,
+    PUBLISHED,
+    TRTLLM_CSV,
     TRTLLM_FLEETS,
-    makespan_output_tokens_per_s,
-    no_evict_fleet,
+    benchmark_fleet,
+    mlperf_summary_parts,
     read_mlperf_summary,
     read_nim_table,
     read_trtllm_table,
-    replay_closed_loop,
     replay_mlperf_offline,
-    replay_offline_fixed,
+    replay_nim_point,
+    replay_trtllm_point,
 )
-
-from pipeline.replay.fleet import ResolvedFleet, load_fleet, resolve  # noqa: E402
-
-
-def measured_fleet(name: str) -> ResolvedFleet:
-    cfg = load_fleet(ROOT / "fleets" / f"{name}.toml")
-    return resolve(dataclasses.replace(cfg, cost_model="auto", calibration=None))
 
 
 def main() -> None:
     if not MEAS.is_dir():
         sys.exit(f"{MEAS}: the shared measurements are not laid out beside the project")
-    for system, folder in MLPERF_SYSTEMS.items():
-        path = MEAS / "mlperf-inference-v4.1" / "closed" / "NVIDIA" / "results" / folder
-        summary = read_mlperf_summary(path / "Offline" / "performance" / "run_1" / "mlperf_log_summary.txt")
-        c = replay_mlperf_offline(measured_fleet(f"mlperf-llama2-70b-{system}"), summary)
+    for system in MLPERF_SYSTEMS:
+        summary = read_mlperf_summary(MEAS.joinpath(*mlperf_summary_parts(system)))
+        c = replay_mlperf_offline(benchmark_fleet(f"mlperf-llama2-70b-{system}", measured=True), summary)
         print(
             f"MLPerf Offline {system}: measured {c.measured:,.0f} tokens/s, replayed {c.replayed:,.0f} ({c.error:+.1%})"
         )
-    pub = MEAS / "published-benchmarks"
-    fleet = measured_fleet("nim-llama33-70b-h100-tp2")
-    for p in read_nim_table(pub / "nim_llama33_70b_h100x2_fp8_tp2_isl5000_osl500.csv"):
-        res = replay_closed_loop(fleet, p.isl, p.osl, p.concurrency, rounds=6).result
-        ttft = (res.first_token_s - res.arrival_s)[p.concurrency :].mean()
-        itl = ((res.finish_s - res.first_token_s) / (p.osl - 1))[p.concurrency :].mean()
+    pub = MEAS.joinpath(*PUBLISHED)
+    fleet = benchmark_fleet("nim-llama33-70b-h100-tp2", measured=True)
+    for p in read_nim_table(pub / NIM_CSV):
+        ttft, itl = replay_nim_point(fleet, p)
         print(f"NIM concurrency {p.concurrency:3d}: TTFT {ttft / p.ttft_s - 1:+.1%}, ITL {itl / p.itl_s - 1:+.1%}")
     errors = []
-    for p in read_trtllm_table(pub / "tensorrt_llm_perf_overview_h100_h200.csv"):
-        f = no_evict_fleet(measured_fleet(TRTLLM_FLEETS[(p.model, p.gpu)]), p.isl, p.osl)
-        rate = makespan_output_tokens_per_s(replay_offline_fixed(f, p.isl, p.osl, waves=3))
+    for p in read_trtllm_table(pub / TRTLLM_CSV):
+        rate, _ = replay_trtllm_point(benchmark_fleet(TRTLLM_FLEETS[(p.model, p.gpu)], measured=True), p)
         errors.append(rate / p.output_tokens_per_s - 1)
     e = np.abs(np.array(errors))
     print(

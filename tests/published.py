@@ -18,6 +18,7 @@ a :class:`pipeline.replay.run.ReplayRun`.
 from __future__ import annotations
 
 import csv
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from pathlib import Path
@@ -27,8 +28,17 @@ import numpy.typing as npt
 import polars as pl
 
 from pipeline.common.errors import RooftraceError
-from pipeline.replay.fleet import ResolvedFleet, parse_fleet, resolve
+from pipeline.replay.fleet import ResolvedFleet, load_fleet, parse_fleet, resolve
 from pipeline.replay.run import ReplayOptions, ReplayRun, run_replay
+
+#: The benchmark fleets (one TOML per published setup) and where each published table lies
+#: under the shared measurements folder ($ROOFTRACE_MEASUREMENTS, or ../shared/measurements).
+FLEETS = Path(__file__).resolve().parents[1] / "fleets"
+MLPERF_RESULTS: tuple[str, ...] = ("mlperf-inference-v4.1", "closed", "NVIDIA", "results")
+PUBLISHED: tuple[str, ...] = ("published-benchmarks",)
+NIM_CSV = "nim_llama33_70b_h100x2_fp8_tp2_isl5000_osl500.csv"
+TRTLLM_CSV = "tensorrt_llm_perf_overview_h100_h200.csv"
+ARGONNE_CSV: tuple[str, ...] = ("argonne-llm-inference-bench", "Plots", "All_results.csv")
 
 #: MLPerf v4.1 NVIDIA result folders (closed/NVIDIA/results/<system>/<benchmark>) per GPU.
 MLPERF_SYSTEMS: dict[str, str] = {
@@ -46,6 +56,25 @@ TRTLLM_FLEETS: dict[tuple[str, str], str] = {
 }
 
 NS = 1e-9
+
+
+def mlperf_summary_parts(system: str, scenario: str = "Offline") -> tuple[str, ...]:
+    """The LoadGen summary of ``system`` (a key of MLPERF_SYSTEMS), relative to the measurements."""
+    return (*MLPERF_RESULTS, *MLPERF_SYSTEMS[system].split("/"), scenario, "performance", "run_1",
+            "mlperf_log_summary.txt")  # fmt: skip
+
+
+def benchmark_fleet(name: str, measured: bool = False, calibrated: bool = True) -> ResolvedFleet:
+    """A fleet of fleets/ as shipped (the roofline tier these TensorRT-LLM fleets pin, with their
+    ``[calibration]`` unless ``calibrated`` is false), or with ``measured``: the GPU's measured
+    profile instead (``cost_model = "auto"``, no calibration; nothing fitted on the benchmark)."""
+    cfg = load_fleet(FLEETS / f"{name}.toml")
+    if measured:
+        cfg = replace(cfg, cost_model="auto", calibration=None)
+    elif not calibrated:
+        cfg = replace(cfg, calibration=None)
+    return resolve(cfg)
+
 
 # -- MLPerf LoadGen summaries ------------------------------------------------------------------
 
@@ -370,6 +399,26 @@ def replay_closed_loop(fleet: ResolvedFleet, isl: int, osl: int, concurrency: in
     return run_replay(frame, fleet, ReplayOptions(concurrency=concurrency))
 
 
+def replay_nim_point(fleet: ResolvedFleet, point: NimPoint, rounds: int = 6) -> tuple[float, float]:
+    """Mean TTFT and inter-token latency (s) of one NIM concurrency, replayed closed-loop with
+    ``rounds`` x C requests. GenAI-Perf sends warm-up requests first: the first round is dropped
+    (all C clients start at t = 0 together, a burst the steady closed loop never sees again). ITL
+    is GenAI-Perf's (e2e - TTFT) / (output tokens - 1)."""
+    res = replay_closed_loop(fleet, point.isl, point.osl, point.concurrency, rounds=rounds).result
+    if (res.reject_reason != 0).any():
+        raise RooftraceError(f"{fleet.config.name}: the replay rejected requests at concurrency {point.concurrency}")
+    ttft = (res.first_token_s - res.arrival_s)[point.concurrency :]
+    itl = ((res.finish_s - res.first_token_s) / (point.osl - 1))[point.concurrency :]
+    return float(ttft.mean()), float(itl.mean())
+
+
+def replay_trtllm_point(fleet: ResolvedFleet, point: TrtllmPoint) -> tuple[float, int]:
+    """Output tokens/s of one TensorRT-LLM table row (3 waves, TensorRT-LLM's no-evict admission:
+    :func:`no_evict_fleet`) and the preemptions the replay made (0 when the cap holds)."""
+    run = replay_offline_fixed(no_evict_fleet(fleet, point.isl, point.osl), point.isl, point.osl, waves=3)
+    return makespan_output_tokens_per_s(run), int(run.result.preemptions.sum())
+
+
 def replay_offline_fixed(fleet: ResolvedFleet, isl: int, osl: int, waves: int = 4) -> ReplayRun:
     """trtllm-bench throughput: fixed ISL/OSL, all requests at t = 0. ``waves`` × the number of
     sequences a replica can run at once (max_num_seqs, or fewer when the KV cache binds)."""
@@ -461,6 +510,17 @@ def read_argonne_table(path: Path | str) -> tuple[list[ArgonnePoint], int]:
     return out, skipped
 
 
+ArgonneConfig = tuple[str, str, int, int, int]  # (gpu, model, tp, length, batch)
+
+
+def argonne_configs(points: list[ArgonnePoint]) -> dict[ArgonneConfig, float]:
+    """Each configuration's measured latency (s): the median of its rows (22 rows repeat one)."""
+    by: dict[ArgonneConfig, list[float]] = {}
+    for p in points:
+        by.setdefault((p.gpu, p.model, p.tp, p.length, p.batch), []).append(p.latency_s)
+    return {k: float(np.median(v)) for k, v in by.items()}
+
+
 def argonne_fleet(gpu: str, model: str, tp: int, cost_model: str = "auto") -> ResolvedFleet:
     """One replica as the benchmark's ``vllm.LLM`` ran it: FP16 (``--dtype float16``), vLLM
     0.5 / 0.6 defaults — chunked prefill and prefix caching off (so the step budget is
@@ -488,6 +548,23 @@ def argonne_fleet(gpu: str, model: str, tp: int, cost_model: str = "auto") -> Re
         "engine": engine,
     }
     return resolve(parse_fleet(spec, spec["name"]), spec["name"])  # type: ignore[arg-type]
+
+
+def replay_argonne(
+    configs: Iterable[ArgonneConfig], cost_model: str, progress: Callable[[int], None] | None = None
+) -> dict[ArgonneConfig, float]:
+    """Every configuration replayed with ``cost_model`` (:func:`argonne_fleet`, one fleet per GPU,
+    model and TP): its replayed latency in s, in sorted order. ``progress`` gets the count done."""
+    fleets: dict[tuple[str, str, int], ResolvedFleet] = {}
+    out: dict[ArgonneConfig, float] = {}
+    for i, (gpu, model, tp, length, batch) in enumerate(sorted(configs)):
+        if progress is not None:
+            progress(i)
+        fleet = fleets.get((gpu, model, tp))
+        if fleet is None:
+            fleet = fleets[(gpu, model, tp)] = argonne_fleet(gpu, model, tp, cost_model)
+        out[(gpu, model, tp, length, batch)] = replay_static_batch(fleet, length, batch)
+    return out
 
 
 def replay_static_batch(fleet: ResolvedFleet, length: int, batch: int) -> float:

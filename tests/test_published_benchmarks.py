@@ -16,36 +16,37 @@ import numpy as np
 import pytest
 from conftest import shared_path
 from published import (
+    ARGONNE_CSV,
     ARGONNE_MODELS,
     MLPERF_SYSTEMS,
+    NIM_CSV,
+    TRTLLM_CSV,
     TRTLLM_FLEETS,
+    ArgonneConfig,
     Comparison,
     NimPoint,
     TrtllmPoint,
+    argonne_configs,
     argonne_fleet,
+    benchmark_fleet,
     benchmark_requests,
-    makespan_output_tokens_per_s,
-    no_evict_fleet,
+    mlperf_summary_parts,
     openorca_lengths,
     read_argonne_table,
     read_mlperf_summary,
     read_nim_table,
     read_trtllm_table,
-    replay_closed_loop,
     replay_mlperf_offline,
-    replay_offline_fixed,
+    replay_nim_point,
     replay_static_batch,
+    replay_trtllm_point,
     saturated_output_tokens_per_s,
 )
 
-from pipeline.replay.fleet import ResolvedFleet, load_fleet, resolve
+from pipeline.replay.fleet import ResolvedFleet
 from pipeline.replay.run import ReplayOptions, run_replay
 
-FLEETS = Path(__file__).resolve().parents[1] / "fleets"
-MLPERF_RESULTS = ("measurements", "mlperf-inference-v4.1", "closed", "NVIDIA", "results")
 PUBLISHED = ("measurements", "published-benchmarks")
-NIM_CSV = "nim_llama33_70b_h100x2_fp8_tp2_isl5000_osl500.csv"
-TRTLLM_CSV = "tensorrt_llm_perf_overview_h100_h200.csv"
 
 #: Bounds met by the catalog as shipped (docs/replay_validation.md has every error).
 MLPERF_OFFLINE_BOUND = 0.40  # measured +33 % (H100) and +38 % (H200): the replay is optimistic
@@ -63,13 +64,11 @@ TRTLLM_MAX_BOUND = 0.21
 
 
 def _summary(system: str, scenario: str = "Offline") -> object:
-    path = shared_path(*MLPERF_RESULTS, *MLPERF_SYSTEMS[system].split("/"), scenario, "performance", "run_1")
-    return read_mlperf_summary(path / "mlperf_log_summary.txt")
+    return read_mlperf_summary(shared_path("measurements", *mlperf_summary_parts(system, scenario)))
 
 
 def _fleet(name: str, calibrated: bool = True) -> ResolvedFleet:
-    cfg = load_fleet(FLEETS / f"{name}.toml")
-    return resolve(cfg if calibrated else dataclasses.replace(cfg, calibration=None))
+    return benchmark_fleet(name, calibrated=calibrated)
 
 
 # -- parsing: the numbers the tests compare against -----------------------------------------
@@ -189,14 +188,8 @@ def nim_replays() -> dict[int, tuple[NimPoint, float, float]]:
     fleet = _fleet("nim-llama33-70b-h100-tp2")
     out = {}
     for p in _nim_points():
-        run = replay_closed_loop(fleet, p.isl, p.osl, p.concurrency, rounds=6)
-        res = run.result
-        # GenAI-Perf sends warm-up requests first: drop the first round (all C clients start at
-        # t = 0 together, a burst the steady closed loop never sees again).
-        ttft = (res.first_token_s - res.arrival_s)[p.concurrency :]
-        itl = ((res.finish_s - res.first_token_s) / (p.osl - 1))[p.concurrency :]
-        assert (res.reject_reason == 0).all()
-        out[p.concurrency] = (p, float(ttft.mean()), float(itl.mean()))
+        # 6 rounds of C requests, the first (warm-up) round dropped: replay_nim_point
+        out[p.concurrency] = (p, *replay_nim_point(fleet, p))
     return out
 
 
@@ -222,10 +215,9 @@ def test_nim_saturation_is_where_the_kv_cache_fills(nim_replays: dict[int, tuple
 
 
 def _trtllm_rate(p: TrtllmPoint) -> float:
-    fleet = no_evict_fleet(_fleet(TRTLLM_FLEETS[(p.model, p.gpu)]), p.isl, p.osl)
-    run = replay_offline_fixed(fleet, p.isl, p.osl, waves=3)
-    assert run.result.preemptions.sum() == 0
-    return makespan_output_tokens_per_s(run)
+    rate, preemptions = replay_trtllm_point(_fleet(TRTLLM_FLEETS[(p.model, p.gpu)]), p)
+    assert preemptions == 0
+    return rate
 
 
 def _trtllm_points() -> list[TrtllmPoint]:
@@ -243,19 +235,13 @@ def test_trtllm_table_all_rows() -> None:
 
 # -- Argonne LLM-Inference-Bench: vLLM 0.5 / 0.6 static batches (checks; nothing fitted) ---------
 
-ARGONNE_CSV = ("measurements", "argonne-llm-inference-bench", "Plots", "All_results.csv")
 
-
-def _argonne() -> dict[tuple[str, str, int, int, int], float]:
-    points, _ = read_argonne_table(shared_path(*ARGONNE_CSV))
-    by: dict[tuple[str, str, int, int, int], list[float]] = {}
-    for p in points:
-        by.setdefault((p.gpu, p.model, p.tp, p.length, p.batch), []).append(p.latency_s)
-    return {k: float(np.median(v)) for k, v in by.items()}
+def _argonne() -> dict[ArgonneConfig, float]:
+    return argonne_configs(read_argonne_table(shared_path("measurements", *ARGONNE_CSV))[0])
 
 
 def test_argonne_table_parses() -> None:
-    points, skipped = read_argonne_table(shared_path(*ARGONNE_CSV))
+    points, skipped = read_argonne_table(shared_path("measurements", *ARGONNE_CSV))
     assert (len(points), skipped) == (513, 91)
     assert {p.model for p in points} == set(ARGONNE_MODELS)
     assert {(p.gpu, p.tp) for p in points} == {(g, t) for g in ("a100-40gb-sxm", "h100-sxm") for t in (1, 2, 4)}
