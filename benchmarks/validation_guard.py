@@ -413,10 +413,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--write", action="store_true", help="rewrite the baseline file with these figures")
     ap.add_argument("--only", action="append", choices=sorted(GROUPS), help="only this group (repeatable)")
     ap.add_argument("--baseline", type=Path, default=BASELINE)
+    ap.add_argument("--measurements", type=Path, default=None, help="the shared measurements folder")
     args = ap.parse_args(argv)
     if args.write and args.only:
         ap.error("--write records every group: drop --only")
-    root = measurements_root()
+    root = args.measurements or measurements_root()
     _, baseline = read_baseline(args.baseline) if args.baseline.is_file() else ({}, {})
     figures: dict[str, list[Figure]] = {}
     verdict = Verdict()
