@@ -4,8 +4,8 @@ Every check the project already runs against published or measured figures, comp
 code that already computes it — the published serving benchmarks (tests/published.py: MLPerf,
 NIM, the TensorRT-LLM table; roofline tier as shipped and measured tier), the Argonne vLLM
 static batches (both tiers), the operator hold-outs of ``rooftrace validate`` (the measured
-profiles held out by shape, pipeline/profile/heldout.py; the roofline tier on Vidur and
-Splitwise, pipeline/validate.py) and the size-aware prior's whole steps with each GPU held out
+profiles held out by shape, pipeline/costmodel/profile/heldout.py; the roofline tier on Vidur and
+Splitwise, pipeline/calibrate/validate.py) and the size-aware prior's whole steps with each GPU held out
 — reduced to one figure per check: the mean |error| over its rows (and the signed mean, kept
 for the reader). tests/data/validation_baselines.toml records them; tests/test_validation_guard.py
 fails when a check's mean |error| grows by more than TOLERANCE (2 percentage points).
@@ -181,15 +181,15 @@ _ARGONNE_ERROR = "measured latency / replayed latency - 1 (throughput; positive:
 
 
 def _profiles(root: Path) -> list[Figure]:
-    """pipeline/profile/heldout.py as ``rooftrace validate`` runs it (judge_all): every profiled
+    """pipeline/costmodel/profile/heldout.py as ``rooftrace validate`` runs it (judge_all): every profiled
     GPU's tables held out by shape, and Vidur's GEMMs where the GPU has them; per GPU, check and
     token range, the mean over the held-out rows instead of judge_all's median."""
     import polars as pl
 
-    from pipeline.profile.heldout import judge, judge_vidur
-    from pipeline.profile.select import select_rows
-    from pipeline.profile.sources import read_measurements
-    from pipeline.profile.tables import frames_profile
+    from pipeline.costmodel.profile.heldout import judge, judge_vidur
+    from pipeline.costmodel.profile.select import select_rows
+    from pipeline.costmodel.profile.sources import read_measurements
+    from pipeline.costmodel.profile.tables import frames_profile
 
     meas = read_measurements(root)
     out = []
@@ -209,12 +209,12 @@ def _profiles(root: Path) -> list[Figure]:
 
 
 def _roofline_ops(root: Path) -> list[Figure]:
-    """pipeline/validate.py's run_validation (the roofline tier on Vidur and Splitwise operators),
+    """pipeline/calibrate/validate.py's run_validation (the roofline tier on Vidur and Splitwise operators),
     per set, GPU, factors and subset as its summary labels them: catalog factors over every row
     (nothing fitted), calibrated factors over the held-out split only."""
     import polars as pl
 
-    from pipeline.validate import _subset, run_validation
+    from pipeline.calibrate.validate import _subset, run_validation
 
     errors = _subset(run_validation(root).errors)
     vidur_big = errors.filter((pl.col("set") == "vidur_mlp") & (pl.col("tokens") >= 128))
@@ -231,8 +231,8 @@ def _prior_steps(root: Path) -> list[Figure]:
     """The size-aware prior's whole-step check of ``rooftrace validate`` (heldout_steps): each
     profiled GPU's steps priced by the prior fitted on the other GPUs, by that prior behind a
     same-die donor's tables, and by the plain roofline, against the GPU's measured profile."""
-    from pipeline.profile.heldout import heldout_steps
-    from pipeline.profile.prior import load_prior, measured_rows
+    from pipeline.costmodel.profile.heldout import heldout_steps
+    from pipeline.costmodel.profile.prior import load_prior, measured_rows
 
     prior = load_prior()
     steps = heldout_steps(measured_rows(), prior.used if prior is not None else None, fits={})
@@ -276,21 +276,23 @@ GROUPS: dict[str, Group] = {
         _argonne("h100-sxm"),
     ),
     "operator-profiles": Group(
-        "rooftrace validate's measured-profile hold-outs (pipeline/profile/heldout.py judge, judge_vidur) on "
+        "rooftrace validate's measured-profile hold-outs (pipeline/costmodel/profile/heldout.py judge, judge_vidur) on "
         "AIConfigurator, LLMServingSim and Vidur: per GPU, check and token range",
         "predicted / measured - 1 (operator time; positive: predicted slower)",
         (("aiconfigurator-vllm-ops",), ("llmservingsim-profiles",)),
         _profiles,
     ),
     "operator-roofline": Group(
-        "rooftrace validate's roofline tier (pipeline/validate.py run_validation) on Vidur and Splitwise: catalog "
+        "rooftrace validate's roofline tier (pipeline/calibrate/validate.py run_validation) on Vidur and Splitwise: "
+        "catalog "
         "factors over every row, calibrated factors over the held-out split",
         "predicted / measured - 1 (operator or step time; positive: predicted slower)",
         (("vidur-profiling",), ("splitwise-perf-model",)),
         _roofline_ops,
     ),
     "prior-steps": Group(
-        "rooftrace validate's whole-step check of the size-aware prior (pipeline/profile/heldout.py heldout_steps): "
+        "rooftrace validate's whole-step check of the size-aware prior "
+        "(pipeline/costmodel/profile/heldout.py heldout_steps): "
         "each profiled GPU held out, its steps against its measured profile (needs no measurements folder)",
         "priced / measured-profile step time - 1 (positive: slower than the profile)",
         (),
