@@ -26,6 +26,7 @@ from conftest import own_copy
 from pipeline.common import system
 from pipeline.common.budget import ResourceLimitError, override, progress_to
 from pipeline.common.errors import RooftraceError
+from pipeline.costmodel.model import tokens_per_s as cost_rate
 from pipeline.ingest import ingest_logs
 from pipeline.ingest.store import Store
 from pipeline.plan import Candidate, CandidateResult, Evaluation, PlanOptions, plan
@@ -251,16 +252,16 @@ def _opts(**kw: Any) -> PlanOptions:
 def test_capacity_problem_names_the_phase(prefill: float, decode: float, bad: str) -> None:
     cap = {"prefill_tokens_per_s": prefill, "decode_tokens_per_s": decode}
     why = plan_search.capacity_problem(cap, "hw/tiny.toml")
-    assert why is not None and why.startswith("skipped: a replica has zero or non-finite roofline capacity")
+    assert why is not None and why.startswith("skipped: a replica has zero or non-finite capacity")
     assert bad in why and "hw/tiny.toml" in why and "memory_bandwidth_bytes_per_s" in why
     assert plan_search.capacity_problem({"prefill_tokens_per_s": 1.0, "decode_tokens_per_s": 2.0}, "x") is None
 
 
 def test_step_rates_and_seed_never_divide_by_zero() -> None:
-    assert plan_search._rate(8192.0, float("inf")) == 0.0
-    assert plan_search._rate(8192.0, float("nan")) == 0.0
-    assert plan_search._rate(8192.0, 0.0) == float("inf")
-    assert plan_search._rate(10.0, 2.0) == 5.0
+    assert cost_rate(8192.0, float("inf")) == 0.0
+    assert cost_rate(8192.0, float("nan")) == 0.0
+    assert cost_rate(8192.0, 0.0) == float("inf")
+    assert cost_rate(10.0, 2.0) == 5.0
     demand = {"fresh_min_tokens_per_s": 1e308, "output_tokens_per_s": 1.0}
     cap = {"prefill_tokens_per_s": 1e-300, "decode_tokens_per_s": 1.0}
     assert plan_search._seed(demand, cap, 64) == 64  # inf replicas: the search's ceiling
@@ -283,7 +284,7 @@ def test_plan_skips_a_configuration_with_zero_capacity(
     def tiny(fleet: Any, mean_context: float) -> dict[str, Any]:
         cap = real(fleet, mean_context)
         if fleet.config.hardware == "h200":
-            cap["prefill_tokens_per_s"] = plan_search._rate(8192.0, float("inf"))
+            cap["prefill_tokens_per_s"] = cost_rate(8192.0, float("inf"))
         return cap
 
     monkeypatch.setattr(plan_search, "capacity_per_replica", tiny)
@@ -291,7 +292,7 @@ def test_plan_skips_a_configuration_with_zero_capacity(
     rows = {r["config"]: r for r in res.doc["configurations"]}
     bad = rows["h200 tp1 bf16"]
     assert not bad["meets_slo"] and bad["replays"] == 0
-    assert bad["note"].startswith("skipped: a replica has zero or non-finite roofline capacity (prefill 0 tokens/s)")
+    assert bad["note"].startswith("skipped: a replica has zero or non-finite capacity (prefill 0 tokens/s)")
     assert rows["h100-sxm tp1 bf16"]["meets_slo"]
 
 

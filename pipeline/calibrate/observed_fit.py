@@ -40,7 +40,6 @@ import polars as pl
 from pipeline.calibrate.observed import METRICS, observed_latencies, percentile_pair
 from pipeline.classify.accounting import day_identity
 from pipeline.common.errors import ConfigError, RooftraceError
-from pipeline.costmodel.profile.cost import fleet_step_cost
 from pipeline.costmodel.stackcal import PARAMETERS, StackCalibration, apply
 from pipeline.costmodel.stepcost import TabulatedCost
 from pipeline.ingest.store import epoch_us
@@ -266,7 +265,7 @@ def fit_requests(
             f"with observed latencies; each part needs at least {MIN_OBSERVED}"
         )
     options = ReplayOptions()
-    base = fleet_step_cost(fleet)
+    base = fleet.cost_model.table
     if progress:
         progress(
             f"building the workloads: the {int(train.sum()):,} requests before the split ({n_train:,} of them with "

@@ -3,14 +3,19 @@
 The stage between the catalog (GPUs, models, dtypes) and the engine. ``steps`` is the contract
 with the engine (a step's batch in, its time and binding out); ``roofline`` prices a step from
 per-operator FLOPs and bytes; ``profile/`` builds and reads measured per-operator tables and
-prices a step from them (``profile.cost.fleet_step_cost``: the step cost of a fleet, from
-catalog + profile + calibration); ``stackcal`` is a serving stack's calibration learnt from its
-logs; ``stepcost`` tabulates any of them into the one form the engine's kernels read; ``fit``
-says what fits in a GPU's memory (weights, activations, the KV cache left over).
+prices a step from them (``profile.cost.fleet_step_cost``: the tables of a fleet's tier);
+``stackcal`` is a serving stack's calibration learnt from its logs; ``stepcost`` tabulates any
+of them into the one form the engine's kernels read; ``fit`` says what fits in a GPU's memory
+(weights, activations, the KV cache left over).
 
-Public entry: :func:`fleet_step_cost` (a fleet's step cost); the memory fit is ``fit.fit``.
+``model.CostModel`` owns all of it for one pool: built once from catalog + profile + calibration
+(``ResolvedFleet.cost_model``), it answers "how long does this step take and what bound it" for
+the engine (its tables, one value), the replay's estimate, plan's lower bound and ``calibrate
+--observed``.
+
+Public entry: :class:`CostModel`; the memory fit is ``fit.fit``.
 """
 
-from pipeline.costmodel.profile.cost import fleet_step_cost
+from pipeline.costmodel.model import CostModel
 
-__all__ = ["fleet_step_cost"]
+__all__ = ["CostModel"]

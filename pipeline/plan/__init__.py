@@ -5,7 +5,7 @@ for (the busiest ``window_s`` seconds by token volume, after a warm-up, or the w
 every hardware × TP × weight precision that fits the model finds the **minimum replica count** whose
 replay of that window meets every SLO target. Latency falls as replicas are added (more capacity,
 same traffic), so the count is searched, not swept: from an analytic lower bound (fresh prefill
-and decode demand of the window over one replica's roofline capacity), galloping up (+1, +2, +4, ...)
+and decode demand of the window over one replica's capacity, priced by its cost model), galloping up (+1, +2, +4, ...)
 until the SLO is met, then by bisection, so the answer ``n`` always comes with a replay at ``n − 1`` that
 misses. Configurations run in parallel processes (``executor="local"``) or on a Ray cluster
 (``executor="ray"``, optional extra).

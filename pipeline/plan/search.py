@@ -16,7 +16,6 @@ from pipeline.common.budget import ResourceLimitError
 from pipeline.common.errors import ConfigError
 from pipeline.common.units import format_seconds
 from pipeline.costmodel.profile.tables import no_profile_message
-from pipeline.costmodel.roofline import decode_batch, prefill_batch
 from pipeline.costmodel.steps import BINDING_NAMES
 from pipeline.economics.cost import (
     PERIOD_MAKESPAN,
@@ -44,7 +43,7 @@ from pipeline.replay.slo import (
 FLOOR_IMPROVEMENT = 0.02
 #: Sizing labels: KV capacity binds when the fullest replica holds this share of its blocks (vLLM
 #: starts preempting at 100 %); compute/bandwidth binds when that phase's peak-minute demand is
-#: this share of the fleet's roofline capacity (beyond ~80 % utilization an M/M/1-like queue waits
+#: this share of the fleet's capacity (its cost model's ceilings) (beyond ~80 % utilization an M/M/1-like queue waits
 #: 4x the service time, so tails, not averages, decide); otherwise bursts and queueing bind.
 KV_BINDS_AT = 0.95
 SATURATION = 0.80
@@ -309,16 +308,8 @@ def rejection_note(ev: Evaluation, max_rejected: float, slo: Slo | None = None) 
     return f"{head}: rejected requests miss every target, so {ev.failing_target or 'a target'} cannot be met"
 
 
-def _rate(tokens: float, seconds: float) -> float:
-    """Tokens per second of a step of ``seconds``: 0 for a step that never ends (inf, NaN: a
-    hardware entry with a vanishing bandwidth or FLOP/s), inf for one that takes no time."""
-    if not seconds < math.inf:  # inf and NaN
-        return 0.0
-    return tokens / seconds if seconds > 0 else math.inf
-
-
 def capacity_problem(cap: dict[str, Any], hardware: str) -> str | None:
-    """Why one replica's roofline ceilings (:func:`capacity_per_replica`) cannot size a fleet:
+    """Why one replica's ceilings (:func:`capacity_per_replica`) cannot size a fleet:
     a prefill or decode rate that is zero, or not finite (a step priced at 0 or at infinitely
     many seconds: the hardware entry's bandwidth or FLOP/s is vanishingly small or huge). None
     when both are positive finite numbers."""
@@ -330,7 +321,7 @@ def capacity_problem(cap: dict[str, Any], hardware: str) -> str | None:
     if not bad:
         return None
     return (
-        f"skipped: a replica has zero or non-finite roofline capacity ({', '.join(bad)}): check {hardware}'s "
+        f"skipped: a replica has zero or non-finite capacity ({', '.join(bad)}): check {hardware}'s "
         "memory_bandwidth_bytes_per_s and peak FLOP/s (its catalog entry or --hardware TOML)"
     )
 
@@ -348,27 +339,11 @@ def _seed(demand: dict[str, float], cap: dict[str, Any], max_replicas: int) -> i
 
 
 def capacity_per_replica(fleet: ResolvedFleet, mean_context: float) -> dict[str, Any]:
-    """One replica's roofline ceilings: fresh prefill tokens/s with full token-budget steps, and
-    decode tokens/s at the largest batch its KV cache and max_num_seqs allow at ``mean_context``."""
-    dep, sched = fleet.deployment, fleet.scheduler
-    budget = float(sched.max_num_batched_tokens)
-    pre = dep(prefill_batch([budget]))
-    kv_tokens = sched.num_gpu_blocks * sched.block_size
-    batch = float(max(1, min(sched.max_num_seqs, int(kv_tokens // max(mean_context, 1.0)))))
-    dec = dep(decode_batch([batch], [mean_context]))
-
-    def label(code: int) -> str:
-        name = BINDING_NAMES[code]
-        return "bandwidth" if name == "memory" else name
-
-    return {
-        "prefill_tokens_per_s": _rate(budget, float(pre.time_s[0])),
-        "prefill_binding": label(int(pre.binding[0])),
-        "decode_tokens_per_s": _rate(batch, float(dec.time_s[0])),
-        "decode_batch": batch,
-        "decode_binding": label(int(dec.binding[0])),
-        "kv_capacity_tokens": kv_tokens,
-    }
+    """One replica's ceilings, priced by the fleet's own cost model (the tier its replays use:
+    :meth:`pipeline.costmodel.model.CostModel.capacity`): fresh prefill tokens/s with full
+    token-budget steps, and decode tokens/s at the largest batch its KV cache and max_num_seqs
+    allow at ``mean_context``."""
+    return fleet.cost_model.capacity(fleet.scheduler, mean_context)
 
 
 def _demand(window: Window, fleet: ResolvedFleet) -> dict[str, float]:
@@ -614,7 +589,7 @@ def window_cost(
 
 def sizing(window: Window, run: ReplayRun, replicas: int, cap: dict[str, Any], ev: Evaluation) -> dict[str, Any]:
     """Each resource against its own peak: the busiest minute's fresh prefill and decode tokens/s
-    over the fleet's roofline ceilings, the fullest replica's KV share, the SLO headroom; and which
+    over the fleet's ceilings (its cost model's), the fullest replica's KV share, the SLO headroom; and which
     binds."""
     cols = _span_columns(run)
     minute = np.floor(cols["start_s"] / 60.0).astype(np.int64)

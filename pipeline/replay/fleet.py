@@ -43,6 +43,7 @@ roofline factors (:func:`check_calibration_tier`).
 
 from __future__ import annotations
 
+import functools
 import re
 import tomllib
 from collections.abc import Mapping
@@ -72,6 +73,7 @@ from pipeline.costmodel.fit import (
     fit,
     parse_vllm_version,
 )
+from pipeline.costmodel.model import CostModel
 from pipeline.costmodel.profile.tables import list_profiles, no_profile_message, profile_for
 from pipeline.costmodel.roofline import MAX_DP, Deployment
 from pipeline.costmodel.stackcal import StackCalibration, check_applies, load_calibration_file, parse_calibration
@@ -495,6 +497,12 @@ class ResolvedFleet:
     #: The catalog entries resolved ("hardware", "model" -> their TOML text): a run records them,
     #: so that ``cost`` prices it with the entries it ran on, not with today's catalog.
     entries: tuple[tuple[str, str], ...] = ()
+
+    @functools.cached_property
+    def cost_model(self) -> CostModel:
+        """The pool's cost model (pipeline.costmodel.model), built on first use and kept: the
+        replay, its estimate, plan and ``calibrate --observed`` all price steps with this one."""
+        return CostModel.of(self)
 
     def to_dict(self) -> dict[str, Any]:
         # Field by field: MemoryFit keeps a private model spec that does not serialise.

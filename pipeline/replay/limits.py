@@ -42,7 +42,6 @@ from pipeline.common.budget import (
 )
 from pipeline.common.defaults import MAX_MEMORY_ENV, MAX_SIM_DAYS_ENV
 from pipeline.common.units import distinct_numbers, format_bytes, format_duration, format_number
-from pipeline.costmodel.steps import StepBatch
 from pipeline.engine.jit import MAX_STATE_BYTES, fitting_replicas, state_bytes
 from pipeline.engine.jitcache import jit_cache_dir, kernel_stamp
 from pipeline.engine.shard import auto_pods, pod_cuts
@@ -181,28 +180,6 @@ class ReplayEstimate:
         }
 
 
-def _step_s(cost: Callable[[Any], Any], decode_seqs: float, ctx: float, prefill: float = 0.0) -> float:
-    """Seconds of one step of ``decode_seqs`` decodes at context ``ctx`` plus a ``prefill``-token
-    chunk (0.02 s where the cost model cannot say)."""
-
-    def one(x: float) -> np.ndarray[Any, np.dtype[np.float64]]:
-        return np.array([float(x)])
-
-    batch = StepBatch(
-        one(prefill),
-        one(1.0 if prefill else 0.0),
-        one(prefill * (prefill + 1) / 2),
-        one(prefill),
-        one(decode_seqs),
-        one(decode_seqs * ctx),
-    )
-    try:
-        s = float(cost(batch).time_s[0])
-    except Exception:  # an estimate: a cost model that cannot price this step must not stop the run
-        return 0.02
-    return s if math.isfinite(s) and s > 0 else 0.02
-
-
 def jit_compile_needed() -> bool:
     """Whether the jit engine's disk cache is missing or stale (its first run then compiles)."""
     cache = jit_cache_dir()  # $NUMBA_CACHE_DIR's copy when set, where numba writes it
@@ -262,9 +239,8 @@ def estimate_replay(
     R = int(fleet.ranks)
     router = fleet.config.router
     spec = fleet.spec(mode, concurrency or 0)
-    # The replay's cost model is always tabulated (profile.cost.fleet_step_cost), so the engine is
-    # the jit one unless its state is too large (jit.unsupported_reason); step times come from the
-    # roofline deployment, cheaper to price than building the tables twice.
+    # step times from the fleet's own cost model (built once: the replay then reuses it), so the
+    # estimate prices with the tier the replay will
     pod_r = R
     hierarchical = 0 < fleet.config.router_pod_size < fleet.config.replicas
     if pods == 1 and not hierarchical:  # as the replay decides (shard.auto_pods)
@@ -283,7 +259,7 @@ def estimate_replay(
     # one engine runs every replay (pipeline.engine.jit); a state past MAX_STATE_BYTES is allocated
     # zeroed, so only what the replicas in use touch becomes resident (see "engine state" below)
     engine = "jit"
-    cost: Any = fleet.deployment
+    cost = fleet.cost_model
 
     n_eff = max(n, 1)
     bs = max(int(sched.block_size), 1)
@@ -297,7 +273,7 @@ def estimate_replay(
     ctx = mean_p + mean_o / 2
 
     def step(d: float, c: float, p: float = 0.0) -> float:
-        return _step_s(cost, d, c, p)
+        return cost.step_s(d, c, p)
 
     budget = float(max(sched.max_num_batched_tokens, 1))
     t1 = step(1, ctx)

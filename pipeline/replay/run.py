@@ -46,7 +46,6 @@ from pipeline.common.budget import ResourceLimitError
 from pipeline.common.errors import ConfigError, RooftraceError
 from pipeline.common.schemas import ParquetStream, conform, write_parquet
 from pipeline.common.system import keep_ignored_sigint
-from pipeline.costmodel.profile.cost import fleet_step_cost
 from pipeline.costmodel.stepcost import TabulatedCost
 from pipeline.costmodel.steps import BINDING_NAMES
 from pipeline.engine.jit import simulate_jit
@@ -400,7 +399,7 @@ def run_workload(
     spec = fleet.spec(options.mode, options.concurrency or 0, options.ramp_s, options.think_s)
     check_warmup(options, work.n)
     if cost is None:
-        cost = fleet_step_cost(fleet)
+        cost = fleet.cost_model.table
     if steps is not None:
         steps.cost_source = cost.source
     pod_size = fleet.config.router_pod_size
