@@ -34,6 +34,9 @@ def demo_cmd(reports_dir: Path | None, store_path: str | None, as_json: bool) ->
 
     Example: rooftrace demo
     """
+    from pipeline.engine.jitcache import compile_ahead
+
+    compile_ahead()  # a fresh clone's first demo: the engine compiles meanwhile, on the other core
     from pipeline.ingest.project import default_reports_dir
     from pipeline.publish.nightly import demo
 

@@ -151,7 +151,9 @@ def replay_cmd(
 
     Example: rooftrace replay --fleet fleets/default.toml --rate-scale 2
     """
+    from pipeline.engine.jitcache import compile_ahead
 
+    compile_ahead()  # a fresh clone's first replay: the engine compiles meanwhile, on the other core
     from pipeline.common.units import format_seconds
     from pipeline.replay.run import ReplayOptions, pool_lines, replay
     from pipeline.replay.slo import failures_line, overload_text, verdict_text

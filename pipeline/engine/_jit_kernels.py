@@ -60,6 +60,11 @@ _drop_stale_cache()
 _GOLDEN = np.uint64(0x9E3779B97F4A7C15)  # Fibonacci hashing multiplier (Knuth, TAOCP vol. 3 §6.4)
 _SHIFT = np.uint64(32)
 _INF = np.inf
+#: An int64 that numba does not type as a literal: a constant passed to a kernel or piece
+#: (``_I0(0)``, not ``0``) would compile it once more for that literal value (``Literal[int](0)``
+#: beside ``int64``), and a loop counter that starts at a literal 0 compiles the pieces it is
+#: passed to twice (typed first with the literal, then with int64). Compile time only: same values.
+_I0 = np.int64
 
 # Step-log columns (float64 matrix), in steplog.SPAN_COLUMNS order.
 LOG_COLS = 18
@@ -650,7 +655,7 @@ def _prefix_hits(r, rid, ntok, wl, fl, pool, hits):  # type: ignore[no-untyped-d
     lo = chain_off[rid]
     lim = min((ntok - 1) // bs, chain_off[rid + 1] - lo)
     tree = t_rows.shape[0] > 0
-    p = _tree_walk(t_rows[rid], 0, t_up, t_fb, rec_node, rec_fb) - 1 if tree and lim > 0 else 0
+    p = _tree_walk(t_rows[rid], _I0(0), t_up, t_fb, rec_node, rec_fb) - 1 if tree and lim > 0 else 0
     for j in range(lim):
         if tree:
             h, p = _tree_hash(j, p, t_key, rec_node, rec_fb)
@@ -859,7 +864,7 @@ def _step(first, now, nlog, wl, fl, cost, res, ctl, req, rep, pool, scr, ev, log
             continue
         if want_log:
             nlog = _log_span(
-                log, nlog, last_row, r, now, end, 1, gx[gi, 0], gx[gi, 1], gx[gi, 2], nrun[r], wlen[r],
+                log, nlog, last_row, r, now, end, _I0(1), gx[gi, 0], gx[gi, 1], gx[gi, 2], nrun[r], wlen[r],
                 C - nfree[r], gout[gi, 5], gout[gi, 6], gout[gi, 1], gout[gi, 2], gout[gi, 3], gout[gi, 4], gout[gi, 7],
             )  # fmt: skip
         # -- tokens in, tokens sampled, finishes
@@ -1050,7 +1055,7 @@ def _span_one(r, first_t, limit, nlog, wl, fl, cost, res, req, rep, pool, scr, l
     nr = nrun[r]
     if nr == 0 or first_t >= limit:
         return 0, nlog
-    k_max, c_sum = _decode_kmax(r, -1, wl, req, running, nr)
+    k_max, c_sum = _decode_kmax(r, _I0(-1), wl, req, running, nr)
     if k_max <= 0:
         return 0, nlog
     # Buckets of running positions by the step phase at which they open a block.
@@ -1059,8 +1064,8 @@ def _span_one(r, first_t, limit, nlog, wl, fl, cost, res, req, rep, pool, scr, l
     if not _head_blocked(r, nr, bstart[1] - bstart[0], wl, fl, req, rep, pool, wq):
         return 0, nlog
     now = first_t
-    m = 0
-    ph_alloc = 0
+    m = _I0(0)
+    ph_alloc = _I0(0)
     sums[:] = 0.0
     prep = (scr[19], scr[20], scr[21], scr[22])  # sp_pre, sp_f, sp_b, sp_row
     _prep_span(nr, cost, prep)
@@ -1163,8 +1168,8 @@ def _span_group(first, first_t, ev_t, nlog, wl, fl, cost, res, req, rep, pool, s
         if gbusy[gi]:
             _prep_span(nrun[g0 + gi], cost, (gsp_pre[gi], gsp_f[gi], gsp_b[gi], gsp_row[gi]))
     now = first_t
-    m = 0
-    ph_alloc = 0
+    m = _I0(0)
+    ph_alloc = _I0(0)
     gsums[:, :] = 0.0
     max_gap = -_INF
     end0 = now
@@ -1206,80 +1211,95 @@ def _span_group(first, first_t, ev_t, nlog, wl, fl, cost, res, req, rep, pool, s
     return m, nlog
 
 
-@numba.njit(cache=True, nogil=True, _nrt=False)  # type: ignore[call-overload]
-def _replay(wl, fl, cost, res, ctl, req, rep, pool, scr, ev, st, log, last_row, wq):  # type: ignore[no-untyped-def]
-    """run_fleet's event loop, from the loop state in ``st`` (ev_pos, heap_n, seq, next_issue, rr,
-    nlog) until the fleet is done or cancelled (returns _DONE), or until the next event could
-    outgrow the step log (_GROW_LOG) or a waiting queue (_GROW_WQ): the event has not started,
-    ``st`` holds the state, run_fleet grows the array and calls again (growing changes no result).
-    Every event is an arrival, a decode span (of a replica, or of a lockstep group) or a step."""
-    times, rejected, aff_rep = wl[0], wl[6], wl[5]
-    router, closed, G = fl[1], fl[2], fl[10]
-    clock, ready, nrun, wlen, routed = rep[0], rep[1], rep[2], rep[7], rep[8]
-    nfin, last_end, last_nfin = rep[9], rep[10], rep[11]
-    order, heap_t, heap_s, heap_i, static, own_start, own_t, own_ptr = ev
-    n = times.shape[0]
-    ev_pos, heap_n, seq, next_issue, rr, nlog = st[0], st[1], st[2], st[3], st[4], st[5]
-    code = _DONE
-    while True:
-        if ctl[0] != 0.0:  # cancelled by the calling thread (Ctrl-C): stop, results incomplete
-            break
-        first, first_t, second_t = _next_step(nrun, wlen, clock, ready)
-        if closed:
-            has_ev = heap_n > 0
-            ev_t = heap_t[0] if has_ev else _INF
-        else:
-            has_ev = ev_pos < n
-            ev_t = times[order[ev_pos]] if has_ev else _INF
-        if has_ev and (first < 0 or ev_t <= first_t):
-            # -- an arrival
-            # (closed loop: the trace's next request, whichever client sends it; ev_pos counts them)
-            i = ev_pos if closed else order[ev_pos]
-            dest = -1 if rejected[i] else _route(i, ev_t, router, rr, aff_rep, routed, nfin, last_end, last_nfin)
-            if dest >= 0 and wlen[dest] == wq.shape[1]:
-                code = _GROW_WQ
+def _replay_loop(grouped: bool) -> Any:
+    """_replay, the event loop, compiled for fleets in lockstep groups (``grouped``: decode spans
+    of a group, _span_group) or for fleets without (every group one replica: spans of one
+    replica, _span_one). ``grouped`` is a constant of the compiled code: the branch the fleet
+    cannot take is pruned before typing, so a fleet compiles only the spans it runs (a fleet
+    without lockstep, most of them, compiles no _span_group). Both are cached in the one index
+    of ``_replay`` (numba keys a closure's entries on its cells: ``grouped``)."""
+
+    def _replay(wl, fl, cost, res, ctl, req, rep, pool, scr, ev, st, log, last_row, wq):  # type: ignore[no-untyped-def]
+        """run_fleet's event loop, from the loop state in ``st`` (ev_pos, heap_n, seq, next_issue,
+        rr, nlog) until the fleet is done or cancelled (returns _DONE), or until the next event
+        could outgrow the step log (_GROW_LOG) or a waiting queue (_GROW_WQ): the event has not
+        started, ``st`` holds the state, run_fleet grows the array and calls again (growing changes
+        no result). Every event is an arrival, a decode span (of a replica, or of a lockstep group)
+        or a step."""
+        times, rejected, aff_rep = wl[0], wl[6], wl[5]
+        router, closed, G = fl[1], fl[2], fl[10]
+        clock, ready, nrun, wlen, routed = rep[0], rep[1], rep[2], rep[7], rep[8]
+        nfin, last_end, last_nfin = rep[9], rep[10], rep[11]
+        order, heap_t, heap_s, heap_i, static, own_start, own_t, own_ptr = ev
+        n = times.shape[0]
+        ev_pos, heap_n, seq, next_issue, rr, nlog = st[0], st[1], st[2], st[3], st[4], st[5]
+        code = _DONE
+        while True:
+            if ctl[0] != 0.0:  # cancelled by the calling thread (Ctrl-C): stop, results incomplete
                 break
+            first, first_t, second_t = _next_step(nrun, wlen, clock, ready)
             if closed:
-                heap_n = _heap_pop(heap_t, heap_s, heap_i, heap_n)
-            ev_pos += 1
-            res[0][i] = ev_t  # res_arrival
-            if dest < 0:  # rejected
-                ctl[1] += 1.0  # progress: requests done
-                heap_n, seq, next_issue = _issue(ev_t, closed, fl[12], n, ev, heap_n, seq, next_issue)
-                continue
-            rr += 1
-            _enqueue(i, ev_t, dest, rep, res, ev, wq)
-            continue
-        if first < 0:
-            break
-        code = _room(first - first % G, fl, nlog, log, rep, wq)
-        if code != _DONE:
-            break
-        # -- a span of decode steps of replica `first`. Steps start before the next arrival (and,
-        # in closed loop, before any other replica's next step, whose finishes issue arrivals), so
-        # no event is passed.
-        if G == 1:
-            r = first
-            if closed:
-                limit = min(ev_t, second_t)
-            elif static:
-                # Routing ignores replica state: only this replica's own next arrival matters.
-                limit = own_t[own_start[r] + own_ptr[r]] if own_ptr[r] < own_start[r + 1] - own_start[r] else _INF
+                has_ev = heap_n > 0
+                ev_t = heap_t[0] if has_ev else _INF
             else:
-                limit = ev_t
-            m, nlog = _span_one(r, first_t, limit, nlog, wl, fl, cost, res, req, rep, pool, scr, log, last_row, wq)
-        else:
-            m, nlog = _span_group(
-                first, first_t, ev_t, nlog, wl, fl, cost, res, req, rep, pool, scr, ev, log, last_row, wq
-            )
-        if m > 0:
-            continue
-        nlog, heap_n, seq, next_issue = _step(
-            first, first_t, nlog, wl, fl, cost, res, ctl, req, rep, pool, scr, ev, log, last_row, wq,
-            (heap_n, seq, next_issue),
-        )  # fmt: skip
-    st[0], st[1], st[2], st[3], st[4], st[5] = ev_pos, heap_n, seq, next_issue, rr, nlog
-    return code
+                has_ev = ev_pos < n
+                ev_t = times[order[ev_pos]] if has_ev else _INF
+            if has_ev and (first < 0 or ev_t <= first_t):
+                # -- an arrival
+                # (closed loop: the trace's next request, whichever client sends it; ev_pos counts them)
+                i = ev_pos if closed else order[ev_pos]
+                dest = -1 if rejected[i] else _route(i, ev_t, router, rr, aff_rep, routed, nfin, last_end, last_nfin)
+                if dest >= 0 and wlen[dest] == wq.shape[1]:
+                    code = _GROW_WQ
+                    break
+                if closed:
+                    heap_n = _heap_pop(heap_t, heap_s, heap_i, heap_n)
+                ev_pos += 1
+                res[0][i] = ev_t  # res_arrival
+                if dest < 0:  # rejected
+                    ctl[1] += 1.0  # progress: requests done
+                    heap_n, seq, next_issue = _issue(ev_t, closed, fl[12], n, ev, heap_n, seq, next_issue)
+                    continue
+                rr += 1
+                _enqueue(i, ev_t, dest, rep, res, ev, wq)
+                continue
+            if first < 0:
+                break
+            code = _room(first - first % G, fl, nlog, log, rep, wq)
+            if code != _DONE:
+                break
+            # -- a span of decode steps of replica `first`. Steps start before the next arrival (and,
+            # in closed loop, before any other replica's next step, whose finishes issue arrivals), so
+            # no event is passed.
+            if grouped:  # a constant (a closure cell): the branch not taken is pruned before typing
+                m, nlog = _span_group(
+                    first, first_t, ev_t, nlog, wl, fl, cost, res, req, rep, pool, scr, ev, log, last_row, wq
+                )
+            else:
+                r = first
+                if closed:
+                    limit = min(ev_t, second_t)
+                elif static:
+                    # Routing ignores replica state: only this replica's own next arrival matters.
+                    limit = own_t[own_start[r] + own_ptr[r]] if own_ptr[r] < own_start[r + 1] - own_start[r] else _INF
+                else:
+                    limit = ev_t
+                m, nlog = _span_one(r, first_t, limit, nlog, wl, fl, cost, res, req, rep, pool, scr, log, last_row, wq)
+            if m > 0:
+                continue
+            nlog, heap_n, seq, next_issue = _step(
+                first, first_t, nlog, wl, fl, cost, res, ctl, req, rep, pool, scr, ev, log, last_row, wq,
+                (heap_n, seq, next_issue),
+            )  # fmt: skip
+        st[0], st[1], st[2], st[3], st[4], st[5] = ev_pos, heap_n, seq, next_issue, rr, nlog
+        return code
+
+    _replay.__qualname__ = "_replay"  # its cache's file name (pipeline.replay.limits looks for it)
+    return numba.njit(cache=True, nogil=True, _nrt=False)(_replay)  # type: ignore[call-overload]
+
+
+_replay_single = _replay_loop(grouped=False)
+_replay_grouped = _replay_loop(grouped=True)
 
 
 class Work(NamedTuple):
@@ -1509,8 +1529,9 @@ def run_fleet(
     st = np.zeros(6, np.int64)  # the loop's state: ev_pos, heap_n, seq, next_issue, rr, nlog
     st[1] = st[2] = st[3] = heap_n
     results = tuple(res)
+    replay = _replay_grouped if G > 1 else _replay_single
     while True:
-        code = _replay(wl, fl, cost, results, ctl, req, rep, pool, scr, ev, st, log, last_row, wq)
+        code = replay(wl, fl, cost, results, ctl, req, rep, pool, scr, ev, st, log, last_row, wq)
         if code == _GROW_LOG:
             bigger = np.zeros((2 * log.shape[0], LOG_COLS))
             bigger[: log.shape[0]] = log

@@ -34,10 +34,11 @@ import numpy as np
 
 from pipeline.common.blockhash import mix64
 from pipeline.common.errors import RooftraceError
-from pipeline.costmodel.stepcost import MAX_TABLE_TOKENS, TabulatedCost
+from pipeline.costmodel.stepcost import MAX_TABLE_TOKENS, TabulatedCost, affine_cost, scalars
 from pipeline.costmodel.stepcost import kernel_array as _arg
 from pipeline.costmodel.steps import IntArray, StepCostFn
-from pipeline.engine.model import EngineResult, FleetSpec, Workload, dummy_step_s, reject_reasons
+from pipeline.engine.jitcache import await_compile_ahead
+from pipeline.engine.model import EngineResult, FleetSpec, SchedulerConfig, Workload, dummy_step_s, reject_reasons
 from pipeline.engine.steplog import SPAN_COLUMNS, RowSink
 
 #: Scheduler state (block tables, block pool, prefix-cache table) least outstanding starts on:
@@ -320,13 +321,33 @@ def _run_busy(
         res.prefill_tokens,
     )
     kernel_args = (wl, fleet, tables.kernel_tables, results, ctl, pool)
+
+    def run_fleet(*args: Any) -> Any:
+        if spec.lockstep <= 1:  # what a compile ahead compiles: wait for it, then load it
+            await_compile_ahead()
+        return k.run_fleet(*args)
+
     try:
-        rows, nrows = _run_in_thread(k.run_fleet, kernel_args, ctl, progress)
+        rows, nrows = _run_in_thread(run_fleet, kernel_args, ctl, progress)
     except MemoryError:
         raise EngineStateTooLarge(state_too_large(spec)) from None
     if progress is not None:
         progress(n)
     return res, rows[:nrows]
+
+
+def compile_engine(lockstep: int = 1) -> None:
+    """Compile the engine's loop into numba's disk cache (load it, when cached): a one-request
+    replay on a fleet of ``lockstep`` replicas in one lockstep group (1: the loop of fleets
+    without groups; more: the loop of fleets with). Every fleet and cost gives the compiled loop
+    the same argument types (run_fleet's), so this compiles what every replay runs
+    (jitcache.compile_ahead runs it in a background process; tests/compile_engine.py too)."""
+    one = np.ones(2)
+    cost = affine_cost(np.zeros((2, 7)), np.zeros((2, 7)), one, one, np.array([True, False]), one, scalars())
+    work = Workload(np.zeros(1), np.array([40]), np.array([3]), np.array([7], np.uint64), np.array([0, 1]))
+    cfg = SchedulerConfig(num_gpu_blocks=64, max_model_len=128, max_num_seqs=4, max_num_batched_tokens=128,
+                          block_size=16, enable_chunked_prefill=True, enable_prefix_caching=True)  # fmt: skip
+    simulate_jit(work, FleetSpec(replicas=lockstep, scheduler=cfg, lockstep=lockstep), cost)
 
 
 def alloc_pool(R: int, S: int, C: int, caching: bool, max_blocks: int, T: int) -> tuple[Any, ...]:
