@@ -64,7 +64,7 @@ _INF = np.inf
 #: (``_I0(0)``, not ``0``) would compile it once more for that literal value (``Literal[int](0)``
 #: beside ``int64``), and a loop counter that starts at a literal 0 compiles the pieces it is
 #: passed to twice (typed first with the literal, then with int64). Compile time only: same values.
-_I0 = np.int64
+_I0: Any = np.int64
 
 # Step-log columns (float64 matrix), in steplog.SPAN_COLUMNS order.
 LOG_COLS = 18
