@@ -486,7 +486,10 @@ def group_rows(keys, cuts, pods, order):  # type: ignore[no-untyped-def]
 # every tuple a function takes: the largest part of a piece's code) and without a cache entry of
 # their own (a cached _replay has them inlined; when _replay compiles again, so must they: their
 # sources are this file). Everything run_fleet does once (allocation, the argsort of arrival
-# times, growing the step log or the waiting queues) is numpy, compiled by nobody.
+# times, growing the step log or the waiting queues) is numpy, compiled by nobody. _replay is
+# compiled for one kind of fleet at a time (_replay_loop: with lockstep groups or without), each
+# piece for one signature (no literal arguments: _I0). A command that replays starts the
+# compile in a background process first thing (jitcache.compile_ahead).
 #
 # The tuples, built by run_fleet:
 #   wl   workload (Work): times, prompt, output, chain_off, chain, aff_rep, rejected, and the lazy
@@ -1504,8 +1507,9 @@ def run_fleet(
     loop computes.
 
     The state is allocated here by numpy, and the loop is _replay, the one compiled function (with
-    every piece above inlined): it returns when it is done, or to have the step log or a waiting
-    queue grown here (growing changes no result), and is called again."""
+    every piece above inlined; its variant for the fleet's kind, _replay_loop): it returns when it
+    is done, or to have the step log or a waiting queue grown here (growing changes no result),
+    and is called again."""
     n = work.prompt.shape[0]
     R, S, G = int(fleet.replicas), int(fleet.max_seqs), int(fleet.lockstep)
     closed, want_log = bool(fleet.closed), bool(fleet.want_log)
