@@ -303,7 +303,9 @@ def _run_busy(
         caching=bool(caching),
         want_log=want_log,
         lockstep=int(spec.lockstep),
-        dummy_s=dummy_step_s(tables),
+        # (only a lockstep group has idle ranks: without, no step reads it, and pricing it would
+        # compile the tabulated cost's own kernel, stepcost.tab_rows, before the loop)
+        dummy_s=dummy_step_s(tables) if spec.lockstep > 1 else 0.0,
         think_s=float(spec.think_s),
         concurrency=min(int(spec.concurrency), n) if spec.mode == "closed" else 0,  # clients beyond n never issue
         ramp_step_s=float(spec.ramp_step_s),  # (from the whole concurrency: the ramp's pace does not depend on n)
