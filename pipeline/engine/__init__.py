@@ -11,4 +11,10 @@ One production engine and one oracle:
 A new engine feature is written in both, ``_jit_kernels.py`` (with ``jit.py`` for its arguments)
 and ``reference.py``, and comes with a test that they agree (tests/test_engine.py's generated
 cases, or a strategy of its own there or in tests/test_lockstep.py).
+
+Public entry: :func:`simulate_jit`.
 """
+
+from pipeline.engine.jit import simulate_jit
+
+__all__ = ["simulate_jit"]

@@ -23,7 +23,6 @@ import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, replace
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -43,7 +42,7 @@ from pipeline.common.budget import (
 from pipeline.common.defaults import MAX_MEMORY_ENV, MAX_SIM_DAYS_ENV
 from pipeline.common.units import distinct_numbers, format_bytes, format_duration, format_number
 from pipeline.engine.jit import MAX_STATE_BYTES, fitting_replicas, state_bytes
-from pipeline.engine.jitcache import jit_cache_dir, kernel_stamp
+from pipeline.engine.jitcache import compile_needed as jit_compile_needed
 from pipeline.engine.shard import auto_pods, pod_cuts
 
 if TYPE_CHECKING:
@@ -179,19 +178,6 @@ class ReplayEstimate:
             "parts": dict(self.parts),
         }
 
-
-def jit_compile_needed() -> bool:
-    """Whether the jit engine's disk cache is missing or stale (its first run then compiles)."""
-    cache = jit_cache_dir()  # $NUMBA_CACHE_DIR's copy when set, where numba writes it
-    src = Path(__file__).resolve().parents[1] / "engine" / "_jit_kernels.py"
-    try:
-        digest = kernel_stamp()
-        if not (cache / f"_jit_kernels.stepcost-{digest}.stamp").exists():
-            return True
-        mtime = src.stat().st_mtime
-        return not any(p.stat().st_mtime >= mtime for p in cache.glob("_jit_kernels._replay-*.nbi"))
-    except OSError:
-        return True
 
 
 def _routes_static(requests: pl.DataFrame, spec: Any) -> bool:
