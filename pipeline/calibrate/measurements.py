@@ -165,10 +165,15 @@ def check_entry_out(target: Path) -> None:
 def write_calibrated(result: CalibrateResult, out: Path) -> Path:
     """Write the fitted entry to ``out`` (atomically), only if the catalog reads it back; a path
     that cannot be written (a parent that is a file, a folder in its place) is one error line."""
+    return write_calibrated_toml(result.toml, out)
+
+
+def write_calibrated_toml(toml: str, out: Path) -> Path:
+    """Write a fitted hardware entry's TOML to ``out`` as :func:`write_calibrated` does."""
     try:
-        parse_hardware(tomllib.loads(result.toml), "fitted entry")
+        parse_hardware(tomllib.loads(toml), "fitted entry")
     except ConfigError as exc:
         raise ConfigError(f"{out}: not written: the catalog would refuse the {exc}") from None
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(f"{out}: not written: the fitted entry is not valid TOML: {exc}") from None
-    return write_entry(out, result.toml)
+    return write_entry(out, toml)

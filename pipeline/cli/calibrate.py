@@ -124,6 +124,11 @@ def calibrate_cmd(
         source = Path(source_path)
         if not source.exists():
             raise RooftraceError(f"{source}: no such file or folder of measurements")
+        from pipeline.calibrate.nccl import is_all_reduce_log
+
+        if is_all_reduce_log(source):
+            _calibrate_link(source, hardware, out, as_json)
+            return
         if has_profile_sets(source):
             _calibrate_profiles(source, hardware, out, as_json)
             return
@@ -172,6 +177,49 @@ def calibrate_cmd(
 
 def _refuse(message: str) -> None:
     raise RooftraceError(message)
+
+
+def _calibrate_link(source: Path, hardware: str | None, out: str | None, as_json: bool) -> None:
+    """An nccl-tests all_reduce_perf log: fit the GPU link's efficiency and latency, write the entry."""
+    if hardware is None:
+        raise RooftraceError(f"{source}: an nccl-tests log needs --hardware (the GPU whose link it measured)")
+    from pipeline.calibrate.measurements import check_entry_out, write_calibrated_toml
+    from pipeline.calibrate.nccl import fit_link, read_all_reduce
+
+    target = Path(out) if out is not None else Path(f"{hardware}-link.toml")
+    check_entry_out(target)
+    run = read_all_reduce(source)
+    fit = fit_link(run, hardware, name=target.stem)
+    write_calibrated_toml(fit.toml, target)
+    progress(f"wrote {target}")
+    _report_skipped(run.skipped)
+    doc = {
+        "hardware": fit.hardware.name,
+        "written_to": str(target),
+        "gpus": run.ranks,
+        "devices": list(run.devices),
+        "link_efficiency": fit.efficiency,
+        "link_latency_s": fit.latency_s,
+        "effective_bandwidth_bytes_per_s": fit.effective_bandwidth,
+        "n_train": fit.n_train,
+        "n_holdout": fit.n_holdout,
+        "train_median_abs_error": fit.train_median_abs_error,
+        "holdout_median_abs_error": fit.holdout_median_abs_error,
+        "holdout_median_abs_error_before": fit.before_median_abs_error,
+        "skipped": list(run.skipped),
+    }
+    if as_json:
+        emit_json(doc)
+        return
+    click.echo(
+        f"fitted link efficiency={fit.efficiency:.4g} (an effective {fit.effective_bandwidth / 1e9:.1f} GB/s per "
+        f"direction), latency={fit.latency_s * 1e6:.1f} us"
+    )
+    click.echo(f"  on: {source} ({run.ranks} GPUs{': ' + ', '.join(run.devices) if run.devices else ''})")
+    click.echo(
+        f"  median abs error: train {fit.train_median_abs_error:.1%}, hold-out {fit.holdout_median_abs_error:.1%} "
+        f"(catalog link: {fit.before_median_abs_error:.1%})"
+    )
 
 
 def _calibrate_observed(
