@@ -86,6 +86,11 @@ def calibrate_cmd(
     Example: rooftrace calibrate --measurements path/to/measurements --hardware h100-sxm
     Example: rooftrace calibrate --measurements perf_model.csv --hardware h100-sxm --out h100-splitwise.toml
 
+    With an nccl-tests all_reduce_perf log of your box: fits the GPU link's efficiency and latency
+    (docs/collectives.md) and writes a hardware entry a FLEET.toml names as its hardware.
+
+    Example: rooftrace calibrate --measurements all_reduce.log --hardware h100-pcie --out my-box.toml
+
     With --observed: replays a day whose logs carry observed latencies on the fleet that served it,
     fits the stack's scales and per-step overhead on the first part of the day, judges them on the
     rest, and writes a calibration file a FLEET.toml includes with calibration_file = "CAL.toml";

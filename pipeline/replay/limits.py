@@ -179,7 +179,6 @@ class ReplayEstimate:
         }
 
 
-
 def _routes_static(requests: pl.DataFrame, spec: Any) -> bool:
     """shard.routes_static on the replay's frame: round robin, or an affinity key (a session id;
     a prompt of at least one full block) on every request the replay does not reject (the
