@@ -1107,3 +1107,28 @@ def overhead_from_latency_run(dep: Deployment, batch_size: int, input_len: int, 
     ctx = input_len + np.arange(1, output_len, dtype=np.float64)
     dec = no_overhead.cost(decode_batch(float(batch_size), ctx)).time_s.sum()
     return float((e2e_s - pre - dec) / output_len)
+
+
+def implausible_measurements(source: Path, hardware: str | None = None) -> tuple[pl.DataFrame, list[str]]:
+    """The rows of the operator sets under ``source`` that pipeline/costmodel/profile/plausible.py
+    flags (FP8 slower than BF16 beyond its table's pattern, non-monotone in tokens beyond noise),
+    among the rows a profile would keep (profile/select.py), with the reason for each; and one
+    line per table whose FP8 kernel is slower than BF16 throughout (kept, said). The profile
+    build leaves the flagged rows out (profile.toml ``[implausible]``)."""
+    from pipeline.costmodel.profile.plausible import fp8_table_notes, implausible_rows
+    from pipeline.costmodel.profile.select import select_rows
+    from pipeline.costmodel.profile.sources import read_measurements
+
+    meas = read_measurements(source)
+    parts: list[pl.DataFrame] = []
+    notes: list[str] = []
+    for gpu in meas.gpus:
+        if hardware is not None and gpu != hardware:
+            continue
+        frames, _ = select_rows(meas, gpu)
+        flagged = implausible_rows(frames)
+        if flagged.height:
+            parts.append(flagged)
+        for fam in ("gemm", "moe"):
+            notes += fp8_table_notes(frames.get(fam, pl.DataFrame()), fam)
+    return (pl.concat(parts) if parts else implausible_rows({})), notes

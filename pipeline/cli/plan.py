@@ -290,6 +290,7 @@ def plan_cmd(
         f"cheapest: {chosen['replicas']}x {chosen['config']} ({chosen['gpus']} GPUs, "
         f"${chosen['usd_per_day']:,.0f}/day); binds on {chosen['sizing']['binding']}"
     )
+    click.echo(plan_band_line(chosen))
     for r in doc["configurations"]:  # a chosen replica across nodes: its latencies are optimistic
         if r["meets_slo"] and r["config"] == chosen["config"] and str(r.get("note") or "").startswith("MULTI-NODE"):
             warn(str(r["note"]))
@@ -310,3 +311,21 @@ def plan_cmd(
             f"self-host/API {fmt_num(a['self_host_to_api_ratio'], '.2f')}{bad}"
         )
     progress(f"{doc['replays']} replays in {doc['search_wall_s']:.1f} s")
+
+
+def plan_band_line(chosen: dict[str, Any]) -> str:
+    """Whether the chosen GPU's latencies have a band across measured sources: none where one
+    measured source covers it; where several do, plan does not replay each again (it replays
+    many candidates): the line names them and how to see the band."""
+    from pipeline.costmodel.profile.tables import load_profile
+
+    hw = str(chosen.get("hardware") or "")
+    prof = load_profile(hw) if hw else None
+    sets = prof.alternatives() if prof is not None else []
+    if not sets:
+        why = "one measured source covers it" if prof is not None else "no measured profile"
+        return f"band across measured sources: none for {hw or 'this GPU'} ({why})"
+    return (
+        f"band across measured sources: {hw} is covered by {', '.join(sets)}; plan priced it from the "
+        "stated precedence: `rooftrace replay` of the chosen fleet prints the TTFT / TPOT band"
+    )

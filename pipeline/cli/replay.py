@@ -50,6 +50,32 @@ def latency_lines(summary: dict[str, Any]) -> list[str]:
     return [*out, "(TPOT = (E2E - TTFT) / (output tokens - 1): the inter-token latency AIPerf and GuideLLM call ITL)"]
 
 
+def band_line(summary: dict[str, Any]) -> str:
+    """TTFT and TPOT p50 with their band across the measured sources that cover the fleet's GPU
+    (the run's ``source_band``), or why there is none."""
+    band = summary.get("source_band")
+    cost = summary.get("cost_model") or {}
+    if not band:
+        if cost.get("source") == "measured":
+            why = f"one measured source covers {cost.get('profile') or 'this GPU'}'s operators"
+        else:
+            why = f"priced by the {cost.get('source') or 'roofline'} tier, not measured tables"
+        return f"band across measured sources: none ({why})"
+
+    def one(label: str, key: str) -> str:
+        st = summary.get(key) or {}
+        rng = (band.get(key) or {}).get("p50")
+        if st.get("p50") is None or not rng:
+            return f"{label} p50 n/a"
+        return f"{label} p50 {_ms(st['p50'])} (band {_ms(rng[0])} - {_ms(rng[1])})"
+
+    names = ", ".join(str(s.get("source")) for s in band.get("sources", []))
+    return (
+        f"{one('TTFT', 'ttft_s')}, {one('TPOT', 'tpot_s')} across sources ({names}; chosen {band.get('chosen')}, "
+        "the others replayed again)"
+    )
+
+
 @click.command("replay")
 @click.option(
     "--fleet",
@@ -215,6 +241,7 @@ def replay_cmd(
     click.echo(f"latency over {h['latency_covers']}:")
     for line in latency_lines(s):
         click.echo(line)
+    click.echo(band_line(s))
     pods = s.get("engine_pods", 1)
     in_pods = f", in {pods:,} pods" if pods > 1 else ""
     click.echo(f"engine: {s['engine_wall_s']:.2f} s wall, {s['spans']:,} spans{in_pods}", err=True)

@@ -224,6 +224,13 @@ def validate_cmd(
                                          "profile_heldout")  # fmt: skip
                 doc["files"].append(str(path))
                 doc["profile_heldout"] = profile.to_dicts()
+        implausible = None
+        if has_profile_sets(source):  # rows no kernel can have produced as they stand: flagged, left out of profiles
+            from pipeline.calibrate.validate import implausible_measurements
+
+            implausible, fp8_notes = implausible_measurements(source, hardware)
+            doc["implausible_rows"] = implausible.to_dicts()
+            doc["notes"] += fp8_notes
         prior_loo = prior_steps = donors = dies = None
         # The prior is judged on the catalog's profiles: when these measurements are sets of
         # several GPUs (the public sets they were built from), not a user's table of one GPU.
@@ -302,6 +309,9 @@ def validate_cmd(
                     f"{r['gpu']:14s} {r['check']:45s} {r['token_range']:7s} {r['rows']:7d} {_pct(r['median_abs'])} "
                     f"{_pct(r['p90_abs'])} {r['median_signed']:+7.1%}  {'met' if r['meets'] else 'MISSED'}"
                 )
+        if implausible is not None:
+            for line in implausible_lines(implausible):
+                click.echo(line)
         if prior_loo is not None and prior_loo.height:
             click.echo(
                 "size-aware roofline prior (GPUs without a profile), each GPU predicted from the others' profiles:"
@@ -394,3 +404,23 @@ def _validate_runs(runs: str, fleet_path: str | None, store_path: str | None, as
         click.echo(line)
     for note in result.notes:
         progress(f"note: {note}")
+
+
+#: Flagged rows validate prints one by one per GPU, family and rule (--json has them all).
+IMPLAUSIBLE_SHOWN = 3
+
+
+def implausible_lines(flagged: Any) -> list[str]:
+    """validate's block on implausible rows: a count per GPU, family, dtype and rule, and the
+    first rows of each with their reason; "none" when none."""
+    if flagged.height == 0:
+        return ["implausible rows (fp8 slower than bf16, non-monotone in tokens, beyond noise): none"]
+    out = [
+        f"implausible rows, left out by the profile build: {flagged.height:,} (profile/plausible.py; "
+        "--json lists every one)"
+    ]
+    for (gpu, fam, dtype, rule), part in flagged.group_by(["gpu", "family", "dtype", "rule"], maintain_order=True):
+        out.append(f"  {gpu} {fam} {dtype} {rule}: {part.height:,}")
+        for r in part.head(IMPLAUSIBLE_SHOWN).iter_rows(named=True):
+            out.append(f"    {r['key']}: {r['reason']}")
+    return out

@@ -137,6 +137,9 @@ def _req(description: str = "", **extra: Any) -> Any:
 _ROUTERS = ["round_robin", "least_outstanding", "session_affinity", "prefix_affinity"]
 _POD_BALANCERS = ["", "round_robin", "session_affinity", "prefix_affinity"]
 _COST_MODELS = ["auto", "measured", "prior", "roofline"]
+#: FLEET.toml measured_source: "auto" (the stated precedence) or a set of
+#: pipeline/catalog/profiles/sources.toml (a test keeps the two equal).
+_MEASURED_SOURCES = ["auto", "aiconfigurator", "llmservingsim"]
 
 
 class EngineTable(_Table):
@@ -193,6 +196,10 @@ class FleetFile(_Table):
     router_pod_balancer: str = _opt("how the balancer picks a pod", enum=_POD_BALANCERS)
     description: str = _opt()
     cost_model: str = _opt("default auto", enum=_COST_MODELS)
+    measured_source: str = _opt(
+        "which measured set prices an operator several cover (default auto: pipeline/catalog/profiles/sources.toml)",
+        enum=_MEASURED_SOURCES,
+    )
     engine: EngineTable = _opt("vLLM engine arguments")
     calibration: FleetCalibrationTable = _opt("roofline factors of this serving stack")
     calibration_file: str = _opt("a calibration learnt from logs (rooftrace calibrate --observed), relative path")

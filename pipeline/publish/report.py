@@ -692,6 +692,7 @@ def health_headline(summary: dict[str, Any]) -> dict[str, Any]:
     cost = summary.get("cost_model") or {}
     return {
         "cost_model": cost,
+        "source_band": summary.get("source_band"),
         "replay_recorded_input_tokens": summary.get("recorded_input_tokens"),
         "replay_cache_hit_tokens": summary.get("cache_hit_tokens"),
         "replay_fresh_input_tokens": summary.get("fresh_input_tokens"),
@@ -1254,7 +1255,8 @@ def _cards(h: dict[str, Any]) -> list[tuple[str, str, str, str]]:
         (
             "p99 TTFT (finished requests)",
             _fmt(h.get("ttft_p99_s"), "ms"),
-            f"p50 {_fmt(h.get('ttft_p50_s'), 'ms')} (first token − arrival); rejected requests have none",
+            f"p50 {_fmt(h.get('ttft_p50_s'), 'ms')} (first token − arrival); rejected requests have none; "
+            + band_text(h),
         ),
         (
             "p99 TPOT (finished requests)",
@@ -1267,6 +1269,21 @@ def _cards(h: dict[str, Any]) -> list[tuple[str, str, str, str]]:
         _input_card(h),
     ]
     return [(c[0], c[1], c[2], c[3] if len(c) > 3 else "") for c in cards]
+
+
+def band_text(h: dict[str, Any]) -> str:
+    """The TTFT card's band across measured sources (the run's ``source_band``): 'band across
+    sources: p50 a - b ms, p99 c - d ms (aiconfigurator, llmservingsim)', or 'none' and why."""
+    band = h.get("source_band")
+    if not band:
+        tier = (h.get("cost_model") or {}).get("source")
+        return "band across measured sources: none" + (
+            " (one source covers this GPU)" if tier == "measured" else f" ({tier or 'roofline'} tier)"
+        )
+    ttft = band.get("ttft_s") or {}
+    parts = [f"{p} {_fmt(ttft[p][0], 'ms')} – {_fmt(ttft[p][1], 'ms')}" for p in ("p50", "p99") if ttft.get(p)]
+    names = ", ".join(str(x.get("source")) for x in band.get("sources", []))
+    return f"band across measured sources: {', '.join(parts)} ({names}; chosen {band.get('chosen')})"
 
 
 def _input_card(h: dict[str, Any]) -> tuple[str, str, str, str]:

@@ -176,6 +176,9 @@ class FleetConfig:
     #: "auto": the GPU's measured profile when the catalog has one, else the roofline;
     #: "measured" (error without a profile) or "roofline" (the catalog's factors only).
     cost_model: str = "auto"
+    #: Which measured set prices an operator several sets cover on this GPU: "" (unset) or "auto"
+    #: for the stated precedence (pipeline/catalog/profiles/sources.toml), or a set's name first.
+    measured_source: str = ""
     engine: EngineSettings = field(default_factory=EngineSettings)
     calibration: Calibration | None = None
     #: A serving stack's calibration learnt from logs (``calibration_file = "CAL.toml"``, read
@@ -201,6 +204,8 @@ class FleetConfig:
         # runs recorded before it read the same and a balancer that changes nothing changes no run id
         if not self.router_pod_balancer or not 0 < self.router_pod_size < self.replicas:
             del out["router_pod_balancer"]
+        if not self.measured_source:  # unset: runs recorded before it keep their run ids
+            del out["measured_source"]
         if self.stack_calibration is None:  # unset: runs recorded before it keep their run ids
             del out["stack_calibration"]
         else:  # the numbers, not where they were read from
@@ -327,6 +332,13 @@ def parse_fleet(
     cfg = FleetConfig(engine=engine, calibration=calibration, slo=slo, stack_calibration=stack, **top)
     if cfg.cost_model not in ("auto", "measured", "prior", "roofline"):
         raise ConfigError(f"{origin}: cost_model {cfg.cost_model!r} unknown; choose auto, measured, prior or roofline")
+    if cfg.measured_source:
+        from pipeline.costmodel.profile.precedence import known_sources
+
+        if cfg.measured_source not in known_sources():
+            raise ConfigError(
+                f"{origin}: measured_source {cfg.measured_source!r} unknown; choose one of {known_sources()}"
+            )
     if cfg.router not in ROUTERS:
         raise ConfigError(f"{origin}: router {cfg.router!r} unknown; choose one of {list(ROUTERS)}")
     for key in ("replicas", "tp", "pp", "ep", "dp"):

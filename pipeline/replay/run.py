@@ -78,6 +78,7 @@ from pipeline.replay.slo import (
     overload_of,
     overload_text,
     parse_slo,
+    request_latencies,
     share_text,
     slo_verdict,
     sorted_accepted,
@@ -1174,6 +1175,8 @@ def _replay(
     try:
         doing[0] = f"replaying {what} (the engine's state, step log and series)"
         run = run_workload(work, fleet, options, engine_progress, steps, results)
+        doing[0] = f"replaying {what} again with the other measured sources (the band across sources)"
+        band = source_band_runs(work, fleet, options, progress)
         doing[0] = f"writing the requests table of {what}"
         written = StoredColumns(results.finish())
         # the summary reads the written table: the day's arrays go first (10^8 requests: 4 GB)
@@ -1182,6 +1185,8 @@ def _replay(
         del work
         doing[0] = f"summarizing the run of {what}"
         summary = summary_of(written, steps.sums, run, run_slo(run, options))
+        if band is not None:  # only where several measured sources cover the GPU: other runs as they were
+            summary["source_band"] = source_band_summary(summary, fleet, band)
         record = {"date": date, "options": asdict(options), "resolved": fleet.to_dict()}
         _day_notes(store, date, summary, cfg.model, record, t0_us, options.rate_scale)
         with store.lock(), _store_writes(store):
@@ -1195,6 +1200,64 @@ def _replay(
         results.abort()  # nothing left to drop once committed
         steps.abort()  # (and an emptied folder goes)
     return ReplayResult(run_id, run_dir, summary)
+
+
+#: How the band across measured sources is made (the run's summary ``source_band.method``).
+BAND_METHOD = (
+    "the same requests replayed again, once per other measured source covering this GPU's operators, "
+    "with that source's tables first (same fleet, options and arrivals; queueing re-simulated); the band is "
+    "the range of each figure over all sources, the chosen one included"
+)
+
+
+def source_band_runs(
+    work: Workload, fleet: ResolvedFleet, options: ReplayOptions, progress: Callable[[str], None] | None = None
+) -> list[dict[str, Any]] | None:
+    """TTFT and TPOT percentiles of ``work`` replayed with each other measured source of the
+    fleet's GPU first (pipeline/costmodel/profile/cost.py ``alternative_sources``); None where
+    one source covers it (or the fleet is not priced from a measured profile)."""
+    from pipeline.costmodel.profile.cost import alternative_sources, fleet_step_cost
+
+    others = alternative_sources(fleet)
+    if not others:
+        return None
+    out: list[dict[str, Any]] = []
+    for name in others:
+        if progress:
+            progress(f"band across sources: replaying again with the {name} tables first")
+        alt = run_workload(work, fleet, options, cost=fleet_step_cost(fleet, measured_source=name))
+        res = alt.result
+        lat = request_latencies(res, work)
+        ok = (res.reject_reason == 0) & (np.arange(work.n) >= alt.warmup)
+        fig: dict[str, Any] = {"source": name}
+        for key, arr in (("ttft_s", lat["ttft"]), ("tpot_s", lat["tpot"])):
+            v = arr[ok & np.isfinite(arr)]
+            q = np.percentile(v, (50.0, 99.0), method=PERCENTILE_METHOD) if v.size else None
+            fig[key] = None if q is None else {"p50": float(q[0]), "p99": float(q[1])}
+        out.append(fig)
+    return out
+
+
+def source_band_summary(summary: dict[str, Any], fleet: ResolvedFleet, band: list[dict[str, Any]]) -> dict[str, Any]:
+    """The run's ``source_band``: each source's TTFT / TPOT p50 and p99 (the chosen one's from
+    the run itself) and the range over them."""
+    from pipeline.costmodel.profile.cost import fleet_sources
+    from pipeline.costmodel.profile.tables import profile_for
+
+    prof = profile_for(fleet.deployment.hardware)
+    chosen = prof.with_sources(*fleet_sources(fleet)).order[0] if prof is not None else "measured"
+    own: dict[str, Any] = {"source": chosen}
+    for key in ("ttft_s", "tpot_s"):
+        st = summary.get(key) or {}
+        own[key] = {"p50": st.get("p50"), "p99": st.get("p99")} if st.get("p50") is not None else None
+    sources = [own, *band]
+    ranges: dict[str, Any] = {}
+    for key in ("ttft_s", "tpot_s"):
+        ranges[key] = {}
+        for p in ("p50", "p99"):
+            vals = [s[key][p] for s in sources if s.get(key) and s[key].get(p) is not None]
+            ranges[key][p] = [min(vals), max(vals)] if vals else None
+    return {"chosen": chosen, "method": BAND_METHOD, "sources": sources, **ranges}
 
 
 def _day_notes(

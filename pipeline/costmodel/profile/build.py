@@ -27,9 +27,39 @@ import polars as pl
 from pipeline.common.errors import ConfigError
 from pipeline.common.schemas import atomic_write_bytes
 from pipeline.costmodel.profile.heldout import attention_tile, fit_fallbacks, fit_sampler, heldout_summary, judge
+from pipeline.costmodel.profile.plausible import drop_flagged, implausible_rows
 from pipeline.costmodel.profile.select import select_rows
 from pipeline.costmodel.profile.sources import read_measurements
-from pipeline.costmodel.profile.tables import FAMILY_FILES, PROFILES_DIR
+from pipeline.costmodel.profile.tables import FAMILY_FILES, PROFILES_DIR, frames_profile
+
+#: Implausible rows profile.toml lists by their reason (the rest are counted; validate lists all).
+IMPLAUSIBLE_LISTED = 20
+
+
+def leave_out_implausible(frames: dict[str, pl.DataFrame]) -> tuple[dict[str, pl.DataFrame], dict[str, Any]]:
+    """``frames`` without the rows pipeline/costmodel/profile/plausible.py flags, and what
+    profile.toml says of them (empty when none): the count, the count per family / dtype / rule,
+    and the first :data:`IMPLAUSIBLE_LISTED` with their reasons."""
+    flagged = implausible_rows(frames)
+    if flagged.height == 0:
+        return frames, {}
+    out = dict(frames)
+    for fam in flagged["family"].unique().to_list():
+        out[fam] = drop_flagged(frames[fam], fam, flagged)
+    counts = flagged.group_by(["family", "dtype", "rule"]).len().sort(["family", "dtype", "rule"])
+    listed = [
+        f"{r['family']} {r['dtype']} {r['kernel']} {r['key']}: {r['reason']} ({r['source']})"
+        for r in flagged.head(IMPLAUSIBLE_LISTED).iter_rows(named=True)
+    ]
+    info = {
+        "count": int(flagged.height),
+        "by_rule": "; ".join(f"{f} {d} {rule}: {n:,}" for f, d, rule, n in counts.iter_rows()),
+        "rows": listed,
+    }
+    if flagged.height > IMPLAUSIBLE_LISTED:
+        info["rows_not_listed"] = int(flagged.height - IMPLAUSIBLE_LISTED)
+    return out, info
+
 
 #: How each set's kernels were timed (AIConfigurator's collection_meta.yaml, LLMServingSim's meta.yaml).
 STACKS: dict[str, dict[str, Any]] = {
@@ -76,6 +106,7 @@ def meta_toml(
     selection: dict[str, str],
     fitted: dict[str, Any],
     heldout: dict[str, Any],
+    implausible: dict[str, Any] | None = None,
 ) -> str:
     def finite(v: Any) -> bool:
         if isinstance(v, float):
@@ -109,6 +140,13 @@ def meta_toml(
         *(f"{k} = {_toml_value(v)}" for k, v in sorted(fitted.items())),
         "",
     ]
+    if implausible:
+        lines += [
+            "# rows left out as implausible (pipeline/costmodel/profile/plausible.py; rooftrace validate lists all)",
+            "[implausible]",
+            *(f"{k} = {_toml_value(v)}" for k, v in implausible.items()),
+            "",
+        ]
     for name, entry in sorted(heldout.items()):
         lines.append(f'[heldout."{name}"]')
         lines.extend(f"{k} = {_toml_value(v)}" for k, v in entry.items())
@@ -123,6 +161,7 @@ def write_profile(
     selection: dict[str, str],
     fitted: dict[str, Any],
     heldout: dict[str, Any],
+    implausible: dict[str, Any] | None = None,
 ) -> BuiltProfile:
     """Write one profile folder (tables first, profile.toml last); OSError becomes a one-line error."""
     try:
@@ -142,7 +181,7 @@ def write_profile(
             if fam not in frames and (folder / fname).exists():
                 (folder / fname).unlink()
         stack = {f"{s}_{k}": v for s in sorted(sets) for k, v in STACKS[s].items()}
-        text = meta_toml(gpu, stack, sorted(files), rows, selection, fitted, heldout)
+        text = meta_toml(gpu, stack, sorted(files), rows, selection, fitted, heldout, implausible)
         atomic_write_bytes(folder / "profile.toml", text.encode())
         return BuiltProfile(gpu, folder, rows, heldout)
     except OSError as exc:
@@ -242,6 +281,9 @@ def build_profiles(
         if progress:
             progress(f"profile {gpu}: selecting rows")
         frames, selection = select_rows(meas, gpu)
+        frames, implausible = leave_out_implausible(frames)
+        if implausible:
+            meas.note(gpu, f"{gpu}: {implausible['count']:,} implausible row(s) left out ({implausible['by_rule']})")
         if not frames:
             meas.skip(gpu, f"{gpu}: no rows a profile keeps; no profile written")
             continue
@@ -257,11 +299,13 @@ def build_profiles(
         if progress:
             progress(f"profile {gpu}: judging held-out shapes")
         errors = judge(meas, gpu)
-        fitted = fit_fallbacks(frames) | sampler | attention_tile(meas, gpu, frames)
+        # fitted on the rows a fleet reads by default (the stated precedence where sets overlap)
+        chosen = dict(frames_profile(gpu, frames).frames)
+        fitted = fit_fallbacks(chosen) | sampler | attention_tile(meas, gpu, chosen)
         if "attn_mixed" in prev.frames:  # the tile was fitted on the kept mixed batches
             fitted |= {k: v for k, v in prev.fitted.items() if k.startswith("attention_tile")}
         heldout = {**prev.heldout, **heldout_summary(errors)} if prev.frames else heldout_summary(errors)
-        built.append(write_profile(out_dir / gpu, gpu, frames, selection, fitted, heldout))
+        built.append(write_profile(out_dir / gpu, gpu, frames, selection, fitted, heldout, implausible))
     if skipped is not None:
         skipped.extend(meas.skipped)
     if notes is not None:

@@ -400,6 +400,7 @@ def measured_cost(
     max_num_seqs: int = 256,
     overhead_s: float | None = None,
     tier: str = "measured",
+    measured_source: str = "auto",
 ) -> TabulatedCost:
     """The deployment's step cost from its GPU's profile (module doc); ``tier = "prior"`` when
     ``prof`` is the size-aware prior's synthetic profile (pipeline/costmodel/profile/prior.py)."""
@@ -463,6 +464,9 @@ def measured_cost(
         "tier": tier,
         "profile": prof.gpu,
         "stack": dict(prof.meta.stack),
+        # where several measured sets cover an operator: which one priced the run, over which,
+        # and why (only then: a profile of one source keeps the record it had)
+        **({"tables": prof.source_choice(measured_source)} if prof.alternatives() else {}),
         **cov_desc,
         "attention": attention,
         "host_step_s": HOST_STEP_S,
@@ -483,7 +487,9 @@ def measured_cost(
         scalars=sc,
         source=tier,
         describe=describe,
-        extend=lambda t: measured_cost(dep, prof, max(t, 2 * max_tokens), max_num_seqs, overhead_s, tier),
+        extend=lambda t: measured_cost(
+            dep, prof, max(t, 2 * max_tokens), max_num_seqs, overhead_s, tier, measured_source
+        ),
     )
 
 
@@ -547,9 +553,13 @@ def step_cost_for(
     max_tokens: int = 16384,
     max_num_seqs: int = 256,
     overhead_s: float | None = None,
+    measured_source: str = "auto",
+    vllm_version: str | None = None,
 ) -> TabulatedCost:
     """The step cost of ``dep``: its GPU's measured profile when the catalog has one (``auto``
-    or ``measured``); else, for ``auto`` on a GPU whose hardware entry lets the prior apply
+    or ``measured``; where several measured sets cover an operator, the one ``measured_source``
+    and the stated precedence pick, pipeline/costmodel/profile/precedence.py); else, for ``auto``
+    on a GPU whose hardware entry lets the prior apply
     (``prior_applies``, true unless the entry says false: the AMD GPUs) or ``prior`` anywhere, the
     size-aware roofline prior fitted on the measured GPUs; else the roofline with the catalog's
     factors."""
@@ -580,11 +590,38 @@ def step_cost_for(
         if overhead_s is not None:
             dep = replace(dep, step_overhead_s=overhead_s)
         return fast_step_cost(dep, max(max_tokens, 1024))  # type: ignore[no-any-return]
-    return measured_cost(dep, prof, max_tokens, max_num_seqs, overhead_s)
+    prof = prof.with_sources(measured_source, vllm_version)
+    return measured_cost(dep, prof, max_tokens, max_num_seqs, overhead_s, measured_source=measured_source)
 
 
-def fleet_step_cost(fleet: Any) -> TabulatedCost:
-    """The step cost a resolved fleet (pipeline.replay.fleet.ResolvedFleet) replays with."""
+def fleet_sources(fleet: Any) -> tuple[str, str | None]:
+    """(measured_source, vllm_version) of a resolved fleet's config (defaults where unset)."""
+    cfg = fleet.config
+    return getattr(cfg, "measured_source", "") or "auto", getattr(getattr(cfg, "engine", None), "vllm_version", None)
+
+
+def alternative_sources(fleet: Any) -> list[str]:
+    """The measured sets other than the one pricing ``fleet`` that cover one of its GPU's
+    operators (the band across sources re-prices its replay with each); empty where one source
+    covers the GPU, or the fleet is not priced from a measured profile."""
+    model = getattr(fleet.config, "cost_model", "auto")
+    if model not in ("auto", "measured") or fleet.config.calibration is not None:
+        return []
+    prof = profile_for(fleet.deployment.hardware)
+    if prof is None:
+        return []
+    sets = prof.alternatives()
+    if not sets:
+        return []
+    source, version = fleet_sources(fleet)
+    first = prof.with_sources(source, version).order[0]
+    return [s for s in sets if s != first]
+
+
+def fleet_step_cost(fleet: Any, measured_source: str | None = None) -> TabulatedCost:
+    """The step cost a resolved fleet (pipeline.replay.fleet.ResolvedFleet) replays with;
+    ``measured_source``: another measured set first instead of the fleet's (the band across
+    sources)."""
     sched = fleet.scheduler
     need = max(sched.max_num_batched_tokens, sched.max_num_seqs) + 1
     model = getattr(fleet.config, "cost_model", "auto")
@@ -592,6 +629,7 @@ def fleet_step_cost(fleet: Any) -> TabulatedCost:
         # A [calibration] holds roofline efficiency factors of another serving stack: it applies
         # to the roofline tier (a measured profile describes vLLM's own kernels).
         model = "roofline"
+    source, version = fleet_sources(fleet)
     try:
         cost = step_cost_for(
             fleet.deployment,
@@ -599,6 +637,8 @@ def fleet_step_cost(fleet: Any) -> TabulatedCost:
             need,
             sched.max_num_seqs,
             fleet.config.engine.step_overhead_s,
+            measured_source or source,
+            version,
         )
         cal = fleet.config.calibration
         if cal is not None and cost.source == "roofline":  # say whose factors priced it

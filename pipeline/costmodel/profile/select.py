@@ -33,12 +33,15 @@ def _most_rows(frame: pl.DataFrame, by: list[str], kernel: str = "kernel") -> pl
 
 
 def _prefer_set(frame: pl.DataFrame, by: list[str]) -> pl.DataFrame:
-    """Rows of AIConfigurator where a group has them, else LLMServingSim's."""
+    """Every set's rows, AIConfigurator's first. Where several sets cover a group (a GPU's bf16
+    GEMMs or attention measured by AIConfigurator and by LLMServingSim), all are kept: which one
+    prices a fleet is chosen when the profile is read, by the stated precedence of
+    pipeline/catalog/profiles/sources.toml and the fleet's ``measured_source``
+    (pipeline/costmodel/profile/precedence.py); the others give the run its band across sources."""
     if frame.height == 0:
         return frame
-    has_aic = frame.filter(pl.col("set") == "aiconfigurator").select(by).unique()
     aic = frame.filter(pl.col("set") == "aiconfigurator")
-    other = frame.filter(pl.col("set") != "aiconfigurator").join(has_aic, on=by, how="anti")
+    other = frame.filter(pl.col("set") != "aiconfigurator")
     return pl.concat([aic, other], how="vertical_relaxed")
 
 
@@ -79,7 +82,7 @@ def select_rows(meas: Measurements, gpu: str) -> tuple[dict[str, pl.DataFrame], 
         # extrapolate to ~342 ms for 4096 x 4096): left out, so those GEMMs take the roofline
         partial = partial_gemm_dtypes(g)
         g = g.filter(~pl.col("dtype").is_in(partial))
-        out["gemm"] = g.sort(["dtype", "n", "k", "m"])
+        out["gemm"] = g.sort(["dtype", "set", "n", "k", "m"])
         sel["gemm"] = "; ".join(
             f"{d}: {', '.join(sorted(set(k)))}"
             for d, k in g.group_by("dtype").agg(pl.col("kernel").unique()).sort("dtype").iter_rows()
@@ -97,7 +100,7 @@ def select_rows(meas: Measurements, gpu: str) -> tuple[dict[str, pl.DataFrame], 
                 ],
                 how="vertical_relaxed",
             )
-            out[fam] = a.sort(["kv_dtype", "nkv", "d", "nq", "batch", size])
+            out[fam] = a.sort(["kv_dtype", "set", "nkv", "d", "nq", "batch", size])
             sel[fam] = "; ".join(
                 f"{d}: {', '.join(sorted(set(k)))}"
                 for d, k in a.group_by("kv_dtype").agg(pl.col("kernel").unique()).sort("kv_dtype").iter_rows()

@@ -59,7 +59,7 @@ FAMILY_FILES = {
     "attn_mixed": "attn_mixed.parquet",
 }
 #: Keys of profile.toml.
-_META_KEYS = {"gpu", "stack", "built_from", "rows", "selection", "fitted", "heldout", "licence"}
+_META_KEYS = {"gpu", "stack", "built_from", "rows", "selection", "fitted", "heldout", "licence", "implausible"}
 
 
 @dataclass(frozen=True)
@@ -72,6 +72,8 @@ class ProfileMeta:
     fitted: Mapping[str, Any]
     heldout: Mapping[str, Any]
     licence: str
+    #: Rows the build left out as implausible (pipeline/costmodel/profile/plausible.py): counts and the first few.
+    implausible: Mapping[str, Any] = field(default_factory=dict)
 
 
 #: GEMM rows more than this much above the second-highest of their four nearest m neighbours
@@ -94,14 +96,47 @@ def _group_curves(frame: pl.DataFrame, keys: list[str], x: str, despike: float =
 
 @dataclass(frozen=True)
 class Profile:
-    """Measured operator tables of one GPU (rows as stored; functions built lazily)."""
+    """Measured operator tables of one GPU (rows as stored; functions built lazily). Where
+    several measured sets cover a group (pipeline/costmodel/profile/precedence.py), ``frames``
+    holds the chosen set's rows only (``order``: the sets in the order they were chosen) and
+    ``all_frames`` every set's."""
 
     meta: ProfileMeta
     frames: Mapping[str, pl.DataFrame] = field(hash=False, compare=False)
+    all_frames: Mapping[str, pl.DataFrame] | None = field(default=None, hash=False, compare=False)
+    order: tuple[str, ...] = ()
 
     @property
     def gpu(self) -> str:
         return self.meta.gpu
+
+    def alternatives(self) -> list[str]:
+        """The sets that overlap another on some group of this profile (empty: one source)."""
+        from pipeline.costmodel.profile.precedence import alternatives
+
+        return alternatives(dict(self.all_frames or self.frames))
+
+    def with_sources(self, measured_source: str = "auto", vllm_version: str | None = None) -> Profile:
+        """This profile with each overlapping group's rows from the set the fleet's order picks
+        (pipeline/costmodel/profile/precedence.py ``source_order``); itself where nothing overlaps
+        or the order is the one it was read with."""
+        from pipeline.costmodel.profile.precedence import source_order
+
+        order = source_order(measured_source, vllm_version)
+        if self.all_frames is None or order == self.order or not self.alternatives():
+            return self
+        key = (id(self), order)
+        got = _WITH_ORDER.get(key)
+        if got is None or got[0] is not self:
+            got = (self, _chosen(self.meta, dict(self.all_frames), order))
+            _WITH_ORDER[key] = got
+        return got[1]
+
+    def source_choice(self, measured_source: str = "auto") -> dict[str, str]:
+        """Per overlapping family and group, the set chosen and the others (for the run's record)."""
+        from pipeline.costmodel.profile.precedence import describe_choice
+
+        return describe_choice(dict(self.all_frames or self.frames), self.order, measured_source)
 
     def frame(self, family: str) -> pl.DataFrame:
         return self.frames.get(family, pl.DataFrame())
@@ -281,11 +316,24 @@ class Profile:
         return float(value) if isinstance(value, int | float) and math.isfinite(value) else default
 
 
+#: Profiles re-chosen for another source order, by (id of the profile read, order).
+_WITH_ORDER: dict[tuple[int, tuple[str, ...]], tuple[Profile, Profile]] = {}
+
+
+def _chosen(meta: ProfileMeta, frames: dict[str, pl.DataFrame], order: tuple[str, ...] | None = None) -> Profile:
+    """A profile of ``frames`` whose overlapping groups keep the rows of the first set of
+    ``order`` (default: the stated precedence, pipeline/costmodel/profile/precedence.py)."""
+    from pipeline.costmodel.profile.precedence import choose_sets, source_order
+
+    order = source_order() if order is None else order
+    return Profile(meta, choose_sets(frames, order), frames, order)
+
+
 def frames_profile(gpu: str, frames: dict[str, pl.DataFrame]) -> Profile:
     """A profile of ``gpu`` from rows in memory (no profile.toml): what the build and the
     held-out checks interpolate before anything is written."""
     meta = ProfileMeta(gpu, {}, (), {k: v.height for k, v in frames.items()}, {}, {}, {}, "")
-    return Profile(meta, frames)
+    return _chosen(meta, frames)
 
 
 def profile_dir(gpu: str) -> Path:
@@ -343,6 +391,7 @@ def read_meta(path: Path) -> ProfileMeta:
         fitted=dict(data.get("fitted", {})),
         heldout=dict(data.get("heldout", {})),
         licence=str(data.get("licence", "")),
+        implausible=dict(data.get("implausible", {})) if isinstance(data.get("implausible", {}), dict) else {},
     )
 
 
@@ -375,7 +424,7 @@ def load_profile_dir(folder: Path) -> Profile:
         got = frames[fam].height if fam in frames else 0
         if got != n:
             raise ConfigError(f"{folder / FAMILY_FILES.get(fam, fam)}: {got} rows, profile.toml says {n}")
-    return Profile(meta, frames)
+    return _chosen(meta, frames)
 
 
 #: The fields that make two hardware entries the same device (the efficiency factors, prices and
