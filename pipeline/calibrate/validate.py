@@ -1115,9 +1115,9 @@ def implausible_measurements(source: Path, hardware: str | None = None) -> tuple
     among the rows a profile would keep (profile/select.py), with the reason for each; and one
     line per table whose FP8 kernel is slower than BF16 throughout (kept, said). The profile
     build leaves the flagged rows out (profile.toml ``[implausible]``)."""
-    from pipeline.costmodel.profile.plausible import fp8_table_notes, implausible_rows
-    from pipeline.costmodel.profile.select import select_rows
-    from pipeline.costmodel.profile.sources import read_measurements
+    from pipeline.costmodel.profile.plausible import fp8_table_notes, implausible_rows  # lazy: --measurements only
+    from pipeline.costmodel.profile.select import select_rows  # lazy: --measurements only
+    from pipeline.costmodel.profile.sources import read_measurements  # lazy: --measurements only
 
     meas = read_measurements(source)
     parts: list[pl.DataFrame] = []

@@ -333,7 +333,7 @@ def parse_fleet(
     if cfg.cost_model not in ("auto", "measured", "prior", "roofline"):
         raise ConfigError(f"{origin}: cost_model {cfg.cost_model!r} unknown; choose auto, measured, prior or roofline")
     if cfg.measured_source:
-        from pipeline.costmodel.profile.precedence import known_sources
+        from pipeline.costmodel.profile.precedence import known_sources  # lazy: when set only
 
         if cfg.measured_source not in known_sources():
             raise ConfigError(

@@ -1216,7 +1216,7 @@ def source_band_runs(
     """TTFT and TPOT percentiles of ``work`` replayed with each other measured source of the
     fleet's GPU first (pipeline/costmodel/profile/cost.py ``alternative_sources``); None where
     one source covers it (or the fleet is not priced from a measured profile)."""
-    from pipeline.costmodel.profile.cost import alternative_sources, fleet_step_cost
+    from pipeline.costmodel.profile.cost import alternative_sources, fleet_step_cost  # lazy: band only
 
     others = alternative_sources(fleet)
     if not others:
@@ -1241,8 +1241,8 @@ def source_band_runs(
 def source_band_summary(summary: dict[str, Any], fleet: ResolvedFleet, band: list[dict[str, Any]]) -> dict[str, Any]:
     """The run's ``source_band``: each source's TTFT / TPOT p50 and p99 (the chosen one's from
     the run itself) and the range over them."""
-    from pipeline.costmodel.profile.cost import fleet_sources
-    from pipeline.costmodel.profile.tables import profile_for
+    from pipeline.costmodel.profile.cost import fleet_sources  # lazy: band only
+    from pipeline.costmodel.profile.tables import profile_for  # lazy: band only
 
     prof = profile_for(fleet.deployment.hardware)
     chosen = prof.with_sources(*fleet_sources(fleet)).order[0] if prof is not None else "measured"

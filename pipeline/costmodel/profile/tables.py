@@ -112,7 +112,7 @@ class Profile:
 
     def alternatives(self) -> list[str]:
         """The sets that overlap another on some group of this profile (empty: one source)."""
-        from pipeline.costmodel.profile.precedence import alternatives
+        from pipeline.costmodel.profile.precedence import alternatives  # lazy: profile use only
 
         return alternatives(dict(self.all_frames or self.frames))
 
@@ -120,7 +120,7 @@ class Profile:
         """This profile with each overlapping group's rows from the set the fleet's order picks
         (pipeline/costmodel/profile/precedence.py ``source_order``); itself where nothing overlaps
         or the order is the one it was read with."""
-        from pipeline.costmodel.profile.precedence import source_order
+        from pipeline.costmodel.profile.precedence import source_order  # lazy: profile use only
 
         order = source_order(measured_source, vllm_version)
         if self.all_frames is None or order == self.order or not self.alternatives():
@@ -134,7 +134,7 @@ class Profile:
 
     def source_choice(self, measured_source: str = "auto") -> dict[str, str]:
         """Per overlapping family and group, the set chosen and the others (for the run's record)."""
-        from pipeline.costmodel.profile.precedence import describe_choice
+        from pipeline.costmodel.profile.precedence import describe_choice  # lazy: profile use only
 
         return describe_choice(dict(self.all_frames or self.frames), self.order, measured_source)
 
@@ -323,7 +323,7 @@ _WITH_ORDER: dict[tuple[int, tuple[str, ...]], tuple[Profile, Profile]] = {}
 def _chosen(meta: ProfileMeta, frames: dict[str, pl.DataFrame], order: tuple[str, ...] | None = None) -> Profile:
     """A profile of ``frames`` whose overlapping groups keep the rows of the first set of
     ``order`` (default: the stated precedence, pipeline/costmodel/profile/precedence.py)."""
-    from pipeline.costmodel.profile.precedence import choose_sets, source_order
+    from pipeline.costmodel.profile.precedence import choose_sets, source_order  # lazy: profile use only
 
     order = source_order() if order is None else order
     return Profile(meta, choose_sets(frames, order), frames, order)
