@@ -186,8 +186,8 @@ def test_the_allowed_lists_are_the_hand_written_ones() -> None:
     """The declarations hold exactly the keys the loaders read (nothing lost in the move)."""
     assert _allowed(CASES[0]) == [
         "calibration", "calibration_file", "cost_model", "description", "dp", "engine", "ep", "hardware",
-        "kv_dtype", "measured_source", "model", "name", "pp", "replicas", "router", "router_pod_balancer", "router_pod_size", "slo",
-        "stack_calibration", "tp", "weight_dtype",
+        "kv_dtype", "measured_source", "model", "name", "pp", "replicas", "router", "router_pod_balancer",
+        "router_pod_size", "slo", "stack_calibration", "tp", "weight_dtype",
     ]  # fmt: skip
     assert set(tomlschema.EngineTable.model_fields) == {f.name for f in fields(EngineSettings)}
     assert set(tomlschema.FleetCalibrationTable.model_fields) == {f.name for f in fields(Calibration)}
