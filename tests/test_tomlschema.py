@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 from click.testing import CliRunner
-from hypothesis import given
+from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from pipeline.catalog.entries import _HF_KEYS, CATALOG_DIR, parse_hardware, parse_model
@@ -461,6 +461,8 @@ def _tables(types: dict[str, tuple[type, ...]]) -> st.SearchStrategy[dict[str, A
     )
 
 
+# generation is slow on a loaded 2-core machine (nested dictionaries of mixed values): not a finding
+@settings(suppress_health_check=[HealthCheck.too_slow])
 @given(top=_tables({k: v for k, v in _OLD_TOP.items() if k not in ("engine", "calibration", "stack_calibration")}),
        engine=st.none() | _tables(_OLD_ENGINE), calibration=st.none() | _tables(_OLD_CALIBRATION),
        required=st.booleans())  # fmt: skip
