@@ -4,13 +4,16 @@
 The logs are made by replaying a day with *known* stack parameters and multiplying each
 request's TTFT and decode time by 5 % log-normal noise: the fit must find the parameters again
 (identifiability), predict the held-out part of the day, and carry over to another model on the
-same GPU (transfer)."""
+same GPU (transfer). A busy day, whose training requests share their batches with later
+arrivals, shows what replaying the whole day fixes: the former fit, which replayed the training
+part alone, overshot the rest of that day."""
 
 from __future__ import annotations
 
 import json
 import math
 import tomllib
+from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -35,12 +38,27 @@ KNOWN = {"linear_scale": 1.25, "attention_scale": 0.8, "comm_scale": 1.0, "step_
 
 
 def day(
-    model: str, n: int, rate: float, seed: int, prompt_median: float = 4000, output_median: float = 200
+    model: str,
+    n: int,
+    rate: float,
+    seed: int,
+    prompt_median: float = 4000,
+    output_median: float = 200,
+    wave: float = 0.0,
+    period_s: float = 60.0,
 ) -> pl.DataFrame:
-    """Canonical requests of one replica's day: Poisson arrivals at ``rate``/s, log-normal prompt
-    and output lengths (prompts 50..30,000 tokens: attention is a real share of the steps)."""
+    """Canonical requests of one replica's day: Poisson arrivals at ``rate``/s (``wave`` > 0: at
+    ``rate * (1 + wave * sin(2 pi t / period_s))``, busy and quiet spells in turn), log-normal
+    prompt and output lengths (prompts 50..30,000 tokens: attention is a real share of the steps)."""
     rng = np.random.default_rng(seed)
     t = np.cumsum(rng.exponential(1.0 / rate, n))
+    if wave:
+        gaps = rng.exponential(1.0, n)
+        t = np.empty(n)
+        now = 0.0
+        for i in range(n):
+            now += gaps[i] / (rate * (1.0 + wave * math.sin(2 * math.pi * now / period_s)))
+            t[i] = now
     prompt = np.clip(rng.lognormal(math.log(prompt_median), 1.0, n), 50, 30_000).astype(np.int64)
     output = np.clip(rng.lognormal(math.log(output_median), 0.8, n), 2, 2_000).astype(np.int64)
     t0 = int(datetime(2025, 1, 15, tzinfo=UTC).timestamp() * 1e6)
@@ -63,10 +81,13 @@ def fleet_of(model: str) -> object:
     return resolve(FleetConfig(name="obs", model=model, hardware="h100-sxm", replicas=1))
 
 
-def observed_day(model: str, n: int, rate: float, seed: int, stack: dict[str, float] = KNOWN) -> pl.DataFrame:
-    """``day`` with the latencies a fleet running ``stack`` delivered, 5 % noise on each
-    request's TTFT and on its decode time (so E2E ≥ TTFT, as ingest requires)."""
-    frame = day(model, n, rate, seed)
+def observed_day(
+    model: str, n: int, rate: float, seed: int, stack: dict[str, float] = KNOWN, **shape: float
+) -> pl.DataFrame:
+    """``day`` (``shape``: its lengths and wave) with the latencies a fleet running ``stack``
+    delivered, 5 % noise on each request's TTFT and on its decode time (so E2E ≥ TTFT, as
+    ingest requires)."""
+    frame = day(model, n, rate, seed, **shape)
     fleet = fleet_of(model)
     work = build_workload(frame, fleet, ReplayOptions())
     run = run_workload(work, fleet, ReplayOptions(), cost=apply(fleet_step_cost(fleet), stack))
@@ -77,32 +98,57 @@ def observed_day(model: str, n: int, rate: float, seed: int, stack: dict[str, fl
     return frame.with_columns(ttft_s=pl.Series(ttft), e2e_s=pl.Series(ttft + decode))
 
 
+def _once(name: str, make: Callable[[], ObservedFit], factory: pytest.TempPathFactory, worker_id: str) -> ObservedFit:
+    """``make()`` once per test run: under pytest-xdist the first worker to need it fits and the
+    others read its result (the folder above each worker's is the run's own)."""
+    if worker_id == "master":
+        return make()
+    import fcntl
+    import pickle
+
+    shared = factory.getbasetemp().parent
+    with open(shared / f"{name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        cached = shared / f"{name}.pickle"
+        if cached.exists():
+            got: ObservedFit = pickle.loads(cached.read_bytes())
+            return got
+        made = make()
+        cached.write_bytes(pickle.dumps(made))
+        return made
+
+
 @pytest.fixture(scope="session")
 def fitted(tmp_path_factory: pytest.TempPathFactory, worker_id: str) -> ObservedFit:
-    """The fit of the known stack's day, made once per test run: under pytest-xdist the first
-    worker to need it fits and the others read its result (the folder above each worker's is the
-    run's own)."""
+    """The fit of the known stack's day, made once per test run."""
 
     def fit() -> ObservedFit:
         return fit_requests(
             observed_day("llama-3.1-8b", 3000, 2.0, 1), fleet_of("llama-3.1-8b"), source="synthetic day"
         )
 
-    if worker_id == "master":
-        return fit()
-    import fcntl
-    import pickle
+    return _once("observed_fit", fit, tmp_path_factory, worker_id)
 
-    shared = tmp_path_factory.getbasetemp().parent
-    with open(shared / "observed_fit.lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        cached = shared / "observed_fit.pickle"
-        if cached.exists():
-            got: ObservedFit = pickle.loads(cached.read_bytes())
-            return got
-        made = fit()
-        cached.write_bytes(pickle.dumps(made))
-        return made
+
+#: A busy day: 1,000 requests at 10/s, prompts of median 1,000 tokens and outputs of median 300,
+#: on one H100 — about 140 requests decode together, each for ~14 s, so the training part's
+#: last requests share their batches with the first held-out ones.
+BUSY = {"prompt_median": 1000.0, "output_median": 300.0}
+
+
+def busy_day(model: str, n: int = 1000, seed: int = 1) -> pl.DataFrame:
+    return observed_day(model, n, 10.0, seed, **BUSY)
+
+
+@pytest.fixture(scope="session")
+def busy_fit(tmp_path_factory: pytest.TempPathFactory, worker_id: str) -> ObservedFit:
+    """The fit of the known stack's busy day (the whole day replayed), made once per test run."""
+    return _once(
+        "observed_fit_busy",
+        lambda: fit_requests(busy_day("llama-3.1-8b"), fleet_of("llama-3.1-8b"), source="busy day"),
+        tmp_path_factory,
+        worker_id,
+    )
 
 
 def test_identifiability_recovers_the_known_stack(fitted: ObservedFit) -> None:
@@ -121,24 +167,91 @@ def test_identifiability_recovers_the_known_stack(fitted: ObservedFit) -> None:
     assert fitted.refusal() is None
 
 
-def test_transfer_to_another_model_on_the_same_gpu(fitted: ObservedFit) -> None:
-    """The calibration learnt on Llama-3.1-8B's day predicts Qwen3-8B's day on the same GPU and
-    stack better than the uncalibrated tables, within 3 % on every mean."""
-    frame = observed_day("qwen3-8b", 1500, 2.0, 7)
-    fleet = fleet_of("qwen3-8b")
+def _transfer_errors(frame: pl.DataFrame, model: str, cal: StackCalibration) -> dict[str, dict[str, dict[str, float]]]:
+    """Errors of the whole of ``frame`` replayed on ``model`` with ``cal`` and with the tables alone."""
+    fleet = fleet_of(model)
     work = build_workload(frame, fleet, ReplayOptions())
     obs = observed_latencies(frame)
     everyone = np.ones(frame.height, dtype=bool)
     errors = {}
-    for label, cost in (
-        ("calibrated", apply(fleet_step_cost(fleet), fitted.calibration)),
-        ("tables", fleet_step_cost(fleet)),
-    ):
+    for label, cost in (("calibrated", apply(fleet_step_cost(fleet), cal)), ("tables", fleet_step_cost(fleet))):
         run = run_workload(work, fleet, ReplayOptions(), cost=cost)
         errors[label] = latency_errors(request_latencies(run.result, work), obs, everyone)
+    return errors
+
+
+def test_transfer_to_another_model_on_the_same_gpu(fitted: ObservedFit) -> None:
+    """The calibration learnt on Llama-3.1-8B's day predicts Qwen3-8B's day on the same GPU and
+    stack better than the uncalibrated tables, within 3 % on every mean."""
+    errors = _transfer_errors(observed_day("qwen3-8b", 1500, 2.0, 7), "qwen3-8b", fitted.calibration)
     for m in ("ttft", "tpot", "e2e"):
         assert abs(errors["calibrated"][m]["mean"]) < abs(errors["tables"][m]["mean"]), (m, errors)
         assert abs(errors["calibrated"][m]["mean"]) <= 0.03, (m, errors["calibrated"])
+
+
+def test_a_busy_day_is_fitted_on_the_whole_day_replayed(busy_fit: ObservedFit) -> None:
+    """Before / after on a busy day (:data:`BUSY`), where the training part's last requests
+    share their batches with later arrivals. The former fit replayed the training part alone:
+    those requests ran in emptier batches than the fleet's, faster than observed (E2E −11 % in
+    its own in-sample replay), so it raised the per-step costs and overshot the rest of the day
+    (held-out TPOT +16 %, E2E +14 %). Replaying the whole day for every candidate, with the loss
+    on the training requests only: held-out TTFT +4.9 %, TPOT +2.6 %, E2E +1.9 %, and the linear
+    scale within 1 %. (On a day this busy the split between attention and the per-step overhead
+    is not recovered — both are near-constant per decode step — see docs/calibration.md.)"""
+    got = busy_fit.calibration.values()
+    assert busy_fit.fitted == ("linear_scale", "attention_scale", "step_overhead_s")
+    assert busy_fit.held_out_error <= 0.06, busy_fit.held_out
+    assert busy_fit.in_sample_error <= 0.03, busy_fit.in_sample
+    assert got["linear_scale"] == pytest.approx(KNOWN["linear_scale"], rel=0.05), got
+    assert busy_fit.refusal() is None
+    # the former method on the same logs: the case tells the two apart
+    old = fit_requests(busy_day("llama-3.1-8b"), fleet_of("llama-3.1-8b"), train_alone=True)
+    assert old.held_out["tpot"]["mean"] > 0.10 and old.held_out["e2e"]["mean"] > 0.10, old.held_out  # too slow
+    assert old.in_sample["e2e"]["mean"] < -0.05, old.in_sample  # its training replay ran too fast
+    assert busy_fit.held_out_error < 0.5 * old.held_out_error
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="left (issue 39 item 5): a day this busy does not fix the split between attention and the per-step "
+    "overhead, and the wrong split shows in another model's TTFT (+15 %; TPOT and E2E within 2 %)",
+)
+def test_a_busy_day_transfers_to_another_model_on_the_same_gpu(busy_fit: ObservedFit) -> None:
+    """The busy day's calibration (Llama-3.1-8B) on a busy Qwen3-8B day made by the same stack:
+    every mean within 5 % and closer than the tables'. Fails today on TTFT (see the mark)."""
+    errors = _transfer_errors(busy_day("qwen3-8b", 800, 9), "qwen3-8b", busy_fit.calibration)
+    for m in ("ttft", "tpot", "e2e"):
+        assert abs(errors["calibrated"][m]["mean"]) < abs(errors["tables"][m]["mean"]), (m, errors)
+        assert abs(errors["calibrated"][m]["mean"]) <= 0.05, (m, errors["calibrated"])
+
+
+def test_the_loss_sees_only_the_training_requests(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every replay is of the whole day, and the held-out requests' observed latencies never
+    enter the loss: tripling them leaves the fitted numbers exactly as they were (Nelder-Mead is
+    deterministic), and only the held-out errors move."""
+    import pipeline.calibrate.observed_fit as observed_fit
+
+    monkeypatch.setattr(observed_fit, "MAX_EVALUATIONS", 12)
+    sizes: list[int] = []
+    real = observed_fit.run_workload
+
+    def counted(work, *args, **kwargs):  # type: ignore[no-untyped-def]
+        sizes.append(work.n)
+        return real(work, *args, **kwargs)
+
+    monkeypatch.setattr(observed_fit, "run_workload", counted)
+    frame = observed_day("llama-3.1-8b", 300, 2.0, 12)
+    fleet = fleet_of("llama-3.1-8b")
+    a = fit_requests(frame, fleet)
+    assert sizes and set(sizes) == {300}
+    later = pl.int_range(pl.len()) >= a.n_train
+    tripled = frame.with_columns(
+        ttft_s=pl.when(later).then(pl.col("ttft_s") * 3).otherwise(pl.col("ttft_s")),
+        e2e_s=pl.when(later).then(pl.col("e2e_s") * 3).otherwise(pl.col("e2e_s")),
+    )
+    b = fit_requests(tripled, fleet)
+    assert b.calibration == a.calibration and b.in_sample == a.in_sample
+    assert b.held_out_error > 0.5 > a.held_out_error
 
 
 def test_a_fleet_that_cannot_explain_the_logs_is_refused() -> None:

@@ -5,18 +5,25 @@ replays the day's requests on the fleet that served them and fits the stack cali
 bounded numbers (pipeline/costmodel/stackcal.py: linear, attention and collective scales, a per-step
 overhead) so that the replay reproduces the observed TTFT, TPOT and E2E:
 
-- **split by time**: the first ``train_share`` of the day's arrivals train (replayed alone, as
-  the fleet saw them), the rest is judged — the whole day replayed with the fitted numbers,
-  errors taken on the later requests only;
-- **loss**: per request, the log of replayed / observed TTFT, TPOT and E2E under a robust
+- **the whole day, every time**: each candidate calibration is judged on one replay of the
+  *whole* day, so the training requests share their steps with every request that shared them in
+  production, the later arrivals included. (Replaying the training part alone left its last
+  requests in batches emptier than the fleet's, faster than they were served: the fit raised the
+  scales to make up, and overshot the rest of the day.)
+- **split by time**: the requests arriving up to the ``train_share`` quantile of the day's
+  arrivals train — the loss is taken over them only — and the rest is judged, from the same
+  whole-day replay at the fitted numbers;
+- **loss**: per training request, the log of replayed / observed TTFT, TPOT and E2E under a robust
   (soft L1) loss, so a few requests the replay cannot explain (a client that stalled, a
   network hiccup) do not pull the fit; plus the squared log ratios of each metric's mean, p50,
-  p90 and p99, so the fit holds the distribution; minimised by Nelder-Mead within the bounds
-  (``scipy.optimize.minimize``; each evaluation is one replay of the training part);
-- **parameters**: the scales in log space within their bounds, the overhead in milliseconds; the
-  collective scale only where the fleet has collectives (tp, ep or dp > 1), each scale with a
-  weak pull towards 1 (:data:`PRIOR_WEIGHT`) so that a direction the day cannot see stays where
-  the tables put it;
+  p90 and p99 over the training requests, so the fit holds the distribution; minimised by
+  Nelder-Mead within the bounds (``scipy.optimize.minimize``);
+- **parameters**: every entry of :data:`pipeline.costmodel.stackcal.PARAMETERS` (a new term is a
+  new entry there): those whose neutral value is 1 are scales, fitted in log space with a weak
+  pull towards 1 (:data:`PRIOR_WEIGHT`) so that a direction the day cannot see stays where the
+  tables put it; the others are additive, fitted in units of a twentieth of their range (the
+  step overhead: milliseconds); a parameter named in :data:`FITTED_WHEN` only where its test
+  holds (the collective scale: tp, ep or dp > 1);
 - **refusal**: when the held-out error (the largest |replayed mean / observed mean − 1| of TTFT,
   TPOT and E2E) is still above :data:`REFUSE_ABOVE` after fitting, no file is written: the fleet
   file does not describe the fleet that wrote the logs (replicas, model, router or engine
@@ -77,8 +84,8 @@ class ObservedFit:
     cut_s: float
     cut_utc: str
     #: errors per metric (ttft, tpot, e2e) and statistic (mean, p50, p90, p99): replayed /
-    #: observed − 1, on the training part replayed alone, and on the held-out part of the day
-    #: replayed whole, with and without the calibration
+    #: observed − 1 on the training requests (in sample) and on the later ones (held out), both
+    #: from one replay of the whole day at the fitted numbers; and held out, uncalibrated
     in_sample: dict[str, dict[str, float]]
     held_out: dict[str, dict[str, float]]
     held_out_uncalibrated: dict[str, dict[str, float]]
@@ -86,6 +93,9 @@ class ObservedFit:
     seconds: float
     unfinished_held_out: int = 0
     notes: list[str] = field(default_factory=list)
+    #: seconds spent in the replays themselves, and the requests each whole-day replay holds
+    replay_seconds: float = 0.0
+    replayed_requests: int = 0
 
     @property
     def held_out_error(self) -> float:
@@ -148,9 +158,26 @@ def latency_errors(
 AGGREGATE_WEIGHT = 0.01
 #: Weight of the pull of each log scale towards 0 (scale 1) in the loss.
 PRIOR_WEIGHT = 1e-3
-#: First steps of the simplex: 15 % on a scale, 1 ms of overhead.
-_SIMPLEX_STEP = {"linear_scale": math.log(1.15), "attention_scale": math.log(1.15), "comm_scale": math.log(1.15),
-                 "step_overhead_s": 1.0}  # fmt: skip
+#: First step of the simplex on a scale (log space): 15 %; on an additive parameter: one unit
+#: (a twentieth of its range: 1 ms of step overhead).
+SCALE_STEP = math.log(1.15)
+#: Parameters fitted only where the fleet's configuration lets the day see them; the others of
+#: :data:`PARAMETERS` are fitted always.
+FITTED_WHEN: dict[str, Callable[[Any], bool]] = {
+    "comm_scale": lambda cfg: cfg.tp > 1 or cfg.ep > 1 or cfg.dp > 1,  # collectives exist
+}
+
+
+def _is_scale(name: str) -> bool:
+    """A multiplicative parameter (neutral at 1, positive bounds): fitted in log space."""
+    lo, _hi, neutral = PARAMETERS[name]
+    return neutral == 1.0 and lo > 0
+
+
+def _unit(name: str) -> float:
+    """An additive parameter's unit in the optimiser's space: a twentieth of its range."""
+    lo, hi, _neutral = PARAMETERS[name]
+    return (hi - lo) / 20.0
 
 
 def _soft_l1(r: npt.NDArray[np.float64]) -> npt.NDArray[np.float64]:
@@ -161,11 +188,15 @@ def _soft_l1(r: npt.NDArray[np.float64]) -> npt.NDArray[np.float64]:
 
 
 def _loss(
-    pred: dict[str, npt.NDArray[np.float64]], obs: dict[str, npt.NDArray[np.float64]], idx: npt.NDArray[np.intp]
+    pred: dict[str, npt.NDArray[np.float64]],
+    obs: dict[str, npt.NDArray[np.float64]],
+    idx: npt.NDArray[np.intp],
+    rows: npt.NDArray[np.bool_],
 ) -> float:
     """The fit's loss: the robust per-request loss of log(replayed / observed) of TTFT, TPOT and
     E2E on the rows ``idx`` (a request the replay never finished counts as 10× off), plus the
-    squared log ratios of each metric's mean, p50, p90 and p99 over the requests both know."""
+    squared log ratios of each metric's mean, p50, p90 and p99 over the requests of ``rows`` (the
+    training part) that both know."""
     total, count = 0.0, 0
     agg = 0.0
     for m in METRICS:
@@ -176,7 +207,7 @@ def _loss(
         r[ok[has]] = np.log(p[ok] / o[ok])
         total += float(_soft_l1(r).sum())
         count += r.size
-        both = np.isfinite(obs[m]) & (obs[m] > 0) & np.isfinite(pred[m]) & (pred[m] > 0)
+        both = rows & np.isfinite(obs[m]) & (obs[m] > 0) & np.isfinite(pred[m]) & (pred[m] > 0)
         if both.sum() >= 10:
             po, pp = obs[m][both], pred[m][both]
             agg += math.log(pp.mean() / po.mean()) ** 2
@@ -186,21 +217,17 @@ def _loss(
 
 
 def _params_for(fleet: Any) -> tuple[list[str], list[str]]:
-    cfg = fleet.config
-    collectives = cfg.tp > 1 or cfg.ep > 1 or cfg.dp > 1
-    fitted = ["linear_scale", "attention_scale", "step_overhead_s"]
-    if collectives:
-        fitted.insert(2, "comm_scale")
-    fixed = [k for k in PARAMETERS if k not in fitted]
-    return fitted, fixed
+    """The parameters fitted on this fleet's day, and those left at their neutral values."""
+    fitted = [k for k in PARAMETERS if FITTED_WHEN.get(k, lambda cfg: True)(fleet.config)]
+    return fitted, [k for k in PARAMETERS if k not in fitted]
 
 
 def _to_x(name: str, value: float) -> float:
-    return value * 1e3 if name == "step_overhead_s" else math.log(value)
+    return math.log(value) if _is_scale(name) else value / _unit(name)
 
 
 def _from_x(name: str, x: float) -> float:
-    return x / 1e3 if name == "step_overhead_s" else math.exp(x)
+    return math.exp(x) if _is_scale(name) else x * _unit(name)
 
 
 def _bounds(names: list[str]) -> tuple[list[float], list[float]]:
@@ -213,14 +240,16 @@ class _Replayer:
     def __init__(self, work: Any, fleet: Any, options: Any, base: TabulatedCost) -> None:
         self.work, self.fleet, self.options, self.base = work, fleet, options, base
         self.calls = 0
+        self.seconds = 0.0
 
     def __call__(self, values: dict[str, float]) -> dict[str, npt.NDArray[np.float64]]:
-
         self.calls += 1
+        t0 = time.perf_counter()
         run = run_workload(self.work, self.fleet, self.options, cost=apply(self.base, values))
         res = run.result
         lat = request_latencies(res, self.work)
         done = res.reject_reason == 0
+        self.seconds += time.perf_counter() - t0
         return {m: np.where(done & np.isfinite(lat[m]), lat[m], np.nan) for m in METRICS} | {
             "done": done.astype(np.float64)
         }
@@ -233,9 +262,15 @@ def fit_requests(
     train_share: float = TRAIN_SHARE,
     source: str = "",
     progress: Callable[[str], None] | None = None,
+    *,
+    train_alone: bool = False,
 ) -> ObservedFit:
     """Fit a stack calibration on ``requests`` (canonical requests sorted by arrival, with the
-    observed ``ttft_s`` / ``e2e_s``) replayed on the resolved ``fleet`` (see the module doc)."""
+    observed ``ttft_s`` / ``e2e_s``) replayed on the resolved ``fleet`` (see the module doc).
+
+    ``train_alone``: the former method, kept only to show what it got wrong (tests,
+    benchmarks/calibrate_observed.py): each candidate replays the training part alone, without
+    the later arrivals that shared its batches, and the in-sample errors come from that replay."""
     from scipy.optimize import minimize
 
     check_train_share(train_share)
@@ -268,16 +303,21 @@ def fit_requests(
     base = fleet.cost_model.table
     if progress:
         progress(
-            f"building the workloads: the {int(train.sum()):,} requests before the split ({n_train:,} of them with "
-            f"observed latencies train), and the day's {requests.height:,}"
+            f"building the workload: the day's {requests.height:,} requests, replayed whole for every candidate; "
+            f"the {int(train.sum()):,} before the split ({n_train:,} of them with observed latencies) train"
         )
-    work_train = build_workload(requests.filter(pl.Series(train)), fleet, options, identity)
     work_day = build_workload(requests, fleet, options, identity)
-    obs_train = {m: v[train] for m, v in obs_all.items()}
-    fit_replay = _Replayer(work_train, fleet, options, base)
+    day = _Replayer(work_day, fleet, options, base)
+    if train_alone:
+        fit_replay = _Replayer(build_workload(requests.filter(pl.Series(train)), fleet, options, identity), fleet,
+                               options, base)  # fmt: skip
+        obs_fit = {m: v[train] for m, v in obs_all.items()}
+        rows_fit = np.ones(int(train.sum()), dtype=bool)
+    else:
+        fit_replay, obs_fit, rows_fit = day, obs_all, train
     fitted, fixed = _params_for(fleet)
     # per-request residuals on at most MAX_RESIDUAL_REQUESTS training requests (every k-th)
-    idx = np.flatnonzero(np.isfinite(obs_train["ttft"]) | np.isfinite(obs_train["e2e"]))
+    idx = np.flatnonzero(rows_fit & (np.isfinite(obs_fit["ttft"]) | np.isfinite(obs_fit["e2e"])))
     if idx.size > MAX_RESIDUAL_REQUESTS:
         idx = idx[:: math.ceil(idx.size / MAX_RESIDUAL_REQUESTS)]
 
@@ -286,15 +326,15 @@ def fit_requests(
         v.update({name: _from_x(name, float(xi)) for name, xi in zip(fitted, x, strict=True)})
         return v
 
-    best: list[Any] = [math.inf, None, time.perf_counter()]
+    best: list[Any] = [math.inf, None, time.perf_counter(), None]  # loss, values, last progress, x
 
     def objective(x: npt.NDArray[np.float64]) -> float:
         pred = fit_replay(values_of(x))
-        loss = _loss(pred, obs_train, idx) + PRIOR_WEIGHT * sum(
-            float(xi) ** 2 for name, xi in zip(fitted, x, strict=True) if name != "step_overhead_s"
+        loss = _loss(pred, obs_fit, idx, rows_fit) + PRIOR_WEIGHT * sum(
+            float(xi) ** 2 for name, xi in zip(fitted, x, strict=True) if _is_scale(name)
         )
         if loss < best[0]:
-            best[0], best[1] = loss, values_of(x)
+            best[0], best[1], best[3] = loss, values_of(x), np.array(x, dtype=np.float64)
         if progress and time.perf_counter() - best[2] >= PROGRESS_EVERY_S:
             best[2] = time.perf_counter()
             shown = ", ".join(f"{k} {best[1][k]:.4g}" for k in fitted)
@@ -304,36 +344,49 @@ def fit_requests(
     x0 = np.array([_to_x(n, PARAMETERS[n][2]) for n in fitted])
     lo, hi = _bounds(fitted)
     if progress:
-        progress(f"fitting {', '.join(fitted)} on {n_train:,} requests before {_fmt_rel(cut)} (each step: one replay)")
+        what = "the training part alone" if train_alone else f"the whole day ({work_day.n:,} requests)"
+        progress(
+            f"fitting {', '.join(fitted)} on the {n_train:,} requests before {_fmt_rel(cut)} "
+            f"(each step: one replay of {what})"
+        )
     # Nelder-Mead, not a gradient method: a replay is piecewise smooth (a request that makes a
     # step or misses it moves by a step's time), so finite differences over small steps see the
-    # jumps; a simplex of 15 % / 1 ms steps does not.
-    simplex = np.vstack([x0] + [x0 + np.eye(len(fitted))[i] * _SIMPLEX_STEP[n] for i, n in enumerate(fitted)])
+    # jumps; a simplex of 15 % / one-unit steps does not. (Restarting it from its best point
+    # was tried: on the 3,000-request test day it moved the parameters by about 1 % for twice
+    # the replays.)
+    steps = [SCALE_STEP if _is_scale(n) else 1.0 for n in fitted]
+
+    def simplex_at(x: npt.NDArray[np.float64]) -> npt.NDArray[np.float64]:
+        verts = [x]
+        for i, step in enumerate(steps):
+            v = x.copy()
+            v[i] = x[i] + step if x[i] + step <= hi[i] else x[i] - step
+            verts.append(v)
+        return np.vstack(verts)
+
     sol = minimize(
         objective,
         x0,
         method="Nelder-Mead",
         bounds=list(zip(lo, hi, strict=True)),
-        options={"initial_simplex": simplex, "xatol": 2e-3, "fatol": 1e-6, "maxfev": MAX_EVALUATIONS},
+        options={"initial_simplex": simplex_at(x0), "xatol": 2e-3, "fatol": 1e-6, "maxfev": MAX_EVALUATIONS},
     )
-    values = values_of(sol.x)
+    values = values_of(best[3])
+    numbers: dict[str, Any] = {k: round(values[k], 6 if _is_scale(k) else 7) for k in PARAMETERS}
     cal = StackCalibration(
-        source=source or "observed latencies",
-        hardware=fleet.deployment.hardware.name,
-        cost_tier=base.source,
-        linear_scale=round(values["linear_scale"], 6),
-        attention_scale=round(values["attention_scale"], 6),
-        comm_scale=round(values["comm_scale"], 6),
-        step_overhead_s=round(values["step_overhead_s"], 7),
+        source=source or "observed latencies", hardware=fleet.deployment.hardware.name, cost_tier=base.source, **numbers
     )
+    fit_calls = fit_replay.calls
     if progress:
         shown = ", ".join(f"{k} {getattr(cal, k):.4g}" for k in fitted)
-        progress(f"fitted {shown} after {fit_replay.calls} replays of the training part; judging the rest of the day")
-    # in sample: the training part as fitted; held out: the whole day, later requests judged
-    pred_train = fit_replay(cal.values())
-    in_sample = latency_errors(pred_train, obs_train, np.ones(work_train.n, dtype=bool))
-    day = _Replayer(work_day, fleet, options, base)
+        progress(f"fitted {shown} after {fit_calls} replays; judging the rest of the day")
+    # one replay of the whole day at the fitted numbers: the training requests' errors (in
+    # sample) and the later ones' (held out) both come from it
     pred_day = day(cal.values())
+    if train_alone:
+        in_sample = latency_errors(fit_replay(cal.values()), obs_fit, rows_fit)
+    else:
+        in_sample = latency_errors(pred_day, obs_all, train)
     pred_raw = day({k: PARAMETERS[k][2] for k in PARAMETERS})
     held = ~train
     held_out = latency_errors(pred_day, obs_all, held)
@@ -343,7 +396,7 @@ def fit_requests(
     if unfinished:
         notes.append(f"{unfinished:,} held-out requests were rejected or not finished by the calibrated replay")
     if not sol.success:
-        notes.append(f"the optimiser stopped before converging ({fit_replay.calls} replays): {sol.message}")
+        notes.append(f"the optimiser stopped before converging ({fit_calls} replays): {sol.message}")
     cut_utc = datetime.fromtimestamp(arrival_us.min() / 1e6 + cut, UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
     return ObservedFit(
         calibration=cal,
@@ -356,10 +409,12 @@ def fit_requests(
         in_sample=in_sample,
         held_out=held_out,
         held_out_uncalibrated=uncal,
-        evaluations=fit_replay.calls + day.calls,
+        evaluations=fit_replay.calls + (day.calls if train_alone else 0),
         seconds=time.perf_counter() - t_start,
         unfinished_held_out=unfinished,
         notes=notes,
+        replay_seconds=day.seconds + (fit_replay.seconds if train_alone else 0.0),
+        replayed_requests=work_day.n,
     )
 
 
