@@ -13,7 +13,7 @@ def main() -> int:
 
     t0 = time.monotonic()
     sys.stderr.write("conftest: compiling the replay engine for the test workers (in the background)\n")
-    compile_engine()  # the loop of fleets without lockstep groups ...
+    compile_engine(parallel=True)  # the loop of fleets without lockstep groups (in two processes) ...
     compile_engine(lockstep=2)  # ... and the loop of fleets with (tests/test_lockstep.py)
     sys.stderr.write(f"conftest: replay engine compiled in {time.monotonic() - t0:.0f} s\n")
     return 0

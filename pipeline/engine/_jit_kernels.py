@@ -73,7 +73,9 @@ LOG_COLS = 18
 # One step's cost: pipeline.costmodel.stepcost.tab_row, compiled (the same function every engine and
 # TabulatedCost call uses, so all give the same numbers); in decode spans its split form
 # (tab_span_prep once per span, tab_span_row per step: the same operations on the same values).
-_tab_row = row_kernel()
+_tab_row: Any = row_kernel()
+_span_prep: Any
+_span_row: Any
 _span_prep, _span_row = span_kernels()
 # A prefix block's hash (pipeline.common.blockhash.block_hash): the lazy chains below give the
 # same hashes as the identity's materialised ones.
@@ -502,16 +504,21 @@ def group_rows(keys, cuts, pods, order):  # type: ignore[no-untyped-def]
 #   ev   arrivals: order, heap_t, heap_s, heap_i, static, own_start, own_t, own_ptr.
 _piece = numba.njit(forceinline=True, _nrt=False, no_cpython_wrapper=True, no_cfunc_wrapper=True)  # type: ignore[call-overload]
 
+#: A piece another process may compile (_span_one: compile_spans), cached on disk with its
+#: linkable code like the step-cost kernels.
+_piece_cached = numba.njit(  # type: ignore[call-overload]
+    cache=True, forceinline=True, _nrt=False, no_cpython_wrapper=True, no_cfunc_wrapper=True
+)
+
 _DONE = 0  # _replay's exits: the fleet is done (or cancelled) ...
 _GROW_LOG = 1  # ... the next event may need a bigger step log ...
 _GROW_WQ = 2  # ... or bigger waiting queues (run_fleet grows them and calls _replay again).
 
 
 @_piece
-def _issue(t, closed, think, n, ev, heap_n, seq, next_issue):  # type: ignore[no-untyped-def]
+def _issue(t, closed, think, n, heap_t, heap_s, heap_i, heap_n, seq, next_issue):  # type: ignore[no-untyped-def]
     """Closed loop: a request done at ``t`` (finished or rejected) frees its client, who issues the
     next request at ``t + think``. Returns the new (heap_n, seq, next_issue)."""
-    heap_t, heap_s, heap_i = ev[1], ev[2], ev[3]
     if closed and next_issue < n:
         heap_n = _heap_push(heap_t, heap_s, heap_i, heap_n, t + think, seq, next_issue)
         seq += 1
@@ -520,12 +527,10 @@ def _issue(t, closed, think, n, ev, heap_n, seq, next_issue):  # type: ignore[no
 
 
 @_piece
-def _enqueue(i, t, dest, rep, res, ev, wq):  # type: ignore[no-untyped-def]
+def _enqueue(i, t, dest, ready, whead, wlen, routed, res_replica, static, own_ptr, wq):  # type: ignore[no-untyped-def]
     """Request ``i``, arriving at ``t``, joins the tail of replica ``dest``'s waiting queue (the
     caller made room)."""
-    ready, whead, wlen, routed = rep[1], rep[6], rep[7], rep[8]
-    static, own_ptr = ev[4], ev[7]
-    res[1][i] = dest
+    res_replica[i] = dest
     if static:
         own_ptr[dest] += 1
     routed[dest] += 1
@@ -536,12 +541,10 @@ def _enqueue(i, t, dest, rep, res, ev, wq):  # type: ignore[no-untyped-def]
 
 
 @_piece
-def _room(g0, fl, nlog, log, rep, wq):  # type: ignore[no-untyped-def]
+def _room(g0, G, want_log, nlog, log, nrun, wlen, wq):  # type: ignore[no-untyped-def]
     """_DONE if a step or span of the group from replica ``g0`` cannot outgrow the step log (one row
     per rank) or the waiting queues (a step preempts at most its running requests), else what to
     grow."""
-    want_log, G = fl[9], fl[10]
-    nrun, wlen = rep[2], rep[7]
     if want_log and nlog + G > log.shape[0]:
         return _GROW_LOG
     for r in range(g0, g0 + G):
@@ -551,11 +554,9 @@ def _room(g0, fl, nlog, log, rep, wq):  # type: ignore[no-untyped-def]
 
 
 @_piece
-def _free(r, rid, caching, req, rep, pool):  # type: ignore[no-untyped-def]
+def _free(r, rid, caching, nblk, nreg, slot_of, slots_free, nslots, pool):  # type: ignore[no-untyped-def]
     """Give back request ``rid``'s KV blocks and running slot on replica ``r`` (it finished or is
     preempted)."""
-    nblk, nreg, slot_of = req[2], req[3], req[4]
-    slots_free, nslots = rep[4], rep[5]
     nfree, fhead, fnext, fprev, ftail, ref, table = pool[0], pool[1], pool[2], pool[3], pool[4], pool[5], pool[6]
     vs = slot_of[rid]
     if not caching:
@@ -570,17 +571,16 @@ def _free(r, rid, caching, req, rep, pool):  # type: ignore[no-untyped-def]
 
 
 @_piece
-def _alloc(r, s, rid, need, tokens, wl, fl, req, pool):  # type: ignore[no-untyped-def]
+def _alloc(r, s, rid, need, tokens, bs, caching, nblk, nreg, chains, pool):  # type: ignore[no-untyped-def]
     """Give request ``rid`` (slot ``s`` of replica ``r``) ``need`` more blocks from the head of the
-    free queue; with prefix caching, its blocks full at ``tokens`` tokens get their hashes."""
-    chain_off, chain = wl[3], wl[4]
-    bs, caching = fl[6], fl[8]
-    nblk, nreg = req[2], req[3]
+    free queue; with prefix caching, its blocks full at ``tokens`` tokens get their hashes.
+    ``chains`` is (chain_off, chain, t_rows, t_key, t_up, t_fb, rec_node, rec_fb)."""
     nfree, fhead, fnext, fprev, ftail, ref, table, bhash, hashed, hprev, hnext, keys, used, hhead, htail, mask = pool
     if not caching:  # unhashed blocks are interchangeable: count them
         nfree[r] -= need
         nblk[rid] += need
     else:
+        chain_off, chain, t_rows, t_key, t_up, t_fb, rec_node, rec_fb = chains
         for _ in range(need):
             _take_block(
                 r, s, rid, nfree, fhead, fnext, fprev, ftail, ref, table, nblk,
@@ -590,22 +590,21 @@ def _alloc(r, s, rid, need, tokens, wl, fl, req, pool):  # type: ignore[no-untyp
         _register(
             r, s, rid, target, nreg, table, chain, chain_off,
             bhash, hashed, hprev, hnext, keys, used, hhead, htail, mask,
-            wl[7], wl[8], wl[9], wl[10], wl[11], wl[12],
+            t_rows, t_key, t_up, t_fb, rec_node, rec_fb,
         )  # fmt: skip
 
 
 @_piece
-def _schedule_running(r, gi, wl, fl, req, rep, pool, scr, res, wq):  # type: ignore[no-untyped-def]
+def _schedule_running(  # type: ignore[no-untyped-def]
+    r, gi, budget_max, bs, caching, prompt, req, nrun, running, slots_free, nslots, whead, wlen, wq,
+    sched_rid, sched_n, res_preempt, chains, pool,
+):  # fmt: skip
     """vLLM v1 schedule()'s first loop on replica ``r`` (lockstep rank ``gi``): the running
     requests, in admission order, get their next tokens within the token budget, preempting the
     most recently admitted while the KV pool lacks blocks. Returns (requests scheduled, budget
     left, whether any was preempted)."""
-    prompt = wl[1]
-    budget_max, bs, caching = fl[5], fl[6], fl[8]
-    computed, gen, nblk, slot_of = req[0], req[1], req[2], req[4]
-    nrun, running, whead, wlen = rep[2], rep[3], rep[6], rep[7]
+    computed, gen, nblk, nreg, slot_of = req[0], req[1], req[2], req[3], req[4]
     nfree = pool[0]
-    sched_rid, sched_n = scr[0], scr[1]
     budget = budget_max
     nsched = 0
     preempted = False
@@ -623,9 +622,9 @@ def _schedule_running(r, gi, wl, fl, req, rep, pool, scr, res, wq):  # type: ign
             # Preempt the most recently admitted request (vLLM: self.running.pop()).
             victim = running[r, nrun[r] - 1]
             nrun[r] -= 1
-            _free(r, victim, caching, req, rep, pool)
+            _free(r, victim, caching, nblk, nreg, slot_of, slots_free, nslots, pool)
             computed[victim] = 0
-            res[6][victim] += 1  # res_preempt
+            res_preempt[victim] += 1
             whead[r] = (whead[r] - 1) % wq.shape[1]  # to the queue's front (_room made room)
             wq[r, whead[r]] = victim
             wlen[r] += 1
@@ -636,7 +635,7 @@ def _schedule_running(r, gi, wl, fl, req, rep, pool, scr, res, wq):  # type: ign
         if self_pre:
             break
         # allocate `need` blocks from the head of the free queue
-        _alloc(r, slot_of[rid], rid, need, min(tokens_after, ntok), wl, fl, req, pool)
+        _alloc(r, slot_of[rid], rid, need, min(tokens_after, ntok), bs, caching, nblk, nreg, chains, pool)
         sched_rid[gi, nsched] = rid
         sched_n[gi, nsched] = n_new
         nsched += 1
@@ -646,14 +645,11 @@ def _schedule_running(r, gi, wl, fl, req, rep, pool, scr, res, wq):  # type: ign
 
 
 @_piece
-def _prefix_hits(r, rid, ntok, wl, fl, pool, hits):  # type: ignore[no-untyped-def]
+def _prefix_hits(r, rid, ntok, bs, chains, keys, used, hhead, mask, hits):  # type: ignore[no-untyped-def]
     """The prefix cache's hits for waiting request ``rid`` (``ntok`` tokens) on replica ``r``: its
     leading full blocks (never the last token's) whose hashes are cached, into ``hits``; returns
     how many."""
-    chain_off, chain = wl[3], wl[4]
-    t_rows, t_key, t_up, t_fb, rec_node, rec_fb = wl[7], wl[8], wl[9], wl[10], wl[11], wl[12]
-    bs = fl[6]
-    keys, used, hhead, mask = pool[11], pool[12], pool[13], pool[15]
+    chain_off, chain, t_rows, t_key, t_up, t_fb, rec_node, rec_fb = chains
     nh = 0
     lo = chain_off[rid]
     lim = min((ntok - 1) // bs, chain_off[rid + 1] - lo)
@@ -673,23 +669,24 @@ def _prefix_hits(r, rid, ntok, wl, fl, pool, hits):  # type: ignore[no-untyped-d
 
 
 @_piece
-def _admit(r, gi, now, nsched, budget, wl, fl, req, rep, pool, scr, res, wq):  # type: ignore[no-untyped-def]
+def _admit(  # type: ignore[no-untyped-def]
+    r, gi, now, nsched, budget, S, bs, chunked, caching, prompt, skip, req, nrun, running, slots_free, nslots,
+    whead, wlen, wq, sched_rid, sched_n, hits, res_sched, res_hit, chains, pool,
+):  # fmt: skip
     """vLLM v1 schedule()'s second loop on replica ``r`` (rank ``gi``; only when nobody was
     preempted): waiting requests, from the queue's head, are admitted with their prefix-cache hits
     while the token budget, a running slot and the KV pool allow. Returns the requests scheduled."""
-    prompt, skip = wl[1], wl[13]
-    S, bs, chunked, caching = fl[4], fl[6], fl[7], fl[8]
-    computed, gen, nblk, slot_of, started = req[0], req[1], req[2], req[4], req[5]
-    nrun, running, slots_free, nslots, whead, wlen = rep[2], rep[3], rep[4], rep[5], rep[6], rep[7]
+    computed, gen, nblk, nreg, slot_of, started = req[0], req[1], req[2], req[3], req[4], req[5]
     nfree, fhead, fnext, fprev, ftail, ref, table = pool[0], pool[1], pool[2], pool[3], pool[4], pool[5], pool[6]
-    sched_rid, sched_n, hits = scr[0], scr[1], scr[16]
     while wlen[r] > 0 and budget > 0 and nrun[r] < S:
         rid = wq[r, whead[r]]
         ntok = prompt[rid] + gen[rid]
         # the log's reported hits stand in for the replica's own prefix cache (Workload.skipped_tokens)
         first = computed[rid] == 0
         sk = max(skip[rid], 0) if first else 0
-        nh = _prefix_hits(r, rid, ntok, wl, fl, pool, hits) if caching and first and skip[rid] < 0 else 0
+        nh = 0
+        if caching and first and skip[rid] < 0:
+            nh = _prefix_hits(r, rid, ntok, bs, chains, pool[11], pool[12], pool[13], pool[15], hits)
         c0 = computed[rid] + sk + nh * bs
         n_new = ntok - c0
         if not chunked and n_new > budget:
@@ -717,12 +714,12 @@ def _admit(r, gi, now, nsched, budget, wl, fl, req, rep, pool, scr, res, wq):  #
             ref[r, b] += 1
             table[r, s, nblk[rid]] = b
             nblk[rid] += 1
-        _alloc(r, s, rid, need, min(tokens_after, ntok), wl, fl, req, pool)
+        _alloc(r, s, rid, need, min(tokens_after, ntok), bs, caching, nblk, nreg, chains, pool)
         computed[rid] = c0
         if not started[rid]:
             started[rid] = True
-            res[2][rid] = now  # res_sched
-            res[7][rid] = sk + nh * bs  # res_hit
+            res_sched[rid] = now
+            res_hit[rid] = sk + nh * bs
         sched_rid[gi, nsched] = rid
         sched_n[gi, nsched] = n_new
         nsched += 1
@@ -731,11 +728,9 @@ def _admit(r, gi, now, nsched, budget, wl, fl, req, rep, pool, scr, res, wq):  #
 
 
 @_piece
-def _step_cost(gi, nsched, computed, scr, cost):  # type: ignore[no-untyped-def]
+def _step_cost(gi, nsched, computed, sched_rid, sched_n, gn, gout, gx, x, out, cost):  # type: ignore[no-untyped-def]
     """The shape of rank ``gi``'s scheduled batch and its cost (kept in gout and gx, with its size
     in gn); returns the step's duration."""
-    sched_rid, sched_n, gn, gout, gx = scr[0], scr[1], scr[3], scr[4], scr[5]
-    x, out = scr[17], scr[18]
     tok, logit, af, ab, acount, apeak, ahas, abw, dla, dlb, dlt, pla, plb, plt, mx, sc = cost
     p_tok = 0.0
     p_seq = 0.0
@@ -771,14 +766,13 @@ def _step_cost(gi, nsched, computed, scr, cost):  # type: ignore[no-untyped-def]
 
 
 @_piece
-def _tokens_in(r, gi, end, wl, req, scr, res):  # type: ignore[no-untyped-def]
-    """Rank ``gi``'s step (replica ``r``) ended at ``end``: its scheduled tokens are computed, a
-    request whose prompt and sampled tokens are all computed samples one more, and finishes when
-    it has all its output. Returns the finished count (their ids in fin)."""
-    prompt, output = wl[1], wl[2]
-    computed, gen, last_tok = req[0], req[1], req[6]
-    sched_rid, sched_n, gn, fin = scr[0], scr[1], scr[3], scr[15]
-    res_first, res_finish, res_itl, res_prefill = res[3], res[4], res[5], res[8]
+def _tokens_in(  # type: ignore[no-untyped-def]
+    gi, end, prompt, output, computed, gen, last_tok, sched_rid, sched_n, gn, fin,
+    res_first, res_finish, res_itl, res_prefill,
+):  # fmt: skip
+    """Rank ``gi``'s step ended at ``end``: its scheduled tokens are computed, a request whose
+    prompt and sampled tokens are all computed samples one more, and finishes when it has all its
+    output. Returns the finished count (their ids in fin)."""
     nf = 0
     for q in range(gn[gi]):
         rid = sched_rid[gi, q]
@@ -803,15 +797,14 @@ def _tokens_in(r, gi, end, wl, req, scr, res):  # type: ignore[no-untyped-def]
 
 
 @_piece
-def _retire(r, nf, end, n, wl, fl, req, rep, pool, scr, ev, ctl, heap_n, seq, next_issue):  # type: ignore[no-untyped-def]
+def _retire(  # type: ignore[no-untyped-def]
+    r, nf, end, n, closed, caching, think, output, req, nrun, running, nfin, slots_free, nslots, fin,
+    heap_t, heap_s, heap_i, ctl, heap_n, seq, next_issue, pool,
+):  # fmt: skip
     """The ``nf`` requests that finished on replica ``r`` at ``end`` leave the running list and give
     back their blocks and slots (closed loop: their clients issue the next requests). Returns the
     new (heap_n, seq, next_issue)."""
-    output = wl[2]
-    closed, caching, think = fl[2], fl[8], fl[12]
-    gen = req[1]
-    nrun, running, nfin = rep[2], rep[3], rep[9]
-    fin = scr[15]
+    gen, nblk, nreg, slot_of = req[1], req[2], req[3], req[4]
     keep = 0
     for q in range(nrun[r]):
         rid = running[r, q]
@@ -821,8 +814,8 @@ def _retire(r, nf, end, n, wl, fl, req, rep, pool, scr, ev, ctl, heap_n, seq, ne
     nrun[r] = keep
     for q in range(nf):
         rid = fin[q]
-        _free(r, rid, caching, req, rep, pool)
-        heap_n, seq, next_issue = _issue(end, closed, think, n, ev, heap_n, seq, next_issue)
+        _free(r, rid, caching, nblk, nreg, slot_of, slots_free, nslots, pool)
+        heap_n, seq, next_issue = _issue(end, closed, think, n, heap_t, heap_s, heap_i, heap_n, seq, next_issue)
     nfin[r] += nf
     ctl[1] += nf  # progress: requests done
     return heap_n, seq, next_issue
@@ -834,10 +827,17 @@ def _step(first, now, nlog, wl, fl, cost, res, ctl, req, rep, pool, scr, ev, log
     or of its lockstep group: every rank with work schedules its own batch, idle ranks run a dummy
     batch, the step lasts as long as the slowest rank's (docs/engine.md). ``heap`` is (heap_n, seq,
     next_issue); returns (nlog, heap_n, seq, next_issue)."""
-    C, G, dummy_s, want_log = fl[3], fl[10], fl[11], fl[9]
-    clock, ready, nrun, wlen, last_end, last_nfin = rep[0], rep[1], rep[2], rep[7], rep[10], rep[11]
+    prompt, output, skip = wl[1], wl[2], wl[13]
+    chains = (wl[3], wl[4], wl[7], wl[8], wl[9], wl[10], wl[11], wl[12])
+    closed, C, S, budget_max, bs, chunked, caching = fl[2], fl[3], fl[4], fl[5], fl[6], fl[7], fl[8]
+    want_log, G, dummy_s, think = fl[9], fl[10], fl[11], fl[12]
+    computed, gen, last_tok = req[0], req[1], req[6]
+    clock, ready, nrun, running, slots_free, nslots = rep[0], rep[1], rep[2], rep[3], rep[4], rep[5]
+    whead, wlen, nfin, last_end, last_nfin = rep[6], rep[7], rep[9], rep[10], rep[11]
     nfree = pool[0]
-    part, gout, gx = scr[2], scr[4], scr[5]
+    sched_rid, sched_n, part, gn, gout, gx = scr[0], scr[1], scr[2], scr[3], scr[4], scr[5]
+    fin, hits, x, out = scr[15], scr[16], scr[17], scr[18]
+    heap_t, heap_s, heap_i = ev[1], ev[2], ev[3]
     heap_n, seq, next_issue = heap
     g0 = first - first % G
     dt = 0.0
@@ -845,16 +845,22 @@ def _step(first, now, nlog, wl, fl, cost, res, ctl, req, rep, pool, scr, ev, log
         r = g0 + gi
         clock[r] = now
         part[gi] = G == 1 or ((nrun[r] > 0 or wlen[r] > 0) and ready[r] <= now)
-        scr[3][gi] = 0  # gn
+        gn[gi] = 0
         if not part[gi]:
             if dummy_s > dt:
                 dt = dummy_s
             continue
-        nsched, budget, preempted = _schedule_running(r, gi, wl, fl, req, rep, pool, scr, res, wq)
+        nsched, budget, preempted = _schedule_running(
+            r, gi, budget_max, bs, caching, prompt, req, nrun, running, slots_free, nslots, whead, wlen, wq,
+            sched_rid, sched_n, res[6], chains, pool,
+        )  # fmt: skip
         if not preempted:
-            nsched = _admit(r, gi, now, nsched, budget, wl, fl, req, rep, pool, scr, res, wq)
+            nsched = _admit(
+                r, gi, now, nsched, budget, S, bs, chunked, caching, prompt, skip, req, nrun, running, slots_free,
+                nslots, whead, wlen, wq, sched_rid, sched_n, hits, res[2], res[7], chains, pool,
+            )  # fmt: skip
         # -- the step's shape and cost
-        d = _step_cost(gi, nsched, req[0], scr, cost)
+        d = _step_cost(gi, nsched, computed, sched_rid, sched_n, gn, gout, gx, x, out, cost)
         if d > dt:
             dt = d
     end = now + dt
@@ -871,23 +877,25 @@ def _step(first, now, nlog, wl, fl, cost, res, ctl, req, rep, pool, scr, ev, log
                 C - nfree[r], gout[gi, 5], gout[gi, 6], gout[gi, 1], gout[gi, 2], gout[gi, 3], gout[gi, 4], gout[gi, 7],
             )  # fmt: skip
         # -- tokens in, tokens sampled, finishes
-        nf = _tokens_in(r, gi, end, wl, req, scr, res)
+        nf = _tokens_in(
+            gi, end, prompt, output, computed, gen, last_tok, sched_rid, sched_n, gn, fin,
+            res[3], res[4], res[5], res[8],
+        )  # fmt: skip
         if nf:
             heap_n, seq, next_issue = _retire(
-                r, nf, end, wl[1].shape[0], wl, fl, req, rep, pool, scr, ev, ctl, heap_n, seq, next_issue
-            )
+                r, nf, end, prompt.shape[0], closed, caching, think, output, req, nrun, running, nfin, slots_free,
+                nslots, fin, heap_t, heap_s, heap_i, ctl, heap_n, seq, next_issue, pool,
+            )  # fmt: skip
         last_end[r] = end
         last_nfin[r] = nf
     return nlog, heap_n, seq, next_issue
 
 
 @_piece
-def _decode_kmax(r, k_max, wl, req, running, nr):  # type: ignore[no-untyped-def]
+def _decode_kmax(r, k_max, prompt, output, computed, gen, running, nr):  # type: ignore[no-untyped-def]
     """Folds replica ``r``'s ``nr`` running requests into ``k_max``, the steps a decode span may
     take (−1: no bound yet): 0 unless every one is one token from done with its prefill, else at
     most the steps before one finishes. Returns (k_max, Σ computed)."""
-    prompt, output = wl[1], wl[2]
-    computed, gen = req[0], req[1]
     c_sum = 0.0
     for q in range(nr):
         rid = running[r, q]
@@ -921,13 +929,11 @@ def _buckets(r, nr, bs, computed, running, bstart, bfill, bphase, bitems):  # ty
 
 
 @_piece
-def _head_blocked(r, nr, opening, wl, fl, req, rep, pool, wq):  # type: ignore[no-untyped-def]
+def _head_blocked(  # type: ignore[no-untyped-def]
+    r, nr, opening, S, budget_max, bs, chunked, caching, prompt, skip, computed, gen, nblk, whead, wlen, nfree, wq
+):  # fmt: skip
     """Whether replica ``r``'s waiting head stays blocked for a whole decode span of its ``nr``
     running requests (``opening`` of which open a block in the span's first step)."""
-    prompt, skip = wl[1], wl[13]
-    S, budget_max, bs, chunked, caching = fl[4], fl[5], fl[6], fl[7], fl[8]
-    computed, gen, nblk = req[0], req[1], req[2]
-    whead, wlen = rep[6], rep[7]
     stable = wlen[r] == 0 or nr >= S or budget_max - nr <= 0
     if not stable and not caching:
         hd = wq[r, whead[r]]
@@ -939,7 +945,7 @@ def _head_blocked(r, nr, opening, wl, fl, req, rep, pool, wq):  # type: ignore[n
             h_new = min(h_new, budget_max - nr)
             h_need = max(0, -(-(c_hd + h_new) // bs) - nblk[hd])
             # nfree only falls during a span: blocked after step 0, blocked after all
-            stable = h_need > pool[0][r] - opening
+            stable = h_need > nfree[r] - opening
     return stable
 
 
@@ -952,14 +958,14 @@ def _prep_span(nr, cost, prep):  # type: ignore[no-untyped-def]
 
 
 @_piece
-def _decode_step(r, m, c_sum, ph_alloc, ph_fill, bstart, bitems, prep, sums, wl, fl, req, rep, pool, cost, out):  # type: ignore[no-untyped-def]
-    """Step ``m`` of a decode span of replica ``r``: the requests of bucket ``ph_alloc`` get their
-    new block, those of bucket ``ph_fill`` (full blocks) their hashes; the step's cost (in ``out``)
-    is added to ``sums``. ``prep`` is the span's (sp_pre, sp_f, sp_b, sp_row)."""
-    chain_off, chain = wl[3], wl[4]
-    bs, caching = fl[6], fl[8]
+def _decode_step(  # type: ignore[no-untyped-def]
+    r, m, nr, c_sum, ph_alloc, ph_fill, bstart, bitems, prep, sums, bs, caching, req, running, chains, pool, cost, out
+):  # fmt: skip
+    """Step ``m`` of a decode span of replica ``r`` (``nr`` running requests): the requests of
+    bucket ``ph_alloc`` get their new block, those of bucket ``ph_fill`` (full blocks) their
+    hashes; the step's cost (in ``out``) is added to ``sums``. ``prep`` is the span's (sp_pre,
+    sp_f, sp_b, sp_row)."""
     computed, nblk, nreg, slot_of = req[0], req[2], req[3], req[4]
-    nr, running = rep[2][r], rep[3]
     nfree, fhead, fnext, fprev, ftail, ref, table, bhash, hashed, hprev, hnext, keys, used, hhead, htail, mask = pool
     af, ab, acount, apeak, ahas, abw, dlb, sc = cost[2], cost[3], cost[4], cost[5], cost[6], cost[7], cost[9], cost[15]
     a0 = bstart[ph_alloc]
@@ -969,6 +975,7 @@ def _decode_step(r, m, c_sum, ph_alloc, ph_fill, bstart, bitems, prep, sums, wl,
         for u in range(a0, a1):
             nblk[running[r, bitems[u]]] += 1
     else:
+        chain_off, chain, t_rows, t_key, t_up, t_fb, rec_node, rec_fb = chains
         for u in range(a0, a1):
             rid = running[r, bitems[u]]
             s_ = slot_of[rid]
@@ -984,7 +991,7 @@ def _decode_step(r, m, c_sum, ph_alloc, ph_fill, bstart, bitems, prep, sums, wl,
             _register(
                 r, s_, rid, target, nreg, table, chain, chain_off,
                 bhash, hashed, hprev, hnext, keys, used, hhead, htail, mask,
-                wl[7], wl[8], wl[9], wl[10], wl[11], wl[12],
+                t_rows, t_key, t_up, t_fb, rec_node, rec_fb,
             )  # fmt: skip
     sp_pre, sp_f, sp_b, sp_row = prep
     _span_row(
@@ -1010,14 +1017,13 @@ def _span_clock(m, now, end, end0, max_gap):  # type: ignore[no-untyped-def]
 
 
 @_piece
-def _span_done(r, m, start, end0, max_gap, now, nlog, fl, req, rep, pool, res, log, last_row, sums):  # type: ignore[no-untyped-def]
+def _span_done(  # type: ignore[no-untyped-def]
+    r, m, start, end0, max_gap, now, nlog, C, want_log, computed, gen, last_tok, clock, nrun, running, wlen,
+    last_end, last_nfin, nfree, res_first, res_itl, res_prefill, log, last_row, sums,
+):  # fmt: skip
     """A decode span of ``m`` steps of replica ``r`` ran from ``start`` to ``now`` (its first step
     ended at ``end0``, the longest later step took ``max_gap``): its running requests get their
     tokens, the step log its row (or the replica's latest row grows). Returns nlog."""
-    C, want_log = fl[3], fl[9]
-    computed, gen, last_tok = req[0], req[1], req[6]
-    clock, nrun, running, wlen, last_end, last_nfin = rep[0], rep[2], rep[3], rep[7], rep[10], rep[11]
-    res_first, res_itl, res_prefill = res[3], res[5], res[8]
     clock[r] = now
     last_end[r] = now
     last_nfin[r] = 0
@@ -1038,34 +1044,40 @@ def _span_done(r, m, start, end0, max_gap, now, nlog, fl, req, rep, pool, res, l
         last_tok[rid] = now
     if want_log:
         nlog = _log_span(
-            log, nlog, last_row, r, start, now, m, 0.0, 0.0, float(nr), nr, wlen[r], C - pool[0][r],
+            log, nlog, last_row, r, start, now, m, 0.0, 0.0, float(nr), nr, wlen[r], C - nfree[r],
             sums[0], sums[1], sums[2], sums[3], sums[4], sums[5], sums[6],
         )  # fmt: skip
     return nlog
 
 
-@_piece
+@_piece_cached
 def _span_one(r, first_t, limit, nlog, wl, fl, cost, res, req, rep, pool, scr, log, last_row, wq):  # type: ignore[no-untyped-def]
     """A span of decode steps of replica ``r`` (G == 1) from ``first_t``, when the next steps are
     ones where every running request decodes one token, nobody is admitted, finishes or is
     preempted, each starting before ``limit``. Returns (steps run, nlog): 0 steps when the next
     step is a general one."""
-    bs = fl[6]
-    nrun, running = rep[2], rep[3]
+    prompt, output, skip = wl[1], wl[2], wl[13]
+    C, S, budget_max, bs, chunked, caching, want_log = fl[3], fl[4], fl[5], fl[6], fl[7], fl[8], fl[9]
+    computed, gen, nblk, last_tok = req[0], req[1], req[2], req[6]
+    clock, nrun, running, whead, wlen, last_end, last_nfin = rep[0], rep[2], rep[3], rep[6], rep[7], rep[10], rep[11]
     nfree = pool[0]
     bfill, bphase, sums = scr[24], scr[25], scr[27]
     bstart, bitems, out = scr[23], scr[26], scr[18]
     nr = nrun[r]
     if nr == 0 or first_t >= limit:
         return 0, nlog
-    k_max, c_sum = _decode_kmax(r, _I0(-1), wl, req, running, nr)
+    k_max, c_sum = _decode_kmax(r, _I0(-1), prompt, output, computed, gen, running, nr)
     if k_max <= 0:
         return 0, nlog
     # Buckets of running positions by the step phase at which they open a block.
-    _buckets(r, nr, bs, req[0], running, bstart, bfill, bphase, bitems)
+    _buckets(r, nr, bs, computed, running, bstart, bfill, bphase, bitems)
     # The waiting head must stay blocked for the whole span.
-    if not _head_blocked(r, nr, bstart[1] - bstart[0], wl, fl, req, rep, pool, wq):
+    opening = bstart[1] - bstart[0]
+    if not _head_blocked(
+        r, nr, opening, S, budget_max, bs, chunked, caching, prompt, skip, computed, gen, nblk, whead, wlen, nfree, wq
+    ):
         return 0, nlog
+    chains = (wl[3], wl[4], wl[7], wl[8], wl[9], wl[10], wl[11], wl[12])
     now = first_t
     m = _I0(0)
     ph_alloc = _I0(0)
@@ -1079,24 +1091,25 @@ def _span_one(r, first_t, limit, nlog, wl, fl, cost, res, req, rep, pool, scr, l
             break  # an allocation fails: the general step preempts
         ph_fill = ph_alloc + 1 if ph_alloc + 1 < bs else 0
         end = now + _decode_step(
-            r, m, c_sum, ph_alloc, ph_fill, bstart, bitems, prep, sums, wl, fl, req, rep, pool, cost, out
-        )
+            r, m, nr, c_sum, ph_alloc, ph_fill, bstart, bitems, prep, sums, bs, caching, req, running, chains, pool,
+            cost, out,
+        )  # fmt: skip
         end0, max_gap = _span_clock(m, now, end, end0, max_gap)
         now = end
         m += 1
         ph_alloc = ph_fill
     if m > 0:
-        nlog = _span_done(r, m, first_t, end0, max_gap, now, nlog, fl, req, rep, pool, res, log, last_row, sums)
+        nlog = _span_done(
+            r, m, first_t, end0, max_gap, now, nlog, C, want_log, computed, gen, last_tok, clock, nrun, running, wlen,
+            last_end, last_nfin, nfree, res[3], res[5], res[8], log, last_row, sums,
+        )  # fmt: skip
     return m, nlog
 
 
 @_piece
-def _group_limit(g0, ev_t, fl, rep, ev):  # type: ignore[no-untyped-def]
+def _group_limit(g0, ev_t, R, closed, G, clock, ready, nrun, wlen, static, own_start, own_t, own_ptr):  # type: ignore[no-untyped-def]
     """The time before which every step of a decode span of the lockstep group from replica ``g0``
     must start: the next arrival that concerns it (closed loop: also another replica's next step)."""
-    R, closed, G = fl[0], fl[2], fl[10]
-    clock, ready, nrun, wlen = rep[0], rep[1], rep[2], rep[7]
-    static, own_start, own_t, own_ptr = ev[4], ev[5], ev[6], ev[7]
     if closed:
         glimit = ev_t
         for q in range(R):
@@ -1117,14 +1130,13 @@ def _group_limit(g0, ev_t, fl, rep, ev):  # type: ignore[no-untyped-def]
 
 
 @_piece
-def _group_kmax(g0, first_t, glimit, wl, fl, req, rep, pool, scr, wq):  # type: ignore[no-untyped-def]
+def _group_kmax(  # type: ignore[no-untyped-def]
+    g0, first_t, glimit, G, S, budget_max, bs, chunked, caching, prompt, output, skip, computed, gen, nblk,
+    ready, nrun, running, whead, wlen, nfree, wq, gbusy, gcsum, gbstart, gbitems, bfill, bphase,
+):  # fmt: skip
     """Whether the lockstep group from replica ``g0`` can run a decode span from ``first_t``: every
     rank with work (gbusy) decodes only and its waiting head stays blocked. Returns (k_max, ranks
     with work), k_max 0 when not; fills gcsum, gbstart and gbitems for the busy ranks."""
-    bs, G = fl[6], fl[10]
-    ready, nrun, running, wlen = rep[1], rep[2], rep[3], rep[7]
-    gbusy, gcsum, gbstart, gbitems = scr[6], scr[7], scr[8], scr[9]
-    bfill, bphase = scr[24], scr[25]
     k_max = -1 if first_t < glimit else 0
     nbusy = 0
     for gi in range(G):
@@ -1139,13 +1151,17 @@ def _group_kmax(g0, first_t, glimit, wl, fl, req, rep, pool, scr, wq):  # type: 
         if nr == 0 or ready[rq] > first_t:
             k_max = 0
             break
-        k_max, c_sum = _decode_kmax(rq, k_max, wl, req, running, nr)
+        k_max, c_sum = _decode_kmax(rq, k_max, prompt, output, computed, gen, running, nr)
         if k_max <= 0:
             k_max = 0
             break
         gcsum[gi] = c_sum
-        _buckets(rq, nr, bs, req[0], running, gbstart[gi], bfill, bphase, gbitems[gi])
-        if not _head_blocked(rq, nr, gbstart[gi, 1] - gbstart[gi, 0], wl, fl, req, rep, pool, wq):
+        _buckets(rq, nr, bs, computed, running, gbstart[gi], bfill, bphase, gbitems[gi])
+        opening = gbstart[gi, 1] - gbstart[gi, 0]
+        if not _head_blocked(
+            rq, nr, opening, S, budget_max, bs, chunked, caching, prompt, skip, computed, gen, nblk, whead, wlen,
+            nfree, wq,
+        ):  # fmt: skip
             k_max = 0
             break
     return k_max, nbusy
@@ -1157,19 +1173,28 @@ def _span_group(first, first_t, ev_t, nlog, wl, fl, cost, res, req, rep, pool, s
     work is in a span-able state (decode only, waiting head blocked); idle ranks run dummy steps;
     each step lasts as long as the slowest rank's. Same rules and arithmetic as the general group
     step, so results are identical to stepping one at a time. Returns (steps run, nlog)."""
-    bs, G, dummy_s = fl[6], fl[10], fl[11]
-    clock, nrun, last_end, last_nfin = rep[0], rep[2], rep[10], rep[11]
+    prompt, output, skip = wl[1], wl[2], wl[13]
+    R, closed, C, S, budget_max, bs, chunked, caching = fl[0], fl[2], fl[3], fl[4], fl[5], fl[6], fl[7], fl[8]
+    want_log, G, dummy_s = fl[9], fl[10], fl[11]
+    computed, gen, nblk, last_tok = req[0], req[1], req[2], req[6]
+    clock, ready, nrun, running, whead, wlen = rep[0], rep[1], rep[2], rep[3], rep[6], rep[7]
+    last_end, last_nfin = rep[10], rep[11]
     nfree = pool[0]
     gbusy, gcsum, gbstart, gbitems = scr[6], scr[7], scr[8], scr[9]
     gsp_pre, gsp_f, gsp_b, gsp_row, gsums, out = scr[10], scr[11], scr[12], scr[13], scr[14], scr[18]
+    bfill, bphase = scr[24], scr[25]
     g0 = first - first % G
-    glimit = _group_limit(g0, ev_t, fl, rep, ev)
-    k_max, nbusy = _group_kmax(g0, first_t, glimit, wl, fl, req, rep, pool, scr, wq)
+    glimit = _group_limit(g0, ev_t, R, closed, G, clock, ready, nrun, wlen, ev[4], ev[5], ev[6], ev[7])
+    k_max, nbusy = _group_kmax(
+        g0, first_t, glimit, G, S, budget_max, bs, chunked, caching, prompt, output, skip, computed, gen, nblk,
+        ready, nrun, running, whead, wlen, nfree, wq, gbusy, gcsum, gbstart, gbitems, bfill, bphase,
+    )  # fmt: skip
     if k_max <= 0 or nbusy == 0:
         return 0, nlog
     for gi in range(G):
         if gbusy[gi]:
             _prep_span(nrun[g0 + gi], cost, (gsp_pre[gi], gsp_f[gi], gsp_b[gi], gsp_row[gi]))
+    chains = (wl[3], wl[4], wl[7], wl[8], wl[9], wl[10], wl[11], wl[12])
     now = first_t
     m = _I0(0)
     ph_alloc = _I0(0)
@@ -1190,8 +1215,8 @@ def _span_group(first, first_t, ev_t, nlog, wl, fl, cost, res, req, rep, pool, s
                 continue
             prep = (gsp_pre[gi], gsp_f[gi], gsp_b[gi], gsp_row[gi])
             d = _decode_step(
-                g0 + gi, m, gcsum[gi], ph_alloc, ph_fill, gbstart[gi], gbitems[gi], prep, gsums[gi],
-                wl, fl, req, rep, pool, cost, out,
+                g0 + gi, m, nrun[g0 + gi], gcsum[gi], ph_alloc, ph_fill, gbstart[gi], gbitems[gi], prep, gsums[gi],
+                bs, caching, req, running, chains, pool, cost, out,
             )  # fmt: skip
             if d > dt:
                 dt = d
@@ -1209,8 +1234,9 @@ def _span_group(first, first_t, ev_t, nlog, wl, fl, cost, res, req, rep, pool, s
                 last_nfin[rq] = 0
                 continue
             nlog = _span_done(
-                rq, m, first_t, end0, max_gap, now, nlog, fl, req, rep, pool, res, log, last_row, gsums[gi]
-            )
+                rq, m, first_t, end0, max_gap, now, nlog, C, want_log, computed, gen, last_tok, clock, nrun, running,
+                wlen, last_end, last_nfin, nfree, res[3], res[5], res[8], log, last_row, gsums[gi],
+            )  # fmt: skip
     return m, nlog
 
 
@@ -1261,14 +1287,16 @@ def _replay_loop(grouped: bool) -> Any:
                 res[0][i] = ev_t  # res_arrival
                 if dest < 0:  # rejected
                     ctl[1] += 1.0  # progress: requests done
-                    heap_n, seq, next_issue = _issue(ev_t, closed, fl[12], n, ev, heap_n, seq, next_issue)
+                    heap_n, seq, next_issue = _issue(
+                        ev_t, closed, fl[12], n, heap_t, heap_s, heap_i, heap_n, seq, next_issue
+                    )
                     continue
                 rr += 1
-                _enqueue(i, ev_t, dest, rep, res, ev, wq)
+                _enqueue(i, ev_t, dest, ready, rep[6], wlen, routed, res[1], static, own_ptr, wq)
                 continue
             if first < 0:
                 break
-            code = _room(first - first % G, fl, nlog, log, rep, wq)
+            code = _room(first - first % G, G, fl[9], nlog, log, nrun, wlen, wq)
             if code != _DONE:
                 break
             # -- a span of decode steps of replica `first`. Steps start before the next arrival (and,
@@ -1510,6 +1538,26 @@ def run_fleet(
     every piece above inlined; its variant for the fleet's kind, _replay_loop): it returns when it
     is done, or to have the step log or a waiting queue grown here (growing changes no result),
     and is called again."""
+    args = loop_args(work, fleet, cost, res, ctl, pool)
+    wl, fl, cost, results, ctl, req, rep, pool, scr, ev, st, log, last_row, wq = args
+    replay = _replay_grouped if fl[10] > 1 else _replay_single
+    while True:
+        code = replay(wl, fl, cost, results, ctl, req, rep, pool, scr, ev, st, log, last_row, wq)
+        if code == _GROW_LOG:
+            bigger = np.zeros((2 * log.shape[0], LOG_COLS))
+            bigger[: log.shape[0]] = log
+            log = bigger
+        elif code == _GROW_WQ:
+            wq = _grow_wq(wq, rep[6], rep[7])
+        else:
+            return log, int(st[5])
+
+
+def loop_args(
+    work: Work, fleet: Fleet, cost: tuple[Any, ...], res: Results, ctl: Any, pool: tuple[Any, ...]
+) -> tuple[Any, ...]:
+    """_replay's arguments for run_fleet's arguments (the loop's state, allocated by numpy):
+    (wl, fl, cost, res, ctl, req, rep, pool, scr, ev, st, log, last_row, wq)."""
     n = work.prompt.shape[0]
     R, S, G = int(fleet.replicas), int(fleet.max_seqs), int(fleet.lockstep)
     closed, want_log = bool(fleet.closed), bool(fleet.want_log)
@@ -1532,15 +1580,76 @@ def run_fleet(
     ev = (order, heap_t, heap_s, heap_i, bool(static), own_start, own_t, np.zeros(R, np.int64))
     st = np.zeros(6, np.int64)  # the loop's state: ev_pos, heap_n, seq, next_issue, rr, nlog
     st[1] = st[2] = st[3] = heap_n
-    results = tuple(res)
-    replay = _replay_grouped if G > 1 else _replay_single
-    while True:
-        code = replay(wl, fl, cost, results, ctl, req, rep, pool, scr, ev, st, log, last_row, wq)
-        if code == _GROW_LOG:
-            bigger = np.zeros((2 * log.shape[0], LOG_COLS))
-            bigger[: log.shape[0]] = log
-            log = bigger
-        elif code == _GROW_WQ:
-            wq = _grow_wq(wq, rep[6], rep[7])
-        else:
-            return log, int(st[5])
+    return wl, fl, cost, tuple(res), ctl, req, rep, pool, scr, ev, st, log, last_row, wq
+
+
+# -- The compile in two processes (jit.compile_engine(parallel=True); a fresh clone's first replay,
+# jitcache.compile_ahead). Numba types _replay's calls one after the other, compiling each piece
+# the first time a call reaches it: alone, one process compiles everything in turn. Two share it:
+# the side process compiles the step-cost kernels (stepcost.tab_row, tab_span_prep, tab_span_row:
+# disk-cached with their linkable code) and then _span_one, the decode spans (_piece_cached: on
+# disk too); the main process meanwhile compiles the general step's pieces that price nothing
+# (compile_leaves: the scheduler's loops, tokens in, retirement), then _step once the kernels are
+# on disk, and _replay last, loading _span_one and the kernels from the disk cache. Each piece is
+# compiled here for the types the loop passes it (loop_args's values, scalars int64 and float64):
+# typing _replay then finds it compiled (were a type to differ, the piece would only compile again,
+# for the loop's types: after a parallel compile each has one overload).
+
+
+def _sig(*values: Any) -> tuple[Any, ...]:
+    """The argument types of a call with ``values`` (a numba type stands for itself)."""
+    return tuple(v if isinstance(v, numba.types.Type) else numba.typeof(v) for v in values)  # type: ignore[no-untyped-call]
+
+
+_I64, _F64 = numba.int64, numba.float64
+
+
+def _chains(wl: tuple[Any, ...]) -> tuple[Any, ...]:
+    return (wl[3], wl[4], wl[7], wl[8], wl[9], wl[10], wl[11], wl[12])
+
+
+def compile_leaves(args: tuple[Any, ...]) -> None:
+    """Compile the general step's pieces that price nothing, for ``args`` (:func:`loop_args`)."""
+    wl, fl, _, res, ctl, req, rep, pool, scr, ev = args[:10]
+    prompt, output, skip, chains = wl[1], wl[2], wl[13], _chains(wl)
+    i, f = _I64, _F64
+    nrun, running, slots_free, nslots, whead, wlen, wq = rep[2], rep[3], rep[4], rep[5], rep[6], rep[7], args[13]
+    _schedule_running.compile(
+        _sig(i, i, fl[5], fl[6], fl[8], prompt, req, nrun, running, slots_free, nslots, whead, wlen, wq,
+             scr[0], scr[1], res[6], chains, pool)
+    )  # fmt: skip
+    _admit.compile(
+        _sig(i, i, f, i, i, fl[4], fl[6], fl[7], fl[8], prompt, skip, req, nrun, running, slots_free, nslots,
+             whead, wlen, wq, scr[0], scr[1], scr[16], res[2], res[7], chains, pool)
+    )  # fmt: skip
+    _tokens_in.compile(
+        _sig(i, f, prompt, output, req[0], req[1], req[6], scr[0], scr[1], scr[3], scr[15], res[3], res[4], res[5],
+             res[8])
+    )  # fmt: skip
+    _retire.compile(
+        _sig(i, i, f, i, fl[2], fl[8], fl[12], output, req, nrun, running, rep[9], slots_free, nslots, scr[15],
+             ev[1], ev[2], ev[3], ctl, i, i, i, pool)
+    )  # fmt: skip
+
+
+def compile_step(args: tuple[Any, ...]) -> None:
+    """Compile _step (the general step, pricing with stepcost.tab_row) for ``args``."""
+    wl, fl, cost, res, ctl, req, rep, pool, scr, ev, _, log, last_row, wq = args
+    heap = numba.types.UniTuple(_I64, 3)  # type: ignore[no-untyped-call]
+    _step.compile(_sig(_I64, _F64, _I64, wl, fl, cost, res, ctl, req, rep, pool, scr, ev, log, last_row, wq, heap))
+
+
+def compile_kernels(args: tuple[Any, ...]) -> None:
+    """Compile the step-cost kernel of the general step (stepcost.tab_row) into the disk cache."""
+    cost, scr = args[2], args[8]
+    _tab_row.compile(_sig(scr[17], *cost, scr[18]))
+
+
+def compile_spans(args: tuple[Any, ...]) -> None:
+    """Compile the decode span's kernels (stepcost.tab_span_prep, tab_span_row) and _span_one
+    into the disk cache, for ``args``."""
+    wl, fl, cost, res, _, req, rep, pool, scr, _, _, log, last_row, wq = args
+    f = _F64
+    _span_prep.compile(_sig(f, cost[0], cost[1], cost[2], cost[3], cost[8], cost[10], cost[15], *scr[19:23]))
+    _span_row.compile(_sig(f, f, *cost[2:8], cost[9], cost[15], *scr[19:23], scr[18]))
+    _span_one.compile(_sig(_I64, f, f, _I64, wl, fl, cost, res, req, rep, pool, scr, log, last_row, wq))

@@ -25,9 +25,12 @@ re-raised (docs/limits.md, "Resource limits").
 
 from __future__ import annotations
 
+import subprocess
+import sys
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass, replace
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -37,7 +40,7 @@ from pipeline.common.errors import RooftraceError
 from pipeline.costmodel.stepcost import MAX_TABLE_TOKENS, TabulatedCost, affine_cost, scalars
 from pipeline.costmodel.stepcost import kernel_array as _arg
 from pipeline.costmodel.steps import IntArray, StepCostFn
-from pipeline.engine.jitcache import await_compile_ahead
+from pipeline.engine.jitcache import await_compile_ahead, compile_needed
 from pipeline.engine.model import EngineResult, FleetSpec, SchedulerConfig, Workload, dummy_step_s, reject_reasons
 from pipeline.engine.steplog import SPAN_COLUMNS, RowSink
 
@@ -245,12 +248,36 @@ def _run_busy(
 ) -> tuple[EngineResult, np.ndarray[Any, np.dtype[np.float64]]]:
     """One run of the compiled loop on ``busy``: results (replicas of ``busy.spec``) and the step
     log's rows."""
-    spec, routes = busy.spec, busy.routes
+    spec = busy.spec
     reason = unsupported_reason(spec, cost)
     if reason is not None:
         raise ValueError(f"the replay engine does not apply: {reason}")
     from pipeline.engine import _jit_kernels as k  # lazy: numba, imported only when the engine runs
 
+    kernel_args, res, ctl = _kernel_args(work, busy, cost, want_log)
+
+    def run_fleet(*args: Any) -> Any:
+        if spec.lockstep <= 1:  # what a compile ahead compiles: wait for it, then load it
+            await_compile_ahead()
+        return k.run_fleet(*args)
+
+    try:
+        rows, nrows = _run_in_thread(run_fleet, kernel_args, ctl, progress)
+    except MemoryError:
+        raise EngineStateTooLarge(state_too_large(spec)) from None
+    if progress is not None:
+        progress(work.n)
+    return res, rows[:nrows]
+
+
+def _kernel_args(
+    work: Workload, busy: BusyFleet, cost: StepCostFn, want_log: bool
+) -> tuple[tuple[Any, ...], EngineResult, np.ndarray[Any, np.dtype[np.float64]]]:
+    """run_fleet's arguments for a run on ``busy``, the results they fill in, and the loop's
+    control array (cancel flag, requests done)."""
+    from pipeline.engine import _jit_kernels as k
+
+    spec, routes = busy.spec, busy.routes
     tables = _tables(cost, spec)
     assert tables is not None
     n = work.n
@@ -322,34 +349,81 @@ def _run_busy(
         res.cache_hit_tokens,
         res.prefill_tokens,
     )
-    kernel_args = (wl, fleet, tables.kernel_tables, results, ctl, pool)
-
-    def run_fleet(*args: Any) -> Any:
-        if spec.lockstep <= 1:  # what a compile ahead compiles: wait for it, then load it
-            await_compile_ahead()
-        return k.run_fleet(*args)
-
-    try:
-        rows, nrows = _run_in_thread(run_fleet, kernel_args, ctl, progress)
-    except MemoryError:
-        raise EngineStateTooLarge(state_too_large(spec)) from None
-    if progress is not None:
-        progress(n)
-    return res, rows[:nrows]
+    return (wl, fleet, tables.kernel_tables, results, ctl, pool), res, ctl
 
 
-def compile_engine(lockstep: int = 1) -> None:
-    """Compile the engine's loop into numba's disk cache (load it, when cached): a one-request
-    replay on a fleet of ``lockstep`` replicas in one lockstep group (1: the loop of fleets
-    without groups; more: the loop of fleets with). Every fleet and cost gives the compiled loop
-    the same argument types (run_fleet's), so this compiles what every replay runs
-    (jitcache.compile_ahead runs it in a background process; tests/compile_engine.py too)."""
+def _sample(lockstep: int) -> tuple[Workload, FleetSpec, TabulatedCost]:
+    """A one-request replay on a fleet of ``lockstep`` replicas in one lockstep group (1: no
+    groups), with a stand-in cost: what :func:`compile_engine` runs."""
     one = np.ones(2)
     cost = affine_cost(np.zeros((2, 7)), np.zeros((2, 7)), one, one, np.array([True, False]), one, scalars())
     work = Workload(np.zeros(1), np.array([40]), np.array([3]), np.array([7], np.uint64), np.array([0, 1]))
     cfg = SchedulerConfig(num_gpu_blocks=64, max_model_len=128, max_num_seqs=4, max_num_batched_tokens=128,
                           block_size=16, enable_chunked_prefill=True, enable_prefix_caching=True)  # fmt: skip
-    simulate_jit(work, FleetSpec(replicas=lockstep, scheduler=cfg, lockstep=lockstep), cost)
+    return work, FleetSpec(replicas=lockstep, scheduler=cfg, lockstep=lockstep), cost
+
+
+def _sample_loop_args(lockstep: int) -> tuple[Any, ...]:
+    """_replay's arguments for :func:`_sample` (their types are every replay's)."""
+    from pipeline.engine import _jit_kernels as k
+
+    work, spec, cost = _sample(lockstep)
+    kernel_args, _, _ = _kernel_args(work, BusyFleet(spec, None, None), cost, False)
+    return k.loop_args(*kernel_args)
+
+
+def compile_engine(lockstep: int = 1, parallel: bool = False) -> None:
+    """Compile the engine's loop into numba's disk cache (load it, when cached): a one-request
+    replay on a fleet of ``lockstep`` replicas in one lockstep group (1: the loop of fleets
+    without groups; more: the loop of fleets with). Every fleet and cost gives the compiled loop
+    the same argument types (run_fleet's), so this compiles what every replay runs
+    (jitcache.compile_ahead runs it in a background process; tests/compile_engine.py too).
+
+    ``parallel`` (the loop without groups): when the cache lacks it, a second process compiles
+    the step-cost kernels and the decode spans meanwhile (:func:`compile_side`; the order is
+    _jit_kernels's "compile in two processes"): on two cores the compile takes some 30 % less
+    wall time (docs/benchmarks.md)."""
+    if parallel and lockstep <= 1 and compile_needed():
+        _compile_parallel()
+    work, spec, cost = _sample(lockstep)
+    simulate_jit(work, spec, cost)
+
+
+def _compile_parallel() -> None:
+    from pipeline.engine import _jit_kernels as k  # (drops a stale cache before the side starts)
+
+    root = str(Path(__file__).resolve().parents[2])  # where this `pipeline` package is imported from
+    code = f"import sys; sys.path.insert(0, {root!r}); from pipeline.engine.jit import compile_side; compile_side()"
+    try:
+        side = subprocess.Popen(
+            [sys.executable, "-c", code], stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL
+        )
+    except OSError:  # no process to spare: all of it compiles here
+        return
+    try:
+        args = _sample_loop_args(1)
+        k.compile_leaves(args)
+        assert side.stdout is not None
+        side.stdout.readline()  # the side has cached stepcost.tab_row (nothing read: it failed, _step compiles it)
+        k.compile_step(args)
+        side.wait()  # _replay loads the side's spans from the cache (or compiles them, if it failed)
+    finally:
+        if side.poll() is None:
+            side.kill()
+            side.wait()
+
+
+def compile_side() -> None:
+    """The second process of :func:`compile_engine`'s parallel compile: the step-cost kernel of
+    the general step (then says so on stdout), the decode spans' kernels and _span_one, all into
+    the disk cache."""
+    from pipeline.engine import _jit_kernels as k
+
+    args = _sample_loop_args(1)
+    k.compile_kernels(args)
+    sys.stdout.write("kernels\n")
+    sys.stdout.flush()
+    k.compile_spans(args)
 
 
 def alloc_pool(R: int, S: int, C: int, caching: bool, max_blocks: int, T: int) -> tuple[Any, ...]:

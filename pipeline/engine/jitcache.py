@@ -71,7 +71,8 @@ NO_COMPILE_AHEAD_ENV = "ROOFTRACE_NO_COMPILE_AHEAD"
 
 def compile_ahead() -> bool:
     """Start compiling the replay engine (the loop of fleets without lockstep groups, most fleets:
-    jit.compile_engine) into numba's disk cache in a background process, when the cache lacks it;
+    jit.compile_engine, in two processes on two cores) into numba's disk cache in a background
+    process, when the cache lacks it;
     returns whether one was started. The engine's first run in this process waits for it
     (jit.py calls :func:`await_compile_ahead`): were it to compile too, the work would be done
     twice. A process left running when this one exits is stopped (its cache is written whole or
@@ -79,7 +80,8 @@ def compile_ahead() -> bool:
     if _AHEAD or os.environ.get(NO_COMPILE_AHEAD_ENV, "0") not in ("", "0") or not compile_needed():
         return False
     root = str(Path(__file__).resolve().parents[2])  # where this `pipeline` package is imported from
-    code = f"import sys; sys.path.insert(0, {root!r}); from pipeline.engine.jit import compile_engine; compile_engine()"
+    code = f"import sys; sys.path.insert(0, {root!r}); from pipeline.engine.jit import compile_engine; "
+    code += "compile_engine(parallel=True)"
     try:
         proc = subprocess.Popen(
             [sys.executable, "-c", code], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
