@@ -248,6 +248,9 @@ def _calibrate_observed(
         raise RooftraceError("--observed learns from logs: --measurements and --hardware are for operator tables")
     if fleet_path is None:
         raise RooftraceError("--observed needs --fleet FLEET.toml (the fleet that served the logs)")
+    from pipeline.engine.jitcache import compile_ahead
+
+    compile_ahead()  # --observed replays the day: the engine compiles meanwhile
     refuse_empty("--fleet", fleet_path, "fleets/prod.toml")
     refuse_empty("--out", out, "prod-calibration.toml")
     store = get_store(store_path)

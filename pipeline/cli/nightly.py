@@ -103,9 +103,11 @@ def nightly_cmd(
 
     Example: rooftrace nightly logs/2025-01-15/ --fleet fleets/default.toml
     """
+    from pipeline.engine.jitcache import compile_ahead
     from pipeline.ingest.project import default_reports_dir
     from pipeline.publish.nightly import NightlyResult, StageError, nightly
 
+    compile_ahead()  # a fresh clone's first night: the engine compiles while ingest and classify run
     store = get_store(store_path)
 
     def work() -> NightlyResult:

@@ -220,6 +220,9 @@ def plan_cmd(
 
     if model is None:
         raise click.UsageError("Missing option '--model'.")
+    from pipeline.engine.jitcache import compile_ahead
+
+    compile_ahead()  # a fresh clone's first plan: the engine compiles meanwhile (its workers wait for it)
     given = click.get_current_context().get_parameter_source("window_s")
     if window == "day" and given == click.core.ParameterSource.COMMANDLINE:
         # (it was ignored without a word): the whole day has no window length

@@ -389,8 +389,10 @@ def validate_cmd(
 def _validate_runs(runs: str, fleet_path: str | None, store_path: str | None, as_json: bool) -> None:
     """``validate --runs``: each benchmark run replayed on the fleet under its own methodology."""
     from pipeline.calibrate.benchruns import check_runs_path, store_table, table_lines, validate_runs
+    from pipeline.engine.jitcache import compile_ahead
 
     refuse_empty("--fleet", fleet_path, "fleets/default.toml")
+    compile_ahead()  # each run is replayed: the engine compiles while the runs are read
     source = check_runs_path(runs)
     store = get_store(store_path)
     result = validate_runs(source, fleet_path, progress)

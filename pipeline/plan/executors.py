@@ -6,6 +6,7 @@ import multiprocessing
 from collections.abc import Callable, Sequence
 from concurrent.futures import ProcessPoolExecutor, as_completed
 
+from pipeline.engine.jitcache import await_compile_ahead
 from pipeline.engine.shard import ray_connect
 from pipeline.plan.search import CandidateResult, Task, search_candidate
 
@@ -20,6 +21,7 @@ def run_local(tasks: Sequence[Task], jobs: int, progress: Callable[[str], None] 
                 progress(_progress_line(out[-1]))
         return out
     results: list[CandidateResult | None] = [None] * len(tasks)
+    await_compile_ahead()  # the workers load the engine the command's compile ahead is compiling
     # spawn, not fork: the parent has started polars' and numba's thread pools, and a forked child
     # can inherit one of their locks held (polars documents fork as unsafe for that reason).
     ctx = multiprocessing.get_context("spawn")
