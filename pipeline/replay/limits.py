@@ -60,9 +60,13 @@ MAX_SIM_SPAN_S = 1e9
 #: Compiling the jit engine when its disk cache is missing or stale (LLVM; measured ~1.2 GB).
 COMPILE_BYTES = 3 * GIB // 2
 #: Seconds of that compile, said before it starts (never part of the replay's estimate or time
-#: left): 37.6 s of CPU for the first replay of the Azure hour on fleets/default.toml, 44.5 s wall
-#: on the 2-core VM at load 4 (benchmarks/cold_start.py).
-COMPILE_S = 45.0
+#: left). It runs in two processes on two cores (jit.compile_engine(parallel=True), from the
+#: command's start: jitcache.compile_ahead): the one the replay waits for used 12.8 s of CPU and
+#: the side process 12.6 s (22.6 s in one process before), on the 2-core VM at load 14 (others'
+#: jobs); the first replay of the Azure hour on fleets/default.toml used 34.3 s of CPU in all
+#: (benchmarks/cold_start.py, load 13: 86.7 s wall, the others' jobs holding the cores). On idle
+#: cores the compile's wall time is about its longer process's CPU time: ~15-20 s.
+COMPILE_S = 20.0
 #: Per request: workload, engine and result arrays, the output tables (measured ~1.3 KiB).
 REQUEST_BYTES = 2048
 #: Per request, what the store-level replay in one engine adds once the date's columns are read
