@@ -275,7 +275,7 @@ def _kernel_args(
 ) -> tuple[tuple[Any, ...], EngineResult, np.ndarray[Any, np.dtype[np.float64]]]:
     """run_fleet's arguments for a run on ``busy``, the results they fill in, and the loop's
     control array (cancel flag, requests done)."""
-    from pipeline.engine import _jit_kernels as k
+    from pipeline.engine import _jit_kernels as k  # lazy: numba, loaded only when a replay runs
 
     spec, routes = busy.spec, busy.routes
     tables = _tables(cost, spec)
@@ -365,7 +365,7 @@ def _sample(lockstep: int) -> tuple[Workload, FleetSpec, TabulatedCost]:
 
 def _sample_loop_args(lockstep: int) -> tuple[Any, ...]:
     """_replay's arguments for :func:`_sample` (their types are every replay's)."""
-    from pipeline.engine import _jit_kernels as k
+    from pipeline.engine import _jit_kernels as k  # lazy: numba, loaded only when a replay runs
 
     work, spec, cost = _sample(lockstep)
     kernel_args, _, _ = _kernel_args(work, BusyFleet(spec, None, None), cost, False)
@@ -390,7 +390,7 @@ def compile_engine(lockstep: int = 1, parallel: bool = False) -> None:
 
 
 def _compile_parallel() -> None:
-    from pipeline.engine import _jit_kernels as k  # (drops a stale cache before the side starts)
+    from pipeline.engine import _jit_kernels as k  # lazy: numba; importing drops a stale cache before the side starts
 
     root = str(Path(__file__).resolve().parents[2])  # where this `pipeline` package is imported from
     code = f"import sys; sys.path.insert(0, {root!r}); from pipeline.engine.jit import compile_side; compile_side()"
@@ -417,7 +417,7 @@ def compile_side() -> None:
     """The second process of :func:`compile_engine`'s parallel compile: the step-cost kernel of
     the general step (then says so on stdout), the decode spans' kernels and _span_one, all into
     the disk cache."""
-    from pipeline.engine import _jit_kernels as k
+    from pipeline.engine import _jit_kernels as k  # lazy: numba, loaded only when a replay runs
 
     args = _sample_loop_args(1)
     k.compile_kernels(args)
