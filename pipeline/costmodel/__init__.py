@@ -16,6 +16,18 @@ the engine (its tables, one value), the replay's estimate, plan's lower bound an
 Public entry: :class:`CostModel`; the memory fit is ``fit.fit``.
 """
 
-from pipeline.costmodel.model import CostModel
+from __future__ import annotations
+
+from typing import Any
 
 __all__ = ["CostModel"]
+
+
+def __getattr__(name: str) -> Any:
+    # The engine imports this package's light modules (steps, stepcost) at the start of every
+    # replay, before it compiles: the entry loads the profiles only when asked for.
+    if name == "CostModel":
+        from pipeline.costmodel.model import CostModel  # lazy: polars and the profiles, for the entry only
+
+        return CostModel
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
