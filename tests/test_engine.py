@@ -14,6 +14,7 @@ from hypothesis import strategies as st
 from test_engine_support import LinearCost, workload
 
 from pipeline.common.errors import ConfigError
+from pipeline.costmodel.stackcal import TIMELINE_KEY
 from pipeline.engine.jit import simulate_jit
 from pipeline.engine.model import (
     REJECT_KV_CAPACITY,
@@ -22,6 +23,8 @@ from pipeline.engine.model import (
     FleetSpec,
     SchedulerConfig,
     Workload,
+    apply_frontend,
+    concurrent_streams,
     reject_reasons,
 )
 from pipeline.engine.reference import simulate_reference
@@ -82,6 +85,50 @@ def test_single_request_matches_hand_calculation(sim: Engine) -> None:
     assert res.max_itl_s[0] == pytest.approx(dec2, rel=1e-9)
     assert res.prefill_tokens[0] == 10
     _assert_same(res, simulate_reference(w, spec, cost))
+
+
+@pytest.mark.parametrize("sim", ENGINES.values(), ids=ENGINES.keys())
+@pytest.mark.parametrize("asy", [False, True], ids=["sync", "async"])
+def test_async_scheduling_admits_one_step_later_on_a_busy_replica(sim: Engine, asy: bool) -> None:
+    # Every step takes 0.125 s (exact in binary). A decodes from t = 0 (steps start at 0, .125,
+    # .25, .375, .5, ...). B arrives at 0.3, inside the step that starts at .25; C exactly at .25;
+    # D at 10, when the replica is idle again. Synchronous: a step sees every arrival up to its
+    # start. Asynchronous: the step that starts at .375 was scheduled at .25, so it sees C (at
+    # .25) but not B; B gets in one step later; D, on an idle replica, at once.
+    cost = LinearCost(a=0.125, b=0.0, c=0.0, d=0.0, e=0.0)
+    w = workload([0.0, 0.25, 0.3, 10.0], [4, 4, 4, 4], [20, 3, 3, 3])
+    spec = FleetSpec(replicas=1, scheduler=_cfg(async_scheduling=asy))
+    res = sim(w, spec, cost)
+    sched = [0.0, 0.375, 0.5, 10.0] if asy else [0.0, 0.25, 0.375, 10.0]
+    np.testing.assert_array_equal(res.scheduled_s, sched)
+    np.testing.assert_array_equal(res.first_token_s, np.array(sched) + 0.125)
+    assert res.finish_s[0] == 2.5  # A's 20 steps, never delayed
+    _assert_same(res, simulate_reference(w, spec, cost))
+
+
+def test_frontend_by_hand() -> None:
+    # Two requests on replica 0 (A: tokens at 1.0 .. 2.0, 11 outputs; B: first at 1.5, 3 outputs,
+    # done at 1.7), one on replica 1. Streams open at A's first token: A alone (1); at B's: A and
+    # B (2); C: 1. R = 0.05 s, c = 0.08 s per token per stream: A's TPOT 0.1 stays (0.08 < 0.1),
+    # B's TPOT 0.1 becomes 0.16 (2 streams × 0.08), C's single output has no TPOT.
+    res = EngineResult.empty(3)
+    res.replica[:] = [0, 0, 1]
+    res.arrival_s[:] = [0.5, 1.0, 0.0]
+    res.first_token_s[:] = [1.0, 1.5, 3.0]
+    res.finish_s[:] = [2.0, 1.7, 3.0]
+    res.max_itl_s[:] = [0.1, 0.1, np.nan]
+    out = np.array([11, 3, 1])
+    np.testing.assert_array_equal(concurrent_streams(res), [1, 2, 1])
+    spec = FleetSpec(replicas=2, scheduler=_cfg(), frontend_request_s=0.05, frontend_token_s=0.08)
+    apply_frontend(res, out, spec)
+    np.testing.assert_allclose(res.first_token_s, [1.0 + 0.05 + 0.08, 1.5 + 0.05 + 0.16, 3.0 + 0.05 + 0.08])
+    np.testing.assert_allclose(res.finish_s, [2.0 + 0.13, 1.7 + 0.21 + 2 * (0.16 - 0.1), 3.0 + 0.13])
+    np.testing.assert_allclose((res.finish_s[1] - res.first_token_s[1]) / 2, 0.16)
+    np.testing.assert_allclose(res.max_itl_s[:2], [0.1, 0.16])
+    assert np.isnan(res.max_itl_s[2])
+    np.testing.assert_array_equal(res.arrival_s, [0.5, 1.0, 0.0])  # the engine's, unchanged
+    with pytest.raises(ConfigError, match="frontend_token_s"):
+        FleetSpec(replicas=1, scheduler=_cfg(), frontend_token_s=-1.0)
 
 
 @pytest.mark.parametrize("sim", ENGINES.values(), ids=ENGINES.keys())
@@ -296,6 +343,7 @@ def _cases(draw: st.DrawFn) -> tuple[Workload, FleetSpec, LinearCost]:
         block_size=bs,
         enable_chunked_prefill=chunked,
         enable_prefix_caching=draw(st.booleans()),
+        async_scheduling=draw(st.booleans()),
     )
     gaps = draw(st.lists(st.floats(0.0, 0.5, allow_nan=False), min_size=n, max_size=n))
     arrival = np.cumsum(gaps)
@@ -603,3 +651,27 @@ def test_a_state_memory_cannot_hold_is_one_line_saying_what_to_do() -> None:
     assert "does not fit in memory" in line and "--pods" in line and "fewer replicas" in line
     keyed = replace(w, affinity=np.array([5, 6], np.int64))
     assert np.isfinite(simulate_jit(keyed, spec, LinearCost()).finish_s).all()
+
+
+@settings(max_examples=max(_EXAMPLES // 3, 10), deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(_cases(), st.floats(0.0, 0.2), st.floats(0.0, 0.05), st.booleans())
+def test_frontend_and_calibrated_timeline_equal_in_both_engines(
+    case: tuple[Workload, FleetSpec, LinearCost], request_s: float, token_s: float, via_cost: bool
+) -> None:
+    # The front end is one function both engines call last: the same figures either way, and the
+    # engine's own plus the front end's terms. A calibrated cost carries the terms (stackcal.apply)
+    # and both engines read them from it.
+    w, spec, cost = case
+    front = {"frontend_request_s": request_s, "frontend_token_s": token_s}
+    asy = spec.scheduler.async_scheduling
+    plain = simulate_jit(w, replace(spec, scheduler=replace(spec.scheduler, async_scheduling=not asy)), cost)
+    if via_cost:  # a calibration that sets the front end and turns async scheduling over
+        terms = {**front, "async_scheduling": not asy}
+        cost = replace(cost, describe={**cost.describe, TIMELINE_KEY: terms})
+        fronted = spec
+    else:
+        fronted = replace(spec, scheduler=replace(spec.scheduler, async_scheduling=not asy), **front)
+    res = simulate_jit(w, fronted, cost)
+    _assert_same(res, simulate_reference(w, fronted, cost))
+    apply_frontend(plain, w.output_tokens, replace(spec, **front))
+    _assert_same(res, plain)

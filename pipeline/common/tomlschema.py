@@ -155,6 +155,9 @@ class EngineTable(_Table):
     num_gpu_blocks_override: int = _opt("KV blocks per engine, instead of the memory fit's")
     step_overhead_s: float = _opt("host overhead per step, seconds, in [0, 10]")
     vllm_version: str = _opt("the vLLM release whose memory accounting sizes the KV cache, e.g. '0.10'")
+    async_scheduling: bool = _opt("schedule step k while step k-1 runs (vLLM --async-scheduling; default on from 0.14)")
+    frontend_request_s: float = _opt("API server seconds per request (tokenize, HTTP), in [0, 10]; default 0")
+    frontend_token_s: float = _opt("API server seconds per output token per concurrent stream, in [0, 0.1]; default 0")
 
 
 class FleetCalibrationTable(_Table):
@@ -176,6 +179,9 @@ class StackCalibrationTable(_Table):
     attention_scale: float = _req("a number in [0.25, 4]; 1 for no change")
     comm_scale: float = _req("a number in [0.25, 4]; 1 for no change")
     step_overhead_s: float = _req("seconds added to every step, in [0, 0.02]; 0 for no change")
+    async_scheduling: float = _opt("1 to leave the fleet's async scheduling, 0 to turn it off")
+    frontend_request_s: float = _opt("API server seconds per request, in [0, 0.2]; 0 for no change")
+    frontend_token_s: float = _opt("API server seconds per token per stream, in [0, 0.002]; 0 for no change")
 
 
 class FleetFile(_Table):

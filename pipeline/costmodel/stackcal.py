@@ -19,7 +19,18 @@ parameter          what it multiplies or adds                                   
                    dispatch / combine)
 ``step_overhead_s`` seconds added to every step with tokens, on the GPU's side    0–0.02 s
                    (launch gaps, synchronisation the tables do not hold)
+``async_scheduling`` the step timeline: 1 leaves the fleet's own (vLLM's default   0 or 1
+                   for its release, or FLEET.toml's), 0 turns asynchronous
+                   scheduling off (docs/engine.md, "The step timeline")
+``frontend_request_s`` the API server's seconds per request (tokenize, HTTP)     0–0.2 s
+``frontend_token_s`` the API server's seconds per output token per concurrent   0–0.002 s
+                   stream (docs/engine.md, "The front end")
 ================== ============================================================ ==========
+
+The last three are the serving stack's timeline, not its step cost: ``apply`` hands them to the
+engines on the step cost (``describe["timeline"]``, only those that change something), and both
+engines replay with them in place of the fleet's own (pipeline.engine.model.timeline_spec). A
+calibration file written before they existed leaves them out: no change.
 
 Scales are relative to the tier and GPU they were fitted on, so a calibration names both and a
 fleet on another GPU or tier is refused (:func:`check_applies`). They do not depend on the model:
@@ -50,7 +61,17 @@ PARAMETERS: dict[str, tuple[float, float, float]] = {
     "attention_scale": (0.25, 4.0, 1.0),
     "comm_scale": (0.25, 4.0, 1.0),
     "step_overhead_s": (0.0, 0.02, 0.0),
+    "async_scheduling": (0.0, 1.0, 1.0),
+    "frontend_request_s": (0.0, 0.2, 0.0),
+    "frontend_token_s": (0.0, 0.002, 0.0),
 }
+#: The step cost's ``describe`` key under which ``apply`` hands the timeline's terms to the engines
+#: (pipeline.engine.model.timeline_spec reads it).
+TIMELINE_KEY = "timeline"
+#: Parameters that take only their bounds (0 or 1): a fit tries each rather than searching between.
+DISCRETE: frozenset[str] = frozenset({"async_scheduling"})
+#: The step timeline's parameters (handed to the engines with the cost, not priced into its tables).
+TIMELINE: tuple[str, ...] = ("async_scheduling", "frontend_request_s", "frontend_token_s")
 #: Keys of a calibration's ``[calibration]`` table that are text.
 TEXT_KEYS = ("source", "hardware", "cost_tier")
 
@@ -66,6 +87,9 @@ class StackCalibration:
     attention_scale: float = 1.0
     comm_scale: float = 1.0
     step_overhead_s: float = 0.0
+    async_scheduling: float = 1.0
+    frontend_request_s: float = 0.0
+    frontend_token_s: float = 0.0
     #: Where it was read from, for errors (the fleet file and its ``calibration_file`` key); not
     #: part of the calibration (a run records the numbers, not the path).
     origin: str = field(default="", compare=False)
@@ -102,10 +126,13 @@ def parse_calibration(table: Any, where: str, origin: str = "") -> StackCalibrat
         if len(value) > 4096:
             raise ConfigError(f"{where}: {key} is longer than 4,096 characters")
         out[key] = value
-    for key, (lo, hi, _default) in PARAMETERS.items():
-        # (every number is required by the schema: a hand-edited file that lost one must not
-        # replay as if it were 1)
-        value = float(table[key])
+    for key, (lo, hi, default) in PARAMETERS.items():
+        # (every scale is required by the schema: a hand-edited file that lost one must not
+        # replay as if it were 1; the timeline's terms came later, and a file without them
+        # changes no timeline)
+        value = float(table.get(key, default) if key in TIMELINE else table[key])
+        if key in DISCRETE and value not in (lo, hi):
+            raise ConfigError(f"{where}: {key} must be {lo:g} or {hi:g}, got {value!r}")
         if not (math.isfinite(value) and lo <= value <= hi):
             raise ConfigError(f"{where}: {key} must be in [{lo:g}, {hi:g}], got {value!r}")
         out[key] = value
@@ -154,6 +181,14 @@ def apply(cost: TabulatedCost, cal: StackCalibration | dict[str, float]) -> Tabu
     )
     if all(v[k] == PARAMETERS[k][2] for k in PARAMETERS):
         return cost
+    timeline = {k: v[k] for k in TIMELINE if v[k] != PARAMETERS[k][2]}
+    if "async_scheduling" in timeline:
+        timeline["async_scheduling"] = bool(timeline["async_scheduling"] >= 0.5)
+    if all(v[k] == PARAMETERS[k][2] for k in PARAMETERS if k not in TIMELINE):
+        # the timeline only: the same tables, the terms handed to the engines with them
+        describe_t = {**cost.describe, TIMELINE_KEY: timeline}
+        ext = cost.extend
+        return replace(cost, describe=describe_t, extend=None if ext is None else (lambda t: apply(ext(t), v)))
     lin, att, comm, over = v["linear_scale"], v["attention_scale"], v["comm_scale"], v["step_overhead_s"]
 
     def tables(t: np.ndarray[Any, Any]) -> np.ndarray[Any, Any]:
@@ -168,7 +203,9 @@ def apply(cost: TabulatedCost, cal: StackCalibration | dict[str, float]) -> Tabu
     peak = np.ascontiguousarray(np.asarray(cost.affine_peak, dtype=np.float64) / att)
     bw = np.ascontiguousarray(np.asarray(cost.affine_bw, dtype=np.float64) / att)
     base_extend = cost.extend
-    describe = {**cost.describe, "stack_calibration": {k: round(x, 6) for k, x in v.items()}}
+    describe = {**cost.describe, "stack_calibration": {k: round(x, 6) for k, x in v.items() if k not in TIMELINE}}
+    if timeline:
+        describe[TIMELINE_KEY] = timeline
     return replace(
         cost,
         tok=tables(cost.tok),

@@ -500,8 +500,8 @@ def group_rows(keys, cuts, pods, order):  # type: ignore[no-untyped-def]
 #   wl   workload (Work): times, prompt, output, chain_off, chain, aff_rep, rejected, and the lazy
 #        chains t_rows, t_key, t_up, t_fb with their walk's scratch rec_node, rec_fb; skip (the
 #        log's reported cache hits, Workload.skipped_tokens)
-#   fl   fleet (Fleet's first 13 fields): R, router, closed, C, S, budget_max, bs, chunked,
-#        caching, want_log, G, dummy_s, think_s
+#   fl   fleet (Fleet's first 13 fields, then async_scheduling): R, router, closed, C, S, budget_max,
+#        bs, chunked, caching, want_log, G, dummy_s, think_s, asy
 #   req  per request (_requests), rep per replica (_replicas), pool (jit.alloc_pool),
 #   scr  scratch (_scratch), cost (TabulatedCost.kernel_tables), res (results, Results),
 #   ev   arrivals: order, heap_t, heap_s, heap_i, static, own_start, own_t, own_ptr.
@@ -673,16 +673,20 @@ def _prefix_hits(r, rid, ntok, bs, chains, keys, used, hhead, mask, hits):  # ty
 
 @_piece
 def _admit(  # type: ignore[no-untyped-def]
-    r, gi, now, nsched, budget, S, bs, chunked, caching, prompt, skip, req, nrun, running, slots_free, nslots,
-    whead, wlen, wq, sched_rid, sched_n, hits, res_sched, res_hit, chains, pool,
+    r, gi, now, cut, nsched, budget, S, bs, chunked, caching, prompt, skip, req, nrun, running, slots_free, nslots,
+    whead, wlen, wq, sched_rid, sched_n, hits, res_sched, res_hit, arrival, chains, pool,
 ):  # fmt: skip
     """vLLM v1 schedule()'s second loop on replica ``r`` (rank ``gi``; only when nobody was
     preempted): waiting requests, from the queue's head, are admitted with their prefix-cache hits
-    while the token budget, a running slot and the KV pool allow. Returns the requests scheduled."""
+    while the token budget, a running slot and the KV pool allow, and while the head arrived by
+    ``cut`` (the time the step was scheduled: its start, or with asynchronous scheduling the
+    previous step's; the queue is in arrival order). Returns the requests scheduled."""
     computed, gen, nblk, nreg, slot_of, started = req[0], req[1], req[2], req[3], req[4], req[5]
     nfree, fhead, fnext, fprev, ftail, ref, table = pool[0], pool[1], pool[2], pool[3], pool[4], pool[5], pool[6]
     while wlen[r] > 0 and budget > 0 and nrun[r] < S:
         rid = wq[r, whead[r]]
+        if arrival[rid] > cut:  # arrived after this step was scheduled (asynchronous scheduling)
+            break
         ntok = prompt[rid] + gen[rid]
         # the log's reported hits stand in for the replica's own prefix cache (Workload.skipped_tokens)
         first = computed[rid] == 0
@@ -833,10 +837,10 @@ def _step(first, now, nlog, wl, fl, cost, res, ctl, req, rep, pool, scr, ev, log
     prompt, output, skip = wl[1], wl[2], wl[13]
     chains = (wl[3], wl[4], wl[7], wl[8], wl[9], wl[10], wl[11], wl[12])
     closed, C, S, budget_max, bs, chunked, caching = fl[2], fl[3], fl[4], fl[5], fl[6], fl[7], fl[8]
-    want_log, G, dummy_s, think = fl[9], fl[10], fl[11], fl[12]
+    want_log, G, dummy_s, think, asy = fl[9], fl[10], fl[11], fl[12], fl[13]
     computed, gen, last_tok = req[0], req[1], req[6]
     clock, ready, nrun, running, slots_free, nslots = rep[0], rep[1], rep[2], rep[3], rep[4], rep[5]
-    whead, wlen, nfin, last_end, last_nfin = rep[6], rep[7], rep[9], rep[10], rep[11]
+    whead, wlen, nfin, last_end, last_nfin, sched_t = rep[6], rep[7], rep[9], rep[10], rep[11], rep[12]
     nfree = pool[0]
     sched_rid, sched_n, part, gn, gout, gx = scr[0], scr[1], scr[2], scr[3], scr[4], scr[5]
     fin, hits, x, out = scr[15], scr[16], scr[17], scr[18]
@@ -850,17 +854,25 @@ def _step(first, now, nlog, wl, fl, cost, res, ctl, req, rep, pool, scr, ev, log
         part[gi] = G == 1 or ((nrun[r] > 0 or wlen[r] > 0) and ready[r] <= now)
         gn[gi] = 0
         if not part[gi]:
+            sched_t[r] = now
             if dummy_s > dt:
                 dt = dummy_s
             continue
+        # Asynchronous scheduling (docs/engine.md, "The step timeline"): a busy replica (requests
+        # running, or waiting since its previous step was scheduled) scheduled this step when
+        # its previous step started, and sees the arrivals up to then; an idle one sees all.
+        cut = now
+        if asy and (nrun[r] > 0 or (wlen[r] > 0 and res[0][wq[r, whead[r]]] <= sched_t[r])):
+            cut = sched_t[r]
+        sched_t[r] = now
         nsched, budget, preempted = _schedule_running(
             r, gi, budget_max, bs, caching, prompt, req, nrun, running, slots_free, nslots, whead, wlen, wq,
             sched_rid, sched_n, res[6], chains, pool,
         )  # fmt: skip
         if not preempted:
             nsched = _admit(
-                r, gi, now, nsched, budget, S, bs, chunked, caching, prompt, skip, req, nrun, running, slots_free,
-                nslots, whead, wlen, wq, sched_rid, sched_n, hits, res[2], res[7], chains, pool,
+                r, gi, now, cut, nsched, budget, S, bs, chunked, caching, prompt, skip, req, nrun, running,
+                slots_free, nslots, whead, wlen, wq, sched_rid, sched_n, hits, res[2], res[7], res[0], chains, pool,
             )  # fmt: skip
         # -- the step's shape and cost
         d = _step_cost(gi, nsched, computed, sched_rid, sched_n, gn, gout, gx, x, out, cost)
@@ -1060,7 +1072,7 @@ def _span_one(r, first_t, limit, nlog, wl, fl, cost, res, req, rep, pool, scr, l
     preempted, each starting before ``limit``. Returns (steps run, nlog): 0 steps when the next
     step is a general one."""
     prompt, output, skip = wl[1], wl[2], wl[13]
-    C, S, budget_max, bs, chunked, caching, want_log = fl[3], fl[4], fl[5], fl[6], fl[7], fl[8], fl[9]
+    C, S, budget_max, bs, chunked, caching, want_log, asy = fl[3], fl[4], fl[5], fl[6], fl[7], fl[8], fl[9], fl[13]
     computed, gen, nblk, last_tok = req[0], req[1], req[2], req[6]
     clock, nrun, running, whead, wlen, last_end, last_nfin = rep[0], rep[2], rep[3], rep[6], rep[7], rep[10], rep[11]
     nfree = pool[0]
@@ -1089,7 +1101,10 @@ def _span_one(r, first_t, limit, nlog, wl, fl, cost, res, req, rep, pool, scr, l
     _prep_span(nr, cost, prep)
     max_gap = -_INF
     end0 = now
-    while m < k_max and now < limit:
+    # Step m sees an arrival at `limit` if it starts at or after it; with asynchronous scheduling
+    # only if the step before it did (it was scheduled then): the span ends one step later.
+    prev = now
+    while m < k_max and (prev if asy else now) < limit:
         if bstart[ph_alloc + 1] - bstart[ph_alloc] > nfree[r]:
             break  # an allocation fails: the general step preempts
         ph_fill = ph_alloc + 1 if ph_alloc + 1 < bs else 0
@@ -1098,6 +1113,7 @@ def _span_one(r, first_t, limit, nlog, wl, fl, cost, res, req, rep, pool, scr, l
             cost, out,
         )  # fmt: skip
         end0, max_gap = _span_clock(m, now, end, end0, max_gap)
+        prev = now
         now = end
         m += 1
         ph_alloc = ph_fill
@@ -1106,6 +1122,7 @@ def _span_one(r, first_t, limit, nlog, wl, fl, cost, res, req, rep, pool, scr, l
             r, m, first_t, end0, max_gap, now, nlog, C, want_log, computed, gen, last_tok, clock, nrun, running, wlen,
             last_end, last_nfin, nfree, res[3], res[5], res[8], log, last_row, sums,
         )  # fmt: skip
+        rep[12][r] = prev  # the span's last step started then (asynchronous scheduling's cut-off)
     return m, nlog
 
 
@@ -1181,7 +1198,7 @@ def _span_group(first, first_t, ev_t, nlog, wl, fl, cost, res, req, rep, pool, s
     want_log, G, dummy_s = fl[9], fl[10], fl[11]
     computed, gen, nblk, last_tok = req[0], req[1], req[2], req[6]
     clock, ready, nrun, running, whead, wlen = rep[0], rep[1], rep[2], rep[3], rep[6], rep[7]
-    last_end, last_nfin = rep[10], rep[11]
+    last_end, last_nfin, sched_t = rep[10], rep[11], rep[12]
     nfree = pool[0]
     gbusy, gcsum, gbstart, gbitems = scr[6], scr[7], scr[8], scr[9]
     gsp_pre, gsp_f, gsp_b, gsp_row, gsums, out = scr[10], scr[11], scr[12], scr[13], scr[14], scr[18]
@@ -1204,7 +1221,11 @@ def _span_group(first, first_t, ev_t, nlog, wl, fl, cost, res, req, rep, pool, s
     gsums[:, :] = 0.0
     max_gap = -_INF
     end0 = now
-    while m < k_max and now < glimit:
+    # As _span_one; an idle rank would admit an arrival at once, so only a group whose every
+    # rank is busy ends its span one step later with asynchronous scheduling.
+    late = fl[13] and nbusy == G
+    prev = now
+    while m < k_max and (prev if late else now) < glimit:
         fails = False
         for gi in range(G):
             if gbusy[gi] and gbstart[gi, ph_alloc + 1] - gbstart[gi, ph_alloc] > nfree[g0 + gi]:
@@ -1225,12 +1246,14 @@ def _span_group(first, first_t, ev_t, nlog, wl, fl, cost, res, req, rep, pool, s
                 dt = d
         end = now + dt
         end0, max_gap = _span_clock(m, now, end, end0, max_gap)
+        prev = now
         now = end
         m += 1
         ph_alloc = ph_fill
     if m > 0:
         for gi in range(G):
             rq = g0 + gi
+            sched_t[rq] = prev
             if not gbusy[gi]:
                 clock[rq] = now
                 last_end[rq] = now
@@ -1356,7 +1379,8 @@ class Work(NamedTuple):
 
 
 class Fleet(NamedTuple):
-    """The fleet as the loop reads it (``fl``: the first 13 fields, in this order)."""
+    """The fleet as the loop reads it (``fl``: the first 13 fields, in this order, then
+    ``async_scheduling``)."""
 
     replicas: int
     router: int  # 0 round robin, 1 least outstanding, 2 affinity (aff_rep ≥ 0, else least outstanding)
@@ -1374,6 +1398,7 @@ class Fleet(NamedTuple):
     concurrency: int  # closed loop: clients
     ramp_step_s: float  # closed loop: client c sends its first request at c * ramp_step_s
     max_blocks: int  # block-table entries per running slot
+    async_scheduling: bool = False  # fl[13]: a busy replica's step sees the arrivals up to its previous step's start
 
 
 class Results(NamedTuple):
@@ -1405,7 +1430,7 @@ def _requests(n: int) -> tuple[Any, ...]:
 
 def _replicas(R: int, S: int) -> tuple[Any, ...]:
     """Per replica: clock, ready, nrun, running, slots_free, nslots, whead, wlen, routed, nfin,
-    last_end, last_nfin."""
+    last_end, last_nfin, sched_t (the start of its latest step: asynchronous scheduling's cut-off)."""
     slots_free = np.empty((R, S), np.int64)
     slots_free[:] = np.arange(S - 1, -1, -1, dtype=np.int64)
     return (
@@ -1421,6 +1446,7 @@ def _replicas(R: int, S: int) -> tuple[Any, ...]:
         np.zeros(R, np.int64),
         np.full(R, -_INF),
         np.zeros(R, np.int64),
+        np.full(R, -_INF),
     )
 
 
@@ -1568,6 +1594,7 @@ def loop_args(
     fl = (
         R, int(fleet.router), closed, int(fleet.capacity), S, int(fleet.budget), int(fleet.block_size),
         bool(fleet.chunked), bool(fleet.caching), want_log, G, float(fleet.dummy_s), float(fleet.think_s),
+        bool(fleet.async_scheduling),
     )  # fmt: skip
     req = _requests(n)
     rep = _replicas(R, S)
@@ -1622,8 +1649,8 @@ def compile_leaves(args: tuple[Any, ...]) -> None:
              scr[0], scr[1], res[6], chains, pool)
     )  # fmt: skip
     _admit.compile(
-        _sig(i, i, f, i, i, fl[4], fl[6], fl[7], fl[8], prompt, skip, req, nrun, running, slots_free, nslots,
-             whead, wlen, wq, scr[0], scr[1], scr[16], res[2], res[7], chains, pool)
+        _sig(i, i, f, f, i, i, fl[4], fl[6], fl[7], fl[8], prompt, skip, req, nrun, running, slots_free, nslots,
+             whead, wlen, wq, scr[0], scr[1], scr[16], res[2], res[7], res[0], chains, pool)
     )  # fmt: skip
     _tokens_in.compile(
         _sig(i, f, prompt, output, req[0], req[1], req[6], scr[0], scr[1], scr[3], scr[15], res[3], res[4], res[5],

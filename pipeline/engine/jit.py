@@ -41,7 +41,16 @@ from pipeline.costmodel.stepcost import MAX_TABLE_TOKENS, TabulatedCost, affine_
 from pipeline.costmodel.stepcost import kernel_array as _arg
 from pipeline.costmodel.steps import IntArray, StepCostFn
 from pipeline.engine.jitcache import await_compile_ahead, compile_needed
-from pipeline.engine.model import EngineResult, FleetSpec, SchedulerConfig, Workload, dummy_step_s, reject_reasons
+from pipeline.engine.model import (
+    EngineResult,
+    FleetSpec,
+    SchedulerConfig,
+    Workload,
+    apply_frontend,
+    dummy_step_s,
+    reject_reasons,
+    timeline_spec,
+)
 from pipeline.engine.steplog import SPAN_COLUMNS, RowSink
 
 #: Scheduler state (block tables, block pool, prefix-cache table) least outstanding starts on:
@@ -222,6 +231,7 @@ def simulate_jit(
     replicas of the whole fleet, as if all had been run."""
     if routes is not None and (routes.shape != (work.n,) or (routes >= spec.replicas).any()):
         raise ValueError("routes must name one of the replicas for every request")
+    spec = timeline_spec(spec, cost)  # a calibrated cost's timeline terms (stackcal.apply)
     busy = busy_fleet(work, spec, routes)
     while True:
         res, rows = _run_busy(work, busy, cost, log is not None, progress)
@@ -240,6 +250,7 @@ def simulate_jit(
             rows[:, REPLICA_COL] = busy.back[rows[:, REPLICA_COL].astype(np.int64)]
     if log is not None:
         log.extend_rows(rows)
+    apply_frontend(res, work.output_tokens, spec)  # the API server's front end (model.apply_frontend)
     return res
 
 
@@ -337,6 +348,7 @@ def _kernel_args(
         concurrency=min(int(spec.concurrency), n) if spec.mode == "closed" else 0,  # clients beyond n never issue
         ramp_step_s=float(spec.ramp_step_s),  # (from the whole concurrency: the ramp's pace does not depend on n)
         max_blocks=max_blocks,
+        async_scheduling=bool(cfg.async_scheduling),
     )
     results = k.Results(
         res.arrival_s,

@@ -18,6 +18,7 @@ import numpy.typing as npt
 
 from pipeline.common.blockhash import mix64
 from pipeline.common.errors import ConfigError
+from pipeline.costmodel.stackcal import TIMELINE_KEY
 from pipeline.costmodel.steps import FloatArray, IntArray, StepBatch, StepCostFn
 
 if TYPE_CHECKING:
@@ -52,6 +53,12 @@ class SchedulerConfig:
     block_size: int = 16
     enable_chunked_prefill: bool = True
     enable_prefix_caching: bool = True
+    #: vLLM's ``--async-scheduling`` (vllm/config/scheduler.py ``SchedulerConfig.async_scheduling``):
+    #: the scheduler prepares step k while step k−1 runs on the GPU, so a busy replica's step k
+    #: admits only the requests that arrived by the start of step k−1; an idle replica admits at
+    #: once (docs/engine.md, "The step timeline"). The fleet's default is keyed on its vLLM
+    #: release (pipeline/replay/fleet.py: on from 0.14.0); the engines' default is off.
+    async_scheduling: bool = False
 
     def __post_init__(self) -> None:
         for name in (
@@ -203,6 +210,11 @@ class FleetSpec:
     #: sends the next. docs/engine.md, "Closed loop".
     ramp_s: float = 0.0
     think_s: float = 0.0
+    #: The API server's front end (docs/engine.md, "The front end"): seconds per request
+    #: (tokenize, HTTP) and seconds per output token per concurrent stream (detokenize, one
+    #: streamed event per token), applied to the engines' results by :func:`apply_frontend`.
+    frontend_request_s: float = 0.0
+    frontend_token_s: float = 0.0
 
     def __post_init__(self) -> None:
         if self.replicas < 1:
@@ -215,11 +227,11 @@ class FleetSpec:
             raise ConfigError(f"mode {self.mode!r} unknown; choose one of {list(MODES)}")
         if self.mode == "closed" and self.concurrency < 1:
             raise ConfigError("closed-loop mode needs concurrency >= 1")
-        for name in ("ramp_s", "think_s"):
+        for name in ("ramp_s", "think_s", "frontend_request_s", "frontend_token_s"):
             value = getattr(self, name)
             if not (math.isfinite(value) and value >= 0):
                 raise ConfigError(f"{name} must be a finite number of seconds >= 0, got {value}")
-            if value and self.mode != "closed":
+            if value and self.mode != "closed" and name in ("ramp_s", "think_s"):
                 raise ConfigError(f"{name} applies to the closed loop only (mode {self.mode!r})")
 
     @property
@@ -337,3 +349,81 @@ def dummy_step_s(cost: StepCostFn) -> float:
     zero = np.zeros(1)
     batch = StepBatch(zero, zero.copy(), zero.copy(), zero.copy(), one, one.copy())
     return float(cost(batch).time_s[0])
+
+
+def timeline_spec(spec: FleetSpec, cost: object) -> FleetSpec:
+    """``spec`` with the timeline terms a calibrated step cost carries in place of the fleet's own
+    (``cost.describe[TIMELINE_KEY]``, set by stackcal.apply: ``async_scheduling`` a bool,
+    ``frontend_request_s`` and ``frontend_token_s`` seconds, only those the calibration changes):
+    how ``calibrate --observed`` replays a candidate calibration through the one value it hands
+    the engine (the cost). Both engines call it first, so they replay the same timeline."""
+    describe = getattr(cost, "describe", None)
+    terms = describe.get(TIMELINE_KEY) if isinstance(describe, dict) else None
+    if not terms:
+        return spec
+    if "async_scheduling" in terms:
+        spec = replace(spec, scheduler=replace(spec.scheduler, async_scheduling=bool(terms["async_scheduling"])))
+    return replace(
+        spec,
+        frontend_request_s=float(terms.get("frontend_request_s", spec.frontend_request_s)),
+        frontend_token_s=float(terms.get("frontend_token_s", spec.frontend_token_s)),
+    )
+
+
+def concurrent_streams(res: EngineResult) -> IntArray:
+    """Per request, the streams open on its replica when its first token is sent: requests j of
+    the same replica with ``first_j ≤ first_i ≤ finish_j`` (itself included); 0 for a request
+    that produced no token. Integer counts from sorted keys, so every engine gets the same."""
+    n = res.first_token_s.shape[0]
+    out = np.zeros(n, np.int64)
+    ok = (res.replica >= 0) & np.isfinite(res.first_token_s) & np.isfinite(res.finish_s)
+    if not ok.any():
+        return out
+    rep = res.replica[ok].astype(np.int64)
+    first = res.first_token_s[ok]
+    finish = res.finish_s[ok]
+    # times as ranks (exact: equal times get equal ranks), then one integer key per (replica, time)
+    times, inv = np.unique(np.concatenate([first, finish]), return_inverse=True)
+    m = int(times.shape[0]) + 1
+    k = first.shape[0]
+    base = rep * m
+    key_first = base + inv[:k]
+    key_finish = base + inv[k:]
+    sf = np.sort(key_first)
+    se = np.sort(key_finish)
+    started = np.searchsorted(sf, key_first, side="right") - np.searchsorted(sf, base, side="left")
+    ended = np.searchsorted(se, key_first, side="left") - np.searchsorted(se, base, side="left")
+    out[ok] = started - ended
+    return out
+
+
+def apply_frontend(res: EngineResult, output_tokens: IntArray, spec: FleetSpec) -> None:
+    """The API server's front end on the engines' results, in place (docs/engine.md, "The front
+    end"). With R = ``frontend_request_s``, c = ``frontend_token_s`` and N the streams open on the
+    request's replica at its first token (:func:`concurrent_streams`):
+
+    - first token: + R + c·N (tokenize and HTTP, then the step's N streamed events before it);
+    - time per output token: max(engine TPOT, c·N) (the front end streams one event per token
+      per stream: it paces the stream when it is slower than the engine), so the finish moves
+      by R + c·N + (output − 1)·max(0, c·N − TPOT), and the longest gap is at least c·N.
+
+    Arrival and scheduling times are the engine's. Both engines call it last, with the same
+    arrays, so they agree by construction; with R = c = 0 nothing changes."""
+    R, c = spec.frontend_request_s, spec.frontend_token_s
+    if R == 0.0 and c == 0.0:
+        return
+    done = np.isfinite(res.first_token_s) & (res.replica >= 0)
+    lag = np.zeros(res.first_token_s.shape[0])
+    if c != 0.0:
+        lag = c * concurrent_streams(res).astype(np.float64)
+    more = done & np.isfinite(res.finish_s) & (output_tokens > 1)
+    extra = np.zeros_like(lag)
+    if more.any():
+        tpot = (res.finish_s[more] - res.first_token_s[more]) / (output_tokens[more] - 1)
+        extra[more] = (output_tokens[more] - 1) * np.maximum(0.0, lag[more] - tpot)
+        itl = res.max_itl_s[more]
+        res.max_itl_s[more] = np.where(np.isnan(itl), itl, np.maximum(itl, lag[more]))
+    shift = R + lag
+    res.first_token_s[done] += shift[done]
+    fin = done & np.isfinite(res.finish_s)
+    res.finish_s[fin] += shift[fin] + extra[fin]

@@ -23,10 +23,12 @@ from pipeline.engine.model import (
     EngineResult,
     FleetSpec,
     Workload,
+    apply_frontend,
     choose_replica,
     dummy_step_s,
     initial_arrivals,
     reject_reasons,
+    timeline_spec,
 )
 
 
@@ -60,6 +62,9 @@ class _RefReplica:
         self.cost = cost
         self.res = res
         self.clock = 0.0
+        #: the start of this replica's latest step (its lockstep group's): with asynchronous
+        #: scheduling the next step was scheduled then
+        self.prev_start = float("-inf")
         self.pending: deque[_Req] = deque()
         self.waiting: deque[_Req] = deque()
         self.running: list[_Req] = []
@@ -157,8 +162,17 @@ class _RefReplica:
         step's duration on this replica."""
         cfg = self.cfg
         self.clock = now
-        while self.pending and self.pending[0].arrival <= now:
+        # Arrivals join the waiting queue. With asynchronous scheduling (docs/engine.md, "The step
+        # timeline") a busy replica scheduled this step when its previous one started: only the
+        # requests that had arrived by then are seen. A replica with nothing running and nothing
+        # seen waiting was idle, and schedules now, seeing every arrival up to now.
+        cut = self.prev_start if cfg.async_scheduling else now
+        while self.pending and self.pending[0].arrival <= cut:
             self.waiting.append(self.pending.popleft())
+        if not self.running and not self.waiting:
+            while self.pending and self.pending[0].arrival <= now:
+                self.waiting.append(self.pending.popleft())
+        self.prev_start = now
         budget = cfg.max_num_batched_tokens
         scheduled: list[tuple[_Req, int]] = []
         preempted = False
@@ -250,6 +264,7 @@ class _RefReplica:
 
 def simulate_reference(work: Workload, spec: FleetSpec, cost: StepCostFn) -> EngineResult:
     """Replay ``work`` on ``spec`` step by step. Test use only: slow by design."""
+    spec = timeline_spec(spec, cost)
     work = work.explicit()
     n = work.n
     res = EngineResult.empty(n)
@@ -311,6 +326,7 @@ def simulate_reference(work: Workload, spec: FleetSpec, cost: StepCostFn) -> Eng
                     plans.append((rep, scheduled))
                 else:
                     rep.clock = now
+                    rep.prev_start = now
                     plans.append((rep, []))
                     dt_r = dummy
                 dt = max(dt, dt_r)
@@ -322,4 +338,5 @@ def simulate_reference(work: Workload, spec: FleetSpec, cost: StepCostFn) -> Eng
                 heapq.heappush(events, (float(res.finish_s[req.idx]) + spec.think_s, seq, next_issue))
                 seq += 1
                 next_issue += 1
+    apply_frontend(res, work.output_tokens, spec)
     return res

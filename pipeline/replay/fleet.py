@@ -130,8 +130,33 @@ class EngineSettings:
     num_gpu_blocks_override: int | None = None
     step_overhead_s: float | None = None
     #: The vLLM release whose memory accounting sizes the KV cache (pipeline.costmodel.fit; None: its
-    #: DEFAULT_VLLM_VERSION).
+    #: DEFAULT_VLLM_VERSION), and whose defaults the settings below follow.
     vllm_version: str | None = None
+    #: vLLM's --async-scheduling (None: vLLM's default for the release, :func:`async_default`):
+    #: a busy engine schedules step k while step k−1 runs, so it sees arrivals one step later.
+    async_scheduling: bool | None = None
+    #: The API server's front end (pipeline.engine.model.apply_frontend; None: 0, no public
+    #: measurement to default from): seconds per request (tokenize, HTTP), and seconds per output
+    #: token per concurrent stream (detokenize, one streamed event per token).
+    frontend_request_s: float | None = None
+    frontend_token_s: float | None = None
+
+
+#: The first vLLM release that runs the scheduler asynchronously by default: v0.14.0's release notes,
+#: "Breaking Changes: Async scheduling is now enabled by default" (vllm-project/vllm#27614), except
+#: with pipeline parallelism (and CPU backends or non-EAGLE/MTP speculative decoding, which a fleet
+#: does not describe). Before it, --async-scheduling was opt-in (experimental since vllm#19970).
+ASYNC_SCHEDULING_SINCE = (0, 14)
+#: Bounds of the front-end terms: past them a front end is not an API server (they also keep a
+#: replay's clock finite; ``nan``/``inf`` are refused by the same check).
+MAX_FRONTEND_REQUEST_S = 10.0
+MAX_FRONTEND_TOKEN_S = 0.1
+
+
+def async_default(vllm_version: str, pp: int = 1) -> bool:
+    """Whether vLLM ``vllm_version`` schedules asynchronously when --async-scheduling is not given
+    (:data:`ASYNC_SCHEDULING_SINCE`; off with pipeline parallelism, as v0.14.0 excluded it)."""
+    return parse_vllm_version(vllm_version) >= ASYNC_SCHEDULING_SINCE and pp == 1
 
 
 @dataclass(frozen=True)
@@ -210,6 +235,9 @@ class FleetConfig:
             del out["stack_calibration"]
         else:  # the numbers, not where they were read from
             out["stack_calibration"] = self.stack_calibration.to_dict()
+        for key in ("async_scheduling", "frontend_request_s", "frontend_token_s"):
+            if out["engine"][key] is None:  # unset: the same (the resolved values are recorded too)
+                del out["engine"][key]
         return out
 
     def pod_balancer(self) -> str:
@@ -276,7 +304,7 @@ def parse_fleet(
             "'.' (it names the run's folder in the store)"
         )
     engine_raw = dict(data.get("engine", {}))
-    for key in ("gpu_memory_utilization", "step_overhead_s"):
+    for key in ("gpu_memory_utilization", "step_overhead_s", "frontend_request_s", "frontend_token_s"):
         if key in engine_raw:
             engine_raw[key] = float(engine_raw[key])
     if isinstance(engine_raw.get("vllm_version"), str):  # " 0.9" and "0.9" are one release, one run id
@@ -300,6 +328,10 @@ def parse_fleet(
             f"{origin} [engine]: step_overhead_s must be a number of seconds in [0, {MAX_STEP_OVERHEAD_S:g}], "
             f"got {engine.step_overhead_s!r}"
         )
+    for key, limit in (("frontend_request_s", MAX_FRONTEND_REQUEST_S), ("frontend_token_s", MAX_FRONTEND_TOKEN_S)):
+        front: float | None = getattr(engine, key)
+        if front is not None and not 0.0 <= front <= limit:
+            raise ConfigError(f"{origin} [engine]: {key} must be a number of seconds in [0, {limit:g}], got {front!r}")
     if engine.vllm_version is not None:
         try:
             parse_vllm_version(engine.vllm_version)
@@ -528,6 +560,10 @@ class ResolvedFleet:
             "scheduler": asdict(self.scheduler),
             "memory": mem,
             "step_overhead_s": self.deployment.overhead_s,
+            "frontend": {
+                "frontend_request_s": self.config.engine.frontend_request_s or 0.0,
+                "frontend_token_s": self.config.engine.frontend_token_s or 0.0,
+            },
             "gpus_per_replica": self.gpus_per_replica,
             "catalog": dict(self.entries),
         }
@@ -574,6 +610,8 @@ class ResolvedFleet:
             lockstep=self.lockstep,
             ramp_s=float(ramp_s),
             think_s=float(think_s),
+            frontend_request_s=self.config.engine.frontend_request_s or 0.0,
+            frontend_token_s=self.config.engine.frontend_token_s or 0.0,
         )
 
 
@@ -686,6 +724,11 @@ def _resolve(cfg: FleetConfig, origin: str, entries: Mapping[str, str] | None) -
         block_size=eng.block_size,
         enable_chunked_prefill=chunked,
         enable_prefix_caching=eng.enable_prefix_caching,
+        async_scheduling=(
+            eng.async_scheduling
+            if eng.async_scheduling is not None
+            else async_default(eng.vllm_version or DEFAULT_VLLM_VERSION, cfg.pp)
+        ),
     )
     return ResolvedFleet(cfg, dep, mem, sched, tuple(sorted(recorded.items())))
 
