@@ -137,7 +137,18 @@ def test_engine_spec_refuses_bad_client_options() -> None:
 
 
 def _fleet() -> object:
-    cfg = parse_fleet({"name": "t", "model": "llama-3.1-8b", "hardware": "h100-sxm", "replicas": 1}, "t")
+    # the schedule above is hand-computed for the synchronous timeline (vLLM's default before 0.14;
+    # asynchronous scheduling's one-step lag is checked by hand in tests/test_engine.py)
+    cfg = parse_fleet(
+        {
+            "name": "t",
+            "model": "llama-3.1-8b",
+            "hardware": "h100-sxm",
+            "replicas": 1,
+            "engine": {"async_scheduling": False},
+        },
+        "t",
+    )
     return resolve(cfg)
 
 

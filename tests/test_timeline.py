@@ -14,6 +14,7 @@ from test_engine_support import LinearCost, workload
 
 from pipeline.common.errors import ConfigError
 from pipeline.costmodel.stackcal import PARAMETERS, TIMELINE_KEY, apply, parse_calibration
+from pipeline.engine import model as engine_model
 from pipeline.engine.jit import simulate_jit
 from pipeline.engine.model import SchedulerConfig, timeline_spec
 from pipeline.replay.fleet import async_default, fleet_from_dict, load_fleet, parse_fleet, resolve
@@ -104,6 +105,7 @@ def test_calibration_files_carry_the_timeline_terms() -> None:
     with pytest.raises(ConfigError, match=r"frontend_request_s must be in \[0, 0.2\]"):
         parse_calibration(_cal(frontend_request_s=1.0), "c")
     assert {"async_scheduling", "frontend_request_s", "frontend_token_s"} <= PARAMETERS.keys()
+    assert engine_model.TIMELINE_KEY == TIMELINE_KEY  # the engines read what apply writes
 
 
 def test_apply_hands_the_timeline_to_both_engines() -> None:

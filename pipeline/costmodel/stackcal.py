@@ -66,7 +66,7 @@ PARAMETERS: dict[str, tuple[float, float, float]] = {
     "frontend_token_s": (0.0, 0.002, 0.0),
 }
 #: The step cost's ``describe`` key under which ``apply`` hands the timeline's terms to the engines
-#: (pipeline.engine.model.timeline_spec reads it).
+#: (pipeline.engine.model.timeline_spec reads it, under its own copy of this name).
 TIMELINE_KEY = "timeline"
 #: Parameters that take only their bounds (0 or 1): a fit tries each rather than searching between.
 DISCRETE: frozenset[str] = frozenset({"async_scheduling"})

@@ -18,7 +18,6 @@ import numpy.typing as npt
 
 from pipeline.common.blockhash import mix64
 from pipeline.common.errors import ConfigError
-from pipeline.costmodel.stackcal import TIMELINE_KEY
 from pipeline.costmodel.steps import FloatArray, IntArray, StepBatch, StepCostFn
 
 if TYPE_CHECKING:
@@ -349,6 +348,12 @@ def dummy_step_s(cost: StepCostFn) -> float:
     zero = np.zeros(1)
     batch = StepBatch(zero, zero.copy(), zero.copy(), zero.copy(), one, one.copy())
     return float(cost(batch).time_s[0])
+
+
+#: The step cost's ``describe`` key under which a stack calibration hands the timeline's terms to
+#: the engines (pipeline.costmodel.stackcal.TIMELINE_KEY, the same text: that module sits below
+#: this package and cannot import it; tests/test_timeline.py holds the two equal).
+TIMELINE_KEY = "timeline"
 
 
 def timeline_spec(spec: FleetSpec, cost: object) -> FleetSpec:
