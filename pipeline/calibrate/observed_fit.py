@@ -47,8 +47,9 @@ import polars as pl
 from pipeline.calibrate.observed import METRICS, observed_latencies, percentile_pair
 from pipeline.classify.accounting import day_identity
 from pipeline.common.errors import ConfigError, RooftraceError
-from pipeline.costmodel.stackcal import PARAMETERS, StackCalibration, apply
+from pipeline.costmodel.stackcal import DISCRETE, PARAMETERS, StackCalibration, apply
 from pipeline.costmodel.stepcost import TabulatedCost
+from pipeline.engine.model import add_frontend, concurrent_streams
 from pipeline.ingest.store import epoch_us
 from pipeline.replay.fleet import load_fleet, resolve
 from pipeline.replay.run import REPLAY_COLUMNS, REPORTED, ReplayOptions, build_workload, run_workload
@@ -164,7 +165,9 @@ SCALE_STEP = math.log(1.15)
 #: Parameters fitted only where the fleet's configuration lets the day see them; the others of
 #: :data:`PARAMETERS` are fitted always.
 FITTED_WHEN: dict[str, Callable[[Any], bool]] = {
-    "comm_scale": lambda cfg: cfg.tp > 1 or cfg.ep > 1 or cfg.dp > 1,  # collectives exist
+    "comm_scale": lambda fleet: fleet.config.tp > 1 or fleet.config.ep > 1 or fleet.config.dp > 1,  # collectives exist
+    # 1 leaves the fleet's own timeline, 0 turns asynchronous scheduling off: the same when it is off
+    "async_scheduling": lambda fleet: bool(fleet.scheduler.async_scheduling),
 }
 
 
@@ -218,7 +221,7 @@ def _loss(
 
 def _params_for(fleet: Any) -> tuple[list[str], list[str]]:
     """The parameters fitted on this fleet's day, and those left at their neutral values."""
-    fitted = [k for k in PARAMETERS if FITTED_WHEN.get(k, lambda cfg: True)(fleet.config)]
+    fitted = [k for k in PARAMETERS if FITTED_WHEN.get(k, lambda f: True)(fleet)]
     return fitted, [k for k in PARAMETERS if k not in fitted]
 
 
@@ -234,6 +237,44 @@ def _bounds(names: list[str]) -> tuple[list[float], list[float]]:
     return [_to_x(n, PARAMETERS[n][0]) for n in names], [_to_x(n, PARAMETERS[n][1]) for n in names]
 
 
+#: The front end's terms: not searched by the simplex but solved for each candidate from its replay
+#: (:func:`solve_frontend`; docs/calibration.md, "The timeline").
+PROJECTED: tuple[str, ...] = ("frontend_request_s", "frontend_token_s")
+#: Residuals beyond this many median absolute deviations leave the front end's second solve.
+TRIM_MADS = 4.0
+
+
+def solve_frontend(
+    res: Any, observed_ttft: npt.NDArray[np.float64], rows: npt.NDArray[np.bool_]
+) -> tuple[float, float]:
+    """The front end's R (seconds per request) and c (seconds per output token per concurrent
+    stream) that best explain, over ``rows``, what the observed TTFT adds to the engine's
+    replayed one: observed − replayed ≈ R + c·N, N the streams open at the first token
+    (pipeline.engine.model.concurrent_streams). Least squares relative to the observed TTFT,
+    within the terms' bounds (scipy's ``lsq_linear``), solved twice: the second time without
+    the requests more than :data:`TRIM_MADS` median absolute deviations off (a request the
+    replay cannot explain must not move the front end). (0, 0) when fewer than 10 requests tell."""
+    from scipy.optimize import lsq_linear
+
+    eng = res.first_token_s - res.arrival_s
+    n = concurrent_streams(res).astype(np.float64)
+    ok = rows & np.isfinite(observed_ttft) & (observed_ttft > 0) & np.isfinite(eng) & (n > 0)
+    if int(ok.sum()) < 10:
+        return 0.0, 0.0
+    w = 1.0 / observed_ttft[ok]
+    a = np.column_stack([w, n[ok] * w])
+    b = (observed_ttft[ok] - eng[ok]) * w
+    lo = [PARAMETERS[k][0] for k in PROJECTED]
+    hi = [PARAMETERS[k][1] for k in PROJECTED]
+    x = lsq_linear(a, b, bounds=(lo, hi)).x
+    r = b - a @ x
+    mad = float(np.median(np.abs(r - np.median(r))))
+    keep = np.abs(r - np.median(r)) <= TRIM_MADS * max(mad, 1e-12)
+    if 10 <= int(keep.sum()) < r.size:
+        x = lsq_linear(a[keep], b[keep], bounds=(lo, hi)).x
+    return float(x[0]), float(x[1])
+
+
 class _Replayer:
     """One workload replayed under candidate calibrations of one base cost."""
 
@@ -241,12 +282,25 @@ class _Replayer:
         self.work, self.fleet, self.options, self.base = work, fleet, options, base
         self.calls = 0
         self.seconds = 0.0
+        #: The front end solved by the latest call with ``project`` (:data:`PROJECTED`' values).
+        self.solved: dict[str, float] = {}
 
-    def __call__(self, values: dict[str, float]) -> dict[str, npt.NDArray[np.float64]]:
+    def __call__(
+        self, values: dict[str, float], project: tuple[npt.NDArray[np.float64], npt.NDArray[np.bool_]] | None = None
+    ) -> dict[str, npt.NDArray[np.float64]]:
+        """The replayed latencies under ``values``; with ``project`` (observed TTFT, training
+        rows) the front end's terms in ``values`` are replaced by those :func:`solve_frontend`
+        finds on this replay (kept in :attr:`solved`)."""
         self.calls += 1
         t0 = time.perf_counter()
+        if project is not None:
+            values = values | {k: PARAMETERS[k][2] for k in PROJECTED}
         run = run_workload(self.work, self.fleet, self.options, cost=apply(self.base, values))
         res = run.result
+        if project is not None:
+            R, c = solve_frontend(res, project[0], project[1])
+            self.solved = dict(zip(PROJECTED, (R, c), strict=True))
+            add_frontend(res, self.work.output_tokens, R, c)
         lat = request_latencies(res, self.work)
         done = res.reject_reason == 0
         self.seconds += time.perf_counter() - t0
@@ -315,7 +369,14 @@ def fit_requests(
         rows_fit = np.ones(int(train.sum()), dtype=bool)
     else:
         fit_replay, obs_fit, rows_fit = day, obs_all, train
-    fitted, fixed = _params_for(fleet)
+    fitted_all, fixed = _params_for(fleet)
+    # Discrete parameters (asynchronous scheduling: on or off) are not searched by the simplex:
+    # it fits the others at the discrete ones' neutral values, then tries each other value at the
+    # best point, and fits again from there when that lowers the loss.
+    discrete = [k for k in fitted_all if k in DISCRETE]
+    projected = [k for k in fitted_all if k in PROJECTED]
+    fitted = [k for k in fitted_all if k not in DISCRETE and k not in projected]
+    chosen = {k: PARAMETERS[k][2] for k in discrete}
     # per-request residuals on at most MAX_RESIDUAL_REQUESTS training requests (every k-th)
     idx = np.flatnonzero(rows_fit & (np.isfinite(obs_fit["ttft"]) | np.isfinite(obs_fit["e2e"])))
     if idx.size > MAX_RESIDUAL_REQUESTS:
@@ -323,21 +384,24 @@ def fit_requests(
 
     def values_of(x: npt.NDArray[np.float64]) -> dict[str, float]:
         v = {k: PARAMETERS[k][2] for k in PARAMETERS}
+        v.update(chosen)
         v.update({name: _from_x(name, float(xi)) for name, xi in zip(fitted, x, strict=True)})
         return v
 
     best: list[Any] = [math.inf, None, time.perf_counter(), None]  # loss, values, last progress, x
 
+    project = (obs_fit["ttft"], rows_fit) if projected else None
+
     def objective(x: npt.NDArray[np.float64]) -> float:
-        pred = fit_replay(values_of(x))
+        pred = fit_replay(values_of(x), project)
         loss = _loss(pred, obs_fit, idx, rows_fit) + PRIOR_WEIGHT * sum(
             float(xi) ** 2 for name, xi in zip(fitted, x, strict=True) if _is_scale(name)
         )
         if loss < best[0]:
-            best[0], best[1], best[3] = loss, values_of(x), np.array(x, dtype=np.float64)
+            best[0], best[1], best[3] = loss, values_of(x) | fit_replay.solved, np.array(x, dtype=np.float64)
         if progress and time.perf_counter() - best[2] >= PROGRESS_EVERY_S:
             best[2] = time.perf_counter()
-            shown = ", ".join(f"{k} {best[1][k]:.4g}" for k in fitted)
+            shown = ", ".join(f"{k} {best[1][k]:.4g}" for k in fitted + projected)
             progress(f"  {fit_replay.calls} replays (at most {MAX_EVALUATIONS}); best so far: {shown}")
         return loss
 
@@ -346,7 +410,7 @@ def fit_requests(
     if progress:
         what = "the training part alone" if train_alone else f"the whole day ({work_day.n:,} requests)"
         progress(
-            f"fitting {', '.join(fitted)} on the {n_train:,} requests before {_fmt_rel(cut)} "
+            f"fitting {', '.join(fitted_all)} on the {n_train:,} requests before {_fmt_rel(cut)} "
             f"(each step: one replay of {what})"
         )
     # Nelder-Mead, not a gradient method: a replay is piecewise smooth (a request that makes a
@@ -364,15 +428,29 @@ def fit_requests(
             verts.append(v)
         return np.vstack(verts)
 
-    sol = minimize(
-        objective,
-        x0,
-        method="Nelder-Mead",
-        bounds=list(zip(lo, hi, strict=True)),
-        options={"initial_simplex": simplex_at(x0), "xatol": 2e-3, "fatol": 1e-6, "maxfev": MAX_EVALUATIONS},
-    )
-    values = values_of(best[3])
+    def search(start: npt.NDArray[np.float64]) -> Any:
+        return minimize(
+            objective,
+            start,
+            method="Nelder-Mead",
+            bounds=list(zip(lo, hi, strict=True)),
+            options={"initial_simplex": simplex_at(start), "xatol": 2e-3, "fatol": 1e-6, "maxfev": MAX_EVALUATIONS},
+        )
+
+    sol = search(x0)
+    for name in discrete:
+        lo_d, hi_d, _ = PARAMETERS[name]
+        kept_loss, kept_x, kept_values = best[0], best[3], dict(chosen)
+        chosen[name] = lo_d if chosen[name] == hi_d else hi_d
+        if objective(kept_x) < kept_loss:  # the other value is better at the best point: fit again there
+            if progress:
+                progress(f"  {name} {chosen[name]:g} fits better; fitting the others again")
+            sol = search(kept_x)
+        else:  # (best is still the kept point: the flipped one did not lower the loss)
+            chosen.update(kept_values)
+    values = dict(best[1])
     numbers: dict[str, Any] = {k: round(values[k], 6 if _is_scale(k) else 7) for k in PARAMETERS}
+    fitted = fitted_all
     cal = StackCalibration(
         source=source or "observed latencies", hardware=fleet.deployment.hardware.name, cost_tier=base.source, **numbers
     )

@@ -414,7 +414,12 @@ def apply_frontend(res: EngineResult, output_tokens: IntArray, spec: FleetSpec) 
 
     Arrival and scheduling times are the engine's. Both engines call it last, with the same
     arrays, so they agree by construction; with R = c = 0 nothing changes."""
-    R, c = spec.frontend_request_s, spec.frontend_token_s
+    add_frontend(res, output_tokens, spec.frontend_request_s, spec.frontend_token_s)
+
+
+def add_frontend(res: EngineResult, output_tokens: IntArray, R: float, c: float) -> None:
+    """:func:`apply_frontend` with the front end's terms given: R seconds per request, c seconds
+    per output token per concurrent stream (``calibrate --observed`` solves them per candidate)."""
     if R == 0.0 and c == 0.0:
         return
     done = np.isfinite(res.first_token_s) & (res.replica >= 0)
