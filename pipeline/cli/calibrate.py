@@ -61,6 +61,21 @@ from pipeline.common.errors import RooftraceError
     show_default=True,
     help="--observed: the share of the day's arrivals (by time) that trains; the rest is judged.",
 )
+@click.option(
+    "--steps",
+    "steps_path",
+    type=click.Path(),
+    default=None,
+    help="--observed: fit on the engine's step telemetry instead of a day of logs: a file or folder of Dynamo "
+    "ForwardPassMetrics JSON lines, TensorRT-LLM iteration stats or SGLang scheduler logs (docs/calibration.md).",
+)
+@click.option(
+    "--hold-out",
+    type=click.Choice(["shape", "file"]),
+    default="shape",
+    show_default=True,
+    help="--steps: judge the largest steps (shape: by batch, then tokens) or the last ones in file order (file).",
+)
 @store_option
 @json_option
 def calibrate_cmd(
@@ -71,6 +86,8 @@ def calibrate_cmd(
     fleet_path: str | None,
     date: str | None,
     train_share: float,
+    steps_path: str | None,
+    hold_out: str,
     store_path: str | None,
     as_json: bool,
 ) -> None:
@@ -97,8 +114,17 @@ def calibrate_cmd(
     refuses (exit 1, nothing written) when the fleet cannot explain the logs.
 
     Example: rooftrace calibrate --observed --fleet fleets/prod.toml --date 2025-01-15 --out prod-cal.toml
+
+    With --observed --steps: fits the same calibration on the engine's per-step telemetry (each step's
+    wall time against the cost model's price of its token mix), holding out the larger steps.
+
+    Example: rooftrace calibrate --observed --fleet fleets/prod.toml --steps fpm.jsonl --out prod-cal.toml
     """
 
+    if steps_path is not None:
+        run(lambda: _calibrate_steps(observed, measurements, hardware, fleet_path, date, store_path, steps_path,
+                                     hold_out, train_share, out, as_json))  # fmt: skip
+        return
     if observed or fleet_path is not None:
         run(lambda: _calibrate_observed(observed, measurements, hardware, fleet_path, date, train_share, out,
                                         store_path, as_json))  # fmt: skip
@@ -298,6 +324,119 @@ def _calibrate_observed(
         emit_json(doc)
     else:
         _print_fit(fit, target if refusal is None else None, Path(fleet_path))
+    if refusal is not None:
+        raise RooftraceError(refusal)
+
+
+def _calibrate_steps(
+    observed: bool,
+    measurements: str | None,
+    hardware: str | None,
+    fleet_path: str | None,
+    date: str | None,
+    store_path: str | None,
+    steps_path: str,
+    hold_out: str,
+    train_share: float,
+    out: str | None,
+    as_json: bool,
+) -> None:
+    from pipeline.calibrate.step_fit import check_split, fit_steps, step_calibration_toml
+    from pipeline.cli.validate import refuse_empty
+    from pipeline.common.schemas import atomic_write_bytes, check_replaceable, os_write_reason
+    from pipeline.ingest.steptelemetry import read_steps
+
+    if not observed:
+        raise RooftraceError("--steps is for --observed (learn a calibration from the engine's step telemetry)")
+    if measurements is not None or hardware is not None:
+        raise RooftraceError("--observed learns from telemetry: --measurements and --hardware are for operator tables")
+    misplaced = next((n for n, v in (("--date", date), ("--store", store_path)) if v is not None), None)
+    if misplaced is not None:
+        raise RooftraceError(f"{misplaced} is for a day of logs; --steps reads the telemetry files alone")
+    if fleet_path is None:
+        raise RooftraceError("--steps needs --fleet FLEET.toml (the fleet that ran the steps)")
+    check_split(hold_out, train_share)
+    refuse_empty("--fleet", fleet_path, "fleets/prod.toml")
+    refuse_empty("--out", out, "prod-calibration.toml")
+    from pipeline.replay.fleet import load_fleet, resolve
+
+    cfg = load_fleet(fleet_path)
+    target = Path(out) if out is not None else Path(f"{cfg.name}-calibration.toml")
+    check_out_of_store(default_store(), target, "--out")
+    try:
+        check_replaceable(target)
+        same = target.exists() and target.resolve() == Path(fleet_path).resolve()
+    except OSError as exc:
+        raise RooftraceError(f"--out {target}: {exc.strerror or exc}") from None
+    if same:
+        raise RooftraceError(f"--out {target} is the fleet file: the calibration would replace it; write it beside")
+    telemetry = read_steps(steps_path)
+    for reason, n, first in telemetry.reasons():
+        progress(f"quarantined: {n:,} record(s): {reason} (the first: {first.text()})")
+    if telemetry.used == 0:
+        first = telemetry.quarantined[0].text() if telemetry.quarantined else "no records"
+        raise RooftraceError(f"{steps_path}: none of the {telemetry.rows_in:,} telemetry records is usable ({first})")
+    source = (
+        f"step telemetry {steps_path} ({telemetry.used:,} steps of {telemetry.rows_in:,} records: "
+        f"{', '.join(f'{k} {v:,}' for k, v in sorted(telemetry.formats.items()))}) priced on fleet {cfg.name!r} "
+        f"({fleet_path})"
+    )
+    fit = fit_steps(telemetry, resolve(cfg, str(fleet_path)), hold_out, train_share, source, progress)
+    refusal = fit.refusal()
+    doc = {
+        "calibration": fit.calibration.to_dict(),
+        "fitted": list(fit.fitted),
+        "fixed": list(fit.fixed),
+        "records": telemetry.rows_in,
+        "steps_used": telemetry.used,
+        "quarantined": [{"reason": r, "count": n, "first": q.text()} for r, n, q in telemetry.reasons()],
+        "formats": telemetry.formats,
+        "hold_out": fit.hold_out,
+        "split": fit.split,
+        "train_steps": fit.n_train,
+        "held_out_steps": fit.n_held_out,
+        "in_sample": fit.in_sample,
+        "held_out": fit.held_out,
+        "held_out_uncalibrated": fit.held_out_uncalibrated,
+        "seen": {k: {"time_share": s, "steps_moved_10pct": n} for k, (s, n) in fit.seen.items()},
+        "evaluations": fit.evaluations,
+        "notes": fit.notes,
+        "written_to": None if refusal else str(target),
+        "refused": refusal,
+    }
+    if refusal is None:
+        try:
+            atomic_write_bytes(target, step_calibration_toml(fit, telemetry).encode())
+        except OSError as exc:
+            raise RooftraceError(f"cannot write {target}: {os_write_reason(target, exc)}") from None
+    for note in fit.notes:
+        progress(f"note: {note}")
+    if as_json:
+        emit_json(doc)
+    else:
+        shown = ", ".join(f"{k} {getattr(fit.calibration, k):.4g}" for k in fit.fitted)
+        click.echo(f"fitted {shown}  ({fit.evaluations} evaluations)")
+        click.echo(
+            f"  steps: {telemetry.rows_in:,} records, {telemetry.used:,} used, {len(telemetry.quarantined):,} "
+            "quarantined"
+        )
+        click.echo(f"  split: {fit.split}")
+        click.echo("  per-step error (priced / measured - 1)   mean|e|   p50|e|   p90|e|     bias")
+        for label, e in (
+            ("in sample", fit.in_sample),
+            ("held out", fit.held_out),
+            ("held out, uncalibrated", fit.held_out_uncalibrated),
+        ):
+            click.echo(
+                f"  {label:38s} {e['mean_abs']:8.1%} {e['p50_abs']:8.1%} {e['p90_abs']:8.1%} {e['bias']:+8.1%}"
+            )
+        for name, (share, n) in fit.seen.items():
+            click.echo(f"  {name} moves {share:.1%} of the training steps' time ({n:,} steps by 10 % or more)")
+        if refusal is None:
+            import os
+
+            rel = os.path.relpath(target.resolve(), Path(fleet_path).resolve().parent)
+            click.echo(f'wrote {target} (include it from {fleet_path}: calibration_file = "{rel}", relative to it)')
     if refusal is not None:
         raise RooftraceError(refusal)
 
