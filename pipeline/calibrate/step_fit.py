@@ -150,7 +150,7 @@ def split_steps(steps: pl.DataFrame, hold_out: str, train_share: float) -> tuple
     """Which steps train (True) and the split in words (see the module doc)."""
     check_split(hold_out, train_share)
     n = steps.height
-    n_train = int(round(n * train_share))
+    n_train = round(n * train_share)
     train = np.zeros(n, dtype=bool)
     if hold_out == "file":
         train[:n_train] = True
@@ -320,7 +320,7 @@ def _seen(
         v = dict(values)
         if _is_scale(name):
             v[name] = values[name] * 1.01
-            lo, hi, _n = PARAMETERS[name]
+            hi = PARAMETERS[name][1]
             if v[name] > hi:
                 v[name] = values[name] / 1.01
             moved = np.abs(_priced(base, v, batch) - priced) / 0.01

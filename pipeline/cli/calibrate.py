@@ -374,8 +374,8 @@ def _calibrate_steps(
     for reason, n, first in telemetry.reasons():
         progress(f"quarantined: {n:,} record(s): {reason} (the first: {first.text()})")
     if telemetry.used == 0:
-        first = telemetry.quarantined[0].text() if telemetry.quarantined else "no records"
-        raise RooftraceError(f"{steps_path}: none of the {telemetry.rows_in:,} telemetry records is usable ({first})")
+        why = telemetry.quarantined[0].text() if telemetry.quarantined else "no records"
+        raise RooftraceError(f"{steps_path}: none of the {telemetry.rows_in:,} telemetry records is usable ({why})")
     source = (
         f"step telemetry {steps_path} ({telemetry.used:,} steps of {telemetry.rows_in:,} records: "
         f"{', '.join(f'{k} {v:,}' for k, v in sorted(telemetry.formats.items()))}) priced on fleet {cfg.name!r} "
@@ -427,9 +427,7 @@ def _calibrate_steps(
             ("held out", fit.held_out),
             ("held out, uncalibrated", fit.held_out_uncalibrated),
         ):
-            click.echo(
-                f"  {label:38s} {e['mean_abs']:8.1%} {e['p50_abs']:8.1%} {e['p90_abs']:8.1%} {e['bias']:+8.1%}"
-            )
+            click.echo(f"  {label:38s} {e['mean_abs']:8.1%} {e['p50_abs']:8.1%} {e['p90_abs']:8.1%} {e['bias']:+8.1%}")
         for name, (share, n) in fit.seen.items():
             click.echo(f"  {name} moves {share:.1%} of the training steps' time ({n:,} steps by 10 % or more)")
         if refusal is None:

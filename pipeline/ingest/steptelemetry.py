@@ -401,8 +401,10 @@ def read_file(path: Path, name: str | None = None) -> StepTelemetry:
     text = _text(path)
     rows: list[dict[str, Any]] = []
     bad: list[Quarantined] = []
-    first = text.lstrip()[:1]
-    if first in ("{", "["):
+    head = text.lstrip()
+    # a JSON object per line, or a JSON array of objects; a log line may start with "[" too (SGLang's
+    # "[2025-03-04 10:00:00 TP0] ..."), so an array must open with an object
+    if head[:1] == "{" or (head[:1] == "[" and head[1:].lstrip()[:1] in ("{", "]")):
         records = _json_records(path, text)
         layout = next((lay for _, rec, _ in records if (lay := _json_layout(rec)) is not None), None)
         if layout is None:
