@@ -59,7 +59,8 @@ from pipeline.common.errors import RooftraceError
     type=float,
     default=0.6,
     show_default=True,
-    help="--observed: the share of the day's arrivals (by time) that trains; the rest is judged.",
+    help="--observed: the share of the day's arrivals (by time), or with --steps of the steps, that trains; "
+    "the rest is judged.",
 )
 @click.option(
     "--steps",
