@@ -1,10 +1,12 @@
 """``calibrate --observed``: a serving stack's calibration learnt from a day of its own logs
 (pipeline/calibrate/observed_fit.py, pipeline/costmodel/stackcal.py; docs/calibration.md).
 
-The logs are made by replaying a day with *known* stack parameters and multiplying each
-request's TTFT and decode time by 5 % log-normal noise: the fit must find the parameters again
-(identifiability), predict the held-out part of the day, and carry over to another model on the
-same GPU (transfer). A busy day, whose training requests share their batches with later
+The logs are made by replaying a day with *known* stack parameters — step-cost scales, a per-step
+overhead and the step timeline (synchronous scheduling on a vLLM release whose default is
+asynchronous, and an API front end of 20 ms per request plus 0.2 ms per token per open stream) —
+and multiplying each request's TTFT and decode time by 5 % log-normal noise: the fit must find the
+parameters again (identifiability), predict the held-out part of the day, and carry over to
+another model on the same GPU (transfer). A busy day, whose training requests share their batches with later
 arrivals, shows what replaying the whole day fixes: the former fit, which replayed the training
 part alone, overshot the rest of that day."""
 
@@ -35,6 +37,14 @@ from pipeline.replay.slo import request_latencies
 #: The stack the synthetic logs come from: 25 % slower linear layers, 20 % faster attention and
 #: 1.5 ms per step more than the H100's measured tables say.
 KNOWN = {"linear_scale": 1.25, "attention_scale": 0.8, "comm_scale": 1.0, "step_overhead_s": 0.0015}
+#: The same stack with its timeline: the scheduler runs synchronously (the fleet's vLLM release
+#: defaults to asynchronous: the fit must turn it off) behind an API server that adds 20 ms per
+#: request and 0.2 ms per output token per open stream.
+TIMELINE = KNOWN | {"async_scheduling": 0.0, "frontend_request_s": 0.02, "frontend_token_s": 0.0002}
+#: The identifiability day's shape: busy and quiet spells (rate 2/s × (1 ± 0.9) over 2 minutes),
+#: so the streams open at a first token range from one to about a dozen and the front end's
+#: per-request and per-stream terms can be told apart.
+WAVY = {"wave": 0.9, "period_s": 120.0, "output_median": 300.0}
 
 
 def day(
@@ -124,7 +134,9 @@ def fitted(tmp_path_factory: pytest.TempPathFactory, worker_id: str) -> Observed
 
     def fit() -> ObservedFit:
         return fit_requests(
-            observed_day("llama-3.1-8b", 3000, 2.0, 1), fleet_of("llama-3.1-8b"), source="synthetic day"
+            observed_day("llama-3.1-8b", 3000, 2.0, 1, TIMELINE, **WAVY),
+            fleet_of("llama-3.1-8b"),
+            source="synthetic day",
         )
 
     return _once("observed_fit", fit, tmp_path_factory, worker_id)
@@ -152,11 +164,18 @@ def busy_fit(tmp_path_factory: pytest.TempPathFactory, worker_id: str) -> Observ
 
 
 def test_identifiability_recovers_the_known_stack(fitted: ObservedFit) -> None:
-    """Known parameters, 5 % noise: each fitted parameter within 5 %, held-out error ≤ 3 %."""
+    """Known parameters, 5 % noise: the step-cost terms within 5 %, the timeline's within 10 %
+    (asynchronous scheduling found off), held-out error ≤ 3 %."""
     got = fitted.calibration.values()
-    assert fitted.fitted == ("linear_scale", "attention_scale", "step_overhead_s")  # no collectives at tp 1
-    for name in fitted.fitted:
-        assert got[name] == pytest.approx(KNOWN[name], rel=0.05), (name, got)
+    assert fitted.fitted == (  # no collectives at tp 1
+        "linear_scale", "attention_scale", "step_overhead_s", "async_scheduling", "frontend_request_s",
+        "frontend_token_s",
+    )  # fmt: skip
+    for name in ("linear_scale", "attention_scale", "step_overhead_s"):
+        assert got[name] == pytest.approx(TIMELINE[name], rel=0.05), (name, got)
+    for name in ("frontend_request_s", "frontend_token_s"):
+        assert got[name] == pytest.approx(TIMELINE[name], rel=0.10), (name, got)
+    assert got["async_scheduling"] == 0.0
     assert got["comm_scale"] == 1.0
     assert fitted.held_out_error <= 0.03, fitted.held_out
     for m in ("ttft", "tpot", "e2e"):
@@ -183,7 +202,7 @@ def _transfer_errors(frame: pl.DataFrame, model: str, cal: StackCalibration) -> 
 def test_transfer_to_another_model_on_the_same_gpu(fitted: ObservedFit) -> None:
     """The calibration learnt on Llama-3.1-8B's day predicts Qwen3-8B's day on the same GPU and
     stack better than the uncalibrated tables, within 3 % on every mean."""
-    errors = _transfer_errors(observed_day("qwen3-8b", 1500, 2.0, 7), "qwen3-8b", fitted.calibration)
+    errors = _transfer_errors(observed_day("qwen3-8b", 1500, 2.0, 7, TIMELINE, **WAVY), "qwen3-8b", fitted.calibration)
     for m in ("ttft", "tpot", "e2e"):
         assert abs(errors["calibrated"][m]["mean"]) < abs(errors["tables"][m]["mean"]), (m, errors)
         assert abs(errors["calibrated"][m]["mean"]) <= 0.03, (m, errors["calibrated"])
@@ -199,7 +218,8 @@ def test_a_busy_day_is_fitted_on_the_whole_day_replayed(busy_fit: ObservedFit) -
     scale within 1 %. (On a day this busy the split between attention and the per-step overhead
     is not recovered — both are near-constant per decode step — see docs/calibration.md.)"""
     got = busy_fit.calibration.values()
-    assert busy_fit.fitted == ("linear_scale", "attention_scale", "step_overhead_s")
+    assert busy_fit.fitted[:3] == ("linear_scale", "attention_scale", "step_overhead_s")
+    assert got["async_scheduling"] == 1.0  # the fleet's own timeline (asynchronous), as the logs
     assert busy_fit.held_out_error <= 0.06, busy_fit.held_out
     assert busy_fit.in_sample_error <= 0.03, busy_fit.in_sample
     assert got["linear_scale"] == pytest.approx(KNOWN["linear_scale"], rel=0.05), got
