@@ -239,6 +239,8 @@ def fit_link(run: AllReduceRun, hardware: str, name: str | None = None) -> LinkF
         display_name=f"{base.display_name} (link calibrated)",
         link_efficiency=eff,
         link_latency_s=lat,
+        # the device stays the catalog's GPU (its measured profile prices it); the link is the box's
+        link_fitted_from=base.link_fitted_from or base.name,
         calibrated_on=f"{base.calibrated_on}; {note}",
         sources={
             **dict(base.sources),

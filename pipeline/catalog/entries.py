@@ -231,6 +231,11 @@ class HardwareSpec:
     #: prior is fitted on vLLM's CUDA kernels measured on NVIDIA GPUs; a GPU running other
     #: kernels sets false and keeps the plain roofline unless the fleet asks for the prior.
     prior_applies: bool = True
+    #: The catalog GPU whose link ``rooftrace calibrate --measurements`` fitted this entry's link
+    #: factors for, on an nccl-tests log of the user's box (``[link] fitted_from``): the device is
+    #: that GPU (its measured profile prices it) and the box's fitted link prices every tier's
+    #: collectives. "" = the link figures are the catalog's.
+    link_fitted_from: str = ""
 
     def peak_for(self, dtype: str) -> float:
         """Dense peak FLOP/s for matmuls in ``dtype``; bf16 when the GPU lacks that format."""
@@ -396,7 +401,21 @@ def parse_hardware(data: Mapping[str, Any], origin: str) -> HardwareSpec:
         peer_to_peer=bool(data.get("peer_to_peer", True)),
         extra_reserved_bytes=extra_reserved,
         prior_applies=bool(data.get("prior_applies", True)),
+        link_fitted_from=_fitted_from(link, f"{origin} [link]"),
     )
+
+
+def _fitted_from(link: Mapping[str, Any], where: str) -> str:
+    """``[link] fitted_from``: a catalog hardware name (the GPU the link was fitted for), or ""."""
+    if "fitted_from" not in link:
+        return ""
+    name = _str(link, "fitted_from", where)
+    if not CATALOG_NAME_RE.fullmatch(name):
+        raise ConfigError(
+            f"{where}: fitted_from must be the hardware name the link was fitted for ({CATALOG_NAME_RULE}), "
+            f"got {name[:64]!r}"
+        )
+    return name
 
 
 def hardware_to_toml(hw: HardwareSpec) -> str:
@@ -431,6 +450,7 @@ def hardware_to_toml(hw: HardwareSpec) -> str:
         f"bandwidth_bytes_per_s = {num(hw.link_bandwidth_bytes_per_s)}",
         f"latency_s = {num(hw.link_latency_s)}",
         f"gpus_per_node = {hw.gpus_per_node}",
+        *([f"fitted_from = {q(hw.link_fitted_from)}"] if hw.link_fitted_from else []),
         "",
         "[efficiency]",
         f"compute = {num(hw.compute_efficiency)}",
@@ -502,6 +522,110 @@ def load_hardware_file(path: Path | str) -> HardwareSpec:
 def load_hardware(name: str) -> HardwareSpec:
     """Load ``hardware/<name>.toml``; ``name`` may also be a path to a TOML file."""
     return _load_entry("hardware", name, load_hardware_file, list_hardware)
+
+
+# --------------------------------------------------------------------------------------------
+# interconnect topology (topology.toml): the all-reduce each intra-node path pays
+
+#: The links a FLEET.toml's [topology] may state, with their generations, and the PCIe
+#: peer-to-peer paths (docs/collectives.md).
+TOPOLOGY_LINKS: dict[str, tuple[int, ...]] = {"nvlink": (3, 4, 5), "pcie": (4, 5)}
+PCIE_P2P_PATHS = ("switch", "root_complex", "none")
+
+
+@dataclass(frozen=True)
+class LinkPath:
+    """The path a tensor-parallel group's collectives take, as the cost model prices it: a ring
+    all-reduce of B bytes over n GPUs takes ``hops · 2(n−1)/n · B / busbw + latency`` seconds
+    (:meth:`all_reduce_s`). ``hops`` is 2 where chunks are staged through host memory (PCIe
+    without peer-to-peer), else 1. ``name`` says where it came from (a topology.toml path, a
+    FLEET.toml [topology] with its own figures, or a link fitted on an nccl-tests log)."""
+
+    name: str
+    link: str
+    generation: int
+    p2p: str
+    busbw_bytes_per_s: float
+    latency_s: float
+    source: str = field(default="", compare=False)
+
+    @property
+    def hops(self) -> int:
+        return 2 if self.p2p == "none" else 1
+
+    def transfer_s(self, ring_bytes: Any, calls: Any) -> Any:
+        """Seconds to move ``ring_bytes`` (already scaled by the ring's 2(n−1)/n) through each GPU's
+        link in ``calls`` collective calls."""
+        return self.hops * ring_bytes / self.busbw_bytes_per_s + calls * self.latency_s
+
+    def all_reduce_s(self, nbytes: Any, gpus: int) -> Any:
+        """One ring all-reduce of ``nbytes`` over ``gpus`` GPUs (0 for one GPU)."""
+        if gpus < 2:
+            return 0.0 * nbytes
+        return self.transfer_s(2.0 * (gpus - 1) / gpus * nbytes, 1.0)
+
+    def describe(self) -> str:
+        path = f"NVLink {self.generation}" if self.link == "nvlink" else f"PCIe Gen{self.generation}, P2P {self.p2p}"
+        staged = ", staged through host memory (2 copies)" if self.hops == 2 else ""
+        return (
+            f"{self.name}: {path}, all-reduce bus bandwidth {self.busbw_bytes_per_s / 1e9:.4g} GB/s{staged}, "
+            f"{self.latency_s * 1e6:.3g} us per call"
+        )
+
+
+def topology_file() -> Path:
+    return CATALOG_DIR / "topology.toml"
+
+
+@cache
+def load_topology() -> Mapping[tuple[str, int, str], LinkPath]:
+    """topology.toml's paths by (link, generation, p2p); NVLink paths have p2p "nvlink"."""
+    path = topology_file()
+    data = read_toml(path, "catalog topology")
+    where = str(path)
+    paths = data.get("path")
+    if set(data) != {"path"} or not isinstance(paths, Mapping) or not paths:
+        raise ConfigError(f"{where}: must hold [path.<name>] tables only, got keys {sorted(data)}")
+    out: dict[tuple[str, int, str], LinkPath] = {}
+    for name, raw in paths.items():
+        at = f"{where} [path.{name}]"
+        _check_keys(raw, "TopologyPathEntry", at)
+        link, gen, p2p = raw["link"], raw["generation"], raw["p2p"]
+        if link not in TOPOLOGY_LINKS or gen not in TOPOLOGY_LINKS[link]:
+            raise ConfigError(f"{at}: link {link!r} generation {gen!r} is not one of {TOPOLOGY_LINKS}")
+        if p2p not in (("nvlink",) if link == "nvlink" else PCIE_P2P_PATHS):
+            raise ConfigError(f"{at}: p2p {p2p!r} does not go with link {link!r}")
+        out[(link, gen, p2p)] = LinkPath(
+            name=f"topology.toml {name}",
+            link=link,
+            generation=gen,
+            p2p=p2p,
+            busbw_bytes_per_s=_ranged(raw, "busbw_bytes_per_s", at, LINK_BANDWIDTH_RANGE, "B/s"),
+            latency_s=_ranged(raw, "latency_s", at, LINK_LATENCY_RANGE, "s"),
+            source=_str(raw, "source", at),
+        )
+    return MappingProxyType(out)
+
+
+def fitted_link(hw: HardwareSpec) -> LinkPath | None:
+    """The link ``rooftrace calibrate --measurements`` fitted on the box (a hardware entry with
+    ``[link] fitted_from``), as a path: busbw = bandwidth × efficiency, its latency; None for a
+    catalog link."""
+    if not hw.link_fitted_from:
+        return None
+    kind = hw.link_kind.lower()
+    link = "nvlink" if kind.startswith(("nvlink", "nvswitch")) else "pcie" if kind.startswith("pcie") else kind
+    gen = re.search(r"(\d+)", kind)
+    return LinkPath(
+        name=f"link fitted on an nccl-tests log ({hw.name})",
+        link=link,
+        generation=int(gen.group(1)) if gen else 0,
+        # the fit measured the box's whole path, staging and all: one hop at the fitted rate
+        p2p="nvlink" if link == "nvlink" else "fitted",
+        busbw_bytes_per_s=hw.link_bandwidth_bytes_per_s * hw.link_efficiency,
+        latency_s=hw.link_latency_s,
+        source=hw.sources.get("link", ""),
+    )
 
 
 # --------------------------------------------------------------------------------------------

@@ -184,6 +184,21 @@ class StackCalibrationTable(_Table):
     frontend_token_s: float = _opt("API server seconds per token per stream, in [0, 0.002]; 0 for no change")
 
 
+class TopologyTable(_Table):
+    """``[topology]``: the box's GPU link, which prices the tensor-parallel collectives
+    (pipeline/catalog/topology.toml holds each path's cited defaults; docs/collectives.md)."""
+
+    link: str = _req("the GPUs' link", enum=["nvlink", "pcie"])
+    generation: int = _req("NVLink 3, 4 or 5; PCIe 4 or 5")
+    p2p: str = _opt(
+        "PCIe only: how two GPUs reach each other's memory: through a PCIe switch, through the CPU's "
+        "root complex, or none (staged through host memory)",
+        enum=["switch", "root_complex", "none"],
+    )
+    busbw_bytes_per_s: float = _opt("the box's all-reduce bus bandwidth per GPU (nccl-tests busbw), B/s")
+    latency_s: float = _opt("seconds per collective call")
+
+
 class FleetFile(_Table):
     """FLEET.toml: N identical replicas of one model on one GPU type behind a router."""
 
@@ -209,6 +224,7 @@ class FleetFile(_Table):
     engine: EngineTable = _opt("vLLM engine arguments")
     calibration: FleetCalibrationTable = _opt("roofline factors of this serving stack")
     calibration_file: str = _opt("a calibration learnt from logs (rooftrace calibrate --observed), relative path")
+    topology: TopologyTable = _opt("the GPUs' link: NVLink generation, or PCIe generation and peer-to-peer path")
     #: What a run records in place of calibration_file (refused in a fleet file).
     stack_calibration: SkipJsonSchema[StackCalibrationTable] = _opt()
     slo: Annotated[dict[str, Any] | str, Expect("a table or a string")] = _opt(
@@ -249,6 +265,7 @@ class PoolTable(_Table):
     engine: EngineTable = _opt("vLLM engine arguments, over the fleet's [engine]")
     calibration: FleetCalibrationTable = _opt("roofline factors of this pool's serving stack")
     calibration_file: str = _opt("a calibration learnt from logs, relative path")
+    topology: TopologyTable = _opt("the GPUs' link of this pool's boxes")
 
 
 class PooledFleetFile(_Table):
@@ -274,6 +291,7 @@ class PooledFleetFile(_Table):
     engine: EngineTable = _opt("every pool's default vLLM engine arguments")
     calibration: FleetCalibrationTable = _opt()
     calibration_file: str = _opt()
+    topology: TopologyTable = _opt("every pool's default GPU link")
     slo: Annotated[dict[str, Any] | str, Expect("a table or a string")] = _opt("the fleet's latency targets")
 
 
@@ -297,6 +315,20 @@ class LinkTable(_Table):
     bandwidth_bytes_per_s: float = _req("per direction per GPU")
     latency_s: float = _req()
     gpus_per_node: int = _req()
+    fitted_from: NonEmptyStr = _opt(
+        "the catalog GPU whose link rooftrace calibrate --measurements fitted on this box's nccl-tests log"
+    )
+
+
+class TopologyPathEntry(_Table):
+    """pipeline/catalog/topology.toml ``[path.<name>]``: one intra-node path's all-reduce."""
+
+    link: str = _req(enum=["nvlink", "pcie"])
+    generation: int = _req()
+    p2p: str = _req(enum=["nvlink", "switch", "root_complex", "none"])
+    busbw_bytes_per_s: float = _req("nccl-tests all-reduce bus bandwidth per GPU, B/s")
+    latency_s: float = _req("seconds per collective call")
+    source: NonEmptyStr = _req()
 
 
 class EfficiencyTable(_Table):

@@ -36,7 +36,7 @@ from typing import Any
 
 import numpy as np
 
-from pipeline.catalog import HardwareSpec, ModelSpec, kv_format, weight_format
+from pipeline.catalog import HardwareSpec, LinkPath, ModelSpec, kv_format, weight_format
 from pipeline.common.errors import ConfigError
 from pipeline.costmodel.stepcost import N_TAB, TabulatedCost, affine_cost, scalars, table_size
 from pipeline.costmodel.steps import FloatArray, StepBatch, StepCost
@@ -97,6 +97,9 @@ class Deployment:
     step_overhead_s: float | None = None
     #: Attention data-parallel ranks of one replica (each rank: tp × pp GPUs).
     dp: int = 1
+    #: The path the collectives take where the fleet states it (FLEET.toml [topology]) or
+    #: ``calibrate --measurements`` fitted it on the box; None: the hardware entry's link factors.
+    link: LinkPath | None = None
 
     def __post_init__(self) -> None:
         m, where = self.model, f"deployment of {self.model.name} on {self.hardware.name}"
@@ -368,9 +371,13 @@ def operators(dep: Deployment, batch: StepBatch) -> list[Op]:
     return ops
 
 
-def comm_time(hw: HardwareSpec, op: Op) -> FloatArray:
-    """Seconds of ONE instance of a comm op: bytes over the link plus latency per call."""
+def comm_time(hw: HardwareSpec, op: Op, link: LinkPath | None = None) -> FloatArray:
+    """Seconds of ONE instance of a comm op: bytes over the link plus latency per call; on the
+    deployment's stated or fitted ``link`` where it has one (``LinkPath.transfer_s``: hops · bytes /
+    busbw + latency per call), else on the hardware entry's link factors."""
     calls = op.calls if op.calls is not None else _mask(op.bytes)
+    if link is not None:
+        return link.transfer_s(op.bytes, calls)  # type: ignore[no-any-return]
     return op.bytes / (hw.link_bandwidth_bytes_per_s * hw.link_efficiency) + calls * hw.link_latency_s
 
 
@@ -433,7 +440,7 @@ def cost_from_ops(
     floor = np.zeros(n)
     for op in ops:
         if op.kind == "comm":
-            comm += op.count * comm_time(hw, op)
+            comm += op.count * comm_time(hw, op, dep.link)
             continue
         t_c, t_m, t_f = op_times(hw, op)
         compute += op.count * t_c
@@ -528,11 +535,12 @@ def _is_affine_op(op: Op) -> bool:
     return op.name.startswith(("attn_prefill", "attn_decode", "attn_kv_b_proj"))
 
 
-def add_roofline_terms(tab: FloatArray, op: Op, hw: HardwareSpec) -> None:
+def add_roofline_terms(tab: FloatArray, op: Op, hw: HardwareSpec, link: LinkPath | None = None) -> None:
     """Add one operator's roofline seconds (all its instances) to a step-cost table's compute,
-    memory, collective and kernel-floor columns (pipeline/costmodel/stepcost.py TAB_COLUMNS)."""
+    memory, collective and kernel-floor columns (pipeline/costmodel/stepcost.py TAB_COLUMNS);
+    collectives on ``link`` where the deployment has one."""
     if op.kind == "comm":
-        tab[:, 2] += op.count * comm_time(hw, op)
+        tab[:, 2] += op.count * comm_time(hw, op, link)
         return
     t_c, t_m, t_f = op_times(hw, op)
     tab[:, 0] += op.count * t_c
@@ -545,7 +553,7 @@ def _tabulate(dep: Deployment, ops: list[Op], hw: HardwareSpec) -> FloatArray:
     n = ops[0].flops.shape[0] if ops else 0
     tab = np.zeros((n, N_TAB))
     for op in ops:
-        add_roofline_terms(tab, op, hw)
+        add_roofline_terms(tab, op, hw, dep.link)
         if op.kind == "comm":
             continue
         tab[:, 4] += op.count * op.flops
@@ -627,7 +635,12 @@ def roofline_cost(dep: Deployment, max_tokens: int = 32768) -> Any:
         prefill_grid=shell.prefill_grid,
         scalars=sc,
         source="roofline",
-        describe={"tier": "roofline", "hardware": hw.name, "calibrated_on": hw.calibrated_on},
+        describe={
+            "tier": "roofline",
+            "hardware": hw.name,
+            "calibrated_on": hw.calibrated_on,
+            **({"link": dep.link.describe()} if dep.link is not None else {}),
+        },
         extend=lambda t: roofline_cost(dep, max(t, 2 * max_tokens)),
         exact=dep,
     )

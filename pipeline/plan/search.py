@@ -161,6 +161,8 @@ def candidate_fleet(base: FleetConfig, c: Candidate) -> FleetConfig:
         ep=candidate_ep(base, c.tp),
         weight_dtype=c.weight_dtype,
         name=f"plan-{c.hardware}-tp{c.tp}",
+        # a stated [topology] is the base fleet's box; another GPU is priced on its own entry's link
+        topology=base.topology if c.hardware == base.hardware else None,
     )
 
 

@@ -53,16 +53,22 @@ from typing import Any
 
 from pipeline.catalog import (
     MIN_EFFICIENCY,
+    PCIE_P2P_PATHS,
+    TOPOLOGY_LINKS,
     HardwareSpec,
+    LinkPath,
     ModelSpec,
     entry_path,
+    fitted_link,
     kv_format,
     load_hardware,
     load_model,
+    load_topology,
     parse_hardware,
     parse_model,
     weight_format,
 )
+from pipeline.catalog.entries import LINK_BANDWIDTH_RANGE, LINK_LATENCY_RANGE, topology_file
 from pipeline.common.errors import ConfigError
 from pipeline.common.tomlfile import read_toml
 from pipeline.costmodel.fit import (
@@ -172,6 +178,81 @@ class Calibration:
 
 
 @dataclass(frozen=True)
+class Topology:
+    """``[topology]``: the box's GPU link (docs/collectives.md). ``busbw_bytes_per_s`` and
+    ``latency_s`` are the fleet's own figures where it gives them (None: topology.toml's path)."""
+
+    link: str
+    generation: int
+    p2p: str | None = None
+    busbw_bytes_per_s: float | None = None
+    latency_s: float | None = None
+
+    def path(self, origin: str = "fleet") -> LinkPath:
+        """The priced path: topology.toml's for (link, generation, p2p), with the fleet's figures over it."""
+        key = (self.link, self.generation, self.p2p or "nvlink")
+        base = load_topology().get(key)
+        if base is None:  # (parse_topology admits only the table's paths)
+            raise ConfigError(f"{origin} [topology]: no path {key} in {topology_file()}")
+        pairs = (("busbw_bytes_per_s", self.busbw_bytes_per_s), ("latency_s", self.latency_s))
+        own = {k: v for k, v in pairs if v is not None}
+        if not own:
+            return base
+        given = ", ".join(f"{k} = {v:g}" for k, v in own.items())
+        return replace(base, name=f"the fleet's [topology] ({given}) over {base.name}", **own)
+
+
+def parse_topology(raw: Mapping[str, Any], where: str) -> Topology:
+    """A ``[topology]`` table (types already checked): the link and its generation known to
+    topology.toml, ``p2p`` for PCIe only (required there), the figures finite and in the
+    catalog's link ranges; one line naming ``where`` and the key otherwise."""
+    link, gen = raw["link"], raw["generation"]
+    if link not in TOPOLOGY_LINKS:
+        raise ConfigError(f"{where}: link {link!r} unknown; choose {' or '.join(TOPOLOGY_LINKS)}")
+    if gen not in TOPOLOGY_LINKS[link]:
+        allowed = ", ".join(str(g) for g in TOPOLOGY_LINKS[link])
+        raise ConfigError(f"{where}: generation {gen!r} is not a {link} generation rooftrace knows ({allowed})")
+    p2p = raw.get("p2p")
+    if link == "nvlink" and p2p is not None:
+        raise ConfigError(
+            f"{where}: p2p = {p2p!r} is a PCIe path; NVLink GPUs reach each other over NVLink (leave p2p out)"
+        )
+    if link == "pcie":
+        if p2p is None:
+            raise ConfigError(f"{where}: p2p is required for a PCIe link: one of {list(PCIE_P2P_PATHS)}")
+        if p2p not in PCIE_P2P_PATHS:
+            raise ConfigError(f"{where}: p2p {p2p!r} unknown; choose one of {list(PCIE_P2P_PATHS)}")
+    figures: dict[str, float] = {}
+    for key, (low, high), unit in (
+        ("busbw_bytes_per_s", LINK_BANDWIDTH_RANGE, "B/s"),
+        ("latency_s", LINK_LATENCY_RANGE, "s"),
+    ):
+        if key in raw:
+            value = float(raw[key])
+            if not low <= value <= high or (key == "busbw_bytes_per_s" and value <= 0):
+                raise ConfigError(f"{where}: {key} must be a finite number in [{low:g}, {high:g}] {unit}, got {value!r}")
+            figures[key] = value
+    return Topology(link=link, generation=gen, p2p=p2p, **figures)
+
+
+def check_topology(topology: Topology | None, hw: HardwareSpec, where: str) -> None:
+    """A stated topology that contradicts the hardware entry: a PCIe path on GPUs joined by
+    NVLink, or a peer-to-peer path on GPUs whose entry says they have none."""
+    if topology is None:
+        return
+    if topology.link == "pcie" and hw.link_kind.lower().startswith(("nvlink", "nvswitch")):
+        raise ConfigError(
+            f"{where}: p2p = {topology.p2p!r} (a PCIe path) for {hw.name}, whose GPUs are joined by "
+            f"{hw.link_kind}: state link = \"nvlink\" or leave [topology] out"
+        )
+    if topology.p2p in ("switch", "root_complex") and not hw.peer_to_peer:
+        raise ConfigError(
+            f"{where}: p2p = {topology.p2p!r} for {hw.name}, whose entry says its GPUs have no peer-to-peer "
+            "access (peer_to_peer = false): use p2p = \"none\""
+        )
+
+
+@dataclass(frozen=True)
 class FleetConfig:
     name: str
     model: str
@@ -213,6 +294,8 @@ class FleetConfig:
     #: ``[slo]``: the latency targets the run is judged against, in ``--slo`` syntax
     #: (pipeline.replay.slo.parse_slo), e.g. "chat" or "ttft_p99=2s,tpot_p99=0.1s".
     slo: str | None = None
+    #: ``[topology]``: the box's GPU link, pricing the collectives (None: the hardware entry's link).
+    topology: Topology | None = None
 
     def with_replicas(self, replicas: int | None) -> FleetConfig:
         if replicas is None:
@@ -238,6 +321,15 @@ class FleetConfig:
         for key in ("async_scheduling", "frontend_request_s", "frontend_token_s"):
             if out["engine"][key] is None:  # unset: the same (the resolved values are recorded too)
                 del out["engine"][key]
+        if self.topology is None:  # unset: runs recorded before it keep their run ids
+            del out["topology"]
+        else:  # the path's numbers, so a recorded run prices the same when topology.toml changes
+            path = self.topology.path()
+            out["topology"] = {
+                **{k: v for k, v in asdict(self.topology).items() if v is not None},
+                "busbw_bytes_per_s": path.busbw_bytes_per_s,
+                "latency_s": path.latency_s,
+            }
         return out
 
     def pod_balancer(self) -> str:
@@ -359,9 +451,12 @@ def parse_fleet(
             f"{origin}: [calibration] (roofline factors of another stack) and a calibration learnt from logs "
             "(calibration_file) both set: keep one"
         )
-    skip = ("engine", "calibration", "slo", "calibration_file", "stack_calibration")
+    topology = parse_topology(data["topology"], f"{origin} [topology]") if "topology" in data else None
+    skip = ("engine", "calibration", "slo", "calibration_file", "stack_calibration", "topology")
     top = {k: v for k, v in data.items() if k not in skip}
-    cfg = FleetConfig(engine=engine, calibration=calibration, slo=slo, stack_calibration=stack, **top)
+    cfg = FleetConfig(
+        engine=engine, calibration=calibration, slo=slo, stack_calibration=stack, topology=topology, **top
+    )
     if cfg.cost_model not in ("auto", "measured", "prior", "roofline"):
         raise ConfigError(f"{origin}: cost_model {cfg.cost_model!r} unknown; choose auto, measured, prior or roofline")
     if cfg.measured_source:
@@ -651,6 +746,7 @@ def _resolve(cfg: FleetConfig, origin: str, entries: Mapping[str, str] | None) -
     if cfg.calibration is not None:
         factors = {k: v for k, v in asdict(cfg.calibration).items() if k != "source" and v is not None}
         hw = replace(hw, **factors)
+    link = _link_path(cfg, hw, origin)
     eng = cfg.engine
     try:
         dep = Deployment(
@@ -663,6 +759,7 @@ def _resolve(cfg: FleetConfig, origin: str, entries: Mapping[str, str] | None) -
             weight_dtype=cfg.weight_dtype,
             kv_dtype=cfg.kv_dtype,
             step_overhead_s=eng.step_overhead_s,
+            link=link,
         )
     except ConfigError as exc:
         raise ConfigError(f"{origin}: {exc}{_tp_hint(cfg.tp, model, hw)}") from None
@@ -731,6 +828,29 @@ def _resolve(cfg: FleetConfig, origin: str, entries: Mapping[str, str] | None) -
         ),
     )
     return ResolvedFleet(cfg, dep, mem, sched, tuple(sorted(recorded.items())))
+
+
+def _link_path(cfg: FleetConfig, hw: HardwareSpec, origin: str) -> LinkPath | None:
+    """The path the fleet's collectives are priced on: the link ``calibrate --measurements``
+    fitted on the box (a hardware file with ``[link] fitted_from``), else the fleet's stated
+    ``[topology]``, else None (the hardware entry's link, as before either existed)."""
+    fitted = fitted_link(hw)
+    if fitted is not None and cfg.topology is not None:
+        raise ConfigError(
+            f"{origin}: [topology] and a hardware file whose link was fitted on an nccl-tests log "
+            f"({hw.name}, fitted_from = {hw.link_fitted_from!r}) both state the link: keep one"
+        )
+    if (fitted is not None or cfg.topology is not None) and cfg.calibration and cfg.calibration.link_efficiency:
+        said = "[topology]" if fitted is None else f"the fitted link of {hw.name}"
+        raise ConfigError(
+            f"{origin}: [calibration] link_efficiency and {said} both price the collectives: keep one"
+        )
+    if fitted is not None:
+        return fitted
+    if cfg.topology is None:
+        return None
+    check_topology(cfg.topology, hw, f"{origin} [topology]")
+    return cfg.topology.path(origin)
 
 
 def _tp_hint(tp: int, model: ModelSpec, hw: HardwareSpec) -> str:

@@ -193,7 +193,7 @@ def measured_tables(
     kernels = np.zeros(t.size)  # kernel launches per step, for the eager host time
 
     def add_roofline(op: Any) -> None:
-        add_roofline_terms(tok, op, hw)
+        add_roofline_terms(tok, op, hw, dep.link)
 
     def add_measured(op: Any, seconds: np.ndarray, column: int | None = None) -> None:
         s = np.where(busy, seconds, 0.0)
@@ -259,6 +259,16 @@ def measured_tables(
                 model_ops_used = True
             else:
                 add_roofline(op)
+            continue
+        if op.kind == "comm" and dep.link is not None:
+            # the fleet's box states its link (FLEET.toml [topology]) or calibrate --measurements
+            # fitted it on an nccl-tests log: that path prices the collectives, not the curves
+            # measured on the profile's box (docs/collectives.md)
+            add_roofline(op)
+            if op.name == "all_reduce":
+                ar_used = f"ring all-reduce on {dep.link.describe()}"
+            elif op.name == "moe_dispatch_combine":
+                a2a_used = f"allgather_reducescatter on {dep.link.describe()}"
             continue
         if op.name == "moe_dispatch_combine":
             # vLLM's default all-to-all (allgather_reducescatter): an NCCL all-gather of the dp
@@ -339,7 +349,7 @@ def measured_tables(
         logit[:, 4] += op.count * op.flops
         logit[:, 5] += op.count * op.bytes
         if op.kind == "comm":
-            logit[:, 2] += op.count * comm_time(hw, op)
+            logit[:, 2] += op.count * comm_time(hw, op, dep.link)
             continue
         own = prof.model_op(m.name, dep.tp, "lm_head")
         nn = np.maximum(nseq, 1.0)

@@ -444,16 +444,22 @@ def is_catalog_device(hw: Any) -> bool:
     hardware file that borrows a profiled GPU's name but not its memory, bandwidth, peaks or link
     is another GPU, and must not be priced with that GPU's measurements."""
     try:
-        ref = load_hardware(hw.name)
+        ref = load_hardware(device_name(hw))
     except ConfigError:
         return False
     return all(getattr(ref, f) == getattr(hw, f) for f in DEVICE_FIELDS)
 
 
+def device_name(hw: Any) -> str:
+    """The catalog GPU ``hw`` is: its own name, or, for an entry whose link ``calibrate
+    --measurements`` fitted on the user's box (``[link] fitted_from``), the GPU it was fitted for."""
+    return getattr(hw, "link_fitted_from", "") or hw.name
+
+
 def profile_for(hw: Any) -> Profile | None:
-    """The measured profile that prices ``hw`` (a HardwareSpec): its name's profile, only when
-    ``hw`` is that catalog device (:func:`is_catalog_device`)."""
-    prof = load_profile(hw.name)
+    """The measured profile that prices ``hw`` (a HardwareSpec): its device's profile
+    (:func:`device_name`), only when ``hw`` is that catalog device (:func:`is_catalog_device`)."""
+    prof = load_profile(device_name(hw))
     return prof if prof is not None and is_catalog_device(hw) else None
 
 
