@@ -9,17 +9,18 @@ through each GPU's link per token, in 66 collective calls.
 
 from __future__ import annotations
 
+import itertools
 from pathlib import Path
 
 import numpy as np
 import pytest
+from test_nccl_link import write_log
 
 from pipeline.calibrate.nccl import fit_link, read_all_reduce
 from pipeline.catalog import load_hardware, load_model, load_topology, parse_hardware
 from pipeline.common.errors import ConfigError
 from pipeline.costmodel.roofline import Deployment, decode_batch
 from pipeline.replay.fleet import fleet_from_dict, load_fleet, resolve
-from test_nccl_link import write_log
 
 MODEL = "llama-3.1-8b"
 #: Ring bytes per decode token at TP 2 and collective calls per step (module doc).
@@ -104,7 +105,7 @@ def test_pcie_without_p2p_is_slower_than_with_it_by_the_staging_ratio(tmp_path: 
         assert _comm(host, t) == pytest.approx(want_h, rel=1e-9)
         ratios.append(_comm(host, t) / _comm(switch, t))
     assert ratios[0] == pytest.approx(1.6591, abs=1e-4)
-    assert all(a < b for a, b in zip(ratios, ratios[1:], strict=False)) and ratios[-1] < 2.0
+    assert all(a < b for a, b in itertools.pairwise(ratios)) and ratios[-1] < 2.0
 
 
 def test_a_fleet_without_topology_prices_and_records_as_before(tmp_path: Path) -> None:
@@ -117,7 +118,8 @@ def test_a_fleet_without_topology_prices_and_records_as_before(tmp_path: Path) -
 
 
 def test_a_recorded_topology_keeps_its_numbers(tmp_path: Path) -> None:
-    cfg = load_fleet(_write(tmp_path, "t", "l40s", 2, '[topology]\nlink = "pcie"\ngeneration = 4\np2p = "root_complex"'))
+    topology = '[topology]\nlink = "pcie"\ngeneration = 4\np2p = "root_complex"'
+    cfg = load_fleet(_write(tmp_path, "t", "l40s", 2, topology))
     rec = cfg.to_dict()["topology"]
     assert rec == {
         "link": "pcie",
@@ -233,7 +235,8 @@ def test_the_cli_says_a_bad_topology_in_one_line(tmp_path: Path) -> None:
 
     from pipeline.cli import main
 
-    path = _write(tmp_path, "bad", "l40s", 2, '[topology]\nlink = "pcie"\ngeneration = 4\np2p = "switch"\nlatency_s = nan')
+    topology = '[topology]\nlink = "pcie"\ngeneration = 4\np2p = "switch"\nlatency_s = nan'
+    path = _write(tmp_path, "bad", "l40s", 2, topology)
     got = CliRunner().invoke(main, ["replay", "--fleet", str(path), "--store", str(tmp_path / "store")])
     assert got.exit_code == 1 and "Traceback" not in got.output
     lines = [x for x in got.output.splitlines() if x.strip()]

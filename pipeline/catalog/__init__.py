@@ -8,9 +8,9 @@ catalog model a model name as logs spell it names. This module only names its pu
 from pipeline.catalog.entries import (
     CATALOG_DIR,
     MIN_EFFICIENCY,
-    Formats,
     PCIE_P2P_PATHS,
     TOPOLOGY_LINKS,
+    Formats,
     HardwareSpec,
     KVFormat,
     LinkPath,
@@ -42,9 +42,9 @@ from pipeline.catalog.names import NameMatch, canonical_model_names, resolve_mod
 __all__ = [
     "CATALOG_DIR",
     "MIN_EFFICIENCY",
-    "Formats",
     "PCIE_P2P_PATHS",
     "TOPOLOGY_LINKS",
+    "Formats",
     "HardwareSpec",
     "KVFormat",
     "LinkPath",

@@ -199,7 +199,12 @@ class Topology:
         if not own:
             return base
         given = ", ".join(f"{k} = {v:g}" for k, v in own.items())
-        return replace(base, name=f"the fleet's [topology] ({given}) over {base.name}", **own)
+        return replace(
+            base,
+            name=f"the fleet's [topology] ({given}) over {base.name}",
+            busbw_bytes_per_s=own.get("busbw_bytes_per_s", base.busbw_bytes_per_s),
+            latency_s=own.get("latency_s", base.latency_s),
+        )
 
 
 def parse_topology(raw: Mapping[str, Any], where: str) -> Topology:
@@ -230,7 +235,9 @@ def parse_topology(raw: Mapping[str, Any], where: str) -> Topology:
         if key in raw:
             value = float(raw[key])
             if not low <= value <= high or (key == "busbw_bytes_per_s" and value <= 0):
-                raise ConfigError(f"{where}: {key} must be a finite number in [{low:g}, {high:g}] {unit}, got {value!r}")
+                raise ConfigError(
+                    f"{where}: {key} must be a finite number in [{low:g}, {high:g}] {unit}, got {value!r}"
+                )
             figures[key] = value
     return Topology(link=link, generation=gen, p2p=p2p, **figures)
 
@@ -243,12 +250,12 @@ def check_topology(topology: Topology | None, hw: HardwareSpec, where: str) -> N
     if topology.link == "pcie" and hw.link_kind.lower().startswith(("nvlink", "nvswitch")):
         raise ConfigError(
             f"{where}: p2p = {topology.p2p!r} (a PCIe path) for {hw.name}, whose GPUs are joined by "
-            f"{hw.link_kind}: state link = \"nvlink\" or leave [topology] out"
+            f'{hw.link_kind}: state link = "nvlink" or leave [topology] out'
         )
     if topology.p2p in ("switch", "root_complex") and not hw.peer_to_peer:
         raise ConfigError(
             f"{where}: p2p = {topology.p2p!r} for {hw.name}, whose entry says its GPUs have no peer-to-peer "
-            "access (peer_to_peer = false): use p2p = \"none\""
+            'access (peer_to_peer = false): use p2p = "none"'
         )
 
 
@@ -842,9 +849,7 @@ def _link_path(cfg: FleetConfig, hw: HardwareSpec, origin: str) -> LinkPath | No
         )
     if (fitted is not None or cfg.topology is not None) and cfg.calibration and cfg.calibration.link_efficiency:
         said = "[topology]" if fitted is None else f"the fitted link of {hw.name}"
-        raise ConfigError(
-            f"{origin}: [calibration] link_efficiency and {said} both price the collectives: keep one"
-        )
+        raise ConfigError(f"{origin}: [calibration] link_efficiency and {said} both price the collectives: keep one")
     if fitted is not None:
         return fitted
     if cfg.topology is None:
