@@ -241,3 +241,42 @@ def test_the_cli_says_a_bad_topology_in_one_line(tmp_path: Path) -> None:
     assert got.exit_code == 1 and "Traceback" not in got.output
     lines = [x for x in got.output.splitlines() if x.strip()]
     assert len(lines) == 1 and "[topology]: latency_s must be a finite number" in lines[0] and "nan" in lines[0]
+
+
+def test_the_prior_tier_prices_collectives_on_a_fitted_pcie_link(tmp_path: Path) -> None:
+    """H100 PCIe has no measured profile: `auto` prices it with the prior, whose collectives are
+    then the fitted link's (25 GB/s, 20 us: the box's own log), by hand."""
+    fit = fit_link(read_all_reduce(write_log(tmp_path / "a.log", 2, 25e9, 20e-6)), "h100-pcie")
+    entry = tmp_path / "box.toml"
+    entry.write_text(fit.toml)
+    fleet = resolve(load_fleet(_write(tmp_path, "f", str(entry), 2, cost_model="auto")), "f")
+    assert fleet.cost_model.source == "prior" and "fitted" in fleet.cost_model.describe["allreduce"]
+    table = fleet.cost_model.table
+    want = BYTES_PER_TOKEN * 64 / 25e9 + CALLS * 20e-6
+    assert float(table.tok[64, 2] + table.logit[64, 2]) == pytest.approx(want, rel=0.02)
+
+
+def test_a_pool_states_its_own_topology(tmp_path: Path) -> None:
+    from pipeline.replay.pools import PooledFleet, load_fleet_file
+
+    path = tmp_path / "pools.toml"
+    path.write_text(
+        f'name = "two"\nmodel = "{MODEL}"\nhardware = "l40s"\ntp = 2\ncost_model = "roofline"\n'
+        '[topology]\nlink = "pcie"\ngeneration = 4\np2p = "switch"\n[engine]\nmax_model_len = 8192\n'
+        '[[pool]]\nname = "short"\n[pool.match]\nmax_input_tokens = 1000\n'
+        '[[pool]]\nname = "long"\n[pool.topology]\nlink = "pcie"\ngeneration = 4\np2p = "none"\n'
+    )
+    pooled = load_fleet_file(path)
+    assert isinstance(pooled, PooledFleet)
+    pools = {p.name: p.config.topology for p in pooled.pools}
+    assert pools["short"] is not None and pools["short"].p2p == "switch"
+    assert pools["long"] is not None and pools["long"].p2p == "none"
+
+
+def test_plan_keeps_the_topology_for_the_base_gpu_only(tmp_path: Path) -> None:
+    from pipeline.plan.search import Candidate, candidate_fleet
+
+    base = load_fleet(_write(tmp_path, "b", "l40s", 2, '[topology]\nlink = "pcie"\ngeneration = 4\np2p = "none"'))
+    same = candidate_fleet(base, Candidate(hardware="l40s", tp=2, weight_dtype="bf16"))
+    other = candidate_fleet(base, Candidate(hardware="h100-sxm", tp=2, weight_dtype="bf16"))
+    assert same.topology == base.topology and other.topology is None
