@@ -105,7 +105,8 @@ def calibrate_cmd(
     Example: rooftrace calibrate --measurements perf_model.csv --hardware h100-sxm --out h100-splitwise.toml
 
     With an nccl-tests all_reduce_perf log of your box: fits the GPU link's efficiency and latency
-    (docs/collectives.md) and writes a hardware entry a FLEET.toml names as its hardware.
+    (docs/collectives.md) and writes a hardware entry a FLEET.toml names as its hardware: still the
+    same GPU for every other operator, its collectives priced on the fitted link in every tier.
 
     Example: rooftrace calibrate --measurements all_reduce.log --hardware h100-pcie --out my-box.toml
 
@@ -227,6 +228,7 @@ def _calibrate_link(source: Path, hardware: str | None, out: str | None, as_json
     _report_skipped(run.skipped)
     doc = {
         "hardware": fit.hardware.name,
+        "fitted_from": fit.hardware.link_fitted_from,
         "written_to": str(target),
         "gpus": run.ranks,
         "devices": list(run.devices),
@@ -251,6 +253,10 @@ def _calibrate_link(source: Path, hardware: str | None, out: str | None, as_json
     click.echo(
         f"  median abs error: train {fit.train_median_abs_error:.1%}, hold-out {fit.holdout_median_abs_error:.1%} "
         f"(catalog link: {fit.before_median_abs_error:.1%})"
+    )
+    click.echo(
+        f'  use it: hardware = "{target}" in a FLEET.toml: a {fit.hardware.link_fitted_from} for every other '
+        "operator, its collectives priced on this link in every cost tier"
     )
 
 
