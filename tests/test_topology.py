@@ -212,6 +212,8 @@ def test_hostile_topology_keys_are_one_line(tmp_path: Path, table: str, says: st
     [
         ("h100-sxm", 'link = "pcie"\ngeneration = 5\np2p = "switch"', "joined by nvlink4"),
         ("rtx-4090", 'link = "pcie"\ngeneration = 4\np2p = "switch"', "no peer-to-peer"),
+        ("h100-sxm", 'link = "nvlink"\ngeneration = 5', "generation = 5 for h100-sxm, whose GPUs' link is nvlink4"),
+        ("l40s", 'link = "pcie"\ngeneration = 5\np2p = "switch"', "generation = 5 for l40s"),
     ],
 )
 def test_a_topology_the_hardware_contradicts_is_one_line(tmp_path: Path, hardware: str, table: str, says: str) -> None:
@@ -271,6 +273,11 @@ def test_a_pool_states_its_own_topology(tmp_path: Path) -> None:
     pools = {p.name: p.config.topology for p in pooled.pools}
     assert pools["short"] is not None and pools["short"].p2p == "switch"
     assert pools["long"] is not None and pools["long"].p2p == "none"
+
+
+def test_a_gen5_card_may_run_in_a_gen4_box(tmp_path: Path) -> None:
+    path = _write(tmp_path, "g4", "h100-pcie", 2, '[topology]\nlink = "pcie"\ngeneration = 4\np2p = "switch"')
+    assert _comm(path, 16) == pytest.approx(BYTES_PER_TOKEN * 16 / 22.05e9 + CALLS * 20e-6, rel=1e-9)
 
 
 def test_plan_keeps_the_topology_for_the_base_gpu_only(tmp_path: Path) -> None:

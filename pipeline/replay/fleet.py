@@ -252,6 +252,15 @@ def check_topology(topology: Topology | None, hw: HardwareSpec, where: str) -> N
             f"{where}: p2p = {topology.p2p!r} (a PCIe path) for {hw.name}, whose GPUs are joined by "
             f'{hw.link_kind}: state link = "nvlink" or leave [topology] out'
         )
+    kind = re.fullmatch(r"(nvlink|pcie)(\d+)\b.*", hw.link_kind.lower())
+    if kind is not None and kind.group(1) == topology.link:
+        card = int(kind.group(2))
+        # NVLink runs at the GPU's own generation; a PCIe card runs at most at its own (a Gen5 card
+        # in a Gen4 slot runs Gen4)
+        if card < topology.generation or (topology.link == "nvlink" and card != topology.generation):
+            raise ConfigError(
+                f"{where}: generation = {topology.generation} for {hw.name}, whose GPUs' link is {hw.link_kind}"
+            )
     if topology.p2p in ("switch", "root_complex") and not hw.peer_to_peer:
         raise ConfigError(
             f"{where}: p2p = {topology.p2p!r} for {hw.name}, whose entry says its GPUs have no peer-to-peer "
