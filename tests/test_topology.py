@@ -287,3 +287,34 @@ def test_plan_keeps_the_topology_for_the_base_gpu_only(tmp_path: Path) -> None:
     same = candidate_fleet(base, Candidate(hardware="l40s", tp=2, weight_dtype="bf16"))
     other = candidate_fleet(base, Candidate(hardware="h100-sxm", tp=2, weight_dtype="bf16"))
     assert same.topology == base.topology and other.topology is None
+
+
+def test_a_replay_without_p2p_decodes_slower_than_with_it(tmp_path: Path) -> None:
+    """End to end on the compiled engine: the same requests on a TP 2 L40S fleet (measured tier)
+    whose box has P2P through a switch, and one staging through host memory: every request's
+    time per output token is longer without P2P, and the run records the path that priced it."""
+    import polars as pl
+    from published import benchmark_requests
+
+    from pipeline.replay.run import ReplayOptions, run_replay, summarize
+
+    rng = np.random.default_rng(3)
+    n = 40
+    frame = benchmark_requests(rng.integers(100, 2000, n), rng.integers(20, 200, n))
+    arrival = frame["arrival"].dt.epoch("us").to_numpy() + np.cumsum(rng.exponential(1e5, n)).astype(np.int64)
+    frame = frame.with_columns(
+        arrival=pl.Series(arrival).cast(pl.Datetime("us", "UTC")),
+        model=pl.lit(MODEL),
+        tenant=pl.lit(None, pl.Utf8),
+        adapter=pl.lit(None, pl.Utf8),
+        session_id=pl.lit(None, pl.Utf8),
+    )
+    runs = {}
+    for p2p in ("switch", "none"):
+        path = _write(
+            tmp_path, p2p, "l40s", 2, f'[topology]\nlink = "pcie"\ngeneration = 4\np2p = "{p2p}"', cost_model="measured"
+        )
+        runs[p2p] = run_replay(frame, resolve(load_fleet(path), str(path)), ReplayOptions(rate_scale=1.0))
+    tpot = {k: np.asarray(summarize(r)["tpot_s"]["mean"]) for k, r in runs.items()}
+    assert tpot["none"] > tpot["switch"]
+    assert "pcie4-none" in summarize(runs["none"])["cost_model"]["allreduce"]
