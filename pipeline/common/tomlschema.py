@@ -240,13 +240,35 @@ class PoolMatchTable(_Table):
     max_input_tokens: int = _opt("the logged prompt is at most this long (tokens)")
 
 
+#: The kinds of link a prefill pool hands KV over (pipeline/catalog/links.toml).
+_LINK_KINDS = ["nvlink", "infiniband", "rdma", "ethernet", "pcie"]
+
+
+class PoolHandoffTable(_Table):
+    """``[pool.handoff]``: the decode pool a prefill pool hands its requests to."""
+
+    to: str = _req("the decode pool's name (default: the fleet's only decode pool)")
+
+
+class PoolLinkTable(_Table):
+    """``[pool.link]`` / ``[link]``: the path a request's KV takes from a prefill pool to its
+    decode pool (pipeline/catalog/links.toml holds each kind's cited defaults)."""
+
+    kind: str = _req("what the KV crosses", enum=_LINK_KINDS)
+    bandwidth_gb_s: float = _opt("GB/s per direction per GPU (default: the kind's)")
+    latency_us: float = _opt("µs per transfer (default: the kind's)")
+    layerwise: bool = _opt("the transfer overlaps the prefill layer by layer (NIXL-style), default false")
+
+
 class PoolTable(_Table):
     """``[[pool]]``: one homogeneous pool of a fleet of pools (pipeline/replay/pools.py); unset keys take
     the fleet's top-level value."""
 
     name: str = _req("names the pool in the run's tables: 1-32 letters, digits, '_' or '-'")
-    role: str = _opt("what the pool's replicas do (default unified)", enum=["unified"])
+    role: str = _opt("what the pool's replicas do (default unified)", enum=["unified", "prefill", "decode"])
     match: PoolMatchTable = _opt("which requests the pool takes (every pool but the last)")
+    handoff: PoolHandoffTable = _opt("a prefill pool: the decode pool it hands requests to")
+    link: PoolLinkTable = _opt("a prefill pool: the link to its decode pool (default: the fleet's [link])")
     hardware: str = _opt("catalog hardware name or a hardware TOML path")
     replicas: int = _opt("engines behind the pool's router (default 1)")
     tp: int = _opt("tensor-parallel GPUs per replica (default 1)")
@@ -275,6 +297,7 @@ class PooledFleetFile(_Table):
     name: str = _req("names the fleet's runs and reports: 1-64 letters, digits, '.', '_' or '-'")
     model: str = _req("catalog model name (rooftrace catalog list) or a model TOML path")
     pool: list[PoolTable] = _opt("the pools: every one but the last with a [pool.match] rule")
+    link: PoolLinkTable = _opt("the link every prefill pool hands KV to its decode pool over, unless its own")
     hardware: str = _opt("every pool's default hardware")
     replicas: int = _opt("every pool's default replicas")
     tp: int = _opt()

@@ -64,7 +64,19 @@ from pipeline.replay.limits import (
     out_of_memory,
     span_too_long,
 )
-from pipeline.replay.pools import Pool, PooledFleet, load_fleet_file, offsets
+from pipeline.replay.pools import (
+    SPLIT_COLUMNS,
+    Disaggregated,
+    Handoff,
+    Pool,
+    PooledFleet,
+    hand_off,
+    join_disaggregated,
+    load_fleet_file,
+    merge_handoffs,
+    offsets,
+    take_result,
+)
 from pipeline.replay.runfolder import config_path, write_config
 from pipeline.replay.runrequests import Columns, MemoryColumns, RunRequests, StoredColumns, run_writes
 from pipeline.replay.slo import (
@@ -78,6 +90,7 @@ from pipeline.replay.slo import (
     overload_of,
     overload_text,
     parse_slo,
+    percentile,
     request_latencies,
     share_text,
     slo_verdict,
@@ -1327,6 +1340,86 @@ class _PoolRun:
     run: ReplayRun | None
 
 
+@dataclass(frozen=True)
+class _Prefilled:
+    """A prefill pool's part before its decode pool is replayed: its requests, their workload (the
+    logged outputs), its engine run (one output token each) and what it hands off."""
+
+    requests: pl.DataFrame
+    work: Workload
+    run: ReplayRun
+    moved: Handoff
+
+
+def _hand_off(run: ReplayRun, work: Workload, pool: Pool, decode: ResolvedFleet) -> Handoff:
+    """A prefill pool's hand-off to its decode pool: the KV bytes per token of the decode pool's
+    model, KV dtype, tp and pipeline stage (its memory fit: what one of its GPUs stores), over
+    the pool's link, layer-wise over the model's layers where the link says so."""
+    assert pool.link is not None
+    mem = decode.memory
+    return hand_off(
+        run.work,
+        run.result,
+        mem.kv_bytes_per_token,
+        pool.link.link(),
+        output_tokens=work.output_tokens,
+        window_bytes_per_token=mem.kv_window_bytes_per_token,
+        window=mem.sliding_window,
+        layers=decode.deployment.model.num_layers,
+    )
+
+
+def _disaggregated_table(got: _Prefilled, joined: Disaggregated, t0_us: int, decode: str, offset: int) -> pa.Table:
+    """A prefill pool's rows: each request's life over both pools (its arrival, queue and cache
+    hits at the prefill pool; its tokens from the decode pool) and the TTFT split."""
+    work = got.work
+    table = runrequests.requests_table(
+        got.requests.get_column("request_id").to_arrow(),
+        joined.result,
+        work.prompt_tokens,
+        work.output_tokens,
+        t0_us,
+        None,
+        runrequests.cache_split(got.run.result, got.run.work),
+    )
+    handed = np.isfinite(joined.kv_bytes)
+    placed = joined.decode_replica >= 0
+    extra: dict[str, pa.Array] = {
+        "decode_pool": pa.array(np.full(work.n, decode, dtype=object), pa.string(), mask=~handed),
+        "decode_replica": pa.array(joined.decode_replica + np.int32(offset), pa.int32(), mask=~placed),
+        **{c: pa.array(joined.split[c], mask=~np.isfinite(joined.split[c])) for c in SPLIT_COLUMNS},
+        "kv_transfer_bytes": pa.array(joined.kv_bytes, mask=~handed),
+    }
+    for name, col in extra.items():
+        table = table.append_column(name, col)
+    return table
+
+
+#: The columns a disaggregated fleet's requests table adds (null on a unified pool's rows).
+_DISAGG_COLUMNS = {"decode_pool": pa.string(), "decode_replica": pa.int32(),
+                   **dict.fromkeys(SPLIT_COLUMNS, pa.float64()), "kv_transfer_bytes": pa.float64()}  # fmt: skip
+
+
+def _no_decode(table: pa.Table) -> pa.Table:
+    """A unified pool's rows in a disaggregated fleet's table: the disaggregated columns null."""
+    for name, kind in _DISAGG_COLUMNS.items():
+        table = table.append_column(name, pa.nulls(table.num_rows, kind))
+    return table
+
+
+def _count_disaggregated(counts: dict[str, Any], joined: Disaggregated) -> None:
+    """Add a prefill pool's requests to the run's hand-off counts: handed off, and rejected at
+    the prefill pool (never reaching a decode pool) or at the decode pool, by reason."""
+    counts["requests"] = counts.get("requests", 0) + int(joined.rejected_at.shape[0])
+    counts["handed_off"] = counts.get("handed_off", 0) + int(np.isfinite(joined.kv_bytes).sum())
+    for code, key in ((1, "rejected_at_prefill"), (2, "rejected_at_decode")):
+        where = counts.setdefault(key, {})
+        reasons = joined.result.reject_reason[joined.rejected_at == code]
+        for r in np.unique(reasons).tolist():
+            name = REJECT_REASONS[int(r)]
+            where[name] = where.get(name, 0) + int((reasons == r).sum())
+
+
 def _with_pool(table: pa.Table, pool: str, offset: int) -> pa.Table:
     """A pool's table on the fleet's numbering: its replicas after the pools' before it, and a
     ``pool`` column."""
@@ -1416,12 +1509,15 @@ def _replay_pooled(
     run_dir = store.run_dir(run_id)
     t0_us = int(epoch_us(requests.get_column("arrival")).min())
     first = offsets([f.ranks for f in fleets])
-    parts: list[_PoolRun] = []
-    tables: dict[str, list[pa.Table]] = {"requests": [], "steps": [], "series": []}
+    slots: list[_PoolRun | None] = [None] * len(fleets)
+    by_pool: dict[int, dict[str, pa.Table]] = {}
+    pending: dict[int, _Prefilled] = {}
     for k, (pool, fleet) in enumerate(zip(pooled.pools, fleets, strict=True)):
+        if not pool.takes_requests:  # a decode pool: replayed once its prefill pools have handed off
+            continue
         rows = np.flatnonzero(which == k).astype(np.int64)
         if rows.size == 0:
-            parts.append(_PoolRun(pool, fleet, rows, None))
+            slots[k] = _PoolRun(pool, fleet, rows, None)
             continue
         sub = requests[rows]
         what = f"{rows.size:,} requests of {date} on pool {pool.name} ({fleet.size_text()})"
@@ -1430,17 +1526,52 @@ def _replay_pooled(
         doing[0] = f"replaying {what}"
         engine_progress = check_replay_limits(sub, fleet, options)
         work = build_workload(sub, fleet, options, identity, origin_us=t0_us)
-        run = run_workload(work, fleet, options, engine_progress)
-        parts.append(_PoolRun(pool, fleet, rows, run))
-        at = int(first[k])
-        made = {
-            "requests": requests_table(sub, run, t0_us),
+        if pool.role == "prefill":
+            run = run_workload(replace(work, output_tokens=np.ones(work.n, np.int64)), fleet, options, engine_progress)
+            pending[k] = _Prefilled(sub, work, run, _hand_off(run, work, pool, fleets[pooled.index(str(pool.handoff))]))
+        else:
+            run = run_workload(work, fleet, options, engine_progress)
+        slots[k] = _PoolRun(pool, fleet, rows, run)
+        by_pool[k] = {
             "steps": steps_table(run),
             "series": _series_table(run.log.columns(), fleet, t0_us, options.mode),
         }
-        for part, table in made.items():  # each pool's table in the schema's types (an all-null column typed)
-            tables[part].append(conform(_with_pool(table, pool.name, at), _POOLED_TABLES[part]))
-    order = np.argsort(np.concatenate([p.rows for p in parts]), kind="stable")
+        if pool.role != "prefill":
+            by_pool[k]["requests"] = requests_table(sub, run, t0_us)
+    disagg: dict[str, Any] = {}
+    for d, (pool, fleet) in enumerate(zip(pooled.pools, fleets, strict=True)):
+        if pool.takes_requests:
+            continue
+        feeders = [k for k in pending if pooled.pools[k].handoff == pool.name]
+        merged, positions = merge_handoffs([pending[k].moved for k in feeders])
+        drun: ReplayRun | None = None
+        if merged.n:
+            what = f"{merged.n:,} handed-off requests of {date} on decode pool {pool.name} ({fleet.size_text()})"
+            if progress:
+                progress(f"replaying {what}")
+            doing[0] = f"replaying {what}"
+            drun = run_workload(merged, fleet, options)
+            by_pool[d] = {
+                "steps": steps_table(drun),
+                "series": _series_table(drun.log.columns(), fleet, t0_us, options.mode),
+            }
+        slots[d] = _PoolRun(pool, fleet, np.zeros(0, np.int64), drun)
+        for k, pos in zip(feeders, positions, strict=True):
+            got = pending[k]
+            dres = take_result(drun.result, pos) if drun is not None else EngineResult.empty(0)
+            joined = join_disaggregated(got.run.result, got.moved, dres)
+            by_pool[k]["requests"] = _disaggregated_table(got, joined, t0_us, pool.name, int(first[d]))
+            _count_disaggregated(disagg, joined)
+    parts = [p for p in slots if p is not None]
+    ordered = [k for k in range(len(fleets)) if k in by_pool]
+    tables: dict[str, list[pa.Table]] = {"requests": [], "steps": [], "series": []}
+    for k in ordered:
+        for part, table in by_pool[k].items():  # each pool's table in the schema's types (an all-null column typed)
+            if part == "requests" and pooled.disaggregated and "decode_pool" not in table.column_names:
+                table = _no_decode(table)
+            tables[part].append(conform(_with_pool(table, pooled.pools[k].name, int(first[k])), _POOLED_TABLES[part]))
+    entry_rows = [slots[k].rows for k in ordered if "requests" in by_pool[k]]  # type: ignore[union-attr]
+    order = np.argsort(np.concatenate(entry_rows), kind="stable")
     req = pa.concat_tables(tables["requests"]).take(pa.array(order))
     complete = config_path(run_dir).exists()
     try:
@@ -1450,7 +1581,7 @@ def _replay_pooled(
                 write_parquet(pa.concat_tables(tables[part]), run_dir / f"{part}.parquet", _POOLED_TABLES[part])
         del tables, req
         doing[0] = f"summarizing the run of {requests.height:,} requests of {date} on {pooled.name}"
-        summary = _pooled_summary(StoredColumns(run_dir / "requests.parquet"), parts, options)
+        summary = _pooled_summary(StoredColumns(run_dir / "requests.parquet"), parts, options, disagg or None)
         record = {"date": date, "options": asdict(options), "resolved": resolved}
         _day_notes(store, date, summary, pooled.model, record, t0_us, options.rate_scale)
         with store.lock(), _store_writes(store):
@@ -1464,9 +1595,27 @@ def _replay_pooled(
     return ReplayResult(run_id, run_dir, summary)
 
 
-def _pooled_summary(cols: Columns, parts: Sequence[_PoolRun], options: ReplayOptions) -> dict[str, Any]:
+def _ttft_split(cols: Columns, counts: dict[str, Any]) -> dict[str, Any]:
+    """The TTFT split of a disaggregated run's served requests: each part's mean and p99 (seconds;
+    the means add up to the mean TTFT), with the hand-off counts."""
+    first = cols.get("first_decode_step_s")
+    ok = np.isfinite(first) & (cols.get("reject_code") == 0)
+    out: dict[str, Any] = dict(counts)
+    split: dict[str, Any] = {}
+    for name in ("queue_s", *SPLIT_COLUMNS, "ttft_s"):
+        v = cols.get(name)[ok]
+        split[name] = {"mean": float(v.mean()) if v.size else None, "p99": percentile(v, 99) if v.size else None}
+    out["served"] = int(ok.sum())
+    out["ttft_split"] = split
+    return out
+
+
+def _pooled_summary(
+    cols: Columns, parts: Sequence[_PoolRun], options: ReplayOptions, disagg: dict[str, Any] | None = None
+) -> dict[str, Any]:
     """A pooled run's summary: the whole fleet's figures from its written requests table (as a
-    single pool's), and each pool's own under ``pools``."""
+    single pool's), and each pool's own under ``pools``; a disaggregated fleet's TTFT split and
+    hand-off counts under ``disaggregation``."""
     runs = [p.run for p in parts if p.run is not None]
     sums = StepSums()
     per_pool: dict[str, Any] = {}
@@ -1478,6 +1627,8 @@ def _pooled_summary(cols: Columns, parts: Sequence[_PoolRun], options: ReplayOpt
             "size": part.fleet.size_text(),
             "gpus": part.fleet.config.replicas * part.fleet.gpus_per_replica,
         }
+        if part.pool.handoff is not None and part.pool.link is not None:
+            entry["handoff"] = {"to": part.pool.handoff, "link": part.pool.link.text()}
         if part.run is not None:
             pool_sums = part.run.step_sums()
             sums.spans += pool_sums.spans
@@ -1503,6 +1654,8 @@ def _pooled_summary(cols: Columns, parts: Sequence[_PoolRun], options: ReplayOpt
             summary["health"]["warnings"].append(wide)
             summary["health"]["healthy"] = False
     summary["pools"] = per_pool
+    if disagg is not None:
+        summary["disaggregation"] = _ttft_split(cols, disagg)
     return summary
 
 
@@ -1514,8 +1667,40 @@ def pool_lines(summary: dict[str, Any]) -> list[str]:
         ttft = (p.get("ttft_s") or {}).get("p99")
         tpot = (p.get("tpot_s") or {}).get("p99")
         lat = f"; TTFT p99 {ttft * 1e3:,.1f} ms, TPOT p99 {tpot * 1e3:,.1f} ms" if ttft is not None and tpot else ""
+        hand = p.get("handoff")
+        to = f", hands to {hand['to']} over {hand['link']}" if hand else ""
+        rule = "requests its prefill pools hand it" if p.get("role") == "decode" else p.get("match")
         out.append(
-            f"pool {name} ({p.get('role')}, {p.get('match')}): {p.get('size')}: {p.get('requests', 0):,} requests, "
+            f"pool {name} ({p.get('role')}, {rule}{to}): {p.get('size')}: {p.get('requests', 0):,} requests, "
             f"{p.get('finished', 0):,} finished, {p.get('rejected', 0):,} rejected{lat}"
         )
+    return out + disaggregation_lines(summary)
+
+
+def disaggregation_lines(summary: dict[str, Any]) -> list[str]:
+    """A disaggregated run's hand-offs and TTFT split for people (none for other runs)."""
+    d = summary.get("disaggregation")
+    if not d:
+        return []
+
+    def rejected(key: str) -> str:
+        got = d.get(key) or {}
+        return ", ".join(f"{n:,} {r}" for r, n in sorted(got.items())) or "none"
+
+    out = [
+        f"disaggregated: {d.get('requests', 0):,} requests reached prefill pools, {d.get('handed_off', 0):,} "
+        f"handed off; rejected at prefill: {rejected('rejected_at_prefill')}; at decode: "
+        f"{rejected('rejected_at_decode')}"
+    ]
+    split = d.get("ttft_split") or {}
+    if split.get("ttft_s", {}).get("mean") is not None:
+        names = {"queue_s": "queue", "prefill_s": "prefill", "transfer_s": "transfer",
+                 "decode_queue_s": "decode queue", "first_decode_step_s": "first decode step"}  # fmt: skip
+
+        def ms(key: str, stat: str) -> str:
+            return f"{split[key][stat] * 1e3:,.1f}"
+
+        parts = " + ".join(f"{label} {ms(k, 'mean')}" for k, label in names.items())
+        p99 = ", ".join(f"{label} {ms(k, 'p99')}" for k, label in names.items())
+        out.append(f"TTFT split, mean ms: {parts} = {ms('ttft_s', 'mean')} (p99 ms: {p99}; TTFT {ms('ttft_s', 'p99')})")
     return out
