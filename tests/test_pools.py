@@ -78,7 +78,10 @@ def test_single_pool_file_reads_as_before(tmp_path: Path) -> None:
         ),
         (BASE + _pool("a", "h200", 1, "tenant = ['x']") + _pool("a", "h100-sxm"), r"'a': a second pool of that name"),
         (BASE + _pool("a b", "h200"), r"#1: name must be 1-32 letters"),
-        (BASE + _pool("a", "h200", extra='role = "prefill"'), r"role 'prefill' unknown; choose one of \['unified'\]"),
+        (
+            BASE + _pool("a", "h200", extra='role = "encode"'),
+            r"role 'encode' unknown; choose one of \['unified', 'prefill', 'decode'\]",
+        ),
         (BASE + _pool("a", "h200", extra='model = "qwen3-32b"'), r"\['model'\] belong to the whole fleet"),
         (BASE + _pool("a", "h200", 1, "colour = 'x'") + _pool("b", "h200"), r"unknown key\(s\) \['colour'\]"),
         (
@@ -319,15 +322,18 @@ def test_hand_off_moves_finished_prefills_with_their_kv_over_the_link() -> None:
     )
     res = EngineResult.empty(4)
     res.first_token_s[:] = [0.5, 0.2, np.nan, 0.4]
-    res.reject_reason[:] = [0, 0, 1, 0]  # request 2 rejected; request 1 is done at its first token
+    res.scheduled_s[:] = [0.0, 0.1, np.nan, 0.3]
+    res.reject_reason[:] = [0, 0, 1, 0]  # request 2 rejected
     link = Link(bytes_per_s=1e9, latency_s=0.001)
     moved = hand_off(source, res, kv_bytes_per_token=131072.0, link=link)
-    # request 0: 0.5 + 0.001 + 1000 × 131072 / 1e9 = 0.632072; request 3: 0.4 + 0.001 + 0.524288 = 0.925288
-    assert moved.rows.tolist() == [0, 3]
-    np.testing.assert_allclose(moved.work.arrival_s, [0.632072, 0.925288], rtol=0, atol=1e-12)
-    np.testing.assert_allclose(moved.transfer_s, [0.132072, 0.525288], rtol=0, atol=1e-12)
-    assert moved.work.output_tokens.tolist() == [4, 2]
-    assert moved.work.prompt_tokens.tolist() == moved.work.reported_hit_tokens.tolist() == [1000, 4000]
+    # request 0: 0.5 + 0.001 + 1000 × 131072 / 1e9 = 0.632072; request 1: 0.2 + 0.001 + 0.0262144 = 0.2272144;
+    # request 3: 0.4 + 0.001 + 0.524288 = 0.925288. A one-token output moves too: the decode pool
+    # samples the client's first token (vLLM's decode instance behind its proxy)
+    assert moved.rows.tolist() == [1, 0, 3]
+    np.testing.assert_allclose(moved.work.arrival_s, [0.2272144, 0.632072, 0.925288], rtol=0, atol=1e-12)
+    np.testing.assert_allclose(moved.transfer_s, [0.0272144, 0.132072, 0.525288], rtol=0, atol=1e-12)
+    assert moved.work.output_tokens.tolist() == [1, 5, 3]
+    assert moved.work.prompt_tokens.tolist() == moved.work.reported_hit_tokens.tolist() == [200, 1000, 4000]
     with pytest.raises(ConfigError, match="bandwidth"):
         Link(bytes_per_s=0.0)
     with pytest.raises(ConfigError, match="latency"):
@@ -336,7 +342,7 @@ def test_hand_off_moves_finished_prefills_with_their_kv_over_the_link() -> None:
 
 def test_a_handed_off_request_prefills_only_its_last_token_in_the_next_pool() -> None:
     """The destination pool takes the moved KV as computed: the engine computes one prompt token
-    (for its logits) and decodes the rest of the output."""
+    (for its logits: the first token) and decodes the rest of the output."""
     from pipeline.engine.model import EngineResult, Workload
     from pipeline.replay.fleet import resolve
     from pipeline.replay.pools import Link, hand_off
@@ -348,6 +354,7 @@ def test_a_handed_off_request_prefills_only_its_last_token_in_the_next_pool() ->
     )
     res = EngineResult.empty(2)
     res.first_token_s[:] = [0.3, 0.1]
+    res.scheduled_s[:] = [0.0, 0.0]
     moved = hand_off(source, res, kv_bytes_per_token=131072.0, link=Link(5e10, 1e-5))
     run = run_workload(moved.work, fleet, ReplayOptions())
     out = run.result

@@ -53,6 +53,7 @@ import numpy as np
 import numpy.typing as npt
 import polars as pl
 
+from pipeline.catalog.entries import CATALOG_DIR
 from pipeline.common.errors import ConfigError
 from pipeline.common.tomlfile import read_toml
 from pipeline.engine.model import EngineResult, Workload
@@ -280,8 +281,6 @@ def _match(raw: Any, where: str) -> PoolMatch:
 def link_kinds() -> dict[str, dict[str, float]]:
     """Each link kind's default ``bandwidth_gb_s`` and ``latency_us`` (pipeline/catalog/links.toml,
     with its sources)."""
-    from pipeline.catalog.entries import CATALOG_DIR
-
     data = read_toml(CATALOG_DIR / "links.toml", "link catalog")
     return {k: {"bandwidth_gb_s": float(v["bandwidth_gb_s"]), "latency_us": float(v["latency_us"])}
             for k, v in data["kinds"].items()}  # fmt: skip
