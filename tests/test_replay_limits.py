@@ -25,8 +25,11 @@ from pipeline.replay.limits import MAX_SIM_SPAN_S, ReplayEstimate, distinct_numb
 from pipeline.replay.run import ReplayOptions, replay, series_frames
 
 ROOT = Path(__file__).resolve().parents[1]
-#: The shipped fleets of one pool (fleets/pools.toml, a fleet of pools: tests/test_pools.py).
-FLEETS = sorted(p for p in (ROOT / "fleets").glob("*.toml") if p.name != "pools.toml")
+#: The shipped fleets of one pool (fleets/pools.toml and fleets/disagg-*.toml, fleets of pools:
+#: tests/test_pools.py, tests/test_disaggregated.py).
+FLEETS = sorted(
+    p for p in (ROOT / "fleets").glob("*.toml") if p.name != "pools.toml" and not p.name.startswith("disagg-")
+)
 FACTORS = ("compute_efficiency", "memory_efficiency", "link_efficiency")
 
 

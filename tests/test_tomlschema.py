@@ -33,8 +33,10 @@ from pipeline.ingest.project import find_project
 from pipeline.replay.fleet import Calibration, EngineSettings, Topology, parse_fleet
 
 ROOT = Path(__file__).resolve().parents[1]
-#: The shipped fleets of one pool; fleets/pools.toml is a fleet of pools (its own editor schema).
-FLEETS = sorted(p for p in (ROOT / "fleets").glob("*.toml") if p.name != "pools.toml")
+#: The shipped fleets of pools (their own editor schema): fleets/pools.toml and the disaggregated ones.
+POOLED = sorted(p for p in (ROOT / "fleets").glob("*.toml") if p.name == "pools.toml" or p.name.startswith("disagg-"))
+#: The shipped fleets of one pool.
+FLEETS = sorted(p for p in (ROOT / "fleets").glob("*.toml") if p not in POOLED)
 FIXTURES = Path(__file__).resolve().parent / "fixtures"
 
 FLEET = {
@@ -341,14 +343,18 @@ def test_the_fleet_schema_accepts_every_shipped_fleet_and_refuses_an_unknown_key
     assert list(validator.iter_errors({"name": "x", "model": "m", "hardware": "h", "stack_calibration": {}}))
 
 
-def test_the_pooled_fleet_schema_accepts_the_shipped_fleet_of_pools_and_refuses_a_pool_model() -> None:
+def test_the_pooled_fleet_schema_accepts_the_shipped_fleets_of_pools_and_refuses_a_pool_model() -> None:
     validator = _validator("pooled-fleet")
+    assert len(POOLED) >= 3
+    for path in POOLED:
+        assert not list(validator.iter_errors(tomllib.loads(path.read_text()))), path
     doc = tomllib.loads((ROOT / "fleets" / "pools.toml").read_text())
-    assert not list(validator.iter_errors(doc))
     bad = {**doc, "pool": [{**doc["pool"][0], "model": "qwen3-32b"}, doc["pool"][1]]}
     assert [e.validator for e in validator.iter_errors(bad)] == ["additionalProperties"]
-    wrong_role = {**doc, "pool": [{**doc["pool"][0], "role": "prefill"}, doc["pool"][1]]}
+    wrong_role = {**doc, "pool": [{**doc["pool"][0], "role": "encode"}, doc["pool"][1]]}
     assert [e.validator for e in validator.iter_errors(wrong_role)] == ["enum"]
+    wrong_link = {**doc, "link": {"kind": "smoke-signals"}}
+    assert [e.validator for e in validator.iter_errors(wrong_link)] == ["enum"]
 
 
 @pytest.mark.parametrize(
