@@ -374,3 +374,23 @@ def test_a_day_on_a_1p1d_fleet_keeps_every_request_in_one_row_with_its_ttft_spli
     again = replay(store, ONE_P_ONE_D)  # the same run, the same bytes
     assert again.run_id == run.run_id
     assert {p.name: p.read_bytes() for p in again.run_dir.iterdir()} == before
+
+
+def test_the_load_curve_of_a_disaggregated_fleet_counts_each_request_once_over_both_pools(day: Store) -> None:
+    """Headroom on fleets/disagg-1p1d.toml: at 1× a point counts the replay's requests, finished and
+    rejected (each once, though two pools served it), and its p99 TTFT and TPOT are the run's."""
+    from pipeline.classify.accounting import day_identity
+    from pipeline.replay.loadcurve import curve_point
+
+    run = replay(day, ONE_P_ONE_D)
+    pooled = load_fleet_file(ONE_P_ONE_D)
+    assert isinstance(pooled, PooledFleet)
+    requests = day.read_requests("2025-01-15")
+    point = curve_point(requests, pooled, 1.0, None, day_identity(day, "2025-01-15", requests))
+    assert (point["requests"], point["finished"], point["rejected"]) == (
+        run.summary["requests"],
+        run.summary["finished"],
+        run.summary["rejected"],
+    )
+    assert point["ttft_p99_s"] == pytest.approx(run.summary["ttft_s"]["p99"], rel=1e-9)
+    assert point["tpot_p99_s"] == pytest.approx(run.summary["tpot_s"]["p99"], rel=1e-9)

@@ -32,7 +32,7 @@ from pipeline.common.defaults import DEFAULT_HEADROOM_BUDGET_S
 from pipeline.common.units import format_seconds
 from pipeline.replay.fleet import FleetConfig, resolve
 from pipeline.replay.pools import PooledFleet
-from pipeline.replay.run import ReplayOptions, ReplayRun, run_replay
+from pipeline.replay.run import ReplayOptions, ReplayRun, replay_pools, run_replay
 from pipeline.replay.slo import detect_overload, parse_slo, percentile, request_latencies, slo_verdict
 
 #: Multipliers of today's traffic tried by default: half of it up to four times it.
@@ -51,16 +51,11 @@ def _runs(
     requests: pl.DataFrame, cfg: FleetConfig | PooledFleet, options: ReplayOptions, identity: PrefixIdentity | None
 ) -> list[ReplayRun]:
     """The replays of one point: the fleet's, or each pool's of its share of the requests (a
-    fleet of pools: pipeline.replay.pools; pools share nothing, so each is replayed on its own)."""
+    fleet of pools: pipeline.replay.pools; pools share nothing, so each is replayed on its own; a
+    prefill pool's run holds its requests' whole lives, decode pool included)."""
     if not isinstance(cfg, PooledFleet):
         return [run_replay(requests, resolve(cfg, cfg.name), options, identity=identity)]
-    which = cfg.assign(requests)
-    runs = []
-    for k, pool in enumerate(cfg.pools):
-        rows = np.flatnonzero(which == k)
-        if rows.size:
-            runs.append(run_replay(requests[rows], resolve(pool.config, pool.config.name), options, identity=identity))
-    return runs
+    return replay_pools(requests, cfg, options, identity)
 
 
 def curve_point(

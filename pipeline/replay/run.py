@@ -1420,6 +1420,44 @@ def _count_disaggregated(counts: dict[str, Any], joined: Disaggregated) -> None:
             where[name] = where.get(name, 0) + int((reasons == r).sum())
 
 
+def replay_pools(
+    requests: pl.DataFrame, pooled: PooledFleet, options: ReplayOptions, identity: PrefixIdentity | None = None
+) -> list[ReplayRun]:
+    """A fleet of pools replayed in memory (the headroom curve's points): one run per pool that
+    took requests by rule, each on its own clock. A prefill pool's run is its requests' whole
+    lives: its workload with the logged outputs and the results joined with its decode pool's
+    (pipeline.replay.pools.join_disaggregated), so every request is counted once."""
+    fleets = [resolve(p.config, p.config.name) for p in pooled.pools]
+    which = pooled.assign(requests)
+    t0_us = int(epoch_us(requests.get_column("arrival")).min())
+    runs: dict[int, ReplayRun] = {}
+    pending: dict[int, _Prefilled] = {}
+    for k, pool in enumerate(pooled.pools):
+        rows = np.flatnonzero(which == k)
+        if not pool.takes_requests or not rows.size:
+            continue
+        if pool.role != "prefill":
+            runs[k] = run_replay(requests[rows], fleets[k], options, identity=identity)
+            continue
+        sub = requests[rows]
+        progress = check_replay_limits(sub, fleets[k], options)
+        work = build_workload(sub, fleets[k], options, identity, origin_us=t0_us)  # one clock for feeders
+        run = run_workload(replace(work, output_tokens=np.ones(work.n, np.int64)), fleets[k], options, progress)
+        pending[k] = _Prefilled(sub, work, run, _hand_off(run, work, pool, fleets[pooled.index(str(pool.handoff))]))
+    for d, pool in enumerate(pooled.pools):
+        feeders = [k for k in pending if pooled.pools[k].handoff == pool.name]
+        if not feeders:
+            continue
+        merged, positions = merge_handoffs([pending[k].moved for k in feeders])
+        drun = run_workload(merged, fleets[d], options) if merged.n else None
+        for k, pos in zip(feeders, positions, strict=True):
+            got = pending[k]
+            dres = take_result(drun.result, pos) if drun is not None else EngineResult.empty(0)
+            joined = join_disaggregated(got.run.result, got.moved, dres)
+            runs[k] = replace(got.run, work=got.work, engine_result=joined.result)
+    return [runs[k] for k in sorted(runs)]
+
+
 def _with_pool(table: pa.Table, pool: str, offset: int) -> pa.Table:
     """A pool's table on the fleet's numbering: its replicas after the pools' before it, and a
     ``pool`` column."""
