@@ -11,6 +11,8 @@ Poisson arrivals, a 16-replica fleet of Llama-3.1-8B on H100 (KV capacity from m
                                                         # dp 2 x ep 2 ranks in lockstep
     python benchmarks/replay.py --requests 20000 --cost roofline     # with the roofline model
     python benchmarks/replay.py --reference 2000                     # engine vs reference
+    python benchmarks/replay.py --disagg 6:10                        # 6 prefill + 10 decode replicas
+                                                        # (KV over 50 GB/s RDMA, 50 us per transfer)
 
 The engine is pipeline/engine/jit.py, the one the replay stage uses (``--reference N`` times the
 per-step reference, the tests' oracle, on N requests). ``linear`` is the affine stand-in cost of
@@ -18,7 +20,11 @@ the tests, so the figure measures the engine; ``roofline`` adds the catalog's ro
 ``measured`` the GPU's measured profile (pipeline/costmodel/profile/cost.py) — both tabulated step costs
 (pipeline/costmodel/stepcost.py) the jit engine evaluates inside its loop, dense or MoE alike.
 The jit engine's numba compilation is cached on disk; a warm-up call on 10 requests loads it
-before timing (its wall time is printed too).
+before timing (its wall time is printed too). ``--disagg P:D`` times the disaggregated mode
+instead (docs/pools.md, "Disaggregated prefill/decode"): P prefill replicas replay every request
+with one output token, pipeline.replay.pools.hand_off moves them over the link, D decode
+replicas decode them, and join_disaggregated makes one row per request; the rate counts the
+requests over the wall time of all four.
 """
 
 from __future__ import annotations
@@ -75,7 +81,11 @@ def main() -> None:
     ap.add_argument("--ep", type=int, default=1, help="expert parallel size (1 or tp x dp)")
     ap.add_argument("--router", default="round_robin")
     ap.add_argument("--reference", type=int, default=0, help="also time the reference on N requests")
+    ap.add_argument("--disagg", default=None, help="P:D prefill and decode replicas (the disaggregated mode)")
     args = ap.parse_args()
+    if args.disagg is not None:
+        disagg(args)
+        return
     engine = simulate_jit
 
     fleet = resolve(
@@ -150,6 +160,54 @@ def main() -> None:
         for name in ("first_token_s", "finish_s"):
             a, b = getattr(mine, name), getattr(ref, name)
             print(f"max rel. diff {name:<13} {np.nanmax(np.abs(a - b) / np.abs(b)):.2e}")
+
+
+def disagg(args: argparse.Namespace) -> None:
+    """The disaggregated mode's rate: prefill pool, hand-off, decode pool and join, timed together."""
+    from pipeline.replay.pools import Link, hand_off, join_disaggregated
+
+    p, d = (int(x) for x in args.disagg.split(":"))
+    fleet = resolve(
+        parse_fleet(
+            {"name": "bench", "model": args.model, "hardware": args.hardware, "engine": {"max_model_len": 16384}},
+            "bench",
+        )
+    )
+    cost = LinearCost(a=2.3e-3, b=7e-5, c=2e-10, d=2e-5, e=1.5e-8)
+    rng = np.random.default_rng(0)
+    n = args.requests
+    prompt, output = lengths(n, rng)
+    rate = args.rate if args.rate is not None else 6.0 * (p + d) / 2
+    arrival = np.cumsum(rng.exponential(1.0 / rate, n))
+    first = Workload(arrival_s=arrival, prompt_tokens=prompt, output_tokens=np.ones(n, np.int64))
+    pre = FleetSpec(replicas=p, scheduler=fleet.scheduler, router="least_outstanding")
+    dec = FleetSpec(replicas=d, scheduler=fleet.scheduler, router="least_outstanding")
+    link = Link(50e9, 50e-6)
+    small = Workload(arrival_s=arrival[:10], prompt_tokens=prompt[:10], output_tokens=np.ones(10, np.int64))
+    t0 = time.perf_counter()
+    simulate_jit(small, pre, cost)
+    warm = time.perf_counter() - t0
+    t0, c0 = time.perf_counter(), time.process_time()
+    res_p = simulate_jit(first, pre, cost, StepLog(capacity=1024))
+    t1 = time.perf_counter()
+    moved = hand_off(first, res_p, fleet.memory.kv_bytes_per_token, link, output_tokens=output)
+    t2 = time.perf_counter()
+    res_d = simulate_jit(moved.work, dec, cost, StepLog(capacity=1024))
+    t3 = time.perf_counter()
+    joined = join_disaggregated(res_p, moved, res_d)
+    wall, cpu = time.perf_counter() - t0, time.process_time() - c0
+    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024**2
+    served = int((joined.rejected_at == 0).sum())
+    print(f"requests            {n:,} ({served:,} finished) on {p} prefill + {d} decode replicas, least_outstanding")
+    print(f"engine              jit (warm-up on 10 requests {warm:.2f} s), cost linear")
+    print(f"model               {args.model} on {args.hardware}")
+    print(f"simulated span      {np.nanmax(joined.result.finish_s):,.0f} s at {rate:.1f} req/s offered")
+    print(f"wall                {wall:,.2f} s (prefill {t1 - t0:.2f}, hand-off {t2 - t1:.2f}, decode {t3 - t2:.2f}, "
+          f"join {time.perf_counter() - t3:.2f})")  # fmt: skip
+    print(f"requests per wall-s {n / wall:,.0f}")
+    load = os.getloadavg()[0]
+    print(f"CPU                 {cpu:,.2f} s = {n / cpu:,.0f} requests per CPU-s (load average {load:.1f})")
+    print(f"peak RSS            {rss:,.2f} GiB")
 
 
 if __name__ == "__main__":
