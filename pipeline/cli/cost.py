@@ -2,30 +2,90 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import click
 
 from pipeline.cli.common import emit_json, fmt_num, get_store, json_option, run, store_option, warn
+from pipeline.common.defaults import PURCHASE_MODELS
 
 
 @click.command("cost")
 @click.option("--run", "run_id", default=None, help="Replay run id (default: the latest run).")
-@click.option("--prices", "price_files", multiple=True, type=click.Path(dir_okay=False), help="API price TOML.")
-@click.option("--gpu-price", type=float, default=None, help="Override $/GPU-hour (0 to 1,000,000).")
+@click.option(
+    "--prices",
+    "price_files",
+    multiple=True,
+    type=click.Path(dir_okay=False),
+    help="Price TOML added to the bundled tables (its price of a bundled provider/model replaces that one).",
+)
+@click.option("--prices-only", is_flag=True, help="Price on the --prices files alone, without the bundled tables.")
+@click.option("--gpu-price", type=float, default=None, help="Quoted $/GPU-hour of the purchase model (0 to 1,000,000).")
+@click.option(
+    "--fleet",
+    "fleet_file",
+    type=click.Path(dir_okay=False),
+    default=None,
+    help="Fleet file whose [cost] table states the cost inputs (default: the one the run was replayed from).",
+)
+@click.option("--purchase", type=click.Choice(PURCHASE_MODELS), default=None, help="How the GPUs are bought.")
+@click.option("--spot-interruptions-per-day", type=float, default=None, help="Spot: interruptions per replica a day.")
+@click.option("--spot-restart-s", type=float, default=None, help="Spot: seconds a replica is lost per interruption.")
+@click.option("--redundancy", type=int, default=None, help="k of N+k: spare replicas per pool.")
+@click.option("--network", default=None, help="Network overhead: '10%' of the GPU cost or '2.5/h' dollars an hour.")
+@click.option("--storage", default=None, help="Storage overhead: '10%' or '2.5/h'.")
+@click.option("--operations", default=None, help="Operations overhead: '10%' or '2.5/h'.")
+@click.option("--margin", type=float, default=None, help="Margin, % on top of every cost line.")
 @store_option
 @json_option
 def cost_cmd(
-    run_id: str | None, price_files: tuple[str, ...], gpu_price: float | None, store_path: str | None, as_json: bool
+    run_id: str | None,
+    price_files: tuple[str, ...],
+    prices_only: bool,
+    gpu_price: float | None,
+    fleet_file: str | None,
+    purchase: str | None,
+    spot_interruptions_per_day: float | None,
+    spot_restart_s: float | None,
+    redundancy: int | None,
+    network: str | None,
+    storage: str | None,
+    operations: str | None,
+    margin: float | None,
+    store_path: str | None,
+    as_json: bool,
 ) -> None:
-    """GPU cost of a replay split into $ per million fresh-input, cache-hit and output tokens, and
-    the API-equivalent cost of the same traffic on dated price tables.
+    """GPU cost of a replay split into $ per million fresh-input, cache-hit and output tokens; the
+    full cost stack (purchase model, N+k, spot restarts, overheads, margin), each line shown; and
+    the replacement cost of the same traffic on dated price tables (closed APIs and hosted open
+    models), with each one's blended $ per million tokens and break-even daily volume.
 
     Writes STORE/costs/<run_id>/ (gpu_cost.parquet, api_cost.parquet, cost.json).
 
-    Example: rooftrace cost --prices my_prices.toml
+    Example: rooftrace cost --purchase reserved_1y --redundancy 1 --operations 10% --margin 15
     """
     from pipeline.economics.cost import STALE_AFTER_DAYS, run_cost
 
-    result = run(lambda: run_cost(get_store(store_path), run_id, price_files, gpu_price))
+    overheads = {k: v for k, v in (("network", network), ("storage", storage), ("operations", operations)) if v}
+    options: dict[str, Any] = {
+        "purchase": purchase,
+        "spot_interruptions_per_day": spot_interruptions_per_day,
+        "spot_restart_s": spot_restart_s,
+        "redundancy_replicas": redundancy,
+        "overheads": overheads,
+        "margin_percent": margin,
+    }
+    result = run(
+        lambda: run_cost(
+            get_store(store_path),
+            run_id,
+            price_files,
+            gpu_price,
+            prices_only=prices_only,
+            fleet_file=fleet_file,
+            options=options,
+        )
+    )
     doc = result.to_dict()
     for line in result.warnings:  # the run's failures first: a cost is only as good as its run
         warn(line)
@@ -64,4 +124,22 @@ def cost_cmd(
         click.echo(
             f"  vs {a['provider']}/{a['api_model']} ({a['price_date']}{stale}): API ${a['api_usd']:,.2f}, "
             f"self-host/API {fmt_num(a['self_host_to_api_ratio'], '.2f')}{bad}"
+        )
+    stack = doc.get("cost_stack")
+    if stack:
+        where = doc["cost_inputs_file"] or "no fleet file read"
+        click.echo(f"cost stack ({stack['inputs']['origin']}; {where}): $ over the period, $/day")
+        for line in stack["lines"]:
+            click.echo(
+                f"  {line['line']:<14} ${line['usd']:>14,.2f}  ${line['usd_per_day']:>12,.2f}/day  {line['basis']}"
+            )
+        click.echo(f"  {'total':<14} ${stack['total_usd']:>14,.2f}  ${stack['usd_per_day']:>12,.2f}/day")
+    for r in doc["replacement"]:
+        same = ", same model" if r["same_model"] else ""
+        click.echo(
+            f"  replace by {r['provider']}/{r['api_model']} ({r['kind']}{same}): "
+            f"${fmt_num(r['blended_usd_per_million_tokens'], ',.4f')}/M blended vs self-host "
+            f"${fmt_num(r['self_host_blended_usd_per_million_tokens'], ',.4f')}/M; break-even "
+            f"{fmt_num(r['break_even_tokens_per_day'], ',.0f')} tokens/day "
+            f"({fmt_num(r['break_even_to_day_volume'], ',.2f')}x the day's volume){bad}"
         )

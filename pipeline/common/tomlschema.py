@@ -199,6 +199,29 @@ class TopologyTable(_Table):
     latency_s: float = _opt("seconds per collective call")
 
 
+#: The purchase models a fleet's GPUs may be bought under (pipeline/catalog/cost.toml [purchase.*]).
+_PURCHASES = ["on_demand", "reserved_1y", "reserved_3y", "spot"]
+
+
+class CostTable(_Table):
+    """``[cost]``: the full cost's stated inputs (pipeline/economics/stack.py; docs/economics.md,
+    "Cost stack"). Unset: on demand, no spare replicas, no overheads, no margin."""
+
+    purchase: str = _opt("how the GPUs are bought (default on_demand)", enum=_PURCHASES)
+    usd_per_gpu_hour: float = _opt("a quoted $/GPU-hour for that purchase model, instead of the catalog's")
+    price_date: DateText = _opt("when the quoted usd_per_gpu_hour was read, YYYY-MM-DD")
+    spot_interruptions_per_day: float = _opt("spot: interruptions per replica per day (required for spot)")
+    spot_restart_s: float = _opt("spot: seconds a replica is lost per interruption (required for spot)")
+    redundancy_replicas: int = _opt("k of N+k: spare replicas per pool, paid and idle (default 0)")
+    network_percent: float = _opt("network, % of the GPU cost")
+    network_usd_per_hour: float = _opt("network, $ per hour")
+    storage_percent: float = _opt("storage, % of the GPU cost")
+    storage_usd_per_hour: float = _opt("storage, $ per hour")
+    operations_percent: float = _opt("operations, % of the GPU cost")
+    operations_usd_per_hour: float = _opt("operations, $ per hour")
+    margin_percent: float = _opt("margin, % on top of every cost line")
+
+
 class FleetFile(_Table):
     """FLEET.toml: N identical replicas of one model on one GPU type behind a router."""
 
@@ -230,6 +253,7 @@ class FleetFile(_Table):
     slo: Annotated[dict[str, Any] | str, Expect("a table or a string")] = _opt(
         'latency targets: [slo] preset = "chat", ttft_p99 = 2.0, ... or slo = "chat,ttft_p99=1s"'
     )
+    cost: CostTable = _opt("the full cost's stated inputs: purchase model, N+k, overheads, margin")
 
 
 class PoolMatchTable(_Table):
@@ -316,6 +340,7 @@ class PooledFleetFile(_Table):
     calibration_file: str = _opt()
     topology: TopologyTable = _opt("every pool's default GPU link")
     slo: Annotated[dict[str, Any] | str, Expect("a table or a string")] = _opt("the fleet's latency targets")
+    cost: CostTable = _opt("the full cost's stated inputs: purchase model, N+k per pool, overheads, margin")
 
 
 # --------------------------------------------------------------------------------------------
@@ -495,6 +520,7 @@ class PriceModelTable(_Table):
     output: float = _req("USD per million output tokens")
     date: DateText = _req("when the price was checked, YYYY-MM-DD")
     source: NonEmptyStr = _req()
+    catalog_model: str = _opt("the catalog model id this price serves (an open model hosted by the provider)")
 
 
 class PriceFile(_Table):
@@ -504,6 +530,18 @@ class PriceFile(_Table):
     unit: str = _req(enum=["usd_per_million_tokens"])
     source: NonEmptyStr = _req()
     models: dict[str, PriceModelTable] = _req("[models.<name>] tables")
+
+
+class PurchaseTable(_Table):
+    fraction_of_on_demand: float = _req("the purchase model's $/GPU-hour over the on-demand one, in (0, 1]")
+    date: DateText = _req("when the prices were read, YYYY-MM-DD")
+    source: NonEmptyStr = _req()
+
+
+class CostCatalogFile(_Table):
+    """pipeline/catalog/cost.toml: the purchase models' fractions of the on-demand price."""
+
+    purchase: dict[str, PurchaseTable] = _req("[purchase.<model>] tables")
 
 
 # --------------------------------------------------------------------------------------------

@@ -34,10 +34,23 @@ import polars as pl
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from pipeline.catalog.entries import list_models
 from pipeline.common.errors import ConfigError, RooftraceError
 from pipeline.common.schemas import atomic_write_bytes, read_parquet, write_parquet
 from pipeline.common.tomlfile import read_toml
 from pipeline.costmodel.steps import StepBatch
+from pipeline.economics.stack import (
+    CostInputs,
+    CostStack,
+    PoolGpus,
+    blended_usd_per_million,
+    break_even_tokens_per_day,
+    build_stack,
+    gpu_hour_price,
+    load_purchases,
+    parse_cost_table,
+    with_options,
+)
 from pipeline.ingest.store import Store
 from pipeline.replay.fleet import ResolvedFleet
 from pipeline.replay.runfolder import (
@@ -48,7 +61,7 @@ from pipeline.replay.runfolder import (
     run_overload_sustained,
     run_overloaded,
 )
-from pipeline.replay.slo import day_projection, traffic_span
+from pipeline.replay.slo import MIN_PROJECTION_S, day_projection, traffic_span
 
 PRICES_DIR = Path(__file__).resolve().parents[1] / "catalog" / "prices"
 
@@ -80,6 +93,9 @@ class ApiPrice:
     date: str
     source: str
     path: str
+    #: The catalog model (an open model) this price serves, when the provider hosts one: its rows
+    #: are the replacement cost of the same model (docs/economics.md, "Replacement cost").
+    catalog_model: str | None = None
 
     @property
     def key(self) -> str:
@@ -130,8 +146,16 @@ def parse_price_table(data: Mapping[str, Any], origin: str, today: _dt.date | No
     if not models:
         raise ConfigError(f"{origin}: [models.<name>] tables are required")
     out = []
+    known: list[str] | None = None
     for name, raw in models.items():
         where = f"{origin} [models.{name}]"
+        catalog_model = raw.get("catalog_model")
+        if catalog_model is not None:
+            known = known if known is not None else list_models()
+            if catalog_model not in known:
+                raise ConfigError(
+                    f"{where}: catalog_model {catalog_model!r} is no catalog model (rooftrace catalog list)"
+                )
         values: dict[str, float] = {}
         for key in _PRICE_KEYS:
             v = raw[key]
@@ -152,6 +176,7 @@ def parse_price_table(data: Mapping[str, Any], origin: str, today: _dt.date | No
                 date=_check_date(raw["date"], where, today),
                 source=raw["source"],
                 path=origin,
+                catalog_model=catalog_model,
                 **values,
             )
         )
@@ -162,18 +187,31 @@ def load_price_file(path: Path | str, today: _dt.date | None = None) -> list[Api
     return parse_price_table(read_toml(path, "price file"), str(path), today)
 
 
-def load_prices(paths: Sequence[Path | str] | None = None, today: _dt.date | None = None) -> list[ApiPrice]:
-    """Prices from ``paths`` (files), or every bundled table; duplicate provider/model is an error."""
-    files = [Path(p) for p in paths] if paths else sorted(PRICES_DIR.glob("*.toml"))
-    prices: list[ApiPrice] = []
-    seen: dict[str, str] = {}
-    for f in files:
+def load_prices(
+    paths: Sequence[Path | str] | None = None, today: _dt.date | None = None, *, only: bool = False
+) -> list[ApiPrice]:
+    """Every bundled table plus the files ``paths`` (``only``: the files alone). A file's price of a
+    provider/model a bundled table prices replaces the bundled one (a negotiated price); the same
+    provider/model twice among the files, or twice among the bundled tables, is an error."""
+    user = [Path(p) for p in paths or ()]
+    if only and not user:
+        raise ConfigError("--prices-only needs at least one --prices FILE")
+    mine: dict[str, ApiPrice] = {}
+    for f in user:
         for p in load_price_file(f, today):
-            if p.key in seen:
-                raise ConfigError(f"{f}: {p.key} is also priced in {seen[p.key]}")
-            seen[p.key] = str(f)
-            prices.append(p)
-    return prices
+            if p.key in mine:
+                raise ConfigError(f"{f}: {p.key} is also priced in {mine[p.key].path}")
+            mine[p.key] = p
+    prices: list[ApiPrice] = []
+    if not only:
+        seen: dict[str, str] = {}
+        for f in sorted(PRICES_DIR.glob("*.toml")):
+            for p in load_price_file(f, today):
+                if p.key in seen:
+                    raise ConfigError(f"{f}: {p.key} is also priced in {seen[p.key]}")
+                seen[p.key] = str(f)
+                prices.append(mine.pop(p.key, p))
+    return prices + list(mine.values())
 
 
 # --------------------------------------------------------------------------------------------
@@ -604,6 +642,12 @@ class CostResult:
     warnings: tuple[str, ...] = ()
     #: The period priced and why (:func:`run_period`); None: the GPU cost's window, the arrivals.
     period: Period | None = None
+    #: The full cost, line by line (pipeline/economics/stack.py); None: the GPU cost alone.
+    stack: CostStack | None = None
+    #: The replacement cost of the same traffic per alternative (:func:`replacement_rows`).
+    replacement: tuple[dict[str, Any], ...] = ()
+    #: The fleet file whose [cost] table gave the stack's inputs (None: none read).
+    inputs_file: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
         g = self.gpu
@@ -629,6 +673,9 @@ class CostResult:
             "token_classes": [{**r, "unit_cost_valid": valid} for r in g.rows()],
             "api_equivalent": [{**r, "self_host_to_api_ratio_valid": valid} for r in self.api_rows],
             "catalog_source": self.catalog_source,
+            **({"cost_stack": self.stack.to_dict()} if self.stack is not None else {}),
+            "cost_inputs_file": self.inputs_file,
+            "replacement": [{**r, "break_even_valid": valid, "blended_valid": valid} for r in self.replacement],
             **(
                 {"pools": [_pool_cost_dict(name, part, valid) for name, part in g.pools]}
                 if isinstance(g, PooledGpuCost)
@@ -677,7 +724,7 @@ def _fleet_gpu_cost(
     spans: Mapping[str, npt.NDArray[np.float64]],
     step_rows: npt.NDArray[np.bool_],
     span: float,
-    usd_per_gpu_hour: float | None,
+    price: tuple[float, str] | None,
 ) -> GpuCost:
     """One homogeneous fleet's GPU cost over ``span`` seconds: its finished requests (``ok``) and
     its steps (``step_rows``), its busy time split over token classes by its own step cost."""
@@ -697,8 +744,8 @@ def _fleet_gpu_cost(
     return GpuCost(
         hardware=hw.name,
         gpus=fleet.ranks * dep.gpus,
-        usd_per_gpu_hour=usd_per_gpu_hour if usd_per_gpu_hour is not None else hw.price_usd_per_gpu_hour,
-        price_date="override" if usd_per_gpu_hour is not None else hw.price_date,
+        usd_per_gpu_hour=price[0] if price is not None else hw.price_usd_per_gpu_hour,
+        price_date=price[1] if price is not None else hw.price_date,
         window_s=span,
         busy_gpu_s=float((mine["end_s"] - mine["start_s"]).sum()) * dep.gpus,
         class_busy_s=busy,
@@ -799,14 +846,91 @@ class PooledGpuCost:
         return out
 
 
+def run_cost_inputs(
+    config: Mapping[str, Any], fleet_file: str | None, options: Mapping[str, Any]
+) -> tuple[CostInputs, str | None]:
+    """The cost stack's stated inputs for a run: ``fleet_file``'s ``[cost]`` table, else the one of
+    the fleet file the run recorded (``fleet_file`` in its config.json) when that file is still
+    there, else the defaults; the command line's ``options`` over them. Also the file read."""
+    path: Path | None = Path(fleet_file) if fleet_file is not None else None
+    recorded = config.get("fleet_file")
+    if path is None and isinstance(recorded, str) and recorded and Path(recorded).is_file():
+        path = Path(recorded)
+    base = CostInputs()
+    if path is not None:
+        data = read_toml(path, "fleet file")
+        raw = data.get("cost")
+        if raw is not None:
+            if not isinstance(raw, dict):
+                raise ConfigError(f"{path}: cost must be a table ([cost]), got {raw!r}")
+            base = parse_cost_table(raw, f"{path} [cost]")
+    return with_options(base, **options), (str(path) if path is not None else None)
+
+
+def run_model(config: Mapping[str, Any]) -> str | None:
+    """The catalog model a run served (its resolved fleet's ``model``)."""
+    resolved = config.get("resolved")
+    fleet = resolved.get("fleet") if isinstance(resolved, dict) else None
+    model = fleet.get("model") if isinstance(fleet, dict) else None
+    return model if isinstance(model, str) else None
+
+
+def replacement_rows(
+    stack: CostStack,
+    tokens: TokenTotals,
+    prices: Sequence[ApiPrice],
+    api_rows: Sequence[Mapping[str, Any]],
+    model: str | None,
+) -> tuple[dict[str, Any], ...]:
+    """Per priced alternative: its blended $ per million tokens over the traffic's own mix (its bill
+    / every token of the traffic), the self-hosted full cost's, and the break-even volume
+    ``V* = F / p × 10⁶`` tokens a day (``F``: the stack's $ a day; ``p``: the alternative's blended
+    price), beside the traffic's own volume projected to a day."""
+    total = tokens.fresh_input + tokens.cache_hit + tokens.output
+    # the day's volume only from an hour of traffic or more (pipeline.replay.slo.day_projection's rule)
+    day_tokens = total * 86400.0 / stack.period_s if stack.period_s >= MIN_PROJECTION_S else None
+    own = blended_usd_per_million(stack.total_usd, total)
+    out = []
+    for p, row in zip(prices, api_rows, strict=True):
+        blended = blended_usd_per_million(float(row["api_usd"]), total)
+        v = break_even_tokens_per_day(stack.usd_per_day, blended)
+        out.append(
+            {
+                "provider": p.provider,
+                "api_model": p.model,
+                "catalog_model": p.catalog_model,
+                "same_model": p.catalog_model is not None and p.catalog_model == model,
+                "kind": "hosted open model" if p.catalog_model else "closed API",
+                "price_date": p.date,
+                "api_usd": row["api_usd"],
+                "blended_usd_per_million_tokens": blended,
+                "self_host_blended_usd_per_million_tokens": own,
+                "self_host_usd_per_day": stack.usd_per_day,
+                "day_tokens": day_tokens,
+                "break_even_tokens_per_day": v,
+                "break_even_to_day_volume": v / day_tokens if v is not None and day_tokens else None,
+            }
+        )
+    return tuple(out)
+
+
 def run_cost(
     store: Store,
     run_id: str | None = None,
     price_files: Sequence[str] = (),
     usd_per_gpu_hour: float | None = None,
+    *,
+    prices_only: bool = False,
+    fleet_file: str | None = None,
+    options: Mapping[str, Any] | None = None,
 ) -> CostResult:
-    """GPU cost split and API-equivalent cost of a stored replay run (the latest when ``run_id`` is
-    None); writes ``STORE/costs/<run_id>/{gpu_cost,api_cost}.parquet`` and ``cost.json``."""
+    """GPU cost split, full cost stack and API-equivalent cost of a stored replay run (the latest
+    when ``run_id`` is None); writes ``STORE/costs/<run_id>/{gpu_cost,api_cost}.parquet`` and
+    ``cost.json``. The stack's inputs: ``fleet_file``'s ``[cost]`` table (default: the fleet file
+    the run was replayed from, when it is still there), with ``options`` over it
+    (:func:`pipeline.economics.stack.with_options`' keywords); ``usd_per_gpu_hour`` (``--gpu-price``)
+    is the quoted price of the purchase model. ``price_files`` add to the bundled price tables
+    (``prices_only``: replace them)."""
     if usd_per_gpu_hour is not None:
         check_gpu_price(usd_per_gpu_hour, "--gpu-price")
     if run_id is not None and not run_id.strip():  # '' was quietly the latest run
@@ -821,7 +945,9 @@ def run_cost(
     config = read_config(cfg_path)
     pools = pools_of(config, str(cfg_path))
     catalog_source = "; ".join(dict.fromkeys(p.source for p in pools))
-    prices = load_prices(list(price_files) or None)
+    prices = load_prices(list(price_files), only=prices_only)
+    inputs, inputs_file = run_cost_inputs(config, fleet_file, options or {})
+    purchases = load_purchases()
     steps = read_parquet(run_dir / "steps.parquet", "replay_steps")
     spans = {
         k: steps.column(k).to_numpy().astype(np.float64)
@@ -852,23 +978,31 @@ def run_cost(
             joined = ids.join(own, on="request_id", how="left", maintain_order="left")
             writes = joined.get_column("cache_write_tokens").fill_null(0.0).to_numpy().astype(np.float64)
     parts: list[tuple[str | None, GpuCost]] = []
+    per_replica: list[int] = []
     for pool in pools:
         on_pool = np.ones(req.num_rows, np.bool_)
         step_rows = np.ones(steps.num_rows, np.bool_)
         if pool.name is not None:  # a fleet of pools: each pool's requests and steps, priced on its GPUs
             on_pool = np.asarray(req.column("pool").to_pylist(), dtype=object) == pool.name
             step_rows = np.asarray(steps.column("pool").to_pylist(), dtype=object) == pool.name
-        parts.append(
-            (
-                pool.name,
-                _fleet_gpu_cost(pool.fleet, req, ok & on_pool, writes, spans, step_rows, span, usd_per_gpu_hour),
-            )
+        hw = pool.fleet.deployment.hardware
+        price = (
+            (usd_per_gpu_hour, "override")
+            if usd_per_gpu_hour is not None
+            else gpu_hour_price(hw.price_usd_per_gpu_hour, hw.price_date, inputs, purchases)
         )
+        parts.append((pool.name, _fleet_gpu_cost(pool.fleet, req, ok & on_pool, writes, spans, step_rows, span, price)))
+        per_replica.append(pool.fleet.gpus_per_replica)
     gpu: GpuCost | PooledGpuCost = parts[0][1]
     if pools[0].name is not None:  # a fleet of pools
         gpu = PooledGpuCost(tuple((str(name), part) for name, part in parts))
     tokens = gpu.tokens
-    api_rows = api_cost_rows(run_id, tokens, prices, gpu.total_usd, span)
+    stack = build_stack(
+        [PoolGpus(name, g.gpus, n, g.usd_per_gpu_hour) for (name, g), n in zip(parts, per_replica, strict=True)],
+        inputs,
+        span,
+    )
+    api_rows = api_cost_rows(run_id, tokens, prices, stack.total_usd, span)
     out_dir = store.cost_dir(run_id)
     gpu_rows = [
         {
@@ -887,7 +1021,10 @@ def run_cost(
     health = summary.get("health") if isinstance(summary, dict) else None
     found = health.get("warnings") if isinstance(health, dict) else None
     warnings = tuple(str(w) for w in found) if isinstance(found, list) else ()
-    result = CostResult(run_id, gpu, api_rows, out_dir, catalog_source, warnings, period)
+    replacement = replacement_rows(stack, tokens, prices, api_rows, run_model(config))
+    result = CostResult(
+        run_id, gpu, api_rows, out_dir, catalog_source, warnings, period, stack, replacement, inputs_file
+    )
     with store.lock():
         write_parquet(pa.Table.from_pylist(gpu_rows), out_dir / "gpu_cost.parquet", "plan_gpu_cost")
         write_parquet(pa.Table.from_pylist(api_rows), out_dir / "api_cost.parquet", "plan_api_cost")

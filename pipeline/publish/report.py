@@ -19,7 +19,7 @@ import math
 import os
 import re
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -1401,6 +1401,65 @@ def _cell(v: Any) -> str:
     return str(v)
 
 
+#: The report's title of the full cost stack (docs/economics.md, "Cost stack").
+COST_STACK_TITLE = "Cost stack (US$; each line as `rooftrace cost` stated it)"
+REPLACEMENT_TITLE = "Replacement cost and break-even volume"
+
+
+def _cost_json(store: Store, run_id: str) -> dict[str, Any] | None:
+    """``STORE/costs/<run_id>/cost.json`` as `rooftrace cost` wrote it (None: not written, or not
+    a cost document this version reads: the section then says to run `cost`)."""
+    path = store.cost_dir(run_id) / "cost.json"
+    try:
+        doc = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, ValueError):
+        return None
+    return doc if isinstance(doc, dict) else None
+
+
+def cost_stack_sections(doc: Mapping[str, Any] | None, run_id: str) -> list[tuple[str, str]]:
+    """The full cost's lines (every one, none folded into another) and, per alternative, its blended
+    $ per million tokens and the break-even daily volume, from `rooftrace cost`'s cost.json."""
+    stack = doc.get("cost_stack") if doc else None
+    if not isinstance(stack, dict) or not isinstance(stack.get("lines"), list):
+        note = f"`rooftrace cost --run {run_id}` has not written this run's cost stack yet."
+        return [(COST_STACK_TITLE, fragment("para")(note, "note"))]
+    found = stack.get("inputs")
+    inputs: dict[str, Any] = found if isinstance(found, dict) else {}
+    keep = ("line", "basis", "usd", "usd_per_day")
+    rows = [{k: line.get(k) for k in keep} for line in stack["lines"] if isinstance(line, dict)]
+    rows.append({"line": "total", "basis": "", "usd": stack.get("total_usd"), "usd_per_day": stack.get("usd_per_day")})
+    read = (doc or {}).get("cost_inputs_file") or "no fleet file read"
+    purchase = inputs.get("purchase", "on_demand")
+    said = fragment("para")(
+        f"Inputs from {inputs.get('origin', 'defaults')} ({read}); purchase model {purchase}.",
+        "note",
+    )
+    out: list[tuple[str, str]] = [(COST_STACK_TITLE, said + _html_table(rows))]
+    replacement = (doc or {}).get("replacement")
+    if isinstance(replacement, list) and replacement:
+        cols = (
+            "provider",
+            "api_model",
+            "kind",
+            "same_model",
+            "price_date",
+            "blended_usd_per_million_tokens",
+            "self_host_blended_usd_per_million_tokens",
+            "break_even_tokens_per_day",
+            "break_even_to_day_volume",
+        )
+        table = [{c: r.get(c) for c in cols} for r in replacement if isinstance(r, dict)]
+        formula = fragment("para")(
+            "Break-even V* = F / p x 10^6 tokens a day: F the self-hosted fleet's full cost a day (the stack's "
+            "total), p the alternative's blended $ per million tokens over this traffic's own token mix; above V* "
+            "the fixed fleet is cheaper, as long as it still meets the SLO at that volume.",
+            "note",
+        )
+        out.append((REPLACEMENT_TITLE, formula + _html_table(table)))
+    return out
+
+
 def _economics_sections(
     session: Session, run_id: str, charts: list[Chart], date: str, model: str | None, period: Period | None = None
 ) -> list[tuple[str, str]]:
@@ -2457,6 +2516,7 @@ def build_report(
         ("KV memory", _html_table([{KV_NAMES.get(k, k): v for k, v in r.items()} for r in q("kv_memory")])),
         ("Binding resource shares", _html_table(q("binding_shares"))),
         (f"Cost (US$ over {period.text})", _html_table(cost_table(q("cost"), period))),
+        *cost_stack_sections(_cost_json(store, run_id), run_id),
         *_economics_sections(
             session, run_id, charts, day, config.get("resolved", {}).get("fleet", {}).get("model"), period
         ),

@@ -468,7 +468,8 @@ def parse_fleet(
             "(calibration_file) both set: keep one"
         )
     topology = parse_topology(data["topology"], f"{origin} [topology]") if "topology" in data else None
-    skip = ("engine", "calibration", "slo", "calibration_file", "stack_calibration", "topology")
+    # [cost] prices the fleet (pipeline/economics/stack.py) and changes nothing the replay does
+    skip = ("engine", "calibration", "slo", "calibration_file", "stack_calibration", "topology", "cost")
     top = {k: v for k, v in data.items() if k not in skip}
     cfg = FleetConfig(
         engine=engine, calibration=calibration, slo=slo, stack_calibration=stack, topology=topology, **top

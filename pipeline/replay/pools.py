@@ -67,7 +67,7 @@ ROLES: tuple[str, ...] = ("unified", "prefill", "decode")
 MATCH_KEYS: tuple[str, ...] = ("tenant", "min_input_tokens", "max_input_tokens")
 #: Keys of the whole fleet that a pool may not set: one fleet serves one model and is judged
 #: against one SLO.
-FLEET_ONLY_KEYS: tuple[str, ...] = ("model", "slo", "description")
+FLEET_ONLY_KEYS: tuple[str, ...] = ("model", "slo", "description", "cost")
 #: The keys of a ``[[pool]]`` table that are the pool's own, not fleet keys.
 POOL_KEYS: tuple[str, ...] = ("name", "role", "match", "handoff", "link")
 #: The keys of a link table (``[pool.link]`` or the fleet's ``[link]``).
