@@ -296,3 +296,83 @@ def test_cost_and_plan_never_project_seconds_of_traffic_to_a_day(replayed: Store
     assert day_projection(5.0) == "5 s of traffic; not projected to a day: too short a span to extrapolate from"
     assert day_projection(7200.0) == "2 h of traffic -> x12 per day"
     assert day_projection(60.0 * 70) == "1.17 h of traffic -> x20.6 per day"
+
+
+def test_cost_stack_on_a_replay_each_line_in_the_output_and_the_report(replayed: Store, tmp_path: Path) -> None:
+    """`cost` with stated inputs: the stack's total is (N + k) × $/GPU-h × fraction × (1 + ops) ×
+    (1 + margin) over the period, computed here from the run's own GPUs, price and period; every
+    line is printed and shown in the report, and so is the break-even volume of each alternative."""
+    replayed = own_copy(replayed, tmp_path)
+    args = ["cost", "--store", str(replayed.root), "--purchase", "reserved_1y", "--redundancy", "1"]
+    args += ["--operations", "10%", "--network", "0.5/h", "--margin", "15"]
+    res = CliRunner().invoke(main, [*args, "--json"])
+    assert res.exit_code == 0, res.output
+    doc = json.loads(res.stdout)
+    hours = doc["period_s"] / 3600
+    catalog = 4.76  # pipeline/catalog/hardware/h100-sxm.toml [price], the fleet's GPU
+    assert doc["usd_per_gpu_hour"] == pytest.approx(catalog * 0.63)
+    per_replica = 1  # fleets/default.toml: tp 1
+    gpu_lines = (doc["gpus"] + per_replica) * catalog * 0.63
+    want = (gpu_lines * 1.10 + 0.5) * 1.15 * hours
+    stack = doc["cost_stack"]
+    assert stack["total_usd"] == pytest.approx(want)
+    lines = {x["line"]: x for x in stack["lines"]}
+    assert lines["network"]["usd"] == pytest.approx(0.5 * hours)
+    assert lines["operations"]["usd"] == pytest.approx(0.10 * gpu_lines * hours)
+    assert stack["inputs"]["origin"] == "command line"
+    # the API comparison and break-even use the full cost
+    for a in doc["api_equivalent"]:
+        assert a["self_host_usd"] == pytest.approx(want)
+    tokens = sum(r["tokens"] for r in doc["token_classes"] if r["token_class"] != "idle")
+    for r in doc["replacement"]:
+        api = next(
+            a for a in doc["api_equivalent"] if (a["provider"], a["api_model"]) == (r["provider"], r["api_model"])
+        )
+        assert r["blended_usd_per_million_tokens"] == pytest.approx(api["api_usd"] / tokens * 1e6)
+        assert r["break_even_tokens_per_day"] == pytest.approx(
+            stack["usd_per_day"] / r["blended_usd_per_million_tokens"] * 1e6
+        )
+    assert any(r["same_model"] for r in doc["replacement"])  # the run serves llama-3.1-8b, which DeepInfra hosts
+    text = CliRunner().invoke(main, args)
+    assert text.exit_code == 0, text.output
+    for name in lines:
+        assert any(ln.startswith(f"  {name} ") for ln in text.stdout.splitlines()), (name, text.stdout)
+    assert (
+        "break-even" in text.stdout
+        and "deepinfra/Meta-Llama-3.1-8B-Instruct (hosted open model, same model)" in text.stdout
+    )
+    out = tmp_path / "report" / "index.html"
+    rep = CliRunner().invoke(main, ["report", "--store", str(replayed.root), "--out", str(out)])
+    assert rep.exit_code == 0, rep.output
+    page = out.read_text()
+    assert "Cost stack" in page and "Replacement cost and break-even volume" in page
+    for name in ("compute", "redundancy", "spot_restarts", "network", "storage", "operations", "margin"):
+        assert f"<td>{name}</td>" in page or f">{name}<" in page, name
+    assert "N+1" in page and "V* = F / p" in page
+
+
+def test_cost_options_and_price_files_refused_in_one_line(replayed: Store, tmp_path: Path) -> None:
+    replayed = own_copy(replayed, tmp_path)
+    bad = tmp_path / "bad.toml"
+    bad.write_text(
+        'provider = "p"\nunit = "usd_per_million_tokens"\nsource = "s"\n[models.m]\ninput = -1\n'
+        'cached_input = 0\ncache_write = 0\noutput = 1\ndate = "2026-11-01"\nsource = "s"\n'
+    )
+    fleet = tmp_path / "fleet.toml"
+    fleet.write_text((ROOT / "fleets" / "default.toml").read_text() + "\n[cost]\nmargin_percent = -5\n")
+    cases = [
+        (["--prices", str(bad)], f"{bad} [models.m]: input must be between 0"),
+        (["--margin", "nan"], "margin_percent must be a number in [0, 1,000] %, got nan"),
+        (["--network", "lots"], "--network: 'lots' must be a percentage"),
+        (["--purchase", "spot"], "purchase = 'spot' needs ['spot_interruptions_per_day', 'spot_restart_s']"),
+        (["--fleet", str(fleet)], f"{fleet} [cost]: margin_percent must be a number in [0, 1,000] %, got -5.0"),
+        (["--prices-only"], "--prices-only needs at least one --prices FILE"),
+    ]
+    for extra, message in cases:
+        res = CliRunner().invoke(main, ["cost", "--store", str(replayed.root), *extra])
+        assert res.exit_code == 1, (extra, res.output)
+        assert message in res.output and "Traceback" not in res.output, (extra, res.output)
+    ok = CliRunner().invoke(
+        main, ["cost", "--store", str(replayed.root), "--prices-only", "--prices", str(bad).replace("bad", "x")]
+    )
+    assert ok.exit_code != 0

@@ -187,7 +187,7 @@ def _allowed(case: tuple[Any, ...]) -> list[str]:
 def test_the_allowed_lists_are_the_hand_written_ones() -> None:
     """The declarations hold exactly the keys the loaders read (nothing lost in the move)."""
     assert _allowed(CASES[0]) == [
-        "calibration", "calibration_file", "cost_model", "description", "dp", "engine", "ep", "hardware",
+        "calibration", "calibration_file", "cost", "cost_model", "description", "dp", "engine", "ep", "hardware",
         "kv_dtype", "measured_source", "model", "name", "pp", "replicas", "router", "router_pod_balancer",
         "router_pod_size", "slo", "stack_calibration", "topology", "tp", "weight_dtype",
     ]  # fmt: skip
@@ -200,6 +200,10 @@ def test_the_allowed_lists_are_the_hand_written_ones() -> None:
     assert set(tomlschema.StackCalibrationTable.model_fields) == set(TEXT_KEYS) | set(PARAMETERS)
     assert set(tomlschema.PeakFlopsTable.model_fields) == {"bf16", "fp16", "fp8", "int8", "fp4", "int4"}
     assert set(tomlschema.ProjectFile.model_fields) == {"store", "reports", "fleet", "models"}
+    # [cost]: the stated inputs pipeline/economics/stack.py reads (CostInputs.to_dict's keys, less where they came from)
+    from pipeline.economics.stack import CostInputs
+
+    assert set(tomlschema.CostTable.model_fields) == set(CostInputs().to_dict()) - {"origin"}
 
 
 @pytest.mark.parametrize("case", CASES, ids=[c[0] for c in CASES])

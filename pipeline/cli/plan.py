@@ -156,7 +156,13 @@ PLAN_COLUMNS = (
     help="Give up on a configuration above this many replicas.",
 )
 @click.option("--gpu-price", multiple=True, help="Override a GPU price: HARDWARE=USD_PER_GPU_HOUR (repeatable).")
-@click.option("--prices", "price_files", multiple=True, type=click.Path(dir_okay=False), help="API price TOML.")
+@click.option(
+    "--prices",
+    "price_files",
+    multiple=True,
+    type=click.Path(dir_okay=False),
+    help="Price TOML added to the bundled tables (docs/economics.md).",
+)
 @click.option(
     "--max-rejected",
     default="0",
