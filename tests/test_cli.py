@@ -97,3 +97,6 @@ def test_help_choices_are_the_stages_own() -> None:
     from pipeline.engine.shard import EXECUTORS
 
     assert defaults.REPLAY_EXECUTORS == EXECUTORS
+    from pipeline.economics.stack import PURCHASES
+
+    assert defaults.PURCHASE_MODELS == PURCHASES

@@ -372,7 +372,7 @@ def test_cost_options_and_price_files_refused_in_one_line(replayed: Store, tmp_p
         res = CliRunner().invoke(main, ["cost", "--store", str(replayed.root), *extra])
         assert res.exit_code == 1, (extra, res.output)
         assert message in res.output and "Traceback" not in res.output, (extra, res.output)
-    ok = CliRunner().invoke(
-        main, ["cost", "--store", str(replayed.root), "--prices-only", "--prices", str(bad).replace("bad", "x")]
-    )
-    assert ok.exit_code != 0
+    missing = tmp_path / "missing.toml"
+    gone = CliRunner().invoke(main, ["cost", "--store", str(replayed.root), "--prices-only", "--prices", str(missing)])
+    assert gone.exit_code == 1 and str(missing) in gone.output and "Traceback" not in gone.output, gone.output
+    assert len(gone.output.strip().splitlines()) == 1, gone.output

@@ -87,6 +87,7 @@ def plan_default_hardware_text() -> str:
     except ConfigError:
         return "default_hardware of pipeline/catalog/plan.toml"
 
+
 #: The purchase models `rooftrace cost --purchase` takes (pipeline/economics/stack.py PURCHASES,
 #: the [purchase.*] tables of pipeline/catalog/cost.toml; a test keeps the three equal).
 PURCHASE_MODELS: tuple[str, ...] = ("on_demand", "reserved_1y", "reserved_3y", "spot")
