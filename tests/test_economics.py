@@ -339,7 +339,7 @@ def test_cost_stack_on_a_replay_each_line_in_the_output_and_the_report(replayed:
         assert any(ln.startswith(f"  {name} ") for ln in text.stdout.splitlines()), (name, text.stdout)
     assert (
         "break-even" in text.stdout
-        and "deepinfra/Meta-Llama-3.1-8B-Instruct (hosted open model, same model)" in text.stdout
+        and "deepinfra/Meta-Llama-3.1-8B-Instruct (2026-12-07; hosted llama-3.1-8b, same model)" in text.stdout
     )
     out = tmp_path / "report" / "index.html"
     rep = CliRunner().invoke(main, ["report", "--store", str(replayed.root), "--out", str(out)])

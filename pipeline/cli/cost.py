@@ -119,27 +119,27 @@ def cost_cmd(
             f"  {r['token_class']:<12} {r['tokens']:>16,.0f} tokens  busy {r['busy_share']:>5.1%}  "
             f"${fmt_num(r['all_in_usd_per_million_tokens'], '.4f')}/M all-in{bad}"
         )
-    for a in doc["api_equivalent"]:
-        stale = f", STALE price: checked over {STALE_AFTER_DAYS} days ago" if a["price_stale"] else ""
-        click.echo(
-            f"  vs {a['provider']}/{a['api_model']} ({a['price_date']}{stale}): API ${a['api_usd']:,.2f}, "
-            f"self-host/API {fmt_num(a['self_host_to_api_ratio'], '.2f')}{bad}"
-        )
     stack = doc.get("cost_stack")
     if stack:
         where = doc["cost_inputs_file"] or "no fleet file read"
-        click.echo(f"cost stack ({stack['inputs']['origin']}; {where}): $ over the period, $/day")
+        click.echo(f"full cost stack (inputs: {stack['inputs']['origin']}; {where}):")
         for line in stack["lines"]:
             click.echo(
-                f"  {line['line']:<14} ${line['usd']:>14,.2f}  ${line['usd_per_day']:>12,.2f}/day  {line['basis']}"
+                f"  {line['line']:<14} ${line['usd']:>12,.2f}  ${line['usd_per_day']:>12,.2f}/day  {line['basis']}"
             )
-        click.echo(f"  {'total':<14} ${stack['total_usd']:>14,.2f}  ${stack['usd_per_day']:>12,.2f}/day")
-    for r in doc["replacement"]:
-        same = ", same model" if r["same_model"] else ""
+        click.echo(f"  {'total':<14} ${stack['total_usd']:>12,.2f}  ${stack['usd_per_day']:>12,.2f}/day")
+    replacement = {(r["provider"], r["api_model"]): r for r in doc["replacement"]}
+    click.echo("replacement (self-host = the full cost; break-even V* = fleet $/day / blended $/M x 1e6):")
+    for a in doc["api_equivalent"]:
+        stale = f", STALE price: checked over {STALE_AFTER_DAYS} days ago" if a["price_stale"] else ""
+        r = replacement.get((a["provider"], a["api_model"]), {})
+        kind = f"; hosted {r['catalog_model']}" if r.get("catalog_model") else ""
+        kind += ", same model" if r.get("same_model") else ""
+        day = r.get("break_even_to_day_volume")
+        versus = f"{day:,.2f}x the day's volume" if day is not None else "no day's volume under an hour of traffic"
         click.echo(
-            f"  replace by {r['provider']}/{r['api_model']} ({r['kind']}{same}): "
-            f"${fmt_num(r['blended_usd_per_million_tokens'], ',.4f')}/M blended vs self-host "
-            f"${fmt_num(r['self_host_blended_usd_per_million_tokens'], ',.4f')}/M; break-even "
-            f"{fmt_num(r['break_even_tokens_per_day'], ',.0f')} tokens/day "
-            f"({fmt_num(r['break_even_to_day_volume'], ',.2f')}x the day's volume){bad}"
+            f"  vs {a['provider']}/{a['api_model']} ({a['price_date']}{stale}{kind}): API ${a['api_usd']:,.2f}, "
+            f"self-host/API {fmt_num(a['self_host_to_api_ratio'], '.2f')}{bad}; "
+            f"${fmt_num(r.get('blended_usd_per_million_tokens'), ',.4f')}/M blended; break-even "
+            f"{fmt_num(r.get('break_even_tokens_per_day'), ',.0f')} tokens/day ({versus}){bad}"
         )

@@ -404,7 +404,9 @@ def build_stack(
         CostLine("compute", f"{gpus} GPUs x $/GPU-h ({inputs.purchase})", compute),
         CostLine(
             "redundancy",
-            f"N+{k}: {spare_gpus} spare GPUs ({k} replica(s) per pool)" if k else "N+0: no spare replicas",
+            f"N+{k}: {k} spare replica{'s' if k > 1 else ''} per pool, {spare_gpus} GPU{'s' if spare_gpus != 1 else ''}"
+            if k
+            else "N+0: no spare replicas",
             spare,
         ),
         CostLine("spot_restarts", spot_basis, lost),

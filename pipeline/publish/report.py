@@ -1456,6 +1456,9 @@ def cost_stack_sections(doc: Mapping[str, Any] | None, run_id: str) -> list[tupl
             "the fixed fleet is cheaper, as long as it still meets the SLO at that volume.",
             "note",
         )
+        flagged = (doc or {}).get("unit_costs_note")
+        if isinstance(flagged, str) and flagged:  # a run that fell behind: its blended prices and V* are not valid
+            formula += fragment("para")(flagged, "note")
         out.append((REPLACEMENT_TITLE, formula + _html_table(table)))
     return out
 
