@@ -342,3 +342,28 @@ def test_a_cost_table_changes_nothing_the_replay_records(tmp_path: Path) -> None
         parse_pooled(pooled, "f.toml")
     del pooled["pool"][1]["cost"]  # type: ignore[index]
     assert len(parse_pooled(pooled, "f.toml").pools) == 2
+
+
+def test_the_cost_inputs_come_from_the_recorded_fleet_file_unless_one_is_named(tmp_path: Path) -> None:
+    """`cost` reads [cost] from --fleet, else from the fleet file the run recorded while it is there;
+    the options win over its keys; no file: the defaults."""
+    from pipeline.economics.cost import run_cost_inputs
+
+    recorded = tmp_path / "recorded.toml"
+    recorded.write_text('name = "f"\n[cost]\npurchase = "reserved_3y"\nmargin_percent = 15\n')
+    named = tmp_path / "named.toml"
+    named.write_text('name = "f"\n[cost]\noperations_usd_per_hour = 2.5\n')
+    config = {"fleet_file": str(recorded)}
+    inputs, read = run_cost_inputs(config, None, {})
+    assert (inputs.purchase, inputs.margin_percent, read) == ("reserved_3y", 15.0, str(recorded))
+    assert inputs.origin == f"{recorded} [cost]"
+    inputs, read = run_cost_inputs(config, str(named), {"margin_percent": 5.0})
+    assert inputs.purchase == "on_demand" and inputs.overhead("operations").usd_per_hour == 2.5
+    assert inputs.margin_percent == 5.0 and read == str(named)
+    recorded.unlink()
+    inputs, read = run_cost_inputs(config, None, {})
+    assert inputs == CostInputs() and read is None
+    bad = tmp_path / "bad.toml"
+    bad.write_text('name = "f"\ncost = 3\n')
+    with pytest.raises(ConfigError, match=r"bad\.toml: cost must be a table \(\[cost\]\), got 3"):
+        run_cost_inputs({}, str(bad), {})
