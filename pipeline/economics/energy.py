@@ -1,0 +1,499 @@
+"""Energy of a replayed day: a power model per GPU applied to the run's step log.
+
+Each GPU's board power during a span of engine steps is
+
+    P = idle_w + (max_w − idle_w) · min(1, compute·MFU + memory·MBU + communication·c + overhead·o)
+
+where MFU and MBU are the span's achieved FLOP/s and bytes/s over the GPU's datasheet peaks (the
+steps table's ``flops`` and ``bytes`` per GPU over the span's duration: how hard the compute-bound
+and the memory-bound operators drive their units), and ``c``, ``o`` the shares of the span's
+priced time in communication and in the fixed per-step overhead (``comm_s``, ``overhead_s`` over
+the four parts). ``idle_w``, ``max_w`` and the four draws are data (``pipeline/catalog/power.toml``,
+each with its source; the draws fitted on the ML.ENERGY batch sweeps, docs/economics.md
+"Energy"). A span's joules are P × its duration × the rank's GPUs; the time a rank is not
+stepping, within the period ``cost`` prices, is at ``idle_w``.
+
+Attribution: a span's joules go to prefill and decode by their share of its tokens (prefill
+tokens vs decode tokens); prefill joules are the fresh-input class (recomputation included),
+decode joules the output class. Cache-hit input tokens run no step of their own: they are
+charged nothing directly (the attention reads over them are inside the steps that read them),
+and ``cache_hit_avoided_kwh`` says what prefilling them would have cost at the fresh rate.
+Per request, each rank's prefill joules are shared over its requests by prefill tokens weighted
+with the rank's joules per prefill token between their scheduling and first token, and its
+decode joules by the per-sequence decode power over their decode interval; both are normalised
+per rank, so Σ requests + idle + unattributed (spans of a rank that served no finished request)
+= total, exactly up to rounding.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from functools import cache
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+from pipeline.common.errors import ConfigError
+from pipeline.common.schemas import read_parquet
+from pipeline.common.tomlfile import read_toml
+from pipeline.economics.cost import stored_run_period
+from pipeline.replay.runfolder import RunPool, pools_of
+
+FloatArray = npt.NDArray[np.float64]
+
+#: The catalog's power tables (one per GPU, each with its sources).
+POWER_PATH = Path(__file__).resolve().parents[1] / "catalog" / "power.toml"
+#: What bound a span's time, in the steps table's column order.
+BOUNDS: tuple[str, ...] = ("compute", "memory", "communication", "overhead")
+_BOUND_COLUMNS = ("compute_s", "memory_s", "comm_s", "overhead_s")
+_POWER_KEYS = ("idle_w", "max_w", *BOUNDS)
+#: The highest board power a GPU entry may state (W): above every accelerator's TDP
+#: (GB200's 1,200 W, MI355X's 1,400 W) with room, below anything a typo of a kW figure gives.
+MAX_BOARD_W = 3000.0
+
+#: The largest draw per unit of utilisation (a GPU at full MFU drawing 3x its dynamic range is
+#: already clipped at max_w; a larger figure is a typo).
+MAX_DRAW = 3.0
+
+#: Defaults of the electricity inputs (FLEET.toml ``[energy]`` or the command line override them).
+DEFAULT_USD_PER_KWH = 0.0811
+DEFAULT_PUE = 1.56
+SETTING_SOURCES = {
+    "usd_per_kwh": "U.S. EIA, Electric Power Monthly (Feb 2025), Table 5.3: average retail price to the "
+    "industrial sector, 2024 annual, 8.11 cents/kWh",
+    "pue": "Uptime Institute Global Data Center Survey 2024: average annual PUE 1.56",
+}
+#: Bounds of the electricity inputs: a price in (0, 10] USD/kWh, a PUE in [1, 5].
+USD_PER_KWH_RANGE = (0.0, 10.0)
+PUE_RANGE = (1.0, 5.0)
+
+
+@dataclass(frozen=True)
+class PowerSpec:
+    """One GPU's power model (W per GPU); ``draw`` maps each of :data:`BOUNDS` to the share of
+    the dynamic range (max_w − idle_w) drawn per unit of that utilisation (module doc)."""
+
+    hardware: str
+    idle_w: float
+    max_w: float
+    draw: Mapping[str, float]
+    sources: Mapping[str, str] = field(default_factory=dict)
+
+    def power_w(
+        self, mfu: npt.ArrayLike, mbu: npt.ArrayLike, comm: npt.ArrayLike, overhead: npt.ArrayLike
+    ) -> FloatArray:
+        """Board power of one GPU (W) in spans of the given compute and memory-bandwidth
+        utilisation (achieved FLOP/s and bytes/s over the datasheet peaks) and shares of their
+        priced time in communication and fixed overhead; at most max_w."""
+        terms = [np.nan_to_num(np.maximum(np.asarray(v, np.float64), 0.0)) for v in (mfu, mbu, comm, overhead)]
+        mix = sum(self.draw[k] * v for k, v in zip(BOUNDS, terms, strict=True))
+        return self.idle_w + (self.max_w - self.idle_w) * np.minimum(np.asarray(mix, np.float64), 1.0)
+
+    def span_power_w(self, spans: Mapping[str, FloatArray], peak_flops: float, bandwidth: float) -> FloatArray:
+        """:meth:`power_w` of step-log spans (the steps table's flops, bytes, start_s, end_s and
+        the four parts of the priced time), for a GPU of ``peak_flops`` FLOP/s and ``bandwidth`` B/s."""
+        dur = np.maximum(spans["end_s"] - spans["start_s"], 0.0)
+        parts = np.stack([np.maximum(np.nan_to_num(spans[c]), 0.0) for c in _BOUND_COLUMNS])
+        total = parts.sum(axis=0)
+        ok = dur > 0
+        mfu = np.divide(spans["flops"], dur * peak_flops, out=np.zeros_like(dur), where=ok)
+        mbu = np.divide(spans["bytes"], dur * bandwidth, out=np.zeros_like(dur), where=ok)
+        comm = np.divide(parts[2], total, out=np.zeros_like(dur), where=total > 0)
+        over = np.divide(parts[3], total, out=np.ones_like(dur), where=total > 0)
+        return self.power_w(mfu, mbu, comm, over)
+
+
+def _number(table: Mapping[str, Any], key: str, where: str) -> float:
+    value = table[key]
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise ConfigError(f"{where}: {key} must be a number, got {value!r}")
+    v = float(value)
+    if not math.isfinite(v):
+        raise ConfigError(f"{where}: {key} must be a finite number, got {value!r}")
+    return v
+
+
+def parse_power(name: str, table: Any, origin: str) -> PowerSpec:
+    """One GPU's ``[name]`` table of the power file, checked: every key present and known, watts
+    in (0, MAX_BOARD_W] with idle_w < max_w, draws in [0, MAX_DRAW], a source for each number."""
+    where = f"{origin} [{name}]"
+    if not isinstance(table, dict):
+        raise ConfigError(f"{where}: must be a table of {list(_POWER_KEYS)} and [sources]")
+    allowed = {*_POWER_KEYS, "sources"}
+    unknown = sorted(set(table) - allowed)
+    if unknown:
+        raise ConfigError(f"{where}: unknown key(s) {unknown}; allowed: {sorted(allowed)}")
+    missing = [k for k in (*_POWER_KEYS, "sources") if k not in table]
+    if missing:
+        raise ConfigError(f"{where}: missing key(s) {missing}")
+    values = {k: _number(table, k, where) for k in _POWER_KEYS}
+    for key in ("idle_w", "max_w"):
+        if not 0.0 < values[key] <= MAX_BOARD_W:
+            raise ConfigError(f"{where}: {key} must be in (0, {MAX_BOARD_W:g}] W, got {table[key]!r}")
+    if values["idle_w"] >= values["max_w"]:
+        raise ConfigError(f"{where}: idle_w ({values['idle_w']:g} W) must be below max_w ({values['max_w']:g} W)")
+    for key in BOUNDS:
+        if not 0.0 <= values[key] <= MAX_DRAW:
+            raise ConfigError(
+                f"{where}: {key} must be in [0, {MAX_DRAW:g}] (share of the range idle_w..max_w per unit of "
+                f"utilisation), got {table[key]!r}"
+            )
+    sources = table["sources"]
+    need = ("idle_w", "max_w", "draw")
+    if not isinstance(sources, dict) or any(
+        not isinstance(sources.get(k), str) or not sources[k].strip() for k in need
+    ):
+        raise ConfigError(f"{where} [sources]: must give a source (text) for each of {list(need)}")
+    return PowerSpec(name, values["idle_w"], values["max_w"], {k: values[k] for k in BOUNDS}, dict(sources))
+
+
+def parse_power_file(data: Mapping[str, Any], origin: str) -> dict[str, PowerSpec]:
+    """Every GPU's power model in a parsed power file."""
+    return {name: parse_power(name, table, origin) for name, table in data.items()}
+
+
+@cache
+def load_power(path: Path | str = POWER_PATH) -> dict[str, PowerSpec]:
+    """The power file's models by catalog hardware name (``pipeline/catalog/power.toml``)."""
+    return parse_power_file(read_toml(path, "power file"), str(path))
+
+
+# --------------------------------------------------------------------------------------------
+# electricity inputs
+
+
+@dataclass(frozen=True)
+class EnergySettings:
+    """Price of electricity (USD per kWh at the meter) and the facility's PUE."""
+
+    usd_per_kwh: float = DEFAULT_USD_PER_KWH
+    pue: float = DEFAULT_PUE
+
+    def checked(self, where: str) -> EnergySettings:
+        for key, (lo, hi), closed in (("usd_per_kwh", USD_PER_KWH_RANGE, False), ("pue", PUE_RANGE, True)):
+            v = getattr(self, key)
+            ok = isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v)
+            ok = ok and (lo <= v <= hi if closed else lo < v <= hi)
+            if not ok:
+                bounds = f"[{lo:g}, {hi:g}]" if closed else f"({lo:g}, {hi:g}]"
+                raise ConfigError(f"{where}: {key} must be a number in {bounds}, got {v!r}")
+        return self
+
+    def with_options(self, usd_per_kwh: float | None, pue: float | None) -> EnergySettings:
+        """These settings with the command line's values where given (checked)."""
+        out = EnergySettings(self.usd_per_kwh if usd_per_kwh is None else usd_per_kwh, self.pue if pue is None else pue)
+        return out.checked("--usd-per-kwh/--pue")
+
+
+def settings_of(table: Mapping[str, Any] | None, where: str) -> EnergySettings:
+    """FLEET.toml's ``[energy]`` table (or its record in a run) as settings; None: the defaults."""
+    if not table:
+        return EnergySettings()
+    return EnergySettings(
+        float(table.get("usd_per_kwh", DEFAULT_USD_PER_KWH)), float(table.get("pue", DEFAULT_PUE))
+    ).checked(f"{where} [energy]")
+
+
+# --------------------------------------------------------------------------------------------
+# a run's energy
+
+
+@dataclass(frozen=True)
+class PoolEnergy:
+    name: str | None
+    hardware: str
+    gpus: int
+    busy_j: float
+    idle_j: float
+
+    @property
+    def total_j(self) -> float:
+        return self.busy_j + self.idle_j
+
+
+@dataclass(frozen=True)
+class RunEnergy:
+    """What a run's GPUs drew over ``period_s`` (GPU board energy; facility energy = × PUE)."""
+
+    period_s: float
+    settings: EnergySettings
+    pools: tuple[PoolEnergy, ...]
+    #: Joules by token class and the tokens of that class (finished requests).
+    class_j: Mapping[str, float]
+    class_tokens: Mapping[str, float]
+    #: Per request (rows of requests.parquet, in order): prefill and decode joules.
+    request_prefill_j: FloatArray
+    request_decode_j: FloatArray
+    unattributed_j: float
+    average_w: float
+    peak_w: float
+    missing_power: tuple[str, ...] = ()
+
+    @property
+    def idle_j(self) -> float:
+        return sum(p.idle_j for p in self.pools)
+
+    @property
+    def total_j(self) -> float:
+        return sum(p.total_j for p in self.pools)
+
+    def to_dict(self) -> dict[str, Any]:
+        """The summary's ``energy`` block (SI units, kWh for people)."""
+        kwh = self.total_j / 3.6e6
+        day = 86400.0 / self.period_s if self.period_s > 0 else 0.0
+        per_token = {
+            k: (self.class_j[k] / self.class_tokens[k] if self.class_tokens[k] > 0 else None) for k in self.class_j
+        }
+        facility_kwh = kwh * self.settings.pue
+        fresh = per_token.get("fresh_input") or 0.0
+        return {
+            "period_s": self.period_s,
+            "gpu_kwh": kwh,
+            "gpu_kwh_per_day": kwh * day,
+            "facility_kwh": facility_kwh,
+            "facility_kwh_per_day": facility_kwh * day,
+            "idle_kwh": self.idle_j / 3.6e6,
+            "unattributed_kwh": self.unattributed_j / 3.6e6,
+            "average_w": self.average_w,
+            "peak_w": self.peak_w,
+            "j_per_token": per_token,
+            "class_kwh": {k: v / 3.6e6 for k, v in self.class_j.items()},
+            "cache_hit_avoided_kwh": fresh * self.class_tokens.get("cache_hit_input", 0.0) / 3.6e6,
+            "j_per_request_mean": (
+                float((self.request_prefill_j + self.request_decode_j).sum()) / n
+                if (n := int(np.count_nonzero(self.request_prefill_j + self.request_decode_j)))
+                else None
+            ),
+            "electricity_usd": facility_kwh * self.settings.usd_per_kwh,
+            "electricity_usd_per_day": facility_kwh * self.settings.usd_per_kwh * day,
+            "usd_per_kwh": self.settings.usd_per_kwh,
+            "pue": self.settings.pue,
+            "pools": [
+                {
+                    "pool": p.name,
+                    "hardware": p.hardware,
+                    "gpus": p.gpus,
+                    "gpu_kwh": p.total_j / 3.6e6,
+                    "gpu_kwh_per_day": p.total_j / 3.6e6 * day,
+                    "idle_kwh": p.idle_j / 3.6e6,
+                }
+                for p in self.pools
+            ],
+            "missing_power": list(self.missing_power),
+            "scope": "GPU board power (NVML-style); host, network and cooling only through PUE",
+        }
+
+
+def _col(table: Any, name: str) -> FloatArray:
+    return np.nan_to_num(table.column(name).to_numpy(zero_copy_only=False).astype(np.float64))
+
+
+def _cumulative(start: FloatArray, end: FloatArray, amount: FloatArray) -> tuple[FloatArray, FloatArray]:
+    """Breakpoints (x, y) of the cumulative amount of spans sorted by start that do not overlap,
+    each spread evenly over [start, end]: np.interp(t, x, y) is the amount up to ``t``."""
+    cum = np.concatenate([[0.0], np.cumsum(amount)])
+    x = np.empty(2 * start.size)
+    y = np.empty(2 * start.size)
+    x[0::2], x[1::2] = start, end
+    y[0::2], y[1::2] = cum[:-1], cum[1:]
+    return x, y
+
+
+def _window(x: FloatArray, y: FloatArray, a: FloatArray, b: FloatArray) -> FloatArray:
+    if x.size == 0:
+        return np.zeros(a.shape)
+    return np.interp(b, x, y) - np.interp(a, x, y)
+
+
+def _share(weights: FloatArray, total: float) -> FloatArray:
+    s = float(weights.sum())
+    return weights * (total / s) if s > 0 else np.zeros_like(weights)
+
+
+def _peak_w(start: FloatArray, end: FloatArray, above_w: FloatArray, base_w: float) -> float:
+    """The highest one-second mean of the fleet's power: ``base_w`` (every GPU at idle) plus each
+    span's ``above_w`` spread over the seconds it covers."""
+    if start.size == 0:
+        return base_w
+    t0 = math.floor(float(start.min()))
+    n = math.ceil(float(end.max())) - t0 + 1
+    bins = np.zeros(n + 1)
+    s, e = start - t0, end - t0
+    k0, k1 = np.floor(s).astype(np.int64), np.floor(e).astype(np.int64)
+    same = k0 == k1
+    np.add.at(bins, k0[same], above_w[same] * (e - s)[same])
+    cross = ~same
+    np.add.at(bins, k0[cross], above_w[cross] * (k0[cross] + 1 - s[cross]))
+    np.add.at(bins, k1[cross], above_w[cross] * (e[cross] - k1[cross]))
+    full = np.zeros(n + 2)  # whole seconds strictly between: a difference array of the rate
+    np.add.at(full, k0[cross] + 1, above_w[cross])
+    np.add.at(full, k1[cross], -above_w[cross])
+    bins += np.cumsum(full)[: n + 1]
+    return base_w + float(bins.max())
+
+
+def run_energy(
+    run_dir: Path,
+    config: Mapping[str, Any],
+    settings: EnergySettings | None = None,
+    power: Mapping[str, PowerSpec] | None = None,
+) -> RunEnergy:
+    """The energy of a stored replay run (its steps and requests tables and its ``config.json``)
+    with the power models ``power`` (default: the catalog's) and the electricity ``settings``
+    (default: the run's fleet ``[energy]``, else the defaults)."""
+    origin = str(run_dir / "config.json")
+    pools = pools_of(config, origin)
+    if settings is None:
+        settings = settings_of(_recorded_energy(config), origin)
+    models = load_power() if power is None else power
+    period = stored_run_period(run_dir, config).seconds
+    steps = read_parquet(
+        run_dir / "steps.parquet",
+        "replay_steps",
+        ["replica", "start_s", "end_s", "steps", "prefill_tokens", "decode_tokens", "flops", "bytes", *_BOUND_COLUMNS],
+    )
+    req = read_parquet(
+        run_dir / "requests.parquet",
+        "replay_requests",
+        [
+            "replica",
+            "status",
+            "scheduled_s",
+            "first_token_s",
+            "finish_s",
+            "fresh_input_tokens",
+            "cache_hit_tokens",
+            "output_tokens",
+            "prefill_tokens",
+        ],
+    )
+    s = {name: _col(steps, name) for name in steps.column_names}
+    finished = np.asarray([v == "finished" for v in req.column("status").to_pylist()], dtype=bool)
+    r = {name: _col(req, name) for name in req.column_names if name != "status"}
+    return _energy(s, r, finished, pools, models, settings, period)
+
+
+def _recorded_energy(config: Mapping[str, Any]) -> Mapping[str, Any] | None:
+    resolved = config.get("resolved")
+    fleet = resolved.get("fleet") if isinstance(resolved, dict) else None
+    if isinstance(resolved, dict) and isinstance(resolved.get("pools"), list) and resolved["pools"]:
+        first = resolved["pools"][0]
+        fleet = first.get("fleet") if isinstance(first, dict) else None
+    table = fleet.get("energy") if isinstance(fleet, dict) else None
+    return table if isinstance(table, dict) else None
+
+
+def _energy(
+    s: Mapping[str, FloatArray],
+    r: Mapping[str, FloatArray],
+    finished: npt.NDArray[np.bool_],
+    pools: Sequence[RunPool],
+    models: Mapping[str, PowerSpec],
+    settings: EnergySettings,
+    period_s: float,
+) -> RunEnergy:
+    n_req = finished.size
+    pre_j, dec_j = np.zeros(n_req), np.zeros(n_req)
+    class_j = {"fresh_input": 0.0, "cache_hit_input": 0.0, "output": 0.0}
+    unattributed = 0.0
+    out: list[PoolEnergy] = []
+    missing: list[str] = []
+    starts, ends, above = [], [], []
+    base_w = 0.0
+    span_replica = s["replica"].astype(np.int64)
+    req_replica = r["replica"].astype(np.int64)
+    for pool in pools:
+        hw = pool.fleet.config.hardware
+        name = Path(hw).stem if hw.endswith(".toml") else hw
+        spec = models.get(name)
+        gpus_rank = pool.fleet.deployment.gpus
+        ranks = pool.fleet.ranks
+        if spec is None:
+            missing.append(name)
+            continue
+        first, last = pool.first_replica, pool.first_replica + ranks
+        in_pool = (span_replica >= first) & (span_replica < last)
+        dur = np.maximum(s["end_s"][in_pool] - s["start_s"][in_pool], 0.0)
+        dep = pool.fleet.deployment
+        peak = dep.hardware.peak_for(dep.compute_dtype)
+        watts = spec.span_power_w(
+            {k: v[in_pool] for k, v in s.items()}, peak, dep.hardware.memory_bandwidth_bytes_per_s
+        )
+        watts = watts * gpus_rank
+        joules = watts * dur
+        busy_per_rank = np.bincount(span_replica[in_pool] - first, weights=dur, minlength=ranks)
+        idle = float(np.maximum(period_s - busy_per_rank, 0.0).sum()) * spec.idle_w * gpus_rank
+        out.append(PoolEnergy(pool.name, name, ranks * gpus_rank, float(joules.sum()), idle))
+        starts.append(s["start_s"][in_pool])
+        ends.append(s["end_s"][in_pool])
+        above.append(watts - spec.idle_w * gpus_rank)
+        base_w += spec.idle_w * gpus_rank * ranks
+        p_tok, d_tok = s["prefill_tokens"][in_pool], s["decode_tokens"][in_pool]
+        tok = p_tok + d_tok
+        pf = np.divide(p_tok, tok, out=np.zeros_like(tok), where=tok > 0)
+        span_pre, span_dec = joules * pf, joules * (1.0 - pf)
+        span_dec = np.where(tok > 0, span_dec, 0.0)
+        unattributed += float(joules[tok <= 0].sum())
+        rep = span_replica[in_pool]
+        for k in np.unique(rep):
+            on = rep == k
+            mine = np.flatnonzero((req_replica == k) & finished)
+            a, b = s["start_s"][in_pool][on], s["end_s"][in_pool][on]
+            e_pre, e_dec = float(span_pre[on].sum()), float(span_dec[on].sum())
+            if mine.size == 0:
+                unattributed += e_pre + e_dec
+                continue
+            class_j["fresh_input"] += e_pre
+            class_j["output"] += e_dec
+            # prefill: the request's prefill tokens at the rank's J/token between scheduling and first token
+            xe, ye = _cumulative(a, b, span_pre[on])
+            xn, yn = _cumulative(a, b, p_tok[on])
+            lo, hi = r["scheduled_s"][mine], r["first_token_s"][mine]
+            pe, pn = _window(xe, ye, lo, hi), _window(xn, yn, lo, hi)
+            avg = e_pre / max(float(p_tok[on].sum()), 1.0)
+            rate = np.divide(pe, pn, out=np.full(pe.shape, avg), where=pn > 0)
+            pre_j[mine] = _share(r["prefill_tokens"][mine] * rate, e_pre)
+            # decode: what one sequence decoding throughout a span is charged (the span's decode
+            # joules over its decode sequences), accumulated over the request's decode interval
+            xd, yd = _cumulative(a, b, _seq_j(span_dec[on], d_tok[on], s["steps"][in_pool][on]))
+            wd = np.where(r["output_tokens"][mine] > 1, _window(xd, yd, hi, r["finish_s"][mine]), 0.0)
+            if float(wd.sum()) <= 0:  # no decode interval overlaps a span: by decode tokens
+                wd = np.maximum(r["output_tokens"][mine] - 1.0, 0.0)
+            dec_j[mine] = _share(wd, e_dec)
+    for k in ("fresh_input", "cache_hit_input", "output"):
+        class_j.setdefault(k, 0.0)
+    tokens = {
+        "fresh_input": float(r["fresh_input_tokens"][finished].sum()),
+        "cache_hit_input": float(r["cache_hit_tokens"][finished].sum()),
+        "output": float(r["output_tokens"][finished].sum()),
+    }
+    total = sum(p.total_j for p in out)
+    peak = _peak_w(
+        np.concatenate(starts) if starts else np.zeros(0),
+        np.concatenate(ends) if ends else np.zeros(0),
+        np.concatenate(above) if above else np.zeros(0),
+        base_w,
+    )
+    return RunEnergy(
+        period_s=period_s,
+        settings=settings,
+        pools=tuple(out),
+        class_j=class_j,
+        class_tokens=tokens,
+        request_prefill_j=pre_j,
+        request_decode_j=dec_j,
+        unattributed_j=unattributed,
+        average_w=total / period_s if period_s > 0 else 0.0,
+        peak_w=peak,
+        missing_power=tuple(missing),
+    )
+
+
+def _seq_j(span_dec_j: FloatArray, decode_tokens: FloatArray, steps: FloatArray) -> FloatArray:
+    """Decode joules one sequence is charged for decoding throughout each span: the span's decode
+    joules per decode token times its steps (= over the sequences decoding in each step)."""
+    return np.divide(span_dec_j * steps, decode_tokens, out=np.zeros_like(span_dec_j), where=decode_tokens > 0)
