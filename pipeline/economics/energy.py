@@ -288,8 +288,37 @@ class RunEnergy:
         }
 
 
+@dataclass(frozen=True)
+class EnergyPool:
+    """What the energy of one pool needs of it: its replicas' numbers in the run's tables
+    (``first_replica`` on, ``ranks`` of them), GPUs per rank, and the peaks MFU and MBU are over."""
+
+    name: str | None
+    hardware: str
+    first_replica: int
+    ranks: int
+    gpus_per_rank: int
+    peak_flops_per_s: float
+    bandwidth_bytes_per_s: float
+
+    @classmethod
+    def of(cls, pool: RunPool) -> EnergyPool:
+        dep = pool.fleet.deployment
+        hw = pool.fleet.config.hardware
+        return cls(
+            pool.name,
+            Path(hw).stem if hw.endswith(".toml") else hw,
+            pool.first_replica,
+            pool.fleet.ranks,
+            dep.gpus,
+            dep.hardware.peak_for(dep.compute_dtype),
+            dep.hardware.memory_bandwidth_bytes_per_s,
+        )
+
+
 def _col(table: Any, name: str) -> FloatArray:
-    return np.nan_to_num(table.column(name).to_numpy(zero_copy_only=False).astype(np.float64))
+    out: FloatArray = np.nan_to_num(table.column(name).to_numpy(zero_copy_only=False).astype(np.float64))
+    return out
 
 
 def _cumulative(start: FloatArray, end: FloatArray, amount: FloatArray) -> tuple[FloatArray, FloatArray]:
@@ -374,7 +403,7 @@ def run_energy(
     s = {name: _col(steps, name) for name in steps.column_names}
     finished = np.asarray([v == "finished" for v in req.column("status").to_pylist()], dtype=bool)
     r = {name: _col(req, name) for name in req.column_names if name != "status"}
-    return _energy(s, r, finished, pools, models, settings, period)
+    return energy_of(s, r, finished, [EnergyPool.of(p) for p in pools], models, settings, period)
 
 
 def _recorded_energy(config: Mapping[str, Any]) -> Mapping[str, Any] | None:
@@ -387,15 +416,20 @@ def _recorded_energy(config: Mapping[str, Any]) -> Mapping[str, Any] | None:
     return table if isinstance(table, dict) else None
 
 
-def _energy(
+def energy_of(
     s: Mapping[str, FloatArray],
     r: Mapping[str, FloatArray],
     finished: npt.NDArray[np.bool_],
-    pools: Sequence[RunPool],
+    pools: Sequence[EnergyPool],
     models: Mapping[str, PowerSpec],
     settings: EnergySettings,
     period_s: float,
 ) -> RunEnergy:
+    """The energy of a run given as columns: ``s`` the steps table's (replica, start_s, end_s,
+    steps, prefill_tokens, decode_tokens, flops, bytes, compute_s, memory_s, comm_s, overhead_s),
+    ``r`` the requests table's (replica, scheduled_s, first_token_s, finish_s, prefill_tokens,
+    fresh_input_tokens, cache_hit_tokens, output_tokens) with ``finished`` marking the finished
+    ones, over ``period_s`` (module doc)."""
     n_req = finished.size
     pre_j, dec_j = np.zeros(n_req), np.zeros(n_req)
     class_j = {"fresh_input": 0.0, "cache_hit_input": 0.0, "output": 0.0}
@@ -407,21 +441,16 @@ def _energy(
     span_replica = s["replica"].astype(np.int64)
     req_replica = r["replica"].astype(np.int64)
     for pool in pools:
-        hw = pool.fleet.config.hardware
-        name = Path(hw).stem if hw.endswith(".toml") else hw
+        name, gpus_rank, ranks = pool.hardware, pool.gpus_per_rank, pool.ranks
         spec = models.get(name)
-        gpus_rank = pool.fleet.deployment.gpus
-        ranks = pool.fleet.ranks
         if spec is None:
             missing.append(name)
             continue
         first, last = pool.first_replica, pool.first_replica + ranks
         in_pool = (span_replica >= first) & (span_replica < last)
         dur = np.maximum(s["end_s"][in_pool] - s["start_s"][in_pool], 0.0)
-        dep = pool.fleet.deployment
-        peak = dep.hardware.peak_for(dep.compute_dtype)
         watts = spec.span_power_w(
-            {k: v[in_pool] for k, v in s.items()}, peak, dep.hardware.memory_bandwidth_bytes_per_s
+            {k: v[in_pool] for k, v in s.items()}, pool.peak_flops_per_s, pool.bandwidth_bytes_per_s
         )
         watts = watts * gpus_rank
         joules = watts * dur
@@ -444,11 +473,6 @@ def _energy(
             mine = np.flatnonzero((req_replica == k) & finished)
             a, b = s["start_s"][in_pool][on], s["end_s"][in_pool][on]
             e_pre, e_dec = float(span_pre[on].sum()), float(span_dec[on].sum())
-            if mine.size == 0:
-                unattributed += e_pre + e_dec
-                continue
-            class_j["fresh_input"] += e_pre
-            class_j["output"] += e_dec
             # prefill: the request's prefill tokens at the rank's J/token between scheduling and first token
             xe, ye = _cumulative(a, b, span_pre[on])
             xn, yn = _cumulative(a, b, p_tok[on])
@@ -456,14 +480,20 @@ def _energy(
             pe, pn = _window(xe, ye, lo, hi), _window(xn, yn, lo, hi)
             avg = e_pre / max(float(p_tok[on].sum()), 1.0)
             rate = np.divide(pe, pn, out=np.full(pe.shape, avg), where=pn > 0)
-            pre_j[mine] = _share(r["prefill_tokens"][mine] * rate, e_pre)
+            w_pre = r["prefill_tokens"][mine] * rate
             # decode: what one sequence decoding throughout a span is charged (the span's decode
             # joules over its decode sequences), accumulated over the request's decode interval
             xd, yd = _cumulative(a, b, _seq_j(span_dec[on], d_tok[on], s["steps"][in_pool][on]))
             wd = np.where(r["output_tokens"][mine] > 1, _window(xd, yd, hi, r["finish_s"][mine]), 0.0)
             if float(wd.sum()) <= 0:  # no decode interval overlaps a span: by decode tokens
                 wd = np.maximum(r["output_tokens"][mine] - 1.0, 0.0)
-            dec_j[mine] = _share(wd, e_dec)
+            # a rank whose energy no finished request can take (none finished there): unattributed
+            for weights, amount, into, cls in ((w_pre, e_pre, pre_j, "fresh_input"), (wd, e_dec, dec_j, "output")):
+                if float(weights.sum()) > 0:
+                    into[mine] = _share(weights, amount)
+                    class_j[cls] += amount
+                else:
+                    unattributed += amount
     for k in ("fresh_input", "cache_hit_input", "output"):
         class_j.setdefault(k, 0.0)
     tokens = {
