@@ -183,9 +183,12 @@ def test_missing_source_refused() -> None:
 
 
 def test_settings_refuse_bad_price_and_pue() -> None:
-    with pytest.raises(ConfigError, match=r"fleet.toml \[energy\]: pue must be a number in \[1, 5\], got 0.5"):
+    with pytest.raises(
+        ConfigError,
+        match=r"fleet.toml \[energy\]: pue must be a number in \[1, 5\] \(facility power / IT power\), got 0.5",
+    ):
         settings_of({"pue": 0.5}, "fleet.toml")
-    with pytest.raises(ConfigError, match=r"usd_per_kwh must be a number in \(0, 10\], got nan"):
+    with pytest.raises(ConfigError, match=r"usd_per_kwh must be a number in \(0, 10\] USD per kWh, got nan"):
         EnergySettings().with_options(float("nan"), None)
     assert settings_of(None, "x") == EnergySettings()
 

@@ -138,6 +138,18 @@ def band_line(summary: dict[str, Any]) -> str:
     help="Judge the run against an SLO: a preset (chat, interactive, ...) or ttft_p99=2s,tpot_p99=100ms "
     "(default: the fleet's [slo]).",
 )
+@click.option(
+    "--usd-per-kwh",
+    type=float,
+    default=None,
+    help="Electricity price for the energy lines (default: the fleet's [energy], else 0.0811: EIA 2024 industrial).",
+)
+@click.option(
+    "--pue",
+    type=float,
+    default=None,
+    help="Facility PUE for the energy lines (default: the fleet's [energy], else 1.56: Uptime Institute 2024).",
+)
 @pod_options
 @limit_options
 @store_option
@@ -154,6 +166,8 @@ def replay_cmd(
     offline: bool,
     cache_hits: str,
     slo: str | None,
+    usd_per_kwh: float | None,
+    pue: float | None,
     pods: int,
     executor: str,
     ray_address: str | None,
@@ -181,7 +195,10 @@ def replay_cmd(
 
     compile_ahead()  # a fresh clone's first replay: the engine compiles meanwhile, on the other core
     from pipeline.common.units import format_seconds
+    from pipeline.economics.energy import EnergySettings, energy_lines, energy_summary
     from pipeline.replay.run import ReplayOptions, pool_lines, replay
+
+    run(lambda: EnergySettings().with_options(usd_per_kwh, pue))  # refused before the replay, not after
     from pipeline.replay.slo import failures_line, overload_text, verdict_text
 
     def body() -> Any:
@@ -213,8 +230,9 @@ def replay_cmd(
         warn(split_note)
     for line in h["warnings"]:  # (they quote log values, model names: escaped by warn)
         warn(line)
+    energy = run(lambda: energy_summary(result.run_dir, usd_per_kwh, pue))
     if as_json:
-        emit_json({"run_id": result.run_id, "run_dir": str(result.run_dir), **s})
+        emit_json({"run_id": result.run_id, "run_dir": str(result.run_dir), **s, "energy": energy})
         return
     click.echo(f"run {result.run_id} -> {result.run_dir}")
     for line in pool_lines(s):
@@ -242,6 +260,8 @@ def replay_cmd(
     for line in latency_lines(s):
         click.echo(line)
     click.echo(band_line(s))
+    for line in energy_lines(energy):
+        click.echo(line)
     pods = s.get("engine_pods", 1)
     in_pods = f", in {pods:,} pods" if pods > 1 else ""
     click.echo(f"engine: {s['engine_wall_s']:.2f} s wall, {s['spans']:,} spans{in_pods}", err=True)

@@ -222,6 +222,13 @@ class CostTable(_Table):
     margin_percent: float = _opt("margin, % on top of every cost line")
 
 
+class FleetEnergyTable(_Table):
+    """``[energy]``: the electricity inputs of a run's energy figures (pipeline/economics/energy.py)."""
+
+    usd_per_kwh: float = _opt("electricity price at the meter, USD per kWh, in (0, 10] (default 0.0811)")
+    pue: float = _opt("the facility's power usage effectiveness, in [1, 5] (default 1.56)")
+
+
 class FleetFile(_Table):
     """FLEET.toml: N identical replicas of one model on one GPU type behind a router."""
 
@@ -254,6 +261,7 @@ class FleetFile(_Table):
         'latency targets: [slo] preset = "chat", ttft_p99 = 2.0, ... or slo = "chat,ttft_p99=1s"'
     )
     cost: CostTable = _opt("the full cost's stated inputs: purchase model, N+k, overheads, margin")
+    energy: FleetEnergyTable = _opt("electricity price and PUE of the energy figures")
 
 
 class PoolMatchTable(_Table):
@@ -341,6 +349,7 @@ class PooledFleetFile(_Table):
     topology: TopologyTable = _opt("every pool's default GPU link")
     slo: Annotated[dict[str, Any] | str, Expect("a table or a string")] = _opt("the fleet's latency targets")
     cost: CostTable = _opt("the full cost's stated inputs: purchase model, N+k per pool, overheads, margin")
+    energy: FleetEnergyTable = _opt("electricity price and PUE of the energy figures")
 
 
 # --------------------------------------------------------------------------------------------

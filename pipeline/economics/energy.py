@@ -41,7 +41,8 @@ from pipeline.common.errors import ConfigError
 from pipeline.common.schemas import read_parquet
 from pipeline.common.tomlfile import read_toml
 from pipeline.economics.cost import stored_run_period
-from pipeline.replay.runfolder import RunPool, pools_of
+from pipeline.replay.fleet import ENERGY_RANGES, energy_range_error
+from pipeline.replay.runfolder import RunPool, config_path, pools_of, read_config
 
 FloatArray = npt.NDArray[np.float64]
 
@@ -67,9 +68,6 @@ SETTING_SOURCES = {
     "industrial sector, 2024 annual, 8.11 cents/kWh",
     "pue": "Uptime Institute Global Data Center Survey 2024: average annual PUE 1.56",
 }
-#: Bounds of the electricity inputs: a price in (0, 10] USD/kWh, a PUE in [1, 5].
-USD_PER_KWH_RANGE = (0.0, 10.0)
-PUE_RANGE = (1.0, 5.0)
 
 
 @dataclass(frozen=True)
@@ -174,13 +172,11 @@ class EnergySettings:
     pue: float = DEFAULT_PUE
 
     def checked(self, where: str) -> EnergySettings:
-        for key, (lo, hi), closed in (("usd_per_kwh", USD_PER_KWH_RANGE, False), ("pue", PUE_RANGE, True)):
-            v = getattr(self, key)
-            ok = isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v)
-            ok = ok and (lo <= v <= hi if closed else lo < v <= hi)
-            if not ok:
-                bounds = f"[{lo:g}, {hi:g}]" if closed else f"({lo:g}, {hi:g}]"
-                raise ConfigError(f"{where}: {key} must be a number in {bounds}, got {v!r}")
+        """These settings, or one ConfigError naming ``where`` and the value out of its range."""
+        for key in ENERGY_RANGES:
+            why = energy_range_error(key, getattr(self, key), where)
+            if why:
+                raise ConfigError(why)
         return self
 
     def with_options(self, usd_per_kwh: float | None, pue: float | None) -> EnergySettings:
@@ -193,9 +189,9 @@ def settings_of(table: Mapping[str, Any] | None, where: str) -> EnergySettings:
     """FLEET.toml's ``[energy]`` table (or its record in a run) as settings; None: the defaults."""
     if not table:
         return EnergySettings()
-    return EnergySettings(
-        float(table.get("usd_per_kwh", DEFAULT_USD_PER_KWH)), float(table.get("pue", DEFAULT_PUE))
-    ).checked(f"{where} [energy]")
+    return EnergySettings(table.get("usd_per_kwh", DEFAULT_USD_PER_KWH), table.get("pue", DEFAULT_PUE)).checked(
+        f"{where} [energy]"
+    )
 
 
 # --------------------------------------------------------------------------------------------
@@ -527,3 +523,91 @@ def _seq_j(span_dec_j: FloatArray, decode_tokens: FloatArray, steps: FloatArray)
     """Decode joules one sequence is charged for decoding throughout each span: the span's decode
     joules per decode token times its steps (= over the sequences decoding in each step)."""
     return np.divide(span_dec_j * steps, decode_tokens, out=np.zeros_like(span_dec_j), where=decode_tokens > 0)
+
+
+def energy_summary(run_dir: Path, usd_per_kwh: float | None = None, pue: float | None = None) -> dict[str, Any]:
+    """A stored run's energy as ``replay --json`` and the report give it (:meth:`RunEnergy.to_dict`),
+    with the electricity inputs of its fleet's ``[energy]`` overridden by the given ones."""
+    config = read_config(config_path(run_dir))
+    base = settings_of(_recorded_energy(config), str(config_path(run_dir)))
+    return run_energy(run_dir, config, base.with_options(usd_per_kwh, pue)).to_dict()
+
+
+def energy_lines(d: Mapping[str, Any]) -> list[str]:
+    """The energy summary for people: a line of kWh and money, a line of power and J per token."""
+    missing = d.get("missing_power") or []
+    if missing and not d.get("pools"):
+        return [f"energy: no power model for {', '.join(missing)} (pipeline/catalog/power.toml)"]
+    per = d["j_per_token"]
+
+    def j(key: str) -> str:
+        return "n/a" if per.get(key) is None else f"{per[key]:.3g} J"
+
+    lines = [
+        f"energy: {d['gpu_kwh']:,.3g} kWh GPU over {d['period_s']:,.0f} s ({d['gpu_kwh_per_day']:,.4g} kWh/day), "
+        f"{d['facility_kwh']:,.3g} kWh at PUE {d['pue']:g} = ${d['electricity_usd']:,.4g} at "
+        f"${d['usd_per_kwh']:g}/kWh (${d['electricity_usd_per_day']:,.4g}/day)",
+        f"power: mean {d['average_w']:,.0f} W, peak {d['peak_w']:,.0f} W (1 s); per token: fresh input "
+        f"{j('fresh_input')}, output {j('output')}, cache-hit input 0 J (prefilling them would have cost "
+        f"{d['cache_hit_avoided_kwh']:,.3g} kWh)",
+    ]
+    if len(d["pools"]) > 1:
+        lines.append(
+            "energy by pool: "
+            + "; ".join(
+                f"{p['pool']} {p['gpu_kwh_per_day']:,.4g} kWh/day ({p['gpus']} {p['hardware']})" for p in d["pools"]
+            )
+        )
+    if missing:
+        lines.append(f"energy leaves out pools on {', '.join(missing)}: no power model (pipeline/catalog/power.toml)")
+    return lines
+
+
+def energy_rows(d: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """The energy summary as the report's table: one row per figure, with its unit and basis."""
+    per = d["j_per_token"]
+    rows: list[dict[str, Any]] = [
+        {"figure": "GPU energy", "value": f"{d['gpu_kwh']:,.4g} kWh", "per day": f"{d['gpu_kwh_per_day']:,.4g} kWh"},
+        {
+            "figure": f"facility energy (PUE {d['pue']:g})",
+            "value": f"{d['facility_kwh']:,.4g} kWh",
+            "per day": f"{d['facility_kwh_per_day']:,.4g} kWh",
+        },
+        {
+            "figure": f"electricity at ${d['usd_per_kwh']:g}/kWh",
+            "value": f"${d['electricity_usd']:,.4g}",
+            "per day": f"${d['electricity_usd_per_day']:,.4g}",
+        },
+        {"figure": "idle GPU energy (between steps)", "value": f"{d['idle_kwh']:,.4g} kWh", "per day": ""},
+        {
+            "figure": "mean / peak fleet power (1 s)",
+            "value": f"{d['average_w']:,.0f} / {d['peak_w']:,.0f} W",
+            "per day": "",
+        },
+    ]
+    for key, label in (("fresh_input", "fresh input"), ("output", "output")):
+        value = "n/a" if per.get(key) is None else f"{per[key]:.4g} J"
+        rows.append({"figure": f"per {label} token", "value": value, "per day": ""})
+    rows.append(
+        {
+            "figure": "per cache-hit input token",
+            "value": "0 J",
+            "per day": f"prefilling them: {d['cache_hit_avoided_kwh'] * 86400 / max(d['period_s'], 1e-9):,.4g} kWh",
+        }
+    )
+    if d.get("j_per_request_mean") is not None:
+        rows.append(
+            {"figure": "per finished request (mean)", "value": f"{d['j_per_request_mean']:,.4g} J", "per day": ""}
+        )
+    if len(d["pools"]) > 1:
+        for p in d["pools"]:
+            rows.append(
+                {
+                    "figure": f"pool {p['pool']} ({p['gpus']} {p['hardware']})",
+                    "value": f"{p['gpu_kwh']:,.4g} kWh",
+                    "per day": f"{p['gpu_kwh_per_day']:,.4g} kWh",
+                }
+            )
+    for name in d.get("missing_power") or []:
+        rows.append({"figure": f"{name}: no power model", "value": "left out", "per day": ""})
+    return rows

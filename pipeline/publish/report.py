@@ -43,6 +43,7 @@ from pipeline.common.system import not_regular
 from pipeline.common.tables import table_to_json
 from pipeline.common.units import format_bytes, format_seconds, plain_number
 from pipeline.economics.cost import STALE_AFTER_DAYS, Period, stored_run_period
+from pipeline.economics.energy import energy_rows, run_energy
 from pipeline.ingest.store import Store, check_date, confined
 from pipeline.publish.warehouse import Session, check_date_option, check_parquet
 from pipeline.replay.loadcurve import headroom_sentence, knee
@@ -2419,6 +2420,14 @@ def observed_section(
     return "".join(str(p) for p in parts), chart
 
 
+def _energy_table(run_dir: Path, config: Mapping[str, Any]) -> Any:
+    """The run's energy (pipeline/economics/energy.py) as a table; a run it cannot price says why."""
+    try:
+        return _html_table(energy_rows(run_energy(run_dir, config).to_dict()))
+    except RooftraceError as exc:
+        return _html_table([{"figure": "energy", "value": f"not computed: {exc}", "per day": ""}])
+
+
 def build_report(
     store: Store,
     run_id: str | None = None,
@@ -2520,6 +2529,7 @@ def build_report(
         ("Binding resource shares", _html_table(q("binding_shares"))),
         (f"Cost (US$ over {period.text})", _html_table(cost_table(q("cost"), period))),
         *cost_stack_sections(_cost_json(store, run_id), run_id),
+        (f"Energy (GPU board power model, over {period.text}; docs/economics.md)", _energy_table(run_dir, config)),
         *_economics_sections(
             session, run_id, charts, day, config.get("resolved", {}).get("fleet", {}).get("model"), period
         ),

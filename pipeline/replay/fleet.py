@@ -44,6 +44,7 @@ roofline factors (:func:`check_calibration_tier`).
 from __future__ import annotations
 
 import functools
+import math
 import re
 import tomllib
 from collections.abc import Mapping
@@ -312,6 +313,9 @@ class FleetConfig:
     slo: str | None = None
     #: ``[topology]``: the box's GPU link, pricing the collectives (None: the hardware entry's link).
     topology: Topology | None = None
+    #: ``[energy]``: the electricity inputs of the run's energy figures (usd_per_kwh, pue), as
+    #: sorted pairs; None: the defaults (pipeline/economics/energy.py). Recorded with the run.
+    energy: tuple[tuple[str, float], ...] | None = None
 
     def with_replicas(self, replicas: int | None) -> FleetConfig:
         if replicas is None:
@@ -330,6 +334,10 @@ class FleetConfig:
             del out["router_pod_balancer"]
         if not self.measured_source:  # unset: runs recorded before it keep their run ids
             del out["measured_source"]
+        if self.energy is None:  # unset: runs recorded before it keep their run ids
+            del out["energy"]
+        else:
+            out["energy"] = dict(self.energy)
         if self.stack_calibration is None:  # unset: runs recorded before it keep their run ids
             del out["stack_calibration"]
         else:  # the numbers, not where they were read from
@@ -391,6 +399,31 @@ MAX_STEP_OVERHEAD_S = 10.0
 #: A fleet's ``name`` names its runs' folders (STORE/runs/<date>-<name>-<digest>/) and reports:
 #: letters, digits, '.', '_' and '-', not starting with '.', at most 64 characters.
 FLEET_NAME_RE = re.compile(r"[A-Za-z0-9_-][A-Za-z0-9._-]{0,63}")
+
+
+#: Bounds of FLEET.toml ``[energy]``: (low, high, whether low is allowed, unit).
+ENERGY_RANGES: dict[str, tuple[float, float, bool, str]] = {
+    "usd_per_kwh": (0.0, 10.0, False, "USD per kWh"),
+    "pue": (1.0, 5.0, True, "(facility power / IT power)"),
+}
+
+
+def energy_range_error(key: str, value: Any, where: str) -> str | None:
+    """The one-line refusal of an ``[energy]`` value out of :data:`ENERGY_RANGES` (None: fine)."""
+    lo, hi, closed, unit = ENERGY_RANGES[key]
+    ok = isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
+    if ok and (lo <= value <= hi if closed else lo < value <= hi):
+        return None
+    bounds = f"[{lo:g}, {hi:g}]" if closed else f"({lo:g}, {hi:g}]"
+    return f"{where}: {key} must be a number in {bounds} {unit}, got {value!r}"
+
+
+def _parse_energy(raw: Mapping[str, Any], where: str) -> tuple[tuple[str, float], ...]:
+    for key, value in raw.items():
+        why = energy_range_error(key, value, where)
+        if why:
+            raise ConfigError(why)
+    return tuple(sorted((k, float(v)) for k, v in raw.items()))
 
 
 def parse_fleet(
@@ -468,11 +501,18 @@ def parse_fleet(
             "(calibration_file) both set: keep one"
         )
     topology = parse_topology(data["topology"], f"{origin} [topology]") if "topology" in data else None
+    energy = _parse_energy(data["energy"], f"{origin} [energy]") if "energy" in data else None
     # [cost] prices the fleet (pipeline/economics/stack.py) and changes nothing the replay does
-    skip = ("engine", "calibration", "slo", "calibration_file", "stack_calibration", "topology", "cost")
+    skip = ("engine", "calibration", "slo", "calibration_file", "stack_calibration", "topology", "cost", "energy")
     top = {k: v for k, v in data.items() if k not in skip}
     cfg = FleetConfig(
-        engine=engine, calibration=calibration, slo=slo, stack_calibration=stack, topology=topology, **top
+        engine=engine,
+        calibration=calibration,
+        slo=slo,
+        stack_calibration=stack,
+        topology=topology,
+        energy=energy,
+        **top,
     )
     if cfg.cost_model not in ("auto", "measured", "prior", "roofline"):
         raise ConfigError(f"{origin}: cost_model {cfg.cost_model!r} unknown; choose auto, measured, prior or roofline")
