@@ -242,3 +242,28 @@ def test_batch_8_decode_costs_several_times_batch_64() -> None:
     measured = rows[8] / rows[64]
     assert measured > 3.0
     assert 1 / 1.6 < ratio / measured < 1.6
+
+
+def test_fleet_energy_table_read_recorded_and_refused(tmp_path: Path) -> None:
+    from pipeline.replay.fleet import fleet_from_dict, load_fleet
+
+    base = 'name = "f"\nmodel = "llama-3.1-8b"\nhardware = "h100-sxm"\n'
+    plain = tmp_path / "plain.toml"
+    plain.write_text(base)
+    assert "energy" not in load_fleet(plain).to_dict()  # unset: recorded as before, same run id
+    priced = tmp_path / "priced.toml"
+    priced.write_text(base + "[energy]\nusd_per_kwh = 0.12\npue = 1.2\n")
+    record = load_fleet(priced).to_dict()
+    assert record["energy"] == {"pue": 1.2, "usd_per_kwh": 0.12}
+    assert fleet_from_dict(record, "config.json").energy == (("pue", 1.2), ("usd_per_kwh", 0.12))
+    assert settings_of(record["energy"], "x") == EnergySettings(0.12, 1.2)
+    for body, says in (("pue = 0.9", "pue must be a number in [1, 5]"), ("usd_per_kwh = nan", "usd_per_kwh must")):
+        bad = tmp_path / "bad.toml"
+        bad.write_text(base + f"[energy]\n{body}\n")
+        with pytest.raises(ConfigError) as err:
+            load_fleet(bad)
+        assert str(err.value).startswith(f"{bad} [energy]: ") and says in str(err.value) and "\n" not in str(err.value)
+    wrong = tmp_path / "wrong.toml"
+    wrong.write_text(base + "[energy]\nprice = 1.0\n")
+    with pytest.raises(ConfigError, match=r"unknown key\(s\) \['price'\]"):
+        load_fleet(wrong)

@@ -187,8 +187,8 @@ def _allowed(case: tuple[Any, ...]) -> list[str]:
 def test_the_allowed_lists_are_the_hand_written_ones() -> None:
     """The declarations hold exactly the keys the loaders read (nothing lost in the move)."""
     assert _allowed(CASES[0]) == [
-        "calibration", "calibration_file", "cost", "cost_model", "description", "dp", "engine", "ep", "hardware",
-        "kv_dtype", "measured_source", "model", "name", "pp", "replicas", "router", "router_pod_balancer",
+        "calibration", "calibration_file", "cost", "cost_model", "description", "dp", "energy", "engine", "ep",
+        "hardware", "kv_dtype", "measured_source", "model", "name", "pp", "replicas", "router", "router_pod_balancer",
         "router_pod_size", "slo", "stack_calibration", "topology", "tp", "weight_dtype",
     ]  # fmt: skip
     assert set(tomlschema.EngineTable.model_fields) == {f.name for f in fields(EngineSettings)}
