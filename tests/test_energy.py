@@ -267,3 +267,63 @@ def test_fleet_energy_table_read_recorded_and_refused(tmp_path: Path) -> None:
     wrong.write_text(base + "[energy]\nprice = 1.0\n")
     with pytest.raises(ConfigError, match=r"unknown key\(s\) \['price'\]"):
         load_fleet(wrong)
+
+
+def test_stored_run_energy_against_an_independent_sum(replayed_template: tuple[object, str]) -> None:
+    """A replayed synthetic day: total = Σ rows (P(row) × duration) + idle, recomputed row by row
+    from steps.parquet with the catalog's numbers; requests + idle + unattributed = total."""
+    import json
+
+    import pyarrow.parquet as pq
+
+    from pipeline.catalog import load_hardware
+    from pipeline.economics.energy import run_energy
+
+    store, run_id = replayed_template
+    run_dir = store.run_dir(run_id)  # type: ignore[attr-defined]
+    config = json.loads((run_dir / "config.json").read_text())
+    e = run_energy(run_dir, config)
+    spec = load_power()["h100-sxm"]
+    hw = load_hardware("h100-sxm")
+    peak, bw = hw.peak_flops_per_s["bf16"], hw.memory_bandwidth_bytes_per_s
+    busy_j, busy_s = 0.0, {}
+    for row in pq.read_table(run_dir / "steps.parquet").to_pylist():
+        dur = row["end_s"] - row["start_s"]
+        parts = row["compute_s"] + row["memory_s"] + row["comm_s"] + row["overhead_s"]
+        mix = (
+            spec.draw["compute"] * row["flops"] / (dur * peak)
+            + spec.draw["memory"] * row["bytes"] / (dur * bw)
+            + spec.draw["communication"] * row["comm_s"] / parts
+            + spec.draw["overhead"] * row["overhead_s"] / parts
+        )
+        busy_j += (spec.idle_w + (spec.max_w - spec.idle_w) * min(mix, 1.0)) * dur
+        busy_s[row["replica"]] = busy_s.get(row["replica"], 0.0) + dur
+    replicas = config["resolved"]["fleet"]["replicas"]
+    idle_j = sum(max(e.period_s - busy_s.get(k, 0.0), 0.0) for k in range(replicas)) * spec.idle_w
+    assert e.total_j == pytest.approx(busy_j + idle_j, rel=1e-9)
+    attributed = float(e.request_prefill_j.sum() + e.request_decode_j.sum())
+    assert e.unattributed_j == 0.0
+    assert attributed + e.idle_j == pytest.approx(e.total_j, rel=1e-9)
+    d = e.to_dict()
+    assert d["j_per_token"]["output"] > d["j_per_token"]["fresh_input"] > 0  # decode is the costly class
+    assert spec.idle_w * replicas <= d["average_w"] <= d["peak_w"] <= spec.max_w * replicas
+
+
+def test_replay_json_and_lines_carry_the_energy(replayed_store: tuple[object, str]) -> None:
+    import json
+
+    from click.testing import CliRunner
+
+    from pipeline.cli import main
+
+    store, _ = replayed_store
+    root = str(store.root)  # type: ignore[attr-defined]
+    out = CliRunner().invoke(main, ["replay", "--store", root, "--json", "--pue", "1.2", "--usd-per-kwh", "0.1"])
+    assert out.exit_code == 0, out.output
+    energy = json.loads(out.stdout)["energy"]
+    assert energy["pue"] == 1.2 and energy["usd_per_kwh"] == 0.1
+    assert energy["electricity_usd"] == pytest.approx(energy["gpu_kwh"] * 1.2 * 0.1)
+    text = CliRunner().invoke(main, ["replay", "--store", root])
+    assert text.exit_code == 0, text.output
+    lines = [line for line in text.stdout.splitlines() if line.startswith(("energy:", "power:"))]
+    assert len(lines) == 2 and "kWh/day" in lines[0] and "per token: fresh input" in lines[1]
