@@ -137,11 +137,36 @@ def features(c: Any) -> dict[str, float]:
 
 
 def predict_w(spec: Any, draw: dict[str, float], r: dict[str, Any]) -> float:
-    return (
-        float(spec.power_w(*(np.array([r[k]]) for k in BOUNDS))[0])
-        if draw is None
-        else float(spec.idle_w + (spec.max_w - spec.idle_w) * min(1.0, sum(draw[k] * r[k] for k in BOUNDS)))
-    )
+    """Power of one GPU (W) at a row's features with the given draws."""
+    return float(spec.idle_w + (spec.max_w - spec.idle_w) * min(1.0, sum(draw[k] * r[k] for k in BOUNDS)))
+
+
+def featured_rows(base: Path, gpus: tuple[str, ...] = tuple(GPUS.values())) -> list[dict[str, Any]]:
+    """The ML.ENERGY rows used, with the cost model's features and whether each is held out."""
+    rows = [r for r in _rows(base / "measurements" / "llm-serving-energy" / "mlenergy_v3_lm-arena-chat.csv")]
+    rows = [r for r in rows if r["gpu"] in gpus]
+    for r in rows:
+        cm = cost_model(r["model"], r["gpu"], r["dtype"], r["tp"])
+        r.update(steady_step(cm, r["avg_batch"], PROMPT_TOKENS, r["out_len"]))
+        r["held_out"] = r["model"] in HELD_OUT_MODELS or r["batch"] in HELD_OUT_BATCHES
+    return rows
+
+
+def fit_draws(rows: list[dict[str, Any]], spec: Any) -> dict[str, float]:
+    """The draws fitted on the rows not held out (bounded least squares on measured power)."""
+    train = [r for r in rows if not r["held_out"]]
+    x = np.array([[r[k] for k in BOUNDS] for r in train])
+    y = np.array([(r["power_w"] - spec.idle_w) / (spec.max_w - spec.idle_w) for r in train])
+    return dict(zip(BOUNDS, lsq_linear(x, y, bounds=(0.0, MAX_DRAW)).x, strict=True))
+
+
+def heldout_errors(rows: list[dict[str, Any]], spec: Any, draw: dict[str, float]) -> dict[str, np.ndarray]:
+    """Relative errors of J per output token on the held-out rows at batch <= REPLAY_BATCHES:
+    ``power`` (predicted W x GPUs / measured throughput) and ``replay`` (with the cost model's step time)."""
+    held = [r for r in rows if r["held_out"] and r["batch"] <= REPLAY_BATCHES]
+    power = [predict_w(spec, draw, r) * r["tp"] / r["throughput"] / r["j_per_token"] - 1 for r in held]
+    replay = [predict_w(spec, draw, r) * r["tp"] * r["time_s"] / r["avg_batch"] / r["j_per_token"] - 1 for r in held]
+    return {"power": np.array(power), "replay": np.array(replay)}
 
 
 def main() -> None:
@@ -151,41 +176,23 @@ def main() -> None:
     base = Path(args.data or os.environ.get("ROOFTRACE_SHARED_DATA") or "")
     if not base.is_dir():
         raise SystemExit("give --data or set ROOFTRACE_SHARED_DATA")
-    rows = _rows(base / "measurements" / "llm-serving-energy" / "mlenergy_v3_lm-arena-chat.csv")
+    rows = featured_rows(base)
     power = load_power()
-    for r in rows:
-        r.update(
-            steady_step(
-                cost_model(r["model"], r["gpu"], r["dtype"], r["tp"]), r["avg_batch"], PROMPT_TOKENS, r["out_len"]
-            )
-        )
-        r["held_out"] = r["model"] in HELD_OUT_MODELS or r["batch"] in HELD_OUT_BATCHES
     for gpu in sorted({r["gpu"] for r in rows}):
         spec = power[gpu]
         mine = [r for r in rows if r["gpu"] == gpu]
         train = [r for r in mine if not r["held_out"]]
-        x = np.array([[r[k] for k in BOUNDS] for r in train])
-        y = np.array([(r["power_w"] - spec.idle_w) / (spec.max_w - spec.idle_w) for r in train])
-        fit = lsq_linear(x, y, bounds=(0.0, MAX_DRAW))
-        draw = dict(zip(BOUNDS, fit.x, strict=True))
+        draw = fit_draws(mine, spec)
         print(
             f"{gpu}: fitted on {len(train)} rows ({sorted({r['model'] for r in train})}), draws "
             + ", ".join(f"{k} {v:.3f}" for k, v in draw.items())
         )
         print("  catalog now: " + ", ".join(f"{k} {spec.draw[k]:.3f}" for k in BOUNDS))
         for label, d in (("fitted", draw), ("catalog", dict(spec.draw))):
-            held = [r for r in mine if r["held_out"] and r["batch"] <= REPLAY_BATCHES]
-            errs_p, errs_r = [], []
-            for r in held:
-                p = predict_w(spec, d, r)
-                j_power = p * r["tp"] / r["throughput"]
-                tokens_per_step = r["avg_batch"]
-                j_replay = p * r["tp"] * r["time_s"] / tokens_per_step
-                errs_p.append(j_power / r["j_per_token"] - 1)
-                errs_r.append(j_replay / r["j_per_token"] - 1)
-            ep, er = np.abs(errs_p), np.abs(errs_r)
+            errs = heldout_errors(mine, spec, d)
+            ep, er = np.abs(errs["power"]), np.abs(errs["replay"])
             print(
-                f"  [{label}] held-out rows (batch <= {REPLAY_BATCHES}): {len(held)}; J/output-token error "
+                f"  [{label}] held-out rows (batch <= {REPLAY_BATCHES}): {ep.size}; J/output-token error "
                 f"power-model mean |e| {ep.mean():.1%} max {ep.max():.1%}; replay (with step time) mean |e| "
                 f"{er.mean():.1%} median {np.median(er):.1%} max {er.max():.1%}"
             )
@@ -194,11 +201,9 @@ def main() -> None:
             by = {r["batch"]: r for r in mine if r["model"] == model and r["dtype"] == "bf16"}
             if 8 in by and 64 in by:
                 meas = by[8]["j_per_token"] / by[64]["j_per_token"]
-                pred = []
-                for b in (8, 64):
-                    r = by[b]
-                    p = predict_w(spec, draw, r)
-                    pred.append(p * r["tp"] * r["time_s"] / r["avg_batch"])
+                pred = [
+                    predict_w(spec, draw, by[b]) * by[b]["tp"] * by[b]["time_s"] / by[b]["avg_batch"] for b in (8, 64)
+                ]
                 print(
                     f"  {model} tp{by[8]['tp']}: J/token batch 8 / batch 64 measured {meas:.2f}, "
                     f"replay {pred[0] / pred[1]:.2f}"
