@@ -350,3 +350,20 @@ def test_catalog_draws_are_the_fit_and_held_out_rows_within_15_percent() -> None
             assert power[gpu].draw[k] == pytest.approx(draw[k], abs=0.001), (gpu, k)
         errors = np.abs(energy_fit.heldout_errors(mine, power[gpu], draw)["power"])
         assert errors.size >= 20 and errors.mean() < 0.15, (gpu, errors.mean())
+
+
+def test_report_has_an_energy_table(replayed_store: tuple[object, str], tmp_path: Path) -> None:
+    import json
+
+    from pipeline.economics.energy import energy_rows, run_energy
+    from pipeline.publish.report import build_report
+
+    store, run_id = replayed_store
+    out = tmp_path / "r.html"
+    build_report(store, run_id=run_id, out=out)  # type: ignore[arg-type]
+    page = out.read_text()
+    assert "Energy (GPU board power model" in page
+    run_dir = store.run_dir(run_id)  # type: ignore[attr-defined]
+    d = run_energy(run_dir, json.loads((run_dir / "config.json").read_text())).to_dict()
+    first = energy_rows(d)[0]
+    assert first["figure"] == "GPU energy" and first["value"] in page
