@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import csv
 import os
+import re
 from pathlib import Path
 
 import numpy as np
@@ -326,7 +327,8 @@ def test_replay_json_and_lines_carry_the_energy(replayed_store: tuple[object, st
     text = CliRunner().invoke(main, ["replay", "--store", root])
     assert text.exit_code == 0, text.output
     lines = [line for line in text.stdout.splitlines() if line.startswith(("energy:", "power:"))]
-    assert len(lines) == 2 and "kWh/day" in lines[0] and "per token: fresh input" in lines[1]
+    assert len(lines) == 2 and "of traffic; not projected to a day;" in lines[0]
+    assert "per token: fresh input" in lines[1] and not re.search(r"\d[eE][+-]\d", text.stdout)
 
 
 def test_catalog_draws_are_the_fit_and_held_out_rows_within_15_percent() -> None:

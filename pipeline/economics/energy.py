@@ -40,9 +40,11 @@ import numpy.typing as npt
 from pipeline.common.errors import ConfigError
 from pipeline.common.schemas import read_parquet
 from pipeline.common.tomlfile import read_toml
+from pipeline.common.units import plain_number
 from pipeline.economics.cost import stored_run_period
 from pipeline.replay.fleet import ENERGY_RANGES, energy_range_error
 from pipeline.replay.runfolder import RunPool, config_path, pools_of, read_config
+from pipeline.replay.slo import MIN_PROJECTION_S, day_projection, traffic_span
 
 FloatArray = npt.NDArray[np.float64]
 
@@ -240,7 +242,11 @@ class RunEnergy:
     def to_dict(self) -> dict[str, Any]:
         """The summary's ``energy`` block (SI units, kWh for people)."""
         kwh = self.total_j / 3.6e6
-        day = 86400.0 / self.period_s if self.period_s > 0 else 0.0
+        projected = math.isfinite(self.period_s) and self.period_s >= MIN_PROJECTION_S
+
+        def day(x: float) -> float | None:  # a per-day figure only from a span worth extrapolating
+            return x * 86400.0 / self.period_s if projected else None
+
         per_token = {
             k: (self.class_j[k] / self.class_tokens[k] if self.class_tokens[k] > 0 else None) for k in self.class_j
         }
@@ -249,9 +255,10 @@ class RunEnergy:
         return {
             "period_s": self.period_s,
             "gpu_kwh": kwh,
-            "gpu_kwh_per_day": kwh * day,
+            "day_projection": day_projection(self.period_s),
+            "gpu_kwh_per_day": day(kwh),
             "facility_kwh": facility_kwh,
-            "facility_kwh_per_day": facility_kwh * day,
+            "facility_kwh_per_day": day(facility_kwh),
             "idle_kwh": self.idle_j / 3.6e6,
             "unattributed_kwh": self.unattributed_j / 3.6e6,
             "average_w": self.average_w,
@@ -265,7 +272,7 @@ class RunEnergy:
                 else None
             ),
             "electricity_usd": facility_kwh * self.settings.usd_per_kwh,
-            "electricity_usd_per_day": facility_kwh * self.settings.usd_per_kwh * day,
+            "electricity_usd_per_day": day(facility_kwh * self.settings.usd_per_kwh),
             "usd_per_kwh": self.settings.usd_per_kwh,
             "pue": self.settings.pue,
             "pools": [
@@ -274,7 +281,7 @@ class RunEnergy:
                     "hardware": p.hardware,
                     "gpus": p.gpus,
                     "gpu_kwh": p.total_j / 3.6e6,
-                    "gpu_kwh_per_day": p.total_j / 3.6e6 * day,
+                    "gpu_kwh_per_day": day(p.total_j / 3.6e6),
                     "idle_kwh": p.idle_j / 3.6e6,
                 }
                 for p in self.pools
@@ -533,30 +540,44 @@ def energy_summary(run_dir: Path, usd_per_kwh: float | None = None, pue: float |
     return run_energy(run_dir, config, base.with_options(usd_per_kwh, pue)).to_dict()
 
 
+def _n(x: float | None, unit: str = "") -> str:
+    """A figure for people (no scientific notation; 'n/a' for none)."""
+    if x is None:
+        return "n/a"
+    return f"{plain_number(x)}{unit}"
+
+
+def _per_day(d: Mapping[str, Any], key: str, unit: str, dollars: bool = False) -> str:
+    v = d.get(key)
+    if v is None:
+        return "not projected to a day"
+    return f"${plain_number(v)}/day" if dollars else f"{plain_number(v)} {unit}/day"
+
+
 def energy_lines(d: Mapping[str, Any]) -> list[str]:
     """The energy summary for people: a line of kWh and money, a line of power and J per token."""
     missing = d.get("missing_power") or []
     if missing and not d.get("pools"):
         return [f"energy: no power model for {', '.join(missing)} (pipeline/catalog/power.toml)"]
     per = d["j_per_token"]
-
-    def j(key: str) -> str:
-        return "n/a" if per.get(key) is None else f"{per[key]:.3g} J"
-
+    if d.get("gpu_kwh_per_day") is None:  # a span too short to extrapolate: no per-day figures
+        over = f"{traffic_span(d['period_s'])}; not projected to a day"
+        day_kwh = day_usd = ""
+    else:
+        over = d["day_projection"]
+        day_kwh = f" = {_per_day(d, 'gpu_kwh_per_day', 'kWh')}"
+        day_usd = f" = {_per_day(d, 'electricity_usd_per_day', '', dollars=True)}"
     lines = [
-        f"energy: {d['gpu_kwh']:,.3g} kWh GPU over {d['period_s']:,.0f} s ({d['gpu_kwh_per_day']:,.4g} kWh/day), "
-        f"{d['facility_kwh']:,.3g} kWh at PUE {d['pue']:g} = ${d['electricity_usd']:,.4g} at "
-        f"${d['usd_per_kwh']:g}/kWh (${d['electricity_usd_per_day']:,.4g}/day)",
-        f"power: mean {d['average_w']:,.0f} W, peak {d['peak_w']:,.0f} W (1 s); per token: fresh input "
-        f"{j('fresh_input')}, output {j('output')}, cache-hit input 0 J (prefilling them would have cost "
-        f"{d['cache_hit_avoided_kwh']:,.3g} kWh)",
+        f"energy: {_n(d['gpu_kwh'])} kWh GPU over {over}{day_kwh}; {_n(d['facility_kwh'])} kWh at PUE "
+        f"{plain_number(d['pue'])} = ${_n(d['electricity_usd'])} at ${plain_number(d['usd_per_kwh'])}/kWh{day_usd}",
+        f"power: mean {_n(d['average_w'], ' W')}, peak {_n(d['peak_w'], ' W')} (1 s); per token: fresh input "
+        f"{_n(per.get('fresh_input'), ' J')}, output {_n(per.get('output'), ' J')}, cache-hit input 0 J (prefilling "
+        f"them would have cost {_n(d['cache_hit_avoided_kwh'])} kWh)",
     ]
     if len(d["pools"]) > 1:
         lines.append(
             "energy by pool: "
-            + "; ".join(
-                f"{p['pool']} {p['gpu_kwh_per_day']:,.4g} kWh/day ({p['gpus']} {p['hardware']})" for p in d["pools"]
-            )
+            + "; ".join(f"{p['pool']} {_n(p['gpu_kwh'])} kWh ({p['gpus']} {p['hardware']})" for p in d["pools"])
         )
     if missing:
         lines.append(f"energy leaves out pools on {', '.join(missing)}: no power model (pipeline/catalog/power.toml)")
@@ -567,45 +588,42 @@ def energy_rows(d: Mapping[str, Any]) -> list[dict[str, Any]]:
     """The energy summary as the report's table: one row per figure, with its unit and basis."""
     per = d["j_per_token"]
     rows: list[dict[str, Any]] = [
-        {"figure": "GPU energy", "value": f"{d['gpu_kwh']:,.4g} kWh", "per day": f"{d['gpu_kwh_per_day']:,.4g} kWh"},
+        {"figure": "GPU energy", "value": f"{_n(d['gpu_kwh'])} kWh", "per day": _per_day(d, "gpu_kwh_per_day", "kWh")},
         {
-            "figure": f"facility energy (PUE {d['pue']:g})",
-            "value": f"{d['facility_kwh']:,.4g} kWh",
-            "per day": f"{d['facility_kwh_per_day']:,.4g} kWh",
+            "figure": f"facility energy (PUE {plain_number(d['pue'])})",
+            "value": f"{_n(d['facility_kwh'])} kWh",
+            "per day": _per_day(d, "facility_kwh_per_day", "kWh"),
         },
         {
-            "figure": f"electricity at ${d['usd_per_kwh']:g}/kWh",
-            "value": f"${d['electricity_usd']:,.4g}",
-            "per day": f"${d['electricity_usd_per_day']:,.4g}",
+            "figure": f"electricity at ${plain_number(d['usd_per_kwh'])}/kWh",
+            "value": f"${_n(d['electricity_usd'])}",
+            "per day": _per_day(d, "electricity_usd_per_day", "", dollars=True),
         },
-        {"figure": "idle GPU energy (between steps)", "value": f"{d['idle_kwh']:,.4g} kWh", "per day": ""},
+        {"figure": "idle GPU energy (between steps)", "value": f"{_n(d['idle_kwh'])} kWh", "per day": ""},
         {
             "figure": "mean / peak fleet power (1 s)",
-            "value": f"{d['average_w']:,.0f} / {d['peak_w']:,.0f} W",
+            "value": f"{_n(d['average_w'])} / {_n(d['peak_w'], ' W')}",
             "per day": "",
         },
-    ]
-    for key, label in (("fresh_input", "fresh input"), ("output", "output")):
-        value = "n/a" if per.get(key) is None else f"{per[key]:.4g} J"
-        rows.append({"figure": f"per {label} token", "value": value, "per day": ""})
-    rows.append(
+        {"figure": "per fresh input token", "value": _n(per.get("fresh_input"), " J"), "per day": ""},
+        {"figure": "per output token", "value": _n(per.get("output"), " J"), "per day": ""},
         {
             "figure": "per cache-hit input token",
             "value": "0 J",
-            "per day": f"prefilling them: {d['cache_hit_avoided_kwh'] * 86400 / max(d['period_s'], 1e-9):,.4g} kWh",
-        }
-    )
+            "per day": f"prefilling them instead: {_n(d['cache_hit_avoided_kwh'])} kWh over the period",
+        },
+    ]
     if d.get("j_per_request_mean") is not None:
         rows.append(
-            {"figure": "per finished request (mean)", "value": f"{d['j_per_request_mean']:,.4g} J", "per day": ""}
+            {"figure": "per finished request (mean)", "value": _n(d["j_per_request_mean"], " J"), "per day": ""}
         )
     if len(d["pools"]) > 1:
         for p in d["pools"]:
             rows.append(
                 {
                     "figure": f"pool {p['pool']} ({p['gpus']} {p['hardware']})",
-                    "value": f"{p['gpu_kwh']:,.4g} kWh",
-                    "per day": f"{p['gpu_kwh_per_day']:,.4g} kWh",
+                    "value": f"{_n(p['gpu_kwh'])} kWh",
+                    "per day": _per_day(p, "gpu_kwh_per_day", "kWh"),
                 }
             )
     for name in d.get("missing_power") or []:
