@@ -36,6 +36,7 @@ from typing import Any
 
 import numpy as np
 import numpy.typing as npt
+import pyarrow.compute as pc
 
 from pipeline.common.errors import ConfigError
 from pipeline.common.schemas import read_parquet
@@ -341,6 +342,18 @@ def _window(x: FloatArray, y: FloatArray, a: FloatArray, b: FloatArray) -> Float
     return np.interp(b, x, y) - np.interp(a, x, y)
 
 
+_NONE = np.zeros(0, np.int64)
+
+
+def _groups(keys: npt.NDArray[np.int64]) -> dict[int, npt.NDArray[np.int64]]:
+    """The positions of each key's rows, in their order (one stable sort, not a scan per key)."""
+    if keys.size == 0:
+        return {}
+    order = np.argsort(keys, kind="stable")
+    cuts = np.flatnonzero(np.diff(keys[order])) + 1
+    return {int(keys[g[0]]): g for g in np.split(order, cuts)}
+
+
 def _share(weights: FloatArray, total: float) -> FloatArray:
     s = float(weights.sum())
     return weights * (total / s) if s > 0 else np.zeros_like(weights)
@@ -404,7 +417,7 @@ def run_energy(
         ],
     )
     s = {name: _col(steps, name) for name in steps.column_names}
-    finished = np.asarray([v == "finished" for v in req.column("status").to_pylist()], dtype=bool)
+    finished = pc.equal(req.column("status"), "finished").to_numpy(zero_copy_only=False).astype(bool)
     r = {name: _col(req, name) for name in req.column_names if name != "status"}
     return energy_of(s, r, finished, [EnergyPool.of(p) for p in pools], models, settings, period)
 
@@ -442,7 +455,8 @@ def energy_of(
     starts, ends, above = [], [], []
     base_w = 0.0
     span_replica = s["replica"].astype(np.int64)
-    req_replica = r["replica"].astype(np.int64)
+    done = np.flatnonzero(finished)
+    req_groups = {k: done[rows] for k, rows in _groups(r["replica"].astype(np.int64)[done]).items()}
     for pool in pools:
         name, gpus_rank, ranks = pool.hardware, pool.gpus_per_rank, pool.ranks
         spec = models.get(name)
@@ -470,10 +484,10 @@ def energy_of(
         span_pre, span_dec = joules * pf, joules * (1.0 - pf)
         span_dec = np.where(tok > 0, span_dec, 0.0)
         unattributed += float(joules[tok <= 0].sum())
-        rep = span_replica[in_pool]
-        for k in np.unique(rep):
-            on = rep == k
-            mine = np.flatnonzero((req_replica == k) & finished)
+        starts_in = s["start_s"][in_pool]
+        for k, on in _groups(span_replica[in_pool]).items():
+            on = on[np.argsort(starts_in[on], kind="stable")]  # the rank's spans in time order
+            mine = req_groups.get(k, _NONE)
             a, b = s["start_s"][in_pool][on], s["end_s"][in_pool][on]
             e_pre, e_dec = float(span_pre[on].sum()), float(span_dec[on].sum())
             # prefill: the request's prefill tokens at the rank's J/token between scheduling and first token
@@ -497,8 +511,6 @@ def energy_of(
                     class_j[cls] += amount
                 else:
                     unattributed += amount
-    for k in ("fresh_input", "cache_hit_input", "output"):
-        class_j.setdefault(k, 0.0)
     tokens = {
         "fresh_input": float(r["fresh_input_tokens"][finished].sum()),
         "cache_hit_input": float(r["cache_hit_tokens"][finished].sum()),
