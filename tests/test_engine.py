@@ -22,10 +22,12 @@ from pipeline.engine.model import (
     EngineResult,
     FleetSpec,
     SchedulerConfig,
+    Speculation,
     Workload,
     apply_frontend,
     concurrent_streams,
     reject_reasons,
+    tokens_per_verification,
 )
 from pipeline.engine.reference import simulate_reference
 from pipeline.engine.steplog import StepLog
@@ -325,6 +327,19 @@ def test_closed_loop_ramp_and_think_time_by_hand(sim: Engine) -> None:
 
 
 @st.composite
+def _speculation(draw: st.DrawFn, seqs: int) -> Speculation | None:
+    """Speculative decoding half the time: k drafts, a mean accepted length in [1, k + 1] (from a
+    per-token acceptance, or drawn directly), a draft pass table over 0..seqs and a context term."""
+    if not draw(st.booleans()):
+        return None
+    k = draw(st.integers(1, 6))
+    per_token = draw(st.booleans())
+    e = tokens_per_verification(draw(st.floats(0.0, 1.0)), k) if per_token else draw(st.floats(1.0, k + 1.0))
+    table = tuple(draw(st.lists(st.floats(0.0, 5e-3), min_size=seqs + 1, max_size=seqs + 1)))
+    return Speculation(k, e, table, draw(st.sampled_from([0.0, 1e-7, 3e-6])))
+
+
+@st.composite
 def _cases(draw: st.DrawFn) -> tuple[Workload, FleetSpec, LinearCost]:
     n = draw(st.integers(1, 40))
     bs = draw(st.sampled_from([1, 2, 4, 16]))
@@ -370,6 +385,7 @@ def _cases(draw: st.DrawFn) -> tuple[Workload, FleetSpec, LinearCost]:
         router=router,
         mode=mode,
         concurrency=draw(st.integers(1, 6)),
+        speculation=draw(_speculation(seqs)),
     )
     cost = LinearCost(
         a=draw(st.floats(1e-3, 0.05)),
@@ -458,7 +474,10 @@ def check_invariants(w: Workload, spec: FleetSpec, res: EngineResult, log: StepL
     assert np.all(cols["running"] <= cfg.max_num_seqs)
     assert np.all(cols["decode_seqs"] <= cfg.max_num_seqs)
     fed = int(cols["prefill_tokens"].sum() + cols["decode_tokens"].sum())
-    assert fed == int(res.prefill_tokens[ok].sum() + (w.output_tokens[ok] - 1).sum())
+    if spec.speculation is None:
+        assert fed == int(res.prefill_tokens[ok].sum() + (w.output_tokens[ok] - 1).sum())
+    else:  # a verification is one decode-row entry that may advance several tokens
+        assert fed <= int(res.prefill_tokens[ok].sum() + (w.output_tokens[ok] - 1).sum())
     # Steps of one replica never overlap.
     for r in range(spec.replicas):
         mine = cols["replica"] == r
@@ -675,3 +694,61 @@ def test_frontend_and_calibrated_timeline_equal_in_both_engines(
     _assert_same(res, simulate_reference(w, fronted, cost))
     apply_frontend(plain, w.output_tokens, replace(spec, **front))
     _assert_same(res, plain)
+
+
+# -- speculative decoding (model.Speculation; docs/engine.md, "Speculative decoding") -----------
+
+
+def test_tokens_per_verification_is_the_truncated_geometric_series() -> None:
+    # Leviathan et al. (2023) eq. 1: 1 + a + a² + ... + a^k.
+    assert tokens_per_verification(0.5, 3) == pytest.approx(1 + 0.5 + 0.25 + 0.125, rel=1e-15)
+    assert tokens_per_verification(0.0, 5) == 1.0
+    assert tokens_per_verification(1.0, 4) == 5.0
+    assert tokens_per_verification(0.875, 1) == pytest.approx(1.875, rel=1e-15)
+
+
+@pytest.mark.parametrize("sim", ENGINES.values(), ids=ENGINES.keys())
+def test_speculative_decoding_by_hand(sim: Engine) -> None:
+    # One request, prompt 10, output 16; k = 3 drafts accepted each with a = 0.5: E = 1.875 tokens a
+    # verification. The accumulator reaches 1.875, 3.75, 5.625, 7.5, 9.375, 11.25, 13.125, 15: the 15
+    # tokens after the first come in exactly 8 verifications (1, 2, 2, 2, 2, 2, 2, 2 tokens) = 15 / E.
+    # Each verification is priced as a prefill chunk of 1 + k' tokens (b per token; c = 0), plus k'
+    # draft passes of (pass_s[1] + ctx_s × (computed + 1)); k' = 3, except the last, where only 2
+    # tokens remain (k' = min(3, 16 − 14 − 1) = 1).
+    cost = LinearCost(a=0.01, b=0.001, c=0.0, d=0.002, e=0.0001)
+    sd = Speculation(3, tokens_per_verification(0.5, 3), (0.0, 0.0005, 0.0007), 1e-6)
+    assert sd.mean_accepted == 1.875
+    w = workload([1.0], [10], [16])
+    spec = FleetSpec(replicas=1, scheduler=_cfg(), speculation=sd)
+    res = sim(w, spec, cost)
+    prefill = 0.01 + 0.001 * 10
+    computed = [10, 11, 13, 15, 17, 19, 21, 23]  # before each verification
+    drafts = [3, 3, 3, 3, 3, 3, 3, 1]
+    steps = [0.01 + 0.001 * (1 + k) + k * (0.0005 + 1e-6 * (c + 1)) for c, k in zip(computed, drafts, strict=True)]
+    assert res.first_token_s[0] == pytest.approx(1.0 + prefill, rel=1e-12)
+    assert res.finish_s[0] == pytest.approx(1.0 + prefill + sum(steps), rel=1e-12)
+    tpot = (res.finish_s[0] - res.first_token_s[0]) / 15
+    assert tpot == pytest.approx(sum(steps) / 15, rel=1e-12)  # = mean step / E: 8 steps for 15 tokens
+    assert res.max_itl_s[0] == pytest.approx(max(steps), rel=1e-9)
+    assert res.prefill_tokens[0] == 10  # verification tokens are decode work
+    _assert_same(res, simulate_reference(w, spec, cost))
+    # Without speculation the same request takes 15 decode steps.
+    plain = sim(w, FleetSpec(replicas=1, scheduler=_cfg()), cost)
+    decodes = [0.01 + 0.002 + 0.0001 * (c + 1) for c in range(10, 25)]
+    assert plain.finish_s[0] == pytest.approx(1.0 + prefill + sum(decodes), rel=1e-12)
+
+
+@pytest.mark.parametrize("sim", ENGINES.values(), ids=ENGINES.keys())
+def test_speculative_tokens_hold_kv_blocks_and_preempt(sim: Engine) -> None:
+    # Block size 4, 8 blocks. A (prompt 12, output 12) and B (prompt 12, output 12) start together.
+    # With k = 3 a verification needs blocks for computed + 4 tokens, so the pool runs out sooner
+    # than without speculation: B (the newer) is preempted and recomputed. Every token's KV
+    # (prompt + output − 1 = 23 tokens: 6 blocks) fits one request alone, so both finish.
+    cost = LinearCost(a=0.01, b=0.001, c=0.0, d=0.002, e=0.0)
+    w = workload([0.0, 0.0], [12, 12], [12, 12])
+    sd = Speculation(3, 3.5, (), 0.0)
+    spec = FleetSpec(replicas=1, scheduler=_cfg(num_gpu_blocks=8, block_size=4), speculation=sd)
+    res = sim(w, spec, cost)
+    assert res.preemptions.tolist() == [0, 1]
+    assert np.isfinite(res.finish_s).all()
+    _assert_same(res, simulate_reference(w, spec, cost))

@@ -599,13 +599,14 @@ def _alloc(r, s, rid, need, tokens, bs, caching, nblk, nreg, chains, pool):  # t
 
 @_piece
 def _schedule_running(  # type: ignore[no-untyped-def]
-    r, gi, budget_max, bs, caching, prompt, req, nrun, running, slots_free, nslots, whead, wlen, wq,
+    r, gi, budget_max, bs, caching, prompt, output, spk, req, nrun, running, slots_free, nslots, whead, wlen, wq,
     sched_rid, sched_n, res_preempt, chains, pool,
 ):  # fmt: skip
     """vLLM v1 schedule()'s first loop on replica ``r`` (lockstep rank ``gi``): the running
     requests, in admission order, get their next tokens within the token budget, preempting the
-    most recently admitted while the KV pool lacks blocks. Returns (requests scheduled, budget
-    left, whether any was preempted)."""
+    most recently admitted while the KV pool lacks blocks. With speculative decoding (``spk`` > 0
+    draft tokens) a decode is a verification of its last token and up to ``spk`` drafts
+    (model.Speculation). Returns (requests scheduled, budget left, whether any was preempted)."""
     computed, gen, nblk, nreg, slot_of = req[0], req[1], req[2], req[3], req[4]
     nfree = pool[0]
     budget = budget_max
@@ -616,6 +617,8 @@ def _schedule_running(  # type: ignore[no-untyped-def]
         rid = running[r, idx]
         ntok = prompt[rid] + gen[rid]
         n_new = min(ntok - computed[rid], budget)
+        if spk > 0 and ntok - computed[rid] == 1 and gen[rid] > 0:
+            n_new += max(0, min(spk, output[rid] - gen[rid] - 1, budget - 1))
         self_pre = False
         while True:
             tokens_after = computed[rid] + n_new
@@ -735,9 +738,10 @@ def _admit(  # type: ignore[no-untyped-def]
 
 
 @_piece
-def _step_cost(gi, nsched, computed, sched_rid, sched_n, gn, gout, gx, x, out, cost):  # type: ignore[no-untyped-def]
+def _step_cost(gi, nsched, computed, ntok0, gen, sched_rid, sched_n, gn, gout, gx, x, out, cost, dpass, dctx):  # type: ignore[no-untyped-def]
     """The shape of rank ``gi``'s scheduled batch and its cost (kept in gout and gx, with its size
-    in gn); returns the step's duration."""
+    in gn), the drafter's passes included (speculative decoding: ``dpass`` seconds per pass by
+    batch size, ``dctx`` per context token; ``ntok0`` the prompts); returns the step's duration."""
     tok, logit, af, ab, acount, apeak, ahas, abw, dla, dlb, dlt, pla, plb, plt, mx, sc = cost
     p_tok = 0.0
     p_seq = 0.0
@@ -745,9 +749,18 @@ def _step_cost(gi, nsched, computed, sched_rid, sched_n, gn, gout, gx, x, out, c
     p_kv = 0.0
     d_seq = 0.0
     d_ctx = 0.0
+    verified = 0
+    v_tok = 0
+    passes = 0
+    draft_ctx = 0.0
     for q in range(nsched):
         rid = sched_rid[gi, q]
         nn = sched_n[gi, q]
+        if computed[rid] + nn > ntok0[rid] + gen[rid]:  # a verification of nn − 1 drafts
+            verified += 1
+            v_tok += nn
+            passes = max(passes, nn - 1)
+            draft_ctx += computed[rid] + 1
         if nn == 1:
             d_seq += 1
             d_ctx += computed[rid] + 1
@@ -763,31 +776,48 @@ def _step_cost(gi, nsched, computed, sched_rid, sched_n, gn, gout, gx, x, out, c
     x[4] = d_seq
     x[5] = d_ctx
     _tab_row(x, tok, logit, af, ab, acount, apeak, ahas, abw, dla, dlb, dlt, pla, plb, plt, mx, sc, out)
+    if verified > 0:
+        pass_s = dpass[verified] if verified < dpass.shape[0] else 0.0
+        out[0] += passes * (pass_s + dctx * draft_ctx)
     gn[gi] = nsched
     for c in range(8):
         gout[gi, c] = out[c]
-    gx[gi, 0] = p_tok
-    gx[gi, 1] = p_seq
-    gx[gi, 2] = d_seq
+    # the step log counts a verification as a decode (its tokens are not prompt work)
+    gx[gi, 0] = p_tok - v_tok
+    gx[gi, 1] = p_seq - verified
+    gx[gi, 2] = d_seq + verified
     return out[0]
 
 
 @_piece
 def _tokens_in(  # type: ignore[no-untyped-def]
-    gi, end, prompt, output, computed, gen, last_tok, sched_rid, sched_n, gn, fin,
+    gi, end, prompt, output, computed, gen, last_tok, acc, spe, sched_rid, sched_n, gn, fin,
     res_first, res_finish, res_itl, res_prefill,
 ):  # fmt: skip
     """Rank ``gi``'s step ended at ``end``: its scheduled tokens are computed, a request whose
     prompt and sampled tokens are all computed samples one more, and finishes when it has all its
-    output. Returns the finished count (their ids in fin)."""
+    output; a verification (speculative decoding) keeps floor(acc + spe) − floor(acc) of its tokens
+    and samples as many (model.Speculation). Returns the finished count (their ids in fin)."""
     nf = 0
     for q in range(gn[gi]):
         rid = sched_rid[gi, q]
         nn = sched_n[gi, q]
-        res_prefill[rid] += nn
-        computed[rid] += nn
-        if computed[rid] == prompt[rid] + gen[rid]:
-            gen[rid] += 1
+        sampled = 0
+        if computed[rid] + nn > prompt[rid] + gen[rid]:  # a verification
+            a1 = acc[rid] + spe
+            adv = min(int(np.floor(a1)) - int(np.floor(acc[rid])), nn)
+            acc[rid] = a1
+            res_prefill[rid] += adv
+            computed[rid] += adv
+            gen[rid] += adv
+            sampled = adv
+        else:
+            res_prefill[rid] += nn
+            computed[rid] += nn
+            if computed[rid] == prompt[rid] + gen[rid]:
+                gen[rid] += 1
+                sampled = 1
+        if sampled > 0:
             if gen[rid] == 1:
                 res_first[rid] = end
             else:
@@ -838,7 +868,8 @@ def _step(first, now, nlog, wl, fl, cost, res, ctl, req, rep, pool, scr, ev, log
     chains = (wl[3], wl[4], wl[7], wl[8], wl[9], wl[10], wl[11], wl[12])
     closed, C, S, budget_max, bs, chunked, caching = fl[2], fl[3], fl[4], fl[5], fl[6], fl[7], fl[8]
     want_log, G, dummy_s, think, asy = fl[9], fl[10], fl[11], fl[12], fl[13]
-    computed, gen, last_tok = req[0], req[1], req[6]
+    spk, spe, dctx, dpass = fl[14], fl[15], fl[16], wl[14]
+    computed, gen, last_tok, acc = req[0], req[1], req[6], req[7]
     clock, ready, nrun, running, slots_free, nslots = rep[0], rep[1], rep[2], rep[3], rep[4], rep[5]
     whead, wlen, nfin, last_end, last_nfin, sched_t = rep[6], rep[7], rep[9], rep[10], rep[11], rep[12]
     nfree = pool[0]
@@ -866,8 +897,8 @@ def _step(first, now, nlog, wl, fl, cost, res, ctl, req, rep, pool, scr, ev, log
             cut = sched_t[r]
         sched_t[r] = now
         nsched, budget, preempted = _schedule_running(
-            r, gi, budget_max, bs, caching, prompt, req, nrun, running, slots_free, nslots, whead, wlen, wq,
-            sched_rid, sched_n, res[6], chains, pool,
+            r, gi, budget_max, bs, caching, prompt, output, spk, req, nrun, running, slots_free, nslots, whead, wlen,
+            wq, sched_rid, sched_n, res[6], chains, pool,
         )  # fmt: skip
         if not preempted:
             nsched = _admit(
@@ -875,7 +906,7 @@ def _step(first, now, nlog, wl, fl, cost, res, ctl, req, rep, pool, scr, ev, log
                 slots_free, nslots, whead, wlen, wq, sched_rid, sched_n, hits, res[2], res[7], res[0], chains, pool,
             )  # fmt: skip
         # -- the step's shape and cost
-        d = _step_cost(gi, nsched, computed, sched_rid, sched_n, gn, gout, gx, x, out, cost)
+        d = _step_cost(gi, nsched, computed, prompt, gen, sched_rid, sched_n, gn, gout, gx, x, out, cost, dpass, dctx)
         if d > dt:
             dt = d
     end = now + dt
@@ -893,7 +924,7 @@ def _step(first, now, nlog, wl, fl, cost, res, ctl, req, rep, pool, scr, ev, log
             )  # fmt: skip
         # -- tokens in, tokens sampled, finishes
         nf = _tokens_in(
-            gi, end, prompt, output, computed, gen, last_tok, sched_rid, sched_n, gn, fin,
+            gi, end, prompt, output, computed, gen, last_tok, acc, spe, sched_rid, sched_n, gn, fin,
             res[3], res[4], res[5], res[8],
         )  # fmt: skip
         if nf:
@@ -1328,7 +1359,9 @@ def _replay_loop(grouped: bool) -> Any:
             # -- a span of decode steps of replica `first`. Steps start before the next arrival (and,
             # in closed loop, before any other replica's next step, whose finishes issue arrivals), so
             # no event is passed.
-            if grouped:  # a constant (a closure cell): the branch not taken is pruned before typing
+            if fl[14] > 0:  # speculative decoding: every step is a general one (no decode spans)
+                m = 0
+            elif grouped:  # a constant (a closure cell): the branch not taken is pruned before typing
                 m, nlog = _span_group(
                     first, first_t, ev_t, nlog, wl, fl, cost, res, req, rep, pool, scr, ev, log, last_row, wq
                 )
@@ -1376,6 +1409,7 @@ class Work(NamedTuple):
     rec_node: Any  # the chain walk's scratch (ChainTree.max_depth entries)
     rec_fb: Any
     skip: Any  # prompt tokens the log reports as cached (Workload.skipped_tokens)
+    draft_pass_s: Any  # speculative decoding: one draft pass's seconds by batch size (model.Speculation)
 
 
 class Fleet(NamedTuple):
@@ -1399,6 +1433,9 @@ class Fleet(NamedTuple):
     ramp_step_s: float  # closed loop: client c sends its first request at c * ramp_step_s
     max_blocks: int  # block-table entries per running slot
     async_scheduling: bool = False  # fl[13]: a busy replica's step sees the arrivals up to its previous step's start
+    spec_k: int = 0  # fl[14]: speculative decoding's draft tokens (0: off; model.Speculation)
+    spec_e: float = 1.0  # fl[15]: tokens a verification advances on average
+    draft_ctx_s: float = 0.0  # fl[16]: a draft pass's seconds per context token
 
 
 class Results(NamedTuple):
@@ -1416,7 +1453,8 @@ class Results(NamedTuple):
 
 
 def _requests(n: int) -> tuple[Any, ...]:
-    """Per request: computed, generated, blocks held, blocks registered, slot, started, last token."""
+    """Per request: computed, generated, blocks held, blocks registered, slot, started, last token,
+    speculative decoding's accumulator."""
     return (
         np.zeros(n, np.int64),
         np.zeros(n, np.int64),
@@ -1425,6 +1463,7 @@ def _requests(n: int) -> tuple[Any, ...]:
         np.full(n, -1, np.int64),
         np.zeros(n, np.bool_),
         np.full(n, np.nan),
+        np.zeros(n),
     )
 
 
@@ -1594,7 +1633,7 @@ def loop_args(
     fl = (
         R, int(fleet.router), closed, int(fleet.capacity), S, int(fleet.budget), int(fleet.block_size),
         bool(fleet.chunked), bool(fleet.caching), want_log, G, float(fleet.dummy_s), float(fleet.think_s),
-        bool(fleet.async_scheduling),
+        bool(fleet.async_scheduling), int(fleet.spec_k), float(fleet.spec_e), float(fleet.draft_ctx_s),
     )  # fmt: skip
     req = _requests(n)
     rep = _replicas(R, S)
@@ -1645,16 +1684,16 @@ def compile_leaves(args: tuple[Any, ...]) -> None:
     i, f = _I64, _F64
     nrun, running, slots_free, nslots, whead, wlen, wq = rep[2], rep[3], rep[4], rep[5], rep[6], rep[7], args[13]
     _schedule_running.compile(
-        _sig(i, i, fl[5], fl[6], fl[8], prompt, req, nrun, running, slots_free, nslots, whead, wlen, wq,
-             scr[0], scr[1], res[6], chains, pool)
+        _sig(i, i, fl[5], fl[6], fl[8], prompt, output, fl[14], req, nrun, running, slots_free, nslots, whead, wlen,
+             wq, scr[0], scr[1], res[6], chains, pool)
     )  # fmt: skip
     _admit.compile(
         _sig(i, i, f, f, i, i, fl[4], fl[6], fl[7], fl[8], prompt, skip, req, nrun, running, slots_free, nslots,
              whead, wlen, wq, scr[0], scr[1], scr[16], res[2], res[7], res[0], chains, pool)
     )  # fmt: skip
     _tokens_in.compile(
-        _sig(i, f, prompt, output, req[0], req[1], req[6], scr[0], scr[1], scr[3], scr[15], res[3], res[4], res[5],
-             res[8])
+        _sig(i, f, prompt, output, req[0], req[1], req[6], req[7], fl[15], scr[0], scr[1], scr[3], scr[15], res[3],
+             res[4], res[5], res[8])
     )  # fmt: skip
     _retire.compile(
         _sig(i, i, f, i, fl[2], fl[8], fl[12], output, req, nrun, running, rep[9], slots_free, nslots, scr[15],

@@ -307,6 +307,7 @@ def _kernel_args(
     none_i, none_u = np.zeros(0, np.int64), np.zeros(0, np.uint64)
     depth = tree.max_depth() if tree is not None else 1
     ctl = np.zeros(2)  # [cancel flag, requests done]: see run_fleet
+    sd = spec.speculation
     try:
         pool = alloc_pool(
             int(spec.replicas), int(cfg.max_num_seqs), int(cfg.num_gpu_blocks), bool(caching), max_blocks, table
@@ -328,6 +329,7 @@ def _kernel_args(
         rec_node=np.zeros(depth, np.int64),
         rec_fb=np.zeros(depth, np.int64),
         skip=_arg(work.skipped_tokens(), np.int64),
+        draft_pass_s=np.array(sd.draft_pass_s if sd is not None else (), np.float64),
     )
     fleet = k.Fleet(
         replicas=int(spec.replicas),
@@ -349,6 +351,9 @@ def _kernel_args(
         ramp_step_s=float(spec.ramp_step_s),  # (from the whole concurrency: the ramp's pace does not depend on n)
         max_blocks=max_blocks,
         async_scheduling=bool(cfg.async_scheduling),
+        spec_k=sd.k if sd is not None else 0,
+        spec_e=sd.mean_accepted if sd is not None else 1.0,
+        draft_ctx_s=sd.draft_ctx_s if sd is not None else 0.0,
     )
     results = k.Results(
         res.arrival_s,

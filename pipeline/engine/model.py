@@ -189,6 +189,72 @@ class Workload:
         return replace(self, chain_hashes=hashes, chain_offsets=offsets, chain_tree=None)
 
 
+#: Most speculative tokens a verification may carry (vLLM's ``num_speculative_tokens`` has no hard
+#: cap; past 16 no published drafter keeps a useful acceptance, and the bound keeps the scheduled
+#: chunk of one request small).
+MAX_SPECULATIVE_TOKENS = 16
+
+
+def tokens_per_verification(acceptance: float, k: int) -> float:
+    """Expected tokens one verification of ``k`` draft tokens advances when each draft token is
+    accepted with probability ``acceptance`` independently, the chain stopping at the first
+    rejection, plus the target's own (bonus or correction) token: ``(1 − a^(k+1)) / (1 − a)``
+    (``k + 1`` at a = 1). Leviathan et al., "Fast Inference from Transformers via Speculative
+    Decoding" (ICML 2023), eq. (1)."""
+    if acceptance >= 1.0:
+        return float(k + 1)
+    return float((1.0 - acceptance ** (k + 1)) / (1.0 - acceptance))
+
+
+@dataclass(frozen=True)
+class Speculation:
+    """Speculative decoding as both engines run it (docs/engine.md, "Speculative decoding").
+
+    A running request whose next step is a decode (one token to compute, at least one sampled)
+    schedules ``1 + k'`` tokens instead, ``k' = min(k, output − generated − 1, budget − 1)``: the
+    target verifies its last token and ``k'`` draft tokens, priced as a prefill chunk of
+    ``1 + k'`` query tokens at its context, and its KV blocks are allocated for all of them. The
+    verification advances it by ``floor(acc + E) − floor(acc)`` tokens (at most ``1 + k'``), where
+    ``acc`` is the request's accumulator (it starts at 0 and gains ``mean_accepted`` = E each
+    verification): deterministic, E tokens a step on average. The step also pays the drafter:
+    ``passes × (draft_pass_s[B] + draft_ctx_s × C)`` seconds, with B the requests verified, C
+    their contexts summed (computed + 1 each) and ``passes`` the largest ``k'`` among them."""
+
+    k: int
+    #: E: tokens a verification of ``k`` drafts advances on average (accepted drafts + the
+    #: target's own token), in [1, k + 1]
+    mean_accepted: float
+    #: seconds of one draft pass over B sequences (index B = 0 .. max_num_seqs) at no context
+    draft_pass_s: tuple[float, ...] = ()
+    #: seconds one draft pass adds per context token of the sequences it drafts for
+    draft_ctx_s: float = 0.0
+    #: what drafts: draft_model, eagle, mtp or ngram (for people; the engines read the numbers)
+    method: str = "ngram"
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.k, int) or isinstance(self.k, bool) or not 1 <= self.k <= MAX_SPECULATIVE_TOKENS:
+            raise ConfigError(
+                f"num_speculative_tokens must be an integer in 1..{MAX_SPECULATIVE_TOKENS}, got {self.k!r}"
+            )
+        e = self.mean_accepted
+        if not (math.isfinite(e) and 1.0 <= e <= self.k + 1):
+            raise ConfigError(
+                f"mean accepted tokens per step must be in [1, num_speculative_tokens + 1 = {self.k + 1}], got {e!r}"
+            )
+        if not all(math.isfinite(x) and x >= 0 for x in (*self.draft_pass_s, self.draft_ctx_s)):
+            raise ConfigError("draft pass seconds must be finite and >= 0")
+
+    def pass_s(self, seqs: int) -> float:
+        """Seconds of one draft pass over ``seqs`` sequences at no context (0 past the table:
+        the table covers max_num_seqs)."""
+        return self.draft_pass_s[seqs] if seqs < len(self.draft_pass_s) else 0.0
+
+    def advance(self, acc: float) -> tuple[int, float]:
+        """(tokens a verification advances, the new accumulator) from accumulator ``acc``."""
+        nxt = acc + self.mean_accepted
+        return math.floor(nxt) - math.floor(acc), nxt
+
+
 @dataclass(frozen=True)
 class FleetSpec:
     """What the engines simulate: N identical replicas behind a router, and how requests arrive."""
@@ -214,6 +280,8 @@ class FleetSpec:
     #: streamed event per token), applied to the engines' results by :func:`apply_frontend`.
     frontend_request_s: float = 0.0
     frontend_token_s: float = 0.0
+    #: Speculative decoding (None: off): docs/engine.md, "Speculative decoding".
+    speculation: Speculation | None = None
 
     def __post_init__(self) -> None:
         if self.replicas < 1:

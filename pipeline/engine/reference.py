@@ -47,6 +47,8 @@ class _Req:
     blocks: list[int] = field(default_factory=list)
     last_token: float = float("nan")
     started: bool = False
+    #: speculative decoding's accumulator (model.Speculation.advance)
+    acc: float = 0.0
 
     @property
     def num_tokens(self) -> int:
@@ -59,6 +61,7 @@ class _RefReplica:
         cfg = spec.scheduler
         self.index = index
         self.cfg = cfg
+        self.spec_dec = spec.speculation
         self.cost = cost
         self.res = res
         self.clock = 0.0
@@ -180,6 +183,10 @@ class _RefReplica:
         while i < len(self.running) and budget > 0:
             req = self.running[i]
             n_new = min(req.num_tokens - req.computed, budget)
+            sd = self.spec_dec
+            if sd is not None and req.num_tokens - req.computed == 1 and req.generated > 0:
+                # a verification: the last token and k' draft tokens (model.Speculation)
+                n_new += max(0, min(sd.k, req.output - req.generated - 1, budget - 1))
             self_preempted = False
             while not self._allocate(req, n_new, []):
                 victim = self.running.pop()
@@ -220,7 +227,14 @@ class _RefReplica:
         assert scheduled, "a replica with work always schedules something"
 
         row: dict[str, float] = dict.fromkeys(STEP_FIELDS, 0.0)
+        verified = 0
+        passes = 0
+        draft_ctx = 0.0
         for req, n in scheduled:
+            if req.computed + n > req.num_tokens:  # a verification of n − 1 drafts
+                verified += 1
+                passes = max(passes, n - 1)
+                draft_ctx += req.computed + 1
             if n == 1:
                 row["decode_seqs"] += 1
                 row["decode_ctx_tokens"] += req.computed + 1
@@ -230,18 +244,36 @@ class _RefReplica:
                 row["prefill_attn_pairs"] += n * req.computed + n * (n + 1) / 2
                 row["prefill_kv_tokens"] += req.computed + n
         batch = StepBatch(**{k: np.array([v]) for k, v in row.items()})
-        return scheduled, float(self.cost(batch).time_s[0])
+        dt = float(self.cost(batch).time_s[0])
+        if verified:
+            assert self.spec_dec is not None
+            dt += passes * (self.spec_dec.pass_s(verified) + self.spec_dec.draft_ctx_s * draft_ctx)
+        return scheduled, dt
 
     def commit(self, scheduled: list[tuple[_Req, int]], end: float) -> list[_Req]:
         """Feed the scheduled tokens, sample at ``end``; return the requests that finished."""
         self.clock = end
         finished: list[_Req] = []
         for req, n in scheduled:
-            for _ in range(n):  # one token at a time; prefill_tokens counts every token fed
-                self.res.prefill_tokens[req.idx] += 1
-                req.computed += 1
-            if req.computed == req.num_tokens:
-                req.generated += 1
+            sampled = 0
+            if req.computed + n > req.num_tokens:
+                # A verification: of its n tokens the last sampled one and the accepted drafts are
+                # kept, each fed and each followed by one more sampled token (model.Speculation).
+                assert self.spec_dec is not None
+                adv, req.acc = self.spec_dec.advance(req.acc)
+                for _ in range(min(adv, n)):
+                    self.res.prefill_tokens[req.idx] += 1
+                    req.computed += 1
+                    req.generated += 1
+                    sampled += 1
+            else:
+                for _ in range(n):  # one token at a time; prefill_tokens counts every token fed
+                    self.res.prefill_tokens[req.idx] += 1
+                    req.computed += 1
+                if req.computed == req.num_tokens:
+                    req.generated += 1
+                    sampled = 1
+            if sampled:
                 if req.generated == 1:
                     self.res.first_token_s[req.idx] = end
                 else:
