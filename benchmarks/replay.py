@@ -13,6 +13,7 @@ Poisson arrivals, a 16-replica fleet of Llama-3.1-8B on H100 (KV capacity from m
     python benchmarks/replay.py --reference 2000                     # engine vs reference
     python benchmarks/replay.py --disagg 6:10                        # 6 prefill + 10 decode replicas
                                                         # (KV over 50 GB/s RDMA, 50 us per transfer)
+    python benchmarks/replay.py --speculative eagle3:3               # speculation off, then on
 
 The engine is pipeline/engine/jit.py, the one the replay stage uses (``--reference N`` times the
 per-step reference, the tests' oracle, on N requests). ``linear`` is the affine stand-in cost of
@@ -34,7 +35,9 @@ import os
 import resource
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import polars as pl
@@ -69,6 +72,12 @@ def lengths(n: int, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
     return np.clip(p, 1, 14050).astype(np.int64), np.clip(o, 1, 1000).astype(np.int64)
 
 
+def _tpot(res: Any, output: np.ndarray) -> np.ndarray:
+    """Per request (e2e − ttft) / (output − 1), vLLM's TPOT (NaN for one-token outputs)."""
+    many = output > 1
+    return np.where(many, (res.finish_s - res.first_token_s) / np.maximum(output - 1, 1), np.nan)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--requests", type=int, default=1_000_000)
@@ -82,6 +91,13 @@ def main() -> None:
     ap.add_argument("--router", default="round_robin")
     ap.add_argument("--reference", type=int, default=0, help="also time the reference on N requests")
     ap.add_argument("--disagg", default=None, help="P:D prefill and decode replicas (the disaggregated mode)")
+    ap.add_argument(
+        "--speculative",
+        default=None,
+        metavar="METHOD:K",
+        help="also replay with speculative decoding (FLEET.toml [speculative] method and num_speculative_tokens, "
+        "acceptance from the catalog), after the same replay without, and print both rates",
+    )
     args = ap.parse_args()
     if args.disagg is not None:
         disagg(args)
@@ -99,6 +115,16 @@ def main() -> None:
                 "ep": args.ep,
                 "router": args.router,
                 "engine": {"max_model_len": 16384},
+                **(
+                    {
+                        "speculative": {
+                            "method": args.speculative.split(":")[0],
+                            "num_speculative_tokens": int(args.speculative.split(":")[1]),
+                        }
+                    }
+                    if args.speculative
+                    else {}
+                ),
             },
             "bench",
         )
@@ -126,10 +152,21 @@ def main() -> None:
     t0 = time.perf_counter()
     engine(Workload(arrival_s=arrival[:10], prompt_tokens=prompt[:10], output_tokens=output[:10]), spec, cost)
     warm = time.perf_counter() - t0
+    if fleet.speculation is not None:  # the same replay without speculation first, same process
+        t0 = time.perf_counter()
+        off = engine(work, spec, cost, StepLog(capacity=1024))
+        wall_off = time.perf_counter() - t0
+        print(f"speculation off     {n / wall_off:,.0f} requests per wall-s ({wall_off:,.2f} s)")
+        print(f"  mean TPOT         {np.nanmean(_tpot(off, output)) * 1e3:.2f} ms")
+        spec = replace(spec, speculation=fleet.speculation)
+        sd = fleet.speculation
+        print(f"speculation on      {sd.method}, k = {sd.k}, {sd.mean_accepted:.2f} tokens per step (catalog)")
     log = StepLog(capacity=1024)
     t0, c0 = time.perf_counter(), time.process_time()
     res = engine(work, spec, cost, log)
     wall, cpu = time.perf_counter() - t0, time.process_time() - c0
+    if fleet.speculation is not None:
+        print(f"  mean TPOT         {np.nanmean(_tpot(res, output)) * 1e3:.2f} ms")
     rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024**2
     ok = res.reject_reason == 0
     print(

@@ -256,6 +256,14 @@ def replay_cmd(
             f"cache ({reported:,} as the log reports, {own:,} from the replicas' prefix caches), "
             f"{split['fresh_input_tokens']:,} fresh"
         )
+    sd = s.get("speculative")
+    if sd:
+        per_step = sd["tokens_per_decode_step"]
+        click.echo(
+            f"speculative decoding: {sd['method']}, {sd['num_speculative_tokens']} draft tokens a step, "
+            f"{sd['mean_accepted_tokens']:.2f} accepted tokens per verification ({sd['acceptance_source']}); "
+            f"{per_step or 0:.2f} output tokens per decode step over {sd['decode_steps']:,} decode steps"
+        )
     click.echo(f"latency over {h['latency_covers']}:")
     for line in latency_lines(s):
         click.echo(line)

@@ -160,6 +160,23 @@ class EngineTable(_Table):
     frontend_token_s: float = _opt("API server seconds per output token per concurrent stream, in [0, 0.1]; default 0")
 
 
+#: FLEET.toml [speculative] methods (vLLM's speculative_config "method"; pipeline/replay/fleet.py).
+_SPEC_METHODS = ["draft_model", "eagle", "eagle3", "mtp", "ngram"]
+
+
+class SpeculativeTable(_Table):
+    """``[speculative]``: speculative decoding (vLLM --speculative-config)."""
+
+    method: str = _req(
+        "what drafts: a draft model, an EAGLE/EAGLE-3 head, MTP modules or n-gram lookup", enum=_SPEC_METHODS
+    )
+    num_speculative_tokens: int = _req("draft tokens per step, 1..16 (vLLM num_speculative_tokens)")
+    model: str = _opt("method draft_model: the draft's catalog model name")
+    acceptance: float = _opt("per-token acceptance probability in [0, 1] (default: pipeline/catalog/speculative.toml)")
+    mean_accepted_tokens: float = _opt("tokens a step advances on average, in [1, k + 1], instead of acceptance")
+    source: str = _opt("where the acceptance figure comes from")
+
+
 class FleetCalibrationTable(_Table):
     """``[calibration]``: roofline efficiency factors of this serving stack."""
 
@@ -252,6 +269,7 @@ class FleetFile(_Table):
         enum=_MEASURED_SOURCES,
     )
     engine: EngineTable = _opt("vLLM engine arguments")
+    speculative: SpeculativeTable = _opt("speculative decoding (vLLM --speculative-config)")
     calibration: FleetCalibrationTable = _opt("roofline factors of this serving stack")
     calibration_file: str = _opt("a calibration learnt from logs (rooftrace calibrate --observed), relative path")
     topology: TopologyTable = _opt("the GPUs' link: NVLink generation, or PCIe generation and peer-to-peer path")

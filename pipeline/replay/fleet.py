@@ -52,7 +52,10 @@ from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from pipeline.catalog import (
+    CATALOG_DIR,
     MIN_EFFICIENCY,
     PCIE_P2P_PATHS,
     TOPOLOGY_LINKS,
@@ -84,7 +87,15 @@ from pipeline.costmodel.model import CostModel
 from pipeline.costmodel.profile.tables import list_profiles, no_profile_message, profile_for
 from pipeline.costmodel.roofline import MAX_DP, Deployment
 from pipeline.costmodel.stackcal import StackCalibration, check_applies, load_calibration_file, parse_calibration
-from pipeline.engine.model import ROUTERS, FleetSpec, SchedulerConfig
+from pipeline.costmodel.steps import StepBatch
+from pipeline.engine.model import (
+    MAX_SPECULATIVE_TOKENS,
+    ROUTERS,
+    FleetSpec,
+    SchedulerConfig,
+    Speculation,
+    tokens_per_verification,
+)
 from pipeline.replay.slo import parse_slo, slo_table_text
 
 #: Routers that send a request by a key it carries (a session id, its first prefix block).
@@ -151,9 +162,11 @@ class EngineSettings:
 
 #: The first vLLM release that runs the scheduler asynchronously by default: v0.14.0's release notes,
 #: "Breaking Changes: Async scheduling is now enabled by default" (vllm-project/vllm#27614), except
-#: with pipeline parallelism (and CPU backends or non-EAGLE/MTP speculative decoding, which a fleet
-#: does not describe). Before it, --async-scheduling was opt-in (experimental since vllm#19970).
+#: with pipeline parallelism, with speculative decoding other than EAGLE/MTP (ASYNC_SPEC_METHODS)
+#: and on CPU backends (which a fleet does not describe). Before it, --async-scheduling was opt-in (experimental since vllm#19970).
 ASYNC_SCHEDULING_SINCE = (0, 14)
+#: The speculative methods vLLM keeps asynchronous scheduling on with (the defaults above).
+ASYNC_SPEC_METHODS = ("eagle", "eagle3", "mtp")
 #: Bounds of the front-end terms: past them a front end is not an API server (they also keep a
 #: replay's clock finite; ``nan``/``inf`` are refused by the same check).
 MAX_FRONTEND_REQUEST_S = 10.0
@@ -164,6 +177,79 @@ def async_default(vllm_version: str, pp: int = 1) -> bool:
     """Whether vLLM ``vllm_version`` schedules asynchronously when --async-scheduling is not given
     (:data:`ASYNC_SCHEDULING_SINCE`; off with pipeline parallelism, as v0.14.0 excluded it)."""
     return parse_vllm_version(vllm_version) >= ASYNC_SCHEDULING_SINCE and pp == 1
+
+
+#: What drafts (vLLM's speculative_config "method"; "draft_model" is vLLM's default when a draft
+#: ``model`` is given).
+SPEC_METHODS = ("draft_model", "eagle", "eagle3", "mtp", "ngram")
+#: The catalog's published acceptance of common pairs (docs/engine.md, "Speculative decoding").
+SPECULATIVE_CATALOG = CATALOG_DIR / "speculative.toml"
+#: The context (tokens) at which a draft pass's per-context-token cost is read off its step cost.
+DRAFT_SLOPE_TOKENS = 4096
+
+
+@dataclass(frozen=True)
+class SpeculativeSettings:
+    """``[speculative]``: speculative decoding as vLLM's ``--speculative-config`` sets it."""
+
+    method: str
+    num_speculative_tokens: int
+    #: draft_model: the draft's catalog model name
+    model: str | None = None
+    #: per-token acceptance probability; or the mean tokens a step advances (one of the two, or
+    #: neither: the catalog's published figure for the pair, pipeline/catalog/speculative.toml)
+    acceptance: float | None = None
+    mean_accepted_tokens: float | None = None
+    source: str | None = None
+
+
+def _spec_pairs() -> list[dict[str, Any]]:
+    pairs = read_toml(SPECULATIVE_CATALOG).get("pair", [])
+    return list(pairs) if isinstance(pairs, list) else []
+
+
+def published_acceptance(method: str, model: str, k: int) -> tuple[float, str] | None:
+    """(mean accepted tokens per step, source) the catalog publishes for ``method`` drafting for
+    ``model`` at ``k`` draft tokens (an entry for the model, else one for any target), or None."""
+    for want in (model, "*"):
+        for pair in _spec_pairs():
+            if pair.get("method") != method or pair.get("model") != want:
+                continue
+            if "acceptance" in pair:
+                return tokens_per_verification(float(pair["acceptance"]), k), str(pair["source"])
+            ks = list(pair.get("num_speculative_tokens", []))
+            if k in ks:
+                return float(pair["mean_accepted_tokens"][ks.index(k)]), str(pair["source"])
+    return None
+
+
+def _parse_speculative(raw: dict[str, Any], origin: str) -> SpeculativeSettings:
+    where = f"{origin} [speculative]"
+    spec = SpeculativeSettings(**raw)
+    if spec.method not in SPEC_METHODS:
+        raise ConfigError(f"{where}: method {spec.method!r} unknown; choose one of {list(SPEC_METHODS)}")
+    k = spec.num_speculative_tokens
+    if not 1 <= k <= MAX_SPECULATIVE_TOKENS:
+        raise ConfigError(f"{where}: num_speculative_tokens must be in 1..{MAX_SPECULATIVE_TOKENS}, got {k!r}")
+    if spec.acceptance is not None and spec.mean_accepted_tokens is not None:
+        raise ConfigError(f"{where}: set acceptance or mean_accepted_tokens, not both")
+    if spec.acceptance is not None and not 0.0 <= float(spec.acceptance) <= 1.0:
+        raise ConfigError(f"{where}: acceptance must be a probability in [0, 1], got {spec.acceptance!r}")
+    e = spec.mean_accepted_tokens
+    if e is not None and not 1.0 <= float(e) <= k + 1:
+        raise ConfigError(
+            f"{where}: mean_accepted_tokens must be in [1, num_speculative_tokens + 1 = {k + 1}], got {e!r}"
+        )
+    if (spec.method == "draft_model") != (spec.model is not None):
+        raise ConfigError(
+            f"{where}: model (the draft's catalog name) is "
+            + ("required by method draft_model" if spec.model is None else f"for draft_model only, not {spec.method}")
+        )
+    return replace(
+        spec,
+        acceptance=None if spec.acceptance is None else float(spec.acceptance),
+        mean_accepted_tokens=None if e is None else float(e),
+    )
 
 
 @dataclass(frozen=True)
@@ -303,6 +389,8 @@ class FleetConfig:
     #: for the stated precedence (pipeline/catalog/profiles/sources.toml), or a set's name first.
     measured_source: str = ""
     engine: EngineSettings = field(default_factory=EngineSettings)
+    #: ``[speculative]``: speculative decoding (None: off)
+    speculative: SpeculativeSettings | None = None
     calibration: Calibration | None = None
     #: A serving stack's calibration learnt from logs (``calibration_file = "CAL.toml"``, read
     #: when the fleet is loaded; pipeline/costmodel/stackcal.py): scales and a per-step overhead applied on
@@ -342,6 +430,10 @@ class FleetConfig:
             del out["stack_calibration"]
         else:  # the numbers, not where they were read from
             out["stack_calibration"] = self.stack_calibration.to_dict()
+        if self.speculative is None:  # off: runs recorded before it keep their run ids
+            del out["speculative"]
+        else:
+            out["speculative"] = {k: v for k, v in out["speculative"].items() if v is not None}
         for key in ("async_scheduling", "frontend_request_s", "frontend_token_s"):
             if out["engine"][key] is None:  # unset: the same (the resolved values are recorded too)
                 del out["engine"][key]
@@ -502,8 +594,10 @@ def parse_fleet(
         )
     topology = parse_topology(data["topology"], f"{origin} [topology]") if "topology" in data else None
     energy = _parse_energy(data["energy"], f"{origin} [energy]") if "energy" in data else None
+    speculative = _parse_speculative(dict(data["speculative"]), origin) if "speculative" in data else None
     # [cost] prices the fleet (pipeline/economics/stack.py) and changes nothing the replay does
-    skip = ("engine", "calibration", "slo", "calibration_file", "stack_calibration", "topology", "cost", "energy")
+    skip = ("engine", "calibration", "slo", "calibration_file", "stack_calibration", "topology", "cost", "energy",
+            "speculative")  # fmt: skip
     top = {k: v for k, v in data.items() if k not in skip}
     cfg = FleetConfig(
         engine=engine,
@@ -512,6 +606,7 @@ def parse_fleet(
         stack_calibration=stack,
         topology=topology,
         energy=energy,
+        speculative=speculative,
         **top,
     )
     if cfg.cost_model not in ("auto", "measured", "prior", "roofline"):
@@ -764,7 +859,80 @@ class ResolvedFleet:
             think_s=float(think_s),
             frontend_request_s=self.config.engine.frontend_request_s or 0.0,
             frontend_token_s=self.config.engine.frontend_token_s or 0.0,
+            speculation=self.speculation,
         )
+
+    @functools.cached_property
+    def accepted_tokens(self) -> tuple[float, str] | None:
+        """Speculative decoding's mean accepted tokens per step and where the figure comes from
+        (the fleet's ``acceptance`` or ``mean_accepted_tokens``, else the catalog's published pair);
+        None when speculation is off. Raises ConfigError when nothing gives it."""
+        sd = self.config.speculative
+        if sd is None:
+            return None
+        k = sd.num_speculative_tokens
+        if sd.mean_accepted_tokens is not None:
+            return sd.mean_accepted_tokens, sd.source or "the fleet's mean_accepted_tokens"
+        if sd.acceptance is not None:
+            return tokens_per_verification(sd.acceptance, k), sd.source or "the fleet's acceptance"
+        found = published_acceptance(sd.method, self.config.model, k)
+        if found is None:
+            raise ConfigError(
+                f"[speculative]: no published acceptance for {sd.method} drafting for {self.config.model} at "
+                f"num_speculative_tokens = {k} in the catalog (pipeline/catalog/speculative.toml); set acceptance "
+                "(per token, 0..1) or mean_accepted_tokens (1..k+1) from your own serving logs"
+            )
+        return found
+
+    @functools.cached_property
+    def speculation(self) -> Speculation | None:
+        """What the engines run of ``[speculative]`` (pipeline.engine.model.Speculation): k, the mean
+        accepted tokens and the draft's pass cost, tabulated over the batch sizes 0..max_num_seqs from
+        the draft's step cost on this GPU (draft_model: the draft model's own cost model; eagle,
+        eagle3, mtp: one layer, 1/num_layers of the target's decode step; ngram: free, on the CPU)."""
+        sd = self.config.speculative
+        if sd is None:
+            return None
+        accepted = self.accepted_tokens
+        assert accepted is not None
+        seqs = self.scheduler.max_num_seqs
+        pass_s: tuple[float, ...] = ()
+        ctx_s = 0.0
+        if sd.method != "ngram":
+            if sd.method == "draft_model":
+                assert sd.model is not None
+                cost, share = _draft_fleet(self, sd.model).cost_model.table, 1.0
+            else:
+                cost, share = self.cost_model.table, 1.0 / self.deployment.model.num_layers
+            pass_s, ctx_s = _draft_pass_table(cost, seqs, share)
+        return Speculation(
+            k=sd.num_speculative_tokens, mean_accepted=accepted[0], draft_pass_s=pass_s, draft_ctx_s=ctx_s,
+            method=sd.method,
+        )  # fmt: skip
+
+
+def _draft_fleet(fleet: ResolvedFleet, model: str) -> ResolvedFleet:
+    """The draft model on the target's GPUs (same hardware, dtypes, tp and pp; one rank)."""
+    cfg = fleet.config
+    eng = replace(cfg.engine, max_model_len=None, num_gpu_blocks_override=None)
+    draft = replace(cfg, model=model, speculative=None, engine=eng, replicas=1, dp=1, ep=1, stack_calibration=None)
+    try:
+        return resolve(draft, "[speculative] model")
+    except ConfigError as exc:
+        raise ConfigError(f"{exc}") from None
+
+
+def _draft_pass_table(cost: Any, seqs: int, share: float) -> tuple[tuple[float, ...], float]:
+    """One draft pass's seconds for 0..``seqs`` sequences at one token of context each, and its
+    seconds per further context token (read off at DRAFT_SLOPE_TOKENS), both × ``share``."""
+    b = np.arange(1, seqs + 1, dtype=np.float64)
+    zero = np.zeros_like(b)
+    t = cost(StepBatch(zero, zero.copy(), zero.copy(), zero.copy(), b, b.copy())).time_s
+    one, zero1 = np.ones(2), np.zeros(2)
+    ctx = np.array([1.0, 1.0 + DRAFT_SLOPE_TOKENS])
+    t1 = cost(StepBatch(zero1, zero1.copy(), zero1.copy(), zero1.copy(), one, ctx)).time_s
+    slope = max(0.0, float(t1[1] - t1[0])) / DRAFT_SLOPE_TOKENS
+    return (0.0, *(float(x) * share for x in t)), slope * share
 
 
 def resolve(cfg: FleetConfig, origin: str = "fleet", entries: Mapping[str, str] | None = None) -> ResolvedFleet:
@@ -882,6 +1050,8 @@ def _resolve(cfg: FleetConfig, origin: str, entries: Mapping[str, str] | None) -
             eng.async_scheduling
             if eng.async_scheduling is not None
             else async_default(eng.vllm_version or DEFAULT_VLLM_VERSION, cfg.pp)
+            # vLLM turns it off for speculative decoding other than EAGLE and MTP (v0.14.0's notes)
+            and (cfg.speculative is None or cfg.speculative.method in ASYNC_SPEC_METHODS)
         ),
     )
     return ResolvedFleet(cfg, dep, mem, sched, tuple(sorted(recorded.items())))

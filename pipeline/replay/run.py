@@ -49,7 +49,7 @@ from pipeline.common.system import keep_ignored_sigint
 from pipeline.costmodel.stepcost import TabulatedCost
 from pipeline.costmodel.steps import BINDING_NAMES
 from pipeline.engine.jit import simulate_jit
-from pipeline.engine.model import REJECT_REASONS, EngineResult, FleetSpec, Workload
+from pipeline.engine.model import REJECT_REASONS, EngineResult, FleetSpec, Speculation, Workload
 from pipeline.engine.shard import EXECUTORS, MAX_PODS, auto_pods, put_back, routes_static, sharded_results
 from pipeline.engine.steplog import SPAN_COLUMNS, RowSink, StepLog
 from pipeline.ingest.project import default_fleet_path, find_project
@@ -518,6 +518,8 @@ class StepSums:
     spans: int = 0
     busy_s: float = 0.0
     measured_s: float = 0.0
+    #: decode-row entries: a decode or (speculative decoding) a verification of one request
+    decode_tokens: int = 0
     last_replica: int = -1
 
     def add(self, cols: dict[str, npt.NDArray[Any]]) -> None:
@@ -535,6 +537,7 @@ class StepSums:
             self.busy_s += float(np.cumsum(busy[a:b])[-1])
             self.measured_s += float(np.cumsum(measured[a:b])[-1])
         self.spans += int(replica.size)
+        self.decode_tokens += int(np.asarray(cols["decode_tokens"], np.int64).sum())
         self.last_replica = int(replica[-1])
 
 
@@ -772,6 +775,7 @@ def summary_of(cols: Columns, sums: StepSums, run: ReplayRun, slo: Slo | None = 
     engine wall time and cost model. A run's warm-up requests (``run.warmup``, its first rows) are
     left out of every figure but the engine's: the summary is the measured requests'."""
     split = cache_split_of(cols)  # every request's, warm-up included: the day classify split
+    speculative = speculative_summary(cols, sums, run.spec.speculation, run.fleet)  # (the whole log's)
     if run.warmup:
         cols = _Measured(cols, run.warmup)
     code = cols.get("reject_code")
@@ -814,6 +818,31 @@ def summary_of(cols: Columns, sums: StepSums, run: ReplayRun, slo: Slo | None = 
         "engine_pods": run.pods,
         "spans": sums.spans,
         "cost_model": _cost_summary(run, sums),
+        **({"speculative": speculative} if speculative is not None else {}),
+    }
+
+
+def speculative_summary(
+    cols: Columns, sums: StepSums, sd: Speculation | None, fleet: ResolvedFleet
+) -> dict[str, Any] | None:
+    """Speculative decoding in a run's summary (None when off): the settings, the mean accepted
+    tokens per step the engines ran with and where that figure comes from, and what the replay did:
+    output tokens sampled by decode steps (every finished request's output − 1) per decode-row entry
+    (a verification, or a plain decode where no draft token was left to propose). Warm-up
+    requests included (the step log has no per-request rows). A preempted request's resumed
+    prefill samples a token too, counted here as a decode's: the figure is then a little high."""
+    if sd is None:
+        return None
+    ok = cols.get("reject_code") == 0
+    sampled = _sum(cols, "output_tokens", ok) - int(ok.sum())
+    accepted = fleet.accepted_tokens
+    return {
+        "method": sd.method,
+        "num_speculative_tokens": sd.k,
+        "mean_accepted_tokens": sd.mean_accepted,
+        "acceptance_source": accepted[1] if accepted is not None else "",
+        "decode_steps": sums.decode_tokens,
+        "tokens_per_decode_step": sampled / sums.decode_tokens if sums.decode_tokens else None,
     }
 
 
