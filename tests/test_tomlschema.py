@@ -30,7 +30,7 @@ from pipeline.costmodel.stackcal import PARAMETERS, TEXT_KEYS, parse_calibration
 from pipeline.economics.cost import PRICES_DIR, parse_price_table
 from pipeline.ingest.mapping import _TOP_KEYS, FIELD_TO_CANDIDATE, load_mapping
 from pipeline.ingest.project import find_project
-from pipeline.replay.fleet import Calibration, EngineSettings, Topology, parse_fleet
+from pipeline.replay.fleet import Calibration, EngineSettings, SpeculativeSettings, Topology, parse_fleet
 
 ROOT = Path(__file__).resolve().parents[1]
 #: The shipped fleets of pools (their own editor schema): fleets/pools.toml and the disaggregated ones.
@@ -189,11 +189,12 @@ def test_the_allowed_lists_are_the_hand_written_ones() -> None:
     assert _allowed(CASES[0]) == [
         "calibration", "calibration_file", "cost", "cost_model", "description", "dp", "energy", "engine", "ep",
         "hardware", "kv_dtype", "measured_source", "model", "name", "pp", "replicas", "router", "router_pod_balancer",
-        "router_pod_size", "slo", "stack_calibration", "topology", "tp", "weight_dtype",
+        "router_pod_size", "slo", "speculative", "stack_calibration", "topology", "tp", "weight_dtype",
     ]  # fmt: skip
     assert set(tomlschema.EngineTable.model_fields) == {f.name for f in fields(EngineSettings)}
     assert set(tomlschema.TopologyTable.model_fields) == {f.name for f in fields(Topology)}
     assert set(tomlschema.FleetCalibrationTable.model_fields) == {f.name for f in fields(Calibration)}
+    assert set(tomlschema.SpeculativeTable.model_fields) == {f.name for f in fields(SpeculativeSettings)}
     assert set(tomlschema.HfConfigTable.model_fields) == _HF_KEYS
     assert set(tomlschema.MappingFile.model_fields) == _TOP_KEYS
     assert set(tomlschema.MappingFieldsTable.model_fields) == set(FIELD_TO_CANDIDATE)
