@@ -75,6 +75,9 @@ def test_fleet_speculation_resolves_to_what_the_engines_run() -> None:
     one = dm.speculation.draft_pass_s[1]
     assert sd.draft_pass_s[1] < one < sd.draft_pass_s[1] * 32
     assert step is not None
+    # vLLM keeps asynchronous scheduling on with EAGLE and MTP only (fleet default, v0.14.0 on)
+    assert fleet.scheduler.async_scheduling and _fleet().scheduler.async_scheduling
+    assert not own.scheduler.async_scheduling and not dm.scheduler.async_scheduling
     # off: nothing recorded (runs before speculation keep their ids)
     assert "speculative" not in _fleet().config.to_dict()
     assert _fleet().spec().speculation is None
@@ -106,10 +109,11 @@ def test_hostile_speculative_tables_are_one_line_naming_the_key(table: dict[str,
 
 
 def test_a_pair_without_published_acceptance_says_what_to_set() -> None:
-    fleet = _fleet({"method": "eagle3", "num_speculative_tokens": 3}, model="qwen3-8b")
-    with pytest.raises(ConfigError, match=r"set acceptance .* or mean_accepted_tokens"):
-        _ = fleet.speculation
-    with pytest.raises(ConfigError, match=r"\[speculative\] model"):
+    with pytest.raises(
+        ConfigError, match=r"^fleets/spec.toml: \[speculative\]: .*set acceptance .* or mean_accepted_tokens"
+    ):
+        _fleet({"method": "eagle3", "num_speculative_tokens": 3}, model="qwen3-8b")
+    with pytest.raises(ConfigError, match=r"^fleets/spec.toml: \[speculative\] model"):
         _ = _fleet(
             {"method": "draft_model", "model": "no-such-model", "num_speculative_tokens": 2, "acceptance": 0.5}
         ).speculation
@@ -175,4 +179,10 @@ def test_the_replay_command_says_speculation_and_its_tokens_per_step(tmp_path: P
     # tokens leave fewer drafts (k' = min(k, remaining − 1)) and on the plain last decode
     assert 1.0 < sd["tokens_per_decode_step"] <= 2.79
     config = json.loads((Path(doc["run_dir"]) / "config.json").read_text())
+    # a hostile value is one line naming the file and the table, exit 1
+    fleet.write_text(fleet.read_text() + "acceptance = nan\n")
+    bad = runner.invoke(main, ["replay", "--store", str(small.root), "--fleet", str(fleet)])
+    assert bad.exit_code == 1 and "Traceback" not in bad.output
+    assert "spec.toml [speculative]: acceptance must be a probability in [0, 1], got nan" in bad.stderr
+    assert len(bad.stderr.strip().splitlines()) == 1
     assert config["resolved"]["fleet"]["speculative"] == {"method": "eagle3", "num_speculative_tokens": 3}

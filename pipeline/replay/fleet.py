@@ -163,7 +163,8 @@ class EngineSettings:
 #: The first vLLM release that runs the scheduler asynchronously by default: v0.14.0's release notes,
 #: "Breaking Changes: Async scheduling is now enabled by default" (vllm-project/vllm#27614), except
 #: with pipeline parallelism, with speculative decoding other than EAGLE/MTP (ASYNC_SPEC_METHODS)
-#: and on CPU backends (which a fleet does not describe). Before it, --async-scheduling was opt-in (experimental since vllm#19970).
+#: and on CPU backends (which a fleet does not describe). Before it, --async-scheduling was opt-in
+#: (experimental since vllm#19970).
 ASYNC_SCHEDULING_SINCE = (0, 14)
 #: The speculative methods vLLM keeps asynchronous scheduling on with (the defaults above).
 ASYNC_SPEC_METHODS = ("eagle", "eagle3", "mtp")
@@ -1054,7 +1055,15 @@ def _resolve(cfg: FleetConfig, origin: str, entries: Mapping[str, str] | None) -
             and (cfg.speculative is None or cfg.speculative.method in ASYNC_SPEC_METHODS)
         ),
     )
-    return ResolvedFleet(cfg, dep, mem, sched, tuple(sorted(recorded.items())))
+    resolved = ResolvedFleet(cfg, dep, mem, sched, tuple(sorted(recorded.items())))
+    if cfg.speculative is not None:  # said when the fleet is loaded, not when the replay starts
+        _ = resolved.accepted_tokens
+        if cfg.speculative.model is not None:
+            try:
+                load_model(cfg.speculative.model)
+            except ConfigError as exc:
+                raise ConfigError(f"[speculative] model: {exc}") from None
+    return resolved
 
 
 def _link_path(cfg: FleetConfig, hw: HardwareSpec, origin: str) -> LinkPath | None:
