@@ -54,7 +54,7 @@ from pipeline.calibrate.observed_fit import (
     _to_x,
 )
 from pipeline.common.errors import ConfigError, RooftraceError
-from pipeline.costmodel.stackcal import PARAMETERS, StackCalibration, apply
+from pipeline.costmodel.stackcal import PARAMETERS, TIMELINE, StackCalibration, apply
 from pipeline.costmodel.stepcost import TabulatedCost
 from pipeline.costmodel.steps import StepBatch
 from pipeline.ingest.steptelemetry import StepTelemetry
@@ -226,6 +226,10 @@ def fit_steps(
     wall = steps.get_column("wall_s").to_numpy().astype(np.float64)
     b_train, w_train = _take(batch, train), wall[train]
     fitted, fixed = _params_for(fleet)
+    # the step timeline (asynchronous scheduling, the API front end) moves no step's wall time:
+    # the per-request fit (calibrate --observed without --steps) is what sees it
+    fitted = [k for k in fitted if k not in TIMELINE]
+    fixed = [k for k in PARAMETERS if k not in fitted]
     if progress:
         progress(f"fitting {', '.join(fitted)} on {n_train:,} steps ({split})")
     neutral = {k: PARAMETERS[k][2] for k in PARAMETERS}
