@@ -369,3 +369,42 @@ def test_report_has_an_energy_table(replayed_store: tuple[object, str], tmp_path
     d = run_energy(run_dir, json.loads((run_dir / "config.json").read_text())).to_dict()
     first = energy_rows(d)[0]
     assert first["figure"] == "GPU energy" and first["value"] in page
+
+
+def test_the_cost_stack_counts_electricity_only_for_owned_gpus(replayed_store: tuple[object, str]) -> None:
+    """`cost`'s electricity line: the run's facility energy × the [energy] price over the period of
+    record, as $/h — $0 by default (a cloud GPU-hour price pays for the power; the basis says what
+    it would be), counted with --electricity, before the margin (which then takes it too)."""
+    import json
+
+    from click.testing import CliRunner
+
+    from pipeline.cli import main
+    from pipeline.economics.energy import run_energy
+
+    store, run_id = replayed_store
+    root = str(store.root)  # type: ignore[attr-defined]
+    run_dir = store.run_dir(run_id)  # type: ignore[attr-defined]
+    energy = run_energy(run_dir, json.loads((run_dir / "config.json").read_text())).to_dict()
+    usd = energy["electricity_usd"]
+    assert usd == pytest.approx(energy["gpu_kwh"] * energy["pue"] * energy["usd_per_kwh"]) and usd > 0
+
+    def stack(*options: str) -> dict[str, object]:
+        out = CliRunner().invoke(main, ["cost", "--store", root, "--json", *options])
+        assert out.exit_code == 0, out.output
+        got: dict[str, object] = json.loads(out.stdout)["cost_stack"]
+        return got
+
+    def line(doc: dict[str, object], key: str) -> dict[str, float | str]:
+        return next(x for x in doc["lines"] if x["line"] == key)  # type: ignore[attr-defined, index]
+
+    off = stack()
+    assert line(off, "electricity")["usd"] == 0.0
+    assert str(line(off, "electricity")["basis"]).startswith("not counted (a cloud GPU-hour price pays for the power")
+    on = stack("--electricity", "--margin", "10")
+    assert line(on, "electricity")["usd"] == pytest.approx(usd, rel=1e-9)
+    keys = [x["line"] for x in on["lines"]]  # type: ignore[attr-defined]
+    assert keys.index("electricity") == len(keys) - 2 and keys[-1] == "margin"
+    above = sum(float(x["usd"]) for x in on["lines"][:-1])  # type: ignore[index]
+    assert line(on, "margin")["usd"] == pytest.approx(0.10 * above, rel=1e-9)
+    assert on["total_usd"] == pytest.approx(float(off["total_usd"]) * 1.1 + usd * 1.1, rel=1e-9)  # type: ignore[arg-type]

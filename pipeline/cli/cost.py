@@ -36,6 +36,11 @@ from pipeline.common.defaults import PURCHASE_MODELS
 @click.option("--storage", default=None, help="Storage overhead: '10%' or '2.5/h'.")
 @click.option("--operations", default=None, help="Operations overhead: '10%' or '2.5/h'.")
 @click.option("--margin", type=float, default=None, help="Margin, % on top of every cost line.")
+@click.option(
+    "--electricity/--no-electricity",
+    default=None,
+    help="Count the run's electricity as a line (owned GPUs; a cloud GPU-hour price already pays for the power).",
+)
 @store_option
 @json_option
 def cost_cmd(
@@ -52,6 +57,7 @@ def cost_cmd(
     storage: str | None,
     operations: str | None,
     margin: float | None,
+    electricity: bool | None,
     store_path: str | None,
     as_json: bool,
 ) -> None:
@@ -74,6 +80,7 @@ def cost_cmd(
         "redundancy_replicas": redundancy,
         "overheads": overheads,
         "margin_percent": margin,
+        "electricity": electricity,
     }
     result = run(
         lambda: run_cost(

@@ -237,6 +237,10 @@ class CostTable(_Table):
     operations_percent: float = _opt("operations, % of the GPU cost")
     operations_usd_per_hour: float = _opt("operations, $ per hour")
     margin_percent: float = _opt("margin, % on top of every cost line")
+    electricity: bool = _opt(
+        "the run's electricity as a line of its own (owned GPUs; a cloud GPU-hour price pays for the power) "
+        "(default false)"
+    )
 
 
 class FleetEnergyTable(_Table):

@@ -42,7 +42,7 @@ from pipeline.common.errors import ConfigError
 from pipeline.common.schemas import read_parquet
 from pipeline.common.tomlfile import read_toml
 from pipeline.common.units import plain_number
-from pipeline.economics.cost import stored_run_period
+from pipeline.economics.period import stored_run_period
 from pipeline.replay.fleet import ENERGY_RANGES, energy_range_error
 from pipeline.replay.runfolder import RunPool, config_path, pools_of, read_config
 from pipeline.replay.slo import MIN_PROJECTION_S, day_projection, traffic_span

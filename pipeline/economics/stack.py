@@ -139,6 +139,10 @@ class CostInputs:
     redundancy_replicas: int = 0
     overheads: tuple[Overhead, ...] = tuple(Overhead(n) for n in OVERHEADS)
     margin_percent: float = 0.0
+    #: Whether the run's electricity is a line of its own (owned GPUs: pipeline/economics/energy.py,
+    #: the facility's kWh at the fleet's [energy] price). Off by default: a cloud GPU-hour price
+    #: already pays for the power.
+    electricity: bool = False
     #: Where the inputs were read ("defaults", a fleet file's [cost], "command line").
     origin: str = "defaults"
 
@@ -156,6 +160,7 @@ class CostInputs:
             **{f"{o.name}_percent": o.percent for o in self.overheads},
             **{f"{o.name}_usd_per_hour": o.usd_per_hour for o in self.overheads},
             "margin_percent": self.margin_percent,
+            "electricity": self.electricity,
             "origin": self.origin,
         }
 
@@ -187,6 +192,8 @@ def check_inputs(inputs: CostInputs, where: str) -> CostInputs:
         if o.usd_per_hour is not None:
             _number(o.usd_per_hour, where, f"{o.name}_usd_per_hour", 0.0, MAX_USD_PER_HOUR, "USD per hour")
     _number(inputs.margin_percent, where, "margin_percent", 0.0, MAX_PERCENT, "%")
+    if not isinstance(inputs.electricity, bool):
+        raise ConfigError(f"{where}: electricity must be true or false, got {inputs.electricity!r}")
     spot_keys = {
         "spot_interruptions_per_day": inputs.spot_interruptions_per_day,
         "spot_restart_s": inputs.spot_restart_s,
@@ -234,6 +241,7 @@ def parse_cost_table(raw: Mapping[str, Any], where: str) -> CostInputs:
         redundancy_replicas=raw.get("redundancy_replicas", 0),
         overheads=overheads,
         margin_percent=float(raw.get("margin_percent", 0.0)),
+        electricity=raw.get("electricity", False),
         origin=where,
     )
     return check_inputs(inputs, where)
@@ -267,6 +275,7 @@ def with_options(
     redundancy_replicas: int | None = None,
     overheads: Mapping[str, str] | None = None,
     margin_percent: float | None = None,
+    electricity: bool | None = None,
 ) -> CostInputs:
     """``base`` with the command line's options over it (each option set wins over the file's key)."""
     changed: dict[str, Any] = {}
@@ -284,6 +293,8 @@ def with_options(
         changed["redundancy_replicas"] = redundancy_replicas
     if margin_percent is not None:
         changed["margin_percent"] = margin_percent
+    if electricity is not None:
+        changed["electricity"] = electricity
     if overheads:
         lines = {o.name: o for o in base.overheads}
         for name, text in overheads.items():
