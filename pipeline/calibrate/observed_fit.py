@@ -536,28 +536,36 @@ def fit_store(
     return fit_requests(requests, fleet, identity, train_share, source, progress)
 
 
-def calibration_toml(fit: ObservedFit, extra: dict[str, Any] | None = None) -> str:
-    """The calibration file's text (pipeline/costmodel/stackcal.py reads its ``[calibration]`` table)."""
-    cal = fit.calibration
+def toml_text(v: str) -> str:
+    """A TOML basic string (JSON's escapes are TOML's)."""
+    import json
 
-    def s(v: str) -> str:
-        import json
+    return json.dumps(v, ensure_ascii=False)
 
-        return json.dumps(v, ensure_ascii=False)
 
-    def num(v: float) -> str:
-        return repr(float(v)) if math.isfinite(v) else "nan"
+def toml_number(v: float) -> str:
+    return repr(float(v)) if math.isfinite(v) else "nan"
 
-    lines = [
-        "# A serving stack's calibration, learnt from a fleet's own logs by `rooftrace calibrate --observed`.",
+
+def calibration_table(cal: StackCalibration, learnt_from: str) -> list[str]:
+    """The first lines of a calibration file: what it was learnt from, how a FLEET.toml includes
+    it, and its ``[calibration]`` table (pipeline/costmodel/stackcal.py reads it)."""
+    return [
+        f"# A serving stack's calibration, learnt from {learnt_from}.",
         '# Include it from a FLEET.toml on the same GPU and cost tier: calibration_file = "<this file>".',
         "",
         "[calibration]",
-        f"source = {s(cal.source)}",
-        f"hardware = {s(cal.hardware)}",
-        f"cost_tier = {s(cal.cost_tier)}",
+        f"source = {toml_text(cal.source)}",
+        f"hardware = {toml_text(cal.hardware)}",
+        f"cost_tier = {toml_text(cal.cost_tier)}",
+        *(f"{k} = {toml_number(getattr(cal, k))}" for k in PARAMETERS),
     ]
-    lines += [f"{k} = {num(getattr(cal, k))}" for k in PARAMETERS]
+
+
+def calibration_toml(fit: ObservedFit, extra: dict[str, Any] | None = None) -> str:
+    """The calibration file's text (pipeline/costmodel/stackcal.py reads its ``[calibration]`` table)."""
+    s, num = toml_text, toml_number
+    lines = calibration_table(fit.calibration, "a fleet's own logs by `rooftrace calibrate --observed`")
     lines += [
         "",
         "[fit]",

@@ -52,6 +52,9 @@ from pipeline.calibrate.observed_fit import (
     _params_for,
     _soft_l1,
     _to_x,
+    calibration_table,
+    toml_number,
+    toml_text,
 )
 from pipeline.common.errors import ConfigError, RooftraceError
 from pipeline.costmodel.stackcal import PARAMETERS, TIMELINE, StackCalibration, apply
@@ -341,27 +344,11 @@ def step_calibration_toml(fit: StepFit, telemetry: StepTelemetry) -> str:
     """The calibration file: observed_fit's ``[calibration]`` table (what a FLEET.toml includes),
     ``[fit]`` (steps, split, what was fitted and how much of the steps each parameter moves) and
     ``[errors.<part>.step]``."""
-    import json
 
-    cal = fit.calibration
-
-    def s(v: str) -> str:
-        return json.dumps(v, ensure_ascii=False)
-
-    def num(v: float) -> str:
-        return repr(float(v)) if math.isfinite(v) else "nan"
-
-    lines = [
-        "# A serving stack's calibration, learnt from the engine's step telemetry by",
-        "# `rooftrace calibrate --observed --steps`.",
-        '# Include it from a FLEET.toml on the same GPU and cost tier: calibration_file = "<this file>".',
-        "",
-        "[calibration]",
-        f"source = {s(cal.source)}",
-        f"hardware = {s(cal.hardware)}",
-        f"cost_tier = {s(cal.cost_tier)}",
-    ]
-    lines += [f"{k} = {num(getattr(cal, k))}" for k in PARAMETERS]
+    s, num = toml_text, toml_number
+    lines = calibration_table(
+        fit.calibration, "the engine's step telemetry by `rooftrace calibrate --observed --steps`"
+    )
     lines += [
         "",
         "[fit]",

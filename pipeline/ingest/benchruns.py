@@ -184,19 +184,27 @@ def read_runs(path: Path, name: str | None = None) -> list[BenchRun]:
     return runs
 
 
-def _load(path: Path) -> list[Any]:
-    """The file's JSON value, or its JSON Lines records (one value per non-empty line)."""
+def evidence_text(path: Path, limit: int, error: type[Exception], what: str, known: Sequence[str]) -> str:
+    """The text of an evidence file a user brings (a benchmark result, step telemetry): at most
+    ``limit`` bytes of UTF-8, not empty; else one ``error`` naming the file and why (``what`` it is
+    not, and the ``known`` layouts when it is empty)."""
     try:
         size = path.stat().st_size
-        if size > MAX_FILE_BYTES:
-            raise BenchRunError(f"{path}: {size:,} bytes, larger than the {MAX_FILE_BYTES:,} read")
+        if size > limit:
+            raise error(f"{path}: {size:,} bytes, larger than the {limit:,} read")
         text = path.read_text(encoding="utf-8")
     except UnicodeDecodeError as exc:
-        raise BenchRunError(f"{path}: not UTF-8 text (byte {exc.start}); not a benchmark result") from None
+        raise error(f"{path}: not UTF-8 text (byte {exc.start}); not {what}") from None
     except OSError as exc:
-        raise BenchRunError(f"{path}: cannot read: {exc.strerror or exc}") from None
+        raise error(f"{path}: cannot read: {exc.strerror or exc}") from None
     if not text.strip():
-        raise BenchRunError(f"{path}: empty file; known: {'; '.join(KNOWN_SHAPES)}")
+        raise error(f"{path}: empty file; known: {'; '.join(known)}")
+    return text
+
+
+def _load(path: Path) -> list[Any]:
+    """The file's JSON value, or its JSON Lines records (one value per non-empty line)."""
+    text = evidence_text(path, MAX_FILE_BYTES, BenchRunError, "a benchmark result", KNOWN_SHAPES)
     try:
         return [json.loads(text)]
     except json.JSONDecodeError as exc:

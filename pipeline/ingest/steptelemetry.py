@@ -49,6 +49,7 @@ from typing import Any
 import polars as pl
 
 from pipeline.common.errors import RooftraceError
+from pipeline.ingest.benchruns import evidence_text
 
 #: The layouts read, as the refusals list them.
 KNOWN_LAYOUTS = (
@@ -351,18 +352,7 @@ def _json_layout(rec: Any) -> str | None:
 
 
 def _text(path: Path) -> str:
-    try:
-        size = path.stat().st_size
-        if size > MAX_FILE_BYTES:
-            raise StepTelemetryError(f"{path}: {size:,} bytes, larger than the {MAX_FILE_BYTES:,} read")
-        text = path.read_text(encoding="utf-8")
-    except UnicodeDecodeError as exc:
-        raise StepTelemetryError(f"{path}: not UTF-8 text (byte {exc.start}); not step telemetry") from None
-    except OSError as exc:
-        raise StepTelemetryError(f"{path}: cannot read: {exc.strerror or exc}") from None
-    if not text.strip():
-        raise StepTelemetryError(f"{path}: empty file; known: {'; '.join(KNOWN_LAYOUTS)}")
-    return text
+    return evidence_text(path, MAX_FILE_BYTES, StepTelemetryError, "step telemetry", KNOWN_LAYOUTS)
 
 
 def _json_records(path: Path, text: str) -> list[tuple[int, Any, str | None]]:
