@@ -10,9 +10,12 @@ import polars as pl
 import pytest
 
 from pipeline.common.errors import ConfigError
-from pipeline.costmodel.profile.plausible import fp8_table_notes, implausible_rows, non_monotone
+from pipeline.costmodel.profile.build import leave_out_implausible, select_rows
+from pipeline.costmodel.profile.plausible import drop_flagged, fp8_table_notes, implausible_rows, non_monotone
 from pipeline.costmodel.profile.precedence import choose_sets, known_sources, source_order
-from pipeline.costmodel.profile.tables import load_profile
+from pipeline.costmodel.profile.sources import read_measurements
+from pipeline.costmodel.profile.tables import PROFILES_DIR, list_profiles, load_profile
+from tests.conftest import shared_path
 
 
 def _gemm(rows: list[tuple[str, int, int, int, float]]) -> pl.DataFrame:
@@ -57,6 +60,27 @@ def test_a_systematically_slower_fp8_kernel_is_said_not_removed() -> None:
     assert "median 2.30x" in note and "kept" in note
     spiked = _moe([*rows[:-1], ("fp8", 128, 2.3e-4 * 128 * 2.5)])  # 5.75x bf16 > 2 x 2.3
     assert implausible_rows({"moe": spiked})["size"].to_list() == [128]
+
+
+def test_flagged_rows_come_in_curve_order_whatever_the_row_order() -> None:
+    """profile.toml lists the first flagged rows: the same ones on every build (re-runs give the
+    same bytes), in curve order (shape, then size), however the table's rows were ordered. The
+    FP8 rule's joins used to hand them over in hash order (B200's list changed between builds)."""
+    rows = []
+    for n in range(1024, 1024 + 64 * 128, 128):
+        for k in (1024, 2048, 4096):
+            for m in MS:
+                t = 1e-5 * (1 + m / 64) * n / 1024
+                slow = m == 8 or (m == 64 and (n // 128 + k) % 3 == 0)
+                rows += [("bf16", n, k, m, t), ("fp8", n, k, m, 0.6 * t * (5.0 if slow else 1.0))]
+    frame = _gemm(rows)
+    first = implausible_rows({"gemm": frame})
+    assert first.height == 64 * 3 + 65 and set(first["rule"]) == {"fp8_slower_than_bf16"}
+    for seed in range(4):
+        again = implausible_rows({"gemm": frame.sample(fraction=1.0, shuffle=True, seed=seed)})
+        assert again.select("key", "size").rows() == first.select("key", "size").rows()
+    nks = [tuple(int(part.split("=")[1]) for part in key.split()) for key in first["key"]]
+    assert list(zip(nks, first["size"], strict=True)) == sorted(zip(nks, first["size"], strict=True))
 
 
 @pytest.mark.parametrize(
@@ -162,3 +186,31 @@ def test_replay_says_none_where_one_source_covers_the_gpu() -> None:
     }
     got = band_line({"ttft_s": {"p50": 0.1575}, "tpot_s": {"p50": 0.0311}, "source_band": band})
     assert got.startswith("TTFT p50 157.5 ms (band 155.0 ms - 157.5 ms), TPOT p50 31.1 ms (band 31.1 ms - 32.3 ms)")
+
+
+#: Rows the two rules flag on the shared sets per profiled GPU (rooftrace validate --measurements,
+#: measured 2026-12-07): B200's are mostly fp8 GEMMs at large k and small m.
+FLAGGED_ON_SHARED_SETS = {
+    "a100-80gb-sxm": 0, "b200": 1711, "h100-sxm": 498, "h200": 657, "l40s": 350, "rtx-4090": 0, "rtx-pro-6000": 69,
+}  # fmt: skip
+
+
+def test_every_shipped_profile_leaves_out_the_rows_its_measurements_flag() -> None:
+    """Every profile in the catalog was built with both rules: its profile.toml states exactly what
+    the build says of the shared sets' flagged rows (count, per family / dtype / rule, the rows
+    listed), and none of them is in its GEMM or MoE tables."""
+    meas = read_measurements(shared_path("measurements"))
+    assert list_profiles() == sorted(FLAGGED_ON_SHARED_SETS)
+    for gpu, count in FLAGGED_ON_SHARED_SETS.items():
+        frames, _ = select_rows(meas, gpu)
+        flagged = implausible_rows(frames)
+        assert flagged.height == count, gpu
+        _, info = leave_out_implausible(frames)
+        prof = load_profile(gpu)
+        assert prof is not None
+        assert dict(prof.meta.implausible) == info, gpu
+        for fam in ("gemm", "moe"):
+            path = PROFILES_DIR / gpu / f"{fam}.parquet"
+            if path.exists():
+                shipped = pl.read_parquet(path)
+                assert drop_flagged(shipped, fam, flagged).height == shipped.height, (gpu, fam)
