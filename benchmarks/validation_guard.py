@@ -12,7 +12,7 @@ fails when a check's mean |error| grows by more than TOLERANCE (2 percentage poi
 
     python benchmarks/validation_guard.py                 # compare with the baseline, exit 1 if worse
     python benchmarks/validation_guard.py --only argonne-h100
-    python benchmarks/validation_guard.py --write         # record the figures (read the header first)
+    python benchmarks/validation_guard.py --write --note "YYYY-MM-DD: why"   # record (read the header first)
 
 Measurements: $ROOFTRACE_MEASUREMENTS, else $ROOFTRACE_SHARED_DATA/measurements, else
 ../shared/measurements beside the checkout (where the tests look).
@@ -23,6 +23,7 @@ from __future__ import annotations
 import argparse
 import math
 import os
+import re
 import subprocess
 import sys
 import time
@@ -67,6 +68,8 @@ TOLERANCE = 0.02
 IMPROVED = 0.005
 #: Decimals kept in the baseline file (0.01 percentage point).
 DIGITS = 4
+#: A --note starts with its date (and a colon): YYYY-MM-DD:
+_DATED = re.compile(r"\d{4}-\d{2}-\d{2}: \S")
 
 HEADER = """\
 # Recorded figures of the end-to-end checks: the regression guard (issue 39, item 7).
@@ -78,8 +81,9 @@ HEADER = """\
 # pytest run ("validation guard").
 #
 # How to update this file honestly:
-#   1. python benchmarks/validation_guard.py --write    (the shared measurements beside the checkout,
-#      or $ROOFTRACE_MEASUREMENTS; the whole run takes a few minutes on 2 cores)
+#   1. python benchmarks/validation_guard.py --write --note "YYYY-MM-DD: what changed, what moved"
+#      (the shared measurements beside the checkout, or $ROOFTRACE_MEASUREMENTS; the whole run takes
+#      a few minutes on 2 cores; the note lands in [meta] below, dated, for the reader of this file)
 #   2. git diff tests/data/validation_baselines.toml: read every figure that moved.
 #   3. Commit the file with the change that moved it, and say in the commit message which checks
 #      moved, by how much, and why (the cause, measured; e.g. "prior: h100 steps 6.1 -> 5.2 %, the
@@ -414,11 +418,20 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--write", action="store_true", help="rewrite the baseline file with these figures")
     ap.add_argument("--only", action="append", choices=sorted(GROUPS), help="only this group (repeatable)")
+    ap.add_argument(
+        "--note",
+        default=None,
+        help='with --write: the dated reason recorded in [meta] ("YYYY-MM-DD: what changed, which checks moved")',
+    )
     ap.add_argument("--baseline", type=Path, default=BASELINE)
     ap.add_argument("--measurements", type=Path, default=None, help="the shared measurements folder")
     args = ap.parse_args(argv)
     if args.write and args.only:
         ap.error("--write records every group: drop --only")
+    if args.note is not None and not args.write:
+        ap.error("--note is recorded by --write only")
+    if args.note is not None and (not _DATED.match(args.note) or "\n" in args.note):
+        ap.error(f"--note: one line that starts with its date, 'YYYY-MM-DD: ...' (got {args.note[:40]!r})")
     root = args.measurements or measurements_root()
     _, baseline = read_baseline(args.baseline) if args.baseline.is_file() else ({}, {})
     figures: dict[str, list[Figure]] = {}
@@ -447,6 +460,8 @@ def main(argv: list[str] | None = None) -> int:
             "recorded": datetime.now(UTC).strftime("%Y-%m-%d"),
             "machine": os.environ.get("ROOFTRACE_GUARD_MACHINE") or _machine(),
         }
+        if args.note:
+            meta["note"] = args.note
         args.baseline.write_text(render_baseline(figures, meta))
         print(f"wrote {args.baseline}: {sum(len(f) for f in figures.values())} checks", file=sys.stderr)
         return 0

@@ -154,3 +154,24 @@ def test_the_guard_script_fails_on_a_worse_baseline(tmp_path: Path, capsys: pyte
     err = capsys.readouterr().err
     assert f"WORSE: {group}: {check}: mean |error| {old - 0.03:.2%} -> " in err
     assert err.count("WORSE:") == 1
+
+
+def test_a_rewrite_records_its_dated_note_and_an_undated_one_is_refused(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    figures = {"prior-steps": [guard.Figure("prior-steps/x/prior", 50, 0.5, 0.25)]}
+    meta = {"command": "c", "commit": "abc", "recorded": "2026-12-07", "machine": "m"}
+    note = '2026-12-07: profiles rebuilt, "prior-steps/x/prior" 50.00 -> 50.00 %'
+    path = tmp_path / "b.toml"
+    path.write_text(guard.render_baseline(figures, {**meta, "note": note}))
+    assert guard.read_baseline(path)[0]["meta"]["note"] == note
+    for argv, why in (
+        (["--note", "2026-12-07: x"], "--note is recorded by --write only"),
+        (["--write", "--note", "profiles rebuilt"], "starts with its date"),
+        (["--write", "--note", "2026-12-07: one\ntwo"], "one line"),
+    ):
+        with pytest.raises(SystemExit) as stop:
+            guard.main([*argv, "--baseline", str(path)])
+        assert stop.value.code == 2
+        assert why in capsys.readouterr().err
+    assert guard.read_baseline(path)[0]["meta"]["note"] == note  # a refused run writes nothing
