@@ -83,7 +83,7 @@ HEADER = """\
 # How to update this file honestly:
 #   1. python benchmarks/validation_guard.py --write --note "YYYY-MM-DD: what changed, what moved"
 #      (the shared measurements beside the checkout, or $ROOFTRACE_MEASUREMENTS; the whole run takes
-#      a few minutes on 2 cores; the note lands in [meta] below, dated, for the reader of this file)
+#      a few minutes on 2 cores; the note, dated, is kept below as meta's note for the reader)
 #   2. git diff tests/data/validation_baselines.toml: read every figure that moved.
 #   3. Commit the file with the change that moved it, and say in the commit message which checks
 #      moved, by how much, and why (the cause, measured; e.g. "prior: h100 steps 6.1 -> 5.2 %, the
