@@ -33,7 +33,7 @@ import pyarrow.parquet as pq
 
 from pipeline.catalog import load_model
 from pipeline.catalog.names import canonical_model_names
-from pipeline.classify import prefix
+from pipeline.classify import offload, prefix
 from pipeline.classify.memory import check_classify_memory
 from pipeline.common.errors import ConfigError, RooftraceError
 from pipeline.common.schemas import atomic_write_bytes, load_schema, read_parquet, write_parquet
@@ -118,6 +118,24 @@ def parse_capacity(text: str | None) -> Capacity:
     )
 
 
+def parse_offload_sizes(text: str | None) -> tuple[float, ...]:
+    """``--offload-gb``: comma-separated sizes in GB (1e9 bytes), each in [0, 1e6]; None: none."""
+    if text is None:
+        return ()
+    out = []
+    for part in text.split(","):
+        try:
+            gb = float(part)
+        except ValueError:
+            raise RooftraceError(f"--offload-gb {text!r}: {part.strip()!r} is not a number of GB") from None
+        if not 0 <= gb <= offload.MAX_OFFLOAD_GB:
+            raise RooftraceError(
+                f"--offload-gb {text!r}: each size must be in [0, {offload.MAX_OFFLOAD_GB:g}] GB, got {part.strip()}"
+            )
+        out.append(gb)
+    return tuple(out)
+
+
 def catalog_kv_bytes_per_token(model: str, kv_dtype: str = "bf16", *, required: bool = False) -> float | None:
     """KV-cache bytes per token of catalog model ``model`` (all full-attention layers, no tensor
     parallel split: the whole replica's bytes), or None when the catalog has no such model."""
@@ -143,6 +161,9 @@ class ClassifyOptions:
     kv_bytes_per_token: float | None = None
     kv_model: str | None = None
     kv_dtype: str = "bf16"
+    #: Lower-tier sizes (GB, 1e9 bytes, per model's cache) to tabulate the GPU tier's hits, the
+    #: lower tier's and the fresh prefill against (``--offload-gb``; :mod:`pipeline.classify.offload`).
+    offload_gb: tuple[float, ...] = ()
 
     def __post_init__(self) -> None:
         if not isinstance(self.capacity, Capacity):
@@ -156,6 +177,16 @@ class ClassifyOptions:
         if self.kv_bytes_per_token is not None and not 0 < self.kv_bytes_per_token <= MAX_KV_BYTES_PER_TOKEN:
             raise RooftraceError(
                 f"--kv-bytes-per-token must be in (0, {MAX_KV_BYTES_PER_TOKEN:,}], got {self.kv_bytes_per_token}"
+            )
+        for gb in self.offload_gb:
+            if isinstance(gb, bool) or not isinstance(gb, int | float) or not 0 <= gb <= offload.MAX_OFFLOAD_GB:
+                raise RooftraceError(
+                    f"--offload-gb: each size must be a number of GB in [0, {offload.MAX_OFFLOAD_GB:g}], got {gb!r}"
+                )
+        if self.offload_gb and self.capacity.unbounded:
+            raise RooftraceError(
+                "--offload-gb needs --capacity (the GPU tier's size): an unbounded GPU cache leaves a lower tier "
+                "nothing to hold"
             )
 
 
@@ -310,7 +341,49 @@ def account(requests: pl.DataFrame, options: ClassifyOptions | None = None) -> A
     minutes_df = minute_table(acc)
     curve = _curve_table(domain_data, grid, hits_grid, minutes, minute_idx, recorded, prompt_blocks, bs, opts)
     summary = _summary(acc, minutes_df, chains, chosen_blocks, opts)
+    if opts.offload_gb:
+        summary["offload"] = offload_rows(domain_data, recorded, bs, opts)
     return Accounting(acc, minutes_df, curve, summary, identity)
+
+
+def offload_rows(
+    domain_data: list[tuple[str, npt.NDArray[np.int64], prefix.Distances, int | None]],
+    recorded: npt.NDArray[np.int64],
+    bs: int,
+    opts: ClassifyOptions,
+) -> list[dict[str, Any]]:
+    """Per model and lower-tier size of ``--offload-gb``: the GPU tier's hits (the ``--capacity``
+    cache), the write-through lower tier's, and the fresh prefill left (every request simulated,
+    as the capacity curve counts them); the bytes the lower tier's hits load."""
+    rows: list[dict[str, Any]] = []
+    for model, idx, dist, gpu in domain_data:
+        per_token = _kv_per_token(model, opts)
+        if per_token is None:
+            raise RooftraceError(
+                f"--offload-gb: KV bytes per token of model {model!r} unknown (no catalog model of that name); "
+                "pass --kv-model or --kv-bytes-per-token"
+            )
+        rec = int(recorded[idx].sum())
+        for gb in opts.offload_gb:
+            tier = offload.OffloadTier("cpu", float(gb), 1.0, 0.0)
+            lower = tier.capacity_blocks(per_token, bs)
+            g, low = offload.tier_hits(dist, gpu, lower)
+            gpu_tok, low_tok = int(g.sum()) * bs, int(low.sum()) * bs
+            rows.append(
+                {
+                    "model": model,
+                    "offload_gb": float(gb),
+                    "gpu_capacity_blocks": gpu,
+                    "offload_capacity_blocks": lower,
+                    "recorded_input_tokens": rec,
+                    "gpu_hit_tokens": gpu_tok,
+                    "offload_hit_tokens": low_tok,
+                    "fresh_input_tokens": rec - gpu_tok - low_tok,
+                    "offload_load_bytes": round(low_tok * per_token),
+                    "requests_loading": int((low > 0).sum()),
+                }
+            )
+    return rows
 
 
 def minute_table(acc: pl.DataFrame) -> pl.DataFrame:
@@ -696,11 +769,14 @@ def classify_tokens(
     kv_bytes_per_token: float | None = None,
     kv_model: str | None = None,
     kv_dtype: str = "bf16",
+    offload_gb: Sequence[float] = (),
 ) -> ClassifySummary:
     """Classify one date of ``store`` (the latest when ``date`` is None) and write its tables."""
     cap = capacity if isinstance(capacity, Capacity) else parse_capacity(capacity)
     prefix.check_isolation(isolation)  # before the day is read
-    opts = ClassifyOptions(block_size, cap, tuple(isolation), ttl_s, kv_bytes_per_token, kv_model, kv_dtype)
+    opts = ClassifyOptions(
+        block_size, cap, tuple(isolation), ttl_s, kv_bytes_per_token, kv_model, kv_dtype, tuple(offload_gb)
+    )
     day = store.resolve_date(date)
     requests = store.read_requests(day)
     check_classify_memory(requests, block_size)  # before the chains are built, not when memory runs out
@@ -719,4 +795,8 @@ def classify_tokens(
 def _options_json(opts: ClassifyOptions) -> dict[str, Any]:
     out = asdict(opts)
     out["capacity"] = opts.capacity.describe()
+    if opts.offload_gb:
+        out["offload_gb"] = list(opts.offload_gb)
+    else:  # unset: a day classified before it keeps the same summary bytes
+        del out["offload_gb"]
     return out

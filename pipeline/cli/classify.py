@@ -51,6 +51,12 @@ def _fmt_frac(x: float | None) -> str:
     "(default: the catalog entry named like each logged model).",
 )
 @click.option("--kv-dtype", default="bf16", show_default=True, help="KV-cache storage format (catalog).")
+@click.option(
+    "--offload-gb",
+    default=None,
+    help="Lower KV tier sizes in GB (host DRAM or a shared store), comma-separated, e.g. 0,256,512: "
+    "GPU-tier hits, lower-tier hits and fresh prefill for each (needs --capacity, the GPU tier).",
+)
 @store_option
 @json_option
 def classify(
@@ -62,6 +68,7 @@ def classify(
     kv_bytes_per_token: float | None,
     kv_model: str | None,
     kv_dtype: str,
+    offload_gb: str | None,
     store_path: str | None,
     as_json: bool,
 ) -> None:
@@ -75,9 +82,10 @@ def classify(
 
     Example: rooftrace classify --capacity 40GB --kv-model llama-3.1-70b --ttl 300
     """
-    from pipeline.classify.accounting import classify_tokens
+    from pipeline.classify.accounting import classify_tokens, parse_offload_sizes
 
     keys = tuple(k.strip() for k in isolation.split(",") if k.strip())
+    sizes = run(lambda: parse_offload_sizes(offload_gb))
     summary = run(
         lambda: classify_tokens(
             get_store(store_path),
@@ -89,6 +97,7 @@ def classify(
             kv_bytes_per_token=kv_bytes_per_token,
             kv_model=kv_model,
             kv_dtype=kv_dtype,
+            offload_gb=sizes,
         )
     )
     t = summary.totals
@@ -123,4 +132,10 @@ def classify(
         click.echo(
             f"  peak minute {peak['minute']}: fresh {peak['fresh_input_tokens_per_s']:,.0f} tok/s, "
             f"recorded {peak['recorded_input_tokens_per_s']:,.0f} tok/s"
+        )
+    for row in t.get("offload", []):
+        click.echo(
+            f"  {row['model']} + {row['offload_gb']:g} GB lower tier: GPU-tier hits {row['gpu_hit_tokens']:,}, "
+            f"lower-tier hits {row['offload_hit_tokens']:,}, fresh {row['fresh_input_tokens']:,} tokens "
+            f"({row['requests_loading']:,} requests load {row['offload_load_bytes'] / 1e9:,.1f} GB)"
         )
