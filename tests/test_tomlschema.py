@@ -22,6 +22,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from pipeline.catalog.entries import _HF_KEYS, CATALOG_DIR, parse_hardware, parse_model
+from pipeline.classify.offload import OffloadTier
 from pipeline.cli import main
 from pipeline.cli.catalog import SCHEMA_KINDS
 from pipeline.common import tomlschema
@@ -188,13 +189,16 @@ def test_the_allowed_lists_are_the_hand_written_ones() -> None:
     """The declarations hold exactly the keys the loaders read (nothing lost in the move)."""
     assert _allowed(CASES[0]) == [
         "calibration", "calibration_file", "cost", "cost_model", "description", "dp", "energy", "engine", "ep",
-        "hardware", "kv_dtype", "measured_source", "model", "name", "pp", "replicas", "router", "router_pod_balancer",
-        "router_pod_size", "slo", "speculative", "stack_calibration", "topology", "tp", "weight_dtype",
+        "hardware", "kv_dtype", "kv_offload", "measured_source", "model", "name", "pp", "replicas", "router",
+        "router_pod_balancer", "router_pod_size", "slo", "speculative", "stack_calibration", "topology", "tp",
+        "weight_dtype",
     ]  # fmt: skip
     assert set(tomlschema.EngineTable.model_fields) == {f.name for f in fields(EngineSettings)}
     assert set(tomlschema.TopologyTable.model_fields) == {f.name for f in fields(Topology)}
     assert set(tomlschema.FleetCalibrationTable.model_fields) == {f.name for f in fields(Calibration)}
     assert set(tomlschema.SpeculativeTable.model_fields) == {f.name for f in fields(SpeculativeSettings)}
+    # [kv_offload]: the tier's figures, and the host memory its fit is checked against
+    assert set(tomlschema.KvOffloadTable.model_fields) == {f.name for f in fields(OffloadTier)} | {"host_memory_gb"}
     assert set(tomlschema.HfConfigTable.model_fields) == _HF_KEYS
     assert set(tomlschema.MappingFile.model_fields) == _TOP_KEYS
     assert set(tomlschema.MappingFieldsTable.model_fields) == set(FIELD_TO_CANDIDATE)

@@ -94,8 +94,10 @@ def _number(raw: Mapping[str, Any], key: str, default: float, where: str, lo: fl
     if isinstance(value, bool) or not isinstance(value, int | float):
         raise ConfigError(f"{where}: {key} must be a number of {unit}, got {value!r}")
     x = float(value)
-    if not (math.isfinite(x) and lo <= x <= hi) or (key == "bandwidth_gb_s" and x <= 0):
-        raise ConfigError(f"{where}: {key} must be a number of {unit} in [{lo:g}, {hi:g}], got {value!r}")
+    open_low = key == "bandwidth_gb_s"  # a load must move at some speed
+    if not (math.isfinite(x) and lo <= x <= hi) or (open_low and x <= lo):
+        bounds = f"{'(' if open_low else '['}{lo:g}, {hi:g}]"
+        raise ConfigError(f"{where}: {key} must be a number of {unit} in {bounds}, got {value!r}")
     return x
 
 

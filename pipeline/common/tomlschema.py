@@ -177,6 +177,20 @@ class SpeculativeTable(_Table):
     source: str = _opt("where the acceptance figure comes from")
 
 
+class KvOffloadTable(_Table):
+    """``[kv_offload]``: a lower KV tier that keeps prefix blocks the GPU's prefix cache evicts
+    (vLLM OffloadingConnector / --kv-offloading-size, LMCache, Mooncake Store; pipeline/catalog/offload.toml
+    holds each kind's cited defaults)."""
+
+    kind: str = _req(
+        "cpu: each replica's host DRAM; shared: one store for the pool over the network", enum=["cpu", "shared"]
+    )
+    capacity_gb: float = _req("GB (1e9 bytes) the tier holds: per replica for cpu, in all for shared")
+    bandwidth_gb_s: float = _opt("GB/s a load into a replica's GPUs reaches (default: the kind's)")
+    latency_us: float = _opt("µs per request's load (default: the kind's)")
+    host_memory_gb: float = _opt("cpu: host DRAM one replica has (default: 256 GB per GPU, DGX H100)")
+
+
 class FleetCalibrationTable(_Table):
     """``[calibration]``: roofline efficiency factors of this serving stack."""
 
@@ -274,6 +288,7 @@ class FleetFile(_Table):
     )
     engine: EngineTable = _opt("vLLM engine arguments")
     speculative: SpeculativeTable = _opt("speculative decoding (vLLM --speculative-config)")
+    kv_offload: KvOffloadTable = _opt("a lower KV tier: host DRAM per replica or a shared store")
     calibration: FleetCalibrationTable = _opt("roofline factors of this serving stack")
     calibration_file: str = _opt("a calibration learnt from logs (rooftrace calibrate --observed), relative path")
     topology: TopologyTable = _opt("the GPUs' link: NVLink generation, or PCIe generation and peer-to-peer path")
@@ -339,6 +354,7 @@ class PoolTable(_Table):
     router_pod_balancer: str = _opt("how the balancer picks a pod", enum=_POD_BALANCERS)
     cost_model: str = _opt("default auto", enum=_COST_MODELS)
     engine: EngineTable = _opt("vLLM engine arguments, over the fleet's [engine]")
+    kv_offload: KvOffloadTable = _opt("this pool's lower KV tier, instead of the fleet's")
     calibration: FleetCalibrationTable = _opt("roofline factors of this pool's serving stack")
     calibration_file: str = _opt("a calibration learnt from logs, relative path")
     topology: TopologyTable = _opt("the GPUs' link of this pool's boxes")
@@ -366,6 +382,7 @@ class PooledFleetFile(_Table):
     description: str = _opt()
     cost_model: str = _opt(enum=_COST_MODELS)
     engine: EngineTable = _opt("every pool's default vLLM engine arguments")
+    kv_offload: KvOffloadTable = _opt("every pool's default lower KV tier")
     calibration: FleetCalibrationTable = _opt()
     calibration_file: str = _opt()
     topology: TopologyTable = _opt("every pool's default GPU link")

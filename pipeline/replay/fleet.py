@@ -73,6 +73,7 @@ from pipeline.catalog import (
     weight_format,
 )
 from pipeline.catalog.entries import LINK_BANDWIDTH_RANGE, LINK_LATENCY_RANGE, topology_file
+from pipeline.classify.offload import OffloadTier, parse_offload
 from pipeline.common.errors import ConfigError
 from pipeline.common.tomlfile import read_toml
 from pipeline.costmodel.fit import (
@@ -392,6 +393,9 @@ class FleetConfig:
     engine: EngineSettings = field(default_factory=EngineSettings)
     #: ``[speculative]``: speculative decoding (None: off)
     speculative: SpeculativeSettings | None = None
+    #: ``[kv_offload]``: a lower KV tier beyond the GPU's prefix cache (None: none;
+    #: pipeline/classify/offload.py, docs/accounting.md "KV offload tiers")
+    kv_offload: OffloadTier | None = None
     calibration: Calibration | None = None
     #: A serving stack's calibration learnt from logs (``calibration_file = "CAL.toml"``, read
     #: when the fleet is loaded; pipeline/costmodel/stackcal.py): scales and a per-step overhead applied on
@@ -431,6 +435,8 @@ class FleetConfig:
             del out["stack_calibration"]
         else:  # the numbers, not where they were read from
             out["stack_calibration"] = self.stack_calibration.to_dict()
+        if self.kv_offload is None:  # none: runs recorded before it keep their run ids
+            del out["kv_offload"]
         if self.speculative is None:  # off: runs recorded before it keep their run ids
             del out["speculative"]
         else:
@@ -598,7 +604,7 @@ def parse_fleet(
     speculative = _parse_speculative(dict(data["speculative"]), origin) if "speculative" in data else None
     # [cost] prices the fleet (pipeline/economics/stack.py) and changes nothing the replay does
     skip = ("engine", "calibration", "slo", "calibration_file", "stack_calibration", "topology", "cost", "energy",
-            "speculative")  # fmt: skip
+            "speculative", "kv_offload")  # fmt: skip
     top = {k: v for k, v in data.items() if k not in skip}
     cfg = FleetConfig(
         engine=engine,
@@ -652,6 +658,9 @@ def parse_fleet(
         raise ConfigError(f"{origin}: dp = {cfg.dp} is more than {MAX_DP} data-parallel ranks in one replica")
     if cfg.replicas * cfg.dp > MAX_ENGINES:
         raise ConfigError(f"{origin}: {_too_many(cfg.replicas, cfg.dp)}")
+    if "kv_offload" in data:  # (after tp, pp and dp: a cpu tier must fit the replica's host memory)
+        tier = parse_offload(data["kv_offload"], f"{origin} [kv_offload]", cfg.tp * cfg.pp * cfg.dp)
+        cfg = replace(cfg, kv_offload=tier)
     return cfg
 
 
