@@ -164,18 +164,24 @@ def agent_day(seed: int = 7, sessions: int = 60, turns: int = 6) -> list[dict[st
 
 
 def test_fresh_prefill_falls_as_the_cpu_tier_grows_on_an_agent_day() -> None:
+    """A GPU tier of 100k tokens (13.1 GB at Llama-3.1-8B's 131,072 B/token); lower tiers of 0
+    to 1,000 GB. One of 8 GB (below the GPU tier) adds nothing; past it the fresh prefill falls
+    step by step to what the whole day's footprint (about 30 GB) leaves."""
     rows = agent_day()
-    sizes = (0.0, 0.5, 1.0, 2.0, 4.0, 8.0, 1000.0)
+    sizes = (0.0, 8.0, 16.0, 20.0, 24.0, 32.0, 1000.0)
     opts = ClassifyOptions(
         block_size=16, capacity=Capacity(tokens=100_000), kv_bytes_per_token=131_072, offload_gb=sizes
     )
     got = account(requests_frame(rows), opts)
     offload = got.summary["offload"]
+    assert got.requests.height == len(rows)  # rows in = rows out
     fresh = [r["fresh_input_tokens"] for r in offload]
     gpu = {r["gpu_hit_tokens"] for r in offload}
     assert len(gpu) == 1  # the GPU tier's hits do not depend on the lower tier's size
+    assert fresh[1] == fresh[0]  # inclusion: a lower tier smaller than the GPU tier holds nothing more
     assert all(a >= b for a, b in itertools.pairwise(fresh))
-    assert fresh[0] > 1.5 * fresh[-1]  # the revisits after minutes come back from host memory
+    assert len(set(fresh[1:6])) == 5  # each step of 4-8 GB past the GPU tier serves more
+    assert fresh[0] > 2 * fresh[-1]  # the revisits after minutes come back from host memory
     assert all(
         r["fresh_input_tokens"] + r["gpu_hit_tokens"] + r["offload_hit_tokens"] == r["recorded_input_tokens"]
         for r in offload
