@@ -286,3 +286,89 @@ def test_offload_needs_a_bounded_gpu_tier() -> None:
     with pytest.raises(RooftraceError, match="--offload-gb needs --capacity"):
         ClassifyOptions(offload_gb=(256.0,))
     assert parse_offload_sizes("0, 256,512") == (0.0, 256.0, 512.0)
+
+
+# --------------------------------------------------------------------------------------------
+# the replay: a pre-pass turns lower-tier hits into reported hits that arrive after their load
+
+FLEET = {
+    "name": "off",
+    "model": "llama-3.1-8b",
+    "hardware": "h100-sxm",
+    "engine": {"num_gpu_blocks_override": 300, "block_size": 16},
+}
+#: Llama-3.1-8B's KV in bf16 on one GPU: 32 layers x 8 KV heads x 128 x 2 (K, V) x 2 bytes.
+LLAMA_8B_KV_BYTES_PER_TOKEN = 32 * 8 * 128 * 2 * 2
+
+
+def _replay(rows: list[dict[str, Any]], **fleet: Any) -> Any:
+    from pipeline.replay.fleet import parse_fleet, resolve
+    from pipeline.replay.run import ReplayOptions, run_replay
+
+    return run_replay(requests_frame(rows), resolve(parse_fleet({**FLEET, **fleet}, "f")), ReplayOptions())
+
+
+def test_a_replayed_offload_hit_costs_the_load_not_the_prefill() -> None:
+    """One replica of 300 blocks of 16 tokens. A (3,000 + 10 tokens: 188 full blocks), then B
+    (188 more) push A's tail out of the GPU tier; A's second turn (3,210 tokens, 3,010 shared)
+    finds A's first 112 blocks in the GPU tier (distances 189..300) and the other 76 (1,216
+    tokens) only in a 100 GB host tier. It then computes 3,210 − 188 x 16 = 202 prompt tokens
+    instead of the 1,434 the GPU cache alone leaves, and is admitted after its load:
+    1,216 x 131,072 B / 50 GB/s + 10 µs = 3.1977 ms after its arrival, on an idle replica."""
+    rows = [
+        {"t": 0, "recorded_input_tokens": 3000, "output_tokens": 10, "session_id": "A"},
+        {"t": 10, "recorded_input_tokens": 3000, "output_tokens": 10, "session_id": "B"},
+        {"t": 20, "recorded_input_tokens": 3210, "output_tokens": 10, "session_id": "A"},
+    ]
+    alone = _replay(rows).result
+    run = _replay(rows, kv_offload={"kind": "cpu", "capacity_gb": 100})
+    res = run.result
+    load = 1216 * LLAMA_8B_KV_BYTES_PER_TOKEN / 50e9 + 10e-6
+    assert res.cache_hit_tokens.tolist() == [0, 0, 188 * 16]
+    assert res.prefill_tokens.tolist() == [3000, 3000, 202]
+    assert alone.prefill_tokens[2] == 1434  # what the GPU tier alone leaves (the engine's own LRU)
+    assert res.arrival_s.tolist() == [0.0, 10.0, 20.0]  # the logged arrival: the load is in queue_s and ttft_s
+    assert res.scheduled_s[2] - res.arrival_s[2] == pytest.approx(load, rel=1e-9)
+    assert res.first_token_s[2] - 20.0 < alone.first_token_s[2] - 20.0  # loading beats recomputing here
+    assert run.kv_offload["routing"] == "replica"
+    assert run.kv_offload["offload_hit_tokens"] == 1216 and run.kv_offload["requests_loading"] == 1
+    assert run.kv_offload["load_s_max"] == pytest.approx(load, rel=1e-12)
+
+
+def test_an_offloaded_agent_day_keeps_every_row_in_its_place() -> None:
+    """Rows in = rows out: every request of the day comes back once, in the day's order, at its
+    logged arrival; the tier loads only where a GPU tier of its size would have lost the block,
+    and the fresh prefill falls."""
+    rows = agent_day(seed=3, sessions=12, turns=4)
+    engine = {"num_gpu_blocks_override": 1500, "block_size": 16}  # 24k tokens a replica; the day holds ~100k
+    base = _replay(rows, replicas=2, router="round_robin", engine=engine)
+    run = _replay(rows, replicas=2, router="round_robin", engine=engine, kv_offload={"kind": "cpu", "capacity_gb": 200})
+    res, day = run.result, base.result
+    assert res.arrival_s.shape[0] == len(rows)
+    assert res.arrival_s.tolist() == day.arrival_s.tolist()
+    assert (res.reject_reason == 0).all() and np.isfinite(res.finish_s).all()
+    assert int(res.prefill_tokens.sum()) < int(day.prefill_tokens.sum())
+    assert run.kv_offload["requests_loading"] > 0
+    assert (res.scheduled_s >= res.arrival_s).all()
+
+
+def test_a_stateful_router_pools_the_tiers_and_a_closed_loop_is_refused() -> None:
+    """Least outstanding routes by the engines' state: the pre-pass pools the replicas' GPU tiers
+    (and their loads are fewer than per replica: a prefix is no longer split over two caches)."""
+    rows = agent_day(seed=3, sessions=30, turns=4)
+    engine = {"num_gpu_blocks_override": 1500, "block_size": 16}
+    tier = {"kind": "shared", "capacity_gb": 500}
+    pooled = _replay(rows, replicas=2, router="least_outstanding", engine=engine, kv_offload=tier)
+    routed = _replay(rows, replicas=2, router="round_robin", engine=engine, kv_offload=tier)
+    assert pooled.kv_offload["routing"] == "pooled" and routed.kv_offload["routing"] == "replica"
+    assert 0 < pooled.kv_offload["requests_loading"] < routed.kv_offload["requests_loading"]
+    assert pooled.result.arrival_s.shape[0] == len(rows)
+    # no prefix caching: nothing cached, nothing loads, the day replays as it is
+    off = _replay(rows[:5], engine={**engine, "enable_prefix_caching": False}, kv_offload=tier)
+    assert off.kv_offload["routing"] == "none" and off.kv_offload["requests_loading"] == 0
+    from pipeline.replay.fleet import parse_fleet, resolve
+    from pipeline.replay.run import ReplayOptions, run_replay
+
+    fleet = resolve(parse_fleet({**FLEET, "kv_offload": {"kind": "cpu", "capacity_gb": 10}}, "f"))
+    with pytest.raises(ConfigError, match=r"^\[kv_offload\] delays a request's admission by its load"):
+        run_replay(requests_frame(rows), fleet, ReplayOptions(concurrency=4))

@@ -64,6 +64,7 @@ from pipeline.replay.limits import (
     out_of_memory,
     span_too_long,
 )
+from pipeline.replay.offload import fleet_offload
 from pipeline.replay.pools import (
     SPLIT_COLUMNS,
     Disaggregated,
@@ -212,6 +213,8 @@ class ReplayRun:
     #: The first requests sent (the first rows: a closed loop sends the trace in order) that were
     #: replayed as warm-up and are left out of the summary (ReplayOptions.warmup).
     warmup: int = 0
+    #: FLEET.toml [kv_offload]: the tier and what its pre-pass loaded (pipeline/replay/offload.py)
+    kv_offload: dict[str, Any] | None = None
 
     @property
     def result(self) -> EngineResult:
@@ -412,6 +415,10 @@ def run_workload(
     candidate calibrations of one base cost)."""
     spec = fleet.spec(options.mode, options.concurrency or 0, options.ramp_s, options.think_s)
     check_warmup(options, work.n)
+    day = work
+    offload = fleet_offload(work, fleet, spec)  # a lower KV tier: its loads delay their requests
+    if offload is not None:
+        work = offload.work
     if cost is None:
         cost = fleet.cost_model.table
     if steps is not None:
@@ -440,7 +447,8 @@ def run_workload(
             ranks,
             fleet.config.pod_balancer(),
         )
-        result = EngineResult.empty(work.n) if results is None else None
+        # (a replay re-sorted by its loads is gathered, then put back in the day's order)
+        result = EngineResult.empty(work.n) if results is None or offload is not None else None
         pods = 0  # the pods run: those that hold a request
         for rows, sub in sharded_results(*args):
             pods += 1
@@ -452,6 +460,9 @@ def run_workload(
     else:
         result = simulate_jit(work, spec, cost, log, progress)
     wall = time.perf_counter() - t0
+    if offload is not None:
+        assert result is not None
+        result, work = offload.restore(result), day
     if steps is not None and log.n:  # one engine run: its whole log, as one part
         steps.add(log.columns())
     if results is not None:  # the requests table, a chunk of rows at a time
@@ -461,7 +472,20 @@ def run_workload(
             results.write_result(result)
             result = None
     sums = steps.sums if steps is not None else None
-    return ReplayRun(fleet, spec, work, result, log, wall, cost.source, dict(cost.describe), sums, pods, options.warmup)
+    return ReplayRun(
+        fleet,
+        spec,
+        work,
+        result,
+        log,
+        wall,
+        cost.source,
+        dict(cost.describe),
+        sums,
+        pods,
+        options.warmup,
+        offload.summary() if offload is not None else None,
+    )
 
 
 # -- tables ----------------------------------------------------------------------------------
@@ -819,6 +843,7 @@ def summary_of(cols: Columns, sums: StepSums, run: ReplayRun, slo: Slo | None = 
         "spans": sums.spans,
         "cost_model": _cost_summary(run, sums),
         **({"speculative": speculative} if speculative is not None else {}),
+        **({"kv_offload": run.kv_offload} if run.kv_offload is not None else {}),
     }
 
 
