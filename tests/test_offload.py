@@ -22,7 +22,7 @@ from pipeline.classify.accounting import Capacity, ClassifyOptions, account, par
 from pipeline.classify.offload import OffloadTier, parse_offload, tier_hits
 from pipeline.cli import main
 from pipeline.common.errors import ConfigError, RooftraceError
-from pipeline.replay.fleet import load_fleet
+from pipeline.replay.fleet import fleet_from_dict, load_fleet
 
 # --------------------------------------------------------------------------------------------
 # the two-level LRU against two explicit LRU lists
@@ -205,13 +205,19 @@ def _fleet(tmp_path: Path, table: str, top: str = "") -> Path:
 
 def test_a_fleet_reads_its_tier_with_the_kinds_cited_defaults(tmp_path: Path) -> None:
     cfg = load_fleet(_fleet(tmp_path, 'kind = "cpu"\ncapacity_gb = 200'))
-    assert cfg.kv_offload == OffloadTier("cpu", 200.0, 50.0, 10.0)
-    assert cfg.to_dict()["kv_offload"] == {
+    assert cfg.kv_offload == OffloadTier("cpu", 200.0, 50.0, 10.0, 256.0)
+    recorded = cfg.to_dict()["kv_offload"]
+    assert recorded == {
         "kind": "cpu",
         "capacity_gb": 200.0,
         "bandwidth_gb_s": 50.0,
         "latency_us": 10.0,
+        "host_memory_gb": 256.0,
     }
+    # a run's record reads back the same, a host stated in the file included
+    big = load_fleet(_fleet(tmp_path, 'kind = "cpu"\ncapacity_gb = 900\nhost_memory_gb = 1000'))
+    again = fleet_from_dict(big.to_dict(), "config.json")
+    assert again.kv_offload == big.kv_offload == OffloadTier("cpu", 900.0, 50.0, 10.0, 1000.0)
     shared = load_fleet(_fleet(tmp_path, 'kind = "shared"\ncapacity_gb = 4000\nbandwidth_gb_s = 25'))
     assert shared.kv_offload == OffloadTier("shared", 4000.0, 25.0, 50.0)
     assert "kv_offload" not in load_fleet(Path(__file__).resolve().parents[1] / "fleets" / "default.toml").to_dict()
@@ -372,3 +378,25 @@ def test_a_stateful_router_pools_the_tiers_and_a_closed_loop_is_refused() -> Non
     fleet = resolve(parse_fleet({**FLEET, "kv_offload": {"kind": "cpu", "capacity_gb": 10}}, "f"))
     with pytest.raises(ConfigError, match=r"^\[kv_offload\] delays a request's admission by its load"):
         run_replay(requests_frame(rows), fleet, ReplayOptions(concurrency=4))
+
+
+def test_a_pool_has_its_own_tier_or_the_fleets(tmp_path: Path) -> None:
+    """[kv_offload] at the top is every pool's default; a pool's own replaces it (per pool, as a
+    shared store serves one pool)."""
+    from pipeline.replay.pools import PooledFleet, load_fleet_file
+
+    path = tmp_path / "pools.toml"
+    path.write_text(
+        'name = "p"\nmodel = "llama-3.1-8b"\nhardware = "h100-sxm"\n'
+        '[kv_offload]\nkind = "cpu"\ncapacity_gb = 100\n'
+        '[[pool]]\nname = "long"\n[pool.match]\nmin_input_tokens = 2048\n'
+        '[pool.kv_offload]\nkind = "shared"\ncapacity_gb = 2000\n'
+        '[[pool]]\nname = "rest"\n'
+    )
+    fleet = load_fleet_file(path)
+    assert isinstance(fleet, PooledFleet)
+    tiers = {p.name: p.config.kv_offload for p in fleet.pools}
+    assert tiers == {
+        "long": OffloadTier("shared", 2000.0, 50.0, 50.0),
+        "rest": OffloadTier("cpu", 100.0, 50.0, 10.0, 256.0),
+    }

@@ -61,6 +61,8 @@ class OffloadTier:
     capacity_gb: float
     bandwidth_gb_s: float
     latency_us: float
+    #: cpu: the host DRAM one replica has, which the tier must fit in (None for shared)
+    host_memory_gb: float | None = None
 
     def capacity_blocks(self, kv_bytes_per_token: float, block_size: int, replicas: int = 1) -> int:
         """Blocks of ``block_size`` tokens the tier holds for ``replicas`` replicas (a cpu tier is
@@ -77,12 +79,15 @@ class OffloadTier:
         return cast(F64Array, np.where(t > 0, secs, 0.0))
 
     def to_dict(self) -> dict[str, Any]:
-        return {
+        out = {
             "kind": self.kind,
             "capacity_gb": self.capacity_gb,
             "bandwidth_gb_s": self.bandwidth_gb_s,
             "latency_us": self.latency_us,
         }
+        if self.host_memory_gb is not None:  # (a run's record reads back through the same check)
+            out["host_memory_gb"] = self.host_memory_gb
+        return out
 
     def text(self) -> str:
         where = "per replica" if self.kind == "cpu" else "shared by the pool"
@@ -112,6 +117,7 @@ def parse_offload(raw: Mapping[str, Any], where: str, gpus_per_replica: int) -> 
     if "capacity_gb" not in raw:
         raise ConfigError(f"{where}: capacity_gb is required (GB the tier holds)")
     d = kinds[kind]
+    host: float | None = None
     cap = _number(raw, "capacity_gb", 0.0, where, 0.0, MAX_OFFLOAD_GB, "GB")
     bw = _number(raw, "bandwidth_gb_s", d["bandwidth_gb_s"], where, 0.0, MAX_OFFLOAD_GB_S, "GB/s")
     lat = _number(raw, "latency_us", d["latency_us"], where, 0.0, MAX_OFFLOAD_LATENCY_US, "µs")
@@ -126,7 +132,7 @@ def parse_offload(raw: Mapping[str, Any], where: str, gpus_per_replica: int) -> 
             )
     elif "host_memory_gb" in raw:
         raise ConfigError(f"{where}: host_memory_gb is for kind cpu only (a shared store is sized by capacity_gb)")
-    return OffloadTier(str(kind), cap, bw, lat)
+    return OffloadTier(str(kind), cap, bw, lat, host)
 
 
 def tier_hits(dist: Distances, gpu_blocks: int | None, lower_blocks: int) -> tuple[I64Array, I64Array]:

@@ -437,6 +437,8 @@ class FleetConfig:
             out["stack_calibration"] = self.stack_calibration.to_dict()
         if self.kv_offload is None:  # none: runs recorded before it keep their run ids
             del out["kv_offload"]
+        else:
+            out["kv_offload"] = self.kv_offload.to_dict()
         if self.speculative is None:  # off: runs recorded before it keep their run ids
             del out["speculative"]
         else:
