@@ -1376,6 +1376,10 @@ CLASSIFY: Spec = {
     "--kv-bytes-per-token": (st.floats(1, 1e6).map(repr), _bad(*_BAD_NUMBERS, "inf", "1e-300", "1e300")),
     "--kv-model": (st.sampled_from(["llama-3.1-8b", "deepseek-v3"]), _bad("nope", "")),
     "--kv-dtype": (st.sampled_from(["fp8", "bf16"]), _bad("nope", "")),
+    "--offload-gb": (
+        st.sampled_from(["0", "0,256,512", "40", "1e6"]),
+        _bad("-1", "nan", "inf", "abc", "", ",", "1,,2", "1e300", "9" * 400),
+    ),
     "--date": (STORE_DATE, _DATE_BAD),
 }
 

@@ -376,7 +376,7 @@ def test_a_stateful_router_pools_the_tiers_and_a_closed_loop_is_refused() -> Non
     from pipeline.replay.run import ReplayOptions, run_replay
 
     fleet = resolve(parse_fleet({**FLEET, "kv_offload": {"kind": "cpu", "capacity_gb": 10}}, "f"))
-    with pytest.raises(ConfigError, match=r"^\[kv_offload\] delays a request's admission by its load"):
+    with pytest.raises(ConfigError, match=r"^fleet 'off' \[kv_offload\]: a load delays its request's admission"):
         run_replay(requests_frame(rows), fleet, ReplayOptions(concurrency=4))
 
 

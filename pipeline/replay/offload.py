@@ -110,6 +110,11 @@ def fleet_offload(work: Workload, fleet: ResolvedFleet, spec: FleetSpec) -> Offl
     tier = fleet.config.kv_offload
     if tier is None:
         return None
+    if spec.mode != "open":
+        raise ConfigError(
+            f"fleet {fleet.config.name!r} [kv_offload]: a load delays its request's admission, which only the "
+            "open loop replays: leave out --concurrency and --offline, or the fleet's [kv_offload]"
+        )
     return plan_offload(work, spec, tier, fleet.memory.kv_bytes_per_token, fleet.deployment.gpus, fleet.config.dp)
 
 
@@ -119,10 +124,7 @@ def plan_offload(
     """The pre-pass (module doc) on ``work`` replayed by ``spec`` (the day itself, unchanged,
     where nothing loads: no prefix caching, no chains, or every block the GPU tier's)."""
     if spec.mode != "open":
-        raise ConfigError(
-            "[kv_offload] delays a request's admission by its load: it replays in the open loop only, "
-            "not with --concurrency or --offline"
-        )
+        raise ConfigError("[kv_offload]: a load delays its request's admission, which only the open loop replays")
     sched = spec.scheduler
     n, bs, R = work.n, sched.block_size, spec.replicas
     if not sched.enable_prefix_caching or not work.has_chains:  # nothing is cached, so nothing loads
