@@ -400,3 +400,21 @@ def test_a_pool_has_its_own_tier_or_the_fleets(tmp_path: Path) -> None:
         "long": OffloadTier("shared", 2000.0, 50.0, 50.0),
         "rest": OffloadTier("cpu", 100.0, 50.0, 10.0, 256.0),
     }
+
+
+def test_the_tier_defaults_cite_their_sources() -> None:
+    """Every default of pipeline/catalog/offload.toml has a [sources] line; the cpu tier's
+    bandwidth stays under PCIe 5.0 x16's raw 63 GB/s per direction, the shared tier's at
+    400 Gb/s = 50 GB/s, and the host memory per GPU is DGX H100's 2 TB over 8 GPUs."""
+    from pipeline.catalog.entries import CATALOG_DIR
+    from pipeline.classify.offload import offload_kinds
+    from pipeline.common.tomlfile import read_toml
+
+    sources = read_toml(CATALOG_DIR / "offload.toml")["sources"]
+    kinds = offload_kinds()
+    assert set(kinds) == {"cpu", "shared"}
+    for kind in kinds:
+        assert sources[f"{kind}_bandwidth"] and sources[f"{kind}_latency"]
+    assert "DGX H100" in sources["cpu_host_memory"] and kinds["cpu"]["host_memory_gb_per_gpu"] == 2000 / 8
+    assert kinds["cpu"]["bandwidth_gb_s"] < 32 * 16 * 128 / 130 / 8  # 63.0 GB/s raw
+    assert kinds["shared"]["bandwidth_gb_s"] == 400 / 8
