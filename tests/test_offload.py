@@ -415,6 +415,6 @@ def test_the_tier_defaults_cite_their_sources() -> None:
     assert set(kinds) == {"cpu", "shared"}
     for kind in kinds:
         assert sources[f"{kind}_bandwidth"] and sources[f"{kind}_latency"]
-    assert "DGX H100" in sources["cpu_host_memory"] and kinds["cpu"]["host_memory_gb_per_gpu"] == 2000 / 8
+    assert "DGX H100" in sources["cpu_host_memory"] and kinds["cpu"]["host_memory_gb_per_gpu"] == 2048 / 8
     assert kinds["cpu"]["bandwidth_gb_s"] < 32 * 16 * 128 / 130 / 8  # 63.0 GB/s raw
     assert kinds["shared"]["bandwidth_gb_s"] == 400 / 8
