@@ -418,3 +418,33 @@ def test_the_tier_defaults_cite_their_sources() -> None:
     assert "DGX H100" in sources["cpu_host_memory"] and kinds["cpu"]["host_memory_gb_per_gpu"] == 2048 / 8
     assert kinds["cpu"]["bandwidth_gb_s"] < 32 * 16 * 128 / 130 / 8  # 63.0 GB/s raw
     assert kinds["shared"]["bandwidth_gb_s"] == 400 / 8
+
+
+@pytest.mark.parametrize("seed", [1, 2])
+def test_the_offloaded_workload_replays_the_same_on_the_engine_and_its_reference(seed: int) -> None:
+    """The pre-pass hands the engines an ordinary workload (delayed arrivals, reported hits): the
+    compiled engine and the per-step reference agree on it request by request, as on any."""
+    from test_engine import _assert_same
+
+    from pipeline.engine.jit import simulate_jit
+    from pipeline.engine.reference import simulate_reference
+    from pipeline.replay.fleet import parse_fleet, resolve
+    from pipeline.replay.offload import fleet_offload
+    from pipeline.replay.run import ReplayOptions, build_workload
+
+    rows = agent_day(seed=seed, sessions=12, turns=3)
+    cfg = {
+        **FLEET,
+        "replicas": 2,
+        "router": "round_robin",
+        "engine": {"num_gpu_blocks_override": 600, "block_size": 16},
+        "kv_offload": {"kind": "cpu", "capacity_gb": 100},
+    }
+    fleet = resolve(parse_fleet(cfg, "f"))
+    options = ReplayOptions()
+    work = build_workload(requests_frame(rows), fleet, options)
+    spec = fleet.spec(options.mode, 0, 0.0, 0.0)
+    plan = fleet_offload(work, fleet, spec)
+    assert plan is not None and plan.summary()["requests_loading"] > 0
+    cost = fleet.cost_model.table
+    _assert_same(simulate_jit(plan.work, spec, cost), simulate_reference(plan.work.explicit(), spec, cost))
