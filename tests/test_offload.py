@@ -448,3 +448,30 @@ def test_the_offloaded_workload_replays_the_same_on_the_engine_and_its_reference
     assert plan is not None and plan.summary()["requests_loading"] > 0
     cost = fleet.cost_model.table
     _assert_same(simulate_jit(plan.work, spec, cost), simulate_reference(plan.work.explicit(), spec, cost))
+
+
+def test_the_cache_split_note_names_the_tier() -> None:
+    """The replay's hits differ from classify's: the note says the lower tier served some."""
+    from pipeline.replay.run import cache_split_note
+
+    split = {
+        "requests": 2,
+        "recorded_input_tokens": 100,
+        "cache_hit_tokens": 60,
+        "by_source": {"prefix_cache": {"requests": 2, "recorded_input_tokens": 100, "cache_hit_tokens": 60}},
+    }
+    classified = {
+        "requests": 2,
+        "cache_hit_tokens": 20,
+        "cache_hit_source": {"simulated": {"requests": 2, "cache_hit_tokens": 20}},
+        "capacity": "40000000000 bytes",
+    }
+    resolved = {"fleet": {"replicas": 2}, "scheduler": {"num_gpu_blocks": 300, "block_size": 16}}
+    plain = cache_split_note(split, classified, {"resolved": resolved})
+    tier = {"kind": "cpu", "capacity_gb": 200.0}
+    with_tier = cache_split_note(
+        split, classified, {"resolved": {**resolved, "fleet": {"replicas": 2, "kv_offload": tier}}}
+    )
+    assert plain is not None and with_tier is not None
+    assert "[kv_offload]" not in plain
+    assert "shared with running requests) and the fleet's [kv_offload] cpu tier served 60 tokens" in with_tier

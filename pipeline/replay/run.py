@@ -946,10 +946,12 @@ def cache_split_note(split: dict[str, Any], classified: dict[str, Any] | None, c
             f"tokens where classify's cache model ({classified.get('capacity') or 'its capacity'}) counts {simulated:,}"
         )
     else:
+        tier = (resolved.get("fleet") or {}).get("kv_offload")
+        lower = f" and the fleet's [kv_offload] {tier.get('kind')} tier" if isinstance(tier, dict) else ""
         why = (
             f"on the requests whose hits come from prefix chains, the replicas' own prefix caches "
             f"({replicas:,} × {int(sched.get('num_gpu_blocks') or 0):,} KV blocks of {sched.get('block_size')} "
-            f"tokens, shared with running requests) served {int(own['cache_hit_tokens']):,} tokens where "
+            f"tokens, shared with running requests){lower} served {int(own['cache_hit_tokens']):,} tokens where "
             f"classify's cache model ({classified.get('capacity') or 'its capacity'}) counts {simulated:,}"
         )
     return (
