@@ -316,7 +316,7 @@ def test_price_key_errors_name_only_what_is_wrong(tmp_path: Path) -> None:
     )
     with pytest.raises(ConfigError) as info:
         load_price_file(extra, today=dt.date(2026, 12, 3))
-    allowed = ["cache_write", "cached_input", "date", "input", "output", "source"]
+    allowed = ["cache_write", "cached_input", "catalog_model", "date", "input", "output", "source"]
     assert str(info.value) == f"{extra} [models.m]: unknown key(s) ['colour']; allowed: {allowed}"
 
 

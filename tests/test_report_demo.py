@@ -72,7 +72,7 @@ def test_the_demo_report_shows_cache_hits_tenants_the_model_and_a_verdict(night:
     assert dict(h["traffic_models"]) == {DEMO_MODEL: h["finished"]}
     page = html_lib.unescape(night.report.read_text())
     assert f"logged as {DEMO_MODEL} ({h['finished']:,}); served as llama-3.1-8b" in page
-    assert "<span>SLO chat</span>" in page and "not set" not in page
+    assert "<span>SLO chat</span>" in page and "FLEET.toml [slo] or --slo chat gives a pass/fail verdict" not in page
     people = re.sub(r"<script>.*?</script>", "", page, flags=re.S).split('<section id="run-config">')[0]
     assert "(s)" not in people and "(seconds" not in people  # latencies are in ms where people read them
     index = html_lib.unescape((night.index).read_text())

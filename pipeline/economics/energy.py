@@ -471,8 +471,12 @@ def energy_of(
         )
         watts = watts * gpus_rank
         joules = watts * dur
-        busy_per_rank = np.bincount(span_replica[in_pool] - first, weights=dur, minlength=ranks)
-        idle = float(np.maximum(period_s - busy_per_rank, 0.0).sum()) * spec.idle_w * gpus_rank
+        # idle: every rank's period less its busy time; ranks that never stepped idle all of it
+        # (counted, not allocated: a fleet of a billion replicas is a number, not an array)
+        stepped, at = np.unique(span_replica[in_pool] - first, return_inverse=True)
+        busy_per_rank = np.bincount(at, weights=dur, minlength=stepped.size)
+        idle_s = float(np.maximum(period_s - busy_per_rank, 0.0).sum()) + (ranks - stepped.size) * max(period_s, 0.0)
+        idle = idle_s * spec.idle_w * gpus_rank
         out.append(PoolEnergy(pool.name, name, ranks * gpus_rank, float(joules.sum()), idle))
         starts.append(s["start_s"][in_pool])
         ends.append(s["end_s"][in_pool])
