@@ -21,6 +21,10 @@ from pipeline.cli.common import (
 )
 from pipeline.common.defaults import (
     DEFAULT_MAX_REPLICAS,
+    DEFAULT_PD_LINK,
+    DEFAULT_PD_RATIOS,
+    DEFAULT_PLAN_MODES,
+    DEFAULT_PLAN_SPECULATIVE,
     DEFAULT_WARMUP_S,
     DEFAULT_WINDOW_S,
     plan_default_hardware,
@@ -169,6 +173,31 @@ PLAN_COLUMNS = (
     show_default=True,
     help="Share of the measured requests a configuration may reject and still meet the SLO (0.1% or 0.001).",
 )
+@click.option(
+    "--modes",
+    default=DEFAULT_PLAN_MODES,
+    show_default=True,
+    help="Serving modes to search, comma-separated: colocated, disaggregated (prefill and decode pools of the "
+    "same GPU and TP, at each --pd-ratios), speculative (--speculative); the output shows the cheapest per mode.",
+)
+@click.option(
+    "--pd-ratios",
+    default=DEFAULT_PD_RATIOS,
+    show_default=True,
+    help="Disaggregated: prefill:decode replica ratios tried (each side 1..16).",
+)
+@click.option(
+    "--link",
+    default=DEFAULT_PD_LINK,
+    show_default=True,
+    help="Disaggregated: the link kind the KV crosses (nvlink, infiniband, rdma, ethernet, pcie).",
+)
+@click.option(
+    "--speculative",
+    default=DEFAULT_PLAN_SPECULATIVE,
+    show_default=True,
+    help="Speculative: METHOD:K (eagle3, eagle, mtp, ngram; K draft tokens); acceptance from the catalog.",
+)
 @click.option("--list-slos", is_flag=True, help="Print the SLO presets with their numbers and sources, then exit.")
 @store_option
 @json_option
@@ -191,6 +220,10 @@ def plan_cmd(
     gpu_price: tuple[str, ...],
     price_files: tuple[str, ...],
     max_rejected: str,
+    modes: str,
+    pd_ratios: str,
+    link: str,
+    speculative: str,
     list_slos: bool,
     store_path: str | None,
     as_json: bool,
@@ -211,6 +244,7 @@ def plan_cmd(
     rooftrace plan --model llama-3.1-8b --fleet fleets/demo.toml --slo ttft_p99=2s,tpot_p99=100ms --tp 1,2
     """
     from pipeline.plan import PlanOptions, plan
+    from pipeline.plan.modes import frontier_lines, parse_ratios, parse_speculative
     from pipeline.replay.slo import load_slo_presets
 
     if list_slos:
@@ -256,6 +290,10 @@ def plan_cmd(
             gpu_prices=_gpu_prices(gpu_price),
             price_files=price_files,
             max_rejected=_share(max_rejected, "--max-rejected"),
+            modes=_csv(modes),
+            pd_ratios=parse_ratios(pd_ratios),
+            link=link.strip(),
+            speculative=parse_speculative(speculative),
         )
         return plan(get_store(store_path), opts, progress=progress)
 
@@ -291,6 +329,9 @@ def plan_cmd(
             f"{fmt_num(r['usd_per_million_tokens'], '.3f'):>7} {r.get('priced_by') or '-':<9} "
             f"{'*' if r['pareto'] else ''}"
         )
+    if doc.get("frontier"):
+        for line in frontier_lines(doc["frontier"]):
+            echo(line)
     chosen = doc["chosen"]
     if chosen is None:
         click.echo(f"no configuration meets the SLO (reasons above); {doc['advice']}", err=True)

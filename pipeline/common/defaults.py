@@ -49,6 +49,14 @@ DEFAULT_WINDOW_S = 600.0
 DEFAULT_WARMUP_S = 120.0
 #: Replica ceiling of ``plan``'s search: beyond it a configuration is reported as not meeting the SLO.
 DEFAULT_MAX_REPLICAS = 512
+#: ``plan --modes``: the serving modes searched by default (colocated only: a plan without
+#: --modes is the plan it always was), the prefill:decode replica ratios a disaggregated search
+#: tries (from decode-heavy to prefill-heavy; docs/planning.md, "Serving modes"), the link kind the
+#: prefill pool hands over (pipeline/catalog/links.toml) and the speculative method and k.
+DEFAULT_PLAN_MODES = "colocated"
+DEFAULT_PD_RATIOS = "1:3,1:2,1:1,2:1,3:1"
+DEFAULT_PD_LINK = "rdma"
+DEFAULT_PLAN_SPECULATIVE = "eagle3:3"
 #: Wall-time budget of the nightly's headroom curve (seconds): the nightly stays bounded however
 #: slow a point is; unfinished points are recorded as skipped.
 DEFAULT_HEADROOM_BUDGET_S = 300.0

@@ -26,10 +26,25 @@ from pipeline.economics.cost import (
     kv_read_shares,
     run_period,
 )
-from pipeline.engine.model import REJECT_KV_CAPACITY, REJECT_REASONS
+from pipeline.engine.model import REJECT_KV_CAPACITY, REJECT_REASONS, EngineResult, Workload
 from pipeline.plan.window import Window
-from pipeline.replay.fleet import FleetConfig, ResolvedFleet, check_stack_calibration, missing_profile, resolve
-from pipeline.replay.run import ReplayOptions, ReplayRun, build_workload, multi_node_warning, run_replay
+from pipeline.replay.fleet import (
+    FleetConfig,
+    ResolvedFleet,
+    SpeculativeSettings,
+    check_stack_calibration,
+    missing_profile,
+    resolve,
+)
+from pipeline.replay.pools import SPLIT_COLUMNS, LinkSpec, link_of_kind
+from pipeline.replay.run import (
+    ReplayOptions,
+    ReplayRun,
+    build_workload,
+    multi_node_warning,
+    replay_prefill_decode,
+    run_replay,
+)
 from pipeline.replay.slo import (
     METRICS,
     Slo,
@@ -54,15 +69,31 @@ def _span_columns(run: ReplayRun) -> dict[str, npt.NDArray[np.float64]]:
     return {k: np.asarray(v, dtype=np.float64) for k, v in run.log.columns().items()}
 
 
+#: The serving modes ``plan --modes`` searches (docs/planning.md, "Serving modes"): one pool
+#: prefilling and decoding; a prefill pool handing to a decode pool (xPyD on one GPU type);
+#: one pool with speculative decoding.
+MODES: tuple[str, ...] = ("colocated", "disaggregated", "speculative")
+
+
 @dataclass(frozen=True)
 class Candidate:
     hardware: str
     tp: int
     weight_dtype: str
+    mode: str = "colocated"
+    #: disaggregated: the prefill:decode replica ratio the search keeps (e.g. (1, 2))
+    ratio: tuple[int, int] | None = None
+    #: speculative: (method, k) as FLEET.toml's [speculative] method and num_speculative_tokens
+    speculative: tuple[str, int] | None = None
 
     @property
     def label(self) -> str:
-        return f"{self.hardware} tp{self.tp} {self.weight_dtype}"
+        base = f"{self.hardware} tp{self.tp} {self.weight_dtype}"
+        if self.mode == "disaggregated" and self.ratio is not None:
+            return f"{base} pd{self.ratio[0]}:{self.ratio[1]}"
+        if self.mode == "speculative" and self.speculative is not None:
+            return f"{base} spec-{self.speculative[0]}:{self.speculative[1]}"
+        return base
 
 
 @dataclass(frozen=True)
@@ -90,6 +121,10 @@ class Evaluation:
     overloaded: bool = False
     #: The period it would be priced over (pipeline.economics.cost.Period.to_dict): the makespan when overloaded.
     period: dict[str, Any] = field(default_factory=dict)
+    #: A disaggregated replay's pools (prefill_replicas, decode_replicas, each pool's busy share)
+    #: and its TTFT split (p99 and mean of queue, prefill, transfer, decode queue, first decode step).
+    pools: dict[str, Any] = field(default_factory=dict)
+    ttft_split: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass
@@ -142,6 +177,8 @@ class Task:
     max_rejected: float = 0.0  # share of measured requests that may be rejected
     period_s: float = 86_400.0  # the day's traffic span: the period every $ figure is for
     base_origin: str = "the base fleet"  # where the base fleet came from (its FLEET.toml), for notes
+    #: The link kind a disaggregated candidate's prefill pool hands over (pipeline/catalog/links.toml).
+    link: str = "rdma"
 
 
 def candidate_ep(base: FleetConfig, tp: int) -> int:
@@ -154,7 +191,7 @@ def candidate_ep(base: FleetConfig, tp: int) -> int:
 def candidate_fleet(base: FleetConfig, c: Candidate) -> FleetConfig:
     # The engine's batch defaults depend on the GPU (fleet.vllm_batch_defaults): unset keys stay
     # unset so each hardware gets vLLM's own defaults.
-    return replace(
+    cfg = replace(
         base,
         hardware=c.hardware,
         tp=c.tp,
@@ -164,6 +201,33 @@ def candidate_fleet(base: FleetConfig, c: Candidate) -> FleetConfig:
         # a stated [topology] is the base fleet's box; another GPU is priced on its own entry's link
         topology=base.topology if c.hardware == base.hardware else None,
     )
+    if c.speculative is not None:  # acceptance: the catalog's published figure for the pair
+        method, k = c.speculative
+        cfg = replace(cfg, speculative=SpeculativeSettings(method, k), name=f"{cfg.name}-{method}{k}")
+    return cfg
+
+
+@dataclass(frozen=True)
+class Replayed:
+    """What the SLO check, the sizing and the cost read of one replay of a configuration: the
+    requests' results and workload (a disaggregated replay's joined over both pools), the step
+    log's columns (both pools', the decode pool's replicas numbered after the prefill pool's),
+    the engines' ranks, a replica's KV blocks, the engines' wall time and the cost tier."""
+
+    result: EngineResult
+    work: Workload
+    cols: dict[str, npt.NDArray[np.float64]]
+    ranks: int
+    num_gpu_blocks: int
+    wall_s: float
+    cost_source: str
+
+    @classmethod
+    def of(cls, run: ReplayRun) -> Replayed:
+        return cls(
+            run.result, run.work, _span_columns(run), run.fleet.ranks,
+            run.fleet.scheduler.num_gpu_blocks, run.wall_s, run.cost_source,
+        )  # fmt: skip
 
 
 def skip_reason(base: FleetConfig, hardware: str, origin: str = "the base fleet") -> str | None:
@@ -193,6 +257,63 @@ def evaluate(
     cfg = fleet.config.with_replicas(replicas)
     fl = replace(fleet, config=cfg)
     run = run_replay(window.requests, fl, ReplayOptions(isolation=window.isolation), identity=window.identity)
+    return judge(window, Replayed.of(run), replicas, slo, max_rejected), run
+
+
+def evaluate_disaggregated(
+    window: Window, fleet: ResolvedFleet, split: tuple[int, int], link: LinkSpec, slo: Slo, max_rejected: float = 0.0
+) -> tuple[Evaluation, Replayed]:
+    """Replay the window on ``split`` = (prefill, decode) replicas of ``fleet``, the prefill pool
+    handing every request over ``link`` (pipeline.replay.run.replay_prefill_decode), and check
+    the SLO on the requests' joined lives, as :func:`evaluate` does for one pool; the evaluation
+    carries each pool's busy share and the TTFT split."""
+    p, d = split
+    pre = replace(fleet, config=replace(fleet.config.with_replicas(p), name=f"{fleet.config.name}-prefill"))
+    dec = replace(fleet, config=replace(fleet.config.with_replicas(d), name=f"{fleet.config.name}-decode"))
+    got = replay_prefill_decode(
+        window.requests, pre, dec, link, ReplayOptions(isolation=window.isolation), window.identity
+    )
+    pcols = _span_columns(got.prefill)
+    dcols = _span_columns(got.decode) if got.decode is not None else {k: v[:0] for k, v in pcols.items()}
+    dcols = {**dcols, "replica": dcols["replica"] + pre.ranks}
+    cols = {k: np.concatenate([pcols[k], dcols[k]]) for k in pcols}
+    wall = got.prefill.wall_s + (got.decode.wall_s if got.decode is not None else 0.0)
+    rep = Replayed(
+        got.joined.result, got.work, cols, pre.ranks + dec.ranks, fleet.scheduler.num_gpu_blocks, wall,
+        got.prefill.cost_source,
+    )  # fmt: skip
+    ev = judge(window, rep, p + d, slo, max_rejected)
+    m = window.measured
+    # each pool's busy share of the time the fleet ran (the arrivals, or longer when it finished later)
+    span = max(ev.period.get("arrival_span_s") or 0.0, ev.period.get("makespan_s") or 0.0)
+
+    def busy(c: dict[str, npt.NDArray[np.float64]], ranks: int) -> float:
+        return float((c["end_s"] - c["start_s"]).sum()) / (ranks * span) if span > 0 else 0.0
+
+    split_doc: dict[str, Any] = {}
+    for name in ("queue_s", *SPLIT_COLUMNS):
+        if name == "queue_s":
+            part = got.joined.result.scheduled_s - got.joined.result.arrival_s
+        else:
+            part = got.joined.split[name]
+        part = part[m & np.isfinite(part)]
+        split_doc[name] = {
+            "p99": percentile(part, 99.0) if part.size else None,
+            "mean": float(part.mean()) if part.size else None,
+        }
+    pools = {
+        "prefill_replicas": p,
+        "decode_replicas": d,
+        "prefill_busy": busy(pcols, pre.ranks),
+        "decode_busy": busy(dcols, dec.ranks),
+        "link": link.text(),
+    }
+    return replace(ev, pools=pools, ttft_split=split_doc), rep
+
+
+def judge(window: Window, run: Replayed, replicas: int, slo: Slo, max_rejected: float = 0.0) -> Evaluation:
+    """The SLO check of one replay on the window's measured requests (rejected ones miss every
+    target; more than ``max_rejected`` of them fails the SLO; a replay that falls behind fails)."""
     res = run.result
     m = window.measured
     rejected = res.reject_reason != 0
@@ -213,7 +334,7 @@ def evaluate(
     # rejections do not depend on the replica count: too many fail the SLO at any count
     if share > max_rejected or any(share > 1.0 - t.percentile / 100.0 for t in slo.targets):
         failing = "rejected"
-    cols = _span_columns(run)
+    cols = run.cols
     period = replay_period(run, cols)
     behind = period.overloaded
     if behind and failing is None:
@@ -223,9 +344,9 @@ def evaluate(
     busy = float((cols["end_s"] - cols["start_s"]).sum())
     ok = ~rejected
     span = float(np.nanmax(res.finish_s[ok]) - res.arrival_s.min()) if ok.any() else 0.0
-    kv_peak = float(cols["kv_blocks_used"].max() / fl.scheduler.num_gpu_blocks) if cols["steps"].size else 0.0
+    kv_peak = float(cols["kv_blocks_used"].max() / run.num_gpu_blocks) if cols["steps"].size else 0.0
     rec = float(run.work.prompt_tokens[m & ok].sum())
-    ev = Evaluation(
+    return Evaluation(
         replicas=replicas,
         meets=failing is None,
         achieved=achieved,
@@ -238,25 +359,25 @@ def evaluate(
         rejected_share=share,
         failing_target=worst if ratios[worst] > 1.0 else None,
         preemptions=int(res.preemptions[m & ok].sum()),
-        utilization=busy / (fl.ranks * span) if span > 0 else 0.0,
+        utilization=busy / (run.ranks * span) if span > 0 else 0.0,
         kv_peak_fraction=kv_peak,
         cache_hit_fraction=float(res.cache_hit_tokens[m & ok].sum()) / rec if rec > 0 else 0.0,
         wall_s=run.wall_s,
         overloaded=behind,
         period=period.to_dict(),
     )
-    return ev, run
 
 
 #: ``Evaluation.failing`` of a replay that did not keep up with its arrivals.
 OVERLOADED = "overloaded"
 
 
-def replay_period(run: ReplayRun, cols: dict[str, npt.NDArray[np.float64]] | None = None) -> Period:
+def replay_period(run: ReplayRun | Replayed, cols: dict[str, npt.NDArray[np.float64]] | None = None) -> Period:
     """The period `rooftrace cost` would price this replay over (:func:`pipeline.economics.cost.run_period`),
     with the overload `rooftrace replay` reports (:func:`pipeline.replay.slo.detect_overload`)."""
     res = run.result
-    cols = _span_columns(run) if cols is None else cols
+    if cols is None:
+        cols = run.cols if isinstance(run, Replayed) else _span_columns(run)
     ok = res.reject_reason == 0
     over = detect_overload(
         np.asarray(res.arrival_s, dtype=np.float64),
@@ -340,6 +461,33 @@ def _seed(demand: dict[str, float], cap: dict[str, Any], max_replicas: int) -> i
     return max(1, math.ceil(float(need)))
 
 
+def ratio_split(total: int, ratio: tuple[int, int]) -> tuple[int, int]:
+    """``total`` replicas (at least 2) split into (prefill, decode) as near ``ratio`` as whole
+    replicas allow, at least one of each: prefill = round(total · p / (p + d)) within [1, total − 1]."""
+    p, d = ratio
+    pre = min(max(1, round(total * p / (p + d))), total - 1)
+    return pre, total - pre
+
+
+def disaggregated_seed(demand: dict[str, float], cap: dict[str, Any], ratio: tuple[int, int], max_replicas: int) -> int:
+    """The disaggregated search's lower bound on the fleet's replicas: the prefill pool needs the
+    window's fresh prefill over one replica's prefill ceiling and the decode pool its decode over
+    the decode ceiling, each at least one replica, and their sum at least the smallest total
+    whose split (:func:`ratio_split`) gives each pool its need; at most ``max_replicas``."""
+    need_p = demand["fresh_min_tokens_per_s"] / cap["prefill_tokens_per_s"]
+    need_d = demand["output_tokens_per_s"] / cap["decode_tokens_per_s"]
+    if not (need_p + need_d <= max_replicas):  # inf and NaN too
+        return max(2, max_replicas)
+    want_p, want_d = max(1, math.ceil(float(need_p))), max(1, math.ceil(float(need_d)))
+    total = max(2, want_p + want_d)
+    while total < max_replicas:
+        p, d = ratio_split(total, ratio)
+        if p >= want_p and d >= want_d:
+            break
+        total += 1
+    return min(total, max(2, max_replicas))
+
+
 def capacity_per_replica(fleet: ResolvedFleet, mean_context: float) -> dict[str, Any]:
     """One replica's ceilings, priced by the fleet's own cost model (the tier its replays use:
     :meth:`pipeline.costmodel.model.CostModel.capacity`): fresh prefill tokens/s with full
@@ -376,9 +524,17 @@ def _demand(window: Window, fleet: ResolvedFleet) -> dict[str, float]:
     }
 
 
-def min_replicas(check: Callable[[int], Evaluation], seed: int, max_replicas: int) -> tuple[int | None, str]:
+def min_replicas(
+    check: Callable[[int], Evaluation],
+    seed: int,
+    max_replicas: int,
+    grew: Callable[[int, int], bool] | None = None,
+) -> tuple[int | None, str]:
     """Smallest n in [1, max_replicas] with ``check(n).meets``, assuming monotonicity; every
-    answer n > 1 has been checked at n − 1 too. Returns (None, why) when no n qualifies."""
+    answer n > 1 has been checked at n − 1 too. Returns (None, why) when no n qualifies.
+    ``grew(a, b)``: whether going from a to b grew every part of the fleet (a disaggregated
+    fleet's n + 1 replicas split by a ratio adds a replica to one pool at a time), so that a
+    target that did not improve from a to b is a latency floor; default: always."""
     cache: dict[int, Evaluation] = {}
 
     def ok(n: int) -> bool:
@@ -408,19 +564,22 @@ def min_replicas(check: Callable[[int], Evaluation], seed: int, max_replicas: in
                 break
             cur = cache[m]
             # a target that barely moves when replicas double has hit a latency floor
-            half = [k for k in cache if k <= m // 2 and cache[k].failing == cur.failing]
+            half = [
+                k for k in cache if k <= m // 2 and cache[k].failing == cur.failing and (grew is None or grew(k, m))
+            ]
             if cur.failing not in (None, OVERLOADED) and half:
                 prev = cache[max(half)]
                 gain = 1.0 - cur.worst_ratio / prev.worst_ratio if math.isfinite(prev.worst_ratio) else 1.0
                 if gain < FLOOR_IMPROVEMENT:
                     return None, (
-                        f"{cur.failing} stays {cur.achieved[cur.failing]:.4g} s at {max(half)} and {m} replicas "
-                        f"(limit x{cur.worst_ratio:.2f}): a latency floor more replicas cannot lower"
+                        f"{cur.failing} stays {cur.achieved[cur.failing]:.4g} s at {prev.replicas} and "
+                        f"{cur.replicas} replicas (limit x{cur.worst_ratio:.2f}): "
+                        "a latency floor more replicas cannot lower"
                     )
             if m >= max_replicas:
                 if cur.failing == OVERLOADED:
-                    return None, f"{overload_note(cur)}: the fleet does not keep up even at {max_replicas} replicas"
-                return None, f"{cur.failing} misses its limit (x{cur.worst_ratio:.2f}) even at {max_replicas} replicas"
+                    return None, f"{overload_note(cur)}: the fleet does not keep up even at {cur.replicas} replicas"
+                return None, f"{cur.failing} misses its limit (x{cur.worst_ratio:.2f}) even at {cur.replicas} replicas"
             lo, step = m, step * 2
     while hi - lo > 1:
         mid = (lo + hi) // 2
@@ -482,8 +641,12 @@ def _search_candidate(task: Task, out: CandidateResult) -> CandidateResult:
         return out
     try:
         fleet = resolve(candidate_fleet(task.base, c), c.label)
+        if c.mode == "speculative":
+            fleet.accepted_tokens  # noqa: B018 (a pair without published acceptance: said here, not mid-search)
     except ConfigError as exc:
         out.note = str(exc)
+        if c.mode == "speculative":  # not a misfit of the GPU: this mode was not tried
+            out.note, out.skipped = f"skipped: {exc}", True
         return out
     out.fits = True
     out.gpus_per_replica = fleet.deployment.gpus * fleet.config.dp
@@ -497,16 +660,47 @@ def _search_candidate(task: Task, out: CandidateResult) -> CandidateResult:
         out.note, out.skipped = problem, True
         return out
     out.seed = _seed(demand, cap, task.max_replicas)
-    runs: dict[int, ReplayRun] = {}
+    runs: dict[int, Replayed] = {}
 
     def check(n: int) -> Evaluation:
         ev, run = evaluate(task.window, fleet, n, task.slo, task.max_rejected)
         out.evaluations.append(ev)
         out.priced_by = run.cost_source
-        runs[n] = run
+        runs[n] = Replayed.of(run)
         return ev
 
-    n, why = min_replicas(check, out.seed, task.max_replicas)
+    if c.mode == "disaggregated":
+        assert c.ratio is not None
+        ratio = c.ratio
+        try:
+            link = link_of_kind(task.link, "--link")
+        except ConfigError as exc:
+            out.note, out.skipped = f"skipped: {exc}", True
+            return out
+        if task.max_replicas < 2:
+            out.note, out.skipped = "skipped: a disaggregated fleet needs 2 replicas at least (--max-replicas 1)", True
+            return out
+        out.seed = disaggregated_seed(demand, cap, ratio, task.max_replicas)
+
+        def check_split(n: int) -> Evaluation:
+            # the search's n counts from 1; the fleet has n + 1 replicas (one of each pool at least)
+            total = n + 1
+            ev, rep = evaluate_disaggregated(
+                task.window, fleet, ratio_split(total, ratio), link, task.slo, task.max_rejected
+            )
+            out.evaluations.append(ev)
+            out.priced_by = rep.cost_source
+            runs[total] = rep
+            return ev
+
+        def grew(a: int, b: int) -> bool:  # both pools larger at b + 1 replicas than at a + 1
+            pa, pb = ratio_split(a + 1, ratio), ratio_split(b + 1, ratio)
+            return pb[0] > pa[0] and pb[1] > pa[1]
+
+        found, why = min_replicas(check_split, out.seed - 1, task.max_replicas - 1, grew)
+        n = found + 1 if found is not None else None
+    else:
+        n, why = min_replicas(check, out.seed, task.max_replicas)
     out.evaluations.sort(key=lambda e: e.replicas)
     if n is None:
         out.note = rejection_note(out.evaluations[0], task.max_rejected, task.slo) if why == "rejected" else why
@@ -556,12 +750,12 @@ def _search_candidate(task: Task, out: CandidateResult) -> CandidateResult:
 
 
 def window_cost(
-    window: Window, run: ReplayRun, fleet: ResolvedFleet, replicas: int, usd_per_gpu_hour: float, price_date: str
+    window: Window, run: Replayed, fleet: ResolvedFleet, replicas: int, usd_per_gpu_hour: float, price_date: str
 ) -> GpuCost:
     """The fleet's cost over the replayed span and its split over the measured traffic's tokens."""
     res, work = run.result, run.work
     ok = res.reject_reason == 0
-    cols = _span_columns(run)
+    cols = run.cols
     span = float(np.nanmax(res.finish_s[ok]) - res.arrival_s.min()) if ok.any() else 0.0
     dep = fleet.deployment
 
@@ -589,11 +783,11 @@ def window_cost(
     )
 
 
-def sizing(window: Window, run: ReplayRun, replicas: int, cap: dict[str, Any], ev: Evaluation) -> dict[str, Any]:
+def sizing(window: Window, run: Replayed, replicas: int, cap: dict[str, Any], ev: Evaluation) -> dict[str, Any]:
     """Each resource against its own peak: the busiest minute's fresh prefill and decode tokens/s
     over the fleet's ceilings (its cost model's), the fullest replica's KV share, the SLO headroom; and which
     binds."""
-    cols = _span_columns(run)
+    cols = run.cols
     minute = np.floor(cols["start_s"] / 60.0).astype(np.int64)
     if minute.size:
         minute -= minute.min()

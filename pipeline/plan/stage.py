@@ -43,6 +43,7 @@ from pipeline.economics.cost import (
 from pipeline.ingest.project import default_fleet_path, find_project
 from pipeline.ingest.store import SAFE_ID_RE, Store
 from pipeline.plan.executors import run_local, run_ray
+from pipeline.plan.modes import MAX_RATIO_SIDE, check_link, check_modes, frontier, parse_speculative, rank_key
 from pipeline.plan.search import Candidate, CandidateResult, Task, candidate_ep, skip_reason
 from pipeline.plan.window import Window, select_window
 from pipeline.replay.fleet import MAX_ENGINES, FleetConfig, load_fleet, parse_fleet
@@ -82,6 +83,13 @@ class PlanOptions:
     price_files: tuple[str, ...] = ()
     #: Share of the measured requests a configuration may reject and still meet the SLO.
     max_rejected: float = 0.0
+    #: Serving modes searched (pipeline/plan/modes.py); the default is the plan it always was.
+    modes: tuple[str, ...] = ("colocated",)
+    #: disaggregated: prefill:decode replica ratios tried, and the link kind between the pools
+    pd_ratios: tuple[tuple[int, int], ...] = ((1, 3), (1, 2), (1, 1), (2, 1), (3, 1))
+    link: str = "rdma"
+    #: speculative: (method, k); the acceptance is the catalog's published figure for the pair
+    speculative: tuple[str, int] = ("eagle3", 3)
 
     def __post_init__(self) -> None:
         # a name given twice is one configuration (as --tp's numbers are): one replay, one row
@@ -102,6 +110,28 @@ class PlanOptions:
             raise ConfigError(f"--window-s must be a finite number of seconds > 0, got {self.window_s!r}")
         if not (math.isfinite(self.warmup_s) and self.warmup_s >= 0):
             raise ConfigError(f"--warmup-s must be a finite number of seconds >= 0, got {self.warmup_s!r}")
+        object.__setattr__(self, "modes", check_modes(self.modes))
+        if not self.pd_ratios or any(
+            not (isinstance(p, int) and isinstance(d, int) and 1 <= p <= MAX_RATIO_SIDE and 1 <= d <= MAX_RATIO_SIDE)
+            for p, d in self.pd_ratios
+        ):
+            raise ConfigError(f"--pd-ratios: each side a whole number in 1..{MAX_RATIO_SIDE}, got {self.pd_ratios!r}")
+        check_link(self.link)
+        parse_speculative(f"{self.speculative[0]}:{self.speculative[1]}")
+
+    @property
+    def modes_only_colocated(self) -> bool:
+        return self.modes == ("colocated",)
+
+    def record(self, drop: tuple[str, ...] = ()) -> dict[str, Any]:
+        """The options as plan.json and the plan id record them: a colocated-only plan leaves the
+        modes' options out, so its id and files are those of a plan before --modes existed."""
+        skip = set(drop) | (set(MODE_OPTIONS) if self.modes_only_colocated else set())
+        return {k: v for k, v in asdict(self).items() if k not in skip}
+
+
+#: PlanOptions' fields of ``--modes`` and its options.
+MODE_OPTIONS = ("modes", "pd_ratios", "link", "speculative")
 
 
 @dataclass(frozen=True)
@@ -178,7 +208,23 @@ def candidates(opts: PlanOptions, base: FleetConfig) -> list[Candidate]:
     dtypes = tuple(dict.fromkeys(opts.precision)) or (base.weight_dtype,)
     for dt in dtypes:
         weight_format(dt)  # unknown dtypes fail here, before a name is built from them
-    return [Candidate(hw, tp, dt) for hw in hardware for tp in sorted(set(opts.tp)) for dt in dtypes]
+    if base.speculative is not None and not opts.modes_only_colocated:
+        raise ConfigError(
+            "--modes: the base fleet sets [speculative], so colocated and disaggregated would not be what they say; "
+            "plan from a base fleet without [speculative] (--modes speculative compares speculation on and off)"
+        )
+    out = []
+    for hw in hardware:
+        for tp in sorted(set(opts.tp)):
+            for dt in dtypes:
+                for mode in opts.modes:
+                    if mode == "disaggregated":
+                        out += [Candidate(hw, tp, dt, mode, ratio=r) for r in opts.pd_ratios]
+                    elif mode == "speculative":
+                        out.append(Candidate(hw, tp, dt, mode, speculative=opts.speculative))
+                    else:
+                        out.append(Candidate(hw, tp, dt))
+    return out
 
 
 def _check_tp(tps: Sequence[int], specs: Sequence[HardwareSpec]) -> None:
@@ -298,6 +344,7 @@ def plan(store: Store, opts: PlanOptions, progress: Callable[[str], None] | None
             opts.max_rejected,
             period,
             base_origin,
+            opts.link,
         )
         for c in cands
     ]
@@ -326,6 +373,7 @@ def plan(store: Store, opts: PlanOptions, progress: Callable[[str], None] | None
     plan_id = _plan_id(date, opts, slo, base, req)
     table, search = _tables(plan_id, date, opts, slo, window, results)
     chosen = _chosen(results)
+    fronts = None if opts.modes_only_colocated else frontier(results, opts.modes)
     plan_dir = store.plan_dir(plan_id)
     api_rows = _api_rows(plan_id, chosen, prices) if chosen is not None else []
     doc = {
@@ -339,7 +387,7 @@ def plan(store: Store, opts: PlanOptions, progress: Callable[[str], None] | None
         "window": window.info(),
         "base_fleet": {"origin": base_origin, **base.to_dict()},
         "notes": notes,
-        "options": {k: v for k, v in asdict(opts).items() if k not in ("jobs", "ray_address")},
+        "options": opts.record(("jobs", "ray_address")),
         "day_tokens": day,
         "period_s": period,
         "period": traffic_span(period),
@@ -348,6 +396,8 @@ def plan(store: Store, opts: PlanOptions, progress: Callable[[str], None] | None
         "chosen": _chosen_doc(chosen) if chosen is not None else None,
         "api_equivalent": api_rows,
     }
+    if fronts is not None:
+        doc["frontier"] = fronts
     with store.lock():
         write_parquet(table, plan_dir / "plan.parquet", "plan")
         write_parquet(search, plan_dir / "search.parquet", "plan_search")
@@ -466,7 +516,7 @@ def no_fit_advice(
 
 def _plan_id(date: str, opts: PlanOptions, slo: Slo, base: FleetConfig, req: pl.DataFrame) -> str:
     h = hashlib.sha256()
-    keep = {k: v for k, v in asdict(opts).items() if k not in ("jobs", "executor", "ray_address")}
+    keep = opts.record(("jobs", "executor", "ray_address"))
     h.update(json.dumps(keep, sort_keys=True, default=str).encode())
     h.update(json.dumps(slo.to_dict(), sort_keys=True).encode())
     h.update(json.dumps(base.to_dict(), sort_keys=True, default=str).encode())
@@ -484,7 +534,7 @@ def _chosen(results: Sequence[CandidateResult]) -> CandidateResult | None:
     ok = [r for r in results if r.replicas is not None]
     if not ok:
         return None
-    return min(ok, key=lambda r: (_usd_per_day(r), r.chosen.p99["ttft"] if r.chosen else 0.0, r.candidate.label))
+    return min(ok, key=rank_key)
 
 
 def _usd_per_day(r: CandidateResult) -> float:
@@ -507,9 +557,7 @@ def _tables(
     plan_id: str, date: str, opts: PlanOptions, slo: Slo, window: Window, results: Sequence[CandidateResult]
 ) -> tuple[pa.Table, pa.Table]:
     feasible = [r for r in results if r.replicas is not None]
-    ranked = sorted(
-        feasible, key=lambda r: (_usd_per_day(r), r.chosen.p99["ttft"] if r.chosen else 0.0, r.candidate.label)
-    )
+    ranked = sorted(feasible, key=rank_key)
     rank = {id(r): i + 1 for i, r in enumerate(ranked)}
     front = pareto_front([(_usd_per_day(r), r.chosen.p99["ttft"] if r.chosen else 0.0) for r in ranked])
     on_front = {id(r) for r, f in zip(ranked, front, strict=True) if f}
@@ -563,6 +611,7 @@ def _tables(
                 "pareto": id(r) in on_front,
                 "replays": len(r.evaluations),
                 "priced_by": r.priced_by or None,
+                **({} if opts.modes_only_colocated else mode_columns(r)),
             }
         )
         for e in r.evaluations:
@@ -613,10 +662,40 @@ def _with_overload(rows: list[dict[str, Any]], results: Sequence[CandidateResult
     return [{**row, **overload_doc(by_label[row["config"]])} for row in rows]
 
 
+def mode_columns(r: CandidateResult) -> dict[str, Any]:
+    """A plan row's serving-mode columns (optional columns of the ``plan`` schema, written only
+    by a plan given --modes): the mode, a disaggregated fleet's pools and link and the p99 of each
+    part of its TTFT, a speculative one's method and k."""
+    ev, c = r.chosen, r.candidate
+    split = ev.ttft_split if ev is not None else {}
+    pools = ev.pools if ev is not None else {}
+
+    def p99(part: str) -> float | None:
+        got = split.get(part) or {}
+        return got.get("p99")
+
+    return {
+        "mode": c.mode,
+        "pd_ratio": f"{c.ratio[0]}:{c.ratio[1]}" if c.ratio is not None else None,
+        "prefill_replicas": pools.get("prefill_replicas"),
+        "decode_replicas": pools.get("decode_replicas"),
+        "link": pools.get("link"),
+        "speculative": f"{c.speculative[0]}:{c.speculative[1]}" if c.speculative is not None else None,
+        "ttft_queue_p99_s": p99("queue_s"),
+        "ttft_prefill_p99_s": p99("prefill_s"),
+        "ttft_transfer_p99_s": p99("transfer_s"),
+        "ttft_decode_queue_p99_s": p99("decode_queue_s"),
+    }
+
+
 def _chosen_doc(r: CandidateResult) -> dict[str, Any]:
     ev = r.chosen
     fewer = r.one_fewer
+    extra: dict[str, Any] = {}
+    if r.candidate.mode != "colocated":
+        extra = {"mode": r.candidate.mode, "pools": ev.pools if ev else {}, "ttft_split": ev.ttft_split if ev else {}}
     return {
+        **extra,
         "config": r.candidate.label,
         "hardware": r.candidate.hardware,
         "tp": r.candidate.tp,

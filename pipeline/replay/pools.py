@@ -301,6 +301,12 @@ def _link(raw: Any, where: str) -> LinkSpec:
     return LinkSpec(kind, bw, lat, bool(raw.get("layerwise", False)))
 
 
+def link_of_kind(kind: str, where: str) -> LinkSpec:
+    """A link of catalog kind ``kind`` at its default bandwidth and latency (pipeline/catalog/links.toml),
+    as a fleet's ``[link] kind = ...`` alone gives; an unknown kind is one line naming ``where``."""
+    return _link({"kind": kind}, where)
+
+
 def _roles(pools_raw: list[Any], origin: str) -> list[str]:
     """Each pool's role, checked before the pools are (the last pool that takes requests by rule
     is known before the loop reaches it)."""

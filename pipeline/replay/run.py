@@ -69,6 +69,7 @@ from pipeline.replay.pools import (
     SPLIT_COLUMNS,
     Disaggregated,
     Handoff,
+    LinkSpec,
     Pool,
     PooledFleet,
     hand_off,
@@ -1407,17 +1408,18 @@ class _Prefilled:
     moved: Handoff
 
 
-def _hand_off(run: ReplayRun, work: Workload, pool: Pool, decode: ResolvedFleet) -> Handoff:
+def _hand_off(run: ReplayRun, work: Workload, pool: Pool | LinkSpec, decode: ResolvedFleet) -> Handoff:
     """A prefill pool's hand-off to its decode pool: the KV bytes per token of the decode pool's
     model, KV dtype, tp and pipeline stage (its memory fit: what one of its GPUs stores), over
-    the pool's link, layer-wise over the model's layers where the link says so."""
-    assert pool.link is not None
+    the pool's link (or the link given), layer-wise over the model's layers where the link says so."""
+    link = pool.link if isinstance(pool, Pool) else pool
+    assert link is not None
     mem = decode.memory
     return hand_off(
         run.work,
         run.result,
         mem.kv_bytes_per_token,
-        pool.link.link(),
+        link.link(),
         output_tokens=work.output_tokens,
         window_bytes_per_token=mem.kv_window_bytes_per_token,
         window=mem.sliding_window,
@@ -1512,6 +1514,41 @@ def replay_pools(
             joined = join_disaggregated(got.run.result, got.moved, dres)
             runs[k] = replace(got.run, work=got.work, engine_result=joined.result)
     return [runs[k] for k in sorted(runs)]
+
+
+@dataclass(frozen=True)
+class PrefillDecodeRun:
+    """One prefill pool handing every request to one decode pool, replayed in memory
+    (:func:`replay_prefill_decode`): each pool's engine run, and the requests' lives joined."""
+
+    prefill: ReplayRun  # one output token per request
+    decode: ReplayRun | None  # None when no request reached it
+    joined: Disaggregated
+    #: The requests' workload with their logged outputs (the joined result's rows).
+    work: Workload
+
+
+def replay_prefill_decode(
+    requests: pl.DataFrame,
+    prefill: ResolvedFleet,
+    decode: ResolvedFleet,
+    link: LinkSpec,
+    options: ReplayOptions,
+    identity: PrefixIdentity | None = None,
+) -> PrefillDecodeRun:
+    """A 1-prefill-pool, 1-decode-pool fleet replayed in memory as :func:`replay_pools` replays a
+    prefill pool and the decode pool it feeds (``plan --modes disaggregated`` sizes one): the
+    prefill pool's requests with one output token each, :func:`pipeline.replay.pools.hand_off`
+    over ``link``, the decode pool's run of the hand-offs, and the two joined per request
+    (:func:`pipeline.replay.pools.join_disaggregated`: the TTFT split included)."""
+    progress = check_replay_limits(requests, prefill, options)
+    t0_us = int(epoch_us(requests.get_column("arrival")).min())
+    work = build_workload(requests, prefill, options, identity, origin_us=t0_us)
+    prun = run_workload(replace(work, output_tokens=np.ones(work.n, np.int64)), prefill, options, progress)
+    moved = _hand_off(prun, work, link, decode)
+    drun = run_workload(moved.work, decode, options) if moved.work.n else None
+    dres = drun.result if drun is not None else EngineResult.empty(0)
+    return PrefillDecodeRun(prun, drun, join_disaggregated(prun.result, moved, dres), work)
 
 
 def _with_pool(table: pa.Table, pool: str, offset: int) -> pa.Table:

@@ -1,0 +1,243 @@
+"""Serving modes of ``plan --modes``: the options' checks, and the frontier the plan reports — per
+mode, the cheapest configuration that meets the SLOs and, in words, why the others lost.
+
+The modes (:data:`pipeline.plan.search.MODES`): ``colocated`` (one pool prefilling and decoding,
+the plan as it always was), ``disaggregated`` (a prefill pool handing every request to a decode
+pool of the same GPU and TP over a link, at each prefill:decode replica ratio given) and
+``speculative`` (one pool with speculative decoding, its acceptance the catalog's published figure).
+Every configuration of every mode is searched and priced the same way (pipeline.plan.search)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from pipeline.common.errors import ConfigError
+from pipeline.engine.model import MAX_SPECULATIVE_TOKENS
+from pipeline.plan.search import MODES, CandidateResult
+from pipeline.replay.fleet import SPEC_METHODS
+from pipeline.replay.pools import link_kinds
+
+#: The largest side of a --pd-ratios ratio: a ratio past 16:1 is a fleet one pool of which is
+#: a rounding error at any size plan searches.
+MAX_RATIO_SIDE = 16
+#: At equal $/day the simpler mode ranks first (fewer moving parts to run): colocated, then
+#: speculative (one flag), then disaggregated (two pools, a proxy and a KV link).
+MODE_ORDER: dict[str, int] = {"colocated": 0, "speculative": 1, "disaggregated": 2}
+#: A pool whose busy share is below this share of the other pool's "idles" (the reason in words).
+IDLE_SHARE = 0.5
+
+
+def check_modes(modes: Sequence[str]) -> tuple[str, ...]:
+    """The modes, each once, in the order given; an unknown or missing one is one line."""
+    out = tuple(dict.fromkeys(modes))
+    if not out:
+        raise ConfigError(f"--modes: give at least one of {', '.join(MODES)}")
+    for m in out:
+        if m not in MODES:
+            raise ConfigError(f"--modes: unknown mode {m!r}; choose from {', '.join(MODES)}")
+    return out
+
+
+def parse_ratios(text: str) -> tuple[tuple[int, int], ...]:
+    """``1:3,1:1,2:1`` as ((1, 3), (1, 1), (2, 1)): each side a whole number in 1..MAX_RATIO_SIDE;
+    a ratio given twice (or a multiple of another, 2:2 = 1:1) is tried once."""
+    out: dict[tuple[int, int], None] = {}
+    items = [p.strip() for p in text.split(",") if p.strip()]
+    if not items:
+        raise ConfigError(f"--pd-ratios: expected prefill:decode ratios such as 1:2,1:1, got {text!r}")
+    for item in items:
+        left, sep, right = item.partition(":")
+        try:
+            p, d = int(left), int(right)
+        except ValueError:
+            p = d = -1
+        if not sep or not (1 <= p <= MAX_RATIO_SIDE and 1 <= d <= MAX_RATIO_SIDE):
+            raise ConfigError(
+                f"--pd-ratios {item!r}: expected PREFILL:DECODE replicas, each a whole number in 1..{MAX_RATIO_SIDE}"
+            )
+        g = _gcd(p, d)
+        out[(p // g, d // g)] = None
+    return tuple(out)
+
+
+def _gcd(a: int, b: int) -> int:
+    while b:
+        a, b = b, a % b
+    return a
+
+
+def check_link(kind: str) -> str:
+    kinds = link_kinds()
+    if kind not in kinds:
+        raise ConfigError(f"--link: unknown link kind {kind!r}; choose one of {', '.join(sorted(kinds))}")
+    return kind
+
+
+def parse_speculative(text: str) -> tuple[str, int]:
+    """``eagle3:3`` as ("eagle3", 3): a method whose acceptance the catalog can give and k in
+    1..16 (draft_model needs a draft model: give it in a base fleet's [speculative] instead)."""
+    method, sep, k_text = text.strip().partition(":")
+    methods = [m for m in SPEC_METHODS if m != "draft_model"]
+    if method not in methods:
+        extra = " (draft_model needs its draft: set [speculative] in the base fleet)" if method == "draft_model" else ""
+        raise ConfigError(f"--speculative {text!r}: method must be one of {', '.join(methods)}{extra}")
+    try:
+        k = int(k_text) if sep else -1
+    except ValueError:
+        k = -1
+    if not 1 <= k <= MAX_SPECULATIVE_TOKENS:
+        raise ConfigError(
+            f"--speculative {text!r}: expected METHOD:K, K the draft tokens (num_speculative_tokens) "
+            f"in 1..{MAX_SPECULATIVE_TOKENS}"
+        )
+    return method, k
+
+
+def usd_per_day(r: CandidateResult) -> float:
+    return (r.replicas or 0) * r.gpus_per_replica * r.usd_per_gpu_hour * 24.0 + 0.0
+
+
+def rank_key(r: CandidateResult) -> tuple[float, int, float, str]:
+    """How configurations rank: $/day, then the simpler mode (:data:`MODE_ORDER`), then p99
+    TTFT, then the label (a colocated-only plan ranks as it always did)."""
+    ev = r.chosen
+    return (usd_per_day(r), MODE_ORDER[r.candidate.mode], ev.p99["ttft"] if ev else 0.0, r.candidate.label)
+
+
+def _pct(x: float | None) -> str:
+    return "-" if x is None else f"{x:.0%}"
+
+
+def _ms(x: float | None) -> str:
+    return "-" if x is None else (f"{x * 1e3:.0f} ms" if x < 1 else f"{x:.2f} s")
+
+
+def _gpus(r: CandidateResult) -> int:
+    return (r.replicas or 0) * r.gpus_per_replica
+
+
+def _n_gpus(n: int) -> str:
+    return f"{n} GPU{'s' if n != 1 else ''}"
+
+
+def _diagnosis(r: CandidateResult, won: bool) -> str:
+    """What the mode's cheapest passing configuration says of itself, in words (``won``: it is
+    the plan's winner)."""
+    ev = r.chosen
+    assert ev is not None
+    mode = r.candidate.mode
+    if mode == "disaggregated":
+        pb, db = ev.pools.get("prefill_busy", 0.0), ev.pools.get("decode_busy", 0.0)
+        transfer = (ev.ttft_split.get("transfer_s") or {}).get("p99")
+        link = f"; the KV transfer's p99 is {_ms(transfer)}" if transfer is not None else ""
+        if pb < IDLE_SHARE * db:
+            return f"decode-bound: a prefill pool idles (busy {_pct(pb)} against the decode pool's {_pct(db)}){link}"
+        if db < IDLE_SHARE * pb:
+            return f"prefill-bound: a decode pool idles (busy {_pct(db)} against the prefill pool's {_pct(pb)}){link}"
+        busy = f"both pools busy (prefill {_pct(pb)}, decode {_pct(db)}){link}"
+        return f"decodes never wait behind prefill chunks, {busy}" if won else busy
+    if mode == "speculative":
+        if won:
+            return f"a verification advances more than one token a step: TPOT p99 {_ms(ev.p99['tpot'])}"
+        fewer = r.one_fewer
+        at = (
+            f": at {fewer.replicas} replica{'s' if fewer.replicas != 1 else ''} {fewer.failing} misses with "
+            "speculation too"
+            if fewer is not None and fewer.failing
+            else ""
+        )
+        return (
+            f"the drafts save no replica{at} (steps {r.sizing.get('step_binding', '-')}-bound, "
+            f"busy {_pct(ev.utilization)}: verifying k+1 tokens a sequence is work the batch already fills)"
+        )
+    fewer = r.one_fewer
+    if fewer is not None and fewer.failing_target:
+        return f"at {fewer.replicas} replica{'s' if fewer.replicas != 1 else ''} {fewer.failing_target} misses"
+    return f"binds on {r.sizing.get('binding', '-')}"
+
+
+def frontier(results: Sequence[CandidateResult], modes: Sequence[str]) -> list[dict[str, Any]]:
+    """Per mode, the cheapest configuration meeting the SLOs (:func:`rank_key`), its $/day, GPUs,
+    pools and SLO figures (the TTFT p99 split for disaggregated), and in words why it won or lost
+    against the winner; a mode with no passing configuration says why (its first reason)."""
+    best: dict[str, CandidateResult] = {}
+    for ok in sorted((x for x in results if x.replicas is not None), key=rank_key):
+        best.setdefault(ok.candidate.mode, ok)
+    winner = min(best.values(), key=rank_key) if best else None
+    out = []
+    for mode in modes:
+        r = best.get(mode)
+        if r is None:
+            tried = [x for x in results if x.candidate.mode == mode]
+            why = next((x.note for x in tried if x.note), "")
+            out.append({"mode": mode, "meets_slo": False, "verdict": "no configuration meets the SLO", "why": why})
+            continue
+        ev = r.chosen
+        assert ev is not None and winner is not None
+        row: dict[str, Any] = {
+            "mode": mode,
+            "meets_slo": True,
+            "config": r.candidate.label,
+            "replicas": r.replicas,
+            "gpus": _gpus(r),
+            "usd_per_day": usd_per_day(r),
+            "ttft_p99_s": ev.p99["ttft"],
+            "tpot_p99_s": ev.p99["tpot"],
+            "slo": ev.achieved,
+        }
+        if mode == "disaggregated":
+            row["prefill_replicas"] = ev.pools.get("prefill_replicas")
+            row["decode_replicas"] = ev.pools.get("decode_replicas")
+            row["link"] = ev.pools.get("link")
+            row["ttft_split_p99_s"] = {k: v.get("p99") for k, v in ev.ttft_split.items()}
+        diag = _diagnosis(r, r is winner)
+        if r is winner:
+            others = [b for m, b in best.items() if m != mode]
+            if others:
+                nxt = min(others, key=rank_key)
+                saved = usd_per_day(nxt) - usd_per_day(r)
+                vs = (
+                    f"${saved:,.0f}/day and {_n_gpus(_gpus(nxt) - _gpus(r))} less than {nxt.candidate.mode}"
+                    if saved > 0
+                    else f"ties {nxt.candidate.mode} on $/day and is the simpler to run"
+                )
+                gone = [m for m in modes if m not in best]
+                no = f"; {', '.join(gone)}: no configuration meets the SLO" if gone else ""
+                row["verdict"], row["why"] = "wins", f"{vs}{no}; {diag}"
+            else:
+                row["verdict"], row["why"] = "wins", f"the only mode meeting the SLO; {diag}"
+        else:
+            extra = usd_per_day(r) - usd_per_day(winner)
+            cost = (
+                f"${extra:,.0f}/day more than {winner.candidate.mode} ({_n_gpus(_gpus(r))} against {_gpus(winner)})"
+                if extra > 0
+                else f"ties {winner.candidate.mode} on $/day ({_n_gpus(_gpus(r))}), which is the simpler to run"
+            )
+            row["verdict"], row["why"] = "loses", f"{cost}; {diag}"
+        out.append(row)
+    return out
+
+
+def frontier_lines(rows: Sequence[dict[str, Any]]) -> list[str]:
+    """The frontier for people: one line per mode, and the TTFT split of a disaggregated one."""
+    lines = ["serving modes (cheapest passing configuration per mode):"]
+    for f in rows:
+        if not f["meets_slo"]:
+            lines.append(f"  {f['mode']:<14} {f['verdict']}: {f['why']}")
+            continue
+        pools = ""
+        if f["mode"] == "disaggregated":
+            pools = f" = {f['prefill_replicas']}P + {f['decode_replicas']}D over {f['link']}"
+        lines.append(
+            f"  {f['mode']:<14} {f['replicas']}x {f['config']}{pools}: {_n_gpus(f['gpus'])}, "
+            f"${f['usd_per_day']:,.0f}/day, TTFT p99 {_ms(f['ttft_p99_s'])}, TPOT p99 {_ms(f['tpot_p99_s'])} "
+            f"-> {f['verdict']}: {f['why']}"
+        )
+        split = f.get("ttft_split_p99_s")
+        if split:
+            names = {"queue_s": "queue", "prefill_s": "prefill", "transfer_s": "transfer",
+                     "decode_queue_s": "decode queue", "first_decode_step_s": "first decode step"}  # fmt: skip
+            parts = ", ".join(f"{names.get(k, k)} {_ms(v)}" for k, v in split.items())
+            lines.append(f"  {'':<14} TTFT p99 by part: {parts}")
+    return lines
