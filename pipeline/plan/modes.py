@@ -24,8 +24,9 @@ MAX_RATIO_SIDE = 16
 #: At equal $/day the simpler mode ranks first (fewer moving parts to run): colocated, then
 #: speculative (one flag), then disaggregated (two pools, a proxy and a KV link).
 MODE_ORDER: dict[str, int] = {"colocated": 0, "speculative": 1, "disaggregated": 2}
-#: A pool whose busy share is below this share of the other pool's "idles" (the reason in words).
-IDLE_SHARE = 0.5
+#: A pool whose busy share is this much below the other pool's "idles" (the reason in words): the
+#: busier pool sets the fleet's size, and the other's replicas wait for it.
+IDLE_GAP = 0.25
 
 
 def check_modes(modes: Sequence[str]) -> tuple[str, ...]:
@@ -131,9 +132,9 @@ def _diagnosis(r: CandidateResult, won: bool) -> str:
         pb, db = ev.pools.get("prefill_busy", 0.0), ev.pools.get("decode_busy", 0.0)
         transfer = (ev.ttft_split.get("transfer_s") or {}).get("p99")
         link = f"; the KV transfer's p99 is {_ms(transfer)}" if transfer is not None else ""
-        if pb < IDLE_SHARE * db:
+        if db - pb >= IDLE_GAP:
             return f"decode-bound: a prefill pool idles (busy {_pct(pb)} against the decode pool's {_pct(db)}){link}"
-        if db < IDLE_SHARE * pb:
+        if pb - db >= IDLE_GAP:
             return f"prefill-bound: a decode pool idles (busy {_pct(db)} against the prefill pool's {_pct(pb)}){link}"
         busy = f"both pools busy (prefill {_pct(pb)}, decode {_pct(db)}){link}"
         return f"decodes never wait behind prefill chunks, {busy}" if won else busy

@@ -463,9 +463,10 @@ def _seed(demand: dict[str, float], cap: dict[str, Any], max_replicas: int) -> i
 
 def ratio_split(total: int, ratio: tuple[int, int]) -> tuple[int, int]:
     """``total`` replicas (at least 2) split into (prefill, decode) as near ``ratio`` as whole
-    replicas allow, at least one of each: prefill = round(total · p / (p + d)) within [1, total − 1]."""
+    replicas allow, at least one of each: prefill = total · p / (p + d) rounded half up, within
+    [1, total − 1]."""
     p, d = ratio
-    pre = min(max(1, round(total * p / (p + d))), total - 1)
+    pre = min(max(1, math.floor(total * p / (p + d) + 0.5)), total - 1)
     return pre, total - pre
 
 

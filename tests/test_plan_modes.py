@@ -1,0 +1,275 @@
+"""``plan --modes``: colocated, disaggregated (xPyD splits over a link) and speculative searched
+with one cost model; the frontier per mode and why the others lost, on small generated days."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import polars as pl
+import pytest
+from cli_checks import cli, one_error
+from hypothesis import given
+from hypothesis import strategies as st
+
+from pipeline.common.errors import ConfigError
+from pipeline.common.schemas import read_parquet
+from pipeline.ingest import ingest_logs
+from pipeline.ingest.store import Store
+from pipeline.plan import PlanOptions, plan
+from pipeline.plan.modes import parse_ratios, parse_speculative
+from pipeline.plan.search import disaggregated_seed, ratio_split
+from pipeline.replay.fleet import parse_fleet, resolve
+from pipeline.replay.pools import link_of_kind, parse_pooled
+from pipeline.replay.run import ReplayOptions, replay_pools, replay_prefill_decode
+
+DAY = "2025-01-15"
+#: Llama-3.1-8B in bf16 at tp 1 stores 32 layers x 8 KV heads x 128 x 2 (K, V) x 2 bytes = 131,072
+#: bytes of KV per token (docs/pools.md); the rdma link kind is 50 GB/s and 50 µs (links.toml).
+KV_BYTES_PER_TOKEN = 32 * 8 * 128 * 2 * 2
+RDMA_BYTES_PER_S, RDMA_LATENCY_S = 50e9, 50e-6
+
+
+def write_day(path: Path, kind: str, n: int, rate: float, seed: int = 0) -> list[dict[str, object]]:
+    """A Mooncake-format day (the log's own 512-token block hashes): ``agent`` requests re-send
+    one of four 4,096-token agent prompts plus 2,000-6,000 tokens of their own and answer in
+    8-40 tokens (prefill-heavy); ``chat`` requests send 100-400 tokens and answer in 300-700
+    (decode-heavy). Poisson arrivals at ``rate`` per second."""
+    rng = np.random.default_rng(seed)
+    t = np.cumsum(rng.exponential(1.0 / rate, n)) * 1000.0
+    rows: list[dict[str, object]] = []
+    nid = 10_000
+    for i in range(n):
+        if kind == "agent":
+            shared = [int(rng.integers(0, 4)) * 100 + j for j in range(8)]
+            inp, out = 4096 + int(rng.integers(2000, 6000)), int(rng.integers(8, 40))
+        else:
+            shared = []
+            inp, out = int(rng.integers(100, 400)), int(rng.integers(300, 700))
+        blocks = -(-inp // 512)
+        ids = shared + list(range(nid, nid + blocks - len(shared)))
+        nid += blocks
+        rows.append({"timestamp": int(t[i]), "input_length": inp, "output_length": out, "hash_ids": ids})
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
+    return rows
+
+
+def _store(root: Path, kind: str, n: int, rate: float) -> tuple[Store, list[dict[str, object]]]:
+    root.mkdir(parents=True, exist_ok=True)
+    rows = write_day(root / f"{kind}.jsonl", kind, n, rate)
+    store = Store(root / "store")
+    assert ingest_logs([root / f"{kind}.jsonl"], store, fmt="mooncake", date=DAY).ok
+    return store, rows
+
+
+@pytest.fixture(scope="module")
+def agent_day(tmp_path_factory: pytest.TempPathFactory) -> tuple[Store, list[dict[str, object]]]:
+    return _store(tmp_path_factory.mktemp("agent"), "agent", 2000, 10.0)
+
+
+@pytest.fixture(scope="module")
+def chat_busy(tmp_path_factory: pytest.TempPathFactory) -> tuple[Store, list[dict[str, object]]]:
+    return _store(tmp_path_factory.mktemp("chat-busy"), "chat", 3000, 100.0)
+
+
+@pytest.fixture(scope="module")
+def chat_day(tmp_path_factory: pytest.TempPathFactory) -> tuple[Store, list[dict[str, object]]]:
+    return _store(tmp_path_factory.mktemp("chat"), "chat", 2000, 20.0)
+
+
+@pytest.fixture(scope="module")
+def chat_quiet(tmp_path_factory: pytest.TempPathFactory) -> tuple[Store, list[dict[str, object]]]:
+    return _store(tmp_path_factory.mktemp("chat-quiet"), "chat", 300, 0.5)
+
+
+def _opts(slo: str, modes: tuple[str, ...], **kw: object) -> PlanOptions:
+    args: dict[str, object] = {
+        "model": "llama-3.1-8b",
+        "slo": slo,
+        "hardware": ("h100-sxm",),
+        "tp": (1,),
+        "window": "day",
+        "jobs": 1,
+        "max_replicas": 32,
+        "modes": modes,
+        "pd_ratios": ((1, 1), (2, 1)),
+    }
+    args.update(kw)
+    return PlanOptions(**args)  # type: ignore[arg-type]
+
+
+def _front(doc: dict[str, object]) -> dict[str, dict[str, object]]:
+    return {f["mode"]: f for f in doc["frontier"]}  # type: ignore[attr-defined, index]
+
+
+# -- long prompts, short outputs: disaggregation wins --------------------------------------------
+
+
+def test_agent_day_disaggregation_wins(agent_day: tuple[Store, list[dict[str, object]]], tmp_path: Path) -> None:
+    store, rows = agent_day
+    res = cli(
+        "plan", "--store", str(store.root), "--model", "llama-3.1-8b", "--slo", "ttft_p99=3s,tpot_p99=15ms",
+        "--hardware", "h100-sxm", "--tp", "1", "--window", "day", "--jobs", "1", "--max-replicas", "32",
+        "--modes", "colocated,disaggregated", "--pd-ratios", "1:1,2:1", "--link", "rdma", "--json",
+    )  # fmt: skip
+    assert res.exit_code == 0, res.stderr
+    doc = json.loads(res.stdout)
+    front = _front(doc)
+    dis, col = front["disaggregated"], front["colocated"]
+    assert dis["verdict"] == "wins" and col["verdict"] == "loses"
+    assert doc["chosen"]["mode"] == "disaggregated"
+    # colocated: prefill chunks share steps with the decodes, so TPOT needs many more replicas
+    assert dis["gpus"] < col["gpus"] and dis["usd_per_day"] < col["usd_per_day"]
+    assert dis["prefill_replicas"] + dis["decode_replicas"] == dis["replicas"] == dis["gpus"]
+    assert "more than disaggregated" in col["why"] and "tpot_p99 misses" in col["why"]
+    # the transfer's p99 is the hand-computed latency + bytes / bandwidth over the day's prompts
+    prompts = np.array([r["input_length"] for r in rows], dtype=np.float64)
+    want = np.percentile(RDMA_LATENCY_S + prompts * KV_BYTES_PER_TOKEN / RDMA_BYTES_PER_S, 99, method="inverted_cdf")
+    split = dis["ttft_split_p99_s"]
+    assert split["transfer_s"] == pytest.approx(want, rel=1e-9)
+    assert set(split) == {"queue_s", "prefill_s", "transfer_s", "decode_queue_s", "first_decode_step_s"}
+    # the chosen count is the smallest: one replica fewer (split by the same ratio) misses
+    assert doc["chosen"]["one_fewer"]["meets"] is False
+    table = read_parquet(Path(doc["plan_dir"]) / "plan.parquet", "plan").to_pylist()
+    best = next(r for r in table if r["rank"] == 1)
+    assert best["mode"] == "disaggregated" and best["ttft_transfer_p99_s"] == pytest.approx(want, rel=1e-9)
+    assert best["link"].startswith("rdma 50 GB/s")
+
+
+# -- short prompts, long outputs: it does not ----------------------------------------------------
+
+
+def test_chat_day_disaggregation_loses_decode_bound(chat_day: tuple[Store, list[dict[str, object]]]) -> None:
+    store, _ = chat_day
+    res = cli(
+        "plan", "--store", str(store.root), "--model", "llama-3.1-8b", "--slo", "ttft_p99=2s,tpot_p99=100ms",
+        "--hardware", "h100-sxm", "--tp", "1", "--window", "day", "--jobs", "1", "--max-replicas", "32",
+        "--modes", "colocated,disaggregated", "--pd-ratios", "1:1,1:2",
+    )  # fmt: skip
+    assert res.exit_code == 0, res.stderr
+    out = res.stdout
+    line = next(ln for ln in out.splitlines() if ln.strip().startswith("disaggregated"))
+    assert "-> loses:" in line and "decode-bound: a prefill pool idles" in line, out
+    assert "more than colocated" in line  # strictly dearer: one colocated replica keeps up
+    assert next(ln for ln in out.splitlines() if ln.strip().startswith("colocated")).count("-> wins:") == 1
+    assert "TTFT p99 by part: queue" in out
+
+
+# -- speculation: wins at low load, not at high load ---------------------------------------------
+
+
+def test_speculation_wins_at_low_load(chat_quiet: tuple[Store, list[dict[str, object]]]) -> None:
+    store, _ = chat_quiet
+    # 5 ms TPOT: one plain decode step of Llama-3.1-8B on an H100 is slower (a latency floor
+    # for colocated); EAGLE-3 at k = 3 advances 2.79 tokens a verification (the catalog's figure)
+    doc = plan(store, _opts("ttft_p99=2s,tpot_p99=5ms", ("colocated", "speculative"))).doc
+    front = _front(doc)
+    assert front["speculative"]["verdict"] == "wins"
+    assert front["speculative"]["tpot_p99_s"] <= 0.005
+    assert front["colocated"]["verdict"] == "no configuration meets the SLO"
+    assert "latency floor" in front["colocated"]["why"]
+    assert doc["chosen"]["config"] == "h100-sxm tp1 bf16 spec-eagle3:3"
+
+
+def test_speculation_does_not_win_at_high_load(chat_busy: tuple[Store, list[dict[str, object]]]) -> None:
+    store, _ = chat_busy
+    doc = plan(store, _opts("ttft_p99=2s,tpot_p99=40ms", ("colocated", "speculative"))).doc
+    front = _front(doc)
+    spec, col = front["speculative"], front["colocated"]
+    assert col["verdict"] == "wins" and spec["verdict"] == "loses"
+    assert spec["usd_per_day"] >= col["usd_per_day"]
+    assert "the drafts save no replica" in spec["why"]
+    assert doc["chosen"]["config"] == "h100-sxm tp1 bf16"
+
+
+# -- the default is the plan it always was -------------------------------------------------------
+
+
+def test_colocated_only_plan_has_no_mode_records(chat_quiet: tuple[Store, list[dict[str, object]]]) -> None:
+    store, _ = chat_quiet
+    loose = "ttft_p99=10s,tpot_p99=1s"
+    a = plan(store, _opts(loose, ("colocated",), pd_ratios=((1, 1),)))
+    b = plan(store, _opts(loose, ("colocated",), pd_ratios=((3, 1),), link="nvlink"))
+    assert a.plan_id == b.plan_id  # the modes' options are not part of a colocated-only plan
+    assert "frontier" not in a.doc and "modes" not in a.doc["options"]
+    assert "mode" not in a.table.column_names and "ttft_transfer_p99_s" not in a.table.column_names
+    c = plan(store, _opts(loose, ("colocated", "speculative")))
+    assert c.plan_id != a.plan_id and "mode" in c.table.column_names
+
+
+# -- the replay entry point it reuses ------------------------------------------------------------
+
+
+def test_replay_prefill_decode_equals_the_pooled_replay(chat_quiet: tuple[Store, list[dict[str, object]]]) -> None:
+    store, _ = chat_quiet
+    req = store.read_requests(DAY).head(120)
+    pooled = parse_pooled(
+        {
+            "name": "pd", "model": "llama-3.1-8b", "hardware": "h100-sxm", "link": {"kind": "rdma"},
+            "pool": [{"name": "p", "role": "prefill", "replicas": 1}, {"name": "d", "role": "decode", "replicas": 2}],
+        },
+        "test",
+    )  # fmt: skip
+    [joined_run] = replay_pools(req, pooled, ReplayOptions())
+    base = parse_fleet({"name": "x", "model": "llama-3.1-8b", "hardware": "h100-sxm"}, "test")
+    pre, dec = resolve(base.with_replicas(1), "p"), resolve(base.with_replicas(2), "d")
+    got = replay_prefill_decode(req, pre, dec, link_of_kind("rdma", "test"), ReplayOptions())
+    for name in ("arrival_s", "first_token_s", "finish_s", "scheduled_s", "reject_reason"):
+        assert np.array_equal(getattr(got.joined.result, name), getattr(joined_run.result, name), equal_nan=True)
+    assert np.array_equal(got.work.output_tokens, req.get_column("output_tokens").cast(pl.Int64).to_numpy())
+
+
+# -- the split and the bound ---------------------------------------------------------------------
+
+
+@given(st.integers(2, 600), st.integers(1, 16), st.integers(1, 16))
+def test_ratio_split_keeps_both_pools_and_the_ratio(total: int, p: int, d: int) -> None:
+    pre, dec = ratio_split(total, (p, d))
+    assert pre + dec == total and pre >= 1 and dec >= 1
+    exact = total * p / (p + d)
+    if 1 <= round(exact) <= total - 1:
+        assert abs(pre - exact) <= 0.5
+
+
+def test_disaggregated_seed_gives_each_pool_its_need() -> None:
+    demand = {"fresh_min_tokens_per_s": 25_000.0, "output_tokens_per_s": 900.0}
+    cap = {"prefill_tokens_per_s": 10_000.0, "decode_tokens_per_s": 1_000.0}
+    # prefill needs 3 replicas, decode 1: at 1:1 the smallest total giving 3 prefill is 5 (3 + 2)
+    assert disaggregated_seed(demand, cap, (1, 1), 64) == 5
+    assert disaggregated_seed(demand, cap, (3, 1), 64) == 4
+    assert disaggregated_seed(demand, cap, (1, 1), 3) == 3  # never past --max-replicas
+    assert disaggregated_seed({**demand, "fresh_min_tokens_per_s": float("inf")}, cap, (1, 1), 8) == 8
+
+
+# -- hostile flags: one line ---------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("flag", "value", "needle"),
+    [
+        ("--modes", "foo", "--modes: unknown mode 'foo'"),
+        ("--modes", ",", "--modes: give at least one"),
+        ("--pd-ratios", "0:1", "--pd-ratios '0:1'"),
+        ("--pd-ratios", "1:nan", "--pd-ratios '1:nan'"),
+        ("--pd-ratios", "1:1e300", "--pd-ratios '1:1e300'"),
+        ("--pd-ratios", "2", "--pd-ratios '2'"),
+        ("--link", "warp", "--link: unknown link kind 'warp'"),
+        ("--speculative", "eagle3:0", "--speculative 'eagle3:0'"),
+        ("--speculative", "medusa:3", "--speculative 'medusa:3'"),
+        ("--speculative", "draft_model:3", "draft_model needs its draft"),
+    ],
+)
+def test_hostile_mode_flags_are_one_line(tmp_path: Path, flag: str, value: str, needle: str) -> None:
+    res = cli("plan", "--store", str(tmp_path), "--model", "llama-3.1-8b", "--modes", "colocated,disaggregated",
+              flag, value)  # fmt: skip
+    one_error(res, needle)
+
+
+def test_parsers_refuse_in_the_library() -> None:
+    assert parse_ratios("1:2, 2:4 ,3:1") == ((1, 2), (3, 1))  # 2:4 is 1:2
+    assert parse_speculative("ngram:5") == ("ngram", 5)
+    with pytest.raises(ConfigError, match="--modes: unknown mode"):
+        PlanOptions(model="llama-3.1-8b", modes=("colocated", "pd"))
+    with pytest.raises(ConfigError, match="--pd-ratios"):
+        PlanOptions(model="llama-3.1-8b", pd_ratios=((0, 1),))
