@@ -986,6 +986,19 @@ PLAN: Spec = {
         st.sampled_from(["h100-sxm=2.5", "h200=0"]),
         _bad("h100-sxm=-1", "h100-sxm=nan", "=", "x", "h100-sxm=inf"),
     ),
+    "--modes": (
+        st.sampled_from(["colocated", "colocated,speculative", "disaggregated", "speculative,colocated"]),
+        _bad("foo", "", ",", "colocated,pd", "Colocated"),
+    ),
+    "--pd-ratios": (
+        st.sampled_from(["1:1", "1:2,2:1", "2:4"]),
+        _bad("0:1", "1:0", "-1:2", "1:17", "1:nan", "1:1e300", "2", ":", "", "1:2:3"),
+    ),
+    "--link": (st.sampled_from(["rdma", "nvlink", "ethernet"]), _bad("warp", "", "RDMA", "../links")),
+    "--speculative": (
+        st.sampled_from(["eagle3:3", "ngram:5", "eagle:2"]),
+        _bad("eagle3:0", "eagle3:17", "medusa:3", "draft_model:3", "eagle3", ":", "eagle3:nan", ""),
+    ),
 }
 
 

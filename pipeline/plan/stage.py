@@ -709,7 +709,10 @@ def _chosen_doc(r: CandidateResult) -> dict[str, Any]:
         # unit_costs_note / unit_costs_flag say when its unit costs are not valid
         "replay_period": ev.period if ev else None,
         "achieved": ev.achieved if ev else None,
-        "one_fewer": asdict(fewer) if fewer else None,
+        # a colocated replay has no pools or TTFT split: left out, so its plan.json is as it was
+        "one_fewer": {k: v for k, v in asdict(fewer).items() if v or k not in ("pools", "ttft_split")}
+        if fewer
+        else None,
         "sizing": r.sizing,
         "cost_per_day": r.cost_rows,
         "day_tokens": r.day_tokens,
