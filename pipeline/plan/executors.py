@@ -56,5 +56,7 @@ def _progress_line(r: CandidateResult) -> str:
         return f"  {r.candidate.label}: does not fit ({r.note})"
     if r.replicas is None:
         return f"  {r.candidate.label}: SLO not met ({r.note}); {len(r.evaluations)} replays"
-    line = f"  {r.candidate.label}: {r.replicas} replicas after {len(r.evaluations)} replays"
+    pools = r.chosen.pools if r.chosen is not None else {}
+    split = f" ({pools['prefill_replicas']}P + {pools['decode_replicas']}D)" if pools else ""
+    line = f"  {r.candidate.label}: {r.replicas} replicas{split} after {len(r.evaluations)} replays"
     return f"{line}; {r.note}" if r.note else line
