@@ -398,6 +398,9 @@ def test_the_cost_stack_counts_electricity_only_for_owned_gpus(replayed_store: t
     def line(doc: dict[str, object], key: str) -> dict[str, float | str]:
         return next(x for x in doc["lines"] if x["line"] == key)  # type: ignore[attr-defined, index]
 
+    doc = json.loads(CliRunner().invoke(main, ["cost", "--store", root, "--json"]).stdout)
+    assert doc["energy"]["electricity_usd"] == pytest.approx(usd, rel=1e-12)  # cost --json carries the energy
+    assert doc["energy"]["gpu_kwh"] == pytest.approx(energy["gpu_kwh"], rel=1e-12)
     off = stack()
     assert line(off, "electricity")["usd"] == 0.0
     assert str(line(off, "electricity")["basis"]).startswith("not counted (a cloud GPU-hour price pays for the power")

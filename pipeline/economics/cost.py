@@ -491,6 +491,8 @@ class CostResult:
     replacement: tuple[dict[str, Any], ...] = ()
     #: The fleet file whose [cost] table gave the stack's inputs (None: none read).
     inputs_file: str | None = None
+    #: What the run's GPUs drew (pipeline/economics/energy.py ``RunEnergy.to_dict``), over the same period.
+    energy: dict[str, Any] | None = None
 
     def to_dict(self) -> dict[str, Any]:
         g = self.gpu
@@ -518,6 +520,7 @@ class CostResult:
             "catalog_source": self.catalog_source,
             **({"cost_stack": self.stack.to_dict()} if self.stack is not None else {}),
             "cost_inputs_file": self.inputs_file,
+            **({"energy": self.energy} if self.energy is not None else {}),
             "replacement": [{**r, "break_even_valid": valid, "blended_valid": valid} for r in self.replacement],
             **(
                 {"pools": [_pool_cost_dict(name, part, valid) for name, part in g.pools]}
@@ -757,11 +760,13 @@ def replacement_rows(
     return tuple(out)
 
 
-def electricity_line(run_dir: Path, config: Mapping[str, Any], counted: bool, period_s: float) -> CostLine:
+def electricity_line(
+    run_dir: Path, config: Mapping[str, Any], counted: bool, period_s: float
+) -> tuple[CostLine, dict[str, Any]]:
     """The stack's ``electricity`` line: the run's facility energy (GPU board energy × PUE,
     pipeline/economics/energy.py) at the fleet's ``[energy]`` price, over the period of record —
     counted when ``counted`` (owned GPUs), else shown at $0 with what it would be (a cloud
-    GPU-hour price already pays for the power)."""
+    GPU-hour price already pays for the power). Also returns the run's energy (``RunEnergy.to_dict``)."""
     from pipeline.economics.energy import run_energy  # lazy: the power models, read only when a cost is made
 
     energy = run_energy(run_dir, config).to_dict()
@@ -771,13 +776,13 @@ def electricity_line(run_dir: Path, config: Mapping[str, Any], counted: bool, pe
         basis += f"; no power model for {', '.join(energy['missing_power'])} (not counted)"
     rate = usd * 3600.0 / period_s if period_s > 0 and math.isfinite(period_s) else 0.0
     if counted:
-        return CostLine("electricity", basis, rate)
+        return CostLine("electricity", basis, rate), energy
     return CostLine(
         "electricity",
         f"not counted (a cloud GPU-hour price pays for the power; [cost] electricity = true or --electricity "
         f"for owned GPUs): {basis} = ${usd:,.2f}",
         0.0,
-    )
+    ), energy
 
 
 def run_cost(
@@ -863,11 +868,12 @@ def run_cost(
     if pools[0].name is not None:  # a fleet of pools
         gpu = PooledGpuCost(tuple((str(name), part) for name, part in parts))
     tokens = gpu.tokens
+    electricity, energy = electricity_line(run_dir, config, inputs.electricity, span)
     stack = build_stack(
         [PoolGpus(name, g.gpus, n, g.usd_per_gpu_hour) for (name, g), n in zip(parts, per_replica, strict=True)],
         inputs,
         span,
-        [electricity_line(run_dir, config, inputs.electricity, span)],
+        [electricity],
     )
     api_rows = api_cost_rows(run_id, tokens, prices, stack.total_usd, span)
     out_dir = store.cost_dir(run_id)
@@ -890,7 +896,7 @@ def run_cost(
     warnings = tuple(str(w) for w in found) if isinstance(found, list) else ()
     replacement = replacement_rows(stack, tokens, prices, api_rows, run_model(config))
     result = CostResult(
-        run_id, gpu, api_rows, out_dir, catalog_source, warnings, period, stack, replacement, inputs_file
+        run_id, gpu, api_rows, out_dir, catalog_source, warnings, period, stack, replacement, inputs_file, energy
     )
     with store.lock():
         write_parquet(pa.Table.from_pylist(gpu_rows), out_dir / "gpu_cost.parquet", "plan_gpu_cost")
