@@ -14,6 +14,7 @@ Poisson arrivals, a 16-replica fleet of Llama-3.1-8B on H100 (KV capacity from m
     python benchmarks/replay.py --disagg 6:10                        # 6 prefill + 10 decode replicas
                                                         # (KV over 50 GB/s RDMA, 50 us per transfer)
     python benchmarks/replay.py --speculative eagle3:3               # speculation off, then on
+    python benchmarks/replay.py --offload 200                        # agent sessions, cpu KV tier off, then on
 
 The engine is pipeline/engine/jit.py, the one the replay stage uses (``--reference N`` times the
 per-step reference, the tests' oracle, on N requests). ``linear`` is the affine stand-in cost of
@@ -25,7 +26,12 @@ before timing (its wall time is printed too). ``--disagg P:D`` times the disaggr
 instead (docs/pools.md, "Disaggregated prefill/decode"): P prefill replicas replay every request
 with one output token, pipeline.replay.pools.hand_off moves them over the link, D decode
 replicas decode them, and join_disaggregated makes one row per request; the rate counts the
-requests over the wall time of all four.
+requests over the wall time of all four. ``--offload GB`` times the KV offload tier instead
+(FLEET.toml ``[kv_offload]``, docs/accounting.md "KV offload tiers") on agent-session traffic
+(sessions of 1–6 turns minutes apart, each turn re-sending its session's context, every request
+keyed to its session, ``session_affinity``): the same day replayed without the tier, then with a
+``cpu`` tier of GB per replica, the rate of the second counting the pre-pass
+(pipeline.replay.offload.plan_offload), the engine and putting the results back in the day's order.
 """
 
 from __future__ import annotations
@@ -98,7 +104,17 @@ def main() -> None:
         help="also replay with speculative decoding (FLEET.toml [speculative] method and num_speculative_tokens, "
         "acceptance from the catalog), after the same replay without, and print both rates",
     )
+    ap.add_argument(
+        "--offload",
+        type=float,
+        default=None,
+        metavar="GB",
+        help="agent-session traffic replayed without, then with, a cpu KV offload tier of GB per replica",
+    )
     args = ap.parse_args()
+    if args.offload is not None:
+        offload(args)
+        return
     if args.disagg is not None:
         disagg(args)
         return
@@ -245,6 +261,105 @@ def disagg(args: argparse.Namespace) -> None:
     load = os.getloadavg()[0]
     print(f"CPU                 {cpu:,.2f} s = {n / cpu:,.0f} requests per CPU-s (load average {load:.1f})")
     print(f"peak RSS            {rss:,.2f} GiB")
+
+
+def agent_sessions(n: int, rate: float, rng: np.random.Generator) -> Workload:
+    """``n`` requests of agent sessions arriving at ``rate`` requests per second: sessions of 1–6
+    turns (mean 3.5) start as a Poisson process; turn k arrives a think time (exponential, mean
+    300 s: a tool call or a person) after turn k − 1; its prompt re-sends turn k − 1's prompt and
+    answer plus a new message, so its prefix chain (one hash per full 16-token block, unique to
+    its session and position) extends the previous turn's. First prompts are lognormal (median
+    400 tokens: system prompt and tools), messages median 100, answers median 129."""
+    turns = rng.integers(1, 7, n)
+    turns = turns[: int(np.searchsorted(np.cumsum(turns), n)) + 1]
+    turns[-1] -= int(turns.sum()) - n
+    turns = turns[turns > 0]
+    s = turns.shape[0]
+    session = np.repeat(np.arange(s, dtype=np.int64), turns)
+    first = np.concatenate([[0], np.cumsum(turns)[:-1]])
+    k = np.arange(n, dtype=np.int64) - first[session]  # turn index within the session
+    start = np.cumsum(rng.exponential(turns.mean() / rate, s))
+    think = np.where(k > 0, rng.exponential(300.0, n), 0.0)
+    arrival = start[session] + np.cumsum(think) - np.cumsum(think)[first][session]
+    output = np.clip(rng.lognormal(np.log(129), 0.9, n), 1, 2000).astype(np.int64)
+    added = np.where(k == 0, rng.lognormal(np.log(400), 0.6, n), rng.lognormal(np.log(100), 0.8, n))
+    added = np.clip(added, 1, 8000).astype(np.int64)
+    added[k > 0] += output[np.flatnonzero(k > 0) - 1]  # the previous turn's answer
+    csum = np.cumsum(added)
+    prompt = (csum - (csum[first] - added[first])[session]).astype(np.int64)
+    order = np.argsort(arrival, kind="stable")
+    arrival, prompt, output, session = arrival[order], prompt[order], output[order], session[order]
+    blocks = prompt // 16
+    offsets = np.concatenate([[0], np.cumsum(blocks)]).astype(np.int64)
+    h = np.empty(int(offsets[-1]), np.uint64)
+    for a in range(0, n, 65536):  # in slices: the temporaries stay small beside the chains
+        b = min(a + 65536, n)
+        lo, hi = int(offsets[a]), int(offsets[b])
+        pos = np.arange(lo, hi, dtype=np.int64) - np.repeat(offsets[a:b], blocks[a:b])
+        x = (np.repeat(session[a:b], blocks[a:b]) << 24) + pos
+        x = x.astype(np.uint64)
+        h[lo:hi] = (x ^ (x >> np.uint64(31))) * np.uint64(0x9E3779B97F4A7C15)  # distinct per (session, block)
+    return Workload(
+        arrival_s=arrival - arrival[0],
+        prompt_tokens=prompt,
+        output_tokens=output,
+        chain_hashes=h,
+        chain_offsets=offsets,
+        affinity=session,
+    )
+
+
+def offload(args: argparse.Namespace) -> None:
+    """The KV offload tier's rate: agent sessions replayed without the tier, then with it."""
+    from pipeline.replay.offload import plan_offload
+
+    spec_dict = {
+        "name": "bench",
+        "model": args.model,
+        "hardware": args.hardware,
+        "replicas": args.replicas,
+        "router": "session_affinity",
+        "engine": {"max_model_len": 131072, "enable_prefix_caching": True},
+        "kv_offload": {"kind": "cpu", "capacity_gb": args.offload},
+    }
+    fleet = resolve(parse_fleet(spec_dict, "bench"))
+    tier = fleet.config.kv_offload
+    assert tier is not None
+    cost = LinearCost(a=2.3e-3, b=7e-5, c=2e-10, d=2e-5, e=1.5e-8)
+    rng = np.random.default_rng(0)
+    n = args.requests
+    rate = args.rate if args.rate is not None else 6.0 * fleet.ranks
+    t0 = time.perf_counter()
+    work = agent_sessions(n, rate, rng)
+    t_gen = time.perf_counter() - t0
+    spec = FleetSpec(replicas=fleet.ranks, scheduler=fleet.scheduler, router="session_affinity")
+    simulate_jit(Workload(arrival_s=work.arrival_s[:10], prompt_tokens=work.prompt_tokens[:10],
+                          output_tokens=work.output_tokens[:10]), spec, cost)  # fmt: skip
+    t0, c0 = time.perf_counter(), time.process_time()
+    off = simulate_jit(work, spec, cost, StepLog(capacity=1024))
+    wall_off, cpu_off = time.perf_counter() - t0, time.process_time() - c0
+    t0, c0 = time.perf_counter(), time.process_time()
+    plan = plan_offload(work, spec, tier, fleet.memory.kv_bytes_per_token, fleet.deployment.gpus, fleet.config.dp)
+    t1 = time.perf_counter()
+    assert plan is not None
+    res = plan.restore(simulate_jit(plan.work, spec, cost, StepLog(capacity=1024)))
+    wall_on, cpu_on = time.perf_counter() - t0, time.process_time() - c0
+    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024**2
+    loads = plan.offload_hit_tokens > 0
+    print(f"requests            {n:,} agent-session turns ({int(work.affinity.max()) + 1:,} sessions) on "  # type: ignore[union-attr]
+          f"{args.replicas} replicas, session_affinity, cost linear (generated in {t_gen:.2f} s)")  # fmt: skip
+    print(f"model               {args.model} on {args.hardware}; GPU tier {fleet.scheduler.num_gpu_blocks * 16:,} "
+          f"tokens a replica; mean prompt {work.prompt_tokens.mean():,.0f} tokens")  # fmt: skip
+    print(f"simulated span      {np.nanmax(off.finish_s):,.0f} s at {rate:.1f} req/s offered")
+    print(f"tier off            {n / wall_off:,.0f} requests per wall-s ({wall_off:,.2f} s), "
+          f"{n / cpu_off:,.0f} per CPU-s; "
+          f"mean TTFT {np.mean(off.first_token_s - off.arrival_s) * 1e3:,.1f} ms")  # fmt: skip
+    print(f"tier on ({tier.capacity_gb:g} GB cpu) {n / wall_on:,.0f} requests per wall-s ({wall_on:,.2f} s: "
+          f"pre-pass {t1 - t0:.2f}), {n / cpu_on:,.0f} per CPU-s; "
+          f"mean TTFT {np.mean(res.first_token_s - res.arrival_s) * 1e3:,.1f} ms")  # fmt: skip
+    print(f"lower-tier hits     {int(loads.sum()):,} requests loaded {int(plan.offload_hit_tokens.sum()):,} tokens "
+          f"({float(plan.load_s.sum()):,.1f} s of loads, routing {plan.routing})")  # fmt: skip
+    print(f"peak RSS            {rss:,.2f} GiB (load average {os.getloadavg()[0]:.1f})")
 
 
 if __name__ == "__main__":
