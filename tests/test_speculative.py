@@ -186,3 +186,30 @@ def test_the_replay_command_says_speculation_and_its_tokens_per_step(tmp_path: P
     assert "spec.toml [speculative]: acceptance must be a probability in [0, 1], got nan" in bad.stderr
     assert len(bad.stderr.strip().splitlines()) == 1
     assert config["resolved"]["fleet"]["speculative"] == {"method": "eagle3", "num_speculative_tokens": 3}
+
+
+def test_the_drafter_takes_its_weights_and_kv_from_the_cache() -> None:
+    """vLLM loads the drafter beside the target and sizes one KV cache for both: the pool loses the
+    drafter's weights and every token of context costs the target's KV bytes plus the drafter's.
+    By hand from the same fleet without speculation: an EAGLE-3 head counted as one decoder layer
+    of Llama-3.1-8B (weights / 32, KV / 32), a Qwen3-0.6B draft model as its own weights and KV;
+    n-gram drafting (on the CPU) changes nothing. A fleet without a drafter records no draft keys."""
+    from pipeline.catalog import load_model
+    from pipeline.costmodel.fit import kv_bytes_per_token, weights_bytes_per_gpu
+
+    plain = _fleet()
+    m, bs = plain.memory, plain.memory.block_size
+    assert m.draft_weights_bytes_per_gpu == 0.0 and "draft_kv_bytes_per_token" not in plain.to_dict()["memory"]
+    head = _fleet({"method": "eagle3", "num_speculative_tokens": 3})
+    w, kv = m.weights_bytes_per_gpu / 32, m.kv_bytes_per_token / 32
+    assert head.memory.draft_weights_bytes_per_gpu == pytest.approx(w) and head.memory.draft_kv_bytes_per_token == kv
+    assert head.memory.kv_capacity_blocks == int((m.kv_pool_bytes_per_gpu - w) // ((m.kv_bytes_per_token + kv) * bs))
+    assert head.memory.kv_capacity_blocks < m.kv_capacity_blocks
+    small = load_model("qwen3-0.6b")
+    dm = _fleet({"method": "draft_model", "model": "qwen3-0.6b", "num_speculative_tokens": 3, "acceptance": 0.6})
+    dw = weights_bytes_per_gpu(plain.deployment.__class__(model=small, hardware=plain.deployment.hardware))
+    dkv = kv_bytes_per_token(small, "bf16", 1)
+    assert dm.memory.draft_weights_bytes_per_gpu == pytest.approx(dw) and dm.memory.draft_kv_bytes_per_token == dkv
+    assert dm.memory.kv_capacity_blocks == int((m.kv_pool_bytes_per_gpu - dw) // ((m.kv_bytes_per_token + dkv) * bs))
+    ngram = _fleet({"method": "ngram", "num_speculative_tokens": 4, "mean_accepted_tokens": 1.6})
+    assert ngram.memory.kv_capacity_blocks == m.kv_capacity_blocks

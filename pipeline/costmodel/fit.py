@@ -423,6 +423,10 @@ class MemoryFit:
     cuda_graph_bytes_per_gpu: float = 0.0
     vllm_version: str = DEFAULT_VLLM_VERSION
     suggestions: list[str] = field(default_factory=list)
+    #: A speculative drafter's share (:class:`DraftMemory`; 0 without one): its weights come off
+    #: the KV pool, its KV bytes per token join the target's in every sequence's footprint.
+    draft_weights_bytes_per_gpu: float = 0.0
+    draft_kv_bytes_per_token: float = 0.0
     _model_spec: ModelSpec | None = field(default=None, compare=False, repr=False)
 
     def sequence_kv_bytes(self, context: int) -> float:
@@ -430,7 +434,11 @@ class MemoryFit:
         if self._model_spec is None:
             raise ConfigError("MemoryFit lacks its model spec")
         stage = math.ceil(self._model_spec.num_layers / self.pp) / self._model_spec.num_layers
-        return stage * sequence_kv_bytes(self._model_spec, context, self.kv_dtype, self.tp, self.block_size)
+        padded = math.ceil(context / self.block_size) * self.block_size
+        return (
+            stage * sequence_kv_bytes(self._model_spec, context, self.kv_dtype, self.tp, self.block_size)
+            + self.draft_kv_bytes_per_token * padded
+        )
 
     def max_concurrent_seqs(self, context: int) -> int:
         """How many sequences of ``context`` tokens the KV pool holds at once (not capped by
@@ -464,6 +472,17 @@ def fit_capacity_text(f: MemoryFit) -> str:
     )
 
 
+@dataclass(frozen=True)
+class DraftMemory:
+    """What a speculative drafter adds to each GPU of a replica (vLLM loads it beside the target
+    and sizes one KV cache for both): its weights, and its KV bytes per token of context."""
+
+    weights_bytes_per_gpu: float = 0.0
+    kv_bytes_per_token: float = 0.0
+    #: What it is, for messages ("eagle3 head: one decoder layer of llama-3.1-8b").
+    what: str = ""
+
+
 def _core(
     dep: Deployment,
     util: float,
@@ -472,6 +491,7 @@ def _core(
     max_num_seqs: int,
     max_batched: int,
     vllm_version: str = DEFAULT_VLLM_VERSION,
+    draft: DraftMemory | None = None,
 ) -> MemoryFit:
     m, hw = dep.model, dep.hardware
     total = cuda_total_bytes(hw)
@@ -481,15 +501,18 @@ def _core(
     non_torch = non_torch_bytes_per_gpu(dep.tp, vllm_version, hw.extra_reserved_bytes, hw.link_kind)
     graphs = cuda_graph_bytes_per_gpu(vllm_version)
     frag = FRAGMENTATION_FRACTION * act
-    pool = budget - weights - act - non_torch - graphs - frag  # "Available KV cache memory"
+    d = draft or DraftMemory()
+    pool = budget - weights - d.weights_bytes_per_gpu - act - non_torch - graphs - frag  # "Available KV cache memory"
     stage = _stage_layers(dep) / m.num_layers
     bpt = kv_bytes_per_token(m, dep.kv_dtype, dep.tp) * stage
     wbpt = kv_window_bytes_per_token(m, dep.kv_dtype, dep.tp) * stage
     # Tokens of context the pool holds when every sequence is `context` long: window layers
     # cost wbpt for min(context, W) of those tokens. Without window layers this is vLLM's
     # num_blocks = available // (block_size · bytes per token of one layer) // layers.
-    seq = stage * sequence_kv_bytes(m, context, dep.kv_dtype, dep.tp, block_size)
-    per_token_eff = seq / (math.ceil(context / block_size) * block_size)
+    # (a drafter's layers hold KV for every token of context too: vLLM sizes one cache for both)
+    padded = math.ceil(context / block_size) * block_size
+    seq = stage * sequence_kv_bytes(m, context, dep.kv_dtype, dep.tp, block_size) + d.kv_bytes_per_token * padded
+    per_token_eff = seq / padded
     tokens = int(max(pool, 0.0) // per_token_eff) if per_token_eff > 0 else 0
     blocks = tokens // block_size
     tokens = blocks * block_size
@@ -524,6 +547,8 @@ def _core(
         non_torch_bytes_per_gpu=non_torch,
         cuda_graph_bytes_per_gpu=graphs,
         vllm_version=vllm_version,
+        draft_weights_bytes_per_gpu=d.weights_bytes_per_gpu,
+        draft_kv_bytes_per_token=d.kv_bytes_per_token,
         _model_spec=m,
     )
 
@@ -565,6 +590,7 @@ def _suggest(
     base: MemoryFit,
     vllm_version: str = DEFAULT_VLLM_VERSION,
     fleet: bool = False,
+    draft: DraftMemory | None = None,
 ) -> list[str]:
     """Concrete changes that make the deployment fit, each checked by re-running the fit; worded
     as ``rooftrace fit`` options, or with ``fleet`` as FLEET.toml keys (:func:`_setting`)."""
@@ -576,14 +602,14 @@ def _suggest(
             candidate = replace(dep, **changes)
         except ConfigError:
             return None
-        return _core(candidate, util, context, block_size, max_num_seqs, max_batched, vllm_version)
+        return _core(candidate, util, context, block_size, max_num_seqs, max_batched, vllm_version, draft)
 
     if base.activation_bytes_per_gpu > base.weights_bytes_per_gpu:
         # the token budget's activation outweighs the weights: a smaller budget is the fix (more
         # GPUs barely help: the sampler's logits are gathered on every TP rank). The largest
         # budget that fits, with max_num_seqs at most the budget (vLLM refuses more).
         def at(tokens: int) -> MemoryFit:
-            return _core(dep, util, context, block_size, min(max_num_seqs, tokens), tokens, vllm_version)
+            return _core(dep, util, context, block_size, min(max_num_seqs, tokens), tokens, vllm_version, draft)
 
         lo, hi = 0, max_batched - 1
         while lo < hi:
@@ -643,7 +669,7 @@ def _suggest(
         if lo >= block_size:
             out.append(f"shorter context: {_setting('--context', lo, fleet)} fits (one sequence)")
     if util < 0.95:
-        got = _core(dep, 0.95, context, block_size, max_num_seqs, max_batched, vllm_version)
+        got = _core(dep, 0.95, context, block_size, max_num_seqs, max_batched, vllm_version, draft)
         if got.fits:
             out.append(f"higher {_setting('--gpu-memory-utilization', 0.95, fleet)} fits")
     for name in list_hardware():
@@ -670,6 +696,7 @@ def fit(
     max_num_batched_tokens: int = DEFAULT_MAX_NUM_BATCHED_TOKENS,
     vllm_version: str = DEFAULT_VLLM_VERSION,
     fleet_keys: bool = False,
+    draft: DraftMemory | None = None,
 ) -> MemoryFit:
     """Plan the memory of one replica; when it does not fit, say by how much and what would
     (``suggestions``: as ``rooftrace fit`` options, or with ``fleet_keys`` as the FLEET.toml
@@ -694,11 +721,13 @@ def fit(
             f"context {ctx:,} is longer than {dep.model.name}'s maximum ({dep.model.max_position_embeddings:,} "
             "tokens, max_position_embeddings); vLLM refuses it"
         )
-    base = _core(dep, gpu_memory_utilization, ctx, block_size, max_num_seqs, max_num_batched_tokens, vllm_version)
+    base = _core(
+        dep, gpu_memory_utilization, ctx, block_size, max_num_seqs, max_num_batched_tokens, vllm_version, draft
+    )
     if base.fits:
         return base
     tips = _suggest(
         dep, gpu_memory_utilization, ctx, block_size, max_num_seqs, max_num_batched_tokens, base, vllm_version,
-        fleet=fleet_keys,
+        fleet=fleet_keys, draft=draft,
     )  # fmt: skip
     return replace(base, suggestions=tips)

@@ -80,9 +80,12 @@ from pipeline.costmodel.fit import (
     DEFAULT_VLLM_VERSION,
     MAX_BATCH,
     VLLM_BLOCK_SIZES,
+    DraftMemory,
     MemoryFit,
     fit,
+    kv_bytes_per_token,
     parse_vllm_version,
+    weights_bytes_per_gpu,
 )
 from pipeline.costmodel.model import CostModel
 from pipeline.costmodel.profile.tables import list_profiles, no_profile_message, profile_for
@@ -812,7 +815,10 @@ class ResolvedFleet:
         mem = {
             f.name: getattr(self.memory, f.name)
             for f in fields(self.memory)
-            if not f.name.startswith("_") and f.name != "suggestions"
+            if not f.name.startswith("_")
+            and f.name != "suggestions"
+            # (a fleet without a drafter records what it always did: its run id stays)
+            and not (f.name.startswith("draft_") and getattr(self.memory, f.name) == 0.0)
         }
         return {
             "fleet": self.config.to_dict(),
@@ -921,6 +927,34 @@ class ResolvedFleet:
             k=sd.num_speculative_tokens, mean_accepted=accepted[0], draft_pass_s=pass_s, draft_ctx_s=ctx_s,
             method=sd.method,
         )  # fmt: skip
+
+
+def _draft_memory(cfg: FleetConfig, dep: Deployment) -> DraftMemory | None:
+    """What ``[speculative]``'s drafter adds to each GPU of a replica (vLLM loads it beside the
+    target and sizes one KV cache for both): a draft model's own weights and KV per token, on the
+    target's GPUs, dtypes and tensor parallelism; an EAGLE / EAGLE-3 head or the MTP module as one
+    decoder layer of the target (its weights and KV per token over the target's layers: the head's
+    input projection and any draft vocabulary are left out); n-gram drafting nothing (on the CPU)."""
+    sd = cfg.speculative
+    if sd is None or sd.method == "ngram":
+        return None
+    if sd.method == "draft_model":
+        assert sd.model is not None
+        try:
+            draft = replace(dep, model=load_model(sd.model))
+        except ConfigError as exc:
+            raise ConfigError(f"[speculative] model: {exc}") from None
+        return DraftMemory(
+            weights_bytes_per_gpu(draft),
+            kv_bytes_per_token(draft.model, dep.kv_dtype, dep.tp),
+            f"draft model {sd.model}",
+        )
+    layers = dep.model.num_layers
+    return DraftMemory(
+        weights_bytes_per_gpu(dep) / layers,
+        kv_bytes_per_token(dep.model, dep.kv_dtype, dep.tp) / layers,
+        f"{sd.method} head: one decoder layer of {dep.model.name}",
+    )
 
 
 def _draft_fleet(fleet: ResolvedFleet, model: str) -> ResolvedFleet:
@@ -1044,6 +1078,7 @@ def _resolve(cfg: FleetConfig, origin: str, entries: Mapping[str, str] | None) -
         max_num_batched_tokens=tokens,
         vllm_version=eng.vllm_version or DEFAULT_VLLM_VERSION,
         fleet_keys=True,  # its suggestions name this file's keys, not rooftrace fit's options
+        draft=_draft_memory(cfg, dep),
     )
     override = eng.num_gpu_blocks_override
     blocks = override if override is not None else mem.kv_capacity_blocks
