@@ -106,6 +106,9 @@ def cost_cmd(
     period = doc["day_projection"]
     over = period if doc["period_basis"] == "makespan" else f"the period of record ({period})"
     gpus = f"{doc['gpus']}x {doc['hardware']}"
+    scaled = doc.get("autoscale")
+    if scaled:  # an autoscaled fleet: what it provisioned, beside max_replicas all the period
+        gpus = f"{scaled['mean_gpus']:.2f} {doc['hardware']} GPUs on average (autoscaled, at most {doc['gpus']})"
     if doc.get("pools"):  # a fleet of pools: each pool's GPUs at its own price, then the sum
         gpus = f"{doc['gpus']} GPUs (" + " + ".join(f"{p['gpus']}x {p['hardware']}" for p in doc["pools"]) + ")"
         for p in doc["pools"]:
@@ -119,6 +122,13 @@ def cost_cmd(
         f"busy {doc['utilization']:.0%} of the time, "
         f"idle ${doc['idle_usd']:,.2f}"
     )
+    if scaled:
+        click.echo(
+            f"  autoscaled: {scaled['provisioned_gpu_hours']:,.2f} GPU-h provisioned, "
+            f"${scaled['autoscaled_usd']:,.2f}; "
+            f"static at {doc['gpus']} GPUs all the period: {scaled['static_gpu_hours']:,.2f} GPU-h, "
+            f"${scaled['static_usd']:,.2f}"
+        )
     for r in doc["token_classes"]:
         if r["token_class"] == "idle":
             continue

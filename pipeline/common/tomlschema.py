@@ -264,6 +264,28 @@ class FleetEnergyTable(_Table):
     pue: float = _opt("the facility's power usage effectiveness, in [1, 5] (default 1.56)")
 
 
+class AutoscaleTable(_Table):
+    """``[autoscale]``: the live replicas follow a policy (pipeline/replay/autoscale.py)."""
+
+    min_replicas: int = _req("fewest replicas live, >= 1")
+    max_replicas: int = _req("most replicas (the engine's fleet; replicas, if set, must equal it)")
+    signal: str = _req(
+        "what drives it: busy share, waiting requests per live replica, KV occupancy, or a schedule",
+        enum=["utilisation", "queue", "kv", "schedule"],
+    )
+    scale_up_at: float = _opt("a signal above this at a window's end adds replicas")
+    scale_down_at: float = _opt("a signal below this at a window's end retires one replica")
+    window_s: float = _opt("decision interval, seconds (default 60)")
+    cooldown_s: float = _opt("no decision within this many seconds of the last change (default 0)")
+    schedule: list[list[float]] = _opt("signal = 'schedule': [[hour after the first arrival, replicas], ...]")
+    initial_replicas: int = _opt("replicas live when the day starts (default min_replicas)")
+    storage: str = _opt("where weights are read from: a kind of pipeline/catalog/autoscale.toml")
+    load_gb_s: float = _opt("GB/s the replica's weights are read at (default: the storage kind's)")
+    engine_start_s: float = _opt("seconds to a ready engine, weights and CUDA graphs aside (default 41)")
+    cuda_graph_s: float = _opt("seconds of CUDA graph capture (default 17; 0 with --enforce-eager)")
+    max_passes: int = _opt("replays of the control loop at most (default 8)")
+
+
 class FleetFile(_Table):
     """FLEET.toml: N identical replicas of one model on one GPU type behind a router."""
 
@@ -299,6 +321,7 @@ class FleetFile(_Table):
     )
     cost: CostTable = _opt("the full cost's stated inputs: purchase model, N+k, overheads, margin")
     energy: FleetEnergyTable = _opt("electricity price and PUE of the energy figures")
+    autoscale: AutoscaleTable = _opt("the live replicas follow a policy between min and max")
 
 
 class PoolMatchTable(_Table):

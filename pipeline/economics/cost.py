@@ -24,7 +24,7 @@ import json
 import math
 import re
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -60,6 +60,7 @@ from pipeline.economics.stack import (
     with_options,
 )
 from pipeline.ingest.store import Store
+from pipeline.replay.autoscale import provisioned_from_record
 from pipeline.replay.fleet import ResolvedFleet
 from pipeline.replay.runfolder import (
     config_path,
@@ -365,18 +366,31 @@ class GpuCost:
     busy_gpu_s: float
     class_busy_s: Mapping[str, float]
     tokens: TokenTotals
+    #: An autoscaled fleet's GPU-seconds provisioned within the window (Σ replicas × the time
+    #: each was paid: scale-up delay and drain included); None: ``gpus`` all the window.
+    provisioned_gpu_s: float | None = None
+
+    @property
+    def paid_gpu_s(self) -> float:
+        """GPU-seconds paid over the window: what was provisioned, or every GPU all the window."""
+        return self.gpus * self.window_s if self.provisioned_gpu_s is None else self.provisioned_gpu_s
+
+    @property
+    def mean_gpus(self) -> float:
+        """GPUs paid on average over the window (``gpus`` for a static fleet)."""
+        return self.paid_gpu_s / self.window_s if self.window_s > 0 else float(self.gpus)
 
     @property
     def total_usd(self) -> float:
-        return self.gpus * self.usd_per_gpu_hour * self.window_s / 3600.0
+        return self.paid_gpu_s * self.usd_per_gpu_hour / 3600.0
 
     @property
     def usd_per_day(self) -> float:
-        return self.gpus * self.usd_per_gpu_hour * 24.0
+        return self.mean_gpus * self.usd_per_gpu_hour * 24.0
 
     @property
     def busy_usd(self) -> float:
-        return min(self.busy_gpu_s, self.gpus * self.window_s) * self.usd_per_gpu_hour / 3600.0
+        return min(self.busy_gpu_s, self.paid_gpu_s) * self.usd_per_gpu_hour / 3600.0
 
     @property
     def idle_usd(self) -> float:
@@ -386,7 +400,7 @@ class GpuCost:
     def utilization(self) -> float:
         """Busy GPU-seconds over the GPU-seconds of the period (0 to 1): time, not dollars, so a
         free GPU (``--gpu-price 0``) is as busy as a paid one."""
-        capacity = self.gpus * self.window_s
+        capacity = self.paid_gpu_s
         return min(max(self.busy_gpu_s / capacity, 0.0), 1.0) if capacity > 0 else 0.0
 
     def class_usd(self) -> dict[str, float]:
@@ -527,7 +541,21 @@ class CostResult:
                 if isinstance(g, PooledGpuCost)
                 else {}
             ),
+            **({"autoscale": autoscale_cost(g)} if isinstance(g, GpuCost) and g.provisioned_gpu_s is not None else {}),
         }
+
+
+def autoscale_cost(g: GpuCost) -> dict[str, Any]:
+    """An autoscaled fleet's GPU cost beside the static fleet's (``gpus``, its max_replicas' GPUs,
+    all the period): both GPU-hours and both $ at the same price."""
+    static_s = g.gpus * g.window_s
+    return {
+        "provisioned_gpu_hours": g.paid_gpu_s / 3600.0,
+        "mean_gpus": g.mean_gpus,
+        "static_gpu_hours": static_s / 3600.0,
+        "autoscaled_usd": g.total_usd,
+        "static_usd": static_s * g.usd_per_gpu_hour / 3600.0,
+    }
 
 
 def _pool_cost_dict(name: str, g: GpuCost, valid: bool) -> dict[str, Any]:
@@ -664,7 +692,7 @@ class PooledGpuCost:
 
     @property
     def utilization(self) -> float:
-        capacity = sum(g.gpus * g.window_s for _, g in self.pools)
+        capacity = sum(g.paid_gpu_s for _, g in self.pools)
         return min(max(self.busy_gpu_s / capacity, 0.0), 1.0) if capacity > 0 else 0.0
 
     def rows(self) -> list[dict[str, Any]]:
@@ -785,6 +813,13 @@ def electricity_line(
     ), energy
 
 
+def _autoscale_record(config: Mapping[str, Any]) -> dict[str, Any] | None:
+    """The run's recorded autoscaling (its summary's ``autoscale``), or None for a static fleet."""
+    summary = config.get("summary")
+    found = summary.get("autoscale") if isinstance(summary, dict) else None
+    return found if isinstance(found, dict) and isinstance(found.get("replicas"), list) else None
+
+
 def run_cost(
     store: Store,
     run_id: str | None = None,
@@ -862,7 +897,13 @@ def run_cost(
             if usd_per_gpu_hour is not None
             else gpu_hour_price(hw.price_usd_per_gpu_hour, hw.price_date, inputs, purchases)
         )
-        parts.append((pool.name, _fleet_gpu_cost(pool.fleet, req, ok & on_pool, writes, spans, step_rows, span, price)))
+        part = _fleet_gpu_cost(pool.fleet, req, ok & on_pool, writes, spans, step_rows, span, price)
+        scaled = _autoscale_record(config) if pool.name is None else None
+        if scaled is not None:  # an autoscaled fleet: what it provisioned, not max_replicas all the period
+            lo = float(np.min(req.column("arrival_s").to_numpy())) if req.num_rows else 0.0
+            paid = provisioned_from_record(scaled, lo, lo + span) * pool.fleet.gpus_per_replica
+            part = replace(part, provisioned_gpu_s=paid)
+        parts.append((pool.name, part))
         per_replica.append(pool.fleet.gpus_per_replica)
     gpu: GpuCost | PooledGpuCost = parts[0][1]
     if pools[0].name is not None:  # a fleet of pools
@@ -870,7 +911,7 @@ def run_cost(
     tokens = gpu.tokens
     electricity, energy = electricity_line(run_dir, config, inputs.electricity, span)
     stack = build_stack(
-        [PoolGpus(name, g.gpus, n, g.usd_per_gpu_hour) for (name, g), n in zip(parts, per_replica, strict=True)],
+        [PoolGpus(name, g.mean_gpus, n, g.usd_per_gpu_hour) for (name, g), n in zip(parts, per_replica, strict=True)],
         inputs,
         span,
         [electricity],

@@ -329,7 +329,9 @@ class PoolGpus:
     """One pool's GPUs as the stack prices them."""
 
     name: str | None
-    gpus: int
+    #: GPUs paid over the period: the fleet's, or an autoscaled pool's mean (its provisioned
+    #: GPU-hours over the period's hours, pipeline/replay/autoscale.py)
+    gpus: float
     gpus_per_replica: int
     usd_per_gpu_hour: float
 
@@ -389,6 +391,11 @@ class CostStack:
         }
 
 
+def _count(gpus: float) -> float | int:
+    """A GPU count as written: whole when it is (an autoscaled pool's mean keeps two decimals)."""
+    return int(gpus) if float(gpus).is_integer() else round(gpus, 2)
+
+
 def build_stack(
     pools: Sequence[PoolGpus], inputs: CostInputs, period_s: float, extra: Sequence[CostLine] = ()
 ) -> CostStack:
@@ -397,7 +404,7 @@ def build_stack(
     k = inputs.redundancy_replicas
     compute = sum(p.gpus * p.usd_per_gpu_hour for p in pools)
     spare = sum(k * p.gpus_per_replica * p.usd_per_gpu_hour for p in pools)
-    gpus = sum(p.gpus for p in pools)
+    gpus = _count(sum(p.gpus for p in pools))
     spare_gpus = sum(k * p.gpus_per_replica for p in pools)
     lost = 0.0
     spot_basis = f"not spot ({inputs.purchase})"
@@ -408,7 +415,7 @@ def build_stack(
         share = per_day * restart_s / 86400.0
         lost = sum((p.gpus + k * p.gpus_per_replica) * p.usd_per_gpu_hour for p in pools) * share
         spot_basis = (
-            f"{gpus + spare_gpus} GPUs x {per_day:g} interruptions/day x {restart_s:g} s lost each "
+            f"{_count(gpus + spare_gpus)} GPUs x {per_day:g} interruptions/day x {restart_s:g} s lost each "
             f"= {share:.4%} more GPU-hours"
         )
     lines = [

@@ -100,6 +100,7 @@ from pipeline.engine.model import (
     Speculation,
     tokens_per_verification,
 )
+from pipeline.replay.autoscale import AUTOSCALE_ROUTERS, AutoscaleSettings, parse_autoscale
 from pipeline.replay.slo import parse_slo, slo_table_text
 
 #: Routers that send a request by a key it carries (a session id, its first prefix block).
@@ -412,12 +413,20 @@ class FleetConfig:
     #: ``[energy]``: the electricity inputs of the run's energy figures (usd_per_kwh, pue), as
     #: sorted pairs; None: the defaults (pipeline/economics/energy.py). Recorded with the run.
     energy: tuple[tuple[str, float], ...] | None = None
+    #: ``[autoscale]``: the live replicas follow a policy between min and max (None: ``replicas``
+    #: all day); ``replicas`` is then ``max_replicas``, the engine's fleet (pipeline/replay/autoscale.py).
+    autoscale: AutoscaleSettings | None = None
 
     def with_replicas(self, replicas: int | None) -> FleetConfig:
         if replicas is None:
             return self
         if replicas < 1:
             raise ConfigError(f"--replicas must be >= 1, got {replicas}")
+        if self.autoscale is not None:
+            raise ConfigError(
+                f"--replicas {replicas}: fleet {self.name!r} autoscales ([autoscale] min_replicas..max_replicas "
+                "sets its replicas)"
+            )
         if replicas * self.dp > MAX_ENGINES:
             raise ConfigError(f"--replicas {replicas}: {_too_many(replicas, self.dp)}")
         return replace(self, replicas=replicas)
@@ -430,6 +439,10 @@ class FleetConfig:
             del out["router_pod_balancer"]
         if not self.measured_source:  # unset: runs recorded before it keep their run ids
             del out["measured_source"]
+        if self.autoscale is None:  # unset: runs recorded before it keep their run ids
+            del out["autoscale"]
+        else:
+            out["autoscale"] = self.autoscale.to_dict()
         if self.energy is None:  # unset: runs recorded before it keep their run ids
             del out["energy"]
         else:
@@ -607,9 +620,18 @@ def parse_fleet(
     topology = parse_topology(data["topology"], f"{origin} [topology]") if "topology" in data else None
     energy = _parse_energy(data["energy"], f"{origin} [energy]") if "energy" in data else None
     speculative = _parse_speculative(dict(data["speculative"]), origin) if "speculative" in data else None
+    autoscale = None
+    if "autoscale" in data:
+        autoscale = parse_autoscale(data["autoscale"], f"{origin} [autoscale]", MAX_ENGINES)
+        if "replicas" in data and data["replicas"] != autoscale.max_replicas:
+            raise ConfigError(
+                f"{origin}: replicas ({data['replicas']}) with [autoscale]: leave it out (the engine runs "
+                f"max_replicas = {autoscale.max_replicas}) or set it to max_replicas"
+            )
+        data = {**data, "replicas": autoscale.max_replicas}
     # [cost] prices the fleet (pipeline/economics/stack.py) and changes nothing the replay does
     skip = ("engine", "calibration", "slo", "calibration_file", "stack_calibration", "topology", "cost", "energy",
-            "speculative", "kv_offload")  # fmt: skip
+            "speculative", "kv_offload", "autoscale")  # fmt: skip
     top = {k: v for k, v in data.items() if k not in skip}
     cfg = FleetConfig(
         engine=engine,
@@ -619,8 +641,17 @@ def parse_fleet(
         topology=topology,
         energy=energy,
         speculative=speculative,
+        autoscale=autoscale,
         **top,
     )
+    if autoscale is not None:
+        if cfg.router not in AUTOSCALE_ROUTERS:
+            raise ConfigError(
+                f"{origin} [autoscale]: router {cfg.router!r}: an autoscaled fleet routes over its live replicas "
+                f"with {list(AUTOSCALE_ROUTERS)}"
+            )
+        if cfg.router_pod_size:
+            raise ConfigError(f"{origin} [autoscale]: router_pod_size: an autoscaled fleet is one flat router's")
     if cfg.cost_model not in ("auto", "measured", "prior", "roofline"):
         raise ConfigError(f"{origin}: cost_model {cfg.cost_model!r} unknown; choose auto, measured, prior or roofline")
     if cfg.measured_source:
@@ -666,6 +697,11 @@ def parse_fleet(
     if "kv_offload" in data:  # (after tp, pp and dp: a cpu tier must fit the replica's host memory)
         tier = parse_offload(data["kv_offload"], f"{origin} [kv_offload]", cfg.tp * cfg.pp * cfg.dp)
         cfg = replace(cfg, kv_offload=tier)
+    if cfg.kv_offload is not None and cfg.autoscale is not None:
+        raise ConfigError(
+            f"{origin}: [kv_offload] with [autoscale] is not modelled yet (the offload's pre-pass replays the day "
+            "on a fixed fleet, before the policy decides the live replicas): keep one"
+        )
     return cfg
 
 

@@ -55,6 +55,7 @@ from pipeline.engine.steplog import SPAN_COLUMNS, RowSink, StepLog
 from pipeline.ingest.project import default_fleet_path, find_project
 from pipeline.ingest.store import ColumnReader, Store, epoch_us, store_write_error
 from pipeline.replay import runrequests
+from pipeline.replay.autoscale import AutoscaleOutcome, replay_autoscaled
 from pipeline.replay.fleet import FleetConfig, ResolvedFleet, resolve
 from pipeline.replay.limits import (
     MAX_SIM_SPAN_S,
@@ -216,6 +217,8 @@ class ReplayRun:
     warmup: int = 0
     #: FLEET.toml [kv_offload]: the tier and what its pre-pass loaded (pipeline/replay/offload.py)
     kv_offload: dict[str, Any] | None = None
+    #: An autoscaled fleet's live replicas and what they provisioned (None: static).
+    autoscale: AutoscaleOutcome | None = None
 
     @property
     def result(self) -> EngineResult:
@@ -416,14 +419,16 @@ def run_workload(
     candidate calibrations of one base cost)."""
     spec = fleet.spec(options.mode, options.concurrency or 0, options.ramp_s, options.think_s)
     check_warmup(options, work.n)
-    day = work
-    offload = fleet_offload(work, fleet, spec)  # a lower KV tier: its loads delay their requests
-    if offload is not None:
-        work = offload.work
     if cost is None:
         cost = fleet.cost_model.table
     if steps is not None:
         steps.cost_source = cost.source
+    if fleet.config.autoscale is not None:  # (parse_fleet refuses it with [kv_offload])
+        return _run_autoscaled(work, fleet, spec, cost, options, progress, steps, results)
+    day = work
+    offload = fleet_offload(work, fleet, spec)  # a lower KV tier: its loads delay their requests
+    if offload is not None:
+        work = offload.work
     pod_size = fleet.config.router_pod_size
     hierarchical = 0 < pod_size < fleet.config.replicas
     pods = options.pods
@@ -486,6 +491,45 @@ def run_workload(
         pods,
         options.warmup,
         offload.summary() if offload is not None else None,
+    )
+
+
+def _run_autoscaled(
+    work: Workload,
+    fleet: ResolvedFleet,
+    spec: FleetSpec,
+    cost: TabulatedCost,
+    options: ReplayOptions,
+    progress: Callable[[int], None] | None,
+    steps: RunSteps | None,
+    results: RunRequests | None,
+) -> ReplayRun:
+    """:func:`run_workload` for a fleet with ``[autoscale]``: the control loop's passes in one
+    engine each (routes chosen outside the compiled loop: pipeline/replay/autoscale.py)."""
+    auto = fleet.config.autoscale
+    assert auto is not None
+    if options.mode != "open" or options.pods > 1:
+        raise RooftraceError(
+            f"fleet {fleet.config.name!r} autoscales: replay it with the log's own arrivals (open loop) in one "
+            "engine run (no --concurrency, --offline or --pods)"
+        )
+    weight_bytes = fleet.memory.weights_bytes_per_gpu * fleet.gpus_per_replica
+
+    def simulate(routes: npt.NDArray[np.int64], sink: StepLog) -> EngineResult:
+        return simulate_jit(work, spec, cost, sink, progress, routes=routes)
+
+    t0 = time.perf_counter()
+    result, _routes, outcome, log = replay_autoscaled(work, spec, auto, weight_bytes, simulate)
+    wall = time.perf_counter() - t0
+    if steps is not None and log.n:
+        steps.add(log.columns())
+    kept: EngineResult | None = result
+    if results is not None:
+        results.write_result(result)
+        kept = None
+    sums = steps.sums if steps is not None else None
+    return ReplayRun(
+        fleet, spec, work, kept, log, wall, cost.source, dict(cost.describe), sums, 1, options.warmup, autoscale=outcome
     )
 
 
@@ -801,6 +845,7 @@ def summary_of(cols: Columns, sums: StepSums, run: ReplayRun, slo: Slo | None = 
     left out of every figure but the engine's: the summary is the measured requests'."""
     split = cache_split_of(cols)  # every request's, warm-up included: the day classify split
     speculative = speculative_summary(cols, sums, run.spec.speculation, run.fleet)  # (the whole log's)
+    scaled = autoscale_summary(run, cols.get("arrival_s")) if run.autoscale is not None else None
     if run.warmup:
         cols = _Measured(cols, run.warmup)
     code = cols.get("reject_code")
@@ -845,7 +890,47 @@ def summary_of(cols: Columns, sums: StepSums, run: ReplayRun, slo: Slo | None = 
         "cost_model": _cost_summary(run, sums),
         **({"speculative": speculative} if speculative is not None else {}),
         **({"kv_offload": run.kv_offload} if run.kv_offload is not None else {}),
+        **({"autoscale": scaled} if scaled is not None else {}),
     }
+
+
+def autoscale_summary(run: ReplayRun, arrival: npt.NDArray[Any]) -> dict[str, Any]:
+    """An autoscaled run's record: the policy's decisions, each replica's provisioned life, the
+    windows' live replicas and signal, and the GPU-hours provisioned over the day's arrivals (from
+    time 0, the first arrival, to the last) beside the static fleet's (max_replicas all day)."""
+    auto = run.autoscale
+    assert auto is not None
+    last = float(np.max(arrival)) if arrival.shape[0] else 0.0
+    per = run.fleet.gpus_per_replica
+    return {
+        **auto.to_dict(),
+        "period_s": last,
+        "provisioned_gpu_hours": auto.provisioned_s(0.0, last) * per / 3600.0,
+        "static_gpu_hours": auto.settings.max_replicas * per * last / 3600.0,
+    }
+
+
+def autoscale_lines(auto: dict[str, Any]) -> list[str]:
+    """An autoscaled run's lines for people (the replay's summary)."""
+    st = auto["settings"]
+    live = list(auto["replicas"])
+    loop = (
+        "a schedule (one pass)"
+        if st["signal"] == "schedule"
+        else f"{st['signal']} over {st['window_s']:g} s windows, "
+        + (
+            f"converged in {auto['passes']} pass{'es' if auto['passes'] > 1 else ''}"
+            if auto["converged"]
+            else f"NOT converged after {auto['passes']} passes "
+            f"(decisions settled up to {auto['settled_until_s']:,.0f} s)"
+        )
+    )
+    return [
+        f"autoscaled {st['min_replicas']}..{st['max_replicas']} replicas by {loop}: {len(auto['changes'])} "
+        f"changes, {len(live)} replica lives, scale-up delay {auto['scale_up_delay_s']:.1f} s",
+        f"  GPU-hours over the arrivals: {auto['provisioned_gpu_hours']:,.2f} provisioned vs "
+        f"{auto['static_gpu_hours']:,.2f} static at max_replicas",
+    ]
 
 
 def speculative_summary(

@@ -1,0 +1,592 @@
+"""An autoscaled pool: the live replica set over the day, decided by a policy, replayed through
+the unchanged engine (docs/pools.md, "An autoscaled day").
+
+A fleet's ``[autoscale]`` table (:func:`parse_autoscale`) names a policy: a ``schedule`` of
+``[hour, replicas]`` pairs, or a signal read per decision window from the replay's own step log
+(``utilisation``: busy share of the live replicas; ``queue``: waiting requests per live replica;
+``kv``: KV blocks in use over the live replicas' blocks). The engine runs ``max_replicas``
+replicas; the policy decides which are live when, and every request is routed, outside the
+compiled loop, to one replica live at its arrival (:func:`route`) and handed to
+``simulate_jit(routes=...)``. A replica that is not live takes no request.
+
+Lifecycle of one replica (an :class:`Incarnation`): paid from the decision (``paid_from_s``),
+live after the scale-up delay (:func:`scale_up_delay`: weight bytes over the stated load
+bandwidth, the engine's start, CUDA graph capture), retired by a scale-down (it takes no new
+request and finishes its running ones: it stays paid until its last request ends, the drain).
+The replicas live when the day starts are live at time 0 (warm, as a fleet that served the
+night before).
+
+Signal-driven policies run the control loop in passes (:func:`replay_autoscaled`): replay with
+the current decisions, read each window's signal from the step log, decide again; the decisions
+at time t depend only on what happened before t, so each pass makes at least one more window's
+decision final. The loop stops when a pass decides what it replayed (converged) or after
+``max_passes`` (recorded, with the first window not yet settled).
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+import math
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+from pipeline.catalog import CATALOG_DIR
+from pipeline.common.errors import ConfigError
+from pipeline.common.tomlfile import read_toml
+from pipeline.engine.model import EngineResult, FleetSpec, Workload, reject_reasons
+from pipeline.engine.steplog import StepLog
+
+AUTOSCALE_CATALOG = CATALOG_DIR / "autoscale.toml"
+SIGNALS = ("utilisation", "queue", "kv", "schedule")
+#: Routers an autoscaled pool can route with outside the compiled loop (:func:`route`).
+AUTOSCALE_ROUTERS = ("round_robin", "least_outstanding")
+#: Bounds of the stated numbers (a decision window of a second to a day; a delay under a day).
+MAX_WINDOW_S = 86_400.0
+MAX_DELAY_PART_S = 86_400.0
+MAX_LOAD_GB_S = 10_000.0
+MAX_PASSES = 64
+DEFAULT_PASSES = 8
+DEFAULT_WINDOW_S = 60.0
+
+FloatArray = npt.NDArray[np.float64]
+IntArray = npt.NDArray[np.int64]
+
+
+@dataclass(frozen=True)
+class AutoscaleSettings:
+    """``[autoscale]``: the policy and what a new replica must do before it serves."""
+
+    min_replicas: int
+    max_replicas: int
+    signal: str
+    scale_up_at: float | None = None
+    scale_down_at: float | None = None
+    window_s: float = DEFAULT_WINDOW_S
+    cooldown_s: float = 0.0
+    #: ``signal = "schedule"``: (hour after the first arrival, replicas) pairs, hours increasing.
+    schedule: tuple[tuple[float, int], ...] = ()
+    #: replicas live when the day starts (default ``min_replicas``; a schedule's hour-0 value)
+    initial_replicas: int | None = None
+    #: the scale-up delay's parts (parse_autoscale fills them from pipeline/catalog/autoscale.toml
+    #: when the table leaves them out; 0 here: a settings built in code states its own)
+    load_gb_s: float = math.inf
+    engine_start_s: float = 0.0
+    cuda_graph_s: float = 0.0
+    max_passes: int = DEFAULT_PASSES
+
+    def to_dict(self) -> dict[str, Any]:
+        """The table as a fleet file would state it (a run records it; parse_autoscale reads it back)."""
+        out: dict[str, Any] = {
+            "min_replicas": self.min_replicas,
+            "max_replicas": self.max_replicas,
+            "signal": self.signal,
+            "window_s": self.window_s,
+            "cooldown_s": self.cooldown_s,
+            "engine_start_s": self.engine_start_s,
+            "cuda_graph_s": self.cuda_graph_s,
+            "max_passes": self.max_passes,
+        }
+        if math.isfinite(self.load_gb_s):
+            out["load_gb_s"] = self.load_gb_s
+        if self.signal == "schedule":
+            out["schedule"] = [[h, r] for h, r in self.schedule]
+        else:
+            out["scale_up_at"] = self.scale_up_at
+            out["scale_down_at"] = self.scale_down_at
+            if self.initial_replicas is not None:
+                out["initial_replicas"] = self.initial_replicas
+        return out
+
+    def start_replicas(self) -> int:
+        if self.signal == "schedule":
+            return schedule_target(self.schedule, 0.0, self.min_replicas)
+        return self.initial_replicas if self.initial_replicas is not None else self.min_replicas
+
+
+def _defaults() -> dict[str, float]:
+    data = read_toml(AUTOSCALE_CATALOG, "autoscale catalog")
+    storage = data["storage"][data["default_storage"]]
+    return {
+        "load_gb_s": float(storage["load_gb_s"]),
+        "engine_start_s": float(data["engine_start_s"]),
+        "cuda_graph_s": float(data["cuda_graph_s"]),
+    }
+
+
+def _storage_kinds() -> dict[str, float]:
+    data = read_toml(AUTOSCALE_CATALOG, "autoscale catalog")
+    return {k: float(v["load_gb_s"]) for k, v in data["storage"].items() if isinstance(v, dict)}
+
+
+def _number(
+    raw: Mapping[str, Any], key: str, where: str, least: float, most: float, *, open_low: bool = False
+) -> float:
+    value = raw[key]
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise ConfigError(f"{where}: {key} must be a number, got {value!r}")
+    x = float(value)
+    low_ok = x > least if open_low else x >= least
+    if not (low_ok and x <= most):  # NaN fails both
+        bound = f"({least:g}, {most:g}]" if open_low else f"[{least:g}, {most:g}]"
+        raise ConfigError(f"{where}: {key} must be a number in {bound}, got {value!r}")
+    return x
+
+
+def _integer(raw: Mapping[str, Any], key: str, where: str, least: int, most: int) -> int:
+    value = raw[key]
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ConfigError(f"{where}: {key} must be an integer, got {value!r}")
+    if not least <= value <= most:
+        raise ConfigError(f"{where}: {key} must be in {least}..{most:,}, got {value!r}")
+    return int(value)
+
+
+def parse_autoscale(raw: Any, where: str, max_engines: int = 1_000_000) -> AutoscaleSettings:
+    """A fleet's ``[autoscale]`` table, checked (``where`` names the file and table in each
+    one-line error): replica bounds, a known signal with its thresholds or schedule, positive
+    windows, non-negative delays, finite numbers."""
+    if not isinstance(raw, Mapping):
+        raise ConfigError(f"{where}: must be a table, got {raw!r}")
+    allowed = {
+        "min_replicas", "max_replicas", "signal", "scale_up_at", "scale_down_at", "window_s", "cooldown_s",
+        "schedule", "initial_replicas", "load_gb_s", "storage", "engine_start_s", "cuda_graph_s", "max_passes",
+    }  # fmt: skip
+    unknown = sorted(set(raw) - allowed)
+    if unknown:
+        raise ConfigError(f"{where}: unknown key(s) {unknown}; allowed: {sorted(allowed)}")
+    missing = [k for k in ("min_replicas", "max_replicas", "signal") if k not in raw]
+    if missing:
+        raise ConfigError(f"{where}: missing key(s) {missing}")
+    lo = _integer(raw, "min_replicas", where, 1, max_engines)
+    hi = _integer(raw, "max_replicas", where, 1, max_engines)
+    if lo > hi:
+        raise ConfigError(f"{where}: min_replicas ({lo}) is more than max_replicas ({hi})")
+    signal = raw["signal"]
+    if signal not in SIGNALS:
+        raise ConfigError(f"{where}: signal {signal!r} unknown; choose one of {list(SIGNALS)}")
+    d = _defaults()
+    kw: dict[str, Any] = {"min_replicas": lo, "max_replicas": hi, "signal": signal}
+    if "storage" in raw:
+        kinds = _storage_kinds()
+        if raw["storage"] not in kinds:
+            raise ConfigError(f"{where}: storage {raw['storage']!r} unknown; choose one of {sorted(kinds)}")
+        if "load_gb_s" in raw:
+            raise ConfigError(f"{where}: set storage or load_gb_s, not both")
+        d["load_gb_s"] = kinds[raw["storage"]]
+    kw["load_gb_s"] = (
+        _number(raw, "load_gb_s", where, 0.0, MAX_LOAD_GB_S, open_low=True) if "load_gb_s" in raw else d["load_gb_s"]
+    )
+    for key in ("engine_start_s", "cuda_graph_s"):
+        kw[key] = _number(raw, key, where, 0.0, MAX_DELAY_PART_S) if key in raw else d[key]
+    if "window_s" in raw:
+        kw["window_s"] = _number(raw, "window_s", where, 1.0, MAX_WINDOW_S)
+    if "cooldown_s" in raw:
+        kw["cooldown_s"] = _number(raw, "cooldown_s", where, 0.0, MAX_WINDOW_S)
+    if "max_passes" in raw:
+        kw["max_passes"] = _integer(raw, "max_passes", where, 1, MAX_PASSES)
+    if "initial_replicas" in raw:
+        kw["initial_replicas"] = _integer(raw, "initial_replicas", where, lo, hi)
+    if signal == "schedule":
+        for key in ("scale_up_at", "scale_down_at", "initial_replicas"):
+            if key in raw:
+                raise ConfigError(
+                    f"{where}: {key} is for a signal, not signal = 'schedule' (its hour-0 pair starts it)"
+                )
+        kw["schedule"] = _schedule(raw.get("schedule"), where, lo, hi)
+    else:
+        if "schedule" in raw:
+            raise ConfigError(f"{where}: schedule is for signal = 'schedule', not {signal!r}")
+        for key in ("scale_up_at", "scale_down_at"):
+            if key not in raw:
+                raise ConfigError(f"{where}: signal {signal!r} needs {key}")
+        most = 1.0 if signal in ("utilisation", "kv") else 1e6
+        up = _number(raw, "scale_up_at", where, 0.0, most, open_low=True)
+        down = _number(raw, "scale_down_at", where, 0.0, most)
+        if down >= up:
+            raise ConfigError(f"{where}: scale_down_at ({down:g}) must be below scale_up_at ({up:g})")
+        kw["scale_up_at"], kw["scale_down_at"] = up, down
+    return AutoscaleSettings(**kw)
+
+
+def _schedule(raw: Any, where: str, lo: int, hi: int) -> tuple[tuple[float, int], ...]:
+    if not isinstance(raw, list) or not raw:
+        raise ConfigError(f"{where}: signal = 'schedule' needs schedule = [[hour, replicas], ...], got {raw!r}")
+    out: list[tuple[float, int]] = []
+    for i, pair in enumerate(raw):
+        if not isinstance(pair, list) or len(pair) != 2:
+            raise ConfigError(f"{where}: schedule[{i}] must be [hour, replicas], got {pair!r}")
+        hour, n = pair
+        if isinstance(hour, bool) or not isinstance(hour, int | float) or not 0.0 <= float(hour) <= 1e6:
+            raise ConfigError(f"{where}: schedule[{i}] hour must be a number of hours >= 0, got {hour!r}")
+        if isinstance(n, bool) or not isinstance(n, int) or not lo <= n <= hi:
+            raise ConfigError(f"{where}: schedule[{i}] replicas must be an integer in {lo}..{hi} (min..max), got {n!r}")
+        if out and float(hour) <= out[-1][0]:
+            raise ConfigError(f"{where}: schedule hours must increase, got {hour!r} after {out[-1][0]:g}")
+        out.append((float(hour), int(n)))
+    return tuple(out)
+
+
+def schedule_target(schedule: Sequence[tuple[float, int]], t_s: float, before: int) -> int:
+    """The replicas a schedule asks for at ``t_s`` seconds (``before``: before its first hour)."""
+    n = before
+    for hour, replicas in schedule:
+        if hour * 3600.0 <= t_s:
+            n = replicas
+    return n
+
+
+def scale_up_delay(settings: AutoscaleSettings, weight_bytes: float) -> float:
+    """Seconds from a scale-up decision to the new replica's first request: its weights read at
+    ``load_gb_s`` plus the engine's start plus CUDA graph capture."""
+    return weight_bytes / (settings.load_gb_s * 1e9) + settings.engine_start_s + settings.cuda_graph_s
+
+
+# -- the replica timeline --------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Incarnation:
+    """One replica's provisioned life: paid from ``paid_from_s``, takes requests from
+    ``live_from_s`` until ``retire_s`` (inf: the day's end), paid until ``end_s`` (set once the
+    replay says when its last request finished: the drain)."""
+
+    replica: int
+    paid_from_s: float
+    live_from_s: float
+    retire_s: float = math.inf
+    end_s: float = math.inf
+
+    def live_at(self, t: float) -> bool:
+        return self.live_from_s <= t < self.retire_s
+
+
+def timeline(changes: Sequence[tuple[float, int]], initial: int, delay_s: float, replicas: int) -> list[Incarnation]:
+    """The incarnations a sequence of (time, target replicas) changes makes, from ``initial``
+    replicas live at time 0. Scale-up: the replica indices below ``replicas`` not provisioned,
+    the one retired longest ago first (never used first, lowest index on ties), paid now, live
+    after ``delay_s``. Scale-down: the newest first (one still starting is cancelled before a
+    serving one retires)."""
+    incs: list[Incarnation] = [Incarnation(r, 0.0, 0.0) for r in range(initial)]
+    active = list(range(initial))  # positions in incs, oldest first
+    retired_at: dict[int, float] = {}
+    for t, target in sorted(changes, key=lambda c: c[0]):
+        cur = len(active)
+        if target > cur:
+            busy = {incs[i].replica for i in active}
+            free = [r for r in range(replicas) if r not in busy]
+            free.sort(key=lambda r: (retired_at.get(r, -math.inf), r))
+            for r in free[: target - cur]:
+                incs.append(Incarnation(r, t, t + delay_s))
+                active.append(len(incs) - 1)
+        elif target < cur:
+            for _ in range(cur - target):
+                i = max(active, key=lambda j: (incs[j].paid_from_s, incs[j].replica))
+                active.remove(i)
+                old = incs[i]
+                incs[i] = Incarnation(old.replica, old.paid_from_s, old.live_from_s, t)
+                retired_at[old.replica] = t
+    return incs
+
+
+def live_counts(incs: Sequence[Incarnation], edges: FloatArray) -> FloatArray:
+    """Live replica-seconds in each window between consecutive ``edges``, divided by the window:
+    the mean number of live replicas."""
+    out = np.zeros(edges.shape[0] - 1)
+    for inc in incs:
+        lo = np.maximum(edges[:-1], inc.live_from_s)
+        hi = np.minimum(edges[1:], min(inc.retire_s, edges[-1]))
+        out += np.clip(hi - lo, 0.0, None)
+    return out / np.diff(edges)
+
+
+# -- routing ---------------------------------------------------------------------------------------
+
+
+def route(
+    arrival_s: FloatArray,
+    rejected: npt.NDArray[np.bool_],
+    incs: Sequence[Incarnation],
+    router: str = "round_robin",
+    est_finish_s: FloatArray | None = None,
+) -> IntArray:
+    """One replica per request (−1 for a rejected one), live at its arrival. ``round_robin``: a
+    counter over the live replicas in index order, advanced by every request routed;
+    ``least_outstanding``: the live replica with the fewest requests outstanding, each counted
+    until its estimated finish (``est_finish_s``: the previous pass's finish; without one, its
+    arrival: then it is round robin's count), ties to the lowest index."""
+    n = arrival_s.shape[0]
+    routes = np.full(n, -1, np.int64)
+    cuts = sorted({inc.live_from_s for inc in incs} | {inc.retire_s for inc in incs if math.isfinite(inc.retire_s)})
+    order = np.argsort(arrival_s, kind="stable")
+    a = arrival_s[order]
+    bounds = np.searchsorted(a, np.asarray(cuts, np.float64), side="left")
+    starts = np.unique(np.concatenate([[0], bounds, [n]]))
+    if router == "least_outstanding":
+        return _least_outstanding(arrival_s, rejected, incs, order, starts, est_finish_s)
+    counter = 0
+    for s, e in itertools.pairwise(starts):
+        if s >= e:
+            continue
+        live = _live(incs, float(a[s]))
+        rows = order[s:e]
+        rows = rows[~rejected[rows]]
+        routes[rows] = live[(counter + np.arange(rows.shape[0])) % live.shape[0]]
+        counter += rows.shape[0]
+    return routes
+
+
+def _live(incs: Sequence[Incarnation], t: float) -> IntArray:
+    live = np.array(sorted(inc.replica for inc in incs if inc.live_at(t)), np.int64)
+    if live.size == 0:
+        raise ValueError(f"no replica is live at {t:g} s")
+    return live
+
+
+def _least_outstanding(
+    arrival_s: FloatArray,
+    rejected: npt.NDArray[np.bool_],
+    incs: Sequence[Incarnation],
+    order: IntArray,
+    starts: IntArray,
+    est_finish_s: FloatArray | None,
+) -> IntArray:
+    routes = np.full(arrival_s.shape[0], -1, np.int64)
+    R = max(inc.replica for inc in incs) + 1
+    count = np.zeros(R, np.int64)
+    pending: list[tuple[float, int]] = []
+    finish = arrival_s if est_finish_s is None else np.where(np.isfinite(est_finish_s), est_finish_s, arrival_s)
+    for s, e in itertools.pairwise(starts):
+        if s >= e:
+            continue
+        live = _live(incs, float(arrival_s[order[s]]))
+        for i in order[s:e]:
+            if rejected[i]:
+                continue
+            t = float(arrival_s[i])
+            while pending and pending[0][0] <= t:
+                count[heapq.heappop(pending)[1]] -= 1
+            r = int(live[int(np.argmin(count[live]))])
+            routes[i] = r
+            count[r] += 1
+            heapq.heappush(pending, (max(float(finish[i]), t), r))
+    return routes
+
+
+# -- signals ---------------------------------------------------------------------------------------
+
+
+def _integral(edges: FloatArray, start: FloatArray, end: FloatArray, value: FloatArray) -> FloatArray:
+    """Σ value × (time each span [start, end) spends before each edge), at every edge."""
+
+    def before(t: FloatArray, x: FloatArray) -> FloatArray:
+        o = np.argsort(x, kind="stable")
+        xs, vs = x[o], value[o]
+        cv = np.concatenate([[0.0], np.cumsum(vs)])
+        cx = np.concatenate([[0.0], np.cumsum(vs * xs)])
+        i = np.searchsorted(xs, t, side="right")
+        out: FloatArray = t * cv[i] - cx[i]
+        return out
+
+    return before(edges, start) - before(edges, end)
+
+
+def window_signals(
+    cols: Mapping[str, npt.NDArray[Any]], incs: Sequence[Incarnation], edges: FloatArray, kv_blocks: int
+) -> dict[str, FloatArray]:
+    """Per window between ``edges``: the mean live replicas and each signal over them, from the
+    step log's spans (each spread evenly over its wall time, as the run's series does)."""
+    start = cols["start_s"].astype(np.float64)
+    end = cols["end_s"].astype(np.float64)
+    one = np.ones_like(start)
+    live = live_counts(incs, edges)
+    width = np.diff(edges)
+    replica_s = np.maximum(live * width, 1e-12)
+    busy = np.diff(_integral(edges, start, end, one))
+    waiting = np.diff(_integral(edges, start, end, cols["waiting"].astype(np.float64)))
+    kv = np.diff(_integral(edges, start, end, cols["kv_blocks_used"].astype(np.float64)))
+    return {
+        "live": live,
+        "utilisation": busy / replica_s,
+        "queue": waiting / replica_s,
+        "kv": kv / (replica_s * max(kv_blocks, 1)),
+    }
+
+
+def decide(settings: AutoscaleSettings, signal: FloatArray, edges: FloatArray) -> list[tuple[float, int]]:
+    """The target changes a signal policy makes, one decision at each window's end from the
+    window's signal: above ``scale_up_at`` the target becomes ⌈target × signal / scale_up_at⌉
+    (at least one more), below ``scale_down_at`` one fewer; within ``min..max``, and no change
+    within ``cooldown_s`` of the last one."""
+    target = settings.start_replicas()
+    last = -math.inf
+    out: list[tuple[float, int]] = []
+    up, down = settings.scale_up_at, settings.scale_down_at
+    assert up is not None and down is not None
+    for k in range(signal.shape[0] - 1):  # the last window ends the day: nothing left to decide
+        t = float(edges[k + 1])
+        s = float(signal[k])
+        if t - last < settings.cooldown_s:
+            continue
+        want = target
+        if s > up:
+            want = max(target + 1, math.ceil(target * s / up - 1e-9))
+        elif s < down:
+            want = target - 1
+        want = min(max(want, settings.min_replicas), settings.max_replicas)
+        if want != target:
+            out.append((t, want))
+            target, last = want, t
+    return out
+
+
+# -- the control loop ------------------------------------------------------------------------------
+
+
+@dataclass
+class AutoscaleOutcome:
+    """What an autoscaled replay decided and what it provisioned."""
+
+    settings: AutoscaleSettings
+    delay_s: float
+    incarnations: list[Incarnation]
+    changes: list[tuple[float, int]]
+    passes: int
+    converged: bool
+    #: the first decision time a further pass could still change (None: converged)
+    settled_until_s: float | None
+    windows: dict[str, list[float]] = field(default_factory=dict)
+
+    def provisioned_s(self, lo: float, hi: float) -> float:
+        """Replica-seconds paid within [lo, hi] (each incarnation from its decision to its
+        drain's end)."""
+        return sum(max(0.0, min(inc.end_s, hi) - max(inc.paid_from_s, lo)) for inc in self.incarnations)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "settings": self.settings.to_dict(),
+            "scale_up_delay_s": self.delay_s,
+            "passes": self.passes,
+            "converged": self.converged,
+            "settled_until_s": self.settled_until_s,
+            "changes": [[t, n] for t, n in self.changes],
+            "replicas": [
+                {
+                    "replica": inc.replica,
+                    "paid_from_s": inc.paid_from_s,
+                    "live_from_s": inc.live_from_s,
+                    "retire_s": None if not math.isfinite(inc.retire_s) else inc.retire_s,
+                    "end_s": inc.end_s,
+                }
+                for inc in self.incarnations
+            ],
+            "windows": self.windows,
+        }
+
+
+def provisioned_from_record(record: Mapping[str, Any], lo: float, hi: float) -> float:
+    """:meth:`AutoscaleOutcome.provisioned_s` from a run's recorded ``autoscale`` (config.json)."""
+    total = 0.0
+    for inc in record.get("replicas", []):
+        total += max(0.0, min(float(inc["end_s"]), hi) - max(float(inc["paid_from_s"]), lo))
+    return total
+
+
+def with_drains(
+    incs: Sequence[Incarnation], res: EngineResult, routes: IntArray, day_end_s: float
+) -> list[Incarnation]:
+    """Each incarnation's paid end: the day's end while not retired, else the later of its
+    retirement and the finish of the last request routed to it while it was live."""
+    finish = np.where(np.isfinite(res.finish_s), res.finish_s, res.arrival_s)
+    out = []
+    for inc in incs:
+        if not math.isfinite(inc.retire_s):
+            out.append(Incarnation(inc.replica, inc.paid_from_s, inc.live_from_s, inc.retire_s, day_end_s))
+            continue
+        mine = (routes == inc.replica) & (res.arrival_s >= inc.live_from_s) & (res.arrival_s < inc.retire_s)
+        last = float(finish[mine].max()) if mine.any() else inc.retire_s
+        out.append(Incarnation(inc.replica, inc.paid_from_s, inc.live_from_s, inc.retire_s, max(inc.retire_s, last)))
+    return out
+
+
+Simulate = Callable[[IntArray, StepLog], EngineResult]
+
+
+def replay_autoscaled(
+    work: Workload,
+    spec: FleetSpec,
+    settings: AutoscaleSettings,
+    weight_bytes: float,
+    simulate: Simulate,
+) -> tuple[EngineResult, IntArray, AutoscaleOutcome, StepLog]:
+    """Replay ``work`` on ``spec`` (``max_replicas`` replicas) under ``settings``: ``simulate``
+    runs the engine on given routes (``simulate_jit(..., routes=)``), writing the step log to
+    the sink it is given. Returns the last pass's results, routes, what was provisioned and the
+    last pass's step log."""
+    if spec.router not in AUTOSCALE_ROUTERS:
+        raise ValueError(f"an autoscaled pool routes with {list(AUTOSCALE_ROUTERS)}, not {spec.router!r}")
+    delay = scale_up_delay(settings, weight_bytes)
+    rejected = reject_reasons(work, spec.scheduler) != 0
+    arrival = np.asarray(work.arrival_s, np.float64)
+    last_arrival = float(arrival.max()) if arrival.size else 0.0
+    initial = settings.start_replicas()
+    if settings.signal == "schedule":
+        planned = [(h * 3600.0, n) for h, n in settings.schedule if h > 0]
+        incs = timeline(planned, initial, delay, spec.replicas)
+        routes = route(arrival, rejected, incs, spec.router)
+        log = StepLog(capacity=max(1024, 2 * work.n))
+        res = simulate(routes, log)
+        return (*_outcome(settings, delay, incs, planned, res, routes, 1, True, None, last_arrival, None), log)
+    K = max(1, math.ceil(max(last_arrival, 1e-9) / settings.window_s))
+    edges = np.arange(K + 1, dtype=np.float64) * settings.window_s
+    changes: list[tuple[float, int]] = []
+    est: FloatArray | None = None
+    passes, converged, settled = 0, False, None
+    while True:
+        passes += 1
+        incs = timeline(changes, initial, delay, spec.replicas)
+        routes = route(arrival, rejected, incs, spec.router, est)
+        log = StepLog(capacity=max(1024, 2 * work.n))
+        res = simulate(routes, log)
+        sig = window_signals(log.columns(), incs, edges, spec.scheduler.num_gpu_blocks)
+        new = decide(settings, sig[settings.signal], edges)
+        if new == changes:
+            converged = True
+            break
+        first = next((a[0] for a, b in zip(new, changes, strict=False) if a != b), None)
+        if first is None:  # one is a prefix of the other
+            first = (new if len(new) > len(changes) else changes)[min(len(new), len(changes))][0]
+        settled = float(first)
+        if passes >= settings.max_passes:
+            break
+        changes = new
+        est = res.finish_s
+    return (*_outcome(settings, delay, incs, changes, res, routes, passes, converged, settled, last_arrival, sig), log)
+
+
+def _outcome(
+    settings: AutoscaleSettings,
+    delay: float,
+    incs: list[Incarnation],
+    changes: list[tuple[float, int]],
+    res: EngineResult,
+    routes: IntArray,
+    passes: int,
+    converged: bool,
+    settled: float | None,
+    last_arrival: float,
+    sig: dict[str, FloatArray] | None,
+) -> tuple[EngineResult, IntArray, AutoscaleOutcome]:
+    done = res.finish_s[np.isfinite(res.finish_s)]
+    day_end = max(last_arrival, float(done.max()) if done.size else 0.0)
+    incs = with_drains(incs, res, routes, day_end)
+    windows: dict[str, list[float]] = {}
+    if sig is not None:
+        windows = {k: [float(x) for x in v] for k, v in sig.items()}
+        windows["start_s"] = [float(i * settings.window_s) for i in range(len(windows["live"]))]
+    out = AutoscaleOutcome(settings, delay, incs, changes, passes, converged, None if converged else settled, windows)
+    return res, routes, out
