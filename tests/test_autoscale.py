@@ -1,0 +1,308 @@
+"""An autoscaled day (pipeline/replay/autoscale.py, FLEET.toml [autoscale]): the replica timeline a
+policy makes, routing only to live replicas (a hypothesis invariant), the GPU-hours ``cost``
+charges (hand-computed for a schedule), a synthetic diurnal day on which an autoscaled fleet
+meets the SLO for less than the static fleet sized for its peak while a long scale-up delay
+misses TTFT at the morning ramp, and hostile [autoscale] tables (one line each)."""
+
+from __future__ import annotations
+
+import json
+import math
+import shutil
+import tomllib
+from dataclasses import replace
+from pathlib import Path
+
+import numpy as np
+import polars as pl
+import pyarrow.parquet as pq
+import pytest
+from click.testing import CliRunner
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from pipeline.cli import main
+from pipeline.common.errors import ConfigError
+from pipeline.engine.jit import simulate_jit
+from pipeline.engine.model import EngineResult, Workload
+from pipeline.ingest import ingest_logs
+from pipeline.ingest.store import Store
+from pipeline.replay.autoscale import (
+    AUTOSCALE_CATALOG,
+    AutoscaleSettings,
+    decide,
+    replay_autoscaled,
+    route,
+    scale_up_delay,
+    timeline,
+    window_signals,
+)
+from pipeline.replay.fleet import load_fleet, resolve
+from pipeline.replay.run import replay
+
+ROOT = Path(__file__).resolve().parents[1]
+SAMPLE = ROOT / "traces" / "sample" / "gateway_demo_2025-01-15.jsonl.gz"
+EXAMPLE = ROOT / "fleets" / "autoscale.toml"
+
+FLEET = """
+name = "scaled"
+model = "llama-3.1-8b"
+hardware = "h100-sxm"
+router = "{router}"
+[engine]
+max_model_len = 131072
+[autoscale]
+{table}
+"""
+
+
+def _fleet(tmp_path: Path, table: str, router: str = "round_robin") -> Path:
+    path = tmp_path / "scaled.toml"
+    path.write_text(FLEET.format(table=table, router=router))
+    return path
+
+
+# -- the replica timeline and routing ------------------------------------------------------------
+
+
+def test_timeline_pays_a_new_replica_from_the_decision_and_serves_it_after_the_delay() -> None:
+    incs = timeline([(100.0, 3), (500.0, 1)], initial=1, delay_s=30.0, replicas=4)
+    got = sorted((i.replica, i.paid_from_s, i.live_from_s, i.retire_s) for i in incs)
+    # replica 0 is warm from the start; 1 and 2 are paid at 100, live at 130; the scale-down to 1
+    # retires the newest first (2, then 1), never the warm one
+    assert got == [(0, 0.0, 0.0, math.inf), (1, 100.0, 130.0, 500.0), (2, 100.0, 130.0, 500.0)]
+
+
+def test_a_replica_still_starting_is_cancelled_before_a_serving_one_retires() -> None:
+    incs = timeline([(100.0, 2), (110.0, 3), (120.0, 2)], initial=1, delay_s=60.0, replicas=4)
+    by = {(i.replica, i.paid_from_s): i for i in incs}
+    assert by[(2, 110.0)].retire_s == 120.0 and by[(2, 110.0)].live_from_s == 170.0  # never live
+    assert by[(1, 100.0)].retire_s == math.inf
+
+
+@st.composite
+def _days(draw: st.DrawFn) -> tuple[np.ndarray, np.ndarray, list[tuple[float, int]], int, float]:
+    R = draw(st.integers(1, 6))
+    n = draw(st.integers(1, 300))
+    arrival = np.sort(np.array(draw(st.lists(st.floats(0, 1000), min_size=n, max_size=n))))
+    rejected = np.array(draw(st.lists(st.booleans(), min_size=n, max_size=n)))
+    times = sorted(draw(st.lists(st.floats(0, 1000), max_size=12, unique=True)))
+    changes = [(t, draw(st.integers(1, R))) for t in times]
+    return arrival, rejected, changes, R, draw(st.floats(0, 300))
+
+
+@settings(max_examples=200, deadline=None)
+@given(_days(), st.sampled_from(["round_robin", "least_outstanding"]), st.integers(0, 2**31))
+def test_routing_never_sends_a_request_to_a_replica_that_is_not_live(
+    day: tuple[np.ndarray, np.ndarray, list[tuple[float, int]], int, float], router: str, seed: int
+) -> None:
+    arrival, rejected, changes, R, delay = day
+    initial = changes[0][1] if changes else 1
+    incs = timeline(changes, initial, delay, R)
+    est = arrival + np.random.default_rng(seed).exponential(20.0, arrival.shape[0])
+    routes = route(arrival, rejected, incs, router, est if router == "least_outstanding" else None)
+    assert routes.shape == arrival.shape  # one replica (or −1) per request
+    assert (routes[rejected] == -1).all() and (routes[~rejected] >= 0).all() and (routes < R).all()
+    for a, r in zip(arrival[~rejected], routes[~rejected], strict=True):
+        assert any(i.replica == r and i.live_at(float(a)) for i in incs)
+
+
+def test_round_robin_cycles_over_the_live_replicas_only() -> None:
+    incs = timeline([(10.0, 3)], initial=1, delay_s=5.0, replicas=3)
+    arrival = np.array([0.0, 1.0, 12.0, 15.0, 16.0, 17.0, 18.0])
+    routes = route(arrival, np.zeros(7, bool), incs)
+    # replica 0 alone until 15 s; from then the counter (at 3) walks 0, 1, 2 in index order
+    assert routes.tolist() == [0, 0, 0, 0, 1, 2, 0]
+
+
+def test_signals_are_spans_spread_over_the_windows_per_live_replica() -> None:
+    incs = timeline([], initial=2, delay_s=0.0, replicas=2)
+    cols = {
+        "start_s": np.array([5.0, 8.0]),
+        "end_s": np.array([15.0, 10.0]),
+        "waiting": np.array([4, 0]),
+        "kv_blocks_used": np.array([100, 50]),
+    }
+    sig = window_signals(cols, incs, np.array([0.0, 10.0, 20.0]), kv_blocks=1000)
+    # window [0, 10): busy 5 s + 2 s of 2 × 10 replica-seconds; waiting 4 × 5 s; kv 100·5 + 50·2
+    assert sig["utilisation"].tolist() == pytest.approx([7 / 20, 5 / 20])
+    assert sig["queue"].tolist() == pytest.approx([20 / 20, 20 / 20])
+    assert sig["kv"].tolist() == pytest.approx([600 / 20 / 1000, 500 / 20 / 1000])
+
+
+def test_decide_scales_up_in_proportion_and_down_one_at_a_time_after_the_cooldown() -> None:
+    policy = AutoscaleSettings(1, 8, "utilisation", 0.5, 0.2, window_s=10.0, cooldown_s=15.0)
+    edges = np.arange(6, dtype=float) * 10.0
+    # 0.9 at 10 s: ⌈1 × 0.9 / 0.5⌉ = 2; 20 s inside the cooldown; 0.1 at 30 s: one fewer
+    assert decide(policy, np.array([0.9, 0.9, 0.1, 0.1, 0.1]), edges) == [(10.0, 2), (30.0, 1)]
+
+
+# -- hand-computed GPU-hours of a schedule, through replay and cost --------------------------------
+
+
+@pytest.fixture(scope="module")
+def day(tmp_path_factory: pytest.TempPathFactory) -> Store:
+    """The bundled gateway demo hour (3,000 requests), ingested."""
+    store = Store(tmp_path_factory.mktemp("autoscale") / "store")
+    ingest_logs([SAMPLE], store)
+    return store
+
+
+def test_a_schedule_that_doubles_the_replicas_charges_the_extra_gpu_hours_from_its_hour(
+    day: Store, tmp_path: Path
+) -> None:
+    from pipeline.economics.cost import run_cost
+
+    shutil.copytree(day.root, tmp_path / "store")
+    store = Store(tmp_path / "store")
+    path = _fleet(tmp_path, 'min_replicas = 1\nmax_replicas = 2\nsignal = "schedule"\nschedule = [[0, 1], [0.25, 2]]')
+    run = replay(store, path)
+    config = json.loads((run.run_dir / "config.json").read_text())
+    auto = config["summary"]["autoscale"]
+    fleet = resolve(load_fleet(path))
+    catalog = tomllib.loads(AUTOSCALE_CATALOG.read_text())
+    load = catalog["storage"][catalog["default_storage"]]["load_gb_s"]
+    delay = fleet.memory.weights_bytes_per_gpu / (load * 1e9) + catalog["engine_start_s"] + catalog["cuda_graph_s"]
+    assert auto["scale_up_delay_s"] == pytest.approx(delay, rel=1e-12)
+    second = [r for r in auto["replicas"] if r["replica"] == 1]
+    assert [(r["paid_from_s"], r["live_from_s"]) for r in second] == [(900.0, pytest.approx(900.0 + delay))]
+    req = pl.from_arrow(pq.read_table(run.run_dir / "requests.parquet"))
+    assert isinstance(req, pl.DataFrame)
+    assert req.height == day.read_requests("2025-01-15").height  # rows in = rows out
+    early = req.filter(pl.col("arrival_s") < 900.0 + delay)
+    assert early.filter(pl.col("replica") == 1).height == 0 and req.filter(pl.col("replica") == 1).height > 0
+    cost = run_cost(store, run.run_id)
+    span, price = cost.gpu.window_s, cost.gpu.usd_per_gpu_hour
+    # one replica all the period, the second from the decision at 0.25 h (its delay paid, not served)
+    assert cost.gpu.paid_gpu_s == pytest.approx(span + (span - 900.0), rel=1e-12)
+    assert cost.gpu.total_usd == pytest.approx((2 * span - 900.0) * price / 3600.0, rel=1e-12)
+    doc = json.loads((cost.out_dir / "cost.json").read_text())["autoscale"]
+    assert doc["static_usd"] - doc["autoscaled_usd"] == pytest.approx(900.0 * price / 3600.0, rel=1e-9)
+    assert doc["static_gpu_hours"] == pytest.approx(2 * span / 3600.0, rel=1e-12)
+
+
+# -- a synthetic diurnal day -----------------------------------------------------------------------
+
+
+def _diurnal(seed: int = 7) -> Workload:
+    """90 minutes shaped like a day: a quiet night at 1 request/s, a 15-minute morning ramp to 20
+    requests/s, a plateau, an evening ramp down (thinned Poisson arrivals, long prompts)."""
+    rng = np.random.default_rng(seed)
+    night, peak = 1.0, 20.0
+
+    def rate(t: float) -> float:
+        if t < 1200:
+            return night
+        if t < 2100:
+            return night + (peak - night) * (t - 1200) / 900
+        if t < 3900:
+            return peak
+        if t < 4500:
+            return peak - (peak - night) * (t - 3900) / 600
+        return night
+
+    candidates = np.cumsum(rng.exponential(1 / peak, int(5400 * peak * 1.2)))
+    candidates = candidates[candidates < 5400]
+    keep = rng.random(candidates.shape[0]) < np.array([rate(t) for t in candidates]) / peak
+    arrival = candidates[keep]
+    n = arrival.shape[0]
+    return Workload(
+        arrival_s=arrival,
+        prompt_tokens=rng.integers(2000, 4000, n).astype(np.int64),
+        output_tokens=rng.integers(300, 700, n).astype(np.int64),
+    )
+
+
+def _ttft_p99(res: EngineResult, lo: float = 0.0, hi: float = math.inf) -> float:
+    m = (res.arrival_s >= lo) & (res.arrival_s < hi)
+    ttft = np.where(np.isfinite(res.first_token_s[m]), res.first_token_s[m] - res.arrival_s[m], np.inf)
+    return float(np.quantile(ttft, 0.99, method="inverted_cdf"))
+
+
+def test_on_a_diurnal_day_autoscaling_meets_the_slo_for_less_and_a_slow_start_misses_the_ramp() -> None:
+    SLO_S, RAMP = 2.0, (1200.0, 2400.0)
+    fleet = resolve(replace(load_fleet(EXAMPLE), autoscale=None, replicas=4))
+    spec, cost = fleet.spec(), fleet.cost_model.table
+    work = _diurnal()
+    last = float(work.arrival_s.max())
+    static = {r: _ttft_p99(simulate_jit(work, replace(spec, replicas=r), cost)) for r in (3, 4)}
+    assert static[3] > SLO_S >= static[4]  # 4 replicas is the static fleet sized for the peak
+    static_gpu_h = 4 * last / 3600.0
+    weights = fleet.memory.weights_bytes_per_gpu
+
+    def run(start_s: float) -> tuple[EngineResult, float, bool]:
+        policy = AutoscaleSettings(
+            1, 4, "kv", 0.3, 0.1, window_s=60.0, load_gb_s=7.0, engine_start_s=start_s, cuda_graph_s=17.0
+        )
+        res, routes, out, _ = replay_autoscaled(
+            work, spec, policy, weights, lambda r, log: simulate_jit(work, spec, cost, log, routes=r)
+        )
+        assert (routes >= 0).all() and res.arrival_s.shape == work.arrival_s.shape
+        assert out.delay_s == pytest.approx(scale_up_delay(policy, weights))
+        return res, out.provisioned_s(0.0, last) / 3600.0, out.converged
+
+    quick, quick_gpu_h, converged = run(41.0)
+    assert converged
+    assert _ttft_p99(quick) <= SLO_S  # meets the SLO over the day ...
+    assert quick_gpu_h < 0.75 * static_gpu_h  # ... for well under the peak-sized fleet's GPU-hours
+    slow, _, _ = run(1200.0)  # a 20-minute start: the replicas come after the ramp
+    assert _ttft_p99(slow, *RAMP) > SLO_S > _ttft_p99(quick)
+    assert _ttft_p99(slow, *RAMP) > 10 * _ttft_p99(quick, *RAMP)
+
+
+# -- hostile [autoscale] tables ---------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("table", "says"),
+    [
+        ('min_replicas = 4\nmax_replicas = 2\nsignal = "queue"', "min_replicas (4) is more than max_replicas (2)"),
+        (
+            'min_replicas = 1\nmax_replicas = 2\nsignal = "kv"\nscale_up_at = 0.8\nscale_down_at = 0.2\n'
+            "engine_start_s = -5.0",
+            "engine_start_s must be a number in [0, 86400], got -5.0",
+        ),
+        (
+            'min_replicas = 1\nmax_replicas = 2\nsignal = "kv"\nscale_up_at = nan\nscale_down_at = 0.2',
+            "scale_up_at must be a number in (0, 1], got nan",
+        ),
+        ('min_replicas = 1\nmax_replicas = 2\nsignal = "cpu"', "signal 'cpu' unknown"),
+        (
+            'min_replicas = 1\nmax_replicas = 2\nsignal = "schedule"\nschedule = [[1, 2], [0.5, 1]]',
+            "schedule hours must increase",
+        ),
+        ('min_replicas = 1\nmax_replicas = 2\nsignal = "schedule"\nschedule = [[0, 3]]', "schedule[0] replicas"),
+        ('min_replicas = 1\nmax_replicas = 2\nsignal = "queue"\nscale_up_at = 1.0', "needs scale_down_at"),
+        (
+            'min_replicas = 1\nmax_replicas = 2\nsignal = "queue"\nscale_up_at = 1.0\nscale_down_at = 0.1\n'
+            "load_gb_s = 1e300",
+            "load_gb_s must be a number in (0, 10000], got 1e+300",
+        ),
+        ('min_replicas = 1\nmax_replicas = "two"\nsignal = "queue"', "max_replicas must be an integer"),
+    ],
+)
+def test_hostile_autoscale_tables_are_one_line_naming_the_file_and_key(tmp_path: Path, table: str, says: str) -> None:
+    path = _fleet(tmp_path, table)
+    with pytest.raises(ConfigError) as info:
+        load_fleet(path)
+    message = str(info.value)
+    assert "\n" not in message and message.startswith(str(path)) and says in message, message
+    out = CliRunner().invoke(main, ["replay", "--fleet", str(path), "--store", str(tmp_path / "none")])
+    assert out.exit_code == 1 and len(out.output.strip().splitlines()) == 1 and says in out.output
+
+
+def test_an_autoscaled_fleet_refuses_what_it_does_not_route(tmp_path: Path) -> None:
+    table = 'min_replicas = 1\nmax_replicas = 2\nsignal = "schedule"\nschedule = [[0, 1]]'
+    with pytest.raises(ConfigError, match="routes over its live replicas"):
+        load_fleet(_fleet(tmp_path, table, router="session_affinity"))
+    with pytest.raises(ConfigError, match="autoscales"):
+        load_fleet(_fleet(tmp_path, table)).with_replicas(3)
+
+
+def test_the_example_fleet_records_its_policy_and_reads_it_back() -> None:
+    from pipeline.replay.fleet import fleet_from_dict
+
+    cfg = load_fleet(EXAMPLE)
+    assert cfg.autoscale is not None and cfg.replicas == cfg.autoscale.max_replicas
+    recorded = json.loads(json.dumps(resolve(cfg).to_dict()["fleet"]))
+    assert fleet_from_dict(recorded, "run").autoscale == cfg.autoscale
