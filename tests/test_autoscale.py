@@ -306,3 +306,25 @@ def test_the_example_fleet_records_its_policy_and_reads_it_back() -> None:
     assert cfg.autoscale is not None and cfg.replicas == cfg.autoscale.max_replicas
     recorded = json.loads(json.dumps(resolve(cfg).to_dict()["fleet"]))
     assert fleet_from_dict(recorded, "run").autoscale == cfg.autoscale
+
+
+# -- plan --autoscale --------------------------------------------------------------------------------
+
+
+def test_plan_prices_the_chosen_configuration_static_and_autoscaled(day: Store, tmp_path: Path) -> None:
+    from pipeline.plan import PlanOptions, plan
+
+    path = _fleet(tmp_path, 'min_replicas = 1\nmax_replicas = 4\nsignal = "schedule"\nschedule = [[0, 1], [0.5, 4]]')
+    opts = PlanOptions(model="llama-3.1-8b", fleet_path=str(path), hardware=("h100-sxm",), tp=(1,), window="day")
+    result = plan(day, replace(opts, autoscale=True))
+    chosen, scaled = result.doc["chosen"], result.doc["autoscale"]
+    price = scaled["usd_per_gpu_hour"]
+    # static: the chosen replicas all the period, the figure the plan ranks by
+    assert scaled["static_replicas"] == chosen["replicas"]
+    assert scaled["static_usd"] == pytest.approx(chosen["usd_per_period"], rel=1e-9)
+    # autoscaled: the schedule clipped to the chosen replicas, priced at the same $/GPU-h
+    assert scaled["policy"]["max_replicas"] == chosen["replicas"]
+    assert scaled["autoscaled_usd"] == pytest.approx(scaled["autoscaled_gpu_hours"] * price, rel=1e-12)
+    assert scaled["autoscaled_gpu_hours"] <= scaled["static_gpu_hours"] + 1e-9
+    with pytest.raises(ConfigError, match="has none"):
+        plan(day, replace(opts, autoscale=True, fleet_path=str(ROOT / "fleets" / "default.toml")))

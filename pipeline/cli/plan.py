@@ -198,6 +198,12 @@ PLAN_COLUMNS = (
     show_default=True,
     help="Speculative: METHOD:K (eagle3, eagle, mtp, ngram; K draft tokens); acceptance from the catalog.",
 )
+@click.option(
+    "--autoscale",
+    is_flag=True,
+    help="Also price the chosen configuration autoscaled by the --fleet's [autoscale] policy (up to its replicas) "
+    "over the whole day, beside static.",
+)
 @click.option("--list-slos", is_flag=True, help="Print the SLO presets with their numbers and sources, then exit.")
 @store_option
 @json_option
@@ -224,6 +230,7 @@ def plan_cmd(
     pd_ratios: str,
     link: str,
     speculative: str,
+    autoscale: bool,
     list_slos: bool,
     store_path: str | None,
     as_json: bool,
@@ -294,6 +301,7 @@ def plan_cmd(
             pd_ratios=parse_ratios(pd_ratios),
             link=link.strip(),
             speculative=parse_speculative(speculative),
+            autoscale=autoscale,
         )
         return plan(get_store(store_path), opts, progress=progress)
 
@@ -341,6 +349,16 @@ def plan_cmd(
         f"${chosen['usd_per_day']:,.0f}/day); binds on {chosen['sizing']['binding']}"
     )
     click.echo(plan_band_line(chosen))
+    scaled = doc.get("autoscale")
+    if scaled:
+        verdict = "meets the SLO" if scaled["autoscaled_meets_slo"] else "MISSES the SLO"
+        click.echo(
+            f"static {scaled['static_replicas']}x {scaled['config']} all day: {scaled['static_gpu_hours']:,.2f} GPU-h, "
+            f"${scaled['static_usd']:,.2f}; autoscaled ({scaled['policy']['signal']}, "
+            f"{scaled['policy']['min_replicas']}..{scaled['policy']['max_replicas']}, scale-up delay "
+            f"{scaled['scale_up_delay_s']:.0f} s): {scaled['autoscaled_gpu_hours']:,.2f} GPU-h, "
+            f"${scaled['autoscaled_usd']:,.2f}, {verdict} over the day"
+        )
     for r in doc["configurations"]:  # a chosen replica across nodes: its latencies are optimistic
         if r["meets_slo"] and r["config"] == chosen["config"] and str(r.get("note") or "").startswith("MULTI-NODE"):
             warn(str(r["note"]))

@@ -44,10 +44,12 @@ from pipeline.ingest.project import default_fleet_path, find_project
 from pipeline.ingest.store import SAFE_ID_RE, Store
 from pipeline.plan.executors import run_local, run_ray
 from pipeline.plan.modes import MAX_RATIO_SIDE, check_link, check_modes, frontier, parse_speculative, rank_key
-from pipeline.plan.search import Candidate, CandidateResult, Task, candidate_ep, skip_reason
+from pipeline.plan.search import Candidate, CandidateResult, Task, candidate_ep, candidate_fleet, skip_reason
 from pipeline.plan.window import Window, select_window
-from pipeline.replay.fleet import MAX_ENGINES, FleetConfig, load_fleet, parse_fleet
+from pipeline.replay.autoscale import AutoscaleSettings
+from pipeline.replay.fleet import MAX_ENGINES, FleetConfig, load_fleet, parse_fleet, resolve
 from pipeline.replay.limits import LOG_ROW_BYTES, REQUEST_BYTES, ROWS_PER_REQUEST
+from pipeline.replay.run import ReplayOptions, run_replay, summarize
 from pipeline.replay.slo import (
     Slo,
     day_projection,
@@ -90,6 +92,9 @@ class PlanOptions:
     link: str = "rdma"
     #: speculative: (method, k); the acceptance is the catalog's published figure for the pair
     speculative: tuple[str, int] = ("eagle3", 3)
+    #: Price the chosen configuration both ways: static (its peak-sized replicas all day) and
+    #: autoscaled by the base fleet's [autoscale] policy up to those replicas, over the whole day.
+    autoscale: bool = False
 
     def __post_init__(self) -> None:
         # a name given twice is one configuration (as --tp's numbers are): one replay, one row
@@ -314,6 +319,13 @@ def plan(store: Store, opts: PlanOptions, progress: Callable[[str], None] | None
     load_model(opts.model)
     slo = parse_slo(opts.slo)
     base, base_origin = _base_fleet(opts)
+    # the search sizes static fleets; an [autoscale] policy prices the chosen one (--autoscale)
+    policy, base = base.autoscale, replace(base, autoscale=None)
+    if opts.autoscale and policy is None:
+        raise ConfigError(
+            f"--autoscale prices the chosen configuration with the base fleet's [autoscale] policy: {base_origin} "
+            "has none (name one with --fleet; fleets/autoscale.toml is an example)"
+        )
     cands = candidates(opts, base)
     if not store.root.is_dir():  # a mistyped --store, not an empty store ("no requests ingested yet")
         raise RooftraceError(
@@ -370,6 +382,13 @@ def plan(store: Store, opts: PlanOptions, progress: Callable[[str], None] | None
         results = run_local(tasks, jobs, progress)
     wall = time.perf_counter() - t0
 
+    # (a disaggregated configuration is two pools: --autoscale prices the cheapest one-pool one)
+    chosen_early = _chosen([r for r in results if r.candidate.mode != "disaggregated"])
+    scaled = None
+    if opts.autoscale and policy is not None and chosen_early is not None:
+        if progress:
+            progress(f"--autoscale: replaying the day on {chosen_early.candidate.label} under its [autoscale] policy")
+        scaled = autoscaled_price(chosen_early, base, policy, req, slo, window)
     plan_id = _plan_id(date, opts, slo, base, req)
     table, search = _tables(plan_id, date, opts, slo, window, results)
     chosen = _chosen(results)
@@ -395,6 +414,7 @@ def plan(store: Store, opts: PlanOptions, progress: Callable[[str], None] | None
         "configurations": _with_overload(table.to_pylist(), results),
         "chosen": _chosen_doc(chosen) if chosen is not None else None,
         "api_equivalent": api_rows,
+        **({"autoscale": scaled} if scaled is not None else {}),
     }
     if fronts is not None:
         doc["frontier"] = fronts
@@ -535,6 +555,48 @@ def _chosen(results: Sequence[CandidateResult]) -> CandidateResult | None:
     if not ok:
         return None
     return min(ok, key=rank_key)
+
+
+def autoscaled_price(
+    r: CandidateResult, base: FleetConfig, policy: AutoscaleSettings, day: pl.DataFrame, slo: Slo, window: Window
+) -> dict[str, Any]:
+    """The chosen configuration priced both ways over the day: static (its ``r.replicas``, sized on
+    the plan's window, all the period of record) and autoscaled (the whole day replayed under
+    ``policy`` with ``max_replicas`` = those replicas: the GPU-hours provisioned), with the
+    autoscaled day's SLO verdict."""
+    peak = int(r.replicas or 1)
+    lo = min(policy.min_replicas, peak)
+    pol = replace(
+        policy,
+        min_replicas=lo,
+        max_replicas=peak,
+        schedule=tuple((h, min(max(n, lo), peak)) for h, n in policy.schedule),
+        initial_replicas=None if policy.initial_replicas is None else min(policy.initial_replicas, peak),
+    )
+    cfg = replace(candidate_fleet(base, r.candidate), replicas=peak, autoscale=pol)
+    fleet = resolve(cfg, f"{r.candidate.label} (--autoscale)")
+    run = run_replay(day, fleet, ReplayOptions(isolation=window.isolation), identity=window.identity)
+    summary = summarize(run, slo)
+    auto = summary["autoscale"]
+    price = r.usd_per_gpu_hour
+    verdict = summary["health"]["verdict"] or {}
+    return {
+        "config": r.candidate.label,
+        "policy": pol.to_dict(),
+        "period_s": auto["period_s"],
+        "static_replicas": peak,
+        "static_gpu_hours": auto["static_gpu_hours"],
+        "static_usd": auto["static_gpu_hours"] * price + 0.0,
+        "autoscaled_gpu_hours": auto["provisioned_gpu_hours"],
+        "autoscaled_usd": auto["provisioned_gpu_hours"] * price + 0.0,
+        "usd_per_gpu_hour": price,
+        "scale_up_delay_s": auto["scale_up_delay_s"],
+        "converged": auto["converged"],
+        "passes": auto["passes"],
+        "autoscaled_meets_slo": bool(verdict.get("passed", False)),
+        "autoscaled_targets": verdict.get("targets", []),
+        "autoscaled_ttft_p99_s": summary["ttft_s"].get("p99"),
+    }
 
 
 def _usd_per_day(r: CandidateResult) -> float:
