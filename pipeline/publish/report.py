@@ -27,7 +27,9 @@ from typing import Any
 
 import altair as alt
 import jinja2
+import numpy as np
 import pyarrow as pa
+import pyarrow.parquet as pq
 import vl_convert as vlc
 from markupsafe import Markup
 
@@ -299,7 +301,7 @@ def headline_numbers(q: Callable[[str], Rows]) -> dict[str, Any]:
     }
 
 
-def _charts(q: Callable[[str], Rows], headline: dict[str, Any]) -> list[Chart]:
+def _charts(q: Callable[[str], Rows], headline: dict[str, Any], scaled: AutoscaleDay | None = None) -> list[Chart]:
     charts: list[Chart] = []
     width = 760
 
@@ -544,6 +546,8 @@ def _charts(q: Callable[[str], Rows], headline: dict[str, Any]) -> list[Chart]:
                 color=alt.Color("binding:N", title=None),
             ),
         )
+    if scaled is not None:
+        _autoscale_charts(scaled, _data, add)
     curve = q("cache_curve_points")
     if curve:
         add(
@@ -560,6 +564,85 @@ def _charts(q: Callable[[str], Rows], headline: dict[str, Any]) -> list[Chart]:
             ),
         )
     return charts
+
+
+@dataclass(frozen=True)
+class AutoscaleDay:
+    """An autoscaled run's replicas and latencies over the day, per minute since the first arrival."""
+
+    replicas: Rows  # minute, live, provisioned
+    load: Rows  # minute, requests (arrivals in the minute)
+    ttft: Rows  # minute, ttft_p99_ms (of the minute's arrivals, never-served ones as infinite: left out)
+
+
+def autoscale_day(record: Mapping[str, Any], run_dir: Path) -> AutoscaleDay:
+    """The charts' rows from a run's recorded ``autoscale`` (config.json's summary) and its
+    requests table: live and provisioned replicas at each minute's start, arrivals per minute,
+    the p99 TTFT of each minute's arrivals (the inverse CDF; a request never served counts as
+    infinite, so a minute whose p99 is one is drawn at its finite maximum and said so)."""
+    req = pq.read_table(run_dir / "requests.parquet", columns=["arrival_s", "ttft_s"])
+    arrival = req.column("arrival_s").to_numpy().astype(np.float64)
+    ttft = req.column("ttft_s").to_numpy(zero_copy_only=False).astype(np.float64)
+    minutes = int(np.ceil(float(arrival.max()) / 60.0)) + 1 if arrival.size else 1
+    lives = record.get("replicas", [])
+    rows: Rows = []
+    for m in range(minutes):
+        t = 60.0 * m
+        live = sum(1 for r in lives if r["live_from_s"] <= t < (r["retire_s"] if r["retire_s"] is not None else 1e300))
+        paid = sum(1 for r in lives if r["paid_from_s"] <= t < float(r["end_s"]))
+        rows.append({"minute": m, "live": live, "provisioned": paid})
+    which = (arrival // 60.0).astype(np.int64)
+    counts = np.bincount(which, minlength=minutes)
+    load = [{"minute": m, "requests": int(c)} for m, c in enumerate(counts)]
+    served = np.where(np.isfinite(ttft), ttft, np.inf)
+    p99: Rows = []
+    for m in np.unique(which):
+        x = np.sort(served[which == m])
+        v = float(x[max(int(np.ceil(0.99 * x.size)) - 1, 0)])
+        p99.append({"minute": int(m), "ttft_p99_ms": v * 1000.0 if math.isfinite(v) else None})
+    return AutoscaleDay(rows, load, [r for r in p99 if r["ttft_p99_ms"] is not None])
+
+
+def _autoscale_charts(day: AutoscaleDay, data: Datasets, add: Callable[..., None]) -> None:
+    long = [
+        {"minute": r["minute"], "series": name, "replicas": r[col]}
+        for r in day.replicas
+        for name, col in (("live (serving)", "live"), ("provisioned (paid)", "provisioned"))
+    ]
+    replicas = (
+        alt.Chart(data(long))
+        .mark_line(interpolate="step-after")
+        .encode(
+            x=alt.X("minute:Q", title="minutes since the first arrival"),
+            y=alt.Y("replicas:Q", title="replicas"),
+            color=alt.Color("series:N", title=None),
+        )
+    )
+    load = (
+        alt.Chart(data(day.load))
+        .mark_area(opacity=0.2, color="gray")
+        .encode(x="minute:Q", y=alt.Y("requests:Q", title="arrivals per minute"))
+    )
+    add(
+        "autoscale_replicas",
+        "Autoscaled replicas over the day against the load",
+        "Step lines: replicas live (taking requests) and provisioned (paid: from the scale-up decision, "
+        "through the start-up delay, to the end of a retiring replica's drain) at each minute; grey: "
+        "arrivals per minute. cost charges the provisioned line's area.",
+        alt.layer(load, replicas).resolve_scale(y="independent"),
+    )
+    add(
+        "autoscale_ttft",
+        "TTFT over the day (p99 of each minute's arrivals, ms)",
+        "What the scale-up delay cost: TTFT (queueing included) p99 over the requests arriving in each "
+        "minute, inverse CDF; a minute whose p99 is a request never served is left out.",
+        alt.Chart(data(day.ttft))
+        .mark_line(point=True)
+        .encode(
+            x=alt.X("minute:Q", title="minutes since the first arrival"),
+            y=alt.Y("ttft_p99_ms:Q", title="TTFT p99 (ms)"),
+        ),
+    )
 
 
 #: The fewest requests a bucket needs for each percentile to be shown: below 2 / 10 / 100, p50 /
@@ -2495,7 +2578,8 @@ def build_report(
     # predicted vs observed: only for an as-logged replay of a date whose logs carry latencies
     compared = observed_comparison(store, day, run_dir) if not what_if_options(config) else None
     headline |= observed_headline(compared)
-    charts = _charts(q, headline)
+    auto = (config.get("summary") or {}).get("autoscale")
+    charts = _charts(q, headline, autoscale_day(auto, run_dir) if isinstance(auto, dict) else None)
     lead = ""
     if compared is not None:
         trend = observed_trend(store, run_id, day, config)
