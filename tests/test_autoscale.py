@@ -171,6 +171,21 @@ def test_a_schedule_that_doubles_the_replicas_charges_the_extra_gpu_hours_from_i
     assert req.height == day.read_requests("2025-01-15").height  # rows in = rows out
     early = req.filter(pl.col("arrival_s") < 900.0 + delay)
     assert early.filter(pl.col("replica") == 1).height == 0 and req.filter(pl.col("replica") == 1).height > 0
+    # the series: each replica's live share of each second (replica 1 from the decision + delay)
+    series = pl.from_arrow(pq.read_table(run.run_dir / "series.parquet"))
+    assert isinstance(series, pl.DataFrame)
+    second = series.filter(pl.col("replica") == 1)
+    assert second.filter(pl.col("second") + 1 <= 900.0 + delay)["live_fraction"].sum() == 0.0
+    assert (second.filter(pl.col("second") >= 900.0 + delay)["live_fraction"] == 1.0).all()
+    assert (series.filter(pl.col("replica") == 0)["live_fraction"] == 1.0).all()
+    # the report's rows: live and provisioned replicas per minute, arrivals per minute
+    from pipeline.publish.report import autoscale_day
+
+    shown = autoscale_day(auto, run.run_dir)
+    at = {r["minute"]: r for r in shown.replicas}
+    assert at[15] == {"minute": 15, "live": 1, "provisioned": 2}  # paid from 900 s, not yet serving
+    assert at[math.ceil((900.0 + delay) / 60.0)]["live"] == 2
+    assert sum(r["requests"] for r in shown.load) == req.height
     cost = run_cost(store, run.run_id)
     span, price = cost.gpu.window_s, cost.gpu.usd_per_gpu_hour
     # one replica all the period, the second from the decision at 0.25 h (its delay paid, not served)

@@ -55,7 +55,7 @@ from pipeline.engine.steplog import SPAN_COLUMNS, RowSink, StepLog
 from pipeline.ingest.project import default_fleet_path, find_project
 from pipeline.ingest.store import ColumnReader, Store, epoch_us, store_write_error
 from pipeline.replay import runrequests
-from pipeline.replay.autoscale import AutoscaleOutcome, replay_autoscaled
+from pipeline.replay.autoscale import AutoscaleOutcome, Incarnation, replay_autoscaled
 from pipeline.replay.fleet import FleetConfig, ResolvedFleet, resolve
 from pipeline.replay.limits import (
     MAX_SIM_SPAN_S,
@@ -522,6 +522,7 @@ def _run_autoscaled(
     result, _routes, outcome, log = replay_autoscaled(work, spec, auto, weight_bytes, simulate)
     wall = time.perf_counter() - t0
     if steps is not None and log.n:
+        steps.live = outcome.incarnations
         steps.add(log.columns())
     kept: EngineResult | None = result
     if results is not None:
@@ -641,6 +642,8 @@ class RunSteps:
         self.sums = StepSums()
         self.steps = ParquetStream(run_dir / "steps.parquet", "replay_steps")
         self.series = ParquetStream(run_dir / "series.parquet", "replay_series")
+        #: An autoscaled fleet's replica lives: the series gains ``live_fraction`` (None: static).
+        self.live: Sequence[Incarnation] | None = None
 
     def extend_rows(self, rows: npt.NDArray[np.float64]) -> None:
         """A pod's rows, as the engine wrote them: ordered as StepLog.columns orders them and
@@ -664,7 +667,7 @@ class RunSteps:
             except MemoryError as exc:
                 raise _table_memory(exc, "the steps table", cols, self.mode) from None
             try:
-                self.series.write(_series_table(cols, self.fleet, self.t0_us, self.mode))
+                self.series.write(_series_table(cols, self.fleet, self.t0_us, self.mode, self.live))
             except MemoryError as exc:
                 raise _table_memory(exc, "the per-second series", cols, self.mode) from None
 
@@ -754,11 +757,30 @@ def series_table(run: ReplayRun, t0_us: int) -> pa.Table:
 
 
 def _series_table(
-    cols: dict[str, npt.NDArray[Any]], fleet: ResolvedFleet, t0_us: int, mode: str | None = None
+    cols: dict[str, npt.NDArray[Any]],
+    fleet: ResolvedFleet,
+    t0_us: int,
+    mode: str | None = None,
+    live: Sequence[Incarnation] | None = None,
 ) -> pa.Table:
     frames: dict[str, Any] = series_frames(cols, fleet.scheduler.num_gpu_blocks, mode)
     frames["time"] = pa.array(t0_us + frames["second"] * 1_000_000, pa.timestamp("us", tz="UTC"))
+    if live is not None:
+        frames["live_fraction"] = live_fractions(frames["replica"], frames["second"], live)
     return pa.table(frames)
+
+
+def live_fractions(
+    replica: npt.NDArray[Any], second: npt.NDArray[Any], live: Sequence[Incarnation]
+) -> npt.NDArray[np.float64]:
+    """The share of each (replica, second) row the replica was live (between its scale-up delay's
+    end and its retirement)."""
+    out = np.zeros(replica.shape[0])
+    lo = second.astype(np.float64)
+    for inc in live:
+        mine = replica == inc.replica
+        out[mine] += np.clip(np.minimum(lo[mine] + 1.0, inc.retire_s) - np.maximum(lo[mine], inc.live_from_s), 0.0, 1.0)
+    return out
 
 
 # -- summary ---------------------------------------------------------------------------------
