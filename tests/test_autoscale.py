@@ -343,3 +343,30 @@ def test_plan_prices_the_chosen_configuration_static_and_autoscaled(day: Store, 
     assert scaled["autoscaled_gpu_hours"] <= scaled["static_gpu_hours"] + 1e-9
     with pytest.raises(ConfigError, match="has none"):
         plan(day, replace(opts, autoscale=True, fleet_path=str(ROOT / "fleets" / "default.toml")))
+
+
+def test_a_pool_autoscales_and_is_priced_for_what_it_provisioned(day: Store, tmp_path: Path) -> None:
+    from pipeline.economics.cost import PooledGpuCost, run_cost
+
+    shutil.copytree(day.root, tmp_path / "store")
+    store = Store(tmp_path / "store")
+    text = (
+        'name = "split"\nmodel = "llama-3.1-8b"\nhardware = "h100-sxm"\n[engine]\nmax_model_len = 131072\n'
+        '[[pool]]\nname = "gold"\nreplicas = 1\n[pool.match]\ntenant = ["tenant-1"]\n'
+        '[[pool]]\nname = "main"\n[pool.autoscale]\nmin_replicas = 1\nmax_replicas = 2\nsignal = "schedule"\n'
+        "schedule = [[0, 1], [0.25, 2]]\n"
+    )
+    path = tmp_path / "pools.toml"
+    path.write_text(text)
+    run = replay(store, path)
+    summary = json.loads((run.run_dir / "config.json").read_text())["summary"]
+    assert "autoscale" in summary["pools"]["main"] and "autoscale" not in summary["pools"]["gold"]
+    cost = run_cost(store, run.run_id)
+    assert isinstance(cost.gpu, PooledGpuCost)
+    parts = dict(cost.gpu.pools)
+    span = cost.gpu.pools[0][1].window_s
+    assert parts["gold"].paid_gpu_s == pytest.approx(span, rel=1e-12)  # static: all the period
+    assert parts["main"].paid_gpu_s == pytest.approx(2 * span - 900.0, rel=1e-12)
+    series = pl.from_arrow(pq.read_table(run.run_dir / "series.parquet"))
+    assert isinstance(series, pl.DataFrame)
+    assert (series.filter(pl.col("pool") == "gold")["live_fraction"] == 1.0).all()

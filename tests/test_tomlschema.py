@@ -31,6 +31,7 @@ from pipeline.costmodel.stackcal import PARAMETERS, TEXT_KEYS, parse_calibration
 from pipeline.economics.cost import PRICES_DIR, parse_price_table
 from pipeline.ingest.mapping import _TOP_KEYS, FIELD_TO_CANDIDATE, load_mapping
 from pipeline.ingest.project import find_project
+from pipeline.replay.autoscale import AUTOSCALE_KEYS
 from pipeline.replay.fleet import Calibration, EngineSettings, SpeculativeSettings, Topology, parse_fleet
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -188,8 +189,8 @@ def _allowed(case: tuple[Any, ...]) -> list[str]:
 def test_the_allowed_lists_are_the_hand_written_ones() -> None:
     """The declarations hold exactly the keys the loaders read (nothing lost in the move)."""
     assert _allowed(CASES[0]) == [
-        "calibration", "calibration_file", "cost", "cost_model", "description", "dp", "energy", "engine", "ep",
-        "hardware", "kv_dtype", "kv_offload", "measured_source", "model", "name", "pp", "replicas", "router",
+        "autoscale", "calibration", "calibration_file", "cost", "cost_model", "description", "dp", "energy", "engine",
+        "ep", "hardware", "kv_dtype", "kv_offload", "measured_source", "model", "name", "pp", "replicas", "router",
         "router_pod_balancer", "router_pod_size", "slo", "speculative", "stack_calibration", "topology", "tp",
         "weight_dtype",
     ]  # fmt: skip
@@ -199,6 +200,7 @@ def test_the_allowed_lists_are_the_hand_written_ones() -> None:
     assert set(tomlschema.SpeculativeTable.model_fields) == {f.name for f in fields(SpeculativeSettings)}
     # [kv_offload]: the tier's figures, and the host memory its fit is checked against
     assert set(tomlschema.KvOffloadTable.model_fields) == {f.name for f in fields(OffloadTier)}
+    assert set(tomlschema.AutoscaleTable.model_fields) == AUTOSCALE_KEYS
     assert set(tomlschema.HfConfigTable.model_fields) == _HF_KEYS
     assert set(tomlschema.MappingFile.model_fields) == _TOP_KEYS
     assert set(tomlschema.MappingFieldsTable.model_fields) == set(FIELD_TO_CANDIDATE)

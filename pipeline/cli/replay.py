@@ -264,12 +264,15 @@ def replay_cmd(
             f"{sd['mean_accepted_tokens']:.2f} accepted tokens per verification ({sd['acceptance_source']}); "
             f"{per_step or 0:.2f} output tokens per decode step over {sd['decode_steps']:,} decode steps"
         )
-    auto = s.get("autoscale")
-    if auto:
+    scaled = [("", s.get("autoscale"))] + [
+        (f"pool {k}: ", p.get("autoscale")) for k, p in (s.get("pools") or {}).items()
+    ]
+    if any(auto for _, auto in scaled):
         from pipeline.replay.run import autoscale_lines
 
-        for line in autoscale_lines(auto):
-            click.echo(line)
+        for prefix, auto in scaled:
+            for line in autoscale_lines(auto) if auto else []:
+                click.echo(prefix + line)
     click.echo(f"latency over {h['latency_covers']}:")
     for line in latency_lines(s):
         click.echo(line)

@@ -381,6 +381,7 @@ class PoolTable(_Table):
     calibration: FleetCalibrationTable = _opt("roofline factors of this pool's serving stack")
     calibration_file: str = _opt("a calibration learnt from logs, relative path")
     topology: TopologyTable = _opt("the GPUs' link of this pool's boxes")
+    autoscale: AutoscaleTable = _opt("the pool's live replicas follow a policy between min and max")
 
 
 class PooledFleetFile(_Table):

@@ -813,9 +813,13 @@ def electricity_line(
     ), energy
 
 
-def _autoscale_record(config: Mapping[str, Any]) -> dict[str, Any] | None:
-    """The run's recorded autoscaling (its summary's ``autoscale``), or None for a static fleet."""
+def _autoscale_record(config: Mapping[str, Any], pool: str | None = None) -> dict[str, Any] | None:
+    """The run's recorded autoscaling (its summary's ``autoscale``; a pool's, under ``pools``), or
+    None for a static fleet or pool."""
     summary = config.get("summary")
+    if pool is not None:
+        pools = summary.get("pools") if isinstance(summary, dict) else None
+        summary = pools.get(pool) if isinstance(pools, dict) else None
     found = summary.get("autoscale") if isinstance(summary, dict) else None
     return found if isinstance(found, dict) and isinstance(found.get("replicas"), list) else None
 
@@ -898,7 +902,7 @@ def run_cost(
             else gpu_hour_price(hw.price_usd_per_gpu_hour, hw.price_date, inputs, purchases)
         )
         part = _fleet_gpu_cost(pool.fleet, req, ok & on_pool, writes, spans, step_rows, span, price)
-        scaled = _autoscale_record(config) if pool.name is None else None
+        scaled = _autoscale_record(config, pool.name)
         if scaled is not None:  # an autoscaled fleet: what it provisioned, not max_replicas all the period
             lo = float(np.min(req.column("arrival_s").to_numpy())) if req.num_rows else 0.0
             paid = provisioned_from_record(scaled, lo, lo + span) * pool.fleet.gpus_per_replica

@@ -52,6 +52,13 @@ MAX_LOAD_GB_S = 10_000.0
 MAX_PASSES = 64
 DEFAULT_PASSES = 8
 DEFAULT_WINDOW_S = 60.0
+#: The keys of an [autoscale] table (tomlschema.AutoscaleTable declares the same: a test checks).
+AUTOSCALE_KEYS = frozenset(
+    {
+        "min_replicas", "max_replicas", "signal", "scale_up_at", "scale_down_at", "window_s", "cooldown_s",
+        "schedule", "initial_replicas", "load_gb_s", "storage", "engine_start_s", "cuda_graph_s", "max_passes",
+    }
+)  # fmt: skip
 
 FloatArray = npt.NDArray[np.float64]
 IntArray = npt.NDArray[np.int64]
@@ -152,10 +159,7 @@ def parse_autoscale(raw: Any, where: str, max_engines: int = 1_000_000) -> Autos
     windows, non-negative delays, finite numbers."""
     if not isinstance(raw, Mapping):
         raise ConfigError(f"{where}: must be a table, got {raw!r}")
-    allowed = {
-        "min_replicas", "max_replicas", "signal", "scale_up_at", "scale_down_at", "window_s", "cooldown_s",
-        "schedule", "initial_replicas", "load_gb_s", "storage", "engine_start_s", "cuda_graph_s", "max_passes",
-    }  # fmt: skip
+    allowed = AUTOSCALE_KEYS
     unknown = sorted(set(raw) - allowed)
     if unknown:
         raise ConfigError(f"{where}: unknown key(s) {unknown}; allowed: {sorted(allowed)}")

@@ -1772,7 +1772,7 @@ def _replay_pooled(
         slots[k] = _PoolRun(pool, fleet, rows, run)
         by_pool[k] = {
             "steps": steps_table(run),
-            "series": _series_table(run.log.columns(), fleet, t0_us, options.mode),
+            "series": _series_table(run.log.columns(), fleet, t0_us, options.mode, _pool_live(run, fleets)),
         }
         if pool.role != "prefill":
             by_pool[k]["requests"] = requests_table(sub, run, t0_us)
@@ -1791,7 +1791,7 @@ def _replay_pooled(
             drun = run_workload(merged, fleet, options)
             by_pool[d] = {
                 "steps": steps_table(drun),
-                "series": _series_table(drun.log.columns(), fleet, t0_us, options.mode),
+                "series": _series_table(drun.log.columns(), fleet, t0_us, options.mode, _pool_live(drun, fleets)),
             }
         slots[d] = _PoolRun(pool, fleet, np.zeros(0, np.int64), drun)
         for k, pos in zip(feeders, positions, strict=True):
@@ -1846,6 +1846,17 @@ def _ttft_split(cols: Columns, counts: dict[str, Any]) -> dict[str, Any]:
     out["served"] = int(ok.sum())
     out["ttft_split"] = split
     return out
+
+
+def _pool_live(run: ReplayRun, fleets: Sequence[ResolvedFleet]) -> list[Incarnation] | None:
+    """A pool's replica lives for its series' ``live_fraction``: its own where it autoscales; every
+    replica live all day where another pool of the fleet does (one column for the whole table);
+    None where no pool autoscales."""
+    if run.autoscale is not None:
+        return run.autoscale.incarnations
+    if any(f.config.autoscale is not None for f in fleets):
+        return [Incarnation(r, 0.0, 0.0) for r in range(run.spec.replicas)]
+    return None
 
 
 def _pooled_summary(
