@@ -370,3 +370,13 @@ def test_a_pool_autoscales_and_is_priced_for_what_it_provisioned(day: Store, tmp
     series = pl.from_arrow(pq.read_table(run.run_dir / "series.parquet"))
     assert isinstance(series, pl.DataFrame)
     assert (series.filter(pl.col("pool") == "gold")["live_fraction"] == 1.0).all()
+
+
+def test_every_default_of_the_autoscale_catalog_cites_its_source() -> None:
+    catalog = tomllib.loads(AUTOSCALE_CATALOG.read_text())
+    sources = catalog["sources"]
+    assert catalog["default_storage"] in catalog["storage"]
+    for key in ("engine_start_s", "cuda_graph_s", *catalog["storage"]):
+        assert len(str(sources.get(key, ""))) > 40, key  # a title, a date or an address, not a word
+    for kind in catalog["storage"].values():
+        assert 0 < kind["load_gb_s"] <= 100
