@@ -378,11 +378,15 @@ class GpuCost:
     @property
     def mean_gpus(self) -> float:
         """GPUs paid on average over the window (``gpus`` for a static fleet)."""
-        return self.paid_gpu_s / self.window_s if self.window_s > 0 else float(self.gpus)
+        if self.provisioned_gpu_s is None or self.window_s <= 0:
+            return float(self.gpus)
+        return self.provisioned_gpu_s / self.window_s
 
     @property
     def total_usd(self) -> float:
-        return self.paid_gpu_s * self.usd_per_gpu_hour / 3600.0
+        if self.provisioned_gpu_s is None:  # (the static fleet's figure, bit for bit as before)
+            return self.gpus * self.usd_per_gpu_hour * self.window_s / 3600.0
+        return self.provisioned_gpu_s * self.usd_per_gpu_hour / 3600.0
 
     @property
     def usd_per_day(self) -> float:
