@@ -380,3 +380,10 @@ def test_every_default_of_the_autoscale_catalog_cites_its_source() -> None:
         assert len(str(sources.get(key, ""))) > 40, key  # a title, a date or an address, not a word
     for kind in catalog["storage"].values():
         assert 0 < kind["load_gb_s"] <= 100
+
+
+def test_a_plan_without_autoscale_records_the_options_it_always_did() -> None:
+    from pipeline.plan import PlanOptions
+
+    opts = PlanOptions(model="llama-3.1-8b", hardware=("h100-sxm",), tp=(1,))
+    assert "autoscale" not in opts.record() and replace(opts, autoscale=True).record()["autoscale"] is True

@@ -130,8 +130,11 @@ class PlanOptions:
 
     def record(self, drop: tuple[str, ...] = ()) -> dict[str, Any]:
         """The options as plan.json and the plan id record them: a colocated-only plan leaves the
-        modes' options out, so its id and files are those of a plan before --modes existed."""
+        modes' options out, so its id and files are those of a plan before --modes existed (and a
+        plan without --autoscale leaves it out)."""
         skip = set(drop) | (set(MODE_OPTIONS) if self.modes_only_colocated else set())
+        if not self.autoscale:  # (--autoscale off: the id and files of a plan before it existed)
+            skip.add("autoscale")
         return {k: v for k, v in asdict(self).items() if k not in skip}
 
 
