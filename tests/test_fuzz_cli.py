@@ -877,6 +877,22 @@ FLEET_CALIBRATION: dict[str, tuple[st.SearchStrategy[Any], st.SearchStrategy[Any
     "link_efficiency": (st.floats(0.01, 1), _ANY_BAD),
 }
 
+#: [autoscale]: valid bounds and policies, or hostile values (min > max is drawn too: 1..4 both)
+FLEET_AUTOSCALE: dict[str, tuple[st.SearchStrategy[Any], st.SearchStrategy[Any]]] = {
+    "min_replicas": (st.integers(1, 4), _SMALL_BAD),
+    "max_replicas": (st.integers(1, 4), _SMALL_BAD),
+    "signal": (st.sampled_from(["utilisation", "queue", "kv", "schedule"]), _ANY_BAD | st.just("cpu")),
+    "scale_up_at": (st.floats(0.2, 1), _ANY_BAD | st.sampled_from([0.0, -1.0])),
+    "scale_down_at": (st.floats(0, 0.1), _ANY_BAD),
+    "window_s": (st.floats(1, 600), _ANY_BAD | st.just(0.5)),
+    "cooldown_s": (st.floats(0, 600), _ANY_BAD),
+    "schedule": (st.just([[0, 1], [0.001, 2]]), _ANY_BAD | st.just([[1, 2], [0, 1]])),
+    "engine_start_s": (st.floats(0, 120), _ANY_BAD | st.just(-5.0)),
+    "cuda_graph_s": (st.floats(0, 60), _ANY_BAD),
+    "load_gb_s": (st.floats(0.5, 50), _ANY_BAD | st.just(0.0)),
+    "max_passes": (st.integers(1, 3), _SMALL_BAD),
+}
+
 
 @st.composite
 def toml_table(draw: st.DrawFn, spec: dict[str, tuple[st.SearchStrategy[Any], st.SearchStrategy[Any]]]) -> Any:
@@ -906,6 +922,10 @@ def fleet_doc(draw: st.DrawFn) -> dict[str, Any]:
     doc["engine"] = {"max_model_len": 16384, **engine}
     if draw(st.booleans(), label="[calibration]?"):
         doc["calibration"] = draw(toml_table(FLEET_CALIBRATION), label="[calibration]")
+    if draw(st.integers(0, 4), label="[autoscale]?") == 1:
+        doc["autoscale"] = draw(toml_table(FLEET_AUTOSCALE), label="[autoscale]")
+        if draw(st.booleans(), label="replicas left to max_replicas?"):
+            doc.pop("replicas", None)
     if draw(st.integers(0, 19), label="engine not a table") == 7:
         doc["engine"] = draw(_ANY_BAD)
     return doc
