@@ -312,6 +312,10 @@ def test_an_autoscaled_fleet_refuses_what_it_does_not_route(tmp_path: Path) -> N
         load_fleet(_fleet(tmp_path, table, router="session_affinity"))
     with pytest.raises(ConfigError, match="autoscales"):
         load_fleet(_fleet(tmp_path, table)).with_replicas(3)
+    path = _fleet(tmp_path, table)
+    path.write_text(path.read_text().replace('router = "round_robin"', 'router = "round_robin"\ndp = 2'))
+    with pytest.raises(ConfigError, match="dp = 2"):
+        load_fleet(path)
 
 
 def test_the_example_fleet_records_its_policy_and_reads_it_back() -> None:

@@ -652,6 +652,11 @@ def parse_fleet(
             )
         if cfg.router_pod_size:
             raise ConfigError(f"{origin} [autoscale]: router_pod_size: an autoscaled fleet is one flat router's")
+        if cfg.dp > 1:
+            raise ConfigError(
+                f"{origin} [autoscale]: dp = {cfg.dp}: an autoscaled fleet scales whole replicas of one engine "
+                "each (dp = 1); data-parallel ranks are not modelled with it yet"
+            )
     if cfg.cost_model not in ("auto", "measured", "prior", "roofline"):
         raise ConfigError(f"{origin}: cost_model {cfg.cost_model!r} unknown; choose auto, measured, prior or roofline")
     if cfg.measured_source:
