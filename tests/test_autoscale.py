@@ -194,6 +194,15 @@ def test_a_schedule_that_doubles_the_replicas_charges_the_extra_gpu_hours_from_i
     doc = json.loads((cost.out_dir / "cost.json").read_text())["autoscale"]
     assert doc["static_usd"] - doc["autoscaled_usd"] == pytest.approx(900.0 * price / 3600.0, rel=1e-9)
     assert doc["static_gpu_hours"] == pytest.approx(2 * span / 3600.0, rel=1e-12)
+    # energy: a replica idles only while paid (the second one not before 900 s)
+    from pipeline.economics.energy import load_power, run_energy
+
+    pool = run_energy(run.run_dir, config).pools[0]
+    steps = pl.from_arrow(pq.read_table(run.run_dir / "steps.parquet"))
+    assert isinstance(steps, pl.DataFrame)
+    busy = float((steps["end_s"] - steps["start_s"]).sum())
+    idle_w = load_power()["h100-sxm"].idle_w
+    assert pool.idle_j == pytest.approx(idle_w * (2 * span - 900.0 - busy), rel=1e-9)
 
 
 # -- a synthetic diurnal day -----------------------------------------------------------------------

@@ -60,7 +60,7 @@ from pipeline.economics.stack import (
     with_options,
 )
 from pipeline.ingest.store import Store
-from pipeline.replay.autoscale import provisioned_from_record
+from pipeline.replay.autoscale import autoscale_record, provisioned_from_record
 from pipeline.replay.fleet import ResolvedFleet
 from pipeline.replay.runfolder import (
     config_path,
@@ -817,17 +817,6 @@ def electricity_line(
     ), energy
 
 
-def _autoscale_record(config: Mapping[str, Any], pool: str | None = None) -> dict[str, Any] | None:
-    """The run's recorded autoscaling (its summary's ``autoscale``; a pool's, under ``pools``), or
-    None for a static fleet or pool."""
-    summary = config.get("summary")
-    if pool is not None:
-        pools = summary.get("pools") if isinstance(summary, dict) else None
-        summary = pools.get(pool) if isinstance(pools, dict) else None
-    found = summary.get("autoscale") if isinstance(summary, dict) else None
-    return found if isinstance(found, dict) and isinstance(found.get("replicas"), list) else None
-
-
 def run_cost(
     store: Store,
     run_id: str | None = None,
@@ -906,7 +895,7 @@ def run_cost(
             else gpu_hour_price(hw.price_usd_per_gpu_hour, hw.price_date, inputs, purchases)
         )
         part = _fleet_gpu_cost(pool.fleet, req, ok & on_pool, writes, spans, step_rows, span, price)
-        scaled = _autoscale_record(config, pool.name)
+        scaled = autoscale_record(config, pool.name)
         if scaled is not None:  # an autoscaled fleet: what it provisioned, not max_replicas all the period
             lo = float(np.min(req.column("arrival_s").to_numpy())) if req.num_rows else 0.0
             paid = provisioned_from_record(scaled, lo, lo + span) * pool.fleet.gpus_per_replica

@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import cache
 from pathlib import Path
 from typing import Any
@@ -43,6 +43,7 @@ from pipeline.common.schemas import read_parquet
 from pipeline.common.tomlfile import read_toml
 from pipeline.common.units import plain_number
 from pipeline.economics.period import stored_run_period
+from pipeline.replay.autoscale import autoscale_record, paid_per_replica
 from pipeline.replay.fleet import ENERGY_RANGES, energy_range_error
 from pipeline.replay.runfolder import RunPool, config_path, pools_of, read_config
 from pipeline.replay.slo import MIN_PROJECTION_S, day_projection, traffic_span
@@ -304,6 +305,9 @@ class EnergyPool:
     gpus_per_rank: int
     peak_flops_per_s: float
     bandwidth_bytes_per_s: float
+    #: An autoscaled pool's seconds each rank was paid within the period (None: all of it): a
+    #: rank idles only while provisioned (pipeline/replay/autoscale.py).
+    paid_s: tuple[float, ...] | None = None
 
     @classmethod
     def of(cls, pool: RunPool) -> EnergyPool:
@@ -419,7 +423,14 @@ def run_energy(
     s = {name: _col(steps, name) for name in steps.column_names}
     finished = pc.equal(req.column("status"), "finished").to_numpy(zero_copy_only=False).astype(bool)
     r = {name: _col(req, name) for name in req.column_names if name != "status"}
-    return energy_of(s, r, finished, [EnergyPool.of(p) for p in pools], models, settings, period)
+    parts = []
+    for p in pools:
+        part = EnergyPool.of(p)
+        scaled = autoscale_record(config, p.name)
+        if scaled is not None:  # (time 0 is the first arrival: the period starts there)
+            part = replace(part, paid_s=tuple(paid_per_replica(scaled, 0.0, period, part.ranks).tolist()))
+        parts.append(part)
+    return energy_of(s, r, finished, parts, models, settings, period)
 
 
 def _recorded_energy(config: Mapping[str, Any]) -> Mapping[str, Any] | None:
@@ -475,7 +486,15 @@ def energy_of(
         # (counted, not allocated: a fleet of a billion replicas is a number, not an array)
         stepped, at = np.unique(span_replica[in_pool] - first, return_inverse=True)
         busy_per_rank = np.bincount(at, weights=dur, minlength=stepped.size)
-        idle_s = float(np.maximum(period_s - busy_per_rank, 0.0).sum()) + (ranks - stepped.size) * max(period_s, 0.0)
+        if pool.paid_s is None:
+            idle_s = float(np.maximum(period_s - busy_per_rank, 0.0).sum()) + (ranks - stepped.size) * max(
+                period_s, 0.0
+            )
+        else:  # an autoscaled pool: each rank idles while paid and not stepping
+            busy = np.zeros(ranks)
+            inside = stepped < ranks
+            busy[stepped[inside]] = busy_per_rank[inside]
+            idle_s = float(np.maximum(np.asarray(pool.paid_s) - busy, 0.0).sum())
         idle = idle_s * spec.idle_w * gpus_rank
         out.append(PoolEnergy(pool.name, name, ranks * gpus_rank, float(joules.sum()), idle))
         starts.append(s["start_s"][in_pool])

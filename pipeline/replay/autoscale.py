@@ -500,6 +500,28 @@ def provisioned_from_record(record: Mapping[str, Any], lo: float, hi: float) -> 
     return total
 
 
+def autoscale_record(config: Mapping[str, Any], pool: str | None = None) -> dict[str, Any] | None:
+    """A run's recorded autoscaling (config.json's ``summary.autoscale``; a pool's, under
+    ``summary.pools``), or None for a static fleet or pool."""
+    summary = config.get("summary")
+    if pool is not None:
+        pools = summary.get("pools") if isinstance(summary, dict) else None
+        summary = pools.get(pool) if isinstance(pools, dict) else None
+    found = summary.get("autoscale") if isinstance(summary, dict) else None
+    return found if isinstance(found, dict) and isinstance(found.get("replicas"), list) else None
+
+
+def paid_per_replica(record: Mapping[str, Any], lo: float, hi: float, replicas: int) -> FloatArray:
+    """Seconds each replica (index below ``replicas``) was paid within [lo, hi], from a recorded
+    ``autoscale``."""
+    out = np.zeros(replicas)
+    for inc in record.get("replicas", []):
+        r = int(inc["replica"])
+        if 0 <= r < replicas:
+            out[r] += max(0.0, min(float(inc["end_s"]), hi) - max(float(inc["paid_from_s"]), lo))
+    return out
+
+
 def with_drains(
     incs: Sequence[Incarnation], res: EngineResult, routes: IntArray, day_end_s: float
 ) -> list[Incarnation]:
