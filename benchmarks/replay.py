@@ -15,6 +15,7 @@ Poisson arrivals, a 16-replica fleet of Llama-3.1-8B on H100 (KV capacity from m
                                                         # (KV over 50 GB/s RDMA, 50 us per transfer)
     python benchmarks/replay.py --speculative eagle3:3               # speculation off, then on
     python benchmarks/replay.py --offload 200                        # agent sessions, cpu KV tier off, then on
+    python benchmarks/replay.py --autoscale schedule                 # static, then autoscaled (schedule or kv)
 
 The engine is pipeline/engine/jit.py, the one the replay stage uses (``--reference N`` times the
 per-step reference, the tests' oracle, on N requests). ``linear`` is the affine stand-in cost of
@@ -32,6 +33,11 @@ requests over the wall time of all four. ``--offload GB`` times the KV offload t
 keyed to its session, ``session_affinity``): the same day replayed without the tier, then with a
 ``cpu`` tier of GB per replica, the rate of the second counting the pre-pass
 (pipeline.replay.offload.plan_offload), the engine and putting the results back in the day's order.
+``--autoscale schedule|kv`` times an autoscaled fleet (FLEET.toml ``[autoscale]``, docs/pools.md)
+against the same day replayed static on all its replicas, round robin: ``schedule`` runs half the
+replicas until half the day, then all (one pass: routes chosen outside the compiled loop,
+pipeline.replay.autoscale.route); ``kv`` scales on KV occupancy (the control loop's passes, each one
+engine run: its rate is the static rate over the passes).
 """
 
 from __future__ import annotations
@@ -111,6 +117,12 @@ def main() -> None:
         metavar="GB",
         help="agent-session traffic replayed without, then with, a cpu KV offload tier of GB per replica",
     )
+    ap.add_argument(
+        "--autoscale",
+        choices=["schedule", "kv"],
+        default=None,
+        help="the same day replayed static, then autoscaled (a schedule, or KV occupancy), and both rates",
+    )
     args = ap.parse_args()
     if args.offload is not None:
         offload(args)
@@ -177,6 +189,9 @@ def main() -> None:
         spec = replace(spec, speculation=fleet.speculation)
         sd = fleet.speculation
         print(f"speculation on      {sd.method}, k = {sd.k}, {sd.mean_accepted:.2f} tokens per step (catalog)")
+    if args.autoscale is not None:
+        autoscaled(args, fleet, work, spec, cost)
+        return
     log = StepLog(capacity=1024)
     t0, c0 = time.perf_counter(), time.process_time()
     res = engine(work, spec, cost, log)
@@ -213,6 +228,45 @@ def main() -> None:
         for name in ("first_token_s", "finish_s"):
             a, b = getattr(mine, name), getattr(ref, name)
             print(f"max rel. diff {name:<13} {np.nanmax(np.abs(a - b) / np.abs(b)):.2e}")
+
+
+def autoscaled(args: argparse.Namespace, fleet: Any, work: Workload, spec: FleetSpec, cost: Any) -> None:
+    """The day replayed static (all replicas, round robin), then under an [autoscale] policy."""
+    from pipeline.costmodel.fit import weights_bytes_per_gpu
+    from pipeline.replay.autoscale import parse_autoscale, replay_autoscaled
+
+    n, r = work.n, spec.replicas
+    spec = replace(spec, router="round_robin")
+    t0 = time.perf_counter()
+    static = simulate_jit(work, spec, cost, StepLog(capacity=2 * n))
+    wall_static = time.perf_counter() - t0
+    hours = float(np.max(work.arrival_s)) / 3600.0
+    table: dict[str, Any] = {"min_replicas": max(1, r // 4), "max_replicas": r}
+    if args.autoscale == "schedule":
+        table |= {"signal": "schedule", "schedule": [[0.0, max(1, r // 2)], [hours / 2.0, r]]}
+    else:
+        table |= {"signal": "kv", "scale_up_at": 0.8, "scale_down_at": 0.3, "window_s": 60.0, "cooldown_s": 120.0}
+    settings = parse_autoscale(table, "benchmark [autoscale]", r)
+    weights = weights_bytes_per_gpu(fleet.deployment) * fleet.deployment.gpus
+
+    def simulate(routes: Any, log: Any) -> Any:
+        return simulate_jit(work, spec, cost, log, routes=routes)
+
+    rss0 = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024**2
+    t0 = time.perf_counter()
+    res, _, outcome, _ = replay_autoscaled(work, spec, settings, weights, simulate)
+    wall = time.perf_counter() - t0
+    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024**2
+    ok_s, ok_a = static.reject_reason == 0, res.reject_reason == 0
+    print(f"requests            {n:,} on up to {r} replicas, round robin (load average {os.getloadavg()[0]:.1f})")
+    done = f"{ok_s.sum():,} finished"
+    print(f"static              {n / wall_static:,.0f} requests per wall-s ({wall_static:,.2f} s, {done})")
+    print(
+        f"autoscaled ({args.autoscale}) {n / wall:,.0f} requests per wall-s ({wall:,.2f} s, {ok_a.sum():,} finished; "
+        f"{outcome.passes} pass{'es' if outcome.passes != 1 else ''}, converged {outcome.converged})"
+    )
+    print(f"ratio               {wall_static / wall:.2f} of the static rate")
+    print(f"peak RSS            {max(rss0, rss):,.2f} GiB")
 
 
 def disagg(args: argparse.Namespace) -> None:
