@@ -27,6 +27,7 @@ from pipeline.common.defaults import (
     DEFAULT_PLAN_SPECULATIVE,
     DEFAULT_WARMUP_S,
     DEFAULT_WINDOW_S,
+    PURCHASE_MODELS,
     plan_default_hardware,
     plan_default_hardware_text,
 )
@@ -86,6 +87,12 @@ def _share(text: str, option: str) -> float:
         raise click.BadParameter(f"{text!r} must be between 0% and 100%", param_hint=option)
     return value
 
+
+#: The --objective columns, said under the header.
+OBJECTIVE_COLUMNS = (
+    "    (stack $/day: the full cost stack a day, docs/economics.md; kWh/day: the GPUs' board energy a day, "
+    "busy spans at the power model, the rest idle)"
+)
 
 #: What the table's share columns are, said under its header: busy time is near 100 % whenever
 #: the replicas step continuously (continuous batching), so it does not say how full a step is;
@@ -204,6 +211,27 @@ PLAN_COLUMNS = (
     help="Also price the chosen configuration autoscaled by the --fleet's [autoscale] policy (up to its replicas) "
     "over the whole day, beside static.",
 )
+@click.option(
+    "--objective",
+    default=None,
+    help="Choose the passing configuration by usd (its full cost stack a day), energy (GPU kWh a day) or gpus; "
+    "adds each one's stack $/day and kWh/day. Default: the GPUs' $/day, the plan as it always was.",
+)
+@click.option(
+    "--purchase", type=click.Choice(PURCHASE_MODELS), default=None, help="--objective: how the GPUs are bought."
+)
+@click.option("--spot-interruptions-per-day", type=float, default=None, help="--objective, spot: interruptions a day.")
+@click.option("--spot-restart-s", type=float, default=None, help="--objective, spot: seconds lost per interruption.")
+@click.option("--redundancy", type=int, default=None, help="--objective: k of N+k, spare replicas per pool.")
+@click.option("--network", default=None, help="--objective: network overhead, '10%' of the GPU cost or '2.5/h'.")
+@click.option("--storage", default=None, help="--objective: storage overhead, '10%' or '2.5/h'.")
+@click.option("--operations", default=None, help="--objective: operations overhead, '10%' or '2.5/h'.")
+@click.option("--margin", type=float, default=None, help="--objective: margin, % on top of every cost line.")
+@click.option(
+    "--electricity/--no-electricity",
+    default=None,
+    help="--objective: count the GPUs' electricity in the stack (owned GPUs; default: the base fleet's [cost]).",
+)
 @click.option("--list-slos", is_flag=True, help="Print the SLO presets with their numbers and sources, then exit.")
 @store_option
 @json_option
@@ -231,6 +259,16 @@ def plan_cmd(
     link: str,
     speculative: str,
     autoscale: bool,
+    objective: str | None,
+    purchase: str | None,
+    spot_interruptions_per_day: float | None,
+    spot_restart_s: float | None,
+    redundancy: int | None,
+    network: str | None,
+    storage: str | None,
+    operations: str | None,
+    margin: float | None,
+    electricity: bool | None,
     list_slos: bool,
     store_path: str | None,
     as_json: bool,
@@ -277,6 +315,18 @@ def plan_cmd(
             "--window-s is the length of the peak window (--window peak); --window day replays the whole day"
         )
 
+    stack = {
+        "purchase": purchase,
+        "spot_interruptions_per_day": spot_interruptions_per_day,
+        "spot_restart_s": spot_restart_s,
+        "redundancy_replicas": redundancy,
+        "network": network,
+        "storage": storage,
+        "operations": operations,
+        "margin_percent": margin,
+        "electricity": electricity,
+    }
+
     def body() -> Any:
         opts = PlanOptions(
             model=model,
@@ -302,6 +352,8 @@ def plan_cmd(
             link=link.strip(),
             speculative=parse_speculative(speculative),
             autoscale=autoscale,
+            objective=objective.strip() if objective is not None else None,
+            cost_options=tuple((k, v) for k, v in stack.items() if v is not None),
         )
         return plan(get_store(store_path), opts, progress=progress)
 
@@ -319,8 +371,13 @@ def plan_cmd(
         f"{'#':>3} {'config':<24} {'GPUs':>5} {'repl':>4} {'TTFT99':>8} {'TPOT99':>8} {'busy':>5} {'pre':>5} "
         f"{'dec':>5} {'KV':>5} {'SLO slack':>9} {'binds':<12} {'$/day':>10} {'$/Mtok':>7} {'priced by':<9} pareto"
     )
+    by = doc.get("objective")
+    if by:  # --objective: the full cost stack a day and the GPUs' energy a day beside each row
+        header += f" {'stack $/day':>11} {'kWh/day':>9}"
     click.echo(header)
     click.echo(PLAN_COLUMNS)
+    if by:
+        click.echo(OBJECTIVE_COLUMNS)
     for r in doc["configurations"]:
         if not r["meets_slo"]:
             # a replay that did not keep up never meets the plan: said in its row (plan.json: overloaded)
@@ -335,7 +392,7 @@ def plan_cmd(
             f"{fmt_num(r['slo_headroom'], '.0%'):>9} "
             f"{r['binding'] or '-':<12} {fmt_num(r['usd_per_day'], ',.0f'):>10} "
             f"{fmt_num(r['usd_per_million_tokens'], '.3f'):>7} {r.get('priced_by') or '-':<9} "
-            f"{'*' if r['pareto'] else ''}"
+            f"{'*' if r['pareto'] else ''}" + (objective_cells(r) if by else "")
         )
     if doc.get("frontier"):
         for line in frontier_lines(doc["frontier"]):
@@ -344,10 +401,13 @@ def plan_cmd(
     if chosen is None:
         click.echo(f"no configuration meets the SLO (reasons above); {doc['advice']}", err=True)
         raise SystemExit(1)
-    click.echo(
-        f"cheapest: {chosen['replicas']}x {chosen['config']} ({chosen['gpus']} GPUs, "
-        f"${chosen['usd_per_day']:,.0f}/day); binds on {chosen['sizing']['binding']}"
-    )
+    if by:
+        click.echo(f"{by['verdict']}; binds on {chosen['sizing']['binding']}")
+    else:
+        click.echo(
+            f"cheapest: {chosen['replicas']}x {chosen['config']} ({chosen['gpus']} GPUs, "
+            f"${chosen['usd_per_day']:,.0f}/day); binds on {chosen['sizing']['binding']}"
+        )
     click.echo(plan_band_line(chosen))
     scaled = doc.get("autoscale")
     if scaled:
@@ -367,9 +427,12 @@ def plan_cmd(
     bad = "" if valid else f" ({period.get('unit_costs_flag')})"
     if not valid:  # a day replayed by a fleet that fell behind: priced over its makespan, as `cost` does
         click.echo(period.get("unit_costs_note"))
-        click.echo(f"over {period.get('period_text')}: self-hosted ${chosen['usd_per_period']:,.2f}")
+        usd = chosen.get("stack_usd_per_period", chosen["usd_per_period"])
+        click.echo(f"over {period.get('period_text')}: self-hosted ${usd:,.2f}")
     else:
-        click.echo(f"over the period of record ({doc['day_projection']}): self-hosted ${chosen['usd_per_period']:,.2f}")
+        stack = chosen.get("stack_usd_per_period")
+        usd = f"${stack:,.2f} (full cost stack)" if stack is not None else f"${chosen['usd_per_period']:,.2f}"
+        click.echo(f"over the period of record ({doc['day_projection']}): self-hosted {usd}")
     from pipeline.economics.cost import STALE_AFTER_DAYS
 
     for a in doc["api_equivalent"]:
@@ -379,6 +442,12 @@ def plan_cmd(
             f"self-host/API {fmt_num(a['self_host_to_api_ratio'], '.2f')}{bad}"
         )
     progress(f"{doc['replays']} replays in {doc['search_wall_s']:.1f} s")
+
+
+def objective_cells(r: dict[str, Any]) -> str:
+    """An --objective row's stack $/day and kWh/day, under their headers (after 'pareto')."""
+    stack, kwh = fmt_num(r.get("stack_usd_per_day"), ",.0f"), fmt_num(r.get("gpu_kwh_per_day"), ",.1f")
+    return f"{'':<{6 - (1 if r['pareto'] else 0)}} {stack:>11} {kwh:>9}"
 
 
 def plan_band_line(chosen: dict[str, Any]) -> str:

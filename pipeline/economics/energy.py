@@ -44,7 +44,7 @@ from pipeline.common.tomlfile import read_toml
 from pipeline.common.units import plain_number
 from pipeline.economics.period import stored_run_period
 from pipeline.replay.autoscale import autoscale_record, paid_per_replica
-from pipeline.replay.fleet import ENERGY_RANGES, energy_range_error
+from pipeline.replay.fleet import ENERGY_RANGES, ResolvedFleet, energy_range_error
 from pipeline.replay.runfolder import RunPool, config_path, pools_of, read_config
 from pipeline.replay.slo import MIN_PROJECTION_S, day_projection, traffic_span
 
@@ -311,13 +311,18 @@ class EnergyPool:
 
     @classmethod
     def of(cls, pool: RunPool) -> EnergyPool:
-        dep = pool.fleet.deployment
-        hw = pool.fleet.config.hardware
+        return cls.of_fleet(pool.fleet, pool.name, pool.first_replica)
+
+    @classmethod
+    def of_fleet(cls, fleet: ResolvedFleet, name: str | None = None, first_replica: int = 0) -> EnergyPool:
+        """A resolved fleet's ranks as one pool (a stored run's pool, or a replay plan holds in memory)."""
+        dep = fleet.deployment
+        hw = fleet.config.hardware
         return cls(
-            pool.name,
+            name,
             Path(hw).stem if hw.endswith(".toml") else hw,
-            pool.first_replica,
-            pool.fleet.ranks,
+            first_replica,
+            fleet.ranks,
             dep.gpus,
             dep.hardware.peak_for(dep.compute_dtype),
             dep.hardware.memory_bandwidth_bytes_per_s,
@@ -431,6 +436,15 @@ def run_energy(
             part = replace(part, paid_s=tuple(paid_per_replica(scaled, 0.0, period, part.ranks).tolist()))
         parts.append(part)
     return energy_of(s, r, finished, parts, models, settings, period)
+
+
+def spans_busy_energy(spans: Mapping[str, FloatArray], pool: EnergyPool, spec: PowerSpec) -> tuple[float, float]:
+    """Board joules and GPU-seconds of a pool's step-log spans (columns as in :func:`energy_of`,
+    every row on ``pool``'s ranks), with the same power per span as a run's energy: what a
+    replay held in memory (``rooftrace plan``'s) draws while stepping, before any idle time."""
+    dur = np.maximum(spans["end_s"] - spans["start_s"], 0.0)
+    watts = spec.span_power_w(spans, pool.peak_flops_per_s, pool.bandwidth_bytes_per_s)
+    return float((watts * dur).sum()) * pool.gpus_per_rank, float(dur.sum()) * pool.gpus_per_rank
 
 
 def _recorded_energy(config: Mapping[str, Any]) -> Mapping[str, Any] | None:

@@ -27,6 +27,7 @@ from pipeline.economics.cost import (
     run_period,
 )
 from pipeline.engine.model import REJECT_KV_CAPACITY, REJECT_REASONS, EngineResult, Workload
+from pipeline.plan.objective import candidate_energy
 from pipeline.plan.window import Window
 from pipeline.replay.fleet import (
     FleetConfig,
@@ -147,6 +148,10 @@ class CandidateResult:
     skipped: bool = False
     #: The cost tier that priced its replays: measured, prior or roofline ("" when none ran).
     priced_by: str = ""
+    #: plan --objective only (pipeline/plan/objective.py): the chosen replay's GPU energy a day,
+    #: computed in the worker that holds its step log, and the cost stack the plan builds on it.
+    energy: dict[str, Any] = field(default_factory=dict)
+    stack: dict[str, Any] = field(default_factory=dict)
 
     @property
     def chosen(self) -> Evaluation | None:
@@ -179,6 +184,8 @@ class Task:
     base_origin: str = "the base fleet"  # where the base fleet came from (its FLEET.toml), for notes
     #: The link kind a disaggregated candidate's prefill pool hands over (pipeline/catalog/links.toml).
     link: str = "rdma"
+    #: plan --objective: work out the chosen replay's energy a day (CandidateResult.energy).
+    energy: bool = False
 
 
 def candidate_ep(base: FleetConfig, tp: int) -> int:
@@ -747,6 +754,9 @@ def _search_candidate(task: Task, out: CandidateResult) -> CandidateResult:
         "output": day_tokens.output,
         "cache_write": day_tokens.cache_write,
     }
+    if task.energy:  # the step log lives here: its energy a day, scaled as the busy GPU-time is
+        busy_scale = day_cost.busy_gpu_s / cost.busy_gpu_s if cost.busy_gpu_s > 0 else 0.0
+        out.energy = candidate_energy(run.cols, fleet, n * out.gpus_per_replica, busy_scale, out.period_s)
     return out
 
 

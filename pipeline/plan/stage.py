@@ -44,6 +44,17 @@ from pipeline.ingest.project import default_fleet_path, find_project
 from pipeline.ingest.store import SAFE_ID_RE, Store
 from pipeline.plan.executors import run_local, run_ray
 from pipeline.plan.modes import MAX_RATIO_SIDE, check_link, check_modes, frontier, parse_speculative, rank_key
+from pipeline.plan.objective import (
+    OBJECTIVES,
+    STACK_FLAGS,
+    StackPricing,
+    candidate_stack,
+    check_objective,
+    check_stack_options,
+    energy_doc,
+    stack_doc,
+    stack_pricing,
+)
 from pipeline.plan.search import Candidate, CandidateResult, Task, candidate_ep, candidate_fleet, skip_reason
 from pipeline.plan.window import Window, select_window
 from pipeline.replay.autoscale import AutoscaleSettings
@@ -95,6 +106,13 @@ class PlanOptions:
     #: Price the chosen configuration both ways: static (its peak-sized replicas all day) and
     #: autoscaled by the base fleet's [autoscale] policy up to those replicas, over the whole day.
     autoscale: bool = False
+    #: What the passing configuration is chosen by (pipeline/plan/objective.py): None ranks by the
+    #: GPUs' $/day and writes the plan it always did; usd, energy or gpus add each configuration's
+    #: cost stack and energy a day, and choose by the objective.
+    objective: str | None = None
+    #: The cost stack's options over the base fleet's [cost] (objective.STACK_OPTIONS: rooftrace
+    #: cost's), as (key, value) pairs; only with an objective.
+    cost_options: tuple[tuple[str, Any], ...] = ()
 
     def __post_init__(self) -> None:
         # a name given twice is one configuration (as --tp's numbers are): one replay, one row
@@ -123,6 +141,15 @@ class PlanOptions:
             raise ConfigError(f"--pd-ratios: each side a whole number in 1..{MAX_RATIO_SIDE}, got {self.pd_ratios!r}")
         check_link(self.link)
         parse_speculative(f"{self.speculative[0]}:{self.speculative[1]}")
+        if self.objective is not None:
+            check_objective(self.objective)
+        object.__setattr__(self, "cost_options", check_stack_options(self.cost_options))
+        if self.cost_options and self.objective is None:
+            given = ", ".join(STACK_FLAGS[k] for k, _ in self.cost_options)
+            raise ConfigError(
+                f"{given}: the cost stack is built for --objective (usd, energy or gpus); give one, "
+                "e.g. --objective usd to choose by the full cost"
+            )
 
     @property
     def modes_only_colocated(self) -> bool:
@@ -135,11 +162,15 @@ class PlanOptions:
         skip = set(drop) | (set(MODE_OPTIONS) if self.modes_only_colocated else set())
         if not self.autoscale:  # (--autoscale off: the id and files of a plan before it existed)
             skip.add("autoscale")
+        if self.objective is None:  # a plan without --objective: its id and files as before
+            skip |= set(OBJECTIVE_OPTIONS)
         return {k: v for k, v in asdict(self).items() if k not in skip}
 
 
 #: PlanOptions' fields of ``--modes`` and its options.
 MODE_OPTIONS = ("modes", "pd_ratios", "link", "speculative")
+#: PlanOptions' fields of ``--objective`` and the cost stack's options.
+OBJECTIVE_OPTIONS = ("objective", "cost_options")
 
 
 @dataclass(frozen=True)
@@ -343,6 +374,11 @@ def plan(store: Store, opts: PlanOptions, progress: Callable[[str], None] | None
     window = select_window(req, opts.window, opts.window_s, opts.warmup_s)
     window = replace(window, identity=day_identity(store, date, every))
     day = _day_totals(req)
+    pricing = None
+    if opts.objective is not None:  # a bad [cost] or option: said before the search, not after it
+        pricing = stack_pricing(
+            base, base_origin if base_origin != "defaults" else None, opts.cost_options, base_origin
+        )
     arrivals = req.get_column("arrival").dt.epoch("us").to_numpy().astype(np.float64) / 1e6
     period = traffic_period_s(arrivals)
     overrides = dict(opts.gpu_prices)
@@ -360,6 +396,7 @@ def plan(store: Store, opts: PlanOptions, progress: Callable[[str], None] | None
             period,
             base_origin,
             opts.link,
+            energy=opts.objective is not None,
         )
         for c in cands
     ]
@@ -393,11 +430,23 @@ def plan(store: Store, opts: PlanOptions, progress: Callable[[str], None] | None
             progress(f"--autoscale: replaying the day on {chosen_early.candidate.label} under its [autoscale] policy")
         scaled = autoscaled_price(chosen_early, base, policy, req, slo, window)
     plan_id = _plan_id(date, opts, slo, base, req)
+    if pricing is not None:
+        price_candidates(results, pricing, overrides)
     table, search = _tables(plan_id, date, opts, slo, window, results)
-    chosen = _chosen(results)
+    chosen = _chosen(results, opts.objective)
     fronts = None if opts.modes_only_colocated else frontier(results, opts.modes)
     plan_dir = store.plan_dir(plan_id)
     api_rows = _api_rows(plan_id, chosen, prices) if chosen is not None else []
+    configurations = _with_overload(table.to_pylist(), results)
+    chosen_doc = _chosen_doc(chosen) if chosen is not None else None
+    if pricing is not None:  # --objective: each configuration's cost stack and energy a day
+        configurations = _with_objective(configurations, results)
+        if chosen_doc is not None and chosen is not None:
+            chosen_doc |= {
+                "cost_stack": chosen.stack or None,
+                "energy": chosen.energy or None,
+                "stack_usd_per_period": self_hosted_usd(chosen),
+            }
     doc = {
         "plan_id": plan_id,
         "date": date,
@@ -414,11 +463,13 @@ def plan(store: Store, opts: PlanOptions, progress: Callable[[str], None] | None
         "period_s": period,
         "period": traffic_span(period),
         "day_projection": day_projection(period),
-        "configurations": _with_overload(table.to_pylist(), results),
-        "chosen": _chosen_doc(chosen) if chosen is not None else None,
+        "configurations": configurations,
+        "chosen": chosen_doc,
         "api_equivalent": api_rows,
         **({"autoscale": scaled} if scaled is not None else {}),
     }
+    if pricing is not None and opts.objective is not None:
+        doc["objective"] = objective_doc(opts.objective, results, pricing)
     if fronts is not None:
         doc["frontier"] = fronts
     with store.lock():
@@ -553,11 +604,109 @@ def _plan_id(date: str, opts: PlanOptions, slo: Slo, base: FleetConfig, req: pl.
     return f"{date}-{model}-{h.hexdigest()[:10]}"
 
 
-def _chosen(results: Sequence[CandidateResult]) -> CandidateResult | None:
+def _chosen(results: Sequence[CandidateResult], objective: str | None = None) -> CandidateResult | None:
     ok = [r for r in results if r.replicas is not None]
     if not ok:
         return None
-    return min(ok, key=rank_key)
+    return min(ok, key=ranking(objective))
+
+
+def ranking(objective: str | None) -> Callable[[CandidateResult], tuple[Any, ...]]:
+    """The sort key of passing configurations: the plan's own (:func:`rank_key`: $/day, the simpler
+    mode, p99 TTFT, the label) without an objective; with one, the objective's figure first
+    (the stack's $/day, GPU kWh a day with a GPU without a power model last, or GPUs), then that."""
+    if objective is None:
+        return rank_key
+
+    def key(r: CandidateResult) -> tuple[Any, ...]:
+        if objective == "usd":
+            first: tuple[Any, ...] = (r.stack.get("usd_per_day", math.inf),)
+        elif objective == "energy":
+            kwh = r.energy.get("gpu_kwh_per_day")
+            first = (kwh is None, kwh if kwh is not None else 0.0)
+        else:
+            first = ((r.replicas or 0) * r.gpus_per_replica,)
+        return (*first, *rank_key(r))
+
+    return key
+
+
+def _stack_pools(r: CandidateResult) -> list[tuple[str | None, int]]:
+    """A passing configuration's pools for its stack: (None, replicas), or a disaggregated fleet's
+    prefill and decode pools (N+k spares each)."""
+    ev = r.chosen
+    pools = ev.pools if ev is not None else {}
+    if r.candidate.mode == "disaggregated" and pools.get("prefill_replicas"):
+        return [("prefill", int(pools["prefill_replicas"])), ("decode", int(pools["decode_replicas"]))]
+    return [(None, r.replicas or 0)]
+
+
+def price_candidates(results: Sequence[CandidateResult], pricing: StackPricing, overrides: dict[str, float]) -> None:
+    """Each passing configuration's energy (facility kWh and electricity at the base fleet's
+    [energy]) and cost stack a day (pipeline/plan/objective.py), set on it for the ranking."""
+    for r in results:
+        if r.replicas is None:
+            continue
+        r.energy = energy_doc(r.energy, pricing.energy)
+        hw, override = r.candidate.hardware, overrides.get(r.candidate.hardware)
+        stack = candidate_stack(pricing, hw, _stack_pools(r), r.gpus_per_replica, override, r.energy, r.period_s)
+        r.stack = stack_doc(stack, pricing, hw, override)
+
+
+def objective_columns(r: CandidateResult, objective: str) -> dict[str, Any]:
+    """A plan row's --objective columns (optional columns of the ``plan`` schema)."""
+    return {
+        "objective": objective,
+        "stack_usd_per_day": r.stack.get("usd_per_day"),
+        "gpu_kwh_per_day": r.energy.get("gpu_kwh_per_day"),
+        "facility_kwh_per_day": r.energy.get("facility_kwh_per_day"),
+    }
+
+
+def _with_objective(rows: list[dict[str, Any]], results: Sequence[CandidateResult]) -> list[dict[str, Any]]:
+    by_label = {r.candidate.label: r for r in results}
+    return [
+        {**row, "cost_stack": by_label[row["config"]].stack or None, "energy": by_label[row["config"]].energy or None}
+        for row in rows
+    ]
+
+
+def _brief(r: CandidateResult) -> str:
+    gpus = (r.replicas or 0) * r.gpus_per_replica
+    kwh = r.energy.get("gpu_kwh_per_day")
+    energy = f"{kwh:,.1f} kWh/day" if kwh is not None else "no power model"
+    return (
+        f"{r.replicas}x {r.candidate.label} ({gpus} GPU{'s' if gpus != 1 else ''}, "
+        f"${r.stack.get('usd_per_day', 0.0):,.0f}/day, {energy})"
+    )
+
+
+def objective_doc(objective: str, results: Sequence[CandidateResult], pricing: StackPricing) -> dict[str, Any]:
+    """plan.json's ``objective``: what chose, the stack's inputs, the winner by each objective
+    and, in words, what the chosen configuration gives and costs against the others' winners."""
+    ok = [r for r in results if r.replicas is not None]
+    best = {name: min(ok, key=ranking(name)).candidate.label for name in OBJECTIVES} if ok else {}
+    out: dict[str, Any] = {"name": objective, "pricing": pricing.to_dict(), "best_by": best, "verdict": None}
+    if not ok:
+        return out
+    by_label = {r.candidate.label: r for r in ok}
+    won = by_label[best[objective]]
+    parts = [f"chosen by {objective}: {_brief(won)}"]
+    others: dict[str, list[str]] = {}  # another winner, and the objectives it wins by
+    for name in OBJECTIVES:
+        if best[name] != won.candidate.label:
+            others.setdefault(best[name], []).append(name)
+    for label, names in others.items():
+        other = by_label[label]
+        d_usd = won.stack["usd_per_day"] - other.stack["usd_per_day"]
+        k_won, k_other = won.energy.get("gpu_kwh_per_day"), other.energy.get("gpu_kwh_per_day")
+        d_kwh = f"{k_won - k_other:+,.1f} kWh/day" if k_won is not None and k_other is not None else "kWh n/a"
+        d_gpu = (won.replicas or 0) * won.gpus_per_replica - (other.replicas or 0) * other.gpus_per_replica
+        parts.append(
+            f"against the best by {' and '.join(names)}, {_brief(other)}: {d_usd:+,.2f} $/day, {d_kwh}, {d_gpu:+d} GPUs"
+        )
+    out["verdict"] = "; ".join(parts)
+    return out
 
 
 def autoscaled_price(
@@ -622,7 +771,7 @@ def _tables(
     plan_id: str, date: str, opts: PlanOptions, slo: Slo, window: Window, results: Sequence[CandidateResult]
 ) -> tuple[pa.Table, pa.Table]:
     feasible = [r for r in results if r.replicas is not None]
-    ranked = sorted(feasible, key=rank_key)
+    ranked = sorted(feasible, key=ranking(opts.objective))
     rank = {id(r): i + 1 for i, r in enumerate(ranked)}
     front = pareto_front([(_usd_per_day(r), r.chosen.p99["ttft"] if r.chosen else 0.0) for r in ranked])
     on_front = {id(r) for r, f in zip(ranked, front, strict=True) if f}
@@ -677,6 +826,7 @@ def _tables(
                 "replays": len(r.evaluations),
                 "priced_by": r.priced_by or None,
                 **({} if opts.modes_only_colocated else mode_columns(r)),
+                **({} if opts.objective is None else objective_columns(r, opts.objective)),
             }
         )
         for e in r.evaluations:
@@ -803,4 +953,12 @@ def _gpu_cost_table(subject: str, r: CandidateResult) -> pa.Table:
 def _api_rows(subject: str, r: CandidateResult, prices: Sequence[Any]) -> list[dict[str, Any]]:
     t = r.day_tokens
     tokens = TokenTotals(t["fresh_input"], t["cache_hit"], t["output"], t["cache_write"])
-    return api_cost_rows(subject, tokens, prices, _usd_per_period(r), r.period_s)
+    return api_cost_rows(subject, tokens, prices, self_hosted_usd(r), r.period_s)
+
+
+def self_hosted_usd(r: CandidateResult) -> float:
+    """What the self-hosted fleet costs over the period of record, against the API bills: with
+    --objective its full cost stack (the rate of its $/day), else the GPUs, as it always was."""
+    if r.stack:
+        return float(r.stack["usd_per_day"]) * r.period_s / 86400.0 + 0.0
+    return _usd_per_period(r)
