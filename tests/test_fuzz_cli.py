@@ -1019,6 +1019,10 @@ PLAN: Spec = {
         st.sampled_from(["eagle3:3", "ngram:5", "eagle:2"]),
         _bad("eagle3:0", "eagle3:17", "medusa:3", "draft_model:3", "eagle3", ":", "eagle3:nan", ""),
     ),
+    "--objective": (st.sampled_from(["usd", "energy", "gpus"]), _bad("foo", "", "USD", "usd,energy", "nan")),
+    "--redundancy": (st.sampled_from(["0", "1", "3"]), _bad("-1", "nan", "", "1.5", str(2**70))),
+    "--margin": (st.floats(0, 100).map(repr), _bad("-1", "nan", "inf", "1e300", "")),
+    "--network": (st.sampled_from(["10%", "2.5/h"]), _bad("lots", "", "%", "/h", "nan%", "-1%", "1e400/h")),
 }
 
 
