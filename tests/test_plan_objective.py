@@ -145,6 +145,23 @@ def test_plan_json_carries_each_candidates_stack(quiet_day: Store) -> None:
     assert on_disk["configurations"][0]["energy"]["gpu_kwh_per_day"] == doc["configurations"][0]["gpu_kwh_per_day"]
 
 
+def test_a_disaggregated_stack_has_spares_in_each_pool(quiet_day: Store) -> None:
+    doc = _plan(
+        quiet_day, "gpus", hardware=(H100,), gpu_prices=(), modes=("colocated", "disaggregated"), pd_ratios=((1, 1),),
+        cost_options={"redundancy_replicas": 1},
+    )  # fmt: skip
+    rows = {r["config"]: r for r in doc["configurations"]}
+    dis = rows[f"{H100} tp1 bf16 pd1:1"]
+    assert (dis["prefill_replicas"], dis["decode_replicas"], dis["gpus"]) == (1, 1, 2)
+    lines = {x["line"]: x for x in dis["cost_stack"]["lines"]}
+    # N+1 per pool: a spare prefill replica and a spare decode replica, 2 GPUs
+    assert lines["redundancy"]["usd_per_day"] == pytest.approx(2 * H100_PRICE * 24)
+    assert "2 GPUs" in lines["redundancy"]["basis"]
+    assert dis["stack_usd_per_day"] == pytest.approx(4 * H100_PRICE * 24)
+    assert rows[f"{H100} tp1 bf16"]["stack_usd_per_day"] == pytest.approx(2 * H100_PRICE * 24)
+    assert doc["chosen"]["config"] == f"{H100} tp1 bf16"  # 1 GPU against 2
+
+
 def test_no_objective_plans_as_before(quiet_day: Store) -> None:
     doc = _plan(quiet_day, None)
     assert "objective" not in doc and "cost_stack" not in doc["chosen"]

@@ -80,9 +80,14 @@ def check_objective(name: object) -> str:
     return name
 
 
-def check_stack_options(options: Sequence[tuple[str, Any]]) -> tuple[tuple[str, Any], ...]:
+def check_stack_options(
+    options: Sequence[tuple[str, Any]] | Mapping[str, Any],
+) -> tuple[tuple[str, Any], ...]:
     """The plan's cost-stack options as (key, value) pairs, each key once and known."""
-    out = tuple(options)
+    pairs = options.items() if isinstance(options, Mapping) else options
+    out = tuple(pairs)
+    if any(not (isinstance(p, tuple) and len(p) == 2) for p in out):
+        raise ConfigError(f"cost options: expected (option, value) pairs, got {out!r}")
     keys = [k for k, _ in out]
     unknown = [k for k in keys if k not in STACK_OPTIONS]
     if unknown:
