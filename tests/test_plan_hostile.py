@@ -130,3 +130,35 @@ def test_plan_ep_follows_tp_times_dp(store: Store, tmp_path: Path) -> None:
         assert "ep must be" not in (r["note"] or "")
         assert r["gpus_per_replica"] == r["tp"] * 2
     assert any("ep follows tp x dp" in n and "tp 2: ep 4" in n for n in result.doc["notes"]), result.doc["notes"]
+
+
+def test_a_worker_killed_from_outside_is_one_line_not_a_traceback(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A plan worker the kernel kills (the OOM killer) breaks the process pool: the command says what
+    happened and what to change, in one line, instead of concurrent.futures' traceback."""
+    from concurrent.futures import Future
+    from concurrent.futures.process import BrokenProcessPool
+
+    from pipeline.common.errors import RooftraceError
+    from pipeline.plan import executors
+
+    class KilledPool:
+        def __init__(self, *args: object, **kwargs: object) -> None:
+            pass
+
+        def __enter__(self) -> KilledPool:
+            return self
+
+        def __exit__(self, *exc: object) -> None:
+            return None
+
+        def submit(self, fn: object, *args: object) -> Future[object]:
+            fut: Future[object] = Future()
+            fut.set_exception(BrokenProcessPool("A process in the process pool was terminated abruptly"))
+            return fut
+
+    monkeypatch.setattr(executors, "ProcessPoolExecutor", KilledPool)
+    monkeypatch.setattr(executors, "await_compile_ahead", lambda: None)
+    with pytest.raises(RooftraceError) as info:
+        executors.run_local([object(), object(), object()], 2, None)  # type: ignore[list-item]
+    line = str(info.value)
+    assert "\n" not in line and "a worker process died after 0 of 3 configurations" in line and "--jobs" in line

@@ -5,7 +5,9 @@ from __future__ import annotations
 import multiprocessing
 from collections.abc import Callable, Sequence
 from concurrent.futures import ProcessPoolExecutor, as_completed
+from concurrent.futures.process import BrokenProcessPool
 
+from pipeline.common.errors import RooftraceError
 from pipeline.engine.jitcache import await_compile_ahead
 from pipeline.engine.shard import ray_connect
 from pipeline.plan.search import CandidateResult, Task, search_candidate
@@ -25,12 +27,22 @@ def run_local(tasks: Sequence[Task], jobs: int, progress: Callable[[str], None] 
     # spawn, not fork: the parent has started polars' and numba's thread pools, and a forked child
     # can inherit one of their locks held (polars documents fork as unsafe for that reason).
     ctx = multiprocessing.get_context("spawn")
-    with ProcessPoolExecutor(max_workers=min(jobs, len(tasks)), mp_context=ctx) as pool:
-        futures = {pool.submit(search_candidate, t): i for i, t in enumerate(tasks)}
-        for fut in as_completed(futures):
-            results[futures[fut]] = r = fut.result()
-            if progress:
-                progress(_progress_line(r))
+    workers = min(jobs, len(tasks))
+    try:
+        with ProcessPoolExecutor(max_workers=workers, mp_context=ctx) as pool:
+            futures = {pool.submit(search_candidate, t): i for i, t in enumerate(tasks)}
+            for fut in as_completed(futures):
+                results[futures[fut]] = r = fut.result()
+                if progress:
+                    progress(_progress_line(r))
+    except BrokenProcessPool:
+        # a worker died without a Python error: on Linux the kernel's OOM killer, most often
+        done = sum(r is not None for r in results)
+        raise RooftraceError(
+            f"plan: a worker process died after {done} of {len(tasks)} configurations (killed from outside, most "
+            f"often for memory: {workers} workers each replay the window in memory); run again with fewer "
+            "--jobs, a shorter --window, or fewer configurations"
+        ) from None
     return [r for r in results if r is not None]
 
 

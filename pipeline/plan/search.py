@@ -668,13 +668,21 @@ def _search_candidate(task: Task, out: CandidateResult) -> CandidateResult:
         out.note, out.skipped = problem, True
         return out
     out.seed = _seed(demand, cap, task.max_replicas)
+    # The one replay the search can still choose: the smallest that meets the SLOs so far (the
+    # answer is the smallest n that meets them). Keeping every replay held the window's results and
+    # step log once per size tried: 12.6 GiB for one whole-day search of 300,000 requests.
     runs: dict[int, Replayed] = {}
+
+    def keep(n: int, ev: Evaluation, rep: Replayed) -> None:
+        if ev.meets and all(n < m for m in runs):
+            runs.clear()
+            runs[n] = rep
 
     def check(n: int) -> Evaluation:
         ev, run = evaluate(task.window, fleet, n, task.slo, task.max_rejected)
         out.evaluations.append(ev)
         out.priced_by = run.cost_source
-        runs[n] = Replayed.of(run)
+        keep(n, ev, Replayed.of(run))
         return ev
 
     if c.mode == "disaggregated":
@@ -698,7 +706,7 @@ def _search_candidate(task: Task, out: CandidateResult) -> CandidateResult:
             )
             out.evaluations.append(ev)
             out.priced_by = rep.cost_source
-            runs[total] = rep
+            keep(total, ev, rep)
             return ev
 
         def grew(a: int, b: int) -> bool:  # both pools larger at b + 1 replicas than at a + 1
