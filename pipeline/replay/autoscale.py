@@ -40,6 +40,7 @@ from pipeline.common.errors import ConfigError
 from pipeline.common.tomlfile import read_toml
 from pipeline.engine.model import EngineResult, FleetSpec, Workload, reject_reasons
 from pipeline.engine.steplog import StepLog
+from pipeline.replay.slo import percentile
 
 AUTOSCALE_CATALOG = CATALOG_DIR / "autoscale.toml"
 SIGNALS = ("utilisation", "queue", "kv", "schedule")
@@ -616,3 +617,167 @@ def _outcome(
         windows["start_s"] = [float(i * settings.window_s) for i in range(len(windows["live"]))]
     out = AutoscaleOutcome(settings, delay, incs, changes, passes, converged, None if converged else settled, windows)
     return res, routes, out
+
+
+# -- when and why an autoscaled day missed its TTFT target ------------------------------------------
+
+
+def clock_text(t_s: float, t0_us: int | None, rate_scale: float = 1.0) -> str:
+    """A time on the run's clock (seconds after its time 0, the first arrival) as the log's UTC
+    wall clock, ``HH:MM`` (``t0_us``: time 0 in epoch µs; the replay runs the log ``rate_scale``
+    times as fast), or without one as ``minute N``."""
+    if t0_us is None:
+        return f"minute {math.floor(t_s / 60.0):,}"
+    at = np.datetime64(int(t0_us), "us") + np.timedelta64(round(t_s * rate_scale * 1e6), "us")
+    return str(np.datetime_as_string(at, unit="m"))[-5:]
+
+
+def minute_percentiles(arrival_s: FloatArray, ttft_s: FloatArray, pct: float) -> FloatArray:
+    """The ``pct`` percentile (inverse CDF, :func:`pipeline.replay.slo.percentile`) of the TTFT of
+    each minute's arrivals, minute 0 starting at time 0; a request never served (NaN or inf)
+    counts as infinite, as the SLO verdict counts it; NaN for a minute with no arrival."""
+    if arrival_s.shape[0] == 0:
+        return np.zeros(0)
+    which = np.floor(np.maximum(arrival_s, 0.0) / 60.0).astype(np.int64)
+    served = np.where(np.isfinite(ttft_s), ttft_s, np.inf)
+    out = np.full(int(which.max()) + 1, np.nan)
+    order = np.argsort(which, kind="stable")
+    bounds = np.searchsorted(which[order], np.arange(out.shape[0] + 1))
+    for m, (lo, hi) in enumerate(itertools.pairwise(bounds)):
+        if hi > lo:
+            x = np.sort(served[order[lo:hi]])
+            out[m] = x[max(math.ceil(pct / 100.0 * x.shape[0] - 1e-9) - 1, 0)]
+    return out
+
+
+def _spans(above: npt.NDArray[np.bool_]) -> list[tuple[int, int]]:
+    """Runs of consecutive True minutes, as (first, last + 1)."""
+    edges = np.flatnonzero(np.diff(np.concatenate([[0], above.astype(np.int8), [0]])))
+    return [(int(a), int(b)) for a, b in zip(edges[::2], edges[1::2], strict=True)]
+
+
+def delay_parts_text(record: Mapping[str, Any]) -> str:
+    """``scale-up delay 1,219 s: weights 16.1 GB at 2 GB/s + engine start 41 s + CUDA graphs 17 s``
+    from a recorded ``autoscale`` (its settings and delay; the weights' bytes are the delay's rest)."""
+    st = record["settings"]
+    delay = float(record["scale_up_delay_s"])
+    start, graphs = float(st["engine_start_s"]), float(st["cuda_graph_s"])
+    parts = []
+    if st.get("load_gb_s") is not None:
+        gb_s = float(st["load_gb_s"])
+        load_s = max(delay - start - graphs, 0.0)
+        parts.append(f"weights {load_s * gb_s:,.1f} GB at {gb_s:g} GB/s ({load_s:,.1f} s)")
+    parts += [f"engine start {start:,g} s", f"CUDA graphs {graphs:,g} s"]
+    return f"scale-up delay {delay:,.0f} s: " + " + ".join(parts)
+
+
+def slo_miss(
+    record: Mapping[str, Any],
+    arrival_s: FloatArray,
+    ttft_s: FloatArray,
+    limit_s: float,
+    pct: float = 99.0,
+    t0_us: int | None = None,
+    rate_scale: float = 1.0,
+) -> dict[str, Any] | None:
+    """When and why an autoscaled day's TTFT target (``pct`` percentile ≤ ``limit_s``) was
+    missed, from its recorded ``autoscale`` and its requests (None when the day's percentile, a
+    request never served counting as infinite, is within the limit): the minutes whose arrivals' TTFT
+    percentile is above the limit (:func:`minute_percentiles`), the span of consecutive ones
+    named (the one with the most replicas starting, paid but not yet live, at one instant in it;
+    else the longest), the most replicas starting at once and live in it, when the first of those
+    starting was decided and served, and one line saying so (:func:`slo_miss_line`)."""
+    arrival_s, ttft_s = np.asarray(arrival_s, np.float64), np.asarray(ttft_s, np.float64)
+    if arrival_s.shape[0] == 0 or percentile(np.where(np.isfinite(ttft_s), ttft_s, np.inf), pct) <= limit_s:
+        return None  # the day met the target: a bad minute is not a missed SLO
+    per = minute_percentiles(arrival_s, ttft_s, pct)
+    above = np.nan_to_num(per, nan=-np.inf) > limit_s
+    spans = _spans(above)
+    if not spans:
+        return None
+    lives = list(record.get("replicas", []))
+
+    def starting(lo_s: float, hi_s: float) -> list[Mapping[str, Any]]:
+        out = []
+        for r in lives:
+            ready = min(float(r["live_from_s"]), float(r["retire_s"]) if r["retire_s"] is not None else math.inf)
+            if float(r["paid_from_s"]) < hi_s and ready > lo_s and ready > float(r["paid_from_s"]):
+                out.append(r)
+        return out
+
+    def live_at(t: float) -> int:
+        return sum(
+            1
+            for r in lives
+            if float(r["live_from_s"]) <= t < (float(r["retire_s"]) if r["retire_s"] is not None else math.inf)
+        )
+
+    def most_at_once(lo_s: float, hi_s: float) -> int:
+        """The most replicas starting at one instant of [lo_s, hi_s)."""
+        events = []
+        for r in starting(lo_s, hi_s):
+            ready = min(float(r["live_from_s"]), float(r["retire_s"]) if r["retire_s"] is not None else math.inf)
+            events += [(max(float(r["paid_from_s"]), lo_s), 1), (min(ready, hi_s), -1)]
+        return max(itertools.accumulate(d for _, d in sorted(events)), default=0)
+
+    first, last = max(spans, key=lambda s: (most_at_once(60.0 * s[0], 60.0 * s[1]), s[1] - s[0], -s[0]))
+    lo_s, hi_s = 60.0 * first, 60.0 * last
+    coming = starting(lo_s, hi_s)
+    head = min(coming, key=lambda r: (float(r["paid_from_s"]), float(r["live_from_s"])), default=None)
+    worst = float(np.max(per[first:last]))
+    miss: dict[str, Any] = {
+        "metric": f"ttft_p{pct:g}",
+        "limit_s": limit_s,
+        "from_s": lo_s,
+        "until_s": hi_s,
+        "minutes_above": int(above.sum()),
+        "spans": len(spans),
+        "worst_s": worst if math.isfinite(worst) else None,
+        "starting_replicas": most_at_once(lo_s, hi_s),
+        "decided_from_s": float(head["paid_from_s"]) if head is not None else None,
+        "serving_from_s": float(head["live_from_s"]) if head is not None else None,
+        "live_replicas": max(live_at(60.0 * m) for m in range(first, last)),
+        "scale_up_delay_s": float(record["scale_up_delay_s"]),
+    }
+    miss["line"] = slo_miss_line(record, miss, t0_us, rate_scale)
+    return miss
+
+
+def slo_miss_line(
+    record: Mapping[str, Any], miss: Mapping[str, Any], t0_us: int | None = None, rate_scale: float = 1.0
+) -> str:
+    """:func:`slo_miss`'s sentence: the span on the log's UTC clock (``t0_us``) or in minutes
+    after the first arrival, the replicas starting in it and the delay's parts, or the cause when
+    none was starting (at max_replicas; the policy had not asked)."""
+    st = record["settings"]
+
+    def at(t: float) -> str:
+        return clock_text(t, t0_us, rate_scale)
+
+    worst = miss["worst_s"]
+    clock = "UTC" if t0_us is not None else "after the first arrival"
+    head = (
+        f"AUTOSCALE: TTFT {miss['metric'][5:]} above the SLO's {miss['limit_s']:g} s from {at(miss['from_s'])} to "
+        f"{at(miss['until_s'])} ({clock}; worst minute {'never served' if worst is None else f'{worst:,.1f} s'})"
+    )
+    n, live = int(miss["starting_replicas"]), int(miss["live_replicas"])
+    if n:
+        schedule = st["signal"] == "schedule"
+        knob = "an earlier schedule hour" if schedule else f"a lower scale_up_at ({st['scale_up_at']:g})"
+        why = (
+            f" while {n} replica{'s were' if n != 1 else ' was'} starting ({delay_parts_text(record)}; the first "
+            f"decided at {at(miss['decided_from_s'])} served from {at(miss['serving_from_s'])}): a shorter "
+            f"scale-up delay (faster weight storage, a quicker engine start) or {knob} would have had them "
+            "serving sooner"
+        )
+    elif live >= int(st["max_replicas"]):
+        why = f" with all {live} replicas (max_replicas) live: the policy had no replica left to add"
+    elif st["signal"] == "schedule":
+        why = f" with {live} of at most {st['max_replicas']} live, none starting: the schedule asks for no more"
+    else:
+        why = (
+            f" with {live} of at most {st['max_replicas']} replicas live and none starting: the policy had not asked "
+            f"for more; a lower scale_up_at or a shorter window_s ({st['window_s']:g} s) reacts sooner"
+        )
+    more = f" ({miss['minutes_above']} minutes above in all, in {miss['spans']} spans)" if miss["spans"] > 1 else ""
+    return head + why + more

@@ -55,7 +55,7 @@ from pipeline.engine.steplog import SPAN_COLUMNS, RowSink, StepLog
 from pipeline.ingest.project import default_fleet_path, find_project
 from pipeline.ingest.store import ColumnReader, Store, epoch_us, store_write_error
 from pipeline.replay import runrequests
-from pipeline.replay.autoscale import AutoscaleOutcome, Incarnation, replay_autoscaled
+from pipeline.replay.autoscale import AutoscaleOutcome, Incarnation, replay_autoscaled, slo_miss, slo_miss_line
 from pipeline.replay.fleet import FleetConfig, ResolvedFleet, resolve
 from pipeline.replay.limits import (
     MAX_SIM_SPAN_S,
@@ -883,6 +883,8 @@ def summary_of(cols: Columns, sums: StepSums, run: ReplayRun, slo: Slo | None = 
     healthy = health(cols, slo, code, closed=run.spec.mode == "closed")
     if run.warmup:
         healthy["latency_covers"] += f", after the first {run.warmup:,} sent, replayed as warm-up"
+    if scaled is not None and slo is not None:
+        _autoscale_miss(scaled, cols, slo, healthy)
     wide = multi_node_warning(run.fleet)
     if wide is not None:  # not a failure of the run, but its latencies are optimistic
         healthy["warnings"].append(wide)
@@ -930,6 +932,24 @@ def autoscale_summary(run: ReplayRun, arrival: npt.NDArray[Any]) -> dict[str, An
         "provisioned_gpu_hours": auto.provisioned_s(0.0, last) * per / 3600.0,
         "static_gpu_hours": auto.settings.max_replicas * per * last / 3600.0,
     }
+
+
+def _autoscale_miss(scaled: dict[str, Any], cols: Columns, slo: Slo, healthy: dict[str, Any]) -> None:
+    """An autoscaled day whose TTFT target failed: when and why (:func:`slo_miss`, minutes after
+    the first arrival until :func:`_day_notes` puts them on the log's clock), recorded as the
+    autoscale record's ``slo_miss`` and said in the warnings right after the SLO's line."""
+    verdict = healthy.get("verdict") or {}
+    failed = {t["target"] for t in verdict.get("targets", []) if not t["met"]}
+    target = next((t for t in slo.targets if t.metric == "ttft" and t.name in failed), None)
+    if target is None:
+        return
+    miss = slo_miss(scaled, cols.get("arrival_s"), cols.get("ttft_s"), target.limit_s, target.percentile)
+    if miss is None:
+        return
+    scaled["slo_miss"] = miss
+    warnings = healthy["warnings"]
+    at = next((i + 1 for i, w in enumerate(warnings) if w.startswith(f"SLO {verdict.get('slo')}:")), len(warnings))
+    warnings.insert(at, miss["line"])
 
 
 def autoscale_lines(auto: dict[str, Any]) -> list[str]:
@@ -1441,8 +1461,8 @@ def _day_notes(
     store: Store, date: str, summary: dict[str, Any], model: str, record: dict[str, Any], t0_us: int, scale: float
 ) -> None:
     """What a run's summary says of its day beyond the engine's figures: classify's split beside
-    the replay's and the note when they differ, a log of other models, and the overload's times
-    on the log's own clock."""
+    the replay's and the note when they differ, a log of other models, and the overload's and an
+    autoscaled day's missed-SLO span's times on the log's own clock."""
     classified = classify_totals(store, date)
     summary["cache_split"]["classify"] = (
         {k: classified.get(k) for k in _CLASSIFY_SPLIT_KEYS} if classified is not None else None
@@ -1452,6 +1472,12 @@ def _day_notes(
     if mix is not None:
         summary["health"]["warnings"].append(mix)
         summary["health"]["healthy"] = False
+    scaled = summary.get("autoscale")
+    miss = scaled.get("slo_miss") if isinstance(scaled, dict) else None
+    if isinstance(scaled, dict) and isinstance(miss, dict):  # the span on the log's own clock
+        line = slo_miss_line(scaled, miss, t0_us, scale)
+        summary["health"]["warnings"] = [line if w == miss["line"] else w for w in summary["health"]["warnings"]]
+        miss["line"] = line
     over = summary["health"]["overload"]
     if over["detected"]:
         first = over.get("first_arrival_s") or 0.0
