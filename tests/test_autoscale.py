@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 import shutil
 import tomllib
 from dataclasses import replace
@@ -493,3 +494,86 @@ def test_a_plan_without_autoscale_records_the_options_it_always_did() -> None:
 
     opts = PlanOptions(model="llama-3.1-8b", hardware=("h100-sxm",), tp=(1,))
     assert "autoscale" not in opts.record() and replace(opts, autoscale=True).record()["autoscale"] is True
+
+
+# -- the missed SLO in the replay's output and the report's banner -----------------------------------
+
+SLOW_START = (
+    'min_replicas = 1\nmax_replicas = 4\nsignal = "queue"\nscale_up_at = 2.0\nscale_down_at = 0.1\nwindow_s = 30.0\n'
+    'engine_start_s = {start}\n[slo]\npreset = "chat"'
+)
+
+
+@pytest.fixture(scope="module")
+def slow_start_run(day: Store, tmp_path_factory: pytest.TempPathFactory) -> tuple[Store, str, str]:
+    """The demo hour 10 times as fast (3,000 requests in 6 minutes) on 1..4 replicas by queue,
+    each new one starting in 300 s: the `replay` command's output and the run's id."""
+    where = tmp_path_factory.mktemp("slow-start")
+    shutil.copytree(day.root, where / "store")
+    path = _fleet(where, SLOW_START.format(start=300.0))
+    out = CliRunner().invoke(
+        main, ["replay", "--fleet", str(path), "--store", str(where / "store"), "--rate-scale", "10"]
+    )
+    assert out.exit_code == 0, out.output
+    run_id = next(line.split()[1] for line in out.output.splitlines() if line.startswith("run "))
+    return Store(where / "store"), run_id, out.output
+
+
+def test_the_replay_says_first_when_and_why_a_slow_start_missed_the_slo(
+    slow_start_run: tuple[Store, str, str], tmp_path: Path
+) -> None:
+    store, run_id, output = slow_start_run
+    lines = output.splitlines()
+    auto = next(i for i, line in enumerate(lines) if "AUTOSCALE: TTFT p99 above the SLO's 2 s" in line)
+    assert auto < next(i for i, line in enumerate(lines) if line.startswith("run "))  # with the failures, first
+    assert "SLO chat: FAIL" in lines[auto - 1]  # right after the SLO's own line
+    summary = json.loads((store.run_dir(run_id) / "config.json").read_text())["summary"]
+    miss = summary["autoscale"]["slo_miss"]
+    assert miss["line"] in summary["health"]["warnings"]
+    # the run's clock: minutes after the first arrival; the log's: 10 logged seconds a replayed one,
+    # from the demo day's first arrival (2025-01-15T00:00 UTC)
+    req = pl.from_arrow(pq.read_table(store.run_dir(run_id) / "requests.parquet"))
+    assert isinstance(req, pl.DataFrame)
+    per = minute_percentiles(req["arrival_s"].to_numpy(), req["ttft_s"].to_numpy(), 99.0)
+    above = np.flatnonzero(per > 2.0)
+    assert miss["from_s"] == 60.0 * above[0] and miss["until_s"] == 60.0 * (above[-1] + 1)
+    first = req["arrival"].min()
+    assert str(first).startswith("2025-01-15 00:00")
+    assert (
+        f"from 00:{int(miss['from_s'] * 10 / 60):02d} to 00:{int(miss['until_s'] * 10 / 60):02d} (UTC;" in miss["line"]
+    )
+    assert "engine start 300 s + CUDA graphs 17 s" in miss["line"] and miss["starting_replicas"] >= 1
+    # a policy that starts in 5 s at 8 times the rate meets the SLO: no such line
+    path = _fleet(tmp_path, SLOW_START.format(start=5.0))
+    shutil.copytree(store.root, tmp_path / "store")
+    quick = CliRunner().invoke(
+        main, ["replay", "--fleet", str(path), "--store", str(tmp_path / "store"), "--rate-scale", "8"]
+    )
+    assert quick.exit_code == 0 and "SLO chat: PASS" in quick.output and "AUTOSCALE" not in quick.output
+
+
+@pytest.mark.browser
+def test_the_report_of_a_slow_start_renders_in_chromium_with_the_line_in_its_banner(
+    slow_start_run: tuple[Store, str, str], tmp_path: Path
+) -> None:
+    import html as html_lib
+
+    from pipeline.publish.report import build_report
+    from tests.test_report import offline_dom
+
+    store, run_id, _ = slow_start_run
+    res = build_report(store, run_id, out=tmp_path / "index.html")
+    miss = json.loads((store.run_dir(run_id) / "config.json").read_text())["summary"]["autoscale"]["slo_miss"]
+    dom = offline_dom(res.path, tmp_path / "profile")
+    assert dom.returncode == 0, dom.stderr[-2000:]
+    assert [line for line in dom.stderr.splitlines() if ":CONSOLE" in line] == []
+    page = dom.stdout
+    banner = html_lib.unescape(page.split('<div class="alert">')[1].split("</div>")[0])
+    assert miss["line"] in banner
+    ids = re.findall(r'<div class="chart[^"]*" id="(chart-[a-z_]+)"', page)
+    assert {"chart-autoscale_replicas", "chart-autoscale_ttft"} <= set(ids)
+    parts = re.split(r'<div class="chart[^"]*" id="chart-[a-z_]+"', page)[1:]
+    for chart_id, part in zip(ids, parts, strict=True):
+        body = part.split("</section>")[0]
+        assert "<svg" in body and re.search(r'class="mark-(line|area|rect|symbol)', body), chart_id
+        assert "chart failed" not in body, chart_id
