@@ -19,6 +19,7 @@ import numpy as np
 import polars as pl
 import pyarrow.parquet as pq
 import pytest
+from autoscale_support import diurnal, ttft_p99
 from click.testing import CliRunner
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -26,7 +27,6 @@ from hypothesis import strategies as st
 from pipeline.cli import main
 from pipeline.common.errors import ConfigError
 from pipeline.engine.jit import simulate_jit
-from pipeline.engine.model import EngineResult, Workload
 from pipeline.ingest import ingest_logs
 from pipeline.ingest.store import Store
 from pipeline.replay.autoscale import (
@@ -212,48 +212,13 @@ def test_a_schedule_that_doubles_the_replicas_charges_the_extra_gpu_hours_from_i
 # -- a synthetic diurnal day -----------------------------------------------------------------------
 
 
-def _diurnal(seed: int = 7) -> Workload:
-    """90 minutes shaped like a day: a quiet night at 1 request/s, a 15-minute morning ramp to 20
-    requests/s, a plateau, an evening ramp down (thinned Poisson arrivals, long prompts)."""
-    rng = np.random.default_rng(seed)
-    night, peak = 1.0, 20.0
-
-    def rate(t: float) -> float:
-        if t < 1200:
-            return night
-        if t < 2100:
-            return night + (peak - night) * (t - 1200) / 900
-        if t < 3900:
-            return peak
-        if t < 4500:
-            return peak - (peak - night) * (t - 3900) / 600
-        return night
-
-    candidates = np.cumsum(rng.exponential(1 / peak, int(5400 * peak * 1.2)))
-    candidates = candidates[candidates < 5400]
-    keep = rng.random(candidates.shape[0]) < np.array([rate(t) for t in candidates]) / peak
-    arrival = candidates[keep]
-    n = arrival.shape[0]
-    return Workload(
-        arrival_s=arrival,
-        prompt_tokens=rng.integers(2000, 4000, n).astype(np.int64),
-        output_tokens=rng.integers(300, 700, n).astype(np.int64),
-    )
-
-
-def _ttft_p99(res: EngineResult, lo: float = 0.0, hi: float = math.inf) -> float:
-    m = (res.arrival_s >= lo) & (res.arrival_s < hi)
-    ttft = np.where(np.isfinite(res.first_token_s[m]), res.first_token_s[m] - res.arrival_s[m], np.inf)
-    return float(np.quantile(ttft, 0.99, method="inverted_cdf"))
-
-
 @pytest.fixture(scope="module")
 def diurnal_runs() -> dict[str, Any]:
     """The diurnal day on 1..4 replicas by KV use, with a 41 s engine start ("quick") and a 20-minute
     one ("slow"): each run's results and its recorded autoscale (as config.json holds it)."""
     fleet = resolve(replace(load_fleet(EXAMPLE), autoscale=None, replicas=4))
     spec, cost = fleet.spec(), fleet.cost_model.table
-    work = _diurnal()
+    work = diurnal()
     weights = fleet.memory.weights_bytes_per_gpu
     out: dict[str, Any] = {"work": work, "spec": spec, "cost": cost}
     for name, start_s in (("quick", 41.0), ("slow", 1200.0)):
@@ -275,16 +240,16 @@ def test_on_a_diurnal_day_autoscaling_meets_the_slo_for_less_and_a_slow_start_mi
     SLO_S, RAMP = 2.0, (1200.0, 2400.0)
     work, spec, cost = diurnal_runs["work"], diurnal_runs["spec"], diurnal_runs["cost"]
     last = float(work.arrival_s.max())
-    static = {r: _ttft_p99(simulate_jit(work, replace(spec, replicas=r), cost)) for r in (3, 4)}
+    static = {r: ttft_p99(simulate_jit(work, replace(spec, replicas=r), cost)) for r in (3, 4)}
     assert static[3] > SLO_S >= static[4]  # 4 replicas is the static fleet sized for the peak
     static_gpu_h = 4 * last / 3600.0
     quick, scaled, _ = diurnal_runs["quick"]
     assert scaled.converged
-    assert _ttft_p99(quick) <= SLO_S  # meets the SLO over the day ...
+    assert ttft_p99(quick) <= SLO_S  # meets the SLO over the day ...
     assert scaled.provisioned_s(0.0, last) / 3600.0 < 0.75 * static_gpu_h  # ... for well under the peak's GPU-hours
     slow = diurnal_runs["slow"][0]  # a 20-minute start: the replicas come after the ramp
-    assert _ttft_p99(slow, *RAMP) > SLO_S > _ttft_p99(quick)
-    assert _ttft_p99(slow, *RAMP) > 10 * _ttft_p99(quick, *RAMP)
+    assert ttft_p99(slow, *RAMP) > SLO_S > ttft_p99(quick)
+    assert ttft_p99(slow, *RAMP) > 10 * ttft_p99(quick, *RAMP)
 
 
 def test_a_slow_start_that_misses_the_slo_says_when_and_why_and_a_quick_one_says_nothing(
@@ -297,7 +262,7 @@ def test_a_slow_start_that_misses_the_slo_says_when_and_why_and_a_quick_one_says
     # 0.4 s; from minute 24 (the ramp's 5th) every minute's p99 is above 2 s to the day's end (the
     # backlog built while the replicas started is never worked off at the peak)
     assert per.shape == (90,) and per[:24].max() < 0.4 and per[24:].min() > 2.0
-    assert per[:24].tolist() == pytest.approx([_ttft_p99(slow, 60.0 * m, 60.0 * (m + 1)) for m in range(24)])
+    assert per[:24].tolist() == pytest.approx([ttft_p99(slow, 60.0 * m, 60.0 * (m + 1)) for m in range(24)])
     miss = slo_miss(record, slow.arrival_s, ttft, 2.0)
     assert miss is not None
     assert (miss["from_s"], miss["until_s"], miss["minutes_above"], miss["spans"]) == (1440.0, 5400.0, 66, 1)

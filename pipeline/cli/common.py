@@ -18,7 +18,13 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 import click
 
-from pipeline.common.defaults import MAX_MEMORY_ENV, MAX_SIM_DAYS_ENV, OUTPUT_FORMATS, REPLAY_EXECUTORS
+from pipeline.common.defaults import (
+    MAX_MEMORY_ENV,
+    MAX_SIM_DAYS_ENV,
+    OUTPUT_FORMATS,
+    PURCHASE_MODELS,
+    REPLAY_EXECUTORS,
+)
 from pipeline.common.errors import RooftraceError
 from pipeline.common.terminal import escape_controls, escape_lines
 
@@ -363,3 +369,45 @@ reports_option = click.option(
     default=None,
     help="Reports folder (default: the rooftrace.toml project's reports, else ./reports).",
 )
+
+
+def cost_stack_options(prefix: str = "") -> Callable[[F], F]:
+    """The cost stack's stated inputs as options (pipeline/economics/stack.py: ``cost`` and
+    ``plan --objective`` take the same ones), each help text after ``prefix``."""
+
+    def say(text: str) -> str:
+        return f"{prefix}{text}" if prefix else text[:1].upper() + text[1:]
+
+    options = [
+        click.option(
+            "--purchase", type=click.Choice(PURCHASE_MODELS), default=None, help=say("how the GPUs are bought.")
+        ),
+        click.option(
+            "--spot-interruptions-per-day", type=float, default=None, help=say("spot: interruptions per replica a day.")
+        ),
+        click.option(
+            "--spot-restart-s", type=float, default=None, help=say("spot: seconds a replica is lost per interruption.")
+        ),
+        click.option("--redundancy", type=int, default=None, help=say("k of N+k: spare replicas per pool.")),
+        click.option(
+            "--network", default=None, help=say("network overhead: '10%' of the GPU cost or '2.5/h' dollars an hour.")
+        ),
+        click.option("--storage", default=None, help=say("storage overhead: '10%' or '2.5/h'.")),
+        click.option("--operations", default=None, help=say("operations overhead: '10%' or '2.5/h'.")),
+        click.option("--margin", type=float, default=None, help=say("margin, % on top of every cost line.")),
+        click.option(
+            "--electricity/--no-electricity",
+            default=None,
+            help=say(
+                "count the GPUs' electricity as a line (owned GPUs; a cloud GPU-hour price already pays for the "
+                "power; default: the fleet's [cost])."
+            ),
+        ),
+    ]
+
+    def wrap(fn: F) -> F:
+        for option in reversed(options):
+            fn = option(fn)
+        return fn
+
+    return wrap

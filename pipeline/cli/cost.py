@@ -6,8 +6,7 @@ from typing import Any
 
 import click
 
-from pipeline.cli.common import emit_json, fmt_num, get_store, json_option, run, store_option, warn
-from pipeline.common.defaults import PURCHASE_MODELS
+from pipeline.cli.common import cost_stack_options, emit_json, fmt_num, get_store, json_option, run, store_option, warn
 
 
 @click.command("cost")
@@ -28,19 +27,7 @@ from pipeline.common.defaults import PURCHASE_MODELS
     default=None,
     help="Fleet file whose [cost] table states the cost inputs (default: the one the run was replayed from).",
 )
-@click.option("--purchase", type=click.Choice(PURCHASE_MODELS), default=None, help="How the GPUs are bought.")
-@click.option("--spot-interruptions-per-day", type=float, default=None, help="Spot: interruptions per replica a day.")
-@click.option("--spot-restart-s", type=float, default=None, help="Spot: seconds a replica is lost per interruption.")
-@click.option("--redundancy", type=int, default=None, help="k of N+k: spare replicas per pool.")
-@click.option("--network", default=None, help="Network overhead: '10%' of the GPU cost or '2.5/h' dollars an hour.")
-@click.option("--storage", default=None, help="Storage overhead: '10%' or '2.5/h'.")
-@click.option("--operations", default=None, help="Operations overhead: '10%' or '2.5/h'.")
-@click.option("--margin", type=float, default=None, help="Margin, % on top of every cost line.")
-@click.option(
-    "--electricity/--no-electricity",
-    default=None,
-    help="Count the run's electricity as a line (owned GPUs; a cloud GPU-hour price already pays for the power).",
-)
+@cost_stack_options()
 @store_option
 @json_option
 def cost_cmd(

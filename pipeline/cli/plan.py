@@ -7,6 +7,7 @@ from typing import Any
 import click
 
 from pipeline.cli.common import (
+    cost_stack_options,
     echo,
     emit_json,
     fmt_num,
@@ -27,7 +28,6 @@ from pipeline.common.defaults import (
     DEFAULT_PLAN_SPECULATIVE,
     DEFAULT_WARMUP_S,
     DEFAULT_WINDOW_S,
-    PURCHASE_MODELS,
     plan_default_hardware,
     plan_default_hardware_text,
 )
@@ -217,21 +217,7 @@ PLAN_COLUMNS = (
     help="Choose the passing configuration by usd (its full cost stack a day), energy (GPU kWh a day) or gpus; "
     "adds each one's stack $/day and kWh/day. Default: the GPUs' $/day, the plan as it always was.",
 )
-@click.option(
-    "--purchase", type=click.Choice(PURCHASE_MODELS), default=None, help="--objective: how the GPUs are bought."
-)
-@click.option("--spot-interruptions-per-day", type=float, default=None, help="--objective, spot: interruptions a day.")
-@click.option("--spot-restart-s", type=float, default=None, help="--objective, spot: seconds lost per interruption.")
-@click.option("--redundancy", type=int, default=None, help="--objective: k of N+k, spare replicas per pool.")
-@click.option("--network", default=None, help="--objective: network overhead, '10%' of the GPU cost or '2.5/h'.")
-@click.option("--storage", default=None, help="--objective: storage overhead, '10%' or '2.5/h'.")
-@click.option("--operations", default=None, help="--objective: operations overhead, '10%' or '2.5/h'.")
-@click.option("--margin", type=float, default=None, help="--objective: margin, % on top of every cost line.")
-@click.option(
-    "--electricity/--no-electricity",
-    default=None,
-    help="--objective: count the GPUs' electricity in the stack (owned GPUs; default: the base fleet's [cost]).",
-)
+@cost_stack_options("--objective: ")
 @click.option("--list-slos", is_flag=True, help="Print the SLO presets with their numbers and sources, then exit.")
 @store_option
 @json_option
