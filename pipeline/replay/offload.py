@@ -171,13 +171,15 @@ def plan_offload(
         return OffloadPlan(np.zeros(n, np.int64), off_tok, load_s, order, work, routing, tier)
     reported = work.reported_hit_tokens.copy() if work.reported_hit_tokens is not None else np.full(n, -1, np.int64)
     reported[load] = total[load] * bs
+    # the chains in the replayed order, made once (the day's block hashes: the largest arrays here)
+    chains = _subset(hashes, offsets, order) if work.chain_tree is None else (np.zeros(0, np.uint64), None)
     replayed = Workload(
         arrival_s=arrival[order],
         prompt_tokens=work.prompt_tokens[order],
         output_tokens=work.output_tokens[order],
         chain_tree=work.chain_tree.take(order) if work.chain_tree is not None else None,
-        chain_hashes=np.zeros(0, np.uint64) if work.chain_tree is not None else _subset(hashes, offsets, order)[0],
-        chain_offsets=None if work.chain_tree is not None else _subset(hashes, offsets, order)[1],
+        chain_hashes=chains[0],
+        chain_offsets=chains[1],
         affinity=work.affinity[order] if work.affinity is not None else None,
         reported_hit_tokens=reported[order],
         recorded_input_tokens=work.recorded_input_tokens[order] if work.recorded_input_tokens is not None else None,
