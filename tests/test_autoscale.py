@@ -413,6 +413,9 @@ def test_plan_prices_the_chosen_configuration_static_and_autoscaled(day: Store, 
     assert scaled["policy"]["max_replicas"] == chosen["replicas"]
     assert scaled["autoscaled_usd"] == pytest.approx(scaled["autoscaled_gpu_hours"] * price, rel=1e-12)
     assert scaled["autoscaled_gpu_hours"] <= scaled["static_gpu_hours"] + 1e-9
+    # a day that misses its TTFT target says when and why; one that meets it says nothing
+    ttft_failed = any(t["target"].startswith("ttft") and not t["met"] for t in scaled["autoscaled_targets"])
+    assert (scaled["autoscaled_slo_miss"] is not None) == ttft_failed
     with pytest.raises(ConfigError, match="has none"):
         plan(day, replace(opts, autoscale=True, fleet_path=str(ROOT / "fleets" / "default.toml")))
 

@@ -405,6 +405,8 @@ def plan_cmd(
             f"{scaled['scale_up_delay_s']:.0f} s): {scaled['autoscaled_gpu_hours']:,.2f} GPU-h, "
             f"${scaled['autoscaled_usd']:,.2f}, {verdict} over the day"
         )
+        if scaled.get("autoscaled_slo_miss"):
+            warn(str(scaled["autoscaled_slo_miss"]))
     for r in doc["configurations"]:  # a chosen replica across nodes: its latencies are optimistic
         if r["meets_slo"] and r["config"] == chosen["config"] and str(r.get("note") or "").startswith("MULTI-NODE"):
             warn(str(r["note"]))

@@ -748,6 +748,8 @@ def autoscaled_price(
         "autoscaled_meets_slo": bool(verdict.get("passed", False)),
         "autoscaled_targets": verdict.get("targets", []),
         "autoscaled_ttft_p99_s": summary["ttft_s"].get("p99"),
+        # when and why a missed TTFT target was missed (minutes after the window's first arrival)
+        "autoscaled_slo_miss": (auto.get("slo_miss") or {}).get("line"),
     }
 
 
