@@ -136,24 +136,26 @@ PUBLISHED_BS1_TPOT_MS = {"vanilla": 7.07, ("eagle", 2): 4.37, ("eagle3", 2): 4.3
 @pytest.mark.parametrize("pair", [("eagle", 2), ("eagle3", 2), ("eagle3", 3)], ids=str)
 def test_batch_one_speed_up_against_vllm_published(pair: tuple[str, int]) -> None:
     # A check, not a fit: the replay's speed-up (its vanilla TPOT over its speculative TPOT) is
-    # above 1 as vLLM's is, and at most 1.5× vLLM's measured one. The model over-predicts: a
-    # drafting pass is priced as 1/num_layers of a decode step, while vLLM's drafter pays its own
-    # launches and sampling each pass (its K=3 cycle takes 4.09 × 2.79 = 11.4 ms against a 7.07 ms
-    # decode step; ours about 7.3 ms against 6.3 ms).
+    # above 1 as vLLM's is, and at most 1.25× vLLM's measured one. A drafting pass is priced as
+    # 1/num_layers of a decode step plus the whole LM head it samples through (measured: EAGLE-1
+    # K=2 +2.6 %, EAGLE-3 K=2 +14.6 %, K=3 +18.3 %; with 1/num_layers alone +16 %, +28 %, +39 %).
+    # Still optimistic for EAGLE-3: vLLM's drafter also pays its own launches and sampling each
+    # pass (its K=3 cycle takes 4.09 × 2.79 = 11.4 ms against a 7.07 ms decode step).
     method, k = pair
     published = PUBLISHED_BS1_TPOT_MS["vanilla"] / PUBLISHED_BS1_TPOT_MS[pair]
     ours = _tpot_s(_fleet(), 1) / _tpot_s(_fleet({"method": method, "num_speculative_tokens": k}), 1)
-    assert 1.0 < ours <= 1.5 * published, (ours, published)
+    assert 1.0 < ours <= 1.25 * published, (ours, published)
     assert ours >= published * 0.9, (ours, published)
 
 
 def test_speculation_pays_at_low_batch_and_less_when_compute_bound() -> None:
-    # EAGLE-3, k = 3 on one H100: at batch 1 a step is bound by reading the weights, so verifying
-    # 4 tokens costs about one decode and 2.79 tokens come out of it; at 256 sequences the
-    # verification is 1,024 tokens of GEMMs and the gain shrinks.
+    # EAGLE-3, k = 3 on one H100: at batch 1 and 32 a step is bound by reading the weights, so
+    # verifying 4 tokens a sequence costs about one decode and 2.79 tokens come out of it (the
+    # drafter's LM head, a fixed cost a pass, weighs a little more at batch 1: measured 2.05× at 1,
+    # 2.08× at 32); at 256 sequences the verification is 1,024 tokens of GEMMs and the gain shrinks.
     base, spec = _fleet(), _fleet({"method": "eagle3", "num_speculative_tokens": 3})
     gain = {b: _tpot_s(base, b) / _tpot_s(spec, b) for b in (1, 32, 256)}
-    assert gain[1] > gain[32] > gain[256]
+    assert min(gain[1], gain[32]) > 1.5 * gain[256]
     assert gain[1] > 2.0 and gain[256] < 1.3, gain
 
 

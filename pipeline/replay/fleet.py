@@ -961,9 +961,10 @@ class ResolvedFleet:
             if sd.method == "draft_model":
                 assert sd.model is not None
                 cost, share = _draft_fleet(self, sd.model).cost_model.table, 1.0
-            else:
+                pass_s, ctx_s = _draft_pass_table(cost, seqs, share)
+            else:  # one decoder layer of the target, sampling through its whole LM head
                 cost, share = self.cost_model.table, 1.0 / self.deployment.model.num_layers
-            pass_s, ctx_s = _draft_pass_table(cost, seqs, share)
+                pass_s, ctx_s = _draft_pass_table(cost, seqs, share, whole_lm_head=True)
         return Speculation(
             k=sd.num_speculative_tokens, mean_accepted=accepted[0], draft_pass_s=pass_s, draft_ctx_s=ctx_s,
             method=sd.method,
@@ -1009,9 +1010,15 @@ def _draft_fleet(fleet: ResolvedFleet, model: str) -> ResolvedFleet:
         raise ConfigError(f"{exc}") from None
 
 
-def _draft_pass_table(cost: Any, seqs: int, share: float) -> tuple[tuple[float, ...], float]:
+def _draft_pass_table(
+    cost: Any, seqs: int, share: float, whole_lm_head: bool = False
+) -> tuple[tuple[float, ...], float]:
     """One draft pass's seconds for 0..``seqs`` sequences at one token of context each, and its
-    seconds per further context token (read off at DRAFT_SLOPE_TOKENS), both × ``share``."""
+    seconds per further context token (read off at DRAFT_SLOPE_TOKENS), both × ``share``. With
+    ``whole_lm_head`` the pass samples through a whole LM head of the step cost's model (an EAGLE
+    head or an MTP module proposes each token through the target's output head): the logits
+    table's seconds (LM head, sampler: stepcost's logits table, indexed by sampled positions) are
+    counted in full, the rest of the step × ``share``."""
     b = np.arange(1, seqs + 1, dtype=np.float64)
     zero = np.zeros_like(b)
     t = cost(StepBatch(zero, zero.copy(), zero.copy(), zero.copy(), b, b.copy())).time_s
@@ -1019,7 +1026,14 @@ def _draft_pass_table(cost: Any, seqs: int, share: float) -> tuple[tuple[float, 
     ctx = np.array([1.0, 1.0 + DRAFT_SLOPE_TOKENS])
     t1 = cost(StepBatch(zero1, zero1.copy(), zero1.copy(), zero1.copy(), one, ctx)).time_s
     slope = max(0.0, float(t1[1] - t1[0])) / DRAFT_SLOPE_TOKENS
-    return (0.0, *(float(x) * share for x in t)), slope * share
+    head = np.zeros_like(t)
+    logit = getattr(cost, "logit", None)
+    if whole_lm_head and logit is not None and logit.shape[0] > 1:
+        # seconds of the logits ops for n sampled positions: the table's compute-, memory-,
+        # collective- and floor-bound columns (each op's time is in the one column that bound it)
+        n = np.minimum(b.astype(np.int64), logit.shape[0] - 1)
+        head = logit[n, :4].sum(axis=1)
+    return (0.0, *(float(x) for x in (t - head) * share + head)), slope * share
 
 
 def resolve(cfg: FleetConfig, origin: str = "fleet", entries: Mapping[str, str] | None = None) -> ResolvedFleet:
