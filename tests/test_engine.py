@@ -25,6 +25,7 @@ from pipeline.engine.model import (
     Speculation,
     Workload,
     apply_frontend,
+    choose_replica,
     concurrent_streams,
     reject_reasons,
     tokens_per_verification,
@@ -377,7 +378,7 @@ def _cases(draw: st.DrawFn) -> tuple[Workload, FleetSpec, LinearCost]:
     if draw(st.booleans()):  # the log reports some requests' cache hits (0..the whole prompt; −1 none)
         reported = [draw(st.integers(0, p)) if draw(st.booleans()) else -1 for p in prompt]
         w = replace(w, reported_hit_tokens=np.array(reported, np.int64))
-    router = draw(st.sampled_from(["round_robin", "least_outstanding", "session_affinity"]))
+    router = draw(st.sampled_from(["round_robin", "least_outstanding", "session_affinity", "most_free_kv"]))
     mode = draw(st.sampled_from(["open", "open", "closed", "offline"]))
     spec = FleetSpec(
         replicas=draw(st.integers(1, 3)),
@@ -579,7 +580,7 @@ def test_replicas_without_requests_cost_nothing_and_change_nothing(
     spec = replace(spec, replicas=spec.replicas + extra)
     busy = busy_fleet(w, spec)
     keys = w.affinity if w.affinity is not None else np.full(w.n, -1)
-    if spec.router in ("round_robin", "least_outstanding") or (keys >= 0).all():
+    if spec.router in ("round_robin", "least_outstanding", "most_free_kv") or (keys >= 0).all():
         assert busy.spec.replicas <= min(spec.replicas, max(w.n, 1))
     elif (keys[reject_reasons(w, spec.scheduler) == 0] < 0).any():
         assert busy.spec == spec  # a request without a key goes to the least loaded replica
@@ -612,6 +613,31 @@ def test_ten_million_replicas_for_fifty_requests() -> None:
     want = affinity_replicas(keyed.affinity, aff.replicas)  # type: ignore[arg-type]
     assert np.array_equal(res.replica, want) and want.max() > 100_000_000
     assert set(log.columns()["replica"].tolist()) == set(want.tolist())
+
+
+@pytest.mark.parametrize("sim", ENGINES.values(), ids=ENGINES.keys())
+def test_most_free_kv_and_least_outstanding_choose_differently_by_hand(sim: Engine) -> None:
+    # Two replicas of 100 blocks of 16 tokens, no prefix caching. A (prompt 640: 40 blocks) and B
+    # (prompt 16: 1 block) arrive at t = 0, C and D (16 each) at t = 1, every output 400 (nothing
+    # finishes by t = 1). Both routers send A to replica 0 (a tie) and B to replica 1 (no request
+    # outstanding there; 100 free blocks against 100 − 40 claimed by A). At t = 1 replica 0 holds A
+    # at 640 + ~190 tokens (≥ 52 blocks) and replica 1 holds B (≤ 14 blocks): least outstanding sees
+    # 1 and 1 and takes replica 0 (the lower index) for C, most free KV takes replica 1 (≥ 86 free
+    # against ≤ 48). D: least outstanding sees 2 and 1 and takes replica 1; most free KV sees one
+    # long request on replica 0 and two short ones on replica 1 (C waiting, its block claimed) and
+    # still takes replica 1, where least outstanding, from that state (1 against 2), would take 0.
+    w = workload([0.0, 0.0, 1.0, 1.0], [640, 16, 16, 16], [400, 400, 400, 400])
+    cfg = _cfg(num_gpu_blocks=100, block_size=16, max_model_len=2048, enable_prefix_caching=False)
+    lo = sim(w, FleetSpec(replicas=2, scheduler=cfg, router="least_outstanding"), LinearCost())
+    kv = sim(w, FleetSpec(replicas=2, scheduler=cfg, router="most_free_kv"), LinearCost())
+    assert lo.replica.tolist() == [0, 1, 0, 1]
+    assert kv.replica.tolist() == [0, 1, 1, 1]
+    assert np.isfinite(kv.finish_s).all() and kv.preemptions.sum() == 0
+    # the rule itself (model.choose_replica): the state at D's arrival under most free KV
+    assert choose_replica("least_outstanding", -1, [1, 2], 0) == 0
+    assert choose_replica("most_free_kv", -1, [1, 2], 0, [48, 86]) == 1
+    assert choose_replica("most_free_kv", -1, [3, 0], 0, [60, 60]) == 0  # ties: the lowest index
+    assert choose_replica("most_free_kv", -1, [0, 0, 0], 0, [-5, -2, -9]) == 1  # claims may exceed what is free
 
 
 def test_least_outstanding_grows_the_replicas_it_runs_until_one_stays_idle(monkeypatch: pytest.MonkeyPatch) -> None:

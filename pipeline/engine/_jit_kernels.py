@@ -402,11 +402,24 @@ def _heap_pop(heap_t, heap_s, heap_i, heap_n):  # type: ignore[no-untyped-def]
 
 
 @_kernel
-def _route(i, t, router, rr, aff_rep, routed, nfin, last_end, last_nfin):  # type: ignore[no-untyped-def]
+def _most_free_kv(nfree, claim):  # type: ignore[no-untyped-def]
+    """The replica with the most free KV blocks net of its waiting requests' claims
+    (model.choose_replica's most_free_kv: ``nfree[r] - claim[r]``), ties to the lowest index."""
+    dest = 0
+    for r in range(1, nfree.shape[0]):
+        if nfree[r] - claim[r] > nfree[dest] - claim[dest]:
+            dest = r
+    return dest
+
+
+@_kernel
+def _route(i, t, router, rr, aff_rep, routed, nfin, last_end, last_nfin, nfree, claim):  # type: ignore[no-untyped-def]
     """The replica that request ``i``, arriving at ``t``, is routed to (see run_fleet)."""
     R = routed.shape[0]
     if router == 0:
         return rr % R
+    if router == 3:
+        return _most_free_kv(nfree, claim)
     if router == 2 and aff_rep[i] >= 0:
         return aff_rep[i]
     dest = 0
@@ -677,13 +690,14 @@ def _prefix_hits(r, rid, ntok, bs, chains, keys, used, hhead, mask, hits):  # ty
 @_piece
 def _admit(  # type: ignore[no-untyped-def]
     r, gi, now, cut, nsched, budget, S, bs, chunked, caching, prompt, skip, req, nrun, running, slots_free, nslots,
-    whead, wlen, wq, sched_rid, sched_n, hits, res_sched, res_hit, arrival, chains, pool,
+    whead, wlen, wq, sched_rid, sched_n, hits, res_sched, res_hit, arrival, chains, pool, claim,
 ):  # fmt: skip
     """vLLM v1 schedule()'s second loop on replica ``r`` (rank ``gi``; only when nobody was
     preempted): waiting requests, from the queue's head, are admitted with their prefix-cache hits
     while the token budget, a running slot and the KV pool allow, and while the head arrived by
     ``cut`` (the time the step was scheduled: its start, or with asynchronous scheduling the
-    previous step's; the queue is in arrival order). Returns the requests scheduled."""
+    previous step's; the queue is in arrival order); a request's first admission gives back its
+    claim (``claim``: the most_free_kv router's). Returns the requests scheduled."""
     computed, gen, nblk, nreg, slot_of, started = req[0], req[1], req[2], req[3], req[4], req[5]
     nfree, fhead, fnext, fprev, ftail, ref, table = pool[0], pool[1], pool[2], pool[3], pool[4], pool[5], pool[6]
     while wlen[r] > 0 and budget > 0 and nrun[r] < S:
@@ -728,6 +742,7 @@ def _admit(  # type: ignore[no-untyped-def]
         computed[rid] = c0
         if not started[rid]:
             started[rid] = True
+            claim[r] -= -(-prompt[rid] // bs)
             res_sched[rid] = now
             res_hit[rid] = sk + nh * bs
         sched_rid[gi, nsched] = rid
@@ -904,6 +919,7 @@ def _step(first, now, nlog, wl, fl, cost, res, ctl, req, rep, pool, scr, ev, log
             nsched = _admit(
                 r, gi, now, cut, nsched, budget, S, bs, chunked, caching, prompt, skip, req, nrun, running,
                 slots_free, nslots, whead, wlen, wq, sched_rid, sched_n, hits, res[2], res[7], res[0], chains, pool,
+                rep[13],
             )  # fmt: skip
         # -- the step's shape and cost
         d = _step_cost(gi, nsched, computed, prompt, gen, sched_rid, sched_n, gn, gout, gx, x, out, cost, dpass, dctx)
@@ -1334,7 +1350,11 @@ def _replay_loop(grouped: bool) -> Any:
                 # -- an arrival
                 # (closed loop: the trace's next request, whichever client sends it; ev_pos counts them)
                 i = ev_pos if closed else order[ev_pos]
-                dest = -1 if rejected[i] else _route(i, ev_t, router, rr, aff_rep, routed, nfin, last_end, last_nfin)
+                dest = (
+                    -1
+                    if rejected[i]
+                    else _route(i, ev_t, router, rr, aff_rep, routed, nfin, last_end, last_nfin, pool[0], rep[13])
+                )
                 if dest >= 0 and wlen[dest] == wq.shape[1]:
                     code = _GROW_WQ
                     break
@@ -1350,6 +1370,7 @@ def _replay_loop(grouped: bool) -> Any:
                     continue
                 rr += 1
                 _enqueue(i, ev_t, dest, ready, rep[6], wlen, routed, res[1], static, own_ptr, wq)
+                rep[13][dest] += -(-wl[1][i] // fl[6])  # its prompt's blocks, claimed until its admission
                 continue
             if first < 0:
                 break
@@ -1417,7 +1438,7 @@ class Fleet(NamedTuple):
     ``async_scheduling``)."""
 
     replicas: int
-    router: int  # 0 round robin, 1 least outstanding, 2 affinity (aff_rep ≥ 0, else least outstanding)
+    router: int  # 0 round robin, 1 least outstanding, 2 affinity (aff_rep ≥ 0, else least outstanding), 3 most free KV
     closed: bool
     capacity: int  # KV blocks per replica
     max_seqs: int
@@ -1469,7 +1490,8 @@ def _requests(n: int) -> tuple[Any, ...]:
 
 def _replicas(R: int, S: int) -> tuple[Any, ...]:
     """Per replica: clock, ready, nrun, running, slots_free, nslots, whead, wlen, routed, nfin,
-    last_end, last_nfin, sched_t (the start of its latest step: asynchronous scheduling's cut-off)."""
+    last_end, last_nfin, sched_t (the start of its latest step: asynchronous scheduling's cut-off),
+    claim (the KV blocks the prompts of its routed, not yet admitted requests need: most_free_kv's)."""
     slots_free = np.empty((R, S), np.int64)
     slots_free[:] = np.arange(S - 1, -1, -1, dtype=np.int64)
     return (
@@ -1486,6 +1508,7 @@ def _replicas(R: int, S: int) -> tuple[Any, ...]:
         np.full(R, -_INF),
         np.zeros(R, np.int64),
         np.full(R, -_INF),
+        np.zeros(R, np.int64),
     )
 
 
@@ -1689,7 +1712,7 @@ def compile_leaves(args: tuple[Any, ...]) -> None:
     )  # fmt: skip
     _admit.compile(
         _sig(i, i, f, f, i, i, fl[4], fl[6], fl[7], fl[8], prompt, skip, req, nrun, running, slots_free, nslots,
-             whead, wlen, wq, scr[0], scr[1], scr[16], res[2], res[7], res[0], chains, pool)
+             whead, wlen, wq, scr[0], scr[1], scr[16], res[2], res[7], res[0], chains, pool, rep[13])
     )  # fmt: skip
     _tokens_in.compile(
         _sig(i, f, prompt, output, req[0], req[1], req[6], req[7], fl[15], scr[0], scr[1], scr[3], scr[15], res[3],

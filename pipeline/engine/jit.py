@@ -66,7 +66,9 @@ CANCEL_WAIT_S = 2.0
 #: The step log's replica column.
 REPLICA_COL = list(SPAN_COLUMNS).index("replica")
 
-_ROUTER_CODES = {"round_robin": 0, "least_outstanding": 1, "session_affinity": 2, "prefix_affinity": 2}
+_ROUTER_CODES = {
+    "round_robin": 0, "least_outstanding": 1, "session_affinity": 2, "prefix_affinity": 2, "most_free_kv": 3,
+}  # fmt: skip
 
 
 def _tables(cost: StepCostFn, spec: FleetSpec) -> TabulatedCost | None:
@@ -186,7 +188,7 @@ def busy_fleet(work: Workload, spec: FleetSpec, routes: IntArray | None = None) 
     lockstep groups that receive a request are kept, renumbered in order."""
     R, G = spec.replicas, max(spec.lockstep, 1)
     ok = reject_reasons(work, spec.scheduler) == 0
-    if routes is None and spec.router in ("round_robin", "least_outstanding"):
+    if routes is None and spec.router in ("round_robin", "least_outstanding", "most_free_kv"):
         keep = reachable_prefix(work, spec, int(ok.sum()))
         open_top = False
         if spec.router == "least_outstanding" and keep > G:

@@ -26,7 +26,7 @@ if TYPE_CHECKING:
 U64Array = npt.NDArray[np.uint64]
 
 #: Routing policies (docs/engine.md, "Arrivals and routing"). Dispatch is by plain string comparison.
-ROUTERS: tuple[str, ...] = ("round_robin", "least_outstanding", "session_affinity", "prefix_affinity")
+ROUTERS: tuple[str, ...] = ("round_robin", "least_outstanding", "session_affinity", "prefix_affinity", "most_free_kv")
 
 #: How requests are sent: the trace's arrival times, C closed-loop clients, or all at t=0.
 MODES: tuple[str, ...] = ("open", "closed", "offline")
@@ -374,12 +374,20 @@ def is_stateful_router(router: str) -> bool:
     return router != "round_robin"
 
 
-def choose_replica(router: str, key: int, outstanding: list[int], rr_next: int) -> int:
+def choose_replica(
+    router: str, key: int, outstanding: list[int], rr_next: int, free_kv: list[int] | None = None
+) -> int:
     """The replica for one arrival. ``outstanding[r]`` = requests routed to r and not finished
-    at the arrival time; ties go to the lowest index. ``rr_next`` is the round-robin cursor."""
+    at the arrival time; ties go to the lowest index. ``rr_next`` is the round-robin cursor.
+    ``free_kv[r]`` (most_free_kv): r's free KV blocks at the arrival less the blocks the prompts
+    of the requests routed to r and not yet admitted need, ⌈prompt / block_size⌉ each
+    (docs/engine.md, "Routers")."""
     n = len(outstanding)
     if router == "round_robin":
         return rr_next % n
+    if router == "most_free_kv":
+        assert free_kv is not None and len(free_kv) == n
+        return max(range(n), key=lambda r: (free_kv[r], -r))
     if router in ("session_affinity", "prefix_affinity") and key >= 0:
         return affinity_replica(key, n)
     best = 0

@@ -78,11 +78,18 @@ class _RefReplica:
         self.free: OrderedDict[int, None] = OrderedDict((b, None) for b in range(cfg.num_gpu_blocks))
         self.cached: dict[int, OrderedDict[int, None]] = {}
         self.routed = 0
+        #: KV blocks claimed by the prompts of requests routed here and not yet admitted (most_free_kv)
+        self.claimed = 0
         self.finish_times: list[float] = []  # nondecreasing: steps run in time order
 
     def outstanding(self, t: float) -> int:
         """Requests routed here and not finished by time ``t`` (a finish at ``t`` counts as done)."""
         return self.routed - bisect.bisect_right(self.finish_times, t)
+
+    def free_kv(self) -> int:
+        """Free KV blocks (cached ones no request holds included, as vLLM counts them) less the
+        blocks claimed by requests routed here and not yet admitted: the most_free_kv router's."""
+        return len(self.free) - self.claimed
 
     def has_work(self) -> bool:
         return bool(self.pending or self.waiting or self.running)
@@ -220,6 +227,7 @@ class _RefReplica:
                 req.computed += skip + len(hits) * cfg.block_size
                 if not req.started:
                     req.started = True
+                    self.claimed -= -(-req.prompt // cfg.block_size)
                     self.res.scheduled_s[req.idx] = now
                     self.res.cache_hit_tokens[req.idx] = skip + len(hits) * cfg.block_size
                 scheduled.append((req, n_new))
@@ -331,7 +339,8 @@ def simulate_reference(work: Workload, spec: FleetSpec, cost: StepCostFn) -> Eng
                     seq += 1
                     next_issue += 1
                 continue
-            r = choose_replica(spec.router, int(affinity[i]), [rep.outstanding(t) for rep in replicas], rr)
+            free_kv = [rep.free_kv() for rep in replicas] if spec.router == "most_free_kv" else None
+            r = choose_replica(spec.router, int(affinity[i]), [rep.outstanding(t) for rep in replicas], rr, free_kv)
             rr += 1
             res.replica[i] = r
             chain = [int(h) for h in work.chain_hashes[offsets[i] : offsets[i + 1]]]
@@ -340,6 +349,7 @@ def simulate_reference(work: Workload, spec: FleetSpec, cost: StepCostFn) -> Eng
                 _Req(i, t, int(work.prompt_tokens[i]), int(work.output_tokens[i]), chain, int(skipped[i]))
             )
             rep.routed += 1
+            rep.claimed += -(-int(work.prompt_tokens[i]) // spec.scheduler.block_size)
             continue
         if first is None:
             break

@@ -242,7 +242,7 @@ def _cut_pods(work: Workload, spec: FleetSpec, pods: int) -> list[PodCut]:
             "the closed loop shares its clients across replicas"
             if spec.mode == "closed"
             else f"router {spec.router!r} reads every replica's state at each arrival"
-            + ("" if spec.router == "least_outstanding" else " (some requests have no affinity key)")
+            + ("" if spec.router in ("least_outstanding", "most_free_kv") else " (some requests have no affinity key)")
         )
         raise ConfigError(f"--pods {pods}: the fleet cannot be replayed in pods exactly: {why}")
     cuts = pod_cuts(spec.replicas, spec.lockstep, pods)
