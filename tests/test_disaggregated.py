@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import json
 import shutil
+from dataclasses import replace
 from pathlib import Path
+from typing import cast
 
 import numpy as np
 import polars as pl
@@ -26,7 +28,9 @@ from pipeline.engine.model import (
     EngineResult,
     FleetSpec,
     SchedulerConfig,
+    Speculation,
     Workload,
+    tokens_per_verification,
 )
 from pipeline.engine.reference import simulate_reference
 from pipeline.ingest import ingest_logs
@@ -195,9 +199,16 @@ def _traces(draw: st.DrawFn) -> tuple[Workload, FleetSpec, FleetSpec, Link]:
     work = workload(np.cumsum(gaps), prompt, output)
     pre = _spec(draw(st.integers(2, 80)), draw(st.integers(1, 6)), draw(st.integers(8, 96)), draw(st.integers(1, 3)),
                 draw(st.sampled_from(["round_robin", "least_outstanding"])))  # fmt: skip
-    # a small decode pool: preemptions, and requests its KV can never hold (exceeds_kv_capacity)
+    # a small decode pool: preemptions, and requests its KV can never hold (exceeds_kv_capacity);
+    # routed by outstanding requests or by free KV, and speculating or not (its drafts hold KV too)
     dec = _spec(draw(st.integers(2, 60)), draw(st.integers(1, 8)), draw(st.integers(8, 64)), draw(st.integers(1, 3)),
-                "least_outstanding")  # fmt: skip
+                draw(st.sampled_from(["least_outstanding", "most_free_kv"])))  # fmt: skip
+    if draw(st.booleans()):
+        k = draw(st.integers(1, 5))
+        e = tokens_per_verification(draw(st.floats(0.0, 1.0)), k)
+        passes = tuple(draw(st.lists(st.floats(0.0, 2e-3), min_size=dec.scheduler.max_num_seqs + 1,
+                                     max_size=dec.scheduler.max_num_seqs + 1)))  # fmt: skip
+        dec = replace(dec, speculation=Speculation(k, e, passes, draw(st.floats(0.0, 1e-6))))
     link = Link(draw(st.floats(1e3, 1e6)), draw(st.floats(0.0, 0.01)), draw(st.booleans()))
     return work, pre, dec, link
 
@@ -210,6 +221,47 @@ def test_each_pool_of_a_disaggregated_fleet_replays_as_the_reference_engine_does
     work, pre, dec, link = case
     ref_p, _, joined = _disaggregate(work, pre, dec, link, bpt=64.0)
     _check_seam(work, ref_p, joined)
+
+
+def test_a_speculating_decode_pool_by_hand_ttft_unchanged_and_tokens_by_the_accumulator() -> None:
+    """1P1D, one request (prompt 10, output 16) at t = 1; the decode pool speculates (k = 3, each draft
+    accepted with a = 0.5: E = 1.875) and routes by free KV. TTFT = the prefill step + the transfer
+    + the decode pool's first step, which admits the request (the last prompt token, a decode at
+    context 10: no drafts in an admission step), exactly as without speculation. The 15 tokens
+    after it come from verifications as in test_engine.py's by-hand case: the accumulator reaches
+    1.875, 3.75, ..., 15, so 8 verifications of 1, 2, 2, 2, 2, 2, 2, 2 tokens, each priced as a
+    chunk of 1 + k' tokens plus k' draft passes (k' = 3, the last 1). The prompt's KV crosses with
+    the drafter's: 10 × (1,000 + 100) bytes at 1 MB/s after 1 ms."""
+    cost = LinearCost(a=0.01, b=0.001, c=0.0, d=0.002, e=0.0001)
+    sd = Speculation(3, tokens_per_verification(0.5, 3), (0.0, 0.0005, 0.0007), 1e-6)
+    pre = _spec(200, 4, 256, 1, "round_robin")
+    dec = replace(_spec(200, 4, 256, 2, "most_free_kv"), speculation=sd)
+    work = workload([1.0], [10], [16])
+    first = Workload(arrival_s=work.arrival_s, prompt_tokens=work.prompt_tokens, output_tokens=np.ones(1, np.int64))
+    link = Link(1e6, 1e-3)
+    for sim in (simulate_jit, simulate_reference):
+        got_p = sim(first, pre, cost)
+        moved = hand_off(first, got_p, 1000.0 + 100.0, link, output_tokens=work.output_tokens)
+        got_d = sim(moved.work, dec, cost)
+        joined = join_disaggregated(got_p, moved, got_d)
+        res = joined.result
+        prefill = 0.01 + 0.001 * 10
+        transfer = 1e-3 + 10 * 1100 / 1e6
+        first_step = 0.01 + 0.002 + 0.0001 * 10
+        computed = [10, 11, 13, 15, 17, 19, 21, 23]  # before each verification
+        drafts = [3, 3, 3, 3, 3, 3, 3, 1]
+        steps = [0.01 + 0.001 * (1 + k) + k * (0.0005 + 1e-6 * (c + 1)) for c, k in zip(computed, drafts, strict=True)]
+        assert res.first_token_s[0] == pytest.approx(1.0 + prefill + transfer + first_step, rel=1e-12)
+        assert res.finish_s[0] == pytest.approx(1.0 + prefill + transfer + first_step + sum(steps), rel=1e-12)
+        assert joined.split["first_decode_step_s"][0] == pytest.approx(first_step, rel=1e-12)
+        assert joined.split["transfer_s"][0] == pytest.approx(transfer, rel=1e-12)
+        assert joined.kv_bytes[0] == 11000.0
+        assert joined.decode_replica.tolist() == [0] and res.prefill_tokens[0] == 10 + 1
+        # without speculation the decode pool takes 15 decode steps for the same tokens
+        plain = sim(moved.work, replace(dec, speculation=None), cost)
+        decodes = [0.01 + 0.002 + 0.0001 * (c + 1) for c in range(10, 25)]
+        assert plain.first_token_s[0] == got_d.first_token_s[0]
+        assert plain.finish_s[0] == pytest.approx(got_d.first_token_s[0] + sum(decodes), rel=1e-12)
 
 
 def test_a_full_decode_pool_preempts_and_rejects_what_its_kv_cannot_hold() -> None:
@@ -259,6 +311,10 @@ kind = "rdma"
 """
 
 
+#: A [pool.speculative] table: method, k.
+SPEC = '[pool.speculative]\nmethod = "{}"\nnum_speculative_tokens = {}'
+
+
 def _p(name: str, role: str, extra: str = "") -> str:
     return f'\n[[pool]]\nname = "{name}"\nrole = "{role}"\n{extra}\n'
 
@@ -295,6 +351,16 @@ def _p(name: str, role: str, extra: str = "") -> str:
          r"'p': a prefill pool needs a link to its decode pool"),
         (HEAD + _p("d", "decode"), r"every pool is a decode pool"),
         (HEAD + _p("u", "unified"), r"\[link\]: a link joins prefill pools to decode pools; this fleet has none"),
+        (HEAD + _p("p", "prefill", SPEC.format("eagle3", 3)) + _p("d", "decode"),
+         r"'p' \[pool.speculative\]: a prefill pool samples one token a request"),
+        (HEAD + _p("p", "prefill") + _p("d", "decode", SPEC.format("eagle3", 0)),
+         r"'d' \[speculative\]: num_speculative_tokens must be in 1..16, got 0"),
+        (HEAD + _p("p", "prefill") + _p("d", "decode", SPEC.format("eagle3", 3) + "\nacceptance = nan"),
+         r"'d' \[speculative\]: acceptance must be a probability"),
+        (HEAD + _p("p", "prefill") + _p("d", "decode", SPEC.format("medusa", 3)), r"'d'.*method"),
+        (HEAD + SPEC.format("eagle3", '"3"').replace("[pool.", "[") + "\n" + _p("p", "prefill") + _p("d", "decode"),
+         r"\[speculative\]: num_speculative_tokens must be an integer"),
+        (HEAD + _p("p", "prefill") + _p("d", "decode", 'router = "most_free_kv_please"'), r"'d'.*router"),
     ],
 )  # fmt: skip
 def test_bad_disaggregated_fleet_files_are_one_line_errors(tmp_path: Path, text: str, says: str) -> None:
@@ -303,6 +369,41 @@ def test_bad_disaggregated_fleet_files_are_one_line_errors(tmp_path: Path, text:
     with pytest.raises(ConfigError, match=says) as info:
         load_fleet_file(path)
     assert "\n" not in str(info.value) and str(path) in str(info.value)
+
+
+def test_speculation_runs_on_the_pools_that_decode_and_the_prefill_pool_loads_a_model_drafter(
+    tmp_path: Path,
+) -> None:
+    """The fleet's [speculative] is the decode pool's (and a unified pool's); the prefill pool takes
+    none of its own but loads the decode pool's EAGLE-3 head, whose weights and KV its memory fit
+    counts (26,721 blocks on an H100 against 27,795 without: test_speculative.py's figures), and
+    whose KV crosses the link with the prompt's. An n-gram drafter stays on the decode side. A
+    pool's own [pool.speculative] replaces the fleet's. The decode router by free KV is accepted."""
+    text = ONE_P_ONE_D.read_text().replace(
+        'router = "least_outstanding"\n',
+        'router = "least_outstanding"\n[speculative]\nmethod = "eagle3"\nnum_speculative_tokens = 3\n',
+    )
+    path = tmp_path / "spec.toml"
+    path.write_text(text)
+    pooled = load_fleet_file(path)
+    assert isinstance(pooled, PooledFleet)
+    pre, dec = (resolve(p.config) for p in pooled.pools)
+    plain_pre, plain_dec = (resolve(p.config) for p in cast(PooledFleet, load_fleet_file(ONE_P_ONE_D)).pools)
+    assert dec.speculation is not None and (dec.speculation.k, dec.speculation.mean_accepted) == (3, 2.79)
+    assert pre.config.speculative == dec.config.speculative
+    assert (plain_pre.memory.kv_capacity_blocks, pre.memory.kv_capacity_blocks) == (27795, 26721)
+    assert pre.memory.draft_kv_bytes_per_token == dec.memory.draft_kv_bytes_per_token == 131072 / 32
+    assert dec.memory.kv_capacity_blocks < plain_dec.memory.kv_capacity_blocks
+    # n-gram drafting on the decode pool alone; a pool's own table wins over the fleet's
+    ngram = '[pool.speculative]\nmethod = "ngram"\nnum_speculative_tokens = 5\n'
+    path.write_text(text.replace('[pool.engine]\nmax_num_seqs = 512', 'router = "most_free_kv"\n' + ngram
+                                 + '[pool.engine]\nmax_num_seqs = 512'))  # fmt: skip
+    pooled = cast(PooledFleet, load_fleet_file(path))
+    pre, dec = (resolve(p.config) for p in pooled.pools)
+    assert pre.config.speculative is None and pre.memory.kv_capacity_blocks == 27795
+    assert dec.config.speculative is not None and dec.config.speculative.method == "ngram"
+    assert dec.config.router == "most_free_kv" and dec.spec().router == "most_free_kv"
+    assert dec.memory.kv_capacity_blocks == plain_dec.memory.kv_capacity_blocks
 
 
 def test_the_example_fleets_parse_with_their_hand_offs_and_links() -> None:
@@ -394,3 +495,53 @@ def test_the_load_curve_of_a_disaggregated_fleet_counts_each_request_once_over_b
     )
     assert point["ttft_p99_s"] == pytest.approx(run.summary["ttft_s"]["p99"], rel=1e-9)
     assert point["tpot_p99_s"] == pytest.approx(run.summary["tpot_s"]["p99"], rel=1e-9)
+
+
+def test_a_day_on_a_1p1d_fleet_speculating_on_its_decode_pool(day: Store, tmp_path: Path) -> None:
+    """fleets/disagg-1p1d.toml with the fleet's [speculative] (EAGLE-3, k = 3): every request keeps
+    one row, the KV moved per prompt token is the target's and the drafter's (131,072 + 4,096
+    bytes), the decode pool's line in ``replay`` says what it speculated and the prefill pool's the
+    drafter it loads, and the decode pool's TPOT falls against the same day without speculation."""
+    from pipeline.replay.run import pool_lines
+
+    shutil.copytree(day.root, tmp_path / "store")
+    store = Store(tmp_path / "store")
+    path = tmp_path / "spec.toml"
+    path.write_text(
+        ONE_P_ONE_D.read_text().replace(
+            'router = "least_outstanding"\n',
+            'router = "least_outstanding"\n[speculative]\nmethod = "eagle3"\nnum_speculative_tokens = 3\n',
+        )
+    )
+    run = replay(store, path)
+    got = pl.from_arrow(pq.read_table(run.run_dir / "requests.parquet"))
+    assert isinstance(got, pl.DataFrame)
+    assert got.height == 3000 and got.get_column("request_id").is_unique().all()  # rows in = rows out
+    served = got.filter(pl.col("status") == "finished")
+    np.testing.assert_allclose(
+        served.get_column("kv_transfer_bytes").to_numpy(),
+        np.maximum(served.get_column("recorded_input_tokens").to_numpy(), 1) * (131072.0 + 4096.0),
+    )
+    pools = run.summary["pools"]
+    assert pools["prefill"]["drafter"] == {"method": "eagle3", "of": "decode"} and "speculative" not in pools["prefill"]
+    sd = pools["decode"]["speculative"]
+    assert (sd["method"], sd["num_speculative_tokens"], sd["mean_accepted_tokens"]) == ("eagle3", 3, 2.79)
+    assert 1.0 < sd["tokens_per_decode_step"] <= 2.79
+    assert "speculative" not in run.summary  # each pool says its own
+    lines = pool_lines(run.summary)
+    assert "loads decode's eagle3 drafter" in lines[0]
+    assert "speculative eagle3 k = 3, 2.79 accepted tokens per verification" in lines[1]
+    plain = replay(store, ONE_P_ONE_D)
+    assert run.summary["tpot_s"]["mean"] < 0.6 * plain.summary["tpot_s"]["mean"]
+    assert run.summary["finished"] == plain.summary["finished"]
+
+
+def test_the_free_kv_router_is_a_fleet_key_the_schema_accepts_and_a_misspelling_is_refused() -> None:
+    from pipeline.replay.fleet import parse_fleet
+
+    base = {"name": "r", "model": "llama-3.1-8b", "hardware": "h200", "replicas": 2}
+    assert parse_fleet({**base, "router": "most_free_kv"}, "fleets/r.toml").router == "most_free_kv"
+    with pytest.raises(ConfigError) as info:
+        parse_fleet({**base, "router": "most_free"}, "fleets/r.toml")
+    text = str(info.value)
+    assert text.startswith("fleets/r.toml") and "router" in text and "most_free_kv" in text and "\n" not in text

@@ -134,7 +134,7 @@ def _req(description: str = "", **extra: Any) -> Any:
 
 
 #: The choices of a fleet's (and a pool's) router, pods' balancer and cost model.
-_ROUTERS = ["round_robin", "least_outstanding", "session_affinity", "prefix_affinity"]
+_ROUTERS = ["round_robin", "least_outstanding", "session_affinity", "prefix_affinity", "most_free_kv"]
 _POD_BALANCERS = ["", "round_robin", "session_affinity", "prefix_affinity"]
 _COST_MODELS = ["auto", "measured", "prior", "roofline"]
 #: FLEET.toml measured_source: "auto" (the stated precedence) or a set of
@@ -378,6 +378,10 @@ class PoolTable(_Table):
     cost_model: str = _opt("default auto", enum=_COST_MODELS)
     engine: EngineTable = _opt("vLLM engine arguments, over the fleet's [engine]")
     kv_offload: KvOffloadTable = _opt("this pool's lower KV tier, instead of the fleet's")
+    speculative: SpeculativeTable = _opt(
+        "a unified or decode pool's speculative decoding, instead of the fleet's [speculative] (a prefill pool "
+        "loads its decode pool's drafter)"
+    )
     calibration: FleetCalibrationTable = _opt("roofline factors of this pool's serving stack")
     calibration_file: str = _opt("a calibration learnt from logs, relative path")
     topology: TopologyTable = _opt("the GPUs' link of this pool's boxes")
@@ -407,6 +411,9 @@ class PooledFleetFile(_Table):
     cost_model: str = _opt(enum=_COST_MODELS)
     engine: EngineTable = _opt("every pool's default vLLM engine arguments")
     kv_offload: KvOffloadTable = _opt("every pool's default lower KV tier")
+    speculative: SpeculativeTable = _opt(
+        "speculative decoding of every unified and decode pool (vLLM --speculative-config)"
+    )
     calibration: FleetCalibrationTable = _opt()
     calibration_file: str = _opt()
     topology: TopologyTable = _opt("every pool's default GPU link")

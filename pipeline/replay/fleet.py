@@ -12,7 +12,7 @@ continuous-batching engine whose settings carry vLLM's names and defaults::
     kv_dtype = "bf16"
     tp = 1
     replicas = 2
-    router = "round_robin"          # least_outstanding | session_affinity | prefix_affinity
+    router = "round_robin"          # least_outstanding | session_affinity | prefix_affinity | most_free_kv
     router_pod_size = 0             # > 0: a load balancer over pods of this many replicas
     router_pod_balancer = "round_robin"  # how it picks a pod: | session_affinity | prefix_affinity
                                     # (unset: the router's key for the affinity routers)

@@ -36,6 +36,14 @@ request by rule, only those its prefill pools hand it, and decodes their output)
 prefill pools has decode pools and every decode pool is some prefill pool's target
 (docs/pools.md, "Disaggregated prefill/decode").
 
+Speculative decoding (``[speculative]``, docs/engine.md) runs where tokens are decoded: the fleet's
+``[speculative]`` is every unified and decode pool's, and a pool's own ``[pool.speculative]``
+replaces it. A prefill pool samples one token a request and never verifies drafts, so it takes no
+``[speculative]`` of its own; it loads its decode pool's drafter when that is a model (EAGLE,
+EAGLE-3, MTP, a draft model: vLLM's NIXL hand-off needs both sides to agree on the drafter's KV
+layers, and the drafter's KV moves with the prompt's), which its memory fit counts
+(:func:`_drafters`).
+
 Each pool is resolved and replayed as a fleet of its own (pipeline.replay.run replays them one after
 another and writes one run whose tables carry a ``pool`` column); a pool's fleet is named
 ``<fleet>-<pool>``.
@@ -366,6 +374,27 @@ def _disaggregation(pools: list[Pool], fleet_link: LinkSpec | None, origin: str)
     return out
 
 
+#: Drafters that are models: their KV layers sit in the KV cache beside the target's, so a prefill
+#: pool handing to a pool that drafts with one loads it too (vLLM refuses a NIXL hand-off whose two
+#: sides disagree on a model-based drafter: vllm-project/vllm#49230, 2026-07-20); n-gram drafting
+#: is a lookup on the decode side alone.
+MODEL_DRAFTERS: tuple[str, ...] = ("draft_model", "eagle", "eagle3", "mtp")
+
+
+def _drafters(pools: list[Pool]) -> list[Pool]:
+    """Each prefill pool with its decode pool's ``[speculative]`` where that drafts with a model
+    (:data:`MODEL_DRAFTERS`): the prefill pool loads the drafter and computes its KV for the
+    prompt (its memory fit counts both); it samples one token a request, so it never verifies."""
+    by_name = {p.name: p for p in pools}
+    out = []
+    for p in pools:
+        sd = by_name[p.handoff].config.speculative if p.role == "prefill" and p.handoff is not None else None
+        if sd is not None and sd.method in MODEL_DRAFTERS:
+            p = replace(p, config=replace(p.config, speculative=sd))
+        out.append(p)
+    return out
+
+
 def parse_pooled(data: Mapping[str, Any], origin: str, base_dir: Path | None = None) -> PooledFleet:
     """Validate a fleet file with ``[[pool]]`` tables; every error names ``origin``, the pool and
     the key. (A run records each pool's resolved fleet; pipeline.replay.runfolder.pools_of reads them.)"""
@@ -430,12 +459,19 @@ def parse_pooled(data: Mapping[str, Any], origin: str, base_dir: Path | None = N
             rule = PoolMatch()
         handoff = raw["handoff"]["to"] if "handoff" in raw else None
         link = _link(raw["link"], f"{where} [pool.link]") if "link" in raw else None
+        if role == "prefill" and "speculative" in raw:
+            raise ConfigError(
+                f"{where} [pool.speculative]: a prefill pool samples one token a request and verifies no drafts; set "
+                "speculation on the decode pool it hands to (the prefill pool then loads that pool's drafter)"
+            )
         merged = {**top, **{k: v for k, v in raw.items() if k not in POOL_KEYS}, "name": f"{top['name']}-{name}"}
+        if role == "prefill":
+            merged.pop("speculative", None)  # the fleet's [speculative] is for the pools that decode
         if isinstance(top.get("engine"), Mapping) and isinstance(raw.get("engine"), Mapping):
             merged["engine"] = {**top["engine"], **raw["engine"]}  # a pool's engine keys on the fleet's
         cfg = parse_fleet(merged, where, base_dir)
         pools.append(Pool(name, role, rule, cfg, handoff, link))
-    pools = _disaggregation(pools, fleet_link, origin)
+    pools = _drafters(_disaggregation(pools, fleet_link, origin))
     engines = sum(p.config.replicas * p.config.dp for p in pools)
     if engines > MAX_ENGINES:
         raise ConfigError(

@@ -1543,15 +1543,17 @@ class _Prefilled:
 
 def _hand_off(run: ReplayRun, work: Workload, pool: Pool | LinkSpec, decode: ResolvedFleet) -> Handoff:
     """A prefill pool's hand-off to its decode pool: the KV bytes per token of the decode pool's
-    model, KV dtype, tp and pipeline stage (its memory fit: what one of its GPUs stores), over
-    the pool's link (or the link given), layer-wise over the model's layers where the link says so."""
+    model, KV dtype, tp and pipeline stage (its memory fit: what one of its GPUs stores), its
+    drafter's KV bytes per token included where it drafts with a model (the prefill pool computed
+    them: pipeline.replay.pools.MODEL_DRAFTERS), over the pool's link (or the link given),
+    layer-wise over the model's layers where the link says so."""
     link = pool.link if isinstance(pool, Pool) else pool
     assert link is not None
     mem = decode.memory
     return hand_off(
         run.work,
         run.result,
-        mem.kv_bytes_per_token,
+        mem.kv_bytes_per_token + mem.draft_kv_bytes_per_token,
         link.link(),
         output_tokens=work.output_tokens,
         window_bytes_per_token=mem.kv_window_bytes_per_token,
@@ -1913,6 +1915,11 @@ def _pooled_summary(
             entry |= {k: v for k, v in own.items() if not k.startswith("engine_") and k != "cache_split"}
         else:
             entry |= {"requests": 0, "finished": 0, "rejected": 0}
+        sd = part.fleet.config.speculative
+        if part.pool.role == "prefill":  # it loads its decode pool's drafter and verifies nothing
+            entry.pop("speculative", None)
+            if sd is not None:
+                entry["drafter"] = {"method": sd.method, "of": part.pool.handoff}
         per_pool[part.pool.name] = entry
     first = runs[0]
     whole = replace(
@@ -1923,6 +1930,7 @@ def _pooled_summary(
         cost_describe={},
     )
     summary = summary_of(cols, sums, whole, run_slo(first, options))
+    summary.pop("speculative", None)  # a pool's own (summary.pools.<name>.speculative): pools differ
     for run in runs[1:]:
         wide = multi_node_warning(run.fleet)
         if wide is not None and wide not in summary["health"]["warnings"]:
@@ -1947,9 +1955,24 @@ def pool_lines(summary: dict[str, Any]) -> list[str]:
         rule = "requests its prefill pools hand it" if p.get("role") == "decode" else p.get("match")
         out.append(
             f"pool {name} ({p.get('role')}, {rule}{to}): {p.get('size')}: {p.get('requests', 0):,} requests, "
-            f"{p.get('finished', 0):,} finished, {p.get('rejected', 0):,} rejected{lat}"
+            f"{p.get('finished', 0):,} finished, {p.get('rejected', 0):,} rejected{lat}{_speculation_text(p)}"
         )
     return out + disaggregation_lines(summary)
+
+
+def _speculation_text(pool: dict[str, Any]) -> str:
+    """A pool's speculative decoding for its line in ``replay`` ('' without): what drafts, k, E and
+    the output tokens a decode step gave; a prefill pool's, the drafter it loads for its decode pool."""
+    sd, drafter = pool.get("speculative"), pool.get("drafter")
+    if sd:
+        per_step = sd.get("tokens_per_decode_step")
+        return (
+            f"; speculative {sd['method']} k = {sd['num_speculative_tokens']}, {sd['mean_accepted_tokens']:.2f} "
+            f"accepted tokens per verification, {per_step or 0:.2f} output tokens per decode step"
+        )
+    if drafter:
+        return f"; loads {drafter['of']}'s {drafter['method']} drafter (its KV moves with the prompt's)"
+    return ""
 
 
 def disaggregation_lines(summary: dict[str, Any]) -> list[str]:
