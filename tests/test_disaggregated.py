@@ -264,14 +264,16 @@ def test_a_speculating_decode_pool_by_hand_ttft_unchanged_and_tokens_by_the_accu
         assert plain.finish_s[0] == pytest.approx(got_d.first_token_s[0] + sum(decodes), rel=1e-12)
 
 
-def test_a_full_decode_pool_preempts_and_rejects_what_its_kv_cannot_hold() -> None:
+@pytest.mark.parametrize("speculation", [None, Speculation(3, 2.5, (), 0.0)], ids=["plain", "speculating"])
+def test_a_full_decode_pool_preempts_and_rejects_what_its_kv_cannot_hold(speculation: Speculation | None) -> None:
     """The decode pool has 30 blocks of 4 tokens: two 40-token prompts decoding 30 tokens each do not
     fit together (one is preempted and recomputed from its moved KV's last token), and a 150-token
     prompt with 20 output tokens never fits (rejected at decode, exceeds_kv_capacity), though the
-    prefill pool served it."""
+    prefill pool served it. The same with the decode pool speculating (k = 3: its draft slots hold
+    KV too), both engines equal."""
     work = workload([0.0, 0.0, 0.01], [40, 40, 150], [30, 30, 20])
     pre = _spec(200, 4, 256, 1, "round_robin")
-    dec = _spec(30, 4, 64, 1, "least_outstanding")
+    dec = replace(_spec(30, 4, 64, 1, "least_outstanding"), speculation=speculation)
     ref_p, ref_d, joined = _disaggregate(work, pre, dec, Link(1e6, 1e-4), bpt=100.0)
     _check_seam(work, ref_p, joined)
     from pipeline.replay.pools import Disaggregated
