@@ -35,9 +35,10 @@ keyed to its session, ``session_affinity``): the same day replayed without the t
 (pipeline.replay.offload.plan_offload), the engine and putting the results back in the day's order.
 ``--autoscale schedule|kv`` times an autoscaled fleet (FLEET.toml ``[autoscale]``, docs/pools.md)
 against the same day replayed static on all its replicas, round robin: ``schedule`` runs half the
-replicas until half the day, then all (one pass: routes chosen outside the compiled loop,
-pipeline.replay.autoscale.route); ``kv`` scales on KV occupancy (the control loop's passes, each one
-engine run: its rate is the static rate over the passes).
+replicas until half the day, then all; ``kv`` scales on KV occupancy (60 s windows). Either is one
+run of the compiled loop, which decides the live replicas and routes each arrival to a live one
+as it goes (docs/engine.md, "Scaling decisions"); the rate counts the whole replay_autoscaled call
+(the loop, then the timeline, drains and record in Python).
 """
 
 from __future__ import annotations
@@ -249,12 +250,9 @@ def autoscaled(args: argparse.Namespace, fleet: Any, work: Workload, spec: Fleet
     settings = parse_autoscale(table, "benchmark [autoscale]", r)
     weights = weights_bytes_per_gpu(fleet.deployment) * fleet.deployment.gpus
 
-    def simulate(routes: Any, log: Any) -> Any:
-        return simulate_jit(work, spec, cost, log, routes=routes)
-
     rss0 = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024**2
     t0 = time.perf_counter()
-    res, _, outcome, _ = replay_autoscaled(work, spec, settings, weights, simulate)
+    res, _, outcome, _ = replay_autoscaled(work, spec, settings, weights, cost)
     wall = time.perf_counter() - t0
     rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024**2
     ok_s, ok_a = static.reject_reason == 0, res.reject_reason == 0
@@ -263,7 +261,7 @@ def autoscaled(args: argparse.Namespace, fleet: Any, work: Workload, spec: Fleet
     print(f"static              {n / wall_static:,.0f} requests per wall-s ({wall_static:,.2f} s, {done})")
     print(
         f"autoscaled ({args.autoscale}) {n / wall:,.0f} requests per wall-s ({wall:,.2f} s, {ok_a.sum():,} finished; "
-        f"{outcome.passes} pass{'es' if outcome.passes != 1 else ''}, converged {outcome.converged})"
+        f"{len(outcome.changes)} changes decided in the event loop, one pass)"
     )
     print(f"ratio               {wall_static / wall:.2f} of the static rate")
     print(f"peak RSS            {max(rss0, rss):,.2f} GiB")

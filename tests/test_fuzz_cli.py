@@ -890,7 +890,6 @@ FLEET_AUTOSCALE: dict[str, tuple[st.SearchStrategy[Any], st.SearchStrategy[Any]]
     "engine_start_s": (st.floats(0, 120), _ANY_BAD | st.just(-5.0)),
     "cuda_graph_s": (st.floats(0, 60), _ANY_BAD),
     "load_gb_s": (st.floats(0.5, 50), _ANY_BAD | st.just(0.0)),
-    "max_passes": (st.integers(1, 3), _SMALL_BAD),
 }
 
 

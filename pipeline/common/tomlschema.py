@@ -283,7 +283,6 @@ class AutoscaleTable(_Table):
     load_gb_s: float = _opt("GB/s the replica's weights are read at (default: the storage kind's)")
     engine_start_s: float = _opt("seconds to a ready engine, weights and CUDA graphs aside (default 41)")
     cuda_graph_s: float = _opt("seconds of CUDA graph capture (default 17; 0 with --enforce-eager)")
-    max_passes: int = _opt("replays of the control loop at most (default 8)")
 
 
 class FleetFile(_Table):

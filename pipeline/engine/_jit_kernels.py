@@ -1113,11 +1113,13 @@ def _span_done(  # type: ignore[no-untyped-def]
 
 
 @_piece_cached
-def _span_one(r, first_t, limit, nlog, wl, fl, cost, res, req, rep, pool, scr, log, last_row, wq):  # type: ignore[no-untyped-def]
+def _span_one(r, first_t, limit, stop, nlog, wl, fl, cost, res, req, rep, pool, scr, log, last_row, wq):  # type: ignore[no-untyped-def]
     """A span of decode steps of replica ``r`` (G == 1) from ``first_t``, when the next steps are
     ones where every running request decodes one token, nobody is admitted, finishes or is
-    preempted, each starting before ``limit``. Returns (steps run, nlog): 0 steps when the next
-    step is a general one."""
+    preempted, each starting before ``limit`` (the next arrival: see below) and before ``stop``
+    (the next scaling decision, inf without: a step that starts at or after it is not in the
+    window the decision reads). Returns (steps run, nlog): 0 steps when the next step is a
+    general one."""
     prompt, output, skip = wl[1], wl[2], wl[13]
     C, S, budget_max, bs, chunked, caching, want_log, asy = fl[3], fl[4], fl[5], fl[6], fl[7], fl[8], fl[9], fl[13]
     computed, gen, nblk, last_tok = req[0], req[1], req[2], req[6]
@@ -1126,7 +1128,7 @@ def _span_one(r, first_t, limit, nlog, wl, fl, cost, res, req, rep, pool, scr, l
     bfill, bphase, sums = scr[24], scr[25], scr[27]
     bstart, bitems, out = scr[23], scr[26], scr[18]
     nr = nrun[r]
-    if nr == 0 or first_t >= limit:
+    if nr == 0 or first_t >= limit or first_t >= stop:
         return 0, nlog
     k_max, c_sum = _decode_kmax(r, _I0(-1), prompt, output, computed, gen, running, nr)
     if k_max <= 0:
@@ -1151,7 +1153,7 @@ def _span_one(r, first_t, limit, nlog, wl, fl, cost, res, req, rep, pool, scr, l
     # Step m sees an arrival at `limit` if it starts at or after it; with asynchronous scheduling
     # only if the step before it did (it was scheduled then): the span ends one step later.
     prev = now
-    while m < k_max and (prev if asy else now) < limit:
+    while m < k_max and (prev if asy else now) < limit and now < stop:
         if bstart[ph_alloc + 1] - bstart[ph_alloc] > nfree[r]:
             break  # an allocation fails: the general step preempts
         ph_fill = ph_alloc + 1 if ph_alloc + 1 < bs else 0
@@ -1313,6 +1315,195 @@ def _span_group(first, first_t, ev_t, nlog, wl, fl, cost, res, req, rep, pool, s
     return m, nlog
 
 
+# -- A live replica set decided inside the loop (an autoscaled pool: jit.Scaling states it,
+# pipeline/replay/autoscale.py the policy; docs/engine.md, "Scaling decisions"). ``sc``, built by
+# loop_args (``on`` False: a fleet without one, and nothing below runs):
+#   (on, mode, K, window, up, down, cooldown, lo, hi, delay, plan_t, plan_n,
+#    live_from, retire, paid, retired_at, active, lv, acc, sig, dec_t, dec_n, ist, fst)
+#   mode   0 a schedule (its changes plan_t, plan_n), 1 utilisation, 2 queue, 3 kv (sig's column)
+#   K      decision windows of ``window`` seconds (a decision at each window's end but the last)
+#   per replica (its latest incarnation): live_from, retire (inf: not retired), paid (from),
+#          retired_at (−inf: never), active (provisioned: starting or serving)
+#   lv     the replicas live at the latest arrival, in index order (ist[2] of them)
+#   acc    per window: busy, waiting and KV-block seconds of the step log's rows counted so far
+#   sig    per window: mean live replicas, utilisation, queue, kv (what the decision read)
+#   dec_t, dec_n  the decisions that changed the target (ist[4] of them)
+#   ist    (next decision: window index k or schedule position, first log row not yet counted,
+#           live replicas in lv, target, decisions made)
+#   fst    (when the live set next changes by itself (a start ends), the last change's time, the
+#           next decision's time: inf when none is left)
+
+
+@_piece
+def _live_set(t, live_from, retire, lv, ist, fst):  # type: ignore[no-untyped-def]
+    """The replicas live at ``t`` (live_from ≤ t < retire) into lv, in index order, and when
+    the next one still starting becomes live."""
+    nlv = 0
+    until = _INF
+    for r in range(live_from.shape[0]):
+        if live_from[r] <= t < retire[r]:
+            lv[nlv] = r
+            nlv += 1
+        elif t < live_from[r] < retire[r] and live_from[r] < until:
+            until = live_from[r]
+    ist[2] = nlv
+    fst[0] = until
+
+
+@_piece
+def _route_live(t, router, rr, sc, routed, nfin, last_end, last_nfin):  # type: ignore[no-untyped-def]
+    """The live replica a request arriving at ``t`` goes to: round robin over the live replicas in
+    index order (``rr``: the requests routed so far), or least outstanding over them (_route's
+    count; ties to the lowest index). A replica not live takes no request."""
+    lv, ist, fst = sc[17], sc[22], sc[23]
+    if t >= fst[0]:
+        _live_set(t, sc[12], sc[13], lv, ist, fst)
+    nlv = ist[2]
+    if router == 0:
+        return lv[rr % nlv]
+    dest = lv[0]
+    best = -1
+    for q in range(nlv):
+        r = lv[q]
+        o = routed[r] - nfin[r]
+        if last_end[r] > t:
+            o += last_nfin[r]
+        if best < 0 or o < best:
+            best = o
+            dest = r
+    return dest
+
+
+@_piece
+def _count_rows(nlog, log, sc):  # type: ignore[no-untyped-def]
+    """Add the step log's rows not yet counted to each window's busy, waiting and KV-block
+    seconds (a row's values held over its wall time, the part of it in each window)."""
+    K, w, acc, ist = sc[2], sc[3], sc[18], sc[22]
+    for row in range(ist[1], nlog):
+        s = log[row, 1]
+        e = log[row, 2]
+        if not e > s:
+            continue
+        j = max(int(s / w) - 1, 0)
+        while j < K:
+            a = float(j) * w
+            if a >= e:
+                break
+            ov = min(e, float(j + 1) * w) - max(s, a)
+            if ov > 0.0:
+                acc[j, 0] += ov
+                acc[j, 1] += log[row, 9] * ov
+                acc[j, 2] += log[row, 10] * ov
+            j += 1
+    ist[1] = nlog
+
+
+@_piece
+def _close_window(j, C, sc):  # type: ignore[no-untyped-def]
+    """Window ``j``'s signals from its counted seconds over its live replica-seconds (every
+    incarnation's [live_from, retire) within it), into sig[j]."""
+    w, live_from, retire, acc, sig = sc[3], sc[12], sc[13], sc[18], sc[19]
+    a = float(j) * w
+    b = float(j + 1) * w
+    live = 0.0
+    for r in range(live_from.shape[0]):
+        ov = min(b, retire[r]) - max(a, live_from[r])
+        if ov > 0.0:
+            live += ov
+    width = b - a
+    sig[j, 0] = live / width
+    rs = max(sig[j, 0] * width, 1e-12)
+    sig[j, 1] = acc[j, 0] / rs
+    sig[j, 2] = acc[j, 1] / rs
+    sig[j, 3] = acc[j, 2] / (rs * max(C, 1))
+
+
+@_piece
+def _set_target(t, target, sc):  # type: ignore[no-untyped-def]
+    """The live set's change to ``target`` replicas at ``t``: a scale-up provisions the replicas
+    retired longest ago (never used first, lowest index on ties), paid now, live after the delay;
+    a scale-down retires the newest (one still starting before a serving one)."""
+    delay, live_from, retire, paid, retired_at, active = sc[9], sc[12], sc[13], sc[14], sc[15], sc[16]
+    R = active.shape[0]
+    cur = 0
+    for r in range(R):
+        if active[r]:
+            cur += 1
+    while cur < target:
+        pick = -1
+        for r in range(R):
+            if not active[r] and (pick < 0 or retired_at[r] < retired_at[pick]):
+                pick = r
+        active[pick] = True
+        paid[pick] = t
+        live_from[pick] = t + delay
+        retire[pick] = _INF
+        cur += 1
+    while cur > target:
+        pick = -1
+        for r in range(R):
+            if active[r] and (pick < 0 or paid[r] >= paid[pick]):
+                pick = r
+        active[pick] = False
+        retire[pick] = t
+        retired_at[pick] = t
+        cur -= 1
+    sc[22][3] = target
+    sc[23][0] = -_INF  # the live set is read afresh at the next arrival
+
+
+@_piece
+def _decide(t, nlog, C, log, last_row, sc):  # type: ignore[no-untyped-def]
+    """The decision at ``t``: a schedule's next change, or a signal policy's at window k's end
+    (t = k·window) from window k − 1's signal, every step that starts before t already in the
+    log and none that starts at or after it (autoscale.decide's rule: above ``up`` the target
+    becomes ⌈target × signal / up⌉, at least one more; below ``down`` one fewer; within lo..hi;
+    none within ``cooldown`` of the last change). The log's rows are sealed: a later step
+    starts a row of its own, so the rows read here stay as they are."""
+    mode, K, w, up, down, cooldown, lo, hi = sc[1], sc[2], sc[3], sc[4], sc[5], sc[6], sc[7], sc[8]
+    plan_t, plan_n, sig, dec_t, dec_n, ist, fst = sc[10], sc[11], sc[19], sc[20], sc[21], sc[22], sc[23]
+    target = ist[3]
+    if mode == 0:
+        pos = ist[0]
+        ist[0] = pos + 1
+        fst[2] = plan_t[pos + 1] if pos + 1 < plan_t.shape[0] else _INF
+        _set_target(t, plan_n[pos], sc)
+        return
+    k = ist[0]
+    _count_rows(nlog, log, sc)
+    _close_window(k - 1, C, sc)
+    for r in range(last_row.shape[0]):
+        last_row[r] = -1
+    ist[0] = k + 1
+    fst[2] = float(k + 1) * w if k + 1 < K else _INF
+    if t - fst[1] < cooldown:
+        return
+    s = sig[k - 1, mode]
+    want = target
+    if s > up:
+        want = max(target + 1, int(np.ceil(target * s / up - 1e-9)))
+    elif s < down:
+        want = target - 1
+    want = min(max(want, lo), hi)
+    if want != target:
+        dec_t[ist[4]] = t
+        dec_n[ist[4]] = want
+        ist[4] += 1
+        fst[1] = t
+        _set_target(t, want, sc)
+
+
+@_piece
+def _close_day(nlog, C, log, sc):  # type: ignore[no-untyped-def]
+    """A signal policy's windows left without a decision (the last one, which ends the day):
+    their signals from the whole log."""
+    if sc[1] == 0:
+        return
+    _count_rows(nlog, log, sc)
+    for j in range(sc[22][0] - 1, sc[2]):
+        _close_window(j, C, sc)
+
+
 def _replay_loop(grouped: bool) -> Any:
     """_replay, the event loop, compiled for fleets in lockstep groups (``grouped``: decode spans
     of a group, _span_group) or for fleets without (every group one replica: spans of one
@@ -1321,13 +1512,14 @@ def _replay_loop(grouped: bool) -> Any:
     without lockstep, most of them, compiles no _span_group). Both are cached in the one index
     of ``_replay`` (numba keys a closure's entries on its cells: ``grouped``)."""
 
-    def _replay(wl, fl, cost, res, ctl, req, rep, pool, scr, ev, st, log, last_row, wq):  # type: ignore[no-untyped-def]
+    def _replay(wl, fl, cost, res, ctl, req, rep, pool, scr, ev, st, log, last_row, wq, sc):  # type: ignore[no-untyped-def]
         """run_fleet's event loop, from the loop state in ``st`` (ev_pos, heap_n, seq, next_issue,
         rr, nlog) until the fleet is done or cancelled (returns _DONE), or until the next event
         could outgrow the step log (_GROW_LOG) or a waiting queue (_GROW_WQ): the event has not
         started, ``st`` holds the state, run_fleet grows the array and calls again (growing changes
-        no result). Every event is an arrival, a decode span (of a replica, or of a lockstep group)
-        or a step."""
+        no result). Every event is an arrival, a decode span (of a replica, or of a lockstep group),
+        a step, or (``sc``: a live replica set decided in the loop) a scaling decision, taken
+        before any arrival or step at or after its time."""
         times, rejected, aff_rep = wl[0], wl[6], wl[5]
         router, closed, G = fl[1], fl[2], fl[10]
         clock, ready, nrun, wlen, routed = rep[0], rep[1], rep[2], rep[7], rep[8]
@@ -1346,15 +1538,22 @@ def _replay_loop(grouped: bool) -> Any:
             else:
                 has_ev = ev_pos < n
                 ev_t = times[order[ev_pos]] if has_ev else _INF
+            if sc[0]:
+                t_dec = sc[23][2]
+                if t_dec < _INF and t_dec <= ev_t and (first < 0 or t_dec <= first_t) and (has_ev or first >= 0):
+                    # -- a scaling decision: every step that starts before it has run, none after
+                    _decide(t_dec, nlog, fl[3], log, last_row, sc)
+                    continue
             if has_ev and (first < 0 or ev_t <= first_t):
                 # -- an arrival
                 # (closed loop: the trace's next request, whichever client sends it; ev_pos counts them)
                 i = ev_pos if closed else order[ev_pos]
-                dest = (
-                    -1
-                    if rejected[i]
-                    else _route(i, ev_t, router, rr, aff_rep, routed, nfin, last_end, last_nfin, pool[0], rep[13])
-                )
+                if rejected[i]:
+                    dest = -1
+                elif sc[0]:
+                    dest = _route_live(ev_t, router, rr, sc, routed, nfin, last_end, last_nfin)
+                else:
+                    dest = _route(i, ev_t, router, rr, aff_rep, routed, nfin, last_end, last_nfin, pool[0], rep[13])
                 if dest >= 0 and wlen[dest] == wq.shape[1]:
                     code = _GROW_WQ
                     break
@@ -1395,13 +1594,17 @@ def _replay_loop(grouped: bool) -> Any:
                     limit = own_t[own_start[r] + own_ptr[r]] if own_ptr[r] < own_start[r + 1] - own_start[r] else _INF
                 else:
                     limit = ev_t
-                m, nlog = _span_one(r, first_t, limit, nlog, wl, fl, cost, res, req, rep, pool, scr, log, last_row, wq)
+                m, nlog = _span_one(
+                    r, first_t, limit, sc[23][2], nlog, wl, fl, cost, res, req, rep, pool, scr, log, last_row, wq
+                )
             if m > 0:
                 continue
             nlog, heap_n, seq, next_issue = _step(
                 first, first_t, nlog, wl, fl, cost, res, ctl, req, rep, pool, scr, ev, log, last_row, wq,
                 (heap_n, seq, next_issue),
             )  # fmt: skip
+        if sc[0] and code == _DONE:
+            _close_day(nlog, fl[3], log, sc)
         st[0], st[1], st[2], st[3], st[4], st[5] = ev_pos, heap_n, seq, next_issue, rr, nlog
         return code
 
@@ -1608,8 +1811,58 @@ def _grow_wq(wq: Any, whead: Any, wlen: Any) -> Any:
     return bigger
 
 
+def scaling_state(
+    R: int,
+    mode: int,
+    windows: int,
+    window_s: float,
+    up: float,
+    down: float,
+    cooldown_s: float,
+    lo: int,
+    hi: int,
+    delay_s: float,
+    plan_t: Any,
+    plan_n: Any,
+    initial: int,
+) -> tuple[Any, ...]:
+    """``sc`` for a live replica set decided in the loop (see _live_set above), ``initial``
+    replicas (the lowest) live from time 0: mode 0 a schedule's changes (plan_t, plan_n), else a
+    signal policy over ``windows`` windows of ``window_s``."""
+    active = np.zeros(R, np.bool_)
+    active[:initial] = True
+    live_from = np.where(active, 0.0, _INF)
+    K = max(int(windows), 1)
+    ist = np.array([0 if mode == 0 else 1, 0, 0, initial, 0], np.int64)
+    first = (plan_t[0] if plan_t.shape[0] else _INF) if mode == 0 else (window_s if K > 1 else _INF)
+    fst = np.array([-_INF, -_INF, first])
+    return (
+        True, int(mode), K, float(window_s), float(up), float(down), float(cooldown_s), int(lo), int(hi),
+        float(delay_s), np.asarray(plan_t, np.float64), np.asarray(plan_n, np.int64), live_from, np.full(R, _INF),
+        np.zeros(R), np.full(R, -_INF), active, np.zeros(R, np.int64), np.zeros((K, 3)), np.zeros((K, 4)),
+        np.zeros(K), np.zeros(K, np.int64), ist, fst,
+    )  # fmt: skip
+
+
+def no_scaling() -> tuple[Any, ...]:
+    """``sc`` for a fleet whose replicas are all live all the time (the loop reads only ``on``;
+    the next decision's time, inf, bounds no span)."""
+    one_f, one_i = np.zeros(1), np.zeros(1, np.int64)
+    return (
+        False, 0, 1, 1.0, 0.0, 0.0, 0.0, 0, 0, 0.0, one_f, one_i, one_f, one_f, one_f, one_f,
+        np.zeros(1, np.bool_), one_i, np.zeros((1, 3)), np.zeros((1, 4)), one_f, one_i, np.zeros(5, np.int64),
+        np.array([-_INF, -_INF, _INF]),
+    )  # fmt: skip
+
+
 def run_fleet(
-    work: Work, fleet: Fleet, cost: tuple[Any, ...], res: Results, ctl: Any, pool: tuple[Any, ...]
+    work: Work,
+    fleet: Fleet,
+    cost: tuple[Any, ...],
+    res: Results,
+    ctl: Any,
+    pool: tuple[Any, ...],
+    sc: tuple[Any, ...] | None = None,
 ) -> tuple[Any, int]:
     """Replay the whole fleet; returns the step log (rows × LOG_COLS) and its row count.
 
@@ -1628,12 +1881,16 @@ def run_fleet(
     The state is allocated here by numpy, and the loop is _replay, the one compiled function (with
     every piece above inlined; its variant for the fleet's kind, _replay_loop): it returns when it
     is done, or to have the step log or a waiting queue grown here (growing changes no result),
-    and is called again."""
-    args = loop_args(work, fleet, cost, res, ctl, pool)
-    wl, fl, cost, results, ctl, req, rep, pool, scr, ev, st, log, last_row, wq = args
+    and is called again.
+
+    ``sc`` (:func:`scaling_state`; None: every replica live all the time) has the loop decide the
+    live replicas as it goes and route each arrival to a live one; it holds the decisions and
+    the windows' signals when the loop returns."""
+    args = loop_args(work, fleet, cost, res, ctl, pool, sc)
+    wl, fl, cost, results, ctl, req, rep, pool, scr, ev, st, log, last_row, wq, sc = args
     replay = _replay_grouped if fl[10] > 1 else _replay_single
     while True:
-        code = replay(wl, fl, cost, results, ctl, req, rep, pool, scr, ev, st, log, last_row, wq)
+        code = replay(wl, fl, cost, results, ctl, req, rep, pool, scr, ev, st, log, last_row, wq, sc)
         if code == _GROW_LOG:
             bigger = np.zeros((2 * log.shape[0], LOG_COLS))
             bigger[: log.shape[0]] = log
@@ -1645,10 +1902,16 @@ def run_fleet(
 
 
 def loop_args(
-    work: Work, fleet: Fleet, cost: tuple[Any, ...], res: Results, ctl: Any, pool: tuple[Any, ...]
+    work: Work,
+    fleet: Fleet,
+    cost: tuple[Any, ...],
+    res: Results,
+    ctl: Any,
+    pool: tuple[Any, ...],
+    sc: tuple[Any, ...] | None = None,
 ) -> tuple[Any, ...]:
     """_replay's arguments for run_fleet's arguments (the loop's state, allocated by numpy):
-    (wl, fl, cost, res, ctl, req, rep, pool, scr, ev, st, log, last_row, wq)."""
+    (wl, fl, cost, res, ctl, req, rep, pool, scr, ev, st, log, last_row, wq, sc)."""
     n = work.prompt.shape[0]
     R, S, G = int(fleet.replicas), int(fleet.max_seqs), int(fleet.lockstep)
     closed, want_log = bool(fleet.closed), bool(fleet.want_log)
@@ -1668,11 +1931,15 @@ def loop_args(
     # -- arrival events: open/offline in (time, index) order; closed loop as a binary heap
     order = np.argsort(work.times, kind="stable").astype(np.int64, copy=False)
     heap_t, heap_s, heap_i, heap_n = _heap(closed, int(fleet.concurrency), n, float(fleet.ramp_step_s))
-    static, own_start, own_t = _static_routes(work.times, order, work.rejected, work.aff_rep, fl[1], closed, R, n)
+    sc = no_scaling() if sc is None else sc
+    # (a live set decided in the loop routes by the replicas' state: never static)
+    static, own_start, own_t = _static_routes(
+        work.times, order, work.rejected, work.aff_rep, fl[1], closed or sc[0], R, n
+    )
     ev = (order, heap_t, heap_s, heap_i, bool(static), own_start, own_t, np.zeros(R, np.int64))
     st = np.zeros(6, np.int64)  # the loop's state: ev_pos, heap_n, seq, next_issue, rr, nlog
     st[1] = st[2] = st[3] = heap_n
-    return wl, fl, cost, tuple(res), ctl, req, rep, pool, scr, ev, st, log, last_row, wq
+    return wl, fl, cost, tuple(res), ctl, req, rep, pool, scr, ev, st, log, last_row, wq, sc
 
 
 # -- The compile in two processes (jit.compile_engine(parallel=True); a fresh clone's first replay,
@@ -1726,7 +1993,7 @@ def compile_leaves(args: tuple[Any, ...]) -> None:
 
 def compile_step(args: tuple[Any, ...]) -> None:
     """Compile _step (the general step, pricing with stepcost.tab_row) for ``args``."""
-    wl, fl, cost, res, ctl, req, rep, pool, scr, ev, _, log, last_row, wq = args
+    wl, fl, cost, res, ctl, req, rep, pool, scr, ev, _, log, last_row, wq, _ = args
     heap = numba.types.UniTuple(_I64, 3)  # type: ignore[no-untyped-call]
     _step.compile(_sig(_I64, _F64, _I64, wl, fl, cost, res, ctl, req, rep, pool, scr, ev, log, last_row, wq, heap))
 
@@ -1740,8 +2007,8 @@ def compile_kernels(args: tuple[Any, ...]) -> None:
 def compile_spans(args: tuple[Any, ...]) -> None:
     """Compile the decode span's kernels (stepcost.tab_span_prep, tab_span_row) and _span_one
     into the disk cache, for ``args``."""
-    wl, fl, cost, res, _, req, rep, pool, scr, _, _, log, last_row, wq = args
+    wl, fl, cost, res, _, req, rep, pool, scr, _, _, log, last_row, wq, _ = args
     f = _F64
     _span_prep.compile(_sig(f, cost[0], cost[1], cost[2], cost[3], cost[8], cost[10], cost[15], *scr[19:23]))
     _span_row.compile(_sig(f, f, *cost[2:8], cost[9], cost[15], *scr[19:23], scr[18]))
-    _span_one.compile(_sig(_I64, f, f, _I64, wl, fl, cost, res, req, rep, pool, scr, log, last_row, wq))
+    _span_one.compile(_sig(_I64, f, f, f, _I64, wl, fl, cost, res, req, rep, pool, scr, log, last_row, wq))

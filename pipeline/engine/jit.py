@@ -42,8 +42,10 @@ from pipeline.costmodel.stepcost import kernel_array as _arg
 from pipeline.costmodel.steps import IntArray, StepCostFn
 from pipeline.engine.jitcache import await_compile_ahead, compile_needed
 from pipeline.engine.model import (
+    SCALING_SIGNALS,
     EngineResult,
     FleetSpec,
+    Scaling,
     SchedulerConfig,
     Workload,
     apply_frontend,
@@ -220,6 +222,7 @@ def simulate_jit(
     log: RowSink | None = None,
     progress: Callable[[int], None] | None = None,
     routes: np.ndarray[Any, np.dtype[np.int64]] | None = None,
+    scaling: Scaling | None = None,
 ) -> EngineResult:
     """Replay ``work`` on ``spec`` in the compiled loop: per-request results, spans appended to
     ``log`` (a run of consecutive decode steps of one batch is one row). Raises ValueError when
@@ -228,15 +231,23 @@ def simulate_jit(
     KeyboardInterrupt stops the loop (within one event) and propagates. ``routes`` (one replica
     per request, ≥ 0 for every request that is not rejected) replaces the router: a shard of a
     fleet (pipeline/engine/shard.py) replays the routes the whole fleet's router chose.
+    ``scaling`` has the loop decide which replicas are live as it goes (an autoscaled pool: the
+    open loop, round robin or least outstanding, no lockstep groups); the decisions and the
+    windows' signals are filled in.
 
-    Only the replicas the workload can reach are run (:func:`busy_fleet`); results and log name
-    replicas of the whole fleet, as if all had been run."""
+    Only the replicas the workload can reach are run (:func:`busy_fleet`; with ``scaling``, all
+    of them); results and log name replicas of the whole fleet, as if all had been run."""
     if routes is not None and (routes.shape != (work.n,) or (routes >= spec.replicas).any()):
         raise ValueError("routes must name one of the replicas for every request")
     spec = timeline_spec(spec, cost)  # a calibrated cost's timeline terms (stackcal.apply)
-    busy = busy_fleet(work, spec, routes)
+    if scaling is not None:
+        _check_scaling(spec, scaling, routes)
+        busy = BusyFleet(spec, None, None)
+    else:
+        busy = busy_fleet(work, spec, routes)
+    want_log = log is not None or (scaling is not None and scaling.signal != "schedule")
     while True:
-        res, rows = _run_busy(work, busy, cost, log is not None, progress)
+        res, rows = _run_busy(work, busy, cost, want_log, progress, scaling)
         top = busy.spec.replicas - 1
         if not busy.open_top or not (res.replica == top).any():
             break
@@ -256,11 +267,55 @@ def simulate_jit(
     return res
 
 
+def _check_scaling(spec: FleetSpec, scaling: Scaling, routes: np.ndarray[Any, Any] | None) -> None:
+    """ValueError when the loop cannot decide ``scaling``'s live set on ``spec``."""
+    if routes is not None:
+        raise ValueError("a live replica set decided in the loop routes every request itself: no routes")
+    if spec.router not in ("round_robin", "least_outstanding") or spec.mode != "open" or spec.lockstep > 1:
+        raise ValueError(
+            "a live replica set decided in the loop needs the open loop, round_robin or least_outstanding and no "
+            f"lockstep groups (got {spec.mode}, {spec.router}, lockstep {spec.lockstep})"
+        )
+    if scaling.signal != "schedule" and scaling.signal not in SCALING_SIGNALS:
+        raise ValueError(f"scaling signal {scaling.signal!r} unknown")
+    if not 1 <= scaling.initial <= spec.replicas or scaling.max_replicas > spec.replicas:
+        raise ValueError(f"scaling's replicas ({scaling.initial}, at most {scaling.max_replicas}) exceed the fleet's")
+
+
+def _scaling_state(scaling: Scaling, R: int) -> tuple[Any, ...]:
+    from pipeline.engine import _jit_kernels as k  # lazy: numba, loaded only when a replay runs
+
+    mode = 0 if scaling.signal == "schedule" else 1 + SCALING_SIGNALS.index(scaling.signal)
+    plan = np.array(scaling.planned, np.float64).reshape(-1, 2)
+    return k.scaling_state(
+        R, mode, scaling.windows if mode else 1, scaling.window_s, scaling.scale_up_at, scaling.scale_down_at,
+        scaling.cooldown_s, scaling.min_replicas, scaling.max_replicas, scaling.delay_s, plan[:, 0].copy(),
+        plan[:, 1].astype(np.int64), scaling.initial,
+    )  # fmt: skip
+
+
+def _scaling_done(scaling: Scaling, sc: tuple[Any, ...]) -> None:
+    """``scaling``'s decisions and windows' signals, from the loop's state ``sc``."""
+    if scaling.signal == "schedule":
+        scaling.decisions = list(scaling.planned)
+        return
+    made = int(sc[22][4])
+    scaling.decisions = [(float(t), int(n)) for t, n in zip(sc[20][:made], sc[21][:made], strict=True)]
+    sig = sc[19]
+    scaling.signals = {"live": sig[:, 0].copy()}
+    scaling.signals.update({name: sig[:, 1 + i].copy() for i, name in enumerate(SCALING_SIGNALS)})
+
+
 def _run_busy(
-    work: Workload, busy: BusyFleet, cost: StepCostFn, want_log: bool, progress: Callable[[int], None] | None
+    work: Workload,
+    busy: BusyFleet,
+    cost: StepCostFn,
+    want_log: bool,
+    progress: Callable[[int], None] | None,
+    scaling: Scaling | None = None,
 ) -> tuple[EngineResult, np.ndarray[Any, np.dtype[np.float64]]]:
     """One run of the compiled loop on ``busy``: results (replicas of ``busy.spec``) and the step
-    log's rows."""
+    log's rows (``scaling``: filled in)."""
     spec = busy.spec
     reason = unsupported_reason(spec, cost)
     if reason is not None:
@@ -268,6 +323,7 @@ def _run_busy(
     from pipeline.engine import _jit_kernels as k  # lazy: numba, imported only when the engine runs
 
     kernel_args, res, ctl = _kernel_args(work, busy, cost, want_log)
+    sc = _scaling_state(scaling, busy.spec.replicas) if scaling is not None else None
 
     def run_fleet(*args: Any) -> Any:
         if spec.lockstep <= 1:  # what a compile ahead compiles: wait for it, then load it
@@ -275,9 +331,11 @@ def _run_busy(
         return k.run_fleet(*args)
 
     try:
-        rows, nrows = _run_in_thread(run_fleet, kernel_args, ctl, progress)
+        rows, nrows = _run_in_thread(run_fleet, (*kernel_args, sc), ctl, progress)
     except MemoryError:
         raise EngineStateTooLarge(state_too_large(spec)) from None
+    if scaling is not None and sc is not None:
+        _scaling_done(scaling, sc)
     if progress is not None:
         progress(work.n)
     return res, rows[:nrows]

@@ -308,6 +308,42 @@ class FleetSpec:
         return self.ramp_s / (self.concurrency - 1) if self.concurrency > 1 else 0.0
 
 
+#: The signals a scaling policy decides on (:class:`Scaling`), in the compiled loop's order.
+SCALING_SIGNALS: tuple[str, ...] = ("utilisation", "queue", "kv")
+
+
+@dataclass
+class Scaling:
+    """A live replica set the compiled loop decides as it replays (docs/engine.md, "Scaling
+    decisions"; pipeline/replay/autoscale.py makes one from a pool's ``[autoscale]`` policy).
+
+    ``initial`` replicas (the lowest indices) are live from time 0; each change of the target
+    provisions or retires replicas as ``autoscale.timeline`` does (a new replica takes requests
+    ``delay_s`` after its decision; a retired one takes none and finishes its running ones), and
+    every arrival is routed to a replica live at its time. ``signal`` is "schedule" (the target
+    changes ``planned``, (time, target) pairs in time order) or one of :data:`SCALING_SIGNALS`,
+    decided at the end of each of ``windows`` windows of ``window_s`` seconds but the last, from
+    the window's signal, as ``autoscale.decide``.
+
+    The run fills in ``decisions``, the (time, target) changes a signal policy made, and
+    ``signals``: per window, the mean live replicas (``live``) and each signal, as the decisions
+    read them (a schedule: none)."""
+
+    signal: str
+    initial: int
+    delay_s: float
+    min_replicas: int = 1
+    max_replicas: int = 1
+    scale_up_at: float = math.inf
+    scale_down_at: float = 0.0
+    window_s: float = 60.0
+    windows: int = 1
+    cooldown_s: float = 0.0
+    planned: tuple[tuple[float, int], ...] = ()
+    decisions: list[tuple[float, int]] = field(default_factory=list)
+    signals: dict[str, FloatArray] = field(default_factory=dict)
+
+
 @dataclass
 class EngineResult:
     """Per-request outcome (arrays of length n; NaN / −1 where it does not apply).

@@ -1,13 +1,13 @@
-"""An autoscaled pool: the live replica set over the day, decided by a policy, replayed through
-the unchanged engine (docs/pools.md, "An autoscaled day").
+"""An autoscaled pool: the live replica set over the day, decided by a policy inside the compiled
+event loop (docs/pools.md, "An autoscaled day"; docs/engine.md, "Scaling decisions").
 
 A fleet's ``[autoscale]`` table (:func:`parse_autoscale`) names a policy: a ``schedule`` of
 ``[hour, replicas]`` pairs, or a signal read per decision window from the replay's own step log
 (``utilisation``: busy share of the live replicas; ``queue``: waiting requests per live replica;
 ``kv``: KV blocks in use over the live replicas' blocks). The engine runs ``max_replicas``
-replicas; the policy decides which are live when, and every request is routed, outside the
-compiled loop, to one replica live at its arrival (:func:`route`) and handed to
-``simulate_jit(routes=...)``. A replica that is not live takes no request.
+replicas; the loop decides which are live when (:func:`replay_autoscaled` hands it the policy,
+``simulate_jit(scaling=...)``) and routes every request to one replica live at its arrival. A
+replica that is not live takes no request.
 
 Lifecycle of one replica (an :class:`Incarnation`): paid from the decision (``paid_from_s``),
 live after the scale-up delay (:func:`scale_up_delay`: weight bytes over the stated load
@@ -16,16 +16,16 @@ request and finishes its running ones: it stays paid until its last request ends
 The replicas live when the day starts are live at time 0 (warm, as a fleet that served the
 night before).
 
-Signal-driven policies run the control loop in passes (:func:`replay_autoscaled`): replay with
-the current decisions, read each window's signal from the step log, decide again; the decisions
-at time t depend only on what happened before t, so each pass makes at least one more window's
-decision final. The loop stops when a pass decides what it replayed (converged) or after
-``max_passes`` (recorded, with the first window not yet settled).
+A signal policy decides at each window's end from that window's signal, in the loop: every step
+that starts before the decision is in the step log, none that starts at or after it, so one
+replay is its own fixed point — :func:`decide` over :func:`window_signals` of the run's log and
+:func:`timeline` of its decisions gives back the decisions it made (tests/test_autoscale_loop.py).
+The functions here state those semantics in Python; the loop (pipeline/engine/_jit_kernels.py)
+implements them.
 """
 
 from __future__ import annotations
 
-import heapq
 import itertools
 import math
 from collections.abc import Callable, Mapping, Sequence
@@ -38,26 +38,25 @@ import numpy.typing as npt
 from pipeline.catalog import CATALOG_DIR
 from pipeline.common.errors import ConfigError
 from pipeline.common.tomlfile import read_toml
-from pipeline.engine.model import EngineResult, FleetSpec, Workload, reject_reasons
+from pipeline.costmodel.steps import StepCostFn
+from pipeline.engine.model import EngineResult, FleetSpec, Scaling, Workload
 from pipeline.engine.steplog import StepLog
 from pipeline.replay.slo import percentile
 
 AUTOSCALE_CATALOG = CATALOG_DIR / "autoscale.toml"
 SIGNALS = ("utilisation", "queue", "kv", "schedule")
-#: Routers an autoscaled pool can route with outside the compiled loop (:func:`route`).
+#: Routers an autoscaled pool routes with over its live replicas (in the compiled loop).
 AUTOSCALE_ROUTERS = ("round_robin", "least_outstanding")
 #: Bounds of the stated numbers (a decision window of a second to a day; a delay under a day).
 MAX_WINDOW_S = 86_400.0
 MAX_DELAY_PART_S = 86_400.0
 MAX_LOAD_GB_S = 10_000.0
-MAX_PASSES = 64
-DEFAULT_PASSES = 8
 DEFAULT_WINDOW_S = 60.0
 #: The keys of an [autoscale] table (tomlschema.AutoscaleTable declares the same: a test checks).
 AUTOSCALE_KEYS = frozenset(
     {
         "min_replicas", "max_replicas", "signal", "scale_up_at", "scale_down_at", "window_s", "cooldown_s",
-        "schedule", "initial_replicas", "load_gb_s", "storage", "engine_start_s", "cuda_graph_s", "max_passes",
+        "schedule", "initial_replicas", "load_gb_s", "storage", "engine_start_s", "cuda_graph_s",
     }
 )  # fmt: skip
 
@@ -85,7 +84,6 @@ class AutoscaleSettings:
     load_gb_s: float = math.inf
     engine_start_s: float = 0.0
     cuda_graph_s: float = 0.0
-    max_passes: int = DEFAULT_PASSES
 
     def to_dict(self) -> dict[str, Any]:
         """The table as a fleet file would state it (a run records it; parse_autoscale reads it back)."""
@@ -97,7 +95,6 @@ class AutoscaleSettings:
             "cooldown_s": self.cooldown_s,
             "engine_start_s": self.engine_start_s,
             "cuda_graph_s": self.cuda_graph_s,
-            "max_passes": self.max_passes,
         }
         if math.isfinite(self.load_gb_s):
             out["load_gb_s"] = self.load_gb_s
@@ -192,8 +189,6 @@ def parse_autoscale(raw: Any, where: str, max_engines: int = 1_000_000) -> Autos
         kw["window_s"] = _number(raw, "window_s", where, 1.0, MAX_WINDOW_S)
     if "cooldown_s" in raw:
         kw["cooldown_s"] = _number(raw, "cooldown_s", where, 0.0, MAX_WINDOW_S)
-    if "max_passes" in raw:
-        kw["max_passes"] = _integer(raw, "max_passes", where, 1, MAX_PASSES)
     if "initial_replicas" in raw:
         kw["initial_replicas"] = _integer(raw, "initial_replicas", where, lo, hi)
     if signal == "schedule":
@@ -309,79 +304,6 @@ def live_counts(incs: Sequence[Incarnation], edges: FloatArray) -> FloatArray:
     return out / np.diff(edges)
 
 
-# -- routing ---------------------------------------------------------------------------------------
-
-
-def route(
-    arrival_s: FloatArray,
-    rejected: npt.NDArray[np.bool_],
-    incs: Sequence[Incarnation],
-    router: str = "round_robin",
-    est_finish_s: FloatArray | None = None,
-) -> IntArray:
-    """One replica per request (−1 for a rejected one), live at its arrival. ``round_robin``: a
-    counter over the live replicas in index order, advanced by every request routed;
-    ``least_outstanding``: the live replica with the fewest requests outstanding, each counted
-    until its estimated finish (``est_finish_s``: the previous pass's finish; without one, its
-    arrival: then it is round robin's count), ties to the lowest index."""
-    n = arrival_s.shape[0]
-    routes = np.full(n, -1, np.int64)
-    cuts = sorted({inc.live_from_s for inc in incs} | {inc.retire_s for inc in incs if math.isfinite(inc.retire_s)})
-    order = np.argsort(arrival_s, kind="stable")
-    a = arrival_s[order]
-    bounds = np.searchsorted(a, np.asarray(cuts, np.float64), side="left")
-    starts = np.unique(np.concatenate([[0], bounds, [n]]))
-    if router == "least_outstanding":
-        return _least_outstanding(arrival_s, rejected, incs, order, starts, est_finish_s)
-    counter = 0
-    for s, e in itertools.pairwise(starts):
-        if s >= e:
-            continue
-        live = _live(incs, float(a[s]))
-        rows = order[s:e]
-        rows = rows[~rejected[rows]]
-        routes[rows] = live[(counter + np.arange(rows.shape[0])) % live.shape[0]]
-        counter += rows.shape[0]
-    return routes
-
-
-def _live(incs: Sequence[Incarnation], t: float) -> IntArray:
-    live = np.array(sorted(inc.replica for inc in incs if inc.live_at(t)), np.int64)
-    if live.size == 0:
-        raise ValueError(f"no replica is live at {t:g} s")
-    return live
-
-
-def _least_outstanding(
-    arrival_s: FloatArray,
-    rejected: npt.NDArray[np.bool_],
-    incs: Sequence[Incarnation],
-    order: IntArray,
-    starts: IntArray,
-    est_finish_s: FloatArray | None,
-) -> IntArray:
-    routes = np.full(arrival_s.shape[0], -1, np.int64)
-    R = max(inc.replica for inc in incs) + 1
-    count = np.zeros(R, np.int64)
-    pending: list[tuple[float, int]] = []
-    finish = arrival_s if est_finish_s is None else np.where(np.isfinite(est_finish_s), est_finish_s, arrival_s)
-    for s, e in itertools.pairwise(starts):
-        if s >= e:
-            continue
-        live = _live(incs, float(arrival_s[order[s]]))
-        for i in order[s:e]:
-            if rejected[i]:
-                continue
-            t = float(arrival_s[i])
-            while pending and pending[0][0] <= t:
-                count[heapq.heappop(pending)[1]] -= 1
-            r = int(live[int(np.argmin(count[live]))])
-            routes[i] = r
-            count[r] += 1
-            heapq.heappush(pending, (max(float(finish[i]), t), r))
-    return routes
-
-
 # -- signals ---------------------------------------------------------------------------------------
 
 
@@ -460,10 +382,8 @@ class AutoscaleOutcome:
     delay_s: float
     incarnations: list[Incarnation]
     changes: list[tuple[float, int]]
-    passes: int
-    converged: bool
-    #: the first decision time a further pass could still change (None: converged)
-    settled_until_s: float | None
+    #: per decision window (a signal policy): its start, the mean live replicas and each signal, as
+    #: the loop decided on them
     windows: dict[str, list[float]] = field(default_factory=dict)
 
     def provisioned_s(self, lo: float, hi: float) -> float:
@@ -472,12 +392,14 @@ class AutoscaleOutcome:
         return sum(max(0.0, min(inc.end_s, hi) - max(inc.paid_from_s, lo)) for inc in self.incarnations)
 
     def to_dict(self) -> dict[str, Any]:
+        """The run's record (config.json's ``summary.autoscale``): the policy ran inside the
+        compiled event loop, in one pass that is its own fixed point (``passes`` 1, ``converged``)."""
         return {
             "settings": self.settings.to_dict(),
             "scale_up_delay_s": self.delay_s,
-            "passes": self.passes,
-            "converged": self.converged,
-            "settled_until_s": self.settled_until_s,
+            "decided_in": "event_loop",
+            "passes": 1,
+            "converged": True,
             "changes": [[t, n] for t, n in self.changes],
             "replicas": [
                 {
@@ -540,59 +462,45 @@ def with_drains(
     return out
 
 
-Simulate = Callable[[IntArray, StepLog], EngineResult]
-
-
 def replay_autoscaled(
     work: Workload,
     spec: FleetSpec,
     settings: AutoscaleSettings,
     weight_bytes: float,
-    simulate: Simulate,
+    cost: StepCostFn,
+    progress: Callable[[int], None] | None = None,
 ) -> tuple[EngineResult, IntArray, AutoscaleOutcome, StepLog]:
-    """Replay ``work`` on ``spec`` (``max_replicas`` replicas) under ``settings``: ``simulate``
-    runs the engine on given routes (``simulate_jit(..., routes=)``), writing the step log to
-    the sink it is given. Returns the last pass's results, routes, what was provisioned and the
-    last pass's step log."""
+    """Replay ``work`` on ``spec`` (``max_replicas`` replicas) under ``settings`` in one run of the
+    compiled loop, which decides the live replicas as it goes (``simulate_jit(scaling=...)``:
+    a schedule's changes at their hours, a signal's at each window's end from the window's
+    signal) and routes each arrival to a live replica. Returns the results, each request's
+    replica, what was decided and provisioned, and the step log."""
+    from pipeline.engine.jit import simulate_jit  # lazy: the engine's module, loaded when a replay runs
+
     if spec.router not in AUTOSCALE_ROUTERS:
         raise ValueError(f"an autoscaled pool routes with {list(AUTOSCALE_ROUTERS)}, not {spec.router!r}")
     delay = scale_up_delay(settings, weight_bytes)
-    rejected = reject_reasons(work, spec.scheduler) != 0
     arrival = np.asarray(work.arrival_s, np.float64)
     last_arrival = float(arrival.max()) if arrival.size else 0.0
     initial = settings.start_replicas()
+    lo, hi = settings.min_replicas, settings.max_replicas
     if settings.signal == "schedule":
-        planned = [(h * 3600.0, n) for h, n in settings.schedule if h > 0]
-        incs = timeline(planned, initial, delay, spec.replicas)
-        routes = route(arrival, rejected, incs, spec.router)
-        log = StepLog(capacity=max(1024, 2 * work.n))
-        res = simulate(routes, log)
-        return (*_outcome(settings, delay, incs, planned, res, routes, 1, True, None, last_arrival, None), log)
-    K = max(1, math.ceil(max(last_arrival, 1e-9) / settings.window_s))
-    edges = np.arange(K + 1, dtype=np.float64) * settings.window_s
-    changes: list[tuple[float, int]] = []
-    est: FloatArray | None = None
-    passes, converged, settled = 0, False, None
-    while True:
-        passes += 1
-        incs = timeline(changes, initial, delay, spec.replicas)
-        routes = route(arrival, rejected, incs, spec.router, est)
-        log = StepLog(capacity=max(1024, 2 * work.n))
-        res = simulate(routes, log)
-        sig = window_signals(log.columns(), incs, edges, spec.scheduler.num_gpu_blocks)
-        new = decide(settings, sig[settings.signal], edges)
-        if new == changes:
-            converged = True
-            break
-        first = next((a[0] for a, b in zip(new, changes, strict=False) if a != b), None)
-        if first is None:  # one is a prefix of the other
-            first = (new if len(new) > len(changes) else changes)[min(len(new), len(changes))][0]
-        settled = float(first)
-        if passes >= settings.max_passes:
-            break
-        changes = new
-        est = res.finish_s
-    return (*_outcome(settings, delay, incs, changes, res, routes, passes, converged, settled, last_arrival, sig), log)
+        planned = tuple((h * 3600.0, n) for h, n in settings.schedule if h > 0)
+        scaling = Scaling("schedule", initial, delay, min_replicas=lo, max_replicas=hi, planned=planned)
+    else:
+        assert settings.scale_up_at is not None and settings.scale_down_at is not None
+        windows = max(1, math.ceil(max(last_arrival, 1e-9) / settings.window_s))
+        scaling = Scaling(
+            settings.signal, initial, delay, min_replicas=lo, max_replicas=hi, scale_up_at=settings.scale_up_at,
+            scale_down_at=settings.scale_down_at, window_s=settings.window_s, windows=windows,
+            cooldown_s=settings.cooldown_s,
+        )  # fmt: skip
+    log = StepLog(capacity=max(1024, 2 * work.n))
+    res = simulate_jit(work, spec, cost, log, progress, scaling=scaling)
+    changes = scaling.decisions
+    incs = timeline(changes, initial, delay, spec.replicas)
+    routes = res.replica.astype(np.int64)
+    return (*_outcome(settings, delay, incs, changes, res, routes, last_arrival, scaling.signals), log)
 
 
 def _outcome(
@@ -602,21 +510,17 @@ def _outcome(
     changes: list[tuple[float, int]],
     res: EngineResult,
     routes: IntArray,
-    passes: int,
-    converged: bool,
-    settled: float | None,
     last_arrival: float,
-    sig: dict[str, FloatArray] | None,
+    sig: Mapping[str, FloatArray],
 ) -> tuple[EngineResult, IntArray, AutoscaleOutcome]:
     done = res.finish_s[np.isfinite(res.finish_s)]
     day_end = max(last_arrival, float(done.max()) if done.size else 0.0)
     incs = with_drains(incs, res, routes, day_end)
     windows: dict[str, list[float]] = {}
-    if sig is not None:
+    if sig:
         windows = {k: [float(x) for x in v] for k, v in sig.items()}
         windows["start_s"] = [float(i * settings.window_s) for i in range(len(windows["live"]))]
-    out = AutoscaleOutcome(settings, delay, incs, changes, passes, converged, None if converged else settled, windows)
-    return res, routes, out
+    return res, routes, AutoscaleOutcome(settings, delay, incs, changes, windows)
 
 
 # -- when and why an autoscaled day missed its TTFT target ------------------------------------------

@@ -504,8 +504,8 @@ def _run_autoscaled(
     steps: RunSteps | None,
     results: RunRequests | None,
 ) -> ReplayRun:
-    """:func:`run_workload` for a fleet with ``[autoscale]``: the control loop's passes in one
-    engine each (routes chosen outside the compiled loop: pipeline/replay/autoscale.py)."""
+    """:func:`run_workload` for a fleet with ``[autoscale]``: one run of the compiled loop, which
+    decides the live replicas and routes to them (pipeline/replay/autoscale.py)."""
     auto = fleet.config.autoscale
     assert auto is not None
     if options.mode != "open" or options.pods > 1:
@@ -515,11 +515,8 @@ def _run_autoscaled(
         )
     weight_bytes = fleet.memory.weights_bytes_per_gpu * fleet.gpus_per_replica
 
-    def simulate(routes: npt.NDArray[np.int64], sink: StepLog) -> EngineResult:
-        return simulate_jit(work, spec, cost, sink, progress, routes=routes)
-
     t0 = time.perf_counter()
-    result, _routes, outcome, log = replay_autoscaled(work, spec, auto, weight_bytes, simulate)
+    result, _routes, outcome, log = replay_autoscaled(work, spec, auto, weight_bytes, cost, progress)
     wall = time.perf_counter() - t0
     if steps is not None and log.n:
         steps.live = outcome.incarnations
@@ -957,15 +954,9 @@ def autoscale_lines(auto: dict[str, Any]) -> list[str]:
     st = auto["settings"]
     live = list(auto["replicas"])
     loop = (
-        "a schedule (one pass)"
+        "a schedule"
         if st["signal"] == "schedule"
-        else f"{st['signal']} over {st['window_s']:g} s windows, "
-        + (
-            f"converged in {auto['passes']} pass{'es' if auto['passes'] > 1 else ''}"
-            if auto["converged"]
-            else f"NOT converged after {auto['passes']} passes "
-            f"(decisions settled up to {auto['settled_until_s']:,.0f} s)"
-        )
+        else f"{st['signal']} over {st['window_s']:g} s windows, decided in the event loop (one pass)"
     )
     return [
         f"autoscaled {st['min_replicas']}..{st['max_replicas']} replicas by {loop}: {len(auto['changes'])} "
