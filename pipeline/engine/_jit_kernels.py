@@ -1319,7 +1319,7 @@ def _span_group(first, first_t, ev_t, nlog, wl, fl, cost, res, req, rep, pool, s
 # pipeline/replay/autoscale.py the policy; docs/engine.md, "Scaling decisions"). ``sc``, built by
 # loop_args (``on`` False: a fleet without one, and nothing below runs):
 #   (on, mode, K, window, up, down, cooldown, lo, hi, delay, plan_t, plan_n,
-#    live_from, retire, paid, retired_at, active, lv, acc, sig, dec_t, dec_n, ist, fst)
+#    live_from, retire, paid, retired_at, active, lv, acc, sig, dec_t, dec_n, ist, fst, ok_t)
 #   mode   0 a schedule (its changes plan_t, plan_n), 1 utilisation, 2 queue, 3 kv (sig's column)
 #   K      decision windows of ``window`` seconds (a decision at each window's end but the last)
 #   per replica (its latest incarnation): live_from, retire (inf: not retired), paid (from),
@@ -1332,6 +1332,7 @@ def _span_group(first, first_t, ev_t, nlog, wl, fl, cost, res, req, rep, pool, s
 #           live replicas in lv, target, decisions made)
 #   fst    (when the live set next changes by itself (a start ends), the last change's time, the
 #           next decision's time: inf when none is left)
+#   ok_t   the arrival times of the requests not rejected, in event order (loop_args fills it)
 
 
 @_piece
@@ -1372,6 +1373,27 @@ def _route_live(t, router, rr, sc, routed, nfin, last_end, last_nfin):  # type: 
             best = o
             dest = r
     return dest
+
+
+@_piece
+def _own_next_live(r, rr, ev_t, sc):  # type: ignore[no-untyped-def]
+    """Round robin over a live set: the time before which replica ``r`` receives no request (its
+    decode span may run to it). Until the live set changes (a start ends: fst[0]; a decision:
+    the span's ``stop``) the k-th request routed from now goes to lv[(rr + k) mod live]: r's next
+    is the first whose counter falls on r's position (none while r is not live). Right after a
+    decision the set is not read yet: the fleet's next arrival ``ev_t``."""
+    lv, ist, fst, ok_t = sc[17], sc[22], sc[23], sc[24]
+    lim = fst[0]
+    if lim == -_INF:
+        return ev_t
+    nlv = ist[2]
+    for q in range(nlv):
+        if lv[q] == r:
+            k = rr + (q - rr % nlv) % nlv
+            if k < ok_t.shape[0] and ok_t[k] < lim:
+                lim = ok_t[k]
+            break
+    return lim
 
 
 @_piece
@@ -1592,6 +1614,9 @@ def _replay_loop(grouped: bool) -> Any:
                 elif static:
                     # Routing ignores replica state: only this replica's own next arrival matters.
                     limit = own_t[own_start[r] + own_ptr[r]] if own_ptr[r] < own_start[r + 1] - own_start[r] else _INF
+                elif sc[0] and router == 0:
+                    # Round robin over a live set ignores replica state too, while the set holds.
+                    limit = _own_next_live(r, rr, ev_t, sc)
                 else:
                     limit = ev_t
                 m, nlog = _span_one(
@@ -1840,7 +1865,7 @@ def scaling_state(
         True, int(mode), K, float(window_s), float(up), float(down), float(cooldown_s), int(lo), int(hi),
         float(delay_s), np.asarray(plan_t, np.float64), np.asarray(plan_n, np.int64), live_from, np.full(R, _INF),
         np.zeros(R), np.full(R, -_INF), active, np.zeros(R, np.int64), np.zeros((K, 3)), np.zeros((K, 4)),
-        np.zeros(K), np.zeros(K, np.int64), ist, fst,
+        np.zeros(K), np.zeros(K, np.int64), ist, fst, np.zeros(0),
     )  # fmt: skip
 
 
@@ -1851,7 +1876,7 @@ def no_scaling() -> tuple[Any, ...]:
     return (
         False, 0, 1, 1.0, 0.0, 0.0, 0.0, 0, 0, 0.0, one_f, one_i, one_f, one_f, one_f, one_f,
         np.zeros(1, np.bool_), one_i, np.zeros((1, 3)), np.zeros((1, 4)), one_f, one_i, np.zeros(5, np.int64),
-        np.array([-_INF, -_INF, _INF]),
+        np.array([-_INF, -_INF, _INF]), one_f,
     )  # fmt: skip
 
 
@@ -1931,8 +1956,13 @@ def loop_args(
     # -- arrival events: open/offline in (time, index) order; closed loop as a binary heap
     order = np.argsort(work.times, kind="stable").astype(np.int64, copy=False)
     heap_t, heap_s, heap_i, heap_n = _heap(closed, int(fleet.concurrency), n, float(fleet.ramp_step_s))
-    sc = no_scaling() if sc is None else sc
-    # (a live set decided in the loop routes by the replicas' state: never static)
+    if sc is None:
+        sc = no_scaling()
+    else:
+        ranked = order[~work.rejected[order]]
+        sc = (*sc[:24], np.ascontiguousarray(work.times[ranked], np.float64))
+    # (a live set decided in the loop: no static routes; round robin finds a replica's own next
+    # arrival as it goes, _own_next_live, from the times of the requests not rejected)
     static, own_start, own_t = _static_routes(
         work.times, order, work.rejected, work.aff_rep, fl[1], closed or sc[0], R, n
     )
