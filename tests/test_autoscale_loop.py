@@ -7,6 +7,7 @@ gives the same per-request results, and a small case computed by hand."""
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
@@ -34,7 +35,8 @@ THRESHOLDS = {"utilisation": (0.3, 0.9, 0.0, 0.25), "queue": (0.2, 3.0, 0.0, 0.1
 
 @st.composite
 def _days(draw: st.DrawFn) -> tuple[Workload, FleetSpec, AutoscaleSettings]:
-    """A random open-loop day on up to 4 replicas and a random signal policy over it."""
+    """A random open-loop day on up to 4 replicas (asynchronous scheduling or not) and a random
+    signal policy over it."""
     n = draw(st.integers(1, 120))
     span = draw(st.floats(5.0, 400.0))
     rng = np.random.default_rng(draw(st.integers(0, 2**31)))
@@ -60,7 +62,8 @@ def _days(draw: st.DrawFn) -> tuple[Workload, FleetSpec, AutoscaleSettings]:
         engine_start_s=draw(st.sampled_from([0.0, 2.0, 25.0])),
     )
     router = draw(st.sampled_from(["round_robin", "least_outstanding"]))
-    return work, FleetSpec(replicas=hi, scheduler=CFG, router=router), policy
+    cfg = replace(CFG, async_scheduling=draw(st.booleans()))
+    return work, FleetSpec(replicas=hi, scheduler=cfg, router=router), policy
 
 
 def _run(day: tuple[Workload, FleetSpec, AutoscaleSettings]) -> tuple[EngineResult, Any, AutoscaleOutcome, StepLog]:
@@ -69,14 +72,17 @@ def _run(day: tuple[Workload, FleetSpec, AutoscaleSettings]) -> tuple[EngineResu
     return replay_autoscaled(work, spec, policy, 0.0, cost)
 
 
-def _near_threshold(policy: AutoscaleSettings, signal: np.ndarray, changes: list[tuple[float, int]]) -> bool:
-    """Whether a window's signal is within 1e-9 relative of a threshold the decision compares it
-    with (scale_up_at, scale_down_at, or a boundary of ⌈target × signal / scale_up_at⌉)."""
+def _near_threshold(policy: AutoscaleSettings, signal: np.ndarray) -> bool:
+    """Whether a window's signal is within 1e-9 of a threshold the decision compares it with
+    (scale_up_at, scale_down_at, or a boundary of ⌈target × signal / scale_up_at⌉), relative to
+    the threshold or, for one at 0 (scale_down_at = 0), to the day's largest signal: the
+    tolerance the signals are held equal to."""
     up, down = policy.scale_up_at, policy.scale_down_at
     assert up is not None and down is not None
+    scale = float(np.abs(signal).max())
     for s in signal:
         for edge in (up, down, *(up * k / m for m in range(1, policy.max_replicas + 1) for k in range(1, 2 * m + 8))):
-            if abs(s - edge) <= 1e-9 * max(abs(edge), 1e-300):
+            if abs(s - edge) <= 1e-9 * max(abs(edge), scale):
                 return True
     return False
 
@@ -103,7 +109,7 @@ def test_the_decisions_the_loop_made_are_the_policy_over_its_own_step_log(
     # and on the signals recomputed from the log, unless one sits on a threshold
     recomputed = decide(policy, again[policy.signal], edges)
     if recomputed != out.changes:
-        assert _near_threshold(policy, again[policy.signal], out.changes)
+        assert _near_threshold(policy, again[policy.signal])
     assert all(a < b for (a, _), (b, _) in zip(out.changes, out.changes[1:], strict=False))
     assert all(policy.min_replicas <= n <= policy.max_replicas for _, n in out.changes)
 
@@ -166,8 +172,8 @@ def test_the_reference_replaying_the_loops_routes_gives_the_same_requests(
     work, spec, _ = day
     res, routes, _, _ = _run(day)
     keyed = Workload(work.arrival_s, work.prompt_tokens, work.output_tokens, affinity=_keys_for(routes, spec.replicas))
-    ref = simulate_reference(keyed, FleetSpec(replicas=spec.replicas, scheduler=CFG, router="session_affinity"),
-                             LinearCost(a=0.02, b=4e-4, c=0.0, d=2e-3, e=1e-6))  # fmt: skip
+    keyed_spec = FleetSpec(replicas=spec.replicas, scheduler=spec.scheduler, router="session_affinity")
+    ref = simulate_reference(keyed, keyed_spec, LinearCost(a=0.02, b=4e-4, c=0.0, d=2e-3, e=1e-6))
     for name in ("first_token_s", "finish_s", "arrival_s", "scheduled_s", "max_itl_s"):
         np.testing.assert_allclose(getattr(res, name), getattr(ref, name), rtol=1e-9, atol=1e-12, err_msg=name)
     for name in ("replica", "preemptions", "cache_hit_tokens", "prefill_tokens", "reject_reason"):
