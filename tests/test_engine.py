@@ -640,6 +640,26 @@ def test_most_free_kv_and_least_outstanding_choose_differently_by_hand(sim: Engi
     assert choose_replica("most_free_kv", -1, [0, 0, 0], 0, [-5, -2, -9]) == 1  # claims may exceed what is free
 
 
+@pytest.mark.parametrize("sim", ENGINES.values(), ids=ENGINES.keys())
+@pytest.mark.parametrize("async_scheduling", [False, True])
+def test_most_free_kv_routes_before_a_step_that_starts_at_the_arrival(sim: Engine, async_scheduling: bool) -> None:
+    # Two replicas of 2 blocks of 4 tokens, one sequence each, every step 46.875 ms. At t = 0
+    # request 0 goes to replica 0, 1 (6 outputs) to replica 1, 2 to replica 0 (waiting). Replica 1
+    # runs request 1 alone: its steps start at 0, 1, 2, 3 and 4 × 46.875 ms, and the one at
+    # 187.5 ms (position 4) takes its second block. Four requests arrive at exactly 187.5 ms: they
+    # are routed before that step allocates (replica 1 shows 1 free block), also with asynchronous
+    # scheduling, where that step was scheduled at the previous one's start and a decode span could
+    # already have run it. Scores (free − claimed): 3 → 0 (2 against 1), 4 → 0 (1 against 1, the
+    # lower index), 5 → 1 (0 against 1), 6 → 0 (0 against 0).
+    w = workload([0.0, 0.0, 0.0, 0.1875, 0.1875, 0.1875, 0.1875], [1] * 7, [1, 6, 1, 1, 1, 1, 1])
+    cfg = SchedulerConfig(
+        num_gpu_blocks=2, max_model_len=8, max_num_seqs=1, max_num_batched_tokens=8, block_size=4,
+        enable_chunked_prefill=False, enable_prefix_caching=False, async_scheduling=async_scheduling,
+    )  # fmt: skip
+    res = sim(w, FleetSpec(replicas=2, scheduler=cfg, router="most_free_kv"), LinearCost(a=0.046875, b=0.0, c=0.0, d=0.0, e=0.0))
+    assert res.replica.tolist() == [0, 1, 0, 0, 0, 1, 0]
+
+
 def test_least_outstanding_grows_the_replicas_it_runs_until_one_stays_idle(monkeypatch: pytest.MonkeyPatch) -> None:
     """With fewer replicas' state allowed than requests, least outstanding starts on what fits and
     runs again on twice as many while its last replica was used: the result is still the whole

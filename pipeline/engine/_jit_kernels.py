@@ -1151,9 +1151,12 @@ def _span_one(r, first_t, limit, stop, nlog, wl, fl, cost, res, req, rep, pool, 
     max_gap = -_INF
     end0 = now
     # Step m sees an arrival at `limit` if it starts at or after it; with asynchronous scheduling
-    # only if the step before it did (it was scheduled then): the span ends one step later.
+    # only if the step before it did (it was scheduled then): the span ends one step later. Not
+    # under most_free_kv (router 3), whose choice at `limit` reads the free blocks: a step starting
+    # at the arrival has not allocated yet when it is routed (the oracle's order, arrival first).
+    late = asy and fl[1] != 3
     prev = now
-    while m < k_max and (prev if asy else now) < limit and now < stop:
+    while m < k_max and (prev if late else now) < limit and now < stop:
         if bstart[ph_alloc + 1] - bstart[ph_alloc] > nfree[r]:
             break  # an allocation fails: the general step preempts
         ph_fill = ph_alloc + 1 if ph_alloc + 1 < bs else 0
@@ -1272,7 +1275,7 @@ def _span_group(first, first_t, ev_t, nlog, wl, fl, cost, res, req, rep, pool, s
     end0 = now
     # As _span_one; an idle rank would admit an arrival at once, so only a group whose every
     # rank is busy ends its span one step later with asynchronous scheduling.
-    late = fl[13] and nbusy == G
+    late = fl[13] and nbusy == G and fl[1] != 3  # not under most_free_kv: _span_one says why
     prev = now
     while m < k_max and (prev if late else now) < glimit:
         fails = False
