@@ -82,6 +82,44 @@ def test_two_level_lru_equals_two_explicit_lru_lists(trace: Any, gpu: int, lower
     assert low.tolist() == want_l
 
 
+@settings(max_examples=300, deadline=None)
+@given(traces(), st.integers(0, 12), st.integers(0, 30), st.integers(0, 2**30))
+def test_the_replays_direct_lru_equals_two_explicit_lru_lists(trace: Any, gpu: int, lower: int, pick: int) -> None:
+    """The replay's pre-pass simulates the tiers directly (P.lru_hit_blocks, one recency list
+    whose most recent blocks are the GPU tier), on some of the day's requests (a replica's),
+    reading their chains in place: the same hits as the brute force on those requests alone."""
+    chains, lookups = trace
+    flat = np.asarray([b for c in chains for b in c], dtype=np.uint64)
+    offsets = np.concatenate([[0], np.cumsum([len(c) for c in chains])]).astype(np.int64)
+    rows = np.asarray([i for i in range(len(chains)) if pick >> (i % 30) & 1], np.int64)
+    g, both = P.lru_hit_blocks(flat, offsets, np.asarray(lookups, np.int64), [gpu, max(gpu, lower)], rows)
+    want_g, want_l = _brute_force([chains[i] for i in rows], [lookups[i] for i in rows], gpu, lower)
+    assert g.tolist() == want_g
+    assert (both - g).tolist() == want_l
+
+
+def test_the_direct_lru_equals_the_stack_distances_with_repeated_blocks() -> None:
+    """Random keys (a block may repeat within a request), capacities 0, 1, equal ones, three at
+    once, and one beyond every block: the same leading hits as request_distances, compiled and
+    in plain Python."""
+    rng = np.random.default_rng(7)
+    for trial in range(120):
+        counts = rng.integers(0, 8, int(rng.integers(1, 50)))
+        offsets = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
+        flat = rng.integers(0, int(rng.integers(1, 30)), int(offsets[-1])).astype(np.uint64)
+        lookups = np.asarray([rng.integers(0, c + 1) for c in counts], np.int64)
+        c = int(rng.integers(1, 8))
+        caps = [[0, c], [1], [c, c], [c, c + 1, c + 4], [c, 10**12]][trial % 5]
+        dist = P.request_distances(flat, offsets, lookups)
+        for kernels in (None, P._python_kernels()) if trial < 30 else (None,):
+            got = P.lru_hit_blocks(flat, offsets, lookups, caps, kernels=kernels)
+            assert [h.tolist() for h in got] == [dist.hit_blocks(k).tolist() for k in caps]
+    with pytest.raises(RooftraceError, match="lookups"):
+        P.lru_hit_blocks(np.zeros(2, np.uint64), np.array([0, 2], np.int64), np.array([3], np.int64), [4])
+    with pytest.raises(RooftraceError, match="capacities"):
+        P.lru_hit_blocks(np.zeros(2, np.uint64), np.array([0, 2], np.int64), np.array([1], np.int64), [-1])
+
+
 def test_a_lower_tier_no_larger_than_the_gpu_tier_adds_nothing() -> None:
     """Write-through tiers are inclusive: the lower tier holds the most recent L blocks, which
     the GPU tier of G >= L already holds."""

@@ -362,6 +362,132 @@ def _distance_kernel(
             table[2 * slot + 1] = np.uint64(pos + 1)
 
 
+def _lru_kernel(
+    touches: U64Array,
+    t_off: I64Array,
+    rows: I64Array,
+    lookups: I64Array,
+    top: int,
+    cap: int,
+    nkey: U64Array,
+    nprev: npt.NDArray[np.int32],
+    nnext: npt.NDArray[np.int32],
+    intop: npt.NDArray[np.bool_],
+    tkey: U64Array,
+    tnode: npt.NDArray[np.int32],
+    out: I64Array,
+) -> None:
+    """Leading hits of requests ``rows`` (in that order) in LRU caches of ``top`` and ``cap``
+    blocks (``0 < top <= cap``), simulated directly as one recency list of at most ``cap`` blocks
+    whose ``top`` most recent form the smaller cache (a block is in it iff ``intop``; one LRU
+    stack holds both, as in the module doc). Nodes (key, previous and next node, −1 = none) are
+    found by block hash in a linear-probing table (a power of two of slots: the key and its node,
+    −1 = empty; a deletion shifts the cluster back). Request r looks up its first ``lookups[r]``
+    blocks (hits: the leading run in each cache), then touches every block tail first (each
+    moves to the front; a new one takes a fresh node, or the least recent block's once the list
+    is full); out[0] and out[1] get the hits."""
+    mask = np.uint64(tkey.shape[0] - 1)
+    head = np.int64(-1)
+    tail = np.int64(-1)
+    bound = np.int64(-1)  # the last node of the top segment
+    size = np.int64(0)
+    ntop = np.int64(0)
+    for q in range(rows.shape[0]):
+        r = rows[q]
+        s = t_off[r]
+        e = t_off[r + 1]
+        h_top = np.int64(-1)
+        h_all = lookups[r]
+        for j in range(lookups[r]):
+            key = touches[s + j]
+            slot = _mix(key) & mask
+            while tnode[slot] >= 0 and tkey[slot] != key:
+                slot = (slot + np.uint64(1)) & mask
+            x = tnode[slot]
+            if x < 0:
+                h_all = np.int64(j)
+                break
+            if h_top < 0 and not intop[x]:
+                h_top = np.int64(j)
+        out[0, q] = h_all if h_top < 0 else h_top
+        out[1, q] = h_all
+        for m in range(e - s):
+            key = touches[e - 1 - m]
+            slot = _mix(key) & mask
+            while tnode[slot] >= 0 and tkey[slot] != key:
+                slot = (slot + np.uint64(1)) & mask
+            x = np.int64(tnode[slot])
+            if x == head and x >= 0:
+                continue
+            if x >= 0:  # present: unlink it (it is not the head)
+                p = np.int64(nprev[x])
+                nx = np.int64(nnext[x])
+                if x == bound:  # (the top segment keeps its blocks, its last one changes)
+                    bound = p
+                nnext[p] = nx
+                if nx >= 0:
+                    nprev[nx] = p
+                else:
+                    tail = p
+                grows = not intop[x]
+            else:
+                grows = True
+                if size < cap:  # a fresh node
+                    x = size
+                    size += 1
+                else:  # evict the least recent block and reuse its node
+                    x = tail
+                    tail = np.int64(nprev[x])
+                    if tail >= 0:
+                        nnext[tail] = -1
+                    else:
+                        head = np.int64(-1)
+                    if intop[x]:  # (top == cap: every block is in the top segment)
+                        intop[x] = False
+                        ntop -= 1
+                        bound = tail
+                    old = nkey[x]
+                    i = _mix(old) & mask
+                    while tkey[i] != old or tnode[i] < 0:
+                        i = (i + np.uint64(1)) & mask
+                    jj = i
+                    while True:
+                        jj = (jj + np.uint64(1)) & mask
+                        if tnode[jj] < 0:
+                            break
+                        home = _mix(tkey[jj]) & mask
+                        stays = (i < home <= jj) if i <= jj else (home > i or home <= jj)
+                        if stays:
+                            continue
+                        tkey[i] = tkey[jj]
+                        tnode[i] = tnode[jj]
+                        i = jj
+                    tnode[i] = -1
+                    slot = _mix(key) & mask  # the new key's empty slot, after the shift
+                    while tnode[slot] >= 0:
+                        slot = (slot + np.uint64(1)) & mask
+                tkey[slot] = key
+                tnode[slot] = x
+                nkey[x] = key
+            # x to the front
+            nprev[x] = -1
+            nnext[x] = head
+            if head >= 0:
+                nprev[head] = x
+            else:
+                tail = x
+            head = x
+            if grows:  # x joins the top segment: its last block leaves it when it is full
+                intop[x] = True
+                if ntop < top:
+                    ntop += 1
+                    if bound < 0:
+                        bound = x
+                else:
+                    intop[bound] = False
+                    bound = np.int64(nprev[bound])
+
+
 class _Kernels(NamedTuple):
     fnv1a: Callable[..., None]
     log_chain: Callable[..., None]
@@ -372,6 +498,7 @@ class _Kernels(NamedTuple):
     distance: Callable[..., None]
     up: Callable[..., None]
     tree_hash: Callable[..., None]
+    lru: Callable[..., None]
 
 
 _KERNEL_FUNCTIONS = (
@@ -384,6 +511,7 @@ _KERNEL_FUNCTIONS = (
     _distance_kernel,
     _up_kernel,
     _tree_hash_kernel,
+    _lru_kernel,
 )
 
 
@@ -1080,6 +1208,62 @@ def request_distances(
         out,
     )
     return Distances(out, q_off)
+
+
+def lru_hit_blocks(
+    touches: U64Array,
+    touch_offsets: I64Array,
+    lookups: I64Array,
+    capacities: Sequence[int],
+    rows: I64Array | None = None,
+    *,
+    kernels: _Kernels | None = None,
+) -> list[I64Array]:
+    """Leading hit blocks of requests ``rows`` (time order; default all, as laid out) in an LRU
+    cache of each of ``capacities`` blocks: ``request_distances(...).hit_blocks(c)`` on the
+    requests ``rows`` alone, for a few capacities known in advance, by simulating each cache
+    directly instead of a stack of every block ever seen. Reads the chains in place (no copy of
+    the touches of ``rows``) and holds at most ``c`` blocks a cache, so the tables stay
+    cache-sized; O(touches × capacities). Request arrays as for :func:`request_distances`:
+    ``lookups`` per request of the layout (those of ``rows`` are read)."""
+    off = np.asarray(touch_offsets, dtype=np.int64)
+    rows = np.arange(off.shape[0] - 1, dtype=np.int64) if rows is None else np.asarray(rows, dtype=np.int64)
+    lookups = np.asarray(lookups, dtype=np.int64)
+    counts = off[rows + 1] - off[rows]
+    if lookups.shape[0] != off.shape[0] - 1 or (lookups[rows] > counts).any() or (lookups[rows] < 0).any():
+        raise RooftraceError("lookups must be between 0 and each request's number of touches")
+    if any(int(c) < 0 for c in capacities):
+        raise RooftraceError("cache capacities must be >= 0 blocks")
+    total = int(counts.sum())
+    if total >= np.iinfo(np.int32).max:
+        raise RooftraceError(f"{total:,} block touches are more than one LRU simulation indexes (2^31 - 1)")
+    # a cache never holds more blocks than the requests touch: size it by the smaller
+    caps = [min(int(c), total) for c in capacities]
+    sizes = sorted({c for c in caps if c > 0})
+    hits: dict[int, I64Array] = {0: np.zeros(rows.shape[0], dtype=np.int64)}
+    kern = kernels if kernels is not None else _kernels()
+    touches = np.ascontiguousarray(touches, dtype=np.uint64)
+    for top, cap in zip(sizes[::2], [*sizes[1::2], sizes[-1]] if len(sizes) % 2 else sizes[1::2], strict=True):
+        # one list of ``cap`` blocks whose ``top`` most recent are the smaller cache
+        slots = 1 << max(4, (2 * cap - 1).bit_length())  # load factor at most 1/2
+        out = np.zeros((2, rows.shape[0]), dtype=np.int64)
+        kern.lru(
+            touches,
+            off,
+            rows,
+            lookups,
+            top,
+            cap,
+            np.zeros(cap, dtype=np.uint64),
+            np.zeros(cap, dtype=np.int32),
+            np.zeros(cap, dtype=np.int32),
+            np.zeros(cap, dtype=np.bool_),
+            np.zeros(slots, dtype=np.uint64),
+            np.full(slots, -1, dtype=np.int32),
+            out,
+        )
+        hits[top], hits[cap] = out[0], out[1]
+    return [hits[c] for c in caps]
 
 
 def lru_stack_distances(accesses: npt.ArrayLike, *, kernels: _Kernels | None = None) -> I64Array:

@@ -23,20 +23,26 @@ lower tier) as a reported hit (``Workload.reported_hit_tokens``: computed at adm
 its own, then entered in the replica's cache under its chain: the load promotes them) and
 arrives ``load_s`` later: the tokens' KV bytes per GPU over the tier's bandwidth per GPU plus its
 latency (each GPU of the replica loads its own shard over its own PCIe link or NIC). The engines
-take requests in arrival order, so the delayed workload is re-sorted and the results put back
-in the day's order, with the day's arrival, so ``queue_s`` and ``ttft_s`` include the load.
+take arrivals in (time, row) order whatever order the rows are in, so the replayed workload keeps
+the day's rows and shares its arrays (block hashes, lengths, keys: of the day only the delayed
+arrivals and the reported hits are new) and its results come back in the day's order; they are
+given the day's arrival, so ``queue_s`` and ``ttft_s`` include the load.
+
+The tiers are simulated directly (:func:`pipeline.classify.prefix.lru_hit_blocks`: an LRU list
+per tier, a replica's chains read in place), not through the stack distances classify uses for
+every capacity at once: the same answers, with tables the size of the tiers.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
 import numpy.typing as npt
 
 from pipeline.classify.offload import OffloadTier
-from pipeline.classify.prefix import request_distances
+from pipeline.classify.prefix import lru_hit_blocks
 from pipeline.common.errors import ConfigError
 from pipeline.engine.model import EngineResult, FleetSpec, Workload, reject_reasons
 from pipeline.engine.shard import static_routes
@@ -54,8 +60,8 @@ class OffloadPlan:
                         engine's own prefix cache decides)
     offload_hit_tokens  tokens loaded from the lower tier
     load_s              seconds each request waits for its load (0: none)
-    order               the replayed workload's rows: ``work`` re-sorted by delayed arrival
-    work                the workload the engines replay
+    work                the workload the engines replay: the day's rows in the day's order,
+                        each arriving ``load_s`` later (its other arrays the day's own)
     routing             ``replica`` (each replica's own tiers), ``pooled`` (module doc) or
                         ``none`` (no prefix caching: nothing is cached, nothing loads)
     """
@@ -63,18 +69,15 @@ class OffloadPlan:
     gpu_hit_tokens: I64Array
     offload_hit_tokens: I64Array
     load_s: F64Array
-    order: I64Array
     work: Workload
     routing: str
     tier: OffloadTier
 
     def restore(self, res: EngineResult) -> EngineResult:
-        """The replayed workload's results in the day's order, each arrival the logged one."""
-        back = np.empty_like(self.order)
-        back[self.order] = np.arange(self.order.shape[0], dtype=np.int64)
-        out = EngineResult(**{k: v[back] for k, v in vars(res).items()})
-        out.arrival_s[:] = out.arrival_s - self.load_s
-        return out
+        """The replayed workload's results (already in the day's order) with each arrival the
+        logged one, in place."""
+        res.arrival_s[:] = res.arrival_s - self.load_s
+        return res
 
     def summary(self) -> dict[str, Any]:
         loading = self.offload_hit_tokens > 0
@@ -86,23 +89,6 @@ class OffloadPlan:
             "load_s_total": float(self.load_s.sum()),
             "load_s_max": float(self.load_s.max(initial=0.0)),
         }
-
-
-def _subset(hashes: npt.NDArray[np.uint64], offsets: I64Array, rows: I64Array) -> tuple[Any, I64Array]:
-    """The CSR chains of ``rows`` (in that order)."""
-    counts = offsets[rows + 1] - offsets[rows]
-    off = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
-    idx = np.repeat(offsets[rows] - off[:-1], counts) + np.arange(int(off[-1]), dtype=np.int64)
-    return hashes[idx], off
-
-
-def _hits(
-    hashes: npt.NDArray[np.uint64], offsets: I64Array, lookups: I64Array, rows: I64Array, capacities: list[int]
-) -> list[I64Array]:
-    """Leading hit blocks of ``rows`` (arrival order) in LRU caches of each of ``capacities``."""
-    h, off = _subset(hashes, offsets, rows)
-    dist = request_distances(h, off, lookups[rows])
-    return [dist.hit_blocks(c) for c in capacities]
 
 
 def fleet_offload(work: Workload, fleet: ResolvedFleet, spec: FleetSpec) -> OffloadPlan | None:
@@ -129,11 +115,10 @@ def plan_offload(
     n, bs, R = work.n, sched.block_size, spec.replicas
     if not sched.enable_prefix_caching or not work.has_chains:  # nothing is cached, so nothing loads
         none = np.zeros(n, np.int64)
-        return OffloadPlan(none, none, np.zeros(n), np.arange(n, dtype=np.int64), work, "none", tier)
-    explicit = work.explicit()
+        return OffloadPlan(none, none, np.zeros(n), work, "none", tier)
+    explicit = work.explicit()  # (a chain tree's hashes: held for the pre-pass only)
     hashes, offsets = explicit.chain_hashes, explicit.offsets()
-    counts = np.diff(offsets)
-    lookups = np.minimum(np.maximum(work.prompt_tokens - 1, 0) // bs, counts).astype(np.int64)
+    lookups = np.minimum(np.maximum(work.prompt_tokens - 1, 0) // bs, np.diff(offsets)).astype(np.int64)
     lookups[work.skipped_tokens() >= 0] = 0  # the log reports their hits: looked up nowhere
     live = reject_reasons(work, sched) == 0
     G = int(sched.num_gpu_blocks)
@@ -144,45 +129,35 @@ def plan_offload(
     shared = tier.kind == "shared"
     if routes is not None:
         per_rank = lower if shared else lower // max(dp, 1)
-        for r in range(R):
-            rows = np.flatnonzero((routes == r) & live).astype(np.int64)
-            if rows.size:
-                g, both = _hits(hashes, offsets, lookups, rows, [G, max(G, per_rank)])
-                gpu[rows], total[rows] = g, (g if shared else both)
+        routed = np.flatnonzero(live & (routes >= 0))
+        by_replica = routed[np.argsort(routes[routed], kind="stable")]  # each replica's rows, in arrival order
+        cuts = np.searchsorted(routes[by_replica], np.arange(R + 1))
+        for r in np.flatnonzero(np.diff(cuts)).tolist():
+            rows = by_replica[cuts[r] : cuts[r + 1]]
+            hits = lru_hit_blocks(hashes, offsets, lookups, [G] if shared else [G, max(G, per_rank)], rows)
+            gpu[rows], total[rows] = hits[0], hits[-1]
         if shared:
             rows = np.flatnonzero(live).astype(np.int64)
-            (pool,) = _hits(hashes, offsets, lookups, rows, [lower])
+            (pool,) = lru_hit_blocks(hashes, offsets, lookups, [lower], rows)
             total[rows] = np.maximum(gpu[rows], pool)
         routing = "replica"
     else:
         rows = np.flatnonzero(live).astype(np.int64)
         pooled = lower if shared else lower * R
         if rows.size:
-            g, both = _hits(hashes, offsets, lookups, rows, [G * R, max(G * R, pooled)])
+            g, both = lru_hit_blocks(hashes, offsets, lookups, [G * R, max(G * R, pooled)], rows)
             gpu[rows], total[rows] = g, both
         routing = "pooled"
+    del explicit, hashes, offsets  # (a materialised chain tree is not kept for the engines)
     low = total - gpu
     load = low > 0
     off_tok = np.where(load, low * bs, 0).astype(np.int64)
     load_s = tier.load_s(off_tok, kv_bytes_per_gpu_token)
-    arrival = work.arrival_s + load_s
-    order = np.argsort(arrival, kind="stable").astype(np.int64)
     if not load.any():  # the GPU tier keeps every block a request finds: the day as it is
-        return OffloadPlan(np.zeros(n, np.int64), off_tok, load_s, order, work, routing, tier)
+        return OffloadPlan(np.zeros(n, np.int64), off_tok, load_s, work, routing, tier)
     reported = work.reported_hit_tokens.copy() if work.reported_hit_tokens is not None else np.full(n, -1, np.int64)
     reported[load] = total[load] * bs
-    # the chains in the replayed order, made once (the day's block hashes: the largest arrays here)
-    chains = _subset(hashes, offsets, order) if work.chain_tree is None else (np.zeros(0, np.uint64), None)
-    replayed = Workload(
-        arrival_s=arrival[order],
-        prompt_tokens=work.prompt_tokens[order],
-        output_tokens=work.output_tokens[order],
-        chain_tree=work.chain_tree.take(order) if work.chain_tree is not None else None,
-        chain_hashes=chains[0],
-        chain_offsets=chains[1],
-        affinity=work.affinity[order] if work.affinity is not None else None,
-        reported_hit_tokens=reported[order],
-        recorded_input_tokens=work.recorded_input_tokens[order] if work.recorded_input_tokens is not None else None,
-    )
+    # the day's rows and arrays: only the arrivals and the reported hits are the replay's own
+    replayed = replace(work, arrival_s=work.arrival_s + load_s, reported_hit_tokens=reported)
     gpu_tok = np.where(load, gpu * bs, 0).astype(np.int64)
-    return OffloadPlan(gpu_tok, off_tok, load_s, order, replayed, routing, tier)
+    return OffloadPlan(gpu_tok, off_tok, load_s, replayed, routing, tier)
