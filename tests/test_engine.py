@@ -820,3 +820,33 @@ def test_speculation_under_kv_pressure_equals_the_reference(seed: int) -> None:
     assert res.preemptions.sum() > 0
     _assert_same(res, simulate_reference(w, spec, cost))
     check_invariants(w, spec, res, log)
+
+
+def test_the_step_log_grows_in_place_and_changes_nothing(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The compiled loop reserves LOG_ROWS_PER_REQUEST step-log rows a request and grows the log
+    in place when a day needs more; StepLog copies the rows a block at a time. With no rows
+    reserved (1,024 to start: the log grows three times) and blocks of 1,000 rows, a chained day
+    replays to the same results and the same log, row for row, as with the defaults."""
+    from pipeline.engine import _jit_kernels as k
+    from pipeline.engine import steplog
+
+    n = 2000
+    rng = np.random.default_rng(5)
+    chains = [
+        [int(s) * 1000 + j for j in range(int(b))]
+        for s, b in zip(rng.integers(0, 50, n), rng.integers(1, 6, n), strict=True)
+    ]
+    w = workload(np.sort(rng.uniform(0, 60, n)), rng.integers(80, 100, n), rng.integers(1, 60, n), chains=chains)
+    spec = FleetSpec(replicas=3, scheduler=_cfg(num_gpu_blocks=300, max_model_len=400), router="round_robin")
+    cost = LinearCost()
+    log = StepLog()
+    res = simulate_jit(w, spec, cost, log)
+    monkeypatch.setattr(k, "LOG_ROWS_PER_REQUEST", 0)
+    monkeypatch.setattr(steplog, "_EXTEND_ROWS", 1000)
+    grown = StepLog()
+    again = simulate_jit(w, spec, cost, grown)
+    for name, want in vars(res).items():
+        assert np.array_equal(getattr(again, name), want, equal_nan=True), name
+    assert log.n > 4 * 1024 and grown.n == log.n
+    assert np.array_equal(grown.rows(), log.rows())
+    assert int(res.cache_hit_tokens.sum()) > 0  # (chains hit: the cache's rows are in the log)

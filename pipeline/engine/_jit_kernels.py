@@ -68,6 +68,11 @@ _I0: Any = np.int64
 
 # Step-log columns (float64 matrix), in steplog.SPAN_COLUMNS order.
 LOG_COLS = 18
+#: Step-log rows reserved per request before the loop starts (a replay logs 2-3 spans a request:
+#: 2.7 on benchmarks/replay.py's agent sessions). np.zeros maps the rows without touching them,
+#: so rows never written cost no memory, and a log that outgrows them grows in place
+#: (run_fleet): only the rows written are ever faulted in, not every doubling's copy.
+LOG_ROWS_PER_REQUEST = 3
 
 
 # One step's cost: pipeline.costmodel.stepcost.tab_row, compiled (the same function every engine and
@@ -1919,10 +1924,8 @@ def run_fleet(
     replay = _replay_grouped if fl[10] > 1 else _replay_single
     while True:
         code = replay(wl, fl, cost, results, ctl, req, rep, pool, scr, ev, st, log, last_row, wq, sc)
-        if code == _GROW_LOG:
-            bigger = np.zeros((2 * log.shape[0], LOG_COLS))
-            bigger[: log.shape[0]] = log
-            log = bigger
+        if code == _GROW_LOG:  # in place: realloc moves a mapped block without copying it
+            log.resize((2 * log.shape[0], LOG_COLS), refcheck=False)
         elif code == _GROW_WQ:
             wq = _grow_wq(wq, rep[6], rep[7])
         else:
@@ -1954,7 +1957,7 @@ def loop_args(
     wq = np.zeros((R, 64), np.int64)  # waiting queues (ring buffers; grown by _grow_wq)
     scr = _scratch(G, S, fl[6], cost[2].shape[0], cost[10].shape[1], int(fleet.max_blocks))
     # -- step log: rows, and each replica's latest row (a decode span may extend it)
-    log = np.zeros((1024 if want_log else 1, LOG_COLS))
+    log = np.zeros((max(1024, LOG_ROWS_PER_REQUEST * n) if want_log else 1, LOG_COLS))
     last_row = np.full(R, -1, np.int64)
     # -- arrival events: open/offline in (time, index) order; closed loop as a binary heap
     order = np.argsort(work.times, kind="stable").astype(np.int64, copy=False)

@@ -35,6 +35,9 @@ SPAN_COLUMNS: dict[str, type] = {
     "measured_s": np.float64,
 }
 
+#: Rows :meth:`StepLog.extend_rows` copies at a time (4.5 MiB of float64 rows).
+_EXTEND_ROWS = 32768
+
 
 class RowSink(Protocol):
     """Where an engine run's step-log rows go (a float64 matrix, one column per SPAN_COLUMNS
@@ -112,8 +115,13 @@ class StepLog:
         m = int(rows.shape[0])
         if self.n + m > self._cols["replica"].shape[0]:
             self._grow(self.n + m)
-        for j, col in enumerate(self._cols.values()):
-            col[self.n : self.n + m] = rows[:, j]
+        # a block of rows at a time, so each column's strided read stays in cache (a whole
+        # million-request day's rows, 2.7 M of them, 0.38 s a column at a time, 0.11 s in blocks)
+        for a in range(0, m, _EXTEND_ROWS):
+            block = rows[a : a + _EXTEND_ROWS]
+            at = self.n + a
+            for j, col in enumerate(self._cols.values()):
+                col[at : at + block.shape[0]] = block[:, j]
         self.n += m
 
     def rows(self) -> npt.NDArray[np.float64]:
