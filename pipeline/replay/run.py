@@ -453,7 +453,7 @@ def run_workload(
             ranks,
             fleet.config.pod_balancer(),
         )
-        # (a replay re-sorted by its loads is gathered, then put back in the day's order)
+        # (a replay delayed by its loads is gathered, its arrivals then put back: offload.restore)
         result = EngineResult.empty(work.n) if results is None or offload is not None else None
         pods = 0  # the pods run: those that hold a request
         for rows, sub in sharded_results(*args):
