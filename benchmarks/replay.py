@@ -34,9 +34,10 @@ keyed to its session, ``session_affinity``): the same day replayed without the t
 ``cpu`` tier of GB per replica, the rate of the second counting the pre-pass
 (pipeline.replay.offload.plan_offload: the tiers simulated directly, the replayed day sharing the
 day's arrays), the engine and giving the results back their logged arrivals. 2026-12-07, shared
-2-core VM, load 1.5, ``--offload 200``: tier off 51,873 requests per wall-s, tier on 41,226
-(pre-pass 3.83 of 24.26 s), peak RSS 1.70 GiB; the commit before (ff1cdf6), minutes earlier:
-44,713 and 32,171 (pre-pass 8.66 of 31.08 s), 2.21 GiB (docs/benchmarks.md).
+2-core VM, load 0.5-1.5, ``--offload 200`` twice: tier off 51,873 and 49,707 requests per wall-s,
+tier on 41,226 and 38,275 (pre-pass 3.83 and 3.26 s), peak RSS 1.70 GiB; the commit before
+(ff1cdf6), minutes apart: 44,713 and 38,181, 32,171 and 30,410 (pre-pass 8.66 and 10.57 s), 2.21 GiB
+(docs/benchmarks.md).
 ``--autoscale schedule|kv`` times an autoscaled fleet (FLEET.toml ``[autoscale]``, docs/pools.md)
 against the same day replayed static on all its replicas, round robin: ``schedule`` runs half the
 replicas until half the day, then all; ``kv`` scales on KV occupancy (60 s windows). Either is one
