@@ -656,7 +656,8 @@ def test_most_free_kv_routes_before_a_step_that_starts_at_the_arrival(sim: Engin
         num_gpu_blocks=2, max_model_len=8, max_num_seqs=1, max_num_batched_tokens=8, block_size=4,
         enable_chunked_prefill=False, enable_prefix_caching=False, async_scheduling=async_scheduling,
     )  # fmt: skip
-    res = sim(w, FleetSpec(replicas=2, scheduler=cfg, router="most_free_kv"), LinearCost(a=0.046875, b=0.0, c=0.0, d=0.0, e=0.0))
+    cost = LinearCost(a=0.046875, b=0.0, c=0.0, d=0.0, e=0.0)
+    res = sim(w, FleetSpec(replicas=2, scheduler=cfg, router="most_free_kv"), cost)
     assert res.replica.tolist() == [0, 1, 0, 0, 0, 1, 0]
 
 
