@@ -1,5 +1,5 @@
-"""``plan --modes``: colocated, disaggregated (xPyD splits over a link) and speculative searched
-with one cost model; the frontier per mode and why the others lost, on small generated days."""
+"""``plan --modes``: colocated, disaggregated (xPyD splits over a link), speculative and a KV
+offload tier searched with one cost model; the frontier per mode and why the others lost, on small generated days."""
 
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ from pipeline.common.schemas import read_parquet
 from pipeline.ingest import ingest_logs
 from pipeline.ingest.store import Store
 from pipeline.plan import PlanOptions, plan
-from pipeline.plan.modes import parse_ratios, parse_speculative
+from pipeline.plan.modes import parse_offload_gb, parse_ratios, parse_speculative
 from pipeline.plan.search import disaggregated_seed, ratio_split
 from pipeline.replay.fleet import parse_fleet, resolve
 from pipeline.replay.pools import link_of_kind, parse_pooled
@@ -55,9 +55,44 @@ def write_day(path: Path, kind: str, n: int, rate: float, seed: int = 0) -> list
     return rows
 
 
+def write_sessions(path: Path, sessions: int, rate: float, seed: int = 0) -> list[dict[str, object]]:
+    """A Mooncake-format agent-session day: ``sessions`` sessions start at ``rate`` per second,
+    each of 8-12 turns a think time apart (exponential, mean 180 s: a tool call or a person). The
+    first turn sends a 16,000-24,000-token context (tools, files, a repository map); each later
+    turn re-sends the previous turn's prompt and answer plus 500-1,500 new tokens, so its 512-token
+    blocks extend the previous prompt's full blocks (the session's own ids, shared with no other
+    session). Answers are 100-400 tokens."""
+    rng = np.random.default_rng(seed)
+    start = np.cumsum(rng.exponential(1.0 / rate, sessions))
+    rows: list[dict[str, object]] = []
+    nid = 10_000
+    for s in range(sessions):
+        t = float(start[s])
+        prompt, ids = 0, []
+        answer = 0
+        for k in range(int(rng.integers(8, 13))):
+            if k:
+                t += float(rng.exponential(180.0))
+            keep = ids[: prompt // 512]  # the previous prompt's full blocks
+            prompt += answer + (int(rng.integers(16_000, 24_000)) if k == 0 else int(rng.integers(500, 1500)))
+            new = -(-prompt // 512) - len(keep)
+            ids = keep + list(range(nid, nid + new))
+            nid += new
+            answer = int(rng.integers(100, 400))
+            rows.append(
+                {"timestamp": int(t * 1000.0), "input_length": prompt, "output_length": answer, "hash_ids": ids}
+            )
+    rows.sort(key=lambda r: r["timestamp"])  # type: ignore[arg-type, return-value]
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
+    return rows
+
+
 def _store(root: Path, kind: str, n: int, rate: float) -> tuple[Store, list[dict[str, object]]]:
     root.mkdir(parents=True, exist_ok=True)
-    rows = write_day(root / f"{kind}.jsonl", kind, n, rate)
+    if kind == "sessions":
+        rows = write_sessions(root / f"{kind}.jsonl", n, rate)
+    else:
+        rows = write_day(root / f"{kind}.jsonl", kind, n, rate)
     store = Store(root / "store")
     assert ingest_logs([root / f"{kind}.jsonl"], store, fmt="mooncake", date=DAY).ok
     return store, rows
@@ -66,6 +101,11 @@ def _store(root: Path, kind: str, n: int, rate: float) -> tuple[Store, list[dict
 @pytest.fixture(scope="module")
 def agent_day(tmp_path_factory: pytest.TempPathFactory) -> tuple[Store, list[dict[str, object]]]:
     return _store(tmp_path_factory.mktemp("agent"), "agent", 2000, 10.0)
+
+
+@pytest.fixture(scope="module")
+def session_day(tmp_path_factory: pytest.TempPathFactory) -> tuple[Store, list[dict[str, object]]]:
+    return _store(tmp_path_factory.mktemp("sessions"), "sessions", 300, 0.3)
 
 
 @pytest.fixture(scope="module")
@@ -183,6 +223,89 @@ def test_speculation_does_not_win_at_high_load(chat_busy: tuple[Store, list[dict
     assert doc["chosen"]["config"] == "h100-sxm tp1 bf16"
 
 
+# -- a KV offload tier: wins on agent sessions revisited minutes apart, not on chat ----------------
+
+#: The agent day's base fleet: a session's turns on the replica that holds its blocks (every
+#: session's first block is its own, so prefix_affinity keeps a session on one replica).
+AFFINITY_FLEET = 'name = "agents"\nmodel = "llama-3.1-8b"\nhardware = "h100-sxm"\nrouter = "prefix_affinity"\n'
+
+
+def test_agent_sessions_offload_wins(session_day: tuple[Store, list[dict[str, object]]], tmp_path: Path) -> None:
+    store, rows = session_day
+    fleet = tmp_path / "FLEET.toml"
+    fleet.write_text(AFFINITY_FLEET, encoding="utf-8")
+    res = cli(
+        "plan", "--store", str(store.root), "--model", "llama-3.1-8b", "--fleet", str(fleet),
+        "--slo", "ttft_p99=2s,tpot_p99=100ms", "--hardware", "h100-sxm", "--tp", "1", "--window", "day",
+        "--jobs", "1", "--max-replicas", "32", "--modes", "colocated,offload", "--offload-gb", "256,512", "--json",
+    )  # fmt: skip
+    assert res.exit_code == 0, res.stderr
+    doc = json.loads(res.stdout)
+    front = _front(doc)
+    off, col = front["offload"], front["colocated"]
+    assert off["verdict"] == "wins" and col["verdict"] == "loses"
+    assert doc["chosen"]["mode"] == "offload" and doc["chosen"]["config"] == "h100-sxm tp1 bf16 offload-cpu:256GB"
+    assert off["replicas"] < col["replicas"] and off["usd_per_day"] < col["usd_per_day"]
+    # the reason in words, its figures the chosen replay's own pre-pass
+    got = doc["chosen"]["offload"]
+    assert got["kind"] == "cpu" and got["capacity_gb"] == 256.0 and got["routing"] == "replica"
+    loaded = got["offload_hit_tokens"]
+    assert loaded == off["offload_hit_tokens"] > 0 and got["requests_loading"] == off["offload_requests_loading"] > 0
+    fewer = col["replicas"] - off["replicas"]
+    assert f"the tier turned {loaded / 1e6:,.1f} M fresh prefill tokens into loads from host memory" in off["why"]
+    assert off["why"].endswith(f": {fewer} replica{'s' if fewer != 1 else ''} fewer"), off["why"]
+    assert "more than offload" in col["why"]
+    # every loaded token is a prompt token some earlier turn of its session sent: at most the day's
+    # prompts less each session's first turn (nothing before it to load)
+    prompts = sum(int(r["input_length"]) for r in rows)  # type: ignore[call-overload]
+    assert loaded < prompts and off["fresh_prefill_tokens"] < prompts - loaded + 1
+    # the tier adds no $ line: host DRAM comes with the GPU instance (priced in its GPU-hour)
+    assert off["usd_per_day"] == pytest.approx(off["gpus"] * doc["chosen"]["usd_per_day"] / doc["chosen"]["gpus"])
+    # 512 GB does not fit one H100's 256 GB of host DRAM: skipped, the fleet parser's reason in one line
+    big = next(c for c in doc["configurations"] if c["config"] == "h100-sxm tp1 bf16 offload-cpu:512GB")
+    assert big["replicas"] is None and big["note"].startswith("skipped: --offload-gb 512 (h100-sxm tp1)")
+    assert "more than the 256 GB of host memory one replica has" in big["note"]
+    table = read_parquet(Path(doc["plan_dir"]) / "plan.parquet", "plan").to_pylist()
+    best = next(r for r in table if r["rank"] == 1)
+    assert best["mode"] == "offload" and best["offload_hit_tokens"] == loaded
+    assert best["offload"] == "cpu 256 GB per replica, 50 GB/s, 10 µs"
+
+
+def test_chat_day_offload_saves_nothing(chat_day: tuple[Store, list[dict[str, object]]]) -> None:
+    store, _ = chat_day
+    doc = plan(store, _opts("ttft_p99=2s,tpot_p99=100ms", ("colocated", "offload"))).doc
+    front = _front(doc)
+    off, col = front["offload"], front["colocated"]
+    assert col["verdict"] == "wins" and off["verdict"] == "loses"
+    assert off["offload_hit_tokens"] == 0 and off["replicas"] == col["replicas"]
+    assert "which is the simpler to run" in off["why"]
+    assert off["why"].endswith("no reuse beyond the GPU cache: the tier loaded nothing, so it saved nothing")
+    assert doc["chosen"]["config"] == "h100-sxm tp1 bf16"
+
+
+def test_offload_refuses_a_base_fleet_with_a_tier(
+    chat_quiet: tuple[Store, list[dict[str, object]]], tmp_path: Path
+) -> None:
+    store, _ = chat_quiet
+    fleet = tmp_path / "FLEET.toml"
+    fleet.write_text(AFFINITY_FLEET + '[kv_offload]\nkind = "cpu"\ncapacity_gb = 100\n', encoding="utf-8")
+    res = cli("plan", "--store", str(store.root), "--model", "llama-3.1-8b", "--fleet", str(fleet),
+              "--hardware", "h100-sxm", "--tp", "1", "--modes", "colocated,offload")  # fmt: skip
+    one_error(res, "--modes: the base fleet sets [kv_offload]")
+
+
+def test_offload_options_keep_other_plans_ids(chat_quiet: tuple[Store, list[dict[str, object]]]) -> None:
+    store, _ = chat_quiet
+    loose = "ttft_p99=10s,tpot_p99=1s"
+    a = plan(store, _opts(loose, ("colocated", "speculative")))
+    b = plan(store, _opts(loose, ("colocated", "speculative"), offload_gb=(64.0,), offload_kind="shared"))
+    assert a.plan_id == b.plan_id  # the offload options are not part of a plan without offload
+    assert "offload" not in a.table.column_names and "offload_gb" not in a.doc["options"]
+    c = plan(store, _opts(loose, ("colocated", "offload"), offload_gb=(64.0,), offload_kind="shared"))
+    assert list(c.doc["options"]["offload_gb"]) == [64.0] and "offload" in c.table.column_names
+    assert _front(c.doc)["offload"]["offload"] == "shared 64 GB shared by the pool, 50 GB/s, 50 µs"
+
+
 # -- the default is the plan it always was -------------------------------------------------------
 
 
@@ -258,6 +381,14 @@ def test_disaggregated_seed_gives_each_pool_its_need() -> None:
         ("--speculative", "eagle3:0", "--speculative 'eagle3:0'"),
         ("--speculative", "medusa:3", "--speculative 'medusa:3'"),
         ("--speculative", "draft_model:3", "draft_model needs its draft"),
+        ("--offload-gb", "0", "--offload-gb '0'"),
+        ("--offload-gb", "-256", "--offload-gb '-256'"),
+        ("--offload-gb", "nan", "--offload-gb 'nan'"),
+        ("--offload-gb", "1e30", "--offload-gb '1e30'"),
+        ("--offload-gb", "lots", "--offload-gb 'lots'"),
+        ("--offload-gb", "256,inf", "--offload-gb 'inf'"),
+        ("--offload-gb", ",", "--offload-gb: expected GB"),
+        ("--offload-kind", "nvme", "--offload-kind: unknown kind 'nvme'"),
     ],
 )
 def test_hostile_mode_flags_are_one_line(tmp_path: Path, flag: str, value: str, needle: str) -> None:
@@ -273,3 +404,7 @@ def test_parsers_refuse_in_the_library() -> None:
         PlanOptions(model="llama-3.1-8b", modes=("colocated", "pd"))
     with pytest.raises(ConfigError, match="--pd-ratios"):
         PlanOptions(model="llama-3.1-8b", pd_ratios=((0, 1),))
+    assert parse_offload_gb("256, 512,256") == (256.0, 512.0)
+    for bad in ((0.0,), (float("nan"),), (-1.0,), (1e30,), ()):
+        with pytest.raises(ConfigError, match="--offload-gb"):
+            PlanOptions(model="llama-3.1-8b", offload_gb=bad)

@@ -25,6 +25,8 @@ from pipeline.common.defaults import (
     DEFAULT_PD_LINK,
     DEFAULT_PD_RATIOS,
     DEFAULT_PLAN_MODES,
+    DEFAULT_PLAN_OFFLOAD_GB,
+    DEFAULT_PLAN_OFFLOAD_KIND,
     DEFAULT_PLAN_SPECULATIVE,
     DEFAULT_WARMUP_S,
     DEFAULT_WINDOW_S,
@@ -185,7 +187,8 @@ PLAN_COLUMNS = (
     default=DEFAULT_PLAN_MODES,
     show_default=True,
     help="Serving modes to search, comma-separated: colocated, disaggregated (prefill and decode pools of the "
-    "same GPU and TP, at each --pd-ratios), speculative (--speculative); the output shows the cheapest per mode.",
+    "same GPU and TP, at each --pd-ratios), speculative (--speculative), offload (a KV offload tier of each "
+    "--offload-gb); the output shows the cheapest per mode.",
 )
 @click.option(
     "--pd-ratios",
@@ -204,6 +207,19 @@ PLAN_COLUMNS = (
     default=DEFAULT_PLAN_SPECULATIVE,
     show_default=True,
     help="Speculative: METHOD:K (eagle3, eagle, mtp, ngram; K draft tokens); acceptance from the catalog.",
+)
+@click.option(
+    "--offload-gb",
+    default=DEFAULT_PLAN_OFFLOAD_GB,
+    show_default=True,
+    help="Offload: GB of the KV offload tier, per replica for cpu (host DRAM, at most the host's: 256 GB per GPU "
+    "by default) or for the pool for shared; a list such as 256,512 tries each.",
+)
+@click.option(
+    "--offload-kind",
+    default=DEFAULT_PLAN_OFFLOAD_KIND,
+    show_default=True,
+    help="Offload: the tier's kind, cpu (each replica's host DRAM over PCIe) or shared (one store over RDMA).",
 )
 @click.option(
     "--autoscale",
@@ -244,6 +260,8 @@ def plan_cmd(
     pd_ratios: str,
     link: str,
     speculative: str,
+    offload_gb: str,
+    offload_kind: str,
     autoscale: bool,
     objective: str | None,
     purchase: str | None,
@@ -275,7 +293,7 @@ def plan_cmd(
     rooftrace plan --model llama-3.1-8b --fleet fleets/demo.toml --slo ttft_p99=2s,tpot_p99=100ms --tp 1,2
     """
     from pipeline.plan import PlanOptions, plan
-    from pipeline.plan.modes import frontier_lines, parse_ratios, parse_speculative
+    from pipeline.plan.modes import frontier_lines, parse_offload_gb, parse_ratios, parse_speculative
     from pipeline.replay.slo import load_slo_presets
 
     if list_slos:
@@ -337,6 +355,8 @@ def plan_cmd(
             pd_ratios=parse_ratios(pd_ratios),
             link=link.strip(),
             speculative=parse_speculative(speculative),
+            offload_gb=parse_offload_gb(offload_gb),
+            offload_kind=offload_kind.strip(),
             autoscale=autoscale,
             objective=objective.strip() if objective is not None else None,
             cost_options=tuple((k, v) for k, v in stack.items() if v is not None),

@@ -52,11 +52,15 @@ DEFAULT_MAX_REPLICAS = 512
 #: ``plan --modes``: the serving modes searched by default (colocated only: a plan without
 #: --modes is the plan it always was), the prefill:decode replica ratios a disaggregated search
 #: tries (from decode-heavy to prefill-heavy; docs/planning.md, "Serving modes"), the link kind the
-#: prefill pool hands over (pipeline/catalog/links.toml) and the speculative method and k.
+#: prefill pool hands over (pipeline/catalog/links.toml), the speculative method and k, and the
+#: offload tier's GB per replica (the catalog's host DRAM per GPU, pipeline/catalog/offload.toml:
+#: DGX H100's 2 TB for 8 GPUs) and kind.
 DEFAULT_PLAN_MODES = "colocated"
 DEFAULT_PD_RATIOS = "1:3,1:2,1:1,2:1,3:1"
 DEFAULT_PD_LINK = "rdma"
 DEFAULT_PLAN_SPECULATIVE = "eagle3:3"
+DEFAULT_PLAN_OFFLOAD_GB = "256"
+DEFAULT_PLAN_OFFLOAD_KIND = "cpu"
 #: Wall-time budget of the nightly's headroom curve (seconds): the nightly stays bounded however
 #: slow a point is; unfinished points are recorded as skipped.
 DEFAULT_HEADROOM_BUDGET_S = 300.0

@@ -4,14 +4,17 @@ mode, the cheapest configuration that meets the SLOs and, in words, why the othe
 The modes (:data:`pipeline.plan.search.MODES`): ``colocated`` (one pool prefilling and decoding,
 the plan as it always was), ``disaggregated`` (a prefill pool handing every request to a decode
 pool of the same GPU and TP over a link, at each prefill:decode replica ratio given) and
-``speculative`` (one pool with speculative decoding, its acceptance the catalog's published figure).
+``speculative`` (one pool with speculative decoding, its acceptance the catalog's published figure)
+and ``offload`` (one pool with a lower KV tier, FLEET.toml ``[kv_offload]``, at each size given).
 Every configuration of every mode is searched and priced the same way (pipeline.plan.search)."""
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from typing import Any
 
+from pipeline.classify.offload import MAX_OFFLOAD_GB, OFFLOAD_KINDS, OffloadTier
 from pipeline.common.errors import ConfigError
 from pipeline.engine.model import MAX_SPECULATIVE_TOKENS
 from pipeline.plan.search import MODES, CandidateResult
@@ -22,8 +25,9 @@ from pipeline.replay.pools import link_kinds
 #: a rounding error at any size plan searches.
 MAX_RATIO_SIDE = 16
 #: At equal $/day the simpler mode ranks first (fewer moving parts to run): colocated, then
-#: speculative (one flag), then disaggregated (two pools, a proxy and a KV link).
-MODE_ORDER: dict[str, int] = {"colocated": 0, "speculative": 1, "disaggregated": 2}
+#: speculative (one flag), then offload (a KV connector and host memory to give it), then
+#: disaggregated (two pools, a proxy and a KV link).
+MODE_ORDER: dict[str, int] = {"colocated": 0, "speculative": 1, "offload": 2, "disaggregated": 3}
 #: A pool whose busy share is this much below the other pool's "idles" (the reason in words): the
 #: busier pool sets the fleet's size, and the other's replicas wait for it.
 IDLE_GAP = 0.25
@@ -95,6 +99,63 @@ def parse_speculative(text: str) -> tuple[str, int]:
     return method, k
 
 
+def parse_offload_gb(text: str) -> tuple[float, ...]:
+    """``256,512`` as (256.0, 512.0): each a finite number of GB in (0, MAX_OFFLOAD_GB], each
+    tried once (a 0 GB tier is colocated)."""
+    items = [p.strip() for p in text.split(",") if p.strip()]
+    out = []
+    for item in items:
+        try:
+            gb = float(item)
+        except ValueError:
+            gb = math.nan
+        out.append((item, gb))
+    if not out:
+        raise ConfigError(f"--offload-gb: expected GB of the offload tier such as 256 or 256,512, got {text!r}")
+    for item, gb in out:
+        _check_gb(gb, repr(item))
+    return tuple(dict.fromkeys(gb + 0.0 for _, gb in out))
+
+
+def _check_gb(gb: float, shown: str) -> None:
+    if isinstance(gb, bool) or not isinstance(gb, int | float) or not (math.isfinite(gb) and 0 < gb <= MAX_OFFLOAD_GB):
+        raise ConfigError(
+            f"--offload-gb {shown}: expected GB of the tier (per replica for cpu, for the pool for shared), "
+            f"a number in (0, {MAX_OFFLOAD_GB:g}]"
+        )
+
+
+def check_offload_gb(sizes: Sequence[float]) -> tuple[float, ...]:
+    """The library's check of :func:`parse_offload_gb`'s result (PlanOptions.offload_gb)."""
+    if not sizes:
+        raise ConfigError("--offload-gb: give at least one size in GB")
+    for gb in sizes:
+        _check_gb(gb, repr(gb))
+    return tuple(dict.fromkeys(float(gb) + 0.0 for gb in sizes))
+
+
+def check_offload_kind(kind: str) -> str:
+    if kind not in OFFLOAD_KINDS:
+        raise ConfigError(f"--offload-kind: unknown kind {kind!r}; choose one of {', '.join(OFFLOAD_KINDS)}")
+    return kind
+
+
+def tier_text(r: CandidateResult) -> str | None:
+    """An offload configuration's tier in words (kind, GB, GB/s, µs: its replay's, else what was
+    asked), None for the other modes."""
+    c = r.candidate
+    if c.mode != "offload" or c.offload is None:
+        return None
+    ev = r.chosen
+    got = ev.offload if ev is not None else {}
+    if got:
+        return OffloadTier(
+            str(got["kind"]), float(got["capacity_gb"]), float(got["bandwidth_gb_s"]), float(got["latency_us"])
+        ).text()
+    where = "per replica" if c.offload[0] == "cpu" else "shared by the pool"
+    return f"{c.offload[0]} {c.offload[1]:g} GB {where}"
+
+
 def usd_per_day(r: CandidateResult) -> float:
     return (r.replicas or 0) * r.gpus_per_replica * r.usd_per_gpu_hour * 24.0 + 0.0
 
@@ -122,12 +183,57 @@ def _n_gpus(n: int) -> str:
     return f"{n} GPU{'s' if n != 1 else ''}"
 
 
-def _diagnosis(r: CandidateResult, won: bool) -> str:
+def _tokens(x: float) -> str:
+    return f"{x / 1e6:,.1f} M" if x >= 1e5 else f"{x:,.0f}"
+
+
+def _offload_diagnosis(r: CandidateResult, won: bool, colocated: CandidateResult | None) -> str:
+    """Why an offload configuration won or lost, from its replay's pre-pass: the prompt tokens it
+    loaded from the tier instead of prefilling, against the colocated configuration's fresh prefill
+    (the same GPU tier without the lower one), and what that did to the replicas."""
+    ev = r.chosen
+    assert ev is not None
+    got = ev.offload
+    loaded = float(got.get("offload_hit_tokens") or 0)
+    fresh = float(got.get("fresh_tokens") or 0.0)
+    col = colocated.chosen if colocated is not None else None
+    if loaded <= 0:
+        return "no reuse beyond the GPU cache: the tier loaded nothing, so it saved nothing"
+    prompts = float(got.get("prompt_tokens") or 0.0)
+    against = ""
+    if col is not None and prompts > 0:
+        before = (1.0 - col.cache_hit_fraction) * prompts
+        against = f" (fresh prefill {_tokens(fresh)} tokens against colocated's {_tokens(before)})"
+    turned = (
+        f"the tier turned {_tokens(loaded)} fresh prefill tokens into loads from "
+        f"{'host memory' if got.get('kind') == 'cpu' else 'the shared store'} for "
+        f"{int(got.get('requests_loading') or 0):,} requests{against}"
+    )
+    if won:
+        if colocated is None or colocated.replicas is None:
+            return f"{turned}: colocated meets no SLO without it"
+        fewer = colocated.replicas - (r.replicas or 0)
+        if fewer > 0:
+            return f"{turned}: {fewer} replica{'s' if fewer != 1 else ''} fewer"
+        return turned
+    one = r.one_fewer
+    at = (
+        f": at {one.replicas} replica{'s' if one.replicas != 1 else ''} {one.failing} misses with the tier too"
+        if one is not None and one.failing
+        else ""
+    )
+    return f"{turned}, but that saves no replica{at}"
+
+
+def _diagnosis(r: CandidateResult, won: bool, colocated: CandidateResult | None = None) -> str:
     """What the mode's cheapest passing configuration says of itself, in words (``won``: it is
-    the plan's winner)."""
+    the plan's winner; ``colocated``: the colocated mode's best, which an offload one is judged
+    against)."""
     ev = r.chosen
     assert ev is not None
     mode = r.candidate.mode
+    if mode == "offload":
+        return _offload_diagnosis(r, won, colocated)
     if mode == "disaggregated":
         pb, db = ev.pools.get("prefill_busy", 0.0), ev.pools.get("decode_busy", 0.0)
         transfer = (ev.ttft_split.get("transfer_s") or {}).get("p99")
@@ -192,7 +298,12 @@ def frontier(results: Sequence[CandidateResult], modes: Sequence[str]) -> list[d
             row["decode_replicas"] = ev.pools.get("decode_replicas")
             row["link"] = ev.pools.get("link")
             row["ttft_split_p99_s"] = {k: v.get("p99") for k, v in ev.ttft_split.items()}
-        diag = _diagnosis(r, r is winner)
+        if mode == "offload":
+            row["offload"] = tier_text(r)
+            row["offload_hit_tokens"] = int(ev.offload.get("offload_hit_tokens") or 0)
+            row["offload_requests_loading"] = int(ev.offload.get("requests_loading") or 0)
+            row["fresh_prefill_tokens"] = float(ev.offload.get("fresh_tokens") or 0.0)
+        diag = _diagnosis(r, r is winner, best.get("colocated"))
         if r is winner:
             others = [b for m, b in best.items() if m != mode]
             if others:
@@ -230,6 +341,9 @@ def frontier_lines(rows: Sequence[dict[str, Any]]) -> list[str]:
         pools = ""
         if f["mode"] == "disaggregated":
             pools = f" = {f['prefill_replicas']}P + {f['decode_replicas']}D over {f['link']}"
+        if f["mode"] == "offload":  # (the host DRAM comes with the GPU instance: priced in its GPU-hour)
+            priced = "host DRAM in the GPU-hour's price" if f["offload"].startswith("cpu") else "the store not priced"
+            pools = f" + {f['offload']} ({priced})"
         lines.append(
             f"  {f['mode']:<14} {f['replicas']}x {f['config']}{pools}: {_n_gpus(f['gpus'])}, "
             f"${f['usd_per_day']:,.0f}/day, TTFT p99 {_ms(f['ttft_p99_s'])}, TPOT p99 {_ms(f['tpot_p99_s'])} "

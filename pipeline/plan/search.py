@@ -12,6 +12,7 @@ import numpy as np
 import numpy.typing as npt
 
 from pipeline.catalog import load_hardware
+from pipeline.classify.offload import parse_offload
 from pipeline.common.budget import ResourceLimitError
 from pipeline.common.errors import ConfigError
 from pipeline.common.units import format_seconds
@@ -72,8 +73,8 @@ def _span_columns(run: ReplayRun) -> dict[str, npt.NDArray[np.float64]]:
 
 #: The serving modes ``plan --modes`` searches (docs/planning.md, "Serving modes"): one pool
 #: prefilling and decoding; a prefill pool handing to a decode pool (xPyD on one GPU type);
-#: one pool with speculative decoding.
-MODES: tuple[str, ...] = ("colocated", "disaggregated", "speculative")
+#: one pool with speculative decoding; one pool with a lower KV tier (FLEET.toml [kv_offload]).
+MODES: tuple[str, ...] = ("colocated", "disaggregated", "speculative", "offload")
 
 
 @dataclass(frozen=True)
@@ -86,6 +87,8 @@ class Candidate:
     ratio: tuple[int, int] | None = None
     #: speculative: (method, k) as FLEET.toml's [speculative] method and num_speculative_tokens
     speculative: tuple[str, int] | None = None
+    #: offload: (kind, GB) as FLEET.toml's [kv_offload] kind and capacity_gb (per replica for cpu)
+    offload: tuple[str, float] | None = None
 
     @property
     def label(self) -> str:
@@ -94,6 +97,8 @@ class Candidate:
             return f"{base} pd{self.ratio[0]}:{self.ratio[1]}"
         if self.mode == "speculative" and self.speculative is not None:
             return f"{base} spec-{self.speculative[0]}:{self.speculative[1]}"
+        if self.mode == "offload" and self.offload is not None:
+            return f"{base} offload-{self.offload[0]}:{self.offload[1]:g}GB"
         return base
 
 
@@ -126,6 +131,9 @@ class Evaluation:
     #: and its TTFT split (p99 and mean of queue, prefill, transfer, decode queue, first decode step).
     pools: dict[str, Any] = field(default_factory=dict)
     ttft_split: dict[str, Any] = field(default_factory=dict)
+    #: An offload replay's tier and what its pre-pass loaded (pipeline.replay.offload.OffloadPlan.summary)
+    #: with the prompt tokens the measured requests prefilled fresh.
+    offload: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass
@@ -211,6 +219,11 @@ def candidate_fleet(base: FleetConfig, c: Candidate) -> FleetConfig:
     if c.speculative is not None:  # acceptance: the catalog's published figure for the pair
         method, k = c.speculative
         cfg = replace(cfg, speculative=SpeculativeSettings(method, k), name=f"{cfg.name}-{method}{k}")
+    if c.offload is not None:  # the fleet parser's own check: a cpu tier must fit one replica's host memory
+        kind, gb = c.offload
+        where = f"--offload-gb {gb:g} ({c.hardware} tp{c.tp}) [kv_offload]"
+        tier = parse_offload({"kind": kind, "capacity_gb": gb}, where, cfg.tp * cfg.pp * cfg.dp)
+        cfg = replace(cfg, kv_offload=tier, name=f"{cfg.name}-offload{gb:g}")
     return cfg
 
 
@@ -316,6 +329,16 @@ def evaluate_disaggregated(
         "link": link.text(),
     }
     return replace(ev, pools=pools, ttft_split=split_doc), rep
+
+
+def offload_figures(run: ReplayRun, window: Window, ev: Evaluation) -> dict[str, Any]:
+    """What an offload replay's tier did (its pre-pass's summary: the tier, the requests that
+    loaded, the tokens loaded instead of prefilled, the load seconds) and the prompt tokens its
+    measured requests hit (GPU tier and loads) and prefilled fresh, for the frontier's words."""
+    served = window.measured & (run.result.reject_reason == 0)  # (as judge's cache_hit_fraction)
+    prompt = float(run.work.prompt_tokens[served].sum())
+    hit = ev.cache_hit_fraction * prompt
+    return {**(run.kv_offload or {}), "prompt_tokens": prompt, "fresh_tokens": prompt - hit}
 
 
 def judge(window: Window, run: Replayed, replicas: int, slo: Slo, max_rejected: float = 0.0) -> Evaluation:
@@ -653,7 +676,7 @@ def _search_candidate(task: Task, out: CandidateResult) -> CandidateResult:
             fleet.accepted_tokens  # noqa: B018 (a pair without published acceptance: said here, not mid-search)
     except ConfigError as exc:
         out.note = str(exc)
-        if c.mode == "speculative":  # not a misfit of the GPU: this mode was not tried
+        if c.mode in ("speculative", "offload"):  # not a misfit of the GPU: this mode was not tried
             out.note, out.skipped = f"skipped: {exc}", True
         return out
     out.fits = True
@@ -680,6 +703,8 @@ def _search_candidate(task: Task, out: CandidateResult) -> CandidateResult:
 
     def check(n: int) -> Evaluation:
         ev, run = evaluate(task.window, fleet, n, task.slo, task.max_rejected)
+        if run.kv_offload is not None:
+            ev = replace(ev, offload=offload_figures(run, task.window, ev))
         out.evaluations.append(ev)
         out.priced_by = run.cost_source
         keep(n, ev, Replayed.of(run))

@@ -43,7 +43,17 @@ from pipeline.economics.cost import (
 from pipeline.ingest.project import default_fleet_path, find_project
 from pipeline.ingest.store import SAFE_ID_RE, Store
 from pipeline.plan.executors import run_local, run_ray
-from pipeline.plan.modes import MAX_RATIO_SIDE, check_link, check_modes, frontier, parse_speculative, rank_key
+from pipeline.plan.modes import (
+    MAX_RATIO_SIDE,
+    check_link,
+    check_modes,
+    check_offload_gb,
+    check_offload_kind,
+    frontier,
+    parse_speculative,
+    rank_key,
+    tier_text,
+)
 from pipeline.plan.objective import (
     OBJECTIVES,
     STACK_FLAGS,
@@ -103,6 +113,10 @@ class PlanOptions:
     link: str = "rdma"
     #: speculative: (method, k); the acceptance is the catalog's published figure for the pair
     speculative: tuple[str, int] = ("eagle3", 3)
+    #: offload: the lower KV tier's GB (per replica for cpu, for the pool for shared), each tried,
+    #: and its kind (pipeline/catalog/offload.toml)
+    offload_gb: tuple[float, ...] = (256.0,)
+    offload_kind: str = "cpu"
     #: Price the chosen configuration both ways: static (its peak-sized replicas all day) and
     #: autoscaled by the base fleet's [autoscale] policy up to those replicas, over the whole day.
     autoscale: bool = False
@@ -141,6 +155,8 @@ class PlanOptions:
             raise ConfigError(f"--pd-ratios: each side a whole number in 1..{MAX_RATIO_SIDE}, got {self.pd_ratios!r}")
         check_link(self.link)
         parse_speculative(f"{self.speculative[0]}:{self.speculative[1]}")
+        object.__setattr__(self, "offload_gb", check_offload_gb(self.offload_gb))
+        check_offload_kind(self.offload_kind)
         if self.objective is not None:
             check_objective(self.objective)
         object.__setattr__(self, "cost_options", check_stack_options(self.cost_options))
@@ -160,6 +176,8 @@ class PlanOptions:
         modes' options out, so its id and files are those of a plan before --modes existed (and a
         plan without --autoscale leaves it out)."""
         skip = set(drop) | (set(MODE_OPTIONS) if self.modes_only_colocated else set())
+        if "offload" not in self.modes:  # (its options: the id and files of a plan before it existed)
+            skip |= set(OFFLOAD_OPTIONS)
         if not self.autoscale:  # (--autoscale off: the id and files of a plan before it existed)
             skip.add("autoscale")
         if self.objective is None:  # a plan without --objective: its id and files as before
@@ -168,7 +186,9 @@ class PlanOptions:
 
 
 #: PlanOptions' fields of ``--modes`` and its options.
-MODE_OPTIONS = ("modes", "pd_ratios", "link", "speculative")
+MODE_OPTIONS = ("modes", "pd_ratios", "link", "speculative", "offload_gb", "offload_kind")
+#: PlanOptions' fields of the offload mode (recorded only by a plan whose --modes has offload).
+OFFLOAD_OPTIONS = ("offload_gb", "offload_kind")
 #: PlanOptions' fields of ``--objective`` and the cost stack's options.
 OBJECTIVE_OPTIONS = ("objective", "cost_options")
 
@@ -220,6 +240,11 @@ def plan_notes(opts: PlanOptions, base: FleetConfig, origin: str) -> list[str]:
             f"so each configuration shards the experts over its own tp x dp ranks, as vLLM's "
             f"enable_expert_parallel does ({ranks})"
         )
+    if opts.autoscale and "offload" in opts.modes:
+        notes.append(
+            "--autoscale prices the cheapest configuration without an offload tier: [kv_offload] with [autoscale] "
+            "is not modelled yet (the tier's pre-pass replays the day on a fixed fleet)"
+        )
     skipped = [hw for hw in dict.fromkeys(opts.hardware) if skip_reason(base, hw, origin) is not None]
     cal = base.stack_calibration
     if cal is not None and skipped:
@@ -252,6 +277,11 @@ def candidates(opts: PlanOptions, base: FleetConfig) -> list[Candidate]:
             "--modes: the base fleet sets [speculative], so colocated and disaggregated would not be what they say; "
             "plan from a base fleet without [speculative] (--modes speculative compares speculation on and off)"
         )
+    if base.kv_offload is not None and not opts.modes_only_colocated:
+        raise ConfigError(
+            "--modes: the base fleet sets [kv_offload], so colocated and the other modes would not be what they say; "
+            "plan from a base fleet without [kv_offload] (--modes offload compares the tier on and off)"
+        )
     out = []
     for hw in hardware:
         for tp in sorted(set(opts.tp)):
@@ -261,6 +291,8 @@ def candidates(opts: PlanOptions, base: FleetConfig) -> list[Candidate]:
                         out += [Candidate(hw, tp, dt, mode, ratio=r) for r in opts.pd_ratios]
                     elif mode == "speculative":
                         out.append(Candidate(hw, tp, dt, mode, speculative=opts.speculative))
+                    elif mode == "offload":
+                        out += [Candidate(hw, tp, dt, mode, offload=(opts.offload_kind, gb)) for gb in opts.offload_gb]
                     else:
                         out.append(Candidate(hw, tp, dt))
     return out
@@ -423,7 +455,8 @@ def plan(store: Store, opts: PlanOptions, progress: Callable[[str], None] | None
     wall = time.perf_counter() - t0
 
     # (a disaggregated configuration is two pools: --autoscale prices the cheapest one-pool one)
-    chosen_early = _chosen([r for r in results if r.candidate.mode != "disaggregated"])
+    # (an offload one's [kv_offload] is not modelled with [autoscale]: the cheapest one without a tier)
+    chosen_early = _chosen([r for r in results if r.candidate.mode not in ("disaggregated", "offload")])
     scaled = None
     if opts.autoscale and policy is not None and chosen_early is not None:
         if progress:
@@ -827,7 +860,7 @@ def _tables(
                 "pareto": id(r) in on_front,
                 "replays": len(r.evaluations),
                 "priced_by": r.priced_by or None,
-                **({} if opts.modes_only_colocated else mode_columns(r)),
+                **({} if opts.modes_only_colocated else mode_columns(r, "offload" in opts.modes)),
                 **({} if opts.objective is None else objective_columns(r, opts.objective)),
             }
         )
@@ -879,7 +912,7 @@ def _with_overload(rows: list[dict[str, Any]], results: Sequence[CandidateResult
     return [{**row, **overload_doc(by_label[row["config"]])} for row in rows]
 
 
-def mode_columns(r: CandidateResult) -> dict[str, Any]:
+def mode_columns(r: CandidateResult, offload: bool = False) -> dict[str, Any]:
     """A plan row's serving-mode columns (optional columns of the ``plan`` schema, written only
     by a plan given --modes): the mode, a disaggregated fleet's pools and link and the p99 of each
     part of its TTFT, a speculative one's method and k."""
@@ -898,10 +931,22 @@ def mode_columns(r: CandidateResult) -> dict[str, Any]:
         "decode_replicas": pools.get("decode_replicas"),
         "link": pools.get("link"),
         "speculative": f"{c.speculative[0]}:{c.speculative[1]}" if c.speculative is not None else None,
+        **(offload_columns(r) if offload else {}),
         "ttft_queue_p99_s": p99("queue_s"),
         "ttft_prefill_p99_s": p99("prefill_s"),
         "ttft_transfer_p99_s": p99("transfer_s"),
         "ttft_decode_queue_p99_s": p99("decode_queue_s"),
+    }
+
+
+def offload_columns(r: CandidateResult) -> dict[str, Any]:
+    """A plan row's offload columns (a plan whose --modes has offload): the tier and the prompt
+    tokens its chosen replay loaded from it (null for other modes, and where nothing passed)."""
+    ev = r.chosen
+    got = ev.offload if ev is not None else {}
+    return {
+        "offload": tier_text(r),
+        "offload_hit_tokens": got.get("offload_hit_tokens") if got else None,
     }
 
 
@@ -911,6 +956,8 @@ def _chosen_doc(r: CandidateResult) -> dict[str, Any]:
     extra: dict[str, Any] = {}
     if r.candidate.mode != "colocated":
         extra = {"mode": r.candidate.mode, "pools": ev.pools if ev else {}, "ttft_split": ev.ttft_split if ev else {}}
+        if r.candidate.mode == "offload":
+            extra["offload"] = ev.offload if ev else {}
     return {
         **extra,
         "config": r.candidate.label,
@@ -927,7 +974,7 @@ def _chosen_doc(r: CandidateResult) -> dict[str, Any]:
         "replay_period": ev.period if ev else None,
         "achieved": ev.achieved if ev else None,
         # a colocated replay has no pools or TTFT split: left out, so its plan.json is as it was
-        "one_fewer": {k: v for k, v in asdict(fewer).items() if v or k not in ("pools", "ttft_split")}
+        "one_fewer": {k: v for k, v in asdict(fewer).items() if v or k not in ("pools", "ttft_split", "offload")}
         if fewer
         else None,
         "sizing": r.sizing,
