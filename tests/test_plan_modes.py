@@ -294,6 +294,21 @@ def test_offload_refuses_a_base_fleet_with_a_tier(
     one_error(res, "--modes: the base fleet sets [kv_offload]")
 
 
+def test_autoscale_prices_the_cheapest_configuration_without_a_tier(
+    session_day: tuple[Store, list[dict[str, object]]], tmp_path: Path
+) -> None:
+    store, _ = session_day
+    fleet = tmp_path / "FLEET.toml"  # (an autoscaled fleet routes round robin over its live replicas)
+    policy = '[autoscale]\nmin_replicas = 1\nmax_replicas = 2\nsignal = "schedule"\nschedule = [[0, 1]]\n'
+    fleet.write_text(AFFINITY_FLEET.replace("prefix_affinity", "round_robin") + policy, encoding="utf-8")
+    opts = _opts("ttft_p99=3s,tpot_p99=100ms", ("colocated", "offload"), fleet_path=str(fleet), autoscale=True)
+    doc = plan(store, opts).doc
+    assert doc["chosen"]["mode"] == "offload"  # the tier wins the plan ...
+    note = next(n for n in doc["notes"] if n.startswith("--autoscale"))
+    assert "without an offload tier: [kv_offload] with [autoscale] is not modelled yet" in note
+    assert doc["autoscale"]["config"] == "h100-sxm tp1 bf16"  # ... and autoscaling prices colocated
+
+
 def test_offload_options_keep_other_plans_ids(chat_quiet: tuple[Store, list[dict[str, object]]]) -> None:
     store, _ = chat_quiet
     loose = "ttft_p99=10s,tpot_p99=1s"
