@@ -223,6 +223,37 @@ def test_speculation_does_not_win_at_high_load(chat_busy: tuple[Store, list[dict
     assert doc["chosen"]["config"] == "h100-sxm tp1 bf16"
 
 
+# -- disaggregated with a speculating decode pool --------------------------------------------------
+
+#: The EAGLE-3 drafter of Llama-3.1-8B is one decoder layer: 1 x 8 KV heads x 128 x 2 (K, V) x 2
+#: bytes = 4,096 bytes of KV per token, which the prefill pool computes and sends with the target's
+#: (docs/pools.md, "Speculative decoding on the decode side").
+EAGLE3_KV_BYTES_PER_TOKEN = 1 * 8 * 128 * 2 * 2
+
+
+def test_agent_day_speculating_decode_pool_wins(agent_day: tuple[Store, list[dict[str, object]]]) -> None:
+    store, rows = agent_day
+    modes = ("colocated", "disaggregated", "speculative", "disaggregated-speculative")
+    res = plan(store, _opts("ttft_p99=3s,tpot_p99=8ms", modes))
+    doc = res.doc
+    front = _front(doc)
+    both, dis, spec = front["disaggregated-speculative"], front["disaggregated"], front["speculative"]
+    assert both["verdict"] == "wins" and doc["chosen"]["mode"] == "disaggregated-speculative"
+    assert both["gpus"] < dis["gpus"] and both["gpus"] < spec["gpus"] < front["colocated"]["gpus"]
+    assert both["tpot_p99_s"] <= 0.008 and "the decode pool speculates (eagle3 k = 3)" in both["why"]
+    assert both["prefill_replicas"] + both["decode_replicas"] == both["replicas"]
+    # the speculative one-pool configuration beat colocated without winning: said so
+    saved = front["colocated"]["replicas"] - spec["replicas"]
+    assert f"the drafts save {saved} replicas against colocated" in spec["why"]
+    # the link moves the target's KV and the drafter's: latency + prompt x bytes / bandwidth, by hand
+    prompts = np.array([r["input_length"] for r in rows], dtype=np.float64)
+    per_token = KV_BYTES_PER_TOKEN + EAGLE3_KV_BYTES_PER_TOKEN
+    want = np.percentile(RDMA_LATENCY_S + prompts * per_token / RDMA_BYTES_PER_S, 99, method="inverted_cdf")
+    assert both["ttft_split_p99_s"]["transfer_s"] == pytest.approx(want, rel=1e-9)
+    best = next(r for r in res.table.to_pylist() if r["rank"] == 1)
+    assert best["speculative"] == "eagle3:3" and best["pd_ratio"] in ("1:1", "2:1")
+
+
 # -- a KV offload tier: wins on agent sessions revisited minutes apart, not on chat ----------------
 
 #: The agent day's base fleet: a session's turns on the replica that holds its blocks (every

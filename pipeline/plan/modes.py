@@ -5,7 +5,8 @@ The modes (:data:`pipeline.plan.search.MODES`): ``colocated`` (one pool prefilli
 the plan as it always was), ``disaggregated`` (a prefill pool handing every request to a decode
 pool of the same GPU and TP over a link, at each prefill:decode replica ratio given) and
 ``speculative`` (one pool with speculative decoding, its acceptance the catalog's published figure)
-and ``offload`` (one pool with a lower KV tier, FLEET.toml ``[kv_offload]``, at each size given).
+``offload`` (one pool with a lower KV tier, FLEET.toml ``[kv_offload]``, at each size given) and
+``disaggregated-speculative`` (disaggregated, the decode pool speculating as ``speculative`` does).
 Every configuration of every mode is searched and priced the same way (pipeline.plan.search)."""
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from typing import Any
 from pipeline.classify.offload import MAX_OFFLOAD_GB, OFFLOAD_KINDS, OffloadTier
 from pipeline.common.errors import ConfigError
 from pipeline.engine.model import MAX_SPECULATIVE_TOKENS
-from pipeline.plan.search import MODES, CandidateResult
+from pipeline.plan.search import DISAGGREGATED_MODES, MODES, CandidateResult, Evaluation
 from pipeline.replay.fleet import SPEC_METHODS
 from pipeline.replay.pools import link_kinds
 
@@ -26,8 +27,10 @@ from pipeline.replay.pools import link_kinds
 MAX_RATIO_SIDE = 16
 #: At equal $/day the simpler mode ranks first (fewer moving parts to run): colocated, then
 #: speculative (one flag), then offload (a KV connector and host memory to give it), then
-#: disaggregated (two pools, a proxy and a KV link).
-MODE_ORDER: dict[str, int] = {"colocated": 0, "speculative": 1, "offload": 2, "disaggregated": 3}
+#: disaggregated (two pools, a proxy and a KV link), then disaggregated with a speculating decode pool.
+MODE_ORDER: dict[str, int] = {
+    "colocated": 0, "speculative": 1, "offload": 2, "disaggregated": 3, "disaggregated-speculative": 4,
+}  # fmt: skip
 #: A pool whose busy share is this much below the other pool's "idles" (the reason in words): the
 #: busier pool sets the fleet's size, and the other's replicas wait for it.
 IDLE_GAP = 0.25
@@ -225,28 +228,44 @@ def _offload_diagnosis(r: CandidateResult, won: bool, colocated: CandidateResult
     return f"{turned}, but that saves no replica{at}"
 
 
+def _pools_diagnosis(ev: Evaluation, won: bool) -> str:
+    """A disaggregated configuration's pools in words: which one idles, and the KV transfer."""
+    pb, db = ev.pools.get("prefill_busy", 0.0), ev.pools.get("decode_busy", 0.0)
+    transfer = (ev.ttft_split.get("transfer_s") or {}).get("p99")
+    link = f"; the KV transfer's p99 is {_ms(transfer)}" if transfer is not None else ""
+    if db - pb >= IDLE_GAP:
+        return f"decode-bound: a prefill pool idles (busy {_pct(pb)} against the decode pool's {_pct(db)}){link}"
+    if pb - db >= IDLE_GAP:
+        return f"prefill-bound: a decode pool idles (busy {_pct(db)} against the prefill pool's {_pct(pb)}){link}"
+    busy = f"both pools busy (prefill {_pct(pb)}, decode {_pct(db)}){link}"
+    return f"decodes never wait behind prefill chunks, {busy}" if won else busy
+
+
 def _diagnosis(r: CandidateResult, won: bool, colocated: CandidateResult | None = None) -> str:
     """What the mode's cheapest passing configuration says of itself, in words (``won``: it is
-    the plan's winner; ``colocated``: the colocated mode's best, which an offload one is judged
-    against)."""
+    the plan's winner; ``colocated``: the colocated mode's best, which an offload or a losing
+    speculative one is judged against)."""
     ev = r.chosen
     assert ev is not None
     mode = r.candidate.mode
     if mode == "offload":
         return _offload_diagnosis(r, won, colocated)
+    if mode == "disaggregated-speculative":
+        assert r.candidate.speculative is not None
+        method, k = r.candidate.speculative
+        spec = f"; the decode pool speculates ({method} k = {k}): TPOT p99 {_ms(ev.p99['tpot'])}"
+        return _pools_diagnosis(ev, won) + spec
     if mode == "disaggregated":
-        pb, db = ev.pools.get("prefill_busy", 0.0), ev.pools.get("decode_busy", 0.0)
-        transfer = (ev.ttft_split.get("transfer_s") or {}).get("p99")
-        link = f"; the KV transfer's p99 is {_ms(transfer)}" if transfer is not None else ""
-        if db - pb >= IDLE_GAP:
-            return f"decode-bound: a prefill pool idles (busy {_pct(pb)} against the decode pool's {_pct(db)}){link}"
-        if pb - db >= IDLE_GAP:
-            return f"prefill-bound: a decode pool idles (busy {_pct(db)} against the prefill pool's {_pct(pb)}){link}"
-        busy = f"both pools busy (prefill {_pct(pb)}, decode {_pct(db)}){link}"
-        return f"decodes never wait behind prefill chunks, {busy}" if won else busy
+        return _pools_diagnosis(ev, won)
     if mode == "speculative":
         if won:
             return f"a verification advances more than one token a step: TPOT p99 {_ms(ev.p99['tpot'])}"
+        saved = (colocated.replicas or 0) - (r.replicas or 0) if colocated is not None else 0
+        if saved > 0:  # it beat colocated (another mode won): the drafts did save replicas
+            return (
+                f"the drafts save {saved} replica{'s' if saved != 1 else ''} against colocated: "
+                f"TPOT p99 {_ms(ev.p99['tpot'])}"
+            )
         fewer = r.one_fewer
         at = (
             f": at {fewer.replicas} replica{'s' if fewer.replicas != 1 else ''} {fewer.failing} misses with "
@@ -293,7 +312,7 @@ def frontier(results: Sequence[CandidateResult], modes: Sequence[str]) -> list[d
             "tpot_p99_s": ev.p99["tpot"],
             "slo": ev.achieved,
         }
-        if mode == "disaggregated":
+        if mode in DISAGGREGATED_MODES:
             row["prefill_replicas"] = ev.pools.get("prefill_replicas")
             row["decode_replicas"] = ev.pools.get("decode_replicas")
             row["link"] = ev.pools.get("link")
@@ -339,7 +358,7 @@ def frontier_lines(rows: Sequence[dict[str, Any]]) -> list[str]:
             lines.append(f"  {f['mode']:<14} {f['verdict']}: {f['why']}")
             continue
         pools = ""
-        if f["mode"] == "disaggregated":
+        if f["mode"] in DISAGGREGATED_MODES:
             pools = f" = {f['prefill_replicas']}P + {f['decode_replicas']}D over {f['link']}"
         if f["mode"] == "offload":  # (the host DRAM comes with the GPU instance: priced in its GPU-hour)
             priced = "host DRAM in the GPU-hour's price" if f["offload"].startswith("cpu") else "the store not priced"

@@ -38,7 +38,7 @@ from pipeline.replay.fleet import (
     missing_profile,
     resolve,
 )
-from pipeline.replay.pools import SPLIT_COLUMNS, LinkSpec, link_of_kind
+from pipeline.replay.pools import MODEL_DRAFTERS, SPLIT_COLUMNS, LinkSpec, link_of_kind
 from pipeline.replay.run import (
     ReplayOptions,
     ReplayRun,
@@ -73,8 +73,11 @@ def _span_columns(run: ReplayRun) -> dict[str, npt.NDArray[np.float64]]:
 
 #: The serving modes ``plan --modes`` searches (docs/planning.md, "Serving modes"): one pool
 #: prefilling and decoding; a prefill pool handing to a decode pool (xPyD on one GPU type);
-#: one pool with speculative decoding; one pool with a lower KV tier (FLEET.toml [kv_offload]).
-MODES: tuple[str, ...] = ("colocated", "disaggregated", "speculative", "offload")
+#: one pool with speculative decoding; one pool with a lower KV tier (FLEET.toml [kv_offload]); a
+#: prefill pool handing to a decode pool that decodes speculatively.
+MODES: tuple[str, ...] = ("colocated", "disaggregated", "speculative", "offload", "disaggregated-speculative")
+#: The modes of two pools (a prefill pool and a decode pool, at each --pd-ratios ratio).
+DISAGGREGATED_MODES: tuple[str, ...] = ("disaggregated", "disaggregated-speculative")
 
 
 @dataclass(frozen=True)
@@ -93,6 +96,8 @@ class Candidate:
     @property
     def label(self) -> str:
         base = f"{self.hardware} tp{self.tp} {self.weight_dtype}"
+        if self.mode == "disaggregated-speculative" and self.ratio is not None and self.speculative is not None:
+            return f"{base} pd{self.ratio[0]}:{self.ratio[1]} spec-{self.speculative[0]}:{self.speculative[1]}"
         if self.mode == "disaggregated" and self.ratio is not None:
             return f"{base} pd{self.ratio[0]}:{self.ratio[1]}"
         if self.mode == "speculative" and self.speculative is not None:
@@ -281,14 +286,23 @@ def evaluate(
 
 
 def evaluate_disaggregated(
-    window: Window, fleet: ResolvedFleet, split: tuple[int, int], link: LinkSpec, slo: Slo, max_rejected: float = 0.0
+    window: Window,
+    fleet: ResolvedFleet,
+    split: tuple[int, int],
+    link: LinkSpec,
+    slo: Slo,
+    max_rejected: float = 0.0,
+    prefill: ResolvedFleet | None = None,
 ) -> tuple[Evaluation, Replayed]:
     """Replay the window on ``split`` = (prefill, decode) replicas of ``fleet``, the prefill pool
     handing every request over ``link`` (pipeline.replay.run.replay_prefill_decode), and check
     the SLO on the requests' joined lives, as :func:`evaluate` does for one pool; the evaluation
-    carries each pool's busy share and the TTFT split."""
+    carries each pool's busy share and the TTFT split. ``prefill``: the prefill pool's fleet where
+    it differs from the decode pool's (a decode pool's n-gram drafter, which the prefill pool
+    does not load)."""
     p, d = split
-    pre = replace(fleet, config=replace(fleet.config.with_replicas(p), name=f"{fleet.config.name}-prefill"))
+    pf = prefill if prefill is not None else fleet
+    pre = replace(pf, config=replace(pf.config.with_replicas(p), name=f"{fleet.config.name}-prefill"))
     dec = replace(fleet, config=replace(fleet.config.with_replicas(d), name=f"{fleet.config.name}-decode"))
     got = replay_prefill_decode(
         window.requests, pre, dec, link, ReplayOptions(isolation=window.isolation), window.identity
@@ -672,11 +686,15 @@ def _search_candidate(task: Task, out: CandidateResult) -> CandidateResult:
         return out
     try:
         fleet = resolve(candidate_fleet(task.base, c), c.label)
-        if c.mode == "speculative":
+        prefill = fleet
+        if c.speculative is not None:
             fleet.accepted_tokens  # noqa: B018 (a pair without published acceptance: said here, not mid-search)
+            if c.ratio is not None and c.speculative[0] not in MODEL_DRAFTERS:
+                # the prefill pool loads the decode pool's drafter only when it is a model (as replay_pools does)
+                prefill = resolve(replace(candidate_fleet(task.base, c), speculative=None), c.label)
     except ConfigError as exc:
         out.note = str(exc)
-        if c.mode in ("speculative", "offload"):  # not a misfit of the GPU: this mode was not tried
+        if c.speculative is not None or c.offload is not None:  # not a misfit of the GPU: this mode was not tried
             out.note, out.skipped = f"skipped: {exc}", True
         return out
     out.fits = True
@@ -710,7 +728,7 @@ def _search_candidate(task: Task, out: CandidateResult) -> CandidateResult:
         keep(n, ev, Replayed.of(run))
         return ev
 
-    if c.mode == "disaggregated":
+    if c.mode in DISAGGREGATED_MODES:
         assert c.ratio is not None
         ratio = c.ratio
         try:
@@ -727,7 +745,7 @@ def _search_candidate(task: Task, out: CandidateResult) -> CandidateResult:
             # the search's n counts from 1; the fleet has n + 1 replicas (one of each pool at least)
             total = n + 1
             ev, rep = evaluate_disaggregated(
-                task.window, fleet, ratio_split(total, ratio), link, task.slo, task.max_rejected
+                task.window, fleet, ratio_split(total, ratio), link, task.slo, task.max_rejected, prefill
             )
             out.evaluations.append(ev)
             out.priced_by = rep.cost_source

@@ -65,7 +65,15 @@ from pipeline.plan.objective import (
     stack_doc,
     stack_pricing,
 )
-from pipeline.plan.search import Candidate, CandidateResult, Task, candidate_ep, candidate_fleet, skip_reason
+from pipeline.plan.search import (
+    DISAGGREGATED_MODES,
+    Candidate,
+    CandidateResult,
+    Task,
+    candidate_ep,
+    candidate_fleet,
+    skip_reason,
+)
 from pipeline.plan.window import Window, select_window
 from pipeline.replay.autoscale import AutoscaleSettings
 from pipeline.replay.fleet import MAX_ENGINES, FleetConfig, load_fleet, parse_fleet, resolve
@@ -289,6 +297,10 @@ def candidates(opts: PlanOptions, base: FleetConfig) -> list[Candidate]:
                 for mode in opts.modes:
                     if mode == "disaggregated":
                         out += [Candidate(hw, tp, dt, mode, ratio=r) for r in opts.pd_ratios]
+                    elif mode == "disaggregated-speculative":  # the decode pool speculates
+                        out += [
+                            Candidate(hw, tp, dt, mode, ratio=r, speculative=opts.speculative) for r in opts.pd_ratios
+                        ]
                     elif mode == "speculative":
                         out.append(Candidate(hw, tp, dt, mode, speculative=opts.speculative))
                     elif mode == "offload":
@@ -456,7 +468,7 @@ def plan(store: Store, opts: PlanOptions, progress: Callable[[str], None] | None
 
     # (a disaggregated configuration is two pools: --autoscale prices the cheapest one-pool one)
     # (an offload one's [kv_offload] is not modelled with [autoscale]: the cheapest one without a tier)
-    chosen_early = _chosen([r for r in results if r.candidate.mode not in ("disaggregated", "offload")])
+    chosen_early = _chosen([r for r in results if r.candidate.mode not in (*DISAGGREGATED_MODES, "offload")])
     scaled = None
     if opts.autoscale and policy is not None and chosen_early is not None:
         if progress:
@@ -669,7 +681,7 @@ def _stack_pools(r: CandidateResult) -> list[tuple[str | None, int]]:
     prefill and decode pools (N+k spares each)."""
     ev = r.chosen
     pools = ev.pools if ev is not None else {}
-    if r.candidate.mode == "disaggregated" and pools.get("prefill_replicas"):
+    if r.candidate.mode in DISAGGREGATED_MODES and pools.get("prefill_replicas"):
         return [("prefill", int(pools["prefill_replicas"])), ("decode", int(pools["decode_replicas"]))]
     return [(None, r.replicas or 0)]
 
