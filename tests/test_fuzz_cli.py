@@ -1006,7 +1006,9 @@ PLAN: Spec = {
         _bad("h100-sxm=-1", "h100-sxm=nan", "=", "x", "h100-sxm=inf"),
     ),
     "--modes": (
-        st.sampled_from(["colocated", "colocated,speculative", "disaggregated", "speculative,colocated"]),
+        st.sampled_from(
+            ["colocated", "colocated,speculative", "disaggregated", "speculative,colocated", "colocated,offload"]
+        ),
         _bad("foo", "", ",", "colocated,pd", "Colocated"),
     ),
     "--pd-ratios": (
@@ -1018,6 +1020,11 @@ PLAN: Spec = {
         st.sampled_from(["eagle3:3", "ngram:5", "eagle:2"]),
         _bad("eagle3:0", "eagle3:17", "medusa:3", "draft_model:3", "eagle3", ":", "eagle3:nan", ""),
     ),
+    "--offload-gb": (
+        st.sampled_from(["256", "64,128", "0.5"]),
+        _bad("0", "-256", "nan", "inf", "1e30", "", ",", "lots", "256,-1"),
+    ),
+    "--offload-kind": (st.sampled_from(["cpu", "shared"]), _bad("nvme", "", "CPU")),
     "--objective": (st.sampled_from(["usd", "energy", "gpus"]), _bad("foo", "", "USD", "usd,energy", "nan")),
     "--redundancy": (st.sampled_from(["0", "1", "3"]), _bad("-1", "nan", "", "1.5", str(2**70))),
     "--margin": (st.floats(0, 100).map(repr), _bad("-1", "nan", "inf", "1e300", "")),

@@ -188,7 +188,7 @@ PLAN_COLUMNS = (
     show_default=True,
     help="Serving modes to search, comma-separated: colocated, disaggregated (prefill and decode pools of the "
     "same GPU and TP, at each --pd-ratios), speculative (--speculative), offload (a KV offload tier of each "
-    "--offload-gb); the output shows the cheapest per mode.",
+    "--offload-gb), disaggregated-speculative (its decode pool speculates); the output shows the cheapest per mode.",
 )
 @click.option(
     "--pd-ratios",
