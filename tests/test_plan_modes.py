@@ -451,6 +451,12 @@ def test_parsers_refuse_in_the_library() -> None:
     with pytest.raises(ConfigError, match="--pd-ratios"):
         PlanOptions(model="llama-3.1-8b", pd_ratios=((0, 1),))
     assert parse_offload_gb("256, 512,256") == (256.0, 512.0)
+    # the default tier is one GPU's share of host DRAM in the catalog (DGX H100: 2 TB for 8 GPUs)
+    from pipeline.classify.offload import offload_kinds
+    from pipeline.common.defaults import DEFAULT_PLAN_OFFLOAD_GB
+
+    share = offload_kinds()["cpu"]["host_memory_gb_per_gpu"]
+    assert parse_offload_gb(DEFAULT_PLAN_OFFLOAD_GB) == PlanOptions(model="llama-3.1-8b").offload_gb == (share,)
     for bad in ((0.0,), (float("nan"),), (-1.0,), (1e30,), ()):
         with pytest.raises(ConfigError, match="--offload-gb"):
             PlanOptions(model="llama-3.1-8b", offload_gb=bad)
