@@ -17,12 +17,20 @@ of newly computed ones, an LRU manager) and LMCache's local CPU backend behave:
 * **A lower-tier hit costs a load, not a prefill**: ``bytes / bandwidth + latency`` per request
   (:meth:`OffloadTier.load_s`), the load asynchronous to the engine's steps (the request waits
   for it; the batch does not).
+
+**Three levels** (a cpu tier with a ``shared`` store below it: ``[kv_offload.shared]``): every
+tier write-through, each LRU; a request's leading run is served by the GPU tier, then the cpu
+tier, then the store, and ends at the first block none of them holds. On one access sequence
+(classify's one cache) a block of distance ``d`` hits the GPU tier iff ``d <= G``, the cpu tier
+iff ``G < d <= max(G, C)``, the store iff ``max(G, C) < d <= max(G, C, S)``
+(:func:`tiers_hits`). The loads of the two tiers are serial (:meth:`OffloadTier.loads_s`): both
+reach the GPU over its one PCIe link (docs/accounting.md, "Three levels").
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, cast
 
@@ -63,6 +71,14 @@ class OffloadTier:
     latency_us: float
     #: cpu: the host DRAM one replica has, which the tier must fit in (None for shared)
     host_memory_gb: float | None = None
+    #: cpu only: a store shared by the pool below the cpu tier (``[kv_offload.shared]``, its kind
+    #: ``shared``; None: the cpu tier is the only lower one)
+    shared: OffloadTier | None = None
+
+    @property
+    def lower_tiers(self) -> tuple[OffloadTier, ...]:
+        """The lower tiers, nearest first: this one, then the store below it if any."""
+        return (self,) if self.shared is None else (self, self.shared)
 
     def capacity_blocks(self, kv_bytes_per_token: float, block_size: int, replicas: int = 1) -> int:
         """Blocks of ``block_size`` tokens the tier holds for ``replicas`` replicas (a cpu tier is
@@ -78,8 +94,20 @@ class OffloadTier:
         secs = t * float(kv_bytes_per_token) / (self.bandwidth_gb_s * 1e9) + self.latency_us * 1e-6
         return cast(F64Array, np.where(t > 0, secs, 0.0))
 
+    def loads_s(self, tokens: npt.ArrayLike, shared_tokens: npt.ArrayLike, kv_bytes_per_token: float) -> F64Array:
+        """Seconds a request waits for ``tokens`` from this tier and ``shared_tokens`` from the
+        store below it: the two loads one after the other (both cross the GPU's one PCIe link),
+        each tier's latency paid only where it loads something. With no store below,
+        :meth:`load_s` (``shared_tokens`` must then be 0)."""
+        own = self.load_s(tokens, kv_bytes_per_token)
+        if self.shared is None:
+            if np.any(np.asarray(shared_tokens) > 0):
+                raise RooftraceError("tokens from a shared store, but the tier has none below it")
+            return own
+        return cast(F64Array, own + self.shared.load_s(shared_tokens, kv_bytes_per_token))
+
     def to_dict(self) -> dict[str, Any]:
-        out = {
+        out: dict[str, Any] = {
             "kind": self.kind,
             "capacity_gb": self.capacity_gb,
             "bandwidth_gb_s": self.bandwidth_gb_s,
@@ -87,11 +115,16 @@ class OffloadTier:
         }
         if self.host_memory_gb is not None:  # (a run's record reads back through the same check)
             out["host_memory_gb"] = self.host_memory_gb
+        if self.shared is not None:  # (absent: a one-tier fleet's record, and its run id, unchanged)
+            below = self.shared.to_dict()
+            del below["kind"]  # ([kv_offload.shared] is of kind shared by its place)
+            out["shared"] = below
         return out
 
     def text(self) -> str:
         where = "per replica" if self.kind == "cpu" else "shared by the pool"
-        return f"{self.kind} {self.capacity_gb:g} GB {where}, {self.bandwidth_gb_s:g} GB/s, {self.latency_us:g} µs"
+        own = f"{self.kind} {self.capacity_gb:g} GB {where}, {self.bandwidth_gb_s:g} GB/s, {self.latency_us:g} µs"
+        return own if self.shared is None else f"{own}, then {self.shared.text()}"
 
 
 def _number(raw: Mapping[str, Any], key: str, default: float, where: str, lo: float, hi: float, unit: str) -> float:
@@ -132,7 +165,35 @@ def parse_offload(raw: Mapping[str, Any], where: str, gpus_per_replica: int) -> 
             )
     elif "host_memory_gb" in raw:
         raise ConfigError(f"{where}: host_memory_gb is for kind cpu only (a shared store is sized by capacity_gb)")
-    return OffloadTier(str(kind), cap, bw, lat, host)
+    below = None
+    if "shared" in raw:
+        below = _parse_shared(raw["shared"], where, str(kind), kinds["shared"])
+    return OffloadTier(str(kind), cap, bw, lat, host, below)
+
+
+#: The keys of ``[kv_offload.shared]`` (the store below a cpu tier).
+SHARED_KEYS = ("capacity_gb", "bandwidth_gb_s", "latency_us")
+
+
+def _parse_shared(raw: Any, where: str, kind: str, d: Mapping[str, float]) -> OffloadTier:
+    """``[kv_offload.shared]``: the store shared by the pool below a cpu tier."""
+    sub = f"{where[:-1]}.shared]" if where.endswith("]") else f"{where} shared"
+    if kind != "cpu":
+        raise ConfigError(
+            f"{sub}: a store below the tier is for kind cpu only (GPU, then each replica's host DRAM, then the "
+            'pool\'s store); a kind = "shared" tier is the store itself'
+        )
+    if not isinstance(raw, Mapping):
+        raise ConfigError(f"{sub}: expected a table (capacity_gb, bandwidth_gb_s, latency_us), got {raw!r}")
+    unknown = sorted(set(raw) - set(SHARED_KEYS))
+    if unknown:
+        raise ConfigError(f"{sub}: unknown key(s) {unknown}; it takes {list(SHARED_KEYS)}")
+    if "capacity_gb" not in raw:
+        raise ConfigError(f"{sub}: capacity_gb is required (GB the pool's store holds)")
+    cap = _number(raw, "capacity_gb", 0.0, sub, 0.0, MAX_OFFLOAD_GB, "GB")
+    bw = _number(raw, "bandwidth_gb_s", d["bandwidth_gb_s"], sub, 0.0, MAX_OFFLOAD_GB_S, "GB/s")
+    lat = _number(raw, "latency_us", d["latency_us"], sub, 0.0, MAX_OFFLOAD_LATENCY_US, "µs")
+    return OffloadTier("shared", cap, bw, lat)
 
 
 def tier_hits(dist: Distances, gpu_blocks: int | None, lower_blocks: int) -> tuple[I64Array, I64Array]:
@@ -147,3 +208,21 @@ def tier_hits(dist: Distances, gpu_blocks: int | None, lower_blocks: int) -> tup
         return gpu, np.zeros_like(gpu)
     both = dist.hit_blocks(max(gpu_blocks, lower_blocks))
     return gpu, cast(I64Array, both - gpu)
+
+
+def tiers_hits(dist: Distances, gpu_blocks: int, lower_blocks: Sequence[int]) -> list[I64Array]:
+    """Per request, its leading blocks each tier serves, GPU tier first, then each write-through
+    lower tier in order (sizes ``lower_blocks``), all on the one access sequence of ``dist``: tier
+    k serves the blocks of distance in ``(max(G, L_1..L_{k-1}), max(G, L_1..L_k)]`` (module doc).
+    With one lower tier, :func:`tier_hits`."""
+    if gpu_blocks < 0 or any(b < 0 for b in lower_blocks):
+        raise RooftraceError("tier capacities must be >= 0 blocks")
+    reach = gpu_blocks
+    run = dist.hit_blocks(reach)
+    out = [run]
+    for blocks in lower_blocks:
+        reach = max(reach, int(blocks))
+        longer = dist.hit_blocks(reach)
+        out.append(cast(I64Array, longer - run))
+        run = longer
+    return out

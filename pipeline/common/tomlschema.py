@@ -177,6 +177,15 @@ class SpeculativeTable(_Table):
     source: str = _opt("where the acceptance figure comes from")
 
 
+class KvOffloadSharedTable(_Table):
+    """``[kv_offload.shared]``: a store shared by the pool below a cpu tier (the third level: GPU,
+    then each replica's host DRAM, then the pool's store; docs/accounting.md "Three levels")."""
+
+    capacity_gb: float = _req("GB (1e9 bytes) the pool's store holds, in all")
+    bandwidth_gb_s: float = _opt("GB/s a load from the store into a replica's GPUs reaches (default: kind shared's)")
+    latency_us: float = _opt("µs per request's load from the store (default: kind shared's)")
+
+
 class KvOffloadTable(_Table):
     """``[kv_offload]``: a lower KV tier that keeps prefix blocks the GPU's prefix cache evicts
     (vLLM OffloadingConnector / --kv-offloading-size, LMCache, Mooncake Store; pipeline/catalog/offload.toml
@@ -189,6 +198,7 @@ class KvOffloadTable(_Table):
     bandwidth_gb_s: float = _opt("GB/s a load into a replica's GPUs reaches (default: the kind's)")
     latency_us: float = _opt("µs per request's load (default: the kind's)")
     host_memory_gb: float = _opt("cpu: host DRAM one replica has (default: 256 GB per GPU, DGX H100)")
+    shared: KvOffloadSharedTable = _opt("cpu: a store shared by the pool below the host tier (a third level)")
 
 
 class FleetCalibrationTable(_Table):

@@ -28,6 +28,14 @@ the day's rows and shares its arrays (block hashes, lengths, keys: of the day on
 arrivals and the reported hits are new) and its results come back in the day's order; they are
 given the day's arrival, so ``queue_s`` and ``ttft_s`` include the load.
 
+**A store below the cpu tier** (``[kv_offload.shared]``: GPU, then each replica's host DRAM,
+then the pool's store) is the pool's one LRU over every live request in arrival order, as a
+``shared`` tier alone is; the replica's tiers (or the pooled ones) run as above. A request's run
+is the longest of its tiers' leading runs (each tier's blocks of a chain are a leading run: a
+request touches its blocks tail first); its GPU-tier blocks come from the GPU, the next ones the
+cpu tier holds from host DRAM, the rest from the store, and its wait is both loads one after the
+other (:meth:`pipeline.classify.offload.OffloadTier.loads_s`).
+
 The tiers are simulated directly (:func:`pipeline.classify.prefix.lru_hit_blocks`: an LRU list
 per tier, a replica's chains read in place), not through the stack distances classify uses for
 every capacity at once: the same answers, with tables the size of the tiers.
@@ -72,6 +80,9 @@ class OffloadPlan:
     work: Workload
     routing: str
     tier: OffloadTier
+    #: a store below the cpu tier: the tokens of ``offload_hit_tokens`` that came from it (None:
+    #: the tier has no store below it)
+    shared_hit_tokens: I64Array | None = None
 
     def restore(self, res: EngineResult) -> EngineResult:
         """The replayed workload's results (already in the day's order) with each arrival the
@@ -88,6 +99,16 @@ class OffloadPlan:
             "offload_hit_tokens": int(self.offload_hit_tokens.sum()),
             "load_s_total": float(self.load_s.sum()),
             "load_s_max": float(self.load_s.max(initial=0.0)),
+            **({} if self.shared_hit_tokens is None else {"by_tier": self.by_tier()}),
+        }
+
+    def by_tier(self) -> dict[str, dict[str, int]]:
+        """Per lower tier (three levels only): the requests that loaded from it and its tokens."""
+        assert self.shared_hit_tokens is not None
+        cpu = self.offload_hit_tokens - self.shared_hit_tokens
+        return {
+            name: {"requests_loading": int((tok > 0).sum()), "hit_tokens": int(tok.sum())}
+            for name, tok in (("cpu", cpu), ("shared", self.shared_hit_tokens))
         }
 
 
@@ -115,49 +136,89 @@ def plan_offload(
     n, bs, R = work.n, sched.block_size, spec.replicas
     if not sched.enable_prefix_caching or not work.has_chains:  # nothing is cached, so nothing loads
         none = np.zeros(n, np.int64)
-        return OffloadPlan(none, none, np.zeros(n), work, "none", tier)
+        return OffloadPlan(none, none, np.zeros(n), work, "none", tier, None if tier.shared is None else none)
     explicit = work.explicit()  # (a chain tree's hashes: held for the pre-pass only)
     hashes, offsets = explicit.chain_hashes, explicit.offsets()
     lookups = np.minimum(np.maximum(work.prompt_tokens - 1, 0) // bs, np.diff(offsets)).astype(np.int64)
     lookups[work.skipped_tokens() >= 0] = 0  # the log reports their hits: looked up nowhere
     live = reject_reasons(work, sched) == 0
     G = int(sched.num_gpu_blocks)
-    lower = tier.capacity_blocks(kv_bytes_per_gpu_token * gpus_per_rank, bs)
-    gpu = np.zeros(n, np.int64)
-    total = np.zeros(n, np.int64)
-    routes = static_routes(work, spec)
+    replica_bytes = kv_bytes_per_gpu_token * gpus_per_rank
+    lower = tier.capacity_blocks(replica_bytes, bs)
     shared = tier.kind == "shared"
-    if routes is not None:
-        per_rank = lower if shared else lower // max(dp, 1)
-        routed = np.flatnonzero(live & (routes >= 0))
-        by_replica = routed[np.argsort(routes[routed], kind="stable")]  # each replica's rows, in arrival order
-        cuts = np.searchsorted(routes[by_replica], np.arange(R + 1))
-        for r in np.flatnonzero(np.diff(cuts)).tolist():
-            rows = by_replica[cuts[r] : cuts[r + 1]]
-            hits = lru_hit_blocks(hashes, offsets, lookups, [G] if shared else [G, max(G, per_rank)], rows)
-            gpu[rows], total[rows] = hits[0], hits[-1]
-        if shared:
-            rows = np.flatnonzero(live).astype(np.int64)
-            (pool,) = lru_hit_blocks(hashes, offsets, lookups, [lower], rows)
-            total[rows] = np.maximum(gpu[rows], pool)
-        routing = "replica"
-    else:
-        rows = np.flatnonzero(live).astype(np.int64)
-        pooled = lower if shared else lower * R
-        if rows.size:
-            g, both = lru_hit_blocks(hashes, offsets, lookups, [G * R, max(G * R, pooled)], rows)
-            gpu[rows], total[rows] = g, both
-        routing = "pooled"
+    # a dp rank's own cpu tier (its replica's split over its ranks), and the pool's one store: the
+    # tier itself (kind shared) or the one below a cpu tier
+    store = lower if shared else None if tier.shared is None else tier.shared.capacity_blocks(replica_bytes, bs)
+    routes = static_routes(work, spec)
+    # (pooled, each of the R ranks is given the replica's whole cpu tier, as this pre-pass always
+    # has: R x the tier, dp times the fleet's host DRAM when dp > 1; kept so runs stay the same)
+    per_rank = None if shared else lower // max(dp, 1) if routes is not None else lower
+    rows = np.flatnonzero(live).astype(np.int64)
+    gpu, near, total = tier_runs(hashes, offsets, lookups, rows, routes, R, G, per_rank, store)
+    routing = "pooled" if routes is None else "replica"
     del explicit, hashes, offsets  # (a materialised chain tree is not kept for the engines)
     low = total - gpu
     load = low > 0
     off_tok = np.where(load, low * bs, 0).astype(np.int64)
-    load_s = tier.load_s(off_tok, kv_bytes_per_gpu_token)
+    if tier.shared is None:
+        shared_tok: I64Array | None = None
+        load_s = tier.load_s(off_tok, kv_bytes_per_gpu_token)
+    else:  # three levels: the cpu tier's blocks first, the store's after them
+        shared_tok = ((total - np.maximum(near, gpu)) * bs).astype(np.int64)
+        load_s = tier.loads_s(off_tok - shared_tok, shared_tok, kv_bytes_per_gpu_token)
     if not load.any():  # the GPU tier keeps every block a request finds: the day as it is
-        return OffloadPlan(np.zeros(n, np.int64), off_tok, load_s, work, routing, tier)
+        return OffloadPlan(np.zeros(n, np.int64), off_tok, load_s, work, routing, tier, shared_tok)
     reported = work.reported_hit_tokens.copy() if work.reported_hit_tokens is not None else np.full(n, -1, np.int64)
     reported[load] = total[load] * bs
     # the day's rows and arrays: only the arrivals and the reported hits are the replay's own
     replayed = replace(work, arrival_s=work.arrival_s + load_s, reported_hit_tokens=reported)
     gpu_tok = np.where(load, gpu * bs, 0).astype(np.int64)
-    return OffloadPlan(gpu_tok, off_tok, load_s, replayed, routing, tier)
+    return OffloadPlan(gpu_tok, off_tok, load_s, replayed, routing, tier, shared_tok)
+
+
+def tier_runs(
+    hashes: npt.NDArray[np.uint64],
+    offsets: I64Array,
+    lookups: I64Array,
+    rows: I64Array,
+    routes: I64Array | None,
+    replicas: int,
+    gpu_blocks: int,
+    cpu_blocks: int | None,
+    store_blocks: int | None,
+) -> tuple[I64Array, I64Array, I64Array]:
+    """Per request (of the layout; only ``rows``, in arrival order, are simulated, the others
+    0), its leading run in the GPU tier, through its replica's cpu tier, and through the pool's
+    store: three non-decreasing runs (a tier that is absent, ``None``, adds nothing).
+
+    With ``routes`` (each row's replica, −1: none) each replica has its own GPU tier of
+    ``gpu_blocks`` and cpu tier of ``cpu_blocks``, fed by its own rows, and the store is one LRU
+    over every row; a request's run through the store is the longer of its replica's run and the
+    store's (each tier's blocks of a chain are a leading run). Without, the pool is one cache: a
+    GPU tier of ``replicas × gpu_blocks``, a cpu tier of ``replicas × cpu_blocks`` and the store,
+    all on one access sequence (inclusion: each reaches ``max`` of the sizes above it)."""
+    n = offsets.shape[0] - 1
+    gpu, near, total = (np.zeros(n, np.int64) for _ in range(3))
+    if routes is not None:
+        mine = rows[routes[rows] >= 0]
+        by_replica = mine[np.argsort(routes[mine], kind="stable")]  # each replica's rows, in arrival order
+        cuts = np.searchsorted(routes[by_replica], np.arange(replicas + 1))
+        caps = [gpu_blocks] if cpu_blocks is None else [gpu_blocks, max(gpu_blocks, cpu_blocks)]
+        for r in np.flatnonzero(np.diff(cuts)).tolist():
+            own = by_replica[cuts[r] : cuts[r + 1]]
+            hits = lru_hit_blocks(hashes, offsets, lookups, caps, own)
+            gpu[own], near[own] = hits[0], hits[-1]
+        total[:] = near
+        if store_blocks is not None and rows.size:
+            (pool,) = lru_hit_blocks(hashes, offsets, lookups, [store_blocks], rows)
+            total[rows] = np.maximum(near[rows], pool)
+        return gpu, near, total
+    caps = [gpu_blocks * replicas]
+    if cpu_blocks is not None:
+        caps.append(max(caps[-1], cpu_blocks * replicas))
+    if store_blocks is not None:
+        caps.append(max(caps[-1], store_blocks))
+    if rows.size:
+        hits = lru_hit_blocks(hashes, offsets, lookups, caps, rows)
+        gpu[rows], near[rows], total[rows] = hits[0], hits[1 if cpu_blocks is not None else 0], hits[-1]
+    return gpu, near, total
