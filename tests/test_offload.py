@@ -513,3 +513,424 @@ def test_the_cache_split_note_names_the_tier() -> None:
     assert plain is not None and with_tier is not None
     assert "[kv_offload]" not in plain
     assert "shared with running requests) and the fleet's [kv_offload] cpu tier served 60 tokens" in with_tier
+
+
+# --------------------------------------------------------------------------------------------
+# three levels: GPU, then each replica's host DRAM (cpu), then a store shared by the pool
+
+
+def _brute_force_three(
+    chains: list[list[int]],
+    lookups: list[int],
+    replica_of: list[int | None],
+    gpu: int,
+    cpu: int,
+    store: int,
+    pooled: bool = False,
+) -> tuple[list[int], list[int], list[int]]:
+    """Three kinds of plain LRU list (most recent first): a GPU list and a cpu list per replica,
+    fed by that replica's requests, and one store list fed by every request (``replica_of``:
+    None for a request skipped, -1 for one no replica's tiers see). Per request: the leading
+    blocks its replica's GPU list holds, then the run continues through blocks its cpu list
+    holds, then through blocks the store holds; then every block is touched tail first in each
+    list the request feeds (write-through everywhere) and each is cut to its capacity.
+    ``pooled``: every replica's GPU and cpu lists are one each, of the replicas' sizes together."""
+    n_rep = max([r for r in replica_of if r is not None] + [0]) + 1
+    g_lists: dict[int, list[int]] = {}
+    c_lists: dict[int, list[int]] = {}
+    s_list: list[int] = []
+    out_g, out_c, out_s = [0] * len(chains), [0] * len(chains), [0] * len(chains)
+    for i, (blocks, k, rep) in enumerate(zip(chains, lookups, replica_of, strict=True)):
+        if rep is None:
+            continue
+        key = 0 if pooled else rep
+        own = (g_lists.setdefault(key, []), c_lists.setdefault(key, [])) if rep >= 0 else ([], [])
+        g_cap, c_cap = (gpu * n_rep, cpu * n_rep) if pooled else (gpu, cpu)
+        n = 0
+        while n < k and blocks[n] in own[0]:
+            n += 1
+        out_g[i] = n
+        while n < k and (blocks[n] in own[0] or blocks[n] in own[1]):
+            n += 1
+        out_c[i] = n - out_g[i]
+        while n < k and (blocks[n] in own[0] or blocks[n] in own[1] or blocks[n] in s_list):
+            n += 1
+        out_s[i] = n - out_g[i] - out_c[i]
+        lists = ((own[0], g_cap), (own[1], c_cap), (s_list, store)) if rep >= 0 else ((s_list, store),)
+        for lst, cap in lists:
+            for b in reversed(blocks):
+                if b in lst:
+                    lst.remove(b)
+                lst.insert(0, b)
+            del lst[cap:]
+    return out_g, out_c, out_s
+
+
+def _layout(chains: list[list[int]]) -> tuple[np.ndarray, np.ndarray]:
+    flat = np.asarray([b for c in chains for b in c], dtype=np.uint64)
+    return flat, np.concatenate([[0], np.cumsum([len(c) for c in chains])]).astype(np.int64)
+
+
+@settings(max_examples=300, deadline=None)
+@given(traces(), st.integers(0, 12), st.integers(0, 30), st.integers(0, 60))
+def test_three_levels_on_one_access_sequence_equal_three_explicit_lru_lists(
+    trace: Any, gpu: int, cpu: int, store: int
+) -> None:
+    """classify's view (one cache for the model's traffic): the stack distances' three tiers
+    (tiers_hits) are three explicit LRU lists on one stream, and so is the replay's direct
+    simulation of one replica."""
+    from pipeline.classify.offload import tiers_hits
+    from pipeline.replay.offload import tier_runs
+
+    chains, lookups = trace
+    flat, offsets = _layout(chains)
+    look = np.asarray(lookups, np.int64)
+    want = _brute_force_three(chains, lookups, [0] * len(chains), gpu, cpu, store)
+    got = tiers_hits(P.request_distances(flat, offsets, look), gpu, [cpu, store])
+    assert [h.tolist() for h in got] == [list(w) for w in want]
+    rows = np.arange(len(chains), dtype=np.int64)
+    g, near, total = tier_runs(flat, offsets, look, rows, None, 1, gpu, cpu, store)
+    assert (g.tolist(), (near - g).tolist(), (total - near).tolist()) == tuple(list(w) for w in want)
+
+
+@settings(max_examples=300, deadline=None)
+@given(traces(), st.integers(1, 3), st.integers(0, 2**60), st.integers(0, 12), st.integers(0, 30), st.integers(0, 60))
+def test_the_pre_passs_three_levels_equal_explicit_lru_lists_per_replica_and_for_the_pool(
+    trace: Any, replicas: int, pick: int, gpu: int, cpu: int, store: int
+) -> None:
+    """The replay's pre-pass (tier_runs): each replica's own GPU and cpu lists on its own
+    requests, one store on the whole pool's, some requests skipped (rejected) and some seen by
+    the store alone (no replica's route); and, pooled, one GPU and one cpu list of the replicas'
+    sizes together. Each tier's hits are the brute force's."""
+    from pipeline.replay.offload import tier_runs
+
+    chains, lookups = trace
+    flat, offsets = _layout(chains)
+    draws = [(pick >> (2 * i)) % 4 for i in range(len(chains))]  # 0: skipped, 1: no route, else a replica
+    replica_of: list[int | None] = [
+        None if d == 0 else -1 if d == 1 else (i + d) % replicas for i, d in enumerate(draws)
+    ]
+    rows = np.asarray([i for i, r in enumerate(replica_of) if r is not None], np.int64)
+    routes = np.asarray([-1 if r is None else r for r in replica_of], np.int64)
+    look = np.asarray(lookups, np.int64)
+    want = _brute_force_three(chains, lookups, replica_of, gpu, cpu, store)
+    g, near, total = tier_runs(flat, offsets, look, rows, routes, replicas, gpu, cpu, store)
+    assert (g.tolist(), (near - g).tolist(), (total - near).tolist()) == tuple(list(w) for w in want)
+    # pooled: the router keeps state, the pool is one cache (every live row the replicas' together)
+    pooled_of = [None if r is None else 0 for r in replica_of]
+    want = _brute_force_three(chains, lookups, pooled_of, gpu * replicas, cpu * replicas, store)
+    g, near, total = tier_runs(flat, offsets, look, rows, None, replicas, gpu, cpu, store)
+    assert (g.tolist(), (near - g).tolist(), (total - near).tolist()) == tuple(list(w) for w in want)
+
+
+def test_classify_tabulates_a_cpu_by_store_grid_by_hand() -> None:
+    """The day of test_classify_splits_hits_between_the_tiers_by_hand: A's second turn looks up
+    A0..A2 at distances 4, 5, 6 (block size 4, 4 MB a block). A 3-block GPU tier holds none; a
+    0.016 GB host tier (4 blocks) holds A0; a store of 0.020 GB (5 blocks) reaches A1, of 0.024
+    GB (6) A2. Each cell: the host tier's tokens, the store's (those past the host tier), fresh."""
+    opts = ClassifyOptions(
+        block_size=4,
+        capacity=Capacity(tokens=12),
+        kv_bytes_per_token=1e6,
+        offload_gb=(0.0, 0.016),
+        shared_gb=(0.0, 0.020, 0.024),
+    )
+    rows = account(requests_frame(SESSIONS), opts).summary["offload"]
+    got = [
+        (r["offload_gb"], r["shared_gb"], r["gpu_hit_tokens"], r["offload_hit_tokens"], r["shared_hit_tokens"])
+        for r in rows
+    ]
+    assert got == [
+        (0.0, 0.0, 0, 0, 0),
+        (0.0, 0.020, 0, 0, 8),
+        (0.0, 0.024, 0, 0, 12),
+        (0.016, 0.0, 0, 4, 0),
+        (0.016, 0.020, 0, 4, 4),
+        (0.016, 0.024, 0, 4, 8),
+    ]
+    assert [r["fresh_input_tokens"] for r in rows] == [31, 23, 19, 27, 23, 19]
+    assert [r["shared_capacity_blocks"] for r in rows] == [0, 5, 6, 0, 5, 6]
+    assert [(r["offload_load_bytes"], r["shared_load_bytes"]) for r in rows][-1] == (4_000_000, 8_000_000)
+    assert [r["requests_loading"] for r in rows] == [0, 1, 1, 1, 1, 1]
+    assert [r["requests_loading_shared"] for r in rows] == [0, 1, 1, 0, 1, 1]
+    # without --shared-gb the table is the one-tier table, key for key
+    one = account(requests_frame(SESSIONS), replace_opts(opts, shared_gb=())).summary["offload"]
+    assert [set(r) for r in one] == [
+        {
+            "model",
+            "offload_gb",
+            "gpu_capacity_blocks",
+            "offload_capacity_blocks",
+            "recorded_input_tokens",
+            "gpu_hit_tokens",
+            "offload_hit_tokens",
+            "fresh_input_tokens",
+            "offload_load_bytes",
+            "requests_loading",
+        }
+    ] * 2
+    with pytest.raises(RooftraceError, match="--shared-gb needs --offload-gb"):
+        ClassifyOptions(capacity=Capacity(tokens=12), shared_gb=(1.0,))
+
+
+def replace_opts(opts: ClassifyOptions, **kw: Any) -> ClassifyOptions:
+    from dataclasses import replace
+
+    return replace(opts, **kw)
+
+
+#: The day of the hand-computed three-level replay: A's turns on replica 0, 1, 0 (round robin),
+#: B and C fillers on 0 and 1.
+THREE_LEVELS_DAY = [
+    {"t": 0, "recorded_input_tokens": 3000, "output_tokens": 10, "session_id": "A"},
+    {"t": 5, "recorded_input_tokens": 3210, "output_tokens": 10, "session_id": "A"},
+    {"t": 10, "recorded_input_tokens": 3000, "output_tokens": 10, "session_id": "B"},
+    {"t": 15, "recorded_input_tokens": 3000, "output_tokens": 10, "session_id": "C"},
+    {"t": 20, "recorded_input_tokens": 3500, "output_tokens": 10, "session_id": "A"},
+]
+THREE_LEVELS = {"kind": "cpu", "capacity_gb": 0.84, "shared": {"capacity_gb": 1.26, "bandwidth_gb_s": 25}}
+
+
+def test_a_request_served_by_the_gpu_the_host_and_the_store_by_hand() -> None:
+    """Two replicas of 300 blocks of 16 tokens, round robin; a block is 16 x 131,072 B = 2,097,152
+    B, so the 0.84 GB host tier per replica holds 400 blocks and the 1.26 GB store 600.
+    A1 (replica 0) writes A0..A187 (3,010 tokens: 188 full blocks) to replica 0's tiers and the
+    store. A2 (replica 1, 3,210 tokens, 3,010 shared) finds nothing on replica 1 and A0..A187 in
+    the store: 188 blocks = 3,008 tokens over 25 GB/s + 50 µs = 15.8206 ms; it writes A0..A200.
+    B (replica 0) and C (replica 1) write 188 blocks each. A3 (replica 0, 3,500 tokens, 3,220
+    shared) looks up (3,500 − 1) // 16 = 218 blocks: A_j sits at distance 188 + j + 1 on replica
+    0, so the GPU tier holds j ≤ 111 (112 blocks), the host tier (376 ≤ 400) the other 76 (1,216
+    tokens); A188..A200 (13 blocks, 208 tokens) only A2 wrote, to replica 1's tiers and the store,
+    where they sit at distance ≤ 376 + 201 = 577 ≤ 600. Its load: 1,216 x 131,072 B / 50 GB/s +
+    10 µs, then 208 x 131,072 B / 25 GB/s + 50 µs = 3.1977 + 1.1405 = 4.3382 ms (serial)."""
+    run = _replay(THREE_LEVELS_DAY, replicas=2, router="round_robin", kv_offload=THREE_LEVELS)
+    res, kv = run.result, run.kv_offload
+    B = LLAMA_8B_KV_BYTES_PER_TOKEN
+    a2 = 3008 * B / 25e9 + 50e-6
+    a3 = (1216 * B / 50e9 + 10e-6) + (208 * B / 25e9 + 50e-6)
+    assert res.cache_hit_tokens.tolist() == [0, 188 * 16, 0, 0, 201 * 16]
+    assert res.prefill_tokens.tolist() == [3000, 3210 - 3008, 3000, 3000, 3500 - 3216]
+    assert (res.scheduled_s - res.arrival_s).tolist() == pytest.approx([0, a2, 0, 0, a3], rel=1e-9, abs=1e-12)
+    assert res.arrival_s.tolist() == [0.0, 5.0, 10.0, 15.0, 20.0]
+    assert kv["routing"] == "replica" and kv["requests_loading"] == 2
+    assert kv["offload_hit_tokens"] == 3008 + 1216 + 208
+    assert kv["by_tier"] == {
+        "cpu": {"requests_loading": 1, "hit_tokens": 1216},
+        "shared": {"requests_loading": 2, "hit_tokens": 3008 + 208},
+    }
+    assert kv["load_s_max"] == pytest.approx(a2, rel=1e-12)
+    assert kv["shared"] == {"capacity_gb": 1.26, "bandwidth_gb_s": 25.0, "latency_us": 50.0}
+    from pipeline.replay.offload import offload_line
+
+    line = offload_line(kv)
+    assert line.startswith("kv offload (cpu 0.84 GB per replica, 50 GB/s, 10 µs, then shared 1.26 GB shared by the")
+    assert "2 requests loaded 4,432 tokens (cpu 1,216 tokens to 1, shared 3,216 tokens to 2)" in line
+    # the host tier alone: A2 loads nothing (replica 1 never saw A), A3 loads its 76 blocks only
+    alone = _replay(THREE_LEVELS_DAY, replicas=2, router="round_robin", kv_offload={"kind": "cpu", "capacity_gb": 0.84})
+    assert alone.result.cache_hit_tokens.tolist() == [0, 0, 0, 0, 188 * 16]
+    assert "by_tier" not in alone.kv_offload and "shared" not in alone.kv_offload
+    assert offload_line(alone.kv_offload).endswith(
+        "1 requests loaded 1,216 tokens, waiting 0.003 s in all, at most 3.20 ms"
+    )
+
+
+def test_an_empty_store_below_the_host_tier_changes_nothing() -> None:
+    """A 0 GB store holds nothing: every request, arrival and latency as with the host tier alone."""
+    rows = agent_day(seed=3, sessions=12, turns=4)
+    engine = {"num_gpu_blocks_override": 1500, "block_size": 16}
+    fleet = {"replicas": 2, "router": "round_robin", "engine": engine}
+    one = _replay(rows, **fleet, kv_offload={"kind": "cpu", "capacity_gb": 20}).result
+    three = _replay(rows, **fleet, kv_offload={"kind": "cpu", "capacity_gb": 20, "shared": {"capacity_gb": 0}})
+    for col in ("scheduled_s", "first_token_s", "finish_s", "cache_hit_tokens", "prefill_tokens"):
+        assert getattr(three.result, col).tolist() == getattr(one, col).tolist()
+    assert three.kv_offload["by_tier"]["shared"] == {"requests_loading": 0, "hit_tokens": 0}
+
+
+def test_a_three_level_agent_day_keeps_every_row_and_the_store_serves_across_replicas() -> None:
+    """Rows in = rows out; round robin spreads each session over both replicas, so a host tier
+    per replica misses what the other replica computed and the pool's store serves it: more
+    tokens load, and less is prefilled, than with the host tier alone."""
+    rows = agent_day(seed=3, sessions=12, turns=4)
+    engine = {"num_gpu_blocks_override": 1500, "block_size": 16}
+    fleet = {"replicas": 2, "router": "round_robin", "engine": engine}
+    host = _replay(rows, **fleet, kv_offload={"kind": "cpu", "capacity_gb": 20})
+    run = _replay(rows, **fleet, kv_offload={"kind": "cpu", "capacity_gb": 20, "shared": {"capacity_gb": 500}})
+    res = run.result
+    assert res.arrival_s.shape[0] == len(rows) and res.arrival_s.tolist() == host.result.arrival_s.tolist()
+    assert (res.reject_reason == 0).all() and np.isfinite(res.finish_s).all()
+    by = run.kv_offload["by_tier"]
+    assert by["shared"]["hit_tokens"] > 0
+    assert by["cpu"]["hit_tokens"] + by["shared"]["hit_tokens"] == run.kv_offload["offload_hit_tokens"]
+    assert run.kv_offload["offload_hit_tokens"] > host.kv_offload["offload_hit_tokens"]
+    assert int(res.prefill_tokens.sum()) < int(host.result.prefill_tokens.sum())
+    assert (res.scheduled_s >= res.arrival_s).all()
+
+
+@pytest.mark.parametrize("seed", [1, 2])
+def test_the_three_level_workload_replays_the_same_on_the_engine_and_its_reference(seed: int) -> None:
+    from test_engine import _assert_same
+
+    from pipeline.engine.jit import simulate_jit
+    from pipeline.engine.reference import simulate_reference
+    from pipeline.replay.fleet import parse_fleet, resolve
+    from pipeline.replay.offload import fleet_offload
+    from pipeline.replay.run import ReplayOptions, build_workload
+
+    rows = agent_day(seed=seed, sessions=12, turns=3)
+    cfg = {
+        **FLEET,
+        "replicas": 2,
+        "router": "round_robin",
+        "engine": {"num_gpu_blocks_override": 600, "block_size": 16},
+        "kv_offload": {"kind": "cpu", "capacity_gb": 12, "shared": {"capacity_gb": 200}},
+    }
+    fleet = resolve(parse_fleet(cfg, "f"))
+    options = ReplayOptions()
+    work = build_workload(requests_frame(rows), fleet, options)
+    spec = fleet.spec(options.mode, 0, 0.0, 0.0)
+    plan = fleet_offload(work, fleet, spec)
+    assert plan is not None and plan.summary()["by_tier"]["shared"]["requests_loading"] > 0
+    cost = fleet.cost_model.table
+    _assert_same(simulate_jit(plan.work, spec, cost), simulate_reference(plan.work.explicit(), spec, cost))
+
+
+def test_a_fleet_states_both_lower_tiers_and_its_record_reads_back(tmp_path: Path) -> None:
+    cfg = load_fleet(_fleet(tmp_path, 'kind = "cpu"\ncapacity_gb = 200\n[kv_offload.shared]\ncapacity_gb = 4000'))
+    store = OffloadTier("shared", 4000.0, 50.0, 50.0)
+    assert cfg.kv_offload == OffloadTier("cpu", 200.0, 50.0, 10.0, 256.0, store)
+    recorded = cfg.to_dict()["kv_offload"]
+    assert recorded["shared"] == {"capacity_gb": 4000.0, "bandwidth_gb_s": 50.0, "latency_us": 50.0}
+    assert fleet_from_dict(cfg.to_dict(), "config.json").kv_offload == cfg.kv_offload
+    # a one-tier fleet's record has no "shared" key: its run id is what it was
+    one = load_fleet(_fleet(tmp_path, 'kind = "cpu"\ncapacity_gb = 200')).to_dict()["kv_offload"]
+    assert "shared" not in one
+    # the example fleet
+    example = load_fleet(Path(__file__).resolve().parents[1] / "fleets" / "offload-cpu-shared.toml")
+    assert example.kv_offload is not None and example.kv_offload.shared is not None
+
+
+@pytest.mark.parametrize(
+    ("table", "where", "words"),
+    [
+        (
+            'kind = "shared"\ncapacity_gb = 9\n[kv_offload.shared]\ncapacity_gb = 9',
+            "[kv_offload.shared]",
+            "kind cpu only",
+        ),
+        ('kind = "cpu"\ncapacity_gb = 9\nshared = 5', "[kv_offload]", "shared must be a table"),
+        (
+            'kind = "cpu"\ncapacity_gb = 9\n[kv_offload.shared]\nbandwidth_gb_s = 9',
+            "[kv_offload.shared]",
+            "capacity_gb",
+        ),
+        (
+            'kind = "cpu"\ncapacity_gb = 9\n[kv_offload.shared]\ncapacity_gb = nan',
+            "[kv_offload.shared]",
+            "capacity_gb must be a number of GB in [0, 1e+06], got nan",
+        ),
+        (
+            'kind = "cpu"\ncapacity_gb = 9\n[kv_offload.shared]\ncapacity_gb = 1e300',
+            "[kv_offload.shared]",
+            "got 1e+300",
+        ),
+        (
+            'kind = "cpu"\ncapacity_gb = 9\n[kv_offload.shared]\ncapacity_gb = 9\nbandwidth_gb_s = 0',
+            "[kv_offload.shared]",
+            "bandwidth_gb_s must be a number of GB/s in (0, 10000]",
+        ),
+        (
+            'kind = "cpu"\ncapacity_gb = 9\n[kv_offload.shared]\ncapacity_gb = 9\nlatency_us = -1',
+            "[kv_offload.shared]",
+            "latency_us must be a number of µs in [0, 1e+06], got -1",
+        ),
+        (
+            'kind = "cpu"\ncapacity_gb = 9\n[kv_offload.shared]\ncapacity_gb = 9\nhost_memory_gb = 9',
+            "[kv_offload.shared]",
+            "unknown key(s) ['host_memory_gb']",
+        ),
+        ('kind = "cpu"\ncapacity_gb = 9\n[kv_offload.shared]\ncapacity_gb = "big"', "[kv_offload.shared]", "'big'"),
+    ],
+)
+def test_a_hostile_store_below_the_tier_is_one_line(tmp_path: Path, table: str, where: str, words: str) -> None:
+    with pytest.raises(ConfigError) as err:
+        load_fleet(_fleet(tmp_path, table))
+    msg = str(err.value)
+    assert "\n" not in msg and msg.startswith(f"{tmp_path / 'f.toml'} {where}") and words in msg, msg
+
+
+def test_parse_offload_checks_a_store_given_without_the_schema() -> None:
+    """The plan and a run's record call parse_offload on plain dicts: the same refusals."""
+    with pytest.raises(ConfigError, match=r"^x \[kv_offload\.shared\]: expected a table"):
+        parse_offload({"kind": "cpu", "capacity_gb": 1, "shared": 3}, "x [kv_offload]", 1)
+    with pytest.raises(ConfigError, match=r"^x \[kv_offload\.shared\]: unknown key\(s\) \['size'\]"):
+        parse_offload({"kind": "cpu", "capacity_gb": 1, "shared": {"capacity_gb": 1, "size": 2}}, "x [kv_offload]", 1)
+    with pytest.raises(ConfigError, match=r"^x \[kv_offload\.shared\]: capacity_gb is required"):
+        parse_offload({"kind": "cpu", "capacity_gb": 1, "shared": {}}, "x [kv_offload]", 1)
+    with pytest.raises(RooftraceError, match="none below it"):
+        OffloadTier("cpu", 1.0, 50.0, 10.0).loads_s([1], [1], 1e6)
+
+
+@pytest.mark.parametrize(
+    ("args", "words"),
+    [
+        (["--offload-gb", "1", "--shared-gb", "-5"], "--shared-gb '-5': each size must be in [0, 1e+06] GB, got -5"),
+        (["--offload-gb", "1", "--shared-gb", "x"], "--shared-gb 'x': 'x' is not a number of GB"),
+        (["--offload-gb", "1", "--shared-gb", "inf"], "--shared-gb 'inf': each size must be in [0, 1e+06] GB"),
+    ],
+)
+def test_a_hostile_shared_size_is_one_line(args: list[str], words: str, tmp_path: Path) -> None:
+    res = CliRunner().invoke(main, ["classify", "--store", str(tmp_path / "store"), *args])
+    assert res.exit_code == 1
+    lines = res.output.strip().splitlines()
+    assert len(lines) == 1 and words in lines[0], res.output
+
+
+#: sha256 (first 16 hex digits) of a one-tier replay's pre-pass arrays (GPU-tier hits, lower-tier
+#: hits, load seconds, delayed arrivals) and its results (arrival, scheduled, first token, finish,
+#: cache hits, prefill), as the code before the third level computed them (commit 970410b, run
+#: 2026-12-07 on this day: agent_day(seed=5, sessions=16, turns=4), 2 replicas of 1,200 blocks),
+#: with the tokens it loaded and the requests that loaded.
+ONE_TIER_BEFORE = {
+    "cpu-rr": ("round_robin", {"kind": "cpu", "capacity_gb": 30}, 1200, 1, 18720, 7, "1d9d7ff684fad18f"),
+    "shared-rr": (
+        "round_robin",
+        {"kind": "shared", "capacity_gb": 60, "bandwidth_gb_s": 20},
+        1200,
+        1,
+        62144,
+        22,
+        "a82bd81d9f34c595",
+    ),
+    "cpu-lo": ("least_outstanding", {"kind": "cpu", "capacity_gb": 30}, 1200, 1, 7456, 3, "7ab65e7f9c65acbe"),
+    "shared-lo": ("least_outstanding", {"kind": "shared", "capacity_gb": 60}, 1200, 1, 7456, 3, "7ee0dc177f731601"),
+    "cpu-dp2-lo": ("least_outstanding", {"kind": "cpu", "capacity_gb": 30}, 300, 2, 20960, 8, "76ce16bf20899cab"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(ONE_TIER_BEFORE))
+def test_one_tier_results_are_what_they_were_before_the_third_level(case: str) -> None:
+    import hashlib
+
+    from pipeline.replay.fleet import parse_fleet, resolve
+    from pipeline.replay.offload import fleet_offload
+    from pipeline.replay.run import ReplayOptions, build_workload, run_replay
+
+    router, tier, blocks, dp, tokens, loading, digest = ONE_TIER_BEFORE[case]
+    rows = agent_day(seed=5, sessions=16, turns=4)
+    engine = {"num_gpu_blocks_override": blocks, "block_size": 16}
+    cfg = {**FLEET, "replicas": 2, "router": router, "dp": dp, "engine": engine, "kv_offload": tier}
+    fleet = resolve(parse_fleet(cfg, "f"))
+    options = ReplayOptions()
+    work = build_workload(requests_frame(rows), fleet, options)
+    plan = fleet_offload(work, fleet, fleet.spec(options.mode, 0, 0.0, 0.0))
+    assert plan is not None and plan.shared_hit_tokens is None
+    h = hashlib.sha256()
+    for a in (plan.gpu_hit_tokens, plan.offload_hit_tokens, plan.load_s, plan.work.arrival_s):
+        h.update(np.ascontiguousarray(a).tobytes())
+    run = run_replay(requests_frame(rows), fleet, options)
+    r = run.result
+    for a in (r.arrival_s, r.scheduled_s, r.first_token_s, r.finish_s, r.cache_hit_tokens, r.prefill_tokens):
+        h.update(np.ascontiguousarray(a).tobytes())
+    assert (int(plan.offload_hit_tokens.sum()), int((plan.offload_hit_tokens > 0).sum())) == (tokens, loading)
+    assert h.hexdigest()[:16] == digest
+    assert "by_tier" not in run.kv_offload

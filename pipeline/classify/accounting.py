@@ -118,8 +118,9 @@ def parse_capacity(text: str | None) -> Capacity:
     )
 
 
-def parse_offload_sizes(text: str | None) -> tuple[float, ...]:
-    """``--offload-gb``: comma-separated sizes in GB (1e9 bytes), each in [0, 1e6]; None: none."""
+def parse_offload_sizes(text: str | None, flag: str = "--offload-gb") -> tuple[float, ...]:
+    """``--offload-gb`` (or ``--shared-gb``, named by ``flag``): comma-separated sizes in GB (1e9
+    bytes), each in [0, 1e6]; None: none."""
     if text is None:
         return ()
     out = []
@@ -127,10 +128,10 @@ def parse_offload_sizes(text: str | None) -> tuple[float, ...]:
         try:
             gb = float(part)
         except ValueError:
-            raise RooftraceError(f"--offload-gb {text!r}: {part.strip()!r} is not a number of GB") from None
+            raise RooftraceError(f"{flag} {text!r}: {part.strip()!r} is not a number of GB") from None
         if not 0 <= gb <= offload.MAX_OFFLOAD_GB:
             raise RooftraceError(
-                f"--offload-gb {text!r}: each size must be in [0, {offload.MAX_OFFLOAD_GB:g}] GB, got {part.strip()}"
+                f"{flag} {text!r}: each size must be in [0, {offload.MAX_OFFLOAD_GB:g}] GB, got {part.strip()}"
             )
         out.append(gb)
     return tuple(out)
@@ -164,6 +165,9 @@ class ClassifyOptions:
     #: Lower-tier sizes (GB, 1e9 bytes, per model's cache) to tabulate the GPU tier's hits, the
     #: lower tier's and the fresh prefill against (``--offload-gb``; :mod:`pipeline.classify.offload`).
     offload_gb: tuple[float, ...] = ()
+    #: Sizes (GB) of a store below the ``--offload-gb`` tier (``--shared-gb``): the table becomes
+    #: a grid, every lower-tier size against every store size (docs/accounting.md, "Three levels").
+    shared_gb: tuple[float, ...] = ()
 
     def __post_init__(self) -> None:
         if not isinstance(self.capacity, Capacity):
@@ -178,11 +182,16 @@ class ClassifyOptions:
             raise RooftraceError(
                 f"--kv-bytes-per-token must be in (0, {MAX_KV_BYTES_PER_TOKEN:,}], got {self.kv_bytes_per_token}"
             )
-        for gb in self.offload_gb:
-            if isinstance(gb, bool) or not isinstance(gb, int | float) or not 0 <= gb <= offload.MAX_OFFLOAD_GB:
-                raise RooftraceError(
-                    f"--offload-gb: each size must be a number of GB in [0, {offload.MAX_OFFLOAD_GB:g}], got {gb!r}"
-                )
+        for flag, sizes in (("--offload-gb", self.offload_gb), ("--shared-gb", self.shared_gb)):
+            for gb in sizes:
+                if isinstance(gb, bool) or not isinstance(gb, int | float) or not 0 <= gb <= offload.MAX_OFFLOAD_GB:
+                    raise RooftraceError(
+                        f"{flag}: each size must be a number of GB in [0, {offload.MAX_OFFLOAD_GB:g}], got {gb!r}"
+                    )
+        if self.shared_gb and not self.offload_gb:
+            raise RooftraceError(
+                "--shared-gb needs --offload-gb (the host tier above the store; --offload-gb 0 for none)"
+            )
         if self.offload_gb and self.capacity.unbounded:
             raise RooftraceError(
                 "--offload-gb needs --capacity (the GPU tier's size): an unbounded GPU cache leaves a lower tier "
@@ -352,9 +361,11 @@ def offload_rows(
     bs: int,
     opts: ClassifyOptions,
 ) -> list[dict[str, Any]]:
-    """Per model and lower-tier size of ``--offload-gb``: the GPU tier's hits (the ``--capacity``
-    cache), the write-through lower tier's, and the fresh prefill left (every request simulated,
-    as the capacity curve counts them); the bytes the lower tier's hits load."""
+    """Per model and lower-tier size of ``--offload-gb`` (and, with ``--shared-gb``, per store
+    size below it): the GPU tier's hits (the ``--capacity`` cache), the write-through lower
+    tier's, the store's, and the fresh prefill left (every request simulated, as the capacity
+    curve counts them); the bytes each lower tier's hits load. Every tier on the model's one
+    access sequence: one pass of stack distances gives every cell of the grid."""
     rows: list[dict[str, Any]] = []
     for model, idx, dist, gpu in domain_data:
         per_token = _kv_per_token(model, opts)
@@ -367,22 +378,48 @@ def offload_rows(
         for gb in opts.offload_gb:
             tier = offload.OffloadTier("cpu", float(gb), 1.0, 0.0)
             lower = tier.capacity_blocks(per_token, bs)
-            g, low = offload.tier_hits(dist, gpu, lower)
-            gpu_tok, low_tok = int(g.sum()) * bs, int(low.sum()) * bs
-            rows.append(
-                {
-                    "model": model,
-                    "offload_gb": float(gb),
-                    "gpu_capacity_blocks": gpu,
-                    "offload_capacity_blocks": lower,
-                    "recorded_input_tokens": rec,
-                    "gpu_hit_tokens": gpu_tok,
-                    "offload_hit_tokens": low_tok,
-                    "fresh_input_tokens": rec - gpu_tok - low_tok,
-                    "offload_load_bytes": round(low_tok * per_token),
-                    "requests_loading": int((low > 0).sum()),
-                }
-            )
+            if not opts.shared_gb:
+                g, low = offload.tier_hits(dist, gpu, lower)
+                gpu_tok, low_tok = int(g.sum()) * bs, int(low.sum()) * bs
+                rows.append(
+                    {
+                        "model": model,
+                        "offload_gb": float(gb),
+                        "gpu_capacity_blocks": gpu,
+                        "offload_capacity_blocks": lower,
+                        "recorded_input_tokens": rec,
+                        "gpu_hit_tokens": gpu_tok,
+                        "offload_hit_tokens": low_tok,
+                        "fresh_input_tokens": rec - gpu_tok - low_tok,
+                        "offload_load_bytes": round(low_tok * per_token),
+                        "requests_loading": int((low > 0).sum()),
+                    }
+                )
+                continue
+            assert gpu is not None  # (ClassifyOptions: --offload-gb needs a bounded --capacity)
+            for sgb in opts.shared_gb:
+                store = offload.OffloadTier("shared", float(sgb), 1.0, 0.0).capacity_blocks(per_token, bs)
+                g, low, below = offload.tiers_hits(dist, gpu, [lower, store])
+                gpu_tok, low_tok, sh_tok = (int(h.sum()) * bs for h in (g, low, below))
+                rows.append(
+                    {
+                        "model": model,
+                        "offload_gb": float(gb),
+                        "shared_gb": float(sgb),
+                        "gpu_capacity_blocks": gpu,
+                        "offload_capacity_blocks": lower,
+                        "shared_capacity_blocks": store,
+                        "recorded_input_tokens": rec,
+                        "gpu_hit_tokens": gpu_tok,
+                        "offload_hit_tokens": low_tok,
+                        "shared_hit_tokens": sh_tok,
+                        "fresh_input_tokens": rec - gpu_tok - low_tok - sh_tok,
+                        "offload_load_bytes": round(low_tok * per_token),
+                        "shared_load_bytes": round(sh_tok * per_token),
+                        "requests_loading": int(((low + below) > 0).sum()),
+                        "requests_loading_shared": int((below > 0).sum()),
+                    }
+                )
     return rows
 
 
@@ -770,12 +807,21 @@ def classify_tokens(
     kv_model: str | None = None,
     kv_dtype: str = "bf16",
     offload_gb: Sequence[float] = (),
+    shared_gb: Sequence[float] = (),
 ) -> ClassifySummary:
     """Classify one date of ``store`` (the latest when ``date`` is None) and write its tables."""
     cap = capacity if isinstance(capacity, Capacity) else parse_capacity(capacity)
     prefix.check_isolation(isolation)  # before the day is read
     opts = ClassifyOptions(
-        block_size, cap, tuple(isolation), ttl_s, kv_bytes_per_token, kv_model, kv_dtype, tuple(offload_gb)
+        block_size,
+        cap,
+        tuple(isolation),
+        ttl_s,
+        kv_bytes_per_token,
+        kv_model,
+        kv_dtype,
+        tuple(offload_gb),
+        tuple(shared_gb),
     )
     day = store.resolve_date(date)
     requests = store.read_requests(day)
@@ -799,4 +845,8 @@ def _options_json(opts: ClassifyOptions) -> dict[str, Any]:
         out["offload_gb"] = list(opts.offload_gb)
     else:  # unset: a day classified before it keeps the same summary bytes
         del out["offload_gb"]
+    if opts.shared_gb:
+        out["shared_gb"] = list(opts.shared_gb)
+    else:  # unset: a day classified before it keeps the same summary bytes
+        del out["shared_gb"]
     return out

@@ -104,7 +104,7 @@ class OffloadTier:
             if np.any(np.asarray(shared_tokens) > 0):
                 raise RooftraceError("tokens from a shared store, but the tier has none below it")
             return own
-        return cast(F64Array, own + self.shared.load_s(shared_tokens, kv_bytes_per_token))
+        return own + self.shared.load_s(shared_tokens, kv_bytes_per_token)
 
     def to_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {

@@ -57,6 +57,12 @@ def _fmt_frac(x: float | None) -> str:
     help="Lower KV tier sizes in GB (host DRAM or a shared store), comma-separated, e.g. 0,256,512: "
     "GPU-tier hits, lower-tier hits and fresh prefill for each (needs --capacity, the GPU tier).",
 )
+@click.option(
+    "--shared-gb",
+    default=None,
+    help="Sizes in GB of a store shared by the pool below the --offload-gb tier, comma-separated, e.g. "
+    "0,1000,4000: a grid of every --offload-gb size against every store size (GPU, host tier, store hits).",
+)
 @store_option
 @json_option
 def classify(
@@ -69,6 +75,7 @@ def classify(
     kv_model: str | None,
     kv_dtype: str,
     offload_gb: str | None,
+    shared_gb: str | None,
     store_path: str | None,
     as_json: bool,
 ) -> None:
@@ -86,6 +93,7 @@ def classify(
 
     keys = tuple(k.strip() for k in isolation.split(",") if k.strip())
     sizes = run(lambda: parse_offload_sizes(offload_gb))
+    below = run(lambda: parse_offload_sizes(shared_gb, "--shared-gb"))
     summary = run(
         lambda: classify_tokens(
             get_store(store_path),
@@ -98,6 +106,7 @@ def classify(
             kv_model=kv_model,
             kv_dtype=kv_dtype,
             offload_gb=sizes,
+            shared_gb=below,
         )
     )
     t = summary.totals
@@ -134,6 +143,16 @@ def classify(
             f"recorded {peak['recorded_input_tokens_per_s']:,.0f} tok/s"
         )
     for row in t.get("offload", []):
+        if "shared_gb" in row:  # a grid: the host tier, then the store below it
+            loads = (row["offload_load_bytes"] + row["shared_load_bytes"]) / 1e9
+            click.echo(
+                f"  {row['model']} + {row['offload_gb']:g} GB lower tier + {row['shared_gb']:g} GB store: "
+                f"GPU-tier hits {row['gpu_hit_tokens']:,}, lower-tier hits {row['offload_hit_tokens']:,}, store hits "
+                f"{row['shared_hit_tokens']:,}, fresh {row['fresh_input_tokens']:,} tokens "
+                f"({row['requests_loading']:,} requests load {loads:,.1f} GB, "
+                f"{row['shared_load_bytes'] / 1e9:,.1f} GB of it from the store)"
+            )
+            continue
         click.echo(
             f"  {row['model']} + {row['offload_gb']:g} GB lower tier: GPU-tier hits {row['gpu_hit_tokens']:,}, "
             f"lower-tier hits {row['offload_hit_tokens']:,}, fresh {row['fresh_input_tokens']:,} tokens "

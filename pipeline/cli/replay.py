@@ -264,6 +264,15 @@ def replay_cmd(
             f"{sd['mean_accepted_tokens']:.2f} accepted tokens per verification ({sd['acceptance_source']}); "
             f"{per_step or 0:.2f} output tokens per decode step over {sd['decode_steps']:,} decode steps"
         )
+    tiered = [("", s.get("kv_offload"))] + [
+        (f"pool {k}: ", p.get("kv_offload")) for k, p in (s.get("pools") or {}).items()
+    ]
+    if any(kv for _, kv in tiered):
+        from pipeline.replay.offload import offload_line
+
+        for prefix, kv in tiered:
+            if kv:
+                click.echo(prefix + offload_line(kv))
     scaled = [("", s.get("autoscale"))] + [
         (f"pool {k}: ", p.get("autoscale")) for k, p in (s.get("pools") or {}).items()
     ]

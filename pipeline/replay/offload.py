@@ -222,3 +222,24 @@ def tier_runs(
         hits = lru_hit_blocks(hashes, offsets, lookups, caps, rows)
         gpu[rows], near[rows], total[rows] = hits[0], hits[1 if cpu_blocks is not None else 0], hits[-1]
     return gpu, near, total
+
+
+def offload_line(kv: dict[str, Any]) -> str:
+    """The replay's line of a run's ``kv_offload`` (:meth:`OffloadPlan.summary`): the tiers, the
+    requests that loaded and their tokens (per lower tier with a store below the cpu tier), and
+    the seconds they waited."""
+
+    def tier_of(d: dict[str, Any], kind: str) -> OffloadTier:
+        return OffloadTier(kind, float(d["capacity_gb"]), float(d["bandwidth_gb_s"]), float(d["latency_us"]))
+
+    below = kv.get("shared")
+    tier = replace(tier_of(kv, str(kv["kind"])), shared=tier_of(below, "shared") if isinstance(below, dict) else None)
+    loaded = f"{int(kv['requests_loading']):,} requests loaded {int(kv['offload_hit_tokens']):,} tokens"
+    by_tier = kv.get("by_tier")
+    if isinstance(by_tier, dict):
+        parts = [
+            f"{name} {int(t['hit_tokens']):,} tokens to {int(t['requests_loading']):,}" for name, t in by_tier.items()
+        ]
+        loaded += f" ({', '.join(parts)})"
+    wait = f"waiting {float(kv['load_s_total']):,.3f} s in all, at most {float(kv['load_s_max']) * 1e3:,.2f} ms"
+    return f"kv offload ({tier.text()}; routing {kv['routing']}): {loaded}, {wait}"
