@@ -934,3 +934,30 @@ def test_one_tier_results_are_what_they_were_before_the_third_level(case: str) -
     assert (int(plan.offload_hit_tokens.sum()), int((plan.offload_hit_tokens > 0).sum())) == (tokens, loading)
     assert h.hexdigest()[:16] == digest
     assert "by_tier" not in run.kv_offload
+
+
+def test_the_report_says_what_each_lower_tier_served() -> None:
+    """The report's "Two cache models" table names the tiers below the replicas' caches and
+    their hits, per tier with a store below the host tier."""
+    from pipeline.publish.report import _two_caches
+
+    kv = {
+        **THREE_LEVELS,
+        "bandwidth_gb_s": 50.0,
+        "latency_us": 10.0,
+        "shared": {"capacity_gb": 1.26, "bandwidth_gb_s": 25.0, "latency_us": 50.0},
+        "routing": "replica",
+        "requests_loading": 2,
+        "offload_hit_tokens": 4432,
+        "load_s_total": 0.0202,
+        "load_s_max": 0.0158,
+        "by_tier": {
+            "cpu": {"requests_loading": 1, "hit_tokens": 1216},
+            "shared": {"requests_loading": 2, "hit_tokens": 3216},
+        },
+    }
+    resolved = {"scheduler": {"num_gpu_blocks": 300, "block_size": 16}}
+    html = _two_caches({}, {"summary": {"kv_offload": kv}, "resolved": resolved}, {})
+    assert "below it, the fleet&#39;s kv offload (cpu 0.84 GB per replica, 50 GB/s, 10 µs, then shared 1.26 GB" in html
+    assert "(cpu 1,216 tokens to 1, shared 3,216 tokens to 2)" in html
+    assert "kv offload" not in _two_caches({}, {"summary": {}, "resolved": resolved}, {})

@@ -49,6 +49,7 @@ from pipeline.economics.energy import energy_rows, run_energy
 from pipeline.ingest.store import Store, check_date, confined
 from pipeline.publish.warehouse import Session, check_date_option, check_parquet
 from pipeline.replay.loadcurve import headroom_sentence, knee
+from pipeline.replay.offload import offload_line
 from pipeline.replay.run import cache_split_note
 from pipeline.replay.runfolder import latest_run, read_config, run_ids
 from pipeline.replay.slo import (
@@ -1814,6 +1815,9 @@ def _two_caches(h: dict[str, Any], config: dict[str, Any], classified: dict[str,
     if n_served:
         rest = f"; the other requests: {rep_cache}" if n_served < n_all else ""
         rep_cache = f"the log's reported cache hits, their prefill skipped ({n_served:,} requests){rest}"
+    kv = (config.get("summary") or {}).get("kv_offload")
+    if isinstance(kv, dict):  # FLEET.toml [kv_offload]: the lower tiers below the engine's cache, per tier
+        rep_cache = f"{rep_cache}; below it, the fleet's {offload_line(kv)}"
     rows = [
         {
             "figure": "classify (rooftrace classify)" + ("; the store now" if h.get("stale") else ""),
