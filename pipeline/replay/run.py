@@ -1067,6 +1067,8 @@ def cache_split_note(split: dict[str, Any], classified: dict[str, Any] | None, c
     else:
         tier = (resolved.get("fleet") or {}).get("kv_offload")
         lower = f" and the fleet's [kv_offload] {tier.get('kind')} tier" if isinstance(tier, dict) else ""
+        if isinstance(tier, dict) and isinstance(tier.get("shared"), dict):
+            lower += " and the pool's store below it"
         why = (
             f"on the requests whose hits come from prefix chains, the replicas' own prefix caches "
             f"({replicas:,} × {int(sched.get('num_gpu_blocks') or 0):,} KV blocks of {sched.get('block_size')} "
