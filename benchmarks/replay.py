@@ -15,6 +15,7 @@ Poisson arrivals, a 16-replica fleet of Llama-3.1-8B on H100 (KV capacity from m
                                                         # (KV over 50 GB/s RDMA, 50 us per transfer)
     python benchmarks/replay.py --speculative eagle3:3               # speculation off, then on
     python benchmarks/replay.py --offload 200                        # agent sessions, cpu KV tier off, then on
+    python benchmarks/replay.py --offload 200 --offload-shared 8000  # the same, a pool's store below the cpu tier
     python benchmarks/replay.py --autoscale schedule                 # static, then autoscaled (schedule or kv)
 
 The engine is pipeline/engine/jit.py, the one the replay stage uses (``--reference N`` times the
@@ -122,6 +123,13 @@ def main() -> None:
         default=None,
         metavar="GB",
         help="agent-session traffic replayed without, then with, a cpu KV offload tier of GB per replica",
+    )
+    ap.add_argument(
+        "--offload-shared",
+        type=float,
+        default=None,
+        metavar="GB",
+        help="with --offload: a store of GB shared by the pool below the cpu tier (FLEET.toml [kv_offload.shared])",
     )
     ap.add_argument(
         "--autoscale",
@@ -379,6 +387,8 @@ def offload(args: argparse.Namespace) -> None:
         "engine": {"max_model_len": 131072, "enable_prefix_caching": True},
         "kv_offload": {"kind": "cpu", "capacity_gb": args.offload},
     }
+    if args.offload_shared is not None:  # three levels: GPU, each replica's host DRAM, the pool's store
+        spec_dict["kv_offload"]["shared"] = {"capacity_gb": args.offload_shared}  # type: ignore[index]
     fleet = resolve(parse_fleet(spec_dict, "bench"))
     tier = fleet.config.kv_offload
     assert tier is not None
@@ -411,11 +421,17 @@ def offload(args: argparse.Namespace) -> None:
     print(f"tier off            {n / wall_off:,.0f} requests per wall-s ({wall_off:,.2f} s), "
           f"{n / cpu_off:,.0f} per CPU-s; "
           f"mean TTFT {np.mean(off.first_token_s - off.arrival_s) * 1e3:,.1f} ms")  # fmt: skip
-    print(f"tier on ({tier.capacity_gb:g} GB cpu) {n / wall_on:,.0f} requests per wall-s ({wall_on:,.2f} s: "
+    tiers = f"{tier.capacity_gb:g} GB cpu" + (f" + {tier.shared.capacity_gb:g} GB store" if tier.shared else "")
+    print(f"tier on ({tiers}) {n / wall_on:,.0f} requests per wall-s ({wall_on:,.2f} s: "
           f"pre-pass {t1 - t0:.2f}), {n / cpu_on:,.0f} per CPU-s; "
           f"mean TTFT {np.mean(res.first_token_s - res.arrival_s) * 1e3:,.1f} ms")  # fmt: skip
     print(f"lower-tier hits     {int(loads.sum()):,} requests loaded {int(plan.offload_hit_tokens.sum()):,} tokens "
           f"({float(plan.load_s.sum()):,.1f} s of loads, routing {plan.routing})")  # fmt: skip
+    if plan.shared_hit_tokens is not None:
+        by = plan.by_tier()
+        cpu, store = by["cpu"], by["shared"]
+        print(f"per lower tier      cpu {cpu['hit_tokens']:,} tokens to {cpu['requests_loading']:,} requests, "
+              f"store {store['hit_tokens']:,} to {store['requests_loading']:,}")  # fmt: skip
     print(f"peak RSS            {rss:,.2f} GiB (load average {os.getloadavg()[0]:.1f})")
 
 
