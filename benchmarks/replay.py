@@ -38,7 +38,9 @@ day's arrays), the engine and giving the results back their logged arrivals. 202
 2-core VM, load 0.5-1.5, ``--offload 200`` twice: tier off 51,873 and 49,707 requests per wall-s,
 tier on 41,226 and 38,275 (pre-pass 3.83 and 3.26 s), peak RSS 1.70 GiB; the commit before
 (ff1cdf6), minutes apart: 44,713 and 38,181, 32,171 and 30,410 (pre-pass 8.66 and 10.57 s), 2.21 GiB
-(docs/benchmarks.md).
+(docs/benchmarks.md). ``--offload-shared GB`` puts a store of GB for the pool below the cpu tier
+(docs/accounting.md, "Three levels"); 2026-12-07, load 1.2-1.6, ``--offload 200 --offload-shared
+8000`` once: tier off 50,196, tier on 31,798 requests per wall-s (pre-pass 10.27 s), 1.71 GiB.
 ``--autoscale schedule|kv`` times an autoscaled fleet (FLEET.toml ``[autoscale]``, docs/pools.md)
 against the same day replayed static on all its replicas, round robin: ``schedule`` runs half the
 replicas until half the day, then all; ``kv`` scales on KV occupancy (60 s windows). Either is one
