@@ -961,3 +961,29 @@ def test_the_report_says_what_each_lower_tier_served() -> None:
     assert "below it, the fleet&#39;s kv offload (cpu 0.84 GB per replica, 50 GB/s, 10 µs, then shared 1.26 GB" in html
     assert "(cpu 1,216 tokens to 1, shared 3,216 tokens to 2)" in html
     assert "kv offload" not in _two_caches({}, {"summary": {}, "resolved": resolved}, {})
+
+
+@pytest.mark.parametrize("capacity_gb", [1.5, 2.0])
+def test_a_pooled_cpu_tier_is_split_over_a_replicas_dp_ranks(capacity_gb: float) -> None:
+    """Pooled (least outstanding), a replica's host DRAM is shared by its dp ranks: 2 replicas of
+    dp 2 with a C GB cpu tier each load what 4 replicas of dp 1 with C / 2 GB load (the same 4
+    ranks, the same fleet's host DRAM), and less than 4 replicas with C GB each: the tier binds
+    on this day at these sizes (1.5 GB: 13,152 against 20,960 tokens)."""
+    from pipeline.replay.fleet import parse_fleet, resolve
+    from pipeline.replay.offload import fleet_offload
+    from pipeline.replay.run import ReplayOptions, build_workload
+
+    rows = agent_day(seed=5, sessions=16, turns=4)
+
+    def loaded(replicas: int, dp: int, gb: float) -> int:
+        cfg = {**FLEET, "replicas": replicas, "router": "least_outstanding", "dp": dp,
+               "kv_offload": {"kind": "cpu", "capacity_gb": gb}}  # fmt: skip
+        fleet = resolve(parse_fleet(cfg, "f"))
+        work = build_workload(requests_frame(rows), fleet, ReplayOptions())
+        plan = fleet_offload(work, fleet, fleet.spec("open", 0, 0.0, 0.0))
+        assert plan is not None and plan.routing == "pooled"
+        return int(plan.offload_hit_tokens.sum())
+
+    split = loaded(2, 2, capacity_gb)
+    assert split == loaded(4, 1, capacity_gb / 2)
+    assert split < loaded(4, 1, capacity_gb)

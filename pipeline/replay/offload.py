@@ -150,9 +150,9 @@ def plan_offload(
     # tier itself (kind shared) or the one below a cpu tier
     store = lower if shared else None if tier.shared is None else tier.shared.capacity_blocks(replica_bytes, bs)
     routes = static_routes(work, spec)
-    # (pooled, each of the R ranks is given the replica's whole cpu tier, as this pre-pass always
-    # has: R x the tier, dp times the fleet's host DRAM when dp > 1; kept so runs stay the same)
-    per_rank = None if shared else lower // max(dp, 1) if routes is not None else lower
+    # pooled too: R ranks × a rank's share is the fleet's host DRAM (before 2026-12-07 each rank
+    # was given its replica's whole tier, dp times the fleet's host DRAM when dp > 1)
+    per_rank = None if shared else lower // max(dp, 1)
     rows = np.flatnonzero(live).astype(np.int64)
     gpu, near, total = tier_runs(hashes, offsets, lookups, rows, routes, R, G, per_rank, store)
     routing = "pooled" if routes is None else "replica"
