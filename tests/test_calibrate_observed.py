@@ -456,6 +456,8 @@ def test_plan_skips_the_gpus_a_calibration_does_not_describe(tmp_path: Path) -> 
     class Opts:
         hardware = ("h100-sxm", "h200")
         tp = (1,)
+        autoscale = False
+        modes = ("colocated",)
 
     notes = plan_notes(Opts(), base, str(fleet))  # type: ignore[arg-type]
     assert any(n.startswith("skipped h200: the base fleet's calibration") for n in notes), notes
