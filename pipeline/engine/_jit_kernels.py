@@ -59,6 +59,8 @@ _drop_stale_cache()
 
 _GOLDEN = np.uint64(0x9E3779B97F4A7C15)  # Fibonacci hashing multiplier (Knuth, TAOCP vol. 3 §6.4)
 _SHIFT = np.uint64(32)
+_LOW = np.uint64(0xFFFFFFFF)
+_U0 = np.uint64(0)
 _INF = np.inf
 #: An int64 that numba does not type as a literal: a constant passed to a kernel or piece
 #: (``_I0(0)``, not ``0``) would compile it once more for that literal value (``Literal[int](0)``
@@ -90,6 +92,9 @@ _block_hash = compiled_hash()[1]
 # run_fleet's pieces below). Like the pieces they are only ever called from _replay, which is
 # compiled and cached with them inlined: they have no Python wrapper and no cache of their own.
 _kernel = numba.njit(forceinline=False, _nrt=False, no_cpython_wrapper=True, no_cfunc_wrapper=True)  # type: ignore[call-overload]
+#: A kernel LLVM must inline (_uncache: left to its judgement, it stayed a call, ~2x slower
+#: on agent sessions).
+_kernel_inline = numba.njit(forceinline=True, _nrt=False, no_cpython_wrapper=True, no_cfunc_wrapper=True)  # type: ignore[call-overload]
 
 
 @_kernel
@@ -97,76 +102,90 @@ def _home(h, mask):  # type: ignore[no-untyped-def]
     return int((h * _GOLDEN) >> _SHIFT) & mask
 
 
+# The prefix cache's table: per replica one uint64 row of 2·T words, slot i's two in one 16-byte
+# pair (a probe reads one cache line, not one per field): word 2i the key, word 2i+1 its holder
+# list's ends packed, (head + 1) | (tail + 1) << 32, 0 for an empty slot (a slot in use always has
+# a holder, so head >= 0 there).
 @_kernel
-def _find(keys, used, mask, h):  # type: ignore[no-untyped-def]
+def _ends(ht, r, i):  # type: ignore[no-untyped-def]
+    """(head, tail) of slot ``i``'s holder list (-1, -1 for an empty slot)."""
+    w = ht[r, 2 * i + 1]
+    return np.int64(w & _LOW) - 1, np.int64(w >> _SHIFT) - 1
+
+
+@_kernel
+def _set_ends(ht, r, i, head, tail):  # type: ignore[no-untyped-def]
+    ht[r, 2 * i + 1] = np.uint64(head + 1) | (np.uint64(tail + 1) << _SHIFT)
+
+
+@_kernel
+def _find(ht, r, mask, h):  # type: ignore[no-untyped-def]
     i = _home(h, mask)
-    while used[i]:
-        if keys[i] == h:
+    while ht[r, 2 * i + 1] != _U0:
+        if ht[r, 2 * i] == h:
             return i
         i = (i + 1) & mask
     return -1
 
 
 @_kernel
-def _delete(keys, used, hhead, htail, mask, i):  # type: ignore[no-untyped-def]
+def _delete(ht, r, mask, i):  # type: ignore[no-untyped-def]
     """Remove slot i of a linear-probing table by shifting later entries of its cluster back."""
-    used[i] = False
+    ht[r, 2 * i + 1] = _U0
     j = i
     while True:
         j = (j + 1) & mask
-        if not used[j]:
+        if ht[r, 2 * j + 1] == _U0:
             return
-        k = _home(keys[j], mask)
+        k = _home(ht[r, 2 * j], mask)
         # Entry j may move to i unless its home lies cyclically in (i, j].
         stays = i < k <= j if i <= j else k > i or k <= j
         if stays:
             continue
-        keys[i] = keys[j]
-        hhead[i] = hhead[j]
-        htail[i] = htail[j]
-        used[i] = True
-        used[j] = False
+        ht[r, 2 * i] = ht[r, 2 * j]
+        ht[r, 2 * i + 1] = ht[r, 2 * j + 1]
+        ht[r, 2 * j + 1] = _U0
         i = j
 
 
-@_kernel
-def _uncache(r, b, bhash, hashed, hprev, hnext, keys, used, hhead, htail, mask):  # type: ignore[no-untyped-def]
+@_kernel_inline
+def _uncache(r, b, bhash, hashed, hprev, hnext, ht, mask):  # type: ignore[no-untyped-def]
     """Drop block b's hash (b is being reused): unlink it from its hash's holders."""
-    e = _find(keys[r], used[r], mask, bhash[r, b])
+    e = _find(ht, r, mask, bhash[r, b])
+    head, tail = _ends(ht, r, e)
     p = hprev[r, b]
     q = hnext[r, b]
     if p >= 0:
         hnext[r, p] = q
     else:
-        hhead[r, e] = q
+        head = q
     if q >= 0:
         hprev[r, q] = p
     else:
-        htail[r, e] = p
-    if hhead[r, e] < 0:
-        _delete(keys[r], used[r], hhead[r], htail[r], mask, e)
+        tail = p
+    if head < 0:
+        _delete(ht, r, mask, e)
+    else:
+        _set_ends(ht, r, e, head, tail)
     hashed[r, b] = False
 
 
 @_kernel
-def _cache(r, b, h, bhash, hashed, hprev, hnext, keys, used, hhead, htail, mask):  # type: ignore[no-untyped-def]
+def _cache(r, b, h, bhash, hashed, hprev, hnext, ht, mask):  # type: ignore[no-untyped-def]
     """Give block b the hash h: append it to h's holders (a lookup takes the oldest)."""
     i = _home(h, mask)
-    while used[r, i] and keys[r, i] != h:
+    while ht[r, 2 * i + 1] != _U0 and ht[r, 2 * i] != h:
         i = (i + 1) & mask
-    if not used[r, i]:
-        used[r, i] = True
-        keys[r, i] = h
-        hhead[r, i] = -1
-        htail[r, i] = -1
-    t = htail[r, i]
+    if ht[r, 2 * i + 1] == _U0:
+        ht[r, 2 * i] = h
+    head, t = _ends(ht, r, i)
     hprev[r, b] = t
     hnext[r, b] = -1
     if t >= 0:
         hnext[r, t] = b
     else:
-        hhead[r, i] = b
-    htail[r, i] = b
+        head = b
+    _set_ends(ht, r, i, head, b)
     bhash[r, b] = h
     hashed[r, b] = True
 
@@ -188,10 +207,7 @@ def _take_block(  # type: ignore[no-untyped-def]
     hashed,
     hprev,
     hnext,
-    keys,
-    used,
-    hhead,
-    htail,
+    ht,
     mask,
 ):
     """Give request ``rid`` (slot ``s`` of replica ``r``) the free queue's head block, the one vLLM
@@ -205,7 +221,7 @@ def _take_block(  # type: ignore[no-untyped-def]
         ftail[r] = -1
     nfree[r] -= 1
     if hashed[r, b]:
-        _uncache(r, b, bhash, hashed, hprev, hnext, keys, used, hhead, htail, mask)
+        _uncache(r, b, bhash, hashed, hprev, hnext, ht, mask)
     ref[r, b] = 1
     table[r, s, nblk[rid]] = b
     nblk[rid] += 1
@@ -253,7 +269,7 @@ def _tree_hash(j, p, t_key, rec_node, rec_fb):  # type: ignore[no-untyped-def]
 
 @_kernel
 def _register(  # type: ignore[no-untyped-def]
-    r, s, rid, target, nreg, table, chain, chain_off, bhash, hashed, hprev, hnext, keys, used, hhead, htail, mask,
+    r, s, rid, target, nreg, table, chain, chain_off, bhash, hashed, hprev, hnext, ht, mask,
     t_rows, t_key, t_up, t_fb, rec_node, rec_fb,
 ):  # fmt: skip
     """Give request ``rid``'s blocks ``nreg[rid]`` .. ``target - 1`` (full now) their prefix hashes
@@ -270,7 +286,7 @@ def _register(  # type: ignore[no-untyped-def]
             h = chain[chain_off[rid] + j]
         b = table[r, s, j]
         if not hashed[r, b]:
-            _cache(r, b, h, bhash, hashed, hprev, hnext, keys, used, hhead, htail, mask)
+            _cache(r, b, h, bhash, hashed, hprev, hnext, ht, mask)
     nreg[rid] = target
 
 
@@ -596,7 +612,7 @@ def _alloc(r, s, rid, need, tokens, bs, caching, nblk, nreg, chains, pool):  # t
     """Give request ``rid`` (slot ``s`` of replica ``r``) ``need`` more blocks from the head of the
     free queue; with prefix caching, its blocks full at ``tokens`` tokens get their hashes.
     ``chains`` is (chain_off, chain, t_rows, t_key, t_up, t_fb, rec_node, rec_fb)."""
-    nfree, fhead, fnext, fprev, ftail, ref, table, bhash, hashed, hprev, hnext, keys, used, hhead, htail, mask = pool
+    nfree, fhead, fnext, fprev, ftail, ref, table, bhash, hashed, hprev, hnext, ht, mask = pool
     if not caching:  # unhashed blocks are interchangeable: count them
         nfree[r] -= need
         nblk[rid] += need
@@ -605,12 +621,12 @@ def _alloc(r, s, rid, need, tokens, bs, caching, nblk, nreg, chains, pool):  # t
         for _ in range(need):
             _take_block(
                 r, s, rid, nfree, fhead, fnext, fprev, ftail, ref, table, nblk,
-                bhash, hashed, hprev, hnext, keys, used, hhead, htail, mask,
+                bhash, hashed, hprev, hnext, ht, mask,
             )  # fmt: skip
         target = min(tokens // bs, chain_off[rid + 1] - chain_off[rid])
         _register(
             r, s, rid, target, nreg, table, chain, chain_off,
-            bhash, hashed, hprev, hnext, keys, used, hhead, htail, mask,
+            bhash, hashed, hprev, hnext, ht, mask,
             t_rows, t_key, t_up, t_fb, rec_node, rec_fb,
         )  # fmt: skip
 
@@ -669,7 +685,7 @@ def _schedule_running(  # type: ignore[no-untyped-def]
 
 
 @_piece
-def _prefix_hits(r, rid, ntok, bs, chains, keys, used, hhead, mask, hits):  # type: ignore[no-untyped-def]
+def _prefix_hits(r, rid, ntok, bs, chains, ht, mask, hits):  # type: ignore[no-untyped-def]
     """The prefix cache's hits for waiting request ``rid`` (``ntok`` tokens) on replica ``r``: its
     leading full blocks (never the last token's) whose hashes are cached, into ``hits``; returns
     how many."""
@@ -684,10 +700,10 @@ def _prefix_hits(r, rid, ntok, bs, chains, keys, used, hhead, mask, hits):  # ty
             h, p = _tree_hash(j, p, t_key, rec_node, rec_fb)
         else:
             h = chain[lo + j]
-        e = _find(keys[r], used[r], mask, h)
+        e = _find(ht, r, mask, h)
         if e < 0:
             break
-        hits[nh] = hhead[r, e]
+        hits[nh] = _ends(ht, r, e)[0]
         nh += 1
     return nh
 
@@ -715,7 +731,7 @@ def _admit(  # type: ignore[no-untyped-def]
         sk = max(skip[rid], 0) if first else 0
         nh = 0
         if caching and first and skip[rid] < 0:
-            nh = _prefix_hits(r, rid, ntok, bs, chains, pool[11], pool[12], pool[13], pool[15], hits)
+            nh = _prefix_hits(r, rid, ntok, bs, chains, pool[11], pool[12], hits)
         c0 = computed[rid] + sk + nh * bs
         n_new = ntok - c0
         if not chunked and n_new > budget:
@@ -1033,7 +1049,7 @@ def _decode_step(  # type: ignore[no-untyped-def]
     hashes; the step's cost (in ``out``) is added to ``sums``. ``prep`` is the span's (sp_pre,
     sp_f, sp_b, sp_row)."""
     computed, nblk, nreg, slot_of = req[0], req[2], req[3], req[4]
-    nfree, fhead, fnext, fprev, ftail, ref, table, bhash, hashed, hprev, hnext, keys, used, hhead, htail, mask = pool
+    nfree, fhead, fnext, fprev, ftail, ref, table, bhash, hashed, hprev, hnext, ht, mask = pool
     af, ab, acount, apeak, ahas, abw, dlb, sc = cost[2], cost[3], cost[4], cost[5], cost[6], cost[7], cost[9], cost[15]
     a0 = bstart[ph_alloc]
     a1 = bstart[ph_alloc + 1]
@@ -1048,7 +1064,7 @@ def _decode_step(  # type: ignore[no-untyped-def]
             s_ = slot_of[rid]
             _take_block(
                 r, s_, rid, nfree, fhead, fnext, fprev, ftail, ref, table, nblk,
-                bhash, hashed, hprev, hnext, keys, used, hhead, htail, mask,
+                bhash, hashed, hprev, hnext, ht, mask,
             )  # fmt: skip
         # Blocks that are full once this step has run get their hashes.
         for u in range(bstart[ph_fill], bstart[ph_fill + 1]):
@@ -1057,7 +1073,7 @@ def _decode_step(  # type: ignore[no-untyped-def]
             target = min((computed[rid] + m + 1) // bs, chain_off[rid + 1] - chain_off[rid])
             _register(
                 r, s_, rid, target, nreg, table, chain, chain_off,
-                bhash, hashed, hprev, hnext, keys, used, hhead, htail, mask,
+                bhash, hashed, hprev, hnext, ht, mask,
                 t_rows, t_key, t_up, t_fb, rec_node, rec_fb,
             )  # fmt: skip
     sp_pre, sp_f, sp_b, sp_row = prep

@@ -105,8 +105,8 @@ def state_bytes(spec: FleetSpec) -> int:
         return spec.replicas * 64 * cfg.max_num_seqs  # counts only: no block ids are kept
     max_blocks, table = _shape(spec)
     # int32 block table; per block: 6 int32/bool fields and a uint64 hash; per table slot:
-    # a uint64 key, a flag and two int32 list ends.
-    per_replica = 4 * cfg.max_num_seqs * max_blocks + 29 * cfg.num_gpu_blocks + 17 * table
+    # a uint64 key and its two int32 list ends packed in a uint64.
+    per_replica = 4 * cfg.max_num_seqs * max_blocks + 29 * cfg.num_gpu_blocks + 16 * table
     return spec.replicas * per_replica
 
 
@@ -506,7 +506,7 @@ def compile_side() -> None:
 def alloc_pool(R: int, S: int, C: int, caching: bool, max_blocks: int, T: int) -> tuple[Any, ...]:
     """The compiled loop's KV pools for ``R`` replicas of ``S`` sequence slots and ``C`` blocks
     (``max_blocks`` a sequence, a prefix-cache table of ``T`` slots): (nfree, fhead, fnext, fprev,
-    ftail, ref, table, bhash, hashed, hprev, hnext, keys, used, hhead, htail, mask).
+    ftail, ref, table, bhash, hashed, hprev, hnext, ht, mask).
 
     Allocated by numpy, whose zeroed arrays are calloc'd: pages of a block table or a hash table
     that no request touches are never written and cost no memory (the compiled np.zeros wrote
@@ -531,11 +531,10 @@ def alloc_pool(R: int, S: int, C: int, caching: bool, max_blocks: int, T: int) -
     hashed = np.zeros((R, Cp), np.bool_)
     hprev = np.zeros((R, Cp), np.int32)
     hnext = np.zeros((R, Cp), np.int32)
-    keys = np.zeros((R, T), np.uint64)
-    used = np.zeros((R, T), np.bool_)
-    hhead = np.zeros((R, T), np.int32)
-    htail = np.zeros((R, T), np.int32)
-    return nfree, fhead, fnext, fprev, ftail, ref, table, bhash, hashed, hprev, hnext, keys, used, hhead, htail, T - 1
+    # The prefix cache's table: slot i is words 2i (its key) and 2i + 1 (its holder list's ends,
+    # packed; 0 when empty), so a probe reads one cache line (_jit_kernels._find).
+    ht = np.zeros((R, 2 * T), np.uint64)
+    return nfree, fhead, fnext, fprev, ftail, ref, table, bhash, hashed, hprev, hnext, ht, T - 1
 
 
 def _run_in_thread(
