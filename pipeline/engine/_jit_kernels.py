@@ -22,6 +22,9 @@ from typing import Any, NamedTuple
 
 import numba
 import numpy as np
+from llvmlite import ir
+from numba.core import cgutils, types
+from numba.extending import intrinsic
 
 from pipeline.common.blockhash import compiled_hash
 from pipeline.costmodel.stepcost import row_kernel, span_kernels
@@ -95,6 +98,31 @@ _kernel = numba.njit(forceinline=False, _nrt=False, no_cpython_wrapper=True, no_
 #: A kernel LLVM must inline (_uncache: left to its judgement, it stayed a call, ~2x slower
 #: on agent sessions).
 _kernel_inline = numba.njit(forceinline=True, _nrt=False, no_cpython_wrapper=True, no_cfunc_wrapper=True)  # type: ignore[call-overload]
+
+
+@intrinsic
+def _prefetch(typingctx, arr, r, i):  # type: ignore[no-untyped-def]
+    """A hint that ``arr[r, i]`` will be read soon (llvm.prefetch, for reading, high locality): it
+    starts the cache miss early and changes nothing else."""
+    sig = types.void(arr, r, i)
+
+    def codegen(context, builder, signature, args):  # type: ignore[no-untyped-def]
+        aryty = signature.args[0]
+        ary = context.make_array(aryty)(context, builder, args[0])
+        idx = [context.cast(builder, v, t, types.intp) for v, t in zip(args[1:], signature.args[1:])]
+        ptr = cgutils.get_item_pointer(context, builder, aryty, ary, idx, wraparound=False)
+        i32, i8p = ir.IntType(32), ir.IntType(8).as_pointer()
+        fn = cgutils.get_or_insert_function(
+            builder.module, ir.FunctionType(ir.VoidType(), [i8p, i32, i32, i32]), "llvm.prefetch.p0"
+        )
+        builder.call(fn, [builder.bitcast(ptr, i8p), i32(0), i32(3), i32(1)])
+        return context.get_dummy_value()
+
+    return sig, codegen
+
+
+#: How many blocks ahead the prefix cache's loops prefetch (_take_blocks, _register).
+_AHEAD = 8
 
 
 @_kernel
@@ -228,6 +256,48 @@ def _take_block(  # type: ignore[no-untyped-def]
 
 
 @_kernel
+def _take_blocks(  # type: ignore[no-untyped-def]
+    r, s, rid, need, nfree, fhead, fnext, fprev, ftail, ref, table, nblk, bhash, hashed, hprev, hnext, ht, mask
+):  # fmt: skip
+    """_take_block ``need`` times, in two passes: the free queue's head blocks first (each one's
+    record prefetched), then the hashes they held dropped in the same order (each one's table slot
+    prefetched a few blocks ahead): the same operations in the same order on each structure (the
+    free queue and the hash table share nothing), with the cache misses of one block overlapping
+    the work of the ones before it."""
+    j0 = nblk[rid]
+    for _ in range(need):
+        b = fhead[r]
+        nx = fnext[r, b]
+        fhead[r] = nx
+        if nx >= 0:
+            fprev[r, nx] = -1
+            _prefetch(fnext, r, nx)
+        else:
+            ftail[r] = -1
+        _prefetch(hashed, r, b)
+        _prefetch(bhash, r, b)
+        _prefetch(hprev, r, b)
+        _prefetch(hnext, r, b)
+        ref[r, b] = 1
+        table[r, s, nblk[rid]] = b
+        nblk[rid] += 1
+    nfree[r] -= need
+    j1 = j0 + need
+    for j in range(j0, min(j0 + _AHEAD, j1)):
+        b = table[r, s, j]
+        if hashed[r, b]:
+            _prefetch(ht, r, 2 * _home(bhash[r, b], mask))
+    for j in range(j0, j1):
+        if j + _AHEAD < j1:
+            b = table[r, s, j + _AHEAD]
+            if hashed[r, b]:
+                _prefetch(ht, r, 2 * _home(bhash[r, b], mask))
+        b = table[r, s, j]
+        if hashed[r, b]:
+            _uncache(r, b, bhash, hashed, hprev, hnext, ht, mask)
+
+
+@_kernel
 def _unlink_free(r, b, nfree, fhead, fnext, fprev, ftail):  # type: ignore[no-untyped-def]
     """Take block ``b`` (a cache hit with no other user) out of replica ``r``'s free queue."""
     p = fprev[r, b]
@@ -279,7 +349,21 @@ def _register(  # type: ignore[no-untyped-def]
         return
     tree = t_rows.shape[0] > 0
     p = _tree_walk(t_rows[rid], lo, t_up, t_fb, rec_node, rec_fb) - 1 if tree else 0
+    # The table slots of the hashes _AHEAD blocks on are prefetched (a second cursor in the walk).
+    pa = p
+    for j in range(lo, min(lo + _AHEAD, target)):
+        if tree:
+            ha, pa = _tree_hash(j, pa, t_key, rec_node, rec_fb)
+        else:
+            ha = chain[chain_off[rid] + j]
+        _prefetch(ht, r, 2 * _home(ha, mask))
     for j in range(lo, target):
+        if j + _AHEAD < target:
+            if tree:
+                ha, pa = _tree_hash(j + _AHEAD, pa, t_key, rec_node, rec_fb)
+            else:
+                ha = chain[chain_off[rid] + j + _AHEAD]
+            _prefetch(ht, r, 2 * _home(ha, mask))
         if tree:
             h, p = _tree_hash(j, p, t_key, rec_node, rec_fb)
         else:
@@ -618,11 +702,9 @@ def _alloc(r, s, rid, need, tokens, bs, caching, nblk, nreg, chains, pool):  # t
         nblk[rid] += need
     else:
         chain_off, chain, t_rows, t_key, t_up, t_fb, rec_node, rec_fb = chains
-        for _ in range(need):
-            _take_block(
-                r, s, rid, nfree, fhead, fnext, fprev, ftail, ref, table, nblk,
-                bhash, hashed, hprev, hnext, ht, mask,
-            )  # fmt: skip
+        _take_blocks(
+            r, s, rid, need, nfree, fhead, fnext, fprev, ftail, ref, table, nblk, bhash, hashed, hprev, hnext, ht, mask
+        )  # fmt: skip
         target = min(tokens // bs, chain_off[rid + 1] - chain_off[rid])
         _register(
             r, s, rid, target, nreg, table, chain, chain_off,
@@ -759,6 +841,8 @@ def _admit(  # type: ignore[no-untyped-def]
             ref[r, b] += 1
             table[r, s, nblk[rid]] = b
             nblk[rid] += 1
+        if nh > 0:  # its first nh blocks hold their hashes already (hits): _register starts after them
+            nreg[rid] = nh
         _alloc(r, s, rid, need, min(tokens_after, ntok), bs, caching, nblk, nreg, chains, pool)
         computed[rid] = c0
         if not started[rid]:
