@@ -109,7 +109,7 @@ def _prefetch(typingctx, arr, r, i):  # type: ignore[no-untyped-def]
     def codegen(context, builder, signature, args):  # type: ignore[no-untyped-def]
         aryty = signature.args[0]
         ary = context.make_array(aryty)(context, builder, args[0])
-        idx = [context.cast(builder, v, t, types.intp) for v, t in zip(args[1:], signature.args[1:])]
+        idx = [context.cast(builder, v, t, types.intp) for v, t in zip(args[1:], signature.args[1:], strict=True)]
         ptr = cgutils.get_item_pointer(context, builder, aryty, ary, idx, wraparound=False)
         i32, i8p = ir.IntType(32), ir.IntType(8).as_pointer()
         fn = cgutils.get_or_insert_function(
@@ -219,27 +219,10 @@ def _cache(r, b, h, bhash, hashed, hprev, hnext, ht, mask):  # type: ignore[no-u
 
 
 @_kernel
-def _take_block(  # type: ignore[no-untyped-def]
-    r,
-    s,
-    rid,
-    nfree,
-    fhead,
-    fnext,
-    fprev,
-    ftail,
-    ref,
-    table,
-    nblk,
-    bhash,
-    hashed,
-    hprev,
-    hnext,
-    ht,
-    mask,
-):
+def _pop_block(r, s, rid, nfree, fhead, fnext, fprev, ftail, ref, table, nblk, bhash, hashed, hprev, hnext):  # type: ignore[no-untyped-def]
     """Give request ``rid`` (slot ``s`` of replica ``r``) the free queue's head block, the one vLLM
-    evicts first, dropping the hash it held as a cached block."""
+    evicts first, and prefetch its record (the hash it holds is dropped by the caller: _uncache).
+    Returns the block."""
     b = fhead[r]
     nx = fnext[r, b]
     fhead[r] = nx
@@ -248,50 +231,43 @@ def _take_block(  # type: ignore[no-untyped-def]
     else:
         ftail[r] = -1
     nfree[r] -= 1
-    if hashed[r, b]:
-        _uncache(r, b, bhash, hashed, hprev, hnext, ht, mask)
+    _prefetch(hashed, r, b)
+    _prefetch(bhash, r, b)
+    _prefetch(hprev, r, b)
+    _prefetch(hnext, r, b)
     ref[r, b] = 1
     table[r, s, nblk[rid]] = b
     nblk[rid] += 1
+    return b
 
 
+@_kernel
+def _prefetch_slot(r, b, bhash, hashed, ht, mask):  # type: ignore[no-untyped-def]
+    """Prefetch the table slot of the hash block ``b`` holds (if it holds one)."""
+    if hashed[r, b]:
+        _prefetch(ht, r, 2 * _home(bhash[r, b], mask))
+
+
+# Taking blocks is done in two passes: the free queue's head blocks first (each one's record
+# prefetched), then the hashes they held dropped in the same order (each one's table slot
+# prefetched _AHEAD blocks on). It is the same operations in the same order on each structure
+# (the free queue and the hash table share nothing), with the cache misses of one block
+# overlapping the work of the ones before it.
 @_kernel
 def _take_blocks(  # type: ignore[no-untyped-def]
     r, s, rid, need, nfree, fhead, fnext, fprev, ftail, ref, table, nblk, bhash, hashed, hprev, hnext, ht, mask
 ):  # fmt: skip
-    """_take_block ``need`` times, in two passes: the free queue's head blocks first (each one's
-    record prefetched), then the hashes they held dropped in the same order (each one's table slot
-    prefetched a few blocks ahead): the same operations in the same order on each structure (the
-    free queue and the hash table share nothing), with the cache misses of one block overlapping
-    the work of the ones before it."""
+    """Give request ``rid`` (slot ``s`` of replica ``r``) ``need`` blocks from the head of the free
+    queue, dropping the hashes they held as cached blocks."""
     j0 = nblk[rid]
     for _ in range(need):
-        b = fhead[r]
-        nx = fnext[r, b]
-        fhead[r] = nx
-        if nx >= 0:
-            fprev[r, nx] = -1
-            _prefetch(fnext, r, nx)
-        else:
-            ftail[r] = -1
-        _prefetch(hashed, r, b)
-        _prefetch(bhash, r, b)
-        _prefetch(hprev, r, b)
-        _prefetch(hnext, r, b)
-        ref[r, b] = 1
-        table[r, s, nblk[rid]] = b
-        nblk[rid] += 1
-    nfree[r] -= need
+        _pop_block(r, s, rid, nfree, fhead, fnext, fprev, ftail, ref, table, nblk, bhash, hashed, hprev, hnext)
     j1 = j0 + need
     for j in range(j0, min(j0 + _AHEAD, j1)):
-        b = table[r, s, j]
-        if hashed[r, b]:
-            _prefetch(ht, r, 2 * _home(bhash[r, b], mask))
+        _prefetch_slot(r, table[r, s, j], bhash, hashed, ht, mask)
     for j in range(j0, j1):
         if j + _AHEAD < j1:
-            b = table[r, s, j + _AHEAD]
-            if hashed[r, b]:
-                _prefetch(ht, r, 2 * _home(bhash[r, b], mask))
+            _prefetch_slot(r, table[r, s, j + _AHEAD], bhash, hashed, ht, mask)
         b = table[r, s, j]
         if hashed[r, b]:
             _uncache(r, b, bhash, hashed, hprev, hnext, ht, mask)
@@ -777,7 +753,20 @@ def _prefix_hits(r, rid, ntok, bs, chains, ht, mask, hits):  # type: ignore[no-u
     lim = min((ntok - 1) // bs, chain_off[rid + 1] - lo)
     tree = t_rows.shape[0] > 0
     p = _tree_walk(t_rows[rid], _I0(0), t_up, t_fb, rec_node, rec_fb) - 1 if tree and lim > 0 else 0
+    pa = p  # the table slots of the hashes _AHEAD blocks on are prefetched, as in _register
+    for j in range(min(_AHEAD, lim)):
+        if tree:
+            ha, pa = _tree_hash(j, pa, t_key, rec_node, rec_fb)
+        else:
+            ha = chain[lo + j]
+        _prefetch(ht, r, 2 * _home(ha, mask))
     for j in range(lim):
+        if j + _AHEAD < lim:
+            if tree:
+                ha, pa = _tree_hash(j + _AHEAD, pa, t_key, rec_node, rec_fb)
+            else:
+                ha = chain[lo + j + _AHEAD]
+            _prefetch(ht, r, 2 * _home(ha, mask))
         if tree:
             h, p = _tree_hash(j, p, t_key, rec_node, rec_fb)
         else:
@@ -1143,13 +1132,23 @@ def _decode_step(  # type: ignore[no-untyped-def]
             nblk[running[r, bitems[u]]] += 1
     else:
         chain_off, chain, t_rows, t_key, t_up, t_fb, rec_node, rec_fb = chains
+        # a block each, in two passes as _take_blocks
         for u in range(a0, a1):
             rid = running[r, bitems[u]]
-            s_ = slot_of[rid]
-            _take_block(
-                r, s_, rid, nfree, fhead, fnext, fprev, ftail, ref, table, nblk,
-                bhash, hashed, hprev, hnext, ht, mask,
+            _pop_block(
+                r, slot_of[rid], rid, nfree, fhead, fnext, fprev, ftail, ref, table, nblk, bhash, hashed, hprev, hnext
             )  # fmt: skip
+        for u in range(a0, min(a0 + _AHEAD, a1)):
+            rid = running[r, bitems[u]]
+            _prefetch_slot(r, table[r, slot_of[rid], nblk[rid] - 1], bhash, hashed, ht, mask)
+        for u in range(a0, a1):
+            if u + _AHEAD < a1:
+                rid = running[r, bitems[u + _AHEAD]]
+                _prefetch_slot(r, table[r, slot_of[rid], nblk[rid] - 1], bhash, hashed, ht, mask)
+            rid = running[r, bitems[u]]
+            b = table[r, slot_of[rid], nblk[rid] - 1]
+            if hashed[r, b]:
+                _uncache(r, b, bhash, hashed, hprev, hnext, ht, mask)
         # Blocks that are full once this step has run get their hashes.
         for u in range(bstart[ph_fill], bstart[ph_fill + 1]):
             rid = running[r, bitems[u]]
