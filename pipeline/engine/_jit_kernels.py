@@ -22,7 +22,7 @@ from typing import Any, NamedTuple
 
 import numba
 import numpy as np
-from llvmlite import ir
+from llvmlite import ir  # type: ignore[import-untyped]
 from numba.core import cgutils, types
 from numba.extending import intrinsic
 
@@ -101,7 +101,7 @@ _kernel_inline = numba.njit(forceinline=True, _nrt=False, no_cpython_wrapper=Tru
 
 
 @intrinsic
-def _prefetch(typingctx, arr, r, i):  # type: ignore[no-untyped-def]
+def _prefetch_hint(typingctx, arr, r, i):  # type: ignore[no-untyped-def]
     """A hint that ``arr[r, i]`` will be read soon (llvm.prefetch, for reading, high locality): it
     starts the cache miss early and changes nothing else."""
     sig = types.void(arr, r, i)
@@ -110,9 +110,9 @@ def _prefetch(typingctx, arr, r, i):  # type: ignore[no-untyped-def]
         aryty = signature.args[0]
         ary = context.make_array(aryty)(context, builder, args[0])
         idx = [context.cast(builder, v, t, types.intp) for v, t in zip(args[1:], signature.args[1:], strict=True)]
-        ptr = cgutils.get_item_pointer(context, builder, aryty, ary, idx, wraparound=False)
+        ptr = cgutils.get_item_pointer(context, builder, aryty, ary, idx, wraparound=False)  # type: ignore[no-untyped-call]
         i32, i8p = ir.IntType(32), ir.IntType(8).as_pointer()
-        fn = cgutils.get_or_insert_function(
+        fn = cgutils.get_or_insert_function(  # type: ignore[no-untyped-call]
             builder.module, ir.FunctionType(ir.VoidType(), [i8p, i32, i32, i32]), "llvm.prefetch.p0"
         )
         builder.call(fn, [builder.bitcast(ptr, i8p), i32(0), i32(3), i32(1)])
@@ -120,6 +120,9 @@ def _prefetch(typingctx, arr, r, i):  # type: ignore[no-untyped-def]
 
     return sig, codegen
 
+
+#: ``_prefetch(arr, r, i)`` in compiled code (the typing context is numba's; Any for mypy).
+_prefetch: Any = _prefetch_hint
 
 #: How many blocks ahead the prefix cache's loops prefetch (_take_blocks, _register).
 _AHEAD = 8
