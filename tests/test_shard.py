@@ -509,13 +509,13 @@ def _state_fleet(replicas: int, router: str = "round_robin", lockstep: int = 1) 
 
 
 def test_auto_pods_count_by_hand(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Per replica: 4 B × 8 seqs × 101 blocks + 29 B × 1,000 blocks + 16 B × a 2,048-slot table
-    = 3,232 + 29,000 + 32,768 = 65,000 B. A 1 MB budget holds 15 replicas (975,000 B), or 3 groups
-    of 4 in lockstep (260,000 B a group); the pods are counted over the whole fleet, the state
+    """Per replica: 4 B × 8 seqs × 101 blocks + 25 B × 1,000 blocks + 4 B × a 2,048-slot free
+    queue ring + 16 B × a 2,048-slot table = 3,232 + 25,000 + 8,192 + 32,768 = 69,192 B. A 1 MB
+    budget holds 14 replicas (968,688 B), or 3 groups of 4 in lockstep (276,768 B a group); the pods are counted over the whole fleet, the state
     over the replicas the requests reach (one per request at most)."""
     from pipeline.engine import jit, shard
 
-    assert jit.state_bytes(_state_fleet(1)) == 65_000
+    assert jit.state_bytes(_state_fleet(1)) == 69_192
     monkeypatch.setattr(shard, "AUTO_POD_STATE_BYTES", 1_000_000)
     asked: list[int] = []
 
@@ -523,16 +523,16 @@ def test_auto_pods_count_by_hand(monkeypatch: pytest.MonkeyPatch) -> None:
         asked.append(1)
         return True
 
-    assert shard.auto_pods(_state_fleet(15), 10_000, static) == 1 and not asked  # 975,000 B fit
-    assert shard.auto_pods(_state_fleet(1000), 15, static) == 1  # 15 requests reach 15 replicas
-    assert shard.auto_pods(_state_fleet(1000), 16, static) == 67  # ⌈1000 / 15⌉
+    assert shard.auto_pods(_state_fleet(14), 10_000, static) == 1 and not asked  # 968,688 B fit
+    assert shard.auto_pods(_state_fleet(1000), 14, static) == 1  # 14 requests reach 14 replicas
+    assert shard.auto_pods(_state_fleet(1000), 15, static) == 72  # ⌈1000 / 14⌉
     assert shard.auto_pods(_state_fleet(1000), 10**6, lambda: False) == 1  # routes not static: never
     assert shard.auto_pods(_state_fleet(1000, lockstep=4), 10**6, static) == 84  # ⌈250 groups / 3⌉
     assert shard.auto_pods(_state_fleet(2**31 - 1), 10**9, static) == shard.MAX_PODS
     monkeypatch.setattr(shard, "AUTO_POD_STATE_BYTES", 10)  # not one replica fits: one a pod
     assert shard.auto_pods(_state_fleet(30), 100, static) == 30
     # affinity reaches a lockstep group per request: 4 requests on groups of 4 reach 16 replicas
-    monkeypatch.setattr(shard, "AUTO_POD_STATE_BYTES", 15 * 65_000)
+    monkeypatch.setattr(shard, "AUTO_POD_STATE_BYTES", 15 * 69_192)
     assert shard.auto_pods(_state_fleet(1000, lockstep=4), 4, static) == 1
     assert shard.auto_pods(_state_fleet(1000, "session_affinity", lockstep=4), 4, static) == 84  # 3 groups a pod
     # a streamed step log: about AUTO_POD_REQUESTS requests a pod, at most one pod a replica

@@ -221,18 +221,27 @@ def _cache(r, b, h, bhash, hashed, hprev, hnext, ht, mask):  # type: ignore[no-u
     hashed[r, b] = True
 
 
+# The free queue of a replica (the blocks no request holds, in eviction order) is a ring of block
+# ids with lazy removal: fq[r] holds the entries at positions fh[r] .. ft[r] - 1 (position p in
+# slot p & qm), fpos[r, b] the slot of block b's live entry (-1: b is not free). A cache hit
+# leaves the queue by marking its entry stale (fpos = -1, or a later live entry elsewhere), and
+# taking the head skips stale entries. The order (so which block, and which hash, is evicted
+# next) is a doubly linked list's, but taking n blocks reads the ring in order instead of
+# chasing a pointer from each block to the next (a cache miss each, one after the other).
 @_kernel
-def _pop_block(r, s, rid, nfree, fhead, fnext, fprev, ftail, ref, table, nblk, bhash, hashed, hprev, hnext):  # type: ignore[no-untyped-def]
+def _pop_block(r, s, rid, nfree, fh, fq, fpos, ft, ref, table, nblk, bhash, hashed, hprev, hnext):  # type: ignore[no-untyped-def]
     """Give request ``rid`` (slot ``s`` of replica ``r``) the free queue's head block, the one vLLM
-    evicts first, and prefetch its record (the hash it holds is dropped by the caller: _uncache).
-    Returns the block."""
-    b = fhead[r]
-    nx = fnext[r, b]
-    fhead[r] = nx
-    if nx >= 0:
-        fprev[r, nx] = -1
-    else:
-        ftail[r] = -1
+    evicts first (the caller knows one is free), and prefetch its record and the free-queue slot
+    of the entry _AHEAD on (the hash it holds is dropped by the caller: _uncache). Returns it."""
+    qm = fq.shape[1] - 1
+    h = fh[r]
+    b = fq[r, h & qm]
+    while fpos[r, b] != h & qm:
+        h += 1
+        b = fq[r, h & qm]
+    fpos[r, b] = -1
+    fh[r] = h + 1
+    _prefetch(fpos, r, fq[r, (h + _AHEAD) & qm])
     nfree[r] -= 1
     _prefetch(hashed, r, b)
     _prefetch(bhash, r, b)
@@ -258,13 +267,13 @@ def _prefetch_slot(r, b, bhash, hashed, ht, mask):  # type: ignore[no-untyped-de
 # overlapping the work of the ones before it.
 @_kernel
 def _take_blocks(  # type: ignore[no-untyped-def]
-    r, s, rid, need, nfree, fhead, fnext, fprev, ftail, ref, table, nblk, bhash, hashed, hprev, hnext, ht, mask
+    r, s, rid, need, nfree, fh, fq, fpos, ft, ref, table, nblk, bhash, hashed, hprev, hnext, ht, mask
 ):  # fmt: skip
     """Give request ``rid`` (slot ``s`` of replica ``r``) ``need`` blocks from the head of the free
     queue, dropping the hashes they held as cached blocks."""
     j0 = nblk[rid]
     for _ in range(need):
-        _pop_block(r, s, rid, nfree, fhead, fnext, fprev, ftail, ref, table, nblk, bhash, hashed, hprev, hnext)
+        _pop_block(r, s, rid, nfree, fh, fq, fpos, ft, ref, table, nblk, bhash, hashed, hprev, hnext)
     j1 = j0 + need
     for j in range(j0, min(j0 + _AHEAD, j1)):
         _prefetch_slot(r, table[r, s, j], bhash, hashed, ht, mask)
@@ -277,18 +286,10 @@ def _take_blocks(  # type: ignore[no-untyped-def]
 
 
 @_kernel
-def _unlink_free(r, b, nfree, fhead, fnext, fprev, ftail):  # type: ignore[no-untyped-def]
-    """Take block ``b`` (a cache hit with no other user) out of replica ``r``'s free queue."""
-    p = fprev[r, b]
-    q = fnext[r, b]
-    if p >= 0:
-        fnext[r, p] = q
-    else:
-        fhead[r] = q
-    if q >= 0:
-        fprev[r, q] = p
-    else:
-        ftail[r] = p
+def _unlink_free(r, b, nfree, fpos):  # type: ignore[no-untyped-def]
+    """Take block ``b`` (a cache hit with no other user) out of replica ``r``'s free queue: its
+    entry in the ring goes stale (_pop_block skips it)."""
+    fpos[r, b] = -1
     nfree[r] -= 1
 
 
@@ -354,21 +355,28 @@ def _register(  # type: ignore[no-untyped-def]
 
 
 @_kernel
-def _release(r, s, rid, nfree, fhead, fnext, fprev, ftail, ref, table, nblk):  # type: ignore[no-untyped-def]
+def _release(r, s, rid, nfree, fh, fq, fpos, ft, ref, table, nblk):  # type: ignore[no-untyped-def]
     """Return request ``rid``'s blocks (slot ``s``) to the free queue's tail, its last block first
-    (vLLM frees in reverse order, so a prefix's tail is evicted before its head)."""
+    (vLLM frees in reverse order, so a prefix's tail is evicted before its head). A full ring is
+    compacted first: its live entries, in order, from its head on."""
     for j in range(nblk[rid] - 1, -1, -1):
         b = table[r, s, j]
         ref[r, b] -= 1
         if ref[r, b] == 0:
-            t_ = ftail[r]
-            fprev[r, b] = t_
-            fnext[r, b] = -1
-            if t_ >= 0:
-                fnext[r, t_] = b
-            else:
-                fhead[r] = b
-            ftail[r] = b
+            qm = fq.shape[1] - 1
+            if ft[r] - fh[r] > qm:
+                w = fh[r]
+                for p in range(fh[r], ft[r]):
+                    e = fq[r, p & qm]
+                    if fpos[r, e] == p & qm:
+                        fq[r, w & qm] = e
+                        fpos[r, e] = w & qm
+                        w += 1
+                ft[r] = w
+            t = ft[r]
+            fq[r, t & qm] = b
+            fpos[r, b] = t & qm
+            ft[r] = t + 1
             nfree[r] += 1
 
 
@@ -657,12 +665,12 @@ def _room(g0, G, want_log, nlog, log, nrun, wlen, wq):  # type: ignore[no-untype
 def _free(r, rid, caching, nblk, nreg, slot_of, slots_free, nslots, pool):  # type: ignore[no-untyped-def]
     """Give back request ``rid``'s KV blocks and running slot on replica ``r`` (it finished or is
     preempted)."""
-    nfree, fhead, fnext, fprev, ftail, ref, table = pool[0], pool[1], pool[2], pool[3], pool[4], pool[5], pool[6]
+    nfree, fh, fq, fpos, ft, ref, table = pool[0], pool[1], pool[2], pool[3], pool[4], pool[5], pool[6]
     vs = slot_of[rid]
     if not caching:
         nfree[r] += nblk[rid]
     else:
-        _release(r, vs, rid, nfree, fhead, fnext, fprev, ftail, ref, table, nblk)
+        _release(r, vs, rid, nfree, fh, fq, fpos, ft, ref, table, nblk)
     nblk[rid] = 0
     nreg[rid] = 0
     slots_free[r, nslots[r]] = vs
@@ -675,14 +683,14 @@ def _alloc(r, s, rid, need, tokens, bs, caching, nblk, nreg, chains, pool):  # t
     """Give request ``rid`` (slot ``s`` of replica ``r``) ``need`` more blocks from the head of the
     free queue; with prefix caching, its blocks full at ``tokens`` tokens get their hashes.
     ``chains`` is (chain_off, chain, t_rows, t_key, t_up, t_fb, rec_node, rec_fb)."""
-    nfree, fhead, fnext, fprev, ftail, ref, table, bhash, hashed, hprev, hnext, ht, mask = pool
+    nfree, fh, fq, fpos, ft, ref, table, bhash, hashed, hprev, hnext, ht, mask = pool
     if not caching:  # unhashed blocks are interchangeable: count them
         nfree[r] -= need
         nblk[rid] += need
     else:
         chain_off, chain, t_rows, t_key, t_up, t_fb, rec_node, rec_fb = chains
         _take_blocks(
-            r, s, rid, need, nfree, fhead, fnext, fprev, ftail, ref, table, nblk, bhash, hashed, hprev, hnext, ht, mask
+            r, s, rid, need, nfree, fh, fq, fpos, ft, ref, table, nblk, bhash, hashed, hprev, hnext, ht, mask
         )  # fmt: skip
         target = min(tokens // bs, chain_off[rid + 1] - chain_off[rid])
         _register(
@@ -794,7 +802,7 @@ def _admit(  # type: ignore[no-untyped-def]
     previous step's; the queue is in arrival order); a request's first admission gives back its
     claim (``claim``: the most_free_kv router's). Returns the requests scheduled."""
     computed, gen, nblk, nreg, slot_of, started = req[0], req[1], req[2], req[3], req[4], req[5]
-    nfree, fhead, fnext, fprev, ftail, ref, table = pool[0], pool[1], pool[2], pool[3], pool[4], pool[5], pool[6]
+    nfree, fpos, ref, table = pool[0], pool[3], pool[5], pool[6]
     while wlen[r] > 0 and budget > 0 and nrun[r] < S:
         rid = wq[r, whead[r]]
         if arrival[rid] > cut:  # arrived after this step was scheduled (asynchronous scheduling)
@@ -829,7 +837,7 @@ def _admit(  # type: ignore[no-untyped-def]
         for j in range(nh):
             b = hits[j]
             if ref[r, b] == 0:  # a hit no one else holds: out of the free queue
-                _unlink_free(r, b, nfree, fhead, fnext, fprev, ftail)
+                _unlink_free(r, b, nfree, fpos)
             ref[r, b] += 1
             table[r, s, nblk[rid]] = b
             nblk[rid] += 1
@@ -1125,7 +1133,7 @@ def _decode_step(  # type: ignore[no-untyped-def]
     hashes; the step's cost (in ``out``) is added to ``sums``. ``prep`` is the span's (sp_pre,
     sp_f, sp_b, sp_row)."""
     computed, nblk, nreg, slot_of = req[0], req[2], req[3], req[4]
-    nfree, fhead, fnext, fprev, ftail, ref, table, bhash, hashed, hprev, hnext, ht, mask = pool
+    nfree, fh, fq, fpos, ft, ref, table, bhash, hashed, hprev, hnext, ht, mask = pool
     af, ab, acount, apeak, ahas, abw, dlb, sc = cost[2], cost[3], cost[4], cost[5], cost[6], cost[7], cost[9], cost[15]
     a0 = bstart[ph_alloc]
     a1 = bstart[ph_alloc + 1]
@@ -1139,7 +1147,7 @@ def _decode_step(  # type: ignore[no-untyped-def]
         for u in range(a0, a1):
             rid = running[r, bitems[u]]
             _pop_block(
-                r, slot_of[rid], rid, nfree, fhead, fnext, fprev, ftail, ref, table, nblk, bhash, hashed, hprev, hnext
+                r, slot_of[rid], rid, nfree, fh, fq, fpos, ft, ref, table, nblk, bhash, hashed, hprev, hnext
             )  # fmt: skip
         for u in range(a0, min(a0 + _AHEAD, a1)):
             rid = running[r, bitems[u]]

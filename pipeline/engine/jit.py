@@ -104,9 +104,11 @@ def state_bytes(spec: FleetSpec) -> int:
     if not cfg.enable_prefix_caching:
         return spec.replicas * 64 * cfg.max_num_seqs  # counts only: no block ids are kept
     max_blocks, table = _shape(spec)
-    # int32 block table; per block: 6 int32/bool fields and a uint64 hash; per table slot:
-    # a uint64 key and its two int32 list ends packed in a uint64.
-    per_replica = 4 * cfg.max_num_seqs * max_blocks + 29 * cfg.num_gpu_blocks + 16 * table
+    # int32 block table; per block: 5 int32/bool fields and a uint64 hash, and the free queue's
+    # int32 ring (ring_slots); per table slot: a uint64 key and its holder list's two ends packed
+    # in a uint64.
+    C = cfg.num_gpu_blocks
+    per_replica = 4 * cfg.max_num_seqs * max_blocks + 25 * C + 4 * ring_slots(C) + 16 * table
     return spec.replicas * per_replica
 
 
@@ -503,10 +505,16 @@ def compile_side() -> None:
     k.compile_spans(args)
 
 
+def ring_slots(C: int) -> int:
+    """Slots of the free queue's ring for ``C`` blocks: the power of two at least ``2 C`` (a full
+    ring then holds at least ``C`` stale entries, so compacting it frees half of it)."""
+    return 1 << int(2 * C - 1).bit_length()
+
+
 def alloc_pool(R: int, S: int, C: int, caching: bool, max_blocks: int, T: int) -> tuple[Any, ...]:
     """The compiled loop's KV pools for ``R`` replicas of ``S`` sequence slots and ``C`` blocks
-    (``max_blocks`` a sequence, a prefix-cache table of ``T`` slots): (nfree, fhead, fnext, fprev,
-    ftail, ref, table, bhash, hashed, hprev, hnext, ht, mask).
+    (``max_blocks`` a sequence, a prefix-cache table of ``T`` slots): (nfree, fh, fq, fpos,
+    ft, ref, table, bhash, hashed, hprev, hnext, ht, mask).
 
     Allocated by numpy, whose zeroed arrays are calloc'd: pages of a block table or a hash table
     that no request touches are never written and cost no memory (the compiled np.zeros wrote
@@ -516,16 +524,16 @@ def alloc_pool(R: int, S: int, C: int, caching: bool, max_blocks: int, T: int) -
     # and counts say everything (no block table, no free queue).
     Cp = C if caching else 1
     table = np.zeros((R, S, max_blocks if caching else 1), np.int32)
-    # KV pool: free queue as a doubly linked list in eviction order (head evicted first).
+    # KV pool: the free queue in eviction order (head evicted first), a ring of block ids at least
+    # twice the blocks long with lazy removal (_jit_kernels._pop_block): every block free, in id
+    # order (fq the ring, fpos a block's slot in it, fh and ft the head's and tail's positions).
     ref = np.zeros((R, Cp), np.int32)
-    fprev = np.empty((R, Cp), np.int32)
-    fprev[:] = np.arange(-1, Cp - 1, dtype=np.int32)
-    nxt = np.arange(1, Cp + 1, dtype=np.int64)
-    nxt[nxt >= C] = -1
-    fnext = np.empty((R, Cp), np.int32)
-    fnext[:] = nxt.astype(np.int32)
-    fhead = np.zeros(R, np.int64)
-    ftail = np.full(R, C - 1, np.int64)
+    fq = np.zeros((R, ring_slots(Cp)), np.int32)
+    fq[:, :Cp] = np.arange(Cp, dtype=np.int32)
+    fpos = np.empty((R, Cp), np.int32)
+    fpos[:] = np.arange(Cp, dtype=np.int32)
+    fh = np.zeros(R, np.int64)
+    ft = np.full(R, Cp, np.int64)
     nfree = np.full(R, C, np.int64)
     bhash = np.zeros((R, Cp), np.uint64)
     hashed = np.zeros((R, Cp), np.bool_)
@@ -534,7 +542,7 @@ def alloc_pool(R: int, S: int, C: int, caching: bool, max_blocks: int, T: int) -
     # The prefix cache's table: slot i is words 2i (its key) and 2i + 1 (its holder list's ends,
     # packed; 0 when empty), so a probe reads one cache line (_jit_kernels._find).
     ht = np.zeros((R, 2 * T), np.uint64)
-    return nfree, fhead, fnext, fprev, ftail, ref, table, bhash, hashed, hprev, hnext, ht, T - 1
+    return nfree, fh, fq, fpos, ft, ref, table, bhash, hashed, hprev, hnext, ht, T - 1
 
 
 def _run_in_thread(
