@@ -38,7 +38,10 @@ day's arrays), the engine and giving the results back their logged arrivals. 202
 2-core VM, load 0.5-1.5, ``--offload 200`` twice: tier off 51,873 and 49,707 requests per wall-s,
 tier on 41,226 and 38,275 (pre-pass 3.83 and 3.26 s), peak RSS 1.70 GiB; the commit before
 (ff1cdf6), minutes apart: 44,713 and 38,181, 32,171 and 30,410 (pre-pass 8.66 and 10.57 s), 2.21 GiB
-(docs/benchmarks.md). With the packed prefix-cache table and its prefetches (8c9320d, load 1.0-1.4,
+(docs/benchmarks.md). With the prefix cache's packed table, prefetches and ring free queue
+(0754c54, load 1.1-1.5, 22bef16 back to back, twice): tier off 57,266 and 60,105 (22bef16: 44,790
+and 43,054), tier on 48,774 and 49,406 (34,941 and 40,016), peak RSS 1.70 GiB.
+With the packed prefix-cache table and its prefetches (8c9320d, load 1.0-1.4,
 22bef16 back to back): tier off 48,390 and 53,069 (22bef16: 43,726 and 44,090), tier on 43,509 and
 46,453 (36,294 and 42,888).
 ``--offload-shared GB`` puts a store of GB for the pool below the cpu tier
