@@ -511,8 +511,9 @@ def _state_fleet(replicas: int, router: str = "round_robin", lockstep: int = 1) 
 def test_auto_pods_count_by_hand(monkeypatch: pytest.MonkeyPatch) -> None:
     """Per replica: 4 B × 8 seqs × 101 blocks + 25 B × 1,000 blocks + 4 B × a 2,048-slot free
     queue ring + 16 B × a 2,048-slot table = 3,232 + 25,000 + 8,192 + 32,768 = 69,192 B. A 1 MB
-    budget holds 14 replicas (968,688 B), or 3 groups of 4 in lockstep (276,768 B a group); the pods are counted over the whole fleet, the state
-    over the replicas the requests reach (one per request at most)."""
+    budget holds 14 replicas (968,688 B), or 3 groups of 4 in lockstep (276,768 B a group); the
+    pods are counted over the whole fleet, the state over the replicas the requests reach (one per
+    request at most)."""
     from pipeline.engine import jit, shard
 
     assert jit.state_bytes(_state_fleet(1)) == 69_192
