@@ -41,9 +41,6 @@ tier on 41,226 and 38,275 (pre-pass 3.83 and 3.26 s), peak RSS 1.70 GiB; the com
 (docs/benchmarks.md). With the prefix cache's packed table, prefetches and ring free queue
 (0754c54, load 1.1-1.5, 22bef16 back to back, twice): tier off 57,266 and 60,105 (22bef16: 44,790
 and 43,054), tier on 48,774 and 49,406 (34,941 and 40,016), peak RSS 1.70 GiB.
-With the packed prefix-cache table and its prefetches (8c9320d, load 1.0-1.4,
-22bef16 back to back): tier off 48,390 and 53,069 (22bef16: 43,726 and 44,090), tier on 43,509 and
-46,453 (36,294 and 42,888).
 ``--offload-shared GB`` puts a store of GB for the pool below the cpu tier
 (docs/accounting.md, "Three levels"); 2026-12-07, load 1.2-1.6, ``--offload 200 --offload-shared
 8000`` once: tier off 50,196, tier on 31,798 requests per wall-s (pre-pass 10.27 s), 1.71 GiB.
