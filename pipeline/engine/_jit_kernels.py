@@ -504,6 +504,17 @@ def _most_free_kv(nfree, claim):  # type: ignore[no-untyped-def]
     return dest
 
 
+@_kernel_inline
+def _outstanding(r, t, routed, nfin, last_end, last_nfin):  # type: ignore[no-untyped-def]
+    """Requests routed to replica ``r`` and not finished at ``t`` (least outstanding's count).
+    Finishes at or before t count as done; only a replica's latest step can end after t (steps
+    run in start order, every start so far is <= t)."""
+    o = routed[r] - nfin[r]
+    if last_end[r] > t:
+        o += last_nfin[r]
+    return o
+
+
 @_kernel
 def _route(i, t, router, rr, aff_rep, routed, nfin, last_end, last_nfin, nfree, claim):  # type: ignore[no-untyped-def]
     """The replica that request ``i``, arriving at ``t``, is routed to (see run_fleet)."""
@@ -517,11 +528,7 @@ def _route(i, t, router, rr, aff_rep, routed, nfin, last_end, last_nfin, nfree, 
     dest = 0
     best = -1
     for r in range(R):
-        # Finishes at or before t count as done; only a replica's latest step can
-        # end after t (steps run in start order, every start so far is <= t).
-        o = routed[r] - nfin[r]
-        if last_end[r] > t:
-            o += last_nfin[r]
+        o = _outstanding(r, t, routed, nfin, last_end, last_nfin)
         if best < 0 or o < best:
             best = o
             dest = r
@@ -1484,9 +1491,7 @@ def _route_live(t, router, rr, sc, routed, nfin, last_end, last_nfin):  # type: 
     best = -1
     for q in range(nlv):
         r = lv[q]
-        o = routed[r] - nfin[r]
-        if last_end[r] > t:
-            o += last_nfin[r]
+        o = _outstanding(r, t, routed, nfin, last_end, last_nfin)
         if best < 0 or o < best:
             best = o
             dest = r
