@@ -55,6 +55,7 @@ as it goes (docs/engine.md, "Scaling decisions"); the rate counts the whole repl
 from __future__ import annotations
 
 import argparse
+import hashlib
 import os
 import resource
 import sys
@@ -141,6 +142,14 @@ def main() -> None:
         choices=["schedule", "kv"],
         default=None,
         help="the same day replayed static, then autoscaled (a schedule, or KV occupancy), and both rates",
+    )
+    ap.add_argument(
+        "--threads",
+        type=int,
+        default=None,
+        metavar="N",
+        help="with --offload: also time the replay as `rooftrace replay` runs it, pods in N threads (default: the "
+        "usable cores; 1: one engine only)",
     )
     args = ap.parse_args()
     if args.offload is not None:
@@ -380,8 +389,12 @@ def agent_sessions(n: int, rate: float, rng: np.random.Generator) -> Workload:
 
 
 def offload(args: argparse.Namespace) -> None:
-    """The KV offload tier's rate: agent sessions replayed without the tier, then with it."""
-    from pipeline.replay.offload import plan_offload
+    """The KV offload tier's rate: agent sessions replayed without the tier, then with it; in one
+    engine on one thread, then as the replay stage runs it (pods on threads, the pre-pass's
+    replicas too)."""
+    from pipeline.common.system import usable_cores
+    from pipeline.engine.shard import auto_pods, routes_static, simulate_sharded
+    from pipeline.replay.offload import OffloadPlan, plan_offload
 
     spec_dict = {
         "name": "bench",
@@ -407,29 +420,71 @@ def offload(args: argparse.Namespace) -> None:
     spec = FleetSpec(replicas=fleet.ranks, scheduler=fleet.scheduler, router="session_affinity")
     simulate_jit(Workload(arrival_s=work.arrival_s[:10], prompt_tokens=work.prompt_tokens[:10],
                           output_tokens=work.output_tokens[:10]), spec, cost)  # fmt: skip
-    t0, c0 = time.perf_counter(), time.process_time()
-    off = simulate_jit(work, spec, cost, StepLog(capacity=1024))
-    wall_off, cpu_off = time.perf_counter() - t0, time.process_time() - c0
-    t0, c0 = time.perf_counter(), time.process_time()
-    plan = plan_offload(work, spec, tier, fleet.memory.kv_bytes_per_token, fleet.deployment.gpus, fleet.config.dp)
-    t1 = time.perf_counter()
-    assert plan is not None
-    res = plan.restore(simulate_jit(plan.work, spec, cost, StepLog(capacity=1024)))
-    wall_on, cpu_on = time.perf_counter() - t0, time.process_time() - c0
-    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024**2
+    threads = max(1, args.threads if args.threads is not None else usable_cores())
+
+    def engine(w: Workload, workers: int) -> tuple[Any, int]:
+        """One engine (workers 1), or pods as the replay stage picks them (shard.auto_pods)."""
+        pods = auto_pods(spec, w.n, lambda: routes_static(w, spec), cores=workers) if workers > 1 else 1
+        if pods == 1:
+            return simulate_jit(w, spec, cost, StepLog(capacity=1024)), 1
+        return simulate_sharded(w, spec, cost, StepLog(capacity=1024), pods, "thread"), pods
+
+    def timed(workers: int) -> tuple[Any, Any, OffloadPlan, float, float, float, float, float, int]:
+        t0, c0 = time.perf_counter(), time.process_time()
+        off, _ = engine(work, workers)
+        wall_off, cpu_off = time.perf_counter() - t0, time.process_time() - c0
+        t0, c0 = time.perf_counter(), time.process_time()
+        plan = plan_offload(
+            work, spec, tier, fleet.memory.kv_bytes_per_token, fleet.deployment.gpus, fleet.config.dp, workers
+        )
+        t1 = time.perf_counter()
+        assert plan is not None
+        on, pods = engine(plan.work, workers)
+        res = plan.restore(on)
+        wall_on, cpu_on = time.perf_counter() - t0, time.process_time() - c0
+        return off, res, plan, wall_off, cpu_off, wall_on, cpu_on, t1 - t0, pods
+
+    def digest(*results: Any) -> str:
+        h = hashlib.sha256()
+        for r in results:
+            for f in ("first_token_s", "finish_s", "replica"):
+                h.update(np.ascontiguousarray(getattr(r, f)).tobytes())
+        return h.hexdigest()
+
+    def peak() -> float:
+        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024**2
+
+    # as the replay stage runs it first (its peak RSS apart), then one engine on one thread
+    staged = timed(threads) if threads > 1 else None
+    staged_rss = peak()
+    if staged is not None:
+        staged_digest = digest(staged[0], staged[1])
+        staged = (None, None, *staged[2:])  # (the results dropped: the one-thread run's peak is its own)
+    off, res, plan, wall_off, cpu_off, wall_on, cpu_on, pre, _ = timed(1)
     loads = plan.offload_hit_tokens > 0
     print(f"requests            {n:,} agent-session turns ({int(work.affinity.max()) + 1:,} sessions) on "  # type: ignore[union-attr]
           f"{args.replicas} replicas, session_affinity, cost linear (generated in {t_gen:.2f} s)")  # fmt: skip
     print(f"model               {args.model} on {args.hardware}; GPU tier {fleet.scheduler.num_gpu_blocks * 16:,} "
           f"tokens a replica; mean prompt {work.prompt_tokens.mean():,.0f} tokens")  # fmt: skip
     print(f"simulated span      {np.nanmax(off.finish_s):,.0f} s at {rate:.1f} req/s offered")
-    print(f"tier off            {n / wall_off:,.0f} requests per wall-s ({wall_off:,.2f} s), "
-          f"{n / cpu_off:,.0f} per CPU-s; "
-          f"mean TTFT {np.mean(off.first_token_s - off.arrival_s) * 1e3:,.1f} ms")  # fmt: skip
     tiers = f"{tier.capacity_gb:g} GB cpu" + (f" + {tier.shared.capacity_gb:g} GB store" if tier.shared else "")
-    print(f"tier on ({tiers}) {n / wall_on:,.0f} requests per wall-s ({wall_on:,.2f} s: "
-          f"pre-pass {t1 - t0:.2f}), {n / cpu_on:,.0f} per CPU-s; "
-          f"mean TTFT {np.mean(res.first_token_s - res.arrival_s) * 1e3:,.1f} ms")  # fmt: skip
+
+    def rates(how: str, off: Any, res: Any, wall_off: float, cpu_off: float, wall_on: float, cpu_on: float,
+              pre: float) -> None:  # fmt: skip
+        print(f"{how}")
+        print(f"  tier off          {n / wall_off:,.0f} requests per wall-s ({wall_off:,.2f} s), "
+              f"{n / cpu_off:,.0f} per CPU-s; "
+              f"mean TTFT {np.mean(off.first_token_s - off.arrival_s) * 1e3:,.1f} ms")  # fmt: skip
+        print(f"  tier on ({tiers}) {n / wall_on:,.0f} requests per wall-s ({wall_on:,.2f} s: "
+              f"pre-pass {pre:.2f}), {n / cpu_on:,.0f} per CPU-s; "
+              f"mean TTFT {np.mean(res.first_token_s - res.arrival_s) * 1e3:,.1f} ms")  # fmt: skip
+
+    if staged is not None:
+        assert digest(off, res) == staged_digest  # pods on threads: the same results bit for bit
+        _, _, _, w_off, c_off, w_on, c_on, p, pods = staged
+        rates(f"as the replay stage runs it: {pods} pods on {threads} threads (results identical; "
+              f"peak RSS {staged_rss:,.2f} GiB)", off, res, w_off, c_off, w_on, c_on, p)  # fmt: skip
+    rates("one engine, one thread", off, res, wall_off, cpu_off, wall_on, cpu_on, pre)
     print(f"lower-tier hits     {int(loads.sum()):,} requests loaded {int(plan.offload_hit_tokens.sum()):,} tokens "
           f"({float(plan.load_s.sum()):,.1f} s of loads, routing {plan.routing})")  # fmt: skip
     if plan.shared_hit_tokens is not None:
@@ -437,7 +492,7 @@ def offload(args: argparse.Namespace) -> None:
         cpu, store = by["cpu"], by["shared"]
         print(f"per lower tier      cpu {cpu['hit_tokens']:,} tokens to {cpu['requests_loading']:,} requests, "
               f"store {store['hit_tokens']:,} to {store['requests_loading']:,}")  # fmt: skip
-    print(f"peak RSS            {rss:,.2f} GiB (load average {os.getloadavg()[0]:.1f})")
+    print(f"peak RSS            {peak():,.2f} GiB (load average {os.getloadavg()[0]:.1f})")
 
 
 if __name__ == "__main__":

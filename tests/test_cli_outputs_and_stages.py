@@ -310,6 +310,6 @@ def test_replay_and_nightly_say_the_executor_was_not_used(night: dict[str, Any],
                    "--ray-address", "garbage"])  # fmt: skip
     assert res.exit_code == 0 and "in 2 pods" in res.stderr, res.stderr
     assert [ln for ln in res.stderr.splitlines() if "not used" in ln] == [
-        "replay: --ray-address not used: --executor local runs the pods one after another here (the address is "
-        "for --executor ray)"
+        "replay: --ray-address not used: --executor thread runs the pods in threads here (the address is for "
+        "--executor ray)"
     ]

@@ -594,14 +594,22 @@ def test_three_levels_on_one_access_sequence_equal_three_explicit_lru_lists(
 
 
 @settings(max_examples=300, deadline=None)
-@given(traces(), st.integers(1, 3), st.integers(0, 2**60), st.integers(0, 12), st.integers(0, 30), st.integers(0, 60))
+@given(
+    traces(),
+    st.integers(1, 3),
+    st.integers(0, 2**60),
+    st.integers(0, 12),
+    st.integers(0, 30),
+    st.integers(0, 60),
+    st.integers(1, 4),
+)
 def test_the_pre_passs_three_levels_equal_explicit_lru_lists_per_replica_and_for_the_pool(
-    trace: Any, replicas: int, pick: int, gpu: int, cpu: int, store: int
+    trace: Any, replicas: int, pick: int, gpu: int, cpu: int, store: int, workers: int
 ) -> None:
     """The replay's pre-pass (tier_runs): each replica's own GPU and cpu lists on its own
     requests, one store on the whole pool's, some requests skipped (rejected) and some seen by
     the store alone (no replica's route); and, pooled, one GPU and one cpu list of the replicas'
-    sizes together. Each tier's hits are the brute force's."""
+    sizes together. Each tier's hits are the brute force's, in one thread or in ``workers``."""
     from pipeline.replay.offload import tier_runs
 
     chains, lookups = trace
@@ -614,7 +622,7 @@ def test_the_pre_passs_three_levels_equal_explicit_lru_lists_per_replica_and_for
     routes = np.asarray([-1 if r is None else r for r in replica_of], np.int64)
     look = np.asarray(lookups, np.int64)
     want = _brute_force_three(chains, lookups, replica_of, gpu, cpu, store)
-    g, near, total = tier_runs(flat, offsets, look, rows, routes, replicas, gpu, cpu, store)
+    g, near, total = tier_runs(flat, offsets, look, rows, routes, replicas, gpu, cpu, store, workers)
     assert (g.tolist(), (near - g).tolist(), (total - near).tolist()) == tuple(list(w) for w in want)
     # pooled: the router keeps state, the pool is one cache (every live row the replicas' together)
     pooled_of = [None if r is None else 0 for r in replica_of]

@@ -542,7 +542,8 @@ def _kernels() -> _Kernels:
         glb["_block_hash"] = block_hash
         glb["_popcount"] = popcount
         clone = types.FunctionType(fn.__code__, glb, fn.__name__, fn.__defaults__, fn.__closure__)
-        compiled.append(_writeable_inputs(numba.njit(cache=True)(clone)))
+        # nogil: the offload pre-pass simulates replicas' tiers in threads (replay.offload.tier_runs)
+        compiled.append(_writeable_inputs(numba.njit(cache=True, nogil=True)(clone)))
     return _Kernels(*compiled)
 
 

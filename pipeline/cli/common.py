@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import click
 
 from pipeline.common.defaults import (
+    DEFAULT_REPLAY_EXECUTOR,
     MAX_MEMORY_ENV,
     MAX_SIM_DAYS_ENV,
     OUTPUT_FORMATS,
@@ -267,9 +268,11 @@ def pod_options(fn: F) -> F:
     fn = click.option(
         "--executor",
         type=click.Choice(REPLAY_EXECUTORS),
-        default="local",
+        default=DEFAULT_REPLAY_EXECUTOR,
         show_default=True,
-        help="Where the pods run: one after another here, in local processes, or as Ray tasks (optional extra).",
+        help="Where the pods run: one after another here, in threads here (a usable core each; a large replay of "
+        "a round robin or affinity fleet then runs in a pod a core), in local processes, or as Ray tasks "
+        "(optional extra).",
     )(fn)
     return click.option(
         "--pods",

@@ -301,7 +301,7 @@ def _unused_pod_options(result: Any, pods: int, executor: str, ray_address: str 
     from pipeline.common.errors import RooftraceError
     from pipeline.replay.fleet import fleet_from_dict, unused_pod_options
 
-    if executor == "local" and ray_address is None:
+    if executor in ("local", "thread") and ray_address is None:  # (thread: the default, used where it can be)
         return []
     config = result.run_dir / "config.json"
     try:

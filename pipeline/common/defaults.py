@@ -37,7 +37,9 @@ SYNTH_MAX_SEED = 2**63 - 1
 #: Output formats of ``sql`` and ``query`` (pipeline/common/tables.py).
 OUTPUT_FORMATS = ("table", "csv", "json", "parquet")
 #: Where a replay's pods run (pipeline.engine.shard.EXECUTORS).
-REPLAY_EXECUTORS = ("local", "process", "ray")
+REPLAY_EXECUTORS = ("local", "thread", "process", "ray")
+#: ... and where the replay and nightly commands run them unless told: threads, a usable core each.
+DEFAULT_REPLAY_EXECUTOR = "thread"
 
 #: MLPerf LoadGen runs a Server scenario for at least 600 s (MLPerf Inference rules, "min_duration"),
 #: long enough for a p99 over thousands of requests; ``plan``'s default peak window follows it.

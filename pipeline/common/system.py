@@ -1,6 +1,7 @@
 """What the operating system says about this process and its files: the machine's memory (or
-the container's), the process's resident and mapped size and its address-space limit, what
-kind of file a path is, glibc's allocator and the inherited SIGINT disposition.
+the container's), the cores the process may run on, its resident and mapped size and its
+address-space limit, what kind of file a path is, glibc's allocator and the inherited SIGINT
+disposition.
 
 The ground floor: it imports no module of the package, so anything may use it.
 """
@@ -33,6 +34,15 @@ def physical_memory() -> int:
         if text.isdigit() and 0 < int(text) < (total or 1 << 62):
             total = int(text)
     return total if total else 8 * GIB
+
+
+def usable_cores() -> int:
+    """The CPU cores this process may run on (its affinity mask, which a container's cpuset
+    narrows), else the machine's count; at least 1."""
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except (AttributeError, OSError):
+        return max(1, os.cpu_count() or 1)
 
 
 def process_rss() -> int:

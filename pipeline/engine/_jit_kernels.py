@@ -584,6 +584,18 @@ def group_rows(keys, cuts, pods, order):  # type: ignore[no-untyped-def]
     return start
 
 
+@numba.njit(cache=True, nogil=True)
+def gather_chains(hashes, offsets, rows, out_offsets, out):  # type: ignore[no-untyped-def]
+    """The chains of requests ``rows`` (``hashes[offsets[r]:offsets[r + 1]]`` each), one after
+    another into ``out`` at ``out_offsets`` (their lengths' running sum): a pod's chains cut out
+    of the day's with no temporary the size of the copy (the thread executor cuts pods at once)."""
+    for j in range(rows.shape[0]):
+        a = offsets[rows[j]]
+        b = out_offsets[j]
+        for k in range(out_offsets[j + 1] - b):
+            out[b + k] = hashes[a + k]
+
+
 # -- run_fleet's event loop, in pieces: _replay (the loop) and the functions it calls. They are
 # compiled without reference counting (_nrt=False): they allocate nothing, every array they touch
 # belongs to run_fleet. Each piece is inlined by LLVM wherever it is called (forceinline), so the

@@ -65,6 +65,12 @@ POLL_S = 0.1
 #: How long a cancelled loop is waited for before the interrupt is re-raised regardless.
 CANCEL_WAIT_S = 2.0
 
+
+class Cancelled(Exception):
+    """Raised by a ``progress`` callback to stop the loop as a KeyboardInterrupt does (the pods
+    of a thread executor, cancelled by the thread that waits on them): it propagates the same."""
+
+
 #: The step log's replica column.
 REPLICA_COL = list(SPAN_COLUMNS).index("replica")
 
@@ -574,7 +580,7 @@ def _run_in_thread(
         while not done.wait(POLL_S):
             if progress is not None:  # every poll, changed or not: a compile says how long it has taken
                 progress(int(ctl[1]))
-    except KeyboardInterrupt:
+    except (KeyboardInterrupt, Cancelled):
         ctl[0] = 1.0
         done.wait(CANCEL_WAIT_S)
         raise

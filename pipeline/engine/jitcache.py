@@ -16,6 +16,7 @@ import inspect
 import os
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 from pipeline.common import blockhash
@@ -64,6 +65,8 @@ def compile_needed() -> bool:
 
 #: The background compile :func:`compile_ahead` started (at most one), until awaited.
 _AHEAD: list[subprocess.Popen[bytes]] = []
+#: Held while a thread awaits it (the thread executor's pods start their loops together).
+_AHEAD_LOCK = threading.Lock()
 
 #: Set (to anything but empty or 0) to compile in the replaying process itself, as before.
 NO_COMPILE_AHEAD_ENV = "ROOFTRACE_NO_COMPILE_AHEAD"
@@ -95,10 +98,12 @@ def compile_ahead() -> bool:
 
 def await_compile_ahead() -> None:
     """Wait for the background compile :func:`compile_ahead` started, if any (at once if none);
-    afterwards the loop loads from the cache (or, if that compile failed, compiles here)."""
-    while _AHEAD:
-        _AHEAD[0].wait()
-        _AHEAD.pop(0)
+    afterwards the loop loads from the cache (or, if that compile failed, compiles here). Threads
+    wait one at a time: the first waits for the process, the others find it gone."""
+    with _AHEAD_LOCK:
+        while _AHEAD:
+            _AHEAD[0].wait()
+            _AHEAD.pop(0)
 
 
 def _stop_ahead() -> None:

@@ -16,12 +16,20 @@ its requests reach would hold more engine state than AUTO_POD_STATE_BYTES (:func
 memory then follows one pod's replicas, not the fleet's, with the same results.
 
 Pods run one after another in this process (``local``: the memory of one pod at a time), in
-spawned worker processes (``process``), or as Ray tasks (``ray``, the optional extra).
+threads of this process, one a usable core at once (``thread``: the compiled loop releases the
+GIL, and each thread cuts its own pod's requests out of the day, so nothing is copied to another
+process; the memory of that many pods at a time), in spawned worker processes (``process``), or
+as Ray tasks (``ray``, the optional extra). Whatever the executor, pods are handed back in
+order, so what a replay writes is the same bytes.
+
+A replay asked for no pods also runs in them when it can use the thread executor on a machine
+with more than one usable core and has at least AUTO_THREAD_REQUESTS requests: a pod a core.
 """
 
 from __future__ import annotations
 
 import multiprocessing
+import threading
 from collections.abc import Callable, Iterator
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, fields, replace
@@ -36,7 +44,10 @@ from pipeline.common.units import format_bytes
 from pipeline.costmodel.stepcost import TabulatedCost
 from pipeline.costmodel.steps import StepCostFn
 from pipeline.engine.jit import (
+    CANCEL_WAIT_S,
+    POLL_S,
     REPLICA_COL,
+    Cancelled,
     _tables,
     affinity_replicas,
     fitting_replicas,
@@ -52,7 +63,7 @@ IntArray = npt.NDArray[np.int64]
 RowArray = npt.NDArray[Any]
 
 #: Where pods run.
-EXECUTORS: tuple[str, ...] = ("local", "process", "ray")
+EXECUTORS: tuple[str, ...] = ("local", "thread", "process", "ray")
 
 #: Most pods a replay may be cut into.
 MAX_PODS = 1_000_000
@@ -66,6 +77,9 @@ AUTO_POD_STATE_BYTES = 256 << 20
 #: lockstep groups): a pod's step log is written as the pod ends, one engine's whole day's log
 #: would be held (10⁷ requests: about 22 GiB estimated, refused at the default memory limit).
 AUTO_POD_REQUESTS = 500_000
+#: ... and, given usable cores (the thread executor), when it has at least this many requests it
+#: runs in a pod a core (as many as it has lockstep groups): below, a replay takes about a second.
+AUTO_THREAD_REQUESTS = 100_000
 
 
 def static_routes(work: Workload, spec: FleetSpec) -> RowArray | None:
@@ -109,26 +123,40 @@ def routes_static(work: Workload, spec: FleetSpec) -> bool:
     return False
 
 
-def auto_pods(spec: FleetSpec, requests: int, static: Callable[[], bool], streamed: bool = False) -> int:
+def auto_pods(
+    spec: FleetSpec, requests: int, static: Callable[[], bool], streamed: bool = False, cores: int = 1
+) -> int:
     """Pods to replay ``requests`` requests on ``spec`` in when none were asked for: 1, unless the
     routes are ``static`` (asked only then) and either the replicas the requests can reach would
     hold more than AUTO_POD_STATE_BYTES of engine state, or the step log is ``streamed`` and the
-    requests are more than AUTO_POD_REQUESTS; then enough pods that one holds at most that much
-    (at most one a lockstep group and MAX_PODS; pods without requests are never built). Round
-    robin reaches one replica per request (whole lockstep groups); an affinity router one
-    lockstep group per request. A lockstep group past AUTO_POD_STATE_BYTES on its own is a pod of
-    its own."""
+    requests are more than AUTO_POD_REQUESTS, or ``cores`` (those the thread executor may use)
+    are more than one and the requests at least AUTO_THREAD_REQUESTS; then enough pods that one
+    holds at most that much, and at least one a core (with cores, a multiple of them; at most
+    one a lockstep group and MAX_PODS; pods without requests are never built). Round robin
+    reaches one replica per request (whole lockstep groups); an affinity router one lockstep
+    group per request. A lockstep group past AUTO_POD_STATE_BYTES on its own is a pod of its
+    own."""
     G = max(spec.lockstep, 1)
     groups = spec.replicas // G
     per_request = 1 if spec.router == "round_robin" else G
     reach = min(spec.replicas, max(G, -(-requests * per_request // G) * G))
     by_log = -(-requests // AUTO_POD_REQUESTS) if streamed and requests > AUTO_POD_REQUESTS else 1
+    by_cores = cores if cores > 1 and requests >= AUTO_THREAD_REQUESTS else 1
     by_state = 1
     if state_bytes(replace(spec, replicas=reach)) > AUTO_POD_STATE_BYTES:
         by_state = -(-groups // (fitting_replicas(spec, AUTO_POD_STATE_BYTES) // G))
-    if max(by_state, by_log) == 1 or not static():
+    pods = max(by_state, by_log, by_cores)
+    if pods == 1 or not static():
         return 1
-    return min(MAX_PODS, groups, max(by_state, by_log))
+    if cores > 1:  # a whole number of pods a core: no pod runs alone at the end
+        pods = -(-pods // cores) * cores
+    return min(MAX_PODS, groups, pods)
+
+
+def thread_workers(pods: int, executor: str = "thread") -> int:
+    """Pods ``executor`` replays at once: for ``thread``, one a usable core (at most ``pods``);
+    otherwise 1 (``local``; ``process`` and ``ray`` run theirs in processes of their own)."""
+    return max(1, min(pods, system.usable_cores())) if executor == "thread" else 1
 
 
 def _row_dtype(n: int) -> type[np.signedinteger[Any]]:
@@ -214,16 +242,20 @@ def _subset(work: Workload, rows: RowArray, keep_affinity: bool) -> Workload:
             affinity=affinity,
             reported_hit_tokens=reported,
         )
+    from pipeline.engine import _jit_kernels as k  # lazy: numba, imported only when the engine runs
+
     offsets = work.offsets()
-    counts = offsets[rows + 1] - offsets[rows]
     sub_off = np.zeros(rows.shape[0] + 1, np.int64)
-    np.cumsum(counts, out=sub_off[1:])
-    take = np.repeat(offsets[rows], counts) + (np.arange(int(sub_off[-1])) - np.repeat(sub_off[:-1], counts))
+    np.cumsum(offsets[rows + 1] - offsets[rows], out=sub_off[1:])
+    chains = work.chain_hashes
+    if chains.size:
+        chains = np.empty(int(sub_off[-1]), chains.dtype)
+        k.gather_chains(work.chain_hashes, offsets, rows, sub_off, chains)
     return Workload(
         arrival_s=work.arrival_s[rows],
         prompt_tokens=work.prompt_tokens[rows],
         output_tokens=work.output_tokens[rows],
-        chain_hashes=work.chain_hashes[take] if work.chain_hashes.size else work.chain_hashes,
+        chain_hashes=chains,
         chain_offsets=sub_off if work.chain_offsets is not None else None,
         affinity=affinity,
         reported_hit_tokens=reported,
@@ -295,11 +327,14 @@ def _cut_hierarchical(work: Workload, spec: FleetSpec, pod_ranks: int, balancer:
     return out
 
 
-def run_pod(pod: Pod, cost: TabulatedCost, want_log: bool) -> tuple[EngineResult, npt.NDArray[np.float64]]:
-    """Replay one pod (in any process): its results and its step log's rows."""
+def run_pod(
+    pod: Pod, cost: TabulatedCost, want_log: bool, progress: Callable[[int], None] | None = None
+) -> tuple[EngineResult, npt.NDArray[np.float64]]:
+    """Replay one pod (in any process): its results and its step log's rows (``progress``: as
+    :func:`simulate_jit`'s, the pod's requests taken)."""
     system.keep_malloc_threshold()  # (a worker process's pods, one after another)
     log = _Capture() if want_log else None
-    res = simulate_jit(pod.work, pod.spec, cost, log, routes=pod.routes)
+    res = simulate_jit(pod.work, pod.spec, cost, log, progress, routes=pod.routes)
     return res, log.rows if log is not None else np.zeros((0, len(SPAN_COLUMNS)))
 
 
@@ -367,7 +402,8 @@ def sharded_results(
     # data only: the closures (extend, exact) stay here; the tables already cover every step
     data = replace(tables, extend=None, exact=None, describe={})
     done = 0
-    runs = _run_all(work, shards, data, log is not None, executor, address)
+    threads = executor == "thread" and len(shards) > 1  # (its pods report as they run: _run_threads)
+    runs = _run_all(work, shards, data, log is not None, executor, address, progress if threads else None)
     for pod, (sub, rows) in zip(shards, runs, strict=True):
         sub = replace(sub, replica=np.where(sub.replica >= 0, sub.replica + pod.first, -1).astype(np.int32))
         if log is not None and rows.shape[0]:
@@ -376,17 +412,26 @@ def sharded_results(
             rows[:, REPLICA_COL] += pod.first
             log.extend_rows(rows)
         done += int(pod.rows.shape[0])
-        if progress is not None:
+        if progress is not None and not threads:
             progress(done)
         yield pod.rows, sub
 
 
 def _run_all(
-    work: Workload, cuts: list[PodCut], cost: TabulatedCost, want_log: bool, executor: str, address: str | None
+    work: Workload,
+    cuts: list[PodCut],
+    cost: TabulatedCost,
+    want_log: bool,
+    executor: str,
+    address: str | None,
+    progress: Callable[[int], None] | None = None,
 ) -> Iterator[tuple[EngineResult, npt.NDArray[np.float64]]]:
     if executor == "local" or len(cuts) == 1:
         for cut in cuts:  # one pod's requests cut out at a time
             yield run_pod(cut.pod(work), cost, want_log)
+        return
+    if executor == "thread":
+        yield from _run_threads(work, cuts, cost, want_log, thread_workers(len(cuts)), progress)
         return
     shards = [cut.pod(work) for cut in cuts]
     if executor == "process":
@@ -396,6 +441,84 @@ def _run_all(
             yield from pool.map(run_pod, shards, [cost] * len(shards), [want_log] * len(shards))
     else:
         yield from _run_ray(shards, cost, want_log, address)
+
+
+def _run_threads(
+    work: Workload,
+    cuts: list[PodCut],
+    cost: TabulatedCost,
+    want_log: bool,
+    workers: int,
+    progress: Callable[[int], None] | None,
+) -> Iterator[tuple[EngineResult, npt.NDArray[np.float64]]]:
+    """The pods ``cuts`` in ``workers`` daemon threads: each takes the next pod not yet started,
+    cuts its requests out of ``work`` and runs the compiled loop (which releases the GIL). Results
+    come back in the pods' order, each as soon as it and those before it have ended; meanwhile
+    ``progress`` gets the requests every pod has taken, every POLL_S. A pod's error stops the
+    others (at their next poll) and is raised; so is a KeyboardInterrupt, or the caller closing
+    the generator, after telling the pods to stop (each waited for up to CANCEL_WAIT_S)."""
+    n = len(cuts)
+    taken = [0] * n  # requests each pod's loop has taken
+    outs: list[tuple[EngineResult, npt.NDArray[np.float64]] | BaseException | None] = [None] * n
+    ended = [threading.Event() for _ in range(n)]
+    stop = threading.Event()
+    lock = threading.Lock()
+    queue = iter(range(n))
+
+    def seen(i: int) -> Callable[[int], None]:
+        def report(k: int) -> None:
+            if stop.is_set():
+                raise Cancelled
+            taken[i] = k
+
+        return report
+
+    def worker() -> None:
+        while not stop.is_set():
+            with lock:
+                i = next(queue, None)
+            if i is None:
+                return
+            try:
+                outs[i] = run_pod(cuts[i].pod(work), cost, want_log, seen(i))
+            except BaseException as exc:  # raised in the thread that waits, in the pods' order
+                outs[i] = exc
+                stop.set()
+            finally:
+                ended[i].set()
+
+    threads = [threading.Thread(target=worker, name=f"rooftrace-pod-{k}", daemon=True) for k in range(workers)]
+    for t in threads:
+        t.start()
+    try:
+        for i in range(n):
+            while not ended[i].wait(POLL_S):
+                if stop.is_set() and not any(t.is_alive() for t in threads):
+                    break  # (a pod failed before this one started: it never will)
+                if progress is not None:
+                    progress(sum(taken))
+            out = outs[i]
+            if out is None or isinstance(out, BaseException):
+                raise _first_error(outs, threads)
+            outs[i] = None  # (handed over: the caller's to keep or drop)
+            if progress is not None:
+                progress(sum(taken))
+            yield out
+    except BaseException:
+        stop.set()
+        for t in threads:
+            t.join(CANCEL_WAIT_S)
+        raise
+
+
+def _first_error(outs: list[Any], threads: list[threading.Thread]) -> BaseException:
+    """The error that stopped the thread executor's pods: the first pod's that is not the
+    others being stopped (:class:`Cancelled`), once every thread has ended."""
+    for t in threads:
+        t.join(CANCEL_WAIT_S)
+    errors = [o for o in outs if isinstance(o, BaseException)]
+    real = [e for e in errors if not isinstance(e, Cancelled)]
+    return (real or errors or [RooftraceError("a pod of the thread executor ended without a result")])[0]
 
 
 #: Seconds to wait for a Ray cluster's port to answer before calling it unreachable.

@@ -1276,13 +1276,17 @@ def unused_pod_options(
     ``engine_pods`` pods (the run's summary): one line each, for stderr; empty when both were used
     or not given. The executor runs pods: a fleet replayed as one engine (a router whose routes
     depend on the run, a closed loop, or no --pods asked and small enough for one engine) uses
-    none; the Ray address is for ``--executor ray`` only."""
+    none (``thread``, the default, says nothing: it runs pods where there are some); the Ray
+    address is for ``--executor ray`` only."""
     notes = []
     if ray_address is not None and executor != "ray":
-        where = "runs the pods one after another here" if executor == "local" else "runs the pods in local processes"
+        where = {
+            "local": "runs the pods one after another here",
+            "thread": "runs the pods in threads here",
+        }.get(executor, "runs the pods in local processes")
         notes.append(f"--ray-address not used: --executor {executor} {where} (the address is for --executor ray)")
     hierarchical = 0 < cfg.router_pod_size < cfg.replicas
-    if executor != "local" and engine_pods <= 1 and not hierarchical:
+    if executor not in ("local", "thread") and engine_pods <= 1 and not hierarchical:
         if closed:
             why = "the closed loop of --concurrency cannot be cut into pods"
         elif cfg.router not in ("round_robin", *AFFINITY_ROUTERS):

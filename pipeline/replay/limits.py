@@ -43,7 +43,7 @@ from pipeline.common.defaults import MAX_MEMORY_ENV, MAX_SIM_DAYS_ENV
 from pipeline.common.units import distinct_numbers, format_bytes, format_duration, format_number
 from pipeline.engine.jit import MAX_STATE_BYTES, fitting_replicas, state_bytes
 from pipeline.engine.jitcache import compile_needed as jit_compile_needed
-from pipeline.engine.shard import auto_pods, pod_cuts
+from pipeline.engine.shard import MAX_PODS, auto_pods, pod_cuts, thread_workers
 
 if TYPE_CHECKING:
     import polars as pl
@@ -215,13 +215,16 @@ def estimate_replay(
     streamed: bool = False,
     ramp_s: float = 0.0,
     think_s: float = 0.0,
+    executor: str = "local",
 ) -> ReplayEstimate:
     """Estimate the memory and wall time of replaying ``requests`` on ``fleet`` (see the module
     doc), without running it. Replayed in ``pods`` (or in the routing pods of
     ``router_pod_size``), one pod's engine state is held at a time by any one process: the
-    largest pod's counts, not the whole fleet's. ``streamed``: the store-level replay, whose
-    per-request results and tables are written as they come (STREAMED_REQUEST_BYTES). A closed
-    loop's ``ramp_s`` and ``think_s`` (each client's wait between two requests) lengthen its span."""
+    largest pod's counts, not the whole fleet's; ``executor`` ``thread`` holds as many pods at a
+    time as it runs at once (shard.thread_workers), and takes about that much less wall time.
+    ``streamed``: the store-level replay, whose per-request results and tables are written as
+    they come (STREAMED_REQUEST_BYTES). A closed loop's ``ramp_s`` and ``think_s`` (each
+    client's wait between two requests) lengthen its span."""
 
     n = int(requests.height)
     sched = fleet.scheduler
@@ -232,8 +235,9 @@ def estimate_replay(
     # estimate prices with the tier the replay will
     pod_r = R
     hierarchical = 0 < fleet.config.router_pod_size < fleet.config.replicas
+    cores = thread_workers(MAX_PODS, executor)
     if pods == 1 and not hierarchical:  # as the replay decides (shard.auto_pods)
-        pods = auto_pods(spec, n, lambda: _routes_static(requests, spec), streamed=streamed)
+        pods = auto_pods(spec, n, lambda: _routes_static(requests, spec), streamed=streamed, cores=cores)
     if hierarchical:
         pod_r = fleet.config.router_pod_size * (R // fleet.config.replicas)
     elif pods > 1:
@@ -303,7 +307,9 @@ def estimate_replay(
     series_rows = busy * (span + 2)
     # in pods, the replay stage writes each pod's step log and series as the pod ends
     # (replay.RunSteps): one pod's share is held at a time
-    held = 1.0 if flat else min(1.0, pod_r / R)
+    ran = -(-R // max(pod_r, 1)) if hierarchical else pods  # (hierarchical: a shard a routing pod)
+    at_once = 1 if flat else thread_workers(ran, executor)  # pods held at a time
+    held = 1.0 if flat else min(1.0, at_once * pod_r / R)
     state = state_bytes(pod_spec)
     if state > MAX_STATE_BYTES:  # allocated zeroed: pages nobody touches stay virtual. Touched: every
         # replica's free list of its KV blocks (8 bytes a block), a page of each replica's tables, and
@@ -312,7 +318,7 @@ def estimate_replay(
         per_request = math.ceil((mean_p + mean_o) / bs) * 70
         touched = pod_r * (8 * int(sched.num_gpu_blocks) + 4096) + inflight * per_request
         state = min(state, touched)
-    state += pod_r * REPLICA_BYTES + 16 * n
+    state = (state + pod_r * REPLICA_BYTES) * at_once + 16 * n
     compile_needed = jit_compile_needed()
     parts = {
         "process": system.process_rss(),
@@ -329,7 +335,7 @@ def estimate_replay(
     # wall time, roughly: per event the loop scans every replica it runs
     post = n * 10e-6 + rows * 1e-6 + series_rows * 0.2e-6 + blocks * 0.1e-6
     # the replay's own time: a compile ahead is said apart (engine_progress), never added here
-    seconds = 1.0 + blocks * 0.3e-6 + (rows + n) * (pod_r * 4e-9 + 2e-6)
+    seconds = 1.0 + blocks * 0.3e-6 + (rows + n) * (pod_r * 4e-9 + 2e-6) / at_once
     units, total = "requests done", n
     return ReplayEstimate(
         requests=n,

@@ -43,7 +43,9 @@ every capacity at once: the same answers, with tables the size of the tiers.
 
 from __future__ import annotations
 
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
+from functools import partial
 from typing import Any
 
 import numpy as np
@@ -112,8 +114,8 @@ class OffloadPlan:
         }
 
 
-def fleet_offload(work: Workload, fleet: ResolvedFleet, spec: FleetSpec) -> OffloadPlan | None:
-    """:func:`plan_offload` with ``fleet``'s ``[kv_offload]`` (None without one)."""
+def fleet_offload(work: Workload, fleet: ResolvedFleet, spec: FleetSpec, workers: int = 1) -> OffloadPlan | None:
+    """:func:`plan_offload` with ``fleet``'s ``[kv_offload]`` (None without one), in ``workers`` threads."""
     tier = fleet.config.kv_offload
     if tier is None:
         return None
@@ -122,14 +124,23 @@ def fleet_offload(work: Workload, fleet: ResolvedFleet, spec: FleetSpec) -> Offl
             f"fleet {fleet.config.name!r} [kv_offload]: a load delays its request's admission, which only the "
             "open loop replays: leave out --concurrency and --offline, or the fleet's [kv_offload]"
         )
-    return plan_offload(work, spec, tier, fleet.memory.kv_bytes_per_token, fleet.deployment.gpus, fleet.config.dp)
+    return plan_offload(
+        work, spec, tier, fleet.memory.kv_bytes_per_token, fleet.deployment.gpus, fleet.config.dp, workers
+    )
 
 
 def plan_offload(
-    work: Workload, spec: FleetSpec, tier: OffloadTier, kv_bytes_per_gpu_token: float, gpus_per_rank: int, dp: int
+    work: Workload,
+    spec: FleetSpec,
+    tier: OffloadTier,
+    kv_bytes_per_gpu_token: float,
+    gpus_per_rank: int,
+    dp: int,
+    workers: int = 1,
 ) -> OffloadPlan | None:
     """The pre-pass (module doc) on ``work`` replayed by ``spec`` (the day itself, unchanged,
-    where nothing loads: no prefix caching, no chains, or every block the GPU tier's)."""
+    where nothing loads: no prefix caching, no chains, or every block the GPU tier's); the
+    replicas' tiers simulated in ``workers`` threads (:func:`tier_runs`)."""
     if spec.mode != "open":
         raise ConfigError("[kv_offload]: a load delays its request's admission, which only the open loop replays")
     sched = spec.scheduler
@@ -154,7 +165,7 @@ def plan_offload(
     # was given its replica's whole tier, dp times the fleet's host DRAM when dp > 1)
     per_rank = None if shared else lower // max(dp, 1)
     rows = np.flatnonzero(live).astype(np.int64)
-    gpu, near, total = tier_runs(hashes, offsets, lookups, rows, routes, R, G, per_rank, store)
+    gpu, near, total = tier_runs(hashes, offsets, lookups, rows, routes, R, G, per_rank, store, workers)
     routing = "pooled" if routes is None else "replica"
     del explicit, hashes, offsets  # (a materialised chain tree is not kept for the engines)
     low = total - gpu
@@ -186,6 +197,7 @@ def tier_runs(
     gpu_blocks: int,
     cpu_blocks: int | None,
     store_blocks: int | None,
+    workers: int = 1,
 ) -> tuple[I64Array, I64Array, I64Array]:
     """Per request (of the layout; only ``rows``, in arrival order, are simulated, the others
     0), its leading run in the GPU tier, through its replica's cpu tier, and through the pool's
@@ -196,7 +208,10 @@ def tier_runs(
     over every row; a request's run through the store is the longer of its replica's run and the
     store's (each tier's blocks of a chain are a leading run). Without, the pool is one cache: a
     GPU tier of ``replicas × gpu_blocks``, a cpu tier of ``replicas × cpu_blocks`` and the store,
-    all on one access sequence (inclusion: each reaches ``max`` of the sizes above it)."""
+    all on one access sequence (inclusion: each reaches ``max`` of the sizes above it).
+
+    With ``routes``, the replicas' simulations (and the store's) are independent: ``workers``
+    threads run them (the LRU kernel releases the GIL), each writing only its own rows."""
     n = offsets.shape[0] - 1
     gpu, near, total = (np.zeros(n, np.int64) for _ in range(3))
     if routes is not None:
@@ -204,14 +219,29 @@ def tier_runs(
         by_replica = mine[np.argsort(routes[mine], kind="stable")]  # each replica's rows, in arrival order
         cuts = np.searchsorted(routes[by_replica], np.arange(replicas + 1))
         caps = [gpu_blocks] if cpu_blocks is None else [gpu_blocks, max(gpu_blocks, cpu_blocks)]
-        for r in np.flatnonzero(np.diff(cuts)).tolist():
+        pool: list[I64Array] = []
+
+        def replica(r: int) -> None:
             own = by_replica[cuts[r] : cuts[r + 1]]
             hits = lru_hit_blocks(hashes, offsets, lookups, caps, own)
             gpu[own], near[own] = hits[0], hits[-1]
+
+        def the_store() -> None:
+            pool.extend(lru_hit_blocks(hashes, offsets, lookups, [store_blocks or 0], rows))
+
+        # the store's one simulation first: the longest, it runs beside the replicas'
+        jobs = [the_store] if store_blocks is not None and rows.size else []
+        jobs += [partial(replica, r) for r in np.flatnonzero(np.diff(cuts)).tolist()]
+        if workers > 1 and len(jobs) > 1:
+            with ThreadPoolExecutor(max_workers=min(workers, len(jobs)), thread_name_prefix="rooftrace-tier") as ex:
+                for job in [ex.submit(j) for j in jobs]:
+                    job.result()  # (an error in one is raised here)
+        else:
+            for j in jobs:
+                j()
         total[:] = near
-        if store_blocks is not None and rows.size:
-            (pool,) = lru_hit_blocks(hashes, offsets, lookups, [store_blocks], rows)
-            total[rows] = np.maximum(near[rows], pool)
+        if pool:
+            total[rows] = np.maximum(near[rows], pool[0])
         return gpu, near, total
     caps = [gpu_blocks * replicas]
     if cpu_blocks is not None:

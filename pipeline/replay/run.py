@@ -50,7 +50,15 @@ from pipeline.costmodel.stepcost import TabulatedCost
 from pipeline.costmodel.steps import BINDING_NAMES
 from pipeline.engine.jit import simulate_jit
 from pipeline.engine.model import REJECT_REASONS, EngineResult, FleetSpec, Speculation, Workload
-from pipeline.engine.shard import EXECUTORS, MAX_PODS, auto_pods, put_back, routes_static, sharded_results
+from pipeline.engine.shard import (
+    EXECUTORS,
+    MAX_PODS,
+    auto_pods,
+    put_back,
+    routes_static,
+    sharded_results,
+    thread_workers,
+)
 from pipeline.engine.steplog import SPAN_COLUMNS, RowSink, StepLog
 from pipeline.ingest.project import default_fleet_path, find_project
 from pipeline.ingest.store import ColumnReader, Store, epoch_us, store_write_error
@@ -136,8 +144,10 @@ class ReplayOptions:
     #: Not part of the run id: the verdict is computed from the run, not an input to it.
     slo: str | None = None
     #: Replay the fleet in this many pods of replicas (pipeline/engine/shard.py; exact for
-    #: round robin and affinity routers), run by ``executor``: local, process or ray. Not part
-    #: of the run id: the results are the same bit for bit.
+    #: round robin and affinity routers), run by ``executor``: local, thread, process or ray
+    #: (``thread``: a pod a usable core, and a replay asked for no pods runs in one a core when it
+    #: is large: shard.auto_pods; the CLI's default). Not part of the run id: the results are the
+    #: same bit for bit.
     pods: int = 1
     executor: str = "local"
     ray_address: str | None = None
@@ -367,6 +377,7 @@ def check_replay_limits(
         streamed,
         ramp_s=options.ramp_s,
         think_s=options.think_s,
+        executor=options.executor,
     )
     enforce(est)
     return progress if progress is not None else engine_progress(est)
@@ -426,14 +437,15 @@ def run_workload(
     if fleet.config.autoscale is not None:  # (parse_fleet refuses it with [kv_offload])
         return _run_autoscaled(work, fleet, spec, cost, options, progress, steps, results)
     day = work
-    offload = fleet_offload(work, fleet, spec)  # a lower KV tier: its loads delay their requests
+    cores = thread_workers(MAX_PODS, options.executor)  # (the thread executor: the usable cores)
+    offload = fleet_offload(work, fleet, spec, cores)  # a lower KV tier: its loads delay their requests
     if offload is not None:
         work = offload.work
     pod_size = fleet.config.router_pod_size
     hierarchical = 0 < pod_size < fleet.config.replicas
     pods = options.pods
-    if pods == 1 and not hierarchical:  # too many busy replicas for one engine state: pods anyway
-        pods = auto_pods(spec, work.n, lambda: routes_static(work, spec), streamed=steps is not None)
+    if pods == 1 and not hierarchical:  # too many busy replicas for one engine state, or cores: pods anyway
+        pods = auto_pods(spec, work.n, lambda: routes_static(work, spec), streamed=steps is not None, cores=cores)
     sharded = hierarchical or pods > 1
     log = StepLog(capacity=1024 if sharded and steps is not None else max(1024, 2 * work.n))
     pod_log: RowSink = steps if steps is not None else log
