@@ -34,16 +34,19 @@ requests over the wall time of all four. ``--offload GB`` times the KV offload t
 keyed to its session, ``session_affinity``): the same day replayed without the tier, then with a
 ``cpu`` tier of GB per replica, the rate of the second counting the pre-pass
 (pipeline.replay.offload.plan_offload: the tiers simulated directly, the replayed day sharing the
-day's arrays), the engine and giving the results back their logged arrivals. 2026-12-07, shared
-2-core VM, load 0.5-1.5, ``--offload 200`` twice: tier off 51,873 and 49,707 requests per wall-s,
-tier on 41,226 and 38,275 (pre-pass 3.83 and 3.26 s), peak RSS 1.70 GiB; the commit before
-(ff1cdf6), minutes apart: 44,713 and 38,181, 32,171 and 30,410 (pre-pass 8.66 and 10.57 s), 2.21 GiB
-(docs/benchmarks.md). With the prefix cache's packed table, prefetches and ring free queue
-(0754c54, load 1.1-1.5, 22bef16 back to back, twice): tier off 57,266 and 60,105 (22bef16: 44,790
-and 43,054), tier on 48,774 and 49,406 (34,941 and 40,016), peak RSS 1.70 GiB.
-``--offload-shared GB`` puts a store of GB for the pool below the cpu tier
-(docs/accounting.md, "Three levels"); 2026-12-07, load 1.2-1.6, ``--offload 200 --offload-shared
-8000`` once: tier off 50,196, tier on 31,798 requests per wall-s (pre-pass 10.27 s), 1.71 GiB.
+day's arrays), the engine and giving the results back their logged arrivals. Each is timed twice:
+first as ``rooftrace replay`` runs it (its default ``--executor thread``: shard.auto_pods cuts
+the fleet into a pod a usable core, simulate_sharded runs them on threads, and the pre-pass
+simulates its replicas' tiers on the same threads; ``--threads N`` sets the cores, 1 skips it),
+then in one engine on one thread; the two give the same results (asserted). 2026-12-07, shared
+2-core VM, 3343d4d, load 1.0-1.2, ``--offload 200`` twice: as the replay runs it (4 pods on 2
+threads) tier on 81,041 and 100,491 requests per wall-s (pre-pass 3.16 and 2.90 s), tier off
+108,622 and 132,090, peak RSS 1.75 and 1.76 GiB; one engine, one thread: tier on 45,930 and
+48,542 (pre-pass 4.27 and 3.12 s), tier off 55,585 and 62,175. ``--offload-shared GB`` puts a
+store of GB for the pool below the cpu tier (docs/accounting.md, "Three levels"); the same
+sitting, ``--offload 200 --offload-shared 8000`` once: tier on 62,192 as the replay runs it
+(pre-pass 8.61 s: the store's one LRU list), 30,726 in one thread; 1.77 GiB. Earlier figures:
+docs/benchmarks.md.
 ``--autoscale schedule|kv`` times an autoscaled fleet (FLEET.toml ``[autoscale]``, docs/pools.md)
 against the same day replayed static on all its replicas, round robin: ``schedule`` runs half the
 replicas until half the day, then all; ``kv`` scales on KV occupancy (60 s windows). Either is one
