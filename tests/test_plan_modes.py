@@ -340,6 +340,44 @@ def test_autoscale_prices_the_cheapest_configuration_without_a_tier(
     assert doc["autoscale"]["config"] == "h100-sxm tp1 bf16"  # ... and autoscaling prices colocated
 
 
+def test_agent_sessions_three_levels_beside_the_cpu_tier(
+    session_day: tuple[Store, list[dict[str, object]]], tmp_path: Path
+) -> None:
+    """``--offload-store-gb 2000``: each cpu tier is tried alone and over a 2,000 GB store for the
+    pool ([kv_offload.shared]). The store keeps what the host tiers lose, so the three-level
+    configuration loads more and needs no more replicas; the frontier says what each lower tier
+    loaded, and that the store is not priced."""
+    from pipeline.plan.modes import frontier_lines
+
+    store, _rows = session_day
+    fleet = tmp_path / "FLEET.toml"
+    fleet.write_text(AFFINITY_FLEET, encoding="utf-8")
+    opts = _opts("ttft_p99=2s,tpot_p99=100ms", ("colocated", "offload"), offload_gb=(256.0,),
+                 offload_store_gb=(2000.0,), fleet_path=str(fleet))  # fmt: skip
+    res = plan(store, opts)
+    doc = res.doc
+    by_config = {c["config"]: c for c in doc["configurations"]}
+    alone = by_config["h100-sxm tp1 bf16 offload-cpu:256GB"]
+    three = by_config["h100-sxm tp1 bf16 offload-cpu:256GB+store:2000GB"]
+    assert three["replicas"] is not None and alone["replicas"] is not None
+    assert three["replicas"] <= alone["replicas"]
+    off = _front(doc)["offload"]
+    assert off["config"] == "h100-sxm tp1 bf16 offload-cpu:256GB+store:2000GB" and off["verdict"] == "wins"
+    below = "then shared 2000 GB shared by the pool, 50 GB/s, 50 µs"
+    assert off["offload"] == f"cpu 256 GB per replica, 50 GB/s, 10 µs, {below}"
+    got = doc["chosen"]["offload"]
+    tiers = got["by_tier"]
+    loaded = tiers["cpu"]["hit_tokens"] + tiers["shared"]["hit_tokens"]
+    assert loaded == got["offload_hit_tokens"] == off["offload_hit_tokens"]
+    assert tiers["shared"]["hit_tokens"] > 0  # the store loaded what host memory lost
+    cpu_m, store_m = tiers["cpu"]["hit_tokens"] / 1e6, tiers["shared"]["hit_tokens"] / 1e6
+    assert f"from host memory ({cpu_m:,.1f} M) and the pool's store ({store_m:,.1f} M)" in off["why"]
+    assert "the store not priced" in "\n".join(frontier_lines(doc["frontier"]))
+    assert list(doc["options"]["offload_store_gb"]) == [2000.0]
+    # without a store the options (and the plan id) are those of a plan before three levels
+    assert "offload_store_gb" not in _opts("ttft_p99=2s", ("colocated", "offload")).record()
+
+
 def test_offload_options_keep_other_plans_ids(chat_quiet: tuple[Store, list[dict[str, object]]]) -> None:
     store, _ = chat_quiet
     loose = "ttft_p99=10s,tpot_p99=1s"
@@ -435,6 +473,10 @@ def test_disaggregated_seed_gives_each_pool_its_need() -> None:
         ("--offload-gb", "256,inf", "--offload-gb 'inf'"),
         ("--offload-gb", ",", "--offload-gb: expected GB"),
         ("--offload-kind", "nvme", "--offload-kind: unknown kind 'nvme'"),
+        ("--offload-store-gb", "0", "--offload-store-gb '0'"),
+        ("--offload-store-gb", "nan", "--offload-store-gb 'nan'"),
+        ("--offload-store-gb", "1e30", "--offload-store-gb '1e30'"),
+        ("--offload-store-gb", ",", "--offload-store-gb: expected GB"),
     ],
 )
 def test_hostile_mode_flags_are_one_line(tmp_path: Path, flag: str, value: str, needle: str) -> None:
@@ -460,3 +502,12 @@ def test_parsers_refuse_in_the_library() -> None:
     for bad in ((0.0,), (float("nan"),), (-1.0,), (1e30,), ()):
         with pytest.raises(ConfigError, match="--offload-gb"):
             PlanOptions(model="llama-3.1-8b", offload_gb=bad)
+    assert parse_offload_gb("", "--offload-store-gb") == () and parse_offload_gb("8000,2000", "--offload-store-gb") == (
+        8000.0,
+        2000.0,
+    )
+    for bad in ((0.0,), (float("inf"),)):
+        with pytest.raises(ConfigError, match="--offload-store-gb"):
+            PlanOptions(model="llama-3.1-8b", offload_store_gb=bad)
+    with pytest.raises(ConfigError, match="a store goes below a cpu tier"):
+        PlanOptions(model="llama-3.1-8b", offload_kind="shared", offload_store_gb=(100.0,))

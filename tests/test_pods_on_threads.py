@@ -37,7 +37,11 @@ def cores(monkeypatch: pytest.MonkeyPatch) -> Any:
     return set_cores
 
 
-@settings(max_examples=_EXAMPLES, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])  # fmt: skip
+@settings(
+    max_examples=_EXAMPLES,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture],
+)
 @given(_static_cases(), st.integers(2, 5))
 def test_pods_on_threads_equal_one_engine(cores: Any, case: tuple[Workload, FleetSpec, object, int], n: int) -> None:
     """Random static days (round robin, session affinity; open or offline; prefix caching,

@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, cast
 
 import numpy as np
@@ -137,6 +137,17 @@ def _number(raw: Mapping[str, Any], key: str, default: float, where: str, lo: fl
         bounds = f"{'(' if open_low else '['}{lo:g}, {hi:g}]"
         raise ConfigError(f"{where}: {key} must be a number of {unit} in {bounds}, got {value!r}")
     return x
+
+
+def tier_from_summary(kv: Mapping[str, Any]) -> OffloadTier:
+    """The tier a run's ``kv_offload`` record (:meth:`OffloadTier.to_dict`, with its store below
+    under ``shared``) describes."""
+
+    def one(d: Mapping[str, Any], kind: str) -> OffloadTier:
+        return OffloadTier(kind, float(d["capacity_gb"]), float(d["bandwidth_gb_s"]), float(d["latency_us"]))
+
+    below = kv.get("shared")
+    return replace(one(kv, str(kv["kind"])), shared=one(below, "shared") if isinstance(below, Mapping) else None)
 
 
 def parse_offload(raw: Mapping[str, Any], where: str, gpus_per_replica: int) -> OffloadTier:

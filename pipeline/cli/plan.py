@@ -27,6 +27,7 @@ from pipeline.common.defaults import (
     DEFAULT_PLAN_MODES,
     DEFAULT_PLAN_OFFLOAD_GB,
     DEFAULT_PLAN_OFFLOAD_KIND,
+    DEFAULT_PLAN_OFFLOAD_STORE_GB,
     DEFAULT_PLAN_SPECULATIVE,
     DEFAULT_WARMUP_S,
     DEFAULT_WINDOW_S,
@@ -222,6 +223,12 @@ PLAN_COLUMNS = (
     help="Offload: the tier's kind, cpu (each replica's host DRAM over PCIe) or shared (one store over RDMA).",
 )
 @click.option(
+    "--offload-store-gb",
+    default=DEFAULT_PLAN_OFFLOAD_STORE_GB,
+    help="Offload, three levels: GB of a store shared by the pool below each cpu tier (FLEET.toml "
+    "[kv_offload.shared]); a list such as 2000,8000 tries each, beside the cpu tier alone (default: none).",
+)
+@click.option(
     "--autoscale",
     is_flag=True,
     help="Also price the chosen configuration autoscaled by the --fleet's [autoscale] policy (up to its replicas) "
@@ -262,6 +269,7 @@ def plan_cmd(
     speculative: str,
     offload_gb: str,
     offload_kind: str,
+    offload_store_gb: str,
     autoscale: bool,
     objective: str | None,
     purchase: str | None,
@@ -357,6 +365,7 @@ def plan_cmd(
             speculative=parse_speculative(speculative),
             offload_gb=parse_offload_gb(offload_gb),
             offload_kind=offload_kind.strip(),
+            offload_store_gb=parse_offload_gb(offload_store_gb, "--offload-store-gb"),
             autoscale=autoscale,
             objective=objective.strip() if objective is not None else None,
             cost_options=tuple((k, v) for k, v in stack.items() if v is not None),

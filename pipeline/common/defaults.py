@@ -63,6 +63,8 @@ DEFAULT_PD_LINK = "rdma"
 DEFAULT_PLAN_SPECULATIVE = "eagle3:3"
 DEFAULT_PLAN_OFFLOAD_GB = "256"
 DEFAULT_PLAN_OFFLOAD_KIND = "cpu"
+#: ... and the stores below a cpu tier it tries too (none: the cpu tier alone).
+DEFAULT_PLAN_OFFLOAD_STORE_GB = ""
 #: Wall-time budget of the nightly's headroom curve (seconds): the nightly stays bounded however
 #: slow a point is; unfinished points are recorded as skipped.
 DEFAULT_HEADROOM_BUDGET_S = 300.0

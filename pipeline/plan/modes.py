@@ -15,7 +15,7 @@ import math
 from collections.abc import Sequence
 from typing import Any
 
-from pipeline.classify.offload import MAX_OFFLOAD_GB, OFFLOAD_KINDS, OffloadTier
+from pipeline.classify.offload import MAX_OFFLOAD_GB, OFFLOAD_KINDS, tier_from_summary
 from pipeline.common.errors import ConfigError
 from pipeline.engine.model import MAX_SPECULATIVE_TOKENS
 from pipeline.plan.search import DISAGGREGATED_MODES, MODES, CandidateResult, Evaluation
@@ -102,9 +102,12 @@ def parse_speculative(text: str) -> tuple[str, int]:
     return method, k
 
 
-def parse_offload_gb(text: str) -> tuple[float, ...]:
+def parse_offload_gb(text: str, flag: str = "--offload-gb") -> tuple[float, ...]:
     """``256,512`` as (256.0, 512.0): each a finite number of GB in (0, MAX_OFFLOAD_GB], each
-    tried once (a 0 GB tier is colocated)."""
+    tried once (a 0 GB tier is colocated). ``flag``: the option named in an error
+    (``--offload-store-gb``: the stores below a cpu tier; empty there means none)."""
+    if flag == "--offload-store-gb" and not text.strip():
+        return ()
     items = [p.strip() for p in text.split(",") if p.strip()]
     out = []
     for item in items:
@@ -114,18 +117,20 @@ def parse_offload_gb(text: str) -> tuple[float, ...]:
             gb = math.nan
         out.append((item, gb))
     if not out:
-        raise ConfigError(f"--offload-gb: expected GB of the offload tier such as 256 or 256,512, got {text!r}")
+        raise ConfigError(f"{flag}: expected GB of the offload tier such as 256 or 256,512, got {text!r}")
     for item, gb in out:
-        _check_gb(gb, repr(item))
+        _check_gb(gb, repr(item), flag)
     return tuple(dict.fromkeys(gb + 0.0 for _, gb in out))
 
 
-def _check_gb(gb: float, shown: str) -> None:
+def _check_gb(gb: float, shown: str, flag: str = "--offload-gb") -> None:
     if isinstance(gb, bool) or not isinstance(gb, int | float) or not (math.isfinite(gb) and 0 < gb <= MAX_OFFLOAD_GB):
-        raise ConfigError(
-            f"--offload-gb {shown}: expected GB of the tier (per replica for cpu, for the pool for shared), "
-            f"a number in (0, {MAX_OFFLOAD_GB:g}]"
+        what = (
+            "the store below the cpu tier, for the pool"
+            if flag == "--offload-store-gb"
+            else "the tier (per replica for cpu, for the pool for shared)"
         )
+        raise ConfigError(f"{flag} {shown}: expected GB of {what}, a number in (0, {MAX_OFFLOAD_GB:g}]")
 
 
 def check_offload_gb(sizes: Sequence[float]) -> tuple[float, ...]:
@@ -134,6 +139,19 @@ def check_offload_gb(sizes: Sequence[float]) -> tuple[float, ...]:
         raise ConfigError("--offload-gb: give at least one size in GB")
     for gb in sizes:
         _check_gb(gb, repr(gb))
+    return tuple(dict.fromkeys(float(gb) + 0.0 for gb in sizes))
+
+
+def check_offload_store_gb(sizes: Sequence[float], kind: str) -> tuple[float, ...]:
+    """The library's check of the stores below a cpu tier (PlanOptions.offload_store_gb): each
+    as :func:`check_offload_gb`'s, and only below a ``cpu`` tier (a ``shared`` tier is the store)."""
+    for gb in sizes:
+        _check_gb(gb, repr(gb), "--offload-store-gb")
+    if sizes and kind != "cpu":
+        raise ConfigError(
+            f"--offload-store-gb: a store goes below a cpu tier (--offload-kind cpu); --offload-kind {kind} is "
+            "the store itself"
+        )
     return tuple(dict.fromkeys(float(gb) + 0.0 for gb in sizes))
 
 
@@ -152,11 +170,10 @@ def tier_text(r: CandidateResult) -> str | None:
     ev = r.chosen
     got = ev.offload if ev is not None else {}
     if got:
-        return OffloadTier(
-            str(got["kind"]), float(got["capacity_gb"]), float(got["bandwidth_gb_s"]), float(got["latency_us"])
-        ).text()
+        return tier_from_summary(got).text()
     where = "per replica" if c.offload[0] == "cpu" else "shared by the pool"
-    return f"{c.offload[0]} {c.offload[1]:g} GB {where}"
+    below = f", then shared {c.offload_store:g} GB shared by the pool" if c.offload_store is not None else ""
+    return f"{c.offload[0]} {c.offload[1]:g} GB {where}{below}"
 
 
 def usd_per_day(r: CandidateResult) -> float:
@@ -207,9 +224,17 @@ def _offload_diagnosis(r: CandidateResult, won: bool, colocated: CandidateResult
     if col is not None and prompts > 0:
         before = (1.0 - col.cache_hit_fraction) * prompts
         against = f" (fresh prefill {_tokens(fresh)} tokens against colocated's {_tokens(before)})"
+    by_tier = got.get("by_tier")
+    if isinstance(by_tier, dict):  # three levels: each lower tier's share
+        cpu, store = by_tier["cpu"], by_tier["shared"]
+        source = (
+            f"host memory ({_tokens(float(cpu['hit_tokens']))}) and the pool's store "
+            f"({_tokens(float(store['hit_tokens']))})"
+        )
+    else:
+        source = "host memory" if got.get("kind") == "cpu" else "the shared store"
     turned = (
-        f"the tier turned {_tokens(loaded)} fresh prefill tokens into loads from "
-        f"{'host memory' if got.get('kind') == 'cpu' else 'the shared store'} for "
+        f"the tier turned {_tokens(loaded)} fresh prefill tokens into loads from {source} for "
         f"{int(got.get('requests_loading') or 0):,} requests{against}"
     )
     if won:
@@ -362,6 +387,8 @@ def frontier_lines(rows: Sequence[dict[str, Any]]) -> list[str]:
             pools = f" = {f['prefill_replicas']}P + {f['decode_replicas']}D over {f['link']}"
         if f["mode"] == "offload":  # (the host DRAM comes with the GPU instance: priced in its GPU-hour)
             priced = "host DRAM in the GPU-hour's price" if f["offload"].startswith("cpu") else "the store not priced"
+            if f["offload"].startswith("cpu") and ", then shared" in f["offload"]:
+                priced += "; the store not priced"
             pools = f" + {f['offload']} ({priced})"
         lines.append(
             f"  {f['mode']:<14} {f['replicas']}x {f['config']}{pools}: {_n_gpus(f['gpus'])}, "

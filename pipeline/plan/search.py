@@ -92,6 +92,8 @@ class Candidate:
     speculative: tuple[str, int] | None = None
     #: offload: (kind, GB) as FLEET.toml's [kv_offload] kind and capacity_gb (per replica for cpu)
     offload: tuple[str, float] | None = None
+    #: offload, three levels: GB of a store shared by the pool below a cpu tier ([kv_offload.shared])
+    offload_store: float | None = None
 
     @property
     def label(self) -> str:
@@ -103,7 +105,8 @@ class Candidate:
         if self.mode == "speculative" and self.speculative is not None:
             return f"{base} spec-{self.speculative[0]}:{self.speculative[1]}"
         if self.mode == "offload" and self.offload is not None:
-            return f"{base} offload-{self.offload[0]}:{self.offload[1]:g}GB"
+            store = f"+store:{self.offload_store:g}GB" if self.offload_store is not None else ""
+            return f"{base} offload-{self.offload[0]}:{self.offload[1]:g}GB{store}"
         return base
 
 
@@ -227,8 +230,13 @@ def candidate_fleet(base: FleetConfig, c: Candidate) -> FleetConfig:
     if c.offload is not None:  # the fleet parser's own check: a cpu tier must fit one replica's host memory
         kind, gb = c.offload
         where = f"--offload-gb {gb:g} ({c.hardware} tp{c.tp}) [kv_offload]"
-        tier = parse_offload({"kind": kind, "capacity_gb": gb}, where, cfg.tp * cfg.pp * cfg.dp)
-        cfg = replace(cfg, kv_offload=tier, name=f"{cfg.name}-offload{gb:g}")
+        raw: dict[str, Any] = {"kind": kind, "capacity_gb": gb}
+        name = f"{cfg.name}-offload{gb:g}"
+        if c.offload_store is not None:  # three levels: the pool's store below the cpu tier
+            raw["shared"] = {"capacity_gb": c.offload_store}
+            name += f"-store{c.offload_store:g}"
+        tier = parse_offload(raw, where, cfg.tp * cfg.pp * cfg.dp)
+        cfg = replace(cfg, kv_offload=tier, name=name)
     return cfg
 
 

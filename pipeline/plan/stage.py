@@ -49,6 +49,7 @@ from pipeline.plan.modes import (
     check_modes,
     check_offload_gb,
     check_offload_kind,
+    check_offload_store_gb,
     frontier,
     parse_speculative,
     rank_key,
@@ -125,6 +126,9 @@ class PlanOptions:
     #: and its kind (pipeline/catalog/offload.toml)
     offload_gb: tuple[float, ...] = (256.0,)
     offload_kind: str = "cpu"
+    #: offload, three levels: GB of a store shared by the pool below each cpu tier, each tried
+    #: beside the cpu tier alone (empty: the cpu tier alone)
+    offload_store_gb: tuple[float, ...] = ()
     #: Price the chosen configuration both ways: static (its peak-sized replicas all day) and
     #: autoscaled by the base fleet's [autoscale] policy up to those replicas, over the whole day.
     autoscale: bool = False
@@ -165,6 +169,7 @@ class PlanOptions:
         parse_speculative(f"{self.speculative[0]}:{self.speculative[1]}")
         object.__setattr__(self, "offload_gb", check_offload_gb(self.offload_gb))
         check_offload_kind(self.offload_kind)
+        object.__setattr__(self, "offload_store_gb", check_offload_store_gb(self.offload_store_gb, self.offload_kind))
         if self.objective is not None:
             check_objective(self.objective)
         object.__setattr__(self, "cost_options", check_stack_options(self.cost_options))
@@ -186,6 +191,8 @@ class PlanOptions:
         skip = set(drop) | (set(MODE_OPTIONS) if self.modes_only_colocated else set())
         if "offload" not in self.modes:  # (its options: the id and files of a plan before it existed)
             skip |= set(OFFLOAD_OPTIONS)
+        if not self.offload_store_gb:  # (no store: the id and files of a plan before three levels)
+            skip.add("offload_store_gb")
         if not self.autoscale:  # (--autoscale off: the id and files of a plan before it existed)
             skip.add("autoscale")
         if self.objective is None:  # a plan without --objective: its id and files as before
@@ -194,9 +201,9 @@ class PlanOptions:
 
 
 #: PlanOptions' fields of ``--modes`` and its options.
-MODE_OPTIONS = ("modes", "pd_ratios", "link", "speculative", "offload_gb", "offload_kind")
+MODE_OPTIONS = ("modes", "pd_ratios", "link", "speculative", "offload_gb", "offload_kind", "offload_store_gb")
 #: PlanOptions' fields of the offload mode (recorded only by a plan whose --modes has offload).
-OFFLOAD_OPTIONS = ("offload_gb", "offload_kind")
+OFFLOAD_OPTIONS = ("offload_gb", "offload_kind", "offload_store_gb")
 #: PlanOptions' fields of ``--objective`` and the cost stack's options.
 OBJECTIVE_OPTIONS = ("objective", "cost_options")
 
@@ -303,8 +310,12 @@ def candidates(opts: PlanOptions, base: FleetConfig) -> list[Candidate]:
                         ]
                     elif mode == "speculative":
                         out.append(Candidate(hw, tp, dt, mode, speculative=opts.speculative))
-                    elif mode == "offload":
-                        out += [Candidate(hw, tp, dt, mode, offload=(opts.offload_kind, gb)) for gb in opts.offload_gb]
+                    elif mode == "offload":  # each tier alone, then over each store (three levels)
+                        for gb in opts.offload_gb:
+                            tier = (opts.offload_kind, gb)
+                            out.append(Candidate(hw, tp, dt, mode, offload=tier))
+                            for store in opts.offload_store_gb:
+                                out.append(Candidate(hw, tp, dt, mode, offload=tier, offload_store=store))
                     else:
                         out.append(Candidate(hw, tp, dt))
     return out

@@ -51,7 +51,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from pipeline.classify.offload import OffloadTier
+from pipeline.classify.offload import OffloadTier, tier_from_summary
 from pipeline.classify.prefix import lru_hit_blocks
 from pipeline.common.errors import ConfigError
 from pipeline.engine.model import EngineResult, FleetSpec, Workload, reject_reasons
@@ -259,11 +259,7 @@ def offload_line(kv: dict[str, Any]) -> str:
     requests that loaded and their tokens (per lower tier with a store below the cpu tier), and
     the seconds they waited."""
 
-    def tier_of(d: dict[str, Any], kind: str) -> OffloadTier:
-        return OffloadTier(kind, float(d["capacity_gb"]), float(d["bandwidth_gb_s"]), float(d["latency_us"]))
-
-    below = kv.get("shared")
-    tier = replace(tier_of(kv, str(kv["kind"])), shared=tier_of(below, "shared") if isinstance(below, dict) else None)
+    tier = tier_from_summary(kv)
     loaded = f"{int(kv['requests_loading']):,} requests loaded {int(kv['offload_hit_tokens']):,} tokens"
     by_tier = kv.get("by_tier")
     if isinstance(by_tier, dict):
