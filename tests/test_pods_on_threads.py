@@ -79,6 +79,30 @@ def test_pods_on_threads_come_back_in_order_with_growing_progress(cores: Any) ->
     assert seen and seen == sorted(seen) and seen[-1] == w.n
 
 
+def test_pods_start_no_further_ahead_than_the_caller_takes_them(cores: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Six pods on two threads, a caller that takes its time with each: a pod starts only while
+    fewer than two are started and not yet handed back (memory holds two pods, as the estimate
+    counts), so after taking pod i at most i + 3 have started; all six come back, in order."""
+    cores(2)
+    w, spec = _lockstep_fleet()
+    real = shard.run_pod
+    started: list[int] = []
+
+    def counted(pod: Any, cost: Any, want_log: bool, progress: Any = None) -> Any:
+        started.append(pod.first)
+        return real(pod, cost, want_log, progress)
+
+    monkeypatch.setattr(shard, "run_pod", counted)
+    firsts = []
+    for i, (_rows, sub) in enumerate(shard.sharded_results(w, replace(spec, lockstep=1), LinearCost(), StepLog(), 6,
+                                                            "thread")):  # fmt: skip
+        time.sleep(0.3)  # a slow writer: the pods must wait for it, not pile up
+        assert len(started) <= i + 3, (i, started)
+        ran = sub.replica[sub.replica >= 0]
+        firsts.append(int(ran.min()))
+    assert len(started) == 6 and firsts == sorted(firsts)
+
+
 def test_a_pods_own_error_is_raised_not_the_others_stop(cores: Any, monkeypatch: pytest.MonkeyPatch) -> None:
     """Pod 2 of 4 fails: its error is what the caller sees (pods stopped because of it raise
     Cancelled, which never surfaces), and every pod thread has ended."""

@@ -454,9 +454,11 @@ def _run_threads(
     """The pods ``cuts`` in ``workers`` daemon threads: each takes the next pod not yet started,
     cuts its requests out of ``work`` and runs the compiled loop (which releases the GIL). Results
     come back in the pods' order, each as soon as it and those before it have ended; meanwhile
-    ``progress`` gets the requests every pod has taken, every POLL_S. A pod's error stops the
-    others (at their next poll) and is raised; so is a KeyboardInterrupt, or the caller closing
-    the generator, after telling the pods to stop (each waited for up to CANCEL_WAIT_S)."""
+    ``progress`` gets the requests every pod has taken, every POLL_S. A pod starts only while
+    fewer than ``workers`` pods are started and not yet handed back, so memory holds that many
+    pods however slowly the caller writes them (the estimate counts as much). A pod's error stops
+    the others (at their next poll) and is raised; so is a KeyboardInterrupt, or the caller
+    closing the generator, after telling the pods to stop (each waited for up to CANCEL_WAIT_S)."""
     n = len(cuts)
     taken = [0] * n  # requests each pod's loop has taken
     outs: list[tuple[EngineResult, npt.NDArray[np.float64]] | BaseException | None] = [None] * n
@@ -464,6 +466,7 @@ def _run_threads(
     stop = threading.Event()
     lock = threading.Lock()
     queue = iter(range(n))
+    slots = threading.Semaphore(workers)  # pods started and not yet handed back
 
     def seen(i: int) -> Callable[[int], None]:
         def report(k: int) -> None:
@@ -475,9 +478,12 @@ def _run_threads(
 
     def worker() -> None:
         while not stop.is_set():
+            if not slots.acquire(timeout=POLL_S):
+                continue  # (the caller still holds as many pods as run at once)
             with lock:
                 i = next(queue, None)
             if i is None:
+                slots.release()
                 return
             try:
                 outs[i] = run_pod(cuts[i].pod(work), cost, want_log, seen(i))
@@ -503,6 +509,7 @@ def _run_threads(
             outs[i] = None  # (handed over: the caller's to keep or drop)
             if progress is not None:
                 progress(sum(taken))
+            slots.release()  # the next pod may start while the caller takes this one
             yield out
     except BaseException:
         stop.set()
