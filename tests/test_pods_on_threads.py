@@ -262,3 +262,22 @@ def test_a_large_static_day_runs_a_pod_a_core(cores: Any, monkeypatch: pytest.Mo
     assert (one.pods, two.pods) == (1, 2)
     for name in ("replica", "first_token_s", "finish_s"):
         np.testing.assert_array_equal(getattr(one.result, name), getattr(two.result, name), err_msg=name)
+
+
+def test_replay_says_its_pods_ran_on_threads(cores: Any, tmp_path: Any) -> None:
+    """`rooftrace replay --pods 3` says where the pods ran: on threads by default (as many as the
+    usable cores, at most the pods), one after another with --executor local; the same run."""
+    from click.testing import CliRunner
+    from test_shard import _round_robin_store
+
+    from pipeline.cli import main
+
+    cores(2)
+    store, fleet = _round_robin_store(tmp_path, 300, seed=5, replicas=4)
+    base = ["replay", "--store", str(store.root), "--fleet", str(fleet), "--pods", "3"]
+    threads = CliRunner().invoke(main, base)
+    local = CliRunner().invoke(main, [*base, "--executor", "local"])
+    assert threads.exit_code == 0 and local.exit_code == 0, threads.output + local.output
+    assert "in 3 pods on 2 threads" in threads.stderr
+    assert "in 3 pods" in local.stderr and "threads" not in local.stderr
+    assert len(list((store.root / "runs").iterdir())) == 1  # the same run id: one run, written twice

@@ -290,6 +290,10 @@ def replay_cmd(
         click.echo(line)
     pods = s.get("engine_pods", 1)
     in_pods = f", in {pods:,} pods" if pods > 1 else ""
+    if pods > 1 and executor == "thread":
+        from pipeline.engine.shard import thread_workers
+
+        in_pods += f" on {thread_workers(pods):,} thread{'s' if thread_workers(pods) != 1 else ''}"
     click.echo(f"engine: {s['engine_wall_s']:.2f} s wall, {s['spans']:,} spans{in_pods}", err=True)
 
 
