@@ -458,11 +458,12 @@ def offload(args: argparse.Namespace) -> None:
         return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024**2
 
     # as the replay stage runs it first (its peak RSS apart), then one engine on one thread
-    staged = timed(threads) if threads > 1 else None
+    staged = None
+    if threads > 1:  # (only its figures and a digest kept: the one-thread run's peak is its own)
+        s_off, s_res, _, *figures = timed(threads)
+        staged = (digest(s_off, s_res), *figures)
+        del s_off, s_res
     staged_rss = peak()
-    if staged is not None:
-        staged_digest = digest(staged[0], staged[1])
-        staged = (None, None, *staged[2:])  # (the results dropped: the one-thread run's peak is its own)
     off, res, plan, wall_off, cpu_off, wall_on, cpu_on, pre, _ = timed(1)
     loads = plan.offload_hit_tokens > 0
     print(f"requests            {n:,} agent-session turns ({int(work.affinity.max()) + 1:,} sessions) on "  # type: ignore[union-attr]
@@ -483,8 +484,8 @@ def offload(args: argparse.Namespace) -> None:
               f"mean TTFT {np.mean(res.first_token_s - res.arrival_s) * 1e3:,.1f} ms")  # fmt: skip
 
     if staged is not None:
+        staged_digest, w_off, c_off, w_on, c_on, p, pods = staged
         assert digest(off, res) == staged_digest  # pods on threads: the same results bit for bit
-        _, _, _, w_off, c_off, w_on, c_on, p, pods = staged
         rates(f"as the replay stage runs it: {pods} pods on {threads} threads (results identical; "
               f"peak RSS {staged_rss:,.2f} GiB)", off, res, w_off, c_off, w_on, c_on, p)  # fmt: skip
     rates("one engine, one thread", off, res, wall_off, cpu_off, wall_on, cpu_on, pre)

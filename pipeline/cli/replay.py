@@ -293,7 +293,8 @@ def replay_cmd(
     if pods > 1 and executor == "thread":
         from pipeline.engine.shard import thread_workers
 
-        in_pods += f" on {thread_workers(pods):,} thread{'s' if thread_workers(pods) != 1 else ''}"
+        workers = thread_workers(pods)
+        in_pods += f" on {workers:,} thread{'s' if workers != 1 else ''}"
     click.echo(f"engine: {s['engine_wall_s']:.2f} s wall, {s['spans']:,} spans{in_pods}", err=True)
 
 

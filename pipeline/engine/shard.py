@@ -153,6 +153,12 @@ def auto_pods(
     return min(MAX_PODS, groups, pods)
 
 
+def executor_cores(executor: str) -> int:
+    """The cores ``executor`` replays pods on at once: the usable cores for ``thread``, else 1
+    (what :func:`auto_pods` is given as ``cores``)."""
+    return thread_workers(MAX_PODS, executor)
+
+
 def thread_workers(pods: int, executor: str = "thread") -> int:
     """Pods ``executor`` replays at once: for ``thread``, one a usable core (at most ``pods``);
     otherwise 1 (``local``; ``process`` and ``ray`` run theirs in processes of their own)."""

@@ -43,7 +43,7 @@ from pipeline.common.defaults import MAX_MEMORY_ENV, MAX_SIM_DAYS_ENV
 from pipeline.common.units import distinct_numbers, format_bytes, format_duration, format_number
 from pipeline.engine.jit import MAX_STATE_BYTES, fitting_replicas, state_bytes
 from pipeline.engine.jitcache import compile_needed as jit_compile_needed
-from pipeline.engine.shard import MAX_PODS, auto_pods, pod_cuts, thread_workers
+from pipeline.engine.shard import auto_pods, executor_cores, pod_cuts, thread_workers
 
 if TYPE_CHECKING:
     import polars as pl
@@ -235,7 +235,7 @@ def estimate_replay(
     # estimate prices with the tier the replay will
     pod_r = R
     hierarchical = 0 < fleet.config.router_pod_size < fleet.config.replicas
-    cores = thread_workers(MAX_PODS, executor)
+    cores = executor_cores(executor)
     if pods == 1 and not hierarchical:  # as the replay decides (shard.auto_pods)
         pods = auto_pods(spec, n, lambda: _routes_static(requests, spec), streamed=streamed, cores=cores)
     if hierarchical:

@@ -54,10 +54,10 @@ from pipeline.engine.shard import (
     EXECUTORS,
     MAX_PODS,
     auto_pods,
+    executor_cores,
     put_back,
     routes_static,
     sharded_results,
-    thread_workers,
 )
 from pipeline.engine.steplog import SPAN_COLUMNS, RowSink, StepLog
 from pipeline.ingest.project import default_fleet_path, find_project
@@ -437,7 +437,7 @@ def run_workload(
     if fleet.config.autoscale is not None:  # (parse_fleet refuses it with [kv_offload])
         return _run_autoscaled(work, fleet, spec, cost, options, progress, steps, results)
     day = work
-    cores = thread_workers(MAX_PODS, options.executor)  # (the thread executor: the usable cores)
+    cores = executor_cores(options.executor)
     offload = fleet_offload(work, fleet, spec, cores)  # a lower KV tier: its loads delay their requests
     if offload is not None:
         work = offload.work
