@@ -511,3 +511,26 @@ def test_parsers_refuse_in_the_library() -> None:
             PlanOptions(model="llama-3.1-8b", offload_store_gb=bad)
     with pytest.raises(ConfigError, match="a store goes below a cpu tier"):
         PlanOptions(model="llama-3.1-8b", offload_kind="shared", offload_store_gb=(100.0,))
+
+
+def test_a_mode_option_no_mode_reads_is_said(chat_quiet: tuple[Store, list[dict[str, object]]]) -> None:
+    """`plan --modes colocated --offload-store-gb 2000 --pd-ratios 1:1` plans as without them, and
+    says on stderr that each changed nothing; a default or a mode that reads it says nothing."""
+    from pipeline.plan.modes import unused_mode_options
+
+    store, _ = chat_quiet
+    base = ("plan", "--store", str(store.root), "--model", "llama-3.1-8b", "--slo", "ttft_p99=10s,tpot_p99=1s",
+            "--hardware", "h100-sxm", "--tp", "1", "--window", "day", "--jobs", "1", "--max-replicas", "8")  # fmt: skip
+    res = cli(*base, "--modes", "colocated", "--offload-store-gb", "2000", "--pd-ratios", "1:1")
+    assert res.exit_code == 0, res.stderr
+    notes = [ln for ln in res.stderr.splitlines() if "not used" in ln]
+    assert notes == [
+        "plan: --pd-ratios not used: --modes has no disaggregated or disaggregated-speculative",
+        "plan: --offload-store-gb not used: --modes has no offload",
+    ]
+    quiet = cli(*base, "--modes", "colocated,speculative", "--speculative", "ngram:3")
+    assert quiet.exit_code == 0 and "not used" not in quiet.stderr, quiet.stderr
+    assert unused_mode_options(["--link", "--jobs"], ["disaggregated-speculative"]) == []
+    assert unused_mode_options(["--speculative"], ["offload"]) == [
+        "--speculative not used: --modes has no speculative or disaggregated-speculative"
+    ]

@@ -301,7 +301,13 @@ def plan_cmd(
     rooftrace plan --model llama-3.1-8b --fleet fleets/demo.toml --slo ttft_p99=2s,tpot_p99=100ms --tp 1,2
     """
     from pipeline.plan import PlanOptions, plan
-    from pipeline.plan.modes import frontier_lines, parse_offload_gb, parse_ratios, parse_speculative
+    from pipeline.plan.modes import (
+        frontier_lines,
+        parse_offload_gb,
+        parse_ratios,
+        parse_speculative,
+        unused_mode_options,
+    )
     from pipeline.replay.slo import load_slo_presets
 
     if list_slos:
@@ -327,6 +333,13 @@ def plan_cmd(
             "--window-s is the length of the peak window (--window peak); --window day replays the whole day"
         )
 
+    ctx = click.get_current_context()
+    set_here = [
+        f"--{p.name.replace('_', '-')}"
+        for p in ctx.command.params
+        if p.name and ctx.get_parameter_source(p.name) == click.core.ParameterSource.COMMANDLINE
+    ]
+    unused = unused_mode_options(set_here, _csv(modes))  # (said after the plan: an error stays one line)
     stack = {
         "purchase": purchase,
         "spot_interruptions_per_day": spot_interruptions_per_day,
@@ -373,6 +386,8 @@ def plan_cmd(
         return plan(get_store(store_path), opts, progress=progress)
 
     result = run(body)
+    for line in unused:
+        click.echo(f"plan: {line}", err=True)
     doc = result.doc
     if as_json:  # the same exit code as the text: 1 when no configuration meets the SLO
         emit_json({"plan_dir": str(result.plan_dir), **doc})

@@ -36,6 +36,27 @@ MODE_ORDER: dict[str, int] = {
 IDLE_GAP = 0.25
 
 
+#: Each mode option (its command-line flag) and the modes that read it.
+MODE_OPTION_USERS: dict[str, tuple[str, ...]] = {
+    "--pd-ratios": ("disaggregated", "disaggregated-speculative"),
+    "--link": ("disaggregated", "disaggregated-speculative"),
+    "--speculative": ("speculative", "disaggregated-speculative"),
+    "--offload-gb": ("offload",),
+    "--offload-kind": ("offload",),
+    "--offload-store-gb": ("offload",),
+}
+
+
+def unused_mode_options(given: Sequence[str], modes: Sequence[str]) -> list[str]:
+    """A line for each mode option in ``given`` (flags set on the command line) that none of
+    ``modes`` reads: it changed nothing, and the user should hear so."""
+    return [
+        f"{flag} not used: --modes has no {' or '.join(MODE_OPTION_USERS[flag])}"
+        for flag in given
+        if flag in MODE_OPTION_USERS and not set(MODE_OPTION_USERS[flag]) & set(modes)
+    ]
+
+
 def check_modes(modes: Sequence[str]) -> tuple[str, ...]:
     """The modes, each once, in the order given; an unknown or missing one is one line."""
     out = tuple(dict.fromkeys(modes))
